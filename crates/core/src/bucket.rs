@@ -1,0 +1,363 @@
+//! The token bucket: admission at a rate with a burst, debt and refunds, lock-free.
+//!
+//! A bucket refills at `rate` units/s up to `burst` units. It is kept in the GCRA form (as
+//! `governor` does): one atomic *theoretical arrival time* `tat`, the time at which the bucket
+//! would be full again. Admitting `cost` moves `tat` forward by `cost / rate`; it is allowed
+//! while `tat − now` stays within the tolerance `burst / rate`. So the hot path is one load
+//! and one compare-and-swap, with no lock and no allocation.
+//!
+//! Debt (TiDB, CockroachDB) falls out naturally: [`Bucket::charge`] moves `tat` forward
+//! unconditionally, past the tolerance if need be, and later admissions wait until the debt
+//! is repaid by the refill. [`Bucket::refund`] moves it back (Numaflow's deposit): returned
+//! tokens can never lift the bucket above its burst.
+//!
+//! The rate and burst are changed by the allocator, rarely, with [`Bucket::set_rate`], which
+//! keeps the tokens (or debt) the bucket holds. A rate of zero closes the bucket (nothing is
+//! admitted until the rate rises); an infinite rate opens it (everything is admitted).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::time::Nanos;
+
+/// Why a bucket did not admit a cost now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Refusal {
+    /// Enough tokens will have been refilled after this long.
+    Wait(Duration),
+    /// The cost is larger than the burst: it can never be admitted at this rate and burst.
+    ExceedsBurst {
+        /// The bucket's burst.
+        burst: f64,
+    },
+    /// The rate is zero: nothing is admitted until it changes.
+    Closed,
+}
+
+/// A token bucket shared by many threads. See the [module documentation](self).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::bucket::{Bucket, Refusal};
+/// use tollgate_core::time::Nanos;
+///
+/// let bucket = Bucket::new(100.0, 10.0, Nanos(0)); // 100 units/s, 10 banked, starts full
+/// assert!(bucket.try_acquire(10.0, Nanos(0)).is_ok());
+/// assert_eq!(bucket.try_acquire(5.0, Nanos(0)), Err(Refusal::Wait(Duration::from_millis(50))));
+/// assert!(bucket.try_acquire(5.0, Nanos(50_000_000)).is_ok());
+/// ```
+#[derive(Debug)]
+#[repr(align(64))]
+pub struct Bucket {
+    /// Theoretical arrival time in nanoseconds: the bucket is full when `tat <= now`.
+    tat: AtomicU64,
+    /// Nanoseconds per unit as f64 bits: 0 when the rate is infinite, +∞ when it is zero.
+    ns_per_unit: AtomicU64,
+    /// `burst × ns_per_unit`, in whole nanoseconds.
+    tolerance_ns: AtomicU64,
+    /// The burst in units, as f64 bits.
+    burst: AtomicU64,
+    /// Tokens held while closed (rate zero), as f64 bits; may be negative (debt).
+    closed_level: AtomicU64,
+}
+
+/// The rate/burst pair, decoded.
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    ns_per_unit: f64,
+    tolerance_ns: u64,
+    burst: f64,
+}
+
+impl Params {
+    fn new(rate: f64, burst: f64) -> Self {
+        assert!(rate >= 0.0 && !rate.is_nan(), "bucket rate must be >= 0, got {rate}");
+        assert!(burst >= 0.0 && !burst.is_nan(), "bucket burst must be >= 0, got {burst}");
+        let ns_per_unit = if rate == 0.0 { f64::INFINITY } else { 1e9 / rate };
+        let tolerance_ns = if ns_per_unit.is_infinite() { 0 } else { (burst * ns_per_unit) as u64 };
+        Self { ns_per_unit, tolerance_ns, burst }
+    }
+
+    /// Nanoseconds of refill that `cost` units take, rounded up so the bucket never
+    /// admits more than its rate.
+    fn nanos_for(&self, cost: f64) -> u64 {
+        (cost * self.ns_per_unit).ceil() as u64
+    }
+}
+
+impl Bucket {
+    /// A full bucket refilling at `rate` units/s (may be 0 or infinite) holding up to `burst`.
+    ///
+    /// Panics if `rate` or `burst` is negative or NaN: callers pass validated settings.
+    pub fn new(rate: f64, burst: f64, now: Nanos) -> Self {
+        let p = Params::new(rate, burst);
+        Self {
+            tat: AtomicU64::new(now.0),
+            ns_per_unit: AtomicU64::new(p.ns_per_unit.to_bits()),
+            tolerance_ns: AtomicU64::new(p.tolerance_ns),
+            burst: AtomicU64::new(p.burst.to_bits()),
+            closed_level: AtomicU64::new(p.burst.to_bits()),
+        }
+    }
+
+    #[inline]
+    fn params(&self) -> Params {
+        Params {
+            ns_per_unit: f64::from_bits(self.ns_per_unit.load(Ordering::Acquire)),
+            tolerance_ns: self.tolerance_ns.load(Ordering::Acquire),
+            burst: f64::from_bits(self.burst.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Admits `cost` at `now` if the bucket holds it, or says why not.
+    ///
+    /// `cost` must be finite and not negative (the client checks it); a cost of 0 is admitted
+    /// and changes nothing.
+    #[inline]
+    pub fn try_acquire(&self, cost: f64, now: Nanos) -> Result<(), Refusal> {
+        self.reserve(cost, now, Duration::ZERO).map(|_| ())
+    }
+
+    /// Admits `cost` now or books it for the earliest moment it fits, if that is no later
+    /// than `max_wait`: returns how long the caller must wait before going ahead (zero when
+    /// admitted at once). A booking holds its place: later callers queue behind it.
+    #[inline]
+    pub fn reserve(&self, cost: f64, now: Nanos, max_wait: Duration) -> Result<Duration, Refusal> {
+        let p = self.params();
+        if p.ns_per_unit == 0.0 || cost == 0.0 {
+            return Ok(Duration::ZERO);
+        }
+        if p.ns_per_unit.is_infinite() {
+            return Err(Refusal::Closed);
+        }
+        if cost > p.burst {
+            return Err(Refusal::ExceedsBurst { burst: p.burst });
+        }
+        let inc = p.nanos_for(cost);
+        let max_wait_ns = crate::time::duration_nanos(max_wait);
+        let mut tat = self.tat.load(Ordering::Acquire);
+        loop {
+            let new_tat = tat.max(now.0).saturating_add(inc);
+            let ahead = new_tat - now.0; // how far past `now` the bucket is committed
+            let wait = ahead.saturating_sub(p.tolerance_ns);
+            if wait > max_wait_ns {
+                return Err(Refusal::Wait(Duration::from_nanos(wait)));
+            }
+            match self.tat.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(Duration::from_nanos(wait)),
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+
+    /// Takes `cost` whether or not the bucket holds it: what goes beyond becomes debt that
+    /// later admissions wait for. Used for post-hoc costs and unthrottled work.
+    pub fn charge(&self, cost: f64, now: Nanos) {
+        if cost <= 0.0 {
+            return;
+        }
+        let p = self.params();
+        if p.ns_per_unit == 0.0 {
+            return;
+        }
+        if p.ns_per_unit.is_infinite() {
+            add_f64(&self.closed_level, -cost);
+            return;
+        }
+        let inc = p.nanos_for(cost);
+        let _ = self.tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+            Some(tat.max(now.0).saturating_add(inc))
+        });
+    }
+
+    /// Gives back `units` taken earlier (a cost that turned out smaller). The bucket never
+    /// holds more than its burst.
+    pub fn refund(&self, units: f64) {
+        if units <= 0.0 {
+            return;
+        }
+        let p = self.params();
+        if p.ns_per_unit == 0.0 {
+            return;
+        }
+        if p.ns_per_unit.is_infinite() {
+            let burst = p.burst;
+            let _ = self.closed_level.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+                Some((f64::from_bits(bits) + units).min(burst).to_bits())
+            });
+            return;
+        }
+        // Rounded down, the mirror of `nanos_for`, so a charge and a refund of the same
+        // cost never leave the bucket richer than before.
+        let dec = (units * p.ns_per_unit).floor() as u64;
+        let _ = self.tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| Some(tat.saturating_sub(dec)));
+    }
+
+    /// Tokens in the bucket at `now`: up to the burst, negative when in debt.
+    pub fn available(&self, now: Nanos) -> f64 {
+        let p = self.params();
+        if p.ns_per_unit == 0.0 {
+            return f64::INFINITY;
+        }
+        if p.ns_per_unit.is_infinite() {
+            return f64::from_bits(self.closed_level.load(Ordering::Acquire));
+        }
+        let tat = self.tat.load(Ordering::Acquire);
+        let ahead = tat.saturating_sub(now.0) as f64;
+        p.burst - ahead / p.ns_per_unit
+    }
+
+    /// The refill rate in units/s (0 when closed, infinite when open).
+    pub fn rate(&self) -> f64 {
+        let npu = self.params().ns_per_unit;
+        if npu == 0.0 { f64::INFINITY } else { 1e9 / npu }
+    }
+
+    /// The burst in units.
+    pub fn burst(&self) -> f64 {
+        self.params().burst
+    }
+
+    /// Changes the rate and burst at `now`, keeping the tokens or debt the bucket holds
+    /// (tokens above the new burst are dropped).
+    ///
+    /// Meant for one writer (the allocator) at a time; admissions racing with it may be
+    /// priced at the old rate for the instant the change takes.
+    pub fn set_rate(&self, rate: f64, burst: f64, now: Nanos) {
+        let old = self.params();
+        let new = Params::new(rate, burst);
+        if old.ns_per_unit == new.ns_per_unit && old.burst == new.burst {
+            return;
+        }
+        let level = if old.ns_per_unit == 0.0 {
+            new.burst
+        } else {
+            self.available(now).min(new.burst)
+        };
+        // Publish the new parameters before the state they describe.
+        self.burst.store(new.burst.to_bits(), Ordering::Release);
+        self.tolerance_ns.store(new.tolerance_ns, Ordering::Release);
+        self.ns_per_unit.store(new.ns_per_unit.to_bits(), Ordering::Release);
+        if new.ns_per_unit.is_infinite() {
+            self.closed_level.store(level.to_bits(), Ordering::Release);
+        } else if new.ns_per_unit > 0.0 {
+            let missing = (new.burst - level).max(0.0);
+            let tat = now.0.saturating_add((missing * new.ns_per_unit).ceil() as u64);
+            self.tat.store(tat, Ordering::Release);
+        }
+    }
+}
+
+fn add_f64(cell: &AtomicU64, delta: f64) {
+    let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+        Some((f64::from_bits(bits) + delta).to_bits())
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn at_ms(ms: u64) -> Nanos {
+        Nanos(ms * MS)
+    }
+
+    #[test]
+    fn starts_full_then_refills_at_the_rate() {
+        let b = Bucket::new(1000.0, 100.0, at_ms(0));
+        for _ in 0..100 {
+            assert!(b.try_acquire(1.0, at_ms(0)).is_ok());
+        }
+        assert_eq!(b.try_acquire(1.0, at_ms(0)), Err(Refusal::Wait(Duration::from_millis(1))));
+        // 10 ms refill 10 units.
+        for _ in 0..10 {
+            assert!(b.try_acquire(1.0, at_ms(10)).is_ok());
+        }
+        assert!(b.try_acquire(1.0, at_ms(10)).is_err());
+        // Never more than the burst, however long it idles.
+        assert!((b.available(at_ms(60_000)) - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_cost_above_the_burst_is_refused_outright() {
+        let b = Bucket::new(1000.0, 100.0, at_ms(0));
+        assert_eq!(b.try_acquire(100.5, at_ms(0)), Err(Refusal::ExceedsBurst { burst: 100.0 }));
+        assert!(b.try_acquire(100.0, at_ms(0)).is_ok());
+    }
+
+    #[test]
+    fn zero_cost_is_admitted_and_changes_nothing() {
+        let b = Bucket::new(10.0, 1.0, at_ms(0));
+        assert!(b.try_acquire(1.0, at_ms(0)).is_ok());
+        assert!(b.try_acquire(0.0, at_ms(0)).is_ok());
+        assert!(b.available(at_ms(0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn debt_is_repaid_before_anything_else_is_admitted() {
+        let b = Bucket::new(100.0, 10.0, at_ms(0));
+        assert!(b.try_acquire(10.0, at_ms(0)).is_ok());
+        b.charge(20.0, at_ms(0)); // the request turned out 20 units dearer
+        assert!((b.available(at_ms(0)) + 20.0).abs() < 1e-9);
+        // 20 units of debt at 100/s: 200 ms before the first new unit, 210 ms to admit 1.
+        assert_eq!(b.try_acquire(1.0, at_ms(200)), Err(Refusal::Wait(Duration::from_millis(10))));
+        assert!(b.try_acquire(1.0, at_ms(210)).is_ok());
+    }
+
+    #[test]
+    fn refunds_return_tokens_but_never_beyond_the_burst() {
+        let b = Bucket::new(100.0, 10.0, at_ms(0));
+        assert!(b.try_acquire(8.0, at_ms(0)).is_ok());
+        b.refund(5.0);
+        assert!((b.available(at_ms(0)) - 7.0).abs() < 1e-9);
+        b.refund(50.0);
+        assert!((b.available(at_ms(0)) - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reserve_books_the_earliest_slot_within_the_max_wait() {
+        let b = Bucket::new(100.0, 1.0, at_ms(0));
+        assert_eq!(b.reserve(1.0, at_ms(0), Duration::from_secs(1)), Ok(Duration::ZERO));
+        assert_eq!(b.reserve(1.0, at_ms(0), Duration::from_secs(1)), Ok(Duration::from_millis(10)));
+        assert_eq!(b.reserve(1.0, at_ms(0), Duration::from_secs(1)), Ok(Duration::from_millis(20)));
+        // Too far out: refused, and nothing booked.
+        assert_eq!(
+            b.reserve(1.0, at_ms(0), Duration::from_millis(25)),
+            Err(Refusal::Wait(Duration::from_millis(30)))
+        );
+        assert_eq!(b.reserve(1.0, at_ms(0), Duration::from_secs(1)), Ok(Duration::from_millis(30)));
+    }
+
+    #[test]
+    fn rate_changes_keep_tokens_and_debt() {
+        let b = Bucket::new(100.0, 100.0, at_ms(0));
+        assert!(b.try_acquire(60.0, at_ms(0)).is_ok()); // 40 left
+        b.set_rate(1000.0, 200.0, at_ms(0));
+        assert!((b.available(at_ms(0)) - 40.0).abs() < 1e-6);
+        assert!((b.available(at_ms(100)) - 140.0).abs() < 1e-6);
+        // Shrinking the burst drops what no longer fits.
+        b.set_rate(1000.0, 50.0, at_ms(100));
+        assert!((b.available(at_ms(100)) - 50.0).abs() < 1e-6);
+        // Debt survives a change of rate.
+        b.charge(150.0, at_ms(100));
+        b.set_rate(10.0, 50.0, at_ms(100));
+        assert!((b.available(at_ms(100)) + 100.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn zero_rate_closes_and_infinite_rate_opens() {
+        let b = Bucket::new(100.0, 10.0, at_ms(0));
+        assert!(b.try_acquire(4.0, at_ms(0)).is_ok());
+        b.set_rate(0.0, 10.0, at_ms(0));
+        assert_eq!(b.try_acquire(1.0, at_ms(0)), Err(Refusal::Closed));
+        assert!((b.available(at_ms(5000)) - 6.0).abs() < 1e-6); // frozen while closed
+        b.set_rate(100.0, 10.0, at_ms(5000));
+        assert!((b.available(at_ms(5000)) - 6.0).abs() < 1e-6);
+        b.set_rate(f64::INFINITY, 10.0, at_ms(5000));
+        for _ in 0..1000 {
+            assert!(b.try_acquire(10.0, at_ms(5000)).is_ok());
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Tollgate's core: the model and the algorithms, with no I/O, no network and no clock reads.
+//!
+//! Everything here is a function of state, input and `now`; time is passed in as
+//! [`time::Nanos`]. The modules, by concept:
+//!
+//! - [`cost`]: cost models, what a request did priced in units.
+//! - [`settings`]: group settings and their validation.
+//! - [`config`]: the TOML settings file, with every problem reported by line.
+//! - [`smooth`]: FoundationDB's exponential and Holt's linear smoothers.
+//! - [`bucket`]: the lock-free token bucket with burst, debt and refunds.
+//! - [`allocate`]: dividing a node's capacity among groups (reserved, priority, max-min).
+//! - [`fcfs`]: Couchbase's first-come-first-served one-second slots.
+//! - [`time`]: the `Clock` trait and a manual clock for tests.
+
+pub mod allocate;
+pub mod bucket;
+pub mod config;
+pub mod cost;
+pub mod fcfs;
+pub mod settings;
+pub mod smooth;
+pub mod time;

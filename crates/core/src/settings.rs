@@ -1,0 +1,556 @@
+//! Group settings: what each tenant is promised and allowed.
+//!
+//! A *group* is the tenant being controlled (FoundationDB tag, Couchbase bucket, TiDB resource
+//! group, Numaflow vertex). Its settings say what it may use: at least `reserved` units/s
+//! while it asks for them, never more than `limit`, with `burst` units of banked allowance, a
+//! `priority` and `weight` for sharing free capacity, and optionally a ramp-up and a budget.
+//!
+//! Settings cannot be built invalid: [`GroupSettingsBuilder::build`] checks every rule and
+//! returns *all* broken ones, each naming the field and the rule (DESIGN section 2).
+
+use std::fmt;
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// The longest group name, in bytes.
+pub const GROUP_NAME_MAX_BYTES: usize = 255;
+
+/// The name of the group that unknown groups fall back to.
+pub const DEFAULT_GROUP: &str = "default";
+
+/// One broken rule: which field, and what the rule is.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{field}: {rule}")]
+pub struct SettingError {
+    /// The field, as written in a settings file (`reserved`, `ramp.min`, …).
+    pub field: String,
+    /// The rule it breaks, with the offending value.
+    pub rule: String,
+}
+
+impl SettingError {
+    /// A broken rule for `field`.
+    pub fn new(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Self { field: field.into(), rule: rule.into() }
+    }
+}
+
+/// Every rule a set of settings breaks (never empty).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct SettingErrors(pub Vec<SettingError>);
+
+/// A validated group name: 1 to 255 bytes of printable text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupName(Box<str>);
+
+impl GroupName {
+    /// Checks `name` against the rules.
+    ///
+    /// ```
+    /// use tollgate_core::settings::GroupName;
+    /// assert!(GroupName::new("tenant-a").is_ok());
+    /// assert!(GroupName::new("").is_err());
+    /// assert!(GroupName::new("bad\nname").is_err());
+    /// ```
+    pub fn new(name: &str) -> Result<Self, SettingError> {
+        check_group_name(name)?;
+        Ok(Self(name.into()))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The `default` group.
+    pub fn default_group() -> Self {
+        Self(DEFAULT_GROUP.into())
+    }
+}
+
+impl fmt::Display for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for GroupName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Checks a group name without allocating: 1 to 255 bytes, no control characters.
+pub fn check_group_name(name: &str) -> Result<(), SettingError> {
+    if name.is_empty() {
+        return Err(SettingError::new("name", "must not be empty"));
+    }
+    if name.len() > GROUP_NAME_MAX_BYTES {
+        return Err(SettingError::new(
+            "name",
+            format!("must be at most {GROUP_NAME_MAX_BYTES} bytes, got {}", name.len()),
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(SettingError::new(
+            "name",
+            format!("must be printable text, found control character {c:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A rate ceiling in units/s, or none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Limit {
+    /// Never admitted above this many units/s.
+    Units(f64),
+    /// No ceiling: the group may use any free capacity (TiDB's BURSTABLE).
+    Unlimited,
+}
+
+impl Limit {
+    /// The ceiling as a number; infinity when unlimited.
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Limit::Units(u) => u,
+            Limit::Unlimited => f64::INFINITY,
+        }
+    }
+
+    /// Whether there is a ceiling.
+    pub fn is_finite(self) -> bool {
+        matches!(self, Limit::Units(_))
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Limit::Units(u) => write!(f, "{u}"),
+            Limit::Unlimited => f.write_str("unlimited"),
+        }
+    }
+}
+
+/// Priority 1 (lowest) to 16 (highest). Free capacity and queued work go to higher first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Priority(u8);
+
+impl Priority {
+    /// TiDB's LOW.
+    pub const LOW: Priority = Priority(1);
+    /// TiDB's MEDIUM, the default.
+    pub const MEDIUM: Priority = Priority(8);
+    /// TiDB's HIGH.
+    pub const HIGH: Priority = Priority(16);
+
+    /// A priority from 1 to 16.
+    pub fn new(level: u8) -> Result<Self, SettingError> {
+        if (1..=16).contains(&level) {
+            Ok(Priority(level))
+        } else {
+            Err(SettingError::new("priority", format!("must be 1 to 16, or low, medium or high; got {level}")))
+        }
+    }
+
+    /// `low`, `medium` or `high`.
+    pub fn from_name(name: &str) -> Result<Self, SettingError> {
+        match name {
+            "low" => Ok(Priority::LOW),
+            "medium" => Ok(Priority::MEDIUM),
+            "high" => Ok(Priority::HIGH),
+            other => Err(SettingError::new(
+                "priority",
+                format!("must be 1 to 16, or low, medium or high; got {other:?}"),
+            )),
+        }
+    }
+
+    /// The level, 1 to 16.
+    pub fn level(self) -> u8 {
+        self.0
+    }
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::MEDIUM
+    }
+}
+
+/// How a ramp-up pool grows (Numaflow's modes, DESIGN section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RampMode {
+    /// Grows every epoch, used or not.
+    Scheduled,
+    /// Grows only in epochs with at least one call.
+    #[default]
+    Relaxed,
+    /// Grows only if last epoch's utilisation reached the threshold.
+    OnlyIfUsed,
+    /// Like `OnlyIfUsed`, and shrinks when under the threshold or idle past the cool-down.
+    GoBackN,
+}
+
+impl RampMode {
+    /// The mode's name in a settings file.
+    pub fn name(self) -> &'static str {
+        match self {
+            RampMode::Scheduled => "scheduled",
+            RampMode::Relaxed => "relaxed",
+            RampMode::OnlyIfUsed => "only_if_used",
+            RampMode::GoBackN => "go_back_n",
+        }
+    }
+
+    /// Parses a mode name.
+    pub fn from_name(name: &str) -> Result<Self, SettingError> {
+        [RampMode::Scheduled, RampMode::Relaxed, RampMode::OnlyIfUsed, RampMode::GoBackN]
+            .into_iter()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| {
+                SettingError::new(
+                    "ramp.mode",
+                    format!("must be scheduled, relaxed, only_if_used or go_back_n; got {name:?}"),
+                )
+            })
+    }
+}
+
+/// A ramp-up: the group's ceiling grows from `min` to `max` units/s over `duration`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RampSettings {
+    /// Starting pool, units per one-second epoch.
+    pub min: f64,
+    /// Final pool, units per one-second epoch.
+    pub max: f64,
+    /// How long the ramp takes if it grows every epoch.
+    pub duration: Duration,
+    /// When the pool grows.
+    pub mode: RampMode,
+    /// Utilisation (percent of the pool) an epoch needs for `only_if_used` and `go_back_n`.
+    pub threshold_pct: f64,
+    /// How far `go_back_n` shrinks, as a percent of one epoch's growth.
+    pub ramp_down_pct: f64,
+    /// How long `go_back_n` waits idle before shrinking for every epoch missed.
+    pub cool_down: Duration,
+    /// A restart within this long resumes at the last pool instead of `min`.
+    pub resume_ttl: Option<Duration>,
+}
+
+impl RampSettings {
+    /// A relaxed ramp from `min` to `max` over `duration`, with the other fields at defaults.
+    pub fn new(min: f64, max: f64, duration: Duration) -> Self {
+        Self {
+            min,
+            max,
+            duration,
+            mode: RampMode::Relaxed,
+            threshold_pct: 50.0,
+            ramp_down_pct: 50.0,
+            cool_down: Duration::from_secs(5),
+            resume_ttl: None,
+        }
+    }
+
+    fn check(&self, errors: &mut Vec<SettingError>) {
+        let min_ok = check_rate("ramp.min", self.min, errors);
+        let max_ok = check_rate("ramp.max", self.max, errors);
+        if min_ok && max_ok && self.min > self.max {
+            errors.push(SettingError::new(
+                "ramp.min",
+                format!("must not exceed ramp.max ({} > {})", self.min, self.max),
+            ));
+        }
+        if self.duration.is_zero() {
+            errors.push(SettingError::new("ramp.duration_s", "must be above 0"));
+        }
+        if !(self.threshold_pct > 0.0 && self.threshold_pct <= 100.0) {
+            errors.push(SettingError::new(
+                "ramp.threshold_pct",
+                format!("must be above 0 and at most 100, got {}", self.threshold_pct),
+            ));
+        }
+        if !(self.ramp_down_pct >= 0.0 && self.ramp_down_pct <= 100.0) {
+            errors.push(SettingError::new(
+                "ramp.ramp_down_pct",
+                format!("must be from 0 to 100, got {}", self.ramp_down_pct),
+            ));
+        }
+    }
+}
+
+/// A group's validated settings. Build with [`GroupSettings::builder`].
+///
+/// ```
+/// use tollgate_core::settings::{GroupSettings, Limit, Priority};
+///
+/// let s = GroupSettings::builder().reserved(600.0).limit(1000.0).priority(Priority::HIGH).build()?;
+/// assert_eq!(s.limit(), Limit::Units(1000.0));
+/// assert_eq!(s.burst_for(800.0), 800.0); // one second of the grant by default
+///
+/// let broken = GroupSettings::builder().reserved(700.0).limit(500.0).weight(0.0).build();
+/// assert_eq!(broken.unwrap_err().0.len(), 2); // every broken rule is reported
+/// # Ok::<(), tollgate_core::settings::SettingErrors>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSettings {
+    reserved: f64,
+    limit: Limit,
+    burst: Option<f64>,
+    priority: Priority,
+    weight: f64,
+    ramp: Option<RampSettings>,
+    budget: Option<f64>,
+}
+
+impl Default for GroupSettings {
+    /// Nothing reserved, unlimited, medium priority, weight 1: what unknown groups get unless
+    /// a `default` group is configured.
+    fn default() -> Self {
+        Self {
+            reserved: 0.0,
+            limit: Limit::Unlimited,
+            burst: None,
+            priority: Priority::MEDIUM,
+            weight: 1.0,
+            ramp: None,
+            budget: None,
+        }
+    }
+}
+
+impl GroupSettings {
+    /// Starts from the defaults.
+    pub fn builder() -> GroupSettingsBuilder {
+        GroupSettingsBuilder { settings: GroupSettings::default() }
+    }
+
+    /// TiDB's `RU_PER_SEC = n`: reserved and limited at `n`.
+    pub fn fixed(rate: f64) -> Result<Self, SettingErrors> {
+        Self::builder().reserved(rate).limit(rate).build()
+    }
+
+    /// Units/s never throttled below while demanded.
+    pub fn reserved(&self) -> f64 {
+        self.reserved
+    }
+
+    /// Units/s never admitted above.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// The configured burst, if any.
+    pub fn burst(&self) -> Option<f64> {
+        self.burst
+    }
+
+    /// The burst for a grant of `rate` units/s: the configured one, or one second of `rate`.
+    pub fn burst_for(&self, rate: f64) -> f64 {
+        self.burst.unwrap_or(rate)
+    }
+
+    /// Priority for free capacity and queued work.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// Share of free capacity among groups of one priority.
+    pub fn weight(&self) -> f64 {
+        self.weight
+    }
+
+    /// The ramp-up, if any.
+    pub fn ramp(&self) -> Option<&RampSettings> {
+        self.ramp.as_ref()
+    }
+
+    /// The total budget in units, if any.
+    pub fn budget(&self) -> Option<f64> {
+        self.budget
+    }
+
+    /// Every rule these settings break (empty when valid).
+    fn problems(&self) -> Vec<SettingError> {
+        let mut errors = Vec::new();
+        let reserved_ok = check_rate("reserved", self.reserved, &mut errors);
+        if let Limit::Units(limit) = self.limit {
+            let limit_ok = check_rate("limit", limit, &mut errors);
+            if reserved_ok && limit_ok && self.reserved > limit {
+                errors.push(SettingError::new(
+                    "reserved",
+                    format!("must not exceed limit ({} > {limit})", self.reserved),
+                ));
+            }
+        }
+        if let Some(burst) = self.burst {
+            check_positive("burst", burst, &mut errors);
+        }
+        check_positive("weight", self.weight, &mut errors);
+        if let Some(budget) = self.budget {
+            check_positive("budget", budget, &mut errors);
+        }
+        if let Some(ramp) = &self.ramp {
+            ramp.check(&mut errors);
+        }
+        errors
+    }
+}
+
+/// Collects group settings; [`build`](Self::build) validates them all at once.
+#[derive(Debug, Clone)]
+pub struct GroupSettingsBuilder {
+    settings: GroupSettings,
+}
+
+impl GroupSettingsBuilder {
+    /// Units/s reserved (default 0).
+    pub fn reserved(mut self, units_per_s: f64) -> Self {
+        self.settings.reserved = units_per_s;
+        self
+    }
+
+    /// A finite limit in units/s.
+    pub fn limit(mut self, units_per_s: f64) -> Self {
+        self.settings.limit = Limit::Units(units_per_s);
+        self
+    }
+
+    /// The limit, finite or not (default unlimited).
+    pub fn limit_of(mut self, limit: Limit) -> Self {
+        self.settings.limit = limit;
+        self
+    }
+
+    /// Units a client may bank (default one second of its grant).
+    pub fn burst(mut self, units: f64) -> Self {
+        self.settings.burst = Some(units);
+        self
+    }
+
+    /// Priority (default medium).
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.settings.priority = priority;
+        self
+    }
+
+    /// Weight among groups of one priority (default 1).
+    pub fn weight(mut self, weight: f64) -> Self {
+        self.settings.weight = weight;
+        self
+    }
+
+    /// A ramp-up.
+    pub fn ramp(mut self, ramp: RampSettings) -> Self {
+        self.settings.ramp = Some(ramp);
+        self
+    }
+
+    /// A total budget in units.
+    pub fn budget(mut self, units: f64) -> Self {
+        self.settings.budget = Some(units);
+        self
+    }
+
+    /// The settings, or every rule they break.
+    pub fn build(self) -> Result<GroupSettings, SettingErrors> {
+        let problems = self.settings.problems();
+        if problems.is_empty() { Ok(self.settings) } else { Err(SettingErrors(problems)) }
+    }
+}
+
+/// A rate: finite and not negative. Returns whether it passed.
+fn check_rate(field: &str, value: f64, errors: &mut Vec<SettingError>) -> bool {
+    if !value.is_finite() {
+        errors.push(SettingError::new(field, format!("must be a finite number, got {value}")));
+        false
+    } else if value < 0.0 {
+        errors.push(SettingError::new(field, format!("must not be negative, got {value}")));
+        false
+    } else {
+        true
+    }
+}
+
+/// A finite number above zero.
+fn check_positive(field: &str, value: f64, errors: &mut Vec<SettingError>) {
+    if !(value.is_finite() && value > 0.0) {
+        errors.push(SettingError::new(field, format!("must be a finite number above 0, got {value}")));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_one_to_255_printable_bytes() {
+        assert!(GroupName::new("a").is_ok());
+        assert!(GroupName::new("tenant a/β").is_ok());
+        assert!(GroupName::new(&"x".repeat(255)).is_ok());
+        let long = GroupName::new(&"x".repeat(256)).unwrap_err();
+        assert_eq!(long.to_string(), "name: must be at most 255 bytes, got 256");
+        assert_eq!(GroupName::new("").unwrap_err().to_string(), "name: must not be empty");
+        assert!(GroupName::new("tab\there").is_err());
+    }
+
+    #[test]
+    fn defaults_are_unlimited_medium_weight_one() {
+        let s = GroupSettings::builder().build().unwrap();
+        assert_eq!(s.reserved(), 0.0);
+        assert_eq!(s.limit(), Limit::Unlimited);
+        assert_eq!(s.priority(), Priority::MEDIUM);
+        assert_eq!(s.weight(), 1.0);
+        assert_eq!(s.burst_for(250.0), 250.0);
+    }
+
+    #[test]
+    fn every_broken_rule_is_reported_with_its_field() {
+        let errors = GroupSettings::builder()
+            .reserved(f64::NAN)
+            .limit(-5.0)
+            .burst(0.0)
+            .weight(f64::INFINITY)
+            .budget(-1.0)
+            .ramp(RampSettings { threshold_pct: 0.0, ..RampSettings::new(10.0, 5.0, Duration::ZERO) })
+            .build()
+            .unwrap_err()
+            .0;
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "reserved",
+                "limit",
+                "burst",
+                "weight",
+                "budget",
+                "ramp.min",
+                "ramp.duration_s",
+                "ramp.threshold_pct"
+            ]
+        );
+    }
+
+    #[test]
+    fn reserved_above_limit_is_refused() {
+        let e = GroupSettings::builder().reserved(10.0).limit(5.0).build().unwrap_err();
+        assert_eq!(e.to_string(), "reserved: must not exceed limit (10 > 5)");
+        // Equal is fine: TiDB's RU_PER_SEC.
+        assert!(GroupSettings::fixed(1000.0).is_ok());
+    }
+
+    #[test]
+    fn priorities_by_name_or_level() {
+        assert_eq!(Priority::from_name("high").unwrap(), Priority::HIGH);
+        assert_eq!(Priority::new(3).unwrap().level(), 3);
+        assert!(Priority::new(0).is_err());
+        assert!(Priority::new(17).is_err());
+        assert!(Priority::from_name("urgent").is_err());
+        assert_eq!(RampMode::from_name("go_back_n").unwrap(), RampMode::GoBackN);
+    }
+}
