@@ -1,0 +1,72 @@
+//! What can go wrong when building a limiter or admitting a request.
+
+use std::time::Duration;
+
+use thiserror::Error;
+use tollgate_core::cost::CostError;
+use tollgate_core::settings::SettingError;
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum AcquireError {
+    /// The group is over its allowance: try again after `retry_after`.
+    #[error("group {group:?} is throttled: retry after {retry_after:?}")]
+    Throttled {
+        /// The group that was throttled.
+        group: String,
+        /// How long until the request could be admitted (a duration, never a deadline).
+        retry_after: Duration,
+    },
+    /// The cost is larger than the group's burst can ever hold: waiting would never help.
+    #[error(
+        "a cost of {cost} units can never be admitted for group {group:?}: its burst holds at most {burst} units"
+    )]
+    NeverAdmissible {
+        /// The group.
+        group: String,
+        /// The cost asked for.
+        cost: f64,
+        /// The most the group's bucket can ever hold.
+        burst: f64,
+    },
+    /// The cost is NaN, infinite or negative.
+    #[error("invalid cost: {0}")]
+    InvalidCost(#[from] CostError),
+    /// The group name breaks the naming rules.
+    #[error("invalid group name: {0}")]
+    InvalidGroup(SettingError),
+}
+
+impl AcquireError {
+    /// Whether waiting and retrying can help (true only for [`AcquireError::Throttled`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, AcquireError::Throttled { .. })
+    }
+
+    /// The retry-after of a throttled request.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AcquireError::Throttled { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+/// Why a limiter could not be built.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum BuildError {
+    /// The settings file has problems; each names its line, field and rule.
+    #[error("invalid settings:\n{0}")]
+    Config(#[from] tollgate_core::config::ConfigErrors),
+    /// A setting this mode does not carry out yet.
+    #[error("group {group:?}: {field} is not supported by the embedded limiter yet")]
+    Unsupported {
+        /// The group.
+        group: String,
+        /// The setting.
+        field: &'static str,
+    },
+    /// The cost model's coefficients are invalid.
+    #[error("cost model: {0}")]
+    CostModel(#[from] CostError),
+}

@@ -1,0 +1,45 @@
+//! Tollgate's client library: admit, delay or refuse each request by its cost, per tenant.
+//!
+//! One [`Tollgate`] handle per process. For each request, name the tenant's group and the
+//! cost in units; the handle admits it now ([`Tollgate::try_acquire`]), makes it wait
+//! ([`Tollgate::acquire`]), or refuses it with a typed [`AcquireError::Throttled`] carrying
+//! the retry-after. Each group gets at least its reserved rate while it asks for it, never
+//! more than its limit, and the node's capacity is shared by priority and weight.
+//!
+//! This release runs the allocation in process (*embedded* mode, like Couchbase's per-node
+//! throttling); the remote and store modes feed the same API from a controller or Redis.
+//!
+//! ```
+//! use tollgate_client::{AcquireError, Tollgate};
+//!
+//! let gate = Tollgate::from_toml(r#"
+//!     [node]
+//!     capacity = 1000
+//!     [groups.tenant-a]
+//!     reserved = 600
+//!     [groups.tenant-b]
+//!     reserved = 200
+//!     limit = 400
+//! "#)?;
+//! match gate.try_acquire("tenant-a", 5.0) {
+//!     Ok(permit) => {
+//!         // ... serve the request, then settle with what it really cost:
+//!         permit.settle(7.5)?;
+//!     }
+//!     Err(AcquireError::Throttled { retry_after, .. }) => { /* answer 429, Retry-After */ }
+//!     Err(other) => return Err(other.into()),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod clock;
+mod error;
+pub mod layer;
+mod limiter;
+mod permit;
+
+pub use error::{AcquireError, BuildError};
+pub use layer::{TollgateLayer, TollgateService};
+pub use limiter::{Builder, GroupHandle, GroupStats, Tollgate};
+pub use permit::Permit;
+pub use tollgate_core as core;

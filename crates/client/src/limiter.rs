@@ -1,0 +1,750 @@
+//! The embedded limiter: allocation and admission in process.
+//!
+//! A [`Tollgate`] holds, per group, a token bucket (or, in `fcfs` mode, Couchbase's
+//! one-second gauges) and the group's counters. Admission touches only the group's own
+//! atomics. Every `realloc_interval`, the first request to notice that the interval has
+//! passed recomputes each group's allowance from its measured demand with
+//! [`tollgate_core::allocate::allocate`] and sets the buckets' rates: no background task,
+//! so a [`ManualClock`](tollgate_core::time::ManualClock) drives everything in tests.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tollgate_core::allocate::{Claim, allocate};
+use tollgate_core::bucket::{Bucket, Refusal};
+use tollgate_core::config::{AllocationMode, Config, NodeSettings};
+use tollgate_core::cost::{CostModel, Usage, check_cost};
+use tollgate_core::fcfs::{FcfsGroup, FreePool};
+use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings, Limit, check_group_name};
+use tollgate_core::smooth::Smoother;
+use tollgate_core::time::{Clock, Nanos};
+
+use crate::clock::MonotonicClock;
+use crate::error::{AcquireError, BuildError};
+use crate::permit::{GroupRef, Permit};
+
+/// Folding time of the demand smoother, in seconds.
+const DEMAND_FOLDING_S: f64 = 1.0;
+
+/// Units are counted in millionths, so fractional costs (0.475 RU) add up exactly enough.
+pub(crate) fn micros(units: f64) -> u64 {
+    (units * 1e6).round() as u64
+}
+
+fn units(micros: u64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// A group's counters. Admission on the fast path touches two of them.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct Counters {
+    pub(crate) admitted: AtomicU64,
+    pub(crate) admitted_micro: AtomicU64,
+    pub(crate) throttled: AtomicU64,
+    pub(crate) throttled_micro: AtomicU64,
+    /// Admissions that had to wait: with refusals, the sign of unmet demand.
+    pub(crate) waited: AtomicU64,
+    pub(crate) settled_up_micro: AtomicU64,
+    pub(crate) settled_down_micro: AtomicU64,
+}
+
+/// How a group is limited.
+#[derive(Debug)]
+pub(crate) enum Limiter {
+    Bucket(Bucket),
+    Fcfs { group: FcfsGroup, pool: Arc<FreePool> },
+}
+
+/// One group's state.
+pub(crate) struct Group {
+    pub(crate) name: GroupName,
+    pub(crate) settings: GroupSettings,
+    pub(crate) limiter: Limiter,
+    pub(crate) counters: Counters,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// The largest cost the group's bucket can ever hold.
+    burst_ceiling: f64,
+    /// Current allowance (units/s) and measured demand, as f64 bits.
+    allowance: AtomicU64,
+    demand: AtomicU64,
+    me: Weak<Group>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("name", &self.name).field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+impl Group {
+    pub(crate) fn self_arc(&self) -> Arc<Group> {
+        self.me.upgrade().expect("a group is alive while borrowed")
+    }
+
+    fn consumed(&self) -> f64 {
+        let c = &self.counters;
+        let up = c.admitted_micro.load(Ordering::Relaxed) + c.settled_up_micro.load(Ordering::Relaxed);
+        units(up.saturating_sub(c.settled_down_micro.load(Ordering::Relaxed)))
+    }
+}
+
+/// A group's counters and current rates, as read from the handle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupStats {
+    /// Requests admitted (unthrottled ones included).
+    pub admitted: u64,
+    /// Requests refused.
+    pub throttled: u64,
+    /// Units admitted, at the cost asked.
+    pub admitted_units: f64,
+    /// Units refused.
+    pub throttled_units: f64,
+    /// Units consumed: admitted, corrected by settlements. What a group is billed on.
+    pub consumed_units: f64,
+    /// Measured demand, units/s asked (admitted or not), as of the last reallocation.
+    pub demand: f64,
+    /// Current allowance, units/s (infinite when unlimited).
+    pub allowance: f64,
+}
+
+struct Track {
+    smoother: Smoother,
+    last_asked: f64,
+    last_unmet: u64,
+}
+
+struct Realloc {
+    last: Nanos,
+    tracks: HashMap<GroupName, Track>,
+}
+
+struct Inner {
+    clock: Arc<dyn Clock>,
+    node: NodeSettings,
+    cost_model: CostModel,
+    configured: HashMap<Box<str>, GroupSettings>,
+    groups: ArcSwap<HashMap<Box<str>, Arc<Group>>>,
+    /// The `default` group's state: shared by groups beyond the tracking limit.
+    overflow: Arc<Group>,
+    insert: Mutex<()>,
+    next_realloc_ns: AtomicU64,
+    realloc: Mutex<Realloc>,
+    pool: Option<Arc<FreePool>>,
+}
+
+/// The admission handle: cheap to clone, shared by every task of a process.
+///
+/// ```
+/// use tollgate_client::Tollgate;
+///
+/// let gate = Tollgate::from_toml(r#"
+///     [node]
+///     capacity = 1000
+///     [groups.checkout]
+///     reserved = 600
+///     [groups.reports]
+///     limit = 200
+/// "#)?;
+/// match gate.try_acquire("checkout", 3.0) {
+///     Ok(_permit) => { /* run the request */ }
+///     Err(e) => eprintln!("not now: {e}"),
+/// }
+/// # Ok::<(), tollgate_client::BuildError>(())
+/// ```
+#[derive(Clone)]
+pub struct Tollgate {
+    inner: Arc<Inner>,
+    unthrottled: bool,
+}
+
+impl std::fmt::Debug for Tollgate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tollgate")
+            .field("node", &self.inner.node)
+            .field("groups", &self.inner.groups.load().len())
+            .field("unthrottled", &self.unthrottled)
+            .finish()
+    }
+}
+
+/// Builds a [`Tollgate`] from settings described in code or read from a file.
+#[derive(Clone, Default)]
+pub struct Builder {
+    config: Config,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Builder {
+    /// Starts from a whole configuration (replacing anything set so far).
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The node's capacity in units/s.
+    pub fn capacity(mut self, units_per_s: f64) -> Self {
+        self.config.node.capacity = Some(units_per_s);
+        self
+    }
+
+    /// How the capacity is shared.
+    pub fn mode(mut self, mode: AllocationMode) -> Self {
+        self.config.node.mode = mode;
+        self
+    }
+
+    /// How long `acquire` waits at most.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.config.node.max_wait = max_wait;
+        self
+    }
+
+    /// How often allowances are recomputed from demand.
+    pub fn realloc_interval(mut self, interval: Duration) -> Self {
+        self.config.node.realloc_interval = interval;
+        self
+    }
+
+    /// The cost model used by [`Tollgate::try_acquire_usage`].
+    pub fn cost_model(mut self, model: CostModel) -> Self {
+        self.config.cost_model = model;
+        self
+    }
+
+    /// Adds or replaces a group.
+    pub fn group(mut self, name: GroupName, settings: GroupSettings) -> Self {
+        self.config.groups.insert(name, settings);
+        self
+    }
+
+    /// The clock (default: [`MonotonicClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Checks what this limiter cannot carry out and builds it.
+    pub fn build(self) -> Result<Tollgate, BuildError> {
+        let Builder { config, clock } = self;
+        config.cost_model.validate()?;
+        check_node(&config.node)?;
+        for (name, settings) in &config.groups {
+            if settings.ramp().is_some() {
+                return Err(BuildError::Unsupported { group: name.to_string(), field: "ramp" });
+            }
+            if config.node.mode == AllocationMode::Fcfs && settings.budget().is_some() {
+                return Err(BuildError::Unsupported { group: name.to_string(), field: "budget (in fcfs mode)" });
+            }
+        }
+        let clock: Arc<dyn Clock> = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let now = clock.now();
+        let pool = (config.node.mode == AllocationMode::Fcfs)
+            .then(|| Arc::new(FreePool::new(config.node.capacity.unwrap_or(f64::INFINITY))));
+        let configured: HashMap<Box<str>, GroupSettings> =
+            config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();
+        let default_settings = config.settings_for(DEFAULT_GROUP);
+        let make = |name: GroupName, settings: GroupSettings| {
+            new_group(name, settings, &config.node, &clock, pool.as_ref(), now)
+        };
+        let overflow = make(GroupName::default_group(), default_settings);
+        let mut groups: HashMap<Box<str>, Arc<Group>> = HashMap::new();
+        groups.insert(DEFAULT_GROUP.into(), overflow.clone());
+        for (name, settings) in &config.groups {
+            if name.as_str() != DEFAULT_GROUP {
+                groups.insert(name.as_str().into(), make(name.clone(), settings.clone()));
+            }
+        }
+        let inner = Inner {
+            clock,
+            node: config.node.clone(),
+            cost_model: config.cost_model,
+            configured,
+            groups: ArcSwap::from_pointee(groups),
+            overflow,
+            insert: Mutex::new(()),
+            next_realloc_ns: AtomicU64::new(0),
+            realloc: Mutex::new(Realloc { last: now, tracks: HashMap::new() }),
+            pool,
+        };
+        inner.update_pool();
+        inner.reallocate(now);
+        Ok(Tollgate { inner: Arc::new(inner), unthrottled: false })
+    }
+}
+
+fn check_node(node: &NodeSettings) -> Result<(), BuildError> {
+    let mut errors = Vec::new();
+    if let Some(c) = node.capacity
+        && !(c.is_finite() && c > 0.0)
+    {
+        errors.push(("capacity", format!("must be a finite number above 0, got {c}")));
+    }
+    if node.realloc_interval.is_zero() {
+        errors.push(("realloc_ms", "must be above 0".to_string()));
+    }
+    if node.max_tracked_groups == 0 {
+        errors.push(("max_tracked_groups", "must be at least 1".to_string()));
+    }
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let errors = errors
+        .into_iter()
+        .map(|(field, rule)| tollgate_core::config::ConfigError { line: 0, field: format!("node.{field}"), rule })
+        .collect();
+    Err(BuildError::Config(tollgate_core::config::ConfigErrors(errors)))
+}
+
+fn new_group(
+    name: GroupName,
+    settings: GroupSettings,
+    node: &NodeSettings,
+    clock: &Arc<dyn Clock>,
+    pool: Option<&Arc<FreePool>>,
+    now: Nanos,
+) -> Arc<Group> {
+    let ceiling = max_rate(&settings, node);
+    let burst_ceiling = settings.burst().unwrap_or(ceiling);
+    let limiter = match pool {
+        Some(pool) => {
+            let limit = match settings.limit() {
+                Limit::Units(u) => Some(u),
+                Limit::Unlimited => None,
+            };
+            Limiter::Fcfs { group: FcfsGroup::new(settings.reserved(), limit), pool: pool.clone() }
+        }
+        // Start full at the highest rate the group could have; the reallocation that follows
+        // at once sets its real allowance, keeping it full at the new burst.
+        None => Limiter::Bucket(Bucket::new(ceiling, settings.burst_for(ceiling), now)),
+    };
+    Arc::new_cyclic(|me| Group {
+        name,
+        settings,
+        limiter,
+        counters: Counters::default(),
+        clock: clock.clone(),
+        burst_ceiling,
+        allowance: AtomicU64::new(0f64.to_bits()),
+        demand: AtomicU64::new(0f64.to_bits()),
+        me: me.clone(),
+    })
+}
+
+/// The most a group can ever be allowed: its reservation, or its limit within the capacity.
+fn max_rate(settings: &GroupSettings, node: &NodeSettings) -> f64 {
+    let capped = settings.limit().as_f64().min(node.capacity.unwrap_or(f64::INFINITY));
+    capped.max(settings.reserved())
+}
+
+impl Inner {
+    /// Recomputes allowances if the interval has passed; cheap when it has not.
+    #[inline]
+    fn tick(&self, now: Nanos) {
+        let due = self.next_realloc_ns.load(Ordering::Relaxed);
+        if now.0 >= due {
+            self.tick_slow(now, due);
+        }
+    }
+
+    #[cold]
+    fn tick_slow(&self, now: Nanos, due: u64) {
+        let next = now.after(self.node.realloc_interval).0;
+        if self.next_realloc_ns.compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            self.reallocate(now);
+        }
+    }
+
+    fn reallocate(&self, now: Nanos) {
+        let Ok(mut state) = self.realloc.try_lock() else { return };
+        let groups = self.groups.load();
+        let elapsed_s = now.since(state.last).as_secs_f64();
+        state.last = now;
+        let mut list: Vec<&Arc<Group>> = groups.values().collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let mut claims = Vec::with_capacity(list.len());
+        for g in &list {
+            let c = &g.counters;
+            let asked = units(c.admitted_micro.load(Ordering::Relaxed) + c.throttled_micro.load(Ordering::Relaxed));
+            let unmet = c.throttled.load(Ordering::Relaxed) + c.waited.load(Ordering::Relaxed);
+            let track = state.tracks.entry(g.name.clone()).or_insert_with(|| Track {
+                smoother: Smoother::new(DEMAND_FOLDING_S),
+                last_asked: asked,
+                last_unmet: unmet,
+            });
+            track.smoother.set_total(now, asked);
+            let instant = if elapsed_s > 0.0 { (asked - track.last_asked) / elapsed_s } else { 0.0 };
+            let measured = instant.max(track.smoother.smooth_rate(now)).max(0.0);
+            // A group that waited or was refused wants more than it got: for max-min
+            // fairness its demand is unbounded, and it shares what others leave.
+            let hungry = unmet > track.last_unmet;
+            track.last_asked = asked;
+            track.last_unmet = unmet;
+            g.demand.store(measured.to_bits(), Ordering::Relaxed);
+            let s = &g.settings;
+            let exhausted = s.budget().is_some_and(|b| g.consumed() >= b);
+            let ceiling = if exhausted { s.reserved() } else { s.limit().as_f64() };
+            claims.push(Claim {
+                reserved: s.reserved(),
+                ceiling,
+                priority: s.priority(),
+                weight: s.weight(),
+                demand: if hungry { f64::INFINITY } else { measured },
+            });
+        }
+        let shares = self.node.capacity.map(|capacity| allocate(capacity, &claims));
+        for (i, g) in list.iter().enumerate() {
+            let claim = &claims[i];
+            let target = match &shares {
+                Some(shares) => claim.reserved.max(claim.ceiling.min(shares[i])),
+                None => claim.reserved.max(claim.ceiling),
+            };
+            g.allowance.store(target.to_bits(), Ordering::Relaxed);
+            if let Limiter::Bucket(bucket) = &g.limiter {
+                bucket.set_rate(target, g.settings.burst_for(target), now);
+            }
+        }
+    }
+
+    fn lookup(&self, name: &str) -> Result<Arc<Group>, AcquireError> {
+        if let Some(g) = self.groups.load().get(name) {
+            return Ok(g.clone());
+        }
+        self.insert_group(name)
+    }
+
+    #[cold]
+    fn insert_group(&self, name: &str) -> Result<Arc<Group>, AcquireError> {
+        check_group_name(name).map_err(AcquireError::InvalidGroup)?;
+        let _guard = self.insert.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let current = self.groups.load_full();
+        if let Some(g) = current.get(name) {
+            return Ok(g.clone());
+        }
+        if current.len() >= self.node.max_tracked_groups {
+            return Ok(self.overflow.clone());
+        }
+        let settings = self
+            .configured
+            .get(name)
+            .or_else(|| self.configured.get(DEFAULT_GROUP))
+            .cloned()
+            .unwrap_or_default();
+        let now = self.clock.now();
+        let group = new_group(
+            GroupName::new(name).map_err(AcquireError::InvalidGroup)?,
+            settings,
+            &self.node,
+            &self.clock,
+            self.pool.as_ref(),
+            now,
+        );
+        let mut next = HashMap::clone(&current);
+        next.insert(name.into(), group.clone());
+        self.groups.store(Arc::new(next));
+        drop(_guard);
+        self.update_pool();
+        self.reallocate(now);
+        Ok(group)
+    }
+
+    /// Couchbase counts every reservation against the free pool, active or not.
+    fn update_pool(&self) {
+        if let Some(pool) = &self.pool {
+            let groups = self.groups.load();
+            let mut seen: Vec<&Arc<Group>> = groups.values().collect();
+            seen.sort_by(|a, b| a.name.cmp(&b.name));
+            seen.dedup_by(|a, b| Arc::ptr_eq(a, b));
+            pool.set_reserved_total(seen.iter().map(|g| g.settings.reserved()).sum());
+        }
+    }
+
+    /// Admits `cost` for `group` now, or books it within `max_wait`: returns the permit and
+    /// how long to wait before going ahead.
+    #[inline]
+    fn admit<'g>(
+        &self,
+        group: GroupRef<'g>,
+        cost: f64,
+        max_wait: Duration,
+        unthrottled: bool,
+    ) -> Result<(Permit<'g>, Duration), AcquireError> {
+        if !(cost >= 0.0 && cost.is_finite()) {
+            return Err(AcquireError::InvalidCost(check_cost("cost", cost).expect_err("cost is invalid")));
+        }
+        let now = self.clock.now();
+        self.tick(now);
+        let g = &*group;
+        if unthrottled {
+            return Ok((self.admit_unthrottled(group, cost, now), Duration::ZERO));
+        }
+        if cost > g.burst_ceiling {
+            return Err(AcquireError::NeverAdmissible { group: g.name.to_string(), cost, burst: g.burst_ceiling });
+        }
+        let outcome = match &g.limiter {
+            Limiter::Bucket(bucket) => bucket.reserve(cost, now, max_wait).map(|wait| (wait, None)).map_err(
+                |refusal| match refusal {
+                    Refusal::Wait(d) => d,
+                    // No allowance now, or a burst too small for now: the next reallocation
+                    // may change that.
+                    Refusal::Closed | Refusal::ExceedsBurst { .. } => self.node.realloc_interval,
+                },
+            ),
+            Limiter::Fcfs { group: gauge, pool } => {
+                gauge.try_acquire(pool, cost, now).map(|domain| (Duration::ZERO, Some(domain)))
+            }
+        };
+        let c = &g.counters;
+        match outcome {
+            Ok((wait, domain)) => {
+                c.admitted.fetch_add(1, Ordering::Relaxed);
+                c.admitted_micro.fetch_add(micros(cost), Ordering::Relaxed);
+                if !wait.is_zero() {
+                    c.waited.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok((Permit { group, cost, domain }, wait))
+            }
+            Err(retry_after) => Err(self.refuse(g, cost, retry_after)),
+        }
+    }
+
+    #[cold]
+    fn refuse(&self, g: &Group, cost: f64, retry_after: Duration) -> AcquireError {
+        g.counters.throttled.fetch_add(1, Ordering::Relaxed);
+        g.counters.throttled_micro.fetch_add(micros(cost), Ordering::Relaxed);
+        AcquireError::Throttled { group: g.name.to_string(), retry_after }
+    }
+
+    #[cold]
+    fn admit_unthrottled<'g>(&self, group: GroupRef<'g>, cost: f64, now: Nanos) -> Permit<'g> {
+        let domain = match &group.limiter {
+            Limiter::Bucket(bucket) => {
+                bucket.charge(cost, now);
+                None
+            }
+            Limiter::Fcfs { group: gauge, pool } => Some(gauge.charge(pool, cost, now)),
+        };
+        group.counters.admitted.fetch_add(1, Ordering::Relaxed);
+        group.counters.admitted_micro.fetch_add(micros(cost), Ordering::Relaxed);
+        Permit { group, cost, domain }
+    }
+
+    /// Waits out a booking, or, in fcfs mode, retries at each new slot, up to `max_wait`.
+    async fn acquire<'g>(
+        &self,
+        group: GroupRef<'g>,
+        cost: f64,
+        unthrottled: bool,
+    ) -> Result<Permit<'g>, AcquireError> {
+        let max_wait = self.node.max_wait;
+        if matches!(group.limiter, Limiter::Bucket(_)) || unthrottled {
+            let (permit, wait) = self.admit(group, cost, max_wait, unthrottled)?;
+            if !wait.is_zero() {
+                // If the caller gives up while waiting, the booked tokens go back.
+                let booking = Booking(Some(permit));
+                tokio::time::sleep(wait).await;
+                return Ok(booking.into_permit());
+            }
+            return Ok(permit);
+        }
+        let group = match group {
+            GroupRef::Borrowed(g) => g.self_arc(),
+            GroupRef::Owned(g) => g,
+        };
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.admit(GroupRef::Owned(group.clone()), cost, Duration::ZERO, false) {
+                Ok((permit, _)) => return Ok(permit),
+                Err(AcquireError::Throttled { retry_after, group: name }) => {
+                    if waited + retry_after > max_wait {
+                        return Err(AcquireError::Throttled { group: name, retry_after });
+                    }
+                    tokio::time::sleep(retry_after).await;
+                    waited += retry_after;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A booked admission that is given back if the waiting caller is dropped.
+struct Booking<'g>(Option<Permit<'g>>);
+
+impl<'g> Booking<'g> {
+    fn into_permit(mut self) -> Permit<'g> {
+        self.0.take().expect("a booking holds its permit until taken")
+    }
+}
+
+impl Drop for Booking<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.0.take() {
+            // A cancelled wait consumed nothing.
+            let _ = permit.settle(0.0);
+        }
+    }
+}
+
+impl Tollgate {
+    /// A builder, to describe groups in code.
+    ///
+    /// ```
+    /// use tollgate_client::Tollgate;
+    /// use tollgate_core::settings::{GroupName, GroupSettings};
+    ///
+    /// let gate = Tollgate::builder()
+    ///     .capacity(10_000.0)
+    ///     .group(GroupName::new("search")?, GroupSettings::builder().reserved(2000.0).build()?)
+    ///     .build()?;
+    /// assert!(gate.try_acquire("search", 1.0).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// An embedded limiter for a parsed configuration, on the default clock.
+    pub fn embedded(config: Config) -> Result<Tollgate, BuildError> {
+        Builder::default().config(config).build()
+    }
+
+    /// An embedded limiter from the text of a settings file.
+    pub fn from_toml(src: &str) -> Result<Tollgate, BuildError> {
+        Self::embedded(Config::parse(src)?)
+    }
+
+    /// The same settings, started afresh on another clock (for tests and simulations).
+    pub fn with_clock(&self, clock: impl Clock) -> Result<Tollgate, BuildError> {
+        let inner = &self.inner;
+        let mut config = Config { node: inner.node.clone(), cost_model: inner.cost_model, ..Config::default() };
+        for (name, settings) in &inner.configured {
+            config.groups.insert(GroupName::new(name).expect("configured names are valid"), settings.clone());
+        }
+        Builder::default().config(config).clock(clock).build()
+    }
+
+    /// A handle whose requests are always admitted, still counted against their group and
+    /// the capacity: Couchbase's Unthrottled privilege, for operators and internal work.
+    pub fn unthrottled(&self) -> Tollgate {
+        Tollgate { inner: self.inner.clone(), unthrottled: true }
+    }
+
+    /// Whether this handle carries the unthrottled privilege.
+    pub fn is_unthrottled(&self) -> bool {
+        self.unthrottled
+    }
+
+    /// The cost model from the settings.
+    pub fn cost_model(&self) -> &CostModel {
+        &self.inner.cost_model
+    }
+
+    /// The node settings.
+    pub fn node(&self) -> &NodeSettings {
+        &self.inner.node
+    }
+
+    /// A handle on one group, resolved once: the fastest way to admit requests for it.
+    /// Unknown groups get the `default` group's settings.
+    pub fn group(&self, name: &str) -> Result<GroupHandle, AcquireError> {
+        Ok(GroupHandle { inner: self.inner.clone(), group: self.inner.lookup(name)?, unthrottled: self.unthrottled })
+    }
+
+    /// Admits `cost` units for `group` now, or refuses with the time to wait.
+    pub fn try_acquire(&self, group: &str, cost: f64) -> Result<Permit<'static>, AcquireError> {
+        let g = self.inner.lookup(group)?;
+        self.inner.admit(GroupRef::Owned(g), cost, Duration::ZERO, self.unthrottled).map(|(p, _)| p)
+    }
+
+    /// Admits what `usage` is known to cost up front (see
+    /// [`CostModel::upfront`](tollgate_core::cost::CostModel::upfront)); settle the permit
+    /// with the full usage afterwards.
+    pub fn try_acquire_usage(&self, group: &str, usage: &Usage) -> Result<Permit<'static>, AcquireError> {
+        let cost = self.inner.cost_model.upfront(usage)?;
+        self.try_acquire(group, cost)
+    }
+
+    /// Admits `cost` units for `group`, waiting up to the configured `max_wait`; then fails
+    /// with [`AcquireError::Throttled`], carrying the group and the retry-after.
+    pub async fn acquire(&self, group: &str, cost: f64) -> Result<Permit<'static>, AcquireError> {
+        let g = self.inner.lookup(group)?;
+        self.inner.acquire(GroupRef::Owned(g), cost, self.unthrottled).await
+    }
+
+    /// The counters of `group`, if it has been configured or used.
+    pub fn stats(&self, group: &str) -> Option<GroupStats> {
+        self.inner.groups.load().get(group).map(|g| stats_of(g))
+    }
+
+    /// Every tracked group's counters, by name.
+    pub fn all_stats(&self) -> Vec<(String, GroupStats)> {
+        let mut all: Vec<(String, GroupStats)> =
+            self.inner.groups.load().iter().map(|(n, g)| (n.to_string(), stats_of(g))).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
+
+fn stats_of(g: &Group) -> GroupStats {
+    let c = &g.counters;
+    GroupStats {
+        admitted: c.admitted.load(Ordering::Relaxed),
+        throttled: c.throttled.load(Ordering::Relaxed),
+        admitted_units: units(c.admitted_micro.load(Ordering::Relaxed)),
+        throttled_units: units(c.throttled_micro.load(Ordering::Relaxed)),
+        consumed_units: g.consumed(),
+        demand: f64::from_bits(g.demand.load(Ordering::Relaxed)),
+        allowance: f64::from_bits(g.allowance.load(Ordering::Relaxed)),
+    }
+}
+
+/// One group, resolved: admission without a name lookup. Cheap to clone.
+///
+/// ```
+/// # use tollgate_client::Tollgate;
+/// let gate = Tollgate::from_toml("[groups.api]\nlimit = 1000\n")?;
+/// let api = gate.group("api")?;
+/// let permit = api.try_acquire(1.0)?;
+/// drop(permit);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct GroupHandle {
+    inner: Arc<Inner>,
+    group: Arc<Group>,
+    unthrottled: bool,
+}
+
+impl std::fmt::Debug for GroupHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupHandle").field("group", &self.group.name).finish()
+    }
+}
+
+impl GroupHandle {
+    /// The group's name (`default` when this name fell back to the shared default state).
+    pub fn name(&self) -> &str {
+        self.group.name.as_str()
+    }
+
+    /// Admits `cost` units now, or refuses with the time to wait.
+    #[inline]
+    pub fn try_acquire(&self, cost: f64) -> Result<Permit<'_>, AcquireError> {
+        self.inner.admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled).map(|(p, _)| p)
+    }
+
+    /// Admits `cost` units, waiting up to the configured `max_wait`.
+    pub async fn acquire(&self, cost: f64) -> Result<Permit<'_>, AcquireError> {
+        self.inner.acquire(GroupRef::Borrowed(&self.group), cost, self.unthrottled).await
+    }
+
+    /// The group's counters.
+    pub fn stats(&self) -> GroupStats {
+        stats_of(&self.group)
+    }
+}

@@ -1,0 +1,107 @@
+//! Permits: what an admitted request holds until its actual cost is known.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tollgate_core::cost::{CostError, CostModel, Usage, check_cost};
+use tollgate_core::fcfs::Domain;
+
+use crate::limiter::{Group, Limiter, micros};
+
+/// A reference to a group's state: borrowed from a [`GroupHandle`](crate::GroupHandle) on
+/// the hot path, owned when the group was looked up by name.
+#[derive(Debug)]
+pub(crate) enum GroupRef<'a> {
+    Borrowed(&'a Group),
+    Owned(Arc<Group>),
+}
+
+impl std::ops::Deref for GroupRef<'_> {
+    type Target = Group;
+    fn deref(&self) -> &Group {
+        match self {
+            GroupRef::Borrowed(g) => g,
+            GroupRef::Owned(g) => g,
+        }
+    }
+}
+
+/// An admitted request. Settle it with the actual cost once known: the difference from the
+/// cost admitted becomes debt (the group's later requests wait for it) or is returned.
+/// Dropping a permit unsettled keeps the admitted cost as the actual one.
+///
+/// ```
+/// # use tollgate_client::Tollgate;
+/// # use tollgate_core::time::ManualClock;
+/// let gate = Tollgate::from_toml("[groups.a]\nlimit = 100\n")?.with_clock(ManualClock::new())?;
+/// let permit = gate.try_acquire("a", 10.0)?;
+/// permit.settle(25.0)?; // the request turned out dearer: 15 units of debt
+/// assert_eq!(gate.stats("a").unwrap().consumed_units, 25.0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Permit<'a> {
+    pub(crate) group: GroupRef<'a>,
+    pub(crate) cost: f64,
+    pub(crate) domain: Option<Domain>,
+}
+
+impl Permit<'_> {
+    /// The cost admitted.
+    pub fn cost(&self) -> f64 {
+        self.cost
+    }
+
+    /// The group it was admitted for (the group whose state it draws on).
+    pub fn group(&self) -> &str {
+        self.group.name.as_str()
+    }
+
+    /// Settles the request at `actual` units: more than admitted becomes debt, less is
+    /// returned. An invalid `actual` is refused and the admitted cost stands.
+    pub fn settle(self, actual: f64) -> Result<(), CostError> {
+        check_cost("actual cost", actual)?;
+        let delta = actual - self.cost;
+        if delta == 0.0 {
+            return Ok(());
+        }
+        let group = &*self.group;
+        let now = group.clock.now();
+        match &group.limiter {
+            Limiter::Bucket(bucket) => {
+                if delta > 0.0 {
+                    bucket.charge(delta, now);
+                } else {
+                    bucket.refund(-delta);
+                }
+            }
+            Limiter::Fcfs { group: gauge, pool } => {
+                let domain = self.domain.unwrap_or(Domain::Reserved);
+                gauge.settle(pool, domain, delta, now);
+            }
+        }
+        let counters = &group.counters;
+        if delta > 0.0 {
+            counters.settled_up_micro.fetch_add(micros(delta), Ordering::Relaxed);
+        } else {
+            counters.settled_down_micro.fetch_add(micros(-delta), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Settles with what the request did, priced by `model` (usually the limiter's own,
+    /// [`Tollgate::cost_model`](crate::Tollgate::cost_model)).
+    pub fn settle_usage(self, model: &CostModel, usage: &Usage) -> Result<(), CostError> {
+        let actual = model.cost(usage)?;
+        self.settle(actual)
+    }
+
+    /// The same permit, no longer borrowing the handle it came from.
+    pub fn into_owned(self) -> Permit<'static> {
+        let group = match self.group {
+            GroupRef::Borrowed(g) => GroupRef::Owned(g.self_arc()),
+            GroupRef::Owned(g) => GroupRef::Owned(g),
+        };
+        Permit { group, cost: self.cost, domain: self.domain }
+    }
+}

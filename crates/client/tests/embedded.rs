@@ -1,0 +1,277 @@
+//! The embedded limiter, as a service using it would see it.
+
+use std::time::Duration;
+
+use tollgate_client::{AcquireError, Tollgate};
+use tollgate_core::time::{Clock, ManualClock};
+
+fn gate(toml: &str, clock: &ManualClock) -> Tollgate {
+    Tollgate::builder()
+        .config(tollgate_core::config::Config::parse(toml).expect("valid test settings"))
+        .clock(clock.clone())
+        .build()
+        .expect("buildable")
+}
+
+/// Drives hungry tenants for `secs` seconds in 10 ms steps: each of a group's `connections`
+/// offers `per_conn_per_step` one-unit requests each step. Returns the units admitted per
+/// group during the last half of the run (after allocation has settled).
+fn drive(gate: &Tollgate, clock: &ManualClock, groups: &[(&str, usize)], per_conn_per_step: usize, secs: u64) -> Vec<f64> {
+    let steps = secs * 100;
+    let mut admitted = vec![0.0; groups.len()];
+    for step in 0..steps {
+        for (i, (name, connections)) in groups.iter().enumerate() {
+            for _ in 0..connections * per_conn_per_step {
+                if gate.try_acquire(name, 1.0).is_ok() && step >= steps / 2 {
+                    admitted[i] += 1.0;
+                }
+            }
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    admitted.iter().map(|a| a / (secs as f64 / 2.0)).collect()
+}
+
+fn within(actual: f64, expected: f64, pct: f64) -> bool {
+    (actual - expected).abs() <= expected * pct / 100.0
+}
+
+#[test]
+fn reserved_first_then_the_free_pool_shared_evenly() {
+    let clock = ManualClock::new();
+    let g = gate(
+        "[node]\ncapacity = 1000\n[groups.a]\nreserved = 600\n[groups.b]\nreserved = 200\n",
+        &clock,
+    );
+    let rates = drive(&g, &clock, &[("a", 1), ("b", 1)], 30, 10);
+    assert!(within(rates[0], 700.0, 3.0), "a got {rates:?}");
+    assert!(within(rates[1], 300.0, 3.0), "b got {rates:?}");
+    let stats = g.stats("a").unwrap();
+    assert!(stats.throttled > 0 && stats.admitted > 0);
+    assert!(within(stats.allowance, 700.0, 1.0), "{stats:?}");
+}
+
+#[test]
+fn a_limit_is_never_exceeded_and_a_reservation_always_held() {
+    let clock = ManualClock::new();
+    let g = gate(
+        "[node]\ncapacity = 1000\n\
+         [groups.capped]\nlimit = 100\n\
+         [groups.vip]\npriority = \"high\"\nweight = 100\n\
+         [groups.small]\nreserved = 250\npriority = \"low\"\n",
+        &clock,
+    );
+    let rates = drive(&g, &clock, &[("capped", 1), ("vip", 4), ("small", 1)], 50, 10);
+    assert!(rates[0] <= 100.0 * 1.01, "capped got {rates:?}");
+    assert!(rates[2] >= 250.0 * 0.99, "small got {rates:?}");
+    // Over the whole run, at most one burst above the limit.
+    let capped = g.stats("capped").unwrap();
+    assert!(capped.admitted_units <= 100.0 * 10.0 + 100.0, "{capped:?}");
+}
+
+#[test]
+fn an_idle_tenant_leaves_its_share_to_the_busy_one() {
+    let clock = ManualClock::new();
+    let g = gate("[node]\ncapacity = 1000\n[groups.a]\nreserved = 500\n[groups.b]\n", &clock);
+    let rates = drive(&g, &clock, &[("a", 0), ("b", 1)], 30, 6);
+    assert!(within(rates[1], 1000.0, 3.0), "b got {rates:?}");
+}
+
+#[test]
+fn couchbase_reserved_equals_limit_1000_takes_4096_requests_at_least_4_seconds() {
+    // Couchbase's own throttling test: reserved = hard limit = 1000 units/s, 4096 GETs of a
+    // small document (one unit each) take about 4 s.
+    let clock = ManualClock::new();
+    let g = gate(
+        "[node]\nmode = \"fcfs\"\ncapacity = 25000\n[groups.bucket]\nreserved = 1000\nlimit = 1000\n",
+        &clock,
+    );
+    let start = clock.now();
+    let mut done = 0;
+    let mut throttled = 0;
+    while done < 4096 {
+        match g.try_acquire("bucket", 1.0) {
+            Ok(_) => done += 1,
+            Err(AcquireError::Throttled { retry_after, .. }) => {
+                throttled += 1;
+                assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(1));
+                clock.advance(retry_after);
+            }
+            Err(other) => panic!("unexpected {other}"),
+        }
+    }
+    let took = clock.now().since(start);
+    assert!(took >= Duration::from_secs(4), "took {took:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(throttled >= 3);
+    assert_eq!(g.stats("bucket").unwrap().admitted, 4096);
+}
+
+#[test]
+fn fcfs_free_pool_goes_to_whoever_comes_first() {
+    let clock = ManualClock::new();
+    let g = gate(
+        "[node]\nmode = \"fcfs\"\ncapacity = 100\n[groups.a]\nreserved = 10\n[groups.b]\nreserved = 10\n",
+        &clock,
+    );
+    // a takes its 10 and the whole free pool of 80; b still has its own reservation.
+    for _ in 0..90 {
+        g.try_acquire("a", 1.0).unwrap();
+    }
+    assert!(g.try_acquire("a", 1.0).is_err());
+    for _ in 0..10 {
+        g.try_acquire("b", 1.0).unwrap();
+    }
+    assert!(g.try_acquire("b", 1.0).is_err());
+    clock.advance(Duration::from_secs(1));
+    assert!(g.try_acquire("b", 1.0).is_ok());
+}
+
+#[test]
+fn unthrottled_requests_are_admitted_and_still_counted() {
+    let clock = ManualClock::new();
+    let g = gate("[groups.a]\nlimit = 10\n", &clock);
+    let admin = g.unthrottled();
+    assert!(admin.is_unthrottled());
+    for _ in 0..50 {
+        admin.try_acquire("a", 1.0).expect("unthrottled is always admitted");
+    }
+    // The 50 units count against the group: 40 units of debt at 10/s.
+    assert!(g.try_acquire("a", 1.0).is_err());
+    clock.advance(Duration::from_secs(3));
+    assert!(g.try_acquire("a", 1.0).is_err());
+    clock.advance(Duration::from_secs(2));
+    assert!(g.try_acquire("a", 1.0).is_ok());
+    assert_eq!(g.stats("a").unwrap().admitted, 51);
+}
+
+#[test]
+fn unknown_groups_get_the_default_groups_settings() {
+    let clock = ManualClock::new();
+    let g = gate("[node]\nmax_tracked_groups = 3\n[groups.default]\nlimit = 5\n", &clock);
+    for _ in 0..5 {
+        g.try_acquire("stranger", 1.0).unwrap();
+    }
+    assert!(g.try_acquire("stranger", 1.0).is_err());
+    // Each unknown group has its own state, up to the tracking limit…
+    assert!(g.try_acquire("another", 1.0).is_ok());
+    assert_eq!(g.stats("another").unwrap().admitted, 1);
+    // …beyond which new names share the default group's state.
+    let extra = g.group("third").unwrap();
+    assert_eq!(extra.name(), "default");
+}
+
+#[test]
+fn bad_costs_are_errors_and_zero_costs_are_free() {
+    let clock = ManualClock::new();
+    let g = gate("[groups.a]\nlimit = 10\n", &clock);
+    for bad in [f64::NAN, -1.0, f64::INFINITY] {
+        let e = g.try_acquire("a", bad).unwrap_err();
+        assert!(matches!(e, AcquireError::InvalidCost(_)), "{bad}: {e}");
+        assert!(!e.is_transient());
+    }
+    for _ in 0..100 {
+        g.try_acquire("a", 0.0).unwrap();
+    }
+    // Zero-cost requests took nothing: the whole burst is still there.
+    g.try_acquire("a", 10.0).unwrap();
+    assert!(matches!(g.try_acquire("a", 1.0), Err(AcquireError::Throttled { .. })));
+    assert!(matches!(g.try_acquire("", 1.0), Err(AcquireError::InvalidGroup(_))));
+}
+
+#[test]
+fn a_cost_the_burst_can_never_hold_fails_at_once() {
+    let clock = ManualClock::new();
+    let g = gate("[groups.a]\nlimit = 10\n", &clock);
+    let e = g.try_acquire("a", 11.0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "a cost of 11 units can never be admitted for group \"a\": its burst holds at most 10 units"
+    );
+    assert_eq!(e.retry_after(), None);
+}
+
+#[test]
+fn settling_turns_the_difference_into_debt_or_returns_it() {
+    let clock = ManualClock::new();
+    let g = gate("[groups.a]\nlimit = 100\n", &clock);
+    // Admitted at 10, actually cost 90: the bucket is at 100 − 90 = 10.
+    g.try_acquire("a", 10.0).unwrap().settle(90.0).unwrap();
+    g.try_acquire("a", 10.0).unwrap();
+    assert!(g.try_acquire("a", 1.0).is_err());
+    // Admitted at 50 but cost nothing: 50 come back.
+    clock.advance(Duration::from_millis(500));
+    g.try_acquire("a", 50.0).unwrap().settle(0.0).unwrap();
+    g.try_acquire("a", 50.0).unwrap();
+    let s = g.stats("a").unwrap();
+    assert_eq!(s.consumed_units, 90.0 + 10.0 + 0.0 + 50.0);
+    // A bad actual cost is refused and the estimate stands.
+    assert!(g.try_acquire("a", 0.0).unwrap().settle(f64::NAN).is_err());
+}
+
+#[test]
+fn usage_is_priced_up_front_and_settled_in_full() {
+    let clock = ManualClock::new();
+    let g = gate("[cost]\nmodel = \"ru\"\n[groups.a]\nlimit = 100\n", &clock);
+    let read = tollgate_core::cost::Usage::read(655_360).with_cpu_ms(30.0);
+    let permit = g.try_acquire_usage("a", &read).unwrap();
+    assert!((permit.cost() - 0.475).abs() < 1e-9);
+    permit.settle_usage(g.cost_model(), &read).unwrap();
+    let s = g.stats("a").unwrap();
+    assert!((s.consumed_units - (0.475 + 10.0 + 10.0)).abs() < 1e-6, "{s:?}");
+}
+
+#[test]
+fn a_budget_once_spent_holds_the_group_at_its_reservation() {
+    let clock = ManualClock::new();
+    let g = gate("[groups.a]\nreserved = 10\nlimit = 1000\nbudget = 2000\n", &clock);
+    let mut first = 0.0;
+    for _ in 0..300 {
+        while g.try_acquire("a", 1.0).is_ok() {
+            first += 1.0;
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    assert!(first >= 2000.0, "spent {first}");
+    let mut later = 0.0;
+    for _ in 0..500 {
+        while g.try_acquire("a", 1.0).is_ok() {
+            later += 1.0;
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    // Five seconds at the reserved 10/s (plus at most one burst).
+    assert!(later <= 5.0 * 10.0 + 1000.0 * 0.1 + 10.0, "later {later}");
+    assert!(g.stats("a").unwrap().allowance == 10.0);
+}
+
+#[test]
+fn threads_do_not_buy_a_bigger_share() {
+    // A frozen clock: each group can admit exactly its burst, however many threads ask.
+    let clock = ManualClock::new();
+    let g = gate("[node]\ncapacity = 2000\n[groups.one]\nreserved = 1000\nlimit = 1000\n[groups.many]\nreserved = 1000\nlimit = 1000\n", &clock);
+    std::thread::scope(|s| {
+        s.spawn(|| while g.try_acquire("one", 1.0).is_ok() {});
+        for _ in 0..6 {
+            s.spawn(|| while g.try_acquire("many", 1.0).is_ok() {});
+        }
+    });
+    assert_eq!(g.stats("one").unwrap().admitted, 1000);
+    assert_eq!(g.stats("many").unwrap().admitted, 1000);
+}
+
+#[test]
+fn ramp_is_refused_until_the_embedded_limiter_carries_it_out() {
+    let config = tollgate_core::config::Config::parse(
+        "[groups.a]\nlimit = 10\n[groups.a.ramp]\nmin = 1\nmax = 10\nduration_s = 10\n",
+    )
+    .unwrap();
+    let e = Tollgate::embedded(config).unwrap_err();
+    assert_eq!(e.to_string(), "group \"a\": ramp is not supported by the embedded limiter yet");
+}
+
+#[test]
+fn settings_errors_name_line_field_and_rule() {
+    let e = Tollgate::from_toml("[groups.a]\nreserved = 5\nlimit = 1\n").unwrap_err();
+    assert_eq!(e.to_string(), "invalid settings:\nline 1: groups.a.reserved: must not exceed limit (5 > 1)");
+}
