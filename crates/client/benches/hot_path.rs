@@ -1,1 +1,146 @@
-fn main() {}
+//! The admission hot path, side by side with `governor` on the same quota.
+//!
+//! `cargo bench -p tollgate-client --bench hot_path`
+//!
+//! Every limiter is set to about 4.29 billion units/s with an equal burst (governor's largest
+//! quota), so every call finds tokens and the admit path is what is measured. Multi-threaded
+//! cases report the time per call seen by each of the two threads running at once.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use tollgate_client::Tollgate;
+use tollgate_client::clock::MonotonicClock;
+use tollgate_core::bucket::Bucket;
+use tollgate_core::time::Clock;
+
+const RATE: u32 = u32::MAX;
+
+fn gate() -> Tollgate {
+    Tollgate::from_toml(&format!("[groups.a]\nlimit = {RATE}\n[groups.b]\nlimit = {RATE}\n")).unwrap()
+}
+
+fn governor_limiter() -> governor::DefaultDirectRateLimiter {
+    RateLimiter::direct(Quota::per_second(NonZeroU32::new(RATE).unwrap()))
+}
+
+/// Runs `op` on two threads at once, `iters` times each; returns the wall time.
+fn two_threads<A, B>(iters: u64, a: A, b: B) -> Duration
+where
+    A: Fn() + Send + Sync,
+    B: Fn() + Send + Sync,
+{
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        let run = |op: &(dyn Fn() + Sync)| {
+            barrier.wait();
+            #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+            let start = Instant::now();
+            for _ in 0..iters {
+                op();
+            }
+            start.elapsed()
+        };
+        let ha = s.spawn(|| run(&a));
+        let hb = s.spawn(|| run(&b));
+        ha.join().unwrap().max(hb.join().unwrap())
+    })
+}
+
+fn one_thread(c: &mut Criterion) {
+    let mut g = c.benchmark_group("try_acquire/one_thread");
+    let gate = gate();
+    let handle = gate.group("a").unwrap();
+    g.bench_function("tollgate_group_handle", |b| b.iter(|| black_box(handle.try_acquire(black_box(1.0)).is_ok())));
+    g.bench_function("tollgate_by_name", |b| b.iter(|| black_box(gate.try_acquire(black_box("a"), 1.0).is_ok())));
+    let clock = MonotonicClock::new();
+    let bucket = Bucket::new(f64::from(RATE), f64::from(RATE), clock.now());
+    g.bench_function("tollgate_core_bucket", |b| {
+        b.iter(|| black_box(bucket.try_acquire(black_box(1.0), clock.now()).is_ok()))
+    });
+    let lim = governor_limiter();
+    let one = NonZeroU32::new(1).unwrap();
+    g.bench_function("governor_check_n", |b| b.iter(|| black_box(lim.check_n(black_box(one)).is_ok())));
+    g.finish();
+}
+
+fn two_threads_one_group(c: &mut Criterion) {
+    let mut g = c.benchmark_group("try_acquire/two_threads_one_group");
+    let gate = gate();
+    let (h1, h2) = (gate.group("a").unwrap(), gate.group("a").unwrap());
+    g.bench_function("tollgate_group_handle", |b| {
+        b.iter_custom(|iters| {
+            two_threads(
+                iters,
+                || {
+                    black_box(h1.try_acquire(1.0).is_ok());
+                },
+                || {
+                    black_box(h2.try_acquire(1.0).is_ok());
+                },
+            )
+        })
+    });
+    let lim = Arc::new(governor_limiter());
+    let one = NonZeroU32::new(1).unwrap();
+    g.bench_function("governor_check_n", |b| {
+        b.iter_custom(|iters| {
+            two_threads(
+                iters,
+                || {
+                    black_box(lim.check_n(one).is_ok());
+                },
+                || {
+                    black_box(lim.check_n(one).is_ok());
+                },
+            )
+        })
+    });
+    g.finish();
+}
+
+fn two_threads_two_groups(c: &mut Criterion) {
+    let mut g = c.benchmark_group("try_acquire/two_threads_two_groups");
+    let gate = gate();
+    let (ha, hb) = (gate.group("a").unwrap(), gate.group("b").unwrap());
+    g.bench_function("tollgate_group_handle", |b| {
+        b.iter_custom(|iters| {
+            two_threads(
+                iters,
+                || {
+                    black_box(ha.try_acquire(1.0).is_ok());
+                },
+                || {
+                    black_box(hb.try_acquire(1.0).is_ok());
+                },
+            )
+        })
+    });
+    let (la, lb) = (governor_limiter(), governor_limiter());
+    let one = NonZeroU32::new(1).unwrap();
+    g.bench_function("governor_check_n", |b| {
+        b.iter_custom(|iters| {
+            two_threads(
+                iters,
+                || {
+                    black_box(la.check_n(one).is_ok());
+                },
+                || {
+                    black_box(lb.check_n(one).is_ok());
+                },
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3)).sample_size(30);
+    targets = one_thread, two_threads_one_group, two_threads_two_groups
+}
+criterion_main!(benches);

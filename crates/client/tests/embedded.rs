@@ -273,5 +273,20 @@ fn ramp_is_refused_until_the_embedded_limiter_carries_it_out() {
 #[test]
 fn settings_errors_name_line_field_and_rule() {
     let e = Tollgate::from_toml("[groups.a]\nreserved = 5\nlimit = 1\n").unwrap_err();
-    assert_eq!(e.to_string(), "invalid settings:\nline 1: groups.a.reserved: must not exceed limit (5 > 1)");
+    assert_eq!(e.to_string(), "invalid settings:\nline 2: groups.a.reserved: must not exceed limit (5 > 1)");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(16))]
+
+    /// Couchbase's complaint: a tenant with ten connections got ten time slots. Here a
+    /// tenant's share depends on its group's settings, not on how many callers it has.
+    #[test]
+    fn a_tenants_share_does_not_depend_on_its_connections(conns_a in 1usize..8, conns_b in 1usize..8) {
+        let clock = ManualClock::new();
+        let g = gate("[node]\ncapacity = 1000\n[groups.a]\n[groups.b]\n", &clock);
+        let rates = drive(&g, &clock, &[("a", conns_a), ("b", conns_b)], 15, 6);
+        proptest::prop_assert!(within(rates[0], 500.0, 4.0), "{conns_a} vs {conns_b}: {rates:?}");
+        proptest::prop_assert!(within(rates[1], 500.0, 4.0), "{conns_a} vs {conns_b}: {rates:?}");
+    }
 }

@@ -371,6 +371,8 @@ impl Parser<'_> {
     fn group(&mut self, name: &str, value: &Value<'_>) -> Option<GroupSettings> {
         let path = format!("groups.{name}");
         let mut f = self.fields(&path, value)?;
+        // Where each key is, for rules that span fields (reserved above limit).
+        let spans: Vec<(String, Range<usize>)> = f.entries.iter().map(|(k, span, _)| (k.to_string(), span.clone())).collect();
         let before = self.errors.len();
         let mut b = GroupSettings::builder();
         if let Some((p, v)) = f.take("reserved") {
@@ -429,7 +431,9 @@ impl Parser<'_> {
             Ok(settings) => Some(settings),
             Err(errors) => {
                 for e in errors.0 {
-                    self.setting_error(value.span(), &path, e);
+                    let key = e.field.split('.').next().unwrap_or_default();
+                    let span = spans.iter().find(|(k, _)| k == key).map_or(value.span(), |(_, s)| s.clone());
+                    self.setting_error(span, &path, e);
                 }
                 None
             }
@@ -619,7 +623,7 @@ priority = 42
                 "line 2: node.capacity: must be above 0, got -5",
                 "line 3: node.mode: must be share or fcfs, got \"fair\"",
                 "line 4: node.speed: unknown field; expected one of capacity, mode, realloc_ms, max_wait_ms, max_tracked_groups",
-                "line 6: groups.a.reserved: must not exceed limit (700 > 500)",
+                "line 7: groups.a.reserved: must not exceed limit (700 > 500)",
                 "line 11: groups.b.weight: must be a number, got string",
                 "line 12: groups.b.priority: must be a whole number from 1 to 16, got 42",
             ]
