@@ -8,6 +8,8 @@
 //! cargo run --release -p tollgate-client --example two_tenants [SECONDS]
 //! ```
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tollgate_client::{AcquireError, Tollgate};
@@ -33,16 +35,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gate = Tollgate::from_toml(SETTINGS)?;
     println!("capacity 1000 units/s; a reserves 600, b reserves 200; running {seconds} s");
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for tenant in ["a", "b"] {
         for _ in 0..4 {
             let handle = gate.group(tenant)?;
+            let stop = stop.clone();
             tasks.push(tokio::spawn(async move {
-                while tokio::time::Instant::now() < deadline {
+                while !stop.load(Ordering::Relaxed) {
                     match handle.acquire(1.0).await {
                         Ok(_permit) => {} // the request would run here
-                        Err(AcquireError::Throttled { retry_after, .. }) => tokio::time::sleep(retry_after).await,
+                        Err(AcquireError::Throttled { retry_after, .. }) => {
+                            tokio::time::sleep(retry_after).await
+                        }
                         Err(other) => panic!("{other}"),
                     }
                 }
@@ -55,12 +60,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for second in 1..=seconds {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = [gate.stats("a").unwrap().admitted_units, gate.stats("b").unwrap().admitted_units];
-        println!("second {second:>2}: a {:>5.0} units/s   b {:>5.0} units/s", now[0] - last[0], now[1] - last[1]);
+        println!(
+            "second {second:>2}: a {:>5.0} units/s   b {:>5.0} units/s",
+            now[0] - last[0],
+            now[1] - last[1]
+        );
         if second == 1 {
             first_second = now;
         }
         last = now;
     }
+    stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await?;
     }

@@ -27,7 +27,8 @@ fn help_lists_the_commands() {
 
 #[test]
 fn a_valid_file_is_summarised() {
-    let path = file("valid.toml", "[node]\ncapacity = 1000\n[groups.a]\nreserved = 600\n[groups.b]\nlimit = 300\n");
+    let path =
+        file("valid.toml", "[node]\ncapacity = 1000\n[groups.a]\nreserved = 600\n[groups.b]\nlimit = 300\n");
     let (code, out, _) = tollgate(&["check-config", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("ok: 2 groups, capacity 1000 units/s"), "{out}");

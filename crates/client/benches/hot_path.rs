@@ -14,14 +14,25 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use tollgate_client::Tollgate;
-use tollgate_client::clock::MonotonicClock;
+use tollgate_client::clock::{CoarseClock, MonotonicClock};
 use tollgate_core::bucket::Bucket;
 use tollgate_core::time::Clock;
 
 const RATE: u32 = u32::MAX;
 
+fn settings() -> tollgate_core::config::Config {
+    tollgate_core::config::Config::parse(&format!("[groups.a]\nlimit = {RATE}\n[groups.b]\nlimit = {RATE}\n"))
+        .unwrap()
+}
+
+/// The embedded limiter on its default clock (the CPU's time-stamp counter).
 fn gate() -> Tollgate {
-    Tollgate::from_toml(&format!("[groups.a]\nlimit = {RATE}\n[groups.b]\nlimit = {RATE}\n")).unwrap()
+    Tollgate::embedded(settings()).unwrap()
+}
+
+/// The embedded limiter on the 1 ms coarse clock.
+fn coarse_gate() -> Tollgate {
+    Tollgate::builder().config(settings()).clock(CoarseClock::new()).build().unwrap()
 }
 
 fn governor_limiter() -> governor::DefaultDirectRateLimiter {
@@ -35,16 +46,16 @@ where
     B: Fn() + Send + Sync,
 {
     let barrier = Barrier::new(2);
+    let run = |op: &(dyn Fn() + Sync)| {
+        barrier.wait();
+        #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+        let start = Instant::now();
+        for _ in 0..iters {
+            op();
+        }
+        start.elapsed()
+    };
     std::thread::scope(|s| {
-        let run = |op: &(dyn Fn() + Sync)| {
-            barrier.wait();
-            #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
-            let start = Instant::now();
-            for _ in 0..iters {
-                op();
-            }
-            start.elapsed()
-        };
         let ha = s.spawn(|| run(&a));
         let hb = s.spawn(|| run(&b));
         ha.join().unwrap().max(hb.join().unwrap())
@@ -55,16 +66,40 @@ fn one_thread(c: &mut Criterion) {
     let mut g = c.benchmark_group("try_acquire/one_thread");
     let gate = gate();
     let handle = gate.group("a").unwrap();
-    g.bench_function("tollgate_group_handle", |b| b.iter(|| black_box(handle.try_acquire(black_box(1.0)).is_ok())));
-    g.bench_function("tollgate_by_name", |b| b.iter(|| black_box(gate.try_acquire(black_box("a"), 1.0).is_ok())));
+    g.bench_function("tollgate_group_handle", |b| {
+        b.iter(|| black_box(handle.try_acquire(black_box(1.0)).is_ok()))
+    });
+    g.bench_function("tollgate_by_name", |b| {
+        b.iter(|| black_box(gate.try_acquire(black_box("a"), 1.0).is_ok()))
+    });
     let clock = MonotonicClock::new();
     let bucket = Bucket::new(f64::from(RATE), f64::from(RATE), clock.now());
     g.bench_function("tollgate_core_bucket", |b| {
         b.iter(|| black_box(bucket.try_acquire(black_box(1.0), clock.now()).is_ok()))
     });
+    // The parts: the clock read alone, and the bucket alone at a given time.
+    g.bench_function("part_clock_read", |b| b.iter(|| black_box(clock.now())));
+    let mut t = clock.now().0;
+    g.bench_function("part_bucket_at_given_time", |b| {
+        b.iter(|| {
+            t += 1;
+            black_box(bucket.try_acquire(black_box(1.0), tollgate_core::time::Nanos(t)).is_ok())
+        })
+    });
     let lim = governor_limiter();
     let one = NonZeroU32::new(1).unwrap();
     g.bench_function("governor_check_n", |b| b.iter(|| black_box(lim.check_n(black_box(one)).is_ok())));
+    // Both again on their coarse clocks: one atomic load instead of reading the counter.
+    let coarse = coarse_gate();
+    let coarse_handle = coarse.group("a").unwrap();
+    g.bench_function("tollgate_group_handle_coarse_clock", |b| {
+        b.iter(|| black_box(coarse_handle.try_acquire(black_box(1.0)).is_ok()))
+    });
+    let upkeep = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1)).unwrap();
+    let lim = RateLimiter::direct_with_clock(Quota::per_second(NonZeroU32::new(RATE).unwrap()), upkeep);
+    g.bench_function("governor_check_n_upkeep_clock", |b| {
+        b.iter(|| black_box(lim.check_n(black_box(one)).is_ok()))
+    });
     g.finish();
 }
 

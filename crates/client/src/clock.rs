@@ -4,7 +4,12 @@
 //! clock `governor` uses too): a read costs a few nanoseconds, far less than the kernel's
 //! clock, which matters on the admission hot path. [`TokioClock`] follows tokio's clock,
 //! so tests with paused time (`#[tokio::test(start_paused = true)]`) see sleeps advance it.
+//! [`CoarseClock`] trades resolution (1 ms) for a read that is one atomic load.
 //! Tests that drive time by hand use [`tollgate_core::time::ManualClock`].
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tollgate_core::time::{Clock, Nanos};
 
@@ -12,16 +17,15 @@ use tollgate_core::time::{Clock, Nanos};
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     clock: quanta::Clock,
-    origin: quanta::Instant,
+    origin: u64,
 }
 
 impl MonotonicClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        // The edge: this is where real time enters.
-        #[allow(clippy::disallowed_methods)]
-        let origin = clock.now();
+        #[allow(clippy::disallowed_methods)] // the edge: real time enters here
+        let origin = clock.raw();
         Self { clock, origin }
     }
 }
@@ -35,9 +39,61 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now(&self) -> Nanos {
+        // The raw counter, scaled once: half the cost of `quanta::Clock::now`.
         #[allow(clippy::disallowed_methods)]
-        let now = self.clock.now();
-        Nanos(tollgate_core::time::duration_nanos(now.duration_since(self.origin)))
+        let raw = self.clock.raw();
+        Nanos(self.clock.delta_as_nanos(self.origin, raw))
+    }
+}
+
+/// How often the [`CoarseClock`]'s background thread refreshes the time.
+pub const COARSE_RESOLUTION: Duration = Duration::from_millis(1);
+
+/// The time as of the last refresh by one background thread, every [`COARSE_RESOLUTION`]:
+/// a read is a single atomic load.
+///
+/// For the lowest-latency admission when one millisecond of resolution is enough: with a
+/// rate of `r` units/s, keep the burst at least `r / 1000` units, or the bucket cannot hand
+/// out what refills between two refreshes. Time read this way lags real time by at most the
+/// resolution, so it never admits early. The thread starts with the first `CoarseClock` and
+/// runs for the life of the process. All coarse clocks share one origin.
+#[derive(Debug, Clone, Copy)]
+pub struct CoarseClock {
+    shared: &'static AtomicU64,
+}
+
+static COARSE_NOW: AtomicU64 = AtomicU64::new(0);
+static COARSE_STARTED: OnceLock<()> = OnceLock::new();
+
+impl CoarseClock {
+    /// The process's coarse clock, starting its refresh thread if need be.
+    pub fn new() -> Self {
+        COARSE_STARTED.get_or_init(|| {
+            let precise = MonotonicClock::new();
+            std::thread::Builder::new()
+                .name("tollgate-coarse-clock".into())
+                .spawn(move || {
+                    loop {
+                        COARSE_NOW.store(precise.now().0, Ordering::Release);
+                        std::thread::sleep(COARSE_RESOLUTION);
+                    }
+                })
+                .expect("spawn the coarse clock thread");
+        });
+        Self { shared: &COARSE_NOW }
+    }
+}
+
+impl Default for CoarseClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> Nanos {
+        Nanos(self.shared.load(Ordering::Acquire))
     }
 }
 
@@ -68,5 +124,38 @@ impl Clock for TokioClock {
         #[allow(clippy::disallowed_methods)]
         let now = tokio::time::Instant::now();
         Nanos(tollgate_core::time::duration_nanos(now.duration_since(self.origin)))
+    }
+}
+
+/// The clock a limiter runs on. The built-in clocks are matched directly (no virtual call
+/// on the hot path); any other [`Clock`] is called through a pointer.
+#[derive(Clone)]
+pub(crate) enum ClockSource {
+    Monotonic(MonotonicClock),
+    Coarse(CoarseClock),
+    Custom(std::sync::Arc<dyn Clock>),
+}
+
+impl ClockSource {
+    pub(crate) fn of<C: Clock>(clock: C) -> Self {
+        let any: &dyn std::any::Any = &clock;
+        if let Some(c) = any.downcast_ref::<MonotonicClock>() {
+            ClockSource::Monotonic(c.clone())
+        } else if let Some(c) = any.downcast_ref::<CoarseClock>() {
+            ClockSource::Coarse(*c)
+        } else {
+            ClockSource::Custom(std::sync::Arc::new(clock))
+        }
+    }
+}
+
+impl Clock for ClockSource {
+    #[inline]
+    fn now(&self) -> Nanos {
+        match self {
+            ClockSource::Monotonic(c) => c.now(),
+            ClockSource::Coarse(c) => c.now(),
+            ClockSource::Custom(c) => c.now(),
+        }
     }
 }

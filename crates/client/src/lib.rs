@@ -37,9 +37,16 @@ mod error;
 pub mod layer;
 mod limiter;
 mod permit;
+mod tally;
 
 pub use error::{AcquireError, BuildError};
 pub use layer::{TollgateLayer, TollgateService};
 pub use limiter::{Builder, GroupHandle, GroupStats, Tollgate};
 pub use permit::Permit;
 pub use tollgate_core as core;
+
+/// The README's and the concept guide's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../../../docs/concepts.md")]
+pub struct DocumentationExamples;

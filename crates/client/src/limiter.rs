@@ -22,34 +22,23 @@ use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings, Limit, ch
 use tollgate_core::smooth::Smoother;
 use tollgate_core::time::{Clock, Nanos};
 
-use crate::clock::MonotonicClock;
+use crate::clock::{ClockSource, MonotonicClock};
 use crate::error::{AcquireError, BuildError};
 use crate::permit::{GroupRef, Permit};
+use crate::tally::{self, Counters, HasCounters, Tally, Totals};
 
 /// Folding time of the demand smoother, in seconds.
 const DEMAND_FOLDING_S: f64 = 1.0;
 
 /// Units are counted in millionths, so fractional costs (0.475 RU) add up exactly enough.
+#[inline]
 pub(crate) fn micros(units: f64) -> u64 {
-    (units * 1e6).round() as u64
+    // Adding a half and truncating rounds without a libm call (costs are never negative).
+    (units * 1e6 + 0.5) as u64
 }
 
 fn units(micros: u64) -> f64 {
     micros as f64 / 1e6
-}
-
-/// A group's counters. Admission on the fast path touches two of them.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct Counters {
-    pub(crate) admitted: AtomicU64,
-    pub(crate) admitted_micro: AtomicU64,
-    pub(crate) throttled: AtomicU64,
-    pub(crate) throttled_micro: AtomicU64,
-    /// Admissions that had to wait: with refusals, the sign of unmet demand.
-    pub(crate) waited: AtomicU64,
-    pub(crate) settled_up_micro: AtomicU64,
-    pub(crate) settled_down_micro: AtomicU64,
 }
 
 /// How a group is limited.
@@ -65,7 +54,10 @@ pub(crate) struct Group {
     pub(crate) settings: GroupSettings,
     pub(crate) limiter: Limiter,
     pub(crate) counters: Counters,
-    pub(crate) clock: Arc<dyn Clock>,
+    /// Settlements: units added to (debt) or taken from (returned) admitted costs.
+    pub(crate) settled_up_micro: AtomicU64,
+    pub(crate) settled_down_micro: AtomicU64,
+    pub(crate) clock: Arc<ClockSource>,
     /// The largest cost the group's bucket can ever hold.
     burst_ceiling: f64,
     /// Current allowance (units/s) and measured demand, as f64 bits.
@@ -76,7 +68,10 @@ pub(crate) struct Group {
 
 impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Group").field("name", &self.name).field("settings", &self.settings).finish_non_exhaustive()
+        f.debug_struct("Group")
+            .field("name", &self.name)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
     }
 }
 
@@ -85,10 +80,21 @@ impl Group {
         self.me.upgrade().expect("a group is alive while borrowed")
     }
 
-    fn consumed(&self) -> f64 {
-        let c = &self.counters;
-        let up = c.admitted_micro.load(Ordering::Relaxed) + c.settled_up_micro.load(Ordering::Relaxed);
-        units(up.saturating_sub(c.settled_down_micro.load(Ordering::Relaxed)))
+    fn consumed(&self, totals: &Totals) -> f64 {
+        let up = totals.admitted_micro + self.settled_up_micro.load(Ordering::Relaxed);
+        units(up.saturating_sub(self.settled_down_micro.load(Ordering::Relaxed)))
+    }
+
+    /// Counts on this thread's tally for the group.
+    #[inline]
+    fn record(&self, f: impl FnOnce(&Tally)) {
+        tally::record(self, &self.me, f);
+    }
+}
+
+impl HasCounters for Group {
+    fn counters(&self) -> &Counters {
+        &self.counters
     }
 }
 
@@ -123,7 +129,7 @@ struct Realloc {
 }
 
 struct Inner {
-    clock: Arc<dyn Clock>,
+    clock: Arc<ClockSource>,
     node: NodeSettings,
     cost_model: CostModel,
     configured: HashMap<Box<str>, GroupSettings>,
@@ -175,7 +181,7 @@ impl std::fmt::Debug for Tollgate {
 #[derive(Clone, Default)]
 pub struct Builder {
     config: Config,
-    clock: Option<Arc<dyn Clock>>,
+    clock: Option<ClockSource>,
 }
 
 impl Builder {
@@ -223,7 +229,7 @@ impl Builder {
 
     /// The clock (default: [`MonotonicClock`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(Arc::new(clock));
+        self.clock = Some(ClockSource::of(clock));
         self
     }
 
@@ -237,10 +243,13 @@ impl Builder {
                 return Err(BuildError::Unsupported { group: name.to_string(), field: "ramp" });
             }
             if config.node.mode == AllocationMode::Fcfs && settings.budget().is_some() {
-                return Err(BuildError::Unsupported { group: name.to_string(), field: "budget (in fcfs mode)" });
+                return Err(BuildError::Unsupported {
+                    group: name.to_string(),
+                    field: "budget (in fcfs mode)",
+                });
             }
         }
-        let clock: Arc<dyn Clock> = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let clock = Arc::new(clock.unwrap_or_else(|| ClockSource::of(MonotonicClock::new())));
         let now = clock.now();
         let pool = (config.node.mode == AllocationMode::Fcfs)
             .then(|| Arc::new(FreePool::new(config.node.capacity.unwrap_or(f64::INFINITY))));
@@ -294,7 +303,11 @@ fn check_node(node: &NodeSettings) -> Result<(), BuildError> {
     }
     let errors = errors
         .into_iter()
-        .map(|(field, rule)| tollgate_core::config::ConfigError { line: 0, field: format!("node.{field}"), rule })
+        .map(|(field, rule)| tollgate_core::config::ConfigError {
+            line: 0,
+            field: format!("node.{field}"),
+            rule,
+        })
         .collect();
     Err(BuildError::Config(tollgate_core::config::ConfigErrors(errors)))
 }
@@ -303,7 +316,7 @@ fn new_group(
     name: GroupName,
     settings: GroupSettings,
     node: &NodeSettings,
-    clock: &Arc<dyn Clock>,
+    clock: &Arc<ClockSource>,
     pool: Option<&Arc<FreePool>>,
     now: Nanos,
 ) -> Arc<Group> {
@@ -325,7 +338,9 @@ fn new_group(
         name,
         settings,
         limiter,
-        counters: Counters::default(),
+        counters: Counters::new(),
+        settled_up_micro: AtomicU64::new(0),
+        settled_down_micro: AtomicU64::new(0),
         clock: clock.clone(),
         burst_ceiling,
         allowance: AtomicU64::new(0f64.to_bits()),
@@ -368,9 +383,9 @@ impl Inner {
         list.dedup_by(|a, b| Arc::ptr_eq(a, b));
         let mut claims = Vec::with_capacity(list.len());
         for g in &list {
-            let c = &g.counters;
-            let asked = units(c.admitted_micro.load(Ordering::Relaxed) + c.throttled_micro.load(Ordering::Relaxed));
-            let unmet = c.throttled.load(Ordering::Relaxed) + c.waited.load(Ordering::Relaxed);
+            let totals = g.counters.totals();
+            let asked = units(totals.admitted_micro + totals.throttled_micro);
+            let unmet = totals.throttled + totals.waited;
             let track = state.tracks.entry(g.name.clone()).or_insert_with(|| Track {
                 smoother: Smoother::new(DEMAND_FOLDING_S),
                 last_asked: asked,
@@ -386,7 +401,7 @@ impl Inner {
             track.last_unmet = unmet;
             g.demand.store(measured.to_bits(), Ordering::Relaxed);
             let s = &g.settings;
-            let exhausted = s.budget().is_some_and(|b| g.consumed() >= b);
+            let exhausted = s.budget().is_some_and(|b| g.consumed(&totals) >= b);
             let ceiling = if exhausted { s.reserved() } else { s.limit().as_f64() };
             claims.push(Claim {
                 reserved: s.reserved(),
@@ -483,7 +498,11 @@ impl Inner {
             return Ok((self.admit_unthrottled(group, cost, now), Duration::ZERO));
         }
         if cost > g.burst_ceiling {
-            return Err(AcquireError::NeverAdmissible { group: g.name.to_string(), cost, burst: g.burst_ceiling });
+            return Err(AcquireError::NeverAdmissible {
+                group: g.name.to_string(),
+                cost,
+                burst: g.burst_ceiling,
+            });
         }
         let outcome = match &g.limiter {
             Limiter::Bucket(bucket) => bucket.reserve(cost, now, max_wait).map(|wait| (wait, None)).map_err(
@@ -498,14 +517,15 @@ impl Inner {
                 gauge.try_acquire(pool, cost, now).map(|domain| (Duration::ZERO, Some(domain)))
             }
         };
-        let c = &g.counters;
         match outcome {
             Ok((wait, domain)) => {
-                c.admitted.fetch_add(1, Ordering::Relaxed);
-                c.admitted_micro.fetch_add(micros(cost), Ordering::Relaxed);
-                if !wait.is_zero() {
-                    c.waited.fetch_add(1, Ordering::Relaxed);
-                }
+                g.record(|t| {
+                    Tally::bump(&t.admitted, 1);
+                    Tally::bump(&t.admitted_micro, micros(cost));
+                    if !wait.is_zero() {
+                        Tally::bump(&t.waited, 1);
+                    }
+                });
                 Ok((Permit { group, cost, domain }, wait))
             }
             Err(retry_after) => Err(self.refuse(g, cost, retry_after)),
@@ -514,8 +534,10 @@ impl Inner {
 
     #[cold]
     fn refuse(&self, g: &Group, cost: f64, retry_after: Duration) -> AcquireError {
-        g.counters.throttled.fetch_add(1, Ordering::Relaxed);
-        g.counters.throttled_micro.fetch_add(micros(cost), Ordering::Relaxed);
+        g.record(|t| {
+            Tally::bump(&t.throttled, 1);
+            Tally::bump(&t.throttled_micro, micros(cost));
+        });
         AcquireError::Throttled { group: g.name.to_string(), retry_after }
     }
 
@@ -528,8 +550,10 @@ impl Inner {
             }
             Limiter::Fcfs { group: gauge, pool } => Some(gauge.charge(pool, cost, now)),
         };
-        group.counters.admitted.fetch_add(1, Ordering::Relaxed);
-        group.counters.admitted_micro.fetch_add(micros(cost), Ordering::Relaxed);
+        group.record(|t| {
+            Tally::bump(&t.admitted, 1);
+            Tally::bump(&t.admitted_micro, micros(cost));
+        });
         Permit { group, cost, domain }
     }
 
@@ -621,7 +645,8 @@ impl Tollgate {
     /// The same settings, started afresh on another clock (for tests and simulations).
     pub fn with_clock(&self, clock: impl Clock) -> Result<Tollgate, BuildError> {
         let inner = &self.inner;
-        let mut config = Config { node: inner.node.clone(), cost_model: inner.cost_model, ..Config::default() };
+        let mut config =
+            Config { node: inner.node.clone(), cost_model: inner.cost_model, ..Config::default() };
         for (name, settings) in &inner.configured {
             config.groups.insert(GroupName::new(name).expect("configured names are valid"), settings.clone());
         }
@@ -652,7 +677,11 @@ impl Tollgate {
     /// A handle on one group, resolved once: the fastest way to admit requests for it.
     /// Unknown groups get the `default` group's settings.
     pub fn group(&self, name: &str) -> Result<GroupHandle, AcquireError> {
-        Ok(GroupHandle { inner: self.inner.clone(), group: self.inner.lookup(name)?, unthrottled: self.unthrottled })
+        Ok(GroupHandle {
+            inner: self.inner.clone(),
+            group: self.inner.lookup(name)?,
+            unthrottled: self.unthrottled,
+        })
     }
 
     /// Admits `cost` units for `group` now, or refuses with the time to wait.
@@ -691,13 +720,13 @@ impl Tollgate {
 }
 
 fn stats_of(g: &Group) -> GroupStats {
-    let c = &g.counters;
+    let t = g.counters.totals();
     GroupStats {
-        admitted: c.admitted.load(Ordering::Relaxed),
-        throttled: c.throttled.load(Ordering::Relaxed),
-        admitted_units: units(c.admitted_micro.load(Ordering::Relaxed)),
-        throttled_units: units(c.throttled_micro.load(Ordering::Relaxed)),
-        consumed_units: g.consumed(),
+        admitted: t.admitted,
+        throttled: t.throttled,
+        admitted_units: units(t.admitted_micro),
+        throttled_units: units(t.throttled_micro),
+        consumed_units: g.consumed(&t),
         demand: f64::from_bits(g.demand.load(Ordering::Relaxed)),
         allowance: f64::from_bits(g.allowance.load(Ordering::Relaxed)),
     }
@@ -735,7 +764,9 @@ impl GroupHandle {
     /// Admits `cost` units now, or refuses with the time to wait.
     #[inline]
     pub fn try_acquire(&self, cost: f64) -> Result<Permit<'_>, AcquireError> {
-        self.inner.admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled).map(|(p, _)| p)
+        self.inner
+            .admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled)
+            .map(|(p, _)| p)
     }
 
     /// Admits `cost` units, waiting up to the configured `max_wait`.

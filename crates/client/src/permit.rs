@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use tollgate_core::cost::{CostError, CostModel, Usage, check_cost};
 use tollgate_core::fcfs::Domain;
+use tollgate_core::time::Clock;
 
 use crate::limiter::{Group, Limiter, micros};
 
@@ -80,11 +81,10 @@ impl Permit<'_> {
                 gauge.settle(pool, domain, delta, now);
             }
         }
-        let counters = &group.counters;
         if delta > 0.0 {
-            counters.settled_up_micro.fetch_add(micros(delta), Ordering::Relaxed);
+            group.settled_up_micro.fetch_add(micros(delta), Ordering::Relaxed);
         } else {
-            counters.settled_down_micro.fetch_add(micros(-delta), Ordering::Relaxed);
+            group.settled_down_micro.fetch_add(micros(-delta), Ordering::Relaxed);
         }
         Ok(())
     }

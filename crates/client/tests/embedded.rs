@@ -16,7 +16,13 @@ fn gate(toml: &str, clock: &ManualClock) -> Tollgate {
 /// Drives hungry tenants for `secs` seconds in 10 ms steps: each of a group's `connections`
 /// offers `per_conn_per_step` one-unit requests each step. Returns the units admitted per
 /// group during the last half of the run (after allocation has settled).
-fn drive(gate: &Tollgate, clock: &ManualClock, groups: &[(&str, usize)], per_conn_per_step: usize, secs: u64) -> Vec<f64> {
+fn drive(
+    gate: &Tollgate,
+    clock: &ManualClock,
+    groups: &[(&str, usize)],
+    per_conn_per_step: usize,
+    secs: u64,
+) -> Vec<f64> {
     let steps = secs * 100;
     let mut admitted = vec![0.0; groups.len()];
     for step in 0..steps {
@@ -39,10 +45,7 @@ fn within(actual: f64, expected: f64, pct: f64) -> bool {
 #[test]
 fn reserved_first_then_the_free_pool_shared_evenly() {
     let clock = ManualClock::new();
-    let g = gate(
-        "[node]\ncapacity = 1000\n[groups.a]\nreserved = 600\n[groups.b]\nreserved = 200\n",
-        &clock,
-    );
+    let g = gate("[node]\ncapacity = 1000\n[groups.a]\nreserved = 600\n[groups.b]\nreserved = 200\n", &clock);
     let rates = drive(&g, &clock, &[("a", 1), ("b", 1)], 30, 10);
     assert!(within(rates[0], 700.0, 3.0), "a got {rates:?}");
     assert!(within(rates[1], 300.0, 3.0), "b got {rates:?}");
@@ -249,7 +252,10 @@ fn a_budget_once_spent_holds_the_group_at_its_reservation() {
 fn threads_do_not_buy_a_bigger_share() {
     // A frozen clock: each group can admit exactly its burst, however many threads ask.
     let clock = ManualClock::new();
-    let g = gate("[node]\ncapacity = 2000\n[groups.one]\nreserved = 1000\nlimit = 1000\n[groups.many]\nreserved = 1000\nlimit = 1000\n", &clock);
+    let g = gate(
+        "[node]\ncapacity = 2000\n[groups.one]\nreserved = 1000\nlimit = 1000\n[groups.many]\nreserved = 1000\nlimit = 1000\n",
+        &clock,
+    );
     std::thread::scope(|s| {
         s.spawn(|| while g.try_acquire("one", 1.0).is_ok() {});
         for _ in 0..6 {

@@ -123,21 +123,27 @@ mod tests {
         let m = Priority::MEDIUM;
         let inf = f64::INFINITY;
         // 900 free: the small asker (100) gets all it asks, the two big ones share 800.
-        let got = allocate(900.0, &[
-            claim(0.0, inf, m, 1.0, 100.0),
-            claim(0.0, inf, m, 1.0, 5000.0),
-            claim(0.0, inf, m, 1.0, 5000.0),
-        ]);
+        let got = allocate(
+            900.0,
+            &[
+                claim(0.0, inf, m, 1.0, 100.0),
+                claim(0.0, inf, m, 1.0, 5000.0),
+                claim(0.0, inf, m, 1.0, 5000.0),
+            ],
+        );
         assert!(close(&got, &[100.0, 400.0, 400.0]), "{got:?}");
     }
 
     #[test]
     fn higher_priority_is_served_first_and_limits_hold() {
-        let got = allocate(1000.0, &[
-            claim(100.0, 300.0, Priority::HIGH, 1.0, 5000.0),
-            claim(100.0, f64::INFINITY, Priority::HIGH, 1.0, 400.0),
-            claim(100.0, f64::INFINITY, Priority::LOW, 1.0, 5000.0),
-        ]);
+        let got = allocate(
+            1000.0,
+            &[
+                claim(100.0, 300.0, Priority::HIGH, 1.0, 5000.0),
+                claim(100.0, f64::INFINITY, Priority::HIGH, 1.0, 400.0),
+                claim(100.0, f64::INFINITY, Priority::LOW, 1.0, 5000.0),
+            ],
+        );
         // High: 300 (its limit) and 400 (its demand); low gets what is left: 300.
         assert!(close(&got, &[300.0, 400.0, 300.0]), "{got:?}");
     }
@@ -145,17 +151,18 @@ mod tests {
     #[test]
     fn weights_split_the_pool() {
         let m = Priority::MEDIUM;
-        let got = allocate(1200.0, &[
-            claim(0.0, f64::INFINITY, m, 1.0, 1e6),
-            claim(0.0, f64::INFINITY, m, 3.0, 1e6),
-        ]);
+        let got = allocate(
+            1200.0,
+            &[claim(0.0, f64::INFINITY, m, 1.0, 1e6), claim(0.0, f64::INFINITY, m, 3.0, 1e6)],
+        );
         assert!(close(&got, &[300.0, 900.0]), "{got:?}");
     }
 
     #[test]
     fn unused_capacity_becomes_headroom_up_to_the_ceiling() {
         let m = Priority::MEDIUM;
-        let got = allocate(1000.0, &[claim(0.0, 200.0, m, 1.0, 0.0), claim(0.0, f64::INFINITY, m, 1.0, 100.0)]);
+        let got =
+            allocate(1000.0, &[claim(0.0, 200.0, m, 1.0, 0.0), claim(0.0, f64::INFINITY, m, 1.0, 100.0)]);
         // Demand 100 is met; the 900 left is shared, the first group capped at 200.
         assert!(close(&got, &[200.0, 800.0]), "{got:?}");
     }

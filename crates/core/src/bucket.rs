@@ -74,14 +74,16 @@ impl Params {
         assert!(rate >= 0.0 && !rate.is_nan(), "bucket rate must be >= 0, got {rate}");
         assert!(burst >= 0.0 && !burst.is_nan(), "bucket burst must be >= 0, got {burst}");
         let ns_per_unit = if rate == 0.0 { f64::INFINITY } else { 1e9 / rate };
-        let tolerance_ns = if ns_per_unit.is_infinite() { 0 } else { (burst * ns_per_unit) as u64 };
+        // Rounded up like the increments, so a cost equal to the burst always fits.
+        let tolerance_ns = if ns_per_unit.is_infinite() { 0 } else { ceil_u64(burst * ns_per_unit) };
         Self { ns_per_unit, tolerance_ns, burst }
     }
 
     /// Nanoseconds of refill that `cost` units take, rounded up so the bucket never
     /// admits more than its rate.
+    #[inline]
     fn nanos_for(&self, cost: f64) -> u64 {
-        (cost * self.ns_per_unit).ceil() as u64
+        ceil_u64(cost * self.ns_per_unit)
     }
 }
 
@@ -115,7 +117,37 @@ impl Bucket {
     /// and changes nothing.
     #[inline]
     pub fn try_acquire(&self, cost: f64, now: Nanos) -> Result<(), Refusal> {
-        self.reserve(cost, now, Duration::ZERO).map(|_| ())
+        let ns_per_unit = f64::from_bits(self.ns_per_unit.load(Ordering::Acquire));
+        let tolerance_ns = self.tolerance_ns.load(Ordering::Acquire);
+        if ns_per_unit == 0.0 || cost == 0.0 {
+            return Ok(());
+        }
+        let inc = ceil_u64(cost * ns_per_unit);
+        // An infinite increment (closed bucket) or one beyond the tolerance (cost above the
+        // burst) fails the window check below; `refusal` tells which.
+        let mut tat = self.tat.load(Ordering::Acquire);
+        loop {
+            let new_tat = tat.max(now.0).saturating_add(inc);
+            if new_tat - now.0 > tolerance_ns {
+                return Err(self.refusal(cost, new_tat - now.0));
+            }
+            match self.tat.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+
+    #[cold]
+    fn refusal(&self, cost: f64, ahead_ns: u64) -> Refusal {
+        let p = self.params();
+        if p.ns_per_unit.is_infinite() {
+            Refusal::Closed
+        } else if cost > p.burst {
+            Refusal::ExceedsBurst { burst: p.burst }
+        } else {
+            Refusal::Wait(Duration::from_nanos(ahead_ns.saturating_sub(p.tolerance_ns)))
+        }
     }
 
     /// Admits `cost` now or books it for the earliest moment it fits, if that is no later
@@ -189,8 +221,9 @@ impl Bucket {
         }
         // Rounded down, the mirror of `nanos_for`, so a charge and a refund of the same
         // cost never leave the bucket richer than before.
-        let dec = (units * p.ns_per_unit).floor() as u64;
-        let _ = self.tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| Some(tat.saturating_sub(dec)));
+        let dec = (units * p.ns_per_unit) as u64; // truncation: rounded down
+        let _ =
+            self.tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| Some(tat.saturating_sub(dec)));
     }
 
     /// Tokens in the bucket at `now`: up to the burst, negative when in debt.
@@ -229,11 +262,7 @@ impl Bucket {
         if old.ns_per_unit == new.ns_per_unit && old.burst == new.burst {
             return;
         }
-        let level = if old.ns_per_unit == 0.0 {
-            new.burst
-        } else {
-            self.available(now).min(new.burst)
-        };
+        let level = if old.ns_per_unit == 0.0 { new.burst } else { self.available(now).min(new.burst) };
         // Publish the new parameters before the state they describe.
         self.burst.store(new.burst.to_bits(), Ordering::Release);
         self.tolerance_ns.store(new.tolerance_ns, Ordering::Release);
@@ -242,10 +271,22 @@ impl Bucket {
             self.closed_level.store(level.to_bits(), Ordering::Release);
         } else if new.ns_per_unit > 0.0 {
             let missing = (new.burst - level).max(0.0);
-            let tat = now.0.saturating_add((missing * new.ns_per_unit).ceil() as u64);
+            let tat = now.0.saturating_add(ceil_u64(missing * new.ns_per_unit));
             self.tat.store(tat, Ordering::Release);
         }
     }
+}
+
+/// `x` (never negative) rounded up to a whole number, saturating. `f64::ceil` is a libm
+/// call on baseline x86-64, and converting through `u64` costs a multi-instruction sequence
+/// both ways; through `i64` each way is one instruction.
+#[inline]
+fn ceil_u64(x: f64) -> u64 {
+    if x >= 9.2e18 {
+        return u64::MAX; // beyond 292 years of nanoseconds, or infinite: never
+    }
+    let whole = x as i64;
+    (whole + i64::from((whole as f64) < x)) as u64
 }
 
 fn add_f64(cell: &AtomicU64, delta: f64) {
@@ -285,6 +326,15 @@ mod tests {
         let b = Bucket::new(1000.0, 100.0, at_ms(0));
         assert_eq!(b.try_acquire(100.5, at_ms(0)), Err(Refusal::ExceedsBurst { burst: 100.0 }));
         assert!(b.try_acquire(100.0, at_ms(0)).is_ok());
+    }
+
+    #[test]
+    fn a_cost_equal_to_a_fractional_nanosecond_burst_fits() {
+        // Regression: 3 units at 3/s is 999,999,999.9… ns; a truncated tolerance refused it
+        // forever, even from a full bucket.
+        let b = Bucket::new(3.0, 3.0, at_ms(0));
+        assert!(b.try_acquire(3.0, at_ms(0)).is_ok());
+        assert_eq!(b.reserve(3.0, at_ms(1000), Duration::ZERO), Ok(Duration::ZERO));
     }
 
     #[test]

@@ -138,7 +138,11 @@ impl Config {
             Ok(doc) => p.document(doc.get_ref()),
             Err(e) => {
                 let line = e.span().map_or(1, |s| line_of(src, s.start));
-                p.errors.push(ConfigError { line, field: "(syntax)".into(), rule: e.message().trim().to_string() });
+                p.errors.push(ConfigError {
+                    line,
+                    field: "(syntax)".into(),
+                    rule: e.message().trim().to_string(),
+                });
                 Config::default()
             }
         };
@@ -206,7 +210,11 @@ impl<'t, 'a> Fields<'t, 'a> {
 
 impl Parser<'_> {
     fn error(&mut self, span: Range<usize>, field: impl Into<String>, rule: impl Into<String>) {
-        self.errors.push(ConfigError { line: line_of(self.src, span.start), field: field.into(), rule: rule.into() });
+        self.errors.push(ConfigError {
+            line: line_of(self.src, span.start),
+            field: field.into(),
+            rule: rule.into(),
+        });
     }
 
     fn setting_error(&mut self, span: Range<usize>, prefix: &str, e: SettingError) {
@@ -229,7 +237,11 @@ impl Parser<'_> {
     /// Every key not taken is unknown.
     fn finish(&mut self, fields: Fields<'_, '_>, known: &str) {
         for (k, span, _) in fields.entries {
-            self.error(span, format!("{}.{k}", fields.path), format!("unknown field; expected one of {known}"));
+            self.error(
+                span,
+                format!("{}.{k}", fields.path),
+                format!("unknown field; expected one of {known}"),
+            );
         }
     }
 
@@ -372,7 +384,8 @@ impl Parser<'_> {
         let path = format!("groups.{name}");
         let mut f = self.fields(&path, value)?;
         // Where each key is, for rules that span fields (reserved above limit).
-        let spans: Vec<(String, Range<usize>)> = f.entries.iter().map(|(k, span, _)| (k.to_string(), span.clone())).collect();
+        let spans: Vec<(String, Range<usize>)> =
+            f.entries.iter().map(|(k, span, _)| (k.to_string(), span.clone())).collect();
         let before = self.errors.len();
         let mut b = GroupSettings::builder();
         if let Some((p, v)) = f.take("reserved") {
@@ -381,7 +394,9 @@ impl Parser<'_> {
         if let Some((p, v)) = f.take("limit") {
             match v.get_ref() {
                 DeValue::String(s) if s == "unlimited" => b = b.limit_of(Limit::Unlimited),
-                DeValue::String(s) => self.error(v.span(), p, format!("must be a number or \"unlimited\", got {s:?}")),
+                DeValue::String(s) => {
+                    self.error(v.span(), p, format!("must be a number or \"unlimited\", got {s:?}"))
+                }
                 _ => {
                     if let Some(limit) = self.non_negative(&p, v) {
                         b = b.limit(limit);
@@ -540,7 +555,11 @@ impl Parser<'_> {
         match u64::from_str_radix(&i.as_str().replace('_', ""), i.radix()) {
             Ok(n) if (min..=max).contains(&n) => Some(n),
             _ => {
-                self.error(v.span(), path, format!("must be a whole number from {min} to {max}, got {}", i.as_str()));
+                self.error(
+                    v.span(),
+                    path,
+                    format!("must be a whole number from {min} to {max}, got {}", i.as_str()),
+                );
                 None
             }
         }
@@ -640,7 +659,9 @@ priority = 42
 
     #[test]
     fn overcommitted_reservations_are_a_warning() {
-        let c = Config::parse("[node]\ncapacity = 100\n[groups.a]\nreserved = 80\n[groups.b]\nreserved = 80\n").unwrap();
+        let c =
+            Config::parse("[node]\ncapacity = 100\n[groups.a]\nreserved = 80\n[groups.b]\nreserved = 80\n")
+                .unwrap();
         assert_eq!(c.warnings().len(), 1);
     }
 

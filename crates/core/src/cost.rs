@@ -187,9 +187,10 @@ pub struct LinearCoefficients {
 }
 
 /// How requests are priced in units. See the [module documentation](self) for the formulas.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum CostModel {
     /// One unit per request, or the units given.
+    #[default]
     Count,
     /// FoundationDB: bytes rounded up to whole 4 KiB pages, writes `fungibility` times dearer.
     Fdb {
@@ -202,12 +203,6 @@ pub enum CostModel {
     Couchbase,
     /// User coefficients.
     Linear(LinearCoefficients),
-}
-
-impl Default for CostModel {
-    fn default() -> Self {
-        CostModel::Count
-    }
 }
 
 impl CostModel {
@@ -302,8 +297,7 @@ impl CostModel {
                     + usage.cpu_ms * c.read_per_cpu_ms
             }
             (CostModel::Ru(c), OpKind::Write) => {
-                (c.write_base + c.write_per_batch * c.batch_proportion
-                    + bytes as f64 * c.write_per_byte)
+                (c.write_base + c.write_per_batch * c.batch_proportion + bytes as f64 * c.write_per_byte)
                     * f64::from(usage.replicas)
             }
             (CostModel::Couchbase, OpKind::Read) => bytes.div_ceil(COUCHBASE_READ_UNIT_BYTES) as f64,
@@ -442,8 +436,10 @@ mod tests {
         ));
         assert_eq!(m.cost(&Usage::write(1).with_replicas(0)), Err(CostError::NoReplicas));
         assert!(CostModel::Fdb { fungibility: 0.0 }.validate().is_err());
-        assert!(CostModel::Linear(LinearCoefficients { read_base: -1.0, ..Default::default() })
-            .validate()
-            .is_err());
+        assert!(
+            CostModel::Linear(LinearCoefficients { read_base: -1.0, ..Default::default() })
+                .validate()
+                .is_err()
+        );
     }
 }

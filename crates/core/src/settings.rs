@@ -152,7 +152,10 @@ impl Priority {
         if (1..=16).contains(&level) {
             Ok(Priority(level))
         } else {
-            Err(SettingError::new("priority", format!("must be 1 to 16, or low, medium or high; got {level}")))
+            Err(SettingError::new(
+                "priority",
+                format!("must be 1 to 16, or low, medium or high; got {level}"),
+            ))
         }
     }
 
@@ -176,6 +179,7 @@ impl Priority {
 }
 
 impl Default for Priority {
+    /// Medium.
     fn default() -> Self {
         Priority::MEDIUM
     }

@@ -105,7 +105,14 @@ impl HoltLinearSmoother {
     /// A smoother with the two folding times in seconds. Panics unless both are above 0.
     pub fn new(data_folding_s: f64, trend_folding_s: f64) -> Self {
         assert!(data_folding_s > 0.0 && trend_folding_s > 0.0, "folding times must be > 0");
-        Self { data_folding_s, trend_folding_s, total: 0.0, last_estimate: 0.0, last_rate: 0.0, last_time_s: 0.0 }
+        Self {
+            data_folding_s,
+            trend_folding_s,
+            total: 0.0,
+            last_estimate: 0.0,
+            last_rate: 0.0,
+            last_time_s: 0.0,
+        }
     }
 
     /// The smoothed total at `now`: `α·total + (1−α)·(last_estimate + e·last_rate)`.

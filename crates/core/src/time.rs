@@ -86,8 +86,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `d`.
     pub fn advance(&self, d: Duration) {
-        self.nanos
-            .fetch_add(duration_nanos(d), Ordering::SeqCst);
+        self.nanos.fetch_add(duration_nanos(d), Ordering::SeqCst);
     }
 
     /// Moves the clock to `t`. Panics if `t` is earlier than now: clocks never go backwards.
