@@ -491,9 +491,14 @@ impl Inner {
         if !(cost >= 0.0 && cost.is_finite()) {
             return Err(AcquireError::InvalidCost(check_cost("cost", cost).expect_err("cost is invalid")));
         }
+        let g = &*group;
+        // Price before reading the clock: the two are independent and overlap in the CPU.
+        let priced = match &g.limiter {
+            Limiter::Bucket(bucket) if max_wait.is_zero() => Some(bucket.price(cost)),
+            _ => None,
+        };
         let now = self.clock.now();
         self.tick(now);
-        let g = &*group;
         if unthrottled {
             return Ok((self.admit_unthrottled(group, cost, now), Duration::ZERO));
         }
@@ -505,14 +510,12 @@ impl Inner {
             });
         }
         let outcome = match &g.limiter {
-            Limiter::Bucket(bucket) => bucket.reserve(cost, now, max_wait).map(|wait| (wait, None)).map_err(
-                |refusal| match refusal {
-                    Refusal::Wait(d) => d,
-                    // No allowance now, or a burst too small for now: the next reallocation
-                    // may change that.
-                    Refusal::Closed | Refusal::ExceedsBurst { .. } => self.node.realloc_interval,
-                },
-            ),
+            Limiter::Bucket(bucket) if let Some(priced) = priced => {
+                bucket.commit(priced, now).map(|()| (Duration::ZERO, None)).map_err(|r| self.retry_after(r))
+            }
+            Limiter::Bucket(bucket) => {
+                bucket.reserve(cost, now, max_wait).map(|wait| (wait, None)).map_err(|r| self.retry_after(r))
+            }
             Limiter::Fcfs { group: gauge, pool } => {
                 gauge.try_acquire(pool, cost, now).map(|domain| (Duration::ZERO, Some(domain)))
             }
@@ -529,6 +532,16 @@ impl Inner {
                 Ok((Permit { group, cost, domain }, wait))
             }
             Err(retry_after) => Err(self.refuse(g, cost, retry_after)),
+        }
+    }
+
+    /// When a refused request is worth trying again.
+    fn retry_after(&self, refusal: Refusal) -> Duration {
+        match refusal {
+            Refusal::Wait(d) => d,
+            // No allowance now, or a burst too small for now: the next reallocation may
+            // change that.
+            Refusal::Closed | Refusal::ExceedsBurst { .. } => self.node.realloc_interval,
         }
     }
 

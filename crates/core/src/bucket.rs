@@ -50,7 +50,9 @@ pub enum Refusal {
 #[repr(align(64))]
 pub struct Bucket {
     /// Theoretical arrival time in nanoseconds: the bucket is full when `tat <= now`.
-    tat: AtomicU64,
+    /// Alone on its cache line: it is written on every admission, while the parameters
+    /// below are only read, and threads of one group should not bounce them too.
+    tat: CacheLine,
     /// Nanoseconds per unit as f64 bits: 0 when the rate is infinite, +∞ when it is zero.
     ns_per_unit: AtomicU64,
     /// `burst × ns_per_unit`, in whole nanoseconds.
@@ -59,6 +61,26 @@ pub struct Bucket {
     burst: AtomicU64,
     /// Tokens held while closed (rate zero), as f64 bits; may be negative (debt).
     closed_level: AtomicU64,
+}
+
+/// A cost priced at a bucket's rate by [`Bucket::price`], ready to [`Bucket::commit`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Priced {
+    cost: f64,
+    inc: u64,
+    tolerance_ns: u64,
+}
+
+/// An atomic on a cache line of its own.
+#[derive(Debug)]
+#[repr(align(64))]
+struct CacheLine(AtomicU64);
+
+impl std::ops::Deref for CacheLine {
+    type Target = AtomicU64;
+    fn deref(&self) -> &AtomicU64 {
+        &self.0
+    }
 }
 
 /// The rate/burst pair, decoded.
@@ -94,7 +116,7 @@ impl Bucket {
     pub fn new(rate: f64, burst: f64, now: Nanos) -> Self {
         let p = Params::new(rate, burst);
         Self {
-            tat: AtomicU64::new(now.0),
+            tat: CacheLine(AtomicU64::new(now.0)),
             ns_per_unit: AtomicU64::new(p.ns_per_unit.to_bits()),
             tolerance_ns: AtomicU64::new(p.tolerance_ns),
             burst: AtomicU64::new(p.burst.to_bits()),
@@ -117,12 +139,28 @@ impl Bucket {
     /// and changes nothing.
     #[inline]
     pub fn try_acquire(&self, cost: f64, now: Nanos) -> Result<(), Refusal> {
+        self.commit(self.price(cost), now)
+    }
+
+    /// Prices `cost` at the current rate: the first half of [`try_acquire`](Self::try_acquire).
+    /// It needs no time, so a caller can price before reading its clock and let the CPU do
+    /// both at once; [`commit`](Self::commit) then admits at `now`.
+    #[inline]
+    pub fn price(&self, cost: f64) -> Priced {
         let ns_per_unit = f64::from_bits(self.ns_per_unit.load(Ordering::Acquire));
         let tolerance_ns = self.tolerance_ns.load(Ordering::Acquire);
-        if ns_per_unit == 0.0 || cost == 0.0 {
+        // Open bucket or free request: nothing to take.
+        let inc = if ns_per_unit == 0.0 || cost == 0.0 { 0 } else { ceil_u64(cost * ns_per_unit) };
+        Priced { cost, inc, tolerance_ns }
+    }
+
+    /// Admits a priced cost at `now`, or says why not.
+    #[inline]
+    pub fn commit(&self, priced: Priced, now: Nanos) -> Result<(), Refusal> {
+        let Priced { cost, inc, tolerance_ns } = priced;
+        if inc == 0 {
             return Ok(());
         }
-        let inc = ceil_u64(cost * ns_per_unit);
         // An infinite increment (closed bucket) or one beyond the tolerance (cost above the
         // burst) fails the window check below; `refusal` tells which.
         let mut tat = self.tat.load(Ordering::Acquire);
