@@ -8,7 +8,7 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -103,38 +103,34 @@ fn one_thread(c: &mut Criterion) {
     g.finish();
 }
 
+/// Benchmarks `a` and `b` running at once on two threads, as case `name` of group `g`.
+fn bench_pair(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    a: impl Fn() + Sync,
+    b: impl Fn() + Sync,
+) {
+    g.bench_function(name, |bench| bench.iter_custom(|iters| two_threads(iters, &a, &b)));
+}
+
 fn two_threads_one_group(c: &mut Criterion) {
     let mut g = c.benchmark_group("try_acquire/two_threads_one_group");
     let gate = gate();
     let (h1, h2) = (gate.group("a").unwrap(), gate.group("a").unwrap());
-    g.bench_function("tollgate_group_handle", |b| {
-        b.iter_custom(|iters| {
-            two_threads(
-                iters,
-                || {
-                    black_box(h1.try_acquire(1.0).is_ok());
-                },
-                || {
-                    black_box(h2.try_acquire(1.0).is_ok());
-                },
-            )
-        })
-    });
-    let lim = Arc::new(governor_limiter());
+    bench_pair(
+        &mut g,
+        "tollgate_group_handle",
+        || assert!(h1.try_acquire(1.0).is_ok()),
+        || assert!(h2.try_acquire(1.0).is_ok()),
+    );
+    let lim = governor_limiter();
     let one = NonZeroU32::new(1).unwrap();
-    g.bench_function("governor_check_n", |b| {
-        b.iter_custom(|iters| {
-            two_threads(
-                iters,
-                || {
-                    black_box(lim.check_n(one).is_ok());
-                },
-                || {
-                    black_box(lim.check_n(one).is_ok());
-                },
-            )
-        })
-    });
+    bench_pair(
+        &mut g,
+        "governor_check_n",
+        || assert!(lim.check_n(one).is_ok()),
+        || assert!(lim.check_n(one).is_ok()),
+    );
     g.finish();
 }
 
@@ -142,34 +138,20 @@ fn two_threads_two_groups(c: &mut Criterion) {
     let mut g = c.benchmark_group("try_acquire/two_threads_two_groups");
     let gate = gate();
     let (ha, hb) = (gate.group("a").unwrap(), gate.group("b").unwrap());
-    g.bench_function("tollgate_group_handle", |b| {
-        b.iter_custom(|iters| {
-            two_threads(
-                iters,
-                || {
-                    black_box(ha.try_acquire(1.0).is_ok());
-                },
-                || {
-                    black_box(hb.try_acquire(1.0).is_ok());
-                },
-            )
-        })
-    });
+    bench_pair(
+        &mut g,
+        "tollgate_group_handle",
+        || assert!(ha.try_acquire(1.0).is_ok()),
+        || assert!(hb.try_acquire(1.0).is_ok()),
+    );
     let (la, lb) = (governor_limiter(), governor_limiter());
     let one = NonZeroU32::new(1).unwrap();
-    g.bench_function("governor_check_n", |b| {
-        b.iter_custom(|iters| {
-            two_threads(
-                iters,
-                || {
-                    black_box(la.check_n(one).is_ok());
-                },
-                || {
-                    black_box(lb.check_n(one).is_ok());
-                },
-            )
-        })
-    });
+    bench_pair(
+        &mut g,
+        "governor_check_n",
+        || assert!(la.check_n(one).is_ok()),
+        || assert!(lb.check_n(one).is_ok()),
+    );
     g.finish();
 }
 
