@@ -4,26 +4,26 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tollgate_core::cost::CostError;
-use tollgate_core::settings::SettingError;
+use tollgate_core::settings::{GroupName, SettingError};
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum AcquireError {
     /// The group is over its allowance: try again after `retry_after`.
-    #[error("group {group:?} is throttled: retry after {retry_after:?}")]
+    #[error("group \"{group}\" is throttled: retry after {retry_after:?}")]
     Throttled {
-        /// The group that was throttled.
-        group: String,
+        /// The group that was throttled (shared, not copied: refusing allocates nothing).
+        group: GroupName,
         /// How long until the request could be admitted (a duration, never a deadline).
         retry_after: Duration,
     },
     /// The cost is larger than the group's burst can ever hold: waiting would never help.
     #[error(
-        "a cost of {cost} units can never be admitted for group {group:?}: its burst holds at most {burst} units"
+        "a cost of {cost} units can never be admitted for group \"{group}\": its burst holds at most {burst} units"
     )]
     NeverAdmissible {
         /// The group.
-        group: String,
+        group: GroupName,
         /// The cost asked for.
         cost: f64,
         /// The most the group's bucket can ever hold.

@@ -504,7 +504,7 @@ impl Inner {
         }
         if cost > g.burst_ceiling {
             return Err(AcquireError::NeverAdmissible {
-                group: g.name.to_string(),
+                group: g.name.clone(),
                 cost,
                 burst: g.burst_ceiling,
             });
@@ -551,7 +551,7 @@ impl Inner {
             Tally::bump(&t.throttled, 1);
             Tally::bump(&t.throttled_micro, micros(cost));
         });
-        AcquireError::Throttled { group: g.name.to_string(), retry_after }
+        AcquireError::Throttled { group: g.name.clone(), retry_after }
     }
 
     #[cold]

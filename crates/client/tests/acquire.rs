@@ -79,3 +79,15 @@ async fn the_tower_layer_admits_and_refuses_by_group_and_cost() {
     assert!(err.retry_after().is_some());
     assert_eq!(g.stats("alice").unwrap().throttled, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_that_can_never_fit_fails_at_once_instead_of_waiting() {
+    let g = gate("[node]\nmax_wait_ms = 600000\n[groups.a]\nlimit = 10\n");
+    let clock = TokioClock::new();
+    let before = clock.now();
+    let e = g.acquire("a", 11.0).await.unwrap_err();
+    assert!(matches!(e, AcquireError::NeverAdmissible { .. }), "{e}");
+    assert_eq!(clock.now(), before, "no time passed");
+    let e = g.acquire("a", f64::NAN).await.unwrap_err();
+    assert!(matches!(e, AcquireError::InvalidCost(_)), "{e}");
+}

@@ -9,6 +9,7 @@
 //! returns *all* broken ones, each naming the field and the rule (DESIGN section 2).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -41,9 +42,9 @@ impl SettingError {
 #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct SettingErrors(pub Vec<SettingError>);
 
-/// A validated group name: 1 to 255 bytes of printable text.
+/// A validated group name: 1 to 255 bytes of printable text. Cloning it is cheap (shared).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupName(Box<str>);
+pub struct GroupName(Arc<str>);
 
 impl GroupName {
     /// Checks `name` against the rules.
@@ -79,6 +80,18 @@ impl fmt::Display for GroupName {
 impl AsRef<str> for GroupName {
     fn as_ref(&self) -> &str {
         &self.0
+    }
+}
+
+impl PartialEq<str> for GroupName {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for GroupName {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
     }
 }
 
