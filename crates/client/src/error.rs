@@ -69,4 +69,12 @@ pub enum BuildError {
     /// The cost model's coefficients are invalid.
     #[error("cost model: {0}")]
     CostModel(#[from] CostError),
+    /// The settings file could not be read.
+    #[error("cannot read settings file {path}: {reason}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        reason: String,
+    },
 }

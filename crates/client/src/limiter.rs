@@ -655,6 +655,14 @@ impl Tollgate {
         Self::embedded(Config::parse(src)?)
     }
 
+    /// An embedded limiter from a settings file (see `docs/configuration.md`).
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Tollgate, BuildError> {
+        let path = path.as_ref();
+        let src = std::fs::read_to_string(path)
+            .map_err(|e| BuildError::Read { path: path.to_path_buf(), reason: e.to_string() })?;
+        Self::from_toml(&src)
+    }
+
     /// The same settings, started afresh on another clock (for tests and simulations).
     pub fn with_clock(&self, clock: impl Clock) -> Result<Tollgate, BuildError> {
         let inner = &self.inner;

@@ -296,3 +296,13 @@ proptest::proptest! {
         proptest::prop_assert!(within(rates[1], 500.0, 4.0), "{conns_a} vs {conns_b}: {rates:?}");
     }
 }
+
+#[test]
+fn settings_come_from_a_file_or_a_clear_error() {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("embedded-settings.toml");
+    std::fs::write(&path, "[groups.a]\nlimit = 3\n").unwrap();
+    let g = Tollgate::from_file(&path).unwrap();
+    assert_eq!(g.stats("a").unwrap().allowance, 3.0);
+    let e = Tollgate::from_file("/nonexistent/tollgate.toml").unwrap_err();
+    assert!(e.to_string().starts_with("cannot read settings file /nonexistent/tollgate.toml: "), "{e}");
+}
