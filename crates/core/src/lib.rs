@@ -10,6 +10,7 @@
 //! - [`bucket`]: the lock-free token bucket with burst, debt and refunds.
 //! - [`allocate`]: dividing a node's capacity among groups (reserved, priority, max-min).
 //! - [`fcfs`]: Couchbase's first-come-first-served one-second slots.
+//! - [`pipeline`]: the controller's rate pipeline: targets from demand, saturation and capacity.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
 
 pub mod allocate;
@@ -17,6 +18,7 @@ pub mod bucket;
 pub mod config;
 pub mod cost;
 pub mod fcfs;
+pub mod pipeline;
 pub mod settings;
 pub mod smooth;
 pub mod time;

@@ -1,0 +1,570 @@
+//! The controller's rate pipeline: from demand and backend health to targets and grants.
+//!
+//! A pure state machine (DESIGN section 3). Clients report per group what they asked for
+//! (units/s, admitted or not), what they consumed and how many requests they ran; backends
+//! report their health (queue bytes or utilisation) and the load each group puts on them.
+//! Each [`Pipeline::tick`] then computes, per group:
+//!
+//! ```text
+//! cap       = limit                                      (ramp-up joins in a later release)
+//! limiting  = load_g × ratio                             (absent below saturation)
+//! share     = allocation of the node capacity            (absent without a capacity)
+//! target    = max(reserved, min(cap, limiting, share));  busy = limiting < cap
+//! ```
+//!
+//! and splits the target over the group's clients by water level.
+//!
+//! **Saturation.** A backend's throttling ratio is FoundationDB's
+//! `1 / min(2, (q − target + spring) / spring)` for queue bytes `q`, absent when the
+//! denominator is at most 0. A group counts only on backends where it puts at least
+//! `limiting_threshold` units/s; per zone the smallest ratio counts; the
+//! `ignore_worst_zones` worst zones are ignored.
+//!
+//! **The control law.** `load_g` is the group's load *as the backends report it*, the same
+//! measurement (with the same lag) that produced their queues, not the rate the clients
+//! admit now. A queue says "this much load was too much": scaling that load by the ratio
+//! aims at the load the backend can sustain. Scaling the current rate instead mixes a lagged
+//! queue with a fresh rate, and with the ratio's slope of −3 around equilibrium that
+//! oscillates. With the consistent snapshot the limit is applied at once, with no further
+//! smoothing. For a backend that smooths its load over `τ` and a tick of `Δt`, the error
+//! shrinks by a factor of about `1 − 4(1 − e^(−Δt/τ))` per tick (0.62 for 1 s and 10 s),
+//! from one side. `docs/control.md` works through it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::allocate::{Claim, allocate};
+use crate::settings::{DEFAULT_GROUP, GroupName, GroupSettings, Limit};
+use crate::smooth::Smoother;
+use crate::time::Nanos;
+
+/// Tunables of the pipeline; the defaults are FoundationDB's where it has one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSettings {
+    /// Queue bytes at which a backend is at its target (ratio 1).
+    pub queue_target_bytes: f64,
+    /// Queue bytes over which the ratio falls from 1 to 0.5.
+    pub queue_spring_bytes: f64,
+    /// A group counts on a backend only if it puts at least this many units/s there.
+    pub limiting_threshold: f64,
+    /// How many of the worst zones are ignored when limiting.
+    pub ignore_worst_zones: usize,
+    /// The node's capacity in units/s, if it is shared by allocation.
+    pub capacity: Option<f64>,
+    /// How the free pool of the capacity is shared.
+    pub free_pool: FreePoolMode,
+    /// Groups with no client report for this long are forgotten.
+    pub group_idle_expiry: Duration,
+    /// Groups tracked separately; past it, new groups share the default group's state.
+    pub max_tracked_groups: usize,
+    /// How long a grant is good for without renewal.
+    pub lease: Duration,
+    /// Reports older than this are ignored (a client or backend that went away).
+    pub report_expiry: Duration,
+    /// Folding time of the average-cost smoothers.
+    pub cost_folding: Duration,
+}
+
+impl Default for PipelineSettings {
+    fn default() -> Self {
+        Self {
+            queue_target_bytes: 800e6,
+            queue_spring_bytes: 200e6,
+            limiting_threshold: 409_600.0,
+            ignore_worst_zones: 1,
+            capacity: None,
+            free_pool: FreePoolMode::Fair,
+            group_idle_expiry: Duration::from_secs(240),
+            max_tracked_groups: 100_000,
+            lease: Duration::from_secs(10),
+            report_expiry: Duration::from_secs(10),
+            cost_folding: Duration::from_secs(2),
+        }
+    }
+}
+
+/// How the free pool is shared among groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FreePoolMode {
+    /// By priority, then max-min by weight ([`allocate`]).
+    #[default]
+    Fair,
+    /// First come, first served: groups in the order they first asked, each up to its demand.
+    Fcfs,
+}
+
+/// What one client says about one group at an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ClientReport {
+    /// Units/s asked for, admitted or not, including waiting and refused work.
+    pub demand: f64,
+    /// Units consumed since the last report.
+    pub consumed: f64,
+    /// Requests run since the last report.
+    pub requests: f64,
+}
+
+/// A backend's health.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Health {
+    /// Bytes queued (FoundationDB's storage queue).
+    QueueBytes(f64),
+    /// Utilisation, 1 meaning at its target; turned into queue bytes at the target.
+    Utilisation(f64),
+}
+
+/// A client's grant for one group: a rate, a burst and a lease (a duration, never a deadline).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    /// Units/s (infinite when the group is not throttled).
+    pub rate: f64,
+    /// Units that may be banked.
+    pub burst: f64,
+    /// How long the grant holds without renewal.
+    pub lease: Duration,
+}
+
+/// Opaque client identity (the transport assigns it).
+pub type ClientId = u64;
+
+/// What a tick decided for one group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupOutcome {
+    /// Target in units/s; `None` when the group is not throttled.
+    pub target: Option<f64>,
+    /// Limiting rate from saturation, if any backend it uses is saturated.
+    pub limiting: Option<f64>,
+    /// Share of the node capacity, if one is set.
+    pub share: Option<f64>,
+    /// Limiting is below the cap.
+    pub busy: bool,
+    /// The water level in units/s: what each busy client may use.
+    pub water_level: Option<f64>,
+    /// Average cost per request, units.
+    pub avg_cost: f64,
+    /// Total demand, units/s.
+    pub demand: f64,
+    /// Load reported by backends, units/s.
+    pub load: f64,
+    /// Each client's grant.
+    pub grants: BTreeMap<ClientId, Grant>,
+}
+
+struct ClientState {
+    demand: f64,
+    seen: Nanos,
+}
+
+struct GroupState {
+    clients: BTreeMap<ClientId, ClientState>,
+    units: Smoother,
+    requests: Smoother,
+    last_report: Nanos,
+    first_seen: Nanos,
+    outcome: Option<GroupOutcome>,
+}
+
+impl GroupState {
+    fn new(now: Nanos, folding_s: f64) -> Self {
+        Self {
+            clients: BTreeMap::new(),
+            units: Smoother::new(folding_s),
+            requests: Smoother::new(folding_s),
+            last_report: now,
+            first_seen: now,
+            outcome: None,
+        }
+    }
+}
+
+struct BackendState {
+    zone: String,
+    health: Health,
+    load: HashMap<GroupName, f64>,
+    seen: Nanos,
+}
+
+/// The pipeline. See the [module documentation](self).
+pub struct Pipeline {
+    settings: PipelineSettings,
+    groups_configured: HashMap<GroupName, GroupSettings>,
+    groups: BTreeMap<GroupName, GroupState>,
+    backends: BTreeMap<String, BackendState>,
+}
+
+impl Pipeline {
+    /// An empty pipeline.
+    pub fn new(settings: PipelineSettings) -> Self {
+        Self { settings, groups_configured: HashMap::new(), groups: BTreeMap::new(), backends: BTreeMap::new() }
+    }
+
+    /// The tunables.
+    pub fn settings(&self) -> &PipelineSettings {
+        &self.settings
+    }
+
+    /// Sets (or replaces) a group's settings.
+    pub fn set_group(&mut self, name: GroupName, settings: GroupSettings) {
+        self.groups_configured.insert(name, settings);
+    }
+
+    /// Removes a group's settings: it falls back to the default group's, or is not throttled.
+    pub fn remove_group(&mut self, name: &GroupName) {
+        self.groups_configured.remove(name);
+    }
+
+    /// Sets the node capacity.
+    pub fn set_capacity(&mut self, capacity: Option<f64>) {
+        self.settings.capacity = capacity;
+    }
+
+    fn settings_for(&self, name: &GroupName) -> Option<&GroupSettings> {
+        self.groups_configured
+            .get(name)
+            .or_else(|| self.groups_configured.iter().find(|(n, _)| n.as_str() == DEFAULT_GROUP).map(|(_, s)| s))
+    }
+
+    /// The state a report for `group` lands in: its own, or the default group's once
+    /// `max_tracked_groups` are tracked.
+    fn state_key(&self, group: &GroupName) -> GroupName {
+        if self.groups.contains_key(group) || self.groups.len() < self.settings.max_tracked_groups {
+            group.clone()
+        } else {
+            GroupName::default_group()
+        }
+    }
+
+    /// A client's report for one group.
+    pub fn client_report(&mut self, now: Nanos, client: ClientId, group: &GroupName, report: ClientReport) {
+        let key = self.state_key(group);
+        let folding = self.settings.cost_folding.as_secs_f64();
+        let g = self.groups.entry(key).or_insert_with(|| GroupState::new(now, folding));
+        g.units.add_delta(now, report.consumed.max(0.0));
+        g.requests.add_delta(now, report.requests.max(0.0));
+        g.last_report = now;
+        let c = g.clients.entry(client).or_insert(ClientState { demand: 0.0, seen: now });
+        c.demand = report.demand.max(0.0);
+        c.seen = now;
+    }
+
+    /// A backend's report: its zone, health, and the load each group puts on it (units/s).
+    pub fn backend_report(&mut self, now: Nanos, backend: &str, zone: &str, health: Health, load: &[(GroupName, f64)]) {
+        let state = BackendState {
+            zone: zone.to_string(),
+            health,
+            load: load.iter().map(|(g, l)| (g.clone(), *l)).collect(),
+            seen: now,
+        };
+        self.backends.insert(backend.to_string(), state);
+    }
+
+    /// Forgets a backend (decommissioned).
+    pub fn remove_backend(&mut self, backend: &str) {
+        self.backends.remove(backend);
+    }
+
+    /// FoundationDB's throttling ratio for a queue of `q` bytes; `None` below saturation.
+    pub fn throttling_ratio(&self, health: Health) -> Option<f64> {
+        let (target, spring) = (self.settings.queue_target_bytes, self.settings.queue_spring_bytes);
+        let q = match health {
+            Health::QueueBytes(q) => q,
+            Health::Utilisation(u) => u * target,
+        };
+        let inv = ((q - target + spring) / spring).min(2.0);
+        (inv > 0.0).then(|| 1.0 / inv)
+    }
+
+    /// The ratio limiting `group`, after ignoring the worst zones; with the group's load.
+    fn limiting(&self, now: Nanos, group: &GroupName) -> (Option<f64>, f64) {
+        let mut zones: BTreeMap<&str, f64> = BTreeMap::new();
+        let mut load = 0.0;
+        for b in self.backends.values() {
+            if now.since(b.seen) > self.settings.report_expiry {
+                continue;
+            }
+            let l = b.load.get(group).copied().unwrap_or(0.0);
+            load += l;
+            if l < self.settings.limiting_threshold {
+                continue;
+            }
+            if let Some(ratio) = self.throttling_ratio(b.health) {
+                let z = zones.entry(&b.zone).or_insert(ratio);
+                *z = z.min(ratio);
+            }
+        }
+        let mut ratios: Vec<f64> = zones.into_values().collect();
+        if ratios.len() <= self.settings.ignore_worst_zones {
+            return (None, load);
+        }
+        ratios.sort_by(f64::total_cmp);
+        (Some(ratios[self.settings.ignore_worst_zones]), load)
+    }
+
+    /// Computes every group's target and grants at `now`; forgets idle groups.
+    pub fn tick(&mut self, now: Nanos) {
+        let expiry = self.settings.group_idle_expiry;
+        self.groups.retain(|_, g| now.since(g.last_report) < expiry);
+        let report_expiry = self.settings.report_expiry;
+        for g in self.groups.values_mut() {
+            g.clients.retain(|_, c| now.since(c.seen) <= report_expiry);
+        }
+
+        struct Row {
+            name: GroupName,
+            settings: Option<GroupSettings>,
+            demand: f64,
+            limiting: Option<f64>,
+            load: f64,
+            avg_cost: f64,
+            first_seen: Nanos,
+        }
+        let mut rows = Vec::with_capacity(self.groups.len());
+        for (name, g) in &mut self.groups {
+            let units = g.units.smooth_rate(now);
+            let requests = g.requests.smooth_rate(now);
+            let avg_cost = if requests > 1e-9 { units / requests } else { 1.0 };
+            rows.push(Row {
+                name: name.clone(),
+                settings: None,
+                demand: g.clients.values().map(|c| c.demand).sum(),
+                limiting: None,
+                load: 0.0,
+                avg_cost,
+                first_seen: g.first_seen,
+            });
+        }
+        for row in &mut rows {
+            row.settings = self.settings_for(&row.name).cloned();
+            let (ratio, load) = self.limiting(now, &row.name);
+            row.load = load;
+            row.limiting = ratio.map(|r| load * r);
+        }
+
+        // Shares of the node capacity, among the throttled groups.
+        let shares: Option<Vec<f64>> = self.settings.capacity.map(|capacity| {
+            let claims: Vec<Claim> = rows
+                .iter()
+                .map(|r| {
+                    let s = r.settings.clone().unwrap_or_default();
+                    Claim {
+                        reserved: s.reserved(),
+                        ceiling: s.limit().as_f64(),
+                        priority: s.priority(),
+                        weight: s.weight(),
+                        demand: r.demand,
+                    }
+                })
+                .collect();
+            match self.settings.free_pool {
+                FreePoolMode::Fair => allocate(capacity, &claims),
+                FreePoolMode::Fcfs => first_come_first_served(capacity, &claims, &rows.iter().map(|r| r.first_seen).collect::<Vec<_>>()),
+            }
+        });
+
+        for (i, row) in rows.into_iter().enumerate() {
+            let share = shares.as_ref().map(|s| s[i]);
+            let g = self.groups.get_mut(&row.name).expect("rows come from the groups");
+            let cap = row.settings.as_ref().map(|s| s.limit()).unwrap_or(Limit::Unlimited).as_f64();
+            let reserved = row.settings.as_ref().map_or(0.0, GroupSettings::reserved);
+            let mut bound = cap;
+            if let Some(l) = row.limiting {
+                bound = bound.min(l);
+            }
+            if let Some(s) = share {
+                bound = bound.min(s);
+            }
+            // A group with no settings, no saturation and no capacity to share is not throttled.
+            let target = (bound.is_finite() || reserved > 0.0).then(|| reserved.max(bound));
+            let busy = row.limiting.is_some_and(|l| l < cap);
+            let demands: Vec<(ClientId, f64)> = g.clients.iter().map(|(id, c)| (*id, c.demand)).collect();
+            let (water_level, grants) = match target {
+                Some(t) => {
+                    let level = water_level(t, &demands.iter().map(|d| d.1).collect::<Vec<_>>());
+                    let burst_total = row.settings.as_ref().and_then(GroupSettings::burst);
+                    (Some(level), split(t, level, &demands, burst_total, self.settings.lease))
+                }
+                None => (
+                    None,
+                    demands
+                        .iter()
+                        .map(|(id, _)| (*id, Grant { rate: f64::INFINITY, burst: f64::INFINITY, lease: self.settings.lease }))
+                        .collect(),
+                ),
+            };
+            g.outcome = Some(GroupOutcome {
+                target,
+                limiting: row.limiting,
+                share,
+                busy,
+                water_level,
+                avg_cost: row.avg_cost,
+                demand: row.demand,
+                load: row.load,
+                grants,
+            });
+        }
+    }
+
+    /// The last tick's outcome for `group`.
+    pub fn outcome(&self, group: &GroupName) -> Option<&GroupOutcome> {
+        self.groups.get(group).and_then(|g| g.outcome.as_ref())
+    }
+
+    /// Every tracked group's last outcome.
+    pub fn outcomes(&self) -> impl Iterator<Item = (&GroupName, &GroupOutcome)> {
+        self.groups.iter().filter_map(|(n, g)| g.outcome.as_ref().map(|o| (n, o)))
+    }
+
+    /// How many groups are tracked.
+    pub fn tracked_groups(&self) -> usize {
+        self.groups.len()
+    }
+}
+
+/// The water level `L` with `Σ min(demand_i, L) = target`, or `target` when the demands add
+/// up to less (FoundationDB's per-client rate at its fixed point).
+pub fn water_level(target: f64, demands: &[f64]) -> f64 {
+    let total: f64 = demands.iter().sum();
+    if total <= target || demands.is_empty() {
+        return target;
+    }
+    let mut sorted = demands.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut left = target;
+    for (i, d) in sorted.iter().enumerate() {
+        let rest = (sorted.len() - i) as f64;
+        if d * rest >= left {
+            return left / rest;
+        }
+        left -= d;
+    }
+    left
+}
+
+/// Each client's grant: its demand up to the water level; when demand is below the target,
+/// its demand plus an equal part of what is left, so the grants add up to the target.
+fn split(target: f64, level: f64, demands: &[(ClientId, f64)], burst_total: Option<f64>, lease: Duration) -> BTreeMap<ClientId, Grant> {
+    let total: f64 = demands.iter().map(|d| d.1).sum();
+    let spare = if total < target && !demands.is_empty() { (target - total) / demands.len() as f64 } else { 0.0 };
+    demands
+        .iter()
+        .map(|&(id, d)| {
+            let rate = d.min(level) + spare;
+            let burst = match burst_total {
+                Some(b) if target > 0.0 => b * rate / target,
+                _ => rate,
+            };
+            (id, Grant { rate, burst, lease })
+        })
+        .collect()
+}
+
+/// Couchbase's free pool at the controller: reservations first (capped by demand), then the
+/// rest in the order groups first asked, each up to its demand and ceiling.
+fn first_come_first_served(capacity: f64, claims: &[Claim], first_seen: &[Nanos]) -> Vec<f64> {
+    let mut out: Vec<f64> = claims.iter().map(|c| c.reserved.min(c.demand).min(c.ceiling)).collect();
+    let mut pool = (capacity - out.iter().sum::<f64>()).max(0.0);
+    let mut order: Vec<usize> = (0..claims.len()).collect();
+    order.sort_by_key(|&i| first_seen[i]);
+    for i in order {
+        let want = (claims[i].demand.min(claims[i].ceiling) - out[i]).max(0.0);
+        let give = want.min(pool);
+        out[i] += give;
+        pool -= give;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> GroupName {
+        GroupName::new(s).unwrap()
+    }
+
+    #[test]
+    fn water_level_matches_fdb_fixed_point() {
+        assert_eq!(water_level(20.0, &[5.0, 25.0]), 15.0);
+        assert_eq!(water_level(20.0, &[5.0, 5.0]), 20.0);
+        assert_eq!(water_level(30.0, &[20.0, 20.0, 20.0]), 10.0);
+        assert_eq!(water_level(25.0, &[1.0, 2.0, 100.0, 100.0]), 11.0);
+    }
+
+    #[test]
+    fn ratio_follows_fdb_table() {
+        let p = Pipeline::new(PipelineSettings::default());
+        let r = |u: f64| p.throttling_ratio(Health::Utilisation(u));
+        assert_eq!(r(0.75), None);
+        assert!((r(0.8).unwrap() - 5.0).abs() < 1e-9);
+        assert!((r(1.0).unwrap() - 1.0).abs() < 1e-9);
+        assert!((r(1.2).unwrap() - 1.0 / 1.8).abs() < 1e-9);
+        assert_eq!(r(3.0), Some(0.5));
+        assert_eq!(p.throttling_ratio(Health::QueueBytes(900e6)), Some(1.0 / 1.5));
+    }
+
+    #[test]
+    fn target_is_the_limit_without_saturation_and_grants_split_it() {
+        let mut p = Pipeline::new(PipelineSettings::default());
+        p.set_group(name("a"), GroupSettings::builder().limit(100.0).build().unwrap());
+        let t = Nanos(1_000_000_000);
+        p.client_report(t, 1, &name("a"), ClientReport { demand: 30.0, consumed: 30.0, requests: 3.0 });
+        p.client_report(t, 2, &name("a"), ClientReport { demand: 500.0, consumed: 70.0, requests: 7.0 });
+        p.tick(t);
+        let o = p.outcome(&name("a")).unwrap();
+        assert_eq!(o.target, Some(100.0));
+        assert_eq!(o.water_level, Some(70.0));
+        assert_eq!(o.grants[&1].rate, 30.0);
+        assert_eq!(o.grants[&2].rate, 70.0);
+        assert!((o.avg_cost - 10.0).abs() < 1e-9);
+        assert!(!o.busy);
+    }
+
+    #[test]
+    fn unconfigured_groups_are_not_throttled_unless_default_says_so() {
+        let mut p = Pipeline::new(PipelineSettings::default());
+        let t = Nanos(1);
+        p.client_report(t, 1, &name("x"), ClientReport { demand: 5.0, consumed: 5.0, requests: 1.0 });
+        p.tick(t);
+        assert_eq!(p.outcome(&name("x")).unwrap().target, None);
+        assert_eq!(p.outcome(&name("x")).unwrap().grants[&1].rate, f64::INFINITY);
+        p.set_group(name("default"), GroupSettings::builder().limit(3.0).build().unwrap());
+        p.tick(t);
+        assert_eq!(p.outcome(&name("x")).unwrap().target, Some(3.0));
+    }
+
+    #[test]
+    fn saturation_limits_by_the_reported_load_ignoring_the_worst_zone() {
+        let settings = PipelineSettings { limiting_threshold: 1.0, ..Default::default() };
+        let mut p = Pipeline::new(settings);
+        p.set_group(name("g"), GroupSettings::builder().limit(1e9).build().unwrap());
+        let t = Nanos(1_000_000_000);
+        p.client_report(t, 1, &name("g"), ClientReport { demand: 1000.0, consumed: 1000.0, requests: 10.0 });
+        // Three zones: z1 very sick (ignored), z2 at u=1.2, z3 healthy.
+        for (b, zone, u) in [("b1", "z1", 3.0), ("b2", "z2", 1.2), ("b3", "z3", 0.5)] {
+            p.backend_report(t, b, zone, Health::Utilisation(u), &[(name("g"), 300.0)]);
+        }
+        p.tick(t);
+        let o = p.outcome(&name("g")).unwrap();
+        let expected = 900.0 / 1.8; // load 900 × the second-worst ratio
+        assert!((o.limiting.unwrap() - expected).abs() < 1e-9, "{o:?}");
+        assert_eq!(o.target, Some(expected));
+        assert!(o.busy);
+    }
+
+    #[test]
+    fn idle_groups_expire_and_tracking_is_bounded() {
+        let settings = PipelineSettings { max_tracked_groups: 2, ..Default::default() };
+        let mut p = Pipeline::new(settings);
+        let r = ClientReport { demand: 1.0, consumed: 1.0, requests: 1.0 };
+        p.client_report(Nanos(0), 1, &name("a"), r);
+        p.client_report(Nanos(0), 1, &name("b"), r);
+        p.client_report(Nanos(0), 1, &name("c"), r); // past the bound: the default group's state
+        p.tick(Nanos(0));
+        assert_eq!(p.tracked_groups(), 3, "a, b, and the default group's state");
+        assert!(p.outcome(&name("c")).is_none());
+        assert!(p.outcome(&name("default")).is_some());
+        p.tick(Nanos(241_000_000_000));
+        assert_eq!(p.tracked_groups(), 0);
+    }
+}
