@@ -26,16 +26,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::ops::Range;
 use std::time::Duration;
 
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use crate::toml_reader::{Reader, Value};
+
 use crate::cost::{CostModel, LinearCoefficients, RuCoefficients};
-use crate::settings::{
-    GroupName, GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError, check_group_name,
-};
+use crate::settings::{GroupName, GroupSettings, check_group_name};
 
 /// How the node's capacity is shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -133,7 +132,7 @@ impl std::error::Error for ConfigErrors {}
 impl Config {
     /// Parses and validates a settings file, reporting every problem with its line.
     pub fn parse(src: &str) -> Result<Config, ConfigErrors> {
-        let mut p = Parser { src, errors: Vec::new() };
+        let mut p = Reader::new(src);
         let config = match DeTable::parse(src) {
             Ok(doc) => p.document(doc.get_ref()),
             Err(e) => {
@@ -187,65 +186,8 @@ pub fn line_of(src: &str, offset: usize) -> usize {
     src.as_bytes()[..offset.min(src.len())].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
-type Value<'a> = Spanned<DeValue<'a>>;
-
-struct Parser<'s> {
-    src: &'s str,
-    errors: Vec<ConfigError>,
-}
-
-/// A table's entries, with the path that leads to it for error messages.
-struct Fields<'t, 'a> {
-    path: String,
-    entries: Vec<(&'t str, Range<usize>, &'t Value<'a>)>,
-}
-
-impl<'t, 'a> Fields<'t, 'a> {
-    fn take(&mut self, key: &str) -> Option<(String, &'t Value<'a>)> {
-        let i = self.entries.iter().position(|(k, _, _)| *k == key)?;
-        let (k, _, v) = self.entries.remove(i);
-        Some((format!("{}.{k}", self.path), v))
-    }
-}
-
-impl Parser<'_> {
-    fn error(&mut self, span: Range<usize>, field: impl Into<String>, rule: impl Into<String>) {
-        self.errors.push(ConfigError {
-            line: line_of(self.src, span.start),
-            field: field.into(),
-            rule: rule.into(),
-        });
-    }
-
-    fn setting_error(&mut self, span: Range<usize>, prefix: &str, e: SettingError) {
-        self.error(span, format!("{prefix}.{}", e.field), e.rule);
-    }
-
-    fn fields<'t, 'a>(&mut self, path: &str, value: &'t Value<'a>) -> Option<Fields<'t, 'a>> {
-        match value.get_ref() {
-            DeValue::Table(t) => Some(Fields {
-                path: path.to_string(),
-                entries: t.iter().map(|(k, v)| (k.get_ref().as_ref(), k.span(), v)).collect(),
-            }),
-            other => {
-                self.error(value.span(), path, format!("must be a table, got {}", other.type_str()));
-                None
-            }
-        }
-    }
-
-    /// Every key not taken is unknown.
-    fn finish(&mut self, fields: Fields<'_, '_>, known: &str) {
-        for (k, span, _) in fields.entries {
-            self.error(
-                span,
-                format!("{}.{k}", fields.path),
-                format!("unknown field; expected one of {known}"),
-            );
-        }
-    }
-
-    fn document(&mut self, doc: &DeTable<'_>) -> Config {
+impl Reader<'_> {
+    pub(crate) fn document(&mut self, doc: &DeTable<'_>) -> Config {
         let mut config = Config::default();
         for (key, value) in doc.iter() {
             match key.get_ref().as_ref() {
@@ -373,202 +315,18 @@ impl Parser<'_> {
                 self.error(key.span(), format!("groups.{name:?}"), e.rule);
                 continue;
             }
-            if let Some(settings) = self.group(name, value) {
+            if let Some(settings) = self.group(&format!("groups.{name}"), value) {
                 groups.insert(GroupName::new(name).expect("checked above"), settings);
             }
         }
         groups
-    }
-
-    fn group(&mut self, name: &str, value: &Value<'_>) -> Option<GroupSettings> {
-        let path = format!("groups.{name}");
-        let mut f = self.fields(&path, value)?;
-        // Where each key is, for rules that span fields (reserved above limit).
-        let spans: Vec<(String, Range<usize>)> =
-            f.entries.iter().map(|(k, span, _)| (k.to_string(), span.clone())).collect();
-        let before = self.errors.len();
-        let mut b = GroupSettings::builder();
-        if let Some((p, v)) = f.take("reserved") {
-            b = b.reserved(self.non_negative(&p, v).unwrap_or(0.0));
-        }
-        if let Some((p, v)) = f.take("limit") {
-            match v.get_ref() {
-                DeValue::String(s) if s == "unlimited" => b = b.limit_of(Limit::Unlimited),
-                DeValue::String(s) => {
-                    self.error(v.span(), p, format!("must be a number or \"unlimited\", got {s:?}"))
-                }
-                _ => {
-                    if let Some(limit) = self.non_negative(&p, v) {
-                        b = b.limit(limit);
-                    }
-                }
-            }
-        }
-        if let Some((p, v)) = f.take("burst") {
-            if let Some(x) = self.positive(&p, v) {
-                b = b.burst(x);
-            }
-        }
-        if let Some((p, v)) = f.take("weight") {
-            if let Some(x) = self.positive(&p, v) {
-                b = b.weight(x);
-            }
-        }
-        if let Some((p, v)) = f.take("budget") {
-            if let Some(x) = self.positive(&p, v) {
-                b = b.budget(x);
-            }
-        }
-        if let Some((p, v)) = f.take("priority") {
-            let parsed = match v.get_ref() {
-                DeValue::String(s) => Priority::from_name(s).map_err(|e| e.rule),
-                DeValue::Integer(_) => match self.integer(&p, v, 1, 16) {
-                    Some(level) => Priority::new(level as u8).map_err(|e| e.rule),
-                    None => return None,
-                },
-                other => Err(format!("must be low, medium, high or 1 to 16, got {}", other.type_str())),
-            };
-            match parsed {
-                Ok(priority) => b = b.priority(priority),
-                Err(rule) => self.error(v.span(), p, rule),
-            }
-        }
-        if let Some((p, v)) = f.take("ramp") {
-            if let Some(ramp) = self.ramp(&p, v) {
-                b = b.ramp(ramp);
-            }
-        }
-        self.finish(f, "reserved, limit, burst, priority, weight, budget, ramp");
-        if self.errors.len() > before {
-            return None;
-        }
-        match b.build() {
-            Ok(settings) => Some(settings),
-            Err(errors) => {
-                for e in errors.0 {
-                    let key = e.field.split('.').next().unwrap_or_default();
-                    let span = spans.iter().find(|(k, _)| k == key).map_or(value.span(), |(_, s)| s.clone());
-                    self.setting_error(span, &path, e);
-                }
-                None
-            }
-        }
-    }
-
-    fn ramp(&mut self, path: &str, value: &Value<'_>) -> Option<RampSettings> {
-        let mut f = self.fields(path, value)?;
-        let mut required = |p: &mut Self, key: &str| match f.take(key) {
-            Some((kp, v)) => p.non_negative(&kp, v),
-            None => {
-                p.error(value.span(), format!("{path}.{key}"), "is required");
-                None
-            }
-        };
-        let min = required(self, "min");
-        let max = required(self, "max");
-        let duration_s = required(self, "duration_s");
-        let mut ramp = RampSettings::new(min.unwrap_or(0.0), max.unwrap_or(0.0), Duration::ZERO);
-        if let Some(d) = duration_s {
-            ramp.duration = Duration::from_secs_f64(d);
-        }
-        if let Some((p, v)) = f.take("mode") {
-            if let Some(s) = self.string(&p, v) {
-                match RampMode::from_name(s) {
-                    Ok(mode) => ramp.mode = mode,
-                    Err(e) => self.error(v.span(), p, e.rule),
-                }
-            }
-        }
-        if let Some((p, v)) = f.take("threshold_pct") {
-            ramp.threshold_pct = self.non_negative(&p, v).unwrap_or(ramp.threshold_pct);
-        }
-        if let Some((p, v)) = f.take("ramp_down_pct") {
-            ramp.ramp_down_pct = self.non_negative(&p, v).unwrap_or(ramp.ramp_down_pct);
-        }
-        if let Some((p, v)) = f.take("cool_down_s") {
-            if let Some(s) = self.non_negative(&p, v) {
-                ramp.cool_down = Duration::from_secs_f64(s);
-            }
-        }
-        if let Some((p, v)) = f.take("resume_ttl_s") {
-            if let Some(s) = self.positive(&p, v) {
-                ramp.resume_ttl = Some(Duration::from_secs_f64(s));
-            }
-        }
-        self.finish(f, "min, max, duration_s, mode, threshold_pct, ramp_down_pct, cool_down_s, resume_ttl_s");
-        Some(ramp)
-    }
-
-    fn string<'v>(&mut self, path: &str, v: &'v Value<'_>) -> Option<&'v str> {
-        match v.get_ref() {
-            DeValue::String(s) => Some(s.as_ref()),
-            other => {
-                self.error(v.span(), path, format!("must be a string, got {}", other.type_str()));
-                None
-            }
-        }
-    }
-
-    fn number(&mut self, path: &str, v: &Value<'_>) -> Option<f64> {
-        let parsed = match v.get_ref() {
-            DeValue::Integer(i) => {
-                i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok().map(|n| n as f64)
-            }
-            DeValue::Float(x) => x.as_str().replace('_', "").parse::<f64>().ok(),
-            other => {
-                self.error(v.span(), path, format!("must be a number, got {}", other.type_str()));
-                return None;
-            }
-        };
-        match parsed {
-            Some(x) if x.is_finite() => Some(x),
-            _ => {
-                self.error(v.span(), path, "must be a finite number");
-                None
-            }
-        }
-    }
-
-    fn non_negative(&mut self, path: &str, v: &Value<'_>) -> Option<f64> {
-        let x = self.number(path, v)?;
-        if x < 0.0 {
-            self.error(v.span(), path, format!("must not be negative, got {x}"));
-            return None;
-        }
-        Some(x)
-    }
-
-    fn positive(&mut self, path: &str, v: &Value<'_>) -> Option<f64> {
-        let x = self.number(path, v)?;
-        if x <= 0.0 {
-            self.error(v.span(), path, format!("must be above 0, got {x}"));
-            return None;
-        }
-        Some(x)
-    }
-
-    fn integer(&mut self, path: &str, v: &Value<'_>, min: u64, max: u64) -> Option<u64> {
-        let DeValue::Integer(i) = v.get_ref() else {
-            self.error(v.span(), path, format!("must be a whole number from {min} to {max}"));
-            return None;
-        };
-        match u64::from_str_radix(&i.as_str().replace('_', ""), i.radix()) {
-            Ok(n) if (min..=max).contains(&n) => Some(n),
-            _ => {
-                self.error(
-                    v.span(),
-                    path,
-                    format!("must be a whole number from {min} to {max}, got {}", i.as_str()),
-                );
-                None
-            }
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{Limit, Priority, RampMode};
 
     #[test]
     fn a_full_file_parses() {

@@ -12,6 +12,7 @@
 //! - [`fcfs`]: Couchbase's first-come-first-served one-second slots.
 //! - [`pipeline`]: the controller's rate pipeline: targets from demand, saturation and capacity.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
+//! - [`toml_reader`]: reading TOML with every problem reported by line, field and rule.
 
 pub mod allocate;
 pub mod bucket;
@@ -22,3 +23,4 @@ pub mod pipeline;
 pub mod settings;
 pub mod smooth;
 pub mod time;
+pub mod toml_reader;

@@ -195,7 +195,12 @@ pub struct Pipeline {
 impl Pipeline {
     /// An empty pipeline.
     pub fn new(settings: PipelineSettings) -> Self {
-        Self { settings, groups_configured: HashMap::new(), groups: BTreeMap::new(), backends: BTreeMap::new() }
+        Self {
+            settings,
+            groups_configured: HashMap::new(),
+            groups: BTreeMap::new(),
+            backends: BTreeMap::new(),
+        }
     }
 
     /// The tunables.
@@ -219,9 +224,9 @@ impl Pipeline {
     }
 
     fn settings_for(&self, name: &GroupName) -> Option<&GroupSettings> {
-        self.groups_configured
-            .get(name)
-            .or_else(|| self.groups_configured.iter().find(|(n, _)| n.as_str() == DEFAULT_GROUP).map(|(_, s)| s))
+        self.groups_configured.get(name).or_else(|| {
+            self.groups_configured.iter().find(|(n, _)| n.as_str() == DEFAULT_GROUP).map(|(_, s)| s)
+        })
     }
 
     /// The state a report for `group` lands in: its own, or the default group's once
@@ -248,7 +253,14 @@ impl Pipeline {
     }
 
     /// A backend's report: its zone, health, and the load each group puts on it (units/s).
-    pub fn backend_report(&mut self, now: Nanos, backend: &str, zone: &str, health: Health, load: &[(GroupName, f64)]) {
+    pub fn backend_report(
+        &mut self,
+        now: Nanos,
+        backend: &str,
+        zone: &str,
+        health: Health,
+        load: &[(GroupName, f64)],
+    ) {
         let state = BackendState {
             zone: zone.to_string(),
             health,
@@ -357,7 +369,11 @@ impl Pipeline {
                 .collect();
             match self.settings.free_pool {
                 FreePoolMode::Fair => allocate(capacity, &claims),
-                FreePoolMode::Fcfs => first_come_first_served(capacity, &claims, &rows.iter().map(|r| r.first_seen).collect::<Vec<_>>()),
+                FreePoolMode::Fcfs => first_come_first_served(
+                    capacity,
+                    &claims,
+                    &rows.iter().map(|r| r.first_seen).collect::<Vec<_>>(),
+                ),
             }
         });
 
@@ -387,7 +403,16 @@ impl Pipeline {
                     None,
                     demands
                         .iter()
-                        .map(|(id, _)| (*id, Grant { rate: f64::INFINITY, burst: f64::INFINITY, lease: self.settings.lease }))
+                        .map(|(id, _)| {
+                            (
+                                *id,
+                                Grant {
+                                    rate: f64::INFINITY,
+                                    burst: f64::INFINITY,
+                                    lease: self.settings.lease,
+                                },
+                            )
+                        })
                         .collect(),
                 ),
             };
@@ -443,9 +468,16 @@ pub fn water_level(target: f64, demands: &[f64]) -> f64 {
 
 /// Each client's grant: its demand up to the water level; when demand is below the target,
 /// its demand plus an equal part of what is left, so the grants add up to the target.
-fn split(target: f64, level: f64, demands: &[(ClientId, f64)], burst_total: Option<f64>, lease: Duration) -> BTreeMap<ClientId, Grant> {
+fn split(
+    target: f64,
+    level: f64,
+    demands: &[(ClientId, f64)],
+    burst_total: Option<f64>,
+    lease: Duration,
+) -> BTreeMap<ClientId, Grant> {
     let total: f64 = demands.iter().map(|d| d.1).sum();
-    let spare = if total < target && !demands.is_empty() { (target - total) / demands.len() as f64 } else { 0.0 };
+    let spare =
+        if total < target && !demands.is_empty() { (target - total) / demands.len() as f64 } else { 0.0 };
     demands
         .iter()
         .map(|&(id, d)| {

@@ -346,6 +346,11 @@ impl GroupSettings {
         GroupSettingsBuilder { settings: GroupSettings::default() }
     }
 
+    /// A builder holding these settings, to change some of them.
+    pub fn to_builder(&self) -> GroupSettingsBuilder {
+        GroupSettingsBuilder { settings: self.clone() }
+    }
+
     /// TiDB's `RU_PER_SEC = n`: reserved and limited at `n`.
     pub fn fixed(rate: f64) -> Result<Self, SettingErrors> {
         Self::builder().reserved(rate).limit(rate).build()
