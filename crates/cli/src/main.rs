@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod check;
+mod sim;
 
 /// Tollgate: global admission control for shared, multi-tenant systems.
 #[derive(Parser)]
@@ -23,6 +24,19 @@ enum Command {
         /// The TOML settings file.
         file: PathBuf,
     },
+    /// Simulate a scenario in virtual time: prints one line per phase, writes
+    /// timeline.csv, summary.json and timeline.png. Exits 0 when every phase passed, 1 when
+    /// one failed, 2 for a malformed scenario.
+    Sim {
+        /// The scenario file (see docs/simulation.md).
+        scenario: PathBuf,
+        /// Where to write the timeline, summary and chart [default: sim-out/NAME].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Replaces the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+    },
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -35,5 +49,6 @@ fn main() -> anyhow::Result<ExitCode> {
             print!("{}", report.text);
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
     }
 }

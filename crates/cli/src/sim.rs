@@ -1,0 +1,35 @@
+//! `tollgate sim`: run a scenario and report.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tollgate_sim::{Scenario, output};
+
+/// Runs the scenario at `path`: 0 when every phase passed, 1 when one failed, 2 when the
+/// scenario is malformed.
+pub fn run(path: &Path, out: Option<PathBuf>, seed: Option<u64>) -> anyhow::Result<ExitCode> {
+    let src =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read scenario {}", path.display()))?;
+    let scenario = match Scenario::parse(&src) {
+        Ok(s) => s,
+        Err(errors) => {
+            for e in &errors.0 {
+                println!("{}:{}: {}: {}", path.display(), e.line, e.field, e.rule);
+            }
+            println!("{} problem(s) found; nothing simulated", errors.0.len());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let seed = seed.unwrap_or(scenario.seed);
+    println!("scenario {} (seed {seed})", scenario.name);
+    let outcome = tollgate_sim::run(&scenario, seed);
+    for line in output::phase_lines(&outcome) {
+        println!("{line}");
+    }
+    let dir = out.unwrap_or_else(|| PathBuf::from("sim-out").join(&scenario.name));
+    output::write_all(&dir, &scenario.name, &outcome)
+        .with_context(|| format!("cannot write to {}", dir.display()))?;
+    println!("wrote {0}/timeline.csv, {0}/summary.json, {0}/timeline.png", dir.display());
+    Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

@@ -1,0 +1,646 @@
+//! Scenario files: what to simulate and what to expect.
+//!
+//! The format is TOML (see `docs/simulation.md`). [`Scenario::parse`] reports every problem
+//! with its line and key, like the settings file, and builds nothing if there is one.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use tollgate_core::config::{ConfigError, ConfigErrors, line_of};
+use tollgate_core::cost::{CostModel, Usage};
+use tollgate_core::pipeline::FreePoolMode;
+use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
+use tollgate_core::toml_reader::{Fields, GROUP_KEYS, Reader, Value};
+use toml::de::{DeTable, DeValue};
+
+/// A whole scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// Its name.
+    pub name: String,
+    /// The seed, unless the command line gives another.
+    pub seed: u64,
+    /// How requests are priced.
+    pub cost_model: CostModel,
+    /// Controller knobs.
+    pub controller: ControllerSpec,
+    /// Backends, expanded (one entry per backend).
+    pub backends: Vec<BackendSpec>,
+    /// Configured groups.
+    pub groups: Vec<(GroupName, GroupSettings)>,
+    /// Clients, expanded (one entry per client).
+    pub clients: Vec<ClientSpec>,
+    /// Applied at time 0, before the first phase.
+    pub actions: Vec<Action>,
+    /// Phases, run one after the other.
+    pub phases: Vec<Phase>,
+}
+
+/// Controller knobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerSpec {
+    /// Worst zones ignored when limiting.
+    pub ignore_worst_zones: usize,
+    /// Units/s a group must put on a backend to be limited by it.
+    pub limiting_threshold: f64,
+    /// Node capacity, units/s.
+    pub capacity: Option<f64>,
+    /// How the free pool is shared.
+    pub free_pool: FreePoolMode,
+    /// Controller tick (and client exchange) period.
+    pub tick: Duration,
+}
+
+impl Default for ControllerSpec {
+    fn default() -> Self {
+        Self {
+            ignore_worst_zones: 1,
+            limiting_threshold: 409_600.0,
+            capacity: None,
+            free_pool: FreePoolMode::Fair,
+            tick: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendSpec {
+    /// Its name.
+    pub name: String,
+    /// Units/s at utilisation 1.
+    pub capacity: f64,
+    /// Its zone.
+    pub zone: String,
+}
+
+/// One client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientSpec {
+    /// The group it works for.
+    pub group: GroupName,
+    /// Requests per second it attempts.
+    pub rate: f64,
+    /// What each request does.
+    pub usage: Usage,
+    /// Indexes into [`Scenario::backends`] its requests are spread over.
+    pub backends: Vec<usize>,
+    /// Always admitted, still counted.
+    pub unthrottled: bool,
+}
+
+/// A change to the world.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// A backend's new capacity.
+    SetBackend {
+        /// Index into [`Scenario::backends`].
+        backend: usize,
+        /// Units/s at utilisation 1.
+        capacity: f64,
+    },
+    /// A group's new settings (created if new).
+    SetGroup {
+        /// The group.
+        name: GroupName,
+        /// Its settings after the change.
+        settings: GroupSettings,
+    },
+    /// A group's settings are removed.
+    RemoveGroup(GroupName),
+}
+
+/// A phase: actions, then expectations to hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phase {
+    /// Give up after this long.
+    pub timeout: Duration,
+    /// Consecutive one-second checks every expectation must hold for.
+    pub hold_checks: u32,
+    /// Applied when the phase starts.
+    pub actions: Vec<Action>,
+    /// What must hold.
+    pub expects: Vec<Expect>,
+}
+
+/// Where a metric is read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Subject {
+    /// A group's metric.
+    Group(GroupName),
+    /// A backend's metric.
+    Backend(usize),
+    /// A cluster-wide metric.
+    Cluster,
+}
+
+/// One expectation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expect {
+    /// Whose metric.
+    pub subject: Subject,
+    /// Which metric.
+    pub metric: String,
+    /// The value expected; `None` with `absent`.
+    pub value: Option<f64>,
+    /// The group must not be throttled at all.
+    pub absent: bool,
+    /// Relative to the observed value.
+    pub tolerance: f64,
+}
+
+/// Metrics of a group.
+pub const GROUP_METRICS: &[&str] =
+    &["target_rps", "target_units", "client_rps", "admitted_rps", "admitted_units", "busy", "demand_units"];
+/// Cluster-wide metrics.
+pub const CLUSTER_METRICS: &[&str] = &["total_target_rps", "busy_groups", "tracked_groups"];
+/// Metrics of a backend.
+pub const BACKEND_METRICS: &[&str] = &["utilisation"];
+
+const SIM_LIMIT: u64 = 1_000_000;
+
+impl Scenario {
+    /// Parses a scenario, reporting every problem with its line and key.
+    pub fn parse(src: &str) -> Result<Scenario, ConfigErrors> {
+        let mut r = Reader::new(src);
+        let scenario = match DeTable::parse(src) {
+            Ok(doc) => read(&mut r, doc.get_ref()),
+            Err(e) => {
+                let line = e.span().map_or(1, |s| line_of(src, s.start));
+                r.errors.push(ConfigError {
+                    line,
+                    field: "(syntax)".into(),
+                    rule: e.message().trim().to_string(),
+                });
+                None
+            }
+        };
+        match scenario {
+            Some(s) if r.errors.is_empty() => Ok(s),
+            _ => {
+                let mut errors = r.errors;
+                errors.sort_by_key(|e| e.line);
+                Err(ConfigErrors(errors))
+            }
+        }
+    }
+}
+
+fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
+    let mut s = Scenario {
+        name: String::new(),
+        seed: 1,
+        cost_model: CostModel::Count,
+        controller: ControllerSpec::default(),
+        backends: Vec::new(),
+        groups: Vec::new(),
+        clients: Vec::new(),
+        actions: Vec::new(),
+        phases: Vec::new(),
+    };
+    let get = |key: &str| doc.get(key);
+    match get("name") {
+        Some(v) => s.name = r.string("name", v).unwrap_or_default().to_string(),
+        None => r.error(0..0, "name", "is required"),
+    }
+    if let Some(v) = get("seed") {
+        s.seed = r.integer("seed", v, 0, u64::MAX >> 1).unwrap_or(1);
+    }
+    if let Some(v) = get("cost_model") {
+        s.cost_model = match r.string("cost_model", v) {
+            Some("count") => CostModel::Count,
+            Some("fdb") => CostModel::fdb(),
+            Some("ru") => CostModel::ru(),
+            Some("couchbase") => CostModel::couchbase(),
+            Some(other) => {
+                r.error(
+                    v.span(),
+                    "cost_model",
+                    format!("must be count, fdb, ru or couchbase, got {other:?}"),
+                );
+                CostModel::Count
+            }
+            None => CostModel::Count,
+        };
+    }
+    if let Some(v) = get("controller") {
+        s.controller = controller(r, v);
+    }
+    for (i, v) in array(r, doc, "backend").into_iter().enumerate() {
+        backends(r, &format!("backend[{i}]"), v, &mut s.backends);
+    }
+    let mut names = BTreeSet::new();
+    for (i, v) in array(r, doc, "group").into_iter().enumerate() {
+        let path = format!("group[{i}]");
+        let Some(mut f) = r.fields(&path, v) else { continue };
+        let name = take_name(r, &mut f, &path);
+        let settings =
+            r.group_from(&mut f, GroupSettings::builder(), v.span(), &format!("name, {GROUP_KEYS}"));
+        if let (Some(name), Some(settings)) = (name, settings) {
+            if !names.insert(name.clone()) {
+                r.error(v.span(), format!("{path}.name"), format!("group {name:?} is defined twice"));
+            }
+            s.groups.push((name, settings));
+        }
+    }
+    for (i, v) in array(r, doc, "client").into_iter().enumerate() {
+        clients(r, &format!("client[{i}]"), v, &s.backends, &mut s.clients);
+    }
+    for (i, v) in array(r, doc, "action").into_iter().enumerate() {
+        if let Some(a) = action(r, &format!("action[{i}]"), v, &s, &[]) {
+            s.actions.push(a);
+        }
+    }
+    for (i, v) in array(r, doc, "phase").into_iter().enumerate() {
+        if let Some(p) = phase(r, &format!("phase[{i}]"), v, &s) {
+            s.phases.push(p);
+        }
+    }
+    for (key, _) in doc.iter() {
+        let k: &str = key.get_ref();
+        if !["name", "seed", "cost_model", "controller", "backend", "group", "client", "action", "phase"]
+            .contains(&k)
+        {
+            r.error(
+                key.span(),
+                k,
+                "unknown key; expected name, seed, cost_model, controller, backend, group, client, action or phase",
+            );
+        }
+    }
+    if s.phases.is_empty() && r.errors.is_empty() {
+        r.error(0..0, "phase", "at least one [[phase]] is required");
+    }
+    Some(s)
+}
+
+/// The tables of an array of tables (`[[key]]`).
+fn array<'t, 'a>(r: &mut Reader<'_>, doc: &'t DeTable<'a>, key: &str) -> Vec<&'t Value<'a>> {
+    match doc.get(key).map(|v| (v, v.get_ref())) {
+        None => Vec::new(),
+        Some((_, DeValue::Array(items))) => items.iter().collect(),
+        Some((v, other)) => {
+            r.error(
+                v.span(),
+                key,
+                format!("must be an array of tables ([[{key}]]), got {}", other.type_str()),
+            );
+            Vec::new()
+        }
+    }
+}
+
+fn take_name(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str) -> Option<GroupName> {
+    let Some((p, v)) = f.take("name") else {
+        r.error(0..0, format!("{path}.name"), "is required");
+        return None;
+    };
+    let name = r.string(&p, v)?;
+    match GroupName::new(name) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            r.error(v.span(), p, e.rule);
+            None
+        }
+    }
+}
+
+fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
+    let mut c = ControllerSpec::default();
+    let Some(mut f) = r.fields("controller", v) else { return c };
+    if let Some((p, v)) = f.take("ignore_worst_zones") {
+        c.ignore_worst_zones = r.integer(&p, v, 0, 1000).unwrap_or(1) as usize;
+    }
+    if let Some((p, v)) = f.take("limiting_threshold") {
+        c.limiting_threshold = r.non_negative(&p, v).unwrap_or(c.limiting_threshold);
+    }
+    if let Some((p, v)) = f.take("capacity") {
+        c.capacity = r.positive(&p, v);
+    }
+    if let Some((p, v)) = f.take("free_pool") {
+        match r.string(&p, v) {
+            Some("fair") => c.free_pool = FreePoolMode::Fair,
+            Some("fcfs") => c.free_pool = FreePoolMode::Fcfs,
+            Some(other) => r.error(v.span(), p, format!("must be fair or fcfs, got {other:?}")),
+            None => {}
+        }
+    }
+    if let Some((p, v)) = f.take("tick_ms") {
+        c.tick = Duration::from_millis(r.integer(&p, v, 10, 60_000).unwrap_or(1000));
+    }
+    r.finish(f, "ignore_worst_zones, limiting_threshold, capacity, free_pool, tick_ms");
+    c
+}
+
+fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<BackendSpec>) {
+    let Some(mut f) = r.fields(path, v) else { return };
+    let name = match f.take("name") {
+        Some((p, v)) => r.string(&p, v).map(str::to_string),
+        None => {
+            r.error(v.span(), format!("{path}.name"), "is required");
+            None
+        }
+    };
+    let count = match f.take("count") {
+        Some((p, v)) => r.integer(&p, v, 1, 10_000).unwrap_or(1),
+        None => 1,
+    };
+    let capacity = match f.take("capacity") {
+        Some((p, v)) => r.positive(&p, v),
+        None => {
+            r.error(v.span(), format!("{path}.capacity"), "is required (units/s at utilisation 1)");
+            None
+        }
+    };
+    let zone = match f.take("zone") {
+        Some((p, v)) => r.string(&p, v).map(str::to_string),
+        None => None,
+    };
+    r.finish(f, "name, count, capacity, zone");
+    let (Some(name), Some(capacity)) = (name, capacity) else { return };
+    for i in 0..count {
+        let name = if count > 1 { format!("{name}-{i}") } else { name.clone() };
+        if out.iter().any(|b| b.name == name) {
+            r.error(v.span(), format!("{path}.name"), format!("backend {name:?} is defined twice"));
+        }
+        let zone = zone.clone().unwrap_or_else(|| name.clone());
+        out.push(BackendSpec { name, capacity, zone });
+    }
+}
+
+fn backend_index(r: &mut Reader<'_>, path: &str, v: &Value<'_>, backends: &[BackendSpec]) -> Option<usize> {
+    let name = r.string(path, v)?;
+    let found = backends.iter().position(|b| b.name == name);
+    if found.is_none() {
+        r.error(v.span(), path, format!("no backend is named {name:?}"));
+    }
+    found
+}
+
+fn clients(
+    r: &mut Reader<'_>,
+    path: &str,
+    v: &Value<'_>,
+    backends: &[BackendSpec],
+    out: &mut Vec<ClientSpec>,
+) {
+    let Some(mut f) = r.fields(path, v) else { return };
+    let group = match f.take("group") {
+        Some((p, v)) => r.string(&p, v).and_then(|g| match GroupName::new(g) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                r.error(v.span(), p, e.rule);
+                None
+            }
+        }),
+        None => {
+            r.error(v.span(), format!("{path}.group"), "is required");
+            None
+        }
+    };
+    let count = match f.take("count") {
+        Some((p, v)) => r.integer(&p, v, 1, 100_000).unwrap_or(1),
+        None => 1,
+    };
+    let rate = match f.take("rate") {
+        Some((p, v)) => r.positive(&p, v),
+        None => {
+            r.error(v.span(), format!("{path}.rate"), "is required (requests/s each client attempts)");
+            None
+        }
+    };
+    let usage = match f.take("cost") {
+        Some((p, v)) => cost(r, &p, v),
+        None => Some(Usage::units(1.0)),
+    };
+    let chosen = match f.take("backends") {
+        Some((p, v)) => match v.get_ref() {
+            DeValue::Array(items) => {
+                let list: Vec<usize> = items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, item)| backend_index(r, &format!("{p}[{i}]"), item, backends))
+                    .collect();
+                if list.is_empty() && items.is_empty() {
+                    r.error(v.span(), p, "must name at least one backend");
+                }
+                list
+            }
+            other => {
+                r.error(v.span(), p, format!("must be an array of backend names, got {}", other.type_str()));
+                Vec::new()
+            }
+        },
+        None => (0..backends.len()).collect(),
+    };
+    let unthrottled = match f.take("unthrottled") {
+        Some((p, v)) => match v.get_ref() {
+            DeValue::Boolean(b) => *b,
+            other => {
+                r.error(v.span(), p, format!("must be true or false, got {}", other.type_str()));
+                false
+            }
+        },
+        None => false,
+    };
+    r.finish(f, "group, count, rate, cost, backends, unthrottled");
+    let (Some(group), Some(rate), Some(usage)) = (group, rate, usage) else { return };
+    for _ in 0..count {
+        out.push(ClientSpec { group: group.clone(), rate, usage, backends: chosen.clone(), unthrottled });
+    }
+}
+
+fn cost(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Usage> {
+    let mut f = r.fields(path, v)?;
+    let read = f.take("read_bytes").and_then(|(p, v)| r.integer(&p, v, 0, u64::MAX >> 1));
+    let write = f.take("write_bytes").and_then(|(p, v)| r.integer(&p, v, 0, u64::MAX >> 1));
+    let units = f.take("units").and_then(|(p, v)| r.non_negative(&p, v));
+    let cpu_ms = f.take("cpu_ms").and_then(|(p, v)| r.non_negative(&p, v)).unwrap_or(0.0);
+    let replicas = f.take("replicas").and_then(|(p, v)| r.integer(&p, v, 1, 100)).unwrap_or(1) as u32;
+    let durable = matches!(f.take("durable").map(|(_, v)| v.get_ref()), Some(DeValue::Boolean(true)));
+    r.finish(f, "read_bytes, write_bytes, units, cpu_ms, replicas, durable");
+    let base = match (read, write, units) {
+        (Some(b), None, None) => Usage::read(b),
+        (None, Some(b), None) => Usage::write(b),
+        (None, None, Some(u)) => Usage::units(u),
+        (None, None, None) if cpu_ms > 0.0 => Usage::read(0),
+        _ => {
+            r.error(v.span(), path, "must give exactly one of read_bytes, write_bytes or units");
+            return None;
+        }
+    };
+    let mut usage = base.with_cpu_ms(cpu_ms).with_replicas(replicas);
+    if durable {
+        usage = usage.durable();
+    }
+    Some(usage)
+}
+
+fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: &[Action]) -> Option<Action> {
+    let mut f = r.fields(path, v)?;
+    let result = if let Some((p, v)) = f.take("set_backend") {
+        let mut bf = r.fields(&p, v)?;
+        let backend = match bf.take("name") {
+            Some((bp, bv)) => backend_index(r, &bp, bv, &s.backends),
+            None => {
+                r.error(v.span(), format!("{p}.name"), "is required");
+                None
+            }
+        };
+        let capacity = match bf.take("capacity") {
+            Some((cp, cv)) => r.positive(&cp, cv),
+            None => {
+                r.error(v.span(), format!("{p}.capacity"), "is required");
+                None
+            }
+        };
+        r.finish(bf, "name, capacity");
+        Some(Action::SetBackend { backend: backend?, capacity: capacity? })
+    } else if let Some((p, v)) = f.take("set_group") {
+        let mut gf = r.fields(&p, v)?;
+        let name = take_name(r, &mut gf, &p)?;
+        // Start from the group's settings as they will stand when this action runs: only
+        // the keys given change.
+        let base = settings_before(s, pending, &name).unwrap_or_default();
+        let settings = r.group_from(&mut gf, base.to_builder(), v.span(), &format!("name, {GROUP_KEYS}"))?;
+        Some(Action::SetGroup { name, settings })
+    } else if let Some((p, v)) = f.take("remove_group") {
+        let name = r.string(&p, v)?;
+        if let Err(e) = check_group_name(name) {
+            r.error(v.span(), p, e.rule);
+            return None;
+        }
+        Some(Action::RemoveGroup(GroupName::new(name).ok()?))
+    } else {
+        r.error(v.span(), path, "must hold one of set_backend, set_group or remove_group");
+        None
+    };
+    r.finish(f, "one of set_backend, set_group, remove_group");
+    result
+}
+
+/// A group's settings after every action parsed so far (top level, earlier phases, then
+/// `pending` in this phase), in the order the simulation applies them.
+fn settings_before(s: &Scenario, pending: &[Action], name: &GroupName) -> Option<GroupSettings> {
+    let mut current = s.groups.iter().find(|(n, _)| n == name).map(|(_, g)| g.clone());
+    let all = s.actions.iter().chain(s.phases.iter().flat_map(|p| p.actions.iter())).chain(pending);
+    for a in all {
+        match a {
+            Action::SetGroup { name: n, settings } if n == name => current = Some(settings.clone()),
+            Action::RemoveGroup(n) if n == name => current = None,
+            _ => {}
+        }
+    }
+    current
+}
+
+fn phase(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario) -> Option<Phase> {
+    let mut f = r.fields(path, v)?;
+    let timeout = match f.take("timeout_s") {
+        Some((p, v)) => r.integer(&p, v, 1, SIM_LIMIT).map(Duration::from_secs),
+        None => Some(Duration::from_secs(600)),
+    };
+    let hold_checks = match f.take("hold_s") {
+        Some((p, v)) => r.integer(&p, v, 1, SIM_LIMIT).map(|n| n as u32),
+        None => Some(10),
+    };
+    let mut actions = Vec::new();
+    if let Some((p, v)) = f.take("action") {
+        if let DeValue::Array(items) = v.get_ref() {
+            for (i, item) in items.iter().enumerate() {
+                if let Some(a) = action(r, &format!("{p}[{i}]"), item, s, &actions) {
+                    actions.push(a);
+                }
+            }
+        } else {
+            r.error(v.span(), p, "must be an array of tables ([[phase.action]])");
+        }
+    }
+    let mut expects = Vec::new();
+    if let Some((p, v)) = f.take("expect") {
+        if let DeValue::Array(items) = v.get_ref() {
+            for (i, item) in items.iter().enumerate() {
+                if let Some(e) = expect(r, &format!("{p}[{i}]"), item, s) {
+                    expects.push(e);
+                }
+            }
+        } else {
+            r.error(v.span(), p, "must be an array of tables ([[phase.expect]])");
+        }
+    }
+    r.finish(f, "timeout_s, hold_s, action, expect");
+    if expects.is_empty() {
+        r.error(v.span(), format!("{path}.expect"), "a phase needs at least one [[phase.expect]]");
+    }
+    Some(Phase { timeout: timeout?, hold_checks: hold_checks?, actions, expects })
+}
+
+fn expect(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario) -> Option<Expect> {
+    let mut f = r.fields(path, v)?;
+    let group = f.take("group");
+    let backend = f.take("backend");
+    let subject = match (group, backend) {
+        (Some(_), Some((p, bv))) => {
+            r.error(bv.span(), p, "give group or backend, not both");
+            return None;
+        }
+        (Some((p, gv)), None) => {
+            let name = r.string(&p, gv)?;
+            match GroupName::new(name) {
+                Ok(n) => Subject::Group(n),
+                Err(e) => {
+                    r.error(gv.span(), p, e.rule);
+                    return None;
+                }
+            }
+        }
+        (None, Some((p, bv))) => Subject::Backend(backend_index(r, &p, bv, &s.backends)?),
+        (None, None) => Subject::Cluster,
+    };
+    let (metric, metric_span) = match f.take("metric") {
+        Some((p, mv)) => (r.string(&p, mv).map(str::to_string), mv.span()),
+        None => {
+            r.error(v.span(), format!("{path}.metric"), "is required");
+            (None, v.span())
+        }
+    };
+    let value = f.take("value").and_then(|(p, vv)| r.number(&p, vv));
+    let absent = match f.take("absent") {
+        Some((p, av)) => match av.get_ref() {
+            DeValue::Boolean(b) => *b,
+            other => {
+                r.error(av.span(), p, format!("must be true or false, got {}", other.type_str()));
+                false
+            }
+        },
+        None => false,
+    };
+    let tolerance = match f.take("tolerance") {
+        Some((p, tv)) => r.positive(&p, tv).unwrap_or(0.1),
+        None => 0.1,
+    };
+    r.finish(f, "group, backend, metric, value, absent, tolerance");
+    let metric = metric?;
+    let known = match subject {
+        Subject::Group(_) => GROUP_METRICS,
+        Subject::Backend(_) => BACKEND_METRICS,
+        Subject::Cluster => CLUSTER_METRICS,
+    };
+    if !known.contains(&metric.as_str()) {
+        r.error(
+            metric_span,
+            format!("{path}.metric"),
+            format!("must be one of {}, got {metric:?}", known.join(", ")),
+        );
+        return None;
+    }
+    if value.is_some() == absent {
+        r.error(v.span(), path, "give either value or absent = true");
+        return None;
+    }
+    if absent && !matches!(subject, Subject::Group(_)) {
+        r.error(v.span(), format!("{path}.absent"), "applies to a group's metric only");
+        return None;
+    }
+    Some(Expect { subject, metric, value, absent, tolerance })
+}
