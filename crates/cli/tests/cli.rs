@@ -66,3 +66,87 @@ fn a_missing_file_is_a_clear_error() {
     assert_ne!(code, 0);
     assert!(err.contains("cannot read settings file /nonexistent/tollgate.toml"), "{err}");
 }
+
+fn scenario(name: &str) -> String {
+    format!("{}/../../scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn sim_passes_a_scenario_and_writes_timeline_summary_and_chart() {
+    let dir = out_dir("sim-simple");
+    let (code, out, err) = tollgate(&["sim", &scenario("fdb-simple"), "--out", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("scenario fdb-simple (seed 1)"), "{out}");
+    assert!(out.contains("phase 1: passed at 10 s"), "{out}");
+    let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+    assert!(summary.contains(r#""phases":[{"passed":true,"converged_s":10.0}]"#), "{summary}");
+    let csv = std::fs::read_to_string(dir.join("timeline.csv")).unwrap();
+    assert!(csv.starts_with("t,tag1.target_rps,"), "{csv}");
+    assert_eq!(csv.lines().count(), 1 + 10, "a header and one row per simulated second");
+    let png = std::fs::read(dir.join("timeline.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn sim_runs_replay_exactly_from_their_seed() {
+    let (a, b) = (out_dir("sim-seed-a"), out_dir("sim-seed-b"));
+    for dir in [&a, &b] {
+        let (code, out, _) = tollgate(&[
+            "sim",
+            &scenario("couchbase-fairness"),
+            "--seed",
+            "42",
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("(seed 42)"), "{out}");
+    }
+    let read = |d: &PathBuf| std::fs::read_to_string(d.join("timeline.csv")).unwrap();
+    assert_eq!(read(&a), read(&b));
+}
+
+#[test]
+fn sim_exits_1_when_a_phase_fails() {
+    let path = file(
+        "impossible.toml",
+        "name = \"impossible\"\n[[group]]\nname = \"g\"\nlimit = 10\n[[client]]\ngroup = \"g\"\nrate = 5.0\n\
+         [[phase]]\ntimeout_s = 5\nhold_s = 2\n[[phase.expect]]\ngroup = \"g\"\nmetric = \"target_units\"\nvalue = 99\n",
+    );
+    let dir = out_dir("sim-impossible");
+    let (code, out, _) = tollgate(&["sim", path.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("phase 1: failed"), "{out}");
+    let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+    assert!(summary.contains(r#"{"passed":false,"converged_s":null}"#), "{summary}");
+}
+
+#[test]
+fn a_malformed_scenario_exits_2_naming_key_and_line() {
+    let path = file(
+        "malformed.toml",
+        "name = \"bad\"\ncost_model = \"magic\"\n[[backend]]\nname = \"b\"\n[[client]]\ngroup = \"g\"\nrate = -1\n\
+         backends = [\"nowhere\"]\n[[phase]]\n[[phase.expect]]\nmetric = \"speed\"\nvalue = 1\n",
+    );
+    let p = path.to_str().unwrap();
+    let (code, out, _) = tollgate(&["sim", p]);
+    assert_eq!(code, 2, "{out}");
+    for expected in [
+        format!("{p}:2: cost_model: must be count, fdb, ru or couchbase, got \"magic\""),
+        format!("{p}:3: backend[0].capacity: is required (units/s at utilisation 1)"),
+        format!("{p}:7: client[0].rate: must be above 0, got -1"),
+        format!("{p}:8: client[0].backends[0]: no backend is named \"nowhere\""),
+        format!(
+            "{p}:11: phase[0].expect[0].metric: must be one of total_target_rps, busy_groups, tracked_groups, got \"speed\""
+        ),
+    ] {
+        assert!(out.contains(&expected), "missing {expected:?} in\n{out}");
+    }
+    assert!(!PathBuf::from("sim-out/bad").exists(), "nothing written for a malformed scenario");
+}
