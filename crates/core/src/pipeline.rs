@@ -389,8 +389,9 @@ impl Pipeline {
             if let Some(s) = share {
                 bound = bound.min(s);
             }
-            // A group with no settings, no saturation and no capacity to share is not throttled.
-            let target = (bound.is_finite() || reserved > 0.0).then(|| reserved.max(bound));
+            // Nothing bounds the group (no limit, no saturation, no capacity to share): it is
+            // not throttled, whatever it reserves.
+            let target = bound.is_finite().then(|| reserved.max(bound));
             let busy = row.limiting.is_some_and(|l| l < cap);
             let demands: Vec<(ClientId, f64)> = g.clients.iter().map(|(id, c)| (*id, c.demand)).collect();
             let (water_level, grants) = match target {

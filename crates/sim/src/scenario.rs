@@ -237,6 +237,10 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
         let settings =
             r.group_from(&mut f, GroupSettings::builder(), v.span(), &format!("name, {GROUP_KEYS}"));
         if let (Some(name), Some(settings)) = (name, settings) {
+            if settings.ramp().is_some() {
+                let at = v.span();
+                r.error(at, format!("{path}.ramp"), "ramp-up is not simulated yet");
+            }
             if !names.insert(name.clone()) {
                 r.error(v.span(), format!("{path}.name"), format!("group {name:?} is defined twice"));
             }
@@ -478,44 +482,49 @@ fn cost(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Usage> {
 
 fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: &[Action]) -> Option<Action> {
     let mut f = r.fields(path, v)?;
-    let result = if let Some((p, v)) = f.take("set_backend") {
-        let mut bf = r.fields(&p, v)?;
-        let backend = match bf.take("name") {
-            Some((bp, bv)) => backend_index(r, &bp, bv, &s.backends),
-            None => {
-                r.error(v.span(), format!("{p}.name"), "is required");
-                None
+    // Every branch reports its own problems; unknown keys are reported whatever happened.
+    let mut read = |r: &mut Reader<'_>| -> Option<Action> {
+        if let Some((p, v)) = f.take("set_backend") {
+            let mut bf = r.fields(&p, v)?;
+            let backend = match bf.take("name") {
+                Some((bp, bv)) => backend_index(r, &bp, bv, &s.backends),
+                None => {
+                    r.error(v.span(), format!("{p}.name"), "is required");
+                    None
+                }
+            };
+            let capacity = match bf.take("capacity") {
+                Some((cp, cv)) => r.positive(&cp, cv),
+                None => {
+                    r.error(v.span(), format!("{p}.capacity"), "is required");
+                    None
+                }
+            };
+            r.finish(bf, "name, capacity");
+            Some(Action::SetBackend { backend: backend?, capacity: capacity? })
+        } else if let Some((p, v)) = f.take("set_group") {
+            let mut gf = r.fields(&p, v)?;
+            let name = take_name(r, &mut gf, &p)?;
+            // Start from the group's settings as they will stand when this action runs: only
+            // the keys given change.
+            let base = settings_before(s, pending, &name).unwrap_or_default();
+            let settings =
+                r.group_from(&mut gf, base.to_builder(), v.span(), &format!("name, {GROUP_KEYS}"))?;
+            Some(Action::SetGroup { name, settings })
+        } else if let Some((p, v)) = f.take("remove_group") {
+            let name = r.string(&p, v)?;
+            if let Err(e) = check_group_name(name) {
+                r.error(v.span(), p, e.rule);
+                return None;
             }
-        };
-        let capacity = match bf.take("capacity") {
-            Some((cp, cv)) => r.positive(&cp, cv),
-            None => {
-                r.error(v.span(), format!("{p}.capacity"), "is required");
-                None
-            }
-        };
-        r.finish(bf, "name, capacity");
-        Some(Action::SetBackend { backend: backend?, capacity: capacity? })
-    } else if let Some((p, v)) = f.take("set_group") {
-        let mut gf = r.fields(&p, v)?;
-        let name = take_name(r, &mut gf, &p)?;
-        // Start from the group's settings as they will stand when this action runs: only
-        // the keys given change.
-        let base = settings_before(s, pending, &name).unwrap_or_default();
-        let settings = r.group_from(&mut gf, base.to_builder(), v.span(), &format!("name, {GROUP_KEYS}"))?;
-        Some(Action::SetGroup { name, settings })
-    } else if let Some((p, v)) = f.take("remove_group") {
-        let name = r.string(&p, v)?;
-        if let Err(e) = check_group_name(name) {
-            r.error(v.span(), p, e.rule);
-            return None;
+            Some(Action::RemoveGroup(GroupName::new(name).ok()?))
+        } else {
+            r.error(v.span(), path, "must hold one of set_backend, set_group or remove_group");
+            None
         }
-        Some(Action::RemoveGroup(GroupName::new(name).ok()?))
-    } else {
-        r.error(v.span(), path, "must hold one of set_backend, set_group or remove_group");
-        None
     };
-    r.finish(f, "one of set_backend, set_group, remove_group");
+    let result = read(r);
+    r.finish(f, "set_backend, set_group, remove_group");
     result
 }
 
@@ -643,4 +652,64 @@ fn expect(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario) -> Option
         return None;
     }
     Some(Expect { subject, metric, value, absent, tolerance })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "name = \"t\"\n[[backend]]\nname = \"ss\"\ncount = 3\ncapacity = 100\nzone = \"z\"\n\
+        [[group]]\nname = \"g\"\nlimit = 50\nreserved = 10\n[[client]]\ngroup = \"g\"\ncount = 2\nrate = 1.0\n";
+
+    fn phase(body: &str) -> String {
+        format!("{BASE}[[phase]]\n{body}[[phase.expect]]\ngroup = \"g\"\nmetric = \"busy\"\nvalue = 0\n")
+    }
+
+    #[test]
+    fn counts_expand_and_defaults_apply() {
+        let s = Scenario::parse(&phase("")).unwrap();
+        let names: Vec<&str> = s.backends.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["ss-0", "ss-1", "ss-2"]);
+        assert!(s.backends.iter().all(|b| b.zone == "z"));
+        assert_eq!(s.clients.len(), 2);
+        assert_eq!(s.clients[0].backends, vec![0, 1, 2]);
+        assert_eq!(s.phases[0].timeout, Duration::from_secs(600));
+        assert_eq!(s.phases[0].hold_checks, 10);
+        assert_eq!(s.phases[0].expects[0].tolerance, 0.1);
+    }
+
+    #[test]
+    fn set_group_changes_only_the_keys_given_in_order() {
+        let s = Scenario::parse(&phase(
+            "[[phase.action]]\nset_group = { name = \"g\", limit = 80 }\n\
+             [[phase.action]]\nset_group = { name = \"g\", weight = 3 }\n",
+        ))
+        .unwrap();
+        let Action::SetGroup { settings, .. } = &s.phases[0].actions[1] else { panic!("set_group") };
+        assert_eq!(settings.limit().as_f64(), 80.0);
+        assert_eq!(settings.reserved(), 10.0);
+        assert_eq!(settings.weight(), 3.0);
+    }
+
+    #[test]
+    fn broken_rules_and_unknown_keys_are_reported_by_line() {
+        let src = phase("[[phase.action]]\nset_group = { name = \"g\", limit = 5 }\nspeed = 1\n");
+        let errors = Scenario::parse(&src).unwrap_err().0;
+        let got: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "line 17: phase[0].action[0].set_group.reserved: must not exceed limit (10 > 5)",
+                "line 18: phase[0].action[0].speed: unknown field; expected one of set_backend, set_group, remove_group",
+            ]
+        );
+    }
+
+    #[test]
+    fn ramp_is_refused_until_it_is_simulated() {
+        let src = phase("")
+            .replace("reserved = 10\n", "reserved = 10\nramp = { min = 1, max = 50, duration_s = 10 }\n");
+        let errors = Scenario::parse(&src).unwrap_err().0;
+        assert_eq!(errors[0].field, "group[0].ramp");
+    }
 }
