@@ -39,6 +39,13 @@ enum Command {
     },
 }
 
+/// Prints a line to stdout. A reader that went away (`tollgate sim … | head`) is not an
+/// error worth a panic: the output is simply no longer wanted.
+pub fn say(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
@@ -46,7 +53,9 @@ fn main() -> anyhow::Result<ExitCode> {
             let src = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read settings file {}", file.display()))?;
             let report = check::check(&file.display().to_string(), &src);
-            print!("{}", report.text);
+            for line in report.text.lines() {
+                say(line);
+            }
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),

@@ -15,21 +15,21 @@ pub fn run(path: &Path, out: Option<PathBuf>, seed: Option<u64>) -> anyhow::Resu
         Ok(s) => s,
         Err(errors) => {
             for e in &errors.0 {
-                println!("{}:{}: {}: {}", path.display(), e.line, e.field, e.rule);
+                crate::say(format!("{}:{}: {}: {}", path.display(), e.line, e.field, e.rule));
             }
-            println!("{} problem(s) found; nothing simulated", errors.0.len());
+            crate::say(format!("{} problem(s) found; nothing simulated", errors.0.len()));
             return Ok(ExitCode::from(2));
         }
     };
     let seed = seed.unwrap_or(scenario.seed);
-    println!("scenario {} (seed {seed})", scenario.name);
+    crate::say(format!("scenario {} (seed {seed})", scenario.name));
     let outcome = tollgate_sim::run(&scenario, seed);
     for line in output::phase_lines(&outcome) {
-        println!("{line}");
+        crate::say(line);
     }
     let dir = out.unwrap_or_else(|| PathBuf::from("sim-out").join(&scenario.name));
     output::write_all(&dir, &scenario.name, &outcome)
         .with_context(|| format!("cannot write to {}", dir.display()))?;
-    println!("wrote {0}/timeline.csv, {0}/summary.json, {0}/timeline.png", dir.display());
+    crate::say(format!("wrote {0}/timeline.csv, {0}/summary.json, {0}/timeline.png", dir.display()));
     Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
