@@ -38,3 +38,29 @@ fn fdb_simple_converges_within_15_simulated_seconds() {
     let t = outcome.phases[0].converged_s.expect("converged");
     assert!(t <= 15.0, "took {t} s");
 }
+
+#[test]
+fn active_throttling_holds_without_oscillating_once_converged() {
+    let mut s = load("fdb-active-throttling");
+    s.phases[0].hold_checks = 300;
+    s.phases[0].timeout = std::time::Duration::from_secs(900);
+    let outcome = run(&s, s.seed);
+    assert!(outcome.passed(), "{:?}", output::phase_lines(&outcome));
+    // From 40 s on: the target within 3% of 8.333 tps, every server within 2% of utilisation 1.
+    for sample in &outcome.timeline[40..] {
+        let target = sample.groups[0].target_rps.unwrap();
+        assert!((target - 8.333).abs() < 0.03 * 8.333, "t={} target {target}", sample.t);
+        for u in &sample.utilisation {
+            assert!((u - 1.0).abs() < 0.02, "t={} utilisation {u}", sample.t);
+        }
+    }
+}
+
+#[test]
+fn a_run_replays_exactly_from_its_seed_and_passes_with_others() {
+    let s = load("couchbase-fairness");
+    assert_eq!(run(&s, 9), run(&s, 9));
+    for seed in [1, 2, 3] {
+        assert!(run(&s, seed).passed(), "seed {seed}");
+    }
+}
