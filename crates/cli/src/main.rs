@@ -6,19 +6,51 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod admin;
 mod check;
+mod server;
 mod sim;
 
 /// Tollgate: global admission control for shared, multi-tenant systems.
 #[derive(Parser)]
 #[command(name = "tollgate", version, about, long_about = None)]
 struct Cli {
+    /// The controller to administer.
+    #[arg(long, global = true, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
+    server: String,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the controller: gRPC for clients, backends and admin; HTTP for metrics and status.
+    Server {
+        /// Where settings are kept.
+        #[arg(long, default_value = "tollgate-data")]
+        data: PathBuf,
+        /// The gRPC listen address.
+        #[arg(long, default_value = "127.0.0.1:7460")]
+        grpc: std::net::SocketAddr,
+        /// The HTTP listen address (/metrics, /healthz, /status).
+        #[arg(long, default_value = "127.0.0.1:7461")]
+        http: std::net::SocketAddr,
+    },
+    /// FoundationDB-style tag quotas, in bytes/s.
+    #[command(subcommand)]
+    Quota(admin::Quota),
+    /// TiDB-style resource groups.
+    #[command(subcommand)]
+    Group(admin::Group),
+    /// Couchbase-style node settings.
+    #[command(subcommand)]
+    Node(admin::Node),
+    /// The capacity and every group's settings, target, admitted rate, demand and clients.
+    Status {
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a settings file: prints every problem with its line; exits 1 if there is any.
     CheckConfig {
         /// The TOML settings file.
@@ -46,8 +78,19 @@ pub fn say(line: impl std::fmt::Display) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
-fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            use std::io::Write;
+            // The whole chain of causes on one line; no backtrace: this is for the user.
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::CheckConfig { file } => {
             let src = std::fs::read_to_string(&file)
@@ -59,5 +102,19 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
+        Command::Server { data, grpc, http } => {
+            server::run(tollgate_server::ServerOptions { data, grpc, http, ..Default::default() })
+        }
+        Command::Quota(cmd) => admin_command(admin::quota(&cli.server, cmd)),
+        Command::Group(cmd) => admin_command(admin::group(&cli.server, cmd)),
+        Command::Node(cmd) => admin_command(admin::node(&cli.server, cmd)),
+        Command::Status { json } => admin_command(admin::status(&cli.server, json)),
     }
+}
+
+/// Runs an admin command on a small runtime.
+fn admin_command(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(f)?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,395 @@
+//! The admin commands, in the words operators of the source systems already know:
+//! FoundationDB's `quota`, TiDB's `group`, Couchbase's `node capacity`, and `status`.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use tollgate_proto::v1::{self, admin_client::AdminClient};
+use tonic::transport::Channel;
+
+use crate::say;
+
+/// FoundationDB's page: quotas are rounded up to whole pages.
+const PAGE: u64 = 4096;
+
+/// Which quota component.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum QuotaKind {
+    /// The reserved rate, bytes/s.
+    ReservedThroughput,
+    /// The total (limit), bytes/s.
+    TotalThroughput,
+}
+
+/// `tollgate quota …`
+#[derive(Subcommand, Debug)]
+pub enum Quota {
+    /// Print a tag's quota in bytes/s, or <empty>.
+    Get { tag: String, kind: QuotaKind },
+    /// Set a tag's quota in bytes/s, rounded up to whole 4096-byte pages.
+    Set { tag: String, kind: QuotaKind, bytes_per_second: u64 },
+    /// Remove a tag's quota (succeeds when it has none).
+    Clear { tag: String },
+}
+
+/// TiDB's priorities.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PriorityArg {
+    Low,
+    Medium,
+    High,
+}
+
+/// A limit: a number or `unlimited`.
+#[derive(Clone, Copy, Debug)]
+pub enum LimitArg {
+    Units(f64),
+    Unlimited,
+}
+
+fn parse_limit(s: &str) -> Result<LimitArg, String> {
+    if s == "unlimited" {
+        return Ok(LimitArg::Unlimited);
+    }
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(LimitArg::Units)
+        .ok_or_else(|| format!("expected a number of units/s or `unlimited`, got {s:?}"))
+}
+
+fn parse_units(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("expected a number, at least 0, got {s:?}"))
+}
+
+/// Group options, TiDB style.
+#[derive(Args, Debug, Default)]
+pub struct GroupOptions {
+    /// Reserved = limit = N units/s (TiDB's RU_PER_SEC).
+    #[arg(long, value_parser = parse_units)]
+    ru_per_sec: Option<f64>,
+    /// Priority for free capacity.
+    #[arg(long)]
+    priority: Option<PriorityArg>,
+    /// No limit: may use free capacity (TiDB's BURSTABLE).
+    #[arg(long)]
+    burstable: bool,
+    /// Units/s never throttled below while asked for.
+    #[arg(long, value_parser = parse_units)]
+    reserved: Option<f64>,
+    /// Units/s never admitted above, or `unlimited`.
+    #[arg(long, value_parser = parse_limit)]
+    limit: Option<LimitArg>,
+    /// Units a client may bank.
+    #[arg(long, value_parser = parse_units)]
+    burst: Option<f64>,
+    /// Share of free capacity among groups of one priority.
+    #[arg(long, value_parser = parse_units)]
+    weight: Option<f64>,
+}
+
+impl GroupOptions {
+    fn patch(&self) -> v1::GroupPatch {
+        let mut p = v1::GroupPatch::default();
+        if let Some(n) = self.ru_per_sec {
+            p.reserved = Some(n);
+            p.limit = Some(n);
+        }
+        if let Some(r) = self.reserved {
+            p.reserved = Some(r);
+        }
+        match self.limit {
+            Some(LimitArg::Units(l)) => p.limit = Some(l),
+            Some(LimitArg::Unlimited) => p.unlimited = true,
+            None => {}
+        }
+        if self.burstable {
+            p.unlimited = true;
+            p.limit = None;
+        }
+        p.burst = self.burst;
+        p.weight = self.weight;
+        p.priority = self.priority.map(|pr| match pr {
+            PriorityArg::Low => 1,
+            PriorityArg::Medium => 8,
+            PriorityArg::High => 16,
+        });
+        p
+    }
+}
+
+/// `tollgate group …`
+#[derive(Subcommand, Debug)]
+pub enum Group {
+    /// Create a group.
+    Create {
+        name: String,
+        #[command(flatten)]
+        options: GroupOptions,
+    },
+    /// Change a group's settings: only the options given change.
+    Alter {
+        name: String,
+        #[command(flatten)]
+        options: GroupOptions,
+    },
+    /// Remove a group.
+    Drop { name: String },
+    /// List the groups.
+    List,
+    /// Show one group.
+    Show { name: String },
+}
+
+/// `tollgate node …`
+#[derive(Subcommand, Debug)]
+pub enum Node {
+    /// Print the node capacity, or set it: N units/s or `unlimited`.
+    Capacity {
+        #[arg(value_parser = parse_limit)]
+        capacity: Option<LimitArg>,
+    },
+}
+
+async fn connect(server: &str) -> anyhow::Result<AdminClient<Channel>> {
+    let endpoint = Channel::from_shared(server.to_string())
+        .with_context(|| format!("invalid --server URL {server:?}"))?;
+    let channel = endpoint
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the tollgate server at {server}"))?;
+    Ok(AdminClient::new(channel))
+}
+
+/// A gRPC error as the user should read it.
+fn rpc(e: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", e.message())
+}
+
+fn name_of(s: &v1::GroupSettings) -> String {
+    s.limit.map_or("unlimited".to_string(), fmt_units)
+}
+
+fn fmt_units(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 { format!("{v:.0}") } else { format!("{v}") }
+}
+
+fn priority_name(level: u32) -> String {
+    match level {
+        1 => "low".into(),
+        8 => "medium".into(),
+        16 => "high".into(),
+        n => n.to_string(),
+    }
+}
+
+async fn get(client: &mut AdminClient<Channel>, name: &str) -> anyhow::Result<Option<v1::GroupSettings>> {
+    match client.get_group(v1::GetGroupRequest { name: name.to_string() }).await {
+        Ok(r) => Ok(r.into_inner().settings),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+        Err(s) => Err(rpc(s)),
+    }
+}
+
+/// Rounds up to whole pages, as FoundationDB stores quotas.
+fn pages(bytes: u64) -> u64 {
+    bytes.div_ceil(PAGE) * PAGE
+}
+
+pub async fn quota(server: &str, cmd: Quota) -> anyhow::Result<()> {
+    let mut client = connect(server).await?;
+    match cmd {
+        Quota::Get { tag, kind } => {
+            let settings = get(&mut client, &tag).await?;
+            let value = match (kind, settings) {
+                (QuotaKind::TotalThroughput, Some(s)) => s.limit.map(fmt_units),
+                (QuotaKind::ReservedThroughput, Some(s)) if s.limit.is_some() || s.reserved > 0.0 => {
+                    Some(fmt_units(s.reserved))
+                }
+                _ => None,
+            };
+            say(value.unwrap_or_else(|| "<empty>".into()));
+        }
+        Quota::Set { tag, kind, bytes_per_second } => {
+            let value = pages(bytes_per_second) as f64;
+            let current = get(&mut client, &tag).await?;
+            let total = current.as_ref().and_then(|s| s.limit);
+            let reserved = current.as_ref().map_or(0.0, |s| s.reserved);
+            let patch = match kind {
+                QuotaKind::TotalThroughput => {
+                    if value < reserved {
+                        bail!(
+                            "total_throughput {} would be below reserved_throughput {}: lower the reserved throughput first",
+                            fmt_units(value),
+                            fmt_units(reserved)
+                        );
+                    }
+                    v1::GroupPatch { limit: Some(value), ..Default::default() }
+                }
+                QuotaKind::ReservedThroughput => match total {
+                    None => bail!("tag {tag:?} has no total_throughput: set the total first"),
+                    Some(t) if value > t => bail!(
+                        "reserved_throughput {} would exceed total_throughput {}: set the total first",
+                        fmt_units(value),
+                        fmt_units(t)
+                    ),
+                    Some(_) => v1::GroupPatch { reserved: Some(value), ..Default::default() },
+                },
+            };
+            let req = v1::PutGroupRequest { name: tag, patch: Some(patch), mode: v1::PutMode::Upsert as i32 };
+            client.put_group(req).await.map_err(rpc)?;
+            say("Successfully updated quota.");
+        }
+        Quota::Clear { tag } => {
+            client.drop_group(v1::DropGroupRequest { name: tag, if_exists: true }).await.map_err(rpc)?;
+            say("Successfully cleared quota.");
+        }
+    }
+    Ok(())
+}
+
+fn show(info: &v1::GroupInfo) -> String {
+    let s = info.settings.clone().unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(out, "name:     {}", info.name);
+    let _ = writeln!(out, "reserved: {}", fmt_units(s.reserved));
+    let _ = writeln!(out, "limit:    {}", name_of(&s));
+    let _ = writeln!(out, "burst:    {}", s.burst.map_or("one second of its grant".into(), fmt_units));
+    let _ = writeln!(out, "priority: {}", priority_name(s.priority));
+    let _ = writeln!(out, "weight:   {}", fmt_units(s.weight));
+    if let Some(b) = s.budget {
+        let _ = writeln!(out, "budget:   {}", fmt_units(b));
+    }
+    out
+}
+
+pub async fn group(server: &str, cmd: Group) -> anyhow::Result<()> {
+    let mut client = connect(server).await?;
+    match cmd {
+        Group::Create { name, options } => {
+            let req =
+                v1::PutGroupRequest { name, patch: Some(options.patch()), mode: v1::PutMode::Create as i32 };
+            let info = client.put_group(req).await.map_err(rpc)?.into_inner();
+            say(format!("created group {}", info.name));
+            for line in show(&info).lines() {
+                say(line);
+            }
+        }
+        Group::Alter { name, options } => {
+            let req =
+                v1::PutGroupRequest { name, patch: Some(options.patch()), mode: v1::PutMode::Alter as i32 };
+            let info = client.put_group(req).await.map_err(rpc)?.into_inner();
+            say(format!("altered group {}", info.name));
+            for line in show(&info).lines() {
+                say(line);
+            }
+        }
+        Group::Drop { name } => {
+            client
+                .drop_group(v1::DropGroupRequest { name: name.clone(), if_exists: false })
+                .await
+                .map_err(rpc)?;
+            say(format!("dropped group {name}"));
+        }
+        Group::List => {
+            let groups = client.list_groups(v1::ListGroupsRequest {}).await.map_err(rpc)?.into_inner().groups;
+            say(format!(
+                "{:<24} {:>12} {:>12} {:>12} {:>8} {:>6}",
+                "NAME", "RESERVED", "LIMIT", "BURST", "PRIORITY", "WEIGHT"
+            ));
+            for g in groups {
+                let s = g.settings.unwrap_or_default();
+                say(format!(
+                    "{:<24} {:>12} {:>12} {:>12} {:>8} {:>6}",
+                    g.name,
+                    fmt_units(s.reserved),
+                    name_of(&s),
+                    s.burst.map_or("-".into(), fmt_units),
+                    priority_name(s.priority),
+                    fmt_units(s.weight)
+                ));
+            }
+        }
+        Group::Show { name } => {
+            let info = client.get_group(v1::GetGroupRequest { name }).await.map_err(rpc)?.into_inner();
+            for line in show(&info).lines() {
+                say(line);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn node(server: &str, cmd: Node) -> anyhow::Result<()> {
+    let mut client = connect(server).await?;
+    let Node::Capacity { capacity } = cmd;
+    let info = match capacity {
+        None => client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner(),
+        Some(c) => {
+            let capacity = match c {
+                LimitArg::Units(u) => Some(u),
+                LimitArg::Unlimited => None,
+            };
+            client.set_capacity(v1::SetCapacityRequest { capacity }).await.map_err(rpc)?.into_inner()
+        }
+    };
+    say(info.capacity.map_or("unlimited".to_string(), fmt_units));
+    Ok(())
+}
+
+pub async fn status(server: &str, json: bool) -> anyhow::Result<()> {
+    let mut client = connect(server).await?;
+    let s = client.status(v1::StatusRequest {}).await.map_err(rpc)?.into_inner();
+    if json {
+        let groups: Vec<serde_json::Value> = s
+            .groups
+            .iter()
+            .map(|g| {
+                serde_json::json!({
+                    "name": g.name,
+                    "reserved": g.settings.as_ref().map(|s| s.reserved),
+                    "limit": g.settings.as_ref().and_then(|s| s.limit),
+                    "priority": g.settings.as_ref().map(|s| s.priority),
+                    "weight": g.settings.as_ref().map(|s| s.weight),
+                    "target": g.target,
+                    "admitted": g.admitted,
+                    "throttled": g.throttled,
+                    "demand": g.demand,
+                    "busy": g.busy,
+                    "clients": g.clients,
+                })
+            })
+            .collect();
+        say(serde_json::json!({"capacity": s.capacity, "exchanges": s.exchanges, "groups": groups}));
+        return Ok(());
+    }
+    say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));
+    say(format!(
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>4} {:>7}",
+        "GROUP", "RESERVED", "LIMIT", "TARGET", "ADMITTED", "DEMAND", "BUSY", "CLIENTS"
+    ));
+    for g in &s.groups {
+        let (reserved, limit) = match &g.settings {
+            Some(st) => (fmt_units(st.reserved), name_of(st)),
+            None => ("-".into(), "-".into()),
+        };
+        say(format!(
+            "{:<24} {:>10} {:>10} {:>10} {:>10.1} {:>10.1} {:>4} {:>7}",
+            g.name,
+            reserved,
+            limit,
+            g.target.map_or("-".into(), |t| format!("{t:.1}")),
+            g.admitted,
+            g.demand,
+            if g.busy { "yes" } else { "no" },
+            g.clients
+        ));
+    }
+    Ok(())
+}

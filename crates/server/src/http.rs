@@ -1,0 +1,160 @@
+//! The HTTP front end: Prometheus `/metrics`, `/healthz`, and `/status` as JSON.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::controller::{Controller, GroupView};
+
+/// Upper bounds of the exchange-latency histogram buckets, in seconds.
+const BUCKETS_S: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0];
+
+/// A latency histogram, updated lock-free by the exchange handler.
+#[derive(Debug, Default)]
+pub struct Latency {
+    buckets: [AtomicU64; BUCKETS_S.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Latency {
+    /// Records one exchange's handling time.
+    pub fn record(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, bound) in BUCKETS_S.iter().enumerate() {
+            if s <= *bound {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    controller: Arc<Controller>,
+    latency: Arc<Latency>,
+}
+
+/// The HTTP routes.
+pub fn router(controller: Arc<Controller>, latency: Arc<Latency>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .with_state(AppState { controller, latency })
+}
+
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// One per-group metric: name, help, type, and how to read it (`None`: no sample).
+type Family = (&'static str, &'static str, &'static str, fn(&GroupView) -> Option<f64>);
+
+const GROUP_FAMILIES: [Family; 9] = [
+    ("tollgate_group_target_units", "Target units/s (absent when not throttled).", "gauge", |g| g.target),
+    ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", "gauge", |g| Some(g.admitted)),
+    ("tollgate_group_throttled_requests", "Requests/s refused over the last tick.", "gauge", |g| {
+        Some(g.throttled)
+    }),
+    ("tollgate_group_demand_units", "Units/s asked for, admitted or not.", "gauge", |g| Some(g.demand)),
+    ("tollgate_group_clients", "Clients with a live grant.", "gauge", |g| Some(f64::from(g.clients))),
+    ("tollgate_group_busy", "1 when saturation limits the group below its cap.", "gauge", |g| {
+        Some(if g.busy { 1.0 } else { 0.0 })
+    }),
+    ("tollgate_group_consumed_units_total", "Units consumed, as clients reported.", "counter", |g| {
+        Some(g.consumed_total)
+    }),
+    ("tollgate_group_admitted_requests_total", "Requests admitted.", "counter", |g| {
+        Some(g.admitted_total as f64)
+    }),
+    ("tollgate_group_throttled_requests_total", "Requests refused.", "counter", |g| {
+        Some(g.throttled_total as f64)
+    }),
+];
+
+async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+    let mut out = String::new();
+    let view = app.controller.view();
+    for (name, help, kind, read) in GROUP_FAMILIES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for g in &view {
+            if let Some(v) = read(g) {
+                let _ = writeln!(out, "{name}{{group=\"{}\"}} {v}", label(g.name.as_str()));
+            }
+        }
+    }
+    if let Some(c) = app.controller.capacity() {
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_node_capacity_units Node capacity, units/s.\n# TYPE tollgate_node_capacity_units gauge\ntollgate_node_capacity_units {c}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_exchanges_total Admission exchanges answered.\n# TYPE tollgate_exchanges_total counter\ntollgate_exchanges_total {}",
+        app.controller.exchanges()
+    );
+    let l = &app.latency;
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_exchange_latency_seconds Time to answer an exchange.\n# TYPE tollgate_exchange_latency_seconds histogram"
+    );
+    for (i, bound) in BUCKETS_S.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "tollgate_exchange_latency_seconds_bucket{{le=\"{bound}\"}} {}",
+            l.buckets[i].load(Ordering::Relaxed)
+        );
+    }
+    let count = l.count.load(Ordering::Relaxed);
+    let _ = writeln!(out, "tollgate_exchange_latency_seconds_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(
+        out,
+        "tollgate_exchange_latency_seconds_sum {}",
+        l.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+    );
+    let _ = writeln!(out, "tollgate_exchange_latency_seconds_count {count}");
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+async fn status(State(app): State<AppState>) -> impl IntoResponse {
+    let groups: Vec<serde_json::Value> = app
+        .controller
+        .view()
+        .into_iter()
+        .map(|g| {
+            serde_json::json!({
+                "name": g.name.as_str(),
+                "settings": g.settings.as_ref().map(|s| serde_json::json!({
+                    "reserved": s.reserved(),
+                    "limit": s.limit().is_finite().then(|| s.limit().as_f64()),
+                    "burst": s.burst(),
+                    "priority": s.priority().level(),
+                    "weight": s.weight(),
+                    "budget": s.budget(),
+                })),
+                "target": g.target,
+                "admitted": g.admitted,
+                "throttled": g.throttled,
+                "demand": g.demand,
+                "busy": g.busy,
+                "clients": g.clients,
+            })
+        })
+        .collect();
+    axum::Json(serde_json::json!({
+        "capacity": app.controller.capacity(),
+        "exchanges": app.controller.exchanges(),
+        "groups": groups,
+    }))
+}
