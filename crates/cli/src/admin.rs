@@ -255,7 +255,7 @@ pub async fn quota(server: &str, cmd: Quota) -> anyhow::Result<()> {
 }
 
 fn show(info: &v1::GroupInfo) -> String {
-    let s = info.settings.clone().unwrap_or_default();
+    let s = info.settings.unwrap_or_default();
     let mut out = String::new();
     let _ = writeln!(out, "name:     {}", info.name);
     let _ = writeln!(out, "reserved: {}", fmt_units(s.reserved));
