@@ -1,0 +1,306 @@
+//! `tollgate server` and its admin commands, run as an operator would: the real binary,
+//! real gRPC and HTTP over loopback, a temporary data directory.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use tollgate_proto::v1;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+struct ServerProc {
+    child: Child,
+    grpc: String,
+    http: String,
+}
+
+impl ServerProc {
+    fn start(data: &Path) -> ServerProc {
+        let mut child = Command::new(BIN)
+            .args([
+                "server",
+                "--data",
+                data.to_str().unwrap(),
+                "--grpc",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        // "tollgate server listening: grpc ADDR http ADDR data DIR"
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&words[..3], ["tollgate", "server", "listening:"], "{line}");
+        ServerProc { child, grpc: words[4].to_string(), http: words[6].to_string() }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// SIGTERM, and the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn data_dir(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("server-{name}"));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Runs an admin command against `server`: (exit code, stdout, stderr).
+fn admin(server: &ServerProc, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", server.url()).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn ok(server: &ServerProc, args: &[&str]) -> String {
+    let (code, out, err) = admin(server, args);
+    assert_eq!(code, 0, "{args:?}: {out}{err}");
+    out
+}
+
+fn fails(server: &ServerProc, args: &[&str], message: &str) {
+    let (code, out, err) = admin(server, args);
+    assert_ne!(code, 0, "{args:?} should fail: {out}");
+    assert!(err.contains(message), "{args:?}: expected {message:?} in {err:?}");
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+#[test]
+fn tidb_style_groups_round_trip_and_refuse_bad_changes() {
+    let s = ServerProc::start(&data_dir("groups"));
+    let out = ok(&s, &["group", "create", "oltp", "--ru-per-sec", "600", "--priority", "high"]);
+    assert!(
+        out.contains("reserved: 600") && out.contains("limit:    600") && out.contains("priority: high"),
+        "{out}"
+    );
+    let out = ok(&s, &["group", "create", "batch", "--ru-per-sec", "100", "--burstable", "--weight", "2"]);
+    assert!(out.contains("reserved: 100") && out.contains("limit:    unlimited"), "{out}");
+    let out = ok(&s, &["group", "alter", "batch", "--limit", "300", "--burst", "50"]);
+    assert!(
+        out.contains("limit:    300") && out.contains("burst:    50") && out.contains("weight:   2"),
+        "{out}"
+    );
+    let list = ok(&s, &["group", "list"]);
+    assert!(list.lines().any(|l| l.starts_with("batch") && l.contains("300")), "{list}");
+    assert!(list.lines().any(|l| l.starts_with("oltp") && l.contains("high")), "{list}");
+
+    fails(&s, &["group", "create", "oltp"], "group \"oltp\" already exists");
+    fails(&s, &["group", "alter", "ghost", "--weight", "1"], "group \"ghost\" does not exist");
+    fails(&s, &["group", "drop", "ghost"], "group \"ghost\" does not exist");
+    fails(
+        &s,
+        &["group", "alter", "oltp", "--reserved", "700"],
+        "reserved: must not exceed limit (700 > 600)",
+    );
+    fails(&s, &["group", "create", "w", "--weight", "0"], "weight: must be a finite number above 0, got 0");
+    fails(&s, &["group", "create", "x", "--limit", "lots"], "invalid value 'lots' for '--limit <LIMIT>'");
+    fails(&s, &["group", "create", "x", "--priority", "urgent"], "invalid value 'urgent'");
+    // Nothing a refused command asked for was applied.
+    let show = ok(&s, &["group", "show", "oltp"]);
+    assert!(show.contains("reserved: 600"), "{show}");
+    assert!(!ok(&s, &["group", "list"]).contains("\nw "));
+
+    ok(&s, &["group", "drop", "batch"]);
+    fails(&s, &["group", "show", "batch"], "does not exist");
+}
+
+#[test]
+fn fdb_style_quotas_round_to_pages_and_insist_on_the_total_first() {
+    let s = ServerProc::start(&data_dir("quota"));
+    assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "<empty>");
+    fails(
+        &s,
+        &["quota", "set", "green", "reserved_throughput", "16384"],
+        "has no total_throughput: set the total first",
+    );
+    assert_eq!(
+        ok(&s, &["quota", "set", "green", "total_throughput", "30000"]).trim(),
+        "Successfully updated quota."
+    );
+    // 30000 bytes/s is 7.3 pages: rounded up to 8 pages.
+    assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "32768");
+    fails(&s, &["quota", "set", "green", "reserved_throughput", "40000"], "set the total first");
+    ok(&s, &["quota", "set", "green", "reserved_throughput", "16384"]);
+    assert_eq!(ok(&s, &["quota", "get", "green", "reserved_throughput"]).trim(), "16384");
+    // Changing one component keeps the other.
+    ok(&s, &["quota", "set", "green", "total_throughput", "65536"]);
+    assert_eq!(ok(&s, &["quota", "get", "green", "reserved_throughput"]).trim(), "16384");
+    fails(&s, &["quota", "set", "green", "total_throughput", "4096"], "lower the reserved throughput first");
+    fails(&s, &["quota", "set", "green", "total_throughput", "-5"], "Usage: tollgate quota set");
+    fails(&s, &["quota", "set", "green", "total_throughput", "12abc"], "invalid value '12abc'");
+    fails(&s, &["quota", "set", "green", "speed", "5"], "invalid value 'speed'");
+    assert_eq!(ok(&s, &["quota", "clear", "green"]).trim(), "Successfully cleared quota.");
+    assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "<empty>");
+    // Clearing a tag without a quota succeeds.
+    ok(&s, &["quota", "clear", "green"]);
+}
+
+#[test]
+fn node_capacity_and_status() {
+    let s = ServerProc::start(&data_dir("status"));
+    assert_eq!(ok(&s, &["node", "capacity"]).trim(), "unlimited");
+    assert_eq!(ok(&s, &["node", "capacity", "25000"]).trim(), "25000");
+    assert_eq!(ok(&s, &["node", "capacity"]).trim(), "25000");
+    fails(&s, &["node", "capacity", "0"], "capacity: must be a finite number above 0, got 0");
+    fails(&s, &["node", "capacity", "-1"], "Usage: tollgate node capacity");
+    fails(&s, &["node", "capacity", "lots"], "invalid value 'lots'");
+    ok(&s, &["group", "create", "a", "--reserved", "100", "--limit", "500"]);
+    let status = ok(&s, &["status"]);
+    assert!(status.starts_with("capacity: 25000\n"), "{status}");
+    assert!(
+        status.lines().any(|l| l.starts_with("a ") && l.contains("100") && l.contains("500")),
+        "{status}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&ok(&s, &["status", "--json"])).unwrap();
+    assert_eq!(json["capacity"], 25000.0);
+    assert_eq!(json["groups"][0]["name"], "a");
+    assert_eq!(json["groups"][0]["limit"], 500.0);
+    ok(&s, &["node", "capacity", "unlimited"]);
+    assert_eq!(ok(&s, &["node", "capacity"]).trim(), "unlimited");
+}
+
+#[test]
+fn settings_survive_a_clean_restart() {
+    let dir = data_dir("restart");
+    let s = ServerProc::start(&dir);
+    ok(&s, &["group", "create", "kept", "--ru-per-sec", "250"]);
+    ok(&s, &["node", "capacity", "9000"]);
+    let status = s.terminate();
+    assert!(status.success(), "SIGTERM ends the server cleanly: {status:?}");
+    let s = ServerProc::start(&dir);
+    assert!(ok(&s, &["group", "show", "kept"]).contains("reserved: 250"));
+    assert_eq!(ok(&s, &["node", "capacity"]).trim(), "9000");
+}
+
+#[test]
+fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
+    let dir = data_dir("locked");
+    let s = ServerProc::start(&dir);
+    let out = Command::new(BIN)
+        .args(["server", "--data", dir.to_str().unwrap(), "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is in use by another process"));
+    drop(s);
+    let corrupt = data_dir("corrupt");
+    std::fs::create_dir_all(&corrupt).unwrap();
+    std::fs::write(corrupt.join("tollgate.redb"), b"not a database at all").unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "server",
+            "--data",
+            corrupt.to_str().unwrap(),
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot be opened"), "{err}");
+    // Never a silent reset: the file is left as it was.
+    assert_eq!(std::fs::read(corrupt.join("tollgate.redb")).unwrap(), b"not a database at all");
+}
+
+#[test]
+fn http_serves_health_metrics_and_status() {
+    let s = ServerProc::start(&data_dir("http"));
+    ok(&s, &["group", "create", "web", "--limit", "100"]);
+    assert!(http_get(&s.http, "/healthz").ends_with("ok\n"));
+    let metrics = http_get(&s.http, "/metrics");
+    assert!(metrics.contains("# TYPE tollgate_exchanges_total counter"), "{metrics}");
+    assert!(metrics.contains("tollgate_group_admitted_units{group=\"web\"} 0"), "{metrics}");
+    assert!(metrics.contains("tollgate_exchange_latency_seconds_count"), "{metrics}");
+    let status = http_get(&s.http, "/status");
+    let body = &status[status.find("\r\n\r\n").unwrap() + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["groups"][0]["name"], "web");
+}
+
+#[test]
+fn unreachable_server_is_named() {
+    let out =
+        Command::new(BIN).args(["status"]).env("TOLLGATE_SERVER", "http://127.0.0.1:9").output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("cannot reach the tollgate server at http://127.0.0.1:9")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
+    let s = ServerProc::start(&data_dir("rpc"));
+    ok(&s, &["group", "create", "g", "--limit", "100"]);
+    let mut client = v1::admission_client::AdmissionClient::connect(s.url()).await.unwrap();
+    let usage = |group: &str| v1::GroupUsage { group: group.into(), demand: 10.0, ..Default::default() };
+    let bad = [
+        v1::ExchangeRequest { client_id: String::new(), sequence: 1, groups: vec![usage("g")] },
+        v1::ExchangeRequest { client_id: "c".repeat(129), sequence: 1, groups: vec![usage("g")] },
+        v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage("")] },
+        v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: (0..1001).map(|i| usage(&format!("g{i}"))).collect(),
+        },
+        v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: vec![v1::GroupUsage { demand: f64::NAN, ..usage("g") }],
+        },
+    ];
+    for req in bad {
+        let status = client.exchange(req).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    }
+    let reply = client
+        .exchange(v1::ExchangeRequest { client_id: "good".into(), sequence: 1, groups: vec![usage("g")] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.grants.len(), 1);
+    assert!(!reply.grants[0].unlimited);
+    assert!(reply.grants[0].rate <= 100.0);
+    assert_eq!(reply.next_exchange_ms, 1000);
+    let mut backend = v1::backend_client::BackendClient::connect(s.url()).await.unwrap();
+    let status = backend
+        .report(v1::BackendReport { backend_id: "b".into(), zone: "z".into(), health: None, loads: vec![] })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("health"));
+}
