@@ -35,6 +35,12 @@ enum Command {
         /// The HTTP listen address (/metrics, /healthz, /status).
         #[arg(long, default_value = "127.0.0.1:7461")]
         http: std::net::SocketAddr,
+        /// The pipeline tick and the exchange period asked of clients, in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        tick_ms: u64,
+        /// How long a grant holds without renewal, in milliseconds.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+        lease_ms: u64,
     },
     /// FoundationDB-style tag quotas, in bytes/s.
     #[command(subcommand)]
@@ -102,8 +108,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
-        Command::Server { data, grpc, http } => {
-            server::run(tollgate_server::ServerOptions { data, grpc, http, ..Default::default() })
+        Command::Server { data, grpc, http, tick_ms, lease_ms } => {
+            server::run(tollgate_server::ServerOptions {
+                data,
+                grpc,
+                http,
+                tick: std::time::Duration::from_millis(tick_ms),
+                lease: std::time::Duration::from_millis(lease_ms),
+            })
         }
         Command::Quota(cmd) => admin_command(admin::quota(&cli.server, cmd)),
         Command::Group(cmd) => admin_command(admin::group(&cli.server, cmd)),

@@ -69,6 +69,17 @@ pub enum BuildError {
     /// The cost model's coefficients are invalid.
     #[error("cost model: {0}")]
     CostModel(#[from] CostError),
+    /// Remote mode needs a tokio runtime to run its exchanges in.
+    #[error("Tollgate::remote must be called inside a tokio runtime")]
+    NoRuntime,
+    /// The controller's address is not usable.
+    #[error("invalid controller URL {url:?}: {reason}")]
+    Remote {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The settings file could not be read.
     #[error("cannot read settings file {path}: {reason}")]
     Read {

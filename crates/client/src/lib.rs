@@ -37,12 +37,14 @@ mod error;
 pub mod layer;
 mod limiter;
 mod permit;
+pub mod remote;
 mod tally;
 
 pub use error::{AcquireError, BuildError};
 pub use layer::{TollgateLayer, TollgateService};
 pub use limiter::{Builder, GroupHandle, GroupStats, Tollgate};
 pub use permit::Permit;
+pub use remote::{RemoteOptions, RemoteStatus, SafeModePolicy};
 pub use tollgate_core as core;
 
 /// The README's and the concept guide's examples, compiled and run as doctests.

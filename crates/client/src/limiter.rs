@@ -25,7 +25,11 @@ use tollgate_core::time::{Clock, Nanos};
 use crate::clock::{ClockSource, MonotonicClock};
 use crate::error::{AcquireError, BuildError};
 use crate::permit::{GroupRef, Permit};
+use crate::remote::{Cumulative, Fed, Link, RemoteOptions, RemoteStatus};
 use crate::tally::{self, Counters, HasCounters, Tally, Totals};
+
+/// How soon a remote client retries a request refused for want of a grant.
+const REMOTE_RETRY: Duration = Duration::from_millis(20);
 
 /// Folding time of the demand smoother, in seconds.
 const DEMAND_FOLDING_S: f64 = 1.0;
@@ -140,6 +144,8 @@ struct Inner {
     next_realloc_ns: AtomicU64,
     realloc: Mutex<Realloc>,
     pool: Option<Arc<FreePool>>,
+    /// Remote mode: grants come from a controller through this link.
+    remote: Option<Arc<Link>>,
 }
 
 /// The admission handle: cheap to clone, shared by every task of a process.
@@ -182,6 +188,7 @@ impl std::fmt::Debug for Tollgate {
 pub struct Builder {
     config: Config,
     clock: Option<ClockSource>,
+    remote: Option<Arc<Link>>,
 }
 
 impl Builder {
@@ -235,7 +242,7 @@ impl Builder {
 
     /// Checks what this limiter cannot carry out and builds it.
     pub fn build(self) -> Result<Tollgate, BuildError> {
-        let Builder { config, clock } = self;
+        let Builder { config, clock, remote } = self;
         config.cost_model.validate()?;
         check_node(&config.node)?;
         for (name, settings) in &config.groups {
@@ -256,8 +263,9 @@ impl Builder {
         let configured: HashMap<Box<str>, GroupSettings> =
             config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();
         let default_settings = config.settings_for(DEFAULT_GROUP);
+        let is_remote = remote.is_some();
         let make = |name: GroupName, settings: GroupSettings| {
-            new_group(name, settings, &config.node, &clock, pool.as_ref(), now)
+            new_group(name, settings, &config.node, &clock, pool.as_ref(), now, is_remote)
         };
         let overflow = make(GroupName::default_group(), default_settings);
         let mut groups: HashMap<Box<str>, Arc<Group>> = HashMap::new();
@@ -275,12 +283,16 @@ impl Builder {
             groups: ArcSwap::from_pointee(groups),
             overflow,
             insert: Mutex::new(()),
-            next_realloc_ns: AtomicU64::new(0),
+            // In remote mode the controller allocates: no local reallocation, ever.
+            next_realloc_ns: AtomicU64::new(if is_remote { u64::MAX } else { 0 }),
             realloc: Mutex::new(Realloc { last: now, tracks: HashMap::new() }),
             pool,
+            remote,
         };
         inner.update_pool();
-        inner.reallocate(now);
+        if !is_remote {
+            inner.reallocate(now);
+        }
         Ok(Tollgate { inner: Arc::new(inner), unthrottled: false })
     }
 }
@@ -319,9 +331,11 @@ fn new_group(
     clock: &Arc<ClockSource>,
     pool: Option<&Arc<FreePool>>,
     now: Nanos,
+    remote: bool,
 ) -> Arc<Group> {
     let ceiling = max_rate(&settings, node);
-    let burst_ceiling = settings.burst().unwrap_or(ceiling);
+    // Remotely, the controller decides what a group may hold.
+    let burst_ceiling = if remote { f64::INFINITY } else { settings.burst().unwrap_or(ceiling) };
     let limiter = match pool {
         Some(pool) => {
             let limit = match settings.limit() {
@@ -330,6 +344,8 @@ fn new_group(
             };
             Limiter::Fcfs { group: FcfsGroup::new(settings.reserved(), limit), pool: pool.clone() }
         }
+        // Remotely, closed until the controller's first grant (asked for at once).
+        None if remote => Limiter::Bucket(Bucket::new(0.0, 0.0, now)),
         // Start full at the highest rate the group could have; the reallocation that follows
         // at once sets its real allowance, keeping it full at the new burst.
         None => Limiter::Bucket(Bucket::new(ceiling, settings.burst_for(ceiling), now)),
@@ -457,13 +473,17 @@ impl Inner {
             &self.clock,
             self.pool.as_ref(),
             now,
+            self.remote.is_some(),
         );
         let mut next = HashMap::clone(&current);
         next.insert(name.into(), group.clone());
         self.groups.store(Arc::new(next));
         drop(_guard);
         self.update_pool();
-        self.reallocate(now);
+        match &self.remote {
+            Some(link) => link.nudge(),
+            None => self.reallocate(now),
+        }
         Ok(group)
     }
 
@@ -539,14 +559,18 @@ impl Inner {
     fn retry_after(&self, refusal: Refusal) -> Duration {
         match refusal {
             Refusal::Wait(d) => d,
-            // No allowance now, or a burst too small for now: the next reallocation may
-            // change that.
+            // No allowance now, or a burst too small for now: the next grant or reallocation
+            // may change that.
+            Refusal::Closed | Refusal::ExceedsBurst { .. } if self.remote.is_some() => REMOTE_RETRY,
             Refusal::Closed | Refusal::ExceedsBurst { .. } => self.node.realloc_interval,
         }
     }
 
     #[cold]
     fn refuse(&self, g: &Group, cost: f64, retry_after: Duration) -> AcquireError {
+        if let Some(link) = &self.remote {
+            link.nudge();
+        }
         g.record(|t| {
             Tally::bump(&t.throttled, 1);
             Tally::bump(&t.throttled_micro, micros(cost));
@@ -570,7 +594,9 @@ impl Inner {
         Permit { group, cost, domain }
     }
 
-    /// Waits out a booking, or, in fcfs mode, retries at each new slot, up to `max_wait`.
+    /// Books the earliest moment the cost fits and waits for it; when there is no such
+    /// moment yet (an fcfs slot is full, a bucket is closed awaiting a grant), retries when
+    /// told to. Gives up once `max_wait` would be exceeded.
     async fn acquire<'g>(
         &self,
         group: GroupRef<'g>,
@@ -578,24 +604,24 @@ impl Inner {
         unthrottled: bool,
     ) -> Result<Permit<'g>, AcquireError> {
         let max_wait = self.node.max_wait;
-        if matches!(group.limiter, Limiter::Bucket(_)) || unthrottled {
-            let (permit, wait) = self.admit(group, cost, max_wait, unthrottled)?;
-            if !wait.is_zero() {
-                // If the caller gives up while waiting, the booked tokens go back.
-                let booking = Booking(Some(permit));
-                tokio::time::sleep(wait).await;
-                return Ok(booking.into_permit());
-            }
-            return Ok(permit);
-        }
         let group = match group {
             GroupRef::Borrowed(g) => g.self_arc(),
             GroupRef::Owned(g) => g,
         };
         let mut waited = Duration::ZERO;
         loop {
-            match self.admit(GroupRef::Owned(group.clone()), cost, Duration::ZERO, false) {
-                Ok((permit, _)) => return Ok(permit),
+            let booking_window =
+                if matches!(group.limiter, Limiter::Bucket(_)) { max_wait - waited } else { Duration::ZERO };
+            match self.admit(GroupRef::Owned(group.clone()), cost, booking_window, unthrottled) {
+                Ok((permit, wait)) => {
+                    if !wait.is_zero() {
+                        // If the caller gives up while waiting, the booked tokens go back.
+                        let booking = Booking(Some(permit));
+                        tokio::time::sleep(wait).await;
+                        return Ok(booking.into_permit());
+                    }
+                    return Ok(permit);
+                }
                 Err(AcquireError::Throttled { retry_after, group: name }) => {
                     if waited + retry_after > max_wait {
                         return Err(AcquireError::Throttled { group: name, retry_after });
@@ -661,6 +687,28 @@ impl Tollgate {
         let src = std::fs::read_to_string(path)
             .map_err(|e| BuildError::Read { path: path.to_path_buf(), reason: e.to_string() })?;
         Self::from_toml(&src)
+    }
+
+    /// A client of `tollgate server` at `url` (such as `http://127.0.0.1:7460`): the same
+    /// API, fed by the controller's grants. Must be called inside a tokio runtime, where the
+    /// exchange task runs; it stops when the last handle is dropped. See [`crate::remote`].
+    pub fn remote(url: &str, opts: RemoteOptions) -> Result<Tollgate, BuildError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let endpoint = tonic::transport::Channel::from_shared(url.to_string())
+            .map_err(|e| BuildError::Remote { url: url.to_string(), reason: e.to_string() })?;
+        let channel = endpoint.connect_timeout(opts.exchange_timeout).connect_lazy();
+        let link = Arc::new(Link::new(&opts));
+        let mut config = Config::default();
+        config.node.max_wait = opts.max_wait;
+        let gate = Builder { config, clock: None, remote: Some(link.clone()) }.build()?;
+        let client = tollgate_proto::v1::admission_client::AdmissionClient::new(channel);
+        runtime.spawn(crate::remote::run(Arc::downgrade(&gate.inner), link, client, opts.exchange_timeout));
+        Ok(gate)
+    }
+
+    /// The link to the controller, in remote mode.
+    pub fn remote_status(&self) -> Option<RemoteStatus> {
+        self.inner.remote.as_ref().map(|l| l.status())
     }
 
     /// The same settings, started afresh on another clock (for tests and simulations).
@@ -737,6 +785,41 @@ impl Tollgate {
             self.inner.groups.load().iter().map(|(n, g)| (n.to_string(), stats_of(g))).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+}
+
+impl Fed for Inner {
+    fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    fn usage(&self) -> Vec<(GroupName, Cumulative)> {
+        let groups = self.groups.load();
+        let mut list: Vec<&Arc<Group>> = groups.values().collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        list.into_iter()
+            .map(|g| {
+                let t = g.counters.totals();
+                let cum = Cumulative {
+                    asked: units(t.admitted_micro + t.throttled_micro),
+                    consumed: g.consumed(&t),
+                    admitted: t.admitted,
+                    throttled: t.throttled,
+                    unmet: t.throttled + t.waited,
+                };
+                (g.name.clone(), cum)
+            })
+            .collect()
+    }
+
+    fn set_rate(&self, group: &GroupName, rate: f64, burst: f64, now: Nanos) {
+        if let Some(g) = self.groups.load().get(group.as_str())
+            && let Limiter::Bucket(bucket) = &g.limiter
+        {
+            bucket.set_rate(rate, burst, now);
+            g.allowance.store(rate.to_bits(), Ordering::Relaxed);
+        }
     }
 }
 

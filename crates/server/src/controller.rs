@@ -71,6 +71,8 @@ struct Inner {
     counters: BTreeMap<GroupName, GroupCounters>,
     exchanges: u64,
     last_tick: Nanos,
+    /// Grants made since the last tick to clients it did not know, per group.
+    provisional: BTreeMap<GroupName, HashMap<u64, f64>>,
 }
 
 /// Why an admin change failed.
@@ -100,9 +102,9 @@ pub struct Controller {
 
 impl Controller {
     /// A controller over `store`, with the settings it holds.
-    pub fn new(store: Store, tick: Duration) -> Result<Controller, StoreError> {
+    pub fn new(store: Store, tick: Duration, lease: Duration) -> Result<Controller, StoreError> {
         let stored = store.load()?;
-        let settings = PipelineSettings { capacity: stored.capacity, ..PipelineSettings::default() };
+        let settings = PipelineSettings { capacity: stored.capacity, lease, ..PipelineSettings::default() };
         let lease = settings.lease;
         let mut pipeline = Pipeline::new(settings);
         for (name, s) in &stored.groups {
@@ -117,6 +119,7 @@ impl Controller {
                 counters: BTreeMap::new(),
                 exchanges: 0,
                 last_tick: Nanos::ZERO,
+                provisional: BTreeMap::new(),
             }),
             admin: tokio::sync::Mutex::new(store),
             tick,
@@ -140,6 +143,7 @@ impl Controller {
         let elapsed = now.since(inner.last_tick).as_secs_f64().max(1e-9);
         inner.last_tick = now;
         inner.pipeline.tick(now);
+        inner.provisional.clear();
         for c in inner.counters.values_mut() {
             c.admitted_rate = c.consumed_since_tick / elapsed;
             c.throttled_rate = c.throttled_since_tick / elapsed;
@@ -173,7 +177,12 @@ impl Controller {
             c.admitted_total += usage.admitted;
             c.throttled_total += usage.throttled;
             c.throttled_since_tick += usage.throttled as f64;
-            grants.push(self.grant_for(&inner, name, client));
+            let grant = self.grant_for(&inner, name, client);
+            let known = inner.pipeline.outcome(name).is_some_and(|o| o.grants.contains_key(&client));
+            if !known && !grant.unlimited {
+                inner.provisional.entry(name.clone()).or_default().insert(client, grant.rate);
+            }
+            grants.push(grant);
         }
         v1::ExchangeResponse { grants, next_exchange_ms: duration_ms(self.tick) }
     }
@@ -201,9 +210,13 @@ impl Controller {
         let Some(target) = outcome.target else { return v1::Grant { clients, ..unlimited } };
         let (rate, burst) = match outcome.grants.get(&client) {
             Some(g) => (g.rate, g.burst),
-            // A client the last tick did not know: an even part of the target until the next.
+            // A client the last tick did not know: until the next tick it gets only what the
+            // target has left after every grant already made, so the grants never add up to
+            // more than the target (the controller relearns conservatively).
             None => {
-                let part = target / (outcome.grants.len() + 1) as f64;
+                let granted: f64 = outcome.grants.values().map(|g| g.rate).sum::<f64>()
+                    + inner.provisional.get(name).map_or(0.0, |p| p.values().sum());
+                let part = (target - granted).max(0.0);
                 (part, part)
             }
         };

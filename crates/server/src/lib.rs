@@ -36,6 +36,8 @@ pub struct ServerOptions {
     pub http: SocketAddr,
     /// The pipeline's tick, which is also the exchange period clients are asked to keep.
     pub tick: Duration,
+    /// How long a grant holds without renewal; past it clients enter safe mode.
+    pub lease: Duration,
 }
 
 impl Default for ServerOptions {
@@ -45,6 +47,7 @@ impl Default for ServerOptions {
             grpc: SocketAddr::from(([127, 0, 0, 1], 7460)),
             http: SocketAddr::from(([127, 0, 0, 1], 7461)),
             tick: Duration::from_secs(1),
+            lease: Duration::from_secs(10),
         }
     }
 }
@@ -103,7 +106,7 @@ impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
         let store = Store::open(&opts.data)?;
-        let controller = Arc::new(Controller::new(store, opts.tick)?);
+        let controller = Arc::new(Controller::new(store, opts.tick, opts.lease)?);
         let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
             what: "gRPC",
             addr: opts.grpc,
