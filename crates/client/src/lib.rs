@@ -6,8 +6,10 @@
 //! the retry-after. Each group gets at least its reserved rate while it asks for it, never
 //! more than its limit, and the node's capacity is shared by priority and weight.
 //!
-//! This release runs the allocation in process (*embedded* mode, like Couchbase's per-node
-//! throttling); the remote and store modes feed the same API from a controller or Redis.
+//! Two ways to be fed, one API: *embedded* ([`Tollgate::from_toml`], [`Tollgate::builder`]),
+//! where the allocation runs in process like Couchbase's per-node throttling, and *remote*
+//! ([`Tollgate::remote`]), where `tollgate server` grants each process its share like TiDB's
+//! and FoundationDB's controllers.
 //!
 //! ```
 //! use tollgate_client::{AcquireError, Tollgate};
@@ -51,4 +53,5 @@ pub use tollgate_core as core;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 #[doc = include_str!("../../../docs/concepts.md")]
+#[doc = include_str!("../../../docs/operations.md")]
 pub struct DocumentationExamples;
