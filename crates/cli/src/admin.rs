@@ -269,26 +269,31 @@ fn show(info: &v1::GroupInfo) -> String {
     out
 }
 
+/// Creates or alters a group and shows the result.
+async fn put(
+    client: &mut AdminClient<Channel>,
+    name: String,
+    options: &GroupOptions,
+    mode: v1::PutMode,
+    verb: &str,
+) -> anyhow::Result<()> {
+    let req = v1::PutGroupRequest { name, patch: Some(options.patch()), mode: mode as i32 };
+    let info = client.put_group(req).await.map_err(rpc)?.into_inner();
+    say(format!("{verb} group {}", info.name));
+    for line in show(&info).lines() {
+        say(line);
+    }
+    Ok(())
+}
+
 pub async fn group(server: &str, cmd: Group) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     match cmd {
         Group::Create { name, options } => {
-            let req =
-                v1::PutGroupRequest { name, patch: Some(options.patch()), mode: v1::PutMode::Create as i32 };
-            let info = client.put_group(req).await.map_err(rpc)?.into_inner();
-            say(format!("created group {}", info.name));
-            for line in show(&info).lines() {
-                say(line);
-            }
+            put(&mut client, name, &options, v1::PutMode::Create, "created").await?
         }
         Group::Alter { name, options } => {
-            let req =
-                v1::PutGroupRequest { name, patch: Some(options.patch()), mode: v1::PutMode::Alter as i32 };
-            let info = client.put_group(req).await.map_err(rpc)?.into_inner();
-            say(format!("altered group {}", info.name));
-            for line in show(&info).lines() {
-                say(line);
-            }
+            put(&mut client, name, &options, v1::PutMode::Alter, "altered").await?
         }
         Group::Drop { name } => {
             client
@@ -347,26 +352,7 @@ pub async fn status(server: &str, json: bool) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     let s = client.status(v1::StatusRequest {}).await.map_err(rpc)?.into_inner();
     if json {
-        let groups: Vec<serde_json::Value> = s
-            .groups
-            .iter()
-            .map(|g| {
-                serde_json::json!({
-                    "name": g.name,
-                    "reserved": g.settings.as_ref().map(|s| s.reserved),
-                    "limit": g.settings.as_ref().and_then(|s| s.limit),
-                    "priority": g.settings.as_ref().map(|s| s.priority),
-                    "weight": g.settings.as_ref().map(|s| s.weight),
-                    "target": g.target,
-                    "admitted": g.admitted,
-                    "throttled": g.throttled,
-                    "demand": g.demand,
-                    "busy": g.busy,
-                    "clients": g.clients,
-                })
-            })
-            .collect();
-        say(serde_json::json!({"capacity": s.capacity, "exchanges": s.exchanges, "groups": groups}));
+        say(tollgate_server::grpc::status_json(&s));
         return Ok(());
     }
     say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));

@@ -185,7 +185,8 @@ fn node_capacity_and_status() {
     let json: serde_json::Value = serde_json::from_str(&ok(&s, &["status", "--json"])).unwrap();
     assert_eq!(json["capacity"], 25000.0);
     assert_eq!(json["groups"][0]["name"], "a");
-    assert_eq!(json["groups"][0]["limit"], 500.0);
+    assert_eq!(json["groups"][0]["settings"]["limit"], 500.0);
+    assert_eq!(json["groups"][0]["settings"]["reserved"], 100.0);
     ok(&s, &["node", "capacity", "unlimited"]);
     assert_eq!(ok(&s, &["node", "capacity"]).trim(), "unlimited");
 }

@@ -178,25 +178,54 @@ impl Admin for Services {
     }
 
     async fn status(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {
-        let groups = self
-            .controller
-            .view()
-            .into_iter()
-            .map(|g| v1::GroupStatus {
-                name: g.name.to_string(),
-                settings: g.settings.as_ref().map(convert::settings_to_proto),
-                target: g.target,
-                admitted: g.admitted,
-                demand: g.demand,
-                busy: g.busy,
-                clients: g.clients,
-                throttled: g.throttled,
-            })
-            .collect();
-        Ok(Response::new(v1::StatusResponse {
-            capacity: self.controller.capacity(),
-            groups,
-            exchanges: self.controller.exchanges(),
-        }))
+        Ok(Response::new(status_response(&self.controller)))
     }
+}
+
+/// The controller's status in the contract's form: what `Admin.Status` and `GET /status`
+/// both answer.
+pub fn status_response(controller: &Controller) -> v1::StatusResponse {
+    let groups = controller
+        .view()
+        .into_iter()
+        .map(|g| v1::GroupStatus {
+            name: g.name.to_string(),
+            settings: g.settings.as_ref().map(convert::settings_to_proto),
+            target: g.target,
+            admitted: g.admitted,
+            demand: g.demand,
+            busy: g.busy,
+            clients: g.clients,
+            throttled: g.throttled,
+        })
+        .collect();
+    v1::StatusResponse { capacity: controller.capacity(), groups, exchanges: controller.exchanges() }
+}
+
+/// The status as JSON, for `GET /status` and `tollgate status --json` alike.
+pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
+    let groups: Vec<serde_json::Value> = s
+        .groups
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "name": g.name,
+                "settings": g.settings.as_ref().map(|st| serde_json::json!({
+                    "reserved": st.reserved,
+                    "limit": st.limit,
+                    "burst": st.burst,
+                    "priority": st.priority,
+                    "weight": st.weight,
+                    "budget": st.budget,
+                })),
+                "target": g.target,
+                "admitted": g.admitted,
+                "throttled": g.throttled,
+                "demand": g.demand,
+                "busy": g.busy,
+                "clients": g.clients,
+            })
+        })
+        .collect();
+    serde_json::json!({ "capacity": s.capacity, "exchanges": s.exchanges, "groups": groups })
 }

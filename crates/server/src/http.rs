@@ -128,33 +128,5 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
 }
 
 async fn status(State(app): State<AppState>) -> impl IntoResponse {
-    let groups: Vec<serde_json::Value> = app
-        .controller
-        .view()
-        .into_iter()
-        .map(|g| {
-            serde_json::json!({
-                "name": g.name.as_str(),
-                "settings": g.settings.as_ref().map(|s| serde_json::json!({
-                    "reserved": s.reserved(),
-                    "limit": s.limit().is_finite().then(|| s.limit().as_f64()),
-                    "burst": s.burst(),
-                    "priority": s.priority().level(),
-                    "weight": s.weight(),
-                    "budget": s.budget(),
-                })),
-                "target": g.target,
-                "admitted": g.admitted,
-                "throttled": g.throttled,
-                "demand": g.demand,
-                "busy": g.busy,
-                "clients": g.clients,
-            })
-        })
-        .collect();
-    axum::Json(serde_json::json!({
-        "capacity": app.controller.capacity(),
-        "exchanges": app.controller.exchanges(),
-        "groups": groups,
-    }))
+    axum::Json(crate::grpc::status_json(&crate::grpc::status_response(&app.controller)))
 }
