@@ -305,3 +305,48 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("health"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_backend_report_limits_the_group_it_carries() {
+    let s = ServerProc::start(&data_dir("backend"));
+    ok(&s, &["group", "create", "heavy", "--limit", "10000000"]);
+    let mut admission = v1::admission_client::AdmissionClient::connect(s.url()).await.unwrap();
+    let mut backend = v1::backend_client::BackendClient::connect(s.url()).await.unwrap();
+    let report = v1::BackendReport {
+        backend_id: "ss-0".into(),
+        zone: "z0".into(),
+        // Utilisation 1.2: the ratio is 1 / (4 × 1.2 − 3) = 0.556.
+        health: Some(v1::backend_report::Health::Utilisation(1.2)),
+        loads: vec![v1::GroupLoad { group: "heavy".into(), units_per_s: 1_000_000.0 }],
+    };
+    // Two backends in two zones; the worst zone is ignored, so both must be saturated.
+    backend.report(report.clone()).await.unwrap();
+    backend
+        .report(v1::BackendReport { backend_id: "ss-1".into(), zone: "z1".into(), ..report })
+        .await
+        .unwrap();
+    let usage = v1::GroupUsage {
+        group: "heavy".into(),
+        demand: 3_000_000.0,
+        consumed: 2_000_000.0,
+        admitted: 100,
+        ..Default::default()
+    };
+    admission
+        .exchange(v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage] })
+        .await
+        .unwrap();
+    // The next tick (within a second) sees it.
+    let mut json = serde_json::Value::Null;
+    for _ in 0..40 {
+        json = serde_json::from_str(&ok(&s, &["status", "--json"])).unwrap();
+        if json["groups"][0]["busy"] == true {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(json["groups"][0]["busy"], true, "{json}");
+    let target = json["groups"][0]["target"].as_f64().unwrap();
+    let expected = 2_000_000.0 / 1.8; // load on both backends × the ratio
+    assert!((target - expected).abs() < 1.0, "target {target}, expected {expected}");
+}
