@@ -11,6 +11,7 @@
 //! - [`allocate`]: dividing a node's capacity among groups (reserved, priority, max-min).
 //! - [`fcfs`]: Couchbase's first-come-first-served one-second slots.
 //! - [`pipeline`]: the controller's rate pipeline: targets from demand, saturation and capacity.
+//! - [`ramp`]: Numaflow's ramp-up of a group's pool from `min` to `max`, in four modes.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
 //! - [`toml_reader`]: reading TOML with every problem reported by line, field and rule.
 
@@ -20,6 +21,7 @@ pub mod config;
 pub mod cost;
 pub mod fcfs;
 pub mod pipeline;
+pub mod ramp;
 pub mod settings;
 pub mod smooth;
 pub mod time;
