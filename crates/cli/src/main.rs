@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod check;
+mod ramp;
 mod server;
 mod sim;
 
@@ -51,6 +52,9 @@ enum Command {
     /// Couchbase-style node settings.
     #[command(subcommand)]
     Node(admin::Node),
+    /// Show how a ramp-up mode turns a usage pattern into pools: one line per epoch,
+    /// `EPOCH POOL USED` (`EPOCH - -` for an epoch without a call).
+    Ramp(ramp::RampArgs),
     /// The capacity and every group's settings, target, admitted rate, demand and clients.
     Status {
         /// Print JSON for scripts.
@@ -121,6 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Group(cmd) => admin_command(admin::group(&cli.server, cmd)),
         Command::Node(cmd) => admin_command(admin::node(&cli.server, cmd)),
         Command::Status { json } => admin_command(admin::status(&cli.server, json)),
+        Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
     }
 }
 

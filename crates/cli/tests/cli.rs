@@ -150,3 +150,137 @@ fn a_malformed_scenario_exits_2_naming_key_and_line() {
     }
     assert!(!PathBuf::from("sim-out/bad").exists(), "nothing written for a malformed scenario");
 }
+
+#[test]
+fn ramp_prints_each_epoch_as_the_design_tables_do() {
+    // Numaflow's go_back_n table with gaps (cool-down 1 s, ramp-down 50 %).
+    let usage = "10,20,20,20,20,20,30,30,30,30,20,20,30,40,50,60,70,-,-,60,70,80,90,100,110,110";
+    let (code, out, err) = tollgate(&[
+        "ramp",
+        "--mode",
+        "go-back-n",
+        "--min",
+        "10",
+        "--max",
+        "110",
+        "--duration",
+        "10",
+        "--threshold",
+        "100",
+        "--cool-down",
+        "1",
+        "--ramp-down",
+        "50",
+        "--usage",
+        usage,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let pools: Vec<&str> = out.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
+    assert_eq!(
+        pools,
+        [
+            "10", "20", "30", "20", "30", "20", "30", "40", "30", "40", "30", "20", "30", "40", "50", "60",
+            "70", "-", "-", "60", "70", "80", "90", "100", "110", "110"
+        ]
+    );
+    assert_eq!(out.lines().nth(17), Some("18 - -"));
+    // Use is capped at the pool.
+    let (_, out, _) = tollgate(&[
+        "ramp",
+        "--mode",
+        "scheduled",
+        "--min",
+        "10",
+        "--max",
+        "20",
+        "--duration",
+        "1",
+        "--usage",
+        "50,50",
+    ]);
+    assert_eq!(out, "1 10 10\n2 20 20\n");
+}
+
+#[test]
+fn ramp_draws_a_chart_and_names_bad_arguments() {
+    let chart = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ramp.png");
+    let (code, _, err) = tollgate(&[
+        "ramp",
+        "--mode",
+        "relaxed",
+        "--min",
+        "1",
+        "--max",
+        "5",
+        "--duration",
+        "4",
+        "--usage",
+        "1,2,-,3",
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(&std::fs::read(&chart).unwrap()[..4], b"\x89PNG");
+    let (code, _, err) = tollgate(&[
+        "ramp",
+        "--mode",
+        "relaxed",
+        "--min",
+        "20",
+        "--max",
+        "10",
+        "--duration",
+        "0",
+        "--usage",
+        "1",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--min: must not exceed") && err.contains("--duration: must be above 0"), "{err}");
+    let (code, _, err) = tollgate(&[
+        "ramp",
+        "--mode",
+        "only-if-used",
+        "--min",
+        "1",
+        "--max",
+        "2",
+        "--duration",
+        "1",
+        "--threshold",
+        "0",
+        "--usage",
+        "1",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--threshold: must be above 0 and at most 100, got 0"), "{err}");
+    let (code, _, err) = tollgate(&[
+        "ramp",
+        "--mode",
+        "relaxed",
+        "--min",
+        "1",
+        "--max",
+        "2",
+        "--duration",
+        "1",
+        "--usage",
+        "1,lots",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--usage: entry 2 must be a number of tokens or `-`, got \"lots\""), "{err}");
+    let (code, _, err) = tollgate(&[
+        "ramp",
+        "--mode",
+        "sideways",
+        "--min",
+        "1",
+        "--max",
+        "2",
+        "--duration",
+        "1",
+        "--usage",
+        "1",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid value 'sideways'"), "{err}");
+}

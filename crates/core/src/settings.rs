@@ -273,6 +273,13 @@ impl RampSettings {
         }
     }
 
+    /// Every rule these ramp settings break.
+    pub fn validate(&self) -> Result<(), SettingErrors> {
+        let mut errors = Vec::new();
+        self.check(&mut errors);
+        if errors.is_empty() { Ok(()) } else { Err(SettingErrors(errors)) }
+    }
+
     fn check(&self, errors: &mut Vec<SettingError>) {
         let min_ok = check_rate("ramp.min", self.min, errors);
         let max_ok = check_rate("ramp.max", self.max, errors);

@@ -172,7 +172,7 @@ impl Panel {
         (x, y)
     }
 
-    fn frame(&self, c: &mut Canvas, label: &str) {
+    fn frame(&self, c: &mut Canvas, label: &str, x_unit: &str) {
         for i in 0..=4 {
             let y = self.top + self.height * i / 4;
             c.line((self.left, y), (self.left + self.width, y), GRID, false);
@@ -189,7 +189,7 @@ impl Panel {
         for i in 0..=5 {
             let t = self.max_t * i as f64 / 5.0;
             let (x, y) = self.point(t, 0.0);
-            c.text(x - 12, y + 8, &format!("{}s", compact(t)), AXIS);
+            c.text(x - 12, y + 8, &format!("{}{x_unit}", compact(t)), AXIS);
         }
         c.text(self.left + 8, self.top - 20, label, AXIS);
     }
@@ -210,6 +210,44 @@ impl Panel {
     }
 }
 
+/// A one-panel line chart: `series` of (name, values at `xs`), NaN for a gap, as PNG bytes.
+pub fn line_chart(
+    title: &str,
+    panel: &str,
+    x_unit: &str,
+    xs: &[f64],
+    series: &[(String, Vec<f64>)],
+) -> Vec<u8> {
+    let mut c = Canvas::new();
+    c.text(100, 12, title, AXIS);
+    let max_t = xs.last().copied().unwrap_or(1.0).max(1.0);
+    let max_y =
+        series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|v| v.is_finite()).fold(1.0f64, f64::max);
+    let p = Panel { top: 70, height: 600, left: 100, width: 860, max_y: max_y * 1.1, max_t };
+    p.frame(&mut c, panel, x_unit);
+    for (i, (name, values)) in series.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        p.plot(&mut c, xs, values, color, i % 2 == 1);
+        let y = 80 + i as i64 * 22;
+        c.rect(985, y, 16, 10, color);
+        c.text(1008, y - 2, name, AXIS);
+    }
+    encode(&c)
+}
+
+fn encode(c: &Canvas) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut bytes, WIDTH as u32, HEIGHT as u32);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header().expect("writing a PNG header to memory cannot fail");
+        let data: Vec<u8> = c.px.iter().flatten().copied().collect();
+        writer.write_image_data(&data).expect("writing PNG data to memory cannot fail");
+    }
+    bytes
+}
+
 /// Renders the chart of `outcome` for scenario `name` as PNG bytes.
 pub fn render(name: &str, outcome: &Outcome) -> Vec<u8> {
     let mut c = Canvas::new();
@@ -224,7 +262,7 @@ pub fn render(name: &str, outcome: &Outcome) -> Vec<u8> {
         }
     }
     let top = Panel { top: 70, height: 360, left: 100, width: 860, max_y: (max_units * 1.1).max(1.0), max_t };
-    top.frame(&mut c, "units/s: target (solid), admitted (dashed)");
+    top.frame(&mut c, "units/s: target (solid), admitted (dashed)", "s");
     for (i, g) in outcome.groups.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
         let target: Vec<f64> =
@@ -239,7 +277,7 @@ pub fn render(name: &str, outcome: &Outcome) -> Vec<u8> {
 
     let max_u = outcome.timeline.iter().flat_map(|s| s.utilisation.iter().copied()).fold(1.2f64, f64::max);
     let bottom = Panel { top: 500, height: 170, left: 100, width: 860, max_y: max_u * 1.05, max_t };
-    bottom.frame(&mut c, "backend utilisation");
+    bottom.frame(&mut c, "backend utilisation", "s");
     for (i, b) in outcome.backends.iter().enumerate() {
         let color = PALETTE[(i + outcome.groups.len()) % PALETTE.len()];
         let u: Vec<f64> = outcome.timeline.iter().map(|s| s.utilisation[i]).collect();
@@ -251,16 +289,7 @@ pub fn render(name: &str, outcome: &Outcome) -> Vec<u8> {
         }
     }
 
-    let mut bytes = Vec::new();
-    {
-        let mut encoder = png::Encoder::new(&mut bytes, WIDTH as u32, HEIGHT as u32);
-        encoder.set_color(png::ColorType::Rgb);
-        encoder.set_depth(png::BitDepth::Eight);
-        let mut writer = encoder.write_header().expect("writing a PNG header to memory cannot fail");
-        let data: Vec<u8> = c.px.iter().flatten().copied().collect();
-        writer.write_image_data(&data).expect("writing PNG data to memory cannot fail");
-    }
-    bytes
+    encode(&c)
 }
 
 #[cfg(test)]
