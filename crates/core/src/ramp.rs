@@ -325,13 +325,13 @@ mod tests {
             mode: RampMode::GoBackN,
             ..RampSettings::new(10.0, 110.0, Duration::from_secs(10))
         };
-        let mut r = Ramp::new(s.clone(), None);
+        let mut r = Ramp::new(s, None);
         for e in 0..50 {
             let pool = r.at_epoch(e);
             assert!((10..=110).contains(&pool));
         }
-        assert_eq!(Ramp::new(s.clone(), Some(75.5)).pool(), 75);
-        assert_eq!(Ramp::new(s.clone(), Some(500.0)).pool(), 110);
+        assert_eq!(Ramp::new(s, Some(75.5)).pool(), 75);
+        assert_eq!(Ramp::new(s, Some(500.0)).pool(), 110);
         assert_eq!(Ramp::new(s, Some(0.0)).pool(), 10);
     }
 
