@@ -18,6 +18,7 @@ use tollgate_core::bucket::{Bucket, Refusal};
 use tollgate_core::config::{AllocationMode, Config, NodeSettings};
 use tollgate_core::cost::{CostModel, Usage, check_cost};
 use tollgate_core::fcfs::{FcfsGroup, FreePool};
+use tollgate_core::ramp::Ramp;
 use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings, Limit, check_group_name};
 use tollgate_core::smooth::Smoother;
 use tollgate_core::time::{Clock, Nanos};
@@ -125,6 +126,8 @@ struct Track {
     smoother: Smoother,
     last_asked: f64,
     last_unmet: u64,
+    last_consumed: f64,
+    ramp: Option<Ramp>,
 }
 
 struct Realloc {
@@ -246,9 +249,6 @@ impl Builder {
         config.cost_model.validate()?;
         check_node(&config.node)?;
         for (name, settings) in &config.groups {
-            if settings.ramp().is_some() {
-                return Err(BuildError::Unsupported { group: name.to_string(), field: "ramp" });
-            }
             if config.node.mode == AllocationMode::Fcfs && settings.budget().is_some() {
                 return Err(BuildError::Unsupported {
                     group: name.to_string(),
@@ -402,11 +402,26 @@ impl Inner {
             let totals = g.counters.totals();
             let asked = units(totals.admitted_micro + totals.throttled_micro);
             let unmet = totals.throttled + totals.waited;
+            let consumed = g.consumed(&totals);
             let track = state.tracks.entry(g.name.clone()).or_insert_with(|| Track {
                 smoother: Smoother::new(DEMAND_FOLDING_S),
                 last_asked: asked,
                 last_unmet: unmet,
+                last_consumed: consumed,
+                ramp: g.settings.ramp().map(|r| Ramp::new(*r, None)),
             });
+            // The ramp moves at each epoch with a call; what was consumed since the last
+            // reallocation counts as use (of the epoch it mostly belongs to: the one before a
+            // new epoch starts).
+            let called = asked > track.last_asked;
+            if let Some(ramp) = &mut track.ramp {
+                ramp.use_units(consumed - track.last_consumed);
+                if called {
+                    ramp.at_epoch(now.0 / 1_000_000_000);
+                }
+            }
+            track.last_consumed = consumed;
+            let ramp_pool = track.ramp.as_ref().map(|r| r.pool() as f64);
             track.smoother.set_total(now, asked);
             let instant = if elapsed_s > 0.0 { (asked - track.last_asked) / elapsed_s } else { 0.0 };
             let measured = instant.max(track.smoother.smooth_rate(now)).max(0.0);
@@ -419,6 +434,7 @@ impl Inner {
             let s = &g.settings;
             let exhausted = s.budget().is_some_and(|b| g.consumed(&totals) >= b);
             let ceiling = if exhausted { s.reserved() } else { s.limit().as_f64() };
+            let ceiling = ramp_pool.map_or(ceiling, |pool| ceiling.min(pool));
             claims.push(Claim {
                 reserved: s.reserved(),
                 ceiling,

@@ -267,13 +267,28 @@ fn threads_do_not_buy_a_bigger_share() {
 }
 
 #[test]
-fn ramp_is_refused_until_the_embedded_limiter_carries_it_out() {
-    let config = tollgate_core::config::Config::parse(
-        "[groups.a]\nlimit = 10\n[groups.a.ramp]\nmin = 1\nmax = 10\nduration_s = 10\n",
-    )
-    .unwrap();
-    let e = Tollgate::embedded(config).unwrap_err();
-    assert_eq!(e.to_string(), "group \"a\": ramp is not supported by the embedded limiter yet");
+fn a_ramped_group_grows_from_min_to_max() {
+    let clock = ManualClock::new();
+    let g = gate(
+        "[groups.stage]\nlimit = 1000\n[groups.stage.ramp]\nmin = 10\nmax = 50\nduration_s = 4\nmode = \"scheduled\"\n",
+        &clock,
+    );
+    let mut per_second = Vec::new();
+    for _ in 0..7 {
+        let mut admitted = 0;
+        for _ in 0..100 {
+            while g.try_acquire("stage", 1.0).is_ok() {
+                admitted += 1;
+            }
+            clock.advance(Duration::from_millis(10));
+        }
+        per_second.push(admitted);
+    }
+    // The first second also spends the initial burst; then 20, 30, 40, 50 and 50.
+    for (got, want) in per_second[1..].iter().zip([20, 30, 40, 50, 50, 50]) {
+        assert!((*got as i64 - want).abs() <= 3, "{per_second:?}");
+    }
+    assert_eq!(g.stats("stage").unwrap().allowance, 50.0);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! Each [`Pipeline::tick`] then computes, per group:
 //!
 //! ```text
-//! cap       = limit                                      (ramp-up joins in a later release)
+//! cap       = min(limit, ramp pool)                      (the ramp, when the group has one)
 //! limiting  = load_g × ratio                             (absent below saturation)
 //! share     = allocation of the node capacity            (absent without a capacity)
 //! target    = max(reserved, min(cap, limiting, share));  busy = limiting < cap
@@ -34,6 +34,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use crate::allocate::{Claim, allocate};
+use crate::ramp::Ramp;
 use crate::settings::{DEFAULT_GROUP, GroupName, GroupSettings, Limit};
 use crate::smooth::Smoother;
 use crate::time::Nanos;
@@ -157,6 +158,8 @@ struct ClientState {
 
 struct GroupState {
     clients: BTreeMap<ClientId, ClientState>,
+    /// The ramp, when the group's settings have one.
+    ramp: Option<Ramp>,
     units: Smoother,
     requests: Smoother,
     last_report: Nanos,
@@ -168,6 +171,7 @@ impl GroupState {
     fn new(now: Nanos, folding_s: f64) -> Self {
         Self {
             clients: BTreeMap::new(),
+            ramp: None,
             units: Smoother::new(folding_s),
             requests: Smoother::new(folding_s),
             last_report: now,
@@ -242,8 +246,22 @@ impl Pipeline {
     /// A client's report for one group.
     pub fn client_report(&mut self, now: Nanos, client: ClientId, group: &GroupName, report: ClientReport) {
         let key = self.state_key(group);
+        let ramp_settings = self.settings_for(&key).and_then(|s| s.ramp().copied());
         let folding = self.settings.cost_folding.as_secs_f64();
         let g = self.groups.entry(key).or_insert_with(|| GroupState::new(now, folding));
+        // The ramp follows the settings: a changed ramp continues from where the old one was.
+        match (&mut g.ramp, ramp_settings) {
+            (Some(r), Some(s)) if *r.settings() == s => {}
+            (current, Some(s)) => *current = Some(Ramp::new(s, current.as_ref().map(Ramp::value))),
+            (current, None) => *current = None,
+        }
+        if let Some(r) = &mut g.ramp
+            && (report.requests > 0.0 || report.demand > 0.0)
+        {
+            // An epoch with a call: the ramp moves, and what was consumed counts as its use.
+            r.at_epoch(now.0 / 1_000_000_000);
+            r.use_units(report.consumed.max(0.0));
+        }
         g.units.add_delta(now, report.consumed.max(0.0));
         g.requests.add_delta(now, report.requests.max(0.0));
         g.last_report = now;
@@ -380,7 +398,8 @@ impl Pipeline {
         for (i, row) in rows.into_iter().enumerate() {
             let share = shares.as_ref().map(|s| s[i]);
             let g = self.groups.get_mut(&row.name).expect("rows come from the groups");
-            let cap = row.settings.as_ref().map(|s| s.limit()).unwrap_or(Limit::Unlimited).as_f64();
+            let limit = row.settings.as_ref().map(|s| s.limit()).unwrap_or(Limit::Unlimited).as_f64();
+            let cap = g.ramp.as_ref().map_or(limit, |r| limit.min(r.pool() as f64));
             let reserved = row.settings.as_ref().map_or(0.0, GroupSettings::reserved);
             let mut bound = cap;
             if let Some(l) = row.limiting {
@@ -583,6 +602,26 @@ mod tests {
         assert!((o.limiting.unwrap() - expected).abs() < 1e-9, "{o:?}");
         assert_eq!(o.target, Some(expected));
         assert!(o.busy);
+    }
+
+    #[test]
+    fn the_cap_follows_the_ramp() {
+        use crate::settings::{RampMode, RampSettings};
+        let mut p = Pipeline::new(PipelineSettings::default());
+        let ramp = RampSettings {
+            mode: RampMode::Scheduled,
+            ..RampSettings::new(10.0, 50.0, Duration::from_secs(4))
+        };
+        p.set_group(name("r"), GroupSettings::builder().limit(40.0).ramp(ramp).build().unwrap());
+        let mut targets = Vec::new();
+        for second in 0..6u64 {
+            let t = Nanos(second * 1_000_000_000);
+            p.client_report(t, 1, &name("r"), ClientReport { demand: 1000.0, consumed: 10.0, requests: 1.0 });
+            p.tick(t);
+            targets.push(p.outcome(&name("r")).unwrap().target.unwrap());
+        }
+        // 10, 20, 30, 40 (the limit below the ramp's 50), 40, 40.
+        assert_eq!(targets, [10.0, 20.0, 30.0, 40.0, 40.0, 40.0]);
     }
 
     #[test]

@@ -237,10 +237,6 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
         let settings =
             r.group_from(&mut f, GroupSettings::builder(), v.span(), &format!("name, {GROUP_KEYS}"));
         if let (Some(name), Some(settings)) = (name, settings) {
-            if settings.ramp().is_some() {
-                let at = v.span();
-                r.error(at, format!("{path}.ramp"), "ramp-up is not simulated yet");
-            }
             if !names.insert(name.clone()) {
                 r.error(v.span(), format!("{path}.name"), format!("group {name:?} is defined twice"));
             }
@@ -706,10 +702,12 @@ mod tests {
     }
 
     #[test]
-    fn ramp_is_refused_until_it_is_simulated() {
-        let src = phase("")
-            .replace("reserved = 10\n", "reserved = 10\nramp = { min = 1, max = 50, duration_s = 10 }\n");
-        let errors = Scenario::parse(&src).unwrap_err().0;
-        assert_eq!(errors[0].field, "group[0].ramp");
+    fn a_group_can_ramp() {
+        let src = phase("").replace(
+            "reserved = 10\n",
+            "reserved = 10\nramp = { min = 1, max = 50, duration_s = 10, mode = \"scheduled\" }\n",
+        );
+        let s = Scenario::parse(&src).unwrap();
+        assert_eq!(s.groups[0].1.ramp().unwrap().max, 50.0);
     }
 }
