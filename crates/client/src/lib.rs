@@ -40,6 +40,7 @@ pub mod layer;
 mod limiter;
 mod permit;
 pub mod remote;
+pub mod store;
 mod tally;
 
 pub use error::{AcquireError, BuildError};
@@ -47,6 +48,7 @@ pub use layer::{TollgateLayer, TollgateService};
 pub use limiter::{Builder, GroupHandle, GroupStats, Tollgate};
 pub use permit::Permit;
 pub use remote::{RemoteOptions, RemoteStatus, SafeModePolicy};
+pub use store::{StoreOptions, StoreStatus};
 pub use tollgate_core as core;
 
 /// The README's and the concept guide's examples, compiled and run as doctests.

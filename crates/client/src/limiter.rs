@@ -17,6 +17,7 @@ use tollgate_core::allocate::{Claim, allocate};
 use tollgate_core::bucket::{Bucket, Refusal};
 use tollgate_core::config::{AllocationMode, Config, NodeSettings};
 use tollgate_core::cost::{CostModel, Usage, check_cost};
+use tollgate_core::epoch::{EpochShare, Forced, PoolSpec};
 use tollgate_core::fcfs::{FcfsGroup, FreePool};
 use tollgate_core::ramp::Ramp;
 use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings, Limit, check_group_name};
@@ -27,6 +28,7 @@ use crate::clock::{ClockSource, MonotonicClock};
 use crate::error::{AcquireError, BuildError};
 use crate::permit::{GroupRef, Permit};
 use crate::remote::{Cumulative, Fed, Link, RemoteOptions, RemoteStatus};
+use crate::store::{SharesOf, StoreLink};
 use crate::tally::{self, Counters, HasCounters, Tally, Totals};
 
 /// How soon a remote client retries a request refused for want of a grant.
@@ -46,11 +48,26 @@ fn units(micros: u64) -> f64 {
     micros as f64 / 1e6
 }
 
+/// Where a new group's allowance comes from.
+enum Feed {
+    /// The embedded allocation.
+    Local,
+    /// A controller's grants.
+    Remote,
+    /// A pool shared through a store, and the size agreed at start.
+    Share(PoolSpec, u64),
+}
+
 /// How a group is limited.
 #[derive(Debug)]
 pub(crate) enum Limiter {
     Bucket(Bucket),
-    Fcfs { group: FcfsGroup, pool: Arc<FreePool> },
+    Fcfs {
+        group: FcfsGroup,
+        pool: Arc<FreePool>,
+    },
+    /// Store mode: a share of a pool agreed with other clients through Redis.
+    Epoch(EpochShare),
 }
 
 /// One group's state.
@@ -135,7 +152,7 @@ struct Realloc {
     tracks: HashMap<GroupName, Track>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     clock: Arc<ClockSource>,
     node: NodeSettings,
     cost_model: CostModel,
@@ -149,6 +166,8 @@ struct Inner {
     pool: Option<Arc<FreePool>>,
     /// Remote mode: grants come from a controller through this link.
     remote: Option<Arc<Link>>,
+    /// Store mode: sizes come from Redis through this link.
+    store: std::sync::OnceLock<Arc<StoreLink>>,
 }
 
 /// The admission handle: cheap to clone, shared by every task of a process.
@@ -192,6 +211,8 @@ pub struct Builder {
     config: Config,
     clock: Option<ClockSource>,
     remote: Option<Arc<Link>>,
+    /// Store mode: each coordinated group's pool and the size agreed at start.
+    pub(crate) shares: Option<Arc<HashMap<GroupName, (PoolSpec, u64)>>>,
 }
 
 impl Builder {
@@ -243,9 +264,15 @@ impl Builder {
         self
     }
 
+    /// Store mode: the coordinated groups' pools and starting sizes.
+    pub(crate) fn shares(mut self, shares: Arc<HashMap<GroupName, (PoolSpec, u64)>>) -> Self {
+        self.shares = Some(shares);
+        self
+    }
+
     /// Checks what this limiter cannot carry out and builds it.
     pub fn build(self) -> Result<Tollgate, BuildError> {
-        let Builder { config, clock, remote } = self;
+        let Builder { config, clock, remote, shares } = self;
         config.cost_model.validate()?;
         check_node(&config.node)?;
         for (name, settings) in &config.groups {
@@ -265,7 +292,12 @@ impl Builder {
         let default_settings = config.settings_for(DEFAULT_GROUP);
         let is_remote = remote.is_some();
         let make = |name: GroupName, settings: GroupSettings| {
-            new_group(name, settings, &config.node, &clock, pool.as_ref(), now, is_remote)
+            let feed = match shares.as_ref().and_then(|s| s.get(&name).cloned()) {
+                Some((spec, size)) => Feed::Share(spec, size),
+                None if is_remote => Feed::Remote,
+                None => Feed::Local,
+            };
+            new_group(name, settings, &config.node, &clock, pool.as_ref(), now, feed)
         };
         let overflow = make(GroupName::default_group(), default_settings);
         let mut groups: HashMap<Box<str>, Arc<Group>> = HashMap::new();
@@ -288,6 +320,7 @@ impl Builder {
             realloc: Mutex::new(Realloc { last: now, tracks: HashMap::new() }),
             pool,
             remote,
+            store: std::sync::OnceLock::new(),
         };
         inner.update_pool();
         if !is_remote {
@@ -331,13 +364,15 @@ fn new_group(
     clock: &Arc<ClockSource>,
     pool: Option<&Arc<FreePool>>,
     now: Nanos,
-    remote: bool,
+    feed: Feed,
 ) -> Arc<Group> {
+    let remote = matches!(feed, Feed::Remote);
     let ceiling = max_rate(&settings, node);
     // Remotely, the controller decides what a group may hold.
     let burst_ceiling = if remote { f64::INFINITY } else { settings.burst().unwrap_or(ceiling) };
-    let limiter = match pool {
-        Some(pool) => {
+    let limiter = match (pool, feed) {
+        (_, Feed::Share(spec, size)) => Limiter::Epoch(EpochShare::new(spec, size)),
+        (Some(pool), _) => {
             let limit = match settings.limit() {
                 Limit::Units(u) => Some(u),
                 Limit::Unlimited => None,
@@ -345,10 +380,10 @@ fn new_group(
             Limiter::Fcfs { group: FcfsGroup::new(settings.reserved(), limit), pool: pool.clone() }
         }
         // Remotely, closed until the controller's first grant (asked for at once).
-        None if remote => Limiter::Bucket(Bucket::new(0.0, 0.0, now)),
+        (None, Feed::Remote) => Limiter::Bucket(Bucket::new(0.0, 0.0, now)),
         // Start full at the highest rate the group could have; the reallocation that follows
         // at once sets its real allowance, keeping it full at the new burst.
-        None => Limiter::Bucket(Bucket::new(ceiling, settings.burst_for(ceiling), now)),
+        (None, Feed::Local) => Limiter::Bucket(Bucket::new(ceiling, settings.burst_for(ceiling), now)),
     };
     Arc::new_cyclic(|me| Group {
         name,
@@ -489,7 +524,7 @@ impl Inner {
             &self.clock,
             self.pool.as_ref(),
             now,
-            self.remote.is_some(),
+            if self.remote.is_some() { Feed::Remote } else { Feed::Local },
         );
         let mut next = HashMap::clone(&current);
         next.insert(name.into(), group.clone());
@@ -555,6 +590,7 @@ impl Inner {
             Limiter::Fcfs { group: gauge, pool } => {
                 gauge.try_acquire(pool, cost, now).map(|domain| (Duration::ZERO, Some(domain)))
             }
+            Limiter::Epoch(share) => share.try_take(cost, now).map(|()| (Duration::ZERO, None)),
         };
         match outcome {
             Ok((wait, domain)) => {
@@ -565,7 +601,7 @@ impl Inner {
                         Tally::bump(&t.waited, 1);
                     }
                 });
-                Ok((Permit { group, cost, domain }, wait))
+                Ok((Permit { group, cost, domain, at: now }, wait))
             }
             Err(retry_after) => Err(self.refuse(g, cost, retry_after)),
         }
@@ -602,12 +638,16 @@ impl Inner {
                 None
             }
             Limiter::Fcfs { group: gauge, pool } => Some(gauge.charge(pool, cost, now)),
+            Limiter::Epoch(share) => {
+                share.take(cost, now);
+                None
+            }
         };
         group.record(|t| {
             Tally::bump(&t.admitted, 1);
             Tally::bump(&t.admitted_micro, micros(cost));
         });
-        Permit { group, cost, domain }
+        Permit { group, cost, domain, at: now }
     }
 
     /// Books the earliest moment the cost fits and waits for it; when there is no such
@@ -716,10 +756,30 @@ impl Tollgate {
         let link = Arc::new(Link::new(&opts));
         let mut config = Config::default();
         config.node.max_wait = opts.max_wait;
-        let gate = Builder { config, clock: None, remote: Some(link.clone()) }.build()?;
+        let gate = Builder { config, clock: None, remote: Some(link.clone()), shares: None }.build()?;
         let client = tollgate_proto::v1::admission_client::AdmissionClient::new(channel);
         runtime.spawn(crate::remote::run(Arc::downgrade(&gate.inner), link, client, opts.exchange_timeout));
         Ok(gate)
+    }
+
+    pub(crate) fn inner_arc(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    pub(crate) fn set_store(&self, link: Arc<StoreLink>) {
+        let _ = self.inner.store.set(link);
+    }
+
+    pub(crate) fn store_link(&self) -> Option<&Arc<StoreLink>> {
+        self.inner.store.get()
+    }
+
+    /// A store-mode group's ramp value.
+    pub(crate) fn ramp_value(&self, group: &GroupName) -> Option<f64> {
+        match &self.inner.groups.load().get(group.as_str())?.limiter {
+            Limiter::Epoch(share) => share.ramp_value(),
+            _ => None,
+        }
     }
 
     /// The link to the controller, in remote mode.
@@ -801,6 +861,24 @@ impl Tollgate {
             self.inner.groups.load().iter().map(|(n, g)| (n.to_string(), stats_of(g))).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+}
+
+impl SharesOf for Inner {
+    fn set_size(&self, group: &GroupName, size: u64) {
+        if let Some(g) = self.groups.load().get(group.as_str())
+            && let Limiter::Epoch(share) = &g.limiter
+        {
+            share.set_size(size);
+        }
+    }
+
+    fn force(&self, group: &GroupName, forced: Option<Forced>) {
+        if let Some(g) = self.groups.load().get(group.as_str())
+            && let Limiter::Epoch(share) = &g.limiter
+        {
+            share.force(forced);
+        }
     }
 }
 

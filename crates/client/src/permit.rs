@@ -45,6 +45,8 @@ pub struct Permit<'a> {
     pub(crate) group: GroupRef<'a>,
     pub(crate) cost: f64,
     pub(crate) domain: Option<Domain>,
+    /// When it was admitted (store mode's deposits count only within that epoch).
+    pub(crate) at: tollgate_core::time::Nanos,
 }
 
 impl Permit<'_> {
@@ -80,6 +82,13 @@ impl Permit<'_> {
                 let domain = self.domain.unwrap_or(Domain::Reserved);
                 gauge.settle(pool, domain, delta, now);
             }
+            Limiter::Epoch(share) => {
+                if delta > 0.0 {
+                    share.take(delta, now);
+                } else {
+                    share.deposit(-delta, self.at, now);
+                }
+            }
         }
         if delta > 0.0 {
             group.settled_up_micro.fetch_add(micros(delta), Ordering::Relaxed);
@@ -102,6 +111,6 @@ impl Permit<'_> {
             GroupRef::Borrowed(g) => GroupRef::Owned(g.self_arc()),
             GroupRef::Owned(g) => GroupRef::Owned(g),
         };
-        Permit { group, cost: self.cost, domain: self.domain }
+        Permit { group, cost: self.cost, domain: self.domain, at: self.at }
     }
 }

@@ -10,6 +10,7 @@
 //! - [`bucket`]: the lock-free token bucket with burst, debt and refunds.
 //! - [`allocate`]: dividing a node's capacity among groups (reserved, priority, max-min).
 //! - [`fcfs`]: Couchbase's first-come-first-served one-second slots.
+//! - [`epoch`]: a pool shared by several clients per one-second epoch (store mode).
 //! - [`pipeline`]: the controller's rate pipeline: targets from demand, saturation and capacity.
 //! - [`ramp`]: Numaflow's ramp-up of a group's pool from `min` to `max`, in four modes.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
@@ -19,6 +20,7 @@ pub mod allocate;
 pub mod bucket;
 pub mod config;
 pub mod cost;
+pub mod epoch;
 pub mod fcfs;
 pub mod pipeline;
 pub mod ramp;

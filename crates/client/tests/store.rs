@@ -1,0 +1,267 @@
+//! Store mode against a real `redis-server` (started here, on a free port, in a temporary
+//! directory; `./scripts/test.sh` installs it when missing).
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tollgate_client::{SafeModePolicy, StoreOptions, Tollgate};
+use tollgate_core::config::Config;
+use tollgate_core::time::ManualClock;
+
+struct Redis {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Redis {
+    fn start(name: &str) -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Redis::start_on(name, port)
+    }
+
+    fn start_on(name: &str, port: u16) -> Redis {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (./scripts/test.sh installs it)");
+        // Ready when it accepts connections (bounded: 5 s).
+        for _ in 0..500 {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Redis { child, port, dir };
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config(toml: &str) -> Config {
+    Config::parse(toml).unwrap()
+}
+
+fn opts(namespace: &str, id: &str) -> StoreOptions {
+    StoreOptions {
+        namespace: namespace.into(),
+        client_id: Some(id.into()),
+        ttl: Duration::from_secs(1),
+        sync_interval: Duration::from_millis(50),
+        stale_limit: Duration::from_millis(500),
+        ..StoreOptions::default()
+    }
+}
+
+/// Waits (bounded) until `check` holds, polling the clients' own state.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+fn size(gate: &Tollgate) -> u64 {
+    gate.store_status().unwrap().sizes[0].1
+}
+
+/// How much `gate` can take of group `g` in the clock's current epoch.
+fn drain(gate: &Tollgate) -> u64 {
+    let mut n = 0;
+    while gate.try_acquire("g", 1.0).is_ok() {
+        n += 1;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_agree_split_the_pool_and_follow_deaths_and_scale_ups() {
+    let redis = Redis::start("agree");
+    let clock = ManualClock::new();
+    let settings = "[groups.g]\nlimit = 90\n";
+    let mut gates = Vec::new();
+    for i in 0..3 {
+        let g = Tollgate::store_with_clock(
+            &redis.url(),
+            config(settings),
+            opts("t1", &format!("c{i}")),
+            clock.clone(),
+        )
+        .await
+        .unwrap();
+        gates.push(g);
+    }
+    until("three clients agree on 3", || gates.iter().all(|g| size(g) == 3)).await;
+    // A new epoch: each takes exactly its share, 90 / 3, and not one unit more.
+    clock.advance(Duration::from_secs(1));
+    for g in &gates {
+        assert_eq!(drain(g), 30);
+    }
+
+    // One dies (no goodbye): within ttl plus a sync the others agree on 2.
+    drop(gates.pop());
+    until("two survivors agree on 2", || gates.iter().all(|g| size(g) == 2)).await;
+    clock.advance(Duration::from_secs(1));
+    for g in &gates {
+        assert_eq!(drain(g), 45);
+    }
+
+    // Scale up to four.
+    for i in 3..5 {
+        let g = Tollgate::store_with_clock(
+            &redis.url(),
+            config(settings),
+            opts("t1", &format!("c{i}")),
+            clock.clone(),
+        )
+        .await
+        .unwrap();
+        gates.push(g);
+    }
+    until("four agree on 4", || gates.iter().all(|g| size(g) == 4)).await;
+    clock.advance(Duration::from_secs(1));
+    for g in &gates {
+        assert_eq!(drain(g), 22); // ⌊90 / 4⌋: the remainder is never handed out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_keep_same_named_groups_apart() {
+    let redis = Redis::start("namespaces");
+    let clock = ManualClock::new();
+    let settings = "[groups.g]\nlimit = 10\n";
+    let a = Tollgate::store_with_clock(&redis.url(), config(settings), opts("team-a", "x"), clock.clone())
+        .await
+        .unwrap();
+    let b = Tollgate::store_with_clock(&redis.url(), config(settings), opts("team-b", "y"), clock.clone())
+        .await
+        .unwrap();
+    until("each alone in its namespace", || {
+        size(&a) == 1 && size(&b) == 1 && a.store_status().unwrap().syncs > 3
+    })
+    .await;
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(drain(&a), 10);
+    assert_eq!(drain(&b), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ramp_resumes_within_the_ttl_and_restarts_after_it() {
+    let redis = Redis::start("resume");
+    let clock = ManualClock::new();
+    let settings = "[groups.g]\nlimit = 1000\n[groups.g.ramp]\nmin = 10\nmax = 110\nduration_s = 10\nmode = \"relaxed\"\n";
+    let first =
+        Tollgate::store_with_clock(&redis.url(), config(settings), opts("t3", "first"), clock.clone())
+            .await
+            .unwrap();
+    // Five busy epochs: 10, 20, 30, 40, 50.
+    let mut taken = Vec::new();
+    for _ in 0..5 {
+        taken.push(drain(&first));
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(taken, [10, 20, 30, 40, 50]);
+    first.shutdown().await;
+
+    // Within the ttl: resumes at 50 (and steps to 60 on its first busy epoch after that).
+    let second =
+        Tollgate::store_with_clock(&redis.url(), config(settings), opts("t3", "second"), clock.clone())
+            .await
+            .unwrap();
+    assert_eq!(drain(&second), 50);
+    second.shutdown().await;
+
+    // After the ttl the stored value has expired: back to min.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let third =
+        Tollgate::store_with_clock(&redis.url(), config(settings), opts("t3", "third"), clock.clone())
+            .await
+            .unwrap();
+    assert_eq!(drain(&third), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_mid_run_keeps_the_last_size_then_safe_mode_then_recovers() {
+    let redis = Redis::start("lost");
+    let port = redis.port;
+    let clock = ManualClock::new();
+    let settings = "[groups.g]\nlimit = 60\n";
+    let a = Tollgate::store_with_clock(&redis.url(), config(settings), opts("t4", "a"), clock.clone())
+        .await
+        .unwrap();
+    let b = Tollgate::store_with_clock(&redis.url(), config(settings), opts("t4", "b"), clock.clone())
+        .await
+        .unwrap();
+    until("two agree", || size(&a) == 2 && size(&b) == 2).await;
+
+    drop(redis); // killed
+    until("the loss is noticed", || !a.store_status().unwrap().connected).await;
+    // The last agreed size carries on locally.
+    assert_eq!(size(&a), 2);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(drain(&a), 30);
+    until("safe mode after the stale limit", || a.store_status().unwrap().safe_mode).await;
+    // Decay (the default policy) keeps the last agreed size and ramp.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(drain(&a), 30);
+
+    let _restarted = Redis::start_on("lost-again", port);
+    until("back and out of safe mode", || {
+        let s = a.store_status().unwrap();
+        s.connected && !s.safe_mode
+    })
+    .await;
+    until("agree again on 2", || size(&a) == 2 && size(&b) == 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_at_start_starts_in_safe_mode_within_the_bound() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let clock = ManualClock::new();
+    let o = StoreOptions {
+        connect_timeout: Duration::from_millis(300),
+        safe_mode: SafeModePolicy::FailClosed,
+        ..opts("t5", "z")
+    };
+    let started = tollgate_client::clock::TokioClock::new();
+    let gate = Tollgate::store_with_clock(
+        &format!("redis://127.0.0.1:{port}"),
+        config("[groups.g]\nlimit = 5\n"),
+        o,
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    use tollgate_core::time::Clock;
+    assert!(started.now().as_secs_f64() < 2.0, "start took {:?}", started.now());
+    let s = gate.store_status().unwrap();
+    assert!(s.safe_mode && !s.connected);
+    assert_eq!(drain(&gate), 0, "fail closed admits nothing");
+    gate.shutdown().await; // never waits on Redis for more than a second
+    let bad = Tollgate::store("not a url", config("[groups.g]\nlimit = 5\n"), StoreOptions::default())
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("url:"), "{bad}");
+}
