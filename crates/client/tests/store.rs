@@ -25,7 +25,7 @@ impl Redis {
     fn start_on(name: &str, port: u16) -> Redis {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&dir)
@@ -40,6 +40,8 @@ impl Redis {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("redis-server did not start on port {port}");
     }
 
