@@ -6,10 +6,11 @@
 //! the retry-after. Each group gets at least its reserved rate while it asks for it, never
 //! more than its limit, and the node's capacity is shared by priority and weight.
 //!
-//! Two ways to be fed, one API: *embedded* ([`Tollgate::from_toml`], [`Tollgate::builder`]),
-//! where the allocation runs in process like Couchbase's per-node throttling, and *remote*
+//! Three ways to be fed, one API: *embedded* ([`Tollgate::from_toml`], [`Tollgate::builder`]),
+//! where the allocation runs in process like Couchbase's per-node throttling; *remote*
 //! ([`Tollgate::remote`]), where `tollgate server` grants each process its share like TiDB's
-//! and FoundationDB's controllers.
+//! and FoundationDB's controllers; and *store* ([`Tollgate::store`]), where processes agree
+//! through Redis on how many share each pool, like Numaflow.
 //!
 //! ```
 //! use tollgate_client::{AcquireError, Tollgate};
@@ -56,4 +57,5 @@ pub use tollgate_core as core;
 #[doc = include_str!("../../../README.md")]
 #[doc = include_str!("../../../docs/concepts.md")]
 #[doc = include_str!("../../../docs/operations.md")]
+#[doc = include_str!("../../../docs/store.md")]
 pub struct DocumentationExamples;
