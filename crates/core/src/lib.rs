@@ -13,6 +13,7 @@
 //! - [`epoch`]: a pool shared by several clients per one-second epoch (store mode).
 //! - [`pipeline`]: the controller's rate pipeline: targets from demand, saturation and capacity.
 //! - [`ramp`]: Numaflow's ramp-up of a group's pool from `min` to `max`, in four modes.
+//! - [`schedule`]: TiKV's fair queue by priority and virtual time.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
 //! - [`toml_reader`]: reading TOML with every problem reported by line, field and rule.
 
@@ -24,6 +25,7 @@ pub mod epoch;
 pub mod fcfs;
 pub mod pipeline;
 pub mod ramp;
+pub mod schedule;
 pub mod settings;
 pub mod smooth;
 pub mod time;
