@@ -41,6 +41,7 @@ pub mod layer;
 mod limiter;
 mod permit;
 pub mod remote;
+pub mod reporter;
 pub mod scheduler;
 pub mod store;
 mod tally;

@@ -380,7 +380,7 @@ fn new_group(
             Limiter::Fcfs { group: FcfsGroup::new(settings.reserved(), limit), pool: pool.clone() }
         }
         // Remotely, closed until the controller's first grant (asked for at once).
-        (None, Feed::Remote) => Limiter::Bucket(Bucket::new(0.0, 0.0, now)),
+        (None, Feed::Remote) => Limiter::Bucket(Bucket::closed_until_rated(now)),
         // Start full at the highest rate the group could have; the reallocation that follows
         // at once sets its real allowance, keeping it full at the new burst.
         (None, Feed::Local) => Limiter::Bucket(Bucket::new(ceiling, settings.burst_for(ceiling), now)),

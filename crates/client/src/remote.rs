@@ -167,13 +167,24 @@ pub(crate) async fn run<F: Fed>(
     let mut delay = Duration::ZERO;
     let mut backoff = BACKOFF_MIN;
     let mut safe_since: Option<Nanos> = None;
+    let mut last_exchange: Option<Nanos> = None;
     loop {
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            () = link.notify.notified() => tokio::time::sleep(EARLY_SPACING).await,
+            () = link.notify.notified() => {
+                // Early exchanges go at once, but no closer together than EARLY_SPACING.
+                let since = match (last_exchange, fed.upgrade()) {
+                    (Some(t), Some(f)) => f.now().since(t),
+                    _ => EARLY_SPACING,
+                };
+                if since < EARLY_SPACING {
+                    tokio::time::sleep(EARLY_SPACING - since).await;
+                }
+            }
         }
         let Some(f) = fed.upgrade() else { return };
         let now = f.now();
+        last_exchange = Some(now);
         let dt = now.since(last_at).as_secs_f64().max(1e-3);
         let usage = f.usage();
         let grants = link.grants.lock().unwrap_or_else(PoisonError::into_inner).clone();

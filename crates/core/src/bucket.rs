@@ -124,6 +124,14 @@ impl Bucket {
         }
     }
 
+    /// A bucket that admits nothing until its first [`set_rate`](Self::set_rate), and then
+    /// starts full at the burst it is given: for a group whose rate is not known yet.
+    pub fn closed_until_rated(now: Nanos) -> Self {
+        let b = Self::new(0.0, 0.0, now);
+        b.closed_level.store(f64::INFINITY.to_bits(), Ordering::Release);
+        b
+    }
+
     #[inline]
     fn params(&self) -> Params {
         Params {
@@ -432,6 +440,15 @@ mod tests {
         b.charge(150.0, at_ms(100));
         b.set_rate(10.0, 50.0, at_ms(100));
         assert!((b.available(at_ms(100)) + 100.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_bucket_awaiting_its_rate_starts_full_at_it() {
+        let b = Bucket::closed_until_rated(at_ms(0));
+        assert_eq!(b.try_acquire(1.0, at_ms(0)), Err(Refusal::Closed));
+        b.set_rate(100.0, 20.0, at_ms(5));
+        assert!((b.available(at_ms(5)) - 20.0).abs() < 1e-9);
+        assert!(b.try_acquire(20.0, at_ms(5)).is_ok());
     }
 
     #[test]

@@ -1,0 +1,127 @@
+//! The backend reporter: a backend tells the controller, every second, how loaded it is and
+//! which groups load it most, so that the controller's saturation limiting can act.
+//!
+//! Record work as it is served with [`BackendReporter::record`]; a background task computes
+//! each group's units/s over the interval and sends the `top_k` busiest groups at or above
+//! `threshold`, with the health the application's function returns (queue bytes or
+//! utilisation). A controller that cannot be reached is retried at the next interval; the
+//! controller itself stops using a backend's report once it is older than its report expiry.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tollgate_proto::v1::{self, backend_client::BackendClient};
+
+/// A backend's health, as it reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BackendHealth {
+    /// Bytes queued (FoundationDB's storage queue; 800e6 is the controller's target).
+    QueueBytes(f64),
+    /// Load ÷ capacity: 1 means at capacity.
+    Utilisation(f64),
+}
+
+/// How the reporter behaves.
+#[derive(Debug, Clone)]
+pub struct ReporterOptions {
+    /// This backend's id (1 to 255 bytes).
+    pub backend_id: String,
+    /// Its failure domain (1 to 255 bytes).
+    pub zone: String,
+    /// How often to report.
+    pub interval: Duration,
+    /// Report at most this many groups (the busiest).
+    pub top_k: usize,
+    /// Report only groups with at least this many units/s.
+    pub threshold: f64,
+}
+
+impl Default for ReporterOptions {
+    fn default() -> Self {
+        Self {
+            backend_id: "backend".into(),
+            zone: "zone".into(),
+            interval: Duration::from_secs(1),
+            top_k: 10,
+            threshold: 0.0,
+        }
+    }
+}
+
+/// Records served work and reports it; cheap to clone. Dropping every clone stops it.
+#[derive(Clone)]
+pub struct BackendReporter {
+    served: Arc<Mutex<HashMap<String, f64>>>,
+    _stop: Arc<tokio::sync::watch::Sender<()>>,
+}
+
+impl BackendReporter {
+    /// Starts reporting to the controller at `url`; `health` is asked once per report.
+    /// Must be called inside a tokio runtime.
+    pub fn spawn(
+        url: &str,
+        opts: ReporterOptions,
+        health: impl Fn() -> BackendHealth + Send + Sync + 'static,
+    ) -> Result<BackendReporter, crate::BuildError> {
+        let channel = tonic::transport::Channel::from_shared(url.to_string())
+            .map_err(|e| crate::BuildError::Remote { url: url.to_string(), reason: e.to_string() })?
+            .connect_lazy();
+        let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
+        let (stop, mut stopped) = tokio::sync::watch::channel(());
+        let taken = served.clone();
+        tokio::spawn(async move {
+            let mut client = BackendClient::new(channel);
+            let mut ticker = tokio::time::interval(opts.interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    _ = stopped.changed() => return,
+                }
+                let window = std::mem::take(&mut *taken.lock().unwrap_or_else(PoisonError::into_inner));
+                let secs = opts.interval.as_secs_f64();
+                let mut loads: Vec<(String, f64)> = window
+                    .into_iter()
+                    .map(|(g, u)| (g, u / secs))
+                    .filter(|(_, r)| *r >= opts.threshold)
+                    .collect();
+                loads.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                loads.truncate(opts.top_k.min(tollgate_proto::REPORT_GROUPS_MAX));
+                let report = v1::BackendReport {
+                    backend_id: opts.backend_id.clone(),
+                    zone: opts.zone.clone(),
+                    health: Some(match health() {
+                        BackendHealth::QueueBytes(q) => v1::backend_report::Health::QueueBytes(q),
+                        BackendHealth::Utilisation(u) => v1::backend_report::Health::Utilisation(u),
+                    }),
+                    loads: loads
+                        .into_iter()
+                        .map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s })
+                        .collect(),
+                };
+                if let Err(e) = tokio::time::timeout(opts.interval, client.report(report))
+                    .await
+                    .map_err(|_| "timed out".to_string())
+                    .and_then(|r| r.map_err(|s| s.message().to_string()))
+                {
+                    tracing::debug!(error = %e, "tollgate: backend report not delivered");
+                }
+            }
+        });
+        Ok(BackendReporter { served, _stop: Arc::new(stop) })
+    }
+
+    /// Counts `units` of work served for `group`.
+    pub fn record(&self, group: &str, units: f64) {
+        if units > 0.0 && units.is_finite() {
+            *self
+                .served
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(group.to_string())
+                .or_insert(0.0) += units;
+        }
+    }
+}

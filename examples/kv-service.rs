@@ -1,0 +1,254 @@
+//! A small key-value service over HTTP, protected by Tollgate end to end.
+//!
+//! ```text
+//! cargo run --release -p tollgate-client --example kv-service -- \
+//!     [--controller http://127.0.0.1:7460] [--listen 127.0.0.1:7480] [--capacity 1000000] [--concurrency 4]
+//! ```
+//!
+//! - The tenant comes from the `x-tollgate-group` header (unknown or missing: `default`).
+//! - Each request is admitted by a remote Tollgate client fed by the controller, or refused
+//!   with `429 Too Many Requests` and `Retry-After`.
+//! - Admitted requests run through a [`Scheduler`]: `--concurrency` at once, the rest in
+//!   (priority, virtual time) order, with priorities and rates read from the controller.
+//! - The service does `--capacity` units of work per second (units are bytes): each request
+//!   holds its slot for `cost ÷ (capacity ÷ concurrency)` seconds. Its actual cost, the value's
+//!   size, settles the permit.
+//! - Every second it reports its utilisation (units/s arriving ÷ capacity) and its busiest
+//!   tenants to the controller, which limits tenants when the service is saturated.
+//!
+//! API: `PUT /kv/{key}` stores the body; `GET /kv/{key}` returns it; `GET /stats` shows the
+//! utilisation and the scheduler's queue; `GET /healthz`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tollgate_client::core::config::Config;
+use tollgate_client::core::settings::{GroupName, GroupSettings, Priority};
+use tollgate_client::reporter::{BackendHealth, BackendReporter, ReporterOptions};
+use tollgate_client::scheduler::{Scheduler, SchedulerOptions};
+use tollgate_client::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_proto::v1;
+
+const GROUP_HEADER: &str = "x-tollgate-group";
+/// Cost of a read before its size is known.
+const READ_ESTIMATE: f64 = 4096.0;
+
+struct Service {
+    gate: Tollgate,
+    scheduler: Scheduler,
+    reporter: BackendReporter,
+    data: Mutex<HashMap<String, Bytes>>,
+    /// Units of work per second the service can do, per slot.
+    per_slot: f64,
+    /// Units that arrived in the current second (for utilisation).
+    arrived: AtomicU64,
+    /// Units/s arriving, smoothed, as f64 bits; and the capacity.
+    arriving: Arc<AtomicU64>,
+    capacity: f64,
+}
+
+struct Options {
+    controller: String,
+    listen: String,
+    capacity: f64,
+    concurrency: usize,
+}
+
+fn options() -> Result<Options, String> {
+    let mut o = Options {
+        controller: "http://127.0.0.1:7460".into(),
+        listen: "127.0.0.1:7480".into(),
+        capacity: 1_000_000.0,
+        concurrency: 4,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--controller" => o.controller = value,
+            "--listen" => o.listen = value,
+            "--capacity" => {
+                o.capacity =
+                    value.parse().ok().filter(|c: &f64| *c > 0.0).ok_or("--capacity: a number above 0")?
+            }
+            "--concurrency" => {
+                o.concurrency = value
+                    .parse()
+                    .ok()
+                    .filter(|c: &usize| *c > 0)
+                    .ok_or("--concurrency: a whole number above 0")?
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(o)
+}
+
+/// The groups' priorities and rates, from the controller, for the scheduler.
+async fn settings_from(controller: &str) -> Result<Config, Box<dyn std::error::Error>> {
+    let mut admin = v1::admin_client::AdminClient::connect(controller.to_string()).await?;
+    let mut config = Config::default();
+    for g in admin.list_groups(v1::ListGroupsRequest {}).await?.into_inner().groups {
+        let s = g.settings.unwrap_or_default();
+        let mut b = GroupSettings::builder().reserved(s.reserved).weight(s.weight.max(f64::MIN_POSITIVE));
+        if let Some(l) = s.limit {
+            b = b.limit(l);
+        }
+        if let Ok(p) = Priority::new(s.priority as u8) {
+            b = b.priority(p);
+        }
+        if let (Ok(name), Ok(settings)) = (GroupName::new(&g.name), b.build()) {
+            config.groups.insert(name, settings);
+        }
+    }
+    Ok(config)
+}
+
+fn group_of(headers: &HeaderMap) -> String {
+    headers
+        .get(GROUP_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|g| tollgate_client::core::settings::check_group_name(g).is_ok())
+        .unwrap_or("default")
+        .to_string()
+}
+
+fn too_many(retry_after: Duration) -> Response {
+    let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+    let mut r = (StatusCode::TOO_MANY_REQUESTS, "throttled\n").into_response();
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    r
+}
+
+/// Admission, scheduling, work, settlement and reporting around one operation.
+async fn serve(
+    svc: &Service,
+    group: &str,
+    estimate: f64,
+    op: impl FnOnce(&Service) -> (Response, f64),
+) -> Response {
+    // A short wait covers the first grant of a group; longer waits become 429s.
+    let permit = match svc.gate.acquire(group, estimate).await {
+        Ok(p) => p,
+        Err(AcquireError::Throttled { retry_after, .. }) => return too_many(retry_after),
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    svc.arrived.fetch_add(estimate as u64, Ordering::Relaxed);
+    let slot = match svc.scheduler.acquire(group, estimate).await {
+        Ok(s) => s,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    };
+    let (response, actual) = op(svc);
+    // The work itself: the service does `per_slot` units per second in each slot.
+    tokio::time::sleep(Duration::from_secs_f64(actual / svc.per_slot)).await;
+    drop(slot);
+    let _ = permit.settle(actual);
+    svc.reporter.record(group, actual);
+    response
+}
+
+async fn get_key(State(svc): State<Arc<Service>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
+    let group = group_of(&headers);
+    serve(&svc, &group, READ_ESTIMATE, |svc| match svc.data.lock().unwrap().get(&key) {
+        Some(v) => (v.clone().into_response(), v.len().max(1) as f64),
+        None => (StatusCode::NOT_FOUND.into_response(), 1.0),
+    })
+    .await
+}
+
+async fn put_key(
+    State(svc): State<Arc<Service>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let group = group_of(&headers);
+    let cost = body.len().max(1) as f64;
+    serve(&svc, &group, cost, |svc| {
+        svc.data.lock().unwrap().insert(key, body);
+        (StatusCode::NO_CONTENT.into_response(), cost)
+    })
+    .await
+}
+
+/// The service's own view: utilisation (units/s arriving ÷ capacity) and its queue.
+async fn stats(State(svc): State<Arc<Service>>) -> Response {
+    let utilisation = f64::from_bits(svc.arriving.load(Ordering::Relaxed)) / svc.capacity;
+    let (running, waiting) = svc.scheduler.load();
+    axum::Json(serde_json::json!({ "utilisation": utilisation, "running": running, "waiting": waiting }))
+        .into_response()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let o = options().map_err(|e| format!("kv-service: {e}"))?;
+    let remote = RemoteOptions {
+        client_id: Some(format!("kv-service-{}", o.listen)),
+        max_wait: Duration::from_millis(50),
+        ..RemoteOptions::default()
+    };
+    let gate = Tollgate::remote(&o.controller, remote)?;
+    let settings = settings_from(&o.controller)
+        .await
+        .map_err(|e| format!("kv-service: cannot read groups from {}: {e}", o.controller))?;
+    let scheduler = Scheduler::new(
+        &settings,
+        SchedulerOptions { concurrency: o.concurrency, ..SchedulerOptions::default() },
+    );
+    let arrived_rate = Arc::new(AtomicU64::new(0));
+    let capacity = o.capacity;
+    let health_rate = arrived_rate.clone();
+    let reporter = BackendReporter::spawn(
+        &o.controller,
+        ReporterOptions {
+            backend_id: format!("kv-{}", o.listen),
+            zone: "local".into(),
+            ..ReporterOptions::default()
+        },
+        move || BackendHealth::Utilisation(f64::from_bits(health_rate.load(Ordering::Relaxed)) / capacity),
+    )?;
+    let svc = Arc::new(Service {
+        gate,
+        scheduler,
+        reporter,
+        data: Mutex::new(HashMap::new()),
+        per_slot: o.capacity / o.concurrency as f64,
+        arrived: AtomicU64::new(0),
+        arriving: arrived_rate.clone(),
+        capacity: o.capacity,
+    });
+    // Utilisation: units arriving per second, smoothed over about two seconds.
+    {
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            let mut smoothed = 0.0;
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                let rate = svc.arrived.swap(0, Ordering::Relaxed) as f64 * 4.0;
+                smoothed += (rate - smoothed) * 0.12;
+                arrived_rate.store(f64::to_bits(smoothed), Ordering::Relaxed);
+            }
+        });
+    }
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/kv/{key}", get(get_key).put(put_key))
+        .route("/stats", get(stats))
+        .with_state(svc);
+    let listener = tokio::net::TcpListener::bind(&o.listen).await?;
+    println!("kv-service listening on {} (controller {})", listener.local_addr()?, o.controller);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
