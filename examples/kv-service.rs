@@ -13,8 +13,9 @@
 //! - The service does `--capacity` units of work per second (units are bytes): each request
 //!   holds its slot for `cost ÷ (capacity ÷ concurrency)` seconds. Its actual cost, the value's
 //!   size, settles the permit.
-//! - Every second it reports its utilisation (units/s arriving ÷ capacity) and its busiest
-//!   tenants to the controller, which limits tenants when the service is saturated.
+//! - Every second it reports its utilisation (units/s arriving ÷ capacity, smoothed over 10 s)
+//!   and its busiest tenants' arriving units/s, measured the same way, to the controller,
+//!   which limits tenants when the service is saturated.
 //!
 //! API: `PUT /kv/{key}` stores the body; `GET /kv/{key}` returns it; `GET /stats` shows the
 //! utilisation and the scheduler's queue; `GET /healthz`.
@@ -141,6 +142,7 @@ async fn serve(
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
     svc.arrived.fetch_add(estimate as u64, Ordering::Relaxed);
+    svc.reporter.record(group, estimate);
     let slot = match svc.scheduler.acquire(group, estimate).await {
         Ok(s) => s,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
@@ -150,7 +152,6 @@ async fn serve(
     tokio::time::sleep(Duration::from_secs_f64(actual / svc.per_slot)).await;
     drop(slot);
     let _ = permit.settle(actual);
-    svc.reporter.record(group, actual);
     response
 }
 
@@ -204,15 +205,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let arrived_rate = Arc::new(AtomicU64::new(0));
     let capacity = o.capacity;
-    let health_rate = arrived_rate.clone();
+    // Utilisation is the arriving load ÷ capacity, measured by the reporter itself so that
+    // the load per tenant and the utilisation come from one smoothed measurement.
     let reporter = BackendReporter::spawn(
         &o.controller,
         ReporterOptions {
             backend_id: format!("kv-{}", o.listen),
             zone: "local".into(),
+            smoothing: Duration::from_secs(10),
+            capacity: Some(capacity),
             ..ReporterOptions::default()
         },
-        move || BackendHealth::Utilisation(f64::from_bits(health_rate.load(Ordering::Relaxed)) / capacity),
+        || BackendHealth::Utilisation(0.0),
     )?;
     let svc = Arc::new(Service {
         gate,

@@ -42,6 +42,13 @@ enum Command {
         /// How long a grant holds without renewal, in milliseconds.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
         lease_ms: u64,
+        /// How many of the worst zones saturation limiting ignores (a sick zone is not a
+        /// workload problem); 0 when there is only one zone.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=1000))]
+        ignore_worst_zones: u64,
+        /// Units/s a group must put on a backend for that backend to limit it.
+        #[arg(long, default_value_t = 409_600.0)]
+        limiting_threshold: f64,
     },
     /// FoundationDB-style tag quotas, in bytes/s.
     #[command(subcommand)]
@@ -112,13 +119,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
-        Command::Server { data, grpc, http, tick_ms, lease_ms } => {
+        Command::Server { data, grpc, http, tick_ms, lease_ms, ignore_worst_zones, limiting_threshold } => {
+            if !(limiting_threshold.is_finite() && limiting_threshold >= 0.0) {
+                anyhow::bail!("--limiting-threshold: must be a number, at least 0; got {limiting_threshold}");
+            }
             server::run(tollgate_server::ServerOptions {
                 data,
                 grpc,
                 http,
                 tick: std::time::Duration::from_millis(tick_ms),
                 lease: std::time::Duration::from_millis(lease_ms),
+                ignore_worst_zones: ignore_worst_zones as usize,
+                limiting_threshold,
             })
         }
         Command::Quota(cmd) => admin_command(admin::quota(&cli.server, cmd)),

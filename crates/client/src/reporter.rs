@@ -1,16 +1,19 @@
 //! The backend reporter: a backend tells the controller, every second, how loaded it is and
 //! which groups load it most, so that the controller's saturation limiting can act.
 //!
-//! Record work as it is served with [`BackendReporter::record`]; a background task computes
-//! each group's units/s over the interval and sends the `top_k` busiest groups at or above
-//! `threshold`, with the health the application's function returns (queue bytes or
-//! utilisation). A controller that cannot be reached is retried at the next interval; the
+//! Record work as it arrives with [`BackendReporter::record`]; a background task keeps each
+//! group's units/s smoothed (FoundationDB's smoother, `smoothing` folding time) and sends the
+//! `top_k` busiest groups at or above `threshold`, with the backend's health: the smoothed total
+//! ÷ `capacity` when a capacity is given (one consistent measurement, as the controller's
+//! control law wants), or whatever the application's function returns (queue bytes, say). A controller that cannot be reached is retried at the next interval; the
 //! controller itself stops using a backend's report once it is older than its report expiry.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tollgate_core::smooth::Smoother;
+use tollgate_core::time::Clock;
 use tollgate_proto::v1::{self, backend_client::BackendClient};
 
 /// A backend's health, as it reports it.
@@ -35,6 +38,13 @@ pub struct ReporterOptions {
     pub top_k: usize,
     /// Report only groups with at least this many units/s.
     pub threshold: f64,
+    /// Folding time of the per-group load smoothers (FoundationDB smooths over 10 s). The
+    /// load reported and the utilisation derived from it use the same smoothing, so the
+    /// controller sees one consistent picture (docs/control.md).
+    pub smoothing: Duration,
+    /// The backend's capacity in units/s: when set, the health reported is the smoothed
+    /// load ÷ capacity, and the health function is not used.
+    pub capacity: Option<f64>,
 }
 
 impl Default for ReporterOptions {
@@ -45,6 +55,8 @@ impl Default for ReporterOptions {
             interval: Duration::from_secs(1),
             top_k: 10,
             threshold: 0.0,
+            smoothing: Duration::from_secs(10),
+            capacity: None,
         }
     }
 }
@@ -70,7 +82,10 @@ impl BackendReporter {
         let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
         let (stop, mut stopped) = tokio::sync::watch::channel(());
         let taken = served.clone();
+        let folding = opts.smoothing.as_secs_f64().max(1e-3);
         tokio::spawn(async move {
+            let clock = crate::clock::TokioClock::new();
+            let mut smoothers: HashMap<String, Smoother> = HashMap::new();
             let mut client = BackendClient::new(channel);
             let mut ticker = tokio::time::interval(opts.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -81,18 +96,26 @@ impl BackendReporter {
                     _ = stopped.changed() => return,
                 }
                 let window = std::mem::take(&mut *taken.lock().unwrap_or_else(PoisonError::into_inner));
-                let secs = opts.interval.as_secs_f64();
-                let mut loads: Vec<(String, f64)> = window
-                    .into_iter()
-                    .map(|(g, u)| (g, u / secs))
-                    .filter(|(_, r)| *r >= opts.threshold)
-                    .collect();
+                let now = clock.now();
+                for (group, units) in window {
+                    smoothers.entry(group).or_insert_with(|| Smoother::new(folding)).add_delta(now, units);
+                }
+                let mut loads: Vec<(String, f64)> =
+                    smoothers.iter_mut().map(|(g, s)| (g.clone(), s.smooth_rate(now).max(0.0))).collect();
+                // Forget groups whose load has died away.
+                smoothers.retain(|_, s| s.smooth_rate(now) > 1e-6);
+                let total: f64 = loads.iter().map(|l| l.1).sum();
+                loads.retain(|(_, r)| *r >= opts.threshold);
                 loads.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
                 loads.truncate(opts.top_k.min(tollgate_proto::REPORT_GROUPS_MAX));
+                let health = match opts.capacity {
+                    Some(c) => BackendHealth::Utilisation(total / c),
+                    None => health(),
+                };
                 let report = v1::BackendReport {
                     backend_id: opts.backend_id.clone(),
                     zone: opts.zone.clone(),
-                    health: Some(match health() {
+                    health: Some(match health {
                         BackendHealth::QueueBytes(q) => v1::backend_report::Health::QueueBytes(q),
                         BackendHealth::Utilisation(u) => v1::backend_report::Health::Utilisation(u),
                     }),

@@ -20,6 +20,9 @@
 //! `limiting_threshold` units/s; per zone the smallest ratio counts; the
 //! `ignore_worst_zones` worst zones are ignored.
 //!
+//! **Growth cap.** Below saturation's target (`u < 1`) the ratio used is at most `1/u`, the
+//! backend's proportional headroom, so a limit can grow by at most that much per tick.
+//!
 //! **The control law.** `load_g` is the group's load *as the backends report it*, the same
 //! measurement (with the same lag) that produced their queues, not the rate the clients
 //! admit now. A queue says "this much load was too much": scaling that load by the ratio
@@ -304,6 +307,14 @@ impl Pipeline {
         (inv > 0.0).then(|| 1.0 / inv)
     }
 
+    /// A backend's utilisation: queue bytes over the queue target.
+    fn utilisation(&self, health: Health) -> f64 {
+        match health {
+            Health::QueueBytes(q) => q / self.settings.queue_target_bytes,
+            Health::Utilisation(u) => u,
+        }
+    }
+
     /// The ratio limiting `group`, after ignoring the worst zones; with the group's load.
     fn limiting(&self, now: Nanos, group: &GroupName) -> (Option<f64>, f64) {
         let mut zones: BTreeMap<&str, f64> = BTreeMap::new();
@@ -318,6 +329,12 @@ impl Pipeline {
                 continue;
             }
             if let Some(ratio) = self.throttling_ratio(b.health) {
+                // Growth is capped at the backend's proportional headroom, 1/u: FoundationDB's
+                // ratio tends to infinity as u falls toward 0.75, which, with a few ticks of
+                // exchange delay, makes the limit leap and the backend swing (docs/control.md).
+                // Above u = 1 the FoundationDB ratio is the smaller one and decides alone.
+                let u = self.utilisation(b.health);
+                let ratio = if u > 0.0 { ratio.min(1.0 / u) } else { ratio };
                 let z = zones.entry(&b.zone).or_insert(ratio);
                 *z = z.min(ratio);
             }
@@ -622,6 +639,24 @@ mod tests {
         }
         // 10, 20, 30, 40 (the limit below the ramp's 50), 40, 40.
         assert_eq!(targets, [10.0, 20.0, 30.0, 40.0, 40.0, 40.0]);
+    }
+
+    #[test]
+    fn growth_below_saturation_is_capped_at_the_headroom() {
+        let settings =
+            PipelineSettings { limiting_threshold: 1.0, ignore_worst_zones: 0, ..Default::default() };
+        let mut p = Pipeline::new(settings);
+        p.set_group(name("g"), GroupSettings::builder().limit(1e9).build().unwrap());
+        let t = Nanos(1_000_000_000);
+        p.client_report(t, 1, &name("g"), ClientReport { demand: 1e6, consumed: 1.0, requests: 1.0 });
+        // u = 0.76: FoundationDB's ratio would be 25; the headroom allows 1/0.76.
+        p.backend_report(t, "b", "z", Health::Utilisation(0.76), &[(name("g"), 760.0)]);
+        p.tick(t);
+        assert!((p.outcome(&name("g")).unwrap().limiting.unwrap() - 1000.0).abs() < 1e-6);
+        // Above 1 the ratio itself is smaller: unchanged (1.2 → 1/1.8).
+        p.backend_report(t, "b", "z", Health::Utilisation(1.2), &[(name("g"), 1200.0)]);
+        p.tick(t);
+        assert!((p.outcome(&name("g")).unwrap().limiting.unwrap() - 1200.0 / 1.8).abs() < 1e-6);
     }
 
     #[test]

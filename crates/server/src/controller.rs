@@ -102,9 +102,16 @@ pub struct Controller {
 
 impl Controller {
     /// A controller over `store`, with the settings it holds.
-    pub fn new(store: Store, tick: Duration, lease: Duration) -> Result<Controller, StoreError> {
+    pub fn new(store: Store, opts: &crate::ServerOptions) -> Result<Controller, StoreError> {
         let stored = store.load()?;
-        let settings = PipelineSettings { capacity: stored.capacity, lease, ..PipelineSettings::default() };
+        let (tick, lease) = (opts.tick, opts.lease);
+        let settings = PipelineSettings {
+            capacity: stored.capacity,
+            lease,
+            ignore_worst_zones: opts.ignore_worst_zones,
+            limiting_threshold: opts.limiting_threshold,
+            ..PipelineSettings::default()
+        };
         let lease = settings.lease;
         let mut pipeline = Pipeline::new(settings);
         for (name, s) in &stored.groups {
@@ -230,6 +237,7 @@ impl Controller {
             Some(v1::backend_report::Health::Utilisation(u)) => Health::Utilisation(u),
             None => Health::Utilisation(0.0),
         };
+        tracing::debug!(backend = %r.backend_id, zone = %r.zone, ?health, ?loads, "backend report");
         self.lock().pipeline.backend_report(now, &r.backend_id, &r.zone, health, loads);
     }
 

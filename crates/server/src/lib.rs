@@ -38,6 +38,10 @@ pub struct ServerOptions {
     pub tick: Duration,
     /// How long a grant holds without renewal; past it clients enter safe mode.
     pub lease: Duration,
+    /// How many of the worst zones saturation limiting ignores (FoundationDB: 1).
+    pub ignore_worst_zones: usize,
+    /// Units/s a group must put on a backend for that backend to limit it.
+    pub limiting_threshold: f64,
 }
 
 impl Default for ServerOptions {
@@ -48,6 +52,8 @@ impl Default for ServerOptions {
             http: SocketAddr::from(([127, 0, 0, 1], 7461)),
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(10),
+            ignore_worst_zones: 1,
+            limiting_threshold: 409_600.0,
         }
     }
 }
@@ -106,7 +112,7 @@ impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
         let store = Store::open(&opts.data)?;
-        let controller = Arc::new(Controller::new(store, opts.tick, opts.lease)?);
+        let controller = Arc::new(Controller::new(store, opts)?);
         let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
             what: "gRPC",
             addr: opts.grpc,

@@ -1,0 +1,266 @@
+//! The whole loop with real processes: `tollgate server`, `examples/kv-service` and a load
+//! program for two tenants, over loopback.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate_client::clock::TokioClock;
+use tollgate_core::time::Clock;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+const VALUE_BYTES: usize = 4096;
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a process and returns it with the address printed on its first line after `marker`.
+fn start(cmd: &mut Command, marker: &str) -> (Proc, String) {
+    let log = std::fs::File::create(
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("e2e-{}.log", marker.trim())),
+    )
+    .unwrap();
+    let mut child = cmd.stdout(Stdio::piped()).stderr(log).spawn().expect("starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line
+        .split(marker)
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{line}"));
+    (Proc(child), addr.to_string())
+}
+
+fn kv_service_binary() -> PathBuf {
+    // Examples are built next to the test binaries' directory by `cargo test --all-targets`.
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let bin = dir.join("examples").join("kv-service");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p tollgate-client --example kv-service` (the README's test command does)",
+        bin.display()
+    );
+    bin
+}
+
+fn admin(url: &str, args: &[&str]) {
+    let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    at: f64,
+    tenant: &'static str,
+    status: u16,
+    retry_after: Option<u64>,
+    latency: f64,
+}
+
+async fn http(addr: SocketAddr, request: &[u8]) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(request).await.ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.ok()?;
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// `clock` is the test's one clock: sample times are seconds since the test started.
+async fn put(addr: SocketAddr, tenant: &'static str, key: u64, clock: &TokioClock) -> Option<Sample> {
+    let body = vec![b'x'; VALUE_BYTES];
+    let mut req = format!(
+        "PUT /kv/k{key} HTTP/1.1\r\nHost: {addr}\r\nx-tollgate-group: {tenant}\r\nContent-Length: {VALUE_BYTES}\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let start = clock.now().as_secs_f64();
+    let response = http(addr, &req).await?;
+    let latency = clock.now().as_secs_f64() - start;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let retry_after = response
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("retry-after:"))
+        .and_then(|l| l.split(':').nth(1)?.trim().parse().ok());
+    Some(Sample { at: start, tenant, status, retry_after, latency })
+}
+
+/// Offers `rate` requests/s for `tenant` for `seconds`, each request on its own task.
+async fn offer(
+    addr: SocketAddr,
+    tenant: &'static str,
+    rate: f64,
+    seconds: f64,
+    clock: TokioClock,
+    out: Arc<Mutex<Vec<Sample>>>,
+) {
+    let until = clock.now().as_secs_f64() + seconds;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    let mut key = 0u64;
+    let mut tasks = tokio::task::JoinSet::new();
+    while clock.now().as_secs_f64() < until {
+        tick.tick().await;
+        key += 1;
+        let (out, clock) = (out.clone(), clock.clone());
+        tasks.spawn(async move {
+            if let Some(s) = put(addr, tenant, key, &clock).await {
+                out.lock().unwrap().push(s);
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let text =
+        http(addr, format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+    serde_json::from_str(&text[text.find("\r\n\r\n").unwrap() + 4..]).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_limits_saturation_and_priority_end_to_end() {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e");
+    let _ = std::fs::remove_dir_all(&data);
+    let (_server, grpc) = start(
+        // One service, one zone: no zone to ignore.
+        Command::new(BIN)
+            .args([
+                "server",
+                "--data",
+                data.to_str().unwrap(),
+                "--grpc",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .args(["--ignore-worst-zones", "0"])
+            .env("RUST_LOG", "tollgate_server=debug,info"),
+        "grpc ",
+    );
+    let url = format!("http://{grpc}");
+    admin(&url, &["group", "create", "gold", "--reserved", "200000", "--priority", "high"]);
+    admin(&url, &["group", "create", "bronze", "--limit", "100000", "--priority", "low"]);
+    let (_kv, kv_addr) = start(
+        Command::new(kv_service_binary()).args([
+            "--controller",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "1000000",
+            "--concurrency",
+            "4",
+        ]),
+        "listening on ",
+    );
+    let kv: SocketAddr = kv_addr.parse().unwrap();
+    let clock = TokioClock::new();
+    let samples = Arc::new(Mutex::new(Vec::new()));
+
+    // Phase 1, 6 s: gold asks 40/s (164 KB/s, under its 200 KB/s reservation); bronze asks
+    // 60/s (246 KB/s) against its 100 KB/s limit.
+    let p1 = tokio::join!(
+        offer(kv, "gold", 40.0, 6.0, clock.clone(), samples.clone()),
+        offer(kv, "bronze", 60.0, 6.0, clock.clone(), samples.clone()),
+    );
+    let _ = p1;
+    let phase1: Vec<Sample> = samples.lock().unwrap().drain(..).filter(|s| s.at >= 1.0).collect();
+    let first = phase1.iter().map(|s| s.at).fold(f64::INFINITY, f64::min);
+    let window = phase1.iter().map(|s| s.at).fold(0.0, f64::max) - first;
+    let ok = |t: &str| phase1.iter().filter(|s| s.tenant == t && s.status == 204).count() as f64;
+    let refused: Vec<&Sample> = phase1.iter().filter(|s| s.tenant == "bronze" && s.status == 429).collect();
+    let mut counts = std::collections::BTreeMap::new();
+    for s in &phase1 {
+        *counts.entry((s.tenant, s.status, s.retry_after)).or_insert(0) += 1;
+    }
+    println!("phase 1: {counts:?} over {window:.1} s");
+    assert!(
+        !refused.is_empty() && refused.iter().all(|s| s.retry_after.unwrap_or(0) >= 1),
+        "429s carry Retry-After"
+    );
+    let bronze_rate = ok("bronze") / window * VALUE_BYTES as f64;
+    assert!(
+        (bronze_rate - 100_000.0).abs() <= 0.2 * 100_000.0,
+        "bronze admitted {bronze_rate} B/s against a 100000 limit"
+    );
+    let gold_offered = phase1.iter().filter(|s| s.tenant == "gold").count() as f64;
+    assert!(ok("gold") >= 0.95 * gold_offered, "gold got {} of {gold_offered}", ok("gold"));
+
+    // Phase 2, 16 s: bronze's limit is lifted and it asks 400/s (1.6 MB/s): far over the
+    // service's 1 MB/s. The controller must limit it from the service's reports.
+    admin(&url, &["group", "alter", "bronze", "--limit", "unlimited"]);
+    let status = {
+        let url = url.clone();
+        let kv_addr = kv_addr.clone();
+        tokio::spawn(async move {
+            let mut busy_seen = false;
+            let mut utilisation = Vec::new();
+            for _ in 0..16 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let out = Command::new(BIN)
+                    .args(["status", "--json"])
+                    .env("TOLLGATE_SERVER", &url)
+                    .output()
+                    .unwrap();
+                let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                let bronze =
+                    s["groups"].as_array().unwrap().iter().find(|g| g["name"] == "bronze").cloned().unwrap();
+                busy_seen |= bronze["busy"] == true;
+                println!(
+                    "bronze target {} admitted {:.0} demand {:.0} busy {}",
+                    bronze["target"],
+                    bronze["admitted"].as_f64().unwrap_or(0.0),
+                    bronze["demand"].as_f64().unwrap_or(0.0),
+                    bronze["busy"]
+                );
+                utilisation.push(get_json(&kv_addr, "/stats").await["utilisation"].as_f64().unwrap());
+            }
+            (busy_seen, utilisation)
+        })
+    };
+    let _ = tokio::join!(
+        offer(kv, "gold", 40.0, 16.0, clock.clone(), samples.clone()),
+        offer(kv, "bronze", 400.0, 16.0, clock.clone(), samples.clone()),
+    );
+    let (busy_seen, utilisation) = status.await.unwrap();
+    assert!(busy_seen, "the controller marked bronze busy");
+    let settled: Vec<f64> = utilisation[utilisation.len() - 5..].to_vec();
+    let mean = settled.iter().sum::<f64>() / settled.len() as f64;
+    assert!((0.7..=1.3).contains(&mean), "utilisation settled at {mean} ({utilisation:?})");
+
+    // The last 8 of phase 2's 16 seconds.
+    let end = samples.lock().unwrap().iter().map(|s| s.at).fold(0.0, f64::max);
+    let phase2: Vec<Sample> = samples.lock().unwrap().iter().filter(|s| s.at >= end - 8.0).cloned().collect();
+    let latencies = |t: &str| {
+        phase2.iter().filter(|s| s.tenant == t && s.status == 204).map(|s| s.latency).collect::<Vec<_>>()
+    };
+    let (gold_lat, bronze_lat) = (latencies("gold"), latencies("bronze"));
+    assert!(!gold_lat.is_empty() && !bronze_lat.is_empty());
+    let (g, b) = (median(gold_lat.clone()), median(bronze_lat));
+    println!(
+        "phase 2 medians: gold {:.1} ms, bronze {:.1} ms; utilisation {utilisation:?}",
+        g * 1e3,
+        b * 1e3
+    );
+    assert!(g < b, "gold median {g} s, bronze median {b} s");
+    // Gold asked for less than its reservation and kept getting it.
+    let gold_offered = phase2.iter().filter(|s| s.tenant == "gold").count() as f64;
+    assert!(gold_lat.len() as f64 >= 0.9 * gold_offered, "gold got {} of {gold_offered}", gold_lat.len());
+}
