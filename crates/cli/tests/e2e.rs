@@ -260,6 +260,14 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
         b * 1e3
     );
     assert!(g < b, "gold median {g} s, bronze median {b} s");
+    // A tenant header that is no valid group name falls back to the default group, which
+    // has no settings here: admitted.
+    let long = "x".repeat(300);
+    let req = format!(
+        "PUT /kv/odd HTTP/1.1\r\nHost: {kv}\r\nx-tollgate-group: {long}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+    );
+    let reply = http(kv, req.as_bytes()).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 204"), "{reply}");
     // Gold asked for less than its reservation and kept getting it.
     let gold_offered = phase2.iter().filter(|s| s.tenant == "gold").count() as f64;
     assert!(gold_lat.len() as f64 >= 0.9 * gold_offered, "gold got {} of {gold_offered}", gold_lat.len());

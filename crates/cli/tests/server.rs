@@ -268,6 +268,7 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
     let s = ServerProc::start(&data_dir("rpc"));
     ok(&s, &["group", "create", "g", "--limit", "100"]);
     let mut client = v1::admission_client::AdmissionClient::connect(s.url()).await.unwrap();
+    let mut admission = client.clone();
     let usage = |group: &str| v1::GroupUsage { group: group.into(), demand: 10.0, ..Default::default() };
     let bad = [
         v1::ExchangeRequest { client_id: String::new(), sequence: 1, groups: vec![usage("g")] },
@@ -304,6 +305,26 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("health"));
+    // Oversized: more groups than a report may carry.
+    let loads = (0..10_001).map(|i| v1::GroupLoad { group: format!("g{i}"), units_per_s: 1.0 }).collect();
+    let status = backend
+        .report(v1::BackendReport {
+            backend_id: "b".into(),
+            zone: "z".into(),
+            health: Some(v1::backend_report::Health::Utilisation(0.5)),
+            loads,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("at most 10000 groups"), "{}", status.message());
+    // And the server still answers everyone else.
+    assert!(
+        admission
+            .exchange(v1::ExchangeRequest { client_id: "good".into(), sequence: 2, groups: vec![usage("g")] })
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

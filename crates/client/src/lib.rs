@@ -60,4 +60,5 @@ pub use tollgate_core as core;
 #[doc = include_str!("../../../docs/concepts.md")]
 #[doc = include_str!("../../../docs/operations.md")]
 #[doc = include_str!("../../../docs/store.md")]
+#[doc = include_str!("../../../docs/backend.md")]
 pub struct DocumentationExamples;

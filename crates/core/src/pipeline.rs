@@ -660,6 +660,26 @@ mod tests {
     }
 
     #[test]
+    fn a_backend_that_stops_reporting_stops_limiting() {
+        let settings =
+            PipelineSettings { limiting_threshold: 1.0, ignore_worst_zones: 0, ..Default::default() };
+        let report_expiry = settings.report_expiry;
+        let mut p = Pipeline::new(settings);
+        p.set_group(name("g"), GroupSettings::builder().limit(1e9).build().unwrap());
+        let t = Nanos(1_000_000_000);
+        p.client_report(t, 1, &name("g"), ClientReport { demand: 1e6, consumed: 1.0, requests: 1.0 });
+        p.backend_report(t, "b", "z", Health::Utilisation(1.5), &[(name("g"), 1000.0)]);
+        p.tick(t);
+        assert!(p.outcome(&name("g")).unwrap().busy);
+        // Silent for longer than the report expiry: its last report no longer counts.
+        let later = t.after(report_expiry + Duration::from_secs(1));
+        p.client_report(later, 1, &name("g"), ClientReport { demand: 1e6, consumed: 1.0, requests: 1.0 });
+        p.tick(later);
+        let o = p.outcome(&name("g")).unwrap();
+        assert!(!o.busy && o.limiting.is_none(), "{o:?}");
+    }
+
+    #[test]
     fn idle_groups_expire_and_tracking_is_bounded() {
         let settings = PipelineSettings { max_tracked_groups: 2, ..Default::default() };
         let mut p = Pipeline::new(settings);
