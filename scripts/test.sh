@@ -16,5 +16,8 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
+# The end-to-end test runs examples/kv-service as a real process: build it as a binary
+# (`--all-targets` below builds examples only in test mode).
+cargo build --workspace --examples --locked
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
