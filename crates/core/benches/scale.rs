@@ -1,0 +1,99 @@
+//! Scale: one pipeline tick with 100,000 groups and 10,000 clients (each serving 10 groups:
+//! 100,000 client-group pairs), and the memory each pair costs.
+//!
+//! `cargo bench -p tollgate-core --bench scale`
+//!
+//! A program rather than a criterion bench: it also counts allocated bytes, with a counting
+//! global allocator, and prints the median of 11 ticks.
+
+// A global allocator is an `unsafe impl`; this benchmark program needs one to count bytes.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use tollgate_core::pipeline::{ClientReport, Health, Pipeline, PipelineSettings};
+use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_core::time::Nanos;
+
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const GROUPS: usize = 100_000;
+const CLIENTS: u64 = 10_000;
+const GROUPS_PER_CLIENT: usize = 10;
+
+fn main() {
+    // Under `cargo test --all-targets` benches run once as tests: keep that quick.
+    let quick = std::env::args().all(|a| a != "--bench");
+    let (groups, clients) = if quick { (1000, 100) } else { (GROUPS, CLIENTS) };
+    let names: Vec<GroupName> =
+        (0..groups).map(|i| GroupName::new(&format!("tenant-{i:06}")).unwrap()).collect();
+    let mut p = Pipeline::new(PipelineSettings {
+        max_tracked_groups: groups + 1,
+        capacity: Some(1e9),
+        ..Default::default()
+    });
+    for (i, n) in names.iter().enumerate() {
+        let s = GroupSettings::builder().reserved((i % 100) as f64).limit(1000.0 + i as f64).build().unwrap();
+        p.set_group(n.clone(), s);
+    }
+    let now = Nanos(1_000_000_000);
+    // Ten backends, each carrying a tenth of the groups, saturated.
+    for b in 0..10 {
+        let loads: Vec<(GroupName, f64)> =
+            names.iter().skip(b).step_by(10).map(|n| (n.clone(), 500_000.0)).collect();
+        p.backend_report(now, &format!("b{b}"), &format!("z{b}"), Health::Utilisation(1.1), &loads);
+    }
+    p.tick(now);
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let mut pairs = 0usize;
+    for c in 0..clients {
+        for k in 0..GROUPS_PER_CLIENT {
+            let g = &names[(c as usize * GROUPS_PER_CLIENT + k) % groups];
+            p.client_report(now, c, g, ClientReport { demand: 100.0, consumed: 50.0, requests: 5.0 });
+            pairs += 1;
+        }
+    }
+    p.tick(now);
+    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    let per_pair = (after - before) as f64 / pairs as f64;
+
+    let mut ticks = Vec::new();
+    for i in 0..11u64 {
+        let t = Nanos(now.0 + (i + 1) * 1_000_000_000);
+        // Clients keep reporting every group they serve, as they would every second.
+        for c in 0..clients {
+            for k in 0..GROUPS_PER_CLIENT {
+                let g = &names[(c as usize * GROUPS_PER_CLIENT + k) % groups];
+                p.client_report(t, c, g, ClientReport { demand: 100.0, consumed: 50.0, requests: 5.0 });
+            }
+        }
+        #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+        let start = std::time::Instant::now();
+        p.tick(t);
+        ticks.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    ticks.sort_by(f64::total_cmp);
+    println!("groups {groups}, clients {clients}, client-group pairs {pairs}");
+    println!("tick: median {:.1} ms (min {:.1}, max {:.1}) over 11 ticks", ticks[5], ticks[0], ticks[10]);
+    println!("memory per client-group pair: {per_pair:.0} bytes (client state and grant, both included)");
+}
