@@ -131,6 +131,58 @@ pub struct Grant {
 /// Opaque client identity (the transport assigns it).
 pub type ClientId = u64;
 
+/// Each client's grant for a group, sorted by client: a vector rather than a tree, because
+/// most groups have a handful of clients and a tree's smallest node holds eleven.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Grants(Vec<(ClientId, Grant)>);
+
+impl Grants {
+    /// The grant of `client`.
+    pub fn get(&self, client: &ClientId) -> Option<&Grant> {
+        self.0.binary_search_by_key(client, |(c, _)| *c).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Whether `client` has a grant.
+    pub fn contains_key(&self, client: &ClientId) -> bool {
+        self.get(client).is_some()
+    }
+
+    /// How many clients have a grant.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no client has a grant.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The grants, by client.
+    pub fn iter(&self) -> impl Iterator<Item = (&ClientId, &Grant)> {
+        self.0.iter().map(|(c, g)| (c, g))
+    }
+
+    /// The grants alone.
+    pub fn values(&self) -> impl Iterator<Item = &Grant> {
+        self.0.iter().map(|(_, g)| g)
+    }
+}
+
+impl FromIterator<(ClientId, Grant)> for Grants {
+    fn from_iter<I: IntoIterator<Item = (ClientId, Grant)>>(iter: I) -> Self {
+        let mut v: Vec<(ClientId, Grant)> = iter.into_iter().collect();
+        v.sort_by_key(|(c, _)| *c);
+        Grants(v)
+    }
+}
+
+impl std::ops::Index<&ClientId> for Grants {
+    type Output = Grant;
+    fn index(&self, client: &ClientId) -> &Grant {
+        self.get(client).expect("no grant for that client")
+    }
+}
+
 /// What a tick decided for one group.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupOutcome {
@@ -151,7 +203,7 @@ pub struct GroupOutcome {
     /// Load reported by backends, units/s.
     pub load: f64,
     /// Each client's grant.
-    pub grants: BTreeMap<ClientId, Grant>,
+    pub grants: Grants,
 }
 
 struct ClientState {
@@ -160,9 +212,11 @@ struct ClientState {
 }
 
 struct GroupState {
-    clients: BTreeMap<ClientId, ClientState>,
-    /// The ramp, when the group's settings have one.
-    ramp: Option<Ramp>,
+    /// Sorted by client id.
+    clients: Vec<(ClientId, ClientState)>,
+    /// The ramp, when the group's settings have one (boxed: most groups have none, and the
+    /// state of every tracked group should stay small).
+    ramp: Option<Box<Ramp>>,
     units: Smoother,
     requests: Smoother,
     last_report: Nanos,
@@ -173,7 +227,7 @@ struct GroupState {
 impl GroupState {
     fn new(now: Nanos, folding_s: f64) -> Self {
         Self {
-            clients: BTreeMap::new(),
+            clients: Vec::new(),
             ramp: None,
             units: Smoother::new(folding_s),
             requests: Smoother::new(folding_s),
@@ -182,6 +236,14 @@ impl GroupState {
             outcome: None,
         }
     }
+}
+
+/// One group's load across backends, gathered once per tick.
+#[derive(Default)]
+struct GroupLoad<'a> {
+    load: f64,
+    /// (zone, smallest ratio in it) for the saturated backends the group counts on.
+    zones: Vec<(&'a str, f64)>,
 }
 
 struct BackendState {
@@ -195,9 +257,17 @@ struct BackendState {
 pub struct Pipeline {
     settings: PipelineSettings,
     groups_configured: HashMap<GroupName, GroupSettings>,
-    groups: BTreeMap<GroupName, GroupState>,
+    /// A hash map packs tighter than a tree, and its fixed-key hasher keeps iteration order
+    /// the same from run to run (simulations replay from their seed).
+    groups: HashMap<GroupName, GroupState, FixedHasher>,
     backends: BTreeMap<String, BackendState>,
+    /// How many configured groups have a ramp.
+    ramped_groups: usize,
 }
+
+/// SipHash with fixed keys: deterministic iteration, and group names are not attacker-chosen
+/// keys here (tracked groups are bounded).
+type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
 
 impl Pipeline {
     /// An empty pipeline.
@@ -205,8 +275,9 @@ impl Pipeline {
         Self {
             settings,
             groups_configured: HashMap::new(),
-            groups: BTreeMap::new(),
+            groups: HashMap::default(),
             backends: BTreeMap::new(),
+            ramped_groups: 0,
         }
     }
 
@@ -217,12 +288,25 @@ impl Pipeline {
 
     /// Sets (or replaces) a group's settings.
     pub fn set_group(&mut self, name: GroupName, settings: GroupSettings) {
-        self.groups_configured.insert(name, settings);
+        let ramped = settings.ramp().is_some();
+        let before = self.groups_configured.insert(name, settings);
+        self.count_ramp(before.as_ref(), ramped);
     }
 
     /// Removes a group's settings: it falls back to the default group's, or is not throttled.
     pub fn remove_group(&mut self, name: &GroupName) {
-        self.groups_configured.remove(name);
+        let before = self.groups_configured.remove(name);
+        self.count_ramp(before.as_ref(), false);
+    }
+
+    /// Keeps `ramped_groups` right as one group's settings go from `before` to ramped or not.
+    fn count_ramp(&mut self, before: Option<&GroupSettings>, ramped: bool) {
+        if before.is_some_and(|b| b.ramp().is_some()) {
+            self.ramped_groups -= 1;
+        }
+        if ramped {
+            self.ramped_groups += 1;
+        }
     }
 
     /// Sets the node capacity.
@@ -231,9 +315,7 @@ impl Pipeline {
     }
 
     fn settings_for(&self, name: &GroupName) -> Option<&GroupSettings> {
-        self.groups_configured.get(name).or_else(|| {
-            self.groups_configured.iter().find(|(n, _)| n.as_str() == DEFAULT_GROUP).map(|(_, s)| s)
-        })
+        self.groups_configured.get(name).or_else(|| self.groups_configured.get(DEFAULT_GROUP))
     }
 
     /// The state a report for `group` lands in: its own, or the default group's once
@@ -249,13 +331,20 @@ impl Pipeline {
     /// A client's report for one group.
     pub fn client_report(&mut self, now: Nanos, client: ClientId, group: &GroupName, report: ClientReport) {
         let key = self.state_key(group);
-        let ramp_settings = self.settings_for(&key).and_then(|s| s.ramp().copied());
+        // Most deployments have no ramps: skip the look-up then.
+        let ramp_settings = if self.ramped_groups > 0 {
+            self.settings_for(&key).and_then(|s| s.ramp().copied())
+        } else {
+            None
+        };
         let folding = self.settings.cost_folding.as_secs_f64();
         let g = self.groups.entry(key).or_insert_with(|| GroupState::new(now, folding));
         // The ramp follows the settings: a changed ramp continues from where the old one was.
         match (&mut g.ramp, ramp_settings) {
             (Some(r), Some(s)) if *r.settings() == s => {}
-            (current, Some(s)) => *current = Some(Ramp::new(s, current.as_ref().map(Ramp::value))),
+            (current, Some(s)) => {
+                *current = Some(Box::new(Ramp::new(s, current.as_ref().map(|r| r.value()))))
+            }
             (current, None) => *current = None,
         }
         if let Some(r) = &mut g.ramp
@@ -268,9 +357,15 @@ impl Pipeline {
         g.units.add_delta(now, report.consumed.max(0.0));
         g.requests.add_delta(now, report.requests.max(0.0));
         g.last_report = now;
-        let c = g.clients.entry(client).or_insert(ClientState { demand: 0.0, seen: now });
-        c.demand = report.demand.max(0.0);
-        c.seen = now;
+        let state = ClientState { demand: report.demand.max(0.0), seen: now };
+        match g.clients.binary_search_by_key(&client, |(c, _)| *c) {
+            Ok(i) => g.clients[i].1 = state,
+            Err(i) => {
+                // Most groups have one or a few clients: grow one at a time.
+                g.clients.reserve_exact(1);
+                g.clients.insert(i, (client, state));
+            }
+        }
     }
 
     /// A backend's report: its zone, health, and the load each group puts on it (units/s).
@@ -315,36 +410,46 @@ impl Pipeline {
         }
     }
 
-    /// The ratio limiting `group`, after ignoring the worst zones; with the group's load.
-    fn limiting(&self, now: Nanos, group: &GroupName) -> (Option<f64>, f64) {
-        let mut zones: BTreeMap<&str, f64> = BTreeMap::new();
-        let mut load = 0.0;
+    /// Every group's load on the backends that reported recently, and the (zone, ratio) of
+    /// each saturated backend it counts on: one pass over all reports per tick.
+    fn loads_by_group(&self, now: Nanos) -> HashMap<&GroupName, GroupLoad<'_>> {
+        let mut by_group: HashMap<&GroupName, GroupLoad<'_>> = HashMap::new();
         for b in self.backends.values() {
             if now.since(b.seen) > self.settings.report_expiry {
                 continue;
             }
-            let l = b.load.get(group).copied().unwrap_or(0.0);
-            load += l;
-            if l < self.settings.limiting_threshold {
-                continue;
-            }
-            if let Some(ratio) = self.throttling_ratio(b.health) {
-                // Growth is capped at the backend's proportional headroom, 1/u: FoundationDB's
-                // ratio tends to infinity as u falls toward 0.75, which, with a few ticks of
-                // exchange delay, makes the limit leap and the backend swing (docs/control.md).
-                // Above u = 1 the FoundationDB ratio is the smaller one and decides alone.
+            // Growth is capped at the backend's proportional headroom, 1/u: FoundationDB's
+            // ratio tends to infinity as u falls toward 0.75, which, with a few ticks of
+            // exchange delay, makes the limit leap and the backend swing (docs/control.md).
+            // Above u = 1 the FoundationDB ratio is the smaller one and decides alone.
+            let ratio = self.throttling_ratio(b.health).map(|r| {
                 let u = self.utilisation(b.health);
-                let ratio = if u > 0.0 { ratio.min(1.0 / u) } else { ratio };
-                let z = zones.entry(&b.zone).or_insert(ratio);
-                *z = z.min(ratio);
+                if u > 0.0 { r.min(1.0 / u) } else { r }
+            });
+            for (group, &l) in &b.load {
+                let entry = by_group.entry(group).or_default();
+                entry.load += l;
+                if let Some(r) = ratio
+                    && l >= self.settings.limiting_threshold
+                {
+                    match entry.zones.iter_mut().find(|(z, _)| *z == b.zone.as_str()) {
+                        Some((_, zr)) => *zr = zr.min(r),
+                        None => entry.zones.push((b.zone.as_str(), r)),
+                    }
+                }
             }
         }
-        let mut ratios: Vec<f64> = zones.into_values().collect();
-        if ratios.len() <= self.settings.ignore_worst_zones {
-            return (None, load);
+        by_group
+    }
+
+    /// The ratio limiting a group with these zones, after ignoring the worst ones.
+    fn limiting_ratio(&self, zones: &[(&str, f64)]) -> Option<f64> {
+        if zones.len() <= self.settings.ignore_worst_zones {
+            return None;
         }
+        let mut ratios: Vec<f64> = zones.iter().map(|(_, r)| *r).collect();
         ratios.sort_by(f64::total_cmp);
-        (Some(ratios[self.settings.ignore_worst_zones]), load)
+        Some(ratios[self.settings.ignore_worst_zones])
     }
 
     /// Computes every group's target and grants at `now`; forgets idle groups.
@@ -353,53 +458,59 @@ impl Pipeline {
         self.groups.retain(|_, g| now.since(g.last_report) < expiry);
         let report_expiry = self.settings.report_expiry;
         for g in self.groups.values_mut() {
-            g.clients.retain(|_, c| now.since(c.seen) <= report_expiry);
+            g.clients.retain(|(_, c)| now.since(c.seen) <= report_expiry);
         }
 
+        /// What the tick needs of a group's settings (copied: no clone of the whole).
         struct Row {
-            name: GroupName,
-            settings: Option<GroupSettings>,
+            reserved: f64,
+            limit: f64,
+            priority: crate::settings::Priority,
+            weight: f64,
+            burst: Option<f64>,
             demand: f64,
             limiting: Option<f64>,
             load: f64,
             avg_cost: f64,
             first_seen: Nanos,
         }
+        let loads = self.loads_by_group(now);
+        // Rows are in the groups' iteration order, which stays the same until the groups
+        // change; the last loop walks both together instead of looking each group up again.
         let mut rows = Vec::with_capacity(self.groups.len());
-        for (name, g) in &mut self.groups {
-            let units = g.units.smooth_rate(now);
-            let requests = g.requests.smooth_rate(now);
-            let avg_cost = if requests > 1e-9 { units / requests } else { 1.0 };
+        for (name, g) in &self.groups {
+            let units = g.units.estimate_rate(now);
+            let requests = g.requests.estimate_rate(now);
+            let settings = self.settings_for(name);
+            let (load, limiting) = match loads.get(name) {
+                Some(l) => (l.load, self.limiting_ratio(&l.zones).map(|r| l.load * r)),
+                None => (0.0, None),
+            };
             rows.push(Row {
-                name: name.clone(),
-                settings: None,
-                demand: g.clients.values().map(|c| c.demand).sum(),
-                limiting: None,
-                load: 0.0,
-                avg_cost,
+                reserved: settings.map_or(0.0, GroupSettings::reserved),
+                limit: settings.map_or(Limit::Unlimited, GroupSettings::limit).as_f64(),
+                priority: settings.map_or(crate::settings::Priority::MEDIUM, GroupSettings::priority),
+                weight: settings.map_or(1.0, GroupSettings::weight),
+                burst: settings.and_then(GroupSettings::burst),
+                demand: g.clients.iter().map(|(_, c)| c.demand).sum(),
+                limiting,
+                load,
+                avg_cost: if requests > 1e-9 { units / requests } else { 1.0 },
                 first_seen: g.first_seen,
             });
         }
-        for row in &mut rows {
-            row.settings = self.settings_for(&row.name).cloned();
-            let (ratio, load) = self.limiting(now, &row.name);
-            row.load = load;
-            row.limiting = ratio.map(|r| load * r);
-        }
+        drop(loads);
 
         // Shares of the node capacity, among the throttled groups.
         let shares: Option<Vec<f64>> = self.settings.capacity.map(|capacity| {
             let claims: Vec<Claim> = rows
                 .iter()
-                .map(|r| {
-                    let s = r.settings.clone().unwrap_or_default();
-                    Claim {
-                        reserved: s.reserved(),
-                        ceiling: s.limit().as_f64(),
-                        priority: s.priority(),
-                        weight: s.weight(),
-                        demand: r.demand,
-                    }
+                .map(|r| Claim {
+                    reserved: r.reserved,
+                    ceiling: r.limit,
+                    priority: r.priority,
+                    weight: r.weight,
+                    demand: r.demand,
                 })
                 .collect();
             match self.settings.free_pool {
@@ -412,12 +523,11 @@ impl Pipeline {
             }
         });
 
-        for (i, row) in rows.into_iter().enumerate() {
+        let lease = self.settings.lease;
+        let mut scratch: Vec<f64> = Vec::new();
+        for (i, (row, g)) in rows.into_iter().zip(self.groups.values_mut()).enumerate() {
             let share = shares.as_ref().map(|s| s[i]);
-            let g = self.groups.get_mut(&row.name).expect("rows come from the groups");
-            let limit = row.settings.as_ref().map(|s| s.limit()).unwrap_or(Limit::Unlimited).as_f64();
-            let cap = g.ramp.as_ref().map_or(limit, |r| limit.min(r.pool() as f64));
-            let reserved = row.settings.as_ref().map_or(0.0, GroupSettings::reserved);
+            let cap = g.ramp.as_ref().map_or(row.limit, |r| row.limit.min(r.pool() as f64));
             let mut bound = cap;
             if let Some(l) = row.limiting {
                 bound = bound.min(l);
@@ -427,42 +537,37 @@ impl Pipeline {
             }
             // Nothing bounds the group (no limit, no saturation, no capacity to share): it is
             // not throttled, whatever it reserves.
-            let target = bound.is_finite().then(|| reserved.max(bound));
+            let target = bound.is_finite().then(|| row.reserved.max(bound));
             let busy = row.limiting.is_some_and(|l| l < cap);
-            let demands: Vec<(ClientId, f64)> = g.clients.iter().map(|(id, c)| (*id, c.demand)).collect();
-            let (water_level, grants) = match target {
+            // Reuse last tick's grant buffer.
+            let mut grants = g.outcome.take().map(|o| o.grants.0).unwrap_or_default();
+            grants.clear();
+            // Exactly as many as there are clients: most groups have one or a few.
+            grants.reserve_exact(g.clients.len());
+            let water = match target {
                 Some(t) => {
-                    let level = water_level(t, &demands.iter().map(|d| d.1).collect::<Vec<_>>());
-                    let burst_total = row.settings.as_ref().and_then(GroupSettings::burst);
-                    (Some(level), split(t, level, &demands, burst_total, self.settings.lease))
+                    scratch.clear();
+                    scratch.extend(g.clients.iter().map(|(_, c)| c.demand));
+                    let level = water_level(t, &scratch);
+                    split_into(&mut grants, t, level, &g.clients, row.burst, lease);
+                    Some(level)
                 }
-                None => (
-                    None,
-                    demands
-                        .iter()
-                        .map(|(id, _)| {
-                            (
-                                *id,
-                                Grant {
-                                    rate: f64::INFINITY,
-                                    burst: f64::INFINITY,
-                                    lease: self.settings.lease,
-                                },
-                            )
-                        })
-                        .collect(),
-                ),
+                None => {
+                    let open = Grant { rate: f64::INFINITY, burst: f64::INFINITY, lease };
+                    grants.extend(g.clients.iter().map(|(id, _)| (*id, open)));
+                    None
+                }
             };
             g.outcome = Some(GroupOutcome {
                 target,
                 limiting: row.limiting,
                 share,
                 busy,
-                water_level,
+                water_level: water,
                 avg_cost: row.avg_cost,
                 demand: row.demand,
                 load: row.load,
-                grants,
+                grants: Grants(grants),
             });
         }
     }
@@ -490,6 +595,9 @@ pub fn water_level(target: f64, demands: &[f64]) -> f64 {
     if total <= target || demands.is_empty() {
         return target;
     }
+    if demands.len() == 1 {
+        return target;
+    }
     let mut sorted = demands.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mut left = target;
@@ -503,29 +611,28 @@ pub fn water_level(target: f64, demands: &[f64]) -> f64 {
     left
 }
 
-/// Each client's grant: its demand up to the water level; when demand is below the target,
-/// its demand plus an equal part of what is left, so the grants add up to the target.
-fn split(
+/// Each client's grant, into `out` (sorted by client, as `clients` is): its demand up to the
+/// water level; when demand is below the target, its demand plus an equal part of what is
+/// left, so the grants add up to the target.
+fn split_into(
+    out: &mut Vec<(ClientId, Grant)>,
     target: f64,
     level: f64,
-    demands: &[(ClientId, f64)],
+    clients: &[(ClientId, ClientState)],
     burst_total: Option<f64>,
     lease: Duration,
-) -> BTreeMap<ClientId, Grant> {
-    let total: f64 = demands.iter().map(|d| d.1).sum();
+) {
+    let total: f64 = clients.iter().map(|(_, c)| c.demand).sum();
     let spare =
-        if total < target && !demands.is_empty() { (target - total) / demands.len() as f64 } else { 0.0 };
-    demands
-        .iter()
-        .map(|&(id, d)| {
-            let rate = d.min(level) + spare;
-            let burst = match burst_total {
-                Some(b) if target > 0.0 => b * rate / target,
-                _ => rate,
-            };
-            (id, Grant { rate, burst, lease })
-        })
-        .collect()
+        if total < target && !clients.is_empty() { (target - total) / clients.len() as f64 } else { 0.0 };
+    out.extend(clients.iter().map(|(id, c)| {
+        let rate = c.demand.min(level) + spare;
+        let burst = match burst_total {
+            Some(b) if target > 0.0 => b * rate / target,
+            _ => rate,
+        };
+        (*id, Grant { rate, burst, lease })
+    }));
 }
 
 /// Couchbase's free pool at the controller: reservations first (capped by demand), then the

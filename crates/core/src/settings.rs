@@ -77,6 +77,14 @@ impl fmt::Display for GroupName {
     }
 }
 
+/// A name hashes and compares as its text, so maps keyed by `GroupName` can be searched with
+/// a `&str`.
+impl std::borrow::Borrow<str> for GroupName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl AsRef<str> for GroupName {
     fn as_ref(&self) -> &str {
         &self.0

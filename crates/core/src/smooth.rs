@@ -72,6 +72,17 @@ impl Smoother {
         (self.total - self.estimate) / self.folding_time_s
     }
 
+    /// The same as [`smooth_rate`](Self::smooth_rate), without folding the state forward.
+    pub fn estimate_rate(&self, now: Nanos) -> f64 {
+        let elapsed = now.as_secs_f64() - self.time_s;
+        let estimate = if elapsed != 0.0 {
+            self.estimate + (self.total - self.estimate) * (1.0 - (-elapsed / self.folding_time_s).exp())
+        } else {
+            self.estimate
+        };
+        (self.total - estimate) / self.folding_time_s
+    }
+
     /// The raw total.
     pub fn total(&self) -> f64 {
         self.total
@@ -177,6 +188,15 @@ mod tests {
         let after = expected + (10.0 - expected) * (1.0 - (-0.5f64).exp());
         assert!(close(s.smooth_total(Nanos(2 * S)), after));
         assert_eq!(s.total(), 4.0);
+    }
+
+    #[test]
+    fn estimate_rate_matches_smooth_rate() {
+        let mut s = Smoother::new(2.0);
+        s.add_delta(Nanos(S), 10.0);
+        let at = Nanos(3 * S);
+        let read_only = s.estimate_rate(at);
+        assert!(close(read_only, s.smooth_rate(at)));
     }
 
     #[test]
