@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod admin;
+mod bench;
 mod check;
 mod ramp;
 mod server;
@@ -21,6 +22,12 @@ struct Cli {
     server: String,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Admission exchanges over real gRPC: exchanges/s, group grants/s, p50 and p99 latency.
+    Exchange(bench::ExchangeArgs),
 }
 
 #[derive(Subcommand)]
@@ -62,6 +69,9 @@ enum Command {
     /// Show how a ramp-up mode turns a usage pattern into pools: one line per epoch,
     /// `EPOCH POOL USED` (`EPOCH - -` for an epoch without a call).
     Ramp(ramp::RampArgs),
+    /// Load programs that measure a running controller.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// The capacity and every group's settings, target, admitted rate, demand and clients.
     Status {
         /// Print JSON for scripts.
@@ -138,6 +148,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Node(cmd) => admin_command(admin::node(&cli.server, cmd)),
         Command::Status { json } => admin_command(admin::status(&cli.server, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Exchange(args)) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(bench::exchange(args))?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

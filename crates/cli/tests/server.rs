@@ -371,3 +371,36 @@ async fn a_saturated_backend_report_limits_the_group_it_carries() {
     let expected = 2_000_000.0 / 1.8; // load on both backends × the ratio
     assert!((target - expected).abs() < 1.0, "target {target}, expected {expected}");
 }
+
+#[test]
+fn bench_exchange_loads_a_real_server_and_reports() {
+    let s = ServerProc::start(&data_dir("bench"));
+    let (code, out, err) = admin(
+        &s,
+        &[
+            "bench",
+            "exchange",
+            "--server",
+            &s.url(),
+            "--clients",
+            "5",
+            "--groups",
+            "3",
+            "--duration",
+            "0.5",
+            "--rate",
+            "20",
+            "--server-pid",
+            &s.child.id().to_string(),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("clients 5 × groups 3"), "{out}");
+    let exchanges: f64 =
+        out.split("exchanges/s ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(exchanges > 0.0 && exchanges <= 5.0 * 20.0 * 1.5, "{out}");
+    assert!(out.contains("latency p50") && out.contains("server peak memory"), "{out}");
+    let (code, _, err) = admin(&s, &["bench", "exchange", "--server", &s.url(), "--clients", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--clients, --groups and --connections must be above 0"), "{err}");
+}
