@@ -143,3 +143,222 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `tollgate bench accuracy` arguments.
+#[derive(Args, Debug)]
+pub struct AccuracyArgs {
+    /// The controller (a test controller: this creates groups and sets the node capacity).
+    #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
+    server: String,
+    /// A local redis-server for the per-request counter comparison; omitted: no comparison.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Remote clients.
+    #[arg(long, default_value_t = 100)]
+    clients: usize,
+    /// Seconds measured (after 3 s of warm-up).
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// The group's limit, requests (units) per second.
+    #[arg(long, default_value_t = 5000.0)]
+    limit: f64,
+}
+
+/// CPU seconds this process has used.
+fn own_cpu() -> f64 {
+    process_usage(std::process::id()).map_or(0.0, |(cpu, _)| cpu)
+}
+
+/// Offers `per_client` requests/s from each of `gates` for `group`, counting the admitted
+/// ones after `warmup`; returns (admitted per second, attempts).
+async fn offer(
+    gates: &[tollgate_client::Tollgate],
+    group: &str,
+    per_client: f64,
+    warmup: f64,
+    seconds: f64,
+) -> (f64, u64) {
+    use std::sync::atomic::AtomicU64;
+    let admitted = Arc::new(AtomicU64::new(0));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for gate in gates {
+        let handle = gate.group(group).expect("valid group");
+        let (admitted, attempts, counting, stop) =
+            (admitted.clone(), attempts.clone(), counting.clone(), stop.clone());
+        tasks.spawn(async move {
+            // Every 10 ms, the requests that arrived in it: open-loop, refused ones are dropped.
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let mut owed = 0.0;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                owed += per_client / 100.0;
+                while owed >= 1.0 {
+                    owed -= 1.0;
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    if handle.try_acquire(1.0).is_ok() && counting.load(Ordering::Relaxed) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
+    counting.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    counting.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    while tasks.join_next().await.is_some() {}
+    (admitted.load(Ordering::Relaxed) as f64 / seconds, attempts.load(Ordering::Relaxed))
+}
+
+async fn admin_client(server: &str) -> anyhow::Result<v1::admin_client::AdminClient<Channel>> {
+    v1::admin_client::AdminClient::connect(server.to_string())
+        .await
+        .with_context(|| format!("cannot reach the tollgate server at {server}"))
+}
+
+async fn put(
+    admin: &mut v1::admin_client::AdminClient<Channel>,
+    name: &str,
+    patch: v1::GroupPatch,
+) -> anyhow::Result<()> {
+    admin
+        .put_group(v1::PutGroupRequest {
+            name: name.into(),
+            patch: Some(patch),
+            mode: v1::PutMode::Upsert as i32,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    Ok(())
+}
+
+pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.clients > 0, "--clients must be above 0");
+    anyhow::ensure!(a.duration > 0.0 && a.duration.is_finite(), "--duration must be above 0 seconds");
+    anyhow::ensure!(a.limit > 0.0 && a.limit.is_finite(), "--limit must be above 0");
+    let mut admin = admin_client(&a.server).await?;
+    let warmup = 3.0;
+
+    // 1. One group at twice its limit.
+    put(&mut admin, "accuracy", v1::GroupPatch { limit: Some(a.limit), ..Default::default() }).await?;
+    let mut gates = Vec::new();
+    for i in 0..a.clients {
+        let opts =
+            tollgate_client::RemoteOptions { client_id: Some(format!("accuracy-{i}")), ..Default::default() };
+        gates.push(tollgate_client::Tollgate::remote(&a.server, opts)?);
+    }
+    let cpu0 = own_cpu();
+    let (rate, attempts) =
+        offer(&gates, "accuracy", 2.0 * a.limit / a.clients as f64, warmup, a.duration).await;
+    let cpu = (own_cpu() - cpu0).max(1e-3);
+    say(format!(
+        "tollgate: {} clients, one group limited to {} units/s, asked 2×: admitted {rate:.1}/s = {:+.2} % of the limit",
+        a.clients,
+        a.limit,
+        (rate / a.limit - 1.0) * 100.0
+    ));
+    say(format!("tollgate: {:.0} decisions per CPU-second of the load process", attempts as f64 / cpu));
+
+    // 2. Two reservations under saturation: the node holds a little more than they reserve.
+    let (ra, rb) = (0.3 * a.limit, 0.5 * a.limit);
+    admin
+        .set_capacity(v1::SetCapacityRequest { capacity: Some(ra + rb + 0.1 * a.limit) })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    put(
+        &mut admin,
+        "reserved-a",
+        v1::GroupPatch { reserved: Some(ra), unlimited: true, ..Default::default() },
+    )
+    .await?;
+    put(
+        &mut admin,
+        "reserved-b",
+        v1::GroupPatch { reserved: Some(rb), unlimited: true, ..Default::default() },
+    )
+    .await?;
+    put(&mut admin, "hungry", v1::GroupPatch { unlimited: true, ..Default::default() }).await?;
+    let half = a.clients / 3;
+    let per = |share: f64, n: usize| 2.0 * share / n.max(1) as f64;
+    let (got_a, got_b, got_h) = tokio::join!(
+        offer(&gates[..half], "reserved-a", per(ra, half), warmup, a.duration.min(20.0)),
+        offer(&gates[half..2 * half], "reserved-b", per(rb, half), warmup, a.duration.min(20.0)),
+        offer(&gates[2 * half..], "hungry", per(a.limit, a.clients - 2 * half), warmup, a.duration.min(20.0)),
+    );
+    say(format!(
+        "tollgate: under saturation, reserved-a got {:.1} % of its {ra}/s, reserved-b {:.1} % of its {rb}/s (hungry neighbour: {:.0}/s)",
+        got_a.0 / ra * 100.0,
+        got_b.0 / rb * 100.0,
+        got_h.0
+    ));
+    admin
+        .set_capacity(v1::SetCapacityRequest { capacity: None })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+
+    // 3. The common alternative: a Redis counter per request, fixed one-second windows.
+    if let Some(url) = &a.redis {
+        let client =
+            redis::Client::open(url.as_str()).with_context(|| format!("--redis: invalid URL {url:?}"))?;
+        let admitted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let attempts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (counting, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let clock = tollgate_client::clock::TokioClock::new();
+        use tollgate_core::time::Clock;
+        let limit = a.limit as i64;
+        let per_client = 2.0 * a.limit / a.clients as f64;
+        let cpu0 = own_cpu();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..a.clients {
+            let mut con = client
+                .get_multiplexed_async_connection()
+                .await
+                .with_context(|| format!("--redis: cannot reach {url}"))?;
+            let (admitted, attempts, counting, stop, clock) =
+                (admitted.clone(), attempts.clone(), counting.clone(), stop.clone(), clock.clone());
+            tasks.spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(10));
+                let mut owed = 0.0;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    owed += per_client / 100.0;
+                    while owed >= 1.0 {
+                        owed -= 1.0;
+                        attempts.fetch_add(1, Ordering::Relaxed);
+                        let window = clock.now().0 / 1_000_000_000;
+                        let key = format!("tollgate-bench:{window}");
+                        let n: redis::RedisResult<(i64, i64)> =
+                            redis::pipe().atomic().incr(&key, 1).expire(&key, 2).query_async(&mut con).await;
+                        if let Ok((n, _)) = n
+                            && n <= limit
+                            && counting.load(Ordering::Relaxed)
+                        {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
+        counting.store(true, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
+        counting.store(false, Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
+        while tasks.join_next().await.is_some() {}
+        let cpu = (own_cpu() - cpu0).max(1e-3);
+        let rate = admitted.load(Ordering::Relaxed) as f64 / a.duration;
+        say(format!(
+            "redis INCR+EXPIRE per request: admitted {rate:.1}/s = {:+.2} % of the limit",
+            (rate / a.limit - 1.0) * 100.0
+        ));
+        say(format!(
+            "redis INCR+EXPIRE per request: {:.0} decisions per CPU-second of the load process (plus redis-server's own CPU)",
+            attempts.load(Ordering::Relaxed) as f64 / cpu
+        ));
+    }
+    Ok(())
+}

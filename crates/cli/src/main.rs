@@ -28,6 +28,9 @@ struct Cli {
 enum BenchCommand {
     /// Admission exchanges over real gRPC: exchanges/s, group grants/s, p50 and p99 latency.
     Exchange(bench::ExchangeArgs),
+    /// How closely remote clients hold limits and reservations, beside a Redis counter per
+    /// request. Run it against a test controller: it creates groups and sets the capacity.
+    Accuracy(bench::AccuracyArgs),
 }
 
 #[derive(Subcommand)]
@@ -148,9 +151,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Node(cmd) => admin_command(admin::node(&cli.server, cmd)),
         Command::Status { json } => admin_command(admin::status(&cli.server, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Bench(BenchCommand::Exchange(args)) => {
+        Command::Bench(cmd) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            rt.block_on(bench::exchange(args))?;
+            match cmd {
+                BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args))?,
+                BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -404,3 +404,16 @@ fn bench_exchange_loads_a_real_server_and_reports() {
     assert_ne!(code, 0);
     assert!(err.contains("--clients, --groups and --connections must be above 0"), "{err}");
 }
+
+#[test]
+fn bench_accuracy_holds_a_limit_and_reservations() {
+    let s = ServerProc::start(&data_dir("accuracy"));
+    let (code, out, err) = admin(
+        &s,
+        &["bench", "accuracy", "--server", &s.url(), "--clients", "4", "--duration", "2", "--limit", "400"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let pct: f64 = out.split("= ").nth(1).unwrap().split(" %").next().unwrap().trim().parse().unwrap();
+    assert!(pct.abs() <= 10.0, "{out}");
+    assert!(out.contains("under saturation, reserved-a got"), "{out}");
+}
