@@ -37,7 +37,7 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
-    #[inline]
+    #[inline(always)]
     fn now(&self) -> Nanos {
         // The raw counter, scaled once: half the cost of `quanta::Clock::now`.
         #[allow(clippy::disallowed_methods)]
@@ -150,7 +150,7 @@ impl ClockSource {
 }
 
 impl Clock for ClockSource {
-    #[inline]
+    #[inline(always)]
     fn now(&self) -> Nanos {
         match self {
             ClockSource::Monotonic(c) => c.now(),

@@ -408,7 +408,7 @@ fn max_rate(settings: &GroupSettings, node: &NodeSettings) -> f64 {
 
 impl Inner {
     /// Recomputes allowances if the interval has passed; cheap when it has not.
-    #[inline]
+    #[inline(always)]
     fn tick(&self, now: Nanos) {
         let due = self.next_realloc_ns.load(Ordering::Relaxed);
         if now.0 >= due {
@@ -594,17 +594,33 @@ impl Inner {
         };
         match outcome {
             Ok((wait, domain)) => {
-                g.record(|t| {
-                    Tally::bump(&t.admitted, 1);
-                    Tally::bump(&t.admitted_micro, micros(cost));
-                    if !wait.is_zero() {
-                        Tally::bump(&t.waited, 1);
-                    }
-                });
+                count_admitted(g, cost, !wait.is_zero());
                 Ok((Permit { group, cost, domain, at: now }, wait))
             }
             Err(retry_after) => Err(self.refuse(g, cost, retry_after)),
         }
+    }
+
+    /// [`admit`](Self::admit) for its most common case, small enough to inline into the
+    /// caller: a bucket group, a valid cost within the burst, no waiting. `None` when the
+    /// case is another (the caller then calls `admit`); for the cases it takes, it does
+    /// exactly what `admit` does.
+    #[inline(always)]
+    fn try_admit_bucket<'g>(&self, g: &'g Group, cost: f64) -> Option<Result<Permit<'g>, AcquireError>> {
+        let Limiter::Bucket(bucket) = &g.limiter else { return None };
+        if !(cost >= 0.0 && cost.is_finite() && cost <= g.burst_ceiling) {
+            return None;
+        }
+        let priced = bucket.price(cost);
+        let now = self.clock.now();
+        self.tick(now);
+        Some(match bucket.commit(priced, now) {
+            Ok(()) => {
+                count_admitted(g, cost, false);
+                Ok(Permit { group: GroupRef::Borrowed(g), cost, domain: None, at: now })
+            }
+            Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal))),
+        })
     }
 
     /// When a refused request is worth trying again.
@@ -960,8 +976,13 @@ impl GroupHandle {
     }
 
     /// Admits `cost` units now, or refuses with the time to wait.
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire(&self, cost: f64) -> Result<Permit<'_>, AcquireError> {
+        if !self.unthrottled
+            && let Some(outcome) = self.inner.try_admit_bucket(&self.group, cost)
+        {
+            return outcome;
+        }
         self.inner
             .admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled)
             .map(|(p, _)| p)
@@ -976,4 +997,16 @@ impl GroupHandle {
     pub fn stats(&self) -> GroupStats {
         stats_of(&self.group)
     }
+}
+
+/// Counts an admission in the group's per-thread tally.
+#[inline(always)]
+fn count_admitted(g: &Group, cost: f64, waited: bool) {
+    g.record(|t| {
+        Tally::bump(&t.admitted, 1);
+        Tally::bump(&t.admitted_micro, micros(cost));
+        if waited {
+            Tally::bump(&t.waited, 1);
+        }
+    });
 }
