@@ -45,7 +45,8 @@ pub struct Permit<'a> {
     pub(crate) group: GroupRef<'a>,
     pub(crate) cost: f64,
     pub(crate) domain: Option<Domain>,
-    /// When it was admitted (store mode's deposits count only within that epoch).
+    /// When it was admitted, for store mode (deposits count only within that epoch). A
+    /// bucket permit from a thread's stash leaves it at zero: nothing reads it there.
     pub(crate) at: tollgate_core::time::Nanos,
 }
 

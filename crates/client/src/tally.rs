@@ -107,12 +107,40 @@ impl Counters {
 /// Something that owns [`Counters`] and can be referred to weakly: a group.
 pub(crate) trait HasCounters: Send + Sync + 'static {
     fn counters(&self) -> &Counters;
+
+    /// Takes back the units of a stash whose thread is done with it (evicted or exiting).
+    fn return_stash(&self, _stash: Stash) {}
+}
+
+/// What a thread does with an entry it drops: folds the counts, returns the stash.
+fn retire(entry: Entry) {
+    if let Some(owner) = entry.owner.upgrade() {
+        owner.counters().fold(&entry.tally);
+        if entry.stash.units > 0.0 {
+            owner.return_stash(entry.stash);
+        }
+    }
 }
 
 struct Entry {
     id: u64,
     tally: Arc<Tally>,
     owner: Weak<dyn HasCounters>,
+    stash: Stash,
+}
+
+/// Units one thread took from a group's bucket ahead of use, to admit its next requests
+/// without touching the shared bucket (see `Inner::try_admit_bucket`). Only that thread
+/// reads or writes it. Units left when the entry is evicted or the thread exits go back to
+/// the group ([`HasCounters::return_stash`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Stash {
+    /// Units left to spend.
+    pub(crate) units: f64,
+    /// The bucket's generation when they were taken; they are spent only at the same one.
+    pub(crate) generation: u64,
+    /// Admissions left before the thread reads the clock again.
+    pub(crate) hits_left: u32,
 }
 
 struct Local {
@@ -121,11 +149,7 @@ struct Local {
 
 impl Drop for Local {
     fn drop(&mut self) {
-        for e in self.entries.drain(..) {
-            if let Some(owner) = e.owner.upgrade() {
-                owner.counters().fold(&e.tally);
-            }
-        }
+        self.entries.drain(..).for_each(retire);
     }
 }
 
@@ -136,24 +160,34 @@ thread_local! {
 /// Runs `f` on this thread's tally for `owner`, creating it if need be.
 #[inline]
 pub(crate) fn record<G: HasCounters>(owner: &G, me: &Weak<G>, f: impl FnOnce(&Tally)) {
-    let counters = owner.counters();
     let mut f = Some(f);
-    let _ = LOCAL.try_with(|local| {
-        let Some(f) = f.take() else { return };
-        let mut local = local.borrow_mut();
-        if let Some(first) = local.entries.first()
-            && first.id == counters.id
-        {
-            f(&first.tally);
-            return;
-        }
-        let tally = local.find_or_insert(counters, me);
-        f(&tally);
-    });
-    if let Some(f) = f {
+    if with_local(owner, me, |tally, _| f.take().map(|f| f(tally))).is_none()
+        && let Some(f) = f
+    {
         // The thread is exiting and its tallies are gone: count in the shared tally.
-        record_shared(counters, f);
+        record_shared(owner.counters(), f);
     }
+}
+
+/// Runs `f` on this thread's tally and stash for `owner`, creating them if need be; `None`
+/// when the thread is exiting and has none. `f` must not call back into this module.
+#[inline]
+pub(crate) fn with_local<G: HasCounters, R>(
+    owner: &G,
+    me: &Weak<G>,
+    f: impl FnOnce(&Tally, &mut Stash) -> R,
+) -> Option<R> {
+    let counters = owner.counters();
+    LOCAL
+        .try_with(|local| {
+            let mut local = local.borrow_mut();
+            if local.entries.first().is_none_or(|first| first.id != counters.id) {
+                local.find_or_insert(counters, me);
+            }
+            let first = &mut local.entries[0];
+            f(&first.tally, &mut first.stash)
+        })
+        .ok()
 }
 
 #[cold]
@@ -167,24 +201,20 @@ fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
 
 impl Local {
     #[cold]
-    fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> Arc<Tally> {
+    /// Moves the entry for `counters` to the front, creating it if need be.
+    fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) {
         if let Some(i) = self.entries.iter().position(|e| e.id == counters.id) {
             let entry = self.entries.remove(i);
-            let tally = entry.tally.clone();
             self.entries.insert(0, entry);
-            return tally;
+            return;
         }
         let tally = Arc::new(Tally::default());
         counters.live.lock().unwrap_or_else(PoisonError::into_inner).push(tally.clone());
         let owner: Weak<dyn HasCounters> = me.clone();
-        self.entries.insert(0, Entry { id: counters.id, tally: tally.clone(), owner });
+        self.entries.insert(0, Entry { id: counters.id, tally, owner, stash: Stash::default() });
         if self.entries.len() > LOCAL_GROUPS_MAX {
-            let evicted = self.entries.pop().expect("over the limit, so not empty");
-            if let Some(owner) = evicted.owner.upgrade() {
-                owner.counters().fold(&evicted.tally);
-            }
+            retire(self.entries.pop().expect("over the limit, so not empty"));
         }
-        tally
     }
 }
 

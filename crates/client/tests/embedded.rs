@@ -321,3 +321,91 @@ fn settings_come_from_a_file_or_a_clear_error() {
     let e = Tollgate::from_file("/nonexistent/tollgate.toml").unwrap_err();
     assert!(e.to_string().starts_with("cannot read settings file /nonexistent/tollgate.toml: "), "{e}");
 }
+
+/// A rate high enough for threads to take stashes (see `GroupHandle::try_acquire`): 50 µs of
+/// 400,000 units/s is 20 units.
+const FAST: &str = "[groups.fast]\nlimit = 400000\n";
+
+#[test]
+fn stashes_never_admit_more_than_the_bucket_holds() {
+    // A frozen clock: the group can admit exactly its burst, however many threads take
+    // stashes from it, by handle or by name.
+    let clock = ManualClock::new();
+    let g = gate(FAST, &clock);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let h = g.group("fast").unwrap();
+                while h.try_acquire(1.0).is_ok() {}
+            });
+        }
+        s.spawn(|| while g.try_acquire("fast", 1.0).is_ok() {});
+    });
+    assert_eq!(g.stats("fast").unwrap().admitted, 400_000);
+}
+
+#[test]
+fn a_high_rate_limit_holds_over_time_with_stashes() {
+    let clock = ManualClock::new();
+    let g = gate(FAST, &clock);
+    let h = g.group("fast").unwrap();
+    // Twice the limit offered, every millisecond, for two seconds.
+    for _ in 0..2000 {
+        for _ in 0..800 {
+            let _ = h.try_acquire(1.0);
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    // The burst (one second of the rate) plus two seconds of refill, less at most one
+    // unspent stash.
+    let admitted = g.stats("fast").unwrap().admitted as f64;
+    let most = 400_000.0 + 400_000.0 * 2.0;
+    assert!(admitted <= most, "admitted {admitted}, more than {most}");
+    assert!(admitted >= most - 20.0 - 400.0, "admitted {admitted}, expected about {most}");
+}
+
+#[test]
+fn a_lowered_rate_takes_effect_although_threads_hold_stashes() {
+    // `fast` alone gets the whole capacity; once `other` asks too, each gets half.
+    let clock = ManualClock::new();
+    let g = gate("[node]\ncapacity = 800000\n[groups.fast]\n[groups.other]\n", &clock);
+    let (fast, other) = (g.group("fast").unwrap(), g.group("other").unwrap());
+    let admit =
+        |h: &tollgate_client::GroupHandle, n: usize| (0..n).filter(|_| h.try_acquire(1.0).is_ok()).count();
+    for _ in 0..300 {
+        admit(&fast, 16_000);
+        clock.advance(Duration::from_millis(10));
+    }
+    // Both hungry for 5 s; the last 2 s are measured.
+    let mut got = [0, 0];
+    for step in 0..500 {
+        let (f, o) = (admit(&fast, 8_000), admit(&other, 8_000));
+        if step >= 300 {
+            got[0] += f;
+            got[1] += o;
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    let rates = got.map(|n| n as f64 / 2.0);
+    assert!(within(rates[0], 400_000.0, 3.0), "fast got {rates:?} units/s");
+    assert!(within(rates[1], 400_000.0, 3.0), "other got {rates:?} units/s");
+}
+
+#[test]
+fn a_thread_juggling_many_groups_loses_no_units() {
+    // More high-rate groups than a thread tracks at once (32), visited in turn: every visit
+    // evicts another group's entry and its stash, which must go back to that group.
+    let clock = ManualClock::new();
+    let toml: String = (0..40).map(|i| format!("[groups.g{i}]\nlimit = 400000\nburst = 320\n")).collect();
+    let g = gate(&toml, &clock);
+    let handles: Vec<_> = (0..40).map(|i| g.group(&format!("g{i}")).unwrap()).collect();
+    loop {
+        let admitted = handles.iter().filter(|h| h.try_acquire(1.0).is_ok()).count();
+        if admitted == 0 {
+            break;
+        }
+    }
+    for h in &handles {
+        assert_eq!(h.stats().admitted, 320, "{}", h.name());
+    }
+}

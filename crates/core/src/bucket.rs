@@ -61,6 +61,8 @@ pub struct Bucket {
     burst: AtomicU64,
     /// Tokens held while closed (rate zero), as f64 bits; may be negative (debt).
     closed_level: AtomicU64,
+    /// Bumped by every change of rate or burst: see [`Bucket::generation`].
+    generation: AtomicU64,
 }
 
 /// A cost priced at a bucket's rate by [`Bucket::price`], ready to [`Bucket::commit`].
@@ -69,6 +71,22 @@ pub struct Priced {
     cost: f64,
     inc: u64,
     tolerance_ns: u64,
+    ns_per_unit: f64,
+}
+
+impl Priced {
+    /// Nanoseconds of refill per unit at the rate it was priced at: 0 when the rate is
+    /// unlimited, +∞ when the bucket is closed.
+    #[inline]
+    pub fn ns_per_unit(&self) -> f64 {
+        self.ns_per_unit
+    }
+
+    /// The bucket's burst as nanoseconds of refill, at that rate.
+    #[inline]
+    pub fn tolerance_ns(&self) -> u64 {
+        self.tolerance_ns
+    }
 }
 
 /// An atomic on a cache line of its own.
@@ -121,6 +139,7 @@ impl Bucket {
             tolerance_ns: AtomicU64::new(p.tolerance_ns),
             burst: AtomicU64::new(p.burst.to_bits()),
             closed_level: AtomicU64::new(p.burst.to_bits()),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -159,13 +178,13 @@ impl Bucket {
         let tolerance_ns = self.tolerance_ns.load(Ordering::Acquire);
         // Open bucket or free request: nothing to take.
         let inc = if ns_per_unit == 0.0 || cost == 0.0 { 0 } else { ceil_u64(cost * ns_per_unit) };
-        Priced { cost, inc, tolerance_ns }
+        Priced { cost, inc, tolerance_ns, ns_per_unit }
     }
 
     /// Admits a priced cost at `now`, or says why not.
     #[inline]
     pub fn commit(&self, priced: Priced, now: Nanos) -> Result<(), Refusal> {
-        let Priced { cost, inc, tolerance_ns } = priced;
+        let Priced { cost, inc, tolerance_ns, .. } = priced;
         if inc == 0 {
             return Ok(());
         }
@@ -320,6 +339,15 @@ impl Bucket {
             let tat = now.0.saturating_add(ceil_u64(missing * new.ns_per_unit));
             self.tat.store(tat, Ordering::Release);
         }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A number that changes whenever [`set_rate`](Self::set_rate) changes the rate or the
+    /// burst. A caller that takes units ahead of use (a thread's stash) records it, and does
+    /// not spend those units once it has changed: a closed bucket admits nothing.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 }
 
@@ -349,6 +377,20 @@ mod tests {
 
     fn at_ms(ms: u64) -> Nanos {
         Nanos(ms * MS)
+    }
+
+    #[test]
+    fn the_generation_changes_with_the_rate_or_burst_only() {
+        let b = Bucket::new(1000.0, 100.0, at_ms(0));
+        let g0 = b.generation();
+        b.set_rate(1000.0, 100.0, at_ms(1));
+        assert!(b.try_acquire(10.0, at_ms(1)).is_ok());
+        assert_eq!(b.generation(), g0, "same parameters, same generation");
+        b.set_rate(0.0, 100.0, at_ms(2));
+        let g1 = b.generation();
+        assert_ne!(g1, g0);
+        b.set_rate(0.0, 50.0, at_ms(3));
+        assert_ne!(b.generation(), g1);
     }
 
     #[test]
