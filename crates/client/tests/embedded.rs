@@ -409,3 +409,58 @@ fn a_thread_juggling_many_groups_loses_no_units() {
         assert_eq!(h.stats().admitted, 320, "{}", h.name());
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+    /// Whatever the costs and the pace, a stash only spends what the bucket handed out, so
+    /// admissions never exceed `burst + rate × t`.
+    #[test]
+    fn stashes_never_lift_admission_above_the_bucket(
+        steps in proptest::collection::vec((0.1f64..50.0, 0u64..200, 1usize..200), 1..40)
+    ) {
+        // 400,000 units/s with a burst of 320: stashes of 20 units, and a bound that binds.
+        let clock = ManualClock::new();
+        let g = gate("[groups.fast]\nlimit = 400000\nburst = 320\n", &clock);
+        let h = g.group("fast").unwrap();
+        let mut elapsed_s = 0.0;
+        for (cost, micros, requests) in steps {
+            for _ in 0..requests {
+                let _ = h.try_acquire(cost);
+            }
+            clock.advance(Duration::from_micros(micros));
+            elapsed_s += micros as f64 / 1e6;
+            let admitted = h.stats().admitted_units;
+            let most = 320.0 + 400_000.0 * elapsed_s;
+            proptest::prop_assert!(admitted <= most + 1e-3, "admitted {admitted} > {most}");
+        }
+    }
+}
+
+#[test]
+fn a_closed_group_admits_nothing_from_a_stash() {
+    // `low` has the capacity to itself, then `high` (absolute priority) takes all of it.
+    let clock = ManualClock::new();
+    let g = gate(
+        "[node]\ncapacity = 400000\n[groups.low]\npriority = \"low\"\n[groups.high]\npriority = \"high\"\n",
+        &clock,
+    );
+    let (low, high) = (g.group("low").unwrap(), g.group("high").unwrap());
+    let admit =
+        |h: &tollgate_client::GroupHandle, n: usize| (0..n).filter(|_| h.try_acquire(1.0).is_ok()).count();
+    for _ in 0..100 {
+        admit(&low, 8_000);
+        clock.advance(Duration::from_millis(10));
+    }
+    // One more request, with room in the bucket: the thread leaves with a full stash.
+    clock.advance(Duration::from_millis(10));
+    assert_eq!(admit(&low, 1), 1);
+    let mut steps = 0;
+    while g.stats("low").unwrap().allowance > 0.0 {
+        admit(&high, 8_000);
+        clock.advance(Duration::from_millis(10));
+        steps += 1;
+        assert!(steps < 1_000, "low kept an allowance: {:?}", g.stats("low"));
+    }
+    assert_eq!(admit(&low, 100), 0, "a closed group admitted from its stash");
+}
