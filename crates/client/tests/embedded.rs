@@ -38,6 +38,11 @@ fn drive(
     admitted.iter().map(|a| a / (secs as f64 / 2.0)).collect()
 }
 
+/// Offers `n` one-unit requests through a handle; returns how many were admitted.
+fn admit(h: &tollgate_client::GroupHandle, n: usize) -> usize {
+    (0..n).filter(|_| h.try_acquire(1.0).is_ok()).count()
+}
+
 fn within(actual: f64, expected: f64, pct: f64) -> bool {
     (actual - expected).abs() <= expected * pct / 100.0
 }
@@ -370,8 +375,6 @@ fn a_lowered_rate_takes_effect_although_threads_hold_stashes() {
     let clock = ManualClock::new();
     let g = gate("[node]\ncapacity = 800000\n[groups.fast]\n[groups.other]\n", &clock);
     let (fast, other) = (g.group("fast").unwrap(), g.group("other").unwrap());
-    let admit =
-        |h: &tollgate_client::GroupHandle, n: usize| (0..n).filter(|_| h.try_acquire(1.0).is_ok()).count();
     for _ in 0..300 {
         admit(&fast, 16_000);
         clock.advance(Duration::from_millis(10));
@@ -446,8 +449,6 @@ fn a_closed_group_admits_nothing_from_a_stash() {
         &clock,
     );
     let (low, high) = (g.group("low").unwrap(), g.group("high").unwrap());
-    let admit =
-        |h: &tollgate_client::GroupHandle, n: usize| (0..n).filter(|_| h.try_acquire(1.0).is_ok()).count();
     for _ in 0..100 {
         admit(&low, 8_000);
         clock.advance(Duration::from_millis(10));
