@@ -178,18 +178,32 @@ async fn offer(
     warmup: f64,
     seconds: f64,
 ) -> (f64, u64) {
+    let clients = gates.iter().map(|gate| {
+        let handle = gate.group(group).expect("valid group");
+        move || std::future::ready(handle.try_acquire(1.0).is_ok())
+    });
+    open_loop(clients.collect(), per_client, warmup, seconds).await
+}
+
+/// Runs one task per client, each offering `per_client` requests/s open loop (every 10 ms,
+/// the requests that arrived in it; refused ones are dropped) and deciding each with its
+/// `decide`. Counts the admitted ones from `warmup` on, for `seconds`; returns (admitted per
+/// second, attempts).
+async fn open_loop<D, F>(clients: Vec<D>, per_client: f64, warmup: f64, seconds: f64) -> (f64, u64)
+where
+    D: FnMut() -> F + Send + 'static,
+    F: std::future::Future<Output = bool> + Send,
+{
     use std::sync::atomic::AtomicU64;
     let admitted = Arc::new(AtomicU64::new(0));
     let attempts = Arc::new(AtomicU64::new(0));
     let counting = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
-    for gate in gates {
-        let handle = gate.group(group).expect("valid group");
+    for mut decide in clients {
         let (admitted, attempts, counting, stop) =
             (admitted.clone(), attempts.clone(), counting.clone(), stop.clone());
         tasks.spawn(async move {
-            // Every 10 ms, the requests that arrived in it: open-loop, refused ones are dropped.
             let mut tick = tokio::time::interval(Duration::from_millis(10));
             let mut owed = 0.0;
             while !stop.load(Ordering::Relaxed) {
@@ -198,7 +212,7 @@ async fn offer(
                 while owed >= 1.0 {
                     owed -= 1.0;
                     attempts.fetch_add(1, Ordering::Relaxed);
-                    if handle.try_acquire(1.0).is_ok() && counting.load(Ordering::Relaxed) {
+                    if decide().await && counting.load(Ordering::Relaxed) {
                         admitted.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -304,60 +318,37 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
     if let Some(url) = &a.redis {
         let client =
             redis::Client::open(url.as_str()).with_context(|| format!("--redis: invalid URL {url:?}"))?;
-        let admitted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let attempts = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (counting, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         let clock = tollgate_client::clock::TokioClock::new();
         use tollgate_core::time::Clock;
         let limit = a.limit as i64;
-        let per_client = 2.0 * a.limit / a.clients as f64;
-        let cpu0 = own_cpu();
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut clients = Vec::with_capacity(a.clients);
         for _ in 0..a.clients {
-            let mut con = client
+            let con = client
                 .get_multiplexed_async_connection()
                 .await
                 .with_context(|| format!("--redis: cannot reach {url}"))?;
-            let (admitted, attempts, counting, stop, clock) =
-                (admitted.clone(), attempts.clone(), counting.clone(), stop.clone(), clock.clone());
-            tasks.spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(10));
-                let mut owed = 0.0;
-                while !stop.load(Ordering::Relaxed) {
-                    tick.tick().await;
-                    owed += per_client / 100.0;
-                    while owed >= 1.0 {
-                        owed -= 1.0;
-                        attempts.fetch_add(1, Ordering::Relaxed);
-                        let window = clock.now().0 / 1_000_000_000;
-                        let key = format!("tollgate-bench:{window}");
-                        let n: redis::RedisResult<(i64, i64)> =
-                            redis::pipe().atomic().incr(&key, 1).expire(&key, 2).query_async(&mut con).await;
-                        if let Ok((n, _)) = n
-                            && n <= limit
-                            && counting.load(Ordering::Relaxed)
-                        {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+            let clock = clock.clone();
+            clients.push(move || {
+                // A multiplexed connection is a handle on one shared pipe: cloning is cheap.
+                let mut con = con.clone();
+                let key = format!("tollgate-bench:{}", clock.now().0 / 1_000_000_000);
+                async move {
+                    let n: redis::RedisResult<(i64, i64)> =
+                        redis::pipe().atomic().incr(&key, 1).expire(&key, 2).query_async(&mut con).await;
+                    matches!(n, Ok((n, _)) if n <= limit)
                 }
             });
         }
-        tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
-        counting.store(true, Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
-        counting.store(false, Ordering::Relaxed);
-        stop.store(true, Ordering::Relaxed);
-        while tasks.join_next().await.is_some() {}
+        let cpu0 = own_cpu();
+        let (rate, attempts) = open_loop(clients, 2.0 * a.limit / a.clients as f64, warmup, a.duration).await;
         let cpu = (own_cpu() - cpu0).max(1e-3);
-        let rate = admitted.load(Ordering::Relaxed) as f64 / a.duration;
         say(format!(
             "redis INCR+EXPIRE per request: admitted {rate:.1}/s = {:+.2} % of the limit",
             (rate / a.limit - 1.0) * 100.0
         ));
         say(format!(
             "redis INCR+EXPIRE per request: {:.0} decisions per CPU-second of the load process (plus redis-server's own CPU)",
-            attempts.load(Ordering::Relaxed) as f64 / cpu
+            attempts as f64 / cpu
         ));
     }
     Ok(())
