@@ -12,7 +12,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_client::clock::TokioClock;
 use tollgate_core::time::Clock;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+mod common;
+use common::{BIN, admin, server_command};
+
 const VALUE_BYTES: usize = 4096;
 
 struct Proc(Child);
@@ -51,11 +53,6 @@ fn kv_service_binary() -> PathBuf {
         bin.display()
     );
     bin
-}
-
-fn admin(url: &str, args: &[&str]) {
-    let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap();
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[derive(Debug, Clone)]
@@ -140,16 +137,7 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     let _ = std::fs::remove_dir_all(&data);
     let (_server, grpc) = start(
         // One service, one zone: no zone to ignore.
-        Command::new(BIN)
-            .args([
-                "server",
-                "--data",
-                data.to_str().unwrap(),
-                "--grpc",
-                "127.0.0.1:0",
-                "--http",
-                "127.0.0.1:0",
-            ])
+        server_command(&data, "127.0.0.1:0")
             .args(["--ignore-worst-zones", "0"])
             .env("RUST_LOG", "tollgate_server=debug,info"),
         "grpc ",

@@ -11,7 +11,8 @@ use tollgate_client::clock::TokioClock;
 use tollgate_client::{AcquireError, RemoteOptions, Tollgate};
 use tollgate_core::time::Clock;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+mod common;
+use common::{BIN, admin, server_command};
 
 fn data_dir(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("remote-{name}"));
@@ -21,8 +22,7 @@ fn data_dir(name: &str) -> PathBuf {
 
 /// Starts a server on `grpc` (port 0: any free port); returns it and its gRPC URL.
 fn server(data: &Path, grpc: &str, lease_ms: u64) -> (Child, String) {
-    let mut child = Command::new(BIN)
-        .args(["server", "--data", data.to_str().unwrap(), "--grpc", grpc, "--http", "127.0.0.1:0"])
+    let mut child = server_command(data, grpc)
         .args(["--lease-ms", &lease_ms.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -32,11 +32,6 @@ fn server(data: &Path, grpc: &str, lease_ms: u64) -> (Child, String) {
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line.split_whitespace().nth(4).expect("listening line").to_string();
     (child, format!("http://{addr}"))
-}
-
-fn admin(url: &str, args: &[&str]) {
-    let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap();
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 struct Killed(Child);

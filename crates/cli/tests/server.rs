@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 
 use tollgate_proto::v1;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+mod common;
+use common::{BIN, server_command};
 
 struct ServerProc {
     child: Child,
@@ -18,16 +19,7 @@ struct ServerProc {
 
 impl ServerProc {
     fn start(data: &Path) -> ServerProc {
-        let mut child = Command::new(BIN)
-            .args([
-                "server",
-                "--data",
-                data.to_str().unwrap(),
-                "--grpc",
-                "127.0.0.1:0",
-                "--http",
-                "127.0.0.1:0",
-            ])
+        let mut child = server_command(data, "127.0.0.1:0")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -208,28 +200,14 @@ fn settings_survive_a_clean_restart() {
 fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
     let dir = data_dir("locked");
     let s = ServerProc::start(&dir);
-    let out = Command::new(BIN)
-        .args(["server", "--data", dir.to_str().unwrap(), "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .output()
-        .unwrap();
+    let out = server_command(&dir, "127.0.0.1:0").output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is in use by another process"));
     drop(s);
     let corrupt = data_dir("corrupt");
     std::fs::create_dir_all(&corrupt).unwrap();
     std::fs::write(corrupt.join("tollgate.redb"), b"not a database at all").unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "server",
-            "--data",
-            corrupt.to_str().unwrap(),
-            "--grpc",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
+    let out = server_command(&corrupt, "127.0.0.1:0").output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot be opened"), "{err}");
