@@ -1,4 +1,4 @@
-//! Scale: one pipeline tick with 100,000 groups and 10,000 clients (each serving 10 groups:
+//! Scale: one engine tick with 100,000 groups and 10,000 clients (each serving 10 groups:
 //! 100,000 client-group pairs), and the memory each pair costs.
 //!
 //! `cargo bench -p tollgate-core --bench scale`
@@ -12,7 +12,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use tollgate_core::pipeline::{ClientReport, Health, Pipeline, PipelineSettings};
+use tollgate_core::engine::{ClientReport, Engine, EngineSettings, Health};
 use tollgate_core::settings::{GroupName, GroupSettings};
 use tollgate_core::time::Nanos;
 
@@ -47,7 +47,7 @@ fn main() {
     let (groups, clients) = if quick { (1000, 100) } else { (GROUPS, CLIENTS) };
     let names: Vec<GroupName> =
         (0..groups).map(|i| GroupName::new(&format!("tenant-{i:06}")).unwrap()).collect();
-    let mut p = Pipeline::new(PipelineSettings {
+    let mut p = Engine::new(EngineSettings {
         max_tracked_groups: groups + 1,
         capacity: Some(1e9),
         ..Default::default()
@@ -57,11 +57,12 @@ fn main() {
         p.set_group(n.clone(), s);
     }
     let now = Nanos(1_000_000_000);
+    let report = ClientReport { demand: 100.0, consumed: 50.0, requests: 5.0, ..Default::default() };
     // Ten backends, each carrying a tenth of the groups, saturated.
     for b in 0..10 {
         let loads: Vec<(GroupName, f64)> =
             names.iter().skip(b).step_by(10).map(|n| (n.clone(), 500_000.0)).collect();
-        p.backend_report(now, &format!("b{b}"), &format!("z{b}"), Health::Utilisation(1.1), &loads);
+        p.backend_report(now, &format!("b{b}"), &format!("z{b}"), Health::Utilisation(1.1), &loads).unwrap();
     }
     p.tick(now);
     let before = LIVE_BYTES.load(Ordering::Relaxed);
@@ -69,7 +70,7 @@ fn main() {
     for c in 0..clients {
         for k in 0..GROUPS_PER_CLIENT {
             let g = &names[(c as usize * GROUPS_PER_CLIENT + k) % groups];
-            p.client_report(now, c, g, ClientReport { demand: 100.0, consumed: 50.0, requests: 5.0 });
+            p.report(now, c, g, report);
             pairs += 1;
         }
     }
@@ -84,7 +85,7 @@ fn main() {
         for c in 0..clients {
             for k in 0..GROUPS_PER_CLIENT {
                 let g = &names[(c as usize * GROUPS_PER_CLIENT + k) % groups];
-                p.client_report(t, c, g, ClientReport { demand: 100.0, consumed: 50.0, requests: 5.0 });
+                p.report(t, c, g, report);
             }
         }
         #[allow(clippy::disallowed_methods)] // a benchmark measures wall time

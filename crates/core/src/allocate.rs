@@ -19,6 +19,36 @@
 
 use crate::settings::Priority;
 
+/// How a node's free capacity is shared among groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocationMode {
+    /// By priority, then max-min by weight ([`allocate`]), the rest spread as headroom
+    /// (TiDB's resource groups).
+    #[default]
+    Share,
+    /// First come, first served ([`first_come`]): Couchbase's free pool.
+    Fcfs,
+}
+
+impl AllocationMode {
+    /// The mode's name in settings (`share` or `fcfs`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocationMode::Share => "share",
+            AllocationMode::Fcfs => "fcfs",
+        }
+    }
+
+    /// Parses `share` or `fcfs`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "share" => Some(AllocationMode::Share),
+            "fcfs" => Some(AllocationMode::Fcfs),
+            _ => None,
+        }
+    }
+}
+
 /// One group's input to [`allocate`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Claim {
@@ -77,6 +107,44 @@ pub fn allocate(capacity: f64, claims: &[Claim]) -> Vec<f64> {
         water_fill(pool, &wants, &mut allowance);
     }
     allowance
+}
+
+/// Couchbase's free pool, first come first served: each group gets its reservation (its own
+/// gauge in Couchbase, whether it asks or not, capped by its ceiling); the pool is the capacity
+/// less `reserved_elsewhere` (the reservations of configured groups that are not among the
+/// claims: Couchbase counts every reservation, active or not) and less the claims'
+/// reservations; it goes to the groups in `order` (the order they first asked), each up to
+/// its demand and ceiling. What nobody asked for goes, in the same order, up to each ceiling,
+/// so the first group to ask finds room before the next allocation.
+///
+/// ```
+/// use tollgate_core::allocate::{first_come, Claim};
+/// use tollgate_core::settings::Priority;
+///
+/// let c = |reserved, demand| Claim {
+///     reserved, ceiling: f64::INFINITY, priority: Priority::MEDIUM, weight: 1.0, demand,
+/// };
+/// // 100 units/s, 10 reserved each; the first to ask takes the free 80 it asks for.
+/// assert_eq!(first_come(100.0, 0.0, &[c(10.0, 500.0), c(10.0, 500.0)], &[0, 1]), vec![90.0, 10.0]);
+/// ```
+pub fn first_come(capacity: f64, reserved_elsewhere: f64, claims: &[Claim], order: &[usize]) -> Vec<f64> {
+    let mut out: Vec<f64> = claims.iter().map(|c| c.reserved.min(c.ceiling).max(0.0)).collect();
+    let mut pool = (capacity - reserved_elsewhere - out.iter().sum::<f64>()).max(0.0);
+    for &i in order {
+        let want = (claims[i].demand.min(claims[i].ceiling) - out[i]).max(0.0);
+        let give = want.min(pool);
+        out[i] += give;
+        pool -= give;
+    }
+    for &i in order {
+        if pool <= 0.0 {
+            break;
+        }
+        let give = (claims[i].ceiling - out[i]).max(0.0).min(pool);
+        out[i] += give;
+        pool -= give;
+    }
+    out
 }
 
 /// Shares `amount` over `(index, want, weight)` max-min fairly by weight, adding each share

@@ -3,7 +3,7 @@
 //! ```toml
 //! [node]
 //! capacity = 1000          # units/s the backend sustains; omit for no node-wide ceiling
-//! mode = "share"           # "share" (max-min allocation) or "fcfs" (Couchbase slots)
+//! mode = "share"           # "share" (by priority and weight) or "fcfs" (Couchbase's free pool)
 //! realloc_ms = 100         # how often allowances are recomputed from demand
 //! max_wait_ms = 1000       # how long `acquire` waits before giving up
 //! max_tracked_groups = 10000
@@ -25,27 +25,16 @@
 //! and returns no configuration at all if there is one: a file is applied whole or not at all.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
-use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+pub use crate::toml_reader::{ConfigError, ConfigErrors, line_of};
 use crate::toml_reader::{Reader, Value};
 
+pub use crate::allocate::AllocationMode;
 use crate::cost::{CostModel, LinearCoefficients, RuCoefficients};
 use crate::settings::{GroupName, GroupSettings, check_group_name};
-
-/// How the node's capacity is shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AllocationMode {
-    /// Token buckets fed by max-min allocation of the capacity (TiDB-like), recomputed from
-    /// demand every `realloc_interval`.
-    #[default]
-    Share,
-    /// Couchbase's one-second slots, free pool first come first served.
-    Fcfs,
-}
 
 /// Node-wide settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,43 +80,6 @@ pub struct Config {
     /// Configured groups, by name (may include `default`).
     pub groups: BTreeMap<GroupName, GroupSettings>,
 }
-
-/// One problem in a settings file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// 1-based line of the offending key or value.
-    pub line: usize,
-    /// The field's path, such as `groups.checkout.reserved`.
-    pub field: String,
-    /// The rule it breaks.
-    pub rule: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: {}: {}", self.line, self.field, self.rule)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-/// Every problem found in a settings file (never empty).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
 
 impl Config {
     /// Parses and validates a settings file, reporting every problem with its line.
@@ -181,11 +133,6 @@ impl Config {
     }
 }
 
-/// The 1-based line holding byte `offset` of `src`.
-pub fn line_of(src: &str, offset: usize) -> usize {
-    src.as_bytes()[..offset.min(src.len())].iter().filter(|&&b| b == b'\n').count() + 1
-}
-
 impl Reader<'_> {
     pub(crate) fn document(&mut self, doc: &DeTable<'_>) -> Config {
         let mut config = Config::default();
@@ -195,14 +142,6 @@ impl Reader<'_> {
                 "cost" => config.cost_model = self.cost(value),
                 "groups" => config.groups = self.groups(value),
                 other => self.error(key.span(), other, "unknown section; expected node, cost or groups"),
-            }
-        }
-        if config.node.mode == AllocationMode::Fcfs {
-            for (name, g) in &config.groups {
-                if g.burst().is_some() || g.ramp().is_some() {
-                    let at = doc.get("groups").map_or(0..0, Spanned::span);
-                    self.error(at, format!("groups.{name}"), "burst and ramp do not apply in fcfs mode");
-                }
             }
         }
         config

@@ -8,10 +8,11 @@
 //! - [`config`]: the TOML settings file, with every problem reported by line.
 //! - [`smooth`]: FoundationDB's exponential and Holt's linear smoothers.
 //! - [`bucket`]: the lock-free token bucket with burst, debt and refunds.
-//! - [`allocate`]: dividing a node's capacity among groups (reserved, priority, max-min).
-//! - [`fcfs`]: Couchbase's first-come-first-served one-second slots.
+//! - [`allocate`]: dividing a node's capacity among groups (by priority and weight, or first
+//!   come first served).
+//! - [`demand`]: what a client asks for, the one definition every mode reports.
+//! - [`engine`]: the one model of demand, allocation and grants that every mode drives.
 //! - [`epoch`]: a pool shared by several clients per one-second epoch (store mode).
-//! - [`pipeline`]: the controller's rate pipeline: targets from demand, saturation and capacity.
 //! - [`ramp`]: Numaflow's ramp-up of a group's pool from `min` to `max`, in four modes.
 //! - [`schedule`]: TiKV's fair queue by priority and virtual time.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
@@ -21,9 +22,9 @@ pub mod allocate;
 pub mod bucket;
 pub mod config;
 pub mod cost;
+pub mod demand;
+pub mod engine;
 pub mod epoch;
-pub mod fcfs;
-pub mod pipeline;
 pub mod ramp;
 pub mod schedule;
 pub mod settings;

@@ -17,6 +17,10 @@ use thiserror::Error;
 /// The longest group name, in bytes.
 pub const GROUP_NAME_MAX_BYTES: usize = 255;
 
+/// The longest duration any setting takes (a ramp's duration, cool-down or resume TTL): one
+/// year.
+pub const DURATION_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The name of the group that unknown groups fall back to.
 pub const DEFAULT_GROUP: &str = "default";
 
@@ -299,6 +303,34 @@ impl RampSettings {
         }
         if self.duration.is_zero() {
             errors.push(SettingError::new("ramp.duration_s", "must be above 0"));
+        }
+        for (field, d) in [
+            ("ramp.duration_s", Some(self.duration)),
+            ("ramp.cool_down_s", Some(self.cool_down)),
+            ("ramp.resume_ttl_s", self.resume_ttl),
+        ] {
+            if let Some(d) = d
+                && d > DURATION_MAX
+            {
+                errors.push(SettingError::new(
+                    field,
+                    format!("must be at most {} seconds, got {}", DURATION_MAX.as_secs(), d.as_secs_f64()),
+                ));
+            }
+        }
+        if self.resume_ttl.is_some_and(|t| t.is_zero()) {
+            errors.push(SettingError::new("ramp.resume_ttl_s", "must be above 0"));
+        }
+        // Numaflow truncates the cool-down to whole seconds; at 0 every call counts as a gap
+        // with nothing to shrink, and the pool never moves from its start again.
+        if self.mode == RampMode::GoBackN && self.cool_down < Duration::from_secs(1) {
+            errors.push(SettingError::new(
+                "ramp.cool_down_s",
+                format!(
+                    "must be at least 1 in go_back_n mode (below it the pool never grows), got {}",
+                    self.cool_down.as_secs_f64()
+                ),
+            ));
         }
         if !(self.threshold_pct > 0.0 && self.threshold_pct <= 100.0) {
             errors.push(SettingError::new(

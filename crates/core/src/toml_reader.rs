@@ -6,16 +6,58 @@
 //! offending key or value. Group settings (`reserved`, `limit`, `burst`, …) are read here
 //! once for every file that carries them.
 
+use std::fmt;
 use std::ops::Range;
 use std::time::Duration;
 
 use toml::Spanned;
 use toml::de::DeValue;
 
-use crate::config::{ConfigError, line_of};
 use crate::settings::{
     GroupSettings, GroupSettingsBuilder, Limit, Priority, RampMode, RampSettings, SettingError,
 };
+
+/// One problem in a settings file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// 1-based line of the offending key or value.
+    pub line: usize,
+    /// The field's path, such as `groups.checkout.reserved`.
+    pub field: String,
+    /// The rule it breaks.
+    pub rule: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}: {}", self.line, self.field, self.rule)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Every problem found in a settings file (never empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// The 1-based line holding byte `offset` of `src`.
+pub fn line_of(src: &str, offset: usize) -> usize {
+    src.as_bytes()[..offset.min(src.len())].iter().filter(|&&b| b == b'\n').count() + 1
+}
 
 /// The keys a group's settings may use.
 pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, ramp";
@@ -26,6 +68,9 @@ pub type Value<'a> = Spanned<DeValue<'a>>;
 /// Reads values and collects problems.
 pub struct Reader<'s> {
     src: &'s str,
+    /// Byte offsets where each line starts, built at the first problem: finding a line is
+    /// then a binary search, so a file with many problems is still read in linear time.
+    line_starts: Vec<usize>,
     /// The problems found so far.
     pub errors: Vec<ConfigError>,
 }
@@ -61,7 +106,7 @@ impl<'t, 'a> Fields<'t, 'a> {
 impl<'s> Reader<'s> {
     /// A reader of `src`.
     pub fn new(src: &'s str) -> Self {
-        Self { src, errors: Vec::new() }
+        Self { src, line_starts: Vec::new(), errors: Vec::new() }
     }
 
     /// The text being read.
@@ -71,11 +116,18 @@ impl<'s> Reader<'s> {
 
     /// Records a problem at `span`.
     pub fn error(&mut self, span: Range<usize>, field: impl Into<String>, rule: impl Into<String>) {
-        self.errors.push(ConfigError {
-            line: line_of(self.src, span.start),
-            field: field.into(),
-            rule: rule.into(),
-        });
+        let line = self.line(span.start);
+        self.errors.push(ConfigError { line, field: field.into(), rule: rule.into() });
+    }
+
+    /// The 1-based line holding byte `offset`.
+    fn line(&mut self, offset: usize) -> usize {
+        if self.line_starts.is_empty() {
+            self.line_starts.push(0);
+            self.line_starts
+                .extend(self.src.bytes().enumerate().filter(|(_, b)| *b == b'\n').map(|(i, _)| i + 1));
+        }
+        self.line_starts.partition_point(|&start| start <= offset.min(self.src.len()))
     }
 
     /// Records a broken settings rule, under `prefix`.
@@ -201,18 +253,18 @@ impl<'s> Reader<'s> {
     pub fn ramp(&mut self, path: &str, value: &Value<'_>) -> Option<RampSettings> {
         let mut f = self.fields(path, value)?;
         let mut required = |p: &mut Self, key: &str| match f.take(key) {
-            Some((kp, v)) => p.non_negative(&kp, v),
+            Some((kp, v)) => p.non_negative(&kp, v).map(|x| (x, kp, v)),
             None => {
                 p.error(value.span(), format!("{path}.{key}"), "is required");
                 None
             }
         };
-        let min = required(self, "min");
-        let max = required(self, "max");
-        let duration_s = required(self, "duration_s");
+        let min = required(self, "min").map(|(x, _, _)| x);
+        let max = required(self, "max").map(|(x, _, _)| x);
+        let duration = required(self, "duration_s");
         let mut ramp = RampSettings::new(min.unwrap_or(0.0), max.unwrap_or(0.0), Duration::ZERO);
-        if let Some(d) = duration_s {
-            ramp.duration = Duration::from_secs_f64(d);
+        if let Some((d, kp, v)) = duration {
+            ramp.duration = self.duration(&kp, v, d).unwrap_or(Duration::ZERO);
         }
         if let Some((p, v)) = f.take("mode") {
             if let Some(s) = self.string(&p, v) {
@@ -230,16 +282,32 @@ impl<'s> Reader<'s> {
         }
         if let Some((p, v)) = f.take("cool_down_s") {
             if let Some(s) = self.non_negative(&p, v) {
-                ramp.cool_down = Duration::from_secs_f64(s);
+                ramp.cool_down = self.duration(&p, v, s).unwrap_or(ramp.cool_down);
             }
         }
         if let Some((p, v)) = f.take("resume_ttl_s") {
             if let Some(s) = self.positive(&p, v) {
-                ramp.resume_ttl = Some(Duration::from_secs_f64(s));
+                ramp.resume_ttl = self.duration(&p, v, s);
             }
         }
         self.finish(f, "min, max, duration_s, mode, threshold_pct, ramp_down_pct, cool_down_s, resume_ttl_s");
         Some(ramp)
+    }
+
+    /// Seconds as a duration, at most [`DURATION_MAX`](crate::settings::DURATION_MAX).
+    pub fn duration(&mut self, path: &str, v: &Value<'_>, seconds: f64) -> Option<Duration> {
+        let max = crate::settings::DURATION_MAX;
+        match Duration::try_from_secs_f64(seconds) {
+            Ok(d) if d <= max => Some(d),
+            _ => {
+                self.error(
+                    v.span(),
+                    path,
+                    format!("must be at most {} seconds, got {seconds}", max.as_secs()),
+                );
+                None
+            }
+        }
     }
 
     /// A string.

@@ -1,7 +1,7 @@
-//! The controller pipeline's invariants (DESIGN section 3), on random inputs.
+//! The engine's invariants (DESIGN section 3), on random inputs.
 
 use proptest::prelude::*;
-use tollgate_core::pipeline::{ClientReport, Health, Pipeline, PipelineSettings};
+use tollgate_core::engine::{ClientReport, Engine, EngineSettings, Health};
 use tollgate_core::settings::{GroupName, GroupSettings, Priority};
 use tollgate_core::time::Nanos;
 
@@ -31,17 +31,15 @@ fn group_case() -> impl Strategy<Value = GroupCase> {
 }
 
 struct World {
-    pipeline: Pipeline,
+    engine: Engine,
     names: Vec<GroupName>,
 }
 
 fn world(capacity: Option<f64>, groups: &[GroupCase], saturation: Option<f64>) -> World {
-    let mut p = Pipeline::new(PipelineSettings {
-        capacity,
-        limiting_threshold: 1.0,
-        ignore_worst_zones: 0,
-        ..Default::default()
-    });
+    let mut settings = EngineSettings { capacity, ..Default::default() };
+    settings.saturation.limiting_threshold = 1.0;
+    settings.saturation.ignore_worst_zones = 0;
+    let mut p = Engine::new(settings);
     let now = Nanos(1_000_000_000);
     let mut names = Vec::new();
     let mut client = 0u64;
@@ -55,21 +53,17 @@ fn world(capacity: Option<f64>, groups: &[GroupCase], saturation: Option<f64>) -
         p.set_group(name.clone(), b.build().unwrap());
         for d in &g.demands {
             client += 1;
-            p.client_report(
-                now,
-                client,
-                &name,
-                ClientReport { demand: *d, consumed: d / 2.0, requests: 1.0 },
-            );
+            let report = ClientReport { demand: *d, consumed: d / 2.0, requests: 1.0, ..Default::default() };
+            p.report(now, client, &name, report);
         }
         loads.push((name.clone(), g.demands.iter().sum::<f64>() / 2.0));
         names.push(name);
     }
     if let Some(u) = saturation {
-        p.backend_report(now, "b0", "z0", Health::Utilisation(u), &loads);
+        p.backend_report(now, "b0", "z0", Health::Utilisation(u), &loads).unwrap();
     }
     p.tick(now);
-    World { pipeline: p, names }
+    World { engine: p, names }
 }
 
 proptest! {
@@ -81,12 +75,12 @@ proptest! {
     ) {
         let w = world(capacity, &groups, saturation);
         for (name, g) in w.names.iter().zip(&groups) {
-            let o = w.pipeline.outcome(name).unwrap();
+            let o = w.engine.outcome(name).unwrap();
             let Some(target) = o.target else { continue };
-            let granted: f64 = o.grants.values().map(|g| g.rate).sum();
+            let granted: f64 = o.grants.iter().map(|g| g.rate).sum();
             prop_assert!(granted <= target * (1.0 + EPS) + EPS, "{name}: granted {granted} > target {target}");
             // Equal demand, equal grant.
-            let rates: Vec<f64> = o.grants.values().map(|g| g.rate).collect();
+            let rates: Vec<f64> = o.grants.iter().map(|g| g.rate).collect();
             for i in 0..g.demands.len() {
                 for j in 0..g.demands.len() {
                     if g.demands[i] == g.demands[j] {
@@ -105,7 +99,7 @@ proptest! {
     ) {
         let w = world(capacity, &groups, saturation);
         for (name, g) in w.names.iter().zip(&groups) {
-            let o = w.pipeline.outcome(name).unwrap();
+            let o = w.engine.outcome(name).unwrap();
             match o.target {
                 Some(t) => {
                     prop_assert!(t >= g.reserved - EPS, "{name}: target {t} < reserved {}", g.reserved);
@@ -138,7 +132,7 @@ proptest! {
         let reserved: f64 = groups.iter().map(|g| g.reserved).sum();
         prop_assume!(reserved <= capacity);
         let w = world(Some(capacity), &groups, None);
-        let total: f64 = w.names.iter().map(|n| w.pipeline.outcome(n).unwrap().target.unwrap()).sum();
+        let total: f64 = w.names.iter().map(|n| w.engine.outcome(n).unwrap().target.unwrap()).sum();
         prop_assert!(total <= capacity * (1.0 + EPS), "targets {total} > capacity {capacity}");
     }
 }

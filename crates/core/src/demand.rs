@@ -1,0 +1,161 @@
+//! Demand: what a client says it wants for one group, the one definition every mode uses.
+//!
+//! A client counts, per group, running totals ([`Counts`]): units asked for (admitted or not,
+//! unthrottled work included), units consumed, requests admitted, refused and made to wait.
+//! At each report a [`DemandMeter`] turns the totals into a [`ClientReport`] for the engine:
+//!
+//! - **demand** = the rate of units asked since the last report, or its moving average
+//!   (exponential, folding time 1 s) when that is higher, so a quiet moment does not drop a
+//!   busy client at once;
+//! - a client that was **refused or had to wait** since the last report wants more than it got:
+//!   its demand is at least half again its current grant, so refused work grows its share
+//!   geometrically until it is met (a closed-loop client that only waits never asks twice);
+//! - units **waiting** now are reported as they are; the engine adds them to the demand;
+//! - unthrottled units are reported as a rate: they count against the group and the capacity.
+//!
+//! The embedded limiter, the remote client and the simulator all report through this meter,
+//! so a group's demand means the same thing in every mode.
+
+use std::time::Duration;
+
+use crate::engine::ClientReport;
+use crate::time::Nanos;
+
+/// Folding time of the demand smoother, seconds.
+pub const DEMAND_FOLDING_S: f64 = 1.0;
+
+/// How much more than its grant a refused or waiting client asks for.
+pub const HUNGRY_FACTOR: f64 = 1.5;
+
+/// The shortest interval a rate is measured over: a report right after a group appears does
+/// not turn its first request into a huge rate.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A client's running totals for one group.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Counts {
+    /// Units asked for, admitted or not, unthrottled work included.
+    pub asked: f64,
+    /// Units consumed: admitted, corrected by settlements.
+    pub consumed: f64,
+    /// Units consumed by unthrottled work.
+    pub unthrottled: f64,
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests refused.
+    pub throttled: u64,
+    /// Requests admitted only after waiting.
+    pub waited: u64,
+}
+
+/// Turns a group's running totals into reports. See the [module documentation](self).
+///
+/// ```
+/// use tollgate_core::demand::{Counts, DemandMeter};
+/// use tollgate_core::time::Nanos;
+///
+/// let mut meter = DemandMeter::new(Nanos(0));
+/// let sec = |s: u64| Nanos(s * 1_000_000_000);
+/// let counts = Counts { asked: 300.0, consumed: 200.0, admitted: 200, throttled: 100, ..Counts::default() };
+/// let r = meter.report(sec(1), counts, 0.0, Some(200.0));
+/// assert_eq!(r.consumed, 200.0);
+/// assert_eq!(r.throttled, 100.0);
+/// assert_eq!(r.demand, 300.0); // refused work asked for 300/s, more than 1.5 × 200
+/// ```
+#[derive(Debug, Clone)]
+pub struct DemandMeter {
+    last: Counts,
+    last_at: Nanos,
+    /// The moving average of the asked rate, units/s.
+    average: f64,
+}
+
+impl DemandMeter {
+    /// A meter for a group that appeared at `now`.
+    pub fn new(now: Nanos) -> Self {
+        Self { last: Counts::default(), last_at: now, average: 0.0 }
+    }
+
+    /// The report for what happened since the last one, given the totals now, the units
+    /// waiting now, and the rate the client holds (`None` when unlimited or not granted yet).
+    pub fn report(&mut self, now: Nanos, counts: Counts, waiting: f64, granted: Option<f64>) -> ClientReport {
+        let dt = now.since(self.last_at).max(MIN_INTERVAL).as_secs_f64();
+        let last = self.last;
+        let rate = ((counts.asked - last.asked) / dt).max(0.0);
+        // An average of interval rates, weighted by each interval's length: a steady rate
+        // averages to itself however often reports come (a smoother of running totals would
+        // read high when reports are far apart).
+        let keep = (-dt / DEMAND_FOLDING_S).exp();
+        self.average = self.average * keep + rate * (1.0 - keep);
+        let mut demand = rate.max(self.average);
+        let unmet = counts.throttled > last.throttled || counts.waited > last.waited;
+        if unmet && let Some(g) = granted.filter(|g| g.is_finite()) {
+            demand = demand.max(g * HUNGRY_FACTOR);
+        }
+        let report = ClientReport {
+            demand,
+            unthrottled: ((counts.unthrottled - last.unthrottled).max(0.0) / dt).max(0.0),
+            waiting: waiting.max(0.0),
+            consumed: (counts.consumed - last.consumed).max(0.0),
+            requests: counts.admitted.saturating_sub(last.admitted) as f64,
+            throttled: counts.throttled.saturating_sub(last.throttled) as f64,
+            held: granted.unwrap_or(0.0).max(0.0),
+        };
+        self.last = counts;
+        self.last_at = now;
+        report
+    }
+
+    /// Whether the totals moved since the last report (a group with none for long is idle).
+    pub fn moved(&self, counts: &Counts) -> bool {
+        counts.asked != self.last.asked || counts.consumed != self.last.consumed
+    }
+
+    /// When the last report was made.
+    pub fn last_report(&self) -> Nanos {
+        self.last_at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn demand_is_the_asked_rate_and_refusals_ask_for_more() {
+        let mut m = DemandMeter::new(Nanos(0));
+        let c = Counts { asked: 100.0, consumed: 100.0, admitted: 100, ..Counts::default() };
+        let r = m.report(Nanos(S), c, 0.0, Some(100.0));
+        assert!((r.demand - 100.0).abs() < 1e-9, "{r:?}");
+        // A second with 100 asked, all met, at a grant of 100: demand stays 100 (the average,
+        // still rising, is below the rate).
+        let c = Counts { asked: 200.0, consumed: 200.0, admitted: 200, ..Counts::default() };
+        assert!((m.report(Nanos(2 * S), c, 0.0, Some(100.0)).demand - 100.0).abs() < 1e-9);
+        // A second where it waited: at least 150 (half again the grant).
+        let c = Counts { asked: 300.0, consumed: 300.0, admitted: 300, waited: 5, ..Counts::default() };
+        assert!((m.report(Nanos(3 * S), c, 0.0, Some(100.0)).demand - 150.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_quiet_second_decays_rather_than_drops() {
+        let mut m = DemandMeter::new(Nanos(0));
+        let busy = Counts { asked: 1000.0, ..Counts::default() };
+        m.report(Nanos(S), busy, 0.0, None);
+        let r = m.report(Nanos(2 * S), busy, 0.0, None);
+        assert!(r.demand > 0.0 && r.demand < 1000.0, "{r:?}");
+    }
+
+    #[test]
+    fn unthrottled_work_is_a_rate_and_a_first_report_is_not_a_spike() {
+        let mut m = DemandMeter::new(Nanos(0));
+        // 1 unit asked 1 ms after the group appeared: measured over at least 100 ms.
+        let c = Counts { asked: 1.0, unthrottled: 1.0, consumed: 1.0, admitted: 1, ..Counts::default() };
+        let r = m.report(Nanos(1_000_000), c, 2.0, None);
+        assert!((r.demand - 10.0).abs() < 1e-9, "{r:?}");
+        assert!((r.unthrottled - 10.0).abs() < 1e-9);
+        assert_eq!(r.waiting, 2.0);
+        assert!(!m.moved(&c));
+    }
+}

@@ -1,0 +1,96 @@
+//! The client table: each client's chosen name mapped to a short id, bounded and expiring.
+//!
+//! A client numbers its exchanges (1, 2, 3, …). An exchange whose number is not above the last
+//! one seen under the same name comes from a restarted process (or another process using the
+//! same name): it gets a fresh id, so it never inherits grants the earlier one may still be
+//! using. The earlier id's entries expire on their own.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::split::ClientId;
+use crate::time::Nanos;
+
+struct Slot {
+    id: ClientId,
+    sequence: u64,
+    seen: Nanos,
+}
+
+/// Why a client could not be taken in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The table is full of live clients.
+    #[error("too many clients: the controller tracks at most {max}; try again once some have gone quiet")]
+    TooMany {
+        /// The bound.
+        max: usize,
+    },
+}
+
+pub(crate) struct ClientTable {
+    by_key: HashMap<Box<str>, Slot>,
+    next_id: ClientId,
+    max: usize,
+    restarts: u64,
+}
+
+impl ClientTable {
+    pub(crate) fn new(max: usize) -> Self {
+        Self { by_key: HashMap::new(), next_id: 1, max, restarts: 0 }
+    }
+
+    /// The id for `key` at an exchange numbered `sequence` (0: not numbered).
+    pub(crate) fn resolve(&mut self, now: Nanos, key: &str, sequence: u64) -> Result<ClientId, ClientError> {
+        if let Some(slot) = self.by_key.get_mut(key) {
+            if sequence != 0 && sequence <= slot.sequence {
+                slot.id = self.next_id;
+                self.next_id += 1;
+                self.restarts += 1;
+            }
+            slot.sequence = sequence;
+            slot.seen = now;
+            return Ok(slot.id);
+        }
+        if self.by_key.len() >= self.max {
+            return Err(ClientError::TooMany { max: self.max });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.by_key.insert(key.into(), Slot { id, sequence, seen: now });
+        Ok(id)
+    }
+
+    /// Forgets clients not seen for longer than `expiry`.
+    pub(crate) fn expire(&mut self, now: Nanos, expiry: Duration) {
+        self.by_key.retain(|_, s| now.since(s.seen) <= expiry);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub(crate) fn restarts(&self) -> u64 {
+        self.restarts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restarted_client_gets_a_fresh_id_and_the_table_is_bounded() {
+        let mut t = ClientTable::new(2);
+        let a = t.resolve(Nanos(0), "a", 1).unwrap();
+        assert_eq!(t.resolve(Nanos(1), "a", 2).unwrap(), a);
+        let again = t.resolve(Nanos(2), "a", 1).unwrap();
+        assert_ne!(again, a);
+        assert_eq!(t.restarts(), 1);
+        t.resolve(Nanos(3), "b", 1).unwrap();
+        assert!(matches!(t.resolve(Nanos(4), "c", 1), Err(ClientError::TooMany { max: 2 })));
+        t.expire(Nanos(20_000_000_000), Duration::from_secs(10));
+        assert_eq!(t.len(), 0);
+        assert!(t.resolve(Nanos(20_000_000_000), "c", 1).is_ok());
+    }
+}

@@ -1,0 +1,640 @@
+//! The engine: Tollgate's one model of demand, allocation and grants.
+//!
+//! Every way of running Tollgate drives this one type: the embedded limiter (one client, in
+//! process), `tollgate server` (behind gRPC) and `tollgate sim` (in virtual time). It holds the
+//! only copy of the group settings, the node's capacity and allocation mode, and the lease;
+//! it takes client reports ([`Engine::report`]) and backend reports
+//! ([`Engine::backend_report`]), and each [`Engine::tick`] computes, per group:
+//!
+//! ```text
+//! floor     = max(reserved, unthrottled use)              unthrottled work is never refused
+//! ceiling   = limit, or reserved once the budget is spent
+//! cap       = min(ceiling, ramp pool)                     (the ramp, when the group has one)
+//! limiting  = load × ratio                                (FoundationDB; absent below saturation)
+//! share     = allocation of the node capacity             (by priority and weight, or first come)
+//! target    = max(floor, min(cap, limiting, share));  busy = limiting < cap
+//! ```
+//!
+//! and splits the target over the group's clients (see [`water_level`]). A group that nothing
+//! bounds (no limit, no saturation, no capacity) is not throttled.
+//!
+//! **Grant policy.** A client the last tick knows gets its share. A client it does not know
+//! yet (new, restarted, or the group is new) gets only what the target has left after every
+//! grant already made, or what it says it holds if that is less: so the live grants of a group
+//! never add up to more than its target, from the first exchange on, and a controller that
+//! restarts relearns what clients hold before handing out more ("learning mode", one lease
+//! long). Before a group's first tick its target is bounded by its settings and by the room the
+//! other groups leave under the capacity.
+//!
+//! Everything is bounded: tracked groups (past the bound, new names share the `default`
+//! group's state), clients, backends and resumable ramps; idle groups, silent clients and
+//! silent backends expire.
+
+mod clients;
+mod saturation;
+mod split;
+mod tick;
+mod view;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+pub use clients::ClientError;
+pub use saturation::{Health, SaturationSettings};
+pub use split::{ClientGrant, ClientId, water_level};
+pub use view::GroupView;
+
+use crate::allocate::AllocationMode;
+use crate::ramp::Ramp;
+use crate::settings::{DEFAULT_GROUP, GroupName, GroupSettings};
+use crate::smooth::Smoother;
+use crate::time::Nanos;
+
+use clients::ClientTable;
+use saturation::BackendState;
+
+/// The engine's node-wide settings: the one place they are held.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineSettings {
+    /// The node's capacity in units/s, if it is shared by allocation.
+    pub capacity: Option<f64>,
+    /// How the free capacity is shared.
+    pub mode: AllocationMode,
+    /// How often targets are recomputed; also the exchange period asked of clients.
+    pub tick: Duration,
+    /// How long a grant holds without renewal.
+    pub lease: Duration,
+    /// Groups with no client report for this long are forgotten.
+    pub group_idle_expiry: Duration,
+    /// Client and backend reports older than this no longer count.
+    pub report_expiry: Duration,
+    /// Groups tracked separately; past it, new names share the default group's state.
+    pub max_tracked_groups: usize,
+    /// Clients tracked at once; past it, new clients are refused until others go quiet.
+    pub max_clients: usize,
+    /// Backends tracked at once; past it, new backends' reports are refused.
+    pub max_backends: usize,
+    /// FoundationDB's saturation knobs.
+    pub saturation: SaturationSettings,
+    /// Folding time of the average-cost smoothers.
+    pub cost_folding: Duration,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            capacity: None,
+            mode: AllocationMode::Share,
+            tick: Duration::from_secs(1),
+            lease: Duration::from_secs(10),
+            group_idle_expiry: Duration::from_secs(240),
+            report_expiry: Duration::from_secs(10),
+            max_tracked_groups: 100_000,
+            max_clients: 100_000,
+            max_backends: 10_000,
+            saturation: SaturationSettings::default(),
+            cost_folding: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What one client says about one group at a report (see [`crate::demand`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ClientReport {
+    /// Units/s asked for, admitted or not, unthrottled work included.
+    pub demand: f64,
+    /// Units/s consumed by unthrottled work.
+    pub unthrottled: f64,
+    /// Units waiting for admission now.
+    pub waiting: f64,
+    /// Units consumed since the last report.
+    pub consumed: f64,
+    /// Requests admitted since the last report.
+    pub requests: f64,
+    /// Requests refused since the last report.
+    pub throttled: f64,
+    /// The rate of the live grant the client holds (0: none).
+    pub held: f64,
+}
+
+/// A client's grant for one group: a rate, a burst and a lease (a duration, never a deadline).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    /// Units/s; infinite when the group is not throttled.
+    pub rate: f64,
+    /// Units the client may bank.
+    pub burst: f64,
+    /// How long the grant holds without renewal.
+    pub lease: Duration,
+    /// The group's reservation.
+    pub reserved: f64,
+    /// How many clients share the group (at least 1).
+    pub clients: u32,
+}
+
+impl Grant {
+    /// Whether the group is not throttled.
+    pub fn is_unlimited(&self) -> bool {
+        self.rate.is_infinite()
+    }
+
+    /// What a client falls back to in safe mode: its part of the reservation.
+    pub fn floor(&self) -> f64 {
+        self.reserved / f64::from(self.clients.max(1))
+    }
+}
+
+/// A group's consumption since it was first seen: what it is billed on and what a budget is
+/// checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Meter {
+    /// Units consumed.
+    pub consumed: f64,
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests refused.
+    pub throttled: u64,
+}
+
+/// What a tick decided for one group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupOutcome {
+    /// Target in units/s; `None` when the group is not throttled.
+    pub target: Option<f64>,
+    /// Limiting rate from saturation, if a backend it uses is saturated.
+    pub limiting: Option<f64>,
+    /// Share of the node capacity, if one is set.
+    pub share: Option<f64>,
+    /// Limiting is below the cap.
+    pub busy: bool,
+    /// The water level in units/s: what each busy client may use beyond its unthrottled work.
+    pub water_level: Option<f64>,
+    /// Average cost per request, units.
+    pub avg_cost: f64,
+    /// Total demand, units/s (waiting work included).
+    pub demand: f64,
+    /// Units/s of unthrottled work.
+    pub unthrottled: f64,
+    /// Load reported by backends, units/s.
+    pub load: f64,
+    /// The budget is spent: the group is held at its reservation.
+    pub budget_exhausted: bool,
+    /// Each client's grant, by client.
+    pub grants: Vec<ClientGrant>,
+    /// The sum of the grants' rates.
+    pub granted: f64,
+}
+
+impl GroupOutcome {
+    /// The grant of `client`, if the tick knew it.
+    pub fn grant_of(&self, client: ClientId) -> Option<&ClientGrant> {
+        self.grants.binary_search_by_key(&client, |g| g.client).ok().map(|i| &self.grants[i])
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ClientEntry {
+    client: ClientId,
+    /// Units/s asked, waiting work included.
+    demand: f64,
+    unthrottled: f64,
+    seen: Nanos,
+}
+
+/// A tracked group's runtime state.
+struct Tracked {
+    /// Sorted by client.
+    clients: Vec<ClientEntry>,
+    /// The ramp, when the settings have one (boxed: most groups have none).
+    ramp: Option<Box<Ramp>>,
+    units: Smoother,
+    requests: Smoother,
+    last_report: Nanos,
+    /// When it first asked for anything: its place in a first-come allocation.
+    first_asked: Option<Nanos>,
+    outcome: Option<GroupOutcome>,
+    /// Grants made since the last tick to clients it did not know.
+    provisional: Vec<(ClientId, f64)>,
+    consumed_since_tick: f64,
+    throttled_since_tick: f64,
+    /// Units/s consumed and requests/s refused over the last tick.
+    admitted_rate: f64,
+    throttled_rate: f64,
+}
+
+impl Tracked {
+    fn new(now: Nanos, folding_s: f64, ramp: Option<Box<Ramp>>) -> Self {
+        Self {
+            clients: Vec::new(),
+            ramp,
+            units: Smoother::new(folding_s),
+            requests: Smoother::new(folding_s),
+            last_report: now,
+            first_asked: None,
+            outcome: None,
+            provisional: Vec::new(),
+            consumed_since_tick: 0.0,
+            throttled_since_tick: 0.0,
+            admitted_rate: 0.0,
+            throttled_rate: 0.0,
+        }
+    }
+
+    fn provisional_total(&self) -> f64 {
+        self.provisional.iter().map(|(_, r)| r).sum()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct MeterEntry {
+    meter: Meter,
+    dirty: bool,
+}
+
+/// Why a backend report was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The table is full of live backends.
+    #[error("too many backends: the controller tracks at most {max}")]
+    TooMany {
+        /// The bound.
+        max: usize,
+    },
+}
+
+/// SipHash with fixed keys: deterministic iteration, so simulations replay from their seed.
+/// Group names are not attacker-chosen keys of an unbounded map here: tracking is bounded.
+type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
+
+/// The engine. See the [module documentation](self).
+pub struct Engine {
+    settings: EngineSettings,
+    configured: BTreeMap<GroupName, GroupSettings>,
+    /// The sum of the configured groups' reservations (Couchbase's free pool counts them all).
+    reserved_configured: f64,
+    /// How many configured groups have a ramp.
+    ramped: usize,
+    tracked: HashMap<GroupName, Tracked, FixedHasher>,
+    meters: HashMap<GroupName, MeterEntry, FixedHasher>,
+    backends: BTreeMap<String, BackendState>,
+    clients: ClientTable,
+    /// Ramps of groups that went idle, kept for their resume TTL: (value, until).
+    resume: HashMap<GroupName, (f64, Nanos), FixedHasher>,
+    started: Option<Nanos>,
+    last_tick: Option<Nanos>,
+    ticks: u64,
+    /// The sum of the finite targets of the last tick.
+    targets_total: f64,
+    /// Provisional grants made since the last tick for groups the tick has not seen.
+    unticked_provisional: f64,
+    scratch: Vec<f64>,
+}
+
+impl Engine {
+    /// An engine with no groups.
+    pub fn new(settings: EngineSettings) -> Self {
+        let clients = ClientTable::new(settings.max_clients);
+        Self {
+            settings,
+            configured: BTreeMap::new(),
+            reserved_configured: 0.0,
+            ramped: 0,
+            tracked: HashMap::default(),
+            meters: HashMap::default(),
+            backends: BTreeMap::new(),
+            clients,
+            resume: HashMap::default(),
+            started: None,
+            last_tick: None,
+            ticks: 0,
+            targets_total: 0.0,
+            unticked_provisional: 0.0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The node-wide settings.
+    pub fn settings(&self) -> &EngineSettings {
+        &self.settings
+    }
+
+    /// Sets the node capacity (`None`: none).
+    pub fn set_capacity(&mut self, capacity: Option<f64>) {
+        self.settings.capacity = capacity;
+    }
+
+    /// Sets how free capacity is shared.
+    pub fn set_mode(&mut self, mode: AllocationMode) {
+        self.settings.mode = mode;
+    }
+
+    /// Sets (or replaces) a group's settings.
+    pub fn set_group(&mut self, name: GroupName, settings: GroupSettings) {
+        let (reserved, ramped) = (settings.reserved(), settings.ramp().is_some());
+        let before = self.configured.insert(name.clone(), settings);
+        self.account(before.as_ref(), -1.0);
+        self.reserved_configured += reserved;
+        self.ramped += usize::from(ramped);
+        self.meters.entry(name).or_default();
+    }
+
+    /// Removes a group's settings (it falls back to the default group's) and forgets its
+    /// consumption; returns what it had.
+    pub fn remove_group(&mut self, name: &GroupName) -> Option<GroupSettings> {
+        let before = self.configured.remove(name);
+        self.account(before.as_ref(), -1.0);
+        if before.is_some() && !self.tracked.contains_key(name) {
+            self.meters.remove(name);
+        }
+        before
+    }
+
+    fn account(&mut self, settings: Option<&GroupSettings>, sign: f64) {
+        if let Some(s) = settings {
+            self.reserved_configured += sign * s.reserved();
+            if s.ramp().is_some() {
+                self.ramped -= 1;
+            }
+        }
+    }
+
+    /// A configured group's settings.
+    pub fn group(&self, name: &GroupName) -> Option<&GroupSettings> {
+        self.configured.get(name)
+    }
+
+    /// Every configured group, by name.
+    pub fn groups(&self) -> &BTreeMap<GroupName, GroupSettings> {
+        &self.configured
+    }
+
+    /// The settings that apply to `name`: its own, else the `default` group's.
+    pub fn settings_for(&self, name: &GroupName) -> Option<&GroupSettings> {
+        self.configured.get(name.as_str()).or_else(|| self.configured.get(DEFAULT_GROUP))
+    }
+
+    /// The id of the client that calls itself `key`, at its exchange number `sequence` (0 when
+    /// it does not number them). See [`ClientError`] for when it is refused.
+    pub fn client(&mut self, now: Nanos, key: &str, sequence: u64) -> Result<ClientId, ClientError> {
+        self.started.get_or_insert(now);
+        self.clients.resolve(now, key, sequence)
+    }
+
+    /// The state a report for `group` lands in: its own, or the default group's once
+    /// `max_tracked_groups` are tracked.
+    pub fn state_key(&self, group: &GroupName) -> GroupName {
+        if self.tracked.contains_key(group) || self.tracked.len() < self.settings.max_tracked_groups {
+            group.clone()
+        } else {
+            GroupName::default_group()
+        }
+    }
+
+    /// A client's report for one group; answers with the client's grant for it.
+    pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
+        self.started.get_or_insert(now);
+        let key = self.state_key(group);
+        let ramp_settings =
+            if self.ramped > 0 { self.settings_for(&key).and_then(|s| s.ramp().copied()) } else { None };
+        let folding = self.settings.cost_folding.as_secs_f64();
+        if !self.tracked.contains_key(&key) {
+            // A resumable ramp that went idle within its TTL continues where it was.
+            let resumed = self.resume.remove(&key).filter(|(_, until)| now < *until).map(|(v, _)| v);
+            let ramp = ramp_settings.map(|s| Box::new(Ramp::new(s, resumed)));
+            self.tracked.insert(key.clone(), Tracked::new(now, folding, ramp));
+        }
+        let g = self.tracked.get_mut(&key).expect("inserted above");
+        // The ramp follows the settings: a changed ramp continues from where the old one was.
+        match (&mut g.ramp, ramp_settings) {
+            (Some(r), Some(s)) if *r.settings() == s => {}
+            (current, Some(s)) => *current = Some(Box::new(Ramp::new(s, current.as_ref().map(|r| r.value())))),
+            (current, None) => *current = None,
+        }
+        let asked = r.requests > 0.0 || r.demand > 0.0 || r.throttled > 0.0;
+        if asked {
+            g.first_asked.get_or_insert(now);
+            if let Some(ramp) = &mut g.ramp {
+                // An epoch with a call: the ramp moves, and what was consumed counts as use.
+                ramp.at_epoch(now.0 / 1_000_000_000);
+                ramp.use_units(r.consumed.max(0.0));
+            }
+        }
+        g.units.add_delta(now, r.consumed.max(0.0));
+        g.requests.add_delta(now, r.requests.max(0.0));
+        g.last_report = now;
+        g.consumed_since_tick += r.consumed.max(0.0);
+        g.throttled_since_tick += r.throttled.max(0.0);
+        let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
+        let entry = ClientEntry {
+            client,
+            demand: r.demand.max(0.0) + r.waiting.max(0.0) / tick_s,
+            unthrottled: r.unthrottled.max(0.0),
+            seen: now,
+        };
+        match g.clients.binary_search_by_key(&client, |c| c.client) {
+            Ok(i) => g.clients[i] = entry,
+            Err(i) => {
+                // Most groups have one or a few clients: grow one at a time.
+                g.clients.reserve_exact(1);
+                g.clients.insert(i, entry);
+            }
+        }
+        let m = self.meters.entry(key.clone()).or_default();
+        m.meter.consumed += r.consumed.max(0.0);
+        m.meter.admitted += r.requests.max(0.0) as u64;
+        m.meter.throttled += r.throttled.max(0.0) as u64;
+        m.dirty = true;
+        self.grant(key, client, r.held)
+    }
+
+    /// The grant for `client` in the tracked group `key`, by the grant policy.
+    fn grant(&mut self, key: GroupName, client: ClientId, held: f64) -> Grant {
+        let settings = self.settings_for(&key);
+        let reserved = settings.map_or(0.0, GroupSettings::reserved);
+        let burst_total = settings.and_then(GroupSettings::burst);
+        let lease = self.settings.lease;
+        let ticked_target = self.tracked[&key].outcome.as_ref().map(|o| o.target);
+        let target = match ticked_target {
+            Some(t) => t,
+            None => self.unticked_target(&key),
+        };
+        let g = self.tracked.get_mut(&key).expect("tracked");
+        let clients = (g.clients.len() as u32).max(1);
+        let unlimited = Grant { rate: f64::INFINITY, burst: f64::INFINITY, lease, reserved, clients };
+        let Some(target) = target else { return unlimited };
+        if let Some(known) = g.outcome.as_ref().and_then(|o| o.grant_of(client)) {
+            return Grant { rate: known.rate, burst: known.burst, ..unlimited };
+        }
+        // Not known to the last tick: what is left under the target, no more than it holds.
+        let granted = g.outcome.as_ref().map_or(0.0, |o| o.granted);
+        let others: f64 = g.provisional.iter().filter(|(c, _)| *c != client).map(|(_, r)| r).sum();
+        let left = (target - granted - others).max(0.0);
+        let rate = if held > 0.0 { held.min(left) } else { left };
+        let before = match g.provisional.iter_mut().find(|(c, _)| *c == client) {
+            Some(p) => std::mem::replace(&mut p.1, rate),
+            None => {
+                g.provisional.push((client, rate));
+                0.0
+            }
+        };
+        if ticked_target.is_none() {
+            self.unticked_provisional += rate - before;
+        }
+        let burst = match burst_total {
+            Some(b) if target > 0.0 => b * rate / target,
+            _ => rate,
+        };
+        Grant { rate, burst, ..unlimited }
+    }
+
+    /// A group's target before its first tick: bounded by its settings, and by the room the
+    /// other groups leave under the capacity.
+    fn unticked_target(&self, key: &GroupName) -> Option<f64> {
+        let settings = self.settings_for(key);
+        let g = &self.tracked[key];
+        let reserved = settings.map_or(0.0, GroupSettings::reserved);
+        let mut bound = self.ceiling(key, settings);
+        if let Some(r) = &g.ramp {
+            bound = bound.min(r.pool() as f64);
+        }
+        if let Some(capacity) = self.settings.capacity {
+            let mine = g.provisional_total();
+            let room = capacity - self.targets_total - (self.unticked_provisional - mine);
+            bound = bound.min(room.max(0.0));
+        }
+        bound.is_finite().then(|| reserved.max(bound))
+    }
+
+    /// A group's ceiling: its limit, or its reservation once its budget is spent.
+    fn ceiling(&self, key: &GroupName, settings: Option<&GroupSettings>) -> f64 {
+        let Some(s) = settings else { return f64::INFINITY };
+        if self.budget_exhausted(key, s) { s.reserved() } else { s.limit().as_f64() }
+    }
+
+    fn budget_exhausted(&self, key: &GroupName, s: &GroupSettings) -> bool {
+        s.budget().is_some_and(|b| self.meters.get(key).is_some_and(|m| m.meter.consumed >= b))
+    }
+
+    /// A backend's report: its zone, health, and the load each group puts on it.
+    pub fn backend_report(
+        &mut self,
+        now: Nanos,
+        backend: &str,
+        zone: &str,
+        health: Health,
+        loads: &[(GroupName, f64)],
+    ) -> Result<(), BackendError> {
+        self.started.get_or_insert(now);
+        if !self.backends.contains_key(backend) && self.backends.len() >= self.settings.max_backends {
+            return Err(BackendError::TooMany { max: self.settings.max_backends });
+        }
+        let state = BackendState {
+            zone: zone.to_string(),
+            health,
+            load: loads.iter().filter(|(_, l)| l.is_finite() && *l > 0.0).cloned().collect(),
+            seen: now,
+        };
+        self.backends.insert(backend.to_string(), state);
+        Ok(())
+    }
+
+    /// Forgets a backend at once.
+    pub fn remove_backend(&mut self, backend: &str) {
+        self.backends.remove(backend);
+    }
+
+    /// The last tick's outcome for `group`.
+    pub fn outcome(&self, group: &GroupName) -> Option<&GroupOutcome> {
+        self.tracked.get(group).and_then(|g| g.outcome.as_ref())
+    }
+
+    /// A group's consumption so far.
+    pub fn meter(&self, group: &GroupName) -> Option<Meter> {
+        self.meters.get(group).map(|m| m.meter)
+    }
+
+    /// Restores a group's consumption (from a store, at start).
+    pub fn restore_meter(&mut self, group: GroupName, meter: Meter) {
+        self.meters.insert(group, MeterEntry { meter, dirty: false });
+    }
+
+    /// The configured groups' meters that changed since the last call: what a store keeps.
+    pub fn take_dirty_meters(&mut self) -> Vec<(GroupName, Meter)> {
+        let configured = &self.configured;
+        let mut out = Vec::new();
+        for (name, m) in self.meters.iter_mut() {
+            if m.dirty && configured.contains_key(name) {
+                m.dirty = false;
+                out.push((name.clone(), m.meter));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The value of every resumable ramp: the live ones and those idle within their TTL, with
+    /// how long each may still be resumed.
+    pub fn resumable_ramps(&self, now: Nanos) -> Vec<(GroupName, f64, Duration)> {
+        let mut out: Vec<(GroupName, f64, Duration)> = Vec::new();
+        for (name, g) in &self.tracked {
+            if let Some(r) = &g.ramp
+                && let Some(ttl) = r.settings().resume_ttl
+            {
+                out.push((name.clone(), r.value(), ttl));
+            }
+        }
+        for (name, (value, until)) in &self.resume {
+            if now < *until && !self.tracked.contains_key(name) {
+                out.push((name.clone(), *value, until.since(now)));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Lets a group's ramp resume at `value` if it comes back within `ttl` (after a restart).
+    pub fn resume_ramp(&mut self, now: Nanos, group: GroupName, value: f64, ttl: Duration) {
+        if self.resume.len() < self.settings.max_tracked_groups {
+            self.resume.insert(group, (value, now.after(ttl)));
+        }
+    }
+
+    /// How many groups are tracked.
+    pub fn tracked_groups(&self) -> usize {
+        self.tracked.len()
+    }
+
+    /// How many clients are tracked.
+    pub fn clients(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// How many clients were found to have restarted.
+    pub fn client_restarts(&self) -> u64 {
+        self.clients.restarts()
+    }
+
+    /// How many backends are tracked.
+    pub fn backends(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// Ticks so far.
+    pub fn ticks(&self) -> u64 {
+        self.ticks
+    }
+
+    /// When the last tick ran.
+    pub fn last_tick(&self) -> Option<Nanos> {
+        self.last_tick
+    }
+
+    /// Whether the engine is in its first lease since it started: it relearns what clients
+    /// hold and hands out no more than is left.
+    pub fn learning(&self, now: Nanos) -> bool {
+        self.started.is_none_or(|s| now < s.after(self.settings.lease))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,151 @@
+//! Saturation limiting (FoundationDB): backends' health turned into each group's limiting rate.
+//!
+//! A backend's throttling ratio is FoundationDB's `1 / min(2, (q − target + spring) / spring)`
+//! for queue bytes `q`, absent when the denominator is at most 0. A group counts only on
+//! backends where it puts at least `limiting_threshold` units/s; per zone the smallest ratio
+//! counts; the `ignore_worst_zones` worst zones are ignored.
+//!
+//! **Growth cap.** Below saturation's target (`u < 1`) the ratio used is at most `1/u`, the
+//! backend's proportional headroom, so a limit grows by at most that much per tick:
+//! FoundationDB's ratio tends to infinity as `u` falls toward 0.75, which, with a few ticks of
+//! exchange delay, makes the limit leap and the backend swing (docs/control.md).
+//!
+//! **The control law.** `limiting = load × ratio`, where `load` is the group's load *as the
+//! backends report it*: the same measurement, with the same lag, that produced their queues.
+//! A queue says "this much load was too much"; scaling that load by the ratio aims at the load
+//! the backend can sustain. docs/control.md works through why this converges.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::settings::GroupName;
+use crate::time::Nanos;
+
+/// FoundationDB's saturation knobs, with its defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaturationSettings {
+    /// Queue bytes at which a backend is at its target (ratio 1).
+    pub queue_target_bytes: f64,
+    /// Queue bytes over which the ratio falls from 1 to 0.5.
+    pub queue_spring_bytes: f64,
+    /// A group counts on a backend only if it puts at least this many units/s there.
+    pub limiting_threshold: f64,
+    /// How many of the worst zones are ignored when limiting.
+    pub ignore_worst_zones: usize,
+}
+
+impl Default for SaturationSettings {
+    fn default() -> Self {
+        Self {
+            queue_target_bytes: 800e6,
+            queue_spring_bytes: 200e6,
+            limiting_threshold: 409_600.0,
+            ignore_worst_zones: 1,
+        }
+    }
+}
+
+/// A backend's health.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Health {
+    /// Bytes queued (FoundationDB's storage queue).
+    QueueBytes(f64),
+    /// Utilisation, 1 meaning at its target; turned into queue bytes at the target.
+    Utilisation(f64),
+}
+
+pub(crate) struct BackendState {
+    pub(crate) zone: String,
+    pub(crate) health: Health,
+    pub(crate) load: Vec<(GroupName, f64)>,
+    pub(crate) seen: Nanos,
+}
+
+/// One group's load across backends, gathered once per tick.
+#[derive(Default)]
+pub(crate) struct GroupLoad<'a> {
+    pub(crate) load: f64,
+    /// (zone, smallest ratio in it) for the saturated backends the group counts on.
+    pub(crate) zones: Vec<(&'a str, f64)>,
+}
+
+impl SaturationSettings {
+    /// FoundationDB's throttling ratio for a backend's health; `None` below saturation.
+    pub fn throttling_ratio(&self, health: Health) -> Option<f64> {
+        let (target, spring) = (self.queue_target_bytes, self.queue_spring_bytes);
+        let q = match health {
+            Health::QueueBytes(q) => q,
+            Health::Utilisation(u) => u * target,
+        };
+        let inv = ((q - target + spring) / spring).min(2.0);
+        (inv > 0.0).then(|| 1.0 / inv)
+    }
+
+    /// A backend's utilisation: queue bytes over the queue target.
+    pub fn utilisation(&self, health: Health) -> f64 {
+        match health {
+            Health::QueueBytes(q) => q / self.queue_target_bytes,
+            Health::Utilisation(u) => u,
+        }
+    }
+
+    /// Every group's load on the backends that reported within `expiry`, and the (zone,
+    /// ratio) of each saturated backend it counts on: one pass over all reports.
+    pub(crate) fn loads_by_group<'a>(
+        &self,
+        backends: &'a BTreeMap<String, BackendState>,
+        now: Nanos,
+        expiry: Duration,
+    ) -> HashMap<&'a GroupName, GroupLoad<'a>> {
+        let mut by_group: HashMap<&GroupName, GroupLoad<'_>> = HashMap::new();
+        for b in backends.values() {
+            if now.since(b.seen) > expiry {
+                continue;
+            }
+            let ratio = self.throttling_ratio(b.health).map(|r| {
+                let u = self.utilisation(b.health);
+                if u > 0.0 { r.min(1.0 / u) } else { r }
+            });
+            for (group, l) in &b.load {
+                let entry = by_group.entry(group).or_default();
+                entry.load += l;
+                if let Some(r) = ratio
+                    && *l >= self.limiting_threshold
+                {
+                    match entry.zones.iter_mut().find(|(z, _)| *z == b.zone.as_str()) {
+                        Some((_, zr)) => *zr = zr.min(r),
+                        None => entry.zones.push((b.zone.as_str(), r)),
+                    }
+                }
+            }
+        }
+        by_group
+    }
+
+    /// The ratio limiting a group with these zones, after ignoring the worst ones.
+    pub(crate) fn limiting_ratio(&self, zones: &[(&str, f64)]) -> Option<f64> {
+        if zones.len() <= self.ignore_worst_zones {
+            return None;
+        }
+        let mut ratios: Vec<f64> = zones.iter().map(|(_, r)| *r).collect();
+        ratios.sort_by(f64::total_cmp);
+        Some(ratios[self.ignore_worst_zones])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_follows_fdb_table() {
+        let s = SaturationSettings::default();
+        let r = |u: f64| s.throttling_ratio(Health::Utilisation(u));
+        assert_eq!(r(0.75), None);
+        assert!((r(0.8).unwrap() - 5.0).abs() < 1e-9);
+        assert!((r(1.0).unwrap() - 1.0).abs() < 1e-9);
+        assert!((r(1.2).unwrap() - 1.0 / 1.8).abs() < 1e-9);
+        assert_eq!(r(3.0), Some(0.5));
+        assert_eq!(s.throttling_ratio(Health::QueueBytes(900e6)), Some(1.0 / 1.5));
+    }
+}

@@ -1,0 +1,283 @@
+use std::time::Duration;
+
+use super::*;
+use crate::settings::{RampMode, RampSettings};
+
+fn name(s: &str) -> GroupName {
+    GroupName::new(s).unwrap()
+}
+
+const S: u64 = 1_000_000_000;
+
+fn report(demand: f64, consumed: f64, requests: f64) -> ClientReport {
+    ClientReport { demand, consumed, requests, ..ClientReport::default() }
+}
+
+fn engine(settings: EngineSettings) -> Engine {
+    Engine::new(settings)
+}
+
+#[test]
+fn target_is_the_limit_without_saturation_and_grants_split_it() {
+    let mut e = engine(EngineSettings::default());
+    e.set_group(name("a"), GroupSettings::builder().limit(100.0).build().unwrap());
+    let t = Nanos(S);
+    e.report(t, 1, &name("a"), report(30.0, 30.0, 3.0));
+    e.report(t, 2, &name("a"), report(500.0, 70.0, 7.0));
+    e.tick(t);
+    let o = e.outcome(&name("a")).unwrap();
+    assert_eq!(o.target, Some(100.0));
+    assert_eq!(o.water_level, Some(70.0));
+    assert_eq!(o.grant_of(1).unwrap().rate, 30.0);
+    assert_eq!(o.grant_of(2).unwrap().rate, 70.0);
+    assert!((o.avg_cost - 10.0).abs() < 1e-9);
+    assert!(!o.busy);
+}
+
+#[test]
+fn unconfigured_groups_are_not_throttled_unless_default_says_so() {
+    let mut e = engine(EngineSettings::default());
+    let t = Nanos(1);
+    assert!(e.report(t, 1, &name("x"), report(5.0, 5.0, 1.0)).is_unlimited());
+    e.tick(t);
+    assert_eq!(e.outcome(&name("x")).unwrap().target, None);
+    e.set_group(name("default"), GroupSettings::builder().limit(3.0).build().unwrap());
+    e.tick(t);
+    assert_eq!(e.outcome(&name("x")).unwrap().target, Some(3.0));
+}
+
+#[test]
+fn saturation_limits_by_the_reported_load_ignoring_the_worst_zone() {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 1.0;
+    let mut e = engine(s);
+    e.set_group(name("g"), GroupSettings::builder().limit(1e9).build().unwrap());
+    let t = Nanos(S);
+    e.report(t, 1, &name("g"), report(1000.0, 1000.0, 10.0));
+    // Three zones: z1 very sick (ignored), z2 at u=1.2, z3 healthy.
+    for (b, zone, u) in [("b1", "z1", 3.0), ("b2", "z2", 1.2), ("b3", "z3", 0.5)] {
+        e.backend_report(t, b, zone, Health::Utilisation(u), &[(name("g"), 300.0)]).unwrap();
+    }
+    e.tick(t);
+    let o = e.outcome(&name("g")).unwrap();
+    let expected = 900.0 / 1.8; // load 900 × the second-worst ratio
+    assert!((o.limiting.unwrap() - expected).abs() < 1e-9, "{o:?}");
+    assert_eq!(o.target, Some(expected));
+    assert!(o.busy);
+}
+
+#[test]
+fn the_cap_follows_the_ramp() {
+    let mut e = engine(EngineSettings::default());
+    let ramp = RampSettings { mode: RampMode::Scheduled, ..RampSettings::new(10.0, 50.0, Duration::from_secs(4)) };
+    e.set_group(name("r"), GroupSettings::builder().limit(40.0).ramp(ramp).build().unwrap());
+    let mut targets = Vec::new();
+    for second in 0..6u64 {
+        let t = Nanos(second * S);
+        e.report(t, 1, &name("r"), report(1000.0, 10.0, 1.0));
+        e.tick(t);
+        targets.push(e.outcome(&name("r")).unwrap().target.unwrap());
+    }
+    // 10, 20, 30, 40 (the limit below the ramp's 50), 40, 40.
+    assert_eq!(targets, [10.0, 20.0, 30.0, 40.0, 40.0, 40.0]);
+}
+
+#[test]
+fn growth_below_saturation_is_capped_at_the_headroom() {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 1.0;
+    s.saturation.ignore_worst_zones = 0;
+    let mut e = engine(s);
+    e.set_group(name("g"), GroupSettings::builder().limit(1e9).build().unwrap());
+    let t = Nanos(S);
+    e.report(t, 1, &name("g"), report(1e6, 1.0, 1.0));
+    // u = 0.76: FoundationDB's ratio would be 25; the headroom allows 1/0.76.
+    e.backend_report(t, "b", "z", Health::Utilisation(0.76), &[(name("g"), 760.0)]).unwrap();
+    e.tick(t);
+    assert!((e.outcome(&name("g")).unwrap().limiting.unwrap() - 1000.0).abs() < 1e-6);
+    e.backend_report(t, "b", "z", Health::Utilisation(1.2), &[(name("g"), 1200.0)]).unwrap();
+    e.tick(t);
+    assert!((e.outcome(&name("g")).unwrap().limiting.unwrap() - 1200.0 / 1.8).abs() < 1e-6);
+}
+
+#[test]
+fn a_backend_that_stops_reporting_stops_limiting_and_is_forgotten() {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 1.0;
+    s.saturation.ignore_worst_zones = 0;
+    let report_expiry = s.report_expiry;
+    let mut e = engine(s);
+    e.set_group(name("g"), GroupSettings::builder().limit(1e9).build().unwrap());
+    let t = Nanos(S);
+    e.report(t, 1, &name("g"), report(1e6, 1.0, 1.0));
+    e.backend_report(t, "b", "z", Health::Utilisation(1.5), &[(name("g"), 1000.0)]).unwrap();
+    e.tick(t);
+    assert!(e.outcome(&name("g")).unwrap().busy);
+    let later = t.after(report_expiry + Duration::from_secs(1));
+    e.report(later, 1, &name("g"), report(1e6, 1.0, 1.0));
+    e.tick(later);
+    let o = e.outcome(&name("g")).unwrap();
+    assert!(!o.busy && o.limiting.is_none(), "{o:?}");
+    assert_eq!(e.backends(), 0);
+}
+
+#[test]
+fn backends_are_bounded() {
+    let s = EngineSettings { max_backends: 2, ..EngineSettings::default() };
+    let mut e = engine(s);
+    let h = Health::Utilisation(0.5);
+    e.backend_report(Nanos(0), "a", "z", h, &[]).unwrap();
+    e.backend_report(Nanos(0), "b", "z", h, &[]).unwrap();
+    assert_eq!(e.backend_report(Nanos(0), "c", "z", h, &[]), Err(BackendError::TooMany { max: 2 }));
+    // A known backend may always report again.
+    e.backend_report(Nanos(1), "a", "z", h, &[]).unwrap();
+}
+
+#[test]
+fn idle_groups_expire_and_tracking_is_bounded() {
+    let s = EngineSettings { max_tracked_groups: 2, ..EngineSettings::default() };
+    let mut e = engine(s);
+    let r = report(1.0, 1.0, 1.0);
+    e.report(Nanos(0), 1, &name("a"), r);
+    e.report(Nanos(0), 1, &name("b"), r);
+    e.report(Nanos(0), 1, &name("c"), r); // past the bound: the default group's state
+    e.tick(Nanos(0));
+    assert_eq!(e.tracked_groups(), 3, "a, b, and the default group's state");
+    assert!(e.outcome(&name("c")).is_none());
+    assert!(e.outcome(&name("default")).is_some());
+    e.tick(Nanos(241 * S));
+    assert_eq!(e.tracked_groups(), 0);
+    assert_eq!(e.meter(&name("a")), None, "an unconfigured group's consumption goes with it");
+}
+
+/// Couchbase's rule: unthrottled use still counts against the capacity (and its group).
+#[test]
+fn unthrottled_work_counts_against_the_capacity() {
+    let s = EngineSettings { capacity: Some(1000.0), ..EngineSettings::default() };
+    let mut e = engine(s);
+    let t = Nanos(S);
+    let admin = ClientReport { demand: 700.0, unthrottled: 700.0, consumed: 700.0, requests: 700.0, ..Default::default() };
+    e.report(t, 1, &name("ops"), admin);
+    e.report(t, 2, &name("tenant"), report(1000.0, 300.0, 300.0));
+    e.tick(t);
+    assert_eq!(e.outcome(&name("ops")).unwrap().target, Some(700.0));
+    assert_eq!(e.outcome(&name("tenant")).unwrap().target, Some(300.0));
+}
+
+#[test]
+fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
+    let mut e = engine(EngineSettings::default());
+    let s = GroupSettings::builder().reserved(10.0).limit(100.0).budget(500.0).build().unwrap();
+    e.set_group(name("trial"), s.clone());
+    e.report(Nanos(S), 1, &name("trial"), report(100.0, 400.0, 400.0));
+    e.tick(Nanos(S));
+    assert_eq!(e.outcome(&name("trial")).unwrap().target, Some(100.0));
+    e.report(Nanos(2 * S), 1, &name("trial"), report(100.0, 100.0, 100.0));
+    e.tick(Nanos(2 * S));
+    let o = e.outcome(&name("trial")).unwrap();
+    assert!(o.budget_exhausted);
+    assert_eq!(o.target, Some(10.0));
+    let meters = e.take_dirty_meters();
+    assert_eq!(meters, [(name("trial"), Meter { consumed: 500.0, admitted: 500, throttled: 0 })]);
+    assert!(e.take_dirty_meters().is_empty());
+    // A new engine (a restarted controller) given the stored meter holds the group at once.
+    let mut again = engine(EngineSettings::default());
+    again.set_group(name("trial"), s);
+    again.restore_meter(name("trial"), meters[0].1);
+    again.report(Nanos(S), 1, &name("trial"), report(100.0, 0.0, 0.0));
+    again.tick(Nanos(S));
+    assert_eq!(again.outcome(&name("trial")).unwrap().target, Some(10.0));
+}
+
+/// Issue: before the first tick every client was granted the group's whole limit.
+#[test]
+fn twenty_clients_right_after_a_restart_are_granted_no_more_than_the_limit() {
+    let mut e = engine(EngineSettings::default());
+    e.set_group(name("g"), GroupSettings::builder().limit(100.0).build().unwrap());
+    let mut total = 0.0;
+    for c in 0..20u64 {
+        let id = e.client(Nanos(c), &format!("client-{c}"), 1).unwrap();
+        // Each says it holds the 5 units/s it had before the restart.
+        let r = ClientReport { held: 5.0, ..report(5.0, 5.0, 5.0) };
+        total += e.report(Nanos(c), id, &name("g"), r).rate;
+    }
+    assert!(total <= 100.0 + 1e-9, "granted {total}");
+    assert!((total - 100.0).abs() < 1e-9, "each renewed what it held: {total}");
+    // A newcomer finds nothing left until the next tick.
+    let id = e.client(Nanos(30), "newcomer", 1).unwrap();
+    assert_eq!(e.report(Nanos(30), id, &name("g"), report(5.0, 0.0, 0.0)).rate, 0.0);
+    assert!(e.learning(Nanos(30)));
+    e.tick(Nanos(S));
+    let o = e.outcome(&name("g")).unwrap();
+    assert!((o.granted - 100.0).abs() < 1e-9);
+    assert_eq!(o.grants.len(), 21);
+}
+
+#[test]
+fn a_new_group_under_a_capacity_takes_only_the_room_left() {
+    let s = EngineSettings { capacity: Some(1000.0), ..EngineSettings::default() };
+    let mut e = engine(s);
+    e.set_group(name("a"), GroupSettings::builder().reserved(100.0).build().unwrap());
+    e.report(Nanos(0), 1, &name("a"), report(400.0, 0.0, 0.0));
+    e.tick(Nanos(0));
+    // a's target takes the headroom (all 1000): a newcomer gets only its reservation (0).
+    assert_eq!(e.report(Nanos(1), 2, &name("b"), report(10.0, 0.0, 0.0)).rate, 0.0);
+    e.tick(Nanos(S));
+    let (a, b) = (e.outcome(&name("a")).unwrap(), e.outcome(&name("b")).unwrap());
+    assert!((a.target.unwrap() + b.target.unwrap() - 1000.0).abs() < 1e-9);
+    assert!(b.target.unwrap() >= 10.0);
+}
+
+#[test]
+fn fcfs_serves_the_free_pool_in_the_order_groups_first_asked() {
+    let s = EngineSettings { capacity: Some(100.0), mode: AllocationMode::Fcfs, ..EngineSettings::default() };
+    let mut e = engine(s);
+    for g in ["a", "b", "idle"] {
+        e.set_group(name(g), GroupSettings::builder().reserved(10.0).build().unwrap());
+    }
+    e.report(Nanos(0), 1, &name("b"), report(1000.0, 0.0, 0.0));
+    e.report(Nanos(1), 1, &name("a"), report(1000.0, 0.0, 0.0));
+    e.tick(Nanos(S));
+    // Every reservation counts, the idle group's too: the free pool is 70, and b asked first.
+    assert_eq!(e.outcome(&name("b")).unwrap().target, Some(80.0));
+    assert_eq!(e.outcome(&name("a")).unwrap().target, Some(10.0));
+}
+
+#[test]
+fn a_resumable_ramp_continues_after_its_group_went_idle() {
+    let s = EngineSettings { group_idle_expiry: Duration::from_secs(5), ..EngineSettings::default() };
+    let mut e = engine(s);
+    let ramp = |resume: Option<Duration>| RampSettings {
+        mode: RampMode::Scheduled,
+        resume_ttl: resume,
+        ..RampSettings::new(10.0, 110.0, Duration::from_secs(10))
+    };
+    e.set_group(name("on"), GroupSettings::builder().ramp(ramp(Some(Duration::from_secs(60)))).build().unwrap());
+    e.set_group(name("off"), GroupSettings::builder().ramp(ramp(None)).build().unwrap());
+    for second in 0..5u64 {
+        for g in ["on", "off"] {
+            e.report(Nanos(second * S), 1, &name(g), report(1000.0, 10.0, 1.0));
+        }
+        e.tick(Nanos(second * S));
+    }
+    assert_eq!(e.outcome(&name("on")).unwrap().target, Some(50.0));
+    e.tick(Nanos(20 * S)); // both idle past the expiry: forgotten
+    assert_eq!(e.tracked_groups(), 0);
+    assert_eq!(e.resumable_ramps(Nanos(20 * S)).len(), 1);
+    for g in ["on", "off"] {
+        e.report(Nanos(21 * S), 1, &name(g), report(1000.0, 10.0, 1.0));
+    }
+    e.tick(Nanos(21 * S));
+    assert_eq!(e.outcome(&name("on")).unwrap().target, Some(50.0), "resumed");
+    assert_eq!(e.outcome(&name("off")).unwrap().target, Some(10.0), "started again at min");
+}
+
+#[test]
+fn waiting_work_counts_as_demand() {
+    let mut e = engine(EngineSettings::default());
+    e.set_group(name("g"), GroupSettings::builder().limit(100.0).build().unwrap());
+    let r = ClientReport { waiting: 40.0, ..report(10.0, 10.0, 1.0) };
+    e.report(Nanos(0), 1, &name("g"), r);
+    e.tick(Nanos(0));
+    assert_eq!(e.outcome(&name("g")).unwrap().demand, 50.0);
+}

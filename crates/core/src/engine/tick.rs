@@ -1,0 +1,204 @@
+//! One tick: expire what went quiet, then compute every tracked group's target and grants.
+
+use crate::allocate::{AllocationMode, Claim, allocate, first_come};
+use crate::settings::{GroupSettings, Limit, Priority};
+use crate::time::Nanos;
+
+use super::split::{Asking, split_into};
+use super::{ClientGrant, Engine, GroupOutcome};
+
+/// What the tick needs of a group (copied: no clone of its settings).
+struct Row {
+    floor: f64,
+    cap: f64,
+    priority: Priority,
+    weight: f64,
+    burst: Option<f64>,
+    demand: f64,
+    unthrottled: f64,
+    limiting: Option<f64>,
+    load: f64,
+    avg_cost: f64,
+    exhausted: bool,
+    first_asked: Option<Nanos>,
+}
+
+impl Engine {
+    /// Computes every group's target and grants at `now`; forgets what went quiet.
+    pub fn tick(&mut self, now: Nanos) {
+        self.started.get_or_insert(now);
+        let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
+        self.last_tick = Some(now);
+        self.ticks += 1;
+        self.expire(now);
+
+        let loads =
+            self.settings.saturation.loads_by_group(&self.backends, now, self.settings.report_expiry);
+        // Rows are in the groups' iteration order, which stays the same until the groups
+        // change; the last loop walks both together instead of looking each group up again.
+        let mut rows = Vec::with_capacity(self.tracked.len());
+        for (name, g) in &self.tracked {
+            let units = g.units.estimate_rate(now);
+            let requests = g.requests.estimate_rate(now);
+            let settings = self.settings_for(name);
+            let (load, limiting) = match loads.get(name) {
+                Some(l) => (l.load, self.settings.saturation.limiting_ratio(&l.zones).map(|r| l.load * r)),
+                None => (0.0, None),
+            };
+            let reserved = settings.map_or(0.0, GroupSettings::reserved);
+            let exhausted = settings.is_some_and(|s| self.budget_exhausted(name, s));
+            let ceiling = match settings {
+                Some(s) if exhausted => s.reserved(),
+                Some(s) => s.limit().as_f64(),
+                None => Limit::Unlimited.as_f64(),
+            };
+            let cap = g.ramp.as_ref().map_or(ceiling, |r| ceiling.min(r.pool() as f64));
+            let unthrottled: f64 = g.clients.iter().map(|c| c.unthrottled).sum();
+            rows.push(Row {
+                floor: reserved.max(unthrottled),
+                cap,
+                priority: settings.map_or(Priority::MEDIUM, GroupSettings::priority),
+                weight: settings.map_or(1.0, GroupSettings::weight),
+                burst: settings.and_then(GroupSettings::burst),
+                demand: g.clients.iter().map(|c| c.demand).sum(),
+                unthrottled,
+                limiting,
+                load,
+                avg_cost: if requests > 1e-9 { units / requests } else { 1.0 },
+                exhausted,
+                first_asked: g.first_asked,
+            });
+        }
+        drop(loads);
+
+        let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
+
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut asking: Vec<Asking> = Vec::new();
+        let mut targets_total = 0.0;
+        for (i, (row, g)) in rows.into_iter().zip(self.tracked.values_mut()).enumerate() {
+            let share = shares.as_ref().map(|s| s[i]);
+            let mut bound = row.cap;
+            if let Some(l) = row.limiting {
+                bound = bound.min(l);
+            }
+            if let Some(s) = share {
+                bound = bound.min(s);
+            }
+            // Nothing bounds the group (no limit, no saturation, no capacity to share): it is
+            // not throttled, whatever it reserves.
+            let target = bound.is_finite().then(|| row.floor.max(bound));
+            let busy = row.limiting.is_some_and(|l| l < row.cap);
+            // Reuse last tick's grant buffer.
+            let mut grants = g.outcome.take().map(|o| o.grants).unwrap_or_default();
+            grants.clear();
+            grants.reserve_exact(g.clients.len());
+            asking.clear();
+            asking.extend(g.clients.iter().map(|c| Asking {
+                client: c.client,
+                demand: c.demand,
+                unthrottled: c.unthrottled,
+            }));
+            let water_level = match target {
+                Some(t) => {
+                    targets_total += t;
+                    Some(split_into(&mut grants, t, &asking, row.burst, &mut scratch))
+                }
+                None => {
+                    let open = |c: &Asking| ClientGrant { client: c.client, rate: f64::INFINITY, burst: f64::INFINITY };
+                    grants.extend(asking.iter().map(open));
+                    None
+                }
+            };
+            let granted = grants.iter().map(|g| g.rate).sum();
+            g.admitted_rate = g.consumed_since_tick / elapsed;
+            g.throttled_rate = g.throttled_since_tick / elapsed;
+            g.consumed_since_tick = 0.0;
+            g.throttled_since_tick = 0.0;
+            g.provisional.clear();
+            g.outcome = Some(GroupOutcome {
+                target,
+                limiting: row.limiting,
+                share,
+                busy,
+                water_level,
+                avg_cost: row.avg_cost,
+                demand: row.demand,
+                unthrottled: row.unthrottled,
+                load: row.load,
+                budget_exhausted: row.exhausted,
+                grants,
+                granted,
+            });
+        }
+        self.scratch = scratch;
+        self.targets_total = targets_total;
+        self.unticked_provisional = 0.0;
+    }
+
+    /// Each row's share of the node's capacity.
+    fn shares(&self, capacity: f64, rows: &[Row]) -> Vec<f64> {
+        // Unthrottled work is served first: it counts as reserved, and the ceiling is never
+        // below it.
+        let claims: Vec<Claim> = rows
+            .iter()
+            .map(|r| Claim {
+                reserved: r.floor,
+                ceiling: r.cap.max(r.floor),
+                priority: r.priority,
+                weight: r.weight,
+                demand: r.demand.max(r.unthrottled),
+            })
+            .collect();
+        match self.settings.mode {
+            AllocationMode::Share => allocate(capacity, &claims),
+            AllocationMode::Fcfs => {
+                // Couchbase counts every reservation against the free pool, active or not.
+                let tracked_configured: f64 = self
+                    .tracked
+                    .keys()
+                    .filter_map(|n| self.configured.get(n))
+                    .map(GroupSettings::reserved)
+                    .sum();
+                let elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
+                let names: Vec<_> = self.tracked.keys().collect();
+                let mut order: Vec<usize> = (0..rows.len()).collect();
+                order.sort_by(|&a, &b| {
+                    let key = |i: usize| (rows[i].first_asked.is_none(), rows[i].first_asked);
+                    key(a).cmp(&key(b)).then_with(|| names[a].cmp(names[b]))
+                });
+                first_come(capacity, elsewhere, &claims, &order)
+            }
+        }
+    }
+
+    /// Forgets idle groups (keeping resumable ramps), silent clients and backends.
+    fn expire(&mut self, now: Nanos) {
+        let idle = self.settings.group_idle_expiry;
+        let report_expiry = self.settings.report_expiry;
+        let mut gone = Vec::new();
+        self.tracked.retain(|name, g| {
+            let keep = now.since(g.last_report) < idle;
+            if !keep {
+                gone.push((name.clone(), g.ramp.as_ref().map(|r| (r.value(), r.settings().resume_ttl))));
+            }
+            keep
+        });
+        for (name, ramp) in gone {
+            if let Some((value, Some(ttl))) = ramp
+                && self.resume.len() < self.settings.max_tracked_groups
+            {
+                self.resume.insert(name.clone(), (value, now.after(ttl)));
+            }
+            if !self.configured.contains_key(&name) {
+                self.meters.remove(&name);
+            }
+        }
+        self.resume.retain(|_, (_, until)| now < *until);
+        for g in self.tracked.values_mut() {
+            g.clients.retain(|c| now.since(c.seen) <= report_expiry);
+        }
+        self.backends.retain(|_, b| now.since(b.seen) <= report_expiry);
+        self.clients.expire(now, report_expiry.max(self.settings.tick * 2));
+    }
+}

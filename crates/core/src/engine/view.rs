@@ -1,0 +1,91 @@
+//! What the engine shows of each group: for status pages, metrics and the simulator.
+
+use crate::settings::{GroupName, GroupSettings};
+
+use super::{Engine, Meter};
+
+/// A group's settings and state as of the last tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupView {
+    /// Its name.
+    pub name: GroupName,
+    /// Its settings, if configured.
+    pub settings: Option<GroupSettings>,
+    /// Target units/s; `None` when not throttled (or not ticked yet).
+    pub target: Option<f64>,
+    /// Units/s consumed over the last tick.
+    pub admitted: f64,
+    /// Requests/s refused over the last tick.
+    pub throttled: f64,
+    /// Units/s asked for, waiting work included.
+    pub demand: f64,
+    /// Units/s of unthrottled work.
+    pub unthrottled: f64,
+    /// Limited by saturation below its cap.
+    pub busy: bool,
+    /// Clients reporting it.
+    pub clients: u32,
+    /// Its consumption so far.
+    pub meter: Meter,
+    /// The limiting rate from saturation, if any.
+    pub limiting: Option<f64>,
+    /// Its share of the node capacity, if one is set.
+    pub share: Option<f64>,
+    /// What each busy client may use, units/s.
+    pub water_level: Option<f64>,
+    /// Average cost per request, units.
+    pub avg_cost: f64,
+    /// Load reported by backends, units/s.
+    pub load: f64,
+    /// Its budget is spent.
+    pub budget_exhausted: bool,
+    /// Its ramp's pool, if it ramps.
+    pub ramp_pool: Option<f64>,
+}
+
+impl Engine {
+    /// Every group configured or tracked, in no particular order: one pass over each, so its
+    /// cost is linear in the number of groups (sort outside any lock the engine is under).
+    pub fn view(&self) -> Vec<GroupView> {
+        let mut out = Vec::with_capacity(self.configured.len() + self.tracked.len());
+        for (name, settings) in &self.configured {
+            out.push(self.view_of(name, Some(settings)));
+        }
+        for name in self.tracked.keys() {
+            if !self.configured.contains_key(name) {
+                out.push(self.view_of(name, None));
+            }
+        }
+        out
+    }
+
+    /// One group's view.
+    pub fn group_view(&self, name: &GroupName) -> Option<GroupView> {
+        let settings = self.configured.get(name);
+        (settings.is_some() || self.tracked.contains_key(name)).then(|| self.view_of(name, settings))
+    }
+
+    fn view_of(&self, name: &GroupName, settings: Option<&GroupSettings>) -> GroupView {
+        let g = self.tracked.get(name);
+        let o = g.and_then(|g| g.outcome.as_ref());
+        GroupView {
+            name: name.clone(),
+            settings: settings.cloned(),
+            target: o.and_then(|o| o.target),
+            admitted: g.map_or(0.0, |g| g.admitted_rate),
+            throttled: g.map_or(0.0, |g| g.throttled_rate),
+            demand: o.map_or(0.0, |o| o.demand),
+            unthrottled: o.map_or(0.0, |o| o.unthrottled),
+            busy: o.is_some_and(|o| o.busy),
+            clients: g.map_or(0, |g| g.clients.len() as u32),
+            meter: self.meters.get(name).map(|m| m.meter).unwrap_or_default(),
+            limiting: o.and_then(|o| o.limiting),
+            share: o.and_then(|o| o.share),
+            water_level: o.and_then(|o| o.water_level),
+            avg_cost: o.map_or(1.0, |o| o.avg_cost),
+            load: o.map_or(0.0, |o| o.load),
+            budget_exhausted: o.is_some_and(|o| o.budget_exhausted),
+            ramp_pool: g.and_then(|g| g.ramp.as_ref()).map(|r| r.pool() as f64),
+        }
+    }
+}
