@@ -525,6 +525,24 @@ impl GroupSettingsBuilder {
         self
     }
 
+    /// No ramp-up.
+    pub fn no_ramp(mut self) -> Self {
+        self.settings.ramp = None;
+        self
+    }
+
+    /// No budget.
+    pub fn no_budget(mut self) -> Self {
+        self.settings.budget = None;
+        self
+    }
+
+    /// The default burst: one second of the grant.
+    pub fn no_burst(mut self) -> Self {
+        self.settings.burst = None;
+        self
+    }
+
     /// The settings, or every rule they break.
     pub fn build(self) -> Result<GroupSettings, SettingErrors> {
         let problems = self.settings.problems();

@@ -1,79 +1,33 @@
-//! The controller's state: the core pipeline, the settings, and what the front ends read.
+//! The controller: the engine behind the contract, with durable settings.
 //!
-//! Exchanges and backend reports feed the pipeline under one short lock. The pipeline ticks
-//! every `tick` (tokio time), computing targets and grants; an exchange is answered with
-//! the client's grant from the last tick, or, for a client the last tick did not know yet,
-//! an even part of the group's target. Admin changes are written to the store, durably,
-//! before they are applied and acknowledged; one admin change runs at a time.
+//! Exchanges and backend reports are checked against the contract's bounds, then fed to the
+//! [`Engine`] under one short lock; the answer is each client's grant by the engine's grant
+//! policy. Admin changes are written to the store, durably, before the engine sees them; one
+//! admin change runs at a time. Consumption and resumable ramps are written to the store by
+//! [`Controller::flush`]. Views for status pages and metrics are built once per tick, in time
+//! linear in the groups, and sorted outside the lock, so a scrape never holds exchanges up.
+//!
+//! Nothing here does I/O but the store, and nothing reads a clock: time comes in as [`Nanos`],
+//! so the simulator drives this same code in virtual time.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tollgate_core::pipeline::{ClientReport, Health, Pipeline, PipelineSettings};
-use tollgate_core::settings::{GroupName, GroupSettings, SettingErrors};
+use tollgate_core::allocate::AllocationMode;
+use tollgate_core::engine::{ClientReport, Engine, EngineSettings, GroupView, Health};
+use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors, check_group_name};
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1;
+use tollgate_proto::{BACKEND_ID_MAX_BYTES, CLIENT_ID_MAX_BYTES, EXCHANGE_GROUPS_MAX, REPORT_GROUPS_MAX};
+use tonic::Status;
 
 use crate::convert;
-use crate::store::{Store, StoreError};
+use crate::store::{SettingsStore, StoreError, StoredNode, StoredRamp};
 
-/// Per group, what the front ends report beyond the pipeline's outcome.
-#[derive(Debug, Clone, Default)]
-pub struct GroupCounters {
-    /// Units consumed, all time (from client reports).
-    pub consumed_total: f64,
-    /// Requests admitted, all time.
-    pub admitted_total: u64,
-    /// Requests refused, all time.
-    pub throttled_total: u64,
-    /// Units consumed since the last tick, and over the last tick (units/s).
-    consumed_since_tick: f64,
-    throttled_since_tick: f64,
-    /// Units/s consumed over the last tick.
-    pub admitted_rate: f64,
-    /// Requests/s refused over the last tick.
-    pub throttled_rate: f64,
-}
-
-/// A group's state as `status` shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GroupView {
-    /// Its name.
-    pub name: GroupName,
-    /// Its settings, if configured.
-    pub settings: Option<GroupSettings>,
-    /// Target units/s; `None` when not throttled.
-    pub target: Option<f64>,
-    /// Units/s consumed over the last tick.
-    pub admitted: f64,
-    /// Requests/s refused over the last tick.
-    pub throttled: f64,
-    /// Units/s asked for.
-    pub demand: f64,
-    /// Limited by saturation below its cap.
-    pub busy: bool,
-    /// Clients with a live grant.
-    pub clients: u32,
-    /// All-time counters.
-    pub consumed_total: f64,
-    /// All-time admitted requests.
-    pub admitted_total: u64,
-    /// All-time refused requests.
-    pub throttled_total: u64,
-}
-
-struct Inner {
-    pipeline: Pipeline,
-    groups: BTreeMap<GroupName, GroupSettings>,
-    capacity: Option<f64>,
-    client_ids: HashMap<String, u64>,
-    counters: BTreeMap<GroupName, GroupCounters>,
-    exchanges: u64,
-    last_tick: Nanos,
-    /// Grants made since the last tick to clients it did not know, per group.
-    provisional: BTreeMap<GroupName, HashMap<u64, f64>>,
-}
+/// The largest number one report may carry for a rate or a count of units: far above any real
+/// rate, low enough that a hostile client cannot push a counter to infinity.
+pub const REPORT_VALUE_MAX: f64 = 1e15;
 
 /// Why an admin change failed.
 #[derive(Debug, thiserror::Error)]
@@ -92,261 +46,354 @@ pub enum AdminError {
     Store(#[from] StoreError),
 }
 
-/// The controller.
+impl From<AdminError> for Status {
+    fn from(e: AdminError) -> Status {
+        match e {
+            AdminError::Invalid(errors) => Status::invalid_argument(errors.to_string()),
+            AdminError::NotFound(_) => Status::not_found(e.to_string()),
+            AdminError::AlreadyExists(_) => Status::already_exists(e.to_string()),
+            AdminError::Store(s) if s.is_transient() => Status::unavailable(s.to_string()),
+            AdminError::Store(s) => Status::internal(s.to_string()),
+        }
+    }
+}
+
+/// How a put treats a group that exists, or does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Create or alter.
+    Upsert,
+    /// Fails if the group exists.
+    Create,
+    /// Fails if it does not.
+    Alter,
+}
+
+fn invalid(field: &str, rule: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {rule}"))
+}
+
+fn group_name(field: &str, name: &str) -> Result<GroupName, String> {
+    check_group_name(name).map_err(|e| format!("{field}: {}", e.rule))?;
+    GroupName::new(name).map_err(|e| format!("{field}: {}", e.rule))
+}
+
+fn quantity(field: &str, v: f64) -> Result<f64, String> {
+    if v.is_finite() && (0.0..=REPORT_VALUE_MAX).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{field}: must be a finite number from 0 to {REPORT_VALUE_MAX:e}, got {v}"))
+    }
+}
+
+fn id(field: &str, v: &str, max: usize) -> Result<(), Status> {
+    if v.is_empty() || v.len() > max || v.chars().any(char::is_control) {
+        return Err(invalid(field, format!("must be 1 to {max} bytes of printable text")));
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// The controller. See the [module documentation](self).
 pub struct Controller {
-    inner: Mutex<Inner>,
-    admin: tokio::sync::Mutex<Store>,
-    tick: Duration,
-    lease: Duration,
+    engine: Mutex<Engine>,
+    store: Mutex<Box<dyn SettingsStore>>,
+    exchanges: AtomicU64,
+    /// The sorted view of the last tick, and the tick it was built at.
+    view: Mutex<Option<(u64, Arc<Vec<GroupView>>)>>,
 }
 
 impl Controller {
-    /// A controller over `store`, with the settings it holds.
-    pub fn new(store: Store, opts: &crate::ServerOptions) -> Result<Controller, StoreError> {
+    /// A controller over `store`, with the settings, consumption and ramps it holds. `now` is
+    /// the engine's time at start; `wall_ms` the Unix time in milliseconds (for ramps that
+    /// may resume within their TTL).
+    pub fn new(
+        store: Box<dyn SettingsStore>,
+        settings: EngineSettings,
+        now: Nanos,
+        wall_ms: u64,
+    ) -> Result<Controller, StoreError> {
         let stored = store.load()?;
-        let (tick, lease) = (opts.tick, opts.lease);
-        let settings = PipelineSettings {
-            capacity: stored.capacity,
-            lease,
-            ignore_worst_zones: opts.ignore_worst_zones,
-            limiting_threshold: opts.limiting_threshold,
-            ..PipelineSettings::default()
-        };
-        let lease = settings.lease;
-        let mut pipeline = Pipeline::new(settings);
-        for (name, s) in &stored.groups {
-            pipeline.set_group(name.clone(), s.clone());
+        let settings = EngineSettings { capacity: stored.node.capacity, mode: stored.node.mode, ..settings };
+        let mut engine = Engine::new(settings);
+        for (name, s) in stored.groups {
+            engine.set_group(name, s);
+        }
+        for (name, meter) in stored.meters {
+            if engine.group(&name).is_some() {
+                engine.restore_meter(name, meter);
+            }
+        }
+        for (name, ramp) in stored.ramps {
+            if ramp.until_unix_ms > wall_ms {
+                engine.resume_ramp(now, name, ramp.value, Duration::from_millis(ramp.until_unix_ms - wall_ms));
+            }
         }
         Ok(Controller {
-            inner: Mutex::new(Inner {
-                pipeline,
-                groups: stored.groups,
-                capacity: stored.capacity,
-                client_ids: HashMap::new(),
-                counters: BTreeMap::new(),
-                exchanges: 0,
-                last_tick: Nanos::ZERO,
-                provisional: BTreeMap::new(),
-            }),
-            admin: tokio::sync::Mutex::new(store),
-            tick,
-            lease,
+            engine: Mutex::new(engine),
+            store: Mutex::new(store),
+            exchanges: AtomicU64::new(0),
+            view: Mutex::new(None),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // The state is plain data, consistent at every await-free step.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        // The engine is plain data, consistent at every step that can panic.
+        self.engine.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The tick period.
+    fn store(&self) -> MutexGuard<'_, Box<dyn SettingsStore>> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the engine (for the simulator's and tests' reading).
+    pub fn with_engine<R>(&self, f: impl FnOnce(&Engine) -> R) -> R {
+        f(&self.engine())
+    }
+
+    /// The tick period: how often [`tick`](Self::tick) should run.
     pub fn tick_period(&self) -> Duration {
-        self.tick
+        self.engine().settings().tick
     }
 
-    /// Runs one pipeline tick at `now`.
+    /// Runs one engine tick at `now`.
     pub fn tick(&self, now: Nanos) {
-        let mut inner = self.lock();
-        let elapsed = now.since(inner.last_tick).as_secs_f64().max(1e-9);
-        inner.last_tick = now;
-        inner.pipeline.tick(now);
-        inner.provisional.clear();
-        for c in inner.counters.values_mut() {
-            c.admitted_rate = c.consumed_since_tick / elapsed;
-            c.throttled_rate = c.throttled_since_tick / elapsed;
-            c.consumed_since_tick = 0.0;
-            c.throttled_since_tick = 0.0;
-        }
+        self.engine().tick(now);
     }
 
-    /// Answers an exchange (already validated).
-    pub fn exchange(
-        &self,
-        now: Nanos,
-        req: &v1::ExchangeRequest,
-        groups: &[GroupName],
-    ) -> v1::ExchangeResponse {
-        let mut inner = self.lock();
-        inner.exchanges += 1;
-        let next_id = inner.client_ids.len() as u64 + 1;
-        let client = *inner.client_ids.entry(req.client_id.clone()).or_insert(next_id);
-        let mut grants = Vec::with_capacity(req.groups.len());
-        for (usage, name) in req.groups.iter().zip(groups) {
+    /// Answers an exchange: checks it against the contract's bounds, reports every group to
+    /// the engine and returns the client's grants.
+    pub fn exchange(&self, now: Nanos, req: &v1::ExchangeRequest) -> Result<v1::ExchangeResponse, Status> {
+        id("client_id", &req.client_id, CLIENT_ID_MAX_BYTES)?;
+        if req.groups.len() > EXCHANGE_GROUPS_MAX {
+            return Err(invalid(
+                "groups",
+                format!("at most {EXCHANGE_GROUPS_MAX} per exchange, got {}", req.groups.len()),
+            ));
+        }
+        let mut reports = Vec::with_capacity(req.groups.len());
+        for (i, g) in req.groups.iter().enumerate() {
+            let name = group_name(&format!("groups[{i}].group"), &g.group).map_err(Status::invalid_argument)?;
+            let field = |f: &str, v: f64| quantity(&format!("groups[{i}].{f}"), v).map_err(Status::invalid_argument);
             let report = ClientReport {
-                demand: usage.demand,
-                consumed: usage.consumed,
-                requests: usage.admitted as f64,
+                demand: field("demand", g.demand)?,
+                unthrottled: field("unthrottled", g.unthrottled)?,
+                waiting: field("waiting", g.waiting)?,
+                consumed: field("consumed", g.consumed)?,
+                requests: field("admitted", g.admitted as f64)?,
+                throttled: field("throttled", g.throttled as f64)?,
+                held: field("held", g.held)?,
             };
-            inner.pipeline.client_report(now, client, name, report);
-            let c = inner.counters.entry(name.clone()).or_default();
-            c.consumed_total += usage.consumed;
-            c.consumed_since_tick += usage.consumed;
-            c.admitted_total += usage.admitted;
-            c.throttled_total += usage.throttled;
-            c.throttled_since_tick += usage.throttled as f64;
-            let grant = self.grant_for(&inner, name, client);
-            let known = inner.pipeline.outcome(name).is_some_and(|o| o.grants.contains_key(&client));
-            if !known && !grant.unlimited {
-                inner.provisional.entry(name.clone()).or_default().insert(client, grant.rate);
-            }
-            grants.push(grant);
+            reports.push((name, report));
         }
-        v1::ExchangeResponse { grants, next_exchange_ms: duration_ms(self.tick) }
+        let mut engine = self.engine();
+        let client = engine
+            .client(now, &req.client_id, req.sequence)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let grants = reports
+            .into_iter()
+            .map(|(name, report)| {
+                let g = engine.report(now, client, &name, report);
+                let unlimited = g.is_unlimited();
+                v1::Grant {
+                    group: name.to_string(),
+                    unlimited,
+                    rate: if unlimited { 0.0 } else { g.rate },
+                    burst: if unlimited { 0.0 } else { g.burst },
+                    lease_ms: ms(g.lease),
+                    reserved: g.reserved,
+                    clients: g.clients,
+                }
+            })
+            .collect();
+        let settings = engine.settings();
+        let tick = settings.tick;
+        let next_tick = engine.last_tick().map_or(Duration::ZERO, |t| t.after(tick).since(now));
+        drop(engine);
+        self.exchanges.fetch_add(1, Ordering::Relaxed);
+        Ok(v1::ExchangeResponse { grants, next_exchange_ms: ms(tick), next_tick_ms: ms(next_tick) })
     }
 
-    fn grant_for(&self, inner: &Inner, name: &GroupName, client: u64) -> v1::Grant {
-        let reserved = inner.groups.get(name).map_or(0.0, GroupSettings::reserved);
-        let lease_ms = duration_ms(self.lease);
-        let unlimited = v1::Grant {
-            group: name.to_string(),
-            unlimited: true,
-            rate: 0.0,
-            burst: 0.0,
-            lease_ms,
-            reserved,
-            clients: 1,
-        };
-        let Some(outcome) = inner.pipeline.outcome(name) else {
-            // Not ticked yet: bounded by the settings alone, shared by no one known yet.
-            return match inner.groups.get(name).map(|s| s.limit().as_f64()).filter(|l| l.is_finite()) {
-                Some(limit) => v1::Grant { unlimited: false, rate: limit, burst: limit, ..unlimited },
-                None => unlimited,
-            };
-        };
-        let clients = outcome.grants.len().max(1) as u32;
-        let Some(target) = outcome.target else { return v1::Grant { clients, ..unlimited } };
-        let (rate, burst) = match outcome.grants.get(&client) {
-            Some(g) => (g.rate, g.burst),
-            // A client the last tick did not know: until the next tick it gets only what the
-            // target has left after every grant already made, so the grants never add up to
-            // more than the target (the controller relearns conservatively).
-            None => {
-                let granted: f64 = outcome.grants.values().map(|g| g.rate).sum::<f64>()
-                    + inner.provisional.get(name).map_or(0.0, |p| p.values().sum());
-                let part = (target - granted).max(0.0);
-                (part, part)
-            }
-        };
-        v1::Grant { unlimited: false, rate, burst, clients, ..unlimited }
-    }
-
-    /// Records a backend's report (already validated).
-    pub fn backend_report(&self, now: Nanos, r: &v1::BackendReport, loads: &[(GroupName, f64)]) {
+    /// Records a backend's report. Loads naming an invalid group, or carrying a bad number,
+    /// are left out and listed in the answer; the rest are taken.
+    pub fn backend_report(&self, now: Nanos, r: &v1::BackendReport) -> Result<v1::ReportAck, Status> {
+        id("backend_id", &r.backend_id, BACKEND_ID_MAX_BYTES)?;
+        id("zone", &r.zone, BACKEND_ID_MAX_BYTES)?;
         let health = match r.health {
-            Some(v1::backend_report::Health::QueueBytes(q)) => Health::QueueBytes(q),
-            Some(v1::backend_report::Health::Utilisation(u)) => Health::Utilisation(u),
-            None => Health::Utilisation(0.0),
+            Some(v1::backend_report::Health::QueueBytes(q)) => {
+                Health::QueueBytes(quantity("queue_bytes", q).map_err(Status::invalid_argument)?)
+            }
+            Some(v1::backend_report::Health::Utilisation(u)) => {
+                Health::Utilisation(quantity("utilisation", u).map_err(Status::invalid_argument)?)
+            }
+            None => return Err(invalid("health", "give queue_bytes or utilisation")),
         };
-        tracing::debug!(backend = %r.backend_id, zone = %r.zone, ?health, ?loads, "backend report");
-        self.lock().pipeline.backend_report(now, &r.backend_id, &r.zone, health, loads);
+        if r.loads.len() > REPORT_GROUPS_MAX {
+            return Err(invalid("loads", format!("at most {REPORT_GROUPS_MAX} groups, got {}", r.loads.len())));
+        }
+        let mut loads = Vec::with_capacity(r.loads.len());
+        let mut rejected = Vec::new();
+        for (i, l) in r.loads.iter().enumerate() {
+            let checked = group_name(&format!("loads[{i}].group"), &l.group)
+                .and_then(|n| quantity(&format!("loads[{i}].units_per_s"), l.units_per_s).map(|u| (n, u)));
+            match checked {
+                Ok(load) => loads.push(load),
+                Err(reason) => rejected.push(reason),
+            }
+        }
+        if let Some(first) = rejected.first() {
+            tracing::warn!(backend = %r.backend_id, rejected = rejected.len(), %first, "backend report: loads left out");
+        }
+        self.engine()
+            .backend_report(now, &r.backend_id, &r.zone, health, &loads)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        Ok(v1::ReportAck { rejected })
     }
 
-    /// Creates or alters a group. Durable before it returns.
-    pub async fn put_group(
-        &self,
-        name: GroupName,
-        patch: &v1::GroupPatch,
-        mode: v1::PutMode,
-    ) -> Result<GroupSettings, AdminError> {
-        let store = self.admin.lock().await;
-        let current = self.lock().groups.get(&name).cloned();
+    /// Writes the configured groups' consumption and the resumable ramps to the store. `now`
+    /// is the engine's time, `wall_ms` the Unix time in milliseconds.
+    pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
+        let (meters, ramps) = {
+            let mut engine = self.engine();
+            let meters = engine.take_dirty_meters();
+            let ramps: Vec<(GroupName, StoredRamp)> = engine
+                .resumable_ramps(now)
+                .into_iter()
+                .map(|(name, value, ttl)| {
+                    let until = wall_ms.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+                    (name, StoredRamp { value, until_unix_ms: until })
+                })
+                .collect();
+            (meters, ramps)
+        };
+        let result = self.store().put_meters(&meters, &ramps);
+        if result.is_err() {
+            // Not written: keep them to write next time.
+            self.engine().mark_dirty(meters.iter().map(|(n, _)| n));
+        }
+        result
+    }
+
+    fn changed(&self) {
+        *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Creates or alters a group; only the fields the patch sets change. Durable before it
+    /// returns.
+    pub fn put_group(&self, name: GroupName, patch: &v1::GroupPatch, mode: PutMode) -> Result<GroupSettings, AdminError> {
+        let mut store = self.store();
+        let current = self.engine().group(&name).cloned();
         match (mode, &current) {
-            (v1::PutMode::Create, Some(_)) => return Err(AdminError::AlreadyExists(name.to_string())),
-            (v1::PutMode::Alter, None) => return Err(AdminError::NotFound(name.to_string())),
+            (PutMode::Create, Some(_)) => return Err(AdminError::AlreadyExists(name.to_string())),
+            (PutMode::Alter, None) => return Err(AdminError::NotFound(name.to_string())),
             _ => {}
         }
-        let settings =
-            convert::apply_patch(current.unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
+        let settings = convert::apply_patch(current.unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
         store.put_group(&name, &settings)?;
-        let mut inner = self.lock();
-        inner.pipeline.set_group(name.clone(), settings.clone());
-        inner.groups.insert(name, settings.clone());
+        self.engine().set_group(name, settings.clone());
+        drop(store);
+        self.changed();
         Ok(settings)
     }
 
+    /// Sets a group's whole settings. Durable before it returns.
+    pub fn set_group(&self, name: GroupName, settings: GroupSettings) -> Result<(), AdminError> {
+        let mut store = self.store();
+        store.put_group(&name, &settings)?;
+        self.engine().set_group(name, settings);
+        drop(store);
+        self.changed();
+        Ok(())
+    }
+
     /// Drops a group; says whether it existed. Durable before it returns.
-    pub async fn drop_group(&self, name: &GroupName) -> Result<bool, AdminError> {
-        let store = self.admin.lock().await;
+    pub fn drop_group(&self, name: &GroupName) -> Result<bool, AdminError> {
+        let mut store = self.store();
         let existed = store.drop_group(name)?;
-        let mut inner = self.lock();
-        inner.pipeline.remove_group(name);
-        inner.groups.remove(name);
+        self.engine().remove_group(name);
+        drop(store);
+        self.changed();
         Ok(existed)
     }
 
-    /// Sets the node capacity. Durable before it returns.
-    pub async fn set_capacity(&self, capacity: Option<f64>) -> Result<(), AdminError> {
+    /// Sets the node capacity (`None`: no capacity). Durable before it returns.
+    pub fn set_capacity(&self, capacity: Option<f64>) -> Result<StoredNode, AdminError> {
         if let Some(c) = capacity
-            && !(c.is_finite() && c > 0.0)
+            && !(c.is_finite() && c > 0.0 && c <= REPORT_VALUE_MAX)
         {
-            return Err(AdminError::Invalid(SettingErrors(vec![
-                tollgate_core::settings::SettingError::new(
-                    "capacity",
-                    format!("must be a finite number above 0, got {c}"),
-                ),
-            ])));
+            let rule = format!("must be a finite number above 0 and at most {REPORT_VALUE_MAX:e}, got {c}");
+            return Err(AdminError::Invalid(SettingErrors(vec![SettingError::new("capacity", rule)])));
         }
-        let store = self.admin.lock().await;
-        store.set_capacity(capacity)?;
-        let mut inner = self.lock();
-        inner.pipeline.set_capacity(capacity);
-        inner.capacity = capacity;
-        Ok(())
+        self.set_node(|n| n.capacity = capacity)
+    }
+
+    /// Sets how free capacity is shared. Durable before it returns.
+    pub fn set_mode(&self, mode: AllocationMode) -> Result<StoredNode, AdminError> {
+        self.set_node(|n| n.mode = mode)
+    }
+
+    fn set_node(&self, change: impl FnOnce(&mut StoredNode)) -> Result<StoredNode, AdminError> {
+        let mut store = self.store();
+        let mut node = self.node();
+        change(&mut node);
+        store.set_node(node)?;
+        let mut engine = self.engine();
+        engine.set_capacity(node.capacity);
+        engine.set_mode(node.mode);
+        drop(engine);
+        drop(store);
+        self.changed();
+        Ok(node)
+    }
+
+    /// The node settings.
+    pub fn node(&self) -> StoredNode {
+        let engine = self.engine();
+        StoredNode { capacity: engine.settings().capacity, mode: engine.settings().mode }
     }
 
     /// A group's settings.
     pub fn group(&self, name: &GroupName) -> Option<GroupSettings> {
-        self.lock().groups.get(name).cloned()
+        self.engine().group(name).cloned()
     }
 
-    /// Every configured group.
-    pub fn groups(&self) -> BTreeMap<GroupName, GroupSettings> {
-        self.lock().groups.clone()
-    }
-
-    /// The node capacity.
-    pub fn capacity(&self) -> Option<f64> {
-        self.lock().capacity
+    /// Every configured group, by name.
+    pub fn groups(&self) -> Vec<(GroupName, GroupSettings)> {
+        self.engine().groups().iter().map(|(n, s)| (n.clone(), s.clone())).collect()
     }
 
     /// Exchanges answered so far.
     pub fn exchanges(&self) -> u64 {
-        self.lock().exchanges
+        self.exchanges.load(Ordering::Relaxed)
     }
 
-    /// Every group configured or seen in traffic, with its state as of the last tick.
-    pub fn view(&self) -> Vec<GroupView> {
-        let inner = self.lock();
-        let mut names: Vec<GroupName> = inner.groups.keys().cloned().collect();
-        for (name, _) in inner.pipeline.outcomes() {
-            if !names.contains(name) {
-                names.push(name.clone());
-            }
+    /// Every group configured or seen in traffic, by name, as of the last tick. Built at most
+    /// once per tick (and after each admin change), in time linear in the groups, and sorted
+    /// outside the engine's lock.
+    pub fn view(&self) -> Arc<Vec<GroupView>> {
+        let ticks = self.engine().ticks();
+        let mut cache = self.view.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, view)) = cache.as_ref()
+            && *at == ticks
+        {
+            return view.clone();
         }
-        names.sort();
-        names
-            .into_iter()
-            .map(|name| {
-                let outcome = inner.pipeline.outcome(&name);
-                let c = inner.counters.get(&name).cloned().unwrap_or_default();
-                GroupView {
-                    settings: inner.groups.get(&name).cloned(),
-                    target: outcome.and_then(|o| o.target),
-                    admitted: c.admitted_rate,
-                    throttled: c.throttled_rate,
-                    demand: outcome.map_or(0.0, |o| o.demand),
-                    busy: outcome.is_some_and(|o| o.busy),
-                    clients: outcome.map_or(0, |o| o.grants.len() as u32),
-                    consumed_total: c.consumed_total,
-                    admitted_total: c.admitted_total,
-                    throttled_total: c.throttled_total,
-                    name,
-                }
-            })
-            .collect()
+        let (mut view, ticks) = {
+            let engine = self.engine();
+            (engine.view(), engine.ticks())
+        };
+        view.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let view = Arc::new(view);
+        *cache = Some((ticks, view.clone()));
+        view
     }
-}
 
-fn duration_ms(d: Duration) -> u32 {
-    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+    /// What the engine tracks now: (clients, backends, learning).
+    pub fn tracking(&self, now: Nanos) -> (usize, usize, bool) {
+        let engine = self.engine();
+        (engine.clients(), engine.backends(), engine.learning(now))
+    }
 }

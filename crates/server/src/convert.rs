@@ -1,6 +1,11 @@
 //! Between the contract's messages and the core's validated types.
 
-use tollgate_core::settings::{GroupSettings, Limit, Priority, SettingErrors};
+use std::time::Duration;
+
+use tollgate_core::allocate::AllocationMode;
+use tollgate_core::settings::{
+    GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError, SettingErrors,
+};
 use tollgate_proto::v1;
 
 /// The contract's form of validated settings.
@@ -15,6 +20,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         priority: u32::from(s.priority().level()),
         weight: s.weight(),
         budget: s.budget(),
+        ramp: s.ramp().map(ramp_to_proto),
     }
 }
 
@@ -30,13 +36,95 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             priority: Some(m.priority),
             weight: Some(m.weight),
             budget: m.budget,
+            ramp: m.ramp,
+            ..v1::GroupPatch::default()
         },
     )
+}
+
+/// A ramp in the contract's form.
+pub fn ramp_to_proto(r: &RampSettings) -> v1::RampSettings {
+    let mode = match r.mode {
+        RampMode::Scheduled => v1::RampMode::Scheduled,
+        RampMode::Relaxed => v1::RampMode::Relaxed,
+        RampMode::OnlyIfUsed => v1::RampMode::OnlyIfUsed,
+        RampMode::GoBackN => v1::RampMode::GoBackN,
+    };
+    v1::RampSettings {
+        min: r.min,
+        max: r.max,
+        duration_s: r.duration.as_secs_f64(),
+        mode: mode as i32,
+        threshold_pct: Some(r.threshold_pct),
+        ramp_down_pct: Some(r.ramp_down_pct),
+        cool_down_s: Some(r.cool_down.as_secs_f64()),
+        resume_ttl_s: r.resume_ttl.map(|d| d.as_secs_f64()),
+    }
+}
+
+/// Seconds as a duration within the settings' bounds, or the rule it breaks.
+fn seconds(field: &str, s: f64, errors: &mut Vec<SettingError>) -> Option<Duration> {
+    let max = tollgate_core::settings::DURATION_MAX;
+    match Duration::try_from_secs_f64(s) {
+        Ok(d) if d <= max => Some(d),
+        _ => {
+            errors.push(SettingError::new(
+                field,
+                format!("must be a number of seconds from 0 to {}, got {s}", max.as_secs()),
+            ));
+            None
+        }
+    }
+}
+
+/// A ramp from the contract's form (validated with the group's other settings).
+fn ramp_from_proto(m: &v1::RampSettings, errors: &mut Vec<SettingError>) -> RampSettings {
+    let mode = match v1::RampMode::try_from(m.mode) {
+        Ok(v1::RampMode::Scheduled) => RampMode::Scheduled,
+        Ok(v1::RampMode::Relaxed | v1::RampMode::Unspecified) => RampMode::Relaxed,
+        Ok(v1::RampMode::OnlyIfUsed) => RampMode::OnlyIfUsed,
+        Ok(v1::RampMode::GoBackN) => RampMode::GoBackN,
+        Err(_) => {
+            errors.push(SettingError::new("ramp.mode", format!("unknown mode {}", m.mode)));
+            RampMode::Relaxed
+        }
+    };
+    let mut r = RampSettings::new(m.min, m.max, Duration::ZERO);
+    r.mode = mode;
+    if let Some(d) = seconds("ramp.duration_s", m.duration_s, errors) {
+        r.duration = d;
+    }
+    if let Some(t) = m.threshold_pct {
+        r.threshold_pct = t;
+    }
+    if let Some(p) = m.ramp_down_pct {
+        r.ramp_down_pct = p;
+    }
+    if let Some(c) = m.cool_down_s.and_then(|c| seconds("ramp.cool_down_s", c, errors)) {
+        r.cool_down = c;
+    }
+    if let Some(t) = m.resume_ttl_s {
+        r.resume_ttl = seconds("ramp.resume_ttl_s", t, errors);
+    }
+    r
 }
 
 /// `base` with the fields the patch sets changed, validated.
 pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSettings, SettingErrors> {
     let mut b = base.to_builder();
+    let mut errors = Vec::new();
+    if p.unlimited && p.limit.is_some() {
+        errors.push(SettingError::new("limit", "give a limit or unlimited, not both"));
+    }
+    for (clear, set, field) in [
+        (p.clear_ramp, p.ramp.is_some(), "ramp"),
+        (p.clear_budget, p.budget.is_some(), "budget"),
+        (p.clear_burst, p.burst.is_some(), "burst"),
+    ] {
+        if clear && set {
+            errors.push(SettingError::new(field, format!("give a {field} or clear it, not both")));
+        }
+    }
     if let Some(r) = p.reserved {
         b = b.reserved(r);
     }
@@ -48,14 +136,10 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     if let Some(x) = p.burst {
         b = b.burst(x);
     }
-    let mut errors = Vec::new();
     if let Some(level) = p.priority {
         match u8::try_from(level).ok().map(Priority::new) {
             Some(Ok(priority)) => b = b.priority(priority),
-            _ => errors.push(tollgate_core::settings::SettingError::new(
-                "priority",
-                format!("must be 1 to 16, got {level}"),
-            )),
+            _ => errors.push(SettingError::new("priority", format!("must be 1 to 16, got {level}"))),
         }
     }
     if let Some(w) = p.weight {
@@ -64,6 +148,18 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     if let Some(x) = p.budget {
         b = b.budget(x);
     }
+    if let Some(r) = &p.ramp {
+        b = b.ramp(ramp_from_proto(r, &mut errors));
+    }
+    if p.clear_ramp {
+        b = b.no_ramp();
+    }
+    if p.clear_budget {
+        b = b.no_budget();
+    }
+    if p.clear_burst {
+        b = b.no_burst();
+    }
     match b.build() {
         Ok(s) if errors.is_empty() => Ok(s),
         Ok(_) => Err(SettingErrors(errors)),
@@ -71,5 +167,67 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
             errors.extend(more);
             Err(SettingErrors(errors))
         }
+    }
+}
+
+/// The allocation mode in the contract's form.
+pub fn mode_to_proto(m: AllocationMode) -> v1::AllocationMode {
+    match m {
+        AllocationMode::Share => v1::AllocationMode::Share,
+        AllocationMode::Fcfs => v1::AllocationMode::Fcfs,
+    }
+}
+
+/// The allocation mode from the contract's form.
+pub fn mode_from_proto(m: v1::AllocationMode) -> AllocationMode {
+    match m {
+        v1::AllocationMode::Share => AllocationMode::Share,
+        v1::AllocationMode::Fcfs => AllocationMode::Fcfs,
+    }
+}
+
+/// A priority as people say it: `low`, `medium`, `high`, or its level.
+pub fn priority_name(level: u32) -> String {
+    match level {
+        1 => "low".into(),
+        8 => "medium".into(),
+        16 => "high".into(),
+        n => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ramp_goes_through_the_contract_and_back() {
+        let ramp = RampSettings {
+            mode: RampMode::GoBackN,
+            resume_ttl: Some(Duration::from_secs(60)),
+            ..RampSettings::new(10.0, 100.0, Duration::from_secs(30))
+        };
+        let s = GroupSettings::builder().limit(100.0).ramp(ramp).budget(5.0).build().unwrap();
+        assert_eq!(settings_from_proto(&settings_to_proto(&s)).unwrap(), s);
+        let cleared = apply_patch(
+            s,
+            &v1::GroupPatch { clear_ramp: true, clear_budget: true, ..v1::GroupPatch::default() },
+        )
+        .unwrap();
+        assert!(cleared.ramp().is_none() && cleared.budget().is_none());
+    }
+
+    #[test]
+    fn contradictions_and_broken_ramps_name_their_field() {
+        let p = v1::GroupPatch {
+            limit: Some(5.0),
+            unlimited: true,
+            ramp: Some(v1::RampSettings { min: 5.0, max: 1.0, duration_s: 1e30, ..Default::default() }),
+            ..v1::GroupPatch::default()
+        };
+        let e = apply_patch(GroupSettings::default(), &p).unwrap_err().to_string();
+        assert!(e.contains("limit: give a limit or unlimited, not both"), "{e}");
+        assert!(e.contains("ramp.duration_s"), "{e}");
+        assert!(e.contains("ramp.min: must not exceed ramp.max"), "{e}");
     }
 }

@@ -2,55 +2,33 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use tollgate_core::engine::GroupView;
 
-use crate::controller::{Controller, GroupView};
-
-/// Upper bounds of the exchange-latency histogram buckets, in seconds.
-const BUCKETS_S: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0];
-
-/// A latency histogram, updated lock-free by the exchange handler.
-#[derive(Debug, Default)]
-pub struct Latency {
-    buckets: [AtomicU64; BUCKETS_S.len()],
-    count: AtomicU64,
-    sum_ns: AtomicU64,
-}
-
-impl Latency {
-    /// Records one exchange's handling time.
-    pub fn record(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        for (i, bound) in BUCKETS_S.iter().enumerate() {
-            if s <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-}
+use crate::Clock;
+use crate::controller::Controller;
+use crate::status::{BUCKETS_S, Latency, status_json, status_response};
 
 #[derive(Clone)]
 struct AppState {
     controller: Arc<Controller>,
     latency: Arc<Latency>,
+    clock: Clock,
 }
 
 /// The HTTP routes.
-pub fn router(controller: Arc<Controller>, latency: Arc<Latency>) -> Router {
+pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
-        .with_state(AppState { controller, latency })
+        .with_state(AppState { controller, latency, clock })
 }
 
 fn label(s: &str) -> String {
@@ -60,25 +38,26 @@ fn label(s: &str) -> String {
 /// One per-group metric: name, help, type, and how to read it (`None`: no sample).
 type Family = (&'static str, &'static str, &'static str, fn(&GroupView) -> Option<f64>);
 
-const GROUP_FAMILIES: [Family; 9] = [
+const GROUP_FAMILIES: [Family; 10] = [
     ("tollgate_group_target_units", "Target units/s (absent when not throttled).", "gauge", |g| g.target),
     ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", "gauge", |g| Some(g.admitted)),
     ("tollgate_group_throttled_requests", "Requests/s refused over the last tick.", "gauge", |g| {
         Some(g.throttled)
     }),
     ("tollgate_group_demand_units", "Units/s asked for, admitted or not.", "gauge", |g| Some(g.demand)),
-    ("tollgate_group_clients", "Clients with a live grant.", "gauge", |g| Some(f64::from(g.clients))),
+    ("tollgate_group_unthrottled_units", "Units/s of unthrottled work.", "gauge", |g| Some(g.unthrottled)),
+    ("tollgate_group_clients", "Clients reporting the group.", "gauge", |g| Some(f64::from(g.clients))),
     ("tollgate_group_busy", "1 when saturation limits the group below its cap.", "gauge", |g| {
         Some(if g.busy { 1.0 } else { 0.0 })
     }),
     ("tollgate_group_consumed_units_total", "Units consumed, as clients reported.", "counter", |g| {
-        Some(g.consumed_total)
+        Some(g.meter.consumed)
     }),
     ("tollgate_group_admitted_requests_total", "Requests admitted.", "counter", |g| {
-        Some(g.admitted_total as f64)
+        Some(g.meter.admitted as f64)
     }),
     ("tollgate_group_throttled_requests_total", "Requests refused.", "counter", |g| {
-        Some(g.throttled_total as f64)
+        Some(g.meter.throttled as f64)
     }),
 ];
 
@@ -87,17 +66,26 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     let view = app.controller.view();
     for (name, help, kind, read) in GROUP_FAMILIES {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for g in &view {
+        for g in view.iter() {
             if let Some(v) = read(g) {
                 let _ = writeln!(out, "{name}{{group=\"{}\"}} {v}", label(g.name.as_str()));
             }
         }
     }
-    if let Some(c) = app.controller.capacity() {
+    let node = app.controller.node();
+    if let Some(c) = node.capacity {
         let _ = writeln!(
             out,
             "# HELP tollgate_node_capacity_units Node capacity, units/s.\n# TYPE tollgate_node_capacity_units gauge\ntollgate_node_capacity_units {c}"
         );
+    }
+    let (clients, backends, learning) = app.controller.tracking(app.clock.now());
+    for (name, help, v) in [
+        ("tollgate_clients", "Clients tracked.", clients as f64),
+        ("tollgate_backends", "Backends tracked.", backends as f64),
+        ("tollgate_learning", "1 in the first lease after start, while relearning what clients hold.", f64::from(u8::from(learning))),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
     let _ = writeln!(
         out,
@@ -128,5 +116,5 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
 }
 
 async fn status(State(app): State<AppState>) -> impl IntoResponse {
-    axum::Json(crate::grpc::status_json(&crate::grpc::status_response(&app.controller)))
+    axum::Json(status_json(&status_response(&app.controller, app.clock.now())))
 }

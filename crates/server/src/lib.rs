@@ -1,62 +1,37 @@
-//! Tollgate's controller server: the core pipeline behind gRPC (admission exchanges, backend
+//! Tollgate's controller server: the core engine behind gRPC (admission exchanges, backend
 //! reports, administration) and HTTP (Prometheus metrics, health, status), with settings
 //! kept durably in an embedded database.
 //!
 //! [`Server::bind`] opens the store and binds both listeners (port 0 picks a free port, as
-//! tests do); [`Server::run`] serves until the shutdown future completes.
+//! tests do); [`Server::run`] serves until the shutdown future completes. [`serve`] takes any
+//! stream of incoming connections instead (a simulated network in tests, in the manner of
+//! turmoil), with the same controller and background work.
 
 pub mod controller;
 pub mod convert;
 pub mod grpc;
 pub mod http;
+mod options;
+pub mod status;
 pub mod store;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_stream::Stream;
 use tollgate_core::time::{Nanos, duration_nanos};
 use tollgate_proto::v1::{
     admin_server::AdminServer, admission_server::AdmissionServer, backend_server::BackendServer,
 };
+use tonic::transport::server::Connected;
 
-use crate::controller::Controller;
-use crate::store::{Store, StoreError};
-
-/// Where and how to serve.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    /// The data directory (settings database).
-    pub data: PathBuf,
-    /// The gRPC listen address.
-    pub grpc: SocketAddr,
-    /// The HTTP listen address.
-    pub http: SocketAddr,
-    /// The pipeline's tick, which is also the exchange period clients are asked to keep.
-    pub tick: Duration,
-    /// How long a grant holds without renewal; past it clients enter safe mode.
-    pub lease: Duration,
-    /// How many of the worst zones saturation limiting ignores (FoundationDB: 1).
-    pub ignore_worst_zones: usize,
-    /// Units/s a group must put on a backend for that backend to limit it.
-    pub limiting_threshold: f64,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        Self {
-            data: PathBuf::from("tollgate-data"),
-            grpc: SocketAddr::from(([127, 0, 0, 1], 7460)),
-            http: SocketAddr::from(([127, 0, 0, 1], 7461)),
-            tick: Duration::from_secs(1),
-            lease: Duration::from_secs(10),
-            ignore_worst_zones: 1,
-            limiting_threshold: 409_600.0,
-        }
-    }
-}
+pub use crate::controller::Controller;
+pub use crate::options::ServerOptions;
+use crate::status::Latency;
+use crate::store::{RedbStore, StoreError};
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -86,18 +61,32 @@ pub struct Clock {
 }
 
 impl Clock {
-    fn new() -> Self {
+    /// A clock starting now.
+    pub fn new() -> Self {
         #[allow(clippy::disallowed_methods)] // the server's edge: tokio time only
         let origin = tokio::time::Instant::now();
         Self { origin }
     }
 
-    /// Now, as the pipeline sees it.
+    /// Now, as the engine sees it.
     pub fn now(&self) -> Nanos {
         #[allow(clippy::disallowed_methods)]
         let now = tokio::time::Instant::now();
         Nanos(duration_nanos(now.duration_since(self.origin)))
     }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Unix time in milliseconds: the only wall-clock read, for ramps that resume across restarts.
+pub fn wall_ms() -> u64 {
+    #[allow(clippy::disallowed_methods)] // the server's edge
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A server with its store open and its listeners bound.
@@ -106,13 +95,15 @@ pub struct Server {
     grpc: tokio::net::TcpListener,
     http: tokio::net::TcpListener,
     clock: Clock,
+    flush_interval: Duration,
 }
 
 impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
-        let store = Store::open(&opts.data)?;
-        let controller = Arc::new(Controller::new(store, opts)?);
+        let store = RedbStore::open(&opts.data)?;
+        let clock = Clock::new();
+        let controller = Arc::new(Controller::new(Box::new(store), opts.engine_settings(), clock.now(), wall_ms())?);
         let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
             what: "gRPC",
             addr: opts.grpc,
@@ -123,7 +114,7 @@ impl Server {
             addr: opts.http,
             source,
         })?;
-        Ok(Server { controller, grpc, http, clock: Clock::new() })
+        Ok(Server { controller, grpc, http, clock, flush_interval: opts.flush_interval })
     }
 
     /// The bound gRPC address.
@@ -136,46 +127,91 @@ impl Server {
         self.http.local_addr().expect("a bound listener has an address")
     }
 
-    /// Serves until `shutdown` completes, then stops accepting and returns.
+    /// Serves until `shutdown` completes, then stops accepting, writes consumption to the
+    /// store and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Server { controller, grpc, http, clock } = self;
-        let latency = Arc::new(http::Latency::default());
-        let services = grpc::Services { controller: controller.clone(), clock, latency: latency.clone() };
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let Server { controller, grpc, http, clock, flush_interval } = self;
+        let incoming = tonic::transport::server::TcpIncoming::from(grpc);
+        serve(controller, clock, flush_interval, incoming, Some(http), shutdown).await
+    }
+}
 
-        let ticker = {
-            let controller = controller.clone();
-            let mut stop = stop_rx.clone();
-            tokio::spawn(async move {
-                let mut interval = tokio::time::interval(controller.tick_period());
-                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = interval.tick() => controller.tick(clock.now()),
-                        _ = stop.changed() => return,
-                    }
+/// Serves `controller` over gRPC on `incoming` (any stream of connections: tokio's TCP, a
+/// simulated network, in-memory pipes) and, given a listener, over HTTP; runs its ticks and
+/// flushes until `shutdown` completes, then writes consumption to the store once more.
+pub async fn serve<I, IO, IE>(
+    controller: Arc<Controller>,
+    clock: Clock,
+    flush_interval: Duration,
+    incoming: I,
+    http: Option<tokio::net::TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let latency = Arc::new(Latency::default());
+    let services = grpc::Services { controller: controller.clone(), clock, latency: latency.clone() };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let background = tokio::spawn(background(controller.clone(), clock, flush_interval, stop_rx.clone()));
+    let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stopped| *stopped).await;
+    };
+    let http_server = async {
+        match http {
+            Some(listener) => axum::serve(listener, http::router(controller.clone(), latency, clock))
+                .with_graceful_shutdown(waiter(stop_rx.clone()))
+                .await
+                .map_err(|e| ServerError::Serve(format!("HTTP: {e}"))),
+            None => Ok(()),
+        }
+    };
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(AdmissionServer::new(services.clone()))
+        .add_service(BackendServer::new(services.clone()))
+        .add_service(AdminServer::new(services))
+        .serve_with_incoming_shutdown(incoming, waiter(stop_rx.clone()));
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let (g, h) = tokio::join!(grpc_server, http_server);
+    let _ = background.await;
+    if let Err(e) = controller.flush(clock.now(), wall_ms()) {
+        tracing::error!(error = %e, "could not write consumption at shutdown");
+    }
+    g.map_err(|e| ServerError::Serve(format!("gRPC: {e}")))?;
+    h
+}
+
+/// Ticks the engine every tick and writes consumption every flush interval.
+async fn background(
+    controller: Arc<Controller>,
+    clock: Clock,
+    flush_interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(controller.tick_period());
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut flushes = tokio::time::interval(flush_interval);
+    flushes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    flushes.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => controller.tick(clock.now()),
+            _ = flushes.tick() => {
+                let c = controller.clone();
+                let now = clock.now();
+                match tokio::task::spawn_blocking(move || c.flush(now, wall_ms())).await {
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not write consumption; will try again"),
+                    Err(e) => tracing::warn!(error = %e, "could not write consumption; will try again"),
+                    Ok(Ok(())) => {}
                 }
-            })
-        };
-        let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stopped| *stopped).await;
-        };
-        let http_server = axum::serve(http, http::router(controller.clone(), latency))
-            .with_graceful_shutdown(waiter(stop_rx.clone()));
-        let grpc_server = tonic::transport::Server::builder()
-            .add_service(AdmissionServer::new(services.clone()))
-            .add_service(BackendServer::new(services.clone()))
-            .add_service(AdminServer::new(services))
-            .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), waiter(stop_rx));
-        tokio::spawn(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        });
-        let (g, h) = tokio::join!(grpc_server, http_server);
-        let _ = ticker.await;
-        g.map_err(|e| ServerError::Serve(format!("gRPC: {e}")))?;
-        h.map_err(|e| ServerError::Serve(format!("HTTP: {e}")))?;
-        Ok(())
+            }
+            _ = stop.changed() => return,
+        }
     }
 }
 

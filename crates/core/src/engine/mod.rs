@@ -572,6 +572,16 @@ impl Engine {
         out
     }
 
+    /// Marks meters to be returned by the next [`take_dirty_meters`](Self::take_dirty_meters)
+    /// again (a store that failed to write them).
+    pub fn mark_dirty<'a>(&mut self, groups: impl IntoIterator<Item = &'a GroupName>) {
+        for name in groups {
+            if let Some(m) = self.meters.get_mut(name) {
+                m.dirty = true;
+            }
+        }
+    }
+
     /// The value of every resumable ramp: the live ones and those idle within their TTL, with
     /// how long each may still be resumed.
     pub fn resumable_ramps(&self, now: Nanos) -> Vec<(GroupName, f64, Duration)> {

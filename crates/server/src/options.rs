@@ -1,0 +1,59 @@
+//! How a server is started: addresses, the data directory, and the engine's knobs.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tollgate_core::engine::{EngineSettings, SaturationSettings};
+
+/// Where and how to serve.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// The data directory (settings database).
+    pub data: PathBuf,
+    /// The gRPC listen address.
+    pub grpc: SocketAddr,
+    /// The HTTP listen address.
+    pub http: SocketAddr,
+    /// The engine's tick, which is also the exchange period clients are asked to keep.
+    pub tick: Duration,
+    /// How long a grant holds without renewal; past it clients enter safe mode.
+    pub lease: Duration,
+    /// How many of the worst zones saturation limiting ignores (FoundationDB: 1).
+    pub ignore_worst_zones: usize,
+    /// Units/s a group must put on a backend for that backend to limit it.
+    pub limiting_threshold: f64,
+    /// How often consumption and resumable ramps are written to the store.
+    pub flush_interval: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            data: PathBuf::from("tollgate-data"),
+            grpc: SocketAddr::from(([127, 0, 0, 1], 7460)),
+            http: SocketAddr::from(([127, 0, 0, 1], 7461)),
+            tick: Duration::from_secs(1),
+            lease: Duration::from_secs(10),
+            ignore_worst_zones: 1,
+            limiting_threshold: 409_600.0,
+            flush_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServerOptions {
+    /// The engine's settings these options give (capacity and mode come from the store).
+    pub fn engine_settings(&self) -> EngineSettings {
+        EngineSettings {
+            tick: self.tick,
+            lease: self.lease,
+            saturation: SaturationSettings {
+                ignore_worst_zones: self.ignore_worst_zones,
+                limiting_threshold: self.limiting_threshold,
+                ..SaturationSettings::default()
+            },
+            ..EngineSettings::default()
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The default store: an embedded database file (redb).
+//!
+//! A change is written and committed (redb's default durability: flushed to disk) before it
+//! is acknowledged. Settings are the contract's own messages, encoded with prost, so the file
+//! format is versioned with the contract; meters and ramps are fixed little-endian records. A
+//! file another process holds, or one that cannot be read, is an error at start, never a
+//! silent reset.
+
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tollgate_core::engine::Meter;
+use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_proto::v1;
+
+use super::{SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
+use crate::convert;
+
+const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("groups");
+const NODE: TableDefinition<&str, &[u8]> = TableDefinition::new("node");
+const METERS: TableDefinition<&str, &[u8]> = TableDefinition::new("meters");
+const RAMPS: TableDefinition<&str, &[u8]> = TableDefinition::new("ramps");
+const NODE_KEY: &str = "node";
+/// The database file's name inside the data directory.
+pub const FILE_NAME: &str = "tollgate.redb";
+
+/// Settings in an embedded database file.
+pub struct RedbStore {
+    db: Database,
+    path: PathBuf,
+}
+
+impl RedbStore {
+    /// Opens (creating if need be) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<RedbStore, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|source| StoreError::Directory { path: dir.to_path_buf(), source })?;
+        let path = dir.join(FILE_NAME);
+        let db = Database::create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked { path: path.clone() },
+            other => StoreError::Unreadable { path: path.clone(), reason: other.to_string() },
+        })?;
+        let store = RedbStore { db, path };
+        // Create the tables so that reads of a new store find them.
+        store.write(|txn| {
+            txn.open_table(GROUPS)?;
+            txn.open_table(NODE)?;
+            txn.open_table(METERS)?;
+            txn.open_table(RAMPS)?;
+            Ok(())
+        })?;
+        Ok(store)
+    }
+
+    fn io(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Io { path: self.path.clone(), reason: e.to_string() }
+    }
+
+    fn corrupt(&self, what: String, reason: impl std::fmt::Display) -> StoreError {
+        StoreError::Corrupt { path: self.path.clone(), what, reason: reason.to_string() }
+    }
+
+    fn write(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.io(e))?;
+        f(&txn).map_err(|e| self.io(e))?;
+        txn.commit().map_err(|e| self.io(e))
+    }
+
+    /// Reads every entry of `table`, decoding each with `decode`.
+    fn read_all<T>(
+        &self,
+        txn: &redb::ReadTransaction,
+        table: TableDefinition<&str, &[u8]>,
+        what: &str,
+        mut decode: impl FnMut(&[u8]) -> Result<T, String>,
+    ) -> Result<Vec<(GroupName, T)>, StoreError> {
+        let table = txn.open_table(table).map_err(|e| self.io(e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| self.io(e))? {
+            let (k, v) = entry.map_err(|e| self.io(e))?;
+            let label = format!("{what} {:?}", k.value());
+            let name = GroupName::new(k.value()).map_err(|e| self.corrupt(label.clone(), e))?;
+            let value = decode(v.value()).map_err(|e| self.corrupt(label, e))?;
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+}
+
+fn encode_meter(m: &Meter) -> [u8; 24] {
+    let mut out = [0u8; 24];
+    out[..8].copy_from_slice(&m.consumed.to_le_bytes());
+    out[8..16].copy_from_slice(&m.admitted.to_le_bytes());
+    out[16..].copy_from_slice(&m.throttled.to_le_bytes());
+    out
+}
+
+fn decode_meter(b: &[u8]) -> Result<Meter, String> {
+    let b: &[u8; 24] = b.try_into().map_err(|_| format!("a meter is 24 bytes, found {}", b.len()))?;
+    let word = |i: usize| <[u8; 8]>::try_from(&b[i..i + 8]).expect("8 bytes");
+    let consumed = f64::from_le_bytes(word(0));
+    if !(consumed.is_finite() && consumed >= 0.0) {
+        return Err(format!("consumed units must be finite and not negative, found {consumed}"));
+    }
+    Ok(Meter { consumed, admitted: u64::from_le_bytes(word(8)), throttled: u64::from_le_bytes(word(16)) })
+}
+
+fn encode_ramp(r: &StoredRamp) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&r.value.to_le_bytes());
+    out[8..].copy_from_slice(&r.until_unix_ms.to_le_bytes());
+    out
+}
+
+fn decode_ramp(b: &[u8]) -> Result<StoredRamp, String> {
+    let b: &[u8; 16] = b.try_into().map_err(|_| format!("a ramp is 16 bytes, found {}", b.len()))?;
+    let value = f64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    if !(value.is_finite() && value >= 0.0) {
+        return Err(format!("a ramp's value must be finite and not negative, found {value}"));
+    }
+    Ok(StoredRamp { value, until_unix_ms: u64::from_le_bytes(b[8..].try_into().expect("8 bytes")) })
+}
+
+impl SettingsStore for RedbStore {
+    fn load(&self) -> Result<Stored, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.io(e))?;
+        let mut out = Stored::default();
+        let groups = self.read_all(&txn, GROUPS, "group", |b| {
+            let msg = v1::GroupSettings::decode(b).map_err(|e| e.to_string())?;
+            convert::settings_from_proto(&msg).map_err(|e| e.to_string())
+        })?;
+        out.groups = groups.into_iter().collect();
+        out.meters = self.read_all(&txn, METERS, "meter", decode_meter)?.into_iter().collect();
+        out.ramps = self.read_all(&txn, RAMPS, "ramp", decode_ramp)?.into_iter().collect();
+        let node = txn.open_table(NODE).map_err(|e| self.io(e))?;
+        if let Some(v) = node.get(NODE_KEY).map_err(|e| self.io(e))? {
+            let msg = v1::NodeInfo::decode(v.value())
+                .map_err(|e| self.corrupt("node settings".into(), e))?;
+            out.node = StoredNode { capacity: msg.capacity, mode: convert::mode_from_proto(msg.mode()) };
+        }
+        Ok(out)
+    }
+
+    fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError> {
+        let bytes = convert::settings_to_proto(settings).encode_to_vec();
+        self.write(|txn| {
+            txn.open_table(GROUPS)?.insert(name.as_str(), bytes.as_slice())?;
+            Ok(())
+        })
+    }
+
+    fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError> {
+        let mut existed = false;
+        self.write(|txn| {
+            existed = txn.open_table(GROUPS)?.remove(name.as_str())?.is_some();
+            txn.open_table(METERS)?.remove(name.as_str())?;
+            Ok(())
+        })?;
+        Ok(existed)
+    }
+
+    fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
+        let msg = v1::NodeInfo { capacity: node.capacity, mode: convert::mode_to_proto(node.mode) as i32 };
+        let bytes = msg.encode_to_vec();
+        self.write(|txn| {
+            txn.open_table(NODE)?.insert(NODE_KEY, bytes.as_slice())?;
+            Ok(())
+        })
+    }
+
+    fn put_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        ramps: &[(GroupName, StoredRamp)],
+    ) -> Result<(), StoreError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(METERS)?;
+            for (name, m) in meters {
+                table.insert(name.as_str(), encode_meter(m).as_slice())?;
+            }
+            drop(table);
+            txn.delete_table(RAMPS)?;
+            let mut table = txn.open_table(RAMPS)?;
+            for (name, r) in ramps {
+                table.insert(name.as_str(), encode_ramp(r).as_slice())?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tollgate-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn settings_meters_and_ramps_survive_a_reopen() {
+        let d = dir("reopen");
+        let g = GroupName::new("a").unwrap();
+        let meter = Meter { consumed: 12.5, admitted: 3, throttled: 4 };
+        let ramp = StoredRamp { value: 42.0, until_unix_ms: 1_700_000_000_000 };
+        {
+            let mut s = RedbStore::open(&d).unwrap();
+            s.put_group(&g, &GroupSettings::builder().reserved(5.0).limit(10.0).build().unwrap()).unwrap();
+            s.set_node(StoredNode { capacity: Some(1000.0), mode: tollgate_core::allocate::AllocationMode::Fcfs })
+                .unwrap();
+            s.put_meters(&[(g.clone(), meter)], &[(g.clone(), ramp)]).unwrap();
+        }
+        let mut s = RedbStore::open(&d).unwrap();
+        let stored = s.load().unwrap();
+        assert_eq!(stored.node.capacity, Some(1000.0));
+        assert_eq!(stored.node.mode, tollgate_core::allocate::AllocationMode::Fcfs);
+        assert_eq!(stored.groups[&g].reserved(), 5.0);
+        assert_eq!(stored.meters[&g], meter);
+        assert_eq!(stored.ramps[&g], ramp);
+        s.put_meters(&[], &[]).unwrap();
+        assert!(s.load().unwrap().ramps.is_empty(), "ramps are replaced as a whole");
+        assert!(s.drop_group(&g).unwrap());
+        assert!(!s.drop_group(&g).unwrap());
+        let after = s.load().unwrap();
+        assert!(after.groups.is_empty() && after.meters.is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_file_in_use_or_corrupt_is_a_clear_error() {
+        let d = dir("locked");
+        let first = RedbStore::open(&d).unwrap();
+        let e = RedbStore::open(&d).err().expect("locked");
+        assert!(e.to_string().contains("in use by another process"), "{e}");
+        drop(first);
+        std::fs::write(d.join(FILE_NAME), b"this is not a database").unwrap();
+        let e = RedbStore::open(&d).err().expect("corrupt");
+        assert!(matches!(e, StoreError::Unreadable { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

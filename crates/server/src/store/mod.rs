@@ -1,0 +1,165 @@
+//! Durable settings behind a narrow trait: what the controller keeps across restarts.
+//!
+//! The controller writes through [`SettingsStore`] and acknowledges a change only once the
+//! store has made it durable. Two stores ship: [`RedbStore`], an embedded database file (the
+//! default), and [`MemoryStore`], which keeps everything in memory (the simulator and tests).
+//!
+//! Besides group and node settings the store keeps each configured group's consumption (its
+//! [`Meter`]: what a tenant is billed on and what its budget is checked against) and the value of
+//! every resumable ramp, both written every flush interval and at a clean shutdown.
+
+mod file;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub use self::file::{FILE_NAME, RedbStore};
+use thiserror::Error;
+use tollgate_core::allocate::AllocationMode;
+use tollgate_core::engine::Meter;
+use tollgate_core::settings::{GroupName, GroupSettings};
+
+/// Why the store failed.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The data directory could not be created or used.
+    #[error("cannot use data directory {path}: {source}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// Another process has the file open.
+    #[error("data file {path} is in use by another process (is another tollgate server running?)")]
+    Locked {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file could not be opened or read: corrupt, or not a Tollgate data file.
+    #[error("data file {path} cannot be opened: {reason}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A stored record does not decode.
+    #[error("data file {path}: stored {what} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Which record.
+        what: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A read or write failed.
+    #[error("data file {path}: {reason}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying may help (a failed write may succeed later; a corrupt file won't).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Io { .. })
+    }
+}
+
+/// The node's settings as stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StoredNode {
+    /// Units/s shared by allocation; `None`: no capacity.
+    pub capacity: Option<f64>,
+    /// How free capacity is shared.
+    pub mode: AllocationMode,
+}
+
+/// A resumable ramp's value, and until when (Unix milliseconds) it may be resumed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StoredRamp {
+    /// The ramp's value.
+    pub value: f64,
+    /// Unix time in milliseconds after which it starts again at its minimum.
+    pub until_unix_ms: u64,
+}
+
+/// Everything the store holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stored {
+    /// Groups by name.
+    pub groups: BTreeMap<GroupName, GroupSettings>,
+    /// Node settings.
+    pub node: StoredNode,
+    /// Configured groups' consumption.
+    pub meters: BTreeMap<GroupName, Meter>,
+    /// Resumable ramps.
+    pub ramps: BTreeMap<GroupName, StoredRamp>,
+}
+
+/// A durable home for the controller's settings. Every write is durable when it returns.
+pub trait SettingsStore: Send {
+    /// Everything stored.
+    fn load(&self) -> Result<Stored, StoreError>;
+    /// Stores a group's settings.
+    fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError>;
+    /// Removes a group and its meter; says whether it was there.
+    fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError>;
+    /// Stores the node settings.
+    fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError>;
+    /// Stores meters and replaces the resumable ramps, in one transaction.
+    fn put_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        ramps: &[(GroupName, StoredRamp)],
+    ) -> Result<(), StoreError>;
+}
+
+/// A store in memory: nothing survives the process. For the simulator and tests.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    stored: Stored,
+}
+
+impl MemoryStore {
+    /// A store that starts with `stored`.
+    pub fn with(stored: Stored) -> Self {
+        Self { stored }
+    }
+}
+
+impl SettingsStore for MemoryStore {
+    fn load(&self) -> Result<Stored, StoreError> {
+        Ok(self.stored.clone())
+    }
+
+    fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError> {
+        self.stored.groups.insert(name.clone(), settings.clone());
+        Ok(())
+    }
+
+    fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError> {
+        self.stored.meters.remove(name);
+        Ok(self.stored.groups.remove(name).is_some())
+    }
+
+    fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
+        self.stored.node = node;
+        Ok(())
+    }
+
+    fn put_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        ramps: &[(GroupName, StoredRamp)],
+    ) -> Result<(), StoreError> {
+        self.stored.meters.extend(meters.iter().cloned());
+        self.stored.ramps = ramps.iter().cloned().collect();
+        Ok(())
+    }
+}
