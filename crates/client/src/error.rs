@@ -58,13 +58,15 @@ pub enum BuildError {
     /// The settings file has problems; each names its line, field and rule.
     #[error("invalid settings:\n{0}")]
     Config(#[from] tollgate_core::config::ConfigErrors),
-    /// A setting this mode does not carry out yet.
-    #[error("group {group:?}: {field} is not supported by the embedded limiter yet")]
+    /// A setting this mode cannot carry out: the handle is not built rather than ignore it.
+    #[error("{field} cannot apply in {mode} mode: {reason}")]
     Unsupported {
-        /// The group.
-        group: String,
-        /// The setting.
-        field: &'static str,
+        /// The mode: `embedded`, `remote` or `store`.
+        mode: &'static str,
+        /// The setting, as the settings file names it (`node.capacity`, `groups.a.budget`).
+        field: String,
+        /// Why, and what to do instead.
+        reason: &'static str,
     },
     /// The cost model's coefficients are invalid.
     #[error("cost model: {0}")]

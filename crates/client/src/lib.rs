@@ -35,10 +35,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod admit;
+mod builder;
 pub mod clock;
+mod connect;
+mod embedded;
 mod error;
+mod group;
+mod handle;
+mod inner;
 pub mod layer;
-mod limiter;
 mod permit;
 pub mod remote;
 pub mod reporter;
@@ -46,11 +52,12 @@ pub mod scheduler;
 pub mod store;
 mod tally;
 
+pub use builder::Builder;
 pub use error::{AcquireError, BuildError};
+pub use handle::{GroupHandle, GroupStats, Tollgate};
 pub use layer::{TollgateLayer, TollgateService};
-pub use limiter::{Builder, GroupHandle, GroupStats, Tollgate};
 pub use permit::Permit;
-pub use remote::{RemoteOptions, RemoteStatus, SafeModePolicy};
+pub use remote::{Driver, RemoteOptions, RemoteStatus, SafeModePolicy};
 pub use store::{StoreOptions, StoreStatus};
 pub use tollgate_core as core;
 

@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tollgate_core::cost::{CostError, CostModel, Usage, check_cost};
-use tollgate_core::fcfs::Domain;
 use tollgate_core::time::Clock;
 
-use crate::limiter::{Group, Limiter, micros};
+use crate::group::{Group, Limiter, micros};
 
 /// A reference to a group's state: borrowed from a [`GroupHandle`](crate::GroupHandle) on
 /// the hot path, owned when the group was looked up by name.
@@ -44,7 +43,6 @@ impl std::ops::Deref for GroupRef<'_> {
 pub struct Permit<'a> {
     pub(crate) group: GroupRef<'a>,
     pub(crate) cost: f64,
-    pub(crate) domain: Option<Domain>,
     /// When it was admitted, for store mode (deposits count only within that epoch). A
     /// bucket permit from a thread's stash leaves it at zero: nothing reads it there.
     pub(crate) at: tollgate_core::time::Nanos,
@@ -79,10 +77,6 @@ impl Permit<'_> {
                     bucket.refund(-delta);
                 }
             }
-            Limiter::Fcfs { group: gauge, pool } => {
-                let domain = self.domain.unwrap_or(Domain::Reserved);
-                gauge.settle(pool, domain, delta, now);
-            }
             Limiter::Epoch(share) => {
                 if delta > 0.0 {
                     share.take(delta, now);
@@ -112,6 +106,6 @@ impl Permit<'_> {
             GroupRef::Borrowed(g) => GroupRef::Owned(g.self_arc()),
             GroupRef::Owned(g) => GroupRef::Owned(g),
         };
-        Permit { group, cost: self.cost, domain: self.domain, at: self.at }
+        Permit { group, cost: self.cost, at: self.at }
     }
 }

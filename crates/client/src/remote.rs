@@ -1,26 +1,41 @@
 //! Remote mode: the buckets are fed by a controller's grants.
 //!
-//! A background task exchanges with `tollgate server` at the delay the server asks for, and
-//! early when a new group appears or a bucket refuses. Each exchange reports, per group, what
-//! was asked (units/s, admitted or not), consumed and refused since the last one; the answer
-//! carries each group's grant (rate, burst, lease), which becomes the bucket's rate.
+//! A [`Driver`] holds the client's side of the exchange, free of any transport: it builds each
+//! `ExchangeRequest` (every group's demand through the same meter the embedded mode uses, what
+//! it consumed and refused, the units waiting, the grant it holds) and applies each answer
+//! (every group's grant becomes its bucket's rate and burst). [`Tollgate::remote`] runs a
+//! driver over gRPC in a background task; `tollgate sim` runs the same driver in virtual time,
+//! calling the controller in process. Nothing about an exchange is written twice.
 //!
-//! When no exchange succeeds for longer than the lease, the client enters **safe mode** and
-//! applies its [`SafeModePolicy`]: decay each group from its last grant toward
-//! `reserved ÷ clients` (the default), let everything through, or refuse everything. Safe mode
-//! shows in [`RemoteStatus`] and in a log line, and ends with the next successful exchange.
-//! Failed exchanges are retried with backoff (100 ms doubling to 2 s); a failed exchange's
-//! counts are carried into the next one, so nothing is lost.
+//! **When.** An exchange goes at the period the controller asks for; at once (at most every
+//! 50 ms) when a group is new or was revived after being idle; and after a refusal, no sooner
+//! than the controller's next tick, since until then it would give the same answer.
+//!
+//! **Safe mode.** When no exchange succeeds for longer than the lease, the client applies its
+//! [`SafeModePolicy`] to every group, new ones included: decay each group from its last grant
+//! toward `reserved ÷ clients` (the default), let everything through, or refuse everything.
+//! Safe mode shows in [`RemoteStatus`] and in a log line, and ends with the next successful
+//! exchange. Failed exchanges are retried with backoff (100 ms doubling to 2 s); what a
+//! failed exchange reported is reported again, so nothing is lost.
+//!
+//! **Idle groups.** A group with nothing to report for the idle expiry is no longer reported
+//! (so the controller forgets it in turn) and its bucket closes until a fresh grant.
+//!
+//! [`Tollgate::remote`]: crate::Tollgate::remote
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use tollgate_core::cost::CostModel;
+use tollgate_core::demand::DemandMeter;
 use tollgate_core::settings::GroupName;
-use tollgate_core::time::Nanos;
-use tollgate_proto::v1::{self, admission_client::AdmissionClient};
-use tonic::transport::Channel;
+use tollgate_core::time::{Clock, Nanos};
+use tollgate_proto::v1;
+
+use crate::clock::ClockSource;
+use crate::group::{Group, Groups, Limiter};
 
 /// What a client does when the controller stays unreachable past its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,7 +50,7 @@ pub enum SafeModePolicy {
 }
 
 /// How a remote client behaves.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RemoteOptions {
     /// This client's id at the controller (default: `tollgate-PID-N`).
     pub client_id: Option<String>,
@@ -45,6 +60,19 @@ pub struct RemoteOptions {
     pub max_wait: Duration,
     /// How long one exchange may take before it counts as failed.
     pub exchange_timeout: Duration,
+    /// How `try_acquire_usage` prices a request: the same model as the controller's
+    /// settings should use.
+    pub cost_model: CostModel,
+    /// A group with nothing to report for this long is no longer reported (the controller's
+    /// own idle expiry is 240 s).
+    pub group_idle_expiry: Duration,
+    /// The most groups tracked separately; past it, new names share `default`'s state.
+    pub max_tracked_groups: usize,
+    /// The clock (default: the CPU's time-stamp counter, [`MonotonicClock`]). A test on
+    /// tokio's paused or simulated time gives a [`TokioClock`](crate::clock::TokioClock).
+    ///
+    /// [`MonotonicClock`]: crate::clock::MonotonicClock
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 impl Default for RemoteOptions {
@@ -54,7 +82,35 @@ impl Default for RemoteOptions {
             safe_mode: SafeModePolicy::Decay,
             max_wait: Duration::from_secs(1),
             exchange_timeout: Duration::from_secs(2),
+            cost_model: CostModel::Count,
+            group_idle_expiry: Duration::from_secs(240),
+            max_tracked_groups: 10_000,
+            clock: None,
         }
+    }
+}
+
+impl std::fmt::Debug for RemoteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteOptions")
+            .field("client_id", &self.client_id)
+            .field("safe_mode", &self.safe_mode)
+            .field("max_wait", &self.max_wait)
+            .field("exchange_timeout", &self.exchange_timeout)
+            .field("cost_model", &self.cost_model)
+            .field("group_idle_expiry", &self.group_idle_expiry)
+            .field("max_tracked_groups", &self.max_tracked_groups)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteOptions {
+    /// The same options on another clock (the default reads the CPU's time-stamp counter; a
+    /// test on tokio's paused or simulated time passes a
+    /// [`TokioClock`](crate::clock::TokioClock)).
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
     }
 }
 
@@ -78,7 +134,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Early exchanges are at least this far apart.
 const EARLY_SPACING: Duration = Duration::from_millis(50);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct LastGrant {
     unlimited: bool,
     rate: f64,
@@ -86,16 +142,19 @@ struct LastGrant {
     floor: f64,
 }
 
-/// Shared between the limiter and its exchange task.
+/// Shared between the limiter's admissions and the exchange task.
 pub(crate) struct Link {
     pub(crate) client_id: String,
     policy: SafeModePolicy,
-    notify: tokio::sync::Notify,
+    pub(crate) notify: tokio::sync::Notify,
+    /// A group is new, revived or refused for want of burst: exchange as soon as spacing allows.
+    urgent: AtomicBool,
+    /// A request was refused: exchange after the controller's next tick.
+    refused: AtomicBool,
     connected: AtomicBool,
     safe_mode: AtomicBool,
     exchanges: AtomicU64,
     last_error: Mutex<Option<String>>,
-    grants: Mutex<HashMap<GroupName, LastGrant>>,
 }
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
@@ -109,17 +168,36 @@ impl Link {
             client_id,
             policy: opts.safe_mode,
             notify: tokio::sync::Notify::new(),
+            urgent: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
             connected: AtomicBool::new(false),
             safe_mode: AtomicBool::new(false),
             exchanges: AtomicU64::new(0),
             last_error: Mutex::new(None),
-            grants: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Asks for an exchange soon (a new group, a refusal).
-    pub(crate) fn nudge(&self) {
+    /// Asks for an exchange as soon as spacing allows (a new or revived group).
+    pub(crate) fn urgent(&self) {
+        self.urgent.store(true, Ordering::Relaxed);
         self.notify.notify_one();
+    }
+
+    /// Asks for an exchange after the controller's next tick (a refusal).
+    pub(crate) fn refused(&self) {
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// A group just made: in safe mode it gets the policy at once, rather than waiting for an
+    /// exchange that cannot succeed.
+    pub(crate) fn new_group(&self, group: &Group, now: Nanos) {
+        if self.safe_mode.load(Ordering::Relaxed) {
+            let fresh = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
+            apply(group, safe(self.policy, None, fresh, Duration::ZERO), now);
+        }
+        self.urgent();
     }
 
     pub(crate) fn status(&self) -> RemoteStatus {
@@ -132,147 +210,176 @@ impl Link {
     }
 }
 
-/// What the exchange task needs from the limiter.
-pub(crate) trait Fed: Send + Sync + 'static {
-    /// The clock.
-    fn now(&self) -> Nanos;
-    /// Each tracked group's cumulative (asked units, consumed units, admitted, throttled+waited).
-    fn usage(&self) -> Vec<(GroupName, Cumulative)>;
-    /// Sets a group's bucket.
-    fn set_rate(&self, group: &GroupName, rate: f64, burst: f64, now: Nanos);
-}
-
-/// Cumulative counts for one group.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Cumulative {
-    pub(crate) asked: f64,
-    pub(crate) consumed: f64,
-    pub(crate) admitted: u64,
-    pub(crate) throttled: u64,
-    pub(crate) unmet: u64,
-}
-
-/// Runs the exchange loop until the limiter is dropped.
-pub(crate) async fn run<F: Fed>(
-    fed: Weak<F>,
+/// The client's side of the exchange, without a transport. See the [module
+/// documentation](self).
+pub struct Driver {
+    groups: Weak<Groups>,
     link: Arc<Link>,
-    mut client: AdmissionClient<Channel>,
-    timeout: Duration,
-) {
-    let mut sequence = 0u64;
-    let mut reported: HashMap<GroupName, Cumulative> = HashMap::new();
-    let mut last_ok: Option<Nanos> = None;
-    let mut lease = Duration::from_secs(10);
-    let mut last_at = fed.upgrade().map(|f| f.now()).unwrap_or_default();
-    let mut delay = Duration::ZERO;
-    let mut backoff = BACKOFF_MIN;
-    let mut safe_since: Option<Nanos> = None;
-    let mut last_exchange: Option<Nanos> = None;
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = link.notify.notified() => {
-                // Early exchanges go at once, but no closer together than EARLY_SPACING.
-                let since = match (last_exchange, fed.upgrade()) {
-                    (Some(t), Some(f)) => f.now().since(t),
-                    _ => EARLY_SPACING,
-                };
-                if since < EARLY_SPACING {
-                    tokio::time::sleep(EARLY_SPACING - since).await;
-                }
-            }
+    clock: Arc<ClockSource>,
+    idle_expiry: Duration,
+    sequence: u64,
+    meters: HashMap<GroupName, DemandMeter>,
+    /// The meters as they were before the exchange in flight: restored if it fails.
+    pending: Option<HashMap<GroupName, DemandMeter>>,
+    grants: HashMap<GroupName, LastGrant>,
+    last_ok: Option<Nanos>,
+    lease: Duration,
+    safe_since: Option<Nanos>,
+    backoff: Duration,
+    last_exchange: Option<Nanos>,
+    /// When the next periodic exchange is due.
+    next_due: Nanos,
+    /// When the controller next recomputes its grants.
+    next_tick: Nanos,
+}
+
+impl Driver {
+    pub(crate) fn new(groups: Weak<Groups>, link: Arc<Link>, clock: Arc<ClockSource>, idle_expiry: Duration) -> Self {
+        Self {
+            groups,
+            link,
+            clock,
+            idle_expiry,
+            sequence: 0,
+            meters: HashMap::new(),
+            pending: None,
+            grants: HashMap::new(),
+            last_ok: None,
+            lease: Duration::from_secs(10),
+            safe_since: None,
+            backoff: BACKOFF_MIN,
+            last_exchange: None,
+            next_due: Nanos::ZERO,
+            next_tick: Nanos::ZERO,
         }
-        let Some(f) = fed.upgrade() else { return };
-        let now = f.now();
-        last_exchange = Some(now);
-        let dt = now.since(last_at).as_secs_f64().max(1e-3);
-        let usage = f.usage();
-        let grants = link.grants.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let groups: Vec<v1::GroupUsage> = usage
-            .iter()
-            .map(|(name, cum)| {
-                let before = reported.get(name).copied().unwrap_or_default();
-                let mut demand = (cum.asked - before.asked).max(0.0) / dt;
-                // Work that waited or was refused wants more than it got.
-                if cum.unmet > before.unmet
-                    && let Some(g) = grants.get(name)
-                    && !g.unlimited
+    }
+
+    /// The clock the limiter runs on.
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// This client's id.
+    pub fn client_id(&self) -> &str {
+        &self.link.client_id
+    }
+
+    /// When the next exchange is due: the periodic one, or sooner when a group is new or a
+    /// request was refused.
+    pub fn due_at(&self) -> Nanos {
+        let spaced = self.last_exchange.map_or(Nanos::ZERO, |t| t.after(EARLY_SPACING));
+        let mut due = self.next_due;
+        if self.link.urgent.load(Ordering::Relaxed) {
+            due = due.min(spaced);
+        }
+        if self.link.refused.load(Ordering::Relaxed) {
+            due = due.min(spaced.max(self.next_tick));
+        }
+        due
+    }
+
+    /// Whether an exchange is due at `now`.
+    pub fn is_due(&self, now: Nanos) -> bool {
+        now >= self.due_at()
+    }
+
+    /// The next exchange's request; `None` once every handle on the limiter is gone.
+    pub fn request(&mut self, now: Nanos) -> Option<v1::ExchangeRequest> {
+        let groups = self.groups.upgrade()?;
+        self.link.urgent.store(false, Ordering::Relaxed);
+        self.link.refused.store(false, Ordering::Relaxed);
+        self.last_exchange = Some(now);
+        self.pending = Some(self.meters.clone());
+        let mut usage = Vec::new();
+        for g in groups.unique() {
+            let counts = g.counts();
+            let meter = self.meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
+            if meter.idle(now, &counts, self.idle_expiry) {
+                if self.grants.remove(&g.name).is_some()
+                    && let Limiter::Bucket(bucket) = &g.limiter
                 {
-                    demand = demand.max(g.rate * 1.5);
+                    // Its lease has long run out: a fresh grant before it admits again.
+                    bucket.close_until_rated(now);
+                    g.allowance.store(f64::NAN.to_bits(), Ordering::Relaxed);
                 }
-                v1::GroupUsage {
-                    group: name.to_string(),
-                    demand,
-                    consumed: (cum.consumed - before.consumed).max(0.0),
-                    admitted: cum.admitted.saturating_sub(before.admitted),
-                    throttled: cum.throttled.saturating_sub(before.throttled),
-                    waiting: 0.0,
-                }
-            })
-            .collect();
-        drop(f);
-        sequence += 1;
-        let request = v1::ExchangeRequest { client_id: link.client_id.clone(), sequence, groups };
-        let outcome = tokio::time::timeout(timeout, client.exchange(request)).await;
-        let Some(f) = fed.upgrade() else { return };
-        let now = f.now();
-        match outcome {
-            Ok(Ok(response)) => {
-                let response = response.into_inner();
-                let mut table = link.grants.lock().unwrap_or_else(PoisonError::into_inner);
-                for g in &response.grants {
-                    let Ok(name) = GroupName::new(&g.group) else { continue };
-                    let last = LastGrant {
-                        unlimited: g.unlimited,
-                        rate: g.rate,
-                        burst: g.burst,
-                        floor: g.reserved / f64::from(g.clients.max(1)),
-                    };
-                    apply(&*f, &name, last, now);
-                    lease = Duration::from_millis(u64::from(g.lease_ms));
-                    table.insert(name, last);
-                }
-                drop(table);
-                reported = usage.into_iter().collect();
-                last_at = now;
-                last_ok = Some(now);
-                link.connected.store(true, Ordering::Relaxed);
-                link.exchanges.fetch_add(1, Ordering::Relaxed);
-                *link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = None;
-                if link.safe_mode.swap(false, Ordering::Relaxed) {
-                    tracing::info!(client = %link.client_id, "tollgate: controller reachable again, leaving safe mode");
-                }
-                safe_since = None;
-                backoff = BACKOFF_MIN;
-                delay = Duration::from_millis(u64::from(response.next_exchange_ms.max(10)));
+                continue;
             }
-            failure => {
-                let reason = match failure {
-                    Ok(Err(status)) => status.message().to_string(),
-                    _ => format!("no answer within {timeout:?}"),
-                };
-                link.connected.store(false, Ordering::Relaxed);
-                *link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.clone());
-                let expired = last_ok.is_none_or(|t| now.since(t) > lease);
-                if expired {
-                    let since = *safe_since.get_or_insert(now);
-                    if !link.safe_mode.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(client = %link.client_id, policy = ?link.policy, %reason, "tollgate: controller unreachable past the lease, entering safe mode");
-                    }
-                    let grants = link.grants.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                    for (name, last) in grants {
-                        apply(&*f, &name, safe(link.policy, last, now.since(since)), now);
-                    }
-                }
-                delay = backoff;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+            let held = self.grants.get(&g.name).filter(|l| !l.unlimited).map(|l| l.rate);
+            let r = meter.report(now, counts, g.waiting(), held);
+            usage.push(v1::GroupUsage {
+                group: g.name.to_string(),
+                demand: r.demand,
+                consumed: r.consumed,
+                admitted: r.requests as u64,
+                throttled: r.throttled as u64,
+                waiting: r.waiting,
+                unthrottled: r.unthrottled,
+                held: r.held,
+            });
+        }
+        self.sequence += 1;
+        Some(v1::ExchangeRequest { client_id: self.link.client_id.clone(), sequence: self.sequence, groups: usage })
+    }
+
+    /// Applies the controller's answer to the last request.
+    pub fn answer(&mut self, now: Nanos, response: &v1::ExchangeResponse) {
+        let Some(groups) = self.groups.upgrade() else { return };
+        self.pending = None;
+        for g in &response.grants {
+            let Some(group) = groups.get(&g.group) else { continue };
+            let last = LastGrant {
+                unlimited: g.unlimited,
+                rate: g.rate,
+                burst: g.burst,
+                floor: g.reserved / f64::from(g.clients.max(1)),
+            };
+            apply(&group, last, now);
+            self.lease = Duration::from_millis(u64::from(g.lease_ms));
+            self.grants.insert(group.name.clone(), last);
+        }
+        self.last_ok = Some(now);
+        self.link.connected.store(true, Ordering::Relaxed);
+        self.link.exchanges.fetch_add(1, Ordering::Relaxed);
+        *self.link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        if self.link.safe_mode.swap(false, Ordering::Relaxed) {
+            tracing::info!(client = %self.link.client_id, "tollgate: controller reachable again, leaving safe mode");
+        }
+        self.safe_since = None;
+        self.backoff = BACKOFF_MIN;
+        self.next_due = now.after(Duration::from_millis(u64::from(response.next_exchange_ms.max(10))));
+        self.next_tick = now.after(Duration::from_millis(u64::from(response.next_tick_ms)));
+    }
+
+    /// Records a failed exchange: what it reported will be reported again; past the lease,
+    /// the safe-mode policy applies.
+    pub fn failed(&mut self, now: Nanos, reason: &str) {
+        let Some(groups) = self.groups.upgrade() else { return };
+        if let Some(before) = self.pending.take() {
+            self.meters = before;
+        }
+        self.link.connected.store(false, Ordering::Relaxed);
+        *self.link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.to_string());
+        let expired = self.last_ok.is_none_or(|t| now.since(t) > self.lease);
+        if expired {
+            let since = *self.safe_since.get_or_insert(now);
+            if !self.link.safe_mode.swap(true, Ordering::Relaxed) {
+                tracing::warn!(client = %self.link.client_id, policy = ?self.link.policy, %reason, "tollgate: controller unreachable past the lease, entering safe mode");
+            }
+            let fresh = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
+            for g in groups.unique() {
+                let last = self.grants.get(&g.name).copied();
+                apply(&g, safe(self.link.policy, last, fresh, now.since(since)), now);
             }
         }
+        self.next_due = now.after(self.backoff);
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
     }
 }
 
-/// What a grant becomes under `policy` after `elapsed` in safe mode.
-fn safe(policy: SafeModePolicy, last: LastGrant, elapsed: Duration) -> LastGrant {
+/// What a grant becomes under `policy` after `elapsed` in safe mode; `last` is `None` for a
+/// group that never had a grant (`fresh` then stands for it).
+fn safe(policy: SafeModePolicy, last: Option<LastGrant>, fresh: LastGrant, elapsed: Duration) -> LastGrant {
+    let last = last.unwrap_or(fresh);
     match policy {
         SafeModePolicy::FailOpen => LastGrant { unlimited: true, ..last },
         SafeModePolicy::FailClosed => LastGrant { unlimited: false, rate: 0.0, burst: 0.0, ..last },
@@ -285,11 +392,41 @@ fn safe(policy: SafeModePolicy, last: LastGrant, elapsed: Duration) -> LastGrant
     }
 }
 
-fn apply<F: Fed + ?Sized>(f: &F, name: &GroupName, g: LastGrant, now: Nanos) {
+fn apply(group: &Group, g: LastGrant, now: Nanos) {
     if g.unlimited {
-        f.set_rate(name, f64::INFINITY, 0.0, now);
+        group.set_rate(f64::INFINITY, 0.0, now);
     } else {
-        f.set_rate(name, g.rate.max(0.0), g.burst.max(0.0), now);
+        group.set_rate(g.rate.max(0.0), g.burst.max(0.0), now);
+    }
+}
+
+/// Runs `driver` over gRPC until the limiter is dropped.
+pub(crate) async fn run(
+    mut driver: Driver,
+    mut client: v1::admission_client::AdmissionClient<tonic::transport::Channel>,
+    timeout: Duration,
+) {
+    loop {
+        let now = driver.now();
+        let due = driver.due_at();
+        if now < due {
+            tokio::select! {
+                () = tokio::time::sleep(due.since(now)) => {}
+                () = driver.link.notify.notified() => {}
+            }
+            continue;
+        }
+        let Some(request) = driver.request(now) else { return };
+        let outcome = tokio::time::timeout(timeout, client.exchange(request)).await;
+        let now = driver.now();
+        match outcome {
+            Ok(Ok(response)) => driver.answer(now, response.get_ref()),
+            Ok(Err(status)) => driver.failed(now, status.message()),
+            Err(_) => driver.failed(now, &format!("no answer within {timeout:?}")),
+        }
+        if driver.groups.strong_count() == 0 {
+            return;
+        }
     }
 }
 
@@ -300,12 +437,16 @@ mod tests {
     #[test]
     fn decay_halves_toward_the_floor_every_five_seconds() {
         let last = LastGrant { unlimited: false, rate: 100.0, burst: 100.0, floor: 20.0 };
-        let at = |s: u64| safe(SafeModePolicy::Decay, last, Duration::from_secs(s)).rate;
+        let fresh = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
+        let at = |s: u64| safe(SafeModePolicy::Decay, Some(last), fresh, Duration::from_secs(s)).rate;
         assert_eq!(at(0), 100.0);
         assert!((at(5) - 60.0).abs() < 1e-9);
         assert!((at(10) - 40.0).abs() < 1e-9);
         assert!(at(120) - 20.0 < 1e-3);
-        assert!(safe(SafeModePolicy::FailOpen, last, Duration::ZERO).unlimited);
-        assert_eq!(safe(SafeModePolicy::FailClosed, last, Duration::ZERO).rate, 0.0);
+        assert!(safe(SafeModePolicy::FailOpen, Some(last), fresh, Duration::ZERO).unlimited);
+        assert_eq!(safe(SafeModePolicy::FailClosed, Some(last), fresh, Duration::ZERO).rate, 0.0);
+        // A group that never had a grant: open under FailOpen, closed otherwise.
+        assert!(safe(SafeModePolicy::FailOpen, None, fresh, Duration::ZERO).unlimited);
+        assert_eq!(safe(SafeModePolicy::Decay, None, fresh, Duration::ZERO).rate, 0.0);
     }
 }

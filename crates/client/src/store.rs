@@ -1,6 +1,6 @@
 //! Store mode: clients share each group's pool through Redis, with no controller.
 //!
-//! Numaflow's design (`003_7775cef0a2611e73.txt`): the clients of a group register in Redis,
+//! Numaflow's design: the clients of a group register in Redis,
 //! send a heartbeat with the pool size they believe in, and agree on how many of them share
 //! the pool. Each takes `⌊pool / size⌋` units per one-second epoch, locally; Redis is read by a
 //! background task every 100 ms, never per request.
@@ -18,8 +18,13 @@
 //!   (the conservative choice) and reports the live count next time. So the pool shrinks
 //!   after a scale-down or a death, which Numaflow's original never does, and grows at a
 //!   scale-up;
-//! - **deregister**: removes the client and keeps its ramp value for `ttl`, so a client that
-//!   registers within it resumes there instead of at `min`.
+//! - **deregister**: removes the client and, for a ramp with a `resume_ttl_s`, keeps its value
+//!   that long, so a client that registers within it resumes there instead of at `min`
+//!   (resumed ramp-up is off by default, as in Numaflow).
+//!
+//! Store mode has no controller, so what needs one cannot apply: a node capacity, the `fcfs`
+//! mode, a budget (no shared meter) and a burst (each epoch's share is the burst). Building a
+//! store-mode handle with any of them fails, naming it.
 //!
 //! Redis unreachable at start: the limiter starts anyway within `connect_timeout`, in safe
 //! mode. Redis lost while running: the last agreed size and the ramp carry on locally; after
@@ -35,10 +40,10 @@ use redis::aio::MultiplexedConnection;
 use tollgate_core::config::Config;
 use tollgate_core::epoch::{Forced, PoolSpec};
 use tollgate_core::ramp::Ramp;
-use tollgate_core::settings::{DEFAULT_GROUP, GroupName};
+use tollgate_core::settings::GroupName;
 
 use crate::error::BuildError;
-use crate::limiter::{Builder, Tollgate};
+use crate::group::{Groups, Limiter};
 use crate::remote::SafeModePolicy;
 
 /// How a store-mode client behaves.
@@ -48,7 +53,7 @@ pub struct StoreOptions {
     pub namespace: String,
     /// This client's id in the store (default: `tollgate-PID-N`).
     pub client_id: Option<String>,
-    /// Heartbeats older than this drop a client; a left client's ramp is kept this long.
+    /// Heartbeats older than this drop a client.
     pub ttl: Duration,
     /// How often sizes are synchronised.
     pub sync_interval: Duration,
@@ -93,7 +98,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1], now)
 local live = redis.call('HLEN', KEYS[1])
 redis.call('HSET', KEYS[2], ARGV[1], live)
-local resume = redis.call('GET', KEYS[3])
+local resume = false
+if ARGV[2] == '1' then resume = redis.call('GET', KEYS[3]) end
 return {live, resume}
 ";
 
@@ -158,7 +164,8 @@ pub(crate) struct StoreLink {
     client_id: String,
     opts: StoreOptions,
     url: String,
-    groups: Vec<GroupName>,
+    /// The coordinated groups, each with its ramp's resume TTL if it has one.
+    groups: Vec<(GroupName, Option<Duration>)>,
     /// Per group: the size used and the size to report next.
     sizes: Mutex<HashMap<GroupName, (u64, u64)>>,
     connected: AtomicBool,
@@ -169,7 +176,7 @@ pub(crate) struct StoreLink {
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
-async fn connect(url: &str, timeout: Duration) -> Result<MultiplexedConnection, String> {
+async fn open(url: &str, timeout: Duration) -> Result<MultiplexedConnection, String> {
     let client = redis::Client::open(url).map_err(|e| e.to_string())?;
     match tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await {
         Ok(Ok(c)) => Ok(c),
@@ -178,137 +185,179 @@ async fn connect(url: &str, timeout: Duration) -> Result<MultiplexedConnection, 
     }
 }
 
-impl Tollgate {
-    /// A limiter whose groups share their pools with every other client of the same Redis
-    /// and namespace, with no controller. `config` gives the groups: each group with a finite
-    /// limit or a ramp is coordinated (its limit, or its ramp, is the pool per epoch); groups
-    /// without either are not throttled. Must be called inside a tokio runtime; returns within
-    /// `connect_timeout` even when Redis is unreachable (in safe mode then).
-    pub async fn store(url: &str, config: Config, opts: StoreOptions) -> Result<Tollgate, BuildError> {
-        Self::store_with_clock(url, config, opts, crate::clock::MonotonicClock::new()).await
+/// Refuses what store mode cannot carry out: it has no controller.
+pub(crate) fn check_supported(config: &Config) -> Result<(), BuildError> {
+    let unsupported = |field: String, reason: &'static str| BuildError::Unsupported { mode: "store", field, reason };
+    if config.node.capacity.is_some() {
+        return Err(unsupported(
+            "node.capacity".into(),
+            "no controller shares a capacity among groups; use the embedded or remote mode",
+        ));
     }
+    if config.node.mode != tollgate_core::allocate::AllocationMode::Share {
+        return Err(unsupported(
+            "node.mode = \"fcfs\"".into(),
+            "no controller shares a free pool; use the embedded or remote mode",
+        ));
+    }
+    for (name, s) in &config.groups {
+        if s.budget().is_some() {
+            return Err(unsupported(
+                format!("groups.{name}.budget"),
+                "no shared meter counts a group's consumption; use the embedded or remote mode",
+            ));
+        }
+        if s.burst().is_some() {
+            return Err(unsupported(
+                format!("groups.{name}.burst"),
+                "each one-second epoch's share is the burst; remove it",
+            ));
+        }
+    }
+    Ok(())
+}
 
-    /// [`Tollgate::store`] on a given clock (epochs follow it; tests use a manual clock).
-    pub async fn store_with_clock(
-        url: &str,
-        config: Config,
-        opts: StoreOptions,
-        clock: impl tollgate_core::time::Clock,
-    ) -> Result<Tollgate, BuildError> {
-        tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
-        redis::Client::open(url)
-            .map_err(|e| BuildError::Remote { url: url.to_string(), reason: format!("url: {e}") })?;
-        if opts.namespace.is_empty() || opts.namespace.contains(['{', '}']) {
-            return Err(BuildError::Remote {
-                url: url.to_string(),
-                reason: "namespace: must be non-empty, without braces".into(),
-            });
-        }
-        let client_id = opts.client_id.clone().unwrap_or_else(|| {
-            format!("tollgate-{}-{}", std::process::id(), NEXT_CLIENT.fetch_add(1, Ordering::Relaxed))
-        });
-        // The coordinated groups: those with a pool to share.
-        let mut coordinated: Vec<(GroupName, Option<tollgate_core::settings::RampSettings>, f64)> =
-            Vec::new();
-        for (name, s) in &config.groups {
-            if s.ramp().is_some() || s.limit().is_finite() {
-                coordinated.push((name.clone(), s.ramp().copied(), s.limit().as_f64()));
-            }
-        }
-        let mut connection = connect(url, opts.connect_timeout).await.ok();
-        let mut shares = HashMap::new();
-        let mut sizes = HashMap::new();
-        for (name, ramp, limit) in &coordinated {
-            let k = keys(&opts.namespace, name);
-            let registered: Option<(u64, Option<f64>)> = match &mut connection {
-                Some(c) => {
-                    let mut invocation = REGISTER_SCRIPT.key(&k.heartbeat);
-                    invocation.key(&k.sizes).key(&k.resume).arg(&client_id);
-                    let call = invocation.invoke_async::<(u64, Option<f64>)>(c);
-                    tokio::time::timeout(opts.connect_timeout, call).await.ok().and_then(Result::ok)
-                }
-                None => None,
-            };
-            let (size, resume) = registered.unwrap_or((1, None));
-            let spec = match ramp {
-                Some(r) => PoolSpec::Ramp(Ramp::new(*r, resume)),
-                None => PoolSpec::Fixed(*limit),
-            };
-            shares.insert(name.clone(), (spec, size.max(1)));
-            sizes.insert(name.clone(), (size.max(1), size.max(1)));
-        }
-        let connected = connection.is_some();
-        let mut config = config;
-        // Names outside the settings share the default group's state.
-        config.node.max_tracked_groups =
-            config.groups.len() + usize::from(!config.groups.keys().any(|g| g.as_str() == DEFAULT_GROUP));
-        let gate = Builder::default().config(config).shares(Arc::new(shares)).clock(clock).build()?;
-        let link = Arc::new(StoreLink {
-            client_id,
-            opts,
+/// What registering with Redis gives: the link, each coordinated group's pool and starting
+/// size, and the connection (none when Redis was unreachable).
+pub(crate) type Registered = (StoreLink, HashMap<GroupName, (PoolSpec, u64)>, Option<MultiplexedConnection>);
+
+/// Checks the options and registers this client for every coordinated group: those with a
+/// finite limit or a ramp (the limit, or the ramp, is the pool per epoch).
+pub(crate) async fn register(url: &str, config: &Config, opts: StoreOptions) -> Result<Registered, BuildError> {
+    redis::Client::open(url)
+        .map_err(|e| BuildError::Remote { url: url.to_string(), reason: format!("url: {e}") })?;
+    if opts.namespace.is_empty() || opts.namespace.contains(['{', '}']) {
+        return Err(BuildError::Remote {
             url: url.to_string(),
-            groups: coordinated.into_iter().map(|(n, _, _)| n).collect(),
-            sizes: Mutex::new(sizes),
-            connected: AtomicBool::new(connected),
-            safe_mode: AtomicBool::new(false),
-            syncs: AtomicU64::new(0),
-            task: Mutex::new(None),
+            reason: "namespace: must be non-empty, without braces".into(),
         });
-        if !connected {
-            tracing::warn!(client = %link.client_id, url, "tollgate: Redis unreachable at start, starting in safe mode");
-            enter_safe_mode(&**gate.inner_arc(), &link);
-        }
-        let task = tokio::spawn(sync_loop(Arc::downgrade(gate.inner_arc()), link.clone(), connection));
-        *link.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
-        gate.set_store(link);
-        Ok(gate)
     }
-
-    /// The store link's state, in store mode.
-    pub fn store_status(&self) -> Option<StoreStatus> {
-        self.store_link().map(|l| {
-            let mut sizes: Vec<(String, u64)> = l
-                .sizes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .map(|(g, (used, _))| (g.to_string(), *used))
-                .collect();
-            sizes.sort();
-            StoreStatus {
-                connected: l.connected.load(Ordering::Relaxed),
-                safe_mode: l.safe_mode.load(Ordering::Relaxed),
-                sizes,
-                syncs: l.syncs.load(Ordering::Relaxed),
+    check_supported(config)?;
+    let client_id = opts.client_id.clone().unwrap_or_else(|| {
+        format!("tollgate-{}-{}", std::process::id(), NEXT_CLIENT.fetch_add(1, Ordering::Relaxed))
+    });
+    let coordinated: Vec<(GroupName, Option<tollgate_core::settings::RampSettings>, f64)> = config
+        .groups
+        .iter()
+        .filter(|(_, s)| s.ramp().is_some() || s.limit().is_finite())
+        .map(|(n, s)| (n.clone(), s.ramp().copied(), s.limit().as_f64()))
+        .collect();
+    let mut connection = open(url, opts.connect_timeout).await.ok();
+    let mut shares = HashMap::new();
+    let mut sizes = HashMap::new();
+    for (name, ramp, limit) in &coordinated {
+        let k = keys(&opts.namespace, name);
+        let resumes = ramp.is_some_and(|r| r.resume_ttl.is_some());
+        let registered: Option<(u64, Option<f64>)> = match &mut connection {
+            Some(c) => {
+                let mut invocation = REGISTER_SCRIPT.key(&k.heartbeat);
+                invocation.key(&k.sizes).key(&k.resume).arg(&client_id).arg(if resumes { "1" } else { "0" });
+                let call = invocation.invoke_async::<(u64, Option<f64>)>(c);
+                tokio::time::timeout(opts.connect_timeout, call).await.ok().and_then(Result::ok)
             }
-        })
+            None => None,
+        };
+        let (size, resume) = registered.unwrap_or((1, None));
+        let spec = match ramp {
+            Some(r) => PoolSpec::Ramp(Ramp::new(*r, resume)),
+            None => PoolSpec::Fixed(*limit),
+        };
+        shares.insert(name.clone(), (spec, size.max(1)));
+        sizes.insert(name.clone(), (size.max(1), size.max(1)));
+    }
+    let link = StoreLink {
+        client_id,
+        opts,
+        url: url.to_string(),
+        groups: coordinated.into_iter().map(|(n, r, _)| (n, r.and_then(|r| r.resume_ttl))).collect(),
+        sizes: Mutex::new(sizes),
+        connected: AtomicBool::new(connection.is_some()),
+        safe_mode: AtomicBool::new(false),
+        syncs: AtomicU64::new(0),
+        task: Mutex::new(None),
+    };
+    Ok((link, shares, connection))
+}
+
+/// Starts the sync task (in safe mode if Redis was unreachable at start).
+pub(crate) fn start(link: &Arc<StoreLink>, groups: &Arc<Groups>, connection: Option<MultiplexedConnection>) {
+    if connection.is_none() {
+        tracing::warn!(client = %link.client_id, url = %link.url, "tollgate: Redis unreachable at start, starting in safe mode");
+        enter_safe_mode(groups, link);
+    }
+    let task = tokio::spawn(sync_loop(Arc::downgrade(groups), link.clone(), connection));
+    *link.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+}
+
+impl StoreLink {
+    /// The link's state.
+    pub(crate) fn status(&self) -> StoreStatus {
+        let mut sizes: Vec<(String, u64)> = self
+            .sizes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(g, (used, _))| (g.to_string(), *used))
+            .collect();
+        sizes.sort();
+        StoreStatus {
+            connected: self.connected.load(Ordering::Relaxed),
+            safe_mode: self.safe_mode.load(Ordering::Relaxed),
+            sizes,
+            syncs: self.syncs.load(Ordering::Relaxed),
+        }
     }
 
-    /// Leaves the store: stops syncing and deregisters every group, keeping each ramp's value
-    /// for a client that starts within `ttl`. Waits on Redis for at most a second.
-    pub async fn shutdown(&self) {
-        let Some(link) = self.store_link() else { return };
-        if let Some(task) = link.task.lock().unwrap_or_else(PoisonError::into_inner).take() {
+    /// Stops syncing and deregisters every group, keeping each resumable ramp's value for its
+    /// TTL. Waits on Redis for at most a second.
+    pub(crate) async fn shutdown(&self, groups: &Groups) {
+        if let Some(task) = self.task.lock().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
         }
         let deregister = async {
-            let mut c = connect(&link.url, Duration::from_secs(1)).await.ok()?;
-            for name in &link.groups {
-                let k = keys(&link.opts.namespace, name);
-                let ramp = self.ramp_value(name).map(|v| v.to_string()).unwrap_or_default();
-                let ttl_ms = link.opts.ttl.as_millis().to_string();
+            let mut c = open(&self.url, Duration::from_secs(1)).await.ok()?;
+            for (name, resume_ttl) in &self.groups {
+                let k = keys(&self.opts.namespace, name);
+                let ramp = match (resume_ttl, groups.get(name.as_str()).map(|g| ramp_value(&g.limiter))) {
+                    (Some(_), Some(Some(v))) => v.to_string(),
+                    _ => String::new(),
+                };
+                let ttl_ms = resume_ttl.map_or(1, |t| t.as_millis().max(1)).to_string();
                 let mut invocation = DEREGISTER_SCRIPT.key(&k.heartbeat);
-                invocation.key(&k.sizes).key(&k.resume).arg(&link.client_id).arg(ramp).arg(ttl_ms);
+                invocation.key(&k.sizes).key(&k.resume).arg(&self.client_id).arg(ramp).arg(ttl_ms);
                 let _ = invocation.invoke_async::<i64>(&mut c).await;
             }
             Some(())
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), deregister).await;
-        link.connected.store(false, Ordering::Relaxed);
+        self.connected.store(false, Ordering::Relaxed);
     }
 }
 
-fn enter_safe_mode(gate: &impl SharesOf, link: &StoreLink) {
+fn ramp_value(limiter: &Limiter) -> Option<f64> {
+    match limiter {
+        Limiter::Epoch(share) => share.ramp_value(),
+        Limiter::Bucket(_) => None,
+    }
+}
+
+fn set_size(groups: &Groups, group: &GroupName, size: u64) {
+    if let Some(g) = groups.get(group.as_str())
+        && let Limiter::Epoch(share) = &g.limiter
+    {
+        share.set_size(size);
+    }
+}
+
+fn force(groups: &Groups, group: &GroupName, forced: Option<Forced>) {
+    if let Some(g) = groups.get(group.as_str())
+        && let Limiter::Epoch(share) = &g.limiter
+    {
+        share.force(forced);
+    }
+}
+
+fn enter_safe_mode(groups: &Groups, link: &StoreLink) {
     if link.safe_mode.swap(true, Ordering::Relaxed) {
         return;
     }
@@ -318,36 +367,25 @@ fn enter_safe_mode(gate: &impl SharesOf, link: &StoreLink) {
         // Keep the last agreed size and the ramp, locally.
         SafeModePolicy::Decay => None,
     };
-    for g in &link.groups {
-        gate.force(g, forced);
+    for (g, _) in &link.groups {
+        force(groups, g, forced);
     }
 }
 
-/// What the sync task needs from the limiter.
-pub(crate) trait SharesOf: Send + Sync + 'static {
-    fn set_size(&self, group: &GroupName, size: u64);
-    fn force(&self, group: &GroupName, forced: Option<Forced>);
-}
-
-async fn sync_loop<S: SharesOf>(
-    gate: Weak<S>,
-    link: Arc<StoreLink>,
-    mut connection: Option<MultiplexedConnection>,
-) {
+async fn sync_loop(groups: Weak<Groups>, link: Arc<StoreLink>, mut connection: Option<MultiplexedConnection>) {
     let mut last_ok: Option<tokio::time::Instant> = None;
     #[allow(clippy::disallowed_methods)] // the store link's edge: tokio time
     let started = tokio::time::Instant::now();
     let stale_ms = link.opts.ttl.as_millis().to_string();
     loop {
         tokio::time::sleep(link.opts.sync_interval).await;
-        let Some(gate) = gate.upgrade() else { return };
+        let Some(groups) = groups.upgrade() else { return };
         if connection.is_none() {
-            connection =
-                connect(&link.url, link.opts.sync_interval.max(Duration::from_millis(200))).await.ok();
+            connection = open(&link.url, link.opts.sync_interval.max(Duration::from_millis(200))).await.ok();
         }
         let mut ok = connection.is_some();
         if let Some(c) = &mut connection {
-            for name in &link.groups {
+            for (name, _) in &link.groups {
                 let k = keys(&link.opts.namespace, name);
                 let report =
                     link.sizes.lock().unwrap_or_else(PoisonError::into_inner).get(name).map_or(1, |s| s.1);
@@ -364,7 +402,7 @@ async fn sync_loop<S: SharesOf>(
                             // Conservative while the clients disagree; report what is live.
                             (entry.0.max(largest).max(1), live.max(1))
                         };
-                        gate.set_size(name, entry.0);
+                        set_size(&groups, name, entry.0);
                     }
                     _ => {
                         ok = false;
@@ -381,8 +419,8 @@ async fn sync_loop<S: SharesOf>(
             link.connected.store(true, Ordering::Relaxed);
             if link.safe_mode.swap(false, Ordering::Relaxed) {
                 tracing::info!(client = %link.client_id, "tollgate: Redis reachable again, leaving safe mode");
-                for g in &link.groups {
-                    gate.force(g, None);
+                for (g, _) in &link.groups {
+                    force(&groups, g, None);
                 }
             }
         } else {
@@ -391,7 +429,7 @@ async fn sync_loop<S: SharesOf>(
             let since = now.duration_since(last_ok.unwrap_or(started));
             if since > link.opts.stale_limit && !link.safe_mode.load(Ordering::Relaxed) {
                 tracing::warn!(client = %link.client_id, policy = ?link.opts.safe_mode, "tollgate: Redis unreachable past the stale limit, entering safe mode");
-                enter_safe_mode(&*gate, &link);
+                enter_safe_mode(&groups, &link);
             }
         }
     }

@@ -27,6 +27,8 @@ pub(crate) struct Tally {
     pub(crate) throttled_micro: AtomicU64,
     /// Admissions that had to wait: with refusals, the sign of unmet demand.
     pub(crate) waited: AtomicU64,
+    /// Units admitted unthrottled (also in `admitted_micro`).
+    pub(crate) unthrottled_micro: AtomicU64,
 }
 
 impl Tally {
@@ -36,8 +38,15 @@ impl Tally {
         cell.store(cell.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
     }
 
-    fn fields(&self) -> [&AtomicU64; 5] {
-        [&self.admitted, &self.admitted_micro, &self.throttled, &self.throttled_micro, &self.waited]
+    fn fields(&self) -> [&AtomicU64; 6] {
+        [
+            &self.admitted,
+            &self.admitted_micro,
+            &self.throttled,
+            &self.throttled_micro,
+            &self.waited,
+            &self.unthrottled_micro,
+        ]
     }
 }
 
@@ -49,16 +58,18 @@ pub(crate) struct Totals {
     pub(crate) throttled: u64,
     pub(crate) throttled_micro: u64,
     pub(crate) waited: u64,
+    pub(crate) unthrottled_micro: u64,
 }
 
 impl Totals {
     fn add(&mut self, t: &Tally) {
-        let [a, am, th, thm, w] = t.fields().map(|c| c.load(Ordering::Relaxed));
+        let [a, am, th, thm, w, um] = t.fields().map(|c| c.load(Ordering::Relaxed));
         self.admitted += a;
         self.admitted_micro += am;
         self.throttled += th;
         self.throttled_micro += thm;
         self.waited += w;
+        self.unthrottled_micro += um;
     }
 }
 

@@ -172,7 +172,7 @@ async fn namespaces_keep_same_named_groups_apart() {
 async fn a_ramp_resumes_within_the_ttl_and_restarts_after_it() {
     let redis = Redis::start("resume");
     let clock = ManualClock::new();
-    let settings = "[groups.g]\nlimit = 1000\n[groups.g.ramp]\nmin = 10\nmax = 110\nduration_s = 10\nmode = \"relaxed\"\n";
+    let settings = "[groups.g]\nlimit = 1000\n[groups.g.ramp]\nmin = 10\nmax = 110\nduration_s = 10\nmode = \"relaxed\"\nresume_ttl_s = 1\n";
     let first =
         Tollgate::store_with_clock(&redis.url(), config(settings), opts("t3", "first"), clock.clone())
             .await
@@ -201,6 +201,18 @@ async fn a_ramp_resumes_within_the_ttl_and_restarts_after_it() {
             .await
             .unwrap();
     assert_eq!(drain(&third), 10);
+    for _ in 0..4 {
+        clock.advance(Duration::from_secs(1));
+        drain(&third);
+    }
+    third.shutdown().await;
+
+    // Resumed ramp-up is off without resume_ttl_s, as in Numaflow: back to min at once.
+    let off = settings.replace("resume_ttl_s = 1\n", "");
+    let fourth = Tollgate::store_with_clock(&redis.url(), config(&off), opts("t3", "fourth"), clock.clone())
+        .await
+        .unwrap();
+    assert_eq!(drain(&fourth), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

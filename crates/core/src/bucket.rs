@@ -342,6 +342,13 @@ impl Bucket {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Closes the bucket until the next [`set_rate`](Self::set_rate), which then starts it full
+    /// at the burst it is given, as [`closed_until_rated`](Self::closed_until_rated) does.
+    pub fn close_until_rated(&self, now: Nanos) {
+        self.set_rate(0.0, 0.0, now);
+        self.closed_level.store(f64::INFINITY.to_bits(), Ordering::Release);
+    }
+
     /// A number that changes whenever [`set_rate`](Self::set_rate) changes the rate or the
     /// burst. A caller that takes units ahead of use (a thread's stash) records it, and does
     /// not spend those units once it has changed: a closed bucket admits nothing.

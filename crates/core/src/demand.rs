@@ -68,12 +68,14 @@ pub struct DemandMeter {
     last_at: Nanos,
     /// The moving average of the asked rate, units/s.
     average: f64,
+    /// The last report that saw the totals move.
+    last_moved: Nanos,
 }
 
 impl DemandMeter {
     /// A meter for a group that appeared at `now`.
     pub fn new(now: Nanos) -> Self {
-        Self { last: Counts::default(), last_at: now, average: 0.0 }
+        Self { last: Counts::default(), last_at: now, average: 0.0, last_moved: now }
     }
 
     /// The report for what happened since the last one, given the totals now, the units
@@ -101,6 +103,9 @@ impl DemandMeter {
             throttled: counts.throttled.saturating_sub(last.throttled) as f64,
             held: granted.unwrap_or(0.0).max(0.0),
         };
+        if self.moved(&counts) {
+            self.last_moved = now;
+        }
         self.last = counts;
         self.last_at = now;
         report
@@ -114,6 +119,12 @@ impl DemandMeter {
     /// When the last report was made.
     pub fn last_report(&self) -> Nanos {
         self.last_at
+    }
+
+    /// Whether the group has seen nothing (the totals are as they were) for at least `expiry`:
+    /// a client stops reporting such a group, so the engine forgets it in turn.
+    pub fn idle(&self, now: Nanos, counts: &Counts, expiry: Duration) -> bool {
+        !self.moved(counts) && now.since(self.last_moved) >= expiry
     }
 }
 

@@ -410,14 +410,15 @@ impl Engine {
             (current, Some(s)) => *current = Some(Box::new(Ramp::new(s, current.as_ref().map(|r| r.value())))),
             (current, None) => *current = None,
         }
-        let asked = r.requests > 0.0 || r.demand > 0.0 || r.throttled > 0.0;
-        if asked {
+        // Calls in this report's interval (a demand alone may be what is left of earlier ones).
+        let called = r.requests > 0.0 || r.throttled > 0.0 || r.waiting > 0.0;
+        if called || r.demand > 0.0 {
             g.first_asked.get_or_insert(now);
-            if let Some(ramp) = &mut g.ramp {
-                // An epoch with a call: the ramp moves, and what was consumed counts as use.
-                ramp.at_epoch(now.0 / 1_000_000_000);
-                ramp.use_units(r.consumed.max(0.0));
-            }
+        }
+        if called && let Some(ramp) = &mut g.ramp {
+            // An epoch with a call: the ramp moves, and what was consumed counts as its use.
+            ramp.at_epoch(now.0 / 1_000_000_000);
+            ramp.use_units(r.consumed.max(0.0));
         }
         g.units.add_delta(now, r.consumed.max(0.0));
         g.requests.add_delta(now, r.requests.max(0.0));

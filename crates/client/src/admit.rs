@@ -1,0 +1,314 @@
+//! Admission: admit now, book a moment within `max_wait`, or refuse with a retry-after.
+//!
+//! The common case (a bucket, a valid cost within the burst, no waiting) is small enough to
+//! inline into the caller; at high rates a thread admits from its *stash*, a small batch of
+//! units taken from the bucket at once, with no clock read and no shared write (see
+//! "Stashes" in docs/concepts.md).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tollgate_core::bucket::{Bucket, Priced, Refusal};
+use tollgate_core::cost::check_cost;
+use tollgate_core::time::{Clock, Nanos};
+
+use crate::error::AcquireError;
+use crate::group::{Group, Limiter, micros};
+use crate::inner::Inner;
+use crate::permit::{GroupRef, Permit};
+use crate::tally::{Stash, Tally};
+
+impl Inner {
+    /// Admits `cost` for `group` now, or books it within `max_wait`: returns the permit and
+    /// how long to wait before going ahead.
+    #[inline]
+    pub(crate) fn admit<'g>(
+        &self,
+        group: GroupRef<'g>,
+        cost: f64,
+        max_wait: Duration,
+        unthrottled: bool,
+    ) -> Result<(Permit<'g>, Duration), AcquireError> {
+        if !(cost >= 0.0 && cost.is_finite()) {
+            return Err(AcquireError::InvalidCost(check_cost("cost", cost).expect_err("cost is invalid")));
+        }
+        let g = &*group;
+        // Price before reading the clock: the two are independent and overlap in the CPU.
+        let priced = match &g.limiter {
+            Limiter::Bucket(bucket) if max_wait.is_zero() => Some(bucket.price(cost)),
+            _ => None,
+        };
+        let now = self.clock.now();
+        self.tick(now);
+        if unthrottled {
+            return Ok((self.admit_unthrottled(group, cost, now), Duration::ZERO));
+        }
+        if cost > g.burst_ceiling {
+            return Err(AcquireError::NeverAdmissible {
+                group: g.name.clone(),
+                cost,
+                burst: g.burst_ceiling,
+            });
+        }
+        let outcome = match &g.limiter {
+            Limiter::Bucket(bucket) if let Some(priced) = priced => {
+                bucket.commit(priced, now).map(|()| Duration::ZERO).map_err(|r| (self.retry_after(r), Some(r)))
+            }
+            Limiter::Bucket(bucket) => {
+                bucket.reserve(cost, now, max_wait).map_err(|r| (self.retry_after(r), Some(r)))
+            }
+            Limiter::Epoch(share) => share.try_take(cost, now).map(|()| Duration::ZERO).map_err(|d| (d, None)),
+        };
+        match outcome {
+            Ok(wait) => {
+                count_admitted(g, cost, !wait.is_zero());
+                Ok((Permit { group, cost, at: now }, wait))
+            }
+            Err((retry_after, refusal)) => Err(self.refuse(g, cost, retry_after, refusal)),
+        }
+    }
+
+    /// [`admit`](Self::admit) for its most common case, small enough to inline into the
+    /// caller: a bucket group, a valid cost within the burst, no waiting. `None` when the
+    /// case is another (the caller then calls `admit`).
+    ///
+    /// When the group's rate is high, a thread takes a small batch of units from the bucket
+    /// at once (its stash, see [`stash_batch`]) and admits its next requests from it, with
+    /// no clock read and no write to the shared bucket; it reads the clock again at least
+    /// every [`STASH_HITS`] admissions, so reallocation keeps its pace.
+    #[inline(always)]
+    pub(crate) fn try_admit_bucket<'g>(&self, g: &'g Group, cost: f64) -> Option<Result<Permit<'g>, AcquireError>> {
+        let Limiter::Bucket(bucket) = &g.limiter else { return None };
+        if !(cost >= 0.0 && cost.is_finite() && cost <= g.burst_ceiling) {
+            return None;
+        }
+        let priced = bucket.price(cost);
+        if !stash_worthwhile(&priced) {
+            // A rate too low for stashes: the shared bucket, as `admit` does.
+            let now = self.clock.now();
+            self.tick(now);
+            return Some(match bucket.commit(priced, now) {
+                Ok(()) => {
+                    count_admitted(g, cost, false);
+                    Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
+                }
+                Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal))),
+            });
+        }
+        let generation = bucket.generation();
+        let hit = g.with_local(|tally, stash| {
+            let hit = stash.hits_left > 0 && stash.generation == generation && stash.units >= cost;
+            if hit {
+                stash.units -= cost;
+                stash.hits_left -= 1;
+                count_in(tally, cost, false);
+            }
+            hit
+        });
+        if hit == Some(true) {
+            return Some(Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }));
+        }
+        Some(self.admit_bucket(g, bucket, cost, generation))
+    }
+
+    /// The rest of [`try_admit_bucket`](Self::try_admit_bucket): reads the clock, then admits
+    /// from the stash or the bucket, topping the stash up when the rate allows.
+    fn admit_bucket<'g>(
+        &self,
+        g: &'g Group,
+        bucket: &Bucket,
+        cost: f64,
+        generation: u64,
+    ) -> Result<Permit<'g>, AcquireError> {
+        let now = self.clock.now();
+        self.tick(now);
+        let batch = stash_batch(bucket);
+        let outcome = g.with_local(|tally, stash| {
+            if stash.generation != generation {
+                // Taken at another rate: give the units back rather than lose them.
+                if stash.units > 0.0 {
+                    bucket.refund(stash.units);
+                }
+                *stash = Stash { generation, ..Stash::default() };
+            }
+            stash.hits_left = STASH_HITS;
+            let outcome = if stash.units >= cost {
+                stash.units -= cost;
+                Ok(())
+            } else if batch >= cost && bucket.try_acquire(cost + batch, now).is_ok() {
+                stash.units += batch;
+                Ok(())
+            } else {
+                bucket.try_acquire(cost, now)
+            };
+            if outcome.is_ok() {
+                count_in(tally, cost, false);
+            }
+            outcome
+        });
+        // A thread that is exiting has no stash: the bucket alone.
+        let outcome = outcome.unwrap_or_else(|| {
+            let outcome = bucket.try_acquire(cost, now);
+            if outcome.is_ok() {
+                count_admitted(g, cost, false);
+            }
+            outcome
+        });
+        match outcome {
+            Ok(()) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now }),
+            Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal))),
+        }
+    }
+
+    #[cold]
+    fn refuse(&self, g: &Group, cost: f64, retry_after: Duration, refusal: Option<Refusal>) -> AcquireError {
+        self.refused(g, cost, refusal);
+        g.record(|t| {
+            Tally::bump(&t.throttled, 1);
+            Tally::bump(&t.throttled_micro, micros(cost));
+        });
+        AcquireError::Throttled { group: g.name.clone(), retry_after }
+    }
+
+    #[cold]
+    pub(crate) fn admit_unthrottled<'g>(&self, group: GroupRef<'g>, cost: f64, now: Nanos) -> Permit<'g> {
+        match &group.limiter {
+            Limiter::Bucket(bucket) => bucket.charge(cost, now),
+            Limiter::Epoch(share) => share.take(cost, now),
+        }
+        group.record(|t| {
+            Tally::bump(&t.admitted, 1);
+            Tally::bump(&t.admitted_micro, micros(cost));
+            Tally::bump(&t.unthrottled_micro, micros(cost));
+        });
+        Permit { group, cost, at: now }
+    }
+
+    /// Books the earliest moment the cost fits and waits for it; when there is no such
+    /// moment yet (an epoch's share is spent, a bucket is closed awaiting a grant), retries
+    /// when told to. Gives up once `max_wait` would be exceeded. What waits counts as the
+    /// group's waiting work, which the engine adds to its demand.
+    pub(crate) async fn acquire<'g>(
+        &self,
+        group: GroupRef<'g>,
+        cost: f64,
+        unthrottled: bool,
+    ) -> Result<Permit<'g>, AcquireError> {
+        let max_wait = self.node.max_wait;
+        let group = match group {
+            GroupRef::Borrowed(g) => g.self_arc(),
+            GroupRef::Owned(g) => g,
+        };
+        let _waiting = Waiting::new(&group, cost);
+        let mut waited = Duration::ZERO;
+        loop {
+            let booking_window =
+                if matches!(group.limiter, Limiter::Bucket(_)) { max_wait - waited } else { Duration::ZERO };
+            match self.admit(GroupRef::Owned(group.clone()), cost, booking_window, unthrottled) {
+                Ok((permit, wait)) => {
+                    if !wait.is_zero() {
+                        // If the caller gives up while waiting, the booked tokens go back.
+                        let booking = Booking(Some(permit));
+                        tokio::time::sleep(wait).await;
+                        return Ok(booking.into_permit());
+                    }
+                    return Ok(permit);
+                }
+                Err(AcquireError::Throttled { retry_after, group: name }) => {
+                    if waited + retry_after > max_wait {
+                        return Err(AcquireError::Throttled { group: name, retry_after });
+                    }
+                    tokio::time::sleep(retry_after).await;
+                    waited += retry_after;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }}
+
+/// Counts a group's units waiting in `acquire` while it lives.
+struct Waiting {
+    group: Arc<Group>,
+    micros: u64,
+}
+
+impl Waiting {
+    fn new(group: &Arc<Group>, cost: f64) -> Self {
+        let micros = micros(cost);
+        group.waiting_micro.fetch_add(micros, Ordering::Relaxed);
+        Waiting { group: group.clone(), micros }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.group.waiting_micro.fetch_sub(self.micros, Ordering::Relaxed);
+    }
+}
+
+/// A booked admission that is given back if the waiting caller is dropped.
+struct Booking<'g>(Option<Permit<'g>>);
+
+impl<'g> Booking<'g> {
+    fn into_permit(mut self) -> Permit<'g> {
+        self.0.take().expect("a booking holds its permit until taken")
+    }
+}
+
+impl Drop for Booking<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.0.take() {
+            // A cancelled wait consumed nothing.
+            let _ = permit.settle(0.0);
+        }
+    }
+}
+
+/// Counts an admission in the group's per-thread tally.
+#[inline(always)]
+fn count_admitted(g: &Group, cost: f64, waited: bool) {
+    g.record(|t| count_in(t, cost, waited));
+}
+
+/// Counts an admission in `tally`.
+#[inline(always)]
+fn count_in(tally: &Tally, cost: f64, waited: bool) {
+    Tally::bump(&tally.admitted, 1);
+    Tally::bump(&tally.admitted_micro, micros(cost));
+    if waited {
+        Tally::bump(&tally.waited, 1);
+    }
+}
+
+/// How long a thread's stash lasts at the bucket's rate: 50 µs.
+const STASH_SPAN_S: f64 = 50e-6;
+
+/// The smallest stash worth taking, in units; below it every admission goes to the bucket.
+const STASH_MIN_UNITS: f64 = 16.0;
+
+/// Admissions from a stash between two clock reads.
+const STASH_HITS: u32 = 64;
+
+/// Whether [`stash_batch`] is at least [`STASH_MIN_UNITS`] at the rate and burst a cost was
+/// priced at: the same test in multiplications only, cheap enough for every admission.
+#[inline(always)]
+fn stash_worthwhile(priced: &Priced) -> bool {
+    let ns_per_unit = priced.ns_per_unit();
+    ns_per_unit > 0.0
+        && ns_per_unit * STASH_MIN_UNITS <= STASH_SPAN_S * 1e9
+        && priced.tolerance_ns() as f64 >= 16.0 * STASH_MIN_UNITS * ns_per_unit
+}
+
+/// Units a thread takes ahead of use from `bucket`: 50 µs at its rate, at most a sixteenth
+/// of its burst, and none when that is under [`STASH_MIN_UNITS`] or the rate is unlimited.
+/// So a stash only exists where the rate is at least 320,000 units/s, and all the threads'
+/// stashes together shift at most a few tens of microseconds of the rate in time.
+fn stash_batch(bucket: &Bucket) -> f64 {
+    let rate = bucket.rate();
+    if !rate.is_finite() {
+        return 0.0;
+    }
+    let batch = (rate * STASH_SPAN_S).min(bucket.burst() / 16.0);
+    if batch >= STASH_MIN_UNITS { batch } else { 0.0 }
+}

@@ -1,0 +1,128 @@
+//! Building a limiter fed from outside the process: by a controller (remote mode) or through
+//! Redis (store mode).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tollgate_core::bucket::Bucket;
+use tollgate_core::config::{Config, NodeSettings};
+use tollgate_core::epoch::EpochShare;
+use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings};
+use tollgate_core::time::Clock;
+use tollgate_proto::v1::admission_client::AdmissionClient;
+
+use crate::clock::{ClockSource, MonotonicClock};
+use crate::error::BuildError;
+use crate::group::{Group, Groups, Limiter};
+use crate::handle::Tollgate;
+use crate::inner::{Inner, Mode};
+use crate::remote::{Driver, Link, RemoteOptions};
+use crate::store::{self, StoreOptions};
+
+impl Tollgate {
+    /// A client of `tollgate server` at `url` (such as `http://127.0.0.1:7460`): the same
+    /// API, fed by the controller's grants. Must be called inside a tokio runtime, where the
+    /// exchange task runs; it stops when the last handle is dropped. See [`crate::remote`].
+    pub fn remote(url: &str, opts: RemoteOptions) -> Result<Tollgate, BuildError> {
+        tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let endpoint = tonic::transport::Channel::from_shared(url.to_string())
+            .map_err(|e| BuildError::Remote { url: url.to_string(), reason: e.to_string() })?;
+        let channel = endpoint.connect_timeout(opts.exchange_timeout).connect_lazy();
+        Self::remote_channel(channel, opts)
+    }
+
+    /// A remote client over a channel made by the caller: any transport tonic can carry, such
+    /// as a simulated network in tests (`Endpoint::connect_with_connector`). Must be called
+    /// inside a tokio runtime.
+    pub fn remote_channel(channel: tonic::transport::Channel, opts: RemoteOptions) -> Result<Tollgate, BuildError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let timeout = opts.exchange_timeout;
+        let (gate, driver) = Self::remote_driven(opts)?;
+        runtime.spawn(crate::remote::run(driver, AdmissionClient::new(channel), timeout));
+        Ok(gate)
+    }
+
+    /// A remote client whose exchanges the caller makes: ask the [`Driver`] for each request
+    /// when it is due, deliver it to a controller, and hand the answer back. `tollgate sim`
+    /// runs clients this way, in virtual time; no runtime is needed.
+    pub fn remote_driven(opts: RemoteOptions) -> Result<(Tollgate, Driver), BuildError> {
+        opts.cost_model.validate()?;
+        if opts.max_tracked_groups == 0 {
+            return Err(BuildError::Remote {
+                url: String::new(),
+                reason: "max_tracked_groups: must be at least 1".into(),
+            });
+        }
+        let clock = Arc::new(match &opts.clock {
+            Some(c) => ClockSource::Custom(c.clone()),
+            None => ClockSource::of(MonotonicClock::new()),
+        });
+        let link = Arc::new(Link::new(&opts));
+        let make_clock = clock.clone();
+        let make = move |name: GroupName, _: &GroupSettings| {
+            // Closed until the controller's first grant, asked for at once; the controller
+            // decides what a group may bank.
+            let g = Group::new(
+                name,
+                Limiter::Bucket(Bucket::closed_until_rated(make_clock.now())),
+                &make_clock,
+                f64::INFINITY,
+            );
+            g.allowance.store(f64::NAN.to_bits(), std::sync::atomic::Ordering::Relaxed);
+            g
+        };
+        let groups = Arc::new(Groups::new(HashMap::new(), opts.max_tracked_groups, Box::new(make)));
+        let node = NodeSettings {
+            max_wait: opts.max_wait,
+            max_tracked_groups: opts.max_tracked_groups,
+            ..NodeSettings::default()
+        };
+        let driver = Driver::new(Arc::downgrade(&groups), link.clone(), clock.clone(), opts.group_idle_expiry);
+        let inner = Inner::new(clock, groups, Mode::Remote(link), node, opts.cost_model);
+        Ok((Tollgate { inner: Arc::new(inner), unthrottled: false }, driver))
+    }
+
+    /// A limiter whose groups share their pools with every other client of the same Redis
+    /// and namespace, with no controller. `config` gives the groups: each group with a finite
+    /// limit or a ramp is coordinated (its limit, or its ramp, is the pool per epoch); groups
+    /// without either are not throttled. Settings that need a controller (a capacity, `fcfs`,
+    /// a budget) or do not apply (a burst) are refused. Must be called inside a tokio
+    /// runtime; returns within `connect_timeout` even when Redis is unreachable (in safe mode
+    /// then).
+    pub async fn store(url: &str, config: Config, opts: StoreOptions) -> Result<Tollgate, BuildError> {
+        Self::store_with_clock(url, config, opts, MonotonicClock::new()).await
+    }
+
+    /// [`Tollgate::store`] on a given clock (epochs follow it; tests use a manual clock).
+    pub async fn store_with_clock(
+        url: &str,
+        config: Config,
+        opts: StoreOptions,
+        clock: impl Clock,
+    ) -> Result<Tollgate, BuildError> {
+        tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        config.cost_model.validate()?;
+        let (link, shares, connection) = store::register(url, &config, opts).await?;
+        let clock = Arc::new(ClockSource::of(clock));
+        let make_clock = clock.clone();
+        let shares = Arc::new(shares);
+        let make = move |name: GroupName, _: &GroupSettings| {
+            let limiter = match shares.get(&name) {
+                Some((spec, size)) => Limiter::Epoch(EpochShare::new(spec.clone(), *size)),
+                None => Limiter::Bucket(Bucket::new(f64::INFINITY, f64::INFINITY, make_clock.now())),
+            };
+            let g = Group::new(name, limiter, &make_clock, f64::INFINITY);
+            g.allowance.store(f64::INFINITY.to_bits(), std::sync::atomic::Ordering::Relaxed);
+            g
+        };
+        // Names outside the settings share the default group's state.
+        let max = config.groups.len() + usize::from(!config.groups.keys().any(|g| g.as_str() == DEFAULT_GROUP));
+        let configured = config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();
+        let groups = Arc::new(Groups::new(configured, max, Box::new(make)));
+        let link = Arc::new(link);
+        let node = NodeSettings { max_tracked_groups: max, ..config.node };
+        let inner = Inner::new(clock, groups, Mode::Store(link.clone()), node, config.cost_model);
+        store::start(&link, &inner.groups, connection);
+        Ok(Tollgate { inner: Arc::new(inner), unthrottled: false })
+    }
+}

@@ -1,0 +1,87 @@
+//! Embedded mode: the engine runs in process, with this process as its one client.
+//!
+//! Every `realloc_interval` the first admission to notice that the interval has passed reports
+//! each group's counts to the [`Engine`] (through the same demand meter a remote client uses),
+//! ticks it, and sets each group's bucket to the grant. There is no background task, so a
+//! [`ManualClock`](tollgate_core::time::ManualClock) drives everything in tests. A group with
+//! nothing to report for the engine's idle expiry is no longer reported, and the engine forgets
+//! it (a resumable ramp keeps its value for its TTL).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tollgate_core::config::Config;
+use tollgate_core::demand::DemandMeter;
+use tollgate_core::engine::{ClientId, Engine, EngineSettings};
+use tollgate_core::settings::GroupName;
+use tollgate_core::time::Nanos;
+
+use crate::group::Groups;
+
+/// This process, as the engine's one client.
+const LOCAL: ClientId = 1;
+
+struct State {
+    engine: Engine,
+    meters: HashMap<GroupName, DemandMeter>,
+}
+
+/// The engine and this process's demand meters.
+pub(crate) struct Embedded {
+    state: Mutex<State>,
+    interval: Duration,
+}
+
+impl Embedded {
+    /// The engine for `config`: its groups, capacity and allocation mode, ticking every
+    /// `realloc_interval`.
+    pub(crate) fn new(config: &Config) -> Embedded {
+        let node = &config.node;
+        let mut engine = Engine::new(EngineSettings {
+            capacity: node.capacity,
+            mode: node.mode,
+            tick: node.realloc_interval,
+            max_tracked_groups: node.max_tracked_groups.saturating_add(1),
+            ..EngineSettings::default()
+        });
+        for (name, settings) in &config.groups {
+            engine.set_group(name.clone(), settings.clone());
+        }
+        Embedded { state: Mutex::new(State { engine, meters: HashMap::new() }), interval: node.realloc_interval }
+    }
+
+    /// How often allowances are recomputed.
+    pub(crate) fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Reports every group's counts, ticks the engine and applies the grants. Skipped if
+    /// another thread is at it.
+    pub(crate) fn reallocate(&self, now: Nanos, groups: &Groups) {
+        let Ok(mut state) = self.state.try_lock() else { return };
+        let State { engine, meters } = &mut *state;
+        let idle = engine.settings().group_idle_expiry;
+        let list = groups.unique();
+        for g in &list {
+            let counts = g.counts();
+            let meter = meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
+            if meter.idle(now, &counts, idle) {
+                continue;
+            }
+            let granted = Some(g.allowance()).filter(|a| a.is_finite() && *a > 0.0);
+            let report = meter.report(now, counts, g.waiting(), granted);
+            engine.report(now, LOCAL, &g.name, report);
+        }
+        engine.tick(now);
+        for g in &list {
+            let Some(outcome) = engine.outcome(&g.name) else { continue };
+            if let Some(grant) = outcome.grant_of(LOCAL) {
+                g.set_rate(grant.rate, grant.burst, now);
+                g.demand.store(outcome.demand.to_bits(), Ordering::Relaxed);
+            }
+        }
+        meters.retain(|name, _| groups.get(name.as_str()).is_some());
+    }
+}

@@ -1,0 +1,253 @@
+//! A group as one process sees it: how it admits (its limiter), what it counted, and the
+//! table of groups a handle serves.
+//!
+//! Admission touches only the group's own atomics. What feeds the limiter depends on the mode
+//! (the embedded engine, a controller's grants, or a pool shared through Redis), and is done
+//! by the mode's own module through [`Groups`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use arc_swap::ArcSwap;
+use tollgate_core::bucket::Bucket;
+use tollgate_core::demand::Counts;
+use tollgate_core::epoch::EpochShare;
+use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings, check_group_name};
+use tollgate_core::time::Nanos;
+
+use crate::clock::ClockSource;
+use crate::error::AcquireError;
+use crate::tally::{self, Counters, HasCounters, Stash, Tally, Totals};
+
+/// Units are counted in millionths, so fractional costs (0.475 RU) add up exactly enough.
+#[inline]
+pub(crate) fn micros(units: f64) -> u64 {
+    // Adding a half and truncating rounds without a libm call (costs are never negative).
+    (units * 1e6 + 0.5) as u64
+}
+
+pub(crate) fn units(micros: u64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// How a group admits.
+#[derive(Debug)]
+pub(crate) enum Limiter {
+    /// A token bucket, fed by the engine's grants (embedded or remote).
+    Bucket(Bucket),
+    /// Store mode: a share of a pool agreed with other clients through Redis.
+    Epoch(EpochShare),
+}
+
+/// One group's state.
+pub(crate) struct Group {
+    pub(crate) name: GroupName,
+    pub(crate) limiter: Limiter,
+    pub(crate) counters: Counters,
+    /// Settlements: units added to (debt) or taken from (returned) admitted costs.
+    pub(crate) settled_up_micro: AtomicU64,
+    pub(crate) settled_down_micro: AtomicU64,
+    /// Units waiting in `acquire` now.
+    pub(crate) waiting_micro: AtomicU64,
+    /// The largest cost a refusal said the bucket's burst could not hold (f64 bits): a grant
+    /// is applied with at least this burst, so any request can be admitted in time.
+    pub(crate) largest_cost: AtomicU64,
+    pub(crate) clock: Arc<ClockSource>,
+    /// The largest cost the group's bucket can ever hold (infinite where a controller decides).
+    pub(crate) burst_ceiling: f64,
+    /// Current allowance (units/s) and measured demand, as f64 bits.
+    pub(crate) allowance: AtomicU64,
+    pub(crate) demand: AtomicU64,
+    me: Weak<Group>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl Group {
+    pub(crate) fn new(name: GroupName, limiter: Limiter, clock: &Arc<ClockSource>, burst_ceiling: f64) -> Arc<Group> {
+        Arc::new_cyclic(|me| Group {
+            name,
+            limiter,
+            counters: Counters::new(),
+            settled_up_micro: AtomicU64::new(0),
+            settled_down_micro: AtomicU64::new(0),
+            waiting_micro: AtomicU64::new(0),
+            largest_cost: AtomicU64::new(0f64.to_bits()),
+            clock: clock.clone(),
+            burst_ceiling,
+            allowance: AtomicU64::new(0f64.to_bits()),
+            demand: AtomicU64::new(0f64.to_bits()),
+            me: me.clone(),
+        })
+    }
+
+    pub(crate) fn self_arc(&self) -> Arc<Group> {
+        self.me.upgrade().expect("a group is alive while borrowed")
+    }
+
+    pub(crate) fn consumed(&self, totals: &Totals) -> f64 {
+        let up = totals.admitted_micro + self.settled_up_micro.load(Ordering::Relaxed);
+        units(up.saturating_sub(self.settled_down_micro.load(Ordering::Relaxed)))
+    }
+
+    /// The running totals the demand meter reads.
+    pub(crate) fn counts(&self) -> Counts {
+        let t = self.counters.totals();
+        Counts {
+            asked: units(t.admitted_micro + t.throttled_micro),
+            consumed: self.consumed(&t),
+            unthrottled: units(t.unthrottled_micro),
+            admitted: t.admitted,
+            throttled: t.throttled,
+            waited: t.waited,
+        }
+    }
+
+    /// Units waiting in `acquire` now.
+    pub(crate) fn waiting(&self) -> f64 {
+        units(self.waiting_micro.load(Ordering::Relaxed))
+    }
+
+    /// Counts on this thread's tally for the group.
+    #[inline]
+    pub(crate) fn record(&self, f: impl FnOnce(&Tally)) {
+        tally::record(self, &self.me, f);
+    }
+
+    /// Runs `f` on this thread's tally and stash for the group (`None` while the thread
+    /// exits).
+    #[inline]
+    pub(crate) fn with_local<R>(&self, f: impl FnOnce(&Tally, &mut Stash) -> R) -> Option<R> {
+        tally::with_local(self, &self.me, f)
+    }
+
+    /// Sets the bucket's rate and burst (the burst at least the largest cost refused for want
+    /// of it), and records the allowance.
+    pub(crate) fn set_rate(&self, rate: f64, burst: f64, now: Nanos) {
+        if let Limiter::Bucket(bucket) = &self.limiter {
+            let largest = f64::from_bits(self.largest_cost.load(Ordering::Relaxed));
+            let burst = if rate.is_finite() { burst.max(largest) } else { burst };
+            bucket.set_rate(rate, burst, now);
+        }
+        self.allowance.store(rate.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The current allowance, units/s.
+    pub(crate) fn allowance(&self) -> f64 {
+        f64::from_bits(self.allowance.load(Ordering::Relaxed))
+    }
+}
+
+impl HasCounters for Group {
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn return_stash(&self, stash: Stash) {
+        if let Limiter::Bucket(bucket) = &self.limiter {
+            bucket.refund(stash.units);
+        }
+    }
+}
+
+/// Makes a new group's state; the mode decides its limiter.
+pub(crate) type MakeGroup = dyn Fn(GroupName, &GroupSettings) -> Arc<Group> + Send + Sync;
+
+/// The groups a handle serves: looked up lock-free, inserted under a lock, bounded. Names past
+/// the bound share the `default` group's state.
+pub(crate) struct Groups {
+    map: ArcSwap<HashMap<Box<str>, Arc<Group>>>,
+    /// The `default` group's state: shared by names beyond the tracking limit.
+    overflow: Arc<Group>,
+    configured: HashMap<Box<str>, GroupSettings>,
+    max: usize,
+    insert: Mutex<()>,
+    make: Box<MakeGroup>,
+}
+
+impl Groups {
+    /// A table with the configured groups (and `default`) already in it.
+    pub(crate) fn new(configured: HashMap<Box<str>, GroupSettings>, max: usize, make: Box<MakeGroup>) -> Groups {
+        let default_settings = configured.get(DEFAULT_GROUP).cloned().unwrap_or_default();
+        let overflow = make(GroupName::default_group(), &default_settings);
+        let mut map: HashMap<Box<str>, Arc<Group>> = HashMap::new();
+        map.insert(DEFAULT_GROUP.into(), overflow.clone());
+        for (name, settings) in &configured {
+            if &**name != DEFAULT_GROUP {
+                let group = make(GroupName::new(name).expect("configured names are valid"), settings);
+                map.insert(name.clone(), group);
+            }
+        }
+        Groups { map: ArcSwap::from_pointee(map), overflow, configured, max, insert: Mutex::new(()), make }
+    }
+
+    /// The group `name`, made if new; `(group, made)`.
+    #[inline]
+    pub(crate) fn lookup(&self, name: &str) -> Result<(Arc<Group>, bool), AcquireError> {
+        if let Some(g) = self.map.load().get(name) {
+            return Ok((g.clone(), false));
+        }
+        self.insert(name)
+    }
+
+    #[cold]
+    fn insert(&self, name: &str) -> Result<(Arc<Group>, bool), AcquireError> {
+        check_group_name(name).map_err(AcquireError::InvalidGroup)?;
+        let _guard = self.insert.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.map.load_full();
+        if let Some(g) = current.get(name) {
+            return Ok((g.clone(), false));
+        }
+        if current.len() >= self.max {
+            return Ok((self.overflow.clone(), false));
+        }
+        let settings = self.settings_for(name);
+        let group = (self.make)(GroupName::new(name).map_err(AcquireError::InvalidGroup)?, &settings);
+        let mut next = HashMap::clone(&current);
+        next.insert(name.into(), group.clone());
+        self.map.store(Arc::new(next));
+        Ok((group, true))
+    }
+
+    /// The settings for `name`: its own, else the `default` group's, else the defaults.
+    pub(crate) fn settings_for(&self, name: &str) -> GroupSettings {
+        self.configured.get(name).or_else(|| self.configured.get(DEFAULT_GROUP)).cloned().unwrap_or_default()
+    }
+
+    /// The configured groups.
+    pub(crate) fn configured(&self) -> &HashMap<Box<str>, GroupSettings> {
+        &self.configured
+    }
+
+    /// A group already in the table.
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Group>> {
+        self.map.load().get(name).cloned()
+    }
+
+    /// Every distinct group state, by name (names past the bound share `default`'s).
+    pub(crate) fn unique(&self) -> Vec<Arc<Group>> {
+        let map = self.map.load();
+        let mut list: Vec<Arc<Group>> = map.values().cloned().collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        list
+    }
+
+    /// How many names are in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.map.load().len()
+    }
+
+    /// Every name and its group.
+    pub(crate) fn named(&self) -> Vec<(String, Arc<Group>)> {
+        let mut all: Vec<(String, Arc<Group>)> =
+            self.map.load().iter().map(|(n, g)| (n.to_string(), g.clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}

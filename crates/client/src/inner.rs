@@ -1,0 +1,137 @@
+//! What every handle on one limiter shares: its groups, its clock, and the one mode that feeds
+//! its groups.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tollgate_core::bucket::Refusal;
+use tollgate_core::config::NodeSettings;
+use tollgate_core::cost::CostModel;
+use tollgate_core::time::{Clock, Nanos};
+
+use crate::clock::ClockSource;
+use crate::embedded::Embedded;
+use crate::error::AcquireError;
+use crate::group::{Group, Groups};
+use crate::remote::Link;
+use crate::store::StoreLink;
+
+/// How soon a remote client retries a request refused for want of a grant.
+const REMOTE_RETRY: Duration = Duration::from_millis(20);
+
+/// What feeds a limiter's groups: one mode per limiter.
+pub(crate) enum Mode {
+    /// The engine in process.
+    Embedded(Embedded),
+    /// A controller's grants, through an exchange task.
+    Remote(Arc<Link>),
+    /// Pools shared through Redis, through a sync task.
+    Store(Arc<StoreLink>),
+}
+
+impl Mode {
+    /// The mode's name, as errors and docs say it.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Mode::Embedded(_) => "embedded",
+            Mode::Remote(_) => "remote",
+            Mode::Store(_) => "store",
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) clock: Arc<ClockSource>,
+    pub(crate) groups: Arc<Groups>,
+    pub(crate) mode: Mode,
+    /// `max_wait`, and the node settings an embedded limiter was built with.
+    pub(crate) node: NodeSettings,
+    pub(crate) cost_model: CostModel,
+    /// When the embedded engine is due to tick next (never, in the other modes).
+    next_tick_ns: AtomicU64,
+}
+
+impl Inner {
+    pub(crate) fn new(
+        clock: Arc<ClockSource>,
+        groups: Arc<Groups>,
+        mode: Mode,
+        node: NodeSettings,
+        cost_model: CostModel,
+    ) -> Inner {
+        let next = if matches!(mode, Mode::Embedded(_)) { 0 } else { u64::MAX };
+        let inner = Inner { clock, groups, mode, node, cost_model, next_tick_ns: AtomicU64::new(next) };
+        if let Mode::Embedded(e) = &inner.mode {
+            e.reallocate(inner.clock.now(), &inner.groups);
+        }
+        inner
+    }
+
+    /// Runs the embedded engine's tick if it is due; cheap when it is not.
+    #[inline(always)]
+    pub(crate) fn tick(&self, now: Nanos) {
+        let due = self.next_tick_ns.load(Ordering::Relaxed);
+        if now.0 >= due {
+            self.tick_slow(now, due);
+        }
+    }
+
+    #[cold]
+    fn tick_slow(&self, now: Nanos, due: u64) {
+        let Mode::Embedded(e) = &self.mode else { return };
+        let next = now.after(e.interval()).0;
+        if self.next_tick_ns.compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            e.reallocate(now, &self.groups);
+        }
+    }
+
+    /// The group `name`, made if new (and then fed at once: an engine tick, or an exchange).
+    #[inline]
+    pub(crate) fn lookup(&self, name: &str) -> Result<Arc<Group>, AcquireError> {
+        let (group, made) = self.groups.lookup(name)?;
+        if made {
+            self.on_new_group(&group);
+        }
+        Ok(group)
+    }
+
+    #[cold]
+    fn on_new_group(&self, group: &Group) {
+        let now = self.clock.now();
+        match &self.mode {
+            Mode::Embedded(e) => e.reallocate(now, &self.groups),
+            Mode::Remote(link) => link.new_group(group, now),
+            Mode::Store(_) => {}
+        }
+    }
+
+    /// When a refused request is worth trying again.
+    pub(crate) fn retry_after(&self, refusal: Refusal) -> Duration {
+        match (refusal, &self.mode) {
+            (Refusal::Wait(d), _) => d,
+            // No allowance now, or a burst too small for now: the next grant or reallocation
+            // may change that.
+            (Refusal::Closed | Refusal::ExceedsBurst { .. }, Mode::Remote(_)) => REMOTE_RETRY,
+            (Refusal::Closed | Refusal::ExceedsBurst { .. }, Mode::Embedded(e)) => e.interval(),
+            (Refusal::Closed | Refusal::ExceedsBurst { .. }, Mode::Store(_)) => Duration::from_secs(1),
+        }
+    }
+
+    /// Tells the mode about a refusal: a remote client asks for an exchange.
+    #[cold]
+    pub(crate) fn refused(&self, g: &Group, cost: f64, refusal: Option<Refusal>) {
+        if let Mode::Remote(link) = &self.mode {
+            match refusal {
+                Some(Refusal::ExceedsBurst { .. }) => {
+                    let bits = cost.to_bits();
+                    g.largest_cost.fetch_max(bits, Ordering::Relaxed);
+                    link.urgent();
+                }
+                // Never granted (new, or revived after going idle): its first grant is due.
+                Some(Refusal::Closed) if g.allowance().is_nan() => link.urgent(),
+                _ => link.refused(),
+            }
+        }
+    }
+}
