@@ -71,13 +71,13 @@ fn parse_units(s: &str) -> Result<f64, String> {
 #[derive(Args, Debug, Default)]
 pub struct GroupOptions {
     /// Reserved = limit = N units/s (TiDB's RU_PER_SEC).
-    #[arg(long, value_parser = parse_units)]
+    #[arg(long, value_parser = parse_units, conflicts_with_all = ["reserved", "limit"])]
     ru_per_sec: Option<f64>,
     /// Priority for free capacity.
     #[arg(long)]
     priority: Option<PriorityArg>,
     /// No limit: may use free capacity (TiDB's BURSTABLE).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "limit")]
     burstable: bool,
     /// Units/s never throttled below while asked for.
     #[arg(long, value_parser = parse_units)]
@@ -91,6 +91,72 @@ pub struct GroupOptions {
     /// Share of free capacity among groups of one priority.
     #[arg(long, value_parser = parse_units)]
     weight: Option<f64>,
+    /// A total in units; once consumed, the group is held at its reservation.
+    #[arg(long, value_parser = parse_units, conflicts_with = "no_budget")]
+    budget: Option<f64>,
+    /// Removes the budget.
+    #[arg(long)]
+    no_budget: bool,
+    /// Back to the default burst (one second of the grant).
+    #[arg(long, conflicts_with = "burst")]
+    no_burst: bool,
+    /// A ramp-up, in the settings file's keys: `min=10,max=500,duration_s=60[,mode=relaxed]
+    /// [,threshold_pct=50][,ramp_down_pct=50][,cool_down_s=5][,resume_ttl_s=300]`.
+    #[arg(long, value_parser = parse_ramp, conflicts_with = "no_ramp")]
+    ramp: Option<v1::RampSettings>,
+    /// Removes the ramp-up.
+    #[arg(long)]
+    no_ramp: bool,
+}
+
+/// A ramp from `key=value` pairs named as in the settings file.
+fn parse_ramp(s: &str) -> Result<v1::RampSettings, String> {
+    let mut r = v1::RampSettings::default();
+    let (mut min, mut max, mut duration) = (None, None, None);
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) =
+            pair.split_once('=').ok_or_else(|| format!("{pair:?}: expected key=value, such as min=10"))?;
+        let key = key.trim();
+        let value = value.trim();
+        let number = || {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| format!("{key}: expected a number, at least 0, got {value:?}"))
+        };
+        match key {
+            "min" => min = Some(number()?),
+            "max" => max = Some(number()?),
+            "duration_s" => duration = Some(number()?),
+            "threshold_pct" => r.threshold_pct = Some(number()?),
+            "ramp_down_pct" => r.ramp_down_pct = Some(number()?),
+            "cool_down_s" => r.cool_down_s = Some(number()?),
+            "resume_ttl_s" => r.resume_ttl_s = Some(number()?),
+            "mode" => {
+                r.mode = match value {
+                    "scheduled" => v1::RampMode::Scheduled,
+                    "relaxed" => v1::RampMode::Relaxed,
+                    "only_if_used" => v1::RampMode::OnlyIfUsed,
+                    "go_back_n" => v1::RampMode::GoBackN,
+                    other => {
+                        return Err(format!(
+                            "mode: must be scheduled, relaxed, only_if_used or go_back_n, got {other:?}"
+                        ));
+                    }
+                } as i32
+            }
+            other => {
+                return Err(format!(
+                    "{other:?}: unknown key; expected min, max, duration_s, mode, threshold_pct, ramp_down_pct, cool_down_s or resume_ttl_s"
+                ));
+            }
+        }
+    }
+    r.min = min.ok_or("min: is required")?;
+    r.max = max.ok_or("max: is required")?;
+    r.duration_s = duration.ok_or("duration_s: is required")?;
+    Ok(r)
 }
 
 impl GroupOptions {
@@ -110,10 +176,14 @@ impl GroupOptions {
         }
         if self.burstable {
             p.unlimited = true;
-            p.limit = None;
         }
         p.burst = self.burst;
         p.weight = self.weight;
+        p.budget = self.budget;
+        p.clear_budget = self.no_budget;
+        p.clear_burst = self.no_burst;
+        p.ramp = self.ramp;
+        p.clear_ramp = self.no_ramp;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -146,6 +216,15 @@ pub enum Group {
     Show { name: String },
 }
 
+/// How the node's free capacity is shared.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// By priority, then by weight (TiDB).
+    Share,
+    /// First come, first served (Couchbase's free pool).
+    Fcfs,
+}
+
 /// `tollgate node …`
 #[derive(Subcommand, Debug)]
 pub enum Node {
@@ -154,6 +233,8 @@ pub enum Node {
         #[arg(value_parser = parse_limit)]
         capacity: Option<LimitArg>,
     },
+    /// Print how free capacity is shared, or set it: `share` or `fcfs`.
+    Mode { mode: Option<ModeArg> },
 }
 
 async fn connect(server: &str) -> anyhow::Result<AdminClient<Channel>> {
@@ -181,12 +262,7 @@ fn fmt_units(v: f64) -> String {
 }
 
 fn priority_name(level: u32) -> String {
-    match level {
-        1 => "low".into(),
-        8 => "medium".into(),
-        16 => "high".into(),
-        n => n.to_string(),
-    }
+    tollgate_server::convert::priority_name(level)
 }
 
 async fn get(client: &mut AdminClient<Channel>, name: &str) -> anyhow::Result<Option<v1::GroupSettings>> {
@@ -266,6 +342,24 @@ fn show(info: &v1::GroupInfo) -> String {
     if let Some(b) = s.budget {
         let _ = writeln!(out, "budget:   {}", fmt_units(b));
     }
+    if let Some(r) = &s.ramp {
+        let mode = match v1::RampMode::try_from(r.mode) {
+            Ok(v1::RampMode::Scheduled) => "scheduled",
+            Ok(v1::RampMode::OnlyIfUsed) => "only_if_used",
+            Ok(v1::RampMode::GoBackN) => "go_back_n",
+            _ => "relaxed",
+        };
+        let mut line = format!(
+            "min={},max={},duration_s={},mode={mode}",
+            fmt_units(r.min),
+            fmt_units(r.max),
+            fmt_units(r.duration_s)
+        );
+        if let Some(t) = r.resume_ttl_s {
+            let _ = write!(line, ",resume_ttl_s={}", fmt_units(t));
+        }
+        let _ = writeln!(out, "ramp:     {line}");
+    }
     out
 }
 
@@ -333,18 +427,34 @@ pub async fn group(server: &str, cmd: Group) -> anyhow::Result<()> {
 
 pub async fn node(server: &str, cmd: Node) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
-    let Node::Capacity { capacity } = cmd;
-    let info = match capacity {
-        None => client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner(),
-        Some(c) => {
-            let capacity = match c {
-                LimitArg::Units(u) => Some(u),
-                LimitArg::Unlimited => None,
+    match cmd {
+        Node::Capacity { capacity } => {
+            let info = match capacity {
+                None => client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner(),
+                Some(c) => {
+                    let capacity = match c {
+                        LimitArg::Units(u) => Some(u),
+                        LimitArg::Unlimited => None,
+                    };
+                    client.set_capacity(v1::SetCapacityRequest { capacity }).await.map_err(rpc)?.into_inner()
+                }
             };
-            client.set_capacity(v1::SetCapacityRequest { capacity }).await.map_err(rpc)?.into_inner()
+            say(info.capacity.map_or("unlimited".to_string(), fmt_units));
         }
-    };
-    say(info.capacity.map_or("unlimited".to_string(), fmt_units));
+        Node::Mode { mode } => {
+            let info = match mode {
+                None => client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner(),
+                Some(m) => {
+                    let mode = match m {
+                        ModeArg::Share => v1::AllocationMode::Share,
+                        ModeArg::Fcfs => v1::AllocationMode::Fcfs,
+                    };
+                    client.set_mode(v1::SetModeRequest { mode: mode as i32 }).await.map_err(rpc)?.into_inner()
+                }
+            };
+            say(if info.mode() == v1::AllocationMode::Fcfs { "fcfs" } else { "share" });
+        }
+    }
     Ok(())
 }
 
@@ -352,7 +462,7 @@ pub async fn status(server: &str, json: bool) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     let s = client.status(v1::StatusRequest {}).await.map_err(rpc)?.into_inner();
     if json {
-        say(tollgate_server::grpc::status_json(&s));
+        say(tollgate_server::status::status_json(&s));
         return Ok(());
     }
     say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));

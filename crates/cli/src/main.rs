@@ -59,6 +59,10 @@ enum Command {
         /// Units/s a group must put on a backend for that backend to limit it.
         #[arg(long, default_value_t = 409_600.0)]
         limiting_threshold: f64,
+        /// How often groups' consumption (what budgets are checked against) and resumable
+        /// ramps are written to the data file, in milliseconds; also written at a clean stop.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+        flush_ms: u64,
     },
     /// FoundationDB-style tag quotas, in bytes/s.
     #[command(subcommand)]
@@ -132,7 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
-        Command::Server { data, grpc, http, tick_ms, lease_ms, ignore_worst_zones, limiting_threshold } => {
+        Command::Server { data, grpc, http, tick_ms, lease_ms, ignore_worst_zones, limiting_threshold, flush_ms } => {
             if !(limiting_threshold.is_finite() && limiting_threshold >= 0.0) {
                 anyhow::bail!("--limiting-threshold: must be a number, at least 0; got {limiting_threshold}");
             }
@@ -144,6 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 lease: std::time::Duration::from_millis(lease_ms),
                 ignore_worst_zones: ignore_worst_zones as usize,
                 limiting_threshold,
+                flush_interval: std::time::Duration::from_millis(flush_ms),
             })
         }
         Command::Quota(cmd) => admin_command(admin::quota(&cli.server, cmd)),

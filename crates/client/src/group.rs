@@ -50,6 +50,8 @@ pub(crate) struct Group {
     pub(crate) settled_down_micro: AtomicU64,
     /// Units waiting in `acquire` now.
     pub(crate) waiting_micro: AtomicU64,
+    /// Units the application says it has queued for the group, outside Tollgate.
+    pub(crate) queued_micro: AtomicU64,
     /// The largest cost a refusal said the bucket's burst could not hold (f64 bits): a grant
     /// is applied with at least this burst, so any request can be admitted in time.
     pub(crate) largest_cost: AtomicU64,
@@ -77,6 +79,7 @@ impl Group {
             settled_up_micro: AtomicU64::new(0),
             settled_down_micro: AtomicU64::new(0),
             waiting_micro: AtomicU64::new(0),
+            queued_micro: AtomicU64::new(0),
             largest_cost: AtomicU64::new(0f64.to_bits()),
             clock: clock.clone(),
             burst_ceiling,
@@ -108,9 +111,9 @@ impl Group {
         }
     }
 
-    /// Units waiting in `acquire` now.
+    /// Units waiting now: in `acquire`, and queued by the application.
     pub(crate) fn waiting(&self) -> f64 {
-        units(self.waiting_micro.load(Ordering::Relaxed))
+        units(self.waiting_micro.load(Ordering::Relaxed) + self.queued_micro.load(Ordering::Relaxed))
     }
 
     /// Counts on this thread's tally for the group.

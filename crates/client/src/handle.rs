@@ -234,4 +234,21 @@ impl GroupHandle {
     pub fn stats(&self) -> GroupStats {
         stats_of(&self.group)
     }
+
+    /// Says how many units of work the application has queued for this group, waiting for
+    /// admission (its own queue, outside Tollgate): they count as demand, as work waiting in
+    /// [`acquire`](Self::acquire) does. A gauge: each call replaces the last value.
+    ///
+    /// ```
+    /// # use tollgate_client::Tollgate;
+    /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 10\n")?;
+    /// let api = gate.group("api")?;
+    /// api.set_queued(250.0); // 250 units wait in the application's own queue
+    /// assert_eq!(api.stats().waiting_units, 250.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_queued(&self, units: f64) {
+        let units = if units.is_finite() { units.max(0.0) } else { 0.0 };
+        self.group.queued_micro.store(crate::group::micros(units), Ordering::Relaxed);
+    }
 }

@@ -4,7 +4,7 @@
 //! Drawn on a plain pixel canvas with a built-in 5×7 font, so the chart needs no font files
 //! and no plotting library.
 
-use crate::engine::Outcome;
+use crate::run::Outcome;
 
 const WIDTH: usize = 1200;
 const HEIGHT: usize = 720;

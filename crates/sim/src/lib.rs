@@ -1,15 +1,17 @@
 //! Deterministic what-if simulation: a scenario in; a verdict, a timeline and a chart out.
 //!
-//! The simulator drives the real controller pipeline ([`tollgate_core::pipeline`]) and the
-//! real client token buckets ([`tollgate_core::bucket`]) in virtual time, against mock
-//! backends. Nothing is re-implemented for the simulation. A scenario and a seed always give
-//! the same result.
+//! The simulator drives `tollgate server`'s own controller ([`tollgate_server::Controller`],
+//! over the one engine in `tollgate_core::engine`) and real remote client handles, whose
+//! exchanges it delivers in process, in virtual time, against mock backends ([`world`]).
+//! Nothing is re-implemented for the simulation. A scenario and a seed always give the same
+//! result.
 
 pub mod chart;
-pub mod engine;
 pub mod output;
 pub mod rng;
+pub mod run;
 pub mod scenario;
+pub mod world;
 
-pub use engine::{Outcome, PhaseResult, Sample, run};
+pub use run::{Outcome, PhaseResult, Sample, run};
 pub use scenario::Scenario;

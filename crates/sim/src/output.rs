@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::engine::Outcome;
+use crate::run::Outcome;
 
 /// One line per phase: `phase N: passed at T s` or `phase N: failed`.
 pub fn phase_lines(outcome: &Outcome) -> Vec<String> {

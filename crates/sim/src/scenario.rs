@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tollgate_core::config::{ConfigError, ConfigErrors, line_of};
 use tollgate_core::cost::{CostModel, Usage};
-use tollgate_core::pipeline::FreePoolMode;
+use tollgate_core::allocate::AllocationMode;
 use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
 use tollgate_core::toml_reader::{Fields, GROUP_KEYS, Reader, Value};
 use toml::de::{DeTable, DeValue};
@@ -45,8 +45,8 @@ pub struct ControllerSpec {
     pub limiting_threshold: f64,
     /// Node capacity, units/s.
     pub capacity: Option<f64>,
-    /// How the free pool is shared.
-    pub free_pool: FreePoolMode,
+    /// How the free capacity is shared.
+    pub mode: AllocationMode,
     /// Controller tick (and client exchange) period.
     pub tick: Duration,
 }
@@ -57,7 +57,7 @@ impl Default for ControllerSpec {
             ignore_worst_zones: 1,
             limiting_threshold: 409_600.0,
             capacity: None,
-            free_pool: FreePoolMode::Fair,
+            mode: AllocationMode::Share,
             tick: Duration::from_secs(1),
         }
     }
@@ -319,9 +319,10 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     }
     if let Some((p, v)) = f.take("free_pool") {
         match r.string(&p, v) {
-            Some("fair") => c.free_pool = FreePoolMode::Fair,
-            Some("fcfs") => c.free_pool = FreePoolMode::Fcfs,
-            Some(other) => r.error(v.span(), p, format!("must be fair or fcfs, got {other:?}")),
+            // "fair" was this key's first name for sharing by priority and weight.
+            Some("share" | "fair") => c.mode = AllocationMode::Share,
+            Some("fcfs") => c.mode = AllocationMode::Fcfs,
+            Some(other) => r.error(v.span(), p, format!("must be share or fcfs, got {other:?}")),
             None => {}
         }
     }

@@ -1,0 +1,187 @@
+//! The simulated world around Tollgate: clients offering work and mock backends serving it.
+//!
+//! Each client attempts `rate` requests per second, each costing `cost` units, and admits them
+//! through a real [`Tollgate`] handle (whatever feeds it). Refused requests wait in the
+//! client's queue, which it reports to its handle as queued work, and are retried every step:
+//! nothing is dropped. Each admitted request's cost is spread evenly over the
+//! client's backends, as FoundationDB's mock clients do. A backend of capacity `C` reports
+//! queue bytes = its load (smoothed with a 10 s folding time) ÷ C × 800e6, and the load each
+//! group puts on it.
+//!
+//! The world holds no model of Tollgate: the simulator and the tests that run a real server
+//! over a simulated network drive the same world, so their runs can be compared.
+
+use tollgate_client::{GroupHandle, Tollgate};
+use tollgate_core::settings::GroupName;
+use tollgate_core::smooth::Smoother;
+use tollgate_core::time::Nanos;
+use tollgate_proto::v1;
+
+use crate::rng::SplitMix64;
+use crate::scenario::Scenario;
+
+/// Folding time of the mock backends' load.
+pub const BACKEND_FOLDING_S: f64 = 10.0;
+/// Queue bytes of a mock backend at utilisation 1.
+pub const QUEUE_AT_CAPACITY: f64 = 800e6;
+
+struct Client {
+    group: usize,
+    rate: f64,
+    cost: f64,
+    backends: Vec<usize>,
+    handle: GroupHandle,
+    arrivals: f64,
+    backlog: u64,
+    // Since the last sample.
+    sec_units: f64,
+    sec_requests: f64,
+}
+
+struct Backend {
+    name: String,
+    capacity: f64,
+    zone: String,
+    load: Smoother,
+    per_group: Vec<Smoother>,
+    step_units: Vec<f64>,
+}
+
+/// What each group was admitted in the last second.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Admitted {
+    /// Requests.
+    pub requests: f64,
+    /// Units.
+    pub units: f64,
+}
+
+/// Clients and backends. See the [module documentation](self).
+pub struct World {
+    groups: Vec<GroupName>,
+    clients: Vec<Client>,
+    backends: Vec<Backend>,
+}
+
+impl World {
+    /// The world of `scenario`, with client `i` admitting through `gates[i]` (unthrottled
+    /// clients through an unthrottled handle). Arrival phases come from `seed`.
+    pub fn new(scenario: &Scenario, groups: &[GroupName], gates: &[Tollgate], seed: u64) -> World {
+        assert_eq!(gates.len(), scenario.clients.len(), "one handle per client");
+        let mut rng = SplitMix64::new(seed);
+        let index = |name: &GroupName| groups.iter().position(|g| g == name).expect("every client's group is listed");
+        let clients = scenario
+            .clients
+            .iter()
+            .zip(gates)
+            .map(|(spec, gate)| {
+                let cost = scenario.cost_model.cost(&spec.usage).expect("scenario costs are validated");
+                let gate = if spec.unthrottled { gate.unthrottled() } else { gate.clone() };
+                Client {
+                    group: index(&spec.group),
+                    rate: spec.rate,
+                    cost,
+                    backends: spec.backends.clone(),
+                    handle: gate.group(spec.group.as_str()).expect("scenario group names are valid"),
+                    arrivals: rng.next_f64(),
+                    backlog: 0,
+                    sec_units: 0.0,
+                    sec_requests: 0.0,
+                }
+            })
+            .collect();
+        let backends = scenario
+            .backends
+            .iter()
+            .map(|b| Backend {
+                name: b.name.clone(),
+                capacity: b.capacity,
+                zone: b.zone.clone(),
+                load: Smoother::new(BACKEND_FOLDING_S),
+                per_group: groups.iter().map(|_| Smoother::new(BACKEND_FOLDING_S)).collect(),
+                step_units: vec![0.0; groups.len()],
+            })
+            .collect();
+        World { groups: groups.to_vec(), clients, backends }
+    }
+
+    /// One step of `dt_s` seconds ending at `now`: arrivals, admissions, and the load they put
+    /// on the backends.
+    pub fn step(&mut self, now: Nanos, dt_s: f64) {
+        for c in &mut self.clients {
+            c.arrivals += c.rate * dt_s;
+            let new = c.arrivals.floor();
+            c.arrivals -= new;
+            c.backlog += new as u64;
+            while c.backlog > 0 {
+                if c.handle.try_acquire(c.cost).is_err() {
+                    break;
+                }
+                c.backlog -= 1;
+                c.sec_units += c.cost;
+                c.sec_requests += 1.0;
+                // Each request's cost is spread evenly over the client's backends.
+                let share = c.cost / c.backends.len().max(1) as f64;
+                for &b in &c.backends {
+                    self.backends[b].step_units[c.group] += share;
+                }
+            }
+            // What is still waiting is demand, as an application with its own queue says.
+            c.handle.set_queued(c.backlog as f64 * c.cost);
+        }
+        for b in &mut self.backends {
+            let total: f64 = b.step_units.iter().sum();
+            b.load.add_delta(now, total);
+            for (g, units) in b.step_units.iter_mut().enumerate() {
+                b.per_group[g].add_delta(now, *units);
+                *units = 0.0;
+            }
+        }
+    }
+
+    /// Every backend's report at `now`, in the contract's form.
+    pub fn backend_reports(&mut self, now: Nanos) -> Vec<v1::BackendReport> {
+        let groups = &self.groups;
+        self.backends
+            .iter_mut()
+            .map(|b| {
+                let load = b.load.smooth_rate(now).max(0.0);
+                let loads = groups
+                    .iter()
+                    .enumerate()
+                    .map(|(g, name)| (name, b.per_group[g].smooth_rate(now).max(0.0)))
+                    .filter(|(_, l)| *l > 0.0)
+                    .map(|(name, l)| v1::GroupLoad { group: name.to_string(), units_per_s: l })
+                    .collect();
+                v1::BackendReport {
+                    backend_id: b.name.clone(),
+                    zone: b.zone.clone(),
+                    health: Some(v1::backend_report::Health::QueueBytes(load / b.capacity * QUEUE_AT_CAPACITY)),
+                    loads,
+                }
+            })
+            .collect()
+    }
+
+    /// What each group was admitted since the last call (one simulated second).
+    pub fn take_second(&mut self) -> Vec<Admitted> {
+        let mut out = vec![Admitted::default(); self.groups.len()];
+        for c in &mut self.clients {
+            out[c.group].requests += c.sec_requests;
+            out[c.group].units += c.sec_units;
+            c.sec_requests = 0.0;
+            c.sec_units = 0.0;
+        }
+        out
+    }
+
+    /// Each backend's utilisation at `now`.
+    pub fn utilisation(&self, now: Nanos) -> Vec<f64> {
+        self.backends.iter().map(|b| b.load.clone().smooth_rate(now).max(0.0) / b.capacity).collect()
+    }
+
+    /// Changes a backend's capacity.
+    pub fn set_backend_capacity(&mut self, backend: usize, capacity: f64) {
+        self.backends[backend].capacity = capacity;
+    }
+}
