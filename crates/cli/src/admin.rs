@@ -164,7 +164,10 @@ impl GroupOptions {
         let mut p = v1::GroupPatch::default();
         if let Some(n) = self.ru_per_sec {
             p.reserved = Some(n);
-            p.limit = Some(n);
+            // TiDB's RU_PER_SEC with BURSTABLE: reserved N, no limit.
+            if !self.burstable {
+                p.limit = Some(n);
+            }
         }
         if let Some(r) = self.reserved {
             p.reserved = Some(r);

@@ -83,12 +83,12 @@ fn sim_passes_a_scenario_and_writes_timeline_summary_and_chart() {
     let (code, out, err) = tollgate(&["sim", &scenario("fdb-simple"), "--out", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("scenario fdb-simple (seed 1)"), "{out}");
-    assert!(out.contains("phase 1: passed at 10 s"), "{out}");
+    assert!(out.contains("phase 1: passed at 11 s"), "{out}");
     let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
-    assert!(summary.contains(r#""phases":[{"passed":true,"converged_s":10.0}]"#), "{summary}");
+    assert!(summary.contains(r#""phases":[{"passed":true,"converged_s":11.0}]"#), "{summary}");
     let csv = std::fs::read_to_string(dir.join("timeline.csv")).unwrap();
     assert!(csv.starts_with("t,tag1.target_rps,"), "{csv}");
-    assert_eq!(csv.lines().count(), 1 + 10, "a header and one row per simulated second");
+    assert_eq!(csv.lines().count(), 1 + 11, "a header and one row per simulated second");
     let png = std::fs::read(dir.join("timeline.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 }

@@ -164,7 +164,7 @@ fn node_capacity_and_status() {
     assert_eq!(ok(&s, &["node", "capacity"]).trim(), "unlimited");
     assert_eq!(ok(&s, &["node", "capacity", "25000"]).trim(), "25000");
     assert_eq!(ok(&s, &["node", "capacity"]).trim(), "25000");
-    fails(&s, &["node", "capacity", "0"], "capacity: must be a finite number above 0, got 0");
+    fails(&s, &["node", "capacity", "0"], "capacity: must be a finite number above 0 and at most 1e15, got 0");
     fails(&s, &["node", "capacity", "-1"], "Usage: tollgate node capacity");
     fails(&s, &["node", "capacity", "lots"], "invalid value 'lots'");
     ok(&s, &["group", "create", "a", "--reserved", "100", "--limit", "500"]);
