@@ -18,7 +18,7 @@ use tollgate_core::engine::{ClientId, Engine, EngineSettings};
 use tollgate_core::settings::GroupName;
 use tollgate_core::time::Nanos;
 
-use crate::group::Groups;
+use crate::group::{Groups, Limiter};
 
 /// This process, as the engine's one client.
 const LOCAL: ClientId = 1;
@@ -26,6 +26,8 @@ const LOCAL: ClientId = 1;
 struct State {
     engine: Engine,
     meters: HashMap<GroupName, DemandMeter>,
+    /// When the last reallocation ran.
+    last: Option<Nanos>,
 }
 
 /// The engine and this process's demand meters.
@@ -49,7 +51,7 @@ impl Embedded {
         for (name, settings) in &config.groups {
             engine.set_group(name.clone(), settings.clone());
         }
-        Embedded { state: Mutex::new(State { engine, meters: HashMap::new() }), interval: node.realloc_interval }
+        Embedded { state: Mutex::new(State { engine, meters: HashMap::new(), last: None }), interval: node.realloc_interval }
     }
 
     /// How often allowances are recomputed.
@@ -61,13 +63,29 @@ impl Embedded {
     /// another thread is at it.
     pub(crate) fn reallocate(&self, now: Nanos, groups: &Groups) {
         let Ok(mut state) = self.state.try_lock() else { return };
-        let State { engine, meters } = &mut *state;
+        // Reallocations run on calls: after a spell with none, what was counted since the last
+        // one happened just after it. Report it then, so a long silence reads as one.
+        if let Some(last) = state.last
+            && now.since(last) > self.interval * 2
+        {
+            state.pass(last.after(self.interval), groups);
+        }
+        state.pass(now, groups);
+    }
+}
+
+impl State {
+    fn pass(&mut self, now: Nanos, groups: &Groups) {
+        self.last = Some(now);
+        let State { engine, meters, .. } = self;
         let idle = engine.settings().group_idle_expiry;
         let list = groups.unique();
+        let mut quiet = Vec::new();
         for g in &list {
             let counts = g.counts();
             let meter = meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, idle) {
+                quiet.push(g.name.clone());
                 continue;
             }
             let granted = Some(g.allowance()).filter(|a| a.is_finite() && *a > 0.0);
@@ -76,10 +94,20 @@ impl Embedded {
         }
         engine.tick(now);
         for g in &list {
-            let Some(outcome) = engine.outcome(&g.name) else { continue };
-            if let Some(grant) = outcome.grant_of(LOCAL) {
-                g.set_rate(grant.rate, grant.burst, now);
-                g.demand.store(outcome.demand.to_bits(), Ordering::Relaxed);
+            match engine.outcome(&g.name).and_then(|o| o.grant_of(LOCAL).map(|grant| (o, grant))) {
+                Some((outcome, grant)) => {
+                    g.set_rate(grant.rate, grant.burst, now);
+                    g.demand.store(outcome.demand.to_bits(), Ordering::Relaxed);
+                }
+                // Idle past the expiry, the engine forgot it: its next request waits for the
+                // next tick, which takes it in again as new (with its ramp at min, or resumed).
+                None if quiet.contains(&g.name) && !g.allowance().is_nan() => {
+                    if let Limiter::Bucket(bucket) = &g.limiter {
+                        bucket.close_until_rated(now);
+                    }
+                    g.allowance.store(f64::NAN.to_bits(), Ordering::Relaxed);
+                }
+                None => {}
             }
         }
         meters.retain(|name, _| groups.get(name.as_str()).is_some());

@@ -6,7 +6,7 @@
 //! by the mode's own module through [`Groups`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use arc_swap::ArcSwap;
@@ -61,6 +61,8 @@ pub(crate) struct Group {
     /// Current allowance (units/s) and measured demand, as f64 bits.
     pub(crate) allowance: AtomicU64,
     pub(crate) demand: AtomicU64,
+    /// Asked for by name or handle at least once: a controller is told of it.
+    used: AtomicBool,
     me: Weak<Group>,
 }
 
@@ -85,6 +87,7 @@ impl Group {
             burst_ceiling,
             allowance: AtomicU64::new(0f64.to_bits()),
             demand: AtomicU64::new(0f64.to_bits()),
+            used: AtomicBool::new(false),
             me: me.clone(),
         })
     }
@@ -138,6 +141,19 @@ impl Group {
             bucket.set_rate(rate, burst, now);
         }
         self.allowance.store(rate.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Marks the group as asked for (cheap when it already is).
+    #[inline]
+    pub(crate) fn mark_used(&self) {
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the group was ever asked for.
+    pub(crate) fn is_used(&self) -> bool {
+        self.used.load(Ordering::Relaxed)
     }
 
     /// The current allowance, units/s.

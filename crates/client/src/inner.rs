@@ -90,6 +90,7 @@ impl Inner {
     #[inline]
     pub(crate) fn lookup(&self, name: &str) -> Result<Arc<Group>, AcquireError> {
         let (group, made) = self.groups.lookup(name)?;
+        group.mark_used();
         if made {
             self.on_new_group(&group);
         }
@@ -121,6 +122,10 @@ impl Inner {
     /// Tells the mode about a refusal: a remote client asks for an exchange.
     #[cold]
     pub(crate) fn refused(&self, g: &Group, cost: f64, refusal: Option<Refusal>) {
+        if matches!(self.mode, Mode::Embedded(_)) && refusal == Some(Refusal::Closed) && g.allowance().is_nan() {
+            // Forgotten while idle: take it in again at the next call.
+            self.next_tick_ns.store(0, Ordering::Relaxed);
+        }
         if let Mode::Remote(link) = &self.mode {
             match refusal {
                 Some(Refusal::ExceedsBurst { .. }) => {

@@ -291,7 +291,9 @@ impl Driver {
         self.last_exchange = Some(now);
         self.pending = Some(self.meters.clone());
         let mut usage = Vec::new();
-        for g in groups.unique() {
+        // Groups the application never asked for (the shared `default` state, until a name
+        // falls back to it) are not reported.
+        for g in groups.unique().into_iter().filter(|g| g.is_used()) {
             let counts = g.counts();
             let meter = self.meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, self.idle_expiry) {

@@ -481,3 +481,4 @@ fn a_closed_group_admits_nothing_from_a_stash() {
     }
     assert_eq!(admit(&low, 100), 0, "a closed group admitted from its stash");
 }
+

@@ -1,62 +1,13 @@
 //! Store mode against a real `redis-server` (started here, on a free port, in a temporary
 //! directory; `./scripts/test.sh` installs it when missing).
 
-use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use tollgate_client::{SafeModePolicy, StoreOptions, Tollgate};
 use tollgate_core::config::Config;
 use tollgate_core::time::ManualClock;
 
-struct Redis {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Redis {
-    fn start(name: &str) -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Redis::start_on(name, port)
-    }
-
-    fn start_on(name: &str, port: u16) -> Redis {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{name}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed (./scripts/test.sh installs it)");
-        // Ready when it accepts connections (bounded: 5 s).
-        for _ in 0..500 {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Redis { child, port, dir };
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("redis-server did not start on port {port}");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use tollgate_testkit::redis::Redis;
 
 fn config(toml: &str) -> Config {
     Config::parse(toml).unwrap()

@@ -7,9 +7,10 @@
 //! - **demand** = the rate of units asked since the last report, or its moving average
 //!   (exponential, folding time 1 s) when that is higher, so a quiet moment does not drop a
 //!   busy client at once;
-//! - a client that was **refused or had to wait** since the last report wants more than it got:
-//!   its demand is at least half again its current grant, so refused work grows its share
-//!   geometrically until it is met (a closed-loop client that only waits never asks twice);
+//! - refused requests are already in what was asked; a client whose requests **had to wait**
+//!   since the last report wants more than it got, but asked each request once: its demand is
+//!   at least half again its current grant, so waiting work grows its share geometrically
+//!   until it is met;
 //! - units **waiting** now are reported as they are; the engine adds them to the demand;
 //! - unthrottled units are reported as a rate: they count against the group and the capacity.
 //!
@@ -60,7 +61,7 @@ pub struct Counts {
 /// let r = meter.report(sec(1), counts, 0.0, Some(200.0));
 /// assert_eq!(r.consumed, 200.0);
 /// assert_eq!(r.throttled, 100.0);
-/// assert_eq!(r.demand, 300.0); // refused work asked for 300/s, more than 1.5 × 200
+/// assert_eq!(r.demand, 300.0); // refused work is in what was asked
 /// ```
 #[derive(Debug, Clone)]
 pub struct DemandMeter {
@@ -90,8 +91,7 @@ impl DemandMeter {
         let keep = (-dt / DEMAND_FOLDING_S).exp();
         self.average = self.average * keep + rate * (1.0 - keep);
         let mut demand = rate.max(self.average);
-        let unmet = counts.throttled > last.throttled || counts.waited > last.waited;
-        if unmet && let Some(g) = granted.filter(|g| g.is_finite()) {
+        if counts.waited > last.waited && let Some(g) = granted.filter(|g| g.is_finite()) {
             demand = demand.max(g * HUNGRY_FACTOR);
         }
         let report = ClientReport {

@@ -1,7 +1,10 @@
 //! A pool shared by several clients, handed out per one-second epoch (Numaflow's store mode).
 //!
 //! Each of `size` clients may take `⌊pool / size⌋` units per epoch, never more; what it deposits
-//! back within the epoch can be taken again; nothing carries over to the next epoch. The pool is
+//! back within the epoch can be taken again; unused units do not carry over to the next epoch.
+//! What was taken beyond the share ([`EpochShare::take`]: unthrottled work, or a cost found
+//! larger afterwards) is debt: the next epoch's share is that much smaller, so such work
+//! counts against the pool as everything else does. The pool is
 //! fixed, or follows a [`Ramp`]. The ramp is stepped lazily at the first call of an epoch, from
 //! the last active epoch's use at pool level: this client's use times `size` (every client is
 //! assumed to use alike), plus the remainder that integer division could not hand out, which
@@ -136,7 +139,8 @@ impl EpochShare {
     }
 
     /// Takes `cost` whether or not the share holds it (unthrottled work, a cost found larger
-    /// afterwards): the share can go below zero for the rest of the epoch.
+    /// afterwards): the share can go below zero, and what is below zero at the end of the
+    /// epoch is taken from the next one's.
     pub fn take(&self, cost: f64, now: Nanos) {
         let mut s = self.lock();
         roll(&mut s, now);
@@ -177,7 +181,8 @@ fn roll(s: &mut State, now: Nanos) {
         }
     };
     s.share = (s.pool / size).floor();
-    s.left = s.share;
+    // Debt carries over; unused units do not.
+    s.left = s.share + s.left.min(0.0);
     s.used = 0.0;
     s.epoch = Some(epoch);
 }

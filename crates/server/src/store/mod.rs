@@ -12,6 +12,7 @@ mod file;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use self::file::{FILE_NAME, RedbStore};
 use thiserror::Error;
@@ -120,36 +121,42 @@ pub trait SettingsStore: Send {
     ) -> Result<(), StoreError>;
 }
 
-/// A store in memory: nothing survives the process. For the simulator and tests.
+/// A store in memory: nothing survives the process. Clones share one store, so a controller
+/// made again over a clone sees what the last one wrote (a restart, in the simulator and tests).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
-    stored: Stored,
+    stored: Arc<Mutex<Stored>>,
 }
 
 impl MemoryStore {
     /// A store that starts with `stored`.
     pub fn with(stored: Stored) -> Self {
-        Self { stored }
+        Self { stored: Arc::new(Mutex::new(stored)) }
+    }
+
+    fn stored(&self) -> MutexGuard<'_, Stored> {
+        self.stored.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl SettingsStore for MemoryStore {
     fn load(&self) -> Result<Stored, StoreError> {
-        Ok(self.stored.clone())
+        Ok(self.stored().clone())
     }
 
     fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError> {
-        self.stored.groups.insert(name.clone(), settings.clone());
+        self.stored().groups.insert(name.clone(), settings.clone());
         Ok(())
     }
 
     fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError> {
-        self.stored.meters.remove(name);
-        Ok(self.stored.groups.remove(name).is_some())
+        let mut stored = self.stored();
+        stored.meters.remove(name);
+        Ok(stored.groups.remove(name).is_some())
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
-        self.stored.node = node;
+        self.stored().node = node;
         Ok(())
     }
 
@@ -158,8 +165,9 @@ impl SettingsStore for MemoryStore {
         meters: &[(GroupName, Meter)],
         ramps: &[(GroupName, StoredRamp)],
     ) -> Result<(), StoreError> {
-        self.stored.meters.extend(meters.iter().cloned());
-        self.stored.ramps = ramps.iter().cloned().collect();
+        let mut stored = self.stored();
+        stored.meters.extend(meters.iter().cloned());
+        stored.ramps = ramps.iter().cloned().collect();
         Ok(())
     }
 }
