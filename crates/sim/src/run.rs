@@ -91,10 +91,10 @@ impl Outcome {
     }
 }
 
-/// The controller a scenario describes, over a store in memory holding its groups.
-pub fn controller(scenario: &Scenario) -> Controller {
+/// The engine settings a scenario's controller runs with.
+pub fn engine_settings(scenario: &Scenario) -> EngineSettings {
     let c = &scenario.controller;
-    let settings = EngineSettings {
+    EngineSettings {
         tick: c.tick,
         saturation: SaturationSettings {
             limiting_threshold: c.limiting_threshold,
@@ -102,13 +102,23 @@ pub fn controller(scenario: &Scenario) -> Controller {
             ..SaturationSettings::default()
         },
         ..EngineSettings::default()
-    };
-    let stored = Stored {
+    }
+}
+
+/// What a scenario's controller has stored at the start: its groups, capacity and mode.
+pub fn stored(scenario: &Scenario) -> Stored {
+    let c = &scenario.controller;
+    Stored {
         groups: scenario.groups.iter().cloned().collect(),
         node: StoredNode { capacity: c.capacity, mode: c.mode },
         ..Stored::default()
-    };
-    Controller::new(Box::new(MemoryStore::with(stored)), settings, Nanos::ZERO, 0).expect("a store in memory loads")
+    }
+}
+
+/// The controller a scenario describes, over a store in memory holding its groups.
+pub fn controller(scenario: &Scenario) -> Controller {
+    let store = MemoryStore::with(stored(scenario));
+    Controller::new(Box::new(store), engine_settings(scenario), Nanos::ZERO, 0).expect("a store in memory loads")
 }
 
 /// Every group a scenario names, sorted: its groups, its clients' and its actions'.
