@@ -284,3 +284,27 @@ fn ramp_draws_a_chart_and_names_bad_arguments() {
     assert_ne!(code, 0);
     assert!(err.contains("invalid value 'sideways'"), "{err}");
 }
+
+/// Issues: `check-config` panicked on a huge duration; accepted a go_back_n ramp with a
+/// cool-down of 0, which then held the pool at its minimum for ever; and accepted an fcfs
+/// file with a budget that the client then refused. What it accepts, the limiter builds.
+#[test]
+fn check_config_reports_what_the_limiter_would_refuse_and_accepts_what_it_builds() {
+    let path = file(
+        "durations.toml",
+        "[groups.a]\nlimit = 10\n[groups.a.ramp]\nmin = 1\nmax = 5\nduration_s = 1e20\n\
+         [groups.b]\nlimit = 10\n[groups.b.ramp]\nmin = 1\nmax = 5\nduration_s = 10\nmode = \"go_back_n\"\ncool_down_s = 0\n",
+    );
+    let (code, out, err) = tollgate(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.is_empty(), "no panic: {err}");
+    assert!(out.contains(":6: groups.a.ramp.duration_s: must be at most 31536000 seconds, got 100000000000000000000"), "{out}");
+    assert!(out.contains("groups.b.ramp.cool_down_s: must be at least 1 in go_back_n mode"), "{out}");
+
+    let fcfs = "[node]\nmode = \"fcfs\"\ncapacity = 100\n[groups.a]\nreserved = 10\nbudget = 500\nburst = 20\n\
+                [groups.a.ramp]\nmin = 1\nmax = 50\nduration_s = 10\n";
+    let path = file("fcfs.toml", fcfs);
+    let (code, out, _) = tollgate(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    tollgate_client::Tollgate::from_toml(fcfs).expect("what check-config accepts, the limiter builds");
+}

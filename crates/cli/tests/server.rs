@@ -128,6 +128,28 @@ fn tidb_style_groups_round_trip_and_refuse_bad_changes() {
 }
 
 #[test]
+fn ramps_budgets_and_the_allocation_mode_are_set_through_the_cli() {
+    let s = ServerProc::start(&data_dir("ramps"));
+    let out = ok(
+        &s,
+        &["group", "create", "r", "--limit", "100", "--budget", "5000", "--ramp", "min=10,max=100,duration_s=30,mode=go_back_n,resume_ttl_s=60"],
+    );
+    assert!(out.contains("ramp:     min=10,max=100,duration_s=30,mode=go_back_n,resume_ttl_s=60"), "{out}");
+    assert!(out.contains("budget:   5000"), "{out}");
+    fails(&s, &["group", "alter", "r", "--ramp", "min=10,max=5,duration_s=3"], "ramp.min: must not exceed ramp.max (10 > 5)");
+    fails(&s, &["group", "alter", "r", "--ramp", "min=1,max=5,duration_s=3,speed=2"], "\"speed\": unknown key");
+    fails(&s, &["group", "alter", "r", "--ramp", "min=1,max=5,duration_s=3,mode=go_back_n,cool_down_s=0"], "ramp.cool_down_s: must be at least 1");
+    fails(&s, &["group", "alter", "r", "--burstable", "--limit", "5"], "cannot be used with");
+    let out = ok(&s, &["group", "alter", "r", "--no-ramp", "--no-budget"]);
+    assert!(!out.contains("ramp:") && !out.contains("budget:"), "{out}");
+    assert_eq!(ok(&s, &["node", "mode"]).trim(), "share");
+    assert_eq!(ok(&s, &["node", "mode", "fcfs"]).trim(), "fcfs");
+    fails(&s, &["node", "mode", "fastest"], "invalid value 'fastest'");
+    let status = ok(&s, &["status", "--json"]);
+    assert!(status.contains("\"mode\":\"fcfs\"") && status.contains("\"priority\":\"medium\""), "{status}");
+}
+
+#[test]
 fn fdb_style_quotas_round_to_pages_and_insist_on_the_total_first() {
     let s = ServerProc::start(&data_dir("quota"));
     assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "<empty>");

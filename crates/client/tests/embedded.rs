@@ -482,3 +482,15 @@ fn a_closed_group_admits_nothing_from_a_stash() {
     assert_eq!(admit(&low, 100), 0, "a closed group admitted from its stash");
 }
 
+
+/// Issue: `Tollgate::with_clock` turned a remote or store handle into an embedded one,
+/// silently.
+#[test]
+fn with_clock_refuses_a_handle_that_is_not_embedded() {
+    let (remote, _driver) = Tollgate::remote_driven(tollgate_client::RemoteOptions::default()).unwrap();
+    assert_eq!(remote.mode(), "remote");
+    let e = remote.with_clock(ManualClock::new()).unwrap_err();
+    assert!(matches!(e, tollgate_client::BuildError::Unsupported { mode: "remote", .. }), "{e}");
+    let embedded = gate("[groups.a]\nlimit = 1\n", &ManualClock::new());
+    assert_eq!(embedded.with_clock(ManualClock::new()).unwrap().mode(), "embedded");
+}

@@ -397,3 +397,55 @@ impl Controller {
         (engine.clients(), engine.backends(), engine.learning(now))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn controller() -> Controller {
+        Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap()
+    }
+
+    fn load(group: &str, units_per_s: f64) -> v1::GroupLoad {
+        v1::GroupLoad { group: group.into(), units_per_s }
+    }
+
+    /// Issue: one invalid group name in a backend report made the server reject the whole
+    /// report, and said so only at debug level.
+    #[test]
+    fn a_bad_load_is_left_out_and_named_and_the_rest_are_taken() {
+        let c = controller();
+        let report = v1::BackendReport {
+            backend_id: "b1".into(),
+            zone: "z".into(),
+            health: Some(v1::backend_report::Health::Utilisation(0.5)),
+            loads: vec![load("good", 10.0), load("", 5.0), load("bad\nname", 5.0), load("nan", f64::NAN)],
+        };
+        let ack = c.backend_report(Nanos::ZERO, &report).unwrap();
+        assert_eq!(ack.rejected.len(), 3, "{ack:?}");
+        assert!(ack.rejected[0].starts_with("loads[1].group: must not be empty"), "{ack:?}");
+        assert!(ack.rejected[2].starts_with("loads[3].units_per_s: must be a finite number"), "{ack:?}");
+        assert_eq!(c.tracking(Nanos::ZERO).1, 1, "the backend and its good load were taken");
+        // A report without health is refused whole, naming the field.
+        let e = c.backend_report(Nanos::ZERO, &v1::BackendReport { health: None, ..report }).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().starts_with("health:"), "{e:?}");
+    }
+
+    #[test]
+    fn exchanges_are_checked_against_the_contract() {
+        let c = controller();
+        let usage = |group: &str, demand: f64| v1::GroupUsage { group: group.into(), demand, ..Default::default() };
+        let req = |groups| v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups };
+        let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", f64::INFINITY)])).unwrap_err();
+        assert!(e.message().starts_with("groups[0].demand: must be a finite number"), "{e:?}");
+        let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1e16)])).unwrap_err();
+        assert!(e.message().contains("from 0 to 1e15"), "{e:?}");
+        let e = c.exchange(Nanos::ZERO, &v1::ExchangeRequest { client_id: String::new(), ..req(vec![]) }).unwrap_err();
+        assert!(e.message().starts_with("client_id:"), "{e:?}");
+        let ok = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1.0)])).unwrap();
+        assert!(ok.grants[0].unlimited);
+        assert_eq!(c.exchanges(), 1, "refused exchanges are not counted");
+    }
+}

@@ -136,3 +136,27 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "groups": groups,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue: the status JSON showed priorities as 16 and 8 instead of `high` and `medium`.
+    #[test]
+    fn priorities_read_as_people_say_them() {
+        let settings = |priority| Some(v1::GroupSettings { priority, weight: 1.0, ..Default::default() });
+        let status = v1::StatusResponse {
+            groups: vec![
+                v1::GroupStatus { name: "a".into(), settings: settings(16), ..Default::default() },
+                v1::GroupStatus { name: "b".into(), settings: settings(8), ..Default::default() },
+                v1::GroupStatus { name: "c".into(), settings: settings(3), ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        let json = status_json(&status);
+        let priorities: Vec<&str> =
+            json["groups"].as_array().unwrap().iter().map(|g| g["settings"]["priority"].as_str().unwrap()).collect();
+        assert_eq!(priorities, ["high", "medium", "3"]);
+        assert_eq!(json["mode"], "share");
+    }
+}
