@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every Tollgate test: unit, integration, property, CLI, examples, benchmarks (once
-# each, as tests) and documentation examples. Installs what the tests need: redis-server
-# (Debian's package) for the store-mode tests, which start their own servers on free ports.
+# Runs every Tollgate test: the formatting and lint gates, then unit, integration, property,
+# behavioural (every mode), simulation, CLI, examples, benchmarks (once each, as tests) and
+# documentation examples. Installs what the tests need: redis-server (Debian's package) for the
+# store-mode tests, which start their own servers on free ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,11 @@ if ! command -v redis-server >/dev/null 2>&1; then
     exit 1
   fi
 fi
+
+# Lint in CI, not in source: formatting, then clippy with warnings as errors (the clock ban and
+# the docs lint live in clippy.toml and the workspace lints).
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # The end-to-end test runs examples/kv-service as a real process: build it as a binary
 # (`--all-targets` below builds examples only in test mode).

@@ -136,7 +136,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
-        Command::Server { data, grpc, http, tick_ms, lease_ms, ignore_worst_zones, limiting_threshold, flush_ms } => {
+        Command::Server {
+            data,
+            grpc,
+            http,
+            tick_ms,
+            lease_ms,
+            ignore_worst_zones,
+            limiting_threshold,
+            flush_ms,
+        } => {
             if !(limiting_threshold.is_finite() && limiting_threshold >= 0.0) {
                 anyhow::bail!("--limiting-threshold: must be a number, at least 0; got {limiting_threshold}");
             }

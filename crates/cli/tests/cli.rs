@@ -298,7 +298,12 @@ fn check_config_reports_what_the_limiter_would_refuse_and_accepts_what_it_builds
     let (code, out, err) = tollgate(&["check-config", path.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.is_empty(), "no panic: {err}");
-    assert!(out.contains(":6: groups.a.ramp.duration_s: must be at most 31536000 seconds, got 100000000000000000000"), "{out}");
+    assert!(
+        out.contains(
+            ":6: groups.a.ramp.duration_s: must be at most 31536000 seconds, got 100000000000000000000"
+        ),
+        "{out}"
+    );
     assert!(out.contains("groups.b.ramp.cool_down_s: must be at least 1 in go_back_n mode"), "{out}");
 
     let fcfs = "[node]\nmode = \"fcfs\"\ncapacity = 100\n[groups.a]\nreserved = 10\nbudget = 500\nburst = 20\n\

@@ -132,13 +132,35 @@ fn ramps_budgets_and_the_allocation_mode_are_set_through_the_cli() {
     let s = ServerProc::start(&data_dir("ramps"));
     let out = ok(
         &s,
-        &["group", "create", "r", "--limit", "100", "--budget", "5000", "--ramp", "min=10,max=100,duration_s=30,mode=go_back_n,resume_ttl_s=60"],
+        &[
+            "group",
+            "create",
+            "r",
+            "--limit",
+            "100",
+            "--budget",
+            "5000",
+            "--ramp",
+            "min=10,max=100,duration_s=30,mode=go_back_n,resume_ttl_s=60",
+        ],
     );
     assert!(out.contains("ramp:     min=10,max=100,duration_s=30,mode=go_back_n,resume_ttl_s=60"), "{out}");
     assert!(out.contains("budget:   5000"), "{out}");
-    fails(&s, &["group", "alter", "r", "--ramp", "min=10,max=5,duration_s=3"], "ramp.min: must not exceed ramp.max (10 > 5)");
-    fails(&s, &["group", "alter", "r", "--ramp", "min=1,max=5,duration_s=3,speed=2"], "\"speed\": unknown key");
-    fails(&s, &["group", "alter", "r", "--ramp", "min=1,max=5,duration_s=3,mode=go_back_n,cool_down_s=0"], "ramp.cool_down_s: must be at least 1");
+    fails(
+        &s,
+        &["group", "alter", "r", "--ramp", "min=10,max=5,duration_s=3"],
+        "ramp.min: must not exceed ramp.max (10 > 5)",
+    );
+    fails(
+        &s,
+        &["group", "alter", "r", "--ramp", "min=1,max=5,duration_s=3,speed=2"],
+        "\"speed\": unknown key",
+    );
+    fails(
+        &s,
+        &["group", "alter", "r", "--ramp", "min=1,max=5,duration_s=3,mode=go_back_n,cool_down_s=0"],
+        "ramp.cool_down_s: must be at least 1",
+    );
     fails(&s, &["group", "alter", "r", "--burstable", "--limit", "5"], "cannot be used with");
     let out = ok(&s, &["group", "alter", "r", "--no-ramp", "--no-budget"]);
     assert!(!out.contains("ramp:") && !out.contains("budget:"), "{out}");
@@ -186,7 +208,11 @@ fn node_capacity_and_status() {
     assert_eq!(ok(&s, &["node", "capacity"]).trim(), "unlimited");
     assert_eq!(ok(&s, &["node", "capacity", "25000"]).trim(), "25000");
     assert_eq!(ok(&s, &["node", "capacity"]).trim(), "25000");
-    fails(&s, &["node", "capacity", "0"], "capacity: must be a finite number above 0 and at most 1e15, got 0");
+    fails(
+        &s,
+        &["node", "capacity", "0"],
+        "capacity: must be a finite number above 0 and at most 1e15, got 0",
+    );
     fails(&s, &["node", "capacity", "-1"], "Usage: tollgate node capacity");
     fails(&s, &["node", "capacity", "lots"], "invalid value 'lots'");
     ok(&s, &["group", "create", "a", "--reserved", "100", "--limit", "500"]);

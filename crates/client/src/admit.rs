@@ -52,13 +52,16 @@ impl Inner {
             });
         }
         let outcome = match &g.limiter {
-            Limiter::Bucket(bucket) if let Some(priced) = priced => {
-                bucket.commit(priced, now).map(|()| Duration::ZERO).map_err(|r| (self.retry_after(r), Some(r)))
-            }
+            Limiter::Bucket(bucket) if let Some(priced) = priced => bucket
+                .commit(priced, now)
+                .map(|()| Duration::ZERO)
+                .map_err(|r| (self.retry_after(r), Some(r))),
             Limiter::Bucket(bucket) => {
                 bucket.reserve(cost, now, max_wait).map_err(|r| (self.retry_after(r), Some(r)))
             }
-            Limiter::Epoch(share) => share.try_take(cost, now).map(|()| Duration::ZERO).map_err(|d| (d, None)),
+            Limiter::Epoch(share) => {
+                share.try_take(cost, now).map(|()| Duration::ZERO).map_err(|d| (d, None))
+            }
         };
         match outcome {
             Ok(wait) => {
@@ -78,7 +81,11 @@ impl Inner {
     /// no clock read and no write to the shared bucket; it reads the clock again at least
     /// every [`STASH_HITS`] admissions, so reallocation keeps its pace.
     #[inline(always)]
-    pub(crate) fn try_admit_bucket<'g>(&self, g: &'g Group, cost: f64) -> Option<Result<Permit<'g>, AcquireError>> {
+    pub(crate) fn try_admit_bucket<'g>(
+        &self,
+        g: &'g Group,
+        cost: f64,
+    ) -> Option<Result<Permit<'g>, AcquireError>> {
         let Limiter::Bucket(bucket) = &g.limiter else { return None };
         if !(cost >= 0.0 && cost.is_finite() && cost <= g.burst_ceiling) {
             return None;
@@ -225,7 +232,8 @@ impl Inner {
                 Err(e) => return Err(e),
             }
         }
-    }}
+    }
+}
 
 /// Counts a group's units waiting in `acquire` while it lives.
 struct Waiting {

@@ -90,7 +90,7 @@ impl Builder {
         };
         let configured = config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();
         let groups = Arc::new(Groups::new(configured, config.node.max_tracked_groups, Box::new(make)));
-        let mode = Mode::Embedded(Embedded::new(&config));
+        let mode = Mode::Embedded(Box::new(Embedded::new(&config)));
         let inner = Inner::new(clock, groups, mode, config.node, config.cost_model);
         Ok(Tollgate { inner: Arc::new(inner), unthrottled: false })
     }
@@ -174,7 +174,8 @@ impl Tollgate {
                 reason: "a remote or store handle takes its clock when it is made",
             });
         }
-        let mut config = Config { node: inner.node.clone(), cost_model: inner.cost_model, ..Config::default() };
+        let mut config =
+            Config { node: inner.node.clone(), cost_model: inner.cost_model, ..Config::default() };
         for (name, settings) in inner.groups.configured() {
             config.groups.insert(GroupName::new(name).expect("configured names are valid"), settings.clone());
         }

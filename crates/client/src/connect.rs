@@ -34,7 +34,10 @@ impl Tollgate {
     /// A remote client over a channel made by the caller: any transport tonic can carry, such
     /// as a simulated network in tests (`Endpoint::connect_with_connector`). Must be called
     /// inside a tokio runtime.
-    pub fn remote_channel(channel: tonic::transport::Channel, opts: RemoteOptions) -> Result<Tollgate, BuildError> {
+    pub fn remote_channel(
+        channel: tonic::transport::Channel,
+        opts: RemoteOptions,
+    ) -> Result<Tollgate, BuildError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let timeout = opts.exchange_timeout;
         let (gate, driver) = Self::remote_driven(opts)?;
@@ -77,7 +80,8 @@ impl Tollgate {
             max_tracked_groups: opts.max_tracked_groups,
             ..NodeSettings::default()
         };
-        let driver = Driver::new(Arc::downgrade(&groups), link.clone(), clock.clone(), opts.group_idle_expiry);
+        let driver =
+            Driver::new(Arc::downgrade(&groups), link.clone(), clock.clone(), opts.group_idle_expiry);
         let inner = Inner::new(clock, groups, Mode::Remote(link), node, opts.cost_model);
         Ok((Tollgate { inner: Arc::new(inner), unthrottled: false }, driver))
     }
@@ -116,7 +120,8 @@ impl Tollgate {
             g
         };
         // Names outside the settings share the default group's state.
-        let max = config.groups.len() + usize::from(!config.groups.keys().any(|g| g.as_str() == DEFAULT_GROUP));
+        let max =
+            config.groups.len() + usize::from(!config.groups.keys().any(|g| g.as_str() == DEFAULT_GROUP));
         let configured = config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();
         let groups = Arc::new(Groups::new(configured, max, Box::new(make)));
         let link = Arc::new(link);

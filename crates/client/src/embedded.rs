@@ -8,8 +8,8 @@
 //! it (a resumable ramp keeps its value for its TTL).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tollgate_core::config::Config;
@@ -51,7 +51,10 @@ impl Embedded {
         for (name, settings) in &config.groups {
             engine.set_group(name.clone(), settings.clone());
         }
-        Embedded { state: Mutex::new(State { engine, meters: HashMap::new(), last: None }), interval: node.realloc_interval }
+        Embedded {
+            state: Mutex::new(State { engine, meters: HashMap::new(), last: None }),
+            interval: node.realloc_interval,
+        }
     }
 
     /// How often allowances are recomputed.

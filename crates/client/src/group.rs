@@ -73,7 +73,12 @@ impl std::fmt::Debug for Group {
 }
 
 impl Group {
-    pub(crate) fn new(name: GroupName, limiter: Limiter, clock: &Arc<ClockSource>, burst_ceiling: f64) -> Arc<Group> {
+    pub(crate) fn new(
+        name: GroupName,
+        limiter: Limiter,
+        clock: &Arc<ClockSource>,
+        burst_ceiling: f64,
+    ) -> Arc<Group> {
         Arc::new_cyclic(|me| Group {
             name,
             limiter,
@@ -191,7 +196,11 @@ pub(crate) struct Groups {
 
 impl Groups {
     /// A table with the configured groups (and `default`) already in it.
-    pub(crate) fn new(configured: HashMap<Box<str>, GroupSettings>, max: usize, make: Box<MakeGroup>) -> Groups {
+    pub(crate) fn new(
+        configured: HashMap<Box<str>, GroupSettings>,
+        max: usize,
+        make: Box<MakeGroup>,
+    ) -> Groups {
         let default_settings = configured.get(DEFAULT_GROUP).cloned().unwrap_or_default();
         let overflow = make(GroupName::default_group(), &default_settings);
         let mut map: HashMap<Box<str>, Arc<Group>> = HashMap::new();

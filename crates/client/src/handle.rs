@@ -145,7 +145,11 @@ impl Tollgate {
     /// A handle on one group, resolved once: the fastest way to admit requests for it.
     /// Unknown groups get the `default` group's settings.
     pub fn group(&self, name: &str) -> Result<GroupHandle, AcquireError> {
-        Ok(GroupHandle { inner: self.inner.clone(), group: self.inner.lookup(name)?, unthrottled: self.unthrottled })
+        Ok(GroupHandle {
+            inner: self.inner.clone(),
+            group: self.inner.lookup(name)?,
+            unthrottled: self.unthrottled,
+        })
     }
 
     /// Admits `cost` units for `group` now, or refuses with the time to wait.
@@ -222,7 +226,9 @@ impl GroupHandle {
         {
             return outcome;
         }
-        self.inner.admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled).map(|(p, _)| p)
+        self.inner
+            .admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled)
+            .map(|(p, _)| p)
     }
 
     /// Admits `cost` units, waiting up to the configured `max_wait`.

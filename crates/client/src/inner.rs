@@ -23,7 +23,7 @@ const REMOTE_RETRY: Duration = Duration::from_millis(20);
 /// What feeds a limiter's groups: one mode per limiter.
 pub(crate) enum Mode {
     /// The engine in process.
-    Embedded(Embedded),
+    Embedded(Box<Embedded>),
     /// A controller's grants, through an exchange task.
     Remote(Arc<Link>),
     /// Pools shared through Redis, through a sync task.
@@ -122,7 +122,10 @@ impl Inner {
     /// Tells the mode about a refusal: a remote client asks for an exchange.
     #[cold]
     pub(crate) fn refused(&self, g: &Group, cost: f64, refusal: Option<Refusal>) {
-        if matches!(self.mode, Mode::Embedded(_)) && refusal == Some(Refusal::Closed) && g.allowance().is_nan() {
+        if matches!(self.mode, Mode::Embedded(_))
+            && refusal == Some(Refusal::Closed)
+            && g.allowance().is_nan()
+        {
             // Forgotten while idle: take it in again at the next call.
             self.next_tick_ns.store(0, Ordering::Relaxed);
         }

@@ -234,7 +234,12 @@ pub struct Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(groups: Weak<Groups>, link: Arc<Link>, clock: Arc<ClockSource>, idle_expiry: Duration) -> Self {
+    pub(crate) fn new(
+        groups: Weak<Groups>,
+        link: Arc<Link>,
+        clock: Arc<ClockSource>,
+        idle_expiry: Duration,
+    ) -> Self {
         Self {
             groups,
             link,
@@ -320,7 +325,11 @@ impl Driver {
             });
         }
         self.sequence += 1;
-        Some(v1::ExchangeRequest { client_id: self.link.client_id.clone(), sequence: self.sequence, groups: usage })
+        Some(v1::ExchangeRequest {
+            client_id: self.link.client_id.clone(),
+            sequence: self.sequence,
+            groups: usage,
+        })
     }
 
     /// Applies the controller's answer to the last request.

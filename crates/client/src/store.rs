@@ -187,7 +187,8 @@ async fn open(url: &str, timeout: Duration) -> Result<MultiplexedConnection, Str
 
 /// Refuses what store mode cannot carry out: it has no controller.
 pub(crate) fn check_supported(config: &Config) -> Result<(), BuildError> {
-    let unsupported = |field: String, reason: &'static str| BuildError::Unsupported { mode: "store", field, reason };
+    let unsupported =
+        |field: String, reason: &'static str| BuildError::Unsupported { mode: "store", field, reason };
     if config.node.capacity.is_some() {
         return Err(unsupported(
             "node.capacity".into(),
@@ -223,7 +224,11 @@ pub(crate) type Registered = (StoreLink, HashMap<GroupName, (PoolSpec, u64)>, Op
 
 /// Checks the options and registers this client for every coordinated group: those with a
 /// finite limit or a ramp (the limit, or the ramp, is the pool per epoch).
-pub(crate) async fn register(url: &str, config: &Config, opts: StoreOptions) -> Result<Registered, BuildError> {
+pub(crate) async fn register(
+    url: &str,
+    config: &Config,
+    opts: StoreOptions,
+) -> Result<Registered, BuildError> {
     redis::Client::open(url)
         .map_err(|e| BuildError::Remote { url: url.to_string(), reason: format!("url: {e}") })?;
     if opts.namespace.is_empty() || opts.namespace.contains(['{', '}']) {
@@ -372,7 +377,11 @@ fn enter_safe_mode(groups: &Groups, link: &StoreLink) {
     }
 }
 
-async fn sync_loop(groups: Weak<Groups>, link: Arc<StoreLink>, mut connection: Option<MultiplexedConnection>) {
+async fn sync_loop(
+    groups: Weak<Groups>,
+    link: Arc<StoreLink>,
+    mut connection: Option<MultiplexedConnection>,
+) {
     let mut last_ok: Option<tokio::time::Instant> = None;
     #[allow(clippy::disallowed_methods)] // the store link's edge: tokio time
     let started = tokio::time::Instant::now();

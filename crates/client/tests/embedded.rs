@@ -139,7 +139,9 @@ fn fcfs_free_pool_goes_to_whoever_asked_first() {
     for (mode, expected) in [("fcfs", [90.0, 10.0]), ("share", [50.0, 50.0])] {
         let clock = ManualClock::new();
         let g = gate(
-            &format!("[node]\nmode = \"{mode}\"\ncapacity = 100\n[groups.a]\nreserved = 10\n[groups.b]\nreserved = 10\n"),
+            &format!(
+                "[node]\nmode = \"{mode}\"\ncapacity = 100\n[groups.a]\nreserved = 10\n[groups.b]\nreserved = 10\n"
+            ),
             &clock,
         );
         // b asks first, alone; then a asks as hard.
@@ -481,7 +483,6 @@ fn a_closed_group_admits_nothing_from_a_stash() {
     }
     assert_eq!(admit(&low, 100), 0, "a closed group admitted from its stash");
 }
-
 
 /// Issue: `Tollgate::with_clock` turned a remote or store handle into an embedded one,
 /// silently.

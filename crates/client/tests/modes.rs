@@ -160,8 +160,14 @@ where
     F: FnOnce(Env) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let env = Env::Store { redis: Redis::start(name), clock: ManualClock::new(), namespace: name.to_string() };
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap().block_on(body(env));
+    let env =
+        Env::Store { redis: Redis::start(name), clock: ManualClock::new(), namespace: name.to_string() };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(body(env));
 }
 
 /// `suite! { behaviour: [modes] }` makes one test per behaviour and mode.
@@ -232,8 +238,9 @@ async fn reserved_then_free_pool(env: Env) {
 }
 
 async fn priority(env: Env) {
-    let gate =
-        env.gate("[node]\ncapacity = 1000\n[groups.hi]\npriority = \"high\"\n[groups.lo]\npriority = \"low\"\n").await;
+    let gate = env
+        .gate("[node]\ncapacity = 1000\n[groups.hi]\npriority = \"high\"\n[groups.lo]\npriority = \"low\"\n")
+        .await;
     let (hi, lo) = (gate.group("hi").unwrap(), gate.group("lo").unwrap());
     let rates = env.offer(&[(&hi, 800.0), (&lo, 800.0)], 8, 4).await;
     assert_near(&env, "high priority served first", &rates, &[800.0, 200.0], 5.0);
@@ -247,7 +254,8 @@ async fn weight(env: Env) {
 }
 
 async fn fcfs_first_come(env: Env) {
-    let toml = "[node]\nmode = \"fcfs\"\ncapacity = 100\n[groups.a]\nreserved = 10\n[groups.b]\nreserved = 10\n";
+    let toml =
+        "[node]\nmode = \"fcfs\"\ncapacity = 100\n[groups.a]\nreserved = 10\n[groups.b]\nreserved = 10\n";
     if env.mode() == "store" {
         return refused(&env, toml, "node.capacity").await;
     }
@@ -462,7 +470,8 @@ fn remote_fail_open_admits_a_new_group_while_the_controller_is_unreachable() {
             (tollgate_client::SafeModePolicy::FailClosed, false),
             (tollgate_client::SafeModePolicy::Decay, false),
         ] {
-            let opts = RemoteOptions { safe_mode: policy, ..RemoteOptions::default() }.with_clock(TokioClock::new());
+            let opts =
+                RemoteOptions { safe_mode: policy, ..RemoteOptions::default() }.with_clock(TokioClock::new());
             let gate = Tollgate::remote_channel(net.channel(), opts).unwrap();
             let first = gate.group("cold").unwrap();
             env.sleep(Duration::from_secs(2)).await;
@@ -513,7 +522,8 @@ fn remote_budget_consumption_survives_a_controller_restart() {
         let mut exhausted_after = None;
         for second in 1..=8 {
             env.offer(&[(&g, 200.0)], 1, 1).await;
-            let spent = net.controller().with_engine(|e| e.outcome(&name).is_some_and(|o| o.budget_exhausted));
+            let spent =
+                net.controller().with_engine(|e| e.outcome(&name).is_some_and(|o| o.budget_exhausted));
             if spent && exhausted_after.is_none() {
                 exhausted_after = Some(second);
             }
@@ -533,8 +543,12 @@ fn remote_waiting_work_and_restarted_clients_reach_the_controller() {
         let Env::Remote { net } = &env else { unreachable!() };
         apply(&net.controller(), &Config::parse("[groups.g]\nlimit = 10\n").unwrap());
         let opts = || {
-            RemoteOptions { client_id: Some("fixed".into()), max_wait: Duration::from_secs(600), ..RemoteOptions::default() }
-                .with_clock(TokioClock::new())
+            RemoteOptions {
+                client_id: Some("fixed".into()),
+                max_wait: Duration::from_secs(600),
+                ..RemoteOptions::default()
+            }
+            .with_clock(TokioClock::new())
         };
         let gate = Tollgate::remote_channel(net.channel(), opts()).unwrap();
         let g = gate.group("g").unwrap();
@@ -551,4 +565,3 @@ fn remote_waiting_work_and_restarted_clients_reach_the_controller() {
         assert_eq!(net.controller().with_engine(|e| e.client_restarts()), 1);
     });
 }
-

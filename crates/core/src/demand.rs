@@ -91,7 +91,9 @@ impl DemandMeter {
         let keep = (-dt / DEMAND_FOLDING_S).exp();
         self.average = self.average * keep + rate * (1.0 - keep);
         let mut demand = rate.max(self.average);
-        if counts.waited > last.waited && let Some(g) = granted.filter(|g| g.is_finite()) {
+        if counts.waited > last.waited
+            && let Some(g) = granted.filter(|g| g.is_finite())
+        {
             demand = demand.max(g * HUNGRY_FACTOR);
         }
         let report = ClientReport {

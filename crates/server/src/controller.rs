@@ -129,7 +129,12 @@ impl Controller {
         }
         for (name, ramp) in stored.ramps {
             if ramp.until_unix_ms > wall_ms {
-                engine.resume_ramp(now, name, ramp.value, Duration::from_millis(ramp.until_unix_ms - wall_ms));
+                engine.resume_ramp(
+                    now,
+                    name,
+                    ramp.value,
+                    Duration::from_millis(ramp.until_unix_ms - wall_ms),
+                );
             }
         }
         Ok(Controller {
@@ -176,8 +181,10 @@ impl Controller {
         }
         let mut reports = Vec::with_capacity(req.groups.len());
         for (i, g) in req.groups.iter().enumerate() {
-            let name = group_name(&format!("groups[{i}].group"), &g.group).map_err(Status::invalid_argument)?;
-            let field = |f: &str, v: f64| quantity(&format!("groups[{i}].{f}"), v).map_err(Status::invalid_argument);
+            let name =
+                group_name(&format!("groups[{i}].group"), &g.group).map_err(Status::invalid_argument)?;
+            let field =
+                |f: &str, v: f64| quantity(&format!("groups[{i}].{f}"), v).map_err(Status::invalid_argument);
             let report = ClientReport {
                 demand: field("demand", g.demand)?,
                 unthrottled: field("unthrottled", g.unthrottled)?,
@@ -232,7 +239,10 @@ impl Controller {
             None => return Err(invalid("health", "give queue_bytes or utilisation")),
         };
         if r.loads.len() > REPORT_GROUPS_MAX {
-            return Err(invalid("loads", format!("at most {REPORT_GROUPS_MAX} groups, got {}", r.loads.len())));
+            return Err(invalid(
+                "loads",
+                format!("at most {REPORT_GROUPS_MAX} groups, got {}", r.loads.len()),
+            ));
         }
         let mut loads = Vec::with_capacity(r.loads.len());
         let mut rejected = Vec::new();
@@ -283,7 +293,12 @@ impl Controller {
 
     /// Creates or alters a group; only the fields the patch sets change. Durable before it
     /// returns.
-    pub fn put_group(&self, name: GroupName, patch: &v1::GroupPatch, mode: PutMode) -> Result<GroupSettings, AdminError> {
+    pub fn put_group(
+        &self,
+        name: GroupName,
+        patch: &v1::GroupPatch,
+        mode: PutMode,
+    ) -> Result<GroupSettings, AdminError> {
         let mut store = self.store();
         let current = self.engine().group(&name).cloned();
         match (mode, &current) {
@@ -291,7 +306,8 @@ impl Controller {
             (PutMode::Alter, None) => return Err(AdminError::NotFound(name.to_string())),
             _ => {}
         }
-        let settings = convert::apply_patch(current.unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
+        let settings =
+            convert::apply_patch(current.unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
         store.put_group(&name, &settings)?;
         self.engine().set_group(name, settings.clone());
         drop(store);
@@ -436,13 +452,16 @@ mod tests {
     #[test]
     fn exchanges_are_checked_against_the_contract() {
         let c = controller();
-        let usage = |group: &str, demand: f64| v1::GroupUsage { group: group.into(), demand, ..Default::default() };
+        let usage =
+            |group: &str, demand: f64| v1::GroupUsage { group: group.into(), demand, ..Default::default() };
         let req = |groups| v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups };
         let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", f64::INFINITY)])).unwrap_err();
         assert!(e.message().starts_with("groups[0].demand: must be a finite number"), "{e:?}");
         let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1e16)])).unwrap_err();
         assert!(e.message().contains("from 0 to 1e15"), "{e:?}");
-        let e = c.exchange(Nanos::ZERO, &v1::ExchangeRequest { client_id: String::new(), ..req(vec![]) }).unwrap_err();
+        let e = c
+            .exchange(Nanos::ZERO, &v1::ExchangeRequest { client_id: String::new(), ..req(vec![]) })
+            .unwrap_err();
         assert!(e.message().starts_with("client_id:"), "{e:?}");
         let ok = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1.0)])).unwrap();
         assert!(ok.grants[0].unlimited);

@@ -83,7 +83,11 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     for (name, help, v) in [
         ("tollgate_clients", "Clients tracked.", clients as f64),
         ("tollgate_backends", "Backends tracked.", backends as f64),
-        ("tollgate_learning", "1 in the first lease after start, while relearning what clients hold.", f64::from(u8::from(learning))),
+        (
+            "tollgate_learning",
+            "1 in the first lease after start, while relearning what clients hold.",
+            f64::from(u8::from(learning)),
+        ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }

@@ -103,7 +103,8 @@ impl Server {
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
         let store = RedbStore::open(&opts.data)?;
         let clock = Clock::new();
-        let controller = Arc::new(Controller::new(Box::new(store), opts.engine_settings(), clock.now(), wall_ms())?);
+        let controller =
+            Arc::new(Controller::new(Box::new(store), opts.engine_settings(), clock.now(), wall_ms())?);
         let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
             what: "gRPC",
             addr: opts.grpc,

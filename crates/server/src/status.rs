@@ -154,8 +154,12 @@ mod tests {
             ..Default::default()
         };
         let json = status_json(&status);
-        let priorities: Vec<&str> =
-            json["groups"].as_array().unwrap().iter().map(|g| g["settings"]["priority"].as_str().unwrap()).collect();
+        let priorities: Vec<&str> = json["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["settings"]["priority"].as_str().unwrap())
+            .collect();
         assert_eq!(priorities, ["high", "medium", "3"]);
         assert_eq!(json["mode"], "share");
     }

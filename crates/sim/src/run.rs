@@ -118,19 +118,21 @@ pub fn stored(scenario: &Scenario) -> Stored {
 /// The controller a scenario describes, over a store in memory holding its groups.
 pub fn controller(scenario: &Scenario) -> Controller {
     let store = MemoryStore::with(stored(scenario));
-    Controller::new(Box::new(store), engine_settings(scenario), Nanos::ZERO, 0).expect("a store in memory loads")
+    Controller::new(Box::new(store), engine_settings(scenario), Nanos::ZERO, 0)
+        .expect("a store in memory loads")
 }
 
 /// Every group a scenario names, sorted: its groups, its clients' and its actions'.
 pub fn group_names(scenario: &Scenario) -> Vec<GroupName> {
     let mut groups: Vec<GroupName> = scenario.groups.iter().map(|(n, _)| n.clone()).collect();
     let named = scenario.clients.iter().map(|c| c.group.clone());
-    let acted = scenario.actions.iter().chain(scenario.phases.iter().flat_map(|p| p.actions.iter())).filter_map(
-        |a| match a {
-            Action::SetGroup { name, .. } => Some(name.clone()),
-            _ => None,
-        },
-    );
+    let acted =
+        scenario.actions.iter().chain(scenario.phases.iter().flat_map(|p| p.actions.iter())).filter_map(
+            |a| match a {
+                Action::SetGroup { name, .. } => Some(name.clone()),
+                _ => None,
+            },
+        );
     for name in named.chain(acted) {
         if !groups.contains(&name) {
             groups.push(name);

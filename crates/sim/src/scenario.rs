@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use tollgate_core::allocate::AllocationMode;
 use tollgate_core::config::{ConfigError, ConfigErrors, line_of};
 use tollgate_core::cost::{CostModel, Usage};
-use tollgate_core::allocate::AllocationMode;
 use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
 use tollgate_core::toml_reader::{Fields, GROUP_KEYS, Reader, Value};
 use toml::de::{DeTable, DeValue};

@@ -69,7 +69,8 @@ impl World {
     pub fn new(scenario: &Scenario, groups: &[GroupName], gates: &[Tollgate], seed: u64) -> World {
         assert_eq!(gates.len(), scenario.clients.len(), "one handle per client");
         let mut rng = SplitMix64::new(seed);
-        let index = |name: &GroupName| groups.iter().position(|g| g == name).expect("every client's group is listed");
+        let index =
+            |name: &GroupName| groups.iter().position(|g| g == name).expect("every client's group is listed");
         let clients = scenario
             .clients
             .iter()
@@ -156,7 +157,9 @@ impl World {
                 v1::BackendReport {
                     backend_id: b.name.clone(),
                     zone: b.zone.clone(),
-                    health: Some(v1::backend_report::Health::QueueBytes(load / b.capacity * QUEUE_AT_CAPACITY)),
+                    health: Some(v1::backend_report::Health::QueueBytes(
+                        load / b.capacity * QUEUE_AT_CAPACITY,
+                    )),
                     loads,
                 }
             })

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tollgate_client::clock::TokioClock;
 use tollgate_client::Tollgate;
+use tollgate_client::clock::TokioClock;
 use tollgate_core::time::Clock;
 use tollgate_proto::v1::backend_client::BackendClient;
 use tollgate_server::store::MemoryStore;
@@ -27,29 +27,39 @@ fn over_the_network(scenario: &Scenario, secs: u64) -> Vec<Vec<Option<f64>>> {
     let scenario = scenario.clone();
     let out = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let sink = out.clone();
-    tollgate_testkit::net::run(engine_settings(&scenario), MemoryStore::with(stored(&scenario)), move |net| async move {
-        let groups = group_names(&scenario);
-        let gates: Vec<Tollgate> = (0..scenario.clients.len())
-            .map(|i| Tollgate::remote_channel(net.channel(), client_options(&scenario, i).with_clock(TokioClock::new())).unwrap())
-            .collect();
-        let mut world = World::new(&scenario, &groups, &gates, scenario.seed);
-        let mut backend = BackendClient::new(net.channel());
-        let clock = TokioClock::new();
-        for second in 1..=secs {
-            for _ in 0..100 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                world.step(clock.now(), 0.01);
+    tollgate_testkit::net::run(
+        engine_settings(&scenario),
+        MemoryStore::with(stored(&scenario)),
+        move |net| async move {
+            let groups = group_names(&scenario);
+            let gates: Vec<Tollgate> = (0..scenario.clients.len())
+                .map(|i| {
+                    Tollgate::remote_channel(
+                        net.channel(),
+                        client_options(&scenario, i).with_clock(TokioClock::new()),
+                    )
+                    .unwrap()
+                })
+                .collect();
+            let mut world = World::new(&scenario, &groups, &gates, scenario.seed);
+            let mut backend = BackendClient::new(net.channel());
+            let clock = TokioClock::new();
+            for second in 1..=secs {
+                for _ in 0..100 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    world.step(clock.now(), 0.01);
+                }
+                for report in world.backend_reports(clock.now()) {
+                    backend.report(report).await.unwrap();
+                }
+                let targets = net.controller().with_engine(|e| {
+                    groups.iter().map(|g| e.outcome(g).and_then(|o| o.target)).collect::<Vec<_>>()
+                });
+                sink.borrow_mut().push(targets);
+                let _ = second;
             }
-            for report in world.backend_reports(clock.now()) {
-                backend.report(report).await.unwrap();
-            }
-            let targets = net
-                .controller()
-                .with_engine(|e| groups.iter().map(|g| e.outcome(g).and_then(|o| o.target)).collect::<Vec<_>>());
-            sink.borrow_mut().push(targets);
-            let _ = second;
-        }
-    });
+        },
+    );
     out.take()
 }
 
@@ -69,20 +79,34 @@ fn compare(name: &str, settle_s: usize, secs: u64) {
             let predicted = sample.groups[g].target_units;
             match (predicted, target) {
                 (Some(p), Some(r)) => {
-                    assert!((p - r).abs() <= 0.02 * r.abs(), "{name} t={}: group {g}: sim {p}, server {r}", t + 1);
+                    assert!(
+                        (p - r).abs() <= 0.02 * r.abs(),
+                        "{name} t={}: group {g}: sim {p}, server {r}",
+                        t + 1
+                    );
                     sums_sim[g] += p;
                     sums_real[g] += r;
                     compared += 1;
                 }
                 (None, None) => {}
-                other => panic!("{name} t={}: group {g}: sim and server disagree on throttling: {other:?}", t + 1),
+                other => {
+                    panic!("{name} t={}: group {g}: sim and server disagree on throttling: {other:?}", t + 1)
+                }
             }
         }
     }
-    assert!(compared > 0, "{name}: nothing compared ({} and {} seconds)", networked.len(), simulated.timeline.len());
+    assert!(
+        compared > 0,
+        "{name}: nothing compared ({} and {} seconds)",
+        networked.len(),
+        simulated.timeline.len()
+    );
     for g in 0..groups {
         let (p, r) = (sums_sim[g], sums_real[g]);
-        assert!((p - r).abs() <= 0.01 * r.abs(), "{name}: group {g}: mean target sim {p} vs server {r} (sums)");
+        assert!(
+            (p - r).abs() <= 0.01 * r.abs(),
+            "{name}: group {g}: mean target sim {p} vs server {r} (sums)"
+        );
     }
     println!("{name}: {compared} targets compared: means within 1 %, every second within 2 %");
 }

@@ -42,13 +42,21 @@ impl Connected for Accepted {
 }
 
 impl AsyncRead for Accepted {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Accepted {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
@@ -156,7 +164,12 @@ where
         let (settings, store, shared) = (settings.clone(), store.clone(), host.clone());
         async move {
             let clock = Clock::new();
-            let controller = Arc::new(Controller::new(Box::new(store), settings, clock.now(), tollgate_server::wall_ms())?);
+            let controller = Arc::new(Controller::new(
+                Box::new(store),
+                settings,
+                clock.now(),
+                tollgate_server::wall_ms(),
+            )?);
             {
                 let mut s = shared.borrow_mut();
                 s.controller = Some(controller.clone());
@@ -168,8 +181,15 @@ where
                 let next = l.accept().await.map(|(s, _)| Accepted(s));
                 Some((next, l))
             });
-            tollgate_server::serve(controller, clock, Duration::from_secs(1), incoming, None, std::future::pending())
-                .await?;
+            tollgate_server::serve(
+                controller,
+                clock,
+                Duration::from_secs(1),
+                incoming,
+                None,
+                std::future::pending(),
+            )
+            .await?;
             Ok(())
         }
     });

@@ -58,4 +58,3 @@ impl Drop for Redis {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
-

@@ -407,7 +407,9 @@ impl Engine {
         // The ramp follows the settings: a changed ramp continues from where the old one was.
         match (&mut g.ramp, ramp_settings) {
             (Some(r), Some(s)) if *r.settings() == s => {}
-            (current, Some(s)) => *current = Some(Box::new(Ramp::new(s, current.as_ref().map(|r| r.value())))),
+            (current, Some(s)) => {
+                *current = Some(Box::new(Ramp::new(s, current.as_ref().map(|r| r.value()))))
+            }
             (current, None) => *current = None,
         }
         // Calls in this report's interval (a demand alone may be what is left of earlier ones).

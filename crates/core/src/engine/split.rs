@@ -110,7 +110,13 @@ mod tests {
         assert_eq!(out[1].rate, 300.0);
         out.clear();
         // Demand below the target: the spare is shared, the sum is still the target.
-        split_into(&mut out, 100.0, &[asking(1, 10.0, 0.0), asking(2, 30.0, 0.0)], Some(50.0), &mut Vec::new());
+        split_into(
+            &mut out,
+            100.0,
+            &[asking(1, 10.0, 0.0), asking(2, 30.0, 0.0)],
+            Some(50.0),
+            &mut Vec::new(),
+        );
         assert_eq!((out[0].rate, out[1].rate), (40.0, 60.0));
         assert_eq!((out[0].burst, out[1].burst), (20.0, 30.0));
     }

@@ -69,7 +69,8 @@ fn saturation_limits_by_the_reported_load_ignoring_the_worst_zone() {
 #[test]
 fn the_cap_follows_the_ramp() {
     let mut e = engine(EngineSettings::default());
-    let ramp = RampSettings { mode: RampMode::Scheduled, ..RampSettings::new(10.0, 50.0, Duration::from_secs(4)) };
+    let ramp =
+        RampSettings { mode: RampMode::Scheduled, ..RampSettings::new(10.0, 50.0, Duration::from_secs(4)) };
     e.set_group(name("r"), GroupSettings::builder().limit(40.0).ramp(ramp).build().unwrap());
     let mut targets = Vec::new();
     for second in 0..6u64 {
@@ -156,7 +157,13 @@ fn unthrottled_work_counts_against_the_capacity() {
     let s = EngineSettings { capacity: Some(1000.0), ..EngineSettings::default() };
     let mut e = engine(s);
     let t = Nanos(S);
-    let admin = ClientReport { demand: 700.0, unthrottled: 700.0, consumed: 700.0, requests: 700.0, ..Default::default() };
+    let admin = ClientReport {
+        demand: 700.0,
+        unthrottled: 700.0,
+        consumed: 700.0,
+        requests: 700.0,
+        ..Default::default()
+    };
     e.report(t, 1, &name("ops"), admin);
     e.report(t, 2, &name("tenant"), report(1000.0, 300.0, 300.0));
     e.tick(t);
@@ -252,7 +259,10 @@ fn a_resumable_ramp_continues_after_its_group_went_idle() {
         resume_ttl: resume,
         ..RampSettings::new(10.0, 110.0, Duration::from_secs(10))
     };
-    e.set_group(name("on"), GroupSettings::builder().ramp(ramp(Some(Duration::from_secs(60)))).build().unwrap());
+    e.set_group(
+        name("on"),
+        GroupSettings::builder().ramp(ramp(Some(Duration::from_secs(60)))).build().unwrap(),
+    );
     e.set_group(name("off"), GroupSettings::builder().ramp(ramp(None)).build().unwrap());
     for second in 0..5u64 {
         for g in ["on", "off"] {

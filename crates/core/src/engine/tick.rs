@@ -32,8 +32,7 @@ impl Engine {
         self.ticks += 1;
         self.expire(now);
 
-        let loads =
-            self.settings.saturation.loads_by_group(&self.backends, now, self.settings.report_expiry);
+        let loads = self.settings.saturation.loads_by_group(&self.backends, now, self.settings.report_expiry);
         // Rows are in the groups' iteration order, which stays the same until the groups
         // change; the last loop walks both together instead of looking each group up again.
         let mut rows = Vec::with_capacity(self.tracked.len());
@@ -105,7 +104,11 @@ impl Engine {
                     Some(split_into(&mut grants, t, &asking, row.burst, &mut scratch))
                 }
                 None => {
-                    let open = |c: &Asking| ClientGrant { client: c.client, rate: f64::INFINITY, burst: f64::INFINITY };
+                    let open = |c: &Asking| ClientGrant {
+                        client: c.client,
+                        rate: f64::INFINITY,
+                        burst: f64::INFINITY,
+                    };
                     grants.extend(asking.iter().map(open));
                     None
                 }

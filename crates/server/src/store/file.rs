@@ -138,8 +138,7 @@ impl SettingsStore for RedbStore {
         out.ramps = self.read_all(&txn, RAMPS, "ramp", decode_ramp)?.into_iter().collect();
         let node = txn.open_table(NODE).map_err(|e| self.io(e))?;
         if let Some(v) = node.get(NODE_KEY).map_err(|e| self.io(e))? {
-            let msg = v1::NodeInfo::decode(v.value())
-                .map_err(|e| self.corrupt("node settings".into(), e))?;
+            let msg = v1::NodeInfo::decode(v.value()).map_err(|e| self.corrupt("node settings".into(), e))?;
             out.node = StoredNode { capacity: msg.capacity, mode: convert::mode_from_proto(msg.mode()) };
         }
         Ok(out)
@@ -212,8 +211,11 @@ mod tests {
         {
             let mut s = RedbStore::open(&d).unwrap();
             s.put_group(&g, &GroupSettings::builder().reserved(5.0).limit(10.0).build().unwrap()).unwrap();
-            s.set_node(StoredNode { capacity: Some(1000.0), mode: tollgate_core::allocate::AllocationMode::Fcfs })
-                .unwrap();
+            s.set_node(StoredNode {
+                capacity: Some(1000.0),
+                mode: tollgate_core::allocate::AllocationMode::Fcfs,
+            })
+            .unwrap();
             s.put_meters(&[(g.clone(), meter)], &[(g.clone(), ramp)]).unwrap();
         }
         let mut s = RedbStore::open(&d).unwrap();
