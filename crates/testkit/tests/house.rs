@@ -1,0 +1,156 @@
+//! The house rules that a reader relies on: within each crate, modules depend on each other
+//! without cycles, so each can be read on top of the ones it uses; and `core` uses nothing of
+//! ours.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules `text` names through `crate::`.
+fn uses(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            group[..end].split(',').map(|item| item.trim().split("::").next().unwrap_or("")).collect()
+        } else {
+            vec![rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("")]
+        };
+        out.extend(
+            names
+                .into_iter()
+                .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_lowercase() || c == '_'))
+                .map(str::to_string),
+        );
+    }
+    out
+}
+
+/// For one crate: each top-level module and the top-level modules it uses.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let rel = file.strip_prefix(src).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_string();
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        // Tests inside a module may reach anywhere, and docs may point anywhere: only the
+        // module's own code counts.
+        let code: String = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap_or("")
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let code = code.as_str();
+        let used = graph.entry(top.clone()).or_default();
+        used.extend(uses(code).into_iter().filter(|m| *m != top));
+    }
+    let modules: BTreeSet<String> = graph.keys().cloned().collect();
+    for used in graph.values_mut() {
+        used.retain(|m| modules.contains(m));
+    }
+    graph
+}
+
+/// A cycle in `graph`, if there is one.
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == node) {
+            let mut c = path[i..].to_vec();
+            c.push(node.to_string());
+            return Some(c);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_crate_has_an_import_cycle_between_its_modules() {
+    let crates = workspace().join("crates");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&crates).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let graph = graph(&src);
+        if let Some(c) = cycle(&graph) {
+            panic!("{}: modules import each other in a cycle: {}", src.display(), c.join(" -> "));
+        }
+        checked += graph.len();
+    }
+    assert!(checked > 30, "only {checked} modules found");
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles() {
+    let g: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a")]
+        .into_iter()
+        .map(|(from, to)| (from.to_string(), BTreeSet::from([to.to_string()])))
+        .collect();
+    assert_eq!(cycle(&g).unwrap(), ["a", "b", "c", "a"]);
+    assert_eq!(
+        uses("use crate::{group::Group, inner::Inner};\nlet x = crate::tally::record;"),
+        BTreeSet::from(["group".into(), "inner".into(), "tally".into()])
+    );
+}
+
+#[test]
+fn core_uses_nothing_of_ours() {
+    let manifest = std::fs::read_to_string(workspace().join("crates/core/Cargo.toml")).unwrap();
+    let dependencies = manifest.split("[dependencies]").nth(1).unwrap_or("");
+    let dependencies = dependencies.split("\n[").next().unwrap_or("");
+    assert!(
+        !dependencies.contains("tollgate-"),
+        "crates/core depends on another Tollgate crate: {dependencies}"
+    );
+}
