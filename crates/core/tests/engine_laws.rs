@@ -13,6 +13,8 @@ struct GroupCase {
     limit: Option<f64>,
     level: u8,
     demands: Vec<f64>,
+    /// The part of each demand that is unthrottled work.
+    unthrottled: f64,
 }
 
 fn group_case() -> impl Strategy<Value = GroupCase> {
@@ -21,12 +23,14 @@ fn group_case() -> impl Strategy<Value = GroupCase> {
         prop::option::of(0.0..3000.0f64),
         prop_oneof![Just(1u8), Just(8), Just(16)],
         prop::collection::vec(0.0..2000.0f64, 1..6),
+        prop_oneof![Just(0.0), 0.0..1.0f64],
     )
-        .prop_map(|(reserved, extra, level, demands)| GroupCase {
+        .prop_map(|(reserved, extra, level, demands, unthrottled)| GroupCase {
             reserved,
             limit: extra.map(|e| reserved + e),
             level,
             demands,
+            unthrottled,
         })
 }
 
@@ -53,7 +57,13 @@ fn world(capacity: Option<f64>, groups: &[GroupCase], saturation: Option<f64>) -
         p.set_group(name.clone(), b.build().unwrap());
         for d in &g.demands {
             client += 1;
-            let report = ClientReport { demand: *d, consumed: d / 2.0, requests: 1.0, ..Default::default() };
+            let report = ClientReport {
+                demand: *d,
+                unthrottled: d * g.unthrottled,
+                consumed: d / 2.0,
+                requests: 1.0,
+                ..Default::default()
+            };
             p.report(now, client, &name, report);
         }
         loads.push((name.clone(), g.demands.iter().sum::<f64>() / 2.0));
@@ -76,7 +86,7 @@ proptest! {
         let w = world(capacity, &groups, saturation);
         for (name, g) in w.names.iter().zip(&groups) {
             let o = w.engine.outcome(name).unwrap();
-            let Some(target) = o.target else { continue };
+            let Some(target) = o.target() else { continue };
             let granted: f64 = o.grants.iter().map(|g| g.rate).sum();
             prop_assert!(granted <= target * (1.0 + EPS) + EPS, "{name}: granted {granted} > target {target}");
             // Equal demand, equal grant.
@@ -100,18 +110,18 @@ proptest! {
         let w = world(capacity, &groups, saturation);
         for (name, g) in w.names.iter().zip(&groups) {
             let o = w.engine.outcome(name).unwrap();
-            match o.target {
+            match o.target() {
                 Some(t) => {
                     prop_assert!(t >= g.reserved - EPS, "{name}: target {t} < reserved {}", g.reserved);
                     if let Some(limit) = g.limit {
                         prop_assert!(t <= limit + EPS, "{name}: target {t} > limit {limit}");
                     }
-                    if let Some(l) = o.limiting {
+                    if let Some(l) = o.limiting() {
                         prop_assert!(t <= l.max(g.reserved) + EPS, "{name}: target {t} above limiting {l}");
                     }
                 }
                 // Not throttled only when nothing bounds it.
-                None => prop_assert!(g.limit.is_none() && capacity.is_none() && o.limiting.is_none()),
+                None => prop_assert!(g.limit.is_none() && capacity.is_none() && o.limiting().is_none()),
             }
         }
     }
@@ -126,13 +136,14 @@ proptest! {
             .into_iter()
             .map(|mut g| {
                 g.demands[0] += g.reserved;
+                g.unthrottled = 0.0;
                 g
             })
             .collect();
         let reserved: f64 = groups.iter().map(|g| g.reserved).sum();
         prop_assume!(reserved <= capacity);
         let w = world(Some(capacity), &groups, None);
-        let total: f64 = w.names.iter().map(|n| w.engine.outcome(n).unwrap().target.unwrap()).sum();
+        let total: f64 = w.names.iter().map(|n| w.engine.outcome(n).unwrap().target().unwrap()).sum();
         prop_assert!(total <= capacity * (1.0 + EPS), "targets {total} > capacity {capacity}");
     }
 }

@@ -378,7 +378,7 @@ impl Controller {
 
     /// Every configured group, by name.
     pub fn groups(&self) -> Vec<(GroupName, GroupSettings)> {
-        self.engine().groups().iter().map(|(n, s)| (n.clone(), s.clone())).collect()
+        self.engine().groups().into_iter().map(|(n, s)| (n.clone(), s.clone())).collect()
     }
 
     /// Exchanges answered so far.

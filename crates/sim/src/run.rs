@@ -272,9 +272,9 @@ fn sample(now: Nanos, controller: &Controller, world: &mut World, groups: &[Grou
             let g = &mut out.groups[i];
             if let Some(o) = engine.outcome(name) {
                 let cost = o.avg_cost.max(f64::MIN_POSITIVE);
-                g.target_units = o.target;
-                g.target_rps = o.target.map(|t| t / cost);
-                g.client_rps = o.water_level.map(|l| l / cost);
+                g.target_units = o.target();
+                g.target_rps = o.target().map(|t| t / cost);
+                g.client_rps = o.water_level().map(|l| l / cost);
                 g.busy = o.busy;
                 g.demand_units = o.demand;
                 if let Some(t) = g.target_rps {

@@ -53,7 +53,7 @@ fn over_the_network(scenario: &Scenario, secs: u64) -> Vec<Vec<Option<f64>>> {
                     backend.report(report).await.unwrap();
                 }
                 let targets = net.controller().with_engine(|e| {
-                    groups.iter().map(|g| e.outcome(g).and_then(|o| o.target)).collect::<Vec<_>>()
+                    groups.iter().map(|g| e.outcome(g).and_then(|o| o.target())).collect::<Vec<_>>()
                 });
                 sink.borrow_mut().push(targets);
                 let _ = second;

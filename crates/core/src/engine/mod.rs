@@ -7,13 +7,15 @@
 //! ([`Engine::backend_report`]), and each [`Engine::tick`] computes, per group:
 //!
 //! ```text
-//! floor     = max(reserved, unthrottled use)              unthrottled work is never refused
 //! ceiling   = limit, or reserved once the budget is spent
 //! cap       = min(ceiling, ramp pool)                     (the ramp, when the group has one)
 //! limiting  = load × ratio                                (FoundationDB; absent below saturation)
 //! share     = allocation of the node capacity             (by priority and weight, or first come)
-//! target    = max(floor, min(cap, limiting, share));  busy = limiting < cap
+//! target    = max(reserved, min(cap, limiting, share));  busy = limiting < cap
 //! ```
+//!
+//! Unthrottled work is always admitted and charged to its client's bucket; in the capacity's
+//! allocation it counts as reserved (up to the group's cap), so other groups make room for it.
 //!
 //! and splits the target over the group's clients (see [`water_level`]). A group that nothing
 //! bounds (no limit, no saturation, no capacity) is not throttled.
@@ -47,7 +49,6 @@ pub use view::GroupView;
 use crate::allocate::AllocationMode;
 use crate::ramp::Ramp;
 use crate::settings::{DEFAULT_GROUP, GroupName, GroupSettings};
-use crate::smooth::Smoother;
 use crate::time::Nanos;
 
 use clients::ClientTable;
@@ -156,19 +157,16 @@ pub struct Meter {
     pub throttled: u64,
 }
 
-/// What a tick decided for one group.
+/// What a tick decided for one group. Its optional rates are kept as numbers (NaN for none)
+/// and read through methods: one of these lives in every tracked group.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupOutcome {
-    /// Target in units/s; `None` when the group is not throttled.
-    pub target: Option<f64>,
-    /// Limiting rate from saturation, if a backend it uses is saturated.
-    pub limiting: Option<f64>,
-    /// Share of the node capacity, if one is set.
-    pub share: Option<f64>,
+    target: f64,
+    limiting: f64,
+    share: f64,
+    water_level: f64,
     /// Limiting is below the cap.
     pub busy: bool,
-    /// The water level in units/s: what each busy client may use beyond its unthrottled work.
-    pub water_level: Option<f64>,
     /// Average cost per request, units.
     pub avg_cost: f64,
     /// Total demand, units/s (waiting work included).
@@ -181,67 +179,99 @@ pub struct GroupOutcome {
     pub budget_exhausted: bool,
     /// Each client's grant, by client.
     pub grants: Vec<ClientGrant>,
-    /// The sum of the grants' rates.
-    pub granted: f64,
+}
+
+fn some(x: f64) -> Option<f64> {
+    (!x.is_nan()).then_some(x)
 }
 
 impl GroupOutcome {
+    /// Target in units/s; `None` when the group is not throttled.
+    pub fn target(&self) -> Option<f64> {
+        some(self.target)
+    }
+
+    /// Limiting rate from saturation, if a backend it uses is saturated.
+    pub fn limiting(&self) -> Option<f64> {
+        some(self.limiting)
+    }
+
+    /// Share of the node capacity, if one is set.
+    pub fn share(&self) -> Option<f64> {
+        some(self.share)
+    }
+
+    /// The water level in units/s: what each busy client may use beyond its unthrottled work.
+    pub fn water_level(&self) -> Option<f64> {
+        some(self.water_level)
+    }
+
+    /// The sum of the grants' rates.
+    pub fn granted(&self) -> f64 {
+        self.grants.iter().map(|g| g.rate).sum()
+    }
+
     /// The grant of `client`, if the tick knew it.
     pub fn grant_of(&self, client: ClientId) -> Option<&ClientGrant> {
         self.grants.binary_search_by_key(&client, |g| g.client).ok().map(|i| &self.grants[i])
     }
 }
 
+/// One client's part in a group (`f32` rates: three words for every client of every group).
 #[derive(Debug, Clone, Copy)]
 struct ClientEntry {
     client: ClientId,
     /// Units/s asked, waiting work included.
-    demand: f64,
-    unthrottled: f64,
+    demand: f32,
+    unthrottled: f32,
     seen: Nanos,
 }
 
-/// A tracked group's runtime state.
+/// A tracked group's runtime state. One lives for every group in traffic, so it is kept
+/// small: rates for display in `f32`, optional numbers as NaN.
 struct Tracked {
     /// Sorted by client.
     clients: Vec<ClientEntry>,
     /// The ramp, when the settings have one (boxed: most groups have none).
     ramp: Option<Box<Ramp>>,
-    units: Smoother,
-    requests: Smoother,
     last_report: Nanos,
-    /// When it first asked for anything: its place in a first-come allocation.
-    first_asked: Option<Nanos>,
+    /// When it first asked for anything (nanoseconds; `u64::MAX`: not yet): its place in a
+    /// first-come allocation.
+    first_asked: u64,
     outcome: Option<GroupOutcome>,
-    /// Grants made since the last tick to clients it did not know.
-    provisional: Vec<(ClientId, f64)>,
-    consumed_since_tick: f64,
-    throttled_since_tick: f64,
+    /// Its consumption.
+    meter: Meter,
+    /// Moving averages (folding time `cost_folding`) of its units/s and requests/s, whose ratio
+    /// is its average cost per request, as FoundationDB keeps it.
+    units_rate: f64,
+    requests_rate: f64,
+    /// Units consumed, requests admitted and requests refused since the last tick.
+    since_tick: [f32; 3],
     /// Units/s consumed and requests/s refused over the last tick.
-    admitted_rate: f64,
-    throttled_rate: f64,
+    last_tick: [f32; 2],
+    /// The meter changed since the store last took it.
+    dirty: bool,
 }
 
 impl Tracked {
-    fn new(now: Nanos, folding_s: f64, ramp: Option<Box<Ramp>>) -> Self {
+    fn new(now: Nanos, ramp: Option<Box<Ramp>>, meter: MeterEntry) -> Self {
         Self {
             clients: Vec::new(),
             ramp,
-            units: Smoother::new(folding_s),
-            requests: Smoother::new(folding_s),
             last_report: now,
-            first_asked: None,
+            first_asked: u64::MAX,
             outcome: None,
-            provisional: Vec::new(),
-            consumed_since_tick: 0.0,
-            throttled_since_tick: 0.0,
-            admitted_rate: 0.0,
-            throttled_rate: 0.0,
+            meter: meter.meter,
+            units_rate: 0.0,
+            requests_rate: 0.0,
+            since_tick: [0.0; 3],
+            last_tick: [0.0; 2],
+            dirty: meter.dirty,
         }
     }
 
-    fn provisional_total(&self) -> f64 {
-        self.provisional.iter().map(|(_, r)| r).sum()
+    fn meter_entry(&self) -> MeterEntry {
+        MeterEntry { meter: self.meter, dirty: self.dirty }
     }
 }
 
@@ -269,13 +299,16 @@ type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
 /// The engine. See the [module documentation](self).
 pub struct Engine {
     settings: EngineSettings,
-    configured: BTreeMap<GroupName, GroupSettings>,
+    configured: HashMap<GroupName, GroupSettings, FixedHasher>,
     /// The sum of the configured groups' reservations (Couchbase's free pool counts them all).
     reserved_configured: f64,
     /// How many configured groups have a ramp.
     ramped: usize,
     tracked: HashMap<GroupName, Tracked, FixedHasher>,
+    /// The meters of configured groups not tracked now (a tracked group holds its own).
     meters: HashMap<GroupName, MeterEntry, FixedHasher>,
+    /// Grants made since the last tick to clients the tick did not know, by group.
+    provisional: HashMap<GroupName, Vec<(ClientId, f64)>, FixedHasher>,
     backends: BTreeMap<String, BackendState>,
     clients: ClientTable,
     /// Ramps of groups that went idle, kept for their resume TTL: (value, until).
@@ -296,11 +329,12 @@ impl Engine {
         let clients = ClientTable::new(settings.max_clients);
         Self {
             settings,
-            configured: BTreeMap::new(),
+            configured: HashMap::default(),
             reserved_configured: 0.0,
             ramped: 0,
             tracked: HashMap::default(),
             meters: HashMap::default(),
+            provisional: HashMap::default(),
             backends: BTreeMap::new(),
             clients,
             resume: HashMap::default(),
@@ -335,7 +369,9 @@ impl Engine {
         self.account(before.as_ref(), -1.0);
         self.reserved_configured += reserved;
         self.ramped += usize::from(ramped);
-        self.meters.entry(name).or_default();
+        if !self.tracked.contains_key(&name) {
+            self.meters.entry(name).or_default();
+        }
     }
 
     /// Removes a group's settings (it falls back to the default group's) and forgets its
@@ -343,9 +379,7 @@ impl Engine {
     pub fn remove_group(&mut self, name: &GroupName) -> Option<GroupSettings> {
         let before = self.configured.remove(name);
         self.account(before.as_ref(), -1.0);
-        if before.is_some() && !self.tracked.contains_key(name) {
-            self.meters.remove(name);
-        }
+        self.meters.remove(name);
         before
     }
 
@@ -363,9 +397,16 @@ impl Engine {
         self.configured.get(name)
     }
 
-    /// Every configured group, by name.
-    pub fn groups(&self) -> &BTreeMap<GroupName, GroupSettings> {
-        &self.configured
+    /// Every configured group, sorted by name.
+    pub fn groups(&self) -> Vec<(&GroupName, &GroupSettings)> {
+        let mut all: Vec<(&GroupName, &GroupSettings)> = self.configured.iter().collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        all
+    }
+
+    /// How many groups are configured.
+    pub fn configured_groups(&self) -> usize {
+        self.configured.len()
     }
 
     /// The settings that apply to `name`: its own, else the `default` group's.
@@ -396,12 +437,12 @@ impl Engine {
         let key = self.state_key(group);
         let ramp_settings =
             if self.ramped > 0 { self.settings_for(&key).and_then(|s| s.ramp().copied()) } else { None };
-        let folding = self.settings.cost_folding.as_secs_f64();
         if !self.tracked.contains_key(&key) {
             // A resumable ramp that went idle within its TTL continues where it was.
             let resumed = self.resume.remove(&key).filter(|(_, until)| now < *until).map(|(v, _)| v);
             let ramp = ramp_settings.map(|s| Box::new(Ramp::new(s, resumed)));
-            self.tracked.insert(key.clone(), Tracked::new(now, folding, ramp));
+            let meter = self.meters.remove(&key).unwrap_or_default();
+            self.tracked.insert(key.clone(), Tracked::new(now, ramp, meter));
         }
         let g = self.tracked.get_mut(&key).expect("inserted above");
         // The ramp follows the settings: a changed ramp continues from where the old one was.
@@ -415,23 +456,22 @@ impl Engine {
         // Calls in this report's interval (a demand alone may be what is left of earlier ones).
         let called = r.requests > 0.0 || r.throttled > 0.0 || r.waiting > 0.0;
         if called || r.demand > 0.0 {
-            g.first_asked.get_or_insert(now);
+            g.first_asked = g.first_asked.min(now.0);
         }
         if called && let Some(ramp) = &mut g.ramp {
             // An epoch with a call: the ramp moves, and what was consumed counts as its use.
             ramp.at_epoch(now.0 / 1_000_000_000);
             ramp.use_units(r.consumed.max(0.0));
         }
-        g.units.add_delta(now, r.consumed.max(0.0));
-        g.requests.add_delta(now, r.requests.max(0.0));
         g.last_report = now;
-        g.consumed_since_tick += r.consumed.max(0.0);
-        g.throttled_since_tick += r.throttled.max(0.0);
+        for (since, add) in g.since_tick.iter_mut().zip([r.consumed, r.requests, r.throttled]) {
+            *since += add.max(0.0) as f32;
+        }
         let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
         let entry = ClientEntry {
             client,
-            demand: r.demand.max(0.0) + r.waiting.max(0.0) / tick_s,
-            unthrottled: r.unthrottled.max(0.0),
+            demand: (r.demand.max(0.0) + r.waiting.max(0.0) / tick_s) as f32,
+            unthrottled: r.unthrottled.max(0.0) as f32,
             seen: now,
         };
         match g.clients.binary_search_by_key(&client, |c| c.client) {
@@ -442,11 +482,10 @@ impl Engine {
                 g.clients.insert(i, entry);
             }
         }
-        let m = self.meters.entry(key.clone()).or_default();
-        m.meter.consumed += r.consumed.max(0.0);
-        m.meter.admitted += r.requests.max(0.0) as u64;
-        m.meter.throttled += r.throttled.max(0.0) as u64;
-        m.dirty = true;
+        g.meter.consumed += r.consumed.max(0.0);
+        g.meter.admitted += r.requests.max(0.0) as u64;
+        g.meter.throttled += r.throttled.max(0.0) as u64;
+        g.dirty = true;
         self.grant(key, client, r.held)
     }
 
@@ -456,7 +495,7 @@ impl Engine {
         let reserved = settings.map_or(0.0, GroupSettings::reserved);
         let burst_total = settings.and_then(GroupSettings::burst);
         let lease = self.settings.lease;
-        let ticked_target = self.tracked[&key].outcome.as_ref().map(|o| o.target);
+        let ticked_target = self.tracked[&key].outcome.as_ref().map(GroupOutcome::target);
         let target = match ticked_target {
             Some(t) => t,
             None => self.unticked_target(&key),
@@ -469,14 +508,15 @@ impl Engine {
             return Grant { rate: known.rate, burst: known.burst, ..unlimited };
         }
         // Not known to the last tick: what is left under the target, no more than it holds.
-        let granted = g.outcome.as_ref().map_or(0.0, |o| o.granted);
-        let others: f64 = g.provisional.iter().filter(|(c, _)| *c != client).map(|(_, r)| r).sum();
+        let granted = g.outcome.as_ref().map_or(0.0, GroupOutcome::granted);
+        let provisional = self.provisional.entry(key).or_default();
+        let others: f64 = provisional.iter().filter(|(c, _)| *c != client).map(|(_, r)| r).sum();
         let left = (target - granted - others).max(0.0);
         let rate = if held > 0.0 { held.min(left) } else { left };
-        let before = match g.provisional.iter_mut().find(|(c, _)| *c == client) {
+        let before = match provisional.iter_mut().find(|(c, _)| *c == client) {
             Some(p) => std::mem::replace(&mut p.1, rate),
             None => {
-                g.provisional.push((client, rate));
+                provisional.push((client, rate));
                 0.0
             }
         };
@@ -501,7 +541,7 @@ impl Engine {
             bound = bound.min(r.pool() as f64);
         }
         if let Some(capacity) = self.settings.capacity {
-            let mine = g.provisional_total();
+            let mine: f64 = self.provisional.get(key).map_or(0.0, |p| p.iter().map(|(_, r)| r).sum());
             let room = capacity - self.targets_total - (self.unticked_provisional - mine);
             bound = bound.min(room.max(0.0));
         }
@@ -515,7 +555,7 @@ impl Engine {
     }
 
     fn budget_exhausted(&self, key: &GroupName, s: &GroupSettings) -> bool {
-        s.budget().is_some_and(|b| self.meters.get(key).is_some_and(|m| m.meter.consumed >= b))
+        s.budget().is_some_and(|b| self.meter(key).is_some_and(|m| m.consumed >= b))
     }
 
     /// A backend's report: its zone, health, and the load each group puts on it.
@@ -553,22 +593,32 @@ impl Engine {
 
     /// A group's consumption so far.
     pub fn meter(&self, group: &GroupName) -> Option<Meter> {
-        self.meters.get(group).map(|m| m.meter)
+        match self.tracked.get(group) {
+            Some(g) => Some(g.meter),
+            None => self.meters.get(group).map(|m| m.meter),
+        }
     }
 
     /// Restores a group's consumption (from a store, at start).
     pub fn restore_meter(&mut self, group: GroupName, meter: Meter) {
-        self.meters.insert(group, MeterEntry { meter, dirty: false });
+        match self.tracked.get_mut(&group) {
+            Some(g) => (g.meter, g.dirty) = (meter, false),
+            None => {
+                self.meters.insert(group, MeterEntry { meter, dirty: false });
+            }
+        }
     }
 
     /// The configured groups' meters that changed since the last call: what a store keeps.
     pub fn take_dirty_meters(&mut self) -> Vec<(GroupName, Meter)> {
         let configured = &self.configured;
+        let tracked = self.tracked.iter_mut().map(|(n, g)| (n, &mut g.meter, &mut g.dirty));
+        let idle = self.meters.iter_mut().map(|(n, m)| (n, &mut m.meter, &mut m.dirty));
         let mut out = Vec::new();
-        for (name, m) in self.meters.iter_mut() {
-            if m.dirty && configured.contains_key(name) {
-                m.dirty = false;
-                out.push((name.clone(), m.meter));
+        for (name, meter, dirty) in tracked.chain(idle) {
+            if *dirty && configured.contains_key(name) {
+                *dirty = false;
+                out.push((name.clone(), *meter));
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -579,8 +629,13 @@ impl Engine {
     /// again (a store that failed to write them).
     pub fn mark_dirty<'a>(&mut self, groups: impl IntoIterator<Item = &'a GroupName>) {
         for name in groups {
-            if let Some(m) = self.meters.get_mut(name) {
-                m.dirty = true;
+            match self.tracked.get_mut(name) {
+                Some(g) => g.dirty = true,
+                None => {
+                    if let Some(m) = self.meters.get_mut(name) {
+                        m.dirty = true;
+                    }
+                }
             }
         }
     }

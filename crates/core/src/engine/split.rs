@@ -1,7 +1,7 @@
 //! Splitting a group's target over its clients: FoundationDB's per-client rate.
 //!
 //! Each client first gets what its unthrottled work uses (it is admitted anyway and charged to
-//! the client's bucket). The rest of the target is split by *water level* over what each
+//! the client's bucket), or its part of the target if the unthrottled work alone exceeds it. The rest of the target is split by *water level* over what each
 //! client asks for beyond that: the level `L` with `Σ min(demand_i, L) = rest`, so clients
 //! asking little keep what they ask and the busy ones share the rest equally. When the
 //! demands add up to less than the rest, each client also gets an equal part of what is left,
@@ -68,6 +68,8 @@ pub(crate) fn split_into(
     scratch: &mut Vec<f64>,
 ) -> f64 {
     let unthrottled: f64 = clients.iter().map(|c| c.unthrottled).sum();
+    // Beyond the target, unthrottled work is debt: each client's part of the target then.
+    let scale = if unthrottled > target && unthrottled > 0.0 { target / unthrottled } else { 1.0 };
     let rest = (target - unthrottled).max(0.0);
     scratch.clear();
     scratch.extend(clients.iter().map(|c| (c.demand - c.unthrottled).max(0.0)));
@@ -75,7 +77,7 @@ pub(crate) fn split_into(
     let asked: f64 = scratch.iter().sum();
     let spare = if asked < rest && !clients.is_empty() { (rest - asked) / clients.len() as f64 } else { 0.0 };
     out.extend(clients.iter().zip(scratch.iter()).map(|(c, d)| {
-        let rate = c.unthrottled + d.min(level) + spare;
+        let rate = c.unthrottled * scale + d.min(level) + spare;
         let burst = match burst_total {
             Some(b) if target > 0.0 => b * rate / target,
             _ => rate,

@@ -26,8 +26,8 @@ fn target_is_the_limit_without_saturation_and_grants_split_it() {
     e.report(t, 2, &name("a"), report(500.0, 70.0, 7.0));
     e.tick(t);
     let o = e.outcome(&name("a")).unwrap();
-    assert_eq!(o.target, Some(100.0));
-    assert_eq!(o.water_level, Some(70.0));
+    assert_eq!(o.target(), Some(100.0));
+    assert_eq!(o.water_level(), Some(70.0));
     assert_eq!(o.grant_of(1).unwrap().rate, 30.0);
     assert_eq!(o.grant_of(2).unwrap().rate, 70.0);
     assert!((o.avg_cost - 10.0).abs() < 1e-9);
@@ -40,10 +40,10 @@ fn unconfigured_groups_are_not_throttled_unless_default_says_so() {
     let t = Nanos(1);
     assert!(e.report(t, 1, &name("x"), report(5.0, 5.0, 1.0)).is_unlimited());
     e.tick(t);
-    assert_eq!(e.outcome(&name("x")).unwrap().target, None);
+    assert_eq!(e.outcome(&name("x")).unwrap().target(), None);
     e.set_group(name("default"), GroupSettings::builder().limit(3.0).build().unwrap());
     e.tick(t);
-    assert_eq!(e.outcome(&name("x")).unwrap().target, Some(3.0));
+    assert_eq!(e.outcome(&name("x")).unwrap().target(), Some(3.0));
 }
 
 #[test]
@@ -61,8 +61,8 @@ fn saturation_limits_by_the_reported_load_ignoring_the_worst_zone() {
     e.tick(t);
     let o = e.outcome(&name("g")).unwrap();
     let expected = 900.0 / 1.8; // load 900 × the second-worst ratio
-    assert!((o.limiting.unwrap() - expected).abs() < 1e-9, "{o:?}");
-    assert_eq!(o.target, Some(expected));
+    assert!((o.limiting().unwrap() - expected).abs() < 1e-9, "{o:?}");
+    assert_eq!(o.target(), Some(expected));
     assert!(o.busy);
 }
 
@@ -77,7 +77,7 @@ fn the_cap_follows_the_ramp() {
         let t = Nanos(second * S);
         e.report(t, 1, &name("r"), report(1000.0, 10.0, 1.0));
         e.tick(t);
-        targets.push(e.outcome(&name("r")).unwrap().target.unwrap());
+        targets.push(e.outcome(&name("r")).unwrap().target().unwrap());
     }
     // 10, 20, 30, 40 (the limit below the ramp's 50), 40, 40.
     assert_eq!(targets, [10.0, 20.0, 30.0, 40.0, 40.0, 40.0]);
@@ -95,10 +95,10 @@ fn growth_below_saturation_is_capped_at_the_headroom() {
     // u = 0.76: FoundationDB's ratio would be 25; the headroom allows 1/0.76.
     e.backend_report(t, "b", "z", Health::Utilisation(0.76), &[(name("g"), 760.0)]).unwrap();
     e.tick(t);
-    assert!((e.outcome(&name("g")).unwrap().limiting.unwrap() - 1000.0).abs() < 1e-6);
+    assert!((e.outcome(&name("g")).unwrap().limiting().unwrap() - 1000.0).abs() < 1e-6);
     e.backend_report(t, "b", "z", Health::Utilisation(1.2), &[(name("g"), 1200.0)]).unwrap();
     e.tick(t);
-    assert!((e.outcome(&name("g")).unwrap().limiting.unwrap() - 1200.0 / 1.8).abs() < 1e-6);
+    assert!((e.outcome(&name("g")).unwrap().limiting().unwrap() - 1200.0 / 1.8).abs() < 1e-6);
 }
 
 #[test]
@@ -118,7 +118,7 @@ fn a_backend_that_stops_reporting_stops_limiting_and_is_forgotten() {
     e.report(later, 1, &name("g"), report(1e6, 1.0, 1.0));
     e.tick(later);
     let o = e.outcome(&name("g")).unwrap();
-    assert!(!o.busy && o.limiting.is_none(), "{o:?}");
+    assert!(!o.busy && o.limiting().is_none(), "{o:?}");
     assert_eq!(e.backends(), 0);
 }
 
@@ -167,8 +167,8 @@ fn unthrottled_work_counts_against_the_capacity() {
     e.report(t, 1, &name("ops"), admin);
     e.report(t, 2, &name("tenant"), report(1000.0, 300.0, 300.0));
     e.tick(t);
-    assert_eq!(e.outcome(&name("ops")).unwrap().target, Some(700.0));
-    assert_eq!(e.outcome(&name("tenant")).unwrap().target, Some(300.0));
+    assert_eq!(e.outcome(&name("ops")).unwrap().target(), Some(700.0));
+    assert_eq!(e.outcome(&name("tenant")).unwrap().target(), Some(300.0));
 }
 
 #[test]
@@ -178,12 +178,12 @@ fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
     e.set_group(name("trial"), s.clone());
     e.report(Nanos(S), 1, &name("trial"), report(100.0, 400.0, 400.0));
     e.tick(Nanos(S));
-    assert_eq!(e.outcome(&name("trial")).unwrap().target, Some(100.0));
+    assert_eq!(e.outcome(&name("trial")).unwrap().target(), Some(100.0));
     e.report(Nanos(2 * S), 1, &name("trial"), report(100.0, 100.0, 100.0));
     e.tick(Nanos(2 * S));
     let o = e.outcome(&name("trial")).unwrap();
     assert!(o.budget_exhausted);
-    assert_eq!(o.target, Some(10.0));
+    assert_eq!(o.target(), Some(10.0));
     let meters = e.take_dirty_meters();
     assert_eq!(meters, [(name("trial"), Meter { consumed: 500.0, admitted: 500, throttled: 0 })]);
     assert!(e.take_dirty_meters().is_empty());
@@ -193,7 +193,7 @@ fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
     again.restore_meter(name("trial"), meters[0].1);
     again.report(Nanos(S), 1, &name("trial"), report(100.0, 0.0, 0.0));
     again.tick(Nanos(S));
-    assert_eq!(again.outcome(&name("trial")).unwrap().target, Some(10.0));
+    assert_eq!(again.outcome(&name("trial")).unwrap().target(), Some(10.0));
 }
 
 /// Issue: before the first tick every client was granted the group's whole limit.
@@ -216,7 +216,7 @@ fn twenty_clients_right_after_a_restart_are_granted_no_more_than_the_limit() {
     assert!(e.learning(Nanos(30)));
     e.tick(Nanos(S));
     let o = e.outcome(&name("g")).unwrap();
-    assert!((o.granted - 100.0).abs() < 1e-9);
+    assert!((o.granted() - 100.0).abs() < 1e-9);
     assert_eq!(o.grants.len(), 21);
 }
 
@@ -231,8 +231,8 @@ fn a_new_group_under_a_capacity_takes_only_the_room_left() {
     assert_eq!(e.report(Nanos(1), 2, &name("b"), report(10.0, 0.0, 0.0)).rate, 0.0);
     e.tick(Nanos(S));
     let (a, b) = (e.outcome(&name("a")).unwrap(), e.outcome(&name("b")).unwrap());
-    assert!((a.target.unwrap() + b.target.unwrap() - 1000.0).abs() < 1e-9);
-    assert!(b.target.unwrap() >= 10.0);
+    assert!((a.target().unwrap() + b.target().unwrap() - 1000.0).abs() < 1e-9);
+    assert!(b.target().unwrap() >= 10.0);
 }
 
 #[test]
@@ -246,8 +246,8 @@ fn fcfs_serves_the_free_pool_in_the_order_groups_first_asked() {
     e.report(Nanos(1), 1, &name("a"), report(1000.0, 0.0, 0.0));
     e.tick(Nanos(S));
     // Every reservation counts, the idle group's too: the free pool is 70, and b asked first.
-    assert_eq!(e.outcome(&name("b")).unwrap().target, Some(80.0));
-    assert_eq!(e.outcome(&name("a")).unwrap().target, Some(10.0));
+    assert_eq!(e.outcome(&name("b")).unwrap().target(), Some(80.0));
+    assert_eq!(e.outcome(&name("a")).unwrap().target(), Some(10.0));
 }
 
 #[test]
@@ -270,7 +270,7 @@ fn a_resumable_ramp_continues_after_its_group_went_idle() {
         }
         e.tick(Nanos(second * S));
     }
-    assert_eq!(e.outcome(&name("on")).unwrap().target, Some(50.0));
+    assert_eq!(e.outcome(&name("on")).unwrap().target(), Some(50.0));
     e.tick(Nanos(20 * S)); // both idle past the expiry: forgotten
     assert_eq!(e.tracked_groups(), 0);
     assert_eq!(e.resumable_ramps(Nanos(20 * S)).len(), 1);
@@ -278,8 +278,8 @@ fn a_resumable_ramp_continues_after_its_group_went_idle() {
         e.report(Nanos(21 * S), 1, &name(g), report(1000.0, 10.0, 1.0));
     }
     e.tick(Nanos(21 * S));
-    assert_eq!(e.outcome(&name("on")).unwrap().target, Some(50.0), "resumed");
-    assert_eq!(e.outcome(&name("off")).unwrap().target, Some(10.0), "started again at min");
+    assert_eq!(e.outcome(&name("on")).unwrap().target(), Some(50.0), "resumed");
+    assert_eq!(e.outcome(&name("off")).unwrap().target(), Some(10.0), "started again at min");
 }
 
 #[test]
@@ -290,4 +290,13 @@ fn waiting_work_counts_as_demand() {
     e.report(Nanos(0), 1, &name("g"), r);
     e.tick(Nanos(0));
     assert_eq!(e.outcome(&name("g")).unwrap().demand, 50.0);
+}
+
+/// Every tracked group carries one `Tracked`, and every client of it one `ClientEntry`: their
+/// size is the controller's memory per (client, group) pair (BENCHMARKS.md).
+#[test]
+fn the_state_kept_per_group_and_client_stays_small() {
+    assert!(std::mem::size_of::<Tracked>() <= 208, "{}", std::mem::size_of::<Tracked>());
+    assert!(std::mem::size_of::<ClientEntry>() <= 24);
+    assert!(std::mem::size_of::<ClientGrant>() <= 24);
 }

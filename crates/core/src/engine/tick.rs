@@ -1,5 +1,7 @@
 //! One tick: expire what went quiet, then compute every tracked group's target and grants.
 
+use std::collections::HashMap;
+
 use crate::allocate::{AllocationMode, Claim, allocate, first_come};
 use crate::settings::{GroupSettings, Limit, Priority};
 use crate::time::Nanos;
@@ -9,7 +11,7 @@ use super::{ClientGrant, Engine, GroupOutcome};
 
 /// What the tick needs of a group (copied: no clone of its settings).
 struct Row {
-    floor: f64,
+    reserved: f64,
     cap: f64,
     priority: Priority,
     weight: f64,
@@ -20,7 +22,7 @@ struct Row {
     load: f64,
     avg_cost: f64,
     exhausted: bool,
-    first_asked: Option<Nanos>,
+    first_asked: u64,
 }
 
 impl Engine {
@@ -36,34 +38,42 @@ impl Engine {
         // Rows are in the groups' iteration order, which stays the same until the groups
         // change; the last loop walks both together instead of looking each group up again.
         let mut rows = Vec::with_capacity(self.tracked.len());
+        let keep = (-elapsed / self.settings.cost_folding.as_secs_f64().max(1e-9)).exp();
+        for g in self.tracked.values_mut() {
+            // Average cost per request: the ratio of moving averages of units/s and requests/s.
+            let [units, requests, throttled] = g.since_tick.map(f64::from);
+            g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
+            g.requests_rate = g.requests_rate * keep + requests / elapsed * (1.0 - keep);
+            g.last_tick = [(units / elapsed) as f32, (throttled / elapsed) as f32];
+            g.since_tick = [0.0; 3];
+        }
         for (name, g) in &self.tracked {
-            let units = g.units.estimate_rate(now);
-            let requests = g.requests.estimate_rate(now);
+            let avg_cost = if g.requests_rate > 1e-9 { g.units_rate / g.requests_rate } else { 1.0 };
             let settings = self.settings_for(name);
             let (load, limiting) = match loads.get(name) {
                 Some(l) => (l.load, self.settings.saturation.limiting_ratio(&l.zones).map(|r| l.load * r)),
                 None => (0.0, None),
             };
             let reserved = settings.map_or(0.0, GroupSettings::reserved);
-            let exhausted = settings.is_some_and(|s| self.budget_exhausted(name, s));
+            let exhausted = settings.is_some_and(|s| s.budget().is_some_and(|b| g.meter.consumed >= b));
             let ceiling = match settings {
                 Some(s) if exhausted => s.reserved(),
                 Some(s) => s.limit().as_f64(),
                 None => Limit::Unlimited.as_f64(),
             };
             let cap = g.ramp.as_ref().map_or(ceiling, |r| ceiling.min(r.pool() as f64));
-            let unthrottled: f64 = g.clients.iter().map(|c| c.unthrottled).sum();
+            let unthrottled: f64 = g.clients.iter().map(|c| f64::from(c.unthrottled)).sum();
             rows.push(Row {
-                floor: reserved.max(unthrottled),
+                reserved,
                 cap,
                 priority: settings.map_or(Priority::MEDIUM, GroupSettings::priority),
                 weight: settings.map_or(1.0, GroupSettings::weight),
                 burst: settings.and_then(GroupSettings::burst),
-                demand: g.clients.iter().map(|c| c.demand).sum(),
+                demand: g.clients.iter().map(|c| f64::from(c.demand)).sum(),
                 unthrottled,
                 limiting,
                 load,
-                avg_cost: if requests > 1e-9 { units / requests } else { 1.0 },
+                avg_cost,
                 exhausted,
                 first_asked: g.first_asked,
             });
@@ -86,7 +96,7 @@ impl Engine {
             }
             // Nothing bounds the group (no limit, no saturation, no capacity to share): it is
             // not throttled, whatever it reserves.
-            let target = bound.is_finite().then(|| row.floor.max(bound));
+            let target = bound.is_finite().then(|| row.reserved.max(bound));
             let busy = row.limiting.is_some_and(|l| l < row.cap);
             // Reuse last tick's grant buffer.
             let mut grants = g.outcome.take().map(|o| o.grants).unwrap_or_default();
@@ -95,8 +105,8 @@ impl Engine {
             asking.clear();
             asking.extend(g.clients.iter().map(|c| Asking {
                 client: c.client,
-                demand: c.demand,
-                unthrottled: c.unthrottled,
+                demand: f64::from(c.demand),
+                unthrottled: f64::from(c.unthrottled),
             }));
             let water_level = match target {
                 Some(t) => {
@@ -113,41 +123,38 @@ impl Engine {
                     None
                 }
             };
-            let granted = grants.iter().map(|g| g.rate).sum();
-            g.admitted_rate = g.consumed_since_tick / elapsed;
-            g.throttled_rate = g.throttled_since_tick / elapsed;
-            g.consumed_since_tick = 0.0;
-            g.throttled_since_tick = 0.0;
-            g.provisional.clear();
+            let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
-                target,
-                limiting: row.limiting,
-                share,
+                target: target.unwrap_or(none),
+                limiting: row.limiting.unwrap_or(none),
+                share: share.unwrap_or(none),
                 busy,
-                water_level,
+                water_level: water_level.unwrap_or(none),
                 avg_cost: row.avg_cost,
                 demand: row.demand,
                 unthrottled: row.unthrottled,
                 load: row.load,
                 budget_exhausted: row.exhausted,
                 grants,
-                granted,
             });
         }
         self.scratch = scratch;
         self.targets_total = targets_total;
         self.unticked_provisional = 0.0;
+        // Dropped rather than cleared: after a restart every group has some, and an emptied
+        // table would keep its room for all of them.
+        self.provisional = HashMap::default();
     }
 
     /// Each row's share of the node's capacity.
     fn shares(&self, capacity: f64, rows: &[Row]) -> Vec<f64> {
-        // Unthrottled work is served first: it counts as reserved, and the ceiling is never
-        // below it.
+        // Unthrottled work takes its room off the top: it counts as reserved, up to the
+        // group's cap (beyond it, it is the group's debt, paid back at its limit).
         let claims: Vec<Claim> = rows
             .iter()
             .map(|r| Claim {
-                reserved: r.floor,
-                ceiling: r.cap.max(r.floor),
+                reserved: r.reserved.max(r.unthrottled.min(r.cap)),
+                ceiling: r.cap,
                 priority: r.priority,
                 weight: r.weight,
                 demand: r.demand.max(r.unthrottled),
@@ -167,8 +174,7 @@ impl Engine {
                 let names: Vec<_> = self.tracked.keys().collect();
                 let mut order: Vec<usize> = (0..rows.len()).collect();
                 order.sort_by(|&a, &b| {
-                    let key = |i: usize| (rows[i].first_asked.is_none(), rows[i].first_asked);
-                    key(a).cmp(&key(b)).then_with(|| names[a].cmp(names[b]))
+                    rows[a].first_asked.cmp(&rows[b].first_asked).then_with(|| names[a].cmp(names[b]))
                 });
                 first_come(capacity, elsewhere, &claims, &order)
             }
@@ -183,18 +189,21 @@ impl Engine {
         self.tracked.retain(|name, g| {
             let keep = now.since(g.last_report) < idle;
             if !keep {
-                gone.push((name.clone(), g.ramp.as_ref().map(|r| (r.value(), r.settings().resume_ttl))));
+                let ramp = g.ramp.as_ref().map(|r| (r.value(), r.settings().resume_ttl));
+                gone.push((name.clone(), ramp, g.meter_entry()));
             }
             keep
         });
-        for (name, ramp) in gone {
+        for (name, ramp, meter) in gone {
             if let Some((value, Some(ttl))) = ramp
                 && self.resume.len() < self.settings.max_tracked_groups
             {
                 self.resume.insert(name.clone(), (value, now.after(ttl)));
             }
-            if !self.configured.contains_key(&name) {
-                self.meters.remove(&name);
+            // A configured group's consumption is kept (it is billed and budgeted on); an
+            // unconfigured one's goes with it.
+            if self.configured.contains_key(&name) {
+                self.meters.insert(name, meter);
             }
         }
         self.resume.retain(|_, (_, until)| now < *until);

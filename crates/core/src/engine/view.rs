@@ -2,7 +2,7 @@
 
 use crate::settings::{GroupName, GroupSettings};
 
-use super::{Engine, Meter};
+use super::{Engine, GroupOutcome, Meter};
 
 /// A group's settings and state as of the last tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,17 +71,17 @@ impl Engine {
         GroupView {
             name: name.clone(),
             settings: settings.cloned(),
-            target: o.and_then(|o| o.target),
-            admitted: g.map_or(0.0, |g| g.admitted_rate),
-            throttled: g.map_or(0.0, |g| g.throttled_rate),
+            target: o.and_then(GroupOutcome::target),
+            admitted: g.map_or(0.0, |g| f64::from(g.last_tick[0])),
+            throttled: g.map_or(0.0, |g| f64::from(g.last_tick[1])),
             demand: o.map_or(0.0, |o| o.demand),
             unthrottled: o.map_or(0.0, |o| o.unthrottled),
             busy: o.is_some_and(|o| o.busy),
             clients: g.map_or(0, |g| g.clients.len() as u32),
-            meter: self.meters.get(name).map(|m| m.meter).unwrap_or_default(),
-            limiting: o.and_then(|o| o.limiting),
-            share: o.and_then(|o| o.share),
-            water_level: o.and_then(|o| o.water_level),
+            meter: self.meter(name).unwrap_or_default(),
+            limiting: o.and_then(GroupOutcome::limiting),
+            share: o.and_then(GroupOutcome::share),
+            water_level: o.and_then(GroupOutcome::water_level),
             avg_cost: o.map_or(1.0, |o| o.avg_cost),
             load: o.map_or(0.0, |o| o.load),
             budget_exhausted: o.is_some_and(|o| o.budget_exhausted),
