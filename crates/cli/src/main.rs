@@ -46,7 +46,7 @@ enum Command {
         /// The HTTP listen address (/metrics, /healthz, /status).
         #[arg(long, default_value = "127.0.0.1:7461")]
         http: std::net::SocketAddr,
-        /// The pipeline tick and the exchange period asked of clients, in milliseconds.
+        /// The engine's tick and the exchange period asked of clients, in milliseconds.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
         tick_ms: u64,
         /// How long a grant holds without renewal, in milliseconds.

@@ -15,9 +15,9 @@
 //! Part of a cost is often only known once the request has run (the bytes a read returned, the
 //! CPU it burnt). [`CostModel::upfront`] prices what is known before execution; the client
 //! admits on that and settles the permit with [`CostModel::cost`] afterwards (post-hoc), the
-//! difference becoming debt or being returned. Sources: FoundationDB's page cost
-//! (`002_854fe98b51c78beb.txt`), TiDB's request-unit model (`004_84876e3317bae185.txt`),
-//! Couchbase's read and write units (`001_2fe6aa93fecdbfec.txt`).
+//! difference becoming debt or being returned. Sources: FoundationDB's page cost (its global
+//! tag throttler's design), TiDB's request-unit model (its resource control design),
+//! Couchbase's read and write units (its memcached throttling design).
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

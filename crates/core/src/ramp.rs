@@ -1,6 +1,6 @@
 //! Ramp-up: a group's pool grows from `min` to `max` units per one-second epoch.
 //!
-//! Numaflow's throttling (`003_7775cef0a2611e73.txt`) lets a pipeline stage warm up: its token
+//! Numaflow's throttling lets a pipeline stage warm up: its token
 //! pool starts at `min` and grows by `slope = (max − min) / duration` per epoch, in one of four
 //! modes. The pool is recomputed lazily, at the first call of an epoch, from what happened in
 //! the last epoch that had a call:

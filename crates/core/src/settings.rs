@@ -6,7 +6,7 @@
 //! `priority` and `weight` for sharing free capacity, and optionally a ramp-up and a budget.
 //!
 //! Settings cannot be built invalid: [`GroupSettingsBuilder::build`] checks every rule and
-//! returns *all* broken ones, each naming the field and the rule (DESIGN section 2).
+//! returns *all* broken ones, each naming the field and the rule.
 
 use std::fmt;
 use std::sync::Arc;
@@ -210,7 +210,7 @@ impl Default for Priority {
     }
 }
 
-/// How a ramp-up pool grows (Numaflow's modes, DESIGN section 5).
+/// How a ramp-up pool grows (Numaflow's modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RampMode {
     /// Grows every epoch, used or not.

@@ -1,4 +1,5 @@
-//! The engine's invariants (DESIGN section 3), on random inputs.
+//! The engine's invariants, on random inputs: reservations honoured, limits never exceeded,
+//! grants conserving the target, capacity conserved, equal clients treated equally.
 
 use proptest::prelude::*;
 use tollgate_core::engine::{ClientReport, Engine, EngineSettings, Health};
