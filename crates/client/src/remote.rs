@@ -185,7 +185,8 @@ impl Link {
 
     /// Asks for an exchange after the controller's next tick (a refusal).
     pub(crate) fn refused(&self) {
-        if !self.refused.swap(true, Ordering::Relaxed) {
+        // Refusals come in runs: after the first, the flag is already up.
+        if !self.refused.load(Ordering::Relaxed) && !self.refused.swap(true, Ordering::Relaxed) {
             self.notify.notify_one();
         }
     }

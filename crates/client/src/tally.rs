@@ -212,11 +212,13 @@ fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
 
 impl Local {
     #[cold]
-    /// Moves the entry for `counters` to the front, creating it if need be.
+    /// Brings the entry for `counters` to the front, creating it if need be. A found entry
+    /// swaps places with the front one rather than shifting every entry between them: the
+    /// order is only roughly most-recent-first, which is all eviction needs, and a thread that
+    /// takes turns among many groups does not move its whole cache each time.
     fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) {
         if let Some(i) = self.entries.iter().position(|e| e.id == counters.id) {
-            let entry = self.entries.remove(i);
-            self.entries.insert(0, entry);
+            self.entries.swap(0, i);
             return;
         }
         let tally = Arc::new(Tally::default());

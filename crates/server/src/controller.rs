@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::engine::{ClientReport, Engine, EngineSettings, GroupView, Health};
-use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors, check_group_name};
+use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1;
 use tollgate_proto::{BACKEND_ID_MAX_BYTES, CLIENT_ID_MAX_BYTES, EXCHANGE_GROUPS_MAX, REPORT_GROUPS_MAX};
@@ -73,16 +73,18 @@ fn invalid(field: &str, rule: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {rule}"))
 }
 
-fn group_name(field: &str, name: &str) -> Result<GroupName, String> {
-    check_group_name(name).map_err(|e| format!("{field}: {}", e.rule))?;
-    GroupName::new(name).map_err(|e| format!("{field}: {}", e.rule))
+/// A group name, or the rule it breaks under the field `field()` names (built only then: a
+/// valid exchange formats nothing).
+fn group_name(field: impl Fn() -> String, name: &str) -> Result<GroupName, String> {
+    GroupName::new(name).map_err(|e| format!("{}: {}", field(), e.rule))
 }
 
-fn quantity(field: &str, v: f64) -> Result<f64, String> {
+/// A reported number, or the rule it breaks.
+fn quantity(field: impl Fn() -> String, v: f64) -> Result<f64, String> {
     if v.is_finite() && (0.0..=REPORT_VALUE_MAX).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{field}: must be a finite number from 0 to {REPORT_VALUE_MAX:e}, got {v}"))
+        Err(format!("{}: must be a finite number from 0 to {REPORT_VALUE_MAX:e}, got {v}", field()))
     }
 }
 
@@ -182,9 +184,10 @@ impl Controller {
         let mut reports = Vec::with_capacity(req.groups.len());
         for (i, g) in req.groups.iter().enumerate() {
             let name =
-                group_name(&format!("groups[{i}].group"), &g.group).map_err(Status::invalid_argument)?;
-            let field =
-                |f: &str, v: f64| quantity(&format!("groups[{i}].{f}"), v).map_err(Status::invalid_argument);
+                group_name(|| format!("groups[{i}].group"), &g.group).map_err(Status::invalid_argument)?;
+            let field = |f: &str, v: f64| {
+                quantity(|| format!("groups[{i}].{f}"), v).map_err(Status::invalid_argument)
+            };
             let report = ClientReport {
                 demand: field("demand", g.demand)?,
                 unthrottled: field("unthrottled", g.unthrottled)?,
@@ -231,10 +234,10 @@ impl Controller {
         id("zone", &r.zone, BACKEND_ID_MAX_BYTES)?;
         let health = match r.health {
             Some(v1::backend_report::Health::QueueBytes(q)) => {
-                Health::QueueBytes(quantity("queue_bytes", q).map_err(Status::invalid_argument)?)
+                Health::QueueBytes(quantity(|| "queue_bytes".into(), q).map_err(Status::invalid_argument)?)
             }
             Some(v1::backend_report::Health::Utilisation(u)) => {
-                Health::Utilisation(quantity("utilisation", u).map_err(Status::invalid_argument)?)
+                Health::Utilisation(quantity(|| "utilisation".into(), u).map_err(Status::invalid_argument)?)
             }
             None => return Err(invalid("health", "give queue_bytes or utilisation")),
         };
@@ -247,8 +250,8 @@ impl Controller {
         let mut loads = Vec::with_capacity(r.loads.len());
         let mut rejected = Vec::new();
         for (i, l) in r.loads.iter().enumerate() {
-            let checked = group_name(&format!("loads[{i}].group"), &l.group)
-                .and_then(|n| quantity(&format!("loads[{i}].units_per_s"), l.units_per_s).map(|u| (n, u)));
+            let checked = group_name(|| format!("loads[{i}].group"), &l.group)
+                .and_then(|n| quantity(|| format!("loads[{i}].units_per_s"), l.units_per_s).map(|u| (n, u)));
             match checked {
                 Ok(load) => loads.push(load),
                 Err(reason) => rejected.push(reason),

@@ -435,16 +435,22 @@ impl Engine {
     pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
         self.started.get_or_insert(now);
         let key = self.state_key(group);
-        let ramp_settings =
-            if self.ramped > 0 { self.settings_for(&key).and_then(|s| s.ramp().copied()) } else { None };
-        if !self.tracked.contains_key(&key) {
-            // A resumable ramp that went idle within its TTL continues where it was.
-            let resumed = self.resume.remove(&key).filter(|(_, until)| now < *until).map(|(v, _)| v);
-            let ramp = ramp_settings.map(|s| Box::new(Ramp::new(s, resumed)));
-            let meter = self.meters.remove(&key).unwrap_or_default();
-            self.tracked.insert(key.clone(), Tracked::new(now, ramp, meter));
-        }
-        let g = self.tracked.get_mut(&key).expect("inserted above");
+        let settings = self.settings_for(&key);
+        let reserved = settings.map_or(0.0, GroupSettings::reserved);
+        let burst_total = settings.and_then(GroupSettings::burst);
+        let ramp_settings = if self.ramped > 0 { settings.and_then(|s| s.ramp().copied()) } else { None };
+        let lease = self.settings.lease;
+        let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
+        let g = match self.tracked.entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                // A resumable ramp that went idle within its TTL continues where it was.
+                let resumed = self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
+                let ramp = ramp_settings.map(|s| Box::new(Ramp::new(s, resumed)));
+                let meter = self.meters.remove(v.key()).unwrap_or_default();
+                v.insert(Tracked::new(now, ramp, meter))
+            }
+        };
         // The ramp follows the settings: a changed ramp continues from where the old one was.
         match (&mut g.ramp, ramp_settings) {
             (Some(r), Some(s)) if *r.settings() == s => {}
@@ -467,7 +473,6 @@ impl Engine {
         for (since, add) in g.since_tick.iter_mut().zip([r.consumed, r.requests, r.throttled]) {
             *since += add.max(0.0) as f32;
         }
-        let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
         let entry = ClientEntry {
             client,
             demand: (r.demand.max(0.0) + r.waiting.max(0.0) / tick_s) as f32,
@@ -486,27 +491,35 @@ impl Engine {
         g.meter.admitted += r.requests.max(0.0) as u64;
         g.meter.throttled += r.throttled.max(0.0) as u64;
         g.dirty = true;
-        self.grant(key, client, r.held)
+        let clients = (g.clients.len() as u32).max(1);
+        let unlimited = Grant { rate: f64::INFINITY, burst: f64::INFINITY, lease, reserved, clients };
+        // The common case: the last tick knows the client.
+        if let Some(o) = &g.outcome {
+            match (o.target(), o.grant_of(client)) {
+                (None, _) => return unlimited,
+                (Some(_), Some(known)) => return Grant { rate: known.rate, burst: known.burst, ..unlimited },
+                (Some(_), None) => {}
+            }
+        }
+        self.grant_unknown(key, client, r.held, unlimited, burst_total)
     }
 
-    /// The grant for `client` in the tracked group `key`, by the grant policy.
-    fn grant(&mut self, key: GroupName, client: ClientId, held: f64) -> Grant {
-        let settings = self.settings_for(&key);
-        let reserved = settings.map_or(0.0, GroupSettings::reserved);
-        let burst_total = settings.and_then(GroupSettings::burst);
-        let lease = self.settings.lease;
+    /// The grant for a client the last tick did not know, by the grant policy.
+    fn grant_unknown(
+        &mut self,
+        key: GroupName,
+        client: ClientId,
+        held: f64,
+        unlimited: Grant,
+        burst_total: Option<f64>,
+    ) -> Grant {
         let ticked_target = self.tracked[&key].outcome.as_ref().map(GroupOutcome::target);
         let target = match ticked_target {
             Some(t) => t,
             None => self.unticked_target(&key),
         };
-        let g = self.tracked.get_mut(&key).expect("tracked");
-        let clients = (g.clients.len() as u32).max(1);
-        let unlimited = Grant { rate: f64::INFINITY, burst: f64::INFINITY, lease, reserved, clients };
         let Some(target) = target else { return unlimited };
-        if let Some(known) = g.outcome.as_ref().and_then(|o| o.grant_of(client)) {
-            return Grant { rate: known.rate, burst: known.burst, ..unlimited };
-        }
+        let g = &self.tracked[&key];
         // Not known to the last tick: what is left under the target, no more than it holds.
         let granted = g.outcome.as_ref().map_or(0.0, GroupOutcome::granted);
         let provisional = self.provisional.entry(key).or_default();
