@@ -29,7 +29,7 @@ use std::task::{Context, Poll};
 
 use tower::{BoxError, Layer, Service};
 
-use crate::Tollgate;
+use crate::handle::Tollgate;
 
 /// Wraps services with admission control. See the [module documentation](self).
 #[derive(Clone)]

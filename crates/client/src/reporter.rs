@@ -75,9 +75,9 @@ impl BackendReporter {
         url: &str,
         opts: ReporterOptions,
         health: impl Fn() -> BackendHealth + Send + Sync + 'static,
-    ) -> Result<BackendReporter, crate::BuildError> {
+    ) -> Result<BackendReporter, crate::error::BuildError> {
         let channel = tonic::transport::Channel::from_shared(url.to_string())
-            .map_err(|e| crate::BuildError::Remote { url: url.to_string(), reason: e.to_string() })?
+            .map_err(|e| crate::error::BuildError::Remote { url: url.to_string(), reason: e.to_string() })?
             .connect_lazy();
         let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
         let (stop, mut stopped) = tokio::sync::watch::channel(());

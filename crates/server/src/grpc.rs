@@ -11,9 +11,10 @@ use tollgate_core::settings::{GroupName, check_group_name};
 use tollgate_proto::v1::{self, admin_server::Admin, admission_server::Admission, backend_server::Backend};
 use tonic::{Request, Response, Status};
 
+use crate::clock::Clock;
 use crate::controller::{AdminError, Controller, PutMode};
+use crate::convert;
 use crate::status::{Latency, status_response};
-use crate::{Clock, convert};
 
 /// The three services over one controller.
 #[derive(Clone)]

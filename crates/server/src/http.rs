@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tollgate_core::engine::GroupView;
 
-use crate::Clock;
+use crate::clock::Clock;
 use crate::controller::Controller;
 use crate::status::{BUCKETS_S, Latency, status_json, status_response};
 

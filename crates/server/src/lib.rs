@@ -7,6 +7,7 @@
 //! stream of incoming connections instead (a simulated network in tests, in the manner of
 //! turmoil), with the same controller and background work.
 
+mod clock;
 pub mod controller;
 pub mod convert;
 pub mod grpc;
@@ -22,12 +23,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
-use tollgate_core::time::{Nanos, duration_nanos};
 use tollgate_proto::v1::{
     admin_server::AdminServer, admission_server::AdmissionServer, backend_server::BackendServer,
 };
 use tonic::transport::server::Connected;
 
+pub use crate::clock::{Clock, wall_ms};
 pub use crate::controller::Controller;
 pub use crate::options::ServerOptions;
 use crate::status::Latency;
@@ -52,41 +53,6 @@ pub enum ServerError {
     /// Serving failed.
     #[error("{0}")]
     Serve(String),
-}
-
-/// The server's clock: tokio's, counted from the server's start.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock {
-    origin: tokio::time::Instant,
-}
-
-impl Clock {
-    /// A clock starting now.
-    pub fn new() -> Self {
-        #[allow(clippy::disallowed_methods)] // the server's edge: tokio time only
-        let origin = tokio::time::Instant::now();
-        Self { origin }
-    }
-
-    /// Now, as the engine sees it.
-    pub fn now(&self) -> Nanos {
-        #[allow(clippy::disallowed_methods)]
-        let now = tokio::time::Instant::now();
-        Nanos(duration_nanos(now.duration_since(self.origin)))
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// Unix time in milliseconds: the only wall-clock read, for ramps that resume across restarts.
-pub fn wall_ms() -> u64 {
-    #[allow(clippy::disallowed_methods)] // the server's edge
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A server with its store open and its listeners bound.

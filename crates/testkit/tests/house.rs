@@ -21,6 +21,9 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// What a module uses when it names an item of the crate's root.
+const ROOT: &str = "crate root";
+
 /// The top-level modules `text` names through `crate::`.
 fn uses(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -33,12 +36,15 @@ fn uses(text: &str) -> BTreeSet<String> {
         } else {
             vec![rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("")]
         };
-        out.extend(
-            names
-                .into_iter()
-                .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_lowercase() || c == '_'))
-                .map(str::to_string),
-        );
+        // An item named at the crate's root (`crate::Tollgate`) is a use of the root, which
+        // declares, and so uses, every module.
+        out.extend(names.into_iter().filter(|n| !n.is_empty()).map(|n| {
+            if n.chars().all(|c| c.is_lowercase() || c.is_ascii_digit() || c == '_') {
+                n.to_string()
+            } else {
+                ROOT.to_string()
+            }
+        }));
     }
     out
 }
@@ -76,7 +82,9 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         let used = graph.entry(top.clone()).or_default();
         used.extend(uses(code).into_iter().filter(|m| *m != top));
     }
-    let modules: BTreeSet<String> = graph.keys().cloned().collect();
+    let mut modules: BTreeSet<String> = graph.keys().cloned().collect();
+    graph.insert(ROOT.to_string(), modules.clone());
+    modules.insert(ROOT.to_string());
     for used in graph.values_mut() {
         used.retain(|m| modules.contains(m));
     }
@@ -139,8 +147,8 @@ fn the_cycle_finder_finds_cycles() {
         .collect();
     assert_eq!(cycle(&g).unwrap(), ["a", "b", "c", "a"]);
     assert_eq!(
-        uses("use crate::{group::Group, inner::Inner};\nlet x = crate::tally::record;"),
-        BTreeSet::from(["group".into(), "inner".into(), "tally".into()])
+        uses("use crate::{group::Group, inner::Inner};\nlet x = crate::tally::record; use crate::Tollgate;"),
+        BTreeSet::from(["group".into(), "inner".into(), "tally".into(), ROOT.into()])
     );
 }
 
