@@ -261,6 +261,13 @@ fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
     assert!(err.contains("cannot be opened"), "{err}");
     // Never a silent reset: the file is left as it was.
     assert_eq!(std::fs::read(corrupt.join("tollgate.redb")).unwrap(), b"not a database at all");
+    // Issue: an empty file was reset, and every tenant became unlimited.
+    std::fs::write(corrupt.join("tollgate.redb"), b"").unwrap();
+    let out = server_command(&corrupt, "127.0.0.1:0").output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "a clear error, not a panic");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is empty (0 bytes)") && err.contains("tollgate.redb"), "{err}");
+    assert_eq!(std::fs::metadata(corrupt.join("tollgate.redb")).unwrap().len(), 0);
 }
 
 #[test]

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use prost::Message;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition};
 use tollgate_core::engine::Meter;
 use tollgate_core::settings::{GroupName, GroupSettings};
 use tollgate_proto::v1;
@@ -32,15 +32,41 @@ pub struct RedbStore {
 }
 
 impl RedbStore {
-    /// Opens (creating if need be) the store in `dir`.
+    /// Opens the store in `dir`, creating it only if its file does not exist. A file that
+    /// exists but is not a readable Tollgate data file (empty, damaged, another format) is an
+    /// error naming it, and is left exactly as it was: it is checked read-only first, and a
+    /// file that needs recovery after a crash is recovered on a copy that replaces it only once
+    /// the recovery succeeded.
     pub fn open(dir: &Path) -> Result<RedbStore, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|source| StoreError::Directory { path: dir.to_path_buf(), source })?;
         let path = dir.join(FILE_NAME);
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked { path: path.clone() },
-            other => StoreError::Unreadable { path: path.clone(), reason: other.to_string() },
-        })?;
+        let unreadable = |reason: String| StoreError::Unreadable { path: path.clone(), reason };
+        let db = match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Database::create(&path).map_err(|e| database_error(&path, e))?
+            }
+            Err(e) => return Err(unreadable(e.to_string())),
+            Ok(meta) if meta.len() == 0 => {
+                return Err(unreadable(
+                    "the file is empty (0 bytes), so it is not a Tollgate data file; nothing was changed \
+                     (move it away to start with no settings)"
+                        .into(),
+                ));
+            }
+            Ok(_) => {
+                match guarded(|| ReadOnlyDatabase::open(&path).map(drop)) {
+                    Ok(Ok(())) => {}
+                    // Not closed cleanly (a crash): recover a copy, then put it in place.
+                    Ok(Err(redb::DatabaseError::RepairAborted)) => recover(&path)?,
+                    Ok(Err(e)) => return Err(database_error(&path, e)),
+                    Err(panic) => return Err(unreadable(format!("{panic}; nothing was changed"))),
+                }
+                guarded(|| Database::open(&path))
+                    .map_err(unreadable)?
+                    .map_err(|e| database_error(&path, e))?
+            }
+        };
         let store = RedbStore { db, path };
         // Create the tables so that reads of a new store find them.
         store.write(|txn| {
@@ -88,6 +114,54 @@ impl RedbStore {
             out.push((name, value));
         }
         Ok(out)
+    }
+}
+
+/// Runs `f`, turning a panic inside the database library (a damaged file can cause one) into
+/// an error.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("the database library failed");
+        format!("the file is damaged ({what})")
+    })
+}
+
+fn database_error(path: &Path, e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked { path: path.to_path_buf() },
+        other => StoreError::Unreadable {
+            path: path.to_path_buf(),
+            reason: format!("{other}; nothing was changed"),
+        },
+    }
+}
+
+/// Recovers a data file that was not closed cleanly, on a copy: the copy replaces the file only
+/// once the recovery succeeded, so a file that cannot be recovered stays exactly as it was.
+fn recover(path: &Path) -> Result<(), StoreError> {
+    let copy = path.with_extension("redb.recovering");
+    let unreadable = |reason: String| StoreError::Unreadable { path: path.to_path_buf(), reason };
+    std::fs::copy(path, &copy).map_err(|e| unreadable(format!("cannot copy it to recover it: {e}")))?;
+    let recovered = guarded(|| Database::open(&copy).map(drop));
+    match recovered {
+        Ok(Ok(())) => {
+            std::fs::rename(&copy, path)
+                .map_err(|e| unreadable(format!("cannot put the recovered copy in place: {e}")))?;
+            tracing::warn!(path = %path.display(), "data file was not closed cleanly; recovered it");
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            let _ = std::fs::remove_file(&copy);
+            Err(unreadable(format!("it needs recovery, which failed: {e}; nothing was changed")))
+        }
+        Err(panic) => {
+            let _ = std::fs::remove_file(&copy);
+            Err(unreadable(format!("{panic}; nothing was changed")))
+        }
     }
 }
 
@@ -234,6 +308,91 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    fn settings() -> GroupSettings {
+        GroupSettings::builder().reserved(5.0).limit(10.0).build().unwrap()
+    }
+
+    /// Issue: a data file truncated to 0 bytes was silently reset, every tenant unlimited.
+    #[test]
+    fn an_empty_file_is_refused_and_left_as_it_is() {
+        let d = dir("empty");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(FILE_NAME), b"").unwrap();
+        let e = RedbStore::open(&d).err().expect("refused");
+        assert!(e.to_string().contains("is empty (0 bytes)"), "{e}");
+        assert_eq!(std::fs::metadata(d.join(FILE_NAME)).unwrap().len(), 0, "still empty");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Issue: 64 KiB of random bytes in the middle of a data file made the start panic, and the
+    /// failed start rewrote 18 bytes of its header.
+    #[test]
+    fn a_damaged_file_is_a_clear_error_and_left_byte_for_byte() {
+        let d = dir("damaged");
+        {
+            let mut s = RedbStore::open(&d).unwrap();
+            for i in 0..50 {
+                s.put_group(&GroupName::new(&format!("g{i}")).unwrap(), &settings()).unwrap();
+            }
+        }
+        let path = d.join(FILE_NAME);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for b in bytes.iter_mut().skip(middle.saturating_sub(32 * 1024)).take(64 * 1024) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        // And a header that is not a database at all.
+        for (name, damaged) in [
+            ("middle", bytes.clone()),
+            ("header", {
+                let mut h = bytes.clone();
+                h[..64].copy_from_slice(&[0x5a; 64]);
+                h
+            }),
+        ] {
+            std::fs::write(&path, &damaged).unwrap();
+            let opened = RedbStore::open(&d);
+            match &opened {
+                Err(e) => {
+                    assert!(matches!(e, StoreError::Unreadable { .. }), "{name}: {e}");
+                    assert!(std::fs::read(&path).unwrap() == damaged, "{name}: the damaged file was changed");
+                }
+                // Damage in pages the database does not use may go unnoticed: fine, as long as
+                // nothing panics and what it reads is right or refused.
+                Ok(store) => {
+                    assert_ne!(name, "header", "a file with no header opened");
+                    if let Ok(stored) = store.load() {
+                        assert!(stored.groups.values().all(|s| *s == settings()), "{name}");
+                    }
+                }
+            }
+            drop(opened);
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_file_left_open_by_a_crash_is_recovered() {
+        let d = dir("crash");
+        let copy = dir("crash-copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        let g = GroupName::new("kept").unwrap();
+        let mut s = RedbStore::open(&d).unwrap();
+        s.put_group(&g, &settings()).unwrap();
+        // A copy taken while the store is open is what a kill -9 leaves behind.
+        std::fs::copy(d.join(FILE_NAME), copy.join(FILE_NAME)).unwrap();
+        drop(s);
+        let recovered = RedbStore::open(&copy).unwrap();
+        assert_eq!(recovered.load().unwrap().groups[&g], settings());
+        assert!(!copy.join("tollgate.redb.recovering").exists());
+        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(&copy);
+    }
+
     #[test]
     fn a_file_in_use_or_corrupt_is_a_clear_error() {
         let d = dir("locked");
@@ -244,6 +403,7 @@ mod tests {
         std::fs::write(d.join(FILE_NAME), b"this is not a database").unwrap();
         let e = RedbStore::open(&d).err().expect("corrupt");
         assert!(matches!(e, StoreError::Unreadable { .. }), "{e}");
+        assert_eq!(std::fs::read(d.join(FILE_NAME)).unwrap(), b"this is not a database", "left as it was");
         let _ = std::fs::remove_dir_all(&d);
     }
 }
