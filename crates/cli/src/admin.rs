@@ -276,9 +276,13 @@ async fn get(client: &mut AdminClient<Channel>, name: &str) -> anyhow::Result<Op
     }
 }
 
-/// Rounds up to whole pages, as FoundationDB stores quotas.
-fn pages(bytes: u64) -> u64 {
-    bytes.div_ceil(PAGE) * PAGE
+/// Rounds up to whole pages, as FoundationDB stores quotas; refuses what cannot be a rate.
+fn pages(bytes: u64) -> anyhow::Result<u64> {
+    let max = tollgate_core::settings::RATE_MAX as u64;
+    match bytes.div_ceil(PAGE).checked_mul(PAGE) {
+        Some(rounded) if rounded <= max => Ok(rounded),
+        _ => bail!("bytes_per_second: must be at most {max} (whole {PAGE}-byte pages), got {bytes}"),
+    }
 }
 
 pub async fn quota(server: &str, cmd: Quota) -> anyhow::Result<()> {
@@ -296,7 +300,7 @@ pub async fn quota(server: &str, cmd: Quota) -> anyhow::Result<()> {
             say(value.unwrap_or_else(|| "<empty>".into()));
         }
         Quota::Set { tag, kind, bytes_per_second } => {
-            let value = pages(bytes_per_second) as f64;
+            let value = pages(bytes_per_second)? as f64;
             let current = get(&mut client, &tag).await?;
             let total = current.as_ref().and_then(|s| s.limit);
             let reserved = current.as_ref().map_or(0.0, |s| s.reserved);

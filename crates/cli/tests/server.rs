@@ -196,6 +196,14 @@ fn fdb_style_quotas_round_to_pages_and_insist_on_the_total_first() {
     fails(&s, &["quota", "set", "green", "total_throughput", "-5"], "Usage: tollgate quota set");
     fails(&s, &["quota", "set", "green", "total_throughput", "12abc"], "invalid value '12abc'");
     fails(&s, &["quota", "set", "green", "speed", "5"], "invalid value 'speed'");
+    // Issue: the largest u64 was stored as 0 (the page rounding wrapped).
+    fails(
+        &s,
+        &["quota", "set", "green", "total_throughput", "18446744073709551615"],
+        "bytes_per_second: must be at most 1000000000000000",
+    );
+    assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "65536", "unchanged");
+    fails(&s, &["group", "alter", "green", "--burst", "1e30"], "burst: must be at most 1e18");
     assert_eq!(ok(&s, &["quota", "clear", "green"]).trim(), "Successfully cleared quota.");
     assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "<empty>");
     // Clearing a tag without a quota succeeds.

@@ -21,6 +21,16 @@ pub const GROUP_NAME_MAX_BYTES: usize = 255;
 /// year.
 pub const DURATION_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The largest rate any setting takes, in units/s (reserved, limit, a ramp's min and max):
+/// far above any real rate, low enough that sums of many stay exact to a unit.
+pub const RATE_MAX: f64 = 1e15;
+
+/// The largest amount any setting takes, in units (burst, budget).
+pub const UNITS_MAX: f64 = 1e18;
+
+/// The largest weight.
+pub const WEIGHT_MAX: f64 = 1e6;
+
 /// The name of the group that unknown groups fall back to.
 pub const DEFAULT_GROUP: &str = "default";
 
@@ -457,11 +467,11 @@ impl GroupSettings {
             }
         }
         if let Some(burst) = self.burst {
-            check_positive("burst", burst, &mut errors);
+            check_positive("burst", burst, UNITS_MAX, &mut errors);
         }
-        check_positive("weight", self.weight, &mut errors);
+        check_positive("weight", self.weight, WEIGHT_MAX, &mut errors);
         if let Some(budget) = self.budget {
-            check_positive("budget", budget, &mut errors);
+            check_positive("budget", budget, UNITS_MAX, &mut errors);
         }
         if let Some(ramp) = &self.ramp {
             ramp.check(&mut errors);
@@ -550,7 +560,7 @@ impl GroupSettingsBuilder {
     }
 }
 
-/// A rate: finite and not negative. Returns whether it passed.
+/// A rate: finite, not negative, at most [`RATE_MAX`]. Returns whether it passed.
 fn check_rate(field: &str, value: f64, errors: &mut Vec<SettingError>) -> bool {
     if !value.is_finite() {
         errors.push(SettingError::new(field, format!("must be a finite number, got {value}")));
@@ -558,15 +568,20 @@ fn check_rate(field: &str, value: f64, errors: &mut Vec<SettingError>) -> bool {
     } else if value < 0.0 {
         errors.push(SettingError::new(field, format!("must not be negative, got {value}")));
         false
+    } else if value > RATE_MAX {
+        errors.push(SettingError::new(field, format!("must be at most {RATE_MAX:e} units/s, got {value}")));
+        false
     } else {
         true
     }
 }
 
-/// A finite number above zero.
-fn check_positive(field: &str, value: f64, errors: &mut Vec<SettingError>) {
+/// A finite number above zero and at most `max`.
+fn check_positive(field: &str, value: f64, max: f64, errors: &mut Vec<SettingError>) {
     if !(value.is_finite() && value > 0.0) {
         errors.push(SettingError::new(field, format!("must be a finite number above 0, got {value}")));
+    } else if value > max {
+        errors.push(SettingError::new(field, format!("must be at most {max:e}, got {value}")));
     }
 }
 
