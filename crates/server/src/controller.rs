@@ -113,7 +113,7 @@ impl Controller {
     /// the engine's time at start; `wall_ms` the Unix time in milliseconds (for ramps that
     /// may resume within their TTL).
     pub fn new(
-        store: Box<dyn SettingsStore>,
+        mut store: Box<dyn SettingsStore>,
         settings: EngineSettings,
         now: Nanos,
         wall_ms: u64,
@@ -408,6 +408,11 @@ impl Controller {
         let view = Arc::new(view);
         *cache = Some((ticks, view.clone()));
         view
+    }
+
+    /// What is wrong with the store, while it cannot take writes.
+    pub fn store_health(&self) -> Option<String> {
+        self.store().health()
     }
 
     /// What the engine tracks now: (clients, backends, learning).

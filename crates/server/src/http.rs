@@ -25,7 +25,7 @@ struct AppState {
 /// The HTTP routes.
 pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(health))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(AppState { controller, latency, clock })
@@ -117,6 +117,15 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     );
     let _ = writeln!(out, "tollgate_exchange_latency_seconds_count {count}");
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+/// `ok`, or 503 with what is wrong: the settings store cannot take writes (a full disk), so
+/// settings changes fail until it can; exchanges are still answered.
+async fn health(State(app): State<AppState>) -> axum::response::Response {
+    match app.controller.store_health() {
+        None => "ok\n".into_response(),
+        Some(reason) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response(),
+    }
 }
 
 async fn status(State(app): State<AppState>) -> impl IntoResponse {

@@ -25,10 +25,20 @@ const NODE_KEY: &str = "node";
 /// The database file's name inside the data directory.
 pub const FILE_NAME: &str = "tollgate.redb";
 
-/// Settings in an embedded database file.
+/// Opens the database again after a failure.
+type Reopen = Box<dyn Fn() -> Result<Database, StoreError> + Send>;
+
+/// Settings in an embedded database file (or any redb storage backend).
+///
+/// After a failed write (a full disk, say) redb refuses every later one until the database is
+/// opened again; so a failure closes it, is logged, and the next write opens it again: once
+/// the cause is gone (space freed), writes succeed without a restart. Until then
+/// [`SettingsStore::health`] says what is wrong.
 pub struct RedbStore {
-    db: Database,
+    db: Option<Database>,
     path: PathBuf,
+    reopen: Reopen,
+    failed: Option<String>,
 }
 
 impl RedbStore {
@@ -41,33 +51,32 @@ impl RedbStore {
         std::fs::create_dir_all(dir)
             .map_err(|source| StoreError::Directory { path: dir.to_path_buf(), source })?;
         let path = dir.join(FILE_NAME);
-        let unreadable = |reason: String| StoreError::Unreadable { path: path.clone(), reason };
-        let db = match std::fs::metadata(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Database::create(&path).map_err(|e| database_error(&path, e))?
-            }
-            Err(e) => return Err(unreadable(e.to_string())),
-            Ok(meta) if meta.len() == 0 => {
-                return Err(unreadable(
-                    "the file is empty (0 bytes), so it is not a Tollgate data file; nothing was changed \
-                     (move it away to start with no settings)"
-                        .into(),
-                ));
-            }
-            Ok(_) => {
-                match guarded(|| ReadOnlyDatabase::open(&path).map(drop)) {
-                    Ok(Ok(())) => {}
-                    // Not closed cleanly (a crash): recover a copy, then put it in place.
-                    Ok(Err(redb::DatabaseError::RepairAborted)) => recover(&path)?,
-                    Ok(Err(e)) => return Err(database_error(&path, e)),
-                    Err(panic) => return Err(unreadable(format!("{panic}; nothing was changed"))),
-                }
-                guarded(|| Database::open(&path))
-                    .map_err(unreadable)?
-                    .map_err(|e| database_error(&path, e))?
+        let db = open_file(&path)?;
+        let reopen_path = path.clone();
+        RedbStore::with(db, path, Box::new(move || open_file(&reopen_path)))
+    }
+
+    /// A store on any redb storage backend (tests use ones that fail or crash on purpose);
+    /// `label` names it in errors. The backend is cloned to open the database again.
+    pub fn with_backend<B>(label: &str, backend: B) -> Result<RedbStore, StoreError>
+    where
+        B: redb::StorageBackend + Clone,
+    {
+        let path = PathBuf::from(label);
+        let open = {
+            let path = path.clone();
+            move || {
+                guarded(|| redb::Builder::new().create_with_backend(backend.clone()))
+                    .map_err(|reason| StoreError::Unreadable { path: path.clone(), reason })?
+                    .map_err(|e| database_error(&path, e))
             }
         };
-        let store = RedbStore { db, path };
+        let db = open()?;
+        RedbStore::with(db, path, Box::new(open))
+    }
+
+    fn with(db: Database, path: PathBuf, reopen: Reopen) -> Result<RedbStore, StoreError> {
+        let mut store = RedbStore { db: Some(db), path, reopen, failed: None };
         // Create the tables so that reads of a new store find them.
         store.write(|txn| {
             txn.open_table(GROUPS)?;
@@ -87,15 +96,82 @@ impl RedbStore {
         StoreError::Corrupt { path: self.path.clone(), what, reason: reason.to_string() }
     }
 
-    fn write(
-        &self,
-        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
-    ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(|e| self.io(e))?;
-        f(&txn).map_err(|e| self.io(e))?;
-        txn.commit().map_err(|e| self.io(e))
+    /// The database, opened again if a failure closed it.
+    fn db(&mut self) -> Result<&Database, StoreError> {
+        if self.db.is_none() {
+            let db = (self.reopen)()?;
+            self.db = Some(db);
+        }
+        Ok(self.db.as_ref().expect("opened above"))
     }
 
+    /// Runs `f` in a write transaction and commits it (durably) before returning.
+    fn write(
+        &mut self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), StoreError> {
+        let commit = |db: &Database| -> Result<(), String> {
+            let txn = db.begin_write().map_err(|e| e.to_string())?;
+            f(&txn).map_err(|e| e.to_string())?;
+            txn.commit().map_err(|e| e.to_string())
+        };
+        let result = self.db().and_then(|db| commit(db).map_err(|reason| StoreError::Io { path: PathBuf::new(), reason }));
+        match result {
+            Ok(()) => {
+                if let Some(before) = self.failed.take() {
+                    tracing::info!(path = %self.path.display(), %before, "the data file takes writes again");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let reason = match e {
+                    StoreError::Io { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                tracing::error!(path = %self.path.display(), %reason, "a write to the data file failed; nothing was acknowledged; the next write opens the file again");
+                // redb takes no write after a failed one until it is opened again.
+                self.db = None;
+                self.failed = Some(reason.clone());
+                Err(self.io(reason))
+            }
+        }
+    }
+}
+
+/// Opens the data file at `path`; see [`RedbStore::open`].
+fn open_file(path: &Path) -> Result<Database, StoreError> {
+    {
+        let path = path.to_path_buf();
+        let unreadable = |reason: String| StoreError::Unreadable { path: path.clone(), reason };
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Database::create(&path).map_err(|e| database_error(&path, e))
+            }
+            Err(e) => return Err(unreadable(e.to_string())),
+            Ok(meta) if meta.len() == 0 => {
+                return Err(unreadable(
+                    "the file is empty (0 bytes), so it is not a Tollgate data file; nothing was changed \
+                     (move it away to start with no settings)"
+                        .into(),
+                ));
+            }
+            Ok(_) => {
+                match guarded(|| ReadOnlyDatabase::open(&path).map(drop)) {
+                    Ok(Ok(())) => {}
+                    // Not closed cleanly (a crash): recover a copy, then put it in place.
+                    Ok(Err(redb::DatabaseError::RepairAborted)) => recover(&path)?,
+                    Ok(Err(e)) => return Err(database_error(&path, e)),
+                    Err(panic) => return Err(unreadable(format!("{panic}; nothing was changed"))),
+                }
+                guarded(|| Database::open(&path))
+                    .map_err(unreadable)?
+                    .map_err(|e| database_error(&path, e))
+            }
+        }
+    }
+}
+
+impl RedbStore {
     /// Reads every entry of `table`, decoding each with `decode`.
     fn read_all<T>(
         &self,
@@ -200,8 +276,12 @@ fn decode_ramp(b: &[u8]) -> Result<StoredRamp, String> {
 }
 
 impl SettingsStore for RedbStore {
-    fn load(&self) -> Result<Stored, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| self.io(e))?;
+    fn health(&self) -> Option<String> {
+        self.failed.clone()
+    }
+
+    fn load(&mut self) -> Result<Stored, StoreError> {
+        let txn = self.db()?.begin_read().map_err(|e| self.io(e))?;
         let mut out = Stored::default();
         let groups = self.read_all(&txn, GROUPS, "group", |b| {
             let msg = v1::GroupSettings::decode(b).map_err(|e| e.to_string())?;
@@ -355,8 +435,8 @@ mod tests {
             }),
         ] {
             std::fs::write(&path, &damaged).unwrap();
-            let opened = RedbStore::open(&d);
-            match &opened {
+            let mut opened = RedbStore::open(&d);
+            match &mut opened {
                 Err(e) => {
                     assert!(matches!(e, StoreError::Unreadable { .. }), "{name}: {e}");
                     assert!(std::fs::read(&path).unwrap() == damaged, "{name}: the damaged file was changed");
@@ -386,7 +466,7 @@ mod tests {
         // A copy taken while the store is open is what a kill -9 leaves behind.
         std::fs::copy(d.join(FILE_NAME), copy.join(FILE_NAME)).unwrap();
         drop(s);
-        let recovered = RedbStore::open(&copy).unwrap();
+        let mut recovered = RedbStore::open(&copy).unwrap();
         assert_eq!(recovered.load().unwrap().groups[&g], settings());
         assert!(!copy.join("tollgate.redb.recovering").exists());
         let _ = std::fs::remove_dir_all(&d);

@@ -8,6 +8,8 @@
 //! [`Meter`]: what a tenant is billed on and what its budget is checked against) and the value of
 //! every resumable ramp, both written every flush interval and at a clean shutdown.
 
+#[cfg(test)]
+mod faults;
 mod file;
 
 use std::collections::BTreeMap;
@@ -106,7 +108,7 @@ pub struct Stored {
 /// A durable home for the controller's settings. Every write is durable when it returns.
 pub trait SettingsStore: Send {
     /// Everything stored.
-    fn load(&self) -> Result<Stored, StoreError>;
+    fn load(&mut self) -> Result<Stored, StoreError>;
     /// Stores a group's settings.
     fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError>;
     /// Removes a group and its meter; says whether it was there.
@@ -119,6 +121,10 @@ pub trait SettingsStore: Send {
         meters: &[(GroupName, Meter)],
         ramps: &[(GroupName, StoredRamp)],
     ) -> Result<(), StoreError>;
+    /// What is wrong, while the store cannot take writes (a full disk); `None` when it can.
+    fn health(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A store in memory: nothing survives the process. Clones share one store, so a controller
@@ -140,7 +146,7 @@ impl MemoryStore {
 }
 
 impl SettingsStore for MemoryStore {
-    fn load(&self) -> Result<Stored, StoreError> {
+    fn load(&mut self) -> Result<Stored, StoreError> {
         Ok(self.stored().clone())
     }
 
