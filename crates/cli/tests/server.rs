@@ -368,6 +368,36 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
     );
 }
 
+/// A message whose field 1 is not UTF-8: not a valid `ExchangeRequest` (its client id).
+#[derive(Clone, PartialEq, prost::Message)]
+struct NotAnExchange {
+    #[prost(bytes = "vec", tag = "1")]
+    client_id: Vec<u8>,
+}
+
+/// Issue: the docs promised INVALID_ARGUMENT for what the server answered INTERNAL and
+/// OUT_OF_RANGE. They now say what it does, which is gRPC's convention: a request that is not
+/// a valid protobuf message is INTERNAL, one over 4 MiB OUT_OF_RANGE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_and_oversized_messages_get_grpc_codes_and_others_keep_being_served() {
+    let s = ServerProc::start(&data_dir("undecodable"));
+    let channel = tonic::transport::Endpoint::new(s.url()).unwrap().connect().await.unwrap();
+    let mut raw = tonic::client::Grpc::new(channel.clone());
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/tollgate.v1.Admission/Exchange");
+    for (message, code) in [
+        (NotAnExchange { client_id: vec![0xff, 0xfe, 0xfd] }, tonic::Code::Internal),
+        (NotAnExchange { client_id: vec![b'x'; 5 * 1024 * 1024] }, tonic::Code::OutOfRange),
+    ] {
+        raw.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<NotAnExchange, v1::ExchangeResponse>::default();
+        let status = raw.unary(tonic::Request::new(message), path.clone(), codec).await.unwrap_err();
+        assert_eq!(status.code(), code, "{status:?}");
+    }
+    let mut client = v1::admission_client::AdmissionClient::new(channel);
+    let ok = v1::ExchangeRequest { client_id: "good".into(), sequence: 1, groups: vec![] };
+    assert!(client.exchange(ok).await.is_ok(), "the server keeps serving");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_backend_report_limits_the_group_it_carries() {
     let s = ServerProc::start(&data_dir("backend"));
