@@ -63,6 +63,13 @@ enum Command {
         /// ramps are written to the data file, in milliseconds; also written at a clean stop.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
         flush_ms: u64,
+        /// gRPC connections open at once; past it new ones are closed at once. Keep it below
+        /// the process's open-file limit (`ulimit -n`).
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        max_connections: u64,
+        /// A gRPC connection with no traffic for this long is closed, in milliseconds.
+        #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+        idle_timeout_ms: u64,
     },
     /// FoundationDB-style tag quotas, in bytes/s.
     #[command(subcommand)]
@@ -145,6 +152,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ignore_worst_zones,
             limiting_threshold,
             flush_ms,
+            max_connections,
+            idle_timeout_ms,
         } => {
             if !(limiting_threshold.is_finite() && limiting_threshold >= 0.0) {
                 anyhow::bail!("--limiting-threshold: must be a number, at least 0; got {limiting_threshold}");
@@ -158,6 +167,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ignore_worst_zones: ignore_worst_zones as usize,
                 limiting_threshold,
                 flush_interval: std::time::Duration::from_millis(flush_ms),
+                limits: tollgate_server::conn::Limits {
+                    max_connections: max_connections as usize,
+                    idle_timeout: std::time::Duration::from_millis(idle_timeout_ms),
+                },
             })
         }
         Command::Quota(cmd) => admin_command(admin::quota(&cli.server, cmd)),

@@ -19,9 +19,15 @@ struct ServerProc {
 
 impl ServerProc {
     fn start(data: &Path) -> ServerProc {
+        Self::start_with(data, &[], Stdio::null())
+    }
+
+    /// With extra flags, its log going to `stderr`.
+    fn start_with(data: &Path, flags: &[&str], stderr: Stdio) -> ServerProc {
         let mut child = server_command(data, "127.0.0.1:0")
+            .args(flags)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("starts");
         let mut line = String::new();
@@ -276,6 +282,48 @@ fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is empty (0 bytes)") && err.contains("tollgate.redb"), "{err}");
     assert_eq!(std::fs::metadata(corrupt.join("tollgate.redb")).unwrap().len(), 0);
+}
+
+/// Reads until the peer closes the connection; true if it did within `wait`.
+fn closed_within(stream: &mut TcpStream, wait: std::time::Duration) -> bool {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Issue: about 20,000 idle connections exhausted the server's file descriptors; it spun a
+/// core, new clients and `/healthz` timed out, and nothing was logged.
+#[test]
+fn connections_are_capped_idle_ones_closed_and_health_still_answers() {
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("connections.log");
+    let s = ServerProc::start_with(
+        &data_dir("connections"),
+        &["--max-connections", "3", "--idle-timeout-ms", "1000"],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let mut idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&s.grpc).unwrap()).collect();
+    // Past the cap, a new connection is closed at once.
+    let mut extra = TcpStream::connect(&s.grpc).unwrap();
+    assert!(closed_within(&mut extra, std::time::Duration::from_secs(10)), "the fourth connection was kept");
+    // The HTTP side still answers.
+    assert!(http_get(&s.http, "/healthz").contains("200 OK"));
+    // Idle connections are closed after the idle timeout; then new clients are served.
+    for c in &mut idle {
+        assert!(closed_within(c, std::time::Duration::from_secs(10)), "an idle connection was kept");
+    }
+    ok(&s, &["group", "list"]);
+    drop(s);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("connection limit reached"), "{logged}");
 }
 
 #[test]

@@ -124,7 +124,9 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
 async fn health(State(app): State<AppState>) -> axum::response::Response {
     match app.controller.store_health() {
         None => "ok\n".into_response(),
-        Some(reason) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response(),
+        Some(reason) => {
+            (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response()
+        }
     }
 }
 

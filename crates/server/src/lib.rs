@@ -8,6 +8,7 @@
 //! turmoil), with the same controller and background work.
 
 mod clock;
+pub mod conn;
 pub mod controller;
 pub mod convert;
 pub mod grpc;
@@ -62,6 +63,7 @@ pub struct Server {
     http: tokio::net::TcpListener,
     clock: Clock,
     flush_interval: Duration,
+    limits: conn::Limits,
 }
 
 impl Server {
@@ -81,7 +83,7 @@ impl Server {
             addr: opts.http,
             source,
         })?;
-        Ok(Server { controller, grpc, http, clock, flush_interval: opts.flush_interval })
+        Ok(Server { controller, grpc, http, clock, flush_interval: opts.flush_interval, limits: opts.limits })
     }
 
     /// The bound gRPC address.
@@ -97,15 +99,16 @@ impl Server {
     /// Serves until `shutdown` completes, then stops accepting, writes consumption to the
     /// store and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Server { controller, grpc, http, clock, flush_interval } = self;
-        let incoming = tonic::transport::server::TcpIncoming::from(grpc);
+        let Server { controller, grpc, http, clock, flush_interval, limits } = self;
+        let incoming = conn::Limited::new(tonic::transport::server::TcpIncoming::from(grpc), limits);
         serve(controller, clock, flush_interval, incoming, Some(http), shutdown).await
     }
 }
 
 /// Serves `controller` over gRPC on `incoming` (any stream of connections: tokio's TCP, a
-/// simulated network, in-memory pipes) and, given a listener, over HTTP; runs its ticks and
-/// flushes until `shutdown` completes, then writes consumption to the store once more.
+/// simulated network, in-memory pipes; wrap it in [`conn::Limited`] to cap and time out
+/// connections) and, given a listener, over HTTP; runs its ticks and flushes until `shutdown`
+/// completes, then writes consumption to the store once more.
 pub async fn serve<I, IO, IE>(
     controller: Arc<Controller>,
     clock: Clock,

@@ -25,6 +25,8 @@ pub struct ServerOptions {
     pub limiting_threshold: f64,
     /// How often consumption and resumable ramps are written to the store.
     pub flush_interval: Duration,
+    /// The cap on gRPC connections and how long an idle one is kept.
+    pub limits: crate::conn::Limits,
 }
 
 impl Default for ServerOptions {
@@ -38,6 +40,7 @@ impl Default for ServerOptions {
             ignore_worst_zones: 1,
             limiting_threshold: 409_600.0,
             flush_interval: Duration::from_secs(10),
+            limits: crate::conn::Limits::default(),
         }
     }
 }

@@ -64,6 +64,9 @@ impl ClientTable {
     /// Forgets clients not seen for longer than `expiry`.
     pub(crate) fn expire(&mut self, now: Nanos, expiry: Duration) {
         self.by_key.retain(|_, s| now.since(s.seen) <= expiry);
+        if self.by_key.capacity() > 64 && self.by_key.len() < self.by_key.capacity() / 4 {
+            self.by_key.shrink_to(self.by_key.len() * 2);
+        }
     }
 
     pub(crate) fn len(&self) -> usize {

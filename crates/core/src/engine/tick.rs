@@ -209,8 +209,23 @@ impl Engine {
         self.resume.retain(|_, (_, until)| now < *until);
         for g in self.tracked.values_mut() {
             g.clients.retain(|c| now.since(c.seen) <= report_expiry);
+            if g.clients.capacity() > 2 * g.clients.len() + 4 {
+                g.clients.shrink_to_fit();
+            }
         }
         self.backends.retain(|_, b| now.since(b.seen) <= report_expiry);
         self.clients.expire(now, report_expiry.max(self.settings.tick * 2));
+        // What expired is given back: a burst of names or clients does not hold its memory
+        // for ever.
+        shrink(&mut self.tracked);
+        shrink(&mut self.meters);
+        shrink(&mut self.resume);
+    }
+}
+
+/// Gives back most of a map's room once it holds far less than it could.
+fn shrink<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(map: &mut HashMap<K, V, S>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }

@@ -130,7 +130,9 @@ impl Change {
             Change::Put(i) => store.put_group(&name(*i), &settings(*i)),
             Change::Drop(i) => store.drop_group(&name(*i)).map(drop),
             Change::Node(c) => store.set_node(StoredNode { capacity: Some(*c), mode: AllocationMode::Fcfs }),
-            Change::Meter(i, c) => store.put_meters(&[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2 })], &[]),
+            Change::Meter(i, c) => {
+                store.put_meters(&[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2 })], &[])
+            }
         }
     }
 
@@ -153,7 +155,13 @@ impl Change {
 
 fn script() -> Vec<Change> {
     let mut changes: Vec<Change> = (0..6).map(Change::Put).collect();
-    changes.extend([Change::Node(1000.0), Change::Meter(1, 42.0), Change::Drop(3), Change::Put(3), Change::Meter(4, 7.5)]);
+    changes.extend([
+        Change::Node(1000.0),
+        Change::Meter(1, 42.0),
+        Change::Drop(3),
+        Change::Put(3),
+        Change::Meter(4, 7.5),
+    ]);
     changes.extend((6..10).map(Change::Put));
     changes
 }
@@ -188,7 +196,11 @@ fn every_acknowledged_write_survives_a_crash_at_every_point() {
         let mut reopened = match RedbStore::with_backend("after a crash", after) {
             Ok(s) => s,
             Err(e) => {
-                assert!(acknowledged.is_empty(), "crash after {budget} operations: {e}, with {} acknowledged", acknowledged.len());
+                assert!(
+                    acknowledged.is_empty(),
+                    "crash after {budget} operations: {e}, with {} acknowledged",
+                    acknowledged.len()
+                );
                 continue;
             }
         };

@@ -115,7 +115,9 @@ impl RedbStore {
             f(&txn).map_err(|e| e.to_string())?;
             txn.commit().map_err(|e| e.to_string())
         };
-        let result = self.db().and_then(|db| commit(db).map_err(|reason| StoreError::Io { path: PathBuf::new(), reason }));
+        let result = self
+            .db()
+            .and_then(|db| commit(db).map_err(|reason| StoreError::Io { path: PathBuf::new(), reason }));
         match result {
             Ok(()) => {
                 if let Some(before) = self.failed.take() {
@@ -163,9 +165,7 @@ fn open_file(path: &Path) -> Result<Database, StoreError> {
                     Ok(Err(e)) => return Err(database_error(&path, e)),
                     Err(panic) => return Err(unreadable(format!("{panic}; nothing was changed"))),
                 }
-                guarded(|| Database::open(&path))
-                    .map_err(unreadable)?
-                    .map_err(|e| database_error(&path, e))
+                guarded(|| Database::open(&path)).map_err(unreadable)?.map_err(|e| database_error(&path, e))
             }
         }
     }

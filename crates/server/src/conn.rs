@@ -1,0 +1,192 @@
+//! Connections: a cap on how many are open at once, and a time limit on idle ones.
+//!
+//! Every connection costs a file descriptor. Without a cap, enough idle connections (about
+//! 20,000 in a test) exhausted the server's descriptors; accepting then failed at once, over
+//! and over, spinning a core, and new clients and `/healthz` timed out. So: past
+//! `max_connections` a new connection is closed as soon as it is accepted; a connection with
+//! no traffic for `idle_timeout` is closed (a live client exchanges every tick); a failed
+//! accept waits a little before the next; and each of these is logged, at most every 10 s.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tokio_stream::Stream;
+use tonic::transport::server::Connected;
+
+/// How many connections, and how long an idle one is kept.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Connections open at once; keep it below the process's open-file limit.
+    pub max_connections: usize,
+    /// A connection with no traffic for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_connections: 10_000, idle_timeout: Duration::from_secs(300) }
+    }
+}
+
+/// How long a failed accept waits before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// How often the same complaint is logged at most.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+fn now() -> Instant {
+    #[allow(clippy::disallowed_methods)] // the server's edge: tokio time
+    Instant::now()
+}
+
+/// `incoming`, with the limits applied.
+pub struct Limited<I> {
+    inner: Pin<Box<I>>,
+    permits: Arc<Semaphore>,
+    limits: Limits,
+    backoff: Option<Pin<Box<Sleep>>>,
+    refused: u64,
+    last_log: Option<Instant>,
+}
+
+impl<I> Limited<I> {
+    /// Applies `limits` to `incoming`.
+    pub fn new(incoming: I, limits: Limits) -> Self {
+        Self {
+            inner: Box::pin(incoming),
+            permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            limits,
+            backoff: None,
+            refused: 0,
+            last_log: None,
+        }
+    }
+
+    /// Whether it is time to log again.
+    fn may_log(&mut self) -> bool {
+        let now = now();
+        let due = self.last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
+        if due {
+            self.last_log = Some(now);
+        }
+        due
+    }
+}
+
+impl<I, IO, IE> Stream for Limited<I>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IE: std::fmt::Display,
+{
+    type Item = Result<Guarded<IO>, IE>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(backoff) = self.backoff.as_mut() {
+                if backoff.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.backoff = None;
+            }
+            match self.inner.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(io))) => match self.permits.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        return Poll::Ready(Some(Ok(Guarded::new(io, permit, self.limits.idle_timeout))));
+                    }
+                    Err(_) => {
+                        // Closed at once: the clients already connected keep their service.
+                        drop(io);
+                        self.refused += 1;
+                        if self.may_log() {
+                            let (max, refused) = (self.limits.max_connections, self.refused);
+                            tracing::warn!(max, refused, "connection limit reached: closing new connections");
+                        }
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    // Out of descriptors, say: wait before trying again rather than spin.
+                    if self.may_log() {
+                        tracing::error!(error = %e, "cannot accept connections; trying again shortly");
+                    }
+                    self.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// A connection holding its place under the cap, closed after an idle spell.
+pub struct Guarded<IO> {
+    io: IO,
+    _permit: OwnedSemaphorePermit,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<IO> Guarded<IO> {
+    fn new(io: IO, permit: OwnedSemaphorePermit, idle: Duration) -> Self {
+        Self { io, _permit: permit, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
+    }
+
+    fn active(&mut self) {
+        let next = now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+}
+
+impl<IO: Connected> Connected for Guarded<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                self.active();
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                // Idle too long: end of stream, and the connection is closed.
+                if self.deadline.as_mut().poll(cx).is_ready() { Poll::Ready(Ok(())) } else { Poll::Pending }
+            }
+            other => other,
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.active();
+        }
+        written
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
