@@ -142,31 +142,26 @@ impl RedbStore {
 
 /// Opens the data file at `path`; see [`RedbStore::open`].
 fn open_file(path: &Path) -> Result<Database, StoreError> {
-    {
-        let path = path.to_path_buf();
-        let unreadable = |reason: String| StoreError::Unreadable { path: path.clone(), reason };
-        match std::fs::metadata(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Database::create(&path).map_err(|e| database_error(&path, e))
+    let unreadable = |reason: String| StoreError::Unreadable { path: path.to_path_buf(), reason };
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Database::create(path).map_err(|e| database_error(path, e))
+        }
+        Err(e) => Err(unreadable(e.to_string())),
+        Ok(meta) if meta.len() == 0 => Err(unreadable(
+            "the file is empty (0 bytes), so it is not a Tollgate data file; nothing was changed \
+             (move it away to start with no settings)"
+                .into(),
+        )),
+        Ok(_) => {
+            match guarded(|| ReadOnlyDatabase::open(path).map(drop)) {
+                Ok(Ok(())) => {}
+                // Not closed cleanly (a crash): recover a copy, then put it in place.
+                Ok(Err(redb::DatabaseError::RepairAborted)) => recover(path)?,
+                Ok(Err(e)) => return Err(database_error(path, e)),
+                Err(panic) => return Err(unreadable(format!("{panic}; nothing was changed"))),
             }
-            Err(e) => return Err(unreadable(e.to_string())),
-            Ok(meta) if meta.len() == 0 => {
-                return Err(unreadable(
-                    "the file is empty (0 bytes), so it is not a Tollgate data file; nothing was changed \
-                     (move it away to start with no settings)"
-                        .into(),
-                ));
-            }
-            Ok(_) => {
-                match guarded(|| ReadOnlyDatabase::open(&path).map(drop)) {
-                    Ok(Ok(())) => {}
-                    // Not closed cleanly (a crash): recover a copy, then put it in place.
-                    Ok(Err(redb::DatabaseError::RepairAborted)) => recover(&path)?,
-                    Ok(Err(e)) => return Err(database_error(&path, e)),
-                    Err(panic) => return Err(unreadable(format!("{panic}; nothing was changed"))),
-                }
-                guarded(|| Database::open(&path)).map_err(unreadable)?.map_err(|e| database_error(&path, e))
-            }
+            guarded(|| Database::open(path)).map_err(unreadable)?.map_err(|e| database_error(path, e))
         }
     }
 }
