@@ -7,10 +7,15 @@ use anyhow::Context;
 use tollgate_sim::{Scenario, output};
 
 /// Runs the scenario at `path`: 0 when every phase passed, 1 when one failed, 2 when the
-/// scenario is malformed.
+/// scenario cannot be read or is malformed.
 pub fn run(path: &Path, out: Option<PathBuf>, seed: Option<u64>) -> anyhow::Result<ExitCode> {
-    let src =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read scenario {}", path.display()))?;
+    let src = match std::fs::read_to_string(path) {
+        Ok(src) => src,
+        Err(e) => {
+            crate::say(format!("{}: cannot read the scenario: {e}", path.display()));
+            return Ok(ExitCode::from(2));
+        }
+    };
     let scenario = match Scenario::parse(&src) {
         Ok(s) => s,
         Err(errors) => {

@@ -127,6 +127,34 @@ fn sim_exits_1_when_a_phase_fails() {
     assert!(summary.contains(r#"{"passed":false,"converged_s":null}"#), "{summary}");
 }
 
+/// Issues: `tollgate sim` used the scenario's name as an output path unchecked, exited 1 for an
+/// unreadable file, and accepted scenarios whose parts, each within its bound, multiplied to
+/// more memory than the machine has.
+#[test]
+fn sim_refuses_unreadable_files_unsafe_names_and_runs_too_large_to_hold() {
+    let (code, out, _) = tollgate(&["sim", "/nonexistent/scenario.toml"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("/nonexistent/scenario.toml: cannot read the scenario"), "{out}");
+    let base = "[[phase]]\n[[phase.expect]]\nmetric = \"busy_groups\"\nvalue = 0\n";
+    let path = file("escape.toml", &format!("name = \"../../etc\"\n{base}"));
+    let (code, out, _) = tollgate(&["sim", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains(":1: name: must be 1 to 100 letters"), "{out}");
+    let huge = format!(
+        "name = \"huge\"\n[[backend]]\nname = \"b\"\ncount = 10000\ncapacity = 1\n\
+         [[client]]\ngroup = \"g\"\nrate = 1\ncount = 100000\n{base}"
+    );
+    let path = file("huge.toml", &huge);
+    let (code, out, _) = tollgate(&["sim", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(
+            "client[0].count: at most 2000000 links from clients to their backends in all, got 1000000000"
+        ),
+        "{out}"
+    );
+}
+
 #[test]
 fn a_malformed_scenario_exits_2_naming_key_and_line() {
     let path = file(

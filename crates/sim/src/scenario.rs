@@ -158,6 +158,13 @@ pub const CLUSTER_METRICS: &[&str] = &["total_target_rps", "busy_groups", "track
 pub const BACKEND_METRICS: &[&str] = &["utilisation"];
 
 const SIM_LIMIT: u64 = 1_000_000;
+/// The most clients a scenario may have, in all.
+pub const CLIENTS_MAX: usize = 100_000;
+/// The most backends a scenario may have, in all.
+pub const BACKENDS_MAX: usize = 10_000;
+/// The most (client, backend) links, and (group, backend) pairs, a scenario may have: what a
+/// run keeps in memory grows with them.
+pub const LINKS_MAX: usize = 2_000_000;
 
 impl Scenario {
     /// Parses a scenario, reporting every problem with its line and key.
@@ -200,7 +207,17 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
     };
     let get = |key: &str| doc.get(key);
     match get("name") {
-        Some(v) => s.name = r.string("name", v).unwrap_or_default().to_string(),
+        Some(v) => {
+            let name = r.string("name", v).unwrap_or_default();
+            // The name is also a directory name (sim-out/NAME): nothing that walks elsewhere.
+            let ok = (1..=100).contains(&name.len())
+                && !name.starts_with('.')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if !ok {
+                r.error(v.span(), "name", format!("must be 1 to 100 letters, digits, '-', '_' or '.', not starting with '.'; got {name:?}"));
+            }
+            s.name = name.to_string();
+        }
         None => r.error(0..0, "name", "is required"),
     }
     if let Some(v) = get("seed") {
@@ -270,6 +287,14 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
     }
     if s.phases.is_empty() && r.errors.is_empty() {
         r.error(0..0, "phase", "at least one [[phase]] is required");
+    }
+    // Each bound alone is not enough: what a run holds grows with their products (clients
+    // and their links are checked as they are read, before any is made).
+    let groups: BTreeSet<&GroupName> =
+        s.groups.iter().map(|(n, _)| n).chain(s.clients.iter().map(|c| &c.group)).collect();
+    let pairs = groups.len().saturating_mul(s.backends.len());
+    if pairs > LINKS_MAX {
+        r.error(0..0, "backend", format!("at most {LINKS_MAX} (group, backend) pairs in all, got {pairs}"));
     }
     Some(s)
 }
@@ -359,6 +384,14 @@ fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<Backend
     };
     r.finish(f, "name, count, capacity, zone");
     let (Some(name), Some(capacity)) = (name, capacity) else { return };
+    if out.len().saturating_add(count as usize) > BACKENDS_MAX {
+        r.error(
+            v.span(),
+            format!("{path}.count"),
+            format!("at most {BACKENDS_MAX} backends in all, got {}", out.len() + count as usize),
+        );
+        return;
+    }
     for i in 0..count {
         let name = if count > 1 { format!("{name}-{i}") } else { name.clone() };
         if out.iter().any(|b| b.name == name) {
@@ -446,6 +479,29 @@ fn clients(
     };
     r.finish(f, "group, count, rate, cost, backends, unthrottled");
     let (Some(group), Some(rate), Some(usage)) = (group, rate, usage) else { return };
+    // Checked before they are made: a run holds every client and its links.
+    let links: usize = out.iter().map(|c| c.backends.len().max(1)).sum();
+    let count = count as usize;
+    if out.len().saturating_add(count) > CLIENTS_MAX {
+        r.error(
+            v.span(),
+            format!("{path}.count"),
+            format!("at most {CLIENTS_MAX} clients in all, got {}", out.len().saturating_add(count)),
+        );
+        return;
+    }
+    let adding = count.saturating_mul(chosen.len().max(1));
+    if links.saturating_add(adding) > LINKS_MAX {
+        r.error(
+            v.span(),
+            format!("{path}.count"),
+            format!(
+                "at most {LINKS_MAX} links from clients to their backends in all, got {}",
+                links.saturating_add(adding)
+            ),
+        );
+        return;
+    }
     for _ in 0..count {
         out.push(ClientSpec { group: group.clone(), rate, usage, backends: chosen.clone(), unthrottled });
     }
