@@ -96,7 +96,7 @@ fn options() -> Result<Options, String> {
 async fn settings_from(controller: &str) -> Result<Config, Box<dyn std::error::Error>> {
     let mut admin = v1::admin_client::AdminClient::connect(controller.to_string()).await?;
     let mut config = Config::default();
-    for g in admin.list_groups(v1::ListGroupsRequest {}).await?.into_inner().groups {
+    for g in admin.list_groups(v1::ListGroupsRequest::default()).await?.into_inner().groups {
         let s = g.settings.unwrap_or_default();
         let mut b = GroupSettings::builder().reserved(s.reserved).weight(s.weight.max(f64::MIN_POSITIVE));
         if let Some(l) = s.limit {

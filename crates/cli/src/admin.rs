@@ -240,11 +240,22 @@ pub enum Node {
     Mode { mode: Option<ModeArg> },
 }
 
-async fn connect(server: &str) -> anyhow::Result<AdminClient<Channel>> {
+/// The controller an admin command talks to, and how long a call may take.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Its gRPC URL.
+    pub url: String,
+    /// How long a call may take before it counts as unanswered.
+    pub timeout: std::time::Duration,
+}
+
+async fn connect(target: &Target) -> anyhow::Result<AdminClient<Channel>> {
+    let server = &target.url;
     let endpoint = Channel::from_shared(server.to_string())
         .with_context(|| format!("invalid --server URL {server:?}"))?;
     let channel = endpoint
-        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect_timeout(target.timeout.min(std::time::Duration::from_secs(5)))
+        .timeout(target.timeout)
         .connect()
         .await
         .with_context(|| format!("cannot reach the tollgate server at {server}"))?;
@@ -253,7 +264,18 @@ async fn connect(server: &str) -> anyhow::Result<AdminClient<Channel>> {
 
 /// A gRPC error as the user should read it.
 fn rpc(e: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}", e.message())
+    match e.code() {
+        tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            anyhow::anyhow!(
+                "the tollgate server did not answer in time (--timeout-ms): is it running? {}",
+                e.message()
+            )
+        }
+        tonic::Code::Unavailable if e.message().contains("transport") || e.message().contains("connect") => {
+            anyhow::anyhow!("the tollgate server is unreachable: {}", e.message())
+        }
+        _ => anyhow::anyhow!("{}", e.message()),
+    }
 }
 
 fn name_of(s: &v1::GroupSettings) -> String {
@@ -285,7 +307,7 @@ fn pages(bytes: u64) -> anyhow::Result<u64> {
     }
 }
 
-pub async fn quota(server: &str, cmd: Quota) -> anyhow::Result<()> {
+pub async fn quota(server: &Target, cmd: Quota) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     match cmd {
         Quota::Get { tag, kind } => {
@@ -387,7 +409,7 @@ async fn put(
     Ok(())
 }
 
-pub async fn group(server: &str, cmd: Group) -> anyhow::Result<()> {
+pub async fn group(server: &Target, cmd: Group) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     match cmd {
         Group::Create { name, options } => {
@@ -404,7 +426,20 @@ pub async fn group(server: &str, cmd: Group) -> anyhow::Result<()> {
             say(format!("dropped group {name}"));
         }
         Group::List => {
-            let groups = client.list_groups(v1::ListGroupsRequest {}).await.map_err(rpc)?.into_inner().groups;
+            let mut groups = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .list_groups(v1::ListGroupsRequest { page_size: 0, page_token })
+                    .await
+                    .map_err(rpc)?
+                    .into_inner();
+                groups.extend(page.groups);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
             say(format!(
                 "{:<24} {:>12} {:>12} {:>12} {:>8} {:>6}",
                 "NAME", "RESERVED", "LIMIT", "BURST", "PRIORITY", "WEIGHT"
@@ -432,7 +467,7 @@ pub async fn group(server: &str, cmd: Group) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn node(server: &str, cmd: Node) -> anyhow::Result<()> {
+pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     match cmd {
         Node::Capacity { capacity } => {
@@ -465,9 +500,17 @@ pub async fn node(server: &str, cmd: Node) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn status(server: &str, json: bool) -> anyhow::Result<()> {
+pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
-    let s = client.status(v1::StatusRequest {}).await.map_err(rpc)?.into_inner();
+    // Every page of groups, into one answer.
+    let mut s = client.status(v1::StatusRequest::default()).await.map_err(rpc)?.into_inner();
+    while !s.next_page_token.is_empty() {
+        let page_token = std::mem::take(&mut s.next_page_token);
+        let page =
+            client.status(v1::StatusRequest { page_size: 0, page_token }).await.map_err(rpc)?.into_inner();
+        s.groups.extend(page.groups);
+        s.next_page_token = page.next_page_token;
+    }
     if json {
         say(tollgate_server::status::status_json(&s));
         return Ok(());

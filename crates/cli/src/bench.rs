@@ -60,6 +60,8 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
     for _ in 0..a.connections {
         let ch = Channel::from_shared(a.server.clone())
             .with_context(|| format!("invalid --server URL {:?}", a.server))?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
             .connect()
             .await
             .with_context(|| format!("cannot reach the tollgate server at {}", a.server))?;
@@ -79,6 +81,7 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
         let clients = a.clients;
         tasks.spawn(async move {
             let mut latencies = Vec::new();
+            let mut failures: (u64, Option<String>) = (0, None);
             let mut sequence = 0u64;
             // Spread the clients over the period, as independent processes would be, instead
             // of firing them all at once.
@@ -110,21 +113,35 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
                         .collect(),
                 };
                 let started = clock.now();
-                if client.exchange(request).await.is_ok() {
-                    latencies.push(clock.now().since(started).as_secs_f64());
+                match client.exchange(request).await {
+                    Ok(_) => latencies.push(clock.now().since(started).as_secs_f64()),
+                    Err(status) => {
+                        failures.0 += 1;
+                        failures.1.get_or_insert_with(|| status.message().to_string());
+                        // The server is struggling or gone: do not hammer it.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                 }
             }
-            latencies
+            (latencies, failures)
         });
     }
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
+    let (mut failed, mut first_error) = (0u64, None);
     while let Some(r) = tasks.join_next().await {
-        all.extend(r?);
+        let (latencies, (n, error)) = r?;
+        all.extend(latencies);
+        failed += n;
+        first_error = first_error.or(error);
     }
     let after = a.server_pid.and_then(process_usage);
-    anyhow::ensure!(!all.is_empty(), "no exchange succeeded");
+    anyhow::ensure!(
+        !all.is_empty(),
+        "no exchange succeeded ({failed} failed; the first: {})",
+        first_error.unwrap_or_default()
+    );
     all.sort_by(f64::total_cmp);
     let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)] * 1e3;
     let exchanges = all.len() as f64 / a.duration;
@@ -140,6 +157,10 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
             (cpu1 - cpu0) / a.duration * 100.0,
             hwm as f64 / 1024.0
         ));
+    }
+    if failed > 0 {
+        say(format!("failed exchanges {failed} (the first: {})", first_error.unwrap_or_default()));
+        anyhow::bail!("{failed} exchanges failed");
     }
     Ok(())
 }

@@ -20,6 +20,9 @@ struct Cli {
     /// The controller to administer.
     #[arg(long, global = true, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
     server: String,
+    /// How long an admin call may take before it counts as unanswered, in milliseconds.
+    #[arg(long, global = true, env = "TOLLGATE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    timeout_ms: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -132,6 +135,8 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let target =
+        admin::Target { url: cli.server.clone(), timeout: std::time::Duration::from_millis(cli.timeout_ms) };
     match cli.command {
         Command::CheckConfig { file } => {
             let src = std::fs::read_to_string(&file)
@@ -173,10 +178,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
             })
         }
-        Command::Quota(cmd) => admin_command(admin::quota(&cli.server, cmd)),
-        Command::Group(cmd) => admin_command(admin::group(&cli.server, cmd)),
-        Command::Node(cmd) => admin_command(admin::node(&cli.server, cmd)),
-        Command::Status { json } => admin_command(admin::status(&cli.server, json)),
+        Command::Quota(cmd) => admin_command(admin::quota(&target, cmd)),
+        Command::Group(cmd) => admin_command(admin::group(&target, cmd)),
+        Command::Node(cmd) => admin_command(admin::node(&target, cmd)),
+        Command::Status { json } => admin_command(admin::status(&target, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(cmd) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

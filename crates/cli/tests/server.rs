@@ -284,6 +284,49 @@ fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
     assert_eq!(std::fs::metadata(corrupt.join("tollgate.redb")).unwrap().len(), 0);
 }
 
+/// Issues: `group list` failed past a 4 MB answer (about 20,000 groups) and `status` past about
+/// 60,000: both come in pages now. And the admin commands waited for ever on a stopped server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lists_come_in_pages_and_a_stopped_server_is_named() {
+    let s = ServerProc::start(&data_dir("pages"));
+    let mut admin = v1::admin_client::AdminClient::connect(s.url()).await.unwrap();
+    for i in 0..1100 {
+        let req = v1::PutGroupRequest {
+            name: format!("tenant-{i:05}"),
+            patch: Some(v1::GroupPatch { limit: Some(10.0), ..Default::default() }),
+            mode: 0,
+        };
+        admin.put_group(req).await.unwrap();
+    }
+    let page = admin
+        .list_groups(v1::ListGroupsRequest { page_size: 500, page_token: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.groups.len(), 500);
+    assert_eq!(page.next_page_token, "tenant-00499");
+    let bad = admin
+        .list_groups(v1::ListGroupsRequest { page_size: 20_000, page_token: String::new() })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    let list = ok(&s, &["group", "list"]);
+    assert_eq!(
+        list.lines().filter(|l| l.starts_with("tenant-")).count(),
+        1100,
+        "two pages of the default 1000"
+    );
+    let status = ok(&s, &["status", "--json"]);
+    assert_eq!(status.matches("\"name\":\"tenant-").count(), 1100);
+    // Stopped (SIGSTOP): the connection opens, nothing answers.
+    let pid = s.child.id().to_string();
+    Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let (code, _, err) = admin(&s, &["--timeout-ms", "500", "group", "list"]);
+    Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    assert_ne!(code, 0);
+    assert!(err.contains("did not answer in time"), "{err}");
+}
+
 /// Reads until the peer closes the connection; true if it did within `wait`.
 fn closed_within(stream: &mut TcpStream, wait: std::time::Duration) -> bool {
     stream.set_read_timeout(Some(wait)).unwrap();

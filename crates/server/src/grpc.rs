@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use crate::clock::Clock;
 use crate::controller::{AdminError, Controller, PutMode};
 use crate::convert;
-use crate::status::{Latency, status_response};
+use crate::status::{Latency, Page, status_response};
 
 /// The three services over one controller.
 #[derive(Clone)]
@@ -111,10 +111,14 @@ impl Admin for Services {
 
     async fn list_groups(
         &self,
-        _: Request<v1::ListGroupsRequest>,
+        req: Request<v1::ListGroupsRequest>,
     ) -> Result<Response<v1::ListGroupsResponse>, Status> {
-        let groups = self.controller.groups().iter().map(|(n, s)| info(n, s)).collect();
-        Ok(Response::new(v1::ListGroupsResponse { groups }))
+        let r = req.into_inner();
+        let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;
+        let all = self.controller.groups();
+        let (groups, next_page_token) = page.take(&all, |(n, _)| n.as_str());
+        let groups = groups.iter().map(|(n, s)| info(n, s)).collect();
+        Ok(Response::new(v1::ListGroupsResponse { groups, next_page_token }))
     }
 
     async fn set_capacity(
@@ -137,7 +141,9 @@ impl Admin for Services {
         Ok(Response::new(node_info(self.controller.node())))
     }
 
-    async fn status(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {
-        Ok(Response::new(status_response(&self.controller, self.clock.now())))
+    async fn status(&self, req: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {
+        let r = req.into_inner();
+        let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;
+        Ok(Response::new(status_response(&self.controller, self.clock.now(), &page)))
     }
 }

@@ -13,7 +13,7 @@ use tollgate_core::engine::GroupView;
 
 use crate::clock::Clock;
 use crate::controller::Controller;
-use crate::status::{BUCKETS_S, Latency, status_json, status_response};
+use crate::status::{BUCKETS_S, Latency, Page, status_json, status_response};
 
 #[derive(Clone)]
 struct AppState {
@@ -131,5 +131,6 @@ async fn health(State(app): State<AppState>) -> axum::response::Response {
 }
 
 async fn status(State(app): State<AppState>) -> impl IntoResponse {
-    axum::Json(status_json(&status_response(&app.controller, app.clock.now())))
+    // Every group: HTTP has no message size limit to page around.
+    axum::Json(status_json(&status_response(&app.controller, app.clock.now(), &Page::default())))
 }

@@ -36,10 +36,54 @@ impl Latency {
     }
 }
 
-/// The controller's status in the contract's form.
-pub fn status_response(controller: &Controller, now: Nanos) -> v1::StatusResponse {
-    let groups = controller
-        .view()
+/// The largest page of groups an answer carries.
+pub const PAGE_MAX: usize = 10_000;
+/// A page's size when the request gives none.
+pub const PAGE_DEFAULT: usize = 1000;
+
+/// Which groups an answer carries: those after `after`, at most `size`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Page {
+    /// At most this many (0: all).
+    pub size: usize,
+    /// The last name of the page before (empty: from the start).
+    pub after: String,
+}
+
+impl Page {
+    /// The page a request asks for, or the rule it breaks.
+    pub fn of(page_size: u32, page_token: &str) -> Result<Page, String> {
+        let size = match page_size as usize {
+            0 => PAGE_DEFAULT,
+            n if n > PAGE_MAX => return Err(format!("page_size: at most {PAGE_MAX}, got {n}")),
+            n => n,
+        };
+        Ok(Page { size, after: page_token.to_string() })
+    }
+
+    /// The items of `sorted` (by `name`) on this page, and the next page's token.
+    pub fn take<'a, T>(&self, sorted: &'a [T], name: impl Fn(&T) -> &str) -> (&'a [T], String) {
+        let start = if self.after.is_empty() {
+            0
+        } else {
+            sorted.partition_point(|t| name(t) <= self.after.as_str())
+        };
+        let end =
+            if self.size == 0 { sorted.len() } else { start.saturating_add(self.size).min(sorted.len()) };
+        let next = if end < sorted.len() && end > start {
+            name(&sorted[end - 1]).to_string()
+        } else {
+            String::new()
+        };
+        (&sorted[start..end], next)
+    }
+}
+
+/// The controller's status in the contract's form, with one page of its groups.
+pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::StatusResponse {
+    let view = controller.view();
+    let (groups, next_page_token) = page.take(&view, |g| g.name.as_str());
+    let groups = groups
         .iter()
         .map(|g| v1::GroupStatus {
             name: g.name.to_string(),
@@ -68,6 +112,7 @@ pub fn status_response(controller: &Controller, now: Nanos) -> v1::StatusRespons
         learning,
         clients: clients as u64,
         backends: backends as u64,
+        next_page_token,
     }
 }
 
@@ -162,5 +207,29 @@ mod tests {
             .collect();
         assert_eq!(priorities, ["high", "medium", "3"]);
         assert_eq!(json["mode"], "share");
+    }
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn pages_walk_every_name_once_and_bad_sizes_are_refused() {
+        let names: Vec<String> = (0..25).map(|i| format!("g{i:02}")).collect();
+        let mut page = Page::of(10, "").unwrap();
+        let mut seen = Vec::new();
+        loop {
+            let (items, next) = page.take(&names, String::as_str);
+            seen.extend(items.iter().cloned());
+            if next.is_empty() {
+                break;
+            }
+            page.after = next;
+        }
+        assert_eq!(seen, names);
+        assert_eq!(Page::of(0, "").unwrap().size, PAGE_DEFAULT);
+        assert!(Page::of(10_001, "").unwrap_err().starts_with("page_size: at most 10000"));
+        assert_eq!(Page::default().take(&names, String::as_str).0.len(), 25, "size 0: all");
     }
 }
