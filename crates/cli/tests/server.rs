@@ -289,14 +289,14 @@ fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_lists_come_in_pages_and_a_stopped_server_is_named() {
     let s = ServerProc::start(&data_dir("pages"));
-    let mut admin = v1::admin_client::AdminClient::connect(s.url()).await.unwrap();
+    let mut grpc = v1::admin_client::AdminClient::connect(s.url()).await.unwrap();
     for i in 0..1100 {
         let req = v1::PutGroupRequest {
             name: format!("tenant-{i:05}"),
             patch: Some(v1::GroupPatch { limit: Some(10.0), ..Default::default() }),
             mode: 0,
         };
-        admin.put_group(req).await.unwrap();
+        grpc.put_group(req).await.unwrap();
     }
     let page = admin
         .list_groups(v1::ListGroupsRequest { page_size: 500, page_token: String::new() })
