@@ -298,14 +298,14 @@ async fn long_lists_come_in_pages_and_a_stopped_server_is_named() {
         };
         grpc.put_group(req).await.unwrap();
     }
-    let page = admin
+    let page = grpc
         .list_groups(v1::ListGroupsRequest { page_size: 500, page_token: String::new() })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(page.groups.len(), 500);
     assert_eq!(page.next_page_token, "tenant-00499");
-    let bad = admin
+    let bad = grpc
         .list_groups(v1::ListGroupsRequest { page_size: 20_000, page_token: String::new() })
         .await
         .unwrap_err();
