@@ -579,3 +579,72 @@ fn bench_accuracy_holds_a_limit_and_reservations() {
     assert!(pct.abs() <= 10.0, "{out}");
     assert!(out.contains("under saturation, reserved-a got"), "{out}");
 }
+
+/// Kill -9 at moments picked from a seed, twenty times, while settings are written in a loop:
+/// every write the server acknowledged is there after it starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledged_write_is_lost_over_twenty_kills() {
+    let dir = data_dir("kills");
+    let mut acknowledged: Vec<String> = Vec::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = 0u32;
+    for kill in 0..20 {
+        let s = ServerProc::start(&dir);
+        let mut grpc = v1::admin_client::AdminClient::connect(s.url()).await.unwrap();
+        // Everything acknowledged so far is there.
+        let mut stored = std::collections::BTreeSet::new();
+        let mut page_token = String::new();
+        loop {
+            let page = grpc
+                .list_groups(v1::ListGroupsRequest { page_size: 10_000, page_token })
+                .await
+                .unwrap()
+                .into_inner();
+            stored.extend(page.groups.into_iter().map(|g| g.name));
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            page_token = page.next_page_token;
+        }
+        let lost: Vec<&String> = acknowledged.iter().filter(|n| !stored.contains(*n)).collect();
+        assert!(lost.is_empty(), "after {kill} kills, lost {} acknowledged writes: {lost:?}", lost.len());
+        // Write until killed, at a moment from the seed.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let writes_before_kill = 5 + seed % 40;
+        let pid = s.child.id();
+        for i in 0.. {
+            if i == writes_before_kill {
+                // Killed while the next write may be on its way.
+                let killer = std::thread::spawn(move || {
+                    Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+                });
+                let name = format!("k{next:06}");
+                next += 1;
+                let req = v1::PutGroupRequest {
+                    name: name.clone(),
+                    patch: Some(v1::GroupPatch { limit: Some(5.0), ..Default::default() }),
+                    mode: 0,
+                };
+                let written = grpc.put_group(req).await.is_ok();
+                killer.join().unwrap();
+                if written {
+                    acknowledged.push(name);
+                }
+                break;
+            }
+            let name = format!("k{next:06}");
+            next += 1;
+            let req = v1::PutGroupRequest {
+                name: name.clone(),
+                patch: Some(v1::GroupPatch { limit: Some(5.0), ..Default::default() }),
+                mode: 0,
+            };
+            grpc.put_group(req).await.expect("the server is up until killed");
+            acknowledged.push(name);
+        }
+        drop(s);
+    }
+    assert!(acknowledged.len() > 100, "{} writes acknowledged", acknowledged.len());
+}
