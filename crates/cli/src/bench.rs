@@ -35,6 +35,34 @@ pub struct ExchangeArgs {
     /// The server's process id, to report its CPU time and peak memory (Linux /proc).
     #[arg(long)]
     server_pid: Option<u32>,
+    /// An HTTP address (host:port) whose `/metrics` is scraped every second during the run:
+    /// the exchange latency with a scraper at work, and how long each scrape took.
+    #[arg(long)]
+    scrape: Option<String>,
+    /// After the run, wait this many seconds and report the server's memory again (with
+    /// `--server-pid`): whether what the load left behind is given back.
+    #[arg(long, default_value_t = 0)]
+    settle: u64,
+}
+
+/// Resident memory (kB) of `pid` now.
+fn resident_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Fetches `http://addr/metrics` once: how long it took, in seconds, and its size in bytes.
+async fn scrape_once(addr: &str) -> std::io::Result<(f64, usize)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let clock = tollgate_client::clock::TokioClock::new();
+    use tollgate_core::time::Clock;
+    let started = clock.now();
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut body = Vec::new();
+    s.read_to_end(&mut body).await?;
+    Ok((clock.now().since(started).as_secs_f64(), body.len()))
 }
 
 /// CPU seconds (user + system) and peak resident memory (kB) of `pid`.
@@ -67,6 +95,7 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot reach the tollgate server at {}", a.server))?;
         channels.push(ch);
     }
+    let baseline = a.server_pid.and_then(resident_kb);
     let before = a.server_pid.and_then(process_usage);
     let clock = tollgate_client::clock::TokioClock::new();
     use tollgate_core::time::Clock;
@@ -126,6 +155,21 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
             (latencies, failures)
         });
     }
+    let scraper = a.scrape.clone().map(|addr| {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut took = Vec::new();
+            let mut size = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((t, bytes)) = scrape_once(&addr).await {
+                    took.push(t);
+                    size = bytes;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            (took, size)
+        })
+    });
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
@@ -156,6 +200,32 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
             "server CPU {:.0} % of one core   server peak memory {:.1} MB",
             (cpu1 - cpu0) / a.duration * 100.0,
             hwm as f64 / 1024.0
+        ));
+    }
+    if let Some(scraper) = scraper {
+        let (mut took, size) = scraper.await?;
+        took.sort_by(f64::total_cmp);
+        if let Some(worst) = took.last() {
+            say(format!(
+                "scrapes of /metrics {}: median {:.1} ms, worst {:.1} ms, {:.1} MB each",
+                took.len(),
+                took[took.len() / 2] * 1e3,
+                worst * 1e3,
+                size as f64 / 1e6
+            ));
+        }
+    }
+    if let (Some(pid), true) = (a.server_pid, a.settle > 0) {
+        let peak = a.server_pid.and_then(resident_kb);
+        tokio::time::sleep(Duration::from_secs(a.settle)).await;
+        let settled = resident_kb(pid);
+        let mb = |kb: Option<u64>| kb.map_or("?".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));
+        say(format!(
+            "server memory: {} MB before the load, {} MB at its end, {} MB after {} s idle",
+            mb(baseline),
+            mb(peak),
+            mb(settled),
+            a.settle
         ));
     }
     if failed > 0 {

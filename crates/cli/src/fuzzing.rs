@@ -42,7 +42,8 @@ pub fn cli_args(data: &[u8]) {
 fn controller() -> &'static Arc<Controller> {
     static CONTROLLER: OnceLock<Arc<Controller>> = OnceLock::new();
     CONTROLLER.get_or_init(|| {
-        let settings = EngineSettings { max_tracked_groups: 10_000, max_clients: 10_000, ..EngineSettings::default() };
+        let settings =
+            EngineSettings { max_tracked_groups: 10_000, max_clients: 10_000, ..EngineSettings::default() };
         Arc::new(Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).expect("memory"))
     })
 }
@@ -98,7 +99,9 @@ pub fn grpc_message(data: &[u8]) {
             if let Ok(m) = v1::StatusRequest::decode(bytes)
                 && let Ok(page) = tollgate_server::status::Page::of(m.page_size, &m.page_token)
             {
-                let _ = tollgate_server::status::status_json(&tollgate_server::status::status_response(c, now, &page));
+                let _ = tollgate_server::status::status_json(&tollgate_server::status::status_response(
+                    c, now, &page,
+                ));
             }
         }
         _ => c.tick(now),

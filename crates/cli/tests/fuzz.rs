@@ -2,8 +2,8 @@
 //! inputs under `cargo test`, so that a regression the fuzzers would find fails CI too. The
 //! inputs mix raw bytes with pieces of the real formats, to get past the first parser.
 
-use prost::Message;
 use proptest::prelude::*;
+use prost::Message;
 use tollgate_cli::fuzzing;
 use tollgate_proto::v1;
 
@@ -22,15 +22,34 @@ fn toml_piece() -> impl Strategy<Value = String> {
         Just("[controller]\n".to_string()),
         (
             prop_oneof![
-                Just("capacity"), Just("mode"), Just("reserved"), Just("limit"), Just("burst"),
-                Just("priority"), Just("weight"), Just("budget"), Just("duration_s"), Just("cool_down_s"),
-                Just("resume_ttl_s"), Just("count"), Just("rate"), Just("tick_ms"), Just("realloc_ms"),
+                Just("capacity"),
+                Just("mode"),
+                Just("reserved"),
+                Just("limit"),
+                Just("burst"),
+                Just("priority"),
+                Just("weight"),
+                Just("budget"),
+                Just("duration_s"),
+                Just("cool_down_s"),
+                Just("resume_ttl_s"),
+                Just("count"),
+                Just("rate"),
+                Just("tick_ms"),
+                Just("realloc_ms"),
             ],
             prop_oneof![
-                Just("0".to_string()), Just("-1".to_string()), Just("1e300".to_string()), Just("nan".to_string()),
-                Just("inf".to_string()), Just("\"unlimited\"".to_string()), Just("\"fcfs\"".to_string()),
-                Just("18446744073709551615".to_string()), any::<i64>().prop_map(|i| i.to_string()),
-                any::<f64>().prop_map(|f| format!("{f:?}")), "\"[ -~]{0,8}\"",
+                Just("0".to_string()),
+                Just("-1".to_string()),
+                Just("1e300".to_string()),
+                Just("nan".to_string()),
+                Just("inf".to_string()),
+                Just("\"unlimited\"".to_string()),
+                Just("\"fcfs\"".to_string()),
+                Just("18446744073709551615".to_string()),
+                any::<i64>().prop_map(|i| i.to_string()),
+                any::<f64>().prop_map(|f| format!("{f:?}")),
+                "\"[ -~]{0,8}\"",
             ],
         )
             .prop_map(|(k, v)| format!("{k} = {v}\n")),
@@ -44,27 +63,64 @@ fn toml_text() -> impl Strategy<Value = String> {
 
 fn cli_piece() -> impl Strategy<Value = String> {
     prop_oneof![
-        Just("server".into()), Just("group".into()), Just("create".into()), Just("alter".into()),
-        Just("quota".into()), Just("set".into()), Just("node".into()), Just("capacity".into()),
-        Just("mode".into()), Just("sim".into()), Just("ramp".into()), Just("bench".into()),
-        Just("--limit".into()), Just("--ramp".into()), Just("--budget".into()), Just("--tick-ms".into()),
-        Just("--ru-per-sec".into()), Just("--burstable".into()), Just("--grpc".into()), Just("--timeout-ms".into()),
-        Just("min=1,max=2,duration_s=3,mode=go_back_n".into()), Just("unlimited".into()),
-        Just("18446744073709551615".into()), Just("-5".into()), Just("1e999".into()), "[ -~]{0,12}",
+        Just("server".into()),
+        Just("group".into()),
+        Just("create".into()),
+        Just("alter".into()),
+        Just("quota".into()),
+        Just("set".into()),
+        Just("node".into()),
+        Just("capacity".into()),
+        Just("mode".into()),
+        Just("sim".into()),
+        Just("ramp".into()),
+        Just("bench".into()),
+        Just("--limit".into()),
+        Just("--ramp".into()),
+        Just("--budget".into()),
+        Just("--tick-ms".into()),
+        Just("--ru-per-sec".into()),
+        Just("--burstable".into()),
+        Just("--grpc".into()),
+        Just("--timeout-ms".into()),
+        Just("min=1,max=2,duration_s=3,mode=go_back_n".into()),
+        Just("unlimited".into()),
+        Just("18446744073709551615".into()),
+        Just("-5".into()),
+        Just("1e999".into()),
+        "[ -~]{0,12}",
     ]
 }
 
 /// Messages that decode, with numbers and names chosen to break rules.
 fn message() -> impl Strategy<Value = Vec<u8>> {
-    let number = prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(-1.0), Just(1e300), Just(0.0), 0.0..1e6f64];
-    let name = prop_oneof![Just(String::new()), Just("g".to_string()), Just("default".to_string()), "[ -~\n]{0,300}"];
+    let number =
+        prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(-1.0), Just(1e300), Just(0.0), 0.0..1e6f64];
+    let name = prop_oneof![
+        Just(String::new()),
+        Just("g".to_string()),
+        Just("default".to_string()),
+        "[ -~\n]{0,300}"
+    ];
     prop_oneof![
-        (name.clone(), number.clone(), number.clone(), any::<u64>()).prop_map(|(group, demand, held, seq)| {
-            let usage = v1::GroupUsage { group, demand, held, consumed: demand, admitted: seq % 7, ..Default::default() };
-            let mut bytes = vec![0u8];
-            bytes.extend(v1::ExchangeRequest { client_id: "c".into(), sequence: seq % 5, groups: vec![usage] }.encode_to_vec());
-            bytes
-        }),
+        (name.clone(), number.clone(), number.clone(), any::<u64>()).prop_map(
+            |(group, demand, held, seq)| {
+                let usage = v1::GroupUsage {
+                    group,
+                    demand,
+                    held,
+                    consumed: demand,
+                    admitted: seq % 7,
+                    ..Default::default()
+                };
+                let mut bytes = vec![0u8];
+                bytes.extend(
+                    v1::ExchangeRequest { client_id: "c".into(), sequence: seq % 5, groups: vec![usage] }
+                        .encode_to_vec(),
+                );
+                bytes
+            }
+        ),
         (name.clone(), number.clone(), number.clone()).prop_map(|(group, u, load)| {
             let mut bytes = vec![1u8];
             let report = v1::BackendReport {
@@ -76,13 +132,21 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
             bytes.extend(report.encode_to_vec());
             bytes
         }),
-        (name, number.clone(), number.clone(), any::<i32>(), any::<u32>()).prop_map(|(n, r, l, mode, priority)| {
-            let ramp = v1::RampSettings { min: r, max: l, duration_s: r, mode, ..Default::default() };
-            let patch = v1::GroupPatch { reserved: Some(r), limit: Some(l), priority: Some(priority), ramp: Some(ramp), ..Default::default() };
-            let mut bytes = vec![2u8];
-            bytes.extend(v1::PutGroupRequest { name: n, patch: Some(patch), mode }.encode_to_vec());
-            bytes
-        }),
+        (name, number.clone(), number.clone(), any::<i32>(), any::<u32>()).prop_map(
+            |(n, r, l, mode, priority)| {
+                let ramp = v1::RampSettings { min: r, max: l, duration_s: r, mode, ..Default::default() };
+                let patch = v1::GroupPatch {
+                    reserved: Some(r),
+                    limit: Some(l),
+                    priority: Some(priority),
+                    ramp: Some(ramp),
+                    ..Default::default()
+                };
+                let mut bytes = vec![2u8];
+                bytes.extend(v1::PutGroupRequest { name: n, patch: Some(patch), mode }.encode_to_vec());
+                bytes
+            }
+        ),
         number.prop_map(|c| {
             let mut bytes = vec![4u8];
             bytes.extend(v1::SetCapacityRequest { capacity: Some(c) }.encode_to_vec());
