@@ -8,11 +8,10 @@ use clap::Parser;
 use prost::Message;
 use tollgate_core::config::Config;
 use tollgate_core::engine::EngineSettings;
-use tollgate_core::settings::GroupName;
 use tollgate_core::time::Nanos;
-use tollgate_proto::v1;
+use tollgate_proto::v1::{admin_server::Admin, admission_server::Admission, backend_server::Backend};
 use tollgate_server::Controller;
-use tollgate_server::controller::PutMode;
+use tollgate_server::grpc::Services;
 use tollgate_server::store::MemoryStore;
 
 /// A settings file: parsed, checked as `check-config` does, and built into a limiter if valid.
@@ -36,74 +35,97 @@ pub fn scenario(data: &[u8]) {
 pub fn cli_args(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let args = std::iter::once("tollgate").chain(text.split('\0'));
-    let _ = crate::Cli::try_parse_from(args);
+    let _ = crate::args::Cli::try_parse_from(args);
 }
 
-fn controller() -> &'static Arc<Controller> {
-    static CONTROLLER: OnceLock<Arc<Controller>> = OnceLock::new();
-    CONTROLLER.get_or_init(|| {
+/// The controller and its gRPC services, kept across calls so that state builds up as it
+/// would in a server, and a runtime to call the handlers on.
+struct Served {
+    controller: Arc<Controller>,
+    services: Services,
+    runtime: tokio::runtime::Runtime,
+}
+
+fn served() -> &'static Served {
+    static SERVED: OnceLock<Served> = OnceLock::new();
+    SERVED.get_or_init(|| {
         let settings =
             EngineSettings { max_tracked_groups: 10_000, max_clients: 10_000, ..EngineSettings::default() };
-        Arc::new(Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).expect("memory"))
+        let controller = Arc::new(
+            Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).expect("memory"),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        let services = runtime.block_on(async { Services::new(controller.clone()) });
+        Served { controller, services, runtime }
     })
 }
 
-/// A gRPC message: the first byte picks which, the rest is its encoding; what decodes is
-/// handed to the controller's handler for it, as the server would. The controller lives
-/// across calls, so state builds up as it would in a server.
+fn decoded<M: Message + Default>(bytes: &[u8]) -> Option<tonic::Request<M>> {
+    M::decode(bytes).ok().map(tonic::Request::new)
+}
+
+/// A gRPC message: the first byte picks the call, the rest is its request's encoding; what
+/// decodes is handed to the server's own handler for that call (the one tonic calls), and a
+/// status answer is also rendered as the HTTP `/status` JSON. The byte also moves the engine's
+/// clock for a tick, so ticks interleave with the calls.
 pub fn grpc_message(data: &[u8]) {
     let Some((&which, bytes)) = data.split_first() else { return };
-    let c = controller();
-    let now = Nanos(u64::from(which) * 1_000_000_000);
-    match which % 8 {
-        0 => {
-            if let Ok(m) = v1::ExchangeRequest::decode(bytes) {
-                let _ = c.exchange(now, &m);
+    let Served { controller, services: s, runtime } = served();
+    runtime.block_on(async {
+        match which % 11 {
+            0 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admission::exchange(s, r).await;
+                }
             }
-        }
-        1 => {
-            if let Ok(m) = v1::BackendReport::decode(bytes) {
-                let _ = c.backend_report(now, &m);
+            1 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Backend::report(s, r).await;
+                }
             }
-        }
-        2 => {
-            if let Ok(m) = v1::PutGroupRequest::decode(bytes)
-                && let Ok(name) = GroupName::new(&m.name)
-            {
-                let mode = match m.mode % 3 {
-                    0 => PutMode::Upsert,
-                    1 => PutMode::Create,
-                    _ => PutMode::Alter,
-                };
-                let _ = c.put_group(name, &m.patch.unwrap_or_default(), mode);
+            2 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admin::put_group(s, r).await;
+                }
             }
-        }
-        3 => {
-            if let Ok(m) = v1::DropGroupRequest::decode(bytes)
-                && let Ok(name) = GroupName::new(&m.name)
-            {
-                let _ = c.drop_group(&name);
+            3 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admin::drop_group(s, r).await;
+                }
             }
-        }
-        4 => {
-            if let Ok(m) = v1::SetCapacityRequest::decode(bytes) {
-                let _ = c.set_capacity(m.capacity);
+            4 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admin::get_group(s, r).await;
+                }
             }
-        }
-        5 => {
-            if let Ok(m) = v1::SetModeRequest::decode(bytes) {
-                let _ = c.set_mode(tollgate_server::convert::mode_from_proto(m.mode()));
+            5 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admin::list_groups(s, r).await;
+                }
             }
-        }
-        6 => {
-            if let Ok(m) = v1::StatusRequest::decode(bytes)
-                && let Ok(page) = tollgate_server::status::Page::of(m.page_size, &m.page_token)
-            {
-                let _ = tollgate_server::status::status_json(&tollgate_server::status::status_response(
-                    c, now, &page,
-                ));
+            6 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admin::set_capacity(s, r).await;
+                }
             }
+            7 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admin::set_mode(s, r).await;
+                }
+            }
+            8 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Admin::get_node(s, r).await;
+                }
+            }
+            9 => {
+                if let Some(r) = decoded(bytes)
+                    && let Ok(answer) = Admin::status(s, r).await
+                {
+                    let _ = tollgate_server::status::status_json(answer.get_ref());
+                }
+            }
+            _ => controller.tick(Nanos(u64::from(which) * 1_000_000_000)),
         }
-        _ => c.tick(now),
-    }
+    });
 }

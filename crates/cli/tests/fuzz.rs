@@ -132,7 +132,7 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
             bytes.extend(report.encode_to_vec());
             bytes
         }),
-        (name, number.clone(), number.clone(), any::<i32>(), any::<u32>()).prop_map(
+        (name.clone(), number.clone(), number.clone(), any::<i32>(), any::<u32>()).prop_map(
             |(n, r, l, mode, priority)| {
                 let ramp = v1::RampSettings { min: r, max: l, duration_s: r, mode, ..Default::default() };
                 let patch = v1::GroupPatch {
@@ -148,10 +148,25 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
             }
         ),
         number.prop_map(|c| {
-            let mut bytes = vec![4u8];
+            let mut bytes = vec![6u8];
             bytes.extend(v1::SetCapacityRequest { capacity: Some(c) }.encode_to_vec());
             bytes
         }),
+        (name.clone(), any::<bool>(), any::<u8>()).prop_map(|(n, if_exists, which)| match which % 3 {
+            0 => [vec![3u8], v1::DropGroupRequest { name: n, if_exists }.encode_to_vec()].concat(),
+            1 => [vec![4u8], v1::GetGroupRequest { name: n }.encode_to_vec()].concat(),
+            _ => [vec![7u8], v1::SetModeRequest { mode: i32::from(which) - 100 }.encode_to_vec()].concat(),
+        }),
+        (any::<u32>(), name, any::<bool>()).prop_map(|(page_size, page_token, list)| {
+            let page_size = page_size % 20_000;
+            if list {
+                [vec![5u8], v1::ListGroupsRequest { page_size, page_token }.encode_to_vec()].concat()
+            } else {
+                [vec![9u8], v1::StatusRequest { page_size, page_token }.encode_to_vec()].concat()
+            }
+        }),
+        Just(vec![8u8]),
+        Just(vec![10u8]),
         prop::collection::vec(any::<u8>(), 0..200),
     ]
 }

@@ -166,9 +166,11 @@ impl Controller {
         self.engine().settings().tick
     }
 
-    /// Runs one engine tick at `now`.
+    /// Runs one engine tick at `now`. The view of the previous tick is dropped with it, so
+    /// that it holds no memory for groups that have since expired.
     pub fn tick(&self, now: Nanos) {
         self.engine().tick(now);
+        *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// Answers an exchange: checks it against the contract's bounds, reports every group to

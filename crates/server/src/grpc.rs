@@ -30,6 +30,12 @@ fn group_name(field: &str, name: &str) -> Result<GroupName, Status> {
 }
 
 impl Services {
+    /// The three services over `controller`, on the server's clock, for callers that invoke
+    /// the handlers directly rather than through [`serve`](crate::serve) (the fuzz targets do).
+    pub fn new(controller: Arc<Controller>) -> Self {
+        Self { controller, clock: Clock::new(), latency: Arc::new(Latency::default()) }
+    }
+
     /// Runs an admin change on the blocking pool (it waits on the store's disk).
     async fn admin<T: Send + 'static>(
         &self,

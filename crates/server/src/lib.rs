@@ -13,6 +13,7 @@ pub mod controller;
 pub mod convert;
 pub mod grpc;
 pub mod http;
+mod memory;
 mod options;
 pub mod status;
 pub mod store;
@@ -168,9 +169,17 @@ async fn background(
     let mut flushes = tokio::time::interval(flush_interval);
     flushes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     flushes.tick().await;
+    let mut give_back = memory::GiveBack::default();
     loop {
         tokio::select! {
-            _ = ticks.tick() => controller.tick(clock.now()),
+            _ = ticks.tick() => {
+                controller.tick(clock.now());
+                let (groups, clients) = controller.with_engine(|e| (e.tracked_groups(), e.clients()));
+                if give_back.after_tick(groups + clients) {
+                    memory::release();
+                    tracing::debug!(groups, clients, "expired groups and clients forgotten; memory given back");
+                }
+            }
             _ = flushes.tick() => {
                 let c = controller.clone();
                 let now = clock.now();
