@@ -15,8 +15,7 @@ sleep 1
 "$BIN" bench accuracy --server http://$GRPC --clients 20 --duration 30 --limit 1000 &
 BENCH=$!
 sleep 12
-kill -9 $SERVER
-wait $SERVER 2>/dev/null || true
+{ kill -9 $SERVER && wait $SERVER; } 2>/dev/null || true
 sleep 10
 "$BIN" server --data "$DATA" --grpc $GRPC --http $HTTP >/dev/null 2>&1 &
 SERVER=$!
