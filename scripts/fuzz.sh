@@ -3,7 +3,7 @@
 # one million), and prints how many inputs each ran and whether it found anything. Installs
 # cargo-fuzz from crates.io when it is missing. Not part of the test command (it takes
 # minutes); `cargo test -p tollgate-cli --test fuzz` runs the same entry points on stable.
-# Usage: scripts/fuzz.sh [TARGET...]  (default: all four: settings_file scenario cli_args grpc_message)
+# Usage: scripts/fuzz.sh [TARGET...]  (default: all: settings_file scenario cli_args grpc_message admin_text)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-1000000}
@@ -33,10 +33,13 @@ seed() {
       args "$dir/group" group create t --limit 100 --reserved 10 --ramp min=10,max=100,duration_s=30
       args "$dir/quota" quota set t total_throughput 100
       args "$dir/bench" bench exchange --clients 10 --groups 2 --timeout-ms 100 ;;
+    admin_text)
+      printf '\0CREATE RESOURCE GROUP oltp RU_PER_SEC=20000, PRIORITY=HIGH, BURSTABLE; SHOW RESOURCE GROUPS' \
+        >"$dir/sql" ;;
   esac
 }
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(settings_file scenario cli_args grpc_message)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(settings_file scenario cli_args grpc_message admin_text)
 mkdir -p target
 # Build every target first, so that a build failure is told apart from a finding.
 cargo +nightly fuzz build >target/fuzz-build.log 2>&1 || {

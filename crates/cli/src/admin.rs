@@ -249,7 +249,7 @@ pub struct Target {
     pub timeout: std::time::Duration,
 }
 
-async fn connect(target: &Target) -> anyhow::Result<AdminClient<Channel>> {
+pub(crate) async fn connect(target: &Target) -> anyhow::Result<AdminClient<Channel>> {
     let server = &target.url;
     let endpoint = Channel::from_shared(server.to_string())
         .with_context(|| format!("invalid --server URL {server:?}"))?;
@@ -263,7 +263,7 @@ async fn connect(target: &Target) -> anyhow::Result<AdminClient<Channel>> {
 }
 
 /// A gRPC error as the user should read it.
-fn rpc(e: tonic::Status) -> anyhow::Error {
+pub(crate) fn rpc(e: tonic::Status) -> anyhow::Error {
     match e.code() {
         tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
             anyhow::anyhow!(
@@ -282,15 +282,18 @@ fn name_of(s: &v1::GroupSettings) -> String {
     s.limit.map_or("unlimited".to_string(), fmt_units)
 }
 
-fn fmt_units(v: f64) -> String {
+pub(crate) fn fmt_units(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 { format!("{v:.0}") } else { format!("{v}") }
 }
 
-fn priority_name(level: u32) -> String {
+pub(crate) fn priority_name(level: u32) -> String {
     tollgate_server::convert::priority_name(level)
 }
 
-async fn get(client: &mut AdminClient<Channel>, name: &str) -> anyhow::Result<Option<v1::GroupSettings>> {
+pub(crate) async fn get(
+    client: &mut AdminClient<Channel>,
+    name: &str,
+) -> anyhow::Result<Option<v1::GroupSettings>> {
     match client.get_group(v1::GetGroupRequest { name: name.to_string() }).await {
         Ok(r) => Ok(r.into_inner().settings),
         Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
@@ -409,6 +412,24 @@ async fn put(
     Ok(())
 }
 
+/// Every group, page after page.
+pub(crate) async fn list_all(client: &mut AdminClient<Channel>) -> anyhow::Result<Vec<v1::GroupInfo>> {
+    let mut groups = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_groups(v1::ListGroupsRequest { page_size: 0, page_token })
+            .await
+            .map_err(rpc)?
+            .into_inner();
+        groups.extend(page.groups);
+        if page.next_page_token.is_empty() {
+            return Ok(groups);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
 pub async fn group(server: &Target, cmd: Group) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     match cmd {
@@ -426,20 +447,7 @@ pub async fn group(server: &Target, cmd: Group) -> anyhow::Result<()> {
             say(format!("dropped group {name}"));
         }
         Group::List => {
-            let mut groups = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let page = client
-                    .list_groups(v1::ListGroupsRequest { page_size: 0, page_token })
-                    .await
-                    .map_err(rpc)?
-                    .into_inner();
-                groups.extend(page.groups);
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                page_token = page.next_page_token;
-            }
+            let groups = list_all(&mut client).await?;
             say(format!(
                 "{:<24} {:>12} {:>12} {:>12} {:>8} {:>6}",
                 "NAME", "RESERVED", "LIMIT", "BURST", "PRIORITY", "WEIGHT"

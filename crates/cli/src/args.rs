@@ -80,6 +80,17 @@ pub(crate) enum Command {
     /// Load programs that measure a running controller.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// TiDB's resource-group statements: CREATE, ALTER and DROP RESOURCE GROUP, SHOW
+    /// RESOURCE GROUPS, SHOW CREATE RESOURCE GROUP. Several are separated by `;`; all are
+    /// parsed before any runs.
+    Sql {
+        /// The statements, such as "CREATE RESOURCE GROUP oltp RU_PER_SEC=20000, PRIORITY=HIGH".
+        #[arg(conflicts_with = "file")]
+        statements: Option<String>,
+        /// Read the statements from a file (`-`: standard input).
+        #[arg(long, short)]
+        file: Option<PathBuf>,
+    },
     /// The capacity and every group's settings, target, admitted rate, demand and clients.
     Status {
         /// Print JSON for scripts.

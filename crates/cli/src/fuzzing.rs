@@ -38,6 +38,16 @@ pub fn cli_args(data: &[u8]) {
     let _ = crate::args::Cli::try_parse_from(args);
 }
 
+/// The texts operators type at the admin commands: the first byte picks the parser, the rest
+/// is the text. 0: `tollgate sql` statements.
+pub fn admin_text(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else { return };
+    let Ok(text) = std::str::from_utf8(rest) else { return };
+    if which % 2 == 0 {
+        let _ = crate::sql::parse(text);
+    }
+}
+
 /// The controller and its gRPC services, kept across calls so that state builds up as it
 /// would in a server, and a runtime to call the handlers on.
 struct Served {

@@ -16,6 +16,7 @@ pub mod fuzzing;
 mod ramp;
 mod server;
 mod sim;
+mod sql;
 
 /// Prints a line to stdout. A reader that went away (`tollgate sim … | head`) is not an
 /// error worth a panic: the output is simply no longer wanted.
@@ -87,6 +88,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Quota(cmd) => admin_command(admin::quota(&target, cmd)),
         Command::Group(cmd) => admin_command(admin::group(&target, cmd)),
         Command::Node(cmd) => admin_command(admin::node(&target, cmd)),
+        Command::Sql { statements, file } => {
+            let text = match (statements, file) {
+                (Some(t), None) => t,
+                (None, Some(f)) => read_text(&f, sql::SQL_MAX_BYTES)?,
+                _ => anyhow::bail!("give the statements, or --file FILE (`-` for standard input)"),
+            };
+            admin_command(sql::run(&target, &text))
+        }
         Command::Status { json } => admin_command(admin::status(&target, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(cmd) => {
@@ -98,6 +107,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// A text file (`-`: standard input), read up to one byte past `max` so that whoever parses
+/// it can say it is too long without memory growing with the input.
+fn read_text(path: &std::path::Path, max: usize) -> anyhow::Result<String> {
+    use std::io::Read;
+    let limit = max as u64 + 1;
+    let mut bytes = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin().take(limit).read_to_end(&mut bytes).context("cannot read standard input")?;
+    } else {
+        std::fs::File::open(path)
+            .and_then(|f| f.take(limit).read_to_end(&mut bytes))
+            .with_context(|| format!("cannot read {}", path.display()))?;
+    }
+    String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", path.display()))
 }
 
 /// Runs an admin command on a small runtime.

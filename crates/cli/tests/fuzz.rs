@@ -171,6 +171,52 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+/// Pieces of the texts operators type: SQL keywords, numbers, names, punctuation.
+fn sql_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "CREATE",
+            "ALTER",
+            "DROP",
+            "SHOW",
+            "RESOURCE",
+            "GROUP",
+            "GROUPS",
+            "IF",
+            "NOT",
+            "EXISTS",
+            "RU_PER_SEC",
+            "PRIORITY",
+            "BURSTABLE",
+            "LOW",
+            "HIGH",
+            "TRUE",
+            "FALSE",
+            "=",
+            ",",
+            ";",
+            "/*",
+            "*/",
+            "--",
+            "'",
+            "`",
+            "\n",
+            "1e15",
+            "1e16",
+            "-1",
+            "NaN",
+            "inf",
+            "0",
+            "16",
+            "17",
+        ])
+        .prop_map(String::from),
+        "[a-z_]{1,8}",
+        any::<f64>().prop_map(|f| f.to_string()),
+        ".{0,6}",
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -188,6 +234,14 @@ proptest! {
     #[test]
     fn command_lines(args in prop::collection::vec(cli_piece(), 0..8)) {
         fuzzing::cli_args(args.join("\0").as_bytes());
+    }
+
+    #[test]
+    fn admin_texts(which in 0u8..8, pieces in prop::collection::vec(sql_piece(), 0..24), bytes in prop::collection::vec(any::<u8>(), 0..100)) {
+        let mut text = vec![which];
+        text.extend(pieces.join(" ").as_bytes());
+        fuzzing::admin_text(&text);
+        fuzzing::admin_text(&bytes);
     }
 
     #[test]

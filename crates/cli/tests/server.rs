@@ -648,3 +648,83 @@ async fn no_acknowledged_write_is_lost_over_twenty_kills() {
     }
     assert!(acknowledged.len() > 100, "{} writes acknowledged", acknowledged.len());
 }
+
+#[test]
+fn tidbs_sql_statements_create_alter_show_and_drop_groups() {
+    let s = ServerProc::start(&data_dir("sql"));
+    let out = ok(
+        &s,
+        &[
+            "sql",
+            "CREATE RESOURCE GROUP oltp RU_PER_SEC=20000, PRIORITY=HIGH, BURSTABLE;\n\
+             CREATE RESOURCE GROUP small RU_PER_SEC=5000;\n\
+             create resource group olap ru_per_sec = 50000 priority=low, burstable",
+        ],
+    );
+    assert_eq!(
+        out,
+        "created resource group oltp\ncreated resource group small\ncreated resource group olap\n"
+    );
+    let show = ok(&s, &["group", "show", "small"]);
+    assert!(show.contains("reserved: 5000") && show.contains("limit:    5000"), "{show}");
+    let show = ok(&s, &["group", "show", "oltp"]);
+    assert!(show.contains("limit:    unlimited") && show.contains("priority: high"), "{show}");
+
+    // ALTER keeps what it does not name; BURSTABLE = FALSE caps the group at its RU_PER_SEC.
+    ok(
+        &s,
+        &["sql", "ALTER RESOURCE GROUP oltp RU_PER_SEC 30000; ALTER RESOURCE GROUP olap BURSTABLE = FALSE"],
+    );
+    let show = ok(&s, &["group", "show", "oltp"]);
+    assert!(show.contains("reserved: 30000") && show.contains("limit:    unlimited"), "{show}");
+    let show = ok(&s, &["group", "show", "olap"]);
+    assert!(show.contains("limit:    50000") && show.contains("priority: low"), "{show}");
+
+    let table = ok(&s, &["sql", "SHOW RESOURCE GROUPS"]);
+    assert!(
+        table.lines().any(|l| l.split_whitespace().eq(["oltp", "30000", "HIGH", "YES", "UNLIMITED"])),
+        "{table}"
+    );
+    assert!(
+        table.lines().any(|l| l.split_whitespace().eq(["small", "5000", "MEDIUM", "NO", "5000"])),
+        "{table}"
+    );
+    let create = ok(&s, &["sql", "SHOW CREATE RESOURCE GROUP oltp"]);
+    assert_eq!(create, "CREATE RESOURCE GROUP `oltp` RU_PER_SEC = 30000, PRIORITY = HIGH, BURSTABLE\n");
+
+    // A mistake anywhere runs nothing, and names the token.
+    let (code, _, err) =
+        admin(&s, &["sql", "DROP RESOURCE GROUP small; CREATE RESOURCE GROUP x RU_PER_SEC = many"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("line 1, column 65: expected a number from 0 to 1e15 for RU_PER_SEC, found `many`; nothing was run"),
+        "{err}"
+    );
+    ok(&s, &["group", "show", "small"]);
+    // A statement the server refuses stops the run and says how far it got.
+    let (code, _, err) = admin(
+        &s,
+        &[
+            "sql",
+            "DROP RESOURCE GROUP small; CREATE RESOURCE GROUP oltp RU_PER_SEC=1; DROP RESOURCE GROUP olap",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("statement 2 of 3: group \"oltp\" already exists (the 1 before it ran)"), "{err}");
+    fails(&s, &["group", "show", "small"], "does not exist");
+    ok(&s, &["group", "show", "olap"]);
+    // IF (NOT) EXISTS, and statements from a file.
+    let file = data_dir("sql-file").with_extension("sql");
+    std::fs::write(
+        &file,
+        "CREATE RESOURCE GROUP IF NOT EXISTS oltp RU_PER_SEC=1;\nDROP RESOURCE GROUP IF EXISTS ghost;\n",
+    )
+    .unwrap();
+    let out = ok(&s, &["sql", "--file", file.to_str().unwrap()]);
+    assert_eq!(out, "resource group oltp exists: left as it is\ndropped resource group ghost\n");
+    fails(
+        &s,
+        &["sql", "ALTER RESOURCE GROUP ghost PRIORITY=LOW"],
+        "statement 1 of 1: group \"ghost\" does not exist",
+    );
+}
