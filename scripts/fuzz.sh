@@ -35,7 +35,9 @@ seed() {
       args "$dir/bench" bench exchange --clients 10 --groups 2 --timeout-ms 100 ;;
     admin_text)
       printf '\0CREATE RESOURCE GROUP oltp RU_PER_SEC=20000, PRIORITY=HIGH, BURSTABLE; SHOW RESOURCE GROUPS' \
-        >"$dir/sql" ;;
+        >"$dir/sql"
+      printf '\001{"capacity": 25000, "mode": "fcfs"}' >"$dir/node"
+      printf '\002{"reserved": 100, "hard_limit": "unlimited"}' >"$dir/group" ;;
   esac
 }
 TARGETS=("$@")

@@ -6,6 +6,8 @@ use std::fmt::Write as _;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use tollgate_proto::v1::{self, admin_client::AdminClient};
+use tollgate_server::store::StoredNode;
+use tollgate_server::{convert, properties};
 use tonic::transport::Channel;
 
 use crate::say;
@@ -217,6 +219,11 @@ pub enum Group {
     List,
     /// Show one group.
     Show { name: String },
+    /// Couchbase's group document: `'{"reserved": 100, "hard_limit": "unlimited"}'`. Only the
+    /// keys given change; the group is created if it does not exist. Prints the document.
+    SetProperties { name: String, json: String },
+    /// Print a group's document, as set-properties takes it.
+    GetProperties { name: String },
 }
 
 /// How the node's free capacity is shared.
@@ -238,6 +245,11 @@ pub enum Node {
     },
     /// Print how free capacity is shared, or set it: `share` or `fcfs`.
     Mode { mode: Option<ModeArg> },
+    /// Couchbase's node document: `'{"capacity": 25000}'` (and `"mode": "share"|"fcfs"`).
+    /// Only the keys given change. Prints the document.
+    SetProperties { json: String },
+    /// Print the node's document, as set-properties takes it.
+    GetProperties,
 }
 
 /// The controller an admin command talks to, and how long a call may take.
@@ -471,6 +483,17 @@ pub async fn group(server: &Target, cmd: Group) -> anyhow::Result<()> {
                 say(line);
             }
         }
+        Group::SetProperties { name, json } => {
+            let current = get(&mut client, &name).await?;
+            let patch = properties::group_patch(&json, current.as_ref()).map_err(anyhow::Error::msg)?;
+            let req = v1::PutGroupRequest { name, patch: Some(patch), mode: v1::PutMode::Upsert as i32 };
+            let info = client.put_group(req).await.map_err(rpc)?.into_inner();
+            say(properties::group_json(&info.settings.unwrap_or_default()));
+        }
+        Group::GetProperties { name } => {
+            let info = client.get_group(v1::GetGroupRequest { name }).await.map_err(rpc)?.into_inner();
+            say(properties::group_json(&info.settings.unwrap_or_default()));
+        }
     }
     Ok(())
 }
@@ -504,8 +527,30 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
             };
             say(if info.mode() == v1::AllocationMode::Fcfs { "fcfs" } else { "share" });
         }
+        Node::SetProperties { json } => {
+            // Checked whole before anything is sent, so a bad document changes nothing.
+            let change = properties::node_change(&json).map_err(anyhow::Error::msg)?;
+            if let Some(capacity) = change.capacity {
+                client.set_capacity(v1::SetCapacityRequest { capacity }).await.map_err(rpc)?;
+            }
+            if let Some(m) = change.mode {
+                let mode = convert::mode_to_proto(m) as i32;
+                client.set_mode(v1::SetModeRequest { mode }).await.map_err(rpc)?;
+            }
+            let info = client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner();
+            say(properties::node_json(&stored(&info)));
+        }
+        Node::GetProperties => {
+            let info = client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner();
+            say(properties::node_json(&stored(&info)));
+        }
     }
     Ok(())
+}
+
+/// The node as the store keeps it, from its answer.
+fn stored(info: &v1::NodeInfo) -> StoredNode {
+    StoredNode { capacity: info.capacity, mode: convert::mode_from_proto(info.mode()) }
 }
 
 pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {

@@ -39,12 +39,19 @@ pub fn cli_args(data: &[u8]) {
 }
 
 /// The texts operators type at the admin commands: the first byte picks the parser, the rest
-/// is the text. 0: `tollgate sql` statements.
+/// is the text. 0: `tollgate sql` statements; 1: a node properties document; 2: a group
+/// properties document.
 pub fn admin_text(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else { return };
     let Ok(text) = std::str::from_utf8(rest) else { return };
-    if which % 2 == 0 {
-        let _ = crate::sql::parse(text);
+    match which % 3 {
+        0 => drop(crate::sql::parse(text)),
+        1 => drop(tollgate_server::properties::node_change(text)),
+        _ => {
+            let current =
+                tollgate_proto::v1::GroupSettings { reserved: 5.0, limit: Some(10.0), ..Default::default() };
+            let _ = tollgate_server::properties::group_patch(text, Some(&current));
+        }
     }
 }
 

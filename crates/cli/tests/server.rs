@@ -728,3 +728,83 @@ fn tidbs_sql_statements_create_alter_show_and_drop_groups() {
         "statement 1 of 1: group \"ghost\" does not exist",
     );
 }
+
+/// An HTTP request with a body: (status code, body).
+fn http_send(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let code = answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (code, body)
+}
+
+#[test]
+fn couchbases_json_properties_through_the_cli_and_http() {
+    let s = ServerProc::start(&data_dir("properties"));
+    assert_eq!(ok(&s, &["node", "get-properties"]), "{\"capacity\": \"unlimited\", \"mode\": \"share\"}\n");
+    assert_eq!(
+        ok(&s, &["node", "set-properties", r#"{"capacity": 25000}"#]),
+        "{\"capacity\": 25000, \"mode\": \"share\"}\n"
+    );
+    assert_eq!(ok(&s, &["node", "capacity"]), "25000\n");
+    assert_eq!(
+        ok(&s, &["group", "set-properties", "tenant", r#"{"reserved": 100, "hard_limit": "unlimited"}"#]),
+        "{\"reserved\": 100, \"hard_limit\": \"unlimited\"}\n"
+    );
+    // Only the keys given change.
+    ok(&s, &["group", "set-properties", "tenant", r#"{"hard_limit": 400}"#]);
+    assert_eq!(ok(&s, &["group", "get-properties", "tenant"]), "{\"reserved\": 100, \"hard_limit\": 400}\n");
+    let show = ok(&s, &["group", "show", "tenant"]);
+    assert!(show.contains("reserved: 100") && show.contains("limit:    400"), "{show}");
+
+    // Bad documents name the key, and change nothing.
+    fails(
+        &s,
+        &["group", "set-properties", "tenant", r#"{"reserved": 500}"#],
+        "reserved: must not exceed hard_limit (500 > 400)",
+    );
+    fails(
+        &s,
+        &["group", "set-properties", "tenant", r#"{"reserved": "lots"}"#],
+        "reserved: must be a number of units/s, got the string \"lots\"",
+    );
+    fails(&s, &["group", "set-properties", "tenant", r#"{"hardlimit": 5}"#], "\"hardlimit\": unknown key");
+    fails(
+        &s,
+        &["node", "set-properties", r#"{"capacity": 10, "mode": "fair"}"#],
+        "mode: must be \"share\" or \"fcfs\"",
+    );
+    fails(&s, &["node", "set-properties", "capacity=10"], "not JSON");
+    fails(&s, &["group", "get-properties", "ghost"], "group \"ghost\" does not exist");
+    assert_eq!(ok(&s, &["group", "get-properties", "tenant"]), "{\"reserved\": 100, \"hard_limit\": 400}\n");
+    assert_eq!(ok(&s, &["node", "capacity"]), "25000\n");
+
+    // The same documents over HTTP.
+    let (code, body) = http_send(&s.http, "GET", "/v1/node/properties", "");
+    assert_eq!((code, body.as_str()), (200, "{\"capacity\": 25000, \"mode\": \"share\"}"));
+    let (code, body) = http_send(&s.http, "PUT", "/v1/node/properties", r#"{"mode": "fcfs"}"#);
+    assert_eq!((code, body.as_str()), (200, "{\"capacity\": 25000, \"mode\": \"fcfs\"}"));
+    assert_eq!(ok(&s, &["node", "mode"]), "fcfs\n");
+    let (code, body) =
+        http_send(&s.http, "PUT", "/v1/groups/web/properties", r#"{"reserved": 10, "hard_limit": 20}"#);
+    assert_eq!((code, body.as_str()), (200, "{\"reserved\": 10, \"hard_limit\": 20}"));
+    let (code, body) = http_send(&s.http, "GET", "/v1/groups/web/properties", "");
+    assert_eq!((code, body.as_str()), (200, "{\"reserved\": 10, \"hard_limit\": 20}"));
+    let (code, body) = http_send(&s.http, "PUT", "/v1/groups/web/properties", r#"{"reserved": 30}"#);
+    assert_eq!((code, body.as_str()), (400, r#"{"error":"reserved: must not exceed hard_limit (30 > 20)"}"#));
+    let (code, body) = http_send(&s.http, "PUT", "/v1/node/properties", r#"{"capacity": -5}"#);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("capacity: must be from 0 to 1e15"), "{body}");
+    let (code, body) = http_send(&s.http, "GET", "/v1/groups/ghost/properties", "");
+    assert_eq!((code, body.as_str()), (404, r#"{"error":"group \"ghost\" does not exist"}"#));
+    let (code, _) = http_send(&s.http, "PUT", "/v1/node/properties", &" ".repeat(70_000));
+    assert_eq!(code, 413);
+    assert_eq!(ok(&s, &["group", "get-properties", "web"]), "{\"reserved\": 10, \"hard_limit\": 20}\n");
+}

@@ -58,6 +58,16 @@ impl From<AdminError> for Status {
     }
 }
 
+fn check_capacity(capacity: Option<f64>) -> Result<(), AdminError> {
+    match capacity {
+        Some(c) if !(c.is_finite() && c > 0.0 && c <= REPORT_VALUE_MAX) => {
+            let rule = format!("must be a finite number above 0 and at most {REPORT_VALUE_MAX:e}, got {c}");
+            Err(AdminError::Invalid(SettingErrors(vec![SettingError::new("capacity", rule)])))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// How a put treats a group that exists, or does not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutMode {
@@ -342,13 +352,23 @@ impl Controller {
 
     /// Sets the node capacity (`None`: no capacity). Durable before it returns.
     pub fn set_capacity(&self, capacity: Option<f64>) -> Result<StoredNode, AdminError> {
-        if let Some(c) = capacity
-            && !(c.is_finite() && c > 0.0 && c <= REPORT_VALUE_MAX)
-        {
-            let rule = format!("must be a finite number above 0 and at most {REPORT_VALUE_MAX:e}, got {c}");
-            return Err(AdminError::Invalid(SettingErrors(vec![SettingError::new("capacity", rule)])));
-        }
+        check_capacity(capacity)?;
         self.set_node(|n| n.capacity = capacity)
+    }
+
+    /// Applies a node properties document's change in one durable write.
+    pub fn change_node(&self, change: crate::properties::NodeChange) -> Result<StoredNode, AdminError> {
+        if let Some(c) = change.capacity {
+            check_capacity(c)?;
+        }
+        self.set_node(|n| {
+            if let Some(c) = change.capacity {
+                n.capacity = c;
+            }
+            if let Some(m) = change.mode {
+                n.mode = m;
+            }
+        })
     }
 
     /// Sets how free capacity is shared. Durable before it returns.

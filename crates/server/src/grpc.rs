@@ -25,8 +25,13 @@ pub struct Services {
 }
 
 fn group_name(field: &str, name: &str) -> Result<GroupName, Status> {
-    check_group_name(name).map_err(|e| Status::invalid_argument(format!("{field}: {}", e.rule)))?;
-    GroupName::new(name).map_err(|e| Status::invalid_argument(format!("{field}: {}", e.rule)))
+    checked_name(field, name).map_err(Status::invalid_argument)
+}
+
+/// A group name from outside, or what is wrong with it, prefixed by `field`.
+pub(crate) fn checked_name(field: &str, name: &str) -> Result<GroupName, String> {
+    check_group_name(name).map_err(|e| format!("{field}: {}", e.rule))?;
+    GroupName::new(name).map_err(|e| format!("{field}: {}", e.rule))
 }
 
 impl Services {

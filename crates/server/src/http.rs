@@ -5,14 +5,17 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tollgate_core::engine::GroupView;
 
 use crate::clock::Clock;
-use crate::controller::Controller;
+use crate::controller::{AdminError, Controller, PutMode};
+use crate::convert;
+use crate::grpc::checked_name;
+use crate::properties;
 use crate::status::{BUCKETS_S, Latency, Page, status_json, status_response};
 
 /// A view, and the per-group part of `/metrics` rendered from it.
@@ -34,6 +37,9 @@ pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) 
         .route("/healthz", get(health))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/v1/node/properties", get(node_properties).put(set_node_properties))
+        .route("/v1/groups/{name}/properties", get(group_properties).put(set_group_properties))
+        .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES))
         .with_state(AppState { controller, latency, clock, groups: Arc::default() })
 }
 
@@ -193,6 +199,88 @@ async fn status(State(app): State<AppState>) -> axum::response::Response {
         Err(e) => {
             (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("status failed: {e}\n")).into_response()
         }
+    }
+}
+
+/// A JSON answer.
+fn json(status: StatusCode, body: String) -> axum::response::Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// An error as JSON, `{"error": "…"}`, with the status it deserves.
+fn error(status: StatusCode, message: impl Into<String>) -> axum::response::Response {
+    json(status, serde_json::json!({ "error": message.into() }).to_string())
+}
+
+fn admin_error(e: AdminError) -> axum::response::Response {
+    let status = match &e {
+        AdminError::Invalid(_) => StatusCode::BAD_REQUEST,
+        AdminError::NotFound(_) => StatusCode::NOT_FOUND,
+        AdminError::AlreadyExists(_) => StatusCode::CONFLICT,
+        AdminError::Store(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+        AdminError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, e.to_string())
+}
+
+/// Runs a settings change on the blocking pool (it waits on the store's disk).
+async fn change<T: Send + 'static>(
+    app: AppState,
+    f: impl FnOnce(&Controller) -> Result<T, AdminError> + Send + 'static,
+) -> Result<T, axum::response::Response> {
+    match tokio::task::spawn_blocking(move || f(&app.controller)).await {
+        Ok(r) => r.map_err(admin_error),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, format!("change failed: {e}"))),
+    }
+}
+
+/// `GET /v1/node/properties`: Couchbase's node document.
+async fn node_properties(State(app): State<AppState>) -> axum::response::Response {
+    json(StatusCode::OK, properties::node_json(&app.controller.node()))
+}
+
+/// `PUT /v1/node/properties`: changes the keys the document gives.
+async fn set_node_properties(State(app): State<AppState>, body: String) -> axum::response::Response {
+    let c = match properties::node_change(&body) {
+        Ok(c) => c,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match change(app, move |controller| controller.change_node(c)).await {
+        Ok(node) => json(StatusCode::OK, properties::node_json(&node)),
+        Err(response) => response,
+    }
+}
+
+/// `GET /v1/groups/NAME/properties`: Couchbase's group document.
+async fn group_properties(State(app): State<AppState>, Path(name): Path<String>) -> axum::response::Response {
+    let name = match checked_name("name", &name) {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match app.controller.group(&name) {
+        Some(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
+        None => admin_error(AdminError::NotFound(name.to_string())),
+    }
+}
+
+/// `PUT /v1/groups/NAME/properties`: creates the group or changes the keys the document gives.
+async fn set_group_properties(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    body: String,
+) -> axum::response::Response {
+    let name = match checked_name("name", &name) {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let current = app.controller.group(&name).map(|s| convert::settings_to_proto(&s));
+    let patch = match properties::group_patch(&body, current.as_ref()) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match change(app, move |c| c.put_group(name, &patch, PutMode::Upsert)).await {
+        Ok(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
+        Err(response) => response,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod grpc;
 pub mod http;
 mod memory;
 mod options;
+pub mod properties;
 pub mod status;
 pub mod store;
 
