@@ -30,41 +30,7 @@ pub(crate) enum BenchCommand {
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Run the controller: gRPC for clients, backends and admin; HTTP for metrics and status.
-    Server {
-        /// Where settings are kept.
-        #[arg(long, default_value = "tollgate-data")]
-        data: PathBuf,
-        /// The gRPC listen address.
-        #[arg(long, default_value = "127.0.0.1:7460")]
-        grpc: std::net::SocketAddr,
-        /// The HTTP listen address (/metrics, /healthz, /status).
-        #[arg(long, default_value = "127.0.0.1:7461")]
-        http: std::net::SocketAddr,
-        /// The engine's tick and the exchange period asked of clients, in milliseconds.
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
-        tick_ms: u64,
-        /// How long a grant holds without renewal, in milliseconds.
-        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
-        lease_ms: u64,
-        /// How many of the worst zones saturation limiting ignores (a sick zone is not a
-        /// workload problem); 0 when there is only one zone.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=1000))]
-        ignore_worst_zones: u64,
-        /// Units/s a group must put on a backend for that backend to limit it.
-        #[arg(long, default_value_t = 409_600.0)]
-        limiting_threshold: f64,
-        /// How often groups' consumption (what budgets are checked against) and resumable
-        /// ramps are written to the data file, in milliseconds; also written at a clean stop.
-        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
-        flush_ms: u64,
-        /// gRPC connections open at once; past it new ones are closed at once. Keep it below
-        /// the process's open-file limit (`ulimit -n`).
-        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-        max_connections: u64,
-        /// A gRPC connection with no traffic for this long is closed, in milliseconds.
-        #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
-        idle_timeout_ms: u64,
-    },
+    Server(ServerArgs),
     /// FoundationDB-style tag quotas, in bytes/s.
     #[command(subcommand)]
     Quota(crate::admin::Quota),
@@ -115,4 +81,46 @@ pub(crate) enum Command {
         #[arg(long)]
         seed: Option<u64>,
     },
+}
+
+/// `tollgate server`'s options.
+#[derive(clap::Args)]
+pub(crate) struct ServerArgs {
+    /// Where settings are kept.
+    #[arg(long, default_value = "tollgate-data")]
+    pub(crate) data: PathBuf,
+    /// The gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:7460")]
+    pub(crate) grpc: std::net::SocketAddr,
+    /// The HTTP listen address (/metrics, /healthz, /status).
+    #[arg(long, default_value = "127.0.0.1:7461")]
+    pub(crate) http: std::net::SocketAddr,
+    /// The engine's tick and the exchange period asked of clients, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub(crate) tick_ms: u64,
+    /// How long a grant holds without renewal, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub(crate) lease_ms: u64,
+    /// How many of the worst zones saturation limiting ignores (a sick zone is not a
+    /// workload problem); 0 when there is only one zone.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub(crate) ignore_worst_zones: u64,
+    /// Units/s a group must put on a backend for that backend to limit it.
+    #[arg(long, default_value_t = 409_600.0)]
+    pub(crate) limiting_threshold: f64,
+    /// How often groups' consumption (what budgets are checked against) and resumable
+    /// ramps are written to the data file, in milliseconds; also written at a clean stop.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub(crate) flush_ms: u64,
+    /// gRPC connections open at once; past it new ones are closed at once. Keep it below
+    /// the process's open-file limit (`ulimit -n`).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) max_connections: u64,
+    /// A gRPC connection with no traffic for this long is closed, in milliseconds.
+    #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub(crate) idle_timeout_ms: u64,
+    /// A settings file (the embedded limiter's TOML) whose node settings and groups are
+    /// written at start where the store holds none; a broken file stops the start.
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
 }

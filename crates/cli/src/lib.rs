@@ -52,39 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
-        Command::Server {
-            data,
-            grpc,
-            http,
-            tick_ms,
-            lease_ms,
-            ignore_worst_zones,
-            limiting_threshold,
-            flush_ms,
-            max_connections,
-            idle_timeout_ms,
-        } => {
-            if !(0.0..=tollgate_core::settings::RATE_MAX).contains(&limiting_threshold) {
-                anyhow::bail!(
-                    "--limiting-threshold: must be a number from 0 to {:e} units/s; got {limiting_threshold}",
-                    tollgate_core::settings::RATE_MAX
-                );
-            }
-            server::run(tollgate_server::ServerOptions {
-                data,
-                grpc,
-                http,
-                tick: std::time::Duration::from_millis(tick_ms),
-                lease: std::time::Duration::from_millis(lease_ms),
-                ignore_worst_zones: ignore_worst_zones as usize,
-                limiting_threshold,
-                flush_interval: std::time::Duration::from_millis(flush_ms),
-                limits: tollgate_server::conn::Limits {
-                    max_connections: max_connections as usize,
-                    idle_timeout: std::time::Duration::from_millis(idle_timeout_ms),
-                },
-            })
-        }
+        Command::Server(args) => server::run(args),
         Command::Quota(cmd) => admin_command(admin::quota(&target, cmd)),
         Command::Group(cmd) => admin_command(admin::group(&target, cmd)),
         Command::Node(cmd) => admin_command(admin::node(&target, cmd)),
@@ -111,7 +79,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// A text file (`-`: standard input), read up to one byte past `max` so that whoever parses
 /// it can say it is too long without memory growing with the input.
-fn read_text(path: &std::path::Path, max: usize) -> anyhow::Result<String> {
+pub(crate) fn read_text(path: &std::path::Path, max: usize) -> anyhow::Result<String> {
     use std::io::Read;
     let limit = max as u64 + 1;
     let mut bytes = Vec::new();

@@ -1,11 +1,92 @@
 //! `tollgate server`: run the controller until SIGINT or SIGTERM.
 
+use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::bail;
+use tollgate_core::config::{Config, NodeSettings};
+use tollgate_core::cost::CostModel;
 use tollgate_server::{Server, ServerOptions, shutdown_signal};
 
+use crate::args::ServerArgs;
+
+/// The largest `--config` file read, in bytes.
+const CONFIG_MAX_BYTES: usize = 64 << 20;
+
+/// Reads `--config`: a broken file stops the start with every problem, as `check-config`
+/// prints them, before the store is opened. Also says which of its settings only the
+/// embedded limiter uses.
+fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
+    let text = crate::read_text(path, CONFIG_MAX_BYTES)?;
+    if text.len() > CONFIG_MAX_BYTES {
+        bail!("--config {}: larger than {CONFIG_MAX_BYTES} bytes", path.display());
+    }
+    let config = match Config::parse(&text) {
+        Ok(c) => c,
+        Err(_) => {
+            let report = crate::check::check(&path.display().to_string(), &text);
+            bail!(
+                "--config {} is not a valid settings file; the server did not start and nothing was changed:\n{}",
+                path.display(),
+                report.text.trim_end()
+            );
+        }
+    };
+    let mut notes = config.warnings();
+    let node = NodeSettings::default();
+    for (key, differs) in [
+        ("realloc_ms", config.node.realloc_interval != node.realloc_interval),
+        ("max_wait_ms", config.node.max_wait != node.max_wait),
+        ("max_tracked_groups", config.node.max_tracked_groups != node.max_tracked_groups),
+        ("[cost]", config.cost_model != CostModel::default()),
+    ] {
+        if differs {
+            notes.push(format!(
+                "{key} in {} is for the embedded limiter and the clients that load this file; the server does not use it",
+                path.display()
+            ));
+        }
+    }
+    Ok((config, notes))
+}
+
+fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
+    if !(0.0..=tollgate_core::settings::RATE_MAX).contains(&a.limiting_threshold) {
+        bail!(
+            "--limiting-threshold: must be a number from 0 to {:e} units/s; got {}",
+            tollgate_core::settings::RATE_MAX,
+            a.limiting_threshold
+        );
+    }
+    let (defaults, notes) = match &a.config {
+        Some(path) => {
+            let (c, notes) = defaults(path)?;
+            (Some(c), notes)
+        }
+        None => (None, Vec::new()),
+    };
+    let opts = ServerOptions {
+        data: a.data,
+        grpc: a.grpc,
+        http: a.http,
+        tick: Duration::from_millis(a.tick_ms),
+        lease: Duration::from_millis(a.lease_ms),
+        ignore_worst_zones: a.ignore_worst_zones as usize,
+        limiting_threshold: a.limiting_threshold,
+        flush_interval: Duration::from_millis(a.flush_ms),
+        limits: tollgate_server::conn::Limits {
+            max_connections: a.max_connections as usize,
+            idle_timeout: Duration::from_millis(a.idle_timeout_ms),
+        },
+        defaults,
+    };
+    Ok((opts, notes))
+}
+
 /// Binds, prints where it listens (tests read this line), and serves.
-pub fn run(opts: ServerOptions) -> anyhow::Result<ExitCode> {
+pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let (opts, notes) = options(args)?;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -14,6 +95,9 @@ pub fn run(opts: ServerOptions) -> anyhow::Result<ExitCode> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    for note in notes {
+        tracing::warn!("{note}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
         let server = Server::bind(&opts).await?;

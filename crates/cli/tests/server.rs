@@ -808,3 +808,50 @@ fn couchbases_json_properties_through_the_cli_and_http() {
     assert_eq!(code, 413);
     assert_eq!(ok(&s, &["group", "get-properties", "web"]), "{\"reserved\": 10, \"hard_limit\": 20}\n");
 }
+
+#[test]
+fn a_defaults_file_fills_what_the_store_lacks_and_a_broken_one_stops_the_start() {
+    let data = data_dir("defaults");
+    let file = data_dir("defaults-file").with_extension("toml");
+    std::fs::write(
+        &file,
+        "[node]\ncapacity = 5000\nmode = \"fcfs\"\n\n[groups.a]\nreserved = 100\nlimit = 200\n\n[groups.b]\nlimit = 50\n",
+    )
+    .unwrap();
+    let config = file.to_str().unwrap();
+    let s = ServerProc::start_with(&data, &["--config", config], Stdio::null());
+    assert_eq!(ok(&s, &["node", "get-properties"]), "{\"capacity\": 5000, \"mode\": \"fcfs\"}\n");
+    assert_eq!(ok(&s, &["group", "get-properties", "a"]), "{\"reserved\": 100, \"hard_limit\": 200}\n");
+    // What is changed at run time wins over the file at the next start; a group the store
+    // lacks (dropped here) comes back from it.
+    ok(&s, &["group", "alter", "a", "--limit", "300"]);
+    ok(&s, &["node", "capacity", "7000"]);
+    ok(&s, &["group", "drop", "b"]);
+    assert!(s.terminate().success());
+    let s = ServerProc::start_with(&data, &["--config", config], Stdio::null());
+    assert_eq!(ok(&s, &["group", "get-properties", "a"]), "{\"reserved\": 100, \"hard_limit\": 300}\n");
+    assert_eq!(ok(&s, &["node", "capacity"]), "7000\n");
+    assert_eq!(ok(&s, &["group", "get-properties", "b"]), "{\"reserved\": 0, \"hard_limit\": 50}\n");
+    drop(s);
+
+    // A broken file: every problem with its line, as check-config prints them; nothing opened.
+    let fresh = data_dir("defaults-broken");
+    std::fs::write(&file, "[node]\ncapacity = -1\n\n[groups.a]\nreserved = 10\nlimit = 5\nspeed = 3\n")
+        .unwrap();
+    let out = server_command(&fresh, "127.0.0.1:0").args(["--config", config]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a valid settings file; the server did not start and nothing was changed"),
+        "{err}"
+    );
+    assert!(err.contains(":2: node.capacity: ") && err.contains(":7: groups.a.speed: "), "{err}");
+    assert!(err.contains("2 problems found"), "{err}");
+    assert!(!fresh.exists(), "the data directory was created");
+    let out = server_command(&fresh, "127.0.0.1:0")
+        .args(["--config", "/nonexistent/tollgate.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/tollgate.toml"));
+}

@@ -71,7 +71,19 @@ pub struct Server {
 impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
-        let store = RedbStore::open(&opts.data)?;
+        let mut store = RedbStore::open(&opts.data)?;
+        if let Some(config) = &opts.defaults {
+            let done = store::apply_defaults(&mut store, config)?;
+            let names = |v: &[tollgate_core::settings::GroupName]| {
+                v.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+            };
+            tracing::info!(
+                added = %names(&done.added),
+                kept = %names(&done.kept),
+                node = if done.node { "written" } else { "kept as stored" },
+                "defaults from --config applied where the store held none"
+            );
+        }
         let clock = Clock::new();
         let controller =
             Arc::new(Controller::new(Box::new(store), opts.engine_settings(), clock.now(), wall_ms())?);

@@ -27,6 +27,9 @@ pub struct ServerOptions {
     pub flush_interval: Duration,
     /// The cap on gRPC connections and how long an idle one is kept.
     pub limits: crate::conn::Limits,
+    /// A settings file's node settings and groups, written at start where the store holds
+    /// none (`--config`).
+    pub defaults: Option<tollgate_core::config::Config>,
 }
 
 impl Default for ServerOptions {
@@ -41,6 +44,7 @@ impl Default for ServerOptions {
             limiting_threshold: 409_600.0,
             flush_interval: Duration::from_secs(10),
             limits: crate::conn::Limits::default(),
+            defaults: None,
         }
     }
 }

@@ -111,6 +111,7 @@ pub fn stored(scenario: &Scenario) -> Stored {
     Stored {
         groups: scenario.groups.iter().cloned().collect(),
         node: StoredNode { capacity: c.capacity, mode: c.mode },
+        node_stored: true,
         ..Stored::default()
     }
 }

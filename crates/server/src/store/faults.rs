@@ -145,7 +145,10 @@ impl Change {
                 stored.groups.remove(&name(*i));
                 stored.meters.remove(&name(*i));
             }
-            Change::Node(c) => stored.node = StoredNode { capacity: Some(*c), mode: AllocationMode::Fcfs },
+            Change::Node(c) => {
+                stored.node = StoredNode { capacity: Some(*c), mode: AllocationMode::Fcfs };
+                stored.node_stored = true;
+            }
             Change::Meter(i, c) => {
                 stored.meters.insert(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2 });
             }

@@ -289,6 +289,7 @@ impl SettingsStore for RedbStore {
         if let Some(v) = node.get(NODE_KEY).map_err(|e| self.io(e))? {
             let msg = v1::NodeInfo::decode(v.value()).map_err(|e| self.corrupt("node settings".into(), e))?;
             out.node = StoredNode { capacity: msg.capacity, mode: convert::mode_from_proto(msg.mode()) };
+            out.node_stored = true;
         }
         Ok(out)
     }

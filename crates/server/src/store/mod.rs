@@ -99,10 +99,47 @@ pub struct Stored {
     pub groups: BTreeMap<GroupName, GroupSettings>,
     /// Node settings.
     pub node: StoredNode,
+    /// Whether node settings were ever written (else `node` is the default).
+    pub node_stored: bool,
     /// Configured groups' consumption.
     pub meters: BTreeMap<GroupName, Meter>,
     /// Resumable ramps.
     pub ramps: BTreeMap<GroupName, StoredRamp>,
+}
+
+/// What a defaults file (`tollgate server --config`) did at start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DefaultsApplied {
+    /// Groups the store did not hold, now written.
+    pub added: Vec<GroupName>,
+    /// Groups the store held already, left as they were.
+    pub kept: Vec<GroupName>,
+    /// Whether the node settings were written (the store held none).
+    pub node: bool,
+}
+
+/// Writes what `config` sets and the store does not hold yet: each group it lacks, and the node
+/// settings if none were ever stored. What the store holds (changed at run time) wins. Each
+/// write is durable; a failure stops it where it is.
+pub fn apply_defaults(
+    store: &mut dyn SettingsStore,
+    config: &tollgate_core::config::Config,
+) -> Result<DefaultsApplied, StoreError> {
+    let stored = store.load()?;
+    let mut done = DefaultsApplied::default();
+    for (name, settings) in &config.groups {
+        if stored.groups.contains_key(name) {
+            done.kept.push(name.clone());
+        } else {
+            store.put_group(name, settings)?;
+            done.added.push(name.clone());
+        }
+    }
+    if !stored.node_stored {
+        store.set_node(StoredNode { capacity: config.node.capacity, mode: config.node.mode })?;
+        done.node = true;
+    }
+    Ok(done)
 }
 
 /// A durable home for the controller's settings. Every write is durable when it returns.
@@ -162,7 +199,9 @@ impl SettingsStore for MemoryStore {
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
-        self.stored().node = node;
+        let mut stored = self.stored();
+        stored.node = node;
+        stored.node_stored = true;
         Ok(())
     }
 
