@@ -37,7 +37,8 @@ seed() {
       printf '\0CREATE RESOURCE GROUP oltp RU_PER_SEC=20000, PRIORITY=HIGH, BURSTABLE; SHOW RESOURCE GROUPS' \
         >"$dir/sql"
       printf '\001{"capacity": 25000, "mode": "fcfs"}' >"$dir/node"
-      printf '\002{"reserved": 100, "hard_limit": "unlimited"}' >"$dir/group" ;;
+      printf '\002{"reserved": 100, "hard_limit": "unlimited"}' >"$dir/group"
+      { printf '\003'; sed 's/busy_us/observed/' examples/calibration.csv; } >"$dir/csv" ;;
   esac
 }
 TARGETS=("$@")

@@ -57,6 +57,16 @@ pub(crate) enum Command {
         #[arg(long, short)]
         file: Option<PathBuf>,
     },
+    /// Fit the `linear` cost model to measurements: a CSV with a header naming columns among
+    /// requests (or reads and writes), read_bytes, write_bytes and cpu_ms, and the observed
+    /// resource use. Prints the coefficients, the fit's quality and a settings-file snippet.
+    Calibrate {
+        /// The CSV file (`-`: standard input).
+        file: PathBuf,
+        /// The column holding the observed resource use (busy time, say).
+        #[arg(long, default_value = "observed")]
+        observed: String,
+    },
     /// The capacity and every group's settings, target, admitted rate, demand and clients.
     Status {
         /// Print JSON for scripts.

@@ -40,13 +40,20 @@ pub fn cli_args(data: &[u8]) {
 
 /// The texts operators type at the admin commands: the first byte picks the parser, the rest
 /// is the text. 0: `tollgate sql` statements; 1: a node properties document; 2: a group
-/// properties document.
+/// properties document; 3: a `tollgate calibrate` CSV, parsed and fitted.
 pub fn admin_text(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else { return };
     let Ok(text) = std::str::from_utf8(rest) else { return };
-    match which % 3 {
+    match which % 4 {
         0 => drop(crate::sql::parse(text)),
         1 => drop(tollgate_server::properties::node_change(text)),
+        3 => {
+            if let Ok(data) = crate::calibrate::parse(text, "observed")
+                && let Ok(fit) = crate::calibrate::fit(&data)
+            {
+                let _ = crate::calibrate::report(&data, &fit);
+            }
+        }
         _ => {
             let current =
                 tollgate_proto::v1::GroupSettings { reserved: 5.0, limit: Some(10.0), ..Default::default() };

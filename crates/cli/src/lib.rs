@@ -11,6 +11,7 @@ use crate::args::{BenchCommand, Cli, Command};
 mod admin;
 mod args;
 mod bench;
+mod calibrate;
 mod check;
 pub mod fuzzing;
 mod ramp;
@@ -63,6 +64,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 _ => anyhow::bail!("give the statements, or --file FILE (`-` for standard input)"),
             };
             admin_command(sql::run(&target, &text))
+        }
+        Command::Calibrate { file, observed } => {
+            let text = read_text(&file, calibrate::CSV_MAX_BYTES)?;
+            let data = calibrate::parse(&text, &observed).with_context(|| format!("{}", file.display()))?;
+            let fit = calibrate::fit(&data).with_context(|| format!("{}: cannot fit", file.display()))?;
+            for line in calibrate::report(&data, &fit).lines() {
+                say(line);
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Status { json } => admin_command(admin::status(&target, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),

@@ -341,3 +341,44 @@ fn check_config_reports_what_the_limiter_would_refuse_and_accepts_what_it_builds
     assert_eq!(code, 0, "{out}");
     tollgate_client::Tollgate::from_toml(fcfs).expect("what check-config accepts, the limiter builds");
 }
+
+#[test]
+fn calibrate_recovers_the_examples_coefficients_and_its_snippet_checks() {
+    let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/calibration.csv");
+    let (code, out, err) = tollgate(&["calibrate", csv, "--observed", "busy_us"]);
+    assert_eq!(code, 0, "{err}");
+    // The file was made from read_base 30, write_base 90, read_per_byte 0.004,
+    // write_per_byte 0.02 and per_cpu_ms 55, with 5 % noise.
+    let value = |key: &str| -> f64 {
+        let line =
+            out.lines().find(|l| l.starts_with(&format!("{key} = "))).unwrap_or_else(|| panic!("{out}"));
+        line[key.len() + 3..].parse().unwrap()
+    };
+    for (key, want) in [
+        ("read_base", 30.0),
+        ("write_base", 90.0),
+        ("read_per_byte", 0.004),
+        ("write_per_byte", 0.02),
+        ("per_cpu_ms", 55.0),
+    ] {
+        let got = value(key);
+        assert!((got - want).abs() / want < 0.05, "{key}: {got} for {want}\n{out}");
+    }
+    assert!(out.contains("R² 0.99"), "{out}");
+    let snippet = file("calibrated.toml", &out[out.find("[cost]").unwrap()..]);
+    let (code, out, _) = tollgate(&["check-config", snippet.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+
+    // Data that cannot be fitted: the reason, exit 1.
+    let mut rows = String::from("reads,read_bytes,observed\n");
+    for i in 1..30 {
+        rows.push_str(&format!("{i},{},{}\n", i * 4096, i * 7));
+    }
+    let bad = file("collinear.csv", &rows);
+    let (code, _, err) = tollgate(&["calibrate", bad.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot fit: read_bytes is (almost) a combination of reads"), "{err}");
+    let (code, _, err) = tollgate(&["calibrate", csv]);
+    assert_eq!(code, 1);
+    assert!(err.contains("column \"busy_us\" is not one the model knows"), "{err}");
+}
