@@ -109,6 +109,24 @@ pub struct GroupOptions {
     /// Removes the ramp-up.
     #[arg(long)]
     no_ramp: bool,
+    /// What work admitted and then dropped does: `return` its cost to the group (the
+    /// default), or `count` it as consumed.
+    #[arg(long)]
+    dropped: Option<DroppedArg>,
+    /// Over how long a debt (a cost settled above what was admitted) is paid back from the
+    /// refill while admissions go on at the reduced rate, in seconds; 0 blocks until it is
+    /// paid. Default 5.
+    #[arg(long, value_parser = parse_units)]
+    debt_repay_s: Option<f64>,
+}
+
+/// What dropped work does.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DroppedArg {
+    /// Given back to the group, not counted as consumed.
+    Return,
+    /// Counted as consumed.
+    Count,
 }
 
 /// A ramp from `key=value` pairs named as in the settings file.
@@ -189,6 +207,8 @@ impl GroupOptions {
         p.clear_burst = self.no_burst;
         p.ramp = self.ramp;
         p.clear_ramp = self.no_ramp;
+        p.count_dropped = self.dropped.map(|d| matches!(d, DroppedArg::Count));
+        p.debt_repay_s = self.debt_repay_s;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -386,6 +406,17 @@ fn show(info: &v1::GroupInfo) -> String {
     if let Some(b) = s.budget {
         let _ = writeln!(out, "budget:   {}", fmt_units(b));
     }
+    let _ = writeln!(out, "dropped:  {}", if s.count_dropped { "count" } else { "return" });
+    let repay = s.debt_repay_s.unwrap_or(5.0);
+    let _ = writeln!(
+        out,
+        "debt:     {}",
+        if repay == 0.0 {
+            "blocks until paid".to_string()
+        } else {
+            format!("paid over {} s", fmt_units(repay))
+        }
+    );
     if let Some(r) = &s.ramp {
         let mode = match v1::RampMode::try_from(r.mode) {
             Ok(v1::RampMode::Scheduled) => "scheduled",

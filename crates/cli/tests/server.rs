@@ -170,6 +170,17 @@ fn ramps_budgets_and_the_allocation_mode_are_set_through_the_cli() {
     fails(&s, &["group", "alter", "r", "--burstable", "--limit", "5"], "cannot be used with");
     let out = ok(&s, &["group", "alter", "r", "--no-ramp", "--no-budget"]);
     assert!(!out.contains("ramp:") && !out.contains("budget:"), "{out}");
+    assert!(out.contains("dropped:  return") && out.contains("debt:     paid over 5 s"), "{out}");
+    let out = ok(&s, &["group", "alter", "r", "--dropped", "count", "--debt-repay-s", "0"]);
+    assert!(out.contains("dropped:  count") && out.contains("debt:     blocks until paid"), "{out}");
+    let out = ok(&s, &["group", "alter", "r", "--debt-repay-s", "30"]);
+    assert!(out.contains("dropped:  count") && out.contains("debt:     paid over 30 s"), "{out}");
+    fails(
+        &s,
+        &["group", "alter", "r", "--debt-repay-s", "1e20"],
+        "debt_repay_s: must be a number of seconds from 0 to 31536000",
+    );
+    fails(&s, &["group", "alter", "r", "--dropped", "lost"], "invalid value 'lost'");
     assert_eq!(ok(&s, &["node", "mode"]).trim(), "share");
     assert_eq!(ok(&s, &["node", "mode", "fcfs"]).trim(), "fcfs");
     fails(&s, &["node", "mode", "fastest"], "invalid value 'fastest'");

@@ -171,6 +171,7 @@ impl Inner {
     #[cold]
     fn refuse(&self, g: &Group, cost: f64, retry_after: Duration, refusal: Option<Refusal>) -> AcquireError {
         self.refused(g, cost, refusal);
+        g.check_debt(self.clock.now());
         g.record(|t| {
             Tally::bump(&t.throttled, 1);
             Tally::bump(&t.throttled_micro, micros(cost));

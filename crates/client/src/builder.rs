@@ -86,7 +86,10 @@ impl Builder {
             // Start full at the highest rate the group could have; the engine's first tick,
             // at once, sets its real rate and keeps it full at the new burst.
             let bucket = Bucket::new(ceiling, settings.burst_for(ceiling), make_clock.now());
-            Group::new(name, Limiter::Bucket(bucket), &make_clock, settings.burst().unwrap_or(ceiling))
+            let g =
+                Group::new(name, Limiter::Bucket(bucket), &make_clock, settings.burst().unwrap_or(ceiling));
+            g.set_policy(settings.dropped(), settings.debt_repay());
+            g
         };
         let configured = config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();
         let groups = Arc::new(Groups::new(configured, config.node.max_tracked_groups, Box::new(make)));

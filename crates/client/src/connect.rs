@@ -110,12 +110,13 @@ impl Tollgate {
         let clock = Arc::new(ClockSource::of(clock));
         let make_clock = clock.clone();
         let shares = Arc::new(shares);
-        let make = move |name: GroupName, _: &GroupSettings| {
+        let make = move |name: GroupName, settings: &GroupSettings| {
             let limiter = match shares.get(&name) {
                 Some((spec, size)) => Limiter::Epoch(EpochShare::new(spec.clone(), *size)),
                 None => Limiter::Bucket(Bucket::new(f64::INFINITY, f64::INFINITY, make_clock.now())),
             };
             let g = Group::new(name, limiter, &make_clock, f64::INFINITY);
+            g.set_policy(settings.dropped(), settings.debt_repay());
             g.allowance.store(f64::INFINITY.to_bits(), std::sync::atomic::Ordering::Relaxed);
             g
         };

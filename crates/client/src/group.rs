@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use tollgate_core::bucket::Bucket;
 use tollgate_core::demand::Counts;
 use tollgate_core::epoch::EpochShare;
-use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings, check_group_name};
+use tollgate_core::settings::{DEFAULT_GROUP, DroppedWork, GroupName, GroupSettings, check_group_name};
 use tollgate_core::time::Nanos;
 
 use crate::clock::ClockSource;
@@ -63,8 +63,36 @@ pub(crate) struct Group {
     pub(crate) demand: AtomicU64,
     /// Asked for by name or handle at least once: a controller is told of it.
     used: AtomicBool,
+    /// Dropped work counts as consumed (else it is returned).
+    count_dropped: AtomicBool,
+    /// Work admitted and then dropped: requests, and units (millionths).
+    pub(crate) dropped: AtomicU64,
+    pub(crate) dropped_micro: AtomicU64,
+    /// Over how long a debt is paid back, in nanoseconds (0: at once, blocking).
+    debt_repay_ns: AtomicU64,
+    /// Set while a debt is being paid back: the bucket then refills slower than granted.
+    repaying: AtomicBool,
+    repay: Mutex<Repay>,
     me: Weak<Group>,
 }
+
+/// A debt being paid back from the refill: the bucket runs at the granted rate less `rate`
+/// until `owed` is paid.
+#[derive(Debug, Default)]
+struct Repay {
+    owed: f64,
+    /// Units/s taken from the refill for it.
+    rate: f64,
+    /// When `owed` was last brought up to date.
+    since: Nanos,
+    /// The grant the bucket would have without the debt.
+    granted: f64,
+    burst: f64,
+}
+
+/// At most this share of the granted rate goes to paying a debt back, so admissions go on;
+/// what a period cannot pay at it blocks.
+const REPAY_SHARE_MAX: f64 = 0.5;
 
 impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -93,6 +121,12 @@ impl Group {
             allowance: AtomicU64::new(0f64.to_bits()),
             demand: AtomicU64::new(0f64.to_bits()),
             used: AtomicBool::new(false),
+            count_dropped: AtomicBool::new(false),
+            dropped: AtomicU64::new(0),
+            dropped_micro: AtomicU64::new(0),
+            debt_repay_ns: AtomicU64::new(0),
+            repaying: AtomicBool::new(false),
+            repay: Mutex::new(Repay::default()),
             me: me.clone(),
         })
     }
@@ -138,14 +172,115 @@ impl Group {
     }
 
     /// Sets the bucket's rate and burst (the burst at least the largest cost refused for want
-    /// of it), and records the allowance.
+    /// of it), and records the allowance. While a debt is being paid back, the bucket runs
+    /// slower than `rate` by what goes to it.
     pub(crate) fn set_rate(&self, rate: f64, burst: f64, now: Nanos) {
         if let Limiter::Bucket(bucket) = &self.limiter {
             let largest = f64::from_bits(self.largest_cost.load(Ordering::Relaxed));
             let burst = if rate.is_finite() { burst.max(largest) } else { burst };
-            bucket.set_rate(rate, burst, now);
+            if self.repaying.load(Ordering::Acquire) {
+                let mut r = self.repay.lock().unwrap_or_else(PoisonError::into_inner);
+                r.granted = rate;
+                r.burst = burst;
+                self.repay_progress(&mut r, bucket, now);
+            } else {
+                bucket.set_rate(rate, burst, now);
+            }
         }
         self.allowance.store(rate.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Takes the policies the group's settings give: what dropped work does, and over how
+    /// long a debt is paid back.
+    pub(crate) fn set_policy(&self, dropped: DroppedWork, debt_repay: std::time::Duration) {
+        self.count_dropped.store(dropped == DroppedWork::Count, Ordering::Relaxed);
+        let ns = u64::try_from(debt_repay.as_nanos()).unwrap_or(u64::MAX);
+        self.debt_repay_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Whether dropped work counts as consumed.
+    pub(crate) fn counts_dropped(&self) -> bool {
+        self.count_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Charges `units` beyond what was admitted (a dearer settlement). What the tokens held
+    /// cover is taken at once; the rest is debt, paid back from the refill over the group's
+    /// period while admissions go on at the reduced rate, or at once (every admission waiting
+    /// for it) when the period is zero or the bucket is not a plain finite one.
+    pub(crate) fn charge(&self, bucket: &Bucket, units: f64, now: Nanos) {
+        let period = self.debt_repay_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let rate = bucket.rate();
+        if period <= 0.0 || !(rate.is_finite() && rate > 0.0) {
+            bucket.charge(units, now);
+            return;
+        }
+        let mut r = self.repay.lock().unwrap_or_else(PoisonError::into_inner);
+        let covered = units.min(bucket.available(now).max(0.0));
+        bucket.charge(covered, now);
+        let rest = units - covered;
+        if rest <= 0.0 {
+            return;
+        }
+        if !self.repaying.load(Ordering::Acquire) {
+            *r = Repay { granted: rate, burst: bucket.burst(), since: now, ..Repay::default() };
+            self.repaying.store(true, Ordering::Release);
+        } else {
+            self.repay_progress(&mut r, bucket, now);
+        }
+        r.owed += rest;
+        // No more is owed than half the refill pays in a period: beyond it, a group whose
+        // requests keep turning out dearer would be admitted ever more on credit. The excess
+        // is charged at once, blocking as a debt without a period does.
+        let cap = period * r.granted * REPAY_SHARE_MAX;
+        if r.owed > cap {
+            bucket.charge(r.owed - cap, now);
+            r.owed = cap;
+        }
+        r.rate = r.owed / period;
+        r.since = now;
+        self.repay_progress(&mut r, bucket, now);
+    }
+
+    /// Brings a debt up to date at `now` (what the reduced refill has paid since), and sets
+    /// the bucket's rate: reduced while anything is owed, the grant once it is paid.
+    fn repay_progress(&self, r: &mut Repay, bucket: &Bucket, now: Nanos) {
+        let taking = r.rate.min(r.granted * REPAY_SHARE_MAX);
+        if taking > 0.0 && taking.is_finite() {
+            r.owed -= taking * now.since(r.since).as_secs_f64();
+        }
+        r.since = now;
+        if r.owed > 1e-9 && r.granted.is_finite() && r.granted > 0.0 {
+            bucket.set_rate(r.granted - r.rate.min(r.granted * REPAY_SHARE_MAX), r.burst, now);
+            return;
+        }
+        // Paid, or the grant changed to one a debt cannot be paid from: unlimited forgives
+        // it, closed keeps it owed in the bucket.
+        bucket.set_rate(r.granted, r.burst, now);
+        if r.granted == 0.0 && r.owed > 1e-9 {
+            bucket.charge(r.owed, now);
+        }
+        r.owed = 0.0;
+        r.rate = 0.0;
+        self.repaying.store(false, Ordering::Release);
+    }
+
+    /// Units of debt still being paid back (0 when none).
+    pub(crate) fn debt(&self, now: Nanos) -> f64 {
+        if !self.repaying.load(Ordering::Acquire) {
+            return 0.0;
+        }
+        let Limiter::Bucket(bucket) = &self.limiter else { return 0.0 };
+        let mut r = self.repay.lock().unwrap_or_else(PoisonError::into_inner);
+        self.repay_progress(&mut r, bucket, now);
+        r.owed.max(0.0)
+    }
+
+    /// On a refusal: a debt paid back by now stops slowing the bucket.
+    #[cold]
+    pub(crate) fn check_debt(&self, now: Nanos) {
+        if self.repaying.load(Ordering::Acquire) {
+            let _ = self.debt(now);
+        }
     }
 
     /// Marks the group as asked for (cheap when it already is).

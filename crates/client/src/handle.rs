@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tollgate_core::config::NodeSettings;
 use tollgate_core::cost::{CostModel, Usage};
+use tollgate_core::time::Clock as _;
 
 use crate::error::AcquireError;
 use crate::group::{Group, units};
@@ -71,6 +72,12 @@ pub struct GroupStats {
     pub allowance: f64,
     /// Units waiting in `acquire` now.
     pub waiting_units: f64,
+    /// Requests admitted and then dropped ([`Permit::dropped`](crate::Permit::dropped)).
+    pub dropped: u64,
+    /// Their units (returned to the group, or counted as consumed, by its `dropped` setting).
+    pub dropped_units: f64,
+    /// Units of debt still being paid back from the refill (see the `debt_repay_s` setting).
+    pub debt_units: f64,
 }
 
 fn stats_of(g: &Group) -> GroupStats {
@@ -86,6 +93,9 @@ fn stats_of(g: &Group) -> GroupStats {
         demand: f64::from_bits(g.demand.load(Ordering::Relaxed)),
         allowance: if allowance.is_nan() { 0.0 } else { allowance },
         waiting_units: g.waiting(),
+        dropped: g.dropped.load(Ordering::Relaxed),
+        dropped_units: units(g.dropped_micro.load(Ordering::Relaxed)),
+        debt_units: g.debt(g.clock.now()),
     }
 }
 

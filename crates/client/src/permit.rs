@@ -72,7 +72,7 @@ impl Permit<'_> {
         match &group.limiter {
             Limiter::Bucket(bucket) => {
                 if delta > 0.0 {
-                    bucket.charge(delta, now);
+                    group.charge(bucket, delta, now);
                 } else {
                     bucket.refund(-delta);
                 }
@@ -91,6 +91,36 @@ impl Permit<'_> {
             group.settled_down_micro.fetch_add(micros(-delta), Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// The work was dropped before it reached the protected resource (Numaflow's `to_drop`).
+    /// By the group's `dropped` setting its cost is given back to the group's tokens and not
+    /// counted as consumed (`return`, the default), or kept as if the work had run (`count`).
+    /// Either way it is counted in the group's `dropped` statistics.
+    ///
+    /// ```
+    /// # use tollgate_client::Tollgate;
+    /// # use tollgate_core::time::ManualClock;
+    /// let gate = Tollgate::from_toml("[groups.a]\nlimit = 100\n")?.with_clock(ManualClock::new())?;
+    /// let permit = gate.try_acquire("a", 10.0)?;
+    /// permit.dropped(); // never sent on: the 10 units go back to the group
+    /// let stats = gate.stats("a").unwrap();
+    /// assert_eq!((stats.consumed_units, stats.dropped, stats.dropped_units), (0.0, 1, 10.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dropped(self) {
+        let group = &*self.group;
+        group.dropped.fetch_add(1, Ordering::Relaxed);
+        group.dropped_micro.fetch_add(micros(self.cost), Ordering::Relaxed);
+        if group.counts_dropped() || self.cost == 0.0 {
+            return;
+        }
+        let now = group.clock.now();
+        match &group.limiter {
+            Limiter::Bucket(bucket) => bucket.refund(self.cost),
+            Limiter::Epoch(share) => share.deposit(self.cost, self.at, now),
+        }
+        group.settled_down_micro.fetch_add(micros(self.cost), Ordering::Relaxed);
     }
 
     /// Settles with what the request did, priced by `model` (usually the limiter's own,

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tollgate_core::cost::CostModel;
 use tollgate_core::demand::DemandMeter;
-use tollgate_core::settings::GroupName;
+use tollgate_core::settings::{DroppedWork, GroupName};
 use tollgate_core::time::{Clock, Nanos};
 use tollgate_proto::v1;
 
@@ -339,6 +339,8 @@ impl Driver {
         self.pending = None;
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
+            let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
+            group.set_policy(dropped, Duration::from_millis(u64::from(g.debt_repay_ms)));
             let last = LastGrant {
                 unlimited: g.unlimited,
                 rate: g.rate,

@@ -214,6 +214,12 @@ pub(crate) fn check_supported(config: &Config) -> Result<(), BuildError> {
                 "each one-second epoch's share is the burst; remove it",
             ));
         }
+        if s.debt_repay() != tollgate_core::settings::DEBT_REPAY_DEFAULT {
+            return Err(unsupported(
+                format!("groups.{name}.debt_repay_s"),
+                "a debt is taken from the next one-second epoch's share of the pool; remove it",
+            ));
+        }
     }
     Ok(())
 }

@@ -202,6 +202,8 @@ suite! {
     resumed_ramp: [embedded, remote, store];
     cost_models: [embedded, remote, store];
     default_group: [embedded, remote, store];
+    dropped_work: [embedded, remote, store];
+    debt_paid_over_time: [embedded, remote, store];
 }
 
 // ---- The behaviours ----
@@ -385,6 +387,65 @@ async fn default_group(env: Env) {
     let stranger = gate.group("stranger").unwrap();
     let rates = env.offer(&[(&stranger, 100.0)], 5, 3).await;
     assert_near(&env, "an unknown name gets the default group's settings", &rates, &[50.0], 5.0);
+}
+
+async fn dropped_work(env: Env) {
+    let gate =
+        env.gate("[groups.back]\nlimit = 100\n[groups.kept]\nlimit = 100\ndropped = \"count\"\n").await;
+    let (back, kept) = (gate.group("back").unwrap(), gate.group("kept").unwrap());
+    // Every 10 ms, three requests of each group are admitted if they can be, then dropped
+    // before reaching the resource: 300/s offered to a limit of 100.
+    let mut admitted = [0u32; 2];
+    for step in 0..600 {
+        for (i, g) in [&back, &kept].into_iter().enumerate() {
+            for _ in 0..3 {
+                if let Ok(p) = g.try_acquire(1.0) {
+                    p.dropped();
+                    admitted[i] += u32::from(step >= 300);
+                }
+            }
+        }
+        env.sleep(STEP).await;
+    }
+    let rates = [f64::from(admitted[0]) / 3.0, f64::from(admitted[1]) / 3.0];
+    // Returned work costs nothing, so every request goes through; counted work holds the limit.
+    assert_near(&env, "dropped work returned, then counted", &rates, &[300.0, 100.0], 5.0);
+    let (b, k) = (back.stats(), kept.stats());
+    assert_eq!(b.consumed_units, 0.0, "{}", env.mode());
+    assert!(b.dropped > 1700 && b.dropped_units == b.dropped as f64, "{}: {b:?}", env.mode());
+    assert!(k.consumed_units == k.dropped_units && k.dropped > 500, "{}: {k:?}", env.mode());
+}
+
+async fn debt_paid_over_time(env: Env) {
+    let toml =
+        "[groups.blocking]\nlimit = 100\ndebt_repay_s = 0\n[groups.paying]\nlimit = 100\ndebt_repay_s = 10\n";
+    if env.mode() == "store" {
+        return refused(&env, toml, "groups.blocking.debt_repay_s").await;
+    }
+    let gate = env.gate(toml).await;
+    let (blocking, paying) = (gate.group("blocking").unwrap(), gate.group("paying").unwrap());
+    let load = [(&blocking, 200.0), (&paying, 200.0)];
+    env.offer(&load, 4, 1).await;
+    // One request of each turns out 400 units dearer than admitted.
+    for g in [&blocking, &paying] {
+        let permit = loop {
+            match g.try_acquire(1.0) {
+                Ok(p) => break p,
+                Err(_) => env.sleep(STEP).await,
+            }
+        };
+        permit.settle(401.0).unwrap();
+    }
+    assert!(paying.stats().debt_units > 390.0, "{}: {:?}", env.mode(), paying.stats());
+    // Blocking: nothing until the 400 units are refilled, 4 s at 100/s. Paid over 10 s: 40/s
+    // of the refill goes to the debt, and admissions go on at 60/s.
+    let rates = env.offer(&load, 4, 4).await;
+    assert!(rates[0] < 5.0, "{}: blocked group admitted {rates:?}", env.mode());
+    assert_near(&env, "a debt paid over 10 s", &rates[1..], &[60.0], 10.0);
+    // Once paid, the group is back at its limit.
+    let rates = env.offer(&load, 10, 3).await;
+    assert_near(&env, "debts paid", &rates, &[100.0, 100.0], 5.0);
+    assert_eq!(paying.stats().debt_units, 0.0, "{}", env.mode());
 }
 
 // ---- Remote only: what only a controller and its clients do ----

@@ -259,6 +259,39 @@ impl RampMode {
     }
 }
 
+/// What happens to the cost of work that was admitted and then dropped before it reached the
+/// protected resource (Numaflow's `to_drop`: a dropped message need not count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DroppedWork {
+    /// Given back to the group's tokens, and not counted as consumed.
+    #[default]
+    Return,
+    /// Kept: counted as consumed, as if the work had run.
+    Count,
+}
+
+impl DroppedWork {
+    /// Its name in a settings file.
+    pub fn name(self) -> &'static str {
+        match self {
+            DroppedWork::Return => "return",
+            DroppedWork::Count => "count",
+        }
+    }
+
+    /// Parses a name.
+    pub fn from_name(name: &str) -> Result<Self, SettingError> {
+        match name {
+            "return" => Ok(DroppedWork::Return),
+            "count" => Ok(DroppedWork::Count),
+            other => Err(SettingError::new("dropped", format!("must be return or count; got {other:?}"))),
+        }
+    }
+}
+
+/// How long a debt is paid back over by default: TiDB's token-bucket period.
+pub const DEBT_REPAY_DEFAULT: Duration = Duration::from_secs(5);
+
 /// A ramp-up: the group's ceiling grows from `min` to `max` units/s over `duration`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RampSettings {
@@ -379,6 +412,8 @@ pub struct GroupSettings {
     weight: f64,
     ramp: Option<RampSettings>,
     budget: Option<f64>,
+    dropped: DroppedWork,
+    debt_repay: Duration,
 }
 
 impl Default for GroupSettings {
@@ -393,6 +428,8 @@ impl Default for GroupSettings {
             weight: 1.0,
             ramp: None,
             budget: None,
+            dropped: DroppedWork::Return,
+            debt_repay: DEBT_REPAY_DEFAULT,
         }
     }
 }
@@ -453,6 +490,18 @@ impl GroupSettings {
         self.budget
     }
 
+    /// What dropped work does to the group's tokens and consumption.
+    pub fn dropped(&self) -> DroppedWork {
+        self.dropped
+    }
+
+    /// Over how long a debt (a cost settled above what was admitted, beyond the tokens held)
+    /// is paid back from the refill while admissions go on at the reduced rate; zero: at once,
+    /// every admission waiting until it is paid.
+    pub fn debt_repay(&self) -> Duration {
+        self.debt_repay
+    }
+
     /// Every rule these settings break (empty when valid).
     fn problems(&self) -> Vec<SettingError> {
         let mut errors = Vec::new();
@@ -475,6 +524,16 @@ impl GroupSettings {
         }
         if let Some(ramp) = &self.ramp {
             ramp.check(&mut errors);
+        }
+        if self.debt_repay > DURATION_MAX {
+            errors.push(SettingError::new(
+                "debt_repay_s",
+                format!(
+                    "must be at most {} seconds, got {}",
+                    DURATION_MAX.as_secs(),
+                    self.debt_repay.as_secs_f64()
+                ),
+            ));
         }
         errors
     }
@@ -532,6 +591,18 @@ impl GroupSettingsBuilder {
     /// A total budget in units.
     pub fn budget(mut self, units: f64) -> Self {
         self.settings.budget = Some(units);
+        self
+    }
+
+    /// What dropped work does (default: returned).
+    pub fn dropped(mut self, dropped: DroppedWork) -> Self {
+        self.settings.dropped = dropped;
+        self
+    }
+
+    /// Over how long a debt is paid back (default 5 s; zero: at once, blocking).
+    pub fn debt_repay(mut self, period: Duration) -> Self {
+        self.settings.debt_repay = period;
         self
     }
 

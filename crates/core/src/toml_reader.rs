@@ -14,7 +14,7 @@ use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::settings::{
-    GroupSettings, GroupSettingsBuilder, Limit, Priority, RampMode, RampSettings, SettingError,
+    DroppedWork, GroupSettings, GroupSettingsBuilder, Limit, Priority, RampMode, RampSettings, SettingError,
 };
 
 /// One problem in a settings file.
@@ -60,7 +60,7 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 }
 
 /// The keys a group's settings may use.
-pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, ramp";
+pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, ramp, dropped, debt_repay_s";
 
 /// A value with its span.
 pub type Value<'a> = Spanned<DeValue<'a>>;
@@ -230,6 +230,20 @@ impl<'s> Reader<'s> {
             if let Some(ramp) = self.ramp(&p, v) {
                 b = b.ramp(ramp);
             }
+        }
+        if let Some((p, v)) = f.take("dropped")
+            && let Some(s) = self.string(&p, v)
+        {
+            match DroppedWork::from_name(s) {
+                Ok(d) => b = b.dropped(d),
+                Err(e) => self.error(v.span(), p, e.rule),
+            }
+        }
+        if let Some((p, v)) = f.take("debt_repay_s")
+            && let Some(s) = self.non_negative(&p, v)
+            && let Some(d) = self.duration(&p, v, s)
+        {
+            b = b.debt_repay(d);
         }
         let rest = Fields { path: f.path.clone(), entries: std::mem::take(&mut f.entries) };
         self.finish(rest, known);

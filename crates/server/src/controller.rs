@@ -228,6 +228,8 @@ impl Controller {
                     lease_ms: ms(g.lease),
                     reserved: g.reserved,
                     clients: g.clients,
+                    count_dropped: g.dropped == tollgate_core::settings::DroppedWork::Count,
+                    debt_repay_ms: ms(g.debt_repay),
                 }
             })
             .collect();

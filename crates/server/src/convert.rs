@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::settings::{
-    GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError, SettingErrors,
+    DroppedWork, GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError, SettingErrors,
 };
 use tollgate_proto::v1;
 
@@ -21,6 +21,8 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         weight: s.weight(),
         budget: s.budget(),
         ramp: s.ramp().map(ramp_to_proto),
+        count_dropped: s.dropped() == DroppedWork::Count,
+        debt_repay_s: Some(s.debt_repay().as_secs_f64()),
     }
 }
 
@@ -37,6 +39,8 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             weight: Some(m.weight),
             budget: m.budget,
             ramp: m.ramp,
+            count_dropped: Some(m.count_dropped),
+            debt_repay_s: m.debt_repay_s,
             ..v1::GroupPatch::default()
         },
     )
@@ -150,6 +154,12 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if let Some(r) = &p.ramp {
         b = b.ramp(ramp_from_proto(r, &mut errors));
+    }
+    if let Some(count) = p.count_dropped {
+        b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });
+    }
+    if let Some(d) = p.debt_repay_s.and_then(|d| seconds("debt_repay_s", d, &mut errors)) {
+        b = b.debt_repay(d);
     }
     if p.clear_ramp {
         b = b.no_ramp();

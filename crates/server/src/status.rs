@@ -143,6 +143,8 @@ fn settings_json(s: &v1::GroupSettings) -> serde_json::Value {
         "weight": s.weight,
         "budget": s.budget,
         "ramp": ramp,
+        "dropped": if s.count_dropped { "count" } else { "return" },
+        "debt_repay_s": s.debt_repay_s.unwrap_or(5.0),
     })
 }
 

@@ -161,6 +161,10 @@ fn apply(action: &Action, controller: &Controller, world: &mut World) {
         }
         Action::SetGroup { name, settings } => controller.set_group(name.clone(), settings.clone()),
         Action::RemoveGroup(name) => controller.drop_group(name).map(|_| ()),
+        Action::Settle { group, units } => {
+            world.settle(group, *units);
+            Ok(())
+        }
     };
     result.expect("a store in memory does not fail");
 }

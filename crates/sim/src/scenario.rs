@@ -108,6 +108,14 @@ pub enum Action {
     },
     /// A group's settings are removed.
     RemoveGroup(GroupName),
+    /// Every client of a group settles one request `units` dearer than it was admitted at:
+    /// a post-hoc cost that becomes debt.
+    Settle {
+        /// The group.
+        group: GroupName,
+        /// Units beyond the admitted cost, per client.
+        units: f64,
+    },
 }
 
 /// A phase: actions, then expectations to hold.
@@ -419,19 +427,7 @@ fn clients(
     out: &mut Vec<ClientSpec>,
 ) {
     let Some(mut f) = r.fields(path, v) else { return };
-    let group = match f.take("group") {
-        Some((p, v)) => r.string(&p, v).and_then(|g| match GroupName::new(g) {
-            Ok(n) => Some(n),
-            Err(e) => {
-                r.error(v.span(), p, e.rule);
-                None
-            }
-        }),
-        None => {
-            r.error(v.span(), format!("{path}.group"), "is required");
-            None
-        }
-    };
+    let group = take_group(r, &mut f, path, v);
     let count = match f.take("count") {
         Some((p, v)) => r.integer(&p, v, 1, 100_000).unwrap_or(1),
         None => 1,
@@ -571,14 +567,46 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
                 return None;
             }
             Some(Action::RemoveGroup(GroupName::new(name).ok()?))
+        } else if let Some((p, v)) = f.take("settle") {
+            let mut sf = r.fields(&p, v)?;
+            let group = take_group(r, &mut sf, &p, v);
+            let units = match sf.take("units") {
+                Some((up, uv)) => r.positive(&up, uv),
+                None => {
+                    r.error(v.span(), format!("{p}.units"), "is required");
+                    None
+                }
+            };
+            r.finish(sf, "group, units");
+            Some(Action::Settle { group: group?, units: units? })
         } else {
-            r.error(v.span(), path, "must hold one of set_backend, set_group or remove_group");
+            r.error(v.span(), path, "must hold one of set_backend, set_group, remove_group or settle");
             None
         }
     };
     let result = read(r);
-    r.finish(f, "set_backend, set_group, remove_group");
+    r.finish(f, "set_backend, set_group, remove_group, settle");
     result
+}
+
+/// The `group` key of an action: a valid group name.
+fn take_group(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str, v: &Value<'_>) -> Option<GroupName> {
+    match f.take("group") {
+        Some((gp, gv)) => {
+            let name = r.string(&gp, gv)?;
+            match GroupName::new(name) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    r.error(gv.span(), gp, e.rule);
+                    None
+                }
+            }
+        }
+        None => {
+            r.error(v.span(), format!("{path}.group"), "is required");
+            None
+        }
+    }
 }
 
 /// A group's settings after every action parsed so far (top level, earlier phases, then
@@ -753,7 +781,7 @@ mod tests {
             got,
             [
                 "line 17: phase[0].action[0].set_group.reserved: must not exceed limit (10 > 5)",
-                "line 18: phase[0].action[0].speed: unknown field; expected one of set_backend, set_group, remove_group",
+                "line 18: phase[0].action[0].speed: unknown field; expected one of set_backend, set_group, remove_group, settle",
             ]
         );
     }

@@ -187,4 +187,15 @@ impl World {
     pub fn set_backend_capacity(&mut self, backend: usize, capacity: f64) {
         self.backends[backend].capacity = capacity;
     }
+
+    /// Every client of `group` settles one request `units` dearer than admitted (a free
+    /// request, settled at `units`): the client's own debt rule applies.
+    pub fn settle(&mut self, group: &GroupName, units: f64) {
+        let Some(g) = self.groups.iter().position(|n| n == group) else { return };
+        for c in self.clients.iter().filter(|c| c.group == g) {
+            if let Ok(permit) = c.handle.try_acquire(0.0) {
+                let _ = permit.settle(units);
+            }
+        }
+    }
 }

@@ -64,3 +64,19 @@ fn a_run_replays_exactly_from_its_seed_and_passes_with_others() {
         assert!(run(&s, seed).passed(), "seed {seed}");
     }
 }
+
+#[test]
+fn a_debt_blocks_one_group_and_is_paid_over_time_by_the_other() {
+    let s = load("tidb-debt");
+    let outcome = run(&s, s.seed);
+    assert!(outcome.passed(), "{:?}", output::phase_lines(&outcome));
+    let admitted =
+        |g: usize| -> Vec<f64> { outcome.timeline.iter().map(|t| t.groups[g].admitted_units).collect() };
+    let (blocking, paying) = (admitted(0), admitted(1));
+    // The settlement lands when phase 2 starts: the second after it is the first affected.
+    let at = outcome.phases[0].converged_s.expect("phase 1 passed") as usize;
+    assert!(blocking[at..at + 4].iter().all(|&u| u == 0.0), "blocking: {blocking:?}");
+    assert!(blocking[at + 5..at + 10].iter().all(|&u| (u - 100.0).abs() <= 2.0), "blocking: {blocking:?}");
+    assert!(paying[at..at + 10].iter().all(|&u| (u - 60.0).abs() <= 2.0), "paying: {paying:?}");
+    assert!(paying[at + 11..at + 14].iter().all(|&u| (u - 100.0).abs() <= 2.0), "paying: {paying:?}");
+}

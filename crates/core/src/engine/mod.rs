@@ -131,6 +131,10 @@ pub struct Grant {
     pub reserved: f64,
     /// How many clients share the group (at least 1).
     pub clients: u32,
+    /// What dropped work does, from the group's settings (the client carries it out).
+    pub dropped: crate::settings::DroppedWork,
+    /// Over how long a debt is paid back, from the group's settings.
+    pub debt_repay: Duration,
 }
 
 impl Grant {
@@ -438,6 +442,8 @@ impl Engine {
         let settings = self.settings_for(&key);
         let reserved = settings.map_or(0.0, GroupSettings::reserved);
         let burst_total = settings.and_then(GroupSettings::burst);
+        let dropped = settings.map(GroupSettings::dropped).unwrap_or_default();
+        let debt_repay = settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay);
         let ramp_settings = if self.ramped > 0 { settings.and_then(|s| s.ramp().copied()) } else { None };
         let lease = self.settings.lease;
         let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
@@ -492,7 +498,15 @@ impl Engine {
         g.meter.throttled += r.throttled.max(0.0) as u64;
         g.dirty = true;
         let clients = (g.clients.len() as u32).max(1);
-        let unlimited = Grant { rate: f64::INFINITY, burst: f64::INFINITY, lease, reserved, clients };
+        let unlimited = Grant {
+            rate: f64::INFINITY,
+            burst: f64::INFINITY,
+            lease,
+            reserved,
+            clients,
+            dropped,
+            debt_repay,
+        };
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
             match (o.target(), o.grant_of(client)) {
