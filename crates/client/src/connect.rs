@@ -107,6 +107,49 @@ impl Tollgate {
         tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         config.cost_model.validate()?;
         let (link, shares, connection) = store::register(url, &config, opts).await?;
+        let (gate, link) = Self::shared_pools(config, link, shares, clock);
+        store::start(&link, &gate.inner.groups, connection);
+        Ok(gate)
+    }
+
+    /// A limiter with no controller and no store (Numaflow's "optionally remove external
+    /// store"): each group with a finite limit or a ramp takes its pool divided by the number
+    /// of replicas the deployment runs, `replicas` or else the `TOLLGATE_REPLICAS`
+    /// environment variable (1 to 100,000). The settings store mode refuses are refused here
+    /// too. Exact as long as the count is right: a replica more than counted over-admits,
+    /// one fewer under-admits; store mode agrees on the count instead.
+    ///
+    /// ```
+    /// # use tollgate_client::Tollgate;
+    /// # use tollgate_core::config::Config;
+    /// let config = Config::parse("[groups.ingest]\nlimit = 1000\n")?;
+    /// let gate = Tollgate::replicas(config, Some(4))?; // 250 units/s in this process
+    /// assert_eq!(gate.mode(), "replicas");
+    /// assert_eq!(gate.store_status().unwrap().groups[0].size, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replicas(config: Config, replicas: Option<u64>) -> Result<Tollgate, BuildError> {
+        Self::replicas_with_clock(config, replicas, MonotonicClock::new())
+    }
+
+    /// [`Tollgate::replicas`] on a given clock (epochs follow it).
+    pub fn replicas_with_clock(
+        config: Config,
+        replicas: Option<u64>,
+        clock: impl Clock,
+    ) -> Result<Tollgate, BuildError> {
+        config.cost_model.validate()?;
+        let (link, shares, _) = store::fixed(&config, replicas)?;
+        Ok(Self::shared_pools(config, link, shares, clock).0)
+    }
+
+    /// A handle whose coordinated groups take epoch shares of their pools.
+    fn shared_pools(
+        config: Config,
+        link: store::StoreLink,
+        shares: HashMap<GroupName, (tollgate_core::epoch::PoolSpec, u64)>,
+        clock: impl Clock,
+    ) -> (Tollgate, Arc<store::StoreLink>) {
         let clock = Arc::new(ClockSource::of(clock));
         let make_clock = clock.clone();
         let shares = Arc::new(shares);
@@ -128,7 +171,6 @@ impl Tollgate {
         let link = Arc::new(link);
         let node = NodeSettings { max_tracked_groups: max, ..config.node };
         let inner = Inner::new(clock, groups, Mode::Store(link.clone()), node, config.cost_model);
-        store::start(&link, &inner.groups, connection);
-        Ok(Tollgate { inner: Arc::new(inner), unthrottled: false })
+        (Tollgate { inner: Arc::new(inner), unthrottled: false }, link)
     }
 }

@@ -116,7 +116,7 @@ impl Tollgate {
     /// The store link's state, in store mode.
     pub fn store_status(&self) -> Option<StoreStatus> {
         match &self.inner.mode {
-            Mode::Store(link) => Some(link.status()),
+            Mode::Store(link) => Some(link.status(&self.inner.groups, self.inner.clock.now())),
             _ => None,
         }
     }

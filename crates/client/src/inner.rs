@@ -36,7 +36,7 @@ impl Mode {
         match self {
             Mode::Embedded(_) => "embedded",
             Mode::Remote(_) => "remote",
-            Mode::Store(_) => "store",
+            Mode::Store(link) => link.mode_name(),
         }
     }
 }

@@ -45,6 +45,7 @@ mod group;
 mod handle;
 mod inner;
 pub mod layer;
+mod metrics;
 mod permit;
 pub mod remote;
 pub mod reporter;
@@ -58,7 +59,7 @@ pub use handle::{GroupHandle, GroupStats, Tollgate};
 pub use layer::{TollgateLayer, TollgateService};
 pub use permit::Permit;
 pub use remote::{Driver, RemoteOptions, RemoteStatus, SafeModePolicy};
-pub use store::{StoreOptions, StoreStatus};
+pub use store::{StoreGroupStatus, StoreOptions, StoreStatus};
 pub use tollgate_core as core;
 
 /// The README's and the concept guide's examples, compiled and run as doctests.

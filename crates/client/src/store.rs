@@ -90,6 +90,23 @@ pub struct StoreStatus {
     pub sizes: Vec<(String, u64)>,
     /// Successful syncs so far.
     pub syncs: u64,
+    /// Per coordinated group, by name: its pool, how many share it, and this process's share.
+    pub groups: Vec<StoreGroupStatus>,
+    /// Replicas mode: the fixed number of processes every pool is divided by (no store).
+    pub replicas: Option<u64>,
+}
+
+/// One coordinated group, as a store-mode (or replicas-mode) process sees it now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreGroupStatus {
+    /// The group.
+    pub group: String,
+    /// Units per one-second epoch for all processes: the limit, or the ramp's pool now.
+    pub pool: f64,
+    /// How many processes share it: agreed through the store, or the replica count.
+    pub size: u64,
+    /// This process's share of the pool this epoch.
+    pub share: f64,
 }
 
 const REGISTER: &str = r"
@@ -161,6 +178,8 @@ fn keys(namespace: &str, group: &GroupName) -> Keys {
 
 /// Shared between the limiter and its sync task.
 pub(crate) struct StoreLink {
+    /// Replicas mode: every pool divided by this fixed count, with no store.
+    replicas: Option<u64>,
     client_id: String,
     opts: StoreOptions,
     url: String,
@@ -186,9 +205,8 @@ async fn open(url: &str, timeout: Duration) -> Result<MultiplexedConnection, Str
 }
 
 /// Refuses what store mode cannot carry out: it has no controller.
-pub(crate) fn check_supported(config: &Config) -> Result<(), BuildError> {
-    let unsupported =
-        |field: String, reason: &'static str| BuildError::Unsupported { mode: "store", field, reason };
+pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(), BuildError> {
+    let unsupported = |field: String, reason: &'static str| BuildError::Unsupported { mode, field, reason };
     if config.node.capacity.is_some() {
         return Err(unsupported(
             "node.capacity".into(),
@@ -243,16 +261,11 @@ pub(crate) async fn register(
             reason: "namespace: must be non-empty, without braces".into(),
         });
     }
-    check_supported(config)?;
+    check_supported(config, "store")?;
     let client_id = opts.client_id.clone().unwrap_or_else(|| {
         format!("tollgate-{}-{}", std::process::id(), NEXT_CLIENT.fetch_add(1, Ordering::Relaxed))
     });
-    let coordinated: Vec<(GroupName, Option<tollgate_core::settings::RampSettings>, f64)> = config
-        .groups
-        .iter()
-        .filter(|(_, s)| s.ramp().is_some() || s.limit().is_finite())
-        .map(|(n, s)| (n.clone(), s.ramp().copied(), s.limit().as_f64()))
-        .collect();
+    let coordinated = coordinated(config);
     let mut connection = open(url, opts.connect_timeout).await.ok();
     let mut shares = HashMap::new();
     let mut sizes = HashMap::new();
@@ -269,14 +282,11 @@ pub(crate) async fn register(
             None => None,
         };
         let (size, resume) = registered.unwrap_or((1, None));
-        let spec = match ramp {
-            Some(r) => PoolSpec::Ramp(Ramp::new(*r, resume)),
-            None => PoolSpec::Fixed(*limit),
-        };
-        shares.insert(name.clone(), (spec, size.max(1)));
+        shares.insert(name.clone(), (pool_spec(*ramp, *limit, resume), size.max(1)));
         sizes.insert(name.clone(), (size.max(1), size.max(1)));
     }
     let link = StoreLink {
+        replicas: None,
         client_id,
         opts,
         url: url.to_string(),
@@ -290,6 +300,71 @@ pub(crate) async fn register(
     Ok((link, shares, connection))
 }
 
+/// The groups a store coordinates: those with a finite limit or a ramp, with the ramp and
+/// the limit.
+type Coordinated = Vec<(GroupName, Option<tollgate_core::settings::RampSettings>, f64)>;
+
+fn coordinated(config: &Config) -> Coordinated {
+    config
+        .groups
+        .iter()
+        .filter(|(_, s)| s.ramp().is_some() || s.limit().is_finite())
+        .map(|(n, s)| (n.clone(), s.ramp().copied(), s.limit().as_f64()))
+        .collect()
+}
+
+fn pool_spec(
+    ramp: Option<tollgate_core::settings::RampSettings>,
+    limit: f64,
+    resume: Option<f64>,
+) -> PoolSpec {
+    match ramp {
+        Some(r) => PoolSpec::Ramp(Ramp::new(r, resume)),
+        None => PoolSpec::Fixed(limit),
+    }
+}
+
+/// The most replicas replicas mode takes.
+pub const REPLICAS_MAX: u64 = 100_000;
+
+/// Replicas mode (Numaflow's "optionally remove external store"): every coordinated group's
+/// pool divided by a replica count the deployment gives, with no store and no task. The
+/// count is `replicas`, or else the `TOLLGATE_REPLICAS` environment variable.
+pub(crate) fn fixed(config: &Config, replicas: Option<u64>) -> Result<Registered, BuildError> {
+    check_supported(config, "replicas")?;
+    let bad = |reason: String| BuildError::Remote { url: "replicas".into(), reason };
+    let n = match replicas {
+        Some(n) => n,
+        None => match std::env::var("TOLLGATE_REPLICAS") {
+            Ok(v) => v.trim().parse::<u64>().map_err(|_| {
+                bad(format!("TOLLGATE_REPLICAS: must be a whole number from 1 to {REPLICAS_MAX}, got {v:?}"))
+            })?,
+            Err(_) => {
+                return Err(bad("replicas: give the replica count, or set TOLLGATE_REPLICAS".into()));
+            }
+        },
+    };
+    if !(1..=REPLICAS_MAX).contains(&n) {
+        return Err(bad(format!("replicas: must be from 1 to {REPLICAS_MAX}, got {n}")));
+    }
+    let coordinated = coordinated(config);
+    let shares =
+        coordinated.iter().map(|(g, ramp, limit)| (g.clone(), (pool_spec(*ramp, *limit, None), n))).collect();
+    let link = StoreLink {
+        replicas: Some(n),
+        client_id: String::new(),
+        opts: StoreOptions::default(),
+        url: String::new(),
+        sizes: Mutex::new(coordinated.iter().map(|(g, _, _)| (g.clone(), (n, n))).collect()),
+        groups: coordinated.into_iter().map(|(g, _, _)| (g, None)).collect(),
+        connected: AtomicBool::new(false),
+        safe_mode: AtomicBool::new(false),
+        syncs: AtomicU64::new(0),
+        task: Mutex::new(None),
+    };
+    Ok((link, shares, None))
+}
+
 /// Starts the sync task (in safe mode if Redis was unreachable at start).
 pub(crate) fn start(link: &Arc<StoreLink>, groups: &Arc<Groups>, connection: Option<MultiplexedConnection>) {
     if connection.is_none() {
@@ -301,8 +376,24 @@ pub(crate) fn start(link: &Arc<StoreLink>, groups: &Arc<Groups>, connection: Opt
 }
 
 impl StoreLink {
-    /// The link's state.
-    pub(crate) fn status(&self) -> StoreStatus {
+    /// `store`, or `replicas` when there is no store.
+    pub(crate) fn mode_name(&self) -> &'static str {
+        if self.replicas.is_some() { "replicas" } else { "store" }
+    }
+
+    /// The link's state, with each coordinated group's pool and share at `now`.
+    pub(crate) fn status(&self, groups: &Groups, now: tollgate_core::time::Nanos) -> StoreStatus {
+        let mut per_group: Vec<StoreGroupStatus> = self
+            .groups
+            .iter()
+            .filter_map(|(name, _)| {
+                let g = groups.get(name.as_str())?;
+                let Limiter::Epoch(share) = &g.limiter else { return None };
+                let (pool, mine) = share.pool_and_share(now);
+                Some(StoreGroupStatus { group: name.to_string(), pool, size: share.size(), share: mine })
+            })
+            .collect();
+        per_group.sort_by(|a, b| a.group.cmp(&b.group));
         let mut sizes: Vec<(String, u64)> = self
             .sizes
             .lock()
@@ -316,12 +407,17 @@ impl StoreLink {
             safe_mode: self.safe_mode.load(Ordering::Relaxed),
             sizes,
             syncs: self.syncs.load(Ordering::Relaxed),
+            groups: per_group,
+            replicas: self.replicas,
         }
     }
 
     /// Stops syncing and deregisters every group, keeping each resumable ramp's value for its
     /// TTL. Waits on Redis for at most a second.
     pub(crate) async fn shutdown(&self, groups: &Groups) {
+        if self.replicas.is_some() {
+            return;
+        }
         if let Some(task) = self.task.lock().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
         }

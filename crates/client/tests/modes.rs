@@ -23,9 +23,21 @@ use tollgate_testkit::redis::Redis;
 
 /// Where a behaviour runs.
 enum Env {
-    Embedded { clock: ManualClock },
-    Remote { net: Net },
-    Store { redis: Redis, clock: ManualClock, namespace: String },
+    Embedded {
+        clock: ManualClock,
+    },
+    Remote {
+        net: Net,
+    },
+    Store {
+        redis: Redis,
+        clock: ManualClock,
+        namespace: String,
+    },
+    /// No store: each pool divided by a replica count (one process here, counted as one).
+    Replicas {
+        clock: ManualClock,
+    },
 }
 
 const STEP: Duration = Duration::from_millis(10);
@@ -36,7 +48,14 @@ impl Env {
             Env::Embedded { .. } => "embedded",
             Env::Remote { .. } => "remote",
             Env::Store { .. } => "store",
+            Env::Replicas { .. } => "replicas",
         }
+    }
+
+    /// Whether processes share pools by epochs (store and replicas modes) rather than run an
+    /// engine.
+    fn pools(&self) -> bool {
+        matches!(self, Env::Store { .. } | Env::Replicas { .. })
     }
 
     /// A handle (one client process) with these settings. In remote mode the settings go to
@@ -63,6 +82,7 @@ impl Env {
                 };
                 Tollgate::store_with_clock(&redis.url(), config, opts, clock.clone()).await
             }
+            Env::Replicas { clock } => Tollgate::replicas_with_clock(config, Some(1), clock.clone()),
         }
     }
 
@@ -73,7 +93,7 @@ impl Env {
     /// Lets `d` pass for every handle.
     async fn sleep(&self, d: Duration) {
         match self {
-            Env::Embedded { clock } | Env::Store { clock, .. } => clock.advance(d),
+            Env::Embedded { clock } | Env::Store { clock, .. } | Env::Replicas { clock } => clock.advance(d),
             Env::Remote { .. } => tokio::time::sleep(d).await,
         }
     }
@@ -170,6 +190,15 @@ where
         .block_on(body(env));
 }
 
+fn replicas<F, Fut>(body: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let env = Env::Replicas { clock: ManualClock::new() };
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(body(env));
+}
+
 /// `suite! { behaviour: [modes] }` makes one test per behaviour and mode.
 macro_rules! suite {
     ($($behaviour:ident: [$($mode:ident),+];)+) => {
@@ -187,23 +216,24 @@ macro_rules! suite {
     (@run embedded, $b:ident) => { super::embedded(super::$b) };
     (@run remote, $b:ident) => { super::remote(super::$b) };
     (@run store, $b:ident) => { super::store(stringify!($b), super::$b) };
+    (@run replicas, $b:ident) => { super::replicas(super::$b) };
 }
 
 suite! {
-    limit: [embedded, remote, store];
-    burst: [embedded, remote, store];
-    reserved_then_free_pool: [embedded, remote, store];
+    limit: [embedded, remote, store, replicas];
+    burst: [embedded, remote, store, replicas];
+    reserved_then_free_pool: [embedded, remote, store, replicas];
     priority: [embedded, remote];
     weight: [embedded, remote];
-    fcfs_first_come: [embedded, remote, store];
-    unthrottled_counts: [embedded, remote, store];
-    budget: [embedded, remote, store];
-    ramp: [embedded, remote, store];
+    fcfs_first_come: [embedded, remote, store, replicas];
+    unthrottled_counts: [embedded, remote, store, replicas];
+    budget: [embedded, remote, store, replicas];
+    ramp: [embedded, remote, store, replicas];
     resumed_ramp: [embedded, remote, store];
-    cost_models: [embedded, remote, store];
-    default_group: [embedded, remote, store];
-    dropped_work: [embedded, remote, store];
-    debt_paid_over_time: [embedded, remote, store];
+    cost_models: [embedded, remote, store, replicas];
+    default_group: [embedded, remote, store, replicas];
+    dropped_work: [embedded, remote, store, replicas];
+    debt_paid_over_time: [embedded, remote, store, replicas];
 }
 
 // ---- The behaviours ----
@@ -217,7 +247,7 @@ async fn limit(env: Env) {
 
 async fn burst(env: Env) {
     let toml = "[groups.g]\nlimit = 100\nburst = 300\n";
-    if env.mode() == "store" {
+    if env.pools() {
         return refused(&env, toml, "groups.g.burst").await;
     }
     let gate = env.gate(toml).await;
@@ -230,7 +260,7 @@ async fn burst(env: Env) {
 
 async fn reserved_then_free_pool(env: Env) {
     let toml = "[node]\ncapacity = 1000\n[groups.a]\nreserved = 600\n[groups.b]\nreserved = 200\n";
-    if env.mode() == "store" {
+    if env.pools() {
         return refused(&env, toml, "node.capacity").await;
     }
     let gate = env.gate(toml).await;
@@ -258,7 +288,7 @@ async fn weight(env: Env) {
 async fn fcfs_first_come(env: Env) {
     let toml =
         "[node]\nmode = \"fcfs\"\ncapacity = 100\n[groups.a]\nreserved = 10\n[groups.b]\nreserved = 10\n";
-    if env.mode() == "store" {
+    if env.pools() {
         return refused(&env, toml, "node.capacity").await;
     }
     let gate = env.gate(toml).await;
@@ -271,7 +301,7 @@ async fn fcfs_first_come(env: Env) {
 }
 
 async fn unthrottled_counts(env: Env) {
-    if env.mode() == "store" {
+    if env.pools() {
         // No capacity without a controller: unthrottled work counts against its group's pool.
         let gate = env.gate("[groups.g]\nlimit = 100\n").await;
         let (ops, g) = (gate.unthrottled().group("g").unwrap(), gate.group("g").unwrap());
@@ -287,7 +317,7 @@ async fn unthrottled_counts(env: Env) {
 
 async fn budget(env: Env) {
     let toml = "[groups.trial]\nreserved = 10\nlimit = 100\nbudget = 500\n";
-    if env.mode() == "store" {
+    if env.pools() {
         return refused(&env, toml, "groups.trial.budget").await;
     }
     let gate = env.gate(toml).await;
@@ -333,7 +363,7 @@ async fn resumed_ramp(env: Env) {
                 net.restart().await;
                 (gate.clone(), r)
             }
-            Env::Store { .. } => {
+            Env::Store { .. } | Env::Replicas { .. } => {
                 gate.shutdown().await;
                 let again = env.gate(&toml).await;
                 let r = again.group("r").unwrap();
@@ -419,7 +449,7 @@ async fn dropped_work(env: Env) {
 async fn debt_paid_over_time(env: Env) {
     let toml =
         "[groups.blocking]\nlimit = 100\ndebt_repay_s = 0\n[groups.paying]\nlimit = 100\ndebt_repay_s = 10\n";
-    if env.mode() == "store" {
+    if env.pools() {
         return refused(&env, toml, "groups.blocking.debt_repay_s").await;
     }
     let gate = env.gate(toml).await;
@@ -496,6 +526,14 @@ fn remote_clients_enter_safe_mode_past_the_lease_and_leave_it_when_the_controlle
         let g = gate.group("g").unwrap();
         let _ = g.acquire(1.0).await.unwrap();
         assert!(gate.remote_status().unwrap().connected);
+        let text = gate.metrics();
+        for line in [
+            "tollgate_client_info{mode=\"remote\"} 1",
+            "tollgate_client_connected 1",
+            "tollgate_client_safe_mode 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
+        }
         net.crash().await;
         let clock = TokioClock::new();
         let crashed = tollgate_core::time::Clock::now(&clock);
@@ -507,6 +545,7 @@ fn remote_clients_enter_safe_mode_past_the_lease_and_leave_it_when_the_controlle
         // are retried within 2 s.
         assert!(entered <= Duration::from_secs(1) + Duration::from_secs(3), "entered after {entered:?}");
         assert!(gate.remote_status().unwrap().last_error.is_some());
+        assert!(gate.metrics().lines().any(|l| l == "tollgate_client_safe_mode 1"));
         // Decay: still admitted, at a falling rate.
         let _ = g.acquire(1.0).await.unwrap();
         net.start().await;

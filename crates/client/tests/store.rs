@@ -230,3 +230,72 @@ async fn redis_down_at_start_starts_in_safe_mode_within_the_bound() {
         .unwrap_err();
     assert!(bad.to_string().contains("url:"), "{bad}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pool_its_size_and_this_process_share_are_read_and_exported() {
+    let redis = Redis::start("pools");
+    let clock = ManualClock::new();
+    let settings = "[groups.g]\nlimit = 90\n[groups.open]\n";
+    let mut gates = Vec::new();
+    for i in 0..3 {
+        let opts = opts("pools", &format!("c{i}"));
+        gates.push(
+            Tollgate::store_with_clock(&redis.url(), config(settings), opts, clock.clone()).await.unwrap(),
+        );
+    }
+    until("three clients agree on 3", || gates.iter().all(|g| size(g) == 3)).await;
+    // A size takes effect at the next epoch.
+    clock.advance(Duration::from_secs(1));
+    let status = gates[0].store_status().unwrap();
+    assert_eq!(status.replicas, None);
+    assert_eq!(
+        status.groups,
+        [tollgate_client::StoreGroupStatus { group: "g".into(), pool: 90.0, size: 3, share: 30.0 }]
+    );
+    let text = gates[0].metrics();
+    for line in [
+        "tollgate_client_info{mode=\"store\"} 1",
+        "tollgate_client_connected 1",
+        "tollgate_client_safe_mode 0",
+        "tollgate_client_pool_units{group=\"g\"} 90",
+        "tollgate_client_pool_size{group=\"g\"} 3",
+        "tollgate_client_pool_share_units{group=\"g\"} 30",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
+    }
+    assert!(
+        text.contains("# TYPE tollgate_client_store_syncs_total counter\ntollgate_client_store_syncs_total ")
+    );
+}
+
+#[test]
+fn replicas_divide_each_pool_with_no_store() {
+    let clock = ManualClock::new();
+    let settings = "[groups.g]\nlimit = 1000\n[groups.r]\nlimit = 1000\n[groups.r.ramp]\nmin = 100\nmax = 500\nduration_s = 4\nmode = \"scheduled\"\n";
+    let gates: Vec<Tollgate> = (0..4)
+        .map(|_| Tollgate::replicas_with_clock(config(settings), Some(4), clock.clone()).unwrap())
+        .collect();
+    clock.advance(Duration::from_secs(1));
+    for g in &gates {
+        assert_eq!(drain(g), 250);
+    }
+    let status = gates[0].store_status().unwrap();
+    assert_eq!(status.replicas, Some(4));
+    assert_eq!(
+        status.groups[0],
+        tollgate_client::StoreGroupStatus { group: "g".into(), pool: 1000.0, size: 4, share: 250.0 }
+    );
+    let text = gates[0].metrics();
+    assert!(text.contains("tollgate_client_info{mode=\"replicas\"} 1"), "{text}");
+    assert!(text.contains("tollgate_client_pool_size{group=\"r\"} 4"), "{text}");
+    assert!(!text.contains("tollgate_client_connected"), "no store, no link: {text}");
+
+    // What store mode cannot carry out, replicas mode cannot either; the count is checked.
+    let refused = Tollgate::replicas(config("[groups.g]\nlimit = 10\nbudget = 5\n"), Some(2)).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "groups.g.budget cannot apply in replicas mode: no shared meter counts a group's consumption; use the embedded or remote mode"
+    );
+    let zero = Tollgate::replicas(config(settings), Some(0)).unwrap_err();
+    assert!(zero.to_string().contains("replicas: must be from 1 to 100000, got 0"), "{zero}");
+}

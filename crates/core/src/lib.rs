@@ -25,6 +25,7 @@ pub mod cost;
 pub mod demand;
 pub mod engine;
 pub mod epoch;
+pub mod prometheus;
 pub mod ramp;
 pub mod schedule;
 pub mod settings;

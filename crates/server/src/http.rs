@@ -10,6 +10,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tollgate_core::engine::GroupView;
+use tollgate_core::prometheus::{write_header, write_sample};
 
 use crate::clock::Clock;
 use crate::controller::{AdminError, Controller, PutMode};
@@ -43,22 +44,6 @@ pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) 
         .with_state(AppState { controller, latency, clock, groups: Arc::default() })
 }
 
-/// Writes a group name as a Prometheus label value: backslash, quote and newline escaped.
-fn write_label(out: &mut String, s: &str) {
-    if !s.contains(['\\', '"', '\n']) {
-        out.push_str(s);
-        return;
-    }
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
-
 /// One per-group metric: name, help, type, and how to read it (`None`: no sample).
 type Family = (&'static str, &'static str, &'static str, fn(&GroupView) -> Option<f64>);
 
@@ -90,13 +75,10 @@ fn render_groups(view: &[GroupView]) -> String {
     // About 60 bytes a sample: one allocation up front rather than twenty doublings.
     let mut out = String::with_capacity(view.len() * GROUP_FAMILIES.len() * 64 + 4096);
     for (name, help, kind, read) in GROUP_FAMILIES {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        write_header(&mut out, name, help, kind);
         for g in view {
             if let Some(v) = read(g) {
-                out.push_str(name);
-                out.push_str("{group=\"");
-                write_label(&mut out, g.name.as_str());
-                let _ = writeln!(out, "\"}} {v}");
+                write_sample(&mut out, name, "group", g.name.as_str(), v);
             }
         }
     }
