@@ -255,6 +255,15 @@ pub enum ModeArg {
     Fcfs,
 }
 
+/// On or off.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// `tollgate node …`
 #[derive(Subcommand, Debug)]
 pub enum Node {
@@ -265,6 +274,9 @@ pub enum Node {
     },
     /// Print how free capacity is shared, or set it: `share` or `fcfs`.
     Mode { mode: Option<ModeArg> },
+    /// Print whether slow start is on, or turn it `on` or `off` (Couchbase: a group with no
+    /// client reserves a tenth of its reservation until a tick has seen one).
+    SlowStart { state: Option<OnOff> },
     /// Couchbase's node document: `'{"capacity": 25000}'` (and `"mode": "share"|"fcfs"`).
     /// Only the keys given change. Prints the document.
     SetProperties { json: String },
@@ -558,6 +570,16 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
             };
             say(if info.mode() == v1::AllocationMode::Fcfs { "fcfs" } else { "share" });
         }
+        Node::SlowStart { state } => {
+            let info = match state {
+                None => client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner(),
+                Some(s) => {
+                    let on = matches!(s, OnOff::On);
+                    client.set_slow_start(v1::SetSlowStartRequest { on }).await.map_err(rpc)?.into_inner()
+                }
+            };
+            say(if info.slow_start { "on" } else { "off" });
+        }
         Node::SetProperties { json } => {
             // Checked whole before anything is sent, so a bad document changes nothing.
             let change = properties::node_change(&json).map_err(anyhow::Error::msg)?;
@@ -567,6 +589,9 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
             if let Some(m) = change.mode {
                 let mode = convert::mode_to_proto(m) as i32;
                 client.set_mode(v1::SetModeRequest { mode }).await.map_err(rpc)?;
+            }
+            if let Some(on) = change.slow_start {
+                client.set_slow_start(v1::SetSlowStartRequest { on }).await.map_err(rpc)?;
             }
             let info = client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner();
             say(properties::node_json(&stored(&info)));
@@ -581,7 +606,7 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
 
 /// The node as the store keeps it, from its answer.
 fn stored(info: &v1::NodeInfo) -> StoredNode {
-    StoredNode { capacity: info.capacity, mode: convert::mode_from_proto(info.mode()) }
+    StoredNode::from_proto(info)
 }
 
 pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {

@@ -759,10 +759,13 @@ fn http_send(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) 
 #[test]
 fn couchbases_json_properties_through_the_cli_and_http() {
     let s = ServerProc::start(&data_dir("properties"));
-    assert_eq!(ok(&s, &["node", "get-properties"]), "{\"capacity\": \"unlimited\", \"mode\": \"share\"}\n");
+    assert_eq!(
+        ok(&s, &["node", "get-properties"]),
+        "{\"capacity\": \"unlimited\", \"mode\": \"share\", \"slow_start\": false}\n"
+    );
     assert_eq!(
         ok(&s, &["node", "set-properties", r#"{"capacity": 25000}"#]),
-        "{\"capacity\": 25000, \"mode\": \"share\"}\n"
+        "{\"capacity\": 25000, \"mode\": \"share\", \"slow_start\": false}\n"
     );
     assert_eq!(ok(&s, &["node", "capacity"]), "25000\n");
     assert_eq!(
@@ -799,10 +802,29 @@ fn couchbases_json_properties_through_the_cli_and_http() {
 
     // The same documents over HTTP.
     let (code, body) = http_send(&s.http, "GET", "/v1/node/properties", "");
-    assert_eq!((code, body.as_str()), (200, "{\"capacity\": 25000, \"mode\": \"share\"}"));
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "{\"capacity\": 25000, \"mode\": \"share\", \"slow_start\": false}")
+    );
     let (code, body) = http_send(&s.http, "PUT", "/v1/node/properties", r#"{"mode": "fcfs"}"#);
-    assert_eq!((code, body.as_str()), (200, "{\"capacity\": 25000, \"mode\": \"fcfs\"}"));
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "{\"capacity\": 25000, \"mode\": \"fcfs\", \"slow_start\": false}")
+    );
     assert_eq!(ok(&s, &["node", "mode"]), "fcfs\n");
+    // Couchbase's slow start, by document or by command.
+    let (code, body) = http_send(&s.http, "PUT", "/v1/node/properties", r#"{"slow_start": true}"#);
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "{\"capacity\": 25000, \"mode\": \"fcfs\", \"slow_start\": true}")
+    );
+    assert_eq!(ok(&s, &["node", "slow-start"]), "on\n");
+    assert_eq!(ok(&s, &["node", "slow-start", "off"]), "off\n");
+    fails(
+        &s,
+        &["node", "set-properties", r#"{"slow_start": "yes"}"#],
+        "slow_start: must be true or false, got the string \"yes\"",
+    );
     let (code, body) =
         http_send(&s.http, "PUT", "/v1/groups/web/properties", r#"{"reserved": 10, "hard_limit": 20}"#);
     assert_eq!((code, body.as_str()), (200, "{\"reserved\": 10, \"hard_limit\": 20}"));
@@ -826,12 +848,15 @@ fn a_defaults_file_fills_what_the_store_lacks_and_a_broken_one_stops_the_start()
     let file = data_dir("defaults-file").with_extension("toml");
     std::fs::write(
         &file,
-        "[node]\ncapacity = 5000\nmode = \"fcfs\"\n\n[groups.a]\nreserved = 100\nlimit = 200\n\n[groups.b]\nlimit = 50\n",
+        "[node]\ncapacity = 5000\nmode = \"fcfs\"\nslow_start = true\n\n[groups.a]\nreserved = 100\nlimit = 200\n\n[groups.b]\nlimit = 50\n",
     )
     .unwrap();
     let config = file.to_str().unwrap();
     let s = ServerProc::start_with(&data, &["--config", config], Stdio::null());
-    assert_eq!(ok(&s, &["node", "get-properties"]), "{\"capacity\": 5000, \"mode\": \"fcfs\"}\n");
+    assert_eq!(
+        ok(&s, &["node", "get-properties"]),
+        "{\"capacity\": 5000, \"mode\": \"fcfs\", \"slow_start\": true}\n"
+    );
     assert_eq!(ok(&s, &["group", "get-properties", "a"]), "{\"reserved\": 100, \"hard_limit\": 200}\n");
     // What is changed at run time wins over the file at the next start; a group the store
     // lacks (dropped here) comes back from it.

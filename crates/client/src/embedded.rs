@@ -44,6 +44,7 @@ impl Embedded {
         let mut engine = Engine::new(EngineSettings {
             capacity: node.capacity,
             mode: node.mode,
+            slow_start: node.slow_start,
             tick: node.realloc_interval,
             max_tracked_groups: node.max_tracked_groups.saturating_add(1),
             ..EngineSettings::default()
@@ -82,7 +83,8 @@ impl State {
         self.last = Some(now);
         let State { engine, meters, .. } = self;
         let idle = engine.settings().group_idle_expiry;
-        let list = groups.unique();
+        // A group nobody has asked for has no client yet (what slow start holds back for).
+        let list: Vec<_> = groups.unique().into_iter().filter(|g| g.is_used()).collect();
         let mut quiet = Vec::new();
         for g in &list {
             let counts = g.counts();

@@ -283,12 +283,11 @@ impl Group {
         }
     }
 
-    /// Marks the group as asked for (cheap when it already is).
+    /// Marks the group as asked for (cheap when it already is); says whether this is the
+    /// first time.
     #[inline]
-    pub(crate) fn mark_used(&self) {
-        if !self.used.load(Ordering::Relaxed) {
-            self.used.store(true, Ordering::Relaxed);
-        }
+    pub(crate) fn mark_used(&self) -> bool {
+        !self.used.load(Ordering::Relaxed) && !self.used.swap(true, Ordering::Relaxed)
     }
 
     /// Whether the group was ever asked for.

@@ -90,8 +90,8 @@ impl Inner {
     #[inline]
     pub(crate) fn lookup(&self, name: &str) -> Result<Arc<Group>, AcquireError> {
         let (group, made) = self.groups.lookup(name)?;
-        group.mark_used();
-        if made {
+        // A configured group is made at start but fed only once asked for: then at once.
+        if group.mark_used() || made {
             self.on_new_group(&group);
         }
         Ok(group)

@@ -219,6 +219,12 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
             "no controller shares a free pool; use the embedded or remote mode",
         ));
     }
+    if config.node.slow_start {
+        return Err(unsupported(
+            "node.slow_start".into(),
+            "no controller holds reservations against a capacity; use the embedded or remote mode",
+        ));
+    }
     for (name, s) in &config.groups {
         if s.budget().is_some() {
             return Err(unsupported(

@@ -340,6 +340,9 @@ fn settings_come_from_a_file_or_a_clear_error() {
     let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("embedded-settings.toml");
     std::fs::write(&path, "[groups.a]\nlimit = 3\n").unwrap();
     let g = Tollgate::from_file(&path).unwrap();
+    // A group is fed from its first use.
+    assert_eq!(g.stats("a").unwrap().allowance, 0.0);
+    drop(g.try_acquire("a", 1.0).unwrap());
     assert_eq!(g.stats("a").unwrap().allowance, 3.0);
     let e = Tollgate::from_file("/nonexistent/tollgate.toml").unwrap_err();
     assert!(e.to_string().starts_with("cannot read settings file /nonexistent/tollgate.toml: "), "{e}");

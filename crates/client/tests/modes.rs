@@ -126,6 +126,7 @@ impl Env {
 fn apply(controller: &Controller, config: &Config) {
     controller.set_capacity(config.node.capacity).unwrap();
     controller.set_mode(config.node.mode).unwrap();
+    controller.set_slow_start(config.node.slow_start).unwrap();
     for (name, settings) in &config.groups {
         controller.set_group(name.clone(), settings.clone()).unwrap();
     }
@@ -233,6 +234,7 @@ suite! {
     cost_models: [embedded, remote, store, replicas];
     default_group: [embedded, remote, store, replicas];
     dropped_work: [embedded, remote, store, replicas];
+    slow_start: [embedded, remote, store, replicas];
     debt_paid_over_time: [embedded, remote, store, replicas];
 }
 
@@ -417,6 +419,24 @@ async fn default_group(env: Env) {
     let stranger = gate.group("stranger").unwrap();
     let rates = env.offer(&[(&stranger, 100.0)], 5, 3).await;
     assert_near(&env, "an unknown name gets the default group's settings", &rates, &[50.0], 5.0);
+}
+
+async fn slow_start(env: Env) {
+    let groups = "[groups.quiet]\nreserved = 50\n[groups.busy]\nreserved = 10\n";
+    if env.pools() {
+        return refused(&env, &format!("[node]\nslow_start = true\n{groups}"), "node.slow_start").await;
+    }
+    // Couchbase's free pool counts every reservation, a quiet group's too; slow start only a
+    // tenth of it while the group has no client.
+    for (slow_start, expected) in [(false, 50.0), (true, 95.0)] {
+        let node = format!("[node]\ncapacity = 100\nmode = \"fcfs\"\nslow_start = {slow_start}\n");
+        let gate = env.gate(&format!("{node}{groups}")).await;
+        let busy = gate.group("busy").unwrap();
+        let rates = env.offer(&[(&busy, 200.0)], 6, 3).await;
+        assert_near(&env, &format!("slow start {slow_start}"), &rates, &[expected], 5.0);
+        drop(gate);
+        env.sleep(Duration::from_secs(20)).await;
+    }
 }
 
 async fn dropped_work(env: Env) {

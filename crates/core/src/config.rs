@@ -43,6 +43,8 @@ pub struct NodeSettings {
     pub capacity: Option<f64>,
     /// How capacity is shared.
     pub mode: AllocationMode,
+    /// Couchbase's slow start: a group with no client reserves a tenth of its reservation.
+    pub slow_start: bool,
     /// How often allowances are recomputed from measured demand.
     pub realloc_interval: Duration,
     /// How long `acquire` waits at most before failing as throttled.
@@ -56,6 +58,7 @@ impl Default for NodeSettings {
         Self {
             capacity: None,
             mode: AllocationMode::Share,
+            slow_start: false,
             realloc_interval: Duration::from_millis(100),
             max_wait: Duration::from_secs(1),
             max_tracked_groups: 10_000,
@@ -161,6 +164,11 @@ impl Reader<'_> {
                 None => {}
             }
         }
+        if let Some((path, v)) = f.take("slow_start")
+            && let Some(b) = self.boolean(&path, v)
+        {
+            node.slow_start = b;
+        }
         if let Some((path, v)) = f.take("realloc_ms") {
             if let Some(ms) = self.integer(&path, v, 1, REALLOC_MS_MAX) {
                 node.realloc_interval = Duration::from_millis(ms);
@@ -176,7 +184,7 @@ impl Reader<'_> {
                 node.max_tracked_groups = n as usize;
             }
         }
-        self.finish(f, "capacity, mode, realloc_ms, max_wait_ms, max_tracked_groups");
+        self.finish(f, "capacity, mode, slow_start, realloc_ms, max_wait_ms, max_tracked_groups");
         node
     }
 
@@ -338,7 +346,7 @@ priority = 42
             [
                 "line 2: node.capacity: must be above 0, got -5",
                 "line 3: node.mode: must be share or fcfs, got \"fair\"",
-                "line 4: node.speed: unknown field; expected one of capacity, mode, realloc_ms, max_wait_ms, max_tracked_groups",
+                "line 4: node.speed: unknown field; expected one of capacity, mode, slow_start, realloc_ms, max_wait_ms, max_tracked_groups",
                 "line 7: groups.a.reserved: must not exceed limit (700 > 500)",
                 "line 11: groups.b.weight: must be a number, got string",
                 "line 12: groups.b.priority: must be a whole number from 1 to 16, got 42",

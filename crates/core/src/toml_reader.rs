@@ -335,6 +335,17 @@ impl<'s> Reader<'s> {
         }
     }
 
+    /// A boolean.
+    pub fn boolean(&mut self, path: &str, v: &Value<'_>) -> Option<bool> {
+        match v.get_ref() {
+            DeValue::Boolean(b) => Some(*b),
+            other => {
+                self.error(v.span(), path, format!("must be true or false, got {}", other.type_str()));
+                None
+            }
+        }
+    }
+
     /// A finite number, integer or float.
     pub fn number(&mut self, path: &str, v: &Value<'_>) -> Option<f64> {
         let parsed = match v.get_ref() {

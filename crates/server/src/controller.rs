@@ -129,7 +129,9 @@ impl Controller {
         wall_ms: u64,
     ) -> Result<Controller, StoreError> {
         let stored = store.load()?;
-        let settings = EngineSettings { capacity: stored.node.capacity, mode: stored.node.mode, ..settings };
+        let n = stored.node;
+        let settings =
+            EngineSettings { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start, ..settings };
         let mut engine = Engine::new(settings);
         for (name, s) in stored.groups {
             engine.set_group(name, s);
@@ -358,6 +360,11 @@ impl Controller {
         self.set_node(|n| n.capacity = capacity)
     }
 
+    /// Turns slow start on or off. Durable before it returns.
+    pub fn set_slow_start(&self, on: bool) -> Result<StoredNode, AdminError> {
+        self.set_node(|n| n.slow_start = on)
+    }
+
     /// Applies a node properties document's change in one durable write.
     pub fn change_node(&self, change: crate::properties::NodeChange) -> Result<StoredNode, AdminError> {
         if let Some(c) = change.capacity {
@@ -369,6 +376,9 @@ impl Controller {
             }
             if let Some(m) = change.mode {
                 n.mode = m;
+            }
+            if let Some(on) = change.slow_start {
+                n.slow_start = on;
             }
         })
     }
@@ -386,6 +396,7 @@ impl Controller {
         let mut engine = self.engine();
         engine.set_capacity(node.capacity);
         engine.set_mode(node.mode);
+        engine.set_slow_start(node.slow_start);
         drop(engine);
         drop(store);
         self.changed();
@@ -395,7 +406,8 @@ impl Controller {
     /// The node settings.
     pub fn node(&self) -> StoredNode {
         let engine = self.engine();
-        StoredNode { capacity: engine.settings().capacity, mode: engine.settings().mode }
+        let s = engine.settings();
+        StoredNode { capacity: s.capacity, mode: s.mode, slow_start: s.slow_start }
     }
 
     /// A group's settings.

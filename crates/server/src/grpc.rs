@@ -79,7 +79,7 @@ fn info(name: &GroupName, s: &tollgate_core::settings::GroupSettings) -> v1::Gro
 }
 
 fn node_info(n: crate::store::StoredNode) -> v1::NodeInfo {
-    v1::NodeInfo { capacity: n.capacity, mode: convert::mode_to_proto(n.mode) as i32 }
+    n.to_proto()
 }
 
 #[tonic::async_trait]
@@ -146,6 +146,14 @@ impl Admin for Services {
             .map_err(|_| Status::invalid_argument(format!("mode: unknown mode {}", r.mode)))?;
         let mode = convert::mode_from_proto(mode);
         Ok(Response::new(node_info(self.admin(move |c| c.set_mode(mode)).await?)))
+    }
+
+    async fn set_slow_start(
+        &self,
+        req: Request<v1::SetSlowStartRequest>,
+    ) -> Result<Response<v1::NodeInfo>, Status> {
+        let on = req.into_inner().on;
+        Ok(Response::new(node_info(self.admin(move |c| c.set_slow_start(on)).await?)))
     }
 
     async fn get_node(&self, _: Request<v1::GetNodeRequest>) -> Result<Response<v1::NodeInfo>, Status> {

@@ -24,6 +24,8 @@ pub struct NodeChange {
     pub capacity: Option<Option<f64>>,
     /// How free capacity is shared.
     pub mode: Option<AllocationMode>,
+    /// Couchbase's slow start.
+    pub slow_start: Option<bool>,
 }
 
 fn object(text: &str) -> Result<Map<String, Value>, String> {
@@ -73,8 +75,8 @@ fn describe(v: &Value) -> String {
     }
 }
 
-/// Reads a node document: `capacity` (units/s above 0, or `"unlimited"`) and `mode`
-/// (`"share"` or `"fcfs"`).
+/// Reads a node document: `capacity` (units/s above 0, or `"unlimited"`), `mode`
+/// (`"share"` or `"fcfs"`) and `slow_start` (true or false).
 pub fn node_change(text: &str) -> Result<NodeChange, String> {
     let mut change = NodeChange::default();
     for (key, v) in object(text)? {
@@ -93,7 +95,15 @@ pub fn node_change(text: &str) -> Result<NodeChange, String> {
                     _ => return Err(format!("mode: must be \"share\" or \"fcfs\", got {}", describe(&v))),
                 })
             }
-            other => return Err(format!("{other:?}: unknown key; a node document takes capacity and mode")),
+            "slow_start" => match v {
+                Value::Bool(b) => change.slow_start = Some(b),
+                other => return Err(format!("slow_start: must be true or false, got {}", describe(&other))),
+            },
+            other => {
+                return Err(format!(
+                    "{other:?}: unknown key; a node document takes capacity, mode and slow_start"
+                ));
+            }
         }
     }
     Ok(change)
@@ -111,7 +121,11 @@ fn rate(v: Option<f64>) -> String {
 /// The node's document, keys in the design's order.
 pub fn node_json(node: &StoredNode) -> String {
     let mode = if node.mode == AllocationMode::Fcfs { "fcfs" } else { "share" };
-    format!("{{\"capacity\": {}, \"mode\": \"{mode}\"}}", rate(node.capacity))
+    format!(
+        "{{\"capacity\": {}, \"mode\": \"{mode}\", \"slow_start\": {}}}",
+        rate(node.capacity),
+        node.slow_start
+    )
 }
 
 /// Reads a group document, `reserved` and `hard_limit` (units/s, or `"unlimited"`), into the
@@ -161,9 +175,17 @@ mod tests {
     #[test]
     fn the_designs_documents_read_as_written() {
         let c = node_change(r#"{"capacity": 25000}"#).unwrap();
-        assert_eq!(c, NodeChange { capacity: Some(Some(25000.0)), mode: None });
+        assert_eq!(c, NodeChange { capacity: Some(Some(25000.0)), ..NodeChange::default() });
         let c = node_change(r#"{"capacity": "unlimited", "mode": "fcfs"}"#).unwrap();
-        assert_eq!(c, NodeChange { capacity: Some(None), mode: Some(AllocationMode::Fcfs) });
+        assert_eq!(
+            c,
+            NodeChange { capacity: Some(None), mode: Some(AllocationMode::Fcfs), slow_start: None }
+        );
+        assert_eq!(node_change(r#"{"slow_start": true}"#).unwrap().slow_start, Some(true));
+        assert_eq!(
+            node_change(r#"{"slow_start": 1}"#).unwrap_err(),
+            "slow_start: must be true or false, got a number"
+        );
         let p = group_patch(r#"{"reserved": 100, "hard_limit": "unlimited"}"#, None).unwrap();
         assert_eq!((p.reserved, p.limit, p.unlimited), (Some(100.0), None, true));
         let p = group_patch(r#"{"hard_limit": 300}"#, None).unwrap();
@@ -176,7 +198,7 @@ mod tests {
         let group = |t: &str| group_patch(t, None).unwrap_err();
         assert_eq!(
             node(r#"{"capacty": 1}"#),
-            "\"capacty\": unknown key; a node document takes capacity and mode"
+            "\"capacty\": unknown key; a node document takes capacity, mode and slow_start"
         );
         assert_eq!(
             node(r#"{"capacity": "25000"}"#),
@@ -234,12 +256,14 @@ mod tests {
         assert_eq!(group_json(&odd), r#"{"reserved": 0.5, "hard_limit": 2}"#);
         let p = group_patch(&doc, None).unwrap();
         assert_eq!((p.reserved, p.unlimited), (Some(100.0), true));
-        let node = StoredNode { capacity: Some(25000.0), mode: AllocationMode::Share };
+        let node = StoredNode { capacity: Some(25000.0), mode: AllocationMode::Share, slow_start: false };
         let doc = node_json(&node);
-        assert_eq!(doc, r#"{"capacity": 25000, "mode": "share"}"#);
-        assert_eq!(
-            node_change(&doc).unwrap(),
-            NodeChange { capacity: Some(Some(25000.0)), mode: Some(AllocationMode::Share) }
-        );
+        assert_eq!(doc, r#"{"capacity": 25000, "mode": "share", "slow_start": false}"#);
+        let back = NodeChange {
+            capacity: Some(Some(25000.0)),
+            mode: Some(AllocationMode::Share),
+            slow_start: Some(false),
+        };
+        assert_eq!(node_change(&doc).unwrap(), back);
     }
 }

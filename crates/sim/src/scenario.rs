@@ -47,6 +47,8 @@ pub struct ControllerSpec {
     pub capacity: Option<f64>,
     /// How the free capacity is shared.
     pub mode: AllocationMode,
+    /// Couchbase's slow start.
+    pub slow_start: bool,
     /// Controller tick (and client exchange) period.
     pub tick: Duration,
 }
@@ -58,6 +60,7 @@ impl Default for ControllerSpec {
             limiting_threshold: 409_600.0,
             capacity: None,
             mode: AllocationMode::Share,
+            slow_start: false,
             tick: Duration::from_secs(1),
         }
     }
@@ -359,10 +362,15 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
             None => {}
         }
     }
+    if let Some((p, v)) = f.take("slow_start")
+        && let Some(b) = r.boolean(&p, v)
+    {
+        c.slow_start = b;
+    }
     if let Some((p, v)) = f.take("tick_ms") {
         c.tick = Duration::from_millis(r.integer(&p, v, 10, 60_000).unwrap_or(1000));
     }
-    r.finish(f, "ignore_worst_zones, limiting_threshold, capacity, free_pool, tick_ms");
+    r.finish(f, "ignore_worst_zones, limiting_threshold, capacity, free_pool, slow_start, tick_ms");
     c
 }
 

@@ -61,6 +61,9 @@ pub struct EngineSettings {
     pub capacity: Option<f64>,
     /// How the free capacity is shared.
     pub mode: AllocationMode,
+    /// Couchbase's slow start: a group with no client reserves a tenth of its reservation, and
+    /// all of it from the tick after its first client appears.
+    pub slow_start: bool,
     /// How often targets are recomputed; also the exchange period asked of clients.
     pub tick: Duration,
     /// How long a grant holds without renewal.
@@ -86,6 +89,7 @@ impl Default for EngineSettings {
         Self {
             capacity: None,
             mode: AllocationMode::Share,
+            slow_start: false,
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(10),
             group_idle_expiry: Duration::from_secs(240),
@@ -255,6 +259,8 @@ struct Tracked {
     last_tick: [f32; 2],
     /// The meter changed since the store last took it.
     dirty: bool,
+    /// The last tick saw a client: slow start's full reservation applies from the next.
+    had_clients: bool,
 }
 
 impl Tracked {
@@ -271,6 +277,7 @@ impl Tracked {
             since_tick: [0.0; 3],
             last_tick: [0.0; 2],
             dirty: meter.dirty,
+            had_clients: false,
         }
     }
 
@@ -364,6 +371,11 @@ impl Engine {
     /// Sets how free capacity is shared.
     pub fn set_mode(&mut self, mode: AllocationMode) {
         self.settings.mode = mode;
+    }
+
+    /// Turns slow start on or off.
+    pub fn set_slow_start(&mut self, on: bool) {
+        self.settings.slow_start = on;
     }
 
     /// Sets (or replaces) a group's settings.

@@ -300,3 +300,37 @@ fn the_state_kept_per_group_and_client_stays_small() {
     assert!(std::mem::size_of::<ClientEntry>() <= 24);
     assert!(std::mem::size_of::<ClientGrant>() <= 24);
 }
+
+#[test]
+fn slow_start_holds_a_tenth_of_an_idle_reservation_until_a_tick_has_seen_a_client() {
+    for slow_start in [false, true] {
+        let settings = EngineSettings {
+            capacity: Some(100.0),
+            mode: AllocationMode::Fcfs,
+            slow_start,
+            ..EngineSettings::default()
+        };
+        let mut e = engine(settings);
+        e.set_group(name("quiet"), GroupSettings::builder().reserved(50.0).build().unwrap());
+        e.set_group(name("busy"), GroupSettings::builder().reserved(10.0).build().unwrap());
+        let target = |e: &Engine, g: &str| e.outcome(&name(g)).and_then(GroupOutcome::target).unwrap();
+        let mut t = Nanos(S);
+        e.report(t, 1, &name("busy"), report(1000.0, 0.0, 0.0));
+        e.tick(t);
+        // Couchbase counts every reservation against the free pool; slow start only a tenth of
+        // one whose group has no client.
+        assert_eq!(target(&e, "busy"), if slow_start { 95.0 } else { 50.0 }, "slow start {slow_start}");
+        // quiet's first client: its first tick still holds a tenth, the next all of it.
+        t = t.after(Duration::from_secs(1));
+        e.report(t, 2, &name("quiet"), report(1.0, 0.0, 0.0));
+        e.report(t, 1, &name("busy"), report(1000.0, 0.0, 0.0));
+        e.tick(t);
+        assert_eq!(target(&e, "busy"), if slow_start { 95.0 } else { 50.0 }, "slow start {slow_start}");
+        assert_eq!(target(&e, "quiet"), if slow_start { 5.0 } else { 50.0 });
+        t = t.after(Duration::from_secs(1));
+        e.report(t, 2, &name("quiet"), report(1.0, 0.0, 0.0));
+        e.report(t, 1, &name("busy"), report(1000.0, 0.0, 0.0));
+        e.tick(t);
+        assert_eq!((target(&e, "busy"), target(&e, "quiet")), (50.0, 50.0), "slow start {slow_start}");
+    }
+}

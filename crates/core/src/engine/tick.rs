@@ -9,6 +9,9 @@ use crate::time::Nanos;
 use super::split::{Asking, split_into};
 use super::{ClientGrant, Engine, GroupOutcome};
 
+/// The share of its reservation a group with no client holds under slow start.
+pub const SLOW_START_SHARE: f64 = 0.1;
+
 /// What the tick needs of a group (copied: no clone of its settings).
 struct Row {
     reserved: f64,
@@ -54,7 +57,12 @@ impl Engine {
                 Some(l) => (l.load, self.settings.saturation.limiting_ratio(&l.zones).map(|r| l.load * r)),
                 None => (0.0, None),
             };
-            let reserved = settings.map_or(0.0, GroupSettings::reserved);
+            let mut reserved = settings.map_or(0.0, GroupSettings::reserved);
+            // Slow start (Couchbase): a tenth of the reservation until a client has been seen
+            // by a tick, all of it from the next.
+            if self.settings.slow_start && (!g.had_clients || g.clients.is_empty()) {
+                reserved *= SLOW_START_SHARE;
+            }
             let exhausted = settings.is_some_and(|s| s.budget().is_some_and(|b| g.meter.consumed >= b));
             let ceiling = match settings {
                 Some(s) if exhausted => s.reserved(),
@@ -79,6 +87,9 @@ impl Engine {
             });
         }
         drop(loads);
+        for g in self.tracked.values_mut() {
+            g.had_clients = !g.clients.is_empty();
+        }
 
         let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
 
@@ -170,7 +181,10 @@ impl Engine {
                     .filter_map(|n| self.configured.get(n))
                     .map(GroupSettings::reserved)
                     .sum();
-                let elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
+                let mut elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
+                if self.settings.slow_start {
+                    elsewhere *= SLOW_START_SHARE;
+                }
                 let names: Vec<_> = self.tracked.keys().collect();
                 let mut order: Vec<usize> = (0..rows.len()).collect();
                 order.sort_by(|&a, &b| {

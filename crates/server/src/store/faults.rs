@@ -129,7 +129,11 @@ impl Change {
         match self {
             Change::Put(i) => store.put_group(&name(*i), &settings(*i)),
             Change::Drop(i) => store.drop_group(&name(*i)).map(drop),
-            Change::Node(c) => store.set_node(StoredNode { capacity: Some(*c), mode: AllocationMode::Fcfs }),
+            Change::Node(c) => store.set_node(StoredNode {
+                capacity: Some(*c),
+                mode: AllocationMode::Fcfs,
+                slow_start: true,
+            }),
             Change::Meter(i, c) => {
                 store.put_meters(&[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2 })], &[])
             }
@@ -146,7 +150,7 @@ impl Change {
                 stored.meters.remove(&name(*i));
             }
             Change::Node(c) => {
-                stored.node = StoredNode { capacity: Some(*c), mode: AllocationMode::Fcfs };
+                stored.node = StoredNode { capacity: Some(*c), mode: AllocationMode::Fcfs, slow_start: true };
                 stored.node_stored = true;
             }
             Change::Meter(i, c) => {

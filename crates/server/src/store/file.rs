@@ -288,7 +288,7 @@ impl SettingsStore for RedbStore {
         let node = txn.open_table(NODE).map_err(|e| self.io(e))?;
         if let Some(v) = node.get(NODE_KEY).map_err(|e| self.io(e))? {
             let msg = v1::NodeInfo::decode(v.value()).map_err(|e| self.corrupt("node settings".into(), e))?;
-            out.node = StoredNode { capacity: msg.capacity, mode: convert::mode_from_proto(msg.mode()) };
+            out.node = StoredNode::from_proto(&msg);
             out.node_stored = true;
         }
         Ok(out)
@@ -313,8 +313,7 @@ impl SettingsStore for RedbStore {
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
-        let msg = v1::NodeInfo { capacity: node.capacity, mode: convert::mode_to_proto(node.mode) as i32 };
-        let bytes = msg.encode_to_vec();
+        let bytes = node.to_proto().encode_to_vec();
         self.write(|txn| {
             txn.open_table(NODE)?.insert(NODE_KEY, bytes.as_slice())?;
             Ok(())
@@ -364,6 +363,7 @@ mod tests {
             s.set_node(StoredNode {
                 capacity: Some(1000.0),
                 mode: tollgate_core::allocate::AllocationMode::Fcfs,
+                slow_start: true,
             })
             .unwrap();
             s.put_meters(&[(g.clone(), meter)], &[(g.clone(), ramp)]).unwrap();

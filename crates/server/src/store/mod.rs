@@ -81,6 +81,28 @@ pub struct StoredNode {
     pub capacity: Option<f64>,
     /// How free capacity is shared.
     pub mode: AllocationMode,
+    /// Couchbase's slow start.
+    pub slow_start: bool,
+}
+
+impl StoredNode {
+    /// In the contract's form.
+    pub fn to_proto(self) -> tollgate_proto::v1::NodeInfo {
+        tollgate_proto::v1::NodeInfo {
+            capacity: self.capacity,
+            mode: crate::convert::mode_to_proto(self.mode) as i32,
+            slow_start: self.slow_start,
+        }
+    }
+
+    /// From the contract's form.
+    pub fn from_proto(m: &tollgate_proto::v1::NodeInfo) -> Self {
+        Self {
+            capacity: m.capacity,
+            mode: crate::convert::mode_from_proto(m.mode()),
+            slow_start: m.slow_start,
+        }
+    }
 }
 
 /// A resumable ramp's value, and until when (Unix milliseconds) it may be resumed.
@@ -136,7 +158,8 @@ pub fn apply_defaults(
         }
     }
     if !stored.node_stored {
-        store.set_node(StoredNode { capacity: config.node.capacity, mode: config.node.mode })?;
+        let n = &config.node;
+        store.set_node(StoredNode { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start })?;
         done.node = true;
     }
     Ok(done)
