@@ -646,5 +646,23 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
             g.clients
         ));
     }
+    // TiDB's diagnostics: how each group's consumption moved, and what was blocked.
+    say("");
+    say(format!(
+        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "GROUP", "LOW/1m", "AVG/1m", "HIGH/1m", "LOW/1h", "AVG/1h", "HIGH/1h", "BLOCKED"
+    ));
+    let marks = |m: &Option<v1::RateMarks>| match m {
+        Some(m) => [m.low, m.average, m.high].map(|v| format!("{v:.1}")),
+        None => ["-".to_string(), "-".to_string(), "-".to_string()],
+    };
+    for g in &s.groups {
+        let ([l1, a1, h1], [lh, ah, hh]) = (marks(&g.last_minute), marks(&g.last_hour));
+        say(format!(
+            "{:<24} {l1:>9} {a1:>9} {h1:>9} {lh:>9} {ah:>9} {hh:>9} {:>10}",
+            g.name,
+            g.throttled_total + g.waited_total
+        ));
+    }
     Ok(())
 }

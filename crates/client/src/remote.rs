@@ -323,6 +323,7 @@ impl Driver {
                 waiting: r.waiting,
                 unthrottled: r.unthrottled,
                 held: r.held,
+                waited: r.waited as u64,
             });
         }
         self.sequence += 1;

@@ -104,6 +104,7 @@ impl DemandMeter {
             requests: counts.admitted.saturating_sub(last.admitted) as f64,
             throttled: counts.throttled.saturating_sub(last.throttled) as f64,
             held: granted.unwrap_or(0.0).max(0.0),
+            waited: counts.waited.saturating_sub(last.waited) as f64,
         };
         if self.moved(&counts) {
             self.last_moved = now;

@@ -210,6 +210,7 @@ impl Controller {
                 requests: field("admitted", g.admitted as f64)?,
                 throttled: field("throttled", g.throttled as f64)?,
                 held: field("held", g.held)?,
+                waited: field("waited", g.waited as f64)?,
             };
             reports.push((name, report));
         }

@@ -47,7 +47,7 @@ pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) 
 /// One per-group metric: name, help, type, and how to read it (`None`: no sample).
 type Family = (&'static str, &'static str, &'static str, fn(&GroupView) -> Option<f64>);
 
-const GROUP_FAMILIES: [Family; 10] = [
+const GROUP_FAMILIES: [Family; 17] = [
     ("tollgate_group_target_units", "Target units/s (absent when not throttled).", "gauge", |g| g.target),
     ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", "gauge", |g| Some(g.admitted)),
     ("tollgate_group_throttled_requests", "Requests/s refused over the last tick.", "gauge", |g| {
@@ -67,6 +67,27 @@ const GROUP_FAMILIES: [Family; 10] = [
     }),
     ("tollgate_group_throttled_requests_total", "Requests refused.", "counter", |g| {
         Some(g.meter.throttled as f64)
+    }),
+    ("tollgate_group_waited_requests_total", "Requests admitted after waiting for tokens.", "counter", |g| {
+        Some(g.meter.waited as f64)
+    }),
+    ("tollgate_group_rate_low_1m_units", "Lowest consumption rate over the last minute.", "gauge", |g| {
+        g.last_minute.map(|m| m.low)
+    }),
+    ("tollgate_group_rate_high_1m_units", "Highest consumption rate over the last minute.", "gauge", |g| {
+        g.last_minute.map(|m| m.high)
+    }),
+    ("tollgate_group_rate_avg_1m_units", "Average consumption rate over the last minute.", "gauge", |g| {
+        g.last_minute.map(|m| m.average)
+    }),
+    ("tollgate_group_rate_low_1h_units", "Lowest consumption rate over the last hour.", "gauge", |g| {
+        g.last_hour.map(|m| m.low)
+    }),
+    ("tollgate_group_rate_high_1h_units", "Highest consumption rate over the last hour.", "gauge", |g| {
+        g.last_hour.map(|m| m.high)
+    }),
+    ("tollgate_group_rate_avg_1h_units", "Average consumption rate over the last hour.", "gauge", |g| {
+        g.last_hour.map(|m| m.average)
     }),
 ];
 

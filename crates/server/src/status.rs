@@ -100,6 +100,9 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
             throttled_total: g.meter.throttled,
             budget_exhausted: g.budget_exhausted,
             ramp_pool: g.ramp_pool,
+            waited_total: g.meter.waited,
+            last_minute: g.last_minute.map(marks_to_proto),
+            last_hour: g.last_hour.map(marks_to_proto),
         })
         .collect();
     let node = controller.node();
@@ -113,6 +116,17 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
         clients: clients as u64,
         backends: backends as u64,
         next_page_token,
+    }
+}
+
+fn marks_to_proto(m: tollgate_core::engine::RateMarks) -> v1::RateMarks {
+    v1::RateMarks { low: m.low, high: m.high, average: m.average }
+}
+
+fn marks_json(m: Option<&v1::RateMarks>) -> serde_json::Value {
+    match m {
+        Some(m) => serde_json::json!({ "low": m.low, "high": m.high, "average": m.average }),
+        None => serde_json::Value::Null,
     }
 }
 
@@ -167,8 +181,12 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
                 "consumed_total": g.consumed_total,
                 "admitted_total": g.admitted_total,
                 "throttled_total": g.throttled_total,
+                "waited_total": g.waited_total,
+                "blocked_total": g.throttled_total + g.waited_total,
                 "budget_exhausted": g.budget_exhausted,
                 "ramp_pool": g.ramp_pool,
+                "last_minute": marks_json(g.last_minute.as_ref()),
+                "last_hour": marks_json(g.last_hour.as_ref()),
             })
         })
         .collect();
@@ -209,6 +227,40 @@ mod tests {
             .collect();
         assert_eq!(priorities, ["high", "medium", "3"]);
         assert_eq!(json["mode"], "share");
+    }
+
+    /// TiDB's diagnostics: blocked requests, and the consumption rate's water marks.
+    #[test]
+    fn blocked_requests_and_the_rates_water_marks_reach_the_status() {
+        use tollgate_core::engine::EngineSettings;
+        const S: u64 = 1_000_000_000;
+        let store = Box::new(crate::store::MemoryStore::default());
+        let c = Controller::new(store, EngineSettings::default(), Nanos(0), 0).unwrap();
+        // Ten seconds at 100 units/s, one at 300; three requests refused and two waited.
+        for t in 1..=11u64 {
+            let consumed = if t == 6 { 300.0 } else { 100.0 };
+            let usage = v1::GroupUsage {
+                group: "g".into(),
+                demand: consumed,
+                consumed,
+                admitted: 10,
+                throttled: u64::from(t == 3) * 3,
+                waited: u64::from(t == 4) * 2,
+                ..Default::default()
+            };
+            let req = v1::ExchangeRequest { client_id: "c".into(), sequence: t, groups: vec![usage] };
+            c.exchange(Nanos(t * S), &req).unwrap();
+            c.tick(Nanos(t * S));
+        }
+        let json = status_json(&status_response(&c, Nanos(11 * S), &Page::default()));
+        let g = &json["groups"][0];
+        assert_eq!((g["throttled_total"].as_u64(), g["waited_total"].as_u64()), (Some(3), Some(2)));
+        assert_eq!(g["blocked_total"], 5);
+        let minute = &g["last_minute"];
+        assert_eq!((minute["low"].as_f64(), minute["high"].as_f64()), (Some(100.0), Some(300.0)), "{g}");
+        let average = minute["average"].as_f64().unwrap();
+        assert!((average - 1300.0 / 11.0).abs() < 1e-3, "{average}");
+        assert_eq!(g["last_hour"]["high"], 300.0);
     }
 }
 

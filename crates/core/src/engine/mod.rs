@@ -37,6 +37,7 @@ mod saturation;
 mod split;
 mod tick;
 mod view;
+mod windows;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -45,6 +46,7 @@ pub use clients::ClientError;
 pub use saturation::{Health, SaturationSettings};
 pub use split::{ClientGrant, ClientId, water_level};
 pub use view::GroupView;
+pub use windows::{RateMarks, RateWindows};
 
 use crate::allocate::AllocationMode;
 use crate::ramp::Ramp;
@@ -120,6 +122,8 @@ pub struct ClientReport {
     pub throttled: f64,
     /// The rate of the live grant the client holds (0: none).
     pub held: f64,
+    /// Requests admitted after waiting for tokens since the last report.
+    pub waited: f64,
 }
 
 /// A client's grant for one group: a rate, a burst and a lease (a duration, never a deadline).
@@ -163,6 +167,8 @@ pub struct Meter {
     pub admitted: u64,
     /// Requests refused.
     pub throttled: u64,
+    /// Requests admitted after waiting for tokens.
+    pub waited: u64,
 }
 
 /// What a tick decided for one group. Its optional rates are kept as numbers (NaN for none)
@@ -261,6 +267,8 @@ struct Tracked {
     dirty: bool,
     /// The last tick saw a client: slow start's full reservation applies from the next.
     had_clients: bool,
+    /// Its consumption rate's marks over the last minute and hour (made at its first tick).
+    rates: Option<Box<RateWindows>>,
 }
 
 impl Tracked {
@@ -278,6 +286,7 @@ impl Tracked {
             last_tick: [0.0; 2],
             dirty: meter.dirty,
             had_clients: false,
+            rates: None,
         }
     }
 
@@ -508,6 +517,7 @@ impl Engine {
         g.meter.consumed += r.consumed.max(0.0);
         g.meter.admitted += r.requests.max(0.0) as u64;
         g.meter.throttled += r.throttled.max(0.0) as u64;
+        g.meter.waited += r.waited.max(0.0) as u64;
         g.dirty = true;
         let clients = (g.clients.len() as u32).max(1);
         let unlimited = Grant {

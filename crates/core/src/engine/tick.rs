@@ -48,6 +48,7 @@ impl Engine {
             g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
             g.requests_rate = g.requests_rate * keep + requests / elapsed * (1.0 - keep);
             g.last_tick = [(units / elapsed) as f32, (throttled / elapsed) as f32];
+            g.rates.get_or_insert_default().add(now, units / elapsed);
             g.since_tick = [0.0; 3];
         }
         for (name, g) in &self.tracked {

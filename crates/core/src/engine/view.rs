@@ -2,7 +2,7 @@
 
 use crate::settings::{GroupName, GroupSettings};
 
-use super::{Engine, GroupOutcome, Meter};
+use super::{Engine, GroupOutcome, Meter, RateMarks};
 
 /// A group's settings and state as of the last tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +41,10 @@ pub struct GroupView {
     pub budget_exhausted: bool,
     /// Its ramp's pool, if it ramps.
     pub ramp_pool: Option<f64>,
+    /// Its consumption rate's low and high water marks and average over the last minute.
+    pub last_minute: Option<RateMarks>,
+    /// The same over the last hour.
+    pub last_hour: Option<RateMarks>,
 }
 
 impl Engine {
@@ -68,6 +72,10 @@ impl Engine {
     fn view_of(&self, name: &GroupName, settings: Option<&GroupSettings>) -> GroupView {
         let g = self.tracked.get(name);
         let o = g.and_then(|g| g.outcome.as_ref());
+        let marks = match (g.and_then(|g| g.rates.as_deref()), self.last_tick) {
+            (Some(r), Some(at)) => r.marks(at),
+            _ => (None, None),
+        };
         GroupView {
             name: name.clone(),
             settings: settings.cloned(),
@@ -86,6 +94,8 @@ impl Engine {
             load: o.map_or(0.0, |o| o.load),
             budget_exhausted: o.is_some_and(|o| o.budget_exhausted),
             ramp_pool: g.and_then(|g| g.ramp.as_ref()).map(|r| r.pool() as f64),
+            last_minute: marks.0,
+            last_hour: marks.1,
         }
     }
 }

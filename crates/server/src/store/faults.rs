@@ -134,9 +134,8 @@ impl Change {
                 mode: AllocationMode::Fcfs,
                 slow_start: true,
             }),
-            Change::Meter(i, c) => {
-                store.put_meters(&[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2 })], &[])
-            }
+            Change::Meter(i, c) => store
+                .put_meters(&[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3 })], &[]),
         }
     }
 
@@ -154,7 +153,7 @@ impl Change {
                 stored.node_stored = true;
             }
             Change::Meter(i, c) => {
-                stored.meters.insert(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2 });
+                stored.meters.insert(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3 });
             }
         }
     }

@@ -236,22 +236,27 @@ fn recover(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-fn encode_meter(m: &Meter) -> [u8; 24] {
-    let mut out = [0u8; 24];
+fn encode_meter(m: &Meter) -> [u8; 32] {
+    let mut out = [0u8; 32];
     out[..8].copy_from_slice(&m.consumed.to_le_bytes());
     out[8..16].copy_from_slice(&m.admitted.to_le_bytes());
-    out[16..].copy_from_slice(&m.throttled.to_le_bytes());
+    out[16..24].copy_from_slice(&m.throttled.to_le_bytes());
+    out[24..].copy_from_slice(&m.waited.to_le_bytes());
     out
 }
 
+/// A meter: 32 bytes, or 24 as written before waited requests were counted.
 fn decode_meter(b: &[u8]) -> Result<Meter, String> {
-    let b: &[u8; 24] = b.try_into().map_err(|_| format!("a meter is 24 bytes, found {}", b.len()))?;
-    let word = |i: usize| <[u8; 8]>::try_from(&b[i..i + 8]).expect("8 bytes");
-    let consumed = f64::from_le_bytes(word(0));
+    if b.len() != 24 && b.len() != 32 {
+        return Err(format!("a meter is 24 or 32 bytes, found {}", b.len()));
+    }
+    let word = |i: usize| <[u8; 8]>::try_from(&b[i..i + 8]).map_or(0, u64::from_le_bytes);
+    let consumed = f64::from_bits(word(0));
     if !(consumed.is_finite() && consumed >= 0.0) {
         return Err(format!("consumed units must be finite and not negative, found {consumed}"));
     }
-    Ok(Meter { consumed, admitted: u64::from_le_bytes(word(8)), throttled: u64::from_le_bytes(word(16)) })
+    let waited = if b.len() == 32 { word(24) } else { 0 };
+    Ok(Meter { consumed, admitted: word(8), throttled: word(16), waited })
 }
 
 fn encode_ramp(r: &StoredRamp) -> [u8; 16] {
@@ -345,6 +350,15 @@ impl SettingsStore for RedbStore {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_meter_written_before_waits_were_counted_still_reads() {
+        let m = Meter { consumed: 7.5, admitted: 3, throttled: 2, waited: 9 };
+        let bytes = encode_meter(&m);
+        assert_eq!(decode_meter(&bytes).unwrap(), m);
+        assert_eq!(decode_meter(&bytes[..24]).unwrap(), Meter { waited: 0, ..m });
+        assert_eq!(decode_meter(&bytes[..20]).unwrap_err(), "a meter is 24 or 32 bytes, found 20");
+    }
+
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("tollgate-store-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -355,7 +369,7 @@ mod tests {
     fn settings_meters_and_ramps_survive_a_reopen() {
         let d = dir("reopen");
         let g = GroupName::new("a").unwrap();
-        let meter = Meter { consumed: 12.5, admitted: 3, throttled: 4 };
+        let meter = Meter { consumed: 12.5, admitted: 3, throttled: 4, waited: 5 };
         let ramp = StoredRamp { value: 42.0, until_unix_ms: 1_700_000_000_000 };
         {
             let mut s = RedbStore::open(&d).unwrap();
