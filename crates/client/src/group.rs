@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use arc_swap::ArcSwap;
 use tollgate_core::bucket::Bucket;
+use tollgate_core::cost::Consumption;
 use tollgate_core::demand::Counts;
 use tollgate_core::epoch::EpochShare;
 use tollgate_core::settings::{DEFAULT_GROUP, DroppedWork, GroupName, GroupSettings, check_group_name};
@@ -73,6 +74,8 @@ pub(crate) struct Group {
     /// Set while a debt is being paid back: the bucket then refills slower than granted.
     repaying: AtomicBool,
     repay: Mutex<Repay>,
+    /// What settled requests did, in detail (running totals).
+    pub(crate) detail: Mutex<Consumption>,
     me: Weak<Group>,
 }
 
@@ -127,6 +130,7 @@ impl Group {
             debt_repay_ns: AtomicU64::new(0),
             repaying: AtomicBool::new(false),
             repay: Mutex::new(Repay::default()),
+            detail: Mutex::new(Consumption::default()),
             me: me.clone(),
         })
     }
@@ -150,6 +154,7 @@ impl Group {
             admitted: t.admitted,
             throttled: t.throttled,
             waited: t.waited,
+            detail: *self.detail.lock().unwrap_or_else(PoisonError::into_inner),
         }
     }
 

@@ -78,6 +78,9 @@ pub struct GroupStats {
     pub dropped_units: f64,
     /// Units of debt still being paid back from the refill (see the `debt_repay_s` setting).
     pub debt_units: f64,
+    /// What requests settled with their usage did, in detail (read and write request units,
+    /// bytes, CPU, requests).
+    pub detail: tollgate_core::cost::Consumption,
 }
 
 fn stats_of(g: &Group) -> GroupStats {
@@ -96,6 +99,7 @@ fn stats_of(g: &Group) -> GroupStats {
         dropped: g.dropped.load(Ordering::Relaxed),
         dropped_units: units(g.dropped_micro.load(Ordering::Relaxed)),
         debt_units: g.debt(g.clock.now()),
+        detail: *g.detail.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::handle::{GroupStats, Tollgate};
 /// One per-group family: name, help, type, and how to read it from the stats.
 type Family = (&'static str, &'static str, &'static str, fn(&GroupStats) -> f64);
 
-const GROUP_FAMILIES: [Family; 12] = [
+const GROUP_FAMILIES: [Family; 19] = [
     ("tollgate_client_admitted_requests_total", "Requests admitted.", "counter", |s| s.admitted as f64),
     ("tollgate_client_throttled_requests_total", "Requests refused.", "counter", |s| s.throttled as f64),
     ("tollgate_client_admitted_units_total", "Units admitted, at the cost asked.", "counter", |s| {
@@ -38,6 +38,17 @@ const GROUP_FAMILIES: [Family; 12] = [
     ("tollgate_client_demand_units", "Units/s asked, as the engine last saw it.", "gauge", |s| s.demand),
     ("tollgate_client_waiting_units", "Units waiting in acquire now.", "gauge", |s| s.waiting_units),
     ("tollgate_client_debt_units", "Units of debt still being paid back.", "gauge", |s| s.debt_units),
+    ("tollgate_client_rru_total", "Read request units of settled requests.", "counter", |s| s.detail.rru),
+    ("tollgate_client_wru_total", "Write request units of settled requests.", "counter", |s| s.detail.wru),
+    ("tollgate_client_read_bytes_total", "Bytes read by settled requests.", "counter", |s| {
+        s.detail.read_bytes
+    }),
+    ("tollgate_client_write_bytes_total", "Bytes written by settled requests.", "counter", |s| {
+        s.detail.write_bytes
+    }),
+    ("tollgate_client_cpu_ms_total", "CPU milliseconds of settled requests.", "counter", |s| s.detail.cpu_ms),
+    ("tollgate_client_read_requests_total", "Settled read requests.", "counter", |s| s.detail.read_rpcs),
+    ("tollgate_client_write_requests_total", "Settled write requests.", "counter", |s| s.detail.write_rpcs),
 ];
 
 impl Tollgate {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tollgate_core::cost::{CostError, CostModel, Usage, check_cost};
+use tollgate_core::cost::{Consumption, CostError, CostModel, Usage, check_cost};
 use tollgate_core::time::Clock;
 
 use crate::group::{Group, Limiter, micros};
@@ -125,9 +125,14 @@ impl Permit<'_> {
 
     /// Settles with what the request did, priced by `model` (usually the limiter's own,
     /// [`Tollgate::cost_model`](crate::Tollgate::cost_model)).
+    ///
+    /// What the request did is added to the group's detailed consumption (read or write
+    /// request units, bytes, CPU milliseconds, one request), which a controller sums per
+    /// group: only requests settled this way are counted there.
     pub fn settle_usage(self, model: &CostModel, usage: &Usage) -> Result<(), CostError> {
-        let actual = model.cost(usage)?;
-        self.settle(actual)
+        let detail = Consumption::of(model, usage)?;
+        self.group.detail.lock().unwrap_or_else(std::sync::PoisonError::into_inner).add(&detail);
+        self.settle(detail.rru + detail.wru)
     }
 
     /// The same permit, no longer borrowing the handle it came from.

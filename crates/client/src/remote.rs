@@ -324,6 +324,11 @@ impl Driver {
                 unthrottled: r.unthrottled,
                 held: r.held,
                 waited: r.waited as u64,
+                detail: (!r.detail.is_zero()).then(|| {
+                    let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] =
+                        r.detail.values();
+                    v1::Consumption { rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs }
+                }),
             });
         }
         self.sequence += 1;

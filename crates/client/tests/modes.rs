@@ -13,7 +13,7 @@ use std::time::Duration;
 use tollgate_client::clock::TokioClock;
 use tollgate_client::{AcquireError, BuildError, GroupHandle, RemoteOptions, StoreOptions, Tollgate};
 use tollgate_core::config::Config;
-use tollgate_core::cost::Usage;
+use tollgate_core::cost::{Consumption, Usage};
 use tollgate_core::engine::EngineSettings;
 use tollgate_core::time::ManualClock;
 use tollgate_server::controller::Controller;
@@ -235,6 +235,7 @@ suite! {
     default_group: [embedded, remote, store, replicas];
     dropped_work: [embedded, remote, store, replicas];
     slow_start: [embedded, remote, store, replicas];
+    detailed_consumption: [embedded, remote, store, replicas];
     debt_paid_over_time: [embedded, remote, store, replicas];
 }
 
@@ -436,6 +437,46 @@ async fn slow_start(env: Env) {
         assert_near(&env, &format!("slow start {slow_start}"), &rates, &[expected], 5.0);
         drop(gate);
         env.sleep(Duration::from_secs(20)).await;
+    }
+}
+
+async fn detailed_consumption(env: Env) {
+    let gate = env.gate("[cost]\nmodel = \"ru\"\n[groups.g]\nlimit = 100000\n").await;
+    let reads = Usage::read(65_536).with_cpu_ms(3.0);
+    let writes = Usage::write(2048);
+    for usage in [reads, reads, writes] {
+        let permit = loop {
+            match gate.try_acquire_usage("g", &usage) {
+                Ok(p) => break p,
+                Err(_) => env.sleep(STEP).await,
+            }
+        };
+        permit.settle_usage(gate.cost_model(), &usage).unwrap();
+    }
+    let model = gate.cost_model();
+    let (rru, wru) = (model.cost(&reads).unwrap() * 2.0, model.cost(&writes).unwrap());
+    let want = Consumption {
+        rru,
+        wru,
+        read_bytes: 131_072.0,
+        write_bytes: 2048.0,
+        cpu_ms: 6.0,
+        read_rpcs: 2.0,
+        write_rpcs: 1.0,
+    };
+    assert_eq!(gate.stats("g").unwrap().detail, want, "{}", env.mode());
+    if let Env::Remote { net } = &env {
+        // The controller sums what its clients report, at their next exchange.
+        let g = tollgate_core::settings::GroupName::new("g").unwrap();
+        let mut summed = None;
+        for _ in 0..300 {
+            summed = net.controller().view().iter().find(|v| v.name == g).and_then(|v| v.detail);
+            if summed == Some(want) {
+                break;
+            }
+            env.sleep(STEP).await;
+        }
+        assert_eq!(summed, Some(want));
     }
 }
 

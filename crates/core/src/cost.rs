@@ -186,6 +186,88 @@ pub struct LinearCoefficients {
     pub per_cpu_ms: f64,
 }
 
+/// What a group's requests did, in detail (TiDB's `Consumption`): read and write request
+/// units, bytes, CPU and request counts. Running totals, or the difference of two.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Consumption {
+    /// Read request units: what reads cost, priced by the model.
+    pub rru: f64,
+    /// Write request units.
+    pub wru: f64,
+    /// Bytes read.
+    pub read_bytes: f64,
+    /// Bytes written.
+    pub write_bytes: f64,
+    /// CPU milliseconds spent serving them.
+    pub cpu_ms: f64,
+    /// Read requests.
+    pub read_rpcs: f64,
+    /// Write requests.
+    pub write_rpcs: f64,
+}
+
+impl Consumption {
+    /// The field names, in the order of [`values`](Self::values).
+    pub const NAMES: [&'static str; 7] =
+        ["rru", "wru", "read_bytes", "write_bytes", "cpu_ms", "read_rpcs", "write_rpcs"];
+
+    /// One request that did `usage`, priced by `model`.
+    pub fn of(model: &CostModel, usage: &Usage) -> Result<Self, CostError> {
+        let units = model.cost(usage)?;
+        let bytes = usage.bytes as f64;
+        Ok(match usage.kind {
+            OpKind::Read => Self {
+                rru: units,
+                read_bytes: bytes,
+                cpu_ms: usage.cpu_ms,
+                read_rpcs: 1.0,
+                ..Self::default()
+            },
+            OpKind::Write => Self {
+                wru: units,
+                write_bytes: bytes,
+                cpu_ms: usage.cpu_ms,
+                write_rpcs: 1.0,
+                ..Self::default()
+            },
+        })
+    }
+
+    /// The values, in the order of [`NAMES`](Self::NAMES).
+    pub fn values(&self) -> [f64; 7] {
+        [self.rru, self.wru, self.read_bytes, self.write_bytes, self.cpu_ms, self.read_rpcs, self.write_rpcs]
+    }
+
+    /// From values in the order of [`NAMES`](Self::NAMES).
+    pub fn from_values(v: [f64; 7]) -> Self {
+        let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] = v;
+        Self { rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs }
+    }
+
+    /// Adds `other` in.
+    pub fn add(&mut self, other: &Consumption) {
+        let mut v = self.values();
+        for (a, b) in v.iter_mut().zip(other.values()) {
+            *a += b;
+        }
+        *self = Self::from_values(v);
+    }
+
+    /// What was added since `earlier` (never negative).
+    pub fn since(&self, earlier: &Consumption) -> Consumption {
+        let mut v = self.values();
+        for (a, b) in v.iter_mut().zip(earlier.values()) {
+            *a = (*a - b).max(0.0);
+        }
+        Self::from_values(v)
+    }
+
+    /// Nothing at all.
+    pub fn is_zero(&self) -> bool {
+        self.values().iter().all(|v| *v == 0.0)
+    }
+}
+
 /// How requests are priced in units. See the [module documentation](self) for the formulas.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum CostModel {

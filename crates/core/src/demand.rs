@@ -47,6 +47,8 @@ pub struct Counts {
     pub throttled: u64,
     /// Requests admitted only after waiting.
     pub waited: u64,
+    /// What settled requests did, in detail.
+    pub detail: crate::cost::Consumption,
 }
 
 /// Turns a group's running totals into reports. See the [module documentation](self).
@@ -105,6 +107,7 @@ impl DemandMeter {
             throttled: counts.throttled.saturating_sub(last.throttled) as f64,
             held: granted.unwrap_or(0.0).max(0.0),
             waited: counts.waited.saturating_sub(last.waited) as f64,
+            detail: counts.detail.since(&last.detail),
         };
         if self.moved(&counts) {
             self.last_moved = now;

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tollgate_core::allocate::AllocationMode;
+use tollgate_core::cost::Consumption;
 use tollgate_core::engine::{ClientReport, Engine, EngineSettings, GroupView, Health};
 use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
@@ -211,6 +212,18 @@ impl Controller {
                 throttled: field("throttled", g.throttled as f64)?,
                 held: field("held", g.held)?,
                 waited: field("waited", g.waited as f64)?,
+                detail: match &g.detail {
+                    None => Consumption::default(),
+                    Some(d) => {
+                        let given =
+                            [d.rru, d.wru, d.read_bytes, d.write_bytes, d.cpu_ms, d.read_rpcs, d.write_rpcs];
+                        let mut checked = [0.0; 7];
+                        for ((out, v), name) in checked.iter_mut().zip(given).zip(Consumption::NAMES) {
+                            *out = field(&format!("detail.{name}"), v)?;
+                        }
+                        Consumption::from_values(checked)
+                    }
+                },
             };
             reports.push((name, report));
         }

@@ -47,7 +47,7 @@ pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) 
 /// One per-group metric: name, help, type, and how to read it (`None`: no sample).
 type Family = (&'static str, &'static str, &'static str, fn(&GroupView) -> Option<f64>);
 
-const GROUP_FAMILIES: [Family; 17] = [
+const GROUP_FAMILIES: [Family; 24] = [
     ("tollgate_group_target_units", "Target units/s (absent when not throttled).", "gauge", |g| g.target),
     ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", "gauge", |g| Some(g.admitted)),
     ("tollgate_group_throttled_requests", "Requests/s refused over the last tick.", "gauge", |g| {
@@ -88,6 +88,27 @@ const GROUP_FAMILIES: [Family; 17] = [
     }),
     ("tollgate_group_rate_avg_1h_units", "Average consumption rate over the last hour.", "gauge", |g| {
         g.last_hour.map(|m| m.average)
+    }),
+    ("tollgate_group_rru_total", "Read request units, as clients reported them.", "counter", |g| {
+        g.detail.map(|d| d.rru)
+    }),
+    ("tollgate_group_wru_total", "Write request units, as clients reported them.", "counter", |g| {
+        g.detail.map(|d| d.wru)
+    }),
+    ("tollgate_group_read_bytes_total", "Bytes read, as clients reported them.", "counter", |g| {
+        g.detail.map(|d| d.read_bytes)
+    }),
+    ("tollgate_group_write_bytes_total", "Bytes written, as clients reported them.", "counter", |g| {
+        g.detail.map(|d| d.write_bytes)
+    }),
+    ("tollgate_group_cpu_ms_total", "CPU milliseconds, as clients reported them.", "counter", |g| {
+        g.detail.map(|d| d.cpu_ms)
+    }),
+    ("tollgate_group_read_requests_total", "Read requests, as clients reported them.", "counter", |g| {
+        g.detail.map(|d| d.read_rpcs)
+    }),
+    ("tollgate_group_write_requests_total", "Write requests, as clients reported them.", "counter", |g| {
+        g.detail.map(|d| d.write_rpcs)
     }),
 ];
 

@@ -103,6 +103,7 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
             waited_total: g.meter.waited,
             last_minute: g.last_minute.map(marks_to_proto),
             last_hour: g.last_hour.map(marks_to_proto),
+            detail: g.detail.map(detail_to_proto),
         })
         .collect();
     let node = controller.node();
@@ -121,6 +122,21 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
 
 fn marks_to_proto(m: tollgate_core::engine::RateMarks) -> v1::RateMarks {
     v1::RateMarks { low: m.low, high: m.high, average: m.average }
+}
+
+fn detail_to_proto(d: tollgate_core::cost::Consumption) -> v1::Consumption {
+    let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] = d.values();
+    v1::Consumption { rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs }
+}
+
+fn detail_json(d: Option<&v1::Consumption>) -> serde_json::Value {
+    match d {
+        Some(d) => serde_json::json!({
+            "rru": d.rru, "wru": d.wru, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
+            "cpu_ms": d.cpu_ms, "read_rpcs": d.read_rpcs, "write_rpcs": d.write_rpcs,
+        }),
+        None => serde_json::Value::Null,
+    }
 }
 
 fn marks_json(m: Option<&v1::RateMarks>) -> serde_json::Value {
@@ -187,6 +203,7 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
                 "ramp_pool": g.ramp_pool,
                 "last_minute": marks_json(g.last_minute.as_ref()),
                 "last_hour": marks_json(g.last_hour.as_ref()),
+                "detail": detail_json(g.detail.as_ref()),
             })
         })
         .collect();
@@ -261,6 +278,27 @@ mod tests {
         let average = minute["average"].as_f64().unwrap();
         assert!((average - 1300.0 / 11.0).abs() < 1e-3, "{average}");
         assert_eq!(g["last_hour"]["high"], 300.0);
+        assert_eq!(g["detail"], serde_json::Value::Null, "no client reported any");
+
+        // Detailed consumption is summed per group; a bad number refuses the whole report.
+        let detail =
+            |rru: f64| v1::Consumption { rru, read_bytes: 4096.0, read_rpcs: 1.0, ..Default::default() };
+        for (t, d) in [(12u64, detail(2.5)), (13, detail(1.5))] {
+            let usage = v1::GroupUsage { group: "g".into(), detail: Some(d), ..Default::default() };
+            let req = v1::ExchangeRequest { client_id: "c".into(), sequence: t, groups: vec![usage] };
+            c.exchange(Nanos(t * S), &req).unwrap();
+        }
+        let bad = v1::GroupUsage { group: "g".into(), detail: Some(detail(-1.0)), ..Default::default() };
+        let req = v1::ExchangeRequest { client_id: "c".into(), sequence: 14, groups: vec![bad] };
+        let e = c.exchange(Nanos(14 * S), &req).unwrap_err();
+        assert_eq!(e.message(), "groups[0].detail.rru: must be a finite number from 0 to 1e15, got -1");
+        c.tick(Nanos(14 * S));
+        let json = status_json(&status_response(&c, Nanos(14 * S), &Page::default()));
+        let d = &json["groups"][0]["detail"];
+        assert_eq!(
+            (d["rru"].as_f64(), d["read_bytes"].as_f64(), d["read_rpcs"].as_f64()),
+            (Some(4.0), Some(8192.0), Some(2.0))
+        );
     }
 }
 

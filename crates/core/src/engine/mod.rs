@@ -124,6 +124,8 @@ pub struct ClientReport {
     pub held: f64,
     /// Requests admitted after waiting for tokens since the last report.
     pub waited: f64,
+    /// What its settled requests did since the last report, in detail.
+    pub detail: crate::cost::Consumption,
 }
 
 /// A client's grant for one group: a rate, a burst and a lease (a duration, never a deadline).
@@ -269,6 +271,9 @@ struct Tracked {
     had_clients: bool,
     /// Its consumption rate's marks over the last minute and hour (made at its first tick).
     rates: Option<Box<RateWindows>>,
+    /// What its requests did in detail, since this engine first saw it (made when a client
+    /// first reports any).
+    detail: Option<Box<crate::cost::Consumption>>,
 }
 
 impl Tracked {
@@ -287,6 +292,7 @@ impl Tracked {
             dirty: meter.dirty,
             had_clients: false,
             rates: None,
+            detail: None,
         }
     }
 
@@ -518,6 +524,9 @@ impl Engine {
         g.meter.admitted += r.requests.max(0.0) as u64;
         g.meter.throttled += r.throttled.max(0.0) as u64;
         g.meter.waited += r.waited.max(0.0) as u64;
+        if !r.detail.is_zero() {
+            g.detail.get_or_insert_default().add(&r.detail);
+        }
         g.dirty = true;
         let clients = (g.clients.len() as u32).max(1);
         let unlimited = Grant {

@@ -45,6 +45,9 @@ pub struct GroupView {
     pub last_minute: Option<RateMarks>,
     /// The same over the last hour.
     pub last_hour: Option<RateMarks>,
+    /// What its requests did in detail (RRU, WRU, bytes, CPU, requests), as clients reported
+    /// it, since this engine first saw the group; `None` when no client reported any.
+    pub detail: Option<crate::cost::Consumption>,
 }
 
 impl Engine {
@@ -96,6 +99,7 @@ impl Engine {
             ramp_pool: g.and_then(|g| g.ramp.as_ref()).map(|r| r.pool() as f64),
             last_minute: marks.0,
             last_hour: marks.1,
+            detail: g.and_then(|g| g.detail.as_deref().copied()),
         }
     }
 }
