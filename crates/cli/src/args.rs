@@ -115,9 +115,21 @@ pub(crate) struct ServerArgs {
     /// workload problem); 0 when there is only one zone.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub(crate) ignore_worst_zones: u64,
-    /// Units/s a group must put on a backend for that backend to limit it.
+    /// Units/s a group must put on a backend for that backend to limit it (FoundationDB's
+    /// 100 pages/s).
     #[arg(long, default_value_t = 409_600.0)]
     pub(crate) limiting_threshold: f64,
+    /// Queue bytes at which a backend is at its target: saturation ratio 1 (FoundationDB's
+    /// storage queue target). A utilisation report reads as this many bytes times it.
+    #[arg(long, default_value_t = 800e6)]
+    pub(crate) queue_target_bytes: f64,
+    /// Queue bytes over which the ratio falls from 1 to its floor of 0.5 (FoundationDB's
+    /// spring); at most the target.
+    #[arg(long, default_value_t = 200e6)]
+    pub(crate) queue_spring_bytes: f64,
+    /// Folding time of the smoothers of each group's average cost, in seconds (0.1 to 600).
+    #[arg(long, default_value_t = 2.0)]
+    pub(crate) cost_folding_s: f64,
     /// How often groups' consumption (what budgets are checked against) and resumable
     /// ramps are written to the data file, in milliseconds; also written at a clean stop.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]

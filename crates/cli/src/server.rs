@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::bail;
 use tollgate_core::config::{Config, NodeSettings};
 use tollgate_core::cost::CostModel;
+use tollgate_core::engine::{COST_FOLDING_S, SaturationSettings};
 use tollgate_server::{Server, ServerOptions, shutdown_signal};
 
 use crate::args::ServerArgs;
@@ -52,11 +53,21 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
 }
 
 fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
-    if !(0.0..=tollgate_core::settings::RATE_MAX).contains(&a.limiting_threshold) {
+    let saturation = SaturationSettings {
+        queue_target_bytes: a.queue_target_bytes,
+        queue_spring_bytes: a.queue_spring_bytes,
+        limiting_threshold: a.limiting_threshold,
+        ignore_worst_zones: a.ignore_worst_zones as usize,
+    };
+    if let Some((key, rule)) = saturation.problems().into_iter().next() {
+        bail!("--{}: {}", key.replace('_', "-"), rule.replace("queue_target_bytes", "--queue-target-bytes"));
+    }
+    if !COST_FOLDING_S.contains(&a.cost_folding_s) {
         bail!(
-            "--limiting-threshold: must be a number from 0 to {:e} units/s; got {}",
-            tollgate_core::settings::RATE_MAX,
-            a.limiting_threshold
+            "--cost-folding-s: must be from {} to {} seconds, got {}",
+            COST_FOLDING_S.start(),
+            COST_FOLDING_S.end(),
+            a.cost_folding_s
         );
     }
     let (defaults, notes) = match &a.config {
@@ -72,8 +83,8 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         http: a.http,
         tick: Duration::from_millis(a.tick_ms),
         lease: Duration::from_millis(a.lease_ms),
-        ignore_worst_zones: a.ignore_worst_zones as usize,
-        limiting_threshold: a.limiting_threshold,
+        saturation,
+        cost_folding: Duration::from_secs_f64(a.cost_folding_s),
         flush_interval: Duration::from_millis(a.flush_ms),
         limits: tollgate_server::conn::Limits {
             max_connections: a.max_connections as usize,

@@ -382,3 +382,35 @@ fn calibrate_recovers_the_examples_coefficients_and_its_snippet_checks() {
     assert_eq!(code, 1);
     assert!(err.contains("column \"busy_us\" is not one the model knows"), "{err}");
 }
+
+#[test]
+fn server_knobs_out_of_range_are_named_before_anything_starts() {
+    for (args, message) in [
+        (
+            vec!["--queue-spring-bytes", "9e8"],
+            "--queue-spring-bytes: must be above 0 and at most --queue-target-bytes (800000000), got 900000000",
+        ),
+        (vec!["--queue-target-bytes", "0"], "--queue-target-bytes: must be above 0 and at most 1e18, got 0"),
+        (vec!["--cost-folding-s", "0"], "--cost-folding-s: must be from 0.1 to 600 seconds, got 0"),
+        (
+            vec!["--limiting-threshold", "1e16"],
+            "--limiting-threshold: must be from 0 to 1e15 units/s, got 10000000000000000",
+        ),
+    ] {
+        let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("knobs-never-made");
+        let mut all = vec![
+            "server",
+            "--data",
+            data.to_str().unwrap(),
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ];
+        all.extend(args);
+        let (code, _, err) = tollgate(&all);
+        assert_eq!(code, 1, "{all:?}");
+        assert!(err.contains(message), "{all:?}: {err}");
+        assert!(!data.exists());
+    }
+}

@@ -19,10 +19,11 @@ pub struct ServerOptions {
     pub tick: Duration,
     /// How long a grant holds without renewal; past it clients enter safe mode.
     pub lease: Duration,
-    /// How many of the worst zones saturation limiting ignores (FoundationDB: 1).
-    pub ignore_worst_zones: usize,
-    /// Units/s a group must put on a backend for that backend to limit it.
-    pub limiting_threshold: f64,
+    /// FoundationDB's saturation knobs: queue target and spring, limiting threshold, worst
+    /// zones ignored.
+    pub saturation: SaturationSettings,
+    /// Folding time of the average-cost smoothers.
+    pub cost_folding: Duration,
     /// How often consumption and resumable ramps are written to the store.
     pub flush_interval: Duration,
     /// The cap on gRPC connections and how long an idle one is kept.
@@ -40,8 +41,8 @@ impl Default for ServerOptions {
             http: SocketAddr::from(([127, 0, 0, 1], 7461)),
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(10),
-            ignore_worst_zones: 1,
-            limiting_threshold: 409_600.0,
+            saturation: SaturationSettings::default(),
+            cost_folding: EngineSettings::default().cost_folding,
             flush_interval: Duration::from_secs(10),
             limits: crate::conn::Limits::default(),
             defaults: None,
@@ -55,11 +56,8 @@ impl ServerOptions {
         EngineSettings {
             tick: self.tick,
             lease: self.lease,
-            saturation: SaturationSettings {
-                ignore_worst_zones: self.ignore_worst_zones,
-                limiting_threshold: self.limiting_threshold,
-                ..SaturationSettings::default()
-            },
+            saturation: self.saturation.clone(),
+            cost_folding: self.cost_folding,
             ..EngineSettings::default()
         }
     }

@@ -99,8 +99,10 @@ pub fn engine_settings(scenario: &Scenario) -> EngineSettings {
         saturation: SaturationSettings {
             limiting_threshold: c.limiting_threshold,
             ignore_worst_zones: c.ignore_worst_zones,
-            ..SaturationSettings::default()
+            queue_target_bytes: c.queue_target_bytes,
+            queue_spring_bytes: c.queue_spring_bytes,
         },
+        cost_folding: c.cost_folding,
         ..EngineSettings::default()
     }
 }

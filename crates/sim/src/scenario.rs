@@ -9,6 +9,7 @@ use std::time::Duration;
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::config::{ConfigError, ConfigErrors, line_of};
 use tollgate_core::cost::{CostModel, Usage};
+use tollgate_core::engine::COST_FOLDING_S;
 use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
 use tollgate_core::toml_reader::{Fields, GROUP_KEYS, Reader, Value};
 use toml::de::{DeTable, DeValue};
@@ -49,6 +50,12 @@ pub struct ControllerSpec {
     pub mode: AllocationMode,
     /// Couchbase's slow start.
     pub slow_start: bool,
+    /// Queue bytes at a backend's target (saturation ratio 1).
+    pub queue_target_bytes: f64,
+    /// Queue bytes over which the ratio falls from 1 to 0.5.
+    pub queue_spring_bytes: f64,
+    /// Folding time of the average-cost smoothers.
+    pub cost_folding: Duration,
     /// Controller tick (and client exchange) period.
     pub tick: Duration,
 }
@@ -61,6 +68,9 @@ impl Default for ControllerSpec {
             capacity: None,
             mode: AllocationMode::Share,
             slow_start: false,
+            queue_target_bytes: 800e6,
+            queue_spring_bytes: 200e6,
+            cost_folding: Duration::from_secs(2),
             tick: Duration::from_secs(1),
         }
     }
@@ -367,10 +377,33 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     {
         c.slow_start = b;
     }
+    if let Some((p, v)) = f.take("queue_target_bytes") {
+        c.queue_target_bytes = r.positive(&p, v).unwrap_or(c.queue_target_bytes);
+    }
+    if let Some((p, v)) = f.take("queue_spring_bytes") {
+        c.queue_spring_bytes = r.positive(&p, v).unwrap_or(c.queue_spring_bytes);
+    }
+    if let Some((p, v)) = f.take("cost_folding_s")
+        && let Some(s) = r.positive(&p, v)
+    {
+        if COST_FOLDING_S.contains(&s) {
+            c.cost_folding = Duration::from_secs_f64(s);
+        } else {
+            let (lo, hi) = (COST_FOLDING_S.start(), COST_FOLDING_S.end());
+            r.error(v.span(), p, format!("must be from {lo} to {hi} seconds, got {s}"));
+        }
+    }
+    if c.queue_spring_bytes > c.queue_target_bytes {
+        let rule = format!("must be at most queue_target_bytes ({})", c.queue_target_bytes);
+        r.error(v.span(), "controller.queue_spring_bytes", rule);
+    }
     if let Some((p, v)) = f.take("tick_ms") {
         c.tick = Duration::from_millis(r.integer(&p, v, 10, 60_000).unwrap_or(1000));
     }
-    r.finish(f, "ignore_worst_zones, limiting_threshold, capacity, free_pool, slow_start, tick_ms");
+    r.finish(
+        f,
+        "ignore_worst_zones, limiting_threshold, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, tick_ms",
+    );
     c
 }
 
@@ -778,6 +811,33 @@ mod tests {
         assert_eq!(settings.limit().as_f64(), 80.0);
         assert_eq!(settings.reserved(), 10.0);
         assert_eq!(settings.weight(), 3.0);
+    }
+
+    #[test]
+    fn the_saturation_knobs_are_read_and_checked() {
+        let ok = Scenario::parse(&format!(
+            "{}[controller]\nqueue_target_bytes = 4e8\nqueue_spring_bytes = 1e8\ncost_folding_s = 5\n",
+            phase("")
+        ))
+        .unwrap();
+        assert_eq!(
+            (ok.controller.queue_target_bytes, ok.controller.queue_spring_bytes, ok.controller.cost_folding),
+            (4e8, 1e8, Duration::from_secs(5))
+        );
+        let bad = Scenario::parse(&format!(
+            "{}[controller]\nqueue_target_bytes = 1e8\nqueue_spring_bytes = 2e8\ncost_folding_s = 1000\n",
+            phase("")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.contains("controller.cost_folding_s: must be from 0.1 to 600 seconds, got 1000"),
+            "{bad}"
+        );
+        assert!(
+            bad.contains("controller.queue_spring_bytes: must be at most queue_target_bytes (100000000)"),
+            "{bad}"
+        );
     }
 
     #[test]

@@ -80,3 +80,23 @@ fn a_debt_blocks_one_group_and_is_paid_over_time_by_the_other() {
     assert!(paying[at..at + 10].iter().all(|&u| (u - 60.0).abs() <= 2.0), "paying: {paying:?}");
     assert!(paying[at + 11..at + 14].iter().all(|&u| (u - 100.0).abs() <= 2.0), "paying: {paying:?}");
 }
+
+#[test]
+fn the_saturation_knobs_move_the_equilibrium() {
+    // A simulated backend's queue is 800e6 bytes at its capacity. With the target there, the
+    // loop holds it at utilisation 1; with a target of half that, at utilisation 0.5.
+    for (target, utilisation) in [(800e6, 1.0), (400e6, 0.5)] {
+        let mut s = load("fdb-active-throttling");
+        s.controller.queue_target_bytes = target;
+        s.controller.queue_spring_bytes = target / 4.0;
+        s.phases.truncate(1);
+        s.phases[0].expects.clear();
+        s.phases[0].hold_checks = 120;
+        s.phases[0].timeout = std::time::Duration::from_secs(120);
+        let outcome = run(&s, s.seed);
+        let last = outcome.timeline.last().unwrap();
+        for u in &last.utilisation {
+            assert!((u - utilisation).abs() < 0.03 * utilisation, "target {target}: utilisation {u}");
+        }
+    }
+}

@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 pub use clients::ClientError;
-pub use saturation::{Health, SaturationSettings};
+pub use saturation::{COST_FOLDING_S, Health, SaturationSettings};
 pub use split::{ClientGrant, ClientId, water_level};
 pub use view::GroupView;
 pub use windows::{RateMarks, RateWindows};

@@ -45,6 +45,53 @@ impl Default for SaturationSettings {
     }
 }
 
+impl SaturationSettings {
+    /// Every knob outside its range, as `(key, rule)` with the key as a scenario names it
+    /// (the server's flags are the same words with dashes).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let bytes_max = crate::settings::UNITS_MAX;
+        if !(self.queue_target_bytes.is_finite()
+            && self.queue_target_bytes > 0.0
+            && self.queue_target_bytes <= bytes_max)
+        {
+            out.push((
+                "queue_target_bytes",
+                format!("must be above 0 and at most {bytes_max:e}, got {}", self.queue_target_bytes),
+            ));
+        }
+        if !(self.queue_spring_bytes.is_finite()
+            && self.queue_spring_bytes > 0.0
+            && self.queue_spring_bytes <= self.queue_target_bytes)
+        {
+            out.push((
+                "queue_spring_bytes",
+                format!(
+                    "must be above 0 and at most queue_target_bytes ({}), got {}",
+                    self.queue_target_bytes, self.queue_spring_bytes
+                ),
+            ));
+        }
+        let rate_max = crate::settings::RATE_MAX;
+        if !(0.0..=rate_max).contains(&self.limiting_threshold) {
+            out.push((
+                "limiting_threshold",
+                format!("must be from 0 to {rate_max:e} units/s, got {}", self.limiting_threshold),
+            ));
+        }
+        if self.ignore_worst_zones > 1000 {
+            out.push((
+                "ignore_worst_zones",
+                format!("must be from 0 to 1000, got {}", self.ignore_worst_zones),
+            ));
+        }
+        out
+    }
+}
+
+/// The shortest and longest folding time of the average-cost smoothers, in seconds.
+pub const COST_FOLDING_S: std::ops::RangeInclusive<f64> = 0.1..=600.0;
+
 /// A backend's health.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Health {
