@@ -609,6 +609,26 @@ fn stored(info: &v1::NodeInfo) -> StoredNode {
     StoredNode::from_proto(info)
 }
 
+/// Follows the server's trace, printing each line, until `count` lines or the server ends it.
+pub async fn trace(server: &Target, group: Option<String>, count: Option<u64>) -> anyhow::Result<()> {
+    // No per-call deadline: the answer is a stream that runs as long as it is followed.
+    let target = Target { url: server.url.clone(), timeout: std::time::Duration::from_secs(24 * 3600) };
+    let mut client = connect(&target).await?;
+    let request = v1::TraceRequest { group: group.unwrap_or_default() };
+    let mut stream = client.trace(request).await.map_err(rpc)?.into_inner();
+    let mut printed = 0u64;
+    while count.is_none_or(|c| printed < c) {
+        match stream.message().await.map_err(rpc)? {
+            Some(line) => {
+                say(line.json);
+                printed += 1;
+            }
+            None => bail!("the tollgate server ended the trace"),
+        }
+    }
+    Ok(())
+}
+
 pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     // Every page of groups, into one answer.

@@ -67,6 +67,16 @@ pub(crate) enum Command {
         #[arg(long, default_value = "observed")]
         observed: String,
     },
+    /// Follow the trace of every rate computation on a running server, as JSON lines: per
+    /// group per tick every input and output of its target ("rate"), and per backend report
+    /// each group it carries ("busy_group"). Runs until stopped, or for `--count` lines.
+    Trace {
+        /// Only this group's events.
+        group: Option<String>,
+        /// Stop after this many lines.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
     /// The capacity and every group's settings, target, admitted rate, demand and clients.
     Status {
         /// Print JSON for scripts.
@@ -90,6 +100,10 @@ pub(crate) enum Command {
         /// Replaces the scenario's seed.
         #[arg(long)]
         seed: Option<u64>,
+        /// Writes the trace of every rate computation here, as JSON lines (see `tollgate
+        /// trace`).
+        #[arg(long)]
+        trace: Option<PathBuf>,
     },
 }
 

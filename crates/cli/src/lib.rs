@@ -52,7 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Sim { scenario, out, seed } => sim::run(&scenario, out, seed),
+        Command::Sim { scenario, out, seed, trace } => sim::run(&scenario, out, seed, trace),
         Command::Server(args) => server::run(args),
         Command::Quota(cmd) => admin_command(admin::quota(&target, cmd)),
         Command::Group(cmd) => admin_command(admin::group(&target, cmd)),
@@ -74,6 +74,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Trace { group, count } => admin_command(admin::trace(&target, group, count)),
         Command::Status { json } => admin_command(admin::status(&target, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(cmd) => {

@@ -8,7 +8,12 @@ use tollgate_sim::{Scenario, output};
 
 /// Runs the scenario at `path`: 0 when every phase passed, 1 when one failed, 2 when the
 /// scenario cannot be read or is malformed.
-pub fn run(path: &Path, out: Option<PathBuf>, seed: Option<u64>) -> anyhow::Result<ExitCode> {
+pub fn run(
+    path: &Path,
+    out: Option<PathBuf>,
+    seed: Option<u64>,
+    trace: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
     let src = match std::fs::read_to_string(path) {
         Ok(src) => src,
         Err(e) => {
@@ -28,7 +33,32 @@ pub fn run(path: &Path, out: Option<PathBuf>, seed: Option<u64>) -> anyhow::Resu
     };
     let seed = seed.unwrap_or(scenario.seed);
     crate::say(format!("scenario {} (seed {seed})", scenario.name));
-    let outcome = tollgate_sim::run(&scenario, seed);
+    let outcome = match &trace {
+        None => tollgate_sim::run(&scenario, seed),
+        Some(file) => {
+            use std::io::Write as _;
+            let f =
+                std::fs::File::create(file).with_context(|| format!("cannot write {}", file.display()))?;
+            let mut w = std::io::BufWriter::new(f);
+            let mut failed = None;
+            let mut sink = |e: tollgate_core::engine::TraceEvent| {
+                if failed.is_none()
+                    && let Err(err) = serde_json::to_writer(&mut w, &e)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| w.write_all(b"\n"))
+                {
+                    failed = Some(err);
+                }
+            };
+            let outcome = tollgate_sim::run_traced(&scenario, seed, Some(&mut sink));
+            if let Some(err) = failed {
+                return Err(err).with_context(|| format!("cannot write {}", file.display()));
+            }
+            w.flush().with_context(|| format!("cannot write {}", file.display()))?;
+            crate::say(format!("wrote the trace to {}", file.display()));
+            outcome
+        }
+    };
     for line in output::phase_lines(&outcome) {
         crate::say(line);
     }

@@ -94,6 +94,35 @@ fn sim_passes_a_scenario_and_writes_timeline_summary_and_chart() {
 }
 
 #[test]
+fn sim_writes_the_trace_of_every_rate_computation() {
+    let dir = out_dir("sim-trace");
+    let trace = dir.with_extension("jsonl");
+    let (code, out, err) = tollgate(&[
+        "sim",
+        &scenario("fdb-active-throttling"),
+        "--out",
+        dir.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("wrote the trace to {}", trace.display())), "{out}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let events: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rates: Vec<&serde_json::Value> = events.iter().filter(|e| e["event"] == "rate").collect();
+    let busy = events.iter().filter(|e| e["event"] == "busy_group").count();
+    assert!(rates.len() > 15 && busy > 30, "{} rates, {busy} busy-group events", rates.len());
+    // Once saturated, each computation names the backends that limited it and their ratios.
+    let limited = rates.iter().find(|r| r["busy"] == true).unwrap();
+    let ratio = limited["ratio"].as_f64().unwrap();
+    assert!(
+        limited["limited_by"].as_array().unwrap().iter().any(|l| l["ratio"].as_f64() == Some(ratio)),
+        "{limited}"
+    );
+    assert!(limited["limiting"].as_f64().unwrap() < limited["desired"].as_f64().unwrap(), "{limited}");
+}
+
+#[test]
 fn sim_runs_replay_exactly_from_their_seed() {
     let (a, b) = (out_dir("sim-seed-a"), out_dir("sim-seed-b"));
     for dir in [&a, &b] {

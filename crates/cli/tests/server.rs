@@ -891,3 +891,59 @@ fn a_defaults_file_fills_what_the_store_lacks_and_a_broken_one_stops_the_start()
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/tollgate.toml"));
 }
+
+/// FoundationDB's `GlobalTagThrottler_GotClientRate`: every rate computation, followed live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_follows_every_rate_computation_live() {
+    let s = ServerProc::start_with(&data_dir("trace"), &["--tick-ms", "50"], Stdio::null());
+    ok(&s, &["group", "create", "g", "--limit", "100"]);
+    ok(&s, &["group", "create", "other", "--limit", "100"]);
+    let follower = Command::new(BIN)
+        .args(["trace", "g", "--count", "3"])
+        .env("TOLLGATE_SERVER", s.url())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Traffic for both groups until the follower has its three lines.
+    let mut client = v1::admission_client::AdmissionClient::connect(s.url()).await.unwrap();
+    let mut backend = v1::backend_client::BackendClient::connect(s.url()).await.unwrap();
+    let usage = |group: &str| v1::GroupUsage {
+        group: group.into(),
+        demand: 50.0,
+        consumed: 5.0,
+        admitted: 5,
+        ..Default::default()
+    };
+    let done = tokio::task::spawn_blocking(move || follower.wait_with_output().unwrap());
+    let mut sequence = 0;
+    while !done.is_finished() {
+        sequence += 1;
+        let req =
+            v1::ExchangeRequest { client_id: "c".into(), sequence, groups: vec![usage("g"), usage("other")] };
+        client.exchange(req).await.unwrap();
+        let report = v1::BackendReport {
+            backend_id: "b1".into(),
+            zone: "z1".into(),
+            health: Some(v1::backend_report::Health::Utilisation(0.5)),
+            loads: vec![v1::GroupLoad { group: "g".into(), units_per_s: 40.0 }],
+        };
+        backend.report(report).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(sequence < 3000, "the trace never gave three lines");
+    }
+    let out = done.await.unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines.iter().all(|l| l["group"] == "g"), "only the group asked for: {text}");
+    let rate = lines.iter().find(|l| l["event"] == "rate").unwrap_or_else(|| panic!("{text}"));
+    for key in
+        ["reserved", "desired", "limiting", "share", "target", "per_client", "average_cost", "limited_by"]
+    {
+        assert!(rate.get(key).is_some(), "{key} missing: {rate}");
+    }
+    assert_eq!(rate["desired"], 100.0);
+    // A bad group name is named; nothing is followed.
+    fails(&s, &["trace", "bad\nname"], "group: must be printable text");
+}

@@ -10,13 +10,13 @@
 //! Nothing here does I/O but the store, and nothing reads a clock: time comes in as [`Nanos`],
 //! so the simulator drives this same code in virtual time.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::cost::Consumption;
-use tollgate_core::engine::{ClientReport, Engine, EngineSettings, GroupView, Health};
+use tollgate_core::engine::{ClientReport, Engine, EngineSettings, GroupView, Health, TraceEvent};
 use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1;
@@ -117,6 +117,35 @@ pub struct Controller {
     exchanges: AtomicU64,
     /// The sorted view of the last tick, and the tick it was built at.
     view: Mutex<Option<(u64, Arc<Vec<GroupView>>)>>,
+    /// Live trace subscribers (`tollgate trace`): each tick's events, as JSON lines.
+    trace: tokio::sync::broadcast::Sender<Arc<TraceLine>>,
+    /// Events are kept for [`Controller::take_trace`] (the simulator's `--trace`).
+    keep_trace: AtomicBool,
+}
+
+/// One trace event as a JSON line, with the group it is about (empty for none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceLine {
+    /// The group.
+    pub group: String,
+    /// The event, as one line of JSON.
+    pub json: String,
+}
+
+/// How many trace lines a slow subscriber may fall behind before it skips some.
+pub const TRACE_CHANNEL: usize = 8192;
+/// The most live trace subscribers.
+pub const TRACE_SUBSCRIBERS_MAX: usize = 16;
+
+impl TraceLine {
+    /// The line for an event.
+    pub fn of(event: &TraceEvent) -> TraceLine {
+        TraceLine {
+            group: event.group().to_string(),
+            json: serde_json::to_string(event)
+                .unwrap_or_else(|e| format!("{{\"event\":\"error\",\"error\":{:?}}}", e.to_string())),
+        }
+    }
 }
 
 impl Controller {
@@ -157,6 +186,8 @@ impl Controller {
             store: Mutex::new(store),
             exchanges: AtomicU64::new(0),
             view: Mutex::new(None),
+            trace: tokio::sync::broadcast::channel(TRACE_CHANNEL).0,
+            keep_trace: AtomicBool::new(false),
         })
     }
 
@@ -181,9 +212,44 @@ impl Controller {
 
     /// Runs one engine tick at `now`. The view of the previous tick is dropped with it, so
     /// that it holds no memory for groups that have since expired.
+    ///
+    /// While someone follows the trace, each group's rate computation (and every backend's
+    /// busy groups) goes to them as JSON lines.
     pub fn tick(&self, now: Nanos) {
-        self.engine().tick(now);
+        let live = self.trace.receiver_count() > 0;
+        let keep = self.keep_trace.load(Ordering::Relaxed);
+        let mut engine = self.engine();
+        engine.set_tracing(live || keep);
+        engine.tick(now);
+        let taken = (live && !keep).then(|| engine.take_trace());
+        drop(engine);
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        if let Some((events, dropped)) = taken {
+            for e in &events {
+                let _ = self.trace.send(Arc::new(TraceLine::of(e)));
+            }
+            if dropped > 0 {
+                let json = format!("{{\"event\":\"dropped\",\"count\":{dropped}}}");
+                let _ = self.trace.send(Arc::new(TraceLine { group: String::new(), json }));
+            }
+        }
+    }
+
+    /// Follows the trace: every event from the next tick on. `None` when
+    /// [`TRACE_SUBSCRIBERS_MAX`] already follow it.
+    pub fn subscribe_trace(&self) -> Option<tokio::sync::broadcast::Receiver<Arc<TraceLine>>> {
+        (self.trace.receiver_count() < TRACE_SUBSCRIBERS_MAX).then(|| self.trace.subscribe())
+    }
+
+    /// Keeps every tick's trace events for [`take_trace`](Self::take_trace) (or stops).
+    pub fn set_tracing(&self, on: bool) {
+        self.keep_trace.store(on, Ordering::Relaxed);
+        self.engine().set_tracing(on);
+    }
+
+    /// The trace events kept since the last take, and how many were dropped for want of room.
+    pub fn take_trace(&self) -> (Vec<TraceEvent>, u64) {
+        self.engine().take_trace()
     }
 
     /// Answers an exchange: checks it against the contract's bounds, reports every group to

@@ -160,6 +160,33 @@ impl Admin for Services {
         Ok(Response::new(node_info(self.controller.node())))
     }
 
+    type TraceStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::TraceLine, Status>> + Send>>;
+
+    async fn trace(&self, req: Request<v1::TraceRequest>) -> Result<Response<Self::TraceStream>, Status> {
+        use tokio_stream::StreamExt as _;
+        let group = req.into_inner().group;
+        if !group.is_empty() {
+            group_name("group", &group)?;
+        }
+        let Some(rx) = self.controller.subscribe_trace() else {
+            return Err(Status::resource_exhausted(format!(
+                "at most {} follow the trace at once",
+                crate::controller::TRACE_SUBSCRIBERS_MAX
+            )));
+        };
+        let lines = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| match item {
+            Ok(line) if group.is_empty() || line.group == group => {
+                Some(Ok(v1::TraceLine { json: line.json.clone() }))
+            }
+            Ok(_) => None,
+            Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
+                Some(Ok(v1::TraceLine { json: format!("{{\"event\":\"lagged\",\"skipped\":{n}}}") }))
+            }
+        });
+        Ok(Response::new(Box::pin(lines)))
+    }
+
     async fn status(&self, req: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {
         let r = req.into_inner();
         let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;

@@ -13,5 +13,5 @@ pub mod run;
 pub mod scenario;
 pub mod world;
 
-pub use run::{Outcome, PhaseResult, Sample, run};
+pub use run::{Outcome, PhaseResult, Sample, run, run_traced};
 pub use scenario::Scenario;

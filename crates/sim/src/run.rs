@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tollgate_client::{Driver, RemoteOptions, Tollgate};
-use tollgate_core::engine::{EngineSettings, SaturationSettings};
+use tollgate_core::engine::{EngineSettings, SaturationSettings, TraceEvent};
 use tollgate_core::settings::GroupName;
 use tollgate_core::time::{ManualClock, Nanos, duration_nanos};
 use tollgate_server::Controller;
@@ -173,8 +173,15 @@ fn apply(action: &Action, controller: &Controller, world: &mut World) {
 
 /// Runs `scenario` with `seed`.
 pub fn run(scenario: &Scenario, seed: u64) -> Outcome {
+    run_traced(scenario, seed, None)
+}
+
+/// Runs `scenario` with `seed`, handing every trace event of the controller (each group's
+/// rate computation per tick, each backend's busy groups) to `trace` as it happens.
+pub fn run_traced(scenario: &Scenario, seed: u64, mut trace: Option<&mut dyn FnMut(TraceEvent)>) -> Outcome {
     let groups = group_names(scenario);
     let controller = controller(scenario);
+    controller.set_tracing(trace.is_some());
     let clock = ManualClock::new();
     let mut drivers: Vec<Driver> = Vec::with_capacity(scenario.clients.len());
     let mut gates = Vec::with_capacity(scenario.clients.len());
@@ -211,6 +218,11 @@ pub fn run(scenario: &Scenario, seed: u64) -> Outcome {
                 controller.backend_report(now, &report).expect("scenario backends are valid");
             }
             controller.tick(now);
+            if let Some(sink) = trace.as_mut() {
+                for event in controller.take_trace().0 {
+                    sink(event);
+                }
+            }
         }
         for d in &mut drivers {
             if d.is_due(now)

@@ -36,6 +36,7 @@ mod clients;
 mod saturation;
 mod split;
 mod tick;
+mod trace;
 mod view;
 mod windows;
 
@@ -45,6 +46,7 @@ use std::time::Duration;
 pub use clients::ClientError;
 pub use saturation::{COST_FOLDING_S, Health, SaturationSettings};
 pub use split::{ClientGrant, ClientId, water_level};
+pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
 pub use view::GroupView;
 pub use windows::{RateMarks, RateWindows};
 
@@ -347,9 +349,36 @@ pub struct Engine {
     /// Provisional grants made since the last tick for groups the tick has not seen.
     unticked_provisional: f64,
     scratch: Vec<f64>,
+    /// Events waiting to be taken, while tracing is on.
+    trace: Option<trace::TraceBuffer>,
 }
 
 impl Engine {
+    /// Turns the trace of every rate computation on or off (off drops what was not taken).
+    pub fn set_tracing(&mut self, on: bool) {
+        if on != self.trace.is_some() {
+            self.trace = on.then(trace::TraceBuffer::default);
+        }
+    }
+
+    /// Whether tracing is on.
+    pub fn is_tracing(&self) -> bool {
+        self.trace.is_some()
+    }
+
+    /// The events since the last take, and how many were dropped for want of room.
+    pub fn take_trace(&mut self) -> (Vec<TraceEvent>, u64) {
+        match &mut self.trace {
+            Some(t) => (std::mem::take(&mut t.events), std::mem::take(&mut t.dropped)),
+            None => (Vec::new(), 0),
+        }
+    }
+
+    /// Seconds since the engine started, for trace events.
+    fn trace_time(&self, now: Nanos) -> f64 {
+        self.started.map_or(0.0, |s| now.since(s).as_secs_f64())
+    }
+
     /// An engine with no groups.
     pub fn new(settings: EngineSettings) -> Self {
         let clients = ClientTable::new(settings.max_clients);
@@ -370,6 +399,7 @@ impl Engine {
             targets_total: 0.0,
             unticked_provisional: 0.0,
             scratch: Vec::new(),
+            trace: None,
         }
     }
 
@@ -635,6 +665,25 @@ impl Engine {
             load: loads.iter().filter(|(_, l)| l.is_finite() && *l > 0.0).cloned().collect(),
             seen: now,
         };
+        if self.trace.is_some() {
+            let total: f64 = state.load.iter().map(|(_, l)| l).sum();
+            let t = self.trace_time(now);
+            let utilisation = self.settings.saturation.utilisation(health);
+            for (group, l) in &state.load {
+                let event = TraceEvent::BusyGroup(BusyGroup {
+                    t,
+                    backend: backend.to_string(),
+                    zone: zone.to_string(),
+                    group: group.to_string(),
+                    units_per_s: *l,
+                    busyness: if total > 0.0 { l / total } else { 0.0 },
+                    utilisation,
+                });
+                if let Some(buffer) = &mut self.trace {
+                    buffer.push(event);
+                }
+            }
+        }
         self.backends.insert(backend.to_string(), state);
         Ok(())
     }

@@ -112,8 +112,9 @@ pub(crate) struct BackendState {
 #[derive(Default)]
 pub(crate) struct GroupLoad<'a> {
     pub(crate) load: f64,
-    /// (zone, smallest ratio in it) for the saturated backends the group counts on.
-    pub(crate) zones: Vec<(&'a str, f64)>,
+    /// (zone, smallest ratio in it, the backend with it) for the saturated backends the group
+    /// counts on.
+    pub(crate) zones: Vec<(&'a str, f64, &'a str)>,
 }
 
 impl SaturationSettings {
@@ -145,7 +146,7 @@ impl SaturationSettings {
         expiry: Duration,
     ) -> HashMap<&'a GroupName, GroupLoad<'a>> {
         let mut by_group: HashMap<&GroupName, GroupLoad<'_>> = HashMap::new();
-        for b in backends.values() {
+        for (id, b) in backends {
             if now.since(b.seen) > expiry {
                 continue;
             }
@@ -159,9 +160,14 @@ impl SaturationSettings {
                 if let Some(r) = ratio
                     && *l >= self.limiting_threshold
                 {
-                    match entry.zones.iter_mut().find(|(z, _)| *z == b.zone.as_str()) {
-                        Some((_, zr)) => *zr = zr.min(r),
-                        None => entry.zones.push((b.zone.as_str(), r)),
+                    match entry.zones.iter_mut().find(|(z, _, _)| *z == b.zone.as_str()) {
+                        Some((_, zr, worst)) => {
+                            if r < *zr {
+                                *zr = r;
+                                *worst = id.as_str();
+                            }
+                        }
+                        None => entry.zones.push((b.zone.as_str(), r, id.as_str())),
                     }
                 }
             }
@@ -170,11 +176,11 @@ impl SaturationSettings {
     }
 
     /// The ratio limiting a group with these zones, after ignoring the worst ones.
-    pub(crate) fn limiting_ratio(&self, zones: &[(&str, f64)]) -> Option<f64> {
+    pub(crate) fn limiting_ratio(&self, zones: &[(&str, f64, &str)]) -> Option<f64> {
         if zones.len() <= self.ignore_worst_zones {
             return None;
         }
-        let mut ratios: Vec<f64> = zones.iter().map(|(_, r)| *r).collect();
+        let mut ratios: Vec<f64> = zones.iter().map(|(_, r, _)| *r).collect();
         ratios.sort_by(f64::total_cmp);
         Some(ratios[self.ignore_worst_zones])
     }

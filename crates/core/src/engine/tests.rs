@@ -335,3 +335,55 @@ fn slow_start_holds_a_tenth_of_an_idle_reservation_until_a_tick_has_seen_a_clien
         assert_eq!((target(&e, "busy"), target(&e, "quiet")), (50.0, 50.0), "slow start {slow_start}");
     }
 }
+
+#[test]
+fn the_trace_holds_every_input_and_output_of_each_rate_computation() {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 1.0;
+    let mut e = engine(s);
+    e.set_group(name("g"), GroupSettings::builder().reserved(10.0).limit(1e9).build().unwrap());
+    let t = Nanos(S);
+    // Nothing is kept while tracing is off.
+    e.report(t, 1, &name("g"), report(1000.0, 1000.0, 10.0));
+    e.tick(t);
+    assert_eq!(e.take_trace(), (Vec::new(), 0));
+    e.set_tracing(true);
+    let t = Nanos(2 * S);
+    e.report(t, 1, &name("g"), report(1000.0, 1000.0, 10.0));
+    for (b, zone, u) in [("b1", "z1", 3.0), ("b2", "z2", 1.2), ("b3", "z3", 1.0)] {
+        e.backend_report(t, b, zone, Health::Utilisation(u), &[(name("g"), 300.0), (name("h"), 100.0)])
+            .unwrap();
+    }
+    e.tick(t);
+    let (events, dropped) = e.take_trace();
+    assert_eq!(dropped, 0);
+    let busy: Vec<&BusyGroup> = events
+        .iter()
+        .filter_map(|ev| match ev {
+            TraceEvent::BusyGroup(b) => Some(b),
+            TraceEvent::Rate(_) => None,
+        })
+        .collect();
+    assert_eq!(busy.len(), 6);
+    assert_eq!((busy[0].backend.as_str(), busy[0].group.as_str(), busy[0].busyness), ("b1", "g", 0.75));
+    let rate = events
+        .iter()
+        .find_map(|ev| match ev {
+            TraceEvent::Rate(r) if r.group == "g" => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    // The worst zone (z1) is ignored; z2's ratio 1/1.8 limits the group's load of 900.
+    let zones: Vec<(&str, bool)> = rate.limited_by.iter().map(|l| (l.zone.as_str(), l.ignored)).collect();
+    assert_eq!(zones, [("z1", true), ("z2", false), ("z3", false)]);
+    assert!((rate.ratio.unwrap() - 1.0 / 1.8).abs() < 1e-9, "{rate:?}");
+    assert!((rate.limiting.unwrap() - 900.0 / 1.8).abs() < 1e-6);
+    assert_eq!(rate.target, rate.limiting);
+    assert!(rate.busy && rate.reserved == 10.0 && rate.clients == 1 && rate.t == 1.0);
+    let json = serde_json::to_string(&TraceEvent::Rate(rate.clone())).unwrap();
+    assert!(json.starts_with("{\"event\":\"rate\",\"t\":1.0,\"group\":\"g\",\"reserved\":10.0"), "{json}");
+    // Off again: nothing more is kept.
+    e.set_tracing(false);
+    e.tick(Nanos(3 * S));
+    assert!(e.take_trace().0.is_empty());
+}

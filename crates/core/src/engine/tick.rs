@@ -26,6 +26,9 @@ struct Row {
     avg_cost: f64,
     exhausted: bool,
     first_asked: u64,
+    /// The ratio applied and the saturated backends counted on, when tracing.
+    ratio: Option<f64>,
+    limited_by: Vec<super::Limiter>,
 }
 
 impl Engine {
@@ -54,10 +57,25 @@ impl Engine {
         for (name, g) in &self.tracked {
             let avg_cost = if g.requests_rate > 1e-9 { g.units_rate / g.requests_rate } else { 1.0 };
             let settings = self.settings_for(name);
-            let (load, limiting) = match loads.get(name) {
-                Some(l) => (l.load, self.settings.saturation.limiting_ratio(&l.zones).map(|r| l.load * r)),
+            let (load, ratio) = match loads.get(name) {
+                Some(l) => (l.load, self.settings.saturation.limiting_ratio(&l.zones)),
                 None => (0.0, None),
             };
+            let limiting = ratio.map(|r| load * r);
+            let mut limited_by = Vec::new();
+            if self.trace.is_some()
+                && let Some(l) = loads.get(name)
+            {
+                let mut zones = l.zones.clone();
+                zones.sort_by(|a, b| a.1.total_cmp(&b.1));
+                let ignored = self.settings.saturation.ignore_worst_zones;
+                limited_by.extend(zones.iter().enumerate().map(|(i, (zone, r, backend))| super::Limiter {
+                    backend: backend.to_string(),
+                    zone: zone.to_string(),
+                    ratio: *r,
+                    ignored: i < ignored,
+                }));
+            }
             let mut reserved = settings.map_or(0.0, GroupSettings::reserved);
             // Slow start (Couchbase): a tenth of the reservation until a client has been seen
             // by a tick, all of it from the next.
@@ -85,6 +103,8 @@ impl Engine {
                 avg_cost,
                 exhausted,
                 first_asked: g.first_asked,
+                ratio,
+                limited_by,
             });
         }
         drop(loads);
@@ -94,10 +114,12 @@ impl Engine {
 
         let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
 
+        let trace_t = self.trace_time(now);
+        let mut trace = self.trace.take();
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut asking: Vec<Asking> = Vec::new();
         let mut targets_total = 0.0;
-        for (i, (row, g)) in rows.into_iter().zip(self.tracked.values_mut()).enumerate() {
+        for (i, (row, (name, g))) in rows.into_iter().zip(self.tracked.iter_mut()).enumerate() {
             let share = shares.as_ref().map(|s| s[i]);
             let mut bound = row.cap;
             if let Some(l) = row.limiting {
@@ -135,6 +157,27 @@ impl Engine {
                     None
                 }
             };
+            if let Some(buffer) = &mut trace {
+                buffer.push(super::TraceEvent::Rate(super::RateComputation {
+                    t: trace_t,
+                    group: name.to_string(),
+                    reserved: row.reserved,
+                    desired: row.cap.is_finite().then_some(row.cap),
+                    limiting: row.limiting,
+                    ratio: row.ratio,
+                    share,
+                    target,
+                    per_client: water_level,
+                    clients: g.clients.len() as u32,
+                    demand: row.demand,
+                    unthrottled: row.unthrottled,
+                    admitted: f64::from(g.last_tick[0]),
+                    load: row.load,
+                    average_cost: row.avg_cost,
+                    busy,
+                    limited_by: row.limited_by,
+                }));
+            }
             let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
                 target: target.unwrap_or(none),
@@ -151,6 +194,7 @@ impl Engine {
             });
         }
         self.scratch = scratch;
+        self.trace = trace;
         self.targets_total = targets_total;
         self.unticked_provisional = 0.0;
         // Dropped rather than cleared: after a restart every group has some, and an emptied
