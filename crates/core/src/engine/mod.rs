@@ -48,7 +48,7 @@ pub use saturation::{COST_FOLDING_S, Health, SaturationSettings};
 pub use split::{ClientGrant, ClientId, water_level};
 pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
 pub use view::GroupView;
-pub use windows::{RateMarks, RateWindows};
+pub use windows::{RateMarks, RateNow, RateWindows};
 
 use crate::allocate::AllocationMode;
 use crate::ramp::Ramp;
@@ -271,7 +271,9 @@ struct Tracked {
     dirty: bool,
     /// The last tick saw a client: slow start's full reservation applies from the next.
     had_clients: bool,
-    /// Its consumption rate's marks over the last minute and hour (made at its first tick).
+    /// Its consumption rate this 20-second bucket, and the marks of the ones before over the
+    /// last minute and hour (made when its first bucket ends).
+    rate_now: RateNow,
     rates: Option<Box<RateWindows>>,
     /// What its requests did in detail, since this engine first saw it (made when a client
     /// first reports any).
@@ -293,6 +295,7 @@ impl Tracked {
             last_tick: [0.0; 2],
             dirty: meter.dirty,
             had_clients: false,
+            rate_now: RateNow::default(),
             rates: None,
             detail: None,
         }

@@ -51,7 +51,7 @@ impl Engine {
             g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
             g.requests_rate = g.requests_rate * keep + requests / elapsed * (1.0 - keep);
             g.last_tick = [(units / elapsed) as f32, (throttled / elapsed) as f32];
-            g.rates.get_or_insert_default().add(now, units / elapsed);
+            g.rate_now.add(&mut g.rates, now, units / elapsed);
             g.since_tick = [0.0; 3];
         }
         for (name, g) in &self.tracked {
@@ -108,9 +108,6 @@ impl Engine {
             });
         }
         drop(loads);
-        for g in self.tracked.values_mut() {
-            g.had_clients = !g.clients.is_empty();
-        }
 
         let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
 
@@ -178,6 +175,7 @@ impl Engine {
                     limited_by: row.limited_by,
                 }));
             }
+            g.had_clients = !g.clients.is_empty();
             let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
                 target: target.unwrap_or(none),

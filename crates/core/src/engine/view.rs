@@ -75,8 +75,8 @@ impl Engine {
     fn view_of(&self, name: &GroupName, settings: Option<&GroupSettings>) -> GroupView {
         let g = self.tracked.get(name);
         let o = g.and_then(|g| g.outcome.as_ref());
-        let marks = match (g.and_then(|g| g.rates.as_deref()), self.last_tick) {
-            (Some(r), Some(at)) => r.marks(at),
+        let marks = match (g, self.last_tick) {
+            (Some(g), Some(at)) => g.rate_now.marks(g.rates.as_deref(), at),
             _ => (None, None),
         };
         GroupView {

@@ -6,10 +6,14 @@
 //! the window's marks are over the buckets of its span, so "the last minute" is the last 40 to
 //! 60 s and "the last hour" the last 45 to 60 minutes. About 120 bytes per group in traffic,
 //! whatever the tick: the state kept for 100,000 groups stays within its budget.
+//!
+//! A tick touches only [`RateNow`], the current 20-second bucket kept inline in the group's
+//! state; the rings (boxed, apart) take it whole when the next bucket begins, so the tick walks
+//! no other memory.
 
 use crate::time::Nanos;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Bucket {
     min: f32,
     max: f32,
@@ -36,8 +40,9 @@ impl<const N: usize, const SPAN_S: u64> Window<N, SPAN_S> {
         now.0 / (SPAN_S * 1_000_000_000)
     }
 
-    fn add(&mut self, now: Nanos, rate: f64) {
-        let bucket = Self::bucket_of(now);
+    /// Merges `part`, whose samples were taken at `at`, into the bucket of `at`.
+    fn merge(&mut self, at: Nanos, part: &Bucket) {
+        let bucket = Self::bucket_of(at);
         let current = u64::from(self.current);
         if bucket > current {
             // Clear the buckets skipped since (at most all of them).
@@ -45,13 +50,14 @@ impl<const N: usize, const SPAN_S: u64> Window<N, SPAN_S> {
                 self.buckets[(b % N as u64) as usize] = EMPTY;
             }
             self.current = u32::try_from(bucket).unwrap_or(u32::MAX);
+        } else if bucket + (N as u64) <= current {
+            return; // older than the window
         }
-        let b = &mut self.buckets[(u64::from(self.current) % N as u64) as usize];
-        let r = rate as f32;
-        b.min = b.min.min(r);
-        b.max = b.max.max(r);
-        b.sum += r;
-        b.n += 1;
+        let b = &mut self.buckets[(bucket % N as u64) as usize];
+        b.min = b.min.min(part.min);
+        b.max = b.max.max(part.max);
+        b.sum += part.sum;
+        b.n += part.n;
     }
 
     fn marks(&self, now: Nanos) -> Option<RateMarks> {
@@ -82,7 +88,7 @@ pub struct RateMarks {
     pub average: f64,
 }
 
-/// A group's consumption-rate windows.
+/// The minute and hour rings: what [`RateNow`] hands over each time a 20-second bucket ends.
 #[derive(Debug, Clone)]
 pub struct RateWindows {
     minute: Window<3, 20>,
@@ -95,16 +101,54 @@ impl Default for RateWindows {
     }
 }
 
-impl RateWindows {
-    /// Records the rate a tick at `now` measured.
-    pub fn add(&mut self, now: Nanos, rate: f64) {
-        self.minute.add(now, rate);
-        self.hour.add(now, rate);
+/// The current 20-second bucket of a group's rates, kept inline; `at` is when its first
+/// sample was taken (nanoseconds), 0 when it holds none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateNow {
+    bucket: Bucket,
+    /// The 20-second bucket its samples belong to.
+    number: u32,
+}
+
+impl Default for RateNow {
+    fn default() -> Self {
+        Self { bucket: EMPTY, number: 0 }
+    }
+}
+
+const NOW_SPAN_NS: u64 = 20_000_000_000;
+
+impl RateNow {
+    /// Records the rate a tick at `now` measured. When a new 20-second bucket begins, the one
+    /// that ended goes to `rings` (made on first use).
+    pub fn add(&mut self, rings: &mut Option<Box<RateWindows>>, now: Nanos, rate: f64) {
+        let number = u32::try_from(now.0 / NOW_SPAN_NS).unwrap_or(u32::MAX);
+        if number != self.number && self.bucket.n > 0 {
+            let at = Nanos(u64::from(self.number) * NOW_SPAN_NS);
+            let r = rings.get_or_insert_default();
+            r.minute.merge(at, &self.bucket);
+            r.hour.merge(at, &self.bucket);
+            self.bucket = EMPTY;
+        }
+        self.number = number;
+        let v = rate as f32;
+        let b = &mut self.bucket;
+        b.min = b.min.min(v);
+        b.max = b.max.max(v);
+        b.sum += v;
+        b.n += 1;
     }
 
-    /// The marks over the last minute and the last hour, as of `now` (`None`: no tick in it).
-    pub fn marks(&self, now: Nanos) -> (Option<RateMarks>, Option<RateMarks>) {
-        (self.minute.marks(now), self.hour.marks(now))
+    /// The marks over the last minute and the last hour, as of `now` (`None`: no sample in
+    /// it), from the rings and this bucket.
+    pub fn marks(&self, rings: Option<&RateWindows>, now: Nanos) -> (Option<RateMarks>, Option<RateMarks>) {
+        let mut all = rings.cloned().unwrap_or_default();
+        if self.bucket.n > 0 {
+            let at = Nanos(u64::from(self.number) * NOW_SPAN_NS);
+            all.minute.merge(at, &self.bucket);
+            all.hour.merge(at, &self.bucket);
+        }
+        (all.minute.marks(now), all.hour.marks(now))
     }
 }
 
@@ -116,7 +160,8 @@ mod tests {
 
     #[test]
     fn marks_cover_the_last_minute_and_hour() {
-        let mut w = RateWindows::default();
+        let mut rings = None;
+        let mut w = RateNow::default();
         // 90 s at 100/s, with one tick at 400 at 30 s and one at 10 at 80 s.
         for t in 1..=90 {
             let rate = match t {
@@ -124,9 +169,11 @@ mod tests {
                 80 => 10.0,
                 _ => 100.0,
             };
-            w.add(Nanos(t * S), rate);
+            w.add(&mut rings, Nanos(t * S), rate);
         }
-        let (minute, hour) = w.marks(Nanos(90 * S));
+        let marks =
+            |w: &RateNow, rings: &Option<Box<RateWindows>>, t: u64| w.marks(rings.as_deref(), Nanos(t));
+        let (minute, hour) = marks(&w, &rings, 90 * S);
         let minute = minute.unwrap();
         // The minute (buckets from 40 s) saw the 10, not the 400 at 30 s; the hour saw both.
         assert_eq!((minute.low, minute.high), (10.0, 100.0));
@@ -134,10 +181,10 @@ mod tests {
         assert_eq!((hour.low, hour.high), (10.0, 400.0));
         assert!((hour.average - (88.0 * 100.0 + 410.0) / 90.0).abs() < 1e-3, "{hour:?}");
         // An hour and more of silence: nothing left in either.
-        let (minute, hour) = w.marks(Nanos(90 * S + 3700 * S));
+        let (minute, hour) = marks(&w, &rings, 90 * S + 3700 * S);
         assert!(minute.is_none() && hour.is_none());
-        w.add(Nanos(90 * S + 3700 * S), 7.0);
-        let (minute, _) = w.marks(Nanos(90 * S + 3700 * S));
+        w.add(&mut rings, Nanos(90 * S + 3700 * S), 7.0);
+        let (minute, _) = marks(&w, &rings, 90 * S + 3700 * S);
         assert_eq!(minute.unwrap(), RateMarks { low: 7.0, high: 7.0, average: 7.0 });
     }
 }
