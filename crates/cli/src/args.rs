@@ -141,6 +141,11 @@ pub(crate) struct ServerArgs {
     /// spring); at most the target.
     #[arg(long, default_value_t = 200e6)]
     pub(crate) queue_spring_bytes: f64,
+    /// How saturation limits a group: `rate` (its own load × the backend's ratio,
+    /// FoundationDB 7.4) or `quota` (the backend's limiting cost shared by the groups' limits,
+    /// FoundationDB 7.3).
+    #[arg(long, default_value = "rate", value_parser = ["rate", "quota"])]
+    pub(crate) limiting_law: String,
     /// Folding time of the smoothers of each group's average cost, in seconds (0.1 to 600).
     #[arg(long, default_value_t = 2.0)]
     pub(crate) cost_folding_s: f64,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::bail;
 use tollgate_core::config::{Config, NodeSettings};
 use tollgate_core::cost::CostModel;
-use tollgate_core::engine::{COST_FOLDING_S, SaturationSettings};
+use tollgate_core::engine::{COST_FOLDING_S, LimitingLaw, SaturationSettings};
 use tollgate_server::{Server, ServerOptions, shutdown_signal};
 
 use crate::args::ServerArgs;
@@ -58,6 +58,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         queue_spring_bytes: a.queue_spring_bytes,
         limiting_threshold: a.limiting_threshold,
         ignore_worst_zones: a.ignore_worst_zones as usize,
+        law: LimitingLaw::from_name(&a.limiting_law).unwrap_or_default(),
     };
     if let Some((key, rule)) = saturation.problems().into_iter().next() {
         bail!("--{}: {}", key.replace('_', "-"), rule.replace("queue_target_bytes", "--queue-target-bytes"));

@@ -101,6 +101,7 @@ pub fn engine_settings(scenario: &Scenario) -> EngineSettings {
             ignore_worst_zones: c.ignore_worst_zones,
             queue_target_bytes: c.queue_target_bytes,
             queue_spring_bytes: c.queue_spring_bytes,
+            law: c.limiting_law,
         },
         cost_folding: c.cost_folding,
         ..EngineSettings::default()

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::config::{ConfigError, ConfigErrors, line_of};
 use tollgate_core::cost::{CostModel, Usage};
-use tollgate_core::engine::COST_FOLDING_S;
+use tollgate_core::engine::{COST_FOLDING_S, LimitingLaw};
 use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
 use tollgate_core::toml_reader::{Fields, GROUP_KEYS, Reader, Value};
 use toml::de::{DeTable, DeValue};
@@ -56,6 +56,8 @@ pub struct ControllerSpec {
     pub queue_spring_bytes: f64,
     /// Folding time of the average-cost smoothers.
     pub cost_folding: Duration,
+    /// How saturation limits a group.
+    pub limiting_law: LimitingLaw,
     /// Controller tick (and client exchange) period.
     pub tick: Duration,
 }
@@ -71,6 +73,7 @@ impl Default for ControllerSpec {
             queue_target_bytes: 800e6,
             queue_spring_bytes: 200e6,
             cost_folding: Duration::from_secs(2),
+            limiting_law: LimitingLaw::Rate,
             tick: Duration::from_secs(1),
         }
     }
@@ -393,6 +396,14 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
             r.error(v.span(), p, format!("must be from {lo} to {hi} seconds, got {s}"));
         }
     }
+    if let Some((p, v)) = f.take("limiting_law")
+        && let Some(name) = r.string(&p, v)
+    {
+        match LimitingLaw::from_name(name) {
+            Some(law) => c.limiting_law = law,
+            None => r.error(v.span(), p, format!("must be rate or quota, got {name:?}")),
+        }
+    }
     if c.queue_spring_bytes > c.queue_target_bytes {
         let rule = format!("must be at most queue_target_bytes ({})", c.queue_target_bytes);
         r.error(v.span(), "controller.queue_spring_bytes", rule);
@@ -402,7 +413,7 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     }
     r.finish(
         f,
-        "ignore_worst_zones, limiting_threshold, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, tick_ms",
+        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, tick_ms",
     );
     c
 }

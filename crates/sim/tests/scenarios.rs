@@ -100,3 +100,29 @@ fn the_saturation_knobs_move_the_equilibrium() {
         }
     }
 }
+
+#[test]
+fn the_two_limiting_laws_split_a_saturated_backend_their_own_way() {
+    use tollgate_core::engine::LimitingLaw;
+    for (law, gold, bronze, utilisation) in
+        [(LimitingLaw::Rate, 109.1, 90.9, 1.0), (LimitingLaw::Quota, 120.0, 50.0, 0.85)]
+    {
+        let mut s = load("fdb-limiting-laws");
+        s.controller.limiting_law = law;
+        s.phases[0].expects.clear();
+        s.phases[0].hold_checks = 90;
+        let outcome = run(&s, s.seed);
+        let last = outcome.timeline.last().unwrap();
+        let admitted = |name: &str| {
+            let i = outcome.groups.iter().position(|g| g.as_str() == name).unwrap();
+            last.groups[i].admitted_units
+        };
+        let (g, b) = (admitted("gold"), admitted("bronze"));
+        assert!((g - gold).abs() <= 2.0 && (b - bronze).abs() <= 2.0, "{law:?}: gold {g}, bronze {b}");
+        assert!(
+            (last.utilisation[0] - utilisation).abs() < 0.02,
+            "{law:?}: utilisation {}",
+            last.utilisation[0]
+        );
+    }
+}

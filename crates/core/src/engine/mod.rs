@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 pub use clients::ClientError;
-pub use saturation::{COST_FOLDING_S, Health, SaturationSettings};
+pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
 pub use split::{ClientGrant, ClientId, water_level};
 pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
 pub use view::GroupView;

@@ -32,6 +32,40 @@ pub struct SaturationSettings {
     pub limiting_threshold: f64,
     /// How many of the worst zones are ignored when limiting.
     pub ignore_worst_zones: usize,
+    /// How a saturated backend's ratio becomes each group's limiting rate.
+    pub law: LimitingLaw,
+}
+
+/// How saturation limits a group (FoundationDB tried both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimitingLaw {
+    /// The group's own load times the backend's ratio (FoundationDB 7.4): every group busy on
+    /// a saturated backend is scaled by the same ratio, so the split follows current use.
+    #[default]
+    Rate,
+    /// The backend's limiting cost (ratio × all the load it serves) divided among the groups
+    /// busy on it in proportion to their limits (FoundationDB 7.3). A group without a limit
+    /// has no share and is not limited this way.
+    Quota,
+}
+
+impl LimitingLaw {
+    /// Its name in settings: `rate` or `quota`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitingLaw::Rate => "rate",
+            LimitingLaw::Quota => "quota",
+        }
+    }
+
+    /// Parses `rate` or `quota`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "rate" => Some(LimitingLaw::Rate),
+            "quota" => Some(LimitingLaw::Quota),
+            _ => None,
+        }
+    }
 }
 
 impl Default for SaturationSettings {
@@ -41,6 +75,7 @@ impl Default for SaturationSettings {
             queue_spring_bytes: 200e6,
             limiting_threshold: 409_600.0,
             ignore_worst_zones: 1,
+            law: LimitingLaw::Rate,
         }
     }
 }
@@ -115,6 +150,8 @@ pub(crate) struct GroupLoad<'a> {
     /// (zone, smallest ratio in it, the backend with it) for the saturated backends the group
     /// counts on.
     pub(crate) zones: Vec<(&'a str, f64, &'a str)>,
+    /// The quota law: (zone, smallest limiting rate in it, the backend with it).
+    pub(crate) quota_zones: Vec<(&'a str, f64, &'a str)>,
 }
 
 impl SaturationSettings {
@@ -144,6 +181,7 @@ impl SaturationSettings {
         backends: &'a BTreeMap<String, BackendState>,
         now: Nanos,
         expiry: Duration,
+        quota: &dyn Fn(&GroupName) -> Option<f64>,
     ) -> HashMap<&'a GroupName, GroupLoad<'a>> {
         let mut by_group: HashMap<&GroupName, GroupLoad<'_>> = HashMap::new();
         for (id, b) in backends {
@@ -154,9 +192,39 @@ impl SaturationSettings {
                 let u = self.utilisation(b.health);
                 if u > 0.0 { r.min(1.0 / u) } else { r }
             });
+            // The quota law: this backend's limiting cost, shared by the limits of the groups
+            // busy on it.
+            let shares = match (self.law, ratio) {
+                (LimitingLaw::Quota, Some(r)) => {
+                    let total: f64 = b.load.iter().map(|(_, l)| l).sum();
+                    let quotas: f64 = b
+                        .load
+                        .iter()
+                        .filter(|(_, l)| *l >= self.limiting_threshold)
+                        .filter_map(|(g, _)| quota(g))
+                        .sum();
+                    (quotas > 0.0).then_some((r * total, quotas))
+                }
+                _ => None,
+            };
             for (group, l) in &b.load {
                 let entry = by_group.entry(group).or_default();
                 entry.load += l;
+                if let Some((limiting_cost, quotas)) = shares
+                    && *l >= self.limiting_threshold
+                    && let Some(q) = quota(group)
+                {
+                    let limiting = limiting_cost * q / quotas;
+                    match entry.quota_zones.iter_mut().find(|(z, _, _)| *z == b.zone.as_str()) {
+                        Some((_, zl, worst)) => {
+                            if limiting < *zl {
+                                *zl = limiting;
+                                *worst = id.as_str();
+                            }
+                        }
+                        None => entry.quota_zones.push((b.zone.as_str(), limiting, id.as_str())),
+                    }
+                }
                 if let Some(r) = ratio
                     && *l >= self.limiting_threshold
                 {

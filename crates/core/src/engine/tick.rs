@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 
 use crate::allocate::{AllocationMode, Claim, allocate, first_come};
-use crate::settings::{GroupSettings, Limit, Priority};
+use crate::settings::{GroupName, GroupSettings, Limit, Priority};
+
+use super::LimitingLaw;
 use crate::time::Nanos;
 
 use super::split::{Asking, split_into};
@@ -40,7 +42,11 @@ impl Engine {
         self.ticks += 1;
         self.expire(now);
 
-        let loads = self.settings.saturation.loads_by_group(&self.backends, now, self.settings.report_expiry);
+        let quota = |g: &GroupName| {
+            self.settings_for(g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
+        };
+        let loads =
+            self.settings.saturation.loads_by_group(&self.backends, now, self.settings.report_expiry, &quota);
         // Rows are in the groups' iteration order, which stays the same until the groups
         // change; the last loop walks both together instead of looking each group up again.
         let mut rows = Vec::with_capacity(self.tracked.len());
@@ -57,11 +63,19 @@ impl Engine {
         for (name, g) in &self.tracked {
             let avg_cost = if g.requests_rate > 1e-9 { g.units_rate / g.requests_rate } else { 1.0 };
             let settings = self.settings_for(name);
-            let (load, ratio) = match loads.get(name) {
-                Some(l) => (l.load, self.settings.saturation.limiting_ratio(&l.zones)),
-                None => (0.0, None),
+            let sat = &self.settings.saturation;
+            let (load, ratio, limiting) = match (loads.get(name), sat.law) {
+                (Some(l), LimitingLaw::Rate) => {
+                    let ratio = sat.limiting_ratio(&l.zones);
+                    (l.load, ratio, ratio.map(|r| l.load * r))
+                }
+                // The quota law's per-zone figures are rates already: the same pick of the
+                // (k+1)-th smallest zone gives the limiting rate.
+                (Some(l), LimitingLaw::Quota) => {
+                    (l.load, sat.limiting_ratio(&l.zones), sat.limiting_ratio(&l.quota_zones))
+                }
+                (None, _) => (0.0, None, None),
             };
-            let limiting = ratio.map(|r| load * r);
             let mut limited_by = Vec::new();
             if self.trace.is_some()
                 && let Some(l) = loads.get(name)
