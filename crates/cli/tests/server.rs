@@ -541,7 +541,7 @@ async fn a_saturated_backend_report_limits_the_group_it_carries() {
     }
     assert_eq!(json["groups"][0]["busy"], true, "{json}");
     let target = json["groups"][0]["target"].as_f64().unwrap();
-    let expected = 2_000_000.0 / 1.8; // load on both backends × the ratio
+    let expected = 2_000_000.0 / 1.68; // load on both backends × the ratio at u = 1.2
     assert!((target - expected).abs() < 1.0, "target {target}, expected {expected}");
 }
 

@@ -124,6 +124,13 @@ impl SaturationSettings {
     }
 }
 
+/// How far past saturation (in utilisation) the limiting ratio stays proportional, `1/u`.
+pub const PLATEAU: f64 = 0.05;
+
+/// The share of the limiting threshold a group limited at the last tick must keep on a
+/// backend to go on counting there.
+pub const THRESHOLD_HYSTERESIS: f64 = 0.5;
+
 /// The shortest and longest folding time of the average-cost smoothers, in seconds.
 pub const COST_FOLDING_S: std::ops::RangeInclusive<f64> = 0.1..=600.0;
 
@@ -166,6 +173,28 @@ impl SaturationSettings {
         (inv > 0.0).then(|| 1.0 / inv)
     }
 
+    /// The ratio a backend in this health limits with: FoundationDB's, capped at the backend's
+    /// proportional headroom `1/u` below saturation, and `1/u` itself just above it, up to
+    /// [`PLATEAU`] past 1, where FoundationDB's curve takes over again, shifted to meet it.
+    ///
+    /// The plateau is what keeps low rates still: a group admitting a few transactions a second
+    /// puts a load on the backend that comes in whole transactions and dithers a percent or two
+    /// around its capacity, and FoundationDB's slope of −3 at u = 1 would turn each such step
+    /// into a target three times as far off. Proportional there, the target is the capacity
+    /// itself whatever the dither.
+    pub fn limiting_ratio_of(&self, health: Health) -> Option<f64> {
+        let u = self.utilisation(health);
+        if u > 1.0 + PLATEAU {
+            let shifted = self.throttling_ratio(Health::Utilisation(u - PLATEAU))?;
+            return Some((shifted / (1.0 + PLATEAU)).min(1.0 / u));
+        }
+        if u > 1.0 {
+            return Some(1.0 / u);
+        }
+        let r = self.throttling_ratio(health)?;
+        Some(if u > 0.0 { r.min(1.0 / u) } else { r })
+    }
+
     /// A backend's utilisation: queue bytes over the queue target.
     pub fn utilisation(&self, health: Health) -> f64 {
         match health {
@@ -182,27 +211,28 @@ impl SaturationSettings {
         now: Nanos,
         expiry: Duration,
         quota: &dyn Fn(&GroupName) -> Option<f64>,
+        was_busy: &dyn Fn(&GroupName) -> bool,
     ) -> HashMap<&'a GroupName, GroupLoad<'a>> {
+        // A group saturation limited at the last tick keeps counting on a backend down to half
+        // the threshold: at low rates its load there comes in whole transactions and dithers
+        // around the threshold, and a backend that dropped in and out of its limit would swing
+        // its target between the limit and the quota.
+        let threshold = |g: &GroupName| {
+            if was_busy(g) { self.limiting_threshold * THRESHOLD_HYSTERESIS } else { self.limiting_threshold }
+        };
         let mut by_group: HashMap<&GroupName, GroupLoad<'_>> = HashMap::new();
         for (id, b) in backends {
             if now.since(b.seen) > expiry {
                 continue;
             }
-            let ratio = self.throttling_ratio(b.health).map(|r| {
-                let u = self.utilisation(b.health);
-                if u > 0.0 { r.min(1.0 / u) } else { r }
-            });
+            let ratio = self.limiting_ratio_of(b.health);
             // The quota law: this backend's limiting cost, shared by the limits of the groups
             // busy on it.
             let shares = match (self.law, ratio) {
                 (LimitingLaw::Quota, Some(r)) => {
                     let total: f64 = b.load.iter().map(|(_, l)| l).sum();
-                    let quotas: f64 = b
-                        .load
-                        .iter()
-                        .filter(|(_, l)| *l >= self.limiting_threshold)
-                        .filter_map(|(g, _)| quota(g))
-                        .sum();
+                    let quotas: f64 =
+                        b.load.iter().filter(|(g, l)| *l >= threshold(g)).filter_map(|(g, _)| quota(g)).sum();
                     (quotas > 0.0).then_some((r * total, quotas))
                 }
                 _ => None,
@@ -211,7 +241,7 @@ impl SaturationSettings {
                 let entry = by_group.entry(group).or_default();
                 entry.load += l;
                 if let Some((limiting_cost, quotas)) = shares
-                    && *l >= self.limiting_threshold
+                    && *l >= threshold(group)
                     && let Some(q) = quota(group)
                 {
                     let limiting = limiting_cost * q / quotas;
@@ -226,7 +256,7 @@ impl SaturationSettings {
                     }
                 }
                 if let Some(r) = ratio
-                    && *l >= self.limiting_threshold
+                    && *l >= threshold(group)
                 {
                     match entry.zones.iter_mut().find(|(z, _, _)| *z == b.zone.as_str()) {
                         Some((_, zr, worst)) => {
@@ -268,5 +298,28 @@ mod tests {
         assert!((r(1.2).unwrap() - 1.0 / 1.8).abs() < 1e-9);
         assert_eq!(r(3.0), Some(0.5));
         assert_eq!(s.throttling_ratio(Health::QueueBytes(900e6)), Some(1.0 / 1.5));
+    }
+
+    #[test]
+    fn the_limiting_ratio_is_proportional_just_past_saturation_and_continuous() {
+        let s = SaturationSettings::default();
+        let r = |u: f64| s.limiting_ratio_of(Health::Utilisation(u)).unwrap();
+        assert_eq!(s.limiting_ratio_of(Health::Utilisation(0.7)), None);
+        // Below 1: FoundationDB's, capped at the headroom; on the plateau: 1/u exactly.
+        assert!((r(0.8) - 1.25).abs() < 1e-12 && (r(1.0) - 1.0).abs() < 1e-12);
+        for u in [1.01, 1.02, 1.04, 1.05] {
+            assert!((r(u) - 1.0 / u).abs() < 1e-12, "u {u}");
+        }
+        // Past it, FoundationDB's curve, shifted to meet the plateau: no step at its edge.
+        assert!((r(1.05 + 1e-9) - r(1.05)).abs() < 1e-6);
+        assert!((r(1.15) - (1.0 / (4.0 * 1.10 - 3.0)) / 1.05).abs() < 1e-12);
+        assert!((r(1.4) - 0.5 / 1.05).abs() < 1e-12);
+        assert!((r(3.0) - 1.0 / 3.0).abs() < 1e-12, "never above the headroom");
+        let mut last = f64::INFINITY;
+        for i in 76..300 {
+            let v = r(f64::from(i) / 100.0);
+            assert!(v <= last + 1e-12, "the ratio never rises with load");
+            last = v;
+        }
     }
 }

@@ -45,8 +45,15 @@ impl Engine {
         let quota = |g: &GroupName| {
             self.settings_for(g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
         };
-        let loads =
-            self.settings.saturation.loads_by_group(&self.backends, now, self.settings.report_expiry, &quota);
+        let was_busy =
+            |g: &GroupName| self.tracked.get(g).and_then(|t| t.outcome.as_ref()).is_some_and(|o| o.busy);
+        let loads = self.settings.saturation.loads_by_group(
+            &self.backends,
+            now,
+            self.settings.report_expiry,
+            &quota,
+            &was_busy,
+        );
         // Rows are in the groups' iteration order, which stays the same until the groups
         // change; the last loop walks both together instead of looking each group up again.
         let mut rows = Vec::with_capacity(self.tracked.len());
