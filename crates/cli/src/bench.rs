@@ -130,6 +130,7 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
                 let request = v1::ExchangeRequest {
                     client_id: format!("bench-client-{c}"),
                     sequence,
+                    target_request_period_ms: 0,
                     groups: groups
                         .iter()
                         .map(|g| v1::GroupUsage {

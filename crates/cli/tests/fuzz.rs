@@ -115,8 +115,13 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
                 };
                 let mut bytes = vec![0u8];
                 bytes.extend(
-                    v1::ExchangeRequest { client_id: "c".into(), sequence: seq % 5, groups: vec![usage] }
-                        .encode_to_vec(),
+                    v1::ExchangeRequest {
+                        client_id: "c".into(),
+                        sequence: seq % 5,
+                        groups: vec![usage],
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
                 );
                 bytes
             }

@@ -414,18 +414,41 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
     let mut admission = client.clone();
     let usage = |group: &str| v1::GroupUsage { group: group.into(), demand: 10.0, ..Default::default() };
     let bad = [
-        v1::ExchangeRequest { client_id: String::new(), sequence: 1, groups: vec![usage("g")] },
-        v1::ExchangeRequest { client_id: "c".repeat(129), sequence: 1, groups: vec![usage("g")] },
-        v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage("")] },
+        v1::ExchangeRequest {
+            client_id: String::new(),
+            sequence: 1,
+            groups: vec![usage("g")],
+            ..Default::default()
+        },
+        v1::ExchangeRequest {
+            client_id: "c".repeat(129),
+            sequence: 1,
+            groups: vec![usage("g")],
+            ..Default::default()
+        },
+        v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: vec![usage("")],
+            ..Default::default()
+        },
         v1::ExchangeRequest {
             client_id: "c".into(),
             sequence: 1,
             groups: (0..1001).map(|i| usage(&format!("g{i}"))).collect(),
+            ..Default::default()
+        },
+        v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: vec![usage("g")],
+            target_request_period_ms: 3_600_001,
         },
         v1::ExchangeRequest {
             client_id: "c".into(),
             sequence: 1,
             groups: vec![v1::GroupUsage { demand: f64::NAN, ..usage("g") }],
+            ..Default::default()
         },
     ];
     for req in bad {
@@ -433,7 +456,12 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     }
     let reply = client
-        .exchange(v1::ExchangeRequest { client_id: "good".into(), sequence: 1, groups: vec![usage("g")] })
+        .exchange(v1::ExchangeRequest {
+            client_id: "good".into(),
+            sequence: 1,
+            groups: vec![usage("g")],
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -464,7 +492,12 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
     // And the server still answers everyone else.
     assert!(
         admission
-            .exchange(v1::ExchangeRequest { client_id: "good".into(), sequence: 2, groups: vec![usage("g")] })
+            .exchange(v1::ExchangeRequest {
+                client_id: "good".into(),
+                sequence: 2,
+                groups: vec![usage("g")],
+                ..Default::default()
+            })
             .await
             .is_ok()
     );
@@ -496,7 +529,8 @@ async fn undecodable_and_oversized_messages_get_grpc_codes_and_others_keep_being
         assert_eq!(status.code(), code, "{status:?}");
     }
     let mut client = v1::admission_client::AdmissionClient::new(channel);
-    let ok = v1::ExchangeRequest { client_id: "good".into(), sequence: 1, groups: vec![] };
+    let ok =
+        v1::ExchangeRequest { client_id: "good".into(), sequence: 1, groups: vec![], ..Default::default() };
     assert!(client.exchange(ok).await.is_ok(), "the server keeps serving");
 }
 
@@ -527,7 +561,12 @@ async fn a_saturated_backend_report_limits_the_group_it_carries() {
         ..Default::default()
     };
     admission
-        .exchange(v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage] })
+        .exchange(v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: vec![usage],
+            ..Default::default()
+        })
         .await
         .unwrap();
     // The next tick (within a second) sees it.
@@ -918,8 +957,12 @@ async fn the_trace_follows_every_rate_computation_live() {
     let mut sequence = 0;
     while !done.is_finished() {
         sequence += 1;
-        let req =
-            v1::ExchangeRequest { client_id: "c".into(), sequence, groups: vec![usage("g"), usage("other")] };
+        let req = v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence,
+            groups: vec![usage("g"), usage("other")],
+            ..Default::default()
+        };
         client.exchange(req).await.unwrap();
         let report = v1::BackendReport {
             backend_id: "b1".into(),

@@ -81,7 +81,8 @@ impl Tollgate {
             ..NodeSettings::default()
         };
         let driver =
-            Driver::new(Arc::downgrade(&groups), link.clone(), clock.clone(), opts.group_idle_expiry);
+            Driver::new(Arc::downgrade(&groups), link.clone(), clock.clone(), opts.group_idle_expiry)
+                .with_period(opts.exchange_period);
         let inner = Inner::new(clock, groups, Mode::Remote(link), node, opts.cost_model);
         Ok((Tollgate { inner: Arc::new(inner), unthrottled: false }, driver))
     }

@@ -73,6 +73,11 @@ pub struct RemoteOptions {
     ///
     /// [`MonotonicClock`]: crate::clock::MonotonicClock
     pub clock: Option<Arc<dyn Clock>>,
+    /// The exchange period this client asks for (TiDB's `target_request_period_ms`); the
+    /// controller keeps it between its tick and half its lease. `None`: the controller's tick.
+    /// Between exchanges, a group whose tokens run low (under a fifth of its burst) exchanges
+    /// early, after the controller's next tick.
+    pub exchange_period: Option<Duration>,
 }
 
 impl Default for RemoteOptions {
@@ -86,6 +91,7 @@ impl Default for RemoteOptions {
             group_idle_expiry: Duration::from_secs(240),
             max_tracked_groups: 10_000,
             clock: None,
+            exchange_period: None,
         }
     }
 }
@@ -232,7 +238,14 @@ pub struct Driver {
     next_due: Nanos,
     /// When the controller next recomputes its grants.
     next_tick: Nanos,
+    /// The exchange period asked for, in milliseconds (0: the controller's tick).
+    period_ms: u32,
 }
+
+/// A group whose tokens fall under this share of its burst exchanges early.
+pub const LOW_TOKENS: f64 = 0.2;
+/// How often the exchange task looks for groups low on tokens between exchanges.
+pub const LOW_TOKENS_CHECK: Duration = Duration::from_millis(100);
 
 impl Driver {
     pub(crate) fn new(
@@ -257,7 +270,31 @@ impl Driver {
             last_exchange: None,
             next_due: Nanos::ZERO,
             next_tick: Nanos::ZERO,
+            period_ms: 0,
         }
+    }
+
+    /// Asks the controller for this exchange period.
+    pub(crate) fn with_period(mut self, period: Option<Duration>) -> Self {
+        self.period_ms = period.map_or(0, |p| u32::try_from(p.as_millis()).unwrap_or(u32::MAX).max(1));
+        self
+    }
+
+    /// Whether a group in use holds a finite grant and has less than [`LOW_TOKENS`] of its
+    /// burst left: it should exchange before it runs out. Looked at off the hot path.
+    fn low_on_tokens(&self, now: Nanos) -> bool {
+        let Some(groups) = self.groups.upgrade() else { return false };
+        self.grants.iter().any(|(name, g)| {
+            !g.unlimited
+                && g.rate > 0.0
+                && groups.get(name.as_str()).is_some_and(|group| match &group.limiter {
+                    Limiter::Bucket(b) => {
+                        let burst = b.burst();
+                        burst > 0.0 && b.available(now) < LOW_TOKENS * burst
+                    }
+                    Limiter::Epoch(_) => false,
+                })
+        })
     }
 
     /// The clock the limiter runs on.
@@ -280,6 +317,11 @@ impl Driver {
         }
         if self.link.refused.load(Ordering::Relaxed) {
             due = due.min(spaced.max(self.next_tick));
+        }
+        // Tokens running low: a new grant before they run out, once the controller has one.
+        let early = spaced.max(self.next_tick);
+        if early < due && self.low_on_tokens(self.clock.now().max(early)) {
+            due = early;
         }
         due
     }
@@ -336,6 +378,7 @@ impl Driver {
             client_id: self.link.client_id.clone(),
             sequence: self.sequence,
             groups: usage,
+            target_request_period_ms: self.period_ms,
         })
     }
 
@@ -430,8 +473,9 @@ pub(crate) async fn run(
         let now = driver.now();
         let due = driver.due_at();
         if now < due {
+            // Wake at least every LOW_TOKENS_CHECK to look for groups running low.
             tokio::select! {
-                () = tokio::time::sleep(due.since(now)) => {}
+                () = tokio::time::sleep(due.since(now).min(LOW_TOKENS_CHECK)) => {}
                 () = driver.link.notify.notified() => {}
             }
             continue;

@@ -726,3 +726,55 @@ fn remote_waiting_work_and_restarted_clients_reach_the_controller() {
         assert_eq!(net.controller().with_engine(|e| e.client_restarts()), 1);
     });
 }
+
+/// TiDB's client: it asks for its own exchange period, and between exchanges a group running
+/// low on tokens exchanges early (after the controller's next tick), looked at off the hot
+/// path.
+#[test]
+fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens() {
+    use tollgate_core::settings::{GroupName, GroupSettings};
+    use tollgate_core::time::Nanos;
+    let clock = ManualClock::new();
+    let controller =
+        Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap();
+    controller
+        .set_group(GroupName::new("g").unwrap(), GroupSettings::builder().limit(100.0).build().unwrap())
+        .unwrap();
+    let opts = RemoteOptions { exchange_period: Some(Duration::from_secs(5)), ..RemoteOptions::default() };
+    let (gate, mut driver) = Tollgate::remote_driven(opts.with_clock(clock.clone())).unwrap();
+    let g = gate.group("g").unwrap();
+    let mut exchanges = Vec::new();
+    // Runs the loop the exchange task runs, in 10 ms steps, the controller ticking each second.
+    let run_until = |until_ms: u64, driver: &mut tollgate_client::Driver, exchanges: &mut Vec<u64>| loop {
+        let now = tollgate_core::time::Clock::now(&clock);
+        if now.0 % 1_000_000_000 == 0 {
+            controller.tick(now);
+        }
+        if driver.is_due(now) {
+            let request = driver.request(now).unwrap();
+            assert_eq!(request.target_request_period_ms, 5000);
+            let answer = controller.exchange(now, &request).unwrap();
+            driver.answer(now, &answer);
+            exchanges.push(now.0 / 1_000_000);
+        }
+        if now.0 / 1_000_000 >= until_ms {
+            return;
+        }
+        clock.advance(STEP);
+    };
+    drop(g.try_acquire(1.0));
+    run_until(12_000, &mut driver, &mut exchanges);
+    // Every 5 s once the first grants are in, not every tick.
+    let late: Vec<u64> = exchanges.iter().copied().filter(|&t| t >= 2000).collect();
+    assert!(late.len() <= 3 && late.windows(2).all(|w| w[1] - w[0] >= 4990), "{exchanges:?}");
+    let before = exchanges.len();
+    let next_periodic = *exchanges.last().unwrap() + 5000;
+    // 85 of the 100 tokens taken at once, none refused (a refusal would ask for an early
+    // exchange by itself): the next exchange comes after the next tick.
+    let throttled = g.stats().throttled;
+    let taken = (0..85).filter(|_| g.try_acquire(1.0).is_ok()).count();
+    assert_eq!((taken, g.stats().throttled), (85, throttled));
+    run_until(next_periodic - 1000, &mut driver, &mut exchanges);
+    assert!(exchanges.len() > before, "no early exchange: {exchanges:?}");
+    assert!(exchanges[before] <= 13_000, "early exchange at {} ms", exchanges[before]);
+}

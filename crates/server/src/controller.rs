@@ -256,6 +256,12 @@ impl Controller {
     /// the engine and returns the client's grants.
     pub fn exchange(&self, now: Nanos, req: &v1::ExchangeRequest) -> Result<v1::ExchangeResponse, Status> {
         id("client_id", &req.client_id, CLIENT_ID_MAX_BYTES)?;
+        if req.target_request_period_ms > 3_600_000 {
+            return Err(invalid(
+                "target_request_period_ms",
+                format!("must be at most 3600000, got {}", req.target_request_period_ms),
+            ));
+        }
         if req.groups.len() > EXCHANGE_GROUPS_MAX {
             return Err(invalid(
                 "groups",
@@ -317,10 +323,17 @@ impl Controller {
             .collect();
         let settings = engine.settings();
         let tick = settings.tick;
+        let lease = settings.lease;
         let next_tick = engine.last_tick().map_or(Duration::ZERO, |t| t.after(tick).since(now));
         drop(engine);
         self.exchanges.fetch_add(1, Ordering::Relaxed);
-        Ok(v1::ExchangeResponse { grants, next_exchange_ms: ms(tick), next_tick_ms: ms(next_tick) })
+        // The period the client asked for, between the tick and half the lease (so that a
+        // grant never runs out between two exchanges).
+        let period = match req.target_request_period_ms {
+            0 => tick,
+            asked => Duration::from_millis(u64::from(asked)).clamp(tick, (lease / 2).max(tick)),
+        };
+        Ok(v1::ExchangeResponse { grants, next_exchange_ms: ms(period), next_tick_ms: ms(next_tick) })
     }
 
     /// Records a backend's report. Loads naming an invalid group, or carrying a bad number,
@@ -578,7 +591,8 @@ mod tests {
         let c = controller();
         let usage =
             |group: &str, demand: f64| v1::GroupUsage { group: group.into(), demand, ..Default::default() };
-        let req = |groups| v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups };
+        let req =
+            |groups| v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups, ..Default::default() };
         let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", f64::INFINITY)])).unwrap_err();
         assert!(e.message().starts_with("groups[0].demand: must be a finite number"), "{e:?}");
         let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1e16)])).unwrap_err();
@@ -590,5 +604,26 @@ mod tests {
         let ok = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1.0)])).unwrap();
         assert!(ok.grants[0].unlimited);
         assert_eq!(c.exchanges(), 1, "refused exchanges are not counted");
+    }
+
+    /// TiDB's `target_request_period_ms`: the period a client asks for, kept between the tick
+    /// (1 s) and half the lease (10 s).
+    #[test]
+    fn a_client_gets_the_period_it_asks_for_within_the_tick_and_half_the_lease() {
+        let c = controller();
+        let period = |asked: u32| {
+            let req = v1::ExchangeRequest {
+                client_id: "c".into(),
+                target_request_period_ms: asked,
+                ..Default::default()
+            };
+            c.exchange(Nanos::ZERO, &req).map(|r| r.next_exchange_ms)
+        };
+        assert_eq!(period(0).unwrap(), 1000);
+        assert_eq!(period(3000).unwrap(), 3000);
+        assert_eq!(period(10).unwrap(), 1000);
+        assert_eq!(period(60_000).unwrap(), 5000);
+        let e = period(3_600_001).unwrap_err();
+        assert_eq!(e.message(), "target_request_period_ms: must be at most 3600000, got 3600001");
     }
 }

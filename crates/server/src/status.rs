@@ -265,7 +265,12 @@ mod tests {
                 waited: u64::from(t == 4) * 2,
                 ..Default::default()
             };
-            let req = v1::ExchangeRequest { client_id: "c".into(), sequence: t, groups: vec![usage] };
+            let req = v1::ExchangeRequest {
+                client_id: "c".into(),
+                sequence: t,
+                groups: vec![usage],
+                ..Default::default()
+            };
             c.exchange(Nanos(t * S), &req).unwrap();
             c.tick(Nanos(t * S));
         }
@@ -285,11 +290,21 @@ mod tests {
             |rru: f64| v1::Consumption { rru, read_bytes: 4096.0, read_rpcs: 1.0, ..Default::default() };
         for (t, d) in [(12u64, detail(2.5)), (13, detail(1.5))] {
             let usage = v1::GroupUsage { group: "g".into(), detail: Some(d), ..Default::default() };
-            let req = v1::ExchangeRequest { client_id: "c".into(), sequence: t, groups: vec![usage] };
+            let req = v1::ExchangeRequest {
+                client_id: "c".into(),
+                sequence: t,
+                groups: vec![usage],
+                ..Default::default()
+            };
             c.exchange(Nanos(t * S), &req).unwrap();
         }
         let bad = v1::GroupUsage { group: "g".into(), detail: Some(detail(-1.0)), ..Default::default() };
-        let req = v1::ExchangeRequest { client_id: "c".into(), sequence: 14, groups: vec![bad] };
+        let req = v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 14,
+            groups: vec![bad],
+            ..Default::default()
+        };
         let e = c.exchange(Nanos(14 * S), &req).unwrap_err();
         assert_eq!(e.message(), "groups[0].detail.rru: must be a finite number from 0 to 1e15, got -1");
         c.tick(Nanos(14 * S));
