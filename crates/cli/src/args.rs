@@ -146,6 +146,10 @@ pub(crate) struct ServerArgs {
     /// FoundationDB 7.3).
     #[arg(long, default_value = "rate", value_parser = ["rate", "quota"])]
     pub(crate) limiting_law: String,
+    /// Over how long a remote client takes up a grant whose rate rises, in milliseconds
+    /// (TiDB's trickle); a fall applies at once. 0: at once.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub(crate) trickle_ms: u64,
     /// Folding time of the smoothers of each group's average cost, in seconds (0.1 to 600).
     #[arg(long, default_value_t = 2.0)]
     pub(crate) cost_folding_s: f64,

@@ -86,6 +86,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         lease: Duration::from_millis(a.lease_ms),
         saturation,
         cost_folding: Duration::from_secs_f64(a.cost_folding_s),
+        trickle: Duration::from_millis(a.trickle_ms),
         flush_interval: Duration::from_millis(a.flush_ms),
         limits: tollgate_server::conn::Limits {
             max_connections: a.max_connections as usize,

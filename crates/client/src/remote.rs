@@ -240,6 +240,8 @@ pub struct Driver {
     next_tick: Nanos,
     /// The exchange period asked for, in milliseconds (0: the controller's tick).
     period_ms: u32,
+    /// Grants being taken up over a trickle: (from, start, span) by group.
+    trickles: HashMap<GroupName, (f64, Nanos, Duration)>,
 }
 
 /// A group whose tokens fall under this share of its burst exchanges early.
@@ -271,6 +273,7 @@ impl Driver {
             next_due: Nanos::ZERO,
             next_tick: Nanos::ZERO,
             period_ms: 0,
+            trickles: HashMap::new(),
         }
     }
 
@@ -329,6 +332,25 @@ impl Driver {
     /// Whether an exchange is due at `now`.
     pub fn is_due(&self, now: Nanos) -> bool {
         now >= self.due_at()
+    }
+
+    /// Moves grants being taken up over a trickle along to `now`. The exchange task calls it
+    /// at least every [`LOW_TOKENS_CHECK`]; a caller driving the exchanges itself calls it as
+    /// often.
+    pub fn poll(&mut self, now: Nanos) {
+        if self.trickles.is_empty() {
+            return;
+        }
+        let Some(groups) = self.groups.upgrade() else { return };
+        let grants = &self.grants;
+        self.trickles.retain(|name, &mut (from, start, span)| {
+            let (Some(group), Some(last)) = (groups.get(name.as_str()), grants.get(name)) else {
+                return false;
+            };
+            let rate = climbing(from, last.rate, start, span, now);
+            apply(&group, LastGrant { rate, burst: last.burst * rate / last.rate.max(1e-12), ..*last }, now);
+            rate < last.rate
+        });
     }
 
     /// The next exchange's request; `None` once every handle on the limiter is gone.
@@ -396,7 +418,26 @@ impl Driver {
                 burst: g.burst,
                 floor: g.reserved / f64::from(g.clients.max(1)),
             };
-            apply(&group, last, now);
+            // A rising grant with a trickle is taken up over it, from the rate the group had.
+            let had = self.grants.get(&group.name).filter(|l| !l.unlimited).map_or(0.0, |l| l.rate);
+            let trickle = Duration::from_millis(u64::from(g.trickle_ms));
+            let climbing_now =
+                self.trickles.get(&group.name).map(|&(f, start, span)| climbing(f, had, start, span, now));
+            let current = climbing_now.unwrap_or(had);
+            if !trickle.is_zero() && !last.unlimited && last.rate > current {
+                // A trickle under way goes on toward the new grant; a new one starts here.
+                if climbing_now.is_none() {
+                    self.trickles.insert(group.name.clone(), (had, now, trickle));
+                }
+                apply(
+                    &group,
+                    LastGrant { rate: current, burst: last.burst * current / last.rate, ..last },
+                    now,
+                );
+            } else {
+                self.trickles.remove(&group.name);
+                apply(&group, last, now);
+            }
             self.lease = Duration::from_millis(u64::from(g.lease_ms));
             self.grants.insert(group.name.clone(), last);
         }
@@ -429,6 +470,8 @@ impl Driver {
                 tracing::warn!(client = %self.link.client_id, policy = ?self.link.policy, %reason, "tollgate: controller unreachable past the lease, entering safe mode");
             }
             let fresh = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
+            // Safe mode decides the rates now: no trickle climbs past it.
+            self.trickles.clear();
             for g in groups.unique() {
                 let last = self.grants.get(&g.name).copied();
                 apply(&g, safe(self.link.policy, last, fresh, now.since(since)), now);
@@ -455,6 +498,12 @@ fn safe(policy: SafeModePolicy, last: Option<LastGrant>, fresh: LastGrant, elaps
     }
 }
 
+/// The rate a trickle from `from` to `to` over `span`, begun at `start`, has reached at `now`.
+fn climbing(from: f64, to: f64, start: Nanos, span: Duration, now: Nanos) -> f64 {
+    let done = (now.since(start).as_secs_f64() / span.as_secs_f64().max(1e-9)).min(1.0);
+    from + (to - from) * done
+}
+
 fn apply(group: &Group, g: LastGrant, now: Nanos) {
     if g.unlimited {
         group.set_rate(f64::INFINITY, 0.0, now);
@@ -471,6 +520,7 @@ pub(crate) async fn run(
 ) {
     loop {
         let now = driver.now();
+        driver.poll(now);
         let due = driver.due_at();
         if now < due {
             // Wake at least every LOW_TOKENS_CHECK to look for groups running low.

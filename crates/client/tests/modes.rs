@@ -778,3 +778,43 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
     assert!(exchanges.len() > before, "no early exchange: {exchanges:?}");
     assert!(exchanges[before] <= 13_000, "early exchange at {} ms", exchanges[before]);
 }
+
+/// TiDB's trickle: a grant that rises is taken up over the trickle, from the rate the group
+/// had; one that falls applies at once.
+#[test]
+fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
+    use tollgate_core::settings::{GroupName, GroupSettings};
+    use tollgate_core::time::{Clock as _, Nanos};
+    let clock = ManualClock::new();
+    let settings = EngineSettings { trickle: Duration::from_secs(2), ..EngineSettings::default() };
+    let controller = Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).unwrap();
+    let name = GroupName::new("g").unwrap();
+    let limit = |l: f64| GroupSettings::builder().limit(l).build().unwrap();
+    controller.set_group(name.clone(), limit(100.0)).unwrap();
+    let (gate, mut driver) =
+        Tollgate::remote_driven(RemoteOptions::default().with_clock(clock.clone())).unwrap();
+    let g = gate.group("g").unwrap();
+    drop(g.try_acquire(1.0));
+    let allowance_at = |ms: u64, driver: &mut tollgate_client::Driver| loop {
+        let now = clock.now();
+        if now.0 % 1_000_000_000 == 0 {
+            controller.tick(now);
+        }
+        driver.poll(now);
+        if driver.is_due(now) {
+            let request = driver.request(now).unwrap();
+            driver.answer(now, &controller.exchange(now, &request).unwrap());
+        }
+        if now.0 / 1_000_000 >= ms {
+            return g.stats().allowance;
+        }
+        clock.advance(STEP);
+    };
+    // The first grant climbs from nothing to 100 over 2 s.
+    let (early, half, full) =
+        (allowance_at(10, &mut driver), allowance_at(1010, &mut driver), allowance_at(2500, &mut driver));
+    assert!(early < 10.0 && (40.0..=60.0).contains(&half) && full == 100.0, "{early}, {half}, {full}");
+    // A lower limit applies at the next exchange, at once.
+    controller.set_group(name, limit(20.0)).unwrap();
+    assert_eq!(allowance_at(4500, &mut driver), 20.0);
+}

@@ -318,6 +318,7 @@ impl Controller {
                     clients: g.clients,
                     count_dropped: g.dropped == tollgate_core::settings::DroppedWork::Count,
                     debt_repay_ms: ms(g.debt_repay),
+                    trickle_ms: ms(g.trickle),
                 }
             })
             .collect();

@@ -24,6 +24,8 @@ pub struct ServerOptions {
     pub saturation: SaturationSettings,
     /// Folding time of the average-cost smoothers.
     pub cost_folding: Duration,
+    /// Over how long remote clients take up a raised grant (TiDB's trickle).
+    pub trickle: Duration,
     /// How often consumption and resumable ramps are written to the store.
     pub flush_interval: Duration,
     /// The cap on gRPC connections and how long an idle one is kept.
@@ -43,6 +45,7 @@ impl Default for ServerOptions {
             lease: Duration::from_secs(10),
             saturation: SaturationSettings::default(),
             cost_folding: EngineSettings::default().cost_folding,
+            trickle: Duration::ZERO,
             flush_interval: Duration::from_secs(10),
             limits: crate::conn::Limits::default(),
             defaults: None,
@@ -58,6 +61,7 @@ impl ServerOptions {
             lease: self.lease,
             saturation: self.saturation.clone(),
             cost_folding: self.cost_folding,
+            trickle: self.trickle,
             ..EngineSettings::default()
         }
     }

@@ -104,6 +104,7 @@ pub fn engine_settings(scenario: &Scenario) -> EngineSettings {
             law: c.limiting_law,
         },
         cost_folding: c.cost_folding,
+        trickle: c.trickle,
         ..EngineSettings::default()
     }
 }
@@ -226,6 +227,7 @@ pub fn run_traced(scenario: &Scenario, seed: u64, mut trace: Option<&mut dyn FnM
             }
         }
         for d in &mut drivers {
+            d.poll(now);
             if d.is_due(now)
                 && let Some(request) = d.request(now)
             {

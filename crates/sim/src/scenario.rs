@@ -58,6 +58,8 @@ pub struct ControllerSpec {
     pub cost_folding: Duration,
     /// How saturation limits a group.
     pub limiting_law: LimitingLaw,
+    /// Over how long clients take up a raised grant (TiDB's trickle).
+    pub trickle: Duration,
     /// Controller tick (and client exchange) period.
     pub tick: Duration,
 }
@@ -74,6 +76,7 @@ impl Default for ControllerSpec {
             queue_spring_bytes: 200e6,
             cost_folding: Duration::from_secs(2),
             limiting_law: LimitingLaw::Rate,
+            trickle: Duration::ZERO,
             tick: Duration::from_secs(1),
         }
     }
@@ -408,12 +411,15 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
         let rule = format!("must be at most queue_target_bytes ({})", c.queue_target_bytes);
         r.error(v.span(), "controller.queue_spring_bytes", rule);
     }
+    if let Some((p, v)) = f.take("trickle_ms") {
+        c.trickle = Duration::from_millis(r.integer(&p, v, 0, 60_000).unwrap_or(0));
+    }
     if let Some((p, v)) = f.take("tick_ms") {
         c.tick = Duration::from_millis(r.integer(&p, v, 10, 60_000).unwrap_or(1000));
     }
     r.finish(
         f,
-        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, tick_ms",
+        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms",
     );
     c
 }

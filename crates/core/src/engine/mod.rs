@@ -86,6 +86,8 @@ pub struct EngineSettings {
     pub saturation: SaturationSettings,
     /// Folding time of the average-cost smoothers.
     pub cost_folding: Duration,
+    /// Over how long a client takes up a raised grant (TiDB's trickle): zero, at once.
+    pub trickle: Duration,
 }
 
 impl Default for EngineSettings {
@@ -103,6 +105,7 @@ impl Default for EngineSettings {
             max_backends: 10_000,
             saturation: SaturationSettings::default(),
             cost_folding: Duration::from_secs(2),
+            trickle: Duration::ZERO,
         }
     }
 }
@@ -147,6 +150,8 @@ pub struct Grant {
     pub dropped: crate::settings::DroppedWork,
     /// Over how long a debt is paid back, from the group's settings.
     pub debt_repay: Duration,
+    /// Over how long the client takes up a grant that rises (TiDB's trickle).
+    pub trickle: Duration,
 }
 
 impl Grant {
@@ -570,6 +575,7 @@ impl Engine {
             clients,
             dropped,
             debt_repay,
+            trickle: self.settings.trickle,
         };
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
