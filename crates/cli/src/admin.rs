@@ -118,6 +118,10 @@ pub struct GroupOptions {
     /// paid. Default 5.
     #[arg(long, value_parser = parse_units)]
     debt_repay_s: Option<f64>,
+    /// FoundationDB's accounting: the limit and reservation apply to reads and to writes
+    /// each (`true`), or to their sum (`false`, the default).
+    #[arg(long)]
+    reads_writes_apart: Option<bool>,
 }
 
 /// What dropped work does.
@@ -209,6 +213,7 @@ impl GroupOptions {
         p.clear_ramp = self.no_ramp;
         p.count_dropped = self.dropped.map(|d| matches!(d, DroppedArg::Count));
         p.debt_repay_s = self.debt_repay_s;
+        p.reads_writes_apart = self.reads_writes_apart;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -419,6 +424,9 @@ fn show(info: &v1::GroupInfo) -> String {
         let _ = writeln!(out, "budget:   {}", fmt_units(b));
     }
     let _ = writeln!(out, "dropped:  {}", if s.count_dropped { "count" } else { "return" });
+    if s.reads_writes_apart {
+        let _ = writeln!(out, "reads and writes: accounted apart");
+    }
     let repay = s.debt_repay_s.unwrap_or(5.0);
     let _ = writeln!(
         out,

@@ -238,6 +238,12 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
                 "each one-second epoch's share is the burst; remove it",
             ));
         }
+        if s.reads_writes_apart() {
+            return Err(unsupported(
+                format!("groups.{name}.reads_writes_apart"),
+                "no engine keeps the group's read and write costs; use the embedded or remote mode",
+            ));
+        }
         if s.debt_repay() != tollgate_core::settings::DEBT_REPAY_DEFAULT {
             return Err(unsupported(
                 format!("groups.{name}.debt_repay_s"),

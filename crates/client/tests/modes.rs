@@ -236,6 +236,7 @@ suite! {
     dropped_work: [embedded, remote, store, replicas];
     slow_start: [embedded, remote, store, replicas];
     detailed_consumption: [embedded, remote, store, replicas];
+    reads_writes_apart: [embedded, remote, store, replicas];
     debt_paid_over_time: [embedded, remote, store, replicas];
 }
 
@@ -477,6 +478,45 @@ async fn detailed_consumption(env: Env) {
             env.sleep(STEP).await;
         }
         assert_eq!(summed, Some(want));
+    }
+}
+
+async fn reads_writes_apart(env: Env) {
+    let cost = "[cost]\nmodel = \"linear\"\nread_base = 1\nwrite_base = 4\n";
+    if env.pools() {
+        let toml = format!("{cost}[groups.g]\nlimit = 100\nreads_writes_apart = true\n");
+        return refused(&env, &toml, "groups.g.reads_writes_apart").await;
+    }
+    // Reads (1 unit) and writes (4 units) asked for far beyond the limit of 100 units/s.
+    // Together, reads and writes share the 100. Apart (FoundationDB), the limit holds for each
+    // kind by its own cost: up to 100 units/s of reads and 100 of writes.
+    for apart in [false, true] {
+        let gate = env.gate(&format!("{cost}[groups.g]\nlimit = 100\nreads_writes_apart = {apart}\n")).await;
+        let mut admitted = [0.0, 0.0];
+        for step in 0..1600 {
+            for (kind, usage) in [Usage::read(0), Usage::write(0)].into_iter().enumerate() {
+                if let Ok(p) = gate.try_acquire_usage("g", &usage) {
+                    admitted[kind] += if step >= 1200 { p.cost() / 4.0 } else { 0.0 };
+                    p.settle_usage(gate.cost_model(), &usage).unwrap();
+                }
+            }
+            env.sleep(STEP).await;
+        }
+        let [reads, writes] = admitted;
+        if apart {
+            // Neither kind above the limit, and both together well above it; the share moves
+            // toward 100 and 100 as the average costs follow the admitted mix (faster in
+            // process than through a controller's grants).
+            assert!(
+                reads <= 105.0 && writes <= 105.0 && reads + writes >= 150.0,
+                "{}: {admitted:?}",
+                env.mode()
+            );
+        } else {
+            assert_near(&env, "reads and writes together", &[reads + writes], &[100.0], 5.0);
+        }
+        drop(gate);
+        env.sleep(Duration::from_secs(20)).await;
     }
 }
 

@@ -414,6 +414,7 @@ pub struct GroupSettings {
     budget: Option<f64>,
     dropped: DroppedWork,
     debt_repay: Duration,
+    reads_writes_apart: bool,
 }
 
 impl Default for GroupSettings {
@@ -430,6 +431,7 @@ impl Default for GroupSettings {
             budget: None,
             dropped: DroppedWork::Return,
             debt_repay: DEBT_REPAY_DEFAULT,
+            reads_writes_apart: false,
         }
     }
 }
@@ -500,6 +502,13 @@ impl GroupSettings {
     /// every admission waiting until it is paid.
     pub fn debt_repay(&self) -> Duration {
         self.debt_repay
+    }
+
+    /// FoundationDB's accounting: the limit and the reservation apply to reads and to writes
+    /// each, from the group's average read and write cost per request, rather than to their
+    /// sum (see the engine).
+    pub fn reads_writes_apart(&self) -> bool {
+        self.reads_writes_apart
     }
 
     /// Every rule these settings break (empty when valid).
@@ -603,6 +612,12 @@ impl GroupSettingsBuilder {
     /// Over how long a debt is paid back (default 5 s; zero: at once, blocking).
     pub fn debt_repay(mut self, period: Duration) -> Self {
         self.settings.debt_repay = period;
+        self
+    }
+
+    /// Reads and writes accounted apart (default: together).
+    pub fn reads_writes_apart(mut self, apart: bool) -> Self {
+        self.settings.reads_writes_apart = apart;
         self
     }
 

@@ -60,7 +60,8 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 }
 
 /// The keys a group's settings may use.
-pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, ramp, dropped, debt_repay_s";
+pub const GROUP_KEYS: &str =
+    "reserved, limit, burst, priority, weight, budget, ramp, dropped, debt_repay_s, reads_writes_apart";
 
 /// A value with its span.
 pub type Value<'a> = Spanned<DeValue<'a>>;
@@ -238,6 +239,11 @@ impl<'s> Reader<'s> {
                 Ok(d) => b = b.dropped(d),
                 Err(e) => self.error(v.span(), p, e.rule),
             }
+        }
+        if let Some((p, v)) = f.take("reads_writes_apart")
+            && let Some(apart) = self.boolean(&p, v)
+        {
+            b = b.reads_writes_apart(apart);
         }
         if let Some((p, v)) = f.take("debt_repay_s")
             && let Some(s) = self.non_negative(&p, v)

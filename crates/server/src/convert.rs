@@ -23,6 +23,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         ramp: s.ramp().map(ramp_to_proto),
         count_dropped: s.dropped() == DroppedWork::Count,
         debt_repay_s: Some(s.debt_repay().as_secs_f64()),
+        reads_writes_apart: s.reads_writes_apart(),
     }
 }
 
@@ -41,6 +42,7 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             ramp: m.ramp,
             count_dropped: Some(m.count_dropped),
             debt_repay_s: m.debt_repay_s,
+            reads_writes_apart: Some(m.reads_writes_apart),
             ..v1::GroupPatch::default()
         },
     )
@@ -154,6 +156,9 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if let Some(r) = &p.ramp {
         b = b.ramp(ramp_from_proto(r, &mut errors));
+    }
+    if let Some(apart) = p.reads_writes_apart {
+        b = b.reads_writes_apart(apart);
     }
     if let Some(count) = p.count_dropped {
         b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });

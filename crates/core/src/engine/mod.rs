@@ -250,6 +250,50 @@ struct ClientEntry {
     seen: Nanos,
 }
 
+/// A group's detailed consumption: its totals, and moving averages (folding time
+/// `cost_folding`) of its read and write request units and its requests per second, whose
+/// ratios are its average read and write cost per request (FoundationDB keeps the two apart).
+#[derive(Debug, Default)]
+struct Detail {
+    totals: crate::cost::Consumption,
+    /// The totals at the last tick.
+    at_tick: crate::cost::Consumption,
+    rru_rate: f64,
+    wru_rate: f64,
+    requests_rate: f64,
+}
+
+impl Detail {
+    /// Folds what came since the last tick into the averages.
+    fn tick(&mut self, elapsed: f64, keep: f64) {
+        let d = self.totals.since(&self.at_tick);
+        self.at_tick = self.totals;
+        let fold = |avg: &mut f64, x: f64| *avg = *avg * keep + x / elapsed * (1.0 - keep);
+        fold(&mut self.rru_rate, d.rru);
+        fold(&mut self.wru_rate, d.wru);
+        fold(&mut self.requests_rate, d.read_rpcs + d.write_rpcs);
+    }
+
+    /// How much further the limit and the reservation reach when reads and writes are
+    /// accounted apart: `(desired, reserved)` factors on the units/s they are set in. With
+    /// average costs per request `r` (reads) and `w` (writes), FoundationDB's desired rate is
+    /// `min(L/r, L/w)` requests/s and its reserved rate `max(R/r, R/w)`; in units/s, at `r + w`
+    /// a request, that is `L (r+w)/max(r,w)` and `R (r+w)/min(r,w)` (a kind that costs nothing
+    /// sets no bound). `None` until there is anything to average.
+    fn apart_factors(&self) -> Option<(f64, f64)> {
+        if self.requests_rate <= 1e-9 {
+            return None;
+        }
+        let (r, w) = (self.rru_rate / self.requests_rate, self.wru_rate / self.requests_rate);
+        let (high, low) = (r.max(w), r.min(w));
+        if high <= 0.0 {
+            return None;
+        }
+        let low = if low > 0.0 { low } else { high };
+        Some(((r + w) / high, (r + w) / low))
+    }
+}
+
 /// A tracked group's runtime state. One lives for every group in traffic, so it is kept
 /// small: rates for display in `f32`, optional numbers as NaN.
 struct Tracked {
@@ -280,9 +324,9 @@ struct Tracked {
     /// last minute and hour (made when its first bucket ends).
     rate_now: RateNow,
     rates: Option<Box<RateWindows>>,
-    /// What its requests did in detail, since this engine first saw it (made when a client
-    /// first reports any).
-    detail: Option<Box<crate::cost::Consumption>>,
+    /// What its requests did in detail, since this engine first saw it, and its read and
+    /// write costs per request (made when a client first reports any).
+    detail: Option<Box<Detail>>,
 }
 
 impl Tracked {
@@ -563,7 +607,7 @@ impl Engine {
         g.meter.throttled += r.throttled.max(0.0) as u64;
         g.meter.waited += r.waited.max(0.0) as u64;
         if !r.detail.is_zero() {
-            g.detail.get_or_insert_default().add(&r.detail);
+            g.detail.get_or_insert_default().totals.add(&r.detail);
         }
         g.dirty = true;
         let clients = (g.clients.len() as u32).max(1);

@@ -389,3 +389,31 @@ fn the_trace_holds_every_input_and_output_of_each_rate_computation() {
     e.tick(Nanos(3 * S));
     assert!(e.take_trace().0.is_empty());
 }
+
+#[test]
+fn reads_and_writes_accounted_apart_each_get_the_limit() {
+    use crate::cost::Consumption;
+    for (apart, target, reserved) in [(false, 100.0, 40.0), (true, 125.0, 125.0)] {
+        let mut e = engine(EngineSettings::default());
+        let settings =
+            GroupSettings::builder().reserved(40.0).limit(100.0).reads_writes_apart(apart).build().unwrap();
+        e.set_group(name("g"), settings);
+        e.set_tracing(true);
+        // Each second 10 reads of 1 RU and 10 writes of 4: per request 0.5 read and 2 write.
+        let detail =
+            Consumption { rru: 10.0, wru: 40.0, read_rpcs: 10.0, write_rpcs: 10.0, ..Consumption::default() };
+        for s in 1..=3u64 {
+            let t = Nanos(s * S);
+            e.report(t, 1, &name("g"), ClientReport { detail, ..report(500.0, 50.0, 20.0) });
+            e.tick(t);
+        }
+        // Apart: min(100/0.5, 100/2) = 50 requests/s at 2.5 units each is 125 units/s; the
+        // reservation, max(40/0.5, 40/2) = 80 requests/s or 200 units/s, is held at that limit.
+        assert_eq!(e.outcome(&name("g")).unwrap().target(), Some(target), "apart {apart}");
+        let traced = e.take_trace().0.into_iter().rev().find_map(|ev| match ev {
+            TraceEvent::Rate(r) => Some(r),
+            TraceEvent::BusyGroup(_) => None,
+        });
+        assert_eq!(traced.unwrap().reserved, reserved, "apart {apart}");
+    }
+}

@@ -65,6 +65,9 @@ impl Engine {
             g.requests_rate = g.requests_rate * keep + requests / elapsed * (1.0 - keep);
             g.last_tick = [(units / elapsed) as f32, (throttled / elapsed) as f32];
             g.rate_now.add(&mut g.rates, now, units / elapsed);
+            if let Some(d) = &mut g.detail {
+                d.tick(elapsed, keep);
+            }
             g.since_tick = [0.0; 3];
         }
         for (name, g) in &self.tracked {
@@ -104,11 +107,20 @@ impl Engine {
                 reserved *= SLOW_START_SHARE;
             }
             let exhausted = settings.is_some_and(|s| s.budget().is_some_and(|b| g.meter.consumed >= b));
-            let ceiling = match settings {
+            let mut ceiling = match settings {
                 Some(s) if exhausted => s.reserved(),
                 Some(s) => s.limit().as_f64(),
                 None => Limit::Unlimited.as_f64(),
             };
+            // FoundationDB's accounting: the limit and the reservation bound reads and writes
+            // each, so in units of both they reach further. The reservation never passes the
+            // limit.
+            if settings.is_some_and(GroupSettings::reads_writes_apart)
+                && let Some((desired, reserving)) = g.detail.as_deref().and_then(super::Detail::apart_factors)
+            {
+                ceiling *= desired;
+                reserved = (reserved * reserving).min(ceiling);
+            }
             let cap = g.ramp.as_ref().map_or(ceiling, |r| ceiling.min(r.pool() as f64));
             let unthrottled: f64 = g.clients.iter().map(|c| f64::from(c.unthrottled)).sum();
             rows.push(Row {

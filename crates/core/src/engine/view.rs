@@ -99,7 +99,7 @@ impl Engine {
             ramp_pool: g.and_then(|g| g.ramp.as_ref()).map(|r| r.pool() as f64),
             last_minute: marks.0,
             last_hour: marks.1,
-            detail: g.and_then(|g| g.detail.as_deref().copied()),
+            detail: g.and_then(|g| g.detail.as_deref()).map(|d| d.totals),
         }
     }
 }
