@@ -181,6 +181,10 @@ fn ramps_budgets_and_the_allocation_mode_are_set_through_the_cli() {
         "debt_repay_s: must be a number of seconds from 0 to 31536000",
     );
     fails(&s, &["group", "alter", "r", "--dropped", "lost"], "invalid value 'lost'");
+    let out = ok(&s, &["group", "alter", "r", "--reads-writes-apart", "true"]);
+    assert!(out.contains("reads and writes: accounted apart"), "{out}");
+    assert!(ok(&s, &["status", "--json"]).contains("\"reads_writes_apart\":true"));
+    fails(&s, &["group", "alter", "r", "--reads-writes-apart", "maybe"], "invalid value 'maybe'");
     assert_eq!(ok(&s, &["node", "mode"]).trim(), "share");
     assert_eq!(ok(&s, &["node", "mode", "fcfs"]).trim(), "fcfs");
     fails(&s, &["node", "mode", "fastest"], "invalid value 'fastest'");
