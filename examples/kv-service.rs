@@ -2,14 +2,19 @@
 //!
 //! ```text
 //! cargo run --release -p tollgate-client --example kv-service -- \
-//!     [--controller http://127.0.0.1:7460] [--listen 127.0.0.1:7480] [--capacity 1000000] [--concurrency 4]
+//!     [--controller http://127.0.0.1:7460] [--listen 127.0.0.1:7480] [--capacity 1000000] [--concurrency 4] \
+//!     [--compact-every SECONDS]
 //! ```
 //!
 //! - The tenant comes from the `x-tollgate-group` header (unknown or missing: `default`).
 //! - Each request is admitted by a remote Tollgate client fed by the controller, or refused
 //!   with `429 Too Many Requests` and `Retry-After`.
 //! - Admitted requests run through a [`Scheduler`]: `--concurrency` at once, the rest in
-//!   (priority, virtual time) order, with priorities and rates read from the controller.
+//!   (priority, virtual time) order, with the groups' settings (priorities, rates, soft quotas
+//!   on each backend) fetched from the controller and kept current as they change.
+//! - With `--compact-every`, the service compacts its table in the background group
+//!   `compaction`, in 64 KiB steps through the same scheduler: configure that group with
+//!   `--background true` and it gets what the front-end tenants leave of the capacity.
 //! - The service does `--capacity` units of work per second (units are bytes): each request
 //!   holds its slot for `cost ÷ (capacity ÷ concurrency)` seconds. Its actual cost, the value's
 //!   size, settles the permit.
@@ -18,7 +23,8 @@
 //!   which limits tenants when the service is saturated.
 //!
 //! API: `PUT /kv/{key}` stores the body; `GET /kv/{key}` returns it; `GET /stats` shows the
-//! utilisation and the scheduler's queue; `GET /healthz`.
+//! utilisation, the scheduler's queue, the settings version and the bytes compacted;
+//! `GET /healthz`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,20 +37,24 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tollgate_client::core::config::Config;
-use tollgate_client::core::settings::{GroupName, GroupSettings, Priority};
 use tollgate_client::reporter::{BackendHealth, BackendReporter, ReporterOptions};
-use tollgate_client::scheduler::{Scheduler, SchedulerOptions};
+use tollgate_client::scheduler::{FollowOptions, Following, ScheduleError, Scheduler, SchedulerOptions};
 use tollgate_client::{AcquireError, RemoteOptions, Tollgate};
-use tollgate_proto::v1;
 
 const GROUP_HEADER: &str = "x-tollgate-group";
 /// Cost of a read before its size is known.
 const READ_ESTIMATE: f64 = 4096.0;
+/// The background group compaction runs in, and the size of one step.
+const COMPACTION_GROUP: &str = "compaction";
+const COMPACTION_STEP: f64 = 65_536.0;
 
 struct Service {
     gate: Tollgate,
     scheduler: Scheduler,
+    _following: Following,
     reporter: BackendReporter,
+    /// Bytes compacted so far.
+    compacted: AtomicU64,
     data: Mutex<HashMap<String, Bytes>>,
     /// Units of work per second the service can do, per slot.
     per_slot: f64,
@@ -60,6 +70,7 @@ struct Options {
     listen: String,
     capacity: f64,
     concurrency: usize,
+    compact_every: Option<Duration>,
 }
 
 fn options() -> Result<Options, String> {
@@ -68,6 +79,7 @@ fn options() -> Result<Options, String> {
         listen: "127.0.0.1:7480".into(),
         capacity: 1_000_000.0,
         concurrency: 4,
+        compact_every: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -86,30 +98,18 @@ fn options() -> Result<Options, String> {
                     .filter(|c: &usize| *c > 0)
                     .ok_or("--concurrency: a whole number above 0")?
             }
+            "--compact-every" => {
+                let secs = value
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+                    .ok_or("--compact-every: seconds above 0, at most 86400")?;
+                o.compact_every = Some(Duration::from_secs_f64(secs));
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }
     Ok(o)
-}
-
-/// The groups' priorities and rates, from the controller, for the scheduler.
-async fn settings_from(controller: &str) -> Result<Config, Box<dyn std::error::Error>> {
-    let mut admin = v1::admin_client::AdminClient::connect(controller.to_string()).await?;
-    let mut config = Config::default();
-    for g in admin.list_groups(v1::ListGroupsRequest::default()).await?.into_inner().groups {
-        let s = g.settings.unwrap_or_default();
-        let mut b = GroupSettings::builder().reserved(s.reserved).weight(s.weight.max(f64::MIN_POSITIVE));
-        if let Some(l) = s.limit {
-            b = b.limit(l);
-        }
-        if let Ok(p) = Priority::new(s.priority as u8) {
-            b = b.priority(p);
-        }
-        if let (Ok(name), Ok(settings)) = (GroupName::new(&g.name), b.build()) {
-            config.groups.insert(name, settings);
-        }
-    }
-    Ok(config)
 }
 
 fn group_of(headers: &HeaderMap) -> String {
@@ -145,6 +145,8 @@ async fn serve(
     svc.reporter.record(group, estimate);
     let slot = match svc.scheduler.acquire(group, estimate).await {
         Ok(s) => s,
+        // Past the group's soft quota on this service.
+        Err(ScheduleError::OverBackendLimit { retry_after, .. }) => return too_many(retry_after),
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     };
     let (response, actual) = op(svc);
@@ -183,8 +185,43 @@ async fn put_key(
 async fn stats(State(svc): State<Arc<Service>>) -> Response {
     let utilisation = f64::from_bits(svc.arriving.load(Ordering::Relaxed)) / svc.capacity;
     let (running, waiting) = svc.scheduler.load();
-    axum::Json(serde_json::json!({ "utilisation": utilisation, "running": running, "waiting": waiting }))
-        .into_response()
+    axum::Json(serde_json::json!({
+        "utilisation": utilisation,
+        "running": running,
+        "waiting": waiting,
+        "settings_version": svc.scheduler.settings_version(),
+        "compacted_bytes": svc.compacted.load(Ordering::Relaxed),
+    }))
+    .into_response()
+}
+
+/// Compacts the table every `every`: as many 64 KiB steps as it holds bytes, each scheduled
+/// in the background group beside the tenants' requests and doing its share of work.
+async fn compact(svc: Arc<Service>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let stored: usize = svc.data.lock().unwrap().values().map(Bytes::len).sum();
+        let mut left = stored as f64;
+        while left > 0.0 {
+            let step = left.min(COMPACTION_STEP);
+            match svc.scheduler.acquire(COMPACTION_GROUP, step).await {
+                Ok(slot) => {
+                    svc.arrived.fetch_add(step as u64, Ordering::Relaxed);
+                    svc.reporter.record(COMPACTION_GROUP, step);
+                    tokio::time::sleep(Duration::from_secs_f64(step / svc.per_slot)).await;
+                    drop(slot);
+                    svc.compacted.fetch_add(step as u64, Ordering::Relaxed);
+                    left -= step;
+                }
+                Err(ScheduleError::OverBackendLimit { retry_after, .. }) => {
+                    tokio::time::sleep(retry_after).await
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
 }
 
 #[tokio::main]
@@ -196,13 +233,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..RemoteOptions::default()
     };
     let gate = Tollgate::remote(&o.controller, remote)?;
-    let settings = settings_from(&o.controller)
-        .await
-        .map_err(|e| format!("kv-service: cannot read groups from {}: {e}", o.controller))?;
+    // The groups' settings come from the controller, pulled at once and pushed on change.
     let scheduler = Scheduler::new(
-        &settings,
-        SchedulerOptions { concurrency: o.concurrency, ..SchedulerOptions::default() },
+        &Config::default(),
+        SchedulerOptions {
+            concurrency: o.concurrency,
+            capacity: Some(o.capacity),
+            ..SchedulerOptions::default()
+        },
     );
+    let following = scheduler.follow(&o.controller, FollowOptions::default())?;
     let arrived_rate = Arc::new(AtomicU64::new(0));
     let capacity = o.capacity;
     // Utilisation is the arriving load ÷ capacity, measured by the reporter itself so that
@@ -221,7 +261,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let svc = Arc::new(Service {
         gate,
         scheduler,
+        _following: following,
         reporter,
+        compacted: AtomicU64::new(0),
         data: Mutex::new(HashMap::new()),
         per_slot: o.capacity / o.concurrency as f64,
         arrived: AtomicU64::new(0),
@@ -241,6 +283,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 arrived_rate.store(f64::to_bits(smoothed), Ordering::Relaxed);
             }
         });
+    }
+    if let Some(every) = o.compact_every {
+        tokio::spawn(compact(svc.clone(), every));
     }
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok\n" }))

@@ -122,6 +122,17 @@ pub struct GroupOptions {
     /// each (`true`), or to their sum (`false`, the default).
     #[arg(long)]
     reads_writes_apart: Option<bool>,
+    /// TiKV's soft quota: units/s the group may use on each backend, whatever the backend's
+    /// load (above 0).
+    #[arg(long, value_parser = parse_units, conflicts_with = "no_backend_limit")]
+    backend_limit: Option<f64>,
+    /// Removes the soft quota on backends.
+    #[arg(long)]
+    no_backend_limit: bool,
+    /// The group is a backend's own background work (compaction, replication): `true` or
+    /// `false`.
+    #[arg(long)]
+    background: Option<bool>,
 }
 
 /// What dropped work does.
@@ -214,6 +225,9 @@ impl GroupOptions {
         p.count_dropped = self.dropped.map(|d| matches!(d, DroppedArg::Count));
         p.debt_repay_s = self.debt_repay_s;
         p.reads_writes_apart = self.reads_writes_apart;
+        p.backend_limit = self.backend_limit;
+        p.clear_backend_limit = self.no_backend_limit;
+        p.background = self.background;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -426,6 +440,12 @@ fn show(info: &v1::GroupInfo) -> String {
     let _ = writeln!(out, "dropped:  {}", if s.count_dropped { "count" } else { "return" });
     if s.reads_writes_apart {
         let _ = writeln!(out, "reads and writes: accounted apart");
+    }
+    if let Some(l) = s.backend_limit {
+        let _ = writeln!(out, "on each backend: at most {} units/s", fmt_units(l));
+    }
+    if s.background {
+        let _ = writeln!(out, "background work: given what front-end groups leave");
     }
     let repay = s.debt_repay_s.unwrap_or(5.0);
     let _ = writeln!(

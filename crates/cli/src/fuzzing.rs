@@ -96,7 +96,7 @@ pub fn grpc_message(data: &[u8]) {
     let Some((&which, bytes)) = data.split_first() else { return };
     let Served { controller, services: s, runtime } = served();
     runtime.block_on(async {
-        match which % 11 {
+        match which % 12 {
             0 => {
                 if let Some(r) = decoded(bytes) {
                     let _ = Admission::exchange(s, r).await;
@@ -147,6 +147,11 @@ pub fn grpc_message(data: &[u8]) {
                     && let Ok(answer) = Admin::status(s, r).await
                 {
                     let _ = tollgate_server::status::status_json(answer.get_ref());
+                }
+            }
+            10 => {
+                if let Some(r) = decoded(bytes) {
+                    let _ = Backend::get_settings(s, r).await;
                 }
             }
             _ => controller.tick(Nanos(u64::from(which) * 1_000_000_000)),

@@ -55,6 +55,14 @@ fn kv_service_binary() -> PathBuf {
     bin
 }
 
+/// Starts `examples/kv-service` for the controller at `url`, 1 MB/s of capacity, with `more`
+/// options; the process and its address.
+fn start_kv(url: &str, more: &[&str]) -> (Proc, String) {
+    let mut cmd = Command::new(kv_service_binary());
+    cmd.args(["--controller", url, "--listen", "127.0.0.1:0", "--capacity", "1000000"]).args(more);
+    start(&mut cmd, "listening on ")
+}
+
 #[derive(Debug, Clone)]
 struct Sample {
     at: f64,
@@ -145,19 +153,7 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     let url = format!("http://{grpc}");
     admin(&url, &["group", "create", "gold", "--reserved", "200000", "--priority", "high"]);
     admin(&url, &["group", "create", "bronze", "--limit", "100000", "--priority", "low"]);
-    let (_kv, kv_addr) = start(
-        Command::new(kv_service_binary()).args([
-            "--controller",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-            "--capacity",
-            "1000000",
-            "--concurrency",
-            "4",
-        ]),
-        "listening on ",
-    );
+    let (_kv, kv_addr) = start_kv(&url, &["--concurrency", "4"]);
     let kv: SocketAddr = kv_addr.parse().unwrap();
     let clock = TokioClock::new();
     let samples = Arc::new(Mutex::new(Vec::new()));
@@ -259,4 +255,60 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     // Gold asked for less than its reservation and kept getting it.
     let gold_offered = phase2.iter().filter(|s| s.tenant == "gold").count() as f64;
     assert!(gold_lat.len() as f64 >= 0.9 * gold_offered, "gold got {} of {gold_offered}", gold_lat.len());
+}
+
+/// Polls the service's `/stats` (up to a minute: a bound for a stuck test, not a timing
+/// assertion) until `done` holds; the last stats.
+async fn stats_until(kv: &str, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    for _ in 0..600 {
+        let stats = get_json(kv, "/stats").await;
+        if done(&stats) {
+            return stats;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_takes_soft_quotas_from_the_controller_and_compacts_in_the_background() {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-backend");
+    let _ = std::fs::remove_dir_all(&data);
+    let (_server, grpc) =
+        start(server_command(&data, "127.0.0.1:0").args(["--ignore-worst-zones", "0"]), "grpc ");
+    let url = format!("http://{grpc}");
+    admin(&url, &["group", "create", "tenant"]);
+    admin(&url, &["group", "create", "compaction", "--background", "true", "--priority", "low"]);
+    let (_kv, kv_addr) = start_kv(&url, &["--compact-every", "1"]);
+    let kv: SocketAddr = kv_addr.parse().unwrap();
+    let clock = TokioClock::new();
+    let first =
+        stats_until(&kv_addr, "settings fetched", |s| s["settings_version"].as_u64() != Some(0)).await;
+    for key in 0..10 {
+        assert_eq!(put(kv, "tenant", key, &clock).await.unwrap().status, 204);
+    }
+    // The table is compacted, step by step, through the scheduler.
+    stats_until(&kv_addr, "a compaction", |s| s["compacted_bytes"].as_u64() >= Some(10 * VALUE_BYTES as u64))
+        .await;
+
+    // A soft quota of one value per second on this service: pushed to it, then held there
+    // although the service is nearly idle. Ten values at once book ten seconds: those past
+    // the scheduler's 5 s wait are refused with 429.
+    admin(&url, &["group", "alter", "tenant", "--backend-limit", &VALUE_BYTES.to_string()]);
+    stats_until(&kv_addr, "the new settings", |s| s["settings_version"] != first["settings_version"]).await;
+    let tasks: Vec<_> = (10..20)
+        .map(|key| {
+            let clock = clock.clone();
+            tokio::spawn(async move { put(kv, "tenant", key, &clock).await.unwrap() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap().status);
+    }
+    statuses.sort_unstable();
+    let ok = statuses.iter().filter(|s| **s == 204).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    println!("under a soft quota: {statuses:?}");
+    assert!(ok >= 1 && refused >= 1 && ok + refused == 10, "{statuses:?}");
 }

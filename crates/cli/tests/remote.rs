@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
+use tollgate_client::scheduler::{FollowOptions, Scheduler, SchedulerOptions};
 use tollgate_client::{RemoteOptions, Tollgate};
+use tollgate_core::config::Config;
 
 mod common;
 use common::{admin, server_command};
@@ -23,17 +25,96 @@ impl Drop for Killed {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_remote_client_is_granted_by_the_real_server_and_reports_to_it() {
-    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("remote-real");
+/// Starts the real server; its gRPC URL.
+fn start_server(name: &str) -> (Killed, String) {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     let _ = std::fs::remove_dir_all(&data);
     let mut child =
         server_command(&data, "127.0.0.1:0").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let _server = Killed(child);
     let addr = line.split_whitespace().nth(4).expect("listening line").to_string();
-    let url = format!("http://{addr}");
+    (Killed(child), format!("http://{addr}"))
+}
+
+/// Waits (up to a minute: a bound for a stuck test, not a timing assertion) until `done`.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..3000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_take_group_settings_pushed_on_every_change_and_pulled_when_stale() {
+    let (_server, url) = start_server("backend-settings");
+    admin(&url, &["group", "create", "capped", "--backend-limit", "100", "--priority", "low"]);
+    admin(&url, &["group", "create", "compaction", "--background", "true"]);
+
+    // One backend takes pushes and checks its version hourly; the other only checks, every
+    // 50 ms, so it sees changes only by finding its version stale.
+    let pushed = Scheduler::new(&Config::default(), SchedulerOptions::default());
+    let pulled = Scheduler::new(&Config::default(), SchedulerOptions::default());
+    let _p =
+        pushed.follow(&url, FollowOptions { check_interval: Duration::from_secs(3600), push: true }).unwrap();
+    let _q = pulled
+        .follow(&url, FollowOptions { check_interval: Duration::from_millis(50), push: false })
+        .unwrap();
+    // Both start with none, and pull them at once.
+    for s in [&pushed, &pulled] {
+        eventually("the first settings", || s.settings_version() != 0).await;
+        assert_eq!(s.settings_for("capped").backend_limit(), Some(100.0));
+        assert!(s.settings_for("compaction").background());
+        assert!(!s.settings_for("capped").background());
+    }
+    let first = pushed.settings_version();
+    assert_eq!(pulled.settings_version(), first);
+
+    // A change reaches both: the first by the push, the second by its check.
+    admin(&url, &["group", "alter", "capped", "--backend-limit", "500"]);
+    for s in [&pushed, &pulled] {
+        eventually("the change", || s.settings_for("capped").backend_limit() == Some(500.0)).await;
+        assert_ne!(s.settings_version(), first);
+    }
+    admin(&url, &["group", "alter", "capped", "--no-backend-limit"]);
+    admin(&url, &["group", "drop", "compaction"]);
+    for s in [&pushed, &pulled] {
+        eventually("the removal", || {
+            s.settings_for("capped").backend_limit().is_none() && !s.settings_for("compaction").background()
+        })
+        .await;
+    }
+    assert_eq!(pushed.settings_version(), pulled.settings_version());
+
+    // Bad input is refused with the field and the rule, and nothing changes.
+    let out = std::process::Command::new(common::BIN)
+        .args(["group", "alter", "capped", "--backend-limit", "0"])
+        .env("TOLLGATE_SERVER", &url)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("backend_limit: must be a finite number above 0"), "{err}");
+    let out = std::process::Command::new(common::BIN)
+        .args(["group", "alter", "capped", "--backend-limit", "5", "--no-backend-limit"])
+        .env("TOLLGATE_SERVER", &url)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(common::BIN)
+        .args(["group", "show", "capped"])
+        .env("TOLLGATE_SERVER", &url)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(!shown.contains("on each backend"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_client_is_granted_by_the_real_server_and_reports_to_it() {
+    let (_server, url) = start_server("remote-real");
     admin(&url, &["group", "create", "g", "--reserved", "10", "--limit", "100"]);
 
     let opts = RemoteOptions {

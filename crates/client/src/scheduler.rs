@@ -16,16 +16,33 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Two limiters act before the queue, TiKV's soft quotas:
+//!
+//! - a group with a `backend_limit` gets at most that many units/s on this backend, whether or
+//!   not the backend is busy: a request past it waits for the group's bucket (one second of
+//!   the limit) to refill, up to `max_wait`, and is refused beyond;
+//! - with a `capacity`, `background` groups (the backend's own compaction, replication) share
+//!   a limiter that gives them what the front-end groups leave of the capacity, never less than
+//!   a tenth of it, retuned every second from the front end's smoothed load.
+//!
+//! The settings come from the settings given to [`Scheduler::new`] until
+//! [`Scheduler::follow`] has fetched the controller's; from then on the controller pushes each
+//! change, and the scheduler checks every `check_interval` that it holds the current version.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use thiserror::Error;
 use tokio::sync::oneshot;
+use tollgate_core::bucket::{Bucket, Refusal};
 use tollgate_core::config::Config;
 use tollgate_core::schedule::{FairQueue, QueueFull};
-use tollgate_core::settings::{GroupName, check_group_name};
+use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
+use tollgate_core::smooth::Smoother;
 use tollgate_core::time::{Clock, Nanos};
+use tollgate_proto::v1::{self, backend_client::BackendClient};
 
 use crate::clock::TokioClock;
 
@@ -38,13 +55,24 @@ pub struct SchedulerOptions {
     pub max_wait: Duration,
     /// How many requests of one group may wait.
     pub queue_len_max: usize,
+    /// The backend's capacity in units/s. When set, `background` groups share what the
+    /// front-end groups leave of it (at least [`BACKGROUND_FLOOR`] of it); without it they are
+    /// held only by their own `backend_limit` and their priority.
+    pub capacity: Option<f64>,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
-        Self { concurrency: 16, max_wait: Duration::from_secs(5), queue_len_max: 10_000 }
+        Self { concurrency: 16, max_wait: Duration::from_secs(5), queue_len_max: 10_000, capacity: None }
     }
 }
+
+/// The share of the capacity background groups get however busy the front end is.
+pub const BACKGROUND_FLOOR: f64 = 0.1;
+/// How often the background limiter's rate follows the front end's load.
+pub const BACKGROUND_RETUNE: Duration = Duration::from_secs(1);
+/// Folding time of the front end's load, as the background limiter sees it.
+const FOREGROUND_SMOOTHING_S: f64 = 2.0;
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -63,20 +91,66 @@ pub enum ScheduleError {
     /// The group name breaks the naming rules.
     #[error("invalid group name: {0}")]
     InvalidGroup(String),
+    /// The group is past its soft quota on this backend (`backend_limit`), or background work
+    /// past what the front end leaves, for longer than `max_wait`.
+    #[error("group {group:?} is over its {limit} units/s on this backend; retry after {retry_after:?}")]
+    OverBackendLimit {
+        /// The group.
+        group: String,
+        /// The limit it is over, units/s.
+        limit: f64,
+        /// How long until the request would fit.
+        retry_after: Duration,
+    },
+}
+
+/// What the scheduler knows of a group it has seen.
+struct Learned {
+    settings: GroupSettings,
+    /// Its soft quota's bucket, when it has a `backend_limit`.
+    limiter: Option<Bucket>,
 }
 
 struct State {
     queue: FairQueue<oneshot::Sender<()>>,
     running: usize,
     last_renewal: Nanos,
-    known: std::collections::HashSet<GroupName>,
+    known: HashMap<GroupName, Learned>,
+    settings: Config,
+    /// The controller's version of `settings`; 0 while they are the local ones.
+    version: u64,
+    /// Units/s of front-end work, smoothed, for the background limiter.
+    foreground: Smoother,
+    last_retune: Nanos,
 }
 
 struct Shared {
     state: Mutex<State>,
     opts: SchedulerOptions,
-    settings: Config,
     clock: TokioClock,
+    /// Shared by every background group, when the capacity is known.
+    background: Option<Bucket>,
+}
+
+/// The soft quota's bucket: one second of the limit.
+fn soft_bucket(limit: f64, now: Nanos) -> Bucket {
+    Bucket::new(limit, limit, now)
+}
+
+/// Books `cost` in `bucket`, waiting at most `max_wait`: how long to wait, or how long it
+/// would have been. A cost above the bucket's burst waits for a full bucket and leaves the
+/// rest as debt, so a large request is slowed, never refused for its size alone.
+fn book(bucket: &Bucket, cost: f64, now: Nanos, max_wait: Duration) -> Result<Duration, Duration> {
+    let burst = bucket.burst();
+    let (now_part, debt) = if cost > burst { (burst, cost - burst) } else { (cost, 0.0) };
+    match bucket.reserve(now_part, now, max_wait) {
+        Ok(wait) => {
+            bucket.charge(debt, now);
+            Ok(wait)
+        }
+        Err(Refusal::Wait(d)) => Err(d),
+        Err(_) => Err(max_wait),
+    }
 }
 
 /// The scheduler: cheap to clone. Must be created inside a tokio runtime.
@@ -119,15 +193,77 @@ impl Shared {
         }
     }
 
-    fn learn(&self, s: &mut State, group: &GroupName) {
-        if s.known.insert(group.clone()) {
-            let settings = self.settings.settings_for(group.as_str());
-            // TiKV weighs by the group's configured rate: its reservation, else its limit.
-            let rate =
-                if settings.reserved() > 0.0 { settings.reserved() } else { settings.limit().as_f64() };
-            let rate = if rate.is_finite() { rate } else { 0.0 };
-            s.queue.set_group(group, settings.priority(), rate);
+    /// Takes a group's settings: its lane in the queue, its soft quota.
+    fn learn(&self, s: &mut State, group: &GroupName, now: Nanos) {
+        let settings = s.settings.settings_for(group.as_str());
+        if s.known.get(group).is_some_and(|l| l.settings == settings) {
+            return;
         }
+        // TiKV weighs by the group's configured rate: its reservation, else its limit.
+        let rate = if settings.reserved() > 0.0 { settings.reserved() } else { settings.limit().as_f64() };
+        let rate = if rate.is_finite() { rate } else { 0.0 };
+        s.queue.set_group(group, settings.priority(), rate);
+        let old = s.known.remove(group).and_then(|l| l.limiter);
+        let limiter = match (settings.backend_limit(), old) {
+            (None, _) => None,
+            (Some(limit), Some(bucket)) => {
+                // What the group holds (or owes) carries over.
+                bucket.set_rate(limit, limit, now);
+                Some(bucket)
+            }
+            (Some(limit), None) => Some(soft_bucket(limit, now)),
+        };
+        s.known.insert(group.clone(), Learned { settings, limiter });
+    }
+
+    /// Follows the front end's load with the background limiter, once per
+    /// [`BACKGROUND_RETUNE`].
+    fn retune(&self, s: &mut State, now: Nanos) {
+        let (Some(bucket), Some(capacity)) = (&self.background, self.opts.capacity) else { return };
+        if now.since(s.last_retune) < BACKGROUND_RETUNE {
+            return;
+        }
+        s.last_retune = now;
+        let rate = (capacity - s.foreground.smooth_rate(now)).max(capacity * BACKGROUND_FLOOR);
+        bucket.set_rate(rate, rate, now);
+    }
+
+    /// Books the soft quotas of a request: how long it must wait first.
+    fn soft_quotas(
+        &self,
+        s: &mut State,
+        group: &GroupName,
+        cost: f64,
+        now: Nanos,
+    ) -> Result<Duration, ScheduleError> {
+        self.retune(s, now);
+        let learned = s.known.get(group).expect("learnt before");
+        let max_wait = self.opts.max_wait;
+        let over = |limit: f64, retry_after: Duration| ScheduleError::OverBackendLimit {
+            group: group.to_string(),
+            limit,
+            retry_after,
+        };
+        let mut wait = Duration::ZERO;
+        if let Some(bucket) = &learned.limiter {
+            wait = book(bucket, cost, now, max_wait).map_err(|d| over(bucket.rate(), d))?;
+        }
+        if learned.settings.background() {
+            if let Some(shared) = &self.background {
+                match book(shared, cost, now, max_wait) {
+                    Ok(w) => wait = wait.max(w),
+                    Err(d) => {
+                        if let Some(bucket) = &learned.limiter {
+                            bucket.refund(cost);
+                        }
+                        return Err(over(shared.rate(), d));
+                    }
+                }
+            }
+        } else {
+            s.foreground.add_delta(now, cost.max(0.0));
+        }
+        Ok(wait)
     }
 }
 
@@ -136,15 +272,47 @@ impl Scheduler {
     /// group's).
     pub fn new(settings: &Config, opts: SchedulerOptions) -> Scheduler {
         let clock = TokioClock::new();
+        let now = clock.now();
         let state = State {
             queue: FairQueue::new(opts.queue_len_max),
             running: 0,
-            last_renewal: clock.now(),
-            known: std::collections::HashSet::new(),
+            last_renewal: now,
+            known: HashMap::new(),
+            settings: settings.clone(),
+            version: 0,
+            foreground: Smoother::new(FOREGROUND_SMOOTHING_S),
+            last_retune: now,
         };
-        Scheduler {
-            shared: Arc::new(Shared { state: Mutex::new(state), opts, settings: settings.clone(), clock }),
+        let background = opts.capacity.filter(|c| c.is_finite() && *c > 0.0).map(|c| soft_bucket(c, now));
+        Scheduler { shared: Arc::new(Shared { state: Mutex::new(state), opts, clock, background }) }
+    }
+
+    /// Replaces the group settings (the controller's, at `version`): groups already seen take
+    /// their new priority, rate and soft quota at once; queued work keeps its place.
+    pub fn set_settings(&self, settings: Config, version: u64) {
+        let now = self.shared.clock.now();
+        let mut s = self.shared.lock();
+        s.settings = settings;
+        s.version = version;
+        let groups: Vec<GroupName> = s.known.keys().cloned().collect();
+        for g in &groups {
+            self.shared.learn(&mut s, g, now);
         }
+    }
+
+    /// The version of the controller's settings in use; 0 while the local ones are.
+    pub fn settings_version(&self) -> u64 {
+        self.shared.lock().version
+    }
+
+    /// The settings a group is scheduled by now.
+    pub fn settings_for(&self, group: &str) -> GroupSettings {
+        self.shared.lock().settings.settings_for(group)
+    }
+
+    /// The background limiter's rate now, units/s (`None` without a capacity).
+    pub fn background_rate(&self) -> Option<f64> {
+        self.shared.background.as_ref().map(Bucket::rate)
     }
 
     /// A slot for a request of `cost` units of `group`: at once if one is free and nobody
@@ -152,9 +320,17 @@ impl Scheduler {
     pub async fn acquire(&self, group: &str, cost: f64) -> Result<Slot, ScheduleError> {
         check_group_name(group).map_err(|e| ScheduleError::InvalidGroup(e.rule))?;
         let name = GroupName::new(group).map_err(|e| ScheduleError::InvalidGroup(e.rule))?;
+        let now = self.shared.clock.now();
+        let soft_wait = {
+            let mut s = self.shared.lock();
+            self.shared.learn(&mut s, &name, now);
+            self.shared.soft_quotas(&mut s, &name, cost, now)?
+        };
+        if !soft_wait.is_zero() {
+            tokio::time::sleep(soft_wait).await;
+        }
         let receiver = {
             let mut s = self.shared.lock();
-            self.shared.learn(&mut s, &name);
             if s.running < self.shared.opts.concurrency && s.queue.is_empty() {
                 s.running += 1;
                 // The cost still counts toward the group's virtual time.
@@ -169,7 +345,7 @@ impl Scheduler {
             s.queue.push(&name, tx, cost)?;
             rx
         };
-        let max_wait = self.shared.opts.max_wait;
+        let max_wait = self.shared.opts.max_wait.saturating_sub(soft_wait);
         let mut receiver = receiver;
         if let Ok(Ok(())) = tokio::time::timeout(max_wait, &mut receiver).await {
             return Ok(Slot { shared: self.shared.clone() });
@@ -183,12 +359,119 @@ impl Scheduler {
         let mut s = self.shared.lock();
         s.queue.retain(|tx| !tx.is_closed());
         self.shared.dispatch(&mut s);
-        Err(ScheduleError::TimedOut { group: group.to_string(), waited: max_wait })
+        Err(ScheduleError::TimedOut { group: group.to_string(), waited: self.shared.opts.max_wait })
+    }
+
+    /// Keeps the group settings in step with the controller at `url` (TiDB's metadata sync):
+    /// fetches them at once (pull), then takes each change the controller pushes, and checks
+    /// every `check_interval` that the version it holds is the controller's, fetching them
+    /// again when not (a push lost while the stream was down). Until the first fetch, the local
+    /// settings stand; when the controller cannot be reached, the last ones fetched do. Stops
+    /// when the returned handle is dropped. Must be called inside a tokio runtime.
+    pub fn follow(&self, url: &str, opts: FollowOptions) -> Result<Following, crate::error::BuildError> {
+        let channel = tonic::transport::Channel::from_shared(url.to_string())
+            .map_err(|e| crate::error::BuildError::Remote { url: url.to_string(), reason: e.to_string() })?
+            .connect_lazy();
+        let client = BackendClient::new(channel).max_decoding_message_size(SETTINGS_MAX_BYTES);
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        tokio::spawn(follow(self.clone(), client, opts, stopped));
+        Ok(Following { _stop: stop })
+    }
+
+    /// Takes a set of settings from the controller.
+    fn take(&self, set: v1::BackendSettings) {
+        if set.unchanged {
+            return;
+        }
+        let mut config = Config::default();
+        for info in set.groups {
+            let checked = GroupName::new(&info.name).map_err(|e| e.rule).and_then(|name| {
+                tollgate_proto::convert::settings_from_proto(&info.settings.unwrap_or_default())
+                    .map(|s| (name, s))
+                    .map_err(|e| e.to_string())
+            });
+            match checked {
+                Ok((name, settings)) => {
+                    config.groups.insert(name, settings);
+                }
+                Err(e) => tracing::warn!(group = %info.name, error = %e, "tollgate: group settings left out"),
+            }
+        }
+        self.set_settings(config, set.version);
     }
 
     /// Requests running now, and waiting.
     pub fn load(&self) -> (usize, usize) {
         let s = self.shared.lock();
         (s.running, s.queue.len())
+    }
+}
+
+/// The largest settings message a backend takes from the controller.
+pub const SETTINGS_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// How a scheduler follows the controller's settings.
+#[derive(Debug, Clone)]
+pub struct FollowOptions {
+    /// How often the version held is checked against the controller's (and the push stream
+    /// reopened if it broke).
+    pub check_interval: Duration,
+    /// Take pushed changes as they happen (`false`: only the periodic check).
+    pub push: bool,
+}
+
+impl Default for FollowOptions {
+    fn default() -> Self {
+        Self { check_interval: Duration::from_secs(10), push: true }
+    }
+}
+
+/// Keeps a scheduler following the controller; dropping it stops.
+#[must_use = "following stops when this is dropped"]
+pub struct Following {
+    _stop: tokio::sync::watch::Sender<()>,
+}
+
+async fn follow(
+    scheduler: Scheduler,
+    mut client: BackendClient<tonic::transport::Channel>,
+    opts: FollowOptions,
+    mut stopped: tokio::sync::watch::Receiver<()>,
+) {
+    let mut ticker = tokio::time::interval(opts.check_interval.max(Duration::from_millis(10)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pushes: Option<tonic::Streaming<v1::BackendSettings>> = None;
+    loop {
+        let next_push = async {
+            match pushes.as_mut() {
+                Some(stream) => stream.message().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stopped.changed() => return,
+            _ = ticker.tick() => {
+                // Pull: none yet, or perhaps stale.
+                let known = scheduler.settings_version();
+                let asked = client.get_settings(v1::GetSettingsRequest { known_version: known });
+                match tokio::time::timeout(opts.check_interval.max(Duration::from_secs(1)), asked).await {
+                    Ok(Ok(set)) => scheduler.take(set.into_inner()),
+                    Ok(Err(e)) => tracing::debug!(error = %e.message(), "tollgate: settings not fetched"),
+                    Err(_) => tracing::debug!("tollgate: settings not fetched: timed out"),
+                }
+                if opts.push && pushes.is_none() {
+                    let asked = client.watch_settings(v1::WatchSettingsRequest {});
+                    match tokio::time::timeout(opts.check_interval.max(Duration::from_secs(1)), asked).await {
+                        Ok(Ok(stream)) => pushes = Some(stream.into_inner()),
+                        Ok(Err(e)) => tracing::debug!(error = %e.message(), "tollgate: settings not watched"),
+                        Err(_) => tracing::debug!("tollgate: settings not watched: timed out"),
+                    }
+                }
+            }
+            pushed = next_push => match pushed {
+                Ok(Some(set)) => scheduler.take(set),
+                Ok(None) | Err(_) => pushes = None,
+            },
+        }
     }
 }

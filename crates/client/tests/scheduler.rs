@@ -3,8 +3,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tollgate_client::scheduler::{ScheduleError, Scheduler, SchedulerOptions};
+use tollgate_client::clock::TokioClock;
+use tollgate_client::scheduler::{BACKGROUND_FLOOR, ScheduleError, Scheduler, SchedulerOptions};
 use tollgate_core::config::Config;
+use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_core::time::{Clock, Nanos};
 
 fn settings() -> Config {
     Config::parse(
@@ -80,7 +83,12 @@ async fn busy_groups_share_slots_by_their_rates() {
 async fn a_request_waits_at_most_max_wait_and_full_queues_refuse() {
     let s = Scheduler::new(
         &settings(),
-        SchedulerOptions { concurrency: 1, max_wait: Duration::from_millis(100), queue_len_max: 1 },
+        SchedulerOptions {
+            concurrency: 1,
+            max_wait: Duration::from_millis(100),
+            queue_len_max: 1,
+            ..Default::default()
+        },
     );
     let held = s.acquire("one", 1.0).await.unwrap();
     let waiting = {
@@ -100,4 +108,159 @@ async fn a_request_waits_at_most_max_wait_and_full_queues_refuse() {
     assert_eq!(s.load(), (0, 0));
     let _again = s.acquire("one", 1.0).await.unwrap();
     assert!(matches!(s.acquire("", 1.0).await, Err(ScheduleError::InvalidGroup(_))));
+}
+
+/// Units of `group` served, in requests of `cost` one after another, until `until`.
+async fn serve_until(s: &Scheduler, clock: &TokioClock, group: &str, cost: f64, until: Nanos) -> f64 {
+    let mut served = 0.0;
+    while clock.now() < until {
+        match s.acquire(group, cost).await {
+            Ok(slot) => {
+                served += cost;
+                drop(slot);
+            }
+            Err(ScheduleError::OverBackendLimit { retry_after, .. }) => tokio::time::sleep(retry_after).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    served
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_limit_holds_a_group_back_even_on_an_idle_backend() {
+    let clock = TokioClock::new();
+    let settings = Config::parse("[groups.capped]\nbackend_limit = 100\n").unwrap();
+    let s = Scheduler::new(
+        &settings,
+        SchedulerOptions { max_wait: Duration::from_secs(1), ..Default::default() },
+    );
+    // Thirty requests of 10: the first ten come from the bucket (one second of the limit), the
+    // other twenty wait for 200 units of refill at 100 units/s.
+    let start = clock.now();
+    for _ in 0..30 {
+        drop(s.acquire("capped", 10.0).await.unwrap());
+    }
+    let took = clock.now().since(start);
+    assert!(took >= Duration::from_millis(1990) && took <= Duration::from_millis(2010), "{took:?}");
+    // A group with no soft quota is not held at all, on the same idle backend.
+    let start = clock.now();
+    for _ in 0..300 {
+        drop(s.acquire("other", 10.0).await.unwrap());
+    }
+    assert_eq!(clock.now().since(start), Duration::ZERO);
+
+    // Booked past max_wait: refused, saying how long it would have been, and nothing taken.
+    let booked = {
+        let s = s.clone();
+        tokio::spawn(async move { s.acquire("capped", 80.0).await.map(drop) })
+    };
+    tokio::task::yield_now().await;
+    match s.acquire("capped", 40.0).await.err().unwrap() {
+        ScheduleError::OverBackendLimit { group, limit, retry_after } => {
+            assert_eq!((group.as_str(), limit), ("capped", 100.0));
+            assert!(retry_after > Duration::from_secs(1), "{retry_after:?}");
+        }
+        other => panic!("{other}"),
+    }
+    booked.await.unwrap().unwrap();
+    // The refusal took nothing: after 0.4 s of refill, 40 units go without waiting.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let start = clock.now();
+    drop(s.acquire("capped", 40.0).await.unwrap());
+    assert_eq!(clock.now().since(start), Duration::ZERO);
+
+    // Over a long run the group gets its limit, not more.
+    let start = clock.now();
+    let served = serve_until(&s, &clock, "capped", 7.0, start.after(Duration::from_secs(20))).await;
+    let rate = served / clock.now().since(start).as_secs_f64();
+    assert!((rate - 100.0).abs() <= 5.0, "{rate} units/s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_larger_than_the_backend_limit_is_slowed_not_refused() {
+    let clock = TokioClock::new();
+    let settings = Config::parse("[groups.capped]\nbackend_limit = 100\n").unwrap();
+    let s = Scheduler::new(
+        &settings,
+        SchedulerOptions { max_wait: Duration::from_secs(2), ..Default::default() },
+    );
+    // 250 units with a bucket of 100: it goes at once and leaves 150 of debt.
+    drop(s.acquire("capped", 250.0).await.unwrap());
+    let start = clock.now();
+    drop(s.acquire("capped", 10.0).await.unwrap());
+    let took = clock.now().since(start);
+    assert!(took >= Duration::from_millis(1590) && took <= Duration::from_millis(1610), "{took:?}");
+    // 300 units on an empty bucket wait for a full one (1 s) and leave 200 of debt, which
+    // the next request would wait 2.1 s for: past max_wait, so it is refused.
+    drop(s.acquire("capped", 300.0).await.unwrap());
+    match s.acquire("capped", 10.0).await.err().unwrap() {
+        ScheduleError::OverBackendLimit { retry_after, .. } => {
+            assert_eq!(retry_after, Duration::from_millis(2100))
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn background_work_gets_what_the_front_end_leaves_of_the_capacity() {
+    let clock = TokioClock::new();
+    let settings = Config::parse(
+        "[groups.web]\npriority = \"high\"\n[groups.compaction]\nbackground = true\npriority = \"low\"\n",
+    )
+    .unwrap();
+    let s = Scheduler::new(
+        &settings,
+        SchedulerOptions { capacity: Some(1000.0), max_wait: Duration::from_secs(2), ..Default::default() },
+    );
+    // The front end at `web_rate` units/s, compaction as fast as it is let, for 20 s; the last
+    // 10 s are measured.
+    for (web_rate, expected) in [(800.0, 200.0), (0.0, 1000.0), (1000.0, 1000.0 * BACKGROUND_FLOOR)] {
+        let start = clock.now();
+        let web = {
+            let (s, clock) = (s.clone(), clock.clone());
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(Duration::from_millis(10));
+                while clock.now().since(start) < Duration::from_secs(20) {
+                    ticks.tick().await;
+                    if web_rate > 0.0 {
+                        drop(s.acquire("web", web_rate / 100.0).await.unwrap());
+                    }
+                }
+            })
+        };
+        serve_until(&s, &clock, "compaction", 5.0, start.after(Duration::from_secs(10))).await;
+        let measured = clock.now();
+        let served = serve_until(&s, &clock, "compaction", 5.0, start.after(Duration::from_secs(20))).await;
+        let rate = served / clock.now().since(measured).as_secs_f64();
+        assert!((rate - expected).abs() <= expected * 0.1, "web {web_rate}: compaction {rate} units/s");
+        let limiter = s.background_rate().unwrap();
+        assert!((limiter - expected).abs() <= expected * 0.1, "web {web_rate}: limiter {limiter}");
+        web.await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_settings_apply_to_groups_already_seen() {
+    let clock = TokioClock::new();
+    let s = Scheduler::new(&Config::default(), SchedulerOptions::default());
+    drop(s.acquire("g", 1000.0).await.unwrap());
+    assert_eq!(s.settings_version(), 0);
+    let mut config = Config::default();
+    config.groups.insert(
+        GroupName::new("g").unwrap(),
+        GroupSettings::builder().backend_limit(Some(10.0)).build().unwrap(),
+    );
+    s.set_settings(config.clone(), 7);
+    assert_eq!((s.settings_version(), s.settings_for("g").backend_limit()), (7, Some(10.0)));
+    // Held at 10 units/s from now on: 20 units after the bucket's 10 take 2 s.
+    let start = clock.now();
+    for _ in 0..3 {
+        drop(s.acquire("g", 10.0).await.unwrap());
+    }
+    assert_eq!(clock.now().since(start), Duration::from_secs(2));
+    // Lifted: no wait at all.
+    s.set_settings(Config::default(), 8);
+    let start = clock.now();
+    drop(s.acquire("g", 1e6).await.unwrap());
+    assert_eq!(clock.now().since(start), Duration::ZERO);
 }

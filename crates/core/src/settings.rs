@@ -415,6 +415,8 @@ pub struct GroupSettings {
     dropped: DroppedWork,
     debt_repay: Duration,
     reads_writes_apart: bool,
+    backend_limit: Option<f64>,
+    background: bool,
 }
 
 impl Default for GroupSettings {
@@ -432,6 +434,8 @@ impl Default for GroupSettings {
             dropped: DroppedWork::Return,
             debt_repay: DEBT_REPAY_DEFAULT,
             reads_writes_apart: false,
+            backend_limit: None,
+            background: false,
         }
     }
 }
@@ -511,9 +515,26 @@ impl GroupSettings {
         self.reads_writes_apart
     }
 
+    /// TiKV's soft quota: the units/s the group may use on each backend, whatever the backend's
+    /// load. A backend's scheduler (`tollgate_client::scheduler`) holds the group's work back
+    /// past it, even when the backend is not saturated. `None`: no such limit.
+    pub fn backend_limit(&self) -> Option<f64> {
+        self.backend_limit
+    }
+
+    /// The group is a backend's own background work (compaction, replication): on a backend
+    /// with a known capacity its work runs under a limiter that gives it what the front-end
+    /// groups leave, retuned every second (TiKV's background limiter).
+    pub fn background(&self) -> bool {
+        self.background
+    }
+
     /// Every rule these settings break (empty when valid).
     fn problems(&self) -> Vec<SettingError> {
         let mut errors = Vec::new();
+        if let Some(l) = self.backend_limit {
+            check_positive("backend_limit", l, RATE_MAX, &mut errors);
+        }
         let reserved_ok = check_rate("reserved", self.reserved, &mut errors);
         if let Limit::Units(limit) = self.limit {
             let limit_ok = check_rate("limit", limit, &mut errors);
@@ -612,6 +633,18 @@ impl GroupSettingsBuilder {
     /// Over how long a debt is paid back (default 5 s; zero: at once, blocking).
     pub fn debt_repay(mut self, period: Duration) -> Self {
         self.settings.debt_repay = period;
+        self
+    }
+
+    /// A soft quota on each backend, units/s (`None`: none, the default).
+    pub fn backend_limit(mut self, units_per_s: Option<f64>) -> Self {
+        self.settings.backend_limit = units_per_s;
+        self
+    }
+
+    /// Marks the group as a backend's background work (default: front-end work).
+    pub fn background(mut self, background: bool) -> Self {
+        self.settings.background = background;
         self
     }
 

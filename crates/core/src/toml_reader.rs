@@ -60,8 +60,8 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 }
 
 /// The keys a group's settings may use.
-pub const GROUP_KEYS: &str =
-    "reserved, limit, burst, priority, weight, budget, ramp, dropped, debt_repay_s, reads_writes_apart";
+pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, ramp, dropped, debt_repay_s, \
+     reads_writes_apart, backend_limit, background";
 
 /// A value with its span.
 pub type Value<'a> = Spanned<DeValue<'a>>;
@@ -239,6 +239,16 @@ impl<'s> Reader<'s> {
                 Ok(d) => b = b.dropped(d),
                 Err(e) => self.error(v.span(), p, e.rule),
             }
+        }
+        if let Some((p, v)) = f.take("backend_limit")
+            && let Some(x) = self.positive(&p, v)
+        {
+            b = b.backend_limit(Some(x));
+        }
+        if let Some((p, v)) = f.take("background")
+            && let Some(on) = self.boolean(&p, v)
+        {
+            b = b.background(on);
         }
         if let Some((p, v)) = f.take("reads_writes_apart")
             && let Some(apart) = self.boolean(&p, v)

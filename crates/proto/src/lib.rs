@@ -9,6 +9,8 @@ pub mod v1 {
     tonic::include_proto!("tollgate.v1");
 }
 
+pub mod convert;
+
 /// The most groups one exchange may carry.
 pub const EXCHANGE_GROUPS_MAX: usize = 1000;
 /// The most groups one backend report may carry.

@@ -121,7 +121,12 @@ pub struct Controller {
     trace: tokio::sync::broadcast::Sender<Arc<TraceLine>>,
     /// Events are kept for [`Controller::take_trace`] (the simulator's `--trace`).
     keep_trace: AtomicBool,
+    /// The settings' version: bumped by every change, watched by backends.
+    settings_version: tokio::sync::watch::Sender<u64>,
 }
+
+/// The most backends watching the group settings at once.
+pub const SETTINGS_WATCHERS_MAX: usize = 1024;
 
 /// One trace event as a JSON line, with the group it is about (empty for none).
 #[derive(Debug, Clone, PartialEq)]
@@ -188,6 +193,9 @@ impl Controller {
             view: Mutex::new(None),
             trace: tokio::sync::broadcast::channel(TRACE_CHANNEL).0,
             keep_trace: AtomicBool::new(false),
+            // Unique across restarts: the start's wall time, then one more per change. Backends
+            // only compare versions for equality.
+            settings_version: tokio::sync::watch::channel(wall_ms.max(1).saturating_mul(1_000_000)).0,
         })
     }
 
@@ -402,6 +410,35 @@ impl Controller {
 
     fn changed(&self) {
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.settings_version.send_modify(|v| *v = v.wrapping_add(1).max(1));
+    }
+
+    /// The group settings backends schedule by: the version, then every group (or nothing
+    /// but the version, `unchanged`, when the backend's `known` version is current).
+    pub fn backend_settings(&self, known: u64) -> v1::BackendSettings {
+        // The version first: groups read after it are at least as new, so a backend never
+        // holds older settings under a current version.
+        let version = *self.settings_version.borrow();
+        if known == version {
+            return v1::BackendSettings { version, unchanged: true, groups: Vec::new() };
+        }
+        let groups = self
+            .engine()
+            .groups()
+            .into_iter()
+            .map(|(n, s)| v1::GroupInfo {
+                name: n.to_string(),
+                settings: Some(convert::settings_to_proto(s)),
+            })
+            .collect();
+        v1::BackendSettings { version, unchanged: false, groups }
+    }
+
+    /// Follows the settings' version (for backends watching them); `None` when
+    /// [`SETTINGS_WATCHERS_MAX`] already do.
+    pub fn watch_settings(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        (self.settings_version.receiver_count() < SETTINGS_WATCHERS_MAX)
+            .then(|| self.settings_version.subscribe())
     }
 
     /// Creates or alters a group; only the fields the patch sets change. Durable before it

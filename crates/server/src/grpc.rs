@@ -72,6 +72,35 @@ impl Backend for Services {
     async fn report(&self, req: Request<v1::BackendReport>) -> Result<Response<v1::ReportAck>, Status> {
         Ok(Response::new(self.controller.backend_report(self.clock.now(), req.get_ref())?))
     }
+
+    type WatchSettingsStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::BackendSettings, Status>> + Send>>;
+
+    async fn watch_settings(
+        &self,
+        _: Request<v1::WatchSettingsRequest>,
+    ) -> Result<Response<Self::WatchSettingsStream>, Status> {
+        use tokio_stream::StreamExt as _;
+        let Some(rx) = self.controller.watch_settings() else {
+            return Err(Status::resource_exhausted(format!(
+                "at most {} backends watch the settings at once",
+                crate::controller::SETTINGS_WATCHERS_MAX
+            )));
+        };
+        // The whole set at once, then after each change; changes in quick succession are
+        // sent as one (the watch keeps only the latest version).
+        let controller = self.controller.clone();
+        let sets =
+            tokio_stream::wrappers::WatchStream::new(rx).map(move |_| Ok(controller.backend_settings(0)));
+        Ok(Response::new(Box::pin(sets)))
+    }
+
+    async fn get_settings(
+        &self,
+        req: Request<v1::GetSettingsRequest>,
+    ) -> Result<Response<v1::BackendSettings>, Status> {
+        Ok(Response::new(self.controller.backend_settings(req.into_inner().known_version)))
+    }
 }
 
 fn info(name: &GroupName, s: &tollgate_core::settings::GroupSettings) -> v1::GroupInfo {

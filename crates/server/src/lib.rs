@@ -10,7 +10,7 @@
 mod clock;
 pub mod conn;
 pub mod controller;
-pub mod convert;
+pub use tollgate_proto::convert;
 pub mod grpc;
 pub mod http;
 mod memory;

@@ -176,6 +176,8 @@ fn settings_json(s: &v1::GroupSettings) -> serde_json::Value {
         "dropped": if s.count_dropped { "count" } else { "return" },
         "debt_repay_s": s.debt_repay_s.unwrap_or(5.0),
         "reads_writes_apart": s.reads_writes_apart,
+        "backend_limit": s.backend_limit,
+        "background": s.background,
     })
 }
 

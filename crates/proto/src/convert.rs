@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
+use crate::v1;
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::settings::{
     DroppedWork, GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError, SettingErrors,
 };
-use tollgate_proto::v1;
 
 /// The contract's form of validated settings.
 pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
@@ -24,6 +24,8 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         count_dropped: s.dropped() == DroppedWork::Count,
         debt_repay_s: Some(s.debt_repay().as_secs_f64()),
         reads_writes_apart: s.reads_writes_apart(),
+        backend_limit: s.backend_limit(),
+        background: s.background(),
     }
 }
 
@@ -43,6 +45,8 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             count_dropped: Some(m.count_dropped),
             debt_repay_s: m.debt_repay_s,
             reads_writes_apart: Some(m.reads_writes_apart),
+            backend_limit: m.backend_limit,
+            background: Some(m.background),
             ..v1::GroupPatch::default()
         },
     )
@@ -126,6 +130,7 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
         (p.clear_ramp, p.ramp.is_some(), "ramp"),
         (p.clear_budget, p.budget.is_some(), "budget"),
         (p.clear_burst, p.burst.is_some(), "burst"),
+        (p.clear_backend_limit, p.backend_limit.is_some(), "backend_limit"),
     ] {
         if clear && set {
             errors.push(SettingError::new(field, format!("give a {field} or clear it, not both")));
@@ -159,6 +164,15 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if let Some(apart) = p.reads_writes_apart {
         b = b.reads_writes_apart(apart);
+    }
+    if let Some(l) = p.backend_limit {
+        b = b.backend_limit(Some(l));
+    }
+    if p.clear_backend_limit {
+        b = b.backend_limit(None);
+    }
+    if let Some(on) = p.background {
+        b = b.background(on);
     }
     if let Some(count) = p.count_dropped {
         b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });
@@ -222,14 +236,27 @@ mod tests {
             resume_ttl: Some(Duration::from_secs(60)),
             ..RampSettings::new(10.0, 100.0, Duration::from_secs(30))
         };
-        let s = GroupSettings::builder().limit(100.0).ramp(ramp).budget(5.0).build().unwrap();
+        let s = GroupSettings::builder()
+            .limit(100.0)
+            .ramp(ramp)
+            .budget(5.0)
+            .backend_limit(Some(50.0))
+            .background(true)
+            .build()
+            .unwrap();
         assert_eq!(settings_from_proto(&settings_to_proto(&s)).unwrap(), s);
         let cleared = apply_patch(
             s,
-            &v1::GroupPatch { clear_ramp: true, clear_budget: true, ..v1::GroupPatch::default() },
+            &v1::GroupPatch {
+                clear_ramp: true,
+                clear_budget: true,
+                clear_backend_limit: true,
+                ..v1::GroupPatch::default()
+            },
         )
         .unwrap();
-        assert!(cleared.ramp().is_none() && cleared.budget().is_none());
+        assert!(cleared.ramp().is_none() && cleared.budget().is_none() && cleared.backend_limit().is_none());
+        assert!(cleared.background(), "what the patch does not name stays");
     }
 
     #[test]
@@ -238,11 +265,20 @@ mod tests {
             limit: Some(5.0),
             unlimited: true,
             ramp: Some(v1::RampSettings { min: 5.0, max: 1.0, duration_s: 1e30, ..Default::default() }),
+            backend_limit: Some(-1.0),
             ..v1::GroupPatch::default()
         };
         let e = apply_patch(GroupSettings::default(), &p).unwrap_err().to_string();
         assert!(e.contains("limit: give a limit or unlimited, not both"), "{e}");
         assert!(e.contains("ramp.duration_s"), "{e}");
         assert!(e.contains("ramp.min: must not exceed ramp.max"), "{e}");
+        assert!(e.contains("backend_limit: must be a finite number above 0, got -1"), "{e}");
+        let both = v1::GroupPatch {
+            backend_limit: Some(5.0),
+            clear_backend_limit: true,
+            ..v1::GroupPatch::default()
+        };
+        let e = apply_patch(GroupSettings::default(), &both).unwrap_err().to_string();
+        assert!(e.contains("backend_limit: give a backend_limit or clear it, not both"), "{e}");
     }
 }
