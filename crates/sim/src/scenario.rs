@@ -280,6 +280,9 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
         let name = take_name(r, &mut f, &path);
         let settings =
             r.group_from(&mut f, GroupSettings::builder(), v.span(), &format!("name, {GROUP_KEYS}"));
+        if let Some(settings) = &settings {
+            refuse_backend_only(r, &path, v, settings);
+        }
         if let (Some(name), Some(settings)) = (name, settings) {
             if !names.insert(name.clone()) {
                 r.error(v.span(), format!("{path}.name"), format!("group {name:?} is defined twice"));
@@ -338,6 +341,22 @@ fn array<'t, 'a>(r: &mut Reader<'_>, doc: &'t DeTable<'a>, key: &str) -> Vec<&'t
                 format!("must be an array of tables ([[{key}]]), got {}", other.type_str()),
             );
             Vec::new()
+        }
+    }
+}
+
+/// The settings only a backend's scheduler applies: the mock backends serve whatever is
+/// admitted and queue nothing, so a scenario that sets them would see them ignored.
+fn refuse_backend_only(r: &mut Reader<'_>, path: &str, v: &Value<'_>, settings: &GroupSettings) {
+    for (key, set) in
+        [("backend_limit", settings.backend_limit().is_some()), ("background", settings.background())]
+    {
+        if set {
+            r.error(
+                v.span(),
+                format!("{path}.{key}"),
+                "the simulator's backends do not schedule work; a backend's Scheduler applies it (docs/backend.md)",
+            );
         }
     }
 }
@@ -617,6 +636,7 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
             let base = settings_before(s, pending, &name).unwrap_or_default();
             let settings =
                 r.group_from(&mut gf, base.to_builder(), v.span(), &format!("name, {GROUP_KEYS}"))?;
+            refuse_backend_only(r, &p, v, &settings);
             Some(Action::SetGroup { name, settings })
         } else if let Some((p, v)) = f.take("remove_group") {
             let name = r.string(&p, v)?;
@@ -855,6 +875,25 @@ mod tests {
             bad.contains("controller.queue_spring_bytes: must be at most queue_target_bytes (100000000)"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn settings_only_a_backend_applies_are_refused_by_name() {
+        let src = phase("[[phase.action]]\nset_group = { name = \"g\", background = true }\n")
+            .replace("reserved = 10\n", "reserved = 10\nbackend_limit = 20\n");
+        let got: Vec<String> = Scenario::parse(&src).unwrap_err().0.iter().map(ToString::to_string).collect();
+        // The action's group still holds the file's backend_limit too: both are named.
+        assert_eq!(got.len(), 3, "{got:?}");
+        for (line, field) in [
+            (0, "group[0].backend_limit"),
+            (1, "phase[0].action[0].set_group.backend_limit"),
+            (2, "phase[0].action[0].set_group.background"),
+        ] {
+            assert!(
+                got[line].contains(&format!("{field}: the simulator's backends do not schedule work")),
+                "{got:?}"
+            );
+        }
     }
 
     #[test]
