@@ -110,9 +110,17 @@ pub(crate) enum Command {
 /// `tollgate server`'s options.
 #[derive(clap::Args)]
 pub(crate) struct ServerArgs {
-    /// Where settings are kept.
+    /// Where settings are kept (unless --etcd is given).
     #[arg(long, default_value = "tollgate-data")]
     pub(crate) data: PathBuf,
+    /// Keep the settings in etcd instead: its members' client URLs, comma-separated
+    /// (`http://127.0.0.1:2379`). Controllers on the same etcd and prefix share one set of
+    /// settings. Needs a tollgate built with `--features etcd`.
+    #[arg(long, value_name = "URL[,URL...]")]
+    pub(crate) etcd: Option<String>,
+    /// The etcd key prefix the settings live under.
+    #[arg(long, default_value = tollgate_server::DEFAULT_ETCD_PREFIX, requires = "etcd")]
+    pub(crate) etcd_prefix: String,
     /// The gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:7460")]
     pub(crate) grpc: std::net::SocketAddr,

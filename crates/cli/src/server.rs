@@ -78,7 +78,14 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         }
         None => (None, Vec::new()),
     };
+    let etcd = match &a.etcd {
+        Some(urls) => {
+            Some(tollgate_server::EtcdTarget::parse(urls, &a.etcd_prefix).map_err(anyhow::Error::msg)?)
+        }
+        None => None,
+    };
     let opts = ServerOptions {
+        etcd,
         data: a.data,
         grpc: a.grpc,
         http: a.http,
@@ -114,11 +121,14 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
         let server = Server::bind(&opts).await?;
+        let settings = match &opts.etcd {
+            Some(t) => format!("etcd {} prefix {}", t.endpoints.join(","), t.prefix),
+            None => opts.data.display().to_string(),
+        };
         crate::say(format!(
-            "tollgate server listening: grpc {} http {} data {}",
+            "tollgate server listening: grpc {} http {} data {settings}",
             server.grpc_addr(),
             server.http_addr(),
-            opts.data.display()
         ));
         tracing::info!(grpc = %server.grpc_addr(), http = %server.http_addr(), "serving");
         server.run(shutdown_signal()).await?;

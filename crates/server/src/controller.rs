@@ -485,6 +485,37 @@ impl Controller {
         Ok(existed)
     }
 
+    /// Takes a group's settings as another controller stored them (seen through the shared
+    /// store's watch): the engine follows, nothing is written back. `None`: the group was
+    /// dropped. Says whether anything changed.
+    pub fn sync_group(&self, name: GroupName, settings: Option<GroupSettings>) -> bool {
+        let mut engine = self.engine();
+        if engine.group(&name) == settings.as_ref() {
+            return false;
+        }
+        match settings {
+            Some(s) => engine.set_group(name, s),
+            None => drop(engine.remove_group(&name)),
+        }
+        drop(engine);
+        self.changed();
+        true
+    }
+
+    /// Takes the node settings as another controller stored them; nothing is written back.
+    pub fn sync_node(&self, node: StoredNode) -> bool {
+        if self.node() == node {
+            return false;
+        }
+        let mut engine = self.engine();
+        engine.set_capacity(node.capacity);
+        engine.set_mode(node.mode);
+        engine.set_slow_start(node.slow_start);
+        drop(engine);
+        self.changed();
+        true
+    }
+
     /// Sets the node capacity (`None`: no capacity). Durable before it returns.
     pub fn set_capacity(&self, capacity: Option<f64>) -> Result<StoredNode, AdminError> {
         check_capacity(capacity)?;

@@ -33,7 +33,7 @@ use tonic::transport::server::Connected;
 
 pub use crate::clock::{Clock, wall_ms};
 pub use crate::controller::Controller;
-pub use crate::options::ServerOptions;
+pub use crate::options::{DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions};
 use crate::status::Latency;
 use crate::store::{RedbStore, StoreError};
 
@@ -66,14 +66,45 @@ pub struct Server {
     clock: Clock,
     flush_interval: Duration,
     limits: conn::Limits,
+    etcd: EtcdFollow,
+}
+
+/// With settings in etcd: where, and the revision they were read at.
+type EtcdFollow = Option<(EtcdTarget, i64)>;
+
+/// Opens the settings store the options name: etcd, or the file in the data directory.
+fn open_store(opts: &ServerOptions) -> Result<(Box<dyn store::SettingsStore>, EtcdFollow), StoreError> {
+    match &opts.etcd {
+        None => Ok((Box::new(RedbStore::open(&opts.data)?), None)),
+        #[cfg(feature = "etcd")]
+        Some(target) => {
+            let mut store = store::etcd::EtcdStore::connect(target.clone())?;
+            store::SettingsStore::load(&mut store)?;
+            let revision = store.revision();
+            Ok((Box::new(store), Some((target.clone(), revision))))
+        }
+        #[cfg(not(feature = "etcd"))]
+        Some(target) => Err(StoreError::Etcd {
+            target: target.describe(),
+            reason: "this tollgate was built without etcd support; build it with \
+                     `cargo build --release -p tollgate-cli --features etcd` (needs protoc)"
+                .into(),
+        }),
+    }
 }
 
 impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
-        let mut store = RedbStore::open(&opts.data)?;
+        let opened = {
+            let opts = opts.clone();
+            tokio::task::spawn_blocking(move || open_store(&opts))
+                .await
+                .map_err(|e| ServerError::Serve(format!("opening the store: {e}")))?
+        };
+        let (mut store, etcd) = opened?;
         if let Some(config) = &opts.defaults {
-            let done = store::apply_defaults(&mut store, config)?;
+            let done = store::apply_defaults(store.as_mut(), config)?;
             let names = |v: &[tollgate_core::settings::GroupName]| {
                 v.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
             };
@@ -85,8 +116,7 @@ impl Server {
             );
         }
         let clock = Clock::new();
-        let controller =
-            Arc::new(Controller::new(Box::new(store), opts.engine_settings(), clock.now(), wall_ms())?);
+        let controller = Arc::new(Controller::new(store, opts.engine_settings(), clock.now(), wall_ms())?);
         let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
             what: "gRPC",
             addr: opts.grpc,
@@ -97,7 +127,15 @@ impl Server {
             addr: opts.http,
             source,
         })?;
-        Ok(Server { controller, grpc, http, clock, flush_interval: opts.flush_interval, limits: opts.limits })
+        Ok(Server {
+            controller,
+            grpc,
+            http,
+            clock,
+            flush_interval: opts.flush_interval,
+            limits: opts.limits,
+            etcd,
+        })
     }
 
     /// The bound gRPC address.
@@ -113,9 +151,73 @@ impl Server {
     /// Serves until `shutdown` completes, then stops accepting, writes consumption to the
     /// store and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Server { controller, grpc, http, clock, flush_interval, limits } = self;
+        let Server { controller, grpc, http, clock, flush_interval, limits, etcd } = self;
+        #[cfg(feature = "etcd")]
+        let following =
+            etcd.map(|(target, revision)| tokio::spawn(follow_etcd(controller.clone(), target, revision)));
+        #[cfg(not(feature = "etcd"))]
+        let _ = etcd;
         let incoming = conn::Limited::new(tonic::transport::server::TcpIncoming::from(grpc), limits);
-        serve(controller, clock, flush_interval, incoming, Some(http), shutdown).await
+        let served = serve(controller, clock, flush_interval, incoming, Some(http), shutdown).await;
+        #[cfg(feature = "etcd")]
+        if let Some(f) = following {
+            f.abort();
+        }
+        served
+    }
+}
+
+/// Keeps the controller in step with the settings other controllers write to etcd: a watch
+/// from the revision read at start; when it breaks, everything is read again (a change missed
+/// meanwhile is caught up) and a new watch starts from there.
+#[cfg(feature = "etcd")]
+async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revision: i64) {
+    let apply = |c: &Controller, change: store::etcd::StoredChange| match change {
+        store::etcd::StoredChange::Group(name, settings) => {
+            if c.sync_group(name.clone(), settings) {
+                tracing::info!(group = %name, "settings changed by another controller");
+            }
+        }
+        store::etcd::StoredChange::Node(node) => {
+            if c.sync_node(node) {
+                tracing::info!("node settings changed by another controller");
+            }
+        }
+    };
+    loop {
+        let (reached, result) =
+            store::etcd::watch(&target, revision, |change| apply(&controller, change)).await;
+        revision = reached;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "etcd watch broken; reading the settings again");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let t = target.clone();
+        let reread = tokio::task::spawn_blocking(move || {
+            let mut s = store::etcd::EtcdStore::connect(t)?;
+            let stored = store::SettingsStore::load(&mut s)?;
+            Ok::<_, StoreError>((stored, s.revision()))
+        })
+        .await;
+        match reread {
+            Ok(Ok((stored, at))) => {
+                let held: Vec<_> = controller.groups().into_iter().map(|(n, _)| n).collect();
+                for name in held {
+                    if !stored.groups.contains_key(&name) {
+                        apply(&controller, store::etcd::StoredChange::Group(name, None));
+                    }
+                }
+                for (name, settings) in stored.groups {
+                    apply(&controller, store::etcd::StoredChange::Group(name, Some(settings)));
+                }
+                if stored.node_stored {
+                    apply(&controller, store::etcd::StoredChange::Node(stored.node));
+                }
+                revision = at;
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "etcd: settings not read; trying again"),
+            Err(e) => tracing::warn!(error = %e, "etcd: settings not read; trying again"),
+        }
     }
 }
 

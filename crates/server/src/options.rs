@@ -33,6 +33,62 @@ pub struct ServerOptions {
     /// A settings file's node settings and groups, written at start where the store holds
     /// none (`--config`).
     pub defaults: Option<tollgate_core::config::Config>,
+    /// Keep the settings in etcd rather than in the data directory (`--etcd`).
+    pub etcd: Option<EtcdTarget>,
+}
+
+/// The default etcd key prefix.
+pub const DEFAULT_ETCD_PREFIX: &str = "/tollgate";
+
+/// Where the settings live in etcd.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EtcdTarget {
+    /// Client URLs of the cluster's members (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// The key prefix: starts with `/`, no trailing `/`.
+    pub prefix: String,
+}
+
+impl EtcdTarget {
+    /// Reads `--etcd URL[,URL…]` and `--etcd-prefix`, saying what is wrong with either.
+    pub fn parse(urls: &str, prefix: &str) -> Result<EtcdTarget, String> {
+        let endpoints: Vec<String> = urls.split(',').map(str::trim).map(String::from).collect();
+        if endpoints.is_empty() || endpoints.len() > 16 {
+            return Err(format!("--etcd: give 1 to 16 URLs, got {}", endpoints.len()));
+        }
+        for e in &endpoints {
+            let rest = e.strip_prefix("http://").ok_or_else(|| {
+                format!("--etcd: {e:?} must be an http:// URL such as http://127.0.0.1:2379")
+            })?;
+            let host_port = rest.trim_end_matches('/');
+            let ok = host_port
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok || host_port.contains('/') {
+                return Err(format!("--etcd: {e:?} must be http://HOST:PORT"));
+            }
+        }
+        let ok = prefix.starts_with('/')
+            && prefix.len() > 1
+            && prefix.len() <= 256
+            && !prefix.ends_with('/')
+            && prefix.bytes().all(|b| b.is_ascii_graphic());
+        if !ok {
+            return Err(format!(
+                "--etcd-prefix: {prefix:?} must start with /, not end with /, and be 2 to 256 printable ASCII characters"
+            ));
+        }
+        Ok(EtcdTarget { endpoints, prefix: prefix.to_string() })
+    }
+
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        format!("etcd {} prefix {}", self.endpoints.join(","), self.prefix)
+    }
 }
 
 impl Default for ServerOptions {
@@ -49,6 +105,7 @@ impl Default for ServerOptions {
             flush_interval: Duration::from_secs(10),
             limits: crate::conn::Limits::default(),
             defaults: None,
+            etcd: None,
         }
     }
 }
@@ -63,6 +120,28 @@ impl ServerOptions {
             cost_folding: self.cost_folding,
             trickle: self.trickle,
             ..EngineSettings::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_checked_field_by_field() {
+        let t = EtcdTarget::parse("http://127.0.0.1:2379, http://10.0.0.2:2379", "/tollgate").unwrap();
+        assert_eq!(t.endpoints, ["http://127.0.0.1:2379", "http://10.0.0.2:2379"]);
+        for (urls, prefix, expect) in [
+            ("127.0.0.1:2379", "/t", "--etcd: \"127.0.0.1:2379\" must be an http:// URL"),
+            ("http://host", "/t", "must be http://HOST:PORT"),
+            ("http://host:0", "/t", "must be http://HOST:PORT"),
+            ("http://h:1", "t", "--etcd-prefix"),
+            ("http://h:1", "/t/", "--etcd-prefix"),
+            ("http://h:1", "/", "--etcd-prefix"),
+        ] {
+            let e = EtcdTarget::parse(urls, prefix).unwrap_err();
+            assert!(e.contains(expect), "{urls} {prefix}: {e}");
         }
     }
 }

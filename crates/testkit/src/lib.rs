@@ -4,5 +4,6 @@
 //!   simulated time, with the controller crashed, restarted or cut off on command;
 //! - [`redis`]: a real `redis-server` on a free loopback port.
 
+pub mod etcd;
 pub mod net;
 pub mod redis;

@@ -236,7 +236,7 @@ fn recover(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-fn encode_meter(m: &Meter) -> [u8; 32] {
+pub(super) fn encode_meter(m: &Meter) -> [u8; 32] {
     let mut out = [0u8; 32];
     out[..8].copy_from_slice(&m.consumed.to_le_bytes());
     out[8..16].copy_from_slice(&m.admitted.to_le_bytes());
@@ -246,7 +246,7 @@ fn encode_meter(m: &Meter) -> [u8; 32] {
 }
 
 /// A meter: 32 bytes, or 24 as written before waited requests were counted.
-fn decode_meter(b: &[u8]) -> Result<Meter, String> {
+pub(super) fn decode_meter(b: &[u8]) -> Result<Meter, String> {
     if b.len() != 24 && b.len() != 32 {
         return Err(format!("a meter is 24 or 32 bytes, found {}", b.len()));
     }
@@ -259,14 +259,14 @@ fn decode_meter(b: &[u8]) -> Result<Meter, String> {
     Ok(Meter { consumed, admitted: word(8), throttled: word(16), waited })
 }
 
-fn encode_ramp(r: &StoredRamp) -> [u8; 16] {
+pub(super) fn encode_ramp(r: &StoredRamp) -> [u8; 16] {
     let mut out = [0u8; 16];
     out[..8].copy_from_slice(&r.value.to_le_bytes());
     out[8..].copy_from_slice(&r.until_unix_ms.to_le_bytes());
     out
 }
 
-fn decode_ramp(b: &[u8]) -> Result<StoredRamp, String> {
+pub(super) fn decode_ramp(b: &[u8]) -> Result<StoredRamp, String> {
     let b: &[u8; 16] = b.try_into().map_err(|_| format!("a ramp is 16 bytes, found {}", b.len()))?;
     let value = f64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
     if !(value.is_finite() && value >= 0.0) {

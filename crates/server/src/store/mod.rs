@@ -8,6 +8,8 @@
 //! [`Meter`]: what a tenant is billed on and what its budget is checked against) and the value of
 //! every resumable ramp, both written every flush interval and at a clean shutdown.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(test)]
 mod faults;
 mod file;
@@ -65,12 +67,20 @@ pub enum StoreError {
         /// What went wrong.
         reason: String,
     },
+    /// etcd could not be reached, refused a call, or holds something that is not Tollgate's.
+    #[error("{target}: {reason}")]
+    Etcd {
+        /// The endpoints and prefix.
+        target: String,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl StoreError {
     /// Whether retrying may help (a failed write may succeed later; a corrupt file won't).
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Io { .. })
+        matches!(self, StoreError::Io { .. } | StoreError::Etcd { .. })
     }
 }
 

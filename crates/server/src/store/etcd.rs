@@ -1,0 +1,422 @@
+//! Settings in etcd (TiDB's resource manager keeps its groups there): every controller started
+//! on the same endpoints and prefix reads and writes one set of settings, and sees the others'
+//! changes through a watch.
+//!
+//! Keys, under the prefix (`/tollgate` by default):
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `format` | `tollgate-settings-v1`: what marks the prefix as Tollgate's |
+//! | `groups/NAME` | the group's settings, the contract's `GroupSettings` encoded with prost |
+//! | `node` | the node settings, the contract's `NodeInfo` |
+//! | `meters/NAME` | the group's consumption, 32 bytes as in the file store |
+//! | `ramps/NAME` | a resumable ramp, 16 bytes as in the file store |
+//!
+//! A write returns once etcd has committed it (a quorum of its members). etcd's client is
+//! asynchronous and the store's trait is not: the store runs its client on a thread of its own,
+//! so it can be called from anywhere, a runtime's worker included, and every call is bounded by
+//! [`ETCD_TIMEOUT`].
+
+use std::collections::BTreeMap;
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions,
+};
+use prost::Message;
+use tollgate_core::engine::Meter;
+use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_proto::v1;
+
+use super::file::{decode_meter, decode_ramp, encode_meter, encode_ramp};
+use super::{SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
+use crate::convert;
+pub use crate::options::EtcdTarget;
+
+/// How long one call to etcd may take, connecting included.
+pub const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
+/// The value of the `format` key.
+pub const FORMAT: &str = "tollgate-settings-v1";
+/// etcd's default limit on operations in one transaction.
+const TXN_OPS_MAX: usize = 128;
+
+/// One change seen in etcd, made by any controller.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredChange {
+    /// A group's settings were written (`Some`) or removed (`None`).
+    Group(GroupName, Option<GroupSettings>),
+    /// The node settings were written.
+    Node(StoredNode),
+}
+
+type Job = Box<
+    dyn FnOnce(&mut Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> + Send,
+>;
+
+/// The store. See the [module documentation](self).
+pub struct EtcdStore {
+    target: EtcdTarget,
+    jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+    /// The revision of the last load: a watch starts after it.
+    revision: i64,
+}
+
+fn etcd_error(target: &EtcdTarget, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Etcd { target: target.describe(), reason: e.to_string() }
+}
+
+/// An etcd client error in a line: gRPC's message and the deepest cause (such as "Connection
+/// refused"), rather than the whole nested debug form.
+fn reason(e: &etcd_client::Error) -> String {
+    let head = match e {
+        etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+        other => other.to_string(),
+    };
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut deepest = None;
+    while let Some(c) = cause {
+        deepest = Some(c.to_string());
+        cause = c.source();
+    }
+    match deepest {
+        Some(d) if !head.contains(&d) => format!("{head}: {d}"),
+        _ => head,
+    }
+}
+
+async fn connect(target: &EtcdTarget) -> Result<Client, etcd_client::Error> {
+    let options = ConnectOptions::new().with_connect_timeout(ETCD_TIMEOUT).with_timeout(ETCD_TIMEOUT);
+    Client::connect(&target.endpoints, Some(options)).await
+}
+
+impl EtcdStore {
+    /// Connects (within [`ETCD_TIMEOUT`]) and checks that the prefix is Tollgate's or empty;
+    /// an empty prefix is marked as Tollgate's.
+    pub fn connect(target: EtcdTarget) -> Result<EtcdStore, StoreError> {
+        let (jobs, mut queue) = tokio::sync::mpsc::unbounded_channel::<Job>();
+        let (ready, connected) = std_mpsc::sync_channel(1);
+        let t = target.clone();
+        std::thread::Builder::new()
+            .name("tollgate-etcd".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let mut client = match tokio::time::timeout(ETCD_TIMEOUT, connect(&t)).await {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => {
+                            let _ = ready.send(Err(reason(&e)));
+                            return;
+                        }
+                        Err(_) => {
+                            let _ = ready.send(Err(format!("no answer within {ETCD_TIMEOUT:?}")));
+                            return;
+                        }
+                    };
+                    let _ = ready.send(Ok(()));
+                    while let Some(job) = queue.recv().await {
+                        job(&mut client).await;
+                    }
+                });
+            })
+            .map_err(|e| etcd_error(&target, e))?;
+        match connected.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => return Err(etcd_error(&target, format!("cannot connect: {reason}"))),
+            Err(_) => return Err(etcd_error(&target, "cannot connect")),
+        }
+        let store = EtcdStore { target, jobs, revision: 0 };
+        store.claim_prefix()?;
+        Ok(store)
+    }
+
+    /// Runs `f` on the client's thread and waits for its answer (bounded).
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl for<'c> FnOnce(
+            &'c mut Client,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'c>,
+        > + Send
+        + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = std_mpsc::sync_channel(1);
+        let job: Job = Box::new(move |client| {
+            Box::pin(async move {
+                let r = tokio::time::timeout(ETCD_TIMEOUT, f(client)).await;
+                let _ = tx.send(r);
+            })
+        });
+        self.jobs.send(job).map_err(|_| etcd_error(&self.target, "the client's thread has stopped"))?;
+        match rx.recv_timeout(ETCD_TIMEOUT + Duration::from_secs(1)) {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(etcd_error(&self.target, reason(&e))),
+            Ok(Err(_)) | Err(_) => {
+                Err(etcd_error(&self.target, format!("no answer within {ETCD_TIMEOUT:?}")))
+            }
+        }
+    }
+
+    /// Marks an empty prefix as Tollgate's; refuses one that holds something else.
+    fn claim_prefix(&self) -> Result<(), StoreError> {
+        let format_key = self.target.key("format");
+        let all = format!("{}/", self.target.prefix);
+        let (format, others) = self
+            .call(move |c| {
+                Box::pin(async move {
+                    let f = c.get(format_key.clone(), None).await?;
+                    let format = f.kvs().first().map(|kv| kv.value().to_vec());
+                    let any = c
+                        .get(all, Some(GetOptions::new().with_prefix().with_keys_only().with_limit(1)))
+                        .await?;
+                    Ok((format, any.count()))
+                })
+            })
+            .map_err(|e| match e {
+                // The client connects lazily: the first call is where an unreachable etcd shows.
+                StoreError::Etcd { target, reason } => {
+                    StoreError::Etcd { target, reason: format!("cannot connect: {reason}") }
+                }
+                other => other,
+            })?;
+        match format {
+            Some(v) if v == FORMAT.as_bytes() => Ok(()),
+            Some(v) => Err(etcd_error(
+                &self.target,
+                format!(
+                    "the prefix holds data of another kind (format {:?}, expected {FORMAT:?}); choose another --etcd-prefix",
+                    String::from_utf8_lossy(&v)
+                ),
+            )),
+            None if others > 0 => Err(etcd_error(
+                &self.target,
+                "the prefix holds keys that are not Tollgate's (no format key); choose another --etcd-prefix",
+            )),
+            None => {
+                let key = self.target.key("format");
+                self.call(move |c| {
+                    Box::pin(async move {
+                        // Only if nobody marked it meanwhile.
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                            .and_then([TxnOp::put(key, FORMAT, None)]);
+                        c.txn(txn).await.map(drop)
+                    })
+                })
+            }
+        }
+    }
+
+    /// Where the settings are.
+    pub fn target(&self) -> &EtcdTarget {
+        &self.target
+    }
+
+    /// The revision the last [`load`](SettingsStore::load) read at.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    fn put_txn(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
+        for chunk in ops.chunks(TXN_OPS_MAX) {
+            let chunk = chunk.to_vec();
+            self.call(move |c| Box::pin(async move { c.txn(Txn::new().and_then(chunk)).await.map(drop) }))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a key under the prefix is.
+fn parse_change(prefix: &str, key: &[u8], value: Option<&[u8]>) -> Result<Option<StoredChange>, String> {
+    let key = String::from_utf8_lossy(key);
+    let Some(rest) = key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) else { return Ok(None) };
+    if let Some(name) = rest.strip_prefix("groups/") {
+        let name = GroupName::new(name).map_err(|e| format!("group key {key:?}: {}", e.rule))?;
+        let settings = match value {
+            Some(v) => Some(decode_group(v).map_err(|e| format!("group {name}: {e}"))?),
+            None => None,
+        };
+        return Ok(Some(StoredChange::Group(name, settings)));
+    }
+    if rest == "node"
+        && let Some(v) = value
+    {
+        let msg = v1::NodeInfo::decode(v).map_err(|e| format!("node settings: {e}"))?;
+        return Ok(Some(StoredChange::Node(StoredNode::from_proto(&msg))));
+    }
+    Ok(None)
+}
+
+fn decode_group(v: &[u8]) -> Result<GroupSettings, String> {
+    let msg = v1::GroupSettings::decode(v).map_err(|e| e.to_string())?;
+    convert::settings_from_proto(&msg).map_err(|e| e.to_string())
+}
+
+impl SettingsStore for EtcdStore {
+    fn load(&mut self) -> Result<Stored, StoreError> {
+        let all = format!("{}/", self.target.prefix);
+        let (revision, kvs) = self.call(move |c| {
+            Box::pin(async move {
+                let r = c.get(all, Some(GetOptions::new().with_prefix())).await?;
+                let revision = r.header().map_or(0, |h| h.revision());
+                Ok((
+                    revision,
+                    r.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect::<Vec<_>>(),
+                ))
+            })
+        })?;
+        let mut out = Stored::default();
+        let corrupt = |what: String, reason: String| StoreError::Etcd {
+            target: self.target.describe(),
+            reason: format!("stored {what} is corrupt: {reason}"),
+        };
+        for (k, v) in kvs {
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let rest = &key[self.target.prefix.len() + 1..];
+            let named = |r: &str| GroupName::new(r).map_err(|e| corrupt(format!("key {key:?}"), e.rule));
+            if let Some(name) = rest.strip_prefix("groups/") {
+                let settings = decode_group(&v).map_err(|e| corrupt(format!("group {name}"), e))?;
+                out.groups.insert(named(name)?, settings);
+            } else if let Some(name) = rest.strip_prefix("meters/") {
+                out.meters
+                    .insert(named(name)?, decode_meter(&v).map_err(|e| corrupt(format!("meter {name}"), e))?);
+            } else if let Some(name) = rest.strip_prefix("ramps/") {
+                out.ramps
+                    .insert(named(name)?, decode_ramp(&v).map_err(|e| corrupt(format!("ramp {name}"), e))?);
+            } else if rest == "node" {
+                let msg = v1::NodeInfo::decode(v.as_slice())
+                    .map_err(|e| corrupt("node settings".into(), e.to_string()))?;
+                out.node = StoredNode::from_proto(&msg);
+                out.node_stored = true;
+            }
+        }
+        self.revision = revision;
+        Ok(out)
+    }
+
+    fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError> {
+        let key = self.target.key(&format!("groups/{name}"));
+        let value = convert::settings_to_proto(settings).encode_to_vec();
+        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
+    }
+
+    fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError> {
+        let group = self.target.key(&format!("groups/{name}"));
+        let meter = self.target.key(&format!("meters/{name}"));
+        self.call(move |c| {
+            Box::pin(async move {
+                // The group and its meter go together; the answer says whether the group was there.
+                let txn = Txn::new()
+                    .when([Compare::create_revision(group.clone(), CompareOp::Greater, 0)])
+                    .and_then([TxnOp::delete(group, None), TxnOp::delete(meter, None)]);
+                Ok(c.txn(txn).await?.succeeded())
+            })
+        })
+    }
+
+    fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
+        let key = self.target.key("node");
+        let value = node.to_proto().encode_to_vec();
+        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
+    }
+
+    fn put_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        ramps: &[(GroupName, StoredRamp)],
+    ) -> Result<(), StoreError> {
+        let mut ops: Vec<TxnOp> = meters
+            .iter()
+            .map(|(n, m)| TxnOp::put(self.target.key(&format!("meters/{n}")), encode_meter(m).to_vec(), None))
+            .collect();
+        // The ramps are replaced: those no longer resumable go.
+        let kept: BTreeMap<&GroupName, &StoredRamp> = ramps.iter().map(|(n, r)| (n, r)).collect();
+        let old_ramps = {
+            let all = self.target.key("ramps/");
+            self.call(move |c| {
+                Box::pin(async move {
+                    let r = c.get(all, Some(GetOptions::new().with_prefix().with_keys_only())).await?;
+                    Ok(r.kvs().iter().map(|kv| kv.key().to_vec()).collect::<Vec<_>>())
+                })
+            })?
+        };
+        let ramp_prefix = self.target.key("ramps/");
+        for k in old_ramps {
+            let name = String::from_utf8_lossy(&k[ramp_prefix.len()..]).into_owned();
+            if !kept.keys().any(|n| n.as_str() == name) {
+                ops.push(TxnOp::delete(k, None));
+            }
+        }
+        for (n, r) in ramps {
+            ops.push(TxnOp::put(self.target.key(&format!("ramps/{n}")), encode_ramp(r).to_vec(), None));
+        }
+        self.put_txn(ops)
+    }
+}
+
+/// Follows every change to the settings under the target's prefix from `after` (a revision)
+/// on, and hands each to `apply`, until the watch breaks: then returns, with the revision
+/// reached, so the caller can load again and watch anew.
+pub async fn watch(
+    target: &EtcdTarget,
+    after: i64,
+    mut apply: impl FnMut(StoredChange),
+) -> (i64, Result<(), String>) {
+    let mut reached = after;
+    let mut client = match connect(target).await {
+        Ok(c) => c,
+        Err(e) => return (reached, Err(e.to_string())),
+    };
+    let options = WatchOptions::new().with_prefix().with_start_revision(after + 1);
+    let mut stream = match client.watch(format!("{}/", target.prefix), Some(options)).await {
+        Ok(s) => s,
+        Err(e) => return (reached, Err(e.to_string())),
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) => {
+                if resp.canceled() {
+                    return (reached, Err(format!("watch cancelled: {}", resp.cancel_reason())));
+                }
+                for event in resp.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    reached = reached.max(kv.mod_revision());
+                    let value = (event.event_type() == EventType::Put).then(|| kv.value());
+                    match parse_change(&target.prefix, kv.key(), value) {
+                        Ok(Some(change)) => apply(change),
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(error = %e, "etcd: a change left out"),
+                    }
+                }
+            }
+            Ok(None) => return (reached, Err("the watch ended".into())),
+            Err(e) => return (reached, Err(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_what_changed() {
+        let g = convert::settings_to_proto(&GroupSettings::fixed(5.0).unwrap()).encode_to_vec();
+        assert_eq!(
+            parse_change("/p", b"/p/groups/a", Some(&g)).unwrap(),
+            Some(StoredChange::Group(GroupName::new("a").unwrap(), Some(GroupSettings::fixed(5.0).unwrap())))
+        );
+        assert_eq!(
+            parse_change("/p", b"/p/groups/a", None).unwrap(),
+            Some(StoredChange::Group(GroupName::new("a").unwrap(), None))
+        );
+        assert_eq!(parse_change("/p", b"/p/meters/a", Some(b"x")).unwrap(), None);
+        assert!(parse_change("/p", b"/p/groups/a", Some(b"\xff\xff")).is_err());
+    }
+}

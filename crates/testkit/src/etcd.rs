@@ -1,0 +1,86 @@
+//! Real `etcd` members for a test: started on free loopback ports in a temporary directory,
+//! stopped (and their directories removed) when dropped. `./scripts/test.sh` installs Debian's
+//! `etcd-server` when it is missing.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// One running `etcd` member.
+pub struct Etcd {
+    child: Option<Child>,
+    /// Its client port.
+    pub port: u16,
+    dir: PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Etcd {
+    /// Starts a one-member cluster on free ports.
+    pub fn start(name: &str) -> Etcd {
+        let (client, peer) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("tollgate-etcd-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let client_url = format!("http://127.0.0.1:{client}");
+        let child = Command::new("etcd")
+            .args(["--name", "m0", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("m0={peer_url}"), "--initial-cluster-state", "new"])
+            .args(["--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+            .spawn()
+            .expect("etcd is installed (./scripts/test.sh installs Debian's etcd-server)");
+        let etcd = Etcd { child: Some(child), port: client, dir };
+        etcd.wait_ready();
+        etcd
+    }
+
+    /// Ready when it accepts connections and answers its health endpoint (bounded: 20 s).
+    fn wait_ready(&self) {
+        for _ in 0..2000 {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                use std::io::{Read, Write};
+                let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                let req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+                let mut out = String::new();
+                if s.write_all(req.as_bytes()).is_ok()
+                    && s.read_to_string(&mut out).is_ok()
+                    && out.contains("\"health\":\"true\"")
+                {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("etcd did not start on port {}: see {}", self.port, self.dir.join("etcd.log").display());
+    }
+
+    /// Its client URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (kill -9); its directory stays until dropped.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
