@@ -312,17 +312,38 @@ pub struct Target {
     pub timeout: std::time::Duration,
 }
 
+/// Connects to the first controller of `--server` (comma-separated URLs) that answers: with
+/// settings in etcd, any controller takes every admin command.
 pub(crate) async fn connect(target: &Target) -> anyhow::Result<AdminClient<Channel>> {
-    let server = &target.url;
-    let endpoint = Channel::from_shared(server.to_string())
-        .with_context(|| format!("invalid --server URL {server:?}"))?;
-    let channel = endpoint
-        .connect_timeout(target.timeout.min(std::time::Duration::from_secs(5)))
-        .timeout(target.timeout)
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach the tollgate server at {server}"))?;
-    Ok(AdminClient::new(channel))
+    let servers: Vec<&str> = target.url.split(',').map(str::trim).collect();
+    if servers.len() > 16 || servers.iter().any(|s| s.is_empty()) {
+        anyhow::bail!(
+            "--server: give 1 to 16 controller URLs, comma-separated, none empty; got {:?}",
+            target.url
+        );
+    }
+    let mut failures = Vec::new();
+    for server in &servers {
+        let endpoint = Channel::from_shared(server.to_string())
+            .with_context(|| format!("invalid --server URL {server:?}"))?;
+        match endpoint
+            .connect_timeout(target.timeout.min(std::time::Duration::from_secs(5)))
+            .timeout(target.timeout)
+            .connect()
+            .await
+        {
+            Ok(channel) => return Ok(AdminClient::new(channel)),
+            Err(e) => failures.push(format!("{server}: {e}")),
+        }
+    }
+    if servers.len() == 1 {
+        anyhow::bail!(
+            "cannot reach the tollgate server at {}: {}",
+            servers[0],
+            failures.join("; ").split_once(": ").map_or("", |x| x.1)
+        );
+    }
+    anyhow::bail!("cannot reach any tollgate server: {}", failures.join("; "))
 }
 
 /// A gRPC error as the user should read it.

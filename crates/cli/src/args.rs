@@ -121,6 +121,14 @@ pub(crate) struct ServerArgs {
     /// The etcd key prefix the settings live under.
     #[arg(long, default_value = tollgate_server::DEFAULT_ETCD_PREFIX, requires = "etcd")]
     pub(crate) etcd_prefix: String,
+    /// The gRPC URL clients and other controllers are told to reach this one at (with
+    /// --etcd); default: http:// and the bound --grpc address.
+    #[arg(long, requires = "etcd")]
+    pub(crate) advertise: Option<String>,
+    /// Seconds a leader's election lease lasts (with --etcd): a leader killed is replaced
+    /// about this long after (1 to 60).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60), requires = "etcd")]
+    pub(crate) election_lease_s: u64,
     /// The gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:7460")]
     pub(crate) grpc: std::net::SocketAddr,

@@ -84,8 +84,20 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         }
         None => None,
     };
+    if let Some(a) = &a.advertise {
+        let ok = a.strip_prefix("http://").is_some_and(|rest| {
+            rest.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+        });
+        if !ok || a.len() > 255 {
+            bail!(
+                "--advertise: {a:?} must be http://HOST:PORT (at most 255 bytes), the gRPC address others reach"
+            );
+        }
+    }
     let opts = ServerOptions {
         etcd,
+        advertise: a.advertise.clone(),
+        election_lease: Duration::from_secs(a.election_lease_s),
         data: a.data,
         grpc: a.grpc,
         http: a.http,

@@ -37,12 +37,31 @@ fn server(etcd: &str, prefix: &str) -> Command {
 
 /// Starts a controller; it and its gRPC URL.
 fn start(etcd: &str, prefix: &str) -> (Killed, String) {
+    let (k, grpc, _) = start_with_http(etcd, prefix);
+    (k, grpc)
+}
+
+/// Starts a controller; it, its gRPC URL and its HTTP address.
+fn start_with_http(etcd: &str, prefix: &str) -> (Killed, String, String) {
     let mut child = server(etcd, prefix).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr =
-        line.split_whitespace().nth(4).unwrap_or_else(|| panic!("listening line: {line:?}")).to_string();
-    (Killed(child), format!("http://{addr}"))
+    let word = |i: usize| {
+        line.split_whitespace().nth(i).unwrap_or_else(|| panic!("listening line: {line:?}")).to_string()
+    };
+    (Killed(child), format!("http://{}", word(4)), word(6))
+}
+
+/// A controller's `/status` JSON, or `None` while it does not answer.
+fn status(http: &str) -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(http).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(format!("GET /status HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    serde_json::from_str(&out[out.find("\r\n\r\n")? + 4..]).ok()
 }
 
 fn output(url: &str, args: &[&str]) -> String {
@@ -132,4 +151,71 @@ fn a_bad_or_unreachable_etcd_and_a_foreign_prefix_are_refused_clearly() {
     assert!(err.contains("--etcd: \"127.0.0.1:2379\" must be an http:// URL"), "{err}");
     let err = run(&[&base[..], &[etcd.url().as_str(), "--etcd-prefix", "nope/"]].concat());
     assert!(err.contains("--etcd-prefix: \"nope/\" must start with /"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill() {
+    let etcd = Etcd::start("failover");
+    let mut controllers: Vec<Option<(Killed, String, String)>> =
+        (0..3).map(|_| Some(start_with_http(&etcd.url(), "/tollgate"))).collect();
+    let urls: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().1.clone()).collect();
+    let https: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().2.clone()).collect();
+    let all = urls.join(",");
+    // Any controller takes admin commands; the CLI takes them all and uses the first it reaches.
+    admin(&all, &["group", "create", "g", "--limit", "100"]);
+
+    // One leader, which every controller names.
+    let leader = |alive: &[usize]| -> Option<String> {
+        let seen: Vec<serde_json::Value> = alive.iter().filter_map(|&i| status(&https[i])).collect();
+        let leaders: Vec<&serde_json::Value> = seen.iter().filter(|s| s["role"] == "leader").collect();
+        (seen.len() == alive.len()
+            && leaders.len() == 1
+            && seen.iter().all(|s| s["leader"] == leaders[0]["leader"]))
+        .then(|| leaders[0]["leader"].as_str().unwrap().to_string())
+    };
+    let mut first = None;
+    eventually("one leader", || {
+        first = leader(&[0, 1, 2]);
+        first.is_some()
+    });
+    let first = first.unwrap();
+    let was = urls.iter().position(|u| *u == first).unwrap();
+
+    // A client given every address, the leader last: followers send it on.
+    let mut order: Vec<String> = urls.iter().filter(|u| **u != first).cloned().collect();
+    order.push(first.clone());
+    let opts = tollgate_client::RemoteOptions {
+        client_id: Some("ha-client".into()),
+        max_wait: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let gate = tollgate_client::Tollgate::remote(&order.join(","), opts).unwrap();
+    drop(gate.acquire("g", 1.0).await.unwrap());
+    assert!(status(&https[was]).unwrap()["clients"].as_u64() >= Some(1));
+
+    // kill -9 the leader: another leads, and the client moves to it without safe mode.
+    controllers[was] = None;
+    let alive: Vec<usize> = (0..3).filter(|i| *i != was).collect();
+    let clock = tollgate_client::clock::MonotonicClock::new();
+    let killed_at = tollgate_core::time::Clock::now(&clock);
+    let mut second = None;
+    eventually("a new leader", || {
+        second = leader(&alive);
+        second.is_some()
+    });
+    let took = tollgate_core::time::Clock::now(&clock).since(killed_at);
+    println!("failover: a new leader after {took:?}");
+    let second = second.unwrap();
+    assert_ne!(second, first);
+    let now_at = urls.iter().position(|u| *u == second).unwrap();
+    let new = status(&https[now_at]).unwrap();
+    assert_eq!(new["leader_changes"], 1, "{new}");
+    drop(gate.acquire("g", 1.0).await.unwrap());
+    eventually("the client reaches the new leader", || {
+        status(&https[now_at]).is_some_and(|s| s["clients"].as_u64() >= Some(1))
+    });
+    let r = gate.remote_status().unwrap();
+    assert!(!r.safe_mode, "{r:?}");
+    // The settings are all there.
+    assert!(output(&second, &["group", "show", "g"]).contains("limit:    100"));
 }

@@ -9,7 +9,6 @@ use tollgate_core::config::{Config, NodeSettings};
 use tollgate_core::epoch::EpochShare;
 use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings};
 use tollgate_core::time::Clock;
-use tollgate_proto::v1::admission_client::AdmissionClient;
 
 use crate::clock::{ClockSource, MonotonicClock};
 use crate::error::BuildError;
@@ -21,14 +20,34 @@ use crate::store::{self, StoreOptions};
 
 impl Tollgate {
     /// A client of `tollgate server` at `url` (such as `http://127.0.0.1:7460`): the same
-    /// API, fed by the controller's grants. Must be called inside a tokio runtime, where the
-    /// exchange task runs; it stops when the last handle is dropped. See [`crate::remote`].
+    /// API, fed by the controller's grants. Several controllers sharing one etcd are given
+    /// comma-separated (`http://a:7460,http://b:7460`): the client talks to the leader,
+    /// follows a follower's answer naming it, and moves to the next address when one fails.
+    /// Must be called inside a tokio runtime, where the exchange task runs; it stops when the
+    /// last handle is dropped. See [`crate::remote`].
     pub fn remote(url: &str, opts: RemoteOptions) -> Result<Tollgate, BuildError> {
-        tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
-        let endpoint = tonic::transport::Channel::from_shared(url.to_string())
-            .map_err(|e| BuildError::Remote { url: url.to_string(), reason: e.to_string() })?;
-        let channel = endpoint.connect_timeout(opts.exchange_timeout).connect_lazy();
-        Self::remote_channel(channel, opts)
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let urls: Vec<&str> = url.split(',').map(str::trim).collect();
+        if urls.len() > crate::remote::CONTROLLERS_MAX || urls.iter().any(|u| u.is_empty()) {
+            return Err(BuildError::Remote {
+                url: url.to_string(),
+                reason: format!(
+                    "give 1 to {} controller URLs, comma-separated, none empty",
+                    crate::remote::CONTROLLERS_MAX
+                ),
+            });
+        }
+        let mut channels = Vec::with_capacity(urls.len());
+        for u in urls {
+            let endpoint = tonic::transport::Channel::from_shared(u.to_string())
+                .map_err(|e| BuildError::Remote { url: u.to_string(), reason: e.to_string() })?;
+            channels.push((u.to_string(), endpoint.connect_timeout(opts.exchange_timeout).connect_lazy()));
+        }
+        let timeout = opts.exchange_timeout;
+        let (gate, driver) = Self::remote_driven(opts)?;
+        let controllers = crate::remote::Controllers::new(channels, timeout);
+        runtime.spawn(crate::remote::run(driver, controllers, timeout));
+        Ok(gate)
     }
 
     /// A remote client over a channel made by the caller: any transport tonic can carry, such
@@ -41,7 +60,8 @@ impl Tollgate {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let timeout = opts.exchange_timeout;
         let (gate, driver) = Self::remote_driven(opts)?;
-        runtime.spawn(crate::remote::run(driver, AdmissionClient::new(channel), timeout));
+        let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)], timeout);
+        runtime.spawn(crate::remote::run(driver, controllers, timeout));
         Ok(gate)
     }
 

@@ -480,6 +480,62 @@ impl Driver {
         self.next_due = now.after(self.backoff);
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
     }
+
+    /// Makes the next exchange due at once (another controller is tried after a failure).
+    pub(crate) fn retry_now(&mut self, now: Nanos) {
+        self.next_due = now;
+    }
+}
+
+/// The controllers a remote client knows: the addresses it was given, and leaders it was
+/// sent to (at most [`CONTROLLERS_MAX`] in all), with the one it talks to now.
+pub(crate) struct Controllers {
+    known: Vec<(String, v1::admission_client::AdmissionClient<tonic::transport::Channel>)>,
+    current: usize,
+    connect_timeout: Duration,
+}
+
+/// The most controllers a remote client keeps addresses for.
+pub const CONTROLLERS_MAX: usize = 16;
+
+/// The metadata key a follower names the leader in.
+const LEADER_METADATA: &str = "tollgate-leader";
+
+impl Controllers {
+    /// Over `urls` (already checked).
+    pub(crate) fn new(
+        urls: Vec<(String, tonic::transport::Channel)>,
+        connect_timeout: Duration,
+    ) -> Controllers {
+        let known =
+            urls.into_iter().map(|(u, c)| (u, v1::admission_client::AdmissionClient::new(c))).collect();
+        Controllers { known, current: 0, connect_timeout }
+    }
+
+    fn client(&mut self) -> &mut v1::admission_client::AdmissionClient<tonic::transport::Channel> {
+        &mut self.known[self.current].1
+    }
+
+    /// Moves to the next address.
+    fn rotate(&mut self) {
+        self.current = (self.current + 1) % self.known.len();
+    }
+
+    /// Moves to the leader a follower named; says whether it could.
+    fn follow(&mut self, leader: &str) -> bool {
+        if let Some(i) = self.known.iter().position(|(u, _)| u == leader) {
+            self.current = i;
+            return true;
+        }
+        if self.known.len() >= CONTROLLERS_MAX {
+            return false;
+        }
+        let Ok(endpoint) = tonic::transport::Channel::from_shared(leader.to_string()) else { return false };
+        let channel = endpoint.connect_timeout(self.connect_timeout).connect_lazy();
+        self.known.push((leader.to_string(), v1::admission_client::AdmissionClient::new(channel)));
+        self.current = self.known.len() - 1;
+        true
+    }
 }
 
 /// What a grant becomes under `policy` after `elapsed` in safe mode; `last` is `None` for a
@@ -512,12 +568,11 @@ fn apply(group: &Group, g: LastGrant, now: Nanos) {
     }
 }
 
-/// Runs `driver` over gRPC until the limiter is dropped.
-pub(crate) async fn run(
-    mut driver: Driver,
-    mut client: v1::admission_client::AdmissionClient<tonic::transport::Channel>,
-    timeout: Duration,
-) {
+/// Runs `driver` over gRPC until the limiter is dropped: against the controller it talks to
+/// now; a follower's answer naming the leader moves it there at once, and a failure moves it
+/// to the next address (at once while some address is still untried since the last answer).
+pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeout: Duration) {
+    let mut tried = 0usize;
     loop {
         let now = driver.now();
         driver.poll(now);
@@ -531,12 +586,34 @@ pub(crate) async fn run(
             continue;
         }
         let Some(request) = driver.request(now) else { return };
-        let outcome = tokio::time::timeout(timeout, client.exchange(request)).await;
+        let outcome = tokio::time::timeout(timeout, controllers.client().exchange(request)).await;
         let now = driver.now();
         match outcome {
-            Ok(Ok(response)) => driver.answer(now, response.get_ref()),
-            Ok(Err(status)) => driver.failed(now, status.message()),
-            Err(_) => driver.failed(now, &format!("no answer within {timeout:?}")),
+            Ok(Ok(response)) => {
+                tried = 0;
+                driver.answer(now, response.get_ref());
+            }
+            Ok(Err(status)) => {
+                driver.failed(now, status.message());
+                let leader = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok());
+                if leader.is_some_and(|l| controllers.follow(l)) {
+                    driver.retry_now(now);
+                } else {
+                    controllers.rotate();
+                    tried += 1;
+                    if tried < controllers.known.len() {
+                        driver.retry_now(now);
+                    }
+                }
+            }
+            Err(_) => {
+                driver.failed(now, &format!("no answer within {timeout:?}"));
+                controllers.rotate();
+                tried += 1;
+                if tried < controllers.known.len() {
+                    driver.retry_now(now);
+                }
+            }
         }
         if driver.groups.strong_count() == 0 {
             return;

@@ -123,7 +123,45 @@ pub struct Controller {
     keep_trace: AtomicBool,
     /// The settings' version: bumped by every change, watched by backends.
     settings_version: tokio::sync::watch::Sender<u64>,
+    /// This controller's part among several (standalone without an election).
+    role: Mutex<RoleView>,
+    /// Times this controller became the leader.
+    leader_changes: AtomicU64,
 }
+
+/// A controller's part among controllers sharing one etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// No election: the only controller.
+    Standalone,
+    /// Elected: grants, takes reports, writes consumption.
+    Leader,
+    /// Another controller leads (or none does yet): clients and backends are sent there.
+    Follower,
+}
+
+impl Role {
+    /// As `/status` says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Standalone => "standalone",
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+        }
+    }
+}
+
+/// The role and the leader's advertised address, when known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleView {
+    /// This controller's part.
+    pub role: Role,
+    /// The leader's advertised gRPC URL (this controller's own when it leads).
+    pub leader: Option<String>,
+}
+
+/// The gRPC metadata key a follower names the leader in.
+pub const LEADER_METADATA: &str = "tollgate-leader";
 
 /// The most backends watching the group settings at once.
 pub const SETTINGS_WATCHERS_MAX: usize = 1024;
@@ -196,6 +234,8 @@ impl Controller {
             // Unique across restarts: the start's wall time, then one more per change. Backends
             // only compare versions for equality.
             settings_version: tokio::sync::watch::channel(wall_ms.max(1).saturating_mul(1_000_000)).0,
+            role: Mutex::new(RoleView { role: Role::Standalone, leader: None }),
+            leader_changes: AtomicU64::new(0),
         })
     }
 
@@ -387,6 +427,10 @@ impl Controller {
     /// Writes the configured groups' consumption and the resumable ramps to the store. `now`
     /// is the engine's time, `wall_ms` the Unix time in milliseconds.
     pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
+        // Only the leader's consumption is current: a follower serves no clients.
+        if self.role().role == Role::Follower {
+            return Ok(());
+        }
         let (meters, ramps) = {
             let mut engine = self.engine();
             let meters = engine.take_dirty_meters();
@@ -483,6 +527,45 @@ impl Controller {
         drop(store);
         self.changed();
         Ok(existed)
+    }
+
+    /// This controller's role now.
+    pub fn role(&self) -> RoleView {
+        self.role.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Times this controller has become the leader.
+    pub fn leader_changes(&self) -> u64 {
+        self.leader_changes.load(Ordering::Relaxed)
+    }
+
+    /// Takes a role from the election. Becoming the leader starts a learning lease at `now`:
+    /// clients' grants from the last leader are renewed as they report them, and first-time
+    /// clients get only what is left under each target.
+    pub fn set_role(&self, now: Nanos, view: RoleView) {
+        let mut role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
+        if view.role == Role::Leader && role.role != Role::Leader {
+            self.engine().relearn(now);
+            self.leader_changes.fetch_add(1, Ordering::Relaxed);
+        }
+        *role = view;
+    }
+
+    /// Refuses work meant for the leader while this controller follows: `UNAVAILABLE`, with
+    /// the leader's address in the message and in the `tollgate-leader` metadata.
+    pub fn check_leader(&self) -> Result<(), Status> {
+        let role = self.role();
+        if role.role != Role::Follower {
+            return Ok(());
+        }
+        let mut status = match &role.leader {
+            Some(l) => Status::unavailable(format!("not the leader; the leader is {l}")),
+            None => Status::unavailable("not the leader, and no leader is elected yet"),
+        };
+        if let Some(value) = role.leader.and_then(|l| l.parse().ok()) {
+            status.metadata_mut().insert(LEADER_METADATA, value);
+        }
+        Err(status)
     }
 
     /// Takes a group's settings as another controller stored them (seen through the shared

@@ -60,6 +60,7 @@ impl Admission for Services {
         &self,
         req: Request<v1::ExchangeRequest>,
     ) -> Result<Response<v1::ExchangeResponse>, Status> {
+        self.controller.check_leader()?;
         let started = self.clock.now();
         let response = self.controller.exchange(started, req.get_ref())?;
         self.latency.record(self.clock.now().since(started));
@@ -70,6 +71,7 @@ impl Admission for Services {
 #[tonic::async_trait]
 impl Backend for Services {
     async fn report(&self, req: Request<v1::BackendReport>) -> Result<Response<v1::ReportAck>, Status> {
+        self.controller.check_leader()?;
         Ok(Response::new(self.controller.backend_report(self.clock.now(), req.get_ref())?))
     }
 

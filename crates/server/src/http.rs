@@ -170,9 +170,19 @@ fn render_metrics(app: &AppState) -> String {
             "1 in the first lease after start, while relearning what clients hold.",
             f64::from(u8::from(learning)),
         ),
+        (
+            "tollgate_leader",
+            "1 while this controller leads (or runs alone), 0 while it follows.",
+            f64::from(u8::from(app.controller.role().role != crate::controller::Role::Follower)),
+        ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_leader_changes_total Times this controller became the leader.\n# TYPE tollgate_leader_changes_total counter\ntollgate_leader_changes_total {}",
+        app.controller.leader_changes()
+    );
     let _ = writeln!(
         out,
         "# HELP tollgate_exchanges_total Admission exchanges answered.\n# TYPE tollgate_exchanges_total counter\ntollgate_exchanges_total {}",

@@ -10,6 +10,8 @@
 mod clock;
 pub mod conn;
 pub mod controller;
+#[cfg(feature = "etcd")]
+mod election;
 pub use tollgate_proto::convert;
 pub mod grpc;
 pub mod http;
@@ -33,7 +35,7 @@ use tonic::transport::server::Connected;
 
 pub use crate::clock::{Clock, wall_ms};
 pub use crate::controller::Controller;
-pub use crate::options::{DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions};
+pub use crate::options::{DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions};
 use crate::status::Latency;
 use crate::store::{RedbStore, StoreError};
 
@@ -56,6 +58,9 @@ pub enum ServerError {
     /// Serving failed.
     #[error("{0}")]
     Serve(String),
+    /// Another live controller advertises the same address.
+    #[error("another controller advertises {0}; give each controller its own --advertise")]
+    AdvertisedTwice(String),
 }
 
 /// A server with its store open and its listeners bound.
@@ -67,6 +72,8 @@ pub struct Server {
     flush_interval: Duration,
     limits: conn::Limits,
     etcd: EtcdFollow,
+    /// With an election: the address advertised, and the election lease.
+    election: Option<(String, Duration)>,
 }
 
 /// With settings in etcd: where, and the revision they were read at.
@@ -127,6 +134,20 @@ impl Server {
             addr: opts.http,
             source,
         })?;
+        let election = match &etcd {
+            None => None,
+            Some((target, _)) => {
+                let local = grpc.local_addr().map_err(|e| ServerError::Serve(e.to_string()))?;
+                let advertise = opts.advertise.clone().unwrap_or_else(|| format!("http://{local}"));
+                wait_for_address(target, &advertise, opts.election_lease).await?;
+                // Nobody is served until the election says who leads.
+                controller.set_role(
+                    clock.now(),
+                    crate::controller::RoleView { role: crate::controller::Role::Follower, leader: None },
+                );
+                Some((advertise, opts.election_lease))
+            }
+        };
         Ok(Server {
             controller,
             grpc,
@@ -135,6 +156,7 @@ impl Server {
             flush_interval: opts.flush_interval,
             limits: opts.limits,
             etcd,
+            election,
         })
     }
 
@@ -151,20 +173,53 @@ impl Server {
     /// Serves until `shutdown` completes, then stops accepting, writes consumption to the
     /// store and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Server { controller, grpc, http, clock, flush_interval, limits, etcd } = self;
+        let Server { controller, grpc, http, clock, flush_interval, limits, etcd, election } = self;
         #[cfg(feature = "etcd")]
-        let following =
-            etcd.map(|(target, revision)| tokio::spawn(follow_etcd(controller.clone(), target, revision)));
+        let following = etcd.map(|(target, revision)| {
+            let elect = election.map(|(advertise, lease)| {
+                tokio::spawn(election::run(target.clone(), advertise, lease, controller.clone(), clock))
+            });
+            (tokio::spawn(follow_etcd(controller.clone(), target, revision)), elect)
+        });
         #[cfg(not(feature = "etcd"))]
-        let _ = etcd;
+        let _ = (etcd, election);
         let incoming = conn::Limited::new(tonic::transport::server::TcpIncoming::from(grpc), limits);
         let served = serve(controller, clock, flush_interval, incoming, Some(http), shutdown).await;
         #[cfg(feature = "etcd")]
-        if let Some(f) = following {
-            f.abort();
+        if let Some((follow, elect)) = following {
+            follow.abort();
+            if let Some(e) = elect {
+                e.abort();
+            }
         }
         served
     }
+}
+
+/// Waits, up to one election lease and a second, for no other live controller to advertise
+/// `advertise` (one killed a moment ago still holds it until its lease ends).
+#[cfg(feature = "etcd")]
+async fn wait_for_address(target: &EtcdTarget, advertise: &str, lease: Duration) -> Result<(), ServerError> {
+    const STEP: Duration = Duration::from_millis(200);
+    let mut waits = (lease + Duration::from_secs(1)).as_millis() / STEP.as_millis();
+    loop {
+        match election::advertised_elsewhere(target, advertise).await {
+            Ok(false) => return Ok(()),
+            Ok(true) if waits > 0 => {
+                waits -= 1;
+                tokio::time::sleep(STEP).await;
+            }
+            Ok(true) => return Err(ServerError::AdvertisedTwice(advertise.to_string())),
+            Err(e) => {
+                return Err(ServerError::Store(StoreError::Etcd { target: target.describe(), reason: e }));
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn wait_for_address(_: &EtcdTarget, _: &str, _: Duration) -> Result<(), ServerError> {
+    Ok(())
 }
 
 /// Keeps the controller in step with the settings other controllers write to etcd: a watch

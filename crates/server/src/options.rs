@@ -33,9 +33,18 @@ pub struct ServerOptions {
     /// A settings file's node settings and groups, written at start where the store holds
     /// none (`--config`).
     pub defaults: Option<tollgate_core::config::Config>,
-    /// Keep the settings in etcd rather than in the data directory (`--etcd`).
+    /// Keep the settings in etcd rather than in the data directory (`--etcd`); controllers on
+    /// the same etcd and prefix elect one leader.
     pub etcd: Option<EtcdTarget>,
+    /// The gRPC URL other controllers and clients are told (`--advertise`); by default
+    /// `http://` and the bound gRPC address.
+    pub advertise: Option<String>,
+    /// The election lease: how long a dead leader holds the election (`--election-lease-s`).
+    pub election_lease: Duration,
 }
+
+/// The default election lease.
+pub const DEFAULT_ELECTION_LEASE: Duration = Duration::from_secs(2);
 
 /// The default etcd key prefix.
 pub const DEFAULT_ETCD_PREFIX: &str = "/tollgate";
@@ -106,6 +115,8 @@ impl Default for ServerOptions {
             limits: crate::conn::Limits::default(),
             defaults: None,
             etcd: None,
+            advertise: None,
+            election_lease: DEFAULT_ELECTION_LEASE,
         }
     }
 }

@@ -108,7 +108,11 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
         .collect();
     let node = controller.node();
     let (clients, backends, learning) = controller.tracking(now);
+    let role = controller.role();
     v1::StatusResponse {
+        role: role.role.name().to_string(),
+        leader: role.leader,
+        leader_changes: controller.leader_changes(),
         capacity: node.capacity,
         groups,
         exchanges: controller.exchanges(),
@@ -216,6 +220,9 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "mode": mode,
         "exchanges": s.exchanges,
         "learning": s.learning,
+        "role": s.role,
+        "leader": s.leader,
+        "leader_changes": s.leader_changes,
         "clients": s.clients,
         "backends": s.backends,
         "groups": groups,

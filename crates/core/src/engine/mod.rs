@@ -857,6 +857,12 @@ impl Engine {
         self.last_tick
     }
 
+    /// Starts a learning lease again from `now`: a controller that has just become the leader
+    /// relearns what clients hold, as after a start.
+    pub fn relearn(&mut self, now: Nanos) {
+        self.started = Some(now);
+    }
+
     /// Whether the engine is in its first lease since it started: it relearns what clients
     /// hold and hands out no more than is left.
     pub fn learning(&self, now: Nanos) -> bool {

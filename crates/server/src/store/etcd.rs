@@ -68,7 +68,7 @@ fn etcd_error(target: &EtcdTarget, e: impl std::fmt::Display) -> StoreError {
 
 /// An etcd client error in a line: gRPC's message and the deepest cause (such as "Connection
 /// refused"), rather than the whole nested debug form.
-fn reason(e: &etcd_client::Error) -> String {
+pub(crate) fn reason(e: &etcd_client::Error) -> String {
     let head = match e {
         etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
         other => other.to_string(),
@@ -85,7 +85,7 @@ fn reason(e: &etcd_client::Error) -> String {
     }
 }
 
-async fn connect(target: &EtcdTarget) -> Result<Client, etcd_client::Error> {
+pub(crate) async fn connect(target: &EtcdTarget) -> Result<Client, etcd_client::Error> {
     let options = ConnectOptions::new().with_connect_timeout(ETCD_TIMEOUT).with_timeout(ETCD_TIMEOUT);
     Client::connect(&target.endpoints, Some(options)).await
 }
