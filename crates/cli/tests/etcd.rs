@@ -43,7 +43,13 @@ fn start(etcd: &str, prefix: &str) -> (Killed, String) {
 
 /// Starts a controller; it, its gRPC URL and its HTTP address.
 fn start_with_http(etcd: &str, prefix: &str) -> (Killed, String, String) {
-    let mut child = server(etcd, prefix).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    start_with(etcd, prefix, &[])
+}
+
+/// Starts a controller with more options; it, its gRPC URL and its HTTP address.
+fn start_with(etcd: &str, prefix: &str, more: &[&str]) -> (Killed, String, String) {
+    let mut child =
+        server(etcd, prefix).args(more).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let word = |i: usize| {
@@ -218,4 +224,140 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     assert!(!r.safe_mode, "{r:?}");
     // The settings are all there.
     assert!(output(&second, &["group", "show", "g"]).contains("limit:    100"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_a_failover_keeps_the_limit_and_never_grants_above_the_target() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let etcd = Etcd::start("failover-load");
+    let mut controllers: Vec<Option<(Killed, String, String)>> =
+        (0..3).map(|_| Some(start_with_http(&etcd.url(), "/tollgate"))).collect();
+    let urls: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().1.clone()).collect();
+    let https: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().2.clone()).collect();
+    let all = urls.join(",");
+    const LIMIT: f64 = 1000.0;
+    admin(&all, &["group", "create", "g", "--limit", &LIMIT.to_string()]);
+    let leader_of = |alive: &[usize]| -> Option<usize> {
+        let leaders: Vec<usize> = alive
+            .iter()
+            .copied()
+            .filter(|&i| status(&https[i]).is_some_and(|s| s["role"] == "leader"))
+            .collect();
+        (leaders.len() == 1).then(|| leaders[0])
+    };
+    let mut first = None;
+    eventually("one leader", || {
+        first = leader_of(&[0, 1, 2]);
+        first.is_some()
+    });
+    let first = first.unwrap();
+
+    // Twenty clients, each asking 200 units/s (4,000 in all against a limit of 1,000).
+    let admitted = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let opts =
+            tollgate_client::RemoteOptions { client_id: Some(format!("load-{i}")), ..Default::default() };
+        let gate = tollgate_client::Tollgate::remote(&all, opts).unwrap();
+        let (admitted, stop) = (admitted.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_millis(5));
+            while !stop.load(Ordering::Relaxed) {
+                ticks.tick().await;
+                if gate.try_acquire("g", 1.0).is_ok() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let clock = tollgate_client::clock::MonotonicClock::new();
+    let now = || tollgate_core::time::Clock::now(&clock);
+    // Warm up, then measure over 14 s with the leader killed 4 s in. Every 100 ms, the live
+    // grants on whichever controller leads must stay within its target.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (start, start_count) = (now(), admitted.load(Ordering::Relaxed));
+    let mut alive: Vec<usize> = vec![0, 1, 2];
+    let mut killed = false;
+    let mut checks = 0;
+    while now().since(start) < Duration::from_secs(14) {
+        if !killed && now().since(start) >= Duration::from_secs(4) {
+            controllers[first] = None;
+            alive.retain(|&i| i != first);
+            killed = true;
+        }
+        for &i in &alive {
+            if let Some(s) = status(&https[i]) {
+                for g in s["groups"].as_array().into_iter().flatten().filter(|g| g["name"] == "g") {
+                    if let (Some(target), Some(granted)) = (g["target"].as_f64(), g["granted"].as_f64()) {
+                        assert!(
+                            granted <= target * (1.0 + 1e-9) + 1e-6,
+                            "controller {i}: granted {granted} above target {target}: {g}"
+                        );
+                        checks += 1;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let elapsed = now().since(start).as_secs_f64();
+    let rate = (admitted.load(Ordering::Relaxed) - start_count) as f64 / elapsed;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    println!(
+        "across a failover: {rate:.1} units/s admitted against a limit of {LIMIT} ({checks} grant checks)"
+    );
+    assert!(checks > 50, "{checks}");
+    assert!((rate - LIMIT).abs() <= 0.05 * LIMIT, "admitted {rate} units/s against {LIMIT}");
+    assert!(leader_of(&alive).is_some_and(|l| l != first));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_etcd_the_leader_steps_down_nobody_takes_over_and_clients_ride_then_go_safe() {
+    let mut etcd = Etcd::start("etcd-lost");
+    // A grant lease of 3 s, so that clients reach safe mode soon after their last grant.
+    let started: Vec<(Killed, String, String)> =
+        (0..2).map(|_| start_with(&etcd.url(), "/tollgate", &["--lease-ms", "3000"])).collect();
+    let https: Vec<String> = started.iter().map(|c| c.2.clone()).collect();
+    let all = started.iter().map(|c| c.1.clone()).collect::<Vec<_>>().join(",");
+    admin(&all, &["group", "create", "g", "--limit", "100"]);
+    let roles = || {
+        https
+            .iter()
+            .map(|h| status(h).map(|s| s["role"].as_str().unwrap_or("").to_string()))
+            .collect::<Vec<_>>()
+    };
+    eventually("a leader", || roles().iter().filter(|r| r.as_deref() == Some("leader")).count() == 1);
+    let gate = tollgate_client::Tollgate::remote(
+        &all,
+        tollgate_client::RemoteOptions { max_wait: Duration::from_secs(30), ..Default::default() },
+    )
+    .unwrap();
+    drop(gate.acquire("g", 1.0).await.unwrap());
+    assert!(!gate.remote_status().unwrap().safe_mode);
+
+    etcd.kill();
+    // The leader cannot renew its lease: it steps down; the follower cannot be elected.
+    eventually("no leader", || roles().iter().all(|r| r.as_deref() == Some("follower")));
+    for _ in 0..20 {
+        assert!(roles().iter().all(|r| r.as_deref() == Some("follower")), "{:?}", roles());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The client rides on its grant for the lease, then enters safe mode.
+    let mut safe = false;
+    for _ in 0..600 {
+        if gate.remote_status().unwrap().safe_mode {
+            safe = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(safe, "{:?}", gate.remote_status());
+    // Admin changes are refused, naming etcd; nothing is acknowledged that etcd did not take.
+    let out = output(&all, &["group", "alter", "g", "--limit", "50"]);
+    assert!(out.contains("etcd"), "{out}");
 }

@@ -39,6 +39,9 @@ pub struct GroupView {
     pub load: f64,
     /// Its budget is spent.
     pub budget_exhausted: bool,
+    /// Units/s of its live grants: the last tick's, and those made since to clients the tick
+    /// did not know.
+    pub granted: f64,
     /// Its ramp's pool, if it ramps.
     pub ramp_pool: Option<f64>,
     /// Its consumption rate's low and high water marks and average over the last minute.
@@ -96,6 +99,8 @@ impl Engine {
             avg_cost: o.map_or(1.0, |o| o.avg_cost),
             load: o.map_or(0.0, |o| o.load),
             budget_exhausted: o.is_some_and(|o| o.budget_exhausted),
+            granted: o.map_or(0.0, GroupOutcome::granted)
+                + self.provisional.get(name).map_or(0.0, |p| p.iter().map(|(_, r)| r).sum::<f64>()),
             ramp_pool: g.and_then(|g| g.ramp.as_ref()).map(|r| r.pool() as f64),
             last_minute: marks.0,
             last_hour: marks.1,
