@@ -104,6 +104,11 @@ pub(crate) enum Command {
         /// trace`).
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Runs this many seeds (from --seed, or the scenario's) and checks the fault
+        /// invariants in each: prints every seed that breaks one, with the time (exit 1), or
+        /// that all hold. Writes no files.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000), conflicts_with_all = ["out", "trace"])]
+        seeds: Option<u64>,
     },
 }
 

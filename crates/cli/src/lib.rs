@@ -52,7 +52,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Sim { scenario, out, seed, trace } => sim::run(&scenario, out, seed, trace),
+        Command::Sim { scenario, out, seed, trace, seeds } => match seeds {
+            Some(n) => sim::seeds(&scenario, seed, n),
+            None => sim::run(&scenario, out, seed, trace),
+        },
         Command::Server(args) => server::run(args),
         Command::Quota(cmd) => admin_command(admin::quota(&target, cmd)),
         Command::Group(cmd) => admin_command(admin::group(&target, cmd)),

@@ -6,6 +6,55 @@ use std::process::ExitCode;
 use anyhow::Context;
 use tollgate_sim::{Scenario, output};
 
+fn read(path: &Path) -> Result<Scenario, ExitCode> {
+    let src = match std::fs::read_to_string(path) {
+        Ok(src) => src,
+        Err(e) => {
+            crate::say(format!("{}: cannot read the scenario: {e}", path.display()));
+            return Err(ExitCode::from(2));
+        }
+    };
+    Scenario::parse(&src).map_err(|errors| {
+        for e in &errors.0 {
+            crate::say(format!("{}:{}: {}: {}", path.display(), e.line, e.field, e.rule));
+        }
+        crate::say(format!("{} problem(s) found; nothing simulated", errors.0.len()));
+        ExitCode::from(2)
+    })
+}
+
+/// Runs `count` seeds of the scenario at `path` from `first` (or the scenario's seed) and
+/// checks the fault invariants: 0 when every seed holds, 1 when one breaks, 2 when the
+/// scenario cannot be read or is malformed or injects no fault.
+pub fn seeds(path: &Path, first: Option<u64>, count: u64) -> anyhow::Result<ExitCode> {
+    let scenario = match read(path) {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    if scenario.faults.is_empty() && scenario.random_faults.is_none() {
+        crate::say(format!(
+            "{}: --seeds checks the fault invariants, and the scenario injects no fault: add [[fault]] or [faults]",
+            path.display()
+        ));
+        return Ok(ExitCode::from(2));
+    }
+    let first = first.unwrap_or(scenario.seed);
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    crate::say(format!("scenario {}: seeds {first} to {}", scenario.name, first.wrapping_add(count - 1)));
+    let results = tollgate_sim::run_seeds(&scenario, first, count, threads);
+    let broken: Vec<_> = results.iter().filter_map(|(seed, b)| b.as_ref().map(|b| (seed, b))).collect();
+    for (seed, b) in &broken {
+        crate::say(format!("seed {seed}: {b}"));
+    }
+    if broken.is_empty() {
+        crate::say(format!("all {count} seeds hold every invariant"));
+        Ok(ExitCode::SUCCESS)
+    } else {
+        crate::say(format!("{} of {count} seeds broke an invariant", broken.len()));
+        Ok(ExitCode::FAILURE)
+    }
+}
+
 /// Runs the scenario at `path`: 0 when every phase passed, 1 when one failed, 2 when the
 /// scenario cannot be read or is malformed.
 pub fn run(
@@ -14,22 +63,9 @@ pub fn run(
     seed: Option<u64>,
     trace: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    let src = match std::fs::read_to_string(path) {
-        Ok(src) => src,
-        Err(e) => {
-            crate::say(format!("{}: cannot read the scenario: {e}", path.display()));
-            return Ok(ExitCode::from(2));
-        }
-    };
-    let scenario = match Scenario::parse(&src) {
+    let scenario = match read(path) {
         Ok(s) => s,
-        Err(errors) => {
-            for e in &errors.0 {
-                crate::say(format!("{}:{}: {}: {}", path.display(), e.line, e.field, e.rule));
-            }
-            crate::say(format!("{} problem(s) found; nothing simulated", errors.0.len()));
-            return Ok(ExitCode::from(2));
-        }
+        Err(code) => return Ok(code),
     };
     let seed = seed.unwrap_or(scenario.seed);
     crate::say(format!("scenario {} (seed {seed})", scenario.name));
@@ -61,6 +97,9 @@ pub fn run(
     };
     for line in output::phase_lines(&outcome) {
         crate::say(line);
+    }
+    if let Some(b) = &outcome.breach {
+        crate::say(format!("invariant broken at seed {seed}: {b}"));
     }
     let dir = out.unwrap_or_else(|| PathBuf::from("sim-out").join(&scenario.name));
     output::write_all(&dir, &scenario.name, &outcome)

@@ -7,11 +7,13 @@
 //! result.
 
 pub mod chart;
+pub mod faults;
+pub mod invariants;
 pub mod output;
 pub mod rng;
 pub mod run;
 pub mod scenario;
 pub mod world;
 
-pub use run::{Outcome, PhaseResult, Sample, run, run_traced};
+pub use run::{Outcome, PhaseResult, RunHooks, Sample, run, run_seeds, run_traced, run_with};
 pub use scenario::Scenario;

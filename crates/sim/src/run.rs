@@ -16,8 +16,13 @@ use tollgate_client::{Driver, RemoteOptions, Tollgate};
 use tollgate_core::engine::{EngineSettings, SaturationSettings, TraceEvent};
 use tollgate_core::settings::GroupName;
 use tollgate_core::time::{ManualClock, Nanos, duration_nanos};
+use tollgate_proto::v1;
 use tollgate_server::Controller;
+use tollgate_server::controller::{Role, RoleView};
 use tollgate_server::store::{MemoryStore, Stored, StoredNode};
+
+use crate::faults::FaultKind;
+use crate::invariants::{Breach, Checker, HEAL_S, Second, WINDOW_S};
 
 use crate::scenario::{Action, Expect, Scenario, Subject};
 use crate::world::World;
@@ -82,12 +87,14 @@ pub struct Outcome {
     pub phases: Vec<PhaseResult>,
     /// One sample per simulated second.
     pub timeline: Vec<Sample>,
+    /// The invariant that broke, which stopped the run (runs with faults only).
+    pub breach: Option<Breach>,
 }
 
 impl Outcome {
     /// Whether every phase passed.
     pub fn passed(&self) -> bool {
-        self.phases.iter().all(|p| p.passed)
+        self.breach.is_none() && self.phases.iter().all(|p| p.passed)
     }
 }
 
@@ -180,14 +187,65 @@ pub fn run(scenario: &Scenario, seed: u64) -> Outcome {
 
 /// Runs `scenario` with `seed`, handing every trace event of the controller (each group's
 /// rate computation per tick, each backend's busy groups) to `trace` as it happens.
-pub fn run_traced(scenario: &Scenario, seed: u64, mut trace: Option<&mut dyn FnMut(TraceEvent)>) -> Outcome {
+pub fn run_traced(scenario: &Scenario, seed: u64, trace: Option<&mut dyn FnMut(TraceEvent)>) -> Outcome {
+    run_with(scenario, seed, RunHooks { trace, tamper: None })
+}
+
+/// What a run hands out or lets tests change.
+#[derive(Default)]
+pub struct RunHooks<'a> {
+    /// Receives every trace event of the controller.
+    pub trace: Option<&'a mut dyn FnMut(TraceEvent)>,
+    /// Changes every answer the controller gives before a client reads it: a broken
+    /// controller, for the tests that prove the invariants catch one (the canary).
+    pub tamper: Option<&'a dyn Fn(&mut v1::ExchangeResponse)>,
+}
+
+/// A client's clock under drift: from `anchor_real` on it runs at `1 + rate`.
+#[derive(Debug, Clone, Copy)]
+struct Drift {
+    anchor_real: Nanos,
+    anchor_client: Nanos,
+    rate: f64,
+}
+
+impl Drift {
+    fn at(&self, now: Nanos) -> Nanos {
+        let run = now.0.saturating_sub(self.anchor_real.0) as f64 * (1.0 + self.rate);
+        Nanos(self.anchor_client.0.saturating_add(run.max(0.0) as u64))
+    }
+}
+
+/// Runs `scenario` with `seed` and `hooks`: faults and invariants included.
+pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outcome {
     let groups = group_names(scenario);
-    let controller = controller(scenario);
-    controller.set_tracing(trace.is_some());
-    let clock = ManualClock::new();
-    let mut drivers: Vec<Driver> = Vec::with_capacity(scenario.clients.len());
-    let mut gates = Vec::with_capacity(scenario.clients.len());
-    for i in 0..scenario.clients.len() {
+    let store = MemoryStore::with(stored(scenario));
+    let start = |now: Nanos| {
+        Controller::new(Box::new(store.clone()), engine_settings(scenario), now, 0)
+            .expect("a store in memory loads")
+    };
+    let mut controller = start(Nanos::ZERO);
+    controller.set_tracing(hooks.trace.is_some());
+    let mut faults = scenario.faults.clone();
+    if let Some(random) = &scenario.random_faults {
+        faults.extend(crate::faults::draw(random, seed, scenario.clients.len()));
+    }
+    faults.sort_by_key(|f| f.at);
+    let checking = !faults.is_empty();
+    // A run with faults goes on until the last has healed and the invariants have been checked
+    // for a while after it, even when its phases pass sooner.
+    let run_until = faults.iter().map(|f| f.end().unwrap_or(f.at)).max().map_or(Nanos::ZERO, |e| {
+        Nanos(duration_nanos(e + Duration::from_secs_f64(HEAL_S) + Duration::from_secs(2 * WINDOW_S as u64)))
+    });
+    let mut checker = Checker::new(groups.len());
+    let mut breach = None;
+    let mut fault_rng = crate::rng::SplitMix64::new(seed ^ 0x10_55E5);
+    let n = scenario.clients.len();
+    let clocks: Vec<ManualClock> = (0..n).map(|_| ManualClock::new()).collect();
+    let mut drifts = vec![Drift { anchor_real: Nanos::ZERO, anchor_client: Nanos::ZERO, rate: 0.0 }; n];
+    let mut drivers: Vec<Driver> = Vec::with_capacity(n);
+    let mut gates = Vec::with_capacity(n);
+    for (i, clock) in clocks.iter().enumerate() {
         let (gate, driver) = Tollgate::remote_driven(client_options(scenario, i).with_clock(clock.clone()))
             .expect("scenario cost models are validated");
         gates.push(gate);
@@ -197,6 +255,17 @@ pub fn run_traced(scenario: &Scenario, seed: u64, mut trace: Option<&mut dyn FnM
     for a in &scenario.actions {
         apply(a, &controller, &mut world);
     }
+    // Fault state: the controller down until (and whether a failover brings the next one),
+    // clients cut off until, losses and delays until, answers in flight.
+    let mut down: Option<(Nanos, bool)> = None;
+    let mut cut_until = vec![Nanos::ZERO; n];
+    let mut loss: (Nanos, f64) = (Nanos::ZERO, 0.0);
+    let mut delay: (Nanos, Duration) = (Nanos::ZERO, Duration::ZERO);
+    let mut in_flight: Vec<Option<(Nanos, v1::ExchangeResponse)>> = vec![None; n];
+    let mut last_cut_off = None::<Nanos>;
+    let mut healed_at = Nanos::ZERO;
+    let mut max_drift: f64 = 0.0;
+    let mut next_fault = 0usize;
 
     let step_ns = duration_nanos(STEP);
     let tick_ns = duration_nanos(scenario.controller.tick).max(step_ns);
@@ -213,41 +282,136 @@ pub fn run_traced(scenario: &Scenario, seed: u64, mut trace: Option<&mut dyn FnM
     }
     let mut now = Nanos::ZERO;
     loop {
+        // Faults that start now.
+        while let Some(f) = faults.get(next_fault).filter(|f| duration_nanos(f.at) <= now.0) {
+            next_fault += 1;
+            let end = f.end().map(|e| Nanos(duration_nanos(e)));
+            if let Some(e) = end {
+                healed_at = healed_at.max(e);
+            }
+            match &f.kind {
+                FaultKind::Crash { down: d } | FaultKind::Failover { down: d } => {
+                    let until = now.after(*d);
+                    let failover = matches!(f.kind, FaultKind::Failover { .. });
+                    down = Some(down.map_or((until, failover), |(u, fo)| (u.max(until), fo || failover)));
+                }
+                FaultKind::Partition { clients, .. } => {
+                    for &c in clients {
+                        cut_until[c] = cut_until[c].max(end.unwrap_or(now));
+                    }
+                }
+                FaultKind::Loss { p, .. } => loss = (end.unwrap_or(now).max(loss.0), p.max(loss.1)),
+                FaultKind::Delay { delay: d, .. } => delay = (end.unwrap_or(now).max(delay.0), *d),
+                FaultKind::Drift { clients, rate } => {
+                    max_drift = max_drift.max(rate.abs());
+                    for &c in clients {
+                        let client_now = drifts[c].at(now);
+                        drifts[c] = Drift { anchor_real: now, anchor_client: client_now, rate: *rate };
+                    }
+                }
+            }
+        }
+        if loss.0 <= now {
+            loss.1 = 0.0;
+        }
+        // A controller comes back: a new one over the same store, relearning what clients hold
+        // (a failover's is elected leader at once).
+        if let Some((until, failover)) = down
+            && until <= now
+        {
+            controller = start(now);
+            controller.set_tracing(hooks.trace.is_some());
+            if failover {
+                controller.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
+            }
+            down = None;
+        }
+        let up = down.is_none();
+        let cut = (0..n).any(|c| cut_until[c] > now) || loss.1 > 0.0;
+        if cut {
+            last_cut_off = Some(now);
+        }
         // At a tick the backends report and the controller ticks; then every client whose
         // exchange is due makes it, in the order they were started.
-        if now.0 % tick_ns == 0 {
+        if up && now.0 % tick_ns == 0 {
             for report in world.backend_reports(now) {
                 controller.backend_report(now, &report).expect("scenario backends are valid");
             }
             controller.tick(now);
-            if let Some(sink) = trace.as_mut() {
+            if let Some(sink) = hooks.trace.as_mut() {
                 for event in controller.take_trace().0 {
                     sink(event);
                 }
             }
         }
-        for d in &mut drivers {
-            d.poll(now);
-            if d.is_due(now)
-                && let Some(request) = d.request(now)
-            {
-                match controller.exchange(now, &request) {
-                    Ok(response) => d.answer(now, &response),
-                    Err(status) => d.failed(now, status.message()),
+        for (i, d) in drivers.iter_mut().enumerate() {
+            let client_now = drifts[i].at(now);
+            if let Some((at, _)) = &in_flight[i] {
+                if *at <= now {
+                    let (_, response) = in_flight[i].take().expect("just seen");
+                    d.answer(client_now, &response);
                 }
+                continue;
+            }
+            d.poll(client_now);
+            if !d.is_due(client_now) {
+                continue;
+            }
+            let Some(request) = d.request(client_now) else { continue };
+            if !up {
+                d.failed(client_now, "no controller answers");
+                continue;
+            }
+            if cut_until[i] > now {
+                d.failed(client_now, "partitioned from the controller");
+                continue;
+            }
+            if loss.1 > 0.0 && fault_rng.next_f64() < loss.1 {
+                d.failed(client_now, "exchange lost");
+                continue;
+            }
+            match controller.exchange(now, &request) {
+                Ok(mut response) => {
+                    if let Some(t) = hooks.tamper {
+                        t(&mut response);
+                    }
+                    if delay.0 > now {
+                        in_flight[i] = Some((now.after(delay.1), response));
+                    } else {
+                        d.answer(client_now, &response);
+                    }
+                }
+                Err(status) => d.failed(client_now, status.message()),
             }
         }
         if now.0 > 0 && now.0 % second_ns == 0 {
             let sample = sample(now, &controller, &mut world, &groups);
+            if checking && breach.is_none() {
+                let seconds = second_figures(scenario, &controller, up, &sample, &groups);
+                let heal = Duration::from_secs_f64(HEAL_S);
+                let cut_recent =
+                    last_cut_off.is_some_and(|t| now.since(t) < heal + Duration::from_secs(WINDOW_S as u64));
+                let healed = up && !cut && now.since(healed_at) >= heal && healed_at <= now;
+                if let Err(b) =
+                    checker.check(now.as_secs_f64(), &groups, seconds, cut_recent, healed, max_drift)
+                {
+                    breach = Some(b);
+                }
+            }
             let current = &scenario.phases[phase];
-            if current.expects.iter().all(|e| holds(e, &sample, &groups)) {
+            if up && current.expects.iter().all(|e| holds(e, &sample, &groups)) {
                 held += 1;
             } else {
                 held = 0;
             }
             timeline.push(sample);
+            if breach.is_some() {
+                phases.push(PhaseResult { passed: false, converged_s: None });
+                break;
+            }
             let elapsed = now.since(phase_start);
-            if held >= current.hold_checks {
+            let last = phase + 1 == scenario.phases.len();
+            if held >= current.hold_checks && (!last || now >= run_until) {
                 phases.push(PhaseResult { passed: true, converged_s: Some(elapsed.as_secs_f64()) });
                 phase += 1;
                 phase_start = now;
@@ -266,7 +430,9 @@ pub fn run_traced(scenario: &Scenario, seed: u64, mut trace: Option<&mut dyn FnM
             }
         }
         now = Nanos(now.0 + step_ns);
-        clock.set(now);
+        for (i, c) in clocks.iter().enumerate() {
+            c.set(drifts[i].at(now));
+        }
         world.step(now, STEP.as_secs_f64());
     }
     while phases.len() < scenario.phases.len() {
@@ -278,7 +444,39 @@ pub fn run_traced(scenario: &Scenario, seed: u64, mut trace: Option<&mut dyn FnM
         backends: scenario.backends.iter().map(|b| b.name.clone()).collect(),
         phases,
         timeline,
+        breach,
     }
+}
+
+/// Each group's figures for the invariants at one second.
+fn second_figures(
+    scenario: &Scenario,
+    controller: &Controller,
+    up: bool,
+    sample: &Sample,
+    groups: &[GroupName],
+) -> Vec<Second> {
+    let views: BTreeMap<GroupName, tollgate_core::engine::GroupView> = if up {
+        controller.with_engine(|e| e.view()).into_iter().map(|v| (v.name.clone(), v)).collect()
+    } else {
+        BTreeMap::new()
+    };
+    groups
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let settings = controller.group(name).or_else(|| controller.group(&GroupName::default_group()));
+            let view = views.get(name);
+            Second {
+                admitted: sample.groups[i].admitted_units,
+                limit: settings.as_ref().map(|s| s.limit().as_f64()).filter(|l| l.is_finite()),
+                reserved: settings.as_ref().map_or(0.0, |s| s.reserved()),
+                demand: up.then_some(sample.groups[i].demand_units),
+                granted: view.and_then(|v| v.target.map(|t| (v.granted, t))),
+                unthrottled: scenario.clients.iter().any(|c| c.group == *name && c.unthrottled),
+            }
+        })
+        .collect()
 }
 
 /// Metrics at `now`: what the world admitted over the last second, what the controller set.
@@ -365,5 +563,31 @@ pub fn series(outcome: &Outcome) -> BTreeMap<String, Vec<f64>> {
             outcome.timeline.iter().map(|s| s.groups[i].admitted_units).collect(),
         );
     }
+    out
+}
+
+/// Runs `count` seeds from `first` on up to `threads` threads: each seed with the invariant
+/// that broke, if one did, in seed order.
+pub fn run_seeds(scenario: &Scenario, first: u64, count: u64, threads: usize) -> Vec<(u64, Option<Breach>)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = AtomicU64::new(0);
+    let results = std::sync::Mutex::new(Vec::with_capacity(count as usize));
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count {
+                        return;
+                    }
+                    let seed = first.wrapping_add(i);
+                    let breach = run(scenario, seed).breach;
+                    results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((seed, breach));
+                }
+            });
+        }
+    });
+    let mut out = results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    out.sort_by_key(|(seed, _)| *seed);
     out
 }

@@ -35,6 +35,10 @@ pub struct Scenario {
     pub actions: Vec<Action>,
     /// Phases, run one after the other.
     pub phases: Vec<Phase>,
+    /// Faults at given times (`[[fault]]`).
+    pub faults: Vec<crate::faults::Fault>,
+    /// Faults drawn from the seed (`[faults]`).
+    pub random_faults: Option<crate::faults::RandomFaults>,
 }
 
 /// Controller knobs.
@@ -231,6 +235,8 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
         clients: Vec::new(),
         actions: Vec::new(),
         phases: Vec::new(),
+        faults: Vec::new(),
+        random_faults: None,
     };
     let get = |key: &str| doc.get(key);
     match get("name") {
@@ -303,15 +309,43 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
             s.phases.push(p);
         }
     }
+    let faults = array(r, doc, "fault");
+    if faults.len() > crate::faults::FAULTS_MAX {
+        r.error(0..0, "fault", format!("at most {} faults, got {}", crate::faults::FAULTS_MAX, faults.len()));
+    } else {
+        for (i, v) in faults.into_iter().enumerate() {
+            if let Some(f) = crate::faults::read_fault(r, &format!("fault[{i}]"), v, s.clients.len()) {
+                s.faults.push(f);
+            }
+        }
+    }
+    if let Some(v) = get("faults") {
+        s.random_faults = crate::faults::read_random(r, v);
+        if s.clients.is_empty() {
+            r.error(v.span(), "faults", "faults act on clients: the scenario has none");
+        }
+    }
     for (key, _) in doc.iter() {
         let k: &str = key.get_ref();
-        if !["name", "seed", "cost_model", "controller", "backend", "group", "client", "action", "phase"]
-            .contains(&k)
+        if ![
+            "name",
+            "seed",
+            "cost_model",
+            "controller",
+            "backend",
+            "group",
+            "client",
+            "action",
+            "phase",
+            "fault",
+            "faults",
+        ]
+        .contains(&k)
         {
             r.error(
                 key.span(),
                 k,
-                "unknown key; expected name, seed, cost_model, controller, backend, group, client, action or phase",
+                "unknown key; expected name, seed, cost_model, controller, backend, group, client, action, phase, fault or faults",
             );
         }
     }
@@ -893,6 +927,37 @@ mod tests {
                 got[line].contains(&format!("{field}: the simulator's backends do not schedule work")),
                 "{got:?}"
             );
+        }
+    }
+
+    #[test]
+    fn faults_are_read_and_every_bad_one_named() {
+        let ok = Scenario::parse(&format!(
+            "{}[[fault]]\nat_s = 5\npartition = {{ clients = [1], duration_s = 3 }}\n[faults]\nrandom = 2\nto_s = 9\n",
+            phase("")
+        ))
+        .unwrap();
+        assert_eq!(ok.faults.len(), 1);
+        assert_eq!(ok.faults[0].end(), Some(Duration::from_secs(8)));
+        assert_eq!(ok.random_faults.as_ref().map(|r| r.count), Some(2));
+        let bad = Scenario::parse(&format!(
+            "{}[[fault]]\nat_s = 5\npartition = {{ clients = [7], duration_s = 3 }}\n\
+             [[fault]]\nat_s = 1\nloss = {{ p = 2, duration_s = 1 }}\n\
+             [[fault]]\nat_s = 1\nmeteor = {{}}\n\
+             [[fault]]\nat_s = 1\ndrift = {{ rate = 0.5 }}\n\
+             [faults]\nrandom = 0\nfrom_s = 9\nto_s = 9\n",
+            phase("")
+        ))
+        .unwrap_err()
+        .to_string();
+        for expected in [
+            "fault[0].partition.clients[0]: no client 7: the scenario has 2 (0 to 1)",
+            "fault[1].loss.p: must be a probability from 0 to 1, got 2",
+            "fault[2].meteor: unknown field; expected one of at_s, crash, failover, partition, loss, delay, drift",
+            "fault[3].drift.rate: must be from -0.1 to 0.1",
+            "faults.random",
+        ] {
+            assert!(bad.contains(expected), "{expected}\n{bad}");
         }
     }
 
