@@ -678,10 +678,37 @@ pub async fn trace(server: &Target, group: Option<String>, count: Option<u64>) -
     Ok(())
 }
 
+/// A note on standard error that does not stop the command.
+fn eprintln_note(note: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "note: {note}");
+}
+
 pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     // Every page of groups, into one answer.
     let mut s = client.status(v1::StatusRequest::default()).await.map_err(rpc)?.into_inner();
+    // A follower serves no clients: the leader's status is the one that says what happens.
+    if s.role == "follower"
+        && let Some(leader) = s.leader.clone()
+    {
+        let at_leader = Target { url: leader.clone(), timeout: server.timeout };
+        match connect(&at_leader).await {
+            Ok(mut c) => match c.status(v1::StatusRequest::default()).await {
+                Ok(answer) => {
+                    client = c;
+                    s = answer.into_inner();
+                }
+                Err(e) => eprintln_note(&format!(
+                    "the leader {leader} did not answer ({}); showing a follower's status",
+                    e.message()
+                )),
+            },
+            Err(e) => eprintln_note(&format!(
+                "the leader {leader} cannot be reached ({e}); showing a follower's status"
+            )),
+        }
+    }
     while !s.next_page_token.is_empty() {
         let page_token = std::mem::take(&mut s.next_page_token);
         let page =
@@ -692,6 +719,9 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
     if json {
         say(tollgate_server::status::status_json(&s));
         return Ok(());
+    }
+    if s.role != "standalone" {
+        say(format!("role: {} (leader: {})", s.role, s.leader.as_deref().unwrap_or("none elected")));
     }
     say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));
     say(format!(

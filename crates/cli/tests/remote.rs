@@ -141,3 +141,27 @@ async fn a_remote_client_is_granted_by_the_real_server_and_reports_to_it() {
     assert!(status.contains("\"clients\":1"), "{status}");
     assert!(status.contains("\"name\":\"g\"") && status.contains("\"priority\":\"medium\""), "{status}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reachable_controller_is_a_clear_error_for_the_client_and_the_cli() {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let urls = format!("http://127.0.0.1:{},http://127.0.0.1:{}", free(), free());
+    let opts = RemoteOptions { max_wait: Duration::from_millis(200), ..RemoteOptions::default() };
+    let gate = Tollgate::remote(&urls, opts).unwrap();
+    assert!(gate.acquire("g", 1.0).await.is_err());
+    eventually("an error recorded", || gate.remote_status().unwrap().last_error.is_some()).await;
+    let status = gate.remote_status().unwrap();
+    assert!(!status.connected, "{status:?}");
+    // Malformed lists are refused when built.
+    assert!(Tollgate::remote("http://127.0.0.1:1,,http://127.0.0.1:2", RemoteOptions::default()).is_err());
+    let out = std::process::Command::new(common::BIN)
+        .args(["status"])
+        .env("TOLLGATE_SERVER", &urls)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cannot reach any tollgate server"), "{err}");
+    for u in urls.split(',') {
+        assert!(err.contains(u), "{err}");
+    }
+}

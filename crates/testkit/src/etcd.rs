@@ -22,26 +22,52 @@ fn free_port() -> u16 {
 impl Etcd {
     /// Starts a one-member cluster on free ports.
     pub fn start(name: &str) -> Etcd {
-        let (client, peer) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(format!("tollgate-etcd-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let client_url = format!("http://127.0.0.1:{client}");
-        let child = Command::new("etcd")
-            .args(["--name", "m0", "--data-dir"])
-            .arg(dir.join("data"))
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("m0={peer_url}"), "--initial-cluster-state", "new"])
-            .args(["--log-level", "error"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
-            .spawn()
-            .expect("etcd is installed (./scripts/test.sh installs Debian's etcd-server)");
-        let etcd = Etcd { child: Some(child), port: client, dir };
-        etcd.wait_ready();
-        etcd
+        Etcd::cluster(name, 1).remove(0)
+    }
+
+    /// Starts a cluster of `members` on free ports, and waits until each answers healthy
+    /// (which needs a quorum).
+    pub fn cluster(name: &str, members: usize) -> Vec<Etcd> {
+        let ports: Vec<(u16, u16)> = (0..members).map(|_| (free_port(), free_port())).collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let started: Vec<Etcd> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client, peer))| {
+                let dir =
+                    std::env::temp_dir().join(format!("tollgate-etcd-{name}-{i}-{}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir).unwrap();
+                let peer_url = format!("http://127.0.0.1:{peer}");
+                let client_url = format!("http://127.0.0.1:{client}");
+                let child = Command::new("etcd")
+                    .args(["--name", &format!("m{i}"), "--data-dir"])
+                    .arg(dir.join("data"))
+                    .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+                    .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+                    .args(["--initial-cluster", &initial, "--initial-cluster-state", "new"])
+                    .args(["--log-level", "error"])
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+                    .spawn()
+                    .expect("etcd is installed (./scripts/test.sh installs Debian's etcd-server)");
+                Etcd { child: Some(child), port: client, dir }
+            })
+            .collect();
+        for e in &started {
+            e.wait_ready();
+        }
+        started
+    }
+
+    /// The client URLs of `members`, comma-separated (as `--etcd` takes them).
+    pub fn urls(members: &[Etcd]) -> String {
+        members.iter().map(Etcd::url).collect::<Vec<_>>().join(",")
     }
 
     /// Ready when it accepts connections and answers its health endpoint (bounded: 20 s).
