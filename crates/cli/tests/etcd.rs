@@ -206,6 +206,28 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     let gate = tollgate_client::Tollgate::remote(&order.join(","), opts).unwrap();
     drop(gate.acquire("g", 1.0).await.unwrap());
     assert!(status(&https[was]).unwrap()["clients"].as_u64() >= Some(1));
+    // A backend given every address reports to the leader, and follows the settings.
+    let reporter = tollgate_client::reporter::BackendReporter::spawn(
+        &order.join(","),
+        tollgate_client::reporter::ReporterOptions {
+            interval: Duration::from_millis(200),
+            capacity: Some(1e6),
+            ..Default::default()
+        },
+        || tollgate_client::reporter::BackendHealth::Utilisation(0.0),
+    )
+    .unwrap();
+    reporter.record("g", 100.0);
+    eventually("the leader hears the backend", || {
+        status(&https[was]).is_some_and(|s| s["backends"].as_u64() >= Some(1))
+    });
+    let scheduler = tollgate_client::scheduler::Scheduler::new(
+        &tollgate_core::config::Config::default(),
+        tollgate_client::scheduler::SchedulerOptions::default(),
+    );
+    let _following =
+        scheduler.follow(&order.join(","), tollgate_client::scheduler::FollowOptions::default()).unwrap();
+    eventually("the backend has the settings", || scheduler.settings_for("g").limit().as_f64() == 100.0);
 
     // kill -9 the leader: another leads, and the client moves to it without safe mode.
     controllers[was] = None;
@@ -227,6 +249,10 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     drop(gate.acquire("g", 1.0).await.unwrap());
     eventually("the client reaches the new leader", || {
         status(&https[now_at]).is_some_and(|s| s["clients"].as_u64() >= Some(1))
+    });
+    reporter.record("g", 100.0);
+    eventually("the new leader hears the backend", || {
+        status(&https[now_at]).is_some_and(|s| s["backends"].as_u64() >= Some(1))
     });
     let r = gate.remote_status().unwrap();
     assert!(!r.safe_mode, "{r:?}");

@@ -69,16 +69,27 @@ pub struct BackendReporter {
 }
 
 impl BackendReporter {
-    /// Starts reporting to the controller at `url`; `health` is asked once per report.
+    /// Starts reporting to the controller at `url` (several, comma-separated, for controllers
+    /// sharing one etcd: reports go to the leader); `health` is asked once per report.
     /// Must be called inside a tokio runtime.
     pub fn spawn(
         url: &str,
         opts: ReporterOptions,
         health: impl Fn() -> BackendHealth + Send + Sync + 'static,
     ) -> Result<BackendReporter, crate::error::BuildError> {
-        let channel = tonic::transport::Channel::from_shared(url.to_string())
-            .map_err(|e| crate::error::BuildError::Remote { url: url.to_string(), reason: e.to_string() })?
-            .connect_lazy();
+        let mut controllers = Vec::new();
+        for u in url.split(',').map(str::trim) {
+            let channel = tonic::transport::Channel::from_shared(u.to_string())
+                .map_err(|e| crate::error::BuildError::Remote { url: u.to_string(), reason: e.to_string() })?
+                .connect_lazy();
+            controllers.push((u.to_string(), BackendClient::new(channel)));
+        }
+        if controllers.is_empty() || controllers.len() > crate::remote::CONTROLLERS_MAX {
+            return Err(crate::error::BuildError::Remote {
+                url: url.to_string(),
+                reason: format!("give 1 to {} controller URLs", crate::remote::CONTROLLERS_MAX),
+            });
+        }
         let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
         let (stop, mut stopped) = tokio::sync::watch::channel(());
         let taken = served.clone();
@@ -86,7 +97,7 @@ impl BackendReporter {
         tokio::spawn(async move {
             let clock = crate::clock::TokioClock::new();
             let mut smoothers: HashMap<String, Smoother> = HashMap::new();
-            let mut client = BackendClient::new(channel);
+            let mut current = 0usize;
             let mut ticker = tokio::time::interval(opts.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticker.tick().await;
@@ -124,12 +135,22 @@ impl BackendReporter {
                         .map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s })
                         .collect(),
                 };
-                if let Err(e) = tokio::time::timeout(opts.interval, client.report(report))
-                    .await
-                    .map_err(|_| "timed out".to_string())
-                    .and_then(|r| r.map_err(|s| s.message().to_string()))
-                {
-                    tracing::debug!(error = %e, "tollgate: backend report not delivered");
+                // To the leader: a follower names it, and a controller that fails is left for
+                // the next one given.
+                match tokio::time::timeout(opts.interval, controllers[current].1.report(report)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(status)) => {
+                        tracing::debug!(error = %status.message(), "tollgate: backend report not delivered");
+                        let leader = status.metadata().get("tollgate-leader").and_then(|v| v.to_str().ok());
+                        match leader.and_then(|l| controllers.iter().position(|(u, _)| u == l)) {
+                            Some(i) => current = i,
+                            None => current = (current + 1) % controllers.len(),
+                        }
+                    }
+                    Err(_) => {
+                        tracing::debug!("tollgate: backend report not delivered: timed out");
+                        current = (current + 1) % controllers.len();
+                    }
                 }
             }
         });

@@ -368,13 +368,25 @@ impl Scheduler {
     /// again when not (a push lost while the stream was down). Until the first fetch, the local
     /// settings stand; when the controller cannot be reached, the last ones fetched do. Stops
     /// when the returned handle is dropped. Must be called inside a tokio runtime.
+    ///
+    /// Several controllers sharing one etcd are given comma-separated: any of them answers,
+    /// and one that fails is left for the next.
     pub fn follow(&self, url: &str, opts: FollowOptions) -> Result<Following, crate::error::BuildError> {
-        let channel = tonic::transport::Channel::from_shared(url.to_string())
-            .map_err(|e| crate::error::BuildError::Remote { url: url.to_string(), reason: e.to_string() })?
-            .connect_lazy();
-        let client = BackendClient::new(channel).max_decoding_message_size(SETTINGS_MAX_BYTES);
+        let mut clients = Vec::new();
+        for u in url.split(',').map(str::trim) {
+            let channel = tonic::transport::Channel::from_shared(u.to_string())
+                .map_err(|e| crate::error::BuildError::Remote { url: u.to_string(), reason: e.to_string() })?
+                .connect_lazy();
+            clients.push(BackendClient::new(channel).max_decoding_message_size(SETTINGS_MAX_BYTES));
+        }
+        if clients.len() > crate::remote::CONTROLLERS_MAX {
+            return Err(crate::error::BuildError::Remote {
+                url: url.to_string(),
+                reason: format!("give 1 to {} controller URLs", crate::remote::CONTROLLERS_MAX),
+            });
+        }
         let (stop, stopped) = tokio::sync::watch::channel(());
-        tokio::spawn(follow(self.clone(), client, opts, stopped));
+        tokio::spawn(follow(self.clone(), clients, opts, stopped));
         Ok(Following { _stop: stop })
     }
 
@@ -434,10 +446,11 @@ pub struct Following {
 
 async fn follow(
     scheduler: Scheduler,
-    mut client: BackendClient<tonic::transport::Channel>,
+    mut clients: Vec<BackendClient<tonic::transport::Channel>>,
     opts: FollowOptions,
     mut stopped: tokio::sync::watch::Receiver<()>,
 ) {
+    let mut current = 0usize;
     let mut ticker = tokio::time::interval(opts.check_interval.max(Duration::from_millis(10)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pushes: Option<tonic::Streaming<v1::BackendSettings>> = None;
@@ -453,14 +466,30 @@ async fn follow(
             _ = ticker.tick() => {
                 // Pull: none yet, or perhaps stale.
                 let known = scheduler.settings_version();
-                let asked = client.get_settings(v1::GetSettingsRequest { known_version: known });
-                match tokio::time::timeout(opts.check_interval.max(Duration::from_secs(1)), asked).await {
-                    Ok(Ok(set)) => scheduler.take(set.into_inner()),
-                    Ok(Err(e)) => tracing::debug!(error = %e.message(), "tollgate: settings not fetched"),
-                    Err(_) => tracing::debug!("tollgate: settings not fetched: timed out"),
+                let asked = clients[current].get_settings(v1::GetSettingsRequest { known_version: known });
+                let fetched = tokio::time::timeout(opts.check_interval.max(Duration::from_secs(1)), asked).await;
+                let ok = match fetched {
+                    Ok(Ok(set)) => {
+                        scheduler.take(set.into_inner());
+                        true
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e.message(), "tollgate: settings not fetched");
+                        false
+                    }
+                    Err(_) => {
+                        tracing::debug!("tollgate: settings not fetched: timed out");
+                        false
+                    }
+                };
+                if !ok {
+                    // The next controller, from the next check on.
+                    current = (current + 1) % clients.len();
+                    pushes = None;
+                    continue;
                 }
                 if opts.push && pushes.is_none() {
-                    let asked = client.watch_settings(v1::WatchSettingsRequest {});
+                    let asked = clients[current].watch_settings(v1::WatchSettingsRequest {});
                     match tokio::time::timeout(opts.check_interval.max(Duration::from_secs(1)), asked).await {
                         Ok(Ok(stream)) => pushes = Some(stream.into_inner()),
                         Ok(Err(e)) => tracing::debug!(error = %e.message(), "tollgate: settings not watched"),
