@@ -241,6 +241,10 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     });
     let took = tollgate_core::time::Clock::now(&clock).since(killed_at);
     println!("failover: a new leader after {took:?}");
+    // The goal is 3 s at the default 2 s election lease (measured in BENCHMARKS.md: 2.0 to
+    // 2.4 s). This bound, far above it so that a loaded machine cannot trip it, catches an
+    // election that does not hand over at all.
+    assert!(took < Duration::from_secs(15), "no new leader within 15 s: {took:?}");
     let second = second.unwrap();
     assert_ne!(second, first);
     let now_at = urls.iter().position(|u| *u == second).unwrap();
