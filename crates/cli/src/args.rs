@@ -140,6 +140,10 @@ pub(crate) struct ServerArgs {
     /// The HTTP listen address (/metrics, /healthz, /status).
     #[arg(long, default_value = "127.0.0.1:7461")]
     pub(crate) http: std::net::SocketAddr,
+    /// Listen on addresses other than loopback although anyone who reaches them can change
+    /// every quota (the server has no authentication or TLS yet).
+    #[arg(long)]
+    pub(crate) insecure: bool,
     /// The engine's tick and the exchange period asked of clients, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub(crate) tick_ms: u64,

@@ -53,6 +53,17 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
 }
 
 fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
+    // Safe by default: whoever reaches the ports can change every quota, so only loopback
+    // unless the operator says otherwise.
+    for (flag, addr) in [("--grpc", a.grpc), ("--http", a.http)] {
+        if !addr.ip().is_loopback() && !a.insecure {
+            bail!(
+                "{flag} {addr}: not a loopback address, and the server has no authentication or TLS: \
+                 anyone who reaches it could change every quota. Listen on 127.0.0.1 (and put a \
+                 TLS-terminating proxy in front), or give --insecure to listen there anyway"
+            );
+        }
+    }
     let saturation = SaturationSettings {
         queue_target_bytes: a.queue_target_bytes,
         queue_spring_bytes: a.queue_spring_bytes,

@@ -994,3 +994,22 @@ async fn the_trace_follows_every_rate_computation_live() {
     // A bad group name is named; nothing is followed.
     fails(&s, &["trace", "bad\nname"], "group: must be printable text");
 }
+
+#[test]
+fn a_server_refuses_to_listen_beyond_loopback_unless_told_it_is_insecure() {
+    for (flag, addr) in [("--grpc", "0.0.0.0:0"), ("--http", "0.0.0.0:0")] {
+        let data = data_dir("not-loopback");
+        let other = if flag == "--grpc" { "--http" } else { "--grpc" };
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(["server", "--data", data.to_str().unwrap(), other, "127.0.0.1:0", flag, addr]);
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {addr} started");
+        assert!(
+            err.contains(&format!("{flag} {addr}: not a loopback address")) && err.contains("--insecure"),
+            "{err}"
+        );
+        // Nothing was created.
+        assert!(!data.join("tollgate.redb").exists());
+    }
+}
