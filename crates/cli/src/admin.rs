@@ -765,3 +765,89 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A Unix time in milliseconds as UTC, `2026-11-23T01:02:03.456Z`.
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar, eras of 400
+    // years of 146,097 days).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// `tollgate audit`.
+pub async fn audit(
+    server: &Target,
+    since: Option<crate::args::Since>,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let since_unix_ms = match since {
+        None => 0,
+        Some(crate::args::Since::UnixMs(ms)) => ms,
+        Some(crate::args::Since::Ago(d)) => {
+            let now = tollgate_server::wall_ms();
+            now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        }
+    };
+    let mut client = connect(server).await?;
+    let records =
+        client.audit(v1::AuditRequest { since_unix_ms, limit }).await.map_err(rpc)?.into_inner().records;
+    for r in &records {
+        if json {
+            let parse = |v: &Option<String>| {
+                v.as_deref().map(|t| serde_json::from_str::<serde_json::Value>(t).unwrap_or(t.into()))
+            };
+            say(serde_json::json!({
+                "at": utc(r.at_unix_ms),
+                "at_unix_ms": r.at_unix_ms,
+                "who": r.who,
+                "what": r.what,
+                "before": parse(&r.before),
+                "after": parse(&r.after),
+            })
+            .to_string());
+        } else {
+            say(format!(
+                "{}  {}  {}\n    before: {}\n    after:  {}",
+                utc(r.at_unix_ms),
+                r.who,
+                r.what,
+                r.before.as_deref().unwrap_or("-"),
+                r.after.as_deref().unwrap_or("-")
+            ));
+        }
+    }
+    if records.is_empty() && !json {
+        say("no changes recorded in that span");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod audit_tests {
+    use super::utc;
+
+    #[test]
+    fn unix_milliseconds_read_as_utc() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(utc(1_795_395_723_456), "2026-11-23T01:02:03.456Z");
+    }
+}

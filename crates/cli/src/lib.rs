@@ -79,6 +79,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Trace { group, count } => admin_command(admin::trace(&target, group, count)),
         Command::Status { json } => admin_command(admin::status(&target, json)),
+        Command::Audit { since, limit, json } => admin_command(admin::audit(&target, since, limit, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(cmd) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -115,6 +115,14 @@ fn controllers_on_one_etcd_share_every_setting_and_keep_it_across_a_kill() {
     admin(&b_url, &["group", "drop", "shared"]);
     eventually("a sees the drop", || output(&a_url, &["group", "show", "shared"]).contains("does not exist"));
 
+    // One audit log for all of them, in etcd.
+    let audit = output(&a_url, &["audit", "--json"]);
+    let whats: Vec<String> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["what"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(whats, ["group.put shared", "node.set", "group.put shared", "group.drop shared"], "{audit}");
+
     // Another prefix is another set of settings.
     let (_c, c_url) = start(&etcd.url(), "/elsewhere");
     assert!(output(&c_url, &["status", "--json"]).contains("\"capacity\":null"));

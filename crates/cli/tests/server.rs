@@ -1013,3 +1013,65 @@ fn a_server_refuses_to_listen_beyond_loopback_unless_told_it_is_insecure() {
         assert!(!data.join("tollgate.redb").exists());
     }
 }
+
+#[test]
+fn every_change_is_in_the_audit_log_with_who_before_and_after_across_a_restart() {
+    let data = data_dir("audit");
+    let server = ServerProc::start(&data);
+    ok(&server, &["group", "create", "a", "--limit", "100"]);
+    ok(&server, &["group", "alter", "a", "--limit", "50"]);
+    ok(&server, &["node", "capacity", "900"]);
+    ok(&server, &["group", "drop", "a"]);
+    // A refused change is not a change.
+    fails(&server, &["group", "create", "b", "--reserved", "10", "--limit", "5"], "reserved");
+    // Over HTTP too.
+    let body = r#"{"reserved": 7}"#;
+    let mut s = TcpStream::connect(&server.http).unwrap();
+    write!(
+        s,
+        "PUT /v1/groups/c/properties HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    let check = |server: &ServerProc| {
+        let lines: Vec<serde_json::Value> =
+            ok(server, &["audit", "--json"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let whats: Vec<&str> = lines.iter().map(|l| l["what"].as_str().unwrap()).collect();
+        assert_eq!(
+            whats,
+            ["group.put a", "group.put a", "node.set", "group.drop a", "group.put c"],
+            "{lines:#?}"
+        );
+        assert!(lines[0]["before"].is_null() && lines[0]["after"]["limit"] == 100.0, "{}", lines[0]);
+        assert!(lines[1]["before"]["limit"] == 100.0 && lines[1]["after"]["limit"] == 50.0, "{}", lines[1]);
+        assert!(
+            lines[2]["before"]["capacity"].is_null() && lines[2]["after"]["capacity"] == 900.0,
+            "{}",
+            lines[2]
+        );
+        assert!(lines[3]["after"].is_null(), "{}", lines[3]);
+        assert!(lines[0]["who"].as_str().unwrap().starts_with("grpc 127.0.0.1:"), "{}", lines[0]);
+        assert!(lines[4]["who"].as_str().unwrap().starts_with("http 127.0.0.1:"), "{}", lines[4]);
+        assert!(lines.windows(2).all(|w| w[0]["at_unix_ms"].as_u64() <= w[1]["at_unix_ms"].as_u64()));
+    };
+    check(&server);
+    // Durable like the settings.
+    assert!(server.terminate().success());
+    let server = ServerProc::start(&data);
+    check(&server);
+    // Spans: the last hour has them all; a time to come has none; the text form reads.
+    assert_eq!(ok(&server, &["audit", "--since", "1h", "--json"]).lines().count(), 5);
+    assert_eq!(ok(&server, &["audit", "--since", "99999999999999", "--json"]).lines().count(), 0);
+    assert_eq!(ok(&server, &["audit", "--limit", "2", "--json"]).lines().count(), 2);
+    let text = ok(&server, &["audit"]);
+    assert!(
+        text.contains("group.put a") && text.contains("before: -") && text.contains("Z  grpc 127.0.0.1:"),
+        "{text}"
+    );
+    fails(&server, &["audit", "--since", "yesterday"], "expected a span such as 90s");
+    fails(&server, &["audit", "--limit", "0"], "0");
+}

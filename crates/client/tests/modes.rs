@@ -124,11 +124,11 @@ impl Env {
 
 /// Puts a settings file's node settings and groups on the controller.
 fn apply(controller: &Controller, config: &Config) {
-    controller.set_capacity(config.node.capacity).unwrap();
-    controller.set_mode(config.node.mode).unwrap();
-    controller.set_slow_start(config.node.slow_start).unwrap();
+    controller.set_capacity(config.node.capacity, "test").unwrap();
+    controller.set_mode(config.node.mode, "test").unwrap();
+    controller.set_slow_start(config.node.slow_start, "test").unwrap();
     for (name, settings) in &config.groups {
-        controller.set_group(name.clone(), settings.clone()).unwrap();
+        controller.set_group(name.clone(), settings.clone(), "test").unwrap();
     }
 }
 
@@ -383,7 +383,9 @@ async fn resumed_ramp(env: Env) {
         );
         drop(gate);
         if let Env::Remote { net } = &env {
-            net.controller().drop_group(&tollgate_core::settings::GroupName::new("r").unwrap()).unwrap();
+            net.controller()
+                .drop_group(&tollgate_core::settings::GroupName::new("r").unwrap(), "test")
+                .unwrap();
         }
     }
 }
@@ -778,7 +780,11 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
     let controller =
         Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap();
     controller
-        .set_group(GroupName::new("g").unwrap(), GroupSettings::builder().limit(100.0).build().unwrap())
+        .set_group(
+            GroupName::new("g").unwrap(),
+            GroupSettings::builder().limit(100.0).build().unwrap(),
+            "test",
+        )
         .unwrap();
     let opts = RemoteOptions { exchange_period: Some(Duration::from_secs(5)), ..RemoteOptions::default() };
     let (gate, mut driver) = Tollgate::remote_driven(opts.with_clock(clock.clone())).unwrap();
@@ -830,7 +836,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
     let controller = Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).unwrap();
     let name = GroupName::new("g").unwrap();
     let limit = |l: f64| GroupSettings::builder().limit(l).build().unwrap();
-    controller.set_group(name.clone(), limit(100.0)).unwrap();
+    controller.set_group(name.clone(), limit(100.0), "test").unwrap();
     let (gate, mut driver) =
         Tollgate::remote_driven(RemoteOptions::default().with_clock(clock.clone())).unwrap();
     let g = gate.group("g").unwrap();
@@ -855,6 +861,6 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
         (allowance_at(10, &mut driver), allowance_at(1010, &mut driver), allowance_at(2500, &mut driver));
     assert!(early < 10.0 && (40.0..=60.0).contains(&half) && full == 100.0, "{early}, {half}, {full}");
     // A lower limit applies at the next exchange, at once.
-    controller.set_group(name, limit(20.0)).unwrap();
+    controller.set_group(name, limit(20.0), "test").unwrap();
     assert_eq!(allowance_at(4500, &mut driver), 20.0);
 }

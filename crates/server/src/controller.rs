@@ -24,7 +24,7 @@ use tollgate_proto::{BACKEND_ID_MAX_BYTES, CLIENT_ID_MAX_BYTES, EXCHANGE_GROUPS_
 use tonic::Status;
 
 use crate::convert;
-use crate::store::{SettingsStore, StoreError, StoredNode, StoredRamp};
+use crate::store::{AuditRecord, SettingsStore, StoreError, StoredNode, StoredRamp};
 
 /// The largest number one report may carry for a rate or a count of units: far above any real
 /// rate, low enough that a hostile client cannot push a counter to infinity.
@@ -108,6 +108,37 @@ fn id(field: &str, v: &str, max: usize) -> Result<(), Status> {
 
 fn ms(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// A group's settings as the audit log shows them.
+fn group_json(s: &GroupSettings) -> String {
+    crate::status::settings_json(&convert::settings_to_proto(s)).to_string()
+}
+
+/// The node settings as the audit log shows them.
+fn node_json(n: &StoredNode) -> String {
+    serde_json::json!({
+        "capacity": n.capacity,
+        "mode": if n.mode == AllocationMode::Fcfs { "fcfs" } else { "share" },
+        "slow_start": n.slow_start,
+    })
+    .to_string()
+}
+
+/// Records a change made (the change is already durable; a record that cannot be written
+/// is logged, and the change stands).
+fn audit(
+    store: &mut Box<dyn SettingsStore>,
+    who: &str,
+    what: String,
+    before: Option<String>,
+    after: Option<String>,
+) {
+    let record =
+        AuditRecord { at_unix_ms: crate::clock::wall_ms(), who: who.to_string(), what, before, after };
+    if let Err(e) = store.append_audit(&record) {
+        tracing::error!(error = %e, what = %record.what, "the change was made but its audit record was not written");
+    }
 }
 
 /// The controller. See the [module documentation](self).
@@ -492,6 +523,7 @@ impl Controller {
         name: GroupName,
         patch: &v1::GroupPatch,
         mode: PutMode,
+        who: &str,
     ) -> Result<GroupSettings, AdminError> {
         let mut store = self.store();
         let current = self.engine().group(&name).cloned();
@@ -501,32 +533,50 @@ impl Controller {
             _ => {}
         }
         let settings =
-            convert::apply_patch(current.unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
+            convert::apply_patch(current.clone().unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
         store.put_group(&name, &settings)?;
-        self.engine().set_group(name, settings.clone());
+        self.engine().set_group(name.clone(), settings.clone());
+        audit(
+            &mut store,
+            who,
+            format!("group.put {name}"),
+            current.as_ref().map(group_json),
+            Some(group_json(&settings)),
+        );
         drop(store);
         self.changed();
         Ok(settings)
     }
 
     /// Sets a group's whole settings. Durable before it returns.
-    pub fn set_group(&self, name: GroupName, settings: GroupSettings) -> Result<(), AdminError> {
+    pub fn set_group(&self, name: GroupName, settings: GroupSettings, who: &str) -> Result<(), AdminError> {
         let mut store = self.store();
+        let before = self.engine().group(&name).map(group_json);
         store.put_group(&name, &settings)?;
-        self.engine().set_group(name, settings);
+        self.engine().set_group(name.clone(), settings.clone());
+        audit(&mut store, who, format!("group.put {name}"), before, Some(group_json(&settings)));
         drop(store);
         self.changed();
         Ok(())
     }
 
     /// Drops a group; says whether it existed. Durable before it returns.
-    pub fn drop_group(&self, name: &GroupName) -> Result<bool, AdminError> {
+    pub fn drop_group(&self, name: &GroupName, who: &str) -> Result<bool, AdminError> {
         let mut store = self.store();
+        let before = self.engine().group(name).map(group_json);
         let existed = store.drop_group(name)?;
         self.engine().remove_group(name);
+        if existed {
+            audit(&mut store, who, format!("group.drop {name}"), before, None);
+        }
         drop(store);
         self.changed();
         Ok(existed)
+    }
+
+    /// The audit log: changes made at or after `since_unix_ms`, oldest first, at most `limit`.
+    pub fn audit_log(&self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {
+        self.store().audit(since_unix_ms, limit)
     }
 
     /// This controller's role now.
@@ -600,22 +650,26 @@ impl Controller {
     }
 
     /// Sets the node capacity (`None`: no capacity). Durable before it returns.
-    pub fn set_capacity(&self, capacity: Option<f64>) -> Result<StoredNode, AdminError> {
+    pub fn set_capacity(&self, capacity: Option<f64>, who: &str) -> Result<StoredNode, AdminError> {
         check_capacity(capacity)?;
-        self.set_node(|n| n.capacity = capacity)
+        self.set_node(who, |n| n.capacity = capacity)
     }
 
     /// Turns slow start on or off. Durable before it returns.
-    pub fn set_slow_start(&self, on: bool) -> Result<StoredNode, AdminError> {
-        self.set_node(|n| n.slow_start = on)
+    pub fn set_slow_start(&self, on: bool, who: &str) -> Result<StoredNode, AdminError> {
+        self.set_node(who, |n| n.slow_start = on)
     }
 
     /// Applies a node properties document's change in one durable write.
-    pub fn change_node(&self, change: crate::properties::NodeChange) -> Result<StoredNode, AdminError> {
+    pub fn change_node(
+        &self,
+        change: crate::properties::NodeChange,
+        who: &str,
+    ) -> Result<StoredNode, AdminError> {
         if let Some(c) = change.capacity {
             check_capacity(c)?;
         }
-        self.set_node(|n| {
+        self.set_node(who, |n| {
             if let Some(c) = change.capacity {
                 n.capacity = c;
             }
@@ -629,15 +683,17 @@ impl Controller {
     }
 
     /// Sets how free capacity is shared. Durable before it returns.
-    pub fn set_mode(&self, mode: AllocationMode) -> Result<StoredNode, AdminError> {
-        self.set_node(|n| n.mode = mode)
+    pub fn set_mode(&self, mode: AllocationMode, who: &str) -> Result<StoredNode, AdminError> {
+        self.set_node(who, |n| n.mode = mode)
     }
 
-    fn set_node(&self, change: impl FnOnce(&mut StoredNode)) -> Result<StoredNode, AdminError> {
+    fn set_node(&self, who: &str, change: impl FnOnce(&mut StoredNode)) -> Result<StoredNode, AdminError> {
         let mut store = self.store();
-        let mut node = self.node();
+        let before = self.node();
+        let mut node = before;
         change(&mut node);
         store.set_node(node)?;
+        audit(&mut store, who, "node.set".into(), Some(node_json(&before)), Some(node_json(&node)));
         let mut engine = self.engine();
         engine.set_capacity(node.capacity);
         engine.set_mode(node.mode);

@@ -105,6 +105,14 @@ impl Backend for Services {
     }
 }
 
+/// Who made a change over gRPC, for the audit log: the peer's address when known.
+fn who<T>(req: &Request<T>) -> String {
+    match req.remote_addr() {
+        Some(a) => format!("grpc {a}"),
+        None => "grpc".to_string(),
+    }
+}
+
 fn info(name: &GroupName, s: &tollgate_core::settings::GroupSettings) -> v1::GroupInfo {
     v1::GroupInfo { name: name.to_string(), settings: Some(convert::settings_to_proto(s)) }
 }
@@ -116,6 +124,7 @@ fn node_info(n: crate::store::StoredNode) -> v1::NodeInfo {
 #[tonic::async_trait]
 impl Admin for Services {
     async fn put_group(&self, req: Request<v1::PutGroupRequest>) -> Result<Response<v1::GroupInfo>, Status> {
+        let who = who(&req);
         let r = req.into_inner();
         let name = group_name("name", &r.name)?;
         let mode = match v1::PutMode::try_from(r.mode) {
@@ -126,7 +135,7 @@ impl Admin for Services {
         };
         let patch = r.patch.unwrap_or_default();
         let n = name.clone();
-        let settings = self.admin(move |c| c.put_group(n, &patch, mode)).await?;
+        let settings = self.admin(move |c| c.put_group(n, &patch, mode, &who)).await?;
         Ok(Response::new(info(&name, &settings)))
     }
 
@@ -134,9 +143,10 @@ impl Admin for Services {
         &self,
         req: Request<v1::DropGroupRequest>,
     ) -> Result<Response<v1::DropGroupResponse>, Status> {
+        let who = who(&req);
         let r = req.into_inner();
         let name = group_name("name", &r.name)?;
-        let existed = self.admin(move |c| c.drop_group(&name)).await?;
+        let existed = self.admin(move |c| c.drop_group(&name, &who)).await?;
         if !existed && !r.if_exists {
             return Err(Status::not_found(format!("group {:?} does not exist", r.name)));
         }
@@ -167,24 +177,27 @@ impl Admin for Services {
         &self,
         req: Request<v1::SetCapacityRequest>,
     ) -> Result<Response<v1::NodeInfo>, Status> {
+        let who = who(&req);
         let capacity = req.into_inner().capacity;
-        Ok(Response::new(node_info(self.admin(move |c| c.set_capacity(capacity)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.set_capacity(capacity, &who)).await?)))
     }
 
     async fn set_mode(&self, req: Request<v1::SetModeRequest>) -> Result<Response<v1::NodeInfo>, Status> {
+        let who = who(&req);
         let r = req.into_inner();
         let mode = v1::AllocationMode::try_from(r.mode)
             .map_err(|_| Status::invalid_argument(format!("mode: unknown mode {}", r.mode)))?;
         let mode = convert::mode_from_proto(mode);
-        Ok(Response::new(node_info(self.admin(move |c| c.set_mode(mode)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.set_mode(mode, &who)).await?)))
     }
 
     async fn set_slow_start(
         &self,
         req: Request<v1::SetSlowStartRequest>,
     ) -> Result<Response<v1::NodeInfo>, Status> {
+        let who = who(&req);
         let on = req.into_inner().on;
-        Ok(Response::new(node_info(self.admin(move |c| c.set_slow_start(on)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.set_slow_start(on, &who)).await?)))
     }
 
     async fn get_node(&self, _: Request<v1::GetNodeRequest>) -> Result<Response<v1::NodeInfo>, Status> {
@@ -216,6 +229,29 @@ impl Admin for Services {
             }
         });
         Ok(Response::new(Box::pin(lines)))
+    }
+
+    async fn audit(&self, req: Request<v1::AuditRequest>) -> Result<Response<v1::AuditResponse>, Status> {
+        let r = req.into_inner();
+        let limit = match r.limit {
+            0 => 1000,
+            n if n <= 10_000 => n as usize,
+            n => return Err(Status::invalid_argument(format!("limit: at most 10000, got {n}"))),
+        };
+        let since = r.since_unix_ms;
+        let records = self
+            .admin(move |c| c.audit_log(since, limit).map_err(AdminError::from))
+            .await?
+            .into_iter()
+            .map(|a| v1::AuditEntry {
+                at_unix_ms: a.at_unix_ms,
+                who: a.who,
+                what: a.what,
+                before: a.before,
+                after: a.after,
+            })
+            .collect();
+        Ok(Response::new(v1::AuditResponse { records }))
     }
 
     async fn status(&self, req: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {

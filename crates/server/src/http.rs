@@ -268,18 +268,31 @@ async fn change<T: Send + 'static>(
     }
 }
 
+/// Who made a change over HTTP, for the audit log: the peer's address when known.
+fn who(ext: &axum::http::Extensions) -> String {
+    match ext.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
+        Some(c) => format!("http {}", c.0),
+        None => "http".to_string(),
+    }
+}
+
 /// `GET /v1/node/properties`: Couchbase's node document.
 async fn node_properties(State(app): State<AppState>) -> axum::response::Response {
     json(StatusCode::OK, properties::node_json(&app.controller.node()))
 }
 
 /// `PUT /v1/node/properties`: changes the keys the document gives.
-async fn set_node_properties(State(app): State<AppState>, body: String) -> axum::response::Response {
+async fn set_node_properties(
+    State(app): State<AppState>,
+    ext: axum::http::Extensions,
+    body: String,
+) -> axum::response::Response {
+    let who = who(&ext);
     let c = match properties::node_change(&body) {
         Ok(c) => c,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    match change(app, move |controller| controller.change_node(c)).await {
+    match change(app, move |controller| controller.change_node(c, &who)).await {
         Ok(node) => json(StatusCode::OK, properties::node_json(&node)),
         Err(response) => response,
     }
@@ -301,8 +314,10 @@ async fn group_properties(State(app): State<AppState>, Path(name): Path<String>)
 async fn set_group_properties(
     State(app): State<AppState>,
     Path(name): Path<String>,
+    ext: axum::http::Extensions,
     body: String,
 ) -> axum::response::Response {
+    let who = who(&ext);
     let name = match checked_name("name", &name) {
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
@@ -312,7 +327,7 @@ async fn set_group_properties(
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    match change(app, move |c| c.put_group(name, &patch, PutMode::Upsert)).await {
+    match change(app, move |c| c.put_group(name, &patch, PutMode::Upsert, &who)).await {
         Ok(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
         Err(response) => response,
     }

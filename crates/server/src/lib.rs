@@ -302,10 +302,14 @@ where
     };
     let http_server = async {
         match http {
-            Some(listener) => axum::serve(listener, http::router(controller.clone(), latency, clock))
-                .with_graceful_shutdown(waiter(stop_rx.clone()))
-                .await
-                .map_err(|e| ServerError::Serve(format!("HTTP: {e}"))),
+            Some(listener) => axum::serve(
+                listener,
+                http::router(controller.clone(), latency, clock)
+                    .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(waiter(stop_rx.clone()))
+            .await
+            .map_err(|e| ServerError::Serve(format!("HTTP: {e}"))),
             None => Ok(()),
         }
     };

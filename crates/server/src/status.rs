@@ -151,7 +151,7 @@ fn marks_json(m: Option<&v1::RateMarks>) -> serde_json::Value {
     }
 }
 
-fn settings_json(s: &v1::GroupSettings) -> serde_json::Value {
+pub(crate) fn settings_json(s: &v1::GroupSettings) -> serde_json::Value {
     let ramp = s.ramp.as_ref().map(|r| {
         let mode = match v1::RampMode::try_from(r.mode) {
             Ok(v1::RampMode::Scheduled) => "scheduled",

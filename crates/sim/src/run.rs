@@ -170,8 +170,10 @@ fn apply(action: &Action, controller: &Controller, world: &mut World) {
             world.set_backend_capacity(*backend, *capacity);
             Ok(())
         }
-        Action::SetGroup { name, settings } => controller.set_group(name.clone(), settings.clone()),
-        Action::RemoveGroup(name) => controller.drop_group(name).map(|_| ()),
+        Action::SetGroup { name, settings } => {
+            controller.set_group(name.clone(), settings.clone(), "scenario")
+        }
+        Action::RemoveGroup(name) => controller.drop_group(name, "scenario").map(|_| ()),
         Action::Settle { group, units } => {
             world.settle(group, *units);
             Ok(())

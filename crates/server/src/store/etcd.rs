@@ -30,7 +30,7 @@ use tollgate_core::settings::{GroupName, GroupSettings};
 use tollgate_proto::v1;
 
 use super::file::{decode_meter, decode_ramp, encode_meter, encode_ramp};
-use super::{SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
+use super::{AuditRecord, SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
 use crate::convert;
 pub use crate::options::EtcdTarget;
 
@@ -357,6 +357,75 @@ impl SettingsStore for EtcdStore {
             ops.push(TxnOp::put(self.target.key(&format!("ramps/{n}")), encode_ramp(r).to_vec(), None));
         }
         self.put_txn(ops)
+    }
+
+    fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {
+        let prefix = self.target.key("audit/");
+        let line = record.to_json();
+        let at = record.at_unix_ms;
+        self.call(move |c| {
+            Box::pin(async move {
+                // After the newest record, whoever wrote it.
+                let newest = c
+                    .get(
+                        prefix.clone(),
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_keys_only()
+                                .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Descend)
+                                .with_limit(1),
+                        ),
+                    )
+                    .await?;
+                let last = newest
+                    .kvs()
+                    .first()
+                    .and_then(|kv| std::str::from_utf8(&kv.key()[prefix.len()..]).ok()?.parse().ok());
+                let key = super::audit_key(at, last);
+                c.put(format!("{prefix}{key:020}"), line, None).await?;
+                // Past the bound, the oldest go.
+                let count = c
+                    .get(prefix.clone(), Some(GetOptions::new().with_prefix().with_count_only()))
+                    .await?
+                    .count();
+                let excess = count.saturating_sub(super::AUDIT_MAX as i64);
+                if excess > 0 {
+                    let oldest = c
+                        .get(
+                            prefix.clone(),
+                            Some(GetOptions::new().with_prefix().with_keys_only().with_limit(excess)),
+                        )
+                        .await?;
+                    for kv in oldest.kvs() {
+                        c.delete(kv.key().to_vec(), None).await?;
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {
+        let prefix = self.target.key("audit/");
+        let from = format!("{prefix}{:020}", super::audit_key(since_unix_ms, None));
+        let end = format!("{prefix}~");
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let values = self.call(move |c| {
+            Box::pin(async move {
+                let r = c.get(from, Some(GetOptions::new().with_range(end).with_limit(limit))).await?;
+                Ok(r.kvs().iter().map(|kv| kv.value().to_vec()).collect::<Vec<_>>())
+            })
+        })?;
+        values
+            .iter()
+            .map(|v| {
+                AuditRecord::from_json(&String::from_utf8_lossy(v)).map_err(|e| StoreError::Etcd {
+                    target: self.target.describe(),
+                    reason: format!("stored audit record is corrupt: {e}"),
+                })
+            })
+            .collect()
     }
 }
 

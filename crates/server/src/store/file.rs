@@ -9,18 +9,21 @@
 use std::path::{Path, PathBuf};
 
 use prost::Message;
-use redb::{Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 use tollgate_core::engine::Meter;
 use tollgate_core::settings::{GroupName, GroupSettings};
 use tollgate_proto::v1;
 
-use super::{SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
+use super::{AuditRecord, SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
 use crate::convert;
 
 const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("groups");
 const NODE: TableDefinition<&str, &[u8]> = TableDefinition::new("node");
 const METERS: TableDefinition<&str, &[u8]> = TableDefinition::new("meters");
 const RAMPS: TableDefinition<&str, &[u8]> = TableDefinition::new("ramps");
+const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
 const NODE_KEY: &str = "node";
 /// The database file's name inside the data directory.
 pub const FILE_NAME: &str = "tollgate.redb";
@@ -278,6 +281,38 @@ pub(super) fn decode_ramp(b: &[u8]) -> Result<StoredRamp, String> {
 impl SettingsStore for RedbStore {
     fn health(&self) -> Option<String> {
         self.failed.clone()
+    }
+
+    fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {
+        let line = record.to_json();
+        self.write(|txn| {
+            let mut table = txn.open_table(AUDIT)?;
+            let last = table.last()?.map(|(k, _)| k.value());
+            table.insert(super::audit_key(record.at_unix_ms, last), line.as_bytes())?;
+            while table.len()? > super::AUDIT_MAX as u64 {
+                table.pop_first()?;
+            }
+            Ok(())
+        })
+    }
+
+    fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {
+        let txn = self.db()?.begin_read().map_err(|e| self.io(e))?;
+        let table = match txn.open_table(AUDIT) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.io(e)),
+        };
+        let mut out = Vec::new();
+        for entry in table.range(super::audit_key(since_unix_ms, None)..).map_err(|e| self.io(e))? {
+            if out.len() >= limit {
+                break;
+            }
+            let (_, v) = entry.map_err(|e| self.io(e))?;
+            let text = String::from_utf8_lossy(v.value()).into_owned();
+            out.push(AuditRecord::from_json(&text).map_err(|e| self.corrupt("audit record".into(), e))?);
+        }
+        Ok(out)
     }
 
     fn load(&mut self) -> Result<Stored, StoreError> {

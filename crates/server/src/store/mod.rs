@@ -139,6 +139,68 @@ pub struct Stored {
     pub ramps: BTreeMap<GroupName, StoredRamp>,
 }
 
+/// One change to the settings, as the audit log keeps it: who made it, what it changed, the
+/// value before and after (JSON, `None` where there was none), and when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRecord {
+    /// Unix time in milliseconds.
+    pub at_unix_ms: u64,
+    /// Who: the caller's address (and, once credentials exist, their name).
+    pub who: String,
+    /// What: `group.put NAME`, `group.drop NAME`, `node.set`.
+    pub what: String,
+    /// The value before, as JSON.
+    pub before: Option<String>,
+    /// The value after, as JSON.
+    pub after: Option<String>,
+}
+
+/// The most audit records a store keeps; past it the oldest go.
+pub const AUDIT_MAX: usize = 100_000;
+
+impl AuditRecord {
+    /// As one line of JSON.
+    pub fn to_json(&self) -> String {
+        let parse = |v: &Option<String>| {
+            v.as_deref().map(|t| {
+                serde_json::from_str::<serde_json::Value>(t).unwrap_or(serde_json::Value::String(t.into()))
+            })
+        };
+        serde_json::json!({
+            "at_unix_ms": self.at_unix_ms,
+            "who": self.who,
+            "what": self.what,
+            "before": parse(&self.before),
+            "after": parse(&self.after),
+        })
+        .to_string()
+    }
+
+    /// From a line of JSON written by [`to_json`](Self::to_json).
+    pub fn from_json(text: &str) -> Result<AuditRecord, String> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let s = |k: &str| v.get(k).and_then(serde_json::Value::as_str).map(str::to_string);
+        let j = |k: &str| v.get(k).filter(|x| !x.is_null()).map(serde_json::Value::to_string);
+        Ok(AuditRecord {
+            at_unix_ms: v
+                .get("at_unix_ms")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or("at_unix_ms missing")?,
+            who: s("who").ok_or("who missing")?,
+            what: s("what").ok_or("what missing")?,
+            before: j("before"),
+            after: j("after"),
+        })
+    }
+}
+
+/// A store's key for the next audit record: the time in milliseconds above 12 bits of
+/// sequence, strictly after `last`, so records sort in the order they were made.
+pub(crate) fn audit_key(at_unix_ms: u64, last: Option<u64>) -> u64 {
+    let at = at_unix_ms.saturating_mul(1 << 12);
+    last.map_or(at, |l| at.max(l.saturating_add(1)))
+}
+
 /// What a defaults file (`tollgate server --config`) did at start.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DefaultsApplied {
@@ -191,6 +253,11 @@ pub trait SettingsStore: Send {
         meters: &[(GroupName, Meter)],
         ramps: &[(GroupName, StoredRamp)],
     ) -> Result<(), StoreError>;
+    /// Appends a record to the audit log (durable when it returns), dropping the oldest past
+    /// [`AUDIT_MAX`].
+    fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError>;
+    /// The audit records made at or after `since_unix_ms`, oldest first, at most `limit`.
+    fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError>;
     /// What is wrong, while the store cannot take writes (a full disk); `None` when it can.
     fn health(&self) -> Option<String> {
         None
@@ -202,12 +269,13 @@ pub trait SettingsStore: Send {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     stored: Arc<Mutex<Stored>>,
+    audit: Arc<Mutex<std::collections::VecDeque<AuditRecord>>>,
 }
 
 impl MemoryStore {
     /// A store that starts with `stored`.
     pub fn with(stored: Stored) -> Self {
-        Self { stored: Arc::new(Mutex::new(stored)) }
+        Self { stored: Arc::new(Mutex::new(stored)), audit: Arc::default() }
     }
 
     fn stored(&self) -> MutexGuard<'_, Stored> {
@@ -247,5 +315,19 @@ impl SettingsStore for MemoryStore {
         stored.meters.extend(meters.iter().cloned());
         stored.ramps = ramps.iter().cloned().collect();
         Ok(())
+    }
+
+    fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {
+        let mut audit = self.audit.lock().unwrap_or_else(PoisonError::into_inner);
+        audit.push_back(record.clone());
+        while audit.len() > AUDIT_MAX {
+            audit.pop_front();
+        }
+        Ok(())
+    }
+
+    fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {
+        let audit = self.audit.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(audit.iter().filter(|r| r.at_unix_ms >= since_unix_ms).take(limit).cloned().collect())
     }
 }
