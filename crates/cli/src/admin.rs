@@ -792,16 +792,11 @@ fn utc(ms: u64) -> String {
 }
 
 /// `tollgate audit`.
-pub async fn audit(
-    server: &Target,
-    since: Option<crate::args::Since>,
-    limit: u32,
-    json: bool,
-) -> anyhow::Result<()> {
+pub async fn audit(server: &Target, since: Option<Since>, limit: u32, json: bool) -> anyhow::Result<()> {
     let since_unix_ms = match since {
         None => 0,
-        Some(crate::args::Since::UnixMs(ms)) => ms,
-        Some(crate::args::Since::Ago(d)) => {
+        Some(Since::UnixMs(ms)) => ms,
+        Some(Since::Ago(d)) => {
             let now = tollgate_server::wall_ms();
             now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         }
@@ -850,4 +845,34 @@ mod audit_tests {
         assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(utc(1_795_395_723_456), "2026-11-23T01:02:03.456Z");
     }
+}
+
+/// `tollgate audit --since`: a span back from now, or a Unix time in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Since {
+    /// This long ago.
+    Ago(std::time::Duration),
+    /// This Unix time, in milliseconds.
+    UnixMs(u64),
+}
+
+pub(crate) fn parse_since(s: &str) -> Result<Since, String> {
+    let bad =
+        || format!("expected a span such as 90s, 30m, 12h or 7d, or a Unix time in milliseconds; got {s:?}");
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(Since::UnixMs(ms));
+    }
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.checked_mul(60).ok_or_else(bad)?,
+        "h" => n.checked_mul(3600).ok_or_else(bad)?,
+        "d" => n.checked_mul(86_400).ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    if secs > 100 * 365 * 86_400 {
+        return Err(format!("at most 100 years back, got {s:?}"));
+    }
+    Ok(Since::Ago(std::time::Duration::from_secs(secs)))
 }

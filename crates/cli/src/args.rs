@@ -82,8 +82,8 @@ pub(crate) enum Command {
     Audit {
         /// Only changes this recent (`90s`, `30m`, `12h`, `7d`), or since a Unix time in
         /// milliseconds.
-        #[arg(long, value_parser = parse_since)]
-        since: Option<Since>,
+        #[arg(long, value_parser = crate::admin::parse_since)]
+        since: Option<crate::admin::Since>,
         /// At most this many (1 to 10000).
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         limit: u32,
@@ -207,34 +207,4 @@ pub(crate) struct ServerArgs {
     /// written at start where the store holds none; a broken file stops the start.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
-}
-
-/// `tollgate audit --since`: a span back from now, or a Unix time in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Since {
-    /// This long ago.
-    Ago(std::time::Duration),
-    /// This Unix time, in milliseconds.
-    UnixMs(u64),
-}
-
-pub(crate) fn parse_since(s: &str) -> Result<Since, String> {
-    let bad =
-        || format!("expected a span such as 90s, 30m, 12h or 7d, or a Unix time in milliseconds; got {s:?}");
-    if let Ok(ms) = s.parse::<u64>() {
-        return Ok(Since::UnixMs(ms));
-    }
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n.checked_mul(60).ok_or_else(bad)?,
-        "h" => n.checked_mul(3600).ok_or_else(bad)?,
-        "d" => n.checked_mul(86_400).ok_or_else(bad)?,
-        _ => return Err(bad()),
-    };
-    if secs > 100 * 365 * 86_400 {
-        return Err(format!("at most 100 years back, got {s:?}"));
-    }
-    Ok(Since::Ago(std::time::Duration::from_secs(secs)))
 }

@@ -112,7 +112,7 @@ fn ms(d: Duration) -> u32 {
 
 /// A group's settings as the audit log shows them.
 fn group_json(s: &GroupSettings) -> String {
-    crate::status::settings_json(&convert::settings_to_proto(s)).to_string()
+    crate::json::group_settings(&convert::settings_to_proto(s)).to_string()
 }
 
 /// The node settings as the audit log shows them.

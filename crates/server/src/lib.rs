@@ -15,6 +15,7 @@ mod election;
 pub use tollgate_proto::convert;
 pub mod grpc;
 pub mod http;
+pub mod json;
 mod memory;
 mod options;
 pub mod properties;

@@ -151,41 +151,6 @@ fn marks_json(m: Option<&v1::RateMarks>) -> serde_json::Value {
     }
 }
 
-pub(crate) fn settings_json(s: &v1::GroupSettings) -> serde_json::Value {
-    let ramp = s.ramp.as_ref().map(|r| {
-        let mode = match v1::RampMode::try_from(r.mode) {
-            Ok(v1::RampMode::Scheduled) => "scheduled",
-            Ok(v1::RampMode::OnlyIfUsed) => "only_if_used",
-            Ok(v1::RampMode::GoBackN) => "go_back_n",
-            _ => "relaxed",
-        };
-        serde_json::json!({
-            "min": r.min,
-            "max": r.max,
-            "duration_s": r.duration_s,
-            "mode": mode,
-            "threshold_pct": r.threshold_pct,
-            "ramp_down_pct": r.ramp_down_pct,
-            "cool_down_s": r.cool_down_s,
-            "resume_ttl_s": r.resume_ttl_s,
-        })
-    });
-    serde_json::json!({
-        "reserved": s.reserved,
-        "limit": s.limit,
-        "burst": s.burst,
-        "priority": convert::priority_name(s.priority),
-        "weight": s.weight,
-        "budget": s.budget,
-        "ramp": ramp,
-        "dropped": if s.count_dropped { "count" } else { "return" },
-        "debt_repay_s": s.debt_repay_s.unwrap_or(5.0),
-        "reads_writes_apart": s.reads_writes_apart,
-        "backend_limit": s.backend_limit,
-        "background": s.background,
-    })
-}
-
 /// The status as JSON, for `GET /status` and `tollgate status --json` alike.
 pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
     let groups: Vec<serde_json::Value> = s
@@ -194,7 +159,7 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         .map(|g| {
             serde_json::json!({
                 "name": g.name,
-                "settings": g.settings.as_ref().map(settings_json),
+                "settings": g.settings.as_ref().map(crate::json::group_settings),
                 "target": g.target,
                 "admitted": g.admitted,
                 "throttled": g.throttled,
