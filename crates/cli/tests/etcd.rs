@@ -173,16 +173,33 @@ fn a_bad_or_unreachable_etcd_and_a_foreign_prefix_are_refused_clearly() {
     assert!(err.contains("another controller advertises http://127.0.0.1:1"), "{err}");
 }
 
+/// Three etcd members and three controllers on them, as in production.
+struct Ha {
+    etcd: Vec<Etcd>,
+    /// Each controller while it runs (`None` once killed), its gRPC URL and HTTP address.
+    controllers: Vec<Option<(Killed, String, String)>>,
+    urls: Vec<String>,
+    https: Vec<String>,
+    /// Every gRPC URL, comma-separated.
+    all: String,
+}
+
+impl Ha {
+    fn start(name: &str) -> Ha {
+        let etcd = Etcd::cluster(name, 3);
+        let etcd_urls = Etcd::urls(&etcd);
+        let controllers: Vec<Option<(Killed, String, String)>> =
+            (0..3).map(|_| Some(start_with_http(&etcd_urls, "/tollgate"))).collect();
+        let urls: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().1.clone()).collect();
+        let https: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().2.clone()).collect();
+        let all = urls.join(",");
+        Ha { etcd, controllers, urls, https, all }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill() {
-    // Three etcd members and three controllers, as in production.
-    let etcd = Etcd::cluster("failover", 3);
-    let etcd_urls = Etcd::urls(&etcd);
-    let mut controllers: Vec<Option<(Killed, String, String)>> =
-        (0..3).map(|_| Some(start_with_http(&etcd_urls, "/tollgate"))).collect();
-    let urls: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().1.clone()).collect();
-    let https: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().2.clone()).collect();
-    let all = urls.join(",");
+    let Ha { etcd: _etcd, mut controllers, urls, https, all } = Ha::start("failover");
     // Any controller takes admin commands; the CLI takes them all and uses the first it reaches.
     admin(&all, &["group", "create", "g", "--limit", "100"]);
 
@@ -283,13 +300,7 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
 async fn under_load_a_failover_keeps_the_limit_and_never_grants_above_the_target() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let etcd = Etcd::cluster("failover-load", 3);
-    let etcd_urls = Etcd::urls(&etcd);
-    let mut controllers: Vec<Option<(Killed, String, String)>> =
-        (0..3).map(|_| Some(start_with_http(&etcd_urls, "/tollgate"))).collect();
-    let urls: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().1.clone()).collect();
-    let https: Vec<String> = controllers.iter().map(|c| c.as_ref().unwrap().2.clone()).collect();
-    let all = urls.join(",");
+    let Ha { etcd: _etcd, mut controllers, urls, https, all } = Ha::start("failover-load");
     const LIMIT: f64 = 1000.0;
     admin(&all, &["group", "create", "g", "--limit", &LIMIT.to_string()]);
     let leader_of = |alive: &[usize]| -> Option<usize> {
