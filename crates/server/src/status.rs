@@ -224,6 +224,11 @@ mod tests {
     }
 
     /// TiDB's diagnostics: blocked requests, and the consumption rate's water marks.
+    /// Client `c`'s exchange number `sequence`, for one group.
+    fn one_group(sequence: u64, usage: v1::GroupUsage) -> v1::ExchangeRequest {
+        v1::ExchangeRequest { client_id: "c".into(), sequence, groups: vec![usage], ..Default::default() }
+    }
+
     #[test]
     fn blocked_requests_and_the_rates_water_marks_reach_the_status() {
         use tollgate_core::engine::EngineSettings;
@@ -242,13 +247,7 @@ mod tests {
                 waited: u64::from(t == 4) * 2,
                 ..Default::default()
             };
-            let req = v1::ExchangeRequest {
-                client_id: "c".into(),
-                sequence: t,
-                groups: vec![usage],
-                ..Default::default()
-            };
-            c.exchange(Nanos(t * S), &req).unwrap();
+            c.exchange(Nanos(t * S), &one_group(t, usage)).unwrap();
             c.tick(Nanos(t * S));
         }
         let json = status_json(&status_response(&c, Nanos(11 * S), &Page::default()));
@@ -267,22 +266,10 @@ mod tests {
             |rru: f64| v1::Consumption { rru, read_bytes: 4096.0, read_rpcs: 1.0, ..Default::default() };
         for (t, d) in [(12u64, detail(2.5)), (13, detail(1.5))] {
             let usage = v1::GroupUsage { group: "g".into(), detail: Some(d), ..Default::default() };
-            let req = v1::ExchangeRequest {
-                client_id: "c".into(),
-                sequence: t,
-                groups: vec![usage],
-                ..Default::default()
-            };
-            c.exchange(Nanos(t * S), &req).unwrap();
+            c.exchange(Nanos(t * S), &one_group(t, usage)).unwrap();
         }
         let bad = v1::GroupUsage { group: "g".into(), detail: Some(detail(-1.0)), ..Default::default() };
-        let req = v1::ExchangeRequest {
-            client_id: "c".into(),
-            sequence: 14,
-            groups: vec![bad],
-            ..Default::default()
-        };
-        let e = c.exchange(Nanos(14 * S), &req).unwrap_err();
+        let e = c.exchange(Nanos(14 * S), &one_group(14, bad)).unwrap_err();
         assert_eq!(e.message(), "groups[0].detail.rru: must be a finite number from 0 to 1e15, got -1");
         c.tick(Nanos(14 * S));
         let json = status_json(&status_response(&c, Nanos(14 * S), &Page::default()));
