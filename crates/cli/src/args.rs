@@ -154,10 +154,27 @@ pub(crate) struct ServerArgs {
     /// The HTTP listen address (/metrics, /healthz, /status).
     #[arg(long, default_value = "127.0.0.1:7461")]
     pub(crate) http: std::net::SocketAddr,
-    /// Listen on addresses other than loopback although anyone who reaches them can change
-    /// every quota (the server has no authentication or TLS yet).
+    /// Listen on addresses other than loopback without both --auth and TLS, although then
+    /// anyone who reaches them could change every quota or read every token on the wire.
     #[arg(long)]
     pub(crate) insecure: bool,
+    /// Every call needs a token whose role covers it (`tollgate token create`); `/healthz`
+    /// stays open. The first start writes an admin token to DATA/admin.token.
+    #[arg(long)]
+    pub(crate) auth: bool,
+    /// PEM certificate chain: both listeners speak TLS (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// PEM authority that signs client certificates: mutual TLS, every client shows one.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_client_ca: Option<PathBuf>,
+    /// Only client certificates with this common name (repeat it, or separate names by
+    /// commas; at most 1000).
+    #[arg(long, value_name = "NAME", value_delimiter = ',', requires = "tls_client_ca")]
+    pub(crate) tls_allow_name: Vec<String>,
     /// The engine's tick and the exchange period asked of clients, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub(crate) tick_ms: u64,
@@ -203,6 +220,13 @@ pub(crate) struct ServerArgs {
     /// A gRPC connection with no traffic for this long is closed, in milliseconds.
     #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
     pub(crate) idle_timeout_ms: u64,
+    /// Requests a second one connection may make, gRPC and HTTP; past it calls are refused
+    /// (RESOURCE_EXHAUSTED, HTTP 429) until the second turns.
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub(crate) max_requests_per_conn_s: u64,
+    /// gRPC calls open at once on one connection (HTTP/2 streams).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) max_streams_per_conn: u32,
     /// A settings file (the embedded limiter's TOML) whose node settings and groups are
     /// written at start where the store holds none; a broken file stops the start.
     #[arg(long)]

@@ -53,17 +53,40 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
 }
 
 fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
-    // Safe by default: whoever reaches the ports can change every quota, so only loopback
-    // unless the operator says otherwise.
+    // Safe by default: without credentials and TLS whoever reaches the ports can change
+    // every quota, so only loopback unless the operator says otherwise.
+    let secured = a.auth && a.tls_cert.is_some();
     for (flag, addr) in [("--grpc", a.grpc), ("--http", a.http)] {
-        if !addr.ip().is_loopback() && !a.insecure {
+        if !addr.ip().is_loopback() && !secured && !a.insecure {
+            let missing = match (a.auth, a.tls_cert.is_some()) {
+                (false, false) => "without --auth and TLS (--tls-cert, --tls-key)",
+                (false, true) => "without --auth",
+                _ => "without TLS (--tls-cert, --tls-key)",
+            };
             bail!(
-                "{flag} {addr}: not a loopback address, and the server has no authentication or TLS: \
-                 anyone who reaches it could change every quota. Listen on 127.0.0.1 (and put a \
-                 TLS-terminating proxy in front), or give --insecure to listen there anyway"
+                "{flag} {addr}: not a loopback address, and the server would run {missing}: \
+                 anyone who reaches it could change every quota or read tokens on the wire. Give \
+                 both, listen on 127.0.0.1, or give --insecure to listen there anyway"
             );
         }
     }
+    if a.tls_allow_name.len() > tollgate_server::listen::ALLOWED_NAMES_MAX
+        || a.tls_allow_name.iter().any(|n| n.trim().is_empty() || n.len() > 255)
+    {
+        bail!(
+            "--tls-allow-name: 1 to {} names of 1 to 255 bytes each",
+            tollgate_server::listen::ALLOWED_NAMES_MAX
+        );
+    }
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(tollgate_server::listen::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: a.tls_client_ca.clone(),
+            allowed_names: a.tls_allow_name.iter().map(|n| n.trim().to_string()).collect(),
+        }),
+        _ => None,
+    };
     let saturation = SaturationSettings {
         queue_target_bytes: a.queue_target_bytes,
         queue_spring_bytes: a.queue_spring_bytes,
@@ -121,8 +144,12 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         limits: tollgate_server::conn::Limits {
             max_connections: a.max_connections as usize,
             idle_timeout: Duration::from_millis(a.idle_timeout_ms),
+            max_requests_per_s: a.max_requests_per_conn_s,
+            max_streams: a.max_streams_per_conn,
         },
         defaults,
+        tls,
+        auth: a.auth,
     };
     Ok((opts, notes))
 }
@@ -153,6 +180,13 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             server.grpc_addr(),
             server.http_addr(),
         ));
+        if let Some(file) = server.first_token_file() {
+            crate::say(format!(
+                "the first admin token is in {} (readable only by you): export TOLLGATE_TOKEN=$(cat {})",
+                file.display(),
+                file.display()
+            ));
+        }
         tracing::info!(grpc = %server.grpc_addr(), http = %server.http_addr(), "serving");
         server.run(shutdown_signal()).await?;
         tracing::info!("stopped");

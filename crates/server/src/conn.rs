@@ -25,22 +25,53 @@ pub struct Limits {
     pub max_connections: usize,
     /// A connection with no traffic for this long is closed.
     pub idle_timeout: Duration,
+    /// Requests a second one connection may make (gRPC calls and HTTP requests); past it,
+    /// calls are refused with `RESOURCE_EXHAUSTED` (HTTP 429) until the second turns.
+    pub max_requests_per_s: u64,
+    /// gRPC calls open at once on one connection (HTTP/2 streams).
+    pub max_streams: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_connections: 10_000, idle_timeout: Duration::from_secs(300) }
+        Self {
+            max_connections: 10_000,
+            idle_timeout: Duration::from_secs(300),
+            max_requests_per_s: 50_000,
+            max_streams: 1024,
+        }
     }
 }
 
+/// The largest request header block taken, in bytes (HTTP/2 and HTTP/1).
+pub const HEADERS_MAX_BYTES: u32 = 16 * 1024;
+
 /// How long a failed accept waits before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How often the same complaint is logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-fn now() -> Instant {
+pub(crate) fn now() -> Instant {
     #[allow(clippy::disallowed_methods)] // the server's edge: tokio time
     Instant::now()
+}
+
+/// Says when a repeated complaint may be logged again (at most every 10 s).
+#[derive(Debug, Default)]
+pub(crate) struct LogLimit {
+    last: Option<Instant>,
+}
+
+impl LogLimit {
+    /// Whether it is time to log again.
+    pub(crate) fn due(&mut self) -> bool {
+        let now = now();
+        let due = self.last.is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
 }
 
 /// `incoming`, with the limits applied.
@@ -50,7 +81,7 @@ pub struct Limited<I> {
     limits: Limits,
     backoff: Option<Pin<Box<Sleep>>>,
     refused: u64,
-    last_log: Option<Instant>,
+    log: LogLimit,
 }
 
 impl<I> Limited<I> {
@@ -62,18 +93,8 @@ impl<I> Limited<I> {
             limits,
             backoff: None,
             refused: 0,
-            last_log: None,
+            log: LogLimit::default(),
         }
-    }
-
-    /// Whether it is time to log again.
-    fn may_log(&mut self) -> bool {
-        let now = now();
-        let due = self.last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
-        if due {
-            self.last_log = Some(now);
-        }
-        due
     }
 }
 
@@ -101,7 +122,7 @@ where
                         // Closed at once: the clients already connected keep their service.
                         drop(io);
                         self.refused += 1;
-                        if self.may_log() {
+                        if self.log.due() {
                             let (max, refused) = (self.limits.max_connections, self.refused);
                             tracing::warn!(max, refused, "connection limit reached: closing new connections");
                         }
@@ -109,7 +130,7 @@ where
                 },
                 Poll::Ready(Some(Err(e))) => {
                     // Out of descriptors, say: wait before trying again rather than spin.
-                    if self.may_log() {
+                    if self.log.due() {
                         tracing::error!(error = %e, "cannot accept connections; trying again shortly");
                     }
                     self.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
@@ -130,7 +151,7 @@ pub struct Guarded<IO> {
 }
 
 impl<IO> Guarded<IO> {
-    fn new(io: IO, permit: OwnedSemaphorePermit, idle: Duration) -> Self {
+    pub(crate) fn new(io: IO, permit: OwnedSemaphorePermit, idle: Duration) -> Self {
         Self { io, _permit: permit, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
     }
 

@@ -11,7 +11,7 @@
 //! so the simulator drives this same code in virtual time.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use tollgate_core::allocate::AllocationMode;
@@ -45,6 +45,12 @@ pub enum AdminError {
     /// The store failed; nothing changed.
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// An argument breaks a rule (the message names it); nothing changed.
+    #[error("{0}")]
+    Rule(String),
+    /// The change would leave things unusable (revoking the last admin token); nothing changed.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl From<AdminError> for Status {
@@ -52,6 +58,8 @@ impl From<AdminError> for Status {
         match e {
             AdminError::Invalid(errors) => Status::invalid_argument(errors.to_string()),
             AdminError::NotFound(_) => Status::not_found(e.to_string()),
+            AdminError::Rule(rule) => Status::invalid_argument(rule),
+            AdminError::Refused(why) => Status::failed_precondition(why),
             AdminError::AlreadyExists(_) => Status::already_exists(e.to_string()),
             AdminError::Store(s) if s.is_transient() => Status::unavailable(s.to_string()),
             AdminError::Store(s) => Status::internal(s.to_string()),
@@ -127,7 +135,7 @@ fn node_json(n: &StoredNode) -> String {
 
 /// Records a change made (the change is already durable; a record that cannot be written
 /// is logged, and the change stands).
-fn audit(
+pub(crate) fn audit(
     store: &mut Box<dyn SettingsStore>,
     who: &str,
     what: String,
@@ -158,6 +166,12 @@ pub struct Controller {
     role: Mutex<RoleView>,
     /// Times this controller became the leader.
     leader_changes: AtomicU64,
+    /// Every credential.
+    pub(crate) tokens: RwLock<crate::auth::Tokens>,
+    /// Which credential owns each client id.
+    pub(crate) owners: Mutex<crate::auth::Owners>,
+    /// Whether calls need a credential (`tollgate server --auth`).
+    pub(crate) auth_required: AtomicBool,
 }
 
 /// A controller's part among controllers sharing one etcd.
@@ -233,6 +247,9 @@ impl Controller {
         wall_ms: u64,
     ) -> Result<Controller, StoreError> {
         let stored = store.load()?;
+        let tokens = crate::auth::Tokens::from_stored(&stored.credentials).map_err(|reason| {
+            StoreError::Corrupt { path: Default::default(), what: "credentials".into(), reason }
+        })?;
         let n = stored.node;
         let settings =
             EngineSettings { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start, ..settings };
@@ -267,6 +284,9 @@ impl Controller {
             settings_version: tokio::sync::watch::channel(wall_ms.max(1).saturating_mul(1_000_000)).0,
             role: Mutex::new(RoleView { role: Role::Standalone, leader: None }),
             leader_changes: AtomicU64::new(0),
+            tokens: RwLock::new(tokens),
+            owners: Mutex::default(),
+            auth_required: AtomicBool::new(false),
         })
     }
 
@@ -275,7 +295,7 @@ impl Controller {
         self.engine.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn store(&self) -> MutexGuard<'_, Box<dyn SettingsStore>> {
+    pub(crate) fn store(&self) -> MutexGuard<'_, Box<dyn SettingsStore>> {
         self.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -413,7 +433,12 @@ impl Controller {
             0 => tick,
             asked => Duration::from_millis(u64::from(asked)).clamp(tick, (lease / 2).max(tick)),
         };
-        Ok(v1::ExchangeResponse { grants, next_exchange_ms: ms(period), next_tick_ms: ms(next_tick) })
+        Ok(v1::ExchangeResponse {
+            grants,
+            next_exchange_ms: ms(period),
+            next_tick_ms: ms(next_tick),
+            unthrottled_allowed: true,
+        })
     }
 
     /// Records a backend's report. Loads naming an invalid group, or carrying a bad number,

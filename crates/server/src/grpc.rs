@@ -11,6 +11,7 @@ use tollgate_core::settings::{GroupName, check_group_name};
 use tollgate_proto::v1::{self, admin_server::Admin, admission_server::Admission, backend_server::Backend};
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Caller, NewCredential, Refused, Role};
 use crate::clock::Clock;
 use crate::controller::{AdminError, Controller, PutMode};
 use crate::convert;
@@ -61,8 +62,30 @@ impl Admission for Services {
         req: Request<v1::ExchangeRequest>,
     ) -> Result<Response<v1::ExchangeResponse>, Status> {
         self.controller.check_leader()?;
+        let caller = req.extensions().get::<Caller>().cloned();
+        let mut exchange = req.into_inner();
+        // With a credential: its groups only, its client ids only, and unthrottled work only
+        // with the privilege (else it is counted as ordinary demand).
+        let privileged = match &caller {
+            None => true,
+            Some(Caller(c)) => {
+                if let Some(g) = exchange.groups.iter().find(|g| !c.allows_group(&g.group)) {
+                    let refused =
+                        Refused::Group { who: c.label(), group: g.group.clone(), patterns: c.groups.clone() };
+                    return Err(refused.status());
+                }
+                self.controller.bind_client(&exchange.client_id, caller.as_ref()).map_err(|e| e.status())?;
+                c.role == Ok(Role::Client) && c.unthrottled
+            }
+        };
+        if !privileged {
+            for g in &mut exchange.groups {
+                g.unthrottled = 0.0;
+            }
+        }
         let started = self.clock.now();
-        let response = self.controller.exchange(started, req.get_ref())?;
+        let mut response = self.controller.exchange(started, &exchange)?;
+        response.unthrottled_allowed = privileged;
         self.latency.record(self.clock.now().since(started));
         Ok(Response::new(response))
     }
@@ -105,11 +128,18 @@ impl Backend for Services {
     }
 }
 
-/// Who made a change over gRPC, for the audit log: the peer's address when known.
+/// Who made a change over gRPC, for the audit log: the credential when there is one, and
+/// the peer's address when known.
 fn who<T>(req: &Request<T>) -> String {
-    match req.remote_addr() {
-        Some(a) => format!("grpc {a}"),
-        None => "grpc".to_string(),
+    let addr = req
+        .extensions()
+        .get::<crate::listen::Peer>()
+        .map(|p| p.addr)
+        .or_else(|| req.remote_addr())
+        .map_or_else(|| "grpc".to_string(), |a| format!("grpc {a}"));
+    match req.extensions().get::<Caller>() {
+        Some(Caller(c)) => format!("{} {addr}", c.label()),
+        None => addr,
     }
 }
 
@@ -252,6 +282,46 @@ impl Admin for Services {
             })
             .collect();
         Ok(Response::new(v1::AuditResponse { records }))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<v1::CreateTokenRequest>,
+    ) -> Result<Response<v1::CreateTokenResponse>, Status> {
+        let who = who(&req);
+        let r = req.into_inner();
+        let new = NewCredential {
+            role: r.role,
+            groups: r.groups,
+            unthrottled: r.unthrottled,
+            expires_in_s: r.expires_in_s,
+            name: r.name,
+        };
+        let (credential, token) = self.admin(move |c| c.create_token(&new, &who)).await?;
+        Ok(Response::new(v1::CreateTokenResponse { token, info: Some(credential.info()) }))
+    }
+
+    async fn list_tokens(
+        &self,
+        _: Request<v1::ListTokensRequest>,
+    ) -> Result<Response<v1::ListTokensResponse>, Status> {
+        let tokens = self.controller.tokens().iter().map(|c| c.info()).collect();
+        Ok(Response::new(v1::ListTokensResponse { tokens }))
+    }
+
+    async fn revoke_token(
+        &self,
+        req: Request<v1::RevokeTokenRequest>,
+    ) -> Result<Response<v1::TokenInfo>, Status> {
+        let who = who(&req);
+        let id = req.into_inner().id;
+        if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Status::invalid_argument(format!(
+                "id: 16 hex digits, as `tollgate token list` shows, got {id:?}"
+            )));
+        }
+        let revoked = self.admin(move |c| c.revoke_token(&id, &who)).await?;
+        Ok(Response::new(revoked.info()))
     }
 
     async fn status(&self, req: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {

@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::controller::{AdminError, Controller, PutMode};
 use crate::convert;
 use crate::grpc::checked_name;
+use crate::guard::{Front, http_guard};
 use crate::properties;
 use crate::status::{BUCKETS_S, Latency, Page, status_json, status_response};
 
@@ -32,8 +33,9 @@ struct AppState {
     groups: Arc<Mutex<Option<RenderedGroups>>>,
 }
 
-/// The HTTP routes.
-pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) -> Router {
+/// The HTTP routes, behind the same checks as gRPC calls (see [`crate::guard`]).
+pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock, front: Front) -> Router {
+    let guard = axum::middleware::from_fn_with_state((controller.clone(), front), http_guard);
     Router::new()
         .route("/healthz", get(health))
         .route("/metrics", get(metrics))
@@ -41,6 +43,7 @@ pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock) 
         .route("/v1/node/properties", get(node_properties).put(set_node_properties))
         .route("/v1/groups/{name}/properties", get(group_properties).put(set_group_properties))
         .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES))
+        .layer(guard)
         .with_state(AppState { controller, latency, clock, groups: Arc::default() })
 }
 
@@ -248,7 +251,8 @@ fn error(status: StatusCode, message: impl Into<String>) -> axum::response::Resp
 
 fn admin_error(e: AdminError) -> axum::response::Response {
     let status = match &e {
-        AdminError::Invalid(_) => StatusCode::BAD_REQUEST,
+        AdminError::Invalid(_) | AdminError::Rule(_) => StatusCode::BAD_REQUEST,
+        AdminError::Refused(_) => StatusCode::CONFLICT,
         AdminError::NotFound(_) => StatusCode::NOT_FOUND,
         AdminError::AlreadyExists(_) => StatusCode::CONFLICT,
         AdminError::Store(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
@@ -268,10 +272,19 @@ async fn change<T: Send + 'static>(
     }
 }
 
-/// Who made a change over HTTP, for the audit log: the peer's address when known.
+/// Who made a change over HTTP, for the audit log: the credential when there is one, and
+/// the peer's address when known.
 fn who(ext: &axum::http::Extensions) -> String {
-    match ext.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
-        Some(c) => format!("http {}", c.0),
+    let addr = who_addr(ext);
+    match ext.get::<crate::auth::Caller>() {
+        Some(crate::auth::Caller(c)) => format!("{} {addr}", c.label()),
+        None => addr,
+    }
+}
+
+fn who_addr(ext: &axum::http::Extensions) -> String {
+    match ext.get::<axum::extract::ConnectInfo<crate::listen::Peer>>().map(|c| c.0.addr) {
+        Some(a) => format!("http {a}"),
         None => "http".to_string(),
     }
 }

@@ -7,11 +7,14 @@
 //! stream of incoming connections instead (a simulated network in tests, in the manner of
 //! turmoil), with the same controller and background work.
 
+pub mod auth;
 mod clock;
 pub mod conn;
 pub mod controller;
 #[cfg(feature = "etcd")]
 mod election;
+pub mod guard;
+pub mod listen;
 pub use tollgate_proto::convert;
 pub mod grpc;
 pub mod http;
@@ -21,6 +24,7 @@ mod options;
 pub mod properties;
 pub mod status;
 pub mod store;
+mod tokens;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -59,6 +63,12 @@ pub enum ServerError {
     /// Serving failed.
     #[error("{0}")]
     Serve(String),
+    /// A TLS file cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The first admin token could not be made or written.
+    #[error("--auth: {0}")]
+    Auth(String),
     /// Another live controller advertises the same address.
     #[error("another controller advertises {0}; give each controller its own --advertise")]
     AdvertisedTwice(String),
@@ -69,6 +79,11 @@ pub struct Server {
     controller: Arc<Controller>,
     grpc: tokio::net::TcpListener,
     http: tokio::net::TcpListener,
+    /// TLS for gRPC and for HTTP (the same files, each listener its own protocol).
+    tls: Option<(Arc<listen::Tls>, Arc<listen::Tls>)>,
+    allowed_names: Vec<String>,
+    /// With `--auth` and no admin token yet: where the first one was written.
+    first_token: Option<std::path::PathBuf>,
     clock: Clock,
     flush_interval: Duration,
     limits: conn::Limits,
@@ -123,8 +138,17 @@ impl Server {
                 "defaults from --config applied where the store held none"
             );
         }
+        let tls = match &opts.tls {
+            None => None,
+            Some(files) => Some((
+                listen::Tls::load(files, &[b"h2"]).map_err(ServerError::Tls)?,
+                listen::Tls::load(files, &[b"http/1.1"]).map_err(ServerError::Tls)?,
+            )),
+        };
         let clock = Clock::new();
         let controller = Arc::new(Controller::new(store, opts.engine_settings(), clock.now(), wall_ms())?);
+        controller.require_auth(opts.auth);
+        let first_token = if opts.auth { write_first_token(&controller, &opts.data)? } else { None };
         let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
             what: "gRPC",
             addr: opts.grpc,
@@ -153,6 +177,9 @@ impl Server {
             controller,
             grpc,
             http,
+            tls,
+            allowed_names: opts.tls.as_ref().map(|t| t.allowed_names.clone()).unwrap_or_default(),
+            first_token,
             clock,
             flush_interval: opts.flush_interval,
             limits: opts.limits,
@@ -171,10 +198,27 @@ impl Server {
         self.http.local_addr().expect("a bound listener has an address")
     }
 
+    /// With `--auth`, when this start made the first admin token: the file it is in.
+    pub fn first_token_file(&self) -> Option<&std::path::Path> {
+        self.first_token.as_deref()
+    }
+
     /// Serves until `shutdown` completes, then stops accepting, writes consumption to the
     /// store and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Server { controller, grpc, http, clock, flush_interval, limits, etcd, election } = self;
+        let Server {
+            controller,
+            grpc,
+            http,
+            tls,
+            allowed_names,
+            first_token: _,
+            clock,
+            flush_interval,
+            limits,
+            etcd,
+            election,
+        } = self;
         #[cfg(feature = "etcd")]
         let following = etcd.map(|(target, revision)| {
             let elect = election.map(|(advertise, lease)| {
@@ -184,8 +228,26 @@ impl Server {
         });
         #[cfg(not(feature = "etcd"))]
         let _ = (etcd, election);
-        let incoming = conn::Limited::new(tonic::transport::server::TcpIncoming::from(grpc), limits);
-        let served = serve(controller, clock, flush_interval, incoming, Some(http), shutdown).await;
+        let reload = tls.clone().map(|(g, h)| {
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(listen::RELOAD_EVERY);
+                loop {
+                    every.tick().await;
+                    g.reload_if_changed();
+                    h.reload_if_changed();
+                }
+            })
+        });
+        let (grpc_tls, http_tls) = tls.map_or((None, None), |(g, h)| (Some(g), Some(h)));
+        let start =
+            |l, t| listen::Incoming::start(l, t, limits).map_err(|e| ServerError::Serve(e.to_string()));
+        let incoming = start(grpc, grpc_tls)?;
+        let http = start(http, http_tls)?;
+        let front = guard::Front { allowed_names: Arc::new(allowed_names), max_streams: limits.max_streams };
+        let served = serve(controller, clock, flush_interval, incoming, Some(http), front, shutdown).await;
+        if let Some(r) = reload {
+            r.abort();
+        }
         #[cfg(feature = "etcd")]
         if let Some((follow, elect)) = following {
             follow.abort();
@@ -195,6 +257,41 @@ impl Server {
         }
         served
     }
+}
+
+/// The file the first admin token is written to, in the data directory.
+pub const FIRST_TOKEN_FILE: &str = "admin.token";
+
+/// With `--auth` and no admin token that has not expired: makes one and writes it to
+/// `DATA/admin.token`, readable by its owner only; returns the file.
+fn write_first_token(
+    controller: &Controller,
+    data: &std::path::Path,
+) -> Result<Option<std::path::PathBuf>, ServerError> {
+    let Some(token) = controller.ensure_admin_token().map_err(|e| ServerError::Auth(e.to_string()))? else {
+        return Ok(None);
+    };
+    let path = data.join(FIRST_TOKEN_FILE);
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(data)?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&path)?;
+        #[cfg(unix)]
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())?;
+        file.sync_all()
+    };
+    write().map_err(|e| {
+        ServerError::Auth(format!(
+            "the first admin token was made but cannot be written to {}: {e}; \
+             revoke it (tollgate token list) after starting once more without --auth",
+            path.display()
+        ))
+    })?;
+    Ok(Some(path))
 }
 
 /// Waits, up to one election lease and a second, for no other live controller to advertise
@@ -239,6 +336,11 @@ async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revisi
                 tracing::info!("node settings changed by another controller");
             }
         }
+        store::etcd::StoredChange::Credential(id, record) => {
+            if c.sync_credential(&id, record.as_deref()) {
+                tracing::info!(%id, "a credential changed through another controller");
+            }
+        }
     };
     loop {
         let (reached, result) =
@@ -269,6 +371,14 @@ async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revisi
                 if stored.node_stored {
                     apply(&controller, store::etcd::StoredChange::Node(stored.node));
                 }
+                for held in controller.tokens() {
+                    if !stored.credentials.contains_key(&held.id) {
+                        apply(&controller, store::etcd::StoredChange::Credential(held.id.clone(), None));
+                    }
+                }
+                for (id, record) in stored.credentials {
+                    apply(&controller, store::etcd::StoredChange::Credential(id, Some(record)));
+                }
                 revision = at;
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "etcd: settings not read; trying again"),
@@ -286,7 +396,8 @@ pub async fn serve<I, IO, IE>(
     clock: Clock,
     flush_interval: Duration,
     incoming: I,
-    http: Option<tokio::net::TcpListener>,
+    http: Option<listen::Incoming>,
+    front: guard::Front,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError>
 where
@@ -301,12 +412,13 @@ where
     let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
+    let http_front = front.clone();
     let http_server = async {
         match http {
             Some(listener) => axum::serve(
                 listener,
-                http::router(controller.clone(), latency, clock)
-                    .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                http::router(controller.clone(), latency, clock, http_front)
+                    .into_make_service_with_connect_info::<listen::Peer>(),
             )
             .with_graceful_shutdown(waiter(stop_rx.clone()))
             .await
@@ -315,6 +427,9 @@ where
         }
     };
     let grpc_server = tonic::transport::Server::builder()
+        .max_concurrent_streams((front.max_streams > 0).then_some(front.max_streams))
+        .http2_max_header_list_size(conn::HEADERS_MAX_BYTES)
+        .layer(guard::GrpcGuardLayer { controller: controller.clone(), front })
         .add_service(AdmissionServer::new(services.clone()))
         .add_service(BackendServer::new(services.clone()))
         .add_service(AdminServer::new(services))

@@ -41,6 +41,11 @@ pub struct ServerOptions {
     pub advertise: Option<String>,
     /// The election lease: how long a dead leader holds the election (`--election-lease-s`).
     pub election_lease: Duration,
+    /// TLS on both listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
+    /// `--tls-allow-name`); `None`: plain TCP.
+    pub tls: Option<crate::listen::TlsFiles>,
+    /// Calls need a token whose role covers them (`--auth`).
+    pub auth: bool,
 }
 
 /// The default election lease.
@@ -117,6 +122,8 @@ impl Default for ServerOptions {
             etcd: None,
             advertise: None,
             election_lease: DEFAULT_ELECTION_LEASE,
+            tls: None,
+            auth: false,
         }
     }
 }

@@ -187,6 +187,7 @@ where
                 Duration::from_secs(1),
                 incoming,
                 None,
+                tollgate_server::guard::Front::default(),
                 std::future::pending(),
             )
             .await?;

@@ -11,6 +11,8 @@
 //! | `node` | the node settings, the contract's `NodeInfo` |
 //! | `meters/NAME` | the group's consumption, 32 bytes as in the file store |
 //! | `ramps/NAME` | a resumable ramp, 16 bytes as in the file store |
+//! | `credentials/ID` | a credential as JSON: its role, groups, expiry and the token's hash |
+//! | `audit/KEY` | one audit record as JSON, KEY its time and sequence |
 //!
 //! A write returns once etcd has committed it (a quorum of its members). etcd's client is
 //! asynchronous and the store's trait is not: the store runs its client on a thread of its own,
@@ -48,6 +50,8 @@ pub enum StoredChange {
     Group(GroupName, Option<GroupSettings>),
     /// The node settings were written.
     Node(StoredNode),
+    /// A credential was written (`Some`, its JSON) or revoked (`None`).
+    Credential(String, Option<String>),
 }
 
 type Job = Box<
@@ -244,6 +248,13 @@ fn parse_change(prefix: &str, key: &[u8], value: Option<&[u8]>) -> Result<Option
         };
         return Ok(Some(StoredChange::Group(name, settings)));
     }
+    if let Some(id) = rest.strip_prefix("credentials/") {
+        let record = match value {
+            Some(v) => Some(String::from_utf8(v.to_vec()).map_err(|e| format!("credential {id}: {e}"))?),
+            None => None,
+        };
+        return Ok(Some(StoredChange::Credential(id.to_string(), record)));
+    }
     if rest == "node"
         && let Some(v) = value
     {
@@ -289,6 +300,10 @@ impl SettingsStore for EtcdStore {
             } else if let Some(name) = rest.strip_prefix("ramps/") {
                 out.ramps
                     .insert(named(name)?, decode_ramp(&v).map_err(|e| corrupt(format!("ramp {name}"), e))?);
+            } else if let Some(id) = rest.strip_prefix("credentials/") {
+                let text =
+                    String::from_utf8(v).map_err(|e| corrupt(format!("credential {id}"), e.to_string()))?;
+                out.credentials.insert(id.to_string(), text);
             } else if rest == "node" {
                 let msg = v1::NodeInfo::decode(v.as_slice())
                     .map_err(|e| corrupt("node settings".into(), e.to_string()))?;
@@ -318,6 +333,17 @@ impl SettingsStore for EtcdStore {
                 Ok(c.txn(txn).await?.succeeded())
             })
         })
+    }
+
+    fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {
+        let key = self.target.key(&format!("credentials/{id}"));
+        let value = record.to_string();
+        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
+    }
+
+    fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError> {
+        let key = self.target.key(&format!("credentials/{id}"));
+        self.call(move |c| Box::pin(async move { Ok(c.delete(key, None).await?.deleted() > 0) }))
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {

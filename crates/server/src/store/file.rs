@@ -24,6 +24,7 @@ const NODE: TableDefinition<&str, &[u8]> = TableDefinition::new("node");
 const METERS: TableDefinition<&str, &[u8]> = TableDefinition::new("meters");
 const RAMPS: TableDefinition<&str, &[u8]> = TableDefinition::new("ramps");
 const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
+const CREDENTIALS: TableDefinition<&str, &[u8]> = TableDefinition::new("credentials");
 const NODE_KEY: &str = "node";
 /// The database file's name inside the data directory.
 pub const FILE_NAME: &str = "tollgate.redb";
@@ -325,6 +326,18 @@ impl SettingsStore for RedbStore {
         out.groups = groups.into_iter().collect();
         out.meters = self.read_all(&txn, METERS, "meter", decode_meter)?.into_iter().collect();
         out.ramps = self.read_all(&txn, RAMPS, "ramp", decode_ramp)?.into_iter().collect();
+        match txn.open_table(CREDENTIALS) {
+            Ok(table) => {
+                for entry in table.iter().map_err(|e| self.io(e))? {
+                    let (k, v) = entry.map_err(|e| self.io(e))?;
+                    let text = std::str::from_utf8(v.value())
+                        .map_err(|e| self.corrupt(format!("credential {:?}", k.value()), e))?;
+                    out.credentials.insert(k.value().to_string(), text.to_string());
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(self.io(e)),
+        }
         let node = txn.open_table(NODE).map_err(|e| self.io(e))?;
         if let Some(v) = node.get(NODE_KEY).map_err(|e| self.io(e))? {
             let msg = v1::NodeInfo::decode(v.value()).map_err(|e| self.corrupt("node settings".into(), e))?;
@@ -347,6 +360,22 @@ impl SettingsStore for RedbStore {
         self.write(|txn| {
             existed = txn.open_table(GROUPS)?.remove(name.as_str())?.is_some();
             txn.open_table(METERS)?.remove(name.as_str())?;
+            Ok(())
+        })?;
+        Ok(existed)
+    }
+
+    fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {
+        self.write(|txn| {
+            txn.open_table(CREDENTIALS)?.insert(id, record.as_bytes())?;
+            Ok(())
+        })
+    }
+
+    fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError> {
+        let mut existed = false;
+        self.write(|txn| {
+            existed = txn.open_table(CREDENTIALS)?.remove(id)?.is_some();
             Ok(())
         })?;
         Ok(existed)

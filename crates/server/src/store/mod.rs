@@ -137,6 +137,8 @@ pub struct Stored {
     pub meters: BTreeMap<GroupName, Meter>,
     /// Resumable ramps.
     pub ramps: BTreeMap<GroupName, StoredRamp>,
+    /// Credentials by id, each as JSON (see [`crate::auth::Credential::to_json`]).
+    pub credentials: BTreeMap<String, String>,
 }
 
 /// One change to the settings, as the audit log keeps it: who made it, what it changed, the
@@ -258,6 +260,10 @@ pub trait SettingsStore: Send {
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError>;
     /// The audit records made at or after `since_unix_ms`, oldest first, at most `limit`.
     fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError>;
+    /// Stores a credential: its id and its record as JSON.
+    fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError>;
+    /// Removes a credential; says whether it was there.
+    fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError>;
     /// What is wrong, while the store cannot take writes (a full disk); `None` when it can.
     fn health(&self) -> Option<String> {
         None
@@ -315,6 +321,15 @@ impl SettingsStore for MemoryStore {
         stored.meters.extend(meters.iter().cloned());
         stored.ramps = ramps.iter().cloned().collect();
         Ok(())
+    }
+
+    fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {
+        self.stored().credentials.insert(id.to_string(), record.to_string());
+        Ok(())
+    }
+
+    fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.stored().credentials.remove(id).is_some())
     }
 
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {

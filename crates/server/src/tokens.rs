@@ -1,0 +1,116 @@
+//! The controller's credentials: made, listed, revoked (each durable and in the audit log),
+//! taken from another controller through the shared store, and checked on every call.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, RwLockReadGuard};
+
+use crate::auth::{Caller, Credential, NewCredential, Refused, TOKENS_MAX, Tokens};
+use crate::clock::wall_ms;
+use crate::controller::{AdminError, Controller, audit};
+
+impl Controller {
+    fn tokens_read(&self) -> RwLockReadGuard<'_, Tokens> {
+        self.tokens.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Turns authentication on or off (`tollgate server --auth`).
+    pub fn require_auth(&self, on: bool) {
+        self.auth_required.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether calls need a credential.
+    pub fn auth_required(&self) -> bool {
+        self.auth_required.load(Ordering::Relaxed)
+    }
+
+    /// The credential an `authorization` header value names, or why not.
+    pub fn authenticate(&self, header: Option<&[u8]>) -> Result<Arc<Credential>, Refused> {
+        self.tokens_read().authenticate(header, wall_ms())
+    }
+
+    /// Makes a credential; returns it and its token (shown this once). Durable before it
+    /// returns, and in the audit log.
+    pub fn create_token(&self, new: &NewCredential, who: &str) -> Result<(Credential, String), AdminError> {
+        let (credential, token) = Credential::issue(new, wall_ms()).map_err(AdminError::Rule)?;
+        let mut store = self.store();
+        if self.tokens_read().len() >= TOKENS_MAX {
+            return Err(AdminError::Refused(format!(
+                "at most {TOKENS_MAX} tokens; revoke some first (tollgate token list)"
+            )));
+        }
+        store.put_credential(&credential.id, &credential.to_json())?;
+        self.tokens.write().unwrap_or_else(PoisonError::into_inner).put(credential.clone());
+        audit(
+            &mut store,
+            who,
+            format!("token.create {}", credential.id),
+            None,
+            Some(credential.audit_json()),
+        );
+        Ok((credential, token))
+    }
+
+    /// Revokes a credential. The last admin credential that has not expired cannot be revoked
+    /// (nobody could make another); make a new one first.
+    pub fn revoke_token(&self, id: &str, who: &str) -> Result<Arc<Credential>, AdminError> {
+        let mut store = self.store();
+        let Some(credential) = self.tokens_read().get(id).cloned() else {
+            return Err(AdminError::NotFound(format!("token {id}")));
+        };
+        let now = wall_ms();
+        let live = credential.expires_unix_ms == 0 || credential.expires_unix_ms > now;
+        if credential.role == Ok(crate::auth::Role::Admin) && live && self.tokens_read().live_admins(now) <= 1
+        {
+            return Err(AdminError::Refused(format!(
+                "token {id} is the last admin token; create another admin token before revoking it"
+            )));
+        }
+        store.drop_credential(id)?;
+        self.tokens.write().unwrap_or_else(PoisonError::into_inner).remove(id);
+        audit(&mut store, who, format!("token.revoke {id}"), Some(credential.audit_json()), None);
+        Ok(credential)
+    }
+
+    /// Every credential, by id.
+    pub fn tokens(&self) -> Vec<Arc<Credential>> {
+        self.tokens_read().all()
+    }
+
+    /// With authentication on and no admin credential that has not expired: makes one and
+    /// returns its token (the server writes it to a file for the operator).
+    pub fn ensure_admin_token(&self) -> Result<Option<String>, AdminError> {
+        if self.tokens_read().live_admins(wall_ms()) > 0 {
+            return Ok(None);
+        }
+        let new =
+            NewCredential { role: "admin".into(), name: "first-admin".into(), ..NewCredential::default() };
+        self.create_token(&new, "server start").map(|(_, token)| Some(token))
+    }
+
+    /// Takes a credential as another controller stored it (`None`: revoked). Says whether
+    /// anything changed.
+    pub fn sync_credential(&self, id: &str, record: Option<&str>) -> bool {
+        let mut tokens = self.tokens.write().unwrap_or_else(PoisonError::into_inner);
+        match record {
+            None => tokens.remove(id).is_some(),
+            Some(json) => match Credential::from_json(json) {
+                Ok(c) if tokens.get(id).map(|held| **held == c) != Some(true) => {
+                    tokens.put(c);
+                    true
+                }
+                Ok(_) => false,
+                Err(e) => {
+                    tracing::error!(id, error = %e, "a stored credential cannot be read; it is not accepted");
+                    tokens.remove(id).is_some()
+                }
+            },
+        }
+    }
+
+    /// Checks that `caller` (when authentication is on) may take client id `client`: the
+    /// first credential to use an id keeps it while the id is in use.
+    pub fn bind_client(&self, client: &str, caller: Option<&Caller>) -> Result<(), Refused> {
+        let Some(Caller(credential)) = caller else { return Ok(()) };
+        self.owners.lock().unwrap_or_else(PoisonError::into_inner).bind(client, &credential.id, wall_ms())
+    }
+}
