@@ -3,12 +3,11 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, Subcommand, ValueEnum};
 use tollgate_proto::v1::{self, admin_client::AdminClient};
 use tollgate_server::store::StoredNode;
 use tollgate_server::{convert, properties};
-use tonic::transport::Channel;
 
 use crate::say;
 
@@ -310,11 +309,16 @@ pub struct Target {
     pub url: String,
     /// How long a call may take before it counts as unanswered.
     pub timeout: std::time::Duration,
+    /// The token and TLS files (`--token`, `--ca`, `--cert`, `--key`).
+    pub access: tollgate_client::access::Access,
 }
+
+/// An admin client carrying the token on every call.
+pub(crate) type Admin = AdminClient<tollgate_client::access::Rpc>;
 
 /// Connects to the first controller of `--server` (comma-separated URLs) that answers: with
 /// settings in etcd, any controller takes every admin command.
-pub(crate) async fn connect(target: &Target) -> anyhow::Result<AdminClient<Channel>> {
+pub(crate) async fn connect(target: &Target) -> anyhow::Result<Admin> {
     let servers: Vec<&str> = target.url.split(',').map(str::trim).collect();
     if servers.len() > 16 || servers.iter().any(|s| s.is_empty()) {
         anyhow::bail!(
@@ -322,18 +326,19 @@ pub(crate) async fn connect(target: &Target) -> anyhow::Result<AdminClient<Chann
             target.url
         );
     }
+    let bearer = target.access.bearer().map_err(|e| anyhow::anyhow!("--token: {e}"))?;
     let mut failures = Vec::new();
     for server in &servers {
-        let endpoint = Channel::from_shared(server.to_string())
-            .with_context(|| format!("invalid --server URL {server:?}"))?;
+        let endpoint =
+            target.access.endpoint(server).map_err(|e| anyhow::anyhow!("--server {server:?}: {e}"))?;
         match endpoint
             .connect_timeout(target.timeout.min(std::time::Duration::from_secs(5)))
             .timeout(target.timeout)
             .connect()
             .await
         {
-            Ok(channel) => return Ok(AdminClient::new(channel)),
-            Err(e) => failures.push(format!("{server}: {e}")),
+            Ok(channel) => return Ok(AdminClient::with_interceptor(channel, bearer)),
+            Err(e) => failures.push(format!("{server}: {}", transport_error(&e))),
         }
     }
     if servers.len() == 1 {
@@ -344,6 +349,18 @@ pub(crate) async fn connect(target: &Target) -> anyhow::Result<AdminClient<Chann
         );
     }
     anyhow::bail!("cannot reach any tollgate server: {}", failures.join("; "))
+}
+
+/// A connection failure with its causes (a TLS failure says why only in its source).
+fn transport_error(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// A gRPC error as the user should read it.
@@ -375,7 +392,7 @@ pub(crate) fn priority_name(level: u32) -> String {
 }
 
 pub(crate) async fn get(
-    client: &mut AdminClient<Channel>,
+    client: &mut Admin,
     name: &str,
 ) -> anyhow::Result<Option<v1::GroupSettings>> {
     match client.get_group(v1::GetGroupRequest { name: name.to_string() }).await {
@@ -501,7 +518,7 @@ fn show(info: &v1::GroupInfo) -> String {
 
 /// Creates or alters a group and shows the result.
 async fn put(
-    client: &mut AdminClient<Channel>,
+    client: &mut Admin,
     name: String,
     options: &GroupOptions,
     mode: v1::PutMode,
@@ -517,7 +534,7 @@ async fn put(
 }
 
 /// Every group, page after page.
-pub(crate) async fn list_all(client: &mut AdminClient<Channel>) -> anyhow::Result<Vec<v1::GroupInfo>> {
+pub(crate) async fn list_all(client: &mut Admin) -> anyhow::Result<Vec<v1::GroupInfo>> {
     let mut groups = Vec::new();
     let mut page_token = String::new();
     loop {
@@ -661,7 +678,7 @@ fn stored(info: &v1::NodeInfo) -> StoredNode {
 /// Follows the server's trace, printing each line, until `count` lines or the server ends it.
 pub async fn trace(server: &Target, group: Option<String>, count: Option<u64>) -> anyhow::Result<()> {
     // No per-call deadline: the answer is a stream that runs as long as it is followed.
-    let target = Target { url: server.url.clone(), timeout: std::time::Duration::from_secs(24 * 3600) };
+    let target = Target { timeout: std::time::Duration::from_secs(24 * 3600), ..server.clone() };
     let mut client = connect(&target).await?;
     let request = v1::TraceRequest { group: group.unwrap_or_default() };
     let mut stream = client.trace(request).await.map_err(rpc)?.into_inner();
@@ -692,7 +709,7 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
     if s.role == "follower"
         && let Some(leader) = s.leader.clone()
     {
-        let at_leader = Target { url: leader.clone(), timeout: server.timeout };
+        let at_leader = Target { url: leader.clone(), ..server.clone() };
         match connect(&at_leader).await {
             Ok(mut c) => match c.status(v1::StatusRequest::default()).await {
                 Ok(answer) => {
@@ -767,7 +784,7 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
 }
 
 /// A Unix time in milliseconds as UTC, `2026-11-23T01:02:03.456Z`.
-fn utc(ms: u64) -> String {
+pub(crate) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;

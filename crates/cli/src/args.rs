@@ -14,6 +14,19 @@ pub(crate) struct Cli {
     /// How long an admin call may take before it counts as unanswered, in milliseconds.
     #[arg(long, global = true, env = "TOLLGATE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub(crate) timeout_ms: u64,
+    /// The token for a server started with --auth (`tollgate token create` prints one).
+    #[arg(long, global = true, env = "TOLLGATE_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// PEM authority to check an https:// server's certificate against (default: the
+    /// system's trusted authorities).
+    #[arg(long, global = true, env = "TOLLGATE_CA", value_name = "FILE")]
+    pub(crate) ca: Option<PathBuf>,
+    /// PEM client certificate, for a server with mutual TLS (with --key).
+    #[arg(long, global = true, env = "TOLLGATE_CERT", value_name = "FILE", requires = "key")]
+    pub(crate) cert: Option<PathBuf>,
+    /// PEM key of --cert.
+    #[arg(long, global = true, env = "TOLLGATE_KEY", value_name = "FILE", requires = "cert")]
+    pub(crate) key: Option<PathBuf>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -77,6 +90,9 @@ pub(crate) enum Command {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
     },
+    /// Credentials for a server started with --auth: create, list, revoke.
+    #[command(subcommand)]
+    Token(crate::token::Token),
     /// The audit log: every change to the settings, oldest first, with who made it and the
     /// value before and after.
     Audit {

@@ -77,17 +77,19 @@ fn process_usage(pid: u32) -> Option<(f64, u64)> {
     Some((ticks / 100.0, hwm))
 }
 
-pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
+pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.clients > 0 && a.groups > 0 && a.connections > 0,
         "--clients, --groups and --connections must be above 0"
     );
     anyhow::ensure!(a.duration > 0.0 && a.duration.is_finite(), "--duration must be above 0 seconds");
     anyhow::ensure!(a.rate >= 0.0 && a.rate.is_finite(), "--rate must be 0 or more");
+    let bearer = access.bearer().map_err(|e| anyhow::anyhow!("--token: {e}"))?;
     let mut channels = Vec::new();
     for _ in 0..a.connections {
-        let ch = Channel::from_shared(a.server.clone())
-            .with_context(|| format!("invalid --server URL {:?}", a.server))?
+        let ch = access
+            .endpoint(&a.server)
+            .map_err(|e| anyhow::anyhow!("--server: {e}"))?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(5))
             .connect()
@@ -102,7 +104,7 @@ pub async fn exchange(a: ExchangeArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..a.clients {
-        let mut client = AdmissionClient::new(channels[c % channels.len()].clone());
+        let mut client = AdmissionClient::with_interceptor(channels[c % channels.len()].clone(), bearer.clone());
         let (stop, clock) = (stop.clone(), clock.clone());
         let groups: Vec<String> =
             (0..a.groups).map(|g| format!("bench-{}", (c * a.groups + g) % 100_000)).collect();

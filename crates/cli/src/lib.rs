@@ -18,6 +18,7 @@ mod ramp;
 mod server;
 mod sim;
 mod sql;
+mod token;
 
 /// Prints a line to stdout. A reader that went away (`tollgate sim … | head`) is not an
 /// error worth a panic: the output is simply no longer wanted.
@@ -40,8 +41,15 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let target =
-        admin::Target { url: cli.server.clone(), timeout: std::time::Duration::from_millis(cli.timeout_ms) };
+    let target = admin::Target {
+        url: cli.server.clone(),
+        timeout: std::time::Duration::from_millis(cli.timeout_ms),
+        access: tollgate_client::access::Access {
+            token: cli.token.clone(),
+            ca_file: cli.ca.clone(),
+            identity: cli.cert.clone().zip(cli.key.clone()),
+        },
+    };
     match cli.command {
         Command::CheckConfig { file } => {
             let src = std::fs::read_to_string(&file)
@@ -79,12 +87,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Trace { group, count } => admin_command(admin::trace(&target, group, count)),
         Command::Status { json } => admin_command(admin::status(&target, json)),
+        Command::Token(cmd) => admin_command(token::run(&target, cmd)),
         Command::Audit { since, limit, json } => admin_command(admin::audit(&target, since, limit, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(cmd) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             match cmd {
-                BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args))?,
+                BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
                 BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
             }
             Ok(ExitCode::SUCCESS)

@@ -17,8 +17,7 @@
 use std::fmt::Write as _;
 
 use anyhow::bail;
-use tollgate_proto::v1::{self, admin_client::AdminClient};
-use tonic::transport::Channel;
+use tollgate_proto::v1;
 
 use crate::admin::{self, Target};
 use crate::say;
@@ -467,7 +466,7 @@ pub async fn run(target: &Target, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn execute(client: &mut AdminClient<Channel>, statement: Statement) -> anyhow::Result<()> {
+async fn execute(client: &mut crate::admin::Admin, statement: Statement) -> anyhow::Result<()> {
     match statement {
         Statement::Create { name, if_not_exists, options } => {
             let req = v1::PutGroupRequest {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tollgate_testkit::etcd::Etcd;
 
 mod common;
-use common::{BIN, admin};
+use common::{BIN, admin, eventually};
 
 struct Killed(Child);
 impl Drop for Killed {
@@ -76,16 +76,6 @@ fn output(url: &str, args: &[&str]) -> String {
 }
 
 /// Waits (up to a minute: a bound for a stuck test, not a timing assertion) until `done`.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..600 {
-        if done() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("never happened: {what}");
-}
-
 #[test]
 fn controllers_on_one_etcd_share_every_setting_and_keep_it_across_a_kill() {
     let etcd = Etcd::start("shared");

@@ -59,9 +59,9 @@ async fn backends_take_group_settings_pushed_on_every_change_and_pulled_when_sta
     let pushed = Scheduler::new(&Config::default(), SchedulerOptions::default());
     let pulled = Scheduler::new(&Config::default(), SchedulerOptions::default());
     let _p =
-        pushed.follow(&url, FollowOptions { check_interval: Duration::from_secs(3600), push: true }).unwrap();
+        pushed.follow(&url, FollowOptions { check_interval: Duration::from_secs(3600), push: true, ..FollowOptions::default() }).unwrap();
     let _q = pulled
-        .follow(&url, FollowOptions { check_interval: Duration::from_millis(50), push: false })
+        .follow(&url, FollowOptions { check_interval: Duration::from_millis(50), push: false, ..FollowOptions::default() })
         .unwrap();
     // Both start with none, and pull them at once.
     for s in [&pushed, &pulled] {

@@ -1,68 +1,15 @@
 //! `tollgate server` and its admin commands, run as an operator would: the real binary,
 //! real gRPC and HTTP over loopback, a temporary data directory.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 use tollgate_proto::v1;
 
 mod common;
-use common::{BIN, server_command};
-
-struct ServerProc {
-    child: Child,
-    grpc: String,
-    http: String,
-}
-
-impl ServerProc {
-    fn start(data: &Path) -> ServerProc {
-        Self::start_with(data, &[], Stdio::null())
-    }
-
-    /// With extra flags, its log going to `stderr`.
-    fn start_with(data: &Path, flags: &[&str], stderr: Stdio) -> ServerProc {
-        let mut child = server_command(data, "127.0.0.1:0")
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        // "tollgate server listening: grpc ADDR http ADDR data DIR"
-        let words: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(&words[..3], ["tollgate", "server", "listening:"], "{line}");
-        ServerProc { child, grpc: words[4].to_string(), http: words[6].to_string() }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.grpc)
-    }
-
-    /// SIGTERM, and the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        let status = self.child.wait().unwrap();
-        std::mem::forget(self);
-        status
-    }
-}
-
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn data_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("server-{name}"));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+use common::{BIN, ServerProc, data_dir, server_command};
 
 /// Runs an admin command against `server`: (exit code, stdout, stderr).
 fn admin(server: &ServerProc, args: &[&str]) -> (i32, String, String) {

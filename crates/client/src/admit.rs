@@ -41,7 +41,7 @@ impl Inner {
         };
         let now = self.clock.now();
         self.tick(now);
-        if unthrottled {
+        if unthrottled && self.mode.unthrottled_allowed() {
             return Ok((self.admit_unthrottled(group, cost, now), Duration::ZERO));
         }
         if cost > g.burst_ceiling {

@@ -39,13 +39,16 @@ impl Tollgate {
         }
         let mut channels = Vec::with_capacity(urls.len());
         for u in urls {
-            let endpoint = tonic::transport::Channel::from_shared(u.to_string())
-                .map_err(|e| BuildError::Remote { url: u.to_string(), reason: e.to_string() })?;
-            channels.push((u.to_string(), endpoint.connect_timeout(opts.exchange_timeout).connect_lazy()));
+            let channel = opts
+                .access
+                .channel(u, opts.exchange_timeout)
+                .map_err(|reason| BuildError::Remote { url: u.to_string(), reason })?;
+            channels.push((u.to_string(), channel));
         }
         let timeout = opts.exchange_timeout;
+        let access = opts.access.clone();
         let (gate, driver) = Self::remote_driven(opts)?;
-        let controllers = crate::remote::Controllers::new(channels, timeout);
+        let controllers = crate::remote::Controllers::new(channels, timeout, access);
         runtime.spawn(crate::remote::run(driver, controllers, timeout));
         Ok(gate)
     }
@@ -59,8 +62,11 @@ impl Tollgate {
     ) -> Result<Tollgate, BuildError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let timeout = opts.exchange_timeout;
+        let access = opts.access.clone();
+        let bearer = access.bearer().map_err(|reason| BuildError::Remote { url: String::new(), reason })?;
+        let channel = tonic::service::interceptor::InterceptedService::new(channel, bearer);
         let (gate, driver) = Self::remote_driven(opts)?;
-        let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)], timeout);
+        let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)], timeout, access);
         runtime.spawn(crate::remote::run(driver, controllers, timeout));
         Ok(gate)
     }

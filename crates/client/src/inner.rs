@@ -41,6 +41,18 @@ impl Mode {
     }
 }
 
+impl Mode {
+    /// Whether an unthrottled handle's work may skip the buckets: always but in remote mode,
+    /// where the controller says whether this client's credential carries the privilege.
+    #[inline]
+    pub(crate) fn unthrottled_allowed(&self) -> bool {
+        match self {
+            Mode::Remote(link) => link.unthrottled_allowed.load(std::sync::atomic::Ordering::Relaxed),
+            _ => true,
+        }
+    }
+}
+
 pub(crate) struct Inner {
     pub(crate) clock: Arc<ClockSource>,
     pub(crate) groups: Arc<Groups>,

@@ -37,6 +37,7 @@
 
 mod admit;
 mod builder;
+pub mod access;
 pub mod clock;
 mod connect;
 mod embedded;

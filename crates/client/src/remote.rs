@@ -78,6 +78,9 @@ pub struct RemoteOptions {
     /// Between exchanges, a group whose tokens run low (under a fifth of its burst) exchanges
     /// early, after the controller's next tick.
     pub exchange_period: Option<Duration>,
+    /// The token and TLS files for a controller that asks for them (see
+    /// [`Access`](crate::access::Access)); by default none.
+    pub access: crate::access::Access,
 }
 
 impl Default for RemoteOptions {
@@ -92,6 +95,7 @@ impl Default for RemoteOptions {
             max_tracked_groups: 10_000,
             clock: None,
             exchange_period: None,
+            access: crate::access::Access::default(),
         }
     }
 }
@@ -131,6 +135,10 @@ pub struct RemoteStatus {
     pub exchanges: u64,
     /// The last failure, if the last exchange failed.
     pub last_error: Option<String>,
+    /// The controller lets this client admit unthrottled work as such (see
+    /// [`Tollgate::unthrottled`](crate::Tollgate::unthrottled)); when not, that work takes
+    /// the buckets like any other.
+    pub unthrottled_allowed: bool,
 }
 
 /// Half-life of the decay policy.
@@ -161,6 +169,10 @@ pub(crate) struct Link {
     safe_mode: AtomicBool,
     exchanges: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// The controller lets this client admit work as unthrottled (its credential carries
+    /// the privilege, or the controller asks for none). Until the first answer says so,
+    /// unthrottled work takes the buckets like any other.
+    pub(crate) unthrottled_allowed: AtomicBool,
 }
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
@@ -179,6 +191,7 @@ impl Link {
             connected: AtomicBool::new(false),
             safe_mode: AtomicBool::new(false),
             exchanges: AtomicU64::new(0),
+            unthrottled_allowed: AtomicBool::new(false),
             last_error: Mutex::new(None),
         }
     }
@@ -213,6 +226,7 @@ impl Link {
             safe_mode: self.safe_mode.load(Ordering::Relaxed),
             exchanges: self.exchanges.load(Ordering::Relaxed),
             last_error: self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            unthrottled_allowed: self.unthrottled_allowed.load(Ordering::Relaxed),
         }
     }
 }
@@ -408,6 +422,7 @@ impl Driver {
     pub fn answer(&mut self, now: Nanos, response: &v1::ExchangeResponse) {
         let Some(groups) = self.groups.upgrade() else { return };
         self.pending = None;
+        self.link.unthrottled_allowed.store(response.unthrottled_allowed, Ordering::Relaxed);
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
             let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
@@ -490,9 +505,10 @@ impl Driver {
 /// The controllers a remote client knows: the addresses it was given, and leaders it was
 /// sent to (at most [`CONTROLLERS_MAX`] in all), with the one it talks to now.
 pub(crate) struct Controllers {
-    known: Vec<(String, v1::admission_client::AdmissionClient<tonic::transport::Channel>)>,
+    known: Vec<(String, v1::admission_client::AdmissionClient<crate::access::Rpc>)>,
     current: usize,
     connect_timeout: Duration,
+    access: crate::access::Access,
 }
 
 /// The most controllers a remote client keeps addresses for.
@@ -504,15 +520,16 @@ const LEADER_METADATA: &str = "tollgate-leader";
 impl Controllers {
     /// Over `urls` (already checked).
     pub(crate) fn new(
-        urls: Vec<(String, tonic::transport::Channel)>,
+        urls: Vec<(String, crate::access::Rpc)>,
         connect_timeout: Duration,
+        access: crate::access::Access,
     ) -> Controllers {
         let known =
             urls.into_iter().map(|(u, c)| (u, v1::admission_client::AdmissionClient::new(c))).collect();
-        Controllers { known, current: 0, connect_timeout }
+        Controllers { known, current: 0, connect_timeout, access }
     }
 
-    fn client(&mut self) -> &mut v1::admission_client::AdmissionClient<tonic::transport::Channel> {
+    fn client(&mut self) -> &mut v1::admission_client::AdmissionClient<crate::access::Rpc> {
         &mut self.known[self.current].1
     }
 
@@ -530,8 +547,7 @@ impl Controllers {
         if self.known.len() >= CONTROLLERS_MAX {
             return false;
         }
-        let Ok(endpoint) = tonic::transport::Channel::from_shared(leader.to_string()) else { return false };
-        let channel = endpoint.connect_timeout(self.connect_timeout).connect_lazy();
+        let Ok(channel) = self.access.channel(leader, self.connect_timeout) else { return false };
         self.known.push((leader.to_string(), v1::admission_client::AdmissionClient::new(channel)));
         self.current = self.known.len() - 1;
         true

@@ -45,6 +45,8 @@ pub struct ReporterOptions {
     /// The backend's capacity in units/s: when set, the health reported is the smoothed
     /// load ÷ capacity, and the health function is not used.
     pub capacity: Option<f64>,
+    /// The token (a backend token) and TLS files for a controller that asks for them.
+    pub access: crate::access::Access,
 }
 
 impl Default for ReporterOptions {
@@ -57,6 +59,7 @@ impl Default for ReporterOptions {
             threshold: 0.0,
             smoothing: Duration::from_secs(10),
             capacity: None,
+            access: crate::access::Access::default(),
         }
     }
 }
@@ -79,9 +82,10 @@ impl BackendReporter {
     ) -> Result<BackendReporter, crate::error::BuildError> {
         let mut controllers = Vec::new();
         for u in url.split(',').map(str::trim) {
-            let channel = tonic::transport::Channel::from_shared(u.to_string())
-                .map_err(|e| crate::error::BuildError::Remote { url: u.to_string(), reason: e.to_string() })?
-                .connect_lazy();
+            let channel = opts
+                .access
+                .channel(u, Duration::from_secs(5))
+                .map_err(|reason| crate::error::BuildError::Remote { url: u.to_string(), reason })?;
             controllers.push((u.to_string(), BackendClient::new(channel)));
         }
         if controllers.is_empty() || controllers.len() > crate::remote::CONTROLLERS_MAX {

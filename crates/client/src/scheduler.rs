@@ -374,9 +374,10 @@ impl Scheduler {
     pub fn follow(&self, url: &str, opts: FollowOptions) -> Result<Following, crate::error::BuildError> {
         let mut clients = Vec::new();
         for u in url.split(',').map(str::trim) {
-            let channel = tonic::transport::Channel::from_shared(u.to_string())
-                .map_err(|e| crate::error::BuildError::Remote { url: u.to_string(), reason: e.to_string() })?
-                .connect_lazy();
+            let channel = opts
+                .access
+                .channel(u, Duration::from_secs(5))
+                .map_err(|reason| crate::error::BuildError::Remote { url: u.to_string(), reason })?;
             clients.push(BackendClient::new(channel).max_decoding_message_size(SETTINGS_MAX_BYTES));
         }
         if clients.len() > crate::remote::CONTROLLERS_MAX {
@@ -430,11 +431,13 @@ pub struct FollowOptions {
     pub check_interval: Duration,
     /// Take pushed changes as they happen (`false`: only the periodic check).
     pub push: bool,
+    /// The token (a backend token) and TLS files for a controller that asks for them.
+    pub access: crate::access::Access,
 }
 
 impl Default for FollowOptions {
     fn default() -> Self {
-        Self { check_interval: Duration::from_secs(10), push: true }
+        Self { check_interval: Duration::from_secs(10), push: true, access: crate::access::Access::default() }
     }
 }
 
@@ -446,7 +449,7 @@ pub struct Following {
 
 async fn follow(
     scheduler: Scheduler,
-    mut clients: Vec<BackendClient<tonic::transport::Channel>>,
+    mut clients: Vec<BackendClient<crate::access::Rpc>>,
     opts: FollowOptions,
     mut stopped: tokio::sync::watch::Receiver<()>,
 ) {

@@ -3,8 +3,10 @@
 // Each test crate uses its own part of this module.
 #![allow(dead_code)]
 
-use std::path::Path;
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// The `tollgate` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
@@ -20,4 +22,71 @@ pub fn server_command(data: &Path, grpc: &str) -> Command {
 pub fn admin(url: &str, args: &[&str]) {
     let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap();
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A running `tollgate server`, killed when dropped.
+pub struct ServerProc {
+    pub child: Child,
+    pub grpc: String,
+    pub http: String,
+}
+
+impl ServerProc {
+    pub fn start(data: &Path) -> ServerProc {
+        Self::start_with(data, &[], Stdio::null())
+    }
+
+    /// With extra flags, its log going to `stderr`.
+    pub fn start_with(data: &Path, flags: &[&str], stderr: Stdio) -> ServerProc {
+        let mut child = server_command(data, "127.0.0.1:0")
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        // "tollgate server listening: grpc ADDR http ADDR data DIR"
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&words[..3], ["tollgate", "server", "listening:"], "{line}");
+        ServerProc { child, grpc: words[4].to_string(), http: words[6].to_string() }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh directory for a test's data.
+pub fn data_dir(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("server-{name}"));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+
+/// Polls `done` every 100 ms for up to a minute; panics naming `what` if it never holds.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if done() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("never happened: {what}");
 }

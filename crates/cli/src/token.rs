@@ -1,0 +1,120 @@
+//! `tollgate token`: credentials for a server started with `--auth`.
+
+use clap::Subcommand;
+use tollgate_proto::v1;
+
+use crate::admin::{Target, connect, rpc, utc};
+use crate::say;
+
+/// `tollgate token …`.
+#[derive(Subcommand)]
+pub enum Token {
+    /// Make a token and print it, this once (the server keeps only its hash).
+    Create {
+        /// What it may do: admin (everything), client (exchanges, for --groups), backend
+        /// (reports and group settings), reader (status, metrics, settings).
+        #[arg(long, value_parser = ["admin", "client", "backend", "reader"])]
+        role: String,
+        /// For a client: the groups it may exchange for, comma-separated, `*` for any run of
+        /// characters (`tenant-a*,shared`); default every group.
+        #[arg(long, default_value = "")]
+        groups: String,
+        /// For a client: its unthrottled work is admitted as unthrottled (Couchbase's
+        /// Unthrottled privilege); without it, such work is throttled like any other.
+        #[arg(long)]
+        unthrottled: bool,
+        /// Expires after this span (`90s`, `30m`, `12h`, `30d`); default never.
+        #[arg(long, value_parser = parse_span)]
+        expires: Option<std::time::Duration>,
+        /// A label shown by `token list` and in the audit log.
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Print JSON (with the token) for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every token: id, role, groups, privileges, expiry (never the secret).
+    List {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id, at once and on every controller. The last admin token
+    /// cannot be revoked.
+    Revoke {
+        /// The id `token list` shows.
+        id: String,
+    },
+}
+
+fn parse_span(s: &str) -> Result<std::time::Duration, String> {
+    match crate::admin::parse_since(s)? {
+        crate::admin::Since::Ago(d) if !d.is_zero() => Ok(d),
+        _ => Err(format!("expected a span above zero such as 90s, 30m, 12h or 30d; got {s:?}")),
+    }
+}
+
+fn info_json(t: &v1::TokenInfo) -> serde_json::Value {
+    serde_json::json!({
+        "id": t.id,
+        "role": t.role,
+        "name": t.name,
+        "groups": t.groups,
+        "unthrottled": t.unthrottled,
+        "created": utc(t.created_unix_ms),
+        "expires": (t.expires_unix_ms > 0).then(|| utc(t.expires_unix_ms)),
+    })
+}
+
+fn info_line(t: &v1::TokenInfo) -> String {
+    let expires = if t.expires_unix_ms == 0 { "never".to_string() } else { utc(t.expires_unix_ms) };
+    format!(
+        "{}  {:<7}  {:<16}  groups {}  unthrottled {}  expires {}",
+        t.id,
+        t.role,
+        if t.name.is_empty() { "-" } else { &t.name },
+        if t.groups.is_empty() { "*" } else { &t.groups },
+        if t.unthrottled { "yes" } else { "no" },
+        expires
+    )
+}
+
+/// Runs a `tollgate token` command.
+pub async fn run(server: &Target, cmd: Token) -> anyhow::Result<()> {
+    let mut client = connect(server).await?;
+    match cmd {
+        Token::Create { role, groups, unthrottled, expires, name, json } => {
+            let expires_in_s = expires.map_or(0, |d| d.as_secs().max(1));
+            let request = v1::CreateTokenRequest { role, groups, unthrottled, expires_in_s, name };
+            let made = client.create_token(request).await.map_err(rpc)?.into_inner();
+            let info = made.info.unwrap_or_default();
+            if json {
+                let mut v = info_json(&info);
+                v["token"] = made.token.into();
+                say(v.to_string());
+            } else {
+                say(made.token);
+                eprintln(&format!("made {}; the token above is shown this once", info_line(&info)));
+            }
+        }
+        Token::List { json } => {
+            let tokens = client.list_tokens(v1::ListTokensRequest {}).await.map_err(rpc)?.into_inner().tokens;
+            for t in &tokens {
+                say(if json { info_json(t).to_string() } else { info_line(t) });
+            }
+            if tokens.is_empty() && !json {
+                say("no tokens");
+            }
+        }
+        Token::Revoke { id } => {
+            let t = client.revoke_token(v1::RevokeTokenRequest { id }).await.map_err(rpc)?.into_inner();
+            say(format!("revoked {}", info_line(&t)));
+        }
+    }
+    Ok(())
+}
+
+fn eprintln(note: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{note}");
+}
