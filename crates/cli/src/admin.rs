@@ -353,8 +353,12 @@ pub(crate) async fn connect(target: &Target) -> anyhow::Result<Admin> {
 
 /// A connection failure with its causes (a TLS failure says why only in its source).
 fn transport_error(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
+    with_causes(e.to_string(), e.source())
+}
+
+/// `first`, then each cause in turn.
+fn with_causes(first: String, mut source: Option<&dyn std::error::Error>) -> String {
+    let mut text = first;
     while let Some(s) = source {
         text.push_str(": ");
         text.push_str(&s.to_string());
@@ -366,6 +370,17 @@ fn transport_error(e: &dyn std::error::Error) -> String {
 /// A gRPC error as the user should read it.
 pub(crate) fn rpc(e: tonic::Status) -> anyhow::Error {
     match e.code() {
+        // A connection the server closed after its handshake (over TLS, a client certificate
+        // it does not take) says why only in the error's causes.
+        _ if e.message() == "transport error"
+            || (e.code() == tonic::Code::Cancelled && std::error::Error::source(&e).is_some()) =>
+        {
+            let causes = with_causes(e.message().to_string(), std::error::Error::source(&e));
+            anyhow::anyhow!(
+                "the tollgate server closed the connection (over TLS: does it accept this client's \
+                 certificate, --cert?): {causes}"
+            )
+        }
         tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
             anyhow::anyhow!(
                 "the tollgate server did not answer in time (--timeout-ms): is it running? {}",
@@ -373,7 +388,8 @@ pub(crate) fn rpc(e: tonic::Status) -> anyhow::Error {
             )
         }
         tonic::Code::Unavailable if e.message().contains("transport") || e.message().contains("connect") => {
-            anyhow::anyhow!("the tollgate server is unreachable: {}", e.message())
+            let causes = with_causes(e.message().to_string(), std::error::Error::source(&e));
+            anyhow::anyhow!("the tollgate server is unreachable: {causes}")
         }
         _ => anyhow::anyhow!("{}", e.message()),
     }
@@ -391,10 +407,7 @@ pub(crate) fn priority_name(level: u32) -> String {
     tollgate_server::convert::priority_name(level)
 }
 
-pub(crate) async fn get(
-    client: &mut Admin,
-    name: &str,
-) -> anyhow::Result<Option<v1::GroupSettings>> {
+pub(crate) async fn get(client: &mut Admin, name: &str) -> anyhow::Result<Option<v1::GroupSettings>> {
     match client.get_group(v1::GetGroupRequest { name: name.to_string() }).await {
         Ok(r) => Ok(r.into_inner().settings),
         Err(s) if s.code() == tonic::Code::NotFound => Ok(None),

@@ -104,7 +104,8 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..a.clients {
-        let mut client = AdmissionClient::with_interceptor(channels[c % channels.len()].clone(), bearer.clone());
+        let mut client =
+            AdmissionClient::with_interceptor(channels[c % channels.len()].clone(), bearer.clone());
         let (stop, clock) = (stop.clone(), clock.clone());
         let groups: Vec<String> =
             (0..a.groups).map(|g| format!("bench-{}", (c * a.groups + g) % 100_000)).collect();

@@ -58,10 +58,25 @@ async fn backends_take_group_settings_pushed_on_every_change_and_pulled_when_sta
     // 50 ms, so it sees changes only by finding its version stale.
     let pushed = Scheduler::new(&Config::default(), SchedulerOptions::default());
     let pulled = Scheduler::new(&Config::default(), SchedulerOptions::default());
-    let _p =
-        pushed.follow(&url, FollowOptions { check_interval: Duration::from_secs(3600), push: true, ..FollowOptions::default() }).unwrap();
+    let _p = pushed
+        .follow(
+            &url,
+            FollowOptions {
+                check_interval: Duration::from_secs(3600),
+                push: true,
+                ..FollowOptions::default()
+            },
+        )
+        .unwrap();
     let _q = pulled
-        .follow(&url, FollowOptions { check_interval: Duration::from_millis(50), push: false, ..FollowOptions::default() })
+        .follow(
+            &url,
+            FollowOptions {
+                check_interval: Duration::from_millis(50),
+                push: false,
+                ..FollowOptions::default()
+            },
+        )
         .unwrap();
     // Both start with none, and pull them at once.
     for s in [&pushed, &pulled] {

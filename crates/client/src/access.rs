@@ -77,10 +77,14 @@ impl Access {
             Some(t) => {
                 let t = t.trim();
                 if t.is_empty() || t.len() > 256 || !t.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err("token: 1 to 256 printable ASCII characters, as `tollgate token create` prints".into());
+                    return Err(
+                        "token: 1 to 256 printable ASCII characters, as `tollgate token create` prints"
+                            .into(),
+                    );
                 }
-                let value: MetadataValue<Ascii> =
-                    format!("Bearer {t}").parse().map_err(|_| "token: not a valid header value".to_string())?;
+                let value: MetadataValue<Ascii> = format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| "token: not a valid header value".to_string())?;
                 Ok(Bearer(Some(value)))
             }
         }

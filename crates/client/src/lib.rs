@@ -35,9 +35,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod access;
 mod admit;
 mod builder;
-pub mod access;
 pub mod clock;
 mod connect;
 mod embedded;

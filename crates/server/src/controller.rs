@@ -39,6 +39,9 @@ pub enum AdminError {
     /// No such group.
     #[error("group {0:?} does not exist")]
     NotFound(String),
+    /// No such token.
+    #[error("token {0} does not exist")]
+    NoToken(String),
     /// The group exists already.
     #[error("group {0:?} already exists")]
     AlreadyExists(String),
@@ -57,7 +60,7 @@ impl From<AdminError> for Status {
     fn from(e: AdminError) -> Status {
         match e {
             AdminError::Invalid(errors) => Status::invalid_argument(errors.to_string()),
-            AdminError::NotFound(_) => Status::not_found(e.to_string()),
+            AdminError::NotFound(_) | AdminError::NoToken(_) => Status::not_found(e.to_string()),
             AdminError::Rule(rule) => Status::invalid_argument(rule),
             AdminError::Refused(why) => Status::failed_precondition(why),
             AdminError::AlreadyExists(_) => Status::already_exists(e.to_string()),

@@ -253,7 +253,7 @@ fn admin_error(e: AdminError) -> axum::response::Response {
     let status = match &e {
         AdminError::Invalid(_) | AdminError::Rule(_) => StatusCode::BAD_REQUEST,
         AdminError::Refused(_) => StatusCode::CONFLICT,
-        AdminError::NotFound(_) => StatusCode::NOT_FOUND,
+        AdminError::NotFound(_) | AdminError::NoToken(_) => StatusCode::NOT_FOUND,
         AdminError::AlreadyExists(_) => StatusCode::CONFLICT,
         AdminError::Store(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
         AdminError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -355,6 +355,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Inco
 async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limits, tx: mpsc::Sender<Conn>) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut log = crate::conn::LogLimit::default();
+    let failed_handshakes = Arc::new(Mutex::new(crate::conn::LogLimit::default()));
     let mut refused = 0u64;
     loop {
         let (tcp, addr) = match listener.accept().await {
@@ -379,7 +380,15 @@ async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limit
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (tx, tls) = (tx.clone(), tls.clone());
+        let (tx, tls, failed) = (tx.clone(), tls.clone(), failed_handshakes.clone());
+        let complain = move |why: &dyn std::fmt::Display| {
+            // An operator should hear of refused clients, but a flood of them only once in a while.
+            if failed.lock().unwrap_or_else(PoisonError::into_inner).due() {
+                tracing::warn!(%addr, error = %why, "TLS handshake failed (such failures are logged at most every 10 s)");
+            } else {
+                tracing::debug!(%addr, error = %why, "TLS handshake failed");
+            }
+        };
         tokio::spawn(async move {
             let (io, cert_name) = match tls {
                 None => (Io::Plain(tcp), None),
@@ -395,14 +404,8 @@ async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limit
                                 .and_then(|c| common_name(c.as_ref()));
                             (Io::Tls(Box::new(stream)), name)
                         }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%addr, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%addr, "TLS handshake timed out");
-                            return;
-                        }
+                        Ok(Err(e)) => return complain(&e),
+                        Err(_) => return complain(&"timed out"),
                     }
                 }
             };

@@ -55,7 +55,7 @@ impl Controller {
     pub fn revoke_token(&self, id: &str, who: &str) -> Result<Arc<Credential>, AdminError> {
         let mut store = self.store();
         let Some(credential) = self.tokens_read().get(id).cloned() else {
-            return Err(AdminError::NotFound(format!("token {id}")));
+            return Err(AdminError::NoToken(id.to_string()));
         };
         let now = wall_ms();
         let live = credential.expires_unix_ms == 0 || credential.expires_unix_ms > now;

@@ -79,7 +79,6 @@ pub fn data_dir(name: &str) -> PathBuf {
     d
 }
 
-
 /// Polls `done` every 100 ms for up to a minute; panics naming `what` if it never holds.
 pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     for _ in 0..600 {

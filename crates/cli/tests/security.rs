@@ -1,0 +1,685 @@
+//! Security, as an operator and an attacker would meet it: the real server binary with
+//! `--auth` and TLS, real gRPC and HTTP over loopback, certificates made inside the test.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_client::access::{Access, Rpc};
+use tollgate_proto::v1;
+use tonic::Code;
+
+mod common;
+use common::{BIN, ServerProc, data_dir, eventually};
+
+/// Runs the CLI with `env`: (exit code, stdout, stderr).
+fn cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env_remove("TOLLGATE_TOKEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn first_token(data: &Path) -> String {
+    let file = data.join("admin.token");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the first admin token is readable by its owner only");
+    }
+    std::fs::read_to_string(file).unwrap().trim().to_string()
+}
+
+/// `tollgate token create` as admin: the token.
+fn create(s: &ServerProc, admin: &str, args: &[&str]) -> String {
+    create_over(&s.url(), &[("TOLLGATE_TOKEN", admin.to_string())], args)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn rpc(url: &str, access: &Access) -> Rpc {
+    access.channel(url, Duration::from_secs(5)).unwrap()
+}
+
+fn with_token(token: Option<&str>) -> Access {
+    Access { token: token.map(str::to_string), ..Access::default() }
+}
+
+/// Every gRPC method of the contract.
+const METHODS: [&str; 18] = [
+    "Exchange",
+    "Report",
+    "WatchSettings",
+    "GetSettings",
+    "PutGroup",
+    "DropGroup",
+    "GetGroup",
+    "ListGroups",
+    "SetCapacity",
+    "SetMode",
+    "SetSlowStart",
+    "GetNode",
+    "Status",
+    "Trace",
+    "Audit",
+    "CreateToken",
+    "ListTokens",
+    "RevokeToken",
+];
+
+/// Calls `method` with a request that passes the contract's checks; the status code.
+async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
+    use v1::admin_client::AdminClient;
+    use v1::admission_client::AdmissionClient;
+    use v1::backend_client::BackendClient;
+    let mut admin = AdminClient::new(channel.clone());
+    let mut backend = BackendClient::new(channel.clone());
+    let code = |r: Result<(), tonic::Status>| r.map_or_else(|s| s.code(), |()| Code::Ok);
+    code(match method {
+        "Exchange" => {
+            let load = v1::GroupUsage { group: "t-matrix".into(), demand: 1.0, ..v1::GroupUsage::default() };
+            let req =
+                v1::ExchangeRequest { client_id: client_id.into(), groups: vec![load], ..Default::default() };
+            AdmissionClient::new(channel).exchange(req).await.map(drop)
+        }
+        "Report" => {
+            let req = v1::BackendReport {
+                backend_id: "b1".into(),
+                zone: "z".into(),
+                health: Some(v1::backend_report::Health::Utilisation(0.5)),
+                loads: vec![],
+            };
+            backend.report(req).await.map(drop)
+        }
+        "WatchSettings" => backend.watch_settings(v1::WatchSettingsRequest {}).await.map(drop),
+        "GetSettings" => backend.get_settings(v1::GetSettingsRequest::default()).await.map(drop),
+        "PutGroup" => {
+            let patch = v1::GroupPatch { limit: Some(1000.0), ..Default::default() };
+            let req = v1::PutGroupRequest { name: "t-matrix".into(), patch: Some(patch), mode: 0 };
+            admin.put_group(req).await.map(drop)
+        }
+        "DropGroup" => {
+            admin.drop_group(v1::DropGroupRequest { name: "t-gone".into(), if_exists: true }).await.map(drop)
+        }
+        "GetGroup" => admin.get_group(v1::GetGroupRequest { name: "t-none".into() }).await.map(drop),
+        "ListGroups" => admin.list_groups(v1::ListGroupsRequest::default()).await.map(drop),
+        "SetCapacity" => admin.set_capacity(v1::SetCapacityRequest { capacity: None }).await.map(drop),
+        "SetMode" => admin.set_mode(v1::SetModeRequest { mode: 0 }).await.map(drop),
+        "SetSlowStart" => admin.set_slow_start(v1::SetSlowStartRequest { on: false }).await.map(drop),
+        "GetNode" => admin.get_node(v1::GetNodeRequest {}).await.map(drop),
+        "Status" => admin.status(v1::StatusRequest::default()).await.map(drop),
+        "Trace" => admin.trace(v1::TraceRequest::default()).await.map(drop),
+        "Audit" => admin.audit(v1::AuditRequest::default()).await.map(drop),
+        "CreateToken" => {
+            let req = v1::CreateTokenRequest { role: "reader".into(), ..Default::default() };
+            admin.create_token(req).await.map(drop)
+        }
+        "ListTokens" => admin.list_tokens(v1::ListTokensRequest {}).await.map(drop),
+        "RevokeToken" => {
+            admin.revoke_token(v1::RevokeTokenRequest { id: "0123456789abcdef".into() }).await.map(drop)
+        }
+        other => panic!("no such method {other}"),
+    })
+}
+
+/// One HTTP/1.1 request over plain TCP: the status code and the body.
+fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, text)
+}
+
+/// Every HTTP endpoint: method, path, body.
+const ENDPOINTS: [(&str, &str, &str); 7] = [
+    ("GET", "/healthz", ""),
+    ("GET", "/metrics", ""),
+    ("GET", "/status", ""),
+    ("GET", "/v1/node/properties", ""),
+    ("PUT", "/v1/node/properties", "{}"),
+    ("GET", "/v1/groups/t-matrix/properties", ""),
+    ("PUT", "/v1/groups/t-matrix/properties", "{}"),
+];
+
+fn refused(code: Code) -> bool {
+    matches!(code, Code::Unauthenticated | Code::PermissionDenied)
+}
+
+#[test]
+fn every_role_against_every_method_and_endpoint() {
+    let data = data_dir("security-matrix");
+    let s = ServerProc::start_with(&data, &["--auth"], Stdio::null());
+    let admin = first_token(&data);
+    let client = create(&s, &admin, &["--role", "client", "--groups", "t-*"]);
+    let backend = create(&s, &admin, &["--role", "backend"]);
+    let reader = create(&s, &admin, &["--role", "reader"]);
+    let rt = runtime();
+    let _entered = rt.enter();
+    let roles: [(&str, Option<&str>); 5] = [
+        ("admin", Some(&admin)),
+        ("client", Some(&client)),
+        ("backend", Some(&backend)),
+        ("reader", Some(&reader)),
+        ("none", None),
+    ];
+    let allowed = |role: &str, method: &str| match role {
+        "admin" => true,
+        "client" => method == "Exchange",
+        "backend" => ["Report", "WatchSettings", "GetSettings"].contains(&method),
+        "reader" => ["GetGroup", "ListGroups", "GetNode", "Status", "Trace"].contains(&method),
+        _ => false,
+    };
+    let mut wrong = Vec::new();
+    for (role, token) in roles {
+        let channel = rpc(&s.url(), &with_token(token));
+        for method in METHODS {
+            let code = rt.block_on(call(channel.clone(), method, &format!("m-{role}")));
+            if refused(code) == allowed(role, method) {
+                wrong.push(format!("{role} {method}: {code:?}"));
+            }
+        }
+        for (verb, path, body) in ENDPOINTS {
+            let (code, text) = http(&s.http, verb, path, token, body);
+            let open = path == "/healthz";
+            let expect_ok = open || role == "admin" || (role == "reader" && verb == "GET");
+            let was_refused = code == 401 || code == 403;
+            if was_refused == expect_ok {
+                wrong.push(format!("{role} {verb} {path}: {code} {text}"));
+            }
+            if code == 401 {
+                assert!(text.contains("www-authenticate: Bearer"), "{text}");
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "calls allowed or refused against their role:\n{}", wrong.join("\n"));
+    // Refusals say why, naming the credential, the call and the role it needs.
+    let channel = rpc(&s.url(), &with_token(Some(&reader)));
+    let mut a = v1::admin_client::AdminClient::new(channel);
+    let e = rt.block_on(a.set_capacity(v1::SetCapacityRequest { capacity: Some(5.0) })).unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert!(
+        e.message().contains("(reader) may not call /tollgate.v1.Admin/SetCapacity: it needs the admin role"),
+        "{e}"
+    );
+    // The audit log names the credential that made each change.
+    let (_, out, _) = cli(&["--server", &s.url(), "audit"], &[("TOLLGATE_TOKEN", &admin)]);
+    let admin_id = &admin[3..19];
+    assert!(out.contains(&format!("token {admin_id} (admin, first-admin) grpc 127.0.0.1:")), "{out}");
+    assert!(out.contains("token.create") && out.contains("group.put t-matrix"), "{out}");
+}
+
+#[test]
+fn missing_wrong_expired_revoked_and_malformed_tokens_are_refused_and_the_server_keeps_serving() {
+    let data = data_dir("security-tokens");
+    let s = ServerProc::start_with(&data, &["--auth"], Stdio::null());
+    let admin = first_token(&data);
+    let url = s.url();
+    let admin_env = [("TOLLGATE_TOKEN", admin.as_str())];
+    // Missing.
+    let (code, _, err) = cli(&["--server", &url, "group", "list"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("this server requires a token") && err.contains("TOLLGATE_TOKEN"), "{err}");
+    // Wrong: a well-formed token with a wrong secret, and one never issued.
+    let mut wrong = admin.clone();
+    let last = wrong.pop().unwrap();
+    wrong.push(if last == '0' { '1' } else { '0' });
+    for t in [
+        wrong.as_str(),
+        "tg_0000000000000000_0000000000000000000000000000000000000000000000000000000000000000",
+    ] {
+        let (code, _, err) = cli(&["--server", &url, "group", "list"], &[("TOLLGATE_TOKEN", t)]);
+        assert_ne!(code, 0);
+        assert!(err.contains("unknown token"), "{err}");
+    }
+    // Malformed, and oversized, sent as they are.
+    let rt = runtime();
+    let _entered = rt.enter();
+    let with_header = |value: &str| {
+        rt.block_on(async {
+            let channel = Access::default().endpoint(&url).unwrap().connect().await.unwrap();
+            let mut c = v1::admin_client::AdminClient::new(channel);
+            let mut req = tonic::Request::new(v1::ListGroupsRequest::default());
+            req.metadata_mut().insert("authorization", value.parse().unwrap());
+            c.list_groups(req)
+                .await
+                .map_or_else(|e| (e.code(), e.message().to_string()), |_| (Code::Ok, String::new()))
+        })
+    };
+    for bad in ["xyz", "Bearer tg_abc", "Basic dXNlcjpwYXNz", &format!("Bearer tg_{}", "a".repeat(300))] {
+        let (code, message) = with_header(bad);
+        assert_eq!(code, Code::Unauthenticated, "{bad}");
+        assert!(message.starts_with("malformed token"), "{bad}: {message}");
+    }
+    let big = "a".repeat(64 * 1024);
+    let (code, _) = http(&s.http, "GET", "/status", Some(&big), "");
+    assert!(code == 401 || code == 431 || code == 400, "an oversized header is refused: {code}");
+    let (code, _) = with_header(&format!("Bearer {big}"));
+    assert_ne!(code, Code::Ok, "a 64 KiB header is refused");
+    // Expired: a token made to last one second stops working on its own.
+    let short = create(&s, &admin, &["--role", "reader", "--expires", "1s"]);
+    eventually("the one-second token expires", || {
+        let (code, _, err) = cli(&["--server", &url, "status"], &[("TOLLGATE_TOKEN", &short)]);
+        code != 0 && err.contains("expired")
+    });
+    // Revoked: refused at once.
+    let reader = create(&s, &admin, &["--role", "reader"]);
+    let (code, _, _) = cli(&["--server", &url, "group", "list"], &[("TOLLGATE_TOKEN", &reader)]);
+    assert_eq!(code, 0);
+    let (code, out, err) = cli(&["--server", &url, "token", "revoke", &reader[3..19]], &admin_env);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = cli(&["--server", &url, "group", "list"], &[("TOLLGATE_TOKEN", &reader)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown token"), "{err}");
+    // The last admin token cannot be revoked; nothing changes.
+    let (code, _, err) = cli(&["--server", &url, "token", "revoke", &admin[3..19]], &admin_env);
+    assert_ne!(code, 0);
+    assert!(err.contains("is the last admin token"), "{err}");
+    let (_, out, _) = cli(&["--server", &url, "token", "list"], &admin_env);
+    assert!(out.contains(&admin[3..19]), "{out}");
+    // Bad arguments name the field.
+    for (args, message) in [
+        (vec!["token", "create", "--role", "client", "--groups", "a b"], "groups: pattern \"a b\""),
+        (vec!["token", "create", "--role", "reader", "--groups", "a"], "only for a client token"),
+        (vec!["token", "create", "--role", "reader", "--name", "no spaces"], "name: 1 to 64 characters"),
+        (vec!["token", "revoke", "xyz"], "id: 16 hex digits"),
+        (vec!["token", "revoke", "0123456789abcdef"], "token 0123456789abcdef does not exist"),
+    ] {
+        let mut all = vec!["--server", url.as_str()];
+        all.extend(args.iter());
+        let (code, _, err) = cli(&all, &admin_env);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains(message), "{args:?}: {err}");
+    }
+    // A second admin token, then the first may go; the server kept serving throughout.
+    let second = create(&s, &admin, &["--role", "admin", "--name", "ops"]);
+    let (code, _, err) =
+        cli(&["--server", &url, "token", "revoke", &admin[3..19]], &[("TOLLGATE_TOKEN", &second)]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cli(&["--server", &url, "token", "list"], &[("TOLLGATE_TOKEN", &second)]);
+    assert_eq!(code, 0);
+    assert!(!out.contains(&admin[3..19]) && out.contains("ops"), "{out}");
+    // Credentials survive a restart; the first-token file is not written again.
+    let status = s.terminate();
+    assert!(status.success());
+    std::fs::remove_file(data.join("admin.token")).unwrap();
+    let s = ServerProc::start_with(&data, &["--auth"], Stdio::null());
+    assert!(!data.join("admin.token").exists(), "an admin token exists, so no new one is made");
+    let (code, out, err) = cli(&["--server", &s.url(), "token", "list"], &[("TOLLGATE_TOKEN", &second)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ops"), "{out}");
+}
+
+#[test]
+fn a_client_token_is_limited_to_its_groups_and_keeps_its_client_ids() {
+    let data = data_dir("security-groups");
+    let s = ServerProc::start_with(&data, &["--auth"], Stdio::null());
+    let admin = first_token(&data);
+    let a = create(&s, &admin, &["--role", "client", "--groups", "tenant-a*,shared", "--name", "app-a"]);
+    let b = create(&s, &admin, &["--role", "client", "--groups", "tenant-b*"]);
+    let rt = runtime();
+    let _entered = rt.enter();
+    let exchange = |token: &str, client: &str, group: &str| {
+        let channel = rpc(&s.url(), &with_token(Some(token)));
+        rt.block_on(async {
+            let load = v1::GroupUsage { group: group.into(), demand: 1.0, ..v1::GroupUsage::default() };
+            let req =
+                v1::ExchangeRequest { client_id: client.into(), groups: vec![load], ..Default::default() };
+            v1::admission_client::AdmissionClient::new(channel).exchange(req).await
+        })
+    };
+    assert!(exchange(&a, "a-1", "tenant-a1").is_ok());
+    assert!(exchange(&a, "a-1", "shared").is_ok());
+    let e = exchange(&a, "a-1", "tenant-b1").unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert!(e.message().contains("(client, app-a) may not exchange for group \"tenant-b1\""), "{e}");
+    // Another credential cannot take a client id in use.
+    let e = exchange(&b, "a-1", "tenant-b1").unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert!(e.message().contains("client id \"a-1\" belongs to another credential"), "{e}");
+    assert!(exchange(&b, "b-1", "tenant-b1").is_ok());
+}
+
+#[test]
+fn unthrottled_is_a_privilege_of_the_credential() {
+    let data = data_dir("security-unthrottled");
+    let s = ServerProc::start_with(&data, &["--auth", "--tick-ms", "100"], Stdio::null());
+    let admin = first_token(&data);
+    let admin_env = [("TOLLGATE_TOKEN", admin.as_str())];
+    for g in ["u-priv", "u-plain"] {
+        let (code, _, err) = cli(&["--server", &s.url(), "group", "create", g, "--limit", "50"], &admin_env);
+        assert_eq!(code, 0, "{err}");
+    }
+    let privileged = create(&s, &admin, &["--role", "client", "--unthrottled"]);
+    let plain = create(&s, &admin, &["--role", "client"]);
+    let rt = runtime();
+    let _entered = rt.enter();
+    let remote = |token: &str, id: &str| {
+        let opts = tollgate_client::RemoteOptions {
+            client_id: Some(id.into()),
+            access: with_token(Some(token)),
+            ..Default::default()
+        };
+        tollgate_client::Tollgate::remote(&s.url(), opts).unwrap()
+    };
+    let p = remote(&privileged, "priv");
+    let q = remote(&plain, "plain");
+    rt.block_on(async {
+        // Until the first answer, neither admits unthrottled work as such.
+        for (gate, group) in [(&p, "u-priv"), (&q, "u-plain")] {
+            let gate = gate.clone();
+            tokio::time::timeout(Duration::from_secs(30), async {
+                while gate.remote_status().unwrap().exchanges == 0 {
+                    let _ = gate.try_acquire(group, 1.0);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .expect("first exchange");
+        }
+    });
+    let allowed =
+        (p.remote_status().unwrap().unthrottled_allowed, q.remote_status().unwrap().unthrottled_allowed);
+    assert_eq!(allowed, (true, false), "the controller grants the privilege to the credential that has it");
+    let (pu, qu) = (p.unthrottled(), q.unthrottled());
+    let mut refused = (0, 0);
+    for _ in 0..2000 {
+        refused.0 += usize::from(pu.try_acquire("u-priv", 1.0).is_err());
+        refused.1 += usize::from(qu.try_acquire("u-plain", 1.0).is_err());
+    }
+    assert_eq!(refused.0, 0, "privileged unthrottled work is never refused");
+    assert!(refused.1 > 1000, "unprivileged unthrottled work is throttled: {} of 2000 refused", refused.1);
+    // The controller counts the unprivileged client's work as ordinary, throttled work: keep
+    // both working while the status is read.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        rt.spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = pu.try_acquire("u-priv", 1.0);
+                let _ = qu.try_acquire("u-plain", 1.0);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let reader = create(&s, &admin, &["--role", "reader"]);
+    eventually("the controller sees both groups' reports", || {
+        let (_, body) = http(&s.http, "GET", "/status", Some(&reader), "");
+        let v: serde_json::Value =
+            serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap_or("{}")).unwrap_or_default();
+        let group = |n: &str| {
+            v["groups"]
+                .as_array()
+                .and_then(|gs| gs.iter().find(|g| g["name"] == n).cloned())
+                .unwrap_or_default()
+        };
+        let (p, q) = (group("u-priv"), group("u-plain"));
+        p["unthrottled"].as_f64().unwrap_or(0.0) > 0.0
+            && q["unthrottled"].as_f64() == Some(0.0)
+            && q["throttled_total"].as_u64().unwrap_or(0) > 0
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(load).unwrap();
+}
+
+/// A certificate authority and what it signs, written as PEM files into a directory.
+struct Pki {
+    dir: PathBuf,
+    params: rcgen::CertificateParams,
+    key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Pki {
+        std::fs::create_dir_all(dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        Pki { dir: dir.to_path_buf(), params, key }
+    }
+
+    fn ca_file(&self) -> PathBuf {
+        let name = self.params.distinguished_name.get(&rcgen::DnType::CommonName).unwrap();
+        let rcgen::DnValue::Utf8String(name) = name else { panic!() };
+        self.dir.join(format!("{name}.pem"))
+    }
+
+    /// A certificate for `cn` (and loopback), valid in `days` around now: (cert, key) files.
+    fn issue(&self, cn: &str, file: &str, expired: bool) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        let (c, k) = (self.dir.join(format!("{file}.pem")), self.dir.join(format!("{file}.key")));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+/// The DER of the first certificate in a PEM file.
+fn der_of(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_file_iter(path).unwrap().next().unwrap().unwrap().to_vec()
+}
+
+/// Opens a TLS connection to the HTTP port at `addr` trusting `ca`, showing `identity`, and
+/// asks for `/healthz`: the certificate the server showed (DER), or what failed.
+fn handshake(addr: &str, ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((c, k)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(c).unwrap().map(Result::unwrap).collect(),
+                PrivateKeyDer::from_pem_file(k).unwrap(),
+            )
+            .unwrap(),
+    };
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("127.0.0.1").unwrap()).unwrap();
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    // A request proves the server accepted us (client certificates are checked after the
+    // client's part of the handshake).
+    let sent = write!(tls, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let read = sent.and_then(|()| tls.read_to_string(&mut text));
+    if let Err(e) = read {
+        return Err(e.to_string());
+    }
+    if !text.starts_with("HTTP/1.1 200") {
+        return Err(format!("not served: {text}"));
+    }
+    Ok(conn.peer_certificates().unwrap()[0].to_vec())
+}
+
+#[test]
+fn mutual_tls_with_an_allow_list_refuses_strangers_and_reloads_its_certificate() {
+    let dir = data_dir("security-tls");
+    let pki = Pki::new(&dir.join("pki"), "test-ca");
+    let stranger = Pki::new(&dir.join("other"), "other-ca");
+    let (cert, key) = pki.issue("server-a", "server", false);
+    let (app, app_key) = pki.issue("app-1", "app-1", false);
+    let (intruder, intruder_key) = pki.issue("intruder", "intruder", false);
+    let (old, old_key) = pki.issue("app-1", "expired", true);
+    let (foreign, foreign_key) = stranger.issue("app-1", "foreign", false);
+    let data = dir.join("data");
+    let ca = pki.ca_file();
+    let flags = [
+        "--auth",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
+        "--tls-allow-name",
+        "app-1,ops",
+    ];
+    let s = ServerProc::start_with(&data, &flags, Stdio::null());
+    let admin = first_token(&data);
+    let url = format!("https://{}", s.grpc);
+    let env = |c: &Path, k: &Path| {
+        vec![
+            ("TOLLGATE_TOKEN", admin.clone()),
+            ("TOLLGATE_CA", ca.to_str().unwrap().to_string()),
+            ("TOLLGATE_CERT", c.to_str().unwrap().to_string()),
+            ("TOLLGATE_KEY", k.to_str().unwrap().to_string()),
+        ]
+    };
+    let run = |args: &[&str], env: &[(&str, String)]| {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut all = vec!["--server", url.as_str()];
+        all.extend_from_slice(args);
+        cli(&all, &env)
+    };
+    // The allowed name, with the token: served.
+    let (code, out, err) = run(&["group", "create", "tls-g", "--limit", "10"], &env(&app, &app_key));
+    assert_eq!(code, 0, "{out}{err}");
+    // A name outside the allow-list: refused, by name.
+    let (code, _, err) = run(&["group", "list"], &env(&intruder, &intruder_key));
+    assert_ne!(code, 0);
+    assert!(err.contains("client certificate \"intruder\" is not on the server's allow-list"), "{err}");
+    // An expired certificate, and one from an authority the server does not trust: no
+    // connection at all.
+    for (c, k, what) in [(&old, &old_key, "expired"), (&foreign, &foreign_key, "unknown authority")] {
+        let (code, _, err) = run(&["group", "list"], &env(c, k));
+        assert_ne!(code, 0, "{what}");
+        assert!(err.contains("closed the connection") && err.contains("certificate"), "{what}: {err}");
+        assert!(handshake(&s.http, &ca, Some((c, k))).is_err(), "{what}");
+    }
+    // No client certificate: no connection.
+    assert!(handshake(&s.http, &ca, None).is_err());
+    // A client that does not trust the server's authority: refuses the server.
+    let mut untrusting = env(&app, &app_key);
+    untrusting[1].1 = stranger.ca_file().to_str().unwrap().to_string();
+    let (code, _, err) = run(&["group", "list"], &untrusting);
+    assert_ne!(code, 0);
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // Plain HTTP to a TLS port: refused.
+    let plain = format!("http://{}", s.grpc);
+    let (code, _, _) = cli(&["--server", &plain, "group", "list"], &[("TOLLGATE_TOKEN", &admin)]);
+    assert_ne!(code, 0);
+    // The HTTP port speaks TLS too; a new certificate is taken without a restart.
+    assert_eq!(handshake(&s.http, &ca, Some((&app, &app_key))).unwrap(), der_of(&cert));
+    let (new_cert, new_key) = pki.issue("server-b", "server-b", false);
+    std::fs::copy(&new_key, &key).unwrap();
+    std::fs::copy(&new_cert, &cert).unwrap();
+    let new = der_of(&new_cert);
+    eventually("the server takes its new certificate", || {
+        handshake(&s.http, &ca, Some((&app, &app_key))).is_ok_and(|der| der == new)
+    });
+    // A remote client over TLS with a client token.
+    let client = create_over(&url, &env(&app, &app_key), &["--role", "client"]);
+    let rt = runtime();
+    let _entered = rt.enter();
+    rt.block_on(async {
+        let access = Access {
+            token: Some(client),
+            ca_file: Some(ca.clone()),
+            identity: Some((app.clone(), app_key.clone())),
+        };
+        let opts = tollgate_client::RemoteOptions { access, ..Default::default() };
+        let gate = tollgate_client::Tollgate::remote(&url, opts).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while gate.remote_status().unwrap().exchanges == 0 {
+                let _ = gate.try_acquire("tls-g", 1.0);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the remote client exchanges over mutual TLS");
+    });
+}
+
+fn create_over(url: &str, env: &[(&str, String)], args: &[&str]) -> String {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut all = vec!["--server", url, "token", "create"];
+    all.extend_from_slice(args);
+    let (code, out, err) = cli(&all, &env);
+    assert_eq!(code, 0, "{out}{err}");
+    out.trim().to_string()
+}
+
+#[test]
+fn a_server_with_auth_and_tls_may_listen_beyond_loopback_and_a_bad_tls_file_is_named() {
+    let dir = data_dir("security-start");
+    let pki = Pki::new(&dir.join("pki"), "start-ca");
+    let (cert, key) = pki.issue("server", "server", false);
+    // A key that does not match the certificate, and a file that is not PEM.
+    let (_, other_key) = pki.issue("other", "other", false);
+    std::fs::write(dir.join("junk.pem"), "not a certificate").unwrap();
+    for (c, k, message) in [
+        (cert.clone(), other_key.clone(), "--tls-cert and --tls-key do not make a usable pair"),
+        (dir.join("junk.pem"), key.clone(), "--tls-cert"),
+        (dir.join("missing.pem"), key.clone(), "missing.pem"),
+    ] {
+        let out = common::server_command(&dir.join("d"), "127.0.0.1:0")
+            .args(["--tls-cert", c.to_str().unwrap(), "--tls-key", k.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(message), "{message}: {err}");
+    }
+    // Without both, other addresses are refused, naming what is missing.
+    let out = common::server_command(&dir.join("d"), "0.0.0.0:0").args(["--auth"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without TLS"), "{:?}", out);
+    let out = common::server_command(&dir.join("d"), "0.0.0.0:0")
+        .args(["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without --auth"), "{:?}", out);
+    // With both, the check passes and the server goes on to bind: shown here with an
+    // address this machine does not have (a documentation address), so that nothing listens
+    // beyond loopback during the test.
+    let out = common::server_command(&dir.join("d"), "192.0.2.1:7460")
+        .args(["--auth", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen on 192.0.2.1:7460") && !err.contains("loopback"), "{err}");
+}
