@@ -369,13 +369,15 @@ fn with_causes(first: String, mut source: Option<&dyn std::error::Error>) -> Str
 
 /// A gRPC error as the user should read it.
 pub(crate) fn rpc(e: tonic::Status) -> anyhow::Error {
+    let causes = with_causes(e.message().to_string(), std::error::Error::source(&e));
+    let timed_out = causes.contains("Timeout expired");
     match e.code() {
         // A connection the server closed after its handshake (over TLS, a client certificate
         // it does not take) says why only in the error's causes.
-        _ if e.message() == "transport error"
-            || (e.code() == tonic::Code::Cancelled && std::error::Error::source(&e).is_some()) =>
+        _ if !timed_out
+            && (e.message() == "transport error"
+                || (e.code() == tonic::Code::Cancelled && std::error::Error::source(&e).is_some())) =>
         {
-            let causes = with_causes(e.message().to_string(), std::error::Error::source(&e));
             anyhow::anyhow!(
                 "the tollgate server closed the connection (over TLS: does it accept this client's \
                  certificate, --cert?): {causes}"
@@ -388,7 +390,6 @@ pub(crate) fn rpc(e: tonic::Status) -> anyhow::Error {
             )
         }
         tonic::Code::Unavailable if e.message().contains("transport") || e.message().contains("connect") => {
-            let causes = with_causes(e.message().to_string(), std::error::Error::source(&e));
             anyhow::anyhow!("the tollgate server is unreachable: {causes}")
         }
         _ => anyhow::anyhow!("{}", e.message()),
