@@ -119,12 +119,12 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         None => None,
     };
     if let Some(a) = &a.advertise {
-        let ok = a.strip_prefix("http://").is_some_and(|rest| {
+        let ok = a.strip_prefix("http://").or_else(|| a.strip_prefix("https://")).is_some_and(|rest| {
             rest.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
         });
         if !ok || a.len() > 255 {
             bail!(
-                "--advertise: {a:?} must be http://HOST:PORT (at most 255 bytes), the gRPC address others reach"
+                "--advertise: {a:?} must be http://HOST:PORT or https://HOST:PORT (at most 255 bytes), the gRPC address others reach"
             );
         }
     }

@@ -448,3 +448,37 @@ async fn without_etcd_the_leader_steps_down_nobody_takes_over_and_clients_ride_t
     let out = output(&all, &["group", "alter", "g", "--limit", "50"]);
     assert!(out.contains("etcd"), "{out}");
 }
+
+#[test]
+fn tokens_made_on_one_controller_work_on_every_other_and_revoking_reaches_them_all() {
+    let etcd = Etcd::start("tokens");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-tokens");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (a_data, b_data) = (dir.join("a"), dir.join("b"));
+    let (_a, a_url, _) = start_with(&etcd.url(), "/tokens", &["--auth", "--data", a_data.to_str().unwrap()]);
+    let admin = std::fs::read_to_string(a_data.join("admin.token")).unwrap().trim().to_string();
+    let (_b, b_url, _) = start_with(&etcd.url(), "/tokens", &["--auth", "--data", b_data.to_str().unwrap()]);
+    assert!(!b_data.join("admin.token").exists(), "the shared store has an admin token already");
+    let run = |url: &str, token: &str, args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("TOLLGATE_SERVER", url)
+            .env("TOLLGATE_TOKEN", token)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, reader) = run(&a_url, &admin, &["token", "create", "--role", "reader"]);
+    assert!(ok, "{reader}");
+    let reader = reader.split_whitespace().next().unwrap().to_string();
+    eventually("the other controller takes the new token", || run(&b_url, &reader, &["group", "list"]).0);
+    let (ok, out) = run(&b_url, &admin, &["token", "revoke", &reader[3..19]]);
+    assert!(ok, "{out}");
+    eventually("the first controller refuses the revoked token", || {
+        let (ok, out) = run(&a_url, &reader, &["group", "list"]);
+        !ok && out.contains("unknown token")
+    });
+}

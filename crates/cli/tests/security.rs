@@ -683,3 +683,30 @@ fn a_server_with_auth_and_tls_may_listen_beyond_loopback_and_a_bad_tls_file_is_n
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot listen on 192.0.2.1:7460") && !err.contains("loopback"), "{err}");
 }
+
+#[test]
+fn a_connection_over_its_request_rate_is_refused_and_others_are_served() {
+    let data = data_dir("security-rate");
+    let s = ServerProc::start_with(&data, &["--max-requests-per-conn-s", "5"], Stdio::null());
+    let rt = runtime();
+    let _entered = rt.enter();
+    let busy = rpc(&s.url(), &Access::default());
+    let mut refused = Vec::new();
+    for _ in 0..100 {
+        let code = rt.block_on(call(busy.clone(), "GetNode", "c"));
+        if code != Code::Ok {
+            refused.push(code);
+        }
+    }
+    // At most 5 a second (and 5 banked) are served: on any machine, most of 100 are refused.
+    assert!(refused.len() >= 50, "{} of 100 refused", refused.len());
+    assert!(refused.iter().all(|c| *c == Code::ResourceExhausted), "{refused:?}");
+    let mut admin = v1::admin_client::AdminClient::new(busy);
+    let e = rt.block_on(admin.get_node(v1::GetNodeRequest {})).unwrap_err();
+    assert!(e.message().contains("more than 5 requests a second on this connection"), "{e}");
+    // Another connection is served.
+    let fresh = rpc(&s.url(), &Access::default());
+    assert_eq!(rt.block_on(call(fresh, "GetNode", "c")), Code::Ok);
+    // The HTTP port applies the same limit per connection; a new connection per request is served.
+    assert_eq!(http(&s.http, "GET", "/healthz", None, "").0, 200);
+}
