@@ -482,3 +482,41 @@ fn tokens_made_on_one_controller_work_on_every_other_and_revoking_reaches_them_a
         !ok && out.contains("unknown token")
     });
 }
+
+#[test]
+fn a_stored_token_with_a_role_this_server_does_not_know_is_refused_by_name() {
+    // As a newer version might store it, with a role this one lacks ("a deleted role").
+    let etcd = Etcd::start("roles");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-roles");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (_a, url, _) = start_with(&etcd.url(), "/roles", &["--auth", "--data", dir.to_str().unwrap()]);
+    let token = format!("tg_00000000000000aa_{}", "5".repeat(64));
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let hash: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let record =
+        format!(r#"{{"id":"00000000000000aa","role":"auditor","sha256":"{hash}","created_unix_ms":1}}"#);
+    let put = Command::new("etcdctl")
+        .args(["--endpoints", &etcd.url(), "put", "/roles/credentials/00000000000000aa", &record])
+        .output()
+        .unwrap();
+    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    eventually("the controller refuses the token by its role", || {
+        let out = Command::new(BIN)
+            .args(["group", "list"])
+            .env("TOLLGATE_SERVER", &url)
+            .env("TOLLGATE_TOKEN", &token)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        !out.status.success() && err.contains("has role \"auditor\", which this server does not know")
+    });
+    // Everyone else is served.
+    let admin = std::fs::read_to_string(dir.join("admin.token")).unwrap();
+    let out = Command::new(BIN)
+        .args(["group", "list"])
+        .env("TOLLGATE_SERVER", &url)
+        .env("TOLLGATE_TOKEN", admin.trim())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
