@@ -3,13 +3,14 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_client::access::{Access, Rpc};
 use tollgate_proto::v1;
+use tollgate_testkit::pki::Pki;
 use tonic::Code;
 
 mod common;
@@ -440,50 +441,6 @@ fn unthrottled_is_a_privilege_of_the_credential() {
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     rt.block_on(load).unwrap();
-}
-
-/// A certificate authority and what it signs, written as PEM files into a directory.
-struct Pki {
-    dir: PathBuf,
-    params: rcgen::CertificateParams,
-    key: rcgen::KeyPair,
-}
-
-impl Pki {
-    fn new(dir: &Path, name: &str) -> Pki {
-        std::fs::create_dir_all(dir).unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-        Pki { dir: dir.to_path_buf(), params, key }
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        let name = self.params.distinguished_name.get(&rcgen::DnType::CommonName).unwrap();
-        let rcgen::DnValue::Utf8String(name) = name else { panic!() };
-        self.dir.join(format!("{name}.pem"))
-    }
-
-    /// A certificate for `cn` (and loopback), valid in `days` around now: (cert, key) files.
-    fn issue(&self, cn: &str, file: &str, expired: bool) -> (PathBuf, PathBuf) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params =
-            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
-        if expired {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
-        }
-        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        let (c, k) = (self.dir.join(format!("{file}.pem")), self.dir.join(format!("{file}.key")));
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
 }
 
 /// The DER of the first certificate in a PEM file.

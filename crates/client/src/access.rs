@@ -97,6 +97,35 @@ impl Access {
     }
 }
 
+impl Access {
+    /// A Redis client for store mode at `url`: with TLS for `rediss://` (the CA file and the
+    /// client certificate, when given). A token is refused: Redis takes its password in the
+    /// URL.
+    pub fn redis_client(&self, url: &str) -> Result<redis::Client, String> {
+        if self.token.is_some() {
+            return Err("token: store mode talks to Redis, which takes its password in the URL \
+                        (rediss://:PASSWORD@HOST:PORT), not a token"
+                .into());
+        }
+        if !url.starts_with("rediss://") {
+            if self.ca_file.is_some() || self.identity.is_some() {
+                return Err(format!("{url:?}: a CA file or client certificate needs a rediss:// address"));
+            }
+            return redis::Client::open(url).map_err(|e| format!("url: {e}"));
+        }
+        let client_tls = match &self.identity {
+            None => None,
+            Some((cert, key)) => Some(redis::ClientTlsConfig {
+                client_cert: read_pem(cert, "certificate")?,
+                client_key: read_pem(key, "key")?,
+            }),
+        };
+        let root_cert = self.ca_file.as_ref().map(|ca| read_pem(ca, "CA file")).transpose()?;
+        redis::Client::build_with_tls(url, redis::TlsCertificates { client_tls, root_cert })
+            .map_err(|e| format!("url: {e}"))
+    }
+}
+
 /// Puts `authorization: Bearer TOKEN` on every call (nothing without a token).
 #[derive(Debug, Clone, Default)]
 pub struct Bearer(Option<MetadataValue<Ascii>>);

@@ -63,6 +63,10 @@ pub struct StoreOptions {
     pub stale_limit: Duration,
     /// What to do in safe mode.
     pub safe_mode: SafeModePolicy,
+    /// For `rediss://` URLs: the authority Redis's certificate is checked against, and this
+    /// client's certificate and key for Redis's `tls-auth-clients` (Redis's password goes in
+    /// the URL, `rediss://:PASSWORD@HOST:PORT`; a token is refused here).
+    pub access: crate::access::Access,
 }
 
 impl Default for StoreOptions {
@@ -75,6 +79,7 @@ impl Default for StoreOptions {
             connect_timeout: Duration::from_secs(5),
             stale_limit: Duration::from_secs(10),
             safe_mode: SafeModePolicy::Decay,
+            access: crate::access::Access::default(),
         }
     }
 }
@@ -183,6 +188,8 @@ pub(crate) struct StoreLink {
     client_id: String,
     opts: StoreOptions,
     url: String,
+    /// The Redis client (`None` in replicas mode), with TLS for `rediss://`.
+    redis: Option<redis::Client>,
     /// The coordinated groups, each with its ramp's resume TTL if it has one.
     groups: Vec<(GroupName, Option<Duration>)>,
     /// Per group: the size used and the size to report next.
@@ -195,8 +202,8 @@ pub(crate) struct StoreLink {
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
-async fn open(url: &str, timeout: Duration) -> Result<MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+async fn open(client: Option<&redis::Client>, timeout: Duration) -> Result<MultiplexedConnection, String> {
+    let client = client.ok_or("no store in replicas mode")?;
     match tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(e.to_string()),
@@ -265,8 +272,10 @@ pub(crate) async fn register(
     config: &Config,
     opts: StoreOptions,
 ) -> Result<Registered, BuildError> {
-    redis::Client::open(url)
-        .map_err(|e| BuildError::Remote { url: url.to_string(), reason: format!("url: {e}") })?;
+    let redis = opts
+        .access
+        .redis_client(url)
+        .map_err(|reason| BuildError::Remote { url: url.to_string(), reason })?;
     if opts.namespace.is_empty() || opts.namespace.contains(['{', '}']) {
         return Err(BuildError::Remote {
             url: url.to_string(),
@@ -278,7 +287,7 @@ pub(crate) async fn register(
         format!("tollgate-{}-{}", std::process::id(), NEXT_CLIENT.fetch_add(1, Ordering::Relaxed))
     });
     let coordinated = coordinated(config);
-    let mut connection = open(url, opts.connect_timeout).await.ok();
+    let mut connection = open(Some(&redis), opts.connect_timeout).await.ok();
     let mut shares = HashMap::new();
     let mut sizes = HashMap::new();
     for (name, ramp, limit) in &coordinated {
@@ -302,6 +311,7 @@ pub(crate) async fn register(
         client_id,
         opts,
         url: url.to_string(),
+        redis: Some(redis),
         groups: coordinated.into_iter().map(|(n, r, _)| (n, r.and_then(|r| r.resume_ttl))).collect(),
         sizes: Mutex::new(sizes),
         connected: AtomicBool::new(connection.is_some()),
@@ -367,6 +377,7 @@ pub(crate) fn fixed(config: &Config, replicas: Option<u64>) -> Result<Registered
         client_id: String::new(),
         opts: StoreOptions::default(),
         url: String::new(),
+        redis: None,
         sizes: Mutex::new(coordinated.iter().map(|(g, _, _)| (g.clone(), (n, n))).collect()),
         groups: coordinated.into_iter().map(|(g, _, _)| (g, None)).collect(),
         connected: AtomicBool::new(false),
@@ -434,7 +445,7 @@ impl StoreLink {
             task.abort();
         }
         let deregister = async {
-            let mut c = open(&self.url, Duration::from_secs(1)).await.ok()?;
+            let mut c = open(self.redis.as_ref(), Duration::from_secs(1)).await.ok()?;
             for (name, resume_ttl) in &self.groups {
                 let k = keys(&self.opts.namespace, name);
                 let ramp = match (resume_ttl, groups.get(name.as_str()).map(|g| ramp_value(&g.limiter))) {
@@ -504,7 +515,8 @@ async fn sync_loop(
         tokio::time::sleep(link.opts.sync_interval).await;
         let Some(groups) = groups.upgrade() else { return };
         if connection.is_none() {
-            connection = open(&link.url, link.opts.sync_interval.max(Duration::from_millis(200))).await.ok();
+            let wait = link.opts.sync_interval.max(Duration::from_millis(200));
+            connection = open(link.redis.as_ref(), wait).await.ok();
         }
         let mut ok = connection.is_some();
         if let Some(c) = &mut connection {

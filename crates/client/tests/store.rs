@@ -299,3 +299,52 @@ fn replicas_divide_each_pool_with_no_store() {
     let zero = Tollgate::replicas(config(settings), Some(0)).unwrap_err();
     assert!(zero.to_string().contains("replicas: must be from 1 to 100000, got 0"), "{zero}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_mode_speaks_tls_to_redis_with_a_ca_file_and_a_client_certificate() {
+    use tollgate_client::access::Access;
+    use tollgate_testkit::pki::Pki;
+    use tollgate_testkit::redis::RedisTls;
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-tls");
+    let _ = std::fs::remove_dir_all(&dir);
+    let pki = Pki::new(&dir, "redis-ca");
+    let stranger = Pki::new(&dir.join("other"), "other-ca");
+    let (cert, key) = pki.issue("redis", "redis", false);
+    let (client, client_key) = pki.issue("app", "app", false);
+    let ca = pki.ca_file();
+    let redis =
+        Redis::start_tls("tls", RedisTls { cert: &cert, key: &key, ca: &ca, client_certificates: true });
+    let url = redis.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    let conf = config("[groups.g]\nlimit = 100\n");
+    let with = |access: Access| StoreOptions { access, ..opts("tls", "c1") };
+    // The authority and a client certificate: connected, and syncing.
+    let access =
+        Access { ca_file: Some(ca.clone()), identity: Some((client, client_key)), ..Access::default() };
+    let gate = Tollgate::store(&url, conf.clone(), with(access)).await.unwrap();
+    until("synced over TLS", || gate.store_status().unwrap().syncs > 2).await;
+    assert!(gate.store_status().unwrap().connected);
+    // No client certificate, or an authority that did not sign Redis's certificate: never
+    // connected (the handle starts in safe mode, as with Redis down).
+    for access in [
+        Access { ca_file: Some(ca.clone()), ..Access::default() },
+        Access { ca_file: Some(stranger.ca_file()), ..Access::default() },
+    ] {
+        let refused = Tollgate::store(
+            &url,
+            conf.clone(),
+            StoreOptions { connect_timeout: Duration::from_secs(2), ..with(access) },
+        )
+        .await
+        .unwrap();
+        let s = refused.store_status().unwrap();
+        assert!(!s.connected && s.syncs == 0, "{s:?}");
+    }
+    // TLS files without rediss://, and a token: refused by name.
+    let plain = Access { ca_file: Some(ca.clone()), ..Access::default() };
+    let e = Tollgate::store("redis://127.0.0.1:1", conf.clone(), with(plain)).await.unwrap_err();
+    assert!(e.to_string().contains("needs a rediss:// address"), "{e}");
+    let token = Access { token: Some("tg_x".into()), ..Access::default() };
+    let e = Tollgate::store(&url, conf, with(token)).await.unwrap_err();
+    assert!(e.to_string().contains("takes its password in the URL"), "{e}");
+}

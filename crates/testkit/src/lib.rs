@@ -2,8 +2,11 @@
 //!
 //! - [`net`]: a real controller (`tollgate_server::serve`) on turmoil's simulated network, in
 //!   simulated time, with the controller crashed, restarted or cut off on command;
-//! - [`redis`]: a real `redis-server` on a free loopback port.
+//! - [`redis`]: a real `redis-server` on a free loopback port, plain or TLS;
+//! - [`etcd`]: a real etcd member or cluster;
+//! - [`pki`]: certificates made inside a test.
 
 pub mod etcd;
 pub mod net;
+pub mod pki;
 pub mod redis;

@@ -2,7 +2,7 @@
 //! (and its directory removed) when dropped. `./scripts/test.sh` installs it when missing.
 
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -12,6 +12,19 @@ pub struct Redis {
     /// Its port.
     pub port: u16,
     dir: PathBuf,
+    tls: bool,
+}
+
+/// The files a TLS `redis-server` is started with.
+pub struct RedisTls<'a> {
+    /// Its certificate and key.
+    pub cert: &'a Path,
+    /// Its key.
+    pub key: &'a Path,
+    /// The authority for client certificates.
+    pub ca: &'a Path,
+    /// Whether clients must show a certificate (`tls-auth-clients`).
+    pub client_certificates: bool,
 }
 
 impl Redis {
@@ -23,10 +36,33 @@ impl Redis {
 
     /// Starts one on `port`.
     pub fn start_on(name: &str, port: u16) -> Redis {
+        Redis::launch(name, port, None)
+    }
+
+    /// Starts one speaking only TLS on a free port (its URL is `rediss://`).
+    pub fn start_tls(name: &str, tls: RedisTls<'_>) -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Redis::launch(name, port, Some(tls))
+    }
+
+    fn launch(name: &str, port: u16, tls: Option<RedisTls<'_>>) -> Redis {
         let dir = std::env::temp_dir().join(format!("tollgate-redis-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        let mut cmd = Command::new("redis-server");
+        match &tls {
+            None => cmd.args(["--port", &port.to_string()]),
+            Some(t) => cmd
+                .args(["--port", "0", "--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(t.cert)
+                .arg("--tls-key-file")
+                .arg(t.key)
+                .arg("--tls-ca-cert-file")
+                .arg(t.ca)
+                .args(["--tls-auth-clients", if t.client_certificates { "yes" } else { "no" }]),
+        };
+        let mut child = cmd
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&dir)
             .stdout(Stdio::null())
@@ -36,7 +72,7 @@ impl Redis {
         // Ready when it accepts connections (bounded: 5 s).
         for _ in 0..500 {
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Redis { child, port, dir };
+                return Redis { child, port, dir, tls: tls.is_some() };
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -47,7 +83,8 @@ impl Redis {
 
     /// Its URL.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 }
 
