@@ -319,6 +319,11 @@ pub(crate) type Admin = AdminClient<tollgate_client::access::Rpc>;
 /// Connects to the first controller of `--server` (comma-separated URLs) that answers: with
 /// settings in etcd, any controller takes every admin command.
 pub(crate) async fn connect(target: &Target) -> anyhow::Result<Admin> {
+    Ok(AdminClient::new(channel(target).await?))
+}
+
+/// A connected channel to the first controller of `--server` that answers, carrying the token.
+pub(crate) async fn channel(target: &Target) -> anyhow::Result<tollgate_client::access::Rpc> {
     let servers: Vec<&str> = target.url.split(',').map(str::trim).collect();
     if servers.len() > 16 || servers.iter().any(|s| s.is_empty()) {
         anyhow::bail!(
@@ -337,7 +342,9 @@ pub(crate) async fn connect(target: &Target) -> anyhow::Result<Admin> {
             .connect()
             .await
         {
-            Ok(channel) => return Ok(AdminClient::with_interceptor(channel, bearer)),
+            Ok(channel) => {
+                return Ok(tonic::service::interceptor::InterceptedService::new(channel, bearer));
+            }
             Err(e) => failures.push(format!("{server}: {}", transport_error(&e))),
         }
     }

@@ -90,6 +90,9 @@ pub(crate) enum Command {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
     },
+    /// Envoy's rate-limit service on the gRPC port: its mapping rules, and a request to try.
+    #[command(subcommand)]
+    Rls(crate::rls::Rls),
     /// Credentials for a server started with --auth: create, list, revoke.
     #[command(subcommand)]
     Token(crate::token::Token),

@@ -15,6 +15,7 @@ mod calibrate;
 mod check;
 pub mod fuzzing;
 mod ramp;
+mod rls;
 mod server;
 mod sim;
 mod sql;
@@ -88,6 +89,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Trace { group, count } => admin_command(admin::trace(&target, group, count)),
         Command::Status { json } => admin_command(admin::status(&target, json)),
         Command::Token(cmd) => admin_command(token::run(&target, cmd)),
+        Command::Rls(cmd) => admin_command(rls::run(&target, cmd)),
         Command::Audit { since, limit, json } => admin_command(admin::audit(&target, since, limit, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(cmd) => {

@@ -10,7 +10,7 @@ use tollgate_core::cost::{CostModel, Usage};
 use tollgate_core::time::Clock as _;
 
 use crate::error::AcquireError;
-use crate::group::{Group, units};
+use crate::group::{Group, Limiter, units};
 use crate::inner::{Inner, Mode};
 use crate::permit::{GroupRef, Permit};
 use crate::remote::RemoteStatus;
@@ -253,6 +253,36 @@ impl GroupHandle {
     /// The group's counters.
     pub fn stats(&self) -> GroupStats {
         stats_of(&self.group)
+    }
+
+    /// Whether the group has what it admits by: always in the embedded and store modes; in
+    /// remote mode once the controller's first grant for it has come (until then it admits
+    /// nothing, and the grant is asked for at once).
+    pub fn has_grant(&self) -> bool {
+        !self.group.allowance().is_nan()
+    }
+
+    /// Units that could be admitted at once now: the bucket's tokens, or what is left of this
+    /// process's share of the epoch (store mode); infinite for a group with no limit.
+    ///
+    /// ```
+    /// # use tollgate_client::Tollgate;
+    /// # use tollgate_core::time::ManualClock;
+    /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 100\n")?.with_clock(ManualClock::new())?;
+    /// let api = gate.group("api")?;
+    /// api.try_acquire(30.0)?;
+    /// assert_eq!(api.available(), 70.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available(&self) -> f64 {
+        if !self.has_grant() {
+            return 0.0;
+        }
+        let now = self.group.clock.now();
+        match &self.group.limiter {
+            Limiter::Bucket(bucket) => bucket.available(now),
+            Limiter::Epoch(share) => share.left(now),
+        }
     }
 
     /// Says how many units of work the application has queued for this group, waiting for

@@ -587,6 +587,38 @@ fn apply(group: &Group, g: LastGrant, now: Nanos) {
 /// Runs `driver` over gRPC until the limiter is dropped: against the controller it talks to
 /// now; a follower's answer naming the leader moves it there at once, and a failure moves it
 /// to the next address (at once while some address is still untried since the last answer).
+impl Driver {
+    /// Runs the exchange loop with `exchange` answering each request in process, as a
+    /// controller's own front ends do (its Envoy rate-limit service is a client of its own
+    /// grants): the same loop as a remote client's, with no network. Ends when the last
+    /// handle is dropped. Must run inside a tokio runtime.
+    pub async fn run_in_process(
+        mut self,
+        mut exchange: impl FnMut(&v1::ExchangeRequest) -> Result<v1::ExchangeResponse, String> + Send,
+    ) {
+        loop {
+            let now = self.now();
+            self.poll(now);
+            let due = self.due_at();
+            if now < due {
+                tokio::select! {
+                    () = tokio::time::sleep(due.since(now).min(LOW_TOKENS_CHECK)) => {}
+                    () = self.link.notify.notified() => {}
+                }
+                continue;
+            }
+            let Some(request) = self.request(now) else { return };
+            match exchange(&request) {
+                Ok(response) => self.answer(self.now(), &response),
+                Err(reason) => self.failed(self.now(), &reason),
+            }
+            if self.groups.strong_count() == 0 {
+                return;
+            }
+        }
+    }
+}
+
 pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeout: Duration) {
     let mut tried = 0usize;
     loop {

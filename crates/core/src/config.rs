@@ -82,6 +82,9 @@ pub struct Config {
     pub cost_model: CostModel,
     /// Configured groups, by name (may include `default`).
     pub groups: BTreeMap<GroupName, GroupSettings>,
+    /// How Envoy rate-limit requests name groups (`[[rls.rules]]`, [`crate::rls`]); `None`
+    /// when the file has no `[rls]` section.
+    pub rls_rules: Option<Vec<crate::rls::RlsRule>>,
 }
 
 impl Config {
@@ -144,10 +147,54 @@ impl Reader<'_> {
                 "node" => config.node = self.node(value),
                 "cost" => config.cost_model = self.cost(value),
                 "groups" => config.groups = self.groups(value),
-                other => self.error(key.span(), other, "unknown section; expected node, cost or groups"),
+                "rls" => config.rls_rules = Some(self.rls(value)),
+                other => self.error(key.span(), other, "unknown section; expected node, cost, groups or rls"),
             }
         }
         config
+    }
+
+    /// `[rls]`: `rules`, an array of tables with `domain`, `key`, `value`, `group`.
+    fn rls(&mut self, value: &Value<'_>) -> Vec<crate::rls::RlsRule> {
+        let mut rules = Vec::new();
+        let Some(mut f) = self.fields("rls", value) else { return rules };
+        if let Some((path, v)) = f.take("rules") {
+            let DeValue::Array(items) = v.get_ref() else {
+                self.error(v.span(), &path, "must be an array of tables ([[rls.rules]])");
+                return rules;
+            };
+            if items.len() > crate::rls::RULES_MAX {
+                self.error(v.span(), &path, format!("at most {} rules", crate::rls::RULES_MAX));
+                return rules;
+            }
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("{path}[{i}]");
+                let Some(mut r) = self.fields(&at, item) else { continue };
+                let mut rule = crate::rls::RlsRule::default();
+                for (name, slot) in [
+                    ("domain", &mut rule.domain),
+                    ("key", &mut rule.key),
+                    ("value", &mut rule.value),
+                    ("group", &mut rule.group),
+                ] {
+                    if let Some((p, v)) = r.take(name)
+                        && let Some(text) = self.string(&p, v)
+                    {
+                        *slot = text.to_string();
+                    }
+                }
+                self.finish(r, "domain, key, value, group");
+                match rule.check(&at) {
+                    Ok(()) => rules.push(rule),
+                    Err(e) => {
+                        let (field, why) = e.split_once(": ").unwrap_or((&at, &e));
+                        self.error(item.span(), field, why);
+                    }
+                }
+            }
+        }
+        self.finish(f, "rules");
+        rules
     }
 
     fn node(&mut self, value: &Value<'_>) -> NodeSettings {

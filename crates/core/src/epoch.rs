@@ -120,6 +120,13 @@ impl EpochShare {
         (s.pool, s.share)
     }
 
+    /// What is left of this epoch's share now (never below zero).
+    pub fn left(&self, now: Nanos) -> f64 {
+        let mut s = self.lock();
+        roll(&mut s, now);
+        s.left.max(0.0)
+    }
+
     /// Takes `cost` from this epoch's share, or says how long until the next epoch.
     pub fn try_take(&self, cost: f64, now: Nanos) -> Result<(), Duration> {
         let mut s = self.lock();

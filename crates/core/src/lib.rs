@@ -27,6 +27,7 @@ pub mod engine;
 pub mod epoch;
 pub mod prometheus;
 pub mod ramp;
+pub mod rls;
 pub mod schedule;
 pub mod settings;
 pub mod smooth;

@@ -497,7 +497,8 @@ pub fn grpc_role(path: &str) -> Role {
         | "/tollgate.v1.Admin/ListGroups"
         | "/tollgate.v1.Admin/GetNode"
         | "/tollgate.v1.Admin/Status"
-        | "/tollgate.v1.Admin/Trace" => Role::Reader,
+        | "/tollgate.v1.Admin/Trace"
+        | "/tollgate.v1.Admin/GetRlsRules" => Role::Reader,
         _ => Role::Admin,
     }
 }

@@ -175,6 +175,8 @@ pub struct Controller {
     pub(crate) owners: Mutex<crate::auth::Owners>,
     /// Whether calls need a credential (`tollgate server --auth`).
     pub(crate) auth_required: AtomicBool,
+    /// How Envoy rate-limit requests name groups.
+    rls_rules: RwLock<Arc<Vec<tollgate_core::rls::RlsRule>>>,
 }
 
 /// A controller's part among controllers sharing one etcd.
@@ -253,6 +255,12 @@ impl Controller {
         let tokens = crate::auth::Tokens::from_stored(&stored.credentials).map_err(|reason| {
             StoreError::Corrupt { path: Default::default(), what: "credentials".into(), reason }
         })?;
+        let rls_rules = match &stored.rls_rules {
+            None => Vec::new(),
+            Some(json) => tollgate_core::rls::rules_from_json(json).map_err(|reason| {
+                StoreError::Corrupt { path: Default::default(), what: "RLS rules".into(), reason }
+            })?,
+        };
         let n = stored.node;
         let settings =
             EngineSettings { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start, ..settings };
@@ -290,6 +298,7 @@ impl Controller {
             tokens: RwLock::new(tokens),
             owners: Mutex::default(),
             auth_required: AtomicBool::new(false),
+            rls_rules: RwLock::new(Arc::new(rls_rules)),
         })
     }
 
@@ -600,6 +609,42 @@ impl Controller {
         drop(store);
         self.changed();
         Ok(existed)
+    }
+
+    /// The RLS mapping rules.
+    pub fn rls_rules(&self) -> Arc<Vec<tollgate_core::rls::RlsRule>> {
+        self.rls_rules.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Replaces the RLS mapping rules (checked; durable before it returns; in the audit log).
+    pub fn set_rls_rules(
+        &self,
+        rules: Vec<tollgate_core::rls::RlsRule>,
+        who: &str,
+    ) -> Result<(), AdminError> {
+        tollgate_core::rls::check_rules(&rules).map_err(AdminError::Rule)?;
+        let json = tollgate_core::rls::rules_to_json(&rules);
+        let mut store = self.store();
+        let before = tollgate_core::rls::rules_to_json(&self.rls_rules());
+        store.set_rls_rules(&json)?;
+        *self.rls_rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
+        audit(&mut store, who, "rls.set".into(), Some(before), Some(json));
+        Ok(())
+    }
+
+    /// Takes the RLS rules as another controller stored them; says whether they changed.
+    pub fn sync_rls_rules(&self, json: &str) -> bool {
+        match tollgate_core::rls::rules_from_json(json) {
+            Ok(rules) if *self.rls_rules() != rules => {
+                *self.rls_rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::error!(error = %e, "stored RLS rules cannot be read; keeping the ones in use");
+                false
+            }
+        }
     }
 
     /// The audit log: changes made at or after `since_unix_ms`, oldest first, at most `limit`.

@@ -324,6 +324,25 @@ impl Admin for Services {
         Ok(Response::new(revoked.info()))
     }
 
+    async fn set_rls_rules(&self, req: Request<v1::RlsRules>) -> Result<Response<v1::RlsRules>, Status> {
+        let who = who(&req);
+        let rules = tollgate_core::rls::rules_from_json(&req.into_inner().rules_json)
+            .map_err(Status::invalid_argument)?;
+        self.admin(move |c| c.set_rls_rules(rules, &who)).await?;
+        Ok(Response::new(v1::RlsRules {
+            rules_json: tollgate_core::rls::rules_to_json(&self.controller.rls_rules()),
+        }))
+    }
+
+    async fn get_rls_rules(
+        &self,
+        _: Request<v1::GetRlsRulesRequest>,
+    ) -> Result<Response<v1::RlsRules>, Status> {
+        Ok(Response::new(v1::RlsRules {
+            rules_json: tollgate_core::rls::rules_to_json(&self.controller.rls_rules()),
+        }))
+    }
+
     async fn status(&self, req: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {
         let r = req.into_inner();
         let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;

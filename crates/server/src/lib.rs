@@ -22,6 +22,7 @@ pub mod json;
 mod memory;
 mod options;
 pub mod properties;
+pub mod rls;
 pub mod status;
 pub mod store;
 mod tokens;
@@ -336,6 +337,11 @@ async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revisi
                 tracing::info!("node settings changed by another controller");
             }
         }
+        store::etcd::StoredChange::RlsRules(json) => {
+            if c.sync_rls_rules(&json) {
+                tracing::info!("RLS rules changed by another controller");
+            }
+        }
         store::etcd::StoredChange::Credential(id, record) => {
             if c.sync_credential(&id, record.as_deref()) {
                 tracing::info!(%id, "a credential changed through another controller");
@@ -370,6 +376,9 @@ async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revisi
                 }
                 if stored.node_stored {
                     apply(&controller, store::etcd::StoredChange::Node(stored.node));
+                }
+                if let Some(json) = stored.rls_rules {
+                    apply(&controller, store::etcd::StoredChange::RlsRules(json));
                 }
                 for held in controller.tokens() {
                     if !stored.credentials.contains_key(&held.id) {
@@ -433,6 +442,11 @@ where
         .add_service(AdmissionServer::new(services.clone()))
         .add_service(BackendServer::new(services.clone()))
         .add_service(AdminServer::new(services))
+        .add_service(
+            envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer::new(
+                rls::Rls::start(controller.clone(), clock),
+            ),
+        )
         .serve_with_incoming_shutdown(incoming, waiter(stop_rx.clone()));
     tokio::spawn(async move {
         shutdown.await;

@@ -11,6 +11,7 @@
 //! | `node` | the node settings, the contract's `NodeInfo` |
 //! | `meters/NAME` | the group's consumption, 32 bytes as in the file store |
 //! | `ramps/NAME` | a resumable ramp, 16 bytes as in the file store |
+//! | `rls_rules` | the RLS mapping rules as JSON |
 //! | `credentials/ID` | a credential as JSON: its role, groups, expiry and the token's hash |
 //! | `audit/KEY` | one audit record as JSON, KEY its time and sequence |
 //!
@@ -52,6 +53,8 @@ pub enum StoredChange {
     Node(StoredNode),
     /// A credential was written (`Some`, its JSON) or revoked (`None`).
     Credential(String, Option<String>),
+    /// The RLS mapping rules were written (JSON).
+    RlsRules(String),
 }
 
 type Job = Box<
@@ -255,6 +258,12 @@ fn parse_change(prefix: &str, key: &[u8], value: Option<&[u8]>) -> Result<Option
         };
         return Ok(Some(StoredChange::Credential(id.to_string(), record)));
     }
+    if rest == "rls_rules"
+        && let Some(v) = value
+    {
+        let text = String::from_utf8(v.to_vec()).map_err(|e| format!("RLS rules: {e}"))?;
+        return Ok(Some(StoredChange::RlsRules(text)));
+    }
     if rest == "node"
         && let Some(v) = value
     {
@@ -304,6 +313,9 @@ impl SettingsStore for EtcdStore {
                 let text =
                     String::from_utf8(v).map_err(|e| corrupt(format!("credential {id}"), e.to_string()))?;
                 out.credentials.insert(id.to_string(), text);
+            } else if rest == "rls_rules" {
+                out.rls_rules =
+                    Some(String::from_utf8(v).map_err(|e| corrupt("RLS rules".into(), e.to_string()))?);
             } else if rest == "node" {
                 let msg = v1::NodeInfo::decode(v.as_slice())
                     .map_err(|e| corrupt("node settings".into(), e.to_string()))?;
@@ -344,6 +356,12 @@ impl SettingsStore for EtcdStore {
     fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError> {
         let key = self.target.key(&format!("credentials/{id}"));
         self.call(move |c| Box::pin(async move { Ok(c.delete(key, None).await?.deleted() > 0) }))
+    }
+
+    fn set_rls_rules(&mut self, json: &str) -> Result<(), StoreError> {
+        let key = self.target.key("rls_rules");
+        let value = json.to_string();
+        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {

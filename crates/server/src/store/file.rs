@@ -26,6 +26,8 @@ const RAMPS: TableDefinition<&str, &[u8]> = TableDefinition::new("ramps");
 const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
 const CREDENTIALS: TableDefinition<&str, &[u8]> = TableDefinition::new("credentials");
 const NODE_KEY: &str = "node";
+/// The RLS mapping rules, as JSON, beside the node settings.
+const RLS_KEY: &str = "rls_rules";
 /// The database file's name inside the data directory.
 pub const FILE_NAME: &str = "tollgate.redb";
 
@@ -339,6 +341,10 @@ impl SettingsStore for RedbStore {
             Err(e) => return Err(self.io(e)),
         }
         let node = txn.open_table(NODE).map_err(|e| self.io(e))?;
+        if let Some(v) = node.get(RLS_KEY).map_err(|e| self.io(e))? {
+            let text = std::str::from_utf8(v.value()).map_err(|e| self.corrupt("RLS rules".into(), e))?;
+            out.rls_rules = Some(text.to_string());
+        }
         if let Some(v) = node.get(NODE_KEY).map_err(|e| self.io(e))? {
             let msg = v1::NodeInfo::decode(v.value()).map_err(|e| self.corrupt("node settings".into(), e))?;
             out.node = StoredNode::from_proto(&msg);
@@ -379,6 +385,13 @@ impl SettingsStore for RedbStore {
             Ok(())
         })?;
         Ok(existed)
+    }
+
+    fn set_rls_rules(&mut self, json: &str) -> Result<(), StoreError> {
+        self.write(|txn| {
+            txn.open_table(NODE)?.insert(RLS_KEY, json.as_bytes())?;
+            Ok(())
+        })
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {

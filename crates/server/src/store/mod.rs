@@ -139,6 +139,8 @@ pub struct Stored {
     pub ramps: BTreeMap<GroupName, StoredRamp>,
     /// Credentials by id, each as JSON (see [`crate::auth::Credential::to_json`]).
     pub credentials: BTreeMap<String, String>,
+    /// The RLS mapping rules as JSON ([`tollgate_core::rls`]), when ever set.
+    pub rls_rules: Option<String>,
 }
 
 /// One change to the settings, as the audit log keeps it: who made it, what it changed, the
@@ -231,6 +233,11 @@ pub fn apply_defaults(
             done.added.push(name.clone());
         }
     }
+    if stored.rls_rules.is_none()
+        && let Some(rules) = &config.rls_rules
+    {
+        store.set_rls_rules(&tollgate_core::rls::rules_to_json(rules))?;
+    }
     if !stored.node_stored {
         let n = &config.node;
         store.set_node(StoredNode { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start })?;
@@ -264,6 +271,8 @@ pub trait SettingsStore: Send {
     fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError>;
     /// Removes a credential; says whether it was there.
     fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError>;
+    /// Stores the RLS mapping rules, as JSON.
+    fn set_rls_rules(&mut self, json: &str) -> Result<(), StoreError>;
     /// What is wrong, while the store cannot take writes (a full disk); `None` when it can.
     fn health(&self) -> Option<String> {
         None
@@ -330,6 +339,11 @@ impl SettingsStore for MemoryStore {
 
     fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError> {
         Ok(self.stored().credentials.remove(id).is_some())
+    }
+
+    fn set_rls_rules(&mut self, json: &str) -> Result<(), StoreError> {
+        self.stored().rls_rules = Some(json.to_string());
+        Ok(())
     }
 
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {

@@ -1,0 +1,264 @@
+//! Envoy's rate-limit service (RLS v3, `envoy.service.ratelimit.v3.RateLimitService`) on the
+//! gRPC port.
+//!
+//! Envoy, Istio, Envoy Gateway and Gloo ask a rate-limit service about each request with a
+//! domain and descriptors. Here each descriptor names a group (by the mapping rules,
+//! [`tollgate_core::rls`]) and costs `hits_addend` units. The decision comes from a client of
+//! this controller's own grants, living in the server process: its buckets are fed by
+//! exchanges with the controller like any remote client's, so an Envoy fleet and Rust clients
+//! share one group's limit. A request is admitted only when every descriptor's group admits
+//! it; then each descriptor's units are consumed; otherwise none are.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit::Unit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_client::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_core::settings::{GroupName, check_group_name};
+use tonic::{Request, Response, Status};
+
+use crate::auth::Caller;
+use crate::clock::Clock;
+use crate::controller::Controller;
+
+/// The most descriptors in one request.
+pub const DESCRIPTORS_MAX: usize = 64;
+/// The most entries in one descriptor.
+pub const ENTRIES_MAX: usize = 64;
+/// The longest domain, key or value, in bytes.
+pub const TEXT_MAX_BYTES: usize = 1024;
+/// The most units one descriptor may cost.
+pub const HITS_MAX: u64 = 1_000_000_000;
+/// How long a request waits, at most, for a group's first grant: polls of this length.
+const FIRST_GRANT_POLL: Duration = Duration::from_millis(2);
+const FIRST_GRANT_POLLS: usize = 100;
+/// The client id the front end exchanges under.
+pub const CLIENT_ID: &str = "tollgate-rls";
+
+/// The rate-limit service over a controller.
+#[derive(Clone)]
+pub struct Rls {
+    controller: Arc<Controller>,
+    gate: Tollgate,
+}
+
+impl Rls {
+    /// The front end, with its exchange loop started on the current runtime.
+    pub fn start(controller: Arc<Controller>, clock: Clock) -> Rls {
+        let opts = RemoteOptions { client_id: Some(CLIENT_ID.into()), ..RemoteOptions::default() };
+        let (gate, driver) = Tollgate::remote_driven(opts).expect("the default remote options are valid");
+        let c = controller.clone();
+        tokio::spawn(driver.run_in_process(move |request| {
+            c.exchange(clock.now(), request).map_err(|s| s.message().to_string())
+        }));
+        Rls { controller, gate }
+    }
+}
+
+fn invalid(field: String, rule: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {rule}"))
+}
+
+fn text(field: impl Fn() -> String, v: &str, may_be_empty: bool) -> Result<(), Status> {
+    if (!may_be_empty && v.is_empty()) || v.len() > TEXT_MAX_BYTES || v.chars().any(char::is_control) {
+        let least = if may_be_empty { 0 } else { 1 };
+        return Err(invalid(field(), format!("must be {least} to {TEXT_MAX_BYTES} bytes of printable text")));
+    }
+    Ok(())
+}
+
+/// Each descriptor's group and cost, checked.
+fn plan(
+    rules: &[tollgate_core::rls::RlsRule],
+    r: &RateLimitRequest,
+) -> Result<Vec<(GroupName, f64)>, Status> {
+    text(|| "domain".into(), &r.domain, false)?;
+    if r.descriptors.is_empty() || r.descriptors.len() > DESCRIPTORS_MAX {
+        return Err(invalid(
+            "descriptors".into(),
+            format!("give 1 to {DESCRIPTORS_MAX}, got {}", r.descriptors.len()),
+        ));
+    }
+    let request_hits = match r.hits_addend {
+        0 => 1,
+        n => u64::from(n),
+    };
+    r.descriptors.iter().enumerate().map(|(i, d)| descriptor(rules, &r.domain, i, d, request_hits)).collect()
+}
+
+fn descriptor(
+    rules: &[tollgate_core::rls::RlsRule],
+    domain: &str,
+    i: usize,
+    d: &RateLimitDescriptor,
+    request_hits: u64,
+) -> Result<(GroupName, f64), Status> {
+    if d.entries.is_empty() || d.entries.len() > ENTRIES_MAX {
+        return Err(invalid(
+            format!("descriptors[{i}].entries"),
+            format!("give 1 to {ENTRIES_MAX}, got {}", d.entries.len()),
+        ));
+    }
+    for (j, e) in d.entries.iter().enumerate() {
+        text(|| format!("descriptors[{i}].entries[{j}].key"), &e.key, false)?;
+        text(|| format!("descriptors[{i}].entries[{j}].value"), &e.value, true)?;
+    }
+    if d.is_negative_hits {
+        return Err(invalid(
+            format!("descriptors[{i}].is_negative_hits"),
+            "not supported: units are given back only by the client that took them",
+        ));
+    }
+    let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
+    if hits > HITS_MAX {
+        return Err(invalid(
+            format!("descriptors[{i}].hits_addend"),
+            format!("at most {HITS_MAX}, got {hits}"),
+        ));
+    }
+    let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+    let name = tollgate_core::rls::group_for(rules, domain, &entries);
+    check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (g, hits as f64)).map_err(|e| {
+        invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
+    })
+}
+
+fn seconds(d: Duration) -> prost_types_duration::Duration {
+    prost_types_duration::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// Envoy's `google.protobuf.Duration`, as envoy-types names it.
+mod prost_types_duration {
+    pub use envoy_types::pb::google::protobuf::Duration;
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        req: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.controller.check_leader()?;
+        let caller = req.extensions().get::<Caller>().cloned();
+        let r = req.into_inner();
+        let planned = plan(&self.controller.rls_rules(), &r)?;
+        if let Some(Caller(c)) = &caller
+            && let Some((g, _)) = planned.iter().find(|(g, _)| !c.allows_group(g.as_str()))
+        {
+            let refused = crate::auth::Refused::Group {
+                who: c.label(),
+                group: g.to_string(),
+                patterns: c.groups.clone(),
+            };
+            return Err(refused.status());
+        }
+        let mut permits = Vec::with_capacity(planned.len());
+        let mut statuses = Vec::with_capacity(planned.len());
+        let mut over = false;
+        for (group, cost) in &planned {
+            let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
+            // A group this front end has not met yet admits nothing until its first grant,
+            // which is asked for at once: wait for it briefly rather than refuse.
+            for _ in 0..FIRST_GRANT_POLLS {
+                if handle.has_grant() {
+                    break;
+                }
+                tokio::time::sleep(FIRST_GRANT_POLL).await;
+            }
+            let (code, until) = match handle.try_acquire(*cost) {
+                Ok(p) => {
+                    permits.push(p.into_owned());
+                    (Code::Ok, Duration::ZERO)
+                }
+                Err(AcquireError::Throttled { retry_after, .. }) => (Code::OverLimit, retry_after),
+                // Larger than the group's burst can ever hold: over the limit for good.
+                Err(AcquireError::NeverAdmissible { .. }) => (Code::OverLimit, Duration::from_secs(1)),
+                Err(e) => return Err(Status::invalid_argument(e.to_string())),
+            };
+            over |= code == Code::OverLimit;
+            let limit = self.controller.group(group).map(|s| s.limit().as_f64()).filter(|l| l.is_finite());
+            statuses.push(DescriptorStatus {
+                code: code as i32,
+                current_limit: limit.map(|l| RateLimit {
+                    name: group.to_string(),
+                    requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
+                    unit: Unit::Second as i32,
+                }),
+                limit_remaining: handle.available().floor().clamp(0.0, f64::from(u32::MAX)) as u32,
+                duration_until_reset: (code == Code::OverLimit).then(|| seconds(until)),
+                ..DescriptorStatus::default()
+            });
+        }
+        if over {
+            // All or nothing: what the other descriptors took goes back.
+            for p in permits {
+                p.dropped();
+            }
+        }
+        let overall = if over { Code::OverLimit } else { Code::Ok };
+        Ok(Response::new(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+    fn request(domain: &str, descriptors: Vec<Vec<(&str, &str)>>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: domain.into(),
+            descriptors: descriptors
+                .into_iter()
+                .map(|entries| RateLimitDescriptor {
+                    entries: entries
+                        .into_iter()
+                        .map(|(k, v)| Entry { key: k.into(), value: v.into() })
+                        .collect(),
+                    ..RateLimitDescriptor::default()
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+
+    #[test]
+    fn bad_requests_are_named_by_field() {
+        for (r, expect) in [
+            (request("", vec![vec![("tenant", "a")]]), "domain: must be 1 to"),
+            (request("edge", vec![]), "descriptors: give 1 to 64, got 0"),
+            (request("edge", vec![vec![]]), "descriptors[0].entries: give 1 to 64, got 0"),
+            (request("edge", vec![vec![("", "a")]]), "descriptors[0].entries[0].key"),
+            (request("edge", vec![vec![("k", "a")]; 65]), "descriptors: give 1 to 64, got 65"),
+            (request("edge", vec![vec![("tenant", &"v".repeat(2000))]]), "descriptors[0].entries[0].value"),
+            (request("edge", vec![vec![("tenant", "a b")]]), "descriptors[0]: names group \"a b\""),
+        ] {
+            let e = plan(&[], &r).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains(expect), "{expect}: {}", e.message());
+        }
+        let mut r = request("edge", vec![vec![("tenant", "a")], vec![("user", "x")]]);
+        r.hits_addend = 0;
+        let planned = plan(&[], &r).unwrap();
+        assert_eq!(
+            planned.iter().map(|(g, c)| (g.as_str(), *c)).collect::<Vec<_>>(),
+            [("a", 1.0), ("default", 1.0)]
+        );
+        r.hits_addend = 7;
+        r.descriptors[1].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
+        let planned = plan(&[], &r).unwrap();
+        assert_eq!(planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(), [7.0, 3.0]);
+    }
+}
