@@ -375,11 +375,11 @@ impl Parser<'_> {
 
     fn number(&mut self, what: &str) -> Result<f64, SqlError> {
         let max = tollgate_core::settings::RATE_MAX;
-        if let Some(Kind::Number(n)) = self.peek().map(|t| &t.kind) {
-            if let Some(v) = n.parse::<f64>().ok().filter(|v| (0.0..=max).contains(v)) {
-                self.next += 1;
-                return Ok(v);
-            }
+        if let Some(Kind::Number(n)) = self.peek().map(|t| &t.kind)
+            && let Some(v) = n.parse::<f64>().ok().filter(|v| (0.0..=max).contains(v))
+        {
+            self.next += 1;
+            return Ok(v);
         }
         self.fail(&format!("a number from 0 to {max:e} for {what}"))
     }

@@ -793,7 +793,7 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
     // Runs the loop the exchange task runs, in 10 ms steps, the controller ticking each second.
     let run_until = |until_ms: u64, driver: &mut tollgate_client::Driver, exchanges: &mut Vec<u64>| loop {
         let now = tollgate_core::time::Clock::now(&clock);
-        if now.0 % 1_000_000_000 == 0 {
+        if now.0.is_multiple_of(1_000_000_000) {
             controller.tick(now);
         }
         if driver.is_due(now) {
@@ -843,7 +843,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
     drop(g.try_acquire(1.0));
     let allowance_at = |ms: u64, driver: &mut tollgate_client::Driver| loop {
         let now = clock.now();
-        if now.0 % 1_000_000_000 == 0 {
+        if now.0.is_multiple_of(1_000_000_000) {
             controller.tick(now);
         }
         driver.poll(now);

@@ -216,20 +216,20 @@ impl Reader<'_> {
         {
             node.slow_start = b;
         }
-        if let Some((path, v)) = f.take("realloc_ms") {
-            if let Some(ms) = self.integer(&path, v, 1, REALLOC_MS_MAX) {
-                node.realloc_interval = Duration::from_millis(ms);
-            }
+        if let Some((path, v)) = f.take("realloc_ms")
+            && let Some(ms) = self.integer(&path, v, 1, REALLOC_MS_MAX)
+        {
+            node.realloc_interval = Duration::from_millis(ms);
         }
-        if let Some((path, v)) = f.take("max_wait_ms") {
-            if let Some(ms) = self.integer(&path, v, 0, MAX_WAIT_MS_MAX) {
-                node.max_wait = Duration::from_millis(ms);
-            }
+        if let Some((path, v)) = f.take("max_wait_ms")
+            && let Some(ms) = self.integer(&path, v, 0, MAX_WAIT_MS_MAX)
+        {
+            node.max_wait = Duration::from_millis(ms);
         }
-        if let Some((path, v)) = f.take("max_tracked_groups") {
-            if let Some(n) = self.integer(&path, v, 1, MAX_TRACKED_GROUPS_MAX) {
-                node.max_tracked_groups = n as usize;
-            }
+        if let Some((path, v)) = f.take("max_tracked_groups")
+            && let Some(n) = self.integer(&path, v, 1, MAX_TRACKED_GROUPS_MAX)
+        {
+            node.max_tracked_groups = n as usize;
         }
         self.finish(f, "capacity, mode, slow_start, realloc_ms, max_wait_ms, max_tracked_groups");
         node

@@ -198,20 +198,20 @@ impl<'s> Reader<'s> {
                 }
             }
         }
-        if let Some((p, v)) = f.take("burst") {
-            if let Some(x) = self.positive(&p, v) {
-                b = b.burst(x);
-            }
+        if let Some((p, v)) = f.take("burst")
+            && let Some(x) = self.positive(&p, v)
+        {
+            b = b.burst(x);
         }
-        if let Some((p, v)) = f.take("weight") {
-            if let Some(x) = self.positive(&p, v) {
-                b = b.weight(x);
-            }
+        if let Some((p, v)) = f.take("weight")
+            && let Some(x) = self.positive(&p, v)
+        {
+            b = b.weight(x);
         }
-        if let Some((p, v)) = f.take("budget") {
-            if let Some(x) = self.positive(&p, v) {
-                b = b.budget(x);
-            }
+        if let Some((p, v)) = f.take("budget")
+            && let Some(x) = self.positive(&p, v)
+        {
+            b = b.budget(x);
         }
         if let Some((p, v)) = f.take("priority") {
             let parsed = match v.get_ref() {
@@ -227,10 +227,10 @@ impl<'s> Reader<'s> {
                 Err(rule) => self.error(v.span(), p, rule),
             }
         }
-        if let Some((p, v)) = f.take("ramp") {
-            if let Some(ramp) = self.ramp(&p, v) {
-                b = b.ramp(ramp);
-            }
+        if let Some((p, v)) = f.take("ramp")
+            && let Some(ramp) = self.ramp(&p, v)
+        {
+            b = b.ramp(ramp);
         }
         if let Some((p, v)) = f.take("dropped")
             && let Some(s) = self.string(&p, v)
@@ -296,12 +296,12 @@ impl<'s> Reader<'s> {
         if let Some((d, kp, v)) = duration {
             ramp.duration = self.duration(&kp, v, d).unwrap_or(Duration::ZERO);
         }
-        if let Some((p, v)) = f.take("mode") {
-            if let Some(s) = self.string(&p, v) {
-                match RampMode::from_name(s) {
-                    Ok(mode) => ramp.mode = mode,
-                    Err(e) => self.error(v.span(), p, e.rule),
-                }
+        if let Some((p, v)) = f.take("mode")
+            && let Some(s) = self.string(&p, v)
+        {
+            match RampMode::from_name(s) {
+                Ok(mode) => ramp.mode = mode,
+                Err(e) => self.error(v.span(), p, e.rule),
             }
         }
         if let Some((p, v)) = f.take("threshold_pct") {
@@ -310,15 +310,15 @@ impl<'s> Reader<'s> {
         if let Some((p, v)) = f.take("ramp_down_pct") {
             ramp.ramp_down_pct = self.non_negative(&p, v).unwrap_or(ramp.ramp_down_pct);
         }
-        if let Some((p, v)) = f.take("cool_down_s") {
-            if let Some(s) = self.non_negative(&p, v) {
-                ramp.cool_down = self.duration(&p, v, s).unwrap_or(ramp.cool_down);
-            }
+        if let Some((p, v)) = f.take("cool_down_s")
+            && let Some(s) = self.non_negative(&p, v)
+        {
+            ramp.cool_down = self.duration(&p, v, s).unwrap_or(ramp.cool_down);
         }
-        if let Some((p, v)) = f.take("resume_ttl_s") {
-            if let Some(s) = self.positive(&p, v) {
-                ramp.resume_ttl = self.duration(&p, v, s);
-            }
+        if let Some((p, v)) = f.take("resume_ttl_s")
+            && let Some(s) = self.positive(&p, v)
+        {
+            ramp.resume_ttl = self.duration(&p, v, s);
         }
         self.finish(f, "min, max, duration_s, mode, threshold_pct, ramp_down_pct, cool_down_s, resume_ttl_s");
         Some(ramp)

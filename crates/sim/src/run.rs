@@ -335,7 +335,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         }
         // At a tick the backends report and the controller ticks; then every client whose
         // exchange is due makes it, in the order they were started.
-        if up && now.0 % tick_ns == 0 {
+        if up && now.0.is_multiple_of(tick_ns) {
             for report in world.backend_reports(now) {
                 controller.backend_report(now, &report).expect("scenario backends are valid");
             }
@@ -386,7 +386,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 Err(status) => d.failed(client_now, status.message()),
             }
         }
-        if now.0 > 0 && now.0 % second_ns == 0 {
+        if now.0 > 0 && now.0.is_multiple_of(second_ns) {
             let sample = sample(now, &controller, &mut world, &groups);
             if checking && breach.is_none() {
                 let seconds = second_figures(scenario, &controller, up, &sample, &groups);
