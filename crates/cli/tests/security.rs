@@ -60,7 +60,7 @@ fn with_token(token: Option<&str>) -> Access {
 }
 
 /// Every gRPC method of the contract.
-const METHODS: [&str; 18] = [
+const METHODS: [&str; 21] = [
     "Exchange",
     "Report",
     "WatchSettings",
@@ -79,6 +79,9 @@ const METHODS: [&str; 18] = [
     "CreateToken",
     "ListTokens",
     "RevokeToken",
+    "SetRlsRules",
+    "GetRlsRules",
+    "ShouldRateLimit",
 ];
 
 /// Calls `method` with a request that passes the contract's checks; the status code.
@@ -131,6 +134,19 @@ async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
         "ListTokens" => admin.list_tokens(v1::ListTokensRequest {}).await.map(drop),
         "RevokeToken" => {
             admin.revoke_token(v1::RevokeTokenRequest { id: "0123456789abcdef".into() }).await.map(drop)
+        }
+        "SetRlsRules" => admin.set_rls_rules(v1::RlsRules { rules_json: "[]".into() }).await.map(drop),
+        "GetRlsRules" => admin.get_rls_rules(v1::GetRlsRulesRequest {}).await.map(drop),
+        "ShouldRateLimit" => {
+            use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+                RateLimitDescriptor, rate_limit_descriptor::Entry,
+            };
+            use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+            use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+            let entries = vec![Entry { key: "tenant".into(), value: "t-matrix".into() }];
+            let descriptors = vec![RateLimitDescriptor { entries, ..Default::default() }];
+            let req = RateLimitRequest { domain: "edge".into(), descriptors, hits_addend: 1 };
+            RateLimitServiceClient::new(channel).should_rate_limit(req).await.map(drop)
         }
         other => panic!("no such method {other}"),
     })
@@ -186,9 +202,9 @@ fn every_role_against_every_method_and_endpoint() {
     ];
     let allowed = |role: &str, method: &str| match role {
         "admin" => true,
-        "client" => method == "Exchange",
+        "client" => ["Exchange", "ShouldRateLimit"].contains(&method),
         "backend" => ["Report", "WatchSettings", "GetSettings"].contains(&method),
-        "reader" => ["GetGroup", "ListGroups", "GetNode", "Status", "Trace"].contains(&method),
+        "reader" => ["GetGroup", "ListGroups", "GetNode", "Status", "Trace", "GetRlsRules"].contains(&method),
         _ => false,
     };
     let mut wrong = Vec::new();

@@ -132,14 +132,16 @@ mod tests {
         let json = rules_to_json(&rules);
         assert_eq!(rules_from_json(&json).unwrap(), rules);
         assert_eq!(rules_from_json("[]").unwrap(), vec![]);
-        for (bad, expect) in [
+        let long = format!(r#"[{{"key":"k","group":"{}"}}]"#, "g".repeat(300));
+        let cases: [(&str, &str); 6] = [
             ("{}", "expected a JSON array"),
             (r#"[{"key":"","group":"g"}]"#, "rules[0].key: must not be empty"),
-            (r#"[{"key":"k","group":"a b"}]"#, "rules[0].group"),
+            (&long, "rules[0].group: at most 255 bytes"),
             (r#"[{"key":"k"}]"#, "missing field `group`"),
             (r#"[{"key":"k","group":"g","colour":"red"}]"#, "unknown field `colour`"),
             (r#"[{"key":1,"group":"g"}]"#, "rules"),
-        ] {
+        ];
+        for (bad, expect) in cases {
             let e = rules_from_json(bad).unwrap_err();
             assert!(e.contains(expect), "{bad}: {e}");
         }

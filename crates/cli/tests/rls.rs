@@ -1,0 +1,151 @@
+//! Envoy's rate-limit service (RLS v3) on the real server, called over real gRPC as Envoy
+//! calls it: mapping rules from the admin API and the settings file, the answer's fields, bad
+//! requests, and a client token's groups.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_client::access::Access;
+
+mod common;
+use common::{BIN, ServerProc, data_dir};
+
+fn cli(url: &str, token: Option<&str>, args: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env("TOLLGATE_SERVER", url).env_remove("TOLLGATE_TOKEN");
+    if let Some(t) = token {
+        cmd.env("TOLLGATE_TOKEN", t);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() })
+                    .collect(),
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn ask(
+    url: &str,
+    token: Option<&str>,
+    r: RateLimitRequest,
+) -> Result<(Code, Vec<(Code, u32, u32)>), tonic::Status> {
+    let access = Access { token: token.map(str::to_string), ..Access::default() };
+    let mut client = RateLimitServiceClient::new(access.channel(url, Duration::from_secs(5)).unwrap());
+    let answer = client.should_rate_limit(r).await?.into_inner();
+    let code = |c: i32| Code::try_from(c).unwrap();
+    Ok((
+        code(answer.overall_code),
+        answer
+            .statuses
+            .iter()
+            .map(|s| {
+                (code(s.code), s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit), s.limit_remaining)
+            })
+            .collect(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_name_groups_answers_carry_the_limit_and_bad_requests_are_named() {
+    let dir = data_dir("rls");
+    // Rules from the settings file, applied where the store holds none.
+    let config = dir.join("tollgate.toml");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        &config,
+        "[groups.api]\nlimit = 2\n[groups.t-acme]\nlimit = 100\n\n[[rls.rules]]\ndomain = \"edge\"\nkey = \"path\"\nvalue = \"/api\"\ngroup = \"api\"\n\n[[rls.rules]]\nkey = \"tenant\"\ngroup = \"t-{value}\"\n",
+    )
+    .unwrap();
+    let s = ServerProc::start_with(&dir.join("data"), &["--config", config.to_str().unwrap()], Stdio::null());
+    let url = s.url();
+    let (ok, out) = cli(&url, None, &["rls", "rules"]);
+    assert!(ok && out.contains("\"group\": \"t-{value}\""), "{out}");
+    // The path rule (in its domain) comes first; in another domain the tenant rule applies.
+    let (overall, statuses) =
+        ask(&url, None, request("edge", &[&[("tenant", "acme"), ("path", "/api")]])).await.unwrap();
+    assert_eq!((overall, statuses[0].0, statuses[0].1), (Code::Ok, Code::Ok, 2));
+    let (_, statuses) =
+        ask(&url, None, request("other", &[&[("tenant", "acme"), ("path", "/api")]])).await.unwrap();
+    assert_eq!(statuses[0].1, 100, "t-acme's limit");
+    // api holds 2 a second: the third at once is over its limit, and the answer says so for
+    // that descriptor while the other passes; nothing is taken from the passing one.
+    let _ = ask(&url, None, request("edge", &[&[("path", "/api")]])).await.unwrap();
+    let (overall, statuses) =
+        ask(&url, None, request("edge", &[&[("tenant", "acme")], &[("path", "/api")]])).await.unwrap();
+    assert_eq!(overall, Code::OverLimit);
+    assert_eq!((statuses[0].0, statuses[1].0), (Code::Ok, Code::OverLimit));
+    // Rules through the admin API, durable; bad rules named.
+    let (ok, out) = cli(&url, None, &["rls", "set-rules", r#"[{"key":"user","group":"u-{value}"}]"#]);
+    assert!(ok, "{out}");
+    let bad = format!(r#"[{{"key":"user","group":"{}"}}]"#, "g".repeat(300));
+    let (ok, out) = cli(&url, None, &["rls", "set-rules", &bad]);
+    assert!(!ok && out.contains("rules[0].group: at most 255 bytes"), "{out}");
+    let (ok, out) = cli(&url, None, &["rls", "set-rules", "not json"]);
+    assert!(!ok && out.contains("rules: expected a JSON array"), "{out}");
+    let (ok, out) = cli(&url, None, &["rls", "check", "--domain", "d", "--descriptor", "user=zed"]);
+    assert!(ok && out.starts_with("OK") && out.contains("[0] OK  limit none"), "{out}");
+    // Bad requests: INVALID_ARGUMENT naming the field; the server keeps serving.
+    let huge: Vec<(&str, &str)> = vec![("k", "v"); 65];
+    let long = "v".repeat(2000);
+    for (r, field) in [
+        (request("edge", &[]), "descriptors: give 1 to 64, got 0"),
+        (request("", &[&[("tenant", "a")]]), "domain"),
+        (request("edge", &[&[("", "a")]]), "descriptors[0].entries[0].key"),
+        (request("edge", &[&huge]), "descriptors[0].entries: give 1 to 64, got 65"),
+        (request("edge", &[&[("user", long.as_str())]]), "descriptors[0].entries[0].value"),
+    ] {
+        let e = ask(&url, None, r).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field}");
+        assert!(e.message().contains(field), "{field}: {}", e.message());
+    }
+    let many: Vec<&[(&str, &str)]> = vec![&[("user", "a")]; 65];
+    let e = ask(&url, None, request("edge", &many)).await.unwrap_err();
+    assert!(e.message().contains("descriptors: give 1 to 64, got 65"), "{}", e.message());
+    assert!(ask(&url, None, request("edge", &[&[("user", "a")]])).await.is_ok());
+    // The rules survive a restart.
+    let status = s.terminate();
+    assert!(status.success());
+    let s = ServerProc::start_with(&dir.join("data"), &[], Stdio::null());
+    let (ok, out) = cli(&s.url(), None, &["rls", "rules"]);
+    assert!(ok && out.contains("u-{value}"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_token_asks_only_for_its_groups() {
+    let dir = data_dir("rls-auth");
+    let s = ServerProc::start_with(&dir, &["--auth"], Stdio::null());
+    let admin = std::fs::read_to_string(dir.join("admin.token")).unwrap().trim().to_string();
+    let (ok, token) =
+        cli(&s.url(), Some(&admin), &["token", "create", "--role", "client", "--groups", "edge-*"]);
+    assert!(ok, "{token}");
+    let token = token.split_whitespace().next().unwrap().to_string();
+    let url = s.url();
+    assert!(ask(&url, Some(&token), request("d", &[&[("tenant", "edge-a")]])).await.is_ok());
+    let e = ask(&url, Some(&token), request("d", &[&[("tenant", "core")]])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    assert!(e.message().contains("may not exchange for group \"core\""), "{}", e.message());
+    let e = ask(&url, None, request("d", &[&[("tenant", "edge-a")]])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+}
