@@ -152,24 +152,16 @@ async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
     })
 }
 
-/// One HTTP/1.1 request over plain TCP: the status code and the body.
+/// One HTTP/1.1 request with the token: the status code and the whole answer's head.
 fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, text)
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    let (code, head, body) = common::http(addr, method, path, &headers, body);
+    (code, format!("{head}\r\n\r\n{body}"))
 }
 
 /// Every HTTP endpoint: method, path, body.
-const ENDPOINTS: [(&str, &str, &str); 7] = [
+const ENDPOINTS: [(&str, &str, &str); 11] = [
     ("GET", "/healthz", ""),
     ("GET", "/metrics", ""),
     ("GET", "/status", ""),
@@ -177,6 +169,10 @@ const ENDPOINTS: [(&str, &str, &str); 7] = [
     ("PUT", "/v1/node/properties", "{}"),
     ("GET", "/v1/groups/t-matrix/properties", ""),
     ("PUT", "/v1/groups/t-matrix/properties", "{}"),
+    ("GET", "/v1/groups", ""),
+    ("PATCH", "/v1/groups/t-matrix", "{}"),
+    ("POST", "/v1/check", r#"{"group":"t-matrix"}"#),
+    ("GET", "/v1/openapi.json", ""),
 ];
 
 fn refused(code: Code) -> bool {
@@ -219,13 +215,16 @@ fn every_role_against_every_method_and_endpoint() {
         for (verb, path, body) in ENDPOINTS {
             let (code, text) = http(&s.http, verb, path, token, body);
             let open = path == "/healthz";
-            let expect_ok = open || role == "admin" || (role == "reader" && verb == "GET");
+            let expect_ok = open
+                || role == "admin"
+                || (role == "reader" && verb == "GET")
+                || (role == "client" && path == "/v1/check");
             let was_refused = code == 401 || code == 403;
             if was_refused == expect_ok {
                 wrong.push(format!("{role} {verb} {path}: {code} {text}"));
             }
             if code == 401 {
-                assert!(text.contains("www-authenticate: Bearer"), "{text}");
+                assert!(text.contains("www-authenticate: bearer"), "{text}");
             }
         }
     }

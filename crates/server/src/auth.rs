@@ -508,6 +508,9 @@ pub fn http_role(method: &axum::http::Method, path: &str) -> Option<Role> {
     if path == "/healthz" {
         return None;
     }
+    if path == "/v1/check" {
+        return Some(Role::Client);
+    }
     if method == axum::http::Method::GET || method == axum::http::Method::HEAD {
         Some(Role::Reader)
     } else {

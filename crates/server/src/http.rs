@@ -34,17 +34,25 @@ struct AppState {
 }
 
 /// The HTTP routes, behind the same checks as gRPC calls (see [`crate::guard`]).
-pub fn router(controller: Arc<Controller>, latency: Arc<Latency>, clock: Clock, front: Front) -> Router {
+pub fn router(
+    controller: Arc<Controller>,
+    latency: Arc<Latency>,
+    clock: Clock,
+    front: Front,
+    gate: tollgate_client::Tollgate,
+) -> Router {
     let guard = axum::middleware::from_fn_with_state((controller.clone(), front), http_guard);
+    let api = crate::api::router(controller.clone(), clock, gate);
     Router::new()
         .route("/healthz", get(health))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .route("/v1/node/properties", get(node_properties).put(set_node_properties))
         .route("/v1/groups/{name}/properties", get(group_properties).put(set_group_properties))
-        .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES))
-        .layer(guard)
         .with_state(AppState { controller, latency, clock, groups: Arc::default() })
+        .merge(api)
+        .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES.max(crate::api::BODY_MAX_BYTES)))
+        .layer(guard)
 }
 
 /// One per-group metric: name, help, type, and how to read it (`None`: no sample).

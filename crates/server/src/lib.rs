@@ -7,6 +7,7 @@
 //! stream of incoming connections instead (a simulated network in tests, in the manner of
 //! turmoil), with the same controller and background work.
 
+pub mod api;
 pub mod auth;
 mod clock;
 pub mod conn;
@@ -422,11 +423,14 @@ where
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
     let http_front = front.clone();
+    // Envoy's rate-limit service and `POST /v1/check`: one in-process client of the grants.
+    let rls_front = rls::Rls::start(controller.clone(), clock);
+    let gate = rls_front.gate().clone();
     let http_server = async {
         match http {
             Some(listener) => axum::serve(
                 listener,
-                http::router(controller.clone(), latency, clock, http_front)
+                http::router(controller.clone(), latency, clock, http_front, gate)
                     .into_make_service_with_connect_info::<listen::Peer>(),
             )
             .with_graceful_shutdown(waiter(stop_rx.clone()))
@@ -444,7 +448,7 @@ where
         .add_service(AdminServer::new(services))
         .add_service(
             envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer::new(
-                rls::Rls::start(controller.clone(), clock),
+                rls_front,
             ),
         )
         .serve_with_incoming_shutdown(incoming, waiter(stop_rx.clone()));

@@ -44,7 +44,8 @@ fn object(text: &str) -> Result<Map<String, Value>, String> {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+/// What a JSON value is, as error messages say it.
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -58,6 +58,22 @@ impl Rls {
         }));
         Rls { controller, gate }
     }
+
+    /// The in-process client its decisions come from (`POST /v1/check` shares it).
+    pub fn gate(&self) -> &Tollgate {
+        &self.gate
+    }
+}
+
+/// A group this front end has not met yet admits nothing until its first grant, which is
+/// asked for at once: wait for it briefly (at most 200 ms) rather than refuse.
+pub(crate) async fn wait_for_first_grant(handle: &tollgate_client::GroupHandle) {
+    for _ in 0..FIRST_GRANT_POLLS {
+        if handle.has_grant() {
+            return;
+        }
+        tokio::time::sleep(FIRST_GRANT_POLL).await;
+    }
 }
 
 fn invalid(field: String, rule: impl std::fmt::Display) -> Status {
@@ -165,14 +181,7 @@ impl RateLimitService for Rls {
         let mut over = false;
         for (group, cost) in &planned {
             let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
-            // A group this front end has not met yet admits nothing until its first grant,
-            // which is asked for at once: wait for it briefly rather than refuse.
-            for _ in 0..FIRST_GRANT_POLLS {
-                if handle.has_grant() {
-                    break;
-                }
-                tokio::time::sleep(FIRST_GRANT_POLL).await;
-            }
+            wait_for_first_grant(&handle).await;
             let (code, until) = match handle.try_acquire(*cost) {
                 Ok(p) => {
                     permits.push(p.into_owned());

@@ -1,0 +1,140 @@
+//! The HTTP JSON API under `/v1/` on the real server, as a program in any language would use
+//! it: groups, node settings, status, checks, errors naming the field and the rule, and an
+//! OpenAPI document that matches the routes served.
+
+use std::process::Stdio;
+
+use serde_json::Value;
+
+mod common;
+use common::{ServerProc, data_dir};
+
+/// One request: the status, the head (lower case) and the body as JSON (`Null` if none).
+fn call(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String, Value) {
+    let (code, head, body) = common::http(addr, method, path, &[], body.unwrap_or(""));
+    (code, head, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+#[test]
+fn groups_node_status_and_checks_over_json() {
+    let s = ServerProc::start_with(&data_dir("api"), &["--tick-ms", "100"], Stdio::null());
+    let h = s.http.as_str();
+    let (code, _, v) = call(h, "POST", "/v1/groups", Some(r#"{"name":"acme","limit":5,"priority":"high"}"#));
+    assert_eq!(code, 201, "{v}");
+    assert_eq!((v["name"].as_str(), v["settings"]["limit"].as_f64()), (Some("acme"), Some(5.0)));
+    assert_eq!(v["settings"]["priority"], "high");
+    let (code, _, v) =
+        call(h, "PATCH", "/v1/groups/acme", Some(r#"{"burst":10,"ramp":null,"dropped":"count"}"#));
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (v["settings"]["burst"].as_f64(), v["settings"]["dropped"].as_str()),
+        (Some(10.0), Some("count"))
+    );
+    let (code, _, v) = call(h, "PUT", "/v1/groups/beta", Some(r#"{"limit":"unlimited","reserved":20}"#));
+    assert_eq!(code, 200, "{v}");
+    assert!(v["settings"]["limit"].is_null());
+    let (_, _, v) = call(h, "GET", "/v1/groups", None);
+    let names: Vec<&str> =
+        v["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
+    assert_eq!(names, ["acme", "beta"]);
+    let (code, _, v) = call(h, "GET", "/v1/groups/acme", None);
+    assert_eq!((code, v["settings"]["burst"].as_f64()), (200, Some(10.0)));
+    // Errors: the field and the rule, and nothing changes.
+    for (method, path, body, status, field, rule) in [
+        ("POST", "/v1/groups", r#"{"name":"acme"}"#, 409, "name", "already exists"),
+        ("PATCH", "/v1/groups/ghost", "{}", 404, "name", "does not exist"),
+        (
+            "PATCH",
+            "/v1/groups/acme",
+            r#"{"weight":"heavy"}"#,
+            400,
+            "weight",
+            "must be a finite number, got a string",
+        ),
+        ("PATCH", "/v1/groups/acme", r#"{"reserved":50}"#, 400, "reserved", "must not exceed limit (50 > 5)"),
+        ("PATCH", "/v1/groups/acme", r#"{"colour":"red"}"#, 400, "colour", "unknown field"),
+        ("PATCH", "/v1/groups/acme", r#"{"ramp":{"mode":"fast"}}"#, 400, "ramp.mode", "must be relaxed"),
+        ("PATCH", "/v1/groups/acme", "[1]", 400, "body", "must be a JSON object, got an array"),
+        ("PATCH", "/v1/groups/acme", "not json", 400, "body", "not JSON"),
+        ("POST", "/v1/groups", r#"{"limit":5}"#, 400, "name", "missing"),
+        ("PATCH", "/v1/node", r#"{"mode":"fastest"}"#, 400, "mode", "must be \"share\" or \"fcfs\""),
+        ("POST", "/v1/check", r#"{"cost":1}"#, 400, "group", "missing"),
+        ("POST", "/v1/check", r#"{"group":"acme","cost":-1}"#, 400, "cost", "must be from 0"),
+        ("POST", "/v1/check", r#"{"group":"acme","cost":"one"}"#, 400, "cost", "must be a finite number"),
+        ("DELETE", "/v1/groups/ghost", "", 404, "name", "does not exist"),
+        ("DELETE", "/v1/groups/ghost?if_exists=maybe", "", 400, "query", "expected if_exists"),
+    ] {
+        let (code, _, v) = call(h, method, path, Some(body));
+        assert_eq!(code, status, "{method} {path} {body}: {v}");
+        assert_eq!(v["field"], field, "{method} {path} {body}: {v}");
+        assert!(v["rule"].as_str().unwrap_or("").contains(rule), "{method} {path} {body}: {v}");
+        assert!(v["error"].as_str().is_some(), "{v}");
+    }
+    let big = format!(r#"{{"name":"{}"}}"#, "x".repeat(100 * 1024));
+    let (code, _, _) = call(h, "POST", "/v1/groups", Some(&big));
+    assert_eq!(code, 413, "an oversized body is refused");
+    let (_, _, v) = call(h, "GET", "/v1/groups/acme", None);
+    assert_eq!(
+        (v["settings"]["reserved"].as_f64(), v["settings"]["weight"].as_f64()),
+        (Some(0.0), Some(1.0))
+    );
+    // Node settings.
+    let (code, _, v) = call(h, "PATCH", "/v1/node", Some(r#"{"capacity":1000,"mode":"fcfs"}"#));
+    assert_eq!((code, v["capacity"].as_f64(), v["mode"].as_str()), (200, Some(1000.0), Some("fcfs")));
+    let (_, _, v) = call(h, "GET", "/v1/node", None);
+    assert_eq!(v["mode"], "fcfs");
+    // Checks: `slow` holds a burst of 10 and refills one unit every 100 s, so the eleventh is
+    // refused with a retry-after, however long the calls take.
+    let (code, _, v) = call(h, "PUT", "/v1/groups/slow", Some(r#"{"limit":0.01,"burst":10}"#));
+    assert_eq!(code, 200, "{v}");
+    let mut codes = Vec::new();
+    for _ in 0..12 {
+        codes.push(call(h, "POST", "/v1/check", Some(r#"{"group":"slow","cost":1}"#)).0);
+    }
+    assert_eq!(codes.iter().filter(|c| **c == 200).count(), 10, "{codes:?}");
+    let (code, head, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"slow"}"#));
+    assert_eq!((code, v["admitted"].as_bool()), (429, Some(false)), "{v}");
+    assert!(v["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0), "{v}");
+    assert!(head.contains("retry-after: "), "{head}");
+    let (code, _, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"beta","cost":3}"#));
+    assert_eq!((code, v["admitted"].as_bool()), (200, Some(true)), "{v}");
+    // The check's client is a client of the controller like any other: status shows it.
+    let (code, _, v) = call(h, "GET", "/v1/status", None);
+    assert_eq!(code, 200);
+    assert!(v["groups"].as_array().unwrap().iter().any(|g| g["name"] == "acme"), "{v}");
+    // Drop.
+    let (code, _, _) = call(h, "DELETE", "/v1/groups/beta", None);
+    assert_eq!(code, 200);
+    let (code, _, v) = call(h, "DELETE", "/v1/groups/beta?if_exists=true", None);
+    assert_eq!((code, &v["dropped"]), (200, &Value::Null));
+}
+
+#[test]
+fn the_openapi_document_lists_exactly_the_routes_served() {
+    let s = ServerProc::start_with(&data_dir("api-openapi"), &[], Stdio::null());
+    let h = s.http.as_str();
+    let (code, _, doc) = call(h, "GET", "/v1/openapi.json", None);
+    assert_eq!(code, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 8, "{doc}");
+    let methods = ["get", "post", "put", "patch", "delete"];
+    for (path, ops) in paths {
+        let concrete = path.replace("{name}", "doc-probe");
+        for m in methods {
+            let body = if m == "get" || m == "delete" { None } else { Some("{}") };
+            let (code, _, v) = call(h, &m.to_uppercase(), &concrete, body);
+            if ops.get(m).is_some() {
+                // Served: any answer but "no such route" (a 404 for a missing group is JSON).
+                assert_ne!(code, 405, "{m} {path} is documented but not served");
+                assert!(code != 404 || v["error"].is_string(), "{m} {path} is documented but not served");
+            } else {
+                assert_eq!(code, 405, "{m} {path} is served but not documented ({code} {v})");
+            }
+        }
+    }
+    // Nothing under /v1/ is served that the document leaves out.
+    for path in ["/v1/nodes", "/v1/group", "/v1/checks", "/v1/tokens"] {
+        assert_eq!(call(h, "GET", path, None).0, 404, "{path}");
+    }
+}
