@@ -250,7 +250,16 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     let req = format!(
         "PUT /kv/odd HTTP/1.1\r\nHost: {kv}\r\nx-tollgate-group: {long}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
     );
-    let reply = http(kv, req.as_bytes()).await.unwrap();
+    // The service waits 50 ms for a group's first grant; a loaded machine may take longer, and
+    // the refusal then says to retry: do, a bounded number of times.
+    let mut reply = http(kv, req.as_bytes()).await.unwrap();
+    for _ in 0..50 {
+        if !reply.starts_with("HTTP/1.1 429") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        reply = http(kv, req.as_bytes()).await.unwrap();
+    }
     assert!(reply.starts_with("HTTP/1.1 204"), "{reply}");
     // Gold asked for less than its reservation and kept getting it.
     let gold_offered = phase2.iter().filter(|s| s.tenant == "gold").count() as f64;
