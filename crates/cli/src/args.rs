@@ -93,6 +93,22 @@ pub(crate) enum Command {
     /// Envoy's rate-limit service on the gRPC port: its mapping rules, and a request to try.
     #[command(subcommand)]
     Rls(crate::rls::Rls),
+    /// Metering: what each group consumed, minute by minute as the controller recorded it
+    /// (durable across restarts and failovers).
+    Usage {
+        /// Only this group.
+        group: Option<String>,
+        /// From this long ago (`90s`, `30m`, `12h`, `7d`), or a Unix time in milliseconds;
+        /// default everything kept.
+        #[arg(long, value_parser = crate::admin::parse_since)]
+        since: Option<crate::admin::Since>,
+        /// One JSON object per group per minute.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// CSV: minute,group,consumed,admitted,throttled.
+        #[arg(long)]
+        csv: bool,
+    },
     /// Credentials for a server started with --auth: create, list, revoke.
     #[command(subcommand)]
     Token(crate::token::Token),
@@ -228,9 +244,10 @@ pub(crate) struct ServerArgs {
     /// Folding time of the smoothers of each group's average cost, in seconds (0.1 to 600).
     #[arg(long, default_value_t = 2.0)]
     pub(crate) cost_folding_s: f64,
-    /// How often groups' consumption (what budgets are checked against) and resumable
-    /// ramps are written to the data file, in milliseconds; also written at a clean stop.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    /// How often groups' consumption (what budgets are checked against, and the minute-by-minute
+    /// usage records `tollgate usage` reads) and resumable ramps are written to the store, in
+    /// milliseconds: at most a minute; also at a clean stop.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub(crate) flush_ms: u64,
     /// gRPC connections open at once; past it new ones are closed at once. Keep it below
     /// the process's open-file limit (`ulimit -n`).

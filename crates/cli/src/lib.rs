@@ -20,6 +20,7 @@ mod server;
 mod sim;
 mod sql;
 mod token;
+mod usage;
 
 /// Prints a line to stdout. A reader that went away (`tollgate sim … | head`) is not an
 /// error worth a panic: the output is simply no longer wanted.
@@ -89,6 +90,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Trace { group, count } => admin_command(admin::trace(&target, group, count)),
         Command::Status { json } => admin_command(admin::status(&target, json)),
         Command::Token(cmd) => admin_command(token::run(&target, cmd)),
+        Command::Usage { group, since, json, csv } => {
+            let format = if json {
+                usage::Format::Json
+            } else if csv {
+                usage::Format::Csv
+            } else {
+                usage::Format::Text
+            };
+            admin_command(usage::run(&target, group, since, format))
+        }
         Command::Rls(cmd) => admin_command(rls::run(&target, cmd)),
         Command::Audit { since, limit, json } => admin_command(admin::audit(&target, since, limit, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),

@@ -138,3 +138,50 @@ fn the_openapi_document_lists_exactly_the_routes_served() {
         assert_eq!(call(h, "GET", path, None).0, 404, "{path}");
     }
 }
+
+fn usage(url: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(common::BIN)
+        .arg("usage")
+        .args(args)
+        .env("TOLLGATE_SERVER", url)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn consumption_is_metered_by_the_minute_and_survives_a_restart() {
+    let data = data_dir("api-usage");
+    let s = ServerProc::start_with(&data, &["--tick-ms", "100", "--flush-ms", "100"], Stdio::null());
+    let (code, _, v) = call(&s.http, "PUT", "/v1/groups/metered", Some(r#"{"limit":1000}"#));
+    assert_eq!(code, 200, "{v}");
+    let mut admitted = 0u32;
+    while admitted < 25 {
+        let (code, _, _) = call(&s.http, "POST", "/v1/check", Some(r#"{"group":"metered","cost":2}"#));
+        admitted += u32::from(code == 200);
+    }
+    // The check client reports its consumption at its next exchange; the controller writes it
+    // at its next flush.
+    common::eventually("50 units metered", || {
+        usage(&s.url(), &["metered", "--json"])
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .map(|v| v["consumed"].as_f64().unwrap_or(0.0))
+            .sum::<f64>()
+            == 50.0
+    });
+    let text = usage(&s.url(), &[]);
+    assert!(text.contains("metered  consumed 50  admitted 25  refused 0"), "{text}");
+    let csv = usage(&s.url(), &["--csv", "--since", "1h"]);
+    assert!(csv.starts_with("minute,group,consumed,admitted,throttled\n"), "{csv}");
+    assert!(csv.lines().skip(1).all(|l| l.contains(",metered,")), "{csv}");
+    // A span that starts after the consumption: nothing in it.
+    let later = (tollgate_server::wall_ms() + 120_000).to_string();
+    assert!(usage(&s.url(), &["--since", &later]).contains("no consumption recorded"));
+    // Durable: the same after a restart.
+    assert!(s.terminate().success());
+    let s = ServerProc::start_with(&data, &[], Stdio::null());
+    let text = usage(&s.url(), &["metered"]);
+    assert!(text.contains("metered  consumed 50  admitted 25"), "{text}");
+}

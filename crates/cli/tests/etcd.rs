@@ -520,3 +520,30 @@ fn a_stored_token_with_a_role_this_server_does_not_know_is_refused_by_name() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn usage_written_by_the_leader_is_read_through_any_controller() {
+    let etcd = Etcd::start("usage");
+    let flags = ["--tick-ms", "100", "--flush-ms", "100"];
+    let (_a, a_url, a_http) = start_with(&etcd.url(), "/usage", &flags);
+    let (_b, b_url, b_http) = start_with(&etcd.url(), "/usage", &flags);
+    let leader = || {
+        [(&a_url, &a_http), (&b_url, &b_http)]
+            .into_iter()
+            .find(|(_, h)| status(h).is_some_and(|s| s["role"] == "leader"))
+            .map(|(u, h)| (u.clone(), h.clone()))
+    };
+    eventually("a leader", || leader().is_some());
+    let (leader_url, leader_http) = leader().unwrap();
+    admin(&leader_url, &["group", "create", "shared-meter", "--limit", "1000"]);
+    let mut admitted = 0;
+    while admitted < 5 {
+        let (code, _, _) =
+            common::http(&leader_http, "POST", "/v1/check", &[], r#"{"group":"shared-meter","cost":3}"#);
+        admitted += u32::from(code == 200);
+    }
+    let follower_url = if leader_url == a_url { b_url.clone() } else { a_url.clone() };
+    eventually("the follower reads the leader's metering", || {
+        output(&follower_url, &["usage", "shared-meter"]).contains("shared-meter  consumed 15  admitted 5")
+    });
+}

@@ -498,7 +498,8 @@ pub fn grpc_role(path: &str) -> Role {
         | "/tollgate.v1.Admin/GetNode"
         | "/tollgate.v1.Admin/Status"
         | "/tollgate.v1.Admin/Trace"
-        | "/tollgate.v1.Admin/GetRlsRules" => Role::Reader,
+        | "/tollgate.v1.Admin/GetRlsRules"
+        | "/tollgate.v1.Admin/Usage" => Role::Reader,
         _ => Role::Admin,
     }
 }

@@ -512,7 +512,7 @@ impl Controller {
                 .collect();
             (meters, ramps)
         };
-        let result = self.store().put_meters(&meters, &ramps);
+        let result = self.store().put_meters(&meters, &ramps, crate::store::minute_of(wall_ms));
         if result.is_err() {
             // Not written: keep them to write next time.
             self.engine().mark_dirty(meters.iter().map(|(n, _)| n));
@@ -645,6 +645,17 @@ impl Controller {
                 false
             }
         }
+    }
+
+    /// Usage records: per group, its consumption minute by minute from `since_unix_ms` (and
+    /// the last record before, to measure from). What is not flushed yet is not in them.
+    pub fn usage(
+        &self,
+        group: Option<&GroupName>,
+        since_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::store::UsageRecord>, StoreError> {
+        self.store().usage(group, since_unix_ms, limit)
     }
 
     /// The audit log: changes made at or after `since_unix_ms`, oldest first, at most `limit`.

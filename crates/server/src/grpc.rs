@@ -343,6 +343,30 @@ impl Admin for Services {
         }))
     }
 
+    async fn usage(&self, req: Request<v1::UsageRequest>) -> Result<Response<v1::UsageResponse>, Status> {
+        let r = req.into_inner();
+        let limit = match r.limit {
+            0 => 10_000,
+            n if n <= 100_000 => n as usize,
+            n => return Err(Status::invalid_argument(format!("limit: at most 100000, got {n}"))),
+        };
+        let group = if r.group.is_empty() { None } else { Some(group_name("group", &r.group)?) };
+        let since = r.since_unix_ms;
+        let records = self
+            .admin(move |c| c.usage(group.as_ref(), since, limit).map_err(AdminError::from))
+            .await?
+            .into_iter()
+            .map(|u| v1::UsageRecord {
+                group: u.group.to_string(),
+                minute_unix_ms: u.minute_unix_ms,
+                consumed_total: u.meter.consumed,
+                admitted_total: u.meter.admitted,
+                throttled_total: u.meter.throttled,
+            })
+            .collect();
+        Ok(Response::new(v1::UsageResponse { records }))
+    }
+
     async fn status(&self, req: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {
         let r = req.into_inner();
         let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;

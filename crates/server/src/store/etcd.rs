@@ -14,6 +14,7 @@
 //! | `rls_rules` | the RLS mapping rules as JSON |
 //! | `credentials/ID` | a credential as JSON: its role, groups, expiry and the token's hash |
 //! | `audit/KEY` | one audit record as JSON, KEY its time and sequence |
+//! | `usage/MINUTE/NAME` | the group's meter as of that minute (Unix ms, 13 digits), 32 bytes |
 //!
 //! A write returns once etcd has committed it (a quorum of its members). etcd's client is
 //! asynchronous and the store's trait is not: the store runs its client on a thread of its own,
@@ -239,6 +240,20 @@ impl EtcdStore {
     }
 }
 
+/// Deletes the first keys under `prefix` (the oldest, as the keys sort by time) past `max`.
+async fn trim_oldest(c: &mut Client, prefix: String, max: usize) -> Result<(), etcd_client::Error> {
+    let count = c.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_count_only())).await?.count();
+    let excess = count.saturating_sub(i64::try_from(max).unwrap_or(i64::MAX));
+    if excess > 0 {
+        let oldest =
+            c.get(prefix, Some(GetOptions::new().with_prefix().with_keys_only().with_limit(excess))).await?;
+        for kv in oldest.kvs() {
+            c.delete(kv.key().to_vec(), None).await?;
+        }
+    }
+    Ok(())
+}
+
 /// What a key under the prefix is.
 fn parse_change(prefix: &str, key: &[u8], value: Option<&[u8]>) -> Result<Option<StoredChange>, String> {
     let key = String::from_utf8_lossy(key);
@@ -374,11 +389,19 @@ impl SettingsStore for EtcdStore {
         &mut self,
         meters: &[(GroupName, Meter)],
         ramps: &[(GroupName, StoredRamp)],
+        minute_unix_ms: u64,
     ) -> Result<(), StoreError> {
         let mut ops: Vec<TxnOp> = meters
             .iter()
             .map(|(n, m)| TxnOp::put(self.target.key(&format!("meters/{n}")), encode_meter(m).to_vec(), None))
             .collect();
+        ops.extend(meters.iter().map(|(n, m)| {
+            TxnOp::put(
+                self.target.key(&format!("usage/{minute_unix_ms:013}/{n}")),
+                encode_meter(m).to_vec(),
+                None,
+            )
+        }));
         // The ramps are replaced: those no longer resumable go.
         let kept: BTreeMap<&GroupName, &StoredRamp> = ramps.iter().map(|(n, r)| (n, r)).collect();
         let old_ramps = {
@@ -400,7 +423,53 @@ impl SettingsStore for EtcdStore {
         for (n, r) in ramps {
             ops.push(TxnOp::put(self.target.key(&format!("ramps/{n}")), encode_ramp(r).to_vec(), None));
         }
-        self.put_txn(ops)
+        self.put_txn(ops)?;
+        // Past the bound, the oldest minutes go.
+        let prefix = self.target.key("usage/");
+        self.call(move |c| Box::pin(trim_oldest(c, prefix, super::USAGE_MAX)))
+    }
+
+    fn usage(
+        &mut self,
+        group: Option<&GroupName>,
+        since_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<super::UsageRecord>, StoreError> {
+        const PAGE: i64 = 5000;
+        let prefix = self.target.key("usage/");
+        let end = format!("{prefix}~");
+        let mut pick = super::UsageSelector::new(group, since_unix_ms, limit);
+        let mut from = prefix.clone();
+        loop {
+            let (start, stop) = (from.clone(), end.clone());
+            let page = self.call(move |c| {
+                Box::pin(async move {
+                    let r = c.get(start, Some(GetOptions::new().with_range(stop).with_limit(PAGE))).await?;
+                    Ok(r.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect::<Vec<_>>())
+                })
+            })?;
+            let full = page.len() as i64 == PAGE;
+            for (k, v) in &page {
+                let key = String::from_utf8_lossy(k);
+                let Some((minute, name)) = key[prefix.len()..].split_once('/') else { continue };
+                if !pick.wants(name) {
+                    continue;
+                }
+                let corrupt = |reason: String| StoreError::Etcd {
+                    target: self.target.describe(),
+                    reason: format!("stored usage record {key:?} is corrupt: {reason}"),
+                };
+                let minute_unix_ms =
+                    minute.parse().map_err(|e: std::num::ParseIntError| corrupt(e.to_string()))?;
+                let group = GroupName::new(name).map_err(|e| corrupt(e.rule))?;
+                let meter = decode_meter(v).map_err(corrupt)?;
+                pick.push(super::UsageRecord { minute_unix_ms, group, meter });
+            }
+            match page.last() {
+                Some((k, _)) if full => from = format!("{}\0", String::from_utf8_lossy(k)),
+                _ => return Ok(pick.finish()),
+            }
+        }
     }
 
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {
@@ -429,23 +498,7 @@ impl SettingsStore for EtcdStore {
                 let key = super::audit_key(at, last);
                 c.put(format!("{prefix}{key:020}"), line, None).await?;
                 // Past the bound, the oldest go.
-                let count = c
-                    .get(prefix.clone(), Some(GetOptions::new().with_prefix().with_count_only()))
-                    .await?
-                    .count();
-                let excess = count.saturating_sub(super::AUDIT_MAX as i64);
-                if excess > 0 {
-                    let oldest = c
-                        .get(
-                            prefix.clone(),
-                            Some(GetOptions::new().with_prefix().with_keys_only().with_limit(excess)),
-                        )
-                        .await?;
-                    for kv in oldest.kvs() {
-                        c.delete(kv.key().to_vec(), None).await?;
-                    }
-                }
-                Ok(())
+                trim_oldest(c, prefix, super::AUDIT_MAX).await
             })
         })
     }

@@ -134,8 +134,11 @@ impl Change {
                 mode: AllocationMode::Fcfs,
                 slow_start: true,
             }),
-            Change::Meter(i, c) => store
-                .put_meters(&[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3 })], &[]),
+            Change::Meter(i, c) => store.put_meters(
+                &[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3 })],
+                &[],
+                60_000,
+            ),
         }
     }
 

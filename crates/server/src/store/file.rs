@@ -25,6 +25,8 @@ const METERS: TableDefinition<&str, &[u8]> = TableDefinition::new("meters");
 const RAMPS: TableDefinition<&str, &[u8]> = TableDefinition::new("ramps");
 const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
 const CREDENTIALS: TableDefinition<&str, &[u8]> = TableDefinition::new("credentials");
+/// Usage records: (minute, group) → the group's meter then.
+const USAGE: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("usage");
 const NODE_KEY: &str = "node";
 /// The RLS mapping rules, as JSON, beside the node settings.
 const RLS_KEY: &str = "rls_rules";
@@ -318,6 +320,33 @@ impl SettingsStore for RedbStore {
         Ok(out)
     }
 
+    fn usage(
+        &mut self,
+        group: Option<&GroupName>,
+        since_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<super::UsageRecord>, StoreError> {
+        let txn = self.db()?.begin_read().map_err(|e| self.io(e))?;
+        let table = match txn.open_table(USAGE) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.io(e)),
+        };
+        let mut pick = super::UsageSelector::new(group, since_unix_ms, limit);
+        for entry in table.iter().map_err(|e| self.io(e))? {
+            let (k, v) = entry.map_err(|e| self.io(e))?;
+            let (minute, name) = k.value();
+            if !pick.wants(name) {
+                continue;
+            }
+            let label = format!("usage record {name:?} at {minute}");
+            let name = GroupName::new(name).map_err(|e| self.corrupt(label.clone(), e))?;
+            let meter = decode_meter(v.value()).map_err(|e| self.corrupt(label, e))?;
+            pick.push(super::UsageRecord { minute_unix_ms: minute, group: name, meter });
+        }
+        Ok(pick.finish())
+    }
+
     fn load(&mut self) -> Result<Stored, StoreError> {
         let txn = self.db()?.begin_read().map_err(|e| self.io(e))?;
         let mut out = Stored::default();
@@ -406,6 +435,7 @@ impl SettingsStore for RedbStore {
         &mut self,
         meters: &[(GroupName, Meter)],
         ramps: &[(GroupName, StoredRamp)],
+        minute_unix_ms: u64,
     ) -> Result<(), StoreError> {
         self.write(|txn| {
             let mut table = txn.open_table(METERS)?;
@@ -413,6 +443,14 @@ impl SettingsStore for RedbStore {
                 table.insert(name.as_str(), encode_meter(m).as_slice())?;
             }
             drop(table);
+            let mut usage = txn.open_table(USAGE)?;
+            for (name, m) in meters {
+                usage.insert((minute_unix_ms, name.as_str()), encode_meter(m).as_slice())?;
+            }
+            while usage.len()? > super::USAGE_MAX as u64 {
+                usage.pop_first()?;
+            }
+            drop(usage);
             txn.delete_table(RAMPS)?;
             let mut table = txn.open_table(RAMPS)?;
             for (name, r) in ramps {
@@ -457,7 +495,7 @@ mod tests {
                 slow_start: true,
             })
             .unwrap();
-            s.put_meters(&[(g.clone(), meter)], &[(g.clone(), ramp)]).unwrap();
+            s.put_meters(&[(g.clone(), meter)], &[(g.clone(), ramp)], 60_000).unwrap();
         }
         let mut s = RedbStore::open(&d).unwrap();
         let stored = s.load().unwrap();
@@ -466,12 +504,63 @@ mod tests {
         assert_eq!(stored.groups[&g].reserved(), 5.0);
         assert_eq!(stored.meters[&g], meter);
         assert_eq!(stored.ramps[&g], ramp);
-        s.put_meters(&[], &[]).unwrap();
+        s.put_meters(&[], &[], 120_000).unwrap();
         assert!(s.load().unwrap().ramps.is_empty(), "ramps are replaced as a whole");
         assert!(s.drop_group(&g).unwrap());
         assert!(!s.drop_group(&g).unwrap());
         let after = s.load().unwrap();
         assert!(after.groups.is_empty() && after.meters.is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn usage_is_kept_by_the_minute_and_a_rewrite_replaces_its_minute() {
+        let d = dir("usage");
+        let (a, b) = (GroupName::new("a").unwrap(), GroupName::new("b").unwrap());
+        let m = |consumed: f64| Meter { consumed, admitted: consumed as u64, throttled: 0, waited: 0 };
+        {
+            let mut s = RedbStore::open(&d).unwrap();
+            s.put_meters(&[(a.clone(), m(1.0)), (b.clone(), m(5.0))], &[], 60_000).unwrap();
+            s.put_meters(&[(a.clone(), m(2.0))], &[], 120_000).unwrap();
+            // Flushed again in the same minute: the minute's record is replaced, not added.
+            s.put_meters(&[(a.clone(), m(3.0))], &[], 120_000).unwrap();
+            s.put_meters(&[(a.clone(), m(7.0))], &[], 180_000).unwrap();
+        }
+        let mut s = RedbStore::open(&d).unwrap();
+        let got = |s: &mut RedbStore, g: Option<&GroupName>, since: u64| -> Vec<(u64, String, f64)> {
+            s.usage(g, since, 100)
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.minute_unix_ms, r.group.to_string(), r.meter.consumed))
+                .collect()
+        };
+        assert_eq!(
+            got(&mut s, None, 0),
+            [
+                (60_000, "a".into(), 1.0),
+                (60_000, "b".into(), 5.0),
+                (120_000, "a".into(), 3.0),
+                (180_000, "a".into(), 7.0)
+            ]
+        );
+        // From 2 minutes on: each group's last record before, then the span.
+        assert_eq!(
+            got(&mut s, None, 120_000),
+            [
+                (60_000, "a".into(), 1.0),
+                (60_000, "b".into(), 5.0),
+                (120_000, "a".into(), 3.0),
+                (180_000, "a".into(), 7.0)
+            ]
+        );
+        assert_eq!(got(&mut s, Some(&a), 180_000), [(120_000, "a".into(), 3.0), (180_000, "a".into(), 7.0)]);
+        assert_eq!(s.usage(None, 0, 2).unwrap().len(), 2, "bounded by the limit");
+        // The memory store keeps the same.
+        let mut mem = crate::store::MemoryStore::default();
+        mem.put_meters(&[(a.clone(), m(1.0))], &[], 60_000).unwrap();
+        mem.put_meters(&[(a.clone(), m(4.0))], &[], 60_000).unwrap();
+        let r = mem.usage(Some(&a), 0, 10).unwrap();
+        assert_eq!((r.len(), r[0].meter.consumed), (1, 4.0));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -159,6 +159,73 @@ pub struct AuditRecord {
     pub after: Option<String>,
 }
 
+/// A group's cumulative consumption as it stood in one minute (the last flush in it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageRecord {
+    /// The minute's start, Unix milliseconds (a multiple of 60,000).
+    pub minute_unix_ms: u64,
+    /// The group.
+    pub group: GroupName,
+    /// Its meter: cumulative units consumed, requests admitted, refused and waited.
+    pub meter: Meter,
+}
+
+/// The most usage records a store keeps; past it the oldest minutes go.
+pub const USAGE_MAX: usize = 1_000_000;
+
+/// The start of the minute `wall_ms` falls in.
+pub fn minute_of(wall_ms: u64) -> u64 {
+    wall_ms - wall_ms % 60_000
+}
+
+/// Picks usage records from every record, fed in minute order: per group (only `group` when
+/// given), the last record before `since_unix_ms` (what a span's consumption is measured
+/// from), then the records at or after it, in minute order; at most `limit` in all. Holds only
+/// what it returns.
+pub struct UsageSelector<'a> {
+    group: Option<&'a GroupName>,
+    since_unix_ms: u64,
+    limit: usize,
+    baselines: BTreeMap<GroupName, UsageRecord>,
+    span: Vec<UsageRecord>,
+}
+
+impl<'a> UsageSelector<'a> {
+    /// A selector for `group` (all when `None`) from `since_unix_ms`, at most `limit`.
+    pub fn new(group: Option<&'a GroupName>, since_unix_ms: u64, limit: usize) -> Self {
+        Self { group, since_unix_ms, limit, baselines: BTreeMap::new(), span: Vec::new() }
+    }
+
+    /// Whether a record of `group` would be looked at (decode only those).
+    pub fn wants(&self, group: &str) -> bool {
+        self.group.is_none_or(|g| g.as_str() == group)
+    }
+
+    /// The next record in minute order.
+    pub fn push(&mut self, r: UsageRecord) {
+        if !self.wants(r.group.as_str()) {
+            return;
+        }
+        if r.minute_unix_ms < self.since_unix_ms {
+            if self.baselines.len() < self.limit || self.baselines.contains_key(&r.group) {
+                self.baselines.insert(r.group.clone(), r);
+            }
+        } else if self.span.len() < self.limit {
+            self.span.push(r);
+        }
+    }
+
+    /// The records picked.
+    pub fn finish(self) -> Vec<UsageRecord> {
+        let mut out: Vec<UsageRecord> = self.baselines.into_values().collect();
+        out.sort_by_key(|r| r.minute_unix_ms);
+        out.truncate(self.limit);
+        let room = self.limit - out.len();
+        out.extend(self.span.into_iter().take(room));
+        out
+    }
+}
+
 /// The most audit records a store keeps; past it the oldest go.
 pub const AUDIT_MAX: usize = 100_000;
 
@@ -256,12 +323,22 @@ pub trait SettingsStore: Send {
     fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError>;
     /// Stores the node settings.
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError>;
-    /// Stores meters and replaces the resumable ramps, in one transaction.
+    /// Stores meters and replaces the resumable ramps, in one transaction; the meters are
+    /// also the groups' usage records for the minute starting at `minute_unix_ms` (written
+    /// again within the minute, the record is replaced: a rewrite changes nothing).
     fn put_meters(
         &mut self,
         meters: &[(GroupName, Meter)],
         ramps: &[(GroupName, StoredRamp)],
+        minute_unix_ms: u64,
     ) -> Result<(), StoreError>;
+    /// Usage records, as [`UsageSelector`] picks them.
+    fn usage(
+        &mut self,
+        group: Option<&GroupName>,
+        since_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<UsageRecord>, StoreError>;
     /// Appends a record to the audit log (durable when it returns), dropping the oldest past
     /// [`AUDIT_MAX`].
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError>;
@@ -285,12 +362,13 @@ pub trait SettingsStore: Send {
 pub struct MemoryStore {
     stored: Arc<Mutex<Stored>>,
     audit: Arc<Mutex<std::collections::VecDeque<AuditRecord>>>,
+    usage: Arc<Mutex<BTreeMap<(u64, GroupName), Meter>>>,
 }
 
 impl MemoryStore {
     /// A store that starts with `stored`.
     pub fn with(stored: Stored) -> Self {
-        Self { stored: Arc::new(Mutex::new(stored)), audit: Arc::default() }
+        Self { stored: Arc::new(Mutex::new(stored)), audit: Arc::default(), usage: Arc::default() }
     }
 
     fn stored(&self) -> MutexGuard<'_, Stored> {
@@ -325,11 +403,33 @@ impl SettingsStore for MemoryStore {
         &mut self,
         meters: &[(GroupName, Meter)],
         ramps: &[(GroupName, StoredRamp)],
+        minute_unix_ms: u64,
     ) -> Result<(), StoreError> {
         let mut stored = self.stored();
         stored.meters.extend(meters.iter().cloned());
         stored.ramps = ramps.iter().cloned().collect();
+        let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        for (name, meter) in meters {
+            usage.insert((minute_unix_ms, name.clone()), *meter);
+        }
+        while usage.len() > USAGE_MAX {
+            usage.pop_first();
+        }
         Ok(())
+    }
+
+    fn usage(
+        &mut self,
+        group: Option<&GroupName>,
+        since_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<UsageRecord>, StoreError> {
+        let usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pick = UsageSelector::new(group, since_unix_ms, limit);
+        for ((minute, name), meter) in usage.iter() {
+            pick.push(UsageRecord { minute_unix_ms: *minute, group: name.clone(), meter: *meter });
+        }
+        Ok(pick.finish())
     }
 
     fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {

@@ -1,0 +1,115 @@
+//! `tollgate usage`: what each group consumed, from the controller's metering.
+
+use std::collections::BTreeMap;
+
+use tollgate_proto::v1;
+
+use crate::admin::{Since, Target, connect, rpc, utc};
+use crate::say;
+
+/// How `tollgate usage` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One line per group: the span's totals.
+    Text,
+    /// One JSON object per group per minute.
+    Json,
+    /// `minute,group,consumed,admitted,throttled`, per group per minute.
+    Csv,
+}
+
+/// One minute of one group: what it consumed in that minute.
+struct Minute {
+    at: u64,
+    consumed: f64,
+    admitted: u64,
+    throttled: u64,
+}
+
+/// Per group, the minutes of the span with what each added (the baseline record before the
+/// span only measures from).
+fn minutes(records: &[v1::UsageRecord], since: u64) -> BTreeMap<String, Vec<Minute>> {
+    let mut out: BTreeMap<String, Vec<Minute>> = BTreeMap::new();
+    let mut last: BTreeMap<&str, &v1::UsageRecord> = BTreeMap::new();
+    for r in records {
+        let before = last.insert(r.group.as_str(), r);
+        if r.minute_unix_ms < since {
+            continue;
+        }
+        let (c, a, t) =
+            before.map_or((0.0, 0, 0), |b| (b.consumed_total, b.admitted_total, b.throttled_total));
+        out.entry(r.group.clone()).or_default().push(Minute {
+            at: r.minute_unix_ms,
+            consumed: (r.consumed_total - c).max(0.0),
+            admitted: r.admitted_total.saturating_sub(a),
+            throttled: r.throttled_total.saturating_sub(t),
+        });
+    }
+    out
+}
+
+/// Runs `tollgate usage`.
+pub async fn run(
+    server: &Target,
+    group: Option<String>,
+    since: Option<Since>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let since_unix_ms = match since {
+        None => 0,
+        Some(Since::UnixMs(ms)) => ms,
+        Some(Since::Ago(d)) => {
+            tollgate_server::wall_ms().saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        }
+    };
+    let mut client = connect(server).await?;
+    let request = v1::UsageRequest { group: group.unwrap_or_default(), since_unix_ms, limit: 100_000 };
+    let records = client.usage(request).await.map_err(rpc)?.into_inner().records;
+    let by_group = minutes(&records, since_unix_ms);
+    match format {
+        Format::Text => {
+            for (g, ms) in &by_group {
+                let (first, last) = (ms.first().map_or(0, |m| m.at), ms.last().map_or(0, |m| m.at + 60_000));
+                say(format!(
+                    "{g}  consumed {}  admitted {}  refused {}  ({} to {})",
+                    crate::admin::fmt_units(ms.iter().map(|m| m.consumed).sum::<f64>()),
+                    ms.iter().map(|m| m.admitted).sum::<u64>(),
+                    ms.iter().map(|m| m.throttled).sum::<u64>(),
+                    utc(first),
+                    utc(last)
+                ));
+            }
+            if by_group.is_empty() {
+                say("no consumption recorded in that span");
+            }
+        }
+        Format::Json => {
+            for (g, ms) in &by_group {
+                for m in ms {
+                    say(serde_json::json!({
+                        "minute": utc(m.at),
+                        "minute_unix_ms": m.at,
+                        "group": g,
+                        "consumed": m.consumed,
+                        "admitted": m.admitted,
+                        "throttled": m.throttled,
+                    }));
+                }
+            }
+        }
+        Format::Csv => {
+            say("minute,group,consumed,admitted,throttled");
+            for (g, ms) in &by_group {
+                let quoted = if g.contains([',', '"', '\n']) {
+                    format!("\"{}\"", g.replace('"', "\"\""))
+                } else {
+                    g.clone()
+                };
+                for m in ms {
+                    say(format!("{},{quoted},{},{},{}", utc(m.at), m.consumed, m.admitted, m.throttled));
+                }
+            }
+        }
+    }
+    Ok(())
+}
