@@ -295,10 +295,14 @@ fn decode_group(v: &[u8]) -> Result<GroupSettings, String> {
 
 impl SettingsStore for EtcdStore {
     fn load(&mut self) -> Result<Stored, StoreError> {
-        let all = format!("{}/", self.target.prefix);
+        // Everything but the logs: keys sort `audit/` < `credentials/` < … < `rls_rules` <
+        // `usage/`, so one range from `b` up to `usage/` leaves out the audit and usage
+        // records (up to 100,000 and 1,000,000 keys), which are read only when asked for.
+        let from = format!("{}/b", self.target.prefix);
+        let to = format!("{}/usage/", self.target.prefix);
         let (revision, kvs) = self.call(move |c| {
             Box::pin(async move {
-                let r = c.get(all, Some(GetOptions::new().with_prefix())).await?;
+                let r = c.get(from, Some(GetOptions::new().with_range(to))).await?;
                 let revision = r.header().map_or(0, |h| h.revision());
                 Ok((
                     revision,
