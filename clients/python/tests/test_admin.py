@@ -26,6 +26,10 @@ def test_groups_round_trip_and_errors_name_the_field(server: Server) -> None:
             admin.alter_group("checkout", colour="red")
         with pytest.raises(tollgate.NotFound):
             admin.get_group("ghost")
+        assert admin.put_group("billed", budget=1000, budget_period="month")["budget_period"] == "month"
+        with pytest.raises(ValueError, match="budget_period"):
+            admin.put_group("billed", budget_period="year")
+        assert admin.drop_group("billed") is True
         assert admin.drop_group("batch") is True
         assert admin.drop_group("batch", if_exists=True) is False
         admin.set_capacity(1000)

@@ -16,7 +16,7 @@ Settings = Dict[str, Any]
 _PRIORITIES = {"low": 1, "medium": 8, "high": 16}
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
-    "reserved, limit, burst, priority, weight, budget, dropped, debt_repay_s, "
+    "reserved, limit, burst, priority, weight, budget, budget_period, dropped, debt_repay_s, "
     "reads_writes_apart, backend_limit, background"
 )
 
@@ -36,6 +36,10 @@ def _patch(settings: Settings) -> pb.GroupPatch:
             if not isinstance(level, int) or not 1 <= level <= 16:
                 raise ValueError(f"priority: must be low, medium, high or 1 to 16, got {value!r}")
             p.priority = level
+        elif key == "budget_period":
+            if value not in ("total", "day", "week", "month"):
+                raise ValueError(f'budget_period: must be "total", "day", "week" or "month", got {value!r}')
+            p.budget_period = value
         elif key == "dropped":
             if value not in ("count", "return"):
                 raise ValueError(f'dropped: must be "count" or "return", got {value!r}')
@@ -66,6 +70,7 @@ def _settings(info: pb.GroupInfo) -> Settings:
         "priority": _NAMES.get(s.priority, s.priority),
         "weight": s.weight,
         "budget": s.budget if s.HasField("budget") else None,
+        "budget_period": s.budget_period or "total",
         "dropped": "count" if s.count_dropped else "return",
         "debt_repay_s": s.debt_repay_s if s.HasField("debt_repay_s") else 5.0,
         "reads_writes_apart": s.reads_writes_apart,

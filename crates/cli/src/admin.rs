@@ -95,6 +95,10 @@ pub struct GroupOptions {
     /// A total in units; once consumed, the group is held at its reservation.
     #[arg(long, value_parser = parse_units, conflicts_with = "no_budget")]
     budget: Option<f64>,
+    /// Count the budget per UTC day, week (from Monday) or month, against the controller's
+    /// metering, rather than over the group's life (`total`).
+    #[arg(long, value_parser = ["total", "day", "week", "month"], conflicts_with = "no_budget")]
+    budget_period: Option<String>,
     /// Removes the budget.
     #[arg(long)]
     no_budget: bool,
@@ -217,6 +221,7 @@ impl GroupOptions {
         p.burst = self.burst;
         p.weight = self.weight;
         p.budget = self.budget;
+        p.budget_period = self.budget_period.clone();
         p.clear_budget = self.no_budget;
         p.clear_burst = self.no_burst;
         p.ramp = self.ramp;
@@ -485,7 +490,7 @@ pub async fn quota(server: &Target, cmd: Quota) -> anyhow::Result<()> {
 }
 
 fn show(info: &v1::GroupInfo) -> String {
-    let s = info.settings.unwrap_or_default();
+    let s = info.settings.clone().unwrap_or_default();
     let mut out = String::new();
     let _ = writeln!(out, "name:     {}", info.name);
     let _ = writeln!(out, "reserved: {}", fmt_units(s.reserved));
@@ -494,7 +499,9 @@ fn show(info: &v1::GroupInfo) -> String {
     let _ = writeln!(out, "priority: {}", priority_name(s.priority));
     let _ = writeln!(out, "weight:   {}", fmt_units(s.weight));
     if let Some(b) = s.budget {
-        let _ = writeln!(out, "budget:   {}", fmt_units(b));
+        let per =
+            if s.budget_period.is_empty() { String::new() } else { format!(" per {}", s.budget_period) };
+        let _ = writeln!(out, "budget:   {}{per}", fmt_units(b));
     }
     let _ = writeln!(out, "dropped:  {}", if s.count_dropped { "count" } else { "return" });
     if s.reads_writes_apart {
@@ -809,17 +816,7 @@ pub(crate) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
-    // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar, eras of 400
-    // years of 146,097 days).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = tollgate_core::settings::civil_from_days(days);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
         rem / 3600,

@@ -70,6 +70,16 @@ fn groups_node_status_and_checks_over_json() {
         assert!(v["rule"].as_str().unwrap_or("").contains(rule), "{method} {path} {body}: {v}");
         assert!(v["error"].as_str().is_some(), "{v}");
     }
+    let (code, _, v) =
+        call(h, "PUT", "/v1/groups/budgeted", Some(r#"{"budget":100,"budget_period":"month"}"#));
+    assert_eq!((code, v["settings"]["budget_period"].as_str()), (200, Some("month")), "{v}");
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"budget_period":"year"}"#));
+    assert_eq!((code, v["field"].as_str()), (400, Some("budget_period")), "{v}");
+    assert!(v["rule"].as_str().unwrap().contains("must be total, day, week or month"), "{v}");
+    let (code, _, v) = call(h, "PUT", "/v1/groups/unbudgeted", Some(r#"{"budget_period":"day"}"#));
+    assert_eq!((code, v["field"].as_str()), (400, Some("budget_period")), "{v}");
+    let (code, _, _) = call(h, "DELETE", "/v1/groups/budgeted", None);
+    assert_eq!(code, 200);
     let big = format!(r#"{{"name":"{}"}}"#, "x".repeat(100 * 1024));
     let (code, _, _) = call(h, "POST", "/v1/groups", Some(&big));
     assert_eq!(code, 413, "an oversized body is refused");

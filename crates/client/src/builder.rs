@@ -78,6 +78,17 @@ impl Builder {
         let Builder { config, clock } = self;
         config.cost_model.validate()?;
         check_node(&config.node)?;
+        if let Some((name, _)) = config
+            .groups
+            .iter()
+            .find(|(_, s)| s.budget_period() != tollgate_core::settings::BudgetPeriod::Total)
+        {
+            return Err(BuildError::Unsupported {
+                mode: "embedded",
+                field: format!("groups.{name}.budget_period"),
+                reason: "a budget per period is counted against a controller's metering: set it on `tollgate server`, or use budget_period = \"total\"",
+            });
+        }
         let clock = Arc::new(clock.unwrap_or_else(|| ClockSource::of(MonotonicClock::new())));
         let node = config.node.clone();
         let make_clock = clock.clone();
@@ -183,5 +194,18 @@ impl Tollgate {
             config.groups.insert(GroupName::new(name).expect("configured names are valid"), settings.clone());
         }
         Builder::default().config(config).clock(clock).build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_per_period_is_refused_by_name_in_process() {
+        let config =
+            Config::parse("[groups.a]\nlimit = 10\nbudget = 100\nbudget_period = \"month\"\n").unwrap();
+        let e = Builder::default().config(config).build().unwrap_err();
+        assert!(e.to_string().contains("groups.a.budget_period"), "{e}");
     }
 }

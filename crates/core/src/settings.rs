@@ -412,11 +412,103 @@ pub struct GroupSettings {
     weight: f64,
     ramp: Option<RampSettings>,
     budget: Option<f64>,
+    budget_period: BudgetPeriod,
     dropped: DroppedWork,
     debt_repay: Duration,
     reads_writes_apart: bool,
     backend_limit: Option<f64>,
     background: bool,
+}
+
+/// Over what span a budget is counted: the group's whole life, or each UTC calendar day, week
+/// (from Monday) or month, against the controller's metering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BudgetPeriod {
+    /// Everything the group ever consumed.
+    #[default]
+    Total,
+    /// Each UTC day.
+    Day,
+    /// Each week, from Monday 00:00 UTC.
+    Week,
+    /// Each UTC calendar month.
+    Month,
+}
+
+impl BudgetPeriod {
+    /// Its name in settings: `total`, `day`, `week`, `month`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetPeriod::Total => "total",
+            BudgetPeriod::Day => "day",
+            BudgetPeriod::Week => "week",
+            BudgetPeriod::Month => "month",
+        }
+    }
+
+    /// The period named `name`, or the rule.
+    pub fn parse(name: &str) -> Result<BudgetPeriod, String> {
+        match name {
+            "total" | "" => Ok(BudgetPeriod::Total),
+            "day" => Ok(BudgetPeriod::Day),
+            "week" => Ok(BudgetPeriod::Week),
+            "month" => Ok(BudgetPeriod::Month),
+            other => Err(format!("must be total, day, week or month, got {other:?}")),
+        }
+    }
+
+    /// When the period holding `wall_ms` (Unix milliseconds) began; 0 for `Total`.
+    ///
+    /// ```
+    /// use tollgate_core::settings::BudgetPeriod;
+    /// let t = 1_795_395_723_456; // 2026-11-23T01:02:03.456Z, a Monday
+    /// assert_eq!(BudgetPeriod::Day.start_of(t), 1_795_392_000_000); // 2026-11-23T00:00Z
+    /// assert_eq!(BudgetPeriod::Week.start_of(t), 1_795_392_000_000);
+    /// assert_eq!(BudgetPeriod::Month.start_of(t), 1_793_491_200_000); // 2026-11-01T00:00Z
+    /// ```
+    pub fn start_of(self, wall_ms: u64) -> u64 {
+        const DAY: u64 = 86_400_000;
+        let day = wall_ms / DAY;
+        match self {
+            BudgetPeriod::Total => 0,
+            BudgetPeriod::Day => day * DAY,
+            // 1970-01-01 was a Thursday: three days after a Monday.
+            BudgetPeriod::Week => (day - (day + 3) % 7) * DAY,
+            BudgetPeriod::Month => {
+                let (y, m, _) = civil_from_days(day as i64);
+                days_from_civil(y, m, 1).max(0) as u64 * DAY
+            }
+        }
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day), in the proleptic Gregorian calendar (eras of
+/// 400 years of 146,097 days).
+///
+/// ```
+/// assert_eq!(tollgate_core::settings::civil_from_days(20_780), (2026, 11, 23));
+/// ```
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// (year, month, day) to days since 1970-01-01.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 impl Default for GroupSettings {
@@ -431,6 +523,7 @@ impl Default for GroupSettings {
             weight: 1.0,
             ramp: None,
             budget: None,
+            budget_period: BudgetPeriod::Total,
             dropped: DroppedWork::Return,
             debt_repay: DEBT_REPAY_DEFAULT,
             reads_writes_apart: false,
@@ -491,9 +584,14 @@ impl GroupSettings {
         self.ramp.as_ref()
     }
 
-    /// The total budget in units, if any.
+    /// The budget in units, if any, per [`budget_period`](Self::budget_period).
     pub fn budget(&self) -> Option<f64> {
         self.budget
+    }
+
+    /// Over what span the budget is counted.
+    pub fn budget_period(&self) -> BudgetPeriod {
+        self.budget_period
     }
 
     /// What dropped work does to the group's tokens and consumption.
@@ -551,6 +649,9 @@ impl GroupSettings {
         check_positive("weight", self.weight, WEIGHT_MAX, &mut errors);
         if let Some(budget) = self.budget {
             check_positive("budget", budget, UNITS_MAX, &mut errors);
+        }
+        if self.budget_period != BudgetPeriod::Total && self.budget.is_none() {
+            errors.push(SettingError::new("budget_period", "needs a budget to count per period"));
         }
         if let Some(ramp) = &self.ramp {
             ramp.check(&mut errors);
@@ -660,9 +761,16 @@ impl GroupSettingsBuilder {
         self
     }
 
+    /// Counts the budget per `period` rather than over the group's life.
+    pub fn budget_period(mut self, period: BudgetPeriod) -> Self {
+        self.settings.budget_period = period;
+        self
+    }
+
     /// No budget.
     pub fn no_budget(mut self) -> Self {
         self.settings.budget = None;
+        self.settings.budget_period = BudgetPeriod::Total;
         self
     }
 

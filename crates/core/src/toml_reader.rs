@@ -60,7 +60,7 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 }
 
 /// The keys a group's settings may use.
-pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, ramp, dropped, debt_repay_s, \
+pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, ramp, dropped, debt_repay_s, \
      reads_writes_apart, backend_limit, background";
 
 /// A value with its span.
@@ -212,6 +212,14 @@ impl<'s> Reader<'s> {
             && let Some(x) = self.positive(&p, v)
         {
             b = b.budget(x);
+        }
+        if let Some((p, v)) = f.take("budget_period")
+            && let Some(text) = self.string(&p, v)
+        {
+            match crate::settings::BudgetPeriod::parse(text) {
+                Ok(period) => b = b.budget_period(period),
+                Err(rule) => self.error(v.span(), &p, rule),
+            }
         }
         if let Some((p, v)) = f.take("priority") {
             let parsed = match v.get_ref() {

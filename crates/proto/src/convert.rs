@@ -26,6 +26,10 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         reads_writes_apart: s.reads_writes_apart(),
         backend_limit: s.backend_limit(),
         background: s.background(),
+        budget_period: match s.budget_period() {
+            tollgate_core::settings::BudgetPeriod::Total => String::new(),
+            p => p.name().to_string(),
+        },
     }
 }
 
@@ -47,6 +51,7 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             reads_writes_apart: Some(m.reads_writes_apart),
             backend_limit: m.backend_limit,
             background: Some(m.background),
+            budget_period: Some(m.budget_period.clone()),
             ..v1::GroupPatch::default()
         },
     )
@@ -182,6 +187,12 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if p.clear_ramp {
         b = b.no_ramp();
+    }
+    if let Some(period) = &p.budget_period {
+        match tollgate_core::settings::BudgetPeriod::parse(period) {
+            Ok(period) => b = b.budget_period(period),
+            Err(rule) => errors.push(SettingError::new("budget_period", rule)),
+        }
     }
     if p.clear_budget {
         b = b.no_budget();

@@ -141,7 +141,7 @@ fn boolean(field: &str, v: &Value) -> Result<bool, Answer> {
 }
 
 /// The keys a group body may carry, as `GET` shows them.
-const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, ramp, dropped, debt_repay_s, \
+const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, ramp, dropped, debt_repay_s, \
                           reads_writes_apart, backend_limit, background";
 
 /// A group body as a patch: only the keys given change; `null` clears what may be cleared.
@@ -200,6 +200,16 @@ fn patch(body: &serde_json::Map<String, Value>, skip: &[&str]) -> Result<v1::Gro
             "budget" => match v {
                 Value::Null => p.clear_budget = true,
                 v => p.budget = Some(number(key, v)?),
+            },
+            "budget_period" => match v.as_str() {
+                Some(period) => p.budget_period = Some(period.to_string()),
+                None => {
+                    return Err(refuse(
+                        StatusCode::BAD_REQUEST,
+                        key,
+                        "must be \"total\", \"day\", \"week\" or \"month\"",
+                    ));
+                }
             },
             "ramp" => match v {
                 Value::Null => p.clear_ramp = true,

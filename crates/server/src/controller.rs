@@ -177,6 +177,8 @@ pub struct Controller {
     pub(crate) auth_required: AtomicBool,
     /// How Envoy rate-limit requests name groups.
     rls_rules: RwLock<Arc<Vec<tollgate_core::rls::RlsRule>>>,
+    /// Per group with a budget per period: the start of the period its baseline is from.
+    budget_periods: Mutex<std::collections::HashMap<GroupName, u64>>,
 }
 
 /// A controller's part among controllers sharing one etcd.
@@ -283,7 +285,7 @@ impl Controller {
                 );
             }
         }
-        Ok(Controller {
+        let controller = Controller {
             engine: Mutex::new(engine),
             store: Mutex::new(store),
             exchanges: AtomicU64::new(0),
@@ -299,7 +301,39 @@ impl Controller {
             owners: Mutex::default(),
             auth_required: AtomicBool::new(false),
             rls_rules: RwLock::new(Arc::new(rls_rules)),
-        })
+            budget_periods: Mutex::default(),
+        };
+        controller.refresh_budget_periods(wall_ms)?;
+        Ok(controller)
+    }
+
+    /// Starts each budget counted per period from the metering: when a group's period has
+    /// begun since its baseline was taken (or none was), its consumption at the period's
+    /// start (the last usage record before it; 0 without one) stops counting against its
+    /// budget. Runs at start, at every flush and after a change to a group.
+    pub fn refresh_budget_periods(&self, wall_ms: u64) -> Result<(), StoreError> {
+        use tollgate_core::settings::BudgetPeriod;
+        let periodic: Vec<(GroupName, BudgetPeriod)> = self
+            .engine()
+            .groups()
+            .into_iter()
+            .filter(|(_, s)| s.budget_period() != BudgetPeriod::Total)
+            .map(|(n, s)| (n.clone(), s.budget_period()))
+            .collect();
+        let mut taken = self.budget_periods.lock().unwrap_or_else(PoisonError::into_inner);
+        taken.retain(|g, _| periodic.iter().any(|(p, _)| p == g));
+        for (group, period) in periodic {
+            let start = period.start_of(wall_ms);
+            if taken.get(&group) == Some(&start) {
+                continue;
+            }
+            let records = self.store().usage(Some(&group), start, 1)?;
+            let baseline =
+                records.first().filter(|r| r.minute_unix_ms < start).map_or(0.0, |r| r.meter.consumed);
+            self.engine().set_budget_baseline(group.clone(), baseline);
+            taken.insert(group, start);
+        }
+        Ok(())
     }
 
     fn engine(&self) -> MutexGuard<'_, Engine> {
@@ -517,7 +551,8 @@ impl Controller {
             // Not written: keep them to write next time.
             self.engine().mark_dirty(meters.iter().map(|(n, _)| n));
         }
-        result
+        result?;
+        self.refresh_budget_periods(wall_ms)
     }
 
     fn changed(&self) {
@@ -582,6 +617,9 @@ impl Controller {
         );
         drop(store);
         self.changed();
+        if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
+            tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
+        }
         Ok(settings)
     }
 
@@ -594,6 +632,9 @@ impl Controller {
         audit(&mut store, who, format!("group.put {name}"), before, Some(group_json(&settings)));
         drop(store);
         self.changed();
+        if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
+            tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
+        }
         Ok(())
     }
 
@@ -716,6 +757,9 @@ impl Controller {
         }
         drop(engine);
         self.changed();
+        if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
+            tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
+        }
         true
     }
 
@@ -850,6 +894,60 @@ mod tests {
 
     fn controller() -> Controller {
         Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap()
+    }
+
+    /// A client reports the group, and a tick sees it.
+    fn track(c: &Controller, g: &GroupName) {
+        let usage = v1::GroupUsage { group: g.to_string(), demand: 10.0, ..v1::GroupUsage::default() };
+        let req = v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: vec![usage],
+            ..Default::default()
+        };
+        c.exchange(Nanos::ZERO, &req).unwrap();
+        c.tick(Nanos::ZERO.after(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_budget_per_period_counts_from_the_metering_at_the_periods_start() {
+        use tollgate_core::engine::Meter;
+        use tollgate_core::settings::BudgetPeriod;
+        let day = 86_400_000u64;
+        let now = 20_000 * day + 3_600_000; // an hour into a day
+        let g = GroupName::new("metered").unwrap();
+        let settings = GroupSettings::builder()
+            .reserved(1.0)
+            .limit(100.0)
+            .budget(100.0)
+            .budget_period(BudgetPeriod::Day)
+            .build()
+            .unwrap();
+        let meter = |consumed: f64| Meter { consumed, ..Meter::default() };
+        let exhausted = |consumed_now: f64| {
+            let mut store = MemoryStore::default();
+            store.put_group(&g, &settings).unwrap();
+            // Yesterday's last record: 500 consumed by then; then today's consumption.
+            store.put_meters(&[(g.clone(), meter(500.0))], &[], 20_000 * day - 60_000).unwrap();
+            store.put_meters(&[(g.clone(), meter(consumed_now))], &[], 20_000 * day + 60_000).unwrap();
+            let c = Controller::new(Box::new(store), EngineSettings::default(), Nanos::ZERO, now).unwrap();
+            track(&c, &g);
+            let view = c.view();
+            view.iter().find(|v| v.name == g).map(|v| v.budget_exhausted).unwrap()
+        };
+        assert!(!exhausted(550.0), "50 of today's 100 spent");
+        assert!(exhausted(650.0), "150 spent today");
+        // Over the group's life, the same meter has long spent it.
+        let mut store = MemoryStore::default();
+        let total = GroupSettings::builder().reserved(1.0).limit(100.0).budget(100.0).build().unwrap();
+        store.put_group(&g, &total).unwrap();
+        store.put_meters(&[(g.clone(), meter(550.0))], &[], 20_000 * day).unwrap();
+        let c = Controller::new(Box::new(store), EngineSettings::default(), Nanos::ZERO, now).unwrap();
+        track(&c, &g);
+        assert!(c.view().iter().find(|v| v.name == g).unwrap().budget_exhausted);
+        // A period without a budget is refused by name.
+        let e = GroupSettings::builder().budget_period(BudgetPeriod::Month).build().unwrap_err();
+        assert!(e.to_string().contains("budget_period: needs a budget"), "{e}");
     }
 
     fn load(group: &str, units_per_s: f64) -> v1::GroupLoad {

@@ -32,6 +32,7 @@ pub fn group_settings(s: &v1::GroupSettings) -> serde_json::Value {
         "priority": convert::priority_name(s.priority),
         "weight": s.weight,
         "budget": s.budget,
+        "budget_period": if s.budget_period.is_empty() { "total" } else { s.budget_period.as_str() },
         "ramp": ramp,
         "dropped": if s.count_dropped { "count" } else { "return" },
         "debt_repay_s": s.debt_repay_s.unwrap_or(5.0),

@@ -393,6 +393,8 @@ pub struct Engine {
     clients: ClientTable,
     /// Ramps of groups that went idle, kept for their resume TTL: (value, until).
     resume: HashMap<GroupName, (f64, Nanos), FixedHasher>,
+    /// Per group with a budget counted per period: its consumption when the period began.
+    budget_baselines: HashMap<GroupName, f64, FixedHasher>,
     started: Option<Nanos>,
     last_tick: Option<Nanos>,
     ticks: u64,
@@ -445,6 +447,7 @@ impl Engine {
             backends: BTreeMap::new(),
             clients,
             resume: HashMap::default(),
+            budget_baselines: HashMap::default(),
             started: None,
             last_tick: None,
             ticks: 0,
@@ -493,6 +496,7 @@ impl Engine {
         let before = self.configured.remove(name);
         self.account(before.as_ref(), -1.0);
         self.meters.remove(name);
+        self.budget_baselines.remove(name);
         before
     }
 
@@ -696,7 +700,29 @@ impl Engine {
     }
 
     fn budget_exhausted(&self, key: &GroupName, s: &GroupSettings) -> bool {
-        s.budget().is_some_and(|b| self.meter(key).is_some_and(|m| m.consumed >= b))
+        self.meter(key).is_some_and(|m| self.budget_spent(key, s, m.consumed))
+    }
+
+    /// Whether `s`'s budget is spent by a group that has consumed `consumed` in all: counted
+    /// from the period's start for a budget per period.
+    pub(crate) fn budget_spent(&self, key: &GroupName, s: &GroupSettings, consumed: f64) -> bool {
+        let baseline = match s.budget_period() {
+            crate::settings::BudgetPeriod::Total => 0.0,
+            _ => self.budget_baselines.get(key).copied().unwrap_or(0.0),
+        };
+        s.budget().is_some_and(|b| consumed - baseline >= b)
+    }
+
+    /// Starts a budget period for `group`: what it has consumed so far, `consumed`, no longer
+    /// counts against its budget (the controller sets it from its metering at each period's
+    /// start, and at start for the period under way).
+    pub fn set_budget_baseline(&mut self, group: GroupName, consumed: f64) {
+        self.budget_baselines.insert(group, consumed);
+    }
+
+    /// The consumption a group's budget period is counted from (0 when none was set).
+    pub fn budget_baseline(&self, group: &GroupName) -> f64 {
+        self.budget_baselines.get(group).copied().unwrap_or(0.0)
     }
 
     /// A backend's report: its zone, health, and the load each group puts on it.

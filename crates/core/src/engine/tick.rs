@@ -106,7 +106,7 @@ impl Engine {
             if self.settings.slow_start && (!g.had_clients || g.clients.is_empty()) {
                 reserved *= SLOW_START_SHARE;
             }
-            let exhausted = settings.is_some_and(|s| s.budget().is_some_and(|b| g.meter.consumed >= b));
+            let exhausted = settings.is_some_and(|s| self.budget_spent(name, s, g.meter.consumed));
             let mut ceiling = match settings {
                 Some(s) if exhausted => s.reserved(),
                 Some(s) => s.limit().as_f64(),
