@@ -588,6 +588,24 @@ fn apply(group: &Group, g: LastGrant, now: Nanos) {
 /// now; a follower's answer naming the leader moves it there at once, and a failure moves it
 /// to the next address (at once while some address is still untried since the last answer).
 impl Driver {
+    /// Waits until an exchange is due, moving trickles along and waking at least every
+    /// [`LOW_TOKENS_CHECK`] to look for groups running low (or at once when told of a new group
+    /// or a refusal); returns the time it became due.
+    async fn until_due(&mut self) -> Nanos {
+        loop {
+            let now = self.now();
+            self.poll(now);
+            let due = self.due_at();
+            if now >= due {
+                return now;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(due.since(now).min(LOW_TOKENS_CHECK)) => {}
+                () = self.link.notify.notified() => {}
+            }
+        }
+    }
+
     /// Runs the exchange loop with `exchange` answering each request in process, as a
     /// controller's own front ends do (its Envoy rate-limit service is a client of its own
     /// grants): the same loop as a remote client's, with no network. Ends when the last
@@ -597,16 +615,7 @@ impl Driver {
         mut exchange: impl FnMut(&v1::ExchangeRequest) -> Result<v1::ExchangeResponse, String> + Send,
     ) {
         loop {
-            let now = self.now();
-            self.poll(now);
-            let due = self.due_at();
-            if now < due {
-                tokio::select! {
-                    () = tokio::time::sleep(due.since(now).min(LOW_TOKENS_CHECK)) => {}
-                    () = self.link.notify.notified() => {}
-                }
-                continue;
-            }
+            let now = self.until_due().await;
             let Some(request) = self.request(now) else { return };
             match exchange(&request) {
                 Ok(response) => self.answer(self.now(), &response),
@@ -622,17 +631,7 @@ impl Driver {
 pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeout: Duration) {
     let mut tried = 0usize;
     loop {
-        let now = driver.now();
-        driver.poll(now);
-        let due = driver.due_at();
-        if now < due {
-            // Wake at least every LOW_TOKENS_CHECK to look for groups running low.
-            tokio::select! {
-                () = tokio::time::sleep(due.since(now).min(LOW_TOKENS_CHECK)) => {}
-                () = driver.link.notify.notified() => {}
-            }
-            continue;
-        }
+        let now = driver.until_due().await;
         let Some(request) = driver.request(now) else { return };
         let outcome = tokio::time::timeout(timeout, controllers.client().exchange(request)).await;
         let now = driver.now();

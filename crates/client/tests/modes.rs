@@ -229,6 +229,7 @@ suite! {
     fcfs_first_come: [embedded, remote, store, replicas];
     unthrottled_counts: [embedded, remote, store, replicas];
     budget: [embedded, remote, store, replicas];
+    budget_per_period: [embedded, remote, store, replicas];
     ramp: [embedded, remote, store, replicas];
     resumed_ramp: [embedded, remote, store];
     cost_models: [embedded, remote, store, replicas];
@@ -317,6 +318,22 @@ async fn unthrottled_counts(env: Env) {
     let (ops, tenant) = (gate.unthrottled().group("ops").unwrap(), gate.group("tenant").unwrap());
     let rates = env.offer(&[(&ops, 700.0), (&tenant, 1000.0)], 8, 4).await;
     assert_near(&env, "unthrottled 700 of a capacity of 1000", &rates, &[700.0, 300.0], 5.0);
+}
+
+/// A budget per period is counted against a controller's metering: refused by name where
+/// there is none, and through a controller a budget like any other within its period (the
+/// metering holds nothing from before today here, so the whole budget is today's).
+async fn budget_per_period(env: Env) {
+    let toml = "[groups.trial]\nreserved = 10\nlimit = 100\nbudget = 500\nbudget_period = \"day\"\n";
+    match env.mode() {
+        "embedded" => return refused(&env, toml, "groups.trial.budget_period").await,
+        "store" | "replicas" => return refused(&env, toml, "groups.trial.budget").await,
+        _ => {}
+    }
+    let gate = env.gate(toml).await;
+    let g = gate.group("trial").unwrap();
+    let rates = env.offer(&[(&g, 200.0)], 12, 4).await;
+    assert_near(&env, "a day's spent budget holds the group at its reservation", &rates, &[10.0], 20.0);
 }
 
 async fn budget(env: Env) {
