@@ -337,7 +337,8 @@ fn http_serves_health_metrics_and_status() {
     ok(&s, &["group", "create", "web", "--limit", "100"]);
     assert!(http_get(&s.http, "/healthz").ends_with("ok\n"));
     let metrics = http_get(&s.http, "/metrics");
-    assert!(metrics.contains("# TYPE tollgate_exchanges_total counter"), "{metrics}");
+    assert!(metrics.contains("# TYPE tollgate_exchanges counter\ntollgate_exchanges_total "), "{metrics}");
+    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
     assert!(metrics.contains("tollgate_group_admitted_units{group=\"web\"} 0"), "{metrics}");
     assert!(metrics.contains("tollgate_exchange_latency_seconds_count"), "{metrics}");
     let status = http_get(&s.http, "/status");

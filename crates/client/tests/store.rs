@@ -263,9 +263,7 @@ async fn each_pool_its_size_and_this_process_share_are_read_and_exported() {
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
     }
-    assert!(
-        text.contains("# TYPE tollgate_client_store_syncs_total counter\ntollgate_client_store_syncs_total ")
-    );
+    assert!(text.contains("# TYPE tollgate_client_store_syncs counter\ntollgate_client_store_syncs_total "));
 }
 
 #[test]

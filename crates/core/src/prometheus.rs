@@ -1,47 +1,167 @@
-//! Prometheus's text exposition format: the pieces the server's and the client's `/metrics`
-//! share.
+//! Metrics on the Prometheus project's `prometheus-client` crate: the pieces the server's and
+//! the client's collectors share. Both encode what they show at scrape time from the state
+//! they already keep (a [`Collector`]), so nothing is counted twice and a label set lives only
+//! as long as the thing it names.
+//!
+//! [`Collector`]: prometheus_client::collector::Collector
 
-use std::fmt::Write as _;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
-/// Writes `s` as a label value: backslash, double quote and newline escaped.
-pub fn write_label(out: &mut String, s: &str) {
-    if !s.contains(['\\', '"', '\n']) {
-        out.push_str(s);
-        return;
+pub use prometheus_client;
+
+/// A sample's value. Whole numbers are written without a fraction (`1`, not `1.0`), floats
+/// holding one included.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    /// A count or a flag.
+    Int(i64),
+    /// A rate or an amount.
+    Float(f64),
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Value::Float(v)
     }
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
+}
+
+impl From<bool> for Value {
+    fn from(v: bool) -> Self {
+        Value::Int(i64::from(v))
+    }
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Self {
+        Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+
+impl From<usize> for Value {
+    fn from(v: usize) -> Self {
+        Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+
+impl From<u32> for Value {
+    fn from(v: u32) -> Self {
+        Value::Int(i64::from(v))
+    }
+}
+
+/// Whether a family only goes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Goes up and down.
+    Gauge,
+    /// Only goes up (reset by a restart). Its samples are written with `_total`.
+    Counter,
+}
+
+impl Kind {
+    fn metric_type(self) -> prometheus_client::metrics::MetricType {
+        match self {
+            Kind::Gauge => prometheus_client::metrics::MetricType::Gauge,
+            Kind::Counter => prometheus_client::metrics::MetricType::Counter,
         }
     }
 }
 
-/// A metric family's `# HELP` and `# TYPE` lines.
-pub fn write_header(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// The family's name as the library wants it: a counter's without its `_total`, which the
+/// OpenMetrics encoder appends to every sample.
+fn family_name(name: &str, kind: Kind) -> &str {
+    match kind {
+        Kind::Counter => name.strip_suffix("_total").unwrap_or(name),
+        Kind::Gauge => name,
+    }
 }
 
-/// One sample with one label: `name{label="value"} v`.
-pub fn write_sample(out: &mut String, name: &str, label: &str, value: &str, v: f64) {
-    out.push_str(name);
-    out.push('{');
-    out.push_str(label);
-    out.push_str("=\"");
-    write_label(out, value);
-    let _ = writeln!(out, "\"}} {v}");
+fn encode_value(
+    encoder: prometheus_client::encoding::MetricEncoder<'_>,
+    kind: Kind,
+    v: Value,
+) -> std::fmt::Result {
+    // A whole number below 2^53 is written as one, whatever type it was counted in.
+    let v = match v {
+        Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Value::Int(f as i64),
+        v => v,
+    };
+    match (kind, v) {
+        (Kind::Gauge, Value::Int(v)) => ConstGauge::new(v).encode(encoder),
+        (Kind::Gauge, Value::Float(v)) => ConstGauge::new(v).encode(encoder),
+        (Kind::Counter, Value::Int(v)) => ConstCounter::new(u64::try_from(v).unwrap_or(0)).encode(encoder),
+        (Kind::Counter, Value::Float(v)) => ConstCounter::new(if v > 0.0 { v } else { 0.0 }).encode(encoder),
+    }
 }
+
+/// One family with no labels and one sample. `name` is the sample's name (a counter's
+/// ending in `_total`).
+pub fn single(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    kind: Kind,
+    v: impl Into<Value>,
+) -> std::fmt::Result {
+    let e = encoder.encode_descriptor(family_name(name, kind), help, None, kind.metric_type())?;
+    encode_value(e, kind, v.into())
+}
+
+/// One family with one label: a sample per `(label value, value)`.
+pub fn family<'a, V: Into<Value>>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    kind: Kind,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, V)>,
+) -> std::fmt::Result {
+    let mut e = encoder.encode_descriptor(family_name(name, kind), help, None, kind.metric_type())?;
+    for (value, v) in samples {
+        let labels = [(label, value)];
+        encode_value(e.encode_family(&labels)?, kind, v.into())?;
+    }
+    Ok(())
+}
+
+/// The text a registry encodes to, ending with OpenMetrics's `# EOF`.
+pub fn text(registry: &prometheus_client::registry::Registry) -> String {
+    let mut out = String::with_capacity(4096);
+    // Writing into a String cannot fail; a collector that fails leaves what it wrote.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// The content type of [`text`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::collector::Collector;
+    use prometheus_client::registry::Registry;
+
+    #[derive(Debug)]
+    struct Two;
+
+    impl Collector for Two {
+        fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+            family(&mut e, "m_units", "A gauge.", Kind::Gauge, "group", [("a\"b\\c\nd", 1.5)])?;
+            family(&mut e, "n_total", "A counter.", Kind::Counter, "group", [("x", 3u64)])?;
+            single(&mut e, "flag", "A flag.", Kind::Gauge, true)
+        }
+    }
 
     #[test]
-    fn labels_are_escaped() {
-        let mut out = String::new();
-        write_sample(&mut out, "m", "group", "a\"b\\c\nd", 1.5);
-        assert_eq!(out, "m{group=\"a\\\"b\\\\c\\nd\"} 1.5\n");
+    fn labels_are_escaped_counters_end_in_total_and_whole_numbers_have_no_fraction() {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Two));
+        let out = text(&r);
+        assert!(out.contains("m_units{group=\"a\\\"b\\\\c\\nd\"} 1.5\n"), "{out}");
+        assert!(out.contains("# TYPE n counter\nn_total{group=\"x\"} 3\n"), "{out}");
+        assert!(out.contains("\nflag 1\n"), "{out}");
+        assert!(out.ends_with("# EOF\n"), "{out}");
     }
 }

@@ -16,6 +16,7 @@ pub mod controller;
 mod election;
 pub mod guard;
 pub mod listen;
+pub mod metrics;
 pub use tollgate_proto::convert;
 pub mod grpc;
 pub mod http;

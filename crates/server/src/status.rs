@@ -2,7 +2,6 @@
 //! latency histogram. `Admin.Status`, `GET /status`, `tollgate status` and `/metrics` all read
 //! from here.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_core::time::Nanos;
@@ -14,25 +13,21 @@ use crate::convert;
 /// Upper bounds of the exchange-latency histogram buckets, in seconds.
 pub const BUCKETS_S: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0];
 
-/// A latency histogram, updated lock-free by the exchange handler.
-#[derive(Debug, Default)]
-pub struct Latency {
-    pub(crate) buckets: [AtomicU64; BUCKETS_S.len()],
-    pub(crate) count: AtomicU64,
-    pub(crate) sum_ns: AtomicU64,
+/// The exchange-latency histogram (prometheus-client's), updated by the exchange handler and
+/// read by `/metrics`.
+#[derive(Debug, Clone)]
+pub struct Latency(pub(crate) prometheus_client::metrics::histogram::Histogram);
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self(prometheus_client::metrics::histogram::Histogram::new(BUCKETS_S))
+    }
 }
 
 impl Latency {
     /// Records one exchange's handling time.
     pub fn record(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        for (i, bound) in BUCKETS_S.iter().enumerate() {
-            if s <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.0.observe(d.as_secs_f64());
     }
 }
 

@@ -1,0 +1,208 @@
+//! The controller's metrics on the Prometheus project's `prometheus-client` crate: a collector
+//! that reads the controller at each scrape (per group, the node, the tracking tables), and the
+//! exchange-latency histogram.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+use tollgate_core::engine::GroupView;
+use tollgate_core::prometheus::{Kind, family, single};
+
+use crate::clock::Clock;
+use crate::controller::{Controller, Role};
+use crate::status::Latency;
+
+/// One per-group metric: name, help, kind, and how to read it (`None`: no sample).
+type Family = (&'static str, &'static str, Kind, fn(&GroupView) -> Option<f64>);
+
+const GROUP_FAMILIES: [Family; 24] = [
+    ("tollgate_group_target_units", "Target units/s (absent when not throttled).", Kind::Gauge, |g| g.target),
+    ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", Kind::Gauge, |g| {
+        Some(g.admitted)
+    }),
+    ("tollgate_group_throttled_requests", "Requests/s refused over the last tick.", Kind::Gauge, |g| {
+        Some(g.throttled)
+    }),
+    ("tollgate_group_demand_units", "Units/s asked for, admitted or not.", Kind::Gauge, |g| Some(g.demand)),
+    ("tollgate_group_unthrottled_units", "Units/s of unthrottled work.", Kind::Gauge, |g| {
+        Some(g.unthrottled)
+    }),
+    ("tollgate_group_clients", "Clients reporting the group.", Kind::Gauge, |g| Some(f64::from(g.clients))),
+    ("tollgate_group_busy", "1 when saturation limits the group below its cap.", Kind::Gauge, |g| {
+        Some(if g.busy { 1.0 } else { 0.0 })
+    }),
+    ("tollgate_group_consumed_units_total", "Units consumed, as clients reported.", Kind::Counter, |g| {
+        Some(g.meter.consumed)
+    }),
+    ("tollgate_group_admitted_requests_total", "Requests admitted.", Kind::Counter, |g| {
+        Some(g.meter.admitted as f64)
+    }),
+    ("tollgate_group_throttled_requests_total", "Requests refused.", Kind::Counter, |g| {
+        Some(g.meter.throttled as f64)
+    }),
+    (
+        "tollgate_group_waited_requests_total",
+        "Requests admitted after waiting for tokens.",
+        Kind::Counter,
+        |g| Some(g.meter.waited as f64),
+    ),
+    ("tollgate_group_rate_low_1m_units", "Lowest consumption rate over the last minute.", Kind::Gauge, |g| {
+        g.last_minute.map(|m| m.low)
+    }),
+    (
+        "tollgate_group_rate_high_1m_units",
+        "Highest consumption rate over the last minute.",
+        Kind::Gauge,
+        |g| g.last_minute.map(|m| m.high),
+    ),
+    (
+        "tollgate_group_rate_avg_1m_units",
+        "Average consumption rate over the last minute.",
+        Kind::Gauge,
+        |g| g.last_minute.map(|m| m.average),
+    ),
+    ("tollgate_group_rate_low_1h_units", "Lowest consumption rate over the last hour.", Kind::Gauge, |g| {
+        g.last_hour.map(|m| m.low)
+    }),
+    ("tollgate_group_rate_high_1h_units", "Highest consumption rate over the last hour.", Kind::Gauge, |g| {
+        g.last_hour.map(|m| m.high)
+    }),
+    ("tollgate_group_rate_avg_1h_units", "Average consumption rate over the last hour.", Kind::Gauge, |g| {
+        g.last_hour.map(|m| m.average)
+    }),
+    ("tollgate_group_rru_total", "Read request units, as clients reported them.", Kind::Counter, |g| {
+        g.detail.map(|d| d.rru)
+    }),
+    ("tollgate_group_wru_total", "Write request units, as clients reported them.", Kind::Counter, |g| {
+        g.detail.map(|d| d.wru)
+    }),
+    ("tollgate_group_read_bytes_total", "Bytes read, as clients reported them.", Kind::Counter, |g| {
+        g.detail.map(|d| d.read_bytes)
+    }),
+    ("tollgate_group_write_bytes_total", "Bytes written, as clients reported them.", Kind::Counter, |g| {
+        g.detail.map(|d| d.write_bytes)
+    }),
+    ("tollgate_group_cpu_ms_total", "CPU milliseconds, as clients reported them.", Kind::Counter, |g| {
+        g.detail.map(|d| d.cpu_ms)
+    }),
+    ("tollgate_group_read_requests_total", "Read requests, as clients reported them.", Kind::Counter, |g| {
+        g.detail.map(|d| d.read_rpcs)
+    }),
+    (
+        "tollgate_group_write_requests_total",
+        "Write requests, as clients reported them.",
+        Kind::Counter,
+        |g| g.detail.map(|d| d.write_rpcs),
+    ),
+];
+
+/// Reads the controller at each scrape.
+struct ControllerMetrics {
+    controller: Arc<Controller>,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for ControllerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ControllerMetrics")
+    }
+}
+
+impl Collector for ControllerMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let c = &self.controller;
+        let view = c.view();
+        for (name, help, kind, read) in GROUP_FAMILIES {
+            let samples = view.iter().filter_map(|g| read(g).map(|v| (g.name.as_str(), v)));
+            family(&mut e, name, help, kind, "group", samples)?;
+        }
+        drop(view);
+        if let Some(capacity) = c.node().capacity {
+            single(&mut e, "tollgate_node_capacity_units", "Node capacity, units/s.", Kind::Gauge, capacity)?;
+        }
+        let (clients, backends, learning) = c.tracking(self.clock.now());
+        single(&mut e, "tollgate_clients", "Clients tracked.", Kind::Gauge, clients)?;
+        single(&mut e, "tollgate_backends", "Backends tracked.", Kind::Gauge, backends)?;
+        single(
+            &mut e,
+            "tollgate_learning",
+            "1 in the first lease after start, while relearning what clients hold.",
+            Kind::Gauge,
+            learning,
+        )?;
+        single(
+            &mut e,
+            "tollgate_leader",
+            "1 while this controller leads (or runs alone), 0 while it follows.",
+            Kind::Gauge,
+            c.role().role != Role::Follower,
+        )?;
+        single(
+            &mut e,
+            "tollgate_leader_changes_total",
+            "Times this controller became the leader.",
+            Kind::Counter,
+            c.leader_changes(),
+        )?;
+        single(
+            &mut e,
+            "tollgate_exchanges_total",
+            "Admission exchanges answered.",
+            Kind::Counter,
+            c.exchanges(),
+        )
+    }
+}
+
+/// The registry `/metrics` encodes: the controller's collector and the latency histogram.
+pub fn registry(controller: Arc<Controller>, clock: Clock, latency: &Latency) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ControllerMetrics { controller, clock }));
+    registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange.", latency.0.clone());
+    registry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::engine::{Engine, EngineSettings};
+    use tollgate_core::settings::{GroupName, GroupSettings};
+
+    #[derive(Debug)]
+    struct Groups(Vec<GroupView>);
+
+    impl Collector for Groups {
+        fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+            for (name, help, kind, read) in GROUP_FAMILIES {
+                family(
+                    &mut e,
+                    name,
+                    help,
+                    kind,
+                    "group",
+                    self.0.iter().filter_map(|g| read(g).map(|v| (g.name.as_str(), v))),
+                )?;
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn group_samples_escape_their_labels_and_every_family_is_declared() {
+        let mut engine = Engine::new(EngineSettings::default());
+        engine.set_group(GroupName::new("plain").unwrap(), GroupSettings::default());
+        engine.set_group(GroupName::new(r#"quote"and\slash"#).unwrap(), GroupSettings::default());
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Groups(engine.view())));
+        let text = tollgate_core::prometheus::text(&r);
+        assert!(text.contains("tollgate_group_clients{group=\"plain\"} 0\n"), "{text}");
+        assert!(text.contains(r#"tollgate_group_clients{group="quote\"and\\slash"} 0"#), "{text}");
+        for (name, _, kind, _) in GROUP_FAMILIES {
+            let family = if kind == Kind::Counter { name.strip_suffix("_total").unwrap() } else { name };
+            let kind = if kind == Kind::Counter { "counter" } else { "gauge" };
+            assert!(text.contains(&format!("# TYPE {family} {kind}\n")), "{name}");
+        }
+    }
+}
