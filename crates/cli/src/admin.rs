@@ -808,7 +808,64 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
             g.throttled_total + g.waited_total
         ));
     }
+    print_backends_and_clients(&s);
     Ok(())
+}
+
+/// The backends and clients the controller names (at most 100 of each), under the groups.
+fn print_backends_and_clients(s: &v1::StatusResponse) {
+    if !s.backend_detail.is_empty() {
+        say("");
+        say(format!(
+            "{:<24} {:<10} {:>8} {:>8} {:>10} {:>7}  TOP GROUPS",
+            "BACKEND", "ZONE", "UTIL", "LIMITS", "LOAD", "SEEN"
+        ));
+        for b in &s.backend_detail {
+            let top: Vec<String> =
+                b.top_groups.iter().map(|g| format!("{} {:.1}", g.group, g.units_per_s)).collect();
+            say(format!(
+                "{:<24} {:<10} {:>8.2} {:>8} {:>10.1} {:>6.1}s  {}",
+                b.name,
+                b.zone,
+                b.utilisation,
+                if b.limiting { "yes" } else { "no" },
+                b.load,
+                b.seen_s,
+                top.join(", ")
+            ));
+        }
+        if s.backends as usize > s.backend_detail.len() {
+            say(format!("... and {} more backends", s.backends as usize - s.backend_detail.len()));
+        }
+    }
+    if !s.client_detail.is_empty() {
+        say("");
+        say(format!(
+            "{:<32} {:>7} {:>7} {:>10} {:>7}  TOP GRANTS",
+            "CLIENT", "LAPSED", "GROUPS", "GRANTED", "SEEN"
+        ));
+        for c in &s.client_detail {
+            let top: Vec<String> =
+                c.top_grants.iter().map(|g| format!("{} {:.1}", g.group, g.rate)).collect();
+            say(format!(
+                "{:<32} {:>7} {:>7} {:>10.1} {:>6.1}s  {}",
+                c.client_id,
+                if c.lapsed { "yes" } else { "no" },
+                c.groups,
+                c.granted,
+                c.seen_s,
+                top.join(", ")
+            ));
+        }
+        if s.clients as usize > s.client_detail.len() {
+            say(format!(
+                "... and {} more clients ({:.1} units/s granted to them); {} lapsed in all",
+                s.clients as usize - s.client_detail.len(),
+                s.others_granted,
+                s.clients_lapsed
+            ));
+        }
+    }
 }
 
 /// A Unix time in milliseconds as UTC, `2026-11-23T01:02:03.456Z`.

@@ -182,3 +182,72 @@ async fn no_reachable_controller_is_a_clear_error_for_the_client_and_the_cli() {
         assert!(err.contains(u), "{err}");
     }
 }
+
+/// Diagnostics beyond the groups': the real server names its backends (health, top groups)
+/// and its clients (grants, lapsed or not) on `/status`, in metrics and in `tollgate status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_shows_each_backend_and_each_client() {
+    use tollgate_client::reporter::{BackendHealth, BackendReporter, ReporterOptions};
+    let server = common::ServerProc::start(&common::data_dir("diagnostics"));
+    let url = server.url();
+    admin(&url, &["group", "create", "g", "--reserved", "10", "--limit", "100"]);
+
+    let opts = RemoteOptions {
+        client_id: Some("diag-client".into()),
+        max_wait: Duration::from_secs(30),
+        ..RemoteOptions::default()
+    };
+    let gate = Tollgate::remote(&url, opts).unwrap();
+    let g = gate.group("g").unwrap();
+    drop(g.acquire(1.0).await.unwrap());
+    let reporter = BackendReporter::spawn(
+        &url,
+        ReporterOptions {
+            backend_id: "db-1".into(),
+            zone: "z1".into(),
+            interval: Duration::from_millis(100),
+            smoothing: Duration::from_millis(100),
+            ..ReporterOptions::default()
+        },
+        || BackendHealth::Utilisation(1.5),
+    )
+    .unwrap();
+    let status = |path: &str| common::http(&server.http, "GET", path, &[], "").2;
+    // Until the backend has reported a load for g and a tick has granted the client.
+    eventually("the backend and the client are shown", || {
+        reporter.record("g", 50.0);
+        let json: serde_json::Value = serde_json::from_str(&status("/status")).unwrap();
+        let backend = &json["backend_detail"][0];
+        let client = &json["client_detail"][0];
+        backend["name"] == "db-1"
+            && backend["top_groups"][0]["group"] == "g"
+            && client["top_grants"][0]["group"] == "g"
+    })
+    .await;
+    let json: serde_json::Value = serde_json::from_str(&status("/status")).unwrap();
+    let backend = &json["backend_detail"][0];
+    assert_eq!((backend["zone"].as_str(), backend["limiting"].as_bool()), (Some("z1"), Some(true)), "{json}");
+    assert_eq!(backend["utilisation"].as_f64(), Some(1.5), "{json}");
+    let client = &json["client_detail"][0];
+    assert_eq!(
+        (client["client_id"].as_str(), client["lapsed"].as_bool()),
+        (Some("diag-client"), Some(false))
+    );
+    assert!(client["granted"].as_f64().unwrap() > 0.0, "{json}");
+    assert_eq!(json["clients_lapsed"], 0);
+
+    let metrics = status("/metrics");
+    assert!(metrics.contains("tollgate_backend_utilisation{backend=\"db-1\"} 1.5\n"), "{metrics}");
+    assert!(metrics.contains("tollgate_backend_limiting{backend=\"db-1\"} 1\n"), "{metrics}");
+    assert!(metrics.contains("tollgate_tracked_client_lapsed{client=\"diag-client\"} 0\n"), "{metrics}");
+    assert!(metrics.contains("tollgate_tracked_client_granted_units{client=\"diag-client\"} "), "{metrics}");
+
+    let out = std::process::Command::new(common::BIN)
+        .args(["status"])
+        .env("TOLLGATE_SERVER", &url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("BACKEND") && text.contains("db-1") && text.contains("z1"), "{text}");
+    assert!(text.contains("CLIENT") && text.contains("diag-client"), "{text}");
+}

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::cost::Consumption;
-use tollgate_core::engine::{ClientReport, Engine, EngineSettings, GroupView, Health, TraceEvent};
+use tollgate_core::engine::{
+    ClientReport, Diagnostics, Engine, EngineSettings, GroupView, Health, TraceEvent,
+};
 use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1;
@@ -159,6 +161,8 @@ pub struct Controller {
     exchanges: AtomicU64,
     /// The sorted view of the last tick, and the tick it was built at.
     view: Mutex<Option<(u64, Arc<Vec<GroupView>>)>>,
+    /// Backends and clients as of a tick, made at most once per tick like the view.
+    diagnostics: Mutex<Option<(u64, Arc<Diagnostics>)>>,
     /// Live trace subscribers (`tollgate trace`): each tick's events, as JSON lines.
     trace: tokio::sync::broadcast::Sender<Arc<TraceLine>>,
     /// Events are kept for [`Controller::take_trace`] (the simulator's `--trace`).
@@ -214,6 +218,11 @@ pub struct RoleView {
 
 /// The gRPC metadata key a follower names the leader in.
 pub const LEADER_METADATA: &str = "tollgate-leader";
+
+/// The most backends and the most clients that status pages, the dashboard and metric labels
+/// name one by one; the rest are counted (clients: lapsed ones first, then the largest
+/// grants; backends: the most utilised).
+pub const DIAGNOSTICS_SHOWN_MAX: usize = 100;
 
 /// The most backends watching the group settings at once.
 pub const SETTINGS_WATCHERS_MAX: usize = 1024;
@@ -290,6 +299,7 @@ impl Controller {
             store: Mutex::new(store),
             exchanges: AtomicU64::new(0),
             view: Mutex::new(None),
+            diagnostics: Mutex::new(None),
             trace: tokio::sync::broadcast::channel(TRACE_CHANNEL).0,
             keep_trace: AtomicBool::new(false),
             // Unique across restarts: the start's wall time, then one more per change. Backends
@@ -873,6 +883,25 @@ impl Controller {
         let view = Arc::new(view);
         *cache = Some((ticks, view.clone()));
         view
+    }
+
+    /// Backends and clients, at most [`DIAGNOSTICS_SHOWN_MAX`] of each named, as of the last
+    /// tick (made at most once per tick).
+    pub fn diagnostics(&self, now: Nanos) -> Arc<Diagnostics> {
+        let ticks = self.engine().ticks();
+        let mut cache = self.diagnostics.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, d)) = cache.as_ref()
+            && *at == ticks
+        {
+            return d.clone();
+        }
+        let (d, ticks) = {
+            let engine = self.engine();
+            (engine.diagnostics(now, DIAGNOSTICS_SHOWN_MAX), engine.ticks())
+        };
+        let d = Arc::new(d);
+        *cache = Some((ticks, d.clone()));
+        d
     }
 
     /// What is wrong with the store, while it cannot take writes.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
-use tollgate_core::engine::GroupView;
+use tollgate_core::engine::{BackendView, ClientView, GroupView};
 use tollgate_core::prometheus::{Kind, family, single};
 
 use crate::clock::Clock;
@@ -122,7 +122,71 @@ impl Collector for ControllerMetrics {
         if let Some(capacity) = c.node().capacity {
             single(&mut e, "tollgate_node_capacity_units", "Node capacity, units/s.", Kind::Gauge, capacity)?;
         }
-        let (clients, backends, learning) = c.tracking(self.clock.now());
+        let now = self.clock.now();
+        let d = c.diagnostics(now);
+        let backend = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&BackendView) -> f64| {
+            family(
+                e,
+                name,
+                help,
+                Kind::Gauge,
+                "backend",
+                d.backends.iter().map(|b| (b.name.as_str(), read(b))),
+            )
+        };
+        backend(
+            &mut e,
+            "tollgate_backend_utilisation",
+            "A backend's utilisation: 1 is at its target.",
+            |b| b.utilisation,
+        )?;
+        backend(
+            &mut e,
+            "tollgate_backend_limiting",
+            "1 while a backend is saturated and limits its groups.",
+            |b| f64::from(u8::from(b.limiting)),
+        )?;
+        backend(&mut e, "tollgate_backend_load_units", "Units/s of all groups on a backend.", |b| b.load)?;
+        backend(
+            &mut e,
+            "tollgate_backend_report_age_seconds",
+            "Seconds since a backend's last report.",
+            |b| b.seen_s,
+        )?;
+        let client = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&ClientView) -> f64| {
+            family(e, name, help, Kind::Gauge, "client", d.clients.iter().map(|c| (c.name.as_str(), read(c))))
+        };
+        client(
+            &mut e,
+            "tollgate_tracked_client_granted_units",
+            "Units/s of a client's finite grants.",
+            |c| c.granted,
+        )?;
+        client(&mut e, "tollgate_tracked_client_groups", "Groups granted to a client.", |c| {
+            f64::from(c.groups)
+        })?;
+        client(
+            &mut e,
+            "tollgate_tracked_client_lapsed",
+            "1 when a client has not exchanged within the lease.",
+            |c| f64::from(u8::from(c.lapsed)),
+        )?;
+        single(
+            &mut e,
+            "tollgate_clients_lapsed",
+            "Clients that have not exchanged within the lease.",
+            Kind::Gauge,
+            d.clients_lapsed,
+        )?;
+        single(
+            &mut e,
+            "tollgate_clients_others_granted_units",
+            "Units/s granted to the clients not named one by one.",
+            Kind::Gauge,
+            d.others_granted,
+        )?;
+        drop(d);
+        let (clients, backends, learning) = c.tracking(now);
         single(&mut e, "tollgate_clients", "Clients tracked.", Kind::Gauge, clients)?;
         single(&mut e, "tollgate_backends", "Backends tracked.", Kind::Gauge, backends)?;
         single(

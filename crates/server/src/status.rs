@@ -104,6 +104,7 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
         .collect();
     let node = controller.node();
     let (clients, backends, learning) = controller.tracking(now);
+    let diagnostics = controller.diagnostics(now);
     let role = controller.role();
     v1::StatusResponse {
         role: role.role.name().to_string(),
@@ -117,6 +118,46 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
         clients: clients as u64,
         backends: backends as u64,
         next_page_token,
+        backend_detail: diagnostics.backends.iter().map(backend_to_proto).collect(),
+        client_detail: diagnostics.clients.iter().map(client_to_proto).collect(),
+        clients_lapsed: diagnostics.clients_lapsed as u64,
+        others_granted: diagnostics.others_granted,
+    }
+}
+
+fn backend_to_proto(b: &tollgate_core::engine::BackendView) -> v1::BackendStatus {
+    v1::BackendStatus {
+        name: b.name.clone(),
+        zone: b.zone.clone(),
+        utilisation: b.utilisation,
+        limiting: b.limiting,
+        seen_s: b.seen_s,
+        load: b.load,
+        top_groups: b
+            .top_groups
+            .iter()
+            .map(|(g, l)| v1::GroupLoad { group: g.to_string(), units_per_s: *l })
+            .collect(),
+    }
+}
+
+fn client_to_proto(c: &tollgate_core::engine::ClientView) -> v1::ClientStatus {
+    v1::ClientStatus {
+        client_id: c.name.clone(),
+        seen_s: c.seen_s,
+        lapsed: c.lapsed,
+        groups: c.groups,
+        unlimited_groups: c.unlimited,
+        granted: c.granted,
+        top_grants: c
+            .top_grants
+            .iter()
+            .map(|(g, rate, burst)| v1::ClientGrantStatus {
+                group: g.to_string(),
+                rate: *rate,
+                burst: *burst,
+            })
+            .collect(),
     }
 }
 
@@ -187,6 +228,18 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "leader_changes": s.leader_changes,
         "clients": s.clients,
         "backends": s.backends,
+        "clients_lapsed": s.clients_lapsed,
+        "backend_detail": s.backend_detail.iter().map(|b| serde_json::json!({
+            "name": b.name, "zone": b.zone, "utilisation": b.utilisation, "limiting": b.limiting,
+            "seen_s": b.seen_s, "load": b.load,
+            "top_groups": b.top_groups.iter().map(|g| serde_json::json!({"group": g.group, "load": g.units_per_s})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "client_detail": s.client_detail.iter().map(|c| serde_json::json!({
+            "client_id": c.client_id, "seen_s": c.seen_s, "lapsed": c.lapsed, "groups": c.groups,
+            "unlimited_groups": c.unlimited_groups, "granted": c.granted,
+            "top_grants": c.top_grants.iter().map(|g| serde_json::json!({"group": g.group, "rate": g.rate, "burst": g.burst})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "others_granted": s.others_granted,
         "groups": groups,
     })
 }

@@ -69,6 +69,11 @@ impl ClientTable {
         }
     }
 
+    /// Every client: its id (name), its short id, when it last exchanged.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, ClientId, Nanos)> {
+        self.by_key.iter().map(|(k, s)| (&**k, s.id, s.seen))
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.by_key.len()
     }

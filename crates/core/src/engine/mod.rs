@@ -33,6 +33,7 @@
 //! silent backends expire.
 
 mod clients;
+mod diagnostics;
 mod saturation;
 mod split;
 mod tick;
@@ -44,6 +45,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 pub use clients::ClientError;
+pub use diagnostics::{BackendView, ClientView, Diagnostics, TOP_GROUPS};
 pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
 pub use split::{ClientGrant, ClientId, water_level};
 pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
