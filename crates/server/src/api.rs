@@ -33,7 +33,7 @@ pub const CHECK_COST_MAX: f64 = 1e9;
 /// Every route under `/v1/`: method, path, summary. The HTTP port serves exactly these (the
 /// Couchbase documents from [`crate::http`], the rest from this module), `/v1/openapi.json`
 /// lists exactly these, and a test checks both against a running server.
-pub const ROUTES: [(&str, &str, &str); 15] = [
+pub const ROUTES: [(&str, &str, &str); 17] = [
     ("get", "/v1/groups", "Every group's settings."),
     ("post", "/v1/groups", "Create a group: {\"name\", settings…}; 409 if it exists."),
     ("get", "/v1/groups/{name}", "One group's settings; 404 if none."),
@@ -45,6 +45,16 @@ pub const ROUTES: [(&str, &str, &str); 15] = [
     ("get", "/v1/status", "Every group's target, admitted rate, demand and clients, as /status."),
     ("post", "/v1/check", "Admit {\"group\", \"cost\"}: 200 admitted, or 429 with retry_after_ms."),
     ("get", "/v1/openapi.json", "This document."),
+    (
+        "get",
+        "/v1/dashboard",
+        "The dashboard's data: the node, its samples from ?since=N, the busiest groups (?filter=text), the samples of ?charts=a,b, backends and clients.",
+    ),
+    (
+        "get",
+        "/v1/dashboard/groups/{name}",
+        "One group's settings, state and samples from ?since=N; 404 if none.",
+    ),
     ("get", "/v1/node/properties", "The node settings as Couchbase's JSON document."),
     ("put", "/v1/node/properties", "Change the node settings the Couchbase document gives."),
     ("get", "/v1/groups/{name}/properties", "A group as Couchbase's JSON document."),
@@ -74,14 +84,14 @@ pub fn router(controller: Arc<Controller>, clock: crate::clock::Clock, gate: Tol
         .with_state(Api { controller, clock, gate })
 }
 
-type Answer = axum::response::Response;
+pub(crate) type Answer = axum::response::Response;
 
-fn answer(status: StatusCode, body: Value) -> Answer {
+pub(crate) fn answer(status: StatusCode, body: Value) -> Answer {
     (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 /// An error naming the field and the rule.
-fn refuse(status: StatusCode, field: &str, rule: impl std::fmt::Display) -> Answer {
+pub(crate) fn refuse(status: StatusCode, field: &str, rule: impl std::fmt::Display) -> Answer {
     let rule = rule.to_string();
     let error = if field.is_empty() { rule.clone() } else { format!("{field}: {rule}") };
     answer(status, json!({ "error": error, "field": field, "rule": rule }))
@@ -108,7 +118,7 @@ fn admin_error(e: AdminError) -> Answer {
 }
 
 /// An error whose message names its subject itself (`group "x" does not exist`).
-fn refuse_whole(status: StatusCode, field: &str, e: impl std::fmt::Display) -> Answer {
+pub(crate) fn refuse_whole(status: StatusCode, field: &str, e: impl std::fmt::Display) -> Answer {
     answer(status, json!({ "error": e.to_string(), "field": field, "rule": e.to_string() }))
 }
 

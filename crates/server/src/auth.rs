@@ -506,7 +506,7 @@ pub fn grpc_role(path: &str) -> Role {
 
 /// The role an HTTP request needs; `None`: open to all.
 pub fn http_role(method: &axum::http::Method, path: &str) -> Option<Role> {
-    if path == "/healthz" {
+    if path == "/healthz" || crate::dashboard::is_asset(path) {
         return None;
     }
     if path == "/v1/check" {

@@ -28,12 +28,14 @@ struct AppState {
 pub fn router(
     controller: Arc<Controller>,
     latency: Arc<Latency>,
+    history: Arc<crate::history::History>,
     clock: Clock,
     front: Front,
     gate: tollgate_client::Tollgate,
 ) -> Router {
     let guard = axum::middleware::from_fn_with_state((controller.clone(), front), http_guard);
     let api = crate::api::router(controller.clone(), clock, gate);
+    let controller_for_dashboard = controller.clone();
     Router::new()
         .route("/healthz", get(health))
         .route("/metrics", get(metrics))
@@ -46,6 +48,7 @@ pub fn router(
             clock,
         })
         .merge(api)
+        .merge(crate::dashboard::router(controller_for_dashboard, history, clock))
         .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES.max(crate::api::BODY_MAX_BYTES)))
         .layer(guard)
 }

@@ -12,6 +12,7 @@ pub mod auth;
 mod clock;
 pub mod conn;
 pub mod controller;
+pub mod dashboard;
 #[cfg(feature = "etcd")]
 mod election;
 pub mod guard;
@@ -19,6 +20,7 @@ pub mod listen;
 pub mod metrics;
 pub use tollgate_proto::convert;
 pub mod grpc;
+pub mod history;
 pub mod http;
 pub mod json;
 mod memory;
@@ -419,7 +421,9 @@ where
     let latency = Arc::new(Latency::default());
     let services = grpc::Services { controller: controller.clone(), clock, latency: latency.clone() };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let background = tokio::spawn(background(controller.clone(), clock, flush_interval, stop_rx.clone()));
+    let history = Arc::new(history::History::default());
+    let background =
+        tokio::spawn(background(controller.clone(), history.clone(), clock, flush_interval, stop_rx.clone()));
     let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
@@ -431,7 +435,7 @@ where
         match http {
             Some(listener) => axum::serve(
                 listener,
-                http::router(controller.clone(), latency, clock, http_front, gate)
+                http::router(controller.clone(), latency, history, clock, http_front, gate)
                     .into_make_service_with_connect_info::<listen::Peer>(),
             )
             .with_graceful_shutdown(waiter(stop_rx.clone()))
@@ -466,9 +470,11 @@ where
     h
 }
 
-/// Ticks the engine every tick and writes consumption every flush interval.
+/// Ticks the engine every tick, samples the dashboard's history about once a second, and
+/// writes consumption every flush interval.
 async fn background(
     controller: Arc<Controller>,
+    history: Arc<history::History>,
     clock: Clock,
     flush_interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -479,10 +485,25 @@ async fn background(
     flushes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     flushes.tick().await;
     let mut give_back = memory::GiveBack::default();
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut sampled: Option<tollgate_core::time::Nanos> = None;
     loop {
         tokio::select! {
             _ = ticks.tick() => {
-                controller.tick(clock.now());
+                let now = clock.now();
+                controller.tick(now);
+                // One sample a second at most, on the blocking pool (it reads every group), and
+                // never two at once.
+                if sampled.is_none_or(|at| now.since(at) >= Duration::from_millis(990))
+                    && !sampling.swap(true, std::sync::atomic::Ordering::AcqRel)
+                {
+                    sampled = Some(now);
+                    let (c, h, busy) = (controller.clone(), history.clone(), sampling.clone());
+                    tokio::task::spawn_blocking(move || {
+                        h.sample(&c.view(), c.node().capacity, wall_ms());
+                        busy.store(false, std::sync::atomic::Ordering::Release);
+                    });
+                }
                 let (groups, clients) = controller.with_engine(|e| (e.tracked_groups(), e.clients()));
                 if give_back.after_tick(groups + clients) {
                     memory::release();
