@@ -125,11 +125,13 @@ pub fn run(a: RampArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(path) = a.chart {
-        let title = format!("ramp {:?} min {} max {} duration {}s", a.mode, a.min, a.max, a.duration);
+        let mode = clap::ValueEnum::to_possible_value(&a.mode)
+            .map_or_else(String::new, |v| v.get_name().to_string());
+        let title = format!("ramp {mode}: min {}, max {}, over {} s", a.min, a.max, a.duration);
         let png = tollgate_sim::chart::line_chart(
             &title,
-            "tokens per epoch: pool (solid), used (dashed)",
-            "",
+            "tokens per epoch",
+            "epoch (one second each)",
             &xs,
             &[("pool".to_string(), pools), ("used".to_string(), used)],
         );

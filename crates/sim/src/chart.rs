@@ -1,295 +1,364 @@
-//! The timeline chart: each group's target and admitted units/s, and each backend's
-//! utilisation, over simulated time, as a PNG.
+//! Charts as PNG, drawn with the `plotters` crate and an embedded font (Inter, SIL Open Font
+//! Licence, in `assets/`): the simulator's timeline (each group's target and admitted units/s,
+//! each backend's utilisation) and any line chart over time, such as `tollgate ramp`'s.
 //!
-//! Drawn on a plain pixel canvas with a built-in 5×7 font, so the chart needs no font files
-//! and no plotting library.
+//! Axes carry round ticks and their units; each series has its own colour (a group's target
+//! solid, its admitted units dashed in the same colour) and a legend entry; series that are the
+//! same all along are drawn once and named together in the legend, so none hides another
+//! unannounced.
+
+use std::sync::Once;
+
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
 
 use crate::run::Outcome;
 
-const WIDTH: usize = 1200;
-const HEIGHT: usize = 720;
-const BG: [u8; 3] = [255, 255, 255];
-const AXIS: [u8; 3] = [60, 60, 60];
-const GRID: [u8; 3] = [225, 225, 225];
-const PALETTE: [[u8; 3]; 8] = [
-    [31, 119, 180],
-    [214, 39, 40],
-    [44, 160, 44],
-    [148, 103, 189],
-    [255, 127, 14],
-    [23, 190, 207],
-    [140, 86, 75],
-    [227, 119, 194],
+const WIDTH: u32 = 1200;
+const LEGEND_WIDTH: u32 = 260;
+const FONT: &[u8] = include_bytes!("../assets/Inter-Regular.ttf");
+const FAMILY: &str = "sans-serif";
+
+/// Ten colours told apart on a white page (Tableau's ten).
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(23, 190, 207),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
 ];
 
-struct Canvas {
-    px: Vec<[u8; 3]>,
+/// One line: its name in the legend, its values at the chart's times (NaN: a gap), dashed or
+/// solid, and its colour (an index into the palette).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    /// The legend's text.
+    pub name: String,
+    /// A value per time.
+    pub values: Vec<f64>,
+    /// Dashed rather than solid.
+    pub dashed: bool,
+    /// Colour: an index into a palette of ten.
+    pub color: usize,
 }
 
-impl Canvas {
-    fn new() -> Self {
-        Self { px: vec![BG; WIDTH * HEIGHT] }
-    }
-
-    fn set(&mut self, x: i64, y: i64, c: [u8; 3]) {
-        if (0..WIDTH as i64).contains(&x) && (0..HEIGHT as i64).contains(&y) {
-            self.px[y as usize * WIDTH + x as usize] = c;
-        }
-    }
-
-    fn line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: [u8; 3], dashed: bool) {
-        // Bresenham.
-        let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
-        let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
-        let (mut x, mut y, mut err, mut n) = (x0, y0, dx + dy, 0u32);
-        loop {
-            if !dashed || (n / 4) % 2 == 0 {
-                self.set(x, y, c);
-                self.set(x, y + 1, c);
-            }
-            n += 1;
-            if x == x1 && y == y1 {
-                break;
-            }
-            let e2 = 2 * err;
-            if e2 >= dy {
-                err += dy;
-                x += sx;
-            }
-            if e2 <= dx {
-                err += dx;
-                y += sy;
-            }
-        }
-    }
-
-    fn rect(&mut self, x: i64, y: i64, w: i64, h: i64, c: [u8; 3]) {
-        for yy in y..y + h {
-            for xx in x..x + w {
-                self.set(xx, yy, c);
-            }
-        }
-    }
-
-    /// Text at scale 2, top-left at (x, y).
-    fn text(&mut self, x: i64, y: i64, s: &str, c: [u8; 3]) {
-        for (i, ch) in s.chars().enumerate() {
-            let g = glyph(ch);
-            for (row, bits) in g.iter().enumerate() {
-                for col in 0..5 {
-                    if bits & (0x10 >> col) != 0 {
-                        self.rect(x + i as i64 * 12 + col * 2, y + row as i64 * 2, 2, 2, c);
-                    }
-                }
-            }
-        }
-    }
+/// One panel: a title, the unit of its values, its lines, and optionally a reference level
+/// drawn as a thin line with its name (such as a backend's target utilisation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Panel {
+    /// Above the panel.
+    pub title: String,
+    /// The y axis's description, units included.
+    pub y_desc: String,
+    /// The lines.
+    pub lines: Vec<Line>,
+    /// A level to mark, and its name.
+    pub reference: Option<(f64, String)>,
+    /// The panel's share of the height (relative to the other panels').
+    pub weight: u32,
 }
 
-/// A 5×7 glyph: seven rows, the low five bits of each the columns left to right.
-fn glyph(ch: char) -> [u8; 7] {
-    match ch.to_ascii_uppercase() {
-        '0' => [0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E],
-        '1' => [0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E],
-        '2' => [0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F],
-        '3' => [0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E],
-        '4' => [0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02],
-        '5' => [0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E],
-        '6' => [0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E],
-        '7' => [0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08],
-        '8' => [0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E],
-        '9' => [0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C],
-        'A' => [0x0E, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11],
-        'B' => [0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E],
-        'C' => [0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E],
-        'D' => [0x1C, 0x12, 0x11, 0x11, 0x11, 0x12, 0x1C],
-        'E' => [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F],
-        'F' => [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10],
-        'G' => [0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F],
-        'H' => [0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11],
-        'I' => [0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E],
-        'J' => [0x07, 0x02, 0x02, 0x02, 0x02, 0x12, 0x0C],
-        'K' => [0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11],
-        'L' => [0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F],
-        'M' => [0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11],
-        'N' => [0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11],
-        'O' => [0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E],
-        'P' => [0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10],
-        'Q' => [0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D],
-        'R' => [0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11],
-        'S' => [0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E],
-        'T' => [0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04],
-        'U' => [0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E],
-        'V' => [0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04],
-        'W' => [0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A],
-        'X' => [0x11, 0x11, 0x0A, 0x04, 0x0A, 0x11, 0x11],
-        'Y' => [0x11, 0x11, 0x11, 0x0A, 0x04, 0x04, 0x04],
-        'Z' => [0x1F, 0x01, 0x02, 0x04, 0x08, 0x10, 0x1F],
-        '.' => [0, 0, 0, 0, 0, 0x0C, 0x0C],
-        '-' => [0, 0, 0, 0x1F, 0, 0, 0],
-        '_' => [0, 0, 0, 0, 0, 0, 0x1F],
-        ':' => [0, 0x0C, 0x0C, 0, 0x0C, 0x0C, 0],
-        '/' => [0, 0x01, 0x02, 0x04, 0x08, 0x10, 0],
-        '%' => [0x18, 0x19, 0x02, 0x04, 0x08, 0x13, 0x03],
-        '(' => [0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02],
-        ')' => [0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08],
-        '=' => [0, 0, 0x1F, 0, 0x1F, 0, 0],
-        ',' => [0, 0, 0, 0, 0x0C, 0x04, 0x08],
-        ' ' => [0; 7],
-        _ => [0x0E, 0x11, 0x01, 0x02, 0x04, 0, 0x04],
-    }
+fn font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The font is part of the binary: it parses, or the build is broken.
+        if register_font(FAMILY, FontStyle::Normal, FONT).is_err() {
+            unreachable!("the embedded font is a valid TrueType file");
+        }
+    });
 }
 
-/// A number in a few characters: 409600 → "409.6k".
-fn compact(v: f64) -> String {
+/// A number with a round suffix: 450000 → "450k", 1250 → "1.25k", 0.5 → "0.5".
+pub fn compact(v: f64) -> String {
     let a = v.abs();
     let (x, suffix) = if a >= 1e9 {
-        (v / 1e9, "g")
+        (v / 1e9, "G")
     } else if a >= 1e6 {
-        (v / 1e6, "m")
+        (v / 1e6, "M")
     } else if a >= 1e3 {
         (v / 1e3, "k")
     } else {
         (v, "")
     };
-    let s = format!("{x:.1}");
-    format!("{}{suffix}", s.strip_suffix(".0").unwrap_or(&s))
+    let s = format!("{x:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("{}{suffix}", if s == "-0" { "0" } else { s })
 }
 
-struct Panel {
-    top: i64,
-    height: i64,
-    left: i64,
-    width: i64,
-    max_y: f64,
-    max_t: f64,
-}
-
-impl Panel {
-    fn point(&self, t: f64, v: f64) -> (i64, i64) {
-        let x = self.left + ((t / self.max_t) * self.width as f64) as i64;
-        let y = self.top + self.height - ((v / self.max_y).clamp(0.0, 1.05) * self.height as f64) as i64;
-        (x, y)
-    }
-
-    fn frame(&self, c: &mut Canvas, label: &str, x_unit: &str) {
-        for i in 0..=4 {
-            let y = self.top + self.height * i / 4;
-            c.line((self.left, y), (self.left + self.width, y), GRID, false);
-            let v = self.max_y * (4 - i) as f64 / 4.0;
-            c.text(8, y - 7, &compact(v), AXIS);
+/// Lines that are equal all along merged into one, named together: eight backends at the
+/// same utilisation read as one line with eight names, not one name and seven hidden lines.
+fn merge_identical(lines: &[Line]) -> Vec<Line> {
+    let mut out: Vec<(Line, Vec<String>)> = Vec::new();
+    for l in lines {
+        let same = |o: &Line| {
+            o.dashed == l.dashed
+                && o.values.len() == l.values.len()
+                && o.values
+                    .iter()
+                    .zip(&l.values)
+                    .all(|(a, b)| (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-9)
+        };
+        match out.iter_mut().find(|(o, _)| same(o)) {
+            Some((_, names)) => names.push(l.name.clone()),
+            None => out.push((l.clone(), vec![l.name.clone()])),
         }
-        c.line((self.left, self.top), (self.left, self.top + self.height), AXIS, false);
-        c.line(
-            (self.left, self.top + self.height),
-            (self.left + self.width, self.top + self.height),
-            AXIS,
-            false,
-        );
-        for i in 0..=5 {
-            let t = self.max_t * i as f64 / 5.0;
-            let (x, y) = self.point(t, 0.0);
-            c.text(x - 12, y + 8, &format!("{}{x_unit}", compact(t)), AXIS);
-        }
-        c.text(self.left + 8, self.top - 20, label, AXIS);
     }
-
-    fn plot(&self, c: &mut Canvas, ts: &[f64], vs: &[f64], color: [u8; 3], dashed: bool) {
-        let mut prev: Option<(i64, i64)> = None;
-        for (t, v) in ts.iter().zip(vs) {
-            if !v.is_finite() {
-                prev = None;
-                continue;
+    out.into_iter()
+        .map(|(mut l, names)| {
+            if names.len() > 1 {
+                l.name = if names.len() <= 3 {
+                    format!("{} (equal)", names.join(", "))
+                } else {
+                    format!("{} … {} ({} equal)", names[0], names[names.len() - 1], names.len())
+                };
             }
-            let p = self.point(*t, *v);
-            if let Some(q) = prev {
-                c.line(q, p, color, dashed);
+            l
+        })
+        .collect()
+}
+
+/// Consecutive finite points: a NaN breaks the line.
+fn segments(xs: &[f64], values: &[f64]) -> Vec<Vec<(f64, f64)>> {
+    let mut out = vec![Vec::new()];
+    for (x, y) in xs.iter().zip(values) {
+        if y.is_finite() {
+            if let Some(last) = out.last_mut() {
+                last.push((*x, *y));
             }
-            prev = Some(p);
+        } else if out.last().is_some_and(|l| !l.is_empty()) {
+            out.push(Vec::new());
         }
     }
+    out.retain(|s| !s.is_empty());
+    out
 }
 
-/// A one-panel line chart: `series` of (name, values at `xs`), NaN for a gap, as PNG bytes.
-pub fn line_chart(
-    title: &str,
-    panel: &str,
-    x_unit: &str,
-    xs: &[f64],
-    series: &[(String, Vec<f64>)],
-) -> Vec<u8> {
-    let mut c = Canvas::new();
-    c.text(100, 12, title, AXIS);
-    let max_t = xs.last().copied().unwrap_or(1.0).max(1.0);
-    let max_y =
-        series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|v| v.is_finite()).fold(1.0f64, f64::max);
-    let p = Panel { top: 70, height: 600, left: 100, width: 860, max_y: max_y * 1.1, max_t };
-    p.frame(&mut c, panel, x_unit);
-    for (i, (name, values)) in series.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        p.plot(&mut c, xs, values, color, i % 2 == 1);
-        let y = 80 + i as i64 * 22;
-        c.rect(985, y, 16, 10, color);
-        c.text(1008, y - 2, name, AXIS);
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+fn draw_panel(area: &Area<'_>, xs: &[f64], x_desc: &str, p: &Panel) -> Result<(), String> {
+    let (chart_area, legend_area) = area.split_horizontally(WIDTH - LEGEND_WIDTH);
+    let max_x = xs.iter().copied().filter(|x| x.is_finite()).fold(1.0f64, f64::max);
+    let min_x = xs.iter().copied().filter(|x| x.is_finite()).fold(max_x, f64::min).min(0.0);
+    let mut max_y =
+        p.lines.iter().flat_map(|l| l.values.iter().copied()).filter(|v| v.is_finite()).fold(0.0, f64::max);
+    if let Some((r, _)) = &p.reference {
+        max_y = max_y.max(*r);
     }
-    encode(&c)
+    let max_y = if max_y > 0.0 { max_y * 1.08 } else { 1.0 };
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(&p.title, (FAMILY, 20))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(min_x..max_x, 0.0..max_y)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(p.y_desc.as_str())
+        .x_labels(12)
+        .y_labels(8)
+        .x_label_formatter(&|x| compact(*x))
+        .y_label_formatter(&|y| compact(*y))
+        .label_style((FAMILY, 14))
+        .axis_desc_style((FAMILY, 15))
+        .max_light_lines(1)
+        .light_line_style(RGBColor(242, 242, 242))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    if let Some((r, _)) = &p.reference {
+        let line = [(min_x, *r), (max_x, *r)];
+        chart
+            .draw_series(LineSeries::new(line, BLACK.mix(0.35).stroke_width(1)))
+            .map_err(|e| e.to_string())?;
+    }
+    let lines = merge_identical(&p.lines);
+    // Markers every `every` points, each line at its own phase, so that lines running on top
+    // of each other for a while still show each of them.
+    let every = (xs.len() / 12).max(1);
+    for (i, l) in lines.iter().enumerate() {
+        let color = PALETTE[l.color % PALETTE.len()];
+        let style = color.stroke_width(2);
+        for seg in segments(xs, &l.values) {
+            if l.dashed {
+                chart.draw_series(DashedLineSeries::new(seg, 7, 5, style)).map_err(|e| e.to_string())?;
+            } else {
+                chart.draw_series(LineSeries::new(seg, style)).map_err(|e| e.to_string())?;
+            }
+        }
+        let points = xs
+            .iter()
+            .zip(&l.values)
+            .enumerate()
+            .filter(|(k, (_, y))| y.is_finite() && k % every == (i * every / lines.len().max(1)) % every)
+            .map(|(_, (x, y))| (*x, *y));
+        // The `i`th line's marker: a circle, a triangle, a square or a cross.
+        let (fill, thin) = (color.filled(), color.stroke_width(2));
+        match i % 4 {
+            0 => chart.draw_series(points.map(|p| Circle::new(p, 4, fill))).map(drop),
+            1 => chart.draw_series(points.map(|p| TriangleMarker::new(p, 5, fill))).map(drop),
+            2 => chart
+                .draw_series(points.map(|p| EmptyElement::at(p) + Rectangle::new([(-4, -4), (4, 4)], fill)))
+                .map(drop),
+            _ => chart.draw_series(points.map(|p| Cross::new(p, 4, thin))).map(drop),
+        }
+        .map_err(|e| e.to_string())?;
+    }
+    // The legend beside the chart: a sample of each line and its name.
+    let mut y = 48;
+    let text = (FAMILY, 14).into_font().color(&RGBColor(40, 40, 40));
+    let mut entries: Vec<(Option<(RGBColor, bool)>, String)> =
+        lines.iter().map(|l| (Some((PALETTE[l.color % PALETTE.len()], l.dashed)), l.name.clone())).collect();
+    let marked = entries.len().min(lines.len());
+    if let Some((r, name)) = &p.reference {
+        entries.push((None, format!("{name} ({})", compact(*r))));
+    }
+    for (k, (sample, name)) in entries.into_iter().enumerate() {
+        if y > legend_area.dim_in_pixel().1 as i32 - 16 {
+            legend_area.draw(&Text::new("…", (8, y), text.clone())).map_err(|e| e.to_string())?;
+            break;
+        }
+        let (color, dashed) = sample.unwrap_or((RGBColor(150, 150, 150), false));
+        if dashed {
+            for x in (8..38).step_by(12) {
+                legend_area
+                    .draw(&PathElement::new(vec![(x, y + 8), (x + 7, y + 8)], color.stroke_width(2)))
+                    .map_err(|e| e.to_string())?;
+            }
+        } else {
+            legend_area
+                .draw(&PathElement::new(vec![(8, y + 8), (38, y + 8)], color.stroke_width(2)))
+                .map_err(|e| e.to_string())?;
+        }
+        if k < marked {
+            let at = (23, y + 8);
+            match k % 4 {
+                0 => legend_area.draw(&Circle::new(at, 4, color.filled())),
+                1 => legend_area.draw(&TriangleMarker::new(at, 5, color.filled())),
+                2 => legend_area
+                    .draw(&Rectangle::new([(at.0 - 4, at.1 - 4), (at.0 + 4, at.1 + 4)], color.filled())),
+                _ => legend_area.draw(&Cross::new(at, 4, color.stroke_width(2))),
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        legend_area.draw(&Text::new(name, (46, y), text.clone())).map_err(|e| e.to_string())?;
+        y += 22;
+    }
+    Ok(())
 }
 
-fn encode(c: &Canvas) -> Vec<u8> {
+/// A chart of `panels` stacked over the times `xs` (described by `x_desc`), under `title`, as
+/// PNG bytes.
+pub fn draw(title: &str, x_desc: &str, xs: &[f64], panels: &[Panel]) -> Vec<u8> {
+    font();
+    let weights: u32 = panels.iter().map(|p| p.weight.max(1)).sum::<u32>().max(1);
+    let height = 60 + weights * 100;
+    let mut buf = vec![255u8; (WIDTH * height * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (WIDTH, height)).into_drawing_area();
+        let drawn = (|| -> Result<(), String> {
+            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            let (head, mut rest) = root.split_vertically(50);
+            head.draw(&Text::new(title, (16, 14), (FAMILY, 22).into_font())).map_err(|e| e.to_string())?;
+            for p in panels {
+                let h = p.weight.max(1) * 100;
+                let (this, below) = rest.split_vertically(h);
+                draw_panel(&this, xs, x_desc, p)?;
+                rest = below;
+            }
+            root.present().map_err(|e| e.to_string())
+        })();
+        if let Err(e) = drawn {
+            // Drawing into memory fails only on a bug in the data given (such as a NaN axis):
+            // keep what was drawn and say so on the chart's own image.
+            let _ =
+                root.draw(&Text::new(format!("chart incomplete: {e}"), (16, 32), (FAMILY, 14).into_font()));
+        }
+    }
+    encode(&buf, WIDTH, height)
+}
+
+fn encode(rgb: &[u8], width: u32, height: u32) -> Vec<u8> {
     let mut bytes = Vec::new();
     {
-        let mut encoder = png::Encoder::new(&mut bytes, WIDTH as u32, HEIGHT as u32);
+        let mut encoder = png::Encoder::new(&mut bytes, width, height);
         encoder.set_color(png::ColorType::Rgb);
         encoder.set_depth(png::BitDepth::Eight);
         let mut writer = encoder.write_header().expect("writing a PNG header to memory cannot fail");
-        let data: Vec<u8> = c.px.iter().flatten().copied().collect();
-        writer.write_image_data(&data).expect("writing PNG data to memory cannot fail");
+        writer.write_image_data(rgb).expect("writing PNG data to memory cannot fail");
     }
     bytes
 }
 
-/// Renders the chart of `outcome` for scenario `name` as PNG bytes.
+/// A one-panel line chart over time: `series` of (name, values at `xs`), NaN for a gap, the
+/// second and every other one dashed, as PNG bytes.
+pub fn line_chart(
+    title: &str,
+    y_desc: &str,
+    x_desc: &str,
+    xs: &[f64],
+    series: &[(String, Vec<f64>)],
+) -> Vec<u8> {
+    let lines = series
+        .iter()
+        .enumerate()
+        .map(|(i, (name, values))| Line {
+            name: name.clone(),
+            values: values.clone(),
+            dashed: i % 2 == 1,
+            color: i,
+        })
+        .collect();
+    let panel = Panel { title: String::new(), y_desc: y_desc.to_string(), lines, reference: None, weight: 5 };
+    draw(title, x_desc, xs, &[panel])
+}
+
+/// Renders the chart of `outcome` for scenario `name` as PNG bytes: each group's target
+/// (solid) and admitted units (dashed, same colour), and each backend's utilisation beside its
+/// target of 1.
 pub fn render(name: &str, outcome: &Outcome) -> Vec<u8> {
-    let mut c = Canvas::new();
     let ts: Vec<f64> = outcome.timeline.iter().map(|s| s.t).collect();
-    let max_t = ts.last().copied().unwrap_or(1.0).max(1.0);
-    c.text(100, 12, &format!("{name} (seed {})", outcome.seed), AXIS);
-
-    let mut max_units: f64 = 0.0;
-    for s in &outcome.timeline {
-        for g in &s.groups {
-            max_units = max_units.max(g.admitted_units).max(g.target_units.unwrap_or(0.0));
-        }
-    }
-    let top = Panel { top: 70, height: 360, left: 100, width: 860, max_y: (max_units * 1.1).max(1.0), max_t };
-    top.frame(&mut c, "units/s: target (solid), admitted (dashed)", "s");
+    let mut groups = Vec::new();
     for (i, g) in outcome.groups.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        let target: Vec<f64> =
-            outcome.timeline.iter().map(|s| s.groups[i].target_units.unwrap_or(f64::NAN)).collect();
-        let admitted: Vec<f64> = outcome.timeline.iter().map(|s| s.groups[i].admitted_units).collect();
-        top.plot(&mut c, &ts, &target, color, false);
-        top.plot(&mut c, &ts, &admitted, color, true);
-        let y = 80 + i as i64 * 22;
-        c.rect(985, y, 16, 10, color);
-        c.text(1008, y - 2, g.as_str(), AXIS);
+        let target = outcome.timeline.iter().map(|s| s.groups[i].target_units.unwrap_or(f64::NAN)).collect();
+        let admitted = outcome.timeline.iter().map(|s| s.groups[i].admitted_units).collect();
+        groups.push(Line { name: format!("{g} target"), values: target, dashed: false, color: i });
+        groups.push(Line { name: format!("{g} admitted"), values: admitted, dashed: true, color: i });
     }
-
-    let max_u = outcome.timeline.iter().flat_map(|s| s.utilisation.iter().copied()).fold(1.2f64, f64::max);
-    let bottom = Panel { top: 500, height: 170, left: 100, width: 860, max_y: max_u * 1.05, max_t };
-    bottom.frame(&mut c, "backend utilisation", "s");
-    for (i, b) in outcome.backends.iter().enumerate() {
-        let color = PALETTE[(i + outcome.groups.len()) % PALETTE.len()];
-        let u: Vec<f64> = outcome.timeline.iter().map(|s| s.utilisation[i]).collect();
-        bottom.plot(&mut c, &ts, &u, color, false);
-        if i < 8 {
-            let y = 510 + i as i64 * 22;
-            c.rect(985, y, 16, 10, color);
-            c.text(1008, y - 2, b, AXIS);
-        }
+    let mut panels = vec![Panel {
+        title: "groups: target (solid) and admitted (dashed)".into(),
+        y_desc: "units/s".into(),
+        lines: groups,
+        reference: None,
+        weight: 5,
+    }];
+    if !outcome.backends.is_empty() {
+        let lines = outcome
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Line {
+                name: b.clone(),
+                values: outcome.timeline.iter().map(|s| s.utilisation[i]).collect(),
+                dashed: false,
+                color: i + outcome.groups.len(),
+            })
+            .collect();
+        panels.push(Panel {
+            title: "backends: utilisation".into(),
+            y_desc: "utilisation (1 = at target)".into(),
+            lines,
+            reference: Some((1.0, "target".into())),
+            weight: 3,
+        });
     }
-
-    encode(&c)
+    draw(&format!("{name} (seed {})", outcome.seed), "simulated time (s)", &ts, &panels)
 }
 
 #[cfg(test)]
@@ -297,10 +366,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn compact_numbers() {
+    fn compact_numbers_are_round() {
+        assert_eq!(compact(450_000.0), "450k");
         assert_eq!(compact(409_600.0), "409.6k");
-        assert_eq!(compact(2_000_000.0), "2m");
-        assert_eq!(compact(1.25), "1.2");
+        assert_eq!(compact(1_250.0), "1.25k");
+        assert_eq!(compact(2_000_000.0), "2M");
+        assert_eq!(compact(0.5), "0.5");
         assert_eq!(compact(0.0), "0");
+    }
+
+    #[test]
+    fn identical_lines_are_drawn_once_and_named_together() {
+        let line =
+            |name: &str, v: f64| Line { name: name.into(), values: vec![v, v], dashed: false, color: 0 };
+        let merged = merge_identical(&[line("a", 1.0), line("b", 1.0), line("c", 2.0)]);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].name, "a, b (equal)");
+        let many: Vec<Line> = (1..=8).map(|i| line(&format!("db-{i}"), 0.5)).collect();
+        assert_eq!(merge_identical(&many)[0].name, "db-1 … db-8 (8 equal)");
+    }
+
+    #[test]
+    fn a_chart_is_a_png_of_the_size_asked() {
+        let xs: Vec<f64> = (0..60).map(f64::from).collect();
+        let ys: Vec<f64> = xs.iter().map(|x| if *x == 30.0 { f64::NAN } else { x * 1000.0 }).collect();
+        let png = line_chart("t", "units/s", "s", &xs, &[("pool".into(), ys.clone()), ("used".into(), ys)]);
+        assert_eq!(&png[1..4], b"PNG");
+        let decoder = png::Decoder::new(std::io::Cursor::new(&png));
+        let reader = decoder.read_info().unwrap();
+        assert_eq!((reader.info().width, reader.info().height), (WIDTH, 60 + 500));
     }
 }
