@@ -506,7 +506,9 @@ pub fn grpc_role(path: &str) -> Role {
 
 /// The role an HTTP request needs; `None`: open to all.
 pub fn http_role(method: &axum::http::Method, path: &str) -> Option<Role> {
-    if path == "/healthz" || crate::dashboard::is_asset(path) {
+    // Health, and the dashboard's page and static files (they hold no data; the routes they
+    // read do).
+    if path == "/healthz" || path == "/" || path.starts_with("/assets/") {
         return None;
     }
     if path == "/v1/check" {

@@ -61,11 +61,6 @@ pub fn router(controller: Arc<Controller>, history: Arc<History>, clock: Clock) 
         .with_state(Dash { controller, history, clock })
 }
 
-/// Whether `path` is one of the page's static files, served to anyone.
-pub fn is_asset(path: &str) -> bool {
-    path == "/" || path.starts_with("/assets/")
-}
-
 const PAGE: &str = include_str!("../assets/dashboard.html");
 const SCRIPT: &str = include_str!("../assets/dashboard.js");
 const STYLE: &str = include_str!("../assets/dashboard.css");
