@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use tollgate_core::engine::GroupView;
+use tollgate_core::engine::{Engine, GroupSample};
 use tollgate_core::settings::GroupName;
 
 /// Samples kept: fifteen minutes at one a second.
@@ -29,8 +29,6 @@ struct Ring {
     first: u64,
     /// The last sample in which it was active.
     active: u64,
-    /// The last sample written.
-    written: u64,
     values: Box<[[f32; GROUP_SERIES.len()]]>,
 }
 
@@ -79,8 +77,8 @@ pub struct Series {
     pub values: Vec<Vec<Option<f32>>>,
 }
 
-fn active(g: &GroupView) -> bool {
-    g.clients > 0 || g.demand > 0.0 || g.admitted > 0.0 || g.throttled > 0.0
+fn active(v: &GroupSample) -> bool {
+    v[1] > 0.0 || v[2] > 0.0 || v[3] > 0.0 || v[4] > 0.0
 }
 
 fn opt(v: f32) -> Option<f32> {
@@ -88,51 +86,41 @@ fn opt(v: f32) -> Option<f32> {
 }
 
 impl History {
-    /// Takes one sample of `view` (sorted or not) at Unix time `unix_ms`, with the node's
-    /// capacity. Linear in the groups.
-    pub fn sample(&self, view: &[GroupView], capacity: Option<f64>, unix_ms: u64) {
+    /// Takes one sample of `engine` at Unix time `unix_ms`, with the node's capacity: the
+    /// node's totals (kept by the tick), each group with a history, and new groups while there
+    /// is room. Its cost is in the groups with a history, not in all groups: the caller holds
+    /// the engine's lock for it.
+    pub fn sample(&self, engine: &Engine, capacity: Option<f64>, unix_ms: u64) {
         let mut h = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let s = h.next;
         let at = (s % SAMPLES as u64) as usize;
         h.times[at] = unix_ms;
-        let mut node = [0.0f64; NODE_SERIES.len()];
-        node[0] = capacity.unwrap_or(f64::NAN);
+        let t = engine.totals();
+        h.node[at] = [
+            capacity.map_or(f32::NAN, |c| c as f32),
+            t.admitted as f32,
+            t.demand as f32,
+            t.throttled as f32,
+            t.clients as f32,
+        ];
         let inner = &mut *h;
-        for g in view {
-            node[1] += g.admitted;
-            node[2] += g.demand;
-            node[3] += g.throttled;
-            node[4] += f64::from(g.clients);
-            let is_active = active(g);
-            if !inner.groups.contains_key(&g.name) {
-                if !is_active || inner.groups.len() >= GROUPS_MAX {
-                    continue;
+        // Groups gone from the engine lose their history, and so do those idle for a window.
+        inner.groups.retain(|name, ring| match engine.group_sample(name) {
+            Some(v) => {
+                ring.values[at] = v;
+                if active(&v) {
+                    ring.active = s;
                 }
-                let ring = Ring {
-                    first: s,
-                    active: s,
-                    written: s,
-                    values: vec![[f32::NAN; GROUP_SERIES.len()]; SAMPLES].into_boxed_slice(),
-                };
-                inner.groups.insert(g.name.clone(), ring);
+                s - ring.active < SAMPLES as u64
             }
-            let Some(ring) = inner.groups.get_mut(&g.name) else { continue };
-            if is_active {
-                ring.active = s;
-            }
-            ring.written = s;
-            ring.values[at] = [
-                g.target.map_or(f32::NAN, |t| t as f32),
-                g.admitted as f32,
-                g.demand as f32,
-                g.throttled as f32,
-                g.clients as f32,
-                f32::from(u8::from(g.busy)),
-            ];
+            None => false,
+        });
+        let room = GROUPS_MAX.saturating_sub(inner.groups.len());
+        for (name, v) in engine.active_groups(room, |n| inner.groups.contains_key(n)) {
+            let mut values = vec![[f32::NAN; GROUP_SERIES.len()]; SAMPLES].into_boxed_slice();
+            values[at] = v;
+            inner.groups.insert(name, Ring { first: s, active: s, values });
         }
-        inner.node[at] = node.map(|v| v as f32);
-        // Groups gone from the view lose their history, and so do those idle for a window.
-        inner.groups.retain(|_, r| r.written == s && s - r.active < SAMPLES as u64);
         inner.next = s + 1;
     }
 
@@ -178,64 +166,92 @@ fn read<const N: usize>(h: &Inner, since: u64, values: &[[f32; N]]) -> Series {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::engine::{Engine, EngineSettings};
+    use tollgate_core::engine::{ClientReport, EngineSettings};
     use tollgate_core::settings::GroupSettings;
+    use tollgate_core::time::Nanos;
 
-    fn view(names: &[(&str, u32)]) -> Vec<GroupView> {
-        let mut e = Engine::new(EngineSettings::default());
-        for (n, _) in names {
-            e.set_group(GroupName::new(n).unwrap(), GroupSettings::default());
+    fn name(s: &str) -> GroupName {
+        GroupName::new(s).unwrap()
+    }
+
+    /// An engine that has ticked at second `t` with `clients` clients reporting each group
+    /// (10 units/s each; a group with 0 clients is configured and idle).
+    fn engine_at(e: &mut Engine, t: u64, groups: &[(&str, u64)]) {
+        let now = Nanos(t * 1_000_000_000);
+        for (g, clients) in groups {
+            if e.group(&name(g)).is_none() {
+                e.set_group(name(g), GroupSettings::default());
+            }
+            for c in 0..*clients {
+                let id = e.client(now, &format!("{g}-{c}"), t + 1).unwrap();
+                let r =
+                    ClientReport { demand: 10.0, consumed: 10.0, requests: 1.0, ..ClientReport::default() };
+                e.report(now, id, &name(g), r);
+            }
         }
-        let mut v = e.view();
-        for g in &mut v {
-            g.clients = names.iter().find(|(n, _)| *n == g.name.as_str()).unwrap().1;
-            g.admitted = f64::from(g.clients) * 10.0;
-        }
-        v
+        e.tick(now);
     }
 
     #[test]
     fn rings_hold_a_window_and_forget_idle_and_gone_groups() {
         let h = History::default();
-        let busy = view(&[("a", 2), ("idle", 0)]);
-        h.sample(&busy, Some(100.0), 1_000);
-        h.sample(&busy, Some(100.0), 2_000);
+        let mut e = Engine::new(EngineSettings { capacity: Some(100.0), ..EngineSettings::default() });
+        engine_at(&mut e, 1, &[("a", 2), ("idle", 0)]);
+        h.sample(&e, Some(100.0), 1_000);
+        engine_at(&mut e, 2, &[("a", 2)]);
+        h.sample(&e, Some(100.0), 2_000);
         // An idle group gets no history; an active one does, from its first sample.
-        assert!(h.group(&GroupName::new("idle").unwrap(), 0).is_none());
-        let a = h.group(&GroupName::new("a").unwrap(), 0).unwrap();
+        assert!(h.group(&name("idle"), 0).is_none());
+        let a = h.group(&name("a"), 0).unwrap();
         assert_eq!((a.from, a.t.clone()), (0, vec![1.0, 2.0]));
-        assert_eq!(a.values[1], [Some(20.0), Some(20.0)]);
-        assert_eq!(a.values[0], [None, None], "not throttled: no target");
+        assert_eq!(a.values[4], [Some(2.0), Some(2.0)], "two clients");
+        assert!(a.values[1][1].unwrap() > 0.0, "consumed: {:?}", a.values[1]);
         // Asking from a later sample gives only the new ones.
-        assert_eq!(h.group(&GroupName::new("a").unwrap(), 1).unwrap().t, [2.0]);
+        assert_eq!(h.group(&name("a"), 1).unwrap().t, [2.0]);
         let node = h.node(0);
-        assert_eq!((node.values[0][0], node.values[1][1]), (Some(100.0), Some(20.0)));
+        assert_eq!(node.values[0][0], Some(100.0));
+        assert_eq!(node.values[4][1], Some(2.0), "client-group pairs");
         // A window and more: at most SAMPLES kept, the oldest gone.
         for i in 0..SAMPLES as u64 {
-            h.sample(&busy, None, 3_000 + i);
+            h.sample(&e, None, 3_000 + i);
         }
-        let a = h.group(&GroupName::new("a").unwrap(), 0).unwrap();
+        let a = h.group(&name("a"), 0).unwrap();
         assert_eq!((a.from, a.t.len()), (2, SAMPLES));
         assert_eq!(h.node(0).t.len(), SAMPLES);
-        // Idle for a whole window: forgotten.
-        let quiet = view(&[("a", 0)]);
-        for i in 0..SAMPLES as u64 {
-            h.sample(&quiet, None, 10_000 + i);
-        }
+        // Gone from the engine: forgotten at once.
+        e.remove_group(&name("a"));
+        let mut idle = Engine::new(EngineSettings::default());
+        engine_at(&mut idle, 1, &[("b", 0)]);
+        h.sample(&idle, None, 20_000);
         assert_eq!(h.groups(), 0);
-        // Gone from the view: forgotten at once.
-        h.sample(&busy, None, 20_000);
+    }
+
+    #[test]
+    fn a_group_idle_for_a_window_loses_its_history() {
+        let h = History::default();
+        let mut e = Engine::new(EngineSettings::default());
+        engine_at(&mut e, 1, &[("a", 1)]);
+        h.sample(&e, None, 0);
         assert_eq!(h.groups(), 1);
-        h.sample(&[], None, 20_001);
-        assert_eq!(h.groups(), 0);
+        // Its clients gone quiet, ticks show nothing consumed; it stays tracked a while.
+        let mut t = 2;
+        while h.groups() == 1 && t < 2 + 2 * SAMPLES as u64 {
+            engine_at(&mut e, t, &[]);
+            h.sample(&e, None, t * 1000);
+            t += 1;
+        }
+        assert_eq!(h.groups(), 0, "forgotten after {t} samples");
     }
 
     #[test]
     fn at_most_groups_max_have_a_history() {
         let h = History::default();
+        let mut e =
+            Engine::new(EngineSettings { max_tracked_groups: 2 * GROUPS_MAX, ..EngineSettings::default() });
         let names: Vec<String> = (0..GROUPS_MAX + 10).map(|i| format!("g{i}")).collect();
-        let pairs: Vec<(&str, u32)> = names.iter().map(|n| (n.as_str(), 1)).collect();
-        h.sample(&view(&pairs), None, 0);
+        let pairs: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), 1)).collect();
+        engine_at(&mut e, 1, &pairs);
+        h.sample(&e, None, 0);
         assert_eq!(h.groups(), GROUPS_MAX);
     }
 }

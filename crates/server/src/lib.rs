@@ -500,7 +500,8 @@ async fn background(
                     sampled = Some(now);
                     let (c, h, busy) = (controller.clone(), history.clone(), sampling.clone());
                     tokio::task::spawn_blocking(move || {
-                        h.sample(&c.view(), c.node().capacity, wall_ms());
+                        let capacity = c.node().capacity;
+                        c.with_engine(|e| h.sample(e, capacity, wall_ms()));
                         busy.store(false, std::sync::atomic::Ordering::Release);
                     });
                 }

@@ -242,6 +242,18 @@ impl GroupOutcome {
     }
 }
 
+fn sample_of(g: &Tracked) -> GroupSample {
+    let o = g.outcome.as_ref();
+    [
+        o.map_or(f32::NAN, |o| o.target as f32),
+        g.last_tick[0],
+        o.map_or(0.0, |o| o.demand as f32),
+        g.last_tick[1],
+        g.clients.len() as f32,
+        f32::from(u8::from(o.is_some_and(|o| o.busy))),
+    ]
+}
+
 /// One client's part in a group (`f32` rates: three words for every client of every group).
 #[derive(Debug, Clone, Copy)]
 struct ClientEntry {
@@ -374,6 +386,23 @@ pub enum BackendError {
     },
 }
 
+/// Every tracked group's rates added up, as of the last tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Totals {
+    /// Units/s consumed over the last tick.
+    pub admitted: f64,
+    /// Requests/s refused over the last tick.
+    pub throttled: f64,
+    /// Units/s asked for, waiting work included.
+    pub demand: f64,
+    /// Client-group pairs: each client counted once per group it reports.
+    pub clients: u64,
+}
+
+/// A group's state now in a few numbers, for histories: target (NaN when not throttled),
+/// admitted units/s, demand, refused requests/s, clients, busy (0 or 1).
+pub type GroupSample = [f32; 6];
+
 /// SipHash with fixed keys: deterministic iteration, so simulations replay from their seed.
 /// Group names are not attacker-chosen keys of an unbounded map here: tracking is bounded.
 type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
@@ -402,6 +431,8 @@ pub struct Engine {
     ticks: u64,
     /// The sum of the finite targets of the last tick.
     targets_total: f64,
+    /// Every group's rates added up at the last tick.
+    totals: Totals,
     /// Provisional grants made since the last tick for groups the tick has not seen.
     unticked_provisional: f64,
     scratch: Vec<f64>,
@@ -454,6 +485,7 @@ impl Engine {
             last_tick: None,
             ticks: 0,
             targets_total: 0.0,
+            totals: Totals::default(),
             unticked_provisional: 0.0,
             scratch: Vec::new(),
             trace: None,
@@ -777,6 +809,40 @@ impl Engine {
     /// The last tick's outcome for `group`.
     pub fn outcome(&self, group: &GroupName) -> Option<&GroupOutcome> {
         self.tracked.get(group).and_then(|g| g.outcome.as_ref())
+    }
+
+    /// Every group's rates added up at the last tick: constant time.
+    pub fn totals(&self) -> Totals {
+        self.totals
+    }
+
+    /// A tracked group's state now in a few numbers (see [`GroupSample`]), in constant time;
+    /// `None` for a group not tracked.
+    pub fn group_sample(&self, name: &GroupName) -> Option<GroupSample> {
+        self.tracked.get(name).map(sample_of)
+    }
+
+    /// Up to `max` tracked groups with clients, demand or consumption, for which `skip` is
+    /// false, with their samples: one pass that stops once it has `max`.
+    pub fn active_groups(
+        &self,
+        max: usize,
+        skip: impl Fn(&GroupName) -> bool,
+    ) -> Vec<(GroupName, GroupSample)> {
+        let mut out = Vec::new();
+        if max == 0 {
+            return out;
+        }
+        for (name, g) in &self.tracked {
+            let s = sample_of(g);
+            if (s[1] > 0.0 || s[2] > 0.0 || s[3] > 0.0 || s[4] > 0.0) && !skip(name) {
+                out.push((name.clone(), s));
+                if out.len() == max {
+                    break;
+                }
+            }
+        }
+        out
     }
 
     /// A group's consumption so far.

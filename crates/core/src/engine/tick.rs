@@ -149,6 +149,7 @@ impl Engine {
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut asking: Vec<Asking> = Vec::new();
         let mut targets_total = 0.0;
+        let mut totals = super::Totals::default();
         for (i, (row, (name, g))) in rows.into_iter().zip(self.tracked.iter_mut()).enumerate() {
             let share = shares.as_ref().map(|s| s[i]);
             let mut bound = row.cap;
@@ -209,6 +210,10 @@ impl Engine {
                 }));
             }
             g.had_clients = !g.clients.is_empty();
+            totals.admitted += f64::from(g.last_tick[0]);
+            totals.throttled += f64::from(g.last_tick[1]);
+            totals.demand += row.demand;
+            totals.clients += g.clients.len() as u64;
             let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
                 target: target.unwrap_or(none),
@@ -227,6 +232,7 @@ impl Engine {
         self.scratch = scratch;
         self.trace = trace;
         self.targets_total = targets_total;
+        self.totals = totals;
         self.unticked_provisional = 0.0;
         // Dropped rather than cleared: after a restart every group has some, and an emptied
         // table would keep its room for all of them.
