@@ -68,7 +68,7 @@ impl Inner {
                 count_admitted(g, cost, !wait.is_zero());
                 Ok((Permit { group, cost, at: now }, wait))
             }
-            Err((retry_after, refusal)) => Err(self.refuse(g, cost, retry_after, refusal)),
+            Err((retry_after, refusal)) => Err(self.refuse(g, cost, retry_after, refusal, now)),
         }
     }
 
@@ -100,7 +100,7 @@ impl Inner {
                     count_admitted(g, cost, false);
                     Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
                 }
-                Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal))),
+                Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
             });
         }
         let generation = bucket.generation();
@@ -164,14 +164,22 @@ impl Inner {
         });
         match outcome {
             Ok(()) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now }),
-            Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal))),
+            Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
         }
     }
 
-    #[cold]
-    fn refuse(&self, g: &Group, cost: f64, retry_after: Duration, refusal: Option<Refusal>) -> AcquireError {
+    /// Counts a refusal at `now` (the time the decision was made: no second clock read) and
+    /// makes its error.
+    fn refuse(
+        &self,
+        g: &Group,
+        cost: f64,
+        retry_after: Duration,
+        refusal: Option<Refusal>,
+        now: Nanos,
+    ) -> AcquireError {
         self.refused(g, cost, refusal);
-        g.check_debt(self.clock.now());
+        g.check_debt(now);
         g.record(|t| {
             Tally::bump(&t.throttled, 1);
             Tally::bump(&t.throttled_micro, micros(cost));

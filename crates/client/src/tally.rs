@@ -8,7 +8,10 @@
 //!
 //! A thread keeps at most [`LOCAL_GROUPS_MAX`] tallies, most recently used first. When one
 //! is evicted, or the thread exits, its counts are folded into the group's shared tally
-//! under the group's lock, so no count is ever lost or counted twice.
+//! under the group's lock, so no count is ever lost or counted twice. A thread taking turns
+//! among more groups than that counts most of their admissions straight into the shared
+//! tally (locked adds) and takes a group into its cache on one miss in [`ADMIT_EVERY`], so it
+//! does not make and retire a tally at every call.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +19,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// How many groups one thread keeps a tally for.
 pub const LOCAL_GROUPS_MAX: usize = 32;
+/// With the cache full, a group not in it is taken in on one miss in this many.
+pub const ADMIT_EVERY: u32 = 8;
 
 /// One thread's (or the shared) counts for one group.
 #[derive(Debug, Default)]
@@ -156,6 +161,8 @@ pub(crate) struct Stash {
 
 struct Local {
     entries: Vec<Entry>,
+    /// Lookups that found the cache full and the group not in it.
+    misses: u32,
 }
 
 impl Drop for Local {
@@ -165,7 +172,7 @@ impl Drop for Local {
 }
 
 thread_local! {
-    static LOCAL: RefCell<Local> = const { RefCell::new(Local { entries: Vec::new() }) };
+    static LOCAL: RefCell<Local> = const { RefCell::new(Local { entries: Vec::new(), misses: 0 }) };
 }
 
 /// Runs `f` on this thread's tally for `owner`, creating it if need be.
@@ -192,13 +199,16 @@ pub(crate) fn with_local<G: HasCounters, R>(
     LOCAL
         .try_with(|local| {
             let mut local = local.borrow_mut();
-            if local.entries.first().is_none_or(|first| first.id != counters.id) {
-                local.find_or_insert(counters, me);
+            if local.entries.first().is_none_or(|first| first.id != counters.id)
+                && !local.find_or_insert(counters, me)
+            {
+                return None;
             }
             let first = &mut local.entries[0];
-            f(&first.tally, &mut first.stash)
+            Some(f(&first.tally, &mut first.stash))
         })
         .ok()
+        .flatten()
 }
 
 #[cold]
@@ -206,7 +216,10 @@ fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
     let scratch = Tally::default();
     f(&scratch);
     for (from, to) in scratch.fields().into_iter().zip(counters.folded.fields()) {
-        to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        let v = from.load(Ordering::Relaxed);
+        if v != 0 {
+            to.fetch_add(v, Ordering::Relaxed);
+        }
     }
 }
 
@@ -216,10 +229,21 @@ impl Local {
     /// swaps places with the front one rather than shifting every entry between them: the
     /// order is only roughly most-recent-first, which is all eviction needs, and a thread that
     /// takes turns among many groups does not move its whole cache each time.
-    fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) {
+    ///
+    /// With the cache full, a group not in it gets in on one miss in [`ADMIT_EVERY`] only: a
+    /// thread taking turns among more groups than the cache holds counts most of them in the
+    /// shared tally (`false`) instead of making and retiring a tally at every call, while a
+    /// group it uses often still gets in soon.
+    fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> bool {
         if let Some(i) = self.entries.iter().position(|e| e.id == counters.id) {
             self.entries.swap(0, i);
-            return;
+            return true;
+        }
+        if self.entries.len() >= LOCAL_GROUPS_MAX {
+            self.misses = self.misses.wrapping_add(1);
+            if !self.misses.is_multiple_of(ADMIT_EVERY) {
+                return false;
+            }
         }
         let tally = Arc::new(Tally::default());
         counters.live.lock().unwrap_or_else(PoisonError::into_inner).push(tally.clone());
@@ -228,6 +252,7 @@ impl Local {
         if self.entries.len() > LOCAL_GROUPS_MAX {
             retire(self.entries.pop().expect("over the limit, so not empty"));
         }
+        true
     }
 }
 
@@ -247,6 +272,26 @@ mod tests {
 
     fn owner() -> Arc<Owner> {
         Arc::new(Owner { counters: Counters::new() })
+    }
+
+    #[test]
+    fn a_thread_taking_turns_among_many_groups_counts_every_call_and_keeps_few_tallies() {
+        let owners: Vec<Arc<Owner>> = (0..10 * LOCAL_GROUPS_MAX).map(|_| owner()).collect();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..10 {
+                    for o in &owners {
+                        record(&**o, &Arc::downgrade(o), |t| Tally::bump(&t.admitted, 1));
+                    }
+                }
+                // Still running: at most the cache's worth of tallies alive across all groups.
+                let live: usize = owners.iter().map(|o| o.counters.live.lock().unwrap().len()).sum();
+                assert!(live <= LOCAL_GROUPS_MAX, "{live} tallies alive");
+            });
+        });
+        for o in &owners {
+            assert_eq!(o.counters.totals().admitted, 10);
+        }
     }
 
     #[test]
