@@ -32,6 +32,7 @@ use crate::controller::Controller;
 use crate::convert;
 use crate::grpc::checked_name;
 use crate::history::{GROUP_SERIES, History, NODE_SERIES, SAMPLES, Series};
+use crate::status::{backend_json, backend_to_proto, client_json, client_to_proto};
 
 /// The most group rows one answer carries.
 pub const ROWS_MAX: usize = 50;
@@ -154,29 +155,10 @@ fn row(g: &GroupView) -> Value {
     })
 }
 
+/// Backends and clients, each in the status's JSON form.
 fn diagnostics_json(d: &Diagnostics) -> Value {
-    let backends: Vec<Value> = d
-        .backends
-        .iter()
-        .map(|b| {
-            json!({
-                "name": b.name, "zone": b.zone, "utilisation": b.utilisation, "limiting": b.limiting,
-                "seen_s": b.seen_s, "load": b.load,
-                "top_groups": b.top_groups.iter().map(|(g, l)| json!({"group": g.as_str(), "load": l})).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    let clients: Vec<Value> = d
-        .clients
-        .iter()
-        .map(|c| {
-            json!({
-                "client_id": c.name, "seen_s": c.seen_s, "lapsed": c.lapsed, "groups": c.groups,
-                "granted": c.granted,
-                "top_grants": c.top_grants.iter().map(|(g, r, b)| json!({"group": g.as_str(), "rate": r, "burst": b})).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
+    let backends: Vec<Value> = d.backends.iter().map(|b| backend_json(&backend_to_proto(b))).collect();
+    let clients: Vec<Value> = d.clients.iter().map(|c| client_json(&client_to_proto(c))).collect();
     json!({
         "backends": backends,
         "backends_total": d.backends_total,

@@ -125,7 +125,30 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
     }
 }
 
-fn backend_to_proto(b: &tollgate_core::engine::BackendView) -> v1::BackendStatus {
+/// A backend as the status's JSON shows it.
+pub(crate) fn backend_json(b: &v1::BackendStatus) -> serde_json::Value {
+    let top: Vec<serde_json::Value> =
+        b.top_groups.iter().map(|g| serde_json::json!({"group": g.group, "load": g.units_per_s})).collect();
+    serde_json::json!({
+        "name": b.name, "zone": b.zone, "utilisation": b.utilisation, "limiting": b.limiting,
+        "seen_s": b.seen_s, "load": b.load, "top_groups": top,
+    })
+}
+
+/// A client as the status's JSON shows it.
+pub(crate) fn client_json(c: &v1::ClientStatus) -> serde_json::Value {
+    let top: Vec<serde_json::Value> = c
+        .top_grants
+        .iter()
+        .map(|g| serde_json::json!({"group": g.group, "rate": g.rate, "burst": g.burst}))
+        .collect();
+    serde_json::json!({
+        "client_id": c.client_id, "seen_s": c.seen_s, "lapsed": c.lapsed, "groups": c.groups,
+        "unlimited_groups": c.unlimited_groups, "granted": c.granted, "top_grants": top,
+    })
+}
+
+pub(crate) fn backend_to_proto(b: &tollgate_core::engine::BackendView) -> v1::BackendStatus {
     v1::BackendStatus {
         name: b.name.clone(),
         zone: b.zone.clone(),
@@ -141,7 +164,7 @@ fn backend_to_proto(b: &tollgate_core::engine::BackendView) -> v1::BackendStatus
     }
 }
 
-fn client_to_proto(c: &tollgate_core::engine::ClientView) -> v1::ClientStatus {
+pub(crate) fn client_to_proto(c: &tollgate_core::engine::ClientView) -> v1::ClientStatus {
     v1::ClientStatus {
         client_id: c.name.clone(),
         seen_s: c.seen_s,
@@ -229,16 +252,8 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "clients": s.clients,
         "backends": s.backends,
         "clients_lapsed": s.clients_lapsed,
-        "backend_detail": s.backend_detail.iter().map(|b| serde_json::json!({
-            "name": b.name, "zone": b.zone, "utilisation": b.utilisation, "limiting": b.limiting,
-            "seen_s": b.seen_s, "load": b.load,
-            "top_groups": b.top_groups.iter().map(|g| serde_json::json!({"group": g.group, "load": g.units_per_s})).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "client_detail": s.client_detail.iter().map(|c| serde_json::json!({
-            "client_id": c.client_id, "seen_s": c.seen_s, "lapsed": c.lapsed, "groups": c.groups,
-            "unlimited_groups": c.unlimited_groups, "granted": c.granted,
-            "top_grants": c.top_grants.iter().map(|g| serde_json::json!({"group": g.group, "rate": g.rate, "burst": g.burst})).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
+        "backend_detail": s.backend_detail.iter().map(backend_json).collect::<Vec<_>>(),
+        "client_detail": s.client_detail.iter().map(client_json).collect::<Vec<_>>(),
         "others_granted": s.others_granted,
         "groups": groups,
     })
