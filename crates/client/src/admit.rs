@@ -15,7 +15,7 @@ use tollgate_core::time::{Clock, Nanos};
 
 use crate::error::AcquireError;
 use crate::group::{Group, Limiter, micros};
-use crate::inner::Inner;
+use crate::inner::{Inner, Mode};
 use crate::permit::{GroupRef, Permit};
 use crate::tally::{Stash, Tally};
 
@@ -87,13 +87,14 @@ impl Inner {
         cost: f64,
     ) -> Option<Result<Permit<'g>, AcquireError>> {
         let Limiter::Bucket(bucket) = &g.limiter else { return None };
-        if !(cost >= 0.0 && cost.is_finite() && cost <= g.burst_ceiling) {
+        // Two comparisons (NaN fails both): the ceiling is finite, so an infinite cost too.
+        if !(cost >= 0.0 && cost <= g.finite_ceiling) {
             return None;
         }
         let priced = bucket.price(cost);
         if !stash_worthwhile(&priced) {
             // A rate too low for stashes: the shared bucket, as `admit` does.
-            let now = self.clock.now();
+            let now = self.now_for(&priced);
             self.tick(now);
             return Some(match bucket.commit(priced, now) {
                 Ok(()) => {
@@ -116,7 +117,7 @@ impl Inner {
         if hit == Some(true) {
             return Some(Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }));
         }
-        Some(self.admit_bucket(g, bucket, cost, generation))
+        Some(self.admit_bucket(g, bucket, &priced, generation))
     }
 
     /// The rest of [`try_admit_bucket`](Self::try_admit_bucket): reads the clock, then admits
@@ -125,10 +126,11 @@ impl Inner {
         &self,
         g: &'g Group,
         bucket: &Bucket,
-        cost: f64,
+        priced: &Priced,
         generation: u64,
     ) -> Result<Permit<'g>, AcquireError> {
-        let now = self.clock.now();
+        let cost = priced.cost();
+        let now = self.now_for(priced);
         self.tick(now);
         let batch = stash_batch(bucket);
         let outcome = g.with_local(|tally, stash| {
@@ -169,7 +171,10 @@ impl Inner {
     }
 
     /// Counts a refusal at `now` (the time the decision was made: no second clock read) and
-    /// makes its error.
+    /// makes its error. Lean, as a throttled tenant's calls are mostly refusals: the mode
+    /// hears of it only when it acts on it. Inlined: the error is built where it is returned,
+    /// not built in a callee and copied (a copy the processor stalls on).
+    #[inline(always)]
     fn refuse(
         &self,
         g: &Group,
@@ -178,7 +183,9 @@ impl Inner {
         refusal: Option<Refusal>,
         now: Nanos,
     ) -> AcquireError {
-        self.refused(g, cost, refusal);
+        if matches!(self.mode, Mode::Remote(_)) || refusal == Some(Refusal::Closed) {
+            self.refused(g, cost, refusal);
+        }
         g.check_debt(now);
         g.record(|t| {
             Tally::bump(&t.throttled, 1);

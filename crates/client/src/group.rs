@@ -25,7 +25,9 @@ use crate::tally::{self, Counters, HasCounters, Stash, Tally, Totals};
 #[inline]
 pub(crate) fn micros(units: f64) -> u64 {
     // Adding a half and truncating rounds without a libm call (costs are never negative).
-    (units * 1e6 + 0.5) as u64
+    // A cost of one, the most common, without a conversion; others through i64, one
+    // conversion instruction (costs are checked finite and not negative).
+    if units == 1.0 { 1_000_000 } else { (units * 1e6 + 0.5) as i64 as u64 }
 }
 
 pub(crate) fn units(micros: u64) -> f64 {
@@ -59,6 +61,9 @@ pub(crate) struct Group {
     pub(crate) clock: Arc<ClockSource>,
     /// The largest cost the group's bucket can ever hold (infinite where a controller decides).
     pub(crate) burst_ceiling: f64,
+    /// `burst_ceiling`, or `f64::MAX` where it is infinite: a finite bound the hot path
+    /// checks a cost against in one comparison.
+    pub(crate) finite_ceiling: f64,
     /// Current allowance (units/s) and measured demand, as f64 bits.
     pub(crate) allowance: AtomicU64,
     pub(crate) demand: AtomicU64,
@@ -121,6 +126,7 @@ impl Group {
             largest_cost: AtomicU64::new(0f64.to_bits()),
             clock: clock.clone(),
             burst_ceiling,
+            finite_ceiling: burst_ceiling.min(f64::MAX),
             allowance: AtomicU64::new(0f64.to_bits()),
             demand: AtomicU64::new(0f64.to_bits()),
             used: AtomicBool::new(false),
@@ -164,8 +170,8 @@ impl Group {
     }
 
     /// Counts on this thread's tally for the group.
-    #[inline]
-    pub(crate) fn record(&self, f: impl FnOnce(&Tally)) {
+    #[inline(always)]
+    pub(crate) fn record(&self, f: impl Fn(&Tally)) {
         tally::record(self, &self.me, f);
     }
 
@@ -280,12 +286,19 @@ impl Group {
         r.owed.max(0.0)
     }
 
-    /// On a refusal: a debt paid back by now stops slowing the bucket.
-    #[cold]
+    /// On a refusal: a debt paid back by now stops slowing the bucket. One load when there
+    /// is no debt.
+    #[inline]
     pub(crate) fn check_debt(&self, now: Nanos) {
         if self.repaying.load(Ordering::Acquire) {
-            let _ = self.debt(now);
+            self.settle_debt(now);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_debt(&self, now: Nanos) {
+        let _ = self.debt(now);
     }
 
     /// Marks the group as asked for (cheap when it already is); says whether this is the

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_core::bucket::Refusal;
+use tollgate_core::bucket::{Priced, Refusal};
 use tollgate_core::config::NodeSettings;
 use tollgate_core::cost::CostModel;
 use tollgate_core::time::{Clock, Nanos};
@@ -16,6 +16,21 @@ use crate::error::AcquireError;
 use crate::group::{Group, Groups};
 use crate::remote::Link;
 use crate::store::StoreLink;
+
+/// The least burst, as time of refill at the bucket's rate, for which admission reads the
+/// coarse clock ([`crate::clock::CoarseClock`], one millisecond of resolution) rather than
+/// the precise one: ten times its resolution, so a reading that lags by a few milliseconds
+/// (the refresh thread waiting for a core) still loses nothing. A one-second burst, the
+/// default, is far above it.
+pub const FAST_CLOCK_MIN_BURST: Duration = Duration::from_millis(10);
+const FAST_CLOCK_MIN_BURST_NS: u64 = FAST_CLOCK_MIN_BURST.as_nanos() as u64;
+
+/// Whether a cost priced at a bucket's rate is admitted by the fast clock: see
+/// [`FAST_CLOCK_MIN_BURST`].
+#[inline(always)]
+fn reads_fast_clock(priced: &Priced) -> bool {
+    priced.tolerance_ns() >= FAST_CLOCK_MIN_BURST_NS
+}
 
 /// How soon a remote client retries a request refused for want of a grant.
 const REMOTE_RETRY: Duration = Duration::from_millis(20);
@@ -55,6 +70,10 @@ impl Mode {
 
 pub(crate) struct Inner {
     pub(crate) clock: Arc<ClockSource>,
+    /// The clock a bucket whose burst holds at least [`FAST_CLOCK_MIN_BURST`] of refill
+    /// admits by: the coarse clock (one load) beside the default precise one, else the same
+    /// clock. See [`Inner::now_for`].
+    fast: ClockSource,
     pub(crate) groups: Arc<Groups>,
     pub(crate) mode: Mode,
     /// `max_wait`, and the node settings an embedded limiter was built with.
@@ -73,11 +92,22 @@ impl Inner {
         cost_model: CostModel,
     ) -> Inner {
         let next = if matches!(mode, Mode::Embedded(_)) { 0 } else { u64::MAX };
-        let inner = Inner { clock, groups, mode, node, cost_model, next_tick_ns: AtomicU64::new(next) };
+        let fast = clock.fast_companion();
+        let inner = Inner { clock, fast, groups, mode, node, cost_model, next_tick_ns: AtomicU64::new(next) };
         if let Mode::Embedded(e) = &inner.mode {
             e.reallocate(inner.clock.now(), &inner.groups);
         }
         inner
+    }
+
+    /// The time to admit a priced cost by: the fast clock when the bucket's burst holds at
+    /// least [`FAST_CLOCK_MIN_BURST`] of refill, so that reading time a millisecond late
+    /// loses nothing (what refills meanwhile waits in the bucket), else the precise clock.
+    /// A late reading only ever refuses what a precise one might have admitted: the bucket
+    /// never admits early.
+    #[inline(always)]
+    pub(crate) fn now_for(&self, priced: &Priced) -> Nanos {
+        if reads_fast_clock(priced) { self.fast.now() } else { self.clock.now() }
     }
 
     /// Runs the embedded engine's tick if it is due; cheap when it is not.
@@ -153,5 +183,26 @@ impl Inner {
                 _ => link.refused(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::bucket::Bucket;
+
+    use super::*;
+
+    #[test]
+    fn only_a_burst_of_ten_milliseconds_or_more_reads_the_fast_clock() {
+        let priced = |rate: f64, burst: f64| Bucket::new(rate, burst, Nanos(0)).price(1.0);
+        // The default burst, one second of the rate.
+        assert!(reads_fast_clock(&priced(10_000.0, 10_000.0)));
+        // Exactly 10 ms of refill, and just under.
+        assert!(reads_fast_clock(&priced(1_000.0, 10.0)));
+        assert!(!reads_fast_clock(&priced(1_000.0, 9.9)));
+        // A fast group with a small burst: 100 µs.
+        assert!(!reads_fast_clock(&priced(1_000_000.0, 100.0)));
+        // A closed bucket holds no refill at all.
+        assert!(!reads_fast_clock(&priced(0.0, 0.0)));
     }
 }

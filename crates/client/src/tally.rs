@@ -176,12 +176,9 @@ thread_local! {
 }
 
 /// Runs `f` on this thread's tally for `owner`, creating it if need be.
-#[inline]
-pub(crate) fn record<G: HasCounters>(owner: &G, me: &Weak<G>, f: impl FnOnce(&Tally)) {
-    let mut f = Some(f);
-    if with_local(owner, me, |tally, _| f.take().map(|f| f(tally))).is_none()
-        && let Some(f) = f
-    {
+#[inline(always)]
+pub(crate) fn record<G: HasCounters>(owner: &G, me: &Weak<G>, f: impl Fn(&Tally)) {
+    if with_local(owner, me, |tally, _| f(tally)).is_none() {
         // The thread is exiting and its tallies are gone: count in the shared tally.
         record_shared(owner.counters(), f);
     }
@@ -189,22 +186,22 @@ pub(crate) fn record<G: HasCounters>(owner: &G, me: &Weak<G>, f: impl FnOnce(&Ta
 
 /// Runs `f` on this thread's tally and stash for `owner`, creating them if need be; `None`
 /// when the thread is exiting and has none. `f` must not call back into this module.
-#[inline]
+#[inline(always)]
 pub(crate) fn with_local<G: HasCounters, R>(
     owner: &G,
     me: &Weak<G>,
     f: impl FnOnce(&Tally, &mut Stash) -> R,
 ) -> Option<R> {
     let counters = owner.counters();
+    // Kept small, with the rare cases out of line, so that the thread-local access is
+    // inlined into the hot path (a call there costs about a third of a refusal).
     LOCAL
         .try_with(|local| {
-            let mut local = local.borrow_mut();
-            if local.entries.first().is_none_or(|first| first.id != counters.id)
-                && !local.find_or_insert(counters, me)
-            {
-                return None;
-            }
-            let first = &mut local.entries[0];
+            let mut local = local.try_borrow_mut().ok()?;
+            let first = match local.entries.first_mut() {
+                Some(first) if first.id == counters.id => first,
+                _ => local.bring_to_front(counters, me)?,
+            };
             Some(f(&first.tally, &mut first.stash))
         })
         .ok()
@@ -224,6 +221,14 @@ fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
 }
 
 impl Local {
+    /// The entry for `counters`, brought to the front (see [`Local::find_or_insert`]); `None`
+    /// when the group is left to the shared tally this time.
+    #[cold]
+    #[inline(never)]
+    fn bring_to_front<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> Option<&mut Entry> {
+        if self.find_or_insert(counters, me) { self.entries.first_mut() } else { None }
+    }
+
     #[cold]
     /// Brings the entry for `counters` to the front, creating it if need be. A found entry
     /// swaps places with the front one rather than shifting every entry between them: the

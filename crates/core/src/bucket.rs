@@ -57,6 +57,10 @@ pub struct Bucket {
     ns_per_unit: AtomicU64,
     /// `burst × ns_per_unit`, in whole nanoseconds.
     tolerance_ns: AtomicU64,
+    /// The increment of a cost of one unit, `ns_per_unit` rounded up (0 when the rate is
+    /// infinite, `u64::MAX` when it is zero): the common cost, priced without converting
+    /// between floating point and integers.
+    unit_inc: AtomicU64,
     /// The burst in units, as f64 bits.
     burst: AtomicU64,
     /// Tokens held while closed (rate zero), as f64 bits; may be negative (debt).
@@ -80,6 +84,12 @@ impl Priced {
     #[inline]
     pub fn ns_per_unit(&self) -> f64 {
         self.ns_per_unit
+    }
+
+    /// The cost priced.
+    #[inline]
+    pub fn cost(&self) -> f64 {
+        self.cost
     }
 
     /// The bucket's burst as nanoseconds of refill, at that rate.
@@ -107,6 +117,11 @@ struct Params {
     ns_per_unit: f64,
     tolerance_ns: u64,
     burst: f64,
+}
+
+/// The increment of one unit at `ns_per_unit`.
+fn unit_inc(ns_per_unit: f64) -> u64 {
+    if ns_per_unit == 0.0 { 0 } else { ceil_u64(ns_per_unit) }
 }
 
 impl Params {
@@ -137,6 +152,7 @@ impl Bucket {
             tat: CacheLine(AtomicU64::new(now.0)),
             ns_per_unit: AtomicU64::new(p.ns_per_unit.to_bits()),
             tolerance_ns: AtomicU64::new(p.tolerance_ns),
+            unit_inc: AtomicU64::new(unit_inc(p.ns_per_unit)),
             burst: AtomicU64::new(p.burst.to_bits()),
             closed_level: AtomicU64::new(p.burst.to_bits()),
             generation: AtomicU64::new(0),
@@ -176,8 +192,13 @@ impl Bucket {
     pub fn price(&self, cost: f64) -> Priced {
         let ns_per_unit = f64::from_bits(self.ns_per_unit.load(Ordering::Acquire));
         let tolerance_ns = self.tolerance_ns.load(Ordering::Acquire);
-        // Open bucket or free request: nothing to take.
-        let inc = if ns_per_unit == 0.0 || cost == 0.0 { 0 } else { ceil_u64(cost * ns_per_unit) };
+        let inc = if cost == 1.0 {
+            self.unit_inc.load(Ordering::Acquire)
+        } else if ns_per_unit == 0.0 || cost == 0.0 {
+            0 // open bucket or free request: nothing to take
+        } else {
+            ceil_u64(cost * ns_per_unit)
+        };
         Priced { cost, inc, tolerance_ns, ns_per_unit }
     }
 
@@ -193,8 +214,15 @@ impl Bucket {
         let mut tat = self.tat.load(Ordering::Acquire);
         loop {
             let new_tat = tat.max(now.0).saturating_add(inc);
-            if new_tat - now.0 > tolerance_ns {
-                return Err(self.refusal(cost, new_tat - now.0));
+            let ahead = new_tat - now.0;
+            if ahead > tolerance_ns {
+                // Within the burst, the common refusal: a wait, told from the price alone.
+                // Beyond it (a closed bucket's increment is infinite), the slower reading.
+                return Err(if inc <= tolerance_ns {
+                    Refusal::Wait(wait_of(ahead - tolerance_ns))
+                } else {
+                    self.refusal(cost, ahead)
+                });
             }
             match self.tat.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(()),
@@ -204,6 +232,7 @@ impl Bucket {
     }
 
     #[cold]
+    #[inline(never)]
     fn refusal(&self, cost: f64, ahead_ns: u64) -> Refusal {
         let p = self.params();
         if p.ns_per_unit.is_infinite() {
@@ -331,6 +360,7 @@ impl Bucket {
         // Publish the new parameters before the state they describe.
         self.burst.store(new.burst.to_bits(), Ordering::Release);
         self.tolerance_ns.store(new.tolerance_ns, Ordering::Release);
+        self.unit_inc.store(unit_inc(new.ns_per_unit), Ordering::Release);
         self.ns_per_unit.store(new.ns_per_unit.to_bits(), Ordering::Release);
         if new.ns_per_unit.is_infinite() {
             self.closed_level.store(level.to_bits(), Ordering::Release);
@@ -356,6 +386,12 @@ impl Bucket {
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
+}
+
+/// `Duration::from_nanos`, cheaper for the common wait of under a second (no division).
+#[inline(always)]
+fn wait_of(ns: u64) -> Duration {
+    if ns < 1_000_000_000 { Duration::new(0, ns as u32) } else { Duration::from_nanos(ns) }
 }
 
 /// `x` (never negative) rounded up to a whole number, saturating. `f64::ceil` is a libm
