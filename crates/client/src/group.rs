@@ -334,17 +334,37 @@ impl HasCounters for Group {
 /// Makes a new group's state; the mode decides its limiter.
 pub(crate) type MakeGroup = dyn Fn(GroupName, &GroupSettings) -> Arc<Group> + Send + Sync;
 
+/// Names to groups, hashed with foldhash (seeded per process, so names a client picks
+/// cannot be chosen to collide; several times faster than std's SipHash on short names).
+type Map = HashMap<Box<str>, Arc<Group>, foldhash::fast::RandomState>;
+
 /// The groups a handle serves: looked up lock-free, inserted under a lock, bounded. Names past
 /// the bound share the `default` group's state.
+///
+/// The lock-free map is copied on write, so new names first go to a small locked map beside
+/// it, and are moved into a new copy once a quarter as many lookups as it holds names have
+/// needed the lock: taking in N names one by one then costs O(N) in all, not a copy of the
+/// whole map per name, and a name used often soon needs no lock.
 pub(crate) struct Groups {
-    map: ArcSwap<HashMap<Box<str>, Arc<Group>>>,
+    map: ArcSwap<Map>,
+    recent: Mutex<Recent>,
     /// The `default` group's state: shared by names beyond the tracking limit.
     overflow: Arc<Group>,
     configured: HashMap<Box<str>, GroupSettings>,
     max: usize,
-    insert: Mutex<()>,
     make: Box<MakeGroup>,
 }
+
+/// Groups made since the lock-free map was last copied, and the lookups that took the lock
+/// since then.
+#[derive(Default)]
+struct Recent {
+    map: Map,
+    slow_lookups: usize,
+}
+
+/// Lookups under the lock before the recent names move into the lock-free map, at the least.
+const MERGE_AFTER_MIN: usize = 64;
 
 impl Groups {
     /// A table with the configured groups (and `default`) already in it.
@@ -355,7 +375,7 @@ impl Groups {
     ) -> Groups {
         let default_settings = configured.get(DEFAULT_GROUP).cloned().unwrap_or_default();
         let overflow = make(GroupName::default_group(), &default_settings);
-        let mut map: HashMap<Box<str>, Arc<Group>> = HashMap::new();
+        let mut map = Map::default();
         map.insert(DEFAULT_GROUP.into(), overflow.clone());
         for (name, settings) in &configured {
             if &**name != DEFAULT_GROUP {
@@ -363,7 +383,14 @@ impl Groups {
                 map.insert(name.clone(), group);
             }
         }
-        Groups { map: ArcSwap::from_pointee(map), overflow, configured, max, insert: Mutex::new(()), make }
+        Groups {
+            map: ArcSwap::from_pointee(map),
+            recent: Mutex::new(Recent::default()),
+            overflow,
+            configured,
+            max,
+            make,
+        }
     }
 
     /// The group `name`, made if new; `(group, made)`.
@@ -372,26 +399,45 @@ impl Groups {
         if let Some(g) = self.map.load().get(name) {
             return Ok((g.clone(), false));
         }
-        self.insert(name)
+        self.lookup_locked(name)
+    }
+
+    /// Runs `f` on the group `name`, borrowed, when it is in the lock-free map and has been
+    /// asked for before: the hot case of admitting by name, with no reference count touched.
+    #[inline]
+    pub(crate) fn with_known<R>(&self, name: &str, f: impl FnOnce(&Group) -> R) -> Option<R> {
+        let map = self.map.load();
+        map.get(name).filter(|g| g.is_used()).map(|g| f(g))
     }
 
     #[cold]
-    fn insert(&self, name: &str) -> Result<(Arc<Group>, bool), AcquireError> {
+    fn lookup_locked(&self, name: &str) -> Result<(Arc<Group>, bool), AcquireError> {
         check_group_name(name).map_err(AcquireError::InvalidGroup)?;
-        let _guard = self.insert.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.map.load_full();
         if let Some(g) = current.get(name) {
             return Ok((g.clone(), false));
         }
-        if current.len() >= self.max {
-            return Ok((self.overflow.clone(), false));
+        let (group, made) = match recent.map.get(name) {
+            Some(g) => (g.clone(), false),
+            None if current.len() + recent.map.len() >= self.max => {
+                return Ok((self.overflow.clone(), false));
+            }
+            None => {
+                let settings = self.settings_for(name);
+                let group = (self.make)(GroupName::new(name).map_err(AcquireError::InvalidGroup)?, &settings);
+                recent.map.insert(name.into(), group.clone());
+                (group, true)
+            }
+        };
+        recent.slow_lookups += 1;
+        if recent.slow_lookups >= MERGE_AFTER_MIN.max(current.len() / 4) {
+            let mut next = Map::clone(&current);
+            next.extend(recent.map.drain());
+            recent.slow_lookups = 0;
+            self.map.store(Arc::new(next));
         }
-        let settings = self.settings_for(name);
-        let group = (self.make)(GroupName::new(name).map_err(AcquireError::InvalidGroup)?, &settings);
-        let mut next = HashMap::clone(&current);
-        next.insert(name.into(), group.clone());
-        self.map.store(Arc::new(next));
-        Ok((group, true))
+        Ok((group, made))
     }
 
     /// The settings for `name`: its own, else the `default` group's, else the defaults.
@@ -406,27 +452,36 @@ impl Groups {
 
     /// A group already in the table.
     pub(crate) fn get(&self, name: &str) -> Option<Arc<Group>> {
-        self.map.load().get(name).cloned()
+        if let Some(g) = self.map.load().get(name) {
+            return Some(g.clone());
+        }
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner).map.get(name).cloned()
+    }
+
+    /// Every name and its group, in no order.
+    fn all(&self) -> Vec<(Box<str>, Arc<Group>)> {
+        let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = self.map.load();
+        map.iter().chain(recent.map.iter()).map(|(n, g)| (n.clone(), g.clone())).collect()
     }
 
     /// Every distinct group state, by name (names past the bound share `default`'s).
     pub(crate) fn unique(&self) -> Vec<Arc<Group>> {
-        let map = self.map.load();
-        let mut list: Vec<Arc<Group>> = map.values().cloned().collect();
-        list.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut list: Vec<Arc<Group>> = self.all().into_iter().map(|(_, g)| g).collect();
+        list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         list.dedup_by(|a, b| Arc::ptr_eq(a, b));
         list
     }
 
     /// How many names are in the table.
     pub(crate) fn len(&self) -> usize {
-        self.map.load().len()
+        let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        self.map.load().len() + recent.map.len()
     }
 
     /// Every name and its group.
     pub(crate) fn named(&self) -> Vec<(String, Arc<Group>)> {
-        let mut all: Vec<(String, Arc<Group>)> =
-            self.map.load().iter().map(|(n, g)| (n.to_string(), g.clone())).collect();
+        let mut all: Vec<(String, Arc<Group>)> = self.all().into_iter().map(|(n, g)| (n.into(), g)).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }

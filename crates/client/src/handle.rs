@@ -168,6 +168,15 @@ impl Tollgate {
 
     /// Admits `cost` units for `group` now, or refuses with the time to wait.
     pub fn try_acquire(&self, group: &str, cost: f64) -> Result<Permit<'static>, AcquireError> {
+        // A group used before, as a handle would admit it: a refusal touches no reference
+        // count, an admission takes one for its permit.
+        if !self.unthrottled
+            && let Some(Some(outcome)) = self.inner.groups.with_known(group, |g| {
+                self.inner.try_admit_bucket(g, cost).map(|r| r.map(Permit::into_owned))
+            })
+        {
+            return outcome;
+        }
         let g = self.inner.lookup(group)?;
         self.inner.admit(GroupRef::Owned(g), cost, Duration::ZERO, self.unthrottled).map(|(p, _)| p)
     }

@@ -187,6 +187,35 @@ fn unknown_groups_get_the_default_groups_settings() {
     assert_eq!(extra.name(), "default");
 }
 
+/// New names wait beside the lock-free table until enough lookups needed the lock, then move
+/// into it: every name is found again, counted once and holds its own state, before and
+/// after the move, and the bound counts both.
+#[test]
+fn names_taken_in_one_by_one_are_each_found_again_and_bounded() {
+    let clock = ManualClock::new();
+    let g = gate(
+        "[node]
+max_tracked_groups = 701
+[groups.default]
+limit = 2
+burst = 2
+",
+        &clock,
+    );
+    let names: Vec<String> = (0..700).map(|i| format!("tenant-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        assert!(g.try_acquire(name, 2.0).is_ok(), "{name}: its own burst");
+        assert!(g.try_acquire(name, 1.0).is_err(), "{name}: its own state, spent");
+        // An earlier name, wherever it is now, is the same group still.
+        let earlier = &names[i / 2];
+        assert!(g.try_acquire(earlier, 1.0).is_err(), "{earlier}");
+        assert_eq!(g.stats(earlier).unwrap().admitted, 1, "{earlier}");
+    }
+    assert_eq!(g.all_stats().len(), 701, "700 names and default");
+    // The table is full: a new name shares default's state.
+    assert_eq!(g.group("one-too-many").unwrap().name(), "default");
+}
+
 #[test]
 fn bad_costs_are_errors_and_zero_costs_are_free() {
     let clock = ManualClock::new();

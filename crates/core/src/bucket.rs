@@ -119,6 +119,10 @@ struct Params {
     burst: f64,
 }
 
+/// The largest tolerance: about 146 years of refill. Below it, `now + tolerance` cannot
+/// overflow for any time this process will see.
+const TOLERANCE_MAX_NS: u64 = 1 << 62;
+
 /// The increment of one unit at `ns_per_unit`.
 fn unit_inc(ns_per_unit: f64) -> u64 {
     if ns_per_unit == 0.0 { 0 } else { ceil_u64(ns_per_unit) }
@@ -129,8 +133,12 @@ impl Params {
         assert!(rate >= 0.0 && !rate.is_nan(), "bucket rate must be >= 0, got {rate}");
         assert!(burst >= 0.0 && !burst.is_nan(), "bucket burst must be >= 0, got {burst}");
         let ns_per_unit = if rate == 0.0 { f64::INFINITY } else { 1e9 / rate };
-        // Rounded up like the increments, so a cost equal to the burst always fits.
-        let tolerance_ns = if ns_per_unit.is_infinite() { 0 } else { ceil_u64(burst * ns_per_unit) };
+        // Rounded up like the increments, so a cost equal to the burst always fits; at most
+        // TOLERANCE_MAX_NS, so that the window check holds for any rate: a tolerance that
+        // saturated would admit everything. (Only a rate so low that a unit takes decades
+        // meets the bound, and then the bucket holds less than its burst, never more.)
+        let tolerance_ns =
+            if ns_per_unit.is_infinite() { 0 } else { ceil_u64(burst * ns_per_unit).min(TOLERANCE_MAX_NS) };
         Self { ns_per_unit, tolerance_ns, burst }
     }
 
@@ -534,6 +542,23 @@ mod tests {
         b.set_rate(100.0, 20.0, at_ms(5));
         assert!((b.available(at_ms(5)) - 20.0).abs() < 1e-9);
         assert!(b.try_acquire(20.0, at_ms(5)).is_ok());
+    }
+
+    #[test]
+    fn a_rate_too_low_for_nanoseconds_still_holds_its_burst() {
+        // A unit every 35 years with a burst of 10: 10 units of refill overflow the
+        // nanoseconds a tolerance can count. It admits no more than its burst.
+        for (rate, burst) in [(1e-9, 10.0), (8.9e-10, 100.0), (1e-15, 1.0)] {
+            let b = Bucket::new(rate, burst, Nanos(0));
+            let mut admitted = 0;
+            while b.try_acquire(1.0, Nanos(1_000)).is_ok() && admitted <= 1_000 {
+                admitted += 1;
+            }
+            assert!(admitted as f64 <= burst, "rate {rate}, burst {burst}: {admitted} admitted");
+            let b = Bucket::new(1.0, 1.0, Nanos(0));
+            b.set_rate(rate, burst, Nanos(0));
+            assert!(b.try_acquire(burst + 1.0, Nanos(5)).is_err());
+        }
     }
 
     #[test]
