@@ -403,9 +403,11 @@ pub struct Totals {
 /// admitted units/s, demand, refused requests/s, clients, busy (0 or 1).
 pub type GroupSample = [f32; 6];
 
-/// SipHash with fixed keys: deterministic iteration, so simulations replay from their seed.
-/// Group names are not attacker-chosen keys of an unbounded map here: tracking is bounded.
-type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
+/// foldhash with a fixed seed: deterministic iteration, so simulations replay from their
+/// seed, and several times faster than SipHash on short names (the tick looks every group up
+/// in several maps). Group names are not attacker-chosen keys of an unbounded map here:
+/// tracking is bounded.
+pub(crate) type FixedHasher = foldhash::fast::FixedState;
 
 /// The engine. See the [module documentation](self).
 pub struct Engine {

@@ -212,7 +212,7 @@ impl SaturationSettings {
         expiry: Duration,
         quota: &dyn Fn(&GroupName) -> Option<f64>,
         was_busy: &dyn Fn(&GroupName) -> bool,
-    ) -> HashMap<&'a GroupName, GroupLoad<'a>> {
+    ) -> HashMap<&'a GroupName, GroupLoad<'a>, super::FixedHasher> {
         // A group saturation limited at the last tick keeps counting on a backend down to half
         // the threshold: at low rates its load there comes in whole transactions and dithers
         // around the threshold, and a backend that dropped in and out of its limit would swing
@@ -220,7 +220,7 @@ impl SaturationSettings {
         let threshold = |g: &GroupName| {
             if was_busy(g) { self.limiting_threshold * THRESHOLD_HYSTERESIS } else { self.limiting_threshold }
         };
-        let mut by_group: HashMap<&GroupName, GroupLoad<'_>> = HashMap::new();
+        let mut by_group: HashMap<&GroupName, GroupLoad<'_>, super::FixedHasher> = HashMap::default();
         for (id, b) in backends {
             if now.since(b.seen) > expiry {
                 continue;
