@@ -7,21 +7,32 @@
 //! nothing to report for the engine's idle expiry is no longer reported, and the engine forgets
 //! it (a resumable ramp keeps its value for its TTL).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tollgate_core::config::Config;
 use tollgate_core::demand::DemandMeter;
 use tollgate_core::engine::{ClientId, Engine, EngineSettings};
 use tollgate_core::settings::GroupName;
-use tollgate_core::time::Nanos;
+use tollgate_core::time::{Clock, Nanos};
 
 use crate::group::{Groups, Limiter};
 
 /// This process, as the engine's one client.
 const LOCAL: ClientId = 1;
+
+/// Up to this many groups in use, a group used for the first time is taken in by a full
+/// reallocation at once. From it on, see [`Embedded::take_in`].
+pub(crate) const INTAKE_PASS_MAX: usize = 256;
+
+/// With many groups, the least time between two reallocations run for new groups.
+pub(crate) const INTAKE_SPACING: Duration = Duration::from_millis(10);
+
+/// With many groups, the time between two reallocations run for new groups is at least this
+/// many times what the last one took: they take at most a fifth of the time.
+const INTAKE_COST_FACTOR: u32 = 4;
 
 struct State {
     engine: Engine,
@@ -34,6 +45,10 @@ struct State {
 pub(crate) struct Embedded {
     state: Mutex<State>,
     interval: Duration,
+    /// Groups reported by the last reallocation.
+    in_use: AtomicUsize,
+    /// With many groups, no reallocation for new groups before this time (nanoseconds).
+    intake_after: AtomicU64,
 }
 
 impl Embedded {
@@ -55,12 +70,38 @@ impl Embedded {
         Embedded {
             state: Mutex::new(State { engine, meters: HashMap::new(), last: None }),
             interval: node.realloc_interval,
+            in_use: AtomicUsize::new(0),
+            intake_after: AtomicU64::new(0),
         }
     }
 
     /// How often allowances are recomputed.
     pub(crate) fn interval(&self) -> Duration {
         self.interval
+    }
+
+    /// Takes in a group used for the first time. Up to [`INTAKE_PASS_MAX`] groups in use, by a
+    /// full reallocation at once. With more, one per new group would make taking in N groups
+    /// one by one cost N² (a service keyed by 100,000 tenants), so reallocations for new
+    /// groups are spaced by [`INTAKE_SPACING`] and by four times what the last one took; a
+    /// new group admits by the bucket it was made with (its own limit and burst, as before its
+    /// first reallocation) until then, and the time it is taken in by is returned: the caller
+    /// makes sure a reallocation runs then.
+    pub(crate) fn take_in(&self, now: Nanos, groups: &Groups, clock: &dyn Clock) -> Option<Nanos> {
+        let many = self.in_use.load(Ordering::Relaxed) >= INTAKE_PASS_MAX;
+        if many {
+            let after = self.intake_after.load(Ordering::Relaxed);
+            if now.0 < after {
+                return Some(Nanos(after));
+            }
+        }
+        self.reallocate(now, groups);
+        if many {
+            let done = clock.now();
+            let spacing = INTAKE_SPACING.max(done.since(now) * INTAKE_COST_FACTOR);
+            self.intake_after.store(done.after(spacing).0, Ordering::Relaxed);
+        }
+        None
     }
 
     /// Reports every group's counts, ticks the engine and applies the grants. Skipped if
@@ -75,6 +116,7 @@ impl Embedded {
             state.pass(last.after(self.interval), groups);
         }
         state.pass(now, groups);
+        self.in_use.store(state.meters.len(), Ordering::Relaxed);
     }
 }
 
@@ -85,12 +127,12 @@ impl State {
         let idle = engine.settings().group_idle_expiry;
         // A group nobody has asked for has no client yet (what slow start holds back for).
         let list: Vec<_> = groups.unique().into_iter().filter(|g| g.is_used()).collect();
-        let mut quiet = Vec::new();
+        let mut quiet = HashSet::new();
         for g in &list {
             let counts = g.counts();
             let meter = meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, idle) {
-                quiet.push(g.name.clone());
+                quiet.insert(g.name.clone());
                 continue;
             }
             let granted = Some(g.allowance()).filter(|a| a.is_finite() && *a > 0.0);

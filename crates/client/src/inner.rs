@@ -143,7 +143,12 @@ impl Inner {
     fn on_new_group(&self, group: &Group) {
         let now = self.clock.now();
         match &self.mode {
-            Mode::Embedded(e) => e.reallocate(now, &self.groups),
+            Mode::Embedded(e) => {
+                if let Some(due) = e.take_in(now, &self.groups, &*self.clock) {
+                    // Taken in by the first call from then on.
+                    self.next_tick_ns.fetch_min(due.0, Ordering::Relaxed);
+                }
+            }
             Mode::Remote(link) => link.new_group(group, now),
             Mode::Store(_) => {}
         }

@@ -216,6 +216,34 @@ burst = 2
     assert_eq!(g.group("one-too-many").unwrap().name(), "default");
 }
 
+/// Past 256 groups in use, a new group is not taken in by a reallocation of its own (taking
+/// in N keys one by one would cost N²): it admits by its own limit and burst meanwhile, and
+/// the next call 10 ms on takes in every group that came since.
+#[test]
+fn past_256_groups_new_ones_are_taken_in_together_soon_after() {
+    let clock = ManualClock::new();
+    let g = gate(
+        "[node]\ncapacity = 100000\nmax_tracked_groups = 1000\n[groups.default]\nlimit = 10\nburst = 10\n",
+        &clock,
+    );
+    for i in 0..300 {
+        assert!(g.try_acquire(&format!("tenant-{i}"), 1.0).is_ok());
+    }
+    // The first 256 or so were each taken in at once; the later ones wait, holding their limit.
+    assert!(g.stats("tenant-10").unwrap().allowance > 0.0);
+    let late = g.stats("tenant-299").unwrap();
+    assert_eq!(late.allowance, 0.0, "not taken in yet");
+    for _ in 0..9 {
+        g.try_acquire("tenant-299", 1.0).unwrap();
+    }
+    assert!(g.try_acquire("tenant-299", 1.0).is_err(), "its own burst, no more");
+    clock.advance(Duration::from_millis(10));
+    let _ = g.try_acquire("tenant-0", 1.0);
+    for i in 257..300 {
+        assert!(g.stats(&format!("tenant-{i}")).unwrap().allowance > 0.0, "tenant-{i} taken in");
+    }
+}
+
 #[test]
 fn bad_costs_are_errors_and_zero_costs_are_free() {
     let clock = ManualClock::new();
