@@ -15,7 +15,7 @@ use tollgate_core::time::{Clock, Nanos};
 
 use crate::error::AcquireError;
 use crate::group::{Group, Limiter, micros};
-use crate::inner::{Inner, Mode};
+use crate::inner::Inner;
 use crate::permit::{GroupRef, Permit};
 use crate::tally::{Stash, Tally};
 
@@ -183,9 +183,7 @@ impl Inner {
         refusal: Option<Refusal>,
         now: Nanos,
     ) -> AcquireError {
-        if matches!(self.mode, Mode::Remote(_)) || refusal == Some(Refusal::Closed) {
-            self.refused(g, cost, refusal);
-        }
+        self.refused(g, cost, refusal);
         g.check_debt(now);
         g.record(|t| {
             Tally::bump(&t.throttled, 1);

@@ -166,9 +166,18 @@ impl Inner {
         }
     }
 
-    /// Tells the mode about a refusal: a remote client asks for an exchange.
-    #[cold]
+    /// Tells the mode about a refusal: a remote client asks for an exchange. One comparison
+    /// when the mode does nothing with it (the common refusal, a wait, in embedded or store
+    /// mode).
+    #[inline(always)]
     pub(crate) fn refused(&self, g: &Group, cost: f64, refusal: Option<Refusal>) {
+        if matches!(self.mode, Mode::Remote(_)) || refusal == Some(Refusal::Closed) {
+            self.tell_refused(g, cost, refusal);
+        }
+    }
+
+    #[cold]
+    fn tell_refused(&self, g: &Group, cost: f64, refusal: Option<Refusal>) {
         if matches!(self.mode, Mode::Embedded(_))
             && refusal == Some(Refusal::Closed)
             && g.allowance().is_nan()
