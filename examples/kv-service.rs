@@ -18,8 +18,8 @@
 //! - The service does `--capacity` units of work per second (units are bytes): each request
 //!   holds its slot for `cost ÷ (capacity ÷ concurrency)` seconds. Its actual cost, the value's
 //!   size, settles the permit.
-//! - Every second it reports its utilisation (units/s arriving ÷ capacity, smoothed over 10 s)
-//!   and its busiest tenants' arriving units/s, measured the same way, to the controller,
+//! - Four times a second it reports its utilisation (units/s arriving ÷ capacity, smoothed over
+//!   1 s) and its busiest tenants' arriving units/s, measured the same way, to the controller,
 //!   which limits tenants when the service is saturated.
 //!
 //! API: `PUT /kv/{key}` stores the body; `GET /kv/{key}` returns it; `GET /stats` shows the
@@ -252,7 +252,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ReporterOptions {
             backend_id: format!("kv-{}", o.listen),
             zone: "local".into(),
-            smoothing: Duration::from_secs(10),
             capacity: Some(capacity),
             ..ReporterOptions::default()
         },

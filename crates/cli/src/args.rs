@@ -38,6 +38,9 @@ pub(crate) enum BenchCommand {
     /// How closely remote clients hold limits and reservations, beside a Redis counter per
     /// request. Run it against a test controller: it creates groups and sets the capacity.
     Accuracy(crate::bench::AccuracyArgs),
+    /// How fast the controller reins in a tenant whose surge saturates a real service
+    /// (examples/kv-service): when it is marked busy, the peak utilisation, when it settles.
+    Surge(crate::surge::SurgeArgs),
 }
 
 #[derive(Subcommand)]

@@ -323,13 +323,13 @@ where
     (admitted.load(Ordering::Relaxed) as f64 / seconds, attempts.load(Ordering::Relaxed))
 }
 
-async fn admin_client(server: &str) -> anyhow::Result<v1::admin_client::AdminClient<Channel>> {
+pub(crate) async fn admin_client(server: &str) -> anyhow::Result<v1::admin_client::AdminClient<Channel>> {
     v1::admin_client::AdminClient::connect(server.to_string())
         .await
         .with_context(|| format!("cannot reach the tollgate server at {server}"))
 }
 
-async fn put(
+pub(crate) async fn put(
     admin: &mut v1::admin_client::AdminClient<Channel>,
     name: &str,
     patch: v1::GroupPatch,

@@ -19,6 +19,7 @@ mod rls;
 mod server;
 mod sim;
 mod sql;
+mod surge;
 mod token;
 mod usage;
 
@@ -108,6 +109,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match cmd {
                 BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
                 BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
+                BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
             }
             Ok(ExitCode::SUCCESS)
         }

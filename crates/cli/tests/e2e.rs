@@ -331,3 +331,55 @@ async fn the_service_takes_soft_quotas_from_the_controller_and_compacts_in_the_b
     println!("under a soft quota: {statuses:?}");
     assert!(ok >= 1 && refused >= 1 && ok + refused == 10, "{statuses:?}");
 }
+
+/// `tollgate bench surge`, the load program that measures how fast a surge is reined in, runs
+/// against the real service and prints its figures (a short run: what it measures is in
+/// BENCHMARKS.md, not asserted here).
+#[test]
+fn bench_surge_drives_the_service_and_prints_its_figures() {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-surge");
+    let _ = std::fs::remove_dir_all(&data);
+    let (_server, grpc) =
+        start(server_command(&data, "127.0.0.1:0").args(["--ignore-worst-zones", "0"]), "grpc ");
+    let url = format!("http://{grpc}");
+    let (_kv, kv_addr) = start_kv(&url, &["--concurrency", "4"]);
+    let out = Command::new(BIN)
+        .args(["bench", "surge", "--server", &url, "--service", &kv_addr, "--before", "1", "--duration", "3"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for line in
+        ["bronze marked busy:", "peak utilisation:", "within 5 % of 1 from:", "median latency (surge):"]
+    {
+        assert!(text.contains(line), "{line} missing from {text}");
+    }
+    // Both tenants were served during the surge: the program drove the real service.
+    let answers = text.lines().find(|l| l.starts_with("answers (surge):")).unwrap();
+    let stored: Vec<u64> =
+        answers.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse().ok()).collect();
+    assert!(stored.len() == 4 && stored[0] > 0 && stored[2] > 0, "{answers}");
+    // The groups it made are the controller's own.
+    let list = Command::new(BIN).args(["group", "list"]).env("TOLLGATE_SERVER", &url).output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.contains("gold") && list.contains("bronze"), "{list}");
+    // A service that is not there is named.
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "surge",
+            "--server",
+            &url,
+            "--service",
+            "127.0.0.1:1",
+            "--before",
+            "1",
+            "--duration",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read http://127.0.0.1:1/stats"));
+}

@@ -1,18 +1,26 @@
-//! The backend reporter: a backend tells the controller, every second, how loaded it is and
-//! which groups load it most, so that the controller's saturation limiting can act.
+//! The backend reporter: a backend tells the controller, four times a second by default, how
+//! loaded it is and which groups load it most, so that the controller's saturation limiting can
+//! act.
 //!
-//! Record work as it arrives with [`BackendReporter::record`]; a background task keeps each
-//! group's units/s smoothed (FoundationDB's smoother, `smoothing` folding time) and sends the
-//! `top_k` busiest groups at or above `threshold`, with the backend's health: the smoothed total
-//! ÷ `capacity` when a capacity is given (one consistent measurement, as the controller's
-//! control law wants), or whatever the application's function returns (queue bytes, say). A controller that cannot be reached is retried at the next interval; the
-//! controller itself stops using a backend's report once it is older than its report expiry.
+//! Record work as it arrives with [`BackendReporter::record`]; a background task measures each
+//! group's units/s over each report's window and smooths it (an exponential average with the
+//! `smoothing` folding time), and sends the `top_k` busiest groups at or above `threshold`, with
+//! the backend's health: the smoothed total ÷ `capacity` when a capacity is given (one
+//! consistent measurement, as the controller's control law wants), or whatever the
+//! application's function returns (queue bytes, say). A controller that cannot be reached is
+//! retried at the next interval; the controller itself stops using a backend's report once it
+//! is older than its report expiry.
+//!
+//! How soon the controller sees a saturation is the report interval plus about the folding
+//! time: with the defaults (250 ms, 1 s) a surge to 1.6 times a service's capacity is limited
+//! within two seconds (`scripts/bench-surge.sh`, BENCHMARKS.md). FoundationDB smooths its
+//! storage servers' rates over 10 s; a load measured as a rate and smoothed that long takes
+//! about six seconds to show a surge, during which the surge runs unlimited.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tollgate_core::smooth::Smoother;
 use tollgate_core::time::Clock;
 use tollgate_proto::v1::{self, backend_client::BackendClient};
 
@@ -32,15 +40,15 @@ pub struct ReporterOptions {
     pub backend_id: String,
     /// Its failure domain (1 to 255 bytes).
     pub zone: String,
-    /// How often to report.
+    /// How often to report (default 250 ms).
     pub interval: Duration,
     /// Report at most this many groups (the busiest).
     pub top_k: usize,
     /// Report only groups with at least this many units/s.
     pub threshold: f64,
-    /// Folding time of the per-group load smoothers (FoundationDB smooths over 10 s). The
-    /// load reported and the utilisation derived from it use the same smoothing, so the
-    /// controller sees one consistent picture (docs/control.md).
+    /// Folding time of the per-group load averages (default 1 s; longer is steadier and slower
+    /// to show a surge). The load reported and the utilisation derived from it use the same
+    /// smoothing, so the controller sees one consistent picture (docs/control.md).
     pub smoothing: Duration,
     /// The backend's capacity in units/s: when set, the health reported is the smoothed
     /// load ÷ capacity, and the health function is not used.
@@ -54,10 +62,10 @@ impl Default for ReporterOptions {
         Self {
             backend_id: "backend".into(),
             zone: "zone".into(),
-            interval: Duration::from_secs(1),
+            interval: Duration::from_millis(250),
             top_k: 10,
             threshold: 0.0,
-            smoothing: Duration::from_secs(10),
+            smoothing: Duration::from_secs(1),
             capacity: None,
             access: crate::access::Access::default(),
         }
@@ -100,7 +108,8 @@ impl BackendReporter {
         let folding = opts.smoothing.as_secs_f64().max(1e-3);
         tokio::spawn(async move {
             let clock = crate::clock::TokioClock::new();
-            let mut smoothers: HashMap<String, Smoother> = HashMap::new();
+            let mut last = clock.now();
+            let mut rates: HashMap<String, f64> = HashMap::new();
             let mut current = 0usize;
             let mut ticker = tokio::time::interval(opts.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -110,15 +119,15 @@ impl BackendReporter {
                     _ = ticker.tick() => {}
                     _ = stopped.changed() => return,
                 }
-                let window = std::mem::take(&mut *taken.lock().unwrap_or_else(PoisonError::into_inner));
+                let mut window = std::mem::take(&mut *taken.lock().unwrap_or_else(PoisonError::into_inner));
                 let now = clock.now();
-                for (group, units) in window {
-                    smoothers.entry(group).or_insert_with(|| Smoother::new(folding)).add_delta(now, units);
+                let elapsed = now.since(last).as_secs_f64();
+                last = now;
+                if elapsed <= 0.0 {
+                    continue;
                 }
-                let mut loads: Vec<(String, f64)> =
-                    smoothers.iter_mut().map(|(g, s)| (g.clone(), s.smooth_rate(now).max(0.0))).collect();
-                // Forget groups whose load has died away.
-                smoothers.retain(|_, s| s.smooth_rate(now) > 1e-6);
+                fold_window(&mut rates, &mut window, elapsed, folding);
+                let mut loads: Vec<(String, f64)> = rates.iter().map(|(g, r)| (g.clone(), *r)).collect();
                 let total: f64 = loads.iter().map(|l| l.1).sum();
                 loads.retain(|(_, r)| *r >= opts.threshold);
                 loads.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -171,5 +180,64 @@ impl BackendReporter {
                 .entry(group.to_string())
                 .or_insert(0.0) += units;
         }
+    }
+}
+
+/// Folds one report window into each group's smoothed load: the window's own rate (its units
+/// over its length) moves the smoothed rate by `1 − e^(−Δt/τ)` of the gap. Adding the whole
+/// window to a running-total smoother at the moment of the report instead would read the
+/// window's units as if they had all just arrived: a rate too high by `(Δt/τ) / (1 − e^(−Δt/τ))`,
+/// 1.58 times for a window as long as the folding time. Groups whose load has died away are
+/// forgotten.
+fn fold_window(
+    rates: &mut HashMap<String, f64>,
+    window: &mut HashMap<String, f64>,
+    elapsed: f64,
+    folding: f64,
+) {
+    let keep = 1.0 - (-elapsed / folding).exp();
+    for (group, rate) in rates.iter_mut() {
+        let units = window.remove(group).unwrap_or(0.0);
+        *rate += (units / elapsed - *rate) * keep;
+    }
+    for (group, units) in window.drain() {
+        rates.insert(group, units / elapsed * keep);
+    }
+    rates.retain(|_, r| *r > 1e-6);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Steady work reported in windows as long as the folding time settles on its true rate.
+    #[test]
+    fn a_steady_load_is_reported_at_its_rate_whatever_the_window() {
+        for (window_s, folding_s) in [(1.0, 1.0), (0.25, 1.0), (1.0, 10.0), (2.0, 0.5)] {
+            let mut rates = HashMap::new();
+            for _ in 0..(200.0 / window_s) as usize {
+                let mut window = HashMap::from([("g".to_string(), 500.0 * window_s)]);
+                fold_window(&mut rates, &mut window, window_s, folding_s);
+            }
+            let r = rates["g"];
+            assert!(
+                (r - 500.0).abs() < 1e-3,
+                "{r} units/s for 500, window {window_s} s, folding {folding_s} s"
+            );
+        }
+    }
+
+    /// A group that stops bringing work fades and is forgotten; a new one starts from its
+    /// first window's share.
+    #[test]
+    fn a_load_that_stops_fades_and_a_new_one_rises() {
+        let mut rates = HashMap::new();
+        fold_window(&mut rates, &mut HashMap::from([("a".to_string(), 100.0)]), 1.0, 1.0);
+        let first = rates["a"];
+        assert!((first - 100.0 * (1.0 - (-1.0f64).exp())).abs() < 1e-9, "{first}");
+        for _ in 0..40 {
+            fold_window(&mut rates, &mut HashMap::new(), 1.0, 1.0);
+        }
+        assert!(rates.is_empty(), "{rates:?}");
     }
 }

@@ -1,0 +1,301 @@
+//! `tollgate bench surge`: how fast the controller reins in a tenant whose surge saturates a
+//! real service, measured the way an operator watches it.
+//!
+//! Two tenants write 4 KiB values to a service protected by Tollgate (examples/kv-service):
+//! `gold`, reserved 200,000 units/s at high priority, asks 40 values/s throughout; `bronze`,
+//! limited to 100,000 units/s at low priority, asks 60/s. Then bronze's limit is lifted and it
+//! asks `--surge` values/s, beyond the service's capacity. Every 100 ms the program reads the
+//! controller's status (is bronze busy, its target) and the service's utilisation; it prints a
+//! line a second and then the figures: when bronze was marked busy, the peak utilisation, from
+//! when on the utilisation stayed within 5 % of 1, and each tenant's median latency.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate_client::clock::TokioClock;
+use tollgate_core::time::{Clock, Nanos};
+use tollgate_proto::v1;
+
+/// Prints one formatted line (see [`crate::say`]).
+macro_rules! say {
+    ($($t:tt)*) => {
+        crate::say(format!($($t)*))
+    };
+}
+
+/// `tollgate bench surge` arguments.
+#[derive(Args, Debug)]
+pub struct SurgeArgs {
+    /// The controller (a test controller: this creates or replaces the groups `gold` and
+    /// `bronze`).
+    #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
+    server: String,
+    /// The service's HTTP address (host:port): an examples/kv-service following this
+    /// controller.
+    #[arg(long)]
+    service: SocketAddr,
+    /// Seconds before the surge, with bronze held at its limit.
+    #[arg(long, default_value_t = 6.0, value_parser = seconds)]
+    before: f64,
+    /// Seconds of the surge.
+    #[arg(long, default_value_t = 20.0, value_parser = seconds)]
+    duration: f64,
+    /// Values per second bronze asks during the surge (4 KiB each; 400 is 1.6 times a service
+    /// of 1 MB/s).
+    #[arg(long, default_value_t = 400.0, value_parser = rate)]
+    surge: f64,
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    ranged(s, "seconds", 1.0, 3600.0)
+}
+
+fn rate(s: &str) -> Result<f64, String> {
+    ranged(s, "values per second", 1.0, 5000.0)
+}
+
+/// A number of `what` from `lo` to `hi`.
+fn ranged(s: &str, what: &str, lo: f64, hi: f64) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("expected {what}, got {s:?}"))?;
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("must be {lo} to {hi}, got {v}"))
+    }
+}
+
+/// The size of each value written.
+const VALUE_BYTES: usize = 4096;
+/// Requests in flight at most; past it a request is not sent (and counted).
+const IN_FLIGHT_MAX: usize = 8000;
+/// How often the controller and the service are read.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// One answered request: when it was sent (seconds since the start), its tenant, its HTTP
+/// status and how long it took.
+struct Answer {
+    at: f64,
+    tenant: &'static str,
+    status: u16,
+    latency: f64,
+}
+
+/// One reading: seconds since the surge began, bronze busy, its target, the service's
+/// utilisation.
+struct Reading {
+    at: f64,
+    busy: bool,
+    target: Option<f64>,
+    utilisation: f64,
+}
+
+struct Load {
+    service: SocketAddr,
+    clock: TokioClock,
+    start: Nanos,
+    answers: Mutex<Vec<Answer>>,
+    in_flight: AtomicUsize,
+    not_sent: AtomicUsize,
+    failed: AtomicUsize,
+}
+
+impl Load {
+    fn secs(&self) -> f64 {
+        self.clock.now().since(self.start).as_secs_f64()
+    }
+
+    async fn put(self: Arc<Self>, tenant: &'static str, key: u64) {
+        let at = self.secs();
+        let status = http_status(self.service, &put_request(self.service, tenant, key)).await;
+        let latency = self.secs() - at;
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        match status {
+            Some(status) => self.answers.lock().unwrap().push(Answer { at, tenant, status, latency }),
+            None => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Offers `per_s` values a second for `tenant` until `until` (seconds since the start),
+    /// open loop: each request is sent when due, whatever the earlier ones are doing.
+    async fn offer(self: Arc<Self>, tenant: &'static str, per_s: f64, until: f64) {
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let mut owed = 0.0;
+        let mut key = 0u64;
+        while self.secs() < until {
+            tick.tick().await;
+            owed += per_s / 100.0;
+            while owed >= 1.0 {
+                owed -= 1.0;
+                key += 1;
+                if self.in_flight.fetch_add(1, Ordering::Relaxed) >= IN_FLIGHT_MAX {
+                    self.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    self.not_sent.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                tokio::spawn(self.clone().put(tenant, key % 10_000));
+            }
+        }
+    }
+}
+
+fn put_request(service: SocketAddr, tenant: &str, key: u64) -> Vec<u8> {
+    let mut r = format!(
+        "PUT /kv/{tenant}-{key} HTTP/1.1\r\nHost: {service}\r\nx-tollgate-group: {tenant}\r\nContent-Length: {VALUE_BYTES}\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    r.resize(r.len() + VALUE_BYTES, b'v');
+    r
+}
+
+/// Sends `request` and reads the whole answer; its status code, or `None` on any failure.
+async fn http_status(service: SocketAddr, request: &[u8]) -> Option<u16> {
+    let answer = http(service, request).await?;
+    answer.split(|&b| b == b' ').nth(1).and_then(|code| std::str::from_utf8(code).ok()?.parse().ok())
+}
+
+async fn http(service: SocketAddr, request: &[u8]) -> Option<Vec<u8>> {
+    let work = async {
+        let mut s = tokio::net::TcpStream::connect(service).await.ok()?;
+        s.write_all(request).await.ok()?;
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await.ok()?;
+        Some(answer)
+    };
+    tokio::time::timeout(Duration::from_secs(60), work).await.ok().flatten()
+}
+
+/// The service's utilisation from its `/stats`.
+async fn utilisation(service: SocketAddr) -> Option<f64> {
+    let request = format!("GET /stats HTTP/1.1\r\nHost: {service}\r\nConnection: close\r\n\r\n");
+    let answer = http(service, request.as_bytes()).await?;
+    let body = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|i| &answer[i + 4..])?;
+    let stats: serde_json::Value = serde_json::from_slice(body).ok()?;
+    stats["utilisation"].as_f64()
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// Runs the surge and prints what it saw.
+pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
+    let mut admin = crate::bench::admin_client(&a.server).await?;
+    let high = u32::from(tollgate_core::settings::Priority::HIGH.level());
+    let low = u32::from(tollgate_core::settings::Priority::LOW.level());
+    let gold = v1::GroupPatch { reserved: Some(200_000.0), priority: Some(high), ..Default::default() };
+    let bronze = v1::GroupPatch { limit: Some(100_000.0), priority: Some(low), ..Default::default() };
+    crate::bench::put(&mut admin, "gold", gold).await?;
+    crate::bench::put(&mut admin, "bronze", bronze).await?;
+    utilisation(a.service).await.with_context(|| format!("cannot read http://{}/stats", a.service))?;
+
+    let clock = TokioClock::new();
+    let load = Arc::new(Load {
+        service: a.service,
+        start: clock.now(),
+        clock,
+        answers: Mutex::default(),
+        in_flight: AtomicUsize::new(0),
+        not_sent: AtomicUsize::new(0),
+        failed: AtomicUsize::new(0),
+    });
+    let end = a.before + a.duration;
+    let gold_load = tokio::spawn(load.clone().offer("gold", 40.0, end));
+    let bronze_before = tokio::spawn(load.clone().offer("bronze", 60.0, a.before));
+    say!(
+        "{:.0} s with bronze held at 100,000 units/s, then {} values/s for {:.0} s",
+        a.before,
+        a.surge,
+        a.duration
+    );
+    tokio::time::sleep(Duration::from_secs_f64(a.before)).await;
+    bronze_before.await?;
+    let lifted = v1::GroupPatch { unlimited: true, ..Default::default() };
+    crate::bench::put(&mut admin, "bronze", lifted).await?;
+    let surge_at = load.secs();
+    let bronze_load = tokio::spawn(load.clone().offer("bronze", a.surge, end));
+
+    say!("{:>5}  {:>6}  {:>12}  {:>11}", "s", "busy", "target", "utilisation");
+    let mut readings = Vec::new();
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    let mut printed = 0;
+    while load.secs() < end {
+        tick.tick().await;
+        let at = load.secs() - surge_at;
+        let status = admin
+            .status(v1::StatusRequest { page_size: 100, page_token: String::new() })
+            .await
+            .map_err(|s| anyhow::anyhow!("status: {}", s.message()))?
+            .into_inner();
+        let group = status.groups.iter().find(|g| g.name == "bronze");
+        let Some(u) = utilisation(a.service).await else { continue };
+        let reading = Reading {
+            at,
+            busy: group.is_some_and(|g| g.busy),
+            target: group.and_then(|g| g.target),
+            utilisation: u,
+        };
+        if at >= printed as f64 {
+            printed += 1;
+            let target = reading.target.map_or("none".into(), |t| format!("{t:.0}"));
+            say!("{:>5.1}  {:>6}  {:>12}  {:>11.3}", reading.at, reading.busy, target, reading.utilisation);
+        }
+        readings.push(reading);
+    }
+    gold_load.await?;
+    bronze_load.await?;
+    // Let the requests in flight finish (bounded: each has its own deadline).
+    for _ in 0..600 {
+        if load.in_flight.load(Ordering::Relaxed) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let busy_after = readings.iter().find(|r| r.busy).map(|r| r.at);
+    let peak = readings.iter().map(|r| r.utilisation).fold(0.0, f64::max);
+    // From when on every reading stayed within 5 % of 1.
+    let settled_from = match readings.iter().rposition(|r| (r.utilisation - 1.0).abs() > 0.05) {
+        Some(i) if i + 1 < readings.len() => Some(readings[i + 1].at),
+        Some(_) => None,
+        None => readings.first().map(|r| r.at),
+    };
+    let answers = load.answers.lock().unwrap();
+    let latency = |tenant: &str| {
+        median(
+            answers
+                .iter()
+                .filter(|x| x.tenant == tenant && x.status == 204 && x.at >= surge_at)
+                .map(|x| x.latency)
+                .collect(),
+        )
+    };
+    let count = |tenant: &str, status: u16| {
+        answers.iter().filter(|x| x.tenant == tenant && x.status == status && x.at >= surge_at).count()
+    };
+    let secs = |v: Option<f64>| v.map_or("never".into(), |v| format!("{v:.1} s"));
+    let ms = |v: Option<f64>| v.map_or("none".into(), |v| format!("{:.1} ms", v * 1e3));
+    say!("bronze marked busy:       {} after the surge began", secs(busy_after));
+    say!("peak utilisation:         {peak:.3}");
+    say!("within 5 % of 1 from:     {}", secs(settled_from));
+    say!("median latency (surge):   gold {}, bronze {}", ms(latency("gold")), ms(latency("bronze")));
+    say!(
+        "answers (surge):          gold {} stored, {} refused; bronze {} stored, {} refused",
+        count("gold", 204),
+        count("gold", 429),
+        count("bronze", 204),
+        count("bronze", 429)
+    );
+    let (failed, not_sent) = (load.failed.load(Ordering::Relaxed), load.not_sent.load(Ordering::Relaxed));
+    if failed + not_sent > 0 {
+        say!("requests failed: {failed}, not sent (over {IN_FLIGHT_MAX} in flight): {not_sent}");
+    }
+    Ok(())
+}

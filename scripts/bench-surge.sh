@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A surge against a real service: a controller, examples/kv-service (1 MB/s, 4 slots) following
+# it, and `tollgate bench surge`, which lifts bronze's limit and has it ask 1.6 times the
+# service's capacity. Prints when bronze was marked busy, the peak utilisation and from when
+# the utilisation stayed within 5 % of 1.
+# Usage: scripts/bench-surge.sh [extra `bench surge` options]  (builds the release binaries;
+# KV=path runs another build of the service, an older one say, beside this one)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p tollgate-cli
+cargo build --release -q -p tollgate-client --example kv-service
+BIN=target/release/tollgate
+KV=${KV:-target/release/examples/kv-service}
+DATA=$(mktemp -d)
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+GRPC=127.0.0.1:$(free_port)
+HTTP=127.0.0.1:$(free_port)
+SERVICE=127.0.0.1:$(free_port)
+cleanup() {
+  kill "${KV_PID:-}" "${SERVER:-}" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$DATA"
+}
+trap cleanup EXIT
+# One service, one zone: no zone to ignore.
+"$BIN" server --data "$DATA" --grpc "$GRPC" --http "$HTTP" --ignore-worst-zones 0 >"$DATA/server.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 100); do "$BIN" status --server "http://$GRPC" >/dev/null 2>&1 && break; sleep 0.1; done
+"$KV" --controller "http://$GRPC" --listen "$SERVICE" --capacity 1000000 --concurrency 4 >"$DATA/kv.log" 2>&1 &
+KV_PID=$!
+for _ in $(seq 100); do grep -q "listening on" "$DATA/kv.log" && break; sleep 0.1; done
+"$BIN" bench surge --server "http://$GRPC" --service "$SERVICE" "$@"
