@@ -41,6 +41,9 @@ pub(crate) enum BenchCommand {
     /// How fast the controller reins in a tenant whose surge saturates a real service
     /// (examples/kv-service): when it is marked busy, the peak utilisation, when it settles.
     Surge(crate::surge::SurgeArgs),
+    /// How long saturation limiting takes to settle after a demand step, a lifted quota and a
+    /// capacity cut, in simulated seconds, beside a plain multiplicative law.
+    Converge(crate::converge::ConvergeArgs),
 }
 
 #[derive(Subcommand)]
@@ -236,9 +239,10 @@ pub(crate) struct ServerArgs {
     #[arg(long, default_value_t = 200e6)]
     pub(crate) queue_spring_bytes: f64,
     /// How saturation limits a group: `rate` (its own load × the backend's ratio,
-    /// FoundationDB 7.4) or `quota` (the backend's limiting cost shared by the groups' limits,
-    /// FoundationDB 7.3).
-    #[arg(long, default_value = "rate", value_parser = ["rate", "quota"])]
+    /// FoundationDB 7.4), `quota` (the backend's limiting cost shared by the groups' limits,
+    /// FoundationDB 7.3) or `multiplicative` (its previous limit × the ratio: a plain
+    /// controller, for comparison).
+    #[arg(long, default_value = "rate", value_parser = ["rate", "quota", "multiplicative"])]
     pub(crate) limiting_law: String,
     /// Over how long a remote client takes up a grant whose rate rises, in milliseconds
     /// (TiDB's trickle); a fall applies at once. 0: at once.

@@ -13,6 +13,7 @@ mod args;
 mod bench;
 mod calibrate;
 mod check;
+mod converge;
 pub mod fuzzing;
 mod ramp;
 mod rls;
@@ -110,6 +111,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
                 BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
                 BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
+                BenchCommand::Converge(args) => converge::converge(args)?,
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -208,6 +208,26 @@ fn a_malformed_scenario_exits_2_naming_key_and_line() {
     assert!(!PathBuf::from("sim-out/bad").exists(), "nothing written for a malformed scenario");
 }
 
+/// `tollgate bench converge` runs the three shifts under both laws, in virtual time, and prints
+/// one row each; the rate law settles in every shift.
+#[test]
+fn bench_converge_prints_each_shift_under_both_laws() {
+    let (code, out, err) = tollgate(&["bench", "converge"]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 6, "{out}");
+    for shift in ["demand step", "quota lifted", "capacity cut"] {
+        let rate = rows.iter().find(|r| r.starts_with(shift) && r.contains(" rate ")).expect(shift);
+        assert!(!rate.contains("not in"), "{rate}");
+        assert!(rows.iter().any(|r| r.starts_with(shift) && r.contains(" multiplicative ")), "{out}");
+    }
+    // The same seed, the same figures: the runs are in virtual time.
+    assert_eq!(tollgate(&["bench", "converge"]).1, out);
+    let (code, _, err) = tollgate(&["bench", "converge", "--seed", "x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--seed"), "{err}");
+}
+
 #[test]
 fn ramp_prints_each_epoch_as_the_design_tables_do() {
     // Numaflow's go_back_n table with gaps (cool-down 1 s, ramp-down 50 %).

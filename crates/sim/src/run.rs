@@ -178,6 +178,10 @@ fn apply(action: &Action, controller: &Controller, world: &mut World) {
             world.settle(group, *units);
             Ok(())
         }
+        Action::SetClients { group, rate } => {
+            world.set_client_rate(group, *rate);
+            Ok(())
+        }
     };
     result.expect("a store in memory does not fail");
 }

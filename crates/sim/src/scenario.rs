@@ -139,6 +139,14 @@ pub enum Action {
         /// Units beyond the admitted cost, per client.
         units: f64,
     },
+    /// Every client of a group attempts a new number of requests per second: a step in
+    /// demand.
+    SetClients {
+        /// The group.
+        group: GroupName,
+        /// Requests per second each client attempts from then on.
+        rate: f64,
+    },
 }
 
 /// A phase: actions, then expectations to hold.
@@ -196,6 +204,8 @@ pub const BACKENDS_MAX: usize = 10_000;
 /// The most (client, backend) links, and (group, backend) pairs, a scenario may have: what a
 /// run keeps in memory grows with them.
 pub const LINKS_MAX: usize = 2_000_000;
+/// Requests per second one simulated client may attempt at most.
+pub const CLIENT_RATE_MAX: f64 = 100_000.0;
 
 impl Scenario {
     /// Parses a scenario, reporting every problem with its line and key.
@@ -457,7 +467,7 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     {
         match LimitingLaw::from_name(name) {
             Some(law) => c.limiting_law = law,
-            None => r.error(v.span(), p, format!("must be rate or quota, got {name:?}")),
+            None => r.error(v.span(), p, format!("must be rate, quota or multiplicative, got {name:?}")),
         }
     }
     if c.queue_spring_bytes > c.queue_target_bytes {
@@ -544,7 +554,7 @@ fn clients(
         None => 1,
     };
     let rate = match f.take("rate") {
-        Some((p, v)) => r.positive(&p, v),
+        Some((p, v)) => client_rate(r, &p, v),
         None => {
             r.error(v.span(), format!("{path}.rate"), "is required (requests/s each client attempts)");
             None
@@ -691,14 +701,40 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
             };
             r.finish(sf, "group, units");
             Some(Action::Settle { group: group?, units: units? })
+        } else if let Some((p, v)) = f.take("set_clients") {
+            let mut cf = r.fields(&p, v)?;
+            let group = take_group(r, &mut cf, &p, v);
+            let rate = match cf.take("rate") {
+                Some((rp, rv)) => client_rate(r, &rp, rv),
+                None => {
+                    r.error(v.span(), format!("{p}.rate"), "is required");
+                    None
+                }
+            };
+            r.finish(cf, "group, rate");
+            Some(Action::SetClients { group: group?, rate: rate? })
         } else {
-            r.error(v.span(), path, "must hold one of set_backend, set_group, remove_group or settle");
+            r.error(
+                v.span(),
+                path,
+                "must hold one of set_backend, set_group, remove_group, settle or set_clients",
+            );
             None
         }
     };
     let result = read(r);
-    r.finish(f, "set_backend, set_group, remove_group, settle");
+    r.finish(f, "set_backend, set_group, remove_group, settle, set_clients");
     result
+}
+
+/// Requests per second a client attempts: above 0, at most [`CLIENT_RATE_MAX`].
+fn client_rate(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<f64> {
+    let rate = r.positive(path, v)?;
+    if rate > CLIENT_RATE_MAX {
+        r.error(v.span(), path, format!("must be at most {CLIENT_RATE_MAX} requests/s, got {rate}"));
+        return None;
+    }
+    Some(rate)
 }
 
 /// The `group` key of an action: a valid group name.
@@ -962,6 +998,36 @@ mod tests {
     }
 
     #[test]
+    fn a_demand_step_is_read_and_its_rate_checked() {
+        let ok = Scenario::parse(&phase("[[phase.action]]\nset_clients = { group = \"g\", rate = 20 }\n"))
+            .unwrap();
+        assert_eq!(
+            ok.phases[0].actions,
+            [Action::SetClients { group: GroupName::new("g").unwrap(), rate: 20.0 }]
+        );
+        for (action, expected) in [
+            ("set_clients = { group = \"g\" }", "phase[0].action[0].set_clients.rate: is required"),
+            ("set_clients = { group = \"g\", rate = 0 }", "set_clients.rate: must be above 0, got 0"),
+            (
+                "set_clients = { group = \"g\", rate = 1e9 }",
+                "set_clients.rate: must be at most 100000 requests/s",
+            ),
+            (
+                "set_clients = { rate = 5, speed = 1 }",
+                "set_clients.speed: unknown field; expected one of group, rate",
+            ),
+        ] {
+            let bad =
+                Scenario::parse(&phase(&format!("[[phase.action]]\n{action}\n"))).unwrap_err().to_string();
+            assert!(bad.contains(expected), "{expected}\n{bad}");
+        }
+        let bad = Scenario::parse("name = \"x\"\n[[client]]\ngroup = \"g\"\nrate = 200000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("client[0].rate: must be at most 100000 requests/s, got 200000"), "{bad}");
+    }
+
+    #[test]
     fn broken_rules_and_unknown_keys_are_reported_by_line() {
         let src = phase("[[phase.action]]\nset_group = { name = \"g\", limit = 5 }\nspeed = 1\n");
         let errors = Scenario::parse(&src).unwrap_err().0;
@@ -970,7 +1036,7 @@ mod tests {
             got,
             [
                 "line 17: phase[0].action[0].set_group.reserved: must not exceed limit (10 > 5)",
-                "line 18: phase[0].action[0].speed: unknown field; expected one of set_backend, set_group, remove_group, settle",
+                "line 18: phase[0].action[0].speed: unknown field; expected one of set_backend, set_group, remove_group, settle, set_clients",
             ]
         );
     }

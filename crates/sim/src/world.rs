@@ -198,4 +198,12 @@ impl World {
             }
         }
     }
+
+    /// Every client of `group` attempts `rate` requests per second from now on.
+    pub fn set_client_rate(&mut self, group: &GroupName, rate: f64) {
+        let Some(g) = self.groups.iter().position(|n| n == group) else { return };
+        for c in self.clients.iter_mut().filter(|c| c.group == g) {
+            c.rate = rate;
+        }
+    }
 }

@@ -141,3 +141,27 @@ fn low_rates_settle_within_five_percent() {
         assert!((target - 1.6667).abs() <= 0.05 * 1.6667, "t={} target {target}", sample.t);
     }
 }
+
+/// After each shift of the convergence scenarios, the rate law settles within 5 % sooner than
+/// a plain multiplicative law (which multiplies its previous limit by the same ratio), and
+/// within 15 simulated seconds.
+#[test]
+fn the_rate_law_settles_sooner_than_a_plain_multiplicative_one() {
+    use tollgate_core::engine::LimitingLaw;
+    for name in ["converge-demand-step", "converge-quota-change", "converge-capacity-change"] {
+        let settled = |law| {
+            let mut s = load(name);
+            s.controller.limiting_law = law;
+            let outcome = run(&s, s.seed);
+            assert!(outcome.phases[0].passed, "{name} under {law:?}: no starting point");
+            let hold = f64::from(s.phases[1].hold_checks);
+            outcome.phases.get(1).and_then(|p| p.converged_s).map(|c| c - hold)
+        };
+        let rate = settled(LimitingLaw::Rate).unwrap_or_else(|| panic!("{name}: the rate law never settled"));
+        assert!(rate <= 15.0, "{name}: the rate law took {rate} s");
+        match settled(LimitingLaw::Multiplicative) {
+            Some(m) => assert!(rate < m, "{name}: rate law {rate} s, multiplicative {m} s"),
+            None => println!("{name}: rate law {rate} s, the multiplicative law never settled"),
+        }
+    }
+}

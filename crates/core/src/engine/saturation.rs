@@ -36,7 +36,8 @@ pub struct SaturationSettings {
     pub law: LimitingLaw,
 }
 
-/// How saturation limits a group (FoundationDB tried both).
+/// How saturation limits a group (FoundationDB tried the first two; the third is the textbook
+/// baseline they improve on, kept to measure them against).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LimitingLaw {
     /// The group's own load times the backend's ratio (FoundationDB 7.4): every group busy on
@@ -47,24 +48,29 @@ pub enum LimitingLaw {
     /// busy on it in proportion to their limits (FoundationDB 7.3). A group without a limit
     /// has no share and is not limited this way.
     Quota,
+    /// The group's previous limiting rate times the backend's ratio (its load the first time):
+    /// a plain multiplicative controller, which integrates the error instead of aiming at the
+    /// sustainable load. Slower to settle and prone to overshoot; `tollgate bench converge`
+    /// runs it beside `rate` (docs/control.md).
+    Multiplicative,
 }
 
 impl LimitingLaw {
-    /// Its name in settings: `rate` or `quota`.
+    /// Every law, in the order of their names.
+    pub const ALL: [LimitingLaw; 3] = [LimitingLaw::Rate, LimitingLaw::Quota, LimitingLaw::Multiplicative];
+
+    /// Its name in settings: `rate`, `quota` or `multiplicative`.
     pub fn name(self) -> &'static str {
         match self {
             LimitingLaw::Rate => "rate",
             LimitingLaw::Quota => "quota",
+            LimitingLaw::Multiplicative => "multiplicative",
         }
     }
 
-    /// Parses `rate` or `quota`.
+    /// Parses `rate`, `quota` or `multiplicative`.
     pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "rate" => Some(LimitingLaw::Rate),
-            "quota" => Some(LimitingLaw::Quota),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|law| law.name() == name)
     }
 }
 

@@ -84,6 +84,11 @@ impl Engine {
                 (Some(l), LimitingLaw::Quota) => {
                     (l.load, sat.limiting_ratio(&l.zones), sat.limiting_ratio(&l.quota_zones))
                 }
+                (Some(l), LimitingLaw::Multiplicative) => {
+                    let ratio = sat.limiting_ratio(&l.zones);
+                    let before = g.outcome.as_ref().and_then(GroupOutcome::limiting).unwrap_or(l.load);
+                    (l.load, ratio, ratio.map(|r| before * r))
+                }
                 (None, _) => (0.0, None, None),
             };
             let mut limited_by = Vec::new();
