@@ -42,6 +42,7 @@ mod view;
 mod windows;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use clients::ClientError;
@@ -196,10 +197,10 @@ pub struct GroupOutcome {
     pub avg_cost: f64,
     /// Total demand, units/s (waiting work included).
     pub demand: f64,
-    /// Units/s of unthrottled work.
-    pub unthrottled: f64,
-    /// Load reported by backends, units/s.
-    pub load: f64,
+    /// Units/s of unthrottled work (for display: single precision keeps the state small).
+    pub unthrottled: f32,
+    /// Load reported by backends, units/s (for display, as above).
+    pub load: f32,
     /// The budget is spent: the group is held at its reservation.
     pub budget_exhausted: bool,
     /// Each client's grant, by client.
@@ -334,6 +335,10 @@ struct Tracked {
     dirty: bool,
     /// The last tick saw a client: slow start's full reservation applies from the next.
     had_clients: bool,
+    /// The settings that apply to it (its own or the default group's) as of
+    /// `settings_generation`, refreshed by the tick when the configured groups changed.
+    settings: Option<Arc<GroupSettings>>,
+    settings_generation: u32,
     /// Its consumption rate this 20-second bucket, and the marks of the ones before over the
     /// last minute and hour (made when its first bucket ends).
     rate_now: RateNow,
@@ -351,6 +356,8 @@ impl Tracked {
             last_report: now,
             first_asked: u64::MAX,
             outcome: None,
+            settings: None,
+            settings_generation: u32::MAX,
             meter: meter.meter,
             units_rate: 0.0,
             requests_rate: 0.0,
@@ -409,10 +416,22 @@ pub type GroupSample = [f32; 6];
 /// tracking is bounded.
 pub(crate) type FixedHasher = foldhash::fast::FixedState;
 
+/// The settings in `configured` that apply to `name`: its own, else the `default` group's.
+fn settings_in<'a>(
+    configured: &'a HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
+    name: &GroupName,
+) -> Option<&'a Arc<GroupSettings>> {
+    configured.get(name.as_str()).or_else(|| configured.get(DEFAULT_GROUP))
+}
+
 /// The engine. See the [module documentation](self).
 pub struct Engine {
     settings: EngineSettings,
-    configured: HashMap<GroupName, GroupSettings, FixedHasher>,
+    /// Shared with the tracked groups, each of which keeps the settings that apply to it.
+    configured: HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
+    /// Bumped by every change to the configured groups: a tracked group whose copy is of an
+    /// older generation looks its settings up again at the next tick.
+    settings_generation: u32,
     /// The sum of the configured groups' reservations (Couchbase's free pool counts them all).
     reserved_configured: f64,
     /// How many configured groups have a ramp.
@@ -474,6 +493,7 @@ impl Engine {
         Self {
             settings,
             configured: HashMap::default(),
+            settings_generation: 0,
             reserved_configured: 0.0,
             ramped: 0,
             tracked: HashMap::default(),
@@ -517,8 +537,9 @@ impl Engine {
     /// Sets (or replaces) a group's settings.
     pub fn set_group(&mut self, name: GroupName, settings: GroupSettings) {
         let (reserved, ramped) = (settings.reserved(), settings.ramp().is_some());
-        let before = self.configured.insert(name.clone(), settings);
-        self.account(before.as_ref(), -1.0);
+        let before = self.configured.insert(name.clone(), Arc::new(settings));
+        self.settings_changed();
+        self.account(before.as_deref(), -1.0);
         self.reserved_configured += reserved;
         self.ramped += usize::from(ramped);
         if !self.tracked.contains_key(&name) {
@@ -530,10 +551,18 @@ impl Engine {
     /// consumption; returns what it had.
     pub fn remove_group(&mut self, name: &GroupName) -> Option<GroupSettings> {
         let before = self.configured.remove(name);
-        self.account(before.as_ref(), -1.0);
+        self.settings_changed();
+        self.account(before.as_deref(), -1.0);
         self.meters.remove(name);
         self.budget_baselines.remove(name);
-        before
+        before.map(Arc::unwrap_or_clone)
+    }
+
+    /// A new generation of the configured groups: every tracked group looks its settings up
+    /// again (at the next tick, or its next report). `u32::MAX` is never one, so a group made
+    /// since is always stale.
+    fn settings_changed(&mut self) {
+        self.settings_generation = (self.settings_generation + 1) % u32::MAX;
     }
 
     fn account(&mut self, settings: Option<&GroupSettings>, sign: f64) {
@@ -547,12 +576,13 @@ impl Engine {
 
     /// A configured group's settings.
     pub fn group(&self, name: &GroupName) -> Option<&GroupSettings> {
-        self.configured.get(name)
+        self.configured.get(name).map(|s| &**s)
     }
 
     /// Every configured group, sorted by name.
     pub fn groups(&self) -> Vec<(&GroupName, &GroupSettings)> {
-        let mut all: Vec<(&GroupName, &GroupSettings)> = self.configured.iter().collect();
+        let mut all: Vec<(&GroupName, &GroupSettings)> =
+            self.configured.iter().map(|(n, s)| (n, &**s)).collect();
         all.sort_unstable_by(|a, b| a.0.cmp(b.0));
         all
     }
@@ -564,7 +594,12 @@ impl Engine {
 
     /// The settings that apply to `name`: its own, else the `default` group's.
     pub fn settings_for(&self, name: &GroupName) -> Option<&GroupSettings> {
-        self.configured.get(name.as_str()).or_else(|| self.configured.get(DEFAULT_GROUP))
+        self.shared_settings_for(name).map(|s| &**s)
+    }
+
+    /// The settings that apply to `name`, as shared.
+    fn shared_settings_for(&self, name: &GroupName) -> Option<&Arc<GroupSettings>> {
+        settings_in(&self.configured, name)
     }
 
     /// The id of the client that calls itself `key`, at its exchange number `sequence` (0 when
@@ -577,7 +612,7 @@ impl Engine {
     /// The state a report for `group` lands in: its own, or the default group's once
     /// `max_tracked_groups` are tracked.
     pub fn state_key(&self, group: &GroupName) -> GroupName {
-        if self.tracked.contains_key(group) || self.tracked.len() < self.settings.max_tracked_groups {
+        if self.tracked.len() < self.settings.max_tracked_groups || self.tracked.contains_key(group) {
             group.clone()
         } else {
             GroupName::default_group()
@@ -588,24 +623,33 @@ impl Engine {
     pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
         self.started.get_or_insert(now);
         let key = self.state_key(group);
-        let settings = self.settings_for(&key);
-        let reserved = settings.map_or(0.0, GroupSettings::reserved);
-        let burst_total = settings.and_then(GroupSettings::burst);
-        let dropped = settings.map(GroupSettings::dropped).unwrap_or_default();
-        let debt_repay = settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay);
-        let ramp_settings = if self.ramped > 0 { settings.and_then(|s| s.ramp().copied()) } else { None };
         let lease = self.settings.lease;
         let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
+        let generation = self.settings_generation;
+        let ramped = self.ramped > 0;
+        // One look-up in the common case: the group's state holds the settings that apply to
+        // it, looked up again only after they changed.
         let g = match self.tracked.entry(key.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 // A resumable ramp that went idle within its TTL continues where it was.
                 let resumed = self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
-                let ramp = ramp_settings.map(|s| Box::new(Ramp::new(s, resumed)));
+                let ramp_settings = settings_in(&self.configured, v.key()).and_then(|s| s.ramp().copied());
+                let ramp = ramp_settings.filter(|_| ramped).map(|s| Box::new(Ramp::new(s, resumed)));
                 let meter = self.meters.remove(v.key()).unwrap_or_default();
                 v.insert(Tracked::new(now, ramp, meter))
             }
         };
+        if g.settings_generation != generation {
+            g.settings = settings_in(&self.configured, &key).cloned();
+            g.settings_generation = generation;
+        }
+        let settings = g.settings.as_deref();
+        let reserved = settings.map_or(0.0, GroupSettings::reserved);
+        let burst_total = settings.and_then(GroupSettings::burst);
+        let dropped = settings.map(GroupSettings::dropped).unwrap_or_default();
+        let debt_repay = settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay);
+        let ramp_settings = if ramped { settings.and_then(|s| s.ramp().copied()) } else { None };
         // The ramp follows the settings: a changed ramp continues from where the old one was.
         match (&mut g.ramp, ramp_settings) {
             (Some(r), Some(s)) if *r.settings() == s => {}

@@ -18,6 +18,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::settings::GroupName;
 use crate::time::Nanos;
 
@@ -156,15 +158,18 @@ pub(crate) struct BackendState {
     pub(crate) seen: Nanos,
 }
 
+/// (zone, ratio or rate, backend) per zone a group counts on.
+pub(crate) type Zones<'a> = SmallVec<[(&'a str, f64, &'a str); 2]>;
+
 /// One group's load across backends, gathered once per tick.
 #[derive(Default)]
 pub(crate) struct GroupLoad<'a> {
     pub(crate) load: f64,
     /// (zone, smallest ratio in it, the backend with it) for the saturated backends the group
-    /// counts on.
-    pub(crate) zones: Vec<(&'a str, f64, &'a str)>,
+    /// counts on. Held inline for up to two zones: the tick makes one of these per group.
+    pub(crate) zones: Zones<'a>,
     /// The quota law: (zone, smallest limiting rate in it, the backend with it).
-    pub(crate) quota_zones: Vec<(&'a str, f64, &'a str)>,
+    pub(crate) quota_zones: Zones<'a>,
 }
 
 impl SaturationSettings {
@@ -218,15 +223,23 @@ impl SaturationSettings {
         expiry: Duration,
         quota: &dyn Fn(&GroupName) -> Option<f64>,
         was_busy: &dyn Fn(&GroupName) -> bool,
+        tracked: usize,
     ) -> HashMap<&'a GroupName, GroupLoad<'a>, super::FixedHasher> {
         // A group saturation limited at the last tick keeps counting on a backend down to half
         // the threshold: at low rates its load there comes in whole transactions and dithers
         // around the threshold, and a backend that dropped in and out of its limit would swing
         // its target between the limit and the quota.
-        let threshold = |g: &GroupName| {
-            if was_busy(g) { self.limiting_threshold * THRESHOLD_HYSTERESIS } else { self.limiting_threshold }
+        // Asks whether the group was busy only for a load between the two thresholds: the
+        // common case costs no look-up.
+        let counts = |g: &GroupName, l: f64| {
+            l >= self.limiting_threshold
+                || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy(g))
         };
-        let mut by_group: HashMap<&GroupName, GroupLoad<'_>, super::FixedHasher> = HashMap::default();
+        // Sized once: the groups the backends report, at most as many as are tracked (a
+        // report may name groups no client uses; those grow the map as usual).
+        let entries: usize = backends.values().map(|b| b.load.len()).sum();
+        let mut by_group: HashMap<&GroupName, GroupLoad<'_>, super::FixedHasher> =
+            HashMap::with_capacity_and_hasher(entries.min(tracked), Default::default());
         for (id, b) in backends {
             if now.since(b.seen) > expiry {
                 continue;
@@ -238,7 +251,7 @@ impl SaturationSettings {
                 (LimitingLaw::Quota, Some(r)) => {
                     let total: f64 = b.load.iter().map(|(_, l)| l).sum();
                     let quotas: f64 =
-                        b.load.iter().filter(|(g, l)| *l >= threshold(g)).filter_map(|(g, _)| quota(g)).sum();
+                        b.load.iter().filter(|(g, l)| counts(g, *l)).filter_map(|(g, _)| quota(g)).sum();
                     (quotas > 0.0).then_some((r * total, quotas))
                 }
                 _ => None,
@@ -246,8 +259,9 @@ impl SaturationSettings {
             for (group, l) in &b.load {
                 let entry = by_group.entry(group).or_default();
                 entry.load += l;
+                let counted = (shares.is_some() || ratio.is_some()) && counts(group, *l);
                 if let Some((limiting_cost, quotas)) = shares
-                    && *l >= threshold(group)
+                    && counted
                     && let Some(q) = quota(group)
                 {
                     let limiting = limiting_cost * q / quotas;
@@ -262,7 +276,7 @@ impl SaturationSettings {
                     }
                 }
                 if let Some(r) = ratio
-                    && *l >= threshold(group)
+                    && counted
                 {
                     match entry.zones.iter_mut().find(|(z, _, _)| *z == b.zone.as_str()) {
                         Some((_, zr, worst)) => {
@@ -284,7 +298,10 @@ impl SaturationSettings {
         if zones.len() <= self.ignore_worst_zones {
             return None;
         }
-        let mut ratios: Vec<f64> = zones.iter().map(|(_, r, _)| *r).collect();
+        if self.ignore_worst_zones == 0 {
+            return zones.iter().map(|(_, r, _)| *r).min_by(f64::total_cmp);
+        }
+        let mut ratios: SmallVec<[f64; 8]> = zones.iter().map(|(_, r, _)| *r).collect();
         ratios.sort_by(f64::total_cmp);
         Some(ratios[self.ignore_worst_zones])
     }

@@ -417,3 +417,29 @@ fn reads_and_writes_accounted_apart_each_get_the_limit() {
         assert_eq!(traced.unwrap().reserved, reserved, "apart {apart}");
     }
 }
+
+/// A tracked group keeps the settings that apply to it between ticks: every change to its own
+/// or to the default group's reaches its next tick and its next report.
+#[test]
+fn a_tracked_group_follows_every_change_to_its_settings_or_the_defaults() {
+    let mut e = engine(EngineSettings::default());
+    let limit = |l: f64| GroupSettings::builder().limit(l).reserved(l / 10.0).build().unwrap();
+    let mut t = 0;
+    let mut tick = |e: &mut Engine| {
+        t += 1;
+        let grant = e.report(Nanos(t * S), 1, &name("g"), report(1000.0, 10.0, 1.0));
+        e.tick(Nanos(t * S));
+        (e.outcome(&name("g")).unwrap().target(), grant.reserved)
+    };
+    assert_eq!(tick(&mut e), (None, 0.0), "no settings, no default: not throttled");
+    e.set_group(name("default"), limit(300.0));
+    assert_eq!(tick(&mut e), (Some(300.0), 30.0), "the default group's");
+    e.set_group(name("g"), limit(200.0));
+    assert_eq!(tick(&mut e), (Some(200.0), 20.0), "its own");
+    e.set_group(name("default"), limit(50.0));
+    assert_eq!(tick(&mut e), (Some(200.0), 20.0), "its own, whatever the default");
+    e.remove_group(&name("g"));
+    assert_eq!(tick(&mut e), (Some(50.0), 5.0), "back to the default group's, changed meanwhile");
+    e.remove_group(&name("default"));
+    assert_eq!(tick(&mut e), (None, 0.0));
+}

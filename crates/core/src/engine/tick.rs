@@ -53,12 +53,18 @@ impl Engine {
             self.settings.report_expiry,
             &quota,
             &was_busy,
+            self.tracked.len(),
         );
         // Rows are in the groups' iteration order, which stays the same until the groups
         // change; the last loop walks both together instead of looking each group up again.
         let mut rows = Vec::with_capacity(self.tracked.len());
         let keep = (-elapsed / self.settings.cost_folding.as_secs_f64().max(1e-9)).exp();
-        for g in self.tracked.values_mut() {
+        let (configured, generation) = (&self.configured, self.settings_generation);
+        for (name, g) in self.tracked.iter_mut() {
+            if g.settings_generation != generation {
+                g.settings = super::settings_in(configured, name).cloned();
+                g.settings_generation = generation;
+            }
             // Average cost per request: the ratio of moving averages of units/s and requests/s.
             let [units, requests, throttled] = g.since_tick.map(f64::from);
             g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
@@ -72,7 +78,7 @@ impl Engine {
         }
         for (name, g) in &self.tracked {
             let avg_cost = if g.requests_rate > 1e-9 { g.units_rate / g.requests_rate } else { 1.0 };
-            let settings = self.settings_for(name);
+            let settings = g.settings.as_deref();
             let sat = &self.settings.saturation;
             let (load, ratio, limiting) = match (loads.get(name), sat.law) {
                 (Some(l), LimitingLaw::Rate) => {
@@ -228,8 +234,8 @@ impl Engine {
                 water_level: water_level.unwrap_or(none),
                 avg_cost: row.avg_cost,
                 demand: row.demand,
-                unthrottled: row.unthrottled,
-                load: row.load,
+                unthrottled: row.unthrottled as f32,
+                load: row.load as f32,
                 budget_exhausted: row.exhausted,
                 grants,
             });
@@ -262,12 +268,8 @@ impl Engine {
             AllocationMode::Share => allocate(capacity, &claims),
             AllocationMode::Fcfs => {
                 // Couchbase counts every reservation against the free pool, active or not.
-                let tracked_configured: f64 = self
-                    .tracked
-                    .keys()
-                    .filter_map(|n| self.configured.get(n))
-                    .map(GroupSettings::reserved)
-                    .sum();
+                let tracked_configured: f64 =
+                    self.tracked.keys().filter_map(|n| self.configured.get(n)).map(|s| s.reserved()).sum();
                 let mut elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
                 if self.settings.slow_start {
                     elsewhere *= SLOW_START_SHARE;

@@ -71,7 +71,7 @@ impl Engine {
 
     /// One group's view.
     pub fn group_view(&self, name: &GroupName) -> Option<GroupView> {
-        let settings = self.configured.get(name);
+        let settings = self.configured.get(name).map(|s| &**s);
         (settings.is_some() || self.tracked.contains_key(name)).then(|| self.view_of(name, settings))
     }
 
@@ -89,7 +89,7 @@ impl Engine {
             admitted: g.map_or(0.0, |g| f64::from(g.last_tick[0])),
             throttled: g.map_or(0.0, |g| f64::from(g.last_tick[1])),
             demand: o.map_or(0.0, |o| o.demand),
-            unthrottled: o.map_or(0.0, |o| o.unthrottled),
+            unthrottled: o.map_or(0.0, |o| f64::from(o.unthrottled)),
             busy: o.is_some_and(|o| o.busy),
             clients: g.map_or(0, |g| g.clients.len() as u32),
             meter: self.meter(name).unwrap_or_default(),
@@ -97,7 +97,7 @@ impl Engine {
             share: o.and_then(GroupOutcome::share),
             water_level: o.and_then(GroupOutcome::water_level),
             avg_cost: o.map_or(1.0, |o| o.avg_cost),
-            load: o.map_or(0.0, |o| o.load),
+            load: o.map_or(0.0, |o| f64::from(o.load)),
             budget_exhausted: o.is_some_and(|o| o.budget_exhausted),
             granted: o.map_or(0.0, GroupOutcome::granted)
                 + self.provisional.get(name).map_or(0.0, |p| p.iter().map(|(_, r)| r).sum::<f64>()),
