@@ -24,15 +24,16 @@ use crate::group::{Groups, Limiter};
 const LOCAL: ClientId = 1;
 
 /// Up to this many groups in use, a group used for the first time is taken in by a full
-/// reallocation at once. From it on, see [`Embedded::take_in`].
+/// reallocation at once, unless one for new groups ran within four times its cost. From it on,
+/// see [`Embedded::take_in`].
 pub(crate) const INTAKE_PASS_MAX: usize = 256;
 
 /// With many groups, the least time between two reallocations run for new groups.
 pub(crate) const INTAKE_SPACING: Duration = Duration::from_millis(10);
 
-/// With many groups, the time between two reallocations run for new groups is at least this
-/// many times what the last one took: they take at most a fifth of the time.
-const INTAKE_COST_FACTOR: u32 = 4;
+/// The time between two reallocations, for new groups or on schedule, is at least this many
+/// times what the last one took: however many groups, they take at most a fifth of the time.
+pub(crate) const COST_FACTOR: u32 = 4;
 
 struct State {
     engine: Engine,
@@ -80,27 +81,28 @@ impl Embedded {
         self.interval
     }
 
-    /// Takes in a group used for the first time. Up to [`INTAKE_PASS_MAX`] groups in use, by a
-    /// full reallocation at once. With more, one per new group would make taking in N groups
-    /// one by one cost N² (a service keyed by 100,000 tenants), so reallocations for new
-    /// groups are spaced by [`INTAKE_SPACING`] and by four times what the last one took; a
-    /// new group admits by the bucket it was made with (its own limit and burst, as before its
-    /// first reallocation) until then, and the time it is taken in by is returned: the caller
-    /// makes sure a reallocation runs then.
+    /// Takes in a group used for the first time, by a full reallocation. One per new group
+    /// would make taking in N groups one by one cost N² (a service keyed by 100,000 tenants),
+    /// so reallocations for new groups are spaced by four times what the last one took (a
+    /// pass over a few groups takes microseconds), and past [`INTAKE_PASS_MAX`] groups in use
+    /// by at least [`INTAKE_SPACING`]; a new group admits by the bucket it was made with (its
+    /// own limit and burst, as before its first reallocation) until then, and the time it is
+    /// taken in by is returned: the caller makes sure a reallocation runs then.
     pub(crate) fn take_in(&self, now: Nanos, groups: &Groups, clock: &dyn Clock) -> Option<Nanos> {
-        let many = self.in_use.load(Ordering::Relaxed) >= INTAKE_PASS_MAX;
-        if many {
-            let after = self.intake_after.load(Ordering::Relaxed);
-            if now.0 < after {
-                return Some(Nanos(after));
-            }
+        let after = self.intake_after.load(Ordering::Relaxed);
+        if now.0 < after {
+            return Some(Nanos(after));
         }
         self.reallocate(now, groups);
-        if many {
-            let done = clock.now();
-            let spacing = INTAKE_SPACING.max(done.since(now) * INTAKE_COST_FACTOR);
-            self.intake_after.store(done.after(spacing).0, Ordering::Relaxed);
-        }
+        // Whatever the number of groups in use, a pass costs at least one look at every group
+        // the process knows (thousands may be configured and not asked for yet): the next one
+        // for new groups waits four times what this one took, and with many groups in use at
+        // least `INTAKE_SPACING`.
+        let done = clock.now();
+        let cost = done.since(now) * COST_FACTOR;
+        let many = self.in_use.load(Ordering::Relaxed) >= INTAKE_PASS_MAX;
+        let spacing = if many { INTAKE_SPACING.max(cost) } else { cost };
+        self.intake_after.store(done.after(spacing).0, Ordering::Relaxed);
         None
     }
 
@@ -126,7 +128,7 @@ impl State {
         let State { engine, meters, .. } = self;
         let idle = engine.settings().group_idle_expiry;
         // A group nobody has asked for has no client yet (what slow start holds back for).
-        let list: Vec<_> = groups.unique().into_iter().filter(|g| g.is_used()).collect();
+        let list = groups.used();
         let mut quiet = HashSet::new();
         for g in &list {
             let counts = g.counts();

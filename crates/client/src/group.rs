@@ -467,7 +467,22 @@ impl Groups {
 
     /// Every distinct group state, by name (names past the bound share `default`'s).
     pub(crate) fn unique(&self) -> Vec<Arc<Group>> {
-        let mut list: Vec<Arc<Group>> = self.all().into_iter().map(|(_, g)| g).collect();
+        self.distinct(|_| true)
+    }
+
+    /// Every distinct group state asked for at least once, by name: what a reallocation
+    /// reports. Picked before sorting, so that thousands of configured groups nobody has
+    /// asked for yet cost a pass one look each, not a sort.
+    pub(crate) fn used(&self) -> Vec<Arc<Group>> {
+        self.distinct(Group::is_used)
+    }
+
+    fn distinct(&self, keep: impl Fn(&Group) -> bool) -> Vec<Arc<Group>> {
+        let mut list: Vec<Arc<Group>> = {
+            let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            let map = self.map.load();
+            map.values().chain(recent.map.values()).filter(|g| keep(g)).cloned().collect()
+        };
         list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         list.dedup_by(|a, b| Arc::ptr_eq(a, b));
         list

@@ -377,7 +377,7 @@ impl Driver {
         let mut usage = Vec::new();
         // Groups the application never asked for (the shared `default` state, until a name
         // falls back to it) are not reported.
-        for g in groups.unique().into_iter().filter(|g| g.is_used()) {
+        for g in groups.used() {
             let counts = g.counts();
             let meter = self.meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, self.idle_expiry) {
