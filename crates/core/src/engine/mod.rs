@@ -336,7 +336,8 @@ struct Tracked {
     /// The last tick saw a client: slow start's full reservation applies from the next.
     had_clients: bool,
     /// The settings that apply to it (its own or the default group's) as of
-    /// `settings_generation`, refreshed by the tick when the configured groups changed.
+    /// `settings_generation`, refreshed by the next tick or report after the configured groups
+    /// changed.
     settings: Option<Arc<GroupSettings>>,
     settings_generation: u32,
     /// Its consumption rate this 20-second bucket, and the marks of the ones before over the
@@ -430,7 +431,7 @@ pub struct Engine {
     /// Shared with the tracked groups, each of which keeps the settings that apply to it.
     configured: HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
     /// Bumped by every change to the configured groups: a tracked group whose copy is of an
-    /// older generation looks its settings up again at the next tick.
+    /// older generation looks its settings up again at the next tick or report.
     settings_generation: u32,
     /// The sum of the configured groups' reservations (Couchbase's free pool counts them all).
     reserved_configured: f64,
@@ -594,12 +595,7 @@ impl Engine {
 
     /// The settings that apply to `name`: its own, else the `default` group's.
     pub fn settings_for(&self, name: &GroupName) -> Option<&GroupSettings> {
-        self.shared_settings_for(name).map(|s| &**s)
-    }
-
-    /// The settings that apply to `name`, as shared.
-    fn shared_settings_for(&self, name: &GroupName) -> Option<&Arc<GroupSettings>> {
-        settings_in(&self.configured, name)
+        settings_in(&self.configured, name).map(|s| &**s)
     }
 
     /// The id of the client that calls itself `key`, at its exchange number `sequence` (0 when
