@@ -308,6 +308,17 @@ impl Group {
         !self.used.load(Ordering::Relaxed) && !self.used.swap(true, Ordering::Relaxed)
     }
 
+    /// Reads, without using them, the lines of the group's state an admission by name
+    /// writes with locked instructions: its reference count (the permit's) and its shared
+    /// tally. Each locked instruction waits for every memory access before it, so with
+    /// thousands of groups, most of them out of the core's caches, the misses would come one
+    /// after another; read first, they are fetched together.
+    #[inline(always)]
+    pub(crate) fn warm(self: &Arc<Self>) {
+        std::hint::black_box(Arc::strong_count(self));
+        self.counters.warm();
+    }
+
     /// Whether the group was ever asked for.
     pub(crate) fn is_used(&self) -> bool {
         self.used.load(Ordering::Relaxed)
@@ -336,7 +347,10 @@ pub(crate) type MakeGroup = dyn Fn(GroupName, &GroupSettings) -> Arc<Group> + Se
 
 /// Names to groups, hashed with foldhash (seeded per process, so names a client picks
 /// cannot be chosen to collide; several times faster than std's SipHash on short names).
-type Map = HashMap<Box<str>, Arc<Group>, foldhash::fast::RandomState>;
+/// Keyed by [`GroupName`], which holds a name of up to 23 bytes inline: comparing the key a
+/// look-up lands on reads the table's own slot, not a separate allocation (with thousands of
+/// names, a cache miss saved per call by name).
+type Map = HashMap<GroupName, Arc<Group>, foldhash::fast::RandomState>;
 
 /// The groups a handle serves: looked up lock-free, inserted under a lock, bounded. Names past
 /// the bound share the `default` group's state.
@@ -376,11 +390,12 @@ impl Groups {
         let default_settings = configured.get(DEFAULT_GROUP).cloned().unwrap_or_default();
         let overflow = make(GroupName::default_group(), &default_settings);
         let mut map = Map::default();
-        map.insert(DEFAULT_GROUP.into(), overflow.clone());
+        map.insert(GroupName::default_group(), overflow.clone());
         for (name, settings) in &configured {
             if &**name != DEFAULT_GROUP {
-                let group = make(GroupName::new(name).expect("configured names are valid"), settings);
-                map.insert(name.clone(), group);
+                let name = GroupName::new(name).expect("configured names are valid");
+                let group = make(name.clone(), settings);
+                map.insert(name, group);
             }
         }
         Groups {
@@ -405,9 +420,12 @@ impl Groups {
     /// Runs `f` on the group `name`, borrowed, when it is in the lock-free map and has been
     /// asked for before: the hot case of admitting by name, with no reference count touched.
     #[inline]
-    pub(crate) fn with_known<R>(&self, name: &str, f: impl FnOnce(&Group) -> R) -> Option<R> {
+    pub(crate) fn with_known<R>(&self, name: &str, f: impl FnOnce(&Arc<Group>) -> R) -> Option<R> {
         let map = self.map.load();
-        map.get(name).filter(|g| g.is_used()).map(|g| f(g))
+        let g = map.get(name)?;
+        // Its lines asked for together, before the first of them is waited for.
+        g.warm();
+        g.is_used().then(|| f(g))
     }
 
     #[cold]
@@ -425,8 +443,9 @@ impl Groups {
             }
             None => {
                 let settings = self.settings_for(name);
-                let group = (self.make)(GroupName::new(name).map_err(AcquireError::InvalidGroup)?, &settings);
-                recent.map.insert(name.into(), group.clone());
+                let name = GroupName::new(name).map_err(AcquireError::InvalidGroup)?;
+                let group = (self.make)(name.clone(), &settings);
+                recent.map.insert(name, group.clone());
                 (group, true)
             }
         };
@@ -459,7 +478,7 @@ impl Groups {
     }
 
     /// Every name and its group, in no order.
-    fn all(&self) -> Vec<(Box<str>, Arc<Group>)> {
+    fn all(&self) -> Vec<(GroupName, Arc<Group>)> {
         let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         let map = self.map.load();
         map.iter().chain(recent.map.iter()).map(|(n, g)| (n.clone(), g.clone())).collect()
@@ -496,7 +515,8 @@ impl Groups {
 
     /// Every name and its group.
     pub(crate) fn named(&self) -> Vec<(String, Arc<Group>)> {
-        let mut all: Vec<(String, Arc<Group>)> = self.all().into_iter().map(|(n, g)| (n.into(), g)).collect();
+        let mut all: Vec<(String, Arc<Group>)> =
+            self.all().into_iter().map(|(n, g)| (n.as_str().to_owned(), g)).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }

@@ -171,9 +171,10 @@ impl Tollgate {
         // A group used before, as a handle would admit it: a refusal touches no reference
         // count, an admission takes one for its permit.
         if !self.unthrottled
-            && let Some(Some(outcome)) = self.inner.groups.with_known(group, |g| {
-                self.inner.try_admit_bucket(g, cost).map(|r| r.map(Permit::into_owned))
-            })
+            && let Some(Some(outcome)) = self
+                .inner
+                .groups
+                .with_known(group, |g| self.inner.try_admit_bucket(g, cost).map(|r| r.map(|p| p.owned_by(g))))
         {
             return outcome;
         }

@@ -135,6 +135,14 @@ impl Permit<'_> {
         self.settle(detail.rru + detail.wru)
     }
 
+    /// The permit, holding `group` (its own group's shared state, already at hand): one
+    /// reference count added, where [`into_owned`](Self::into_owned) upgrades a weak one.
+    #[inline]
+    pub(crate) fn owned_by(self, group: &Arc<Group>) -> Permit<'static> {
+        debug_assert!(std::ptr::eq(&*self.group, &**group));
+        Permit { group: GroupRef::Owned(group.clone()), cost: self.cost, at: self.at }
+    }
+
     /// The same permit, no longer borrowing the handle it came from.
     pub fn into_owned(self) -> Permit<'static> {
         let group = match self.group {

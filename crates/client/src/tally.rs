@@ -9,9 +9,11 @@
 //! A thread keeps at most [`LOCAL_GROUPS_MAX`] tallies, most recently used first. When one
 //! is evicted, or the thread exits, its counts are folded into the group's shared tally
 //! under the group's lock, so no count is ever lost or counted twice. A thread taking turns
-//! among more groups than that counts most of their admissions straight into the shared
-//! tally (locked adds) and takes a group into its cache on one miss in [`ADMIT_EVERY`], so it
-//! does not make and retire a tally at every call.
+//! among more groups than that counts their admissions straight into the shared tally
+//! (locked adds), and takes a group into its cache only when it missed that same group a
+//! short while before (a "doorkeeper", as in the TinyLFU cache admission policy): a group it
+//! comes back to soon gets a tally on its second miss, while a thread cycling through
+//! thousands of names, by name, never makes and retires a tally per call.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +21,9 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// How many groups one thread keeps a tally for.
 pub const LOCAL_GROUPS_MAX: usize = 32;
-/// With the cache full, a group not in it is taken in on one miss in this many.
-pub const ADMIT_EVERY: u32 = 8;
+/// Slots in a thread's record of the groups it recently missed with its cache full: a group
+/// is taken in when its slot still names it at its next miss.
+const DOORKEEPER_SLOTS: usize = 64;
 
 /// One thread's (or the shared) counts for one group.
 #[derive(Debug, Default)]
@@ -98,6 +101,12 @@ impl Counters {
         }
     }
 
+    /// Reads the shared tally's line, without using it: see [`Group::warm`](crate::group::Group::warm).
+    #[inline(always)]
+    pub(crate) fn warm(&self) {
+        std::hint::black_box(self.folded.admitted.load(Ordering::Relaxed));
+    }
+
     /// The counts so far, across all threads.
     pub(crate) fn totals(&self) -> Totals {
         let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
@@ -139,7 +148,6 @@ fn retire(entry: Entry) {
 }
 
 struct Entry {
-    id: u64,
     tally: Arc<Tally>,
     owner: Weak<dyn HasCounters>,
     stash: Stash,
@@ -160,9 +168,13 @@ pub(crate) struct Stash {
 }
 
 struct Local {
+    /// The ids of `entries`, in the same order, beside them in a compact array: a miss scans
+    /// four cache lines, not an entry's worth each. Zero where there is no entry (ids start
+    /// at one).
+    ids: [u64; LOCAL_GROUPS_MAX],
     entries: Vec<Entry>,
-    /// Lookups that found the cache full and the group not in it.
-    misses: u32,
+    /// The group last missed with the cache full, by slot (`id % DOORKEEPER_SLOTS`).
+    missed: [u64; DOORKEEPER_SLOTS],
 }
 
 impl Drop for Local {
@@ -172,7 +184,9 @@ impl Drop for Local {
 }
 
 thread_local! {
-    static LOCAL: RefCell<Local> = const { RefCell::new(Local { entries: Vec::new(), misses: 0 }) };
+    static LOCAL: RefCell<Local> = const {
+        RefCell::new(Local { ids: [0; LOCAL_GROUPS_MAX], entries: Vec::new(), missed: [0; DOORKEEPER_SLOTS] })
+    };
 }
 
 /// Runs `f` on this thread's tally for `owner`, creating it if need be.
@@ -198,9 +212,10 @@ pub(crate) fn with_local<G: HasCounters, R>(
     LOCAL
         .try_with(|local| {
             let mut local = local.try_borrow_mut().ok()?;
-            let first = match local.entries.first_mut() {
-                Some(first) if first.id == counters.id => first,
-                _ => local.bring_to_front(counters, me)?,
+            let first = if local.ids[0] == counters.id {
+                local.entries.first_mut()?
+            } else {
+                local.bring_to_front(counters, me)?
             };
             Some(f(&first.tally, &mut first.stash))
         })
@@ -235,28 +250,33 @@ impl Local {
     /// order is only roughly most-recent-first, which is all eviction needs, and a thread that
     /// takes turns among many groups does not move its whole cache each time.
     ///
-    /// With the cache full, a group not in it gets in on one miss in [`ADMIT_EVERY`] only: a
-    /// thread taking turns among more groups than the cache holds counts most of them in the
-    /// shared tally (`false`) instead of making and retiring a tally at every call, while a
-    /// group it uses often still gets in soon.
+    /// With the cache full, a group not in it gets in only if it was the last group missed in
+    /// its doorkeeper slot: a thread taking turns among more groups than the cache holds
+    /// counts them in the shared tally (`false`) instead of making and retiring a tally at
+    /// every call, while a group it comes back to soon gets in at its second miss.
     fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> bool {
-        if let Some(i) = self.entries.iter().position(|e| e.id == counters.id) {
+        let len = self.entries.len();
+        if let Some(i) = self.ids[..len].iter().position(|&id| id == counters.id) {
+            self.ids.swap(0, i);
             self.entries.swap(0, i);
             return true;
         }
-        if self.entries.len() >= LOCAL_GROUPS_MAX {
-            self.misses = self.misses.wrapping_add(1);
-            if !self.misses.is_multiple_of(ADMIT_EVERY) {
+        if len >= LOCAL_GROUPS_MAX {
+            let slot = &mut self.missed[(counters.id % DOORKEEPER_SLOTS as u64) as usize];
+            if *slot != counters.id {
+                *slot = counters.id;
                 return false;
             }
+            *slot = 0;
+            retire(self.entries.pop().expect("full, so not empty"));
         }
         let tally = Arc::new(Tally::default());
         counters.live.lock().unwrap_or_else(PoisonError::into_inner).push(tally.clone());
         let owner: Weak<dyn HasCounters> = me.clone();
-        self.entries.insert(0, Entry { id: counters.id, tally, owner, stash: Stash::default() });
-        if self.entries.len() > LOCAL_GROUPS_MAX {
-            retire(self.entries.pop().expect("over the limit, so not empty"));
-        }
+        let len = self.entries.len();
+        self.ids.copy_within(0..len, 1);
+        self.ids[0] = counters.id;
+        self.entries.insert(0, Entry { tally, owner, stash: Stash::default() });
         true
     }
 }
@@ -297,6 +317,35 @@ mod tests {
         for o in &owners {
             assert_eq!(o.counters.totals().admitted, 10);
         }
+    }
+
+    #[test]
+    fn with_the_cache_full_a_group_missed_again_soon_gets_a_tally_and_a_long_rotation_none() {
+        let live = |o: &Arc<Owner>| o.counters.live.lock().unwrap().len();
+        let bump = |o: &Arc<Owner>| record(&**o, &Arc::downgrade(o), |t| Tally::bump(&t.admitted, 1));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let first: Vec<Arc<Owner>> = (0..LOCAL_GROUPS_MAX).map(|_| owner()).collect();
+                first.iter().for_each(bump);
+                assert!(first.iter().all(|o| live(o) == 1));
+                // A new group: counted in the shared tally at its first miss, taken in at its
+                // second, in place of one of the others.
+                let again = owner();
+                bump(&again);
+                assert_eq!(live(&again), 0);
+                bump(&again);
+                assert_eq!(live(&again), 1);
+                assert_eq!(first.iter().map(live).sum::<usize>(), LOCAL_GROUPS_MAX - 1);
+                // Taking turns among a thousand groups, by name: no tally made for any.
+                let many: Vec<Arc<Owner>> = (0..1000).map(|_| owner()).collect();
+                for _ in 0..3 {
+                    many.iter().for_each(bump);
+                }
+                assert_eq!(many.iter().map(live).sum::<usize>(), 0);
+                assert!(many.iter().all(|o| o.counters.totals().admitted == 3));
+                assert_eq!(again.counters.totals().admitted, 2);
+            });
+        });
     }
 
     #[test]
