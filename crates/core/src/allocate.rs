@@ -82,10 +82,12 @@ pub fn allocate(capacity: f64, claims: &[Claim]) -> Vec<f64> {
         claims.iter().map(|c| c.reserved.min(c.demand).min(c.ceiling).max(0.0)).collect();
     let mut pool = (capacity - allowance.iter().sum::<f64>()).max(0.0);
 
-    let mut priorities: Vec<Priority> = claims.iter().map(|c| c.priority).collect();
-    priorities.sort_unstable_by(|a, b| b.cmp(a));
-    priorities.dedup();
-    for priority in priorities {
+    // The priorities present, highest first: a slot per level, not a sort of every claim's.
+    let mut present: [Option<Priority>; 256] = [None; 256];
+    for c in claims {
+        present[usize::from(c.priority.level())] = Some(c.priority);
+    }
+    for priority in present.into_iter().rev().flatten() {
         if pool <= 0.0 {
             break;
         }
@@ -150,21 +152,26 @@ pub fn first_come(capacity: f64, reserved_elsewhere: f64, claims: &[Claim], orde
 /// Shares `amount` over `(index, want, weight)` max-min fairly by weight, adding each share
 /// to `allowance[index]`. Wants may be infinite. Returns how much was given.
 fn water_fill(amount: f64, wants: &[(usize, f64, f64)], allowance: &mut [f64]) -> f64 {
-    let mut order: Vec<&(usize, f64, f64)> = wants.iter().filter(|w| w.1 > 0.0).collect();
-    order.sort_by(|a, b| (a.1 / a.2).total_cmp(&(b.1 / b.2)));
+    // Each want per unit of weight worked out once, beside it: the sort compares plain keys.
+    let mut order: Vec<(f64, usize, f64, f64)> = wants
+        .iter()
+        .filter(|w| w.1 > 0.0)
+        .map(|&(i, want, weight)| (want / weight, i, want, weight))
+        .collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut left = amount;
-    let mut weight_left: f64 = order.iter().map(|w| w.2).sum();
+    let mut weight_left: f64 = order.iter().map(|w| w.3).sum();
     let mut given = 0.0;
-    for (n, &&(i, want, weight)) in order.iter().enumerate() {
+    for (n, &(per_weight, i, want, weight)) in order.iter().enumerate() {
         let level = left / weight_left;
-        if want / weight <= level {
+        if per_weight <= level {
             allowance[i] += want;
             left -= want;
             given += want;
             weight_left -= weight;
         } else {
             // Everyone from here on wants more than the level: each gets weight × level.
-            for &&(j, _, w) in &order[n..] {
+            for &(_, j, _, w) in &order[n..] {
                 allowance[j] += w * level;
                 given += w * level;
             }

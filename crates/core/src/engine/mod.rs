@@ -203,6 +203,8 @@ pub struct GroupOutcome {
     pub load: f32,
     /// The budget is spent: the group is held at its reservation.
     pub budget_exhausted: bool,
+    /// Requests/s refused over the last tick (for display).
+    pub throttled: f32,
     /// Each client's grant, by client.
     pub grants: Vec<ClientGrant>,
 }
@@ -247,9 +249,9 @@ fn sample_of(g: &Tracked) -> GroupSample {
     let o = g.outcome.as_ref();
     [
         o.map_or(f32::NAN, |o| o.target as f32),
-        g.last_tick[0],
+        g.admitted_last_tick,
         o.map_or(0.0, |o| o.demand as f32),
-        g.last_tick[1],
+        o.map_or(0.0, |o| o.throttled),
         g.clients.len() as f32,
         f32::from(u8::from(o.is_some_and(|o| o.busy))),
     ]
@@ -309,6 +311,24 @@ impl Detail {
     }
 }
 
+/// Whether `s`'s budget is spent by a group that has consumed `consumed` in all: counted from
+/// the period's start (its baseline) for a budget per period.
+fn budget_spent(
+    baselines: &HashMap<GroupName, f64, FixedHasher>,
+    key: &GroupName,
+    s: &GroupSettings,
+    consumed: f64,
+) -> bool {
+    let baseline = match s.budget_period() {
+        crate::settings::BudgetPeriod::Total => 0.0,
+        _ => baselines.get(key).copied().unwrap_or(0.0),
+    };
+    s.budget().is_some_and(|b| consumed - baseline >= b)
+}
+
+/// A tracked group's `load_slot` when it has none.
+const NO_SLOT: u32 = u32::MAX;
+
 /// A tracked group's runtime state. One lives for every group in traffic, so it is kept
 /// small: rates for display in `f32`, optional numbers as NaN.
 struct Tracked {
@@ -329,8 +349,8 @@ struct Tracked {
     requests_rate: f64,
     /// Units consumed, requests admitted and requests refused since the last tick.
     since_tick: [f32; 3],
-    /// Units/s consumed and requests/s refused over the last tick.
-    last_tick: [f32; 2],
+    /// Units/s consumed over the last tick (requests/s refused are in the outcome).
+    admitted_last_tick: f32,
     /// The meter changed since the store last took it.
     dirty: bool,
     /// The last tick saw a client: slow start's full reservation applies from the next.
@@ -340,6 +360,9 @@ struct Tracked {
     /// changed.
     settings: Option<Arc<GroupSettings>>,
     settings_generation: u32,
+    /// Where a tick gathered its load from backends' reports ([`NO_SLOT`] outside a tick, and
+    /// within one when no backend reported it): the tick takes it and clears it.
+    load_slot: u32,
     /// Its consumption rate this 20-second bucket, and the marks of the ones before over the
     /// last minute and hour (made when its first bucket ends).
     rate_now: RateNow,
@@ -359,11 +382,12 @@ impl Tracked {
             outcome: None,
             settings: None,
             settings_generation: u32::MAX,
+            load_slot: NO_SLOT,
             meter: meter.meter,
             units_rate: 0.0,
             requests_rate: 0.0,
             since_tick: [0.0; 3],
-            last_tick: [0.0; 2],
+            admitted_last_tick: 0.0,
             dirty: meter.dirty,
             had_clients: false,
             rate_now: RateNow::default(),
@@ -458,6 +482,11 @@ pub struct Engine {
     /// Provisional grants made since the last tick for groups the tick has not seen.
     unticked_provisional: f64,
     scratch: Vec<f64>,
+    /// The tick's buffers, kept from one tick to the next: each tracked group's load from the
+    /// backends' reports, its row, and its clients' demands.
+    loads: Vec<saturation::GroupLoad>,
+    rows: Vec<tick::Row>,
+    asking: Vec<split::Asking>,
     /// Events waiting to be taken, while tracing is on.
     trace: Option<trace::TraceBuffer>,
 }
@@ -511,6 +540,9 @@ impl Engine {
             totals: Totals::default(),
             unticked_provisional: 0.0,
             scratch: Vec::new(),
+            loads: Vec::new(),
+            rows: Vec::new(),
+            asking: Vec::new(),
             trace: None,
         }
     }
@@ -782,11 +814,7 @@ impl Engine {
     /// Whether `s`'s budget is spent by a group that has consumed `consumed` in all: counted
     /// from the period's start for a budget per period.
     pub(crate) fn budget_spent(&self, key: &GroupName, s: &GroupSettings, consumed: f64) -> bool {
-        let baseline = match s.budget_period() {
-            crate::settings::BudgetPeriod::Total => 0.0,
-            _ => self.budget_baselines.get(key).copied().unwrap_or(0.0),
-        };
-        s.budget().is_some_and(|b| consumed - baseline >= b)
+        budget_spent(&self.budget_baselines, key, s, consumed)
     }
 
     /// Starts a budget period for `group`: what it has consumed so far, `consumed`, no longer

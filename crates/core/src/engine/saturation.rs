@@ -158,18 +158,55 @@ pub(crate) struct BackendState {
     pub(crate) seen: Nanos,
 }
 
-/// (zone, ratio or rate, backend) per zone a group counts on.
-pub(crate) type Zones<'a> = SmallVec<[(&'a str, f64, &'a str); 2]>;
+/// One zone a group counts on: the zone and the backend with the smallest ratio (or, under
+/// the quota law, limiting rate) in it, by their places in [`Reporting`], and that value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ZoneMark {
+    pub(crate) zone: u32,
+    pub(crate) backend: u32,
+    pub(crate) value: f64,
+}
 
-/// One group's load across backends, gathered once per tick.
+/// The zones a group counts on, inline for up to two.
+pub(crate) type Zones = SmallVec<[ZoneMark; 2]>;
+
+/// One group's load across backends, gathered once per tick. Names are indices into the
+/// tick's [`Reporting`], so the buffer of these is kept from one tick to the next.
 #[derive(Default)]
-pub(crate) struct GroupLoad<'a> {
+pub(crate) struct GroupLoad {
     pub(crate) load: f64,
-    /// (zone, smallest ratio in it, the backend with it) for the saturated backends the group
-    /// counts on. Held inline for up to two zones: the tick makes one of these per group.
-    pub(crate) zones: Zones<'a>,
-    /// The quota law: (zone, smallest limiting rate in it, the backend with it).
-    pub(crate) quota_zones: Zones<'a>,
+    /// The saturated backends' smallest ratio per zone the group counts on.
+    pub(crate) zones: Zones,
+    /// The quota law: the smallest limiting rate per zone.
+    pub(crate) quota_zones: Zones,
+}
+
+/// The backends that reported within the expiry at a tick, in order: their names and zones,
+/// for what a [`ZoneMark`] points at.
+#[derive(Default)]
+pub(crate) struct Reporting<'a> {
+    /// (backend, index of its zone in `zones`).
+    pub(crate) backends: Vec<(&'a str, u32)>,
+    pub(crate) zones: Vec<&'a str>,
+}
+
+impl Reporting<'_> {
+    /// The backend and zone names a mark points at.
+    pub(crate) fn names(&self, mark: &ZoneMark) -> (&str, &str) {
+        (self.backends[mark.backend as usize].0, self.zones[mark.zone as usize])
+    }
+}
+
+/// Keeps the smallest value per zone: `mark` joins its zone's entry, or starts one.
+fn mark_zone(zones: &mut Zones, mark: ZoneMark) {
+    match zones.iter_mut().find(|z| z.zone == mark.zone) {
+        Some(z) => {
+            if mark.value < z.value {
+                *z = mark;
+            }
+        }
+        None => zones.push(mark),
+    }
 }
 
 impl SaturationSettings {
@@ -214,94 +251,95 @@ impl SaturationSettings {
         }
     }
 
-    /// Every group's load on the backends that reported within `expiry`, and the (zone,
-    /// ratio) of each saturated backend it counts on: one pass over all reports.
-    pub(crate) fn loads_by_group<'a>(
+    /// Every tracked group's load on the backends that reported within `expiry`, and the
+    /// (zone, ratio) of each saturated backend it counts on: one pass over all reports. A
+    /// tracked group with any load gets a slot in `loads` (its `load_slot`, which the tick
+    /// takes and clears); groups reported but not tracked get no target, so none is kept for
+    /// them (they still count towards the quota law's sums).
+    pub(super) fn gather_loads<'a>(
         &self,
         backends: &'a BTreeMap<String, BackendState>,
         now: Nanos,
         expiry: Duration,
         quota: &dyn Fn(&GroupName) -> Option<f64>,
-        was_busy: &dyn Fn(&GroupName) -> bool,
-        tracked: usize,
-    ) -> HashMap<&'a GroupName, GroupLoad<'a>, super::FixedHasher> {
+        tracked: &mut HashMap<GroupName, super::Tracked, super::FixedHasher>,
+        loads: &mut Vec<GroupLoad>,
+    ) -> Reporting<'a> {
+        loads.clear();
+        let mut reporting = Reporting::default();
         // A group saturation limited at the last tick keeps counting on a backend down to half
         // the threshold: at low rates its load there comes in whole transactions and dithers
         // around the threshold, and a backend that dropped in and out of its limit would swing
         // its target between the limit and the quota.
-        // Asks whether the group was busy only for a load between the two thresholds: the
-        // common case costs no look-up.
-        let counts = |g: &GroupName, l: f64| {
+        let counts = |l: f64, was_busy: &dyn Fn() -> bool| {
             l >= self.limiting_threshold
-                || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy(g))
+                || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy())
         };
-        // Sized once: the groups the backends report, at most as many as are tracked (a
-        // report may name groups no client uses; those grow the map as usual).
-        let entries: usize = backends.values().map(|b| b.load.len()).sum();
-        let mut by_group: HashMap<&GroupName, GroupLoad<'_>, super::FixedHasher> =
-            HashMap::with_capacity_and_hasher(entries.min(tracked), Default::default());
+        let busy = |t: Option<&super::Tracked>| t.and_then(|t| t.outcome.as_ref()).is_some_and(|o| o.busy);
         for (id, b) in backends {
             if now.since(b.seen) > expiry {
                 continue;
             }
+            let zone = match reporting.zones.iter().position(|z| *z == b.zone.as_str()) {
+                Some(i) => i,
+                None => {
+                    reporting.zones.push(b.zone.as_str());
+                    reporting.zones.len() - 1
+                }
+            } as u32;
+            let backend = reporting.backends.len() as u32;
+            reporting.backends.push((id.as_str(), zone));
             let ratio = self.limiting_ratio_of(b.health);
             // The quota law: this backend's limiting cost, shared by the limits of the groups
             // busy on it.
             let shares = match (self.law, ratio) {
                 (LimitingLaw::Quota, Some(r)) => {
                     let total: f64 = b.load.iter().map(|(_, l)| l).sum();
-                    let quotas: f64 =
-                        b.load.iter().filter(|(g, l)| counts(g, *l)).filter_map(|(g, _)| quota(g)).sum();
+                    let quotas: f64 = b
+                        .load
+                        .iter()
+                        .filter(|(g, l)| counts(*l, &|| busy(tracked.get(g))))
+                        .filter_map(|(g, _)| quota(g))
+                        .sum();
                     (quotas > 0.0).then_some((r * total, quotas))
                 }
                 _ => None,
             };
             for (group, l) in &b.load {
-                let entry = by_group.entry(group).or_default();
+                let Some(t) = tracked.get_mut(group) else { continue };
+                let counted = (shares.is_some() || ratio.is_some()) && counts(*l, &|| busy(Some(t)));
+                if t.load_slot == super::NO_SLOT {
+                    t.load_slot = loads.len() as u32;
+                    loads.push(GroupLoad::default());
+                }
+                let entry = &mut loads[t.load_slot as usize];
                 entry.load += l;
-                let counted = (shares.is_some() || ratio.is_some()) && counts(group, *l);
                 if let Some((limiting_cost, quotas)) = shares
                     && counted
                     && let Some(q) = quota(group)
                 {
-                    let limiting = limiting_cost * q / quotas;
-                    match entry.quota_zones.iter_mut().find(|(z, _, _)| *z == b.zone.as_str()) {
-                        Some((_, zl, worst)) => {
-                            if limiting < *zl {
-                                *zl = limiting;
-                                *worst = id.as_str();
-                            }
-                        }
-                        None => entry.quota_zones.push((b.zone.as_str(), limiting, id.as_str())),
-                    }
+                    let value = limiting_cost * q / quotas;
+                    mark_zone(&mut entry.quota_zones, ZoneMark { zone, backend, value });
                 }
-                if let Some(r) = ratio
+                if let Some(value) = ratio
                     && counted
                 {
-                    match entry.zones.iter_mut().find(|(z, _, _)| *z == b.zone.as_str()) {
-                        Some((_, zr, worst)) => {
-                            if r < *zr {
-                                *zr = r;
-                                *worst = id.as_str();
-                            }
-                        }
-                        None => entry.zones.push((b.zone.as_str(), r, id.as_str())),
-                    }
+                    mark_zone(&mut entry.zones, ZoneMark { zone, backend, value });
                 }
             }
         }
-        by_group
+        reporting
     }
 
     /// The ratio limiting a group with these zones, after ignoring the worst ones.
-    pub(crate) fn limiting_ratio(&self, zones: &[(&str, f64, &str)]) -> Option<f64> {
+    pub(crate) fn limiting_ratio(&self, zones: &[ZoneMark]) -> Option<f64> {
         if zones.len() <= self.ignore_worst_zones {
             return None;
         }
         if self.ignore_worst_zones == 0 {
-            return zones.iter().map(|(_, r, _)| *r).min_by(f64::total_cmp);
+            return zones.iter().map(|z| z.value).min_by(f64::total_cmp);
         }
-        let mut ratios: SmallVec<[f64; 8]> = zones.iter().map(|(_, r, _)| *r).collect();
+        let mut ratios: SmallVec<[f64; 8]> = zones.iter().map(|z| z.value).collect();
         ratios.sort_by(f64::total_cmp);
         Some(ratios[self.ignore_worst_zones])
     }

@@ -14,21 +14,39 @@ use super::{ClientGrant, Engine, GroupOutcome};
 /// The share of its reservation a group with no client holds under slow start.
 pub const SLOW_START_SHARE: f64 = 0.1;
 
-/// What the tick needs of a group (copied: no clone of its settings).
-struct Row {
+/// What the tick needs of a group (copied: no clone of its settings). One is kept per tracked
+/// group from tick to tick, so it is kept small: optional rates as NaN, what only a trace
+/// needs apart ([`Traced`]).
+pub(super) struct Row {
     reserved: f64,
     cap: f64,
-    priority: Priority,
     weight: f64,
-    burst: Option<f64>,
+    /// NaN: none.
+    burst: f64,
     demand: f64,
     unthrottled: f64,
-    limiting: Option<f64>,
+    /// NaN: none.
+    limiting: f64,
     load: f64,
-    avg_cost: f64,
-    exhausted: bool,
     first_asked: u64,
-    /// The ratio applied and the saturated backends counted on, when tracing.
+    /// How many clients ask: its entries in the tick's list of them, after the rows before.
+    clients: u32,
+    priority: Priority,
+    exhausted: bool,
+}
+
+impl Row {
+    fn burst(&self) -> Option<f64> {
+        (!self.burst.is_nan()).then_some(self.burst)
+    }
+
+    fn limiting(&self) -> Option<f64> {
+        (!self.limiting.is_nan()).then_some(self.limiting)
+    }
+}
+
+/// What a trace adds to a group's row: the ratio applied and the saturated backends counted on.
+struct Traced {
     ratio: Option<f64>,
     limited_by: Vec<super::Limiter>,
 }
@@ -42,45 +60,53 @@ impl Engine {
         self.ticks += 1;
         self.expire(now);
 
+        // Two walks over the groups, in the map's iteration order, which stays the same until
+        // the groups change: one makes each group's row (what the allocation needs), the last
+        // one its target and grants. The buffers are kept from tick to tick: at 100,000 groups
+        // fresh ones cost a page fault every few groups.
+        let Engine {
+            settings,
+            configured,
+            settings_generation,
+            tracked,
+            backends,
+            budget_baselines,
+            trace,
+            loads,
+            rows,
+            asking,
+            ..
+        } = self;
+        let generation = *settings_generation;
         let quota = |g: &GroupName| {
-            self.settings_for(g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
+            super::settings_in(configured, g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
         };
-        let was_busy =
-            |g: &GroupName| self.tracked.get(g).and_then(|t| t.outcome.as_ref()).is_some_and(|o| o.busy);
-        let loads = self.settings.saturation.loads_by_group(
-            &self.backends,
-            now,
-            self.settings.report_expiry,
-            &quota,
-            &was_busy,
-            self.tracked.len(),
-        );
-        // Rows are in the groups' iteration order, which stays the same until the groups
-        // change; the last loop walks both together instead of looking each group up again.
-        let mut rows = Vec::with_capacity(self.tracked.len());
-        let keep = (-elapsed / self.settings.cost_folding.as_secs_f64().max(1e-9)).exp();
-        let (configured, generation) = (&self.configured, self.settings_generation);
-        for (name, g) in self.tracked.iter_mut() {
+        let reporting =
+            settings.saturation.gather_loads(backends, now, settings.report_expiry, &quota, tracked, loads);
+        rows.clear();
+        rows.reserve(tracked.len());
+        // Every group's clients, as the split asks for them, one group after another: the last
+        // walk reads them here, in order, rather than from each group's own list.
+        asking.clear();
+        let keep = (-elapsed / settings.cost_folding.as_secs_f64().max(1e-9)).exp();
+        let sat = &settings.saturation;
+        let mut traced = Vec::new();
+        for (name, g) in tracked.iter_mut() {
+            forget_silent_clients(&mut g.clients, now, settings.report_expiry);
             if g.settings_generation != generation {
                 g.settings = super::settings_in(configured, name).cloned();
                 g.settings_generation = generation;
             }
-            // Average cost per request: the ratio of moving averages of units/s and requests/s.
-            let [units, requests, throttled] = g.since_tick.map(f64::from);
-            g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
-            g.requests_rate = g.requests_rate * keep + requests / elapsed * (1.0 - keep);
-            g.last_tick = [(units / elapsed) as f32, (throttled / elapsed) as f32];
-            g.rate_now.add(&mut g.rates, now, units / elapsed);
             if let Some(d) = &mut g.detail {
                 d.tick(elapsed, keep);
             }
-            g.since_tick = [0.0; 3];
-        }
-        for (name, g) in &self.tracked {
-            let avg_cost = if g.requests_rate > 1e-9 { g.units_rate / g.requests_rate } else { 1.0 };
-            let settings = g.settings.as_deref();
-            let sat = &self.settings.saturation;
-            let (load, ratio, limiting) = match (loads.get(name), sat.law) {
+
+            let settings_now = g.settings.as_deref();
+            let load = match std::mem::replace(&mut g.load_slot, super::NO_SLOT) {
+                super::NO_SLOT => None,
+                slot => Some(&loads[slot as usize]),
+            };
+            let (load_rate, ratio, limiting) = match (load, sat.law) {
                 (Some(l), LimitingLaw::Rate) => {
                     let ratio = sat.limiting_ratio(&l.zones);
                     (l.load, ratio, ratio.map(|r| l.load * r))
@@ -98,27 +124,31 @@ impl Engine {
                 (None, _) => (0.0, None, None),
             };
             let mut limited_by = Vec::new();
-            if self.trace.is_some()
-                && let Some(l) = loads.get(name)
+            if trace.is_some()
+                && let Some(l) = load
             {
                 let mut zones = l.zones.clone();
-                zones.sort_by(|a, b| a.1.total_cmp(&b.1));
-                let ignored = self.settings.saturation.ignore_worst_zones;
-                limited_by.extend(zones.iter().enumerate().map(|(i, (zone, r, backend))| super::Limiter {
-                    backend: backend.to_string(),
-                    zone: zone.to_string(),
-                    ratio: *r,
-                    ignored: i < ignored,
+                zones.sort_by(|a, b| a.value.total_cmp(&b.value));
+                let ignored = sat.ignore_worst_zones;
+                limited_by.extend(zones.iter().enumerate().map(|(i, mark)| {
+                    let (backend, zone) = reporting.names(mark);
+                    super::Limiter {
+                        backend: backend.to_string(),
+                        zone: zone.to_string(),
+                        ratio: mark.value,
+                        ignored: i < ignored,
+                    }
                 }));
             }
-            let mut reserved = settings.map_or(0.0, GroupSettings::reserved);
+            let mut reserved = settings_now.map_or(0.0, GroupSettings::reserved);
             // Slow start (Couchbase): a tenth of the reservation until a client has been seen
             // by a tick, all of it from the next.
-            if self.settings.slow_start && (!g.had_clients || g.clients.is_empty()) {
+            if settings.slow_start && (!g.had_clients || g.clients.is_empty()) {
                 reserved *= SLOW_START_SHARE;
             }
-            let exhausted = settings.is_some_and(|s| self.budget_spent(name, s, g.meter.consumed));
-            let mut ceiling = match settings {
+            let exhausted = settings_now
+                .is_some_and(|s| super::budget_spent(budget_baselines, name, s, g.meter.consumed));
+            let mut ceiling = match settings_now {
                 Some(s) if exhausted => s.reserved(),
                 Some(s) => s.limit().as_f64(),
                 None => Limit::Unlimited.as_f64(),
@@ -126,45 +156,69 @@ impl Engine {
             // FoundationDB's accounting: the limit and the reservation bound reads and writes
             // each, so in units of both they reach further. The reservation never passes the
             // limit.
-            if settings.is_some_and(GroupSettings::reads_writes_apart)
+            if settings_now.is_some_and(GroupSettings::reads_writes_apart)
                 && let Some((desired, reserving)) = g.detail.as_deref().and_then(super::Detail::apart_factors)
             {
                 ceiling *= desired;
                 reserved = (reserved * reserving).min(ceiling);
             }
             let cap = g.ramp.as_ref().map_or(ceiling, |r| ceiling.min(r.pool() as f64));
-            let unthrottled: f64 = g.clients.iter().map(|c| f64::from(c.unthrottled)).sum();
+            // Added up as `Iterator::sum` would, from −0.0.
+            let (mut demand, mut unthrottled) = (-0.0, -0.0);
+            for c in &g.clients {
+                demand += f64::from(c.demand);
+                unthrottled += f64::from(c.unthrottled);
+                asking.push(Asking {
+                    client: c.client,
+                    demand: f64::from(c.demand),
+                    unthrottled: f64::from(c.unthrottled),
+                });
+            }
+            if trace.is_some() {
+                traced.push(Traced { ratio, limited_by });
+            }
             rows.push(Row {
                 reserved,
                 cap,
-                priority: settings.map_or(Priority::MEDIUM, GroupSettings::priority),
-                weight: settings.map_or(1.0, GroupSettings::weight),
-                burst: settings.and_then(GroupSettings::burst),
-                demand: g.clients.iter().map(|c| f64::from(c.demand)).sum(),
+                priority: settings_now.map_or(Priority::MEDIUM, GroupSettings::priority),
+                weight: settings_now.map_or(1.0, GroupSettings::weight),
+                burst: settings_now.and_then(GroupSettings::burst).unwrap_or(f64::NAN),
+                demand,
                 unthrottled,
-                limiting,
-                load,
-                avg_cost,
+                limiting: limiting.unwrap_or(f64::NAN),
+                load: load_rate,
                 exhausted,
                 first_asked: g.first_asked,
-                ratio,
-                limited_by,
+                clients: g.clients.len() as u32,
             });
         }
-        drop(loads);
+        drop(reporting);
+        let rows = std::mem::take(rows);
 
         let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
 
         let trace_t = self.trace_time(now);
         let mut trace = self.trace.take();
         let mut scratch = std::mem::take(&mut self.scratch);
-        let mut asking: Vec<Asking> = Vec::new();
+        let asking_all = std::mem::take(&mut self.asking);
+        let mut from = 0;
         let mut targets_total = 0.0;
         let mut totals = super::Totals::default();
-        for (i, (row, (name, g))) in rows.into_iter().zip(self.tracked.iter_mut()).enumerate() {
+        let mut rows = rows;
+        let mut traced = traced.into_iter();
+        for (i, (row, (name, g))) in rows.drain(..).zip(self.tracked.iter_mut()).enumerate() {
             let share = shares.as_ref().map(|s| s[i]);
+            // Average cost per request: the ratio of moving averages of units/s and requests/s.
+            let [units, requests, throttled] = g.since_tick.map(f64::from);
+            g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
+            g.requests_rate = g.requests_rate * keep + requests / elapsed * (1.0 - keep);
+            g.admitted_last_tick = (units / elapsed) as f32;
+            let throttled = (throttled / elapsed) as f32;
+            g.rate_now.add(&mut g.rates, now, units / elapsed);
+            g.since_tick = [0.0; 3];
+            let avg_cost = if g.requests_rate > 1e-9 { g.units_rate / g.requests_rate } else { 1.0 };
             let mut bound = row.cap;
-            if let Some(l) = row.limiting {
+            if let Some(l) = row.limiting() {
                 bound = bound.min(l);
             }
             if let Some(s) = share {
@@ -173,21 +227,18 @@ impl Engine {
             // Nothing bounds the group (no limit, no saturation, no capacity to share): it is
             // not throttled, whatever it reserves.
             let target = bound.is_finite().then(|| row.reserved.max(bound));
-            let busy = row.limiting.is_some_and(|l| l < row.cap);
+            let busy = row.limiting().is_some_and(|l| l < row.cap);
             // Reuse last tick's grant buffer.
             let mut grants = g.outcome.take().map(|o| o.grants).unwrap_or_default();
             grants.clear();
-            grants.reserve_exact(g.clients.len());
-            asking.clear();
-            asking.extend(g.clients.iter().map(|c| Asking {
-                client: c.client,
-                demand: f64::from(c.demand),
-                unthrottled: f64::from(c.unthrottled),
-            }));
+            let clients = row.clients as usize;
+            let asking = &asking_all[from..from + clients];
+            from += clients;
+            grants.reserve_exact(clients);
             let water_level = match target {
                 Some(t) => {
                     targets_total += t;
-                    Some(split_into(&mut grants, t, &asking, row.burst, &mut scratch))
+                    Some(split_into(&mut grants, t, asking, row.burst(), &mut scratch))
                 }
                 None => {
                     let open = |c: &Asking| ClientGrant {
@@ -200,47 +251,52 @@ impl Engine {
                 }
             };
             if let Some(buffer) = &mut trace {
+                let Traced { ratio, limited_by } =
+                    traced.next().expect("a trace for every row while tracing");
                 buffer.push(super::TraceEvent::Rate(super::RateComputation {
                     t: trace_t,
                     group: name.to_string(),
                     reserved: row.reserved,
                     desired: row.cap.is_finite().then_some(row.cap),
-                    limiting: row.limiting,
-                    ratio: row.ratio,
+                    limiting: row.limiting(),
+                    ratio,
                     share,
                     target,
                     per_client: water_level,
-                    clients: g.clients.len() as u32,
+                    clients: row.clients,
                     demand: row.demand,
                     unthrottled: row.unthrottled,
-                    admitted: f64::from(g.last_tick[0]),
+                    admitted: f64::from(g.admitted_last_tick),
                     load: row.load,
-                    average_cost: row.avg_cost,
+                    average_cost: avg_cost,
                     busy,
-                    limited_by: row.limited_by,
+                    limited_by,
                 }));
             }
-            g.had_clients = !g.clients.is_empty();
-            totals.admitted += f64::from(g.last_tick[0]);
-            totals.throttled += f64::from(g.last_tick[1]);
+            g.had_clients = clients > 0;
+            totals.admitted += f64::from(g.admitted_last_tick);
+            totals.throttled += f64::from(throttled);
             totals.demand += row.demand;
-            totals.clients += g.clients.len() as u64;
+            totals.clients += clients as u64;
             let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
                 target: target.unwrap_or(none),
-                limiting: row.limiting.unwrap_or(none),
+                limiting: row.limiting,
                 share: share.unwrap_or(none),
                 busy,
                 water_level: water_level.unwrap_or(none),
-                avg_cost: row.avg_cost,
+                avg_cost,
                 demand: row.demand,
                 unthrottled: row.unthrottled as f32,
                 load: row.load as f32,
                 budget_exhausted: row.exhausted,
+                throttled,
                 grants,
             });
         }
         self.scratch = scratch;
+        self.rows = rows;
+        self.asking = asking_all;
         self.trace = trace;
         self.targets_total = targets_total;
         self.totals = totals;
@@ -284,7 +340,9 @@ impl Engine {
         }
     }
 
-    /// Forgets idle groups (keeping resumable ramps), silent clients and backends.
+    /// Forgets idle groups (keeping resumable ramps), silent clients and backends; a group's
+    /// silent clients are forgotten by the walk that makes its row
+    /// ([`forget_silent_clients`]).
     fn expire(&mut self, now: Nanos) {
         let idle = self.settings.group_idle_expiry;
         let report_expiry = self.settings.report_expiry;
@@ -310,12 +368,6 @@ impl Engine {
             }
         }
         self.resume.retain(|_, (_, until)| now < *until);
-        for g in self.tracked.values_mut() {
-            g.clients.retain(|c| now.since(c.seen) <= report_expiry);
-            if g.clients.capacity() > 2 * g.clients.len() + 4 {
-                g.clients.shrink_to_fit();
-            }
-        }
         self.backends.retain(|_, b| now.since(b.seen) <= report_expiry);
         self.clients.expire(now, report_expiry.max(self.settings.tick * 2));
         // What expired is given back: a burst of names or clients does not hold its memory
@@ -323,6 +375,14 @@ impl Engine {
         shrink(&mut self.tracked);
         shrink(&mut self.meters);
         shrink(&mut self.resume);
+    }
+}
+
+/// Forgets the clients of a group that have not reported within `expiry`.
+fn forget_silent_clients(clients: &mut Vec<super::ClientEntry>, now: Nanos, expiry: std::time::Duration) {
+    clients.retain(|c| now.since(c.seen) <= expiry);
+    if clients.capacity() > 2 * clients.len() + 4 {
+        clients.shrink_to_fit();
     }
 }
 
