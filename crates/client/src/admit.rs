@@ -6,7 +6,7 @@
 //! "Stashes" in docs/concepts.md).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_core::bucket::{Bucket, Priced, Refusal};
@@ -17,7 +17,7 @@ use crate::error::AcquireError;
 use crate::group::{Group, Limiter, micros};
 use crate::inner::Inner;
 use crate::permit::{GroupRef, Permit};
-use crate::tally::{Stash, Tally};
+use crate::tally::{MICROS_PER_UNIT, Stash, Tally};
 
 impl Inner {
     /// Admits `cost` for `group` now, or books it within `max_wait`: returns the permit and
@@ -101,6 +101,7 @@ impl Inner {
                     count_admitted(g, cost, false);
                     Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
                 }
+                Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
                 Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
             });
         }
@@ -166,8 +167,21 @@ impl Inner {
         });
         match outcome {
             Ok(()) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now }),
+            Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
             Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
         }
+    }
+
+    /// [`refuse`](Self::refuse) for the common refusal, a wait within the burst: the retry
+    /// is the wait, and only a remote client's mode hears of it.
+    #[inline(always)]
+    fn refuse_wait(&self, g: &Group, cost: f64, wait: Duration, now: Nanos) -> AcquireError {
+        if matches!(self.mode, crate::inner::Mode::Remote(_)) {
+            self.refused(g, cost, Some(Refusal::Wait(wait)));
+        }
+        g.check_debt(now);
+        g.record(|t| count_request(&t.throttled, &t.throttled_micro, cost));
+        AcquireError::Throttled { group: g.name.clone(), retry_after: wait }
     }
 
     /// Counts a refusal at `now` (the time the decision was made: no second clock read) and
@@ -185,10 +199,7 @@ impl Inner {
     ) -> AcquireError {
         self.refused(g, cost, refusal);
         g.check_debt(now);
-        g.record(|t| {
-            Tally::bump(&t.throttled, 1);
-            Tally::bump(&t.throttled_micro, micros(cost));
-        });
+        g.record(|t| count_request(&t.throttled, &t.throttled_micro, cost));
         AcquireError::Throttled { group: g.name.clone(), retry_after }
     }
 
@@ -199,8 +210,7 @@ impl Inner {
             Limiter::Epoch(share) => share.take(cost, now),
         }
         group.record(|t| {
-            Tally::bump(&t.admitted, 1);
-            Tally::bump(&t.admitted_micro, micros(cost));
+            count_request(&t.admitted, &t.admitted_micro, cost);
             Tally::bump(&t.unthrottled_micro, micros(cost));
         });
         Permit { group, cost, at: now }
@@ -293,11 +303,20 @@ fn count_admitted(g: &Group, cost: f64, waited: bool) {
     g.record(|t| count_in(t, cost, waited));
 }
 
+/// Counts a request of `cost` in a tally's `count` and its millionths beyond one unit in
+/// `beyond` (see [`Tally`]): a cost of one is a single add.
+#[inline(always)]
+fn count_request(count: &AtomicU64, beyond: &AtomicU64, cost: f64) {
+    Tally::bump(count, 1);
+    if cost != 1.0 {
+        Tally::bump(beyond, micros(cost).wrapping_sub(MICROS_PER_UNIT));
+    }
+}
+
 /// Counts an admission in `tally`.
 #[inline(always)]
 fn count_in(tally: &Tally, cost: f64, waited: bool) {
-    Tally::bump(&tally.admitted, 1);
-    Tally::bump(&tally.admitted_micro, micros(cost));
+    count_request(&tally.admitted, &tally.admitted_micro, cost);
     if waited {
         Tally::bump(&tally.waited, 1);
     }
@@ -317,9 +336,13 @@ const STASH_HITS: u32 = 64;
 #[inline(always)]
 fn stash_worthwhile(priced: &Priced) -> bool {
     let ns_per_unit = priced.ns_per_unit();
-    ns_per_unit > 0.0
-        && ns_per_unit * STASH_MIN_UNITS <= STASH_SPAN_S * 1e9
-        && priced.tolerance_ns() as f64 >= 16.0 * STASH_MIN_UNITS * ns_per_unit
+    // The rate test first, one comparison (`ns × 16 ≤ 50,000` exactly, 16 being a power of
+    // two): below 320,000 units/s, a closed bucket (infinite) or NaN, it alone decides.
+    let fast_enough = ns_per_unit <= STASH_SPAN_S * 1e9 / STASH_MIN_UNITS;
+    if !fast_enough {
+        return false;
+    }
+    ns_per_unit > 0.0 && priced.tolerance_ns() as f64 >= 16.0 * STASH_MIN_UNITS * ns_per_unit
 }
 
 /// Units a thread takes ahead of use from `bucket`: 50 µs at its rate, at most a sixteenth

@@ -10,7 +10,7 @@ use tollgate_core::config::NodeSettings;
 use tollgate_core::cost::CostModel;
 use tollgate_core::time::{Clock, Nanos};
 
-use crate::clock::ClockSource;
+use crate::clock::{ClockSource, CoarseClock};
 use crate::embedded::Embedded;
 use crate::error::AcquireError;
 use crate::group::{Group, Groups};
@@ -71,9 +71,9 @@ impl Mode {
 pub(crate) struct Inner {
     pub(crate) clock: Arc<ClockSource>,
     /// The clock a bucket whose burst holds at least [`FAST_CLOCK_MIN_BURST`] of refill
-    /// admits by: the coarse clock (one load) beside the default precise one, else the same
-    /// clock. See [`Inner::now_for`].
-    fast: ClockSource,
+    /// admits by: the coarse clock (one load) beside the default precise one or a coarse one;
+    /// `None` for any other clock, which is then read as it is. See [`Inner::now_for`].
+    coarse: Option<CoarseClock>,
     pub(crate) groups: Arc<Groups>,
     pub(crate) mode: Mode,
     /// `max_wait`, and the node settings an embedded limiter was built with.
@@ -92,8 +92,9 @@ impl Inner {
         cost_model: CostModel,
     ) -> Inner {
         let next = if matches!(mode, Mode::Embedded(_)) { 0 } else { u64::MAX };
-        let fast = clock.fast_companion();
-        let inner = Inner { clock, fast, groups, mode, node, cost_model, next_tick_ns: AtomicU64::new(next) };
+        let coarse = clock.coarse_companion();
+        let inner =
+            Inner { clock, coarse, groups, mode, node, cost_model, next_tick_ns: AtomicU64::new(next) };
         if let Mode::Embedded(e) = &inner.mode {
             e.reallocate(inner.clock.now(), &inner.groups);
         }
@@ -107,7 +108,10 @@ impl Inner {
     /// never admits early.
     #[inline(always)]
     pub(crate) fn now_for(&self, priced: &Priced) -> Nanos {
-        if reads_fast_clock(priced) { self.fast.now() } else { self.clock.now() }
+        match &self.coarse {
+            Some(coarse) if reads_fast_clock(priced) => coarse.now(),
+            _ => self.clock.now(),
+        }
     }
 
     /// Runs the embedded engine's tick if it is due; cheap when it is not.

@@ -25,13 +25,23 @@ pub const LOCAL_GROUPS_MAX: usize = 32;
 /// is taken in when its slot still names it at its next miss.
 const DOORKEEPER_SLOTS: usize = 64;
 
+/// Millionths of a unit in one unit: see [`Tally`].
+pub(crate) const MICROS_PER_UNIT: u64 = 1_000_000;
+
 /// One thread's (or the shared) counts for one group.
+///
+/// Requests admitted and refused are counted with their units in millionths; a tally keeps,
+/// beside each count, only the millionths *beyond one unit per request* (wrapping: a cost
+/// under one takes some back), so a request of cost one, the most common, is one add.
+/// [`Totals`] gives the units in full.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub(crate) struct Tally {
     pub(crate) admitted: AtomicU64,
+    /// Millionths beyond one unit per request admitted.
     pub(crate) admitted_micro: AtomicU64,
     pub(crate) throttled: AtomicU64,
+    /// Millionths beyond one unit per request refused.
     pub(crate) throttled_micro: AtomicU64,
     /// Admissions that had to wait: with refusals, the sign of unmet demand.
     pub(crate) waited: AtomicU64,
@@ -58,7 +68,7 @@ impl Tally {
     }
 }
 
-/// A sum of tallies.
+/// A sum of tallies, the units in full (millionths).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Totals {
     pub(crate) admitted: u64,
@@ -73,9 +83,11 @@ impl Totals {
     fn add(&mut self, t: &Tally) {
         let [a, am, th, thm, w, um] = t.fields().map(|c| c.load(Ordering::Relaxed));
         self.admitted += a;
-        self.admitted_micro += am;
+        self.admitted_micro =
+            self.admitted_micro.wrapping_add(a.wrapping_mul(MICROS_PER_UNIT)).wrapping_add(am);
         self.throttled += th;
-        self.throttled_micro += thm;
+        self.throttled_micro =
+            self.throttled_micro.wrapping_add(th.wrapping_mul(MICROS_PER_UNIT)).wrapping_add(thm);
         self.waited += w;
         self.unthrottled_micro += um;
     }

@@ -555,3 +555,32 @@ fn with_clock_refuses_a_handle_that_is_not_embedded() {
     let embedded = gate("[groups.a]\nlimit = 1\n", &ManualClock::new());
     assert_eq!(embedded.with_clock(ManualClock::new()).unwrap().mode(), "embedded");
 }
+
+/// A tally keeps only the millionths beyond one unit per request (a cost of one is a single
+/// add): the units read back are exact for costs of one, under one and over one, admitted,
+/// refused and unthrottled, from one thread and from another.
+#[test]
+fn units_admitted_and_refused_add_up_exactly_whatever_the_cost() {
+    let clock = ManualClock::new();
+    let gate = gate("[groups.g]\nlimit = 10\n", &clock);
+    let g = gate.group("g").unwrap();
+    for cost in [1.0, 0.25, 2.5, 1.0] {
+        g.try_acquire(cost).unwrap();
+    }
+    // 4.75 of the burst of 10 spent: 5.25 left, so these are refused.
+    for cost in [6.0, 1.0 + 5.25, 7.125] {
+        assert!(matches!(g.try_acquire(cost), Err(AcquireError::Throttled { .. })));
+    }
+    gate.unthrottled().try_acquire("g", 0.5).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            g.try_acquire(1.0).unwrap();
+            assert!(g.try_acquire(20.0).is_err());
+        });
+    });
+    let stats = g.stats();
+    assert_eq!((stats.admitted, stats.throttled), (6, 3));
+    assert_eq!(stats.admitted_units, 1.0 + 0.25 + 2.5 + 1.0 + 0.5 + 1.0);
+    assert_eq!(stats.unthrottled_units, 0.5);
+    assert_eq!(stats.throttled_units, 6.0 + 6.25 + 7.125);
+}
