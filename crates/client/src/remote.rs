@@ -612,12 +612,12 @@ impl Driver {
     /// handle is dropped. Must run inside a tokio runtime.
     pub async fn run_in_process(
         mut self,
-        mut exchange: impl FnMut(&v1::ExchangeRequest) -> Result<v1::ExchangeResponse, String> + Send,
+        mut exchange: impl FnMut(&mut v1::ExchangeRequest) -> Result<v1::ExchangeResponse, String> + Send,
     ) {
         loop {
             let now = self.until_due().await;
-            let Some(request) = self.request(now) else { return };
-            match exchange(&request) {
+            let Some(mut request) = self.request(now) else { return };
+            match exchange(&mut request) {
                 Ok(response) => self.answer(self.now(), &response),
                 Err(reason) => self.failed(self.now(), &reason),
             }

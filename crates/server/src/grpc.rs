@@ -84,7 +84,7 @@ impl Admission for Services {
             }
         }
         let started = self.clock.now();
-        let mut response = self.controller.exchange(started, &exchange)?;
+        let mut response = self.controller.exchange(started, &mut exchange)?;
         response.unthrottled_allowed = privileged;
         self.latency.record(self.clock.now().since(started));
         Ok(Response::new(response))

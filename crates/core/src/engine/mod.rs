@@ -649,17 +649,26 @@ impl Engine {
 
     /// A client's report for one group; answers with the client's grant for it.
     pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
+        use std::collections::hash_map::Entry;
         self.started.get_or_insert(now);
-        let key = self.state_key(group);
         let lease = self.settings.lease;
         let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
         let generation = self.settings_generation;
         let ramped = self.ramped > 0;
-        // One look-up in the common case: the group's state holds the settings that apply to
-        // it, looked up again only after they changed.
-        let g = match self.tracked.entry(key.clone()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
+        let full = self.tracked.len() >= self.settings.max_tracked_groups;
+        // One look-up in the common case, full or not (see `state_key`): the group's state
+        // holds the settings that apply to it, looked up again only after they changed.
+        let (key, entry) = match self.tracked.entry(group.clone()) {
+            Entry::Vacant(v) if full => {
+                drop(v);
+                let default = GroupName::default_group();
+                (default.clone(), self.tracked.entry(default))
+            }
+            entry => (group.clone(), entry),
+        };
+        let g = match entry {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => {
                 // A resumable ramp that went idle within its TTL continues where it was.
                 let resumed = self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
                 let ramp_settings = settings_in(&self.configured, v.key()).and_then(|s| s.ramp().copied());
@@ -668,6 +677,14 @@ impl Engine {
                 v.insert(Tracked::new(now, ramp, meter))
             }
         };
+        // The report reads three allocations of the group's apart from its state: its settings,
+        // its clients and its grants. Read together first, their cache misses overlap (at
+        // 100,000 groups each is a miss) instead of coming one after another.
+        std::hint::black_box((
+            g.settings.as_deref().map(GroupSettings::reserved),
+            g.clients.first().map(|c| c.seen),
+            g.outcome.as_ref().and_then(|o| o.grants.first()).map(|c| c.rate),
+        ));
         if g.settings_generation != generation {
             g.settings = settings_in(&self.configured, &key).cloned();
             g.settings_generation = generation;
