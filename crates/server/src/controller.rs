@@ -462,6 +462,7 @@ impl Controller {
             reports.push((name, report, std::mem::take(&mut g.group)));
         }
         let mut engine = self.engine();
+        engine.warm(reports.iter().map(|(name, ..)| name));
         let client = engine
             .client(now, &req.client_id, req.sequence)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;

@@ -647,6 +647,22 @@ impl Engine {
         }
     }
 
+    /// Reads, without using them, the state of `groups` that their reports will (see
+    /// [`report`](Self::report)): a client reports many groups at once, and with many
+    /// groups tracked each group's state is a cache miss; read in one pass first, the misses
+    /// of different groups overlap instead of coming one report after another.
+    pub fn warm<'a>(&self, groups: impl Iterator<Item = &'a GroupName>) {
+        for name in groups {
+            if let Some(g) = self.tracked.get(name) {
+                std::hint::black_box((
+                    g.settings.as_deref().map(GroupSettings::reserved),
+                    g.clients.first().map(|c| c.seen),
+                    g.outcome.as_ref().and_then(|o| o.grants.first()).map(|c| c.rate),
+                ));
+            }
+        }
+    }
+
     /// A client's report for one group; answers with the client's grant for it.
     pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
         use std::collections::hash_map::Entry;
