@@ -32,9 +32,10 @@ pub enum AcquireError {
     /// The cost is NaN, infinite or negative.
     #[error("invalid cost: {0}")]
     InvalidCost(#[from] CostError),
-    /// The group name breaks the naming rules.
+    /// The group name breaks the naming rules. (Boxed: a rare error, and the largest, kept
+    /// out of the way of the result every admission returns.)
     #[error("invalid group name: {0}")]
-    InvalidGroup(SettingError),
+    InvalidGroup(Box<SettingError>),
 }
 
 impl AcquireError {

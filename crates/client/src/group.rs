@@ -430,7 +430,7 @@ impl Groups {
 
     #[cold]
     fn lookup_locked(&self, name: &str) -> Result<(Arc<Group>, bool), AcquireError> {
-        check_group_name(name).map_err(AcquireError::InvalidGroup)?;
+        check_group_name(name).map_err(|e| AcquireError::InvalidGroup(Box::new(e)))?;
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.map.load_full();
         if let Some(g) = current.get(name) {
@@ -443,7 +443,7 @@ impl Groups {
             }
             None => {
                 let settings = self.settings_for(name);
-                let name = GroupName::new(name).map_err(AcquireError::InvalidGroup)?;
+                let name = GroupName::new(name).map_err(|e| AcquireError::InvalidGroup(Box::new(e)))?;
                 let group = (self.make)(name.clone(), &settings);
                 recent.map.insert(name, group.clone());
                 (group, true)
