@@ -484,7 +484,7 @@ pub struct Engine {
     scratch: Vec<f64>,
     /// The tick's buffers, kept from one tick to the next: each tracked group's load from the
     /// backends' reports, its row, and its clients' demands.
-    loads: Vec<saturation::GroupLoad>,
+    loads: saturation::Loads,
     rows: Vec<tick::Row>,
     asking: Vec<split::Asking>,
     /// Events waiting to be taken, while tracing is on.
@@ -540,7 +540,7 @@ impl Engine {
             totals: Totals::default(),
             unticked_provisional: 0.0,
             scratch: Vec::new(),
-            loads: Vec::new(),
+            loads: saturation::Loads::default(),
             rows: Vec::new(),
             asking: Vec::new(),
             trace: None,

@@ -177,8 +177,15 @@ pub(crate) struct GroupLoad {
     pub(crate) load: f64,
     /// The saturated backends' smallest ratio per zone the group counts on.
     pub(crate) zones: Zones,
-    /// The quota law: the smallest limiting rate per zone.
-    pub(crate) quota_zones: Zones,
+}
+
+/// What a tick gathers from the backends' reports, by slot (see
+/// [`SaturationSettings::gather_loads`]); kept from one tick to the next.
+#[derive(Default)]
+pub(crate) struct Loads {
+    pub(crate) groups: Vec<GroupLoad>,
+    /// Under the quota law only, beside `groups`: the smallest limiting rate per zone.
+    pub(crate) quota_zones: Vec<Zones>,
 }
 
 /// The backends that reported within the expiry at a tick, in order: their names and zones,
@@ -263,9 +270,11 @@ impl SaturationSettings {
         expiry: Duration,
         quota: &dyn Fn(&GroupName) -> Option<f64>,
         tracked: &mut HashMap<GroupName, super::Tracked, super::FixedHasher>,
-        loads: &mut Vec<GroupLoad>,
+        loads: &mut Loads,
     ) -> Reporting<'a> {
-        loads.clear();
+        loads.groups.clear();
+        loads.quota_zones.clear();
+        let quota_law = self.law == LimitingLaw::Quota;
         let mut reporting = Reporting::default();
         // A group saturation limited at the last tick keeps counting on a backend down to half
         // the threshold: at low rates its load there comes in whole transactions and dithers
@@ -309,17 +318,21 @@ impl SaturationSettings {
                 let Some(t) = tracked.get_mut(group) else { continue };
                 let counted = (shares.is_some() || ratio.is_some()) && counts(*l, &|| busy(Some(t)));
                 if t.load_slot == super::NO_SLOT {
-                    t.load_slot = loads.len() as u32;
-                    loads.push(GroupLoad::default());
+                    t.load_slot = loads.groups.len() as u32;
+                    loads.groups.push(GroupLoad::default());
+                    if quota_law {
+                        loads.quota_zones.push(Zones::new());
+                    }
                 }
-                let entry = &mut loads[t.load_slot as usize];
+                let slot = t.load_slot as usize;
+                let entry = &mut loads.groups[slot];
                 entry.load += l;
                 if let Some((limiting_cost, quotas)) = shares
                     && counted
                     && let Some(q) = quota(group)
                 {
                     let value = limiting_cost * q / quotas;
-                    mark_zone(&mut entry.quota_zones, ZoneMark { zone, backend, value });
+                    mark_zone(&mut loads.quota_zones[slot], ZoneMark { zone, backend, value });
                 }
                 if let Some(value) = ratio
                     && counted

@@ -102,10 +102,8 @@ impl Engine {
             }
 
             let settings_now = g.settings.as_deref();
-            let load = match std::mem::replace(&mut g.load_slot, super::NO_SLOT) {
-                super::NO_SLOT => None,
-                slot => Some(&loads[slot as usize]),
-            };
+            let slot = std::mem::replace(&mut g.load_slot, super::NO_SLOT);
+            let load = (slot != super::NO_SLOT).then(|| &loads.groups[slot as usize]);
             let (load_rate, ratio, limiting) = match (load, sat.law) {
                 (Some(l), LimitingLaw::Rate) => {
                     let ratio = sat.limiting_ratio(&l.zones);
@@ -113,9 +111,11 @@ impl Engine {
                 }
                 // The quota law's per-zone figures are rates already: the same pick of the
                 // (k+1)-th smallest zone gives the limiting rate.
-                (Some(l), LimitingLaw::Quota) => {
-                    (l.load, sat.limiting_ratio(&l.zones), sat.limiting_ratio(&l.quota_zones))
-                }
+                (Some(l), LimitingLaw::Quota) => (
+                    l.load,
+                    sat.limiting_ratio(&l.zones),
+                    sat.limiting_ratio(&loads.quota_zones[slot as usize]),
+                ),
                 (Some(l), LimitingLaw::Multiplicative) => {
                     let ratio = sat.limiting_ratio(&l.zones);
                     let before = g.outcome.as_ref().and_then(GroupOutcome::limiting).unwrap_or(l.load);
