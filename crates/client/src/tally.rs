@@ -184,6 +184,10 @@ struct Local {
     /// four cache lines, not an entry's worth each. Zero where there is no entry (ids start
     /// at one).
     ids: [u64; LOCAL_GROUPS_MAX],
+    /// A bit per residue of an id modulo 256, set when an id in `ids` has it: a group whose
+    /// bit is clear is not there, known without a scan (a thread taking turns among many
+    /// groups misses on most calls, and the scan was most of such a call).
+    present: [u64; 4],
     entries: Vec<Entry>,
     /// The group last missed with the cache full, by slot (`id % DOORKEEPER_SLOTS`).
     missed: [u64; DOORKEEPER_SLOTS],
@@ -197,7 +201,12 @@ impl Drop for Local {
 
 thread_local! {
     static LOCAL: RefCell<Local> = const {
-        RefCell::new(Local { ids: [0; LOCAL_GROUPS_MAX], entries: Vec::new(), missed: [0; DOORKEEPER_SLOTS] })
+        RefCell::new(Local {
+            ids: [0; LOCAL_GROUPS_MAX],
+            present: [0; 4],
+            entries: Vec::new(),
+            missed: [0; DOORKEEPER_SLOTS],
+        })
     };
 }
 
@@ -268,7 +277,10 @@ impl Local {
     /// every call, while a group it comes back to soon gets in at its second miss.
     fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> bool {
         let len = self.entries.len();
-        if let Some(i) = self.ids[..len].iter().position(|&id| id == counters.id) {
+        let (word, bit) = presence(counters.id);
+        if self.present[word] & bit != 0
+            && let Some(i) = self.ids[..len].iter().position(|&id| id == counters.id)
+        {
             self.ids.swap(0, i);
             self.entries.swap(0, i);
             return true;
@@ -281,7 +293,14 @@ impl Local {
             }
             *slot = 0;
             retire(self.entries.pop().expect("full, so not empty"));
+            // The retired id's bit may be another's too: made again from the ids left.
+            self.present = [0; 4];
+            for &id in &self.ids[..len - 1] {
+                let (w, b) = presence(id);
+                self.present[w] |= b;
+            }
         }
+        self.present[word] |= bit;
         let tally = Arc::new(Tally::default());
         counters.live.lock().unwrap_or_else(PoisonError::into_inner).push(tally.clone());
         let owner: Weak<dyn HasCounters> = me.clone();
@@ -291,6 +310,13 @@ impl Local {
         self.entries.insert(0, Entry { tally, owner, stash: Stash::default() });
         true
     }
+}
+
+/// Where `id`'s bit is in [`Local`]'s `present`: its residue modulo 256.
+#[inline]
+fn presence(id: u64) -> (usize, u64) {
+    let r = (id % 256) as usize;
+    (r / 64, 1 << (r % 64))
 }
 
 #[cfg(test)]
@@ -394,6 +420,28 @@ mod tests {
         }
         for o in &owners {
             assert_eq!(o.counters.totals().throttled_micro, 6);
+        }
+    }
+
+    #[test]
+    fn a_thread_never_keeps_two_tallies_for_one_group_whatever_the_order() {
+        // More groups than the cache holds, their ids sharing residues modulo 256 (the
+        // presence bits), taken in a scrambled order with repeats: evictions clear bits that
+        // other cached groups share, and a cached group must still be found, not given a
+        // second tally.
+        let owners: Vec<Arc<Owner>> = (0..300).map(|_| owner()).collect();
+        let mut calls = vec![0u64; owners.len()];
+        let mut x = 12345u64;
+        for _ in 0..200_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            // Mostly a few dozen groups, now and then any of them.
+            let i = if (x >> 60) < 12 { ((x >> 33) % 40) as usize } else { ((x >> 33) % 300) as usize };
+            record(&*owners[i], &Arc::downgrade(&owners[i]), |t| Tally::bump(&t.admitted, 1));
+            calls[i] += 1;
+            assert!(owners[i].counters.live.lock().unwrap().len() <= 1, "two tallies for group {i}");
+        }
+        for (o, n) in owners.iter().zip(calls) {
+            assert_eq!(o.counters.totals().admitted, n);
         }
     }
 }
