@@ -6,7 +6,7 @@
 //! "Stashes" in docs/concepts.md).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tollgate_core::bucket::{Bucket, Priced, Refusal};
@@ -180,7 +180,7 @@ impl Inner {
             self.refused(g, cost, Some(Refusal::Wait(wait)));
         }
         g.check_debt(now);
-        g.record(|t| count_request(&t.throttled, &t.throttled_micro, cost));
+        g.record(|t| count_refusal(t, cost));
         AcquireError::Throttled { group: g.name.clone(), retry_after: wait }
     }
 
@@ -199,7 +199,7 @@ impl Inner {
     ) -> AcquireError {
         self.refused(g, cost, refusal);
         g.check_debt(now);
-        g.record(|t| count_request(&t.throttled, &t.throttled_micro, cost));
+        g.record(|t| count_refusal(t, cost));
         AcquireError::Throttled { group: g.name.clone(), retry_after }
     }
 
@@ -210,7 +210,8 @@ impl Inner {
             Limiter::Epoch(share) => share.take(cost, now),
         }
         group.record(|t| {
-            count_request(&t.admitted, &t.admitted_micro, cost);
+            Tally::bump(&t.admitted, 1);
+            Tally::bump(&t.admitted_micro, micros(cost));
             Tally::bump(&t.unthrottled_micro, micros(cost));
         });
         Permit { group, cost, at: now }
@@ -303,20 +304,23 @@ fn count_admitted(g: &Group, cost: f64, waited: bool) {
     g.record(|t| count_in(t, cost, waited));
 }
 
-/// Counts a request of `cost` in a tally's `count` and its millionths beyond one unit in
-/// `beyond` (see [`Tally`]): a cost of one is a single add.
+/// Counts a refusal of `cost` in a tally: the request, and its millionths beyond one unit (see
+/// [`Tally`]), so that a cost of one is a single add.
 #[inline(always)]
-fn count_request(count: &AtomicU64, beyond: &AtomicU64, cost: f64) {
-    Tally::bump(count, 1);
+fn count_refusal(tally: &Tally, cost: f64) {
+    Tally::bump(&tally.throttled, 1);
     if cost != 1.0 {
-        Tally::bump(beyond, micros(cost).wrapping_sub(MICROS_PER_UNIT));
+        Tally::bump(&tally.throttled_micro, micros(cost).wrapping_sub(MICROS_PER_UNIT));
     }
 }
 
 /// Counts an admission in `tally`.
 #[inline(always)]
 fn count_in(tally: &Tally, cost: f64, waited: bool) {
-    count_request(&tally.admitted, &tally.admitted_micro, cost);
+    // Both adds, unconditionally: a branch on the cost here made a stash's admission 2 ns
+    // slower (AMD EPYC), where a refusal gains from it.
+    Tally::bump(&tally.admitted, 1);
+    Tally::bump(&tally.admitted_micro, micros(cost));
     if waited {
         Tally::bump(&tally.waited, 1);
     }

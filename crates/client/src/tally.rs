@@ -30,15 +30,14 @@ pub(crate) const MICROS_PER_UNIT: u64 = 1_000_000;
 
 /// One thread's (or the shared) counts for one group.
 ///
-/// Requests admitted and refused are counted with their units in millionths; a tally keeps,
-/// beside each count, only the millionths *beyond one unit per request* (wrapping: a cost
-/// under one takes some back), so a request of cost one, the most common, is one add.
+/// Requests admitted and refused are counted with their units in millionths. For refusals, a
+/// tally keeps beside the count only the millionths *beyond one unit per request* (wrapping:
+/// a cost under one takes some back), so a refusal of cost one, the most common, is one add;
 /// [`Totals`] gives the units in full.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub(crate) struct Tally {
     pub(crate) admitted: AtomicU64,
-    /// Millionths beyond one unit per request admitted.
     pub(crate) admitted_micro: AtomicU64,
     pub(crate) throttled: AtomicU64,
     /// Millionths beyond one unit per request refused.
@@ -83,8 +82,7 @@ impl Totals {
     fn add(&mut self, t: &Tally) {
         let [a, am, th, thm, w, um] = t.fields().map(|c| c.load(Ordering::Relaxed));
         self.admitted += a;
-        self.admitted_micro =
-            self.admitted_micro.wrapping_add(a.wrapping_mul(MICROS_PER_UNIT)).wrapping_add(am);
+        self.admitted_micro += am;
         self.throttled += th;
         self.throttled_micro =
             self.throttled_micro.wrapping_add(th.wrapping_mul(MICROS_PER_UNIT)).wrapping_add(thm);
