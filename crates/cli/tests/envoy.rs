@@ -64,9 +64,45 @@ impl Drop for Envoy {
     }
 }
 
-/// Envoy listening on `listen`, admin on `admin`, asking the rate-limit service at `grpc`
-/// about requests by their `x-tenant` header, then passing them to `upstream`.
-fn envoy(dir: &std::path::Path, listen: u16, admin: u16, grpc: u16, upstream: u16) -> Envoy {
+/// Envoy asking the rate-limit service at `grpc` about requests by their `x-tenant` header,
+/// then passing them to `upstream`: Envoy and the port it listens on. Ports are picked free,
+/// so another process may take one before Envoy binds it: Envoy then exits, and is started
+/// again on fresh ports (three tries); a failure names what Envoy logged.
+fn envoy(dir: &std::path::Path, grpc: u16, upstream: u16) -> (Envoy, u16) {
+    let mut logs = String::new();
+    for attempt in 1..=3 {
+        let (listen, admin) = (free_port(), free_port());
+        if listen == admin {
+            continue;
+        }
+        let log = dir.join(format!("envoy-{attempt}.log"));
+        let mut envoy = start_envoy(dir, &log, listen, admin, grpc, upstream);
+        // Ready, or exited, within a minute (Envoy starts in about a second).
+        for _ in 0..600 {
+            if get(admin, "/ready", None).is_some_and(|(code, _)| code == 200) {
+                return (envoy, listen);
+            }
+            if let Ok(Some(status)) = envoy.0.try_wait() {
+                logs += &format!("attempt {attempt}: Envoy exited ({status})\n");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        drop(envoy);
+        logs += &format!("attempt {attempt} (listen {listen}, admin {admin}) logged:\n");
+        logs += &std::fs::read_to_string(&log).unwrap_or_default();
+    }
+    panic!("Envoy never became ready:\n{logs}");
+}
+
+fn start_envoy(
+    dir: &std::path::Path,
+    log: &std::path::Path,
+    listen: u16,
+    admin: u16,
+    grpc: u16,
+    upstream: u16,
+) -> Envoy {
     let config = format!(
         r#"
 static_resources:
@@ -129,14 +165,12 @@ admin:
     let child = Command::new(envoy_binary())
         .arg("-c")
         .arg(&file)
-        .args(["--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"])
+        .args(["--disable-hot-restart", "--log-level", "info", "--concurrency", "1"])
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("envoy.log")).unwrap())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .expect("Envoy starts");
-    let envoy = Envoy(child);
-    eventually("Envoy is ready", || get(admin, "/ready", None).is_some_and(|(code, _)| code == 200));
-    envoy
+    Envoy(child)
 }
 
 /// One HTTP/1.1 GET: the status and the response's head.
@@ -164,8 +198,7 @@ fn envoy_over_its_limit_gets_429_at_the_groups_rate_and_fails_closed_without_tol
     admin(&s.url(), &["group", "create", "acme", "--limit", "20"]);
     admin(&s.url(), &["group", "create", "globex", "--limit", "100000"]);
     let grpc: u16 = s.grpc.rsplit(':').next().unwrap().parse().unwrap();
-    let (listen, admin_port) = (free_port(), free_port());
-    let _envoy = envoy(&dir, listen, admin_port, grpc, upstream());
+    let (_envoy, listen) = envoy(&dir, grpc, upstream());
     // The first requests: admitted, with the RateLimit headers Envoy builds from our answer.
     let (code, head) = get(listen, "/", Some("acme")).unwrap();
     assert_eq!(code, 200, "{head}");
