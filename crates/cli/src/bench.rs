@@ -39,6 +39,12 @@ pub struct ExchangeArgs {
     /// the exchange latency with a scraper at work, and how long each scrape took.
     #[arg(long)]
     scrape: Option<String>,
+    /// The server's HTTP address (host:port): its own histogram of the time it took to answer
+    /// each exchange is read before and after the run, and how many it answered within each
+    /// bound printed beside the latency the clients saw (which adds their gRPC stack's and
+    /// the machine's scheduling).
+    #[arg(long)]
+    server_http: Option<String>,
     /// After the run, wait this many seconds and report the server's memory again (with
     /// `--server-pid`): whether what the load left behind is given back.
     #[arg(long, default_value_t = 0)]
@@ -53,16 +59,60 @@ fn resident_kb(pid: u32) -> Option<u64> {
 
 /// Fetches `http://addr/metrics` once: how long it took, in seconds, and its size in bytes.
 async fn scrape_once(addr: &str) -> std::io::Result<(f64, usize)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let clock = tollgate_client::clock::TokioClock::new();
     use tollgate_core::time::Clock;
     let started = clock.now();
+    let body = metrics_text(addr).await?;
+    Ok((clock.now().since(started).as_secs_f64(), body.len()))
+}
+
+/// `http://addr/metrics`, its head included.
+async fn metrics_text(addr: &str) -> std::io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
         .await?;
     let mut body = Vec::new();
-    s.read_to_end(&mut body).await?;
-    Ok((clock.now().since(started).as_secs_f64(), body.len()))
+    // At most 64 MiB: a metrics page, not a stream.
+    (&mut s).take(64 << 20).read_to_end(&mut body).await?;
+    Ok(body)
+}
+
+/// The server's exchange-latency histogram in a `/metrics` text: (upper bound in seconds,
+/// exchanges answered within it), in the text's (ascending) order.
+fn latency_buckets(text: &str) -> Vec<(f64, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("tollgate_exchange_latency_seconds_bucket{le=\"")?;
+            let (le, count) = rest.split_once("\"}")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// What the server's histogram says of the exchanges between two readings of it: the share
+/// answered within each bound, and the smallest bound holding 99 % of them.
+fn server_latency(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<String> {
+    let counts: Vec<(f64, f64)> = after
+        .iter()
+        .map(|&(le, n)| (le, n - before.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1)))
+        .collect();
+    let total = counts.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let p99 = counts.iter().find(|(_, n)| *n >= 0.99 * total)?.0;
+    let shares: Vec<String> = counts
+        .iter()
+        .filter(|(le, _)| *le <= 0.01)
+        .map(|(le, n)| format!("{:.2} % within {} ms", n / total * 100.0, le * 1e3))
+        .collect();
+    Some(format!(
+        "server's own answer time ({total:.0} exchanges): p99 at most {} ms; {}",
+        p99 * 1e3,
+        shares.join(", ")
+    ))
 }
 
 /// CPU seconds (user + system) and peak resident memory (kB) of `pid`.
@@ -98,6 +148,14 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         channels.push(ch);
     }
     let baseline = a.server_pid.and_then(resident_kb);
+    let histogram = |text: std::io::Result<Vec<u8>>| {
+        text.map(|t| latency_buckets(&String::from_utf8_lossy(&t)))
+            .with_context(|| "cannot read the server's /metrics (--server-http)")
+    };
+    let latency_before = match &a.server_http {
+        Some(addr) => Some(histogram(metrics_text(addr).await)?),
+        None => None,
+    };
     let before = a.server_pid.and_then(process_usage);
     let clock = tollgate_client::clock::TokioClock::new();
     use tollgate_core::time::Clock;
@@ -199,6 +257,11 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     ));
     say(format!("exchanges/s {exchanges:.0}   group grants/s {:.0}", exchanges * a.groups as f64));
     say(format!("latency p50 {:.2} ms   p99 {:.2} ms", pct(0.5), pct(0.99)));
+    if let (Some(addr), Some(before)) = (&a.server_http, latency_before) {
+        let after = histogram(metrics_text(addr).await)?;
+        say(server_latency(&before, &after)
+            .unwrap_or_else(|| "the server's histogram counted no exchange".into()));
+    }
     if let (Some((cpu0, _)), Some((cpu1, hwm))) = (before, after) {
         say(format!(
             "server CPU {:.0} % of one core   server peak memory {:.1} MB",
@@ -447,4 +510,32 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_servers_histogram_is_read_as_the_difference_of_two_readings() {
+        let page = |a: u32, b: u32, inf: u32| {
+            format!(
+                "# TYPE tollgate_exchange_latency_seconds histogram\n\
+                 tollgate_exchange_latency_seconds_count {inf}\n\
+                 tollgate_exchange_latency_seconds_bucket{{le=\"0.0005\"}} {a}\n\
+                 tollgate_exchange_latency_seconds_bucket{{le=\"0.001\"}} {b}\n\
+                 tollgate_exchange_latency_seconds_bucket{{le=\"+Inf\"}} {inf}\n"
+            )
+        };
+        let before = latency_buckets(&page(10, 10, 10));
+        assert_eq!(before, [(0.0005, 10.0), (0.001, 10.0), (f64::INFINITY, 10.0)]);
+        // 1,000 exchanges since: 980 within 0.5 ms, 995 within 1 ms.
+        let after = latency_buckets(&page(990, 1005, 1010));
+        let said = server_latency(&before, &after).unwrap();
+        assert_eq!(
+            said,
+            "server's own answer time (1000 exchanges): p99 at most 1 ms; 98.00 % within 0.5 ms, 99.50 % within 1 ms"
+        );
+        assert_eq!(server_latency(&before, &before), None);
+    }
 }

@@ -556,13 +556,24 @@ fn bench_exchange_loads_a_real_server_and_reports() {
             "20",
             "--server-pid",
             &s.child.id().to_string(),
+            "--server-http",
+            s.http.trim_start_matches("http://"),
         ],
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("clients 5 × groups 3"), "{out}");
+    // The server's own histogram counted every exchange the clients saw answered.
+    let counted: f64 = out
+        .split("server's own answer time (")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(out.contains("% within 1 ms"), "{out}");
     let exchanges: f64 =
         out.split("exchanges/s ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert!(exchanges > 0.0 && exchanges <= 5.0 * 20.0 * 1.5, "{out}");
+    assert!(counted >= exchanges * 0.5, "{out}");
     assert!(out.contains("latency p50") && out.contains("server peak memory"), "{out}");
     let (code, _, err) = admin(&s, &["bench", "exchange", "--server", &s.url(), "--clients", "0"]);
     assert_ne!(code, 0);

@@ -156,7 +156,7 @@ pub(crate) fn audit(
 
 /// The controller. See the [module documentation](self).
 pub struct Controller {
-    engine: Mutex<Engine>,
+    engine: parking_lot::Mutex<Engine>,
     store: Mutex<Box<dyn SettingsStore>>,
     exchanges: AtomicU64,
     /// The sorted view of the last tick, and the tick it was built at.
@@ -227,6 +227,10 @@ pub const DIAGNOSTICS_SHOWN_MAX: usize = 100;
 /// The most backends watching the group settings at once.
 pub const SETTINGS_WATCHERS_MAX: usize = 1024;
 
+/// How many groups a tick walks under one hold of the engine's lock: about half a
+/// millisecond's work, so that an exchange never waits for much more.
+pub const TICK_SLICE_GROUPS: usize = 1024;
+
 /// One trace event as a JSON line, with the group it is about (empty for none).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceLine {
@@ -295,7 +299,7 @@ impl Controller {
             }
         }
         let controller = Controller {
-            engine: Mutex::new(engine),
+            engine: parking_lot::Mutex::new(engine),
             store: Mutex::new(store),
             exchanges: AtomicU64::new(0),
             view: Mutex::new(None),
@@ -346,9 +350,10 @@ impl Controller {
         Ok(())
     }
 
-    fn engine(&self) -> MutexGuard<'_, Engine> {
-        // The engine is plain data, consistent at every step that can panic.
-        self.engine.lock().unwrap_or_else(PoisonError::into_inner)
+    fn engine(&self) -> parking_lot::MutexGuard<'_, Engine> {
+        // The engine is plain data, consistent at every step that can panic (and this lock
+        // is not poisoned by a panic).
+        self.engine.lock()
     }
 
     pub(crate) fn store(&self) -> MutexGuard<'_, Box<dyn SettingsStore>> {
@@ -368,6 +373,11 @@ impl Controller {
     /// Runs one engine tick at `now`. The view of the previous tick is dropped with it, so
     /// that it holds no memory for groups that have since expired.
     ///
+    /// The tick walks the groups [`TICK_SLICE_GROUPS`] at a time, and between two slices
+    /// hands the engine to any exchange waiting for it (answered with the grants made so
+    /// far): at 100,000 groups a whole tick holds the engine for tens of milliseconds, a
+    /// slice for a fraction of one. This blocks: call it where blocking is allowed.
+    ///
     /// While someone follows the trace, each group's rate computation (and every backend's
     /// busy groups) goes to them as JSON lines.
     pub fn tick(&self, now: Nanos) {
@@ -375,7 +385,12 @@ impl Controller {
         let keep = self.keep_trace.load(Ordering::Relaxed);
         let mut engine = self.engine();
         engine.set_tracing(live || keep);
-        engine.tick(now);
+        engine.begin_tick(now);
+        while !engine.tick_slice(TICK_SLICE_GROUPS) {
+            // To the thread waiting longest, if any (the lock is not fair otherwise: this
+            // thread would take it straight back).
+            parking_lot::MutexGuard::bump(&mut engine);
+        }
         let taken = (live && !keep).then(|| engine.take_trace());
         drop(engine);
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;

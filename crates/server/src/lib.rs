@@ -491,7 +491,12 @@ async fn background(
         tokio::select! {
             _ = ticks.tick() => {
                 let now = clock.now();
-                controller.tick(now);
+                // On the blocking pool: a tick of many groups takes tens of milliseconds, in
+                // slices between which the exchanges waiting go first.
+                let c = controller.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || c.tick(now)).await {
+                    tracing::error!(error = %e, "a tick failed");
+                }
                 // One sample a second at most, on the blocking pool (it reads every group), and
                 // never two at once.
                 if sampled.is_none_or(|at| now.since(at) >= Duration::from_millis(990))

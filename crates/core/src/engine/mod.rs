@@ -441,6 +441,9 @@ pub type GroupSample = [f32; 6];
 /// tracking is bounded.
 pub(crate) type FixedHasher = foldhash::fast::FixedState;
 
+/// The tracked groups, by name, in the order they were first tracked.
+type Tracking = indexmap::IndexMap<GroupName, Tracked, FixedHasher>;
+
 /// The settings in `configured` that apply to `name`: its own, else the `default` group's.
 fn settings_in<'a>(
     configured: &'a HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
@@ -461,7 +464,9 @@ pub struct Engine {
     reserved_configured: f64,
     /// How many configured groups have a ramp.
     ramped: usize,
-    tracked: HashMap<GroupName, Tracked, FixedHasher>,
+    /// In the order groups were first tracked: a tick walks them in slices by position, and a
+    /// group tracked while a tick is under way joins the end, after the tick's walks.
+    tracked: Tracking,
     /// The meters of configured groups not tracked now (a tracked group holds its own).
     meters: HashMap<GroupName, MeterEntry, FixedHasher>,
     /// Grants made since the last tick to clients the tick did not know, by group.
@@ -489,6 +494,8 @@ pub struct Engine {
     asking: Vec<split::Asking>,
     /// Events waiting to be taken, while tracing is on.
     trace: Option<trace::TraceBuffer>,
+    /// The tick under way, when one is walked in slices ([`Engine::begin_tick`]).
+    run: Option<Box<tick::TickRun>>,
 }
 
 impl Engine {
@@ -526,7 +533,7 @@ impl Engine {
             settings_generation: 0,
             reserved_configured: 0.0,
             ramped: 0,
-            tracked: HashMap::default(),
+            tracked: Tracking::default(),
             meters: HashMap::default(),
             provisional: HashMap::default(),
             backends: BTreeMap::new(),
@@ -544,6 +551,7 @@ impl Engine {
             rows: Vec::new(),
             asking: Vec::new(),
             trace: None,
+            run: None,
         }
     }
 
@@ -665,7 +673,7 @@ impl Engine {
 
     /// A client's report for one group; answers with the client's grant for it.
     pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
-        use std::collections::hash_map::Entry;
+        use indexmap::map::Entry;
         self.started.get_or_insert(now);
         let lease = self.settings.lease;
         let tick_s = self.settings.tick.as_secs_f64().max(1e-3);

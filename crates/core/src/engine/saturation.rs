@@ -15,7 +15,7 @@
 //! A queue says "this much load was too much"; scaling that load by the ratio aims at the load
 //! the backend can sustain. docs/control.md works through why this converges.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -190,17 +190,18 @@ pub(crate) struct Loads {
 
 /// The backends that reported within the expiry at a tick, in order: their names and zones,
 /// for what a [`ZoneMark`] points at.
+/// Owned (a few names a tick): a tick walked in slices keeps it while backends report.
 #[derive(Default)]
-pub(crate) struct Reporting<'a> {
+pub(crate) struct Reporting {
     /// (backend, index of its zone in `zones`).
-    pub(crate) backends: Vec<(&'a str, u32)>,
-    pub(crate) zones: Vec<&'a str>,
+    pub(crate) backends: Vec<(String, u32)>,
+    pub(crate) zones: Vec<String>,
 }
 
-impl Reporting<'_> {
+impl Reporting {
     /// The backend and zone names a mark points at.
     pub(crate) fn names(&self, mark: &ZoneMark) -> (&str, &str) {
-        (self.backends[mark.backend as usize].0, self.zones[mark.zone as usize])
+        (&self.backends[mark.backend as usize].0, &self.zones[mark.zone as usize])
     }
 }
 
@@ -263,15 +264,15 @@ impl SaturationSettings {
     /// tracked group with any load gets a slot in `loads` (its `load_slot`, which the tick
     /// takes and clears); groups reported but not tracked get no target, so none is kept for
     /// them (they still count towards the quota law's sums).
-    pub(super) fn gather_loads<'a>(
+    pub(super) fn gather_loads(
         &self,
-        backends: &'a BTreeMap<String, BackendState>,
+        backends: &BTreeMap<String, BackendState>,
         now: Nanos,
         expiry: Duration,
         quota: &dyn Fn(&GroupName) -> Option<f64>,
-        tracked: &mut HashMap<GroupName, super::Tracked, super::FixedHasher>,
+        tracked: &mut super::Tracking,
         loads: &mut Loads,
-    ) -> Reporting<'a> {
+    ) -> Reporting {
         loads.groups.clear();
         loads.quota_zones.clear();
         let quota_law = self.law == LimitingLaw::Quota;
@@ -289,15 +290,15 @@ impl SaturationSettings {
             if now.since(b.seen) > expiry {
                 continue;
             }
-            let zone = match reporting.zones.iter().position(|z| *z == b.zone.as_str()) {
+            let zone = match reporting.zones.iter().position(|z| *z == b.zone) {
                 Some(i) => i,
                 None => {
-                    reporting.zones.push(b.zone.as_str());
+                    reporting.zones.push(b.zone.clone());
                     reporting.zones.len() - 1
                 }
             } as u32;
             let backend = reporting.backends.len() as u32;
-            reporting.backends.push((id.as_str(), zone));
+            reporting.backends.push((id.clone(), zone));
             let ratio = self.limiting_ratio_of(b.health);
             // The quota law: this backend's limiting cost, shared by the limits of the groups
             // busy on it.

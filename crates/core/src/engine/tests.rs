@@ -443,3 +443,105 @@ fn a_tracked_group_follows_every_change_to_its_settings_or_the_defaults() {
     e.remove_group(&name("default"));
     assert_eq!(tick(&mut e), (None, 0.0));
 }
+
+/// Many groups of every kind (reserved, limited, prioritised, busy on a backend, several
+/// clients, a ramp), reported to alike at each second; `tick` ticks.
+fn busy_engine(mode: AllocationMode, tick: &mut dyn FnMut(&mut Engine, Nanos)) -> Engine {
+    let mut s = EngineSettings { capacity: Some(5_000.0), mode, ..EngineSettings::default() };
+    s.saturation.limiting_threshold = 1.0;
+    let mut e = engine(s);
+    let ramp =
+        RampSettings { mode: RampMode::Scheduled, ..RampSettings::new(10.0, 500.0, Duration::from_secs(4)) };
+    for i in 0..40u32 {
+        let mut b =
+            GroupSettings::builder().reserved(f64::from(i % 4) * 20.0).limit(100.0 + f64::from(i) * 10.0);
+        if i % 3 == 0 {
+            b = b.priority(crate::settings::Priority::HIGH);
+        }
+        if i % 7 == 0 {
+            b = b.ramp(ramp);
+        }
+        e.set_group(name(&format!("g{i}")), b.build().unwrap());
+    }
+    e.set_tracing(true);
+    for second in 1..5u64 {
+        let t = Nanos(second * S);
+        for i in 0..45u64 {
+            let group = name(&format!("g{i}"));
+            for client in 0..(i % 4) {
+                let demand = (i * 37 + client * 11 + second * 5) as f64;
+                e.report(t, client, &group, report(demand, demand / 2.0, demand / 20.0));
+            }
+        }
+        let load: Vec<_> = (0..10).map(|i| (name(&format!("g{i}")), 40.0 * i as f64)).collect();
+        e.backend_report(t, "b1", "z1", Health::Utilisation(1.2), &load).unwrap();
+        e.backend_report(t, "b2", "z2", Health::Utilisation(1.1), &load).unwrap();
+        tick(&mut e, t);
+    }
+    e
+}
+
+/// What a tick decided, every bit of it: each group's outcome, the totals, the trace.
+fn decisions(e: &mut Engine) -> String {
+    let mut out = String::new();
+    for i in 0..45 {
+        out += &format!("{i}: {:?}\n", e.outcome(&name(&format!("g{i}"))));
+    }
+    out + &format!("{:?} {:?}", e.totals(), e.take_trace())
+}
+
+#[test]
+fn a_tick_walked_in_slices_decides_exactly_as_one_tick() {
+    for mode in [AllocationMode::Share, AllocationMode::Fcfs] {
+        let whole = decisions(&mut busy_engine(mode, &mut |e, t| e.tick(t)));
+        for groups in [1, 3, 7, 44, 45, usize::MAX] {
+            let mut sliced = busy_engine(mode, &mut |e, t| {
+                e.begin_tick(t);
+                let mut slices = 0;
+                while !e.tick_slice(groups) {
+                    assert!(e.ticking());
+                    slices += 1;
+                }
+                assert!(!e.ticking());
+                // Two walks over the groups.
+                assert_eq!(slices, 2 * e.tracked_groups().div_ceil(groups.min(e.tracked_groups())) - 1);
+            });
+            assert_eq!(decisions(&mut sliced), whole, "{mode:?}, {groups} groups a slice");
+        }
+    }
+}
+
+#[test]
+fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
+    let mut e = engine(EngineSettings::default());
+    e.set_group(name("a"), GroupSettings::builder().limit(100.0).build().unwrap());
+    e.set_group(name("b"), GroupSettings::builder().limit(60.0).build().unwrap());
+    let t = Nanos(S);
+    e.report(t, 1, &name("a"), report(500.0, 50.0, 5.0));
+    e.tick(t);
+    assert_eq!(e.outcome(&name("a")).unwrap().grant_of(1).unwrap().rate, 100.0);
+    let t = Nanos(2 * S);
+    e.report(t, 1, &name("a"), report(500.0, 50.0, 5.0));
+    e.begin_tick(t);
+    // a's row is made: a second client of a, a first of b (tracked after the tick began), and
+    // tracing turned on, all before a's grants.
+    assert!(!e.tick_slice(1));
+    e.set_tracing(true);
+    let second = e.report(t, 2, &name("a"), report(500.0, 40.0, 4.0));
+    assert_eq!(second.rate, 0.0, "a's last tick granted its whole target to client 1");
+    assert_eq!(e.report(t, 1, &name("b"), report(10.0, 0.0, 0.0)).rate, 60.0);
+    while !e.tick_slice(1) {}
+    // This tick knew a with one client; b waits for the next.
+    let a = e.outcome(&name("a")).unwrap();
+    assert_eq!((a.grants.len(), a.grant_of(1).unwrap().rate), (1, 100.0));
+    assert!(e.outcome(&name("b")).is_none());
+    assert_eq!(e.take_trace().0.len(), 0, "tracing turned on within a tick starts with the next");
+    // Client 2's units came before a's turn in the last walk: they count in this tick, once.
+    assert_eq!(e.totals().admitted, 90.0);
+    e.tick(Nanos(3 * S));
+    assert_eq!(e.totals().admitted, 0.0);
+    let a = e.outcome(&name("a")).unwrap();
+    assert_eq!((a.grant_of(1).unwrap().rate, a.grant_of(2).unwrap().rate), (50.0, 50.0));
+    assert_eq!(e.outcome(&name("b")).unwrap().target(), Some(60.0));
+    assert_eq!(e.take_trace().0.len(), 2);
+}

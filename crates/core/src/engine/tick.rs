@@ -51,47 +51,138 @@ struct Traced {
     limited_by: Vec<super::Limiter>,
 }
 
+/// A tick under way: what its two walks carry from one slice to the next.
+pub(super) struct TickRun {
+    now: Nanos,
+    /// Seconds since the tick before.
+    elapsed: f64,
+    /// The weight of the past in the moving averages over that time.
+    keep: f64,
+    /// The groups the walks cover: the first `len` tracked when the tick began. A group
+    /// tracked later joins the end and waits for the next tick.
+    len: usize,
+    /// The position of the next group to walk.
+    next: usize,
+    /// Whether the rows are made and the last walk (targets and grants) is under way.
+    applying: bool,
+    /// Where the next group's clients begin in the list of them, in the last walk.
+    from: usize,
+    /// The backends behind the loads, for a trace's names.
+    reporting: super::saturation::Reporting,
+    /// Each row's trace, when tracing was on as the tick began.
+    traced: Option<Vec<Traced>>,
+    /// Each row's share of the capacity, when there is one.
+    shares: Option<Vec<f64>>,
+    targets_total: f64,
+    totals: super::Totals,
+}
+
 impl Engine {
     /// Computes every group's target and grants at `now`; forgets what went quiet.
     pub fn tick(&mut self, now: Nanos) {
+        self.begin_tick(now);
+        while !self.tick_slice(usize::MAX) {}
+    }
+
+    /// Begins a tick at `now`, to be walked by [`tick_slice`](Self::tick_slice) (a tick under
+    /// way is finished first): forgets what went quiet and gathers the backends' loads.
+    ///
+    /// Walked in slices, a tick gives the same results as [`tick`](Self::tick) when nothing
+    /// comes between them; a controller lets reports in between, so that no exchange waits
+    /// for a whole tick of many groups. A report between the slices counts towards the tick
+    /// if its group's row is not made yet, else towards the next; a group's grants are the
+    /// last tick's until its turn in the last walk.
+    pub fn begin_tick(&mut self, now: Nanos) {
+        if self.run.is_some() {
+            while !self.tick_slice(usize::MAX) {}
+        }
         self.started.get_or_insert(now);
         let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
         self.last_tick = Some(now);
         self.ticks += 1;
         self.expire(now);
-
-        // Two walks over the groups, in the map's iteration order, which stays the same until
-        // the groups change: one makes each group's row (what the allocation needs), the last
-        // one its target and grants. The buffers are kept from tick to tick: at 100,000 groups
-        // fresh ones cost a page fault every few groups.
-        let Engine {
-            settings,
-            configured,
-            settings_generation,
-            tracked,
-            backends,
-            budget_baselines,
-            trace,
-            loads,
-            rows,
-            asking,
-            ..
-        } = self;
-        let generation = *settings_generation;
+        let Engine { settings, configured, tracked, backends, loads, rows, asking, .. } = self;
         let quota = |g: &GroupName| {
             super::settings_in(configured, g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
         };
         let reporting =
             settings.saturation.gather_loads(backends, now, settings.report_expiry, &quota, tracked, loads);
+        // The buffers are kept from tick to tick: at 100,000 groups fresh ones cost a page
+        // fault every few groups.
         rows.clear();
         rows.reserve(tracked.len());
-        // Every group's clients, as the split asks for them, one group after another: the last
-        // walk reads them here, in order, rather than from each group's own list.
         asking.clear();
         let keep = (-elapsed / settings.cost_folding.as_secs_f64().max(1e-9)).exp();
+        self.run = Some(Box::new(TickRun {
+            now,
+            elapsed,
+            keep,
+            len: self.tracked.len(),
+            next: 0,
+            applying: false,
+            from: 0,
+            reporting,
+            traced: self.trace.is_some().then(Vec::new),
+            shares: None,
+            targets_total: 0.0,
+            totals: super::Totals::default(),
+        }));
+    }
+
+    /// Walks up to `groups` more groups of the tick under way (at least one); true once the
+    /// tick is done, or when none is under way.
+    pub fn tick_slice(&mut self, groups: usize) -> bool {
+        let Some(mut run) = self.run.take() else { return true };
+        let end = run.len.min(run.next.saturating_add(groups.max(1)));
+        if run.applying {
+            self.apply_slice(&mut run, end);
+            if run.next == run.len {
+                self.targets_total = run.targets_total;
+                self.totals = run.totals;
+                self.unticked_provisional = 0.0;
+                // Dropped rather than cleared: after a restart every group has some, and an
+                // emptied table would keep its room for all of them.
+                self.provisional = HashMap::default();
+                return true;
+            }
+        } else {
+            self.rows_slice(&mut run, end);
+            if run.next == run.len {
+                let rows = std::mem::take(&mut self.rows);
+                run.shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
+                self.rows = rows;
+                run.applying = true;
+                run.next = 0;
+            }
+        }
+        self.run = Some(run);
+        false
+    }
+
+    /// Whether a tick begun by [`begin_tick`](Self::begin_tick) is not done yet.
+    pub fn ticking(&self) -> bool {
+        self.run.is_some()
+    }
+
+    /// The first walk, from `run.next` to `end`: each group's row (what the allocation needs),
+    /// and its clients' asks appended to one list, which the last walk reads in order rather
+    /// than from each group's own list.
+    fn rows_slice(&mut self, run: &mut TickRun, end: usize) {
+        let Engine {
+            settings,
+            configured,
+            settings_generation,
+            tracked,
+            budget_baselines,
+            loads,
+            rows,
+            asking,
+            ..
+        } = self;
+        let (now, elapsed, keep) = (run.now, run.elapsed, run.keep);
+        let generation = *settings_generation;
         let sat = &settings.saturation;
-        let mut traced = Vec::new();
-        for (name, g) in tracked.iter_mut() {
+        for (name, g) in tracked.as_mut_slice()[run.next..end].iter_mut() {
             forget_silent_clients(&mut g.clients, now, settings.report_expiry);
             if g.settings_generation != generation {
                 g.settings = super::settings_in(configured, name).cloned();
@@ -123,22 +214,23 @@ impl Engine {
                 }
                 (None, _) => (0.0, None, None),
             };
-            let mut limited_by = Vec::new();
-            if trace.is_some()
-                && let Some(l) = load
-            {
-                let mut zones = l.zones.clone();
-                zones.sort_by(|a, b| a.value.total_cmp(&b.value));
-                let ignored = sat.ignore_worst_zones;
-                limited_by.extend(zones.iter().enumerate().map(|(i, mark)| {
-                    let (backend, zone) = reporting.names(mark);
-                    super::Limiter {
-                        backend: backend.to_string(),
-                        zone: zone.to_string(),
-                        ratio: mark.value,
-                        ignored: i < ignored,
-                    }
-                }));
+            if let Some(traced) = &mut run.traced {
+                let mut limited_by = Vec::new();
+                if let Some(l) = load {
+                    let mut zones = l.zones.clone();
+                    zones.sort_by(|a, b| a.value.total_cmp(&b.value));
+                    let ignored = sat.ignore_worst_zones;
+                    limited_by.extend(zones.iter().enumerate().map(|(i, mark)| {
+                        let (backend, zone) = run.reporting.names(mark);
+                        super::Limiter {
+                            backend: backend.to_string(),
+                            zone: zone.to_string(),
+                            ratio: mark.value,
+                            ignored: i < ignored,
+                        }
+                    }));
+                }
+                traced.push(Traced { ratio, limited_by });
             }
             let mut reserved = settings_now.map_or(0.0, GroupSettings::reserved);
             // Slow start (Couchbase): a tenth of the reservation until a client has been seen
@@ -174,9 +266,6 @@ impl Engine {
                     unthrottled: f64::from(c.unthrottled),
                 });
             }
-            if trace.is_some() {
-                traced.push(Traced { ratio, limited_by });
-            }
             rows.push(Row {
                 reserved,
                 cap,
@@ -192,22 +281,18 @@ impl Engine {
                 clients: g.clients.len() as u32,
             });
         }
-        drop(reporting);
-        let rows = std::mem::take(rows);
+        run.next = end;
+    }
 
-        let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
-
-        let trace_t = self.trace_time(now);
-        let mut trace = self.trace.take();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let asking_all = std::mem::take(&mut self.asking);
-        let mut from = 0;
-        let mut targets_total = 0.0;
-        let mut totals = super::Totals::default();
-        let mut rows = rows;
-        let mut traced = traced.into_iter();
-        for (i, (row, (name, g))) in rows.drain(..).zip(self.tracked.iter_mut()).enumerate() {
-            let share = shares.as_ref().map(|s| s[i]);
+    /// The last walk, from `run.next` to `end`: each group's target and grants.
+    fn apply_slice(&mut self, run: &mut TickRun, end: usize) {
+        let trace_t = self.trace_time(run.now);
+        let Engine { tracked, rows, asking, scratch, trace, .. } = self;
+        let (now, elapsed, keep) = (run.now, run.elapsed, run.keep);
+        let slice = &mut tracked.as_mut_slice()[run.next..end];
+        for ((name, g), i) in slice.iter_mut().zip(run.next..) {
+            let row = &rows[i];
+            let share = run.shares.as_ref().map(|s| s[i]);
             // Average cost per request: the ratio of moving averages of units/s and requests/s.
             let [units, requests, throttled] = g.since_tick.map(f64::from);
             g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
@@ -232,13 +317,13 @@ impl Engine {
             let mut grants = g.outcome.take().map(|o| o.grants).unwrap_or_default();
             grants.clear();
             let clients = row.clients as usize;
-            let asking = &asking_all[from..from + clients];
-            from += clients;
+            let asked = &asking[run.from..run.from + clients];
+            run.from += clients;
             grants.reserve_exact(clients);
             let water_level = match target {
                 Some(t) => {
-                    targets_total += t;
-                    Some(split_into(&mut grants, t, asking, row.burst(), &mut scratch))
+                    run.targets_total += t;
+                    Some(split_into(&mut grants, t, asked, row.burst(), scratch))
                 }
                 None => {
                     let open = |c: &Asking| ClientGrant {
@@ -246,34 +331,38 @@ impl Engine {
                         rate: f64::INFINITY,
                         burst: f64::INFINITY,
                     };
-                    grants.extend(asking.iter().map(open));
+                    grants.extend(asked.iter().map(open));
                     None
                 }
             };
-            if let Some(buffer) = &mut trace {
+            if let Some(traced) = &mut run.traced {
                 let Traced { ratio, limited_by } =
-                    traced.next().expect("a trace for every row while tracing");
-                buffer.push(super::TraceEvent::Rate(super::RateComputation {
-                    t: trace_t,
-                    group: name.to_string(),
-                    reserved: row.reserved,
-                    desired: row.cap.is_finite().then_some(row.cap),
-                    limiting: row.limiting(),
-                    ratio,
-                    share,
-                    target,
-                    per_client: water_level,
-                    clients: row.clients,
-                    demand: row.demand,
-                    unthrottled: row.unthrottled,
-                    admitted: f64::from(g.admitted_last_tick),
-                    load: row.load,
-                    average_cost: avg_cost,
-                    busy,
-                    limited_by,
-                }));
+                    std::mem::replace(&mut traced[i], Traced { ratio: None, limited_by: Vec::new() });
+                // Tracing turned off since the tick began: nothing to keep.
+                if let Some(buffer) = trace {
+                    buffer.push(super::TraceEvent::Rate(super::RateComputation {
+                        t: trace_t,
+                        group: name.to_string(),
+                        reserved: row.reserved,
+                        desired: row.cap.is_finite().then_some(row.cap),
+                        limiting: row.limiting(),
+                        ratio,
+                        share,
+                        target,
+                        per_client: water_level,
+                        clients: row.clients,
+                        demand: row.demand,
+                        unthrottled: row.unthrottled,
+                        admitted: f64::from(g.admitted_last_tick),
+                        load: row.load,
+                        average_cost: avg_cost,
+                        busy,
+                        limited_by,
+                    }));
+                }
             }
             g.had_clients = clients > 0;
+            let totals = &mut run.totals;
             totals.admitted += f64::from(g.admitted_last_tick);
             totals.throttled += f64::from(throttled);
             totals.demand += row.demand;
@@ -294,16 +383,7 @@ impl Engine {
                 grants,
             });
         }
-        self.scratch = scratch;
-        self.rows = rows;
-        self.asking = asking_all;
-        self.trace = trace;
-        self.targets_total = targets_total;
-        self.totals = totals;
-        self.unticked_provisional = 0.0;
-        // Dropped rather than cleared: after a restart every group has some, and an emptied
-        // table would keep its room for all of them.
-        self.provisional = HashMap::default();
+        run.next = end;
     }
 
     /// Each row's share of the node's capacity.
@@ -324,13 +404,18 @@ impl Engine {
             AllocationMode::Share => allocate(capacity, &claims),
             AllocationMode::Fcfs => {
                 // Couchbase counts every reservation against the free pool, active or not.
-                let tracked_configured: f64 =
-                    self.tracked.keys().filter_map(|n| self.configured.get(n)).map(|s| s.reserved()).sum();
+                let tracked_configured: f64 = self
+                    .tracked
+                    .keys()
+                    .take(rows.len())
+                    .filter_map(|n| self.configured.get(n))
+                    .map(|s| s.reserved())
+                    .sum();
                 let mut elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
                 if self.settings.slow_start {
                     elsewhere *= SLOW_START_SHARE;
                 }
-                let names: Vec<_> = self.tracked.keys().collect();
+                let names: Vec<_> = self.tracked.keys().take(rows.len()).collect();
                 let mut order: Vec<usize> = (0..rows.len()).collect();
                 order.sort_by(|&a, &b| {
                     rows[a].first_asked.cmp(&rows[b].first_asked).then_with(|| names[a].cmp(names[b]))
@@ -372,7 +457,9 @@ impl Engine {
         self.clients.expire(now, report_expiry.max(self.settings.tick * 2));
         // What expired is given back: a burst of names or clients does not hold its memory
         // for ever.
-        shrink(&mut self.tracked);
+        if self.tracked.capacity() > 64 && self.tracked.len() < self.tracked.capacity() / 4 {
+            self.tracked.shrink_to(self.tracked.len() * 2);
+        }
         shrink(&mut self.meters);
         shrink(&mut self.resume);
     }
