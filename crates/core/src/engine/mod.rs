@@ -1052,7 +1052,8 @@ impl Engine {
         self.backends.len()
     }
 
-    /// Ticks so far.
+    /// Ticks done so far: one walked in slices counts once its last slice is done, so that
+    /// what is read between its slices is tagged with the tick before.
     pub fn ticks(&self) -> u64 {
         self.ticks
     }

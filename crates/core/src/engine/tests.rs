@@ -526,11 +526,13 @@ fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
     // a's row is made: a second client of a, a first of b (tracked after the tick began), and
     // tracing turned on, all before a's grants.
     assert!(!e.tick_slice(1));
+    assert_eq!(e.ticks(), 1, "a tick under way is not counted yet");
     e.set_tracing(true);
     let second = e.report(t, 2, &name("a"), report(500.0, 40.0, 4.0));
     assert_eq!(second.rate, 0.0, "a's last tick granted its whole target to client 1");
     assert_eq!(e.report(t, 1, &name("b"), report(10.0, 0.0, 0.0)).rate, 60.0);
     while !e.tick_slice(1) {}
+    assert_eq!(e.ticks(), 2);
     // This tick knew a with one client; b waits for the next.
     let a = e.outcome(&name("a")).unwrap();
     assert_eq!((a.grants.len(), a.grant_of(1).unwrap().rate), (1, 100.0));

@@ -99,7 +99,6 @@ impl Engine {
         self.started.get_or_insert(now);
         let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
         self.last_tick = Some(now);
-        self.ticks += 1;
         self.expire(now);
         let Engine { settings, configured, tracked, backends, loads, rows, asking, .. } = self;
         let quota = |g: &GroupName| {
@@ -143,6 +142,9 @@ impl Engine {
                 // Dropped rather than cleared: after a restart every group has some, and an
                 // emptied table would keep its room for all of them.
                 self.provisional = HashMap::default();
+                // Counted once done: what is read between two slices belongs to the tick
+                // before (a view cached by tick number is not kept half made).
+                self.ticks += 1;
                 return true;
             }
         } else {
