@@ -6,6 +6,8 @@
 //! admin change runs at a time. Consumption and resumable ramps are written to the store by
 //! [`Controller::flush`]. Views for status pages and metrics are built once per tick, in time
 //! linear in the groups, and sorted outside the lock, so a scrape never holds exchanges up.
+//! A tick holds the lock for one slice of groups at a time ([`Controller::tick`]), so an
+//! exchange never waits for a whole tick either.
 //!
 //! Nothing here does I/O but the store, and nothing reads a clock: time comes in as [`Nanos`],
 //! so the simulator drives this same code in virtual time.
