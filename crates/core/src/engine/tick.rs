@@ -150,9 +150,7 @@ impl Engine {
         } else {
             self.rows_slice(&mut run, end);
             if run.next == run.len {
-                let rows = std::mem::take(&mut self.rows);
-                run.shares = self.settings.capacity.map(|capacity| self.shares(capacity, &rows));
-                self.rows = rows;
+                run.shares = self.settings.capacity.map(|capacity| self.shares(capacity, &self.rows));
                 run.applying = true;
                 run.next = 0;
             }
@@ -459,8 +457,8 @@ impl Engine {
         self.clients.expire(now, report_expiry.max(self.settings.tick * 2));
         // What expired is given back: a burst of names or clients does not hold its memory
         // for ever.
-        if self.tracked.capacity() > 64 && self.tracked.len() < self.tracked.capacity() / 4 {
-            self.tracked.shrink_to(self.tracked.len() * 2);
+        if let Some(room) = room_to_keep(self.tracked.len(), self.tracked.capacity()) {
+            self.tracked.shrink_to(room);
         }
         shrink(&mut self.meters);
         shrink(&mut self.resume);
@@ -477,7 +475,12 @@ fn forget_silent_clients(clients: &mut Vec<super::ClientEntry>, now: Nanos, expi
 
 /// Gives back most of a map's room once it holds far less than it could.
 fn shrink<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(map: &mut HashMap<K, V, S>) {
-    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
-        map.shrink_to(map.len() * 2);
+    if let Some(room) = room_to_keep(map.len(), map.capacity()) {
+        map.shrink_to(room);
     }
+}
+
+/// The room a table of `len` entries keeps when it holds far less than its `capacity`.
+fn room_to_keep(len: usize, capacity: usize) -> Option<usize> {
+    (capacity > 64 && len < capacity / 4).then_some(len * 2)
 }
