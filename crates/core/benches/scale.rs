@@ -1,5 +1,7 @@
-//! Scale: one engine tick with 100,000 groups and 10,000 clients (each serving 10 groups:
-//! 100,000 client-group pairs), and the memory each pair costs.
+//! Scale: one engine tick with 100,000 groups and 10,000 clients, and the memory each
+//! client-group pair costs; first with each client serving 10 groups (100,000 pairs: one
+//! client a group, the most memory per pair), then 100 groups (1,000,000 pairs: ten clients a
+//! group, the fleet of the controller's load figures).
 //!
 //! `cargo bench -p tollgate-core --bench scale`
 //!
@@ -39,12 +41,21 @@ static GLOBAL: Counting = Counting;
 
 const GROUPS: usize = 100_000;
 const CLIENTS: u64 = 10_000;
-const GROUPS_PER_CLIENT: usize = 10;
 
 fn main() {
     // Under `cargo test --all-targets` benches run once as tests: keep that quick.
     let quick = std::env::args().all(|a| a != "--bench");
     let (groups, clients) = if quick { (1000, 100) } else { (GROUPS, CLIENTS) };
+    // Each client serves 10 groups: every group has one client, the most state per pair.
+    scenario(groups, clients, 10);
+    // The fleet of the controller's load figures: each client serves 100 groups, so every
+    // group has ten clients (1,000,000 pairs).
+    scenario(groups, clients, 100);
+}
+
+/// Ticks an engine tracking `groups` groups, `clients` clients each serving
+/// `groups_per_client` of them; prints the median tick and the memory per pair.
+fn scenario(groups: usize, clients: u64, groups_per_client: usize) {
     let names: Vec<GroupName> =
         (0..groups).map(|i| GroupName::new(&format!("tenant-{i:06}")).unwrap()).collect();
     let mut p = Engine::new(EngineSettings {
@@ -65,12 +76,13 @@ fn main() {
         p.backend_report(now, &format!("b{b}"), &format!("z{b}"), Health::Utilisation(1.1), &loads).unwrap();
     }
     p.tick(now);
+    // Client `c` serves the `groups_per_client` groups from `c * groups_per_client` on.
+    let served = |c: u64| (0..groups_per_client).map(move |k| (c as usize * groups_per_client + k) % groups);
     let before = LIVE_BYTES.load(Ordering::Relaxed);
     let mut pairs = 0usize;
     for c in 0..clients {
-        for k in 0..GROUPS_PER_CLIENT {
-            let g = &names[(c as usize * GROUPS_PER_CLIENT + k) % groups];
-            p.report(now, c, g, report);
+        for g in served(c) {
+            p.report(now, c, &names[g], report);
             pairs += 1;
         }
     }
@@ -83,9 +95,8 @@ fn main() {
         let t = Nanos(now.0 + (i + 1) * 1_000_000_000);
         // Clients keep reporting every group they serve, as they would every second.
         for c in 0..clients {
-            for k in 0..GROUPS_PER_CLIENT {
-                let g = &names[(c as usize * GROUPS_PER_CLIENT + k) % groups];
-                p.report(t, c, g, report);
+            for g in served(c) {
+                p.report(t, c, &names[g], report);
             }
         }
         #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
@@ -94,7 +105,11 @@ fn main() {
         ticks.push(start.elapsed().as_secs_f64() * 1e3);
     }
     ticks.sort_by(f64::total_cmp);
-    println!("groups {groups}, clients {clients}, client-group pairs {pairs}");
-    println!("tick: median {:.1} ms (min {:.1}, max {:.1}) over 11 ticks", ticks[5], ticks[0], ticks[10]);
-    println!("memory per client-group pair: {per_pair:.0} bytes (client state and grant, both included)");
+    println!(
+        "groups {groups}, clients {clients} serving {groups_per_client} each, client-group pairs {pairs}"
+    );
+    println!("  tick: median {:.1} ms (min {:.1}, max {:.1}) over 11 ticks", ticks[5], ticks[0], ticks[10]);
+    println!(
+        "  memory per client-group pair: {per_pair:.0} bytes (the groups' state, clients' state and grants, all included)"
+    );
 }

@@ -689,6 +689,14 @@ impl Engine {
         let generation = self.settings_generation;
         let ramped = self.ramped > 0;
         let full = self.tracked.len() >= self.settings.max_tracked_groups;
+        // The table holds at most the bound and the default group that takes in the rest.
+        let most = self.settings.max_tracked_groups + 1;
+        let len = self.tracked.len();
+        if len == self.tracked.capacity() && len < most {
+            // Grow by an eighth rather than double: a group's state is a few hundred bytes,
+            // and doubling would leave up to half of a large table's room unused.
+            self.tracked.reserve_exact((len / 8).max(64).min(most - len));
+        }
         // One look-up in the common case, full or not (see `state_key`): the group's state
         // holds the settings that apply to it, looked up again only after they changed.
         let (key, entry) = match self.tracked.entry(group.clone()) {

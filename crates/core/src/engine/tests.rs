@@ -304,6 +304,19 @@ fn the_state_kept_per_group_and_client_stays_small() {
     assert!(std::mem::size_of::<ClientGrant>() <= 24);
 }
 
+/// The table of tracked groups grows by an eighth, not double, and never past its bound.
+#[test]
+fn the_tracked_groups_table_keeps_little_room_unused() {
+    let mut e = engine(EngineSettings { max_tracked_groups: 5_000, ..Default::default() });
+    for i in 0..6_000 {
+        e.report(Nanos(0), 1, &name(&format!("g{i}")), report(1.0, 1.0, 1.0));
+        let (len, room) = (e.tracked.len(), e.tracked.capacity());
+        assert!(room <= len + (len / 8).max(64) && room <= 5_001, "{len} groups in room for {room}");
+    }
+    // Past the bound new names share the default group's state: 5,000 and the default.
+    assert_eq!(e.tracked.len(), 5_001);
+}
+
 #[test]
 fn slow_start_holds_a_tenth_of_an_idle_reservation_until_a_tick_has_seen_a_client() {
     for slow_start in [false, true] {
