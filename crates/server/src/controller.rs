@@ -448,6 +448,7 @@ impl Controller {
             ));
         }
         let mut reports = Vec::with_capacity(req.groups.len());
+        let mut asked_as = Vec::with_capacity(req.groups.len());
         for (i, g) in req.groups.iter_mut().enumerate() {
             let name =
                 group_name(|| format!("groups[{i}].group"), &g.group).map_err(Status::invalid_argument)?;
@@ -476,32 +477,29 @@ impl Controller {
                     }
                 },
             };
-            reports.push((name, report, std::mem::take(&mut g.group)));
+            reports.push((name, report));
+            asked_as.push(std::mem::take(&mut g.group));
         }
         let mut engine = self.engine();
-        engine.warm(reports.iter().map(|(name, ..)| name));
         let client = engine
             .client(now, &req.client_id, req.sequence)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        let grants = reports
-            .into_iter()
-            .map(|(name, report, asked_as)| {
-                let g = engine.report(now, client, &name, report);
-                let unlimited = g.is_unlimited();
-                v1::Grant {
-                    group: asked_as,
-                    unlimited,
-                    rate: if unlimited { 0.0 } else { g.rate },
-                    burst: if unlimited { 0.0 } else { g.burst },
-                    lease_ms: ms(g.lease),
-                    reserved: g.reserved,
-                    clients: g.clients,
-                    count_dropped: g.dropped == tollgate_core::settings::DroppedWork::Count,
-                    debt_repay_ms: ms(g.debt_repay),
-                    trickle_ms: ms(g.trickle),
-                }
-            })
-            .collect();
+        let mut grants = Vec::with_capacity(reports.len());
+        engine.report_all(now, client, &reports, |i, g| {
+            let unlimited = g.is_unlimited();
+            grants.push(v1::Grant {
+                group: std::mem::take(&mut asked_as[i]),
+                unlimited,
+                rate: if unlimited { 0.0 } else { g.rate },
+                burst: if unlimited { 0.0 } else { g.burst },
+                lease_ms: ms(g.lease),
+                reserved: g.reserved,
+                clients: g.clients,
+                count_dropped: g.dropped == tollgate_core::settings::DroppedWork::Count,
+                debt_repay_ms: ms(g.debt_repay),
+                trickle_ms: ms(g.trickle),
+            });
+        });
         let settings = engine.settings();
         let tick = settings.tick;
         let lease = settings.lease;

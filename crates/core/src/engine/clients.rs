@@ -30,6 +30,9 @@ pub enum ClientError {
 
 pub(crate) struct ClientTable {
     by_key: HashMap<Box<str>, Slot>,
+    /// Where each client's groups sat in the tracked table at its last exchange, in the order
+    /// it reported them (see [`Engine::report_all`](super::Engine::report_all)).
+    pub(super) routes: HashMap<ClientId, Vec<u32>>,
     next_id: ClientId,
     max: usize,
     restarts: u64,
@@ -37,13 +40,14 @@ pub(crate) struct ClientTable {
 
 impl ClientTable {
     pub(crate) fn new(max: usize) -> Self {
-        Self { by_key: HashMap::new(), next_id: 1, max, restarts: 0 }
+        Self { by_key: HashMap::new(), routes: HashMap::new(), next_id: 1, max, restarts: 0 }
     }
 
     /// The id for `key` at an exchange numbered `sequence` (0: not numbered).
     pub(crate) fn resolve(&mut self, now: Nanos, key: &str, sequence: u64) -> Result<ClientId, ClientError> {
         if let Some(slot) = self.by_key.get_mut(key) {
             if sequence != 0 && sequence <= slot.sequence {
+                self.routes.remove(&slot.id);
                 slot.id = self.next_id;
                 self.next_id += 1;
                 self.restarts += 1;
@@ -63,9 +67,37 @@ impl ClientTable {
 
     /// Forgets clients not seen for longer than `expiry`.
     pub(crate) fn expire(&mut self, now: Nanos, expiry: Duration) {
-        self.by_key.retain(|_, s| now.since(s.seen) <= expiry);
+        let routes = &mut self.routes;
+        self.by_key.retain(|_, s| {
+            let keep = now.since(s.seen) <= expiry;
+            if !keep {
+                routes.remove(&s.id);
+            }
+            keep
+        });
+        if self.routes.len() > self.by_key.len() {
+            // Routes kept for ids no longer in the table (an exchange raced a restart).
+            let live: std::collections::HashSet<ClientId> = self.by_key.values().map(|s| s.id).collect();
+            self.routes.retain(|id, _| live.contains(id));
+        }
         if self.by_key.capacity() > 64 && self.by_key.len() < self.by_key.capacity() / 4 {
             self.by_key.shrink_to(self.by_key.len() * 2);
+        }
+        if self.routes.capacity() > 64 && self.routes.len() < self.routes.capacity() / 4 {
+            self.routes.shrink_to(self.routes.len() * 2);
+        }
+    }
+
+    /// Takes `client`'s route, leaving it none until [`keep_route`](Self::keep_route).
+    pub(crate) fn take_route(&mut self, client: ClientId) -> Vec<u32> {
+        self.routes.remove(&client).unwrap_or_default()
+    }
+
+    /// Keeps `client`'s route for its next exchange: at most one route a client the table
+    /// can hold (past that, a client goes without, and its reports look their groups up).
+    pub(crate) fn keep_route(&mut self, client: ClientId, route: Vec<u32>) {
+        if self.routes.len() < self.max {
+            self.routes.insert(client, route);
         }
     }
 

@@ -668,20 +668,52 @@ impl Engine {
         }
     }
 
-    /// Reads, without using them, the state of `groups` that their reports will (see
-    /// [`report`](Self::report)): a client reports many groups at once, and with many
-    /// groups tracked each group's state is a cache miss; read in one pass first, the misses
-    /// of different groups overlap instead of coming one report after another.
-    pub fn warm<'a>(&self, groups: impl Iterator<Item = &'a GroupName>) {
-        for name in groups {
-            if let Some(g) = self.tracked.get(name) {
+    /// A client's reports for the groups of one exchange: `each` gets every group's grant,
+    /// with its place in `reports`, in order.
+    ///
+    /// With many groups tracked, each group's state is a cache miss, and so is finding it by
+    /// name. So where the client's groups sat at its last exchange is tried first (checked by
+    /// name; a client sends its groups in the same order from one exchange to the next), and
+    /// all their states are read in one pass before any report: the misses of different
+    /// groups overlap instead of coming one report after another.
+    pub fn report_all(
+        &mut self,
+        now: Nanos,
+        client: ClientId,
+        reports: &[(GroupName, ClientReport)],
+        mut each: impl FnMut(usize, Grant),
+    ) {
+        let route = self.clients.take_route(client);
+        for (i, (name, _)) in reports.iter().enumerate() {
+            let known = route.get(i).and_then(|&at| self.tracked.get_index(at as usize));
+            if let Some((_, g)) = known.or_else(|| self.tracked.get_key_value(name)) {
                 g.warm();
             }
         }
+        let mut next = Vec::with_capacity(reports.len());
+        for (i, (name, r)) in reports.iter().enumerate() {
+            let (grant, at) = self.report_at(now, client, name, *r, route.get(i).map(|&at| at as usize));
+            next.push(u32::try_from(at).unwrap_or(u32::MAX));
+            each(i, grant);
+        }
+        self.clients.keep_route(client, next);
     }
 
     /// A client's report for one group; answers with the client's grant for it.
     pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
+        self.report_at(now, client, group, r, None).0
+    }
+
+    /// [`report`](Self::report), trying the state at `hint` first: the grant, and where the
+    /// state the report landed in sits.
+    fn report_at(
+        &mut self,
+        now: Nanos,
+        client: ClientId,
+        group: &GroupName,
+        r: ClientReport,
+        hint: Option<usize>,
+    ) -> (Grant, usize) {
         use indexmap::map::Entry;
         self.started.get_or_insert(now);
         let lease = self.settings.lease;
@@ -697,27 +729,38 @@ impl Engine {
             // and doubling would leave up to half of a large table's room unused.
             self.tracked.reserve_exact((len / 8).max(64).min(most - len));
         }
-        // One look-up in the common case, full or not (see `state_key`): the group's state
-        // holds the settings that apply to it, looked up again only after they changed.
-        let (key, entry) = match self.tracked.entry(group.clone()) {
-            Entry::Vacant(v) if full => {
-                drop(v);
-                let default = GroupName::default_group();
-                (default.clone(), self.tracked.entry(default))
+        let hinted = hint.filter(|&at| self.tracked.get_index(at).is_some_and(|(k, _)| k == group));
+        // Else one look-up in the common case, full or not (see `state_key`): the group's
+        // state holds the settings that apply to it, looked up again only after they changed.
+        let at = match hinted {
+            Some(at) => at,
+            None => {
+                let entry = match self.tracked.entry(group.clone()) {
+                    Entry::Vacant(v) if full => {
+                        drop(v);
+                        self.tracked.entry(GroupName::default_group())
+                    }
+                    entry => entry,
+                };
+                match entry {
+                    Entry::Occupied(e) => e.index(),
+                    Entry::Vacant(v) => {
+                        // A resumable ramp that went idle within its TTL continues where it was.
+                        let resumed =
+                            self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
+                        let ramp_settings =
+                            settings_in(&self.configured, v.key()).and_then(|s| s.ramp().copied());
+                        let ramp = ramp_settings.filter(|_| ramped).map(|s| Box::new(Ramp::new(s, resumed)));
+                        let meter = self.meters.remove(v.key()).unwrap_or_default();
+                        let at = v.index();
+                        v.insert(Tracked::new(now, ramp, meter));
+                        at
+                    }
+                }
             }
-            entry => (group.clone(), entry),
         };
-        let g = match entry {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(v) => {
-                // A resumable ramp that went idle within its TTL continues where it was.
-                let resumed = self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
-                let ramp_settings = settings_in(&self.configured, v.key()).and_then(|s| s.ramp().copied());
-                let ramp = ramp_settings.filter(|_| ramped).map(|s| Box::new(Ramp::new(s, resumed)));
-                let meter = self.meters.remove(v.key()).unwrap_or_default();
-                v.insert(Tracked::new(now, ramp, meter))
-            }
-        };
+        let (key, g) = self.tracked.get_index_mut(at).expect("the index of a tracked group");
+        let key = key.clone();
         g.warm();
         if g.settings_generation != generation {
             g.settings = settings_in(&self.configured, &key).cloned();
@@ -787,12 +830,14 @@ impl Engine {
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
             match (o.target(), o.grant_of(client)) {
-                (None, _) => return unlimited,
-                (Some(_), Some(known)) => return Grant { rate: known.rate, burst: known.burst, ..unlimited },
+                (None, _) => return (unlimited, at),
+                (Some(_), Some(known)) => {
+                    return (Grant { rate: known.rate, burst: known.burst, ..unlimited }, at);
+                }
                 (Some(_), None) => {}
             }
         }
-        self.grant_unknown(key, client, r.held, unlimited, burst_total)
+        (self.grant_unknown(key, client, r.held, unlimited, burst_total), at)
     }
 
     /// The grant for a client the last tick did not know, by the grant policy.

@@ -560,3 +560,92 @@ fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
     assert_eq!(e.outcome(&name("b")).unwrap().target(), Some(60.0));
     assert_eq!(e.take_trace().0.len(), 2);
 }
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A client (0..4) reports groups (by number, in this order), numbered `restart` below its
+    /// last exchange when set.
+    Exchange { client: u8, groups: Vec<u8>, demand: f64, restart: bool },
+    /// A tick this many seconds on (past the idle expiry, groups and clients are forgotten and
+    /// the table's order shifts).
+    Tick(u64),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0u8..4, proptest::collection::vec(0u8..12, 1..7), 0.0f64..500.0, proptest::bool::weighted(0.1))
+            .prop_map(|(client, groups, demand, restart)| Step::Exchange { client, groups, demand, restart }),
+        1 => prop_oneof![Just(1u64), Just(30), Just(300)].prop_map(Step::Tick),
+    ]
+}
+
+proptest::proptest! {
+    /// An exchange's reports made together (trying where the client's groups sat last time)
+    /// grant exactly what the same reports made one at a time grant, whatever moved in the
+    /// table since: groups forgotten, new ones, the order changed, a full table, a restart.
+    #[test]
+    fn reports_made_together_grant_what_reports_one_at_a_time_grant(
+        steps in proptest::collection::vec(step(), 1..60),
+    ) {
+        let settings = || EngineSettings { max_tracked_groups: 8, max_clients: 3, capacity: Some(900.0), ..Default::default() };
+        let (mut one, mut all) = (engine(settings()), engine(settings()));
+        for e in [&mut one, &mut all] {
+            e.set_group(name("g0"), GroupSettings::builder().reserved(50.0).limit(300.0).build().unwrap());
+            e.set_group(name("g1"), GroupSettings::builder().limit(100.0).build().unwrap());
+        }
+        let mut now = Nanos(S);
+        let mut sequences = [0u64; 4];
+        for s in steps {
+            match s {
+                Step::Tick(secs) => {
+                    now = Nanos(now.0 + secs * S);
+                    one.tick(now);
+                    all.tick(now);
+                }
+                Step::Exchange { client, groups, demand, restart } => {
+                    let c = usize::from(client);
+                    sequences[c] = if restart { 1 } else { sequences[c] + 1 };
+                    let key = format!("client-{client}");
+                    let (a, b) = (one.client(now, &key, sequences[c]), all.client(now, &key, sequences[c]));
+                    proptest::prop_assert_eq!(&a, &b);
+                    let Ok(id) = a else { continue };
+                    let reports: Vec<(GroupName, ClientReport)> = groups
+                        .iter()
+                        .map(|g| (name(&format!("g{g}")), report(demand, demand / 2.0, 1.0)))
+                        .collect();
+                    let singly: Vec<Grant> = reports.iter().map(|(n, r)| one.report(now, id, n, *r)).collect();
+                    let mut together = Vec::new();
+                    all.report_all(now, id, &reports, |i, g| together.push((i, g)));
+                    let order: Vec<usize> = together.iter().map(|(i, _)| *i).collect();
+                    proptest::prop_assert_eq!(order, (0..reports.len()).collect::<Vec<_>>());
+                    let together: Vec<Grant> = together.into_iter().map(|(_, g)| g).collect();
+                    proptest::prop_assert_eq!(format!("{singly:?}"), format!("{together:?}"));
+                }
+            }
+            proptest::prop_assert_eq!(one.tracked_groups(), all.tracked_groups());
+            for g in 0..12 {
+                let n = name(&format!("g{g}"));
+                // Compared as text: an outcome keeps its absent rates as NaN.
+                proptest::prop_assert_eq!(format!("{:?}", one.outcome(&n)), format!("{:?}", all.outcome(&n)));
+            }
+            // Routes are kept for live clients only, at most one each.
+            proptest::prop_assert!(all.clients.routes.len() <= 3);
+        }
+    }
+}
+
+/// A client's route is tried and used: its groups are found where they sat last time.
+#[test]
+fn an_exchange_remembers_where_its_groups_sat() {
+    let mut e = engine(EngineSettings::default());
+    let id = e.client(Nanos(0), "c", 1).unwrap();
+    let reports: Vec<(GroupName, ClientReport)> =
+        ["x", "y", "z"].iter().map(|g| (name(g), report(10.0, 1.0, 1.0))).collect();
+    e.report(Nanos(0), 9, &name("w"), report(1.0, 1.0, 1.0));
+    e.report_all(Nanos(0), id, &reports, |_, _| {});
+    assert_eq!(e.clients.routes[&id], [1, 2, 3]);
+    // A client gone quiet loses its route with its id.
+    e.tick(Nanos(300 * S));
+    assert!(e.clients.routes.is_empty());
+}
