@@ -485,10 +485,11 @@ impl Controller {
             .client(now, &req.client_id, req.sequence)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let mut grants = Vec::with_capacity(reports.len());
-        engine.report_all(now, client, &reports, |i, g| {
+        let mut names = asked_as.into_iter();
+        engine.report_all(now, client, &reports, |g| {
             let unlimited = g.is_unlimited();
             grants.push(v1::Grant {
-                group: std::mem::take(&mut asked_as[i]),
+                group: names.next().unwrap_or_default(),
                 unlimited,
                 rate: if unlimited { 0.0 } else { g.rate },
                 burst: if unlimited { 0.0 } else { g.burst },

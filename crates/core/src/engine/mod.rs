@@ -668,8 +668,8 @@ impl Engine {
         }
     }
 
-    /// A client's reports for the groups of one exchange: `each` gets every group's grant,
-    /// with its place in `reports`, in order.
+    /// A client's reports for the groups of one exchange: `each` gets every group's grant, in
+    /// the order of `reports`.
     ///
     /// With many groups tracked, each group's state is a cache miss, and so is finding it by
     /// name. So where the client's groups sat at its last exchange is tried first (checked by
@@ -681,22 +681,23 @@ impl Engine {
         now: Nanos,
         client: ClientId,
         reports: &[(GroupName, ClientReport)],
-        mut each: impl FnMut(usize, Grant),
+        mut each: impl FnMut(Grant),
     ) {
-        let route = self.clients.take_route(client);
+        let mut route = self.clients.take_route(client);
         for (i, (name, _)) in reports.iter().enumerate() {
             let known = route.get(i).and_then(|&at| self.tracked.get_index(at as usize));
             if let Some((_, g)) = known.or_else(|| self.tracked.get_key_value(name)) {
                 g.warm();
             }
         }
-        let mut next = Vec::with_capacity(reports.len());
-        for (i, (name, r)) in reports.iter().enumerate() {
-            let (grant, at) = self.report_at(now, client, name, *r, route.get(i).map(|&at| at as usize));
-            next.push(u32::try_from(at).unwrap_or(u32::MAX));
-            each(i, grant);
+        // Rewritten in place: each place is read as a hint, then replaced by where the group is.
+        route.resize(reports.len(), u32::MAX);
+        for ((name, r), at) in reports.iter().zip(route.iter_mut()) {
+            let (grant, found) = self.report_at(now, client, name, *r, Some(*at as usize));
+            *at = u32::try_from(found).unwrap_or(u32::MAX);
+            each(grant);
         }
-        self.clients.keep_route(client, next);
+        self.clients.keep_route(client, route);
     }
 
     /// A client's report for one group; answers with the client's grant for it.
