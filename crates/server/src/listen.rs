@@ -140,6 +140,24 @@ impl AsyncWrite for Io {
         }
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Plain(s) => Pin::new(s).poll_flush(cx),
@@ -168,6 +186,18 @@ impl AsyncRead for Conn {
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -414,5 +444,31 @@ async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limit
                 Peer { addr, cert_name, tls, budget: Arc::new(Budget::new(limits.max_requests_per_s)) };
             let _ = tx.send(Conn { io: Guarded::new(io, permit, limits.idle_timeout), peer }).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Every layer of an accepted connection passes vectored writes through (see
+    /// `conn::Guarded`): a response's frames go out in one system call.
+    #[tokio::test]
+    async fn an_accepted_connection_writes_vectored() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        let (stream, peer) = listener.accept().await.expect("accept");
+        let permit = Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("a permit");
+        let peer = Peer { addr: peer, cert_name: None, tls: false, budget: Arc::new(Budget::new(10)) };
+        let mut conn = Conn { io: Guarded::new(Io::Plain(stream), permit, Duration::from_secs(10)), peer };
+        assert!(conn.is_write_vectored());
+        let parts = [std::io::IoSlice::new(b"head"), std::io::IoSlice::new(b"payload")];
+        assert_eq!(conn.write_vectored(&parts).await.expect("write"), 11, "both parts in one call");
+        let mut got = [0u8; 11];
+        client.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"headpayload");
     }
 }
