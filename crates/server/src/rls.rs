@@ -50,7 +50,14 @@ pub struct Rls {
 impl Rls {
     /// The front end, with its exchange loop started on the current runtime.
     pub fn start(controller: Arc<Controller>, clock: Clock) -> Rls {
-        let opts = RemoteOptions { client_id: Some(CLIENT_ID.into()), ..RemoteOptions::default() };
+        // On the server's own time (tokio's), read when a check comes: the default clock would
+        // keep a thread refreshing a coarse time every millisecond for the life of the server,
+        // waking a core a thousand times a second whether or not any check ever comes.
+        let opts = RemoteOptions {
+            client_id: Some(CLIENT_ID.into()),
+            clock: Some(Arc::new(tollgate_client::clock::TokioClock::new())),
+            ..RemoteOptions::default()
+        };
         let (gate, driver) = Tollgate::remote_driven(opts).expect("the default remote options are valid");
         let c = controller.clone();
         tokio::spawn(driver.run_in_process(move |request| {
