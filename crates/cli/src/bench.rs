@@ -118,52 +118,6 @@ impl Encoded {
     }
 }
 
-/// A gRPC codec passing encoded messages through as they are.
-#[derive(Clone, Copy)]
-struct RawCodec;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = bytes::Bytes;
-    type Decode = bytes::Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
-    }
-}
-
-impl tonic::codec::Encoder for RawCodec {
-    type Item = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn encode(
-        &mut self,
-        item: bytes::Bytes,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        bytes::BufMut::put(dst, item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawCodec {
-    type Item = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<bytes::Bytes>, tonic::Status> {
-        let n = bytes::Buf::remaining(src);
-        Ok(Some(bytes::Buf::copy_to_bytes(src, n)))
-    }
-}
-
 /// Resident memory (kB) of `pid` now.
 fn resident_kb(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -311,7 +265,12 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
                         let path = tonic::codegen::http::uri::PathAndQuery::from_static(
                             "/tollgate.v1.Admission/Exchange",
                         );
-                        grpc.unary(tonic::Request::new(request.numbered(sequence)), path, RawCodec).await
+                        grpc.unary(
+                            tonic::Request::new(request.numbered(sequence)),
+                            path,
+                            tollgate_proto::wire::BytesCodec,
+                        )
+                        .await
                     }
                     Err(e) => Err(tonic::Status::unavailable(e.to_string())),
                 };

@@ -9,7 +9,7 @@ use prost::Message;
 use tollgate_core::config::Config;
 use tollgate_core::engine::EngineSettings;
 use tollgate_core::time::Nanos;
-use tollgate_proto::v1::{admin_server::Admin, admission_server::Admission, backend_server::Backend};
+use tollgate_proto::v1::{self, admin_server::Admin, admission_server::Admission, backend_server::Backend};
 use tollgate_server::Controller;
 use tollgate_server::grpc::Services;
 use tollgate_server::store::MemoryStore;
@@ -89,7 +89,9 @@ fn decoded<M: Message + Default>(bytes: &[u8]) -> Option<tonic::Request<M>> {
 }
 
 /// A gRPC message: the first byte picks the call, the rest is its request's encoding; what
-/// decodes is handed to the server's own handler for that call (the one tonic calls), and a
+/// decodes is handed to the server's own handler for that call (the one tonic calls; an
+/// exchange's bytes go as they are to the hand reader the server uses, checked to accept just
+/// what the generated code accepts, and then decoded to the typed handler too), and a
 /// status answer is also rendered as the HTTP `/status` JSON. The byte also moves the engine's
 /// clock for a tick, so ticks interleave with the calls.
 pub fn grpc_message(data: &[u8]) {
@@ -98,6 +100,11 @@ pub fn grpc_message(data: &[u8]) {
     runtime.block_on(async {
         match which % 12 {
             0 => {
+                // The server reads exchanges by hand: it must accept exactly what the
+                // generated code accepts, and answer whatever comes.
+                let by_hand = tollgate_proto::wire::ExchangeView::decode(bytes).is_ok();
+                assert_eq!(by_hand, v1::ExchangeRequest::decode(bytes).is_ok(), "read by hand: {by_hand}");
+                let _ = s.exchange_encoded(&tonic::Request::new(prost::bytes::Bytes::copy_from_slice(bytes)));
                 if let Some(r) = decoded(bytes) {
                     let _ = Admission::exchange(s, r).await;
                 }

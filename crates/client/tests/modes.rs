@@ -814,9 +814,9 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
             controller.tick(now);
         }
         if driver.is_due(now) {
-            let mut request = driver.request(now).unwrap();
+            let request = driver.request(now).unwrap();
             assert_eq!(request.target_request_period_ms, 5000);
-            let answer = controller.exchange(now, &mut request).unwrap();
+            let answer = controller.exchange(now, &request).unwrap();
             driver.answer(now, &answer);
             exchanges.push(now.0 / 1_000_000);
         }
@@ -865,8 +865,8 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
         }
         driver.poll(now);
         if driver.is_due(now) {
-            let mut request = driver.request(now).unwrap();
-            driver.answer(now, &controller.exchange(now, &mut request).unwrap());
+            let request = driver.request(now).unwrap();
+            driver.answer(now, &controller.exchange(now, &request).unwrap());
         }
         if now.0 / 1_000_000 >= ms {
             return g.stats().allowance;

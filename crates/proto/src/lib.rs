@@ -10,6 +10,7 @@ pub mod v1 {
 }
 
 pub mod convert;
+pub mod wire;
 
 /// The most groups one exchange may carry.
 pub const EXCHANGE_GROUPS_MAX: usize = 1000;

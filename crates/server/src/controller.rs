@@ -24,6 +24,7 @@ use tollgate_core::engine::{
 use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1;
+use tollgate_proto::wire::{ExchangeView, GrantFields};
 use tollgate_proto::{BACKEND_ID_MAX_BYTES, CLIENT_ID_MAX_BYTES, EXCHANGE_GROUPS_MAX, REPORT_GROUPS_MAX};
 use tonic::Status;
 
@@ -121,6 +122,15 @@ fn id(field: &str, v: &str, max: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// What an exchange answers besides its grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExchangeAnswer {
+    /// When the client is to exchange next, at the latest, in milliseconds.
+    pub next_exchange_ms: u32,
+    /// When the engine next ticks, in milliseconds.
+    pub next_tick_ms: u32,
+}
+
 fn ms(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
@@ -161,6 +171,9 @@ pub struct Controller {
     engine: parking_lot::Mutex<Engine>,
     store: Mutex<Box<dyn SettingsStore>>,
     exchanges: AtomicU64,
+    /// How long the last tick took from its start to its last slice, in nanoseconds (paced,
+    /// the server's spans a good part of a second at many groups).
+    tick_span_ns: AtomicU64,
     /// The sorted view of the last tick, and the tick it was built at.
     view: Mutex<Option<(u64, Arc<Vec<GroupView>>)>>,
     /// Backends and clients as of a tick, made at most once per tick like the view.
@@ -304,6 +317,7 @@ impl Controller {
             engine: parking_lot::Mutex::new(engine),
             store: Mutex::new(store),
             exchanges: AtomicU64::new(0),
+            tick_span_ns: AtomicU64::new(0),
             view: Mutex::new(None),
             diagnostics: Mutex::new(None),
             trace: tokio::sync::broadcast::channel(TRACE_CHANNEL).0,
@@ -383,15 +397,31 @@ impl Controller {
     /// While someone follows the trace, each group's rate computation (and every backend's
     /// busy groups) goes to them as JSON lines.
     pub fn tick(&self, now: Nanos) {
+        self.tick_paced(now, || {});
+    }
+
+    /// Records how long the last tick took from its start to its end, for the exchanges'
+    /// answers: a client refused now is told to come back once the next tick is done, not
+    /// as soon as it starts.
+    pub fn set_tick_span(&self, span: Duration) {
+        self.tick_span_ns.store(u64::try_from(span.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// [`tick`](Self::tick), calling `pause` between two slices with the engine unlocked.
+    /// The server sleeps there ([`TickPacer`](crate::pace::TickPacer)), so that a tick of
+    /// many groups takes a share of a core for a while rather than a whole core at once, and
+    /// the exchanges answered meanwhile do not queue behind it for a core. Pausing changes
+    /// when the tick completes, not what it decides.
+    pub fn tick_paced(&self, now: Nanos, mut pause: impl FnMut()) {
         let live = self.trace.receiver_count() > 0;
         let keep = self.keep_trace.load(Ordering::Relaxed);
         let mut engine = self.engine();
         engine.set_tracing(live || keep);
         engine.begin_tick(now);
         while !engine.tick_slice(TICK_SLICE_GROUPS) {
-            // To the thread waiting longest, if any (the lock is not fair otherwise: this
-            // thread would take it straight back).
-            parking_lot::MutexGuard::bump(&mut engine);
+            // Unlocked to the thread waiting longest, if any (the lock is not fair otherwise:
+            // this thread would take it straight back).
+            parking_lot::MutexGuard::unlocked_fair(&mut engine, &mut pause);
         }
         let taken = (live && !keep).then(|| engine.take_trace());
         drop(engine);
@@ -424,17 +454,32 @@ impl Controller {
         self.engine().take_trace()
     }
 
+    /// Answers an exchange in the generated types (the simulator's and tests' way in; the
+    /// server reads and writes exchanges by hand, through [`exchange_view`](Self::exchange_view)).
+    pub fn exchange(&self, now: Nanos, req: &v1::ExchangeRequest) -> Result<v1::ExchangeResponse, Status> {
+        let view = ExchangeView::of(req);
+        let mut grants = Vec::with_capacity(view.groups.len());
+        let answer = self.exchange_view(now, &view, |i, fields| {
+            grants.push(fields.grant(view.groups[i].group.to_owned()))
+        })?;
+        Ok(v1::ExchangeResponse {
+            grants,
+            next_exchange_ms: answer.next_exchange_ms,
+            next_tick_ms: answer.next_tick_ms,
+            unthrottled_allowed: true,
+        })
+    }
+
     /// Answers an exchange: checks it against the contract's bounds, reports every group to
-    /// the engine and returns the client's grants.
-    ///
-    /// The group names are taken out of `req` to answer with (each grant names its group):
-    /// moved, not copied, so a grant costs no allocation for its name.
-    pub fn exchange(
+    /// the engine, and hands each grant to `grant` with the index of its group in `req`, in
+    /// order; returns the rest of the answer.
+    pub fn exchange_view(
         &self,
         now: Nanos,
-        req: &mut v1::ExchangeRequest,
-    ) -> Result<v1::ExchangeResponse, Status> {
-        id("client_id", &req.client_id, CLIENT_ID_MAX_BYTES)?;
+        req: &ExchangeView<'_>,
+        mut grant: impl FnMut(usize, &GrantFields),
+    ) -> Result<ExchangeAnswer, Status> {
+        id("client_id", req.client_id, CLIENT_ID_MAX_BYTES)?;
         if req.target_request_period_ms > 3_600_000 {
             return Err(invalid(
                 "target_request_period_ms",
@@ -448,10 +493,9 @@ impl Controller {
             ));
         }
         let mut reports = Vec::with_capacity(req.groups.len());
-        let mut asked_as = Vec::with_capacity(req.groups.len());
-        for (i, g) in req.groups.iter_mut().enumerate() {
+        for (i, g) in req.groups.iter().enumerate() {
             let name =
-                group_name(|| format!("groups[{i}].group"), &g.group).map_err(Status::invalid_argument)?;
+                group_name(|| format!("groups[{i}].group"), g.group).map_err(Status::invalid_argument)?;
             let field = |f: &str, v: f64| {
                 quantity(|| format!("groups[{i}].{f}"), v).map_err(Status::invalid_argument)
             };
@@ -466,11 +510,9 @@ impl Controller {
                 waited: field("waited", g.waited as f64)?,
                 detail: match &g.detail {
                     None => Consumption::default(),
-                    Some(d) => {
-                        let given =
-                            [d.rru, d.wru, d.read_bytes, d.write_bytes, d.cpu_ms, d.read_rpcs, d.write_rpcs];
+                    Some(given) => {
                         let mut checked = [0.0; 7];
-                        for ((out, v), name) in checked.iter_mut().zip(given).zip(Consumption::NAMES) {
+                        for ((out, &v), name) in checked.iter_mut().zip(given).zip(Consumption::NAMES) {
                             *out = field(&format!("detail.{name}"), v)?;
                         }
                         Consumption::from_values(checked)
@@ -478,18 +520,15 @@ impl Controller {
                 },
             };
             reports.push((name, report));
-            asked_as.push(std::mem::take(&mut g.group));
         }
         let mut engine = self.engine();
         let client = engine
-            .client(now, &req.client_id, req.sequence)
+            .client(now, req.client_id, req.sequence)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        let mut grants = Vec::with_capacity(reports.len());
-        let mut names = asked_as.into_iter();
+        let mut i = 0;
         engine.report_all(now, client, &reports, |g| {
             let unlimited = g.is_unlimited();
-            grants.push(v1::Grant {
-                group: names.next().unwrap_or_default(),
+            let fields = GrantFields {
                 unlimited,
                 rate: if unlimited { 0.0 } else { g.rate },
                 burst: if unlimited { 0.0 } else { g.burst },
@@ -499,12 +538,18 @@ impl Controller {
                 count_dropped: g.dropped == tollgate_core::settings::DroppedWork::Count,
                 debt_repay_ms: ms(g.debt_repay),
                 trickle_ms: ms(g.trickle),
-            });
+            };
+            grant(i, &fields);
+            i += 1;
         });
         let settings = engine.settings();
         let tick = settings.tick;
         let lease = settings.lease;
-        let next_tick = engine.last_tick().map_or(Duration::ZERO, |t| t.after(tick).since(now));
+        // The next tick's grants are all made once it is done: as long after its start as the
+        // last one took.
+        let span = Duration::from_nanos(self.tick_span_ns.load(Ordering::Relaxed));
+        let next_tick =
+            engine.last_tick().map_or(Duration::ZERO, |t| t.after(tick.saturating_add(span)).since(now));
         drop(engine);
         self.exchanges.fetch_add(1, Ordering::Relaxed);
         // The period the client asked for, between the tick and half the lease (so that a
@@ -513,12 +558,7 @@ impl Controller {
             0 => tick,
             asked => Duration::from_millis(u64::from(asked)).clamp(tick, (lease / 2).max(tick)),
         };
-        Ok(v1::ExchangeResponse {
-            grants,
-            next_exchange_ms: ms(period),
-            next_tick_ms: ms(next_tick),
-            unthrottled_allowed: true,
-        })
+        Ok(ExchangeAnswer { next_exchange_ms: ms(period), next_tick_ms: ms(next_tick) })
     }
 
     /// Records a backend's report. Loads naming an invalid group, or carrying a bad number,
@@ -952,13 +992,13 @@ mod tests {
     /// A client reports the group, and a tick sees it.
     fn track(c: &Controller, g: &GroupName) {
         let usage = v1::GroupUsage { group: g.to_string(), demand: 10.0, ..v1::GroupUsage::default() };
-        let mut req = v1::ExchangeRequest {
+        let req = v1::ExchangeRequest {
             client_id: "c".into(),
             sequence: 1,
             groups: vec![usage],
             ..Default::default()
         };
-        c.exchange(Nanos::ZERO, &mut req).unwrap();
+        c.exchange(Nanos::ZERO, &req).unwrap();
         c.tick(Nanos::ZERO.after(Duration::from_secs(1)));
     }
 
@@ -1036,17 +1076,66 @@ mod tests {
             |group: &str, demand: f64| v1::GroupUsage { group: group.into(), demand, ..Default::default() };
         let req =
             |groups| v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups, ..Default::default() };
-        let e = c.exchange(Nanos::ZERO, &mut req(vec![usage("g", f64::INFINITY)])).unwrap_err();
+        let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", f64::INFINITY)])).unwrap_err();
         assert!(e.message().starts_with("groups[0].demand: must be a finite number"), "{e:?}");
-        let e = c.exchange(Nanos::ZERO, &mut req(vec![usage("g", 1e16)])).unwrap_err();
+        let e = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1e16)])).unwrap_err();
         assert!(e.message().contains("from 0 to 1e15"), "{e:?}");
         let e = c
-            .exchange(Nanos::ZERO, &mut v1::ExchangeRequest { client_id: String::new(), ..req(vec![]) })
+            .exchange(Nanos::ZERO, &v1::ExchangeRequest { client_id: String::new(), ..req(vec![]) })
             .unwrap_err();
         assert!(e.message().starts_with("client_id:"), "{e:?}");
-        let ok = c.exchange(Nanos::ZERO, &mut req(vec![usage("g", 1.0)])).unwrap();
+        let ok = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1.0)])).unwrap();
         assert!(ok.grants[0].unlimited);
         assert_eq!(c.exchanges(), 1, "refused exchanges are not counted");
+    }
+
+    /// A refused client is told to come back once the next tick is done: its start (a tick
+    /// period after the last one started) and as long as the last tick took.
+    #[test]
+    fn the_next_tick_is_said_to_be_done_as_long_after_its_start_as_the_last_took() {
+        let c = controller();
+        let req = v1::ExchangeRequest { client_id: "c".into(), sequence: 1, ..Default::default() };
+        c.tick(Nanos::ZERO);
+        let at = Nanos(300_000_000);
+        assert_eq!(c.exchange(at, &req).unwrap().next_tick_ms, 700);
+        c.set_tick_span(Duration::from_millis(120));
+        assert_eq!(c.exchange(at, &req).unwrap().next_tick_ms, 820);
+    }
+
+    /// A paced tick pauses between its slices with the engine free: an exchange made in a
+    /// pause is answered, and the tick still completes.
+    #[test]
+    fn a_paced_tick_pauses_between_slices_with_the_engine_free() {
+        let c = controller();
+        let groups: Vec<v1::GroupUsage> = (0..2 * TICK_SLICE_GROUPS + 1)
+            .map(|i| v1::GroupUsage { group: format!("g{i}"), demand: 1.0, ..Default::default() })
+            .collect();
+        // Three clients of at most 1000 groups each (an exchange's most).
+        for (client, part) in groups.chunks(1000).enumerate() {
+            let req = v1::ExchangeRequest {
+                client_id: format!("c{client}"),
+                sequence: 1,
+                groups: part.to_vec(),
+                ..Default::default()
+            };
+            c.exchange(Nanos::ZERO, &req).unwrap();
+        }
+        let ticks = c.with_engine(Engine::ticks);
+        let mut pauses = 0;
+        const S: u64 = 1_000_000_000;
+        c.tick_paced(Nanos(S), || {
+            pauses += 1;
+            let req = v1::ExchangeRequest {
+                client_id: "f".into(),
+                sequence: pauses,
+                groups: groups[..1].to_vec(),
+                ..Default::default()
+            };
+            assert_eq!(c.exchange(Nanos(S), &req).unwrap().grants.len(), 1);
+        });
+        // Three slices of groups (and a walk that applies them) make at least two pauses.
+        assert!(pauses >= 2, "{pauses} pauses");
+        assert_eq!(c.with_engine(Engine::ticks), ticks + 1);
     }
 
     /// TiDB's `target_request_period_ms`: the period a client asks for, kept between the tick
@@ -1055,12 +1144,12 @@ mod tests {
     fn a_client_gets_the_period_it_asks_for_within_the_tick_and_half_the_lease() {
         let c = controller();
         let period = |asked: u32| {
-            let mut req = v1::ExchangeRequest {
+            let req = v1::ExchangeRequest {
                 client_id: "c".into(),
                 target_request_period_ms: asked,
                 ..Default::default()
             };
-            c.exchange(Nanos::ZERO, &mut req).map(|r| r.next_exchange_ms)
+            c.exchange(Nanos::ZERO, &req).map(|r| r.next_exchange_ms)
         };
         assert_eq!(period(0).unwrap(), 1000);
         assert_eq!(period(3000).unwrap(), 3000);

@@ -8,7 +8,10 @@
 use std::sync::Arc;
 
 use tollgate_core::settings::{GroupName, check_group_name};
+use tollgate_proto::v1::admission_server::AdmissionServer;
 use tollgate_proto::v1::{self, admin_server::Admin, admission_server::Admission, backend_server::Backend};
+use tollgate_proto::wire::{AnswerWriter, BytesCodec, ExchangeView};
+use tonic::codegen::{Body, Bytes, StdError, http};
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, NewCredential, Refused, Role};
@@ -55,26 +58,29 @@ impl Services {
     }
 }
 
-#[tonic::async_trait]
-impl Admission for Services {
-    async fn exchange(
+impl Services {
+    /// What an exchange must pass before the engine sees it. With a credential: its groups
+    /// only, its client ids only, and unthrottled work only with the privilege (else what is
+    /// reported as unthrottled is counted as ordinary demand). Says whether the caller may
+    /// admit unthrottled work.
+    fn check_exchange(
         &self,
-        req: Request<v1::ExchangeRequest>,
-    ) -> Result<Response<v1::ExchangeResponse>, Status> {
+        caller: Option<&Caller>,
+        exchange: &mut ExchangeView<'_>,
+    ) -> Result<bool, Status> {
         self.controller.check_leader()?;
-        let caller = req.extensions().get::<Caller>().cloned();
-        let mut exchange = req.into_inner();
-        // With a credential: its groups only, its client ids only, and unthrottled work only
-        // with the privilege (else it is counted as ordinary demand).
-        let privileged = match &caller {
+        let privileged = match caller {
             None => true,
             Some(Caller(c)) => {
-                if let Some(g) = exchange.groups.iter().find(|g| !c.allows_group(&g.group)) {
-                    let refused =
-                        Refused::Group { who: c.label(), group: g.group.clone(), patterns: c.groups.clone() };
+                if let Some(g) = exchange.groups.iter().find(|g| !c.allows_group(g.group)) {
+                    let refused = Refused::Group {
+                        who: c.label(),
+                        group: g.group.to_owned(),
+                        patterns: c.groups.clone(),
+                    };
                     return Err(refused.status());
                 }
-                self.controller.bind_client(&exchange.client_id, caller.as_ref()).map_err(|e| e.status())?;
+                self.controller.bind_client(exchange.client_id, caller).map_err(|e| e.status())?;
                 c.role == Ok(Role::Client) && c.unthrottled
             }
         };
@@ -83,13 +89,107 @@ impl Admission for Services {
                 g.unthrottled = 0.0;
             }
         }
+        Ok(privileged)
+    }
+
+    /// An exchange as it comes off the wire, answered as it goes back: read in place and
+    /// written by hand ([`tollgate_proto::wire`]), the server's way (see [`ExchangeFront`]).
+    pub fn exchange_encoded(&self, req: &Request<Bytes>) -> Result<Bytes, Status> {
+        let mut exchange = ExchangeView::decode(req.get_ref()).map_err(|e| {
+            Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
+        })?;
+        let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
         let started = self.clock.now();
-        let mut response = self.controller.exchange(started, &mut exchange)?;
-        response.unthrottled_allowed = privileged;
+        let mut answer = AnswerWriter::with_capacity(exchange.groups.len());
+        let rest = self
+            .controller
+            .exchange_view(started, &exchange, |i, g| answer.grant(exchange.groups[i].group, g))?;
+        let body = answer.finish(rest.next_exchange_ms, rest.next_tick_ms, privileged);
         self.latency.record(self.clock.now().since(started));
-        Ok(Response::new(response))
+        Ok(Bytes::from(body))
     }
 }
+
+#[tonic::async_trait]
+impl Admission for Services {
+    async fn exchange(
+        &self,
+        req: Request<v1::ExchangeRequest>,
+    ) -> Result<Response<v1::ExchangeResponse>, Status> {
+        let mut exchange = ExchangeView::of(req.get_ref());
+        let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
+        let started = self.clock.now();
+        let mut grants = Vec::with_capacity(exchange.groups.len());
+        let rest = self.controller.exchange_view(started, &exchange, |i, g| {
+            grants.push(g.grant(exchange.groups[i].group.to_owned()));
+        })?;
+        self.latency.record(self.clock.now().since(started));
+        Ok(Response::new(v1::ExchangeResponse {
+            grants,
+            next_exchange_ms: rest.next_exchange_ms,
+            next_tick_ms: rest.next_tick_ms,
+            unthrottled_allowed: privileged,
+        }))
+    }
+}
+
+/// The admission service as the server runs it: exchanges read and answered by hand
+/// ([`Services::exchange_encoded`]), anything else passed to the generated service (which
+/// answers `UNIMPLEMENTED`). The same limits as the generated service's: messages of at most
+/// 4 MiB, no compression.
+#[derive(Clone)]
+pub struct ExchangeFront {
+    services: Services,
+    generated: AdmissionServer<Services>,
+}
+
+impl ExchangeFront {
+    /// The front over `services`.
+    pub fn new(services: Services) -> Self {
+        Self { generated: AdmissionServer::new(services.clone()), services }
+    }
+}
+
+impl tonic::server::NamedService for ExchangeFront {
+    const NAME: &'static str = <AdmissionServer<Services> as tonic::server::NamedService>::NAME;
+}
+
+/// The exchange method, on encoded messages.
+struct EncodedExchange(Services);
+
+impl tonic::server::UnaryService<Bytes> for EncodedExchange {
+    type Response = Bytes;
+    type Future = std::future::Ready<Result<Response<Bytes>, Status>>;
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        std::future::ready(self.0.exchange_encoded(&req).map(Response::new))
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for ExchangeFront
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != EXCHANGE_PATH {
+            return self.generated.call(req);
+        }
+        let method = EncodedExchange(self.services.clone());
+        Box::pin(async move { Ok(tonic::server::Grpc::new(BytesCodec).unary(method, req).await) })
+    }
+}
+
+/// The exchange's path: `/` the service `/` the method.
+const EXCHANGE_PATH: &str = "/tollgate.v1.Admission/Exchange";
 
 #[tonic::async_trait]
 impl Backend for Services {

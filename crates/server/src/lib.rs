@@ -18,6 +18,7 @@ mod election;
 pub mod guard;
 pub mod listen;
 pub mod metrics;
+pub mod pace;
 pub use tollgate_proto::convert;
 pub mod grpc;
 pub mod history;
@@ -38,9 +39,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
-use tollgate_proto::v1::{
-    admin_server::AdminServer, admission_server::AdmissionServer, backend_server::BackendServer,
-};
+use tollgate_proto::v1::{admin_server::AdminServer, backend_server::BackendServer};
 use tonic::transport::server::Connected;
 
 pub use crate::clock::{Clock, wall_ms};
@@ -448,7 +447,7 @@ where
         .max_concurrent_streams((front.max_streams > 0).then_some(front.max_streams))
         .http2_max_header_list_size(conn::HEADERS_MAX_BYTES)
         .layer(guard::GrpcGuardLayer { controller: controller.clone(), front })
-        .add_service(AdmissionServer::new(services.clone()))
+        .add_service(grpc::ExchangeFront::new(services.clone()))
         .add_service(BackendServer::new(services.clone()))
         .add_service(AdminServer::new(services))
         .add_service(
@@ -492,11 +491,14 @@ async fn background(
             _ = ticks.tick() => {
                 let now = clock.now();
                 // On the blocking pool: a tick of many groups takes tens of milliseconds, in
-                // slices between which the exchanges waiting go first.
+                // slices between which the exchanges waiting go first, paced so that it takes
+                // a share of a core rather than a whole one.
                 let c = controller.clone();
-                if let Err(e) = tokio::task::spawn_blocking(move || c.tick(now)).await {
+                let mut pacer = pace::TickPacer::new(c.tick_period());
+                if let Err(e) = tokio::task::spawn_blocking(move || c.tick_paced(now, || pacer.pause())).await {
                     tracing::error!(error = %e, "a tick failed");
                 }
+                controller.set_tick_span(clock.now().since(now));
                 // One sample a second at most, on the blocking pool (it reads every group), and
                 // never two at once.
                 if sampled.is_none_or(|at| now.since(at) >= Duration::from_millis(990))

@@ -310,7 +310,7 @@ mod tests {
                 waited: u64::from(t == 4) * 2,
                 ..Default::default()
             };
-            c.exchange(Nanos(t * S), &mut one_group(t, usage)).unwrap();
+            c.exchange(Nanos(t * S), &one_group(t, usage)).unwrap();
             c.tick(Nanos(t * S));
         }
         let json = status_json(&status_response(&c, Nanos(11 * S), &Page::default()));
@@ -329,10 +329,10 @@ mod tests {
             |rru: f64| v1::Consumption { rru, read_bytes: 4096.0, read_rpcs: 1.0, ..Default::default() };
         for (t, d) in [(12u64, detail(2.5)), (13, detail(1.5))] {
             let usage = v1::GroupUsage { group: "g".into(), detail: Some(d), ..Default::default() };
-            c.exchange(Nanos(t * S), &mut one_group(t, usage)).unwrap();
+            c.exchange(Nanos(t * S), &one_group(t, usage)).unwrap();
         }
         let bad = v1::GroupUsage { group: "g".into(), detail: Some(detail(-1.0)), ..Default::default() };
-        let e = c.exchange(Nanos(14 * S), &mut one_group(14, bad)).unwrap_err();
+        let e = c.exchange(Nanos(14 * S), &one_group(14, bad)).unwrap_err();
         assert_eq!(e.message(), "groups[0].detail.rru: must be a finite number from 0 to 1e15, got -1");
         c.tick(Nanos(14 * S));
         let json = status_json(&status_response(&c, Nanos(14 * S), &Page::default()));

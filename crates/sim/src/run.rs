@@ -363,7 +363,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             if !d.is_due(client_now) {
                 continue;
             }
-            let Some(mut request) = d.request(client_now) else { continue };
+            let Some(request) = d.request(client_now) else { continue };
             if !up {
                 d.failed(client_now, "no controller answers");
                 continue;
@@ -376,7 +376,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 d.failed(client_now, "exchange lost");
                 continue;
             }
-            match controller.exchange(now, &mut request) {
+            match controller.exchange(now, &request) {
                 Ok(mut response) => {
                     if let Some(t) = hooks.tamper {
                         t(&mut response);
