@@ -5,6 +5,7 @@
 //! (the embedded engine, a controller's grants, or a pool shared through Redis), and is done
 //! by the mode's own module through [`Groups`].
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -361,6 +362,10 @@ type Map = HashMap<GroupName, Arc<Group>, foldhash::fast::RandomState>;
 /// whole map per name, and a name used often soon needs no lock.
 pub(crate) struct Groups {
     map: ArcSwap<Map>,
+    /// Which table this is (for threads' copies of maps: see [`LOCAL_MAP`]).
+    id: u64,
+    /// Counts the maps stored in `map`: a thread's copy is current while this is unchanged.
+    generation: AtomicU64,
     recent: Mutex<Recent>,
     /// The `default` group's state: shared by names beyond the tracking limit.
     overflow: Arc<Group>,
@@ -379,6 +384,20 @@ struct Recent {
 
 /// Lookups under the lock before the recent names move into the lock-free map, at the least.
 const MERGE_AFTER_MIN: usize = 64;
+
+/// Tables' ids: never reused, so a thread's copy of a dropped table's map is never taken for
+/// a new table's.
+static NEXT_TABLE: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's copy of the map it last read by name: the table's id, the table's
+    /// generation then, and the map. Reading `Groups::map` through arc-swap makes two locked
+    /// writes (a debt taken and paid back), a good part of an admission by name; a copy that is
+    /// current costs a load of the table's generation, which changes only with the map. A
+    /// thread keeps one copy at a time, so a map replaced since lives on at most until that
+    /// thread next looks a name up.
+    static LOCAL_MAP: RefCell<Option<(u64, u64, Arc<Map>)>> = const { RefCell::new(None) };
+}
 
 impl Groups {
     /// A table with the configured groups (and `default`) already in it.
@@ -400,6 +419,8 @@ impl Groups {
         }
         Groups {
             map: ArcSwap::from_pointee(map),
+            id: NEXT_TABLE.fetch_add(1, Ordering::Relaxed),
+            generation: AtomicU64::new(0),
             recent: Mutex::new(Recent::default()),
             overflow,
             configured,
@@ -408,11 +429,58 @@ impl Groups {
         }
     }
 
+    /// Runs `f` on the lock-free map, through this thread's copy of it when that is current.
+    #[inline(always)]
+    fn with_map<R>(&self, f: impl FnOnce(&Map) -> R) -> R {
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut f = Some(f);
+        let fast = LOCAL_MAP
+            .try_with(|local| {
+                let copy = local.try_borrow().ok()?;
+                match &*copy {
+                    Some((id, seen, map)) if *id == self.id && *seen == generation => {
+                        f.take().map(|f| f(map))
+                    }
+                    _ => None,
+                }
+            })
+            .ok()
+            .flatten();
+        match (fast, f) {
+            (Some(r), _) => r,
+            (None, Some(f)) => self.with_new_copy(f),
+            (None, None) => unreachable!("f runs only when it answers"),
+        }
+    }
+
+    /// Takes a copy of the current map for this thread, then runs `f` on it.
+    #[cold]
+    #[inline(never)]
+    fn with_new_copy<R>(&self, f: impl FnOnce(&Map) -> R) -> R {
+        // The generation first: a copy is never newer than the generation it is kept with.
+        let generation = self.generation.load(Ordering::Acquire);
+        let map = self.map.load_full();
+        // Kept only when no call on this thread is reading its copy, and not while the thread
+        // exits (its copy is gone then).
+        let _ = LOCAL_MAP.try_with(|local| {
+            if let Ok(mut copy) = local.try_borrow_mut() {
+                *copy = Some((self.id, generation, map.clone()));
+            }
+        });
+        f(&map)
+    }
+
+    /// Publishes a new lock-free map.
+    fn store_map(&self, map: Map) {
+        self.map.store(Arc::new(map));
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
     /// The group `name`, made if new; `(group, made)`.
     #[inline]
     pub(crate) fn lookup(&self, name: &str) -> Result<(Arc<Group>, bool), AcquireError> {
-        if let Some(g) = self.map.load().get(name) {
-            return Ok((g.clone(), false));
+        if let Some(g) = self.with_map(|map| map.get(name).cloned()) {
+            return Ok((g, false));
         }
         self.lookup_locked(name)
     }
@@ -421,11 +489,12 @@ impl Groups {
     /// asked for before: the hot case of admitting by name, with no reference count touched.
     #[inline]
     pub(crate) fn with_known<R>(&self, name: &str, f: impl FnOnce(&Arc<Group>) -> R) -> Option<R> {
-        let map = self.map.load();
-        let g = map.get(name)?;
-        // Its lines asked for together, before the first of them is waited for.
-        g.warm();
-        g.is_used().then(|| f(g))
+        self.with_map(|map| {
+            let g = map.get(name)?;
+            // Its lines asked for together, before the first of them is waited for.
+            g.warm();
+            g.is_used().then(|| f(g))
+        })
     }
 
     #[cold]
@@ -454,7 +523,7 @@ impl Groups {
             let mut next = Map::clone(&current);
             next.extend(recent.map.drain());
             recent.slow_lookups = 0;
-            self.map.store(Arc::new(next));
+            self.store_map(next);
         }
         Ok((group, made))
     }

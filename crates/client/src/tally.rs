@@ -80,9 +80,20 @@ pub(crate) struct Totals {
 
 impl Totals {
     fn add(&mut self, t: &Tally) {
+        self.add_with(t, 0);
+    }
+
+    /// Adds the shared tally, whose units admitted are kept beyond one per request too.
+    fn add_folded(&mut self, t: &Tally) {
+        self.add_with(t, MICROS_PER_UNIT);
+    }
+
+    /// Adds `t`, whose units admitted are kept beyond `admitted_base` millionths a request.
+    fn add_with(&mut self, t: &Tally, admitted_base: u64) {
         let [a, am, th, thm, w, um] = t.fields().map(|c| c.load(Ordering::Relaxed));
         self.admitted += a;
-        self.admitted_micro += am;
+        self.admitted_micro =
+            self.admitted_micro.wrapping_add(a.wrapping_mul(admitted_base)).wrapping_add(am);
         self.throttled += th;
         self.throttled_micro =
             self.throttled_micro.wrapping_add(th.wrapping_mul(MICROS_PER_UNIT)).wrapping_add(thm);
@@ -95,6 +106,9 @@ impl Totals {
 #[derive(Debug)]
 pub(crate) struct Counters {
     id: u64,
+    /// What evicted tallies left, and what threads without one counted (locked adds). Its
+    /// units admitted are kept beyond one unit per request, as refusals' are everywhere: a
+    /// request of cost one, admitted or refused, is a single locked add here.
     folded: Tally,
     live: Mutex<Vec<Arc<Tally>>>,
 }
@@ -121,7 +135,7 @@ impl Counters {
     pub(crate) fn totals(&self) -> Totals {
         let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         let mut totals = Totals::default();
-        totals.add(&self.folded);
+        totals.add_folded(&self.folded);
         for t in live.iter() {
             totals.add(t);
         }
@@ -132,10 +146,21 @@ impl Counters {
     /// readers (they hold the same lock).
     fn fold(&self, tally: &Arc<Tally>) {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        for (from, to) in tally.fields().into_iter().zip(self.folded.fields()) {
-            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
+        self.add_shared(tally);
         live.retain(|t| !Arc::ptr_eq(t, tally));
+    }
+
+    /// Adds a thread's tally (or scratch counts) to the shared one, in the shared one's
+    /// terms: the fields that are zero there cost nothing.
+    fn add_shared(&self, from: &Tally) {
+        let admitted = from.admitted.load(Ordering::Relaxed);
+        let mut values = from.fields().map(|c| c.load(Ordering::Relaxed));
+        values[1] = values[1].wrapping_sub(admitted.wrapping_mul(MICROS_PER_UNIT)); // admitted_micro
+        for (v, to) in values.into_iter().zip(self.folded.fields()) {
+            if v != 0 {
+                to.fetch_add(v, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -246,12 +271,7 @@ pub(crate) fn with_local<G: HasCounters, R>(
 fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
     let scratch = Tally::default();
     f(&scratch);
-    for (from, to) in scratch.fields().into_iter().zip(counters.folded.fields()) {
-        let v = from.load(Ordering::Relaxed);
-        if v != 0 {
-            to.fetch_add(v, Ordering::Relaxed);
-        }
-    }
+    counters.add_shared(&scratch);
 }
 
 impl Local {
@@ -382,6 +402,34 @@ mod tests {
                 assert_eq!(again.counters.totals().admitted, 2);
             });
         });
+    }
+
+    #[test]
+    fn units_counted_in_the_shared_tally_or_folded_into_it_add_up_exactly() {
+        // A thread whose cache is full counts a new group's first call in the shared tally
+        // (in its terms: units beyond one a request), the next ones in a tally of its own,
+        // folded into the shared one when the thread exits.
+        let many: Vec<Arc<Owner>> = (0..LOCAL_GROUPS_MAX).map(|_| owner()).collect();
+        let o = owner();
+        let admit = |o: &Arc<Owner>, micros: u64| {
+            record(&**o, &Arc::downgrade(o), |t| {
+                Tally::bump(&t.admitted, 1);
+                Tally::bump(&t.admitted_micro, micros);
+            });
+        };
+        let (m, o2) = (many.clone(), o.clone());
+        std::thread::spawn(move || {
+            m.iter().for_each(|g| admit(g, 1_000_000));
+            for micros in [250_000, 1_000_000, 2_500_000, 0, 3_000_000] {
+                admit(&o2, micros);
+            }
+            assert_eq!(o2.counters.live.lock().unwrap().len(), 1, "taken in at the second call");
+        })
+        .join()
+        .unwrap();
+        let t = o.counters.totals();
+        assert_eq!((t.admitted, t.admitted_micro), (5, 6_750_000));
+        assert!(o.counters.live.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -584,3 +584,26 @@ fn units_admitted_and_refused_add_up_exactly_whatever_the_cost() {
     assert_eq!(stats.unthrottled_units, 0.5);
     assert_eq!(stats.throttled_units, 6.0 + 6.25 + 7.125);
 }
+
+/// Each thread keeps its own copy of the last group table it read by name: two limiters used
+/// in turn on one thread never answer from each other's groups.
+#[test]
+fn two_limiters_used_in_turn_on_one_thread_keep_their_own_groups() {
+    let clock = ManualClock::new();
+    let a = gate("[groups.g]\nlimit = 10\nburst = 3\n", &clock);
+    let b = gate("[groups.g]\nlimit = 10\nburst = 5\n", &clock);
+    for _ in 0..3 {
+        a.try_acquire("g", 1.0).unwrap();
+        b.try_acquire("g", 1.0).unwrap();
+    }
+    assert!(a.try_acquire("g", 1.0).is_err(), "a's burst of 3 is spent");
+    b.try_acquire("g", 1.0).unwrap();
+    b.try_acquire("g", 1.0).unwrap();
+    assert!(b.try_acquire("g", 1.0).is_err(), "b's burst of 5 is spent");
+    assert_eq!((a.stats("g").unwrap().admitted, b.stats("g").unwrap().admitted), (3, 5));
+    drop(a);
+    // A limiter made after one is dropped is never taken for it.
+    let c = gate("[groups.g]\nlimit = 10\nburst = 1\n", &clock);
+    c.try_acquire("g", 1.0).unwrap();
+    assert!(c.try_acquire("g", 1.0).is_err());
+}
