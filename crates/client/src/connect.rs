@@ -182,7 +182,7 @@ impl Tollgate {
         let shares = Arc::new(shares);
         let make = move |name: GroupName, settings: &GroupSettings| {
             let limiter = match shares.get(&name) {
-                Some((spec, size)) => Limiter::Epoch(EpochShare::new(spec.clone(), *size)),
+                Some((spec, size)) => Limiter::Epoch(Box::new(EpochShare::new(spec.clone(), *size))),
                 None => Limiter::Bucket(Bucket::new(f64::INFINITY, f64::INFINITY, make_clock.now())),
             };
             let g = Group::new(name, limiter, &make_clock, f64::INFINITY);

@@ -40,15 +40,28 @@ pub(crate) fn units(micros: u64) -> f64 {
 pub(crate) enum Limiter {
     /// A token bucket, fed by the engine's grants (embedded or remote).
     Bucket(Bucket),
-    /// Store mode: a share of a pool agreed with other clients through Redis.
-    Epoch(EpochShare),
+    /// Store mode: a share of a pool agreed with other clients through Redis (boxed: a
+    /// bucket is what most groups hold, and the group's hot fields follow it).
+    Epoch(Box<EpochShare>),
 }
 
 /// One group's state.
+///
+/// In this order (`repr(C)`): what an admission reads and writes comes first, right after the
+/// reference count, so that with thousands of groups out of the core's caches an admission
+/// fetches two or three adjacent lines, not one line here and one there.
+#[repr(C)]
 pub(crate) struct Group {
-    pub(crate) name: GroupName,
     pub(crate) limiter: Limiter,
+    /// Asked for by name or handle at least once: a controller is told of it.
+    used: AtomicBool,
+    /// Set while a debt is being paid back: the bucket then refills slower than granted.
+    repaying: AtomicBool,
+    /// `burst_ceiling`, or `f64::MAX` where it is infinite: a finite bound the hot path
+    /// checks a cost against in one comparison.
+    pub(crate) finite_ceiling: f64,
     pub(crate) counters: Counters,
+    pub(crate) name: GroupName,
     /// Settlements: units added to (debt) or taken from (returned) admitted costs.
     pub(crate) settled_up_micro: AtomicU64,
     pub(crate) settled_down_micro: AtomicU64,
@@ -62,14 +75,9 @@ pub(crate) struct Group {
     pub(crate) clock: Arc<ClockSource>,
     /// The largest cost the group's bucket can ever hold (infinite where a controller decides).
     pub(crate) burst_ceiling: f64,
-    /// `burst_ceiling`, or `f64::MAX` where it is infinite: a finite bound the hot path
-    /// checks a cost against in one comparison.
-    pub(crate) finite_ceiling: f64,
     /// Current allowance (units/s) and measured demand, as f64 bits.
     pub(crate) allowance: AtomicU64,
     pub(crate) demand: AtomicU64,
-    /// Asked for by name or handle at least once: a controller is told of it.
-    used: AtomicBool,
     /// Dropped work counts as consumed (else it is returned).
     count_dropped: AtomicBool,
     /// Work admitted and then dropped: requests, and units (millionths).
@@ -77,8 +85,6 @@ pub(crate) struct Group {
     pub(crate) dropped_micro: AtomicU64,
     /// Over how long a debt is paid back, in nanoseconds (0: at once, blocking).
     debt_repay_ns: AtomicU64,
-    /// Set while a debt is being paid back: the bucket then refills slower than granted.
-    repaying: AtomicBool,
     repay: Mutex<Repay>,
     /// What settled requests did, in detail (running totals).
     pub(crate) detail: Mutex<Consumption>,
@@ -588,5 +594,22 @@ impl Groups {
             self.all().into_iter().map(|(n, g)| (n.as_str().to_owned(), g)).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An admission reads the bucket, the flags, the ceiling, the counters' id and the shared
+    /// tally's first fields, and (by name) the reference count: all within the first 128 bytes
+    /// of the group's allocation (the count takes 16), so two lines at most, not six.
+    #[test]
+    fn what_an_admission_reads_sits_in_the_groups_first_128_bytes() {
+        assert_eq!(std::mem::offset_of!(Group, limiter), 0);
+        assert!(std::mem::size_of::<Limiter>() <= 64, "{}", std::mem::size_of::<Limiter>());
+        let hot_end = std::mem::offset_of!(Group, counters) + 3 * std::mem::size_of::<u64>();
+        assert!(16 + hot_end <= 128, "the hot fields end at {hot_end}");
+        assert!(std::mem::offset_of!(Group, finite_ceiling) < std::mem::offset_of!(Group, counters));
     }
 }

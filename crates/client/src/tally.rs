@@ -35,7 +35,6 @@ pub(crate) const MICROS_PER_UNIT: u64 = 1_000_000;
 /// a cost under one takes some back), so a refusal of cost one, the most common, is one add;
 /// [`Totals`] gives the units in full.
 #[derive(Debug, Default)]
-#[repr(align(64))]
 pub(crate) struct Tally {
     pub(crate) admitted: AtomicU64,
     pub(crate) admitted_micro: AtomicU64,
@@ -64,6 +63,19 @@ impl Tally {
             &self.waited,
             &self.unthrottled_micro,
         ]
+    }
+}
+
+/// A thread's own tally, on cache lines of its own: two threads' tallies never share one
+/// (the shared tally, inside its group, sits with the group's other hot fields instead).
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct OwnTally(Tally);
+
+impl std::ops::Deref for OwnTally {
+    type Target = Tally;
+    fn deref(&self) -> &Tally {
+        &self.0
     }
 }
 
@@ -102,15 +114,17 @@ impl Totals {
     }
 }
 
-/// A group's counters: the threads' tallies and what evicted ones left behind.
+/// A group's counters: the threads' tallies and what evicted ones left behind. In this
+/// order: the id and the shared tally are read with the group's other hot fields.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Counters {
     id: u64,
     /// What evicted tallies left, and what threads without one counted (locked adds). Its
     /// units admitted are kept beyond one unit per request, as refusals' are everywhere: a
     /// request of cost one, admitted or refused, is a single locked add here.
     folded: Tally,
-    live: Mutex<Vec<Arc<Tally>>>,
+    live: Mutex<Vec<Arc<OwnTally>>>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -144,7 +158,7 @@ impl Counters {
 
     /// Moves a tally's counts into the shared one and forgets the tally, atomically for
     /// readers (they hold the same lock).
-    fn fold(&self, tally: &Arc<Tally>) {
+    fn fold(&self, tally: &Arc<OwnTally>) {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         self.add_shared(tally);
         live.retain(|t| !Arc::ptr_eq(t, tally));
@@ -183,7 +197,7 @@ fn retire(entry: Entry) {
 }
 
 struct Entry {
-    tally: Arc<Tally>,
+    tally: Arc<OwnTally>,
     owner: Weak<dyn HasCounters>,
     stash: Stash,
 }
@@ -319,7 +333,7 @@ impl Local {
             }
         }
         self.present[word] |= bit;
-        let tally = Arc::new(Tally::default());
+        let tally = Arc::new(OwnTally::default());
         counters.live.lock().unwrap_or_else(PoisonError::into_inner).push(tally.clone());
         let owner: Weak<dyn HasCounters> = me.clone();
         let len = self.entries.len();

@@ -47,12 +47,13 @@ pub enum Refusal {
 /// assert!(bucket.try_acquire(5.0, Nanos(50_000_000)).is_ok());
 /// ```
 #[derive(Debug)]
-#[repr(align(64))]
+#[repr(C)]
 pub struct Bucket {
     /// Theoretical arrival time in nanoseconds: the bucket is full when `tat <= now`.
-    /// Alone on its cache line: it is written on every admission, while the parameters
-    /// below are only read, and threads of one group should not bounce them too.
-    tat: CacheLine,
+    /// Beside the parameters every admission reads: with thousands of groups, most out of
+    /// the core's caches, one line fetched brings both (a thread that writes it has read the
+    /// parameters just before, so keeping them apart saves no transfer between cores).
+    tat: AtomicU64,
     /// Nanoseconds per unit as f64 bits: 0 when the rate is infinite, +∞ when it is zero.
     ns_per_unit: AtomicU64,
     /// `burst × ns_per_unit`, in whole nanoseconds.
@@ -96,18 +97,6 @@ impl Priced {
     #[inline]
     pub fn tolerance_ns(&self) -> u64 {
         self.tolerance_ns
-    }
-}
-
-/// An atomic on a cache line of its own.
-#[derive(Debug)]
-#[repr(align(64))]
-struct CacheLine(AtomicU64);
-
-impl std::ops::Deref for CacheLine {
-    type Target = AtomicU64;
-    fn deref(&self) -> &AtomicU64 {
-        &self.0
     }
 }
 
@@ -157,7 +146,7 @@ impl Bucket {
     pub fn new(rate: f64, burst: f64, now: Nanos) -> Self {
         let p = Params::new(rate, burst);
         Self {
-            tat: CacheLine(AtomicU64::new(now.0)),
+            tat: AtomicU64::new(now.0),
             ns_per_unit: AtomicU64::new(p.ns_per_unit.to_bits()),
             tolerance_ns: AtomicU64::new(p.tolerance_ns),
             unit_inc: AtomicU64::new(unit_inc(p.ns_per_unit)),
