@@ -60,6 +60,9 @@ pub(crate) struct Group {
     /// `burst_ceiling`, or `f64::MAX` where it is infinite: a finite bound the hot path
     /// checks a cost against in one comparison.
     pub(crate) finite_ceiling: f64,
+    /// Itself, weakly: counting passes it to a thread's tallies (read on every count, so here
+    /// rather than with the cold fields).
+    me: Weak<Group>,
     pub(crate) counters: Counters,
     pub(crate) name: GroupName,
     /// Settlements: units added to (debt) or taken from (returned) admitted costs.
@@ -88,7 +91,6 @@ pub(crate) struct Group {
     repay: Mutex<Repay>,
     /// What settled requests did, in detail (running totals).
     pub(crate) detail: Mutex<Consumption>,
-    me: Weak<Group>,
 }
 
 /// A debt being paid back from the refill: the bucket runs at the granted rate less `rate`
@@ -601,8 +603,9 @@ impl Groups {
 mod tests {
     use super::*;
 
-    /// An admission reads the bucket, the flags, the ceiling, the counters' id and the shared
-    /// tally's first fields, and (by name) the reference count: all within the first 128 bytes
+    /// An admission reads the bucket, the flags, the ceiling, the weak pointer to itself, the
+    /// counters' id and the shared tally's first fields, and (by name) the reference count:
+    /// all within the first 128 bytes
     /// of the group's allocation (the count takes 16), so two lines at most, not six.
     #[test]
     fn what_an_admission_reads_sits_in_the_groups_first_128_bytes() {
@@ -611,5 +614,6 @@ mod tests {
         let hot_end = std::mem::offset_of!(Group, counters) + 3 * std::mem::size_of::<u64>();
         assert!(16 + hot_end <= 128, "the hot fields end at {hot_end}");
         assert!(std::mem::offset_of!(Group, finite_ceiling) < std::mem::offset_of!(Group, counters));
+        assert!(std::mem::offset_of!(Group, me) < std::mem::offset_of!(Group, counters));
     }
 }
