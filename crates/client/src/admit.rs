@@ -35,7 +35,7 @@ impl Inner {
         }
         let g = &*group;
         // Price before reading the clock: the two are independent and overlap in the CPU.
-        let priced = match &g.limiter {
+        let priced = match g.limiter() {
             Limiter::Bucket(bucket) if max_wait.is_zero() => Some(bucket.price(cost)),
             _ => None,
         };
@@ -51,7 +51,7 @@ impl Inner {
                 burst: g.burst_ceiling,
             });
         }
-        let outcome = match &g.limiter {
+        let outcome = match g.limiter() {
             Limiter::Bucket(bucket) if let Some(priced) = priced => bucket
                 .commit(priced, now)
                 .map(|()| Duration::ZERO)
@@ -86,7 +86,7 @@ impl Inner {
         g: &'g Group,
         cost: f64,
     ) -> Option<Result<Permit<'g>, AcquireError>> {
-        let Limiter::Bucket(bucket) = &g.limiter else { return None };
+        let Limiter::Bucket(bucket) = g.limiter() else { return None };
         // Two comparisons (NaN fails both): the ceiling is finite, so an infinite cost too.
         if !(cost >= 0.0 && cost <= g.finite_ceiling) {
             return None;
@@ -205,7 +205,7 @@ impl Inner {
 
     #[cold]
     pub(crate) fn admit_unthrottled<'g>(&self, group: GroupRef<'g>, cost: f64, now: Nanos) -> Permit<'g> {
-        match &group.limiter {
+        match group.limiter() {
             Limiter::Bucket(bucket) => bucket.charge(cost, now),
             Limiter::Epoch(share) => share.take(cost, now),
         }
@@ -235,8 +235,11 @@ impl Inner {
         let _waiting = Waiting::new(&group, cost);
         let mut waited = Duration::ZERO;
         loop {
-            let booking_window =
-                if matches!(group.limiter, Limiter::Bucket(_)) { max_wait - waited } else { Duration::ZERO };
+            let booking_window = if matches!(group.limiter(), Limiter::Bucket(_)) {
+                max_wait - waited
+            } else {
+                Duration::ZERO
+            };
             match self.admit(GroupRef::Owned(group.clone()), cost, booking_window, unthrottled) {
                 Ok((permit, wait)) => {
                     if !wait.is_zero() {

@@ -12,7 +12,7 @@ use tollgate_core::time::Clock;
 use crate::clock::{ClockSource, MonotonicClock};
 use crate::embedded::Embedded;
 use crate::error::BuildError;
-use crate::group::{Group, Groups, Limiter};
+use crate::group::{Group, Groups, LimiterState};
 use crate::handle::Tollgate;
 use crate::inner::{Inner, Mode};
 
@@ -97,8 +97,12 @@ impl Builder {
             // Start full at the highest rate the group could have; the engine's first tick,
             // at once, sets its real rate and keeps it full at the new burst.
             let bucket = Bucket::new(ceiling, settings.burst_for(ceiling), make_clock.now());
-            let g =
-                Group::new(name, Limiter::Bucket(bucket), &make_clock, settings.burst().unwrap_or(ceiling));
+            let g = Group::new(
+                name,
+                LimiterState::Bucket(bucket),
+                &make_clock,
+                settings.burst().unwrap_or(ceiling),
+            );
             g.set_policy(settings.dropped(), settings.debt_repay());
             g
         };

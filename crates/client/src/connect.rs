@@ -12,7 +12,7 @@ use tollgate_core::time::Clock;
 
 use crate::clock::{ClockSource, MonotonicClock};
 use crate::error::BuildError;
-use crate::group::{Group, Groups, Limiter};
+use crate::group::{Group, Groups, LimiterState};
 use crate::handle::Tollgate;
 use crate::inner::{Inner, Mode};
 use crate::remote::{Driver, Link, RemoteOptions};
@@ -93,7 +93,7 @@ impl Tollgate {
             // decides what a group may bank.
             let g = Group::new(
                 name,
-                Limiter::Bucket(Bucket::closed_until_rated(make_clock.now())),
+                LimiterState::Bucket(Bucket::closed_until_rated(make_clock.now())),
                 &make_clock,
                 f64::INFINITY,
             );
@@ -182,8 +182,8 @@ impl Tollgate {
         let shares = Arc::new(shares);
         let make = move |name: GroupName, settings: &GroupSettings| {
             let limiter = match shares.get(&name) {
-                Some((spec, size)) => Limiter::Epoch(Box::new(EpochShare::new(spec.clone(), *size))),
-                None => Limiter::Bucket(Bucket::new(f64::INFINITY, f64::INFINITY, make_clock.now())),
+                Some((spec, size)) => LimiterState::Epoch(Box::new(EpochShare::new(spec.clone(), *size))),
+                None => LimiterState::Bucket(Bucket::new(f64::INFINITY, f64::INFINITY, make_clock.now())),
             };
             let g = Group::new(name, limiter, &make_clock, f64::INFINITY);
             g.set_policy(settings.dropped(), settings.debt_repay());

@@ -37,6 +37,8 @@ pub(crate) const COST_FACTOR: u32 = 4;
 
 struct State {
     engine: Engine,
+    /// One per group asked for: bounded as the table is (a table never lets a group go, so
+    /// neither does this).
     meters: HashMap<GroupName, DemandMeter>,
     /// When the last reallocation ran.
     last: Option<Nanos>,
@@ -151,7 +153,7 @@ impl State {
                 // Idle past the expiry, the engine forgot it: its next request waits for the
                 // next tick, which takes it in again as new (with its ramp at min, or resumed).
                 None if quiet.contains(&g.name) && !g.allowance().is_nan() => {
-                    if let Limiter::Bucket(bucket) = &g.limiter {
+                    if let Limiter::Bucket(bucket) = g.limiter() {
                         bucket.close_until_rated(now);
                     }
                     g.allowance.store(f64::NAN.to_bits(), Ordering::Relaxed);
@@ -159,6 +161,5 @@ impl State {
                 None => {}
             }
         }
-        meters.retain(|name, _| groups.get(name.as_str()).is_some());
     }
 }

@@ -35,36 +35,52 @@ pub(crate) fn units(micros: u64) -> f64 {
     micros as f64 / 1e6
 }
 
-/// How a group admits.
+/// How a group admits, as a mode makes it.
 #[derive(Debug)]
-pub(crate) enum Limiter {
+pub(crate) enum LimiterState {
     /// A token bucket, fed by the engine's grants (embedded or remote).
     Bucket(Bucket),
     /// Store mode: a share of a pool agreed with other clients through Redis (boxed: a
-    /// bucket is what most groups hold, and the group's hot fields follow it).
+    /// bucket is what most groups hold).
     Epoch(Box<EpochShare>),
+}
+
+/// How a group admits, borrowed from it: see [`Group::limiter`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Limiter<'a> {
+    Bucket(&'a Bucket),
+    Epoch(&'a EpochShare),
 }
 
 /// One group's state.
 ///
-/// In this order (`repr(C)`): what an admission reads and writes comes first, right after the
-/// reference count, so that with thousands of groups out of the core's caches an admission
-/// fetches two or three adjacent lines, not one line here and one there.
-#[repr(C)]
+/// Laid out for admission by name with thousands of groups, most of them out of the core's
+/// caches (`repr(C)`, aligned to a cache line): everything such an admission reads or writes
+/// sits on the state's second line, so it waits for one line, as governor's keyed limiter
+/// does for its slot. That line holds the bucket's last 32 bytes (its time and rate: see
+/// [`Bucket::ADMISSION_OFFSET`]), the flags, the ceiling a cost is checked against, the
+/// counters' id and the shared tally's admissions. The first line holds the name, the weak
+/// pointer to itself and the bucket's other fields; the reference count is on a line
+/// before it (an admission by name takes no reference).
+#[repr(C, align(64))]
 pub(crate) struct Group {
-    pub(crate) limiter: Limiter,
+    pub(crate) name: GroupName,
+    /// Itself, weakly: counting passes it to a thread's tallies (read only when a thread
+    /// takes the group into its cache).
+    me: Weak<Group>,
+    /// Store mode's share of a pool, where the group has one (then `bucket` is unused).
+    epoch: Option<Box<EpochShare>>,
+    bucket: Bucket,
     /// Asked for by name or handle at least once: a controller is told of it.
     used: AtomicBool,
     /// Set while a debt is being paid back: the bucket then refills slower than granted.
     repaying: AtomicBool,
+    /// Whether the group admits through `epoch` (set once, at the start).
+    by_epoch: bool,
     /// `burst_ceiling`, or `f64::MAX` where it is infinite: a finite bound the hot path
     /// checks a cost against in one comparison.
     pub(crate) finite_ceiling: f64,
-    /// Itself, weakly: counting passes it to a thread's tallies (read on every count, so here
-    /// rather than with the cold fields).
-    me: Weak<Group>,
     pub(crate) counters: Counters,
-    pub(crate) name: GroupName,
     /// Settlements: units added to (debt) or taken from (returned) admitted costs.
     pub(crate) settled_up_micro: AtomicU64,
     pub(crate) settled_down_micro: AtomicU64,
@@ -120,13 +136,19 @@ impl std::fmt::Debug for Group {
 impl Group {
     pub(crate) fn new(
         name: GroupName,
-        limiter: Limiter,
+        limiter: LimiterState,
         clock: &Arc<ClockSource>,
         burst_ceiling: f64,
     ) -> Arc<Group> {
+        let (bucket, epoch) = match limiter {
+            LimiterState::Bucket(bucket) => (bucket, None),
+            LimiterState::Epoch(share) => (Bucket::new(f64::INFINITY, f64::INFINITY, Nanos(0)), Some(share)),
+        };
         Arc::new_cyclic(|me| Group {
             name,
-            limiter,
+            by_epoch: epoch.is_some(),
+            bucket,
+            epoch,
             counters: Counters::new(),
             settled_up_micro: AtomicU64::new(0),
             settled_down_micro: AtomicU64::new(0),
@@ -148,6 +170,23 @@ impl Group {
             detail: Mutex::new(Consumption::default()),
             me: me.clone(),
         })
+    }
+
+    /// How the group admits.
+    #[inline(always)]
+    pub(crate) fn limiter(&self) -> Limiter<'_> {
+        if self.by_epoch
+            && let Some(share) = &self.epoch
+        {
+            return Limiter::Epoch(share);
+        }
+        Limiter::Bucket(&self.bucket)
+    }
+
+    /// The group's bucket, when it admits through one: reads only the admission line.
+    #[inline(always)]
+    pub(crate) fn bucket(&self) -> Option<&Bucket> {
+        (!self.by_epoch).then_some(&self.bucket)
     }
 
     pub(crate) fn self_arc(&self) -> Arc<Group> {
@@ -195,7 +234,7 @@ impl Group {
     /// of it), and records the allowance. While a debt is being paid back, the bucket runs
     /// slower than `rate` by what goes to it.
     pub(crate) fn set_rate(&self, rate: f64, burst: f64, now: Nanos) {
-        if let Limiter::Bucket(bucket) = &self.limiter {
+        if let Some(bucket) = self.bucket() {
             let largest = f64::from_bits(self.largest_cost.load(Ordering::Relaxed));
             let burst = if rate.is_finite() { burst.max(largest) } else { burst };
             if self.repaying.load(Ordering::Acquire) {
@@ -289,7 +328,7 @@ impl Group {
         if !self.repaying.load(Ordering::Acquire) {
             return 0.0;
         }
-        let Limiter::Bucket(bucket) = &self.limiter else { return 0.0 };
+        let Some(bucket) = self.bucket() else { return 0.0 };
         let mut r = self.repay.lock().unwrap_or_else(PoisonError::into_inner);
         self.repay_progress(&mut r, bucket, now);
         r.owed.max(0.0)
@@ -317,17 +356,6 @@ impl Group {
         !self.used.load(Ordering::Relaxed) && !self.used.swap(true, Ordering::Relaxed)
     }
 
-    /// Reads, without using them, the lines of the group's state an admission by name
-    /// writes with locked instructions: its reference count (the permit's) and its shared
-    /// tally. Each locked instruction waits for every memory access before it, so with
-    /// thousands of groups, most of them out of the core's caches, the misses would come one
-    /// after another; read first, they are fetched together.
-    #[inline(always)]
-    pub(crate) fn warm(self: &Arc<Self>) {
-        std::hint::black_box(Arc::strong_count(self));
-        self.counters.warm();
-    }
-
     /// Whether the group was ever asked for.
     pub(crate) fn is_used(&self) -> bool {
         self.used.load(Ordering::Relaxed)
@@ -345,7 +373,7 @@ impl HasCounters for Group {
     }
 
     fn return_stash(&self, stash: Stash) {
-        if let Limiter::Bucket(bucket) = &self.limiter {
+        if let Some(bucket) = self.bucket() {
             bucket.refund(stash.units);
         }
     }
@@ -375,6 +403,10 @@ pub(crate) struct Groups {
     /// Counts the maps stored in `map`: a thread's copy is current while this is unchanged.
     generation: AtomicU64,
     recent: Mutex<Recent>,
+    /// Every distinct group, sorted by name, and the table's generation and number of recent
+    /// names it was made at: a reallocation lists the groups every pass, and with 100,000 of
+    /// them a sort each time was a good part of the pass.
+    sorted: Mutex<(Option<(u64, usize)>, Vec<Arc<Group>>)>,
     /// The `default` group's state: shared by names beyond the tracking limit.
     overflow: Arc<Group>,
     configured: HashMap<Box<str>, GroupSettings>,
@@ -430,6 +462,7 @@ impl Groups {
             id: NEXT_TABLE.fetch_add(1, Ordering::Relaxed),
             generation: AtomicU64::new(0),
             recent: Mutex::new(Recent::default()),
+            sorted: Mutex::new((None, Vec::new())),
             overflow,
             configured,
             max,
@@ -493,14 +526,19 @@ impl Groups {
         self.lookup_locked(name)
     }
 
-    /// Runs `f` on the group `name`, borrowed, when it is in the lock-free map and has been
-    /// asked for before: the hot case of admitting by name, with no reference count touched.
+    /// Runs `f` on the group `name`, borrowed for as long as the table is, when it is in the
+    /// lock-free map and has been asked for before: the hot case of admitting by name, with no
+    /// reference count touched.
     #[inline]
-    pub(crate) fn with_known<R>(&self, name: &str, f: impl FnOnce(&Arc<Group>) -> R) -> Option<R> {
+    pub(crate) fn with_known<'a, R>(&'a self, name: &str, f: impl FnOnce(&'a Group) -> R) -> Option<R> {
         self.with_map(|map| {
             let g = map.get(name)?;
-            // Its lines asked for together, before the first of them is waited for.
-            g.warm();
+            // SAFETY: a table never lets a group go: every map it publishes holds all the
+            // groups of the map before it (`lookup_locked` extends a copy), and `map` always
+            // holds the latest, so a group found in any of them lives at least as long as the
+            // table, which `'a` borrows.
+            #[allow(unsafe_code)]
+            let g: &'a Group = unsafe { &*Arc::as_ptr(g) };
             g.is_used().then(|| f(g))
         })
     }
@@ -574,14 +612,20 @@ impl Groups {
     }
 
     fn distinct(&self, keep: impl Fn(&Group) -> bool) -> Vec<Arc<Group>> {
-        let mut list: Vec<Arc<Group>> = {
-            let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut sorted = self.sorted.lock().unwrap_or_else(PoisonError::into_inner);
+        // The table changes only under `recent`'s lock, which is held: its generation and the
+        // number of recent names say whether the list made last time is still the table.
+        let now = (self.generation.load(Ordering::Acquire), recent.map.len());
+        if sorted.0 != Some(now) {
             let map = self.map.load();
-            map.values().chain(recent.map.values()).filter(|g| keep(g)).cloned().collect()
-        };
-        list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        list.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        list
+            let mut list: Vec<Arc<Group>> = map.values().chain(recent.map.values()).cloned().collect();
+            list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            list.dedup_by(|a, b| Arc::ptr_eq(a, b));
+            *sorted = (Some(now), list);
+        }
+        drop(recent);
+        sorted.1.iter().filter(|g| keep(g)).cloned().collect()
     }
 
     /// How many names are in the table.
@@ -603,17 +647,25 @@ impl Groups {
 mod tests {
     use super::*;
 
-    /// An admission reads the bucket, the flags, the ceiling, the weak pointer to itself, the
-    /// counters' id and the shared tally's first fields, and (by name) the reference count:
-    /// all within the first 128 bytes
-    /// of the group's allocation (the count takes 16), so two lines at most, not six.
+    /// An admission by name reads, and writes, only the group's second line: the bucket's
+    /// time and rate, the flags, the ceiling, the counters' id and the shared admissions.
     #[test]
-    fn what_an_admission_reads_sits_in_the_groups_first_128_bytes() {
-        assert_eq!(std::mem::offset_of!(Group, limiter), 0);
-        assert!(std::mem::size_of::<Limiter>() <= 64, "{}", std::mem::size_of::<Limiter>());
-        let hot_end = std::mem::offset_of!(Group, counters) + 3 * std::mem::size_of::<u64>();
-        assert!(16 + hot_end <= 128, "the hot fields end at {hot_end}");
-        assert!(std::mem::offset_of!(Group, finite_ceiling) < std::mem::offset_of!(Group, counters));
-        assert!(std::mem::offset_of!(Group, me) < std::mem::offset_of!(Group, counters));
+    fn what_an_admission_reads_sits_on_the_groups_second_line() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<Group>(), 64);
+        let line = 64..128;
+        assert_eq!(offset_of!(Group, bucket) + Bucket::ADMISSION_OFFSET, line.start);
+        assert_eq!(offset_of!(Group, bucket) + size_of::<Bucket>(), offset_of!(Group, used));
+        for field in [
+            offset_of!(Group, used),
+            offset_of!(Group, repaying),
+            offset_of!(Group, by_epoch),
+            offset_of!(Group, finite_ceiling),
+            offset_of!(Group, counters),
+        ] {
+            assert!(line.contains(&field), "{field}");
+        }
+        let hot_end = offset_of!(Group, counters) + tally::COUNTERS_HOT_END;
+        assert!(hot_end <= line.end, "the hot fields end at {hot_end}");
     }
 }

@@ -167,14 +167,14 @@ impl Tollgate {
     }
 
     /// Admits `cost` units for `group` now, or refuses with the time to wait.
-    pub fn try_acquire(&self, group: &str, cost: f64) -> Result<Permit<'static>, AcquireError> {
-        // A group used before, as a handle would admit it: a refusal touches no reference
-        // count, an admission takes one for its permit.
+    ///
+    /// The permit borrows the handle, as a [`GroupHandle`]'s does: a request admitted by name
+    /// then touches no reference count (see [`Permit::into_owned`] for one that outlives it).
+    pub fn try_acquire(&self, group: &str, cost: f64) -> Result<Permit<'_>, AcquireError> {
+        // A group used before, as a handle would admit it.
         if !self.unthrottled
-            && let Some(Some(outcome)) = self
-                .inner
-                .groups
-                .with_known(group, |g| self.inner.try_admit_bucket(g, cost).map(|r| r.map(|p| p.owned_by(g))))
+            && let Some(Some(outcome)) =
+                self.inner.groups.with_known(group, |g| self.inner.try_admit_bucket(g, cost))
         {
             return outcome;
         }
@@ -185,7 +185,7 @@ impl Tollgate {
     /// Admits what `usage` is known to cost up front (see
     /// [`CostModel::upfront`](tollgate_core::cost::CostModel::upfront)); settle the permit
     /// with the full usage afterwards.
-    pub fn try_acquire_usage(&self, group: &str, usage: &Usage) -> Result<Permit<'static>, AcquireError> {
+    pub fn try_acquire_usage(&self, group: &str, usage: &Usage) -> Result<Permit<'_>, AcquireError> {
         let cost = self.inner.cost_model.upfront(usage)?;
         self.try_acquire(group, cost)
     }
@@ -289,7 +289,7 @@ impl GroupHandle {
             return 0.0;
         }
         let now = self.group.clock.now();
-        match &self.group.limiter {
+        match self.group.limiter() {
             Limiter::Bucket(bucket) => bucket.available(now),
             Limiter::Epoch(share) => share.left(now),
         }

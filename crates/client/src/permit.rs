@@ -69,7 +69,7 @@ impl Permit<'_> {
         }
         let group = &*self.group;
         let now = group.clock.now();
-        match &group.limiter {
+        match group.limiter() {
             Limiter::Bucket(bucket) => {
                 if delta > 0.0 {
                     group.charge(bucket, delta, now);
@@ -116,7 +116,7 @@ impl Permit<'_> {
             return;
         }
         let now = group.clock.now();
-        match &group.limiter {
+        match group.limiter() {
             Limiter::Bucket(bucket) => bucket.refund(self.cost),
             Limiter::Epoch(share) => share.deposit(self.cost, self.at, now),
         }
@@ -133,14 +133,6 @@ impl Permit<'_> {
         let detail = Consumption::of(model, usage)?;
         self.group.detail.lock().unwrap_or_else(std::sync::PoisonError::into_inner).add(&detail);
         self.settle(detail.rru + detail.wru)
-    }
-
-    /// The permit, holding `group` (its own group's shared state, already at hand): one
-    /// reference count added, where [`into_owned`](Self::into_owned) upgrades a weak one.
-    #[inline]
-    pub(crate) fn owned_by(self, group: &Arc<Group>) -> Permit<'static> {
-        debug_assert!(std::ptr::eq(&*self.group, &**group));
-        Permit { group: GroupRef::Owned(group.clone()), cost: self.cost, at: self.at }
     }
 
     /// The same permit, no longer borrowing the handle it came from.

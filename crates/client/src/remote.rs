@@ -304,7 +304,7 @@ impl Driver {
         self.grants.iter().any(|(name, g)| {
             !g.unlimited
                 && g.rate > 0.0
-                && groups.get(name.as_str()).is_some_and(|group| match &group.limiter {
+                && groups.get(name.as_str()).is_some_and(|group| match group.limiter() {
                     Limiter::Bucket(b) => {
                         let burst = b.burst();
                         burst > 0.0 && b.available(now) < LOW_TOKENS * burst
@@ -382,7 +382,7 @@ impl Driver {
             let meter = self.meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, self.idle_expiry) {
                 if self.grants.remove(&g.name).is_some()
-                    && let Limiter::Bucket(bucket) = &g.limiter
+                    && let Limiter::Bucket(bucket) = g.limiter()
                 {
                     // Its lease has long run out: a fresh grant before it admits again.
                     bucket.close_until_rated(now);

@@ -411,7 +411,7 @@ impl StoreLink {
             .iter()
             .filter_map(|(name, _)| {
                 let g = groups.get(name.as_str())?;
-                let Limiter::Epoch(share) = &g.limiter else { return None };
+                let Limiter::Epoch(share) = g.limiter() else { return None };
                 let (pool, mine) = share.pool_and_share(now);
                 Some(StoreGroupStatus { group: name.to_string(), pool, size: share.size(), share: mine })
             })
@@ -448,7 +448,7 @@ impl StoreLink {
             let mut c = open(self.redis.as_ref(), Duration::from_secs(1)).await.ok()?;
             for (name, resume_ttl) in &self.groups {
                 let k = keys(&self.opts.namespace, name);
-                let ramp = match (resume_ttl, groups.get(name.as_str()).map(|g| ramp_value(&g.limiter))) {
+                let ramp = match (resume_ttl, groups.get(name.as_str()).map(|g| ramp_value(g.limiter()))) {
                     (Some(_), Some(Some(v))) => v.to_string(),
                     _ => String::new(),
                 };
@@ -464,7 +464,7 @@ impl StoreLink {
     }
 }
 
-fn ramp_value(limiter: &Limiter) -> Option<f64> {
+fn ramp_value(limiter: Limiter) -> Option<f64> {
     match limiter {
         Limiter::Epoch(share) => share.ramp_value(),
         Limiter::Bucket(_) => None,
@@ -473,7 +473,7 @@ fn ramp_value(limiter: &Limiter) -> Option<f64> {
 
 fn set_size(groups: &Groups, group: &GroupName, size: u64) {
     if let Some(g) = groups.get(group.as_str())
-        && let Limiter::Epoch(share) = &g.limiter
+        && let Limiter::Epoch(share) = g.limiter()
     {
         share.set_size(size);
     }
@@ -481,7 +481,7 @@ fn set_size(groups: &Groups, group: &GroupName, size: u64) {
 
 fn force(groups: &Groups, group: &GroupName, forced: Option<Forced>) {
     if let Some(g) = groups.get(group.as_str())
-        && let Limiter::Epoch(share) = &g.limiter
+        && let Limiter::Epoch(share) = g.limiter()
     {
         share.force(forced);
     }

@@ -35,6 +35,7 @@ pub(crate) const MICROS_PER_UNIT: u64 = 1_000_000;
 /// a cost under one takes some back), so a refusal of cost one, the most common, is one add;
 /// [`Totals`] gives the units in full.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct Tally {
     pub(crate) admitted: AtomicU64,
     pub(crate) admitted_micro: AtomicU64,
@@ -127,6 +128,12 @@ pub(crate) struct Counters {
     live: Mutex<Vec<Arc<OwnTally>>>,
 }
 
+/// How far into [`Counters`] what counting an admission in the shared tally reads and
+/// writes ends (the id, then the admissions): a group keeps these bytes on its hot line.
+#[cfg(test)]
+pub(crate) const COUNTERS_HOT_END: usize =
+    std::mem::offset_of!(Counters, folded) + std::mem::offset_of!(Tally, admitted) + size_of::<AtomicU64>();
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Counters {
@@ -137,12 +144,6 @@ impl Counters {
             folded: Tally::default(),
             live: Mutex::new(Vec::new()),
         }
-    }
-
-    /// Reads the shared tally's line, without using it: see [`Group::warm`](crate::group::Group::warm).
-    #[inline(always)]
-    pub(crate) fn warm(&self) {
-        std::hint::black_box(self.folded.admitted.load(Ordering::Relaxed));
     }
 
     /// The counts so far, across all threads.

@@ -607,3 +607,23 @@ fn two_limiters_used_in_turn_on_one_thread_keep_their_own_groups() {
     c.try_acquire("g", 1.0).unwrap();
     assert!(c.try_acquire("g", 1.0).is_err());
 }
+
+/// A permit taken by name borrows the limiter, not the table's map of the moment: names
+/// added after it (each thousand replacing the map its thread had read it through) leave it
+/// settling into the same group, and one made owned outlives the limiter.
+#[test]
+fn a_permit_by_name_outlives_every_later_name_and_an_owned_one_the_limiter() {
+    let clock = ManualClock::new();
+    let gate = gate("[node]\nmax_tracked_groups = 20000\n[groups.a]\nlimit = 1000\n", &clock);
+    drop(gate.try_acquire("a", 1.0).expect("first use"));
+    let permit = gate.try_acquire("a", 10.0).expect("within the burst");
+    for i in 0..10_000 {
+        drop(gate.try_acquire(&format!("tenant-{i}"), 1.0));
+    }
+    permit.settle(30.0).expect("a valid cost");
+    assert_eq!(gate.stats("a").expect("used").consumed_units, 31.0);
+    let owned = gate.try_acquire("a", 5.0).expect("admitted").into_owned();
+    drop(gate);
+    assert_eq!(owned.group(), "a");
+    owned.settle(1.0).expect("the group outlives its limiter while a permit holds it");
+}

@@ -49,10 +49,18 @@ pub enum Refusal {
 #[derive(Debug)]
 #[repr(C)]
 pub struct Bucket {
+    /// The burst in units, as f64 bits.
+    burst: AtomicU64,
+    /// Tokens held while closed (rate zero), as f64 bits; may be negative (debt).
+    closed_level: AtomicU64,
+    /// Bumped by every change of rate or burst: see [`Bucket::generation`].
+    generation: AtomicU64,
     /// Theoretical arrival time in nanoseconds: the bucket is full when `tat <= now`.
-    /// Beside the parameters every admission reads: with thousands of groups, most out of
-    /// the core's caches, one line fetched brings both (a thread that writes it has read the
-    /// parameters just before, so keeping them apart saves no transfer between cores).
+    /// From here on, what every admission reads, together at the end ([`Bucket::ADMISSION_OFFSET`]):
+    /// with thousands of groups, most out of the core's caches, a state that holds a bucket
+    /// can keep these 32 bytes on one line with its own hot fields (a thread that writes
+    /// `tat` has read the parameters just before, so keeping them apart saves no transfer
+    /// between cores).
     tat: AtomicU64,
     /// Nanoseconds per unit as f64 bits: 0 when the rate is infinite, +∞ when it is zero.
     ns_per_unit: AtomicU64,
@@ -62,12 +70,6 @@ pub struct Bucket {
     /// infinite, `u64::MAX` when it is zero): the common cost, priced without converting
     /// between floating point and integers.
     unit_inc: AtomicU64,
-    /// The burst in units, as f64 bits.
-    burst: AtomicU64,
-    /// Tokens held while closed (rate zero), as f64 bits; may be negative (debt).
-    closed_level: AtomicU64,
-    /// Bumped by every change of rate or burst: see [`Bucket::generation`].
-    generation: AtomicU64,
 }
 
 /// A cost priced at a bucket's rate by [`Bucket::price`], ready to [`Bucket::commit`].
@@ -140,6 +142,11 @@ impl Params {
 }
 
 impl Bucket {
+    /// Where, in a bucket's bytes, the fields an admission reads begin: from here to the end
+    /// (32 bytes). The ones before are read only when the rate changes, on a refusal, or by
+    /// a thread's stash.
+    pub const ADMISSION_OFFSET: usize = 24;
+
     /// A full bucket refilling at `rate` units/s (may be 0 or infinite) holding up to `burst`.
     ///
     /// Panics if `rate` or `burst` is negative or NaN: callers pass validated settings.
@@ -417,6 +424,18 @@ mod tests {
 
     fn at_ms(ms: u64) -> Nanos {
         Nanos(ms * MS)
+    }
+
+    #[test]
+    fn what_an_admission_reads_is_the_buckets_last_32_bytes() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(Bucket, tat), Bucket::ADMISSION_OFFSET);
+        for offset in
+            [offset_of!(Bucket, ns_per_unit), offset_of!(Bucket, tolerance_ns), offset_of!(Bucket, unit_inc)]
+        {
+            assert!(offset > Bucket::ADMISSION_OFFSET);
+        }
+        assert_eq!(size_of::<Bucket>(), Bucket::ADMISSION_OFFSET + 32);
     }
 
     #[test]
