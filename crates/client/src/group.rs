@@ -406,7 +406,7 @@ pub(crate) struct Groups {
     /// Every distinct group, sorted by name, and the table's generation and number of recent
     /// names it was made at: a reallocation lists the groups every pass, and with 100,000 of
     /// them a sort each time was a good part of the pass.
-    sorted: Mutex<(Option<(u64, usize)>, Vec<Arc<Group>>)>,
+    sorted: Mutex<Sorted>,
     /// The `default` group's state: shared by names beyond the tracking limit.
     overflow: Arc<Group>,
     configured: HashMap<Box<str>, GroupSettings>,
@@ -420,6 +420,14 @@ pub(crate) struct Groups {
 struct Recent {
     map: Map,
     slow_lookups: usize,
+}
+
+/// Every distinct group of a table, sorted by name, and when it was made: the table's
+/// generation and its number of recent names then.
+#[derive(Default)]
+struct Sorted {
+    at: Option<(u64, usize)>,
+    list: Vec<Arc<Group>>,
 }
 
 /// Lookups under the lock before the recent names move into the lock-free map, at the least.
@@ -462,7 +470,7 @@ impl Groups {
             id: NEXT_TABLE.fetch_add(1, Ordering::Relaxed),
             generation: AtomicU64::new(0),
             recent: Mutex::new(Recent::default()),
-            sorted: Mutex::new((None, Vec::new())),
+            sorted: Mutex::new(Sorted::default()),
             overflow,
             configured,
             max,
@@ -526,21 +534,19 @@ impl Groups {
         self.lookup_locked(name)
     }
 
-    /// Runs `f` on the group `name`, borrowed for as long as the table is, when it is in the
-    /// lock-free map and has been asked for before: the hot case of admitting by name, with no
+    /// The group `name`, borrowed for as long as the table is, when it is in the lock-free
+    /// map and has been asked for before: the hot case of admitting by name, with no
     /// reference count touched.
     #[inline]
-    pub(crate) fn with_known<'a, R>(&'a self, name: &str, f: impl FnOnce(&'a Group) -> R) -> Option<R> {
-        self.with_map(|map| {
-            let g = map.get(name)?;
-            // SAFETY: a table never lets a group go: every map it publishes holds all the
-            // groups of the map before it (`lookup_locked` extends a copy), and `map` always
-            // holds the latest, so a group found in any of them lives at least as long as the
-            // table, which `'a` borrows.
-            #[allow(unsafe_code)]
-            let g: &'a Group = unsafe { &*Arc::as_ptr(g) };
-            g.is_used().then(|| f(g))
-        })
+    pub(crate) fn known(&self, name: &str) -> Option<&Group> {
+        let g = self.with_map(|map| map.get(name).map(Arc::as_ptr))?;
+        // SAFETY: a table never lets a group go: every map it publishes holds all the groups
+        // of the map before it (`lookup_locked` extends a copy), and `map` always holds the
+        // latest, so a group found in any of them lives at least as long as the table, which
+        // the result borrows.
+        #[allow(unsafe_code)]
+        let g = unsafe { &*g };
+        g.is_used().then_some(g)
     }
 
     #[cold]
@@ -617,15 +623,15 @@ impl Groups {
         // The table changes only under `recent`'s lock, which is held: its generation and the
         // number of recent names say whether the list made last time is still the table.
         let now = (self.generation.load(Ordering::Acquire), recent.map.len());
-        if sorted.0 != Some(now) {
+        if sorted.at != Some(now) {
             let map = self.map.load();
             let mut list: Vec<Arc<Group>> = map.values().chain(recent.map.values()).cloned().collect();
             list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
             list.dedup_by(|a, b| Arc::ptr_eq(a, b));
-            *sorted = (Some(now), list);
+            *sorted = Sorted { at: Some(now), list };
         }
         drop(recent);
-        sorted.1.iter().filter(|g| keep(g)).cloned().collect()
+        sorted.list.iter().filter(|g| keep(g)).cloned().collect()
     }
 
     /// How many names are in the table.
@@ -646,6 +652,39 @@ impl Groups {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn table(max: usize) -> Groups {
+        let clock = Arc::new(ClockSource::of(tollgate_core::time::ManualClock::new()));
+        let make = move |name: GroupName, _: &GroupSettings| {
+            Group::new(name, LimiterState::Bucket(Bucket::new(10.0, 10.0, Nanos(0))), &clock, f64::INFINITY)
+        };
+        Groups::new(HashMap::new(), max, Box::new(make))
+    }
+
+    /// The sorted list kept between reallocations follows the table: names made one by one
+    /// (first beside the map, then moved into it), and a name past the bound, which shares
+    /// `default`'s state and so adds nothing.
+    #[test]
+    fn every_group_listed_once_by_name_as_the_table_grows() {
+        let groups = table(200);
+        let names =
+            |groups: &Groups| groups.unique().iter().map(|g| g.name.as_str().to_owned()).collect::<Vec<_>>();
+        assert_eq!(names(&groups), ["default"]);
+        let mut expected = vec!["default".to_owned()];
+        for i in (0..199).rev() {
+            let name = format!("t{i:03}");
+            groups.lookup(&name).expect("a valid name");
+            expected.push(name);
+            expected.sort();
+            assert_eq!(names(&groups), expected, "after {i}");
+        }
+        let (past, _) = groups.lookup("one-too-many").expect("a valid name");
+        assert!(Arc::ptr_eq(&past, &groups.overflow));
+        assert_eq!(names(&groups), expected);
+        assert!(groups.used().is_empty());
+        groups.lookup("t007").expect("known").0.mark_used();
+        assert_eq!(groups.used().iter().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["t007"]);
+    }
 
     /// An admission by name reads, and writes, only the group's second line: the bucket's
     /// time and rate, the flags, the ceiling, the counters' id and the shared admissions.

@@ -173,8 +173,8 @@ impl Tollgate {
     pub fn try_acquire(&self, group: &str, cost: f64) -> Result<Permit<'_>, AcquireError> {
         // A group used before, as a handle would admit it.
         if !self.unthrottled
-            && let Some(Some(outcome)) =
-                self.inner.groups.with_known(group, |g| self.inner.try_admit_bucket(g, cost))
+            && let Some(g) = self.inner.groups.known(group)
+            && let Some(outcome) = self.inner.try_admit_bucket(g, cost)
         {
             return outcome;
         }
