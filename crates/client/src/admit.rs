@@ -86,7 +86,7 @@ impl Inner {
         g: &'g Group,
         cost: f64,
     ) -> Option<Result<Permit<'g>, AcquireError>> {
-        let Limiter::Bucket(bucket) = g.limiter() else { return None };
+        let bucket = g.bucket()?;
         // Two comparisons (NaN fails both): the ceiling is finite, so an infinite cost too.
         if !(cost >= 0.0 && cost <= g.finite_ceiling) {
             return None;

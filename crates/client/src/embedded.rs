@@ -39,7 +39,7 @@ struct State {
     engine: Engine,
     /// One per group asked for: bounded as the table is (a table never lets a group go, so
     /// neither does this).
-    meters: HashMap<GroupName, DemandMeter>,
+    meters: HashMap<GroupName, DemandMeter, foldhash::fast::RandomState>,
     /// When the last reallocation ran.
     last: Option<Nanos>,
 }
@@ -71,7 +71,7 @@ impl Embedded {
             engine.set_group(name.clone(), settings.clone());
         }
         Embedded {
-            state: Mutex::new(State { engine, meters: HashMap::new(), last: None }),
+            state: Mutex::new(State { engine, meters: HashMap::default(), last: None }),
             interval: node.realloc_interval,
             in_use: AtomicUsize::new(0),
             intake_after: AtomicU64::new(0),
@@ -131,7 +131,7 @@ impl State {
         let idle = engine.settings().group_idle_expiry;
         // A group nobody has asked for has no client yet (what slow start holds back for).
         let list = groups.used();
-        let mut quiet = HashSet::new();
+        let mut quiet: HashSet<GroupName, foldhash::fast::RandomState> = HashSet::default();
         for g in &list {
             let counts = g.counts();
             let meter = meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
