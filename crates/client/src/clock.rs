@@ -174,6 +174,14 @@ impl ClockSource {
     }
 }
 
+impl ClockSource {
+    /// Whether this is real time (the default clock or the coarse one), which a thread of the
+    /// limiter's own may wait on; a clock given for tests and simulations is only read.
+    pub(crate) fn is_real(&self) -> bool {
+        !matches!(self, ClockSource::Custom(_))
+    }
+}
+
 impl Clock for ClockSource {
     #[inline(always)]
     fn now(&self) -> Nanos {

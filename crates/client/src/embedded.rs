@@ -2,14 +2,19 @@
 //!
 //! Every `realloc_interval` the first admission to notice that the interval has passed reports
 //! each group's counts to the [`Engine`] (through the same demand meter a remote client uses),
-//! ticks it, and sets each group's bucket to the grant. There is no background task, so a
-//! [`ManualClock`](tollgate_core::time::ManualClock) drives everything in tests. A group with
-//! nothing to report for the engine's idle expiry is no longer reported, and the engine forgets
-//! it (a resumable ramp keeps its value for its TTL).
+//! ticks it, and sets each group's bucket to the grant. With few groups this pass takes
+//! microseconds and runs on that admission's thread, so a
+//! [`ManualClock`](tollgate_core::time::ManualClock) drives everything in tests. With
+//! [`BACKGROUND_GROUPS`] or more in use on a real clock, a pass takes milliseconds (about
+//! 90 ms at 100,000 groups), too long for a request to wait: from then on passes run on a
+//! thread of their own, the `tollgate-alloc` thread, and no admission waits for one. A group
+//! with nothing to report for the engine's idle expiry is no longer reported, and the engine
+//! forgets it (a resumable ramp keeps its value for its TTL).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread::Thread;
 use std::time::Duration;
 
 use tollgate_core::config::Config;
@@ -18,7 +23,8 @@ use tollgate_core::engine::{ClientId, Engine, EngineSettings};
 use tollgate_core::settings::GroupName;
 use tollgate_core::time::{Clock, Nanos};
 
-use crate::group::{Groups, Limiter};
+use crate::clock::ClockSource;
+use crate::group::{Group, Groups, Limiter};
 
 /// This process, as the engine's one client.
 const LOCAL: ClientId = 1;
@@ -35,6 +41,13 @@ pub(crate) const INTAKE_SPACING: Duration = Duration::from_millis(10);
 /// times what the last one took: however many groups, they take at most a fifth of the time.
 pub(crate) const COST_FACTOR: u32 = 4;
 
+/// From this many groups in use on a real clock, reallocations run on a thread of their own
+/// rather than on the admission that finds one due: a pass over a thousand groups takes a
+/// few hundred microseconds, over 100,000 about 90 ms, and a request should not wait for it.
+/// On a clock given for tests ([`ManualClock`](tollgate_core::time::ManualClock)) passes
+/// always run on admissions, so tests stay deterministic.
+pub const BACKGROUND_GROUPS: usize = 1024;
+
 struct State {
     engine: Engine,
     /// One per group asked for: bounded as the table is (a table never lets a group go, so
@@ -46,12 +59,44 @@ struct State {
 
 /// The engine and this process's demand meters.
 pub(crate) struct Embedded {
+    shared: Arc<Shared>,
+}
+
+/// What admissions and the reallocation thread share.
+pub(crate) struct Shared {
     state: Mutex<State>,
     interval: Duration,
     /// Groups reported by the last reallocation.
     in_use: AtomicUsize,
     /// With many groups, no reallocation for new groups before this time (nanoseconds).
     intake_after: AtomicU64,
+    /// The reallocation thread, once passes run on it.
+    worker: OnceLock<Thread>,
+    /// When the thread runs the next pass on schedule (nanoseconds).
+    next_due: AtomicU64,
+    /// A group was used for the first time: the thread takes it in as soon as the spacing
+    /// of passes for new groups allows.
+    intake_wanted: AtomicBool,
+    /// The limiter is gone: the thread ends.
+    closed: AtomicBool,
+    /// Set by the admission that starts the thread.
+    starting: AtomicBool,
+}
+
+impl std::ops::Deref for Embedded {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Release);
+        if let Some(thread) = self.worker.get() {
+            thread.unpark();
+        }
+    }
 }
 
 impl Embedded {
@@ -71,10 +116,73 @@ impl Embedded {
             engine.set_group(name.clone(), settings.clone());
         }
         Embedded {
-            state: Mutex::new(State { engine, meters: HashMap::default(), last: None }),
-            interval: node.realloc_interval,
-            in_use: AtomicUsize::new(0),
-            intake_after: AtomicU64::new(0),
+            shared: Arc::new(Shared {
+                state: Mutex::new(State { engine, meters: HashMap::default(), last: None }),
+                interval: node.realloc_interval,
+                in_use: AtomicUsize::new(0),
+                intake_after: AtomicU64::new(0),
+                worker: OnceLock::new(),
+                next_due: AtomicU64::new(0),
+                intake_wanted: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                starting: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Whether reallocations run on their own thread: admissions then never run one.
+    pub(crate) fn in_background(&self) -> bool {
+        self.worker.get().is_some()
+    }
+
+    /// After a pass on an admission's thread that started at `now` and took `cost`: with
+    /// [`BACKGROUND_GROUPS`] or more in use on a real clock, starts the reallocation thread
+    /// (the next pass on schedule then runs on it). Says whether passes now run there.
+    pub(crate) fn hand_over(
+        &self,
+        now: Nanos,
+        cost: Duration,
+        groups: &Arc<Groups>,
+        clock: &Arc<ClockSource>,
+    ) -> bool {
+        if self.in_background() {
+            return true;
+        }
+        if self.in_use.load(Ordering::Relaxed) < BACKGROUND_GROUPS || !clock.is_real() {
+            return false;
+        }
+        // One thread, however many admissions get here at once.
+        if self.starting.swap(true, Ordering::AcqRel) {
+            return self.in_background();
+        }
+        let next = now.after(self.interval.max(cost * (1 + COST_FACTOR)));
+        self.next_due.store(next.0, Ordering::Relaxed);
+        let (shared, groups, clock) = (Arc::downgrade(&self.shared), groups.clone(), clock.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tollgate-alloc".into())
+            .spawn(move || work(&shared, &groups, &clock));
+        match spawned {
+            Ok(handle) => {
+                let _ = self.worker.set(handle.thread().clone());
+                true
+            }
+            Err(e) => {
+                // Passes go on running on admissions, as with fewer groups (and a later one
+                // may try again).
+                self.starting.store(false, Ordering::Release);
+                tracing::warn!(error = %e, "tollgate: could not start the reallocation thread");
+                false
+            }
+        }
+    }
+
+    /// A group was used for the first time while passes run on their own thread: it is taken
+    /// in by the next pass the spacing for new groups allows.
+    pub(crate) fn wake_for_intake(&self) {
+        if !self.intake_wanted.swap(true, Ordering::AcqRel)
+            && let Some(thread) = self.worker.get()
+        {
+            thread.unpark();
         }
     }
 
@@ -89,8 +197,18 @@ impl Embedded {
     /// pass over a few groups takes microseconds), and past [`INTAKE_PASS_MAX`] groups in use
     /// by at least [`INTAKE_SPACING`]; a new group admits by the bucket it was made with (its
     /// own limit and burst, as before its first reallocation) until then, and the time it is
-    /// taken in by is returned: the caller makes sure a reallocation runs then.
-    pub(crate) fn take_in(&self, now: Nanos, groups: &Groups, clock: &dyn Clock) -> Option<Nanos> {
+    /// taken in by is returned: the caller makes sure a reallocation runs then. While passes
+    /// run on their own thread, that thread is told instead.
+    pub(crate) fn take_in(
+        &self,
+        now: Nanos,
+        groups: &Arc<Groups>,
+        clock: &Arc<ClockSource>,
+    ) -> Option<Nanos> {
+        if self.in_background() {
+            self.wake_for_intake();
+            return None;
+        }
         let after = self.intake_after.load(Ordering::Relaxed);
         if now.0 < after {
             return Some(Nanos(after));
@@ -101,13 +219,18 @@ impl Embedded {
         // for new groups waits four times what this one took, and with many groups in use at
         // least `INTAKE_SPACING`.
         let done = clock.now();
+        if self.hand_over(now, done.since(now), groups, clock) {
+            return None;
+        }
         let cost = done.since(now) * COST_FACTOR;
         let many = self.in_use.load(Ordering::Relaxed) >= INTAKE_PASS_MAX;
         let spacing = if many { INTAKE_SPACING.max(cost) } else { cost };
         self.intake_after.store(done.after(spacing).0, Ordering::Relaxed);
         None
     }
+}
 
+impl Shared {
     /// Reports every group's counts, ticks the engine and applies the grants. Skipped if
     /// another thread is at it.
     pub(crate) fn reallocate(&self, now: Nanos, groups: &Groups) {
@@ -124,15 +247,44 @@ impl Embedded {
     }
 }
 
+/// The reallocation thread: a pass when one is due on schedule, or for new groups when the
+/// spacing allows; parked in between. Ends once the limiter is dropped.
+fn work(shared: &Weak<Shared>, groups: &Groups, clock: &ClockSource) {
+    loop {
+        let Some(s) = shared.upgrade().filter(|s| !s.closed.load(Ordering::Acquire)) else { return };
+        let now = clock.now();
+        let due = s.next_due.load(Ordering::Relaxed);
+        let intake_after = s.intake_after.load(Ordering::Relaxed);
+        let intake = s.intake_wanted.load(Ordering::Acquire);
+        if now.0 >= due || (intake && now.0 >= intake_after) {
+            s.intake_wanted.store(false, Ordering::Release);
+            s.reallocate(now, groups);
+            // As on an admission's thread: a pass takes at most a fifth of this thread's time
+            // (see `COST_FACTOR`), and passes for new groups are spaced as `take_in` spaces them.
+            let done = clock.now();
+            let cost = done.since(now);
+            s.next_due.store(now.after(s.interval.max(cost * (1 + COST_FACTOR))).0, Ordering::Relaxed);
+            s.intake_after.store(done.after(INTAKE_SPACING.max(cost * COST_FACTOR)).0, Ordering::Relaxed);
+            continue;
+        }
+        let wake = if intake { due.min(intake_after) } else { due };
+        drop(s);
+        // An unpark (a new group, or the limiter dropped) since the look above ends the wait
+        // at once.
+        std::thread::park_timeout(Duration::from_nanos(wake.saturating_sub(now.0)));
+    }
+}
+
 impl State {
     fn pass(&mut self, now: Nanos, groups: &Groups) {
         self.last = Some(now);
         let State { engine, meters, .. } = self;
         let idle = engine.settings().group_idle_expiry;
         // A group nobody has asked for has no client yet (what slow start holds back for).
-        let list = groups.used();
+        let listed = groups.listed();
+        let list: Vec<&Group> = listed.used().collect();
         let mut quiet: HashSet<GroupName, foldhash::fast::RandomState> = HashSet::default();
-        for g in &list {
+        for &g in &list {
             let counts = g.counts();
             let meter = meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, idle) {
@@ -144,7 +296,7 @@ impl State {
             engine.report(now, LOCAL, &g.name, report);
         }
         engine.tick(now);
-        for g in &list {
+        for &g in &list {
             match engine.outcome(&g.name).and_then(|o| o.grant_of(LOCAL).map(|grant| (o, grant))) {
                 Some((outcome, grant)) => {
                     g.set_rate(grant.rate, grant.burst, now);

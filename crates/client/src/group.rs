@@ -106,7 +106,9 @@ pub(crate) struct Group {
     debt_repay_ns: AtomicU64,
     repay: Mutex<Repay>,
     /// What settled requests did, in detail (running totals).
-    pub(crate) detail: Mutex<Consumption>,
+    detail: Mutex<Consumption>,
+    /// Set once `detail` is first added to: until then it is read without its lock.
+    has_detail: AtomicBool,
 }
 
 /// A debt being paid back from the refill: the bucket runs at the granted rate less `rate`
@@ -168,6 +170,7 @@ impl Group {
             repaying: AtomicBool::new(false),
             repay: Mutex::new(Repay::default()),
             detail: Mutex::new(Consumption::default()),
+            has_detail: AtomicBool::new(false),
             me: me.clone(),
         })
     }
@@ -208,8 +211,24 @@ impl Group {
             admitted: t.admitted,
             throttled: t.throttled,
             waited: t.waited,
-            detail: *self.detail.lock().unwrap_or_else(PoisonError::into_inner),
+            detail: self.detail(),
         }
+    }
+
+    /// What settled requests did, in detail, so far. Most groups never settle with usage: a
+    /// pass over many groups then takes no lock per group.
+    pub(crate) fn detail(&self) -> Consumption {
+        if !self.has_detail.load(Ordering::Acquire) {
+            return Consumption::default();
+        }
+        *self.detail.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds what a settled request did to [`detail`](Self::detail).
+    pub(crate) fn add_detail(&self, detail: &Consumption) {
+        self.detail.lock().unwrap_or_else(PoisonError::into_inner).add(detail);
+        // After the counts it flags (release): a reader that sees it sees them.
+        self.has_detail.store(true, Ordering::Release);
     }
 
     /// Units waiting now: in `acquire`, and queued by the application.
@@ -427,7 +446,24 @@ struct Recent {
 #[derive(Default)]
 struct Sorted {
     at: Option<(u64, usize)>,
-    list: Vec<Arc<Group>>,
+    list: Listed,
+}
+
+/// Every distinct group of a table, sorted by name: see [`Groups::listed`].
+#[derive(Default, Clone)]
+pub(crate) struct Listed(Arc<Vec<Arc<Group>>>);
+
+impl Listed {
+    /// Every group.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Group> {
+        self.0.iter().map(|g| &**g)
+    }
+
+    /// Every group asked for at least once: what a reallocation or an exchange reports (a
+    /// configured group nobody asked for yet costs one look).
+    pub(crate) fn used(&self) -> impl Iterator<Item = &Group> {
+        self.all().filter(|g| g.is_used())
+    }
 }
 
 /// Lookups under the lock before the recent names move into the lock-free map, at the least.
@@ -605,19 +641,11 @@ impl Groups {
         map.iter().chain(recent.map.iter()).map(|(n, g)| (n.clone(), g.clone())).collect()
     }
 
-    /// Every distinct group state, by name (names past the bound share `default`'s).
-    pub(crate) fn unique(&self) -> Vec<Arc<Group>> {
-        self.distinct(|_| true)
-    }
-
-    /// Every distinct group state asked for at least once, by name: what a reallocation
-    /// reports. Picked before sorting, so that thousands of configured groups nobody has
-    /// asked for yet cost a pass one look each, not a sort.
-    pub(crate) fn used(&self) -> Vec<Arc<Group>> {
-        self.distinct(Group::is_used)
-    }
-
-    fn distinct(&self, keep: impl Fn(&Group) -> bool) -> Vec<Arc<Group>> {
+    /// Every distinct group state, by name (names past the bound share `default`'s), shared
+    /// rather than copied: the list is kept between calls while the table is unchanged, and
+    /// taking it touches no group (a reference count changed per group is a locked write to
+    /// each group's line, waited for one after the other).
+    pub(crate) fn listed(&self) -> Listed {
         let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         let mut sorted = self.sorted.lock().unwrap_or_else(PoisonError::into_inner);
         // The table changes only under `recent`'s lock, which is held: its generation and the
@@ -628,10 +656,9 @@ impl Groups {
             let mut list: Vec<Arc<Group>> = map.values().chain(recent.map.values()).cloned().collect();
             list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
             list.dedup_by(|a, b| Arc::ptr_eq(a, b));
-            *sorted = Sorted { at: Some(now), list };
+            *sorted = Sorted { at: Some(now), list: Listed(Arc::new(list)) };
         }
-        drop(recent);
-        sorted.list.iter().filter(|g| keep(g)).cloned().collect()
+        sorted.list.clone()
     }
 
     /// How many names are in the table.
@@ -668,7 +695,7 @@ mod tests {
     fn every_group_listed_once_by_name_as_the_table_grows() {
         let groups = table(200);
         let names =
-            |groups: &Groups| groups.unique().iter().map(|g| g.name.as_str().to_owned()).collect::<Vec<_>>();
+            |groups: &Groups| groups.listed().all().map(|g| g.name.as_str().to_owned()).collect::<Vec<_>>();
         assert_eq!(names(&groups), ["default"]);
         let mut expected = vec!["default".to_owned()];
         for i in (0..199).rev() {
@@ -681,9 +708,9 @@ mod tests {
         let (past, _) = groups.lookup("one-too-many").expect("a valid name");
         assert!(Arc::ptr_eq(&past, &groups.overflow));
         assert_eq!(names(&groups), expected);
-        assert!(groups.used().is_empty());
+        assert_eq!(groups.listed().used().count(), 0);
         groups.lookup("t007").expect("known").0.mark_used();
-        assert_eq!(groups.used().iter().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["t007"]);
+        assert_eq!(groups.listed().used().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["t007"]);
     }
 
     /// An admission by name reads, and writes, only the group's second line: the bucket's

@@ -99,7 +99,7 @@ fn stats_of(g: &Group) -> GroupStats {
         dropped: g.dropped.load(Ordering::Relaxed),
         dropped_units: units(g.dropped_micro.load(Ordering::Relaxed)),
         debt_units: g.debt(g.clock.now()),
-        detail: *g.detail.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+        detail: g.detail(),
     }
 }
 

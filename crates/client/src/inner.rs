@@ -126,14 +126,23 @@ impl Inner {
     #[cold]
     fn tick_slow(&self, now: Nanos, due: u64) {
         let Mode::Embedded(e) = &self.mode else { return };
+        if e.in_background() {
+            // Passes run on their own thread: admissions never look again.
+            self.next_tick_ns.store(u64::MAX, Ordering::Relaxed);
+            return;
+        }
         let next = now.after(e.interval()).0;
         if self.next_tick_ns.compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             e.reallocate(now, &self.groups);
             // A reallocation costs time linear in the groups in use, paid by the call that
             // runs it: with so many that it takes more than a quarter of the interval, the
-            // next waits four times what this one took (at 100,000 groups a pass takes about
-            // 150 ms; every 100 ms it would leave callers no time).
+            // next waits four times what this one took. On a real clock that many groups
+            // (`BACKGROUND_GROUPS`) hand passes to a thread of their own instead.
             let cost = self.clock.now().since(now);
+            if e.hand_over(now, cost, &self.groups, &self.clock) {
+                self.next_tick_ns.store(u64::MAX, Ordering::Relaxed);
+                return;
+            }
             self.next_tick_ns
                 .fetch_max(now.after(cost * (1 + crate::embedded::COST_FACTOR)).0, Ordering::Relaxed);
         }
@@ -155,9 +164,11 @@ impl Inner {
         let now = self.clock.now();
         match &self.mode {
             Mode::Embedded(e) => {
-                if let Some(due) = e.take_in(now, &self.groups, &*self.clock) {
+                if let Some(due) = e.take_in(now, &self.groups, &self.clock) {
                     // Taken in by the first call from then on.
                     self.next_tick_ns.fetch_min(due.0, Ordering::Relaxed);
+                } else if e.in_background() {
+                    self.next_tick_ns.store(u64::MAX, Ordering::Relaxed);
                 }
             }
             Mode::Remote(link) => link.new_group(group, now),

@@ -55,6 +55,7 @@ pub mod store;
 mod tally;
 
 pub use builder::Builder;
+pub use embedded::BACKGROUND_GROUPS;
 pub use error::{AcquireError, BuildError};
 pub use handle::{GroupHandle, GroupStats, Tollgate};
 pub use layer::{TollgateLayer, TollgateService};

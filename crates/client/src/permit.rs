@@ -131,7 +131,7 @@ impl Permit<'_> {
     /// group: only requests settled this way are counted there.
     pub fn settle_usage(self, model: &CostModel, usage: &Usage) -> Result<(), CostError> {
         let detail = Consumption::of(model, usage)?;
-        self.group.detail.lock().unwrap_or_else(std::sync::PoisonError::into_inner).add(&detail);
+        self.group.add_detail(&detail);
         self.settle(detail.rru + detail.wru)
     }
 

@@ -377,7 +377,8 @@ impl Driver {
         let mut usage = Vec::new();
         // Groups the application never asked for (the shared `default` state, until a name
         // falls back to it) are not reported.
-        for g in groups.used() {
+        let listed = groups.listed();
+        for g in listed.used() {
             let counts = g.counts();
             let meter = self.meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, self.idle_expiry) {
@@ -487,9 +488,9 @@ impl Driver {
             let fresh = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
             // Safe mode decides the rates now: no trickle climbs past it.
             self.trickles.clear();
-            for g in groups.unique() {
+            for g in groups.listed().all() {
                 let last = self.grants.get(&g.name).copied();
-                apply(&g, safe(self.link.policy, last, fresh, now.since(since)), now);
+                apply(g, safe(self.link.policy, last, fresh, now.since(since)), now);
             }
         }
         self.next_due = now.after(self.backoff);

@@ -16,7 +16,7 @@
 //! thousands of names, by name, never makes and retires a tally per call.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// How many groups one thread keeps a tally for.
@@ -126,6 +126,11 @@ pub(crate) struct Counters {
     /// request of cost one, admitted or refused, is a single locked add here.
     folded: Tally,
     live: Mutex<Vec<Arc<OwnTally>>>,
+    /// How many tallies `live` holds, written under its lock and read without it: with none,
+    /// the shared tally is all there is (as for most of many groups taken in turn by name),
+    /// and reading the counts takes no lock (a locked instruction waits for the line, so a
+    /// pass over 100,000 groups would wait for them one after the other).
+    live_len: AtomicUsize,
 }
 
 /// How far into [`Counters`] what counting an admission in the shared tally reads and
@@ -143,13 +148,20 @@ impl Counters {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             folded: Tally::default(),
             live: Mutex::new(Vec::new()),
+            live_len: AtomicUsize::new(0),
         }
     }
 
     /// The counts so far, across all threads.
     pub(crate) fn totals(&self) -> Totals {
-        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         let mut totals = Totals::default();
+        // Zero is stored after a fold's counts are in the shared tally (release), so they are
+        // all seen; a tally made meanwhile counted nothing yet.
+        if self.live_len.load(Ordering::Acquire) == 0 {
+            totals.add_folded(&self.folded);
+            return totals;
+        }
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         totals.add_folded(&self.folded);
         for t in live.iter() {
             totals.add(t);
@@ -163,6 +175,7 @@ impl Counters {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         self.add_shared(tally);
         live.retain(|t| !Arc::ptr_eq(t, tally));
+        self.live_len.store(live.len(), Ordering::Release);
     }
 
     /// Adds a thread's tally (or scratch counts) to the shared one, in the shared one's
@@ -335,7 +348,11 @@ impl Local {
         }
         self.present[word] |= bit;
         let tally = Arc::new(OwnTally::default());
-        counters.live.lock().unwrap_or_else(PoisonError::into_inner).push(tally.clone());
+        {
+            let mut live = counters.live.lock().unwrap_or_else(PoisonError::into_inner);
+            live.push(tally.clone());
+            counters.live_len.store(live.len(), Ordering::Release);
+        }
         let owner: Weak<dyn HasCounters> = me.clone();
         let len = self.entries.len();
         self.ids.copy_within(0..len, 1);
