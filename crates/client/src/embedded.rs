@@ -50,9 +50,10 @@ pub const BACKGROUND_GROUPS: usize = 1024;
 
 struct State {
     engine: Engine,
-    /// One per group asked for: bounded as the table is (a table never lets a group go, so
+    /// One per group asked for, with where the engine kept its state at the last pass
+    /// (`Engine::report_placed`): bounded as the table is (a table never lets a group go, so
     /// neither does this).
-    meters: HashMap<GroupName, DemandMeter, foldhash::fast::RandomState>,
+    meters: HashMap<GroupName, (DemandMeter, u32), foldhash::fast::RandomState>,
     /// When the last reallocation ran.
     last: Option<Nanos>,
 }
@@ -284,20 +285,26 @@ impl State {
         let listed = groups.listed();
         let list: Vec<&Group> = listed.used().collect();
         let mut quiet: HashSet<GroupName, foldhash::fast::RandomState> = HashSet::default();
+        // Where each group's state sits in the engine, for the grants after the tick.
+        let mut places = Vec::with_capacity(list.len());
         for &g in &list {
             let counts = g.counts();
-            let meter = meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
+            let (meter, place) =
+                meters.entry(g.name.clone()).or_insert_with(|| (DemandMeter::new(now), u32::MAX));
+            places.push(*place);
             if meter.idle(now, &counts, idle) {
                 quiet.insert(g.name.clone());
                 continue;
             }
             let granted = Some(g.allowance()).filter(|a| a.is_finite() && *a > 0.0);
             let report = meter.report(now, counts, g.waiting(), granted);
-            engine.report(now, LOCAL, &g.name, report);
+            engine.report_placed(now, LOCAL, &g.name, report, place);
+            *places.last_mut().expect("pushed") = *place;
         }
         engine.tick(now);
-        for &g in &list {
-            match engine.outcome(&g.name).and_then(|o| o.grant_of(LOCAL).map(|grant| (o, grant))) {
+        for (&g, &place) in list.iter().zip(&places) {
+            let outcome = engine.outcome_placed(&g.name, place);
+            match outcome.and_then(|o| o.grant_of(LOCAL).map(|grant| (o, grant))) {
                 Some((outcome, grant)) => {
                     g.set_rate(grant.rate, grant.burst, now);
                     g.demand.store(outcome.demand.to_bits(), Ordering::Relaxed);

@@ -705,6 +705,33 @@ impl Engine {
         self.report_at(now, client, group, r, None).0
     }
 
+    /// [`report`](Self::report) for a caller that keeps, per group, where its state sat last
+    /// time (`place`, `u32::MAX` at first): the state there is tried first (checked by name)
+    /// before a look-up by name, and `place` is set to where it is now. With many groups a
+    /// look-up by name is a cache miss of its own; the embedded mode reports every group each
+    /// pass.
+    pub fn report_placed(
+        &mut self,
+        now: Nanos,
+        client: ClientId,
+        group: &GroupName,
+        r: ClientReport,
+        place: &mut u32,
+    ) -> Grant {
+        let (grant, found) = self.report_at(now, client, group, r, Some(*place as usize));
+        *place = u32::try_from(found).unwrap_or(u32::MAX);
+        grant
+    }
+
+    /// [`outcome`](Self::outcome), trying the state at `place` first (see
+    /// [`report_placed`](Self::report_placed)).
+    pub fn outcome_placed(&self, group: &GroupName, place: u32) -> Option<&GroupOutcome> {
+        match self.tracked.get_index(place as usize) {
+            Some((name, g)) if name == group => g.outcome.as_ref(),
+            _ => self.outcome(group),
+        }
+    }
+
     /// [`report`](Self::report), trying the state at `hint` first: the grant, and where the
     /// state the report landed in sits.
     fn report_at(

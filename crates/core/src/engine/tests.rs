@@ -646,3 +646,55 @@ fn an_exchange_remembers_where_its_groups_sat() {
     e.tick(Nanos(300 * S));
     assert!(e.clients.routes.is_empty());
 }
+
+/// A report or outcome with the place kept from last time answers as one by name, whatever
+/// the place says: right, none yet, out of range, another group's, or stale after groups
+/// were forgotten and the table moved them.
+#[test]
+fn a_kept_place_answers_as_a_look_up_by_name_even_when_it_is_wrong() {
+    let mut by_name = engine(EngineSettings::default());
+    let mut placed = engine(EngineSettings::default());
+    let groups: Vec<GroupName> = (0..6).map(|i| name(&format!("g{i}"))).collect();
+    for (i, g) in groups.iter().enumerate() {
+        let limit = 10.0 * (i + 1) as f64;
+        for e in [&mut by_name, &mut placed] {
+            e.set_group(g.clone(), GroupSettings::builder().limit(limit).build().unwrap());
+        }
+    }
+    let mut places = vec![u32::MAX; groups.len()];
+    let mut t = Nanos(0);
+    for step in 0..4u64 {
+        // Step 1: every place wrong (out of range, or another group's); step 3: only the
+        // first groups report, after the others were forgotten at step 2's tick.
+        if step == 1 {
+            places = vec![1000, 0, 0, 5, 4, 3];
+        }
+        let reporting = if step == 3 { 3 } else { groups.len() };
+        for (i, g) in groups.iter().enumerate().take(reporting) {
+            let r = report(5.0 * (i + 1) as f64, 1.0, 1.0);
+            let a = by_name.report(t, 1, g, r);
+            let b = placed.report_placed(t, 1, g, r, &mut places[i]);
+            assert_eq!(a.rate, b.rate, "{g} at step {step}");
+            assert_eq!(
+                placed.tracked.get_index(places[i] as usize).map(|(k, _)| k),
+                Some(g),
+                "its place now"
+            );
+        }
+        by_name.tick(t);
+        placed.tick(t);
+        if step == 2 {
+            // Idle past the expiry (240 s): all forgotten, the first three taken in anew.
+            t = Nanos(t.0 + 241 * S);
+            by_name.tick(t);
+            placed.tick(t);
+            assert_eq!(placed.tracked_groups(), 0);
+        }
+        for (i, g) in groups.iter().enumerate() {
+            let a = by_name.outcome(g).map(|o| (o.target(), o.grant_of(1).map(|c| c.rate)));
+            let b = placed.outcome_placed(g, places[i]).map(|o| (o.target(), o.grant_of(1).map(|c| c.rate)));
+            assert_eq!(a, b, "{g} at step {step}");
+        }
+        t = Nanos(t.0 + S);
+    }
+}
