@@ -484,7 +484,14 @@ thread_local! {
 }
 
 impl Groups {
-    /// A table with the configured groups (and `default`) already in it.
+    /// A table with the configured groups (and `default`) already in it, made in the order
+    /// of their names.
+    ///
+    /// Made in the configuration map's order, their states lay in memory in an order that
+    /// changes with every process (the map's hash is seeded), unrelated to anything a caller
+    /// does: names taken in turn then found each group's state far from the last, and with
+    /// 100,000 groups, out of the caches, each such call waited for it in full, where
+    /// states made one after the other are fetched ahead by the processor.
     pub(crate) fn new(
         configured: HashMap<Box<str>, GroupSettings>,
         max: usize,
@@ -494,7 +501,9 @@ impl Groups {
         let overflow = make(GroupName::default_group(), &default_settings);
         let mut map = Map::default();
         map.insert(GroupName::default_group(), overflow.clone());
-        for (name, settings) in &configured {
+        let mut by_name: Vec<(&Box<str>, &GroupSettings)> = configured.iter().collect();
+        by_name.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (name, settings) in by_name {
             if &**name != DEFAULT_GROUP {
                 let name = GroupName::new(name).expect("configured names are valid");
                 let group = make(name.clone(), settings);
@@ -711,6 +720,30 @@ mod tests {
         assert_eq!(groups.listed().used().count(), 0);
         groups.lookup("t007").expect("known").0.mark_used();
         assert_eq!(groups.listed().used().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["t007"]);
+    }
+
+    /// Configured groups are made in the order of their names, whatever the order of the
+    /// map that holds their settings.
+    #[test]
+    fn configured_groups_are_made_in_the_order_of_their_names() {
+        let clock = Arc::new(ClockSource::of(tollgate_core::time::ManualClock::new()));
+        let made = Arc::new(Mutex::new(Vec::new()));
+        let log = made.clone();
+        let make = move |name: GroupName, _: &GroupSettings| {
+            log.lock().unwrap().push(name.as_str().to_owned());
+            Group::new(name, LimiterState::Bucket(Bucket::new(10.0, 10.0, Nanos(0))), &clock, f64::INFINITY)
+        };
+        let names: Vec<String> = (0..500).map(|i| format!("tenant-{:03}", (i * 7919) % 500)).collect();
+        let configured =
+            names.iter().map(|n| (n.clone().into_boxed_str(), GroupSettings::default())).collect();
+        let groups = Groups::new(configured, 1000, Box::new(make));
+        let made = made.lock().unwrap().clone();
+        let mut expected: Vec<String> = names.clone();
+        expected.sort();
+        // `default` first (the table's own), then the configured ones by name.
+        assert_eq!(made[0], DEFAULT_GROUP);
+        assert_eq!(made[1..], expected[..]);
+        assert!(groups.get("tenant-042").is_some());
     }
 
     /// An admission by name reads, and writes, only the group's second line: the bucket's
