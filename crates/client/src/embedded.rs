@@ -39,7 +39,7 @@ pub(crate) const INTAKE_SPACING: Duration = Duration::from_millis(10);
 
 /// The time between two reallocations, for new groups or on schedule, is at least this many
 /// times what the last one took: however many groups, they take at most a fifth of the time.
-pub(crate) const COST_FACTOR: u32 = 4;
+const COST_FACTOR: u32 = 4;
 
 /// From this many groups in use on a real clock, reallocations run on a thread of their own
 /// rather than on the admission that finds one due: a pass over a thousand groups takes a
@@ -156,8 +156,7 @@ impl Embedded {
         if self.starting.swap(true, Ordering::AcqRel) {
             return self.in_background();
         }
-        let next = now.after(self.interval.max(cost * (1 + COST_FACTOR)));
-        self.next_due.store(next.0, Ordering::Relaxed);
+        self.next_due.store(self.next_pass(now, cost).0, Ordering::Relaxed);
         let (shared, groups, clock) = (Arc::downgrade(&self.shared), groups.clone(), clock.clone());
         let spawned = std::thread::Builder::new()
             .name("tollgate-alloc".into())
@@ -223,15 +222,29 @@ impl Embedded {
         if self.hand_over(now, done.since(now), groups, clock) {
             return None;
         }
-        let cost = done.since(now) * COST_FACTOR;
-        let many = self.in_use.load(Ordering::Relaxed) >= INTAKE_PASS_MAX;
-        let spacing = if many { INTAKE_SPACING.max(cost) } else { cost };
-        self.intake_after.store(done.after(spacing).0, Ordering::Relaxed);
+        self.space_intake(done, done.since(now));
         None
     }
 }
 
 impl Shared {
+    /// The next pass on schedule after one that started at `now` and took `cost`: an
+    /// interval later, or later still when passes are that slow, so that they take at most
+    /// a fifth of the time of the thread that runs them (see [`COST_FACTOR`]).
+    pub(crate) fn next_pass(&self, now: Nanos, cost: Duration) -> Nanos {
+        now.after(self.interval.max(cost * (1 + COST_FACTOR)))
+    }
+
+    /// After a pass that ended at `done` and took `cost`, no pass for new groups before four
+    /// times that cost, and with [`INTAKE_PASS_MAX`] groups or more in use, before
+    /// [`INTAKE_SPACING`] either.
+    fn space_intake(&self, done: Nanos, cost: Duration) {
+        let cost = cost * COST_FACTOR;
+        let many = self.in_use.load(Ordering::Relaxed) >= INTAKE_PASS_MAX;
+        let spacing = if many { INTAKE_SPACING.max(cost) } else { cost };
+        self.intake_after.store(done.after(spacing).0, Ordering::Relaxed);
+    }
+
     /// Reports every group's counts, ticks the engine and applies the grants. Skipped if
     /// another thread is at it.
     pub(crate) fn reallocate(&self, now: Nanos, groups: &Groups) {
@@ -260,12 +273,10 @@ fn work(shared: &Weak<Shared>, groups: &Groups, clock: &ClockSource) {
         if now.0 >= due || (intake && now.0 >= intake_after) {
             s.intake_wanted.store(false, Ordering::Release);
             s.reallocate(now, groups);
-            // As on an admission's thread: a pass takes at most a fifth of this thread's time
-            // (see `COST_FACTOR`), and passes for new groups are spaced as `take_in` spaces them.
+            // Spaced as on an admission's thread.
             let done = clock.now();
-            let cost = done.since(now);
-            s.next_due.store(now.after(s.interval.max(cost * (1 + COST_FACTOR))).0, Ordering::Relaxed);
-            s.intake_after.store(done.after(INTAKE_SPACING.max(cost * COST_FACTOR)).0, Ordering::Relaxed);
+            s.next_due.store(s.next_pass(now, done.since(now)).0, Ordering::Relaxed);
+            s.space_intake(done, done.since(now));
             continue;
         }
         let wake = if intake { due.min(intake_after) } else { due };

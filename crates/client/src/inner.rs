@@ -143,8 +143,7 @@ impl Inner {
                 self.next_tick_ns.store(u64::MAX, Ordering::Relaxed);
                 return;
             }
-            self.next_tick_ns
-                .fetch_max(now.after(cost * (1 + crate::embedded::COST_FACTOR)).0, Ordering::Relaxed);
+            self.next_tick_ns.fetch_max(e.next_pass(now, cost).0, Ordering::Relaxed);
         }
     }
 
