@@ -20,6 +20,7 @@ use tollgate_core::time::Nanos;
 
 use crate::clock::ClockSource;
 use crate::error::AcquireError;
+use crate::names::{HasName, NameMap};
 use crate::tally::{self, Counters, HasCounters, Stash, Tally, Totals};
 
 /// Units are counted in millionths, so fractional costs (0.475 RU) add up exactly enough.
@@ -401,12 +402,16 @@ impl HasCounters for Group {
 /// Makes a new group's state; the mode decides its limiter.
 pub(crate) type MakeGroup = dyn Fn(GroupName, &GroupSettings) -> Arc<Group> + Send + Sync;
 
-/// Names to groups, hashed with foldhash (seeded per process, so names a client picks
-/// cannot be chosen to collide; several times faster than std's SipHash on short names).
-/// Keyed by [`GroupName`], which holds a name of up to 23 bytes inline: comparing the key a
-/// look-up lands on reads the table's own slot, not a separate allocation (with thousands of
-/// names, a cache miss saved per call by name).
-type Map = HashMap<GroupName, Arc<Group>, foldhash::fast::RandomState>;
+/// Names to groups (see [`NameMap`]).
+type Map = NameMap<Arc<Group>>;
+
+/// A group is found by its own name: the table keeps no copy of it.
+impl HasName for Arc<Group> {
+    #[inline(always)]
+    fn name(&self) -> &GroupName {
+        &self.name
+    }
+}
 
 /// The groups a handle serves: looked up lock-free, inserted under a lock, bounded. Names past
 /// the bound share the `default` group's state.
@@ -500,14 +505,13 @@ impl Groups {
         let default_settings = configured.get(DEFAULT_GROUP).cloned().unwrap_or_default();
         let overflow = make(GroupName::default_group(), &default_settings);
         let mut map = Map::default();
-        map.insert(GroupName::default_group(), overflow.clone());
+        map.insert(overflow.clone());
         let mut by_name: Vec<(&Box<str>, &GroupSettings)> = configured.iter().collect();
         by_name.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (name, settings) in by_name {
             if &**name != DEFAULT_GROUP {
                 let name = GroupName::new(name).expect("configured names are valid");
-                let group = make(name.clone(), settings);
-                map.insert(name, group);
+                map.insert(make(name, settings));
             }
         }
         Groups {
@@ -573,7 +577,7 @@ impl Groups {
     /// The group `name`, made if new; `(group, made)`.
     #[inline]
     pub(crate) fn lookup(&self, name: &str) -> Result<(Arc<Group>, bool), AcquireError> {
-        if let Some(g) = self.with_map(|map| map.get(name).cloned()) {
+        if let Some(g) = self.with_map(|map| map.group(name).cloned()) {
             return Ok((g, false));
         }
         self.lookup_locked(name)
@@ -584,7 +588,7 @@ impl Groups {
     /// reference count touched.
     #[inline]
     pub(crate) fn known(&self, name: &str) -> Option<&Group> {
-        let g = self.with_map(|map| map.get(name).map(Arc::as_ptr))?;
+        let g = self.with_map(|map| map.group(name).map(Arc::as_ptr))?;
         // SAFETY: a table never lets a group go: every map it publishes holds all the groups
         // of the map before it (`lookup_locked` extends a copy), and `map` always holds the
         // latest, so a group found in any of them lives at least as long as the table, which
@@ -599,10 +603,10 @@ impl Groups {
         check_group_name(name).map_err(|e| AcquireError::InvalidGroup(Box::new(e)))?;
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.map.load_full();
-        if let Some(g) = current.get(name) {
+        if let Some(g) = current.group(name) {
             return Ok((g.clone(), false));
         }
-        let (group, made) = match recent.map.get(name) {
+        let (group, made) = match recent.map.group(name) {
             Some(g) => (g.clone(), false),
             None if current.len() + recent.map.len() >= self.max => {
                 return Ok((self.overflow.clone(), false));
@@ -611,14 +615,14 @@ impl Groups {
                 let settings = self.settings_for(name);
                 let name = GroupName::new(name).map_err(|e| AcquireError::InvalidGroup(Box::new(e)))?;
                 let group = (self.make)(name.clone(), &settings);
-                recent.map.insert(name, group.clone());
+                recent.map.insert(group.clone());
                 (group, true)
             }
         };
         recent.slow_lookups += 1;
         if recent.slow_lookups >= MERGE_AFTER_MIN.max(current.len() / 4) {
             let mut next = Map::clone(&current);
-            next.extend(recent.map.drain());
+            next.take_all(&mut recent.map);
             recent.slow_lookups = 0;
             self.store_map(next);
         }
@@ -637,17 +641,17 @@ impl Groups {
 
     /// A group already in the table.
     pub(crate) fn get(&self, name: &str) -> Option<Arc<Group>> {
-        if let Some(g) = self.map.load().get(name) {
+        if let Some(g) = self.map.load().group(name) {
             return Some(g.clone());
         }
-        self.recent.lock().unwrap_or_else(PoisonError::into_inner).map.get(name).cloned()
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner).map.group(name).cloned()
     }
 
     /// Every name and its group, in no order.
     fn all(&self) -> Vec<(GroupName, Arc<Group>)> {
         let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         let map = self.map.load();
-        map.iter().chain(recent.map.iter()).map(|(n, g)| (n.clone(), g.clone())).collect()
+        map.iter().chain(recent.map.iter()).map(|g| (g.name.clone(), g.clone())).collect()
     }
 
     /// Every distinct group state, by name (names past the bound share `default`'s), shared
@@ -662,7 +666,7 @@ impl Groups {
         let now = (self.generation.load(Ordering::Acquire), recent.map.len());
         if sorted.at != Some(now) {
             let map = self.map.load();
-            let mut list: Vec<Arc<Group>> = map.values().chain(recent.map.values()).cloned().collect();
+            let mut list: Vec<Arc<Group>> = map.iter().chain(recent.map.iter()).cloned().collect();
             list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
             list.dedup_by(|a, b| Arc::ptr_eq(a, b));
             *sorted = Sorted { at: Some(now), list: Listed(Arc::new(list)) };

@@ -47,6 +47,7 @@ mod handle;
 mod inner;
 pub mod layer;
 mod metrics;
+mod names;
 mod permit;
 pub mod remote;
 pub mod reporter;

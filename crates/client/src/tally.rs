@@ -179,7 +179,9 @@ impl Counters {
     }
 
     /// Adds a thread's tally (or scratch counts) to the shared one, in the shared one's
-    /// terms: the fields that are zero there cost nothing.
+    /// terms: the fields that are zero there cost nothing. Inlined, so that counting one
+    /// request straight into the shared tally folds down to its one or two locked adds.
+    #[inline(always)]
     fn add_shared(&self, from: &Tally) {
         let admitted = from.admitted.load(Ordering::Relaxed);
         let mut values = from.fields().map(|c| c.load(Ordering::Relaxed));
@@ -235,10 +237,11 @@ struct Local {
     /// four cache lines, not an entry's worth each. Zero where there is no entry (ids start
     /// at one).
     ids: [u64; LOCAL_GROUPS_MAX],
-    /// A bit per residue of an id modulo 256, set when an id in `ids` has it: a group whose
-    /// bit is clear is not there, known without a scan (a thread taking turns among many
-    /// groups misses on most calls, and the scan was most of such a call).
-    present: [u64; 4],
+    /// A bit per residue of an id modulo [`PRESENCE_BITS`], set when an id in `ids` has it: a
+    /// group whose bit is clear is not there, known without a scan (a thread taking turns
+    /// among many groups misses on most calls, and the scan was most of such a call). With
+    /// the cache full, one group in 32 not in it finds its bit set.
+    present: [u64; PRESENCE_WORDS],
     entries: Vec<Entry>,
     /// The group last missed with the cache full, by slot (`id % DOORKEEPER_SLOTS`).
     missed: [u64; DOORKEEPER_SLOTS],
@@ -254,19 +257,38 @@ thread_local! {
     static LOCAL: RefCell<Local> = const {
         RefCell::new(Local {
             ids: [0; LOCAL_GROUPS_MAX],
-            present: [0; 4],
+            present: [0; PRESENCE_WORDS],
             entries: Vec::new(),
             missed: [0; DOORKEEPER_SLOTS],
         })
     };
 }
 
-/// Runs `f` on this thread's tally for `owner`, creating it if need be.
+/// Runs `f` on this thread's tally for `owner`, creating it if need be, or, when the thread
+/// is taking turns among more groups than it keeps tallies for, on the shared tally.
+///
+/// The front tally inline, the rest in one call: the hot path of a refusal stays a few
+/// instructions, and a thread taking turns among a thousand groups by name, which counts
+/// nearly every call in the shared tally, pays one call to find that out and count there.
 #[inline(always)]
 pub(crate) fn record<G: HasCounters>(owner: &G, me: &Weak<G>, f: impl Fn(&Tally)) {
-    if with_local(owner, me, |tally, _| f(tally)).is_none() {
-        // The thread is exiting and its tallies are gone: count in the shared tally.
-        record_shared(owner.counters(), f);
+    let counters = owner.counters();
+    let counted = LOCAL
+        .try_with(|local| {
+            let Ok(mut local) = local.try_borrow_mut() else { return false };
+            if local.ids[0] == counters.id
+                && let Some(first) = local.entries.first()
+            {
+                f(&first.tally);
+            } else {
+                local.record_missed(counters, me, &f);
+            }
+            true
+        })
+        .unwrap_or(false);
+    if !counted {
+        // The thread is exiting and its tallies are gone.
+        record_shared(counters, f);
     }
 }
 
@@ -295,7 +317,9 @@ pub(crate) fn with_local<G: HasCounters, R>(
         .flatten()
 }
 
-#[cold]
+/// Counts in the shared tally: what `f` counts, in locked adds (one for a request of cost
+/// one, the scratch tally folded away once inlined).
+#[inline(always)]
 fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
     let scratch = Tally::default();
     f(&scratch);
@@ -303,6 +327,37 @@ fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
 }
 
 impl Local {
+    /// [`record`] for a group not at the front: its tally brought there, or made, or, when
+    /// the thread passes it by, the shared tally.
+    #[inline(never)]
+    fn record_missed<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>, f: &impl Fn(&Tally)) {
+        if !self.passes_by(counters.id)
+            && let Some(first) = self.bring_to_front(counters, me)
+        {
+            f(&first.tally);
+            return;
+        }
+        record_shared(counters, f);
+    }
+
+    /// Whether a group not at the front is to be counted in the shared tally this time,
+    /// known without a call: the cache is full, the group is not in it (its presence bit is
+    /// clear), and its doorkeeper slot did not name it (it is named now). The rest, a scan
+    /// or a tally taken in, is [`Local::find_or_insert`]'s.
+    #[inline(always)]
+    fn passes_by(&mut self, id: u64) -> bool {
+        let (word, bit) = presence(id);
+        if self.entries.len() < LOCAL_GROUPS_MAX || self.present[word] & bit != 0 {
+            return false;
+        }
+        let slot = &mut self.missed[(id % DOORKEEPER_SLOTS as u64) as usize];
+        if *slot == id {
+            return false;
+        }
+        *slot = id;
+        true
+    }
+
     /// The entry for `counters`, brought to the front (see [`Local::find_or_insert`]); `None`
     /// when the group is left to the shared tally this time.
     #[cold]
@@ -340,7 +395,7 @@ impl Local {
             *slot = 0;
             retire(self.entries.pop().expect("full, so not empty"));
             // The retired id's bit may be another's too: made again from the ids left.
-            self.present = [0; 4];
+            self.present = [0; PRESENCE_WORDS];
             for &id in &self.ids[..len - 1] {
                 let (w, b) = presence(id);
                 self.present[w] |= b;
@@ -362,10 +417,14 @@ impl Local {
     }
 }
 
-/// Where `id`'s bit is in [`Local`]'s `present`: its residue modulo 256.
+/// Bits in [`Local`]'s `present`.
+const PRESENCE_BITS: u64 = 1024;
+const PRESENCE_WORDS: usize = (PRESENCE_BITS / 64) as usize;
+
+/// Where `id`'s bit is in [`Local`]'s `present`: its residue modulo [`PRESENCE_BITS`].
 #[inline]
 fn presence(id: u64) -> (usize, u64) {
-    let r = (id % 256) as usize;
+    let r = (id % PRESENCE_BITS) as usize;
     (r / 64, 1 << (r % 64))
 }
 
@@ -503,17 +562,28 @@ mod tests {
 
     #[test]
     fn a_thread_never_keeps_two_tallies_for_one_group_whatever_the_order() {
-        // More groups than the cache holds, their ids sharing residues modulo 256 (the
-        // presence bits), taken in a scrambled order with repeats: evictions clear bits that
-        // other cached groups share, and a cached group must still be found, not given a
-        // second tally.
-        let owners: Vec<Arc<Owner>> = (0..300).map(|_| owner()).collect();
+        // More groups than the cache holds, their ids sharing residues modulo the presence
+        // bits, taken in a scrambled order with repeats: evictions clear bits that other
+        // cached groups share, and a cached group must still be found, not given a second
+        // tally. The groups taken most are pairs that share a residue.
+        let owners: Vec<Arc<Owner>> = (0..3 * PRESENCE_BITS).map(|_| owner()).collect();
+        let mut by_residue: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
+        for (i, o) in owners.iter().enumerate() {
+            by_residue.entry(o.counters.id % PRESENCE_BITS).or_default().push(i);
+        }
+        let often: Vec<usize> =
+            by_residue.values().filter(|v| v.len() >= 2).take(20).flat_map(|v| [v[0], v[1]]).collect();
+        assert_eq!(often.len(), 40);
         let mut calls = vec![0u64; owners.len()];
         let mut x = 12345u64;
         for _ in 0..200_000 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             // Mostly a few dozen groups, now and then any of them.
-            let i = if (x >> 60) < 12 { ((x >> 33) % 40) as usize } else { ((x >> 33) % 300) as usize };
+            let i = if (x >> 60) < 12 {
+                often[((x >> 33) % 40) as usize]
+            } else {
+                ((x >> 33) % owners.len() as u64) as usize
+            };
             record(&*owners[i], &Arc::downgrade(&owners[i]), |t| Tally::bump(&t.admitted, 1));
             calls[i] += 1;
             assert!(owners[i].counters.live.lock().unwrap().len() <= 1, "two tallies for group {i}");
