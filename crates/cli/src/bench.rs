@@ -400,6 +400,40 @@ pub struct AccuracyArgs {
     /// The group's limit, requests (units) per second.
     #[arg(long, default_value_t = 5000.0)]
     limit: f64,
+    /// The server's HTTP address (host:port): its count of exchanges answered is read as the
+    /// limit's measured part starts and ends, and the exchanges each client made a second
+    /// printed (a throttled client exchanges about once per tick, not once per refusal)
+    #[arg(long)]
+    server_http: Option<String>,
+}
+
+/// The server's count of exchanges answered, from its `/metrics`.
+async fn exchanges_answered(addr: &str) -> anyhow::Result<f64> {
+    let text =
+        metrics_text(addr).await.with_context(|| "cannot read the server's /metrics (--server-http)")?;
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_exchanges_total ").and_then(|v| v.trim().parse().ok()))
+        .context("the server's /metrics has no tollgate_exchanges_total")
+}
+
+/// Exchanges the server answered a second from `after` seconds on, over `seconds`: its count
+/// read at both ends, each read timed at its middle (a read of a large `/metrics` takes a
+/// while).
+async fn exchanges_per_second(addr: String, after: f64, seconds: f64) -> anyhow::Result<f64> {
+    use tollgate_core::time::Clock;
+    let clock = tollgate_client::clock::TokioClock::new();
+    let read = || async {
+        let before = clock.now();
+        let count = exchanges_answered(&addr).await?;
+        let after = clock.now();
+        anyhow::Ok((count, before.0 as f64 / 2e9 + after.0 as f64 / 2e9))
+    };
+    tokio::time::sleep(Duration::from_secs_f64(after)).await;
+    let (first, at) = read().await?;
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    let (last, until) = read().await?;
+    Ok((last - first) / (until - at).max(1e-3))
 }
 
 /// CPU seconds this process has used.
@@ -504,6 +538,8 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
         gates.push(tollgate_client::Tollgate::remote(&a.server, opts)?);
     }
     let cpu0 = own_cpu();
+    let exchanges =
+        a.server_http.clone().map(|addr| tokio::spawn(exchanges_per_second(addr, warmup, a.duration)));
     let (rate, attempts) =
         offer(&gates, "accuracy", 2.0 * a.limit / a.clients as f64, warmup, a.duration).await;
     let cpu = (own_cpu() - cpu0).max(1e-3);
@@ -514,6 +550,13 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
         (rate / a.limit - 1.0) * 100.0
     ));
     say(format!("tollgate: {:.0} decisions per CPU-second of the load process", attempts as f64 / cpu));
+    if let Some(exchanges) = exchanges {
+        let per_s = exchanges.await.context("the exchange counter")??;
+        say(format!(
+            "tollgate: the server answered {per_s:.0} exchanges/s while measured, {:.3} a client a second",
+            per_s / a.clients as f64
+        ));
+    }
 
     // 2. Two reservations under saturation: the node holds a little more than they reserve.
     let (ra, rb) = (0.3 * a.limit, 0.5 * a.limit);

@@ -585,11 +585,30 @@ fn bench_accuracy_holds_a_limit_and_reservations() {
     let s = ServerProc::start(&data_dir("accuracy"));
     let (code, out, err) = admin(
         &s,
-        &["bench", "accuracy", "--server", &s.url(), "--clients", "4", "--duration", "2", "--limit", "400"],
+        &[
+            "bench",
+            "accuracy",
+            "--server",
+            &s.url(),
+            "--clients",
+            "4",
+            "--duration",
+            "2",
+            "--limit",
+            "400",
+            "--server-http",
+            s.http.trim_start_matches("http://"),
+        ],
     );
     assert_eq!(code, 0, "{err}");
     let pct: f64 = out.split("= ").nth(1).unwrap().split(" %").next().unwrap().trim().parse().unwrap();
     assert!(pct.abs() <= 10.0, "{out}");
+    // Throttled clients exchange about once a tick (a second here), not at every refusal (each
+    // is refused about a hundred times a second); the server's own client adds at most one
+    // a tick.
+    let per_client: f64 =
+        out.split("exchanges/s while measured, ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(per_client > 0.0 && per_client <= 2.5, "{out}");
     assert!(out.contains("under saturation, reserved-a got"), "{out}");
 }
 
