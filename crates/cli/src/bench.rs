@@ -238,25 +238,22 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         prepared.push((tonic::client::Grpc::new(service), Encoded::exchange(c, a.groups)));
     }
     let period = (a.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / a.rate));
-    // The clients' schedules are tokio timers, which count from tokio's own instants.
-    #[allow(clippy::disallowed_methods)]
-    let begin = tokio::time::Instant::now();
+    // With a rate, each client waits for its turn from the pacer.
+    let turns: Option<Vec<Arc<tokio::sync::Notify>>> =
+        period.map(|_| (0..a.clients).map(|_| Arc::new(tokio::sync::Notify::new())).collect());
     for (c, (mut grpc, request)) in prepared.into_iter().enumerate() {
         let (stop, clock) = (stop.clone(), clock.clone());
-        // Spread evenly over the period, as independent processes would be, instead of all
-        // at once: client c first exchanges c/clients of a period after the start.
-        let mut tick = period.map(|p| {
-            let mut t = tokio::time::interval_at(begin + p.mul_f64(c as f64 / a.clients as f64), p);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            t
-        });
+        let turn = turns.as_ref().map(|t| t[c].clone());
         tasks.spawn(async move {
             let mut latencies = Vec::new();
             let mut failures: (u64, Option<String>) = (0, None);
             let mut sequence = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                if let Some(t) = &mut tick {
-                    t.tick().await;
+                if let Some(turn) = &turn {
+                    turn.notified().await;
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
                 sequence += 1;
                 let started = clock.now();
@@ -290,6 +287,9 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
             }
             (latencies, failures)
         });
+    }
+    if let (Some(period), Some(turns)) = (period, turns) {
+        pace(turns, period, stop.clone())?;
     }
     let scraper = a.scrape.clone().map(|addr| {
         let stop = stop.clone();
@@ -380,6 +380,59 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         anyhow::bail!("{failed} exchanges failed");
     }
     Ok(())
+}
+
+/// Gives the clients their turns on one thread of its own: each client exchanges once a
+/// `period`, at a phase of its own drawn at random (a fixed seed, so every run offers the
+/// same load), as independent processes would, whose exchanges fall where they may and now
+/// and then together. Tokio's timers fire on whole milliseconds, so a timer per client
+/// started the clients in bunches at every millisecond (five at once for 1,000 clients
+/// exchanging five times a second), a load no fleet of separate processes makes. A turn found
+/// late (the pacer was not scheduled in time) is given at once; a client still busy with its
+/// last exchange takes its next turn when done. When `stop` is set, every client is woken to
+/// see it.
+fn pace(turns: Vec<Arc<tokio::sync::Notify>>, period: Duration, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    use tollgate_core::time::Clock;
+    let phases = phases(turns.len(), period);
+    std::thread::Builder::new()
+        .name("pacer".into())
+        .spawn(move || {
+            let clock = tollgate_client::clock::MonotonicClock::new();
+            let begin = clock.now();
+            'run: for round in 0u32.. {
+                for &(phase, c) in &phases {
+                    if stop.load(Ordering::Relaxed) {
+                        break 'run;
+                    }
+                    let due = period * round + phase;
+                    let since = clock.now().since(begin);
+                    if due > since {
+                        std::thread::sleep(due - since);
+                    }
+                    turns[c].notify_one();
+                }
+            }
+            turns.iter().for_each(|t| t.notify_one());
+        })
+        .context("cannot start the load program's pacing thread")?;
+    Ok(())
+}
+
+/// Each of `clients` clients' phase within `period`, drawn at random from a fixed seed, in
+/// the order they come: `(phase, client)`.
+fn phases(clients: usize, period: Duration) -> Vec<(Duration, usize)> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut phases: Vec<(Duration, usize)> = (0..clients)
+        .map(|c| {
+            // xorshift64: the phase is the top 53 bits as a fraction of the period.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (period.mul_f64((x >> 11) as f64 / (1u64 << 53) as f64), c)
+        })
+        .collect();
+    phases.sort_unstable();
+    phases
 }
 
 /// `tollgate bench accuracy` arguments.
@@ -660,6 +713,24 @@ mod tests {
             "server's own answer time (1000 exchanges): p99 at most 1 ms; 98.00 % within 0.5 ms, 99.50 % within 1 ms"
         );
         assert_eq!(server_latency(&before, &before), None);
+    }
+
+    #[test]
+    fn each_client_has_one_phase_of_its_own_within_the_period_the_same_every_run() {
+        let period = Duration::from_millis(200);
+        let p = phases(1000, period);
+        assert_eq!(p, phases(1000, period));
+        let mut clients: Vec<usize> = p.iter().map(|&(_, c)| c).collect();
+        clients.sort_unstable();
+        assert_eq!(clients, (0..1000).collect::<Vec<_>>());
+        assert!(p.windows(2).all(|w| w[0].0 <= w[1].0) && p.iter().all(|&(ph, _)| ph < period));
+        // Spread over the period, not in whole milliseconds: a tenth of a millisecond apart
+        // on average, and at most 20 clients in any one millisecond (five on average).
+        let distinct: std::collections::HashSet<u128> = p.iter().map(|(ph, _)| ph.as_micros()).collect();
+        assert!(distinct.len() > 990, "{}", distinct.len());
+        let mut per_ms = [0u32; 200];
+        p.iter().for_each(|(ph, _)| per_ms[ph.as_millis() as usize] += 1);
+        assert!(per_ms.iter().all(|&n| n <= 20) && per_ms[..100].iter().sum::<u32>().abs_diff(500) < 60);
     }
 
     #[test]
