@@ -288,8 +288,8 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
             (latencies, failures)
         });
     }
-    if let (Some(period), Some(turns)) = (period, turns) {
-        pace(turns, period, stop.clone())?;
+    if let (Some(period), Some(turns)) = (period, &turns) {
+        pace(turns.clone(), period, stop.clone())?;
     }
     let scraper = a.scrape.clone().map(|addr| {
         let stop = stop.clone();
@@ -308,6 +308,8 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     });
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
     stop.store(true, Ordering::Relaxed);
+    // Clients waiting for their next turn see the stop now, not at that turn.
+    turns.iter().flatten().for_each(|t| t.notify_one());
     let mut all = Vec::new();
     let (mut failed, mut first_error) = (0u64, None);
     while let Some(r) = tasks.join_next().await {
@@ -317,6 +319,14 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         first_error = first_error.or(error);
     }
     let after = a.server_pid.and_then(process_usage);
+    if let (true, 0, Some(period)) = (all.is_empty(), failed, period) {
+        anyhow::bail!(
+            "no exchange was due in --duration {} s: at --rate {} each client exchanges once every {:.3} s, at a phase of its own; run for a period at least",
+            a.duration,
+            a.rate,
+            period.as_secs_f64()
+        );
+    }
     anyhow::ensure!(
         !all.is_empty(),
         "no exchange succeeded ({failed} failed; the first: {})",
@@ -389,8 +399,8 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
 /// started the clients in bunches at every millisecond (five at once for 1,000 clients
 /// exchanging five times a second), a load no fleet of separate processes makes. A turn found
 /// late (the pacer was not scheduled in time) is given at once; a client still busy with its
-/// last exchange takes its next turn when done. When `stop` is set, every client is woken to
-/// see it.
+/// last exchange takes its next turn when done. The thread ends at the first turn after
+/// `stop` is set.
 fn pace(turns: Vec<Arc<tokio::sync::Notify>>, period: Duration, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     use tollgate_core::time::Clock;
     let phases = phases(turns.len(), period);
@@ -412,7 +422,6 @@ fn pace(turns: Vec<Arc<tokio::sync::Notify>>, period: Duration, stop: Arc<Atomic
                     turns[c].notify_one();
                 }
             }
-            turns.iter().for_each(|t| t.notify_one());
         })
         .context("cannot start the load program's pacing thread")?;
     Ok(())

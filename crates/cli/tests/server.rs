@@ -578,6 +578,15 @@ fn bench_exchange_loads_a_real_server_and_reports() {
     let (code, _, err) = admin(&s, &["bench", "exchange", "--server", &s.url(), "--clients", "0"]);
     assert_ne!(code, 0);
     assert!(err.contains("--clients, --groups and --connections must be above 0"), "{err}");
+    // A run shorter than its clients' period may see no exchange due: said so, and at once.
+    let short =
+        ["bench", "exchange", "--server", &s.url(), "--clients", "1", "--duration", "0.2", "--rate", "0.01"];
+    let (code, _, err) = admin(&s, &short);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("no exchange was due in --duration 0.2 s") && err.contains("every 100.000 s"),
+        "{err}"
+    );
 }
 
 #[test]
