@@ -4,9 +4,9 @@
 # rounds), the controller's group grants a second, its p99 at half a million grants a second,
 # throttled clients' exchanges, and the tick at 100,000 groups.
 # Usage: scripts/bench-figures.sh [--criterion] [--surge]
-#   --criterion  also the criterion peers bench (governor, limitador; about 10 minutes)
+#   --criterion  also the criterion peers bench (governor, limitador; about 3 minutes)
 #   --surge      also scripts/bench-surge.sh (a surge against examples/kv-service; about 1 minute)
-# Takes about 5 minutes without them, on 2 cores. Run it on a quiet machine.
+# Takes about 2 minutes without them, 5 with both, on 2 cores. Run it on a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CRITERION=0
