@@ -288,9 +288,10 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
             (latencies, failures)
         });
     }
-    if let (Some(period), Some(turns)) = (period, &turns) {
-        pace(turns.clone(), period, stop.clone())?;
-    }
+    let held_up = match (period, &turns) {
+        (Some(period), Some(turns)) => Some(pace(turns.clone(), period, stop.clone())?),
+        _ => None,
+    };
     let scraper = a.scrape.clone().map(|addr| {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -359,6 +360,13 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
             hwm as f64 / 1024.0
         ));
     }
+    if let Some(held_up) = held_up.filter(|h| h.times.load(Ordering::Relaxed) > 0) {
+        say(format!(
+            "the pacing thread was held up {} times (the longest {:.1} ms): the turns due meanwhile came at twice the rate after, not at once",
+            held_up.times.load(Ordering::Relaxed),
+            held_up.longest_ns.load(Ordering::Relaxed) as f64 / 1e6
+        ));
+    }
     if let Some(scraper) = scraper {
         let (mut took, size) = scraper.await?;
         took.sort_by(f64::total_cmp);
@@ -392,39 +400,104 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     Ok(())
 }
 
+/// How often the pacing thread found itself late by more than [`PACER_SLACK`], and by how much
+/// at most.
+#[derive(Default)]
+struct HeldUp {
+    times: std::sync::atomic::AtomicU64,
+    longest_ns: std::sync::atomic::AtomicU64,
+}
+
+/// How late the pacing thread may find a turn and still give it (with the ones due since) at
+/// once: later, it was held up itself, and the schedule moves on by as much, then catches up.
+const PACER_SLACK: Duration = Duration::from_millis(1);
+
 /// Gives the clients their turns on one thread of its own: each client exchanges once a
 /// `period`, at a phase of its own drawn at random (a fixed seed, so every run offers the
 /// same load), as independent processes would, whose exchanges fall where they may and now
 /// and then together. Tokio's timers fire on whole milliseconds, so a timer per client
 /// started the clients in bunches at every millisecond (five at once for 1,000 clients
-/// exchanging five times a second), a load no fleet of separate processes makes. A turn found
-/// late (the pacer was not scheduled in time) is given at once; a client still busy with its
-/// last exchange takes its next turn when done. The thread ends at the first turn after
+/// exchanging five times a second), a load no fleet of separate processes makes.
+///
+/// A turn found late by up to [`PACER_SLACK`] is given at once. Later than that, the pacing
+/// thread itself was held up (the machine is shared with the server), which would not hold
+/// up a fleet's separate processes: rather than give every missed turn in one burst, the
+/// schedule moves on by as much and then catches up at twice the rate (so a run still offers
+/// every turn of its duration), and the returned [`HeldUp`] counts it. A client still busy with
+/// its last exchange takes its next turn when done. The thread ends at the first turn after
 /// `stop` is set.
-fn pace(turns: Vec<Arc<tokio::sync::Notify>>, period: Duration, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+fn pace(
+    turns: Vec<Arc<tokio::sync::Notify>>,
+    period: Duration,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Arc<HeldUp>> {
     use tollgate_core::time::Clock;
-    let phases = phases(turns.len(), period);
+    let mut schedule = Schedule::new(phases(turns.len(), period), period);
+    let held_up = Arc::new(HeldUp::default());
+    let counted = held_up.clone();
     std::thread::Builder::new()
         .name("pacer".into())
         .spawn(move || {
             let clock = tollgate_client::clock::MonotonicClock::new();
             let begin = clock.now();
-            'run: for round in 0u32.. {
-                for &(phase, c) in &phases {
-                    if stop.load(Ordering::Relaxed) {
-                        break 'run;
-                    }
-                    let due = period * round + phase;
-                    let since = clock.now().since(begin);
-                    if due > since {
-                        std::thread::sleep(due - since);
-                    }
-                    turns[c].notify_one();
+            while !stop.load(Ordering::Relaxed) {
+                let (c, due) = schedule.next();
+                let since = clock.now().since(begin);
+                if due > since {
+                    std::thread::sleep(due - since);
+                } else if let Some(late) = schedule.found_at(due, since) {
+                    counted.times.fetch_add(1, Ordering::Relaxed);
+                    let ns = u64::try_from(late.as_nanos()).unwrap_or(u64::MAX);
+                    counted.longest_ns.fetch_max(ns, Ordering::Relaxed);
                 }
+                turns[c].notify_one();
             }
         })
         .context("cannot start the load program's pacing thread")?;
-    Ok(())
+    Ok(held_up)
+}
+
+/// The pacer's turns in order, each with when it is due (since the start); see [`pace`].
+struct Schedule {
+    phases: Vec<(Duration, usize)>,
+    period: Duration,
+    /// The next turn: its round and its place in the phases.
+    round: u32,
+    at: usize,
+    /// How far behind the phases the turns are due, after the pacer was held up.
+    shift: Duration,
+    /// The phase-given time of the turn before.
+    last: Duration,
+}
+
+impl Schedule {
+    fn new(phases: Vec<(Duration, usize)>, period: Duration) -> Self {
+        Self { phases, period, round: 0, at: 0, shift: Duration::ZERO, last: Duration::ZERO }
+    }
+
+    /// The next turn: its client, and when it is due.
+    fn next(&mut self) -> (usize, Duration) {
+        let (phase, c) = self.phases[self.at];
+        let nominal = self.period * self.round + phase;
+        // Catching up at twice the rate: half of each gap comes off the shift.
+        self.shift = self.shift.saturating_sub((nominal - self.last) / 2);
+        self.last = nominal;
+        self.at += 1;
+        if self.at == self.phases.len() {
+            (self.at, self.round) = (0, self.round + 1);
+        }
+        (c, nominal + self.shift)
+    }
+
+    /// A turn due at `due` was found at `now`, no earlier: how late it is, when the pacer was
+    /// held up (beyond [`PACER_SLACK`]), the turns after it then moving on by as much.
+    fn found_at(&mut self, due: Duration, now: Duration) -> Option<Duration> {
+        let late = now.saturating_sub(due);
+        (late > PACER_SLACK).then(|| {
+            self.shift += late;
+            late
+        })
+    }
 }
 
 /// Each of `clients` clients' phase within `period`, drawn at random from a fixed seed, in
@@ -740,6 +813,66 @@ mod tests {
         let mut per_ms = [0u32; 200];
         p.iter().for_each(|(ph, _)| per_ms[ph.as_millis() as usize] += 1);
         assert!(per_ms.iter().all(|&n| n <= 20) && per_ms[..100].iter().sum::<u32>().abs_diff(500) < 60);
+    }
+
+    /// The pacer's turns when it finds itself at `found` (a function of the turn's due time):
+    /// `(client, when given)` for the first `n`.
+    fn turns(
+        n: usize,
+        period: Duration,
+        clients: usize,
+        found: impl Fn(Duration) -> Duration,
+    ) -> Vec<(usize, Duration)> {
+        let mut s = Schedule::new(phases(clients, period), period);
+        (0..n)
+            .map(|_| {
+                let (c, due) = s.next();
+                let now = found(due).max(due);
+                s.found_at(due, now);
+                (c, now)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn on_time_each_client_has_its_turn_once_a_period_at_its_phase() {
+        let period = Duration::from_millis(200);
+        let t = turns(3000, period, 1000, |due| due);
+        let p = phases(1000, period);
+        for (k, &(c, due)) in t.iter().enumerate() {
+            let (phase, client) = p[k % 1000];
+            assert_eq!((c, due), (client, period * (k / 1000) as u32 + phase));
+        }
+    }
+
+    #[test]
+    fn a_pacer_held_up_catches_up_at_twice_the_rate_not_in_one_burst() {
+        let period = Duration::from_millis(200);
+        let (stall_from, stall) = (Duration::from_millis(300), Duration::from_millis(10));
+        // The pacer, from 300 ms on, finds itself 10 ms late once: the turns due meanwhile.
+        let t = turns(5000, period, 1000, |due| {
+            if due >= stall_from && due < stall_from + stall { stall_from + stall } else { due }
+        });
+        let on_time = turns(5000, period, 1000, |due| due);
+        // Every turn is given, in the same order, and no turn earlier than its phase.
+        assert!(t.iter().zip(&on_time).all(|(a, b)| a.0 == b.0 && a.1 >= b.1));
+        // The missed ones are not given all at once: in any tenth of a millisecond after the
+        // stall, at most as many turns as in the busiest tenth on time, twice over (the 50 or
+        // so due during the stall would come in one instant otherwise).
+        let tenth = Duration::from_micros(100);
+        let busiest = |v: &[(usize, Duration)]| {
+            let mut per_tenth = std::collections::HashMap::new();
+            v.iter().for_each(|(_, d)| *per_tenth.entry(d.as_nanos() / tenth.as_nanos()).or_insert(0) += 1);
+            per_tenth.into_values().max().unwrap()
+        };
+        let on_time_busiest = busiest(&on_time);
+        assert!(on_time_busiest < 10, "{on_time_busiest}");
+        assert!(busiest(&t) <= 2 * on_time_busiest, "{} against {on_time_busiest}", busiest(&t));
+        // Caught up within twice the stall, and on schedule after.
+        let after =
+            |v: &[(usize, Duration)]| v.iter().position(|(_, d)| *d >= Duration::from_millis(340)).unwrap();
+        assert_eq!(after(&t), after(&on_time));
+        assert_eq!(t[after(&t)..], on_time[after(&on_time)..]);
     }
 
     #[test]
