@@ -25,7 +25,7 @@ cargo build --release -q --manifest-path benches/peers/Cargo.toml --examples
 BIN=target/release/tollgate
 PEERS=benches/peers/target/release/examples
 DATA=$(mktemp -d)
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. scripts/lib.sh
 SERVER=
 stop_server() {
   if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
@@ -44,7 +44,7 @@ start_server() {
   HTTP=127.0.0.1:$(free_port)
   "$BIN" server --data "$DATA/store" --grpc "$GRPC" --http "$HTTP" >"$DATA/server.log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 100); do "$BIN" status --server "http://$GRPC" >/dev/null 2>&1 && return; sleep 0.1; done
+  wait_for_server "$BIN" "$GRPC" && return
   echo "the server did not start:" >&2
   cat "$DATA/server.log" >&2
   exit 1

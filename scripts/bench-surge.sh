@@ -12,7 +12,7 @@ cargo build --release -q -p tollgate-client --example kv-service
 BIN=target/release/tollgate
 KV=${KV:-target/release/examples/kv-service}
 DATA=$(mktemp -d)
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. scripts/lib.sh
 GRPC=127.0.0.1:$(free_port)
 HTTP=127.0.0.1:$(free_port)
 SERVICE=127.0.0.1:$(free_port)
@@ -25,7 +25,7 @@ trap cleanup EXIT
 # One service, one zone: no zone to ignore.
 "$BIN" server --data "$DATA" --grpc "$GRPC" --http "$HTTP" --ignore-worst-zones 0 >"$DATA/server.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 100); do "$BIN" status --server "http://$GRPC" >/dev/null 2>&1 && break; sleep 0.1; done
+wait_for_server "$BIN" "$GRPC" || true
 "$KV" --controller "http://$GRPC" --listen "$SERVICE" --capacity 1000000 --concurrency 4 >"$DATA/kv.log" 2>&1 &
 KV_PID=$!
 for _ in $(seq 100); do grep -q "listening on" "$DATA/kv.log" && break; sleep 0.1; done
