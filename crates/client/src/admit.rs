@@ -118,7 +118,9 @@ impl Inner {
         if hit == Some(true) {
             return Some(Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }));
         }
-        Some(self.admit_bucket(g, bucket, &priced, generation))
+        // The cost alone, priced again there: a price passed on would be stored to memory
+        // on every call, refusals at low rates included, for this call's sake.
+        Some(self.admit_bucket(g, bucket, cost, generation))
     }
 
     /// The rest of [`try_admit_bucket`](Self::try_admit_bucket): reads the clock, then admits
@@ -127,11 +129,10 @@ impl Inner {
         &self,
         g: &'g Group,
         bucket: &Bucket,
-        priced: &Priced,
+        cost: f64,
         generation: u64,
     ) -> Result<Permit<'g>, AcquireError> {
-        let cost = priced.cost();
-        let now = self.now_for(priced);
+        let now = self.now_for(&bucket.price(cost));
         self.tick(now);
         let batch = stash_batch(bucket);
         let outcome = g.with_local(|tally, stash| {
@@ -180,7 +181,7 @@ impl Inner {
             self.refused(g, cost, Some(Refusal::Wait(wait)));
         }
         g.check_debt(now);
-        g.record(|t| count_refusal(t, cost));
+        g.record(move |t| count_refusal(t, cost));
         AcquireError::Throttled { group: g.name.clone(), retry_after: wait }
     }
 
@@ -199,7 +200,7 @@ impl Inner {
     ) -> AcquireError {
         self.refused(g, cost, refusal);
         g.check_debt(now);
-        g.record(|t| count_refusal(t, cost));
+        g.record(move |t| count_refusal(t, cost));
         AcquireError::Throttled { group: g.name.clone(), retry_after }
     }
 
@@ -304,7 +305,7 @@ impl Drop for Booking<'_> {
 /// Counts an admission in the group's per-thread tally.
 #[inline(always)]
 fn count_admitted(g: &Group, cost: f64, waited: bool) {
-    g.record(|t| count_in(t, cost, waited));
+    g.record(move |t| count_in(t, cost, waited));
 }
 
 /// Counts a refusal of `cost` in a tally: the request, and its millionths beyond one unit (see

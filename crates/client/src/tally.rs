@@ -15,7 +15,7 @@
 //! comes back to soon gets a tally on its second miss, while a thread cycling through
 //! thousands of names, by name, never makes and retires a tally per call.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -237,31 +237,66 @@ struct Local {
     /// four cache lines, not an entry's worth each. Zero where there is no entry (ids start
     /// at one).
     ids: [u64; LOCAL_GROUPS_MAX],
-    /// A bit per residue of an id modulo [`PRESENCE_BITS`], set when an id in `ids` has it: a
-    /// group whose bit is clear is not there, known without a scan (a thread taking turns
-    /// among many groups misses on most calls, and the scan was most of such a call). With
-    /// the cache full, one group in 32 not in it finds its bit set.
-    present: [u64; PRESENCE_WORDS],
     entries: Vec<Entry>,
+}
+
+/// What a thread's cache knows of the groups not in it, in cells beside [`Local`] rather than
+/// inside it: whether a group passes the cache by is answered without borrowing the cache,
+/// nor checking that the thread's storage is set up (a thread-local with nothing to drop
+/// needs no such check). Written by [`Local::find_or_insert`] as the cache changes, and by
+/// [`passes_by`].
+struct Passing {
+    /// Whether the cache is full: only then is a group passed by.
+    full: Cell<bool>,
+    /// A bit per residue of an id modulo [`PRESENCE_BITS`], set when an id in the cache has
+    /// it: a group whose bit is clear is not there, known without a scan (a thread taking
+    /// turns among many groups misses on most calls, and the scan was most of such a call).
+    /// With the cache full, one group in 32 not in it finds its bit set.
+    present: [Cell<u64>; PRESENCE_WORDS],
     /// The group last missed with the cache full, by slot (`id % DOORKEEPER_SLOTS`).
-    missed: [u64; DOORKEEPER_SLOTS],
+    missed: [Cell<u64>; DOORKEEPER_SLOTS],
 }
 
 impl Drop for Local {
     fn drop(&mut self) {
+        // No longer named as the front before the tallies go.
+        FRONT.set(Front::NONE);
+        PASSING.with(|p| p.full.set(false));
         self.entries.drain(..).for_each(retire);
     }
 }
 
+/// The thread's front tally, named apart from [`Local`]: a count for the group at the front,
+/// the one a thread admitting for one group counts every call in, reads it with two loads,
+/// no borrow flag to set and clear, no check that the thread's storage is set up (a
+/// thread-local with nothing to drop needs none), no walk from the entries to the tally.
+#[derive(Clone, Copy)]
+struct Front {
+    /// The front entry's group id (zero when there is none: ids start at one).
+    id: u64,
+    /// Its tally, inside the entry's `Arc`.
+    tally: *const Tally,
+}
+
+impl Front {
+    const NONE: Front = Front { id: 0, tally: std::ptr::null() };
+}
+
 thread_local! {
     static LOCAL: RefCell<Local> = const {
-        RefCell::new(Local {
-            ids: [0; LOCAL_GROUPS_MAX],
-            present: [0; PRESENCE_WORDS],
-            entries: Vec::new(),
-            missed: [0; DOORKEEPER_SLOTS],
-        })
+        RefCell::new(Local { ids: [0; LOCAL_GROUPS_MAX], entries: Vec::new() })
     };
+    static PASSING: Passing = const {
+        Passing {
+            full: Cell::new(false),
+            present: [const { Cell::new(0) }; PRESENCE_WORDS],
+            missed: [const { Cell::new(0) }; DOORKEEPER_SLOTS],
+        }
+    };
+    /// Set by [`Local::publish_front`] whenever the front entry changes, and cleared before
+    /// the entries go when the thread exits, so its tally is always that of `entries[0]`,
+    /// kept alive by the entry's `Arc`.
+    static FRONT: Cell<Front> = const { Cell::new(Front::NONE) };
 }
 
 /// Runs `f` on this thread's tally for `owner`, creating it if need be, or, when the thread
@@ -270,26 +305,77 @@ thread_local! {
 /// The front tally inline, the rest in one call: the hot path of a refusal stays a few
 /// instructions, and a thread taking turns among a thousand groups by name, which counts
 /// nearly every call in the shared tally, pays one call to find that out and count there.
+/// `f` must not call back into this module.
 #[inline(always)]
 pub(crate) fn record<G: HasCounters>(owner: &G, me: &Weak<G>, f: impl Fn(&Tally)) {
     let counters = owner.counters();
-    let counted = LOCAL
-        .try_with(|local| {
-            let Ok(mut local) = local.try_borrow_mut() else { return false };
-            if local.ids[0] == counters.id
-                && let Some(first) = local.entries.first()
-            {
-                f(&first.tally);
-            } else {
-                local.record_missed(counters, me, &f);
-            }
-            true
-        })
-        .unwrap_or(false);
-    if !counted {
-        // The thread is exiting and its tallies are gone.
-        record_shared(counters, f);
+    let front = FRONT.get();
+    if front.id == counters.id {
+        debug_assert!(front_is_first(front), "FRONT names a tally other than the front entry's");
+        // SAFETY: `FRONT` names the tally of this thread's front entry (see `FRONT`), which
+        // the entry's `Arc` keeps alive for as long as it is named; the tally's cells are
+        // atomics, so counting through a shared reference is sound even while the thread's
+        // `Local` is borrowed further up the stack.
+        #[allow(unsafe_code)]
+        f(unsafe { &*front.tally });
+        return;
     }
+    record_behind(counters, me, f);
+}
+
+/// Whether `front` names this thread's front entry and its tally (or the thread's entries
+/// are borrowed or gone, when it cannot be told): what makes reading through it sound.
+fn front_is_first(front: Front) -> bool {
+    LOCAL
+        .try_with(|local| {
+            let Ok(local) = local.try_borrow() else { return true };
+            local
+                .entries
+                .first()
+                .is_some_and(|e| local.ids[0] == front.id && std::ptr::eq(&**e.tally, front.tally))
+        })
+        .unwrap_or(true)
+}
+
+/// [`record`] for a group not at the front: the shared tally when the thread passes it by
+/// (known from [`PASSING`] alone), else its tally brought to the front, or made; the shared
+/// tally again when the doorkeeper turns it away or the thread is exiting, its tallies gone.
+#[inline(never)]
+fn record_behind<G: HasCounters>(counters: &Counters, me: &Weak<G>, f: impl Fn(&Tally)) {
+    if !passes_by(counters.id) {
+        let counted = LOCAL
+            .try_with(|local| {
+                let Ok(mut local) = local.try_borrow_mut() else { return false };
+                let Some(first) = local.bring_to_front(counters, me) else { return false };
+                f(&first.tally);
+                true
+            })
+            .unwrap_or(false);
+        if counted {
+            return;
+        }
+    }
+    record_shared(counters, f);
+}
+
+/// Whether a group not at the front is to be counted in the shared tally this time: the
+/// cache is full, the group is not in it (its presence bit is clear), and its doorkeeper slot
+/// did not name it (it is named now). The rest, a scan or a tally taken in, is
+/// [`Local::find_or_insert`]'s.
+#[inline(always)]
+fn passes_by(id: u64) -> bool {
+    PASSING.with(|p| {
+        let (word, bit) = presence(id);
+        if !p.full.get() || p.present[word].get() & bit != 0 {
+            return false;
+        }
+        let slot = &p.missed[(id % DOORKEEPER_SLOTS as u64) as usize];
+        if slot.get() == id {
+            return false;
+        }
+        slot.set(id);
+        true
+    })
 }
 
 /// Runs `f` on this thread's tally and stash for `owner`, creating them if need be; `None`
@@ -327,37 +413,6 @@ fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
 }
 
 impl Local {
-    /// [`record`] for a group not at the front: its tally brought there, or made, or, when
-    /// the thread passes it by, the shared tally.
-    #[inline(never)]
-    fn record_missed<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>, f: &impl Fn(&Tally)) {
-        if !self.passes_by(counters.id)
-            && let Some(first) = self.bring_to_front(counters, me)
-        {
-            f(&first.tally);
-            return;
-        }
-        record_shared(counters, f);
-    }
-
-    /// Whether a group not at the front is to be counted in the shared tally this time,
-    /// known without a call: the cache is full, the group is not in it (its presence bit is
-    /// clear), and its doorkeeper slot did not name it (it is named now). The rest, a scan
-    /// or a tally taken in, is [`Local::find_or_insert`]'s.
-    #[inline(always)]
-    fn passes_by(&mut self, id: u64) -> bool {
-        let (word, bit) = presence(id);
-        if self.entries.len() < LOCAL_GROUPS_MAX || self.present[word] & bit != 0 {
-            return false;
-        }
-        let slot = &mut self.missed[(id % DOORKEEPER_SLOTS as u64) as usize];
-        if *slot == id {
-            return false;
-        }
-        *slot = id;
-        true
-    }
-
     /// The entry for `counters`, brought to the front (see [`Local::find_or_insert`]); `None`
     /// when the group is left to the shared tally this time.
     #[cold]
@@ -377,31 +432,36 @@ impl Local {
     /// counts them in the shared tally (`false`) instead of making and retiring a tally at
     /// every call, while a group it comes back to soon gets in at its second miss.
     fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> bool {
+        PASSING.with(|p| self.find_or_insert_in(p, counters, me))
+    }
+
+    fn find_or_insert_in<G: HasCounters>(&mut self, p: &Passing, counters: &Counters, me: &Weak<G>) -> bool {
         let len = self.entries.len();
         let (word, bit) = presence(counters.id);
-        if self.present[word] & bit != 0
+        if p.present[word].get() & bit != 0
             && let Some(i) = self.ids[..len].iter().position(|&id| id == counters.id)
         {
             self.ids.swap(0, i);
             self.entries.swap(0, i);
+            self.publish_front();
             return true;
         }
         if len >= LOCAL_GROUPS_MAX {
-            let slot = &mut self.missed[(counters.id % DOORKEEPER_SLOTS as u64) as usize];
-            if *slot != counters.id {
-                *slot = counters.id;
+            let slot = &p.missed[(counters.id % DOORKEEPER_SLOTS as u64) as usize];
+            if slot.get() != counters.id {
+                slot.set(counters.id);
                 return false;
             }
-            *slot = 0;
+            slot.set(0);
             retire(self.entries.pop().expect("full, so not empty"));
             // The retired id's bit may be another's too: made again from the ids left.
-            self.present = [0; PRESENCE_WORDS];
+            p.present.iter().for_each(|w| w.set(0));
             for &id in &self.ids[..len - 1] {
                 let (w, b) = presence(id);
-                self.present[w] |= b;
+                p.present[w].set(p.present[w].get() | b);
             }
         }
-        self.present[word] |= bit;
+        p.present[word].set(p.present[word].get() | bit);
         let tally = Arc::new(OwnTally::default());
         {
             let mut live = counters.live.lock().unwrap_or_else(PoisonError::into_inner);
@@ -413,15 +473,25 @@ impl Local {
         self.ids.copy_within(0..len, 1);
         self.ids[0] = counters.id;
         self.entries.insert(0, Entry { tally, owner, stash: Stash::default() });
+        p.full.set(self.entries.len() >= LOCAL_GROUPS_MAX);
+        self.publish_front();
         true
+    }
+
+    /// Names the front entry's tally in [`FRONT`], after any change to the front.
+    fn publish_front(&self) {
+        FRONT.set(match self.entries.first() {
+            Some(e) => Front { id: self.ids[0], tally: &**e.tally },
+            None => Front::NONE,
+        });
     }
 }
 
-/// Bits in [`Local`]'s `present`.
+/// Bits in [`Passing`]'s `present`.
 const PRESENCE_BITS: u64 = 1024;
 const PRESENCE_WORDS: usize = (PRESENCE_BITS / 64) as usize;
 
-/// Where `id`'s bit is in [`Local`]'s `present`: its residue modulo [`PRESENCE_BITS`].
+/// Where `id`'s bit is in [`Passing`]'s `present`: its residue modulo [`PRESENCE_BITS`].
 #[inline]
 fn presence(id: u64) -> (usize, u64) {
     let r = (id % PRESENCE_BITS) as usize;
