@@ -5,7 +5,7 @@
 //! (the embedded engine, a controller's grants, or a pool shared through Redis), and is done
 //! by the mode's own module through [`Groups`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -478,14 +478,52 @@ const MERGE_AFTER_MIN: usize = 64;
 /// a new table's.
 static NEXT_TABLE: AtomicU64 = AtomicU64::new(1);
 
+/// Which map a thread's copy is: the table's id, the table's generation when it was taken,
+/// and the map, which [`KEPT_MAP`] keeps alive.
+#[derive(Clone, Copy)]
+struct MapCopy {
+    table: u64,
+    generation: u64,
+    map: *const Map,
+}
+
+impl MapCopy {
+    /// No copy (table ids start at one).
+    const NONE: MapCopy = MapCopy { table: 0, generation: 0, map: std::ptr::null() };
+}
+
+/// Holds a thread's copy of a map; when the thread exits, stops [`MAP_COPY`] naming it before
+/// it goes.
+struct KeptMap(Option<Arc<Map>>);
+
+impl Drop for KeptMap {
+    fn drop(&mut self) {
+        let _ = MAP_COPY.try_with(|c| c.set(MapCopy::NONE));
+    }
+}
+
 thread_local! {
-    /// This thread's copy of the map it last read by name: the table's id, the table's
-    /// generation then, and the map. Reading `Groups::map` through arc-swap makes two locked
-    /// writes (a debt taken and paid back), a good part of an admission by name; a copy that is
-    /// current costs a load of the table's generation, which changes only with the map. A
-    /// thread keeps one copy at a time, so a map replaced since lives on at most until that
-    /// thread next looks a name up.
-    static LOCAL_MAP: RefCell<Option<(u64, u64, Arc<Map>)>> = const { RefCell::new(None) };
+    /// This thread's copy of the map it last read by name. Reading `Groups::map` through
+    /// arc-swap makes two locked writes (a debt taken and paid back), a good part of an
+    /// admission by name; a copy that is current costs a load of the table's generation,
+    /// which changes only with the map. A thread keeps one copy at a time, so a map replaced
+    /// since lives on at most until that thread next looks a name up.
+    static KEPT_MAP: RefCell<KeptMap> = const { RefCell::new(KeptMap(None)) };
+    /// Names the map [`KEPT_MAP`] holds, apart from it: a thread-local with nothing to drop
+    /// is read with no check that it is set up and no borrow, two of the few dozen
+    /// instructions of an admission by name. Changed only together with `KEPT_MAP`.
+    static MAP_COPY: Cell<MapCopy> = const { Cell::new(MapCopy::NONE) };
+}
+
+/// Whether `copy` names the map this thread keeps (or the thread's copy is borrowed or gone,
+/// when it cannot be told): what makes reading through it sound.
+fn copy_is_kept(copy: MapCopy) -> bool {
+    KEPT_MAP
+        .try_with(|kept| {
+            kept.try_borrow()
+                .map_or(true, |kept| kept.0.as_ref().is_some_and(|m| std::ptr::eq(Arc::as_ptr(m), copy.map)))
+        })
+        .unwrap_or(true)
 }
 
 impl Groups {
@@ -528,27 +566,21 @@ impl Groups {
     }
 
     /// Runs `f` on the lock-free map, through this thread's copy of it when that is current.
+    /// `f` must not look names up itself (it could replace the copy it is reading).
     #[inline(always)]
     fn with_map<R>(&self, f: impl FnOnce(&Map) -> R) -> R {
         let generation = self.generation.load(Ordering::Acquire);
-        let mut f = Some(f);
-        let fast = LOCAL_MAP
-            .try_with(|local| {
-                let copy = local.try_borrow().ok()?;
-                match &*copy {
-                    Some((id, seen, map)) if *id == self.id && *seen == generation => {
-                        f.take().map(|f| f(map))
-                    }
-                    _ => None,
-                }
-            })
-            .ok()
-            .flatten();
-        match (fast, f) {
-            (Some(r), _) => r,
-            (None, Some(f)) => self.with_new_copy(f),
-            (None, None) => unreachable!("f runs only when it answers"),
+        let copy = MAP_COPY.try_with(Cell::get).unwrap_or(MapCopy::NONE);
+        if copy.table == self.id && copy.generation == generation {
+            debug_assert!(copy_is_kept(copy), "MAP_COPY names a map KEPT_MAP does not hold");
+            // SAFETY: `MAP_COPY` names the map `KEPT_MAP` holds: `with_new_copy` changes the
+            // two together, and `KeptMap`'s drop stops the name before the map goes. Only a
+            // look-up on this thread replaces it, and `f` makes none, so the map lives
+            // through `f`.
+            #[allow(unsafe_code)]
+            return f(unsafe { &*copy.map });
         }
+        self.with_new_copy(f)
     }
 
     /// Takes a copy of the current map for this thread, then runs `f` on it.
@@ -560,9 +592,12 @@ impl Groups {
         let map = self.map.load_full();
         // Kept only when no call on this thread is reading its copy, and not while the thread
         // exits (its copy is gone then).
-        let _ = LOCAL_MAP.try_with(|local| {
-            if let Ok(mut copy) = local.try_borrow_mut() {
-                *copy = Some((self.id, generation, map.clone()));
+        let _ = KEPT_MAP.try_with(|kept| {
+            if let Ok(mut kept) = kept.try_borrow_mut() {
+                // Not named while the old copy goes, and named once the new one is held.
+                MAP_COPY.set(MapCopy::NONE);
+                kept.0 = Some(map.clone());
+                MAP_COPY.set(MapCopy { table: self.id, generation, map: Arc::as_ptr(&map) });
             }
         });
         f(&map)

@@ -309,7 +309,9 @@ thread_local! {
 #[inline(always)]
 pub(crate) fn record<G: HasCounters>(owner: &G, me: &Weak<G>, f: impl Fn(&Tally)) {
     let counters = owner.counters();
-    let front = FRONT.get();
+    // `try_with`, which the compiler inlines where `with` (and so `get`) stayed a call in
+    // admission by name: for a thread-local with nothing to drop it never fails.
+    let front = FRONT.try_with(Cell::get).unwrap_or(Front::NONE);
     if front.id == counters.id {
         debug_assert!(front_is_first(front), "FRONT names a tally other than the front entry's");
         // SAFETY: `FRONT` names the tally of this thread's front entry (see `FRONT`), which
