@@ -595,6 +595,41 @@ mod tests {
         assert!(o.counters.live.lock().unwrap().is_empty());
     }
 
+    /// Counts a request of its group when the thread's storage is torn down.
+    struct CountsOnExit(Option<Arc<Owner>>);
+
+    impl Drop for CountsOnExit {
+        fn drop(&mut self) {
+            if let Some(o) = self.0.take() {
+                record(&*o, &Arc::downgrade(&o), |t| Tally::bump(&t.admitted, 1));
+            }
+        }
+    }
+
+    thread_local! {
+        static ON_EXIT: RefCell<CountsOnExit> = const { RefCell::new(CountsOnExit(None)) };
+    }
+
+    #[test]
+    fn a_count_made_while_the_thread_exits_after_its_tallies_are_gone_still_adds_up() {
+        // Made ready before the thread's tallies exist, so torn down after them (a thread's
+        // storage goes in the reverse order it was set up): its count then finds no front
+        // tally, not the one just folded and freed, and goes to the shared tally.
+        let o = owner();
+        let o2 = o.clone();
+        std::thread::spawn(move || {
+            ON_EXIT.with(|e| e.borrow_mut().0 = Some(o2.clone()));
+            for _ in 0..3 {
+                record(&*o2, &Arc::downgrade(&o2), |t| Tally::bump(&t.admitted, 1));
+            }
+            assert_eq!(o2.counters.live.lock().unwrap().len(), 1, "counted in a tally of the thread's own");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(o.counters.totals().admitted, 4);
+        assert!(o.counters.live.lock().unwrap().is_empty());
+    }
+
     #[test]
     fn counts_from_many_threads_all_add_up() {
         let o = owner();
