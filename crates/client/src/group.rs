@@ -590,8 +590,9 @@ impl Groups {
         // The generation first: a copy is never newer than the generation it is kept with.
         let generation = self.generation.load(Ordering::Acquire);
         let map = self.map.load_full();
-        // Kept only when no call on this thread is reading its copy, and not while the thread
-        // exits (its copy is gone then).
+        // Kept unless the thread is exiting (its copy is gone then). A reader of the copy holds
+        // no borrow (it reads through `MAP_COPY`), which is why `with_map`'s `f` may make no
+        // look-up: this would drop the map it reads.
         let _ = KEPT_MAP.try_with(|kept| {
             if let Ok(mut kept) = kept.try_borrow_mut() {
                 // Not named while the old copy goes, and named once the new one is held.
