@@ -26,10 +26,10 @@ use crate::tally::{self, Counters, HasCounters, Stash, Tally, Totals};
 /// Units are counted in millionths, so fractional costs (0.475 RU) add up exactly enough.
 #[inline]
 pub(crate) fn micros(units: f64) -> u64 {
-    // Adding a half and truncating rounds without a libm call (costs are never negative).
-    // A cost of one, the most common, without a conversion; others through i64, one
-    // conversion instruction (costs are checked finite and not negative).
-    if units == 1.0 { 1_000_000 } else { (units * 1e6 + 0.5) as i64 as u64 }
+    // Adding a half and truncating rounds without a libm call (costs are never negative),
+    // through i64, whose conversion is one instruction (and its range checks). A shortcut for
+    // a cost of one gave the same code: the compiler folds it, the conversion giving the same.
+    (units * 1e6 + 0.5) as i64 as u64
 }
 
 pub(crate) fn units(micros: u64) -> f64 {
