@@ -371,13 +371,28 @@ fn passes_by(id: u64) -> bool {
         if !p.full.get() || p.present[word].get() & bit != 0 {
             return false;
         }
-        let slot = &p.missed[(id % DOORKEEPER_SLOTS as u64) as usize];
+        p.turned_away(id)
+    })
+}
+
+impl Passing {
+    /// The doorkeeper slot of a group's id.
+    #[inline(always)]
+    fn slot(&self, id: u64) -> &Cell<u64> {
+        &self.missed[(id % DOORKEEPER_SLOTS as u64) as usize]
+    }
+
+    /// The doorkeeper's answer for a group missed with the cache full: turned away, and named
+    /// in its slot, unless the slot already names it (the group missed a short while before).
+    #[inline(always)]
+    fn turned_away(&self, id: u64) -> bool {
+        let slot = self.slot(id);
         if slot.get() == id {
             return false;
         }
         slot.set(id);
         true
-    })
+    }
 }
 
 /// Runs `f` on this thread's tally and stash for `owner`, creating them if need be; `None`
@@ -420,7 +435,7 @@ impl Local {
     #[cold]
     #[inline(never)]
     fn bring_to_front<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> Option<&mut Entry> {
-        if self.find_or_insert(counters, me) { self.entries.first_mut() } else { None }
+        if PASSING.with(|p| self.find_or_insert(p, counters, me)) { self.entries.first_mut() } else { None }
     }
 
     #[cold]
@@ -433,11 +448,7 @@ impl Local {
     /// its doorkeeper slot: a thread taking turns among more groups than the cache holds
     /// counts them in the shared tally (`false`) instead of making and retiring a tally at
     /// every call, while a group it comes back to soon gets in at its second miss.
-    fn find_or_insert<G: HasCounters>(&mut self, counters: &Counters, me: &Weak<G>) -> bool {
-        PASSING.with(|p| self.find_or_insert_in(p, counters, me))
-    }
-
-    fn find_or_insert_in<G: HasCounters>(&mut self, p: &Passing, counters: &Counters, me: &Weak<G>) -> bool {
+    fn find_or_insert<G: HasCounters>(&mut self, p: &Passing, counters: &Counters, me: &Weak<G>) -> bool {
         let len = self.entries.len();
         let (word, bit) = presence(counters.id);
         if p.present[word].get() & bit != 0
@@ -449,12 +460,10 @@ impl Local {
             return true;
         }
         if len >= LOCAL_GROUPS_MAX {
-            let slot = &p.missed[(counters.id % DOORKEEPER_SLOTS as u64) as usize];
-            if slot.get() != counters.id {
-                slot.set(counters.id);
+            if p.turned_away(counters.id) {
                 return false;
             }
-            slot.set(0);
+            p.slot(counters.id).set(0);
             retire(self.entries.pop().expect("full, so not empty"));
             // The retired id's bit may be another's too: made again from the ids left.
             p.present.iter().for_each(|w| w.set(0));
