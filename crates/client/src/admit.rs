@@ -88,7 +88,8 @@ impl Inner {
     ) -> Option<Result<Permit<'g>, AcquireError>> {
         let bucket = g.bucket()?;
         // Two comparisons (NaN fails both): the ceiling is finite, so an infinite cost too.
-        if !(cost >= 0.0 && cost <= g.finite_ceiling) {
+        // A cost just above the rounded ceiling is checked exactly by `admit`.
+        if !(cost >= 0.0 && cost <= f64::from(g.quick_ceiling)) {
             return None;
         }
         let priced = bucket.price(cost);

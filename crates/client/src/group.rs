@@ -20,7 +20,7 @@ use tollgate_core::time::Nanos;
 
 use crate::clock::ClockSource;
 use crate::error::AcquireError;
-use crate::names::{HasName, NameMap};
+use crate::names::{HasName, NameMap, ShortName};
 use crate::tally::{self, Counters, HasCounters, Stash, Tally, Totals};
 
 /// Units are counted in millionths, so fractional costs (0.475 RU) add up exactly enough.
@@ -34,6 +34,15 @@ pub(crate) fn micros(units: f64) -> u64 {
 
 pub(crate) fn units(micros: u64) -> f64 {
     micros as f64 / 1e6
+}
+
+/// `x` (not negative) as the largest `f32` not above it, `f32::MAX` where it is larger.
+fn round_down_f32(x: f64) -> f32 {
+    let near = x as f32;
+    if !near.is_finite() {
+        return f32::MAX;
+    }
+    if f64::from(near) > x { near.next_down() } else { near }
 }
 
 /// How a group admits, as a mode makes it.
@@ -59,10 +68,12 @@ pub(crate) enum Limiter<'a> {
 /// caches (`repr(C)`, aligned to a cache line): everything such an admission reads or writes
 /// sits on the state's second line, so it waits for one line, as governor's keyed limiter
 /// does for its slot. That line holds the bucket's last 32 bytes (its time and rate: see
-/// [`Bucket::ADMISSION_OFFSET`]), the flags, the ceiling a cost is checked against, the
-/// counters' id and the shared tally's admissions. The first line holds the name, the weak
-/// pointer to itself and the bucket's other fields; the reference count is on a line
-/// before it (an admission by name takes no reference).
+/// [`Bucket::ADMISSION_OFFSET`]), the flags, the name's short form (a name of up to 16
+/// bytes is compared there), the ceiling a cost is checked against and the shared tally's
+/// admissions (a thread's tallies know the group by its counters' address, which takes no
+/// load). The first line holds the name, the weak pointer to itself and the bucket's other
+/// fields; the reference count is on a line before it (an admission by name takes no
+/// reference).
 #[repr(C, align(64))]
 pub(crate) struct Group {
     pub(crate) name: GroupName,
@@ -78,9 +89,12 @@ pub(crate) struct Group {
     repaying: AtomicBool,
     /// Whether the group admits through `epoch` (set once, at the start).
     by_epoch: bool,
-    /// `burst_ceiling`, or `f64::MAX` where it is infinite: a finite bound the hot path
-    /// checks a cost against in one comparison.
-    pub(crate) finite_ceiling: f64,
+    /// `name`'s short form, what a look-up by name compares.
+    short_name: ShortName,
+    /// `burst_ceiling` rounded down to an `f32` (`f32::MAX` where it is larger): a finite
+    /// bound the hot path checks a cost against in one comparison, in four bytes. A cost
+    /// above it and within `burst_ceiling` takes the longer path, which checks that.
+    pub(crate) quick_ceiling: f32,
     pub(crate) counters: Counters,
     /// Settlements: units added to (debt) or taken from (returned) admitted costs.
     pub(crate) settled_up_micro: AtomicU64,
@@ -148,6 +162,7 @@ impl Group {
             LimiterState::Epoch(share) => (Bucket::new(f64::INFINITY, f64::INFINITY, Nanos(0)), Some(share)),
         };
         Arc::new_cyclic(|me| Group {
+            short_name: ShortName::of(name.as_str()),
             name,
             by_epoch: epoch.is_some(),
             bucket,
@@ -160,7 +175,7 @@ impl Group {
             largest_cost: AtomicU64::new(0f64.to_bits()),
             clock: clock.clone(),
             burst_ceiling,
-            finite_ceiling: burst_ceiling.min(f64::MAX),
+            quick_ceiling: round_down_f32(burst_ceiling),
             allowance: AtomicU64::new(0f64.to_bits()),
             demand: AtomicU64::new(0f64.to_bits()),
             used: AtomicBool::new(false),
@@ -410,6 +425,11 @@ impl HasName for Arc<Group> {
     #[inline(always)]
     fn name(&self) -> &GroupName {
         &self.name
+    }
+
+    #[inline(always)]
+    fn short_name(&self) -> ShortName {
+        self.short_name
     }
 }
 
@@ -787,7 +807,7 @@ mod tests {
     }
 
     /// An admission by name reads, and writes, only the group's second line: the bucket's
-    /// time and rate, the flags, the ceiling, the counters' id and the shared admissions.
+    /// time and rate, the flags, the name's short form, the ceiling and the shared admissions.
     #[test]
     fn what_an_admission_reads_sits_on_the_groups_second_line() {
         use std::mem::{align_of, offset_of, size_of};
@@ -799,12 +819,25 @@ mod tests {
             offset_of!(Group, used),
             offset_of!(Group, repaying),
             offset_of!(Group, by_epoch),
-            offset_of!(Group, finite_ceiling),
+            offset_of!(Group, short_name),
+            offset_of!(Group, quick_ceiling),
             offset_of!(Group, counters),
         ] {
             assert!(line.contains(&field), "{field}");
         }
         let hot_end = offset_of!(Group, counters) + tally::COUNTERS_HOT_END;
         assert!(hot_end <= line.end, "the hot fields end at {hot_end}");
+        assert!(offset_of!(Group, short_name) + size_of::<ShortName>() <= offset_of!(Group, quick_ceiling));
+    }
+
+    #[test]
+    fn the_quick_ceiling_is_never_above_the_ceiling() {
+        for x in [0.0, 1e-50, 0.1, 1.0, 3.0, 1e6 + 0.1, 123_456_789.123, 1e38, 3.5e38, 1e300, f64::MAX] {
+            let q = round_down_f32(x);
+            assert!(f64::from(q) <= x, "{x}: {q}");
+            assert!(f64::from(q.next_up()) > x || q == f32::MAX, "{x}: {q} is not the largest");
+        }
+        assert_eq!(round_down_f32(f64::INFINITY), f32::MAX);
+        assert_eq!(round_down_f32(2.0), 2.0);
     }
 }
