@@ -58,6 +58,7 @@ echo "== 2. admission by name, beside governor's keyed check_key_n"
 "$PEERS/by_name_rounds" 1 5
 "$PEERS/by_name_rounds" 1000 5
 "$PEERS/by_name_rounds" 1000 5 shuffled
+"$PEERS/by_name_rounds" 10000 5 shuffled
 "$PEERS/by_name_rounds" 100000 5
 "$PEERS/by_name_rounds" 100000 5 shuffled
 
