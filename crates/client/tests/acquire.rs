@@ -91,3 +91,23 @@ async fn a_cost_that_can_never_fit_fails_at_once_instead_of_waiting() {
     let e = g.acquire("a", f64::NAN).await.unwrap_err();
     assert!(matches!(e, AcquireError::InvalidCost(_)), "{e}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_just_below_the_ceiling_is_admitted_where_the_quick_check_rounds_it_down() {
+    // The hot path checks a cost against the ceiling rounded down to an f32 (1,000,000.0
+    // here); a cost between that and the exact ceiling takes the longer path, which must
+    // admit it, and one above it is never admissible, by name and by handle alike.
+    let g = gate("[node]\nmax_wait_ms = 0\n[groups.a]\nlimit = 1000000.1\n[groups.b]\nlimit = 1000000.1\n");
+    g.try_acquire("a", 1_000_000.1).expect("within the ceiling, by name");
+    for cost in [1_000_000.11, 1_000_000.2] {
+        let e = g.try_acquire("a", cost).unwrap_err();
+        assert!(matches!(e, AcquireError::NeverAdmissible { .. }), "{cost}: {e}");
+        assert_eq!(g.stats("a").unwrap().throttled, 0, "{cost}: not counted as a refusal");
+    }
+    let b = g.group("b").unwrap();
+    b.try_acquire(1_000_000.1).expect("within the ceiling, by handle");
+    for cost in [1_000_000.11, 1_000_000.2] {
+        let e = b.try_acquire(cost).unwrap_err();
+        assert!(matches!(e, AcquireError::NeverAdmissible { .. }), "{cost}: {e}");
+    }
+}
