@@ -7,6 +7,7 @@
 #   --criterion  also the criterion peers bench (governor, limitador; about 3 minutes)
 #   --surge      also scripts/bench-surge.sh (a surge against examples/kv-service; about 1 minute)
 # Takes about 2 minutes without them, 5 with both, on 2 cores. Run it on a quiet machine.
+# Ends with each figure against its goal, "met" or "NOT MET".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CRITERION=0
@@ -50,46 +51,95 @@ start_server() {
   exit 1
 }
 
+# The figures against their goals, printed at the end.
+VERDICTS="$DATA/verdicts"
+: >"$VERDICTS"
+# verdict WHAT VALUE OP GOAL: records whether VALUE OP GOAL holds (OP is <=, < or >=); a value
+# that could not be read is NOT MET.
+verdict() {
+  awk -v what="$1" -v v="$2" -v op="$3" -v goal="$4" 'BEGIN {
+    x = v + 0; g = goal + 0
+    ok = (v != "") && ((op == "<=") ? (x <= g) : (op == "<") ? (x < g) : (x >= g))
+    printf "%-58s %12s  goal %s %-9s %s\n", what, (v == "" ? "?" : v), op, goal, (ok ? "met" : "NOT MET")
+  }' >>"$VERDICTS"
+}
+# The number after WORD in LINE.
+after() { awk -v w="$1" '{ for (i = 1; i < NF; i++) if ($i == w) { v = $(i + 1) } } END { sub(/[^0-9.]+$/, "", v); print v }' <<<"$2"; }
+
 echo "== 1. a group's handle at 10,000 and 100,000 units/s, beside governor's check_n"
-"$PEERS/rate_rounds" 10000 5 | tail -1
-"$PEERS/rate_rounds" 100000 5 | tail -1
+for rate in 10000 100000; do
+  line=$("$PEERS/rate_rounds" "$rate" 5 | tail -1)
+  echo "$line"
+  verdict "1. handle at $rate units/s, × governor" "$(after ratio "$line")" "<=" 0.8
+done
 
 echo "== 2. admission by name, beside governor's keyed check_key_n"
-"$PEERS/by_name_rounds" 1 5
-"$PEERS/by_name_rounds" 1000 5
-"$PEERS/by_name_rounds" 1000 5 shuffled
-"$PEERS/by_name_rounds" 10000 5 shuffled
-"$PEERS/by_name_rounds" 100000 5
-"$PEERS/by_name_rounds" 100000 5 shuffled
+for keys in "1" "1000" "1000 shuffled" "10000 shuffled" "100000" "100000 shuffled"; do
+  # shellcheck disable=SC2086 # the keys and the order, as two arguments
+  set -- $keys
+  line=$("$PEERS/by_name_rounds" "$1" 5 ${2:-})
+  echo "$line"
+  verdict "2. by name, $keys keys, × governor" "$(after ratio "$line")" "<=" 1
+done
 
 echo "== 4. the controller: 1,000 clients × 100 groups, as fast as it answers"
 start_server
 load() { "$BIN" bench exchange --server "http://$GRPC" --clients 1000 --groups 100 "$@"; }
 load --duration 3 --rate 5 >/dev/null
-load --duration 10 --rate 0 --server-pid "$SERVER" | grep -E "grants/s|CPU"
+out=$(load --duration 10 --rate 0 --server-pid "$SERVER" | grep -E "grants/s|CPU")
+echo "$out"
+verdict "4. controller, group grants a second" "$(after grants/s "$out")" ">=" 1000000
 echo "== 4. p99 at half the goal's load (500,000 group grants a second), three runs"
-for _ in 1 2 3; do
+for run in 1 2 3; do
   start_server
   load --duration 3 --rate 5 >/dev/null
-  load --duration 10 --rate 5 --server-pid "$SERVER" --server-http "$HTTP" | grep -E "latency|CPU"
+  out=$(load --duration 10 --rate 5 --server-pid "$SERVER" --server-http "$HTTP" | grep -E "latency|CPU")
+  echo "$out"
+  verdict "4. p99 at 500,000 grants a second (run $run), ms" "$(after p99 "$out")" "<=" 1
 done
 
 echo "== 4. 10,000 throttled clients' exchanges"
 start_server
-"$BIN" bench accuracy --server "http://$GRPC" --clients 10000 --limit 100000 --duration 10 --server-http "$HTTP" \
-  | grep -E "asked 2×|exchanges/s"
+out=$("$BIN" bench accuracy --server "http://$GRPC" --clients 10000 --limit 100000 --duration 10 --server-http "$HTTP" \
+  | grep -E "asked 2×|exchanges/s")
+echo "$out"
+# One exchange a client per tick (a second), and the few per cent more of a client whose
+# share's burst fell below one request.
+verdict "4. exchanges a throttled client a second" "$(sed -n 's/.*, \([0-9.]*\) a client a second.*/\1/p' <<<"$out")" "<=" 1.05
 stop_server
 
 echo "== 4, 5. memory per (client, group) pair and the tick at 100,000 groups, 10,000 clients"
-cargo bench -q -p tollgate-core --bench scale -- --bench 2>/dev/null | grep -E "groups|tick|memory"
+out=$(cargo bench -q -p tollgate-core --bench scale -- --bench 2>/dev/null | grep -E "groups|tick|memory")
+echo "$out"
+verdict "5. tick, 10,000 clients × 10 groups, median ms" "$(grep -m1 "tick:" <<<"$out" | awk '{ print $3 }')" "<=" 50
+verdict "5. tick, 10,000 clients × 100 groups, median ms" "$(grep "tick:" <<<"$out" | sed -n 2p | awk '{ print $3 }')" "<=" 50
+verdict "4. memory a pair at the fleet's shape (× 100), bytes" "$(grep "per client-group pair:" <<<"$out" | sed -n 2p | awk '{ print $5 }')" "<=" 256
 
 if [ "$SURGE" = 1 ]; then
   echo "== 6. a surge to 1.6× a real service"
-  scripts/bench-surge.sh
+  out=$(scripts/bench-surge.sh)
+  echo "$out"
+  verdict "6. surge: bronze marked busy after, s" "$(grep "marked busy" <<<"$out" | awk '{ print $4 }')" "<=" 2
+  verdict "6. surge: peak utilisation" "$(grep "peak utilisation" <<<"$out" | awk '{ print $3 }')" "<" 1.3
+  verdict "6. surge: within 5 % of 1 from, s" "$(grep "within 5 %" <<<"$out" | awk '{ print $7 }')" "<=" 5
 fi
 
 if [ "$CRITERION" = 1 ]; then
   echo "== 1, 2, 3. criterion: the handle and by name beside governor and limitador"
-  cargo bench --manifest-path benches/peers/Cargo.toml 2>/dev/null \
-    | awk '/^(rate|by_name)/ { name = $1 } /time:/ { print name, $0 }' | sed 's/  */ /g'
+  out=$(cargo bench --manifest-path benches/peers/Cargo.toml 2>/dev/null \
+    | awk '/^(rate|by_name)/ { name = $1 } /time:/ { print name, $0 }' | sed 's/  */ /g')
+  echo "$out"
+  # The median of a case, in ns.
+  median() {
+    grep -F "$1 " <<<"$out" | awk '{ v = $5; if ($6 == "µs") v *= 1000; if ($6 == "ms") v *= 1e6; print v }'
+  }
+  for c in rate_10k rate_100k; do
+    verdict "1. criterion $c, × governor" "$(awk -v a="$(median "$c/tollgate_group_handle")" -v b="$(median "$c/governor_check_n")" 'BEGIN { if (a != "" && b != "") printf "%.2f", a / b }')" "<=" 0.8
+  done
+  for c in by_name_1 by_name_1000 by_name_10000 by_name_100000; do
+    verdict "2. criterion $c, × governor" "$(awk -v a="$(median "$c/tollgate_by_name")" -v b="$(median "$c/governor_check_key_n")" 'BEGIN { if (a != "" && b != "") printf "%.2f", a / b }')" "<=" 1
+  done
 fi
+
+echo "== the figures against their goals ($(field 'model name'), family $(field 'cpu family') model $(field model))"
+cat "$VERDICTS"
