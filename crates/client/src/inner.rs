@@ -71,9 +71,10 @@ impl Mode {
 pub(crate) struct Inner {
     pub(crate) clock: Arc<ClockSource>,
     /// The clock a bucket whose burst holds at least [`FAST_CLOCK_MIN_BURST`] of refill
-    /// admits by: the coarse clock (one load) beside the default precise one or a coarse one;
-    /// `None` for any other clock, which is then read as it is. See [`Inner::now_for`].
-    coarse: Option<CoarseClock>,
+    /// admits by: the coarse clock (one load) beside the default precise one or a coarse one
+    /// (`true`: the coarse clock is running); `false` for any other clock, which is then read
+    /// as it is. See [`Inner::now_for`].
+    coarse: bool,
     pub(crate) groups: Arc<Groups>,
     pub(crate) mode: Mode,
     /// `max_wait`, and the node settings an embedded limiter was built with.
@@ -92,7 +93,8 @@ impl Inner {
         cost_model: CostModel,
     ) -> Inner {
         let next = if matches!(mode, Mode::Embedded(_)) { 0 } else { u64::MAX };
-        let coarse = clock.coarse_companion();
+        // Started here if need be; read through its one shared cell.
+        let coarse = clock.coarse_companion().is_some();
         let inner =
             Inner { clock, coarse, groups, mode, node, cost_model, next_tick_ns: AtomicU64::new(next) };
         if let Mode::Embedded(e) = &inner.mode {
@@ -108,10 +110,7 @@ impl Inner {
     /// never admits early.
     #[inline(always)]
     pub(crate) fn now_for(&self, priced: &Priced) -> Nanos {
-        match &self.coarse {
-            Some(coarse) if reads_fast_clock(priced) => coarse.now(),
-            _ => self.clock.now(),
-        }
+        if self.coarse && reads_fast_clock(priced) { CoarseClock::read_shared() } else { self.clock.now() }
     }
 
     /// Runs the embedded engine's tick if it is due; cheap when it is not.
