@@ -8,8 +8,10 @@
 //! calling the controller in process. Nothing about an exchange is written twice.
 //!
 //! **When.** An exchange goes at the period the controller asks for; at once (at most every
-//! 50 ms) when a group is new or was revived after being idle; and after a refusal, no sooner
-//! than the controller's next tick, since until then it would give the same answer.
+//! 50 ms) when a group is new or was revived after being idle; after a refusal, no sooner
+//! than the controller's next tick, since until then it would give the same answer; and 50 ms
+//! after an answer given while the controller's tick was due or under way, which held the
+//! grants that tick was about to replace (once: a second such answer waits for the period).
 //!
 //! **Safe mode.** When no exchange succeeds for longer than the lease, the client applies its
 //! [`SafeModePolicy`] to every group, new ones included: decay each group from its last grant
@@ -252,6 +254,8 @@ pub struct Driver {
     next_due: Nanos,
     /// When the controller next recomputes its grants.
     next_tick: Nanos,
+    /// The last answer was given while the controller's tick was due or under way.
+    stale: bool,
     /// The exchange period asked for, in milliseconds (0: the controller's tick).
     period_ms: u32,
     /// Grants being taken up over a trickle: (from, start, span) by group.
@@ -286,6 +290,7 @@ impl Driver {
             last_exchange: None,
             next_due: Nanos::ZERO,
             next_tick: Nanos::ZERO,
+            stale: false,
             period_ms: 0,
             trickles: HashMap::new(),
         }
@@ -466,7 +471,16 @@ impl Driver {
         }
         self.safe_since = None;
         self.backoff = BACKOFF_MIN;
-        self.next_due = now.after(Duration::from_millis(u64::from(response.next_exchange_ms.max(10))));
+        let period = Duration::from_millis(u64::from(response.next_exchange_ms.max(10)));
+        // No time to the next tick: the controller's tick was due or under way, so these are
+        // the grants it is replacing. A client whose exchanges fall at the tick would hold them
+        // a whole period (a group just marked busy left unlimited for another second); it asks
+        // again shortly instead, once, so that a controller that is not ticking at all (not
+        // yet, say) is not asked at every spacing.
+        let stale = response.next_tick_ms == 0;
+        let wait = if stale && !self.stale { period.min(EARLY_SPACING) } else { period };
+        self.stale = stale;
+        self.next_due = now.after(wait);
         self.next_tick = now.after(Duration::from_millis(u64::from(response.next_tick_ms)));
     }
 
@@ -672,6 +686,35 @@ pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeou
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_given_at_the_tick_is_asked_again_shortly_once_then_at_the_period() {
+        let clock = tollgate_core::time::ManualClock::new();
+        let opts = RemoteOptions { clock: Some(Arc::new(clock.clone())), ..RemoteOptions::default() };
+        let (_gate, mut driver) = crate::Tollgate::remote_driven(opts).unwrap();
+        let answer = |next_tick_ms| v1::ExchangeResponse {
+            next_exchange_ms: 1000,
+            next_tick_ms,
+            ..v1::ExchangeResponse::default()
+        };
+        let ms = |n: u64| Duration::from_millis(n);
+        clock.advance(ms(5000));
+        // After the tick: the period.
+        driver.answer(driver.now(), &answer(998));
+        assert_eq!(driver.due_at(), driver.now().after(ms(1000)));
+        // During it: again in 50 ms, to take the grants it makes.
+        driver.answer(driver.now(), &answer(0));
+        assert_eq!(driver.due_at(), driver.now().after(EARLY_SPACING));
+        // Still not ticked (a controller that has not ticked yet): the period, not 50 ms again.
+        clock.advance(EARLY_SPACING);
+        driver.answer(driver.now(), &answer(0));
+        assert_eq!(driver.due_at(), driver.now().after(ms(1000)));
+        // And shortly again after the next fresh answer is followed by a stale one.
+        clock.advance(ms(1000));
+        driver.answer(driver.now(), &answer(950));
+        driver.answer(driver.now(), &answer(0));
+        assert_eq!(driver.due_at(), driver.now().after(EARLY_SPACING));
+    }
 
     #[test]
     fn decay_halves_toward_the_floor_every_five_seconds() {

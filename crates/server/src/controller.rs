@@ -546,10 +546,13 @@ impl Controller {
         let tick = settings.tick;
         let lease = settings.lease;
         // The next tick's grants are all made once it is done: as long after its start as the
-        // last one took.
+        // last one took. While a tick is under way (answered between its walks), none: these
+        // grants are the ones it is replacing, and the client is told to come back for its.
         let span = Duration::from_nanos(self.tick_span_ns.load(Ordering::Relaxed));
-        let next_tick =
-            engine.last_tick().map_or(Duration::ZERO, |t| t.after(tick.saturating_add(span)).since(now));
+        let next_tick = match engine.last_tick() {
+            Some(t) if !engine.ticking() => t.after(tick.saturating_add(span)).since(now),
+            _ => Duration::ZERO,
+        };
         drop(engine);
         self.exchanges.fetch_add(1, Ordering::Relaxed);
         // The period the client asked for, between the tick and half the lease (so that a
@@ -1100,6 +1103,28 @@ mod tests {
         assert_eq!(c.exchange(at, &req).unwrap().next_tick_ms, 700);
         c.set_tick_span(Duration::from_millis(120));
         assert_eq!(c.exchange(at, &req).unwrap().next_tick_ms, 820);
+    }
+
+    /// An exchange answered between a tick's walks holds the grants that tick is replacing:
+    /// it is told that the tick is under way (no time to it), not that the next is a period
+    /// away, so that its client comes back for the new grants.
+    #[test]
+    fn an_exchange_answered_while_a_tick_is_under_way_is_told_so() {
+        let c = controller();
+        let req = v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: vec![v1::GroupUsage { group: "g".into(), demand: 1.0, ..Default::default() }],
+            ..Default::default()
+        };
+        c.tick(Nanos::ZERO);
+        const S: u64 = 1_000_000_000;
+        let mut during = Vec::new();
+        c.tick_paced(Nanos(S), || during.push(c.exchange(Nanos(S), &req).unwrap().next_tick_ms));
+        assert!(!during.is_empty(), "the tick paused at least once");
+        assert!(during.iter().all(|&ms| ms == 0), "{during:?}");
+        // Once it is done: the next a period after its start.
+        assert_eq!(c.exchange(Nanos(S), &req).unwrap().next_tick_ms, 1000);
     }
 
     /// A paced tick pauses between its slices with the engine free: an exchange made in a
