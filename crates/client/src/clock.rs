@@ -66,9 +66,12 @@ pub const COARSE_RESOLUTION: Duration = Duration::from_millis(1);
 /// resolution, so it never admits early. The thread starts with the first `CoarseClock` and
 /// runs for the life of the process. Coarse clocks share their origin with
 /// [`MonotonicClock`]: a coarse reading is a monotonic reading taken a little earlier.
+///
+/// Every `CoarseClock` reads the process's one cell: the value holds nothing but the proof
+/// that the refresh thread has started.
 #[derive(Debug, Clone, Copy)]
 pub struct CoarseClock {
-    shared: &'static AtomicU64,
+    _started: (),
 }
 
 static COARSE_NOW: AtomicU64 = AtomicU64::new(0);
@@ -91,13 +94,11 @@ impl CoarseClock {
                 })
                 .expect("spawn the coarse clock thread");
         });
-        Self { shared: &COARSE_NOW }
+        Self { _started: () }
     }
-}
 
-impl CoarseClock {
-    /// The coarse time, read from the process's one cell: what every `CoarseClock` reads,
-    /// without a pointer to load first. Only once a `CoarseClock` exists (before, it reads 0).
+    /// The coarse time, read from the process's one cell with no pointer to load first: what
+    /// every `CoarseClock` reads. Only once a `CoarseClock` exists (before, it reads 0).
     #[inline(always)]
     pub(crate) fn read_shared() -> Nanos {
         Nanos(COARSE_NOW.load(Ordering::Acquire))
@@ -113,7 +114,7 @@ impl Default for CoarseClock {
 impl Clock for CoarseClock {
     #[inline]
     fn now(&self) -> Nanos {
-        Nanos(self.shared.load(Ordering::Acquire))
+        Self::read_shared()
     }
 }
 
