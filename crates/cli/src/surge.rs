@@ -75,6 +75,8 @@ const VALUE_BYTES: usize = 4096;
 const IN_FLIGHT_MAX: usize = 8000;
 /// How often the controller and the service are read.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// Bronze's limit before the surge, units/s.
+const BRONZE_LIMIT: f64 = 100_000.0;
 
 /// One answered request: when it was sent (seconds since the start), its tenant, its HTTP
 /// status and how long it took.
@@ -191,7 +193,7 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
     let high = u32::from(tollgate_core::settings::Priority::HIGH.level());
     let low = u32::from(tollgate_core::settings::Priority::LOW.level());
     let gold = v1::GroupPatch { reserved: Some(200_000.0), priority: Some(high), ..Default::default() };
-    let bronze = v1::GroupPatch { limit: Some(100_000.0), priority: Some(low), ..Default::default() };
+    let bronze = v1::GroupPatch { limit: Some(BRONZE_LIMIT), priority: Some(low), ..Default::default() };
     crate::bench::put(&mut admin, "gold", gold).await?;
     crate::bench::put(&mut admin, "bronze", bronze).await?;
     utilisation(a.service).await.with_context(|| format!("cannot read http://{}/stats", a.service))?;
@@ -260,6 +262,12 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
     }
 
     let busy_after = readings.iter().find(|r| r.busy).map(|r| r.at);
+    // The controller takes the lift at its next tick, and the service at its next exchange
+    // after it: until then bronze is still held at its old limit and the surge has not
+    // reached the service. Where the surge falls between two ticks moves `busy_after` by up
+    // to a tick; the time from the lift's tick to the busy mark does not move.
+    let lifted_after =
+        readings.iter().find(|r| r.busy || r.target.is_none_or(|t| t > BRONZE_LIMIT * 1.001)).map(|r| r.at);
     let peak = readings.iter().map(|r| r.utilisation).fold(0.0, f64::max);
     // From when on every reading stayed within 5 % of 1.
     let settled_from = match readings.iter().rposition(|r| (r.utilisation - 1.0).abs() > 0.05) {
@@ -283,6 +291,11 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
     let secs = |v: Option<f64>| v.map_or("never".into(), |v| format!("{v:.1} s"));
     let ms = |v: Option<f64>| v.map_or("none".into(), |v| format!("{:.1} ms", v * 1e3));
     say!("bronze marked busy:       {} after the surge began", secs(busy_after));
+    say!(
+        "  of which:               {} until the controller's tick took the lift, {} from there",
+        secs(lifted_after),
+        secs(busy_after.zip(lifted_after).map(|(b, l)| b - l))
+    );
     say!("peak utilisation:         {peak:.3}");
     say!("within 5 % of 1 from:     {}", secs(settled_from));
     say!("median latency (surge):   gold {}, bronze {}", ms(latency("gold")), ms(latency("bronze")));

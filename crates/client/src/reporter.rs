@@ -12,8 +12,9 @@
 //! is older than its report expiry.
 //!
 //! How soon the controller sees a saturation is the report interval plus about the folding
-//! time: with the defaults (250 ms, 1 s) a surge to 1.6 times a service's capacity is limited
-//! within two seconds (`scripts/bench-surge.sh`, BENCHMARKS.md). FoundationDB smooths its
+//! time: with the defaults (250 ms, 1 s) a surge to 1.6 times a service's capacity is seen
+//! before the controller's next tick, which marks it busy one tick (1 s) after it reached the
+//! service (`scripts/bench-surge.sh`, BENCHMARKS.md). FoundationDB smooths its
 //! storage servers' rates over 10 s; a load measured as a rate and smoothed that long takes
 //! about six seconds to show a surge, during which the surge runs unlimited.
 
