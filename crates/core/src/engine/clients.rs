@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::Place;
 use super::split::ClientId;
 use crate::time::Nanos;
 
@@ -30,9 +31,10 @@ pub enum ClientError {
 
 pub(crate) struct ClientTable {
     by_key: HashMap<Box<str>, Slot>,
-    /// Where each client's groups sat in the tracked table at its last exchange, in the order
-    /// it reported them (see [`Engine::report_all`](super::Engine::report_all)).
-    pub(super) routes: HashMap<ClientId, Vec<u32>>,
+    /// Where each client's groups sat in the tracked table at its last exchange, and where the
+    /// client sat in each group's list, in the order it reported them (see
+    /// [`Engine::report_all`](super::Engine::report_all)).
+    pub(super) routes: HashMap<ClientId, Vec<Place>>,
     next_id: ClientId,
     max: usize,
     restarts: u64,
@@ -89,13 +91,13 @@ impl ClientTable {
     }
 
     /// Takes `client`'s route, leaving it none until [`keep_route`](Self::keep_route).
-    pub(crate) fn take_route(&mut self, client: ClientId) -> Vec<u32> {
+    pub(crate) fn take_route(&mut self, client: ClientId) -> Vec<Place> {
         self.routes.remove(&client).unwrap_or_default()
     }
 
     /// Keeps `client`'s route for its next exchange: at most one route a client the table
     /// can hold (past that, a client goes without, and its reports look their groups up).
-    pub(crate) fn keep_route(&mut self, client: ClientId, route: Vec<u32>) {
+    pub(crate) fn keep_route(&mut self, client: ClientId, route: Vec<Place>) {
         if self.routes.len() < self.max {
             self.routes.insert(client, route);
         }

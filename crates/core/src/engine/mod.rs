@@ -243,6 +243,15 @@ impl GroupOutcome {
     pub fn grant_of(&self, client: ClientId) -> Option<&ClientGrant> {
         self.grants.binary_search_by_key(&client, |g| g.client).ok().map(|i| &self.grants[i])
     }
+
+    /// [`grant_of`](Self::grant_of), trying place `at` first: where the client's entry sits
+    /// in its group's list, which is most often where its grant sits too.
+    fn grant_of_at(&self, client: ClientId, at: usize) -> Option<&ClientGrant> {
+        match self.grants.get(at) {
+            Some(g) if g.client == client => Some(g),
+            _ => self.grant_of(client),
+        }
+    }
 }
 
 fn sample_of(g: &Tracked) -> GroupSample {
@@ -329,6 +338,21 @@ fn budget_spent(
 /// A tracked group's `load_slot` when it has none.
 const NO_SLOT: u32 = u32::MAX;
 
+/// Where a client's report for a group landed: the group's place in the tracked table and the
+/// client's place in the group's list. Kept per client between exchanges and tried first the
+/// next time, each checked (by name, by client) before it is used: a place that moved is
+/// looked up again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    group: u32,
+    client: u32,
+}
+
+impl Place {
+    /// Nowhere yet: both looked up.
+    const UNKNOWN: Place = Place { group: u32::MAX, client: u32::MAX };
+}
+
 /// A tracked group's runtime state. One lives for every group in traffic, so it is kept
 /// small: rates for display in `f32`, optional numbers as NaN.
 struct Tracked {
@@ -400,12 +424,16 @@ impl Tracked {
     /// from the state: its settings, its clients and its grants. Read together first, their
     /// cache misses overlap (at 100,000 groups each is a miss) instead of coming one after
     /// another.
+    ///
+    /// `client` is where the reporting client sat in the group's list last time (its entry and
+    /// grant are read there first); the first entries when that is not known.
     #[inline(always)]
-    fn warm(&self) {
+    fn warm(&self, client: u32) {
+        let at = client as usize;
         std::hint::black_box((
             self.settings.as_deref().map(GroupSettings::reserved),
-            self.clients.first().map(|c| c.seen),
-            self.outcome.as_ref().and_then(|o| o.grants.first()).map(|c| c.rate),
+            self.clients.get(at).or(self.clients.first()).map(|c| c.seen),
+            self.outcome.as_ref().and_then(|o| o.grants.get(at).or(o.grants.first())).map(|c| c.rate),
         ));
     }
 
@@ -685,16 +713,18 @@ impl Engine {
     ) {
         let mut route = self.clients.take_route(client);
         for (i, (name, _)) in reports.iter().enumerate() {
-            let known = route.get(i).and_then(|&at| self.tracked.get_index(at as usize));
+            let place = route.get(i).copied().unwrap_or(Place::UNKNOWN);
+            let known = self.tracked.get_index(place.group as usize);
             if let Some((_, g)) = known.or_else(|| self.tracked.get_key_value(name)) {
-                g.warm();
+                g.warm(place.client);
             }
         }
-        // Rewritten in place: each place is read as a hint, then replaced by where the group is.
-        route.resize(reports.len(), u32::MAX);
-        for ((name, r), at) in reports.iter().zip(route.iter_mut()) {
-            let (grant, found) = self.report_at(now, client, name, *r, Some(*at as usize));
-            *at = u32::try_from(found).unwrap_or(u32::MAX);
+        // Rewritten in place: each place is read as a hint, then replaced by where the report
+        // landed.
+        route.resize(reports.len(), Place::UNKNOWN);
+        for ((name, r), place) in reports.iter().zip(route.iter_mut()) {
+            let (grant, found) = self.report_at(now, client, name, *r, *place);
+            *place = found;
             each(grant);
         }
         self.clients.keep_route(client, route);
@@ -702,7 +732,7 @@ impl Engine {
 
     /// A client's report for one group; answers with the client's grant for it.
     pub fn report(&mut self, now: Nanos, client: ClientId, group: &GroupName, r: ClientReport) -> Grant {
-        self.report_at(now, client, group, r, None).0
+        self.report_at(now, client, group, r, Place::UNKNOWN).0
     }
 
     /// [`report`](Self::report) for a caller that keeps, per group, where its state sat last
@@ -718,8 +748,8 @@ impl Engine {
         r: ClientReport,
         place: &mut u32,
     ) -> Grant {
-        let (grant, found) = self.report_at(now, client, group, r, Some(*place as usize));
-        *place = u32::try_from(found).unwrap_or(u32::MAX);
+        let (grant, found) = self.report_at(now, client, group, r, Place { group: *place, client: u32::MAX });
+        *place = found.group;
         grant
     }
 
@@ -732,16 +762,16 @@ impl Engine {
         }
     }
 
-    /// [`report`](Self::report), trying the state at `hint` first: the grant, and where the
-    /// state the report landed in sits.
+    /// [`report`](Self::report), trying the places in `hint` first: the grant, and where the
+    /// report landed (the group's state, and the client's entry in its list).
     fn report_at(
         &mut self,
         now: Nanos,
         client: ClientId,
         group: &GroupName,
         r: ClientReport,
-        hint: Option<usize>,
-    ) -> (Grant, usize) {
+        hint: Place,
+    ) -> (Grant, Place) {
         use indexmap::map::Entry;
         self.started.get_or_insert(now);
         let lease = self.settings.lease;
@@ -757,7 +787,8 @@ impl Engine {
             // and doubling would leave up to half of a large table's room unused.
             self.tracked.reserve_exact((len / 8).max(64).min(most - len));
         }
-        let hinted = hint.filter(|&at| self.tracked.get_index(at).is_some_and(|(k, _)| k == group));
+        let hinted = Some(hint.group as usize)
+            .filter(|&at| self.tracked.get_index(at).is_some_and(|(k, _)| k == group));
         // Else one look-up in the common case, full or not (see `state_key`): the group's
         // state holds the settings that apply to it, looked up again only after they changed.
         let at = match hinted {
@@ -789,7 +820,7 @@ impl Engine {
         };
         let (key, g) = self.tracked.get_index_mut(at).expect("the index of a tracked group");
         let key = key.clone();
-        g.warm();
+        g.warm(hint.client);
         if g.settings_generation != generation {
             g.settings = settings_in(&self.configured, &key).cloned();
             g.settings_generation = generation;
@@ -828,14 +859,30 @@ impl Engine {
             unthrottled: r.unthrottled.max(0.0) as f32,
             seen: now,
         };
-        match g.clients.binary_search_by_key(&client, |c| c.client) {
-            Ok(i) => g.clients[i] = entry,
-            Err(i) => {
-                // Most groups have one or a few clients: grow one at a time.
-                g.clients.reserve_exact(1);
-                g.clients.insert(i, entry);
+        // Where the client sat last time, if it still does (entries are one per client, so
+        // finding it there is finding it); else a search.
+        let hinted_entry = hint.client as usize;
+        let client_at = if g.clients.get(hinted_entry).is_some_and(|c| c.client == client) {
+            g.clients[hinted_entry] = entry;
+            hinted_entry
+        } else {
+            match g.clients.binary_search_by_key(&client, |c| c.client) {
+                Ok(i) => {
+                    g.clients[i] = entry;
+                    i
+                }
+                Err(i) => {
+                    // Most groups have one or a few clients: grow one at a time.
+                    g.clients.reserve_exact(1);
+                    g.clients.insert(i, entry);
+                    i
+                }
             }
-        }
+        };
+        let place = Place {
+            group: u32::try_from(at).unwrap_or(u32::MAX),
+            client: u32::try_from(client_at).unwrap_or(u32::MAX),
+        };
         g.meter.consumed += r.consumed.max(0.0);
         g.meter.admitted += r.requests.max(0.0) as u64;
         g.meter.throttled += r.throttled.max(0.0) as u64;
@@ -857,15 +904,15 @@ impl Engine {
         };
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
-            match (o.target(), o.grant_of(client)) {
-                (None, _) => return (unlimited, at),
+            match (o.target(), o.grant_of_at(client, client_at)) {
+                (None, _) => return (unlimited, place),
                 (Some(_), Some(known)) => {
-                    return (Grant { rate: known.rate, burst: known.burst, ..unlimited }, at);
+                    return (Grant { rate: known.rate, burst: known.burst, ..unlimited }, place);
                 }
                 (Some(_), None) => {}
             }
         }
-        (self.grant_unknown(key, client, r.held, unlimited, burst_total), at)
+        (self.grant_unknown(key, client, r.held, unlimited, burst_total), place)
     }
 
     /// The grant for a client the last tick did not know, by the grant policy.

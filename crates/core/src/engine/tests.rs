@@ -641,10 +641,35 @@ fn an_exchange_remembers_where_its_groups_sat() {
         ["x", "y", "z"].iter().map(|g| (name(g), report(10.0, 1.0, 1.0))).collect();
     e.report(Nanos(0), 9, &name("w"), report(1.0, 1.0, 1.0));
     e.report_all(Nanos(0), id, &reports, |_| {});
-    assert_eq!(e.clients.routes[&id], [1, 2, 3]);
+    let places: Vec<(u32, u32)> = e.clients.routes[&id].iter().map(|p| (p.group, p.client)).collect();
+    assert_eq!(places, [(1, 0), (2, 0), (3, 0)]);
     // A client gone quiet loses its route with its id.
     e.tick(Nanos(300 * S));
     assert!(e.clients.routes.is_empty());
+}
+
+/// A client's place in its group's list is tried first, and checked: when another client
+/// joined before it and moved it, its report finds it again and leaves the other's alone.
+#[test]
+fn a_client_moved_in_its_groups_list_is_found_again() {
+    let mut e = engine(EngineSettings::default());
+    let id = e.client(Nanos(0), "c", 1).unwrap();
+    let x = || vec![(name("x"), report(10.0, 1.0, 1.0))];
+    e.report_all(Nanos(0), id, &x(), |_| {});
+    assert_eq!(e.clients.routes[&id][0].client, 0);
+    // A client with a smaller id joins: it sorts first, and `id` moves to the second place.
+    let other = id - 1;
+    e.report(Nanos(0), other, &name("x"), report(3.0, 1.0, 1.0));
+    e.report_all(Nanos(0), id, &[(name("x"), report(40.0, 1.0, 1.0))], |_| {});
+    assert_eq!(e.clients.routes[&id][0].client, 1);
+    let demands: Vec<(ClientId, f32)> =
+        e.tracked[&name("x")].clients.iter().map(|c| (c.client, c.demand)).collect();
+    assert_eq!(demands, [(other, 3.0), (id, 40.0)]);
+    // Found where it sits now, its place is used as it is.
+    e.report_all(Nanos(0), id, &[(name("x"), report(50.0, 1.0, 1.0))], |_| {});
+    let demands: Vec<(ClientId, f32)> =
+        e.tracked[&name("x")].clients.iter().map(|c| (c.client, c.demand)).collect();
+    assert_eq!(demands, [(other, 3.0), (id, 50.0)]);
 }
 
 /// A report or outcome with the place kept from last time answers as one by name, whatever
