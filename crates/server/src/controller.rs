@@ -419,6 +419,13 @@ impl Controller {
         engine.set_tracing(live || keep);
         engine.begin_tick(now);
         while !engine.tick_slice(TICK_SLICE_GROUPS) {
+            // The capacity's sharing reads every group at once (milliseconds at 100,000):
+            // computed with the engine unlocked, so that exchanges go on meanwhile.
+            if let Some(work) = engine.shares_work() {
+                let shares = parking_lot::MutexGuard::unlocked_fair(&mut engine, || work.compute());
+                engine.put_shares(shares);
+                continue;
+            }
             // Unlocked to the thread waiting longest, if any (the lock is not fair otherwise:
             // this thread would take it straight back).
             parking_lot::MutexGuard::unlocked_fair(&mut engine, &mut pause);

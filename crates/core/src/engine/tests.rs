@@ -516,12 +516,60 @@ fn a_tick_walked_in_slices_decides_exactly_as_one_tick() {
                     slices += 1;
                 }
                 assert!(!e.ticking());
-                // Two walks over the groups.
-                assert_eq!(slices, 2 * e.tracked_groups().div_ceil(groups.min(e.tracked_groups())) - 1);
+                // Two walks over the groups, and the capacity shared between them.
+                assert_eq!(slices, 2 * e.tracked_groups().div_ceil(groups.min(e.tracked_groups())));
             });
             assert_eq!(decisions(&mut sliced), whole, "{mode:?}, {groups} groups a slice");
         }
     }
+}
+
+/// The capacity's sharing, taken out of the engine and handed back, decides as a tick that
+/// shares it itself; in the first-come mode it is not offered, and the slice shares it.
+#[test]
+fn a_tick_whose_sharing_is_computed_apart_decides_exactly_as_one_tick() {
+    for mode in [AllocationMode::Share, AllocationMode::Fcfs] {
+        let whole = decisions(&mut busy_engine(mode, &mut |e, t| e.tick(t)));
+        let mut offered = 0;
+        let mut apart = busy_engine(mode, &mut |e, t| {
+            e.begin_tick(t);
+            assert!(e.shares_work().is_none(), "no rows made yet");
+            while !e.tick_slice(7) {
+                if let Some(work) = e.shares_work() {
+                    offered += 1;
+                    e.put_shares(work.compute());
+                    assert!(e.shares_work().is_none(), "shared once");
+                }
+            }
+        });
+        assert_eq!(decisions(&mut apart), whole, "{mode:?}");
+        assert_eq!(offered, if mode == AllocationMode::Share { 4 } else { 0 }, "{mode:?}");
+    }
+}
+
+/// Shares computed for one tick and handed back in another change nothing: each tick takes
+/// only its own.
+#[test]
+fn shares_handed_back_to_another_tick_are_ignored() {
+    let whole = decisions(&mut busy_engine(AllocationMode::Share, &mut |e, t| e.tick(t)));
+    let mut stale: Option<Shares> = None;
+    let mut ignored = 0;
+    let mut mixed = busy_engine(AllocationMode::Share, &mut |e, t| {
+        e.begin_tick(t);
+        while !e.tick_slice(5) {
+            let Some(work) = e.shares_work() else { continue };
+            // The last tick's shares first: the same groups, other demands.
+            if let Some(old) = stale.take() {
+                e.put_shares(old);
+                assert!(e.shares_work().is_some(), "the tick still waits for its own");
+                ignored += 1;
+            }
+            stale = e.shares_work().map(SharesWork::compute);
+            e.put_shares(work.compute());
+        }
+    });
+    assert_eq!(decisions(&mut mixed), whole);
+    assert_eq!(ignored, 3);
 }
 
 #[test]
