@@ -50,6 +50,12 @@ pub struct ExchangeArgs {
     /// `--server-pid`): whether what the load left behind is given back.
     #[arg(long, default_value_t = 0)]
     settle: u64,
+    /// Backends reporting to the controller meanwhile, each once a second at a phase of its
+    /// own: saturated (utilisation 1.1), with a load on its share of the clients' groups
+    /// (group `i` on backend `i mod N`, up to the 10,000 groups a report may carry), so that
+    /// every tick gathers their loads and limits those groups.
+    #[arg(long, default_value_t = 0)]
+    backends: usize,
 }
 
 /// One simulated client's exchange, encoded once: the load program spends its CPU on
@@ -292,6 +298,8 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         (Some(period), Some(turns)) => Some(pace(turns.clone(), period, stop.clone())?),
         _ => None,
     };
+    let (stop_reporting, _) = tokio::sync::watch::channel(false);
+    let mut reporters = backends(&a, &channels, &bearer, &stop_reporting);
     let scraper = a.scrape.clone().map(|addr| {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -320,6 +328,14 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         first_error = first_error.or(error);
     }
     let after = a.server_pid.and_then(process_usage);
+    stop_reporting.send_replace(true);
+    let mut reports = (0u64, 0u64, None::<String>);
+    while let Some(r) = reporters.join_next().await {
+        let (sent, failed, error) = r?;
+        reports.0 += sent;
+        reports.1 += failed;
+        reports.2 = reports.2.or(error);
+    }
     if let (true, 0, Some(period)) = (all.is_empty(), failed, period) {
         anyhow::bail!(
             "no exchange was due in --duration {} s: at --rate {} each client exchanges once every {:.3} s, at a phase of its own; run for a period at least",
@@ -360,6 +376,16 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
             hwm as f64 / 1024.0
         ));
     }
+    if a.backends > 0 {
+        say(format!(
+            "backends {} (saturated), each reporting the loads of up to {} groups once a second: {} reports taken, {} refused{}",
+            a.backends,
+            backend_groups(&a, 0).len(),
+            reports.0,
+            reports.1,
+            reports.2.map(|e| format!(" (the first: {e})")).unwrap_or_default()
+        ));
+    }
     if let Some(held_up) = held_up.filter(|h| h.times.load(Ordering::Relaxed) > 0) {
         say(format!(
             "the pacing thread was held up {} times (the longest {:.1} ms): the turns due meanwhile came at twice the rate after, not at once",
@@ -398,6 +424,90 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         anyhow::bail!("{failed} exchanges failed");
     }
     Ok(())
+}
+
+/// The groups backend `b` of `a.backends` carries: of the clients' groups, every
+/// `a.backends`-th from `b`, up to what a report may carry.
+fn backend_groups(a: &ExchangeArgs, b: usize) -> Vec<String> {
+    let distinct = (a.clients * a.groups).min(100_000);
+    (b..distinct)
+        .step_by(a.backends.max(1))
+        .take(tollgate_proto::REPORT_GROUPS_MAX)
+        .map(|g| format!("bench-{g}"))
+        .collect()
+}
+
+/// Starts `a.backends` reporters, each reporting once a second at a phase of its own until
+/// `stop` is sent; each returns the reports taken, those refused and the first refusal.
+fn backends(
+    a: &ExchangeArgs,
+    channels: &[Channel],
+    bearer: &tollgate_client::access::Bearer,
+    stop: &tokio::sync::watch::Sender<bool>,
+) -> tokio::task::JoinSet<(u64, u64, Option<String>)> {
+    let mut set = tokio::task::JoinSet::new();
+    for b in 0..a.backends {
+        // Encoded once, as the clients' exchanges are: the load program's own work stays small.
+        let report: bytes::Bytes = {
+            use prost::Message;
+            v1::BackendReport {
+                backend_id: format!("bench-backend-{b}"),
+                zone: format!("bench-zone-{}", b % 3),
+                health: Some(v1::backend_report::Health::Utilisation(1.1)),
+                loads: backend_groups(a, b)
+                    .into_iter()
+                    .map(|group| v1::GroupLoad { group, units_per_s: 100.0 })
+                    .collect(),
+            }
+            .encode_to_vec()
+            .into()
+        };
+        let service = tonic::service::interceptor::InterceptedService::new(
+            channels[b % channels.len()].clone(),
+            bearer.clone(),
+        );
+        let mut grpc = tonic::client::Grpc::new(service);
+        let phase = Duration::from_secs_f64(b as f64 / a.backends as f64);
+        let mut stopped = stop.subscribe();
+        set.spawn(async move {
+            let (mut sent, mut failed, mut first) = (0, 0, None);
+            tokio::select! {
+                _ = tokio::time::sleep(phase) => {}
+                _ = stopped.changed() => return (sent, failed, first),
+            }
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            // Its first tick is at once: the first report, made now.
+            every.tick().await;
+            loop {
+                let path =
+                    tonic::codegen::http::uri::PathAndQuery::from_static("/tollgate.v1.Backend/Report");
+                let answer = match grpc.ready().await {
+                    Ok(()) => {
+                        grpc.unary(
+                            tonic::Request::new(report.clone()),
+                            path,
+                            tollgate_proto::wire::BytesCodec,
+                        )
+                        .await
+                    }
+                    Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+                };
+                match answer {
+                    Ok(_) => sent += 1,
+                    Err(status) => {
+                        failed += 1;
+                        first.get_or_insert(status.message().to_string());
+                    }
+                }
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stopped.changed() => break,
+                }
+            }
+            (sent, failed, first)
+        });
+    }
+    set
 }
 
 /// How often the pacing thread found itself late by more than [`PACER_SLACK`], and by how much

@@ -558,10 +558,20 @@ fn bench_exchange_loads_a_real_server_and_reports() {
             &s.child.id().to_string(),
             "--server-http",
             s.http.trim_start_matches("http://"),
+            "--backends",
+            "2",
         ],
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("clients 5 × groups 3"), "{out}");
+    // Two backends shared the 15 groups: 8 and 7. The first reports at once, then once a
+    // second; the second half a second in, as the run ends, or not at all.
+    let reports = out
+        .split("backends 2 (saturated), each reporting the loads of up to 8 groups once a second: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{out}"));
+    let taken: u64 = reports.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(taken >= 1 && reports.contains("reports taken, 0 refused"), "{out}");
     // The server's own histogram counted every exchange the clients saw answered.
     let counted: f64 = out
         .split("server's own answer time (")

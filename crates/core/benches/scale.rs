@@ -1,7 +1,9 @@
 //! Scale: one engine tick with 100,000 groups and 10,000 clients, and the memory each
 //! client-group pair costs; first with each client serving 10 groups (100,000 pairs: one
 //! client a group, the most memory per pair), then 100 groups (1,000,000 pairs: ten clients a
-//! group, the fleet of the controller's load figures).
+//! group, the fleet of the controller's load figures). Ten saturated backends report every
+//! group's load each second. Each run also walks ticks in slices as the controller does, and
+//! prints the longest the engine was held at a time: what an exchange may wait for.
 //!
 //! `cargo bench -p tollgate-core --bench scale`
 //!
@@ -77,12 +79,16 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
     }
     let now = Nanos(1_000_000_000);
     let report = ClientReport { demand: 100.0, consumed: 50.0, requests: 5.0, ..Default::default() };
-    // Ten backends, each carrying a tenth of the groups, saturated.
-    for b in 0..10 {
-        let loads: Vec<(GroupName, f64)> =
-            names.iter().skip(b).step_by(10).map(|n| (n.clone(), 500_000.0)).collect();
-        p.backend_report(now, &format!("b{b}"), &format!("z{b}"), Health::Utilisation(1.1), &loads).unwrap();
-    }
+    // Ten backends, each carrying a tenth of the groups, saturated, reporting every second.
+    let loads: Vec<Vec<(GroupName, f64)>> =
+        (0..10).map(|b| names.iter().skip(b).step_by(10).map(|n| (n.clone(), 500_000.0)).collect()).collect();
+    let backends = |p: &mut Engine, at: Nanos| {
+        for (b, loads) in loads.iter().enumerate() {
+            p.backend_report(at, &format!("b{b}"), &format!("z{b}"), Health::Utilisation(1.1), loads)
+                .unwrap();
+        }
+    };
+    backends(&mut p, now);
     p.tick(now);
     // Client `c` serves the `groups_per_client` groups from `c * groups_per_client` on.
     let served = |c: u64| (0..groups_per_client).map(move |k| (c as usize * groups_per_client + k) % groups);
@@ -104,23 +110,63 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
     let after = LIVE_BYTES.load(Ordering::Relaxed);
     let per_pair = (after - before) as f64 / pairs as f64;
 
-    let mut ticks = Vec::new();
-    for i in 0..11u64 {
-        let t = Nanos(now.0 + (i + 1) * 1_000_000_000);
-        // Clients keep reporting every group they serve, as they would every second.
+    // Second `i` from `now`: every client reports every group it serves, as it would every
+    // second, and the backends report.
+    let second = |p: &mut Engine, i: u64| {
+        let t = Nanos(now.0 + i * 1_000_000_000);
         for c in 0..clients {
-            exchange(&mut p, t, i + 2, c);
+            exchange(p, t, i + 1, c);
         }
+        backends(p, t);
+        t
+    };
+    let mut ticks = Vec::new();
+    for i in 1..=11u64 {
+        let t = second(&mut p, i);
         #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
         let start = std::time::Instant::now();
         p.tick(t);
         ticks.push(start.elapsed().as_secs_f64() * 1e3);
     }
     ticks.sort_by(f64::total_cmp);
+    // Then ticks walked as the controller walks them, 1,024 groups (or backends' loads) a
+    // slice, with the capacity shared apart: how long the engine is held at a time, the
+    // longest step of each tick (the median of 11).
+    let mut holds = Vec::new();
+    for i in 12..=22u64 {
+        let t = second(&mut p, i);
+        let mut longest = 0f64;
+        #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+        let mut start = std::time::Instant::now();
+        p.begin_tick(t);
+        loop {
+            longest = longest.max(start.elapsed().as_secs_f64() * 1e3);
+            if let Some(work) = p.shares_work() {
+                let shares = work.compute();
+                #[allow(clippy::disallowed_methods)]
+                let put = std::time::Instant::now();
+                p.put_shares(shares);
+                longest = longest.max(put.elapsed().as_secs_f64() * 1e3);
+            }
+            #[allow(clippy::disallowed_methods)]
+            let next = std::time::Instant::now();
+            start = next;
+            if p.tick_slice(1024) {
+                longest = longest.max(start.elapsed().as_secs_f64() * 1e3);
+                break;
+            }
+        }
+        holds.push(longest);
+    }
+    holds.sort_by(f64::total_cmp);
     println!(
         "groups {groups}, clients {clients} serving {groups_per_client} each, client-group pairs {pairs}"
     );
     println!("  tick: median {:.1} ms (min {:.1}, max {:.1}) over 11 ticks", ticks[5], ticks[0], ticks[10]);
+    println!(
+        "  walked in slices of 1,024 as the controller does: the engine held {:.2} ms at most at a time (median of 11 ticks; max {:.2})",
+        holds[5], holds[10]
+    );
     println!(
         "  memory per client-group pair: {per_pair:.0} bytes (the groups' state, the clients' entries, grants and routes, all included)"
     );

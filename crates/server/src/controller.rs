@@ -19,7 +19,7 @@ use std::time::Duration;
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::cost::Consumption;
 use tollgate_core::engine::{
-    ClientReport, Diagnostics, Engine, EngineSettings, GroupView, Health, TraceEvent,
+    BackendReport, ClientReport, Diagnostics, Engine, EngineSettings, GroupView, Health, TraceEvent,
 };
 use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
@@ -604,9 +604,14 @@ impl Controller {
         if let Some(first) = rejected.first() {
             tracing::warn!(backend = %r.backend_id, rejected = rejected.len(), %first, "backend report: loads left out");
         }
-        self.engine()
-            .backend_report(now, &r.backend_id, &r.zone, health, &loads)
+        // Made ready before the engine is locked, and what it replaces dropped after: a report
+        // of 10,000 loads would hold up every exchange meanwhile.
+        let report = BackendReport::new(&r.zone, health, loads);
+        let replaced = self
+            .engine()
+            .put_backend_report(now, &r.backend_id, report)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        drop(replaced);
         Ok(v1::ReportAck { rejected })
     }
 

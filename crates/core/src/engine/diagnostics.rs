@@ -92,7 +92,7 @@ impl Engine {
             .iter()
             .map(|(name, b)| {
                 let mut top = Vec::with_capacity(TOP_GROUPS + 1);
-                for (g, l) in &b.load {
+                for (g, l) in b.load.iter() {
                     keep_top(&mut top, (g.clone(), *l), TOP_GROUPS, |t| t.1);
                 }
                 BackendView {

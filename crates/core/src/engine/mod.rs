@@ -460,6 +460,28 @@ pub enum BackendError {
     },
 }
 
+/// A backend's report made ready to hand to [`Engine::put_backend_report`]: its zone, its
+/// health and its loads, those that are not a positive number left out.
+pub struct BackendReport {
+    zone: String,
+    health: Health,
+    load: Arc<[(GroupName, f64)]>,
+}
+
+impl BackendReport {
+    /// The report of a backend in `zone`, in `health`, with the load each group puts on it.
+    pub fn new(zone: &str, health: Health, mut loads: Vec<(GroupName, f64)>) -> Self {
+        loads.retain(|(_, l)| l.is_finite() && *l > 0.0);
+        Self { zone: zone.to_string(), health, load: loads.into() }
+    }
+}
+
+/// The report a backend's new one replaced (nothing for a new backend), to be dropped
+/// without the engine.
+pub struct Replaced {
+    _old: Option<BackendState>,
+}
+
 /// Every tracked group's rates added up, as of the last tick.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Totals {
@@ -520,6 +542,12 @@ pub struct Engine {
     /// Per group with a budget counted per period: its consumption when the period began.
     budget_baselines: HashMap<GroupName, f64, FixedHasher>,
     started: Option<Nanos>,
+    /// No tracked group's last report is earlier than the smaller of these two: the earliest
+    /// among the groups the last tick walked (or a report during that tick), and the earliest
+    /// report since the last tick began. A tick forgets idle groups only when that is an
+    /// expiry ago.
+    earliest_report: Nanos,
+    reports_floor: Nanos,
     last_tick: Option<Nanos>,
     ticks: u64,
     /// The sum of the finite targets of the last tick.
@@ -583,6 +611,8 @@ impl Engine {
             resume: HashMap::default(),
             budget_baselines: HashMap::default(),
             started: None,
+            earliest_report: Nanos(u64::MAX),
+            reports_floor: Nanos(u64::MAX),
             last_tick: None,
             ticks: 0,
             targets_total: 0.0,
@@ -851,6 +881,7 @@ impl Engine {
             ramp.use_units(r.consumed.max(0.0));
         }
         g.last_report = now;
+        self.reports_floor = self.reports_floor.min(now);
         for (since, add) in g.since_tick.iter_mut().zip([r.consumed, r.requests, r.throttled]) {
             *since += add.max(0.0) as f32;
         }
@@ -1010,25 +1041,35 @@ impl Engine {
         health: Health,
         loads: &[(GroupName, f64)],
     ) -> Result<(), BackendError> {
+        self.put_backend_report(now, backend, BackendReport::new(zone, health, loads.to_vec())).map(drop)
+    }
+
+    /// [`backend_report`](Self::backend_report) with the report made ready beforehand
+    /// ([`BackendReport::new`], without the engine); hands back the report it replaced, for
+    /// the caller to drop after it let go of the engine (a controller's large reports cost as
+    /// much to make and to drop as to take).
+    pub fn put_backend_report(
+        &mut self,
+        now: Nanos,
+        backend: &str,
+        report: BackendReport,
+    ) -> Result<Replaced, BackendError> {
         self.started.get_or_insert(now);
-        if !self.backends.contains_key(backend) && self.backends.len() >= self.settings.max_backends {
+        let known = self.backends.contains_key(backend);
+        if !known && self.backends.len() >= self.settings.max_backends {
             return Err(BackendError::TooMany { max: self.settings.max_backends });
         }
-        let state = BackendState {
-            zone: zone.to_string(),
-            health,
-            load: loads.iter().filter(|(_, l)| l.is_finite() && *l > 0.0).cloned().collect(),
-            seen: now,
-        };
+        let state = BackendState { zone: report.zone, health: report.health, load: report.load, seen: now };
         if self.trace.is_some() {
+            let health = state.health;
             let total: f64 = state.load.iter().map(|(_, l)| l).sum();
             let t = self.trace_time(now);
             let utilisation = self.settings.saturation.utilisation(health);
-            for (group, l) in &state.load {
+            for (group, l) in state.load.iter() {
                 let event = TraceEvent::BusyGroup(BusyGroup {
                     t,
                     backend: backend.to_string(),
-                    zone: zone.to_string(),
+                    zone: state.zone.clone(),
                     group: group.to_string(),
                     units_per_s: *l,
                     busyness: if total > 0.0 { l / total } else { 0.0 },
@@ -1039,8 +1080,14 @@ impl Engine {
                 }
             }
         }
-        self.backends.insert(backend.to_string(), state);
-        Ok(())
+        let old = match self.backends.get_mut(backend) {
+            Some(slot) => Some(std::mem::replace(slot, state)),
+            None => {
+                self.backends.insert(backend.to_string(), state);
+                None
+            }
+        };
+        Ok(Replaced { _old: old })
     }
 
     /// Forgets a backend at once.

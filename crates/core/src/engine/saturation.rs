@@ -15,7 +15,7 @@
 //! A queue says "this much load was too much"; scaling that load by the ratio aims at the load
 //! the backend can sustain. docs/control.md works through why this converges.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -154,8 +154,35 @@ pub enum Health {
 pub(crate) struct BackendState {
     pub(crate) zone: String,
     pub(crate) health: Health,
-    pub(crate) load: Vec<(GroupName, f64)>,
+    /// Shared with a tick that is gathering it, which takes the report it began with
+    /// whole, whatever comes after.
+    pub(crate) load: Arc<[(GroupName, f64)]>,
     pub(crate) seen: Nanos,
+}
+
+/// A backend's report a tick is taking, in parts between exchanges (see
+/// [`SaturationSettings::gather_part`]).
+pub(crate) struct Gathering {
+    load: Arc<[(GroupName, f64)]>,
+    /// The next load to take.
+    pub(crate) next: usize,
+    zone: u32,
+    backend: u32,
+    ratio: Option<f64>,
+    /// The quota law's (limiting cost, quotas sharing it).
+    shares: Option<(f64, f64)>,
+}
+
+impl Gathering {
+    /// How many loads the report holds.
+    pub(crate) fn len(&self) -> usize {
+        self.load.len()
+    }
+}
+
+/// Whether the group was saturation limited at the last tick.
+fn busy(t: Option<&super::Tracked>) -> bool {
+    t.and_then(|t| t.outcome.as_ref()).is_some_and(|o| o.busy)
 }
 
 /// One zone a group counts on: the zone and the backend with the smallest ratio (or, under
@@ -180,12 +207,47 @@ pub(crate) struct GroupLoad {
 }
 
 /// What a tick gathers from the backends' reports, by slot (see
-/// [`SaturationSettings::gather_loads`]); kept from one tick to the next.
+/// [`SaturationSettings::gather_part`]); kept from one tick to the next.
+///
+/// A tick uses the first `used` of each; the rest are the last ticks', reset as they are
+/// taken again, so that a tick begins without a walk over 100,000 of them.
 #[derive(Default)]
 pub(crate) struct Loads {
     pub(crate) groups: Vec<GroupLoad>,
     /// Under the quota law only, beside `groups`: the smallest limiting rate per zone.
     pub(crate) quota_zones: Vec<Zones>,
+    used: usize,
+}
+
+impl Loads {
+    /// A tick begins: no slot is in use.
+    pub(crate) fn begin(&mut self) {
+        self.used = 0;
+    }
+
+    /// A fresh slot for a group's load (and, under the quota law, its zones' rates).
+    fn slot(&mut self, quota_law: bool) -> u32 {
+        let slot = self.used;
+        self.used += 1;
+        match self.groups.get_mut(slot) {
+            Some(g) => {
+                g.load = 0.0;
+                g.zones.clear();
+            }
+            None => self.groups.push(GroupLoad::default()),
+        }
+        if quota_law {
+            match self.quota_zones.get_mut(slot) {
+                Some(z) => z.clear(),
+                None => {
+                    // Slots are used in order: a law changed to the quota law finds the list
+                    // short, and fills it up to this slot.
+                    self.quota_zones.resize_with(slot + 1, Zones::new);
+                }
+            }
+        }
+        slot as u32
+    }
 }
 
 /// The backends that reported within the expiry at a tick, in order: their names and zones,
@@ -259,90 +321,102 @@ impl SaturationSettings {
         }
     }
 
-    /// Every tracked group's load on the backends that reported within `expiry`, and the
-    /// (zone, ratio) of each saturated backend it counts on: one pass over all reports. A
-    /// tracked group with any load gets a slot in `loads` (its `load_slot`, which the tick
-    /// takes and clears); groups reported but not tracked get no target, so none is kept for
-    /// them (they still count towards the quota law's sums).
-    pub(super) fn gather_loads(
+    /// Begins taking backend `id`'s report into the tick's gathering, unless it is older
+    /// than `expiry`: its place among the tick's backends and zones, its ratio if it is
+    /// saturated, and under the quota law its limiting cost and the quotas that share it (one
+    /// pass over its loads). [`gather_part`](Self::gather_part) takes the loads.
+    pub(super) fn begin_backend(
         &self,
-        backends: &BTreeMap<String, BackendState>,
+        (id, b): (&String, &BackendState),
         now: Nanos,
         expiry: Duration,
         quota: &dyn Fn(&GroupName) -> Option<f64>,
-        tracked: &mut super::Tracking,
-        loads: &mut Loads,
-    ) -> Reporting {
-        loads.groups.clear();
-        loads.quota_zones.clear();
-        let quota_law = self.law == LimitingLaw::Quota;
-        let mut reporting = Reporting::default();
-        // A group saturation limited at the last tick keeps counting on a backend down to half
-        // the threshold: at low rates its load there comes in whole transactions and dithers
-        // around the threshold, and a backend that dropped in and out of its limit would swing
-        // its target between the limit and the quota.
-        let counts = |l: f64, was_busy: &dyn Fn() -> bool| {
-            l >= self.limiting_threshold
-                || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy())
+        tracked: &super::Tracking,
+        reporting: &mut Reporting,
+    ) -> Option<Gathering> {
+        if now.since(b.seen) > expiry {
+            return None;
+        }
+        let zone = match reporting.zones.iter().position(|z| *z == b.zone) {
+            Some(i) => i,
+            None => {
+                reporting.zones.push(b.zone.clone());
+                reporting.zones.len() - 1
+            }
+        } as u32;
+        let backend = reporting.backends.len() as u32;
+        reporting.backends.push((id.clone(), zone));
+        let ratio = self.limiting_ratio_of(b.health);
+        // The quota law: this backend's limiting cost, shared by the limits of the groups
+        // busy on it.
+        let shares = match (self.law, ratio) {
+            (LimitingLaw::Quota, Some(r)) => {
+                let total: f64 = b.load.iter().map(|(_, l)| l).sum();
+                let quotas: f64 = b
+                    .load
+                    .iter()
+                    .filter(|(g, l)| self.counts(*l, &|| busy(tracked.get(g))))
+                    .filter_map(|(g, _)| quota(g))
+                    .sum();
+                (quotas > 0.0).then_some((r * total, quotas))
+            }
+            _ => None,
         };
-        let busy = |t: Option<&super::Tracked>| t.and_then(|t| t.outcome.as_ref()).is_some_and(|o| o.busy);
-        for (id, b) in backends {
-            if now.since(b.seen) > expiry {
+        Some(Gathering { load: b.load.clone(), next: 0, zone, backend, ratio, shares })
+    }
+
+    /// Whether a group with load `l` on a saturated backend counts on it. A group saturation
+    /// limited at the last tick keeps counting on a backend down to half the threshold: at
+    /// low rates its load there comes in whole transactions and dithers around the threshold,
+    /// and a backend that dropped in and out of its limit would swing its target between the
+    /// limit and the quota.
+    fn counts(&self, l: f64, was_busy: &dyn Fn() -> bool) -> bool {
+        l >= self.limiting_threshold || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy())
+    }
+
+    /// Takes the loads of `part` up to `upto` into the tick's gathering: the load of each
+    /// tracked group it names among the first `len` tracked (the groups the tick walks), and
+    /// the backend's (zone, ratio) if the group counts on it. A group with any load gets a
+    /// slot in `loads` (its `load_slot`, which the tick takes and clears); groups reported
+    /// but not tracked, or tracked after the tick began, get no target from it, so none is
+    /// kept for them (they still count towards the quota law's sums).
+    pub(super) fn gather_part(
+        &self,
+        part: &mut Gathering,
+        upto: usize,
+        quota: &dyn Fn(&GroupName) -> Option<f64>,
+        tracked: &mut super::Tracking,
+        len: usize,
+        loads: &mut Loads,
+    ) {
+        let quota_law = self.law == LimitingLaw::Quota;
+        let (zone, backend, ratio, shares) = (part.zone, part.backend, part.ratio, part.shares);
+        for (group, l) in &part.load[part.next..upto] {
+            let Some((at, _, t)) = tracked.get_full_mut(group) else { continue };
+            if at >= len {
                 continue;
             }
-            let zone = match reporting.zones.iter().position(|z| *z == b.zone) {
-                Some(i) => i,
-                None => {
-                    reporting.zones.push(b.zone.clone());
-                    reporting.zones.len() - 1
-                }
-            } as u32;
-            let backend = reporting.backends.len() as u32;
-            reporting.backends.push((id.clone(), zone));
-            let ratio = self.limiting_ratio_of(b.health);
-            // The quota law: this backend's limiting cost, shared by the limits of the groups
-            // busy on it.
-            let shares = match (self.law, ratio) {
-                (LimitingLaw::Quota, Some(r)) => {
-                    let total: f64 = b.load.iter().map(|(_, l)| l).sum();
-                    let quotas: f64 = b
-                        .load
-                        .iter()
-                        .filter(|(g, l)| counts(*l, &|| busy(tracked.get(g))))
-                        .filter_map(|(g, _)| quota(g))
-                        .sum();
-                    (quotas > 0.0).then_some((r * total, quotas))
-                }
-                _ => None,
-            };
-            for (group, l) in &b.load {
-                let Some(t) = tracked.get_mut(group) else { continue };
-                let counted = (shares.is_some() || ratio.is_some()) && counts(*l, &|| busy(Some(t)));
-                if t.load_slot == super::NO_SLOT {
-                    t.load_slot = loads.groups.len() as u32;
-                    loads.groups.push(GroupLoad::default());
-                    if quota_law {
-                        loads.quota_zones.push(Zones::new());
-                    }
-                }
-                let slot = t.load_slot as usize;
-                let entry = &mut loads.groups[slot];
-                entry.load += l;
-                if let Some((limiting_cost, quotas)) = shares
-                    && counted
-                    && let Some(q) = quota(group)
-                {
-                    let value = limiting_cost * q / quotas;
-                    mark_zone(&mut loads.quota_zones[slot], ZoneMark { zone, backend, value });
-                }
-                if let Some(value) = ratio
-                    && counted
-                {
-                    mark_zone(&mut entry.zones, ZoneMark { zone, backend, value });
-                }
+            let counted = (shares.is_some() || ratio.is_some()) && self.counts(*l, &|| busy(Some(t)));
+            if t.load_slot == super::NO_SLOT {
+                t.load_slot = loads.slot(quota_law);
+            }
+            let slot = t.load_slot as usize;
+            let entry = &mut loads.groups[slot];
+            entry.load += l;
+            if let Some((limiting_cost, quotas)) = shares
+                && counted
+                && let Some(q) = quota(group)
+            {
+                let value = limiting_cost * q / quotas;
+                mark_zone(&mut loads.quota_zones[slot], ZoneMark { zone, backend, value });
+            }
+            if let Some(value) = ratio
+                && counted
+            {
+                mark_zone(&mut entry.zones, ZoneMark { zone, backend, value });
             }
         }
-        reporting
+        part.next = upto;
     }
 
     /// The ratio limiting a group with these zones, after ignoring the worst ones.

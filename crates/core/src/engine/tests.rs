@@ -516,8 +516,15 @@ fn a_tick_walked_in_slices_decides_exactly_as_one_tick() {
                     slices += 1;
                 }
                 assert!(!e.ticking());
-                // Two walks over the groups, and the capacity shared between them.
-                assert_eq!(slices, 2 * e.tracked_groups().div_ceil(groups.min(e.tracked_groups())));
+                // The backends' loads first: each of the two backends' start and each of its
+                // nine loads (a load of 0 is left out) count one, and the gathering ends in
+                // the slice that finds no backend left. Then two walks over the groups, and
+                // the capacity shared between them.
+                let gathering = 2 * (1 + 9) / groups + 1;
+                assert_eq!(
+                    slices,
+                    gathering + 2 * e.tracked_groups().div_ceil(groups.min(e.tracked_groups()))
+                );
             });
             assert_eq!(decisions(&mut sliced), whole, "{mode:?}, {groups} groups a slice");
         }
@@ -584,6 +591,7 @@ fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
     let t = Nanos(2 * S);
     e.report(t, 1, &name("a"), report(500.0, 50.0, 5.0));
     e.begin_tick(t);
+    assert!(!e.tick_slice(1), "the backends' loads: none");
     // a's row is made: a second client of a, a first of b (tracked after the tick began), and
     // tracing turned on, all before a's grants.
     assert!(!e.tick_slice(1));
@@ -607,6 +615,148 @@ fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
     assert_eq!((a.grant_of(1).unwrap().rate, a.grant_of(2).unwrap().rate), (50.0, 50.0));
     assert_eq!(e.outcome(&name("b")).unwrap().target(), Some(60.0));
     assert_eq!(e.take_trace().0.len(), 2);
+}
+
+/// An engine whose 20 groups (`g0` to `g19`) each have a client, with backends limiting
+/// them by saturation: every load counts (no threshold, no zone ignored).
+fn saturated_engine() -> Engine {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 0.0;
+    s.saturation.ignore_worst_zones = 0;
+    let mut e = engine(s);
+    for i in 0..20 {
+        e.set_group(name(&format!("g{i}")), GroupSettings::builder().limit(1e6).build().unwrap());
+    }
+    e
+}
+
+/// Backend `b`'s report: its ten groups (`g0` to `g9` for b1, `g10` to `g19` for b2), each
+/// with a load of `load` plus its number.
+fn backend_loads(b: &str, load: f64) -> Vec<(GroupName, f64)> {
+    let from = if b == "b1" { 0 } else { 10 };
+    (from..from + 10).map(|i| (name(&format!("g{i}")), load + f64::from(i))).collect()
+}
+
+/// Each of the 20 groups' client reports at `t`.
+fn report_all_groups(e: &mut Engine, t: Nanos) {
+    report_groups(e, t, 0..20);
+}
+
+/// The client of each group in `groups` reports at `t`.
+fn report_groups(e: &mut Engine, t: Nanos, groups: std::ops::Range<u64>) {
+    for i in groups {
+        e.report(t, i, &name(&format!("g{i}")), report(1000.0 + i as f64, 500.0, 5.0));
+    }
+}
+
+/// Every group's outcome and the totals, as text.
+fn outcomes(e: &Engine, groups: &[&str]) -> String {
+    let mut out = String::new();
+    for g in groups {
+        out += &format!("{g}: {:?}\n", e.outcome(&name(g)));
+    }
+    out + &format!("{:?}", e.totals())
+}
+
+const TWENTY: [&str; 20] = [
+    "g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8", "g9", "g10", "g11", "g12", "g13", "g14", "g15",
+    "g16", "g17", "g18", "g19",
+];
+
+/// A tick gathers the backends' reports a few loads at a time between exchanges: a backend
+/// whose report it has begun is taken as it was, whatever it reports meanwhile (its new
+/// report counts from the next tick), and one it has not reached yet counts with its new
+/// report. Each decides as a tick with those reports in place.
+#[test]
+fn a_backend_report_during_the_gathering_counts_whole_in_one_tick() {
+    let (t1, t2, t3) = (Nanos(S), Nanos(2 * S), Nanos(3 * S));
+    let start = |e: &mut Engine| {
+        report_all_groups(e, t1);
+        e.backend_report(t1, "b1", "z1", Health::Utilisation(1.2), &backend_loads("b1", 300.0)).unwrap();
+        e.backend_report(t1, "b2", "z2", Health::Utilisation(1.1), &backend_loads("b2", 200.0)).unwrap();
+        e.tick(t1);
+        report_all_groups(e, t2);
+    };
+    let new_b1 = |e: &mut Engine| {
+        e.backend_report(t2, "b1", "z1", Health::Utilisation(1.6), &backend_loads("b1", 700.0)).unwrap()
+    };
+    let new_b2 = |e: &mut Engine| {
+        e.backend_report(t2, "b2", "z2", Health::Utilisation(1.4), &backend_loads("b2", 500.0)).unwrap()
+    };
+    // Both new reports land after b1's first three loads are taken, before b2 is reached.
+    let mut sliced = saturated_engine();
+    start(&mut sliced);
+    sliced.begin_tick(t2);
+    assert!(!sliced.tick_slice(4), "b1 begun, three of its loads taken");
+    new_b1(&mut sliced);
+    new_b2(&mut sliced);
+    while !sliced.tick_slice(4) {}
+    // The same tick with b1's old report and b2's new one in place.
+    let mut twin = saturated_engine();
+    start(&mut twin);
+    new_b2(&mut twin);
+    twin.tick(t2);
+    let decided = outcomes(&sliced, &TWENTY);
+    assert_eq!(decided, outcomes(&twin, &TWENTY));
+    // b1's new report is the one the next tick takes.
+    for e in [&mut sliced, &mut twin] {
+        report_all_groups(e, t3);
+    }
+    new_b1(&mut twin);
+    sliced.tick(t3);
+    twin.tick(t3);
+    assert_eq!(outcomes(&sliced, &TWENTY), outcomes(&twin, &TWENTY));
+    assert_ne!(outcomes(&sliced, &TWENTY), decided, "the new reports changed the limits");
+}
+
+/// A group tracked while a tick gathers the backends' loads (a backend reports it too) is
+/// left to the next tick, as one tracked after the tick, with nothing of this tick's
+/// gathering left on it.
+#[test]
+fn a_group_tracked_while_the_loads_are_gathered_waits_for_the_next_tick() {
+    let (t1, t2) = (Nanos(S), Nanos(2 * S));
+    let prepare = |e: &mut Engine| {
+        // g0 to g9 tracked; b1 reports g0 to g9, b2 g10 to g19, which are not tracked yet.
+        report_groups(e, t1, 0..10);
+        e.backend_report(t1, "b1", "z1", Health::Utilisation(1.2), &backend_loads("b1", 300.0)).unwrap();
+        e.backend_report(t1, "b2", "z2", Health::Utilisation(1.1), &backend_loads("b2", 200.0)).unwrap();
+    };
+    let mut sliced = saturated_engine();
+    prepare(&mut sliced);
+    sliced.begin_tick(t1);
+    assert!(!sliced.tick_slice(2), "b1 begun, one of its loads taken");
+    report_groups(&mut sliced, t1, 10..20);
+    while !sliced.tick_slice(2) {}
+    let mut twin = saturated_engine();
+    prepare(&mut twin);
+    twin.tick(t1);
+    report_groups(&mut twin, t1, 10..20);
+    assert_eq!(outcomes(&sliced, &TWENTY), outcomes(&twin, &TWENTY));
+    assert!(sliced.outcome(&name("g15")).is_none(), "g15 was tracked after the tick began");
+    for e in [&mut sliced, &mut twin] {
+        report_all_groups(e, t2);
+        e.tick(t2);
+    }
+    assert_eq!(outcomes(&sliced, &TWENTY), outcomes(&twin, &TWENTY));
+    assert!(sliced.outcome(&name("g15")).unwrap().limiting().is_some(), "b2 limits it now");
+}
+
+/// A tick forgets idle groups without walking them all when none can be idle yet: it knows
+/// how early the earliest report may be. A report with an earlier time than any before
+/// lowers that bound, so its group is still forgotten on time.
+#[test]
+fn a_group_whose_last_report_is_earlier_than_any_is_still_forgotten_on_time() {
+    let mut e = engine(EngineSettings::default());
+    let idle = EngineSettings::default().group_idle_expiry.as_secs();
+    e.report(Nanos(10 * S), 1, &name("a"), report(1.0, 1.0, 1.0));
+    e.tick(Nanos(10 * S));
+    // b's report is stamped 5 s, before a's: the earliest the engine has seen.
+    e.report(Nanos(5 * S), 1, &name("b"), report(1.0, 1.0, 1.0));
+    e.tick(Nanos((idle + 6) * S));
+    assert!(e.outcome(&name("b")).is_none(), "b is idle {} s, past the expiry", idle + 1);
+    assert!(e.outcome(&name("a")).is_some(), "a is idle {} s", idle - 4);
+    e.tick(Nanos((idle + 10) * S));
+    assert!(e.outcome(&name("a")).is_none());
 }
 
 #[derive(Debug, Clone)]

@@ -63,6 +63,15 @@ pub(super) struct TickRun {
     len: usize,
     /// The position of the next group to walk.
     next: usize,
+    /// Whether the backends' loads are still being gathered (the first step, before the
+    /// walks), and the last backend gathered.
+    gathering: bool,
+    gathered: Option<String>,
+    /// The report of `gathered`, while its loads are taken.
+    part: Option<super::saturation::Gathering>,
+    /// The earliest last report among the groups walked so far (see
+    /// `Engine::earliest_report`).
+    earliest: Nanos,
     /// Whether the rows are made and the capacity is still to be shared among them (the one
     /// step that reads every row at once; see [`Engine::shares_work`]).
     sharing: bool,
@@ -88,13 +97,16 @@ impl Engine {
     }
 
     /// Begins a tick at `now`, to be walked by [`tick_slice`](Self::tick_slice) (a tick under
-    /// way is finished first): forgets what went quiet and gathers the backends' loads.
+    /// way is finished first): forgets what went quiet. The slices gather the backends'
+    /// loads first, a few backends at a time, then walk the groups.
     ///
     /// Walked in slices, a tick gives the same results as [`tick`](Self::tick) when nothing
     /// comes between them; a controller lets reports in between, so that no exchange waits
     /// for a whole tick of many groups. A report between the slices counts towards the tick
     /// if its group's row is not made yet, else towards the next; a group's grants are the
-    /// last tick's until its turn in the last walk.
+    /// last tick's until its turn in the last walk. A backend's report between the slices
+    /// counts if its backend is not gathered yet; a group tracked after the tick began waits
+    /// for the next.
     pub fn begin_tick(&mut self, now: Nanos) {
         if self.run.is_some() {
             while !self.tick_slice(usize::MAX) {}
@@ -103,28 +115,28 @@ impl Engine {
         let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
         self.last_tick = Some(now);
         self.expire(now);
-        let Engine { settings, configured, tracked, backends, loads, rows, asking, .. } = self;
-        let quota = |g: &GroupName| {
-            super::settings_in(configured, g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
-        };
-        let reporting =
-            settings.saturation.gather_loads(backends, now, settings.report_expiry, &quota, tracked, loads);
+        self.reports_floor = Nanos(u64::MAX);
+        self.loads.begin();
         // The buffers are kept from tick to tick: at 100,000 groups fresh ones cost a page
         // fault every few groups.
-        rows.clear();
-        rows.reserve(tracked.len());
-        asking.clear();
-        let keep = (-elapsed / settings.cost_folding.as_secs_f64().max(1e-9)).exp();
+        self.rows.clear();
+        self.rows.reserve(self.tracked.len());
+        self.asking.clear();
+        let keep = (-elapsed / self.settings.cost_folding.as_secs_f64().max(1e-9)).exp();
         self.run = Some(Box::new(TickRun {
             now,
             elapsed,
             keep,
             len: self.tracked.len(),
             next: 0,
+            gathering: true,
+            gathered: None,
+            part: None,
+            earliest: Nanos(u64::MAX),
             sharing: false,
             applying: false,
             from: 0,
-            reporting,
+            reporting: super::saturation::Reporting::default(),
             traced: self.trace.is_some().then(Vec::new),
             shares: None,
             targets_total: 0.0,
@@ -132,14 +144,58 @@ impl Engine {
         }));
     }
 
+    /// Gathers about `budget` more loads from the backends' reports, in the backends' order
+    /// and each report's: the report under way first, then the ones after `run.gathered`. A
+    /// report is taken as it was when the tick began it, whatever the backend reports
+    /// meanwhile; the gathering ends after the last backend.
+    fn gather_slice(&mut self, run: &mut TickRun, budget: usize) {
+        use std::ops::Bound;
+        let Engine { settings, configured, tracked, backends, loads, .. } = self;
+        let sat = &settings.saturation;
+        let quota = |g: &GroupName| {
+            super::settings_in(configured, g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
+        };
+        let mut taken = 0usize;
+        while taken < budget {
+            if let Some(part) = &mut run.part {
+                let upto = part.len().min(part.next.saturating_add(budget - taken));
+                taken += upto - part.next;
+                sat.gather_part(part, upto, &quota, tracked, run.len, loads);
+                if part.next == part.len() {
+                    run.part = None;
+                }
+                continue;
+            }
+            let after = run.gathered.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            let Some((id, b)) = backends.range::<str, _>((after, Bound::Unbounded)).next() else {
+                run.gathering = false;
+                return;
+            };
+            run.gathered = Some(id.clone());
+            run.part = sat.begin_backend(
+                (id, b),
+                run.now,
+                settings.report_expiry,
+                &quota,
+                tracked,
+                &mut run.reporting,
+            );
+            // Its first pass, under the quota law, reads every load of the report.
+            taken += 1 + if sat.law == LimitingLaw::Quota { b.load.len() } else { 0 };
+        }
+    }
+
     /// Walks up to `groups` more groups of the tick under way (at least one); true once the
     /// tick is done, or when none is under way.
     pub fn tick_slice(&mut self, groups: usize) -> bool {
         let Some(mut run) = self.run.take() else { return true };
         let end = run.len.min(run.next.saturating_add(groups.max(1)));
-        if run.applying {
+        if run.gathering {
+            self.gather_slice(&mut run, groups.max(1));
+        } else if run.applying {
             self.apply_slice(&mut run, end);
             if run.next == run.len {
+                self.earliest_report = run.earliest.min(self.reports_floor);
                 self.targets_total = run.targets_total;
                 self.totals = run.totals;
                 self.unticked_provisional = 0.0;
@@ -223,6 +279,7 @@ impl Engine {
         let generation = *settings_generation;
         let sat = &settings.saturation;
         for (name, g) in tracked.as_mut_slice()[run.next..end].iter_mut() {
+            run.earliest = run.earliest.min(g.last_report);
             forget_silent_clients(&mut g.clients, now, settings.report_expiry);
             if g.settings_generation != generation {
                 g.settings = super::settings_in(configured, name).cloned();
@@ -461,14 +518,19 @@ impl Engine {
         let idle = self.settings.group_idle_expiry;
         let report_expiry = self.settings.report_expiry;
         let mut gone = Vec::new();
-        self.tracked.retain(|name, g| {
-            let keep = now.since(g.last_report) < idle;
-            if !keep {
-                let ramp = g.ramp.as_ref().map(|r| (r.value(), r.settings().resume_ttl));
-                gone.push((name.clone(), ramp, g.meter_entry()));
-            }
-            keep
-        });
+        // No group reported before the floor: unless that is an expiry ago, none is idle,
+        // and the walk over every group (a millisecond at 100,000) is spared.
+        let floor = self.earliest_report.min(self.reports_floor);
+        if now.since(floor) >= idle {
+            self.tracked.retain(|name, g| {
+                let keep = now.since(g.last_report) < idle;
+                if !keep {
+                    let ramp = g.ramp.as_ref().map(|r| (r.value(), r.settings().resume_ttl));
+                    gone.push((name.clone(), ramp, g.meter_entry()));
+                }
+                keep
+            });
+        }
         for (name, ramp, meter) in gone {
             if let Some((value, Some(ttl))) = ramp
                 && self.resume.len() < self.settings.max_tracked_groups
