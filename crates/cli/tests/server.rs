@@ -470,20 +470,41 @@ async fn undecodable_and_oversized_messages_get_grpc_codes_and_others_keep_being
     let s = ServerProc::start(&data_dir("undecodable"));
     let channel = tonic::transport::Endpoint::new(s.url()).unwrap().connect().await.unwrap();
     let mut raw = tonic::client::Grpc::new(channel.clone());
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/tollgate.v1.Admission/Exchange");
-    for (message, code) in [
-        (NotAnExchange { client_id: vec![0xff, 0xfe, 0xfd] }, tonic::Code::Internal),
-        (NotAnExchange { client_id: vec![b'x'; 5 * 1024 * 1024] }, tonic::Code::OutOfRange),
+    // Both methods the server reads by hand: an exchange, and a backend's report (field 1 is
+    // its backend id, a string too).
+    for (path, what) in [
+        ("/tollgate.v1.Admission/Exchange", "ExchangeRequest"),
+        ("/tollgate.v1.Backend/Report", "BackendReport"),
     ] {
-        raw.ready().await.unwrap();
-        let codec = tonic_prost::ProstCodec::<NotAnExchange, v1::ExchangeResponse>::default();
-        let status = raw.unary(tonic::Request::new(message), path.clone(), codec).await.unwrap_err();
-        assert_eq!(status.code(), code, "{status:?}");
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+        for (message, code) in [
+            (NotAnExchange { client_id: vec![0xff, 0xfe, 0xfd] }, tonic::Code::Internal),
+            (NotAnExchange { client_id: vec![b'x'; 5 * 1024 * 1024] }, tonic::Code::OutOfRange),
+        ] {
+            raw.ready().await.unwrap();
+            let codec = tonic_prost::ProstCodec::<NotAnExchange, v1::ExchangeResponse>::default();
+            let status = raw.unary(tonic::Request::new(message), path.clone(), codec).await.unwrap_err();
+            assert_eq!(status.code(), code, "{what}: {status:?}");
+            if code == tonic::Code::Internal {
+                assert!(
+                    status.message().contains(&format!("failed to decode Protobuf message: {what}")),
+                    "{status:?}"
+                );
+            }
+        }
     }
-    let mut client = v1::admission_client::AdmissionClient::new(channel);
+    let mut client = v1::admission_client::AdmissionClient::new(channel.clone());
     let ok =
         v1::ExchangeRequest { client_id: "good".into(), sequence: 1, groups: vec![], ..Default::default() };
     assert!(client.exchange(ok).await.is_ok(), "the server keeps serving");
+    let mut backend = v1::backend_client::BackendClient::new(channel);
+    let report = v1::BackendReport {
+        backend_id: "b".into(),
+        zone: "z".into(),
+        health: Some(v1::backend_report::Health::Utilisation(0.5)),
+        loads: vec![v1::GroupLoad { group: "g".into(), units_per_s: 1.0 }],
+    };
+    assert!(backend.report(report).await.is_ok(), "and takes reports");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

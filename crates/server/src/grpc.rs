@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tollgate_core::settings::{GroupName, check_group_name};
 use tollgate_proto::v1::admission_server::AdmissionServer;
+use tollgate_proto::v1::backend_server::BackendServer;
 use tollgate_proto::v1::{self, admin_server::Admin, admission_server::Admission, backend_server::Backend};
 use tollgate_proto::wire::{AnswerWriter, BytesCodec, ExchangeView};
 use tonic::codegen::{Body, Bytes, StdError, http};
@@ -133,29 +134,54 @@ impl Admission for Services {
     }
 }
 
-/// The admission service as the server runs it: exchanges read and answered by hand
-/// ([`Services::exchange_encoded`]), anything else passed to the generated service (which
-/// answers `UNIMPLEMENTED`). The same limits as the generated service's: messages of at most
-/// 4 MiB, no compression.
+/// A generated service with one of its methods read and answered by hand, on encoded
+/// messages: requests for `path` go to `method`, anything else to the generated service (which
+/// answers `UNIMPLEMENTED` for a method it does not know). The same limits as the generated
+/// service's: messages of at most 4 MiB, no compression.
 #[derive(Clone)]
-pub struct ExchangeFront {
-    services: Services,
-    generated: AdmissionServer<Services>,
+pub struct Front<G, M> {
+    generated: G,
+    path: &'static str,
+    method: M,
 }
+
+/// The admission service as the server runs it: exchanges read and answered by hand
+/// ([`Services::exchange_encoded`]).
+pub type ExchangeFront = Front<AdmissionServer<Services>, EncodedExchange>;
+
+/// The backend service as the server runs it: reports decoded and taken on the blocking pool
+/// ([`Services::report_encoded`]).
+pub type ReportFront = Front<BackendServer<Services>, EncodedReport>;
 
 impl ExchangeFront {
     /// The front over `services`.
     pub fn new(services: Services) -> Self {
-        Self { generated: AdmissionServer::new(services.clone()), services }
+        Self {
+            generated: AdmissionServer::new(services.clone()),
+            path: EXCHANGE_PATH,
+            method: EncodedExchange(services),
+        }
     }
 }
 
-impl tonic::server::NamedService for ExchangeFront {
-    const NAME: &'static str = <AdmissionServer<Services> as tonic::server::NamedService>::NAME;
+impl ReportFront {
+    /// The front over `services`.
+    pub fn new(services: Services) -> Self {
+        Self {
+            generated: BackendServer::new(services.clone()),
+            path: REPORT_PATH,
+            method: EncodedReport(services),
+        }
+    }
+}
+
+impl<G: tonic::server::NamedService, M> tonic::server::NamedService for Front<G, M> {
+    const NAME: &'static str = G::NAME;
 }
 
 /// The exchange method, on encoded messages.
-struct EncodedExchange(Services);
+#[derive(Clone)]
+pub struct EncodedExchange(Services);
 
 impl tonic::server::UnaryService<Bytes> for EncodedExchange {
     type Response = Bytes;
@@ -166,42 +192,92 @@ impl tonic::server::UnaryService<Bytes> for EncodedExchange {
     }
 }
 
-impl<B> tower::Service<http::Request<B>> for ExchangeFront
+/// The backend report method, on encoded messages.
+#[derive(Clone)]
+pub struct EncodedReport(Services);
+
+impl tonic::server::UnaryService<Bytes> for EncodedReport {
+    type Response = Bytes;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Response<Bytes>, Status>> + Send>>;
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let services = self.0.clone();
+        Box::pin(async move { services.report_encoded(req).await.map(Response::new) })
+    }
+}
+
+impl<G, M, B> tower::Service<http::Request<B>> for Front<G, M>
 where
+    M: tonic::server::UnaryService<Bytes, Response = Bytes> + Clone + Send + 'static,
+    M::Future: Send,
     B: Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
+    G: tower::Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+            Future = std::pin::Pin<
+                Box<
+                    dyn Future<Output = Result<http::Response<tonic::body::Body>, std::convert::Infallible>>
+                        + Send,
+                >,
+            >,
+        >,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = std::convert::Infallible;
-    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future = G::Future;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
         std::task::Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() != EXCHANGE_PATH {
+        if req.uri().path() != self.path {
             return self.generated.call(req);
         }
-        let method = EncodedExchange(self.services.clone());
+        let method = self.method.clone();
         Box::pin(async move { Ok(tonic::server::Grpc::new(BytesCodec).unary(method, req).await) })
     }
 }
 
 /// The exchange's path: `/` the service `/` the method.
 const EXCHANGE_PATH: &str = "/tollgate.v1.Admission/Exchange";
+/// The backend report's path.
+const REPORT_PATH: &str = "/tollgate.v1.Backend/Report";
+
+impl Services {
+    /// A backend's report as it comes off the wire: decoded, checked and taken on the
+    /// blocking pool (see [`take_report`](Self::take_report)).
+    pub async fn report_encoded(self, req: Request<Bytes>) -> Result<Bytes, Status> {
+        use prost::Message;
+        let decode = move || {
+            v1::BackendReport::decode(req.into_inner()).map_err(|e| {
+                Status::internal(format!("failed to decode Protobuf message: BackendReport: {e}"))
+            })
+        };
+        self.take_report(decode).await.map(|ack| Bytes::from(ack.encode_to_vec()))
+    }
+
+    /// Takes the report `decode` makes, on the blocking pool: a report of 10,000 loads takes
+    /// about a millisecond to decode and as much to check, which would hold up the exchanges
+    /// queued behind it on an async worker.
+    async fn take_report(
+        &self,
+        decode: impl FnOnce() -> Result<v1::BackendReport, Status> + Send + 'static,
+    ) -> Result<v1::ReportAck, Status> {
+        self.controller.check_leader()?;
+        let (controller, now) = (self.controller.clone(), self.clock.now());
+        tokio::task::spawn_blocking(move || controller.backend_report(now, &decode()?))
+            .await
+            .map_err(|e| Status::internal(format!("backend report failed: {e}")))?
+    }
+}
 
 #[tonic::async_trait]
 impl Backend for Services {
     async fn report(&self, req: Request<v1::BackendReport>) -> Result<Response<v1::ReportAck>, Status> {
-        self.controller.check_leader()?;
-        let (controller, now) = (self.controller.clone(), self.clock.now());
-        // Checked and taken on the blocking pool: a report of 10,000 loads takes about a
-        // millisecond, which would hold up the exchanges queued behind it on this worker.
-        tokio::task::spawn_blocking(move || controller.backend_report(now, &req.into_inner()))
-            .await
-            .map_err(|e| Status::internal(format!("backend report failed: {e}")))?
-            .map(Response::new)
+        self.take_report(move || Ok(req.into_inner())).await.map(Response::new)
     }
 
     type WatchSettingsStream =

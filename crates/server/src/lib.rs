@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
-use tollgate_proto::v1::{admin_server::AdminServer, backend_server::BackendServer};
+use tollgate_proto::v1::admin_server::AdminServer;
 use tonic::transport::server::Connected;
 
 pub use crate::clock::{Clock, wall_ms};
@@ -448,7 +448,7 @@ where
         .http2_max_header_list_size(conn::HEADERS_MAX_BYTES)
         .layer(guard::GrpcGuardLayer { controller: controller.clone(), front })
         .add_service(grpc::ExchangeFront::new(services.clone()))
-        .add_service(BackendServer::new(services.clone()))
+        .add_service(grpc::ReportFront::new(services.clone()))
         .add_service(AdminServer::new(services))
         .add_service(
             envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer::new(
