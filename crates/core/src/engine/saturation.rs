@@ -169,14 +169,22 @@ pub(crate) struct Gathering {
     zone: u32,
     backend: u32,
     ratio: Option<f64>,
-    /// The quota law's (limiting cost, quotas sharing it).
+    /// While the quota law's first pass is under way: the load and the quotas of the groups
+    /// busy on the backend, summed so far.
+    summing: Option<(f64, f64)>,
+    /// The quota law's (limiting cost, quotas sharing it), once summed.
     shares: Option<(f64, f64)>,
 }
 
 impl Gathering {
-    /// How many loads the report holds.
+    /// How many loads the report holds (each pass goes over them all).
     pub(crate) fn len(&self) -> usize {
         self.load.len()
+    }
+
+    /// Whether its loads are all taken.
+    pub(crate) fn done(&self) -> bool {
+        self.summing.is_none() && self.next == self.load.len()
     }
 }
 
@@ -322,16 +330,13 @@ impl SaturationSettings {
     }
 
     /// Begins taking backend `id`'s report into the tick's gathering, unless it is older
-    /// than `expiry`: its place among the tick's backends and zones, its ratio if it is
-    /// saturated, and under the quota law its limiting cost and the quotas that share it (one
-    /// pass over its loads). [`gather_part`](Self::gather_part) takes the loads.
+    /// than `expiry`: its place among the tick's backends and zones, and its ratio if it is
+    /// saturated. [`gather_part`](Self::gather_part) takes the loads.
     pub(super) fn begin_backend(
         &self,
         (id, b): (&String, &BackendState),
         now: Nanos,
         expiry: Duration,
-        quota: &dyn Fn(&GroupName) -> Option<f64>,
-        tracked: &super::Tracking,
         reporting: &mut Reporting,
     ) -> Option<Gathering> {
         if now.since(b.seen) > expiry {
@@ -347,22 +352,10 @@ impl SaturationSettings {
         let backend = reporting.backends.len() as u32;
         reporting.backends.push((id.clone(), zone));
         let ratio = self.limiting_ratio_of(b.health);
-        // The quota law: this backend's limiting cost, shared by the limits of the groups
-        // busy on it.
-        let shares = match (self.law, ratio) {
-            (LimitingLaw::Quota, Some(r)) => {
-                let total: f64 = b.load.iter().map(|(_, l)| l).sum();
-                let quotas: f64 = b
-                    .load
-                    .iter()
-                    .filter(|(g, l)| self.counts(*l, &|| busy(tracked.get(g))))
-                    .filter_map(|(g, _)| quota(g))
-                    .sum();
-                (quotas > 0.0).then_some((r * total, quotas))
-            }
-            _ => None,
-        };
-        Some(Gathering { load: b.load.clone(), next: 0, zone, backend, ratio, shares })
+        // The quota law first sums, over the whole report, the load and the quotas of the
+        // groups busy on the backend: its limiting cost is shared by those quotas.
+        let summing = (self.law == LimitingLaw::Quota && ratio.is_some()).then_some((0.0, 0.0));
+        Some(Gathering { load: b.load.clone(), next: 0, zone, backend, ratio, summing, shares: None })
     }
 
     /// Whether a group with load `l` on a saturated backend counts on it. A group saturation
@@ -374,7 +367,8 @@ impl SaturationSettings {
         l >= self.limiting_threshold || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy())
     }
 
-    /// Takes the loads of `part` up to `upto` into the tick's gathering: the load of each
+    /// Takes the loads of `part` up to `upto` into the tick's gathering (under the quota law,
+    /// first sums them up to there: a pass of its own before the loads are taken): the load of each
     /// tracked group it names among the first `len` tracked (the groups the tick walks), and
     /// the backend's (zone, ratio) if the group counts on it. A group with any load gets a
     /// slot in `loads` (its `load_slot`, which the tick takes and clears); groups reported
@@ -389,6 +383,24 @@ impl SaturationSettings {
         len: usize,
         loads: &mut Loads,
     ) {
+        if let Some((total, quotas)) = &mut part.summing {
+            for (group, l) in &part.load[part.next..upto] {
+                *total += l;
+                if self.counts(*l, &|| busy(tracked.get(group)))
+                    && let Some(q) = quota(group)
+                {
+                    *quotas += q;
+                }
+            }
+            part.next = upto;
+            if upto == part.load.len() {
+                let (total, quotas) = (*total, *quotas);
+                let r = part.ratio.expect("a saturated backend");
+                part.shares = (quotas > 0.0).then_some((r * total, quotas));
+                (part.summing, part.next) = (None, 0);
+            }
+            return;
+        }
         let quota_law = self.law == LimitingLaw::Quota;
         let (zone, backend, ratio, shares) = (part.zone, part.backend, part.ratio, part.shares);
         for (group, l) in &part.load[part.next..upto] {

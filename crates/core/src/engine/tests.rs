@@ -619,10 +619,11 @@ fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
 
 /// An engine whose 20 groups (`g0` to `g19`) each have a client, with backends limiting
 /// them by saturation: every load counts (no threshold, no zone ignored).
-fn saturated_engine() -> Engine {
+fn saturated_engine(law: LimitingLaw) -> Engine {
     let mut s = EngineSettings::default();
     s.saturation.limiting_threshold = 0.0;
     s.saturation.ignore_worst_zones = 0;
+    s.saturation.law = law;
     let mut e = engine(s);
     for i in 0..20 {
         e.set_group(name(&format!("g{i}")), GroupSettings::builder().limit(1e6).build().unwrap());
@@ -667,8 +668,41 @@ const TWENTY: [&str; 20] = [
 /// whose report it has begun is taken as it was, whatever it reports meanwhile (its new
 /// report counts from the next tick), and one it has not reached yet counts with its new
 /// report. Each decides as a tick with those reports in place.
+/// Under every law, a tick whose backends' loads are gathered a few at a time decides as
+/// one gathered at once (the quota law sums each report in a pass of its own first).
+#[test]
+fn a_tick_gathering_the_loads_in_slices_decides_exactly_as_one_tick() {
+    for law in LimitingLaw::ALL {
+        let run = |budget: usize| {
+            let mut e = saturated_engine(law);
+            for second in 1..4 {
+                let t = Nanos(second * S);
+                report_all_groups(&mut e, t);
+                let load = 100.0 * second as f64;
+                e.backend_report(t, "b1", "z1", Health::Utilisation(1.2), &backend_loads("b1", load))
+                    .unwrap();
+                e.backend_report(t, "b2", "z2", Health::Utilisation(1.1), &backend_loads("b2", load))
+                    .unwrap();
+                e.begin_tick(t);
+                while !e.tick_slice(budget) {}
+            }
+            outcomes(&e, &TWENTY)
+        };
+        let whole = run(usize::MAX);
+        for budget in [1, 2, 3, 7, 11, 25] {
+            assert_eq!(run(budget), whole, "{law:?}, {budget} a slice");
+        }
+    }
+}
+
 #[test]
 fn a_backend_report_during_the_gathering_counts_whole_in_one_tick() {
+    for law in LimitingLaw::ALL {
+        a_report_during_the_gathering(law);
+    }
+}
+
+fn a_report_during_the_gathering(law: LimitingLaw) {
     let (t1, t2, t3) = (Nanos(S), Nanos(2 * S), Nanos(3 * S));
     let start = |e: &mut Engine| {
         report_all_groups(e, t1);
@@ -684,7 +718,7 @@ fn a_backend_report_during_the_gathering_counts_whole_in_one_tick() {
         e.backend_report(t2, "b2", "z2", Health::Utilisation(1.4), &backend_loads("b2", 500.0)).unwrap()
     };
     // Both new reports land after b1's first three loads are taken, before b2 is reached.
-    let mut sliced = saturated_engine();
+    let mut sliced = saturated_engine(law);
     start(&mut sliced);
     sliced.begin_tick(t2);
     assert!(!sliced.tick_slice(4), "b1 begun, three of its loads taken");
@@ -692,12 +726,12 @@ fn a_backend_report_during_the_gathering_counts_whole_in_one_tick() {
     new_b2(&mut sliced);
     while !sliced.tick_slice(4) {}
     // The same tick with b1's old report and b2's new one in place.
-    let mut twin = saturated_engine();
+    let mut twin = saturated_engine(law);
     start(&mut twin);
     new_b2(&mut twin);
     twin.tick(t2);
     let decided = outcomes(&sliced, &TWENTY);
-    assert_eq!(decided, outcomes(&twin, &TWENTY));
+    assert_eq!(decided, outcomes(&twin, &TWENTY), "{law:?}");
     // b1's new report is the one the next tick takes.
     for e in [&mut sliced, &mut twin] {
         report_all_groups(e, t3);
@@ -705,8 +739,8 @@ fn a_backend_report_during_the_gathering_counts_whole_in_one_tick() {
     new_b1(&mut twin);
     sliced.tick(t3);
     twin.tick(t3);
-    assert_eq!(outcomes(&sliced, &TWENTY), outcomes(&twin, &TWENTY));
-    assert_ne!(outcomes(&sliced, &TWENTY), decided, "the new reports changed the limits");
+    assert_eq!(outcomes(&sliced, &TWENTY), outcomes(&twin, &TWENTY), "{law:?}");
+    assert_ne!(outcomes(&sliced, &TWENTY), decided, "{law:?}: the new reports changed the limits");
 }
 
 /// A group tracked while a tick gathers the backends' loads (a backend reports it too) is
@@ -721,13 +755,13 @@ fn a_group_tracked_while_the_loads_are_gathered_waits_for_the_next_tick() {
         e.backend_report(t1, "b1", "z1", Health::Utilisation(1.2), &backend_loads("b1", 300.0)).unwrap();
         e.backend_report(t1, "b2", "z2", Health::Utilisation(1.1), &backend_loads("b2", 200.0)).unwrap();
     };
-    let mut sliced = saturated_engine();
+    let mut sliced = saturated_engine(LimitingLaw::Rate);
     prepare(&mut sliced);
     sliced.begin_tick(t1);
     assert!(!sliced.tick_slice(2), "b1 begun, one of its loads taken");
     report_groups(&mut sliced, t1, 10..20);
     while !sliced.tick_slice(2) {}
-    let mut twin = saturated_engine();
+    let mut twin = saturated_engine(LimitingLaw::Rate);
     prepare(&mut twin);
     twin.tick(t1);
     report_groups(&mut twin, t1, 10..20);

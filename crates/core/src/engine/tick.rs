@@ -161,7 +161,7 @@ impl Engine {
                 let upto = part.len().min(part.next.saturating_add(budget - taken));
                 taken += upto - part.next;
                 sat.gather_part(part, upto, &quota, tracked, run.len, loads);
-                if part.next == part.len() {
+                if part.done() {
                     run.part = None;
                 }
                 continue;
@@ -172,16 +172,8 @@ impl Engine {
                 return;
             };
             run.gathered = Some(id.clone());
-            run.part = sat.begin_backend(
-                (id, b),
-                run.now,
-                settings.report_expiry,
-                &quota,
-                tracked,
-                &mut run.reporting,
-            );
-            // Its first pass, under the quota law, reads every load of the report.
-            taken += 1 + if sat.law == LimitingLaw::Quota { b.load.len() } else { 0 };
+            run.part = sat.begin_backend((id, b), run.now, settings.report_expiry, &mut run.reporting);
+            taken += 1;
         }
     }
 
