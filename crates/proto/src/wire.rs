@@ -1,4 +1,5 @@
-//! The exchange read and written by hand, beside the generated code.
+//! The exchange read and written by hand, beside the generated code; and a backend's report
+//! read by hand.
 //!
 //! An exchange is the controller's busiest call: every client makes one per tick, carrying up
 //! to [`EXCHANGE_GROUPS_MAX`](crate::EXCHANGE_GROUPS_MAX) groups. Through the generated types,
@@ -10,8 +11,9 @@
 //! The bytes are the contract's. [`ExchangeView::decode`] accepts exactly the messages the
 //! generated code accepts (the same checks on keys, wire types, lengths, UTF-8 and nesting,
 //! unknown fields skipped, the last of a repeated scalar kept) and reads the same values;
-//! [`AnswerWriter`] writes byte for byte what the generated code writes. The tests hold both to
-//! the generated code for any message and any bytes.
+//! [`AnswerWriter`] writes byte for byte what the generated code writes; [`ReportView::decode`]
+//! reads a backend's report (up to 10,000 loads) the same way. The tests hold them to the
+//! generated code for any message and any bytes.
 
 use crate::v1;
 
@@ -112,6 +114,73 @@ impl<'a> ExchangeView<'a> {
             sequence: m.sequence,
             groups: m.groups.iter().map(usage).collect(),
             target_request_period_ms: m.target_request_period_ms,
+        }
+    }
+}
+
+/// One group's load in a backend's report, read in place.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LoadView<'a> {
+    /// The group's name, as sent (checked later, by the controller).
+    pub group: &'a str,
+    /// The load it puts on the backend, units/s.
+    pub units_per_s: f64,
+}
+
+/// A backend's report, read in place: a report carries up to
+/// [`REPORT_GROUPS_MAX`](crate::REPORT_GROUPS_MAX) loads, and through the generated types
+/// each of their names is an allocation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReportView<'a> {
+    /// The backend.
+    pub backend_id: &'a str,
+    /// Its zone.
+    pub zone: &'a str,
+    /// Its health, if given (of the two, the last sent).
+    pub health: Option<v1::backend_report::Health>,
+    /// The loads, in the report's order.
+    pub loads: Vec<LoadView<'a>>,
+}
+
+impl<'a> ReportView<'a> {
+    /// Reads an encoded `BackendReport`: the messages the generated code accepts, and the
+    /// values it reads.
+    pub fn decode(bytes: &'a [u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader { buf: bytes };
+        let mut view = ReportView::default();
+        while !r.buf.is_empty() {
+            let (tag, wire) = r.key()?;
+            match tag {
+                1 => view.backend_id = r.string(wire)?,
+                2 => view.zone = r.string(wire)?,
+                3 => view.health = Some(v1::backend_report::Health::QueueBytes(r.double(wire)?)),
+                4 => view.health = Some(v1::backend_report::Health::Utilisation(r.double(wire)?)),
+                5 => {
+                    let mut inner = r.message(wire, NESTING_MAX)?;
+                    let mut load = LoadView::default();
+                    while !inner.buf.is_empty() {
+                        let (tag, wire) = inner.key()?;
+                        match tag {
+                            1 => load.group = inner.string(wire)?,
+                            2 => load.units_per_s = inner.double(wire)?,
+                            _ => inner.skip(wire, tag, NESTING_MAX - 1)?,
+                        }
+                    }
+                    view.loads.push(load);
+                }
+                _ => r.skip(wire, tag, NESTING_MAX)?,
+            }
+        }
+        Ok(view)
+    }
+
+    /// The same view of a report already decoded by the generated code.
+    pub fn of(m: &'a v1::BackendReport) -> Self {
+        ReportView {
+            backend_id: &m.backend_id,
+            zone: &m.zone,
+            health: m.health,
+            loads: m.loads.iter().map(|l| LoadView { group: &l.group, units_per_s: l.units_per_s }).collect(),
         }
     }
 }

@@ -24,7 +24,7 @@ use tollgate_core::engine::{
 use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1;
-use tollgate_proto::wire::{ExchangeView, GrantFields};
+use tollgate_proto::wire::{ExchangeView, GrantFields, ReportView};
 use tollgate_proto::{BACKEND_ID_MAX_BYTES, CLIENT_ID_MAX_BYTES, EXCHANGE_GROUPS_MAX, REPORT_GROUPS_MAX};
 use tonic::Status;
 
@@ -573,9 +573,9 @@ impl Controller {
 
     /// Records a backend's report. Loads naming an invalid group, or carrying a bad number,
     /// are left out and listed in the answer; the rest are taken.
-    pub fn backend_report(&self, now: Nanos, r: &v1::BackendReport) -> Result<v1::ReportAck, Status> {
-        id("backend_id", &r.backend_id, BACKEND_ID_MAX_BYTES)?;
-        id("zone", &r.zone, BACKEND_ID_MAX_BYTES)?;
+    pub fn backend_report(&self, now: Nanos, r: &ReportView<'_>) -> Result<v1::ReportAck, Status> {
+        id("backend_id", r.backend_id, BACKEND_ID_MAX_BYTES)?;
+        id("zone", r.zone, BACKEND_ID_MAX_BYTES)?;
         let health = match r.health {
             Some(v1::backend_report::Health::QueueBytes(q)) => {
                 Health::QueueBytes(quantity(|| "queue_bytes".into(), q).map_err(Status::invalid_argument)?)
@@ -594,7 +594,7 @@ impl Controller {
         let mut loads = Vec::with_capacity(r.loads.len());
         let mut rejected = Vec::new();
         for (i, l) in r.loads.iter().enumerate() {
-            let checked = group_name(|| format!("loads[{i}].group"), &l.group)
+            let checked = group_name(|| format!("loads[{i}].group"), l.group)
                 .and_then(|n| quantity(|| format!("loads[{i}].units_per_s"), l.units_per_s).map(|u| (n, u)));
             match checked {
                 Ok(load) => loads.push(load),
@@ -606,10 +606,10 @@ impl Controller {
         }
         // Made ready before the engine is locked, and what it replaces dropped after: a report
         // of 10,000 loads would hold up every exchange meanwhile.
-        let report = BackendReport::new(&r.zone, health, loads);
+        let report = BackendReport::new(r.zone, health, loads);
         let replaced = self
             .engine()
-            .put_backend_report(now, &r.backend_id, report)
+            .put_backend_report(now, r.backend_id, report)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         drop(replaced);
         Ok(v1::ReportAck { rejected })
@@ -1073,13 +1073,15 @@ mod tests {
             health: Some(v1::backend_report::Health::Utilisation(0.5)),
             loads: vec![load("good", 10.0), load("", 5.0), load("bad\nname", 5.0), load("nan", f64::NAN)],
         };
-        let ack = c.backend_report(Nanos::ZERO, &report).unwrap();
+        let ack = c.backend_report(Nanos::ZERO, &ReportView::of(&report)).unwrap();
         assert_eq!(ack.rejected.len(), 3, "{ack:?}");
         assert!(ack.rejected[0].starts_with("loads[1].group: must not be empty"), "{ack:?}");
         assert!(ack.rejected[2].starts_with("loads[3].units_per_s: must be a finite number"), "{ack:?}");
         assert_eq!(c.tracking(Nanos::ZERO).1, 1, "the backend and its good load were taken");
         // A report without health is refused whole, naming the field.
-        let e = c.backend_report(Nanos::ZERO, &v1::BackendReport { health: None, ..report }).unwrap_err();
+        let e = c
+            .backend_report(Nanos::ZERO, &ReportView::of(&v1::BackendReport { health: None, ..report }))
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().starts_with("health:"), "{e:?}");
     }

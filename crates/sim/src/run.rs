@@ -341,7 +341,9 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         // exchange is due makes it, in the order they were started.
         if up && now.0.is_multiple_of(tick_ns) {
             for report in world.backend_reports(now) {
-                controller.backend_report(now, &report).expect("scenario backends are valid");
+                controller
+                    .backend_report(now, &tollgate_proto::wire::ReportView::of(&report))
+                    .expect("scenario backends are valid");
             }
             controller.tick(now);
             if let Some(sink) = hooks.trace.as_mut() {

@@ -1,5 +1,5 @@
-//! The hand-written exchange held to the generated code: the same messages accepted, the same
-//! values read, the same bytes written.
+//! The hand-written exchange and backend report held to the generated code: the same messages
+//! accepted, the same values read, the same bytes written.
 
 use proptest::prelude::*;
 use prost::Message;
@@ -190,6 +190,68 @@ fn encode_fields(fields: &[Field], out: &mut Vec<u8>) {
     }
 }
 
+fn any_report() -> impl Strategy<Value = v1::BackendReport> {
+    let health = proptest::option::of(prop_oneof![
+        any_f64().prop_map(v1::backend_report::Health::QueueBytes),
+        any_f64().prop_map(v1::backend_report::Health::Utilisation),
+    ]);
+    let load = (any_name(), any_f64()).prop_map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s });
+    (any_name(), any_name(), health, proptest::collection::vec(load, 0..30))
+        .prop_map(|(backend_id, zone, health, loads)| v1::BackendReport { backend_id, zone, health, loads })
+}
+
+/// A report's fields in any order, repeated, with unknown ones and the two healths both sent.
+fn report_fields() -> impl Strategy<Value = Vec<Field>> {
+    let load = prop_oneof![
+        "[a-z]{0,6}".prop_map(|s| Field::Bytes(1, s.into_bytes())),
+        any::<u64>().prop_map(|v| Field::Fixed64(2, v)),
+        (3u32..40, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+    ];
+    proptest::collection::vec(
+        prop_oneof![
+            (prop_oneof![Just(1u32), Just(2)], "[a-z]{0,6}")
+                .prop_map(|(t, s)| Field::Bytes(t, s.into_bytes())),
+            (prop_oneof![Just(3u32), Just(4)], any::<u64>()).prop_map(|(t, v)| Field::Fixed64(t, v)),
+            proptest::collection::vec(load, 0..5).prop_map(|f| Field::Nested(5, f)),
+            (6u32..40, proptest::collection::vec(any::<u8>(), 0..5)).prop_map(|(t, v)| Field::Bytes(t, v)),
+        ],
+        0..12,
+    )
+}
+
+/// Both readings of `bytes` as a backend report agree: both refuse it, or both read the same
+/// values.
+fn agree_report(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let generated = v1::BackendReport::decode(bytes);
+    let by_hand = ReportView::decode(bytes);
+    match (&generated, &by_hand) {
+        (Ok(m), Ok(v)) => prop_assert!(same(&ReportView::of(m), v), "{:?}\n{:?}", ReportView::of(m), v),
+        (Err(_), Err(_)) => {}
+        _ => prop_assert!(false, "generated {generated:?}, by hand {by_hand:?}, bytes {bytes:?}"),
+    }
+    Ok(())
+}
+
+/// Edits `bytes` at random places: each edit overwrites, inserts or removes a byte, or cuts
+/// the rest off.
+fn damage(bytes: &mut Vec<u8>, edits: Vec<(prop::sample::Index, u8, u8)>) {
+    for (at, byte, how) in edits {
+        if bytes.is_empty() {
+            bytes.push(byte);
+            continue;
+        }
+        let i = at.index(bytes.len());
+        match how {
+            0 => bytes[i] = byte,
+            1 => bytes.insert(i, byte),
+            2 => {
+                bytes.remove(i);
+            }
+            _ => bytes.truncate(i),
+        }
+    }
+}
+
 /// Both readings of `bytes` agree: both refuse it, or both read the same values.
 fn agree(bytes: &[u8]) -> Result<(), TestCaseError> {
     let generated = v1::ExchangeRequest::decode(bytes);
@@ -238,20 +300,44 @@ proptest! {
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..4),
     ) {
         let mut bytes = m.encode_to_vec();
-        for (at, byte, how) in edits {
-            if bytes.is_empty() {
-                bytes.push(byte);
-                continue;
-            }
-            let i = at.index(bytes.len());
-            match how {
-                0 => bytes[i] = byte,
-                1 => bytes.insert(i, byte),
-                2 => { bytes.remove(i); }
-                _ => bytes.truncate(i),
-            }
-        }
+        damage(&mut bytes, edits);
         agree(&bytes)?;
+    }
+
+    #[test]
+    fn any_report_reads_as_the_generated_code_reads_it(m in any_report()) {
+        let bytes = m.encode_to_vec();
+        let v = ReportView::decode(&bytes).unwrap();
+        prop_assert!(same(&v, &ReportView::of(&v1::BackendReport::decode(bytes.as_slice()).unwrap())));
+    }
+
+    #[test]
+    fn any_fields_are_accepted_or_refused_as_a_report_as_the_generated_code_does(
+        fields in proptest::collection::vec(any_field(), 0..12),
+    ) {
+        let mut bytes = Vec::new();
+        encode_fields(&fields, &mut bytes);
+        agree_report(&bytes)?;
+    }
+
+    #[test]
+    fn report_fields_in_any_order_repeated_or_unknown_read_as_the_generated_code_reads_them(
+        fields in report_fields(),
+    ) {
+        let mut bytes = Vec::new();
+        encode_fields(&fields, &mut bytes);
+        prop_assert!(ReportView::decode(&bytes).is_ok());
+        agree_report(&bytes)?;
+    }
+
+    #[test]
+    fn a_report_damaged_anywhere_is_accepted_or_refused_as_the_generated_code_does(
+        m in any_report(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..4),
+    ) {
+        let mut bytes = m.encode_to_vec();
+        damage(&mut bytes, edits);
+        agree_report(&bytes)?;
     }
 
     #[test]
@@ -292,8 +378,9 @@ proptest! {
 
 #[test]
 fn nesting_is_refused_past_the_generated_codes_limit_and_read_below_it() {
-    // An unknown field holding groups nested `depth` deep, inside a group's usage.
-    let nested = |depth: u32| {
+    // An unknown field holding groups nested `depth` deep, inside a message of field `field`
+    // (an exchange's group usage, 3; a report's load, 5) whose field 1 is its group's name.
+    let nested = |field: u32, depth: u32| {
         let mut inner = Vec::new();
         for _ in 0..depth {
             put_key(&mut inner, 20, 3);
@@ -307,18 +394,23 @@ fn nesting_is_refused_past_the_generated_codes_limit_and_read_below_it() {
         usage.push(b'g');
         usage.extend_from_slice(&inner);
         let mut bytes = Vec::new();
-        put_key(&mut bytes, 3, 2);
+        put_key(&mut bytes, field, 2);
         put_varint(&mut bytes, usage.len() as u64);
         bytes.extend_from_slice(&usage);
         bytes
     };
     for depth in [1, 50, 97, 98, 99, 100, 101, 150] {
-        let bytes = nested(depth);
+        let bytes = nested(3, depth);
         let generated = v1::ExchangeRequest::decode(bytes.as_slice()).is_ok();
-        assert_eq!(ExchangeView::decode(&bytes).is_ok(), generated, "{depth} deep");
+        assert_eq!(ExchangeView::decode(&bytes).is_ok(), generated, "an exchange {depth} deep");
+        let bytes = nested(5, depth);
+        let generated = v1::BackendReport::decode(bytes.as_slice()).is_ok();
+        assert_eq!(ReportView::decode(&bytes).is_ok(), generated, "a report {depth} deep");
     }
-    assert!(ExchangeView::decode(&nested(50)).is_ok());
-    assert!(ExchangeView::decode(&nested(150)).is_err());
+    assert!(ExchangeView::decode(&nested(3, 50)).is_ok());
+    assert!(ExchangeView::decode(&nested(3, 150)).is_err());
+    assert!(ReportView::decode(&nested(5, 50)).is_ok());
+    assert!(ReportView::decode(&nested(5, 150)).is_err());
 }
 
 #[test]
