@@ -301,7 +301,7 @@ impl SaturationSettings {
 
     /// The ratio a backend in this health limits with: FoundationDB's, capped at the backend's
     /// proportional headroom `1/u` below saturation, and `1/u` itself just above it, up to
-    /// [`PLATEAU`] past 1, where FoundationDB's curve takes over again, shifted to meet it.
+    /// `PLATEAU` past 1, where FoundationDB's curve takes over again, shifted to meet it.
     ///
     /// The plateau is what keeps low rates still: a group admitting a few transactions a second
     /// puts a load on the backend that comes in whole transactions and dithers a percent or two
