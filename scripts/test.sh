@@ -60,6 +60,8 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The default build (no etcd, no protoc needed) is the README's first command: it must stay clean.
 cargo clippy -p tollgate-server -p tollgate-cli --locked -- -D warnings
+# Rustdoc's own lints (a broken link, a link to a private item), warnings as errors.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --locked
 
 # The end-to-end test runs examples/kv-service as a real process: build it as a binary
 # (`--all-targets` below builds examples only in test mode).
