@@ -253,29 +253,41 @@ impl Services {
     /// an async worker.
     pub async fn report_encoded(self, req: Request<Bytes>) -> Result<Bytes, Status> {
         use prost::Message;
+        let ack = self
+            .take_report(move |controller, now| {
+                let report = ReportView::decode(req.get_ref()).map_err(|e| {
+                    Status::internal(format!("failed to decode Protobuf message: BackendReport: {e}"))
+                })?;
+                controller.backend_report(now, &report)
+            })
+            .await?;
+        Ok(Bytes::from(ack.encode_to_vec()))
+    }
+
+    /// Runs `take` (read a report, check it, hand it to the engine) on the blocking pool, on
+    /// the leader only.
+    async fn take_report(
+        &self,
+        take: impl FnOnce(&Controller, tollgate_core::time::Nanos) -> Result<v1::ReportAck, Status>
+        + Send
+        + 'static,
+    ) -> Result<v1::ReportAck, Status> {
         self.controller.check_leader()?;
         let (controller, now) = (self.controller.clone(), self.clock.now());
-        let ack = tokio::task::spawn_blocking(move || {
-            let report = ReportView::decode(req.get_ref()).map_err(|e| {
-                Status::internal(format!("failed to decode Protobuf message: BackendReport: {e}"))
-            })?;
-            controller.backend_report(now, &report)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("backend report failed: {e}")))??;
-        Ok(Bytes::from(ack.encode_to_vec()))
+        tokio::task::spawn_blocking(move || take(&controller, now))
+            .await
+            .map_err(|e| Status::internal(format!("backend report failed: {e}")))?
     }
 }
 
 #[tonic::async_trait]
 impl Backend for Services {
     async fn report(&self, req: Request<v1::BackendReport>) -> Result<Response<v1::ReportAck>, Status> {
-        self.controller.check_leader()?;
-        let (controller, now) = (self.controller.clone(), self.clock.now());
-        tokio::task::spawn_blocking(move || controller.backend_report(now, &ReportView::of(req.get_ref())))
-            .await
-            .map_err(|e| Status::internal(format!("backend report failed: {e}")))?
-            .map(Response::new)
+        self.take_report(move |controller, now| {
+            controller.backend_report(now, &ReportView::of(req.get_ref()))
+        })
+        .await
+        .map(Response::new)
     }
 
     type WatchSettingsStream =
