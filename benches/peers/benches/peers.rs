@@ -2,9 +2,10 @@
 //!
 //! `cargo bench --manifest-path benches/peers/Cargo.toml`
 //!
-//! - `rate_10k` and `rate_100k`: one group at 10,000 and 100,000 units/s with a one-second
-//!   burst, called in a tight loop, so that calls are admitted until the burst is spent and
-//!   refused after (most calls are refusals, as for a throttled tenant). Tollgate's handle
+//! - `rate_10k`, `rate_100k` and `rate_1000k`: one group at 10,000, 100,000 and 1,000,000
+//!   units/s (the last fast enough for a thread's stash) with a one-second burst, called in a
+//!   tight loop, so that calls are admitted until the burst is spent and refused after (most
+//!   calls are refusals, as for a throttled tenant). Tollgate's handle
 //!   (`GroupHandle::try_acquire`) beside governor's `check_n` and limitador's in-memory
 //!   `check_rate_limited_and_update` (a fixed window of one second: a per-request counter).
 //! - `by_name_1`, `by_name_1000`, `by_name_10000`, `by_name_100000`: the same limit per key,
@@ -34,7 +35,7 @@ fn gate(groups: &[String], rate: u32) -> Tollgate {
 }
 
 fn rates(c: &mut Criterion) {
-    for rate in [10_000u32, 100_000] {
+    for rate in [10_000u32, 100_000, 1_000_000] {
         let mut g = c.benchmark_group(format!("rate_{}k", rate / 1000));
         let gate = gate(&["g".to_string()], rate);
         let handle = gate.group("g").unwrap();
@@ -43,7 +44,9 @@ fn rates(c: &mut Criterion) {
         });
         let lim = RateLimiter::direct(Quota::per_second(NonZeroU32::new(rate).unwrap()));
         let one = NonZeroU32::new(1).unwrap();
-        g.bench_function("governor_check_n", |b| b.iter(|| black_box(matches!(lim.check_n(black_box(one)), Ok(Ok(()))))));
+        g.bench_function("governor_check_n", |b| {
+            b.iter(|| black_box(matches!(lim.check_n(black_box(one)), Ok(Ok(())))))
+        });
         let limitador = limitador::RateLimiter::new(10_000);
         limitador.add_limit(Limit::new("ns", u64::from(rate), 1, [], []));
         let ns = "ns".into();

@@ -39,7 +39,10 @@ fn round(mut f: impl FnMut()) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let shuffled = args.iter().any(|a| a == "shuffled");
-    let mut numbers = args.iter().filter(|a| *a != "shuffled").map(|a| a.parse::<usize>().expect("KEYS [ROUNDS]: whole numbers"));
+    let mut numbers = args
+        .iter()
+        .filter(|a| *a != "shuffled")
+        .map(|a| a.parse::<usize>().expect("KEYS [ROUNDS]: whole numbers"));
     let keys = numbers.next().unwrap_or(10_000).max(1);
     let rounds = numbers.next().unwrap_or(7).max(1);
     let names: Vec<String> = (0..keys).map(|i| format!("tenant-{i:06}")).collect();

@@ -121,38 +121,75 @@ impl Inner {
         }
         // The cost alone, priced again there: a price passed on would be stored to memory
         // on every call, refusals at low rates included, for this call's sake.
-        Some(self.admit_bucket(g, bucket, cost, generation))
+        Some(self.admit_bucket_miss(g, bucket, cost, generation))
     }
 
-    /// The rest of [`try_admit_bucket`](Self::try_admit_bucket): reads the clock, then admits
-    /// from the stash or the bucket, topping the stash up when the rate allows.
-    fn admit_bucket<'g>(
+    /// [`try_admit_bucket`](Self::try_admit_bucket) past a stash that could not admit: reads
+    /// the clock, and with the stash empty asks the bucket once for the cost and the next
+    /// batch together; both when it holds both, the cost alone when it holds only that, a
+    /// refusal when it holds neither (a throttled thread's usual case, as lean as at low
+    /// rates). A stash taken at another rate, or due for a clock read, goes to
+    /// [`admit_bucket`](Self::admit_bucket).
+    #[inline(never)]
+    fn admit_bucket_miss<'g>(
         &self,
         g: &'g Group,
         bucket: &Bucket,
         cost: f64,
         generation: u64,
     ) -> Result<Permit<'g>, AcquireError> {
-        let now = self.now_for(&bucket.price(cost));
+        let priced = bucket.price(cost);
+        let now = self.now_for(&priced);
         self.tick(now);
-        let batch = stash_batch(bucket);
+        let extra_ns = g.with_local(|_, stash| stash_missed(stash, generation, cost)).unwrap_or(STASH_OTHER);
+        if extra_ns == STASH_OTHER {
+            return self.admit_bucket(g, bucket, cost, generation, now);
+        }
+        match bucket.commit_with_extra(priced, extra_ns, now) {
+            Ok(took) => {
+                stash_refilled(g, bucket, cost, took);
+                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
+            }
+            Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
+            Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
+        }
+    }
+
+    /// The rest of [`admit_bucket_miss`](Self::admit_bucket_miss), the clock read: admits from
+    /// the stash or the bucket, topping the stash up when the rate allows.
+    #[inline(never)]
+    fn admit_bucket<'g>(
+        &self,
+        g: &'g Group,
+        bucket: &Bucket,
+        cost: f64,
+        generation: u64,
+        now: Nanos,
+    ) -> Result<Permit<'g>, AcquireError> {
+        let priced = bucket.price(cost);
         let outcome = g.with_local(|tally, stash| {
             if stash.generation != generation {
                 // Taken at another rate: give the units back rather than lose them.
                 if stash.units > 0.0 {
                     bucket.refund(stash.units);
                 }
-                *stash = Stash { generation, ..Stash::default() };
+                let batch = stash_batch(&priced);
+                let batch_ns = priced.nanos_for(batch);
+                *stash = Stash { generation, batch, batch_ns, ..Stash::default() };
             }
             stash.hits_left = STASH_HITS;
             let outcome = if stash.units >= cost {
                 stash.units -= cost;
                 Ok(())
-            } else if batch >= cost && bucket.try_acquire(cost + batch, now).is_ok() {
-                stash.units += batch;
-                Ok(())
             } else {
-                bucket.try_acquire(cost, now)
+                // The cost, and a batch for the next ones if the bucket holds that too, in
+                // one step: a throttled thread's refusal costs one look at the bucket.
+                let extra_ns = if stash.batch >= cost { stash.batch_ns } else { 0 };
+                bucket.commit_with_extra(priced, extra_ns, now).map(|took| {
+                    if took {
+                        stash.units += stash.batch;
+                    }
+                })
             };
             if outcome.is_ok() {
                 count_in(tally, cost, false);
@@ -303,6 +340,44 @@ impl Drop for Booking<'_> {
     }
 }
 
+/// What a stash that cannot admit a cost says, other than the nanoseconds of refill to take
+/// when it is empty: it was taken at another rate, or is due for a clock read.
+const STASH_OTHER: u64 = u64::MAX;
+
+/// What a stash that could not admit a cost says: the nanoseconds of refill to take with the
+/// cost when it is empty (its batch's, or 0 when the batch does not cover the cost), or
+/// [`STASH_OTHER`].
+#[inline(always)]
+fn stash_missed(stash: &Stash, generation: u64, cost: f64) -> u64 {
+    if stash.generation != generation || stash.units >= cost {
+        STASH_OTHER
+    } else if stash.batch >= cost {
+        stash.batch_ns
+    } else {
+        0
+    }
+}
+
+/// Counts an admission whose cost came from the bucket, and puts the batch taken with it
+/// (`took`) in the thread's stash. Out of line: once a batch at most.
+#[inline(never)]
+fn stash_refilled(g: &Group, bucket: &Bucket, cost: f64, took: bool) {
+    let counted = g.with_local(|tally, stash| {
+        if took {
+            stash.units += stash.batch;
+        }
+        stash.hits_left = STASH_HITS;
+        count_in(tally, cost, false);
+    });
+    if counted.is_none() {
+        // The thread's stash is gone (it is exiting): the batch goes back to the bucket.
+        if took {
+            bucket.refund(stash_batch(&bucket.price(cost)));
+        }
+        count_admitted(g, cost, false);
+    }
+}
+
 /// Counts an admission in the group's per-thread tally.
 #[inline(always)]
 fn count_admitted(g: &Group, cost: f64, waited: bool) {
@@ -354,15 +429,17 @@ fn stash_worthwhile(priced: &Priced) -> bool {
     ns_per_unit > 0.0 && priced.tolerance_ns() as f64 >= 16.0 * STASH_MIN_UNITS * ns_per_unit
 }
 
-/// Units a thread takes ahead of use from `bucket`: 50 µs at its rate, at most a sixteenth
-/// of its burst, and none when that is under [`STASH_MIN_UNITS`] or the rate is unlimited.
-/// So a stash only exists where the rate is at least 320,000 units/s, and all the threads'
-/// stashes together shift at most a few tens of microseconds of the rate in time.
-fn stash_batch(bucket: &Bucket) -> f64 {
-    let rate = bucket.rate();
-    if !rate.is_finite() {
+/// Units a thread takes ahead of use from a bucket, at the rate and burst a cost was priced
+/// at: 50 µs at its rate, at most a sixteenth of its burst, and none when that is under
+/// [`STASH_MIN_UNITS`] or the rate is unlimited. So a stash only exists where the rate is at
+/// least 320,000 units/s, and all the threads' stashes together shift at most a few tens of
+/// microseconds of the rate in time.
+fn stash_batch(priced: &Priced) -> f64 {
+    let ns_per_unit = priced.ns_per_unit();
+    if !(ns_per_unit > 0.0 && ns_per_unit.is_finite()) {
         return 0.0;
     }
-    let batch = (rate * STASH_SPAN_S).min(bucket.burst() / 16.0);
+    let span_ns = (STASH_SPAN_S * 1e9).min(priced.tolerance_ns() as f64 / 16.0);
+    let batch = span_ns / ns_per_unit;
     if batch >= STASH_MIN_UNITS { batch } else { 0.0 }
 }

@@ -226,14 +226,26 @@ struct Entry {
 /// without touching the shared bucket (see `Inner::try_admit_bucket`). Only that thread
 /// reads or writes it. Units left when the entry is evicted or the thread exits go back to
 /// the group ([`HasCounters::return_stash`]).
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Stash {
     /// Units left to spend.
     pub(crate) units: f64,
     /// The bucket's generation when they were taken; they are spent only at the same one.
+    /// None at first (`u64::MAX`), so that the batch below is worked out before any use.
     pub(crate) generation: u64,
+    /// Units taken at once when the stash runs out, at that generation's rate and burst,
+    /// and what they take of the bucket's refill, in nanoseconds: worked out once a
+    /// generation, not at every admission that misses.
+    pub(crate) batch: f64,
+    pub(crate) batch_ns: u64,
     /// Admissions left before the thread reads the clock again.
     pub(crate) hits_left: u32,
+}
+
+impl Default for Stash {
+    fn default() -> Self {
+        Stash { units: 0.0, generation: u64::MAX, batch: 0.0, batch_ns: 0, hits_left: 0 }
+    }
 }
 
 struct Local {

@@ -473,6 +473,33 @@ fn a_lowered_rate_takes_effect_although_threads_hold_stashes() {
 }
 
 #[test]
+fn a_throttled_thread_at_a_stash_rate_takes_exactly_the_refill_and_counts_each_refusal() {
+    // A frozen clock, 400,000 units/s (a unit every 2.5 µs, stashes of 20 units): the
+    // refusals of a thread with its stash empty go to the bucket alone, one look each.
+    let clock = ManualClock::new();
+    let g = gate(FAST, &clock);
+    let h = g.group("fast").unwrap();
+    assert_eq!(admit(&h, 500_000), 400_000, "the burst, exactly");
+    for _ in 0..1_000 {
+        match h.try_acquire(1.0) {
+            Err(tollgate_client::AcquireError::Throttled { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_nanos(2_500), "one unit's refill")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    // One stash's worth of refill: taken a unit at a time, since a unit and a batch do not
+    // both fit; then a millisecond's, mostly through the stash. Exactly the refill, each time.
+    clock.advance(Duration::from_micros(50));
+    assert_eq!(admit(&h, 1_000), 20);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(admit(&h, 1_000), 400);
+    let stats = h.stats();
+    assert_eq!(stats.admitted, 400_420);
+    assert_eq!(stats.throttled, 100_000 + 1_000 + 980 + 600);
+}
+
+#[test]
 fn a_thread_juggling_many_groups_loses_no_units() {
     // More high-rate groups than a thread tracks at once (32), visited in turn: every visit
     // evicts another group's entry and its stash, which must go back to that group.

@@ -100,6 +100,14 @@ impl Priced {
     pub fn tolerance_ns(&self) -> u64 {
         self.tolerance_ns
     }
+
+    /// Nanoseconds of refill that `units` take at the rate this cost was priced at, rounded
+    /// up as every price is (0 when the rate is unlimited, `u64::MAX` when the bucket is
+    /// closed): the extra of [`Bucket::commit_with_extra`].
+    #[inline]
+    pub fn nanos_for(&self, units: f64) -> u64 {
+        if self.ns_per_unit == 0.0 || units <= 0.0 { 0 } else { ceil_u64(units * self.ns_per_unit) }
+    }
 }
 
 /// The rate/burst pair, decoded.
@@ -209,9 +217,19 @@ impl Bucket {
     /// Admits a priced cost at `now`, or says why not.
     #[inline]
     pub fn commit(&self, priced: Priced, now: Nanos) -> Result<(), Refusal> {
+        // With no extra, the extra's test folds away once inlined.
+        self.commit_with_extra(priced, 0, now).map(|_| ())
+    }
+
+    /// [`commit`](Self::commit), also taking `extra_ns` nanoseconds of refill beyond the cost
+    /// when the bucket holds them too (a batch taken ahead of use, priced with
+    /// [`Priced::nanos_for`]), in the same step: one read and one compare-and-swap whether
+    /// the extra fits or not. `Ok(true)` when it was taken as well.
+    #[inline]
+    pub fn commit_with_extra(&self, priced: Priced, extra_ns: u64, now: Nanos) -> Result<bool, Refusal> {
         let Priced { cost, inc, tolerance_ns, .. } = priced;
         if inc == 0 {
-            return Ok(());
+            return Ok(false);
         }
         // An infinite increment (closed bucket) or one beyond the tolerance (cost above the
         // burst) fails the window check below; `refusal` tells which.
@@ -228,8 +246,11 @@ impl Bucket {
                     self.refusal(cost, ahead)
                 });
             }
-            match self.tat.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(()),
+            // `ahead ≤ tolerance` here, so the room left cannot underflow.
+            let extra = extra_ns > 0 && extra_ns <= tolerance_ns - ahead;
+            let to = if extra { new_tat + extra_ns } else { new_tat };
+            match self.tat.compare_exchange_weak(tat, to, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(extra),
                 Err(actual) => tat = actual,
             }
         }
@@ -466,6 +487,53 @@ mod tests {
         assert!(b.try_acquire(1.0, at_ms(10)).is_err());
         // Never more than the burst, however long it idles.
         assert!((b.available(at_ms(60_000)) - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_extra_is_taken_with_the_cost_only_when_both_fit() {
+        // 1,000 units/s, 100 banked: a unit is 1 ms of refill, 10 units 10 ms.
+        let b = Bucket::new(1000.0, 100.0, at_ms(0));
+        let one = b.price(1.0);
+        let ten = one.nanos_for(10.0);
+        assert_eq!(ten, 10 * MS);
+        // 1 + 10 fit nine times in 100; then the cost alone, the last unit.
+        for _ in 0..9 {
+            assert_eq!(b.commit_with_extra(one, ten, at_ms(0)), Ok(true));
+        }
+        assert_eq!(b.commit_with_extra(one, ten, at_ms(0)), Ok(false));
+        assert!(b.available(at_ms(0)).abs() < 1e-9);
+        // Empty: refused as `commit` refuses, and nothing taken.
+        assert_eq!(b.commit_with_extra(one, ten, at_ms(0)), b.commit(one, at_ms(0)).map(|()| false));
+        assert_eq!(b.commit_with_extra(one, ten, at_ms(0)), Err(Refusal::Wait(Duration::from_millis(1))));
+        assert!(b.available(at_ms(0)).abs() < 1e-9);
+        // Exactly the cost and the extra refilled: both taken, to the last nanosecond.
+        assert_eq!(b.commit_with_extra(one, ten, at_ms(11)), Ok(true));
+        assert!(b.available(at_ms(11)).abs() < 1e-9);
+        // No extra asked, or an extra beyond the burst: the cost alone, as `commit`.
+        assert_eq!(b.commit_with_extra(one, 0, at_ms(12)), Ok(false));
+        assert_eq!(b.commit_with_extra(one, u64::MAX, at_ms(100)), Ok(false));
+        assert!((b.available(at_ms(100)) - 87.0).abs() < 1e-9);
+        // A cost above the burst, a closed bucket: the same refusals as `commit`.
+        assert_eq!(
+            b.commit_with_extra(b.price(100.5), ten, at_ms(100)),
+            Err(Refusal::ExceedsBurst { burst: 100.0 })
+        );
+        b.set_rate(0.0, 100.0, at_ms(100));
+        assert_eq!(b.commit_with_extra(b.price(1.0), ten, at_ms(100)), Err(Refusal::Closed));
+    }
+
+    #[test]
+    fn an_extra_is_priced_at_the_rate_its_cost_was() {
+        let b = Bucket::new(3.0, 10.0, at_ms(0));
+        let p = b.price(1.0);
+        // A third of a second a unit, rounded up.
+        assert_eq!(p.nanos_for(1.0), 333_333_334);
+        assert_eq!(p.nanos_for(0.0), 0);
+        assert_eq!(p.nanos_for(-1.0), 0);
+        b.set_rate(f64::INFINITY, 10.0, at_ms(0));
+        assert_eq!(b.price(1.0).nanos_for(5.0), 0);
+        b.set_rate(0.0, 10.0, at_ms(0));
+        assert_eq!(b.price(1.0).nanos_for(5.0), u64::MAX);
     }
 
     #[test]
