@@ -93,45 +93,57 @@ impl Inner {
             return None;
         }
         let priced = bucket.price(cost);
-        if !stash_worthwhile(&priced) {
-            // A rate too low for stashes: the shared bucket, as `admit` does.
-            let now = self.now_for(&priced);
-            self.tick(now);
-            return Some(match bucket.commit(priced, now) {
-                Ok(()) => {
-                    count_admitted(g, cost, false);
-                    Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
+        // Nanoseconds of refill to take beyond the cost, for the thread's stash: none at a
+        // rate too low for stashes, where every call goes to the shared bucket.
+        let mut extra_ns = 0;
+        if stash_worthwhile(&priced) {
+            let generation = bucket.generation();
+            let step = g.with_local(|tally, stash| {
+                let hit = stash.hits_left > 0 && stash.generation == generation && stash.units >= cost;
+                if hit {
+                    stash.units -= cost;
+                    stash.hits_left -= 1;
+                    count_in(tally, cost, false);
+                    return STASH_HIT;
                 }
-                Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
-                Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
+                stash_missed(stash, generation, cost)
             });
-        }
-        let generation = bucket.generation();
-        let hit = g.with_local(|tally, stash| {
-            let hit = stash.hits_left > 0 && stash.generation == generation && stash.units >= cost;
-            if hit {
-                stash.units -= cost;
-                stash.hits_left -= 1;
-                count_in(tally, cost, false);
+            // A thread without its tally (exiting) is left to the rest too.
+            extra_ns = step.unwrap_or(STASH_OTHER);
+            if extra_ns == STASH_HIT {
+                return Some(Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }));
             }
-            hit
-        });
-        if hit == Some(true) {
-            return Some(Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }));
+            if extra_ns == STASH_OTHER {
+                // Taken at another rate, or due for a clock read: the rest. The cost alone,
+                // priced again there: a price passed on would be stored to memory on every
+                // call, refusals at low rates included, for this call's sake.
+                return Some(self.admit_bucket(g, bucket, cost, generation));
+            }
         }
-        // The cost alone, priced again there: a price passed on would be stored to memory
-        // on every call, refusals at low rates included, for this call's sake.
-        Some(self.admit_bucket_miss(g, bucket, cost, generation))
+        // The shared bucket; with a stash that is empty, the cost and a batch at once when
+        // it holds both, and when it holds neither (a throttled thread's usual case) a
+        // refusal as lean as at low rates, one look at the bucket.
+        let now = self.now_for(&priced);
+        self.tick(now);
+        Some(match bucket.commit_with_extra(priced, extra_ns, now) {
+            Ok(took) => {
+                if extra_ns == 0 {
+                    count_admitted(g, cost, false);
+                } else {
+                    stash_refilled(g, bucket, cost, took);
+                }
+                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
+            }
+            Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
+            Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
+        })
     }
 
-    /// [`try_admit_bucket`](Self::try_admit_bucket) past a stash that could not admit: reads
-    /// the clock, and with the stash empty asks the bucket once for the cost and the next
-    /// batch together; both when it holds both, the cost alone when it holds only that, a
-    /// refusal when it holds neither (a throttled thread's usual case, as lean as at low
-    /// rates). A stash taken at another rate, or due for a clock read, goes to
-    /// [`admit_bucket`](Self::admit_bucket).
+    /// The rest of [`try_admit_bucket`](Self::try_admit_bucket) for a stash taken at another
+    /// rate or due for a clock read: reads the clock, then admits from the stash or the
+    /// bucket, topping the stash up when the rate allows.
     #[inline(never)]
-    fn admit_bucket_miss<'g>(
+    fn admit_bucket<'g>(
         &self,
         g: &'g Group,
         bucket: &Bucket,
@@ -141,32 +153,6 @@ impl Inner {
         let priced = bucket.price(cost);
         let now = self.now_for(&priced);
         self.tick(now);
-        let extra_ns = g.with_local(|_, stash| stash_missed(stash, generation, cost)).unwrap_or(STASH_OTHER);
-        if extra_ns == STASH_OTHER {
-            return self.admit_bucket(g, bucket, cost, generation, now);
-        }
-        match bucket.commit_with_extra(priced, extra_ns, now) {
-            Ok(took) => {
-                stash_refilled(g, bucket, cost, took);
-                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
-            }
-            Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
-            Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
-        }
-    }
-
-    /// The rest of [`admit_bucket_miss`](Self::admit_bucket_miss), the clock read: admits from
-    /// the stash or the bucket, topping the stash up when the rate allows.
-    #[inline(never)]
-    fn admit_bucket<'g>(
-        &self,
-        g: &'g Group,
-        bucket: &Bucket,
-        cost: f64,
-        generation: u64,
-        now: Nanos,
-    ) -> Result<Permit<'g>, AcquireError> {
-        let priced = bucket.price(cost);
         let outcome = g.with_local(|tally, stash| {
             if stash.generation != generation {
                 // Taken at another rate: give the units back rather than lose them.
@@ -340,9 +326,11 @@ impl Drop for Booking<'_> {
     }
 }
 
-/// What a stash that cannot admit a cost says, other than the nanoseconds of refill to take
-/// when it is empty: it was taken at another rate, or is due for a clock read.
-const STASH_OTHER: u64 = u64::MAX;
+/// What the stash's check in [`Inner::try_admit_bucket`] answers, besides the nanoseconds of
+/// refill to take when it is empty: admitted from it ...
+const STASH_HIT: u64 = u64::MAX;
+/// ... or taken at another rate, or due for a clock read.
+const STASH_OTHER: u64 = u64::MAX - 1;
 
 /// What a stash that could not admit a cost says: the nanoseconds of refill to take with the
 /// cost when it is empty (its batch's, or 0 when the batch does not cover the cost), or

@@ -16,6 +16,7 @@
 //! thousands of names, by name, never makes and retires a tally per call.
 
 use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -253,7 +254,10 @@ struct Local {
     /// compact array: a miss scans four cache lines, not an entry's worth each. Zero where
     /// there is no entry.
     ids: [u64; LOCAL_GROUPS_MAX],
-    entries: Vec<Entry>,
+    /// Freed by [`Retire`], not by a drop of `Local`: a thread-local with nothing to drop
+    /// is read with no check that the thread's storage is set up, and so the access to it is
+    /// small enough to inline into the admission it serves.
+    entries: ManuallyDrop<Vec<Entry>>,
 }
 
 /// What a thread's cache knows of the groups not in it, in cells beside [`Local`] rather than
@@ -276,12 +280,26 @@ struct Passing {
     missed: [Cell<u64>; DOORKEEPER_SLOTS],
 }
 
-impl Drop for Local {
+/// Retires the thread's entries when it exits (what a drop of [`Local`] would do). Set up
+/// with the thread's first entry, so torn down before whatever thread-local storage was set
+/// up before it: a count such storage makes as it goes then finds the cache gone and counts
+/// in the shared tally.
+struct Retire;
+
+impl Drop for Retire {
     fn drop(&mut self) {
         // No longer named as the front before the tallies go.
         FRONT.set(Front::NONE);
-        PASSING.with(|p| p.full.set(false));
-        self.entries.drain(..).for_each(retire);
+        let _ = PASSING.try_with(|p| p.full.set(false));
+        let entries = LOCAL
+            .try_with(|local| {
+                let mut local = local.try_borrow_mut().ok()?;
+                local.ids = [0; LOCAL_GROUPS_MAX];
+                Some(std::mem::take(&mut *local.entries))
+            })
+            .ok()
+            .flatten();
+        entries.into_iter().flatten().for_each(retire);
     }
 }
 
@@ -303,8 +321,9 @@ impl Front {
 
 thread_local! {
     static LOCAL: RefCell<Local> = const {
-        RefCell::new(Local { ids: [0; LOCAL_GROUPS_MAX], entries: Vec::new() })
+        RefCell::new(Local { ids: [0; LOCAL_GROUPS_MAX], entries: ManuallyDrop::new(Vec::new()) })
     };
+    static RETIRE: Retire = const { Retire };
     static PASSING: Passing = const {
         Passing {
             full: Cell::new(false),
@@ -492,6 +511,11 @@ impl Local {
                 let (w, b) = presence(id);
                 p.present[w].set(p.present[w].get() | b);
             }
+        }
+        // The thread's entries are retired when it exits, set up with its first one; once
+        // that is done (the thread exiting), no entry is made again.
+        if len == 0 && RETIRE.try_with(|_| ()).is_err() {
+            return false;
         }
         p.present[word].set(p.present[word].get() | bit);
         let tally = Arc::new(OwnTally::default());
