@@ -82,8 +82,8 @@ for rate in 1000 1000000 10000000; do
 done
 
 echo "== 2. admission by name, beside governor's keyed check_key_n"
-for keys in "1" "1000" "1000 shuffled" "10000 shuffled" "100000" "100000 shuffled"; do
-  # shellcheck disable=SC2086 # the keys and the order, as two arguments
+for keys in "1" "1000" "1000 shuffled" "10000 shuffled" "100000" "100000 shuffled" "1 rate=1000000" "1000 rate=1000000"; do
+  # shellcheck disable=SC2086 # the keys, the order or the rate, as up to two arguments
   set -- $keys
   line=$("$PEERS/by_name_rounds" "$1" 5 ${2:-})
   echo "$line"

@@ -1,8 +1,8 @@
 //! Admission by name, Tollgate beside governor, in alternating rounds.
 //!
-//! `cargo run --release --manifest-path benches/peers/Cargo.toml --example by_name_rounds -- KEYS [ROUNDS] [shuffled]`
+//! `cargo run --release --manifest-path benches/peers/Cargo.toml --example by_name_rounds -- KEYS [ROUNDS] [shuffled] [rate=UNITS]`
 //!
-//! The same limit (10,000 units/s) for each of KEYS names, every name used once before, then
+//! The same limit (10,000 units/s, or `rate=`) for each of KEYS names, every name used once before, then
 //! rounds of 3,000,000 calls taking the names in turn (in the order they were made, or with
 //! `shuffled` in a scrambled order, the same for both: requests of many tenants come in no
 //! order, and names taken in the order they were made find governor's keys, allocated one
@@ -39,22 +39,27 @@ fn round(mut f: impl FnMut()) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let shuffled = args.iter().any(|a| a == "shuffled");
+    let rate: u32 = args
+        .iter()
+        .find_map(|a| a.strip_prefix("rate="))
+        .map_or(10_000, |r| r.parse().expect("rate=UNITS: a whole number of units/s"))
+        .max(1);
     let mut numbers = args
         .iter()
-        .filter(|a| *a != "shuffled")
+        .filter(|a| *a != "shuffled" && !a.starts_with("rate="))
         .map(|a| a.parse::<usize>().expect("KEYS [ROUNDS]: whole numbers"));
     let keys = numbers.next().unwrap_or(10_000).max(1);
     let rounds = numbers.next().unwrap_or(7).max(1);
     let names: Vec<String> = (0..keys).map(|i| format!("tenant-{i:06}")).collect();
     let mut toml = format!("[node]\nmax_tracked_groups = {}\n", keys + 10);
     for g in &names {
-        toml.push_str(&format!("[groups.\"{g}\"]\nlimit = 10000\n"));
+        toml.push_str(&format!("[groups.\"{g}\"]\nlimit = {rate}\n"));
     }
     let gate = Tollgate::from_toml(&toml).expect("a valid configuration");
     for n in &names {
         let _ = gate.try_acquire(n, 1.0);
     }
-    let keyed = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(10_000).expect("not zero")));
+    let keyed = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(rate).expect("not zero")));
     for n in &names {
         let _ = keyed.check_key(n);
     }
@@ -87,7 +92,7 @@ fn main() {
         ratios.push(t / g);
     }
     println!(
-        "{keys} keys{}, {rounds} rounds: Tollgate {:.1} ns, governor {:.1} ns, ratio {:.2} (medians)",
+        "{keys} keys{}, {rate} units/s each, {rounds} rounds: Tollgate {:.1} ns, governor {:.1} ns, ratio {:.2} (medians)",
         if shuffled { " shuffled" } else { "" },
         median(tollgate),
         median(governor),

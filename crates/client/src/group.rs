@@ -258,6 +258,12 @@ impl Group {
         tally::record(self, &self.me, f);
     }
 
+    /// Counts on the group's shared tally, not looking in this thread's cache (for an
+    /// admission the cache has just passed by: a second look would take the group in).
+    pub(crate) fn record_shared(&self, f: impl FnOnce(&Tally)) {
+        tally::record_shared(&self.counters, f);
+    }
+
     /// Runs `f` on this thread's tally and stash for the group (`None` while the thread
     /// exits).
     #[inline]

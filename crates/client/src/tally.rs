@@ -145,6 +145,12 @@ pub(crate) const COUNTERS_HOT_END: usize =
     std::mem::offset_of!(Counters, folded) + std::mem::offset_of!(Tally, admitted) + size_of::<AtomicU64>();
 
 impl Counters {
+    /// How many threads' tallies for the group are alive now (tests).
+    #[cfg(test)]
+    pub(crate) fn live_tallies(&self) -> usize {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
     pub(crate) fn new() -> Self {
         Self { folded: Tally::default(), live: Mutex::new(Vec::new()), live_len: AtomicUsize::new(0) }
     }
@@ -462,7 +468,7 @@ pub(crate) fn with_local<G: HasCounters, R>(
 /// Counts in the shared tally: what `f` counts, in locked adds (one for a request of cost
 /// one, the scratch tally folded away once inlined).
 #[inline(always)]
-fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
+pub(crate) fn record_shared(counters: &Counters, f: impl FnOnce(&Tally)) {
     let scratch = Tally::default();
     f(&scratch);
     counters.add_shared(&scratch);
