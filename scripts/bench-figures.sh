@@ -8,7 +8,7 @@
 # Usage: scripts/bench-figures.sh [--criterion] [--surge]
 #   --criterion  also the criterion peers bench (governor, limitador; about 3 minutes)
 #   --surge      also scripts/bench-surge.sh (a surge against examples/kv-service; about 1 minute)
-# Takes about 3 minutes without them, 6 with both, on 2 cores. Run it on a quiet machine.
+# Takes about 4 minutes without them, 9 with both, on 2 cores. Run it on a quiet machine.
 # Ends with each figure against its goal, "met" or "NOT MET".
 set -euo pipefail
 cd "$(dirname "$0")/.."
