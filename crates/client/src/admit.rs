@@ -93,54 +93,75 @@ impl Inner {
             return None;
         }
         let priced = bucket.price(cost);
-        // Nanoseconds of refill to take beyond the cost, for the thread's stash: none at a
-        // rate too low for stashes, where every call goes to the shared bucket.
-        let mut extra_ns = 0;
-        if stash_worthwhile(&priced) {
-            let generation = bucket.generation();
-            let step = g.with_local(|tally, stash| {
-                let hit = stash.hits_left > 0 && stash.generation == generation && stash.units >= cost;
-                if hit {
-                    stash.units -= cost;
-                    stash.hits_left -= 1;
-                    count_in(tally, cost, false);
-                    return STASH_HIT;
+        if !stash_worthwhile(&priced) {
+            // A rate too low for stashes: the shared bucket, as `admit` does.
+            let now = self.now_for(&priced);
+            self.tick(now);
+            return Some(match bucket.commit(priced, now) {
+                Ok(()) => {
+                    count_admitted(g, cost, false);
+                    Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
                 }
-                stash_missed(stash, generation, cost)
+                Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
+                Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
             });
-            let Some(step) = step else {
-                // The thread's cache passed the group by (it takes turns among more groups
-                // than it keeps), or it is exiting.
-                return Some(self.admit_shared(g, bucket, cost));
-            };
-            extra_ns = step;
-            if extra_ns == STASH_HIT {
-                return Some(Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }));
-            }
-            if extra_ns == STASH_OTHER {
-                // Taken at another rate, or due for a clock read: the rest. The cost alone,
-                // priced again there: a price passed on would be stored to memory on every
-                // call, refusals at low rates included, for this call's sake.
-                return Some(self.admit_bucket(g, bucket, cost, generation));
-            }
         }
-        // The shared bucket; with a stash that is empty, the cost and a batch at once when
-        // it holds both, and when it holds neither (a throttled thread's usual case) a
-        // refusal as lean as at low rates, one look at the bucket.
+        let generation = bucket.generation();
+        let step = g.with_local(|tally, stash| {
+            let hit = stash.hits_left > 0 && stash.generation == generation && stash.units >= cost;
+            if hit {
+                stash.units -= cost;
+                stash.hits_left -= 1;
+                count_in(tally, cost, false);
+                return STASH_HIT;
+            }
+            stash_missed(stash, generation, cost)
+        });
+        // Past the stash, the cost alone is priced again out of line: a price passed on would
+        // be stored to memory on every call, refusals at low rates included, for this call's
+        // sake.
+        Some(match step {
+            Some(STASH_HIT) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }),
+            // Taken at another rate, or due for a clock read: the rest.
+            Some(STASH_OTHER) => self.admit_bucket(g, bucket, cost, generation),
+            Some(extra_ns) => self.admit_bucket_empty(bucket, g, cost, extra_ns),
+            // The thread's cache passed the group by (it takes turns among more groups than
+            // it keeps), or it is exiting.
+            None => self.admit_shared(g, bucket, cost),
+        })
+    }
+
+    /// The cost priced at the bucket's rate, and the time to admit it by (the engine's tick
+    /// run first if it is due): past a thread's stash, which admits without either.
+    #[inline(always)]
+    fn clock_for(&self, bucket: &Bucket, cost: f64) -> (Priced, Nanos) {
+        let priced = bucket.price(cost);
         let now = self.now_for(&priced);
         self.tick(now);
-        Some(match bucket.commit_with_extra(priced, extra_ns, now) {
+        (priced, now)
+    }
+
+    /// [`try_admit_bucket`](Self::try_admit_bucket) with the thread's stash empty: the cost
+    /// and a batch (`extra_ns` of refill, 0 for none) from the bucket at once when it holds
+    /// both, and when it holds neither (a throttled thread's usual case) a refusal as lean as
+    /// at low rates, one look at the bucket.
+    #[inline(never)]
+    fn admit_bucket_empty<'g>(
+        &self,
+        bucket: &Bucket,
+        g: &'g Group,
+        cost: f64,
+        extra_ns: u64,
+    ) -> Result<Permit<'g>, AcquireError> {
+        let (priced, now) = self.clock_for(bucket, cost);
+        match bucket.commit_with_extra(priced, extra_ns, now) {
             Ok(took) => {
-                if extra_ns == 0 {
-                    count_admitted(g, cost, false);
-                } else {
-                    stash_refilled(g, bucket, cost, took);
-                }
+                stash_refilled(g, bucket, cost, took);
                 Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
             }
             Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
             Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
-        })
+        }
     }
 
     /// [`try_admit_bucket`](Self::try_admit_bucket) for a group this thread's cache passed
@@ -150,9 +171,7 @@ impl Inner {
     /// entry at every call.
     #[inline(never)]
     fn admit_shared<'g>(&self, g: &'g Group, bucket: &Bucket, cost: f64) -> Result<Permit<'g>, AcquireError> {
-        let priced = bucket.price(cost);
-        let now = self.now_for(&priced);
-        self.tick(now);
+        let (priced, now) = self.clock_for(bucket, cost);
         match bucket.commit(priced, now) {
             Ok(()) => {
                 g.record_shared(|t| count_in(t, cost, false));
@@ -182,9 +201,7 @@ impl Inner {
         cost: f64,
         generation: u64,
     ) -> Result<Permit<'g>, AcquireError> {
-        let priced = bucket.price(cost);
-        let now = self.now_for(&priced);
-        self.tick(now);
+        let (priced, now) = self.clock_for(bucket, cost);
         let outcome = g.with_local(|tally, stash| {
             if stash.generation != generation {
                 // Taken at another rate: give the units back rather than lose them.
