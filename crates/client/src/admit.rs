@@ -179,13 +179,9 @@ impl Inner {
             }
             Err(refusal) => {
                 g.record_shared(|t| count_refusal(t, cost));
-                let retry_after = match refusal {
-                    Refusal::Wait(wait) => wait,
-                    other => self.retry_after(other),
-                };
                 self.refused(g, cost, Some(refusal));
                 g.check_debt(now);
-                Err(AcquireError::Throttled { group: g.name.clone(), retry_after })
+                Err(AcquireError::Throttled { group: g.name.clone(), retry_after: self.retry_after(refusal) })
             }
         }
     }
