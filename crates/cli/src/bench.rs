@@ -33,6 +33,11 @@ pub struct ExchangeArgs {
     /// gRPC connections the clients share.
     #[arg(long, default_value_t = 8)]
     connections: usize,
+    /// Worker threads of the load program (1 to 64). By default one when paced (`--rate`
+    /// above 0: on a machine shared with the server, one thread switches least and leaves
+    /// the most of the cores to it), one a core as fast as it answers.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    threads: Option<u16>,
     /// The server's process id, to report its CPU time and peak memory (Linux /proc).
     #[arg(long)]
     server_pid: Option<u32>,
@@ -200,6 +205,17 @@ fn process_usage(pid: u32) -> Option<(f64, u64)> {
     Some((ticks / 100.0, hwm))
 }
 
+impl ExchangeArgs {
+    /// The load program's worker threads: `--threads`, or its default for the pace.
+    pub fn worker_threads(&self) -> usize {
+        match self.threads {
+            Some(n) => usize::from(n),
+            None if self.rate > 0.0 => 1,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
 pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.clients > 0 && a.groups > 0 && a.connections > 0,
@@ -353,8 +369,12 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)] * 1e3;
     let exchanges = all.len() as f64 / a.duration;
     say(format!(
-        "clients {} × groups {} for {} s over {} connections",
-        a.clients, a.groups, a.duration, a.connections
+        "clients {} × groups {} for {} s over {} connections, the load program on {} threads",
+        a.clients,
+        a.groups,
+        a.duration,
+        a.connections,
+        a.worker_threads()
     ));
     say(format!("exchanges/s {exchanges:.0}   group grants/s {:.0}", exchanges * a.groups as f64));
     say(format!(
@@ -883,6 +903,27 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paced_load_runs_on_one_thread_unless_told_and_the_count_is_range_checked() {
+        use clap::Parser;
+        let parse = |args: &[&str]| -> Result<usize, clap::Error> {
+            let cli = crate::args::Cli::try_parse_from(["tollgate", "bench", "exchange"].iter().chain(args))?;
+            match cli.command {
+                crate::args::Command::Bench(crate::args::BenchCommand::Exchange(a)) => Ok(a.worker_threads()),
+                _ => unreachable!("bench exchange parses as itself"),
+            }
+        };
+        assert_eq!(parse(&["--rate", "5"]).unwrap(), 1);
+        assert_eq!(parse(&["--rate", "5", "--threads", "3"]).unwrap(), 3);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(parse(&[]).unwrap(), cores);
+        assert_eq!(parse(&["--threads", "2"]).unwrap(), 2);
+        for bad in ["0", "65", "-1", "two"] {
+            let e = parse(&[&format!("--threads={bad}")]).unwrap_err().to_string();
+            assert!(e.contains("--threads"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn the_servers_histogram_is_read_as_the_difference_of_two_readings() {

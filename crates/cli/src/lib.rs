@@ -106,7 +106,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit { since, limit, json } => admin_command(admin::audit(&target, since, limit, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(cmd) => {
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            if let BenchCommand::Exchange(args) = &cmd {
+                rt.worker_threads(args.worker_threads());
+            }
+            let rt = rt.enable_all().build()?;
             match cmd {
                 BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
                 BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
