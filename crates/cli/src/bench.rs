@@ -216,6 +216,9 @@ impl ExchangeArgs {
     }
 }
 
+/// The most connections the load program opens for its clients, and the most backends.
+const CONNECTIONS_MAX: usize = 1000;
+
 pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.clients > 0 && a.groups > 0 && a.connections > 0,
@@ -224,17 +227,29 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     anyhow::ensure!(a.duration > 0.0 && a.duration.is_finite(), "--duration must be above 0 seconds");
     anyhow::ensure!(a.rate >= 0.0 && a.rate.is_finite(), "--rate must be 0 or more");
     let bearer = access.bearer().map_err(|e| anyhow::anyhow!("--token: {e}"))?;
-    let mut channels = Vec::new();
-    for _ in 0..a.connections {
-        let ch = access
+    anyhow::ensure!(
+        a.connections <= CONNECTIONS_MAX && a.backends <= CONNECTIONS_MAX,
+        "--connections and --backends must be at most {CONNECTIONS_MAX} (each backend has a connection of its own)"
+    );
+    let connect = || async {
+        access
             .endpoint(&a.server)
             .map_err(|e| anyhow::anyhow!("--server: {e}"))?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(5))
             .connect()
             .await
-            .with_context(|| format!("cannot reach the tollgate server at {}", a.server))?;
-        channels.push(ch);
+            .with_context(|| format!("cannot reach the tollgate server at {}", a.server))
+    };
+    let mut channels = Vec::new();
+    for _ in 0..a.connections {
+        channels.push(connect().await?);
+    }
+    // A backend is a process of its own, with a connection of its own: a report of 10,000
+    // loads sent on a client's connection would hold up that client's exchanges behind it.
+    let mut backend_channels = Vec::new();
+    for _ in 0..a.backends {
+        backend_channels.push(connect().await?);
     }
     let baseline = a.server_pid.and_then(resident_kb);
     let histogram = |text: std::io::Result<Vec<u8>>| {
@@ -315,7 +330,7 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         _ => None,
     };
     let (stop_reporting, _) = tokio::sync::watch::channel(false);
-    let mut reporters = backends(&a, &channels, &bearer, &stop_reporting);
+    let mut reporters = backends(&a, &backend_channels, &bearer, &stop_reporting);
     let scraper = a.scrape.clone().map(|addr| {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -457,7 +472,8 @@ fn backend_groups(a: &ExchangeArgs, b: usize) -> Vec<String> {
         .collect()
 }
 
-/// Starts `a.backends` reporters, each reporting once a second at a phase of its own until
+/// Starts `a.backends` reporters, each on a connection of its own (`channels`, one a backend)
+/// and reporting once a second at a phase of its own until
 /// `stop` is sent; each returns the reports taken, those refused and the first refusal.
 fn backends(
     a: &ExchangeArgs,
@@ -922,6 +938,21 @@ mod tests {
         for bad in ["0", "65", "-1", "two"] {
             let e = parse(&[&format!("--threads={bad}")]).unwrap_err().to_string();
             assert!(e.contains("--threads"), "{bad}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_and_backends_are_bounded_before_any_is_opened() {
+        use clap::Parser;
+        for (flag, n) in [("--backends", "1001"), ("--connections", "1001")] {
+            // Port 9 on loopback: nothing is reached, as the count is refused first.
+            let args = ["tollgate", "bench", "exchange", "--server", "http://127.0.0.1:9", flag, n];
+            let cli = crate::args::Cli::try_parse_from(args).expect("parses");
+            let crate::args::Command::Bench(crate::args::BenchCommand::Exchange(a)) = cli.command else {
+                unreachable!("bench exchange parses as itself")
+            };
+            let e = exchange(a, Default::default()).await.unwrap_err().to_string();
+            assert!(e.contains(flag) && e.contains("at most 1000"), "{flag} {n}: {e}");
         }
     }
 
