@@ -384,7 +384,7 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)] * 1e3;
     let exchanges = all.len() as f64 / a.duration;
     say(format!(
-        "clients {} × groups {} for {} s over {} connections, the load program on {} threads",
+        "clients {} × groups {} for {} s over {} connections, the load program's worker threads {}",
         a.clients,
         a.groups,
         a.duration,
@@ -472,9 +472,9 @@ fn backend_groups(a: &ExchangeArgs, b: usize) -> Vec<String> {
         .collect()
 }
 
-/// Starts `a.backends` reporters, each on a connection of its own (`channels`, one a backend)
-/// and reporting once a second at a phase of its own until
-/// `stop` is sent; each returns the reports taken, those refused and the first refusal.
+/// Starts `a.backends` reporters, each on a connection of its own (`channels`, one a
+/// backend) and reporting once a second at a phase of its own until `stop` is sent; each
+/// returns the reports taken, those refused and the first refusal.
 fn backends(
     a: &ExchangeArgs,
     channels: &[Channel],
