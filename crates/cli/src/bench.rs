@@ -920,16 +920,19 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// `tollgate bench exchange ARGS`, parsed as the command line is.
+    fn exchange_args(args: &[&str]) -> Result<ExchangeArgs, clap::Error> {
+        use clap::Parser;
+        let cli = crate::args::Cli::try_parse_from(["tollgate", "bench", "exchange"].iter().chain(args))?;
+        match cli.command {
+            crate::args::Command::Bench(crate::args::BenchCommand::Exchange(a)) => Ok(a),
+            _ => unreachable!("bench exchange parses as itself"),
+        }
+    }
+
     #[test]
     fn a_paced_load_runs_on_one_thread_unless_told_and_the_count_is_range_checked() {
-        use clap::Parser;
-        let parse = |args: &[&str]| -> Result<usize, clap::Error> {
-            let cli = crate::args::Cli::try_parse_from(["tollgate", "bench", "exchange"].iter().chain(args))?;
-            match cli.command {
-                crate::args::Command::Bench(crate::args::BenchCommand::Exchange(a)) => Ok(a.worker_threads()),
-                _ => unreachable!("bench exchange parses as itself"),
-            }
-        };
+        let parse = |args: &[&str]| exchange_args(args).map(|a| a.worker_threads());
         assert_eq!(parse(&["--rate", "5"]).unwrap(), 1);
         assert_eq!(parse(&["--rate", "5", "--threads", "3"]).unwrap(), 3);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -943,14 +946,9 @@ mod tests {
 
     #[tokio::test]
     async fn connections_and_backends_are_bounded_before_any_is_opened() {
-        use clap::Parser;
         for (flag, n) in [("--backends", "1001"), ("--connections", "1001")] {
             // Port 9 on loopback: nothing is reached, as the count is refused first.
-            let args = ["tollgate", "bench", "exchange", "--server", "http://127.0.0.1:9", flag, n];
-            let cli = crate::args::Cli::try_parse_from(args).expect("parses");
-            let crate::args::Command::Bench(crate::args::BenchCommand::Exchange(a)) = cli.command else {
-                unreachable!("bench exchange parses as itself")
-            };
+            let a = exchange_args(&["--server", "http://127.0.0.1:9", flag, n]).expect("parses");
             let e = exchange(a, Default::default()).await.unwrap_err().to_string();
             assert!(e.contains(flag) && e.contains("at most 1000"), "{flag} {n}: {e}");
         }
