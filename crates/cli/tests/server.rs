@@ -620,6 +620,47 @@ fn bench_exchange_loads_a_real_server_and_reports() {
     );
 }
 
+/// Issue 17: an exchange's answer (a head, a data frame of a few kilobytes, trailers) went
+/// out in two writes to the socket, the head and data, then the trailers; the client woke for
+/// each. One client exchanging in turn on one connection: one write per answer, and a few
+/// for the connection itself and flow control.
+#[test]
+fn each_answer_goes_out_in_one_write() {
+    let s = ServerProc::start(&data_dir("writes"));
+    let counters = || {
+        let metrics = http_get(&s.http, "/metrics");
+        let read = |name: &str| -> f64 {
+            let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{metrics}"));
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        (read("tollgate_exchanges_total "), read("tollgate_grpc_writes_total "))
+    };
+    let (exchanges_before, writes_before) = counters();
+    ok(
+        &s,
+        &[
+            "bench",
+            "exchange",
+            "--server",
+            &s.url(),
+            "--clients",
+            "1",
+            "--groups",
+            "100",
+            "--connections",
+            "1",
+            "--duration",
+            "1",
+            "--rate",
+            "60",
+        ],
+    );
+    let (exchanges_after, writes_after) = counters();
+    let (exchanges, writes) = (exchanges_after - exchanges_before, writes_after - writes_before);
+    assert!(exchanges >= 30.0, "{exchanges} exchanges");
+    assert!(writes <= exchanges * 1.2 + 10.0, "{writes} writes for {exchanges} answers");
+}
+
 #[test]
 fn bench_accuracy_holds_a_limit_and_reservations() {
     let s = ServerProc::start(&data_dir("accuracy"));

@@ -64,7 +64,10 @@ impl Tollgate {
         let timeout = opts.exchange_timeout;
         let access = opts.access.clone();
         let bearer = access.bearer().map_err(|reason| BuildError::Remote { url: String::new(), reason })?;
-        let channel = tonic::service::interceptor::InterceptedService::new(channel, bearer);
+        let channel = tonic::service::interceptor::InterceptedService::new(
+            tollgate_proto::frames::OneWrite(channel),
+            bearer,
+        );
         let (gate, driver) = Self::remote_driven(opts)?;
         let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)], timeout, access);
         runtime.spawn(crate::remote::run(driver, controllers, timeout));

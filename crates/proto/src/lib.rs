@@ -10,6 +10,7 @@ pub mod v1 {
 }
 
 pub mod convert;
+pub mod frames;
 pub mod wire;
 
 /// The most groups one exchange may carry.

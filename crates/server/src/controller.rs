@@ -171,6 +171,8 @@ pub struct Controller {
     engine: parking_lot::Mutex<Engine>,
     store: Mutex<Box<dyn SettingsStore>>,
     exchanges: AtomicU64,
+    /// Writes to the gRPC connections' sockets, counted by the listener.
+    grpc_writes: Arc<AtomicU64>,
     /// How long the last tick took from its start to its last slice, in nanoseconds (paced,
     /// the server's spans a good part of a second at many groups).
     tick_span_ns: AtomicU64,
@@ -317,6 +319,7 @@ impl Controller {
             engine: parking_lot::Mutex::new(engine),
             store: Mutex::new(store),
             exchanges: AtomicU64::new(0),
+            grpc_writes: Arc::default(),
             tick_span_ns: AtomicU64::new(0),
             view: Mutex::new(None),
             diagnostics: Mutex::new(None),
@@ -941,6 +944,17 @@ impl Controller {
     /// Exchanges answered so far.
     pub fn exchanges(&self) -> u64 {
         self.exchanges.load(Ordering::Relaxed)
+    }
+
+    /// Writes to the gRPC connections' sockets so far: about one per answer (see
+    /// `listen::SliceAnswers`), fewer when answers go out together.
+    pub fn grpc_writes(&self) -> u64 {
+        self.grpc_writes.load(Ordering::Relaxed)
+    }
+
+    /// The counter behind [`grpc_writes`](Self::grpc_writes), for the listener.
+    pub(crate) fn grpc_write_counter(&self) -> Arc<AtomicU64> {
+        self.grpc_writes.clone()
     }
 
     /// Every group configured or seen in traffic, by name, as of the last tick. Built at most

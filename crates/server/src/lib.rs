@@ -243,10 +243,11 @@ impl Server {
             })
         });
         let (grpc_tls, http_tls) = tls.map_or((None, None), |(g, h)| (Some(g), Some(h)));
-        let start =
-            |l, t| listen::Incoming::start(l, t, limits).map_err(|e| ServerError::Serve(e.to_string()));
-        let incoming = start(grpc, grpc_tls)?;
-        let http = start(http, http_tls)?;
+        let start = |l, t, grpc| {
+            listen::Incoming::start(l, t, limits, grpc).map_err(|e| ServerError::Serve(e.to_string()))
+        };
+        let incoming = start(grpc, grpc_tls, Some(controller.grpc_write_counter()))?;
+        let http = start(http, http_tls, None)?;
         let front = guard::Front { allowed_names: Arc::new(allowed_names), max_streams: limits.max_streams };
         let served = serve(controller, clock, flush_interval, incoming, Some(http), front, shutdown).await;
         if let Some(r) = reload {
@@ -447,6 +448,7 @@ where
         .max_concurrent_streams((front.max_streams > 0).then_some(front.max_streams))
         .http2_max_header_list_size(conn::HEADERS_MAX_BYTES)
         .layer(guard::GrpcGuardLayer { controller: controller.clone(), front })
+        .layer(tower::layer::layer_fn(listen::SliceAnswers))
         .add_service(grpc::ExchangeFront::new(services.clone()))
         .add_service(grpc::ReportFront::new(services.clone()))
         .add_service(AdminServer::new(services))

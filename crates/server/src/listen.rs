@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -21,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::server::TlsStream;
+use tonic::codegen::http;
 use tonic::transport::server::Connected;
 
 use crate::conn::{Guarded, Limits};
@@ -101,6 +103,9 @@ enum Io {
 /// One accepted connection.
 pub struct Conn {
     io: Guarded<Io>,
+    /// A gRPC connection's count of writes, shared by all of them. A gRPC connection says it
+    /// takes no vectored writes: see [`SliceAnswers`].
+    grpc_writes: Option<Arc<AtomicU64>>,
     peer: Peer,
 }
 
@@ -183,9 +188,20 @@ impl AsyncRead for Conn {
     }
 }
 
+impl Conn {
+    fn count(&self, written: &Poll<std::io::Result<usize>>) {
+        if let (Some(writes), Poll::Ready(Ok(1..))) = (&self.grpc_writes, written) {
+            writes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.count(&written);
+        written
     }
 
     fn poll_write_vectored(
@@ -193,11 +209,14 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.count(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        self.grpc_writes.is_none() && self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -206,6 +225,38 @@ impl AsyncWrite for Conn {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// gRPC's answers with their data cut into frames below 1,024 bytes
+/// ([`tollgate_proto::frames::Slices`]): the HTTP/2 layer copies such frames, with the
+/// answer's head and trailers, into its buffer and writes them out at once. The gRPC
+/// connections say they take no vectored writes, which is what raises that limit from 256
+/// bytes to 1,024; without both an exchange's answer took two writes, a head and its data
+/// then the trailers.
+#[derive(Debug, Clone)]
+pub struct SliceAnswers<S>(pub S);
+
+impl<S, B> tower::Service<http::Request<B>> for SliceAnswers<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let answer = self.0.call(req);
+        Box::pin(async move {
+            answer
+                .await
+                .map(|r| r.map(|body| tonic::body::Body::new(tollgate_proto::frames::Slices::new(body))))
+        })
     }
 }
 
@@ -329,11 +380,18 @@ impl Drop for Incoming {
 }
 
 impl Incoming {
-    /// Starts accepting on `listener` under `limits`, with TLS when `tls` is given.
-    pub fn start(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limits) -> std::io::Result<Incoming> {
+    /// Starts accepting on `listener` under `limits`, with TLS when `tls` is given. For the
+    /// gRPC listener, `grpc_writes` counts its connections' writes (and they take no vectored
+    /// writes, see [`SliceAnswers`]).
+    pub fn start(
+        listener: TcpListener,
+        tls: Option<Arc<Tls>>,
+        limits: Limits,
+        grpc_writes: Option<Arc<AtomicU64>>,
+    ) -> std::io::Result<Incoming> {
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(1024);
-        let task = tokio::spawn(accept_loop(listener, tls, limits, tx));
+        let task = tokio::spawn(accept_loop(listener, tls, limits, grpc_writes, tx));
         Ok(Incoming { rx, local, task })
     }
 
@@ -382,7 +440,13 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Inco
     }
 }
 
-async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limits, tx: mpsc::Sender<Conn>) {
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    limits: Limits,
+    grpc_writes: Option<Arc<AtomicU64>>,
+    tx: mpsc::Sender<Conn>,
+) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut log = crate::conn::LogLimit::default();
     let failed_handshakes = Arc::new(Mutex::new(crate::conn::LogLimit::default()));
@@ -410,7 +474,8 @@ async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limit
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (tx, tls, failed) = (tx.clone(), tls.clone(), failed_handshakes.clone());
+        let (tx, tls, failed, grpc_writes) =
+            (tx.clone(), tls.clone(), failed_handshakes.clone(), grpc_writes.clone());
         let complain = move |why: &dyn std::fmt::Display| {
             // An operator should hear of refused clients, but a flood of them only once in a while.
             if failed.lock().unwrap_or_else(PoisonError::into_inner).due() {
@@ -442,7 +507,8 @@ async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, limits: Limit
             let tls = matches!(io, Io::Tls(_));
             let peer =
                 Peer { addr, cert_name, tls, budget: Arc::new(Budget::new(limits.max_requests_per_s)) };
-            let _ = tx.send(Conn { io: Guarded::new(io, permit, limits.idle_timeout), peer }).await;
+            let io = Guarded::new(io, permit, limits.idle_timeout);
+            let _ = tx.send(Conn { io, grpc_writes, peer }).await;
         });
     }
 }
@@ -463,7 +529,8 @@ mod tests {
         let (stream, peer) = listener.accept().await.expect("accept");
         let permit = Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("a permit");
         let peer = Peer { addr: peer, cert_name: None, tls: false, budget: Arc::new(Budget::new(10)) };
-        let mut conn = Conn { io: Guarded::new(Io::Plain(stream), permit, Duration::from_secs(10)), peer };
+        let io = Guarded::new(Io::Plain(stream), permit, Duration::from_secs(10));
+        let mut conn = Conn { io, grpc_writes: None, peer };
         assert!(conn.is_write_vectored());
         let parts = [std::io::IoSlice::new(b"head"), std::io::IoSlice::new(b"payload")];
         assert_eq!(conn.write_vectored(&parts).await.expect("write"), 11, "both parts in one call");

@@ -216,6 +216,13 @@ impl Collector for ControllerMetrics {
             "Admission exchanges answered.",
             Kind::Counter,
             c.exchanges(),
+        )?;
+        single(
+            &mut e,
+            "tollgate_grpc_writes_total",
+            "Writes to gRPC connections' sockets (about one per answer).",
+            Kind::Counter,
+            c.grpc_writes(),
         )
     }
 }
