@@ -1152,16 +1152,36 @@ impl Engine {
         }
     }
 
-    /// The configured groups' meters that changed since the last call: what a store keeps.
+    /// The configured groups' meters that changed since the last call: what a store keeps,
+    /// sorted by name.
+    ///
+    /// Taken by the configured names when they are few beside the groups tracked: walking
+    /// 100,000 tracked groups (most of them not configured) to find the dirty few took the
+    /// controller's lock for 3 to 4 ms each time.
     pub fn take_dirty_meters(&mut self) -> Vec<(GroupName, Meter)> {
-        let configured = &self.configured;
-        let tracked = self.tracked.iter_mut().map(|(n, g)| (n, &mut g.meter, &mut g.dirty));
-        let idle = self.meters.iter_mut().map(|(n, m)| (n, &mut m.meter, &mut m.dirty));
         let mut out = Vec::new();
-        for (name, meter, dirty) in tracked.chain(idle) {
-            if *dirty && configured.contains_key(name) {
-                *dirty = false;
+        let mut take = |name: &GroupName, meter: &Meter, dirty: &mut bool| {
+            if std::mem::take(dirty) {
                 out.push((name.clone(), *meter));
+            }
+        };
+        if self.configured.len().saturating_mul(4) < self.tracked.len() + self.meters.len() {
+            for name in self.configured.keys() {
+                if let Some(g) = self.tracked.get_mut(name) {
+                    take(name, &g.meter, &mut g.dirty);
+                }
+                if let Some(m) = self.meters.get_mut(name) {
+                    take(name, &m.meter, &mut m.dirty);
+                }
+            }
+        } else {
+            let configured = &self.configured;
+            let tracked = self.tracked.iter_mut().map(|(n, g)| (n, &g.meter, &mut g.dirty));
+            let idle = self.meters.iter_mut().map(|(n, m)| (n, &m.meter, &mut m.dirty));
+            for (name, meter, dirty) in tracked.chain(idle) {
+                if configured.contains_key(name) {
+                    take(name, meter, dirty);
+                }
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -1184,10 +1204,13 @@ impl Engine {
     }
 
     /// The value of every resumable ramp: the live ones and those idle within their TTL, with
-    /// how long each may still be resumed.
+    /// how long each may still be resumed. With no ramp configured, no live one is looked for
+    /// (a ramp left on a group since its settings changed goes at its next report): walking
+    /// 100,000 tracked groups for none took the controller's lock for over a millisecond.
     pub fn resumable_ramps(&self, now: Nanos) -> Vec<(GroupName, f64, Duration)> {
         let mut out: Vec<(GroupName, f64, Duration)> = Vec::new();
-        for (name, g) in &self.tracked {
+        let live = if self.ramped > 0 { Some(&self.tracked) } else { None };
+        for (name, g) in live.into_iter().flatten() {
             if let Some(r) = &g.ramp
                 && let Some(ttl) = r.settings().resume_ttl
             {

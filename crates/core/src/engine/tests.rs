@@ -955,3 +955,34 @@ fn a_kept_place_answers_as_a_look_up_by_name_even_when_it_is_wrong() {
         t = Nanos(t.0 + S);
     }
 }
+
+/// The dirty meters are the configured groups' alone, whether taken by the configured names
+/// (few of them beside many tracked groups) or by walking every group (most configured).
+#[test]
+fn dirty_meters_are_the_configured_groups_whichever_way_they_are_found() {
+    let mut e = engine(EngineSettings::default());
+    let limited = GroupSettings::builder().limit(100.0).build().unwrap();
+    e.set_group(name("b-configured"), limited.clone());
+    e.set_group(name("a-configured"), limited.clone());
+    for i in 0..20 {
+        e.report(Nanos(S), 1, &name(&format!("other-{i:02}")), report(10.0, 10.0, 10.0));
+    }
+    e.report(Nanos(S), 1, &name("a-configured"), report(10.0, 10.0, 10.0));
+    e.report(Nanos(S), 1, &name("b-configured"), report(10.0, 10.0, 10.0));
+    e.tick(Nanos(S));
+    let taken: Vec<GroupName> = e.take_dirty_meters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(taken, [name("a-configured"), name("b-configured")], "by the configured names, sorted");
+    assert!(e.take_dirty_meters().is_empty());
+    // Most groups configured now (15 of the others): found by walking them all. Their
+    // consumption since the last write counts; the 5 still unconfigured stay out.
+    for i in 0..15 {
+        e.set_group(name(&format!("other-{i:02}")), limited.clone());
+    }
+    e.report(Nanos(2 * S), 1, &name("a-configured"), report(10.0, 10.0, 10.0));
+    e.tick(Nanos(2 * S));
+    let taken: Vec<GroupName> = e.take_dirty_meters().into_iter().map(|(n, _)| n).collect();
+    let mut expected = vec![name("a-configured")];
+    expected.extend((0..15).map(|i| name(&format!("other-{i:02}"))));
+    assert_eq!(taken, expected);
+    assert!(e.take_dirty_meters().is_empty());
+}
