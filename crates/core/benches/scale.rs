@@ -129,9 +129,10 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
         ticks.push(start.elapsed().as_secs_f64() * 1e3);
     }
     ticks.sort_by(f64::total_cmp);
-    // Then ticks walked as the controller walks them, 1,024 groups (or backends' loads) a
-    // slice, with the capacity shared apart: how long the engine is held at a time, the
-    // longest step of each tick (the median of 11).
+    // Then ticks walked as the controller walks them, in slices sized by time
+    // (`next_slice`), with the capacity shared apart: how long the engine is held at a time,
+    // the longest step of each tick (the median of 11), and the slices' mean.
+    let mut slices = (0usize, 0f64);
     let mut holds = Vec::new();
     for i in 12..=22u64 {
         let t = second(&mut p, i);
@@ -139,6 +140,7 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
         #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
         let mut start = std::time::Instant::now();
         p.begin_tick(t);
+        let mut size = tollgate_core::engine::TICK_SLICE_GROUPS;
         loop {
             longest = longest.max(start.elapsed().as_secs_f64() * 1e3);
             if let Some(work) = p.shares_work() {
@@ -151,10 +153,14 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
             #[allow(clippy::disallowed_methods)]
             let next = std::time::Instant::now();
             start = next;
-            if p.tick_slice(1024) {
-                longest = longest.max(start.elapsed().as_secs_f64() * 1e3);
+            let done = p.tick_slice(size);
+            let took = start.elapsed();
+            slices = (slices.0 + 1, slices.1 + took.as_secs_f64() * 1e3);
+            if done {
+                longest = longest.max(took.as_secs_f64() * 1e3);
                 break;
             }
+            size = tollgate_core::engine::next_slice(size, took);
         }
         holds.push(longest);
     }
@@ -164,8 +170,10 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
     );
     println!("  tick: median {:.1} ms (min {:.1}, max {:.1}) over 11 ticks", ticks[5], ticks[0], ticks[10]);
     println!(
-        "  walked in slices of 1,024 as the controller does: the engine held {:.2} ms at most at a time (median of 11 ticks; max {:.2})",
-        holds[5], holds[10]
+        "  walked in slices sized by time as the controller does: the engine held {:.2} ms at most at a time (median of 11 ticks; max {:.2}), {:.3} ms a slice on average",
+        holds[5],
+        holds[10],
+        slices.1 / slices.0.max(1) as f64
     );
     println!(
         "  memory per client-group pair: {per_pair:.0} bytes (the groups' state, the clients' entries, grants and routes, all included)"

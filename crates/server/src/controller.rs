@@ -19,7 +19,8 @@ use std::time::Duration;
 use tollgate_core::allocate::AllocationMode;
 use tollgate_core::cost::Consumption;
 use tollgate_core::engine::{
-    BackendReport, ClientReport, Diagnostics, Engine, EngineSettings, GroupView, Health, TraceEvent,
+    BackendReport, ClientReport, Diagnostics, Engine, EngineSettings, GroupView, Health, TICK_SLICE_GROUPS,
+    TraceEvent, next_slice,
 };
 use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
 use tollgate_core::time::Nanos;
@@ -244,33 +245,10 @@ pub const DIAGNOSTICS_SHOWN_MAX: usize = 100;
 /// The most backends watching the group settings at once.
 pub const SETTINGS_WATCHERS_MAX: usize = 1024;
 
-/// How many groups a tick's first slice walks under one hold of the engine's lock; the next
-/// slices are sized to take about [`TICK_SLICE_TARGET`] ([`next_slice`]).
-pub const TICK_SLICE_GROUPS: usize = 256;
-/// How long one slice of a tick should hold the engine's lock: an exchange arriving meanwhile
-/// waits for about this long at most. A slice's cost per group varies several times over
-/// (gathering backends' loads costs about three times a group's row, and a machine may be
-/// slower), so slices are sized by time, not by a count: with a count of 1,024, slices
-/// gathering ten backends' loads held the lock for 200 µs each, up to 630 µs.
-pub const TICK_SLICE_TARGET: Duration = Duration::from_micros(50);
-/// The fewest and most groups (or loads) one slice walks.
-pub const TICK_SLICE_BOUNDS: (usize, usize) = (32, 8192);
-
-/// The time now, to size a tick's slices by (decisions never read it).
+/// The time now, to size a tick's slices by ([`next_slice`]; decisions never read it).
 fn slice_clock() -> std::time::Instant {
     #[allow(clippy::disallowed_methods)] // how long a slice held the lock, not what it decided
     std::time::Instant::now()
-}
-
-/// The size of the next slice of a tick, after one of `size` that took `took`: scaled
-/// toward [`TICK_SLICE_TARGET`], at most doubled or halved at once (a slice slowed by a
-/// page fault or a preemption does not shrink the next ones for long), within
-/// [`TICK_SLICE_BOUNDS`].
-pub fn next_slice(size: usize, took: Duration) -> usize {
-    let took = took.as_nanos().max(1);
-    let scaled = (size as u128 * TICK_SLICE_TARGET.as_nanos() / took).min(usize::MAX as u128) as usize;
-    let (low, high) = TICK_SLICE_BOUNDS;
-    scaled.clamp(size / 2, size.saturating_mul(2)).clamp(low, high)
 }
 
 /// One trace event as a JSON line, with the group it is about (empty for none).
@@ -417,7 +395,8 @@ impl Controller {
     /// Runs one engine tick at `now`. The view of the previous tick is dropped with it, so
     /// that it holds no memory for groups that have since expired.
     ///
-    /// The tick walks the groups in slices of about [`TICK_SLICE_TARGET`] each, and between
+    /// The tick walks the groups in slices of about
+    /// [`TICK_SLICE_TARGET`](tollgate_core::engine::TICK_SLICE_TARGET) each, and between
     /// two slices hands the engine to any exchange waiting for it (answered with the grants
     /// made so far): at 100,000 groups a whole tick holds the engine for tens of
     /// milliseconds, a slice for a twentieth of one. This blocks: call it where blocking is
@@ -1185,22 +1164,6 @@ mod tests {
         assert!(during.iter().all(|&ms| ms == 0), "{during:?}");
         // Once it is done: the next a period after its start.
         assert_eq!(c.exchange(Nanos(S), &req).unwrap().next_tick_ms, 1000);
-    }
-
-    /// A tick's slices are sized by the time they take: a slice that took four times the
-    /// target is followed by one half its size (at most halved at once), one that took a
-    /// quarter of it by one twice its size; within the bounds.
-    #[test]
-    fn a_tick_slice_is_sized_toward_the_target_time() {
-        let target = TICK_SLICE_TARGET;
-        assert_eq!(next_slice(1000, target), 1000);
-        assert_eq!(next_slice(1000, target * 4 / 5), 1250);
-        assert_eq!(next_slice(1000, target * 4), 500, "at most halved");
-        assert_eq!(next_slice(1000, target / 4), 2000, "at most doubled");
-        assert_eq!(next_slice(1000, Duration::ZERO), 2000);
-        assert_eq!(next_slice(40, target * 100), TICK_SLICE_BOUNDS.0);
-        assert_eq!(next_slice(TICK_SLICE_BOUNDS.1, Duration::ZERO), TICK_SLICE_BOUNDS.1);
-        assert_eq!(next_slice(usize::MAX, Duration::ZERO), TICK_SLICE_BOUNDS.1);
     }
 
     /// A paced tick pauses between its slices with the engine free: an exchange made in a

@@ -49,7 +49,7 @@ pub use clients::ClientError;
 pub use diagnostics::{BackendView, ClientView, Diagnostics, TOP_GROUPS};
 pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
 pub use split::{ClientGrant, ClientId, water_level};
-pub use tick::{Shares, SharesWork};
+pub use tick::{Shares, SharesWork, TICK_SLICE_BOUNDS, TICK_SLICE_GROUPS, TICK_SLICE_TARGET, next_slice};
 pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
 pub use view::GroupView;
 pub use windows::{RateMarks, RateNow, RateWindows};
