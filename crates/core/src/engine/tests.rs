@@ -989,17 +989,18 @@ fn dirty_meters_are_the_configured_groups_whichever_way_they_are_found() {
 
 /// A tick's slices are sized by the time they take: a slice that took four times the
 /// target is followed by one half its size (at most halved at once), one that took a
-/// quarter of it by one twice its size; within the bounds.
+/// quarter of it by one a quarter larger (grown slowly); within the bounds.
 #[test]
 fn a_tick_slice_is_sized_toward_the_target_time() {
     use super::{TICK_SLICE_BOUNDS, TICK_SLICE_TARGET, next_slice};
     use std::time::Duration;
     let target = TICK_SLICE_TARGET;
     assert_eq!(next_slice(1000, target), 1000);
-    assert_eq!(next_slice(1000, target * 4 / 5), 1250);
+    assert_eq!(next_slice(1000, target * 5 / 4), 800);
+    assert_eq!(next_slice(1000, target * 10 / 11), 1100);
     assert_eq!(next_slice(1000, target * 4), 500, "at most halved");
-    assert_eq!(next_slice(1000, target / 4), 2000, "at most doubled");
-    assert_eq!(next_slice(1000, Duration::ZERO), 2000);
+    assert_eq!(next_slice(1000, target / 4), 1250, "grown by a quarter at most");
+    assert_eq!(next_slice(1000, Duration::ZERO), 1250);
     assert_eq!(next_slice(40, target * 100), TICK_SLICE_BOUNDS.0);
     assert_eq!(next_slice(TICK_SLICE_BOUNDS.1, Duration::ZERO), TICK_SLICE_BOUNDS.1);
     assert_eq!(next_slice(usize::MAX, Duration::ZERO), TICK_SLICE_BOUNDS.1);

@@ -104,14 +104,16 @@ pub const TICK_SLICE_TARGET: Duration = Duration::from_micros(50);
 pub const TICK_SLICE_BOUNDS: (usize, usize) = (32, 8192);
 
 /// The size of the next slice of a tick, after one of `size` that took `took`: scaled toward
-/// [`TICK_SLICE_TARGET`], at most doubled or halved at once (a slice slowed by a page fault
-/// or a preemption does not shrink the next ones for long), within [`TICK_SLICE_BOUNDS`].
-/// Only when a tick completes depends on it, never what it decides.
+/// [`TICK_SLICE_TARGET`], at most halved at once (a slice slowed by a page fault or a
+/// preemption does not shrink the next ones for long) and grown by a quarter at most (the
+/// last slice of a walk may have had only a few groups left, and the next walk's may cost
+/// more each), within [`TICK_SLICE_BOUNDS`]. Only when a tick completes depends on it, never
+/// what it decides.
 pub fn next_slice(size: usize, took: Duration) -> usize {
     let took = took.as_nanos().max(1);
     let scaled = (size as u128 * TICK_SLICE_TARGET.as_nanos() / took).min(usize::MAX as u128) as usize;
     let (low, high) = TICK_SLICE_BOUNDS;
-    scaled.clamp(size / 2, size.saturating_mul(2)).clamp(low, high)
+    scaled.clamp(size / 2, size.saturating_add(size / 4)).clamp(low, high)
 }
 
 impl Engine {
