@@ -558,9 +558,10 @@ pub struct Engine {
     unticked_provisional: f64,
     scratch: Vec<f64>,
     /// The tick's buffers, kept from one tick to the next: each tracked group's load from the
-    /// backends' reports, its row, and its clients' demands.
+    /// backends' reports, its row, and its clients' demands. The rows are shared with the
+    /// capacity's sharing while it is computed without the engine ([`SharesWork`]).
     loads: saturation::Loads,
-    rows: Vec<tick::Row>,
+    rows: Arc<Vec<tick::Row>>,
     asking: Vec<split::Asking>,
     /// Events waiting to be taken, while tracing is on.
     trace: Option<trace::TraceBuffer>,
@@ -620,7 +621,7 @@ impl Engine {
             unticked_provisional: 0.0,
             scratch: Vec::new(),
             loads: saturation::Loads::default(),
-            rows: Vec::new(),
+            rows: Arc::default(),
             asking: Vec::new(),
             trace: None,
             run: None,

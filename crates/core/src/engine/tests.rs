@@ -580,6 +580,34 @@ fn shares_handed_back_to_another_tick_are_ignored() {
 }
 
 #[test]
+fn a_sharing_taken_out_and_kept_past_its_tick_changes_nothing() {
+    let whole = decisions(&mut busy_engine(AllocationMode::Share, &mut |e, t| e.tick(t)));
+    // Each tick's work is taken and kept, uncomputed, while the tick shares in place and the
+    // next tick makes its rows; then it is computed and handed to that next tick.
+    let mut held: Option<SharesWork> = None;
+    let mut kept = 0;
+    let mut mixed = busy_engine(AllocationMode::Share, &mut |e, t| {
+        e.begin_tick(t);
+        let mut taken = false;
+        while !e.tick_slice(5) {
+            if taken {
+                continue;
+            }
+            let Some(work) = e.shares_work() else { continue };
+            if let Some(old) = held.take() {
+                e.put_shares(old.compute());
+                assert!(e.shares_work().is_some(), "the tick still waits for its own");
+                kept += 1;
+            }
+            held = Some(work);
+            taken = true;
+        }
+    });
+    assert_eq!(decisions(&mut mixed), whole);
+    assert_eq!(kept, 3);
+}
+
+#[test]
 fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
     let mut e = engine(EngineSettings::default());
     e.set_group(name("a"), GroupSettings::builder().limit(100.0).build().unwrap());
