@@ -1060,7 +1060,9 @@ impl Engine {
         if !known && self.backends.len() >= self.settings.max_backends {
             return Err(BackendError::TooMany { max: self.settings.max_backends });
         }
-        let state = BackendState { zone: report.zone, health: report.health, load: report.load, seen: now };
+        let hints = self.backends.get_mut(backend).map(|b| std::mem::take(&mut b.hints)).unwrap_or_default();
+        let state =
+            BackendState { zone: report.zone, health: report.health, load: report.load, seen: now, hints };
         if self.trace.is_some() {
             let health = state.health;
             let total: f64 = state.load.iter().map(|(_, l)| l).sum();

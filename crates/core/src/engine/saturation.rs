@@ -158,6 +158,28 @@ pub(crate) struct BackendState {
     /// whole, whatever comes after.
     pub(crate) load: Arc<[(GroupName, f64)]>,
     pub(crate) seen: Nanos,
+    /// Where the last tick found each load's group among the tracked groups, by the load's
+    /// place in the report ([`NO_HINT`]: not found), handed from one report to the next: a
+    /// backend lists its groups in much the same order every time, and a look at the place
+    /// found last time (checked by name) spares a look-up by name: a third of the gathering's
+    /// time at 100,000 groups (2-3 ms a tick with ten backends). Taken by the tick gathering
+    /// the report.
+    pub(crate) hints: Vec<u32>,
+}
+
+/// A [`BackendState::hints`] entry for a group not found.
+pub(crate) const NO_HINT: u32 = u32::MAX;
+
+/// The position of `group` among the tracked groups, looked for at `hint` first; the hint is
+/// updated to where it was found.
+fn find(tracked: &super::Tracking, hint: &mut u32, group: &GroupName) -> Option<usize> {
+    let at = *hint as usize;
+    if tracked.get_index(at).is_some_and(|(name, _)| name == group) {
+        return Some(at);
+    }
+    let at = tracked.get_index_of(group)?;
+    *hint = u32::try_from(at).unwrap_or(NO_HINT);
+    Some(at)
 }
 
 /// A backend's report a tick is taking, in parts between exchanges (see
@@ -174,6 +196,8 @@ pub(crate) struct Gathering {
     summing: Option<(f64, f64)>,
     /// The quota law's (limiting cost, quotas sharing it), once summed.
     shares: Option<(f64, f64)>,
+    /// The backend's [`BackendState::hints`], as long as the tick takes its report.
+    pub(crate) hints: Vec<u32>,
 }
 
 impl Gathering {
@@ -334,7 +358,7 @@ impl SaturationSettings {
     /// saturated. [`gather_part`](Self::gather_part) takes the loads.
     pub(super) fn begin_backend(
         &self,
-        (id, b): (&String, &BackendState),
+        (id, b): (&String, &mut BackendState),
         now: Nanos,
         expiry: Duration,
         reporting: &mut Reporting,
@@ -355,7 +379,9 @@ impl SaturationSettings {
         // The quota law first sums, over the whole report, the load and the quotas of the
         // groups busy on the backend: its limiting cost is shared by those quotas.
         let summing = (self.law == LimitingLaw::Quota && ratio.is_some()).then_some((0.0, 0.0));
-        Some(Gathering { load: b.load.clone(), next: 0, zone, backend, ratio, summing, shares: None })
+        let mut hints = std::mem::take(&mut b.hints);
+        hints.resize(b.load.len(), NO_HINT);
+        Some(Gathering { load: b.load.clone(), next: 0, zone, backend, ratio, summing, shares: None, hints })
     }
 
     /// Whether a group with load `l` on a saturated backend counts on it. A group saturation
@@ -384,9 +410,14 @@ impl SaturationSettings {
         loads: &mut Loads,
     ) {
         if let Some((total, quotas)) = &mut part.summing {
-            for (group, l) in &part.load[part.next..upto] {
+            for ((group, l), hint) in part.load[part.next..upto].iter().zip(&part.hints[part.next..upto]) {
                 *total += l;
-                if self.counts(*l, &|| busy(tracked.get(group)))
+                let h = *hint as usize;
+                let tracked_now = || match tracked.get_index(h) {
+                    Some((name, t)) if name == group => Some(t),
+                    _ => tracked.get(group),
+                };
+                if self.counts(*l, &|| busy(tracked_now()))
                     && let Some(q) = quota(group)
                 {
                     *quotas += q;
@@ -403,11 +434,13 @@ impl SaturationSettings {
         }
         let quota_law = self.law == LimitingLaw::Quota;
         let (zone, backend, ratio, shares) = (part.zone, part.backend, part.ratio, part.shares);
-        for (group, l) in &part.load[part.next..upto] {
-            let Some((at, _, t)) = tracked.get_full_mut(group) else { continue };
+        let hints = &mut part.hints[part.next..upto];
+        for ((group, l), hint) in part.load[part.next..upto].iter().zip(hints) {
+            let Some(at) = find(tracked, hint, group) else { continue };
             if at >= len {
                 continue;
             }
+            let (_, t) = tracked.get_index_mut(at).expect("found just now");
             let counted = (shares.is_some() || ratio.is_some()) && self.counts(*l, &|| busy(Some(t)));
             if t.load_slot == super::NO_SLOT {
                 t.load_slot = loads.slot(quota_law);

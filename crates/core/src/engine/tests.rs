@@ -666,6 +666,37 @@ fn backend_loads(b: &str, load: f64) -> Vec<(GroupName, f64)> {
     (from..from + 10).map(|i| (name(&format!("g{i}")), load + f64::from(i))).collect()
 }
 
+#[test]
+fn a_backend_listing_its_groups_in_another_order_gives_each_its_own_load() {
+    let mut e = engine(EngineSettings::default());
+    let t = Nanos(S);
+    report_all_groups(&mut e, t);
+    e.backend_report(t, "b1", "z1", Health::Utilisation(0.5), &backend_loads("b1", 100.0)).unwrap();
+    e.tick(t);
+    let load = |e: &Engine, g: u32| e.outcome(&name(&format!("g{g}"))).unwrap().load;
+    assert_eq!(load(&e, 3), 103.0);
+    // The same groups backwards, with a group that is new to the engine among them: each
+    // load is found by its group's name, not by where the last report had it.
+    let t = Nanos(2 * S);
+    report_all_groups(&mut e, t);
+    let mut loads = backend_loads("b1", 200.0);
+    loads.reverse();
+    loads.insert(4, (name("fresh"), 7.0));
+    e.backend_report(t, "b1", "z1", Health::Utilisation(0.5), &loads).unwrap();
+    e.tick(t);
+    for g in 0..10 {
+        assert_eq!(load(&e, g), 200.0 + f64::from(g) as f32, "g{g}");
+    }
+    // And back in the first order.
+    let t = Nanos(3 * S);
+    report_all_groups(&mut e, t);
+    e.backend_report(t, "b1", "z1", Health::Utilisation(0.5), &backend_loads("b1", 300.0)).unwrap();
+    e.tick(t);
+    for g in 0..10 {
+        assert_eq!(load(&e, g), 300.0 + f64::from(g) as f32, "g{g}");
+    }
+}
+
 /// Each of the 20 groups' client reports at `t`.
 fn report_all_groups(e: &mut Engine, t: Nanos) {
     report_groups(e, t, 0..20);

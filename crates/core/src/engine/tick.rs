@@ -210,12 +210,19 @@ impl Engine {
                 taken += upto - part.next;
                 sat.gather_part(part, upto, &quota, tracked, run.len, loads);
                 if part.done() {
+                    // The hints go back to the backend, for its next report (unless it is
+                    // forgotten, or already has them from a report sent since).
+                    if let Some(b) = run.gathered.as_deref().and_then(|id| backends.get_mut(id))
+                        && b.hints.is_empty()
+                    {
+                        b.hints = std::mem::take(&mut part.hints);
+                    }
                     run.part = None;
                 }
                 continue;
             }
             let after = run.gathered.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-            let Some((id, b)) = backends.range::<str, _>((after, Bound::Unbounded)).next() else {
+            let Some((id, b)) = backends.range_mut::<str, _>((after, Bound::Unbounded)).next() else {
                 run.gathering = false;
                 return;
             };
