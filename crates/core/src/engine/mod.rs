@@ -329,11 +329,13 @@ fn budget_spent(
     s: &GroupSettings,
     consumed: f64,
 ) -> bool {
+    // Most groups have no budget: no look-up for them (a tick asks for every group).
+    let Some(budget) = s.budget() else { return false };
     let baseline = match s.budget_period() {
         crate::settings::BudgetPeriod::Total => 0.0,
         _ => baselines.get(key).copied().unwrap_or(0.0),
     };
-    s.budget().is_some_and(|b| consumed - baseline >= b)
+    consumed - baseline >= budget
 }
 
 /// A tracked group's `load_slot` when it has none.
