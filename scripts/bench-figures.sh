@@ -112,7 +112,9 @@ for run in 1 2 3; do
   load --duration 3 --rate 5 >/dev/null
   out=$(load --duration 10 --rate 5 --server-pid "$SERVER" --server-http "$HTTP" | grep -E "latency|own answer|CPU")
   echo "$out"
-  verdict "4. p99 at 500,000 grants a second (run $run), ms" "$(after p99 "$(grep "^latency" <<<"$out")")" "<=" 1
+  # The server's CPU beside it: on a shared 2-core machine the p99 follows it.
+  cpu=$(after CPU "$(grep "server CPU" <<<"$out")")
+  verdict "4. p99 at 500,000 grants/s, run $run (server ${cpu:-?} %), ms" "$(after p99 "$(grep "^latency" <<<"$out")")" "<=" 1
 done
 echo "== 4. p99 at half the goal's load with ten saturated backends reporting 10,000 groups each, two runs"
 for run in 1 2; do
@@ -121,7 +123,8 @@ for run in 1 2; do
   out=$(load --duration 10 --rate 5 --backends 10 --server-pid "$SERVER" --server-http "$HTTP" \
     | grep -E "latency|own answer|CPU|backends")
   echo "$out"
-  verdict "4. p99 at 500,000 grants a second, 10 backends (run $run), ms" "$(after p99 "$(grep "^latency" <<<"$out")")" "<=" 1
+  cpu=$(after CPU "$(grep "server CPU" <<<"$out")")
+  verdict "4. p99, 10 backends, run $run (server ${cpu:-?} %), ms" "$(after p99 "$(grep "^latency" <<<"$out")")" "<=" 1
 done
 
 echo "== 4. 10,000 throttled clients' exchanges"
