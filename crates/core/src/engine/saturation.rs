@@ -170,16 +170,13 @@ pub(crate) struct BackendState {
 /// A [`BackendState::hints`] entry for a group not found.
 pub(crate) const NO_HINT: u32 = u32::MAX;
 
-/// The position of `group` among the tracked groups, looked for at `hint` first; the hint is
-/// updated to where it was found.
-fn find(tracked: &super::Tracking, hint: &mut u32, group: &GroupName) -> Option<usize> {
-    let at = *hint as usize;
+/// The position of `group` among the tracked groups, looked for at `hint` first.
+fn find(tracked: &super::Tracking, hint: u32, group: &GroupName) -> Option<usize> {
+    let at = hint as usize;
     if tracked.get_index(at).is_some_and(|(name, _)| name == group) {
         return Some(at);
     }
-    let at = tracked.get_index_of(group)?;
-    *hint = u32::try_from(at).unwrap_or(NO_HINT);
-    Some(at)
+    tracked.get_index_of(group)
 }
 
 /// A backend's report a tick is taking, in parts between exchanges (see
@@ -412,11 +409,8 @@ impl SaturationSettings {
         if let Some((total, quotas)) = &mut part.summing {
             for ((group, l), hint) in part.load[part.next..upto].iter().zip(&part.hints[part.next..upto]) {
                 *total += l;
-                let h = *hint as usize;
-                let tracked_now = || match tracked.get_index(h) {
-                    Some((name, t)) if name == group => Some(t),
-                    _ => tracked.get(group),
-                };
+                let tracked_now =
+                    || find(tracked, *hint, group).and_then(|at| tracked.get_index(at)).map(|(_, t)| t);
                 if self.counts(*l, &|| busy(tracked_now()))
                     && let Some(q) = quota(group)
                 {
@@ -436,7 +430,8 @@ impl SaturationSettings {
         let (zone, backend, ratio, shares) = (part.zone, part.backend, part.ratio, part.shares);
         let hints = &mut part.hints[part.next..upto];
         for ((group, l), hint) in part.load[part.next..upto].iter().zip(hints) {
-            let Some(at) = find(tracked, hint, group) else { continue };
+            let Some(at) = find(tracked, *hint, group) else { continue };
+            *hint = u32::try_from(at).unwrap_or(NO_HINT);
             if at >= len {
                 continue;
             }
