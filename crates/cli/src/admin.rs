@@ -348,7 +348,7 @@ pub(crate) async fn channel(target: &Target) -> anyhow::Result<tollgate_client::
             .await
         {
             Ok(channel) => {
-                let channel = tollgate_proto::frames::OneWrite(channel);
+                let channel = tollgate_proto::frames::EndKnownCalls(channel);
                 return Ok(tonic::service::interceptor::InterceptedService::new(channel, bearer));
             }
             Err(e) => failures.push(format!("{server}: {}", transport_error(&e))),

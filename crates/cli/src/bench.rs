@@ -239,7 +239,7 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
             .timeout(Duration::from_secs(5))
             .connect()
             .await
-            .map(tollgate_proto::frames::OneWrite)
+            .map(tollgate_proto::frames::EndKnownCalls)
             .with_context(|| format!("cannot reach the tollgate server at {}", a.server))
     };
     let mut channels = Vec::new();
@@ -478,7 +478,7 @@ fn backend_groups(a: &ExchangeArgs, b: usize) -> Vec<String> {
 /// returns the reports taken, those refused and the first refusal.
 fn backends(
     a: &ExchangeArgs,
-    channels: &[tollgate_proto::frames::OneWrite<Channel>],
+    channels: &[tollgate_proto::frames::EndKnownCalls<Channel>],
     bearer: &tollgate_client::access::Bearer,
     stop: &tokio::sync::watch::Sender<bool>,
 ) -> tokio::task::JoinSet<(u64, u64, Option<String>)> {

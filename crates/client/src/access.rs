@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use tollgate_proto::frames::OneWrite;
+use tollgate_proto::frames::EndKnownCalls;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -94,7 +94,7 @@ impl Access {
     /// A lazily connected channel to `url` carrying the token.
     pub fn channel(&self, url: &str, connect_timeout: std::time::Duration) -> Result<Rpc, String> {
         let channel = self.endpoint(url)?.connect_timeout(connect_timeout).connect_lazy();
-        Ok(InterceptedService::new(OneWrite(channel), self.bearer()?))
+        Ok(InterceptedService::new(EndKnownCalls(channel), self.bearer()?))
     }
 }
 
@@ -140,6 +140,6 @@ impl Interceptor for Bearer {
     }
 }
 
-/// A channel to a controller with the token on every call, each call sent in one write
-/// ([`OneWrite`]).
-pub type Rpc = InterceptedService<OneWrite<Channel>, Bearer>;
+/// A channel to a controller with the token on every call, each call's data frame ending its
+/// stream ([`EndKnownCalls`]).
+pub type Rpc = InterceptedService<EndKnownCalls<Channel>, Bearer>;

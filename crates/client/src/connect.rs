@@ -65,7 +65,7 @@ impl Tollgate {
         let access = opts.access.clone();
         let bearer = access.bearer().map_err(|reason| BuildError::Remote { url: String::new(), reason })?;
         let channel = tonic::service::interceptor::InterceptedService::new(
-            tollgate_proto::frames::OneWrite(channel),
+            tollgate_proto::frames::EndKnownCalls(channel),
             bearer,
         );
         let (gate, driver) = Self::remote_driven(opts)?;

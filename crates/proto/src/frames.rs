@@ -1,4 +1,4 @@
-//! A gRPC call and its answer each in one write to the socket.
+//! A gRPC answer in one write to the socket, and a call in two instead of three.
 //!
 //! The HTTP/2 library under gRPC (the `h2` crate) copies a frame into its write buffer, except
 //! a data frame of 256 bytes or more (1,024 on a stream without vectored writes), which it
@@ -19,8 +19,11 @@
 //!   server's connections then say they take no vectored writes, which raises `h2`'s limit
 //!   to 1,024 bytes (see `tollgate-server`'s listener).
 //! - [`EndKnown`] looks one frame ahead in a call's body, so that the last data frame itself
-//!   says the stream ends: head and data go out together ([`OneWrite`] does this to every call
-//!   of a channel).
+//!   says the stream ends and no empty frame follows it ([`EndKnownCalls`] does this to every
+//!   call of a channel). A call still goes out in two writes, its head and then its data:
+//!   `h2` gives a new stream no room to send data until its head has been written (a stream
+//!   waiting to open holds no share of the connection's window), so the data is queued only
+//!   after the connection has flushed the head.
 //!
 //! ```
 //! use std::pin::Pin;
@@ -179,12 +182,12 @@ where
     }
 }
 
-/// A channel whose every call's body is [`EndKnown`]: a unary call's head and data go out in
-/// one write. See the [module](self).
+/// A channel whose every call's body is [`EndKnown`]: a unary call goes out in two writes (its
+/// head, then its data ending the stream) rather than three. See the [module](self).
 #[derive(Debug, Clone)]
-pub struct OneWrite<S>(pub S);
+pub struct EndKnownCalls<S>(pub S);
 
-impl<S> Service<http::Request<tonic::body::Body>> for OneWrite<S>
+impl<S> Service<http::Request<tonic::body::Body>> for EndKnownCalls<S>
 where
     S: Service<http::Request<tonic::body::Body>>,
 {
