@@ -507,6 +507,55 @@ async fn undecodable_and_oversized_messages_get_grpc_codes_and_others_keep_being
     assert!(backend.report(report).await.is_ok(), "and takes reports");
 }
 
+/// What a client of `heavy` reports in the saturation tests: 2,000,000 units/s consumed.
+fn heavy_usage() -> v1::GroupUsage {
+    v1::GroupUsage {
+        group: "heavy".into(),
+        demand: 3_000_000.0,
+        consumed: 2_000_000.0,
+        admitted: 100,
+        ..Default::default()
+    }
+}
+
+/// A backend that reports itself newly saturated is acted on at once, not at the tick's
+/// turn: with a tick of a minute, its group is limited right after the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_newly_saturated_is_acted_on_before_the_ticks_turn() {
+    let s = ServerProc::start_with(
+        &data_dir("onset"),
+        &["--tick-ms", "60000", "--ignore-worst-zones", "0"],
+        Stdio::null(),
+    );
+    ok(&s, &["group", "create", "heavy", "--limit", "10000000"]);
+    let mut admission = v1::admission_client::AdmissionClient::connect(s.url()).await.unwrap();
+    let mut backend = v1::backend_client::BackendClient::connect(s.url()).await.unwrap();
+    let usage = heavy_usage();
+    let req =
+        v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage], ..Default::default() };
+    admission.exchange(req).await.unwrap();
+    let early_ticks = || {
+        let metrics = http_get(&s.http, "/metrics");
+        let line =
+            metrics.lines().find(|l| l.starts_with("tollgate_early_ticks_total ")).expect("the counter");
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+    };
+    let report = |u: f64| v1::BackendReport {
+        backend_id: "ss-0".into(),
+        zone: "z0".into(),
+        health: Some(v1::backend_report::Health::Utilisation(u)),
+        loads: vec![v1::GroupLoad { group: "heavy".into(), units_per_s: 1_000_000.0 }],
+    };
+    backend.report(report(0.5)).await.unwrap();
+    assert_eq!(early_ticks(), 0, "a backend with room asks for nothing");
+    backend.report(report(1.2)).await.unwrap();
+    common::eventually("an early tick", || early_ticks() == 1);
+    let json: serde_json::Value = serde_json::from_str(&ok(&s, &["status", "--json"])).unwrap();
+    assert_eq!(json["groups"][0]["busy"], true, "{json}");
+    let target = json["groups"][0]["target"].as_f64().unwrap();
+    assert!(target < 1_000_000.0, "limited below its load: {target}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_backend_report_limits_the_group_it_carries() {
     let s = ServerProc::start(&data_dir("backend"));
@@ -526,13 +575,7 @@ async fn a_saturated_backend_report_limits_the_group_it_carries() {
         .report(v1::BackendReport { backend_id: "ss-1".into(), zone: "z1".into(), ..report })
         .await
         .unwrap();
-    let usage = v1::GroupUsage {
-        group: "heavy".into(),
-        demand: 3_000_000.0,
-        consumed: 2_000_000.0,
-        admitted: 100,
-        ..Default::default()
-    };
+    let usage = heavy_usage();
     admission
         .exchange(v1::ExchangeRequest {
             client_id: "c".into(),

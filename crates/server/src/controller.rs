@@ -177,6 +177,16 @@ pub struct Controller {
     /// How long the last tick took from its start to its last slice, in nanoseconds (paced,
     /// the server's spans a good part of a second at many groups).
     tick_span_ns: AtomicU64,
+    /// Woken when a backend's report shows it newly saturated
+    /// ([`Engine::saturation_onset`](tollgate_core::engine::Engine::saturation_onset)).
+    onset: tokio::sync::Notify,
+    /// Ticks run before their turn for such a report.
+    early_ticks: AtomicU64,
+    /// A tick was run before its turn since the last regular one.
+    early_used: AtomicBool,
+    /// When the last tick at its turn began (nanoseconds; `u64::MAX`: none yet): exchanges
+    /// tell refused clients when the next one is done.
+    turn_ns: AtomicU64,
     /// The sorted view of the last tick, and the tick it was built at.
     view: Mutex<Option<(u64, Arc<Vec<GroupView>>)>>,
     /// Backends and clients as of a tick, made at most once per tick like the view.
@@ -324,6 +334,10 @@ impl Controller {
             exchanges: AtomicU64::new(0),
             grpc_writes: Arc::default(),
             tick_span_ns: AtomicU64::new(0),
+            onset: tokio::sync::Notify::new(),
+            early_ticks: AtomicU64::new(0),
+            early_used: AtomicBool::new(false),
+            turn_ns: AtomicU64::new(u64::MAX),
             view: Mutex::new(None),
             diagnostics: Mutex::new(None),
             trace: tokio::sync::broadcast::channel(TRACE_CHANNEL).0,
@@ -420,12 +434,29 @@ impl Controller {
     /// many groups takes a share of a core for a while rather than a whole core at once, and
     /// the exchanges answered meanwhile do not queue behind it for a core. Pausing changes
     /// when the tick completes, not what it decides.
-    pub fn tick_paced(&self, now: Nanos, mut pause: impl FnMut()) {
+    pub fn tick_paced(&self, now: Nanos, pause: impl FnMut()) {
+        self.run_tick(now, false, pause);
+    }
+
+    /// [`tick_paced`](Self::tick_paced) before the tick's turn, for a backend newly saturated
+    /// ([`take_early_tick`](Self::take_early_tick)): counted, and the regular ticks keep
+    /// their times, so clients refused meanwhile are still told to come back after the next
+    /// regular one.
+    pub fn tick_early_paced(&self, now: Nanos, pause: impl FnMut()) {
+        self.early_ticks.fetch_add(1, Ordering::Relaxed);
+        self.run_tick(now, true, pause);
+    }
+
+    fn run_tick(&self, now: Nanos, early: bool, mut pause: impl FnMut()) {
         let live = self.trace.receiver_count() > 0;
         let keep = self.keep_trace.load(Ordering::Relaxed);
         let mut engine = self.engine();
         engine.set_tracing(live || keep);
         engine.begin_tick(now);
+        if !early {
+            self.turn_ns.store(now.0, Ordering::Relaxed);
+            self.early_used.store(false, Ordering::Release);
+        }
         let mut size = TICK_SLICE_GROUPS;
         loop {
             let started = slice_clock();
@@ -570,8 +601,9 @@ impl Controller {
         // last one took. While a tick is under way (answered between its walks), none: these
         // grants are the ones it is replacing, and the client is told to come back for its.
         let span = Duration::from_nanos(self.tick_span_ns.load(Ordering::Relaxed));
-        let next_tick = match engine.last_tick() {
-            Some(t) if !engine.ticking() => t.after(tick.saturating_add(span)).since(now),
+        let turn = Some(self.turn_ns.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX);
+        let next_tick = match turn {
+            Some(t) if !engine.ticking() => Nanos(t).after(tick.saturating_add(span)).since(now),
             _ => Duration::ZERO,
         };
         drop(engine);
@@ -621,11 +653,17 @@ impl Controller {
         // Made ready before the engine is locked, and what it replaces dropped after: a report
         // of 10,000 loads would hold up every exchange meanwhile.
         let report = BackendReport::new(r.zone, health, loads);
-        let replaced = self
-            .engine()
-            .put_backend_report(now, r.backend_id, report)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let (replaced, onset) = {
+            let mut engine = self.engine();
+            let replaced = engine
+                .put_backend_report(now, r.backend_id, report)
+                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            (replaced, engine.saturation_onset())
+        };
         drop(replaced);
+        if onset {
+            self.onset.notify_one();
+        }
         Ok(v1::ReportAck { rejected })
     }
 
@@ -952,6 +990,27 @@ impl Controller {
         self.engine().groups().into_iter().map(|(n, s)| (n.clone(), s.clone())).collect()
     }
 
+    /// Completes once a backend's report has shown it newly saturated since the last tick
+    /// began (at once if one did since the last call): the server then ticks without waiting
+    /// for the tick's turn, at most once between two regular ticks.
+    pub async fn saturation_onset(&self) {
+        self.onset.notified().await;
+    }
+
+    /// Whether to tick now, before the tick's turn: a backend's report has shown it newly
+    /// saturated since the last tick began, and no tick has been run early since the last
+    /// regular one (so a backend flapping in and out of saturation, or many reporting one
+    /// after another, at most doubles the ticks). Says yes once; the caller then runs
+    /// [`tick_early_paced`](Self::tick_early_paced).
+    pub fn take_early_tick(&self) -> bool {
+        self.engine().saturation_onset() && !self.early_used.swap(true, Ordering::AcqRel)
+    }
+
+    /// Ticks run before their turn, for backends newly saturated.
+    pub fn early_ticks(&self) -> u64 {
+        self.early_ticks.load(Ordering::Relaxed)
+    }
+
     /// Exchanges answered so far.
     pub fn exchanges(&self) -> u64 {
         self.exchanges.load(Ordering::Relaxed)
@@ -1129,6 +1188,39 @@ mod tests {
         let ok = c.exchange(Nanos::ZERO, &req(vec![usage("g", 1.0)])).unwrap();
         assert!(ok.grants[0].unlimited);
         assert_eq!(c.exchanges(), 1, "refused exchanges are not counted");
+    }
+
+    /// A backend newly saturated gets one tick before the tick's turn between two regular
+    /// ones, however many report so; refused clients are still told when the next regular
+    /// tick is done, not a period after the early one.
+    #[test]
+    fn a_backend_newly_saturated_gets_one_early_tick_between_two_regular_ones() {
+        let c = controller();
+        let saturated = |backend: &str, u: f64| v1::BackendReport {
+            backend_id: backend.into(),
+            zone: "z".into(),
+            health: Some(v1::backend_report::Health::Utilisation(u)),
+            loads: vec![load("g", 500_000.0)],
+        };
+        let ms = |n: u64| Nanos(n * 1_000_000);
+        c.tick(ms(0));
+        assert!(!c.take_early_tick(), "nothing saturated");
+        c.backend_report(ms(100), &ReportView::of(&saturated("a", 0.5))).unwrap();
+        assert!(!c.take_early_tick(), "not saturated");
+        c.backend_report(ms(200), &ReportView::of(&saturated("a", 1.2))).unwrap();
+        assert!(c.take_early_tick());
+        assert!(!c.take_early_tick(), "said once");
+        c.tick_early_paced(ms(200), || {});
+        assert_eq!(c.early_ticks(), 1);
+        // Another backend newly saturated before the next regular tick waits for it.
+        c.backend_report(ms(300), &ReportView::of(&saturated("b", 1.2))).unwrap();
+        assert!(!c.take_early_tick(), "one early tick between two regular ones");
+        let req = v1::ExchangeRequest { client_id: "c".into(), sequence: 1, ..Default::default() };
+        assert_eq!(c.exchange(ms(400), &req).unwrap().next_tick_ms, 600, "the regular tick's time");
+        c.tick(ms(1000));
+        c.backend_report(ms(1100), &ReportView::of(&saturated("a", 0.5))).unwrap();
+        c.backend_report(ms(1200), &ReportView::of(&saturated("a", 1.3))).unwrap();
+        assert!(c.take_early_tick(), "a new period, a new onset");
     }
 
     /// A refused client is told to come back once the next tick is done: its start (a tick

@@ -471,7 +471,8 @@ where
     h
 }
 
-/// Ticks the engine every tick, samples the dashboard's history about once a second, and
+/// Ticks the engine every tick (and once more between two, at once, when a backend's report
+/// shows it newly saturated), samples the dashboard's history about once a second, and
 /// writes consumption every flush interval.
 async fn background(
     controller: Arc<Controller>,
@@ -485,39 +486,22 @@ async fn background(
     let mut flushes = tokio::time::interval(flush_interval);
     flushes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     flushes.tick().await;
-    let mut give_back = memory::GiveBack::default();
-    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut sampled: Option<tollgate_core::time::Nanos> = None;
+    let mut ticker = Ticker {
+        controller: controller.clone(),
+        history,
+        clock,
+        give_back: memory::GiveBack::default(),
+        sampling: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        sampled: None,
+    };
     loop {
         tokio::select! {
-            _ = ticks.tick() => {
-                let now = clock.now();
-                // On the blocking pool: a tick of many groups takes tens of milliseconds, in
-                // slices between which the exchanges waiting go first, paced so that it takes
-                // a share of a core rather than a whole one.
-                let c = controller.clone();
-                let mut pacer = pace::TickPacer::new(c.tick_period());
-                if let Err(e) = tokio::task::spawn_blocking(move || c.tick_paced(now, || pacer.pause())).await {
-                    tracing::error!(error = %e, "a tick failed");
-                }
-                controller.set_tick_span(clock.now().since(now));
-                // One sample a second at most, on the blocking pool (it reads every group), and
-                // never two at once.
-                if sampled.is_none_or(|at| now.since(at) >= Duration::from_millis(990))
-                    && !sampling.swap(true, std::sync::atomic::Ordering::AcqRel)
-                {
-                    sampled = Some(now);
-                    let (c, h, busy) = (controller.clone(), history.clone(), sampling.clone());
-                    tokio::task::spawn_blocking(move || {
-                        let capacity = c.node().capacity;
-                        c.with_engine(|e| h.sample(e, capacity, wall_ms()));
-                        busy.store(false, std::sync::atomic::Ordering::Release);
-                    });
-                }
-                let (groups, clients) = controller.with_engine(|e| (e.tracked_groups(), e.clients()));
-                if give_back.after_tick(groups + clients) {
-                    memory::release();
-                    tracing::debug!(groups, clients, "expired groups and clients forgotten; memory given back");
+            _ = ticks.tick() => ticker.tick(false).await,
+            () = controller.saturation_onset() => {
+                // Unless a regular tick took the report meanwhile, or one ran early already.
+                if controller.take_early_tick() {
+                    tracing::debug!("a backend is newly saturated: ticking before the tick's turn");
+                    ticker.tick(true).await;
                 }
             }
             _ = flushes.tick() => {
@@ -530,6 +514,59 @@ async fn background(
                 }
             }
             _ = stop.changed() => return,
+        }
+    }
+}
+
+/// What a tick needs beside the controller: the history it samples and the memory it gives
+/// back.
+struct Ticker {
+    controller: Arc<Controller>,
+    history: Arc<history::History>,
+    clock: Clock,
+    give_back: memory::GiveBack,
+    sampling: Arc<std::sync::atomic::AtomicBool>,
+    sampled: Option<tollgate_core::time::Nanos>,
+}
+
+impl Ticker {
+    /// Runs a tick: at its turn, or `early`.
+    async fn tick(&mut self, early: bool) {
+        let controller = &self.controller;
+        let now = self.clock.now();
+        // On the blocking pool: a tick of many groups takes tens of milliseconds, in slices
+        // between which the exchanges waiting go first, paced so that it takes a share of a
+        // core rather than a whole one.
+        let c = controller.clone();
+        let mut pacer = pace::TickPacer::new(c.tick_period());
+        let run = move || {
+            if early {
+                c.tick_early_paced(now, || pacer.pause())
+            } else {
+                c.tick_paced(now, || pacer.pause())
+            }
+        };
+        if let Err(e) = tokio::task::spawn_blocking(run).await {
+            tracing::error!(error = %e, "a tick failed");
+        }
+        controller.set_tick_span(self.clock.now().since(now));
+        // One sample a second at most, on the blocking pool (it reads every group), and never
+        // two at once.
+        if self.sampled.is_none_or(|at| now.since(at) >= Duration::from_millis(990))
+            && !self.sampling.swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            self.sampled = Some(now);
+            let (c, h, busy) = (controller.clone(), self.history.clone(), self.sampling.clone());
+            tokio::task::spawn_blocking(move || {
+                let capacity = c.node().capacity;
+                c.with_engine(|e| h.sample(e, capacity, wall_ms()));
+                busy.store(false, std::sync::atomic::Ordering::Release);
+            });
+        }
+        let (groups, clients) = controller.with_engine(|e| (e.tracked_groups(), e.clients()));
+        if self.give_back.after_tick(groups + clients) {
+            memory::release();
+            tracing::debug!(groups, clients, "expired groups and clients forgotten; memory given back");
         }
     }
 }

@@ -219,6 +219,13 @@ impl Collector for ControllerMetrics {
         )?;
         single(
             &mut e,
+            "tollgate_early_ticks_total",
+            "Ticks run before their turn because a backend's report showed it newly saturated.",
+            Kind::Counter,
+            c.early_ticks(),
+        )?;
+        single(
+            &mut e,
             "tollgate_grpc_writes_total",
             "Writes to gRPC connections' sockets (about one per answer).",
             Kind::Counter,

@@ -551,6 +551,9 @@ pub struct Engine {
     earliest_report: Nanos,
     reports_floor: Nanos,
     last_tick: Option<Nanos>,
+    /// A backend's report showed it saturated (newly, or for the first time) since the last
+    /// tick began: see [`Engine::saturation_onset`].
+    onset: bool,
     ticks: u64,
     /// The sum of the finite targets of the last tick.
     targets_total: f64,
@@ -617,6 +620,7 @@ impl Engine {
             earliest_report: Nanos(u64::MAX),
             reports_floor: Nanos(u64::MAX),
             last_tick: None,
+            onset: false,
             ticks: 0,
             targets_total: 0.0,
             totals: Totals::default(),
@@ -1085,6 +1089,16 @@ impl Engine {
                 }
             }
         }
+        // Saturated now, and not (or not lately) before: the next tick should not wait for
+        // its turn.
+        let saturated = |s: &BackendState| self.settings.saturation.limiting_ratio_of(s.health).is_some();
+        let was = self
+            .backends
+            .get(backend)
+            .is_some_and(|old| now.since(old.seen) <= self.settings.report_expiry && saturated(old));
+        if !was && saturated(&state) {
+            self.onset = true;
+        }
         let old = match self.backends.get_mut(backend) {
             Some(slot) => Some(std::mem::replace(slot, state)),
             None => {
@@ -1267,6 +1281,15 @@ impl Engine {
     /// When the last tick ran.
     pub fn last_tick(&self) -> Option<Nanos> {
         self.last_tick
+    }
+
+    /// Whether a backend's report has shown it saturated since the last tick began, when it
+    /// was not before (or had not reported lately). Its groups' limits wait for a tick; a
+    /// controller runs one at once rather than at its turn (at most one such tick between two
+    /// of its regular ones), so that a surge is reined in as soon as a backend reports it,
+    /// not up to a tick later. The next tick clears it.
+    pub fn saturation_onset(&self) -> bool {
+        self.onset
     }
 
     /// Starts a learning lease again from `now`: a controller that has just become the leader

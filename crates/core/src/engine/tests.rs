@@ -124,6 +124,39 @@ fn a_backend_that_stops_reporting_stops_limiting_and_is_forgotten() {
     assert_eq!(e.backends(), 0);
 }
 
+/// A backend's report that shows it saturated when it was not (or is new, or had gone quiet
+/// for longer than a report holds) asks for a tick at once; its next saturated reports do
+/// not, and the next tick clears the asking.
+#[test]
+fn a_backend_newly_saturated_asks_for_a_tick_at_once() {
+    let mut e = engine(EngineSettings::default());
+    let load = [(name("g"), 500_000.0)];
+    let hot = Health::Utilisation(1.2);
+    let cool = Health::Utilisation(0.5);
+    e.backend_report(Nanos(0), "b", "z", cool, &load).unwrap();
+    assert!(!e.saturation_onset(), "not saturated");
+    e.tick(Nanos(0));
+    // Just past where saturation limiting starts (FoundationDB's target less its spring).
+    e.backend_report(Nanos(S / 4), "b", "z", Health::Utilisation(0.76), &load).unwrap();
+    assert!(e.saturation_onset());
+    e.backend_report(Nanos(S / 2), "b", "z", hot, &load).unwrap();
+    assert!(e.saturation_onset(), "asked until a tick");
+    e.tick(Nanos(S / 2));
+    assert!(!e.saturation_onset(), "the tick took it");
+    e.backend_report(Nanos(S), "b", "z", hot, &load).unwrap();
+    assert!(!e.saturation_onset(), "saturated already");
+    e.backend_report(Nanos(2 * S), "b", "z", cool, &load).unwrap();
+    e.backend_report(Nanos(3 * S), "b", "z", hot, &load).unwrap();
+    assert!(e.saturation_onset(), "saturated again after a cool report");
+    e.tick(Nanos(3 * S));
+    e.backend_report(Nanos(3 * S), "c", "z", hot, &[]).unwrap();
+    assert!(e.saturation_onset(), "a new backend, saturated");
+    e.tick(Nanos(3 * S));
+    let later = Nanos(3 * S).after(e.settings().report_expiry + Duration::from_secs(1));
+    e.backend_report(later, "b", "z", hot, &load).unwrap();
+    assert!(e.saturation_onset(), "its last report had expired");
+}
+
 #[test]
 fn backends_are_bounded() {
     let s = EngineSettings { max_backends: 2, ..EngineSettings::default() };

@@ -156,6 +156,7 @@ impl Engine {
         self.started.get_or_insert(now);
         let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
         self.last_tick = Some(now);
+        self.onset = false;
         self.expire(now);
         self.reports_floor = Nanos(u64::MAX);
         self.loads.begin();
