@@ -534,12 +534,14 @@ async fn a_backend_newly_saturated_is_acted_on_before_the_ticks_turn() {
     let req =
         v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage], ..Default::default() };
     admission.exchange(req).await.unwrap();
-    let early_ticks = || {
+    let counter = |name: &str| {
         let metrics = http_get(&s.http, "/metrics");
-        let line =
-            metrics.lines().find(|l| l.starts_with("tollgate_early_ticks_total ")).expect("the counter");
+        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).expect("the counter");
         line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
     };
+    let early_ticks = || counter("tollgate_early_ticks_total");
+    // The first regular tick runs as the server starts; the next is a minute away.
+    common::eventually("the first tick", || counter("tollgate_ticks_total") == 1);
     let report = |u: f64| v1::BackendReport {
         backend_id: "ss-0".into(),
         zone: "z0".into(),
@@ -550,6 +552,7 @@ async fn a_backend_newly_saturated_is_acted_on_before_the_ticks_turn() {
     assert_eq!(early_ticks(), 0, "a backend with room asks for nothing");
     backend.report(report(1.2)).await.unwrap();
     common::eventually("an early tick", || early_ticks() == 1);
+    assert_eq!(counter("tollgate_ticks_total"), 2, "the early tick is a tick");
     let json: serde_json::Value = serde_json::from_str(&ok(&s, &["status", "--json"])).unwrap();
     assert_eq!(json["groups"][0]["busy"], true, "{json}");
     let target = json["groups"][0]["target"].as_f64().unwrap();

@@ -443,8 +443,9 @@ impl Controller {
     /// their times, so clients refused meanwhile are still told to come back after the next
     /// regular one.
     pub fn tick_early_paced(&self, now: Nanos, pause: impl FnMut()) {
-        self.early_ticks.fetch_add(1, Ordering::Relaxed);
         self.run_tick(now, true, pause);
+        // Counted once done: whoever sees the count sees the tick's results.
+        self.early_ticks.fetch_add(1, Ordering::Release);
     }
 
     fn run_tick(&self, now: Nanos, early: bool, mut pause: impl FnMut()) {
@@ -1006,9 +1007,14 @@ impl Controller {
         self.engine().saturation_onset() && !self.early_used.swap(true, Ordering::AcqRel)
     }
 
+    /// Engine ticks completed since this controller started, early ones included.
+    pub fn ticks(&self) -> u64 {
+        self.engine().ticks()
+    }
+
     /// Ticks run before their turn, for backends newly saturated.
     pub fn early_ticks(&self) -> u64 {
-        self.early_ticks.load(Ordering::Relaxed)
+        self.early_ticks.load(Ordering::Acquire)
     }
 
     /// Exchanges answered so far.

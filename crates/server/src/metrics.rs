@@ -217,6 +217,7 @@ impl Collector for ControllerMetrics {
             Kind::Counter,
             c.exchanges(),
         )?;
+        single(&mut e, "tollgate_ticks_total", "Engine ticks completed.", Kind::Counter, c.ticks())?;
         single(
             &mut e,
             "tollgate_early_ticks_total",
