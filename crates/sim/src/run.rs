@@ -275,6 +275,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
 
     let step_ns = duration_nanos(STEP);
     let tick_ns = duration_nanos(scenario.controller.tick).max(step_ns);
+    let report_ns = scenario.controller.report_every.map_or(tick_ns, |d| duration_nanos(d).max(step_ns));
     let second_ns = 1_000_000_000u64;
     let mut phases = Vec::new();
     let mut timeline = Vec::new();
@@ -337,19 +338,29 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         if cut {
             last_cut_off = Some(now);
         }
-        // At a tick the backends report and the controller ticks; then every client whose
-        // exchange is due makes it, in the order they were started.
-        if up && now.0.is_multiple_of(tick_ns) {
+        // The backends report (at each tick unless `report_ms` says otherwise), then the
+        // controller ticks at its turn, or at once for a backend newly saturated, as the
+        // server does; then every client whose exchange is due makes it, in the order they
+        // were started.
+        if up && now.0.is_multiple_of(report_ns) {
             for report in world.backend_reports(now) {
                 controller
                     .backend_report(now, &tollgate_proto::wire::ReportView::of(&report))
                     .expect("scenario backends are valid");
             }
+        }
+        let ticked = if up && now.0.is_multiple_of(tick_ns) {
             controller.tick(now);
-            if let Some(sink) = hooks.trace.as_mut() {
-                for event in controller.take_trace().0 {
-                    sink(event);
-                }
+            true
+        } else if up && controller.take_early_tick() {
+            controller.tick_early_paced(now, || {});
+            true
+        } else {
+            false
+        };
+        if ticked && let Some(sink) = hooks.trace.as_mut() {
+            for event in controller.take_trace().0 {
+                sink(event);
             }
         }
         for (i, d) in drivers.iter_mut().enumerate() {

@@ -66,6 +66,9 @@ pub struct ControllerSpec {
     pub trickle: Duration,
     /// Controller tick (and client exchange) period.
     pub tick: Duration,
+    /// How often the backends report; `None`: at each tick, just before it. Reports between
+    /// two ticks let a backend newly saturated get a tick at once, as in the server.
+    pub report_every: Option<Duration>,
 }
 
 impl Default for ControllerSpec {
@@ -82,6 +85,7 @@ impl Default for ControllerSpec {
             limiting_law: LimitingLaw::Rate,
             trickle: Duration::ZERO,
             tick: Duration::from_secs(1),
+            report_every: None,
         }
     }
 }
@@ -480,9 +484,19 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     if let Some((p, v)) = f.take("tick_ms") {
         c.tick = Duration::from_millis(r.integer(&p, v, 10, 60_000).unwrap_or(1000));
     }
+    if let Some((p, v)) = f.take("report_ms")
+        && let Some(ms) = r.integer(&p, v, 10, 60_000)
+    {
+        // The simulation moves in steps of 10 ms.
+        if ms % 10 == 0 {
+            c.report_every = Some(Duration::from_millis(ms));
+        } else {
+            r.error(v.span(), p, format!("must be a multiple of 10 (the simulation's step), got {ms}"));
+        }
+    }
     r.finish(
         f,
-        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms",
+        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms, report_ms",
     );
     c
 }
@@ -918,6 +932,20 @@ mod tests {
         assert_eq!(settings.limit().as_f64(), 80.0);
         assert_eq!(settings.reserved(), 10.0);
         assert_eq!(settings.weight(), 3.0);
+    }
+
+    #[test]
+    fn the_backends_report_interval_is_read_and_checked() {
+        let parse = |v: &str| Scenario::parse(&format!("{}[controller]\nreport_ms = {v}\n", phase("")));
+        assert_eq!(parse("250").unwrap().controller.report_every, Some(Duration::from_millis(250)));
+        assert_eq!(Scenario::parse(&phase("")).unwrap().controller.report_every, None, "at the ticks");
+        let bad = parse("255").unwrap_err().to_string();
+        assert!(
+            bad.contains("controller.report_ms: must be a multiple of 10 (the simulation's step), got 255"),
+            "{bad}"
+        );
+        let bad = parse("5").unwrap_err().to_string();
+        assert!(bad.contains("controller.report_ms"), "{bad}");
     }
 
     #[test]

@@ -165,3 +165,41 @@ fn the_rate_law_settles_sooner_than_a_plain_multiplicative_one() {
         }
     }
 }
+
+/// Backends reporting between ticks (`report_ms`): one newly saturated gets a tick at once, as
+/// in the server, so the demand step is limited before the tick's turn; with reports at the
+/// ticks only, every tick keeps its turn. Either way the scenario passes, and no second has
+/// more than two ticks.
+#[test]
+fn a_backend_newly_saturated_between_ticks_gets_a_tick_at_once() {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+    use tollgate_core::engine::TraceEvent;
+    let ticks = |report_every: Option<Duration>| {
+        let mut s = load("converge-demand-step");
+        s.controller.report_every = report_every;
+        // Each tick's time, and whether it limited the group.
+        let mut seen: Vec<(f64, bool)> = Vec::new();
+        let mut sink = |e: TraceEvent| {
+            if let TraceEvent::Rate(r) = e {
+                seen.push((r.t, r.limiting.is_some()));
+            }
+        };
+        let outcome = tollgate_sim::run::run_traced(&s, s.seed, Some(&mut sink));
+        assert!(outcome.passed(), "{:?}", output::phase_lines(&outcome));
+        seen
+    };
+    let off_turn = |t: f64| (t - t.round()).abs() > 1e-6;
+    let at_ticks = ticks(None);
+    assert!(at_ticks.iter().all(|&(t, _)| !off_turn(t)), "{at_ticks:?}");
+    let between = ticks(Some(Duration::from_millis(250)));
+    let first_limited = between.iter().find(|(_, limited)| *limited).expect("limited");
+    assert!(off_turn(first_limited.0), "limited at once, not at a tick's turn: {between:?}");
+    let mut per_second: BTreeMap<u64, u32> = BTreeMap::new();
+    for &(t, _) in &between {
+        *per_second.entry(t.floor() as u64).or_default() += 1;
+    }
+    assert!(per_second.values().all(|&n| n <= 2), "{per_second:?}");
+    let first_at_ticks = at_ticks.iter().find(|(_, limited)| *limited).expect("limited");
+    assert!(first_limited.0 < first_at_ticks.0, "{} against {}", first_limited.0, first_at_ticks.0);
+}
