@@ -201,5 +201,9 @@ fn a_backend_newly_saturated_between_ticks_gets_a_tick_at_once() {
     }
     assert!(per_second.values().all(|&n| n <= 2), "{per_second:?}");
     let first_at_ticks = at_ticks.iter().find(|(_, limited)| *limited).expect("limited");
+    println!(
+        "first limited at {} s with reports every 250 ms, at {} s with reports at the ticks",
+        first_limited.0, first_at_ticks.0
+    );
     assert!(first_limited.0 < first_at_ticks.0, "{} against {}", first_limited.0, first_at_ticks.0);
 }
