@@ -99,6 +99,9 @@ pub struct BackendSpec {
     pub capacity: f64,
     /// Its zone.
     pub zone: String,
+    /// The folding time of the load it reports, seconds (10 unless `folding_s` says; the
+    /// server's backend reporter folds over 1 s by default).
+    pub folding_s: f64,
 }
 
 /// One client.
@@ -525,7 +528,18 @@ fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<Backend
         Some((p, v)) => r.string(&p, v).map(str::to_string),
         None => None,
     };
-    r.finish(f, "name, count, capacity, zone");
+    let mut folding_s = crate::world::BACKEND_FOLDING_S;
+    if let Some((p, v)) = f.take("folding_s")
+        && let Some(s) = r.positive(&p, v)
+    {
+        if COST_FOLDING_S.contains(&s) {
+            folding_s = s;
+        } else {
+            let (lo, hi) = (COST_FOLDING_S.start(), COST_FOLDING_S.end());
+            r.error(v.span(), p, format!("must be from {lo} to {hi} seconds, got {s}"));
+        }
+    }
+    r.finish(f, "name, count, capacity, zone, folding_s");
     let (Some(name), Some(capacity)) = (name, capacity) else { return };
     if out.len().saturating_add(count as usize) > BACKENDS_MAX {
         r.error(
@@ -541,7 +555,7 @@ fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<Backend
             r.error(v.span(), format!("{path}.name"), format!("backend {name:?} is defined twice"));
         }
         let zone = zone.clone().unwrap_or_else(|| name.clone());
-        out.push(BackendSpec { name, capacity, zone });
+        out.push(BackendSpec { name, capacity, zone, folding_s });
     }
 }
 
@@ -932,6 +946,18 @@ mod tests {
         assert_eq!(settings.limit().as_f64(), 80.0);
         assert_eq!(settings.reserved(), 10.0);
         assert_eq!(settings.weight(), 3.0);
+    }
+
+    #[test]
+    fn a_backends_folding_time_is_read_and_checked() {
+        let with = |extra: &str| {
+            let src = phase("").replace("capacity = 100\n", &format!("capacity = 100\n{extra}"));
+            Scenario::parse(&src)
+        };
+        assert_eq!(with("").unwrap().backends[0].folding_s, crate::world::BACKEND_FOLDING_S);
+        assert_eq!(with("folding_s = 1\n").unwrap().backends[0].folding_s, 1.0);
+        let bad = with("folding_s = 1000\n").unwrap_err().to_string();
+        assert!(bad.contains("backend[0].folding_s: must be from 0.1 to 600 seconds, got 1000"), "{bad}");
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! client's queue, which it reports to its handle as queued work, and are retried every step:
 //! nothing is dropped. Each admitted request's cost is spread evenly over the
 //! client's backends, as FoundationDB's mock clients do. A backend of capacity `C` reports
-//! queue bytes = its load (smoothed with a 10 s folding time) ÷ C × 800e6, and the load each
-//! group puts on it.
+//! queue bytes = its load (smoothed with a 10 s folding time, or its `folding_s`) ÷ C ×
+//! 800e6, and the load each group puts on it.
 //!
 //! The world holds no model of Tollgate: the simulator and the tests that run a real server
 //! over a simulated network drive the same world, so their runs can be compared.
@@ -20,7 +20,7 @@ use tollgate_proto::v1;
 use crate::rng::SplitMix64;
 use crate::scenario::Scenario;
 
-/// Folding time of the mock backends' load.
+/// Folding time of the mock backends' load, unless a backend sets its own.
 pub const BACKEND_FOLDING_S: f64 = 10.0;
 /// Queue bytes of a mock backend at utilisation 1.
 pub const QUEUE_AT_CAPACITY: f64 = 800e6;
@@ -98,8 +98,8 @@ impl World {
                 name: b.name.clone(),
                 capacity: b.capacity,
                 zone: b.zone.clone(),
-                load: Smoother::new(BACKEND_FOLDING_S),
-                per_group: groups.iter().map(|_| Smoother::new(BACKEND_FOLDING_S)).collect(),
+                load: Smoother::new(b.folding_s),
+                per_group: groups.iter().map(|_| Smoother::new(b.folding_s)).collect(),
                 step_units: vec![0.0; groups.len()],
             })
             .collect();

@@ -175,9 +175,12 @@ fn a_backend_newly_saturated_between_ticks_gets_a_tick_at_once() {
     use std::collections::BTreeMap;
     use std::time::Duration;
     use tollgate_core::engine::TraceEvent;
-    let ticks = |report_every: Option<Duration>| {
+    let ticks = |report_every: Option<Duration>, folding_s: f64| {
         let mut s = load("converge-demand-step");
         s.controller.report_every = report_every;
+        for b in &mut s.backends {
+            b.folding_s = folding_s;
+        }
         // Each tick's time, and whether it limited the group.
         let mut seen: Vec<(f64, bool)> = Vec::new();
         let mut sink = |e: TraceEvent| {
@@ -190,9 +193,9 @@ fn a_backend_newly_saturated_between_ticks_gets_a_tick_at_once() {
         seen
     };
     let off_turn = |t: f64| (t - t.round()).abs() > 1e-6;
-    let at_ticks = ticks(None);
+    let at_ticks = ticks(None, 10.0);
     assert!(at_ticks.iter().all(|&(t, _)| !off_turn(t)), "{at_ticks:?}");
-    let between = ticks(Some(Duration::from_millis(250)));
+    let between = ticks(Some(Duration::from_millis(250)), 10.0);
     let first_limited = between.iter().find(|(_, limited)| *limited).expect("limited");
     assert!(off_turn(first_limited.0), "limited at once, not at a tick's turn: {between:?}");
     let mut per_second: BTreeMap<u64, u32> = BTreeMap::new();
@@ -201,9 +204,14 @@ fn a_backend_newly_saturated_between_ticks_gets_a_tick_at_once() {
     }
     assert!(per_second.values().all(|&n| n <= 2), "{per_second:?}");
     let first_at_ticks = at_ticks.iter().find(|(_, limited)| *limited).expect("limited");
+    // As the server's reporter has it by default: every 250 ms, folded over 1 s.
+    let reporter = ticks(Some(Duration::from_millis(250)), 1.0);
+    let first_reporter = reporter.iter().find(|(_, limited)| *limited).expect("limited");
     println!(
-        "first limited at {} s with reports every 250 ms, at {} s with reports at the ticks",
-        first_limited.0, first_at_ticks.0
+        "first limited at {} s with reports every 250 ms, at {} s with reports at the ticks, at {} s \
+         with reports every 250 ms folded over 1 s",
+        first_limited.0, first_at_ticks.0, first_reporter.0
     );
+    assert!(first_reporter.0 < first_limited.0, "{} against {}", first_reporter.0, first_limited.0);
     assert!(first_limited.0 < first_at_ticks.0, "{} against {}", first_limited.0, first_at_ticks.0);
 }
