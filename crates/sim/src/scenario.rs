@@ -104,6 +104,9 @@ pub struct BackendSpec {
     pub folding_s: f64,
 }
 
+/// Folding time of the mock backends' load, seconds, unless a backend sets its own.
+pub const BACKEND_FOLDING_S: f64 = 10.0;
+
 /// One client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientSpec {
@@ -528,7 +531,7 @@ fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<Backend
         Some((p, v)) => r.string(&p, v).map(str::to_string),
         None => None,
     };
-    let mut folding_s = crate::world::BACKEND_FOLDING_S;
+    let mut folding_s = BACKEND_FOLDING_S;
     if let Some((p, v)) = f.take("folding_s")
         && let Some(s) = r.positive(&p, v)
     {
@@ -954,7 +957,7 @@ mod tests {
             let src = phase("").replace("capacity = 100\n", &format!("capacity = 100\n{extra}"));
             Scenario::parse(&src)
         };
-        assert_eq!(with("").unwrap().backends[0].folding_s, crate::world::BACKEND_FOLDING_S);
+        assert_eq!(with("").unwrap().backends[0].folding_s, BACKEND_FOLDING_S);
         assert_eq!(with("folding_s = 1\n").unwrap().backends[0].folding_s, 1.0);
         let bad = with("folding_s = 1000\n").unwrap_err().to_string();
         assert!(bad.contains("backend[0].folding_s: must be from 0.1 to 600 seconds, got 1000"), "{bad}");

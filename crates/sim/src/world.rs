@@ -20,8 +20,6 @@ use tollgate_proto::v1;
 use crate::rng::SplitMix64;
 use crate::scenario::Scenario;
 
-/// Folding time of the mock backends' load, unless a backend sets its own.
-pub const BACKEND_FOLDING_S: f64 = 10.0;
 /// Queue bytes of a mock backend at utilisation 1.
 pub const QUEUE_AT_CAPACITY: f64 = 800e6;
 
