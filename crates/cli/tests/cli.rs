@@ -208,17 +208,24 @@ fn a_malformed_scenario_exits_2_naming_key_and_line() {
     assert!(!PathBuf::from("sim-out/bad").exists(), "nothing written for a malformed scenario");
 }
 
-/// `tollgate bench converge` runs the three shifts under both laws, in virtual time, and prints
-/// one row each; the rate law settles in every shift.
+/// `tollgate bench converge` runs the three shifts under both laws, and under the rate law with
+/// the backend reporting as the server's reporter does, in virtual time, and prints one row
+/// each; the rate law settles in every shift, and sooner with the reporter's fresher reports.
 #[test]
 fn bench_converge_prints_each_shift_under_both_laws() {
     let (code, out, err) = tollgate(&["bench", "converge"]);
     assert_eq!(code, 0, "{err}");
     let rows: Vec<&str> = out.lines().skip(1).collect();
-    assert_eq!(rows.len(), 6, "{out}");
+    assert_eq!(rows.len(), 9, "{out}");
+    let settled = |row: &str| -> f64 {
+        let after = row[30..].trim_start();
+        after.split(" s").next().unwrap().parse().unwrap_or_else(|_| panic!("not settled: {row}"))
+    };
     for shift in ["demand step", "quota lifted", "capacity cut"] {
-        let rate = rows.iter().find(|r| r.starts_with(shift) && r.contains(" rate ")).expect(shift);
-        assert!(!rate.contains("not in"), "{rate}");
+        let rate = rows.iter().find(|r| r.starts_with(shift) && r.contains(" rate  ")).expect(shift);
+        let reporter =
+            rows.iter().find(|r| r.starts_with(shift) && r.contains(" rate, reporter ")).expect(shift);
+        assert!(settled(reporter) <= settled(rate), "{out}");
         assert!(rows.iter().any(|r| r.starts_with(shift) && r.contains(" multiplicative ")), "{out}");
     }
     // The same seed, the same figures: the runs are in virtual time.
