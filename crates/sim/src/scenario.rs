@@ -430,6 +430,18 @@ fn take_name(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str) -> Option<G
     }
 }
 
+/// A folding time in seconds, within [`COST_FOLDING_S`]; `None` (and the error recorded)
+/// otherwise.
+fn folding(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<f64> {
+    let s = r.positive(path, v)?;
+    if COST_FOLDING_S.contains(&s) {
+        return Some(s);
+    }
+    let (lo, hi) = (COST_FOLDING_S.start(), COST_FOLDING_S.end());
+    r.error(v.span(), path, format!("must be from {lo} to {hi} seconds, got {s}"));
+    None
+}
+
 fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     let mut c = ControllerSpec::default();
     let Some(mut f) = r.fields("controller", v) else { return c };
@@ -463,14 +475,9 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
         c.queue_spring_bytes = r.positive(&p, v).unwrap_or(c.queue_spring_bytes);
     }
     if let Some((p, v)) = f.take("cost_folding_s")
-        && let Some(s) = r.positive(&p, v)
+        && let Some(s) = folding(r, &p, v)
     {
-        if COST_FOLDING_S.contains(&s) {
-            c.cost_folding = Duration::from_secs_f64(s);
-        } else {
-            let (lo, hi) = (COST_FOLDING_S.start(), COST_FOLDING_S.end());
-            r.error(v.span(), p, format!("must be from {lo} to {hi} seconds, got {s}"));
-        }
+        c.cost_folding = Duration::from_secs_f64(s);
     }
     if let Some((p, v)) = f.take("limiting_law")
         && let Some(name) = r.string(&p, v)
@@ -531,17 +538,7 @@ fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<Backend
         Some((p, v)) => r.string(&p, v).map(str::to_string),
         None => None,
     };
-    let mut folding_s = BACKEND_FOLDING_S;
-    if let Some((p, v)) = f.take("folding_s")
-        && let Some(s) = r.positive(&p, v)
-    {
-        if COST_FOLDING_S.contains(&s) {
-            folding_s = s;
-        } else {
-            let (lo, hi) = (COST_FOLDING_S.start(), COST_FOLDING_S.end());
-            r.error(v.span(), p, format!("must be from {lo} to {hi} seconds, got {s}"));
-        }
-    }
+    let folding_s = f.take("folding_s").and_then(|(p, v)| folding(r, &p, v)).unwrap_or(BACKEND_FOLDING_S);
     r.finish(f, "name, count, capacity, zone, folding_s");
     let (Some(name), Some(capacity)) = (name, capacity) else { return };
     if out.len().saturating_add(count as usize) > BACKENDS_MAX {
