@@ -215,3 +215,33 @@ fn a_backend_newly_saturated_between_ticks_gets_a_tick_at_once() {
     assert!(first_reporter.0 < first_limited.0, "{} against {}", first_reporter.0, first_limited.0);
     assert!(first_limited.0 < first_at_ticks.0, "{} against {}", first_limited.0, first_at_ticks.0);
 }
+
+/// A group held at its limit with work queued, its limit lifted: it grows into the room its
+/// backend has instead of sending what it queued at once. With the backend reporting as the
+/// server's reporter does (every 250 ms, folded over 1 s, so that a burst shows), the
+/// backend's utilisation after the lift stays below 1.1; the work queued under the limit
+/// (about 60,000 units, a minute of the backend) used to go at once, 5.3 times its capacity.
+#[test]
+fn a_lifted_limit_fills_the_backend_without_releasing_the_queue_at_once() {
+    use std::time::Duration;
+    let mut s = load("converge-quota-change");
+    s.controller.report_every = Some(Duration::from_millis(250));
+    for b in &mut s.backends {
+        b.folding_s = 1.0;
+    }
+    let outcome = run(&s, s.seed);
+    assert!(outcome.passed(), "{:?}", output::phase_lines(&outcome));
+    let lifted = outcome.phases[0].converged_s.expect("held at its limit first");
+    let peak = outcome
+        .timeline
+        .iter()
+        .filter(|sample| sample.t > lifted)
+        .flat_map(|sample| sample.utilisation.iter().copied())
+        .fold(0.0, f64::max);
+    println!("peak utilisation after the lift {peak:.3}");
+    assert!(peak < 1.1, "peak utilisation {peak}");
+    // Settled at the backend's capacity at the first tick after the lift (phases count their
+    // time from their start).
+    let settled = outcome.phases[1].converged_s.expect("settled") - f64::from(s.phases[1].hold_checks);
+    assert!(settled <= 1.0, "settled {settled} s after the lift");
+}

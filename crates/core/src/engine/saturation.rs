@@ -188,6 +188,8 @@ pub(crate) struct Gathering {
     zone: u32,
     backend: u32,
     ratio: Option<f64>,
+    /// The backend's headroom `1/u`, when it is below saturation and reports a utilisation.
+    headroom: Option<f64>,
     /// While the quota law's first pass is under way: the load and the quotas of the groups
     /// busy on the backend, summed so far.
     summing: Option<(f64, f64)>,
@@ -214,13 +216,48 @@ fn busy(t: Option<&super::Tracked>) -> bool {
     t.and_then(|t| t.outcome.as_ref()).is_some_and(|o| o.busy)
 }
 
+/// Whether the group was throttled at the last tick: it asked for more than its target.
+fn throttled(t: &super::Tracked) -> bool {
+    t.outcome.as_ref().is_some_and(|o| o.demand > o.target)
+}
+
 /// One zone a group counts on: the zone and the backend with the smallest ratio (or, under
 /// the quota law, limiting rate) in it, by their places in [`Reporting`], and that value.
+///
+/// A backend below saturation marks a group throttled at the last tick with its headroom
+/// `1/u` (see [`SaturationSettings::headroom_ratio`]); such a mark is *healthy*, flagged in
+/// `backend`'s top bit so that a mark stays 16 bytes. Its value is always above every
+/// saturated backend's ratio (a backend is saturated exactly when `u` is above a bound set
+/// by the queue knobs, and its ratio is at most `1/u`), so a zone holding both keeps the
+/// saturated one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ZoneMark {
     pub(crate) zone: u32,
-    pub(crate) backend: u32,
+    backend: u32,
     pub(crate) value: f64,
+}
+
+/// The flag of a healthy [`ZoneMark`], in its `backend`.
+const HEALTHY: u32 = 1 << 31;
+
+impl ZoneMark {
+    fn saturated(zone: u32, backend: u32, value: f64) -> Self {
+        debug_assert!(backend < HEALTHY, "backends are far fewer");
+        Self { zone, backend, value }
+    }
+
+    fn healthy(zone: u32, backend: u32, value: f64) -> Self {
+        Self { zone, backend: backend | HEALTHY, value }
+    }
+
+    /// Whether the backend is below saturation: the mark is its headroom.
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.backend & HEALTHY != 0
+    }
+
+    fn backend(&self) -> usize {
+        (self.backend & !HEALTHY) as usize
+    }
 }
 
 /// The zones a group counts on, inline for up to two.
@@ -292,7 +329,7 @@ pub(crate) struct Reporting {
 impl Reporting {
     /// The backend and zone names a mark points at.
     pub(crate) fn names(&self, mark: &ZoneMark) -> (&str, &str) {
-        (&self.backends[mark.backend as usize].0, &self.zones[mark.zone as usize])
+        (&self.backends[mark.backend()].0, &self.zones[mark.zone as usize])
     }
 }
 
@@ -373,12 +410,24 @@ impl SaturationSettings {
         let backend = reporting.backends.len() as u32;
         reporting.backends.push((id.clone(), zone));
         let ratio = self.limiting_ratio_of(b.health);
+        let u = self.utilisation(b.health);
+        let headroom = (ratio.is_none() && u > 0.0).then(|| 1.0 / u);
         // The quota law first sums, over the whole report, the load and the quotas of the
         // groups busy on the backend: its limiting cost is shared by those quotas.
         let summing = (self.law == LimitingLaw::Quota && ratio.is_some()).then_some((0.0, 0.0));
         let mut hints = std::mem::take(&mut b.hints);
         hints.resize(b.load.len(), NO_HINT);
-        Some(Gathering { load: b.load.clone(), next: 0, zone, backend, ratio, summing, shares: None, hints })
+        Some(Gathering {
+            load: b.load.clone(),
+            next: 0,
+            zone,
+            backend,
+            ratio,
+            headroom,
+            summing,
+            shares: None,
+            hints,
+        })
     }
 
     /// Whether a group with load `l` on a saturated backend counts on it. A group saturation
@@ -427,7 +476,8 @@ impl SaturationSettings {
             return;
         }
         let quota_law = self.law == LimitingLaw::Quota;
-        let (zone, backend, ratio, shares) = (part.zone, part.backend, part.ratio, part.shares);
+        let (zone, backend, ratio, shares, headroom) =
+            (part.zone, part.backend, part.ratio, part.shares, part.headroom);
         let hints = &mut part.hints[part.next..upto];
         for ((group, l), hint) in part.load[part.next..upto].iter().zip(hints) {
             let Some(at) = find(tracked, *hint, group) else { continue };
@@ -448,28 +498,50 @@ impl SaturationSettings {
                 && let Some(q) = quota(group)
             {
                 let value = limiting_cost * q / quotas;
-                mark_zone(&mut loads.quota_zones[slot], ZoneMark { zone, backend, value });
+                mark_zone(&mut loads.quota_zones[slot], ZoneMark::saturated(zone, backend, value));
             }
             if let Some(value) = ratio
                 && counted
             {
-                mark_zone(&mut entry.zones, ZoneMark { zone, backend, value });
+                mark_zone(&mut entry.zones, ZoneMark::saturated(zone, backend, value));
+            } else if let Some(value) = headroom
+                && *l >= self.limiting_threshold
+                && throttled(t)
+            {
+                mark_zone(&mut entry.zones, ZoneMark::healthy(zone, backend, value));
             }
         }
         part.next = upto;
     }
 
-    /// The ratio limiting a group with these zones, after ignoring the worst ones.
+    /// The ratio limiting a group with these zones, after ignoring the worst ones: its
+    /// saturated zones only.
     pub(crate) fn limiting_ratio(&self, zones: &[ZoneMark]) -> Option<f64> {
-        if zones.len() <= self.ignore_worst_zones {
+        self.pick(zones.iter().filter(|z| !z.is_healthy())).map(|z| z.value)
+    }
+
+    /// The headroom of a group throttled at the last tick that its saturated zones do not
+    /// limit: the same pick over all its zones, when it falls on a backend below saturation
+    /// (its `1/u`, the smallest among them once the worst zones are ignored). The group's load
+    /// times this fills those backends, and no more: a throttled group whose limit is raised
+    /// or lifted, or whose backend recovers, grows into the room its backends have instead of
+    /// sending at once all the work it queued (the growth cap of a saturated backend, carried
+    /// below saturation).
+    pub(crate) fn headroom_ratio(&self, zones: &[ZoneMark]) -> Option<f64> {
+        self.pick(zones.iter()).filter(|z| z.is_healthy()).map(|z| z.value)
+    }
+
+    /// The zone with the `ignore_worst_zones + 1`-th smallest value.
+    fn pick<'a>(&self, marks: impl Iterator<Item = &'a ZoneMark>) -> Option<&'a ZoneMark> {
+        if self.ignore_worst_zones == 0 {
+            return marks.min_by(|a, b| a.value.total_cmp(&b.value));
+        }
+        let mut sorted: SmallVec<[&ZoneMark; 8]> = marks.collect();
+        if sorted.len() <= self.ignore_worst_zones {
             return None;
         }
-        if self.ignore_worst_zones == 0 {
-            return zones.iter().map(|z| z.value).min_by(f64::total_cmp);
-        }
-        let mut ratios: SmallVec<[f64; 8]> = zones.iter().map(|z| z.value).collect();
-        ratios.sort_by(f64::total_cmp);
-        Some(ratios[self.ignore_worst_zones])
+        sorted.sort_by(|a, b| a.value.total_cmp(&b.value));
+        Some(sorted[self.ignore_worst_zones])
     }
 }
 

@@ -103,6 +103,111 @@ fn growth_below_saturation_is_capped_at_the_headroom() {
     assert!((e.outcome(&name("g")).unwrap().limiting().unwrap() - 1200.0 / 1.68).abs() < 1e-6);
 }
 
+/// An engine whose group `g`, limited to 600 units/s, asks for 1,600 (its waiting work
+/// included) from one backend that serves 1,000: ticked once at `Nanos(S)`, the backend
+/// reporting `g`'s 600 as utilisation 0.6.
+fn held_below_a_healthy_backend(ignore_worst_zones: usize) -> Engine {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 1.0;
+    s.saturation.ignore_worst_zones = ignore_worst_zones;
+    let mut e = engine(s);
+    e.set_group(name("g"), GroupSettings::builder().limit(600.0).build().unwrap());
+    let t = Nanos(S);
+    e.report(t, 1, &name("g"), ClientReport { waiting: 1000.0, ..report(600.0, 600.0, 6.0) });
+    e.backend_report(t, "b", "z", Health::Utilisation(0.6), &[(name("g"), 600.0)]).unwrap();
+    e.tick(t);
+    assert_eq!(e.outcome(&name("g")).unwrap().target(), Some(600.0));
+    e
+}
+
+#[test]
+fn a_throttled_group_whose_limit_is_lifted_grows_into_its_backends_headroom() {
+    let mut e = held_below_a_healthy_backend(0);
+    e.set_tracing(true);
+    e.set_group(name("g"), GroupSettings::builder().build().unwrap());
+    // The backend has room for 1,000 (600 / 0.6): the group gets that, not its 1,600 at once.
+    let t = Nanos(2 * S);
+    e.report(t, 1, &name("g"), ClientReport { waiting: 1000.0, ..report(600.0, 600.0, 6.0) });
+    e.backend_report(t, "b", "z", Health::Utilisation(0.6), &[(name("g"), 600.0)]).unwrap();
+    e.tick(t);
+    let o = e.outcome(&name("g")).unwrap();
+    assert!((o.target().unwrap() - 1000.0).abs() < 1e-9, "{o:?}");
+    // Not saturation: the group is not busy, and saturation sets no limiting rate.
+    assert!(!o.busy && o.limiting().is_none(), "{o:?}");
+    let rate = e
+        .take_trace()
+        .0
+        .into_iter()
+        .find_map(|ev| match ev {
+            TraceEvent::Rate(r) => Some(r),
+            TraceEvent::BusyGroup(_) => None,
+        })
+        .unwrap();
+    assert!((rate.headroom.unwrap() - 1000.0).abs() < 1e-9 && rate.limiting.is_none(), "{rate:?}");
+    assert!(rate.limited_by.is_empty(), "a healthy backend is not listed as limiting: {rate:?}");
+    // Filled: saturation's own law takes over at u = 1, and holds the group at 1,000.
+    let t = Nanos(3 * S);
+    e.report(t, 1, &name("g"), ClientReport { waiting: 600.0, ..report(1000.0, 1000.0, 10.0) });
+    e.backend_report(t, "b", "z", Health::Utilisation(1.0), &[(name("g"), 1000.0)]).unwrap();
+    e.tick(t);
+    let o = e.outcome(&name("g")).unwrap();
+    assert!((o.target().unwrap() - 1000.0).abs() < 1e-9 && o.busy, "{o:?}");
+}
+
+#[test]
+fn a_group_asking_for_no_more_than_its_backends_headroom_is_let_go() {
+    let mut e = held_below_a_healthy_backend(0);
+    e.set_group(name("g"), GroupSettings::builder().build().unwrap());
+    // Its queue drained: it asks 900, within the 1,000 the backend has room for.
+    let t = Nanos(2 * S);
+    e.report(t, 1, &name("g"), report(900.0, 600.0, 6.0));
+    e.backend_report(t, "b", "z", Health::Utilisation(0.6), &[(name("g"), 600.0)]).unwrap();
+    e.tick(t);
+    assert_eq!(e.outcome(&name("g")).unwrap().target(), None);
+}
+
+#[test]
+fn a_group_not_throttled_is_not_held_to_the_headroom() {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 1.0;
+    let mut e = engine(s);
+    e.set_group(name("g"), GroupSettings::builder().limit(600.0).build().unwrap());
+    for second in 1..=2 {
+        let t = Nanos(second * S);
+        // Under its limit at first; then its limit is lifted and it asks 1,600 at once.
+        let asks = if second == 1 { 500.0 } else { 1600.0 };
+        e.report(t, 1, &name("g"), report(asks, 500.0, 5.0));
+        e.backend_report(t, "b", "z", Health::Utilisation(0.5), &[(name("g"), 500.0)]).unwrap();
+        if second == 2 {
+            e.set_group(name("g"), GroupSettings::builder().build().unwrap());
+        }
+        e.tick(t);
+    }
+    assert_eq!(e.outcome(&name("g")).unwrap().target(), None);
+}
+
+#[test]
+fn the_headroom_ignores_the_worst_zones_as_saturation_does() {
+    let mut e = held_below_a_healthy_backend(1);
+    e.set_group(name("g"), GroupSettings::builder().build().unwrap());
+    let t = Nanos(2 * S);
+    e.report(t, 1, &name("g"), ClientReport { waiting: 10_000.0, ..report(600.0, 600.0, 6.0) });
+    // Two zones: z at 0.6 and y at 0.3; the worst (z) is ignored, so y's room counts: 600 / 0.3.
+    e.backend_report(t, "b", "z", Health::Utilisation(0.6), &[(name("g"), 600.0)]).unwrap();
+    e.backend_report(t, "c", "y", Health::Utilisation(0.3), &[(name("g"), 600.0)]).unwrap();
+    e.tick(t);
+    let o = e.outcome(&name("g")).unwrap();
+    // Its load is 600 on each backend: 1,200 in all, times 1/0.3.
+    assert!((o.target().unwrap() - 4000.0).abs() < 1e-9, "{o:?}");
+    // With one zone only, ignoring the worst leaves nothing to hold it: it is let go.
+    let t = Nanos(3 * S);
+    e.report(t, 1, &name("g"), ClientReport { waiting: 10_000.0, ..report(600.0, 600.0, 6.0) });
+    e.remove_backend("c");
+    e.backend_report(t, "b", "z", Health::Utilisation(0.6), &[(name("g"), 600.0)]).unwrap();
+    e.tick(t);
+    assert_eq!(e.outcome(&name("g")).unwrap().target(), None);
+}
+
 #[test]
 fn a_backend_that_stops_reporting_stops_limiting_and_is_forgotten() {
     let mut s = EngineSettings::default();

@@ -28,7 +28,7 @@ pub(super) struct Row {
     burst: f64,
     demand: f64,
     unthrottled: f64,
-    /// NaN: none.
+    /// Saturation's limiting rate, or else the headroom rate when `entering`. NaN: none.
     limiting: f64,
     load: f64,
     first_asked: u64,
@@ -36,6 +36,8 @@ pub(super) struct Row {
     clients: u32,
     priority: Priority,
     exhausted: bool,
+    /// `limiting` is the headroom rate, not saturation's.
+    entering: bool,
 }
 
 impl Row {
@@ -56,8 +58,19 @@ impl Row {
         (!self.burst.is_nan()).then_some(self.burst)
     }
 
+    /// What bounds the group from its backends: saturation's limiting rate or the headroom.
     fn limiting(&self) -> Option<f64> {
         (!self.limiting.is_nan()).then_some(self.limiting)
+    }
+
+    /// Saturation's limiting rate alone.
+    fn saturation(&self) -> Option<f64> {
+        self.limiting().filter(|_| !self.entering)
+    }
+
+    /// The headroom rate alone.
+    fn headroom(&self) -> Option<f64> {
+        self.limiting().filter(|_| self.entering)
     }
 }
 
@@ -368,6 +381,7 @@ impl Engine {
                 let mut limited_by = Vec::new();
                 if let Some(l) = load {
                     let mut zones = l.zones.clone();
+                    zones.retain(|z| !z.is_healthy());
                     zones.sort_by(|a, b| a.value.total_cmp(&b.value));
                     let ignored = sat.ignore_worst_zones;
                     limited_by.extend(zones.iter().enumerate().map(|(i, mark)| {
@@ -416,6 +430,13 @@ impl Engine {
                     unthrottled: f64::from(c.unthrottled),
                 });
             }
+            // A group throttled at the last tick that no saturated backend limits grows into
+            // the room its backends have (their headroom marks, gathered only for such groups),
+            // when it asks for more than that.
+            let headroom = match (limiting, load) {
+                (None, Some(l)) => sat.headroom_ratio(&l.zones).map(|h| l.load * h).filter(|&h| demand > h),
+                _ => None,
+            };
             rows.push(Row {
                 reserved,
                 cap,
@@ -424,7 +445,8 @@ impl Engine {
                 burst: settings_now.and_then(GroupSettings::burst).unwrap_or(f64::NAN),
                 demand,
                 unthrottled,
-                limiting: limiting.unwrap_or(f64::NAN),
+                limiting: limiting.or(headroom).unwrap_or(f64::NAN),
+                entering: headroom.is_some(),
                 load: load_rate,
                 exhausted,
                 first_asked: g.first_asked,
@@ -462,7 +484,7 @@ impl Engine {
             // Nothing bounds the group (no limit, no saturation, no capacity to share): it is
             // not throttled, whatever it reserves.
             let target = bound.is_finite().then(|| row.reserved.max(bound));
-            let busy = row.limiting().is_some_and(|l| l < row.cap);
+            let busy = row.saturation().is_some_and(|l| l < row.cap);
             // Reuse last tick's grant buffer.
             let mut grants = g.outcome.take().map(|o| o.grants).unwrap_or_default();
             grants.clear();
@@ -495,7 +517,8 @@ impl Engine {
                         group: name.to_string(),
                         reserved: row.reserved,
                         desired: row.cap.is_finite().then_some(row.cap),
-                        limiting: row.limiting(),
+                        limiting: row.saturation(),
+                        headroom: row.headroom(),
                         ratio,
                         share,
                         target,
@@ -520,7 +543,7 @@ impl Engine {
             let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
                 target: target.unwrap_or(none),
-                limiting: row.limiting,
+                limiting: row.saturation().unwrap_or(none),
                 share: share.unwrap_or(none),
                 busy,
                 water_level: water_level.unwrap_or(none),

@@ -35,11 +35,17 @@ pub struct RateComputation {
     pub desired: Option<f64>,
     /// The limiting rate from saturation: load × ratio.
     pub limiting: Option<f64>,
+    /// The rate that fills the room its backends below saturation have: its load × their
+    /// smallest headroom `1/u`. Set when it was throttled at the last tick, still asks for
+    /// more than that, and no saturated backend limits it: it grows into that room, tick by
+    /// tick, instead of sending at once the work it queued.
+    pub headroom: Option<f64>,
     /// The ratio applied, when saturation limits.
     pub ratio: Option<f64>,
     /// Its share of the node's capacity.
     pub share: Option<f64>,
-    /// The target: max(reserved, min(desired, limiting, share)); none when not throttled.
+    /// The target: max(reserved, min(desired, limiting or headroom, share)); none when not
+    /// throttled.
     pub target: Option<f64>,
     /// What each busy client may use (the water level).
     pub per_client: Option<f64>,
