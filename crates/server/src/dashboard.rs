@@ -299,6 +299,7 @@ async fn group(State(d): State<Dash>, Path(name): Path<String>, RawQuery(raw): R
             "settings": settings,
             "now": row(g),
             "limiting": g.limiting,
+            "headroom": g.headroom,
             "share": g.share,
             "water_level": g.water_level,
             "granted": g.granted,

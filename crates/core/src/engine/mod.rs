@@ -189,11 +189,14 @@ pub struct Meter {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupOutcome {
     target: f64,
+    /// Saturation's limiting rate, or the headroom when `at_headroom`.
     limiting: f64,
     share: f64,
     water_level: f64,
     /// Limiting is below the cap.
     pub busy: bool,
+    /// `limiting` is the headroom rate (see [`GroupOutcome::headroom`]).
+    at_headroom: bool,
     /// Average cost per request, units.
     pub avg_cost: f64,
     /// Total demand, units/s (waiting work included).
@@ -222,7 +225,14 @@ impl GroupOutcome {
 
     /// Limiting rate from saturation, if a backend it uses is saturated.
     pub fn limiting(&self) -> Option<f64> {
-        some(self.limiting)
+        some(self.limiting).filter(|_| !self.at_headroom)
+    }
+
+    /// The headroom rate holding the group, if any: throttled at the tick before, asking for
+    /// more than this, and limited by no saturated backend, it may use its load times the
+    /// smallest `1/u` of its backends (docs/control.md).
+    pub fn headroom(&self) -> Option<f64> {
+        some(self.limiting).filter(|_| self.at_headroom)
     }
 
     /// Share of the node capacity, if one is set.

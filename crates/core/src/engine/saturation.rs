@@ -10,6 +10,11 @@
 //! FoundationDB's ratio tends to infinity as `u` falls toward 0.75, which, with a few ticks of
 //! exchange delay, makes the limit leap and the backend swing (docs/control.md).
 //!
+//! **Headroom.** Below saturation no ratio applies, but a group throttled at the last tick
+//! gets its backends' headroom `1/u` instead ([`SaturationSettings::headroom_ratio`]): its load
+//! times that fills them, so a group whose limit is lifted grows into the room there is
+//! rather than sending at once the work it queued.
+//!
 //! **The control law.** `limiting = load × ratio`, where `load` is the group's load *as the
 //! backends report it*: the same measurement, with the same lag, that produced their queues.
 //! A queue says "this much load was too much"; scaling that load by the ratio aims at the load

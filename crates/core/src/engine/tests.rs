@@ -134,6 +134,8 @@ fn a_throttled_group_whose_limit_is_lifted_grows_into_its_backends_headroom() {
     assert!((o.target().unwrap() - 1000.0).abs() < 1e-9, "{o:?}");
     // Not saturation: the group is not busy, and saturation sets no limiting rate.
     assert!(!o.busy && o.limiting().is_none(), "{o:?}");
+    assert!((o.headroom().unwrap() - 1000.0).abs() < 1e-9, "{o:?}");
+    assert_eq!(e.view().iter().find(|v| v.name == name("g")).unwrap().headroom, o.headroom());
     let rate = e
         .take_trace()
         .0
@@ -152,6 +154,7 @@ fn a_throttled_group_whose_limit_is_lifted_grows_into_its_backends_headroom() {
     e.tick(t);
     let o = e.outcome(&name("g")).unwrap();
     assert!((o.target().unwrap() - 1000.0).abs() < 1e-9 && o.busy, "{o:?}");
+    assert_eq!((o.limiting(), o.headroom()), (Some(1000.0), None));
 }
 
 #[test]

@@ -543,7 +543,8 @@ impl Engine {
             let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
                 target: target.unwrap_or(none),
-                limiting: row.saturation().unwrap_or(none),
+                limiting: row.limiting,
+                at_headroom: row.entering,
                 share: share.unwrap_or(none),
                 busy,
                 water_level: water_level.unwrap_or(none),

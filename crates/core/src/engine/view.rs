@@ -29,6 +29,8 @@ pub struct GroupView {
     pub meter: Meter,
     /// The limiting rate from saturation, if any.
     pub limiting: Option<f64>,
+    /// The headroom rate holding it, if any (see [`GroupOutcome::headroom`]).
+    pub headroom: Option<f64>,
     /// Its share of the node capacity, if one is set.
     pub share: Option<f64>,
     /// What each busy client may use, units/s.
@@ -94,6 +96,7 @@ impl Engine {
             clients: g.map_or(0, |g| g.clients.len() as u32),
             meter: self.meter(name).unwrap_or_default(),
             limiting: o.and_then(GroupOutcome::limiting),
+            headroom: o.and_then(GroupOutcome::headroom),
             share: o.and_then(GroupOutcome::share),
             water_level: o.and_then(GroupOutcome::water_level),
             avg_cost: o.map_or(1.0, |o| o.avg_cost),
