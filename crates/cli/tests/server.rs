@@ -518,18 +518,33 @@ fn heavy_usage() -> v1::GroupUsage {
     }
 }
 
+/// A server ticking every `tick_ms`, no zone ignored, with the group `heavy` limited to
+/// `limit`; an admission client and a backend client of it.
+async fn heavy_server(
+    name: &str,
+    tick_ms: &str,
+    limit: &str,
+) -> (
+    ServerProc,
+    v1::admission_client::AdmissionClient<tonic::transport::Channel>,
+    v1::backend_client::BackendClient<tonic::transport::Channel>,
+) {
+    let s = ServerProc::start_with(
+        &data_dir(name),
+        &["--tick-ms", tick_ms, "--ignore-worst-zones", "0"],
+        Stdio::null(),
+    );
+    ok(&s, &["group", "create", "heavy", "--limit", limit]);
+    let admission = v1::admission_client::AdmissionClient::connect(s.url()).await.unwrap();
+    let backend = v1::backend_client::BackendClient::connect(s.url()).await.unwrap();
+    (s, admission, backend)
+}
+
 /// A backend that reports itself newly saturated is acted on at once, not at the tick's
 /// turn: with a tick of a minute, its group is limited right after the report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_newly_saturated_is_acted_on_before_the_ticks_turn() {
-    let s = ServerProc::start_with(
-        &data_dir("onset"),
-        &["--tick-ms", "60000", "--ignore-worst-zones", "0"],
-        Stdio::null(),
-    );
-    ok(&s, &["group", "create", "heavy", "--limit", "10000000"]);
-    let mut admission = v1::admission_client::AdmissionClient::connect(s.url()).await.unwrap();
-    let mut backend = v1::backend_client::BackendClient::connect(s.url()).await.unwrap();
+    let (s, mut admission, mut backend) = heavy_server("onset", "60000", "10000000").await;
     let usage = heavy_usage();
     let req =
         v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage], ..Default::default() };
@@ -557,6 +572,64 @@ async fn a_backend_newly_saturated_is_acted_on_before_the_ticks_turn() {
     assert_eq!(json["groups"][0]["busy"], true, "{json}");
     let target = json["groups"][0]["target"].as_f64().unwrap();
     assert!(target < 1_000_000.0, "limited below its load: {target}");
+}
+
+/// A group throttled at its limit, its limit lifted, with a backend below saturation: the
+/// server holds it at its backend's headroom (its load 1,000,000 over u = 0.5), not at the
+/// 3,000,000 it asks for, and says so in the dashboard's group detail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroom() {
+    let (s, mut admission, mut backend) = heavy_server("headroom", "100", "1000000").await;
+    let report = v1::BackendReport {
+        backend_id: "ss-0".into(),
+        zone: "z0".into(),
+        health: Some(v1::backend_report::Health::Utilisation(0.5)),
+        loads: vec![v1::GroupLoad { group: "heavy".into(), units_per_s: 1_000_000.0 }],
+    };
+    let mut sequence = 0;
+    let target = || {
+        let json: serde_json::Value = serde_json::from_str(&ok(&s, &["status", "--json"])).unwrap();
+        (json["groups"][0]["target"].as_f64(), json["groups"][0]["busy"] == true)
+    };
+    // The client asks 3,000,000 (its queue included) and reports at each look, so that it
+    // stays known; the backend reports its 1,000,000 at u = 0.5.
+    let mut look = async |admission: &mut v1::admission_client::AdmissionClient<_>| {
+        sequence += 1;
+        let req = v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence,
+            groups: vec![heavy_usage()],
+            ..Default::default()
+        };
+        admission.exchange(req).await.unwrap();
+        backend.report(report.clone()).await.unwrap();
+    };
+    let mut seen = (None, false);
+    for _ in 0..100 {
+        look(&mut admission).await;
+        seen = target();
+        if seen.0 == Some(1_000_000.0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, (Some(1_000_000.0), false), "held at its limit first");
+    ok(&s, &["group", "alter", "heavy", "--limit", "unlimited"]);
+    for _ in 0..100 {
+        look(&mut admission).await;
+        seen = target();
+        if seen.0 != Some(1_000_000.0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // 1,000,000 / 0.5: the room the backend has, not the 3,000,000 asked; not busy.
+    assert_eq!(seen, (Some(2_000_000.0), false), "held at the headroom");
+    let answer = http_get(&s.http, "/v1/dashboard/groups/heavy");
+    let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    let detail: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert_eq!(detail["headroom"].as_f64(), Some(2_000_000.0), "{detail}");
+    assert!(detail["limiting"].is_null(), "{detail}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
