@@ -576,7 +576,7 @@ async fn a_backend_newly_saturated_is_acted_on_before_the_ticks_turn() {
 
 /// A group throttled at its limit, its limit lifted, with a backend below saturation: the
 /// server holds it at its backend's headroom (its load 1,000,000 over u = 0.5), not at the
-/// 3,000,000 it asks for, and says so in the dashboard's group detail.
+/// 3,000,000 it asks for, and says so in its status and the dashboard's group detail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroom() {
     let (s, mut admission, mut backend) = heavy_server("headroom", "100", "1000000").await;
@@ -587,9 +587,11 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
         loads: vec![v1::GroupLoad { group: "heavy".into(), units_per_s: 1_000_000.0 }],
     };
     let mut sequence = 0;
+    // Its target, whether it is busy, and the rate it is held at below saturation.
     let target = || {
         let json: serde_json::Value = serde_json::from_str(&ok(&s, &["status", "--json"])).unwrap();
-        (json["groups"][0]["target"].as_f64(), json["groups"][0]["busy"] == true)
+        let g = &json["groups"][0];
+        (g["target"].as_f64(), g["busy"] == true, g["headroom"].as_f64())
     };
     // The client asks 3,000,000 (its queue included) and reports at each look, so that it
     // stays known; the backend reports its 1,000,000 at u = 0.5.
@@ -604,7 +606,7 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
         admission.exchange(req).await.unwrap();
         backend.report(report.clone()).await.unwrap();
     };
-    let mut seen = (None, false);
+    let mut seen = (None, false, None);
     for _ in 0..100 {
         look(&mut admission).await;
         seen = target();
@@ -613,7 +615,7 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(seen, (Some(1_000_000.0), false), "held at its limit first");
+    assert_eq!(seen, (Some(1_000_000.0), false, None), "held at its limit first");
     ok(&s, &["group", "alter", "heavy", "--limit", "unlimited"]);
     for _ in 0..100 {
         look(&mut admission).await;
@@ -624,7 +626,7 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // 1,000,000 / 0.5: the room the backend has, not the 3,000,000 asked; not busy.
-    assert_eq!(seen, (Some(2_000_000.0), false), "held at the headroom");
+    assert_eq!(seen, (Some(2_000_000.0), false, Some(2_000_000.0)), "held at the headroom");
     let answer = http_get(&s.http, "/v1/dashboard/groups/heavy");
     let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
     let detail: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
