@@ -245,3 +245,21 @@ fn a_lifted_limit_fills_the_backend_without_releasing_the_queue_at_once() {
     let settled = outcome.phases[1].converged_s.expect("settled") - f64::from(s.phases[1].hold_checks);
     assert!(settled <= 1.0, "settled {settled} s after the lift");
 }
+
+/// A small tenant lifted beside a big one takes the room its backend has at the next tick (its
+/// 100 and the 4,900 the backend has left), not a multiple of its own small load, and its
+/// queue does not push the backend past its capacity.
+#[test]
+fn a_small_tenant_lifted_beside_a_big_one_takes_the_room_at_once() {
+    let s = load("headroom-small-lift");
+    let outcome = run(&s, s.seed);
+    assert!(outcome.passed(), "{:?}", output::phase_lines(&outcome));
+    let a = outcome.groups.iter().position(|g| g.as_str() == "a").expect("group a");
+    let lifted = outcome.phases[0].converged_s.expect("held at its limit first");
+    let after: Vec<_> = outcome.timeline.iter().filter(|sample| sample.t > lifted).collect();
+    let first = after[0].groups[a].target_units.expect("held, not let go");
+    assert!((4500.0..=5100.0).contains(&first), "the first tick after the lift: {first}");
+    let peak = after.iter().flat_map(|sample| sample.utilisation.iter().copied()).fold(0.0, f64::max);
+    println!("first target after the lift {first:.0}, peak utilisation {peak:.3}");
+    assert!(peak < 1.1, "peak utilisation {peak}");
+}

@@ -229,8 +229,8 @@ impl GroupOutcome {
     }
 
     /// The headroom rate holding the group, if any: throttled at the tick before, asking for
-    /// more than this, and limited by no saturated backend, it may use its load times the
-    /// smallest `1/u` of its backends (docs/control.md).
+    /// more than this, and limited by no saturated backend, it may use its load on its
+    /// backends below saturation and its share of their room (docs/control.md).
     pub fn headroom(&self) -> Option<f64> {
         some(self.limiting).filter(|_| self.at_headroom)
     }
@@ -478,13 +478,15 @@ pub struct BackendReport {
     zone: String,
     health: Health,
     load: Arc<[(GroupName, f64)]>,
+    total: f64,
 }
 
 impl BackendReport {
     /// The report of a backend in `zone`, in `health`, with the load each group puts on it.
     pub fn new(zone: &str, health: Health, mut loads: Vec<(GroupName, f64)>) -> Self {
         loads.retain(|(_, l)| l.is_finite() && *l > 0.0);
-        Self { zone: zone.to_string(), health, load: loads.into() }
+        let total = loads.iter().map(|(_, l)| l).sum();
+        Self { zone: zone.to_string(), health, load: loads.into(), total }
     }
 }
 
@@ -1076,12 +1078,23 @@ impl Engine {
         if !known && self.backends.len() >= self.settings.max_backends {
             return Err(BackendError::TooMany { max: self.settings.max_backends });
         }
-        let hints = self.backends.get_mut(backend).map(|b| std::mem::take(&mut b.hints)).unwrap_or_default();
-        let state =
-            BackendState { zone: report.zone, health: report.health, load: report.load, seen: now, hints };
+        let (hints, held) = self
+            .backends
+            .get_mut(backend)
+            .map(|b| (std::mem::take(&mut b.hints), b.held))
+            .unwrap_or_default();
+        let state = BackendState {
+            zone: report.zone,
+            health: report.health,
+            load: report.load,
+            total: report.total,
+            seen: now,
+            held,
+            hints,
+        };
         if self.trace.is_some() {
             let health = state.health;
-            let total: f64 = state.load.iter().map(|(_, l)| l).sum();
+            let total = state.total;
             let t = self.trace_time(now);
             let utilisation = self.settings.saturation.utilisation(health);
             for (group, l) in state.load.iter() {

@@ -11,9 +11,9 @@
 //! exchange delay, makes the limit leap and the backend swing (docs/control.md).
 //!
 //! **Headroom.** Below saturation no ratio applies, but a group throttled at the last tick
-//! gets its backends' headroom `1/u` instead ([`SaturationSettings::headroom_ratio`]): its load
-//! times that fills them, so a group whose limit is lifted grows into the room there is
-//! rather than sending at once the work it queued.
+//! is held at its load there plus its share of the room the backend has
+//! ([`SaturationSettings::headroom_ratio`]), so a group whose limit is lifted takes the room
+//! there is rather than sending at once the work it queued.
 //!
 //! **The control law.** `limiting = load × ratio`, where `load` is the group's load *as the
 //! backends report it*: the same measurement, with the same lag, that produced their queues.
@@ -162,7 +162,12 @@ pub(crate) struct BackendState {
     /// Shared with a tick that is gathering it, which takes the report it began with
     /// whole, whatever comes after.
     pub(crate) load: Arc<[(GroupName, f64)]>,
+    /// The loads added up.
+    pub(crate) total: f64,
     pub(crate) seen: Nanos,
+    /// How many groups the last tick held at their headroom on it (see
+    /// [`SaturationSettings::headroom_ratio`]), kept from one report to the next.
+    pub(crate) held: u32,
     /// Where the last tick found each load's group among the tracked groups, by the load's
     /// place in the report ([`NO_HINT`]: not found), handed from one report to the next: a
     /// backend lists its groups in much the same order every time, and a look at the place
@@ -193,8 +198,9 @@ pub(crate) struct Gathering {
     zone: u32,
     backend: u32,
     ratio: Option<f64>,
-    /// The backend's headroom `1/u`, when it is below saturation and reports a utilisation.
-    headroom: Option<f64>,
+    /// When the backend is below saturation: the load it has room for beyond what it
+    /// carries, `total × (1/u − 1)`, and how many groups the last tick held on it.
+    room: Option<(f64, u32)>,
     /// While the quota law's first pass is under way: the load and the quotas of the groups
     /// busy on the backend, summed so far.
     summing: Option<(f64, f64)>,
@@ -229,12 +235,10 @@ fn throttled(t: &super::Tracked) -> bool {
 /// One zone a group counts on: the zone and the backend with the smallest ratio (or, under
 /// the quota law, limiting rate) in it, by their places in [`Reporting`], and that value.
 ///
-/// A backend below saturation marks a group throttled at the last tick with its headroom
-/// `1/u` (see [`SaturationSettings::headroom_ratio`]); such a mark is *healthy*, flagged in
-/// `backend`'s top bit so that a mark stays 16 bytes. Its value is always above every
-/// saturated backend's ratio (a backend is saturated exactly when `u` is above a bound set
-/// by the queue knobs, and its ratio is at most `1/u`), so a zone holding both keeps the
-/// saturated one.
+/// A backend below saturation marks a group throttled at the last tick with the ratio of its
+/// headroom to its load there (see [`SaturationSettings::headroom_ratio`]); such a mark is
+/// *healthy*, flagged in `backend`'s top bit so that a mark stays 16 bytes. A zone holding
+/// both kinds keeps its saturated mark: saturation speaks for the zone.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ZoneMark {
     pub(crate) zone: u32,
@@ -255,7 +259,7 @@ impl ZoneMark {
         Self { zone, backend: backend | HEALTHY, value }
     }
 
-    /// Whether the backend is below saturation: the mark is its headroom.
+    /// Whether the backend is below saturation: the mark is the group's headroom there.
     pub(crate) fn is_healthy(&self) -> bool {
         self.backend & HEALTHY != 0
     }
@@ -329,6 +333,8 @@ pub(crate) struct Reporting {
     /// (backend, index of its zone in `zones`).
     pub(crate) backends: Vec<(String, u32)>,
     pub(crate) zones: Vec<String>,
+    /// By backend, how many groups this tick holds at their headroom there.
+    pub(crate) held: Vec<u32>,
 }
 
 impl Reporting {
@@ -336,13 +342,22 @@ impl Reporting {
     pub(crate) fn names(&self, mark: &ZoneMark) -> (&str, &str) {
         (&self.backends[mark.backend()].0, &self.zones[mark.zone as usize])
     }
+
+    /// A group is held at its headroom: counted on each backend below saturation it marked.
+    pub(crate) fn count_held(&mut self, zones: &[ZoneMark]) {
+        for z in zones.iter().filter(|z| z.is_healthy()) {
+            self.held[z.backend()] += 1;
+        }
+    }
 }
 
-/// Keeps the smallest value per zone: `mark` joins its zone's entry, or starts one.
+/// Keeps the smallest value per zone, a saturated backend's before any healthy one's: `mark`
+/// joins its zone's entry, or starts one.
 fn mark_zone(zones: &mut Zones, mark: ZoneMark) {
     match zones.iter_mut().find(|z| z.zone == mark.zone) {
         Some(z) => {
-            if mark.value < z.value {
+            let kind = (mark.is_healthy(), z.is_healthy());
+            if kind == (false, true) || (kind.0 == kind.1 && mark.value < z.value) {
                 *z = mark;
             }
         }
@@ -414,9 +429,10 @@ impl SaturationSettings {
         } as u32;
         let backend = reporting.backends.len() as u32;
         reporting.backends.push((id.clone(), zone));
+        reporting.held.push(0);
         let ratio = self.limiting_ratio_of(b.health);
         let u = self.utilisation(b.health);
-        let headroom = (ratio.is_none() && u > 0.0).then(|| 1.0 / u);
+        let room = (ratio.is_none() && u > 0.0 && b.total > 0.0).then(|| (b.total * (1.0 / u - 1.0), b.held));
         // The quota law first sums, over the whole report, the load and the quotas of the
         // groups busy on the backend: its limiting cost is shared by those quotas.
         let summing = (self.law == LimitingLaw::Quota && ratio.is_some()).then_some((0.0, 0.0));
@@ -428,7 +444,7 @@ impl SaturationSettings {
             zone,
             backend,
             ratio,
-            headroom,
+            room,
             summing,
             shares: None,
             hints,
@@ -481,8 +497,8 @@ impl SaturationSettings {
             return;
         }
         let quota_law = self.law == LimitingLaw::Quota;
-        let (zone, backend, ratio, shares, headroom) =
-            (part.zone, part.backend, part.ratio, part.shares, part.headroom);
+        let (zone, backend, ratio, shares, room) =
+            (part.zone, part.backend, part.ratio, part.shares, part.room);
         let hints = &mut part.hints[part.next..upto];
         for ((group, l), hint) in part.load[part.next..upto].iter().zip(hints) {
             let Some(at) = find(tracked, *hint, group) else { continue };
@@ -509,10 +525,15 @@ impl SaturationSettings {
                 && counted
             {
                 mark_zone(&mut entry.zones, ZoneMark::saturated(zone, backend, value));
-            } else if let Some(value) = headroom
+            } else if let Some((room, held)) = room
                 && *l >= self.limiting_threshold
                 && throttled(t)
             {
+                // The room is shared among the groups held on the backend at the last tick,
+                // this one among them or added to them.
+                let was_held = t.outcome.as_ref().is_some_and(|o| o.at_headroom);
+                let sharing = held.saturating_sub(u32::from(was_held)) + 1;
+                let value = 1.0 + room / (f64::from(sharing) * l);
                 mark_zone(&mut entry.zones, ZoneMark::healthy(zone, backend, value));
             }
         }
@@ -522,32 +543,37 @@ impl SaturationSettings {
     /// The ratio limiting a group with these zones, after ignoring the worst ones: its
     /// saturated zones only.
     pub(crate) fn limiting_ratio(&self, zones: &[ZoneMark]) -> Option<f64> {
-        self.pick(zones.iter().filter(|z| !z.is_healthy())).map(|z| z.value)
+        pick(self.ignore_worst_zones, zones.iter().filter(|z| !z.is_healthy())).map(|z| z.value)
     }
 
-    /// The headroom of a group throttled at the last tick that its saturated zones do not
-    /// limit: the same pick over all its zones, when it falls on a backend below saturation
-    /// (its `1/u`, the smallest among them once the worst zones are ignored). The group's load
-    /// times this fills those backends, and no more: a throttled group whose limit is raised
-    /// or lifted, or whose backend recovers, grows into the room its backends have instead of
-    /// sending at once all the work it queued (the growth cap of a saturated backend, carried
-    /// below saturation).
+    /// The headroom ratio of a group throttled at the last tick that its saturated zones do
+    /// not limit ([`limiting_ratio`](Self::limiting_ratio) is `None`): its load times this is
+    /// what its backends below saturation have room for. On each, that is the group's load
+    /// there plus an equal share of the backend's room (`total × (1/u − 1)`, the load it
+    /// carries scaled up to u = 1, less that load) among the groups held there at the last
+    /// tick; per zone the smallest counts; the saturated zones count among the worst ones
+    /// ignored, and the rest of `ignore_worst_zones` is taken from the others. A throttled
+    /// group whose limit is raised or lifted, or whose backend recovers, so takes the room
+    /// there is instead of sending at once all the work it queued; alone on a backend, it
+    /// fills it.
     pub(crate) fn headroom_ratio(&self, zones: &[ZoneMark]) -> Option<f64> {
-        self.pick(zones.iter()).filter(|z| z.is_healthy()).map(|z| z.value)
+        let saturated = zones.iter().filter(|z| !z.is_healthy()).count();
+        let ignore = self.ignore_worst_zones.checked_sub(saturated)?;
+        pick(ignore, zones.iter().filter(|z| z.is_healthy())).map(|z| z.value)
     }
+}
 
-    /// The zone with the `ignore_worst_zones + 1`-th smallest value.
-    fn pick<'a>(&self, marks: impl Iterator<Item = &'a ZoneMark>) -> Option<&'a ZoneMark> {
-        if self.ignore_worst_zones == 0 {
-            return marks.min_by(|a, b| a.value.total_cmp(&b.value));
-        }
-        let mut sorted: SmallVec<[&ZoneMark; 8]> = marks.collect();
-        if sorted.len() <= self.ignore_worst_zones {
-            return None;
-        }
-        sorted.sort_by(|a, b| a.value.total_cmp(&b.value));
-        Some(sorted[self.ignore_worst_zones])
+/// The mark with the `ignore + 1`-th smallest value.
+fn pick<'a>(ignore: usize, marks: impl Iterator<Item = &'a ZoneMark>) -> Option<&'a ZoneMark> {
+    if ignore == 0 {
+        return marks.min_by(|a, b| a.value.total_cmp(&b.value));
     }
+    let mut sorted: SmallVec<[&ZoneMark; 8]> = marks.collect();
+    if sorted.len() <= ignore {
+        return None;
+    }
+    sorted.sort_by(|a, b| a.value.total_cmp(&b.value));
+    Some(sorted[ignore])
 }
 
 #[cfg(test)]

@@ -17,6 +17,14 @@ fn engine(settings: EngineSettings) -> Engine {
     Engine::new(settings)
 }
 
+/// An engine in which any load counts on a backend, ignoring `ignore_worst_zones`.
+fn saturation_engine(ignore_worst_zones: usize) -> Engine {
+    let mut s = EngineSettings::default();
+    s.saturation.limiting_threshold = 1.0;
+    s.saturation.ignore_worst_zones = ignore_worst_zones;
+    engine(s)
+}
+
 #[test]
 fn target_is_the_limit_without_saturation_and_grants_split_it() {
     let mut e = engine(EngineSettings::default());
@@ -87,10 +95,7 @@ fn the_cap_follows_the_ramp() {
 
 #[test]
 fn growth_below_saturation_is_capped_at_the_headroom() {
-    let mut s = EngineSettings::default();
-    s.saturation.limiting_threshold = 1.0;
-    s.saturation.ignore_worst_zones = 0;
-    let mut e = engine(s);
+    let mut e = saturation_engine(0);
     e.set_group(name("g"), GroupSettings::builder().limit(1e9).build().unwrap());
     let t = Nanos(S);
     e.report(t, 1, &name("g"), report(1e6, 1.0, 1.0));
@@ -107,10 +112,7 @@ fn growth_below_saturation_is_capped_at_the_headroom() {
 /// included) from one backend that serves 1,000: ticked once at `Nanos(S)`, the backend
 /// reporting `g`'s 600 as utilisation 0.6.
 fn held_below_a_healthy_backend(ignore_worst_zones: usize) -> Engine {
-    let mut s = EngineSettings::default();
-    s.saturation.limiting_threshold = 1.0;
-    s.saturation.ignore_worst_zones = ignore_worst_zones;
-    let mut e = engine(s);
+    let mut e = saturation_engine(ignore_worst_zones);
     e.set_group(name("g"), GroupSettings::builder().limit(600.0).build().unwrap());
     let t = Nanos(S);
     e.report(t, 1, &name("g"), ClientReport { waiting: 1000.0, ..report(600.0, 600.0, 6.0) });
@@ -157,6 +159,59 @@ fn a_throttled_group_whose_limit_is_lifted_grows_into_its_backends_headroom() {
     assert_eq!((o.limiting(), o.headroom()), (Some(1000.0), None));
 }
 
+/// Ticks `e` at `second` with each group's (demand, load on backend `b`) and `b` at `u`.
+fn tick_with_loads(e: &mut Engine, second: u64, u: f64, groups: &[(&str, f64, f64)]) {
+    let t = Nanos(second * S);
+    for (i, (g, demand, load)) in groups.iter().enumerate() {
+        e.report(t, i as u64 + 1, &name(g), report(*demand, *load, 1.0));
+    }
+    let loads: Vec<(GroupName, f64)> = groups.iter().map(|(g, _, l)| (name(g), *l)).collect();
+    e.backend_report(t, "b", "z", Health::Utilisation(u), &loads).unwrap();
+    e.tick(t);
+}
+
+#[test]
+fn a_small_group_lifted_beside_a_big_one_takes_the_room_left() {
+    let mut e = saturation_engine(0);
+    e.set_group(name("a"), GroupSettings::builder().limit(100.0).build().unwrap());
+    // The backend carries 5,100 at u = 0.51: it serves 10,000, and has room for 4,900 more.
+    let groups = [("big", 5000.0, 5000.0), ("a", 30_000.0, 100.0)];
+    tick_with_loads(&mut e, 1, 0.51, &groups);
+    assert_eq!(e.outcome(&name("a")).unwrap().target(), Some(100.0));
+    e.set_group(name("a"), GroupSettings::builder().build().unwrap());
+    tick_with_loads(&mut e, 2, 0.51, &groups);
+    // All the room at once (its 100 and the 4,900), not the 30,000 it asks, nor 100 / 0.51.
+    let a = e.outcome(&name("a")).unwrap();
+    assert!((a.headroom().unwrap() - 5000.0).abs() < 1e-6, "{a:?}");
+    assert_eq!(e.outcome(&name("big")).unwrap().target(), None, "big is not throttled");
+}
+
+#[test]
+fn groups_held_on_one_backend_share_its_room() {
+    let mut e = saturation_engine(0);
+    for g in ["a", "b"] {
+        e.set_group(name(g), GroupSettings::builder().limit(100.0).build().unwrap());
+    }
+    // 200 at u = 0.2: room for 800 more.
+    let groups = [("a", 1000.0, 100.0), ("b", 1000.0, 100.0)];
+    tick_with_loads(&mut e, 1, 0.2, &groups);
+    for g in ["a", "b"] {
+        e.set_group(name(g), GroupSettings::builder().build().unwrap());
+    }
+    // Lifted together, neither was held before: each is offered the whole room once.
+    tick_with_loads(&mut e, 2, 0.2, &groups);
+    let held = |e: &Engine| {
+        ["a", "b"].map(|g| {
+            let o = e.outcome(&name(g)).unwrap();
+            o.headroom().unwrap_or_else(|| panic!("{g} not held: {o:?}"))
+        })
+    };
+    assert_eq!(held(&e).map(f64::round), [900.0, 900.0]);
+    // From the next tick they share it: 100 and 400 each, the backend's 1,000 in all.
+    tick_with_loads(&mut e, 3, 0.2, &groups);
+    assert_eq!(held(&e).map(f64::round), [500.0, 500.0]);
+}
+
 #[test]
 fn a_group_asking_for_no_more_than_its_backends_headroom_is_let_go() {
     let mut e = held_below_a_healthy_backend(0);
@@ -171,9 +226,7 @@ fn a_group_asking_for_no_more_than_its_backends_headroom_is_let_go() {
 
 #[test]
 fn a_group_not_throttled_is_not_held_to_the_headroom() {
-    let mut s = EngineSettings::default();
-    s.saturation.limiting_threshold = 1.0;
-    let mut e = engine(s);
+    let mut e = saturation_engine(0);
     e.set_group(name("g"), GroupSettings::builder().limit(600.0).build().unwrap());
     for second in 1..=2 {
         let t = Nanos(second * S);

@@ -275,6 +275,13 @@ impl Engine {
         } else {
             self.rows_slice(&mut run, end);
             if run.next == run.len {
+                // Each backend learns how many groups it holds, for its room's sharing at
+                // the next tick.
+                for ((id, _), held) in run.reporting.backends.iter().zip(&run.reporting.held) {
+                    if let Some(b) = self.backends.get_mut(id) {
+                        b.held = *held;
+                    }
+                }
                 // With a capacity to share, that is a step of its own, for a caller that
                 // computes it without the engine.
                 if self.settings.capacity.is_some() {
@@ -432,11 +439,16 @@ impl Engine {
             }
             // A group throttled at the last tick that no saturated backend limits grows into
             // the room its backends have (their headroom marks, gathered only for such groups),
-            // when it asks for more than that.
+            // when that is below its cap and it asks for more.
             let headroom = match (limiting, load) {
-                (None, Some(l)) => sat.headroom_ratio(&l.zones).map(|h| l.load * h).filter(|&h| demand > h),
+                (None, Some(l)) => {
+                    sat.headroom_ratio(&l.zones).map(|h| l.load * h).filter(|&h| h < cap && demand > h)
+                }
                 _ => None,
             };
+            if let (Some(_), Some(l)) = (headroom, load) {
+                run.reporting.count_held(&l.zones);
+            }
             rows.push(Row {
                 reserved,
                 cap,

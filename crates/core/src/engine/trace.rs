@@ -35,10 +35,11 @@ pub struct RateComputation {
     pub desired: Option<f64>,
     /// The limiting rate from saturation: load × ratio.
     pub limiting: Option<f64>,
-    /// The rate that fills the room its backends below saturation have: its load × their
-    /// smallest headroom `1/u`. Set when it was throttled at the last tick, still asks for
-    /// more than that, and no saturated backend limits it: it grows into that room, tick by
-    /// tick, instead of sending at once the work it queued.
+    /// The rate that fills its share of the room its backends below saturation have: its load
+    /// there plus the room (`total × (1/u − 1)`) shared among the groups held there. Set when
+    /// it was throttled at the last tick, still asks for more than that, below its cap, and no
+    /// saturated backend limits it: it takes that room instead of sending at once the work
+    /// it queued.
     pub headroom: Option<f64>,
     /// The ratio applied, when saturation limits.
     pub ratio: Option<f64>,
