@@ -1078,18 +1078,13 @@ impl Engine {
         if !known && self.backends.len() >= self.settings.max_backends {
             return Err(BackendError::TooMany { max: self.settings.max_backends });
         }
-        let (hints, held) = self
-            .backends
-            .get_mut(backend)
-            .map(|b| (std::mem::take(&mut b.hints), b.held))
-            .unwrap_or_default();
+        let hints = self.backends.get_mut(backend).map(|b| std::mem::take(&mut b.hints)).unwrap_or_default();
         let state = BackendState {
             zone: report.zone,
             health: report.health,
             load: report.load,
             total: report.total,
             seen: now,
-            held,
             hints,
         };
         if self.trace.is_some() {

@@ -165,9 +165,6 @@ pub(crate) struct BackendState {
     /// The loads added up.
     pub(crate) total: f64,
     pub(crate) seen: Nanos,
-    /// How many groups the last tick held at their headroom on it (see
-    /// [`SaturationSettings::headroom_ratio`]), kept from one report to the next.
-    pub(crate) held: u32,
     /// Where the last tick found each load's group among the tracked groups, by the load's
     /// place in the report ([`NO_HINT`]: not found), handed from one report to the next: a
     /// backend lists its groups in much the same order every time, and a look at the place
@@ -199,8 +196,10 @@ pub(crate) struct Gathering {
     backend: u32,
     ratio: Option<f64>,
     /// When the backend is below saturation: the load it has room for beyond what it
-    /// carries, `total × (1/u − 1)`, and how many groups the last tick held on it.
-    room: Option<(f64, u32)>,
+    /// carries, `total × (1/u − 1)`.
+    room: Option<f64>,
+    /// How many groups may take that room: those it marked.
+    takers: u32,
     /// While the quota law's first pass is under way: the load and the quotas of the groups
     /// busy on the backend, summed so far.
     summing: Option<(f64, f64)>,
@@ -211,6 +210,12 @@ pub(crate) struct Gathering {
 }
 
 impl Gathering {
+    /// Hands the tick how many groups may take the backend's room, once its loads are all
+    /// taken.
+    pub(crate) fn finish(&self, reporting: &mut Reporting) {
+        reporting.takers[self.backend as usize] = self.takers;
+    }
+
     /// How many loads the report holds (each pass goes over them all).
     pub(crate) fn len(&self) -> usize {
         self.load.len()
@@ -227,16 +232,20 @@ fn busy(t: Option<&super::Tracked>) -> bool {
     t.and_then(|t| t.outcome.as_ref()).is_some_and(|o| o.busy)
 }
 
-/// Whether the group was throttled at the last tick: it asked for more than its target.
-fn throttled(t: &super::Tracked) -> bool {
-    t.outcome.as_ref().is_some_and(|o| o.demand > o.target)
+/// Whether the group may take a backend's room: it was throttled at the last tick (it asked
+/// for more than its target), and its limit, `quota`, is now above that target (lifted or
+/// raised, or it was held below it by saturation, by its headroom or by a share). A group
+/// held at a limit that stays where it was does not take any.
+fn may_take_room(t: &super::Tracked, quota: Option<f64>) -> bool {
+    t.outcome.as_ref().is_some_and(|o| o.demand > o.target && quota.is_none_or(|q| q > o.target))
 }
 
 /// One zone a group counts on: the zone and the backend with the smallest ratio (or, under
 /// the quota law, limiting rate) in it, by their places in [`Reporting`], and that value.
 ///
-/// A backend below saturation marks a group throttled at the last tick with the ratio of its
-/// headroom to its load there (see [`SaturationSettings::headroom_ratio`]); such a mark is
+/// A backend below saturation marks a group that may take its room (see
+/// [`SaturationSettings::headroom_ratio`]) with that room over the group's load there, the
+/// share it is of the room still to be divided among the groups taking it; such a mark is
 /// *healthy*, flagged in `backend`'s top bit so that a mark stays 16 bytes. A zone holding
 /// both kinds keeps its saturated mark: saturation speaks for the zone.
 #[derive(Debug, Clone, Copy)]
@@ -333,21 +342,14 @@ pub(crate) struct Reporting {
     /// (backend, index of its zone in `zones`).
     pub(crate) backends: Vec<(String, u32)>,
     pub(crate) zones: Vec<String>,
-    /// By backend, how many groups this tick holds at their headroom there.
-    pub(crate) held: Vec<u32>,
+    /// By backend, how many groups may take its room (see [`Gathering::takers`]).
+    pub(crate) takers: Vec<u32>,
 }
 
 impl Reporting {
     /// The backend and zone names a mark points at.
     pub(crate) fn names(&self, mark: &ZoneMark) -> (&str, &str) {
         (&self.backends[mark.backend()].0, &self.zones[mark.zone as usize])
-    }
-
-    /// A group is held at its headroom: counted on each backend below saturation it marked.
-    pub(crate) fn count_held(&mut self, zones: &[ZoneMark]) {
-        for z in zones.iter().filter(|z| z.is_healthy()) {
-            self.held[z.backend()] += 1;
-        }
     }
 }
 
@@ -429,10 +431,10 @@ impl SaturationSettings {
         } as u32;
         let backend = reporting.backends.len() as u32;
         reporting.backends.push((id.clone(), zone));
-        reporting.held.push(0);
+        reporting.takers.push(0);
         let ratio = self.limiting_ratio_of(b.health);
         let u = self.utilisation(b.health);
-        let room = (ratio.is_none() && u > 0.0 && b.total > 0.0).then(|| (b.total * (1.0 / u - 1.0), b.held));
+        let room = (ratio.is_none() && u > 0.0 && b.total > 0.0).then(|| b.total * (1.0 / u - 1.0));
         // The quota law first sums, over the whole report, the load and the quotas of the
         // groups busy on the backend: its limiting cost is shared by those quotas.
         let summing = (self.law == LimitingLaw::Quota && ratio.is_some()).then_some((0.0, 0.0));
@@ -445,6 +447,7 @@ impl SaturationSettings {
             backend,
             ratio,
             room,
+            takers: 0,
             summing,
             shares: None,
             hints,
@@ -525,16 +528,12 @@ impl SaturationSettings {
                 && counted
             {
                 mark_zone(&mut entry.zones, ZoneMark::saturated(zone, backend, value));
-            } else if let Some((room, held)) = room
+            } else if let Some(room) = room
                 && *l >= self.limiting_threshold
-                && throttled(t)
+                && may_take_room(t, quota(group))
             {
-                // The room is shared among the groups held on the backend at the last tick,
-                // this one among them or added to them.
-                let was_held = t.outcome.as_ref().is_some_and(|o| o.at_headroom);
-                let sharing = held.saturating_sub(u32::from(was_held)) + 1;
-                let value = 1.0 + room / (f64::from(sharing) * l);
-                mark_zone(&mut entry.zones, ZoneMark::healthy(zone, backend, value));
+                part.takers += 1;
+                mark_zone(&mut entry.zones, ZoneMark::healthy(zone, backend, room / l));
             }
         }
         part.next = upto;
@@ -546,20 +545,27 @@ impl SaturationSettings {
         pick(self.ignore_worst_zones, zones.iter().filter(|z| !z.is_healthy())).map(|z| z.value)
     }
 
-    /// The headroom ratio of a group throttled at the last tick that its saturated zones do
-    /// not limit ([`limiting_ratio`](Self::limiting_ratio) is `None`): its load times this is
-    /// what its backends below saturation have room for. On each, that is the group's load
-    /// there plus an equal share of the backend's room (`total × (1/u − 1)`, the load it
-    /// carries scaled up to u = 1, less that load) among the groups held there at the last
-    /// tick; per zone the smallest counts; the saturated zones count among the worst ones
-    /// ignored, and the rest of `ignore_worst_zones` is taken from the others. A throttled
-    /// group whose limit is raised or lifted, or whose backend recovers, so takes the room
-    /// there is instead of sending at once all the work it queued; alone on a backend, it
-    /// fills it.
-    pub(crate) fn headroom_ratio(&self, zones: &[ZoneMark]) -> Option<f64> {
+    /// The headroom ratio of a group that may take its backends' room (throttled at the last
+    /// tick, and its limit now above the target it had) and that its saturated zones do not
+    /// limit ([`limiting_ratio`](Self::limiting_ratio) is `None`): its load times this is what
+    /// its backends below saturation have room for. On each, that is the group's load there
+    /// plus an equal share of the backend's room (`total × (1/u − 1)`, the load it carries
+    /// scaled up to u = 1, less that load) among the groups that may take it, `takers` by
+    /// backend; per zone the smallest counts (a zone keeps the mark of its backend with the
+    /// least room for the group's load, before sharing); the saturated zones count among the
+    /// worst ones ignored, and the rest of `ignore_worst_zones` is taken from the others. A
+    /// throttled group whose limit is raised or lifted, or whose backend recovers, so takes
+    /// the room there is instead of sending at once all the work it queued; alone on a
+    /// backend, it fills it.
+    pub(crate) fn headroom_ratio(&self, zones: &[ZoneMark], takers: &[u32]) -> Option<f64> {
         let saturated = zones.iter().filter(|z| !z.is_healthy()).count();
         let ignore = self.ignore_worst_zones.checked_sub(saturated)?;
-        pick(ignore, zones.iter().filter(|z| z.is_healthy())).map(|z| z.value)
+        let ratios = zones
+            .iter()
+            .filter(|z| z.is_healthy())
+            .map(|z| ZoneMark { value: 1.0 + z.value / f64::from(takers[z.backend()].max(1)), ..*z });
+        let ratios: SmallVec<[ZoneMark; 4]> = ratios.collect();
+        pick(ignore, ratios.iter()).map(|z| z.value)
     }
 }
 

@@ -187,7 +187,7 @@ fn a_small_group_lifted_beside_a_big_one_takes_the_room_left() {
 }
 
 #[test]
-fn groups_held_on_one_backend_share_its_room() {
+fn groups_that_may_take_a_backends_room_share_it() {
     let mut e = saturation_engine(0);
     for g in ["a", "b"] {
         e.set_group(name(g), GroupSettings::builder().limit(100.0).build().unwrap());
@@ -198,7 +198,8 @@ fn groups_held_on_one_backend_share_its_room() {
     for g in ["a", "b"] {
         e.set_group(name(g), GroupSettings::builder().build().unwrap());
     }
-    // Lifted together, neither was held before: each is offered the whole room once.
+    // Lifted together, they share the room at once: 100 and 400 each, the backend's 1,000 in
+    // all, and so on while they are held.
     tick_with_loads(&mut e, 2, 0.2, &groups);
     let held = |e: &Engine| {
         ["a", "b"].map(|g| {
@@ -206,10 +207,17 @@ fn groups_held_on_one_backend_share_its_room() {
             o.headroom().unwrap_or_else(|| panic!("{g} not held: {o:?}"))
         })
     };
-    assert_eq!(held(&e).map(f64::round), [900.0, 900.0]);
-    // From the next tick they share it: 100 and 400 each, the backend's 1,000 in all.
+    assert_eq!(held(&e).map(f64::round), [500.0, 500.0]);
     tick_with_loads(&mut e, 3, 0.2, &groups);
     assert_eq!(held(&e).map(f64::round), [500.0, 500.0]);
+    // A third group held at its limit, which stays, takes no share of the room.
+    e.set_group(name("c"), GroupSettings::builder().limit(50.0).build().unwrap());
+    let three = [("a", 1000.0, 100.0), ("b", 1000.0, 100.0), ("c", 1000.0, 50.0)];
+    tick_with_loads(&mut e, 4, 0.25, &three);
+    tick_with_loads(&mut e, 5, 0.25, &three);
+    assert_eq!(e.outcome(&name("c")).unwrap().target(), Some(50.0));
+    // 250 at u = 0.25: room for 750, 375 each for a and b.
+    assert_eq!(held(&e).map(f64::round), [475.0, 475.0]);
 }
 
 #[test]

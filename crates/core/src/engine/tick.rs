@@ -224,6 +224,7 @@ impl Engine {
                 taken += upto - part.next;
                 sat.gather_part(part, upto, &quota, tracked, run.len, loads);
                 if part.done() {
+                    part.finish(&mut run.reporting);
                     // The hints go back to the backend, for its next report (unless it is
                     // forgotten, or already has them from a report sent since).
                     if let Some(b) = run.gathered.as_deref().and_then(|id| backends.get_mut(id))
@@ -275,13 +276,6 @@ impl Engine {
         } else {
             self.rows_slice(&mut run, end);
             if run.next == run.len {
-                // Each backend learns how many groups it holds, for its room's sharing at
-                // the next tick.
-                for ((id, _), held) in run.reporting.backends.iter().zip(&run.reporting.held) {
-                    if let Some(b) = self.backends.get_mut(id) {
-                        b.held = *held;
-                    }
-                }
                 // With a capacity to share, that is a step of its own, for a caller that
                 // computes it without the engine.
                 if self.settings.capacity.is_some() {
@@ -442,13 +436,13 @@ impl Engine {
             // when that is below its cap and it asks for more.
             let headroom = match (limiting, load) {
                 (None, Some(l)) => {
-                    sat.headroom_ratio(&l.zones).map(|h| l.load * h).filter(|&h| h < cap && demand > h)
+                    let takers = &run.reporting.takers;
+                    sat.headroom_ratio(&l.zones, takers)
+                        .map(|h| l.load * h)
+                        .filter(|&h| h < cap && demand > h)
                 }
                 _ => None,
             };
-            if let (Some(_), Some(l)) = (headroom, load) {
-                run.reporting.count_held(&l.zones);
-            }
             rows.push(Row {
                 reserved,
                 cap,

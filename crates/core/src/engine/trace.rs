@@ -36,10 +36,10 @@ pub struct RateComputation {
     /// The limiting rate from saturation: load × ratio.
     pub limiting: Option<f64>,
     /// The rate that fills its share of the room its backends below saturation have: its load
-    /// there plus the room (`total × (1/u − 1)`) shared among the groups held there. Set when
-    /// it was throttled at the last tick, still asks for more than that, below its cap, and no
-    /// saturated backend limits it: it takes that room instead of sending at once the work
-    /// it queued.
+    /// there plus the room (`total × (1/u − 1)`) shared among the groups that may take it. Set
+    /// when it was throttled at the last tick and its limit is now above the target it had,
+    /// it still asks for more than that, below its cap, and no saturated backend limits it: it
+    /// takes that room instead of sending at once the work it queued.
     pub headroom: Option<f64>,
     /// The ratio applied, when saturation limits.
     pub ratio: Option<f64>,
