@@ -787,7 +787,14 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
             g.target.map_or("-".into(), |t| format!("{t:.1}")),
             g.admitted,
             g.demand,
-            if g.busy { "yes" } else { "no" },
+            // Saturation limits it; or it is held at its backends' room below saturation.
+            if g.busy {
+                "yes"
+            } else if g.headroom.is_some() {
+                "room"
+            } else {
+                "no"
+            },
             g.clients
         ));
     }

@@ -627,6 +627,9 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
     }
     // 1,000,000 / 0.5: the room the backend has, not the 3,000,000 asked; not busy.
     assert_eq!(seen, (Some(2_000_000.0), false, Some(2_000_000.0)), "held at the headroom");
+    let table = ok(&s, &["status"]);
+    let row = table.lines().find(|l| l.starts_with("heavy")).expect("its row");
+    assert_eq!(row.split_whitespace().nth(6), Some("room"), "{table}");
     let answer = http_get(&s.http, "/v1/dashboard/groups/heavy");
     let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
     let detail: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
