@@ -228,9 +228,10 @@ impl GroupOutcome {
         some(self.limiting).filter(|_| !self.at_headroom)
     }
 
-    /// The headroom rate holding the group, if any: throttled at the tick before, asking for
-    /// more than this, and limited by no saturated backend, it may use its load on its
-    /// backends below saturation and its share of their room (docs/control.md).
+    /// The headroom rate holding the group, if any: throttled at the tick before, its limit now
+    /// above its target then, asking for more than this, and limited by no saturated backend,
+    /// it may use its load on its backends below saturation and its share of their room
+    /// (docs/control.md).
     pub fn headroom(&self) -> Option<f64> {
         some(self.limiting).filter(|_| self.at_headroom)
     }

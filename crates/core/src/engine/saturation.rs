@@ -11,7 +11,8 @@
 //! exchange delay, makes the limit leap and the backend swing (docs/control.md).
 //!
 //! **Headroom.** Below saturation no ratio applies, but a group throttled at the last tick
-//! is held at its load there plus its share of the room the backend has
+//! whose limit is now above its target is held at its load there plus its share of the room
+//! the backend has
 //! ([`SaturationSettings::headroom_ratio`]), so a group whose limit is lifted takes the room
 //! there is rather than sending at once the work it queued.
 //!
@@ -233,11 +234,12 @@ fn busy(t: Option<&super::Tracked>) -> bool {
 }
 
 /// Whether the group may take a backend's room: it was throttled at the last tick (it asked
-/// for more than its target), and its limit, `quota`, is now above that target (lifted or
+/// for more than its target), and its limit, `quota()`, is now above that target (lifted or
 /// raised, or it was held below it by saturation, by its headroom or by a share). A group
-/// held at a limit that stays where it was does not take any.
-fn may_take_room(t: &super::Tracked, quota: Option<f64>) -> bool {
-    t.outcome.as_ref().is_some_and(|o| o.demand > o.target && quota.is_none_or(|q| q > o.target))
+/// held at a limit that stays where it was does not take any. The limit is looked up only
+/// for a group throttled: most groups on a backend with room are not.
+fn may_take_room(t: &super::Tracked, quota: impl FnOnce() -> Option<f64>) -> bool {
+    t.outcome.as_ref().is_some_and(|o| o.demand > o.target && quota().is_none_or(|q| q > o.target))
 }
 
 /// One zone a group counts on: the zone and the backend with the smallest ratio (or, under
@@ -530,7 +532,7 @@ impl SaturationSettings {
                 mark_zone(&mut entry.zones, ZoneMark::saturated(zone, backend, value));
             } else if let Some(room) = room
                 && *l >= self.limiting_threshold
-                && may_take_room(t, quota(group))
+                && may_take_room(t, || quota(group))
             {
                 part.takers += 1;
                 mark_zone(&mut entry.zones, ZoneMark::healthy(zone, backend, room / l));

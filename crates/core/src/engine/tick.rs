@@ -28,7 +28,7 @@ pub(super) struct Row {
     burst: f64,
     demand: f64,
     unthrottled: f64,
-    /// Saturation's limiting rate, or else the headroom rate when `entering`. NaN: none.
+    /// Saturation's limiting rate, or else the headroom rate when `at_headroom`. NaN: none.
     limiting: f64,
     load: f64,
     first_asked: u64,
@@ -37,7 +37,7 @@ pub(super) struct Row {
     priority: Priority,
     exhausted: bool,
     /// `limiting` is the headroom rate, not saturation's.
-    entering: bool,
+    at_headroom: bool,
 }
 
 impl Row {
@@ -65,12 +65,12 @@ impl Row {
 
     /// Saturation's limiting rate alone.
     fn saturation(&self) -> Option<f64> {
-        self.limiting().filter(|_| !self.entering)
+        self.limiting().filter(|_| !self.at_headroom)
     }
 
     /// The headroom rate alone.
     fn headroom(&self) -> Option<f64> {
-        self.limiting().filter(|_| self.entering)
+        self.limiting().filter(|_| self.at_headroom)
     }
 }
 
@@ -431,9 +431,9 @@ impl Engine {
                     unthrottled: f64::from(c.unthrottled),
                 });
             }
-            // A group throttled at the last tick that no saturated backend limits grows into
-            // the room its backends have (their headroom marks, gathered only for such groups),
-            // when that is below its cap and it asks for more.
+            // A group that may take its backends' room (throttled at the last tick, its limit
+            // now above its target: the only groups they mark so) and that no saturated backend
+            // limits is held at that room, when it is below its cap and it asks for more.
             let headroom = match (limiting, load) {
                 (None, Some(l)) => {
                     let takers = &run.reporting.takers;
@@ -452,7 +452,7 @@ impl Engine {
                 demand,
                 unthrottled,
                 limiting: limiting.or(headroom).unwrap_or(f64::NAN),
-                entering: headroom.is_some(),
+                at_headroom: headroom.is_some(),
                 load: load_rate,
                 exhausted,
                 first_asked: g.first_asked,
@@ -550,7 +550,7 @@ impl Engine {
             g.outcome = Some(GroupOutcome {
                 target: target.unwrap_or(none),
                 limiting: row.limiting,
-                at_headroom: row.entering,
+                at_headroom: row.at_headroom,
                 share: share.unwrap_or(none),
                 busy,
                 water_level: water_level.unwrap_or(none),
