@@ -108,27 +108,51 @@ impl Inner {
         }
         let generation = bucket.generation();
         let step = g.with_local(|tally, stash| {
-            let hit = stash.hits_left > 0 && stash.generation == generation && stash.units >= cost;
-            if hit {
-                stash.units -= cost;
-                stash.hits_left -= 1;
-                count_in(tally, cost, false);
-                return STASH_HIT;
+            let current = stash.generation == generation;
+            if current && stash.units >= cost {
+                if stash.hits_left > 0 {
+                    stash.units -= cost;
+                    stash.hits_left -= 1;
+                    count_in(tally, cost, false);
+                    return StashStep::Hit;
+                }
+                return StashStep::Other;
             }
-            stash_missed(stash, generation, cost)
+            if !current {
+                return StashStep::Other;
+            }
+            // Empty: while the bucket cannot hold the cost, refused here, one clock read and
+            // one look at the bucket, the same look (and the same answer) as the refill's,
+            // without the call out of line that refills.
+            let now = self.now_for(&priced);
+            if let Some(wait) = bucket.wait_within_burst(&priced, now) {
+                count_refusal(tally, cost);
+                return StashStep::Refused(now, wait);
+            }
+            StashStep::Empty(if stash.batch >= cost { stash.batch_ns } else { 0 })
         });
         // Past the stash, the cost alone is priced again out of line: a price passed on would
         // be stored to memory on every call, refusals at low rates included, for this call's
         // sake.
         Some(match step {
-            Some(STASH_HIT) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }),
+            Some(StashStep::Hit) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }),
+            Some(StashStep::Refused(now, wait)) => Err(self.refused_by_stash(g, cost, now, wait)),
             // Taken at another rate, or due for a clock read: the rest.
-            Some(STASH_OTHER) => self.admit_bucket(g, bucket, cost, generation),
-            Some(extra_ns) => self.admit_bucket_empty(bucket, g, cost, extra_ns),
+            Some(StashStep::Other) => self.admit_bucket(g, bucket, cost, generation),
+            Some(StashStep::Empty(extra_ns)) => self.admit_bucket_empty(bucket, g, cost, extra_ns),
             // The thread's cache passed the group by (it takes turns among more groups than
             // it keeps), or it is exiting.
             None => self.admit_shared(g, bucket, cost),
         })
+    }
+
+    /// A refusal [`try_admit_bucket`](Self::try_admit_bucket) made from the thread's stash,
+    /// already counted: what else a refusal does (the tick when due, a debt settled, a
+    /// remote client's mode told).
+    #[inline(always)]
+    fn refused_by_stash(&self, g: &Group, cost: f64, now: Nanos, wait: Duration) -> AcquireError {
+        self.tick(now);
+        self.refuse_wait_counted(g, cost, wait, now)
     }
 
     /// The cost priced at the bucket's rate, and the time to admit it by (the engine's tick
@@ -246,11 +270,17 @@ impl Inner {
     /// is the wait, and only a remote client's mode hears of it.
     #[inline(always)]
     fn refuse_wait(&self, g: &Group, cost: f64, wait: Duration, now: Nanos) -> AcquireError {
+        g.record(move |t| count_refusal(t, cost));
+        self.refuse_wait_counted(g, cost, wait, now)
+    }
+
+    /// [`refuse_wait`](Self::refuse_wait) for a refusal already counted.
+    #[inline(always)]
+    fn refuse_wait_counted(&self, g: &Group, cost: f64, wait: Duration, now: Nanos) -> AcquireError {
         if matches!(self.mode, crate::inner::Mode::Remote(_)) {
             self.refused(g, cost, Some(Refusal::Wait(wait)));
         }
         g.check_debt(now);
-        g.record(move |t| count_refusal(t, cost));
         AcquireError::Throttled { group: g.name.clone(), retry_after: wait }
     }
 
@@ -371,24 +401,18 @@ impl Drop for Booking<'_> {
     }
 }
 
-/// What the stash's check in [`Inner::try_admit_bucket`] answers, besides the nanoseconds of
-/// refill to take when it is empty: admitted from it ...
-const STASH_HIT: u64 = u64::MAX;
-/// ... or taken at another rate, or due for a clock read.
-const STASH_OTHER: u64 = u64::MAX - 1;
-
-/// What a stash that could not admit a cost says: the nanoseconds of refill to take with the
-/// cost when it is empty (its batch's, or 0 when the batch does not cover the cost), or
-/// [`STASH_OTHER`].
-#[inline(always)]
-fn stash_missed(stash: &Stash, generation: u64, cost: f64) -> u64 {
-    if stash.generation != generation || stash.units >= cost {
-        STASH_OTHER
-    } else if stash.batch >= cost {
-        stash.batch_ns
-    } else {
-        0
-    }
+/// What the stash's check in [`Inner::try_admit_bucket`] answers.
+enum StashStep {
+    /// Admitted from the stash.
+    Hit,
+    /// Refused (and counted) at this time, for this long: the bucket cannot hold the cost
+    /// yet.
+    Refused(Nanos, Duration),
+    /// Empty: the bucket is asked for the cost, with this many nanoseconds of refill (the
+    /// batch's, or 0 when the batch does not cover the cost).
+    Empty(u64),
+    /// Taken at another rate, or due for a clock read.
+    Other,
 }
 
 /// Counts an admission whose cost came from the bucket, and puts the batch taken with it

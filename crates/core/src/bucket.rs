@@ -214,6 +214,22 @@ impl Bucket {
         Priced { cost, inc, tolerance_ns, ns_per_unit }
     }
 
+    /// How long a priced cost must wait, when the bucket cannot hold it at `now` but could
+    /// within its burst: the wait [`commit`](Self::commit) would refuse it with. `None` when
+    /// it fits now, is free, or never fits (a cost above the burst, a closed bucket), which
+    /// `commit` tells apart. Reads the bucket and changes nothing.
+    #[inline(always)]
+    pub fn wait_within_burst(&self, priced: &Priced, now: Nanos) -> Option<Duration> {
+        let Priced { inc, tolerance_ns, .. } = *priced;
+        if inc == 0 || inc > tolerance_ns {
+            return None;
+        }
+        // `tat + inc - now > tolerance`, as in `commit_with_extra`; with `inc` within the
+        // tolerance, a bucket with `tat <= now` holds the cost, so `max(tat, now)` is `tat`.
+        let ahead = self.tat.load(Ordering::Acquire).saturating_add(inc).saturating_sub(now.0);
+        if ahead > tolerance_ns { Some(wait_of(ahead - tolerance_ns)) } else { None }
+    }
+
     /// Admits a priced cost at `now`, or says why not.
     #[inline]
     pub fn commit(&self, priced: Priced, now: Nanos) -> Result<(), Refusal> {
@@ -457,6 +473,47 @@ mod tests {
             assert!(offset > Bucket::ADMISSION_OFFSET);
         }
         assert_eq!(size_of::<Bucket>(), Bucket::ADMISSION_OFFSET + 32);
+    }
+
+    proptest::proptest! {
+        /// The look without a write answers as `commit` does: the same wait where it refuses
+        /// for want of tokens, nothing where it admits or refuses for another reason.
+        #[test]
+        fn a_wait_within_the_burst_is_what_commit_refuses_with(
+            rate in proptest::prop_oneof![0.0..10.0f64, 1.0..1e7f64, proptest::strategy::Just(0.0)],
+            burst in proptest::prop_oneof![0.0..5.0f64, 1.0..1e6f64],
+            taken in proptest::collection::vec((0.0..2e6f64, 0u64..5_000_000_000), 0..8),
+            cost in proptest::prop_oneof![proptest::strategy::Just(0.0), proptest::strategy::Just(1.0), 0.0..2e6f64],
+            now_ms in 0u64..10_000,
+        ) {
+            let b = Bucket::new(rate, burst, Nanos(0));
+            for (units, at) in taken {
+                b.charge(units, Nanos(at));
+            }
+            let now = at_ms(now_ms);
+            let priced = b.price(cost);
+            let looked = b.wait_within_burst(&priced, now);
+            let before = b.tat.load(Ordering::Relaxed);
+            match b.commit(priced, now) {
+                Err(Refusal::Wait(wait)) => proptest::prop_assert_eq!(looked, Some(wait)),
+                other => {
+                    proptest::prop_assert_eq!(looked, None, "commit said {:?}", other);
+                    proptest::prop_assert!(other.is_ok() || b.tat.load(Ordering::Relaxed) == before);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_cost_that_fills_the_bucket_to_its_edge_need_not_wait() {
+        let b = Bucket::new(1000.0, 10.0, Nanos(0)); // a unit a millisecond, 10 banked
+        assert!(b.try_acquire(10.0, Nanos(0)).is_ok());
+        let one = b.price(1.0);
+        assert_eq!(b.wait_within_burst(&one, Nanos(MS - 1)), Some(Duration::from_nanos(1)));
+        assert_eq!(b.wait_within_burst(&one, at_ms(1)), None, "the unit refilled by now fits");
+        assert_eq!(b.wait_within_burst(&b.price(0.0), Nanos(0)), None, "free");
+        assert_eq!(b.wait_within_burst(&b.price(11.0), at_ms(100)), None, "above the burst: never");
+        assert_eq!(b.commit(b.price(11.0), at_ms(100)), Err(Refusal::ExceedsBurst { burst: 10.0 }));
     }
 
     #[test]
