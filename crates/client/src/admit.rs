@@ -123,9 +123,12 @@ impl Inner {
             }
             // Empty: while the bucket cannot hold the cost, refused here, one clock read and
             // one look at the bucket, the same look (and the same answer) as the refill's,
-            // without the call out of line that refills.
+            // without the call out of line that refills. When the engine's tick is due, out
+            // of line: the tick runs before the bucket is asked, as everywhere else.
             let now = self.now_for(&priced);
-            if let Some(wait) = bucket.wait_within_burst(&priced, now) {
+            if !self.tick_due(now)
+                && let Some(wait) = bucket.wait_within_burst(&priced, now)
+            {
                 count_refusal(tally, cost);
                 return StashStep::Refused(now, wait);
             }
@@ -136,7 +139,7 @@ impl Inner {
         // sake.
         Some(match step {
             Some(StashStep::Hit) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }),
-            Some(StashStep::Refused(now, wait)) => Err(self.refused_by_stash(g, cost, now, wait)),
+            Some(StashStep::Refused(now, wait)) => Err(self.refuse_wait_counted(g, cost, wait, now)),
             // Taken at another rate, or due for a clock read: the rest.
             Some(StashStep::Other) => self.admit_bucket(g, bucket, cost, generation),
             Some(StashStep::Empty(extra_ns)) => self.admit_bucket_empty(bucket, g, cost, extra_ns),
@@ -144,15 +147,6 @@ impl Inner {
             // it keeps), or it is exiting.
             None => self.admit_shared(g, bucket, cost),
         })
-    }
-
-    /// A refusal [`try_admit_bucket`](Self::try_admit_bucket) made from the thread's stash,
-    /// already counted: what else a refusal does (the tick when due, a debt settled, a
-    /// remote client's mode told).
-    #[inline(always)]
-    fn refused_by_stash(&self, g: &Group, cost: f64, now: Nanos, wait: Duration) -> AcquireError {
-        self.tick(now);
-        self.refuse_wait_counted(g, cost, wait, now)
     }
 
     /// The cost priced at the bucket's rate, and the time to admit it by (the engine's tick

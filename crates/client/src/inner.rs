@@ -122,6 +122,12 @@ impl Inner {
         }
     }
 
+    /// Whether the embedded engine's tick is due at `now`: [`tick`](Self::tick) would run it.
+    #[inline(always)]
+    pub(crate) fn tick_due(&self, now: Nanos) -> bool {
+        now.0 >= self.next_tick_ns.load(Ordering::Relaxed)
+    }
+
     #[cold]
     fn tick_slow(&self, now: Nanos, due: u64) {
         let Mode::Embedded(e) = &self.mode else { return };
