@@ -108,17 +108,16 @@ impl Inner {
         }
         let generation = bucket.generation();
         let step = g.with_local(|tally, stash| {
-            let current = stash.generation == generation;
-            if current && stash.units >= cost {
+            if stash.generation != generation {
+                return StashStep::Other;
+            }
+            if stash.units >= cost {
                 if stash.hits_left > 0 {
                     stash.units -= cost;
                     stash.hits_left -= 1;
                     count_in(tally, cost, false);
                     return StashStep::Hit;
                 }
-                return StashStep::Other;
-            }
-            if !current {
                 return StashStep::Other;
             }
             // Empty: while the bucket cannot hold the cost, refused here, one clock read and
