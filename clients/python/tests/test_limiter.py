@@ -128,6 +128,47 @@ def test_safe_mode_after_the_lease(tmp_path, policy: str) -> None:  # type: igno
         server.stop()
 
 
+@pytest.mark.parametrize("policy", ["decay", "fail_open", "fail_closed"])
+def test_safe_mode_from_a_cold_start(policy: str) -> None:
+    """No server ever reached: the policy applies from the first failed exchange (fail_open
+    admits new groups too), as the Rust client does."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Nothing listens on the port once the socket is closed.
+    with tollgate.Limiter(f"http://127.0.0.1:{port}", safe_mode=policy, exchange_timeout=0.5) as limiter:
+        eventually("safe mode", lambda: limiter.status().safe_mode)
+        assert not limiter.status().connected and limiter.status().last_error
+        results = []
+        for i in range(5):
+            try:
+                limiter.try_acquire(f"new-{i}")
+                results.append(True)
+            except tollgate.Throttled:
+                results.append(False)
+        assert all(results) if policy == "fail_open" else not any(results), results
+
+
+def test_a_new_group_is_admitted_at_once_under_a_capacity(server: Server) -> None:
+    """A tick has shared the whole capacity out to a steady group: new groups are still
+    admitted by their first grant, with a wait far shorter than the server's tick (1 s)."""
+    with tollgate.Admin(server.url) as admin:
+        admin.set_capacity(1000)
+        with tollgate.Limiter(server.url, client_id="py-steady", max_wait=0.3) as limiter:
+            first_grant(limiter, "steady")
+
+            def ticked() -> bool:
+                return any(
+                    g["name"] == "steady" and g.get("target") is not None for g in admin.status()["groups"]
+                )
+
+            eventually("a tick gives the steady group the capacity", ticked)
+            for i in range(20):
+                limiter.acquire(f"new-{i}").settle(1)
+
+
 def test_bad_options_are_named() -> None:
     with pytest.raises(ValueError, match="safe_mode"):
         tollgate.Limiter("http://127.0.0.1:1", safe_mode="panic")

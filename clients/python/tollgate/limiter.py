@@ -4,8 +4,8 @@ Each group has a local token bucket; a background thread exchanges with the serv
 each group's demand (admitted or not), consumption and counts, and receives each group's grant
 (rate, burst, lease), which the bucket then follows. Decisions never wait on the network:
 ``try_acquire`` looks at the bucket only. A new group admits nothing until its first grant,
-which is asked for at once. When no exchange succeeds for longer than the lease, the safe-mode
-policy applies: ``decay`` (the last grant halves every 5 s toward the group's reservation
+which is asked for at once (``acquire`` goes on the moment it comes). When no exchange succeeds
+for longer than the lease, or none ever has, the safe-mode policy applies: ``decay`` (the last grant halves every 5 s toward the group's reservation
 shared by its clients), ``fail_open`` (admit everything) or ``fail_closed`` (admit nothing).
 """
 
@@ -33,6 +33,7 @@ SAFE_MODES = ("decay", "fail_open", "fail_closed")
 _DECAY_HALF_LIFE = 5.0
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 2.0
 _EARLY_SPACING = 0.05
+_MIN_INTERVAL = 0.1
 _NEXT = itertools.count(1)
 
 
@@ -195,6 +196,8 @@ class Limiter:
         self._groups: Dict[str, _Group] = {}
         self._groups_lock = threading.Lock()
         self._wake = threading.Event()
+        # Notified after each answer: what a request waiting for a new group's grant waits on.
+        self._granted = threading.Condition()
         self._stop = threading.Event()
         self._sequence = 0
         self._connected = False
@@ -255,8 +258,16 @@ class Limiter:
                     raise
                 with g.lock:
                     g.waiting += cost
+                    first = not g.granted
                 try:
-                    time.sleep(min(max(t.retry_after, 0.001), left))
+                    pause = min(max(t.retry_after, 0.001), left)
+                    if first:
+                        # A new group: on as soon as its first grant comes.
+                        with self._granted:
+                            if not g.granted:
+                                self._granted.wait(timeout=pause)
+                    else:
+                        time.sleep(pause)
                 finally:
                     with g.lock:
                         g.waiting -= cost
@@ -315,7 +326,9 @@ class Limiter:
         usages = []
         for g in list(self._groups.values()):
             with g.lock:
-                elapsed = max(now - g.since, 1e-3)
+                # Over 100 ms at least, as the Rust client measures: a report right after a
+                # group appears does not turn its first request into a huge rate.
+                elapsed = max(now - g.since, _MIN_INTERVAL)
                 usages.append(
                     pb.GroupUsage(
                         group=g.name,
@@ -404,12 +417,19 @@ class Limiter:
             except grpc.RpcError as e:
                 self._connected = False
                 self._last_error = str(from_rpc(e))
-                due = time.monotonic() + backoff
+                now = time.monotonic()
+                if self._exchanges == 0:
+                    # Never reached: there is no grant to ride on, so the policy applies from
+                    # the first failure (fail_open admits from a cold start), as in Rust.
+                    self._safe(now)
+                due = now + backoff
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
             now = time.monotonic()
             self._reported(now)
             period = self._answer(answer, now)
+            with self._granted:
+                self._granted.notify_all()
             self._connected = True
             self._safe_mode = False
             self._exchanges += 1

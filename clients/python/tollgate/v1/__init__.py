@@ -1,0 +1,1 @@
+"""Generated from tollgate.proto by generate.py."""
