@@ -153,7 +153,7 @@ done
 
 echo "== 4. 10,000 throttled clients' exchanges"
 start_server
-out=$("$BIN" bench accuracy --server "http://$GRPC" --clients 10000 --limit 100000 --duration 10 --server-http "$HTTP" \
+out=$("$BIN" bench accuracy --setup --server "http://$GRPC" --clients 10000 --limit 100000 --duration 10 --server-http "$HTTP" \
   | grep -E "asked 2×|exchanges/s")
 echo "$out"
 # One exchange a client per tick (a second), and the few per cent more of a client whose

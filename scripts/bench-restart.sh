@@ -12,7 +12,7 @@ HTTP=127.0.0.1:7581
 "$BIN" server --data "$DATA" --grpc $GRPC --http $HTTP >/dev/null 2>&1 &
 SERVER=$!
 sleep 1
-"$BIN" bench accuracy --server http://$GRPC --clients 20 --duration 30 --limit 1000 &
+"$BIN" bench accuracy --setup --server http://$GRPC --clients 20 --duration 30 --limit 1000 &
 BENCH=$!
 sleep 12
 { kill -9 $SERVER && wait $SERVER; } 2>/dev/null || true

@@ -45,7 +45,7 @@ pyvenv=target/test-venv-python
 if [ ! -x "$pyvenv/bin/pytest" ] || [ ! -x "$pyvenv/bin/mypy" ] || [ ! -x "$pyvenv/bin/playwright" ]; then
   echo "installing grpcio, grpcio-tools, protobuf, pytest, mypy and playwright from PyPI into $pyvenv" >&2
   python3 -m venv "$pyvenv"
-  "$pyvenv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools protobuf pytest mypy types-protobuf playwright
+  "$pyvenv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf playwright
 fi
 
 # A clean build gains nothing from incremental compilation, which doubles what the workspace's
@@ -69,11 +69,11 @@ cargo build --workspace --examples --all-features --locked
 cargo test --workspace --all-targets --all-features --locked
 cargo test --workspace --doc --all-features --locked
 
-# The Python client (clients/python): its stubs generated from the contract, its types checked,
-# its tests run against the real server binary built above.
+# The Python client (clients/python): its committed stubs checked against the contract, its
+# types checked, its tests run against the real server binary built above.
 (
   cd clients/python
-  "../../$pyvenv/bin/python" generate.py
+  "../../$pyvenv/bin/python" generate.py --check
   "../../$pyvenv/bin/mypy"
   TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
 )
@@ -84,3 +84,13 @@ cargo test --workspace --doc --all-features --locked
   cd tests/browser
   TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
 )
+
+# The package as a user installs it: from the checkout, with no step of its own, into a fresh
+# environment holding only the floors pyproject.toml declares; it must import and build a
+# limiter there.
+floors=target/test-venv-floors
+rm -rf "$floors"
+python3 -m venv "$floors"
+"$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1"
+"$floors/bin/pip" install -q --disable-pip-version-check --no-deps ./clients/python
+(cd "$floors" && bin/python -c 'import tollgate; tollgate.Limiter("http://127.0.0.1:1").close(); print("the Python client imports on its declared floors")')

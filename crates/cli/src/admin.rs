@@ -172,7 +172,8 @@ fn parse_ramp(s: &str) -> Result<v1::RampSettings, String> {
             "cool_down_s" => r.cool_down_s = Some(number()?),
             "resume_ttl_s" => r.resume_ttl_s = Some(number()?),
             "mode" => {
-                r.mode = match value {
+                // One spelling of each mode everywhere: `go-back-n` reads as `go_back_n`.
+                r.mode = match value.replace('-', "_").as_str() {
                     "scheduled" => v1::RampMode::Scheduled,
                     "relaxed" => v1::RampMode::Relaxed,
                     "only_if_used" => v1::RampMode::OnlyIfUsed,
@@ -483,8 +484,25 @@ pub async fn quota(server: &Target, cmd: Quota) -> anyhow::Result<()> {
             say("Successfully updated quota.");
         }
         Quota::Clear { tag } => {
-            client.drop_group(v1::DropGroupRequest { name: tag, if_exists: true }).await.map_err(rpc)?;
-            say("Successfully cleared quota.");
+            // The quota only (total and reserved throughput): the tag's other settings, its
+            // priority, weight, ramp or budget, stay as they are.
+            let exists = client.get_group(v1::GetGroupRequest { name: tag.clone() }).await;
+            match exists {
+                Err(s) if s.code() == tonic::Code::NotFound => {
+                    say(format!("Tag {tag:?} has no quota: nothing to clear."));
+                }
+                Err(s) => return Err(rpc(s)),
+                Ok(_) => {
+                    let patch = v1::GroupPatch { reserved: Some(0.0), unlimited: true, ..Default::default() };
+                    let req = v1::PutGroupRequest {
+                        name: tag,
+                        patch: Some(patch),
+                        mode: v1::PutMode::Alter as i32,
+                    };
+                    client.put_group(req).await.map_err(rpc)?;
+                    say("Successfully cleared quota.");
+                }
+            }
         }
     }
     Ok(())
@@ -705,23 +723,56 @@ fn stored(info: &v1::NodeInfo) -> StoredNode {
 }
 
 /// Follows the server's trace, printing each line, until `count` lines or the server ends it.
-pub async fn trace(server: &Target, group: Option<String>, count: Option<u64>) -> anyhow::Result<()> {
+pub async fn trace(
+    server: &Target,
+    group: Option<String>,
+    count: Option<u64>,
+    timeout: Option<u64>,
+) -> anyhow::Result<()> {
     // No per-call deadline: the answer is a stream that runs as long as it is followed.
     let target = Target { timeout: std::time::Duration::from_secs(24 * 3600), ..server.clone() };
     let mut client = connect(&target).await?;
-    let request = v1::TraceRequest { group: group.unwrap_or_default() };
+    if let Some(g) = &group {
+        // A group neither configured nor in traffic has no rate computation to wait for.
+        let configured = match client.get_group(v1::GetGroupRequest { name: g.clone() }).await {
+            Err(s) if s.code() == tonic::Code::NotFound => false,
+            // Configured; or a name the trace itself refuses, and says why.
+            _ => true,
+        };
+        let tracked = configured || {
+            let s = client.status(v1::StatusRequest::default()).await.map_err(rpc)?.into_inner();
+            s.groups.iter().any(|t| &t.name == g)
+        };
+        if !tracked {
+            bail!("group {g:?} does not exist: it is not configured and nothing asks for it");
+        }
+        eprintln_note(&format!("waiting for group {g:?}'s next rate computation (one every tick)"));
+    }
+    let request = v1::TraceRequest { group: group.clone().unwrap_or_default() };
     let mut stream = client.trace(request).await.map_err(rpc)?.into_inner();
     let mut printed = 0u64;
-    while count.is_none_or(|c| printed < c) {
-        match stream.message().await.map_err(rpc)? {
-            Some(line) => {
-                say(line.json);
-                printed += 1;
+    let follow = async {
+        while count.is_none_or(|c| printed < c) {
+            match stream.message().await.map_err(rpc)? {
+                Some(line) => {
+                    say(line.json);
+                    printed += 1;
+                }
+                None => bail!("the tollgate server ended the trace"),
             }
-            None => bail!("the tollgate server ended the trace"),
         }
+        anyhow::Ok(())
+    };
+    let Some(s) = timeout else { return follow.await };
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(s), follow).await;
+    match outcome {
+        Ok(done) => done,
+        Err(_) if printed > 0 => Ok(()),
+        Err(_) => match &group {
+            Some(g) => bail!("--timeout: no rate computation of group {g:?} within {s} s"),
+            None => bail!("--timeout: no rate computation within {s} s"),
+        },
     }
-    Ok(())
 }
 
 /// A note on standard error that does not stop the command.
@@ -842,6 +893,9 @@ fn print_backends_and_clients(s: &v1::StatusResponse) {
                 top.join(", ")
             ));
         }
+        for b in s.backend_detail.iter().filter(|b| !b.inert.is_empty()) {
+            say(format!("warning: backend {}: {}", b.name, b.inert));
+        }
         if s.backends as usize > s.backend_detail.len() {
             say(format!("... and {} more backends", s.backends as usize - s.backend_detail.len()));
         }
@@ -957,22 +1011,49 @@ pub(crate) enum Since {
 }
 
 pub(crate) fn parse_since(s: &str) -> Result<Since, String> {
-    let bad =
-        || format!("expected a span such as 90s, 30m, 12h or 7d, or a Unix time in milliseconds; got {s:?}");
+    let s = s.trim();
     if let Ok(ms) = s.parse::<u64>() {
         return Ok(Since::UnixMs(ms));
     }
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n.checked_mul(60).ok_or_else(bad)?,
-        "h" => n.checked_mul(3600).ok_or_else(bad)?,
-        "d" => n.checked_mul(86_400).ok_or_else(bad)?,
-        _ => return Err(bad()),
-    };
-    if secs > 100 * 365 * 86_400 {
+    // An RFC 3339 time, as `tollgate audit` prints them (`2026-11-27T06:33:35Z`).
+    if let Ok(at) = humantime::parse_rfc3339_weak(s) {
+        let ms = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| format!("a time after 1970 is expected, got {s:?}"))?
+            .as_millis();
+        return Ok(Since::UnixMs(u64::try_from(ms).unwrap_or(u64::MAX)));
+    }
+    // A span: `90s`, `30m`, `1h30m`, `2w`.
+    let span = humantime::parse_duration(s).map_err(|_| {
+        format!(
+            "expected a span such as 90s, 30m, 1h30m, 12h, 7d or 2w, an RFC 3339 time such as \
+             2026-11-27T06:30:00Z, or a Unix time in milliseconds; got {s:?}"
+        )
+    })?;
+    if span > std::time::Duration::from_secs(100 * 365 * 86_400) {
         return Err(format!("at most 100 years back, got {s:?}"));
     }
-    Ok(Since::Ago(std::time::Duration::from_secs(secs)))
+    Ok(Since::Ago(span))
+}
+
+#[cfg(test)]
+mod since_tests {
+    use super::*;
+
+    /// Issue: `--since` took only one number and one unit, not the times `audit` prints.
+    #[test]
+    fn since_takes_compound_spans_rfc3339_times_and_unix_milliseconds() {
+        let ago = |s: &str| match parse_since(s).unwrap() {
+            Since::Ago(d) => d.as_secs(),
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(ago("90s"), 90);
+        assert_eq!(ago("1h30m"), 5400);
+        assert_eq!(ago("2w"), 14 * 86_400);
+        assert_eq!(ago("7d"), 7 * 86_400);
+        assert_eq!(parse_since("2026-11-27T06:30:00Z").unwrap(), Since::UnixMs(1_795_761_000_000));
+        assert_eq!(parse_since("1795761000000").unwrap(), Since::UnixMs(1_795_761_000_000));
+        assert!(parse_since("soon").unwrap_err().contains("RFC 3339"));
+        assert!(parse_since("200y").unwrap_err().contains("at most 100 years"));
+    }
 }

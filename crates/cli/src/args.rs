@@ -9,23 +9,43 @@ use clap::{Parser, Subcommand};
 #[command(name = "tollgate", version, about, long_about = None)]
 pub(crate) struct Cli {
     /// The controller to administer.
-    #[arg(long, global = true, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "TOLLGATE_SERVER",
+        default_value = "http://127.0.0.1:7460"
+    )]
     pub(crate) server: String,
     /// How long an admin call may take before it counts as unanswered, in milliseconds.
-    #[arg(long, global = true, env = "TOLLGATE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, global = true, help_heading = "Connection", env = "TOLLGATE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub(crate) timeout_ms: u64,
     /// The token for a server started with --auth (`tollgate token create` prints one).
-    #[arg(long, global = true, env = "TOLLGATE_TOKEN", hide_env_values = true)]
+    #[arg(long, global = true, help_heading = "Connection", env = "TOLLGATE_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,
     /// PEM authority to check an https:// server's certificate against (default: the
     /// system's trusted authorities).
-    #[arg(long, global = true, env = "TOLLGATE_CA", value_name = "FILE")]
+    #[arg(long, global = true, help_heading = "Connection", env = "TOLLGATE_CA", value_name = "FILE")]
     pub(crate) ca: Option<PathBuf>,
     /// PEM client certificate, for a server with mutual TLS (with --key).
-    #[arg(long, global = true, env = "TOLLGATE_CERT", value_name = "FILE", requires = "key")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "TOLLGATE_CERT",
+        value_name = "FILE",
+        requires = "key"
+    )]
     pub(crate) cert: Option<PathBuf>,
     /// PEM key of --cert.
-    #[arg(long, global = true, env = "TOLLGATE_KEY", value_name = "FILE", requires = "cert")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "TOLLGATE_KEY",
+        value_name = "FILE",
+        requires = "cert"
+    )]
     pub(crate) key: Option<PathBuf>,
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -44,6 +64,10 @@ pub(crate) enum BenchCommand {
     /// How long saturation limiting takes to settle after a demand step, a lifted quota and a
     /// capacity cut, in simulated seconds, beside a plain multiplicative law.
     Converge(crate::converge::ConvergeArgs),
+    /// How long a new group's first request takes to be answered, through `POST /v1/check`
+    /// and the rate-limit service (RLS): new groups one after another, p50, p99 and the
+    /// largest. It creates no settings; the groups it names are new to the server.
+    FirstAnswer(crate::first::FirstAnswerArgs),
 }
 
 #[derive(Subcommand)]
@@ -95,6 +119,9 @@ pub(crate) enum Command {
         /// Stop after this many lines.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
+        /// Stop after this many seconds (an error if nothing was printed by then).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        timeout: Option<u64>,
     },
     /// Envoy's rate-limit service on the gRPC port: its mapping rules, and a request to try.
     #[command(subcommand)]
@@ -223,12 +250,12 @@ pub(crate) struct ServerArgs {
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub(crate) lease_ms: u64,
     /// How many of the worst zones saturation limiting ignores (a sick zone is not a
-    /// workload problem); 0 when there is only one zone.
+    /// workload problem), among the zones reporting: never every one, so none with one zone.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub(crate) ignore_worst_zones: u64,
-    /// Units/s a group must put on a backend for that backend to limit it (FoundationDB's
-    /// 100 pages/s).
-    #[arg(long, default_value_t = 409_600.0)]
+    /// Units/s a group must put on a saturated backend for that backend to limit it: 0, any
+    /// load; FoundationDB's is 409600 (100 pages/s, with costs in bytes).
+    #[arg(long, default_value_t = 0.0)]
     pub(crate) limiting_threshold: f64,
     /// Queue bytes at which a backend is at its target: saturation ratio 1 (FoundationDB's
     /// storage queue target). A utilisation report reads as this many bytes times it.

@@ -667,9 +667,15 @@ fn phases(clients: usize, period: Duration) -> Vec<(Duration, usize)> {
 /// `tollgate bench accuracy` arguments.
 #[derive(Args, Debug)]
 pub struct AccuracyArgs {
-    /// The controller (a test controller: this creates groups and sets the node capacity).
+    /// The controller (a test controller: with --setup this creates groups and sets the node
+    /// capacity).
     #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
     server: String,
+    /// Let the benchmark change the server's settings: it creates the groups `accuracy`,
+    /// `reserved-a`, `reserved-b` and `hungry`, and sets the node capacity for a while (the
+    /// capacity it found is set back at the end). Without it, nothing runs.
+    #[arg(long)]
+    setup: bool,
     /// A local redis-server for the per-request counter comparison; omitted: no comparison.
     #[arg(long)]
     redis: Option<String>,
@@ -808,7 +814,19 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.clients > 0, "--clients must be above 0");
     anyhow::ensure!(a.duration > 0.0 && a.duration.is_finite(), "--duration must be above 0 seconds");
     anyhow::ensure!(a.limit > 0.0 && a.limit.is_finite(), "--limit must be above 0");
+    anyhow::ensure!(
+        a.setup,
+        "--setup: bench accuracy creates four groups and changes the node capacity of the server \
+         it runs against (it sets the capacity back at the end); give --setup to let it, against \
+         a test controller"
+    );
     let mut admin = admin_client(&a.server).await?;
+    let capacity_before = admin
+        .get_node(v1::GetNodeRequest::default())
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner()
+        .capacity;
     let warmup = 3.0;
 
     // 1. One group at twice its limit.
@@ -873,7 +891,7 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
         got_h.0
     ));
     admin
-        .set_capacity(v1::SetCapacityRequest { capacity: None })
+        .set_capacity(v1::SetCapacityRequest { capacity: capacity_before })
         .await
         .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
 

@@ -47,20 +47,40 @@ pub struct Data {
     observed: String,
 }
 
-/// Reads CSV text: a header naming the columns, then one row of numbers per line. `#` starts
-/// a comment line; blank lines are skipped. Columns the model does not know are refused, so
-/// a misspelt name is not silently left out.
+/// Reads CSV text: a header naming the columns, then one row of numbers per record, as a
+/// spreadsheet exports it (quoted fields, CRLF line ends, a UTF-8 byte-order mark). `#`
+/// starts a comment line; blank lines are skipped. Columns the model does not know are
+/// refused, so a misspelt name is not silently left out.
 pub fn parse(text: &str, observed: &str) -> anyhow::Result<Data> {
     if text.len() > CSV_MAX_BYTES {
         bail!("the file is {} bytes; at most {CSV_MAX_BYTES} are read", text.len());
     }
-    let mut rows = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, l.trim()))
-        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
-    let Some((header_line, header)) = rows.next() else { bail!("the file has no header line") };
-    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .comment(Some(b'#'))
+        .trim(csv::Trim::All)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let mut rows = reader.records().filter(|r| r.as_ref().map_or(true, |r| r.iter().any(|c| !c.is_empty())));
+    // The file line a record starts on, from its byte offset. After a CRLF the offset is the
+    // LF's (the reader takes the pair as one end), so the byte at the offset counts too: a
+    // record never begins with a line end of its own.
+    let line_at = |p: &csv::Position| {
+        let at = usize::try_from(p.byte()).unwrap_or(usize::MAX).saturating_add(1).min(text.len());
+        text.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1
+    };
+    let line_of = |r: &csv::StringRecord| r.position().map_or(0, line_at);
+    let record = |r: Result<csv::StringRecord, csv::Error>| -> anyhow::Result<csv::StringRecord> {
+        r.map_err(|e| match e.position() {
+            Some(p) => anyhow::anyhow!("line {}: {e}", line_at(p)),
+            None => anyhow::anyhow!("{e}"),
+        })
+    };
+    let Some(header) = rows.next() else { bail!("the file has no header line") };
+    let header = record(header)?;
+    let header_line = line_of(&header);
+    let names: Vec<&str> = header.iter().collect();
     let mut terms = Vec::new();
     let mut y_at = None;
     for (i, name) in names.iter().enumerate() {
@@ -100,11 +120,13 @@ pub fn parse(text: &str, observed: &str) -> anyhow::Result<Data> {
         lines: Vec::new(),
         observed: observed.to_string(),
     };
-    for (line, row) in rows {
+    for row in rows {
+        let row = record(row)?;
+        let line = line_of(&row);
         if data.y.len() == ROWS_MAX {
             bail!("line {line}: more than {ROWS_MAX} rows");
         }
-        let cells: Vec<&str> = row.split(',').map(str::trim).collect();
+        let cells: Vec<&str> = row.iter().collect();
         if cells.len() != names.len() {
             bail!("line {line}: {} values for {} columns", cells.len(), names.len());
         }
@@ -360,6 +382,19 @@ mod tests {
             let _ = writeln!(csv, "{r},{w},{rb},{wb},{cpu},{busy}");
         }
         csv
+    }
+
+    /// Issue: a spreadsheet's export (a byte-order mark, a quoted header, CRLF) was refused.
+    #[test]
+    fn a_spreadsheet_export_reads_as_plain_csv_does() {
+        let plain = "requests,read_bytes,busy_us\n10,1000,55\n20,4000,130\n30,2000,120\n";
+        let export = "\u{feff}\"requests\",\"read_bytes\",\"busy_us\"\r\n10,1000,55\r\n\"20\",4000,130\r\n30,2000,120\r\n";
+        let (a, b) = (parse(plain, "busy_us").unwrap(), parse(export, "busy_us").unwrap());
+        assert_eq!((a.x, a.y, a.lines), (b.x.clone(), b.y.clone(), b.lines.clone()));
+        assert_eq!(b.lines, vec![2, 3, 4]);
+        // Comments and blank lines are skipped, and a bad cell is named by its line.
+        let err = parse("# made by hand\nrequests,busy_us\n\n1,2\n2,x\n", "busy_us").unwrap_err();
+        assert_eq!(err.to_string(), "line 5, column busy_us: expected a number from 0 to 1e15, got \"x\"");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod bench;
 mod calibrate;
 mod check;
 mod converge;
+mod first;
 pub mod fuzzing;
 mod ramp;
 mod rls;
@@ -89,7 +90,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Trace { group, count } => admin_command(admin::trace(&target, group, count)),
+        Command::Trace { group, count, timeout } => {
+            admin_command(admin::trace(&target, group, count, timeout))
+        }
         Command::Status { json } => admin_command(admin::status(&target, json)),
         Command::Token(cmd) => admin_command(token::run(&target, cmd)),
         Command::Usage { group, since, json, csv } => {
@@ -116,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
                 BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
                 BenchCommand::Converge(args) => converge::converge(args)?,
+                BenchCommand::FirstAnswer(args) => rt.block_on(first::first_answer(args, &target))?,
             }
             Ok(ExitCode::SUCCESS)
         }

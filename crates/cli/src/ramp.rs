@@ -17,8 +17,10 @@ pub enum ModeArg {
     /// Grows in every epoch with a call.
     Relaxed,
     /// Grows when the last active epoch used at least the threshold.
+    #[value(alias = "only_if_used")]
     OnlyIfUsed,
     /// Grows when used, shrinks when not, and falls back after gaps.
+    #[value(alias = "go_back_n")]
     GoBackN,
 }
 
@@ -86,7 +88,9 @@ pub fn run(a: RampArgs) -> anyhow::Result<()> {
                 "ramp.duration_s" if !problems.iter().any(|p| p.starts_with("--duration")) => "--duration",
                 "ramp.duration_s" => continue,
                 "ramp.max" => "--max",
-                _ => "--min",
+                "ramp.cool_down_s" => "--cool-down",
+                "ramp.min" => "--min",
+                _ => "--mode",
             };
             problems.push(format!("{flag}: {}", e.rule));
         }

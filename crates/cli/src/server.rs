@@ -97,6 +97,16 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
     if let Some((key, rule)) = saturation.problems().into_iter().next() {
         bail!("--{}: {}", key.replace('_', "-"), rule.replace("queue_target_bytes", "--queue-target-bytes"));
     }
+    // FoundationDB's threshold is 100 pages a second in bytes: in requests or request units it
+    // leaves every tenant below it, and saturation limiting with it.
+    let threshold_note = (saturation.limiting_threshold > 0.0).then(|| {
+        format!(
+            "saturation limits only groups that put at least {} units/s on a saturated backend \
+             (--limiting-threshold): a group below that there is never limited by it, whatever \
+             the backend's load; `tollgate status` names a backend left inert so",
+            saturation.limiting_threshold
+        )
+    });
     if !COST_FOLDING_S.contains(&a.cost_folding_s) {
         bail!(
             "--cost-folding-s: must be from {} to {} seconds, got {}",
@@ -105,13 +115,14 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             a.cost_folding_s
         );
     }
-    let (defaults, notes) = match &a.config {
+    let (defaults, mut notes) = match &a.config {
         Some(path) => {
             let (c, notes) = defaults(path)?;
             (Some(c), notes)
         }
         None => (None, Vec::new()),
     };
+    notes.extend(threshold_note);
     let etcd = match &a.etcd {
         Some(urls) => {
             Some(tollgate_server::EtcdTarget::parse(urls, &a.etcd_prefix).map_err(anyhow::Error::msg)?)

@@ -495,11 +495,16 @@ async fn execute(client: &mut crate::admin::Admin, statement: Statement) -> anyh
             say(format!("altered resource group {name}"));
         }
         Statement::Drop { name, if_exists } => {
-            client
+            let answer = client
                 .drop_group(v1::DropGroupRequest { name: name.clone(), if_exists })
                 .await
-                .map_err(admin::rpc)?;
-            say(format!("dropped resource group {name}"));
+                .map_err(admin::rpc)?
+                .into_inner();
+            if answer.existed {
+                say(format!("dropped resource group {name}"));
+            } else {
+                say(format!("resource group {name} does not exist: nothing dropped"));
+            }
         }
         Statement::ShowAll => {
             let groups = admin::list_all(client).await?;

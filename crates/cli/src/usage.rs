@@ -12,7 +12,7 @@ use crate::say;
 pub enum Format {
     /// One line per group: the span's totals.
     Text,
-    /// One JSON object per group per minute.
+    /// A JSON array: one object per group per minute (`[]` for none).
     Json,
     /// `minute,group,consumed,admitted,throttled`, per group per minute.
     Csv,
@@ -84,18 +84,23 @@ pub async fn run(
             }
         }
         Format::Json => {
-            for (g, ms) in &by_group {
-                for m in ms {
-                    say(serde_json::json!({
-                        "minute": utc(m.at),
-                        "minute_unix_ms": m.at,
-                        "group": g,
-                        "consumed": m.consumed,
-                        "admitted": m.admitted,
-                        "throttled": m.throttled,
-                    }));
-                }
-            }
+            // One array, empty when nothing was recorded: valid JSON either way.
+            let rows: Vec<serde_json::Value> = by_group
+                .iter()
+                .flat_map(|(g, ms)| {
+                    ms.iter().map(move |m| {
+                        serde_json::json!({
+                            "minute": utc(m.at),
+                            "minute_unix_ms": m.at,
+                            "group": g,
+                            "consumed": m.consumed,
+                            "admitted": m.admitted,
+                            "throttled": m.throttled,
+                        })
+                    })
+                })
+                .collect();
+            say(serde_json::to_string_pretty(&rows).expect("JSON values print"));
         }
         Format::Csv => {
             say("minute,group,consumed,admitted,throttled");

@@ -25,6 +25,37 @@ fn help_lists_the_commands() {
     assert!(out.contains("check-config"), "{out}");
 }
 
+/// Issue: the connection flags were mixed into every subcommand's options.
+#[test]
+fn the_connection_flags_sit_under_their_own_heading_and_are_optional() {
+    let (code, out, _) = tollgate(&["group", "create", "--help"]);
+    assert_eq!(code, 0);
+    let usage = out.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert_eq!(usage, "Usage: tollgate group create [OPTIONS] <NAME>");
+    let (options, connection) = out.split_once("\nConnection:\n").expect("a Connection heading");
+    for flag in ["--server", "--token", "--ca", "--cert", "--key", "--timeout-ms"] {
+        assert!(connection.contains(&format!("  {flag} ")), "{flag} under Connection:\n{out}");
+        assert!(!options.contains(&format!("  {flag} ")), "{flag} not among the options:\n{out}");
+    }
+}
+
+/// Issue: `tollgate ramp` took only `go-back-n`, files only `go_back_n`; a cool-down of 0
+/// was blamed on `--min`.
+#[test]
+fn ramp_modes_take_either_spelling_and_the_cool_down_is_named() {
+    let ramp = |mode: &str, more: &[&str]| {
+        let mut args = vec!["ramp", "--mode", mode, "--min", "10", "--max", "20", "--duration", "2"];
+        args.extend_from_slice(more);
+        tollgate(&args)
+    };
+    let (a, b) = (ramp("go-back-n", &["--usage", "10,10"]), ramp("go_back_n", &["--usage", "10,10"]));
+    assert_eq!(a.0, 0, "{}", a.2);
+    assert_eq!(a, b);
+    let (code, _, err) = ramp("go-back-n", &["--cool-down", "0", "--usage", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--cool-down: must be at least 1"), "{err}");
+}
+
 #[test]
 fn a_valid_file_is_summarised() {
     let path =

@@ -159,6 +159,51 @@ async fn a_remote_client_is_granted_by_the_real_server_and_reports_to_it() {
     assert!(status.contains("\"name\":\"g\"") && status.contains("\"priority\":\"medium\""), "{status}");
 }
 
+/// Issue: with a node capacity, a remote client's new group got a grant of nothing until the
+/// controller's next tick (the last tick had shared the whole capacity out), so `acquire`
+/// waited up to a second. Now its first grant is what the capacity has left, and `acquire`
+/// goes on the moment it comes: within a wait far shorter than the tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_clients_new_group_is_admitted_at_once_under_a_capacity() {
+    let (_server, url) = start_server("remote-new-group");
+    admin(&url, &["node", "capacity", "1000"]);
+    let opts = RemoteOptions {
+        client_id: Some("steady-client".into()),
+        // Shorter than the controller's tick (1 s): a group granted only by a tick fails.
+        max_wait: Duration::from_millis(300),
+        ..RemoteOptions::default()
+    };
+    let gate = Tollgate::remote(&url, opts).unwrap();
+    let steady = gate.group("steady").unwrap();
+    // Until a tick has given the steady group the whole capacity.
+    let mut ticked = false;
+    for _ in 0..100 {
+        let _ = steady.acquire(1.0).await;
+        let out = std::process::Command::new(common::BIN)
+            .args(["status", "--json"])
+            .env("TOLLGATE_SERVER", &url)
+            .output()
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if status["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["name"] == "steady" && g["target"].is_number())
+        {
+            ticked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ticked, "the steady group was in a tick");
+    for i in 0..20 {
+        let name = format!("new-{i}");
+        let permit = gate.acquire(&name, 1.0).await;
+        assert!(permit.is_ok(), "{name}: {permit:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_reachable_controller_is_a_clear_error_for_the_client_and_the_cli() {
     let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -172,10 +172,15 @@ fn fdb_style_quotas_round_to_pages_and_insist_on_the_total_first() {
     );
     assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "65536", "unchanged");
     fails(&s, &["group", "alter", "green", "--burst", "1e30"], "burst: must be at most 1e18");
+    // Issue: clearing the quota dropped the whole group, its other settings with it.
+    ok(&s, &["group", "alter", "green", "--priority", "high", "--weight", "3"]);
     assert_eq!(ok(&s, &["quota", "clear", "green"]).trim(), "Successfully cleared quota.");
     assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "<empty>");
-    // Clearing a tag without a quota succeeds.
-    ok(&s, &["quota", "clear", "green"]);
+    assert_eq!(ok(&s, &["quota", "get", "green", "reserved_throughput"]).trim(), "<empty>");
+    let kept = ok(&s, &["group", "show", "green"]);
+    assert!(kept.contains("high") && kept.contains("weight:   3"), "{kept}");
+    // Clearing a tag without a quota succeeds, and says so.
+    assert!(ok(&s, &["quota", "clear", "blue"]).contains("has no quota"));
 }
 
 #[test]
@@ -218,6 +223,21 @@ fn settings_survive_a_clean_restart() {
     let s = ServerProc::start(&dir);
     assert!(ok(&s, &["group", "show", "kept"]).contains("reserved: 250"));
     assert_eq!(ok(&s, &["node", "capacity"]).trim(), "9000");
+}
+
+/// Issue: a port in use was reported twice, after the data directory and file were made.
+#[test]
+fn a_port_in_use_is_reported_once_and_nothing_is_written() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let dir = data_dir("port-in-use");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = server_command(&dir, &port).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("cannot listen on").count(), 1, "{err}");
+    assert!(err.contains(&port), "{err}");
+    assert!(!dir.exists(), "no data directory for a server that cannot serve");
 }
 
 #[test]
@@ -793,6 +813,7 @@ fn bench_accuracy_holds_a_limit_and_reservations() {
         &[
             "bench",
             "accuracy",
+            "--setup",
             "--server",
             &s.url(),
             "--clients",
@@ -958,7 +979,11 @@ fn tidbs_sql_statements_create_alter_show_and_drop_groups() {
     )
     .unwrap();
     let out = ok(&s, &["sql", "--file", file.to_str().unwrap()]);
-    assert_eq!(out, "resource group oltp exists: left as it is\ndropped resource group ghost\n");
+    // Issue: dropping a missing group with IF EXISTS said it was dropped.
+    assert_eq!(
+        out,
+        "resource group oltp exists: left as it is\nresource group ghost does not exist: nothing dropped\n"
+    );
     fails(
         &s,
         &["sql", "ALTER RESOURCE GROUP ghost PRIORITY=LOW"],
@@ -1176,6 +1201,9 @@ async fn the_trace_follows_every_rate_computation_live() {
     assert_eq!(rate["desired"], 100.0);
     // A bad group name is named; nothing is followed.
     fails(&s, &["trace", "bad\nname"], "group: must be printable text");
+    // Issue: a trace of a group that does not exist waited for ever, saying nothing.
+    fails(&s, &["trace", "ghost"], "group \"ghost\" does not exist");
+    fails(&s, &["trace", "--timeout", "0"], "--timeout");
 }
 
 #[test]

@@ -347,7 +347,13 @@ impl Inner {
                     if waited + retry_after > max_wait {
                         return Err(AcquireError::Throttled { group: name, retry_after });
                     }
-                    tokio::time::sleep(retry_after).await;
+                    match &self.mode {
+                        // A new group awaiting its first grant: on as soon as it comes.
+                        crate::inner::Mode::Remote(link) if group.allowance().is_nan() => {
+                            let _ = tokio::time::timeout(retry_after, link.until_granted(&group)).await;
+                        }
+                        _ => tokio::time::sleep(retry_after).await,
+                    }
                     waited += retry_after;
                 }
                 Err(e) => return Err(e),

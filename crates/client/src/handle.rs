@@ -272,6 +272,16 @@ impl GroupHandle {
         !self.group.allowance().is_nan()
     }
 
+    /// Waits until the group has what it admits by ([`has_grant`](Self::has_grant)): at
+    /// once in the embedded and store modes, and in remote mode once one holds; else until
+    /// the exchange that brings the controller's first grant for it (asked for as soon as the
+    /// group appears), or safe mode's policy, applies. Bound it with `tokio::time::timeout`.
+    pub async fn wait_for_grant(&self) {
+        if let Mode::Remote(link) = &self.inner.mode {
+            link.until_granted(&self.group).await;
+        }
+    }
+
     /// Units that could be admitted at once now: the bucket's tokens, or what is left of this
     /// process's share of the epoch (store mode); infinite for a group with no limit.
     ///

@@ -163,6 +163,9 @@ pub(crate) struct Link {
     pub(crate) client_id: String,
     policy: SafeModePolicy,
     pub(crate) notify: tokio::sync::Notify,
+    /// Woken whenever groups were given grants (an answer, or the safe-mode policy): what a
+    /// request waiting for a new group's first grant waits on.
+    pub(crate) granted: tokio::sync::Notify,
     /// A group is new, revived or refused for want of burst: exchange as soon as spacing allows.
     urgent: AtomicBool,
     /// A request was refused: exchange after the controller's next tick.
@@ -188,6 +191,7 @@ impl Link {
             client_id,
             policy: opts.safe_mode,
             notify: tokio::sync::Notify::new(),
+            granted: tokio::sync::Notify::new(),
             urgent: AtomicBool::new(false),
             refused: AtomicBool::new(false),
             connected: AtomicBool::new(false),
@@ -218,8 +222,23 @@ impl Link {
         if self.safe_mode.load(Ordering::Relaxed) {
             let fresh = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
             apply(group, safe(self.policy, None, fresh, Duration::ZERO), now);
+            self.granted.notify_waiters();
         }
         self.urgent();
+    }
+
+    /// Waits until `group` holds a grant (at once when it does): woken by each answer.
+    pub(crate) async fn until_granted(&self, group: &Group) {
+        loop {
+            let granted = self.granted.notified();
+            tokio::pin!(granted);
+            // Registered before the look, so an answer between the two is not missed.
+            granted.as_mut().enable();
+            if !group.allowance().is_nan() {
+                return;
+            }
+            granted.await;
+        }
     }
 
     pub(crate) fn status(&self) -> RemoteStatus {
@@ -260,6 +279,8 @@ pub struct Driver {
     period_ms: u32,
     /// Grants being taken up over a trickle: (from, start, span) by group.
     trickles: HashMap<GroupName, (f64, Nanos, Duration)>,
+    /// How far apart early exchanges (for a new group, or once tokens run low) are at least.
+    spacing: Duration,
 }
 
 /// A group whose tokens fall under this share of its burst exchanges early.
@@ -293,7 +314,16 @@ impl Driver {
             stale: false,
             period_ms: 0,
             trickles: HashMap::new(),
+            spacing: EARLY_SPACING,
         }
+    }
+
+    /// Early exchanges at least `spacing` apart rather than 50 ms: a client in the
+    /// controller's own process, whose exchanges cost no round trip, asks for a new group's
+    /// first grant the moment the group appears (`Duration::ZERO`).
+    pub fn with_early_spacing(mut self, spacing: Duration) -> Self {
+        self.spacing = spacing;
+        self
     }
 
     /// Asks the controller for this exchange period.
@@ -332,7 +362,7 @@ impl Driver {
     /// When the next exchange is due: the periodic one, or sooner when a group is new or a
     /// request was refused.
     pub fn due_at(&self) -> Nanos {
-        let spaced = self.last_exchange.map_or(Nanos::ZERO, |t| t.after(EARLY_SPACING));
+        let spaced = self.last_exchange.map_or(Nanos::ZERO, |t| t.after(self.spacing));
         let mut due = self.next_due;
         if self.link.urgent.load(Ordering::Relaxed) {
             due = due.min(spaced);
@@ -482,6 +512,7 @@ impl Driver {
         self.stale = stale;
         self.next_due = now.after(wait);
         self.next_tick = now.after(Duration::from_millis(u64::from(response.next_tick_ms)));
+        self.link.granted.notify_waiters();
     }
 
     /// Records a failed exchange: what it reported will be reported again; past the lease,
@@ -506,6 +537,7 @@ impl Driver {
                 let last = self.grants.get(&g.name).copied();
                 apply(g, safe(self.link.policy, last, fresh, now.since(since)), now);
             }
+            self.link.granted.notify_waiters();
         }
         self.next_due = now.after(self.backoff);
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);

@@ -23,8 +23,9 @@
 //!   (resumed ramp-up is off by default, as in Numaflow).
 //!
 //! Store mode has no controller, so what needs one cannot apply: a node capacity, the `fcfs`
-//! mode, a budget (no shared meter) and a burst (each epoch's share is the burst). Building a
-//! store-mode handle with any of them fails, naming it.
+//! mode, a priority or weight (nothing shares a capacity by them), a budget (no shared meter)
+//! and a burst (each epoch's share is the burst). Building a store-mode handle with any of
+//! them fails, naming it.
 //!
 //! Redis unreachable at start: the limiter starts anyway within `connect_timeout`, in safe
 //! mode. Redis lost while running: the last agreed size and the ramp carry on locally; after
@@ -243,6 +244,18 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
             return Err(unsupported(
                 format!("groups.{name}.burst"),
                 "each one-second epoch's share is the burst; remove it",
+            ));
+        }
+        if s.priority() != tollgate_core::settings::Priority::MEDIUM {
+            return Err(unsupported(
+                format!("groups.{name}.priority"),
+                "no controller shares a capacity among groups by priority; use the embedded or remote mode",
+            ));
+        }
+        if s.weight() != 1.0 {
+            return Err(unsupported(
+                format!("groups.{name}.weight"),
+                "no controller shares a capacity among groups by weight; use the embedded or remote mode",
             ));
         }
         if s.reads_writes_apart() {

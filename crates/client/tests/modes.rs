@@ -224,8 +224,8 @@ suite! {
     limit: [embedded, remote, store, replicas];
     burst: [embedded, remote, store, replicas];
     reserved_then_free_pool: [embedded, remote, store, replicas];
-    priority: [embedded, remote];
-    weight: [embedded, remote];
+    priority: [embedded, remote, store, replicas];
+    weight: [embedded, remote, store, replicas];
     fcfs_first_come: [embedded, remote, store, replicas];
     unthrottled_counts: [embedded, remote, store, replicas];
     budget: [embedded, remote, store, replicas];
@@ -275,6 +275,10 @@ async fn reserved_then_free_pool(env: Env) {
 }
 
 async fn priority(env: Env) {
+    if env.pools() {
+        // Nothing shares a capacity there: refused, not accepted and ignored.
+        return refused(&env, "[groups.hi]\npriority = \"high\"\n", "groups.hi.priority").await;
+    }
     let gate = env
         .gate("[node]\ncapacity = 1000\n[groups.hi]\npriority = \"high\"\n[groups.lo]\npriority = \"low\"\n")
         .await;
@@ -284,6 +288,9 @@ async fn priority(env: Env) {
 }
 
 async fn weight(env: Env) {
+    if env.pools() {
+        return refused(&env, "[groups.two]\nweight = 2\n", "groups.two.weight").await;
+    }
     let gate = env.gate("[node]\ncapacity = 900\n[groups.one]\nweight = 1\n[groups.two]\nweight = 2\n").await;
     let (one, two) = (gate.group("one").unwrap(), gate.group("two").unwrap());
     let rates = env.offer(&[(&one, 2000.0), (&two, 2000.0)], 8, 4).await;

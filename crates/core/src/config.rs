@@ -235,7 +235,10 @@ impl Reader<'_> {
         node
     }
 
-    fn cost(&mut self, value: &Value<'_>) -> CostModel {
+    /// A settings file's `[cost]` table: the model and its coefficients, every problem
+    /// reported under `cost.KEY`. The simulator reads a scenario's `[cost]` with it, so that
+    /// what `tollgate calibrate` prints works there too.
+    pub fn cost(&mut self, value: &Value<'_>) -> CostModel {
         let Some(mut f) = self.fields("cost", value) else { return CostModel::Count };
         let model = match f.take("model") {
             Some((path, v)) => self.string(&path, v).map(|s| (s, v.span(), path)),

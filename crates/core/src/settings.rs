@@ -248,11 +248,12 @@ impl RampMode {
         }
     }
 
-    /// Parses a mode name.
+    /// Parses a mode name, with underscores or dashes (`go_back_n` or `go-back-n`).
     pub fn from_name(name: &str) -> Result<Self, SettingError> {
+        let name_ = name.replace('-', "_");
         [RampMode::Scheduled, RampMode::Relaxed, RampMode::OnlyIfUsed, RampMode::GoBackN]
             .into_iter()
-            .find(|m| m.name() == name)
+            .find(|m| m.name() == name_)
             .ok_or_else(|| {
                 SettingError::new(
                     "ramp.mode",
@@ -884,5 +885,7 @@ mod tests {
         assert!(Priority::new(17).is_err());
         assert!(Priority::from_name("urgent").is_err());
         assert_eq!(RampMode::from_name("go_back_n").unwrap(), RampMode::GoBackN);
+        assert_eq!(RampMode::from_name("go-back-n").unwrap(), RampMode::GoBackN);
+        assert_eq!(RampMode::from_name("only-if-used").unwrap(), RampMode::OnlyIfUsed);
     }
 }

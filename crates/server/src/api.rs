@@ -267,7 +267,8 @@ fn ramp(r: &serde_json::Map<String, Value>) -> Result<v1::RampSettings, Answer> 
             "max" => out.max = number(&field, v)?,
             "duration_s" => out.duration_s = number(&field, v)?,
             "mode" => {
-                out.mode = match v.as_str() {
+                // `go-back-n` reads as `go_back_n`, as everywhere else.
+                out.mode = match v.as_str().map(|m| m.replace('-', "_")).as_deref() {
                     Some("relaxed") => v1::RampMode::Relaxed,
                     Some("scheduled") => v1::RampMode::Scheduled,
                     Some("only_if_used") => v1::RampMode::OnlyIfUsed,

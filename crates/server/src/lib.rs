@@ -123,6 +123,18 @@ fn open_store(opts: &ServerOptions) -> Result<(Box<dyn store::SettingsStore>, Et
 impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
+        // The ports first: a port in use stops the start before anything is written (no data
+        // directory or file is made for a server that cannot serve).
+        let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
+            what: "gRPC",
+            addr: opts.grpc,
+            source,
+        })?;
+        let http = tokio::net::TcpListener::bind(opts.http).await.map_err(|source| ServerError::Bind {
+            what: "HTTP",
+            addr: opts.http,
+            source,
+        })?;
         let opened = {
             let opts = opts.clone();
             tokio::task::spawn_blocking(move || open_store(&opts))
@@ -153,16 +165,6 @@ impl Server {
         let controller = Arc::new(Controller::new(store, opts.engine_settings(), clock.now(), wall_ms())?);
         controller.require_auth(opts.auth);
         let first_token = if opts.auth { write_first_token(&controller, &opts.data)? } else { None };
-        let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
-            what: "gRPC",
-            addr: opts.grpc,
-            source,
-        })?;
-        let http = tokio::net::TcpListener::bind(opts.http).await.map_err(|source| ServerError::Bind {
-            what: "HTTP",
-            addr: opts.http,
-            source,
-        })?;
         let election = match &etcd {
             None => None,
             Some((target, _)) => {

@@ -34,9 +34,8 @@ pub const ENTRIES_MAX: usize = 64;
 pub const TEXT_MAX_BYTES: usize = 1024;
 /// The most units one descriptor may cost.
 pub const HITS_MAX: u64 = 1_000_000_000;
-/// How long a request waits, at most, for a group's first grant: polls of this length.
-const FIRST_GRANT_POLL: Duration = Duration::from_millis(2);
-const FIRST_GRANT_POLLS: usize = 100;
+/// How long a request waits, at most, for a group's first grant.
+const FIRST_GRANT_WAIT: Duration = Duration::from_millis(200);
 /// The client id the front end exchanges under.
 pub const CLIENT_ID: &str = "tollgate-rls";
 
@@ -59,6 +58,9 @@ impl Rls {
             ..RemoteOptions::default()
         };
         let (gate, driver) = Tollgate::remote_driven(opts).expect("the default remote options are valid");
+        // An exchange in process costs no round trip: a new group's first grant is asked for
+        // the moment it appears, not up to 50 ms later.
+        let driver = driver.with_early_spacing(Duration::ZERO);
         let c = controller.clone();
         tokio::spawn(driver.run_in_process(move |request| {
             c.exchange(clock.now(), request).map_err(|s| s.message().to_string())
@@ -73,14 +75,18 @@ impl Rls {
 }
 
 /// A group this front end has not met yet admits nothing until its first grant, which is
-/// asked for at once: wait for it briefly (at most 200 ms) rather than refuse.
+/// asked for at once (an exchange in process, answered in microseconds): wait for it (at most
+/// 200 ms) rather than refuse.
 pub(crate) async fn wait_for_first_grant(handle: &tollgate_client::GroupHandle) {
-    for _ in 0..FIRST_GRANT_POLLS {
-        if handle.has_grant() {
-            return;
-        }
-        tokio::time::sleep(FIRST_GRANT_POLL).await;
+    if !handle.has_grant() {
+        let _ = tokio::time::timeout(FIRST_GRANT_WAIT, handle.wait_for_grant()).await;
     }
+}
+
+/// The units left at once, as Envoy's `limit_remaining` carries them: whole units, and 0 for
+/// a group nothing bounds (its status names no limit either), never `u32::MAX`.
+fn remaining(available: f64) -> u32 {
+    if available.is_finite() { available.floor().clamp(0.0, f64::from(u32::MAX)) as u32 } else { 0 }
 }
 
 fn invalid(field: String, rule: impl std::fmt::Display) -> Status {
@@ -208,7 +214,7 @@ impl RateLimitService for Rls {
                     requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
                     unit: Unit::Second as i32,
                 }),
-                limit_remaining: handle.available().floor().clamp(0.0, f64::from(u32::MAX)) as u32,
+                limit_remaining: remaining(handle.available()),
                 duration_until_reset: (code == Code::OverLimit).then(|| seconds(until)),
                 ..DescriptorStatus::default()
             });

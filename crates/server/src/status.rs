@@ -133,6 +133,7 @@ pub(crate) fn backend_json(b: &v1::BackendStatus) -> serde_json::Value {
     serde_json::json!({
         "name": b.name, "zone": b.zone, "utilisation": b.utilisation, "limiting": b.limiting,
         "seen_s": b.seen_s, "load": b.load, "top_groups": top,
+        "inert": (!b.inert.is_empty()).then_some(&b.inert),
     })
 }
 
@@ -162,6 +163,12 @@ pub(crate) fn backend_to_proto(b: &tollgate_core::engine::BackendView) -> v1::Ba
             .iter()
             .map(|(g, l)| v1::GroupLoad { group: g.to_string(), units_per_s: *l })
             .collect(),
+        inert: b.under_threshold.map_or_else(String::new, |largest| {
+            format!(
+                "saturated, but limits no group: every group's load here is under the limiting \
+                 threshold (the largest is {largest:.1} units/s); lower --limiting-threshold"
+            )
+        }),
     }
 }
 

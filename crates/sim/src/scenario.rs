@@ -75,7 +75,7 @@ impl Default for ControllerSpec {
     fn default() -> Self {
         Self {
             ignore_worst_zones: 1,
-            limiting_threshold: 409_600.0,
+            limiting_threshold: 0.0,
             capacity: None,
             mode: AllocationMode::Share,
             slow_start: false,
@@ -293,6 +293,14 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
             None => CostModel::Count,
         };
     }
+    // Or the settings file's `[cost]` table, as `tollgate calibrate` prints it (the `linear`
+    // model and its coefficients, or any model with its own).
+    if let Some(v) = get("cost") {
+        if get("cost_model").is_some() {
+            r.error(v.span(), "cost", "give cost_model or a [cost] table, not both");
+        }
+        s.cost_model = r.cost(v);
+    }
     if let Some(v) = get("controller") {
         s.controller = controller(r, v);
     }
@@ -351,6 +359,7 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
             "name",
             "seed",
             "cost_model",
+            "cost",
             "controller",
             "backend",
             "group",
@@ -365,7 +374,7 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
             r.error(
                 key.span(),
                 k,
-                "unknown key; expected name, seed, cost_model, controller, backend, group, client, action, phase, fault or faults",
+                "unknown key; expected name, seed, cost_model, cost, controller, backend, group, client, action, phase, fault or faults",
             );
         }
     }
@@ -920,6 +929,23 @@ mod tests {
 
     fn phase(body: &str) -> String {
         format!("{BASE}[[phase]]\n{body}[[phase.expect]]\ngroup = \"g\"\nmetric = \"busy\"\nvalue = 0\n")
+    }
+
+    /// Issue: the `linear` model that `tollgate calibrate` prints could not be simulated.
+    #[test]
+    fn a_cost_table_takes_the_calibrated_linear_model() {
+        // The table after the top-level keys, before the arrays of tables.
+        let with = |top: &str, table: &str| {
+            phase("").replacen("name = \"t\"\n", &format!("name = \"t\"\n{top}{table}"), 1)
+        };
+        let table = "[cost]\nmodel = \"linear\"\nread_base = 0.5\nread_per_byte = 0.001\n";
+        let s = Scenario::parse(&with("", table)).unwrap();
+        let CostModel::Linear(k) = &s.cost_model else { panic!("{:?}", s.cost_model) };
+        assert_eq!((k.read_base, k.read_per_byte), (0.5, 0.001));
+        let e = Scenario::parse(&with("cost_model = \"ru\"\n", table)).unwrap_err().to_string();
+        assert!(e.contains("cost_model or a [cost] table, not both"), "{e}");
+        let bad = with("", "[cost]\nmodel = \"linear\"\nread_base = -1\n");
+        assert!(Scenario::parse(&bad).unwrap_err().to_string().contains("cost.read_base"));
     }
 
     #[test]

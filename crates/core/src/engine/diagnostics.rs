@@ -33,6 +33,9 @@ pub struct BackendView {
     pub load: f64,
     /// The groups loading it most, units/s, largest first (at most [`TOP_GROUPS`]).
     pub top_groups: Vec<(GroupName, f64)>,
+    /// Saturated, yet no group counts on it: every group's load there is under the limiting
+    /// threshold. The largest load there, units/s (the knobs leave it inert).
+    pub under_threshold: Option<f64>,
 }
 
 /// A client as the controller sees it.
@@ -95,14 +98,20 @@ impl Engine {
                 for (g, l) in b.load.iter() {
                     keep_top(&mut top, (g.clone(), *l), TOP_GROUPS, |t| t.1);
                 }
+                let sat = &self.settings.saturation;
+                let limiting = sat.throttling_ratio(b.health).is_some();
+                let largest = top.first().map_or(0.0, |t| t.1);
+                let under_threshold =
+                    (limiting && largest > 0.0 && largest < sat.limiting_threshold).then_some(largest);
                 BackendView {
                     name: name.clone(),
                     zone: b.zone.clone(),
                     utilisation: self.settings.saturation.utilisation(b.health),
-                    limiting: self.settings.saturation.throttling_ratio(b.health).is_some(),
+                    limiting,
                     seen_s: now.since(b.seen).as_secs_f64(),
                     load: b.load.iter().map(|(_, l)| l).sum(),
                     top_groups: top,
+                    under_threshold,
                 }
             })
             .collect();

@@ -26,7 +26,9 @@
 //! never add up to more than its target, from the first exchange on, and a controller that
 //! restarts relearns what clients hold before handing out more ("learning mode", one lease
 //! long). Before a group's first tick its target is bounded by its settings and by the room the
-//! other groups leave under the capacity.
+//! capacity has left: what the last tick's groups did not ask for, less what other new groups
+//! took since (each takes a part of it, [`NEWCOMER_ROOM_SHARE`]), so a new group is served at
+//! once and new groups together never take more than that room.
 //!
 //! Everything is bounded: tracked groups (past the bound, new names share the `default`
 //! group's state), clients, backends and resumable ramps; idle groups, silent clients and
@@ -352,6 +354,15 @@ fn budget_spent(
 /// A tracked group's `load_slot` when it has none.
 const NO_SLOT: u32 = u32::MAX;
 
+/// The part of the capacity's free room a new group takes before its first tick, when its
+/// clients have not said how much they want: small enough that many new groups arriving
+/// together (each taking this part of what the ones before left) are all served at once.
+pub const NEWCOMER_ROOM_SHARE: f64 = 1.0 / 16.0;
+
+/// How many times what its clients ask a new group may take of the capacity's free room
+/// before its first tick, when that is more than [`NEWCOMER_ROOM_SHARE`] of the room.
+pub const NEWCOMER_ASK_FACTOR: f64 = 2.0;
+
 /// Where a client's report for a group landed: the group's place in the tracked table and the
 /// client's place in the group's list. Kept per client between exchanges and tried first the
 /// next time, each checked (by name, by client) before it is used: a place that moved is
@@ -568,8 +579,9 @@ pub struct Engine {
     /// tick began: see [`Engine::saturation_onset`].
     onset: bool,
     ticks: u64,
-    /// The sum of the finite targets of the last tick.
-    targets_total: f64,
+    /// The capacity the groups of the last tick asked for: each finite target up to the
+    /// group's demand or reservation. The rest of the capacity is room a new group may take.
+    taken_total: f64,
     /// Every group's rates added up at the last tick.
     totals: Totals,
     /// Provisional grants made since the last tick for groups the tick has not seen.
@@ -635,7 +647,7 @@ impl Engine {
             last_tick: None,
             onset: false,
             ticks: 0,
-            targets_total: 0.0,
+            taken_total: 0.0,
             totals: Totals::default(),
             unticked_provisional: 0.0,
             scratch: Vec::new(),
@@ -1007,7 +1019,11 @@ impl Engine {
     }
 
     /// A group's target before its first tick: bounded by its settings, and by the room the
-    /// other groups leave under the capacity.
+    /// capacity has left: what the last tick's groups did not ask for, less what other new
+    /// groups took since. A new group takes part of that room ([`NEWCOMER_ROOM_SHARE`] of it,
+    /// or [`NEWCOMER_ASK_FACTOR`] times what its clients ask, whichever is more), so that
+    /// many arriving together are each served at once; the next tick shares the capacity
+    /// among all of them by the allocation's rules.
     fn unticked_target(&self, key: &GroupName) -> Option<f64> {
         let settings = self.settings_for(key);
         let g = &self.tracked[key];
@@ -1018,8 +1034,10 @@ impl Engine {
         }
         if let Some(capacity) = self.settings.capacity {
             let mine: f64 = self.provisional.get(key).map_or(0.0, |p| p.iter().map(|(_, r)| r).sum());
-            let room = capacity - self.targets_total - (self.unticked_provisional - mine);
-            bound = bound.min(room.max(0.0));
+            let room = (capacity - self.taken_total - (self.unticked_provisional - mine)).max(0.0);
+            let asked: f64 = g.clients.iter().map(|c| f64::from(c.demand) + f64::from(c.unthrottled)).sum();
+            let take = (room * NEWCOMER_ROOM_SHARE).max(asked * NEWCOMER_ASK_FACTOR);
+            bound = bound.min(room.min(take));
         }
         bound.is_finite().then(|| reserved.max(bound))
     }

@@ -2,8 +2,10 @@
 //!
 //! A backend's throttling ratio is FoundationDB's `1 / min(2, (q − target + spring) / spring)`
 //! for queue bytes `q`, absent when the denominator is at most 0. A group counts only on
-//! backends where it puts at least `limiting_threshold` units/s; per zone the smallest ratio
-//! counts; the `ignore_worst_zones` worst zones are ignored.
+//! backends where it puts load, at least `limiting_threshold` units/s of it (none by default;
+//! FoundationDB's 100 pages a second in bytes with [`SaturationSettings::foundationdb`]); per
+//! zone the smallest ratio counts; the `ignore_worst_zones` worst zones are ignored where
+//! more zones than that report.
 //!
 //! **Growth cap.** Below saturation's target (`u < 1`) the ratio used is at most `1/u`, the
 //! backend's proportional headroom, so a limit grows by at most that much per tick:
@@ -29,16 +31,21 @@ use smallvec::SmallVec;
 use crate::settings::GroupName;
 use crate::time::Nanos;
 
-/// FoundationDB's saturation knobs, with its defaults.
+/// FoundationDB's saturation knobs. The defaults limit in any cost model and with any number
+/// of zones: every group with load on a saturated backend counts there, and the worst zone is
+/// ignored only where there are two or more. [`SaturationSettings::foundationdb`] is
+/// FoundationDB's own (a group counts only at 100 pages a second, in bytes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SaturationSettings {
     /// Queue bytes at which a backend is at its target (ratio 1).
     pub queue_target_bytes: f64,
     /// Queue bytes over which the ratio falls from 1 to 0.5.
     pub queue_spring_bytes: f64,
-    /// A group counts on a backend only if it puts at least this many units/s there.
+    /// A group counts on a backend only if it puts at least this many units/s there (and
+    /// more than none); 0 by default: every group with load there.
     pub limiting_threshold: f64,
-    /// How many of the worst zones are ignored when limiting.
+    /// How many of the worst zones are ignored when limiting, among the zones reporting
+    /// ([`ignored_zones`](Self::ignored_zones): never every one).
     pub ignore_worst_zones: usize,
     /// How a saturated backend's ratio becomes each group's limiting rate.
     pub law: LimitingLaw,
@@ -87,10 +94,21 @@ impl Default for SaturationSettings {
         Self {
             queue_target_bytes: 800e6,
             queue_spring_bytes: 200e6,
-            limiting_threshold: 409_600.0,
+            limiting_threshold: 0.0,
             ignore_worst_zones: 1,
             law: LimitingLaw::Rate,
         }
+    }
+}
+
+/// FoundationDB's busyness threshold: 100 pages of 4 KiB a second, in bytes.
+pub const FOUNDATIONDB_LIMITING_THRESHOLD: f64 = 409_600.0;
+
+impl SaturationSettings {
+    /// FoundationDB's knobs as it ships them: a tag counts on a storage server only at 100
+    /// pages a second (costs in bytes, the `fdb` cost model).
+    pub fn foundationdb() -> Self {
+        Self { limiting_threshold: FOUNDATIONDB_LIMITING_THRESHOLD, ..Self::default() }
     }
 }
 
@@ -462,7 +480,9 @@ impl SaturationSettings {
     /// and a backend that dropped in and out of its limit would swing its target between the
     /// limit and the quota.
     fn counts(&self, l: f64, was_busy: &dyn Fn() -> bool) -> bool {
-        l >= self.limiting_threshold || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy())
+        l > 0.0
+            && (l >= self.limiting_threshold
+                || (l >= self.limiting_threshold * THRESHOLD_HYSTERESIS && was_busy()))
     }
 
     /// Takes the loads of `part` up to `upto` into the tick's gathering (under the quota law,
@@ -531,6 +551,7 @@ impl SaturationSettings {
             {
                 mark_zone(&mut entry.zones, ZoneMark::saturated(zone, backend, value));
             } else if let Some(room) = room
+                && *l > 0.0
                 && *l >= self.limiting_threshold
                 && may_take_room(t, || quota(group))
             {
@@ -541,10 +562,18 @@ impl SaturationSettings {
         part.next = upto;
     }
 
-    /// The ratio limiting a group with these zones, after ignoring the worst ones: its
-    /// saturated zones only.
-    pub(crate) fn limiting_ratio(&self, zones: &[ZoneMark]) -> Option<f64> {
-        pick(self.ignore_worst_zones, zones.iter().filter(|z| !z.is_healthy())).map(|z| z.value)
+    /// How many of a group's worst zones are ignored when `zones` zones report: at most
+    /// `ignore_worst_zones`, and never every zone there is. FoundationDB's rule rides out one
+    /// bad zone among several; with a single zone (one backend, or every backend in one
+    /// place) it would ignore the only one there is, and saturation would never limit.
+    pub fn ignored_zones(&self, zones: usize) -> usize {
+        self.ignore_worst_zones.min(zones.saturating_sub(1))
+    }
+
+    /// The ratio limiting a group with these zones, after ignoring the `ignore` worst ones
+    /// ([`ignored_zones`](Self::ignored_zones)): its saturated zones only.
+    pub(crate) fn limiting_ratio(&self, zones: &[ZoneMark], ignore: usize) -> Option<f64> {
+        pick(ignore, zones.iter().filter(|z| !z.is_healthy())).map(|z| z.value)
     }
 
     /// The headroom ratio of a group that may take its backends' room (throttled at the last
@@ -559,9 +588,9 @@ impl SaturationSettings {
     /// throttled group whose limit is raised or lifted, or whose backend recovers, so takes
     /// the room there is instead of sending at once all the work it queued; alone on a
     /// backend, it fills it.
-    pub(crate) fn headroom_ratio(&self, zones: &[ZoneMark], takers: &[u32]) -> Option<f64> {
+    pub(crate) fn headroom_ratio(&self, zones: &[ZoneMark], takers: &[u32], ignore: usize) -> Option<f64> {
         let saturated = zones.iter().filter(|z| !z.is_healthy()).count();
-        let ignore = self.ignore_worst_zones.checked_sub(saturated)?;
+        let ignore = ignore.checked_sub(saturated)?;
         let ratios = zones
             .iter()
             .filter(|z| z.is_healthy())

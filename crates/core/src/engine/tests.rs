@@ -263,13 +263,40 @@ fn the_headroom_ignores_the_worst_zones_as_saturation_does() {
     let o = e.outcome(&name("g")).unwrap();
     // Its load is 600 on each backend: 1,200 in all, times 1/0.3.
     assert!((o.target().unwrap() - 4000.0).abs() < 1e-9, "{o:?}");
-    // With one zone only, ignoring the worst leaves nothing to hold it: it is let go.
+    // With one zone only, the rule ignores none (never every zone there is): z's room holds
+    // it, 600 / 0.6.
     let t = Nanos(3 * S);
     e.report(t, 1, &name("g"), ClientReport { waiting: 10_000.0, ..report(600.0, 600.0, 6.0) });
     e.remove_backend("c");
     e.backend_report(t, "b", "z", Health::Utilisation(0.6), &[(name("g"), 600.0)]).unwrap();
     e.tick(t);
-    assert_eq!(e.outcome(&name("g")).unwrap().target(), None);
+    let o = e.outcome(&name("g")).unwrap();
+    assert!((o.target().unwrap() - 1000.0).abs() < 1e-9, "{o:?}");
+}
+
+/// Issue: with the default knobs (FoundationDB's threshold of 409,600 units/s and its worst
+/// zone ignored) a tenant at 2,000 requests/s on one backend serving 1,000, in one zone, was
+/// never limited: its load was under the threshold, and its only zone was ignored.
+#[test]
+fn the_default_knobs_limit_a_group_saturating_the_one_backend_of_one_zone() {
+    let mut e = engine(EngineSettings::default());
+    let t = Nanos(S);
+    e.report(t, 1, &name("g"), report(2000.0, 2000.0, 2000.0));
+    e.backend_report(t, "b", "z", Health::Utilisation(2.0), &[(name("g"), 2000.0)]).unwrap();
+    e.tick(t);
+    let o = e.outcome(&name("g")).unwrap();
+    // FoundationDB's floor of half, past the plateau: 2,000 × 0.5 / 1.05, just under 1,000.
+    assert!((o.target().unwrap() - 2000.0 * 0.5 / 1.05).abs() < 1e-6, "limited: {o:?}");
+    // FoundationDB's own knobs leave a count-model tenant alone, and status says why.
+    let s = EngineSettings { saturation: SaturationSettings::foundationdb(), ..EngineSettings::default() };
+    let mut fdb = engine(s);
+    fdb.report(t, 1, &name("g"), report(2000.0, 2000.0, 2000.0));
+    fdb.backend_report(t, "b", "z", Health::Utilisation(2.0), &[(name("g"), 2000.0)]).unwrap();
+    fdb.tick(t);
+    assert_eq!(fdb.outcome(&name("g")).unwrap().target(), None);
+    let d = fdb.diagnostics(t, 10);
+    assert_eq!(d.backends[0].under_threshold, Some(2000.0));
+    assert_eq!(e.diagnostics(t, 10).backends[0].under_threshold, None);
 }
 
 #[test]
@@ -425,18 +452,47 @@ fn twenty_clients_right_after_a_restart_are_granted_no_more_than_the_limit() {
 }
 
 #[test]
-fn a_new_group_under_a_capacity_takes_only_the_room_left() {
+fn a_new_group_under_a_capacity_borrows_the_room_nobody_asked_for() {
     let s = EngineSettings { capacity: Some(1000.0), ..EngineSettings::default() };
     let mut e = engine(s);
     e.set_group(name("a"), GroupSettings::builder().reserved(100.0).build().unwrap());
     e.report(Nanos(0), 1, &name("a"), report(400.0, 0.0, 0.0));
     e.tick(Nanos(0));
-    // a's target takes the headroom (all 1000): a newcomer gets only its reservation (0).
-    assert_eq!(e.report(Nanos(1), 2, &name("b"), report(10.0, 0.0, 0.0)).rate, 0.0);
+    // a's target takes the headroom (all 1000), but a asks for 400: a newcomer asking for 10
+    // is served at once from the 600 nobody asked for, its part of the room (a sixteenth).
+    let b = e.report(Nanos(1), 2, &name("b"), report(10.0, 0.0, 0.0)).rate;
+    assert!((b - 600.0 / 16.0).abs() < 1e-9, "{b}");
+    // One asking for more takes twice its ask, within the room left.
+    let c = e.report(Nanos(2), 3, &name("c"), report(200.0, 0.0, 0.0)).rate;
+    assert!((c - 400.0).abs() < 1e-9, "{c}");
+    let d = e.report(Nanos(3), 4, &name("d"), report(1000.0, 0.0, 0.0)).rate;
+    assert!((d - (600.0 - b - c)).abs() < 1e-9, "only what is left: {d}");
     e.tick(Nanos(S));
-    let (a, b) = (e.outcome(&name("a")).unwrap(), e.outcome(&name("b")).unwrap());
-    assert!((a.target().unwrap() + b.target().unwrap() - 1000.0).abs() < 1e-9);
-    assert!(b.target().unwrap() >= 10.0);
+    let total: f64 =
+        ["a", "b", "c", "d"].iter().map(|g| e.outcome(&name(g)).unwrap().target().unwrap()).sum();
+    assert!((total - 1000.0).abs() < 1e-9, "{total}");
+    assert!(e.outcome(&name("b")).unwrap().target().unwrap() >= 10.0);
+}
+
+/// Issue: with a capacity set, every new group was refused until the next tick (the last
+/// tick's targets had shared out the whole capacity).
+#[test]
+fn fifty_new_groups_arriving_together_are_each_granted_at_once_and_never_past_the_room() {
+    for mode in [AllocationMode::Share, AllocationMode::Fcfs] {
+        let s = EngineSettings { capacity: Some(1000.0), mode, ..EngineSettings::default() };
+        let mut e = engine(s);
+        e.set_group(name("steady"), GroupSettings::builder().limit(500.0).build().unwrap());
+        e.report(Nanos(0), 1, &name("steady"), report(300.0, 0.0, 0.0));
+        e.tick(Nanos(0));
+        let mut total = 0.0;
+        for i in 0..50u64 {
+            // Before its first request is counted: nothing asked yet.
+            let rate = e.report(Nanos(1 + i), 2, &name(&format!("t{i}")), report(0.0, 0.0, 0.0)).rate;
+            assert!(rate > 1.0, "{mode:?}: newcomer {i} granted {rate}");
+            total += rate;
+        }
+        assert!(total <= 700.0 + 1e-9, "{mode:?}: the newcomers took {total} of a room of 700");
+    }
 }
 
 #[test]

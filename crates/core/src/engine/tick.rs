@@ -114,7 +114,8 @@ pub(super) struct TickRun {
     traced: Option<Vec<Traced>>,
     /// Each row's share of the capacity, when there is one.
     shares: Option<Vec<f64>>,
-    targets_total: f64,
+    /// The capacity the tick's groups take: each target up to what the group asks for.
+    taken_total: f64,
     totals: super::Totals,
 }
 
@@ -201,7 +202,7 @@ impl Engine {
             reporting: super::saturation::Reporting::default(),
             traced: self.trace.is_some().then(Vec::new),
             shares: None,
-            targets_total: 0.0,
+            taken_total: 0.0,
             totals: super::Totals::default(),
         }));
     }
@@ -258,7 +259,11 @@ impl Engine {
             self.apply_slice(&mut run, end);
             if run.next == run.len {
                 self.earliest_report = run.earliest.min(self.reports_floor);
-                self.targets_total = run.targets_total;
+                self.taken_total = run.taken_total;
+                if self.settings.mode == AllocationMode::Fcfs {
+                    // Held back from the free pool for the configured groups not in traffic.
+                    self.taken_total += self.reserved_elsewhere(run.len);
+                }
                 self.totals = run.totals;
                 self.unticked_provisional = 0.0;
                 // Dropped rather than cleared: after a restart every group has some, and an
@@ -345,6 +350,7 @@ impl Engine {
         let (now, elapsed, keep) = (run.now, run.elapsed, run.keep);
         let generation = *settings_generation;
         let sat = &settings.saturation;
+        let ignore = sat.ignored_zones(run.reporting.zones.len());
         for (name, g) in tracked.as_mut_slice()[run.next..end].iter_mut() {
             run.earliest = run.earliest.min(g.last_report);
             forget_silent_clients(&mut g.clients, now, settings.report_expiry);
@@ -361,18 +367,18 @@ impl Engine {
             let load = (slot != super::NO_SLOT).then(|| &loads.groups[slot as usize]);
             let (load_rate, ratio, limiting) = match (load, sat.law) {
                 (Some(l), LimitingLaw::Rate) => {
-                    let ratio = sat.limiting_ratio(&l.zones);
+                    let ratio = sat.limiting_ratio(&l.zones, ignore);
                     (l.load, ratio, ratio.map(|r| l.load * r))
                 }
                 // The quota law's per-zone figures are rates already: the same pick of the
                 // (k+1)-th smallest zone gives the limiting rate.
                 (Some(l), LimitingLaw::Quota) => (
                     l.load,
-                    sat.limiting_ratio(&l.zones),
-                    sat.limiting_ratio(&loads.quota_zones[slot as usize]),
+                    sat.limiting_ratio(&l.zones, ignore),
+                    sat.limiting_ratio(&loads.quota_zones[slot as usize], ignore),
                 ),
                 (Some(l), LimitingLaw::Multiplicative) => {
-                    let ratio = sat.limiting_ratio(&l.zones);
+                    let ratio = sat.limiting_ratio(&l.zones, ignore);
                     let before = g.outcome.as_ref().and_then(GroupOutcome::limiting).unwrap_or(l.load);
                     (l.load, ratio, ratio.map(|r| before * r))
                 }
@@ -384,14 +390,13 @@ impl Engine {
                     let mut zones = l.zones.clone();
                     zones.retain(|z| !z.is_healthy());
                     zones.sort_by(|a, b| a.value.total_cmp(&b.value));
-                    let ignored = sat.ignore_worst_zones;
                     limited_by.extend(zones.iter().enumerate().map(|(i, mark)| {
                         let (backend, zone) = run.reporting.names(mark);
                         super::Limiter {
                             backend: backend.to_string(),
                             zone: zone.to_string(),
                             ratio: mark.value,
-                            ignored: i < ignored,
+                            ignored: i < ignore,
                         }
                     }));
                 }
@@ -437,7 +442,7 @@ impl Engine {
             let headroom = match (limiting, load) {
                 (None, Some(l)) => {
                     let takers = &run.reporting.takers;
-                    sat.headroom_ratio(&l.zones, takers)
+                    sat.headroom_ratio(&l.zones, takers, ignore)
                         .map(|h| l.load * h)
                         .filter(|&h| h < cap && demand > h)
                 }
@@ -500,7 +505,12 @@ impl Engine {
             grants.reserve_exact(clients);
             let water_level = match target {
                 Some(t) => {
-                    run.targets_total += t;
+                    // What the group asks for (its reservation counts as asked: its clients
+                    // are granted it whatever they ask) takes part of the capacity; the rest
+                    // of its target is headroom nobody asked for, which a new group may
+                    // borrow before the next tick.
+                    let claim = row.claim();
+                    run.taken_total += t.min(claim.demand.max(claim.reserved));
                     Some(split_into(&mut grants, t, asked, row.burst(), scratch))
                 }
                 None => {
@@ -572,18 +582,7 @@ impl Engine {
         match self.settings.mode {
             AllocationMode::Share => allocate(capacity, &claims),
             AllocationMode::Fcfs => {
-                // Couchbase counts every reservation against the free pool, active or not.
-                let tracked_configured: f64 = self
-                    .tracked
-                    .keys()
-                    .take(rows.len())
-                    .filter_map(|n| self.configured.get(n))
-                    .map(|s| s.reserved())
-                    .sum();
-                let mut elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
-                if self.settings.slow_start {
-                    elsewhere *= SLOW_START_SHARE;
-                }
+                let elsewhere = self.reserved_elsewhere(rows.len());
                 let names: Vec<_> = self.tracked.keys().take(rows.len()).collect();
                 let mut order: Vec<usize> = (0..rows.len()).collect();
                 order.sort_by(|&a, &b| {
@@ -592,6 +591,16 @@ impl Engine {
                 first_come(capacity, elsewhere, &claims, &order)
             }
         }
+    }
+
+    /// The reservations of configured groups not among the first `rows` tracked, which the
+    /// first-come mode holds back from its free pool: Couchbase counts every reservation
+    /// against it, active or not (a share of them while slow start is on).
+    fn reserved_elsewhere(&self, rows: usize) -> f64 {
+        let tracked_configured: f64 =
+            self.tracked.keys().take(rows).filter_map(|n| self.configured.get(n)).map(|s| s.reserved()).sum();
+        let elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
+        if self.settings.slow_start { elsewhere * SLOW_START_SHARE } else { elsewhere }
     }
 
     /// Forgets idle groups (keeping resumable ramps), silent clients and backends; a group's
