@@ -169,6 +169,10 @@ pub(crate) enum Command {
     CheckConfig {
         /// The TOML settings file.
         file: PathBuf,
+        /// Check it as `tollgate server --config` reads it, rather than as the embedded
+        /// limiter does (`Tollgate::from_file`): a budget per period is the server's alone.
+        #[arg(long)]
+        for_server: bool,
     },
     /// Simulate a scenario in virtual time: prints one line per phase, writes
     /// timeline.csv, summary.json and timeline.png. Exits 0 when every phase passed, 1 when

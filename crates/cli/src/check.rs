@@ -12,8 +12,9 @@ pub struct Report {
 }
 
 /// Checks `src` (read from `path`): one line per problem, `path:line: field: rule`; or a
-/// summary of what the file sets up, with any warnings.
-pub fn check(path: &str, src: &str) -> Report {
+/// summary of what the file sets up, with any warnings. Unless `for_server`, what parses must
+/// also be what the embedded limiter builds from (it refuses a budget per period).
+pub fn check(path: &str, src: &str, for_server: bool) -> Report {
     let mut text = String::new();
     match Config::parse(src) {
         Err(errors) => {
@@ -25,6 +26,15 @@ pub fn check(path: &str, src: &str) -> Report {
             Report { ok: false, text }
         }
         Ok(config) => {
+            if !for_server && let Err(e) = tollgate_client::check_embedded(&config) {
+                let _ = writeln!(text, "{path}: {e}");
+                let _ = writeln!(
+                    text,
+                    "1 problem found for the embedded limiter (Tollgate::from_file); give \
+                     --for-server to check the file as tollgate server --config reads it"
+                );
+                return Report { ok: false, text };
+            }
             let capacity = config.node.capacity.map_or("none".to_string(), |c| format!("{c} units/s"));
             let _ = writeln!(
                 text,

@@ -17,7 +17,7 @@ use tollgate_server::store::MemoryStore;
 /// A settings file: parsed, checked as `check-config` does, and built into a limiter if valid.
 pub fn settings_file(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let _ = crate::check::check("fuzz.toml", text);
+    let _ = crate::check::check("fuzz.toml", text, false);
     if let Ok(config) = Config::parse(text) {
         let _ = config.warnings();
         let _ = tollgate_client::Tollgate::embedded(config);

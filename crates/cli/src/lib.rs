@@ -56,10 +56,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
     };
     match cli.command {
-        Command::CheckConfig { file } => {
+        Command::CheckConfig { file, for_server } => {
             let src = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read settings file {}", file.display()))?;
-            let report = check::check(&file.display().to_string(), &src);
+            let report = check::check(&file.display().to_string(), &src, for_server);
             for line in report.text.lines() {
                 say(line);
             }

@@ -26,7 +26,7 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
     let config = match Config::parse(&text) {
         Ok(c) => c,
         Err(_) => {
-            let report = crate::check::check(&path.display().to_string(), &text);
+            let report = crate::check::check(&path.display().to_string(), &text, true);
             bail!(
                 "--config {} is not a valid settings file; the server did not start and nothing was changed:\n{}",
                 path.display(),

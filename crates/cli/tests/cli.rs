@@ -91,6 +91,28 @@ fn every_problem_is_printed_with_its_line_and_the_exit_code_is_1() {
     );
 }
 
+/// Issue: check-config passed a budget per period, which the limiter then refused; and said
+/// nothing of settings that cannot act.
+#[test]
+fn check_config_refuses_what_the_limiter_refuses_and_warns_of_settings_that_cannot_act() {
+    let path = file("period.toml", "[groups.trial]\nlimit = 100\nbudget = 500\nbudget_period = \"day\"\n");
+    let p = path.to_str().unwrap();
+    let (code, out, _) = tollgate(&["check-config", p]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("groups.trial.budget_period cannot apply in embedded mode"), "{out}");
+    assert!(out.contains("give --for-server"), "{out}");
+    let (code, out, _) = tollgate(&["check-config", "--for-server", p]);
+    assert_eq!(code, 0, "{out}");
+    let path = file(
+        "inert.toml",
+        "[node]\ncapacity = 100\nmode = \"fcfs\"\n[groups.a]\npriority = \"high\"\nlimit = 500\n",
+    );
+    let (code, out, _) = tollgate(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("warning: groups.a: priority and weight do nothing in fcfs mode"), "{out}");
+    assert!(out.contains("warning: groups.a.limit 500 is above the node capacity 100"), "{out}");
+}
+
 #[test]
 fn a_missing_file_is_a_clear_error() {
     let (code, _, err) = tollgate(&["check-config", "/nonexistent/tollgate.toml"]);

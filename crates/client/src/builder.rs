@@ -23,6 +23,25 @@ pub struct Builder {
     clock: Option<ClockSource>,
 }
 
+/// What [`Builder::build`] refuses in settings that parse, without building anything: a cost
+/// model's or the node's values out of range, and what the embedded limiter cannot carry out
+/// (a budget per period, which a controller's metering counts). `tollgate check-config` runs
+/// it, so that a file it passes is one the limiter takes.
+pub fn check(config: &Config) -> Result<(), BuildError> {
+    config.cost_model.validate()?;
+    check_node(&config.node)?;
+    if let Some((name, _)) =
+        config.groups.iter().find(|(_, s)| s.budget_period() != tollgate_core::settings::BudgetPeriod::Total)
+    {
+        return Err(BuildError::Unsupported {
+            mode: "embedded",
+            field: format!("groups.{name}.budget_period"),
+            reason: "a budget per period is counted against a controller's metering: set it on `tollgate server`, or use budget_period = \"total\"",
+        });
+    }
+    Ok(())
+}
+
 impl Builder {
     /// Starts from a whole configuration (replacing anything set so far).
     pub fn config(mut self, config: Config) -> Self {
@@ -76,19 +95,7 @@ impl Builder {
     /// process's demand.
     pub fn build(self) -> Result<Tollgate, BuildError> {
         let Builder { config, clock } = self;
-        config.cost_model.validate()?;
-        check_node(&config.node)?;
-        if let Some((name, _)) = config
-            .groups
-            .iter()
-            .find(|(_, s)| s.budget_period() != tollgate_core::settings::BudgetPeriod::Total)
-        {
-            return Err(BuildError::Unsupported {
-                mode: "embedded",
-                field: format!("groups.{name}.budget_period"),
-                reason: "a budget per period is counted against a controller's metering: set it on `tollgate server`, or use budget_period = \"total\"",
-            });
-        }
+        check(&config)?;
         let clock = Arc::new(clock.unwrap_or_else(|| ClockSource::of(MonotonicClock::new())));
         let node = config.node.clone();
         let make_clock = clock.clone();

@@ -55,7 +55,7 @@ pub mod scheduler;
 pub mod store;
 mod tally;
 
-pub use builder::Builder;
+pub use builder::{Builder, check as check_embedded};
 pub use embedded::BACKGROUND_GROUPS;
 pub use error::{AcquireError, BuildError};
 pub use handle::{GroupHandle, GroupStats, Tollgate};

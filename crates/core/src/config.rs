@@ -124,6 +124,27 @@ impl Config {
                  reservations will be honoured and the capacity exceeded"
             ));
         }
+        if let Some(capacity) = self.node.capacity {
+            for (name, s) in &self.groups {
+                if s.limit().as_f64() > capacity && s.limit().as_f64().is_finite() {
+                    warnings.push(format!(
+                        "groups.{name}.limit {} is above the node capacity {capacity}: the capacity \
+                         bounds the group first",
+                        s.limit().as_f64()
+                    ));
+                }
+            }
+        }
+        if self.node.mode == AllocationMode::Fcfs {
+            for (name, s) in &self.groups {
+                if s.priority() != crate::settings::Priority::MEDIUM || s.weight() != 1.0 {
+                    warnings.push(format!(
+                        "groups.{name}: priority and weight do nothing in fcfs mode (the free pool \
+                         goes to groups in the order they first asked); use mode = \"share\" for them"
+                    ));
+                }
+            }
+        }
         warnings
     }
 

@@ -26,7 +26,8 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use prost::Message;
 use tollgate_core::engine::Meter;
@@ -172,18 +173,27 @@ impl EtcdStore {
     }
 
     /// Marks an empty prefix as Tollgate's; refuses one that holds something else.
+    ///
+    /// The format key and whether anything else is there are read in one transaction, so at
+    /// one revision: a controller marks the prefix before it writes anything else there, so
+    /// controllers started together on an empty prefix never see another's first writes
+    /// without its mark (two reads could, between them).
     fn claim_prefix(&self) -> Result<(), StoreError> {
         let format_key = self.target.key("format");
         let all = format!("{}/", self.target.prefix);
         let (format, others) = self
             .call(move |c| {
                 Box::pin(async move {
-                    let f = c.get(format_key.clone(), None).await?;
-                    let format = f.kvs().first().map(|kv| kv.value().to_vec());
-                    let any = c
-                        .get(all, Some(GetOptions::new().with_prefix().with_keys_only().with_limit(1)))
-                        .await?;
-                    Ok((format, any.count()))
+                    let keys_only = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
+                    let read = Txn::new()
+                        .and_then([TxnOp::get(format_key.clone(), None), TxnOp::get(all, Some(keys_only))]);
+                    let answer = c.txn(read).await?;
+                    let mut gets = answer.op_responses().into_iter().filter_map(|op| match op {
+                        TxnOpResponse::Get(g) => Some(g),
+                        _ => None,
+                    });
+                    let format = gets.next().and_then(|f| f.kvs().first().map(|kv| kv.value().to_vec()));
+                    Ok((format, gets.next().map_or(0, |any| any.count())))
                 })
             })
             .map_err(|e| match e {
