@@ -48,7 +48,7 @@ class Server:
         env = dict(os.environ, TOLLGATE_SERVER=self.url)
         if token:
             env["TOLLGATE_TOKEN"] = token
-        cmd = [self.binary, "bench", "accuracy", "--server", self.url, *args]
+        cmd = [self.binary, "bench", "accuracy", "--setup", "--server", self.url, *args]
         self.others.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def stop(self) -> None:
