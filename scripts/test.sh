@@ -16,6 +16,10 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # A real browser for the dashboard's test (driven by Playwright, below).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# What the commands the docs show use beside tollgate (crates/cli/tests/docs.rs runs them all):
+# openssl for the TLS recipe, curl for the HTTP API.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 # Python, for a virtual environment of PyPI packages (below).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then

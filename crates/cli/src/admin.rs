@@ -365,9 +365,21 @@ pub(crate) async fn channel(target: &Target) -> anyhow::Result<tollgate_client::
     anyhow::bail!("cannot reach any tollgate server: {}", failures.join("; "))
 }
 
-/// A connection failure with its causes (a TLS failure says why only in its source).
+/// A connection failure with its causes (a TLS failure says why only in its source), and what
+/// to do about the one a hand-made certificate meets most.
 fn transport_error(e: &dyn std::error::Error) -> String {
-    with_causes(e.to_string(), e.source())
+    let text = with_causes(e.to_string(), e.source());
+    if text.contains("CaUsedAsEndEntity") {
+        // `openssl req -x509` makes a certificate authority's certificate by default (CA:TRUE);
+        // a server showing one is refused, as TLS clients that check the chain do.
+        return format!(
+            "{text}: the server's certificate is a certificate authority's (basicConstraints \
+             CA:TRUE, as a one-line `openssl req -x509` makes it); make a CA with it and a server \
+             certificate that CA signs, and give the server that one and the CLI --ca the CA's \
+             (docs/operations.md, \"TLS\", has the openssl commands)"
+        );
+    }
+    text
 }
 
 /// `first`, then each cause in turn.

@@ -40,14 +40,16 @@ fn summary(mut ms: Vec<f64>) -> String {
     format!("p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms", at(0.5), at(0.99), ms[ms.len() - 1])
 }
 
-/// One `POST /v1/check` on a fresh connection: the status code.
-async fn check(addr: &str, group: &str) -> anyhow::Result<u16> {
+/// One `POST /v1/check` on a fresh connection, with the token if there is one: the status
+/// code.
+async fn check(addr: &str, group: &str, token: Option<&str>) -> anyhow::Result<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("cannot reach {addr}"))?;
     s.set_nodelay(true)?;
     let body = format!(r#"{{"group":"{group}"}}"#);
+    let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
     let request = format!(
-        "POST /v1/check HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "POST /v1/check HTTP/1.1\r\nHost: {addr}\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(request.as_bytes()).await?;
@@ -74,7 +76,7 @@ pub async fn first_answer(a: FirstAnswerArgs, target: &crate::admin::Target) -> 
     for i in 0..n {
         let group = format!("{}-http-{i}", a.prefix);
         let started = clock.now();
-        let code = check(&a.server_http, &group).await?;
+        let code = check(&a.server_http, &group, target.access.token.as_deref()).await?;
         http.push(clock.now().since(started).as_secs_f64() * 1e3);
         http_refused += usize::from(code != 200);
     }

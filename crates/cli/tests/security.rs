@@ -682,3 +682,30 @@ fn a_connection_over_its_request_rate_is_refused_and_others_are_served() {
     // The HTTP port applies the same limit per connection; a new connection per request is served.
     assert_eq!(http(&s.http, "GET", "/healthz", None, "").0, 200);
 }
+
+/// Issue: the usual one-line `openssl req -x509` certificate, given to the server, was refused
+/// by the CLI with `CaUsedAsEndEntity` alone (curl takes it): it is a certificate authority's.
+/// The CLI now says so and what to make instead.
+#[test]
+fn a_one_line_self_signed_certificate_is_refused_with_what_to_make_instead() {
+    let dir = data_dir("security-one-line");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("self.pem"), dir.join("self.key"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .args(["-keyout", key.to_str().unwrap(), "-out", cert.to_str().unwrap()])
+        .output()
+        .expect("openssl runs (the test command installs it)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let s = ServerProc::start_with(
+        &dir.join("data"),
+        &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        Stdio::null(),
+    );
+    let url = format!("https://{}", s.grpc);
+    let (code, out, err) = cli(&["--server", &url, "--ca", cert.to_str().unwrap(), "status"], &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("CaUsedAsEndEntity"), "{err}");
+    assert!(err.contains("a certificate authority's") && err.contains("docs/operations.md"), "{err}");
+}
