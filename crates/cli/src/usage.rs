@@ -38,11 +38,14 @@ fn minutes(records: &[v1::UsageRecord], since: u64) -> BTreeMap<String, Vec<Minu
         }
         let (c, a, t) =
             before.map_or((0.0, 0, 0), |b| (b.consumed_total, b.admitted_total, b.throttled_total));
+        // A total below the last one started again from 0 (a group not configured, whose
+        // running total is not kept, met again after a restart): all of it is this minute's.
+        let added = |now: f64, last: f64| if now < last { now } else { now - last };
         out.entry(r.group.clone()).or_default().push(Minute {
             at: r.minute_unix_ms,
-            consumed: (r.consumed_total - c).max(0.0),
-            admitted: r.admitted_total.saturating_sub(a),
-            throttled: r.throttled_total.saturating_sub(t),
+            consumed: added(r.consumed_total, c),
+            admitted: added(r.admitted_total as f64, a as f64) as u64,
+            throttled: added(r.throttled_total as f64, t as f64) as u64,
         });
     }
     out
@@ -117,4 +120,29 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(group: &str, minute: u64, consumed: f64, admitted: u64) -> v1::UsageRecord {
+        v1::UsageRecord {
+            group: group.into(),
+            minute_unix_ms: minute * 60_000,
+            consumed_total: consumed,
+            admitted_total: admitted,
+            ..v1::UsageRecord::default()
+        }
+    }
+
+    /// A running total that starts again from 0 (an unconfigured group's, after a restart)
+    /// counts whole in its minute, rather than as nothing until it passes the old total.
+    #[test]
+    fn each_minute_adds_what_its_total_grew_by_and_a_total_started_again_counts_whole() {
+        let records = [record("a", 1, 10.0, 5), record("a", 2, 16.0, 8), record("a", 3, 4.0, 2)];
+        let got: Vec<(f64, u64)> =
+            minutes(&records, 0)["a"].iter().map(|m| (m.consumed, m.admitted)).collect();
+        assert_eq!(got, [(10.0, 5), (6.0, 3), (4.0, 2)]);
+    }
 }

@@ -194,6 +194,23 @@ fn usage(url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Issue: a group served by the `default` group's settings was never metered (`tollgate
+/// usage` stayed empty after traffic to it), and what the check's client had counted since its
+/// last exchange was lost at a clean stop. Flushes here happen only at the stop.
+#[test]
+fn every_group_in_traffic_is_metered_and_a_clean_stop_flushes_it() {
+    let data = data_dir("api-usage-walk-in");
+    let s = ServerProc::start_with(&data, &["--flush-ms", "60000"], Stdio::null());
+    for _ in 0..5 {
+        let (code, _, v) = call(&s.http, "POST", "/v1/check", Some(r#"{"group":"walk-in","cost":2}"#));
+        assert_eq!(code, 200, "{v}");
+    }
+    assert!(s.terminate().success());
+    let s = ServerProc::start_with(&data, &[], Stdio::null());
+    let text = usage(&s.url(), &[]);
+    assert!(text.contains("walk-in  consumed 10  admitted 5  refused 0"), "{text}");
+}
+
 #[test]
 fn consumption_is_metered_by_the_minute_and_survives_a_restart() {
     let data = data_dir("api-usage");

@@ -134,6 +134,20 @@ impl Tollgate {
         }
     }
 
+    /// In remote mode, exchanges with the controller now and waits for its answer: what this
+    /// process counted since its last exchange is reported (before a clean stop, say). Bound
+    /// it with `tokio::time::timeout`: an unreachable controller never answers. Does nothing in
+    /// the other modes.
+    pub async fn report_now(&self) {
+        if let Mode::Remote(link) = &self.inner.mode {
+            let answered = link.granted.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            link.urgent();
+            answered.await;
+        }
+    }
+
     /// A handle whose requests are always admitted, still counted against their group and
     /// the capacity: Couchbase's Unthrottled privilege, for operators and internal work.
     pub fn unthrottled(&self) -> Tollgate {

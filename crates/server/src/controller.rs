@@ -310,6 +310,8 @@ impl Controller {
         let settings =
             EngineSettings { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start, ..settings };
         let mut engine = Engine::new(settings);
+        // Its metering is written: every group's, from the start.
+        engine.take_metering();
         for (name, s) in stored.groups {
             engine.set_group(name, s);
         }
@@ -668,16 +670,20 @@ impl Controller {
         Ok(v1::ReportAck { rejected })
     }
 
-    /// Writes the configured groups' consumption and the resumable ramps to the store. `now`
-    /// is the engine's time, `wall_ms` the Unix time in milliseconds.
+    /// Writes the consumption of every group in traffic (the configured groups' running totals,
+    /// and every group's usage records) and the resumable ramps to the store. `now` is the
+    /// engine's time, `wall_ms` the Unix time in milliseconds.
     pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
         // Only the leader's consumption is current: a follower serves no clients.
         if self.role().role == Role::Follower {
             return Ok(());
         }
-        let (meters, ramps) = {
+        let (meters, usage_only, ramps) = {
             let mut engine = self.engine();
-            let meters = engine.take_dirty_meters();
+            // Every group in traffic is metered; the running totals of configured groups alone
+            // are kept (restored at start, budgeted on), the others' only as usage records.
+            let (meters, usage_only): (Vec<_>, Vec<_>) =
+                engine.take_dirty_meters().into_iter().partition(|(n, _)| engine.group(n).is_some());
             let ramps: Vec<(GroupName, StoredRamp)> = engine
                 .resumable_ramps(now)
                 .into_iter()
@@ -686,12 +692,16 @@ impl Controller {
                     (name, StoredRamp { value, until_unix_ms: until })
                 })
                 .collect();
-            (meters, ramps)
+            (meters, usage_only, ramps)
         };
-        let result = self.store().put_meters(&meters, &ramps, crate::store::minute_of(wall_ms));
+        let minute = crate::store::minute_of(wall_ms);
+        let result = {
+            let mut store = self.store();
+            store.put_meters(&meters, &ramps, minute).and_then(|()| store.put_usage(&usage_only, minute))
+        };
         if result.is_err() {
             // Not written: keep them to write next time.
-            self.engine().mark_dirty(meters.iter().map(|(n, _)| n));
+            self.engine().mark_dirty(meters.iter().chain(&usage_only).map(|(n, _)| n));
         }
         result?;
         self.refresh_budget_periods(wall_ms)

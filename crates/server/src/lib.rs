@@ -433,6 +433,7 @@ where
     // Envoy's rate-limit service and `POST /v1/check`: one in-process client of the grants.
     let rls_front = rls::Rls::start(controller.clone(), clock);
     let gate = rls_front.gate().clone();
+    let front_gate = gate.clone();
     let http_server = async {
         match http {
             Some(listener) => axum::serve(
@@ -466,6 +467,9 @@ where
     });
     let (g, h) = tokio::join!(grpc_server, http_server);
     let _ = background.await;
+    // What the front ends' client counted since its last exchange is reported before the last
+    // flush, so a clean stop loses none of it.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), front_gate.report_now()).await;
     if let Err(e) = controller.flush(clock.now(), wall_ms()) {
         tracing::error!(error = %e, "could not write consumption at shutdown");
     }

@@ -630,8 +630,9 @@ impl Engine {
                 self.resume.insert(name.clone(), (value, now.after(ttl)));
             }
             // A configured group's consumption is kept (it is billed and budgeted on); an
-            // unconfigured one's goes with it.
-            if self.configured.contains_key(&name) {
+            // unconfigured one's goes with it, once what it consumed since the store last took
+            // it has been taken (its name is among the changed ones).
+            if (meter.dirty && self.metering) || self.configured.contains_key(&name) {
                 self.meters.insert(name, meter);
             }
         }

@@ -443,6 +443,25 @@ impl SettingsStore for EtcdStore {
         self.call(move |c| Box::pin(trim_oldest(c, prefix, super::USAGE_MAX)))
     }
 
+    fn put_usage(&mut self, meters: &[(GroupName, Meter)], minute_unix_ms: u64) -> Result<(), StoreError> {
+        if meters.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<TxnOp> = meters
+            .iter()
+            .map(|(n, m)| {
+                TxnOp::put(
+                    self.target.key(&format!("usage/{minute_unix_ms:013}/{n}")),
+                    encode_meter(m).to_vec(),
+                    None,
+                )
+            })
+            .collect();
+        self.put_txn(ops)?;
+        let prefix = self.target.key("usage/");
+        self.call(move |c| Box::pin(trim_oldest(c, prefix, super::USAGE_MAX)))
+    }
+
     fn usage(
         &mut self,
         group: Option<&GroupName>,

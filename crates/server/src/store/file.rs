@@ -459,6 +459,22 @@ impl SettingsStore for RedbStore {
             Ok(())
         })
     }
+
+    fn put_usage(&mut self, meters: &[(GroupName, Meter)], minute_unix_ms: u64) -> Result<(), StoreError> {
+        if meters.is_empty() {
+            return Ok(());
+        }
+        self.write(|txn| {
+            let mut usage = txn.open_table(USAGE)?;
+            for (name, m) in meters {
+                usage.insert((minute_unix_ms, name.as_str()), encode_meter(m).as_slice())?;
+            }
+            while usage.len()? > super::USAGE_MAX as u64 {
+                usage.pop_first()?;
+            }
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]

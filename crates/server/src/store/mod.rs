@@ -332,6 +332,11 @@ pub trait SettingsStore: Send {
         ramps: &[(GroupName, StoredRamp)],
         minute_unix_ms: u64,
     ) -> Result<(), StoreError>;
+    /// Stores usage records alone, for the minute starting at `minute_unix_ms`: the metering
+    /// of groups whose running totals are not kept (groups in traffic that are not configured,
+    /// served by the `default` group's settings). Written again within the minute, a record is
+    /// replaced.
+    fn put_usage(&mut self, usage: &[(GroupName, Meter)], minute_unix_ms: u64) -> Result<(), StoreError>;
     /// Usage records, as [`UsageSelector`] picks them.
     fn usage(
         &mut self,
@@ -408,6 +413,11 @@ impl SettingsStore for MemoryStore {
         let mut stored = self.stored();
         stored.meters.extend(meters.iter().cloned());
         stored.ramps = ramps.iter().cloned().collect();
+        drop(stored);
+        self.put_usage(meters, minute_unix_ms)
+    }
+
+    fn put_usage(&mut self, meters: &[(GroupName, Meter)], minute_unix_ms: u64) -> Result<(), StoreError> {
         let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
         for (name, meter) in meters {
             usage.insert((minute_unix_ms, name.clone()), *meter);
