@@ -833,6 +833,13 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
         say(format!("role: {} (leader: {})", s.role, s.leader.as_deref().unwrap_or("none elected")));
     }
     say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));
+    // What the figures count: every rate below is in these units a second.
+    let unit = if s.unit.is_empty() { "units" } else { s.unit.as_str() };
+    let model = if s.cost_model.is_empty() { "count" } else { s.cost_model.as_str() };
+    say(format!("units: {unit} a second (cost model {model})"));
+    for w in &s.warnings {
+        say(format!("warning: {w}"));
+    }
     say(format!(
         "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>4} {:>7}",
         "GROUP", "RESERVED", "LIMIT", "TARGET", "ADMITTED", "DEMAND", "BUSY", "CLIENTS"

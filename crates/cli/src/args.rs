@@ -247,6 +247,10 @@ pub(crate) struct ServerArgs {
     /// commas; at most 1000).
     #[arg(long, value_name = "NAME", value_delimiter = ',', requires = "tls_client_ca")]
     pub(crate) tls_allow_name: Vec<String>,
+    /// The cost model the clients price requests with (`count`, `fdb`, `ru` or `couchbase`):
+    /// status says what a unit counts by it. Default: the `[cost]` of --config, else `count`.
+    #[arg(long, value_parser = ["count", "fdb", "ru", "couchbase"])]
+    pub(crate) cost_model: Option<String>,
     /// The engine's tick and the exchange period asked of clients, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub(crate) tick_ms: u64,

@@ -34,13 +34,14 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
             );
         }
     };
-    let mut notes = config.warnings();
+    // The settings' warnings are the controller's to log, from what it holds once the file is
+    // applied.
+    let mut notes = Vec::new();
     let node = NodeSettings::default();
     for (key, differs) in [
         ("realloc_ms", config.node.realloc_interval != node.realloc_interval),
         ("max_wait_ms", config.node.max_wait != node.max_wait),
         ("max_tracked_groups", config.node.max_tracked_groups != node.max_tracked_groups),
-        ("[cost]", config.cost_model != CostModel::default()),
     ] {
         if differs {
             notes.push(format!(
@@ -139,6 +140,26 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             );
         }
     }
+    // What a unit counts: the flag, else the settings file's [cost], else requests.
+    let from_file = defaults.as_ref().map(|c| c.cost_model);
+    let cost_model = match a.cost_model.as_deref() {
+        None => from_file.unwrap_or_default(),
+        Some(name) => {
+            let model = match name {
+                "fdb" => CostModel::fdb(),
+                "ru" => CostModel::ru(),
+                "couchbase" => CostModel::Couchbase,
+                _ => CostModel::Count,
+            };
+            if let Some(file) = from_file.filter(|f| f.name() != model.name()) {
+                bail!(
+                    "--cost-model {name}: the --config file's [cost] says {}; give one or make them agree",
+                    file.name()
+                );
+            }
+            model
+        }
+    };
     let opts = ServerOptions {
         etcd,
         advertise: a.advertise.clone(),
@@ -148,6 +169,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         http: a.http,
         tick: Duration::from_millis(a.tick_ms),
         lease: Duration::from_millis(a.lease_ms),
+        cost_model,
         saturation,
         cost_folding: Duration::from_secs_f64(a.cost_folding_s),
         trickle: Duration::from_millis(a.trickle_ms),

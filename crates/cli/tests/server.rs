@@ -1286,3 +1286,45 @@ fn every_change_is_in_the_audit_log_with_who_before_and_after_across_a_restart()
     fails(&server, &["audit", "--since", "yesterday"], "expected a span such as 90s");
     fails(&server, &["audit", "--limit", "0"], "0");
 }
+
+/// Issue: nothing said what a unit counts, and reservations past the capacity (or a limit
+/// above it, or a priority in fcfs mode) went unremarked. Status, `/status`, the dashboard's
+/// data and the log say both.
+#[test]
+fn status_says_what_a_unit_counts_and_warns_of_settings_that_cannot_act() {
+    let s = ServerProc::start_with(&data_dir("units"), &["--cost-model", "ru"], Stdio::piped());
+    ok(&s, &["node", "capacity", "100"]);
+    ok(&s, &["group", "create", "a", "--reserved", "80"]);
+    ok(&s, &["group", "create", "b", "--reserved", "50", "--limit", "500"]);
+    ok(&s, &["node", "mode", "fcfs"]);
+    ok(&s, &["group", "create", "c", "--priority", "high"]);
+    let text = ok(&s, &["status"]);
+    assert!(text.contains("units: request units a second (cost model ru)"), "{text}");
+    let warnings = [
+        "the groups reserve 130 units/s in all, more than the node capacity 100",
+        "groups.b.limit 500 is above the node capacity 100",
+        "groups.c: priority and weight do nothing in fcfs mode",
+    ];
+    for w in warnings {
+        assert!(text.contains(&format!("warning: {w}")), "{w}: {text}");
+    }
+    let body = http_get(&s.http, "/status");
+    let json: serde_json::Value = serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(json["unit"], "request units");
+    assert_eq!(json["cost_model"], "ru");
+    assert_eq!(json["warnings"].as_array().unwrap().len(), 3, "{json}");
+    assert!(json["groups"].as_array().unwrap().iter().all(|g| g["unit"] == "request units"), "{json}");
+    let body = http_get(&s.http, "/v1/dashboard");
+    let json: serde_json::Value = serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(json["node"]["unit"], "request units");
+    assert_eq!(json["node"]["warnings"].as_array().unwrap().len(), 3, "{json}");
+    // The log says each once, when the settings first held it.
+    let mut s = s;
+    let mut stderr = s.child.stderr.take().unwrap();
+    assert!(s.terminate().success());
+    let mut log = String::new();
+    stderr.read_to_string(&mut log).unwrap();
+    for w in warnings {
+        assert_eq!(log.matches(w).count(), 1, "{w}: {log}");
+    }
+}

@@ -114,38 +114,7 @@ impl Config {
     /// Things that are allowed but probably not meant, such as reservations adding up to
     /// more than the capacity.
     pub fn warnings(&self) -> Vec<String> {
-        let mut warnings = Vec::new();
-        let reserved: f64 = self.groups.values().map(GroupSettings::reserved).sum();
-        if let Some(capacity) = self.node.capacity
-            && reserved > capacity
-        {
-            warnings.push(format!(
-                "the groups reserve {reserved} units/s in all, more than the node capacity {capacity}: \
-                 reservations will be honoured and the capacity exceeded"
-            ));
-        }
-        if let Some(capacity) = self.node.capacity {
-            for (name, s) in &self.groups {
-                if s.limit().as_f64() > capacity && s.limit().as_f64().is_finite() {
-                    warnings.push(format!(
-                        "groups.{name}.limit {} is above the node capacity {capacity}: the capacity \
-                         bounds the group first",
-                        s.limit().as_f64()
-                    ));
-                }
-            }
-        }
-        if self.node.mode == AllocationMode::Fcfs {
-            for (name, s) in &self.groups {
-                if s.priority() != crate::settings::Priority::MEDIUM || s.weight() != 1.0 {
-                    warnings.push(format!(
-                        "groups.{name}: priority and weight do nothing in fcfs mode (the free pool \
-                         goes to groups in the order they first asked); use mode = \"share\" for them"
-                    ));
-                }
-            }
-        }
-        warnings
+        settings_warnings(self.node.capacity, self.node.mode, self.groups.iter())
     }
 
     /// The settings for `group`: its own if configured, else the `default` group's, else the
@@ -339,6 +308,52 @@ impl Reader<'_> {
         }
         groups
     }
+}
+
+/// Settings that are allowed but probably unintended, in words for people: reservations adding
+/// up past the node capacity, a limit above it, a priority or weight in the first-come mode
+/// (where neither acts). `tollgate check-config` prints them for a file; the server logs them
+/// when its settings come to hold one and shows them in its status.
+pub fn settings_warnings<'a>(
+    capacity: Option<f64>,
+    mode: AllocationMode,
+    groups: impl Iterator<Item = (&'a GroupName, &'a GroupSettings)>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut reserved = 0.0;
+    for (name, s) in groups {
+        reserved += s.reserved();
+        if let Some(capacity) = capacity
+            && s.limit().as_f64().is_finite()
+            && s.limit().as_f64() > capacity
+        {
+            warnings.push(format!(
+                "groups.{name}.limit {} is above the node capacity {capacity}: the capacity bounds \
+                 the group first",
+                s.limit().as_f64()
+            ));
+        }
+        if mode == AllocationMode::Fcfs
+            && (s.priority() != crate::settings::Priority::MEDIUM || s.weight() != 1.0)
+        {
+            warnings.push(format!(
+                "groups.{name}: priority and weight do nothing in fcfs mode (the free pool goes to \
+                 groups in the order they first asked); use mode = \"share\" for them"
+            ));
+        }
+    }
+    if let Some(capacity) = capacity
+        && reserved > capacity
+    {
+        warnings.insert(
+            0,
+            format!(
+                "the groups reserve {reserved} units/s in all, more than the node capacity {capacity}: \
+                 reservations will be honoured and the capacity exceeded"
+            ),
+        );
+    }
+    warnings
 }
 
 #[cfg(test)]

@@ -288,6 +288,19 @@ pub enum CostModel {
 }
 
 impl CostModel {
+    /// What one unit of cost counts under this model, in words for people: `requests`,
+    /// `bytes` (FoundationDB's, in whole pages), `request units` (TiDB's), `read and write
+    /// units` (Couchbase's) or `calibrated units`.
+    pub fn unit(&self) -> &'static str {
+        match self {
+            CostModel::Count => "requests",
+            CostModel::Fdb { .. } => "bytes",
+            CostModel::Ru(_) => "request units",
+            CostModel::Couchbase => "read and write units",
+            CostModel::Linear(_) => "calibrated units",
+        }
+    }
+
     /// FoundationDB's model with the default fungibility ratio.
     pub fn fdb() -> Self {
         CostModel::Fdb { fungibility: FDB_DEFAULT_FUNGIBILITY }

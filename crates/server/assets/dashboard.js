@@ -21,7 +21,11 @@ const state = {
   detail: null,        // { name, data, units, other }
   token: sessionStorage.getItem('tollgate-token') || '',
   timer: null,
+  unit: 'units',       // what a unit counts, as the server says (its cost model)
 };
+
+/// A rate's label in the server's units.
+function perSecond() { return state.unit + '/s'; }
 
 function empty(keys) {
   const o = {};
@@ -151,8 +155,12 @@ function fill(tbody, rows) {
 
 function renderNode(d) {
   const n = d.node;
+  if (n.unit) state.unit = n.unit;
+  const warnings = $('warnings');
+  warnings.replaceChildren(...(n.warnings || []).map((w) => { const li = document.createElement('li'); li.textContent = 'warning: ' + w; return li; }));
+  warnings.hidden = !(n.warnings && n.warnings.length);
   $('role').textContent = n.role === 'standalone' ? '' : n.role + (n.leader ? ' · leader ' + n.leader : '');
-  $('capacity').textContent = n.capacity === null ? 'none' : fmt(n.capacity) + '/s';
+  $('capacity').textContent = n.capacity === null ? 'none' : fmt(n.capacity) + ' ' + perSecond();
   const used = n.admitted;
   if (n.capacity) {
     const pct = (100 * used) / n.capacity;
@@ -172,7 +180,7 @@ function renderNode(d) {
   $('limiting').textContent = diag.backends.filter((b) => b.limiting).length + ' saturated';
 
   append(state.node, d.series, NODE_SERIES);
-  if (!state.nodePlot) state.nodePlot = plot($('node-chart'), NODE_SERIES, 220, { label: 'units/s' });
+  if (!state.nodePlot) state.nodePlot = plot($('node-chart'), NODE_SERIES, 220, { label: perSecond() });
   state.nodePlot.setData(columns(state.node, NODE_SERIES));
 }
 
@@ -203,7 +211,7 @@ function chartCard(name) {
   b.className = 'chart';
   card.append(h, a, b);
   $('group-charts').append(card);
-  return { card, units: plot(a, GROUP_UNITS, 160, { label: 'units/s' }), other: plot(b, GROUP_OTHER, 150, { label: 'refused/s' }) };
+  return { card, units: plot(a, GROUP_UNITS, 160, { label: perSecond() }), other: plot(b, GROUP_OTHER, 150, { label: 'refused/s' }) };
 }
 
 function renderCharts(d) {
@@ -267,7 +275,7 @@ function renderClients(diag) {
     return tr;
   }));
   $('clients-note').textContent = diag.clients_total > diag.clients.length
-    ? (diag.clients_total - diag.clients.length) + ' more clients hold ' + fmt(diag.others_granted) + ' units/s.'
+    ? (diag.clients_total - diag.clients.length) + ' more clients hold ' + fmt(diag.others_granted) + ' ' + perSecond() + '.'
     : (diag.clients_total ? '' : 'No client has exchanged yet.');
 }
 
@@ -276,7 +284,7 @@ async function openDetail(name) {
   const el = { units: $('detail-chart'), other: $('detail-chart2') };
   const detail = {
     name, data: empty(['t'].concat(GROUP_UNITS, GROUP_OTHER)), next: 0,
-    units: plot(el.units, GROUP_UNITS, 200, { label: 'units/s' }), other: plot(el.other, GROUP_OTHER, 170, { label: 'refused/s' }),
+    units: plot(el.units, GROUP_UNITS, 200, { label: perSecond() }), other: plot(el.other, GROUP_OTHER, 170, { label: 'refused/s' }),
   };
   state.detail = detail;
   $('detail-name').textContent = name;

@@ -184,6 +184,10 @@ pub struct Controller {
     early_ticks: AtomicU64,
     /// A tick was run before its turn since the last regular one.
     early_used: AtomicBool,
+    /// The settings' warnings last logged: a change logs only the new ones.
+    warned: Mutex<Vec<String>>,
+    /// The cost model clients price with, as the operator says it: what a unit counts.
+    cost_model: std::sync::OnceLock<tollgate_core::cost::CostModel>,
     /// When the last tick at its turn began (nanoseconds; `u64::MAX`: none yet): exchanges
     /// tell refused clients when the next one is done.
     turn_ns: AtomicU64,
@@ -339,6 +343,8 @@ impl Controller {
             onset: tokio::sync::Notify::new(),
             early_ticks: AtomicU64::new(0),
             early_used: AtomicBool::new(false),
+            warned: Mutex::new(Vec::new()),
+            cost_model: std::sync::OnceLock::new(),
             turn_ns: AtomicU64::new(u64::MAX),
             view: Mutex::new(None),
             diagnostics: Mutex::new(None),
@@ -710,6 +716,36 @@ impl Controller {
     fn changed(&self) {
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.settings_version.send_modify(|v| *v = v.wrapping_add(1).max(1));
+        self.log_warnings();
+    }
+
+    /// The settings that are allowed but probably not meant (reservations past the capacity,
+    /// a limit above it, a priority or weight in `fcfs` mode), in words for people.
+    pub fn warnings(&self) -> Vec<String> {
+        self.engine().warnings()
+    }
+
+    /// Logs each warning the settings hold that was not logged since it last held: once at
+    /// start, then as changes bring new ones.
+    pub fn log_warnings(&self) {
+        let now = self.warnings();
+        let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
+        for w in now.iter().filter(|w| !warned.contains(w)) {
+            tracing::warn!("{w}");
+        }
+        *warned = now;
+    }
+
+    /// Says which cost model the clients price requests with (`--cost-model`, or the
+    /// `[cost]` of `--config`): status shows what a unit counts. Set once; later calls are
+    /// ignored.
+    pub fn set_cost_model(&self, model: tollgate_core::cost::CostModel) {
+        let _ = self.cost_model.set(model);
+    }
+
+    /// The cost model the clients price with (the `count` model unless said otherwise).
+    pub fn cost_model(&self) -> &tollgate_core::cost::CostModel {
+        self.cost_model.get().unwrap_or(&tollgate_core::cost::CostModel::Count)
     }
 
     /// The group settings backends schedule by: the version, then every group (or nothing

@@ -253,6 +253,8 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
                 "backends": backends,
                 "admitted": view.iter().map(|g| g.admitted).sum::<f64>(),
                 "demand": view.iter().map(|g| g.demand).sum::<f64>(),
+                "unit": d.controller.cost_model().unit(),
+                "warnings": d.controller.warnings(),
             },
             "series": series_json(&d.history.node(since), &NODE_SERIES),
             "groups": rows,

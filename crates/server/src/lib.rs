@@ -164,6 +164,8 @@ impl Server {
         let clock = Clock::new();
         let controller = Arc::new(Controller::new(store, opts.engine_settings(), clock.now(), wall_ms())?);
         controller.require_auth(opts.auth);
+        controller.set_cost_model(opts.cost_model);
+        controller.log_warnings();
         let first_token = if opts.auth { write_first_token(&controller, &opts.data)? } else { None };
         let election = match &etcd {
             None => None,

@@ -19,6 +19,9 @@ pub struct ServerOptions {
     pub tick: Duration,
     /// How long a grant holds without renewal; past it clients enter safe mode.
     pub lease: Duration,
+    /// The cost model the clients price requests with: the server prices nothing itself, but
+    /// status says what a unit counts by it.
+    pub cost_model: tollgate_core::cost::CostModel,
     /// FoundationDB's saturation knobs: queue target and spring, limiting threshold, worst
     /// zones ignored.
     pub saturation: SaturationSettings,
@@ -113,6 +116,7 @@ impl Default for ServerOptions {
             http: SocketAddr::from(([127, 0, 0, 1], 7461)),
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(10),
+            cost_model: tollgate_core::cost::CostModel::Count,
             saturation: SaturationSettings::default(),
             cost_folding: EngineSettings::default().cost_folding,
             trickle: Duration::ZERO,

@@ -123,6 +123,9 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
         client_detail: diagnostics.clients.iter().map(client_to_proto).collect(),
         clients_lapsed: diagnostics.clients_lapsed as u64,
         others_granted: diagnostics.others_granted,
+        cost_model: controller.cost_model().name().to_string(),
+        unit: controller.cost_model().unit().to_string(),
+        warnings: controller.warnings(),
     }
 }
 
@@ -226,6 +229,7 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         .map(|g| {
             serde_json::json!({
                 "name": g.name,
+                "unit": s.unit,
                 "settings": g.settings.as_ref().map(crate::json::group_settings),
                 "target": g.target,
                 "admitted": g.admitted,
@@ -264,6 +268,9 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "backend_detail": s.backend_detail.iter().map(backend_json).collect::<Vec<_>>(),
         "client_detail": s.client_detail.iter().map(client_json).collect::<Vec<_>>(),
         "others_granted": s.others_granted,
+        "cost_model": s.cost_model,
+        "unit": s.unit,
+        "warnings": s.warnings,
         "groups": groups,
     })
 }

@@ -733,7 +733,15 @@ impl Engine {
         self.configured.get(name).map(|s| &**s)
     }
 
-    /// Every configured group, sorted by name.
+    /// The settings that are allowed but probably not meant, in words for people
+    /// ([`settings_warnings`](crate::config::settings_warnings)): reservations past the
+    /// capacity, a limit above it, a priority or weight in the first-come mode.
+    pub fn warnings(&self) -> Vec<String> {
+        let groups = self.groups();
+        crate::config::settings_warnings(self.settings.capacity, self.settings.mode, groups.into_iter())
+    }
+
+    /// Every configured group with its settings, sorted by name.
     pub fn groups(&self) -> Vec<(&GroupName, &GroupSettings)> {
         let mut all: Vec<(&GroupName, &GroupSettings)> =
             self.configured.iter().map(|(n, s)| (n, &**s)).collect();
