@@ -113,6 +113,15 @@ fn check_config_refuses_what_the_limiter_refuses_and_warns_of_settings_that_cann
     assert!(out.contains("warning: groups.a.limit 500 is above the node capacity 100"), "{out}");
 }
 
+/// Issue: bench accuracy changed the settings of whatever server it was pointed at.
+#[test]
+fn bench_accuracy_changes_nothing_without_setup() {
+    let (code, _, err) =
+        tollgate(&["bench", "accuracy", "--server", "http://127.0.0.1:1", "--duration", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--setup: bench accuracy creates four groups"), "{err}");
+}
+
 #[test]
 fn a_missing_file_is_a_clear_error() {
     let (code, _, err) = tollgate(&["check-config", "/nonexistent/tollgate.toml"]);

@@ -256,6 +256,16 @@ mod tests {
         }
     }
 
+    /// Issue: an unbounded group's units left went out as 4294967295.
+    #[test]
+    fn the_units_left_are_whole_and_never_the_largest_u32_for_an_unbounded_group() {
+        assert_eq!(remaining(f64::INFINITY), 0);
+        assert_eq!(remaining(f64::NAN), 0);
+        assert_eq!(remaining(-3.5), 0);
+        assert_eq!(remaining(41.9), 41);
+        assert_eq!(remaining(1e12), u32::MAX);
+    }
+
     #[test]
     fn bad_requests_are_named_by_field() {
         for (r, expect) in [

@@ -495,7 +495,7 @@ class StatusRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted")
+    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
@@ -511,6 +511,9 @@ class StatusResponse(_message.Message):
     CLIENT_DETAIL_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_LAPSED_FIELD_NUMBER: _ClassVar[int]
     OTHERS_GRANTED_FIELD_NUMBER: _ClassVar[int]
+    COST_MODEL_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     capacity: float
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     exchanges: int
@@ -526,7 +529,10 @@ class StatusResponse(_message.Message):
     client_detail: _containers.RepeatedCompositeFieldContainer[ClientStatus]
     clients_lapsed: int
     others_granted: float
-    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ...) -> None: ...
+    cost_model: str
+    unit: str
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BackendStatus(_message.Message):
     __slots__ = ("name", "zone", "utilisation", "limiting", "seen_s", "load", "top_groups", "inert")
