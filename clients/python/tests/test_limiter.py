@@ -156,7 +156,7 @@ def test_a_new_group_is_admitted_at_once_under_a_capacity(server: Server) -> Non
     admitted by their first grant, with a wait far shorter than the server's tick (1 s)."""
     with tollgate.Admin(server.url) as admin:
         admin.set_capacity(1000)
-        with tollgate.Limiter(server.url, client_id="py-steady", max_wait=0.3) as limiter:
+        with tollgate.Limiter(server.url, client_id="py-steady", max_wait=0.6) as limiter:
             first_grant(limiter, "steady")
 
             def ticked() -> bool:
