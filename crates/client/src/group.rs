@@ -706,7 +706,13 @@ impl Groups {
         if let Some(g) = self.map.load().group(name) {
             return Some(g.clone());
         }
-        self.recent.lock().unwrap_or_else(PoisonError::into_inner).map.group(name).cloned()
+        // Under the lock no merge moves the recent names into the map: looked up in both
+        // again, since one may have run between the first look and the lock.
+        let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = recent.map.group(name) {
+            return Some(g.clone());
+        }
+        self.map.load().group(name).cloned()
     }
 
     /// Every name and its group, in no order.

@@ -219,7 +219,7 @@ impl Inner {
                     link.urgent();
                 }
                 // Never granted (new, or revived after going idle): its first grant is due.
-                Some(Refusal::Closed) if g.allowance().is_nan() => link.urgent(),
+                Some(Refusal::Closed) if g.allowance().is_nan() => link.fresh(g),
                 _ => link.refused(),
             }
         }

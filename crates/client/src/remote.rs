@@ -8,10 +8,17 @@
 //! calling the controller in process. Nothing about an exchange is written twice.
 //!
 //! **When.** An exchange goes at the period the controller asks for; at once (at most every
-//! 50 ms) when a group is new or was revived after being idle; after a refusal, no sooner
+//! 50 ms) when a group is new or was revived after being idle, carrying only the groups that
+//! hold no grant and leaving the period where it was; after a refusal, no sooner
 //! than the controller's next tick, since until then it would give the same answer; and 50 ms
 //! after an answer given while the controller's tick was due or under way, which held the
 //! grants that tick was about to replace (once: a second such answer waits for the period).
+//!
+//! **Many groups.** One exchange carries at most
+//! [`EXCHANGE_GROUPS_MAX`](tollgate_proto::EXCHANGE_GROUPS_MAX) groups. A client with more
+//! reports them over a round of exchanges, one page after the other, the busiest groups
+//! first; a page refused or lost ends the round, and what it and the pages after it reported
+//! is reported again.
 //!
 //! **Safe mode.** When no exchange succeeds for longer than the lease, the client applies its
 //! [`SafeModePolicy`] to every group, new ones included: decay each group from its last grant
@@ -143,6 +150,8 @@ pub struct RemoteStatus {
     pub unthrottled_allowed: bool,
 }
 
+/// The most new groups waiting for their first grant that are exchanged alone.
+pub const FRESH_MAX: usize = tollgate_proto::EXCHANGE_GROUPS_MAX;
 /// Half-life of the decay policy.
 const DECAY_HALF_LIFE_S: f64 = 5.0;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -166,8 +175,13 @@ pub(crate) struct Link {
     /// Woken whenever groups were given grants (an answer, or the safe-mode policy): what a
     /// request waiting for a new group's first grant waits on.
     pub(crate) granted: tokio::sync::Notify,
-    /// A group is new, revived or refused for want of burst: exchange as soon as spacing allows.
+    /// A group was refused for want of burst, or the application asked to report now: exchange
+    /// every group as soon as spacing allows.
     urgent: AtomicBool,
+    /// Groups new or revived after going idle, waiting for their first grant: exchanged alone
+    /// as soon as spacing allows. At most [`FRESH_MAX`]; past it, every group is exchanged.
+    fresh: Mutex<Vec<GroupName>>,
+    has_fresh: AtomicBool,
     /// A request was refused: exchange after the controller's next tick.
     refused: AtomicBool,
     connected: AtomicBool,
@@ -193,6 +207,8 @@ impl Link {
             notify: tokio::sync::Notify::new(),
             granted: tokio::sync::Notify::new(),
             urgent: AtomicBool::new(false),
+            fresh: Mutex::new(Vec::new()),
+            has_fresh: AtomicBool::new(false),
             refused: AtomicBool::new(false),
             connected: AtomicBool::new(false),
             safe_mode: AtomicBool::new(false),
@@ -202,10 +218,30 @@ impl Link {
         }
     }
 
-    /// Asks for an exchange as soon as spacing allows (a new or revived group).
+    /// Asks for an exchange of every group as soon as spacing allows.
     pub(crate) fn urgent(&self) {
         self.urgent.store(true, Ordering::Relaxed);
         self.notify.notify_one();
+    }
+
+    /// Asks for `group`'s first grant (new, or revived after going idle) as soon as spacing
+    /// allows.
+    pub(crate) fn fresh(&self, group: &Group) {
+        let mut fresh = self.fresh.lock().unwrap_or_else(PoisonError::into_inner);
+        if fresh.len() < FRESH_MAX {
+            fresh.push(group.name.clone());
+            self.has_fresh.store(true, Ordering::Relaxed);
+            self.notify.notify_one();
+        } else {
+            drop(fresh);
+            self.urgent();
+        }
+    }
+
+    fn take_fresh(&self) -> Vec<GroupName> {
+        let mut fresh = self.fresh.lock().unwrap_or_else(PoisonError::into_inner);
+        self.has_fresh.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *fresh)
     }
 
     /// Asks for an exchange after the controller's next tick (a refusal).
@@ -224,7 +260,7 @@ impl Link {
             apply(group, safe(self.policy, None, fresh, Duration::ZERO), now);
             self.granted.notify_waiters();
         }
-        self.urgent();
+        self.fresh(group);
     }
 
     /// Waits until `group` holds a grant (at once when it does): woken by each answer.
@@ -261,8 +297,12 @@ pub struct Driver {
     idle_expiry: Duration,
     sequence: u64,
     meters: HashMap<GroupName, DemandMeter>,
-    /// The meters as they were before the exchange in flight: restored if it fails.
-    pending: Option<HashMap<GroupName, DemandMeter>>,
+    /// The pages of this round not sent yet, most active groups first.
+    round: std::collections::VecDeque<Page>,
+    /// The meters the page in flight moved, as they were before: put back if it fails.
+    sent: Option<Vec<(GroupName, Option<DemandMeter>)>>,
+    /// The round under way reports only groups holding no grant yet.
+    only_new: bool,
     grants: HashMap<GroupName, LastGrant>,
     last_ok: Option<Nanos>,
     lease: Duration,
@@ -302,7 +342,9 @@ impl Driver {
             idle_expiry,
             sequence: 0,
             meters: HashMap::new(),
-            pending: None,
+            round: std::collections::VecDeque::new(),
+            sent: None,
+            only_new: false,
             grants: HashMap::new(),
             last_ok: None,
             lease: Duration::from_secs(10),
@@ -364,7 +406,7 @@ impl Driver {
     pub fn due_at(&self) -> Nanos {
         let spaced = self.last_exchange.map_or(Nanos::ZERO, |t| t.after(self.spacing));
         let mut due = self.next_due;
-        if self.link.urgent.load(Ordering::Relaxed) {
+        if self.link.urgent.load(Ordering::Relaxed) || self.link.has_fresh.load(Ordering::Relaxed) {
             due = due.min(spaced);
         }
         if self.link.refused.load(Ordering::Relaxed) {
@@ -403,18 +445,77 @@ impl Driver {
     }
 
     /// The next exchange's request; `None` once every handle on the limiter is gone.
+    ///
+    /// A client with more groups than one exchange may carry
+    /// ([`EXCHANGE_GROUPS_MAX`](tollgate_proto::EXCHANGE_GROUPS_MAX)) reports them over a round
+    /// of exchanges, one page after the other, the most active groups first (new ones, those
+    /// with requests waiting or refused, then by demand): each page is due as soon as the last
+    /// is answered, and the period starts after the last page.
     pub fn request(&mut self, now: Nanos) -> Option<v1::ExchangeRequest> {
         let groups = self.groups.upgrade()?;
-        self.link.urgent.store(false, Ordering::Relaxed);
-        self.link.refused.store(false, Ordering::Relaxed);
+        if self.round.is_empty() {
+            // Early for new groups alone: only they are reported, and the period keeps its
+            // time. Tenants arriving one after another then cost an exchange of a few
+            // groups each, not one of every group, and never put off the periodic round.
+            self.only_new = now < self.next_due
+                && !self.link.urgent.load(Ordering::Relaxed)
+                && !self.link.refused.load(Ordering::Relaxed)
+                && self.link.has_fresh.load(Ordering::Relaxed);
+            let fresh = self.fresh_groups(&groups);
+            self.round = if self.only_new {
+                self.plan(now, fresh.iter().map(|g| &**g), true)
+            } else {
+                self.link.urgent.store(false, Ordering::Relaxed);
+                self.link.refused.store(false, Ordering::Relaxed);
+                // Groups the application never asked for (the shared `default` state, until a
+                // name falls back to it) are not reported.
+                self.plan(now, groups.listed().used(), false)
+            };
+        } else if self.link.has_fresh.load(Ordering::Relaxed) {
+            // In a round of many pages, new groups go in the next page, not after the round.
+            let fresh = self.fresh_groups(&groups);
+            for page in self.plan(now, fresh.iter().map(|g| &**g), true).into_iter().rev() {
+                if !page.usage.is_empty() {
+                    self.round.push_front(page);
+                }
+            }
+        }
+        let page = self.round.pop_front().unwrap_or_default();
         self.last_exchange = Some(now);
-        self.pending = Some(self.meters.clone());
-        let mut usage = Vec::new();
-        // Groups the application never asked for (the shared `default` state, until a name
-        // falls back to it) are not reported.
-        let listed = groups.listed();
-        for g in listed.used() {
+        self.sent = Some(page.before);
+        self.sequence += 1;
+        Some(v1::ExchangeRequest {
+            client_id: self.link.client_id.clone(),
+            sequence: self.sequence,
+            groups: page.usage,
+            target_request_period_ms: self.period_ms,
+        })
+    }
+
+    /// The groups waiting for their first grant, once each.
+    fn fresh_groups(&self, groups: &Groups) -> Vec<Arc<Group>> {
+        let mut fresh: Vec<Arc<Group>> =
+            self.link.take_fresh().iter().filter_map(|n| groups.get(n.as_str())).collect();
+        fresh.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        fresh.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        fresh
+    }
+
+    /// Meters `groups` (those holding no grant alone, with `new_only`) and splits the reports
+    /// into pages, most active first.
+    fn plan<'a>(
+        &mut self,
+        now: Nanos,
+        groups: impl Iterator<Item = &'a Group>,
+        new_only: bool,
+    ) -> std::collections::VecDeque<Page> {
+        let mut reports: Vec<(u8, v1::GroupUsage, GroupName, Option<DemandMeter>)> = Vec::new();
+        for g in groups {
+            if new_only && self.grants.contains_key(&g.name) {
+                continue;
+            }
             let counts = g.counts();
+            let before = self.meters.get(&g.name).cloned();
             let meter = self.meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
             if meter.idle(now, &counts, self.idle_expiry) {
                 if self.grants.remove(&g.name).is_some()
@@ -428,7 +529,14 @@ impl Driver {
             }
             let held = self.grants.get(&g.name).filter(|l| !l.unlimited).map(|l| l.rate);
             let r = meter.report(now, counts, g.waiting(), held);
-            usage.push(v1::GroupUsage {
+            let rank = if !self.grants.contains_key(&g.name) || r.throttled > 0.0 || r.waiting > 0.0 {
+                0
+            } else if r.requests > 0.0 {
+                1
+            } else {
+                2
+            };
+            let usage = v1::GroupUsage {
                 group: g.name.to_string(),
                 demand: r.demand,
                 consumed: r.consumed,
@@ -443,21 +551,50 @@ impl Driver {
                         r.detail.values();
                     v1::Consumption { rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs }
                 }),
-            });
+            };
+            reports.push((rank, usage, g.name.clone(), before));
         }
-        self.sequence += 1;
-        Some(v1::ExchangeRequest {
-            client_id: self.link.client_id.clone(),
-            sequence: self.sequence,
-            groups: usage,
-            target_request_period_ms: self.period_ms,
-        })
+        if reports.len() > tollgate_proto::EXCHANGE_GROUPS_MAX {
+            // Only a round of several pages needs an order; within one page the order is the
+            // table's, which the controller's look-ups are fastest on.
+            reports.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.demand.total_cmp(&a.1.demand)));
+        }
+        let mut pages = std::collections::VecDeque::new();
+        let mut page = Page::default();
+        for (_, usage, name, before) in reports {
+            if page.usage.len() == tollgate_proto::EXCHANGE_GROUPS_MAX {
+                pages.push_back(std::mem::take(&mut page));
+            }
+            page.usage.push(usage);
+            page.before.push((name, before));
+        }
+        // An exchange with no group still renews the client's standing (and says it is alive).
+        pages.push_back(page);
+        pages
+    }
+
+    /// Puts back the meters of the page in flight and of the pages not sent: what they
+    /// reported is reported again.
+    fn restore_round(&mut self) {
+        let unsent = std::mem::take(&mut self.round);
+        for (name, before) in
+            self.sent.take().into_iter().flatten().chain(unsent.into_iter().flat_map(|p| p.before))
+        {
+            match before {
+                Some(m) => {
+                    self.meters.insert(name, m);
+                }
+                None => {
+                    self.meters.remove(&name);
+                }
+            }
+        }
     }
 
     /// Applies the controller's answer to the last request.
     pub fn answer(&mut self, now: Nanos, response: &v1::ExchangeResponse) {
         let Some(groups) = self.groups.upgrade() else { return };
-        self.pending = None;
+        self.sent = None;
         self.link.unthrottled_allowed.store(response.unthrottled_allowed, Ordering::Relaxed);
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
@@ -509,8 +646,16 @@ impl Driver {
         // yet, say) is not asked at every spacing.
         let stale = response.next_tick_ms == 0;
         let wait = if stale && !self.stale { period.min(EARLY_SPACING) } else { period };
-        self.stale = stale;
-        self.next_due = now.after(wait);
+        if !self.only_new {
+            self.stale = stale;
+        }
+        // The round's next page goes at once; the period starts after the last (an exchange
+        // for new groups alone leaves it where it was).
+        if !self.round.is_empty() {
+            self.next_due = now;
+        } else if !self.only_new {
+            self.next_due = now.after(wait);
+        }
         self.next_tick = now.after(Duration::from_millis(u64::from(response.next_tick_ms)));
         self.link.granted.notify_waiters();
     }
@@ -519,9 +664,7 @@ impl Driver {
     /// the safe-mode policy applies.
     pub fn failed(&mut self, now: Nanos, reason: &str) {
         let Some(groups) = self.groups.upgrade() else { return };
-        if let Some(before) = self.pending.take() {
-            self.meters = before;
-        }
+        self.restore_round();
         self.link.connected.store(false, Ordering::Relaxed);
         *self.link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.to_string());
         let expired = self.last_ok.is_none_or(|t| now.since(t) > self.lease);
@@ -547,6 +690,13 @@ impl Driver {
     pub(crate) fn retry_now(&mut self, now: Nanos) {
         self.next_due = now;
     }
+}
+
+/// One exchange's share of a round: the reports, and the meters they moved as they were.
+#[derive(Default)]
+struct Page {
+    usage: Vec<v1::GroupUsage>,
+    before: Vec<(GroupName, Option<DemandMeter>)>,
 }
 
 /// The controllers a remote client knows: the addresses it was given, and leaders it was

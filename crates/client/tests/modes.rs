@@ -888,3 +888,63 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
     controller.set_group(name, limit(20.0), "test").unwrap();
     assert_eq!(allowance_at(4500, &mut driver), 20.0);
 }
+
+/// A client with more groups than one exchange carries reports them over a round of pages,
+/// each within the controller's bound, the active groups first; each page goes as soon as the
+/// last is answered, and a failed page puts back what it and the pages after it reported.
+#[test]
+fn remote_a_client_past_one_exchanges_bound_pages_its_groups_busiest_first() {
+    use tollgate_core::settings::{GroupName, GroupSettings};
+    use tollgate_core::time::{Clock as _, Nanos};
+    use tollgate_proto::EXCHANGE_GROUPS_MAX;
+    let clock = ManualClock::new();
+    let controller =
+        Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap();
+    let limit = GroupSettings::builder().limit(100.0).build().unwrap();
+    controller.set_group(GroupName::new("steady").unwrap(), limit, "test").unwrap();
+    let (gate, mut driver) =
+        Tollgate::remote_driven(RemoteOptions::default().with_clock(clock.clone())).unwrap();
+    let steady = gate.group("steady").unwrap();
+    let names = 2 * EXCHANGE_GROUPS_MAX + 500;
+    let handles: Vec<GroupHandle> =
+        (0..names).map(|i| gate.group(&format!("tenant-{i:05}")).unwrap()).collect();
+    // The first round: every group is new, so every group has a first grant after it.
+    for h in &handles {
+        drop(h.try_acquire(1.0));
+    }
+    drop(steady.try_acquire(1.0));
+    let mut pages = Vec::new();
+    let now = clock.now();
+    while driver.is_due(now) {
+        let request = driver.request(now).unwrap();
+        assert!(request.groups.len() <= EXCHANGE_GROUPS_MAX);
+        pages.push(request.groups.len());
+        driver.answer(now, &controller.exchange(now, &request).unwrap());
+    }
+    assert_eq!(pages, [EXCHANGE_GROUPS_MAX, EXCHANGE_GROUPS_MAX, names + 1 - 2 * EXCHANGE_GROUPS_MAX]);
+    assert!(handles.iter().all(GroupHandle::has_grant) && steady.has_grant(), "every page answered");
+    assert!(gate.remote_status().is_some_and(|s| !s.safe_mode));
+    // A round later only the steady group was called: it leads the first page.
+    controller.tick(now);
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..20 {
+        steady.try_acquire(1.0).unwrap();
+    }
+    let now = clock.now();
+    assert!(driver.is_due(now));
+    let first = driver.request(now).unwrap();
+    assert_eq!(first.groups[0].group, "steady");
+    assert_eq!(first.groups[0].admitted, 20);
+    // The first page fails: the round ends, and the next reports the same calls again.
+    driver.failed(now, "lost");
+    let again = driver.request(now).unwrap();
+    assert_eq!((again.groups[0].group.as_str(), again.groups[0].admitted), ("steady", 20));
+    driver.answer(now, &controller.exchange(now, &again).unwrap());
+    // The next page is due at once; the one after the last waits for the period.
+    assert!(driver.is_due(now));
+    while driver.is_due(now) {
+        let request = driver.request(now).unwrap();
+        driver.answer(now, &controller.exchange(now, &request).unwrap());
+    }
+    assert!(driver.due_at() > now);
+}

@@ -1063,6 +1063,11 @@ impl Controller {
         self.early_ticks.load(Ordering::Acquire)
     }
 
+    /// Clients seen to restart so far (an exchange numbered below its client's last).
+    pub fn client_restarts(&self) -> u64 {
+        self.engine().client_restarts()
+    }
+
     /// Exchanges answered so far.
     pub fn exchanges(&self) -> u64 {
         self.exchanges.load(Ordering::Relaxed)

@@ -34,7 +34,7 @@ pub fn router(
     gate: tollgate_client::Tollgate,
 ) -> Router {
     let guard = axum::middleware::from_fn_with_state((controller.clone(), front), http_guard);
-    let api = crate::api::router(controller.clone(), clock, gate);
+    let api = crate::api::router(controller.clone(), clock, gate.clone());
     let controller_for_dashboard = controller.clone();
     Router::new()
         .route("/healthz", get(health))
@@ -43,7 +43,7 @@ pub fn router(
         .route("/v1/node/properties", get(node_properties).put(set_node_properties))
         .route("/v1/groups/{name}/properties", get(group_properties).put(set_group_properties))
         .with_state(AppState {
-            registry: Arc::new(crate::metrics::registry(controller.clone(), clock, &latency)),
+            registry: Arc::new(crate::metrics::registry(controller.clone(), clock, &latency, gate)),
             controller,
             clock,
         })

@@ -217,6 +217,13 @@ impl Collector for ControllerMetrics {
             Kind::Counter,
             c.exchanges(),
         )?;
+        single(
+            &mut e,
+            "tollgate_client_restarts_total",
+            "Clients seen to restart (their exchanges numbered from 1 again); their grants are released.",
+            Kind::Counter,
+            c.client_restarts(),
+        )?;
         single(&mut e, "tollgate_ticks_total", "Engine ticks completed.", Kind::Counter, c.ticks())?;
         single(
             &mut e,
@@ -235,10 +242,49 @@ impl Collector for ControllerMetrics {
     }
 }
 
-/// The registry `/metrics` encodes: the controller's collector and the latency histogram.
-pub fn registry(controller: Arc<Controller>, clock: Clock, latency: &Latency) -> Registry {
+/// The state of the controller's own client, the one behind `POST /v1/check` and Envoy's
+/// rate-limit service.
+struct FrontEndMetrics {
+    gate: tollgate_client::Tollgate,
+}
+
+impl std::fmt::Debug for FrontEndMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrontEndMetrics")
+    }
+}
+
+impl Collector for FrontEndMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let Some(s) = self.gate.remote_status() else { return Ok(()) };
+        single(
+            &mut e,
+            "tollgate_front_end_safe_mode",
+            "1 while the client behind /v1/check and the rate-limit service is in safe mode.",
+            Kind::Gauge,
+            s.safe_mode,
+        )?;
+        single(
+            &mut e,
+            "tollgate_front_end_exchanges_total",
+            "Exchanges of the client behind /v1/check and the rate-limit service.",
+            Kind::Counter,
+            s.exchanges,
+        )
+    }
+}
+
+/// The registry `/metrics` encodes: the controller's collector, its front end's client, and
+/// the latency histogram.
+pub fn registry(
+    controller: Arc<Controller>,
+    clock: Clock,
+    latency: &Latency,
+    gate: tollgate_client::Tollgate,
+) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ControllerMetrics { controller, clock }));
+    registry.register_collector(Box::new(FrontEndMetrics { gate }));
     registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange.", latency.0.clone());
     registry
 }

@@ -1,9 +1,11 @@
 //! The client table: each client's chosen name mapped to a short id, bounded and expiring.
 //!
 //! A client numbers its exchanges (1, 2, 3, …). An exchange whose number is not above the last
-//! one seen under the same name comes from a restarted process (or another process using the
-//! same name): it gets a fresh id, so it never inherits grants the earlier one may still be
-//! using. The earlier id's entries expire on their own.
+//! one seen under the same name comes from a restarted process: it gets a fresh id, and the
+//! earlier id is handed back to the engine to be released, so the new process takes up the
+//! room the dead one held at once rather than a lease later. (Two live processes sharing one
+//! name would keep releasing each other: client ids must be unique, and the restart count,
+//! shown in status and metrics, climbing without restarts says they are not.)
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -46,17 +48,25 @@ impl ClientTable {
     }
 
     /// The id for `key` at an exchange numbered `sequence` (0: not numbered).
-    pub(crate) fn resolve(&mut self, now: Nanos, key: &str, sequence: u64) -> Result<ClientId, ClientError> {
+    /// A restart also gives the earlier id.
+    pub(crate) fn resolve(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        sequence: u64,
+    ) -> Result<(ClientId, Option<ClientId>), ClientError> {
         if let Some(slot) = self.by_key.get_mut(key) {
+            let mut earlier = None;
             if sequence != 0 && sequence <= slot.sequence {
                 self.routes.remove(&slot.id);
+                earlier = Some(slot.id);
                 slot.id = self.next_id;
                 self.next_id += 1;
                 self.restarts += 1;
             }
             slot.sequence = sequence;
             slot.seen = now;
-            return Ok(slot.id);
+            return Ok((slot.id, earlier));
         }
         if self.by_key.len() >= self.max {
             return Err(ClientError::TooMany { max: self.max });
@@ -64,7 +74,7 @@ impl ClientTable {
         let id = self.next_id;
         self.next_id += 1;
         self.by_key.insert(key.into(), Slot { id, sequence, seen: now });
-        Ok(id)
+        Ok((id, None))
     }
 
     /// Forgets clients not seen for longer than `expiry`.
@@ -124,10 +134,12 @@ mod tests {
     #[test]
     fn a_restarted_client_gets_a_fresh_id_and_the_table_is_bounded() {
         let mut t = ClientTable::new(2);
-        let a = t.resolve(Nanos(0), "a", 1).unwrap();
-        assert_eq!(t.resolve(Nanos(1), "a", 2).unwrap(), a);
-        let again = t.resolve(Nanos(2), "a", 1).unwrap();
+        let (a, none) = t.resolve(Nanos(0), "a", 1).unwrap();
+        assert!(none.is_none());
+        assert_eq!(t.resolve(Nanos(1), "a", 2).unwrap().0, a);
+        let (again, earlier) = t.resolve(Nanos(2), "a", 1).unwrap();
         assert_ne!(again, a);
+        assert_eq!(earlier, Some(a), "the earlier id is handed back");
         assert_eq!(t.restarts(), 1);
         t.resolve(Nanos(3), "b", 1).unwrap();
         assert!(matches!(t.resolve(Nanos(4), "c", 1), Err(ClientError::TooMany { max: 2 })));

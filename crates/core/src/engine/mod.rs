@@ -280,6 +280,29 @@ fn sample_of(g: &Tracked) -> GroupSample {
     ]
 }
 
+/// Drops the earlier incarnations of restarted clients (`released`, sorted) from group `key`:
+/// their places, their grants, and what was granted them since the last tick.
+fn release(
+    released: &[ClientId],
+    key: &GroupName,
+    g: &mut Tracked,
+    provisional: &mut HashMap<GroupName, Vec<(ClientId, f64)>, FixedHasher>,
+    unticked_provisional: &mut f64,
+) {
+    let gone = |c: ClientId| released.binary_search(&c).is_ok();
+    g.clients.retain(|c| !gone(c.client));
+    if let Some(o) = &mut g.outcome {
+        o.grants.retain(|c| !gone(c.client));
+    }
+    if let Some(p) = provisional.get_mut(key) {
+        let before: f64 = p.iter().map(|(_, r)| r).sum();
+        p.retain(|(c, _)| !gone(*c));
+        if g.outcome.is_none() {
+            *unticked_provisional -= before - p.iter().map(|(_, r)| r).sum::<f64>();
+        }
+    }
+}
+
 /// One client's part in a group (`f32` rates: three words for every client of every group).
 #[derive(Debug, Clone, Copy)]
 struct ClientEntry {
@@ -570,6 +593,8 @@ pub struct Engine {
     provisional: HashMap<GroupName, Vec<(ClientId, f64)>, FixedHasher>,
     backends: BTreeMap<String, BackendState>,
     clients: ClientTable,
+    /// Earlier incarnations of restarted clients, whose places the next tick drops.
+    released: Vec<ClientId>,
     /// Ramps of groups that went idle, kept for their resume TTL: (value, until).
     resume: HashMap<GroupName, (f64, Nanos), FixedHasher>,
     /// Per group with a budget counted per period: its consumption when the period began.
@@ -648,6 +673,7 @@ impl Engine {
             provisional: HashMap::default(),
             backends: BTreeMap::new(),
             clients,
+            released: Vec::new(),
             resume: HashMap::default(),
             budget_baselines: HashMap::default(),
             started: None,
@@ -761,9 +787,22 @@ impl Engine {
 
     /// The id of the client that calls itself `key`, at its exchange number `sequence` (0 when
     /// it does not number them). See [`ClientError`] for when it is refused.
+    ///
+    /// A client whose numbering starts again has restarted: what its earlier incarnation held
+    /// is released, in each group as soon as anyone reports it (its place and its grant
+    /// there), and in the others at the next tick. So the new incarnation is served the room
+    /// the dead one held from its first exchange, not a lease later.
     pub fn client(&mut self, now: Nanos, key: &str, sequence: u64) -> Result<ClientId, ClientError> {
         self.started.get_or_insert(now);
-        self.clients.resolve(now, key, sequence)
+        let (id, earlier) = self.clients.resolve(now, key, sequence)?;
+        if let Some(gone) = earlier
+            && self.released.len() < self.settings.max_clients
+        {
+            // Kept sorted: ids only grow, and a report looks each of its clients up in it.
+            let at = self.released.partition_point(|&c| c < gone);
+            self.released.insert(at, gone);
+        }
+        Ok(id)
     }
 
     /// The state a report for `group` lands in: its own, or the default group's once
@@ -900,6 +939,9 @@ impl Engine {
         };
         let (key, g) = self.tracked.get_index_mut(at).expect("the index of a tracked group");
         let key = key.clone();
+        if !self.released.is_empty() {
+            release(&self.released, &key, g, &mut self.provisional, &mut self.unticked_provisional);
+        }
         g.warm(hint.client);
         if g.settings_generation != generation {
             g.settings = settings_in(&self.configured, &key).cloned();

@@ -461,6 +461,58 @@ fn twenty_clients_right_after_a_restart_are_granted_no_more_than_the_limit() {
     assert_eq!(o.grants.len(), 21);
 }
 
+/// Twenty clients share a limit of 1,000; each restarts (the same id, its numbering from 1).
+/// The first exchange of each new incarnation is granted what the dead one held, so the
+/// fleet is back at its limit within one exchange, whether the clients restart together or
+/// one by one, and the next tick counts no dead incarnation.
+#[test]
+fn a_restarted_client_fleet_is_back_at_its_limit_within_one_exchange() {
+    for together in [true, false] {
+        let mut e = engine(EngineSettings::default());
+        e.set_group(name("g"), GroupSettings::builder().limit(1000.0).build().unwrap());
+        let ask = || ClientReport { held: 0.0, ..report(100.0, 50.0, 50.0) };
+        let key = |c: u64| format!("client-{c}");
+        let mut grants = [0.0; 20];
+        let mut now = Nanos(S);
+        for seq in 1..=3u64 {
+            for c in 0..20u64 {
+                let id = e.client(now, &key(c), seq).unwrap();
+                grants[c as usize] = e.report(now, id, &name("g"), ask()).rate;
+            }
+            e.tick(now);
+            now = now.after(Duration::from_secs(1));
+        }
+        assert!((e.outcome(&name("g")).unwrap().granted() - 1000.0).abs() < 1e-6);
+        let mut seq = [3u64; 20];
+        for round in 0..2 {
+            for c in 0..20u64 {
+                // Together: each restarts in the same second, before any tick; one by one: a
+                // tick between each restart, as a rolling restart does.
+                let restart = round == 0;
+                seq[c as usize] = if restart { 1 } else { seq[c as usize] + 1 };
+                let id = e.client(now, &key(c), seq[c as usize]).unwrap();
+                let r = ClientReport { held: if restart { 0.0 } else { grants[c as usize] }, ..ask() };
+                grants[c as usize] = e.report(now, id, &name("g"), r).rate;
+                let total: f64 = grants.iter().sum();
+                assert!(total <= 1000.0 + 1e-6, "over the limit: {total}");
+                if !together {
+                    assert!((total - 1000.0).abs() < 1e-6, "client {c} restarted one by one: {total}");
+                    e.tick(now);
+                    now = now.after(Duration::from_millis(100));
+                }
+            }
+            let total: f64 = grants.iter().sum();
+            assert!((total - 1000.0).abs() < 1e-6, "round {round}, together {together}: {total}");
+            e.tick(now);
+            now = now.after(Duration::from_secs(1));
+            let o = e.outcome(&name("g")).unwrap();
+            assert_eq!(o.grants.len(), 20, "no dead incarnation is counted");
+            assert!((o.granted() - 1000.0).abs() < 1e-6);
+        }
+        assert_eq!(e.client_restarts(), 20);
+    }
+}
+
 #[test]
 fn a_new_group_under_a_capacity_borrows_the_room_nobody_asked_for() {
     let s = EngineSettings { capacity: Some(1000.0), ..EngineSettings::default() };

@@ -117,6 +117,8 @@ pub(super) struct TickRun {
     /// The capacity the tick's groups take: each target up to what the group asks for.
     taken_total: f64,
     totals: super::Totals,
+    /// The earlier incarnations of restarted clients, sorted: their places are dropped.
+    released: Vec<super::split::ClientId>,
 }
 
 /// How many groups (or backends' loads) a tick's first slice walks; the next slices are sized
@@ -204,6 +206,7 @@ impl Engine {
             shares: None,
             taken_total: 0.0,
             totals: super::Totals::default(),
+            released: std::mem::take(&mut self.released),
         }));
     }
 
@@ -353,7 +356,7 @@ impl Engine {
         let ignore = sat.ignored_zones(run.reporting.zones.len());
         for (name, g) in tracked.as_mut_slice()[run.next..end].iter_mut() {
             run.earliest = run.earliest.min(g.last_report);
-            forget_silent_clients(&mut g.clients, now, settings.report_expiry);
+            forget_silent_clients(&mut g.clients, now, settings.report_expiry, &run.released);
             if g.settings_generation != generation {
                 g.settings = super::settings_in(configured, name).cloned();
                 g.settings_generation = generation;
@@ -690,9 +693,19 @@ pub struct Shares {
     shares: Vec<f64>,
 }
 
-/// Forgets the clients of a group that have not reported within `expiry`.
-fn forget_silent_clients(clients: &mut Vec<super::ClientEntry>, now: Nanos, expiry: std::time::Duration) {
-    clients.retain(|c| now.since(c.seen) <= expiry);
+/// Forgets the clients of a group that have not reported within `expiry`, and the earlier
+/// incarnations of restarted ones (`released`, sorted).
+fn forget_silent_clients(
+    clients: &mut Vec<super::ClientEntry>,
+    now: Nanos,
+    expiry: std::time::Duration,
+    released: &[super::split::ClientId],
+) {
+    if released.is_empty() {
+        clients.retain(|c| now.since(c.seen) <= expiry);
+    } else {
+        clients.retain(|c| now.since(c.seen) <= expiry && released.binary_search(&c.client).is_err());
+    }
     if clients.capacity() > 2 * clients.len() + 4 {
         clients.shrink_to_fit();
     }
