@@ -354,12 +354,12 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
     // One by one, as a rolling restart goes: each successor is granted about what its
     // predecessor held, at its first exchange.
     let mut fleet = fleet;
-    for i in 0..20 {
-        restart(&fleet[i]);
-        let old = std::mem::replace(&mut fleet[i], join(i));
+    for (i, member) in fleet.iter_mut().enumerate() {
+        restart(member);
+        let old = std::mem::replace(member, join(i));
         drop(old.gate);
-        tokio::time::timeout(Duration::from_secs(30), fleet[i].g.wait_for_grant()).await.unwrap();
-        let mine = fleet[i].g.stats().allowance;
+        tokio::time::timeout(Duration::from_secs(30), member.g.wait_for_grant()).await.unwrap();
+        let mine = member.g.stats().allowance;
         assert!(mine > 25.0, "client {i}'s successor is granted {mine}");
     }
     let t = total(&fleet);

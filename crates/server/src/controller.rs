@@ -151,20 +151,22 @@ fn node_json(n: &StoredNode) -> String {
     .to_string()
 }
 
-/// Records a change made (the change is already durable; a record that cannot be written
-/// is logged, and the change stands).
-pub(crate) fn audit(
-    store: &mut Box<dyn SettingsStore>,
+/// The store, with the audit record of the change about to be written to it: the change and
+/// its record are written in one transaction (see [`SettingsStore::audited`]).
+pub(crate) fn audited<'s>(
+    store: &'s mut Box<dyn SettingsStore>,
     who: &str,
     what: String,
     before: Option<String>,
     after: Option<String>,
-) {
-    let record =
-        AuditRecord { at_unix_ms: crate::clock::wall_ms(), who: who.to_string(), what, before, after };
-    if let Err(e) = store.append_audit(&record) {
-        tracing::error!(error = %e, what = %record.what, "the change was made but its audit record was not written");
-    }
+) -> &'s mut dyn SettingsStore {
+    store.audited(AuditRecord {
+        at_unix_ms: crate::clock::wall_ms(),
+        who: who.to_string(),
+        what,
+        before,
+        after,
+    })
 }
 
 /// The controller. See the [module documentation](self).
@@ -794,15 +796,15 @@ impl Controller {
         }
         let settings =
             convert::apply_patch(current.clone().unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
-        store.put_group(&name, &settings)?;
-        self.engine().set_group(name.clone(), settings.clone());
-        audit(
+        audited(
             &mut store,
             who,
             format!("group.put {name}"),
             current.as_ref().map(group_json),
             Some(group_json(&settings)),
-        );
+        )
+        .put_group(&name, &settings)?;
+        self.engine().set_group(name.clone(), settings.clone());
         drop(store);
         self.changed();
         if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
@@ -815,9 +817,9 @@ impl Controller {
     pub fn set_group(&self, name: GroupName, settings: GroupSettings, who: &str) -> Result<(), AdminError> {
         let mut store = self.store();
         let before = self.engine().group(&name).map(group_json);
-        store.put_group(&name, &settings)?;
+        audited(&mut store, who, format!("group.put {name}"), before, Some(group_json(&settings)))
+            .put_group(&name, &settings)?;
         self.engine().set_group(name.clone(), settings.clone());
-        audit(&mut store, who, format!("group.put {name}"), before, Some(group_json(&settings)));
         drop(store);
         self.changed();
         if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
@@ -830,11 +832,10 @@ impl Controller {
     pub fn drop_group(&self, name: &GroupName, who: &str) -> Result<bool, AdminError> {
         let mut store = self.store();
         let before = self.engine().group(name).map(group_json);
-        let existed = store.drop_group(name)?;
+        // Recorded only if the group was there: a drop of nothing writes nothing.
+        let existed =
+            audited(&mut store, who, format!("group.drop {name}"), before, None).drop_group(name)?;
         self.engine().remove_group(name);
-        if existed {
-            audit(&mut store, who, format!("group.drop {name}"), before, None);
-        }
         drop(store);
         self.changed();
         Ok(existed)
@@ -855,9 +856,8 @@ impl Controller {
         let json = tollgate_core::rls::rules_to_json(&rules);
         let mut store = self.store();
         let before = tollgate_core::rls::rules_to_json(&self.rls_rules());
-        store.set_rls_rules(&json)?;
+        audited(&mut store, who, "rls.set".into(), Some(before), Some(json.clone())).set_rls_rules(&json)?;
         *self.rls_rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
-        audit(&mut store, who, "rls.set".into(), Some(before), Some(json));
         Ok(())
     }
 
@@ -1008,8 +1008,8 @@ impl Controller {
         let before = self.node();
         let mut node = before;
         change(&mut node);
-        store.set_node(node)?;
-        audit(&mut store, who, "node.set".into(), Some(node_json(&before)), Some(node_json(&node)));
+        audited(&mut store, who, "node.set".into(), Some(node_json(&before)), Some(node_json(&node)))
+            .set_node(node)?;
         let mut engine = self.engine();
         engine.set_capacity(node.capacity);
         engine.set_mode(node.mode);

@@ -6,7 +6,7 @@ use std::sync::{Arc, PoisonError, RwLockReadGuard};
 
 use crate::auth::{Caller, Credential, NewCredential, Refused, TOKENS_MAX, Tokens};
 use crate::clock::wall_ms;
-use crate::controller::{AdminError, Controller, audit};
+use crate::controller::{AdminError, Controller, audited};
 
 impl Controller {
     fn tokens_read(&self) -> RwLockReadGuard<'_, Tokens> {
@@ -38,15 +38,15 @@ impl Controller {
                 "at most {TOKENS_MAX} tokens; revoke some first (tollgate token list)"
             )));
         }
-        store.put_credential(&credential.id, &credential.to_json())?;
-        self.tokens.write().unwrap_or_else(PoisonError::into_inner).put(credential.clone());
-        audit(
+        audited(
             &mut store,
             who,
             format!("token.create {}", credential.id),
             None,
             Some(credential.audit_json()),
-        );
+        )
+        .put_credential(&credential.id, &credential.to_json())?;
+        self.tokens.write().unwrap_or_else(PoisonError::into_inner).put(credential.clone());
         Ok((credential, token))
     }
 
@@ -65,9 +65,9 @@ impl Controller {
                 "token {id} is the last admin token; create another admin token before revoking it"
             )));
         }
-        store.drop_credential(id)?;
+        audited(&mut store, who, format!("token.revoke {id}"), Some(credential.audit_json()), None)
+            .drop_credential(id)?;
         self.tokens.write().unwrap_or_else(PoisonError::into_inner).remove(id);
-        audit(&mut store, who, format!("token.revoke {id}"), Some(credential.audit_json()), None);
         Ok(credential)
     }
 

@@ -69,6 +69,8 @@ pub struct EtcdStore {
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
     /// The revision of the last load: a watch starts after it.
     revision: i64,
+    /// The audit record of the next settings write.
+    staged: Option<AuditRecord>,
 }
 
 fn etcd_error(target: &EtcdTarget, e: impl std::fmt::Display) -> StoreError {
@@ -140,7 +142,7 @@ impl EtcdStore {
             Ok(Err(reason)) => return Err(etcd_error(&target, format!("cannot connect: {reason}"))),
             Err(_) => return Err(etcd_error(&target, "cannot connect")),
         }
-        let store = EtcdStore { target, jobs, revision: 0 };
+        let store = EtcdStore { target, jobs, revision: 0, staged: None };
         store.claim_prefix()?;
         Ok(store)
     }
@@ -303,6 +305,52 @@ fn decode_group(v: &[u8]) -> Result<GroupSettings, String> {
     convert::settings_from_proto(&msg).map_err(|e| e.to_string())
 }
 
+/// The key the next audit record takes under `prefix`: after the newest, whoever wrote it.
+async fn next_audit_key(c: &mut Client, prefix: &str, at_unix_ms: u64) -> Result<String, etcd_client::Error> {
+    let newest = c
+        .get(
+            prefix,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Descend)
+                    .with_limit(1),
+            ),
+        )
+        .await?;
+    let last =
+        newest.kvs().first().and_then(|kv| std::str::from_utf8(&kv.key()[prefix.len()..]).ok()?.parse().ok());
+    Ok(format!("{prefix}{:020}", super::audit_key(at_unix_ms, last)))
+}
+
+impl EtcdStore {
+    /// Runs `ops` in one transaction with the staged audit record, if any; with `existing`,
+    /// only if that key exists (the answer says whether it did).
+    fn change(&mut self, mut ops: Vec<TxnOp>, existing: Option<String>) -> Result<bool, StoreError> {
+        let staged = self.staged.take();
+        let prefix = self.target.key("audit/");
+        self.call(move |c| {
+            Box::pin(async move {
+                if let Some(record) = &staged {
+                    let key = next_audit_key(c, &prefix, record.at_unix_ms).await?;
+                    ops.push(TxnOp::put(key, record.to_json(), None));
+                }
+                let mut txn = Txn::new();
+                if let Some(key) = existing {
+                    txn = txn.when([Compare::create_revision(key, CompareOp::Greater, 0)]);
+                }
+                let done = c.txn(txn.and_then(ops)).await?.succeeded();
+                if staged.is_some() {
+                    // Past the bound, the oldest go.
+                    trim_oldest(c, prefix, super::AUDIT_MAX).await?;
+                }
+                Ok(done)
+            })
+        })
+    }
+}
+
 impl SettingsStore for EtcdStore {
     fn load(&mut self) -> Result<Stored, StoreError> {
         // Everything but the logs: keys sort `audit/` < `credentials/` < … < `rls_rules` <
@@ -359,44 +407,39 @@ impl SettingsStore for EtcdStore {
     fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError> {
         let key = self.target.key(&format!("groups/{name}"));
         let value = convert::settings_to_proto(settings).encode_to_vec();
-        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
+        self.change(vec![TxnOp::put(key, value, None)], None).map(drop)
     }
 
     fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError> {
         let group = self.target.key(&format!("groups/{name}"));
         let meter = self.target.key(&format!("meters/{name}"));
-        self.call(move |c| {
-            Box::pin(async move {
-                // The group and its meter go together; the answer says whether the group was there.
-                let txn = Txn::new()
-                    .when([Compare::create_revision(group.clone(), CompareOp::Greater, 0)])
-                    .and_then([TxnOp::delete(group, None), TxnOp::delete(meter, None)]);
-                Ok(c.txn(txn).await?.succeeded())
-            })
-        })
+        // The group and its meter go together; the answer says whether the group was there.
+        self.change(vec![TxnOp::delete(group.clone(), None), TxnOp::delete(meter, None)], Some(group))
     }
 
     fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {
         let key = self.target.key(&format!("credentials/{id}"));
-        let value = record.to_string();
-        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
+        self.change(vec![TxnOp::put(key, record.to_string(), None)], None).map(drop)
     }
 
     fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError> {
         let key = self.target.key(&format!("credentials/{id}"));
-        self.call(move |c| Box::pin(async move { Ok(c.delete(key, None).await?.deleted() > 0) }))
+        self.change(vec![TxnOp::delete(key.clone(), None)], Some(key))
     }
 
     fn set_rls_rules(&mut self, json: &str) -> Result<(), StoreError> {
         let key = self.target.key("rls_rules");
-        let value = json.to_string();
-        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
+        self.change(vec![TxnOp::put(key, json.to_string(), None)], None).map(drop)
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
         let key = self.target.key("node");
-        let value = node.to_proto().encode_to_vec();
-        self.call(move |c| Box::pin(async move { c.put(key, value, None).await.map(drop) }))
+        self.change(vec![TxnOp::put(key, node.to_proto().encode_to_vec(), None)], None).map(drop)
+    }
+
+    fn audited(&mut self, record: AuditRecord) -> &mut dyn SettingsStore {
+        self.staged = Some(record);
+        self
     }
 
     fn put_meters(
@@ -506,34 +549,8 @@ impl SettingsStore for EtcdStore {
     }
 
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {
-        let prefix = self.target.key("audit/");
-        let line = record.to_json();
-        let at = record.at_unix_ms;
-        self.call(move |c| {
-            Box::pin(async move {
-                // After the newest record, whoever wrote it.
-                let newest = c
-                    .get(
-                        prefix.clone(),
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_keys_only()
-                                .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Descend)
-                                .with_limit(1),
-                        ),
-                    )
-                    .await?;
-                let last = newest
-                    .kvs()
-                    .first()
-                    .and_then(|kv| std::str::from_utf8(&kv.key()[prefix.len()..]).ok()?.parse().ok());
-                let key = super::audit_key(at, last);
-                c.put(format!("{prefix}{key:020}"), line, None).await?;
-                // Past the bound, the oldest go.
-                trim_oldest(c, prefix, super::AUDIT_MAX).await
-            })
-        })
+        self.staged = Some(record.clone());
+        self.change(Vec::new(), None).map(drop)
     }
 
     fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {

@@ -257,3 +257,38 @@ fn a_full_disk_fails_writes_and_health_until_space_returns_then_recovers() {
     assert!(stored.groups.contains_key(&name(0)) && stored.groups.contains_key(&name(3)));
     assert!(!stored.groups.contains_key(&name(1)) && !stored.groups.contains_key(&name(2)));
 }
+
+/// A change and its audit record are one write: the disk filling up at any point of an
+/// audited change leaves both or neither, never the change alone (before, the record was a
+/// second write, and a full disk between the two lost it while the change was acknowledged).
+#[test]
+fn a_change_and_its_audit_record_are_written_together_or_not_at_all() {
+    let record = |i: u64| super::AuditRecord {
+        at_unix_ms: 1_000 + i,
+        who: "admin".into(),
+        what: format!("group.put {}", name(i as usize)),
+        before: None,
+        after: Some("{}".into()),
+    };
+    let mut both = 0;
+    let mut neither = 0;
+    for budget in 0..200u64 {
+        let disk = FaultyDisk::new(Vec::new(), u64::MAX, Fault::Full);
+        let mut store = RedbStore::with_backend("audited", disk.clone()).unwrap();
+        {
+            let mut d = disk.disk();
+            d.budget = d.ops + budget;
+        }
+        let acknowledged = store.audited(record(0)).put_group(&name(0), &settings(0)).is_ok();
+        disk.heal();
+        let stored = store.load().unwrap();
+        let recorded = store.audit(0, 10).unwrap();
+        let changed = stored.groups.contains_key(&name(0));
+        // A write whose last sync failed may still have landed: unacknowledged, it may stand,
+        // but acknowledged it must, and never without its record or the record without it.
+        assert!(changed || !acknowledged, "budget {budget}: an acknowledged change was lost");
+        assert_eq!(recorded.len(), usize::from(changed), "budget {budget}: {recorded:?}");
+        if changed { both += 1 } else { neither += 1 }
+    }
+    assert!(both > 0 && neither > 0, "both {both}, neither {neither}");
+}

@@ -47,6 +47,8 @@ pub struct RedbStore {
     path: PathBuf,
     reopen: Reopen,
     failed: Option<String>,
+    /// The audit record of the next settings write.
+    staged: Option<AuditRecord>,
 }
 
 impl RedbStore {
@@ -84,7 +86,7 @@ impl RedbStore {
     }
 
     fn with(db: Database, path: PathBuf, reopen: Reopen) -> Result<RedbStore, StoreError> {
-        let mut store = RedbStore { db: Some(db), path, reopen, failed: None };
+        let mut store = RedbStore { db: Some(db), path, reopen, failed: None, staged: None };
         // Create the tables so that reads of a new store find them.
         store.write(|txn| {
             txn.open_table(GROUPS)?;
@@ -113,14 +115,19 @@ impl RedbStore {
         Ok(self.db.as_ref().expect("opened above"))
     }
 
-    /// Runs `f` in a write transaction and commits it (durably) before returning.
+    /// Runs `f` in a write transaction and commits it (durably) before returning, with the
+    /// staged audit record, if any.
     fn write(
         &mut self,
         f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
     ) -> Result<(), StoreError> {
+        let staged = self.staged.take();
         let commit = |db: &Database| -> Result<(), String> {
             let txn = db.begin_write().map_err(|e| e.to_string())?;
             f(&txn).map_err(|e| e.to_string())?;
+            if let Some(record) = &staged {
+                append_audit_in(&txn, record).map_err(|e| e.to_string())?;
+            }
             txn.commit().map_err(|e| e.to_string())
         };
         let result = self
@@ -203,6 +210,17 @@ impl RedbStore {
         }
         Ok(out)
     }
+}
+
+/// Appends `record` to the audit log in `txn`, dropping the oldest past the bound.
+fn append_audit_in(txn: &redb::WriteTransaction, record: &AuditRecord) -> Result<(), redb::Error> {
+    let mut table = txn.open_table(AUDIT)?;
+    let last = table.last()?.map(|(k, _)| k.value());
+    table.insert(super::audit_key(record.at_unix_ms, last), record.to_json().as_bytes())?;
+    while table.len()? > super::AUDIT_MAX as u64 {
+        table.pop_first()?;
+    }
+    Ok(())
 }
 
 /// Reads every entry of every table of the file at `path`, opened read-only: a damaged page
@@ -326,16 +344,12 @@ impl SettingsStore for RedbStore {
     }
 
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {
-        let line = record.to_json();
-        self.write(|txn| {
-            let mut table = txn.open_table(AUDIT)?;
-            let last = table.last()?.map(|(k, _)| k.value());
-            table.insert(super::audit_key(record.at_unix_ms, last), line.as_bytes())?;
-            while table.len()? > super::AUDIT_MAX as u64 {
-                table.pop_first()?;
-            }
-            Ok(())
-        })
+        self.write(|txn| append_audit_in(txn, record))
+    }
+
+    fn audited(&mut self, record: AuditRecord) -> &mut dyn SettingsStore {
+        self.staged = Some(record);
+        self
     }
 
     fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {

@@ -347,6 +347,11 @@ pub trait SettingsStore: Send {
     /// Appends a record to the audit log (durable when it returns), dropping the oldest past
     /// [`AUDIT_MAX`].
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError>;
+    /// Makes `record` part of the next settings write (a group, the node, a credential or the
+    /// RLS rules put or dropped): both are written in one transaction, so a change is never
+    /// acknowledged without its record, nor a record kept for a change that failed. If that
+    /// write fails, the record goes with it.
+    fn audited(&mut self, record: AuditRecord) -> &mut dyn SettingsStore;
     /// The audit records made at or after `since_unix_ms`, oldest first, at most `limit`.
     fn audit(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<AuditRecord>, StoreError>;
     /// Stores a credential: its id and its record as JSON.
@@ -368,16 +373,28 @@ pub struct MemoryStore {
     stored: Arc<Mutex<Stored>>,
     audit: Arc<Mutex<std::collections::VecDeque<AuditRecord>>>,
     usage: Arc<Mutex<BTreeMap<(u64, GroupName), Meter>>>,
+    /// The audit record of the next settings write.
+    staged: Option<AuditRecord>,
 }
 
 impl MemoryStore {
     /// A store that starts with `stored`.
     pub fn with(stored: Stored) -> Self {
-        Self { stored: Arc::new(Mutex::new(stored)), audit: Arc::default(), usage: Arc::default() }
+        Self { stored: Arc::new(Mutex::new(stored)), ..Self::default() }
     }
 
     fn stored(&self) -> MutexGuard<'_, Stored> {
         self.stored.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl MemoryStore {
+    /// Writes the staged audit record, with the change just made.
+    fn write_staged(&mut self) -> Result<(), StoreError> {
+        match self.staged.take() {
+            Some(record) => self.append_audit(&record),
+            None => Ok(()),
+        }
     }
 }
 
@@ -388,20 +405,26 @@ impl SettingsStore for MemoryStore {
 
     fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError> {
         self.stored().groups.insert(name.clone(), settings.clone());
-        Ok(())
+        self.write_staged()
     }
 
     fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError> {
-        let mut stored = self.stored();
-        stored.meters.remove(name);
-        Ok(stored.groups.remove(name).is_some())
+        let existed = {
+            let mut stored = self.stored();
+            stored.meters.remove(name);
+            stored.groups.remove(name).is_some()
+        };
+        self.write_staged()?;
+        Ok(existed)
     }
 
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
-        let mut stored = self.stored();
-        stored.node = node;
-        stored.node_stored = true;
-        Ok(())
+        {
+            let mut stored = self.stored();
+            stored.node = node;
+            stored.node_stored = true;
+        }
+        self.write_staged()
     }
 
     fn put_meters(
@@ -444,16 +467,23 @@ impl SettingsStore for MemoryStore {
 
     fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {
         self.stored().credentials.insert(id.to_string(), record.to_string());
-        Ok(())
+        self.write_staged()
     }
 
     fn drop_credential(&mut self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.stored().credentials.remove(id).is_some())
+        let existed = self.stored().credentials.remove(id).is_some();
+        self.write_staged()?;
+        Ok(existed)
     }
 
     fn set_rls_rules(&mut self, json: &str) -> Result<(), StoreError> {
         self.stored().rls_rules = Some(json.to_string());
-        Ok(())
+        self.write_staged()
+    }
+
+    fn audited(&mut self, record: AuditRecord) -> &mut dyn SettingsStore {
+        self.staged = Some(record);
+        self
     }
 
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {
