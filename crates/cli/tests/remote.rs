@@ -309,25 +309,46 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let (_server, url) = start_server("remote-fleet-restart");
     admin(&url, &["group", "create", "fleet", "--limit", "1000"]);
+    // Each member is a process of its own as far as the server can tell: its own runtime on
+    // its own thread, which a restart ends (as a kill ends a process: no exchange after it)
+    // before the successor starts.
     struct Member {
         gate: Tollgate,
         g: tollgate_client::GroupHandle,
         stop: Arc<AtomicBool>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+    impl Drop for Member {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+        }
     }
     // Each member asks for about 2,000 units a second: more than its share.
     let join = |i: usize| {
-        let opts = RemoteOptions { client_id: Some(format!("fleet-{i}")), ..RemoteOptions::default() };
-        let gate = Tollgate::remote(&url, opts).unwrap();
-        let g = gate.group("fleet").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let (asker, stopped) = (g.clone(), stop.clone());
-        tokio::spawn(async move {
-            while !stopped.load(Ordering::Relaxed) {
-                drop(asker.try_acquire(1.0));
-                tokio::time::sleep(Duration::from_micros(500)).await;
-            }
+        let (url, stopped) = (url.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let opts =
+                    RemoteOptions { client_id: Some(format!("fleet-{i}")), ..RemoteOptions::default() };
+                let gate = Tollgate::remote(&url, opts).unwrap();
+                let g = gate.group("fleet").unwrap();
+                tx.send((gate, g.clone())).unwrap();
+                while !stopped.load(Ordering::Relaxed) {
+                    drop(g.try_acquire(1.0));
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                }
+            });
+            // The runtime goes here, and its exchange task with it.
         });
-        Member { gate, g, stop }
+        let (gate, g) = rx.recv().unwrap();
+        Member { gate, g, stop, thread: Some(thread) }
+    };
+    let restart = |m: &mut Member| {
+        m.stop.store(true, Ordering::Relaxed);
+        m.thread.take().unwrap().join().unwrap();
     };
     let total = |fleet: &[Member]| fleet.iter().map(|m| m.g.stats().allowance).sum::<f64>();
     let mut fleet: Vec<Member> = (0..20).map(join).collect();
@@ -336,11 +357,8 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
         (990.0..=1000.5).contains(&t) && fleet.iter().all(|m| m.g.stats().allowance > 40.0)
     })
     .await;
-    let restart = |m: &Member| {
-        m.stop.store(true, Ordering::Relaxed);
-    };
     // All together: every process gone, then every one back.
-    fleet.iter().for_each(restart);
+    fleet.iter_mut().for_each(restart);
     fleet.clear();
     let fleet: Vec<Member> = (0..20).map(join).collect();
     let mut first = 0.0;
@@ -356,8 +374,7 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
     let mut fleet = fleet;
     for (i, member) in fleet.iter_mut().enumerate() {
         restart(member);
-        let old = std::mem::replace(member, join(i));
-        drop(old.gate);
+        *member = join(i);
         tokio::time::timeout(Duration::from_secs(30), member.g.wait_for_grant()).await.unwrap();
         let mine = member.g.stats().allowance;
         assert!(mine > 25.0, "client {i}'s successor is granted {mine}");

@@ -6,6 +6,14 @@
 //! another, so two never lead at once; a new leader relearns what clients hold for one grant
 //! lease ([`Controller::set_role`]).
 //!
+//! **etcd outages.** A renewal that fails (etcd gone, a member restarting) does not end the
+//! term: the leader goes on granting from what it holds, and keeps trying to renew on the same
+//! lease, until the lease could have run out in etcd (its time since the last renewal was
+//! *sent*); only then does it step down. A controller whose term ended revokes its last lease
+//! first thing in its next term, so when etcd comes back the election is free at once, rather
+//! than held for a lease by candidacies nobody runs any more (etcd extends every lease by its
+//! time when it starts).
+//!
 //! Each controller also holds `PREFIX/members/ADDRESS` under its lease, so two controllers that
 //! advertise the same address are refused.
 
@@ -41,8 +49,10 @@ pub async fn run(
     controller: Arc<Controller>,
     clock: Clock,
 ) {
+    // The lease of the last term, until it is known revoked.
+    let mut previous: Option<i64> = None;
     loop {
-        let result = term(&target, &advertise, lease, controller.clone(), clock).await;
+        let result = term(&target, &advertise, lease, controller.clone(), clock, &mut previous).await;
         let was_leader = controller.role().role == Role::Leader;
         controller.set_role(clock.now(), RoleView { role: Role::Follower, leader: None });
         match result {
@@ -61,10 +71,21 @@ async fn term(
     lease: Duration,
     controller: Arc<Controller>,
     clock: Clock,
+    previous: &mut Option<i64>,
 ) -> Result<(), String> {
     let ttl = i64::try_from(lease.as_secs()).unwrap_or(i64::MAX).max(1);
     let mut client: Client = connect(target).await.map_err(|e| reason(&e))?;
+    if let Some(old) = *previous {
+        // Its member key and candidacy go with it (gone already if it ran out: fine).
+        match client.lease_revoke(old).await {
+            Ok(_) => {}
+            Err(e) if reason(&e).contains("lease not found") => {}
+            Err(e) => return Err(reason(&e)),
+        }
+        *previous = None;
+    }
     let lease_id = client.lease_grant(ttl, None).await.map_err(|e| reason(&e))?.id();
+    *previous = Some(lease_id);
     let member = member_key(target, advertise);
     let claimed = client
         .txn(Txn::new().when([Compare::create_revision(member.clone(), CompareOp::Equal, 0)]).and_then([
@@ -99,7 +120,12 @@ async fn term(
     tokio::pin!(campaign);
     let mut renew = tokio::time::interval(lease / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When the last acknowledged renewal was sent: etcd's expiry is at most a lease after it.
     let mut renewed = clock.now();
+    // When each renewal not yet acknowledged was sent, oldest first (etcd answers in order).
+    let mut sent: std::collections::VecDeque<tollgate_core::time::Nanos> = std::collections::VecDeque::new();
+    // The renewal stream failed: a new one is opened on the same lease at each turn.
+    let mut broken = false;
     let mut leading = false;
     let outcome = loop {
         tokio::select! {
@@ -116,20 +142,41 @@ async fn term(
                 if clock.now().since(renewed) >= lease {
                     break Err(format!("the lease was not renewed within {lease:?}"));
                 }
-                if let Err(e) = keeper.keep_alive().await {
-                    break Err(reason(&e));
+                if broken {
+                    let reopened = tokio::time::timeout(lease / 3, client.lease_keep_alive(lease_id)).await;
+                    if let Ok(Ok((k, a))) = reopened {
+                        (keeper, acks, broken) = (k, a, false);
+                        sent.clear();
+                        tracing::info!("election: renewing the lease again");
+                    }
+                }
+                if !broken {
+                    sent.push_back(clock.now());
+                    if let Err(e) = keeper.keep_alive().await {
+                        broken = true;
+                        tracing::warn!(error = %reason(&e), leading, "election: cannot renew the lease; trying until it could have run out");
+                    }
                 }
             }
-            ack = acks.message() => match ack {
-                Ok(Some(a)) if a.ttl() > 0 => renewed = clock.now(),
+            ack = acks.message(), if !broken => match ack {
+                Ok(Some(a)) if a.ttl() > 0 => {
+                    if let Some(at) = sent.pop_front() {
+                        renewed = renewed.max(at);
+                    }
+                }
                 Ok(Some(_)) => break Err("the lease expired".into()),
-                Ok(None) => break Err("the lease's renewal stream ended".into()),
-                Err(e) => break Err(reason(&e)),
+                Ok(None) | Err(_) => {
+                    broken = true;
+                    tracing::warn!(leading, "election: the lease's renewal stream broke; trying until the lease could have run out");
+                }
             },
         }
     };
     observer.abort();
-    // Best effort: hand the election on at once rather than at the lease's end.
-    let _ = tokio::time::timeout(Duration::from_millis(500), client.lease_revoke(lease_id)).await;
+    // Best effort: hand the election on at once rather than at the lease's end (else the next
+    // term revokes it).
+    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), client.lease_revoke(lease_id)).await {
+        *previous = None;
+    }
     outcome
 }

@@ -13,6 +13,8 @@ pub struct Etcd {
     /// Its client port.
     pub port: u16,
     dir: PathBuf,
+    /// How it was started, to start it again on the same data.
+    args: Vec<std::ffi::OsString>,
 }
 
 fn free_port() -> u16 {
@@ -45,18 +47,33 @@ impl Etcd {
                 std::fs::create_dir_all(&dir).unwrap();
                 let peer_url = format!("http://127.0.0.1:{peer}");
                 let client_url = format!("http://127.0.0.1:{client}");
-                let child = Command::new("etcd")
-                    .args(["--name", &format!("m{i}"), "--data-dir"])
-                    .arg(dir.join("data"))
-                    .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-                    .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-                    .args(["--initial-cluster", &initial, "--initial-cluster-state", "new"])
-                    .args(["--log-level", "error"])
-                    .stdout(Stdio::null())
-                    .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
-                    .spawn()
-                    .expect("etcd is installed (./scripts/test.sh installs Debian's etcd-server)");
-                Etcd { child: Some(child), port: client, dir }
+                let data = dir.join("data");
+                let args: Vec<std::ffi::OsString> = [
+                    "--name",
+                    &format!("m{i}"),
+                    "--data-dir",
+                    data.to_str().unwrap(),
+                    "--listen-client-urls",
+                    &client_url,
+                    "--advertise-client-urls",
+                    &client_url,
+                    "--listen-peer-urls",
+                    &peer_url,
+                    "--initial-advertise-peer-urls",
+                    &peer_url,
+                    "--initial-cluster",
+                    &initial,
+                    "--initial-cluster-state",
+                    "new",
+                    "--log-level",
+                    "error",
+                ]
+                .iter()
+                .map(Into::into)
+                .collect();
+                let mut e = Etcd { child: None, port: client, dir, args };
+                e.spawn();
+                e
             })
             .collect();
         for e in &started {
@@ -93,6 +110,26 @@ impl Etcd {
     /// Its client URL.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("etcd.log")).unwrap();
+        let child = Command::new("etcd")
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd is installed (./scripts/test.sh installs Debian's etcd-server)");
+        self.child = Some(child);
+    }
+
+    /// Starts it again after [`kill`](Self::kill), on the same ports and data, and waits until
+    /// it answers healthy.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "still running");
+        self.spawn();
+        self.wait_ready();
     }
 
     /// Kills it (kill -9); its directory stays until dropped.
