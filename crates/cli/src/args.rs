@@ -291,10 +291,12 @@ pub(crate) struct ServerArgs {
     /// milliseconds: at most a minute; also at a clean stop.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub(crate) flush_ms: u64,
-    /// gRPC connections open at once; past it new ones are closed at once. Keep it below
-    /// the process's open-file limit (`ulimit -n`).
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub(crate) max_connections: u64,
+    /// Connections open at once on each port (gRPC and HTTP); past it, connections idle for
+    /// 10 s make room, else new ones are closed at once. Default 10,000, lowered to fit the
+    /// open-file limit (`ulimit -n`, raised to its hard limit at start); a value that does
+    /// not fit stops the start.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) max_connections: Option<u64>,
     /// A gRPC connection with no traffic for this long is closed, in milliseconds.
     #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
     pub(crate) idle_timeout_ms: u64,

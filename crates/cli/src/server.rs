@@ -160,6 +160,12 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             model
         }
     };
+    let (max_connections, fitted) = tollgate_server::conn::fit_connections(
+        a.max_connections.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        tollgate_server::conn::open_file_limit(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    notes.extend(fitted);
     let opts = ServerOptions {
         etcd,
         advertise: a.advertise.clone(),
@@ -175,7 +181,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         trickle: Duration::from_millis(a.trickle_ms),
         flush_interval: Duration::from_millis(a.flush_ms),
         limits: tollgate_server::conn::Limits {
-            max_connections: a.max_connections as usize,
+            max_connections,
             idle_timeout: Duration::from_millis(a.idle_timeout_ms),
             max_requests_per_s: a.max_requests_per_conn_s,
             max_streams: a.max_streams_per_conn,

@@ -351,6 +351,58 @@ fn connections_are_capped_idle_ones_closed_and_health_still_answers() {
     assert!(logged.contains("connection limit reached"), "{logged}");
 }
 
+/// Issue: with a port at its cap, `/healthz` failed, and idle connections locked new clients
+/// (the CLI included) out for the whole idle timeout (300 s). Now the HTTP port keeps places
+/// for its probes, and at the cap connections idle for 10 s make room for new ones.
+#[test]
+fn at_the_cap_the_probes_answer_and_idle_connections_make_room() {
+    let s = ServerProc::start_with(&data_dir("at-the-cap"), &["--max-connections", "20"], Stdio::null());
+    let _idle_grpc: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&s.grpc).unwrap()).collect();
+    let _idle_http: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&s.http).unwrap()).collect();
+    // Taken in after the idle ones (a listener accepts in order): on a place kept for probes.
+    assert!(http_get(&s.http, "/healthz").contains("200 OK"));
+    let ready = http_get(&s.http, "/readyz");
+    assert!(ready.contains("200 OK") && ready.ends_with("ready\n"), "{ready}");
+    let other = http_get(&s.http, "/v1/groups");
+    assert!(other.contains("503") && other.contains("connection limit"), "{other}");
+    // Once they have been idle for 10 s, new clients get in: the longest idle make room.
+    std::thread::sleep(std::time::Duration::from_secs(11));
+    ok(&s, &["group", "list"]);
+    assert!(http_get(&s.http, "/v1/groups").contains("200 OK"));
+}
+
+/// The connection cap fits the open-file limit: a cap asked for that cannot fit stops the
+/// start, naming the flag and the limit; the default is lowered to fit, and says so.
+#[test]
+fn the_connection_cap_fits_the_open_file_limit() {
+    let dir = data_dir("descriptors");
+    let run = |flags: &str| {
+        let script = format!(
+            "ulimit -n 600 && exec '{BIN}' server --data '{}' --grpc 127.0.0.1:0 --http 127.0.0.1:0 {flags}",
+            dir.display()
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let out = run("--max-connections 1000").wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-connections 1000") && err.contains("may open 600 files"), "{err}");
+    let mut child = run("");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line)
+        .unwrap();
+    assert!(line.starts_with("tollgate server listening"), "{line}");
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("connections capped at 164 per port"), "{err}");
+}
+
 #[test]
 fn http_serves_health_metrics_and_status() {
     let s = ServerProc::start(&data_dir("http"));

@@ -6,6 +6,12 @@
 //! `max_connections` a new connection is closed as soon as it is accepted; a connection with
 //! no traffic for `idle_timeout` is closed (a live client exchanges every tick); a failed
 //! accept waits a little before the next; and each of these is logged, at most every 10 s.
+//!
+//! At the cap, idle connections make room: a new connection closes those idle for
+//! [`PRESSURE_IDLE`] or more (the longest idle first) and waits a moment for one's place, so a
+//! crowd of idle connections never locks live clients (the CLI among them) out for a whole
+//! idle timeout. The HTTP port also keeps [`HEALTH_RESERVE`] places past the cap for
+//! `/healthz` and `/readyz` alone, so a full port still answers its probes.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,11 +41,78 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_connections: 10_000,
+            max_connections: MAX_CONNECTIONS_DEFAULT,
             idle_timeout: Duration::from_secs(300),
             max_requests_per_s: 50_000,
             max_streams: 1024,
         }
+    }
+}
+
+/// At the cap, a connection idle this long is closed to make room for a new one (a live
+/// client exchanges every tick, and a backend reports more often).
+pub const PRESSURE_IDLE: Duration = Duration::from_secs(10);
+/// Places past the cap on the HTTP port for `/healthz` and `/readyz` alone.
+pub const HEALTH_RESERVE: usize = 16;
+/// How long a new connection at the cap waits for the place of an idle one closed for it.
+pub(crate) const ROOM_WAIT: Duration = Duration::from_secs(1);
+/// New connections waiting for a place at once, at most; past it they are closed at once.
+pub(crate) const ROOM_WAITERS: usize = 64;
+/// Descriptors kept for everything but connections (the data file, etcd, logs, the
+/// listening sockets), and the reserve's.
+pub const DESCRIPTORS_RESERVE: usize = 256 + HEALTH_RESERVE;
+
+/// The default cap on connections per port.
+pub const MAX_CONNECTIONS_DEFAULT: usize = 10_000;
+
+/// The process's open-file limit, raised first to its hard limit (as servers commonly do): the
+/// soft limit, or `None` where it cannot be read.
+pub fn open_file_limit() -> Option<u64> {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given, which lives here.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut l) != 0 {
+            return None;
+        }
+        if l.rlim_cur < l.rlim_max {
+            let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) == 0 {
+                l.rlim_cur = l.rlim_max;
+            }
+        }
+    }
+    Some(l.rlim_cur)
+}
+
+/// The cap on connections per port that fits `descriptors` (the open-file limit): two ports'
+/// connections and [`DESCRIPTORS_RESERVE`]. `asked` is the cap asked for (`None`: the
+/// default, lowered to fit, with a note saying so); one that does not fit is an error naming
+/// the flag and the limit.
+pub fn fit_connections(
+    asked: Option<usize>,
+    descriptors: Option<u64>,
+) -> Result<(usize, Option<String>), String> {
+    let Some(limit) = descriptors else { return Ok((asked.unwrap_or(MAX_CONNECTIONS_DEFAULT), None)) };
+    let room = usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(DESCRIPTORS_RESERVE) / 2;
+    match asked {
+        Some(n) if n > room => Err(format!(
+            "--max-connections {n}: two ports of {n} connections and {DESCRIPTORS_RESERVE} other descriptors need {}, \
+             but this process may open {limit} files (ulimit -n); raise the limit or give --max-connections {room} or less",
+            2 * n + DESCRIPTORS_RESERVE
+        )),
+        Some(n) => Ok((n, None)),
+        None if room == 0 => Err(format!(
+            "this process may open only {limit} files (ulimit -n): too few to serve; raise the limit"
+        )),
+        None if room < MAX_CONNECTIONS_DEFAULT => Ok((
+            room,
+            Some(format!(
+                "connections capped at {room} per port to fit the open-file limit of {limit} (ulimit -n); \
+                 raise it for the default {MAX_CONNECTIONS_DEFAULT}"
+            )),
+        )),
+        None => Ok((MAX_CONNECTIONS_DEFAULT, None)),
     }
 }
 
@@ -54,6 +127,95 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 pub(crate) fn now() -> Instant {
     #[allow(clippy::disallowed_methods)] // the server's edge: tokio time
     Instant::now()
+}
+
+/// The instant connections' activity is counted from.
+fn base() -> Instant {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *BASE.get_or_init(now)
+}
+
+/// A connection's last traffic, shared with the accept loop, which may close it to make room.
+#[derive(Debug, Default)]
+pub(crate) struct Activity {
+    /// Milliseconds from [`base`] to the last read or write.
+    last_ms: std::sync::atomic::AtomicU64,
+    /// Closed to make room: its next read ends the stream.
+    evict: std::sync::atomic::AtomicBool,
+    /// Woken to see `evict`.
+    waker: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl Activity {
+    fn touch(&self, at: Instant) {
+        let ms = u64::try_from(at.duration_since(base()).as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        base() + Duration::from_millis(self.last_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// How long since its last traffic.
+    pub(crate) fn idle_for(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.last())
+    }
+
+    /// Closes the connection at its next read (woken for it).
+    pub(crate) fn evict(&self) {
+        self.evict.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(w) = self.waker.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            w.wake();
+        }
+    }
+
+    fn evicted(&self, cx: &Context<'_>) -> bool {
+        if self.evict.load(std::sync::atomic::Ordering::Acquire) {
+            return true;
+        }
+        let mut w = self.waker.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *w = Some(cx.waker().clone());
+        }
+        drop(w);
+        // Evicted between the first look and the waker's registration: seen now.
+        self.evict.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// The connections of one listener, for making room at the cap.
+#[derive(Debug, Default)]
+pub(crate) struct Registry(Vec<std::sync::Weak<Activity>>);
+
+impl Registry {
+    /// A new connection's activity, registered.
+    pub(crate) fn add(&mut self) -> Arc<Activity> {
+        let a = Arc::new(Activity::default());
+        a.touch(now());
+        if self.0.len() >= 64 && self.0.len() == self.0.capacity() {
+            self.0.retain(|w| w.strong_count() > 0);
+        }
+        self.0.push(Arc::downgrade(&a));
+        a
+    }
+
+    /// Closes up to `n` connections idle for [`PRESSURE_IDLE`] or more, the longest idle
+    /// first; says how many.
+    pub(crate) fn make_room(&mut self, n: usize) -> usize {
+        let at = now();
+        self.0.retain(|w| w.strong_count() > 0);
+        let mut idle: Vec<(Duration, Arc<Activity>)> = self
+            .0
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|a| !a.evict.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|a| (a.idle_for(at), a))
+            .filter(|(d, _)| *d >= PRESSURE_IDLE)
+            .collect();
+        idle.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
+        idle.iter().take(n).for_each(|(_, a)| a.evict());
+        idle.len().min(n)
+    }
 }
 
 /// Says when a repeated complaint may be logged again (at most every 10 s).
@@ -151,18 +313,30 @@ pub struct Guarded<IO> {
     io: IO,
     _permit: OwnedSemaphorePermit,
     idle: Duration,
-    /// When the connection last read or wrote.
-    last_active: Instant,
+    /// When the connection last read or wrote, and whether it is closed to make room.
+    activity: Arc<Activity>,
     deadline: Pin<Box<Sleep>>,
 }
 
 impl<IO> Guarded<IO> {
     pub(crate) fn new(io: IO, permit: OwnedSemaphorePermit, idle: Duration) -> Self {
-        Self { io, _permit: permit, idle, last_active: now(), deadline: Box::pin(tokio::time::sleep(idle)) }
+        let activity = Arc::new(Activity::default());
+        activity.touch(now());
+        Self::registered(io, permit, idle, activity)
+    }
+
+    /// With its activity in a listener's [`Registry`].
+    pub(crate) fn registered(
+        io: IO,
+        permit: OwnedSemaphorePermit,
+        idle: Duration,
+        activity: Arc<Activity>,
+    ) -> Self {
+        Self { io, _permit: permit, idle, activity, deadline: Box::pin(tokio::time::sleep(idle)) }
     }
 
     fn active(&mut self) {
-        self.last_active = now();
+        self.activity.touch(now());
     }
 
     /// Whether the connection has been idle for the whole timeout: the timer fired, and no
@@ -172,7 +346,7 @@ impl<IO> Guarded<IO> {
             if self.deadline.as_mut().poll(cx).is_pending() {
                 return false;
             }
-            let due = self.last_active + self.idle;
+            let due = self.activity.last() + self.idle;
             if due <= self.deadline.deadline() {
                 return true;
             }
@@ -202,8 +376,13 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => {
-                // Idle too long: end of stream, and the connection is closed.
-                if self.idle_for_good(cx) { Poll::Ready(Ok(())) } else { Poll::Pending }
+                // Idle too long, or closed to make room: end of stream, and the connection
+                // is closed.
+                if self.activity.evicted(cx) || self.idle_for_good(cx) {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
             }
             other => other,
         }
@@ -255,6 +434,21 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    #[test]
+    fn the_connection_cap_fits_the_open_file_limit() {
+        assert_eq!(fit_connections(None, Some(1 << 20)), Ok((MAX_CONNECTIONS_DEFAULT, None)));
+        // 20,000 descriptors cannot hold two ports of 10,000: the default is lowered, said.
+        let (cap, note) = fit_connections(None, Some(20_000)).unwrap();
+        assert_eq!(cap, (20_000 - DESCRIPTORS_RESERVE) / 2);
+        assert!(note.is_some_and(|n| n.contains("ulimit -n")));
+        // Asked for, it is refused with the flag and the limit named.
+        let e = fit_connections(Some(10_000), Some(20_000)).unwrap_err();
+        assert!(e.contains("--max-connections 10000") && e.contains("20000"), "{e}");
+        assert_eq!(fit_connections(Some(5_000), Some(20_000)), Ok((5_000, None)));
+        assert!(fit_connections(None, Some(100)).is_err());
+        assert_eq!(fit_connections(Some(7), None), Ok((7, None)));
+    }
 
     fn permit() -> OwnedSemaphorePermit {
         Arc::new(Semaphore::new(1)).try_acquire_owned().expect("a permit")

@@ -139,6 +139,18 @@ pub(crate) async fn http_guard(
     next: Next,
 ) -> axum::response::Response {
     let peer = req.extensions().get::<ConnectInfo<Peer>>().map(|c| c.0.clone());
+    if peer.as_ref().is_some_and(|p| p.health_only) && !matches!(req.uri().path(), "/healthz" | "/readyz") {
+        let body = serde_json::json!({
+            "error": "the HTTP port is at its connection limit (--max-connections); this connection may ask for /healthz and /readyz only"
+        })
+        .to_string();
+        return (
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            [(http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
+    }
     let checked = check(
         &controller,
         &front,

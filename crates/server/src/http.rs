@@ -38,6 +38,7 @@ pub fn router(
     let controller_for_dashboard = controller.clone();
     Router::new()
         .route("/healthz", get(health))
+        .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .route("/v1/node/properties", get(node_properties).put(set_node_properties))
@@ -73,6 +74,23 @@ async fn health(State(app): State<AppState>) -> axum::response::Response {
             (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response()
         }
     }
+}
+
+/// `ready`, or 503 with why not: the store cannot take writes, or this controller follows and
+/// knows no leader (etcd is out of reach, or an election is under way).
+async fn ready(State(app): State<AppState>) -> axum::response::Response {
+    if let Some(reason) = app.controller.store_health() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response();
+    }
+    let role = app.controller.role();
+    if role.role == crate::controller::Role::Follower && role.leader.is_none() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no leader: an election is under way or etcd is out of reach\n",
+        )
+            .into_response();
+    }
+    "ready\n".into_response()
 }
 
 /// `/status`: every group (HTTP has no message size limit to page around), built on the

@@ -20,7 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_rustls::server::TlsStream;
 use tonic::codegen::http;
 use tonic::transport::server::Connected;
@@ -59,6 +59,9 @@ pub struct Peer {
     pub tls: bool,
     /// Requests left this second.
     pub(crate) budget: Arc<Budget>,
+    /// Taken in past the cap, on a place kept for `/healthz` and `/readyz`: it may ask for
+    /// nothing else.
+    pub health_only: bool,
 }
 
 /// A connection's request budget: a bucket of `rate` requests refilled each second.
@@ -391,7 +394,9 @@ impl Incoming {
     ) -> std::io::Result<Incoming> {
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(1024);
-        let task = tokio::spawn(accept_loop(listener, tls, limits, grpc_writes, tx));
+        // The HTTP port (the one whose writes are not counted) keeps places for its probes.
+        let reserve = grpc_writes.is_none().then(|| Arc::new(Semaphore::new(crate::conn::HEALTH_RESERVE)));
+        let task = tokio::spawn(accept_loop(listener, tls, limits, grpc_writes, reserve, tx));
         Ok(Incoming { rx, local, task })
     }
 
@@ -440,14 +445,27 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Inco
     }
 }
 
+/// Where an accepted connection stands under the cap.
+enum Place {
+    /// A place of its own.
+    Taken(OwnedSemaphorePermit),
+    /// Idle connections were closed for it: it waits (holding a waiter's place) for one's.
+    Waiting(OwnedSemaphorePermit),
+    /// A place kept for the health probes.
+    Health(OwnedSemaphorePermit),
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
     limits: Limits,
     grpc_writes: Option<Arc<AtomicU64>>,
+    reserve: Option<Arc<Semaphore>>,
     tx: mpsc::Sender<Conn>,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let waiters = Arc::new(Semaphore::new(crate::conn::ROOM_WAITERS));
+    let mut registry = crate::conn::Registry::default();
     let mut log = crate::conn::LogLimit::default();
     let failed_handshakes = Arc::new(Mutex::new(crate::conn::LogLimit::default()));
     let mut refused = 0u64;
@@ -463,16 +481,35 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            // Closed at once: the clients already connected keep their service.
-            drop(tcp);
-            refused += 1;
-            if log.due() {
-                let max = limits.max_connections;
-                tracing::warn!(max, refused, "connection limit reached: closing new connections");
+        let health = || reserve.as_ref().and_then(|r| r.clone().try_acquire_owned().ok());
+        let place = match permits.clone().try_acquire_owned() {
+            Ok(permit) => Place::Taken(permit),
+            Err(_) => {
+                let made = registry.make_room(8);
+                match (made > 0).then(|| waiters.clone().try_acquire_owned().ok()).flatten() {
+                    Some(waiter) => Place::Waiting(waiter),
+                    None => match health() {
+                        Some(kept) => Place::Health(kept),
+                        None => {
+                            // Closed at once: the clients already connected keep their service.
+                            drop(tcp);
+                            refused += 1;
+                            if log.due() {
+                                let max = limits.max_connections;
+                                tracing::warn!(
+                                    max,
+                                    refused,
+                                    "connection limit reached: closing new connections"
+                                );
+                            }
+                            continue;
+                        }
+                    },
+                }
             }
-            continue;
         };
+        let activity = registry.add();
+        let (permits, reserve) = (permits.clone(), reserve.clone());
         let _ = tcp.set_nodelay(true);
         let (tx, tls, failed, grpc_writes) =
             (tx.clone(), tls.clone(), failed_handshakes.clone(), grpc_writes.clone());
@@ -485,6 +522,21 @@ async fn accept_loop(
             }
         };
         tokio::spawn(async move {
+            let (permit, health_only) = match place {
+                Place::Taken(p) => (p, false),
+                Place::Health(p) => (p, true),
+                Place::Waiting(waiter) => {
+                    let room = tokio::time::timeout(crate::conn::ROOM_WAIT, permits.acquire_owned()).await;
+                    drop(waiter);
+                    match room {
+                        Ok(Ok(p)) => (p, false),
+                        _ => match reserve.and_then(|r| r.try_acquire_owned().ok()) {
+                            Some(p) => (p, true),
+                            None => return,
+                        },
+                    }
+                }
+            };
             let (io, cert_name) = match tls {
                 None => (Io::Plain(tcp), None),
                 Some(tls) => {
@@ -505,9 +557,20 @@ async fn accept_loop(
                 }
             };
             let tls = matches!(io, Io::Tls(_));
-            let peer =
-                Peer { addr, cert_name, tls, budget: Arc::new(Budget::new(limits.max_requests_per_s)) };
-            let io = Guarded::new(io, permit, limits.idle_timeout);
+            let peer = Peer {
+                addr,
+                cert_name,
+                tls,
+                budget: Arc::new(Budget::new(limits.max_requests_per_s)),
+                health_only,
+            };
+            // A probe's place is let go soon: it is there for a probe, not for keeping.
+            let idle = if health_only {
+                crate::conn::PRESSURE_IDLE.min(limits.idle_timeout)
+            } else {
+                limits.idle_timeout
+            };
+            let io = Guarded::registered(io, permit, idle, activity);
             let _ = tx.send(Conn { io, grpc_writes, peer }).await;
         });
     }
@@ -528,7 +591,13 @@ mod tests {
         let mut client = TcpStream::connect(addr).await.expect("connect");
         let (stream, peer) = listener.accept().await.expect("accept");
         let permit = Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("a permit");
-        let peer = Peer { addr: peer, cert_name: None, tls: false, budget: Arc::new(Budget::new(10)) };
+        let peer = Peer {
+            addr: peer,
+            cert_name: None,
+            tls: false,
+            budget: Arc::new(Budget::new(10)),
+            health_only: false,
+        };
         let io = Guarded::new(Io::Plain(stream), permit, Duration::from_secs(10));
         let mut conn = Conn { io, grpc_writes: None, peer };
         assert!(conn.is_write_vectored());
