@@ -41,10 +41,15 @@ pub struct ExchangeArgs {
     /// The server's process id, to report its CPU time and peak memory (Linux /proc).
     #[arg(long)]
     server_pid: Option<u32>,
-    /// An HTTP address (host:port) whose `/metrics` is scraped every second during the run:
-    /// the exchange latency with a scraper at work, and how long each scrape took.
+    /// An HTTP address (host:port) whose `/metrics` (or `--scrape-path`s) is scraped every
+    /// second during the run: the exchange latency with a scraper at work, and how long each
+    /// scrape took.
     #[arg(long)]
     scrape: Option<String>,
+    /// The paths `--scrape` fetches each second, one after the other (repeat the flag; default
+    /// `/metrics`), such as `/status`, `/v1/groups` or `/v1/status`.
+    #[arg(long = "scrape-path", requires = "scrape")]
+    scrape_paths: Vec<String>,
     /// The server's HTTP address (host:port): its own histogram of the time it took to answer
     /// each exchange is read before and after the run, and how many it answered within each
     /// bound printed beside the latency the clients saw (which adds their gRPC stack's and
@@ -135,13 +140,25 @@ fn resident_kb(pid: u32) -> Option<u64> {
     status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Fetches `http://addr/metrics` once: how long it took, in seconds, and its size in bytes.
-async fn scrape_once(addr: &str) -> std::io::Result<(f64, usize)> {
-    let clock = tollgate_client::clock::TokioClock::new();
+/// Fetches `http://addr{path}` once, reading it through without keeping it: how long it took,
+/// in seconds, and its size in bytes.
+async fn scrape_once(addr: &str, path: &str) -> std::io::Result<(f64, usize)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tollgate_core::time::Clock;
+    let clock = tollgate_client::clock::TokioClock::new();
     let started = clock.now();
-    let body = metrics_text(addr).await?;
-    Ok((clock.now().since(started).as_secs_f64(), body.len()))
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0;
+    loop {
+        match s.read(&mut buf).await? {
+            0 => break,
+            n => size += n,
+        }
+    }
+    Ok((clock.now().since(started).as_secs_f64(), size))
 }
 
 /// `http://addr/metrics`, its head included.
@@ -334,17 +351,21 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     let mut reporters = backends(&a, &backend_channels, &bearer, &stop_reporting);
     let scraper = a.scrape.clone().map(|addr| {
         let stop = stop.clone();
+        let paths =
+            if a.scrape_paths.is_empty() { vec!["/metrics".to_string()] } else { a.scrape_paths.clone() };
         tokio::spawn(async move {
-            let mut took = Vec::new();
-            let mut size = 0;
+            let mut scraped: Vec<(String, Vec<f64>, usize)> =
+                paths.into_iter().map(|p| (p, Vec::new(), 0)).collect();
             while !stop.load(Ordering::Relaxed) {
-                if let Ok((t, bytes)) = scrape_once(&addr).await {
-                    took.push(t);
-                    size = bytes;
+                for (path, took, size) in &mut scraped {
+                    if let Ok((t, bytes)) = scrape_once(&addr, path).await {
+                        took.push(t);
+                        *size = bytes;
+                    }
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            (took, size)
+            scraped
         })
     });
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
@@ -430,16 +451,17 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         ));
     }
     if let Some(scraper) = scraper {
-        let (mut took, size) = scraper.await?;
-        took.sort_by(f64::total_cmp);
-        if let Some(worst) = took.last() {
-            say(format!(
-                "scrapes of /metrics {}: median {:.1} ms, worst {:.1} ms, {:.1} MB each",
-                took.len(),
-                took[took.len() / 2] * 1e3,
-                worst * 1e3,
-                size as f64 / 1e6
-            ));
+        for (path, mut took, size) in scraper.await? {
+            took.sort_by(f64::total_cmp);
+            if let Some(worst) = took.last() {
+                say(format!(
+                    "scrapes of {path} {}: median {:.1} ms, worst {:.1} ms, {:.1} MB each",
+                    took.len(),
+                    took[took.len() / 2] * 1e3,
+                    worst * 1e3,
+                    size as f64 / 1e6
+                ));
+            }
         }
     }
     if let (Some(pid), true) = (a.server_pid, a.settle > 0) {

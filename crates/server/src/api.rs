@@ -331,9 +331,15 @@ fn name_of(name: &str) -> Result<tollgate_core::settings::GroupName, Answer> {
     })
 }
 
+/// Every configured group, written a chunk at a time (at 100,000 groups the whole answer made
+/// at once held hundreds of megabytes).
 async fn list(State(api): State<Api>) -> Answer {
-    let groups: Vec<Value> = api.controller.groups().iter().map(|(n, s)| group_json(n.as_str(), s)).collect();
-    answer(StatusCode::OK, json!({ "groups": groups }))
+    let groups = api.controller.groups();
+    let body = crate::stream::body(move |out| {
+        out.object_with_array(json!({}), "groups", groups.iter().map(|(n, s)| group_json(n.as_str(), s)))
+    })
+    .await;
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn show(State(api): State<Api>, Path(name): Path<String>) -> Answer {
@@ -493,17 +499,14 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
     }
 }
 
-async fn status(State(api): State<Api>) -> Answer {
-    let built = tokio::task::spawn_blocking(move || {
-        crate::status::status_json(&crate::status::status_response(
-            &api.controller,
-            api.clock.now(),
-            &crate::status::Page::default(),
-        ))
-    });
-    match built.await {
-        Ok(v) => answer(StatusCode::OK, v),
-        Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, "", format!("status failed: {e}")),
+async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::extract::RawQuery) -> Answer {
+    match crate::status::page_query(query.as_deref()) {
+        Ok(page) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            crate::status::status_body(api.controller.clone(), api.clock.now(), page).await,
+        )
+            .into_response(),
+        Err(e) => refuse(StatusCode::BAD_REQUEST, "", e),
     }
 }
 

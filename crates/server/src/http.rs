@@ -14,7 +14,7 @@ use crate::convert;
 use crate::grpc::checked_name;
 use crate::guard::{Front, http_guard};
 use crate::properties;
-use crate::status::{Latency, Page, status_json, status_response};
+use crate::status::Latency;
 
 #[derive(Clone)]
 struct AppState {
@@ -54,15 +54,16 @@ pub fn router(
         .layer(guard)
 }
 
-/// `/metrics`. Rendering 100,000 groups takes a good part of a second, so it runs on the
-/// blocking pool: the runtime's workers stay free to answer exchanges meanwhile.
+/// `/metrics`, written a chunk at a time on the blocking pool: at 100,000 groups it is about
+/// a hundred megabytes of text, and the runtime's workers stay free to answer exchanges
+/// meanwhile.
 async fn metrics(State(app): State<AppState>) -> axum::response::Response {
-    match tokio::task::spawn_blocking(move || tollgate_core::prometheus::text(&app.registry)).await {
-        Ok(text) => ([(header::CONTENT_TYPE, tollgate_core::prometheus::CONTENT_TYPE)], text).into_response(),
-        Err(e) => {
-            (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("metrics failed: {e}\n")).into_response()
-        }
-    }
+    let registry = app.registry.clone();
+    let body = crate::stream::body(move |out| {
+        prometheus_client::encoding::text::encode(out, &registry).map_err(|_| crate::stream::Gone)
+    })
+    .await;
+    ([(header::CONTENT_TYPE, tollgate_core::prometheus::CONTENT_TYPE)], body).into_response()
 }
 
 /// `ok`, or 503 with what is wrong: the settings store cannot take writes (a full disk), so
@@ -93,17 +94,19 @@ async fn ready(State(app): State<AppState>) -> axum::response::Response {
     "ready\n".into_response()
 }
 
-/// `/status`: every group (HTTP has no message size limit to page around), built on the
-/// blocking pool like `/metrics`.
-async fn status(State(app): State<AppState>) -> axum::response::Response {
-    let built = tokio::task::spawn_blocking(move || {
-        status_json(&status_response(&app.controller, app.clock.now(), &Page::default()))
-    });
-    match built.await {
-        Ok(json) => axum::Json(json).into_response(),
-        Err(e) => {
-            (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("status failed: {e}\n")).into_response()
-        }
+/// `/status`: every group, written a chunk at a time; `?limit=N` (at most 10,000) gives one
+/// page, and `page_token` (the last page's `next_page_token`) the one after.
+async fn status(
+    State(app): State<AppState>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> axum::response::Response {
+    match crate::status::page_query(query.as_deref()) {
+        Ok(page) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            crate::status::status_body(app.controller.clone(), app.clock.now(), page).await,
+        )
+            .into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }
 

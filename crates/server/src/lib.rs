@@ -30,6 +30,7 @@ pub mod properties;
 pub mod rls;
 pub mod status;
 pub mod store;
+mod stream;
 mod tokens;
 
 use std::future::Future;

@@ -74,35 +74,84 @@ impl Page {
     }
 }
 
+/// The page an HTTP query asks for (`limit`, `page_token`): every group when it gives none.
+pub(crate) fn page_query(query: Option<&str>) -> Result<Page, String> {
+    let mut page = Page::default();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value).ok_or_else(|| format!("{key}: not valid percent-encoded UTF-8"))?;
+        match key {
+            "limit" => {
+                page.size = match value.parse::<usize>() {
+                    Ok(n) if (1..=PAGE_MAX).contains(&n) => n,
+                    _ => {
+                        return Err(format!(
+                            "limit: must be a whole number from 1 to {PAGE_MAX}, got {value:?}"
+                        ));
+                    }
+                }
+            }
+            "page_token" => page.after = value,
+            other => return Err(format!("{other}: unknown parameter; expected limit and page_token")),
+        }
+    }
+    Ok(page)
+}
+
+/// `%XX` and `+` decoded.
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hex = [bytes.next()?, bytes.next()?];
+                out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// The controller's status in the contract's form, with one page of its groups.
 pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::StatusResponse {
     let view = controller.view();
     let (groups, next_page_token) = page.take(&view, |g| g.name.as_str());
-    let groups = groups
-        .iter()
-        .map(|g| v1::GroupStatus {
-            name: g.name.to_string(),
-            settings: g.settings.as_ref().map(convert::settings_to_proto),
-            target: g.target,
-            admitted: g.admitted,
-            demand: g.demand,
-            busy: g.busy,
-            headroom: g.headroom,
-            clients: g.clients,
-            throttled: g.throttled,
-            granted: g.granted,
-            unthrottled: g.unthrottled,
-            consumed_total: g.meter.consumed,
-            admitted_total: g.meter.admitted,
-            throttled_total: g.meter.throttled,
-            budget_exhausted: g.budget_exhausted,
-            ramp_pool: g.ramp_pool,
-            waited_total: g.meter.waited,
-            last_minute: g.last_minute.map(marks_to_proto),
-            last_hour: g.last_hour.map(marks_to_proto),
-            detail: g.detail.map(detail_to_proto),
-        })
-        .collect();
+    v1::StatusResponse {
+        groups: groups.iter().map(group_status).collect(),
+        next_page_token,
+        ..status_head(controller, now)
+    }
+}
+
+/// The status as JSON, written a chunk at a time (at 100,000 groups it is tens of megabytes):
+/// the node, then one page of the groups (every group with a page of size 0) and, when more
+/// follow, `next_page_token`.
+pub(crate) async fn status_body(
+    controller: std::sync::Arc<Controller>,
+    now: Nanos,
+    page: Page,
+) -> axum::body::Body {
+    crate::stream::body(move |out| {
+        let head = status_head(&controller, now);
+        let view = controller.view();
+        let (groups, next) = page.take(&view, |g| g.name.as_str());
+        let mut json = status_json(&head);
+        if let Some(o) = json.as_object_mut() {
+            o.remove("groups");
+            if !next.is_empty() {
+                o.insert("next_page_token".into(), next.into());
+            }
+        }
+        out.object_with_array(json, "groups", groups.iter().map(|g| group_json(&group_status(g), &head.unit)))
+    })
+    .await
+}
+
+/// Everything in the status but its groups.
+fn status_head(controller: &Controller, now: Nanos) -> v1::StatusResponse {
     let node = controller.node();
     let (clients, backends, learning) = controller.tracking(now);
     let diagnostics = controller.diagnostics(now);
@@ -112,13 +161,13 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
         leader: role.leader,
         leader_changes: controller.leader_changes(),
         capacity: node.capacity,
-        groups,
+        groups: Vec::new(),
         exchanges: controller.exchanges(),
         mode: convert::mode_to_proto(node.mode) as i32,
         learning,
         clients: clients as u64,
         backends: backends as u64,
-        next_page_token,
+        next_page_token: String::new(),
         backend_detail: diagnostics.backends.iter().map(backend_to_proto).collect(),
         client_detail: diagnostics.clients.iter().map(client_to_proto).collect(),
         clients_lapsed: diagnostics.clients_lapsed as u64,
@@ -126,6 +175,32 @@ pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::
         cost_model: controller.cost_model().name().to_string(),
         unit: controller.cost_model().unit().to_string(),
         warnings: controller.warnings(),
+    }
+}
+
+/// One group in the contract's form.
+fn group_status(g: &tollgate_core::engine::GroupView) -> v1::GroupStatus {
+    v1::GroupStatus {
+        name: g.name.to_string(),
+        settings: g.settings.as_ref().map(convert::settings_to_proto),
+        target: g.target,
+        admitted: g.admitted,
+        demand: g.demand,
+        busy: g.busy,
+        headroom: g.headroom,
+        clients: g.clients,
+        throttled: g.throttled,
+        granted: g.granted,
+        unthrottled: g.unthrottled,
+        consumed_total: g.meter.consumed,
+        admitted_total: g.meter.admitted,
+        throttled_total: g.meter.throttled,
+        budget_exhausted: g.budget_exhausted,
+        ramp_pool: g.ramp_pool,
+        waited_total: g.meter.waited,
+        last_minute: g.last_minute.map(marks_to_proto),
+        last_hour: g.last_hour.map(marks_to_proto),
+        detail: g.detail.map(detail_to_proto),
     }
 }
 
@@ -223,36 +298,39 @@ fn marks_json(m: Option<&v1::RateMarks>) -> serde_json::Value {
 
 /// The status as JSON, for `GET /status` and `tollgate status --json` alike.
 pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
-    let groups: Vec<serde_json::Value> = s
-        .groups
-        .iter()
-        .map(|g| {
-            serde_json::json!({
-                "name": g.name,
-                "unit": s.unit,
-                "settings": g.settings.as_ref().map(crate::json::group_settings),
-                "target": g.target,
-                "admitted": g.admitted,
-                "throttled": g.throttled,
-                "granted": g.granted,
-                "demand": g.demand,
-                "unthrottled": g.unthrottled,
-                "busy": g.busy,
-                "headroom": g.headroom,
-                "clients": g.clients,
-                "consumed_total": g.consumed_total,
-                "admitted_total": g.admitted_total,
-                "throttled_total": g.throttled_total,
-                "waited_total": g.waited_total,
-                "blocked_total": g.throttled_total + g.waited_total,
-                "budget_exhausted": g.budget_exhausted,
-                "ramp_pool": g.ramp_pool,
-                "last_minute": marks_json(g.last_minute.as_ref()),
-                "last_hour": marks_json(g.last_hour.as_ref()),
-                "detail": detail_json(g.detail.as_ref()),
-            })
-        })
-        .collect();
+    let groups: Vec<serde_json::Value> = s.groups.iter().map(|g| group_json(g, &s.unit)).collect();
+    status_json_with(s, groups)
+}
+
+/// One group as the status's JSON shows it.
+fn group_json(g: &v1::GroupStatus, unit: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": g.name,
+        "unit": unit,
+        "settings": g.settings.as_ref().map(crate::json::group_settings),
+        "target": g.target,
+        "admitted": g.admitted,
+        "throttled": g.throttled,
+        "granted": g.granted,
+        "demand": g.demand,
+        "unthrottled": g.unthrottled,
+        "busy": g.busy,
+        "headroom": g.headroom,
+        "clients": g.clients,
+        "consumed_total": g.consumed_total,
+        "admitted_total": g.admitted_total,
+        "throttled_total": g.throttled_total,
+        "waited_total": g.waited_total,
+        "blocked_total": g.throttled_total + g.waited_total,
+        "budget_exhausted": g.budget_exhausted,
+        "ramp_pool": g.ramp_pool,
+        "last_minute": marks_json(g.last_minute.as_ref()),
+        "last_hour": marks_json(g.last_hour.as_ref()),
+        "detail": detail_json(g.detail.as_ref()),
+    })
+}
+
+fn status_json_with(s: &v1::StatusResponse, groups: Vec<serde_json::Value>) -> serde_json::Value {
     let mode = if s.mode() == v1::AllocationMode::Fcfs { "fcfs" } else { "share" };
     serde_json::json!({
         "capacity": s.capacity,

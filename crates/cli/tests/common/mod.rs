@@ -112,5 +112,21 @@ pub fn http(
     s.read_to_string(&mut text).unwrap();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, head.to_lowercase(), rest.to_string())
+    let head = head.to_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
+    (code, head, body)
+}
+
+/// A body sent in chunks (a long answer is written a chunk at a time), put back together.
+pub fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        body.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    body
 }

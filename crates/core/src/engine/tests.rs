@@ -1393,3 +1393,29 @@ fn a_tick_slice_is_sized_toward_the_target_time() {
     assert_eq!(next_slice(TICK_SLICE_BOUNDS.1, Duration::ZERO), TICK_SLICE_BOUNDS.1);
     assert_eq!(next_slice(usize::MAX, Duration::ZERO), TICK_SLICE_BOUNDS.1);
 }
+
+/// A view made a part at a time is the whole view, whatever the parts' size.
+#[test]
+fn a_view_made_in_parts_is_the_whole_view() {
+    let mut e = engine(EngineSettings::default());
+    for i in 0..7 {
+        e.set_group(name(&format!("c{i}")), GroupSettings::builder().limit(10.0).build().unwrap());
+    }
+    for i in 0..20 {
+        e.report(Nanos(S), 1, &name(&format!("t{i}")), report(1.0, 1.0, 1.0));
+    }
+    e.report(Nanos(S), 1, &name("c3"), report(1.0, 1.0, 1.0));
+    e.tick(Nanos(S));
+    let whole: Vec<String> = e.view().iter().map(|g| format!("{g:?}")).collect();
+    assert_eq!(whole.len(), 27);
+    for len in [1, 3, 7, 26, 27, 100] {
+        let mut parts = Vec::new();
+        let mut at = Some(0);
+        while let Some(start) = at {
+            let (part, next) = e.view_part(start, len);
+            parts.extend(part.iter().map(|g| format!("{g:?}")));
+            at = next;
+        }
+        assert_eq!(parts, whole, "parts of {len}");
+    }
+}

@@ -71,6 +71,30 @@ impl Engine {
         out
     }
 
+    /// Up to `len` views of [`view`](Self::view)'s order from position `start` (the
+    /// configured groups, then the other tracked ones), and the position after them (`None`
+    /// past the last). Made a part at a time, a view of many groups holds the engine only a
+    /// little at a time; changes between parts may show a group twice or not at all.
+    pub fn view_part(&self, start: usize, len: usize) -> (Vec<GroupView>, Option<usize>) {
+        let mut out = Vec::with_capacity(len.min(self.configured.len() + self.tracked.len()));
+        let configured = self.configured.len();
+        let mut at = start;
+        if at < configured {
+            for (name, settings) in self.configured.iter().skip(at).take(len) {
+                out.push(self.view_of(name, Some(settings)));
+                at += 1;
+            }
+        }
+        while out.len() < len {
+            let Some((name, _)) = self.tracked.get_index(at - configured) else { return (out, None) };
+            if !self.configured.contains_key(name) {
+                out.push(self.view_of(name, None));
+            }
+            at += 1;
+        }
+        (out, Some(at))
+    }
+
     /// One group's view.
     pub fn group_view(&self, name: &GroupName) -> Option<GroupView> {
         let settings = self.configured.get(name).map(|s| &**s);
