@@ -11,6 +11,9 @@
 //! # loss = { p = 0.3, duration_s = 20 }                  # exchanges lost
 //! # delay = { ms = 300, duration_s = 20 }                # answers late
 //! # drift = { clients = [2], rate = 0.02 }               # a client's clock runs 2 % fast
+//! # restart = { clients = [0, 1] }                       # clients restart (same ids, sequence from 1)
+//! # churn = { names = 1500, duration_s = 10 }            # new tenants, through the first client
+//! # store_loss = { duration_s = 30 }                     # etcd gone: the leader holds its lease, then none leads
 //!
 //! [faults]                          # more, drawn from the seed
 //! random = 5
@@ -76,7 +79,35 @@ pub enum FaultKind {
         /// Relative error: 0.02 is 2 % fast.
         rate: f64,
     },
+    /// Some clients restart: new processes under the same ids, numbering their exchanges from
+    /// 1, holding no grant and nothing waiting.
+    Restart {
+        /// Which clients.
+        clients: Vec<usize>,
+    },
+    /// `names` new tenants appear over `duration`, each asked for once a second through the
+    /// first client from its first ask to the end: past 1,000, more groups than one exchange
+    /// carries.
+    Churn {
+        /// How many new names.
+        names: u32,
+        /// Over how long.
+        duration: Duration,
+    },
+    /// The settings store (etcd) is gone for `duration`: the leader goes on granting for its
+    /// election lease ([`ELECTION_LEASE`]), then no controller leads until the store returns,
+    /// when the same controller leads again (relearning for a lease).
+    StoreLoss {
+        /// For how long.
+        duration: Duration,
+    },
 }
+
+/// The election lease a [`FaultKind::StoreLoss`] lets the leader lead on for (the server's
+/// default).
+pub const ELECTION_LEASE: Duration = Duration::from_secs(2);
+/// The most names a churn may bring.
+pub const CHURN_NAMES_MAX: u32 = 100_000;
 
 impl Fault {
     /// When it stops acting (`None`: a drift, which never does).
@@ -85,7 +116,10 @@ impl Fault {
             FaultKind::Crash { down } | FaultKind::Failover { down } => *down,
             FaultKind::Partition { duration, .. }
             | FaultKind::Loss { duration, .. }
-            | FaultKind::Delay { duration, .. } => *duration,
+            | FaultKind::Delay { duration, .. }
+            | FaultKind::Churn { duration, .. }
+            | FaultKind::StoreLoss { duration } => *duration,
+            FaultKind::Restart { .. } => Duration::ZERO,
             FaultKind::Drift { .. } => return None,
         };
         Some(self.at + len)
@@ -100,6 +134,9 @@ impl Fault {
             FaultKind::Loss { .. } => "loss",
             FaultKind::Delay { .. } => "delay",
             FaultKind::Drift { .. } => "drift",
+            FaultKind::Restart { .. } => "restart",
+            FaultKind::Churn { .. } => "churn",
+            FaultKind::StoreLoss { .. } => "store_loss",
         }
     }
 }
@@ -120,7 +157,7 @@ pub const FAULTS_MAX: usize = 1000;
 /// The longest a fault may last.
 const FAULT_SECONDS_MAX: u64 = 86_400;
 
-const FAULT_KINDS: &str = "crash, failover, partition, loss, delay, drift";
+const FAULT_KINDS: &str = "crash, failover, partition, loss, delay, drift, restart, churn, store_loss";
 
 /// Reads `[[fault]]` number `i`.
 pub(crate) fn read_fault(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients: usize) -> Option<Fault> {
@@ -133,7 +170,8 @@ pub(crate) fn read_fault(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients:
         }
     };
     let mut kind = None;
-    for name in ["crash", "failover", "partition", "loss", "delay", "drift"] {
+    for name in ["crash", "failover", "partition", "loss", "delay", "drift", "restart", "churn", "store_loss"]
+    {
         if let Some((p, fv)) = f.take(name) {
             if kind.is_some() {
                 r.error(fv.span(), p, format!("one kind per [[fault]]: {FAULT_KINDS}"));
@@ -250,6 +288,35 @@ fn read_kind(r: &mut Reader<'_>, path: &str, name: &str, v: &Value<'_>, clients:
             let d = duration_of(r, &mut f, path, v);
             r.finish(f, "p, duration_s");
             FaultKind::Loss { p: p?, duration: d? }
+        }
+        "restart" => {
+            let c = match f.take("clients") {
+                Some((p, v)) => client_list(r, &p, v, clients),
+                None => Some((0..clients).collect()),
+            };
+            r.finish(f, "clients");
+            FaultKind::Restart { clients: c? }
+        }
+        "churn" => {
+            let names = match f.take("names") {
+                Some((p, v)) => r.integer(&p, v, 1, u64::from(CHURN_NAMES_MAX)).map(|n| n as u32),
+                None => {
+                    r.error(
+                        v.span(),
+                        format!("{path}.names"),
+                        format!("is required: 1 to {CHURN_NAMES_MAX}"),
+                    );
+                    None
+                }
+            };
+            let d = duration_of(r, &mut f, path, v);
+            r.finish(f, "names, duration_s");
+            FaultKind::Churn { names: names?, duration: d? }
+        }
+        "store_loss" => {
+            let d = duration_of(r, &mut f, path, v);
+            r.finish(f, "duration_s");
+            FaultKind::StoreLoss { duration: d? }
         }
         "delay" => {
             let ms = match f.take("ms") {

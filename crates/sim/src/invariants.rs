@@ -8,8 +8,11 @@
 //!    the largest clock drift injected so far. Not checked for groups with unthrottled
 //!    clients, nor over windows that a partition or lost exchanges touch, or the
 //!    [`HEAL_S`] seconds after: clients cut off from the controller are governed by their safe
-//!    mode, which lets them keep their last grants.
-//! 3. **Reservations.** From [`HEAL_S`] seconds after the last fault healed (a drift never
+//!    mode, which lets them keep their last grants; nor over windows that a client restart
+//!    touches: a restarted process starts with a full bucket, whatever the dead one spent.
+//! 3. **Each second.** Every second, whatever the faults, a group with a limit `L` admits at
+//!    most `2 L × (1 + d)`: its limit and one burst.
+//! 4. **Reservations.** From [`HEAL_S`] seconds after the last fault healed (a drift never
 //!    does, and does not count), a group asking at least its reservation `R` is admitted at
 //!    least `0.9 R`.
 
@@ -26,7 +29,7 @@ pub const HEAL_S: f64 = 15.0;
 pub struct Breach {
     /// Simulated seconds from the start.
     pub t: f64,
-    /// Which invariant: `grants`, `limit` or `reservation`.
+    /// Which invariant: `grants`, `limit`, `second` or `reservation`.
     pub invariant: &'static str,
     /// The group.
     pub group: GroupName,
@@ -101,6 +104,20 @@ impl Checker {
                         s.admitted,
                         s.demand.unwrap_or(0.0),
                         s.reserved
+                    ),
+                });
+            }
+            if let Some(l) = s.limit
+                && !s.unthrottled
+                && s.admitted > 2.0 * l * (1.0 + drift) + 1.0
+            {
+                return Err(Breach {
+                    t,
+                    invariant: "second",
+                    group: group.clone(),
+                    detail: format!(
+                        "admitted {:.1} units in one second with a limit of {l} units/s",
+                        s.admitted
                     ),
                 });
             }

@@ -21,7 +21,7 @@ use tollgate_server::Controller;
 use tollgate_server::controller::{Role, RoleView};
 use tollgate_server::store::{MemoryStore, Stored, StoredNode};
 
-use crate::faults::FaultKind;
+use crate::faults::{self, FaultKind};
 use crate::invariants::{Breach, Checker, HEAL_S, Second, WINDOW_S};
 
 use crate::scenario::{Action, Expect, Scenario, Subject};
@@ -272,6 +272,10 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let mut healed_at = Nanos::ZERO;
     let mut max_drift: f64 = 0.0;
     let mut next_fault = 0usize;
+    // New tenants under way: (from, until, names), each fault's names its own.
+    let mut churns: Vec<(Nanos, Nanos, u32, usize)> = Vec::new();
+    // The store gone: the leader leads until the first time, none until the second.
+    let mut store_lost: Option<(Nanos, Nanos)> = None;
 
     let step_ns = duration_nanos(STEP);
     let tick_ns = duration_nanos(scenario.controller.tick).max(step_ns);
@@ -293,7 +297,9 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         while let Some(f) = faults.get(next_fault).filter(|f| duration_nanos(f.at) <= now.0) {
             next_fault += 1;
             let end = f.end().map(|e| Nanos(duration_nanos(e)));
-            if let Some(e) = end {
+            // New tenants must not disturb the groups in traffic at all: the reservations are
+            // checked right through a churn.
+            if let Some(e) = end.filter(|_| !matches!(f.kind, FaultKind::Churn { .. })) {
                 healed_at = healed_at.max(e);
             }
             match &f.kind {
@@ -309,6 +315,27 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 }
                 FaultKind::Loss { p, .. } => loss = (end.unwrap_or(now).max(loss.0), p.max(loss.1)),
                 FaultKind::Delay { delay: d, .. } => delay = (end.unwrap_or(now).max(delay.0), *d),
+                FaultKind::Restart { clients } => {
+                    last_cut_off = Some(now);
+                    for &c in clients {
+                        let (gate, driver) = Tollgate::remote_driven(
+                            client_options(scenario, c).with_clock(clocks[c].clone()),
+                        )
+                        .expect("scenario cost models are validated");
+                        world.restart_client(c, &gate, scenario.clients[c].unthrottled);
+                        gates[c] = gate;
+                        drivers[c] = driver;
+                        in_flight[c] = None;
+                    }
+                }
+                FaultKind::Churn { names, .. } => {
+                    churns.push((now, end.unwrap_or(now), *names, next_fault));
+                }
+                FaultKind::StoreLoss { .. } => {
+                    let gone = now.after(faults::ELECTION_LEASE);
+                    let back = end.unwrap_or(now).max(gone);
+                    store_lost = Some(store_lost.map_or((gone, back), |(g, b)| (g.min(gone), b.max(back))));
+                }
                 FaultKind::Drift { clients, rate } => {
                     max_drift = max_drift.max(rate.abs());
                     for &c in clients {
@@ -333,7 +360,14 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             }
             down = None;
         }
-        let up = down.is_none();
+        // The store back: the controller that held on leads again, relearning.
+        if let Some((_, back)) = store_lost
+            && back <= now
+        {
+            controller.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
+            store_lost = None;
+        }
+        let up = down.is_none() && store_lost.is_none_or(|(gone, _)| now < gone);
         let cut = (0..n).any(|c| cut_until[c] > now) || loss.1 > 0.0;
         if cut {
             last_cut_off = Some(now);
@@ -453,6 +487,19 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             c.set(drifts[i].at(now));
         }
         world.step(now, STEP.as_secs_f64());
+        // New tenants: once a second, every name arrived so far is asked for once, through
+        // the first client (which then carries more groups than one exchange).
+        if now.0.is_multiple_of(second_ns) {
+            churns.retain(|&(from, until, names, id)| {
+                let span = until.since(from).as_secs_f64().max(1e-9);
+                let due =
+                    ((now.since(from).as_secs_f64() / span).min(1.0) * f64::from(names)).ceil() as usize;
+                for k in 0..due {
+                    drop(gates[0].try_acquire(&format!("churn-{id}-{k}"), 1.0));
+                }
+                now < until
+            });
+        }
     }
     while phases.len() < scenario.phases.len() {
         phases.push(PhaseResult { passed: false, converged_s: None });

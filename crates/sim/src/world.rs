@@ -104,6 +104,15 @@ impl World {
         World { groups: groups.to_vec(), clients, backends }
     }
 
+    /// Client `i` restarted: it admits through `gate` from now on (unthrottled as its spec
+    /// says), with nothing waiting.
+    pub fn restart_client(&mut self, i: usize, gate: &Tollgate, unthrottled: bool) {
+        let c = &mut self.clients[i];
+        let gate = if unthrottled { gate.unthrottled() } else { gate.clone() };
+        c.handle = gate.group(self.groups[c.group].as_str()).expect("scenario group names are valid");
+        c.backlog = 0;
+    }
+
     /// One step of `dt_s` seconds ending at `now`: arrivals, admissions, and the load they put
     /// on the backends.
     pub fn step(&mut self, now: Nanos, dt_s: f64) {
