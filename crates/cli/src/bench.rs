@@ -689,13 +689,14 @@ fn phases(clients: usize, period: Duration) -> Vec<(Duration, usize)> {
 /// `tollgate bench accuracy` arguments.
 #[derive(Args, Debug)]
 pub struct AccuracyArgs {
-    /// The controller (a test controller: with --setup this creates groups and sets the node
-    /// capacity).
+    /// The controller, or several on one etcd, comma-separated (a test controller: with
+    /// --setup this creates groups and sets the node capacity).
     #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
     server: String,
     /// Let the benchmark change the server's settings: it creates the groups `accuracy`,
-    /// `reserved-a`, `reserved-b` and `hungry`, and sets the node capacity for a while (the
-    /// capacity it found is set back at the end). Without it, nothing runs.
+    /// `reserved-a`, `reserved-b` and `hungry` (refusing to run if any exists), and sets the
+    /// node capacity for a while. At the end, on an error or on Ctrl-C, it drops those groups
+    /// and sets the capacity back. Without it, nothing runs.
     #[arg(long)]
     setup: bool,
     /// A local redis-server for the per-request counter comparison; omitted: no comparison.
@@ -810,11 +811,21 @@ where
     (admitted.load(Ordering::Relaxed) as f64 / seconds, attempts.load(Ordering::Relaxed))
 }
 
+/// An admin client on the first of `server`'s controllers (a comma-separated list) that
+/// answers: any of them takes admin commands.
 pub(crate) async fn admin_client(server: &str) -> anyhow::Result<v1::admin_client::AdminClient<Channel>> {
-    v1::admin_client::AdminClient::connect(server.to_string())
-        .await
-        .with_context(|| format!("cannot reach the tollgate server at {server}"))
+    let mut failures = Vec::new();
+    for url in server.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        match v1::admin_client::AdminClient::connect(url.to_string()).await {
+            Ok(c) => return Ok(c),
+            Err(e) => failures.push(format!("{url}: {e}")),
+        }
+    }
+    anyhow::bail!("cannot reach the tollgate server at {server} ({})", failures.join("; "))
 }
+
+/// The groups `bench accuracy` makes, and drops when it is done.
+const ACCURACY_GROUPS: [&str; 4] = ["accuracy", "reserved-a", "reserved-b", "hungry"];
 
 pub(crate) async fn put(
     admin: &mut v1::admin_client::AdminClient<Channel>,
@@ -839,8 +850,8 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.setup,
         "--setup: bench accuracy creates four groups and changes the node capacity of the server \
-         it runs against (it sets the capacity back at the end); give --setup to let it, against \
-         a test controller"
+         it runs against (it drops them and sets the capacity back at the end, even on Ctrl-C); \
+         give --setup to let it, against a test controller"
     );
     let mut admin = admin_client(&a.server).await?;
     let capacity_before = admin
@@ -849,6 +860,42 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
         .map_err(|s| anyhow::anyhow!("{}", s.message()))?
         .into_inner()
         .capacity;
+    for name in ACCURACY_GROUPS {
+        let found = admin.get_group(v1::GetGroupRequest { name: name.into() }).await;
+        anyhow::ensure!(
+            found.is_err_and(|s| s.code() == tonic::Code::NotFound),
+            "group {name} exists: bench accuracy makes its own groups ({}) and drops them at the end; drop them first, or run it against a test controller",
+            ACCURACY_GROUPS.join(", ")
+        );
+    }
+    // Whatever happens (an error, or Ctrl-C), the settings are put back as they were.
+    let measured = tokio::select! {
+        r = measure_accuracy(&a, &mut admin) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    let mut restore = admin_client(&a.server).await?;
+    let mut put_back =
+        restore.set_capacity(v1::SetCapacityRequest { capacity: capacity_before }).await.map(drop).map_err(
+            |s| anyhow::anyhow!("cannot set the node capacity back to {capacity_before:?}: {}", s.message()),
+        );
+    for name in ACCURACY_GROUPS {
+        if let Err(s) = restore.drop_group(v1::DropGroupRequest { name: name.into(), if_exists: true }).await
+        {
+            put_back = put_back.and(Err(anyhow::anyhow!("cannot drop group {name}: {}", s.message())));
+        }
+    }
+    match (measured, put_back) {
+        (Ok(()), r) => r,
+        (Err(e), Ok(())) => Err(e.context("the settings were put back as they were")),
+        (Err(e), Err(p)) => Err(e.context(format!("and the settings could not all be put back: {p}"))),
+    }
+}
+
+async fn measure_accuracy(
+    a: &AccuracyArgs,
+    admin: &mut v1::admin_client::AdminClient<Channel>,
+) -> anyhow::Result<()> {
+    let mut admin = admin.clone();
     let warmup = 3.0;
 
     // 1. One group at twice its limit.
@@ -912,10 +959,6 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
         got_b.0 / rb * 100.0,
         got_h.0
     ));
-    admin
-        .set_capacity(v1::SetCapacityRequest { capacity: capacity_before })
-        .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
 
     // 3. The common alternative: a Redis counter per request, fixed one-second windows.
     if let Some(url) = &a.redis {

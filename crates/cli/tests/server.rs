@@ -860,6 +860,7 @@ fn each_answer_goes_out_in_one_write() {
 #[test]
 fn bench_accuracy_holds_a_limit_and_reservations() {
     let s = ServerProc::start(&data_dir("accuracy"));
+    let capacity_before = ok(&s, &["node", "capacity"]);
     let (code, out, err) = admin(
         &s,
         &[
@@ -867,7 +868,8 @@ fn bench_accuracy_holds_a_limit_and_reservations() {
             "accuracy",
             "--setup",
             "--server",
-            &s.url(),
+            // A list, the first unreachable: the next answers.
+            &format!("http://127.0.0.1:9,{}", s.url()),
             "--clients",
             "4",
             "--duration",
@@ -888,6 +890,34 @@ fn bench_accuracy_holds_a_limit_and_reservations() {
         out.split("exchanges/s while measured, ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(per_client > 0.0 && per_client <= 2.5, "{out}");
     assert!(out.contains("under saturation, reserved-a got"), "{out}");
+    // Its groups are gone and the capacity is as it was.
+    let listed = ok(&s, &["group", "list"]);
+    assert!(!listed.contains("accuracy") && !listed.contains("hungry"), "{listed}");
+    assert_eq!(ok(&s, &["node", "capacity"]), capacity_before, "the capacity was not set back");
+}
+
+/// Interrupted (Ctrl-C) in the middle, bench accuracy still drops its groups and sets the
+/// capacity back.
+#[test]
+fn bench_accuracy_interrupted_leaves_the_settings_as_they_were() {
+    let s = ServerProc::start(&data_dir("accuracy-interrupted"));
+    ok(&s, &["node", "capacity", "5000"]);
+    let before = ok(&s, &["node", "capacity"]);
+    let bench = Command::new(BIN)
+        .args(["bench", "accuracy", "--setup", "--server", &s.url(), "--clients", "2", "--duration", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::eventually("the bench makes its group", || ok(&s, &["group", "list"]).contains("accuracy"));
+    Command::new("kill").args(["-INT", &bench.id().to_string()]).status().unwrap();
+    let out = bench.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("interrupted"), "{err}");
+    assert!(err.contains("put back as they were"), "{err}");
+    let listed = ok(&s, &["group", "list"]);
+    assert!(!listed.contains("accuracy"), "{listed}");
+    assert_eq!(ok(&s, &["node", "capacity"]), before);
 }
 
 /// Kill -9 at moments picked from a seed, twenty times, while settings are written in a loop:
