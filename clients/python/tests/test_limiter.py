@@ -176,3 +176,23 @@ def test_bad_options_are_named() -> None:
         tollgate.Limiter("http://127.0.0.1:1", token="has space")
     with pytest.raises(ValueError, match="https"):
         tollgate.Limiter("http://127.0.0.1:1", ca_file="ca.pem")
+
+
+def test_a_client_past_one_exchanges_bound_reports_its_groups_in_pages(server: Server) -> None:
+    """2,500 groups: more than one exchange carries (the server refuses past 1,000). The
+    limiter reports them over a round of pages, so each is granted and it never goes into
+    safe mode."""
+    with tollgate.Limiter(server.url, client_id="py-many", max_wait=5.0) as limiter:
+        names = [f"many-{i}" for i in range(2500)]
+        for name in names:
+            try:
+                limiter.try_acquire(name, 1).settle(1)
+            except tollgate.Throttled:
+                pass
+
+        def all_granted() -> bool:
+            return all((s := limiter.stats(n)) is not None and s.available > 0 for n in names)
+
+        eventually("every group granted", all_granted)
+        status = limiter.status()
+        assert status.connected and not status.safe_mode, status

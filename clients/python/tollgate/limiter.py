@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, TypeVar, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, cast
 
 import grpc
 
@@ -34,6 +34,8 @@ _DECAY_HALF_LIFE = 5.0
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 2.0
 _EARLY_SPACING = 0.05
 _MIN_INTERVAL = 0.1
+#: The most groups one exchange carries (the server's bound); more go in a round of pages.
+EXCHANGE_GROUPS_MAX = 1000
 _NEXT = itertools.count(1)
 
 
@@ -321,8 +323,10 @@ class Limiter:
 
     # -- the exchange loop -----------------------------------------------------------------
 
-    def _request(self, now: float) -> pb.ExchangeRequest:
-        self._sequence += 1
+    def _requests(self, now: float) -> List[pb.ExchangeRequest]:
+        """This round's exchanges: every group, at most ``EXCHANGE_GROUPS_MAX`` an exchange,
+        the busiest first (new groups, then those with refusals or work waiting, then by
+        demand), each numbered in turn."""
         usages = []
         for g in list(self._groups.values()):
             with g.lock:
@@ -340,16 +344,35 @@ class Limiter:
                         held=g.rate if g.granted and not g.unlimited and not self._safe_mode else 0.0,
                     )
                 )
-        return pb.ExchangeRequest(
-            client_id=self.client_id,
-            sequence=self._sequence,
-            groups=usages,
-            target_request_period_ms=self._period_ms,
-        )
+        if len(usages) > EXCHANGE_GROUPS_MAX:
 
-    def _reported(self, now: float) -> None:
-        """The last request's counts were delivered: start counting afresh."""
-        for g in list(self._groups.values()):
+            def busiest(u: pb.GroupUsage) -> Tuple[int, float]:
+                g = self._groups.get(u.group)
+                new = g is not None and not g.granted
+                rank = 0 if new or u.throttled > 0 or u.waiting > 0 else 1 if u.admitted > 0 else 2
+                return (rank, -u.demand)
+
+            usages.sort(key=busiest)
+        pages = [usages[i : i + EXCHANGE_GROUPS_MAX] for i in range(0, len(usages), EXCHANGE_GROUPS_MAX)]
+        requests = []
+        for page in pages or [[]]:
+            self._sequence += 1
+            requests.append(
+                pb.ExchangeRequest(
+                    client_id=self.client_id,
+                    sequence=self._sequence,
+                    groups=page,
+                    target_request_period_ms=self._period_ms,
+                )
+            )
+        return requests
+
+    def _reported(self, now: float, request: pb.ExchangeRequest) -> None:
+        """A request's counts were delivered: its groups start counting afresh."""
+        for u in request.groups:
+            g = self._groups.get(u.group)
+            if g is None:
+                continue
             with g.lock:
                 g.asked = g.consumed = 0.0
                 g.admitted = g.throttled = 0
@@ -411,29 +434,41 @@ class Limiter:
                     self._wake.wait(timeout=min(due - now, 0.1))
                 continue
             self._wake.clear()
-            request = self._request(now)
-            try:
-                answer = self._stub.Exchange(request, timeout=self._timeout, metadata=self._metadata)
-            except grpc.RpcError as e:
-                self._connected = False
-                self._last_error = str(from_rpc(e))
+            period = None
+            failure = None
+            for request in self._requests(now):
+                try:
+                    answer = self._stub.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+                except grpc.RpcError as e:
+                    # The round ends: what this page and the pages after it reported is
+                    # reported again in the next.
+                    failure = e
+                    break
                 now = time.monotonic()
-                if self._exchanges == 0:
-                    # Never reached: there is no grant to ride on, so the policy applies from
-                    # the first failure (fail_open admits from a cold start), as in Rust.
-                    self._safe(now)
+                self._reported(now, request)
+                period = self._answer(answer, now)
+                with self._granted:
+                    self._granted.notify_all()
+            if failure is not None:
+                now = time.monotonic()
+                if period is None:
+                    self._connected = False
+                    self._last_error = str(from_rpc(failure))
+                    if self._exchanges == 0:
+                        # Never reached: there is no grant to ride on, so the policy applies
+                        # from the first failure (fail_open admits from a cold start), as in
+                        # Rust.
+                        self._safe(now)
+                # Tried again soon: the pages not answered report again.
                 due = now + backoff
                 backoff = min(backoff * 2, _BACKOFF_MAX)
-                continue
-            now = time.monotonic()
-            self._reported(now)
-            period = self._answer(answer, now)
-            with self._granted:
-                self._granted.notify_all()
+                if period is None:
+                    continue
             self._connected = True
             self._safe_mode = False
             self._exchanges += 1
             self._last_error = None
-            backoff = _BACKOFF_MIN
-            due = now + period
+            if failure is None:
+                backoff = _BACKOFF_MIN
+                due = now + (period if period is not None else 0.0)
             self._early_after = now + _EARLY_SPACING
