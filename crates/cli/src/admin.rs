@@ -793,9 +793,9 @@ fn eprintln_note(note: &str) {
     let _ = writeln!(std::io::stderr(), "note: {note}");
 }
 
-pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
+pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
-    // Every page of groups, into one answer.
+    // The first page of groups; with `all`, every page.
     let mut s = client.status(v1::StatusRequest::default()).await.map_err(rpc)?.into_inner();
     // A follower serves no clients: the leader's status is the one that says what happens.
     if s.role == "follower"
@@ -818,7 +818,40 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
             )),
         }
     }
-    while !s.next_page_token.is_empty() {
+    if json && all {
+        // Written a page at a time: at 100,000 groups the whole answer as one value is about a
+        // gigabyte.
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let mut head =
+            tollgate_server::status::status_json(&v1::StatusResponse { groups: Vec::new(), ..s.clone() });
+        if let Some(o) = head.as_object_mut() {
+            o.remove("groups");
+        }
+        let mut open = serde_json::to_string(&head)?;
+        open.pop();
+        write!(out, "{open}{}\"groups\":[", if open.len() > 1 { "," } else { "" })?;
+        let mut first = true;
+        loop {
+            let page = tollgate_server::status::status_json(&s);
+            for g in page["groups"].as_array().into_iter().flatten() {
+                write!(out, "{}{g}", if first { "" } else { "," })?;
+                first = false;
+            }
+            if s.next_page_token.is_empty() {
+                break;
+            }
+            let page_token = std::mem::take(&mut s.next_page_token);
+            s = client
+                .status(v1::StatusRequest { page_size: 0, page_token })
+                .await
+                .map_err(rpc)?
+                .into_inner();
+        }
+        writeln!(out, "]}}")?;
+        return Ok(());
+    }
+    while all && !s.next_page_token.is_empty() {
         let page_token = std::mem::take(&mut s.next_page_token);
         let page =
             client.status(v1::StatusRequest { page_size: 0, page_token }).await.map_err(rpc)?.into_inner();
@@ -826,7 +859,11 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
         s.next_page_token = page.next_page_token;
     }
     if json {
-        say(tollgate_server::status::status_json(&s));
+        let mut v = tollgate_server::status::status_json(&s);
+        if let Some(o) = v.as_object_mut().filter(|_| !s.next_page_token.is_empty()) {
+            o.insert("more_groups".into(), true.into());
+        }
+        say(v);
         return Ok(());
     }
     if s.role != "standalone" {
@@ -887,6 +924,10 @@ pub async fn status(server: &Target, json: bool) -> anyhow::Result<()> {
         ));
     }
     print_backends_and_clients(&s);
+    if !s.next_page_token.is_empty() {
+        say("");
+        say(format!("the first {} groups by name; `tollgate status --all` lists every one", s.groups.len()));
+    }
     Ok(())
 }
 

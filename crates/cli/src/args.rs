@@ -159,11 +159,16 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The capacity and every group's settings, target, admitted rate, demand and clients.
+    /// The capacity and the groups' settings, target, admitted rate, demand and clients: the
+    /// first 1,000 groups by name, or every one with --all.
     Status {
         /// Print JSON for scripts.
         #[arg(long)]
         json: bool,
+        /// Every group, fetched (and with --json written) a page at a time, rather than the
+        /// first 1,000.
+        #[arg(long)]
+        all: bool,
     },
     /// Validate a settings file: prints every problem with its line; exits 1 if there is any.
     CheckConfig {

@@ -93,7 +93,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Trace { group, count, timeout } => {
             admin_command(admin::trace(&target, group, count, timeout))
         }
-        Command::Status { json } => admin_command(admin::status(&target, json)),
+        Command::Status { json, all } => admin_command(admin::status(&target, json, all)),
         Command::Token(cmd) => admin_command(token::run(&target, cmd)),
         Command::Usage { group, since, json, csv } => {
             let format = if json {

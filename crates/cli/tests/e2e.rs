@@ -136,7 +136,14 @@ async fn get_json(addr: &str, path: &str) -> serde_json::Value {
         http(addr, format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
             .await
             .unwrap();
-    serde_json::from_str(&text[text.find("\r\n\r\n").unwrap() + 4..]).unwrap()
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    // A long answer is sent in chunks.
+    let body = if head.to_lowercase().contains("transfer-encoding: chunked") {
+        common::dechunk(body)
+    } else {
+        body.to_string()
+    };
+    serde_json::from_str(&body).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,7 +67,14 @@ fn status(http: &str) -> Option<serde_json::Value> {
         .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
-    serde_json::from_str(&out[out.find("\r\n\r\n")? + 4..]).ok()
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    // A long status is sent in chunks.
+    let body = if head.to_lowercase().contains("transfer-encoding: chunked") {
+        common::dechunk(body)
+    } else {
+        body.to_string()
+    };
+    serde_json::from_str(&body).ok()
 }
 
 fn output(url: &str, args: &[&str]) -> String {

@@ -298,8 +298,30 @@ async fn long_lists_come_in_pages_and_a_stopped_server_is_named() {
         1100,
         "two pages of the default 1000"
     );
+    // `status` shows the first page, and says there is more; `--all` shows every group, as
+    // does `/status` (written a chunk at a time), and `?limit=` pages it.
     let status = ok(&s, &["status", "--json"]);
-    assert_eq!(status.matches("\"name\":\"tenant-").count(), 1100);
+    assert_eq!(status.matches("\"name\":\"tenant-").count(), 1000);
+    assert!(status.contains("\"more_groups\":true"), "{status}");
+    assert!(ok(&s, &["status"]).contains("`tollgate status --all` lists every one"));
+    let all: serde_json::Value = serde_json::from_str(&ok(&s, &["status", "--json", "--all"])).unwrap();
+    assert_eq!(all["groups"].as_array().unwrap().len(), 1100);
+    assert_eq!(all["groups"][1099]["name"], "tenant-01099");
+    let (code, _, body) = common::http(&s.http, "GET", "/status", &[], "");
+    assert_eq!(code, 200);
+    assert_eq!(body.matches("\"name\":\"tenant-").count(), 1100);
+    let (_, _, body) = common::http(&s.http, "GET", "/status?limit=600", &[], "");
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (page["groups"].as_array().unwrap().len(), page["next_page_token"].as_str()),
+        (600, Some("tenant-00599"))
+    );
+    let (_, _, body) = common::http(&s.http, "GET", "/status?limit=600&page_token=tenant-00599", &[], "");
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(page["groups"].as_array().unwrap().len(), 500);
+    assert!(page.get("next_page_token").is_none());
+    let (code, _, body) = common::http(&s.http, "GET", "/status?limit=0", &[], "");
+    assert!(code == 400 && body.contains("limit: must be a whole number from 1 to 10000"), "{body}");
     // Stopped (SIGSTOP): the connection opens, nothing answers.
     let pid = s.child.id().to_string();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
