@@ -633,6 +633,13 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
         seconds.push(((c - count) as f64 / t.since(at).as_secs_f64(), returned.is_none()));
         (at, count) = (t, c);
         safe |= gates.iter().any(|g| g.remote_status().is_some_and(|s| s.safe_mode));
+        // Past the election lease with etcd gone, no controller is ready: none leads.
+        if returned.is_none() && seconds.len() == 5 {
+            for h in &https {
+                let (code, _, body) = common::http(h, "GET", "/readyz", &[], "");
+                assert!(code == 503 && body.contains("no leader"), "{h}: {code} {body}");
+            }
+        }
         if returned.is_none() && now().since(killed) >= outage {
             etcd.restart();
             returned = Some(now());
