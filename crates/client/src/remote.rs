@@ -461,10 +461,12 @@ impl Driver {
                 && !self.link.urgent.load(Ordering::Relaxed)
                 && !self.link.refused.load(Ordering::Relaxed)
                 && self.link.has_fresh.load(Ordering::Relaxed);
-            let fresh = self.fresh_groups(&groups);
             self.round = if self.only_new {
+                let fresh = self.fresh_groups(&groups);
                 self.plan(now, fresh.iter().map(|g| &**g), true)
             } else {
+                // Every group goes in this round, the new ones among them.
+                self.link.take_fresh();
                 self.link.urgent.store(false, Ordering::Relaxed);
                 self.link.refused.store(false, Ordering::Relaxed);
                 // Groups the application never asked for (the shared `default` state, until a
