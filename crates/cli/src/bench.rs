@@ -843,6 +843,9 @@ pub(crate) async fn put(
     Ok(())
 }
 
+/// The connections `bench accuracy`'s clients share.
+const ACCURACY_CONNECTIONS: usize = 64;
+
 pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.clients > 0, "--clients must be above 0");
     anyhow::ensure!(a.duration > 0.0 && a.duration.is_finite(), "--duration must be above 0 seconds");
@@ -900,11 +903,20 @@ async fn measure_accuracy(
 
     // 1. One group at twice its limit.
     put(&mut admin, "accuracy", v1::GroupPatch { limit: Some(a.limit), ..Default::default() }).await?;
+    // The clients share a few connections, as a load generator must: one each would need
+    // more open files than a controller is given (its connections are capped to fit them).
+    let mut channels = Vec::new();
+    for _ in 0..a.clients.min(ACCURACY_CONNECTIONS) {
+        channels.push(tonic::transport::Endpoint::from_shared(a.server.clone())?.connect().await?);
+    }
     let mut gates = Vec::new();
     for i in 0..a.clients {
         let opts =
             tollgate_client::RemoteOptions { client_id: Some(format!("accuracy-{i}")), ..Default::default() };
-        gates.push(tollgate_client::Tollgate::remote(&a.server, opts)?);
+        let timeout = opts.exchange_timeout;
+        let (gate, driver) = tollgate_client::Tollgate::remote_driven(opts)?;
+        tokio::spawn(driver.run_on(channels[i % channels.len()].clone(), timeout));
+        gates.push(gate);
     }
     let cpu0 = own_cpu();
     let exchanges =

@@ -10,9 +10,9 @@ use tollgate_core::config::Config;
 use tollgate_core::engine::EngineSettings;
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1::{self, admin_server::Admin, admission_server::Admission, backend_server::Backend};
-use tollgate_server::Controller;
 use tollgate_server::grpc::Services;
 use tollgate_server::store::MemoryStore;
+use tollgate_server::{Controller, Node};
 
 /// A settings file: parsed, checked as `check-config` does, and built into a limiter if valid.
 pub fn settings_file(data: &[u8]) {
@@ -75,11 +75,10 @@ fn served() -> &'static Served {
     SERVED.get_or_init(|| {
         let settings =
             EngineSettings { max_tracked_groups: 10_000, max_clients: 10_000, ..EngineSettings::default() };
-        let controller = Arc::new(
-            Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).expect("memory"),
-        );
+        let node = Node::open(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).expect("memory");
+        let controller = node.controller.clone();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
-        let services = runtime.block_on(async { Services::new(controller.clone()) });
+        let services = runtime.block_on(async { Services::new(node) });
         Served { controller, services, runtime }
     })
 }

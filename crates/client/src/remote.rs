@@ -805,6 +805,23 @@ impl Driver {
         }
     }
 
+    /// Runs the exchange loop over `channel`, a connection the caller may share among many
+    /// clients of one process (a load generator playing thousands of clients, each with its
+    /// own id and grants, over a few connections), each exchange given `timeout`. Ends when
+    /// the last handle is dropped. Must run inside a tokio runtime.
+    pub async fn run_on(mut self, channel: tonic::transport::Channel, timeout: Duration) {
+        let mut client = v1::admission_client::AdmissionClient::new(channel);
+        loop {
+            let now = self.until_due().await;
+            let Some(request) = self.request(now) else { return };
+            match tokio::time::timeout(timeout, client.exchange(request)).await {
+                Ok(Ok(response)) => self.answer(self.now(), response.get_ref()),
+                Ok(Err(status)) => self.failed(self.now(), status.message()),
+                Err(_) => self.failed(self.now(), &format!("no answer within {timeout:?}")),
+            }
+        }
+    }
+
     /// Runs the exchange loop with `exchange` answering each request in process, as a
     /// controller's own front ends do (its Envoy rate-limit service is a client of its own
     /// grants): the same loop as a remote client's, with no network. Ends when the last

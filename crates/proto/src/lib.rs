@@ -9,15 +9,9 @@ pub mod v1 {
     tonic::include_proto!("tollgate.v1");
 }
 
+pub mod check;
 pub mod convert;
 pub mod frames;
 pub mod wire;
 
-/// The most groups one exchange may carry.
-pub const EXCHANGE_GROUPS_MAX: usize = 1000;
-/// The most groups one backend report may carry.
-pub const REPORT_GROUPS_MAX: usize = 10_000;
-/// The longest client id, in bytes.
-pub const CLIENT_ID_MAX_BYTES: usize = 128;
-/// The longest backend id or zone, in bytes.
-pub const BACKEND_ID_MAX_BYTES: usize = 255;
+pub use check::{BACKEND_ID_MAX_BYTES, CLIENT_ID_MAX_BYTES, EXCHANGE_GROUPS_MAX, REPORT_GROUPS_MAX};

@@ -35,7 +35,7 @@ const NESTING_MAX: u32 = 100;
 /// One group's usage, read from a request in place.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct UsageView<'a> {
-    /// The group's name, as sent (checked later, by the controller).
+    /// The group's name, as sent (checked by [`crate::check`]).
     pub group: &'a str,
     /// Units/s asked for.
     pub demand: f64,
@@ -121,7 +121,7 @@ impl<'a> ExchangeView<'a> {
 /// One group's load in a backend's report, read in place.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LoadView<'a> {
-    /// The group's name, as sent (checked later, by the controller).
+    /// The group's name, as sent (checked by [`crate::check`]).
     pub group: &'a str,
     /// The load it puts on the backend, units/s.
     pub units_per_s: f64,

@@ -7,7 +7,6 @@
 // The helpers' error is the HTTP answer itself, built at most once per request.
 #![allow(clippy::result_large_err)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -20,9 +19,11 @@ use tollgate_client::{AcquireError, Tollgate};
 use tollgate_proto::v1;
 
 use crate::auth::Caller;
-use crate::controller::{AdminError, Controller, PutMode};
+use crate::controller::{Controller, PutMode};
 use crate::convert;
+use crate::error::AdminError;
 use crate::grpc::checked_name;
+use crate::node::Node;
 use crate::properties::kind;
 
 /// The largest request body taken, in bytes.
@@ -67,13 +68,13 @@ pub const ROUTES: [(&str, &str, &str); 17] = [
 
 #[derive(Clone)]
 struct Api {
-    controller: Arc<Controller>,
+    node: Node,
     clock: crate::clock::Clock,
     gate: Tollgate,
 }
 
-/// The API's routes over `controller`, deciding checks with `gate` (the in-process client).
-pub fn router(controller: Arc<Controller>, clock: crate::clock::Clock, gate: Tollgate) -> Router {
+/// The API's routes over `parts`, deciding checks with `gate` (the in-process client).
+pub fn router(parts: Node, clock: crate::clock::Clock, gate: Tollgate) -> Router {
     Router::new()
         .route("/v1/groups", get(list).post(create))
         .route("/v1/groups/{name}", get(show).put(upsert).patch(alter).delete(drop_group))
@@ -81,7 +82,7 @@ pub fn router(controller: Arc<Controller>, clock: crate::clock::Clock, gate: Tol
         .route("/v1/status", get(status))
         .route("/v1/check", post(check))
         .route("/v1/openapi.json", get(openapi))
-        .with_state(Api { controller, clock, gate })
+        .with_state(Api { node: parts, clock, gate })
 }
 
 pub(crate) type Answer = axum::response::Response;
@@ -317,7 +318,7 @@ async fn change<T: Send + 'static>(
     api: &Api,
     f: impl FnOnce(&Controller) -> Result<T, AdminError> + Send + 'static,
 ) -> Result<T, Answer> {
-    let controller = api.controller.clone();
+    let controller = api.node.controller.clone();
     match tokio::task::spawn_blocking(move || f(&controller)).await {
         Ok(r) => r.map_err(admin_error),
         Err(e) => Err(refuse(StatusCode::INTERNAL_SERVER_ERROR, "", format!("change failed: {e}"))),
@@ -334,7 +335,7 @@ fn name_of(name: &str) -> Result<tollgate_core::settings::GroupName, Answer> {
 /// Every configured group, written a chunk at a time (at 100,000 groups the whole answer made
 /// at once held hundreds of megabytes).
 async fn list(State(api): State<Api>) -> Answer {
-    let groups = api.controller.groups();
+    let groups = api.node.controller.groups();
     let body = crate::stream::body(move |out| {
         out.object_with_array(json!({}), "groups", groups.iter().map(|(n, s)| group_json(n.as_str(), s)))
     })
@@ -347,7 +348,7 @@ async fn show(State(api): State<Api>, Path(name): Path<String>) -> Answer {
         Ok(n) => n,
         Err(a) => return a,
     };
-    match api.controller.group(&name) {
+    match api.node.controller.group(&name) {
         Some(s) => answer(StatusCode::OK, group_json(name.as_str(), &s)),
         None => admin_error(AdminError::NotFound(name.to_string())),
     }
@@ -452,7 +453,7 @@ fn node_json(n: crate::store::StoredNode) -> Value {
 }
 
 async fn node(State(api): State<Api>) -> Answer {
-    answer(StatusCode::OK, node_json(api.controller.node()))
+    answer(StatusCode::OK, node_json(api.node.controller.node()))
 }
 
 async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
@@ -503,7 +504,7 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
     match crate::status::page_query(query.as_deref()) {
         Ok(page) => (
             [(axum::http::header::CONTENT_TYPE, "application/json")],
-            crate::status::status_body(api.controller.clone(), api.clock.now(), page).await,
+            crate::status::status_body(api.node.clone(), api.clock.now(), page).await,
         )
             .into_response(),
         Err(e) => refuse(StatusCode::BAD_REQUEST, "", e),
@@ -511,7 +512,7 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
 }
 
 async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
-    if let Err(e) = api.controller.check_leader() {
+    if let Err(e) = api.node.cluster.check_leader() {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "", e.message());
     }
     let o = match object(&body) {

@@ -13,77 +13,37 @@
 //! so the simulator drives this same code in virtual time.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tollgate_core::allocate::AllocationMode;
-use tollgate_core::cost::Consumption;
 use tollgate_core::engine::{
-    BackendReport, ClientReport, Diagnostics, Engine, EngineSettings, GroupView, Health, TICK_SLICE_GROUPS,
-    TraceEvent, next_slice,
+    BackendReport, Diagnostics, Engine, EngineSettings, GroupView, TICK_SLICE_GROUPS, TraceEvent, next_slice,
 };
-use tollgate_core::settings::{GroupName, GroupSettings, SettingError, SettingErrors};
+use tollgate_core::settings::{GroupName, GroupSettings};
 use tollgate_core::time::Nanos;
+use tollgate_proto::check::{self, FieldError, REPORT_VALUE_MAX};
 use tollgate_proto::v1;
 use tollgate_proto::wire::{ExchangeView, GrantFields, ReportView};
-use tollgate_proto::{BACKEND_ID_MAX_BYTES, CLIENT_ID_MAX_BYTES, EXCHANGE_GROUPS_MAX, REPORT_GROUPS_MAX};
 use tonic::Status;
 
 use crate::convert;
-use crate::store::{AuditRecord, SettingsStore, StoreError, StoredNode, StoredRamp};
-
-/// The largest number one report may carry for a rate or a count of units: far above any real
-/// rate, low enough that a hostile client cannot push a counter to infinity.
-pub const REPORT_VALUE_MAX: f64 = 1e15;
-
-/// Why an admin change failed.
-#[derive(Debug, thiserror::Error)]
-pub enum AdminError {
-    /// The settings break rules; nothing changed.
-    #[error("{0}")]
-    Invalid(SettingErrors),
-    /// No such group.
-    #[error("group {0:?} does not exist")]
-    NotFound(String),
-    /// No such token.
-    #[error("token {0} does not exist")]
-    NoToken(String),
-    /// The group exists already.
-    #[error("group {0:?} already exists")]
-    AlreadyExists(String),
-    /// The store failed; nothing changed.
-    #[error("{0}")]
-    Store(#[from] StoreError),
-    /// An argument breaks a rule (the message names it); nothing changed.
-    #[error("{0}")]
-    Rule(String),
-    /// The change would leave things unusable (revoking the last admin token); nothing changed.
-    #[error("{0}")]
-    Refused(String),
-}
-
-impl From<AdminError> for Status {
-    fn from(e: AdminError) -> Status {
-        match e {
-            AdminError::Invalid(errors) => Status::invalid_argument(errors.to_string()),
-            AdminError::NotFound(_) | AdminError::NoToken(_) => Status::not_found(e.to_string()),
-            AdminError::Rule(rule) => Status::invalid_argument(rule),
-            AdminError::Refused(why) => Status::failed_precondition(why),
-            AdminError::AlreadyExists(_) => Status::already_exists(e.to_string()),
-            AdminError::Store(s) if s.is_transient() => Status::unavailable(s.to_string()),
-            AdminError::Store(s) => Status::internal(s.to_string()),
-        }
-    }
-}
+use crate::error::AdminError;
+use crate::store::{AuditRecord, SettingsStore, Shared, StoreError, Stored, StoredNode, StoredRamp, audited};
+use crate::trace::Tracer;
 
 fn check_capacity(capacity: Option<f64>) -> Result<(), AdminError> {
     match capacity {
-        Some(c) if !(c.is_finite() && c > 0.0 && c <= REPORT_VALUE_MAX) => {
-            let rule = format!("must be a finite number above 0 and at most {REPORT_VALUE_MAX:e}, got {c}");
-            Err(AdminError::Invalid(SettingErrors(vec![SettingError::new("capacity", rule)])))
-        }
+        Some(c) if !(c.is_finite() && c > 0.0 && c <= REPORT_VALUE_MAX) => Err(AdminError::invalid(
+            "capacity",
+            format!("must be a finite number above 0 and at most {REPORT_VALUE_MAX:e}, got {c}"),
+        )),
         _ => Ok(()),
     }
+}
+
+fn invalid(e: FieldError) -> Status {
+    Status::invalid_argument(e.to_string())
 }
 
 /// How a put treats a group that exists, or does not.
@@ -95,32 +55,6 @@ pub enum PutMode {
     Create,
     /// Fails if it does not.
     Alter,
-}
-
-fn invalid(field: &str, rule: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("{field}: {rule}"))
-}
-
-/// A group name, or the rule it breaks under the field `field()` names (built only then: a
-/// valid exchange formats nothing).
-fn group_name(field: impl Fn() -> String, name: &str) -> Result<GroupName, String> {
-    GroupName::new(name).map_err(|e| format!("{}: {}", field(), e.rule))
-}
-
-/// A reported number, or the rule it breaks.
-fn quantity(field: impl Fn() -> String, v: f64) -> Result<f64, String> {
-    if v.is_finite() && (0.0..=REPORT_VALUE_MAX).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{}: must be a finite number from 0 to {REPORT_VALUE_MAX:e}, got {v}", field()))
-    }
-}
-
-fn id(field: &str, v: &str, max: usize) -> Result<(), Status> {
-    if v.is_empty() || v.len() > max || v.chars().any(char::is_control) {
-        return Err(invalid(field, format!("must be 1 to {max} bytes of printable text")));
-    }
-    Ok(())
 }
 
 /// What an exchange answers besides its grants.
@@ -151,28 +85,10 @@ fn node_json(n: &StoredNode) -> String {
     .to_string()
 }
 
-/// The store, with the audit record of the change about to be written to it: the change and
-/// its record are written in one transaction (see [`SettingsStore::audited`]).
-pub(crate) fn audited<'s>(
-    store: &'s mut Box<dyn SettingsStore>,
-    who: &str,
-    what: String,
-    before: Option<String>,
-    after: Option<String>,
-) -> &'s mut dyn SettingsStore {
-    store.audited(AuditRecord {
-        at_unix_ms: crate::clock::wall_ms(),
-        who: who.to_string(),
-        what,
-        before,
-        after,
-    })
-}
-
 /// The controller. See the [module documentation](self).
 pub struct Controller {
     engine: parking_lot::Mutex<Engine>,
-    store: Mutex<Box<dyn SettingsStore>>,
+    store: Shared,
     exchanges: AtomicU64,
     /// Writes to the gRPC connections' sockets, counted by the listener.
     grpc_writes: Arc<AtomicU64>,
@@ -197,61 +113,11 @@ pub struct Controller {
     view: Mutex<Option<(u64, Arc<Vec<GroupView>>)>>,
     /// Backends and clients as of a tick, made at most once per tick like the view.
     diagnostics: Mutex<Option<(u64, Arc<Diagnostics>)>>,
-    /// Live trace subscribers (`tollgate trace`): each tick's events, as JSON lines.
-    trace: tokio::sync::broadcast::Sender<Arc<TraceLine>>,
-    /// Events are kept for [`Controller::take_trace`] (the simulator's `--trace`).
-    keep_trace: AtomicBool,
+    /// Who follows the trace, and whether events are kept.
+    tracer: Arc<Tracer>,
     /// The settings' version: bumped by every change, watched by backends.
     settings_version: tokio::sync::watch::Sender<u64>,
-    /// This controller's part among several (standalone without an election).
-    role: Mutex<RoleView>,
-    /// Times this controller became the leader.
-    leader_changes: AtomicU64,
-    /// Every credential.
-    pub(crate) tokens: RwLock<crate::auth::Tokens>,
-    /// Which credential owns each client id.
-    pub(crate) owners: Mutex<crate::auth::Owners>,
-    /// Whether calls need a credential (`tollgate server --auth`).
-    pub(crate) auth_required: AtomicBool,
-    /// How Envoy rate-limit requests name groups.
-    rls_rules: RwLock<Arc<Vec<tollgate_core::rls::RlsRule>>>,
-    /// Per group with a budget per period: the start of the period its baseline is from.
-    budget_periods: Mutex<std::collections::HashMap<GroupName, u64>>,
 }
-
-/// A controller's part among controllers sharing one etcd.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// No election: the only controller.
-    Standalone,
-    /// Elected: grants, takes reports, writes consumption.
-    Leader,
-    /// Another controller leads (or none does yet): clients and backends are sent there.
-    Follower,
-}
-
-impl Role {
-    /// As `/status` says it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Standalone => "standalone",
-            Role::Leader => "leader",
-            Role::Follower => "follower",
-        }
-    }
-}
-
-/// The role and the leader's advertised address, when known.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoleView {
-    /// This controller's part.
-    pub role: Role,
-    /// The leader's advertised gRPC URL (this controller's own when it leads).
-    pub leader: Option<String>,
-}
-
-/// The gRPC metadata key a follower names the leader in.
-pub const LEADER_METADATA: &str = "tollgate-leader";
 
 /// The most backends and the most clients that status pages, the dashboard and metric labels
 /// name one by one; the rest are counted (clients: lapsed ones first, then the largest
@@ -267,35 +133,12 @@ fn slice_clock() -> std::time::Instant {
     std::time::Instant::now()
 }
 
-/// One trace event as a JSON line, with the group it is about (empty for none).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TraceLine {
-    /// The group.
-    pub group: String,
-    /// The event, as one line of JSON.
-    pub json: String,
-}
-
-/// How many trace lines a slow subscriber may fall behind before it skips some.
-pub const TRACE_CHANNEL: usize = 8192;
-/// The most live trace subscribers.
-pub const TRACE_SUBSCRIBERS_MAX: usize = 16;
-
-impl TraceLine {
-    /// The line for an event.
-    pub fn of(event: &TraceEvent) -> TraceLine {
-        TraceLine {
-            group: event.group().to_string(),
-            json: serde_json::to_string(event)
-                .unwrap_or_else(|e| format!("{{\"event\":\"error\",\"error\":{:?}}}", e.to_string())),
-        }
-    }
-}
-
 impl Controller {
-    /// A controller over `store`, with the settings, consumption and ramps it holds. `now` is
-    /// the engine's time at start; `wall_ms` the Unix time in milliseconds (for ramps that
-    /// may resume within their TTL).
+    /// A controller over `store`, with the settings, consumption and ramps it holds, and its
+    /// own tracer: the controller alone, for the simulator and tests ([`crate::node::Node::open`]
+    /// makes it with the other parts, which take the credentials and RLS rules). `now` is the
+    /// engine's time at start; `wall_ms` the Unix time in milliseconds (for ramps that may
+    /// resume within their TTL).
     pub fn new(
         mut store: Box<dyn SettingsStore>,
         settings: EngineSettings,
@@ -303,15 +146,19 @@ impl Controller {
         wall_ms: u64,
     ) -> Result<Controller, StoreError> {
         let stored = store.load()?;
-        let tokens = crate::auth::Tokens::from_stored(&stored.credentials).map_err(|reason| {
-            StoreError::Corrupt { path: Default::default(), what: "credentials".into(), reason }
-        })?;
-        let rls_rules = match &stored.rls_rules {
-            None => Vec::new(),
-            Some(json) => tollgate_core::rls::rules_from_json(json).map_err(|reason| {
-                StoreError::Corrupt { path: Default::default(), what: "RLS rules".into(), reason }
-            })?,
-        };
+        Controller::with_stored(Shared::new(store), stored, settings, now, wall_ms, Arc::default())
+    }
+
+    /// A controller writing through `store`, with what it holds (`stored`, as read from it):
+    /// groups, node settings, consumption and ramps.
+    pub(crate) fn with_stored(
+        store: Shared,
+        stored: Stored,
+        settings: EngineSettings,
+        now: Nanos,
+        wall_ms: u64,
+        tracer: Arc<Tracer>,
+    ) -> Result<Controller, StoreError> {
         let n = stored.node;
         let settings =
             EngineSettings { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start, ..settings };
@@ -338,7 +185,7 @@ impl Controller {
         }
         let controller = Controller {
             engine: parking_lot::Mutex::new(engine),
-            store: Mutex::new(store),
+            store,
             exchanges: AtomicU64::new(0),
             grpc_writes: Arc::default(),
             tick_span_ns: AtomicU64::new(0),
@@ -350,18 +197,10 @@ impl Controller {
             turn_ns: AtomicU64::new(u64::MAX),
             view: Mutex::new(None),
             diagnostics: Mutex::new(None),
-            trace: tokio::sync::broadcast::channel(TRACE_CHANNEL).0,
-            keep_trace: AtomicBool::new(false),
+            tracer,
             // Unique across restarts: the start's wall time, then one more per change. Backends
             // only compare versions for equality.
             settings_version: tokio::sync::watch::channel(wall_ms.max(1).saturating_mul(1_000_000)).0,
-            role: Mutex::new(RoleView { role: Role::Standalone, leader: None }),
-            leader_changes: AtomicU64::new(0),
-            tokens: RwLock::new(tokens),
-            owners: Mutex::default(),
-            auth_required: AtomicBool::new(false),
-            rls_rules: RwLock::new(Arc::new(rls_rules)),
-            budget_periods: Mutex::default(),
         };
         controller.refresh_budget_periods(wall_ms)?;
         Ok(controller)
@@ -372,26 +211,12 @@ impl Controller {
     /// start (the last usage record before it; 0 without one) stops counting against its
     /// budget. Runs at start, at every flush and after a change to a group.
     pub fn refresh_budget_periods(&self, wall_ms: u64) -> Result<(), StoreError> {
-        use tollgate_core::settings::BudgetPeriod;
-        let periodic: Vec<(GroupName, BudgetPeriod)> = self
-            .engine()
-            .groups()
-            .into_iter()
-            .filter(|(_, s)| s.budget_period() != BudgetPeriod::Total)
-            .map(|(n, s)| (n.clone(), s.budget_period()))
-            .collect();
-        let mut taken = self.budget_periods.lock().unwrap_or_else(PoisonError::into_inner);
-        taken.retain(|g, _| periodic.iter().any(|(p, _)| p == g));
-        for (group, period) in periodic {
-            let start = period.start_of(wall_ms);
-            if taken.get(&group) == Some(&start) {
-                continue;
-            }
+        let due = self.engine().budget_periods_due(wall_ms);
+        for (group, start) in due {
             let records = self.store().usage(Some(&group), start, 1)?;
             let baseline =
                 records.first().filter(|r| r.minute_unix_ms < start).map_or(0.0, |r| r.meter.consumed);
-            self.engine().set_budget_baseline(group.clone(), baseline);
-            taken.insert(group, start);
+            self.engine().set_budget_baseline(group, start, baseline);
         }
         Ok(())
     }
@@ -402,8 +227,8 @@ impl Controller {
         self.engine.lock()
     }
 
-    pub(crate) fn store(&self) -> MutexGuard<'_, Box<dyn SettingsStore>> {
-        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn SettingsStore>> {
+        self.store.lock()
     }
 
     /// Runs `f` on the engine (for the simulator's and tests' reading).
@@ -459,10 +284,9 @@ impl Controller {
     }
 
     fn run_tick(&self, now: Nanos, early: bool, mut pause: impl FnMut()) {
-        let live = self.trace.receiver_count() > 0;
-        let keep = self.keep_trace.load(Ordering::Relaxed);
+        let wanted = self.tracer.wanted();
         let mut engine = self.engine();
-        engine.set_tracing(live || keep);
+        engine.set_tracing(wanted.any());
         engine.begin_tick(now);
         if !early {
             self.turn_ns.store(now.0, Ordering::Relaxed);
@@ -486,29 +310,17 @@ impl Controller {
             // this thread would take it straight back).
             parking_lot::MutexGuard::unlocked_fair(&mut engine, &mut pause);
         }
-        let taken = (live && !keep).then(|| engine.take_trace());
+        let taken = wanted.sent().then(|| engine.take_trace());
         drop(engine);
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
         if let Some((events, dropped)) = taken {
-            for e in &events {
-                let _ = self.trace.send(Arc::new(TraceLine::of(e)));
-            }
-            if dropped > 0 {
-                let json = format!("{{\"event\":\"dropped\",\"count\":{dropped}}}");
-                let _ = self.trace.send(Arc::new(TraceLine { group: String::new(), json }));
-            }
+            self.tracer.publish(&events, dropped);
         }
-    }
-
-    /// Follows the trace: every event from the next tick on. `None` when
-    /// [`TRACE_SUBSCRIBERS_MAX`] already follow it.
-    pub fn subscribe_trace(&self) -> Option<tokio::sync::broadcast::Receiver<Arc<TraceLine>>> {
-        (self.trace.receiver_count() < TRACE_SUBSCRIBERS_MAX).then(|| self.trace.subscribe())
     }
 
     /// Keeps every tick's trace events for [`take_trace`](Self::take_trace) (or stops).
     pub fn set_tracing(&self, on: bool) {
-        self.keep_trace.store(on, Ordering::Relaxed);
+        self.tracer.keep(on);
         self.engine().set_tracing(on);
     }
 
@@ -542,48 +354,7 @@ impl Controller {
         req: &ExchangeView<'_>,
         mut grant: impl FnMut(usize, &GrantFields),
     ) -> Result<ExchangeAnswer, Status> {
-        id("client_id", req.client_id, CLIENT_ID_MAX_BYTES)?;
-        if req.target_request_period_ms > 3_600_000 {
-            return Err(invalid(
-                "target_request_period_ms",
-                format!("must be at most 3600000, got {}", req.target_request_period_ms),
-            ));
-        }
-        if req.groups.len() > EXCHANGE_GROUPS_MAX {
-            return Err(invalid(
-                "groups",
-                format!("at most {EXCHANGE_GROUPS_MAX} per exchange, got {}", req.groups.len()),
-            ));
-        }
-        let mut reports = Vec::with_capacity(req.groups.len());
-        for (i, g) in req.groups.iter().enumerate() {
-            let name =
-                group_name(|| format!("groups[{i}].group"), g.group).map_err(Status::invalid_argument)?;
-            let field = |f: &str, v: f64| {
-                quantity(|| format!("groups[{i}].{f}"), v).map_err(Status::invalid_argument)
-            };
-            let report = ClientReport {
-                demand: field("demand", g.demand)?,
-                unthrottled: field("unthrottled", g.unthrottled)?,
-                waiting: field("waiting", g.waiting)?,
-                consumed: field("consumed", g.consumed)?,
-                requests: field("admitted", g.admitted as f64)?,
-                throttled: field("throttled", g.throttled as f64)?,
-                held: field("held", g.held)?,
-                waited: field("waited", g.waited as f64)?,
-                detail: match &g.detail {
-                    None => Consumption::default(),
-                    Some(given) => {
-                        let mut checked = [0.0; 7];
-                        for ((out, &v), name) in checked.iter_mut().zip(given).zip(Consumption::NAMES) {
-                            *out = field(&format!("detail.{name}"), v)?;
-                        }
-                        Consumption::from_values(checked)
-                    }
-                },
-            };
-            reports.push((name, report));
-        }
+        let reports = check::exchange(req).map_err(invalid)?;
         let mut engine = self.engine();
         let client = engine
             .client(now, req.client_id, req.sequence)
@@ -631,33 +402,7 @@ impl Controller {
     /// Records a backend's report. Loads naming an invalid group, or carrying a bad number,
     /// are left out and listed in the answer; the rest are taken.
     pub fn backend_report(&self, now: Nanos, r: &ReportView<'_>) -> Result<v1::ReportAck, Status> {
-        id("backend_id", r.backend_id, BACKEND_ID_MAX_BYTES)?;
-        id("zone", r.zone, BACKEND_ID_MAX_BYTES)?;
-        let health = match r.health {
-            Some(v1::backend_report::Health::QueueBytes(q)) => {
-                Health::QueueBytes(quantity(|| "queue_bytes".into(), q).map_err(Status::invalid_argument)?)
-            }
-            Some(v1::backend_report::Health::Utilisation(u)) => {
-                Health::Utilisation(quantity(|| "utilisation".into(), u).map_err(Status::invalid_argument)?)
-            }
-            None => return Err(invalid("health", "give queue_bytes or utilisation")),
-        };
-        if r.loads.len() > REPORT_GROUPS_MAX {
-            return Err(invalid(
-                "loads",
-                format!("at most {REPORT_GROUPS_MAX} groups, got {}", r.loads.len()),
-            ));
-        }
-        let mut loads = Vec::with_capacity(r.loads.len());
-        let mut rejected = Vec::new();
-        for (i, l) in r.loads.iter().enumerate() {
-            let checked = group_name(|| format!("loads[{i}].group"), l.group)
-                .and_then(|n| quantity(|| format!("loads[{i}].units_per_s"), l.units_per_s).map(|u| (n, u)));
-            match checked {
-                Ok(load) => loads.push(load),
-                Err(reason) => rejected.push(reason),
-            }
-        }
+        let check::CheckedReport { health, loads, rejected } = check::backend_report(r).map_err(invalid)?;
         if let Some(first) = rejected.first() {
             tracing::warn!(backend = %r.backend_id, rejected = rejected.len(), %first, "backend report: loads left out");
         }
@@ -682,10 +427,6 @@ impl Controller {
     /// and every group's usage records) and the resumable ramps to the store. `now` is the
     /// engine's time, `wall_ms` the Unix time in milliseconds.
     pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
-        // Only the leader's consumption is current: a follower serves no clients.
-        if self.role().role == Role::Follower {
-            return Ok(());
-        }
         let (meters, usage_only, ramps) = {
             let mut engine = self.engine();
             // Every group in traffic is metered; the running totals of configured groups alone
@@ -841,41 +582,6 @@ impl Controller {
         Ok(existed)
     }
 
-    /// The RLS mapping rules.
-    pub fn rls_rules(&self) -> Arc<Vec<tollgate_core::rls::RlsRule>> {
-        self.rls_rules.read().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// Replaces the RLS mapping rules (checked; durable before it returns; in the audit log).
-    pub fn set_rls_rules(
-        &self,
-        rules: Vec<tollgate_core::rls::RlsRule>,
-        who: &str,
-    ) -> Result<(), AdminError> {
-        tollgate_core::rls::check_rules(&rules).map_err(AdminError::Rule)?;
-        let json = tollgate_core::rls::rules_to_json(&rules);
-        let mut store = self.store();
-        let before = tollgate_core::rls::rules_to_json(&self.rls_rules());
-        audited(&mut store, who, "rls.set".into(), Some(before), Some(json.clone())).set_rls_rules(&json)?;
-        *self.rls_rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
-        Ok(())
-    }
-
-    /// Takes the RLS rules as another controller stored them; says whether they changed.
-    pub fn sync_rls_rules(&self, json: &str) -> bool {
-        match tollgate_core::rls::rules_from_json(json) {
-            Ok(rules) if *self.rls_rules() != rules => {
-                *self.rls_rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
-                true
-            }
-            Ok(_) => false,
-            Err(e) => {
-                tracing::error!(error = %e, "stored RLS rules cannot be read; keeping the ones in use");
-                false
-            }
-        }
-    }
-
     /// Usage records: per group, its consumption minute by minute from `since_unix_ms` (and
     /// the last record before, to measure from). What is not flushed yet is not in them.
     pub fn usage(
@@ -892,43 +598,11 @@ impl Controller {
         self.store().audit(since_unix_ms, limit)
     }
 
-    /// This controller's role now.
-    pub fn role(&self) -> RoleView {
-        self.role.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// Times this controller has become the leader.
-    pub fn leader_changes(&self) -> u64 {
-        self.leader_changes.load(Ordering::Relaxed)
-    }
-
-    /// Takes a role from the election. Becoming the leader starts a learning lease at `now`:
+    /// Starts a learning lease at `now`, for a controller that has just become the leader:
     /// clients' grants from the last leader are renewed as they report them, and first-time
     /// clients get only what is left under each target.
-    pub fn set_role(&self, now: Nanos, view: RoleView) {
-        let mut role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
-        if view.role == Role::Leader && role.role != Role::Leader {
-            self.engine().relearn(now);
-            self.leader_changes.fetch_add(1, Ordering::Relaxed);
-        }
-        *role = view;
-    }
-
-    /// Refuses work meant for the leader while this controller follows: `UNAVAILABLE`, with
-    /// the leader's address in the message and in the `tollgate-leader` metadata.
-    pub fn check_leader(&self) -> Result<(), Status> {
-        let role = self.role();
-        if role.role != Role::Follower {
-            return Ok(());
-        }
-        let mut status = match &role.leader {
-            Some(l) => Status::unavailable(format!("not the leader; the leader is {l}")),
-            None => Status::unavailable("not the leader, and no leader is elected yet"),
-        };
-        if let Some(value) = role.leader.and_then(|l| l.parse().ok()) {
-            status.metadata_mut().insert(LEADER_METADATA, value);
-        }
-        Err(status)
+    pub fn relearn(&self, now: Nanos) {
+        self.engine().relearn(now);
     }
 
     /// Takes a group's settings as another controller stored them (seen through the shared

@@ -28,10 +28,10 @@ use tollgate_core::settings::GroupName;
 
 use crate::api::{Answer, answer, refuse, refuse_whole};
 use crate::clock::Clock;
-use crate::controller::Controller;
 use crate::convert;
 use crate::grpc::checked_name;
 use crate::history::{GROUP_SERIES, History, NODE_SERIES, SAMPLES, Series};
+use crate::node::Node;
 use crate::status::{backend_json, backend_to_proto, client_json, client_to_proto};
 
 /// The most group rows one answer carries.
@@ -43,13 +43,13 @@ pub const FILTER_MAX_BYTES: usize = 255;
 
 #[derive(Clone)]
 struct Dash {
-    controller: Arc<Controller>,
+    node: Node,
     history: Arc<History>,
     clock: Clock,
 }
 
 /// The page, its assets and its JSON routes.
-pub fn router(controller: Arc<Controller>, history: Arc<History>, clock: Clock) -> Router {
+pub fn router(node: Node, history: Arc<History>, clock: Clock) -> Router {
     Router::new()
         .route("/", get(|| asset("text/html; charset=utf-8", PAGE)))
         .route("/assets/dashboard.js", get(|| asset("text/javascript; charset=utf-8", SCRIPT)))
@@ -59,7 +59,7 @@ pub fn router(controller: Arc<Controller>, history: Arc<History>, clock: Clock) 
         .route("/assets/uPlot.LICENSE", get(|| asset("text/plain; charset=utf-8", UPLOT_LICENSE)))
         .route("/v1/dashboard", get(overview))
         .route("/v1/dashboard/groups/{name}", get(group))
-        .with_state(Dash { controller, history, clock })
+        .with_state(Dash { node, history, clock })
 }
 
 const PAGE: &str = include_str!("../assets/dashboard.html");
@@ -220,7 +220,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
         }
     }
     let built = tokio::task::spawn_blocking(move || {
-        let view = d.controller.view();
+        let view = d.node.controller.view();
         let (rows, matching) = busiest(&view, &filter);
         let rows: Vec<Value> = rows.into_iter().map(row).collect();
         let mut charted = serde_json::Map::new();
@@ -234,10 +234,10 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             let series = d.history.group(name, since).map(|s| series_json(&s, &GROUP_SERIES));
             charted.insert(name.to_string(), json!({ "now": row(g), "series": series }));
         }
-        let node = d.controller.node();
+        let node = d.node.controller.node();
         let now = d.clock.now();
-        let (clients, backends, learning) = d.controller.tracking(now);
-        let role = d.controller.role();
+        let (clients, backends, learning) = d.node.controller.tracking(now);
+        let role = d.node.cluster.role();
         json!({
             "next": d.history.next(),
             "window": SAMPLES,
@@ -247,21 +247,21 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
                 "role": role.role.name(),
                 "leader": role.leader,
                 "learning": learning,
-                "exchanges": d.controller.exchanges(),
+                "exchanges": d.node.controller.exchanges(),
                 "groups": view.len(),
                 "clients": clients,
                 "backends": backends,
                 "admitted": view.iter().map(|g| g.admitted).sum::<f64>(),
                 "demand": view.iter().map(|g| g.demand).sum::<f64>(),
-                "unit": d.controller.cost_model().unit(),
-                "warnings": d.controller.warnings(),
+                "unit": d.node.controller.cost_model().unit(),
+                "warnings": d.node.controller.warnings(),
             },
             "series": series_json(&d.history.node(since), &NODE_SERIES),
             "groups": rows,
             "groups_matching": matching,
             "charts": charted,
             "unknown": unknown,
-            "diagnostics": diagnostics_json(&d.controller.diagnostics(now)),
+            "diagnostics": diagnostics_json(&d.node.controller.diagnostics(now)),
         })
     });
     match built.await {
@@ -283,7 +283,7 @@ async fn group(State(d): State<Dash>, Path(name): Path<String>, RawQuery(raw): R
         Ok(s) => s,
         Err(a) => return a,
     };
-    let view = d.controller.view();
+    let view = d.node.controller.view();
     let Ok(at) = view.binary_search_by(|g| g.name.cmp(&name)) else {
         return refuse_whole(
             StatusCode::NOT_FOUND,

@@ -4,7 +4,7 @@
 //! takes reports; the others answer clients and backends with its address. A leader that
 //! cannot renew its lease within the lease's time steps down before etcd hands the election to
 //! another, so two never lead at once; a new leader relearns what clients hold for one grant
-//! lease ([`Controller::set_role`]).
+//! lease ([`Cluster::set_role`](crate::cluster::Cluster::set_role)).
 //!
 //! **etcd outages.** A renewal that fails (etcd gone, a member restarting) does not end the
 //! term: the leader goes on granting from what it holds, and keeps trying to renew on the same
@@ -23,7 +23,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
 use crate::clock::Clock;
-use crate::controller::{Controller, Role, RoleView};
+use crate::cluster::{Cluster, Role, RoleView};
 use crate::options::EtcdTarget;
 use crate::store::etcd::{connect, reason};
 
@@ -46,15 +46,15 @@ pub async fn run(
     target: EtcdTarget,
     advertise: String,
     lease: Duration,
-    controller: Arc<Controller>,
+    cluster: Arc<Cluster>,
     clock: Clock,
 ) {
     // The lease of the last term, until it is known revoked.
     let mut previous: Option<i64> = None;
     loop {
-        let result = term(&target, &advertise, lease, controller.clone(), clock, &mut previous).await;
-        let was_leader = controller.role().role == Role::Leader;
-        controller.set_role(clock.now(), RoleView { role: Role::Follower, leader: None });
+        let result = term(&target, &advertise, lease, cluster.clone(), clock, &mut previous).await;
+        let was_leader = cluster.role().role == Role::Leader;
+        cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader: None });
         match result {
             Err(e) if was_leader => tracing::warn!(error = %e, "stepped down as leader"),
             Err(e) => tracing::warn!(error = %e, "election: trying again"),
@@ -69,7 +69,7 @@ async fn term(
     target: &EtcdTarget,
     advertise: &str,
     lease: Duration,
-    controller: Arc<Controller>,
+    cluster: Arc<Cluster>,
     clock: Clock,
     previous: &mut Option<i64>,
 ) -> Result<(), String> {
@@ -103,14 +103,14 @@ async fn term(
     // Who leads, while this one does not: etcd answers an observation only once there is a
     // leader, so it runs beside the campaign.
     let observer = {
-        let (mut client, name, controller, me) =
-            (client.clone(), name.clone(), controller.clone(), advertise.to_string());
+        let (mut client, name, cluster, me) =
+            (client.clone(), name.clone(), cluster.clone(), advertise.to_string());
         tokio::spawn(async move {
             let Ok(mut observed) = client.observe(name).await else { return };
             while let Ok(Some(r)) = observed.message().await {
                 let leader = r.kv().map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
-                if leader.as_deref() != Some(me.as_str()) && controller.role().role != Role::Leader {
-                    controller.set_role(clock.now(), RoleView { role: Role::Follower, leader });
+                if leader.as_deref() != Some(me.as_str()) && cluster.role().role != Role::Leader {
+                    cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader });
                 }
             }
         })
@@ -132,7 +132,7 @@ async fn term(
             won = &mut campaign, if !leading => match won {
                 Ok(_) => {
                     leading = true;
-                    controller.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
+                    cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
                     tracing::info!(advertise, "elected leader");
                 }
                 Err(e) => break Err(reason(&e)),

@@ -17,14 +17,16 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, NewCredential, Refused, Role};
 use crate::clock::Clock;
-use crate::controller::{AdminError, Controller, PutMode};
+use crate::controller::PutMode;
 use crate::convert;
+use crate::error::AdminError;
+use crate::node::Node;
 use crate::status::{Latency, Page, status_response};
 
-/// The three services over one controller.
+/// The three services over one controller's parts.
 #[derive(Clone)]
 pub struct Services {
-    pub(crate) controller: Arc<Controller>,
+    pub(crate) node: Node,
     pub(crate) clock: Clock,
     pub(crate) latency: Arc<Latency>,
 }
@@ -40,19 +42,19 @@ pub(crate) fn checked_name(field: &str, name: &str) -> Result<GroupName, String>
 }
 
 impl Services {
-    /// The three services over `controller`, on the server's clock, for callers that invoke
-    /// the handlers directly rather than through [`serve`](crate::serve) (the fuzz targets do).
-    pub fn new(controller: Arc<Controller>) -> Self {
-        Self { controller, clock: Clock::new(), latency: Arc::new(Latency::default()) }
+    /// The three services over `node`, on the server's clock, for callers that invoke the
+    /// handlers directly rather than through [`serve`](crate::serve) (the fuzz targets do).
+    pub fn new(node: Node) -> Self {
+        Self { node, clock: Clock::new(), latency: Arc::new(Latency::default()) }
     }
 
     /// Runs an admin change on the blocking pool (it waits on the store's disk).
     async fn admin<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Controller) -> Result<T, AdminError> + Send + 'static,
+        f: impl FnOnce(&Node) -> Result<T, AdminError> + Send + 'static,
     ) -> Result<T, Status> {
-        let controller = self.controller.clone();
-        tokio::task::spawn_blocking(move || f(&controller))
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || f(&node))
             .await
             .map_err(|e| Status::internal(format!("admin change failed: {e}")))?
             .map_err(Status::from)
@@ -69,7 +71,7 @@ impl Services {
         caller: Option<&Caller>,
         exchange: &mut ExchangeView<'_>,
     ) -> Result<bool, Status> {
-        self.controller.check_leader()?;
+        self.node.cluster.check_leader()?;
         let privileged = match caller {
             None => true,
             Some(Caller(c)) => {
@@ -81,7 +83,7 @@ impl Services {
                     };
                     return Err(refused.status());
                 }
-                self.controller.bind_client(exchange.client_id, caller).map_err(|e| e.status())?;
+                self.node.access.bind_client(exchange.client_id, caller).map_err(|e| e.status())?;
                 c.role == Ok(Role::Client) && c.unthrottled
             }
         };
@@ -103,6 +105,7 @@ impl Services {
         let started = self.clock.now();
         let mut answer = AnswerWriter::with_capacity(exchange.groups.len());
         let rest = self
+            .node
             .controller
             .exchange_view(started, &exchange, |i, g| answer.grant(exchange.groups[i].group, g))?;
         let body = answer.finish(rest.next_exchange_ms, rest.next_tick_ms, privileged);
@@ -121,7 +124,7 @@ impl Admission for Services {
         let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
         let started = self.clock.now();
         let mut grants = Vec::with_capacity(exchange.groups.len());
-        let rest = self.controller.exchange_view(started, &exchange, |i, g| {
+        let rest = self.node.controller.exchange_view(started, &exchange, |i, g| {
             grants.push(g.grant(exchange.groups[i].group.to_owned()));
         })?;
         self.latency.record(self.clock.now().since(started));
@@ -268,12 +271,15 @@ impl Services {
     /// the leader only.
     async fn take_report(
         &self,
-        take: impl FnOnce(&Controller, tollgate_core::time::Nanos) -> Result<v1::ReportAck, Status>
+        take: impl FnOnce(
+            &crate::controller::Controller,
+            tollgate_core::time::Nanos,
+        ) -> Result<v1::ReportAck, Status>
         + Send
         + 'static,
     ) -> Result<v1::ReportAck, Status> {
-        self.controller.check_leader()?;
-        let (controller, now) = (self.controller.clone(), self.clock.now());
+        self.node.cluster.check_leader()?;
+        let (controller, now) = (self.node.controller.clone(), self.clock.now());
         tokio::task::spawn_blocking(move || take(&controller, now))
             .await
             .map_err(|e| Status::internal(format!("backend report failed: {e}")))?
@@ -298,7 +304,7 @@ impl Backend for Services {
         _: Request<v1::WatchSettingsRequest>,
     ) -> Result<Response<Self::WatchSettingsStream>, Status> {
         use tokio_stream::StreamExt as _;
-        let Some(rx) = self.controller.watch_settings() else {
+        let Some(rx) = self.node.controller.watch_settings() else {
             return Err(Status::resource_exhausted(format!(
                 "at most {} backends watch the settings at once",
                 crate::controller::SETTINGS_WATCHERS_MAX
@@ -306,7 +312,7 @@ impl Backend for Services {
         };
         // The whole set at once, then after each change; changes in quick succession are
         // sent as one (the watch keeps only the latest version).
-        let controller = self.controller.clone();
+        let controller = self.node.controller.clone();
         let sets =
             tokio_stream::wrappers::WatchStream::new(rx).map(move |_| Ok(controller.backend_settings(0)));
         Ok(Response::new(Box::pin(sets)))
@@ -316,7 +322,7 @@ impl Backend for Services {
         &self,
         req: Request<v1::GetSettingsRequest>,
     ) -> Result<Response<v1::BackendSettings>, Status> {
-        Ok(Response::new(self.controller.backend_settings(req.into_inner().known_version)))
+        Ok(Response::new(self.node.controller.backend_settings(req.into_inner().known_version)))
     }
 }
 
@@ -357,7 +363,7 @@ impl Admin for Services {
         };
         let patch = r.patch.unwrap_or_default();
         let n = name.clone();
-        let settings = self.admin(move |c| c.put_group(n, &patch, mode, &who)).await?;
+        let settings = self.admin(move |c| c.controller.put_group(n, &patch, mode, &who)).await?;
         Ok(Response::new(info(&name, &settings)))
     }
 
@@ -368,7 +374,7 @@ impl Admin for Services {
         let who = who(&req);
         let r = req.into_inner();
         let name = group_name("name", &r.name)?;
-        let existed = self.admin(move |c| c.drop_group(&name, &who)).await?;
+        let existed = self.admin(move |c| c.controller.drop_group(&name, &who)).await?;
         if !existed && !r.if_exists {
             return Err(Status::not_found(format!("group {:?} does not exist", r.name)));
         }
@@ -377,7 +383,7 @@ impl Admin for Services {
 
     async fn get_group(&self, req: Request<v1::GetGroupRequest>) -> Result<Response<v1::GroupInfo>, Status> {
         let name = group_name("name", &req.into_inner().name)?;
-        match self.controller.group(&name) {
+        match self.node.controller.group(&name) {
             Some(s) => Ok(Response::new(info(&name, &s))),
             None => Err(Status::not_found(format!("group {:?} does not exist", name.as_str()))),
         }
@@ -389,7 +395,7 @@ impl Admin for Services {
     ) -> Result<Response<v1::ListGroupsResponse>, Status> {
         let r = req.into_inner();
         let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;
-        let all = self.controller.groups();
+        let all = self.node.controller.groups();
         let (groups, next_page_token) = page.take(&all, |(n, _)| n.as_str());
         let groups = groups.iter().map(|(n, s)| info(n, s)).collect();
         Ok(Response::new(v1::ListGroupsResponse { groups, next_page_token }))
@@ -401,7 +407,7 @@ impl Admin for Services {
     ) -> Result<Response<v1::NodeInfo>, Status> {
         let who = who(&req);
         let capacity = req.into_inner().capacity;
-        Ok(Response::new(node_info(self.admin(move |c| c.set_capacity(capacity, &who)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_capacity(capacity, &who)).await?)))
     }
 
     async fn set_mode(&self, req: Request<v1::SetModeRequest>) -> Result<Response<v1::NodeInfo>, Status> {
@@ -410,7 +416,7 @@ impl Admin for Services {
         let mode = v1::AllocationMode::try_from(r.mode)
             .map_err(|_| Status::invalid_argument(format!("mode: unknown mode {}", r.mode)))?;
         let mode = convert::mode_from_proto(mode);
-        Ok(Response::new(node_info(self.admin(move |c| c.set_mode(mode, &who)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_mode(mode, &who)).await?)))
     }
 
     async fn set_slow_start(
@@ -419,11 +425,11 @@ impl Admin for Services {
     ) -> Result<Response<v1::NodeInfo>, Status> {
         let who = who(&req);
         let on = req.into_inner().on;
-        Ok(Response::new(node_info(self.admin(move |c| c.set_slow_start(on, &who)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_slow_start(on, &who)).await?)))
     }
 
     async fn get_node(&self, _: Request<v1::GetNodeRequest>) -> Result<Response<v1::NodeInfo>, Status> {
-        Ok(Response::new(node_info(self.controller.node())))
+        Ok(Response::new(node_info(self.node.controller.node())))
     }
 
     type TraceStream =
@@ -435,10 +441,10 @@ impl Admin for Services {
         if !group.is_empty() {
             group_name("group", &group)?;
         }
-        let Some(rx) = self.controller.subscribe_trace() else {
+        let Some(rx) = self.node.tracer.subscribe() else {
             return Err(Status::resource_exhausted(format!(
                 "at most {} follow the trace at once",
-                crate::controller::TRACE_SUBSCRIBERS_MAX
+                crate::trace::TRACE_SUBSCRIBERS_MAX
             )));
         };
         let lines = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| match item {
@@ -462,7 +468,7 @@ impl Admin for Services {
         };
         let since = r.since_unix_ms;
         let records = self
-            .admin(move |c| c.audit_log(since, limit).map_err(AdminError::from))
+            .admin(move |c| c.controller.audit_log(since, limit).map_err(AdminError::from))
             .await?
             .into_iter()
             .map(|a| v1::AuditEntry {
@@ -489,7 +495,7 @@ impl Admin for Services {
             expires_in_s: r.expires_in_s,
             name: r.name,
         };
-        let (credential, token) = self.admin(move |c| c.create_token(&new, &who)).await?;
+        let (credential, token) = self.admin(move |c| c.access.create_token(&new, &who)).await?;
         Ok(Response::new(v1::CreateTokenResponse { token, info: Some(credential.info()) }))
     }
 
@@ -497,7 +503,7 @@ impl Admin for Services {
         &self,
         _: Request<v1::ListTokensRequest>,
     ) -> Result<Response<v1::ListTokensResponse>, Status> {
-        let tokens = self.controller.tokens().iter().map(|c| c.info()).collect();
+        let tokens = self.node.access.tokens().iter().map(|c| c.info()).collect();
         Ok(Response::new(v1::ListTokensResponse { tokens }))
     }
 
@@ -512,7 +518,7 @@ impl Admin for Services {
                 "id: 16 hex digits, as `tollgate token list` shows, got {id:?}"
             )));
         }
-        let revoked = self.admin(move |c| c.revoke_token(&id, &who)).await?;
+        let revoked = self.admin(move |c| c.access.revoke_token(&id, &who)).await?;
         Ok(Response::new(revoked.info()))
     }
 
@@ -520,9 +526,9 @@ impl Admin for Services {
         let who = who(&req);
         let rules = tollgate_core::rls::rules_from_json(&req.into_inner().rules_json)
             .map_err(Status::invalid_argument)?;
-        self.admin(move |c| c.set_rls_rules(rules, &who)).await?;
+        self.admin(move |c| c.rls_rules.set(rules, &who)).await?;
         Ok(Response::new(v1::RlsRules {
-            rules_json: tollgate_core::rls::rules_to_json(&self.controller.rls_rules()),
+            rules_json: tollgate_core::rls::rules_to_json(&self.node.rls_rules.get()),
         }))
     }
 
@@ -531,7 +537,7 @@ impl Admin for Services {
         _: Request<v1::GetRlsRulesRequest>,
     ) -> Result<Response<v1::RlsRules>, Status> {
         Ok(Response::new(v1::RlsRules {
-            rules_json: tollgate_core::rls::rules_to_json(&self.controller.rls_rules()),
+            rules_json: tollgate_core::rls::rules_to_json(&self.node.rls_rules.get()),
         }))
     }
 
@@ -545,7 +551,7 @@ impl Admin for Services {
         let group = if r.group.is_empty() { None } else { Some(group_name("group", &r.group)?) };
         let since = r.since_unix_ms;
         let records = self
-            .admin(move |c| c.usage(group.as_ref(), since, limit).map_err(AdminError::from))
+            .admin(move |c| c.controller.usage(group.as_ref(), since, limit).map_err(AdminError::from))
             .await?
             .into_iter()
             .map(|u| v1::UsageRecord {
@@ -562,6 +568,6 @@ impl Admin for Services {
     async fn status(&self, req: Request<v1::StatusRequest>) -> Result<Response<v1::StatusResponse>, Status> {
         let r = req.into_inner();
         let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;
-        Ok(Response::new(status_response(&self.controller, self.clock.now(), &page)))
+        Ok(Response::new(status_response(&self.node, self.clock.now(), &page)))
     }
 }

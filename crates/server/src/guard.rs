@@ -13,8 +13,8 @@ use axum::http;
 use axum::middleware::Next;
 use axum::response::IntoResponse;
 
+use crate::access::Access;
 use crate::auth::{Caller, Refused, Role, grpc_role, http_role};
-use crate::controller::Controller;
 use crate::listen::Peer;
 
 /// What the front ends check beyond the controller's credentials.
@@ -29,7 +29,7 @@ pub struct Front {
 /// Checks one call; see the [module documentation](self). `Ok(None)`: allowed with no
 /// credential (authentication off, or an open endpoint).
 pub(crate) fn check(
-    controller: &Controller,
+    access: &Access,
     front: &Front,
     peer: Option<&Peer>,
     needed: Option<Role>,
@@ -49,10 +49,10 @@ pub(crate) fn check(
         }
     }
     let Some(needed) = needed else { return Ok(None) };
-    if !controller.auth_required() {
+    if !access.auth_required() {
         return Ok(None);
     }
-    let credential = controller.authenticate(authorization)?;
+    let credential = access.authenticate(authorization)?;
     match credential.role {
         Ok(role) if role.covers(needed) => Ok(Some(Caller(credential))),
         _ => {
@@ -64,7 +64,7 @@ pub(crate) fn check(
 /// The gRPC side: a tower layer over tonic's routes.
 #[derive(Clone)]
 pub struct GrpcGuardLayer {
-    pub(crate) controller: Arc<Controller>,
+    pub(crate) access: Arc<Access>,
     pub(crate) front: Front,
 }
 
@@ -72,7 +72,7 @@ impl<S> tower::Layer<S> for GrpcGuardLayer {
     type Service = GrpcGuard<S>;
 
     fn layer(&self, inner: S) -> GrpcGuard<S> {
-        GrpcGuard { inner, controller: self.controller.clone(), front: self.front.clone() }
+        GrpcGuard { inner, access: self.access.clone(), front: self.front.clone() }
     }
 }
 
@@ -80,7 +80,7 @@ impl<S> tower::Layer<S> for GrpcGuardLayer {
 #[derive(Clone)]
 pub struct GrpcGuard<S> {
     inner: S,
-    controller: Arc<Controller>,
+    access: Arc<Access>,
     front: Front,
 }
 
@@ -107,7 +107,7 @@ where
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let path = req.uri().path();
         let checked = check(
-            &self.controller,
+            &self.access,
             &self.front,
             req.extensions().get::<Peer>(),
             Some(grpc_role(path)),
@@ -134,7 +134,7 @@ where
 
 /// The HTTP side, as axum middleware.
 pub(crate) async fn http_guard(
-    State((controller, front)): State<(Arc<Controller>, Front)>,
+    State((access, front)): State<(Arc<Access>, Front)>,
     mut req: Request,
     next: Next,
 ) -> axum::response::Response {
@@ -152,7 +152,7 @@ pub(crate) async fn http_guard(
             .into_response();
     }
     let checked = check(
-        &controller,
+        &access,
         &front,
         peer.as_ref(),
         http_role(req.method(), req.uri().path()),

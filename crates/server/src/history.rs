@@ -130,6 +130,7 @@ impl History {
     }
 
     /// Groups with a history now.
+    #[cfg(test)]
     pub fn groups(&self) -> usize {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner).groups.len()
     }

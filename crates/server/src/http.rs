@@ -9,16 +9,18 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::clock::Clock;
-use crate::controller::{AdminError, Controller, PutMode};
+use crate::controller::PutMode;
 use crate::convert;
+use crate::error::AdminError;
 use crate::grpc::checked_name;
 use crate::guard::{Front, http_guard};
+use crate::node::Node;
 use crate::properties;
 use crate::status::Latency;
 
 #[derive(Clone)]
 struct AppState {
-    controller: Arc<Controller>,
+    node: Node,
     clock: Clock,
     /// What `/metrics` encodes.
     registry: Arc<prometheus_client::registry::Registry>,
@@ -26,16 +28,16 @@ struct AppState {
 
 /// The HTTP routes, behind the same checks as gRPC calls (see [`crate::guard`]).
 pub fn router(
-    controller: Arc<Controller>,
+    node: Node,
     latency: Arc<Latency>,
     history: Arc<crate::history::History>,
     clock: Clock,
     front: Front,
     gate: tollgate_client::Tollgate,
 ) -> Router {
-    let guard = axum::middleware::from_fn_with_state((controller.clone(), front), http_guard);
-    let api = crate::api::router(controller.clone(), clock, gate.clone());
-    let controller_for_dashboard = controller.clone();
+    let guard = axum::middleware::from_fn_with_state((node.access.clone(), front), http_guard);
+    let api = crate::api::router(node.clone(), clock, gate.clone());
+    let dashboard = crate::dashboard::router(node.clone(), history, clock);
     Router::new()
         .route("/healthz", get(health))
         .route("/readyz", get(ready))
@@ -44,12 +46,12 @@ pub fn router(
         .route("/v1/node/properties", get(node_properties).put(set_node_properties))
         .route("/v1/groups/{name}/properties", get(group_properties).put(set_group_properties))
         .with_state(AppState {
-            registry: Arc::new(crate::metrics::registry(controller.clone(), clock, &latency, gate)),
-            controller,
+            registry: Arc::new(crate::metrics::registry(&node, clock, &latency, gate)),
+            node,
             clock,
         })
         .merge(api)
-        .merge(crate::dashboard::router(controller_for_dashboard, history, clock))
+        .merge(dashboard)
         .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES.max(crate::api::BODY_MAX_BYTES)))
         .layer(guard)
 }
@@ -69,7 +71,7 @@ async fn metrics(State(app): State<AppState>) -> axum::response::Response {
 /// `ok`, or 503 with what is wrong: the settings store cannot take writes (a full disk), so
 /// settings changes fail until it can; exchanges are still answered.
 async fn health(State(app): State<AppState>) -> axum::response::Response {
-    match app.controller.store_health() {
+    match app.node.controller.store_health() {
         None => "ok\n".into_response(),
         Some(reason) => {
             (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response()
@@ -80,11 +82,11 @@ async fn health(State(app): State<AppState>) -> axum::response::Response {
 /// `ready`, or 503 with why not: the store cannot take writes, or this controller follows and
 /// knows no leader (etcd is out of reach, or an election is under way).
 async fn ready(State(app): State<AppState>) -> axum::response::Response {
-    if let Some(reason) = app.controller.store_health() {
+    if let Some(reason) = app.node.controller.store_health() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response();
     }
-    let role = app.controller.role();
-    if role.role == crate::controller::Role::Follower && role.leader.is_none() {
+    let role = app.node.cluster.role();
+    if role.role == crate::cluster::Role::Follower && role.leader.is_none() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "no leader: an election is under way or etcd is out of reach\n",
@@ -103,7 +105,7 @@ async fn status(
     match crate::status::page_query(query.as_deref()) {
         Ok(page) => (
             [(header::CONTENT_TYPE, "application/json")],
-            crate::status::status_body(app.controller.clone(), app.clock.now(), page).await,
+            crate::status::status_body(app.node.clone(), app.clock.now(), page).await,
         )
             .into_response(),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
@@ -135,9 +137,9 @@ fn admin_error(e: AdminError) -> axum::response::Response {
 /// Runs a settings change on the blocking pool (it waits on the store's disk).
 async fn change<T: Send + 'static>(
     app: AppState,
-    f: impl FnOnce(&Controller) -> Result<T, AdminError> + Send + 'static,
+    f: impl FnOnce(&crate::controller::Controller) -> Result<T, AdminError> + Send + 'static,
 ) -> Result<T, axum::response::Response> {
-    match tokio::task::spawn_blocking(move || f(&app.controller)).await {
+    match tokio::task::spawn_blocking(move || f(&app.node.controller)).await {
         Ok(r) => r.map_err(admin_error),
         Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, format!("change failed: {e}"))),
     }
@@ -162,7 +164,7 @@ fn who_addr(ext: &axum::http::Extensions) -> String {
 
 /// `GET /v1/node/properties`: Couchbase's node document.
 async fn node_properties(State(app): State<AppState>) -> axum::response::Response {
-    json(StatusCode::OK, properties::node_json(&app.controller.node()))
+    json(StatusCode::OK, properties::node_json(&app.node.controller.node()))
 }
 
 /// `PUT /v1/node/properties`: changes the keys the document gives.
@@ -188,7 +190,7 @@ async fn group_properties(State(app): State<AppState>, Path(name): Path<String>)
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    match app.controller.group(&name) {
+    match app.node.controller.group(&name) {
         Some(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
         None => admin_error(AdminError::NotFound(name.to_string())),
     }
@@ -206,7 +208,7 @@ async fn set_group_properties(
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let current = app.controller.group(&name).map(|s| convert::settings_to_proto(&s));
+    let current = app.node.controller.group(&name).map(|s| convert::settings_to_proto(&s));
     let patch = match properties::group_patch(&body, current.as_ref()) {
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),

@@ -7,23 +7,27 @@
 //! stream of incoming connections instead (a simulated network in tests, in the manner of
 //! turmoil), with the same controller and background work.
 
-pub mod api;
+mod access;
+mod api;
 pub mod auth;
 mod clock;
+pub mod cluster;
 pub mod conn;
 pub mod controller;
-pub mod dashboard;
+mod dashboard;
 #[cfg(feature = "etcd")]
 mod election;
+mod error;
 pub mod guard;
 pub mod listen;
-pub mod metrics;
-pub mod pace;
+mod metrics;
+mod node;
+mod pace;
 pub use tollgate_proto::convert;
 pub mod grpc;
-pub mod history;
-pub mod http;
-pub mod json;
+mod history;
+mod http;
+mod json;
 mod memory;
 mod options;
 pub mod properties;
@@ -31,7 +35,7 @@ pub mod rls;
 pub mod status;
 pub mod store;
 mod stream;
-mod tokens;
+pub mod trace;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -43,8 +47,11 @@ use tokio_stream::Stream;
 use tollgate_proto::v1::admin_server::AdminServer;
 use tonic::transport::server::Connected;
 
+pub use crate::access::Access;
 pub use crate::clock::{Clock, wall_ms};
 pub use crate::controller::Controller;
+pub use crate::error::AdminError;
+pub use crate::node::Node;
 pub use crate::options::{DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions};
 use crate::status::Latency;
 use crate::store::{RedbStore, StoreError};
@@ -81,7 +88,7 @@ pub enum ServerError {
 
 /// A server with its store open and its listeners bound.
 pub struct Server {
-    controller: Arc<Controller>,
+    node: Node,
     grpc: tokio::net::TcpListener,
     http: tokio::net::TcpListener,
     /// TLS for gRPC and for HTTP (the same files, each listener its own protocol).
@@ -163,11 +170,11 @@ impl Server {
             )),
         };
         let clock = Clock::new();
-        let controller = Arc::new(Controller::new(store, opts.engine_settings(), clock.now(), wall_ms())?);
-        controller.require_auth(opts.auth);
-        controller.set_cost_model(opts.cost_model);
-        controller.log_warnings();
-        let first_token = if opts.auth { write_first_token(&controller, &opts.data)? } else { None };
+        let node = Node::open(store, opts.engine_settings(), clock.now(), wall_ms())?;
+        node.access.require_auth(opts.auth);
+        node.controller.set_cost_model(opts.cost_model);
+        node.controller.log_warnings();
+        let first_token = if opts.auth { write_first_token(&node.access, &opts.data)? } else { None };
         let election = match &etcd {
             None => None,
             Some((target, _)) => {
@@ -175,15 +182,13 @@ impl Server {
                 let advertise = opts.advertise.clone().unwrap_or_else(|| format!("http://{local}"));
                 wait_for_address(target, &advertise, opts.election_lease).await?;
                 // Nobody is served until the election says who leads.
-                controller.set_role(
-                    clock.now(),
-                    crate::controller::RoleView { role: crate::controller::Role::Follower, leader: None },
-                );
+                node.cluster
+                    .set_role(clock.now(), cluster::RoleView { role: cluster::Role::Follower, leader: None });
                 Some((advertise, opts.election_lease))
             }
         };
         Ok(Server {
-            controller,
+            node,
             grpc,
             http,
             tls,
@@ -216,7 +221,7 @@ impl Server {
     /// store and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let Server {
-            controller,
+            node,
             grpc,
             http,
             tls,
@@ -231,9 +236,9 @@ impl Server {
         #[cfg(feature = "etcd")]
         let following = etcd.map(|(target, revision)| {
             let elect = election.map(|(advertise, lease)| {
-                tokio::spawn(election::run(target.clone(), advertise, lease, controller.clone(), clock))
+                tokio::spawn(election::run(target.clone(), advertise, lease, node.cluster.clone(), clock))
             });
-            (tokio::spawn(follow_etcd(controller.clone(), target, revision)), elect)
+            (tokio::spawn(follow_etcd(node.clone(), target, revision)), elect)
         });
         #[cfg(not(feature = "etcd"))]
         let _ = (etcd, election);
@@ -251,10 +256,10 @@ impl Server {
         let start = |l, t, grpc| {
             listen::Incoming::start(l, t, limits, grpc).map_err(|e| ServerError::Serve(e.to_string()))
         };
-        let incoming = start(grpc, grpc_tls, Some(controller.grpc_write_counter()))?;
+        let incoming = start(grpc, grpc_tls, Some(node.controller.grpc_write_counter()))?;
         let http = start(http, http_tls, None)?;
         let front = guard::Front { allowed_names: Arc::new(allowed_names), max_streams: limits.max_streams };
-        let served = serve(controller, clock, flush_interval, incoming, Some(http), front, shutdown).await;
+        let served = serve(node, clock, flush_interval, incoming, Some(http), front, shutdown).await;
         if let Some(r) = reload {
             r.abort();
         }
@@ -275,10 +280,10 @@ pub const FIRST_TOKEN_FILE: &str = "admin.token";
 /// With `--auth` and no admin token that has not expired: makes one and writes it to
 /// `DATA/admin.token`, readable by its owner only; returns the file.
 fn write_first_token(
-    controller: &Controller,
+    access: &Access,
     data: &std::path::Path,
 ) -> Result<Option<std::path::PathBuf>, ServerError> {
-    let Some(token) = controller.ensure_admin_token().map_err(|e| ServerError::Auth(e.to_string()))? else {
+    let Some(token) = access.ensure_admin_token().map_err(|e| ServerError::Auth(e.to_string()))? else {
         return Ok(None);
     };
     let path = data.join(FIRST_TOKEN_FILE);
@@ -334,32 +339,31 @@ async fn wait_for_address(_: &EtcdTarget, _: &str, _: Duration) -> Result<(), Se
 /// from the revision read at start; when it breaks, everything is read again (a change missed
 /// meanwhile is caught up) and a new watch starts from there.
 #[cfg(feature = "etcd")]
-async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revision: i64) {
-    let apply = |c: &Controller, change: store::etcd::StoredChange| match change {
+async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
+    let apply = |n: &Node, change: store::etcd::StoredChange| match change {
         store::etcd::StoredChange::Group(name, settings) => {
-            if c.sync_group(name.clone(), settings) {
+            if n.controller.sync_group(name.clone(), settings) {
                 tracing::info!(group = %name, "settings changed by another controller");
             }
         }
         store::etcd::StoredChange::Node(node) => {
-            if c.sync_node(node) {
+            if n.controller.sync_node(node) {
                 tracing::info!("node settings changed by another controller");
             }
         }
         store::etcd::StoredChange::RlsRules(json) => {
-            if c.sync_rls_rules(&json) {
+            if n.rls_rules.sync(&json) {
                 tracing::info!("RLS rules changed by another controller");
             }
         }
         store::etcd::StoredChange::Credential(id, record) => {
-            if c.sync_credential(&id, record.as_deref()) {
+            if n.access.sync_credential(&id, record.as_deref()) {
                 tracing::info!(%id, "a credential changed through another controller");
             }
         }
     };
     loop {
-        let (reached, result) =
-            store::etcd::watch(&target, revision, |change| apply(&controller, change)).await;
+        let (reached, result) = store::etcd::watch(&target, revision, |change| apply(&node, change)).await;
         revision = reached;
         if let Err(e) = result {
             tracing::warn!(error = %e, "etcd watch broken; reading the settings again");
@@ -374,28 +378,28 @@ async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revisi
         .await;
         match reread {
             Ok(Ok((stored, at))) => {
-                let held: Vec<_> = controller.groups().into_iter().map(|(n, _)| n).collect();
+                let held: Vec<_> = node.controller.groups().into_iter().map(|(n, _)| n).collect();
                 for name in held {
                     if !stored.groups.contains_key(&name) {
-                        apply(&controller, store::etcd::StoredChange::Group(name, None));
+                        apply(&node, store::etcd::StoredChange::Group(name, None));
                     }
                 }
                 for (name, settings) in stored.groups {
-                    apply(&controller, store::etcd::StoredChange::Group(name, Some(settings)));
+                    apply(&node, store::etcd::StoredChange::Group(name, Some(settings)));
                 }
                 if stored.node_stored {
-                    apply(&controller, store::etcd::StoredChange::Node(stored.node));
+                    apply(&node, store::etcd::StoredChange::Node(stored.node));
                 }
                 if let Some(json) = stored.rls_rules {
-                    apply(&controller, store::etcd::StoredChange::RlsRules(json));
+                    apply(&node, store::etcd::StoredChange::RlsRules(json));
                 }
-                for held in controller.tokens() {
+                for held in node.access.tokens() {
                     if !stored.credentials.contains_key(&held.id) {
-                        apply(&controller, store::etcd::StoredChange::Credential(held.id.clone(), None));
+                        apply(&node, store::etcd::StoredChange::Credential(held.id.clone(), None));
                     }
                 }
                 for (id, record) in stored.credentials {
-                    apply(&controller, store::etcd::StoredChange::Credential(id, Some(record)));
+                    apply(&node, store::etcd::StoredChange::Credential(id, Some(record)));
                 }
                 revision = at;
             }
@@ -405,12 +409,12 @@ async fn follow_etcd(controller: Arc<Controller>, target: EtcdTarget, mut revisi
     }
 }
 
-/// Serves `controller` over gRPC on `incoming` (any stream of connections: tokio's TCP, a
+/// Serves `node` over gRPC on `incoming` (any stream of connections: tokio's TCP, a
 /// simulated network, in-memory pipes; wrap it in [`conn::Limited`] to cap and time out
 /// connections) and, given a listener, over HTTP; runs its ticks and flushes until `shutdown`
 /// completes, then writes consumption to the store once more.
 pub async fn serve<I, IO, IE>(
-    controller: Arc<Controller>,
+    node: Node,
     clock: Clock,
     flush_interval: Duration,
     incoming: I,
@@ -424,24 +428,25 @@ where
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let latency = Arc::new(Latency::default());
-    let services = grpc::Services { controller: controller.clone(), clock, latency: latency.clone() };
+    let services = grpc::Services { node: node.clone(), clock, latency: latency.clone() };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let history = Arc::new(history::History::default());
     let background =
-        tokio::spawn(background(controller.clone(), history.clone(), clock, flush_interval, stop_rx.clone()));
+        tokio::spawn(background(node.clone(), history.clone(), clock, flush_interval, stop_rx.clone()));
     let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
     let http_front = front.clone();
     // Envoy's rate-limit service and `POST /v1/check`: one in-process client of the grants.
-    let rls_front = rls::Rls::start(controller.clone(), clock);
+    let rls_front =
+        rls::Rls::start(node.controller.clone(), node.cluster.clone(), node.rls_rules.clone(), clock);
     let gate = rls_front.gate().clone();
     let front_gate = gate.clone();
     let http_server = async {
         match http {
             Some(listener) => axum::serve(
                 listener,
-                http::router(controller.clone(), latency, history, clock, http_front, gate)
+                http::router(node.clone(), latency, history, clock, http_front, gate)
                     .into_make_service_with_connect_info::<listen::Peer>(),
             )
             .with_graceful_shutdown(waiter(stop_rx.clone()))
@@ -453,7 +458,7 @@ where
     let grpc_server = tonic::transport::Server::builder()
         .max_concurrent_streams((front.max_streams > 0).then_some(front.max_streams))
         .http2_max_header_list_size(conn::HEADERS_MAX_BYTES)
-        .layer(guard::GrpcGuardLayer { controller: controller.clone(), front })
+        .layer(guard::GrpcGuardLayer { access: node.access.clone(), front })
         .layer(tower::layer::layer_fn(listen::SliceAnswers))
         .add_service(grpc::ExchangeFront::new(services.clone()))
         .add_service(grpc::ReportFront::new(services.clone()))
@@ -473,7 +478,7 @@ where
     // What the front ends' client counted since its last exchange is reported before the last
     // flush, so a clean stop loses none of it.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), front_gate.report_now()).await;
-    if let Err(e) = controller.flush(clock.now(), wall_ms()) {
+    if let Err(e) = node.flush(clock.now(), wall_ms()) {
         tracing::error!(error = %e, "could not write consumption at shutdown");
     }
     g.map_err(|e| ServerError::Serve(format!("gRPC: {e}")))?;
@@ -484,12 +489,13 @@ where
 /// shows it newly saturated), samples the dashboard's history about once a second, and
 /// writes consumption every flush interval.
 async fn background(
-    controller: Arc<Controller>,
+    node: Node,
     history: Arc<history::History>,
     clock: Clock,
     flush_interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let controller = node.controller.clone();
     let mut ticks = tokio::time::interval(controller.tick_period());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut flushes = tokio::time::interval(flush_interval);
@@ -514,9 +520,9 @@ async fn background(
                 }
             }
             _ = flushes.tick() => {
-                let c = controller.clone();
+                let n = node.clone();
                 let now = clock.now();
-                match tokio::task::spawn_blocking(move || c.flush(now, wall_ms())).await {
+                match tokio::task::spawn_blocking(move || n.flush(now, wall_ms())).await {
                     Ok(Err(e)) => tracing::warn!(error = %e, "could not write consumption; will try again"),
                     Err(e) => tracing::warn!(error = %e, "could not write consumption; will try again"),
                     Ok(Ok(())) => {}

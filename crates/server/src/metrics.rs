@@ -11,7 +11,9 @@ use tollgate_core::engine::{BackendView, ClientView, GroupView};
 use tollgate_core::prometheus::{Kind, family, single};
 
 use crate::clock::Clock;
-use crate::controller::{Controller, Role};
+use crate::cluster::{Cluster, Role};
+use crate::controller::Controller;
+use crate::node::Node;
 use crate::status::Latency;
 
 /// One per-group metric: name, help, kind, and how to read it (`None`: no sample).
@@ -101,6 +103,7 @@ const GROUP_FAMILIES: [Family; 24] = [
 /// Reads the controller at each scrape.
 struct ControllerMetrics {
     controller: Arc<Controller>,
+    cluster: Arc<Cluster>,
     clock: Clock,
 }
 
@@ -201,14 +204,14 @@ impl Collector for ControllerMetrics {
             "tollgate_leader",
             "1 while this controller leads (or runs alone), 0 while it follows.",
             Kind::Gauge,
-            c.role().role != Role::Follower,
+            self.cluster.role().role != Role::Follower,
         )?;
         single(
             &mut e,
             "tollgate_leader_changes_total",
             "Times this controller became the leader.",
             Kind::Counter,
-            c.leader_changes(),
+            self.cluster.leader_changes(),
         )?;
         single(
             &mut e,
@@ -276,14 +279,13 @@ impl Collector for FrontEndMetrics {
 
 /// The registry `/metrics` encodes: the controller's collector, its front end's client, and
 /// the latency histogram.
-pub fn registry(
-    controller: Arc<Controller>,
-    clock: Clock,
-    latency: &Latency,
-    gate: tollgate_client::Tollgate,
-) -> Registry {
+pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_client::Tollgate) -> Registry {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(ControllerMetrics { controller, clock }));
+    registry.register_collector(Box::new(ControllerMetrics {
+        controller: node.controller.clone(),
+        cluster: node.cluster.clone(),
+        clock,
+    }));
     registry.register_collector(Box::new(FrontEndMetrics { gate }));
     registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange.", latency.0.clone());
     registry

@@ -9,7 +9,7 @@
 //! share one group's limit. A request is admitted only when every descriptor's group admits
 //! it; then each descriptor's units are consumed; otherwise none are.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -19,12 +19,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_client::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_core::rls::RlsRule;
 use tollgate_core::settings::{GroupName, check_group_name};
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::clock::Clock;
+use crate::cluster::Cluster;
 use crate::controller::Controller;
+use crate::error::AdminError;
+use crate::store::{Shared, StoreError, audited};
 
 /// The most descriptors in one request.
 pub const DESCRIPTORS_MAX: usize = 64;
@@ -41,16 +45,75 @@ const FIRST_GRANT_WAIT: Duration = Duration::from_secs(1);
 /// The client id the front end exchanges under.
 pub const CLIENT_ID: &str = "tollgate-rls";
 
+/// How Envoy's descriptors name groups: the mapping rules in use, durable in the store and in
+/// its audit log, and followed when another controller changes them.
+pub struct RlsRules {
+    store: Shared,
+    rules: RwLock<Arc<Vec<RlsRule>>>,
+}
+
+impl RlsRules {
+    /// The rules as stored (JSON; none when never set), written through `store`.
+    pub fn new(store: Shared, stored: Option<&str>) -> Result<RlsRules, StoreError> {
+        let rules = match stored {
+            None => Vec::new(),
+            Some(json) => tollgate_core::rls::rules_from_json(json).map_err(|reason| {
+                StoreError::Corrupt { path: Default::default(), what: "RLS rules".into(), reason }
+            })?,
+        };
+        Ok(RlsRules { store, rules: RwLock::new(Arc::new(rules)) })
+    }
+
+    /// The rules in use.
+    pub fn get(&self) -> Arc<Vec<RlsRule>> {
+        self.rules.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Replaces the rules (checked; durable before it returns; in the audit log).
+    pub fn set(&self, rules: Vec<RlsRule>, who: &str) -> Result<(), AdminError> {
+        tollgate_core::rls::check_rules(&rules).map_err(AdminError::Rule)?;
+        let json = tollgate_core::rls::rules_to_json(&rules);
+        let mut store = self.store.lock();
+        let before = tollgate_core::rls::rules_to_json(&self.get());
+        audited(&mut store, who, "rls.set".into(), Some(before), Some(json.clone())).set_rls_rules(&json)?;
+        *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
+        Ok(())
+    }
+
+    /// Takes the rules as another controller stored them; says whether they changed.
+    pub fn sync(&self, json: &str) -> bool {
+        match tollgate_core::rls::rules_from_json(json) {
+            Ok(rules) if *self.get() != rules => {
+                *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::error!(error = %e, "stored RLS rules cannot be read; keeping the ones in use");
+                false
+            }
+        }
+    }
+}
+
 /// The rate-limit service over a controller.
 #[derive(Clone)]
 pub struct Rls {
     controller: Arc<Controller>,
+    cluster: Arc<Cluster>,
+    rules: Arc<RlsRules>,
     gate: Tollgate,
 }
 
 impl Rls {
-    /// The front end, with its exchange loop started on the current runtime.
-    pub fn start(controller: Arc<Controller>, clock: Clock) -> Rls {
+    /// The front end over `controller`'s grants, refusing while `cluster` follows, with its
+    /// exchange loop started on the current runtime.
+    pub fn start(
+        controller: Arc<Controller>,
+        cluster: Arc<Cluster>,
+        rules: Arc<RlsRules>,
+        clock: Clock,
+    ) -> Rls {
         // On the server's own time (tokio's), read when a check comes: the default clock would
         // keep a thread refreshing a coarse time every millisecond for the life of the server,
         // waking a core a thousand times a second whether or not any check ever comes.
@@ -67,7 +130,7 @@ impl Rls {
         tokio::spawn(driver.run_in_process(move |request| {
             c.exchange(clock.now(), request).map_err(|s| s.message().to_string())
         }));
-        Rls { controller, gate }
+        Rls { controller, cluster, rules, gate }
     }
 
     /// The in-process client its decisions come from (`POST /v1/check` shares it).
@@ -104,10 +167,7 @@ fn text(field: impl Fn() -> String, v: &str, may_be_empty: bool) -> Result<(), S
 }
 
 /// Each descriptor's group and cost, checked.
-fn plan(
-    rules: &[tollgate_core::rls::RlsRule],
-    r: &RateLimitRequest,
-) -> Result<Vec<(GroupName, f64)>, Status> {
+fn plan(rules: &[RlsRule], r: &RateLimitRequest) -> Result<Vec<(GroupName, f64)>, Status> {
     text(|| "domain".into(), &r.domain, false)?;
     if r.descriptors.is_empty() || r.descriptors.len() > DESCRIPTORS_MAX {
         return Err(invalid(
@@ -177,10 +237,10 @@ impl RateLimitService for Rls {
         &self,
         req: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.controller.check_leader()?;
+        self.cluster.check_leader()?;
         let caller = req.extensions().get::<Caller>().cloned();
         let r = req.into_inner();
-        let planned = plan(&self.controller.rls_rules(), &r)?;
+        let planned = plan(&self.rules.get(), &r)?;
         if let Some(Caller(c)) = &caller
             && let Some((g, _)) = planned.iter().find(|(g, _)| !c.allows_group(g.as_str()))
         {

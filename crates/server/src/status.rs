@@ -7,8 +7,8 @@ use std::time::Duration;
 use tollgate_core::time::Nanos;
 use tollgate_proto::v1;
 
-use crate::controller::Controller;
 use crate::convert;
+use crate::node::Node;
 
 /// Upper bounds of the exchange-latency histogram buckets, in seconds.
 pub const BUCKETS_S: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0];
@@ -116,27 +116,23 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// The controller's status in the contract's form, with one page of its groups.
-pub fn status_response(controller: &Controller, now: Nanos, page: &Page) -> v1::StatusResponse {
-    let view = controller.view();
+pub fn status_response(node: &Node, now: Nanos, page: &Page) -> v1::StatusResponse {
+    let view = node.controller.view();
     let (groups, next_page_token) = page.take(&view, |g| g.name.as_str());
     v1::StatusResponse {
         groups: groups.iter().map(group_status).collect(),
         next_page_token,
-        ..status_head(controller, now)
+        ..status_head(node, now)
     }
 }
 
 /// The status as JSON, written a chunk at a time (at 100,000 groups it is tens of megabytes):
 /// the node, then one page of the groups (every group with a page of size 0) and, when more
 /// follow, `next_page_token`.
-pub(crate) async fn status_body(
-    controller: std::sync::Arc<Controller>,
-    now: Nanos,
-    page: Page,
-) -> axum::body::Body {
+pub(crate) async fn status_body(node: Node, now: Nanos, page: Page) -> axum::body::Body {
     crate::stream::body(move |out| {
-        let head = status_head(&controller, now);
-        let view = controller.view();
+        let head = status_head(&node, now);
+        let view = node.controller.view();
         let (groups, next) = page.take(&view, |g| g.name.as_str());
         let mut json = status_json(&head);
         if let Some(o) = json.as_object_mut() {
@@ -151,15 +147,16 @@ pub(crate) async fn status_body(
 }
 
 /// Everything in the status but its groups.
-fn status_head(controller: &Controller, now: Nanos) -> v1::StatusResponse {
+fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
+    let controller = &parts.controller;
     let node = controller.node();
     let (clients, backends, learning) = controller.tracking(now);
     let diagnostics = controller.diagnostics(now);
-    let role = controller.role();
+    let role = parts.cluster.role();
     v1::StatusResponse {
         role: role.role.name().to_string(),
         leader: role.leader,
-        leader_changes: controller.leader_changes(),
+        leader_changes: parts.cluster.leader_changes(),
         capacity: node.capacity,
         groups: Vec::new(),
         exchanges: controller.exchanges(),
@@ -391,7 +388,8 @@ mod tests {
         use tollgate_core::engine::EngineSettings;
         const S: u64 = 1_000_000_000;
         let store = Box::new(crate::store::MemoryStore::default());
-        let c = Controller::new(store, EngineSettings::default(), Nanos(0), 0).unwrap();
+        let node = crate::node::Node::open(store, EngineSettings::default(), Nanos(0), 0).unwrap();
+        let c = &node.controller;
         // Ten seconds at 100 units/s, one at 300; three requests refused and two waited.
         for t in 1..=11u64 {
             let consumed = if t == 6 { 300.0 } else { 100.0 };
@@ -407,7 +405,7 @@ mod tests {
             c.exchange(Nanos(t * S), &one_group(t, usage)).unwrap();
             c.tick(Nanos(t * S));
         }
-        let json = status_json(&status_response(&c, Nanos(11 * S), &Page::default()));
+        let json = status_json(&status_response(&node, Nanos(11 * S), &Page::default()));
         let g = &json["groups"][0];
         assert_eq!((g["throttled_total"].as_u64(), g["waited_total"].as_u64()), (Some(3), Some(2)));
         assert_eq!(g["blocked_total"], 5);
@@ -429,7 +427,7 @@ mod tests {
         let e = c.exchange(Nanos(14 * S), &one_group(14, bad)).unwrap_err();
         assert_eq!(e.message(), "groups[0].detail.rru: must be a finite number from 0 to 1e15, got -1");
         c.tick(Nanos(14 * S));
-        let json = status_json(&status_response(&c, Nanos(14 * S), &Page::default()));
+        let json = status_json(&status_response(&node, Nanos(14 * S), &Page::default()));
         let d = &json["groups"][0]["detail"];
         assert_eq!(
             (d["rru"].as_f64(), d["read_bytes"].as_f64(), d["read_rpcs"].as_f64()),

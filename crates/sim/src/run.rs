@@ -17,9 +17,9 @@ use tollgate_core::engine::{EngineSettings, SaturationSettings, TraceEvent};
 use tollgate_core::settings::GroupName;
 use tollgate_core::time::{ManualClock, Nanos, duration_nanos};
 use tollgate_proto::v1;
-use tollgate_server::Controller;
-use tollgate_server::controller::{Role, RoleView};
+use tollgate_server::cluster::{Role, RoleView};
 use tollgate_server::store::{MemoryStore, Stored, StoredNode};
+use tollgate_server::{Controller, Node};
 
 use crate::faults::{self, FaultKind};
 use crate::invariants::{Breach, Checker, HEAL_S, Second, WINDOW_S};
@@ -227,11 +227,11 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let groups = group_names(scenario);
     let store = MemoryStore::with(stored(scenario));
     let start = |now: Nanos| {
-        Controller::new(Box::new(store.clone()), engine_settings(scenario), now, 0)
+        Node::open(Box::new(store.clone()), engine_settings(scenario), now, 0)
             .expect("a store in memory loads")
     };
-    let mut controller = start(Nanos::ZERO);
-    controller.set_tracing(hooks.trace.is_some());
+    let mut node = start(Nanos::ZERO);
+    node.controller.set_tracing(hooks.trace.is_some());
     let mut faults = scenario.faults.clone();
     if let Some(random) = &scenario.random_faults {
         faults.extend(crate::faults::draw(random, seed, scenario.clients.len()));
@@ -259,7 +259,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     }
     let mut world = World::new(scenario, &groups, &gates, seed);
     for a in &scenario.actions {
-        apply(a, &controller, &mut world);
+        apply(a, &node.controller, &mut world);
     }
     // Fault state: the controller down until (and whether a failover brings the next one),
     // clients cut off until, losses and delays until, answers in flight.
@@ -288,7 +288,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let mut held = 0u32;
     if let Some(p) = scenario.phases.first() {
         for a in &p.actions {
-            apply(a, &controller, &mut world);
+            apply(a, &node.controller, &mut world);
         }
     }
     let mut now = Nanos::ZERO;
@@ -353,10 +353,10 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         if let Some((until, failover)) = down
             && until <= now
         {
-            controller = start(now);
-            controller.set_tracing(hooks.trace.is_some());
+            node = start(now);
+            node.controller.set_tracing(hooks.trace.is_some());
             if failover {
-                controller.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
+                node.cluster.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
             }
             down = None;
         }
@@ -364,7 +364,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         if let Some((_, back)) = store_lost
             && back <= now
         {
-            controller.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
+            node.cluster.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
             store_lost = None;
         }
         let up = down.is_none() && store_lost.is_none_or(|(gone, _)| now < gone);
@@ -378,22 +378,22 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         // were started.
         if up && now.0.is_multiple_of(report_ns) {
             for report in world.backend_reports(now) {
-                controller
+                node.controller
                     .backend_report(now, &tollgate_proto::wire::ReportView::of(&report))
                     .expect("scenario backends are valid");
             }
         }
         let ticked = if up && now.0.is_multiple_of(tick_ns) {
-            controller.tick(now);
+            node.controller.tick(now);
             true
-        } else if up && controller.take_early_tick() {
-            controller.tick_early_paced(now, || {});
+        } else if up && node.controller.take_early_tick() {
+            node.controller.tick_early_paced(now, || {});
             true
         } else {
             false
         };
         if ticked && let Some(sink) = hooks.trace.as_mut() {
-            for event in controller.take_trace().0 {
+            for event in node.controller.take_trace().0 {
                 sink(event);
             }
         }
@@ -423,7 +423,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 d.failed(client_now, "exchange lost");
                 continue;
             }
-            match controller.exchange(now, &request) {
+            match node.controller.exchange(now, &request) {
                 Ok(mut response) => {
                     if let Some(t) = hooks.tamper {
                         t(&mut response);
@@ -438,9 +438,9 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             }
         }
         if now.0 > 0 && now.0.is_multiple_of(second_ns) {
-            let sample = sample(now, &controller, &mut world, &groups);
+            let sample = sample(now, &node.controller, &mut world, &groups);
             if checking && breach.is_none() {
-                let seconds = second_figures(scenario, &controller, up, &sample, &groups);
+                let seconds = second_figures(scenario, &node.controller, up, &sample, &groups);
                 let heal = Duration::from_secs_f64(HEAL_S);
                 let cut_recent =
                     last_cut_off.is_some_and(|t| now.since(t) < heal + Duration::from_secs(WINDOW_S as u64));
@@ -472,7 +472,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 match scenario.phases.get(phase) {
                     Some(p) => {
                         for a in &p.actions {
-                            apply(a, &controller, &mut world);
+                            apply(a, &node.controller, &mut world);
                         }
                     }
                     None => break,

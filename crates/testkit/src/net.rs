@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tollgate_core::engine::EngineSettings;
 use tollgate_server::store::MemoryStore;
-use tollgate_server::{Clock, Controller};
+use tollgate_server::{Clock, Controller, Node};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint, Uri};
 use turmoil::net::TcpStream;
@@ -164,12 +164,8 @@ where
         let (settings, store, shared) = (settings.clone(), store.clone(), host.clone());
         async move {
             let clock = Clock::new();
-            let controller = Arc::new(Controller::new(
-                Box::new(store),
-                settings,
-                clock.now(),
-                tollgate_server::wall_ms(),
-            )?);
+            let node = Node::open(Box::new(store), settings, clock.now(), tollgate_server::wall_ms())?;
+            let controller = node.controller.clone();
             {
                 let mut s = shared.borrow_mut();
                 s.controller = Some(controller.clone());
@@ -182,7 +178,7 @@ where
                 Some((next, l))
             });
             tollgate_server::serve(
-                controller,
+                node,
                 clock,
                 Duration::from_secs(1),
                 incoming,

@@ -359,8 +359,16 @@ impl Detail {
 
 /// Whether `s`'s budget is spent by a group that has consumed `consumed` in all: counted from
 /// the period's start (its baseline) for a budget per period.
+/// Where a group's budget period is counted from: the period's start (Unix milliseconds) and
+/// the group's consumption then.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Baseline {
+    period_start_unix_ms: u64,
+    consumed: f64,
+}
+
 fn budget_spent(
-    baselines: &HashMap<GroupName, f64, FixedHasher>,
+    baselines: &HashMap<GroupName, Baseline, FixedHasher>,
     key: &GroupName,
     s: &GroupSettings,
     consumed: f64,
@@ -369,7 +377,7 @@ fn budget_spent(
     let Some(budget) = s.budget() else { return false };
     let baseline = match s.budget_period() {
         crate::settings::BudgetPeriod::Total => 0.0,
-        _ => baselines.get(key).copied().unwrap_or(0.0),
+        _ => baselines.get(key).map_or(0.0, |b| b.consumed),
     };
     consumed - baseline >= budget
 }
@@ -445,6 +453,87 @@ struct Tracked {
 }
 
 impl Tracked {
+    /// Takes the settings that apply to it again if the configured groups changed since
+    /// (`generation`); its ramp follows them, a changed ramp continuing from where the old one
+    /// was.
+    #[inline]
+    fn follow_settings(
+        &mut self,
+        configured: &HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
+        key: &GroupName,
+        generation: u32,
+        ramped: bool,
+    ) {
+        if self.settings_generation != generation {
+            self.settings = settings_in(configured, key).cloned();
+            self.settings_generation = generation;
+        }
+        let ramp_settings =
+            if ramped { self.settings.as_deref().and_then(|s| s.ramp().copied()) } else { None };
+        match (&mut self.ramp, ramp_settings) {
+            (Some(r), Some(s)) if *r.settings() == s => {}
+            (current, Some(s)) => {
+                *current = Some(Box::new(Ramp::new(s, current.as_ref().map(|r| r.value()))))
+            }
+            (current, None) => *current = None,
+        }
+    }
+
+    /// Ramp stepping for a report: an epoch with a call moves the ramp, and what was consumed
+    /// counts as its use. Also marks when the group first asked for anything.
+    #[inline]
+    fn step_ramp(&mut self, now: Nanos, r: &ClientReport) {
+        // Calls in this report's interval (a demand alone may be what is left of earlier ones).
+        let called = r.requests > 0.0 || r.throttled > 0.0 || r.waiting > 0.0;
+        if called || r.demand > 0.0 {
+            self.first_asked = self.first_asked.min(now.0);
+        }
+        if called && let Some(ramp) = &mut self.ramp {
+            ramp.at_epoch(now.0 / 1_000_000_000);
+            ramp.use_units(r.consumed.max(0.0));
+        }
+    }
+
+    /// Puts a client's entry in place of its last (at `hint`, where it sat last time, if it
+    /// still does; else found by a search) or inserts it; returns where it sits.
+    #[inline]
+    fn put_client(&mut self, entry: ClientEntry, hint: usize) -> usize {
+        // Entries are one per client, so finding it at the hint is finding it.
+        if self.clients.get(hint).is_some_and(|c| c.client == entry.client) {
+            self.clients[hint] = entry;
+            return hint;
+        }
+        match self.clients.binary_search_by_key(&entry.client, |c| c.client) {
+            Ok(i) => {
+                self.clients[i] = entry;
+                i
+            }
+            Err(i) => {
+                // Most groups have one or a few clients: grow one at a time.
+                self.clients.reserve_exact(1);
+                self.clients.insert(i, entry);
+                i
+            }
+        }
+    }
+
+    /// Metering: adds what a report says was consumed, admitted, refused and waited since the
+    /// client's last. Says whether the meter has just become dirty (it was clean before).
+    #[inline]
+    fn meter_report(&mut self, r: &ClientReport) -> bool {
+        for (since, add) in self.since_tick.iter_mut().zip([r.consumed, r.requests, r.throttled]) {
+            *since += add.max(0.0) as f32;
+        }
+        self.meter.consumed += r.consumed.max(0.0);
+        self.meter.admitted += r.requests.max(0.0) as u64;
+        self.meter.throttled += r.throttled.max(0.0) as u64;
+        self.meter.waited += r.waited.max(0.0) as u64;
+        if !r.detail.is_zero() {
+            self.detail.get_or_insert_default().totals.add(&r.detail);
+        }
+        !std::mem::replace(&mut self.dirty, true)
+    }
+
     fn new(now: Nanos, ramp: Option<Box<Ramp>>, meter: MeterEntry) -> Self {
         Self {
             clients: Vec::new(),
@@ -597,8 +686,9 @@ pub struct Engine {
     released: Vec<ClientId>,
     /// Ramps of groups that went idle, kept for their resume TTL: (value, until).
     resume: HashMap<GroupName, (f64, Nanos), FixedHasher>,
-    /// Per group with a budget counted per period: its consumption when the period began.
-    budget_baselines: HashMap<GroupName, f64, FixedHasher>,
+    /// Per group with a budget counted per period: the period, and the group's consumption
+    /// when it began.
+    budget_baselines: HashMap<GroupName, Baseline, FixedHasher>,
     started: Option<Nanos>,
     /// No tracked group's last report is earlier than the smaller of these two: the earliest
     /// among the groups the last tick walked (or a report during that tick), and the earliest
@@ -891,143 +981,48 @@ impl Engine {
         r: ClientReport,
         hint: Place,
     ) -> (Grant, Place) {
-        use indexmap::map::Entry;
         self.started.get_or_insert(now);
-        let lease = self.settings.lease;
-        let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
+        let at = self.track(now, group, hint.group);
         let generation = self.settings_generation;
         let ramped = self.ramped > 0;
-        let full = self.tracked.len() >= self.settings.max_tracked_groups;
-        // The table holds at most the bound and the default group that takes in the rest.
-        let most = self.settings.max_tracked_groups + 1;
-        let len = self.tracked.len();
-        if len == self.tracked.capacity() && len < most {
-            // Grow by an eighth rather than double: a group's state is a few hundred bytes,
-            // and doubling would leave up to half of a large table's room unused.
-            self.tracked.reserve_exact((len / 8).max(64).min(most - len));
-        }
-        let hinted = Some(hint.group as usize)
-            .filter(|&at| self.tracked.get_index(at).is_some_and(|(k, _)| k == group));
-        // Else one look-up in the common case, full or not (see `state_key`): the group's
-        // state holds the settings that apply to it, looked up again only after they changed.
-        let at = match hinted {
-            Some(at) => at,
-            None => {
-                let entry = match self.tracked.entry(group.clone()) {
-                    Entry::Vacant(v) if full => {
-                        drop(v);
-                        self.tracked.entry(GroupName::default_group())
-                    }
-                    entry => entry,
-                };
-                match entry {
-                    Entry::Occupied(e) => e.index(),
-                    Entry::Vacant(v) => {
-                        // A resumable ramp that went idle within its TTL continues where it was.
-                        let resumed =
-                            self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
-                        let ramp_settings =
-                            settings_in(&self.configured, v.key()).and_then(|s| s.ramp().copied());
-                        let ramp = ramp_settings.filter(|_| ramped).map(|s| Box::new(Ramp::new(s, resumed)));
-                        let meter = self.meters.remove(v.key()).unwrap_or_default();
-                        let at = v.index();
-                        v.insert(Tracked::new(now, ramp, meter));
-                        at
-                    }
-                }
-            }
-        };
+        let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
         let (key, g) = self.tracked.get_index_mut(at).expect("the index of a tracked group");
         let key = key.clone();
         if !self.released.is_empty() {
             release(&self.released, &key, g, &mut self.provisional, &mut self.unticked_provisional);
         }
         g.warm(hint.client);
-        if g.settings_generation != generation {
-            g.settings = settings_in(&self.configured, &key).cloned();
-            g.settings_generation = generation;
-        }
-        let settings = g.settings.as_deref();
-        let reserved = settings.map_or(0.0, GroupSettings::reserved);
-        let burst_total = settings.and_then(GroupSettings::burst);
-        let dropped = settings.map(GroupSettings::dropped).unwrap_or_default();
-        let debt_repay = settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay);
-        let ramp_settings = if ramped { settings.and_then(|s| s.ramp().copied()) } else { None };
-        // The ramp follows the settings: a changed ramp continues from where the old one was.
-        match (&mut g.ramp, ramp_settings) {
-            (Some(r), Some(s)) if *r.settings() == s => {}
-            (current, Some(s)) => {
-                *current = Some(Box::new(Ramp::new(s, current.as_ref().map(|r| r.value()))))
-            }
-            (current, None) => *current = None,
-        }
-        // Calls in this report's interval (a demand alone may be what is left of earlier ones).
-        let called = r.requests > 0.0 || r.throttled > 0.0 || r.waiting > 0.0;
-        if called || r.demand > 0.0 {
-            g.first_asked = g.first_asked.min(now.0);
-        }
-        if called && let Some(ramp) = &mut g.ramp {
-            // An epoch with a call: the ramp moves, and what was consumed counts as its use.
-            ramp.at_epoch(now.0 / 1_000_000_000);
-            ramp.use_units(r.consumed.max(0.0));
-        }
+        g.follow_settings(&self.configured, &key, generation, ramped);
+        g.step_ramp(now, &r);
         g.last_report = now;
         self.reports_floor = self.reports_floor.min(now);
-        for (since, add) in g.since_tick.iter_mut().zip([r.consumed, r.requests, r.throttled]) {
-            *since += add.max(0.0) as f32;
-        }
         let entry = ClientEntry {
             client,
             demand: (r.demand.max(0.0) + r.waiting.max(0.0) / tick_s) as f32,
             unthrottled: r.unthrottled.max(0.0) as f32,
             seen: now,
         };
-        // Where the client sat last time, if it still does (entries are one per client, so
-        // finding it there is finding it); else a search.
-        let hinted_entry = hint.client as usize;
-        let client_at = if g.clients.get(hinted_entry).is_some_and(|c| c.client == client) {
-            g.clients[hinted_entry] = entry;
-            hinted_entry
-        } else {
-            match g.clients.binary_search_by_key(&client, |c| c.client) {
-                Ok(i) => {
-                    g.clients[i] = entry;
-                    i
-                }
-                Err(i) => {
-                    // Most groups have one or a few clients: grow one at a time.
-                    g.clients.reserve_exact(1);
-                    g.clients.insert(i, entry);
-                    i
-                }
-            }
-        };
+        let client_at = g.put_client(entry, hint.client as usize);
         let place = Place {
             group: u32::try_from(at).unwrap_or(u32::MAX),
             client: u32::try_from(client_at).unwrap_or(u32::MAX),
         };
-        g.meter.consumed += r.consumed.max(0.0);
-        g.meter.admitted += r.requests.max(0.0) as u64;
-        g.meter.throttled += r.throttled.max(0.0) as u64;
-        g.meter.waited += r.waited.max(0.0) as u64;
-        if !r.detail.is_zero() {
-            g.detail.get_or_insert_default().totals.add(&r.detail);
-        }
-        if !std::mem::replace(&mut g.dirty, true) && self.metering {
+        if g.meter_report(&r) && self.metering {
             // Named once between two takes, so that taking reads the changed meters only.
             self.dirty_names.push(key.clone());
         }
-        let clients = (g.clients.len() as u32).max(1);
+        let settings = g.settings.as_deref();
         let unlimited = Grant {
             rate: f64::INFINITY,
             burst: f64::INFINITY,
-            lease,
-            reserved,
-            clients,
-            dropped,
-            debt_repay,
+            lease: self.settings.lease,
+            reserved: settings.map_or(0.0, GroupSettings::reserved),
+            clients: (g.clients.len() as u32).max(1),
+            dropped: settings.map(GroupSettings::dropped).unwrap_or_default(),
+            debt_repay: settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay),
             trickle: self.settings.trickle,
         };
+        let burst_total = settings.and_then(GroupSettings::burst);
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
             match (o.target(), o.grant_of_at(client, client_at)) {
@@ -1039,6 +1034,47 @@ impl Engine {
             }
         }
         (self.grant_unknown(key, client, r.held, unlimited, burst_total), place)
+    }
+
+    /// The index of `group`'s state, tracking it now if it is new (under the default group's
+    /// name once the table is full): `hint` first, else one look-up in the common case, full
+    /// or not (see `state_key`).
+    fn track(&mut self, now: Nanos, group: &GroupName, hint: u32) -> usize {
+        use indexmap::map::Entry;
+        if let Some(at) =
+            Some(hint as usize).filter(|&at| self.tracked.get_index(at).is_some_and(|(k, _)| k == group))
+        {
+            return at;
+        }
+        let full = self.tracked.len() >= self.settings.max_tracked_groups;
+        // The table holds at most the bound and the default group that takes in the rest.
+        let most = self.settings.max_tracked_groups + 1;
+        let len = self.tracked.len();
+        if len == self.tracked.capacity() && len < most {
+            // Grow by an eighth rather than double: a group's state is a few hundred bytes,
+            // and doubling would leave up to half of a large table's room unused.
+            self.tracked.reserve_exact((len / 8).max(64).min(most - len));
+        }
+        let entry = match self.tracked.entry(group.clone()) {
+            Entry::Vacant(v) if full => {
+                drop(v);
+                self.tracked.entry(GroupName::default_group())
+            }
+            entry => entry,
+        };
+        match entry {
+            Entry::Occupied(e) => e.index(),
+            Entry::Vacant(v) => {
+                // A resumable ramp that went idle within its TTL continues where it was.
+                let resumed = self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
+                let ramp_settings = settings_in(&self.configured, v.key()).and_then(|s| s.ramp().copied());
+                let ramp = ramp_settings.filter(|_| self.ramped > 0).map(|s| Box::new(Ramp::new(s, resumed)));
+                let meter = self.meters.remove(v.key()).unwrap_or_default();
+                let at = v.index();
+                v.insert(Tracked::new(now, ramp, meter));
+                at
+            }
+        }
     }
 
     /// The grant for a client the last tick did not know, by the grant policy.
@@ -1120,16 +1156,36 @@ impl Engine {
         budget_spent(&self.budget_baselines, key, s, consumed)
     }
 
-    /// Starts a budget period for `group`: what it has consumed so far, `consumed`, no longer
-    /// counts against its budget (the controller sets it from its metering at each period's
-    /// start, and at start for the period under way).
-    pub fn set_budget_baseline(&mut self, group: GroupName, consumed: f64) {
-        self.budget_baselines.insert(group, consumed);
+    /// The groups whose budget is counted per period and whose period, at `wall_ms`, has no
+    /// baseline yet (it began since the last was set, or none was): each with its period's
+    /// start, for [`set_budget_baseline`](Self::set_budget_baseline). Baselines of groups no
+    /// longer counted per period are forgotten.
+    pub fn budget_periods_due(&mut self, wall_ms: u64) -> Vec<(GroupName, u64)> {
+        use crate::settings::BudgetPeriod;
+        let configured = &self.configured;
+        self.budget_baselines
+            .retain(|g, _| configured.get(g).is_some_and(|s| s.budget_period() != BudgetPeriod::Total));
+        configured
+            .iter()
+            .filter(|(_, s)| s.budget_period() != BudgetPeriod::Total)
+            .map(|(g, s)| (g, s.budget_period().start_of(wall_ms)))
+            .filter(|(g, start)| {
+                self.budget_baselines.get(*g).is_none_or(|b| b.period_start_unix_ms != *start)
+            })
+            .map(|(g, start)| (g.clone(), start))
+            .collect()
+    }
+
+    /// Starts the budget period beginning at `period_start_unix_ms` for `group`: what it had
+    /// consumed by then, `consumed`, no longer counts against its budget (the controller sets
+    /// it from its metering at each period's start, and at start for the period under way).
+    pub fn set_budget_baseline(&mut self, group: GroupName, period_start_unix_ms: u64, consumed: f64) {
+        self.budget_baselines.insert(group, Baseline { period_start_unix_ms, consumed });
     }
 
     /// The consumption a group's budget period is counted from (0 when none was set).
     pub fn budget_baseline(&self, group: &GroupName) -> f64 {
-        self.budget_baselines.get(group).copied().unwrap_or(0.0)
+        self.budget_baselines.get(group).map_or(0.0, |b| b.consumed)
     }
 
     /// A backend's report: its zone, health, and the load each group puts on it.

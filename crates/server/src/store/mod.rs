@@ -366,6 +366,43 @@ pub trait SettingsStore: Send {
     }
 }
 
+/// The one store a controller's parts write through (the controller, its credentials, its RLS
+/// rules): its lock is held across each change's check and write, so one admin change runs at
+/// a time and a change is checked against what is stored.
+#[derive(Clone)]
+pub struct Shared(Arc<Mutex<Box<dyn SettingsStore>>>);
+
+impl Shared {
+    /// Shares `store`.
+    pub fn new(store: Box<dyn SettingsStore>) -> Shared {
+        Shared(Arc::new(Mutex::new(store)))
+    }
+
+    /// The store, for one change or one read.
+    pub fn lock(&self) -> MutexGuard<'_, Box<dyn SettingsStore>> {
+        // A panic mid-change leaves nothing half written: each write is one transaction.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The store, with the audit record of the change about to be written to it: the change and
+/// its record are written in one transaction (see [`SettingsStore::audited`]).
+pub(crate) fn audited<'s>(
+    store: &'s mut Box<dyn SettingsStore>,
+    who: &str,
+    what: String,
+    before: Option<String>,
+    after: Option<String>,
+) -> &'s mut dyn SettingsStore {
+    store.audited(AuditRecord {
+        at_unix_ms: crate::clock::wall_ms(),
+        who: who.to_string(),
+        what,
+        before,
+        after,
+    })
+}
+
 /// A store in memory: nothing survives the process. Clones share one store, so a controller
 /// made again over a clone sees what the last one wrote (a restart, in the simulator and tests).
 #[derive(Debug, Clone, Default)]

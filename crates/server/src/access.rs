@@ -1,26 +1,58 @@
-//! The controller's credentials: made, listed, revoked (each durable and in the audit log),
-//! taken from another controller through the shared store, and checked on every call.
+//! Who may do what: the controller's credentials (made, listed, revoked, each durable and in
+//! the audit log; taken from another controller through the shared store), whether calls need
+//! one, and which credential owns each client id. [`crate::auth`] holds the rules (what a
+//! token is, which role may call what); this holds the state.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError, RwLockReadGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
-use crate::auth::{Caller, Credential, NewCredential, Refused, TOKENS_MAX, Tokens};
+use crate::auth::{Caller, Credential, NewCredential, Owners, Refused, TOKENS_MAX, Tokens};
 use crate::clock::wall_ms;
-use crate::controller::{AdminError, Controller, audited};
+use crate::error::AdminError;
+use crate::store::{Shared, StoreError, audited};
 
-impl Controller {
+/// The credentials and the client ids they own. See the [module documentation](self).
+pub struct Access {
+    store: Shared,
+    /// Every credential.
+    tokens: RwLock<Tokens>,
+    /// Which credential owns each client id.
+    owners: Mutex<Owners>,
+    /// Whether calls need a credential (`tollgate server --auth`).
+    required: AtomicBool,
+}
+
+impl Access {
+    /// The credentials `stored` holds (by id, as JSON), written through `store`.
+    pub fn new(
+        store: Shared,
+        stored: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Access, StoreError> {
+        let tokens = Tokens::from_stored(stored).map_err(|reason| StoreError::Corrupt {
+            path: Default::default(),
+            what: "credentials".into(),
+            reason,
+        })?;
+        Ok(Access {
+            store,
+            tokens: RwLock::new(tokens),
+            owners: Mutex::default(),
+            required: AtomicBool::new(false),
+        })
+    }
+
     fn tokens_read(&self) -> RwLockReadGuard<'_, Tokens> {
         self.tokens.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Turns authentication on or off (`tollgate server --auth`).
     pub fn require_auth(&self, on: bool) {
-        self.auth_required.store(on, Ordering::Relaxed);
+        self.required.store(on, Ordering::Relaxed);
     }
 
     /// Whether calls need a credential.
     pub fn auth_required(&self) -> bool {
-        self.auth_required.load(Ordering::Relaxed)
+        self.required.load(Ordering::Relaxed)
     }
 
     /// The credential an `authorization` header value names, or why not.
@@ -32,7 +64,7 @@ impl Controller {
     /// returns, and in the audit log.
     pub fn create_token(&self, new: &NewCredential, who: &str) -> Result<(Credential, String), AdminError> {
         let (credential, token) = Credential::issue(new, wall_ms()).map_err(AdminError::Rule)?;
-        let mut store = self.store();
+        let mut store = self.store.lock();
         if self.tokens_read().len() >= TOKENS_MAX {
             return Err(AdminError::Refused(format!(
                 "at most {TOKENS_MAX} tokens; revoke some first (tollgate token list)"
@@ -53,7 +85,7 @@ impl Controller {
     /// Revokes a credential. The last admin credential that has not expired cannot be revoked
     /// (nobody could make another); make a new one first.
     pub fn revoke_token(&self, id: &str, who: &str) -> Result<Arc<Credential>, AdminError> {
-        let mut store = self.store();
+        let mut store = self.store.lock();
         let Some(credential) = self.tokens_read().get(id).cloned() else {
             return Err(AdminError::NoToken(id.to_string()));
         };

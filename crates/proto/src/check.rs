@@ -1,0 +1,213 @@
+//! The contract's rules for what a client or a backend sends, next to the limits they
+//! enforce: every id, group name and number of an exchange or a backend report is checked
+//! here before the engine sees it, and a field that breaks a rule is named with its path
+//! (`groups[3].demand`) and the rule.
+
+use tollgate_core::cost::Consumption;
+use tollgate_core::engine::{ClientReport, Health};
+use tollgate_core::settings::GroupName;
+
+use crate::v1;
+use crate::wire::{ExchangeView, ReportView};
+
+/// The most groups one exchange may carry.
+pub const EXCHANGE_GROUPS_MAX: usize = 1000;
+/// The most groups one backend report may carry.
+pub const REPORT_GROUPS_MAX: usize = 10_000;
+/// The longest client id, in bytes.
+pub const CLIENT_ID_MAX_BYTES: usize = 128;
+/// The longest backend id or zone, in bytes.
+pub const BACKEND_ID_MAX_BYTES: usize = 255;
+/// The largest number one report may carry for a rate or a count of units: far above any real
+/// rate, low enough that a hostile client cannot push a counter to infinity.
+pub const REPORT_VALUE_MAX: f64 = 1e15;
+
+/// The longest exchange period a client may ask for, in milliseconds (an hour).
+pub const TARGET_REQUEST_PERIOD_MAX_MS: u32 = 3_600_000;
+
+/// A field that breaks a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field's path in the message (`client_id`, `groups[3].demand`).
+    pub field: String,
+    /// The rule it breaks, with the offending value where that helps.
+    pub rule: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, rule: impl Into<String>) -> FieldError {
+        FieldError { field: field.into(), rule: rule.into() }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+impl std::error::Error for FieldError {}
+
+/// An id (client, backend, zone): 1 to `max` bytes of printable text.
+pub fn id(field: &str, v: &str, max: usize) -> Result<(), FieldError> {
+    if v.is_empty() || v.len() > max || v.chars().any(char::is_control) {
+        return Err(FieldError::new(field, format!("must be 1 to {max} bytes of printable text")));
+    }
+    Ok(())
+}
+
+/// A group name, or the rule it breaks under the field `field()` names (built only then: a
+/// valid message formats nothing).
+fn group_name(field: impl Fn() -> String, name: &str) -> Result<GroupName, FieldError> {
+    GroupName::new(name).map_err(|e| FieldError::new(field(), e.rule))
+}
+
+/// A reported number: finite, from 0 to [`REPORT_VALUE_MAX`].
+pub fn quantity(field: impl Fn() -> String, v: f64) -> Result<f64, FieldError> {
+    if v.is_finite() && (0.0..=REPORT_VALUE_MAX).contains(&v) {
+        Ok(v)
+    } else {
+        Err(FieldError::new(
+            field(),
+            format!("must be a finite number from 0 to {REPORT_VALUE_MAX:e}, got {v}"),
+        ))
+    }
+}
+
+/// An exchange's client id, asked period and each group's usage, checked: each group's name
+/// and report for the engine, in order. The first field that breaks a rule refuses it whole.
+pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>, FieldError> {
+    id("client_id", req.client_id, CLIENT_ID_MAX_BYTES)?;
+    if req.target_request_period_ms > TARGET_REQUEST_PERIOD_MAX_MS {
+        return Err(FieldError::new(
+            "target_request_period_ms",
+            format!("must be at most {TARGET_REQUEST_PERIOD_MAX_MS}, got {}", req.target_request_period_ms),
+        ));
+    }
+    if req.groups.len() > EXCHANGE_GROUPS_MAX {
+        return Err(FieldError::new(
+            "groups",
+            format!("at most {EXCHANGE_GROUPS_MAX} per exchange, got {}", req.groups.len()),
+        ));
+    }
+    let mut reports = Vec::with_capacity(req.groups.len());
+    for (i, g) in req.groups.iter().enumerate() {
+        let name = group_name(|| format!("groups[{i}].group"), g.group)?;
+        let field = |f: &str, v: f64| quantity(|| format!("groups[{i}].{f}"), v);
+        let report = ClientReport {
+            demand: field("demand", g.demand)?,
+            unthrottled: field("unthrottled", g.unthrottled)?,
+            waiting: field("waiting", g.waiting)?,
+            consumed: field("consumed", g.consumed)?,
+            requests: field("admitted", g.admitted as f64)?,
+            throttled: field("throttled", g.throttled as f64)?,
+            held: field("held", g.held)?,
+            waited: field("waited", g.waited as f64)?,
+            detail: match &g.detail {
+                None => Consumption::default(),
+                Some(given) => {
+                    let mut checked = [0.0; 7];
+                    for ((out, &v), name) in checked.iter_mut().zip(given).zip(Consumption::NAMES) {
+                        *out = field(&format!("detail.{name}"), v)?;
+                    }
+                    Consumption::from_values(checked)
+                }
+            },
+        };
+        reports.push((name, report));
+    }
+    Ok(reports)
+}
+
+/// A backend report, checked: its health and the loads that keep the rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedReport {
+    /// The backend's health.
+    pub health: Health,
+    /// Each load's group and units/s, for the loads that keep the rules.
+    pub loads: Vec<(GroupName, f64)>,
+    /// Each load left out, as `loads[i].field: rule`.
+    pub rejected: Vec<String>,
+}
+
+/// A backend report's ids, health and loads, checked. A bad id, health or count refuses it
+/// whole; a load naming an invalid group or carrying a bad number is left out and listed.
+pub fn backend_report(r: &ReportView<'_>) -> Result<CheckedReport, FieldError> {
+    id("backend_id", r.backend_id, BACKEND_ID_MAX_BYTES)?;
+    id("zone", r.zone, BACKEND_ID_MAX_BYTES)?;
+    let health = match r.health {
+        Some(v1::backend_report::Health::QueueBytes(q)) => {
+            Health::QueueBytes(quantity(|| "queue_bytes".into(), q)?)
+        }
+        Some(v1::backend_report::Health::Utilisation(u)) => {
+            Health::Utilisation(quantity(|| "utilisation".into(), u)?)
+        }
+        None => return Err(FieldError::new("health", "give queue_bytes or utilisation")),
+    };
+    if r.loads.len() > REPORT_GROUPS_MAX {
+        return Err(FieldError::new(
+            "loads",
+            format!("at most {REPORT_GROUPS_MAX} groups, got {}", r.loads.len()),
+        ));
+    }
+    let mut loads = Vec::with_capacity(r.loads.len());
+    let mut rejected = Vec::new();
+    for (i, l) in r.loads.iter().enumerate() {
+        let checked = group_name(|| format!("loads[{i}].group"), l.group)
+            .and_then(|n| quantity(|| format!("loads[{i}].units_per_s"), l.units_per_s).map(|u| (n, u)));
+        match checked {
+            Ok(load) => loads.push(load),
+            Err(e) => rejected.push(e.to_string()),
+        }
+    }
+    Ok(CheckedReport { health, loads, rejected })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::UsageView;
+
+    fn usage(group: &str, demand: f64) -> UsageView<'_> {
+        UsageView { group, demand, ..UsageView::default() }
+    }
+
+    #[test]
+    fn an_exchange_names_the_first_field_that_breaks_a_rule() {
+        let req = |groups| ExchangeView { client_id: "c", sequence: 1, groups, target_request_period_ms: 0 };
+        let e = exchange(&req(vec![usage("g", f64::INFINITY)])).unwrap_err();
+        assert_eq!(e.field, "groups[0].demand");
+        assert!(e.rule.starts_with("must be a finite number from 0 to 1e15"), "{e}");
+        let e = exchange(&req(vec![usage("g", 1.0), usage("", 1.0)])).unwrap_err();
+        assert_eq!(e.field, "groups[1].group");
+        let e = exchange(&ExchangeView { client_id: "", ..req(vec![]) }).unwrap_err();
+        assert_eq!(e.to_string(), "client_id: must be 1 to 128 bytes of printable text");
+        let e = exchange(&ExchangeView { target_request_period_ms: 3_600_001, ..req(vec![]) }).unwrap_err();
+        assert_eq!(e.to_string(), "target_request_period_ms: must be at most 3600000, got 3600001");
+        let many: Vec<_> = (0..=EXCHANGE_GROUPS_MAX).map(|_| usage("g", 1.0)).collect();
+        assert_eq!(exchange(&req(many)).unwrap_err().field, "groups");
+        let ok = exchange(&req(vec![usage("g", 2.0)])).unwrap();
+        assert_eq!(ok[0].1.demand, 2.0);
+    }
+
+    #[test]
+    fn a_backend_report_leaves_out_bad_loads_and_refuses_a_bad_head() {
+        let loads = vec![
+            crate::wire::LoadView { group: "good", units_per_s: 1.0 },
+            crate::wire::LoadView { group: "bad\nname", units_per_s: 1.0 },
+            crate::wire::LoadView { group: "nan", units_per_s: f64::NAN },
+        ];
+        let r = ReportView {
+            backend_id: "b",
+            zone: "z",
+            health: Some(v1::backend_report::Health::Utilisation(0.5)),
+            loads,
+        };
+        let checked = backend_report(&r).unwrap();
+        assert_eq!(checked.loads.len(), 1);
+        assert_eq!(checked.rejected.len(), 2);
+        assert!(checked.rejected[1].starts_with("loads[2].units_per_s:"), "{checked:?}");
+        let e = backend_report(&ReportView { health: None, ..r }).unwrap_err();
+        assert_eq!(e.field, "health");
+    }
+}

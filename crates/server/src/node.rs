@@ -1,0 +1,66 @@
+//! One controller's parts, each with one job, made from one read of the store: the
+//! [`Controller`] (the engine behind the contract, with durable settings), [`Access`] (who may
+//! do what), [`Cluster`] (its role among controllers), [`Tracer`] (the live trace) and
+//! [`RlsRules`] (how Envoy's descriptors name groups). The front ends take the parts they
+//! use from here.
+
+use std::sync::Arc;
+
+use tollgate_core::engine::EngineSettings;
+use tollgate_core::time::Nanos;
+
+use crate::access::Access;
+use crate::cluster::Cluster;
+use crate::controller::Controller;
+use crate::rls::RlsRules;
+use crate::store::{SettingsStore, Shared, StoreError};
+use crate::trace::Tracer;
+
+/// One controller's parts. Clones share them.
+#[derive(Clone)]
+pub struct Node {
+    /// The engine behind the contract, with durable settings.
+    pub controller: Arc<Controller>,
+    /// Credentials, and the client ids they own.
+    pub access: Arc<Access>,
+    /// The role among controllers sharing one etcd.
+    pub cluster: Arc<Cluster>,
+    /// The live trace.
+    pub tracer: Arc<Tracer>,
+    /// The RLS mapping rules.
+    pub rls_rules: Arc<RlsRules>,
+}
+
+impl Node {
+    /// The parts over `store`, with everything it holds. `now` is the engine's time at
+    /// start; `wall_ms` the Unix time in milliseconds (for ramps that may resume within their
+    /// TTL and budgets counted per period).
+    pub fn open(
+        mut store: Box<dyn SettingsStore>,
+        settings: EngineSettings,
+        now: Nanos,
+        wall_ms: u64,
+    ) -> Result<Node, StoreError> {
+        let mut stored = store.load()?;
+        let credentials = std::mem::take(&mut stored.credentials);
+        let rls = stored.rls_rules.take();
+        let shared = Shared::new(store);
+        let tracer = Arc::new(Tracer::default());
+        let access = Arc::new(Access::new(shared.clone(), &credentials)?);
+        let rls_rules = Arc::new(RlsRules::new(shared.clone(), rls.as_deref())?);
+        let controller =
+            Arc::new(Controller::with_stored(shared, stored, settings, now, wall_ms, tracer.clone())?);
+        let cluster = Arc::new(Cluster::new(controller.clone()));
+        Ok(Node { controller, access, cluster, tracer, rls_rules })
+    }
+
+    /// Writes consumption and resumable ramps to the store ([`Controller::flush`]) while this
+    /// controller serves clients: only the leader's consumption is current, a follower's is not
+    /// written.
+    pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
+        if self.cluster.role().role == crate::cluster::Role::Follower {
+            return Ok(());
+        }
+        self.controller.flush(now, wall_ms)
+    }
+}
