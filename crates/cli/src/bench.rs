@@ -248,27 +248,7 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         a.connections <= CONNECTIONS_MAX && a.backends <= CONNECTIONS_MAX,
         "--connections and --backends must be at most {CONNECTIONS_MAX} (each backend has a connection of its own)"
     );
-    let connect = || async {
-        access
-            .endpoint(&a.server)
-            .map_err(|e| anyhow::anyhow!("--server: {e}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .map(tollgate_proto::frames::EndKnownCalls)
-            .with_context(|| format!("cannot reach the tollgate server at {}", a.server))
-    };
-    let mut channels = Vec::new();
-    for _ in 0..a.connections {
-        channels.push(connect().await?);
-    }
-    // A backend is a process of its own, with a connection of its own: a report of 10,000
-    // loads sent on a client's connection would hold up that client's exchanges behind it.
-    let mut backend_channels = Vec::new();
-    for _ in 0..a.backends {
-        backend_channels.push(connect().await?);
-    }
+    let (channels, backend_channels) = connect_all(&a, &access).await?;
     let baseline = a.server_pid.and_then(resident_kb);
     let histogram = |text: std::io::Result<Vec<u8>>| {
         text.map(|t| latency_buckets(&String::from_utf8_lossy(&t)))
@@ -280,7 +260,6 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     };
     let before = a.server_pid.and_then(process_usage);
     let clock = tollgate_client::clock::TokioClock::new();
-    use tollgate_core::time::Clock;
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     // Everything each client needs is made first, so that their schedules start together.
@@ -296,52 +275,10 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     // With a rate, each client waits for its turn from the pacer.
     let turns: Option<Vec<Arc<tokio::sync::Notify>>> =
         period.map(|_| (0..a.clients).map(|_| Arc::new(tokio::sync::Notify::new())).collect());
-    for (c, (mut grpc, request)) in prepared.into_iter().enumerate() {
+    for (c, (grpc, request)) in prepared.into_iter().enumerate() {
         let (stop, clock) = (stop.clone(), clock.clone());
         let turn = turns.as_ref().map(|t| t[c].clone());
-        tasks.spawn(async move {
-            let mut latencies = Vec::new();
-            let mut failures: (u64, Option<String>) = (0, None);
-            let mut sequence = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(turn) = &turn {
-                    turn.notified().await;
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                }
-                sequence += 1;
-                let started = clock.now();
-                let answer = match grpc.ready().await {
-                    Ok(()) => {
-                        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-                            "/tollgate.v1.Admission/Exchange",
-                        );
-                        grpc.unary(
-                            tonic::Request::new(request.numbered(sequence)),
-                            path,
-                            tollgate_proto::wire::BytesCodec,
-                        )
-                        .await
-                    }
-                    Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-                };
-                match answer.map(|r| Encoded::grants(r.get_ref())) {
-                    Ok(n) if n == request.groups => latencies.push(clock.now().since(started).as_secs_f64()),
-                    outcome => {
-                        failures.0 += 1;
-                        let why = match outcome {
-                            Err(status) => status.message().to_string(),
-                            Ok(n) => format!("{n} grants for {} groups", request.groups),
-                        };
-                        failures.1.get_or_insert(why);
-                        // The server is struggling or gone: do not hammer it.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-            (latencies, failures)
-        });
+        tasks.spawn(client_loop(grpc, request, stop, clock, turn));
     }
     let held_up = match (period, &turns) {
         (Some(period), Some(turns)) => Some(pace(turns.clone(), period, stop.clone())?),
@@ -349,25 +286,8 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
     };
     let (stop_reporting, _) = tokio::sync::watch::channel(false);
     let mut reporters = backends(&a, &backend_channels, &bearer, &stop_reporting);
-    let scraper = a.scrape.clone().map(|addr| {
-        let stop = stop.clone();
-        let paths =
-            if a.scrape_paths.is_empty() { vec!["/metrics".to_string()] } else { a.scrape_paths.clone() };
-        tokio::spawn(async move {
-            let mut scraped: Vec<(String, Vec<f64>, usize)> =
-                paths.into_iter().map(|p| (p, Vec::new(), 0)).collect();
-            while !stop.load(Ordering::Relaxed) {
-                for (path, took, size) in &mut scraped {
-                    if let Ok((t, bytes)) = scrape_once(&addr, path).await {
-                        took.push(t);
-                        *size = bytes;
-                    }
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            scraped
-        })
-    });
+    let scraper =
+        a.scrape.clone().map(|addr| tokio::spawn(scrape(addr, a.scrape_paths.clone(), stop.clone())));
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
     stop.store(true, Ordering::Relaxed);
     // Clients waiting for their next turn see the stop now, not at that turn.
@@ -451,37 +371,155 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         ));
     }
     if let Some(scraper) = scraper {
-        for (path, mut took, size) in scraper.await? {
-            took.sort_by(f64::total_cmp);
-            if let Some(worst) = took.last() {
-                say(format!(
-                    "scrapes of {path} {}: median {:.1} ms, worst {:.1} ms, {:.1} MB each",
-                    took.len(),
-                    took[took.len() / 2] * 1e3,
-                    worst * 1e3,
-                    size as f64 / 1e6
-                ));
-            }
-        }
+        say_scrapes(scraper.await?);
     }
     if let (Some(pid), true) = (a.server_pid, a.settle > 0) {
-        let peak = a.server_pid.and_then(resident_kb);
-        tokio::time::sleep(Duration::from_secs(a.settle)).await;
-        let settled = resident_kb(pid);
-        let mb = |kb: Option<u64>| kb.map_or("?".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));
-        say(format!(
-            "server memory: {} MB before the load, {} MB at its end, {} MB after {} s idle",
-            mb(baseline),
-            mb(peak),
-            mb(settled),
-            a.settle
-        ));
+        say_settled(pid, baseline, a.settle).await;
     }
     if failed > 0 {
         say(format!("failed exchanges {failed} (the first: {})", first_error.unwrap_or_default()));
         anyhow::bail!("{failed} exchanges failed");
     }
     Ok(())
+}
+
+/// The load program's connections: `a.connections` for its clients, and one for each of its
+/// backends (a process of its own: a report of 10,000 loads sent on a client's connection
+/// would hold up that client's exchanges behind it).
+async fn connect_all(
+    a: &ExchangeArgs,
+    access: &tollgate_client::access::Access,
+) -> anyhow::Result<(
+    Vec<tollgate_proto::frames::EndKnownCalls<Channel>>,
+    Vec<tollgate_proto::frames::EndKnownCalls<Channel>>,
+)> {
+    let connect = || async {
+        access
+            .endpoint(&a.server)
+            .map_err(|e| anyhow::anyhow!("--server: {e}"))?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map(tollgate_proto::frames::EndKnownCalls)
+            .with_context(|| format!("cannot reach the tollgate server at {}", a.server))
+    };
+    let mut channels = Vec::new();
+    for _ in 0..a.connections {
+        channels.push(connect().await?);
+    }
+    let mut backend_channels = Vec::new();
+    for _ in 0..a.backends {
+        backend_channels.push(connect().await?);
+    }
+    Ok((channels, backend_channels))
+}
+
+/// How long the scrapes of each path took.
+fn say_scrapes(scraped: Vec<(String, Vec<f64>, usize)>) {
+    for (path, mut took, size) in scraped {
+        took.sort_by(f64::total_cmp);
+        if let Some(worst) = took.last() {
+            say(format!(
+                "scrapes of {path} {}: median {:.1} ms, worst {:.1} ms, {:.1} MB each",
+                took.len(),
+                took[took.len() / 2] * 1e3,
+                worst * 1e3,
+                size as f64 / 1e6
+            ));
+        }
+    }
+}
+
+/// The server's memory before the load (`baseline`), at its end, and after `settle` seconds
+/// idle.
+async fn say_settled(pid: u32, baseline: Option<u64>, settle: u64) {
+    let peak = resident_kb(pid);
+    tokio::time::sleep(Duration::from_secs(settle)).await;
+    let settled = resident_kb(pid);
+    let mb = |kb: Option<u64>| kb.map_or("?".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));
+    say(format!(
+        "server memory: {} MB before the load, {} MB at its end, {} MB after {} s idle",
+        mb(baseline),
+        mb(peak),
+        mb(settled),
+        settle
+    ));
+}
+
+/// One client of the load program: exchanges until `stop` (on its `turn` when paced), timing
+/// each; returns the latencies of those answered in full, and how many failed with the first
+/// reason.
+async fn client_loop(
+    mut grpc: tonic::client::Grpc<
+        tonic::service::interceptor::InterceptedService<
+            tollgate_proto::frames::EndKnownCalls<Channel>,
+            tollgate_client::access::Bearer,
+        >,
+    >,
+    request: Encoded,
+    stop: Arc<AtomicBool>,
+    clock: tollgate_client::clock::TokioClock,
+    turn: Option<Arc<tokio::sync::Notify>>,
+) -> (Vec<f64>, (u64, Option<String>)) {
+    use tollgate_core::time::Clock;
+    let mut latencies = Vec::new();
+    let mut failures: (u64, Option<String>) = (0, None);
+    let mut sequence = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(turn) = &turn {
+            turn.notified().await;
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        sequence += 1;
+        let started = clock.now();
+        let answer = match grpc.ready().await {
+            Ok(()) => {
+                let path =
+                    tonic::codegen::http::uri::PathAndQuery::from_static("/tollgate.v1.Admission/Exchange");
+                grpc.unary(
+                    tonic::Request::new(request.numbered(sequence)),
+                    path,
+                    tollgate_proto::wire::BytesCodec,
+                )
+                .await
+            }
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        };
+        match answer.map(|r| Encoded::grants(r.get_ref())) {
+            Ok(n) if n == request.groups => latencies.push(clock.now().since(started).as_secs_f64()),
+            outcome => {
+                failures.0 += 1;
+                let why = match outcome {
+                    Err(status) => status.message().to_string(),
+                    Ok(n) => format!("{n} grants for {} groups", request.groups),
+                };
+                failures.1.get_or_insert(why);
+                // The server is struggling or gone: do not hammer it.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    (latencies, failures)
+}
+
+/// Scrapes each of `paths` (`/metrics` when none) at `addr` once a second until `stop`;
+/// returns each path with how long each scrape took and the size of the last.
+async fn scrape(addr: String, paths: Vec<String>, stop: Arc<AtomicBool>) -> Vec<(String, Vec<f64>, usize)> {
+    let paths = if paths.is_empty() { vec!["/metrics".to_string()] } else { paths };
+    let mut scraped: Vec<(String, Vec<f64>, usize)> = paths.into_iter().map(|p| (p, Vec::new(), 0)).collect();
+    while !stop.load(Ordering::Relaxed) {
+        for (path, took, size) in &mut scraped {
+            if let Ok((t, bytes)) = scrape_once(&addr, path).await {
+                took.push(t);
+                *size = bytes;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    scraped
 }
 
 /// The groups backend `b` of `a.backends` carries: of the clients' groups, every

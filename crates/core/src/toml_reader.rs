@@ -182,6 +182,28 @@ impl<'s> Reader<'s> {
         let spans: Vec<(String, Range<usize>)> =
             f.entries.iter().map(|(k, span, _)| (k.to_string(), span.clone())).collect();
         let before = self.errors.len();
+        b = self.quota_keys(f, b);
+        b = self.behaviour_keys(f, b)?;
+        let rest = Fields { path: f.path.clone(), entries: std::mem::take(&mut f.entries) };
+        self.finish(rest, known);
+        if self.errors.len() > before {
+            return None;
+        }
+        match b.build() {
+            Ok(settings) => Some(settings),
+            Err(errors) => {
+                for e in errors.0 {
+                    let key = e.field.split('.').next().unwrap_or_default();
+                    let span = spans.iter().find(|(k, _)| k == key).map_or(at.clone(), |(_, s)| s.clone());
+                    self.setting_error(span, &path, e);
+                }
+                None
+            }
+        }
+    }
+
+    /// The group keys that size its quota: reservation, limit, burst, weight and budget.
+    fn quota_keys(&mut self, f: &mut Fields<'_, '_>, mut b: GroupSettingsBuilder) -> GroupSettingsBuilder {
         if let Some((p, v)) = f.take("reserved") {
             b = b.reserved(self.non_negative(&p, v).unwrap_or(0.0));
         }
@@ -221,6 +243,17 @@ impl<'s> Reader<'s> {
                 Err(rule) => self.error(v.span(), &p, rule),
             }
         }
+        b
+    }
+
+    /// The group keys that say how it is served: priority, ramp, dropped work, backend limit,
+    /// background, reads and writes apart, debt repayment. `None` when the priority is not a
+    /// level (its error is reported).
+    fn behaviour_keys(
+        &mut self,
+        f: &mut Fields<'_, '_>,
+        mut b: GroupSettingsBuilder,
+    ) -> Option<GroupSettingsBuilder> {
         if let Some((p, v)) = f.take("priority") {
             let parsed = match v.get_ref() {
                 DeValue::String(s) => Priority::from_name(s).map_err(|e| e.rule),
@@ -269,22 +302,7 @@ impl<'s> Reader<'s> {
         {
             b = b.debt_repay(d);
         }
-        let rest = Fields { path: f.path.clone(), entries: std::mem::take(&mut f.entries) };
-        self.finish(rest, known);
-        if self.errors.len() > before {
-            return None;
-        }
-        match b.build() {
-            Ok(settings) => Some(settings),
-            Err(errors) => {
-                for e in errors.0 {
-                    let key = e.field.split('.').next().unwrap_or_default();
-                    let span = spans.iter().find(|(k, _)| k == key).map_or(at.clone(), |(_, s)| s.clone());
-                    self.setting_error(span, &path, e);
-                }
-                None
-            }
-        }
+        Some(b)
     }
 
     /// A ramp-up table.

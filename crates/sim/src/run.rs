@@ -222,16 +222,277 @@ impl Drift {
     }
 }
 
+/// The simulated clients: each one's clock, exchange driver and handle, in the order they were
+/// started.
+struct Clients {
+    clocks: Vec<ManualClock>,
+    drivers: Vec<Driver>,
+    gates: Vec<Tollgate>,
+}
+
+impl Clients {
+    fn new(scenario: &Scenario) -> Clients {
+        let n = scenario.clients.len();
+        let clocks: Vec<ManualClock> = (0..n).map(|_| ManualClock::new()).collect();
+        let (gates, drivers) = (0..n).map(|i| start_client(scenario, i, &clocks[i])).unzip();
+        Clients { clocks, drivers, gates }
+    }
+}
+
+fn start_client(scenario: &Scenario, i: usize, clock: &ManualClock) -> (Tollgate, Driver) {
+    Tollgate::remote_driven(client_options(scenario, i).with_clock(clock.clone()))
+        .expect("scenario cost models are validated")
+}
+
+/// The faults in force: the controller down until (and whether a failover brings the next
+/// one), clients cut off until, losses and delays until, answers in flight, new tenants under
+/// way, the store gone, clocks drifting.
+struct FaultState {
+    down: Option<(Nanos, bool)>,
+    cut_until: Vec<Nanos>,
+    loss: (Nanos, f64),
+    delay: (Nanos, Duration),
+    in_flight: Vec<Option<(Nanos, v1::ExchangeResponse)>>,
+    last_cut_off: Option<Nanos>,
+    healed_at: Nanos,
+    max_drift: f64,
+    /// New tenants under way: (from, until, names), each fault's names its own.
+    churns: Vec<(Nanos, Nanos, u32, usize)>,
+    /// The store gone: the leader leads until the first time, none until the second.
+    store_lost: Option<(Nanos, Nanos)>,
+    drifts: Vec<Drift>,
+}
+
+impl FaultState {
+    fn new(n: usize) -> FaultState {
+        FaultState {
+            down: None,
+            cut_until: vec![Nanos::ZERO; n],
+            loss: (Nanos::ZERO, 0.0),
+            delay: (Nanos::ZERO, Duration::ZERO),
+            in_flight: vec![None; n],
+            last_cut_off: None,
+            healed_at: Nanos::ZERO,
+            max_drift: 0.0,
+            churns: Vec::new(),
+            store_lost: None,
+            drifts: vec![Drift { anchor_real: Nanos::ZERO, anchor_client: Nanos::ZERO, rate: 0.0 }; n],
+        }
+    }
+
+    /// Fault `f` (the `number`th) starts at `now`.
+    fn begin(
+        &mut self,
+        f: &faults::Fault,
+        number: usize,
+        now: Nanos,
+        scenario: &Scenario,
+        clients: &mut Clients,
+        world: &mut World,
+    ) {
+        let end = f.end().map(|e| Nanos(duration_nanos(e)));
+        // New tenants must not disturb the groups in traffic at all: the reservations are
+        // checked right through a churn.
+        if let Some(e) = end.filter(|_| !matches!(f.kind, FaultKind::Churn { .. })) {
+            self.healed_at = self.healed_at.max(e);
+        }
+        match &f.kind {
+            FaultKind::Crash { down: d } | FaultKind::Failover { down: d } => {
+                let until = now.after(*d);
+                let failover = matches!(f.kind, FaultKind::Failover { .. });
+                self.down =
+                    Some(self.down.map_or((until, failover), |(u, fo)| (u.max(until), fo || failover)));
+            }
+            FaultKind::Partition { clients, .. } => {
+                for &c in clients {
+                    self.cut_until[c] = self.cut_until[c].max(end.unwrap_or(now));
+                }
+            }
+            FaultKind::Loss { p, .. } => {
+                self.loss = (end.unwrap_or(now).max(self.loss.0), p.max(self.loss.1))
+            }
+            FaultKind::Delay { delay: d, .. } => self.delay = (end.unwrap_or(now).max(self.delay.0), *d),
+            FaultKind::Restart { clients: restarted } => {
+                self.last_cut_off = Some(now);
+                for &c in restarted {
+                    let (gate, driver) = start_client(scenario, c, &clients.clocks[c]);
+                    world.restart_client(c, &gate, scenario.clients[c].unthrottled);
+                    clients.gates[c] = gate;
+                    clients.drivers[c] = driver;
+                    self.in_flight[c] = None;
+                }
+            }
+            FaultKind::Churn { names, .. } => self.churns.push((now, end.unwrap_or(now), *names, number)),
+            FaultKind::StoreLoss { .. } => {
+                let gone = now.after(faults::ELECTION_LEASE);
+                let back = end.unwrap_or(now).max(gone);
+                self.store_lost =
+                    Some(self.store_lost.map_or((gone, back), |(g, b)| (g.min(gone), b.max(back))));
+            }
+            FaultKind::Drift { clients, rate } => {
+                self.max_drift = self.max_drift.max(rate.abs());
+                for &c in clients {
+                    let client_now = self.drifts[c].at(now);
+                    self.drifts[c] = Drift { anchor_real: now, anchor_client: client_now, rate: *rate };
+                }
+            }
+        }
+    }
+
+    /// New tenants, once a second: every name arrived so far is asked for once, through the
+    /// first client (which then carries more groups than one exchange).
+    fn churn(&mut self, now: Nanos, gates: &[Tollgate]) {
+        self.churns.retain(|&(from, until, names, id)| {
+            let span = until.since(from).as_secs_f64().max(1e-9);
+            let due = ((now.since(from).as_secs_f64() / span).min(1.0) * f64::from(names)).ceil() as usize;
+            for k in 0..due {
+                drop(gates[0].try_acquire(&format!("churn-{id}-{k}"), 1.0));
+            }
+            now < until
+        });
+    }
+}
+
+/// Every client whose exchange is due makes it, in the order they were started, through the
+/// faults in force; answers delayed by a fault arrive when due.
+fn exchange_all(
+    node: &Node,
+    clients: &mut Clients,
+    state: &mut FaultState,
+    now: Nanos,
+    up: bool,
+    rng: &mut crate::rng::SplitMix64,
+    tamper: Option<&dyn Fn(&mut v1::ExchangeResponse)>,
+) {
+    for (i, d) in clients.drivers.iter_mut().enumerate() {
+        let client_now = state.drifts[i].at(now);
+        if let Some((at, _)) = &state.in_flight[i] {
+            if *at <= now {
+                let (_, response) = state.in_flight[i].take().expect("just seen");
+                d.answer(client_now, &response);
+            }
+            continue;
+        }
+        d.poll(client_now);
+        if !d.is_due(client_now) {
+            continue;
+        }
+        let Some(request) = d.request(client_now) else { continue };
+        if !up {
+            d.failed(client_now, "no controller answers");
+            continue;
+        }
+        if state.cut_until[i] > now {
+            d.failed(client_now, "partitioned from the controller");
+            continue;
+        }
+        if state.loss.1 > 0.0 && rng.next_f64() < state.loss.1 {
+            d.failed(client_now, "exchange lost");
+            continue;
+        }
+        match node.controller.exchange(now, &request) {
+            Ok(mut response) => {
+                if let Some(t) = tamper {
+                    t(&mut response);
+                }
+                if state.delay.0 > now {
+                    state.in_flight[i] = Some((now.after(state.delay.1), response));
+                } else {
+                    d.answer(client_now, &response);
+                }
+            }
+            Err(status) => d.failed(client_now, status.message()),
+        }
+    }
+}
+
+/// Where a run stands: the phase under way and how long its expectations have held, the
+/// results and samples so far, and the invariants' checker.
+struct Progress {
+    phases: Vec<PhaseResult>,
+    timeline: Vec<Sample>,
+    phase: usize,
+    phase_start: Nanos,
+    held: u32,
+    checker: Checker,
+    breach: Option<Breach>,
+}
+
+impl Progress {
+    /// The figures of the second ending at `now`: checked against the invariants (with faults)
+    /// and the phase's expectations. Says whether the run is over.
+    #[allow(clippy::too_many_arguments)]
+    fn second(
+        &mut self,
+        now: Nanos,
+        scenario: &Scenario,
+        node: &Node,
+        world: &mut World,
+        groups: &[GroupName],
+        state: &FaultState,
+        up: bool,
+        checking: bool,
+        run_until: Nanos,
+    ) -> bool {
+        let sample = sample(now, &node.controller, world, groups);
+        if checking && self.breach.is_none() {
+            let seconds = second_figures(scenario, &node.controller, up, &sample, groups);
+            let heal = Duration::from_secs_f64(HEAL_S);
+            let cut_recent = state
+                .last_cut_off
+                .is_some_and(|t| now.since(t) < heal + Duration::from_secs(WINDOW_S as u64));
+            let cut = state.cut_until.iter().any(|&c| c > now) || state.loss.1 > 0.0;
+            let healed = up && !cut && now.since(state.healed_at) >= heal && state.healed_at <= now;
+            if let Err(b) =
+                self.checker.check(now.as_secs_f64(), groups, seconds, cut_recent, healed, state.max_drift)
+            {
+                self.breach = Some(b);
+            }
+        }
+        let current = &scenario.phases[self.phase];
+        if up && current.expects.iter().all(|e| holds(e, &sample, groups)) {
+            self.held += 1;
+        } else {
+            self.held = 0;
+        }
+        self.timeline.push(sample);
+        if self.breach.is_some() {
+            self.phases.push(PhaseResult { passed: false, converged_s: None });
+            return true;
+        }
+        let elapsed = now.since(self.phase_start);
+        let last = self.phase + 1 == scenario.phases.len();
+        if self.held >= current.hold_checks && (!last || now >= run_until) {
+            self.phases.push(PhaseResult { passed: true, converged_s: Some(elapsed.as_secs_f64()) });
+            self.phase += 1;
+            self.phase_start = now;
+            self.held = 0;
+            let Some(p) = scenario.phases.get(self.phase) else { return true };
+            for a in &p.actions {
+                apply(a, &node.controller, world);
+            }
+            false
+        } else if elapsed >= current.timeout {
+            self.phases.push(PhaseResult { passed: false, converged_s: None });
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// Runs `scenario` with `seed` and `hooks`: faults and invariants included.
 pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outcome {
     let groups = group_names(scenario);
     let store = MemoryStore::with(stored(scenario));
+    let tracing = hooks.trace.is_some();
     let start = |now: Nanos| {
-        Node::open(Box::new(store.clone()), engine_settings(scenario), now, 0)
-            .expect("a store in memory loads")
+        let node = Node::open(Box::new(store.clone()), engine_settings(scenario), now, 0)
+            .expect("a store in memory loads");
+        node.controller.set_tracing(tracing);
+        node
     };
     let mut node = start(Nanos::ZERO);
-    node.controller.set_tracing(hooks.trace.is_some());
     let mut faults = scenario.faults.clone();
     if let Some(random) = &scenario.random_faults {
         faults.extend(crate::faults::draw(random, seed, scenario.clients.len()));
@@ -243,49 +504,28 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let run_until = faults.iter().map(|f| f.end().unwrap_or(f.at)).max().map_or(Nanos::ZERO, |e| {
         Nanos(duration_nanos(e + Duration::from_secs_f64(HEAL_S) + Duration::from_secs(2 * WINDOW_S as u64)))
     });
-    let mut checker = Checker::new(groups.len());
-    let mut breach = None;
     let mut fault_rng = crate::rng::SplitMix64::new(seed ^ 0x10_55E5);
     let n = scenario.clients.len();
-    let clocks: Vec<ManualClock> = (0..n).map(|_| ManualClock::new()).collect();
-    let mut drifts = vec![Drift { anchor_real: Nanos::ZERO, anchor_client: Nanos::ZERO, rate: 0.0 }; n];
-    let mut drivers: Vec<Driver> = Vec::with_capacity(n);
-    let mut gates = Vec::with_capacity(n);
-    for (i, clock) in clocks.iter().enumerate() {
-        let (gate, driver) = Tollgate::remote_driven(client_options(scenario, i).with_clock(clock.clone()))
-            .expect("scenario cost models are validated");
-        gates.push(gate);
-        drivers.push(driver);
-    }
-    let mut world = World::new(scenario, &groups, &gates, seed);
+    let mut clients = Clients::new(scenario);
+    let mut world = World::new(scenario, &groups, &clients.gates, seed);
     for a in &scenario.actions {
         apply(a, &node.controller, &mut world);
     }
-    // Fault state: the controller down until (and whether a failover brings the next one),
-    // clients cut off until, losses and delays until, answers in flight.
-    let mut down: Option<(Nanos, bool)> = None;
-    let mut cut_until = vec![Nanos::ZERO; n];
-    let mut loss: (Nanos, f64) = (Nanos::ZERO, 0.0);
-    let mut delay: (Nanos, Duration) = (Nanos::ZERO, Duration::ZERO);
-    let mut in_flight: Vec<Option<(Nanos, v1::ExchangeResponse)>> = vec![None; n];
-    let mut last_cut_off = None::<Nanos>;
-    let mut healed_at = Nanos::ZERO;
-    let mut max_drift: f64 = 0.0;
+    let mut state = FaultState::new(n);
     let mut next_fault = 0usize;
-    // New tenants under way: (from, until, names), each fault's names its own.
-    let mut churns: Vec<(Nanos, Nanos, u32, usize)> = Vec::new();
-    // The store gone: the leader leads until the first time, none until the second.
-    let mut store_lost: Option<(Nanos, Nanos)> = None;
-
     let step_ns = duration_nanos(STEP);
     let tick_ns = duration_nanos(scenario.controller.tick).max(step_ns);
     let report_ns = scenario.controller.report_every.map_or(tick_ns, |d| duration_nanos(d).max(step_ns));
     let second_ns = 1_000_000_000u64;
-    let mut phases = Vec::new();
-    let mut timeline = Vec::new();
-    let mut phase = 0usize;
-    let mut phase_start = Nanos::ZERO;
-    let mut held = 0u32;
+    let mut progress = Progress {
+        phases: Vec::new(),
+        timeline: Vec::new(),
+        phase: 0,
+        phase_start: Nanos::ZERO,
+        held: 0,
+        checker: Checker::new(groups.len()),
+        breach: None,
+    };
     if let Some(p) = scenario.phases.first() {
         for a in &p.actions {
             apply(a, &node.controller, &mut world);
@@ -293,89 +533,38 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     }
     let mut now = Nanos::ZERO;
     loop {
-        // Faults that start now.
         while let Some(f) = faults.get(next_fault).filter(|f| duration_nanos(f.at) <= now.0) {
             next_fault += 1;
-            let end = f.end().map(|e| Nanos(duration_nanos(e)));
-            // New tenants must not disturb the groups in traffic at all: the reservations are
-            // checked right through a churn.
-            if let Some(e) = end.filter(|_| !matches!(f.kind, FaultKind::Churn { .. })) {
-                healed_at = healed_at.max(e);
-            }
-            match &f.kind {
-                FaultKind::Crash { down: d } | FaultKind::Failover { down: d } => {
-                    let until = now.after(*d);
-                    let failover = matches!(f.kind, FaultKind::Failover { .. });
-                    down = Some(down.map_or((until, failover), |(u, fo)| (u.max(until), fo || failover)));
-                }
-                FaultKind::Partition { clients, .. } => {
-                    for &c in clients {
-                        cut_until[c] = cut_until[c].max(end.unwrap_or(now));
-                    }
-                }
-                FaultKind::Loss { p, .. } => loss = (end.unwrap_or(now).max(loss.0), p.max(loss.1)),
-                FaultKind::Delay { delay: d, .. } => delay = (end.unwrap_or(now).max(delay.0), *d),
-                FaultKind::Restart { clients } => {
-                    last_cut_off = Some(now);
-                    for &c in clients {
-                        let (gate, driver) = Tollgate::remote_driven(
-                            client_options(scenario, c).with_clock(clocks[c].clone()),
-                        )
-                        .expect("scenario cost models are validated");
-                        world.restart_client(c, &gate, scenario.clients[c].unthrottled);
-                        gates[c] = gate;
-                        drivers[c] = driver;
-                        in_flight[c] = None;
-                    }
-                }
-                FaultKind::Churn { names, .. } => {
-                    churns.push((now, end.unwrap_or(now), *names, next_fault));
-                }
-                FaultKind::StoreLoss { .. } => {
-                    let gone = now.after(faults::ELECTION_LEASE);
-                    let back = end.unwrap_or(now).max(gone);
-                    store_lost = Some(store_lost.map_or((gone, back), |(g, b)| (g.min(gone), b.max(back))));
-                }
-                FaultKind::Drift { clients, rate } => {
-                    max_drift = max_drift.max(rate.abs());
-                    for &c in clients {
-                        let client_now = drifts[c].at(now);
-                        drifts[c] = Drift { anchor_real: now, anchor_client: client_now, rate: *rate };
-                    }
-                }
-            }
+            state.begin(f, next_fault, now, scenario, &mut clients, &mut world);
         }
-        if loss.0 <= now {
-            loss.1 = 0.0;
+        if state.loss.0 <= now {
+            state.loss.1 = 0.0;
         }
         // A controller comes back: a new one over the same store, relearning what clients hold
         // (a failover's is elected leader at once).
-        if let Some((until, failover)) = down
+        if let Some((until, failover)) = state.down
             && until <= now
         {
             node = start(now);
-            node.controller.set_tracing(hooks.trace.is_some());
             if failover {
                 node.cluster.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
             }
-            down = None;
+            state.down = None;
         }
         // The store back: the controller that held on leads again, relearning.
-        if let Some((_, back)) = store_lost
+        if let Some((_, back)) = state.store_lost
             && back <= now
         {
             node.cluster.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
-            store_lost = None;
+            state.store_lost = None;
         }
-        let up = down.is_none() && store_lost.is_none_or(|(gone, _)| now < gone);
-        let cut = (0..n).any(|c| cut_until[c] > now) || loss.1 > 0.0;
-        if cut {
-            last_cut_off = Some(now);
+        let up = state.down.is_none() && state.store_lost.is_none_or(|(gone, _)| now < gone);
+        if state.cut_until.iter().any(|&c| c > now) || state.loss.1 > 0.0 {
+            state.last_cut_off = Some(now);
         }
         // The backends report (at each tick unless `report_ms` says otherwise), then the
         // controller ticks at its turn, or at once for a backend newly saturated, as the
-        // server does; then every client whose exchange is due makes it, in the order they
-        // were started.
+        // server does; then every client whose exchange is due makes it.
         if up && now.0.is_multiple_of(report_ns) {
             for report in world.backend_reports(now) {
                 node.controller
@@ -397,110 +586,23 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 sink(event);
             }
         }
-        for (i, d) in drivers.iter_mut().enumerate() {
-            let client_now = drifts[i].at(now);
-            if let Some((at, _)) = &in_flight[i] {
-                if *at <= now {
-                    let (_, response) = in_flight[i].take().expect("just seen");
-                    d.answer(client_now, &response);
-                }
-                continue;
-            }
-            d.poll(client_now);
-            if !d.is_due(client_now) {
-                continue;
-            }
-            let Some(request) = d.request(client_now) else { continue };
-            if !up {
-                d.failed(client_now, "no controller answers");
-                continue;
-            }
-            if cut_until[i] > now {
-                d.failed(client_now, "partitioned from the controller");
-                continue;
-            }
-            if loss.1 > 0.0 && fault_rng.next_f64() < loss.1 {
-                d.failed(client_now, "exchange lost");
-                continue;
-            }
-            match node.controller.exchange(now, &request) {
-                Ok(mut response) => {
-                    if let Some(t) = hooks.tamper {
-                        t(&mut response);
-                    }
-                    if delay.0 > now {
-                        in_flight[i] = Some((now.after(delay.1), response));
-                    } else {
-                        d.answer(client_now, &response);
-                    }
-                }
-                Err(status) => d.failed(client_now, status.message()),
-            }
-        }
-        if now.0 > 0 && now.0.is_multiple_of(second_ns) {
-            let sample = sample(now, &node.controller, &mut world, &groups);
-            if checking && breach.is_none() {
-                let seconds = second_figures(scenario, &node.controller, up, &sample, &groups);
-                let heal = Duration::from_secs_f64(HEAL_S);
-                let cut_recent =
-                    last_cut_off.is_some_and(|t| now.since(t) < heal + Duration::from_secs(WINDOW_S as u64));
-                let healed = up && !cut && now.since(healed_at) >= heal && healed_at <= now;
-                if let Err(b) =
-                    checker.check(now.as_secs_f64(), &groups, seconds, cut_recent, healed, max_drift)
-                {
-                    breach = Some(b);
-                }
-            }
-            let current = &scenario.phases[phase];
-            if up && current.expects.iter().all(|e| holds(e, &sample, &groups)) {
-                held += 1;
-            } else {
-                held = 0;
-            }
-            timeline.push(sample);
-            if breach.is_some() {
-                phases.push(PhaseResult { passed: false, converged_s: None });
-                break;
-            }
-            let elapsed = now.since(phase_start);
-            let last = phase + 1 == scenario.phases.len();
-            if held >= current.hold_checks && (!last || now >= run_until) {
-                phases.push(PhaseResult { passed: true, converged_s: Some(elapsed.as_secs_f64()) });
-                phase += 1;
-                phase_start = now;
-                held = 0;
-                match scenario.phases.get(phase) {
-                    Some(p) => {
-                        for a in &p.actions {
-                            apply(a, &node.controller, &mut world);
-                        }
-                    }
-                    None => break,
-                }
-            } else if elapsed >= current.timeout {
-                phases.push(PhaseResult { passed: false, converged_s: None });
-                break;
-            }
+        exchange_all(&node, &mut clients, &mut state, now, up, &mut fault_rng, hooks.tamper);
+        if now.0 > 0
+            && now.0.is_multiple_of(second_ns)
+            && progress.second(now, scenario, &node, &mut world, &groups, &state, up, checking, run_until)
+        {
+            break;
         }
         now = Nanos(now.0 + step_ns);
-        for (i, c) in clocks.iter().enumerate() {
-            c.set(drifts[i].at(now));
+        for (i, c) in clients.clocks.iter().enumerate() {
+            c.set(state.drifts[i].at(now));
         }
         world.step(now, STEP.as_secs_f64());
-        // New tenants: once a second, every name arrived so far is asked for once, through
-        // the first client (which then carries more groups than one exchange).
         if now.0.is_multiple_of(second_ns) {
-            churns.retain(|&(from, until, names, id)| {
-                let span = until.since(from).as_secs_f64().max(1e-9);
-                let due =
-                    ((now.since(from).as_secs_f64() / span).min(1.0) * f64::from(names)).ceil() as usize;
-                for k in 0..due {
-                    drop(gates[0].try_acquire(&format!("churn-{id}-{k}"), 1.0));
-                }
-                now < until
-            });
+            state.churn(now, &clients.gates);
         }
     }
+    let Progress { mut phases, timeline, breach, .. } = progress;
     while phases.len() < scenario.phases.len() {
         phases.push(PhaseResult { passed: false, converged_s: None });
     }

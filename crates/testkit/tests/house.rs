@@ -162,3 +162,127 @@ fn core_uses_nothing_of_ours() {
         "crates/core depends on another Tollgate crate: {dependencies}"
     );
 }
+
+/// `text` with every comment, string and character literal blanked out (newlines kept, so
+/// lines still count), leaving code whose braces can be matched.
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let blank = |out: &mut String, s: &[u8]| {
+        out.extend(s.iter().map(|&c| if c == b'\n' { '\n' } else { ' ' }));
+    };
+    while i < b.len() {
+        let rest = &b[i..];
+        let end = if rest.starts_with(b"//") {
+            rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len())
+        } else if rest.starts_with(b"/*") {
+            rest.windows(2).position(|w| w == b"*/").map_or(rest.len(), |p| p + 2)
+        } else if rest[0] == b'r' && (rest.get(1) == Some(&b'"') || rest.get(1) == Some(&b'#')) {
+            let hashes = rest[1..].iter().take_while(|&&c| c == b'#').count();
+            if rest.get(1 + hashes) != Some(&b'"') {
+                0
+            } else {
+                let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
+                let body = 2 + hashes;
+                rest[body..]
+                    .windows(close.len())
+                    .position(|w| w == close.as_slice())
+                    .map_or(rest.len(), |p| body + p + close.len())
+            }
+        } else if rest[0] == b'"' {
+            let mut j = 1;
+            while j < rest.len() && rest[j] != b'"' {
+                j += if rest[j] == b'\\' { 2 } else { 1 };
+            }
+            (j + 1).min(rest.len())
+        } else if rest[0] == b'\'' {
+            // A character literal ('x', '\n', '{'), not a lifetime ('a).
+            match (rest.get(1), rest.get(2), rest.get(3)) {
+                (Some(b'\\'), _, _) => rest[2..].iter().position(|&c| c == b'\'').map_or(1, |p| p + 3),
+                (Some(_), Some(b'\''), _) => 3,
+                _ => 0,
+            }
+        } else {
+            0
+        };
+        if end == 0 {
+            out.push(b[i] as char);
+            i += 1;
+        } else {
+            blank(&mut out, &rest[..end]);
+            i += end;
+        }
+    }
+    out
+}
+
+/// Each function in `text` with a body: its name, the line it starts on and its length in
+/// lines.
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let code = code_only(text);
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let Some(at) = line.find("fn ") else { continue };
+        if at > 0 && line.as_bytes()[at - 1].is_ascii_alphanumeric() {
+            continue;
+        }
+        let name: String = line[at + 3..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if name.is_empty() {
+            continue;
+        }
+        // The body: from the first `{` after the name (none before a `;`: a declaration) to
+        // its match.
+        let (mut depth, mut opened) = (0i32, false);
+        'lines: for (end, l) in lines.iter().enumerate().skip(start) {
+            let from = if end == start { at } else { 0 };
+            for c in l[from..].chars() {
+                match c {
+                    ';' if !opened => break 'lines,
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if opened && depth == 0 {
+                    found.push((name.clone(), start + 1, end - start + 1));
+                    break 'lines;
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The longest function in `crates/core/src`, in lines.
+const CORE_FUNCTION_MAX: usize = 80;
+/// The longest function anywhere else (tests included), in lines.
+const FUNCTION_MAX: usize = 150;
+
+#[test]
+fn functions_are_short_enough_to_read_at_once() {
+    let mut files = Vec::new();
+    sources(&workspace().join("crates"), &mut files);
+    let core = workspace().join("crates/core/src");
+    let mut long = Vec::new();
+    for file in &files {
+        let most = if file.starts_with(&core) { CORE_FUNCTION_MAX } else { FUNCTION_MAX };
+        let text = std::fs::read_to_string(file).unwrap();
+        for (name, line, len) in functions(&text) {
+            if len > most {
+                long.push(format!("{}:{line} fn {name}: {len} lines (at most {most})", file.display()));
+            }
+        }
+    }
+    assert!(files.len() > 50, "only {} files found", files.len());
+    assert!(long.is_empty(), "functions too long to read at once:\n{}", long.join("\n"));
+}
+
+#[test]
+fn the_function_finder_skips_strings_comments_and_characters() {
+    let text = "fn a() {\n    let s = \"}}\n{\";\n    let c = '{';\n    // }\n    let r = r#\"}\"#;\n}\nfn b<'x>(v: &'x str);\nfn c() { 1 }\n";
+    assert_eq!(functions(text), [("a".to_string(), 1, 7), ("c".to_string(), 9, 1)]);
+}

@@ -186,15 +186,35 @@ pub struct Meter {
     pub waited: u64,
 }
 
-/// What a tick decided for one group. Its optional rates are kept as numbers (NaN for none)
-/// and read through methods: one of these lives in every tracked group.
+/// An optional rate kept as one number, NaN for none: state kept for every group (and every
+/// row of a tick) stays a plain `f64` where `Option<f64>` would take two words. Read it with
+/// [`get`](Self::get); never compare the number itself.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct OrNan(f64);
+
+impl OrNan {
+    /// `v`, or none.
+    #[inline]
+    pub(crate) fn new(v: Option<f64>) -> OrNan {
+        OrNan(v.unwrap_or(f64::NAN))
+    }
+
+    /// The rate, if there is one.
+    #[inline]
+    pub(crate) fn get(self) -> Option<f64> {
+        (!self.0.is_nan()).then_some(self.0)
+    }
+}
+
+/// What a tick decided for one group. One of these lives in every tracked group, so its
+/// optional rates are [`OrNan`]s, read through methods.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupOutcome {
-    target: f64,
+    target: OrNan,
     /// Saturation's limiting rate, or the headroom when `at_headroom`.
-    limiting: f64,
-    share: f64,
-    water_level: f64,
+    limiting: OrNan,
+    share: OrNan,
+    water_level: OrNan,
     /// Limiting is below the cap.
     pub busy: bool,
     /// `limiting` is the headroom rate (see [`GroupOutcome::headroom`]).
@@ -215,19 +235,15 @@ pub struct GroupOutcome {
     pub grants: Vec<ClientGrant>,
 }
 
-fn some(x: f64) -> Option<f64> {
-    (!x.is_nan()).then_some(x)
-}
-
 impl GroupOutcome {
     /// Target in units/s; `None` when the group is not throttled.
     pub fn target(&self) -> Option<f64> {
-        some(self.target)
+        self.target.get()
     }
 
     /// Limiting rate from saturation, if a backend it uses is saturated.
     pub fn limiting(&self) -> Option<f64> {
-        some(self.limiting).filter(|_| !self.at_headroom)
+        self.limiting.get().filter(|_| !self.at_headroom)
     }
 
     /// The headroom rate holding the group, if any: throttled at the tick before, its limit now
@@ -235,17 +251,17 @@ impl GroupOutcome {
     /// it may use its load on its backends below saturation and its share of their room
     /// (docs/control.md).
     pub fn headroom(&self) -> Option<f64> {
-        some(self.limiting).filter(|_| self.at_headroom)
+        self.limiting.get().filter(|_| self.at_headroom)
     }
 
     /// Share of the node capacity, if one is set.
     pub fn share(&self) -> Option<f64> {
-        some(self.share)
+        self.share.get()
     }
 
     /// The water level in units/s: what each busy client may use beyond its unthrottled work.
     pub fn water_level(&self) -> Option<f64> {
-        some(self.water_level)
+        self.water_level.get()
     }
 
     /// The sum of the grants' rates.
@@ -271,7 +287,7 @@ impl GroupOutcome {
 fn sample_of(g: &Tracked) -> GroupSample {
     let o = g.outcome.as_ref();
     [
-        o.map_or(f32::NAN, |o| o.target as f32),
+        o.and_then(GroupOutcome::target).map_or(f32::NAN, |t| t as f32),
         g.admitted_last_tick,
         o.map_or(0.0, |o| o.demand as f32),
         o.map_or(0.0, |o| o.throttled),
@@ -453,6 +469,22 @@ struct Tracked {
 }
 
 impl Tracked {
+    /// Metering at a tick: folds what was consumed, admitted and refused since the last tick
+    /// (`elapsed` seconds ago) into the moving averages (`keep`: the weight of the past) and the
+    /// consumption rate's windows. Returns the average cost per request (the ratio of the
+    /// moving averages of units/s and requests/s, as FoundationDB keeps it; 1 before any
+    /// request) and the requests/s refused.
+    fn fold_rates(&mut self, now: Nanos, elapsed: f64, keep: f64) -> (f64, f32) {
+        let [units, requests, throttled] = self.since_tick.map(f64::from);
+        self.units_rate = self.units_rate * keep + units / elapsed * (1.0 - keep);
+        self.requests_rate = self.requests_rate * keep + requests / elapsed * (1.0 - keep);
+        self.admitted_last_tick = (units / elapsed) as f32;
+        self.rate_now.add(&mut self.rates, now, units / elapsed);
+        self.since_tick = [0.0; 3];
+        let avg_cost = if self.requests_rate > 1e-9 { self.units_rate / self.requests_rate } else { 1.0 };
+        (avg_cost, (throttled / elapsed) as f32)
+    }
+
     /// Takes the settings that apply to it again if the configured groups changed since
     /// (`generation`); its ramp follows them, a changed ramp continuing from where the old one
     /// was.

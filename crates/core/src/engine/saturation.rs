@@ -257,7 +257,10 @@ fn busy(t: Option<&super::Tracked>) -> bool {
 /// held at a limit that stays where it was does not take any. The limit is looked up only
 /// for a group throttled: most groups on a backend with room are not.
 fn may_take_room(t: &super::Tracked, quota: impl FnOnce() -> Option<f64>) -> bool {
-    t.outcome.as_ref().is_some_and(|o| o.demand > o.target && quota().is_none_or(|q| q > o.target))
+    let Some((demand, target)) = t.outcome.as_ref().and_then(|o| Some((o.demand, o.target()?))) else {
+        return false;
+    };
+    demand > target && quota().is_none_or(|q| q > target)
 }
 
 /// One zone a group counts on: the zone and the backend with the smallest ratio (or, under

@@ -11,7 +11,7 @@ use super::LimitingLaw;
 use crate::time::Nanos;
 
 use super::split::{Asking, split_into};
-use super::{ClientGrant, Engine, GroupOutcome};
+use super::{ClientGrant, Engine, GroupOutcome, OrNan};
 
 /// The share of its reservation a group with no client holds under slow start.
 pub const SLOW_START_SHARE: f64 = 0.1;
@@ -24,12 +24,11 @@ pub(super) struct Row {
     reserved: f64,
     cap: f64,
     weight: f64,
-    /// NaN: none.
-    burst: f64,
+    burst: OrNan,
     demand: f64,
     unthrottled: f64,
-    /// Saturation's limiting rate, or else the headroom rate when `at_headroom`. NaN: none.
-    limiting: f64,
+    /// Saturation's limiting rate, or else the headroom rate when `at_headroom`.
+    limiting: OrNan,
     load: f64,
     first_asked: u64,
     /// How many clients ask: its entries in the tick's list of them, after the rows before.
@@ -55,12 +54,12 @@ impl Row {
     }
 
     fn burst(&self) -> Option<f64> {
-        (!self.burst.is_nan()).then_some(self.burst)
+        self.burst.get()
     }
 
     /// What bounds the group from its backends: saturation's limiting rate or the headroom.
     fn limiting(&self) -> Option<f64> {
-        (!self.limiting.is_nan()).then_some(self.limiting)
+        self.limiting.get()
     }
 
     /// Saturation's limiting rate alone.
@@ -364,91 +363,29 @@ impl Engine {
             if let Some(d) = &mut g.detail {
                 d.tick(elapsed, keep);
             }
-
-            let settings_now = g.settings.as_deref();
             let slot = std::mem::replace(&mut g.load_slot, super::NO_SLOT);
             let load = (slot != super::NO_SLOT).then(|| &loads.groups[slot as usize]);
-            let (load_rate, ratio, limiting) = match (load, sat.law) {
-                (Some(l), LimitingLaw::Rate) => {
-                    let ratio = sat.limiting_ratio(&l.zones, ignore);
-                    (l.load, ratio, ratio.map(|r| l.load * r))
-                }
-                // The quota law's per-zone figures are rates already: the same pick of the
-                // (k+1)-th smallest zone gives the limiting rate.
-                (Some(l), LimitingLaw::Quota) => (
-                    l.load,
-                    sat.limiting_ratio(&l.zones, ignore),
-                    sat.limiting_ratio(&loads.quota_zones[slot as usize], ignore),
-                ),
-                (Some(l), LimitingLaw::Multiplicative) => {
-                    let ratio = sat.limiting_ratio(&l.zones, ignore);
-                    let before = g.outcome.as_ref().and_then(GroupOutcome::limiting).unwrap_or(l.load);
-                    (l.load, ratio, ratio.map(|r| before * r))
-                }
-                (None, _) => (0.0, None, None),
+            let pressure = match load {
+                Some(l) => saturation_of(sat, l, &loads.quota_zones, slot, ignore, g.outcome.as_ref()),
+                None => Pressure::default(),
             };
             if let Some(traced) = &mut run.traced {
-                let mut limited_by = Vec::new();
-                if let Some(l) = load {
-                    let mut zones = l.zones.clone();
-                    zones.retain(|z| !z.is_healthy());
-                    zones.sort_by(|a, b| a.value.total_cmp(&b.value));
-                    limited_by.extend(zones.iter().enumerate().map(|(i, mark)| {
-                        let (backend, zone) = run.reporting.names(mark);
-                        super::Limiter {
-                            backend: backend.to_string(),
-                            zone: zone.to_string(),
-                            ratio: mark.value,
-                            ignored: i < ignore,
-                        }
-                    }));
-                }
-                traced.push(Traced { ratio, limited_by });
+                let limited_by = load.map(|l| limiters(l, &run.reporting, ignore)).unwrap_or_default();
+                traced.push(Traced { ratio: pressure.ratio, limited_by });
             }
-            let mut reserved = settings_now.map_or(0.0, GroupSettings::reserved);
-            // Slow start (Couchbase): a tenth of the reservation until a client has been seen
-            // by a tick, all of it from the next.
-            if settings.slow_start && (!g.had_clients || g.clients.is_empty()) {
-                reserved *= SLOW_START_SHARE;
-            }
+            let settings_now = g.settings.as_deref();
             let exhausted = settings_now
                 .is_some_and(|s| super::budget_spent(budget_baselines, name, s, g.meter.consumed));
-            let mut ceiling = match settings_now {
-                Some(s) if exhausted => s.reserved(),
-                Some(s) => s.limit().as_f64(),
-                None => Limit::Unlimited.as_f64(),
-            };
-            // FoundationDB's accounting: the limit and the reservation bound reads and writes
-            // each, so in units of both they reach further. The reservation never passes the
-            // limit.
-            if settings_now.is_some_and(GroupSettings::reads_writes_apart)
-                && let Some((desired, reserving)) = g.detail.as_deref().and_then(super::Detail::apart_factors)
-            {
-                ceiling *= desired;
-                reserved = (reserved * reserving).min(ceiling);
-            }
-            let cap = g.ramp.as_ref().map_or(ceiling, |r| ceiling.min(r.pool() as f64));
-            // Added up as `Iterator::sum` would, from −0.0.
-            let (mut demand, mut unthrottled) = (-0.0, -0.0);
-            for c in &g.clients {
-                demand += f64::from(c.demand);
-                unthrottled += f64::from(c.unthrottled);
-                asking.push(Asking {
-                    client: c.client,
-                    demand: f64::from(c.demand),
-                    unthrottled: f64::from(c.unthrottled),
-                });
-            }
+            let (reserved, cap) = bounds(g, settings.slow_start, exhausted);
+            let (demand, unthrottled) = asks(&g.clients, asking);
             // A group that may take its backends' room (throttled at the last tick, its limit
             // now above its target: the only groups they mark so) and that no saturated backend
             // limits is held at that room, when it is below its cap and it asks for more.
-            let headroom = match (limiting, load) {
-                (None, Some(l)) => {
-                    let takers = &run.reporting.takers;
-                    sat.headroom_ratio(&l.zones, takers, ignore)
-                        .map(|h| l.load * h)
-                        .filter(|&h| h < cap && demand > h)
-                }
+            let headroom = match (pressure.limiting, load) {
+                (None, Some(l)) => sat
+                    .headroom_ratio(&l.zones, &run.reporting.takers, ignore)
+                    .map(|h| l.load * h)
+                    .filter(|&h| h < cap && demand > h),
                 _ => None,
             };
             rows.push(Row {
@@ -456,12 +393,12 @@ impl Engine {
                 cap,
                 priority: settings_now.map_or(Priority::MEDIUM, GroupSettings::priority),
                 weight: settings_now.map_or(1.0, GroupSettings::weight),
-                burst: settings_now.and_then(GroupSettings::burst).unwrap_or(f64::NAN),
+                burst: OrNan::new(settings_now.and_then(GroupSettings::burst)),
                 demand,
                 unthrottled,
-                limiting: limiting.or(headroom).unwrap_or(f64::NAN),
+                limiting: OrNan::new(pressure.limiting.or(headroom)),
                 at_headroom: headroom.is_some(),
-                load: load_rate,
+                load: pressure.load,
                 exhausted,
                 first_asked: g.first_asked,
                 clients: g.clients.len() as u32,
@@ -474,83 +411,34 @@ impl Engine {
     fn apply_slice(&mut self, run: &mut TickRun, end: usize) {
         let trace_t = self.trace_time(run.now);
         let Engine { tracked, rows, asking, scratch, trace, .. } = self;
-        let (now, elapsed, keep) = (run.now, run.elapsed, run.keep);
         let slice = &mut tracked.as_mut_slice()[run.next..end];
         for ((name, g), i) in slice.iter_mut().zip(run.next..) {
             let row = &rows[i];
             let share = run.shares.as_ref().map(|s| s[i]);
-            // Average cost per request: the ratio of moving averages of units/s and requests/s.
-            let [units, requests, throttled] = g.since_tick.map(f64::from);
-            g.units_rate = g.units_rate * keep + units / elapsed * (1.0 - keep);
-            g.requests_rate = g.requests_rate * keep + requests / elapsed * (1.0 - keep);
-            g.admitted_last_tick = (units / elapsed) as f32;
-            let throttled = (throttled / elapsed) as f32;
-            g.rate_now.add(&mut g.rates, now, units / elapsed);
-            g.since_tick = [0.0; 3];
-            let avg_cost = if g.requests_rate > 1e-9 { g.units_rate / g.requests_rate } else { 1.0 };
-            let mut bound = row.cap;
-            if let Some(l) = row.limiting() {
-                bound = bound.min(l);
-            }
-            if let Some(s) = share {
-                bound = bound.min(s);
-            }
-            // Nothing bounds the group (no limit, no saturation, no capacity to share): it is
-            // not throttled, whatever it reserves.
-            let target = bound.is_finite().then(|| row.reserved.max(bound));
+            let (avg_cost, throttled) = g.fold_rates(run.now, run.elapsed, run.keep);
+            let target = target(row.reserved, row.cap, row.limiting(), share);
             let busy = row.saturation().is_some_and(|l| l < row.cap);
             // Reuse last tick's grant buffer.
             let mut grants = g.outcome.take().map(|o| o.grants).unwrap_or_default();
-            grants.clear();
             let clients = row.clients as usize;
             let asked = &asking[run.from..run.from + clients];
             run.from += clients;
-            grants.reserve_exact(clients);
-            let water_level = match target {
-                Some(t) => {
-                    // What the group asks for (its reservation counts as asked: its clients
-                    // are granted it whatever they ask) takes part of the capacity; the rest
-                    // of its target is headroom nobody asked for, which a new group may
-                    // borrow before the next tick.
-                    let claim = row.claim();
-                    run.taken_total += t.min(claim.demand.max(claim.reserved));
-                    Some(split_into(&mut grants, t, asked, row.burst(), scratch))
-                }
-                None => {
-                    let open = |c: &Asking| ClientGrant {
-                        client: c.client,
-                        rate: f64::INFINITY,
-                        burst: f64::INFINITY,
-                    };
-                    grants.extend(asked.iter().map(open));
-                    None
-                }
-            };
+            let water_level = grant(&mut grants, target, row, asked, scratch);
+            if let Some(t) = target {
+                // What the group asks for (its reservation counts as asked: its clients are
+                // granted it whatever they ask) takes part of the capacity; the rest of its
+                // target is headroom nobody asked for, which a new group may borrow before the
+                // next tick.
+                let claim = row.claim();
+                run.taken_total += t.min(claim.demand.max(claim.reserved));
+            }
             if let Some(traced) = &mut run.traced {
-                let Traced { ratio, limited_by } =
+                let traced =
                     std::mem::replace(&mut traced[i], Traced { ratio: None, limited_by: Vec::new() });
                 // Tracing turned off since the tick began: nothing to keep.
                 if let Some(buffer) = trace {
-                    buffer.push(super::TraceEvent::Rate(super::RateComputation {
-                        t: trace_t,
-                        group: name.to_string(),
-                        reserved: row.reserved,
-                        desired: row.cap.is_finite().then_some(row.cap),
-                        limiting: row.saturation(),
-                        headroom: row.headroom(),
-                        ratio,
-                        share,
-                        target,
-                        per_client: water_level,
-                        clients: row.clients,
-                        demand: row.demand,
-                        unthrottled: row.unthrottled,
-                        admitted: f64::from(g.admitted_last_tick),
-                        load: row.load,
-                        average_cost: avg_cost,
-                        busy,
-                        limited_by,
-                    }));
+                    let decided = Decided { share, target, water_level, avg_cost, busy };
+                    buffer.push(rate_event(trace_t, name, g, row, decided, traced));
                 }
             }
             g.had_clients = clients > 0;
@@ -559,14 +447,13 @@ impl Engine {
             totals.throttled += f64::from(throttled);
             totals.demand += row.demand;
             totals.clients += clients as u64;
-            let none = f64::NAN;
             g.outcome = Some(GroupOutcome {
-                target: target.unwrap_or(none),
+                target: OrNan::new(target),
                 limiting: row.limiting,
                 at_headroom: row.at_headroom,
-                share: share.unwrap_or(none),
+                share: OrNan::new(share),
                 busy,
-                water_level: water_level.unwrap_or(none),
+                water_level: OrNan::new(water_level),
                 avg_cost,
                 demand: row.demand,
                 unthrottled: row.unthrottled as f32,
@@ -721,4 +608,201 @@ fn shrink<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(map: &mut HashM
 /// The room a table of `len` entries keeps when it holds far less than its `capacity`.
 fn room_to_keep(len: usize, capacity: usize) -> Option<usize> {
     (capacity > 64 && len < capacity / 4).then_some(len * 2)
+}
+
+/// A group's target, as docs/architecture.md writes it:
+/// `max(reserved, min(cap, limiting or headroom, share))`. `None` when nothing bounds the
+/// group (no limit, no saturation, no capacity to share): it is not throttled, whatever it
+/// reserves.
+#[inline]
+pub(crate) fn target(
+    reserved: f64,
+    cap: f64,
+    limiting_or_headroom: Option<f64>,
+    share: Option<f64>,
+) -> Option<f64> {
+    let mut bound = cap;
+    if let Some(l) = limiting_or_headroom {
+        bound = bound.min(l);
+    }
+    if let Some(s) = share {
+        bound = bound.min(s);
+    }
+    let target = bound.is_finite().then(|| reserved.max(bound));
+    debug_assert!(
+        target.is_none_or(|t| t >= reserved || reserved.is_nan()),
+        "a target below its reservation"
+    );
+    target
+}
+
+/// What saturation says of a group from the load its backends reported.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pressure {
+    /// The load, units/s.
+    load: f64,
+    /// The ratio applied (under the multiplicative and rate laws; the quota law's per zone).
+    ratio: Option<f64>,
+    /// Saturation's limiting rate; none below saturation.
+    limiting: Option<f64>,
+}
+
+/// Saturation's pressure on a group with load `l` (slot `slot` of the tick's loads), by the
+/// law in force. `before` is its last outcome (the multiplicative law scales the limiting
+/// rate it had).
+fn saturation_of(
+    sat: &super::SaturationSettings,
+    l: &super::saturation::GroupLoad,
+    quota_zones: &[super::saturation::Zones],
+    slot: u32,
+    ignore: usize,
+    before: Option<&GroupOutcome>,
+) -> Pressure {
+    let ratio = sat.limiting_ratio(&l.zones, ignore);
+    let limiting = match sat.law {
+        LimitingLaw::Rate => ratio.map(|r| l.load * r),
+        // The quota law's per-zone figures are rates already: the same pick of the (k+1)-th
+        // smallest zone gives the limiting rate.
+        LimitingLaw::Quota => sat.limiting_ratio(&quota_zones[slot as usize], ignore),
+        LimitingLaw::Multiplicative => {
+            let was = before.and_then(GroupOutcome::limiting).unwrap_or(l.load);
+            ratio.map(|r| was * r)
+        }
+    };
+    Pressure { load: l.load, ratio, limiting }
+}
+
+/// The saturated backends a group with load `l` counts on, most pressing first, for a trace.
+fn limiters(
+    l: &super::saturation::GroupLoad,
+    reporting: &super::saturation::Reporting,
+    ignore: usize,
+) -> Vec<super::Limiter> {
+    let mut zones = l.zones.clone();
+    zones.retain(|z| !z.is_healthy());
+    zones.sort_by(|a, b| a.value.total_cmp(&b.value));
+    zones
+        .iter()
+        .enumerate()
+        .map(|(i, mark)| {
+            let (backend, zone) = reporting.names(mark);
+            super::Limiter {
+                backend: backend.to_string(),
+                zone: zone.to_string(),
+                ratio: mark.value,
+                ignored: i < ignore,
+            }
+        })
+        .collect()
+}
+
+/// A group's reservation and cap for this tick. The ceiling is its limit, or its reservation
+/// once its budget is spent; the cap is the ceiling within its ramp's pool. Slow start
+/// (Couchbase) holds a tenth of the reservation until a client has been seen by a tick.
+fn bounds(g: &super::Tracked, slow_start: bool, exhausted: bool) -> (f64, f64) {
+    let settings = g.settings.as_deref();
+    let mut reserved = settings.map_or(0.0, GroupSettings::reserved);
+    if slow_start && (!g.had_clients || g.clients.is_empty()) {
+        reserved *= SLOW_START_SHARE;
+    }
+    let mut ceiling = match settings {
+        Some(s) if exhausted => s.reserved(),
+        Some(s) => s.limit().as_f64(),
+        None => Limit::Unlimited.as_f64(),
+    };
+    // FoundationDB's accounting: the limit and the reservation bound reads and writes each, so
+    // in units of both they reach further. The reservation never passes the limit.
+    if settings.is_some_and(GroupSettings::reads_writes_apart)
+        && let Some((desired, reserving)) = g.detail.as_deref().and_then(super::Detail::apart_factors)
+    {
+        ceiling *= desired;
+        reserved = (reserved * reserving).min(ceiling);
+    }
+    let cap = g.ramp.as_ref().map_or(ceiling, |r| ceiling.min(r.pool() as f64));
+    (reserved, cap)
+}
+
+/// A group's clients' asks, appended to the tick's list; returns their demand and unthrottled
+/// units/s, added up as `Iterator::sum` would (from −0.0).
+fn asks(clients: &[super::ClientEntry], asking: &mut Vec<Asking>) -> (f64, f64) {
+    let (mut demand, mut unthrottled) = (-0.0, -0.0);
+    for c in clients {
+        demand += f64::from(c.demand);
+        unthrottled += f64::from(c.unthrottled);
+        asking.push(Asking {
+            client: c.client,
+            demand: f64::from(c.demand),
+            unthrottled: f64::from(c.unthrottled),
+        });
+    }
+    (demand, unthrottled)
+}
+
+/// The grant policy at a tick: `target` split over the clients that `asked` by water level
+/// (into `grants`, cleared first); with no target every client is unbounded. Returns the water
+/// level.
+fn grant(
+    grants: &mut Vec<ClientGrant>,
+    target: Option<f64>,
+    row: &Row,
+    asked: &[Asking],
+    scratch: &mut Vec<f64>,
+) -> Option<f64> {
+    grants.clear();
+    grants.reserve_exact(asked.len());
+    let Some(t) = target else {
+        grants.extend(asked.iter().map(|c| ClientGrant {
+            client: c.client,
+            rate: f64::INFINITY,
+            burst: f64::INFINITY,
+        }));
+        return None;
+    };
+    let level = split_into(grants, t, asked, row.burst(), scratch);
+    // Conservation: what the clients are granted adds up to the target (within rounding).
+    debug_assert!(
+        grants.iter().map(|g| g.rate).sum::<f64>() <= t * (1.0 + 1e-9) + 1e-9,
+        "grants past the target {t}"
+    );
+    Some(level)
+}
+
+/// What the last walk decided for a group, for its trace.
+struct Decided {
+    share: Option<f64>,
+    target: Option<f64>,
+    water_level: Option<f64>,
+    avg_cost: f64,
+    busy: bool,
+}
+
+/// A group's rate computation as a trace event.
+fn rate_event(
+    t: f64,
+    name: &GroupName,
+    g: &super::Tracked,
+    row: &Row,
+    d: Decided,
+    traced: Traced,
+) -> super::TraceEvent {
+    super::TraceEvent::Rate(super::RateComputation {
+        t,
+        group: name.to_string(),
+        reserved: row.reserved,
+        desired: row.cap.is_finite().then_some(row.cap),
+        limiting: row.saturation(),
+        headroom: row.headroom(),
+        ratio: traced.ratio,
+        share: d.share,
+        target: d.target,
+        per_client: d.water_level,
+        clients: row.clients,
+        demand: row.demand,
+        unthrottled: row.unthrottled,
+        admitted: f64::from(g.admitted_last_tick),
+        load: row.load,
+        average_cost: d.avg_cost,
+        busy: d.busy,
+        limited_by: traced.limited_by,
+    })
 }
