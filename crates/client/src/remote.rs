@@ -439,6 +439,9 @@ impl Driver {
                 return false;
             };
             let rate = climbing(from, last.rate, start, span, now);
+            // Conservation where the grant is applied: a grant taken up over a trickle never
+            // runs past the rate granted.
+            debug_assert!(rate <= last.rate.max(from), "a trickle past its grant");
             apply(&group, LastGrant { rate, burst: last.burst * rate / last.rate.max(1e-12), ..*last }, now);
             rate < last.rate
         });
@@ -619,6 +622,7 @@ impl Driver {
                 if climbing_now.is_none() {
                     self.trickles.insert(group.name.clone(), (had, now, trickle));
                 }
+                debug_assert!(current < last.rate, "a trickle starts below its grant");
                 apply(
                     &group,
                     LastGrant { rate: current, burst: last.burst * current / last.rate, ..last },

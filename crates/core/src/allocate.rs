@@ -107,6 +107,7 @@ pub fn allocate(capacity: f64, claims: &[Claim]) -> Vec<f64> {
             ((claims[i].ceiling - a).max(0.0), claims[i].weight)
         });
     }
+    assert_conserved(capacity, 0.0, claims, &allowance);
     allowance
 }
 
@@ -145,7 +146,26 @@ pub fn first_come(capacity: f64, reserved_elsewhere: f64, claims: &[Claim], orde
         out[i] += give;
         pool -= give;
     }
+    assert_conserved(capacity, reserved_elsewhere, claims, &out);
     out
+}
+
+/// Capacity conservation, where the shares are made: they add up to no more than the capacity
+/// (less what is reserved elsewhere), beyond what the reservations force, and none passes its
+/// claim's ceiling. Checked in every build: a tick makes the shares once, in time linear in
+/// the claims.
+fn assert_conserved(capacity: f64, reserved_elsewhere: f64, claims: &[Claim], shares: &[f64]) {
+    let forced: f64 = claims.iter().map(|c| c.reserved.min(c.ceiling).max(0.0)).sum();
+    let total: f64 = shares.iter().sum();
+    let bound = (capacity - reserved_elsewhere).max(forced).max(0.0);
+    assert!(
+        total <= bound * (1.0 + 1e-9) + 1e-6 || !total.is_finite(),
+        "shares add up to {total}, past the capacity {capacity} (reservations force {forced})"
+    );
+    assert!(
+        shares.iter().zip(claims).all(|(s, c)| *s <= c.ceiling * (1.0 + 1e-9) + 1e-9),
+        "a share past its ceiling"
+    );
 }
 
 /// A want in a water fill: how much it wants per unit of weight (the level at which it is

@@ -265,6 +265,9 @@ impl Bucket {
             // `ahead ≤ tolerance` here, so the room left cannot underflow.
             let extra = extra_ns > 0 && extra_ns <= tolerance_ns - ahead;
             let to = if extra { new_tat + extra_ns } else { new_tat };
+            // What is taken never reaches past the burst: the bucket is never overdrawn by an
+            // admission (only a charge runs it into debt).
+            debug_assert!(to - now.0 <= tolerance_ns, "an admission past the burst");
             match self.tat.compare_exchange_weak(tat, to, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(extra),
                 Err(actual) => tat = actual,
@@ -398,6 +401,8 @@ impl Bucket {
             return;
         }
         let level = if old.ns_per_unit == 0.0 { new.burst } else { self.available(now).min(new.burst) };
+        // Refilled to at most the new burst, whatever the old one held.
+        debug_assert!(level <= new.burst || level.is_nan(), "a level {level} above the burst {}", new.burst);
         // Publish the new parameters before the state they describe.
         self.burst.store(new.burst.to_bits(), Ordering::Release);
         self.tolerance_ns.store(new.tolerance_ns, Ordering::Release);

@@ -1131,6 +1131,9 @@ impl Engine {
         let others: f64 = provisional.iter().filter(|(c, _)| *c != client).map(|(_, r)| r).sum();
         let left = (target - granted - others).max(0.0);
         let rate = if held > 0.0 { held.min(left) } else { left };
+        // Conservation where the grant is made: with this one, the live grants stay within
+        // the target (or add nothing past it).
+        debug_assert!(rate == 0.0 || granted + others + rate <= target * (1.0 + 1e-9) + 1e-9);
         let before = match provisional.iter_mut().find(|(c, _)| *c == client) {
             Some(p) => std::mem::replace(&mut p.1, rate),
             None => {
