@@ -709,3 +709,64 @@ fn a_one_line_self_signed_certificate_is_refused_with_what_to_make_instead() {
     assert!(err.contains("CaUsedAsEndEntity"), "{err}");
     assert!(err.contains("a certificate authority's") && err.contains("docs/operations.md"), "{err}");
 }
+
+/// A revoked token is no outage: the client closes its groups at once and every refused request
+/// says the controller rejects it (not transient), instead of serving on in safe mode; the
+/// metrics count the rejections apart from transport failures.
+#[test]
+fn a_revoked_token_is_a_rejection_the_application_sees_not_an_outage() {
+    let data = data_dir("security-rejected");
+    let s = ServerProc::start_with(&data, &["--auth", "--tick-ms", "100"], Stdio::null());
+    let admin = first_token(&data);
+    let admin_env = [("TOLLGATE_TOKEN", admin.as_str())];
+    let (code, _, err) = cli(&["--server", &s.url(), "group", "create", "rj", "--limit", "1000"], &admin_env);
+    assert_eq!(code, 0, "{err}");
+    let token = create(&s, &admin, &["--role", "client"]);
+    let rt = runtime();
+    let _entered = rt.enter();
+    let opts = tollgate_client::RemoteOptions {
+        client_id: Some("rejected".into()),
+        access: with_token(Some(&token)),
+        ..Default::default()
+    };
+    let gate = tollgate_client::Tollgate::remote(&s.url(), opts).unwrap();
+    let admitted = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if gate.try_acquire("rj", 1.0).is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+    });
+    assert!(admitted.is_ok(), "served while the token is good");
+    let (code, _, err) = cli(&["--server", &s.url(), "token", "revoke", &token[3..19]], &admin_env);
+    assert_eq!(code, 0, "{err}");
+    let refused = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match gate.try_acquire("rj", 1.0) {
+                    Err(e @ tollgate_client::AcquireError::Rejected { .. }) => return e,
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        })
+        .await
+    });
+    let e = refused.expect("a request refused as rejected once the token is revoked");
+    assert!(!e.is_transient(), "{e}");
+    let tollgate_client::AcquireError::Rejected { reason, .. } = &e else { unreachable!() };
+    assert!(!reason.is_transient(), "{reason:?}");
+    assert!(
+        matches!(reason, tollgate_client::ExchangeError::Rejected { code: Code::Unauthenticated, .. }),
+        "{reason:?}"
+    );
+    let status = gate.remote_status().unwrap();
+    assert!(status.rejected.is_some() && !status.safe_mode, "{status:?}");
+    assert!(status.failures.rejected > 0 && status.failures.transport == 0, "{status:?}");
+    let text = gate.metrics();
+    assert!(text.contains("tollgate_client_rejected 1"), "{text}");
+    assert!(text.contains("tollgate_client_exchange_failures_total{kind=\"rejected\"}"), "{text}");
+}

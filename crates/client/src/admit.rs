@@ -293,6 +293,12 @@ impl Inner {
         self.refused(g, cost, refusal);
         g.check_debt(now);
         g.record(move |t| count_refusal(t, cost));
+        if refusal == Some(Refusal::Closed)
+            && let crate::inner::Mode::Remote(link) = &self.mode
+            && let Some(reason) = link.rejection()
+        {
+            return AcquireError::Rejected { group: g.name.clone(), reason };
+        }
         AcquireError::Throttled { group: g.name.clone(), retry_after }
     }
 

@@ -8,6 +8,7 @@ use tollgate_core::settings::{GroupName, SettingError};
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum AcquireError {
     /// The group is over its allowance: try again after `retry_after`.
     #[error("group \"{group}\" is throttled: retry after {retry_after:?}")]
@@ -36,6 +37,16 @@ pub enum AcquireError {
     /// out of the way of the result every admission returns.)
     #[error("invalid group name: {0}")]
     InvalidGroup(Box<SettingError>),
+    /// The controller refuses this client for good (an unknown, expired or revoked token, a
+    /// permission refused): nothing is admitted until it accepts the client again. Retrying
+    /// does not help; fix the credential.
+    #[error("group \"{group}\": the controller refuses this client: {reason}")]
+    Rejected {
+        /// The group.
+        group: GroupName,
+        /// The controller's answer.
+        reason: ExchangeError,
+    },
 }
 
 impl AcquireError {
@@ -53,8 +64,65 @@ impl AcquireError {
     }
 }
 
+/// Why an exchange with the controller failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// The controller could not be reached, or the connection broke.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// No answer within the exchange timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The controller answered with an error.
+    #[error("rejected ({code:?}): {message}")]
+    Rejected {
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// What the controller said.
+        message: String,
+    },
+}
+
+impl ExchangeError {
+    /// The error a gRPC call ended with: a broken or refused connection is a transport error,
+    /// anything else the controller's rejection.
+    pub fn of(status: &tonic::Status) -> ExchangeError {
+        let transport =
+            status.code() == tonic::Code::Unavailable && std::error::Error::source(status).is_some();
+        if transport {
+            ExchangeError::Transport(status.message().to_string())
+        } else {
+            ExchangeError::Rejected { code: status.code(), message: status.message().to_string() }
+        }
+    }
+
+    /// Whether trying again may help: an outage (the network, a controller restarting, a
+    /// follower, an overloaded controller) may pass; a rejection of the client itself (an
+    /// unknown or revoked token, a permission refused, a request the contract refuses) does
+    /// not, and is surfaced as such rather than handled like an outage.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ExchangeError::Transport(_) | ExchangeError::Timeout(_) => true,
+            ExchangeError::Rejected { code, .. } => !matches!(
+                code,
+                tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::InvalidArgument
+                    | tonic::Code::FailedPrecondition
+                    | tonic::Code::NotFound
+                    | tonic::Code::AlreadyExists
+                    | tonic::Code::OutOfRange
+                    | tonic::Code::Unimplemented
+                    | tonic::Code::DataLoss
+            ),
+        }
+    }
+}
+
 /// Why a limiter could not be built.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum BuildError {
     /// The settings file has problems; each names its line, field and rule.
     #[error("invalid settings:\n{0}")]

@@ -186,9 +186,9 @@ impl Inner {
             (Refusal::Wait(d), _) => d,
             // No allowance now, or a burst too small for now: the next grant or reallocation
             // may change that.
-            (Refusal::Closed | Refusal::ExceedsBurst { .. }, Mode::Remote(_)) => REMOTE_RETRY,
-            (Refusal::Closed | Refusal::ExceedsBurst { .. }, Mode::Embedded(e)) => e.interval(),
-            (Refusal::Closed | Refusal::ExceedsBurst { .. }, Mode::Store(_)) => Duration::from_secs(1),
+            (_, Mode::Remote(_)) => REMOTE_RETRY,
+            (_, Mode::Embedded(e)) => e.interval(),
+            (_, Mode::Store(_)) => Duration::from_secs(1),
         }
     }
 

@@ -57,11 +57,11 @@ mod tally;
 
 pub use builder::{Builder, check as check_embedded};
 pub use embedded::BACKGROUND_GROUPS;
-pub use error::{AcquireError, BuildError};
+pub use error::{AcquireError, BuildError, ExchangeError};
 pub use handle::{GroupHandle, GroupStats, Tollgate};
 pub use layer::{TollgateLayer, TollgateService};
 pub use permit::Permit;
-pub use remote::{Driver, RemoteOptions, RemoteStatus, SafeModePolicy};
+pub use remote::{Driver, ExchangeFailures, RemoteOptions, RemoteStatus, SafeModePolicy};
 pub use store::{StoreGroupStatus, StoreOptions, StoreStatus};
 pub use tollgate_core as core;
 

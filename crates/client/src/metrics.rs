@@ -101,6 +101,22 @@ impl Collector for Metrics {
                 Kind::Counter,
                 r.exchanges,
             )?;
+            let f = r.failures;
+            family(
+                &mut e,
+                "tollgate_client_exchange_failures_total",
+                "Failed exchanges with the controller, by kind: transport, timeout, rejected.",
+                Kind::Counter,
+                "kind",
+                [("transport", f.transport), ("timeout", f.timeout), ("rejected", f.rejected)],
+            )?;
+            single(
+                &mut e,
+                "tollgate_client_rejected",
+                "1 while the controller refuses this client for good (a token unknown, expired or revoked, a permission refused): nothing is admitted.",
+                Kind::Gauge,
+                r.rejected.is_some(),
+            )?;
         }
         if let Some(s) = gate.store_status() {
             if s.replicas.is_none() {

@@ -44,6 +44,7 @@ use tollgate_core::time::{Clock, Nanos};
 use tollgate_proto::v1;
 
 use crate::clock::ClockSource;
+use crate::error::ExchangeError;
 use crate::group::{Group, Groups, Limiter};
 
 /// What a client does when the controller stays unreachable past its lease.
@@ -148,6 +149,22 @@ pub struct RemoteStatus {
     /// [`Tollgate::unthrottled`](crate::Tollgate::unthrottled)); when not, that work takes
     /// the buckets like any other.
     pub unthrottled_allowed: bool,
+    /// The controller refuses this client for good (see [`ExchangeError::is_transient`]):
+    /// nothing is admitted until it accepts the client again.
+    pub rejected: Option<ExchangeError>,
+    /// Failed exchanges so far, by kind: the transport, a timeout, a rejection.
+    pub failures: ExchangeFailures,
+}
+
+/// Failed exchanges, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExchangeFailures {
+    /// The controller could not be reached, or the connection broke.
+    pub transport: u64,
+    /// No answer in time.
+    pub timeout: u64,
+    /// The controller answered with an error (transient or not).
+    pub rejected: u64,
 }
 
 /// The most new groups waiting for their first grant that are exchanged alone.
@@ -188,6 +205,10 @@ pub(crate) struct Link {
     safe_mode: AtomicBool,
     exchanges: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// A rejection that is not transient, while it holds.
+    rejected: Mutex<Option<ExchangeError>>,
+    /// Failed exchanges: the transport, timeouts, rejections.
+    failures: [AtomicU64; 3],
     /// The controller lets this client admit work as unthrottled (its credential carries
     /// the privilege, or the controller asks for none). Until the first answer says so,
     /// unthrottled work takes the buckets like any other.
@@ -215,6 +236,8 @@ impl Link {
             exchanges: AtomicU64::new(0),
             unthrottled_allowed: AtomicBool::new(false),
             last_error: Mutex::new(None),
+            rejected: Mutex::new(None),
+            failures: Default::default(),
         }
     }
 
@@ -284,7 +307,19 @@ impl Link {
             exchanges: self.exchanges.load(Ordering::Relaxed),
             last_error: self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             unthrottled_allowed: self.unthrottled_allowed.load(Ordering::Relaxed),
+            rejected: self.rejection(),
+            failures: ExchangeFailures {
+                transport: self.failures[0].load(Ordering::Relaxed),
+                timeout: self.failures[1].load(Ordering::Relaxed),
+                rejected: self.failures[2].load(Ordering::Relaxed),
+            },
         }
+    }
+
+    /// The controller's rejection of this client, while it holds (read when a request is
+    /// refused, never on the way to an admission).
+    pub(crate) fn rejection(&self) -> Option<ExchangeError> {
+        self.rejected.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
@@ -636,6 +671,7 @@ impl Driver {
             self.grants.insert(group.name.clone(), last);
         }
         self.last_ok = Some(now);
+        *self.link.rejected.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.link.connected.store(true, Ordering::Relaxed);
         self.link.exchanges.fetch_add(1, Ordering::Relaxed);
         *self.link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = None;
@@ -668,13 +704,26 @@ impl Driver {
 
     /// Records a failed exchange: what it reported will be reported again; past the lease,
     /// the safe-mode policy applies.
-    pub fn failed(&mut self, now: Nanos, reason: &str) {
+    ///
+    /// A rejection that is not transient ([`ExchangeError::is_transient`]: an unknown or
+    /// revoked token, a permission refused) is no outage: every group is closed at once and
+    /// each refused request says why ([`AcquireError::Rejected`](crate::AcquireError)), until
+    /// an exchange succeeds again.
+    pub fn failed(&mut self, now: Nanos, error: &ExchangeError) {
         let Some(groups) = self.groups.upgrade() else { return };
         self.restore_round();
         self.link.connected.store(false, Ordering::Relaxed);
-        *self.link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.to_string());
-        let expired = self.last_ok.is_none_or(|t| now.since(t) > self.lease);
-        if expired {
+        let kind = match error {
+            ExchangeError::Transport(_) => 0,
+            ExchangeError::Timeout(_) => 1,
+            _ => 2,
+        };
+        self.link.failures[kind].fetch_add(1, Ordering::Relaxed);
+        let reason = error.to_string();
+        *self.link.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.clone());
+        if !error.is_transient() {
+            self.rejected(now, &groups, error);
+        } else if self.last_ok.is_none_or(|t| now.since(t) > self.lease) {
             let since = *self.safe_since.get_or_insert(now);
             if !self.link.safe_mode.swap(true, Ordering::Relaxed) {
                 tracing::warn!(client = %self.link.client_id, policy = ?self.link.policy, %reason, "tollgate: controller unreachable past the lease, entering safe mode");
@@ -690,6 +739,25 @@ impl Driver {
         }
         self.next_due = now.after(self.backoff);
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+
+    /// The controller refuses this client for good: every group closed, unthrottled work
+    /// taken from the buckets like any other, and the rejection kept for refused requests to
+    /// report.
+    fn rejected(&mut self, now: Nanos, groups: &Groups, error: &ExchangeError) {
+        let mut held = self.link.rejected.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.is_none() {
+            tracing::error!(client = %self.link.client_id, %error, "tollgate: the controller refuses this client; nothing is admitted until it accepts it");
+        }
+        *held = Some(error.clone());
+        drop(held);
+        self.link.unthrottled_allowed.store(false, Ordering::Relaxed);
+        self.trickles.clear();
+        let closed = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
+        for g in groups.listed().all() {
+            apply(g, closed, now);
+        }
+        self.link.granted.notify_waiters();
     }
 
     /// Makes the next exchange due at once (another controller is tried after a failure).
@@ -820,8 +888,8 @@ impl Driver {
             let Some(request) = self.request(now) else { return };
             match tokio::time::timeout(timeout, client.exchange(request)).await {
                 Ok(Ok(response)) => self.answer(self.now(), response.get_ref()),
-                Ok(Err(status)) => self.failed(self.now(), status.message()),
-                Err(_) => self.failed(self.now(), &format!("no answer within {timeout:?}")),
+                Ok(Err(status)) => self.failed(self.now(), &ExchangeError::of(&status)),
+                Err(_) => self.failed(self.now(), &ExchangeError::Timeout(timeout)),
             }
         }
     }
@@ -832,14 +900,14 @@ impl Driver {
     /// handle is dropped. Must run inside a tokio runtime.
     pub async fn run_in_process(
         mut self,
-        mut exchange: impl FnMut(&mut v1::ExchangeRequest) -> Result<v1::ExchangeResponse, String> + Send,
+        mut exchange: impl FnMut(&mut v1::ExchangeRequest) -> Result<v1::ExchangeResponse, tonic::Status> + Send,
     ) {
         loop {
             let now = self.until_due().await;
             let Some(mut request) = self.request(now) else { return };
             match exchange(&mut request) {
                 Ok(response) => self.answer(self.now(), &response),
-                Err(reason) => self.failed(self.now(), &reason),
+                Err(status) => self.failed(self.now(), &ExchangeError::of(&status)),
             }
             if self.groups.strong_count() == 0 {
                 return;
@@ -861,7 +929,7 @@ pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeou
                 driver.answer(now, response.get_ref());
             }
             Ok(Err(status)) => {
-                driver.failed(now, status.message());
+                driver.failed(now, &ExchangeError::of(&status));
                 let leader = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok());
                 if leader.is_some_and(|l| controllers.follow(l)) {
                     driver.retry_now(now);
@@ -874,7 +942,7 @@ pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeou
                 }
             }
             Err(_) => {
-                driver.failed(now, &format!("no answer within {timeout:?}"));
+                driver.failed(now, &ExchangeError::Timeout(timeout));
                 controllers.rotate();
                 tried += 1;
                 if tried < controllers.known.len() {

@@ -76,6 +76,7 @@ const FOREGROUND_SMOOTHING_S: f64 = 2.0;
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum ScheduleError {
     /// Its group's queue is full.
     #[error(transparent)]

@@ -936,7 +936,7 @@ fn remote_a_client_past_one_exchanges_bound_pages_its_groups_busiest_first() {
     assert_eq!(first.groups[0].group, "steady");
     assert_eq!(first.groups[0].admitted, 20);
     // The first page fails: the round ends, and the next reports the same calls again.
-    driver.failed(now, "lost");
+    driver.failed(now, &tollgate_client::ExchangeError::Transport("lost".into()));
     let again = driver.request(now).unwrap();
     assert_eq!((again.groups[0].group.as_str(), again.groups[0].admitted), ("steady", 20));
     driver.answer(now, &controller.exchange(now, &again).unwrap());

@@ -22,6 +22,7 @@ use crate::time::Nanos;
 
 /// Why a bucket did not admit a cost now.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Refusal {
     /// Enough tokens will have been refilled after this long.
     Wait(Duration),

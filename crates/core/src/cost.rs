@@ -100,6 +100,7 @@ impl Usage {
 
 /// A cost that cannot be used.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum CostError {
     /// The cost, or a number it was computed from, is NaN or infinite.
     #[error("{field} must be a finite number, got {value}")]

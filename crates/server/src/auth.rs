@@ -307,6 +307,7 @@ impl Credential {
 
 /// Why a call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Refused {
     /// No credential was given.
     #[error(

@@ -58,6 +58,7 @@ use crate::store::{RedbStore, StoreError};
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     /// The settings store.
     #[error(transparent)]

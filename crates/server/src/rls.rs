@@ -127,9 +127,7 @@ impl Rls {
         // the moment it appears, not up to 50 ms later.
         let driver = driver.with_early_spacing(Duration::ZERO);
         let c = controller.clone();
-        tokio::spawn(driver.run_in_process(move |request| {
-            c.exchange(clock.now(), request).map_err(|s| s.message().to_string())
-        }));
+        tokio::spawn(driver.run_in_process(move |request| c.exchange(clock.now(), request)));
         Rls { controller, cluster, rules, gate }
     }
 

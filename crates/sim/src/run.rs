@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tollgate_client::{Driver, RemoteOptions, Tollgate};
+use tollgate_client::{Driver, ExchangeError, RemoteOptions, Tollgate};
 use tollgate_core::engine::{EngineSettings, SaturationSettings, TraceEvent};
 use tollgate_core::settings::GroupName;
 use tollgate_core::time::{ManualClock, Nanos, duration_nanos};
@@ -379,15 +379,15 @@ fn exchange_all(
         }
         let Some(request) = d.request(client_now) else { continue };
         if !up {
-            d.failed(client_now, "no controller answers");
+            d.failed(client_now, &ExchangeError::Transport("no controller answers".into()));
             continue;
         }
         if state.cut_until[i] > now {
-            d.failed(client_now, "partitioned from the controller");
+            d.failed(client_now, &ExchangeError::Transport("partitioned from the controller".into()));
             continue;
         }
         if state.loss.1 > 0.0 && rng.next_f64() < state.loss.1 {
-            d.failed(client_now, "exchange lost");
+            d.failed(client_now, &ExchangeError::Transport("exchange lost".into()));
             continue;
         }
         match node.controller.exchange(now, &request) {
@@ -401,7 +401,7 @@ fn exchange_all(
                     d.answer(client_now, &response);
                 }
             }
-            Err(status) => d.failed(client_now, status.message()),
+            Err(status) => d.failed(client_now, &ExchangeError::of(&status)),
         }
     }
 }

@@ -286,3 +286,27 @@ fn the_function_finder_skips_strings_comments_and_characters() {
     let text = "fn a() {\n    let s = \"}}\n{\";\n    let c = '{';\n    // }\n    let r = r#\"}\"#;\n}\nfn b<'x>(v: &'x str);\nfn c() { 1 }\n";
     assert_eq!(functions(text), [("a".to_string(), 1, 7), ("c".to_string(), 9, 1)]);
 }
+
+#[test]
+fn every_public_error_enum_may_grow() {
+    let mut files = Vec::new();
+    sources(&workspace().join("crates"), &mut files);
+    let mut closed = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(name) = line.strip_prefix("pub enum ") else { continue };
+            // The attributes right above the enum.
+            let attributes: Vec<&str> =
+                lines[..i].iter().rev().take_while(|l| l.trim_start().starts_with("#[")).copied().collect();
+            let error = attributes.iter().any(|a| a.contains("Error)") || a.contains("Error,"))
+                || name.contains("Error")
+                || name.starts_with("Refus");
+            if error && !attributes.iter().any(|a| a.contains("non_exhaustive")) {
+                closed.push(format!("{}:{} pub enum {name}", file.display(), i + 1));
+            }
+        }
+    }
+    assert!(closed.is_empty(), "public error enums without #[non_exhaustive]:\n{}", closed.join("\n"));
+}

@@ -22,6 +22,7 @@ struct Slot {
 
 /// Why a client could not be taken in.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The table is full of live clients.
     #[error("too many clients: the controller tracks at most {max}; try again once some have gone quiet")]

@@ -619,6 +619,7 @@ struct MeterEntry {
 
 /// Why a backend report was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackendError {
     /// The table is full of live backends.
     #[error("too many backends: the controller tracks at most {max}")]

@@ -26,6 +26,7 @@ use tollgate_core::settings::{GroupName, GroupSettings};
 
 /// Why the store failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The data directory could not be created or used.
     #[error("cannot use data directory {path}: {source}")]
