@@ -1,9 +1,20 @@
 //! Admission: admit now, book a moment within `max_wait`, or refuse with a retry-after.
 //!
-//! The common case (a bucket, a valid cost within the burst, no waiting) is small enough to
-//! inline into the caller; at high rates a thread admits from its *stash*, a small batch of
-//! units taken from the bucket at once, with no clock read and no shared write (see
-//! "Stashes" in docs/concepts.md).
+//! **The paths a call takes**, fastest first, and why each exists:
+//!
+//! | path | taken when | why it exists |
+//! | --- | --- | --- |
+//! | stash hit ([`Inner::try_admit_bucket`]) | a bucket group at a high rate, this thread holding enough units from its last batch, and a clock read not due | at millions of admissions a second the shared bucket's compare-and-swap and the clock read are the cost: a thread takes a small batch at once and spends it with no shared write and no clock (see "Stashes" in docs/concepts.md) |
+//! | stash refused (same) | the stash is empty and the bucket cannot hold the cost | a throttled thread is refused with one clock read and one look at the bucket, with no call out of line |
+//! | low-rate bucket (same) | a rate too low for batches to be worth it | one price, one clock read, one compare-and-swap on the shared bucket |
+//! | `admit_bucket` / `admit_bucket_empty` | the stash was taken at another rate, or is due a clock read, or is empty and the bucket holds the cost | out of line, so the hot path stays small enough to inline: refills the stash, giving back units taken at an old rate |
+//! | `admit_shared` | the thread's cache of groups passed this group by (it takes turns among more groups than it keeps) | counting in the shared tally rather than making and retiring a cache entry at every call |
+//! | [`Inner::admit`] | anything else: a cost near or above the burst ceiling, an epoch group (store mode), unthrottled work, a booking within `max_wait` | the general case, exact for every limiter |
+//! | [`Inner::acquire`] | `acquire().await` | books within `max_wait` and sleeps, or waits for a new group's first grant, retrying `admit` |
+//!
+//! Every refusal goes through `refuse` (or `refuse_wait`, for the common wait within the
+//! burst), which counts it, tells the mode (a remote client asks for an exchange), checks the
+//! group's debt, and says why: a wait, or the controller's rejection of the client.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -198,7 +209,7 @@ impl Inner {
                 g.record_shared(|t| count_refusal(t, cost));
                 self.refused(g, cost, Some(refusal));
                 g.check_debt(now);
-                Err(AcquireError::Throttled { group: g.name.clone(), retry_after: self.retry_after(refusal) })
+                Err(self.refusal_error(g, self.retry_after(refusal), Some(refusal)))
             }
         }
     }
@@ -293,6 +304,12 @@ impl Inner {
         self.refused(g, cost, refusal);
         g.check_debt(now);
         g.record(move |t| count_refusal(t, cost));
+        self.refusal_error(g, retry_after, refusal)
+    }
+
+    /// What a refused request is told: the controller's rejection of this client while it
+    /// holds (its buckets are closed then), else a retry-after.
+    fn refusal_error(&self, g: &Group, retry_after: Duration, refusal: Option<Refusal>) -> AcquireError {
         if refusal == Some(Refusal::Closed)
             && let crate::inner::Mode::Remote(link) = &self.mode
             && let Some(reason) = link.rejection()

@@ -794,6 +794,56 @@ mod tests {
         assert_eq!(groups.listed().used().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["t007"]);
     }
 
+    /// The edge of `known`'s unsafe borrow: a group found before the table grows (its map
+    /// replaced many times over, by another thread) is still the same live group after.
+    #[test]
+    fn a_group_found_before_the_table_grows_outlives_the_growth() {
+        let groups = Arc::new(table(5000));
+        groups.lookup("early").expect("a valid name").0.mark_used();
+        merge(&groups);
+        let found = groups.known("early").expect("used");
+        let grower = {
+            let groups = groups.clone();
+            std::thread::spawn(move || {
+                for i in 0..4000 {
+                    groups.lookup(&format!("late-{i}")).expect("a valid name");
+                }
+            })
+        };
+        grower.join().unwrap();
+        assert_eq!(found.name.as_str(), "early");
+        assert!(std::ptr::eq(found, groups.known("early").expect("still known")));
+        assert!(groups.listed().all().count() > 4000);
+    }
+
+    /// Enough new names that those made so far move into the lock-free map.
+    fn merge(groups: &Groups) {
+        for i in 0..2 * MERGE_AFTER_MIN {
+            groups.lookup(&format!("fill-{i}")).expect("a valid name");
+        }
+    }
+
+    /// The edge of `with_map`'s unsafe borrow: one thread looking up in two tables in turn
+    /// never reads one table's map for the other's, nor one dropped since.
+    #[test]
+    fn one_thread_looking_up_in_two_tables_in_turn_reads_each_its_own() {
+        let (a, b) = (table(100), table(100));
+        let (in_a, _) = a.lookup("x").expect("a valid name");
+        let (in_b, _) = b.lookup("x").expect("a valid name");
+        in_a.mark_used();
+        in_b.mark_used();
+        merge(&a);
+        merge(&b);
+        for _ in 0..3 {
+            assert!(std::ptr::eq(a.known("x").unwrap(), Arc::as_ptr(&in_a)));
+            assert!(std::ptr::eq(b.known("x").unwrap(), Arc::as_ptr(&in_b)));
+        }
+        drop(a);
+        let c = table(100);
+        assert!(c.known("x").is_none(), "a new table at the old one's place reads its own map");
+        assert!(std::ptr::eq(b.known("x").unwrap(), Arc::as_ptr(&in_b)));
+    }
+
     /// Configured groups are made in the order of their names, whatever the order of the
     /// map that holds their settings.
     #[test]

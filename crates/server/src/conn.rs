@@ -435,6 +435,20 @@ mod tests {
 
     use super::*;
 
+    /// The edge of the unsafe calls: the limit read is the soft limit after raising it, and
+    /// reading it again (nothing left to raise) gives the same.
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit_and_read_again_alike() {
+        let first = open_file_limit().expect("Linux reads it");
+        assert!(first > 0);
+        assert_eq!(open_file_limit(), Some(first));
+        let limits = std::fs::read_to_string("/proc/self/limits").expect("Linux has it");
+        let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("the row");
+        let soft: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+        assert_eq!(soft[0], first.to_string(), "{line}");
+        assert_eq!(soft[0], soft[1], "raised to the hard limit: {line}");
+    }
+
     #[test]
     fn the_connection_cap_fits_the_open_file_limit() {
         assert_eq!(fit_connections(None, Some(1 << 20)), Ok((MAX_CONNECTIONS_DEFAULT, None)));

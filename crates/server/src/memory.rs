@@ -83,4 +83,29 @@ mod tests {
         assert!(!small.after_tick(9_000));
         assert!(!small.after_tick(0), "a small server never trims");
     }
+
+    /// The edge of the unsafe call: trimming from one thread while others allocate, write and
+    /// free leaves every live allocation as it was.
+    #[test]
+    fn giving_memory_back_while_other_threads_allocate_keeps_their_data() {
+        let workers: Vec<_> = (0..2u8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for round in 0..200u32 {
+                        let v: Vec<u8> = vec![t ^ (round as u8); 64 * 1024];
+                        let kept: Vec<Vec<u8>> = (0..8).map(|i| vec![i; 4096]).collect();
+                        std::thread::yield_now();
+                        assert!(v.iter().all(|&b| b == t ^ (round as u8)));
+                        assert!(kept.iter().enumerate().all(|(i, k)| k.iter().all(|&b| usize::from(b) == i)));
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..50 {
+            release();
+        }
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
 }
