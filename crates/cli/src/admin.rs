@@ -1100,7 +1100,7 @@ pub(crate) fn parse_since(s: &str) -> Result<Since, String> {
 mod since_tests {
     use super::*;
 
-    /// Issue: `--since` took only one number and one unit, not the times `audit` prints.
+    /// Regression: `--since` took only one number and one unit, not the times `audit` prints.
     #[test]
     fn since_takes_compound_spans_rfc3339_times_and_unix_milliseconds() {
         let ago = |s: &str| match parse_since(s).unwrap() {

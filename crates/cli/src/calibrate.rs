@@ -1,6 +1,6 @@
 //! `tollgate calibrate`: fits the `linear` cost model's coefficients to measurements.
 //!
-//! TiDB's design (seed 004) prices a request as a linear sum — a cost per request, per byte
+//! TiDB's resource control prices a request as a linear sum — a cost per request, per byte
 //! of I/O and per CPU second — and notes that the coefficients differ from one environment to
 //! the next, so they are found by regression on measured data. This does that: each CSV row is
 //! one request or one interval, with what it did (requests, bytes, CPU) and the resource use
@@ -384,7 +384,7 @@ mod tests {
         csv
     }
 
-    /// Issue: a spreadsheet's export (a byte-order mark, a quoted header, CRLF) was refused.
+    /// Regression: a spreadsheet's export (a byte-order mark, a quoted header, CRLF) was refused.
     #[test]
     fn a_spreadsheet_export_reads_as_plain_csv_does() {
         let plain = "requests,read_bytes,busy_us\n10,1000,55\n20,4000,130\n30,2000,120\n";

@@ -12,7 +12,7 @@
 //! several statements are separated by `;`. Every statement is parsed before any runs, so a
 //! mistake anywhere runs nothing; an error names the token it stopped at, with its line and
 //! column. `RU_PER_SEC = n` reserves n units/s and limits the group to n, unless it is
-//! `BURSTABLE`, which lifts the limit (TiDB's seed 004 reads the same way).
+//! `BURSTABLE`, which lifts the limit (TiDB's resource control reads the same way).
 
 use std::fmt::Write as _;
 

@@ -127,7 +127,7 @@ fn groups_node_status_and_checks_over_json() {
     assert_eq!((code, &v["dropped"]), (200, &Value::Null));
 }
 
-/// Issue: with a node capacity, a new group's first checks were refused (429) until the
+/// Regression: with a node capacity, a new group's first checks were refused (429) until the
 /// controller's next tick: the last tick had shared the whole capacity out. Fifty new groups
 /// checked back to back beside a group the last tick gave all of it are each admitted, and
 /// their grants stay within the room under the capacity.
@@ -194,7 +194,7 @@ fn usage(url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Issue: a group served by the `default` group's settings was never metered (`tollgate
+/// Regression: a group served by the `default` group's settings was never metered (`tollgate
 /// usage` stayed empty after traffic to it), and what the check's client had counted since its
 /// last exchange was lost at a clean stop. Flushes here happen only at the stop.
 #[test]

@@ -25,7 +25,7 @@ fn help_lists_the_commands() {
     assert!(out.contains("check-config"), "{out}");
 }
 
-/// Issue: the connection flags were mixed into every subcommand's options.
+/// Regression: the connection flags were mixed into every subcommand's options.
 #[test]
 fn the_connection_flags_sit_under_their_own_heading_and_are_optional() {
     let (code, out, _) = tollgate(&["group", "create", "--help"]);
@@ -39,7 +39,7 @@ fn the_connection_flags_sit_under_their_own_heading_and_are_optional() {
     }
 }
 
-/// Issue: `tollgate ramp` took only `go-back-n`, files only `go_back_n`; a cool-down of 0
+/// Regression: `tollgate ramp` took only `go-back-n`, files only `go_back_n`; a cool-down of 0
 /// was blamed on `--min`.
 #[test]
 fn ramp_modes_take_either_spelling_and_the_cool_down_is_named() {
@@ -91,7 +91,7 @@ fn every_problem_is_printed_with_its_line_and_the_exit_code_is_1() {
     );
 }
 
-/// Issue: check-config passed a budget per period, which the limiter then refused; and said
+/// Regression: check-config passed a budget per period, which the limiter then refused; and said
 /// nothing of settings that cannot act.
 #[test]
 fn check_config_refuses_what_the_limiter_refuses_and_warns_of_settings_that_cannot_act() {
@@ -113,7 +113,7 @@ fn check_config_refuses_what_the_limiter_refuses_and_warns_of_settings_that_cann
     assert!(out.contains("warning: groups.a.limit 500 is above the node capacity 100"), "{out}");
 }
 
-/// Issue: bench accuracy changed the settings of whatever server it was pointed at.
+/// Regression: bench accuracy changed the settings of whatever server it was pointed at.
 #[test]
 fn bench_accuracy_changes_nothing_without_setup() {
     let (code, _, err) =
@@ -218,7 +218,7 @@ fn sim_exits_1_when_a_phase_fails() {
     assert!(summary.contains(r#"{"passed":false,"converged_s":null}"#), "{summary}");
 }
 
-/// Issues: `tollgate sim` used the scenario's name as an output path unchecked, exited 1 for an
+/// Regressions: `tollgate sim` used the scenario's name as an output path unchecked, exited 1 for an
 /// unreadable file, and accepted scenarios whose parts, each within its bound, multiplied to
 /// more memory than the machine has.
 #[test]
@@ -431,7 +431,7 @@ fn ramp_draws_a_chart_and_names_bad_arguments() {
     assert!(err.contains("invalid value 'sideways'"), "{err}");
 }
 
-/// Issues: `check-config` panicked on a huge duration; accepted a go_back_n ramp with a
+/// Regressions: `check-config` panicked on a huge duration; accepted a go_back_n ramp with a
 /// cool-down of 0, which then held the pool at its minimum for ever; and accepted an fcfs
 /// file with a budget that the client then refused. What it accepts, the limiter builds.
 #[test]

@@ -227,7 +227,7 @@ fn envoy_counter(admin: u16, name: &str) -> u64 {
         .map_or(0, |v| v.trim().parse().unwrap())
 }
 
-/// Issue: a new tenant's first requests were refused (429) until the controller's next tick
+/// Regression: a new tenant's first requests were refused (429) until the controller's next tick
 /// whenever a node capacity was set, and took 21-50 ms otherwise, past Envoy's own timeout.
 /// With the shipped configuration, 50 new tenants arriving back to back beside a tenant that
 /// the last tick gave the whole capacity are each admitted by Tollgate itself: no 429, no

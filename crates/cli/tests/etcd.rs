@@ -125,7 +125,7 @@ fn controllers_on_one_etcd_share_every_setting_and_keep_it_across_a_kill() {
     assert!(output(&c_url, &["status", "--json"]).contains("\"capacity\":null"));
 }
 
-/// Issue: three controllers started at the same moment on an empty prefix (a StatefulSet with
+/// Regression: three controllers started at the same moment on an empty prefix (a StatefulSet with
 /// parallel start) could lose one: it saw another's first writes before that one's format key
 /// and refused the prefix as foreign. Every start of three together, twenty times over, starts
 /// all three.

@@ -159,7 +159,7 @@ async fn a_remote_client_is_granted_by_the_real_server_and_reports_to_it() {
     assert!(status.contains("\"name\":\"g\"") && status.contains("\"priority\":\"medium\""), "{status}");
 }
 
-/// Issue: with a node capacity, a remote client's new group got a grant of nothing until the
+/// Regression: with a node capacity, a remote client's new group got a grant of nothing until the
 /// controller's next tick (the last tick had shared the whole capacity out), so `acquire`
 /// waited up to a second. Now its first grant is what the capacity has left, and `acquire`
 /// goes on the moment it comes: within a wait far shorter than the tick.

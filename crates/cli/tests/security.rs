@@ -683,7 +683,7 @@ fn a_connection_over_its_request_rate_is_refused_and_others_are_served() {
     assert_eq!(http(&s.http, "GET", "/healthz", None, "").0, 200);
 }
 
-/// Issue: the usual one-line `openssl req -x509` certificate, given to the server, was refused
+/// Regression: the usual one-line `openssl req -x509` certificate, given to the server, was refused
 /// by the CLI with `CaUsedAsEndEntity` alone (curl takes it): it is a certificate authority's.
 /// The CLI now says so and what to make instead.
 #[test]

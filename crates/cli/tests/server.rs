@@ -164,7 +164,7 @@ fn fdb_style_quotas_round_to_pages_and_insist_on_the_total_first() {
     fails(&s, &["quota", "set", "green", "total_throughput", "-5"], "Usage: tollgate quota set");
     fails(&s, &["quota", "set", "green", "total_throughput", "12abc"], "invalid value '12abc'");
     fails(&s, &["quota", "set", "green", "speed", "5"], "invalid value 'speed'");
-    // Issue: the largest u64 was stored as 0 (the page rounding wrapped).
+    // Regression: the largest u64 was stored as 0 (the page rounding wrapped).
     fails(
         &s,
         &["quota", "set", "green", "total_throughput", "18446744073709551615"],
@@ -172,7 +172,7 @@ fn fdb_style_quotas_round_to_pages_and_insist_on_the_total_first() {
     );
     assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "65536", "unchanged");
     fails(&s, &["group", "alter", "green", "--burst", "1e30"], "burst: must be at most 1e18");
-    // Issue: clearing the quota dropped the whole group, its other settings with it.
+    // Regression: clearing the quota dropped the whole group, its other settings with it.
     ok(&s, &["group", "alter", "green", "--priority", "high", "--weight", "3"]);
     assert_eq!(ok(&s, &["quota", "clear", "green"]).trim(), "Successfully cleared quota.");
     assert_eq!(ok(&s, &["quota", "get", "green", "total_throughput"]).trim(), "<empty>");
@@ -225,7 +225,7 @@ fn settings_survive_a_clean_restart() {
     assert_eq!(ok(&s, &["node", "capacity"]).trim(), "9000");
 }
 
-/// Issue: a port in use was reported twice, after the data directory and file were made.
+/// Regression: a port in use was reported twice, after the data directory and file were made.
 #[test]
 fn a_port_in_use_is_reported_once_and_nothing_is_written() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -257,7 +257,7 @@ fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
     assert!(err.contains("cannot be opened"), "{err}");
     // Never a silent reset: the file is left as it was.
     assert_eq!(std::fs::read(corrupt.join("tollgate.redb")).unwrap(), b"not a database at all");
-    // Issue: an empty file was reset, and every tenant became unlimited.
+    // Regression: an empty file was reset, and every tenant became unlimited.
     std::fs::write(corrupt.join("tollgate.redb"), b"").unwrap();
     let out = server_command(&corrupt, "127.0.0.1:0").output().unwrap();
     assert_eq!(out.status.code(), Some(1), "a clear error, not a panic");
@@ -266,7 +266,7 @@ fn a_locked_or_corrupt_data_file_is_a_clear_error_at_start() {
     assert_eq!(std::fs::metadata(corrupt.join("tollgate.redb")).unwrap().len(), 0);
 }
 
-/// Issues: `group list` failed past a 4 MB answer (about 20,000 groups) and `status` past about
+/// Regressions: `group list` failed past a 4 MB answer (about 20,000 groups) and `status` past about
 /// 60,000: both come in pages now. And the admin commands waited for ever on a stopped server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_lists_come_in_pages_and_a_stopped_server_is_named() {
@@ -347,7 +347,7 @@ fn closed_within(stream: &mut TcpStream, wait: std::time::Duration) -> bool {
     }
 }
 
-/// Issue: about 20,000 idle connections exhausted the server's file descriptors; it spun a
+/// Regression: about 20,000 idle connections exhausted the server's file descriptors; it spun a
 /// core, new clients and `/healthz` timed out, and nothing was logged.
 #[test]
 fn connections_are_capped_idle_ones_closed_and_health_still_answers() {
@@ -373,7 +373,7 @@ fn connections_are_capped_idle_ones_closed_and_health_still_answers() {
     assert!(logged.contains("connection limit reached"), "{logged}");
 }
 
-/// Issue: with a port at its cap, `/healthz` failed, and idle connections locked new clients
+/// Regression: with a port at its cap, `/healthz` failed, and idle connections locked new clients
 /// (the CLI included) out for the whole idle timeout (300 s). Now the HTTP port keeps places
 /// for its probes, and at the cap connections idle for 10 s make room for new ones.
 #[test]
@@ -556,7 +556,7 @@ struct NotAnExchange {
     client_id: Vec<u8>,
 }
 
-/// Issue: the docs promised INVALID_ARGUMENT for what the server answered INTERNAL and
+/// Regression: the docs promised INVALID_ARGUMENT for what the server answered INTERNAL and
 /// OUT_OF_RANGE. They now say what it does, which is gRPC's convention: a request that is not
 /// a valid protobuf message is INTERNAL, one over 4 MiB OUT_OF_RANGE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -838,7 +838,7 @@ fn bench_exchange_loads_a_real_server_and_reports() {
     );
 }
 
-/// Issue 17: an exchange's answer (a head, a data frame of a few kilobytes, trailers) went
+/// Regression: an exchange's answer (a head, a data frame of a few kilobytes, trailers) went
 /// out in two writes to the socket, the head and data, then the trailers; the client woke for
 /// each. One client exchanging in turn on one connection: one write per answer, and a few
 /// for the connection itself and flow control.
@@ -1083,7 +1083,7 @@ fn tidbs_sql_statements_create_alter_show_and_drop_groups() {
     )
     .unwrap();
     let out = ok(&s, &["sql", "--file", file.to_str().unwrap()]);
-    // Issue: dropping a missing group with IF EXISTS said it was dropped.
+    // Regression: dropping a missing group with IF EXISTS said it was dropped.
     assert_eq!(
         out,
         "resource group oltp exists: left as it is\nresource group ghost does not exist: nothing dropped\n"
@@ -1305,7 +1305,7 @@ async fn the_trace_follows_every_rate_computation_live() {
     assert_eq!(rate["desired"], 100.0);
     // A bad group name is named; nothing is followed.
     fails(&s, &["trace", "bad\nname"], "group: must be printable text");
-    // Issue: a trace of a group that does not exist waited for ever, saying nothing.
+    // Regression: a trace of a group that does not exist waited for ever, saying nothing.
     fails(&s, &["trace", "ghost"], "group \"ghost\" does not exist");
     fails(&s, &["trace", "--timeout", "0"], "--timeout");
 }
@@ -1391,7 +1391,7 @@ fn every_change_is_in_the_audit_log_with_who_before_and_after_across_a_restart()
     fails(&server, &["audit", "--limit", "0"], "0");
 }
 
-/// Issue: nothing said what a unit counts, and reservations past the capacity (or a limit
+/// Regression: nothing said what a unit counts, and reservations past the capacity (or a limit
 /// above it, or a priority in fcfs mode) went unremarked. Status, `/status`, the dashboard's
 /// data and the log say both.
 #[test]

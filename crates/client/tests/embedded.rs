@@ -571,7 +571,7 @@ fn a_closed_group_admits_nothing_from_a_stash() {
     assert_eq!(admit(&low, 100), 0, "a closed group admitted from its stash");
 }
 
-/// Issue: `Tollgate::with_clock` turned a remote or store handle into an embedded one,
+/// Regression: `Tollgate::with_clock` turned a remote or store handle into an embedded one,
 /// silently.
 #[test]
 fn with_clock_refuses_a_handle_that_is_not_embedded() {

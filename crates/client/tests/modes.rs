@@ -685,7 +685,7 @@ fn remote_clients_enter_safe_mode_past_the_lease_and_leave_it_when_the_controlle
     });
 }
 
-/// Issue: `FailOpen` admitted nothing at a cold start, or for a new group, while the
+/// Regression: `FailOpen` admitted nothing at a cold start, or for a new group, while the
 /// controller was unreachable.
 #[test]
 fn remote_fail_open_admits_a_new_group_while_the_controller_is_unreachable() {

@@ -11,7 +11,8 @@ use crate::clock::wall_ms;
 use crate::error::AdminError;
 use crate::store::{Shared, StoreError, audited};
 
-/// The credentials and the client ids they own. See the [module documentation](self).
+/// The credentials and the client ids they own: made, checked, revoked, followed from other
+/// controllers, each change durable and audited.
 pub struct Access {
     store: Shared,
     /// Every credential.

@@ -1,5 +1,5 @@
 //! This controller's part among controllers sharing one etcd: standalone, leader or follower,
-//! and who leads. The election ([`crate::election`], with etcd) sets the role; the front ends
+//! and who leads. The election (with etcd) sets the role; the front ends
 //! read it to send work meant for the leader there.
 
 use std::sync::atomic::{AtomicU64, Ordering};

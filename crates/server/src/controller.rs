@@ -265,7 +265,7 @@ impl Controller {
     }
 
     /// [`tick`](Self::tick), calling `pause` between two slices with the engine unlocked.
-    /// The server sleeps there ([`TickPacer`](crate::pace::TickPacer)), so that a tick of
+    /// The server sleeps there (its tick pacer), so that a tick of
     /// many groups takes a share of a core for a while rather than a whole core at once, and
     /// the exchanges answered meanwhile do not queue behind it for a core. Pausing changes
     /// when the tick completes, not what it decides.
@@ -884,7 +884,7 @@ mod tests {
         v1::GroupLoad { group: group.into(), units_per_s }
     }
 
-    /// Issue: one invalid group name in a backend report made the server reject the whole
+    /// Regression: one invalid group name in a backend report made the server reject the whole
     /// report, and said so only at debug level.
     #[test]
     fn a_bad_load_is_left_out_and_named_and_the_rest_are_taken() {

@@ -1,4 +1,4 @@
-//! Couchbase's throttle properties as JSON documents (seed 001): the node's
+//! Couchbase's throttle properties as JSON documents: the node's
 //! `{"capacity": 25000}` and a group's `{"reserved": 100, "hard_limit": "unlimited"}`.
 //!
 //! `tollgate node|group set-properties` and `get-properties`, and `PUT`/`GET` on

@@ -316,7 +316,7 @@ mod tests {
         }
     }
 
-    /// Issue: an unbounded group's units left went out as 4294967295.
+    /// Regression: an unbounded group's units left went out as 4294967295.
     #[test]
     fn the_units_left_are_whole_and_never_the_largest_u32_for_an_unbounded_group() {
         assert_eq!(remaining(f64::INFINITY), 0);

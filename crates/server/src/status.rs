@@ -354,7 +354,7 @@ fn status_json_with(s: &v1::StatusResponse, groups: Vec<serde_json::Value>) -> s
 mod tests {
     use super::*;
 
-    /// Issue: the status JSON showed priorities as 16 and 8 instead of `high` and `medium`.
+    /// Regression: the status JSON showed priorities as 16 and 8 instead of `high` and `medium`.
     #[test]
     fn priorities_read_as_people_say_them() {
         let settings = |priority| Some(v1::GroupSettings { priority, weight: 1.0, ..Default::default() });

@@ -931,7 +931,7 @@ mod tests {
         format!("{BASE}[[phase]]\n{body}[[phase.expect]]\ngroup = \"g\"\nmetric = \"busy\"\nvalue = 0\n")
     }
 
-    /// Issue: the `linear` model that `tollgate calibrate` prints could not be simulated.
+    /// Regression: the `linear` model that `tollgate calibrate` prints could not be simulated.
     #[test]
     fn a_cost_table_takes_the_calibrated_linear_model() {
         // The table after the top-level keys, before the arrays of tables.

@@ -127,7 +127,7 @@ fn the_two_limiting_laws_split_a_saturated_backend_their_own_way() {
     }
 }
 
-/// Issue: with a few transactions a second and two saturated zones the target swung by ±20 %
+/// Regression: with a few transactions a second and two saturated zones the target swung by ±20 %
 /// for the whole run (a backend dropping in and out of the limiting threshold, and
 /// FoundationDB's slope of −3 turning each whole transaction of dither into a jump).
 #[test]
@@ -264,7 +264,7 @@ fn a_small_tenant_lifted_beside_a_big_one_takes_the_room_at_once() {
     assert!(peak < 1.1, "peak utilisation {peak}");
 }
 
-/// Issue: under the default knobs saturation limiting acted only on FoundationDB's shape (costs
+/// Regression: under the default knobs saturation limiting acted only on FoundationDB's shape (costs
 /// in bytes, backends in two zones or more); a count-model tenant at twice its one backend's
 /// capacity stayed at utilisation 1.99. With the defaults, in each cost model, the backend is
 /// within 5 % of utilisation 1 from the fifth simulated second on.

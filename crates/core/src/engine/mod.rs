@@ -207,7 +207,7 @@ impl OrNan {
 }
 
 /// What a tick decided for one group. One of these lives in every tracked group, so its
-/// optional rates are [`OrNan`]s, read through methods.
+/// optional rates are kept as one number each (NaN for none), read through methods.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupOutcome {
     target: OrNan,

@@ -274,7 +274,7 @@ fn the_headroom_ignores_the_worst_zones_as_saturation_does() {
     assert!((o.target().unwrap() - 1000.0).abs() < 1e-9, "{o:?}");
 }
 
-/// Issue: with the default knobs (FoundationDB's threshold of 409,600 units/s and its worst
+/// Regression: with the default knobs (FoundationDB's threshold of 409,600 units/s and its worst
 /// zone ignored) a tenant at 2,000 requests/s on one backend serving 1,000, in one zone, was
 /// never limited: its load was under the threshold, and its only zone was ignored.
 #[test]
@@ -437,7 +437,7 @@ fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
     assert_eq!(again.outcome(&name("trial")).unwrap().target(), Some(10.0));
 }
 
-/// Issue: before the first tick every client was granted the group's whole limit.
+/// Regression: before the first tick every client was granted the group's whole limit.
 #[test]
 fn twenty_clients_right_after_a_restart_are_granted_no_more_than_the_limit() {
     let mut e = engine(EngineSettings::default());
@@ -536,7 +536,7 @@ fn a_new_group_under_a_capacity_borrows_the_room_nobody_asked_for() {
     assert!(e.outcome(&name("b")).unwrap().target().unwrap() >= 10.0);
 }
 
-/// Issue: with a capacity set, every new group was refused until the next tick (the last
+/// Regression: with a capacity set, every new group was refused until the next tick (the last
 /// tick's targets had shared out the whole capacity).
 #[test]
 fn fifty_new_groups_arriving_together_are_each_granted_at_once_and_never_past_the_room() {
@@ -1335,7 +1335,7 @@ fn a_kept_place_answers_as_a_look_up_by_name_even_when_it_is_wrong() {
     }
 }
 
-/// Issue: only configured groups were metered; a group served by the `default` group's
+/// Regression: only configured groups were metered; a group served by the `default` group's
 /// settings never showed in `tollgate usage`. Every group in traffic is taken now, each once per
 /// change, and an unconfigured group forgotten while idle gives its last meter first.
 #[test]

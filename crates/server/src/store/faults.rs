@@ -234,7 +234,7 @@ fn every_acknowledged_write_survives_a_crash_at_every_point() {
     assert!(checked > 10, "only {checked} crashes fell between acknowledged writes");
 }
 
-/// Issue: after one "No space left on device", every later write failed with "Previous I/O
+/// Regression: after one "No space left on device", every later write failed with "Previous I/O
 /// error" until a restart, even once space was freed, and `/healthz` still said ok.
 #[test]
 fn a_full_disk_fails_writes_and_health_until_space_returns_then_recovers() {

@@ -635,7 +635,7 @@ mod tests {
         GroupSettings::builder().reserved(5.0).limit(10.0).build().unwrap()
     }
 
-    /// Issue: a data file truncated to 0 bytes was silently reset, every tenant unlimited.
+    /// Regression: a data file truncated to 0 bytes was silently reset, every tenant unlimited.
     #[test]
     fn an_empty_file_is_refused_and_left_as_it_is() {
         let d = dir("empty");
@@ -647,7 +647,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
-    /// Issue: 64 KiB of random bytes in the middle of a data file made the start panic, and the
+    /// Regression: 64 KiB of random bytes in the middle of a data file made the start panic, and the
     /// failed start rewrote 18 bytes of its header.
     #[test]
     fn a_damaged_file_is_a_clear_error_and_left_byte_for_byte() {
