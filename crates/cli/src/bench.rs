@@ -727,8 +727,9 @@ fn phases(clients: usize, period: Duration) -> Vec<(Duration, usize)> {
 /// `tollgate bench accuracy` arguments.
 #[derive(Args, Debug)]
 pub struct AccuracyArgs {
-    /// The controller, or several on one etcd, comma-separated (a test controller: with
-    /// --setup this creates groups and sets the node capacity).
+    /// The controller, or several on one etcd, comma-separated: the clients share connections
+    /// to the first that accepts one (a test controller: with --setup this creates groups and
+    /// sets the node capacity).
     #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
     server: String,
     /// Let the benchmark change the server's settings: it creates the groups `accuracy`,
@@ -881,6 +882,21 @@ pub(crate) async fn put(
     Ok(())
 }
 
+/// A connection to the first controller of `urls` (comma-separated) that accepts one.
+async fn first_reachable(urls: &str) -> anyhow::Result<Channel> {
+    let mut last = None;
+    for url in urls.split(',').map(str::trim) {
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+            .with_context(|| format!("--server: {url:?} is not a URL"))?
+            .connect_timeout(Duration::from_secs(5));
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(e) => last = Some(format!("{url}: {e}")),
+        }
+    }
+    anyhow::bail!("no controller of --server {urls} accepts a connection ({})", last.unwrap_or_default())
+}
+
 /// The connections `bench accuracy`'s clients share.
 const ACCURACY_CONNECTIONS: usize = 64;
 
@@ -945,7 +961,7 @@ async fn measure_accuracy(
     // more open files than a controller is given (its connections are capped to fit them).
     let mut channels = Vec::new();
     for _ in 0..a.clients.min(ACCURACY_CONNECTIONS) {
-        channels.push(tonic::transport::Endpoint::from_shared(a.server.clone())?.connect().await?);
+        channels.push(first_reachable(&a.server).await?);
     }
     let mut gates = Vec::new();
     for i in 0..a.clients {
