@@ -209,7 +209,12 @@ impl Inner {
                 g.record_shared(|t| count_refusal(t, cost));
                 self.refused(g, cost, Some(refusal));
                 g.check_debt(now);
-                Err(self.refusal_error(g, self.retry_after(refusal), Some(refusal)))
+                if refusal == Refusal::Closed
+                    && let Some(rejected) = self.rejection(g)
+                {
+                    return Err(rejected);
+                }
+                Err(AcquireError::Throttled { group: g.name.clone(), retry_after: self.retry_after(refusal) })
             }
         }
     }
@@ -304,19 +309,21 @@ impl Inner {
         self.refused(g, cost, refusal);
         g.check_debt(now);
         g.record(move |t| count_refusal(t, cost));
-        self.refusal_error(g, retry_after, refusal)
-    }
-
-    /// What a refused request is told: the controller's rejection of this client while it
-    /// holds (its buckets are closed then), else a retry-after.
-    fn refusal_error(&self, g: &Group, retry_after: Duration, refusal: Option<Refusal>) -> AcquireError {
         if refusal == Some(Refusal::Closed)
-            && let crate::inner::Mode::Remote(link) = &self.mode
-            && let Some(reason) = link.rejection()
+            && let Some(rejected) = self.rejection(g)
         {
-            return AcquireError::Rejected { group: g.name.clone(), reason };
+            return rejected;
         }
         AcquireError::Throttled { group: g.name.clone(), retry_after }
+    }
+
+    /// For a closed bucket: the controller's rejection of this client, while it holds (its
+    /// buckets are closed then). Out of line: the common refusal never comes here.
+    #[cold]
+    #[inline(never)]
+    fn rejection(&self, g: &Group) -> Option<AcquireError> {
+        let crate::inner::Mode::Remote(link) = &self.mode else { return None };
+        link.rejection().map(|_| AcquireError::Rejected { group: g.name.clone() })
     }
 
     #[cold]

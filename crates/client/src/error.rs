@@ -39,13 +39,14 @@ pub enum AcquireError {
     InvalidGroup(Box<SettingError>),
     /// The controller refuses this client for good (an unknown, expired or revoked token, a
     /// permission refused): nothing is admitted until it accepts the client again. Retrying
-    /// does not help; fix the credential.
-    #[error("group \"{group}\": the controller refuses this client: {reason}")]
+    /// does not help; fix the credential. The controller's whole answer is in
+    /// [`RemoteStatus::rejected`](crate::RemoteStatus::rejected). (Nothing here owns memory
+    /// but the name, as in a throttled refusal: dropping the error every refusal returns
+    /// stays a few instructions.)
+    #[error("group \"{group}\": the controller refuses this client; remote_status().rejected has its answer")]
     Rejected {
-        /// The group.
+        /// The group asked for.
         group: GroupName,
-        /// The controller's answer.
-        reason: ExchangeError,
     },
 }
 
@@ -159,4 +160,26 @@ pub enum BuildError {
         /// What the system said.
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every admission returns a `Result` holding this error: its rare, large variants are
+    /// boxed so that it stays as small as the common one, a refusal with its retry-after.
+    #[test]
+    fn an_admissions_error_is_no_larger_than_a_refusal_needs() {
+        let throttled = std::mem::size_of::<GroupName>() + std::mem::size_of::<Duration>();
+        assert!(
+            std::mem::size_of::<AcquireError>() <= throttled + 8,
+            "AcquireError is {} bytes",
+            std::mem::size_of::<AcquireError>()
+        );
+        // The same size as a Result: the Ok case is a niche of the error, not a tag beside it.
+        assert_eq!(
+            std::mem::size_of::<Result<crate::Permit<'static>, AcquireError>>(),
+            std::mem::size_of::<AcquireError>()
+        );
+    }
 }

@@ -707,7 +707,7 @@ impl Driver {
     ///
     /// A rejection that is not transient ([`ExchangeError::is_transient`]: an unknown or
     /// revoked token, a permission refused) is no outage: every group is closed at once and
-    /// each refused request says why ([`AcquireError::Rejected`](crate::AcquireError)), until
+    /// each refused request says so ([`AcquireError::Rejected`](crate::AcquireError)), until
     /// an exchange succeeds again.
     pub fn failed(&mut self, now: Nanos, error: &ExchangeError) {
         let Some(groups) = self.groups.upgrade() else { return };
