@@ -16,7 +16,7 @@ use tollgate_core::config::Config;
 use tollgate_core::cost::{Consumption, Usage};
 use tollgate_core::engine::EngineSettings;
 use tollgate_core::time::ManualClock;
-use tollgate_server::controller::Controller;
+use tollgate_server::Controller;
 use tollgate_server::store::MemoryStore;
 use tollgate_testkit::net::{self, Net};
 use tollgate_testkit::redis::Redis;

@@ -430,11 +430,6 @@ impl Tokens {
         self.by_id.len()
     }
 
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
-    }
-
     /// Every credential, by id.
     pub fn all(&self) -> Vec<Arc<Credential>> {
         let mut v: Vec<_> = self.by_id.values().cloned().collect();

@@ -85,7 +85,19 @@ fn node_json(n: &StoredNode) -> String {
     .to_string()
 }
 
-/// The controller. See the [module documentation](self).
+/// The controller: the engine behind the contract, with durable settings.
+///
+/// Exchanges and backend reports are checked against the contract's bounds, then fed to the
+/// [`Engine`] under one short lock; the answer is each client's grant by the engine's grant
+/// policy. Admin changes are written to the store, durably, before the engine sees them; one
+/// admin change runs at a time. Consumption and resumable ramps are written to the store by
+/// [`flush`](Self::flush). Views for status pages and metrics are built once per tick, in time
+/// linear in the groups, and sorted outside the lock, so a scrape never holds exchanges up.
+/// A tick holds the lock for one slice of groups at a time ([`tick`](Self::tick)), so an
+/// exchange never waits for a whole tick either.
+///
+/// Nothing here does I/O but the store, and nothing reads a clock: time comes in as [`Nanos`],
+/// so the simulator drives this same code in virtual time.
 pub struct Controller {
     engine: parking_lot::Mutex<Engine>,
     store: Shared,

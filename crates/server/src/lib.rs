@@ -9,11 +9,11 @@
 
 mod access;
 mod api;
-pub mod auth;
+mod auth;
 mod clock;
 pub mod cluster;
 pub mod conn;
-pub mod controller;
+mod controller;
 mod dashboard;
 #[cfg(feature = "etcd")]
 mod election;
@@ -31,11 +31,11 @@ mod json;
 mod memory;
 mod options;
 pub mod properties;
-pub mod rls;
+mod rls;
 pub mod status;
 pub mod store;
 mod stream;
-pub mod trace;
+mod trace;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -48,13 +48,18 @@ use tollgate_proto::v1::admin_server::AdminServer;
 use tonic::transport::server::Connected;
 
 pub use crate::access::Access;
+pub use crate::auth::{Caller, Credential, NewCredential, Refused};
 pub use crate::clock::{Clock, wall_ms};
-pub use crate::controller::Controller;
+pub use crate::controller::{
+    Controller, DIAGNOSTICS_SHOWN_MAX, ExchangeAnswer, PutMode, SETTINGS_WATCHERS_MAX,
+};
 pub use crate::error::AdminError;
 pub use crate::node::Node;
 pub use crate::options::{DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions};
+pub use crate::rls::RlsRules;
 use crate::status::Latency;
 use crate::store::{RedbStore, StoreError};
+pub use crate::trace::{TRACE_SUBSCRIBERS_MAX, TraceLine, Tracer, Wanted};
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]

@@ -33,7 +33,9 @@ pub const TRACE_CHANNEL: usize = 8192;
 /// The most live trace subscribers.
 pub const TRACE_SUBSCRIBERS_MAX: usize = 16;
 
-/// Who follows the trace, and whether events are kept. See the [module documentation](self).
+/// The live trace (`tollgate trace`): each tick's events, as JSON lines, to whoever follows
+/// it, and kept for the simulator's `--trace` when asked. The engine records the events while
+/// someone wants them ([`Tracer::wanted`]); the controller hands them here after each tick.
 pub struct Tracer {
     channel: broadcast::Sender<Arc<TraceLine>>,
     /// Events are kept in the engine for the caller to take (the simulator's `--trace`).

@@ -138,7 +138,7 @@ pub struct Stored {
     pub meters: BTreeMap<GroupName, Meter>,
     /// Resumable ramps.
     pub ramps: BTreeMap<GroupName, StoredRamp>,
-    /// Credentials by id, each as JSON (see [`crate::auth::Credential::to_json`]).
+    /// Credentials by id, each as JSON (see [`Credential::to_json`](crate::Credential::to_json)).
     pub credentials: BTreeMap<String, String>,
     /// The RLS mapping rules as JSON ([`tollgate_core::rls`]), when ever set.
     pub rls_rules: Option<String>,
