@@ -14,6 +14,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# systemd's analyzer, which checks the unit under deploy/systemd.
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 # A real browser for the dashboard's test (driven by Playwright, below).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # What the commands the docs show use beside tollgate (crates/cli/tests/docs.rs runs them all):

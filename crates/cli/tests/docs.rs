@@ -31,7 +31,9 @@ fn not_here(cmd: &str) -> Option<&'static str> {
     match first {
         "cargo" => Some("builds and runs through cargo: the test command itself does"),
         "./scripts/test.sh" => Some("the test command: this test is part of it"),
-        "sudo" => Some("installs packages: the test command installs what the tests need"),
+        "sudo" => {
+            Some("installs or starts system services: crates/cli/tests/deploy.rs checks what they install")
+        }
         "etcd" | "for" | "done" => Some("controllers on etcd: crates/cli/tests/etcd.rs runs them"),
         "envoy" => Some("Envoy with examples/envoy/envoy.yaml: crates/cli/tests/envoy.rs runs that file"),
         _ if cmd.contains("--etcd") || cmd.contains(":7470") || cmd.contains(":7560") => {
