@@ -296,6 +296,10 @@ pub(crate) struct ServerArgs {
     /// milliseconds: at most a minute; also at a clean stop.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub(crate) flush_ms: u64,
+    /// How the log on standard error is written: `text`, a line for people, or `json`, one
+    /// JSON object a line (`timestamp`, `level`, `fields`, `target`) for a log collector.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
     /// Connections open at once on each port (gRPC and HTTP); past it, connections idle for
     /// 10 s make room, else new ones are closed at once. Default 10,000, lowered to fit the
     /// open-file limit (`ulimit -n`, raised to its hard limit at start); a value that does
@@ -316,4 +320,13 @@ pub(crate) struct ServerArgs {
     /// written at start where the store holds none; a broken file stops the start.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
+}
+
+/// How `tollgate server` writes its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// A line for people.
+    Text,
+    /// One JSON object a line.
+    Json,
 }

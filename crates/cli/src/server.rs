@@ -195,15 +195,17 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
 
 /// Binds, prints where it listens (tests read this line), and serves.
 pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let log_format = args.log_format;
     let (opts, notes) = options(args)?;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let log = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match log_format {
+        crate::args::LogFormat::Text => {
+            log.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init()
+        }
+        crate::args::LogFormat::Json => log.json().init(),
+    }
     for note in notes {
         tracing::warn!("{note}");
     }

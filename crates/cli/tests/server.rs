@@ -1489,3 +1489,60 @@ fn a_data_file_damaged_in_the_middle_is_refused_and_left_byte_for_byte() {
     }
     assert!(refused >= 1, "no damage was noticed: is the file {} bytes of unused pages?", clean.len());
 }
+
+/// `/metrics` carries the process's own health and the build, as a platform team's Prometheus
+/// expects of every service: the version `tollgate --version` prints, and the server's CPU,
+/// memory, descriptors and start.
+#[test]
+fn metrics_carry_the_build_and_the_process() {
+    let s = ServerProc::start(&data_dir("process-metrics"));
+    let metrics = http_get(&s.http, "/metrics");
+    let version = Command::new(BIN).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).trim().trim_start_matches("tollgate ").to_string();
+    assert!(metrics.contains(&format!("tollgate_build_info{{version=\"{version}\"}} 1")), "{metrics}");
+    let value = |name: &str| -> f64 {
+        let line =
+            metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert!(value("process_cpu_seconds_total") >= 0.0);
+    assert!(value("process_resident_memory_bytes") > 1e6);
+    assert!(value("process_open_fds") >= 4.0, "two listeners and the store at least");
+    assert!(value("process_max_fds") >= value("process_open_fds"));
+    let now = tollgate_server::wall_ms() as f64 / 1000.0;
+    let started = value("process_start_time_seconds");
+    assert!(started <= now + 1.0 && started > now - 600.0, "started {started}, now {now}");
+    // CPU time is counted in clock ticks (10 ms): it shows once the server has worked a little.
+    common::eventually("the server's CPU time counted", || {
+        let metrics = http_get(&s.http, "/metrics");
+        let cpu = metrics.lines().find_map(|l| l.strip_prefix("process_cpu_seconds_total "));
+        cpu.and_then(|v| v.trim().parse::<f64>().ok()).is_some_and(|v| v > 0.0)
+    });
+}
+
+/// `--log-format json`: every line the server logs is one JSON object a log collector can
+/// read, with its level and message; the default stays a line for people.
+#[test]
+fn the_log_can_be_json_a_line() {
+    let data = data_dir("log-json");
+    let s = ServerProc::start_with(&data, &["--log-format", "json"], Stdio::piped());
+    ok(&s, &["group", "create", "logged", "--limit", "10"]);
+    let mut child = {
+        let mut s = s;
+        let child = std::mem::replace(&mut s.child, Command::new("true").spawn().unwrap());
+        drop(s);
+        child
+    };
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    child.wait().unwrap();
+    let lines: Vec<serde_json::Value> =
+        err.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    assert!(!lines.is_empty(), "nothing logged");
+    assert!(lines.iter().all(|l| l["level"].is_string() && l["timestamp"].is_string()), "{err}");
+    assert!(lines.iter().any(|l| l["fields"]["message"] == "serving"), "{err}");
+    let bad = Command::new(BIN).args(["server", "--log-format", "xml"]).output().unwrap();
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && said.contains("--log-format") && said.contains("json"), "{said}");
+}

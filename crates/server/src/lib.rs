@@ -23,6 +23,7 @@ pub mod listen;
 mod metrics;
 mod node;
 mod pace;
+mod process;
 pub use tollgate_proto::convert;
 pub mod grpc;
 mod history;

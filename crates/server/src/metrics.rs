@@ -277,6 +277,47 @@ impl Collector for FrontEndMetrics {
     }
 }
 
+/// The process's own health, and the build.
+#[derive(Debug)]
+struct ProcessMetrics;
+
+impl Collector for ProcessMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        family(
+            &mut e,
+            "tollgate_build_info",
+            "The running build: 1, labelled with its version.",
+            Kind::Gauge,
+            "version",
+            [(env!("CARGO_PKG_VERSION"), 1u32)],
+        )?;
+        let Some(u) = crate::process::usage() else { return Ok(()) };
+        single(
+            &mut e,
+            "process_cpu_seconds_total",
+            "CPU time used, user and system, in seconds.",
+            Kind::Counter,
+            u.cpu_seconds,
+        )?;
+        single(
+            &mut e,
+            "process_resident_memory_bytes",
+            "Resident memory, in bytes.",
+            Kind::Gauge,
+            u.resident_bytes,
+        )?;
+        single(&mut e, "process_open_fds", "File descriptors open.", Kind::Gauge, u.open_fds)?;
+        single(&mut e, "process_max_fds", "The open-file limit.", Kind::Gauge, u.max_fds)?;
+        single(
+            &mut e,
+            "process_start_time_seconds",
+            "When the process started, Unix seconds.",
+            Kind::Gauge,
+            u.start_time_seconds,
+        )
+    }
+}
+
 /// The registry `/metrics` encodes: the controller's collector, its front end's client, and
 /// the latency histogram.
 pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_client::Tollgate) -> Registry {
@@ -287,6 +328,7 @@ pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_cli
         clock,
     }));
     registry.register_collector(Box::new(FrontEndMetrics { gate }));
+    registry.register_collector(Box::new(ProcessMetrics));
     registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange.", latency.0.clone());
     registry
 }
