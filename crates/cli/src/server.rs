@@ -79,6 +79,25 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             tollgate_server::listen::ALLOWED_NAMES_MAX
         );
     }
+    let admin_token = match &a.admin_token_file {
+        None => None,
+        Some(path) => {
+            let read = || -> anyhow::Result<String> {
+                let mut text = String::new();
+                std::io::Read::read_to_string(
+                    &mut std::io::Read::take(std::fs::File::open(path)?, 1024),
+                    &mut text,
+                )?;
+                let token = text.trim();
+                anyhow::ensure!(
+                    token.len() == 84 && token.starts_with("tg_"),
+                    "expected one token, tg_ID_SECRET (16 and 64 hex digits), as `tollgate token create` prints"
+                );
+                Ok(token.to_string())
+            };
+            Some(read().map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))?)
+        }
+    };
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => Some(tollgate_server::listen::TlsFiles {
             cert: cert.clone(),
@@ -189,6 +208,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         defaults,
         tls,
         auth: a.auth,
+        admin_token,
     };
     Ok((opts, notes))
 }

@@ -1,8 +1,8 @@
 //! Every shell command README.md and docs/*.md show, run as written, in order, against the
 //! real server: a command the docs show cannot rot.
 //!
-//! Each file's `sh` blocks run in a sandbox of their own (a copy of `examples/` and
-//! `scenarios/`), one logical command at a time (lines ending in `\` joined), through bash,
+//! Each file's `sh` blocks run in a sandbox of their own (a copy of `examples/`,
+//! `scenarios/` and `deploy/`), one logical command at a time (lines ending in `\` joined), through bash,
 //! with `tollgate` on the `PATH`. The environment a command exports carries to the next. A
 //! server is running on free loopback ports before the first command; the docs' default ports
 //! (7460 for gRPC, 7461 for HTTP) are read as those. `tollgate server …` in the docs replaces
@@ -36,6 +36,18 @@ fn not_here(cmd: &str) -> Option<&'static str> {
         }
         "etcd" | "for" | "done" => Some("controllers on etcd: crates/cli/tests/etcd.rs runs them"),
         "envoy" => Some("Envoy with examples/envoy/envoy.yaml: crates/cli/tests/envoy.rs runs that file"),
+        "scripts/release.sh" => {
+            Some("builds a release: crates/cli/tests/deploy.rs runs the script and the archive")
+        }
+        "scripts/image.sh" | "podman" => Some(
+            "builds or runs the image: crates/cli/tests/deploy.rs builds it and runs its root file system",
+        ),
+        "kubectl" => Some(
+            "needs a cluster: crates/cli/tests/deploy.rs validates the manifests and runs their pods' arguments",
+        ),
+        _ if cmd.contains("-x86_64-linux") => {
+            Some("the release archive: crates/cli/tests/deploy.rs checks, unpacks and runs it")
+        }
         _ if cmd.contains("--etcd") || cmd.contains(":7470") || cmd.contains(":7560") => {
             Some("controllers on etcd: crates/cli/tests/etcd.rs runs them")
         }
@@ -182,6 +194,7 @@ fn run_file(file: &str) -> Vec<String> {
     let _ = std::fs::remove_dir_all(&sandbox);
     copy_dir(&repo().join("examples"), &sandbox.join("examples"));
     copy_dir(&repo().join("scenarios"), &sandbox.join("scenarios"));
+    copy_dir(&repo().join("deploy"), &sandbox.join("deploy"));
     std::fs::create_dir_all(sandbox.join("docs/assets")).unwrap();
     std::fs::create_dir_all(sandbox.join("bin")).unwrap();
     let (grpc, http) = (free_port(), free_port());

@@ -161,8 +161,9 @@ fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -
 }
 
 /// Every HTTP endpoint: method, path, body.
-const ENDPOINTS: [(&str, &str, &str); 11] = [
+const ENDPOINTS: [(&str, &str, &str); 12] = [
     ("GET", "/healthz", ""),
+    ("GET", "/readyz", ""),
     ("GET", "/metrics", ""),
     ("GET", "/status", ""),
     ("GET", "/v1/node/properties", ""),
@@ -214,11 +215,12 @@ fn every_role_against_every_method_and_endpoint() {
         }
         for (verb, path, body) in ENDPOINTS {
             let (code, text) = http(&s.http, verb, path, token, body);
-            let open = path == "/healthz";
+            let open = path == "/healthz" || path == "/readyz";
             let expect_ok = open
                 || role == "admin"
                 || (role == "reader" && verb == "GET")
                 || (role == "client" && path == "/v1/check");
+            // `/readyz` says 503 while the first lease is learnt: answered, not refused.
             let was_refused = code == 401 || code == 403;
             if was_refused == expect_ok {
                 wrong.push(format!("{role} {verb} {path}: {code} {text}"));
@@ -344,6 +346,47 @@ fn missing_wrong_expired_revoked_and_malformed_tokens_are_refused_and_the_server
     let (code, out, err) = cli(&["--server", &s.url(), "token", "list"], &[("TOLLGATE_TOKEN", &second)]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("ops"), "{out}");
+}
+
+/// `--admin-token-file`: the operator's own token (a mounted secret) is the first admin token,
+/// and no file is written; a file that holds no token stops the start, naming the flag; once an
+/// admin token is live, the file is not taken again.
+#[test]
+fn the_first_admin_token_can_be_the_operators_own() {
+    let data = data_dir("security-given-token");
+    std::fs::create_dir_all(&data).unwrap();
+    let given = format!("tg_{}_{}", "0123456789abcdef", "ab".repeat(32));
+    let file = data.join("given.token");
+    std::fs::write(&file, "not a token\n").unwrap();
+    let (code, _, err) = cli(
+        &["server", "--data", data.to_str().unwrap(), "--auth", "--admin-token-file", file.to_str().unwrap()],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("--admin-token-file") && err.contains("tg_ID_SECRET"), "{err}");
+    std::fs::write(&file, format!("{given}\n")).unwrap();
+    let s = ServerProc::start_with(
+        &data,
+        &["--auth", "--admin-token-file", file.to_str().unwrap()],
+        Stdio::null(),
+    );
+    assert!(!data.join("admin.token").exists(), "no token of its own made");
+    let (code, out, err) = cli(&["--server", &s.url(), "token", "list"], &[("TOLLGATE_TOKEN", &given)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("0123456789abcdef") && out.contains("first-admin"), "{out}");
+    let second = create(&s, &given, &["--role", "admin", "--name", "ops"]);
+    let (code, _, err) =
+        cli(&["--server", &s.url(), "token", "revoke", "0123456789abcdef"], &[("TOLLGATE_TOKEN", &second)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(s.terminate().success());
+    // Another admin token is live: the given one, revoked, is not brought back.
+    let s = ServerProc::start_with(
+        &data,
+        &["--auth", "--admin-token-file", file.to_str().unwrap()],
+        Stdio::null(),
+    );
+    let (code, _, _) = cli(&["--server", &s.url(), "token", "list"], &[("TOLLGATE_TOKEN", &given)]);
+    assert_ne!(code, 0, "the revoked token stays revoked");
 }
 
 #[test]

@@ -383,14 +383,44 @@ fn at_the_cap_the_probes_answer_and_idle_connections_make_room() {
     let _idle_http: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&s.http).unwrap()).collect();
     // Taken in after the idle ones (a listener accepts in order): on a place kept for probes.
     assert!(http_get(&s.http, "/healthz").contains("200 OK"));
+    // Answered on a kept place (ready, or 503 while the first lease is learnt).
     let ready = http_get(&s.http, "/readyz");
-    assert!(ready.contains("200 OK") && ready.ends_with("ready\n"), "{ready}");
+    assert!(ready.contains("200 OK") || ready.contains("learning:"), "{ready}");
     let other = http_get(&s.http, "/v1/groups");
     assert!(other.contains("503") && other.contains("connection limit"), "{other}");
     // Once they have been idle for 10 s, new clients get in: the longest idle make room.
     std::thread::sleep(std::time::Duration::from_secs(11));
     ok(&s, &["group", "list"]);
     assert!(http_get(&s.http, "/v1/groups").contains("200 OK"));
+}
+
+/// `/readyz` holds back for the first lease after a start, while the controller relearns what
+/// clients held before it (they may still hold leases from its last run); `/healthz` is ok
+/// throughout.
+#[test]
+fn readiness_waits_for_the_learning_lease() {
+    let long = ServerProc::start_with(&data_dir("ready-long"), &["--lease-ms", "600000"], Stdio::null());
+    assert!(http_get(&long.http, "/healthz").contains("200 OK"));
+    let ready = http_get(&long.http, "/readyz");
+    assert!(ready.contains("503 Service Unavailable") && ready.contains("learning: relearning"), "{ready}");
+    let status = http_get(&long.http, "/status");
+    assert!(status.contains("\"learning\":true"), "{status}");
+    // A short lease: ready once it has passed, with no client ever seen.
+    let short = ServerProc::start_with(
+        &data_dir("ready-short"),
+        &["--lease-ms", "200", "--tick-ms", "100"],
+        Stdio::null(),
+    );
+    let mut last = String::new();
+    for _ in 0..600 {
+        last = http_get(&short.http, "/readyz");
+        if last.contains("200 OK") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(last.contains("200 OK") && last.ends_with("ready\n"), "{last}");
+    assert!(http_get(&short.http, "/status").contains("\"learning\":false"));
 }
 
 /// The connection cap fits the open-file limit: a cap asked for that cannot fit stops the

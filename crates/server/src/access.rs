@@ -64,8 +64,21 @@ impl Access {
     /// Makes a credential; returns it and its token (shown this once). Durable before it
     /// returns, and in the audit log.
     pub fn create_token(&self, new: &NewCredential, who: &str) -> Result<(Credential, String), AdminError> {
-        let (credential, token) = Credential::issue(new, wall_ms()).map_err(AdminError::Rule)?;
+        self.create_token_as(new, who, None)
+    }
+
+    /// [`create_token`](Self::create_token) with the token `given` ([`Credential::issue_as`]).
+    fn create_token_as(
+        &self,
+        new: &NewCredential,
+        who: &str,
+        given: Option<&str>,
+    ) -> Result<(Credential, String), AdminError> {
+        let (credential, token) = Credential::issue_as(new, wall_ms(), given).map_err(AdminError::Rule)?;
         let mut store = self.store.lock();
+        if self.tokens_read().get(&credential.id).is_some() {
+            return Err(AdminError::Refused(format!("token {} exists already", credential.id)));
+        }
         if self.tokens_read().len() >= TOKENS_MAX {
             return Err(AdminError::Refused(format!(
                 "at most {TOKENS_MAX} tokens; revoke some first (tollgate token list)"
@@ -110,14 +123,15 @@ impl Access {
     }
 
     /// With authentication on and no admin credential that has not expired: makes one and
-    /// returns its token (the server writes it to a file for the operator).
-    pub fn ensure_admin_token(&self) -> Result<Option<String>, AdminError> {
+    /// returns its token (the server writes it to a file for the operator); with `given`, that
+    /// token (one the operator made and handed the server, a Kubernetes secret).
+    pub fn ensure_admin_token(&self, given: Option<&str>) -> Result<Option<String>, AdminError> {
         if self.tokens_read().live_admins(wall_ms()) > 0 {
             return Ok(None);
         }
         let new =
             NewCredential { role: "admin".into(), name: "first-admin".into(), ..NewCredential::default() };
-        self.create_token(&new, "server start").map(|(_, token)| Some(token))
+        self.create_token_as(&new, "server start", given).map(|(_, token)| Some(token))
     }
 
     /// Takes a credential as another controller stored it (`None`: revoked). Says whether

@@ -8,7 +8,7 @@
 //! Roles, each a set of calls (Couchbase guards its throttle commands with privileges in the
 //! same spirit): **admin** may do everything; **client** exchanges for grants, limited to
 //! the groups its patterns match; **backend** reports load and reads the group settings;
-//! **reader** reads status, metrics, settings and the audit-free views. `/healthz` is open.
+//! **reader** reads status, metrics, settings and the audit-free views. `/healthz` and `/readyz` are open.
 //! The unthrottled privilege belongs to a client credential made with it: only such a client
 //! may admit work as unthrottled through the controller.
 
@@ -189,6 +189,16 @@ impl Credential {
     /// Checks `new` and makes a credential from it with a fresh token: the credential, and
     /// the token (to show once).
     pub fn issue(new: &NewCredential, now_unix_ms: u64) -> Result<(Credential, String), String> {
+        Credential::issue_as(new, now_unix_ms, None)
+    }
+
+    /// [`issue`](Self::issue), with the token `given` (which must read `tg_ID_SECRET`, 16 and
+    /// 64 hex digits, as `tollgate token create` prints) rather than a random one.
+    pub fn issue_as(
+        new: &NewCredential,
+        now_unix_ms: u64,
+        given: Option<&str>,
+    ) -> Result<(Credential, String), String> {
         let role = Role::parse(&new.role)?;
         check_groups(&new.groups)?;
         check_label(&new.name)?;
@@ -201,12 +211,24 @@ impl Credential {
         if new.expires_in_s > EXPIRES_MAX_S {
             return Err(format!("expires: at most {EXPIRES_MAX_S} s (ten years), got {}", new.expires_in_s));
         }
-        let rng = ring::rand::SystemRandom::new();
-        let mut random = [0u8; 40];
-        ring::rand::SecureRandom::fill(&rng, &mut random)
-            .map_err(|_| "the system's random source failed".to_string())?;
-        let id = hex(&random[..8]);
-        let token = format!("tg_{id}_{}", hex(&random[8..]));
+        let (id, token) = match given {
+            Some(token) => {
+                let id = token_id(token).ok_or_else(|| {
+                    "token: expected tg_ID_SECRET (16 and 64 hex digits), as `tollgate token create` prints"
+                        .to_string()
+                })?;
+                (id.to_string(), token.to_string())
+            }
+            None => {
+                let rng = ring::rand::SystemRandom::new();
+                let mut random = [0u8; 40];
+                ring::rand::SecureRandom::fill(&rng, &mut random)
+                    .map_err(|_| "the system's random source failed".to_string())?;
+                let id = hex(&random[..8]);
+                let token = format!("tg_{id}_{}", hex(&random[8..]));
+                (id, token)
+            }
+        };
         let credential = Credential {
             id,
             name: new.name.clone(),
@@ -458,14 +480,9 @@ impl Tokens {
             .strip_prefix("Bearer ")
             .ok_or_else(|| Refused::Malformed("expected `Bearer TOKEN`".into()))?
             .trim();
-        let malformed =
-            || Refused::Malformed("expected tg_ID_SECRET, as `tollgate token create` prints".into());
-        let rest = token.strip_prefix("tg_").ok_or_else(malformed)?;
-        let (id, secret) = rest.split_once('_').ok_or_else(malformed)?;
-        let hexdigits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-        if !hexdigits(id, 16) || !hexdigits(secret, 64) {
-            return Err(malformed());
-        }
+        let id = token_id(token).ok_or_else(|| {
+            Refused::Malformed("expected tg_ID_SECRET, as `tollgate token create` prints".into())
+        })?;
         let c = self.by_id.get(id).ok_or_else(|| Refused::Unknown(id.to_string()))?;
         if !same(&c.hash, &sha256(token)) {
             return Err(Refused::Unknown(id.to_string()));
@@ -502,9 +519,9 @@ pub fn grpc_role(path: &str) -> Role {
 
 /// The role an HTTP request needs; `None`: open to all.
 pub fn http_role(method: &axum::http::Method, path: &str) -> Option<Role> {
-    // Health, and the dashboard's page and static files (they hold no data; the routes they
-    // read do).
-    if path == "/healthz" || path == "/" || path.starts_with("/assets/") {
+    // The probes, and the dashboard's page and static files (they hold no data; the routes
+    // they read do).
+    if path == "/healthz" || path == "/readyz" || path == "/" || path.starts_with("/assets/") {
         return None;
     }
     if path == "/v1/check" {
@@ -551,6 +568,13 @@ impl Owners {
         self.by_client.insert(client.to_string(), (credential.to_string(), now_unix_ms));
         Ok(())
     }
+}
+
+/// The `ID` of a token that reads `tg_ID_SECRET` (16 and 64 hex digits); `None` otherwise.
+fn token_id(token: &str) -> Option<&str> {
+    let (id, secret) = token.strip_prefix("tg_")?.split_once('_')?;
+    let hexdigits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hexdigits(id, 16) && hexdigits(secret, 64)).then_some(id)
 }
 
 #[cfg(test)]

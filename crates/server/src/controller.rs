@@ -112,6 +112,8 @@ pub struct Controller {
     onset: tokio::sync::Notify,
     /// Ticks run before their turn for such a report.
     early_ticks: AtomicU64,
+    /// Flushes of consumption to the store that failed (the consumption is kept for the next).
+    flush_failures: AtomicU64,
     /// A tick was run before its turn since the last regular one.
     early_used: AtomicBool,
     /// The settings' warnings last logged: a change logs only the new ones.
@@ -175,6 +177,9 @@ impl Controller {
         let settings =
             EngineSettings { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start, ..settings };
         let mut engine = Engine::new(settings);
+        // Clients may hold leases from before the start: the first lease is learnt from now,
+        // whether or not a client comes back.
+        engine.relearn(now);
         // Its metering is written: every group's, from the start.
         engine.take_metering();
         for (name, s) in stored.groups {
@@ -203,6 +208,7 @@ impl Controller {
             tick_span_ns: AtomicU64::new(0),
             onset: tokio::sync::Notify::new(),
             early_ticks: AtomicU64::new(0),
+            flush_failures: AtomicU64::new(0),
             early_used: AtomicBool::new(false),
             warned: Mutex::new(Vec::new()),
             cost_model: std::sync::OnceLock::new(),
@@ -461,6 +467,7 @@ impl Controller {
             store.put_meters(&meters, &ramps, minute).and_then(|()| store.put_usage(&usage_only, minute))
         };
         if result.is_err() {
+            self.flush_failures.fetch_add(1, Ordering::Relaxed);
             // Not written: keep them to write next time.
             self.engine().mark_dirty(meters.iter().chain(&usage_only).map(|(n, _)| n));
         }
@@ -820,6 +827,16 @@ impl Controller {
     /// What is wrong with the store, while it cannot take writes.
     pub fn store_health(&self) -> Option<String> {
         self.store().health()
+    }
+
+    /// Flushes of consumption to the store that failed ([`flush`](Self::flush)).
+    pub fn flush_failures(&self) -> u64 {
+        self.flush_failures.load(Ordering::Relaxed)
+    }
+
+    /// How long the engine's learning lease has left ([`Engine::learning_left`]).
+    pub fn learning_left(&self, now: Nanos) -> Option<Duration> {
+        self.engine().learning_left(now)
     }
 
     /// What the engine tracks now: (clients, backends, learning).

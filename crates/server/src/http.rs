@@ -79,8 +79,9 @@ async fn health(State(app): State<AppState>) -> axum::response::Response {
     }
 }
 
-/// `ready`, or 503 with why not: the store cannot take writes, or this controller follows and
-/// knows no leader (etcd is out of reach, or an election is under way).
+/// `ready`, or 503 with why not: the store cannot take writes, this controller follows and
+/// knows no leader (etcd is out of reach, or an election is under way), or it grants and is
+/// still in its learning lease (the first lease after a start or an election).
 async fn ready(State(app): State<AppState>) -> axum::response::Response {
     if let Some(reason) = app.node.controller.store_health() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response();
@@ -92,6 +93,12 @@ async fn ready(State(app): State<AppState>) -> axum::response::Response {
             "no leader: an election is under way or etcd is out of reach\n",
         )
             .into_response();
+    }
+    if role.role != crate::cluster::Role::Follower
+        && let Some(left) = app.node.controller.learning_left(app.clock.now())
+    {
+        let body = format!("learning: relearning what clients hold, {} ms left\n", left.as_millis().max(1));
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     }
     "ready\n".into_response()
 }

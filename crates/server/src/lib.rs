@@ -181,7 +181,20 @@ impl Server {
         node.access.require_auth(opts.auth);
         node.controller.set_cost_model(opts.cost_model);
         node.controller.log_warnings();
-        let first_token = if opts.auth { write_first_token(&node.access, &opts.data)? } else { None };
+        let first_token = match (opts.auth, &opts.admin_token) {
+            (false, _) => None,
+            (true, None) => write_first_token(&node.access, &opts.data)?,
+            (true, Some(given)) => {
+                let taken = node
+                    .access
+                    .ensure_admin_token(Some(given))
+                    .map_err(|e| ServerError::Auth(e.to_string()))?;
+                if taken.is_some() {
+                    tracing::info!("no admin token was live: the one given (--admin-token-file) is now");
+                }
+                None
+            }
+        };
         let election = match &etcd {
             None => None,
             Some((target, _)) => {
@@ -290,7 +303,7 @@ fn write_first_token(
     access: &Access,
     data: &std::path::Path,
 ) -> Result<Option<std::path::PathBuf>, ServerError> {
-    let Some(token) = access.ensure_admin_token().map_err(|e| ServerError::Auth(e.to_string()))? else {
+    let Some(token) = access.ensure_admin_token(None).map_err(|e| ServerError::Auth(e.to_string()))? else {
         return Ok(None);
     };
     let path = data.join(FIRST_TOKEN_FILE);

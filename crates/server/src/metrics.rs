@@ -208,6 +208,13 @@ impl Collector for ControllerMetrics {
         )?;
         single(
             &mut e,
+            "tollgate_metering_flush_failures_total",
+            "Writes of consumption to the store that failed (kept and written at the next flush).",
+            Kind::Counter,
+            c.flush_failures(),
+        )?;
+        single(
+            &mut e,
             "tollgate_leader_changes_total",
             "Times this controller became the leader.",
             Kind::Counter,

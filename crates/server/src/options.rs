@@ -49,6 +49,9 @@ pub struct ServerOptions {
     pub tls: Option<crate::listen::TlsFiles>,
     /// Calls need a token whose role covers them (`--auth`).
     pub auth: bool,
+    /// With `auth`, the first admin token to take when no admin token is live
+    /// (`--admin-token-file`), rather than one made and written to `DATA/admin.token`.
+    pub admin_token: Option<String>,
 }
 
 /// The default election lease.
@@ -128,6 +131,7 @@ impl Default for ServerOptions {
             election_lease: DEFAULT_ELECTION_LEASE,
             tls: None,
             auth: false,
+            admin_token: None,
         }
     }
 }

@@ -1506,6 +1506,13 @@ impl Engine {
     pub fn learning(&self, now: Nanos) -> bool {
         self.started.is_none_or(|s| now < s.after(self.settings.lease))
     }
+
+    /// How long the learning lease has left at `now`: `None` once it is over, the whole lease
+    /// before the engine has started one.
+    pub fn learning_left(&self, now: Nanos) -> Option<Duration> {
+        let end = self.started.map_or(now.after(self.settings.lease), |s| s.after(self.settings.lease));
+        (now < end).then(|| end.since(now))
+    }
 }
 
 #[cfg(test)]
