@@ -1,7 +1,7 @@
 //! A small key-value service over HTTP, protected by Tollgate end to end.
 //!
 //! ```text
-//! cargo run --release -p tollgate-client --example kv-service -- \
+//! cargo run --release -p tollgate-limiter --example kv-service -- \
 //!     [--controller http://127.0.0.1:7460] [--listen 127.0.0.1:7480] [--capacity 1000000] [--concurrency 4] \
 //!     [--compact-every SECONDS]
 //! ```
@@ -36,10 +36,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tollgate_client::core::config::Config;
-use tollgate_client::reporter::{BackendHealth, BackendReporter, ReporterOptions};
-use tollgate_client::scheduler::{FollowOptions, Following, ScheduleError, Scheduler, SchedulerOptions};
-use tollgate_client::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_limiter::core::config::Config;
+use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions};
+use tollgate_limiter::scheduler::{FollowOptions, Following, ScheduleError, Scheduler, SchedulerOptions};
+use tollgate_limiter::{AcquireError, RemoteOptions, Tollgate};
 
 const GROUP_HEADER: &str = "x-tollgate-group";
 /// Cost of a read before its size is known.
@@ -116,7 +116,7 @@ fn group_of(headers: &HeaderMap) -> String {
     headers
         .get(GROUP_HEADER)
         .and_then(|v| v.to_str().ok())
-        .filter(|g| tollgate_client::core::settings::check_group_name(g).is_ok())
+        .filter(|g| tollgate_limiter::core::settings::check_group_name(g).is_ok())
         .unwrap_or("default")
         .to_string()
 }

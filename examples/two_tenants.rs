@@ -5,14 +5,14 @@
 //! reservation, and the free 200 units/s are split evenly: about 700 and 300 units/s.
 //!
 //! ```text
-//! cargo run --release -p tollgate-client --example two_tenants [SECONDS]
+//! cargo run --release -p tollgate-limiter --example two_tenants [SECONDS]
 //! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tollgate_client::{AcquireError, Tollgate};
+use tollgate_limiter::{AcquireError, Tollgate};
 
 const SETTINGS: &str = r#"
 [node]

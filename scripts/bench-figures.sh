@@ -162,7 +162,7 @@ verdict "4. exchanges a throttled client a second" "$(sed -n 's/.*, \([0-9.]*\) 
 stop_server
 
 echo "== 4, 5. memory per (client, group) pair and the tick at 100,000 groups, 10,000 clients"
-out=$(cargo bench -q -p tollgate-core --bench scale -- --bench 2>/dev/null | grep -E "groups|tick|memory")
+out=$(cargo bench -q -p tollgate-model --bench scale -- --bench 2>/dev/null | grep -E "groups|tick|memory")
 echo "$out"
 verdict "5. tick, 10,000 clients × 10 groups, median ms" "$(grep -m1 "tick:" <<<"$out" | awk '{ print $3 }')" "<=" 50
 verdict "5. tick, 10,000 clients × 100 groups, median ms" "$(grep "tick:" <<<"$out" | sed -n 2p | awk '{ print $3 }')" "<=" 50

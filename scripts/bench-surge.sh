@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p tollgate-cli
-cargo build --release -q -p tollgate-client --example kv-service
+cargo build --release -q -p tollgate-limiter --example kv-service
 BIN=target/release/tollgate
 KV=${KV:-target/release/examples/kv-service}
 DATA=$(mktemp -d)

@@ -85,9 +85,13 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The default build (no etcd, no protoc needed) is the README's first command: it must stay clean.
-cargo clippy -p tollgate-server -p tollgate-cli --locked -- -D warnings
+cargo clippy -p tollgate-controller -p tollgate-cli --locked -- -D warnings
 # Rustdoc's own lints (a broken link, a link to a private item), warnings as errors.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --locked
+
+# Each library crate packs for crates.io with its metadata, and its dependencies resolve there
+# (building the packed crates again is left to a release: CONTRIBUTING.md, "Releasing").
+cargo publish --workspace --dry-run --no-verify --allow-dirty --locked --exclude tollgate-testkit --quiet
 
 # The end-to-end test runs examples/kv-service as a real process: build it as a binary
 # (`--all-targets` below builds examples only in test mode).

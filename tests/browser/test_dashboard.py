@@ -89,6 +89,7 @@ def watch(page: Page) -> List[str]:
 
 def test_the_dashboard_draws_a_loaded_server_and_shows_a_group_on_click(server: Server, browser: object) -> None:
     server.cli("group", "create", "gold", "--reserved", "300", "--limit", "600")
+    server.cli("group", "create", "idle", "--reserved", "10")
     server.cli("node", "capacity", "5000")
     server.load("--clients", "8", "--duration", "600", "--limit", "400")
 
@@ -111,13 +112,44 @@ def test_the_dashboard_draws_a_loaded_server_and_shows_a_group_on_click(server: 
     assert page.locator("#node-chart canvas").count() == 1
     assert page.locator("#group-charts .group-card").filter(has_text="accuracy").count() == 1
     legend = page.locator("#group-charts").inner_text()
-    for series in ["target", "admitted", "demand", "throttled", "clients", "busy"]:
+    for series in ["target", "admitted", "demand", "refused/s", "clients", "saturation-limited"]:
         assert series in legend, legend
+    # Legends show the newest values with the pointer elsewhere (uPlot shows "--" for none).
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('#group-charts .u-legend .u-series')]
+            .filter(r => r.innerText.includes('admitted'))
+            .every(r => /[0-9]/.test(r.querySelector('.u-value').innerText))""",
+        timeout=BOUND_MS,
+    )
+    # Every chart on one time axis: the same span, ending at the same moment.
+    spans = page.evaluate(
+        """() => [state.nodePlot, ...[...state.charts.values()].flatMap(c => [c.units, c.other])]
+            .map(u => [u.scales.x.min, u.scales.x.max])"""
+    )
+    assert len(spans) >= 3 and all(s == spans[0] for s in spans), spans
     # The capacity card and the table agree with the server.
     assert page.locator("#capacity").inner_text() != "–"
     rows = page.locator("#group-table tbody tr")
     assert rows.filter(has_text="accuracy").count() == 1
     assert rows.filter(has_text="gold").count() == 1
+    # The table: reserved, limit and the unit beside target, admitted and refused; "throttled"
+    # is refusing work, saturation its own column.
+    head = page.locator("#group-table thead").inner_text()
+    for column in ["reserved requests/s", "limit requests/s", "target requests/s", "admitted requests/s", "refused/s", "throttled", "saturation"]:
+        assert column in head, head
+    gold = rows.filter(has_text="gold").first.inner_text()
+    assert "300" in gold and "600" in gold, gold
+    page.wait_for_function(
+        "document.querySelector('#group-table tr[data-group=accuracy]').innerText.includes('refusing')", timeout=BOUND_MS
+    )
+    # Every configured group is listed, an idle one too, but an idle one is never charted; rows
+    # are by name, so they keep their places from one refresh to the next.
+    assert rows.filter(has_text="idle").count() == 1
+    assert page.evaluate("!state.charts.has('idle') && !state.charts.has('gold')")
+    order = page.evaluate("[...document.querySelectorAll('#group-table tbody tr')].map(r => r.dataset.group)")
+    assert order == sorted(order), order
+    page.wait_for_function(f"state.next > {page.evaluate('state.next')}", timeout=BOUND_MS)
+    assert page.evaluate("[...document.querySelectorAll('#group-table tbody tr')].map(r => r.dataset.group)") == order
     assert page.locator("#client-table tbody tr").filter(has_text="accuracy-0").count() == 1
 
     # Left open for a day: a day of samples through the page's own bookkeeping keeps at most a
@@ -141,6 +173,15 @@ def test_the_dashboard_draws_a_loaded_server_and_shows_a_group_on_click(server: 
     settings = page.locator("#detail-settings").inner_text()
     assert "600" in settings and "300" in settings, settings
     assert page.locator("#detail-name").inner_text() == "gold"
+    # A group has its own address, which opens it.
+    assert page.evaluate("location.hash") == "#/groups/gold"
+    other = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    other_errors = watch(other)
+    other.goto(server.http + "/#/groups/idle")
+    other.wait_for_function("document.getElementById('detail-name').textContent === 'idle'", timeout=BOUND_MS)
+    other.wait_for_function("document.getElementById('detail-settings').innerText.includes('reserved')", timeout=BOUND_MS)
+    assert other_errors == [], other_errors
+    other.close()
 
     # The filter narrows the table.
     page.fill("#filter", "gol")
@@ -224,3 +265,27 @@ def test_bad_requests_are_answered_clearly(server: Server) -> None:
     assert (code, body["field"]) == (400, "bogus"), body
     code, body = get("/v1/dashboard?charts=nosuch")
     assert code == 200 and body["unknown"] == ["nosuch"], body
+    code, body = get("/v1/dashboard?page=-1")
+    assert (code, body["field"]) == (400, "page"), body
+    code, body = get("/v1/dashboard?page=20001")
+    assert (code, body["field"]) == (400, "page"), body
+
+
+def test_groups_are_listed_by_name_a_page_at_a_time(server: Server, browser: object) -> None:
+    server.cli("sql", "; ".join(f"CREATE RESOURCE GROUP p{i:02d} RU_PER_SEC = 10" for i in range(55)))
+    page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    errors = watch(page)
+    page.goto(server.http + "/")
+    names = lambda: page.evaluate("[...document.querySelectorAll('#group-table tbody tr')].map(r => r.dataset.group)")  # noqa: E731
+    page.wait_for_function("document.querySelectorAll('#group-table tbody tr').length === 50", timeout=BOUND_MS)
+    assert names() == [f"p{i:02d}" for i in range(50)]
+    assert "Groups 1 to 50 of 55" in page.locator("#groups-note").inner_text()
+    page.click("#page-next")
+    page.wait_for_function("document.querySelectorAll('#group-table tbody tr').length === 5", timeout=BOUND_MS)
+    assert names() == [f"p{i:02d}" for i in range(50, 55)]
+    assert page.locator("#page-next").is_hidden()
+    page.click("#page-prev")
+    page.wait_for_function("document.querySelectorAll('#group-table tbody tr').length === 50", timeout=BOUND_MS)
+    # No group is in traffic: none is charted.
+    assert page.evaluate("state.charts.size") == 0
+    assert errors == [], errors

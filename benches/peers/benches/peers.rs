@@ -23,7 +23,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use limitador::limit::{Context, Expression, Limit};
-use tollgate_client::Tollgate;
+use tollgate_limiter::Tollgate;
 
 fn gate(groups: &[String], rate: u32) -> Tollgate {
     // Enough room for every key as its own group.

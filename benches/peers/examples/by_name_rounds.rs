@@ -17,7 +17,7 @@ use std::num::NonZeroU32;
 use std::time::Instant;
 
 use governor::{Quota, RateLimiter};
-use tollgate_client::Tollgate;
+use tollgate_limiter::Tollgate;
 
 const CALLS: usize = 3_000_000;
 

@@ -14,7 +14,7 @@ use std::num::NonZeroU32;
 use std::time::Instant;
 
 use governor::{Quota, RateLimiter};
-use tollgate_client::Tollgate;
+use tollgate_limiter::Tollgate;
 
 const CALLS: usize = 20_000_000;
 

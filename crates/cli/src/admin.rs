@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 use clap::{Args, Subcommand, ValueEnum};
+use tollgate_controller::store::StoredNode;
+use tollgate_controller::{convert, properties};
 use tollgate_proto::v1::{self, admin_client::AdminClient};
-use tollgate_server::store::StoredNode;
-use tollgate_server::{convert, properties};
 
 use crate::say;
 
@@ -316,11 +316,11 @@ pub struct Target {
     /// How long a call may take before it counts as unanswered.
     pub timeout: std::time::Duration,
     /// The token and TLS files (`--token`, `--ca`, `--cert`, `--key`).
-    pub access: tollgate_client::access::Access,
+    pub access: tollgate_limiter::access::Access,
 }
 
 /// An admin client carrying the token on every call.
-pub(crate) type Admin = AdminClient<tollgate_client::access::Rpc>;
+pub(crate) type Admin = AdminClient<tollgate_limiter::access::Rpc>;
 
 /// Connects to the first controller of `--server` (comma-separated URLs) that answers: with
 /// settings in etcd, any controller takes every admin command.
@@ -329,7 +329,7 @@ pub(crate) async fn connect(target: &Target) -> anyhow::Result<Admin> {
 }
 
 /// A connected channel to the first controller of `--server` that answers, carrying the token.
-pub(crate) async fn channel(target: &Target) -> anyhow::Result<tollgate_client::access::Rpc> {
+pub(crate) async fn channel(target: &Target) -> anyhow::Result<tollgate_limiter::access::Rpc> {
     let servers: Vec<&str> = target.url.split(',').map(str::trim).collect();
     if servers.len() > 16 || servers.iter().any(|s| s.is_empty()) {
         anyhow::bail!(
@@ -431,7 +431,7 @@ pub(crate) fn fmt_units(v: f64) -> String {
 }
 
 pub(crate) fn priority_name(level: u32) -> String {
-    tollgate_server::convert::priority_name(level)
+    tollgate_controller::convert::priority_name(level)
 }
 
 pub(crate) async fn get(client: &mut Admin, name: &str) -> anyhow::Result<Option<v1::GroupSettings>> {
@@ -444,7 +444,7 @@ pub(crate) async fn get(client: &mut Admin, name: &str) -> anyhow::Result<Option
 
 /// Rounds up to whole pages, as FoundationDB stores quotas; refuses what cannot be a rate.
 fn pages(bytes: u64) -> anyhow::Result<u64> {
-    let max = tollgate_core::settings::RATE_MAX as u64;
+    let max = tollgate_model::settings::RATE_MAX as u64;
     match bytes.div_ceil(PAGE).checked_mul(PAGE) {
         Some(rounded) if rounded <= max => Ok(rounded),
         _ => bail!("bytes_per_second: must be at most {max} (whole {PAGE}-byte pages), got {bytes}"),
@@ -824,7 +824,7 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         let mut head =
-            tollgate_server::status::status_json(&v1::StatusResponse { groups: Vec::new(), ..s.clone() });
+            tollgate_controller::status::status_json(&v1::StatusResponse { groups: Vec::new(), ..s.clone() });
         if let Some(o) = head.as_object_mut() {
             o.remove("groups");
         }
@@ -833,7 +833,7 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
         write!(out, "{open}{}\"groups\":[", if open.len() > 1 { "," } else { "" })?;
         let mut first = true;
         loop {
-            let page = tollgate_server::status::status_json(&s);
+            let page = tollgate_controller::status::status_json(&s);
             for g in page["groups"].as_array().into_iter().flatten() {
                 write!(out, "{}{g}", if first { "" } else { "," })?;
                 first = false;
@@ -859,7 +859,7 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
         s.next_page_token = page.next_page_token;
     }
     if json {
-        let mut v = tollgate_server::status::status_json(&s);
+        let mut v = tollgate_controller::status::status_json(&s);
         if let Some(o) = v.as_object_mut().filter(|_| !s.next_page_token.is_empty()) {
             o.insert("more_groups".into(), true.into());
         }
@@ -995,7 +995,7 @@ pub(crate) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
-    let (year, month, day) = tollgate_core::settings::civil_from_days(days);
+    let (year, month, day) = tollgate_model::settings::civil_from_days(days);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
         rem / 3600,
@@ -1011,7 +1011,7 @@ pub async fn audit(server: &Target, since: Option<Since>, limit: u32, json: bool
         None => 0,
         Some(Since::UnixMs(ms)) => ms,
         Some(Since::Ago(d)) => {
-            let now = tollgate_server::wall_ms();
+            let now = tollgate_controller::wall_ms();
             now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         }
     };

@@ -215,7 +215,7 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "URL[,URL...]")]
     pub(crate) etcd: Option<String>,
     /// The etcd key prefix the settings live under.
-    #[arg(long, default_value = tollgate_server::DEFAULT_ETCD_PREFIX, requires = "etcd")]
+    #[arg(long, default_value = tollgate_controller::DEFAULT_ETCD_PREFIX, requires = "etcd")]
     pub(crate) etcd_prefix: String,
     /// The gRPC URL clients and other controllers are told to reach this one at (with
     /// --etcd); default: http:// and the bound --grpc address.

@@ -144,8 +144,8 @@ fn resident_kb(pid: u32) -> Option<u64> {
 /// in seconds, and its size in bytes.
 async fn scrape_once(addr: &str, path: &str) -> std::io::Result<(f64, usize)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tollgate_core::time::Clock;
-    let clock = tollgate_client::clock::TokioClock::new();
+    use tollgate_model::time::Clock;
+    let clock = tollgate_limiter::clock::TokioClock::new();
     let started = clock.now();
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
@@ -236,7 +236,7 @@ impl ExchangeArgs {
 /// The most connections the load program opens for its clients, and the most backends.
 const CONNECTIONS_MAX: usize = 1000;
 
-pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) -> anyhow::Result<()> {
+pub async fn exchange(a: ExchangeArgs, access: tollgate_limiter::access::Access) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.clients > 0 && a.groups > 0 && a.connections > 0,
         "--clients, --groups and --connections must be above 0"
@@ -259,7 +259,7 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
         None => None,
     };
     let before = a.server_pid.and_then(process_usage);
-    let clock = tollgate_client::clock::TokioClock::new();
+    let clock = tollgate_limiter::clock::TokioClock::new();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     // Everything each client needs is made first, so that their schedules start together.
@@ -388,7 +388,7 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_client::access::Access) 
 /// would hold up that client's exchanges behind it).
 async fn connect_all(
     a: &ExchangeArgs,
-    access: &tollgate_client::access::Access,
+    access: &tollgate_limiter::access::Access,
 ) -> anyhow::Result<(
     Vec<tollgate_proto::frames::EndKnownCalls<Channel>>,
     Vec<tollgate_proto::frames::EndKnownCalls<Channel>>,
@@ -454,15 +454,15 @@ async fn client_loop(
     mut grpc: tonic::client::Grpc<
         tonic::service::interceptor::InterceptedService<
             tollgate_proto::frames::EndKnownCalls<Channel>,
-            tollgate_client::access::Bearer,
+            tollgate_limiter::access::Bearer,
         >,
     >,
     request: Encoded,
     stop: Arc<AtomicBool>,
-    clock: tollgate_client::clock::TokioClock,
+    clock: tollgate_limiter::clock::TokioClock,
     turn: Option<Arc<tokio::sync::Notify>>,
 ) -> (Vec<f64>, (u64, Option<String>)) {
-    use tollgate_core::time::Clock;
+    use tollgate_model::time::Clock;
     let mut latencies = Vec::new();
     let mut failures: (u64, Option<String>) = (0, None);
     let mut sequence = 0u64;
@@ -539,7 +539,7 @@ fn backend_groups(a: &ExchangeArgs, b: usize) -> Vec<String> {
 fn backends(
     a: &ExchangeArgs,
     channels: &[tollgate_proto::frames::EndKnownCalls<Channel>],
-    bearer: &tollgate_client::access::Bearer,
+    bearer: &tollgate_limiter::access::Bearer,
     stop: &tokio::sync::watch::Sender<bool>,
 ) -> tokio::task::JoinSet<(u64, u64, Option<String>)> {
     let mut set = tokio::task::JoinSet::new();
@@ -638,14 +638,14 @@ fn pace(
     period: Duration,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Arc<HeldUp>> {
-    use tollgate_core::time::Clock;
+    use tollgate_model::time::Clock;
     let mut schedule = Schedule::new(phases(turns.len(), period), period);
     let held_up = Arc::new(HeldUp::default());
     let counted = held_up.clone();
     std::thread::Builder::new()
         .name("pacer".into())
         .spawn(move || {
-            let clock = tollgate_client::clock::MonotonicClock::new();
+            let clock = tollgate_limiter::clock::MonotonicClock::new();
             let begin = clock.now();
             while !stop.load(Ordering::Relaxed) {
                 let (c, due) = schedule.next();
@@ -771,8 +771,8 @@ async fn exchanges_answered(addr: &str) -> anyhow::Result<f64> {
 /// read at both ends, each read timed at its middle (a read of a large `/metrics` takes a
 /// while).
 async fn exchanges_per_second(addr: String, after: f64, seconds: f64) -> anyhow::Result<f64> {
-    use tollgate_core::time::Clock;
-    let clock = tollgate_client::clock::TokioClock::new();
+    use tollgate_model::time::Clock;
+    let clock = tollgate_limiter::clock::TokioClock::new();
     let read = || async {
         let before = clock.now();
         let count = exchanges_answered(&addr).await?;
@@ -794,7 +794,7 @@ fn own_cpu() -> f64 {
 /// Offers `per_client` requests/s from each of `gates` for `group`, counting the admitted
 /// ones after `warmup`; returns (admitted per second, attempts).
 async fn offer(
-    gates: &[tollgate_client::Tollgate],
+    gates: &[tollgate_limiter::Tollgate],
     group: &str,
     per_client: f64,
     warmup: f64,
@@ -965,10 +965,12 @@ async fn measure_accuracy(
     }
     let mut gates = Vec::new();
     for i in 0..a.clients {
-        let opts =
-            tollgate_client::RemoteOptions { client_id: Some(format!("accuracy-{i}")), ..Default::default() };
+        let opts = tollgate_limiter::RemoteOptions {
+            client_id: Some(format!("accuracy-{i}")),
+            ..Default::default()
+        };
         let timeout = opts.exchange_timeout;
-        let (gate, driver) = tollgate_client::Tollgate::remote_driven(opts)?;
+        let (gate, driver) = tollgate_limiter::Tollgate::remote_driven(opts)?;
         tokio::spawn(driver.run_on(channels[i % channels.len()].clone(), timeout));
         gates.push(gate);
     }
@@ -1030,8 +1032,8 @@ async fn measure_accuracy(
     if let Some(url) = &a.redis {
         let client =
             redis::Client::open(url.as_str()).with_context(|| format!("--redis: invalid URL {url:?}"))?;
-        let clock = tollgate_client::clock::TokioClock::new();
-        use tollgate_core::time::Clock;
+        let clock = tollgate_limiter::clock::TokioClock::new();
+        use tollgate_model::time::Clock;
         let limit = a.limit as i64;
         let mut clients = Vec::with_capacity(a.clients);
         for _ in 0..a.clients {

@@ -411,7 +411,7 @@ mod tests {
         assert!(text.contains("model = \"linear\"\nread_base = 3."), "{text}");
         // The snippet is a settings file the limiter takes.
         let snippet = &text[text.find("[cost]").unwrap()..];
-        tollgate_core::config::Config::parse(snippet).unwrap();
+        tollgate_model::config::Config::parse(snippet).unwrap();
     }
 
     #[test]

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use tollgate_core::config::Config;
-use tollgate_core::settings::Limit;
+use tollgate_model::config::Config;
+use tollgate_model::settings::Limit;
 
 /// What `check-config` prints, and whether the file is valid.
 pub struct Report {
@@ -26,7 +26,7 @@ pub fn check(path: &str, src: &str, for_server: bool) -> Report {
             Report { ok: false, text }
         }
         Ok(config) => {
-            if !for_server && let Err(e) = tollgate_client::check_embedded(&config) {
+            if !for_server && let Err(e) = tollgate_limiter::check_embedded(&config) {
                 let _ = writeln!(text, "{path}: {e}");
                 let _ = writeln!(
                     text,

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use tollgate_core::time::Clock;
+use tollgate_model::time::Clock;
 
 use crate::say;
 
@@ -68,7 +68,7 @@ pub async fn first_answer(a: FirstAnswerArgs, target: &crate::admin::Target) -> 
     {
         anyhow::bail!("--prefix: 1 to 200 letters, digits or dashes, got {:?}", a.prefix);
     }
-    let clock = tollgate_client::clock::TokioClock::new();
+    let clock = tollgate_limiter::clock::TokioClock::new();
     let n = a.groups as usize;
     // HTTP: a connection per check, as a program without keep-alive would (the connection's
     // setup is in the figure).

@@ -49,7 +49,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let target = admin::Target {
         url: cli.server.clone(),
         timeout: std::time::Duration::from_millis(cli.timeout_ms),
-        access: tollgate_client::access::Access {
+        access: tollgate_limiter::access::Access {
             token: cli.token.clone(),
             ca_file: cli.ca.clone(),
             identity: cli.cert.clone().zip(cli.key.clone()),

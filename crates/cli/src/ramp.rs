@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use tollgate_core::ramp::Ramp;
-use tollgate_core::settings::{RampMode, RampSettings};
+use tollgate_model::ramp::Ramp;
+use tollgate_model::settings::{RampMode, RampSettings};
 
 use crate::say;
 

@@ -61,7 +61,7 @@ pub async fn run(server: &Target, cmd: Rls) -> anyhow::Result<()> {
         Rls::SetRules { json } => {
             let text = match json.strip_prefix('@') {
                 Some(file) => {
-                    crate::read_text(std::path::Path::new(file), tollgate_core::rls::RULES_MAX_BYTES)?
+                    crate::read_text(std::path::Path::new(file), tollgate_model::rls::RULES_MAX_BYTES)?
                 }
                 None => json,
             };

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::bail;
-use tollgate_core::config::{Config, NodeSettings};
-use tollgate_core::cost::CostModel;
-use tollgate_core::engine::{COST_FOLDING_S, LimitingLaw, SaturationSettings};
-use tollgate_server::{Server, ServerOptions, shutdown_signal};
+use tollgate_controller::{Server, ServerOptions, shutdown_signal};
+use tollgate_model::config::{Config, NodeSettings};
+use tollgate_model::cost::CostModel;
+use tollgate_model::engine::{COST_FOLDING_S, LimitingLaw, SaturationSettings};
 
 use crate::args::ServerArgs;
 
@@ -71,12 +71,12 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             );
         }
     }
-    if a.tls_allow_name.len() > tollgate_server::listen::ALLOWED_NAMES_MAX
+    if a.tls_allow_name.len() > tollgate_controller::listen::ALLOWED_NAMES_MAX
         || a.tls_allow_name.iter().any(|n| n.trim().is_empty() || n.len() > 255)
     {
         bail!(
             "--tls-allow-name: 1 to {} names of 1 to 255 bytes each",
-            tollgate_server::listen::ALLOWED_NAMES_MAX
+            tollgate_controller::listen::ALLOWED_NAMES_MAX
         );
     }
     let admin_token = match &a.admin_token_file {
@@ -99,7 +99,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         }
     };
     let tls = match (&a.tls_cert, &a.tls_key) {
-        (Some(cert), Some(key)) => Some(tollgate_server::listen::TlsFiles {
+        (Some(cert), Some(key)) => Some(tollgate_controller::listen::TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: a.tls_client_ca.clone(),
@@ -145,7 +145,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
     notes.extend(threshold_note);
     let etcd = match &a.etcd {
         Some(urls) => {
-            Some(tollgate_server::EtcdTarget::parse(urls, &a.etcd_prefix).map_err(anyhow::Error::msg)?)
+            Some(tollgate_controller::EtcdTarget::parse(urls, &a.etcd_prefix).map_err(anyhow::Error::msg)?)
         }
         None => None,
     };
@@ -179,9 +179,9 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             model
         }
     };
-    let (max_connections, fitted) = tollgate_server::conn::fit_connections(
+    let (max_connections, fitted) = tollgate_controller::conn::fit_connections(
         a.max_connections.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-        tollgate_server::conn::open_file_limit(),
+        tollgate_controller::conn::open_file_limit(),
     )
     .map_err(anyhow::Error::msg)?;
     notes.extend(fitted);
@@ -199,7 +199,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         cost_folding: Duration::from_secs_f64(a.cost_folding_s),
         trickle: Duration::from_millis(a.trickle_ms),
         flush_interval: Duration::from_millis(a.flush_ms),
-        limits: tollgate_server::conn::Limits {
+        limits: tollgate_controller::conn::Limits {
             max_connections,
             idle_timeout: Duration::from_millis(a.idle_timeout_ms),
             max_requests_per_s: a.max_requests_per_conn_s,

@@ -77,7 +77,7 @@ pub fn run(
                 std::fs::File::create(file).with_context(|| format!("cannot write {}", file.display()))?;
             let mut w = std::io::BufWriter::new(f);
             let mut failed = None;
-            let mut sink = |e: tollgate_core::engine::TraceEvent| {
+            let mut sink = |e: tollgate_model::engine::TraceEvent| {
                 if failed.is_none()
                     && let Err(err) = serde_json::to_writer(&mut w, &e)
                         .map_err(std::io::Error::from)

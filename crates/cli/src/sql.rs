@@ -374,7 +374,7 @@ impl Parser<'_> {
     }
 
     fn number(&mut self, what: &str) -> Result<f64, SqlError> {
-        let max = tollgate_core::settings::RATE_MAX;
+        let max = tollgate_model::settings::RATE_MAX;
         if let Some(Kind::Number(n)) = self.peek().map(|t| &t.kind)
             && let Some(v) = n.parse::<f64>().ok().filter(|v| (0.0..=max).contains(v))
         {

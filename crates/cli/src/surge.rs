@@ -17,8 +17,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate_client::clock::TokioClock;
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_limiter::clock::TokioClock;
+use tollgate_model::time::{Clock, Nanos};
 use tollgate_proto::v1;
 
 /// Prints one formatted line (see [`crate::say`]).
@@ -190,8 +190,8 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 /// Runs the surge and prints what it saw.
 pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
     let mut admin = crate::bench::admin_client(&a.server).await?;
-    let high = u32::from(tollgate_core::settings::Priority::HIGH.level());
-    let low = u32::from(tollgate_core::settings::Priority::LOW.level());
+    let high = u32::from(tollgate_model::settings::Priority::HIGH.level());
+    let low = u32::from(tollgate_model::settings::Priority::LOW.level());
     let gold = v1::GroupPatch { reserved: Some(200_000.0), priority: Some(high), ..Default::default() };
     let bronze = v1::GroupPatch { limit: Some(BRONZE_LIMIT), priority: Some(low), ..Default::default() };
     crate::bench::put(&mut admin, "gold", gold).await?;

@@ -62,7 +62,7 @@ pub async fn run(
         None => 0,
         Some(Since::UnixMs(ms)) => ms,
         Some(Since::Ago(d)) => {
-            tollgate_server::wall_ms().saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            tollgate_controller::wall_ms().saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         }
     };
     let mut client = connect(server).await?;

@@ -234,7 +234,7 @@ fn consumption_is_metered_by_the_minute_and_survives_a_restart() {
     assert!(csv.starts_with("minute,group,consumed,admitted,throttled\n"), "{csv}");
     assert!(csv.lines().skip(1).all(|l| l.contains(",metered,")), "{csv}");
     // A span that starts after the consumption: nothing in it.
-    let later = (tollgate_server::wall_ms() + 120_000).to_string();
+    let later = (tollgate_controller::wall_ms() + 120_000).to_string();
     assert!(usage(&s.url(), &["--since", &later]).contains("no consumption recorded"));
     // As JSON: an empty array, valid JSON.
     let none: Value = serde_json::from_str(&usage(&s.url(), &["--since", &later, "--json"])).unwrap();

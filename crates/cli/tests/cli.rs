@@ -457,7 +457,7 @@ fn check_config_reports_what_the_limiter_would_refuse_and_accepts_what_it_builds
     let path = file("fcfs.toml", fcfs);
     let (code, out, _) = tollgate(&["check-config", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}");
-    tollgate_client::Tollgate::from_toml(fcfs).expect("what check-config accepts, the limiter builds");
+    tollgate_limiter::Tollgate::from_toml(fcfs).expect("what check-config accepts, the limiter builds");
 }
 
 #[test]

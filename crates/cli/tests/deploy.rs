@@ -94,7 +94,7 @@ fn the_units_command_line_serves() {
         .collect();
     assert!(args.iter().any(|a| a == "--data"), "{exec}");
     assert_healthy(BIN.as_ref(), &args);
-    assert!(data.join(tollgate_server::store::FILE_NAME).exists(), "the store is in the state directory");
+    assert!(data.join(tollgate_controller::store::FILE_NAME).exists(), "the store is in the state directory");
 }
 
 /// Runs `scripts/NAME` on the binary under test with the variable `env` set: what it printed,
@@ -296,7 +296,7 @@ fn the_image_builds_from_scratch_and_its_root_file_system_serves() {
     assert_eq!(owner, 65532, "the store belongs to the image's user");
     assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
     assert!(groups.contains("\"image-made\""), "{groups}");
-    assert!(root.join("var/lib/tollgate").join(tollgate_server::store::FILE_NAME).exists());
+    assert!(root.join("var/lib/tollgate").join(tollgate_controller::store::FILE_NAME).exists());
 }
 
 /// The release archive `scripts/release.sh` packs: its sum checks, it holds the binary, the

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate_client::clock::TokioClock;
-use tollgate_core::time::Clock;
+use tollgate_limiter::clock::TokioClock;
+use tollgate_model::time::Clock;
 
 mod common;
 use common::{BIN, admin, server_command};
@@ -49,7 +49,7 @@ fn kv_service_binary() -> PathBuf {
     let bin = dir.join("examples").join("kv-service");
     assert!(
         bin.exists(),
-        "{} is missing: build it with `cargo build -p tollgate-client --example kv-service` (the README's test command does)",
+        "{} is missing: build it with `cargo build -p tollgate-limiter --example kv-service` (the README's test command does)",
         bin.display()
     );
     bin
@@ -154,7 +154,7 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
         // One service, one zone: no zone to ignore.
         server_command(&data, "127.0.0.1:0")
             .args(["--ignore-worst-zones", "0"])
-            .env("RUST_LOG", "tollgate_server=debug,info"),
+            .env("RUST_LOG", "tollgate_controller=debug,info"),
         "grpc ",
     );
     let url = format!("http://{grpc}");

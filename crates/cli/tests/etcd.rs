@@ -248,48 +248,48 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     // A client given every address, the leader last: followers send it on.
     let mut order: Vec<String> = urls.iter().filter(|u| **u != first).cloned().collect();
     order.push(first.clone());
-    let opts = tollgate_client::RemoteOptions {
+    let opts = tollgate_limiter::RemoteOptions {
         client_id: Some("ha-client".into()),
         max_wait: Duration::from_secs(30),
         ..Default::default()
     };
-    let gate = tollgate_client::Tollgate::remote(&order.join(","), opts).unwrap();
+    let gate = tollgate_limiter::Tollgate::remote(&order.join(","), opts).unwrap();
     drop(gate.acquire("g", 1.0).await.unwrap());
     assert!(status(&https[was]).unwrap()["clients"].as_u64() >= Some(1));
     // A backend given every address reports to the leader, and follows the settings.
-    let reporter = tollgate_client::reporter::BackendReporter::spawn(
+    let reporter = tollgate_limiter::reporter::BackendReporter::spawn(
         &order.join(","),
-        tollgate_client::reporter::ReporterOptions {
+        tollgate_limiter::reporter::ReporterOptions {
             interval: Duration::from_millis(200),
             capacity: Some(1e6),
             ..Default::default()
         },
-        || tollgate_client::reporter::BackendHealth::Utilisation(0.0),
+        || tollgate_limiter::reporter::BackendHealth::Utilisation(0.0),
     )
     .unwrap();
     reporter.record("g", 100.0);
     eventually("the leader hears the backend", || {
         status(&https[was]).is_some_and(|s| s["backends"].as_u64() >= Some(1))
     });
-    let scheduler = tollgate_client::scheduler::Scheduler::new(
-        &tollgate_core::config::Config::default(),
-        tollgate_client::scheduler::SchedulerOptions::default(),
+    let scheduler = tollgate_limiter::scheduler::Scheduler::new(
+        &tollgate_model::config::Config::default(),
+        tollgate_limiter::scheduler::SchedulerOptions::default(),
     );
     let _following =
-        scheduler.follow(&order.join(","), tollgate_client::scheduler::FollowOptions::default()).unwrap();
+        scheduler.follow(&order.join(","), tollgate_limiter::scheduler::FollowOptions::default()).unwrap();
     eventually("the backend has the settings", || scheduler.settings_for("g").limit().as_f64() == 100.0);
 
     // kill -9 the leader: another leads, and the client moves to it without safe mode.
     controllers[was] = None;
     let alive: Vec<usize> = (0..3).filter(|i| *i != was).collect();
-    let clock = tollgate_client::clock::MonotonicClock::new();
-    let killed_at = tollgate_core::time::Clock::now(&clock);
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let killed_at = tollgate_model::time::Clock::now(&clock);
     let mut second = None;
     eventually("a new leader", || {
         second = leader(&alive);
         second.is_some()
     });
-    let took = tollgate_core::time::Clock::now(&clock).since(killed_at);
+    let took = tollgate_model::time::Clock::now(&clock).since(killed_at);
     println!("failover: a new leader after {took:?}");
     // The goal is 3 s at the default 2 s election lease (measured in BENCHMARKS.md: 2.0 to
     // 2.4 s). This bound, far above it so that a loaded machine cannot trip it, catches an
@@ -349,8 +349,8 @@ async fn under_load_a_failover_keeps_the_limit_and_never_grants_above_the_target
     let mut tasks = Vec::new();
     for i in 0..20 {
         let opts =
-            tollgate_client::RemoteOptions { client_id: Some(format!("load-{i}")), ..Default::default() };
-        let gate = tollgate_client::Tollgate::remote(&all, opts).unwrap();
+            tollgate_limiter::RemoteOptions { client_id: Some(format!("load-{i}")), ..Default::default() };
+        let gate = tollgate_limiter::Tollgate::remote(&all, opts).unwrap();
         let (admitted, stop) = (admitted.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut ticks = tokio::time::interval(Duration::from_millis(5));
@@ -384,8 +384,8 @@ async fn under_load_a_failover_keeps_the_limit_and_never_grants_above_the_target
             acknowledged
         })
     };
-    let clock = tollgate_client::clock::MonotonicClock::new();
-    let now = || tollgate_core::time::Clock::now(&clock);
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let now = || tollgate_model::time::Clock::now(&clock);
     // Warm up, then measure over 14 s with the leader killed 4 s in. Every 100 ms, the live
     // grants on whichever controller leads must stay within its target.
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -454,9 +454,9 @@ async fn without_etcd_the_leader_steps_down_nobody_takes_over_and_clients_ride_t
             .collect::<Vec<_>>()
     };
     eventually("a leader", || roles().iter().filter(|r| r.as_deref() == Some("leader")).count() == 1);
-    let gate = tollgate_client::Tollgate::remote(
+    let gate = tollgate_limiter::Tollgate::remote(
         &all,
-        tollgate_client::RemoteOptions { max_wait: Duration::from_secs(30), ..Default::default() },
+        tollgate_limiter::RemoteOptions { max_wait: Duration::from_secs(30), ..Default::default() },
     )
     .unwrap();
     drop(gate.acquire("g", 1.0).await.unwrap());
@@ -602,8 +602,8 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
     let mut gates = Vec::new();
     let mut tasks = Vec::new();
     for i in 0..4 {
-        let opts = tollgate_client::RemoteOptions { client_id: Some(format!("c{i}")), ..Default::default() };
-        let gate = tollgate_client::Tollgate::remote(&all, opts).unwrap();
+        let opts = tollgate_limiter::RemoteOptions { client_id: Some(format!("c{i}")), ..Default::default() };
+        let gate = tollgate_limiter::Tollgate::remote(&all, opts).unwrap();
         gates.push(gate.clone());
         let (admitted, stop) = (admitted.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
@@ -616,8 +616,8 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
             }
         }));
     }
-    let clock = tollgate_client::clock::MonotonicClock::new();
-    let now = || tollgate_core::time::Clock::now(&clock);
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let now = || tollgate_model::time::Clock::now(&clock);
     // Warm up: the grants settle at 50 each.
     tokio::time::sleep(Duration::from_secs(4)).await;
     etcd.kill();
@@ -646,12 +646,12 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
             // Watched beside the measurement: how soon a controller leads again.
             let https = https.clone();
             watcher = Some(std::thread::spawn(move || {
-                let clock = tollgate_client::clock::MonotonicClock::new();
-                let from = tollgate_core::time::Clock::now(&clock);
+                let clock = tollgate_limiter::clock::MonotonicClock::new();
+                let from = tollgate_model::time::Clock::now(&clock);
                 for _ in 0..1200 {
                     if https.iter().filter(|h| status(h).is_some_and(|s| s["role"] == "leader")).count() == 1
                     {
-                        return Some(tollgate_core::time::Clock::now(&clock).since(from));
+                        return Some(tollgate_model::time::Clock::now(&clock).since(from));
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }

@@ -178,8 +178,8 @@ fn the_grafana_board_has_the_panels_an_sre_looks_for() {
 /// a backend reporting saturation), scraped by a real Prometheus with the rules loaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_the_server_and_evaluates_the_rules_and_the_board() {
-    use tollgate_client::reporter::{BackendHealth, BackendReporter, ReporterOptions};
-    use tollgate_client::{RemoteOptions, Tollgate};
+    use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions};
+    use tollgate_limiter::{RemoteOptions, Tollgate};
     let server = ServerProc::start(&data_dir("observability"));
     let url = server.url();
     admin(&url, &["node", "capacity", "1000"]);

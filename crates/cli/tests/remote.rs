@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use tollgate_client::scheduler::{FollowOptions, Scheduler, SchedulerOptions};
-use tollgate_client::{RemoteOptions, Tollgate};
-use tollgate_core::config::Config;
+use tollgate_limiter::scheduler::{FollowOptions, Scheduler, SchedulerOptions};
+use tollgate_limiter::{RemoteOptions, Tollgate};
+use tollgate_model::config::Config;
 
 mod common;
 use common::{admin, server_command};
@@ -233,7 +233,7 @@ async fn no_reachable_controller_is_a_clear_error_for_the_client_and_the_cli() {
 /// and its clients (grants, lapsed or not) on `/status`, in metrics and in `tollgate status`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_shows_each_backend_and_each_client() {
-    use tollgate_client::reporter::{BackendHealth, BackendReporter, ReporterOptions};
+    use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions};
     let server = common::ServerProc::start(&common::data_dir("diagnostics"));
     let url = server.url();
     admin(&url, &["group", "create", "g", "--reserved", "10", "--limit", "100"]);
@@ -314,7 +314,7 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
     // before the successor starts.
     struct Member {
         gate: Tollgate,
-        g: tollgate_client::GroupHandle,
+        g: tollgate_limiter::GroupHandle,
         stop: Arc<AtomicBool>,
         thread: Option<std::thread::JoinHandle<()>>,
     }

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use tollgate_client::access::Access;
+use tollgate_limiter::access::Access;
 
 mod common;
 use common::{BIN, ServerProc, data_dir};

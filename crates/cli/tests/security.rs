@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_client::access::{Access, Rpc};
+use tollgate_limiter::access::{Access, Rpc};
 use tollgate_proto::v1;
 use tollgate_testkit::pki::Pki;
 use tonic::Code;
@@ -434,12 +434,12 @@ fn unthrottled_is_a_privilege_of_the_credential() {
     let rt = runtime();
     let _entered = rt.enter();
     let remote = |token: &str, id: &str| {
-        let opts = tollgate_client::RemoteOptions {
+        let opts = tollgate_limiter::RemoteOptions {
             client_id: Some(id.into()),
             access: with_token(Some(token)),
             ..Default::default()
         };
-        tollgate_client::Tollgate::remote(&s.url(), opts).unwrap()
+        tollgate_limiter::Tollgate::remote(&s.url(), opts).unwrap()
     };
     let p = remote(&privileged, "priv");
     let q = remote(&plain, "plain");
@@ -635,8 +635,8 @@ fn mutual_tls_with_an_allow_list_refuses_strangers_and_reloads_its_certificate()
             ca_file: Some(ca.clone()),
             identity: Some((app.clone(), app_key.clone())),
         };
-        let opts = tollgate_client::RemoteOptions { access, ..Default::default() };
-        let gate = tollgate_client::Tollgate::remote(&url, opts).unwrap();
+        let opts = tollgate_limiter::RemoteOptions { access, ..Default::default() };
+        let gate = tollgate_limiter::Tollgate::remote(&url, opts).unwrap();
         tokio::time::timeout(Duration::from_secs(30), async {
             while gate.remote_status().unwrap().exchanges == 0 {
                 let _ = gate.try_acquire("tls-g", 1.0);
@@ -767,12 +767,12 @@ fn a_revoked_token_is_a_rejection_the_application_sees_not_an_outage() {
     let token = create(&s, &admin, &["--role", "client"]);
     let rt = runtime();
     let _entered = rt.enter();
-    let opts = tollgate_client::RemoteOptions {
+    let opts = tollgate_limiter::RemoteOptions {
         client_id: Some("rejected".into()),
         access: with_token(Some(&token)),
         ..Default::default()
     };
-    let gate = tollgate_client::Tollgate::remote(&s.url(), opts).unwrap();
+    let gate = tollgate_limiter::Tollgate::remote(&s.url(), opts).unwrap();
     let admitted = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(30), async {
             loop {
@@ -791,7 +791,7 @@ fn a_revoked_token_is_a_rejection_the_application_sees_not_an_outage() {
         tokio::time::timeout(Duration::from_secs(30), async {
             loop {
                 match gate.try_acquire("rj", 1.0) {
-                    Err(e @ tollgate_client::AcquireError::Rejected { .. }) => return e,
+                    Err(e @ tollgate_limiter::AcquireError::Rejected { .. }) => return e,
                     _ => tokio::time::sleep(Duration::from_millis(20)).await,
                 }
             }
@@ -800,13 +800,13 @@ fn a_revoked_token_is_a_rejection_the_application_sees_not_an_outage() {
     });
     let e = refused.expect("a request refused as rejected once the token is revoked");
     assert!(!e.is_transient(), "{e}");
-    let tollgate_client::AcquireError::Rejected { group } = &e else { unreachable!() };
+    let tollgate_limiter::AcquireError::Rejected { group } = &e else { unreachable!() };
     assert_eq!(group.as_str(), "rj", "{e}");
     let status = gate.remote_status().unwrap();
     let reason = status.rejected.clone().expect("the controller's answer is kept");
     assert!(!reason.is_transient(), "{reason:?}");
     assert!(
-        matches!(reason, tollgate_client::ExchangeError::Rejected { code: Code::Unauthenticated, .. }),
+        matches!(reason, tollgate_limiter::ExchangeError::Rejected { code: Code::Unauthenticated, .. }),
         "{reason:?}"
     );
     assert!(!status.safe_mode, "{status:?}");

@@ -1539,7 +1539,7 @@ fn metrics_carry_the_build_and_the_process() {
     assert!(value("process_resident_memory_bytes") > 1e6);
     assert!(value("process_open_fds") >= 4.0, "two listeners and the store at least");
     assert!(value("process_max_fds") >= value("process_open_fds"));
-    let now = tollgate_server::wall_ms() as f64 / 1000.0;
+    let now = tollgate_controller::wall_ms() as f64 / 1000.0;
     let started = value("process_start_time_seconds");
     assert!(started <= now + 1.0 && started > now - 600.0, "started {started}, now {now}");
     // CPU time is counted in clock ticks (10 ms): it shows once the server has worked a little.

@@ -1,6 +1,6 @@
 //! The admission hot path, side by side with `governor` on the same quota.
 //!
-//! `cargo bench -p tollgate-client --bench hot_path`
+//! `cargo bench -p tollgate-limiter --bench hot_path`
 //!
 //! Every limiter is set to about 4.29 billion units/s with an equal burst (governor's largest
 //! quota), so every call finds tokens and the admit path is what is measured. At that rate
@@ -18,17 +18,17 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use tollgate_client::Tollgate;
-use tollgate_client::clock::{CoarseClock, MonotonicClock};
-use tollgate_core::bucket::Bucket;
-use tollgate_core::time::Clock;
+use tollgate_limiter::Tollgate;
+use tollgate_limiter::clock::{CoarseClock, MonotonicClock};
+use tollgate_model::bucket::Bucket;
+use tollgate_model::time::Clock;
 
 const RATE: u32 = u32::MAX;
 
 /// Groups `a` and `b` on governor's quota; `small_burst` at the same rate with a burst of 200
 /// units, too small for a thread's stash, so every admission goes to the shared bucket.
-fn settings() -> tollgate_core::config::Config {
-    tollgate_core::config::Config::parse(&format!(
+fn settings() -> tollgate_model::config::Config {
+    tollgate_model::config::Config::parse(&format!(
         "[groups.a]\nlimit = {RATE}\n[groups.b]\nlimit = {RATE}\n[groups.small_burst]\nlimit = {RATE}\nburst = 200\n"
     ))
     .unwrap()
@@ -96,7 +96,7 @@ fn one_thread(c: &mut Criterion) {
     g.bench_function("part_bucket_at_given_time", |b| {
         b.iter(|| {
             t += 1;
-            black_box(bucket.try_acquire(black_box(1.0), tollgate_core::time::Nanos(t)).is_ok())
+            black_box(bucket.try_acquire(black_box(1.0), tollgate_model::time::Nanos(t)).is_ok())
         })
     });
     let lim = governor_limiter();

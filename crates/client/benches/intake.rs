@@ -2,7 +2,7 @@
 //! in turn (taking every one in), then three more rounds (the steady state, reallocations
 //! included).
 //!
-//! `cargo bench -p tollgate-client --bench intake -- --bench` (10,000, 40,000 and 100,000
+//! `cargo bench -p tollgate-limiter --bench intake -- --bench` (10,000, 40,000 and 100,000
 //! groups; without `--bench`, as `cargo test --all-targets` runs it, 1,000 only).
 //!
 //! A program rather than a criterion bench: one intake is one measurement, and what it shows
@@ -10,8 +10,8 @@
 
 use std::io::Write;
 
-use tollgate_client::Tollgate;
-use tollgate_core::time::ManualClock;
+use tollgate_limiter::Tollgate;
+use tollgate_model::time::ManualClock;
 
 fn run(groups: usize) {
     let names: Vec<String> = (0..groups).map(|i| format!("tenant-{i:06}")).collect();

@@ -3,7 +3,7 @@
 //! against (and, for mutual TLS, this client's own certificate and key).
 //!
 //! ```
-//! use tollgate_client::access::Access;
+//! use tollgate_limiter::access::Access;
 //! let access = Access { token: Some("tg_0123456789abcdef_".to_string() + &"0".repeat(64)), ..Access::default() };
 //! assert!(access.bearer().is_ok());
 //! ```

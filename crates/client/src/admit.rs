@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tollgate_core::bucket::{Bucket, Priced, Refusal};
-use tollgate_core::cost::check_cost;
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_model::bucket::{Bucket, Priced, Refusal};
+use tollgate_model::cost::check_cost;
+use tollgate_model::time::{Clock, Nanos};
 
 use crate::error::AcquireError;
 use crate::group::{Group, Limiter, micros};
@@ -532,7 +532,7 @@ fn stash_batch(priced: &Priced) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_core::time::ManualClock;
+    use tollgate_model::time::ManualClock;
 
     use crate::Tollgate;
     use crate::tally::LOCAL_GROUPS_MAX;
@@ -548,7 +548,7 @@ mod tests {
         let groups = 1000;
         let toml: String = (0..groups).map(|i| format!("[groups.g{i:04}]\nlimit = 1000000\n")).collect();
         let gate = Tollgate::builder()
-            .config(tollgate_core::config::Config::parse(&toml).unwrap())
+            .config(tollgate_model::config::Config::parse(&toml).unwrap())
             .clock(ManualClock::new())
             .build()
             .unwrap();

@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::bucket::Bucket;
-use tollgate_core::config::{AllocationMode, Config, ConfigError, ConfigErrors, NodeSettings};
-use tollgate_core::cost::CostModel;
-use tollgate_core::settings::{GroupName, GroupSettings};
-use tollgate_core::time::Clock;
+use tollgate_model::bucket::Bucket;
+use tollgate_model::config::{AllocationMode, Config, ConfigError, ConfigErrors, NodeSettings};
+use tollgate_model::cost::CostModel;
+use tollgate_model::settings::{GroupName, GroupSettings};
+use tollgate_model::time::Clock;
 
 use crate::clock::{ClockSource, MonotonicClock};
 use crate::embedded::Embedded;
@@ -31,7 +31,7 @@ pub fn check(config: &Config) -> Result<(), BuildError> {
     config.cost_model.validate()?;
     check_node(&config.node)?;
     if let Some((name, _)) =
-        config.groups.iter().find(|(_, s)| s.budget_period() != tollgate_core::settings::BudgetPeriod::Total)
+        config.groups.iter().find(|(_, s)| s.budget_period() != tollgate_model::settings::BudgetPeriod::Total)
     {
         return Err(BuildError::Unsupported {
             mode: "embedded",
@@ -154,8 +154,8 @@ impl Tollgate {
     /// A builder, to describe groups in code.
     ///
     /// ```
-    /// use tollgate_client::Tollgate;
-    /// use tollgate_core::settings::{GroupName, GroupSettings};
+    /// use tollgate_limiter::Tollgate;
+    /// use tollgate_model::settings::{GroupName, GroupSettings};
     ///
     /// let gate = Tollgate::builder()
     ///     .capacity(10_000.0)

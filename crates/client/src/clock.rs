@@ -5,13 +5,13 @@
 //! clock, which matters on the admission hot path. [`TokioClock`] follows tokio's clock,
 //! so tests with paused time (`#[tokio::test(start_paused = true)]`) see sleeps advance it.
 //! [`CoarseClock`] trades resolution (1 ms) for a read that is one atomic load.
-//! Tests that drive time by hand use [`tollgate_core::time::ManualClock`].
+//! Tests that drive time by hand use [`tollgate_model::time::ManualClock`].
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_model::time::{Clock, Nanos};
 
 /// Monotonic time from the CPU's time-stamp counter, counted from the process's first
 /// clock (every `MonotonicClock` and [`CoarseClock`] shares that origin, so their readings
@@ -144,7 +144,7 @@ impl Clock for TokioClock {
     fn now(&self) -> Nanos {
         #[allow(clippy::disallowed_methods)]
         let now = tokio::time::Instant::now();
-        Nanos(tollgate_core::time::duration_nanos(now.duration_since(self.origin)))
+        Nanos(tollgate_model::time::duration_nanos(now.duration_since(self.origin)))
     }
 }
 
@@ -221,7 +221,7 @@ mod tests {
     fn the_default_clock_pairs_with_the_coarse_one_and_any_other_with_itself() {
         assert!(ClockSource::of(MonotonicClock::new()).coarse_companion().is_some());
         assert!(ClockSource::of(CoarseClock::new()).coarse_companion().is_some());
-        let manual = tollgate_core::time::ManualClock::new();
+        let manual = tollgate_model::time::ManualClock::new();
         assert!(ClockSource::of(manual).coarse_companion().is_none());
     }
 }

@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tollgate_core::bucket::Bucket;
-use tollgate_core::config::{Config, NodeSettings};
-use tollgate_core::epoch::EpochShare;
-use tollgate_core::settings::{DEFAULT_GROUP, GroupName, GroupSettings};
-use tollgate_core::time::Clock;
+use tollgate_model::bucket::Bucket;
+use tollgate_model::config::{Config, NodeSettings};
+use tollgate_model::epoch::EpochShare;
+use tollgate_model::settings::{DEFAULT_GROUP, GroupName, GroupSettings};
+use tollgate_model::time::Clock;
 
 use crate::clock::{ClockSource, MonotonicClock};
 use crate::error::BuildError;
@@ -150,8 +150,8 @@ impl Tollgate {
     /// one fewer under-admits; store mode agrees on the count instead.
     ///
     /// ```
-    /// # use tollgate_client::Tollgate;
-    /// # use tollgate_core::config::Config;
+    /// # use tollgate_limiter::Tollgate;
+    /// # use tollgate_model::config::Config;
     /// let config = Config::parse("[groups.ingest]\nlimit = 1000\n")?;
     /// let gate = Tollgate::replicas(config, Some(4))?; // 250 units/s in this process
     /// assert_eq!(gate.mode(), "replicas");
@@ -177,7 +177,7 @@ impl Tollgate {
     fn shared_pools(
         config: Config,
         link: store::StoreLink,
-        shares: HashMap<GroupName, (tollgate_core::epoch::PoolSpec, u64)>,
+        shares: HashMap<GroupName, (tollgate_model::epoch::PoolSpec, u64)>,
         clock: impl Clock,
     ) -> (Tollgate, Arc<store::StoreLink>) {
         let clock = Arc::new(ClockSource::of(clock));

@@ -4,7 +4,7 @@
 //! each group's counts to the [`Engine`] (through the same demand meter a remote client uses),
 //! ticks it, and sets each group's bucket to the grant. With few groups this pass takes
 //! microseconds and runs on that admission's thread, so a
-//! [`ManualClock`](tollgate_core::time::ManualClock) drives everything in tests. With
+//! [`ManualClock`](tollgate_model::time::ManualClock) drives everything in tests. With
 //! [`BACKGROUND_GROUPS`] or more in use on a real clock, a pass takes milliseconds (about
 //! 90 ms at 100,000 groups), too long for a request to wait: from then on passes run on a
 //! thread of their own, the `tollgate-alloc` thread, and no admission waits for one. A group
@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::Duration;
 
-use tollgate_core::config::Config;
-use tollgate_core::demand::DemandMeter;
-use tollgate_core::engine::{ClientId, Engine, EngineSettings};
-use tollgate_core::settings::GroupName;
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_model::config::Config;
+use tollgate_model::demand::DemandMeter;
+use tollgate_model::engine::{ClientId, Engine, EngineSettings};
+use tollgate_model::settings::GroupName;
+use tollgate_model::time::{Clock, Nanos};
 
 use crate::clock::ClockSource;
 use crate::group::{Group, Groups, Limiter};
@@ -44,7 +44,7 @@ const COST_FACTOR: u32 = 4;
 /// From this many groups in use on a real clock, reallocations run on a thread of their own
 /// rather than on the admission that finds one due: a pass over a thousand groups takes a
 /// few hundred microseconds, over 100,000 about 90 ms, and a request should not wait for it.
-/// On a clock given for tests ([`ManualClock`](tollgate_core::time::ManualClock)) passes
+/// On a clock given for tests ([`ManualClock`](tollgate_model::time::ManualClock)) passes
 /// always run on admissions, so tests stay deterministic.
 pub const BACKGROUND_GROUPS: usize = 1024;
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use thiserror::Error;
-use tollgate_core::cost::CostError;
-use tollgate_core::settings::{GroupName, SettingError};
+use tollgate_model::cost::CostError;
+use tollgate_model::settings::{GroupName, SettingError};
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -127,7 +127,7 @@ impl ExchangeError {
 pub enum BuildError {
     /// The settings file has problems; each names its line, field and rule.
     #[error("invalid settings:\n{0}")]
-    Config(#[from] tollgate_core::config::ConfigErrors),
+    Config(#[from] tollgate_model::config::ConfigErrors),
     /// A setting this mode cannot carry out: the handle is not built rather than ignore it.
     #[error("{field} cannot apply in {mode} mode: {reason}")]
     Unsupported {

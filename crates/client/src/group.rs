@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use arc_swap::ArcSwap;
-use tollgate_core::bucket::Bucket;
-use tollgate_core::cost::Consumption;
-use tollgate_core::demand::Counts;
-use tollgate_core::epoch::EpochShare;
-use tollgate_core::settings::{DEFAULT_GROUP, DroppedWork, GroupName, GroupSettings, check_group_name};
-use tollgate_core::time::Nanos;
+use tollgate_model::bucket::Bucket;
+use tollgate_model::cost::Consumption;
+use tollgate_model::demand::Counts;
+use tollgate_model::epoch::EpochShare;
+use tollgate_model::settings::{DEFAULT_GROUP, DroppedWork, GroupName, GroupSettings, check_group_name};
+use tollgate_model::time::Nanos;
 
 use crate::clock::ClockSource;
 use crate::error::AcquireError;
@@ -762,7 +762,7 @@ mod tests {
     use super::*;
 
     fn table(max: usize) -> Groups {
-        let clock = Arc::new(ClockSource::of(tollgate_core::time::ManualClock::new()));
+        let clock = Arc::new(ClockSource::of(tollgate_model::time::ManualClock::new()));
         let make = move |name: GroupName, _: &GroupSettings| {
             Group::new(name, LimiterState::Bucket(Bucket::new(10.0, 10.0, Nanos(0))), &clock, f64::INFINITY)
         };
@@ -848,7 +848,7 @@ mod tests {
     /// map that holds their settings.
     #[test]
     fn configured_groups_are_made_in_the_order_of_their_names() {
-        let clock = Arc::new(ClockSource::of(tollgate_core::time::ManualClock::new()));
+        let clock = Arc::new(ClockSource::of(tollgate_model::time::ManualClock::new()));
         let made = Arc::new(Mutex::new(Vec::new()));
         let log = made.clone();
         let make = move |name: GroupName, _: &GroupSettings| {

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tollgate_core::config::NodeSettings;
-use tollgate_core::cost::{CostModel, Usage};
-use tollgate_core::time::Clock as _;
+use tollgate_model::config::NodeSettings;
+use tollgate_model::cost::{CostModel, Usage};
+use tollgate_model::time::Clock as _;
 
 use crate::error::AcquireError;
 use crate::group::{Group, Limiter, units};
@@ -19,7 +19,7 @@ use crate::store::StoreStatus;
 /// The admission handle: cheap to clone, shared by every task of a process.
 ///
 /// ```
-/// use tollgate_client::Tollgate;
+/// use tollgate_limiter::Tollgate;
 ///
 /// let gate = Tollgate::from_toml(r#"
 ///     [node]
@@ -33,7 +33,7 @@ use crate::store::StoreStatus;
 ///     Ok(_permit) => { /* run the request */ }
 ///     Err(e) => eprintln!("not now: {e}"),
 /// }
-/// # Ok::<(), tollgate_client::BuildError>(())
+/// # Ok::<(), tollgate_limiter::BuildError>(())
 /// ```
 #[derive(Clone)]
 pub struct Tollgate {
@@ -80,7 +80,7 @@ pub struct GroupStats {
     pub debt_units: f64,
     /// What requests settled with their usage did, in detail (read and write request units,
     /// bytes, CPU, requests).
-    pub detail: tollgate_core::cost::Consumption,
+    pub detail: tollgate_model::cost::Consumption,
 }
 
 fn stats_of(g: &Group) -> GroupStats {
@@ -197,7 +197,7 @@ impl Tollgate {
     }
 
     /// Admits what `usage` is known to cost up front (see
-    /// [`CostModel::upfront`](tollgate_core::cost::CostModel::upfront)); settle the permit
+    /// [`CostModel::upfront`](tollgate_model::cost::CostModel::upfront)); settle the permit
     /// with the full usage afterwards.
     pub fn try_acquire_usage(&self, group: &str, usage: &Usage) -> Result<Permit<'_>, AcquireError> {
         let cost = self.inner.cost_model.upfront(usage)?;
@@ -225,7 +225,7 @@ impl Tollgate {
 /// One group, resolved: admission without a name lookup. Cheap to clone.
 ///
 /// ```
-/// # use tollgate_client::Tollgate;
+/// # use tollgate_limiter::Tollgate;
 /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 1000\n")?;
 /// let api = gate.group("api")?;
 /// let permit = api.try_acquire(1.0)?;
@@ -300,8 +300,8 @@ impl GroupHandle {
     /// process's share of the epoch (store mode); infinite for a group with no limit.
     ///
     /// ```
-    /// # use tollgate_client::Tollgate;
-    /// # use tollgate_core::time::ManualClock;
+    /// # use tollgate_limiter::Tollgate;
+    /// # use tollgate_model::time::ManualClock;
     /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 100\n")?.with_clock(ManualClock::new())?;
     /// let api = gate.group("api")?;
     /// api.try_acquire(30.0)?;
@@ -324,7 +324,7 @@ impl GroupHandle {
     /// [`acquire`](Self::acquire) does. A gauge: each call replaces the last value.
     ///
     /// ```
-    /// # use tollgate_client::Tollgate;
+    /// # use tollgate_limiter::Tollgate;
     /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 10\n")?;
     /// let api = gate.group("api")?;
     /// api.set_queued(250.0); // 250 units wait in the application's own queue

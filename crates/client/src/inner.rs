@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_core::bucket::{Priced, Refusal};
-use tollgate_core::config::NodeSettings;
-use tollgate_core::cost::CostModel;
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_model::bucket::{Priced, Refusal};
+use tollgate_model::config::NodeSettings;
+use tollgate_model::cost::CostModel;
+use tollgate_model::time::{Clock, Nanos};
 
 use crate::clock::{ClockSource, CoarseClock};
 use crate::embedded::Embedded;
@@ -228,7 +228,7 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_core::bucket::Bucket;
+    use tollgate_model::bucket::Bucket;
 
     use super::*;
 

@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use tower::{Service, ServiceBuilder, ServiceExt};
-//! use tollgate_client::{Tollgate, TollgateLayer};
+//! use tollgate_limiter::{Tollgate, TollgateLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

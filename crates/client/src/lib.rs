@@ -13,7 +13,7 @@
 //! through Redis on how many share each pool, like Numaflow.
 //!
 //! ```
-//! use tollgate_client::{AcquireError, Tollgate};
+//! use tollgate_limiter::{AcquireError, Tollgate};
 //!
 //! let gate = Tollgate::from_toml(r#"
 //!     [node]
@@ -63,7 +63,7 @@ pub use layer::{TollgateLayer, TollgateService};
 pub use permit::Permit;
 pub use remote::{Driver, ExchangeFailures, RemoteOptions, RemoteStatus, SafeModePolicy};
 pub use store::{StoreGroupStatus, StoreOptions, StoreStatus};
-pub use tollgate_core as core;
+pub use tollgate_model as core;
 
 /// The README's and the concept guide's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -9,7 +9,7 @@
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
-use tollgate_core::prometheus::{Kind, family, single};
+use tollgate_model::prometheus::{Kind, family, single};
 
 use crate::handle::{GroupStats, Tollgate};
 
@@ -135,7 +135,7 @@ impl Collector for Metrics {
                 ("tollgate_client_pool_share_units", "This process's share of the pool this epoch.", 2),
             ] {
                 let samples = s.groups.iter().map(|g| {
-                    let v: tollgate_core::prometheus::Value = match read {
+                    let v: tollgate_model::prometheus::Value = match read {
                         0 => g.pool.into(),
                         1 => g.size.into(),
                         _ => g.share.into(),
@@ -155,7 +155,7 @@ impl Tollgate {
     /// `group`; the mode is the `mode` label of `tollgate_client_info`.
     ///
     /// ```
-    /// # use tollgate_client::Tollgate;
+    /// # use tollgate_limiter::Tollgate;
     /// use prometheus_client::registry::Registry;
     ///
     /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 1000\n")?;
@@ -174,10 +174,10 @@ impl Tollgate {
 
     /// This process's Tollgate metrics as OpenMetrics text (what [`Tollgate::register_metrics`]
     /// adds to a registry, alone in one), for an application that serves no registry of its
-    /// own. Served with [`tollgate_core::prometheus::CONTENT_TYPE`].
+    /// own. Served with [`tollgate_model::prometheus::CONTENT_TYPE`].
     ///
     /// ```
-    /// # use tollgate_client::Tollgate;
+    /// # use tollgate_limiter::Tollgate;
     /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 1000\n")?;
     /// drop(gate.try_acquire("api", 2.0)?);
     /// let text = gate.metrics();
@@ -188,6 +188,6 @@ impl Tollgate {
     pub fn metrics(&self) -> String {
         let mut registry = Registry::default();
         self.register_metrics(&mut registry);
-        tollgate_core::prometheus::text(&registry)
+        tollgate_model::prometheus::text(&registry)
     }
 }

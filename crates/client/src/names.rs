@@ -20,7 +20,7 @@
 use std::hash::{BuildHasher, Hasher};
 
 use hashbrown::HashTable;
-use tollgate_core::settings::GroupName;
+use tollgate_model::settings::GroupName;
 
 /// What the table holds: something with a name, its key.
 pub(crate) trait HasName {

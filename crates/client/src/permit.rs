@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tollgate_core::cost::{Consumption, CostError, CostModel, Usage, check_cost};
-use tollgate_core::time::Clock;
+use tollgate_model::cost::{Consumption, CostError, CostModel, Usage, check_cost};
+use tollgate_model::time::Clock;
 
 use crate::group::{Group, Limiter, micros};
 
@@ -31,8 +31,8 @@ impl std::ops::Deref for GroupRef<'_> {
 /// Dropping a permit unsettled keeps the admitted cost as the actual one.
 ///
 /// ```
-/// # use tollgate_client::Tollgate;
-/// # use tollgate_core::time::ManualClock;
+/// # use tollgate_limiter::Tollgate;
+/// # use tollgate_model::time::ManualClock;
 /// let gate = Tollgate::from_toml("[groups.a]\nlimit = 100\n")?.with_clock(ManualClock::new())?;
 /// let permit = gate.try_acquire("a", 10.0)?;
 /// permit.settle(25.0)?; // the request turned out dearer: 15 units of debt
@@ -45,7 +45,7 @@ pub struct Permit<'a> {
     pub(crate) cost: f64,
     /// When it was admitted, for store mode (deposits count only within that epoch). A
     /// bucket permit from a thread's stash leaves it at zero: nothing reads it there.
-    pub(crate) at: tollgate_core::time::Nanos,
+    pub(crate) at: tollgate_model::time::Nanos,
 }
 
 impl Permit<'_> {
@@ -99,8 +99,8 @@ impl Permit<'_> {
     /// Either way it is counted in the group's `dropped` statistics.
     ///
     /// ```
-    /// # use tollgate_client::Tollgate;
-    /// # use tollgate_core::time::ManualClock;
+    /// # use tollgate_limiter::Tollgate;
+    /// # use tollgate_model::time::ManualClock;
     /// let gate = Tollgate::from_toml("[groups.a]\nlimit = 100\n")?.with_clock(ManualClock::new())?;
     /// let permit = gate.try_acquire("a", 10.0)?;
     /// permit.dropped(); // never sent on: the 10 units go back to the group

@@ -37,10 +37,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use tollgate_core::cost::CostModel;
-use tollgate_core::demand::DemandMeter;
-use tollgate_core::settings::{DroppedWork, GroupName};
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_model::cost::CostModel;
+use tollgate_model::demand::DemandMeter;
+use tollgate_model::settings::{DroppedWork, GroupName};
+use tollgate_model::time::{Clock, Nanos};
 use tollgate_proto::v1;
 
 use crate::clock::ClockSource;
@@ -962,7 +962,7 @@ mod tests {
 
     #[test]
     fn an_answer_given_at_the_tick_is_asked_again_shortly_once_then_at_the_period() {
-        let clock = tollgate_core::time::ManualClock::new();
+        let clock = tollgate_model::time::ManualClock::new();
         let opts = RemoteOptions { clock: Some(Arc::new(clock.clone())), ..RemoteOptions::default() };
         let (_gate, mut driver) = crate::Tollgate::remote_driven(opts).unwrap();
         let answer = |next_tick_ms| v1::ExchangeResponse {

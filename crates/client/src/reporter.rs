@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tollgate_core::time::Clock;
+use tollgate_model::time::Clock;
 use tollgate_proto::v1::{self, backend_client::BackendClient};
 
 /// A backend's health, as it reports it.

@@ -5,8 +5,8 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use tollgate_client::scheduler::{Scheduler, SchedulerOptions};
-//! use tollgate_client::core::config::Config;
+//! use tollgate_limiter::scheduler::{Scheduler, SchedulerOptions};
+//! use tollgate_limiter::core::config::Config;
 //!
 //! let settings = Config::parse("[groups.oltp]\npriority = \"high\"\nreserved = 5000\n")?;
 //! let scheduler = Scheduler::new(&settings, SchedulerOptions { concurrency: 4, ..Default::default() });
@@ -36,12 +36,12 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::sync::oneshot;
-use tollgate_core::bucket::{Bucket, Refusal};
-use tollgate_core::config::Config;
-use tollgate_core::schedule::{FairQueue, QueueFull};
-use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
-use tollgate_core::smooth::Smoother;
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_model::bucket::{Bucket, Refusal};
+use tollgate_model::config::Config;
+use tollgate_model::schedule::{FairQueue, QueueFull};
+use tollgate_model::settings::{GroupName, GroupSettings, check_group_name};
+use tollgate_model::smooth::Smoother;
+use tollgate_model::time::{Clock, Nanos};
 use tollgate_proto::v1::{self, backend_client::BackendClient};
 
 use crate::clock::TokioClock;

@@ -38,10 +38,10 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use tollgate_core::config::Config;
-use tollgate_core::epoch::{Forced, PoolSpec};
-use tollgate_core::ramp::Ramp;
-use tollgate_core::settings::GroupName;
+use tollgate_model::config::Config;
+use tollgate_model::epoch::{Forced, PoolSpec};
+use tollgate_model::ramp::Ramp;
+use tollgate_model::settings::GroupName;
 
 use crate::error::BuildError;
 use crate::group::{Groups, Limiter};
@@ -221,7 +221,7 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
             "no controller shares a capacity among groups; use the embedded or remote mode",
         ));
     }
-    if config.node.mode != tollgate_core::allocate::AllocationMode::Share {
+    if config.node.mode != tollgate_model::allocate::AllocationMode::Share {
         return Err(unsupported(
             "node.mode = \"fcfs\"".into(),
             "no controller shares a free pool; use the embedded or remote mode",
@@ -246,7 +246,7 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
                 "each one-second epoch's share is the burst; remove it",
             ));
         }
-        if s.priority() != tollgate_core::settings::Priority::MEDIUM {
+        if s.priority() != tollgate_model::settings::Priority::MEDIUM {
             return Err(unsupported(
                 format!("groups.{name}.priority"),
                 "no controller shares a capacity among groups by priority; use the embedded or remote mode",
@@ -264,7 +264,7 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
                 "no engine keeps the group's read and write costs; use the embedded or remote mode",
             ));
         }
-        if s.debt_repay() != tollgate_core::settings::DEBT_REPAY_DEFAULT {
+        if s.debt_repay() != tollgate_model::settings::DEBT_REPAY_DEFAULT {
             return Err(unsupported(
                 format!("groups.{name}.debt_repay_s"),
                 "a debt is taken from the next one-second epoch's share of the pool; remove it",
@@ -337,7 +337,7 @@ pub(crate) async fn register(
 
 /// The groups a store coordinates: those with a finite limit or a ramp, with the ramp and
 /// the limit.
-type Coordinated = Vec<(GroupName, Option<tollgate_core::settings::RampSettings>, f64)>;
+type Coordinated = Vec<(GroupName, Option<tollgate_model::settings::RampSettings>, f64)>;
 
 fn coordinated(config: &Config) -> Coordinated {
     config
@@ -349,7 +349,7 @@ fn coordinated(config: &Config) -> Coordinated {
 }
 
 fn pool_spec(
-    ramp: Option<tollgate_core::settings::RampSettings>,
+    ramp: Option<tollgate_model::settings::RampSettings>,
     limit: f64,
     resume: Option<f64>,
 ) -> PoolSpec {
@@ -418,7 +418,7 @@ impl StoreLink {
     }
 
     /// The link's state, with each coordinated group's pool and share at `now`.
-    pub(crate) fn status(&self, groups: &Groups, now: tollgate_core::time::Nanos) -> StoreStatus {
+    pub(crate) fn status(&self, groups: &Groups, now: tollgate_model::time::Nanos) -> StoreStatus {
         let mut per_group: Vec<StoreGroupStatus> = self
             .groups
             .iter()

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use tollgate_client::clock::TokioClock;
-use tollgate_client::{AcquireError, Tollgate};
-use tollgate_core::config::Config;
-use tollgate_core::time::Clock;
+use tollgate_limiter::clock::TokioClock;
+use tollgate_limiter::{AcquireError, Tollgate};
+use tollgate_model::config::Config;
+use tollgate_model::time::Clock;
 
 fn gate(toml: &str) -> Tollgate {
     Tollgate::builder().config(Config::parse(toml).unwrap()).clock(TokioClock::new()).build().unwrap()
@@ -71,7 +71,7 @@ async fn the_tower_layer_admits_and_refuses_by_group_and_cost() {
     use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
     let g = gate("[node]\nmax_wait_ms = 0\n[groups.alice]\nlimit = 10\n");
     let mut svc = ServiceBuilder::new()
-        .layer(tollgate_client::TollgateLayer::new(g.clone(), |req: &(&'static str, f64)| (req.0, req.1)))
+        .layer(tollgate_limiter::TollgateLayer::new(g.clone(), |req: &(&'static str, f64)| (req.0, req.1)))
         .service_fn(|req: (&'static str, f64)| async move { Ok::<_, BoxError>(req.1) });
     assert_eq!(svc.ready().await.unwrap().call(("alice", 10.0)).await.unwrap(), 10.0);
     let err = svc.ready().await.unwrap().call(("alice", 1.0)).await.unwrap_err();

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use tollgate_client::{BACKGROUND_GROUPS, Tollgate};
-use tollgate_core::time::ManualClock;
+use tollgate_limiter::{BACKGROUND_GROUPS, Tollgate};
+use tollgate_model::time::ManualClock;
 
 /// How many of this process's threads carry `name`.
 fn threads_named(name: &str) -> usize {

@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use tollgate_client::{AcquireError, Tollgate};
-use tollgate_core::time::{Clock, ManualClock};
+use tollgate_limiter::{AcquireError, Tollgate};
+use tollgate_model::time::{Clock, ManualClock};
 
 fn gate(toml: &str, clock: &ManualClock) -> Tollgate {
     Tollgate::builder()
-        .config(tollgate_core::config::Config::parse(toml).expect("valid test settings"))
+        .config(tollgate_model::config::Config::parse(toml).expect("valid test settings"))
         .clock(clock.clone())
         .build()
         .expect("buildable")
@@ -39,7 +39,7 @@ fn drive(
 }
 
 /// Offers `n` one-unit requests through a handle; returns how many were admitted.
-fn admit(h: &tollgate_client::GroupHandle, n: usize) -> usize {
+fn admit(h: &tollgate_limiter::GroupHandle, n: usize) -> usize {
     (0..n).filter(|_| h.try_acquire(1.0).is_ok()).count()
 }
 
@@ -296,7 +296,7 @@ fn settling_turns_the_difference_into_debt_or_returns_it() {
 fn usage_is_priced_up_front_and_settled_in_full() {
     let clock = ManualClock::new();
     let g = gate("[cost]\nmodel = \"ru\"\n[groups.a]\nlimit = 100\n", &clock);
-    let read = tollgate_core::cost::Usage::read(655_360).with_cpu_ms(30.0);
+    let read = tollgate_model::cost::Usage::read(655_360).with_cpu_ms(30.0);
     let permit = g.try_acquire_usage("a", &read).unwrap();
     assert!((permit.cost() - 0.475).abs() < 1e-9);
     permit.settle_usage(g.cost_model(), &read).unwrap();
@@ -482,7 +482,7 @@ fn a_throttled_thread_at_a_stash_rate_takes_exactly_the_refill_and_counts_each_r
     assert_eq!(admit(&h, 500_000), 400_000, "the burst, exactly");
     for _ in 0..1_000 {
         match h.try_acquire(1.0) {
-            Err(tollgate_client::AcquireError::Throttled { retry_after, .. }) => {
+            Err(tollgate_limiter::AcquireError::Throttled { retry_after, .. }) => {
                 assert_eq!(retry_after, Duration::from_nanos(2_500), "one unit's refill")
             }
             other => panic!("expected a refusal, got {other:?}"),
@@ -575,10 +575,10 @@ fn a_closed_group_admits_nothing_from_a_stash() {
 /// silently.
 #[test]
 fn with_clock_refuses_a_handle_that_is_not_embedded() {
-    let (remote, _driver) = Tollgate::remote_driven(tollgate_client::RemoteOptions::default()).unwrap();
+    let (remote, _driver) = Tollgate::remote_driven(tollgate_limiter::RemoteOptions::default()).unwrap();
     assert_eq!(remote.mode(), "remote");
     let e = remote.with_clock(ManualClock::new()).unwrap_err();
-    assert!(matches!(e, tollgate_client::BuildError::Unsupported { mode: "remote", .. }), "{e}");
+    assert!(matches!(e, tollgate_limiter::BuildError::Unsupported { mode: "remote", .. }), "{e}");
     let embedded = gate("[groups.a]\nlimit = 1\n", &ManualClock::new());
     assert_eq!(embedded.with_clock(ManualClock::new()).unwrap().mode(), "embedded");
 }

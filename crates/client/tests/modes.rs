@@ -10,14 +10,14 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tollgate_client::clock::TokioClock;
-use tollgate_client::{AcquireError, BuildError, GroupHandle, RemoteOptions, StoreOptions, Tollgate};
-use tollgate_core::config::Config;
-use tollgate_core::cost::{Consumption, Usage};
-use tollgate_core::engine::EngineSettings;
-use tollgate_core::time::ManualClock;
-use tollgate_server::Controller;
-use tollgate_server::store::MemoryStore;
+use tollgate_controller::Controller;
+use tollgate_controller::store::MemoryStore;
+use tollgate_limiter::clock::TokioClock;
+use tollgate_limiter::{AcquireError, BuildError, GroupHandle, RemoteOptions, StoreOptions, Tollgate};
+use tollgate_model::config::Config;
+use tollgate_model::cost::{Consumption, Usage};
+use tollgate_model::engine::EngineSettings;
+use tollgate_model::time::ManualClock;
 use tollgate_testkit::net::{self, Net};
 use tollgate_testkit::redis::Redis;
 
@@ -408,7 +408,7 @@ async fn resumed_ramp(env: Env) {
         drop(gate);
         if let Env::Remote { net } = &env {
             net.controller()
-                .drop_group(&tollgate_core::settings::GroupName::new("r").unwrap(), "test")
+                .drop_group(&tollgate_model::settings::GroupName::new("r").unwrap(), "test")
                 .unwrap();
         }
     }
@@ -494,7 +494,7 @@ async fn detailed_consumption(env: Env) {
     assert_eq!(gate.stats("g").unwrap().detail, want, "{}", env.mode());
     if let Env::Remote { net } = &env {
         // The controller sums what its clients report, at their next exchange.
-        let g = tollgate_core::settings::GroupName::new("g").unwrap();
+        let g = tollgate_model::settings::GroupName::new("g").unwrap();
         let mut summed = None;
         for _ in 0..300 {
             summed = net.controller().view().iter().find(|v| v.name == g).and_then(|v| v.detail);
@@ -663,11 +663,11 @@ fn remote_clients_enter_safe_mode_past_the_lease_and_leave_it_when_the_controlle
         }
         net.crash().await;
         let clock = TokioClock::new();
-        let crashed = tollgate_core::time::Clock::now(&clock);
+        let crashed = tollgate_model::time::Clock::now(&clock);
         while !gate.remote_status().unwrap().safe_mode {
             env.sleep(Duration::from_millis(10)).await;
         }
-        let entered = tollgate_core::time::Clock::now(&clock).since(crashed);
+        let entered = tollgate_model::time::Clock::now(&clock).since(crashed);
         // The lease runs from the last exchange (at most a tick before the crash); failures
         // are retried within 2 s.
         assert!(entered <= Duration::from_secs(1) + Duration::from_secs(3), "entered after {entered:?}");
@@ -681,7 +681,7 @@ fn remote_clients_enter_safe_mode_past_the_lease_and_leave_it_when_the_controlle
         }
         assert!(gate.remote_status().unwrap().connected);
         // The controller kept the group's settings.
-        assert!(net.controller().group(&tollgate_core::settings::GroupName::new("g").unwrap()).is_some());
+        assert!(net.controller().group(&tollgate_model::settings::GroupName::new("g").unwrap()).is_some());
     });
 }
 
@@ -693,9 +693,9 @@ fn remote_fail_open_admits_a_new_group_while_the_controller_is_unreachable() {
         let Env::Remote { net } = &env else { unreachable!() };
         net.crash().await;
         for (policy, open) in [
-            (tollgate_client::SafeModePolicy::FailOpen, true),
-            (tollgate_client::SafeModePolicy::FailClosed, false),
-            (tollgate_client::SafeModePolicy::Decay, false),
+            (tollgate_limiter::SafeModePolicy::FailOpen, true),
+            (tollgate_limiter::SafeModePolicy::FailClosed, false),
+            (tollgate_limiter::SafeModePolicy::Decay, false),
         ] {
             let opts =
                 RemoteOptions { safe_mode: policy, ..RemoteOptions::default() }.with_clock(TokioClock::new());
@@ -720,7 +720,7 @@ fn remote_a_group_idle_at_a_live_client_expires_end_to_end() {
         let (busy, idle) = (gate.group("busy").unwrap(), gate.group("idle").unwrap());
         env.offer(&[(&busy, 10.0), (&idle, 10.0)], 3, 1).await;
         let tracked = |n: &str| {
-            let name = tollgate_core::settings::GroupName::new(n).unwrap();
+            let name = tollgate_model::settings::GroupName::new(n).unwrap();
             net.controller().with_engine(|e| e.outcome(&name).is_some())
         };
         assert!(tracked("busy") && tracked("idle"));
@@ -745,7 +745,7 @@ fn remote_budget_consumption_survives_a_controller_restart() {
         // About 300 were consumed before the restart, and the controller that comes back
         // knows it: the budget runs out after about 200 more (3 s with the burst and a tick of
         // lag), where a controller that forgot would allow 500 (6 s).
-        let name = tollgate_core::settings::GroupName::new("trial").unwrap();
+        let name = tollgate_model::settings::GroupName::new("trial").unwrap();
         let mut exhausted_after = None;
         for second in 1..=8 {
             env.offer(&[(&g, 200.0)], 1, 1).await;
@@ -781,7 +781,7 @@ fn remote_waiting_work_and_restarted_clients_reach_the_controller() {
         let g = gate.group("g").unwrap();
         g.set_queued(500.0);
         env.sleep(Duration::from_secs(3)).await;
-        let name = tollgate_core::settings::GroupName::new("g").unwrap();
+        let name = tollgate_model::settings::GroupName::new("g").unwrap();
         let demand = net.controller().with_engine(|e| e.outcome(&name).unwrap().demand);
         assert!(demand >= 500.0, "500 units waiting count as demand: {demand}");
         drop((g, gate));
@@ -798,8 +798,8 @@ fn remote_waiting_work_and_restarted_clients_reach_the_controller() {
 /// path.
 #[test]
 fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens() {
-    use tollgate_core::settings::{GroupName, GroupSettings};
-    use tollgate_core::time::Nanos;
+    use tollgate_model::settings::{GroupName, GroupSettings};
+    use tollgate_model::time::Nanos;
     let clock = ManualClock::new();
     let controller =
         Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap();
@@ -815,8 +815,8 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
     let g = gate.group("g").unwrap();
     let mut exchanges = Vec::new();
     // Runs the loop the exchange task runs, in 10 ms steps, the controller ticking each second.
-    let run_until = |until_ms: u64, driver: &mut tollgate_client::Driver, exchanges: &mut Vec<u64>| loop {
-        let now = tollgate_core::time::Clock::now(&clock);
+    let run_until = |until_ms: u64, driver: &mut tollgate_limiter::Driver, exchanges: &mut Vec<u64>| loop {
+        let now = tollgate_model::time::Clock::now(&clock);
         if now.0.is_multiple_of(1_000_000_000) {
             controller.tick(now);
         }
@@ -853,8 +853,8 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
 /// had; one that falls applies at once.
 #[test]
 fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
-    use tollgate_core::settings::{GroupName, GroupSettings};
-    use tollgate_core::time::{Clock as _, Nanos};
+    use tollgate_model::settings::{GroupName, GroupSettings};
+    use tollgate_model::time::{Clock as _, Nanos};
     let clock = ManualClock::new();
     let settings = EngineSettings { trickle: Duration::from_secs(2), ..EngineSettings::default() };
     let controller = Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).unwrap();
@@ -865,7 +865,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
         Tollgate::remote_driven(RemoteOptions::default().with_clock(clock.clone())).unwrap();
     let g = gate.group("g").unwrap();
     drop(g.try_acquire(1.0));
-    let allowance_at = |ms: u64, driver: &mut tollgate_client::Driver| loop {
+    let allowance_at = |ms: u64, driver: &mut tollgate_limiter::Driver| loop {
         let now = clock.now();
         if now.0.is_multiple_of(1_000_000_000) {
             controller.tick(now);
@@ -894,8 +894,8 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
 /// last is answered, and a failed page puts back what it and the pages after it reported.
 #[test]
 fn remote_a_client_past_one_exchanges_bound_pages_its_groups_busiest_first() {
-    use tollgate_core::settings::{GroupName, GroupSettings};
-    use tollgate_core::time::{Clock as _, Nanos};
+    use tollgate_model::settings::{GroupName, GroupSettings};
+    use tollgate_model::time::{Clock as _, Nanos};
     use tollgate_proto::EXCHANGE_GROUPS_MAX;
     let clock = ManualClock::new();
     let controller =
@@ -936,7 +936,7 @@ fn remote_a_client_past_one_exchanges_bound_pages_its_groups_busiest_first() {
     assert_eq!(first.groups[0].group, "steady");
     assert_eq!(first.groups[0].admitted, 20);
     // The first page fails: the round ends, and the next reports the same calls again.
-    driver.failed(now, &tollgate_client::ExchangeError::Transport("lost".into()));
+    driver.failed(now, &tollgate_limiter::ExchangeError::Transport("lost".into()));
     let again = driver.request(now).unwrap();
     assert_eq!((again.groups[0].group.as_str(), again.groups[0].admitted), ("steady", 20));
     driver.answer(now, &controller.exchange(now, &again).unwrap());

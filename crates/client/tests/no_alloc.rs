@@ -10,8 +10,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use tollgate_client::Tollgate;
-use tollgate_core::time::ManualClock;
+use tollgate_limiter::Tollgate;
+use tollgate_model::time::ManualClock;
 
 struct Counting;
 
@@ -47,7 +47,7 @@ static GLOBAL: Counting = Counting;
 fn admitting_and_refusing_allocate_nothing() {
     let clock = ManualClock::new();
     let gate = Tollgate::builder()
-        .config(tollgate_core::config::Config::parse("[groups.a]\nlimit = 100\n").unwrap())
+        .config(tollgate_model::config::Config::parse("[groups.a]\nlimit = 100\n").unwrap())
         .clock(clock.clone())
         .build()
         .unwrap();

@@ -3,8 +3,8 @@
 
 use std::process::Command;
 
-use tollgate_client::Tollgate;
-use tollgate_core::config::Config;
+use tollgate_limiter::Tollgate;
+use tollgate_model::config::Config;
 
 fn config() -> Config {
     Config::parse("[groups.g]\nlimit = 900\n").unwrap()

@@ -3,11 +3,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tollgate_client::clock::TokioClock;
-use tollgate_client::scheduler::{BACKGROUND_FLOOR, ScheduleError, Scheduler, SchedulerOptions};
-use tollgate_core::config::Config;
-use tollgate_core::settings::{GroupName, GroupSettings};
-use tollgate_core::time::{Clock, Nanos};
+use tollgate_limiter::clock::TokioClock;
+use tollgate_limiter::scheduler::{BACKGROUND_FLOOR, ScheduleError, Scheduler, SchedulerOptions};
+use tollgate_model::config::Config;
+use tollgate_model::settings::{GroupName, GroupSettings};
+use tollgate_model::time::{Clock, Nanos};
 
 fn settings() -> Config {
     Config::parse(

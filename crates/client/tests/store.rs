@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use tollgate_client::{SafeModePolicy, StoreOptions, Tollgate};
-use tollgate_core::config::Config;
-use tollgate_core::time::ManualClock;
+use tollgate_limiter::{SafeModePolicy, StoreOptions, Tollgate};
+use tollgate_model::config::Config;
+use tollgate_model::time::ManualClock;
 
 use tollgate_testkit::redis::Redis;
 
@@ -212,7 +212,7 @@ async fn redis_down_at_start_starts_in_safe_mode_within_the_bound() {
         safe_mode: SafeModePolicy::FailClosed,
         ..opts("t5", "z")
     };
-    let started = tollgate_client::clock::TokioClock::new();
+    let started = tollgate_limiter::clock::TokioClock::new();
     let gate = Tollgate::store_with_clock(
         &format!("redis://127.0.0.1:{port}"),
         config("[groups.g]\nlimit = 5\n"),
@@ -221,7 +221,7 @@ async fn redis_down_at_start_starts_in_safe_mode_within_the_bound() {
     )
     .await
     .unwrap();
-    use tollgate_core::time::Clock;
+    use tollgate_model::time::Clock;
     assert!(started.now().as_secs_f64() < 2.0, "start took {:?}", started.now());
     let s = gate.store_status().unwrap();
     assert!(s.safe_mode && !s.connected);
@@ -252,7 +252,7 @@ async fn each_pool_its_size_and_this_process_share_are_read_and_exported() {
     assert_eq!(status.replicas, None);
     assert_eq!(
         status.groups,
-        [tollgate_client::StoreGroupStatus { group: "g".into(), pool: 90.0, size: 3, share: 30.0 }]
+        [tollgate_limiter::StoreGroupStatus { group: "g".into(), pool: 90.0, size: 3, share: 30.0 }]
     );
     let text = gates[0].metrics();
     for line in [
@@ -283,7 +283,7 @@ fn replicas_divide_each_pool_with_no_store() {
     assert_eq!(status.replicas, Some(4));
     assert_eq!(
         status.groups[0],
-        tollgate_client::StoreGroupStatus { group: "g".into(), pool: 1000.0, size: 4, share: 250.0 }
+        tollgate_limiter::StoreGroupStatus { group: "g".into(), pool: 1000.0, size: 4, share: 250.0 }
     );
     let text = gates[0].metrics();
     assert!(text.contains("tollgate_client_info{mode=\"replicas\"} 1"), "{text}");
@@ -302,7 +302,7 @@ fn replicas_divide_each_pool_with_no_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_mode_speaks_tls_to_redis_with_a_ca_file_and_a_client_certificate() {
-    use tollgate_client::access::Access;
+    use tollgate_limiter::access::Access;
     use tollgate_testkit::pki::Pki;
     use tollgate_testkit::redis::RedisTls;
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-tls");

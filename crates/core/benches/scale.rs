@@ -5,7 +5,7 @@
 //! group's load each second. Each run also walks ticks in slices as the controller does, and
 //! prints the longest the engine was held at a time: what an exchange may wait for.
 //!
-//! `cargo bench -p tollgate-core --bench scale`
+//! `cargo bench -p tollgate-model --bench scale`
 //!
 //! A program rather than a criterion bench: it also counts allocated bytes, with a counting
 //! global allocator, and prints the median of 11 ticks.
@@ -16,9 +16,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use tollgate_core::engine::{ClientReport, Engine, EngineSettings, Health};
-use tollgate_core::settings::{GroupName, GroupSettings};
-use tollgate_core::time::Nanos;
+use tollgate_model::engine::{ClientReport, Engine, EngineSettings, Health};
+use tollgate_model::settings::{GroupName, GroupSettings};
+use tollgate_model::time::Nanos;
 
 struct Counting;
 
@@ -143,7 +143,7 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
         #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
         let mut start = std::time::Instant::now();
         p.begin_tick(t);
-        let mut size = tollgate_core::engine::TICK_SLICE_GROUPS;
+        let mut size = tollgate_model::engine::TICK_SLICE_GROUPS;
         loop {
             longest = longest.max(start.elapsed().as_secs_f64() * 1e3);
             // Taking the sharing out and handing it back hold the engine; computing it does not.
@@ -167,7 +167,7 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
                 longest = longest.max(took.as_secs_f64() * 1e3);
                 break;
             }
-            size = tollgate_core::engine::next_slice(size, took);
+            size = tollgate_model::engine::next_slice(size, took);
         }
         holds.push(longest);
     }

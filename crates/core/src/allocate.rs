@@ -68,8 +68,8 @@ pub struct Claim {
 /// [module documentation](self).
 ///
 /// ```
-/// use tollgate_core::allocate::{allocate, Claim};
-/// use tollgate_core::settings::Priority;
+/// use tollgate_model::allocate::{allocate, Claim};
+/// use tollgate_model::settings::Priority;
 ///
 /// let hungry = |reserved| Claim {
 ///     reserved, ceiling: f64::INFINITY, priority: Priority::MEDIUM, weight: 1.0, demand: 1e9,
@@ -120,8 +120,8 @@ pub fn allocate(capacity: f64, claims: &[Claim]) -> Vec<f64> {
 /// so the first group to ask finds room before the next allocation.
 ///
 /// ```
-/// use tollgate_core::allocate::{first_come, Claim};
-/// use tollgate_core::settings::Priority;
+/// use tollgate_model::allocate::{first_come, Claim};
+/// use tollgate_model::settings::Priority;
 ///
 /// let c = |reserved, demand| Claim {
 ///     reserved, ceiling: f64::INFINITY, priority: Priority::MEDIUM, weight: 1.0, demand,

@@ -39,8 +39,8 @@ pub enum Refusal {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::bucket::{Bucket, Refusal};
-/// use tollgate_core::time::Nanos;
+/// use tollgate_model::bucket::{Bucket, Refusal};
+/// use tollgate_model::time::Nanos;
 ///
 /// let bucket = Bucket::new(100.0, 10.0, Nanos(0)); // 100 units/s, 10 banked, starts full
 /// assert!(bucket.try_acquire(10.0, Nanos(0)).is_ok());

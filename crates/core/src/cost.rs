@@ -44,7 +44,7 @@ pub enum OpKind {
 /// What one operation did (or is expected to do).
 ///
 /// ```
-/// use tollgate_core::cost::{CostModel, Usage};
+/// use tollgate_model::cost::{CostModel, Usage};
 ///
 /// let read = Usage::read(10_000).with_cpu_ms(3.0);
 /// assert_eq!(CostModel::fdb().cost(&read).unwrap(), 12_288.0); // three 4 KiB pages

@@ -54,8 +54,8 @@ pub struct Counts {
 /// Turns a group's running totals into reports. See the [module documentation](self).
 ///
 /// ```
-/// use tollgate_core::demand::{Counts, DemandMeter};
-/// use tollgate_core::time::Nanos;
+/// use tollgate_model::demand::{Counts, DemandMeter};
+/// use tollgate_model::time::Nanos;
 ///
 /// let mut meter = DemandMeter::new(Nanos(0));
 /// let sec = |s: u64| Nanos(s * 1_000_000_000);

@@ -54,8 +54,8 @@ struct State {
 /// The per-epoch share of a pool. See the [module documentation](self).
 ///
 /// ```
-/// use tollgate_core::epoch::{EpochShare, PoolSpec};
-/// use tollgate_core::time::Nanos;
+/// use tollgate_model::epoch::{EpochShare, PoolSpec};
+/// use tollgate_model::time::Nanos;
 ///
 /// let share = EpochShare::new(PoolSpec::Fixed(100.0), 3); // 3 clients: 33 each per epoch
 /// for _ in 0..33 {

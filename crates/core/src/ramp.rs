@@ -27,8 +27,8 @@ use crate::settings::{RampMode, RampSettings};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::ramp::Ramp;
-/// use tollgate_core::settings::{RampMode, RampSettings};
+/// use tollgate_model::ramp::Ramp;
+/// use tollgate_model::settings::{RampMode, RampSettings};
 ///
 /// let settings = RampSettings { mode: RampMode::Scheduled, ..RampSettings::new(10.0, 110.0, Duration::from_secs(10)) };
 /// let mut ramp = Ramp::new(settings, None);

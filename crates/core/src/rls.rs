@@ -8,7 +8,7 @@
 //! key `tenant` names the group by its value. A descriptor nothing matches uses `default`.
 //!
 //! ```
-//! use tollgate_core::rls::{RlsRule, group_for};
+//! use tollgate_model::rls::{RlsRule, group_for};
 //! let rules = vec![RlsRule { domain: "edge".into(), key: "path".into(), value: "/api".into(), group: "api".into() }];
 //! assert_eq!(group_for(&rules, "edge", &[("path", "/api")]), "api");
 //! assert_eq!(group_for(&[], "any", &[("tenant", "acme")]), "acme");

@@ -39,7 +39,7 @@ pub struct QueueFull {
 /// TiKV's weight of a group with `rate` when the largest rate is `max_rate`.
 ///
 /// ```
-/// use tollgate_core::schedule::weight;
+/// use tollgate_model::schedule::weight;
 /// assert_eq!(weight(5000.0, 10_000.0), 20);
 /// assert_eq!(weight(5000.0, 50_000.0), 100);
 /// assert_eq!(weight(0.0, 10_000.0), 1);

@@ -67,7 +67,7 @@ impl GroupName {
     /// Checks `name` against the rules.
     ///
     /// ```
-    /// use tollgate_core::settings::GroupName;
+    /// use tollgate_model::settings::GroupName;
     /// assert!(GroupName::new("tenant-a").is_ok());
     /// assert!(GroupName::new("").is_err());
     /// assert!(GroupName::new("bad\nname").is_err());
@@ -397,7 +397,7 @@ impl RampSettings {
 /// A group's validated settings. Build with [`GroupSettings::builder`].
 ///
 /// ```
-/// use tollgate_core::settings::{GroupSettings, Limit, Priority};
+/// use tollgate_model::settings::{GroupSettings, Limit, Priority};
 ///
 /// let s = GroupSettings::builder().reserved(600.0).limit(1000.0).priority(Priority::HIGH).build()?;
 /// assert_eq!(s.limit(), Limit::Units(1000.0));
@@ -405,7 +405,7 @@ impl RampSettings {
 ///
 /// let broken = GroupSettings::builder().reserved(700.0).limit(500.0).weight(0.0).build();
 /// assert_eq!(broken.unwrap_err().0.len(), 2); // every broken rule is reported
-/// # Ok::<(), tollgate_core::settings::SettingErrors>(())
+/// # Ok::<(), tollgate_model::settings::SettingErrors>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSettings {
@@ -464,7 +464,7 @@ impl BudgetPeriod {
     /// When the period holding `wall_ms` (Unix milliseconds) began; 0 for `Total`.
     ///
     /// ```
-    /// use tollgate_core::settings::BudgetPeriod;
+    /// use tollgate_model::settings::BudgetPeriod;
     /// let t = 1_795_395_723_456; // 2026-11-23T01:02:03.456Z, a Monday
     /// assert_eq!(BudgetPeriod::Day.start_of(t), 1_795_392_000_000); // 2026-11-23T00:00Z
     /// assert_eq!(BudgetPeriod::Week.start_of(t), 1_795_392_000_000);
@@ -490,7 +490,7 @@ impl BudgetPeriod {
 /// 400 years of 146,097 days).
 ///
 /// ```
-/// assert_eq!(tollgate_core::settings::civil_from_days(20_780), (2026, 11, 23));
+/// assert_eq!(tollgate_model::settings::civil_from_days(20_780), (2026, 11, 23));
 /// ```
 pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
@@ -618,7 +618,7 @@ impl GroupSettings {
     }
 
     /// TiKV's soft quota: the units/s the group may use on each backend, whatever the backend's
-    /// load. A backend's scheduler (`tollgate_client::scheduler`) holds the group's work back
+    /// load. A backend's scheduler (`tollgate_limiter::scheduler`) holds the group's work back
     /// past it, even when the backend is not saturated. `None`: no such limit.
     pub fn backend_limit(&self) -> Option<f64> {
         self.backend_limit

@@ -14,8 +14,8 @@ use crate::time::Nanos;
 /// and converges to `R` for a steady stream of deltas at rate `R`.
 ///
 /// ```
-/// use tollgate_core::smooth::Smoother;
-/// use tollgate_core::time::Nanos;
+/// use tollgate_model::smooth::Smoother;
+/// use tollgate_model::time::Nanos;
 ///
 /// let mut s = Smoother::new(1.0);
 /// for ms in (0..20_000).step_by(10) {
@@ -93,8 +93,8 @@ impl Smoother {
 /// folded over `τ_trend`. FoundationDB counts each tag's transactions with one (2 s and 10 s).
 ///
 /// ```
-/// use tollgate_core::smooth::HoltLinearSmoother;
-/// use tollgate_core::time::Nanos;
+/// use tollgate_model::smooth::HoltLinearSmoother;
+/// use tollgate_model::time::Nanos;
 ///
 /// let mut s = HoltLinearSmoother::new(2.0, 10.0);
 /// for ms in (0..120_000u64).step_by(100) {

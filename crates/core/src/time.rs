@@ -66,7 +66,7 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::time::{Clock, ManualClock, Nanos};
+/// use tollgate_model::time::{Clock, ManualClock, Nanos};
 ///
 /// let clock = ManualClock::new();
 /// let seen_by_limiter = clock.clone();

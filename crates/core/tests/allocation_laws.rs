@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate_core::allocate::{Claim, allocate};
-use tollgate_core::bucket::Bucket;
-use tollgate_core::settings::Priority;
-use tollgate_core::time::Nanos;
+use tollgate_model::allocate::{Claim, allocate};
+use tollgate_model::bucket::Bucket;
+use tollgate_model::settings::Priority;
+use tollgate_model::time::Nanos;
 
 const EPS: f64 = 1e-6;
 
@@ -127,7 +127,7 @@ proptest! {
         for cost in costs {
             match bucket.try_acquire(cost, now) {
                 Ok(()) => {}
-                Err(tollgate_core::bucket::Refusal::Wait(d)) => {
+                Err(tollgate_model::bucket::Refusal::Wait(d)) => {
                     now = now.after(d);
                     prop_assert!(bucket.try_acquire(cost, now).is_ok());
                     // …and not a whole nanosecond-step earlier than it said.

@@ -2,9 +2,9 @@
 //! grants conserving the target, capacity conserved, equal clients treated equally.
 
 use proptest::prelude::*;
-use tollgate_core::engine::{ClientReport, Engine, EngineSettings, Health};
-use tollgate_core::settings::{GroupName, GroupSettings, Priority};
-use tollgate_core::time::Nanos;
+use tollgate_model::engine::{ClientReport, Engine, EngineSettings, Health};
+use tollgate_model::settings::{GroupName, GroupSettings, Priority};
+use tollgate_model::time::Nanos;
 
 const EPS: f64 = 1e-6;
 

@@ -3,9 +3,9 @@
 //! here before the engine sees it, and a field that breaks a rule is named with its path
 //! (`groups[3].demand`) and the rule.
 
-use tollgate_core::cost::Consumption;
-use tollgate_core::engine::{ClientReport, Health};
-use tollgate_core::settings::GroupName;
+use tollgate_model::cost::Consumption;
+use tollgate_model::engine::{ClientReport, Health};
+use tollgate_model::settings::GroupName;
 
 use crate::v1;
 use crate::wire::{ExchangeView, ReportView};

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::v1;
-use tollgate_core::allocate::AllocationMode;
-use tollgate_core::settings::{
+use tollgate_model::allocate::AllocationMode;
+use tollgate_model::settings::{
     DroppedWork, GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError, SettingErrors,
 };
 
@@ -27,7 +27,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         backend_limit: s.backend_limit(),
         background: s.background(),
         budget_period: match s.budget_period() {
-            tollgate_core::settings::BudgetPeriod::Total => String::new(),
+            tollgate_model::settings::BudgetPeriod::Total => String::new(),
             p => p.name().to_string(),
         },
     }
@@ -79,7 +79,7 @@ pub fn ramp_to_proto(r: &RampSettings) -> v1::RampSettings {
 
 /// Seconds as a duration within the settings' bounds, or the rule it breaks.
 fn seconds(field: &str, s: f64, errors: &mut Vec<SettingError>) -> Option<Duration> {
-    let max = tollgate_core::settings::DURATION_MAX;
+    let max = tollgate_model::settings::DURATION_MAX;
     match Duration::try_from_secs_f64(s) {
         Ok(d) if d <= max => Some(d),
         _ => {
@@ -189,7 +189,7 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
         b = b.no_ramp();
     }
     if let Some(period) = &p.budget_period {
-        match tollgate_core::settings::BudgetPeriod::parse(period) {
+        match tollgate_model::settings::BudgetPeriod::parse(period) {
             Ok(period) => b = b.budget_period(period),
             Err(rule) => errors.push(SettingError::new("budget_period", rule)),
         }

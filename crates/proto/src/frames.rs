@@ -17,7 +17,7 @@
 //! - [`Slices`] cuts an answer's data into frames below [`SLICE_BYTES`], so that `h2` copies
 //!   them all, with the head and trailers, into its buffer and writes them at once. The
 //!   server's connections then say they take no vectored writes, which raises `h2`'s limit
-//!   to 1,024 bytes (see `tollgate-server`'s listener).
+//!   to 1,024 bytes (see `tollgate-controller`'s listener).
 //! - [`EndKnown`] looks one frame ahead in a call's body, so that the last data frame itself
 //!   says the stream ends and no empty frame follows it ([`EndKnownCalls`] does this to every
 //!   call of a channel). A call still goes out in two writes, its head and then its data:

@@ -7,6 +7,9 @@ const NODE_SERIES = ['capacity', 'admitted', 'demand'];
 // The target last, dashed, so that it stays visible where the admitted units meet it.
 const GROUP_UNITS = ['admitted', 'demand', 'target'];
 const GROUP_OTHER = ['throttled', 'clients', 'busy'];
+// What each series is called on the page: a group is throttled when it refuses work, and
+// limited by saturation when a busy backend holds it below its cap.
+const LABELS = { throttled: 'refused/s', busy: 'saturation-limited' };
 const COLORS = {
   capacity: '#98a2b3', target: '#b54708', admitted: '#1f5fbf', demand: '#12805c',
   throttled: '#c01048', clients: '#6941c6', busy: 'rgba(192,16,72,0.15)',
@@ -18,6 +21,7 @@ const state = {
   node: empty(['t'].concat(NODE_SERIES)),
   charts: new Map(),   // group name -> { data, units, other, card }
   filter: '',
+  page: 0,
   detail: null,        // { name, data, units, other }
   token: sessionStorage.getItem('tollgate-token') || '',
   timer: null,
@@ -107,10 +111,41 @@ function columns(data, names) {
   return [data.t].concat(names.map((n) => data[n]));
 }
 
+// The time every chart ends at (the newest sample the page holds) and how far back they reach:
+// all charts share one time axis, so that a moment lines up from one to the next.
+function timeRange() {
+  const t = state.node.t;
+  const end = t.length ? t[t.length - 1] : Date.now() / 1000;
+  const start = t.length ? t[0] : end;
+  return [Math.min(start, end - 60), end];
+}
+
+function clock(t, seconds) {
+  const d = new Date(t * 1000);
+  const two = (n) => String(n).padStart(2, '0');
+  return two(d.getHours()) + ':' + two(d.getMinutes()) + (seconds ? ':' + two(d.getSeconds()) : '');
+}
+
+// The last value a series holds, for its legend while the pointer is elsewhere.
+function lastValue(data) {
+  for (let i = data.length - 1; i >= 0; i--) if (data[i] !== null && data[i] !== undefined) return data[i];
+  return null;
+}
+
+// Shows each series' newest value in the legend unless the pointer is on the chart.
+function showLatest(u) {
+  const n = u.data[0].length;
+  if (n && (u.cursor.idx === null || u.cursor.idx === undefined || u.cursor.left < 0)) u.setLegend({ idx: n - 1 });
+}
+
 function plot(el, names, height, opts) {
-  const series = [{}].concat(names.map((n) => {
+  const series = [{ value: (u, v) => (v === null || v === undefined ? '–' : clock(v, true)) }].concat(names.map((n) => {
     // Points only while there are few samples to draw a line through.
-    const s = { label: n, stroke: COLORS[n], width: 1.5, value: (u, v) => fmt(v), points: { show: (u, si, i0, i1) => i1 - i0 < 3 } };
+    const s = {
+      label: LABELS[n] || n, stroke: COLORS[n], width: 1.5,
+      value: (u, v, si) => fmt(v === null || v === undefined ? lastValue(u.data[si]) : v),
+      points: { show: (u, si, i0, i1) => i1 - i0 < 3 },
+    };
     if (n === 'capacity' || n === 'target') s.dash = [6, 4];
     if (n === 'target') s.width = 2;
     if (n === 'busy') {
@@ -121,18 +156,29 @@ function plot(el, names, height, opts) {
     return s;
   }));
   const axes = [
-    { stroke: '#667085', grid: { stroke: '#eef0f3' } },
+    {
+      stroke: '#667085', grid: { stroke: '#eef0f3' }, space: 70,
+      values: (u, ticks) => { const [a, b] = timeRange(); return ticks.map((t) => clock(t, b - a <= 180)); },
+    },
     { stroke: '#667085', grid: { stroke: '#eef0f3' }, size: 56, label: opts.label, values: (u, ticks) => ticks.map(fmt) },
   ];
   // At least a minute across, so that the time axis ticks at round seconds from the start.
-  const scales = { x: { time: true, range: (u, min, max) => [Math.min(min, max - 60), max] }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } };
+  const scales = { x: { time: true, range: () => timeRange() }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } };
   if (names.includes('clients')) {
     axes.push({ scale: 'n', side: 1, size: 40, label: 'clients', grid: { show: false }, values: (u, ticks) => ticks.map(fmt) });
     scales.n = { range: (u, min, max) => [0, max > 0 ? Math.ceil(max * 1.1) : 1] };
   }
   if (names.includes('busy')) scales.busy = { range: [0, 1] };
   const width = Math.max(240, el.clientWidth || 300);
-  return new uPlot({ width, height, series, axes, scales, legend: { live: true } }, [[]].concat(names.map(() => [])), el);
+  // One pointer across the charts: hovering a moment on one shows it on all.
+  const cursor = { sync: { key: 'tollgate' } };
+  return new uPlot({ width, height, series, axes, scales, cursor, legend: { live: true } }, [[]].concat(names.map(() => [])), el);
+}
+
+// New data for a chart, its legend showing the newest values.
+function draw(u, data, names) {
+  u.setData(columns(data, names));
+  showLatest(u);
 }
 
 function resizeAll() {
@@ -156,6 +202,7 @@ function fill(tbody, rows) {
 function renderNode(d) {
   const n = d.node;
   if (n.unit) state.unit = n.unit;
+  $('node-unit').textContent = perSecond();
   const warnings = $('warnings');
   warnings.replaceChildren(...(n.warnings || []).map((w) => { const li = document.createElement('li'); li.textContent = 'warning: ' + w; return li; }));
   warnings.hidden = !(n.warnings && n.warnings.length);
@@ -172,7 +219,7 @@ function renderNode(d) {
     $('use-bar').style.width = '0';
   }
   $('groups').textContent = String(n.groups);
-  $('busy').textContent = d.groups.filter((g) => g.busy).length + ' busy among the busiest · ' + n.exchanges + ' exchanges';
+  $('busy').textContent = d.busiest.length + ' in traffic · ' + n.exchanges + ' exchanges';
   const diag = d.diagnostics;
   $('clients').textContent = String(n.clients);
   $('lapsed').textContent = diag.clients_lapsed + ' lapsed (safe mode)' + (n.learning ? ' · learning' : '');
@@ -181,22 +228,42 @@ function renderNode(d) {
 
   append(state.node, d.series, NODE_SERIES);
   if (!state.nodePlot) state.nodePlot = plot($('node-chart'), NODE_SERIES, 220, { label: perSecond() });
-  state.nodePlot.setData(columns(state.node, NODE_SERIES));
+  draw(state.nodePlot, state.node, NODE_SERIES);
+}
+
+// The groups table's head, in the server's units.
+function groupHead() {
+  const rate = perSecond();
+  const names = ['group', 'reserved ' + rate, 'limit ' + rate, 'target ' + rate, 'admitted ' + rate, 'demand ' + rate,
+    'refused/s', 'clients', 'throttled', 'saturation'];
+  const tr = document.createElement('tr');
+  tr.append(...names.map((n) => { const th = document.createElement('th'); th.textContent = n; return th; }));
+  return tr;
 }
 
 function renderGroups(d) {
+  const head = $('group-table').tHead;
+  if (head.dataset.unit !== state.unit) { head.replaceChildren(groupHead()); head.dataset.unit = state.unit; }
+  // By name, so that a row stays where it is from one refresh to the next.
   const rows = d.groups.map((g) => {
     const tr = document.createElement('tr');
-    tr.append(td(g.name), td(fmt(g.target)), td(fmt(g.admitted)), td(fmt(g.demand)), td(fmt(g.throttled)),
-      td(String(g.clients)), td(g.busy ? 'yes' : 'no', g.busy ? 'yes' : ''));
+    const refusing = g.throttled > 0;
+    tr.append(td(g.name), td(g.reserved === null ? '–' : fmt(g.reserved)),
+      td(g.limit === null ? '–' : (g.limit === 'unlimited' ? 'unlimited' : fmt(g.limit))),
+      td(fmt(g.target)), td(fmt(g.admitted)), td(fmt(g.demand)), td(fmt(g.throttled)), td(String(g.clients)),
+      td(refusing ? 'refusing' : 'no', refusing ? 'yes' : ''), td(g.busy ? 'limited' : 'no', g.busy ? 'yes' : ''));
+    tr.dataset.group = g.name;
     tr.addEventListener('click', () => openDetail(g.name));
     return tr;
   });
   fill($('group-table').tBodies[0], rows);
   const shown = d.groups.length;
+  const first = d.page * d.page_size;
   $('groups-note').textContent = d.groups_matching > shown
-    ? 'The ' + shown + ' busiest of ' + d.groups_matching + ' groups' + (state.filter ? ' matching the filter' : '') + '.'
+    ? 'Groups ' + (first + 1) + ' to ' + (first + shown) + ' of ' + d.groups_matching + (state.filter ? ' matching the filter' : '') + ', by name.'
     : (shown ? '' : 'No groups' + (state.filter ? ' match the filter.' : ' yet.'));
+  $('page-prev').hidden = d.page === 0;
+  $('page-next').hidden = first + shown >= d.groups_matching;
 }
 
 function chartCard(name) {
@@ -220,11 +287,14 @@ function renderCharts(d) {
     if (!got) continue;
     if (got.series) append(c.data, got.series, GROUP_UNITS.concat(GROUP_OTHER));
     else appendNow(c.data, got.now, GROUP_UNITS.concat(GROUP_OTHER));
-    c.units.setData(columns(c.data, GROUP_UNITS));
-    c.other.setData(columns(c.data, GROUP_OTHER));
+    draw(c.units, c.data, GROUP_UNITS);
+    draw(c.other, c.data, GROUP_OTHER);
   }
-  // The busiest groups with any activity, the chart set changed only when they change.
-  const wanted = d.groups.filter((g) => g.demand > 0 || g.admitted > 0 || g.clients > 0).slice(0, CHARTED).map((g) => g.name);
+  // The busiest groups in traffic (an idle group is never among them). A group charted stays
+  // charted while it is among them, and a new one takes a place only when one frees: the
+  // charts keep their places from one refresh to the next.
+  const wanted = [...state.charts.keys()].filter((n) => d.busiest.includes(n));
+  for (const n of d.busiest) if (wanted.length < CHARTED && !wanted.includes(n)) wanted.push(n);
   for (const [name, c] of state.charts) {
     if (!wanted.includes(name)) {
       c.units.destroy(); c.other.destroy(); c.card.remove();
@@ -248,8 +318,8 @@ async function loadHistory(name, c) {
     const g = await get('/v1/dashboard/groups/' + encodeURIComponent(name));
     if (state.charts.get(name) !== c) return;
     if (g.series) append(c.data, g.series, GROUP_UNITS.concat(GROUP_OTHER));
-    c.units.setData(columns(c.data, GROUP_UNITS));
-    c.other.setData(columns(c.data, GROUP_OTHER));
+    draw(c.units, c.data, GROUP_UNITS);
+    draw(c.other, c.data, GROUP_OTHER);
   } catch (e) {
     if (!(e instanceof AuthError)) console.warn('history of ' + name + ': ' + e.message);
   }
@@ -279,8 +349,12 @@ function renderClients(diag) {
     : (diag.clients_total ? '' : 'No client has exchanged yet.');
 }
 
+// A group's own address: #/groups/NAME.
+function groupHash(name) { return '#/groups/' + encodeURIComponent(name); }
+
 async function openDetail(name) {
-  closeDetail();
+  if (location.hash !== groupHash(name)) { location.hash = groupHash(name); return; }  // route() opens it
+  closeDetail(true);
   const el = { units: $('detail-chart'), other: $('detail-chart2') };
   const detail = {
     name, data: empty(['t'].concat(GROUP_UNITS, GROUP_OTHER)), next: 0,
@@ -293,12 +367,22 @@ async function openDetail(name) {
   $('detail').scrollIntoView({ behavior: 'smooth', block: 'nearest' });
 }
 
-function closeDetail() {
+function closeDetail(keepHash) {
+  if (!keepHash && location.hash.startsWith('#/groups/')) history.pushState(null, '', location.pathname + location.search);
   if (!state.detail) return;
   state.detail.units.destroy();
   state.detail.other.destroy();
   state.detail = null;
   $('detail').hidden = true;
+}
+
+// Follows the address: #/groups/NAME shows that group, anything else none.
+function route() {
+  const m = location.hash.match(/^#\/groups\/(.+)$/);
+  if (!m) { closeDetail(true); return; }
+  let name;
+  try { name = decodeURIComponent(m[1]); } catch (_) { closeDetail(true); return; }
+  if (!state.detail || state.detail.name !== name) openDetail(name);
 }
 
 async function refreshDetail(detail) {
@@ -314,8 +398,8 @@ async function refreshDetail(detail) {
   detail.next = g.next;
   if (g.series) append(detail.data, g.series, GROUP_UNITS.concat(GROUP_OTHER));
   else appendNow(detail.data, g.now, GROUP_UNITS.concat(GROUP_OTHER));
-  detail.units.setData(columns(detail.data, GROUP_UNITS));
-  detail.other.setData(columns(detail.data, GROUP_OTHER));
+  draw(detail.units, detail.data, GROUP_UNITS);
+  draw(detail.other, detail.data, GROUP_OTHER);
   const rows = [kv('state', g.now.busy ? 'busy: saturation limits it' : 'not limited by saturation'),
     kv('target', fmt(g.now.target)), kv('granted', fmt(g.granted)), kv('consumed in all', fmt(g.consumed_total))];
   if (g.settings) {
@@ -345,6 +429,7 @@ async function refresh() {
   const q = new URLSearchParams({ since: String(state.next) });
   if (state.charts.size) q.set('charts', [...state.charts.keys()].join(','));
   if (state.filter) q.set('filter', state.filter);
+  if (state.page) q.set('page', String(state.page));
   try {
     const d = await get('/v1/dashboard?' + q.toString());
     state.window = d.window;
@@ -384,8 +469,14 @@ $('login').addEventListener('submit', (ev) => {
 
 $('filter').addEventListener('input', () => {
   state.filter = $('filter').value;
+  state.page = 0;
 });
+$('page-prev').addEventListener('click', () => { state.page = Math.max(0, state.page - 1); });
+$('page-next').addEventListener('click', () => { state.page += 1; });
 
-$('detail-close').addEventListener('click', closeDetail);
+$('detail-close').addEventListener('click', () => closeDetail(false));
 window.addEventListener('resize', resizeAll);
+window.addEventListener('hashchange', route);
+window.addEventListener('popstate', route);
+route();
 refresh();

@@ -15,7 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use tollgate_client::{AcquireError, Tollgate};
+use tollgate_limiter::{AcquireError, Tollgate};
 use tollgate_proto::v1;
 
 use crate::auth::Caller;
@@ -49,7 +49,7 @@ pub const ROUTES: [(&str, &str, &str); 17] = [
     (
         "get",
         "/v1/dashboard",
-        "The dashboard's data: the node, its samples from ?since=N, the busiest groups (?filter=text), the samples of ?charts=a,b, backends and clients.",
+        "The dashboard's data: the node, its samples from ?since=N, the groups by name a page at a time (?filter=text, ?page=P), the busiest groups' names, the samples of ?charts=a,b, backends and clients.",
     ),
     (
         "get",
@@ -299,7 +299,7 @@ fn ramp(r: &serde_json::Map<String, Value>) -> Result<v1::RampSettings, Answer> 
     Ok(out)
 }
 
-fn group_json(name: &str, s: &tollgate_core::settings::GroupSettings) -> Value {
+fn group_json(name: &str, s: &tollgate_model::settings::GroupSettings) -> Value {
     json!({ "name": name, "settings": crate::json::group_settings(&convert::settings_to_proto(s)) })
 }
 
@@ -325,7 +325,7 @@ async fn change<T: Send + 'static>(
     }
 }
 
-fn name_of(name: &str) -> Result<tollgate_core::settings::GroupName, Answer> {
+fn name_of(name: &str) -> Result<tollgate_model::settings::GroupName, Answer> {
     checked_name("name", name).map_err(|e| {
         let rule = e.strip_prefix("name: ").unwrap_or(&e).to_string();
         refuse(StatusCode::BAD_REQUEST, "name", rule)
@@ -447,7 +447,7 @@ async fn drop_group(
 fn node_json(n: crate::store::StoredNode) -> Value {
     json!({
         "capacity": n.capacity,
-        "mode": if n.mode == tollgate_core::allocate::AllocationMode::Fcfs { "fcfs" } else { "share" },
+        "mode": if n.mode == tollgate_model::allocate::AllocationMode::Fcfs { "fcfs" } else { "share" },
         "slow_start": n.slow_start,
     })
 }
@@ -475,8 +475,8 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
             }
             "mode" => {
                 change_set.mode = Some(match v.as_str() {
-                    Some("share") => tollgate_core::allocate::AllocationMode::Share,
-                    Some("fcfs") => tollgate_core::allocate::AllocationMode::Fcfs,
+                    Some("share") => tollgate_model::allocate::AllocationMode::Share,
+                    Some("fcfs") => tollgate_model::allocate::AllocationMode::Fcfs,
                     _ => return refuse(StatusCode::BAD_REQUEST, key, "must be \"share\" or \"fcfs\""),
                 })
             }

@@ -1,6 +1,6 @@
 //! The server's edge with time: tokio's clock for the engine, and the one wall-clock read.
 
-use tollgate_core::time::{Nanos, duration_nanos};
+use tollgate_model::time::{Nanos, duration_nanos};
 
 /// The server's clock: tokio's, counted from the server's start.
 #[derive(Debug, Clone, Copy)]

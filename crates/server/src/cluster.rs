@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tollgate_core::time::Nanos;
+use tollgate_model::time::Nanos;
 use tonic::Status;
 
 use crate::controller::Controller;

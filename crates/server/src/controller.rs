@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tollgate_core::allocate::AllocationMode;
-use tollgate_core::engine::{
+use tollgate_model::allocate::AllocationMode;
+use tollgate_model::engine::{
     BackendReport, Diagnostics, Engine, EngineSettings, GroupView, TICK_SLICE_GROUPS, TraceEvent, next_slice,
 };
-use tollgate_core::settings::{GroupName, GroupSettings};
-use tollgate_core::time::Nanos;
+use tollgate_model::settings::{GroupName, GroupSettings};
+use tollgate_model::time::Nanos;
 use tollgate_proto::check::{self, FieldError, REPORT_VALUE_MAX};
 use tollgate_proto::v1;
 use tollgate_proto::wire::{ExchangeView, GrantFields, ReportView};
@@ -108,7 +108,7 @@ pub struct Controller {
     /// the server's spans a good part of a second at many groups).
     tick_span_ns: AtomicU64,
     /// Woken when a backend's report shows it newly saturated
-    /// ([`Engine::saturation_onset`](tollgate_core::engine::Engine::saturation_onset)).
+    /// ([`Engine::saturation_onset`](tollgate_model::engine::Engine::saturation_onset)).
     onset: tokio::sync::Notify,
     /// Ticks run before their turn for such a report.
     early_ticks: AtomicU64,
@@ -119,7 +119,7 @@ pub struct Controller {
     /// The settings' warnings last logged: a change logs only the new ones.
     warned: Mutex<Vec<String>>,
     /// The cost model clients price with, as the operator says it: what a unit counts.
-    cost_model: std::sync::OnceLock<tollgate_core::cost::CostModel>,
+    cost_model: std::sync::OnceLock<tollgate_model::cost::CostModel>,
     /// When the last tick at its turn began (nanoseconds; `u64::MAX`: none yet): exchanges
     /// tell refused clients when the next one is done.
     turn_ns: AtomicU64,
@@ -263,7 +263,7 @@ impl Controller {
     /// that it holds no memory for groups that have since expired.
     ///
     /// The tick walks the groups in slices of about
-    /// [`TICK_SLICE_TARGET`](tollgate_core::engine::TICK_SLICE_TARGET) each, and between
+    /// [`TICK_SLICE_TARGET`](tollgate_model::engine::TICK_SLICE_TARGET) each, and between
     /// two slices hands the engine to any exchange waiting for it (answered with the grants
     /// made so far): at 100,000 groups a whole tick holds the engine for tens of
     /// milliseconds, a slice for a twentieth of one. This blocks: call it where blocking is
@@ -387,7 +387,7 @@ impl Controller {
                 lease_ms: ms(g.lease),
                 reserved: g.reserved,
                 clients: g.clients,
-                count_dropped: g.dropped == tollgate_core::settings::DroppedWork::Count,
+                count_dropped: g.dropped == tollgate_model::settings::DroppedWork::Count,
                 debt_repay_ms: ms(g.debt_repay),
                 trickle_ms: ms(g.trickle),
             };
@@ -501,13 +501,13 @@ impl Controller {
     /// Says which cost model the clients price requests with (`--cost-model`, or the
     /// `[cost]` of `--config`): status shows what a unit counts. Set once; later calls are
     /// ignored.
-    pub fn set_cost_model(&self, model: tollgate_core::cost::CostModel) {
+    pub fn set_cost_model(&self, model: tollgate_model::cost::CostModel) {
         let _ = self.cost_model.set(model);
     }
 
     /// The cost model the clients price with (the `count` model unless said otherwise).
-    pub fn cost_model(&self) -> &tollgate_core::cost::CostModel {
-        self.cost_model.get().unwrap_or(&tollgate_core::cost::CostModel::Count)
+    pub fn cost_model(&self) -> &tollgate_model::cost::CostModel {
+        self.cost_model.get().unwrap_or(&tollgate_model::cost::CostModel::Count)
     }
 
     /// The group settings backends schedule by: the version, then every group (or nothing
@@ -870,8 +870,8 @@ mod tests {
 
     #[test]
     fn a_budget_per_period_counts_from_the_metering_at_the_periods_start() {
-        use tollgate_core::engine::Meter;
-        use tollgate_core::settings::BudgetPeriod;
+        use tollgate_model::engine::Meter;
+        use tollgate_model::settings::BudgetPeriod;
         let day = 86_400_000u64;
         let now = 20_000 * day + 3_600_000; // an hour into a day
         let g = GroupName::new("metered").unwrap();

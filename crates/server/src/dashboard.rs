@@ -2,10 +2,12 @@
 //! chart library uPlot vendored with its licence, no CDN), and the two JSON routes it reads
 //! every second.
 //!
-//! - `GET /v1/dashboard[?since=N][&charts=a,b][&filter=text]`: the node now and its samples
-//!   from number `since` on, the busiest groups (at most [`ROWS_MAX`], those whose names
-//!   contain `filter`), the samples of the groups in `charts` (at most [`CHARTS_MAX`]), the
-//!   backends, and the clients (lapsed ones first).
+//! - `GET /v1/dashboard[?since=N][&charts=a,b][&filter=text][&page=P]`: the node now and its
+//!   samples from number `since` on; every group whose name contains `filter`, by name, a page
+//!   of [`ROWS_MAX`] at a time (page `P`, from 0), configured or seen in traffic, busy or idle;
+//!   the names of the busiest groups in traffic (at most [`CHARTS_MAX`]); the samples of the
+//!   groups in `charts` (at most [`CHARTS_MAX`]); the backends; and the clients (lapsed ones
+//!   first).
 //! - `GET /v1/dashboard/groups/{name}[?since=N]`: one group's settings, state and samples; 404
 //!   when the controller knows no such group.
 //!
@@ -23,8 +25,8 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use serde_json::{Value, json};
-use tollgate_core::engine::{Diagnostics, GroupView};
-use tollgate_core::settings::GroupName;
+use tollgate_model::engine::{Diagnostics, GroupView};
+use tollgate_model::settings::GroupName;
 
 use crate::api::{Answer, answer, refuse, refuse_whole};
 use crate::clock::Clock;
@@ -38,6 +40,8 @@ use crate::status::{backend_json, backend_to_proto, client_json, client_to_proto
 pub const ROWS_MAX: usize = 50;
 /// The most groups charted in one answer.
 pub const CHARTS_MAX: usize = 12;
+/// The highest `page` taken (a million groups at [`ROWS_MAX`] a page).
+pub const PAGE_MAX: usize = 20_000;
 /// The longest `filter` taken, in bytes.
 pub const FILTER_MAX_BYTES: usize = 255;
 
@@ -142,8 +146,17 @@ fn series_json(s: &Series, names: &[&str]) -> Value {
 }
 
 fn row(g: &GroupView) -> Value {
+    // Settings in the table's terms: `null` for a group seen only in traffic, a limit of
+    // "unlimited" where there is none.
+    let reserved = g.settings.as_ref().map(|s| s.reserved());
+    let limit = g.settings.as_ref().map(|s| match s.limit() {
+        tollgate_model::settings::Limit::Units(u) => json!(u),
+        tollgate_model::settings::Limit::Unlimited => json!("unlimited"),
+    });
     json!({
         "name": g.name.as_str(),
+        "reserved": reserved,
+        "limit": limit,
         "target": g.target,
         "admitted": g.admitted,
         "demand": g.demand,
@@ -169,27 +182,40 @@ fn diagnostics_json(d: &Diagnostics) -> Value {
     })
 }
 
-/// The busiest groups (by demand, then admitted units, then name) whose names contain
-/// `filter`: at most [`ROWS_MAX`], in time linear in the groups.
-fn busiest<'a>(view: &'a [GroupView], filter: &str) -> (Vec<&'a GroupView>, usize) {
-    let mut matching: Vec<&GroupView> = view.iter().filter(|g| g.name.as_str().contains(filter)).collect();
-    let total = matching.len();
+/// Page `page` of the groups whose names contain `filter`, by name (the view's order), and how
+/// many match in all.
+fn page_of<'a>(view: &'a [GroupView], filter: &str, page: usize) -> (Vec<&'a GroupView>, usize) {
+    let matching = view.iter().filter(|g| g.name.as_str().contains(filter));
+    let total = matching.clone().count();
+    (matching.skip(page.saturating_mul(ROWS_MAX)).take(ROWS_MAX).collect(), total)
+}
+
+/// The busiest groups in traffic whose names contain `filter` (by demand, then admitted units,
+/// then name): at most [`CHARTS_MAX`], in time linear in the groups. A group that neither asks
+/// nor is admitted nor refused is idle, and not among them.
+fn busiest<'a>(view: &'a [GroupView], filter: &str) -> Vec<&'a GroupView> {
+    let mut active: Vec<&GroupView> = view
+        .iter()
+        .filter(|g| {
+            (g.demand > 0.0 || g.admitted > 0.0 || g.throttled > 0.0) && g.name.as_str().contains(filter)
+        })
+        .collect();
     let order = |a: &&GroupView, b: &&GroupView| {
         b.demand
             .total_cmp(&a.demand)
             .then_with(|| b.admitted.total_cmp(&a.admitted))
             .then_with(|| a.name.cmp(&b.name))
     };
-    if matching.len() > ROWS_MAX {
-        matching.select_nth_unstable_by(ROWS_MAX, order);
-        matching.truncate(ROWS_MAX);
+    if active.len() > CHARTS_MAX {
+        active.select_nth_unstable_by(CHARTS_MAX, order);
+        active.truncate(CHARTS_MAX);
     }
-    matching.sort_by(order);
-    (matching, total)
+    active.sort_by(order);
+    active
 }
 
 async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
-    let q = match query(raw.as_deref(), &["since", "charts", "filter"]) {
+    let q = match query(raw.as_deref(), &["since", "charts", "filter", "page"]) {
         Ok(q) => q,
         Err(a) => return a,
     };
@@ -202,6 +228,11 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
     if filter.len() > FILTER_MAX_BYTES {
         return refuse(StatusCode::BAD_REQUEST, "filter", format!("at most {FILTER_MAX_BYTES} bytes"));
     }
+    let page = match q.iter().find(|(k, _)| k == "page").map(|(_, v)| v.parse::<usize>()) {
+        None => 0,
+        Some(Ok(p)) if p <= PAGE_MAX => p,
+        Some(_) => return refuse(StatusCode::BAD_REQUEST, "page", format!("a page number, 0 to {PAGE_MAX}")),
+    };
     let mut charts: Vec<GroupName> = Vec::new();
     if let Some((_, list)) = q.iter().find(|(k, _)| k == "charts") {
         for name in list.split(',').filter(|n| !n.is_empty()) {
@@ -221,8 +252,9 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
     }
     let built = tokio::task::spawn_blocking(move || {
         let view = d.node.controller.view();
-        let (rows, matching) = busiest(&view, &filter);
+        let (rows, matching) = page_of(&view, &filter, page);
         let rows: Vec<Value> = rows.into_iter().map(row).collect();
+        let busiest: Vec<&str> = busiest(&view, &filter).into_iter().map(|g| g.name.as_str()).collect();
         let mut charted = serde_json::Map::new();
         let mut unknown = Vec::new();
         for name in &charts {
@@ -243,7 +275,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             "window": SAMPLES,
             "node": {
                 "capacity": node.capacity,
-                "mode": if node.mode == tollgate_core::allocate::AllocationMode::Fcfs { "fcfs" } else { "share" },
+                "mode": if node.mode == tollgate_model::allocate::AllocationMode::Fcfs { "fcfs" } else { "share" },
                 "role": role.role.name(),
                 "leader": role.leader,
                 "learning": learning,
@@ -259,6 +291,9 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             "series": series_json(&d.history.node(since), &NODE_SERIES),
             "groups": rows,
             "groups_matching": matching,
+            "page": page,
+            "page_size": ROWS_MAX,
+            "busiest": busiest,
             "charts": charted,
             "unknown": unknown,
             "diagnostics": diagnostics_json(&d.node.controller.diagnostics(now)),

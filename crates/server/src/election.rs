@@ -123,7 +123,7 @@ async fn term(
     // When the last acknowledged renewal was sent: etcd's expiry is at most a lease after it.
     let mut renewed = clock.now();
     // When each renewal not yet acknowledged was sent, oldest first (etcd answers in order).
-    let mut sent: std::collections::VecDeque<tollgate_core::time::Nanos> = std::collections::VecDeque::new();
+    let mut sent: std::collections::VecDeque<tollgate_model::time::Nanos> = std::collections::VecDeque::new();
     // The renewal stream failed: a new one is opened on the same lease at each turn.
     let mut broken = false;
     let mut leading = false;

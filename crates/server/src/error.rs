@@ -1,7 +1,7 @@
 //! Why an admin change failed, the same for every part that makes one (groups and the node,
 //! credentials, RLS rules) and every front end that answers with it (gRPC and HTTP).
 
-use tollgate_core::settings::{SettingError, SettingErrors};
+use tollgate_model::settings::{SettingError, SettingErrors};
 use tonic::Status;
 
 use crate::store::StoreError;

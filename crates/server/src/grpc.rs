@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use tollgate_core::settings::{GroupName, check_group_name};
+use tollgate_model::settings::{GroupName, check_group_name};
 use tollgate_proto::v1::admission_server::AdmissionServer;
 use tollgate_proto::v1::backend_server::BackendServer;
 use tollgate_proto::v1::{self, admin_server::Admin, admission_server::Admission, backend_server::Backend};
@@ -273,7 +273,7 @@ impl Services {
         &self,
         take: impl FnOnce(
             &crate::controller::Controller,
-            tollgate_core::time::Nanos,
+            tollgate_model::time::Nanos,
         ) -> Result<v1::ReportAck, Status>
         + Send
         + 'static,
@@ -341,7 +341,7 @@ fn who<T>(req: &Request<T>) -> String {
     }
 }
 
-fn info(name: &GroupName, s: &tollgate_core::settings::GroupSettings) -> v1::GroupInfo {
+fn info(name: &GroupName, s: &tollgate_model::settings::GroupSettings) -> v1::GroupInfo {
     v1::GroupInfo { name: name.to_string(), settings: Some(convert::settings_to_proto(s)) }
 }
 
@@ -524,11 +524,11 @@ impl Admin for Services {
 
     async fn set_rls_rules(&self, req: Request<v1::RlsRules>) -> Result<Response<v1::RlsRules>, Status> {
         let who = who(&req);
-        let rules = tollgate_core::rls::rules_from_json(&req.into_inner().rules_json)
+        let rules = tollgate_model::rls::rules_from_json(&req.into_inner().rules_json)
             .map_err(Status::invalid_argument)?;
         self.admin(move |c| c.rls_rules.set(rules, &who)).await?;
         Ok(Response::new(v1::RlsRules {
-            rules_json: tollgate_core::rls::rules_to_json(&self.node.rls_rules.get()),
+            rules_json: tollgate_model::rls::rules_to_json(&self.node.rls_rules.get()),
         }))
     }
 
@@ -537,7 +537,7 @@ impl Admin for Services {
         _: Request<v1::GetRlsRulesRequest>,
     ) -> Result<Response<v1::RlsRules>, Status> {
         Ok(Response::new(v1::RlsRules {
-            rules_json: tollgate_core::rls::rules_to_json(&self.node.rls_rules.get()),
+            rules_json: tollgate_model::rls::rules_to_json(&self.node.rls_rules.get()),
         }))
     }
 

@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use tollgate_core::engine::{Engine, GroupSample};
-use tollgate_core::settings::GroupName;
+use tollgate_model::engine::{Engine, GroupSample};
+use tollgate_model::settings::GroupName;
 
 /// Samples kept: fifteen minutes at one a second.
 pub const SAMPLES: usize = 900;
@@ -167,9 +167,9 @@ fn read<const N: usize>(h: &Inner, since: u64, values: &[[f32; N]]) -> Series {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::engine::{ClientReport, EngineSettings};
-    use tollgate_core::settings::GroupSettings;
-    use tollgate_core::time::Nanos;
+    use tollgate_model::engine::{ClientReport, EngineSettings};
+    use tollgate_model::settings::GroupSettings;
+    use tollgate_model::time::Nanos;
 
     fn name(s: &str) -> GroupName {
         GroupName::new(s).unwrap()

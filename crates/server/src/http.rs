@@ -33,7 +33,7 @@ pub fn router(
     history: Arc<crate::history::History>,
     clock: Clock,
     front: Front,
-    gate: tollgate_client::Tollgate,
+    gate: tollgate_limiter::Tollgate,
 ) -> Router {
     let guard = axum::middleware::from_fn_with_state((node.access.clone(), front), http_guard);
     let api = crate::api::router(node.clone(), clock, gate.clone());
@@ -65,7 +65,7 @@ async fn metrics(State(app): State<AppState>) -> axum::response::Response {
         prometheus_client::encoding::text::encode(out, &registry).map_err(|_| crate::stream::Gone)
     })
     .await;
-    ([(header::CONTENT_TYPE, tollgate_core::prometheus::CONTENT_TYPE)], body).into_response()
+    ([(header::CONTENT_TYPE, tollgate_model::prometheus::CONTENT_TYPE)], body).into_response()
 }
 
 /// `ok`, or 503 with what is wrong: the settings store cannot take writes (a full disk), so

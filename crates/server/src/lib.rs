@@ -159,7 +159,7 @@ impl Server {
         let (mut store, etcd) = opened?;
         if let Some(config) = &opts.defaults {
             let done = store::apply_defaults(store.as_mut(), config)?;
-            let names = |v: &[tollgate_core::settings::GroupName]| {
+            let names = |v: &[tollgate_model::settings::GroupName]| {
                 v.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
             };
             tracing::info!(
@@ -561,7 +561,7 @@ struct Ticker {
     clock: Clock,
     give_back: memory::GiveBack,
     sampling: Arc<std::sync::atomic::AtomicBool>,
-    sampled: Option<tollgate_core::time::Nanos>,
+    sampled: Option<tollgate_model::time::Nanos>,
 }
 
 impl Ticker {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
-use tollgate_core::engine::{BackendView, ClientView, GroupView};
-use tollgate_core::prometheus::{Kind, family, single};
+use tollgate_model::engine::{BackendView, ClientView, GroupView};
+use tollgate_model::prometheus::{Kind, family, single};
 
 use crate::clock::Clock;
 use crate::cluster::{Cluster, Role};
@@ -255,7 +255,7 @@ impl Collector for ControllerMetrics {
 /// The state of the controller's own client, the one behind `POST /v1/check` and Envoy's
 /// rate-limit service.
 struct FrontEndMetrics {
-    gate: tollgate_client::Tollgate,
+    gate: tollgate_limiter::Tollgate,
 }
 
 impl std::fmt::Debug for FrontEndMetrics {
@@ -327,7 +327,7 @@ impl Collector for ProcessMetrics {
 
 /// The registry `/metrics` encodes: the controller's collector, its front end's client, and
 /// the latency histogram.
-pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_client::Tollgate) -> Registry {
+pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_limiter::Tollgate) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ControllerMetrics {
         controller: node.controller.clone(),
@@ -343,8 +343,8 @@ pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_cli
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::engine::{Engine, EngineSettings};
-    use tollgate_core::settings::{GroupName, GroupSettings};
+    use tollgate_model::engine::{Engine, EngineSettings};
+    use tollgate_model::settings::{GroupName, GroupSettings};
 
     #[derive(Debug)]
     struct Groups(Vec<GroupView>);
@@ -372,7 +372,7 @@ mod tests {
         engine.set_group(GroupName::new(r#"quote"and\slash"#).unwrap(), GroupSettings::default());
         let mut r = Registry::default();
         r.register_collector(Box::new(Groups(engine.view())));
-        let text = tollgate_core::prometheus::text(&r);
+        let text = tollgate_model::prometheus::text(&r);
         assert!(text.contains("tollgate_group_clients{group=\"plain\"} 0\n"), "{text}");
         assert!(text.contains(r#"tollgate_group_clients{group="quote\"and\\slash"} 0"#), "{text}");
         for (name, _, kind, _) in GROUP_FAMILIES {

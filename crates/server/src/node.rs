@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use tollgate_core::engine::EngineSettings;
-use tollgate_core::time::Nanos;
+use tollgate_model::engine::EngineSettings;
+use tollgate_model::time::Nanos;
 
 use crate::access::Access;
 use crate::cluster::Cluster;

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tollgate_core::engine::{EngineSettings, SaturationSettings};
+use tollgate_model::engine::{EngineSettings, SaturationSettings};
 
 /// Where and how to serve.
 #[derive(Debug, Clone)]
@@ -21,7 +21,7 @@ pub struct ServerOptions {
     pub lease: Duration,
     /// The cost model the clients price requests with: the server prices nothing itself, but
     /// status says what a unit counts by it.
-    pub cost_model: tollgate_core::cost::CostModel,
+    pub cost_model: tollgate_model::cost::CostModel,
     /// FoundationDB's saturation knobs: queue target and spring, limiting threshold, worst
     /// zones ignored.
     pub saturation: SaturationSettings,
@@ -35,7 +35,7 @@ pub struct ServerOptions {
     pub limits: crate::conn::Limits,
     /// A settings file's node settings and groups, written at start where the store holds
     /// none (`--config`).
-    pub defaults: Option<tollgate_core::config::Config>,
+    pub defaults: Option<tollgate_model::config::Config>,
     /// Keep the settings in etcd rather than in the data directory (`--etcd`); controllers on
     /// the same etcd and prefix elect one leader.
     pub etcd: Option<EtcdTarget>,
@@ -119,7 +119,7 @@ impl Default for ServerOptions {
             http: SocketAddr::from(([127, 0, 0, 1], 7461)),
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(10),
-            cost_model: tollgate_core::cost::CostModel::Count,
+            cost_model: tollgate_model::cost::CostModel::Count,
             saturation: SaturationSettings::default(),
             cost_folding: EngineSettings::default().cost_folding,
             trickle: Duration::ZERO,

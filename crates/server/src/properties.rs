@@ -8,8 +8,8 @@
 //! as it is.
 
 use serde_json::{Map, Value};
-use tollgate_core::allocate::AllocationMode;
-use tollgate_core::settings::RATE_MAX;
+use tollgate_model::allocate::AllocationMode;
+use tollgate_model::settings::RATE_MAX;
 use tollgate_proto::v1;
 
 use crate::store::StoredNode;

@@ -3,7 +3,7 @@
 //!
 //! Envoy, Istio, Envoy Gateway and Gloo ask a rate-limit service about each request with a
 //! domain and descriptors. Here each descriptor names a group (by the mapping rules,
-//! [`tollgate_core::rls`]) and costs `hits_addend` units. The decision comes from a client of
+//! [`tollgate_model::rls`]) and costs `hits_addend` units. The decision comes from a client of
 //! this controller's own grants, living in the server process: its buckets are fed by
 //! exchanges with the controller like any remote client's, so an Envoy fleet and Rust clients
 //! share one group's limit. A request is admitted only when every descriptor's group admits
@@ -18,9 +18,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_client::{AcquireError, RemoteOptions, Tollgate};
-use tollgate_core::rls::RlsRule;
-use tollgate_core::settings::{GroupName, check_group_name};
+use tollgate_limiter::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_model::rls::RlsRule;
+use tollgate_model::settings::{GroupName, check_group_name};
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
@@ -57,7 +57,7 @@ impl RlsRules {
     pub fn new(store: Shared, stored: Option<&str>) -> Result<RlsRules, StoreError> {
         let rules = match stored {
             None => Vec::new(),
-            Some(json) => tollgate_core::rls::rules_from_json(json).map_err(|reason| {
+            Some(json) => tollgate_model::rls::rules_from_json(json).map_err(|reason| {
                 StoreError::Corrupt { path: Default::default(), what: "RLS rules".into(), reason }
             })?,
         };
@@ -71,10 +71,10 @@ impl RlsRules {
 
     /// Replaces the rules (checked; durable before it returns; in the audit log).
     pub fn set(&self, rules: Vec<RlsRule>, who: &str) -> Result<(), AdminError> {
-        tollgate_core::rls::check_rules(&rules).map_err(AdminError::Rule)?;
-        let json = tollgate_core::rls::rules_to_json(&rules);
+        tollgate_model::rls::check_rules(&rules).map_err(AdminError::Rule)?;
+        let json = tollgate_model::rls::rules_to_json(&rules);
         let mut store = self.store.lock();
-        let before = tollgate_core::rls::rules_to_json(&self.get());
+        let before = tollgate_model::rls::rules_to_json(&self.get());
         audited(&mut store, who, "rls.set".into(), Some(before), Some(json.clone())).set_rls_rules(&json)?;
         *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
         Ok(())
@@ -82,7 +82,7 @@ impl RlsRules {
 
     /// Takes the rules as another controller stored them; says whether they changed.
     pub fn sync(&self, json: &str) -> bool {
-        match tollgate_core::rls::rules_from_json(json) {
+        match tollgate_model::rls::rules_from_json(json) {
             Ok(rules) if *self.get() != rules => {
                 *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
                 true
@@ -119,7 +119,7 @@ impl Rls {
         // waking a core a thousand times a second whether or not any check ever comes.
         let opts = RemoteOptions {
             client_id: Some(CLIENT_ID.into()),
-            clock: Some(Arc::new(tollgate_client::clock::TokioClock::new())),
+            clock: Some(Arc::new(tollgate_limiter::clock::TokioClock::new())),
             ..RemoteOptions::default()
         };
         let (gate, driver) = Tollgate::remote_driven(opts).expect("the default remote options are valid");
@@ -140,7 +140,7 @@ impl Rls {
 /// A group this front end has not met yet admits nothing until its first grant, which is
 /// asked for at once (an exchange in process, answered in microseconds): wait for it (at most
 /// a second) rather than refuse.
-pub(crate) async fn wait_for_first_grant(handle: &tollgate_client::GroupHandle) {
+pub(crate) async fn wait_for_first_grant(handle: &tollgate_limiter::GroupHandle) {
     if !handle.has_grant() {
         let _ = tokio::time::timeout(FIRST_GRANT_WAIT, handle.wait_for_grant()).await;
     }
@@ -181,7 +181,7 @@ fn plan(rules: &[RlsRule], r: &RateLimitRequest) -> Result<Vec<(GroupName, f64)>
 }
 
 fn descriptor(
-    rules: &[tollgate_core::rls::RlsRule],
+    rules: &[tollgate_model::rls::RlsRule],
     domain: &str,
     i: usize,
     d: &RateLimitDescriptor,
@@ -211,7 +211,7 @@ fn descriptor(
         ));
     }
     let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-    let name = tollgate_core::rls::group_for(rules, domain, &entries);
+    let name = tollgate_model::rls::group_for(rules, domain, &entries);
     check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (g, hits as f64)).map_err(|e| {
         invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
     })

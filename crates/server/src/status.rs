@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::time::Nanos;
+use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
 
 use crate::convert;
@@ -176,7 +176,7 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
 }
 
 /// One group in the contract's form.
-fn group_status(g: &tollgate_core::engine::GroupView) -> v1::GroupStatus {
+fn group_status(g: &tollgate_model::engine::GroupView) -> v1::GroupStatus {
     v1::GroupStatus {
         name: g.name.to_string(),
         settings: g.settings.as_ref().map(convert::settings_to_proto),
@@ -225,7 +225,7 @@ pub(crate) fn client_json(c: &v1::ClientStatus) -> serde_json::Value {
     })
 }
 
-pub(crate) fn backend_to_proto(b: &tollgate_core::engine::BackendView) -> v1::BackendStatus {
+pub(crate) fn backend_to_proto(b: &tollgate_model::engine::BackendView) -> v1::BackendStatus {
     v1::BackendStatus {
         name: b.name.clone(),
         zone: b.zone.clone(),
@@ -247,7 +247,7 @@ pub(crate) fn backend_to_proto(b: &tollgate_core::engine::BackendView) -> v1::Ba
     }
 }
 
-pub(crate) fn client_to_proto(c: &tollgate_core::engine::ClientView) -> v1::ClientStatus {
+pub(crate) fn client_to_proto(c: &tollgate_model::engine::ClientView) -> v1::ClientStatus {
     v1::ClientStatus {
         client_id: c.name.clone(),
         seen_s: c.seen_s,
@@ -267,11 +267,11 @@ pub(crate) fn client_to_proto(c: &tollgate_core::engine::ClientView) -> v1::Clie
     }
 }
 
-fn marks_to_proto(m: tollgate_core::engine::RateMarks) -> v1::RateMarks {
+fn marks_to_proto(m: tollgate_model::engine::RateMarks) -> v1::RateMarks {
     v1::RateMarks { low: m.low, high: m.high, average: m.average }
 }
 
-fn detail_to_proto(d: tollgate_core::cost::Consumption) -> v1::Consumption {
+fn detail_to_proto(d: tollgate_model::cost::Consumption) -> v1::Consumption {
     let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] = d.values();
     v1::Consumption { rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs }
 }
@@ -385,7 +385,7 @@ mod tests {
 
     #[test]
     fn blocked_requests_and_the_rates_water_marks_reach_the_status() {
-        use tollgate_core::engine::EngineSettings;
+        use tollgate_model::engine::EngineSettings;
         const S: u64 = 1_000_000_000;
         let store = Box::new(crate::store::MemoryStore::default());
         let node = crate::node::Node::open(store, EngineSettings::default(), Nanos(0), 0).unwrap();

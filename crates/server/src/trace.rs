@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::broadcast;
-use tollgate_core::engine::TraceEvent;
+use tollgate_model::engine::TraceEvent;
 
 /// One trace event as a JSON line, with the group it is about (empty for none).
 #[derive(Debug, Clone, PartialEq)]

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::toml_reader::{Fields, Reader, Value};
+use tollgate_model::toml_reader::{Fields, Reader, Value};
 use toml::de::DeValue;
 
 use crate::rng::SplitMix64;

@@ -16,7 +16,7 @@
 //!    does, and does not count), a group asking at least its reservation `R` is admitted at
 //!    least `0.9 R`.
 
-use tollgate_core::settings::GroupName;
+use tollgate_model::settings::GroupName;
 
 /// The limit's window, in seconds.
 pub const WINDOW_S: usize = 10;

@@ -1,7 +1,7 @@
 //! Deterministic what-if simulation: a scenario in; a verdict, a timeline and a chart out.
 //!
-//! The simulator drives `tollgate server`'s own controller ([`tollgate_server::Controller`],
-//! over the one engine in `tollgate_core::engine`) and real remote client handles, whose
+//! The simulator drives `tollgate server`'s own controller ([`tollgate_controller::Controller`],
+//! over the one engine in `tollgate_model::engine`) and real remote client handles, whose
 //! exchanges it delivers in process, in virtual time, against mock backends ([`world`]).
 //! Nothing is re-implemented for the simulation. A scenario and a seed always give the same
 //! result.

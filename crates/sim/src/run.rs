@@ -12,14 +12,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tollgate_client::{Driver, ExchangeError, RemoteOptions, Tollgate};
-use tollgate_core::engine::{EngineSettings, SaturationSettings, TraceEvent};
-use tollgate_core::settings::GroupName;
-use tollgate_core::time::{ManualClock, Nanos, duration_nanos};
+use tollgate_controller::cluster::{Role, RoleView};
+use tollgate_controller::store::{MemoryStore, Stored, StoredNode};
+use tollgate_controller::{Controller, Node};
+use tollgate_limiter::{Driver, ExchangeError, RemoteOptions, Tollgate};
+use tollgate_model::engine::{EngineSettings, SaturationSettings, TraceEvent};
+use tollgate_model::settings::GroupName;
+use tollgate_model::time::{ManualClock, Nanos, duration_nanos};
 use tollgate_proto::v1;
-use tollgate_server::cluster::{Role, RoleView};
-use tollgate_server::store::{MemoryStore, Stored, StoredNode};
-use tollgate_server::{Controller, Node};
 
 use crate::faults::{self, FaultKind};
 use crate::invariants::{Breach, Checker, HEAL_S, Second, WINDOW_S};
@@ -624,7 +624,7 @@ fn second_figures(
     sample: &Sample,
     groups: &[GroupName],
 ) -> Vec<Second> {
-    let views: BTreeMap<GroupName, tollgate_core::engine::GroupView> = if up {
+    let views: BTreeMap<GroupName, tollgate_model::engine::GroupView> = if up {
         controller.with_engine(|e| e.view()).into_iter().map(|v| (v.name.clone(), v)).collect()
     } else {
         BTreeMap::new()

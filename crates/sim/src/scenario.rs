@@ -6,12 +6,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use tollgate_core::allocate::AllocationMode;
-use tollgate_core::config::{ConfigError, ConfigErrors, line_of};
-use tollgate_core::cost::{CostModel, Usage};
-use tollgate_core::engine::{COST_FOLDING_S, LimitingLaw};
-use tollgate_core::settings::{GroupName, GroupSettings, check_group_name};
-use tollgate_core::toml_reader::{Fields, GROUP_KEYS, Reader, Value};
+use tollgate_model::allocate::AllocationMode;
+use tollgate_model::config::{ConfigError, ConfigErrors, line_of};
+use tollgate_model::cost::{CostModel, Usage};
+use tollgate_model::engine::{COST_FOLDING_S, LimitingLaw};
+use tollgate_model::settings::{GroupName, GroupSettings, check_group_name};
+use tollgate_model::toml_reader::{Fields, GROUP_KEYS, Reader, Value};
 use toml::de::{DeTable, DeValue};
 
 /// A whole scenario.

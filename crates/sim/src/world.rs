@@ -11,10 +11,10 @@
 //! The world holds no model of Tollgate: the simulator and the tests that run a real server
 //! over a simulated network drive the same world, so their runs can be compared.
 
-use tollgate_client::{GroupHandle, Tollgate};
-use tollgate_core::settings::GroupName;
-use tollgate_core::smooth::Smoother;
-use tollgate_core::time::Nanos;
+use tollgate_limiter::{GroupHandle, Tollgate};
+use tollgate_model::settings::GroupName;
+use tollgate_model::smooth::Smoother;
+use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
 
 use crate::rng::SplitMix64;

@@ -8,11 +8,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tollgate_client::Tollgate;
-use tollgate_client::clock::TokioClock;
-use tollgate_core::time::Clock;
+use tollgate_controller::store::MemoryStore;
+use tollgate_limiter::Tollgate;
+use tollgate_limiter::clock::TokioClock;
+use tollgate_model::time::Clock;
 use tollgate_proto::v1::backend_client::BackendClient;
-use tollgate_server::store::MemoryStore;
 use tollgate_sim::run::{client_options, engine_settings, group_names, stored};
 use tollgate_sim::world::World;
 use tollgate_sim::{Scenario, run};

@@ -103,7 +103,7 @@ fn the_saturation_knobs_move_the_equilibrium() {
 
 #[test]
 fn the_two_limiting_laws_split_a_saturated_backend_their_own_way() {
-    use tollgate_core::engine::LimitingLaw;
+    use tollgate_model::engine::LimitingLaw;
     for (law, gold, bronze, utilisation) in
         [(LimitingLaw::Rate, 109.1, 90.9, 1.0), (LimitingLaw::Quota, 120.0, 50.0, 0.85)]
     {
@@ -147,7 +147,7 @@ fn low_rates_settle_within_five_percent() {
 /// within 15 simulated seconds.
 #[test]
 fn the_rate_law_settles_sooner_than_a_plain_multiplicative_one() {
-    use tollgate_core::engine::LimitingLaw;
+    use tollgate_model::engine::LimitingLaw;
     for name in ["converge-demand-step", "converge-quota-change", "converge-capacity-change"] {
         let settled = |law| {
             let mut s = load(name);
@@ -174,7 +174,7 @@ fn the_rate_law_settles_sooner_than_a_plain_multiplicative_one() {
 fn a_backend_newly_saturated_between_ticks_gets_a_tick_at_once() {
     use std::collections::BTreeMap;
     use std::time::Duration;
-    use tollgate_core::engine::TraceEvent;
+    use tollgate_model::engine::TraceEvent;
     let ticks = |report_every: Option<Duration>, folding_s: f64| {
         let mut s = load("converge-demand-step");
         s.controller.report_every = report_every;

@@ -1,6 +1,6 @@
 //! Test harnesses shared by Tollgate's crates (a dev-dependency only).
 //!
-//! - [`net`]: a real controller (`tollgate_server::serve`) on turmoil's simulated network, in
+//! - [`net`]: a real controller (`tollgate_controller::serve`) on turmoil's simulated network, in
 //!   simulated time, with the controller crashed, restarted or cut off on command;
 //! - [`redis`]: a real `redis-server` on a free loopback port, plain or TLS;
 //! - [`etcd`]: a real etcd member or cluster;

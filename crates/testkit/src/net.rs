@@ -1,7 +1,7 @@
 //! A real controller on a simulated network, in simulated time (turmoil).
 //!
 //! The controller is `tollgate server`'s own [`Controller`], served by
-//! [`tollgate_server::serve`] over turmoil's listener; clients reach it with a tonic channel
+//! [`tollgate_controller::serve`] over turmoil's listener; clients reach it with a tonic channel
 //! whose connector opens turmoil streams ([`channel`]). Time is turmoil's: `tokio::time` inside
 //! the simulation is simulated, so a test of minutes runs in a moment, with no real sleeps, and
 //! replays the same way. Its settings live in a [`MemoryStore`] that outlives the controller,
@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tollgate_core::engine::EngineSettings;
-use tollgate_server::store::MemoryStore;
-use tollgate_server::{Clock, Controller, Node};
+use tollgate_controller::store::MemoryStore;
+use tollgate_controller::{Clock, Controller, Node};
+use tollgate_model::engine::EngineSettings;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint, Uri};
 use turmoil::net::TcpStream;
@@ -164,7 +164,7 @@ where
         let (settings, store, shared) = (settings.clone(), store.clone(), host.clone());
         async move {
             let clock = Clock::new();
-            let node = Node::open(Box::new(store), settings, clock.now(), tollgate_server::wall_ms())?;
+            let node = Node::open(Box::new(store), settings, clock.now(), tollgate_controller::wall_ms())?;
             let controller = node.controller.clone();
             {
                 let mut s = shared.borrow_mut();
@@ -177,13 +177,13 @@ where
                 let next = l.accept().await.map(|(s, _)| Accepted(s));
                 Some((next, l))
             });
-            tollgate_server::serve(
+            tollgate_controller::serve(
                 node,
                 clock,
                 Duration::from_secs(1),
                 incoming,
                 None,
-                tollgate_server::guard::Front::default(),
+                tollgate_controller::guard::Front::default(),
                 std::future::pending(),
             )
             .await?;

@@ -25,7 +25,7 @@ pub struct ClientGrant {
 /// up to less (FoundationDB's per-client rate at its fixed point).
 ///
 /// ```
-/// use tollgate_core::engine::water_level;
+/// use tollgate_model::engine::water_level;
 /// assert_eq!(water_level(20.0, &[5.0, 25.0]), 15.0);
 /// assert_eq!(water_level(30.0, &[20.0, 20.0, 20.0]), 10.0);
 /// ```

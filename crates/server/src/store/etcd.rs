@@ -30,8 +30,8 @@ use etcd_client::{
     WatchOptions,
 };
 use prost::Message;
-use tollgate_core::engine::Meter;
-use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_model::engine::Meter;
+use tollgate_model::settings::{GroupName, GroupSettings};
 use tollgate_proto::v1;
 
 use super::file::{decode_meter, decode_ramp, encode_meter, encode_ramp};

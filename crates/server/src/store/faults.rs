@@ -6,9 +6,9 @@
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tollgate_core::allocate::AllocationMode;
-use tollgate_core::engine::Meter;
-use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_model::allocate::AllocationMode;
+use tollgate_model::engine::Meter;
+use tollgate_model::settings::{GroupName, GroupSettings};
 
 use super::{RedbStore, SettingsStore, StoreError, Stored, StoredNode};
 

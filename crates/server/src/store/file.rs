@@ -12,8 +12,8 @@ use prost::Message;
 use redb::{
     Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
-use tollgate_core::engine::Meter;
-use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_model::engine::Meter;
+use tollgate_model::settings::{GroupName, GroupSettings};
 use tollgate_proto::v1;
 
 use super::{AuditRecord, SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
@@ -558,7 +558,7 @@ mod tests {
             s.put_group(&g, &GroupSettings::builder().reserved(5.0).limit(10.0).build().unwrap()).unwrap();
             s.set_node(StoredNode {
                 capacity: Some(1000.0),
-                mode: tollgate_core::allocate::AllocationMode::Fcfs,
+                mode: tollgate_model::allocate::AllocationMode::Fcfs,
                 slow_start: true,
             })
             .unwrap();
@@ -567,7 +567,7 @@ mod tests {
         let mut s = RedbStore::open(&d).unwrap();
         let stored = s.load().unwrap();
         assert_eq!(stored.node.capacity, Some(1000.0));
-        assert_eq!(stored.node.mode, tollgate_core::allocate::AllocationMode::Fcfs);
+        assert_eq!(stored.node.mode, tollgate_model::allocate::AllocationMode::Fcfs);
         assert_eq!(stored.groups[&g].reserved(), 5.0);
         assert_eq!(stored.meters[&g], meter);
         assert_eq!(stored.ramps[&g], ramp);

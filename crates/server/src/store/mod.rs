@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use self::file::{FILE_NAME, RedbStore};
 use thiserror::Error;
-use tollgate_core::allocate::AllocationMode;
-use tollgate_core::engine::Meter;
-use tollgate_core::settings::{GroupName, GroupSettings};
+use tollgate_model::allocate::AllocationMode;
+use tollgate_model::engine::Meter;
+use tollgate_model::settings::{GroupName, GroupSettings};
 
 /// Why the store failed.
 #[derive(Debug, Error)]
@@ -140,7 +140,7 @@ pub struct Stored {
     pub ramps: BTreeMap<GroupName, StoredRamp>,
     /// Credentials by id, each as JSON (see [`Credential::to_json`](crate::Credential::to_json)).
     pub credentials: BTreeMap<String, String>,
-    /// The RLS mapping rules as JSON ([`tollgate_core::rls`]), when ever set.
+    /// The RLS mapping rules as JSON ([`tollgate_model::rls`]), when ever set.
     pub rls_rules: Option<String>,
 }
 
@@ -289,7 +289,7 @@ pub struct DefaultsApplied {
 /// write is durable; a failure stops it where it is.
 pub fn apply_defaults(
     store: &mut dyn SettingsStore,
-    config: &tollgate_core::config::Config,
+    config: &tollgate_model::config::Config,
 ) -> Result<DefaultsApplied, StoreError> {
     let stored = store.load()?;
     let mut done = DefaultsApplied::default();
@@ -304,7 +304,7 @@ pub fn apply_defaults(
     if stored.rls_rules.is_none()
         && let Some(rules) = &config.rls_rules
     {
-        store.set_rls_rules(&tollgate_core::rls::rules_to_json(rules))?;
+        store.set_rls_rules(&tollgate_model::rls::rules_to_json(rules))?;
     }
     if !stored.node_stored {
         let n = &config.node;
