@@ -53,6 +53,21 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
     Ok((config, notes))
 }
 
+/// The token in `--admin-token-file`'s FILE (the first kilobyte, trimmed), if it reads as one.
+fn admin_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let read = || -> anyhow::Result<String> {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::open(path)?, 1024), &mut text)?;
+        let token = text.trim();
+        anyhow::ensure!(
+            token.len() == 84 && token.starts_with("tg_"),
+            "expected one token, tg_ID_SECRET (16 and 64 hex digits), as `tollgate token create` prints"
+        );
+        Ok(token.to_string())
+    };
+    read().map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))
+}
+
 fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
     // Safe by default: without credentials and TLS whoever reaches the ports can change
     // every quota, so only loopback unless the operator says otherwise.
@@ -79,25 +94,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             tollgate_controller::listen::ALLOWED_NAMES_MAX
         );
     }
-    let admin_token = match &a.admin_token_file {
-        None => None,
-        Some(path) => {
-            let read = || -> anyhow::Result<String> {
-                let mut text = String::new();
-                std::io::Read::read_to_string(
-                    &mut std::io::Read::take(std::fs::File::open(path)?, 1024),
-                    &mut text,
-                )?;
-                let token = text.trim();
-                anyhow::ensure!(
-                    token.len() == 84 && token.starts_with("tg_"),
-                    "expected one token, tg_ID_SECRET (16 and 64 hex digits), as `tollgate token create` prints"
-                );
-                Ok(token.to_string())
-            };
-            Some(read().map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))?)
-        }
-    };
+    let admin_token = a.admin_token_file.as_deref().map(admin_token).transpose()?;
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => Some(tollgate_controller::listen::TlsFiles {
             cert: cert.clone(),
