@@ -30,7 +30,10 @@ fn groups_node_status_and_checks_over_json() {
         (v["settings"]["burst"].as_f64(), v["settings"]["dropped"].as_str()),
         (Some(10.0), Some("count"))
     );
+    // A PUT that creates answers 201, one that changes 200.
     let (code, _, v) = call(h, "PUT", "/v1/groups/beta", Some(r#"{"limit":"unlimited","reserved":20}"#));
+    assert_eq!(code, 201, "{v}");
+    let (code, _, v) = call(h, "PUT", "/v1/groups/beta", Some(r#"{"reserved":20}"#));
     assert_eq!(code, 200, "{v}");
     assert!(v["settings"]["limit"].is_null());
     let (_, _, v) = call(h, "GET", "/v1/groups", None);
@@ -53,16 +56,23 @@ fn groups_node_status_and_checks_over_json() {
         ),
         ("PATCH", "/v1/groups/acme", r#"{"reserved":50}"#, 400, "reserved", "must not exceed limit (50 > 5)"),
         ("PATCH", "/v1/groups/acme", r#"{"colour":"red"}"#, 400, "colour", "unknown field"),
-        ("PATCH", "/v1/groups/acme", r#"{"ramp":{"mode":"fast"}}"#, 400, "ramp.mode", "must be relaxed"),
+        (
+            "PATCH",
+            "/v1/groups/acme",
+            r#"{"ramp":{"mode":"fast"}}"#,
+            400,
+            "ramp.mode",
+            "must be scheduled, relaxed",
+        ),
         ("PATCH", "/v1/groups/acme", "[1]", 400, "body", "must be a JSON object, got an array"),
         ("PATCH", "/v1/groups/acme", "not json", 400, "body", "not JSON"),
         ("POST", "/v1/groups", r#"{"limit":5}"#, 400, "name", "missing"),
-        ("PATCH", "/v1/node", r#"{"mode":"fastest"}"#, 400, "mode", "must be \"share\" or \"fcfs\""),
+        ("PATCH", "/v1/node", r#"{"mode":"fastest"}"#, 400, "mode", "must be share or fcfs, got \"fastest\""),
         ("POST", "/v1/check", r#"{"cost":1}"#, 400, "group", "missing"),
         ("POST", "/v1/check", r#"{"group":"acme","cost":-1}"#, 400, "cost", "must be from 0"),
         ("POST", "/v1/check", r#"{"group":"acme","cost":"one"}"#, 400, "cost", "must be a finite number"),
         ("DELETE", "/v1/groups/ghost", "", 404, "name", "does not exist"),
-        ("DELETE", "/v1/groups/ghost?if_exists=maybe", "", 400, "query", "expected if_exists"),
+        ("DELETE", "/v1/groups/ghost?if_exists=maybe", "", 400, "if_exists", "expected if_exists"),
     ] {
         let (code, _, v) = call(h, method, path, Some(body));
         assert_eq!(code, status, "{method} {path} {body}: {v}");
@@ -72,7 +82,7 @@ fn groups_node_status_and_checks_over_json() {
     }
     let (code, _, v) =
         call(h, "PUT", "/v1/groups/budgeted", Some(r#"{"budget":100,"budget_period":"month"}"#));
-    assert_eq!((code, v["settings"]["budget_period"].as_str()), (200, Some("month")), "{v}");
+    assert_eq!((code, v["settings"]["budget_period"].as_str()), (201, Some("month")), "{v}");
     let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"budget_period":"year"}"#));
     assert_eq!((code, v["field"].as_str()), (400, Some("budget_period")), "{v}");
     assert!(v["rule"].as_str().unwrap().contains("must be total, day, week or month"), "{v}");
@@ -96,7 +106,7 @@ fn groups_node_status_and_checks_over_json() {
     // Checks: `slow` holds a burst of 10 and refills one unit every 100 s, so the eleventh is
     // refused with a retry-after, however long the calls take.
     let (code, _, v) = call(h, "PUT", "/v1/groups/slow", Some(r#"{"limit":0.01,"burst":10}"#));
-    assert_eq!(code, 200, "{v}");
+    assert_eq!(code, 201, "{v}");
     let mut codes = Vec::new();
     for _ in 0..12 {
         codes.push(call(h, "POST", "/v1/check", Some(r#"{"group":"slow","cost":1}"#)).0);
@@ -216,7 +226,7 @@ fn consumption_is_metered_by_the_minute_and_survives_a_restart() {
     let data = data_dir("api-usage");
     let s = ServerProc::start_with(&data, &["--tick-ms", "100", "--flush-ms", "100"], Stdio::null());
     let (code, _, v) = call(&s.http, "PUT", "/v1/groups/metered", Some(r#"{"limit":1000}"#));
-    assert_eq!(code, 200, "{v}");
+    assert_eq!(code, 201, "{v}");
     let mut admitted = 0u32;
     while admitted < 25 {
         let (code, _, _) = call(&s.http, "POST", "/v1/check", Some(r#"{"group":"metered","cost":2}"#));
@@ -323,4 +333,75 @@ fn tenant_churn_through_check_never_starves_a_steady_group() {
     assert!(metrics.contains("tollgate_front_end_safe_mode 0\n"), "{metrics}");
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(!log.contains("safe mode"), "the front end's client entered safe mode:\n{log}");
+}
+
+/// Conventions a generated client relies on: lists page with an opaque token, errors are
+/// problem details (404 and 405 too), checks carry the IETF rate-limit headers, and the
+/// document asks for a token only when the server does.
+#[test]
+fn pages_problems_rate_limit_headers_and_security() {
+    let s = ServerProc::start_with(&data_dir("api-conventions"), &["--tick-ms", "100"], Stdio::null());
+    let h = s.http.as_str();
+    for i in 0..5 {
+        let (code, _, v) = call(h, "PUT", &format!("/v1/groups/page-{i}"), Some(r#"{"limit":100}"#));
+        assert_eq!(code, 201, "{v}");
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/groups?limit=2".to_string();
+    loop {
+        let (code, _, v) = call(h, "GET", &path, None);
+        assert_eq!(code, 200, "{v}");
+        let page = v["groups"].as_array().unwrap();
+        assert!(page.len() <= 2, "{v}");
+        seen.extend(page.iter().map(|g| g["name"].as_str().unwrap().to_string()));
+        match v["next_page_token"].as_str() {
+            Some(t) => path = format!("/v1/groups?limit=2&page_token={t}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (0..5).map(|i| format!("page-{i}")).collect::<Vec<_>>());
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("page_token=page-1", "page_token"),
+        ("colour=red", "colour"),
+    ] {
+        let (code, head, v) = call(h, "GET", &format!("/v1/groups?{query}"), None);
+        assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{query}: {v}");
+        assert!(head.contains("content-type: application/problem+json"), "{head}");
+        assert_eq!(v["status"], 400);
+    }
+    let (code, _, v) = call(h, "GET", "/v1/nosuch", None);
+    assert_eq!(
+        (code, v["type"].as_str(), v["field"].as_str()),
+        (404, Some("about:blank"), Some("path")),
+        "{v}"
+    );
+    let (code, head, v) = call(h, "DELETE", "/v1/node", None);
+    assert_eq!((code, v["field"].as_str()), (405, Some("method")), "{v}");
+    assert!(head.contains("allow: "), "{head}");
+    // The rate-limit headers, admitted and refused.
+    let (code, _, _) = call(h, "PUT", "/v1/groups/headers", Some(r#"{"limit":0.01,"burst":2}"#));
+    assert_eq!(code, 201);
+    let mut heads = Vec::new();
+    for _ in 0..3 {
+        let (code, head, _) = call(h, "POST", "/v1/check", Some(r#"{"group":"headers"}"#));
+        heads.push((code, head));
+    }
+    assert_eq!(heads.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [200, 200, 429]);
+    for (_, head) in &heads {
+        assert!(head.contains("ratelimit-policy: \"grant\";"), "{head}");
+        assert!(head.contains("ratelimit: \"grant\";r="), "{head}");
+    }
+    assert!(heads[2].1.contains(";r=0;t="), "{}", heads[2].1);
+    let (_, _, doc) = call(h, "GET", "/v1/openapi.json", None);
+    assert!(doc.get("security").is_none(), "no token asked of a server without --auth");
+    let data = data_dir("api-conventions-auth");
+    let secured = ServerProc::start_with(&data, &["--auth"], Stdio::null());
+    let token = std::fs::read_to_string(data.join("admin.token")).unwrap();
+    let auth = format!("Bearer {}", token.trim());
+    let (code, _, body) =
+        common::http(&secured.http, "GET", "/v1/openapi.json", &[("authorization", &auth)], "");
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((code, &doc["security"][0]["bearer"]), (200, &serde_json::json!([])), "{doc}");
 }

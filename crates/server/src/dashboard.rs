@@ -214,6 +214,7 @@ fn busiest<'a>(view: &'a [GroupView], filter: &str) -> Vec<&'a GroupView> {
     active
 }
 
+#[utoipa::path(get, path = "/v1/dashboard", operation_id = "getDashboard", tag = "dashboard", params(("since" = Option<u64>, Query, description = "The first sample wanted (the last answer's `next`)"), ("charts" = Option<String>, Query, description = "Groups to chart, comma-separated, at most 12"), ("filter" = Option<String>, Query, description = "Only groups whose names contain this, at most 255 bytes"), ("page" = Option<u32>, Query, description = "The page of groups, from 0, at most 20,000")), responses((status = 200, description = "The dashboard's data (docs/operations.md, \"The dashboard\")", body = Object), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
 async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
     let q = match query(raw.as_deref(), &["since", "charts", "filter", "page"]) {
         Ok(q) => q,
@@ -305,6 +306,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
     }
 }
 
+#[utoipa::path(get, path = "/v1/dashboard/groups/{name}", operation_id = "getDashboardGroup", tag = "dashboard", params(("name" = String, Path, description = "The group's name"), ("since" = Option<u64>, Query, description = "The first sample wanted")), responses((status = 200, description = "One group's settings, state and samples", body = Object), (status = 404, description = "No such group", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
 async fn group(State(d): State<Dash>, Path(name): Path<String>, RawQuery(raw): RawQuery) -> Answer {
     let name = match checked_name("name", &name) {
         Ok(n) => n,

@@ -52,6 +52,8 @@ pub fn router(
         })
         .merge(api)
         .merge(dashboard)
+        .fallback(crate::api::no_route)
+        .layer(axum::middleware::from_fn(crate::api::method_problem))
         .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES.max(crate::api::BODY_MAX_BYTES)))
         .layer(guard)
 }
@@ -170,11 +172,13 @@ fn who_addr(ext: &axum::http::Extensions) -> String {
 }
 
 /// `GET /v1/node/properties`: Couchbase's node document.
+#[utoipa::path(get, path = "/v1/node/properties", operation_id = "getNodeProperties", tag = "couchbase", responses((status = 200, description = "The node settings as Couchbase's JSON document", body = Object), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
 async fn node_properties(State(app): State<AppState>) -> axum::response::Response {
     json(StatusCode::OK, properties::node_json(&app.node.controller.node()))
 }
 
 /// `PUT /v1/node/properties`: changes the keys the document gives.
+#[utoipa::path(put, path = "/v1/node/properties", operation_id = "putNodeProperties", tag = "couchbase", request_body = Object, responses((status = 200, description = "The document after the change", body = Object), (status = 413, description = "The body is too large", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
 async fn set_node_properties(
     State(app): State<AppState>,
     ext: axum::http::Extensions,
@@ -192,6 +196,7 @@ async fn set_node_properties(
 }
 
 /// `GET /v1/groups/NAME/properties`: Couchbase's group document.
+#[utoipa::path(get, path = "/v1/groups/{name}/properties", operation_id = "getGroupProperties", tag = "couchbase", params(("name" = String, Path, description = "The group's name")), responses((status = 200, description = "The group as Couchbase's JSON document", body = Object), (status = 404, description = "No such group", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
 async fn group_properties(State(app): State<AppState>, Path(name): Path<String>) -> axum::response::Response {
     let name = match checked_name("name", &name) {
         Ok(n) => n,
@@ -204,6 +209,7 @@ async fn group_properties(State(app): State<AppState>, Path(name): Path<String>)
 }
 
 /// `PUT /v1/groups/NAME/properties`: creates the group or changes the keys the document gives.
+#[utoipa::path(put, path = "/v1/groups/{name}/properties", operation_id = "putGroupProperties", tag = "couchbase", params(("name" = String, Path, description = "The group's name")), request_body = Object, responses((status = 200, description = "The document after the change; the group is made if it did not exist", body = Object), (status = 413, description = "The body is too large", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
 async fn set_group_properties(
     State(app): State<AppState>,
     Path(name): Path<String>,

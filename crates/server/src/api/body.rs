@@ -1,0 +1,576 @@
+//! The HTTP API's bodies as types: what requests may carry (unknown fields refused, each value
+//! checked for its kind with the field named) and what answers hold. The OpenAPI document's
+//! schemas are made from these same types.
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use tollgate_proto::v1;
+use utoipa::ToSchema;
+
+use crate::properties::kind;
+
+/// A field a patch may give, clear with `null`, or leave out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Patch<T> {
+    /// Not in the body: unchanged.
+    #[default]
+    Absent,
+    /// `null`: cleared.
+    Null,
+    /// A new value.
+    Value(T),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Patch<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Option::<T>::deserialize(d).map(|o| o.map_or(Patch::Null, Patch::Value))
+    }
+}
+
+/// A finite number (JSON has no infinities; this refuses what is not a number, naming it).
+fn finite<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Number(n) => {
+            n.as_f64().filter(|f| f.is_finite()).ok_or_else(|| D::Error::custom("must be a finite number"))
+        }
+        other => Err(D::Error::custom(format!("must be a finite number, got {}", kind(&other)))),
+    }
+}
+
+fn finite_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    finite(d).map(Some)
+}
+
+fn finite_patch<'de, D: Deserializer<'de>>(d: D) -> Result<Patch<f64>, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Null => Ok(Patch::Null),
+        v => finite(v).map(Patch::Value).map_err(D::Error::custom),
+    }
+}
+
+/// A group's ceiling: units/s, or `"unlimited"` (TiDB's BURSTABLE).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum LimitValue {
+    /// Never admitted above this many units/s.
+    Units(f64),
+    /// No ceiling.
+    #[schema(value_type = String, example = "unlimited")]
+    Unlimited(Unlimited),
+}
+
+/// The word `"unlimited"`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Unlimited {
+    /// No ceiling.
+    Unlimited,
+}
+
+impl<'de> Deserialize<'de> for LimitValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) if s == "unlimited" => Ok(LimitValue::Unlimited(Unlimited::Unlimited)),
+            Value::Number(n) if n.as_f64().is_some_and(f64::is_finite) => {
+                Ok(LimitValue::Units(n.as_f64().unwrap_or(0.0)))
+            }
+            other => {
+                Err(D::Error::custom(format!("must be a number or \"unlimited\", got {}", kind(&other))))
+            }
+        }
+    }
+}
+
+/// A priority: `low`, `medium` or `high` (TiDB's three), or a level from 1 to 16.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum PriorityValue {
+    /// `low` (1), `medium` (8) or `high` (16).
+    Name(PriorityName),
+    /// A level, 1 (lowest) to 16 (highest).
+    Level(u32),
+}
+
+/// The named priorities.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PriorityName {
+    /// Level 1.
+    Low,
+    /// Level 8.
+    Medium,
+    /// Level 16.
+    High,
+}
+
+impl PriorityValue {
+    /// The level, 1 to 16.
+    pub fn level(&self) -> u32 {
+        match self {
+            PriorityValue::Name(PriorityName::Low) => 1,
+            PriorityValue::Name(PriorityName::Medium) => 8,
+            PriorityValue::Name(PriorityName::High) => 16,
+            PriorityValue::Level(n) => *n,
+        }
+    }
+
+    fn of(level: u32) -> PriorityValue {
+        match level {
+            1 => PriorityValue::Name(PriorityName::Low),
+            8 => PriorityValue::Name(PriorityName::Medium),
+            16 => PriorityValue::Name(PriorityName::High),
+            n => PriorityValue::Level(n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PriorityValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let rule = "must be low, medium, high or 1 to 16";
+        match Value::deserialize(d)? {
+            Value::String(s) => match s.as_str() {
+                "low" => Ok(PriorityValue::Name(PriorityName::Low)),
+                "medium" => Ok(PriorityValue::Name(PriorityName::Medium)),
+                "high" => Ok(PriorityValue::Name(PriorityName::High)),
+                _ => Err(D::Error::custom(format!("{rule}, got {s:?}"))),
+            },
+            Value::Number(n) => match n.as_u64() {
+                Some(l @ 1..=16) => Ok(PriorityValue::Level(l as u32)),
+                _ => Err(D::Error::custom(format!("{rule}, got {n}"))),
+            },
+            other => Err(D::Error::custom(format!("{rule}, got {}", kind(&other)))),
+        }
+    }
+}
+
+/// Over what span a budget is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPeriodName {
+    /// The group's whole life.
+    Total,
+    /// Each UTC day.
+    Day,
+    /// Each UTC week, from Monday.
+    Week,
+    /// Each UTC month.
+    Month,
+}
+
+/// What happens to the units of work admitted and then dropped unused.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Dropped {
+    /// Counted as consumed.
+    Count,
+    /// Returned to the group.
+    Return,
+}
+
+/// How a ramp raises a group's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RampModeName {
+    /// From min to max over the duration, used or not.
+    Scheduled,
+    /// Up while the pool is used past the threshold.
+    Relaxed,
+    /// Up only when the pool was used.
+    OnlyIfUsed,
+    /// Up when used, back down when not.
+    #[serde(alias = "go-back-n")]
+    GoBackN,
+}
+
+/// A ramp-up: the pool rises from `min` to `max` over `duration_s` (docs/ramp.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ramp {
+    /// Units/s at the start.
+    #[serde(deserialize_with = "finite")]
+    pub min: f64,
+    /// Units/s at the end.
+    #[serde(deserialize_with = "finite")]
+    pub max: f64,
+    /// Seconds from `min` to `max`.
+    #[serde(deserialize_with = "finite")]
+    pub duration_s: f64,
+    /// How it rises.
+    #[serde(default = "relaxed")]
+    pub mode: RampModeName,
+    /// The use, in percent of the pool, past which it rises.
+    #[serde(default, deserialize_with = "finite_opt", skip_serializing_if = "Option::is_none")]
+    pub threshold_pct: Option<f64>,
+    /// How far it steps back, in percent, when not used.
+    #[serde(default, deserialize_with = "finite_opt", skip_serializing_if = "Option::is_none")]
+    pub ramp_down_pct: Option<f64>,
+    /// Seconds between steps down.
+    #[serde(default, deserialize_with = "finite_opt", skip_serializing_if = "Option::is_none")]
+    pub cool_down_s: Option<f64>,
+    /// Seconds a ramp under way survives a restart.
+    #[serde(default, deserialize_with = "finite_opt", skip_serializing_if = "Option::is_none")]
+    pub resume_ttl_s: Option<f64>,
+}
+
+fn relaxed() -> RampModeName {
+    RampModeName::Relaxed
+}
+
+/// A group's settings as they are: every setting, with its default where none was given.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct GroupSettings {
+    /// Units/s never throttled below while asked for.
+    pub reserved: f64,
+    /// Units/s never admitted above; `null`: unlimited.
+    pub limit: Option<f64>,
+    /// Units the group may bank; `null`: one second of its limit.
+    pub burst: Option<f64>,
+    /// Its priority.
+    pub priority: PriorityValue,
+    /// Its weight among groups of its priority.
+    pub weight: f64,
+    /// Units it may consume over its budget period; `null`: no budget.
+    pub budget: Option<f64>,
+    /// The span its budget counts over.
+    pub budget_period: BudgetPeriodName,
+    /// Its ramp-up, if any.
+    pub ramp: Option<Ramp>,
+    /// What dropped work counts for.
+    pub dropped: Dropped,
+    /// Seconds over which debt is paid back.
+    pub debt_repay_s: f64,
+    /// Reads and writes are limited apart (TiDB's RU for reads and writes).
+    pub reads_writes_apart: bool,
+    /// Units/s the group may put on its backend; `null`: no such cap.
+    pub backend_limit: Option<f64>,
+    /// Background work: admitted only from what others leave.
+    pub background: bool,
+}
+
+impl From<&v1::GroupSettings> for GroupSettings {
+    fn from(s: &v1::GroupSettings) -> GroupSettings {
+        let ramp = s.ramp.as_ref().map(|r| Ramp {
+            min: r.min,
+            max: r.max,
+            duration_s: r.duration_s,
+            mode: match v1::RampMode::try_from(r.mode) {
+                Ok(v1::RampMode::Scheduled) => RampModeName::Scheduled,
+                Ok(v1::RampMode::OnlyIfUsed) => RampModeName::OnlyIfUsed,
+                Ok(v1::RampMode::GoBackN) => RampModeName::GoBackN,
+                _ => RampModeName::Relaxed,
+            },
+            threshold_pct: r.threshold_pct,
+            ramp_down_pct: r.ramp_down_pct,
+            cool_down_s: r.cool_down_s,
+            resume_ttl_s: r.resume_ttl_s,
+        });
+        GroupSettings {
+            reserved: s.reserved,
+            limit: s.limit,
+            burst: s.burst,
+            priority: PriorityValue::of(s.priority),
+            weight: s.weight,
+            budget: s.budget,
+            budget_period: match s.budget_period.as_str() {
+                "day" => BudgetPeriodName::Day,
+                "week" => BudgetPeriodName::Week,
+                "month" => BudgetPeriodName::Month,
+                _ => BudgetPeriodName::Total,
+            },
+            ramp,
+            dropped: if s.count_dropped { Dropped::Count } else { Dropped::Return },
+            debt_repay_s: s.debt_repay_s.unwrap_or(5.0),
+            reads_writes_apart: s.reads_writes_apart,
+            backend_limit: s.backend_limit,
+            background: s.background,
+        }
+    }
+}
+
+/// A group, named, with its settings.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Group {
+    /// Its name.
+    pub name: String,
+    /// Its settings.
+    pub settings: GroupSettings,
+}
+
+/// A page of groups, by name.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct GroupPage {
+    /// The groups on this page.
+    pub groups: Vec<Group>,
+    /// Pass as `page_token` for the next page; `null` on the last.
+    pub next_page_token: Option<String>,
+}
+
+/// A group's settings to set: only the fields given change; `null` clears what may be
+/// cleared (`burst`, `budget`, `ramp`, `backend_limit`) and makes `limit` unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupBody {
+    /// The group's name: required to create one with `POST /v1/groups`; elsewhere the path
+    /// names it, and a name given here must be the same.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Units/s never throttled below while asked for.
+    #[serde(default, deserialize_with = "finite_opt")]
+    pub reserved: Option<f64>,
+    /// Units/s never admitted above, or `"unlimited"`.
+    #[serde(default)]
+    #[schema(value_type = Option<LimitValue>)]
+    pub limit: Patch<LimitValue>,
+    /// Units the group may bank.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub burst: Patch<f64>,
+    /// Its priority.
+    #[serde(default)]
+    pub priority: Option<PriorityValue>,
+    /// Its weight among groups of its priority.
+    #[serde(default, deserialize_with = "finite_opt")]
+    pub weight: Option<f64>,
+    /// Units it may consume over its budget period.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub budget: Patch<f64>,
+    /// The span its budget counts over.
+    #[serde(default)]
+    pub budget_period: Option<BudgetPeriodName>,
+    /// Its ramp-up.
+    #[serde(default)]
+    #[schema(value_type = Option<Ramp>)]
+    pub ramp: Patch<Ramp>,
+    /// What dropped work counts for.
+    #[serde(default)]
+    pub dropped: Option<Dropped>,
+    /// Seconds over which debt is paid back.
+    #[serde(default, deserialize_with = "finite_opt")]
+    pub debt_repay_s: Option<f64>,
+    /// Reads and writes are limited apart.
+    #[serde(default)]
+    pub reads_writes_apart: Option<bool>,
+    /// Units/s the group may put on its backend.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub backend_limit: Patch<f64>,
+    /// Background work: admitted only from what others leave.
+    #[serde(default)]
+    pub background: Option<bool>,
+}
+
+impl GroupBody {
+    /// The change it asks for, in the contract's terms.
+    pub fn to_patch(&self) -> v1::GroupPatch {
+        let mut p =
+            v1::GroupPatch { reserved: self.reserved, weight: self.weight, ..v1::GroupPatch::default() };
+        match self.limit {
+            Patch::Absent => {}
+            Patch::Null | Patch::Value(LimitValue::Unlimited(_)) => p.unlimited = true,
+            Patch::Value(LimitValue::Units(u)) => p.limit = Some(u),
+        }
+        match self.burst {
+            Patch::Absent => {}
+            Patch::Null => p.clear_burst = true,
+            Patch::Value(b) => p.burst = Some(b),
+        }
+        p.priority = self.priority.as_ref().map(PriorityValue::level);
+        match self.budget {
+            Patch::Absent => {}
+            Patch::Null => p.clear_budget = true,
+            Patch::Value(b) => p.budget = Some(b),
+        }
+        p.budget_period = self.budget_period.map(|b| {
+            match b {
+                BudgetPeriodName::Total => "total",
+                BudgetPeriodName::Day => "day",
+                BudgetPeriodName::Week => "week",
+                BudgetPeriodName::Month => "month",
+            }
+            .to_string()
+        });
+        match &self.ramp {
+            Patch::Absent => {}
+            Patch::Null => p.clear_ramp = true,
+            Patch::Value(r) => p.ramp = Some(ramp_to_proto(r)),
+        }
+        p.count_dropped = self.dropped.map(|d| d == Dropped::Count);
+        p.debt_repay_s = self.debt_repay_s;
+        p.reads_writes_apart = self.reads_writes_apart;
+        match self.backend_limit {
+            Patch::Absent => {}
+            Patch::Null => p.clear_backend_limit = true,
+            Patch::Value(b) => p.backend_limit = Some(b),
+        }
+        p.background = self.background;
+        p
+    }
+}
+
+fn ramp_to_proto(r: &Ramp) -> v1::RampSettings {
+    v1::RampSettings {
+        min: r.min,
+        max: r.max,
+        duration_s: r.duration_s,
+        mode: match r.mode {
+            RampModeName::Scheduled => v1::RampMode::Scheduled,
+            RampModeName::Relaxed => v1::RampMode::Relaxed,
+            RampModeName::OnlyIfUsed => v1::RampMode::OnlyIfUsed,
+            RampModeName::GoBackN => v1::RampMode::GoBackN,
+        } as i32,
+        threshold_pct: r.threshold_pct,
+        ramp_down_pct: r.ramp_down_pct,
+        cool_down_s: r.cool_down_s,
+        resume_ttl_s: r.resume_ttl_s,
+    }
+}
+
+/// How free capacity is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeName {
+    /// Reservations first, then the rest by priority and weight.
+    Share,
+    /// First come, first served.
+    Fcfs,
+}
+
+/// The node settings.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct NodeSettings {
+    /// Units/s the backend sustains; `null`: none set.
+    pub capacity: Option<f64>,
+    /// How free capacity is shared.
+    pub mode: ModeName,
+    /// A group with no client reserves a tenth of its reservation until a tick has seen one.
+    pub slow_start: bool,
+}
+
+/// Node settings to change: only the fields given change; `capacity: null` removes it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeBody {
+    /// Units/s the backend sustains; `null` removes it.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub capacity: Patch<f64>,
+    /// How free capacity is shared.
+    #[serde(default)]
+    pub mode: Option<ModeName>,
+    /// Slow start on or off.
+    #[serde(default)]
+    pub slow_start: Option<bool>,
+}
+
+/// An admission to decide.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckBody {
+    /// The group the work belongs to (created on first use from the default group's settings).
+    pub group: String,
+    /// Its cost in units, 0 to 1e9; 1 when not given.
+    #[serde(default = "one", deserialize_with = "finite")]
+    pub cost: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// An admission granted.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Admitted {
+    /// Always `true`.
+    pub admitted: bool,
+    /// The group.
+    pub group: String,
+    /// Whole units left in this server's grant for the group now.
+    pub remaining: f64,
+}
+
+/// An admission refused for now.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Refused {
+    /// Always `false`.
+    pub admitted: bool,
+    /// The group.
+    pub group: String,
+    /// Milliseconds until it may be admitted (also in `Retry-After`, in seconds).
+    pub retry_after_ms: u64,
+}
+
+/// A group dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct DroppedGroup {
+    /// The group dropped; `null` with `?if_exists=true` when there was none.
+    pub dropped: Option<String>,
+}
+
+/// What went wrong (RFC 9457 problem details), naming the field and the rule it broke.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Problem {
+    /// Always `about:blank`: the status says what kind of problem it is.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The status's reason phrase.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong, in a sentence (`field: rule`).
+    pub detail: String,
+    /// The same sentence (kept for clients that read `error`).
+    pub error: String,
+    /// The field or parameter at fault; empty when none is.
+    pub field: String,
+    /// The rule it broke.
+    pub rule: String,
+}
+
+/// The problems any call may meet with `--auth`.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum AuthProblems {
+    /// No token, or one refused.
+    #[response(
+        status = 401,
+        description = "No token, or one refused",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    /// A token whose role does not cover the call.
+    #[response(
+        status = 403,
+        description = "A token whose role does not cover it",
+        content_type = "application/problem+json"
+    )]
+    Forbidden(Problem),
+}
+
+/// The problems a change may meet beside [`AuthProblems`].
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum ChangeProblems {
+    /// A field breaks a rule.
+    #[response(
+        status = 400,
+        description = "A field breaks a rule",
+        content_type = "application/problem+json"
+    )]
+    BadRequest(Problem),
+    /// The body is over 64 KiB.
+    #[response(
+        status = 413,
+        description = "The body is too large",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    /// The store cannot take the change now.
+    #[response(
+        status = 503,
+        description = "The store cannot take the change now",
+        content_type = "application/problem+json"
+    )]
+    Unavailable(Problem),
+}

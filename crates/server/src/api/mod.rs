@@ -1,0 +1,702 @@
+//! The HTTP JSON API under `/v1/`, for any language without gRPC: groups (list a page at a
+//! time, get, create, alter, put, drop), the node settings, status, and `POST /v1/check`, an
+//! admission decided by the same in-process client of the controller's grants as Envoy's
+//! rate-limit service. Bodies are the types of [`body`]; `GET /v1/openapi.json` is the OpenAPI
+//! 3.1 document generated from them and from the handlers' annotations ([`ApiDoc`]). Errors
+//! are RFC 9457 problem details naming the field and the rule ([`body::Problem`]).
+
+// The helpers' error is the HTTP answer itself, built at most once per request.
+#![allow(clippy::result_large_err)]
+
+pub mod body;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tollgate_limiter::{AcquireError, Tollgate};
+use utoipa::OpenApi;
+
+use crate::auth::Caller;
+use crate::controller::{Controller, PutMode};
+use crate::convert;
+use crate::error::AdminError;
+use crate::grpc::checked_name;
+use crate::node::Node;
+use body::{
+    Admitted, CheckBody, DroppedGroup, Group, GroupBody, GroupPage, NodeBody, NodeSettings, Patch, Problem,
+    Refused,
+};
+
+/// The largest request body taken, in bytes.
+pub const BODY_MAX_BYTES: usize = 64 * 1024;
+/// The most units one check may cost.
+pub const CHECK_COST_MAX: f64 = 1e9;
+/// The most groups one page of `GET /v1/groups` holds, and how many when `limit` is not given.
+pub const GROUPS_PAGE_MAX: usize = 1000;
+
+#[derive(Clone)]
+struct Api {
+    node: Node,
+    clock: crate::clock::Clock,
+    gate: Tollgate,
+}
+
+/// The API's routes over `parts`, deciding checks with `gate` (the in-process client).
+pub fn router(parts: Node, clock: crate::clock::Clock, gate: Tollgate) -> Router {
+    Router::new()
+        .route("/v1/groups", get(list).post(create))
+        .route("/v1/groups/{name}", get(show).put(upsert).patch(alter).delete(drop_group))
+        .route("/v1/node", get(node).patch(set_node))
+        .route("/v1/status", get(status))
+        .route("/v1/check", post(check))
+        .route("/v1/openapi.json", get(openapi))
+        .with_state(Api { node: parts, clock, gate })
+}
+
+pub(crate) type Answer = axum::response::Response;
+
+pub(crate) fn answer(status: StatusCode, body: Value) -> Answer {
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn typed(status: StatusCode, body: &impl serde::Serialize) -> Answer {
+    answer(status, serde_json::to_value(body).unwrap_or(Value::Null))
+}
+
+/// A problem (RFC 9457) with its sentence, field and rule.
+fn problem(status: StatusCode, detail: String, field: &str, rule: String) -> Answer {
+    let p = Problem {
+        kind: "about:blank".into(),
+        title: status.canonical_reason().unwrap_or("Error").into(),
+        status: status.as_u16(),
+        error: detail.clone(),
+        detail,
+        field: field.into(),
+        rule,
+    };
+    let body = serde_json::to_string(&p).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response()
+}
+
+/// An error naming the field and the rule.
+pub(crate) fn refuse(status: StatusCode, field: &str, rule: impl std::fmt::Display) -> Answer {
+    let rule = rule.to_string();
+    let detail = if field.is_empty() { rule.clone() } else { format!("{field}: {rule}") };
+    problem(status, detail, field, rule)
+}
+
+/// An error whose message names its subject itself (`group "x" does not exist`).
+pub(crate) fn refuse_whole(status: StatusCode, field: &str, e: impl std::fmt::Display) -> Answer {
+    problem(status, e.to_string(), field, e.to_string())
+}
+
+/// The answer to a path the HTTP port does not serve: 404 as a problem.
+pub(crate) async fn no_route(uri: axum::http::Uri) -> Answer {
+    refuse_whole(StatusCode::NOT_FOUND, "path", format!("no such path: {}", uri.path()))
+}
+
+/// Turns axum's bare 405 into a problem naming the methods the path takes.
+pub(crate) async fn method_problem(req: axum::extract::Request, next: axum::middleware::Next) -> Answer {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let a = next.run(req).await;
+    if a.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return a;
+    }
+    let allow = a.headers().get(header::ALLOW).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let mut p = refuse_whole(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method",
+        format!("{path} does not take {method}; it takes {allow}"),
+    );
+    if let Ok(v) = axum::http::HeaderValue::from_str(&allow) {
+        p.headers_mut().insert(header::ALLOW, v);
+    }
+    p
+}
+
+fn admin_error(e: AdminError) -> Answer {
+    let status = match &e {
+        AdminError::Invalid(_) | AdminError::Rule(_) => StatusCode::BAD_REQUEST,
+        AdminError::NotFound(_) | AdminError::NoToken(_) => StatusCode::NOT_FOUND,
+        AdminError::AlreadyExists(_) | AdminError::Refused(_) => StatusCode::CONFLICT,
+        AdminError::Store(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+        AdminError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    match &e {
+        AdminError::NotFound(_) | AdminError::AlreadyExists(_) => refuse_whole(status, "name", e),
+        AdminError::Invalid(errors) => {
+            let first = errors.0.first();
+            let (field, rule) =
+                first.map_or((String::new(), e.to_string()), |f| (f.field.to_string(), f.rule.clone()));
+            problem(status, e.to_string(), &field, rule)
+        }
+        _ => refuse(status, "", e),
+    }
+}
+
+/// The body as a `T`, or 400 naming the field at fault and the rule (413 past
+/// [`BODY_MAX_BYTES`]).
+fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Answer> {
+    if body.len() > BODY_MAX_BYTES {
+        return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, "body", format!("at most {BODY_MAX_BYTES} bytes")));
+    }
+    let value: Value = serde_json::from_str(body)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "body", format!("not JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "body",
+            format!("must be a JSON object, got {}", crate::properties::kind(&value)),
+        ));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        // serde names an unknown field in its message, the path being its parent's.
+        let (field, rule) = match inner.strip_prefix("unknown field `").and_then(|r| r.split_once('`')) {
+            Some((name, rest)) => {
+                // The path ends at the unknown field itself.
+                let field = if path == "." { name.to_string() } else { path.clone() };
+                (field, format!("unknown field{}", rest.replace('`', "")))
+            }
+            None if inner.starts_with("unknown variant `") => {
+                // "unknown variant `x`, expected one of `a`, `b`": must be a or b, got "x".
+                let rest = inner.trim_start_matches("unknown variant `");
+                let (got, expected) = rest.split_once('`').unwrap_or((rest, ""));
+                let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+                let list = match names.split_last() {
+                    Some((last, [])) => (*last).to_string(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => String::new(),
+                };
+                (path, format!("must be {list}, got {got:?}"))
+            }
+            None if inner.starts_with("missing field `") => {
+                let name = inner.trim_start_matches("missing field `").trim_end_matches('`');
+                let field = if path == "." { name.to_string() } else { format!("{path}.{name}") };
+                (field, "missing".to_string())
+            }
+            None => (path, inner.split(" at line ").next().unwrap_or(&inner).to_string()),
+        };
+        refuse(StatusCode::BAD_REQUEST, &field, rule)
+    })
+}
+
+fn group_of(name: &str, s: &tollgate_model::settings::GroupSettings) -> Group {
+    Group { name: name.to_string(), settings: body::GroupSettings::from(&convert::settings_to_proto(s)) }
+}
+
+fn who(ext: &axum::http::Extensions) -> String {
+    let addr = ext
+        .get::<axum::extract::ConnectInfo<crate::listen::Peer>>()
+        .map_or_else(|| "http".to_string(), |c| format!("http {}", c.0.addr));
+    match ext.get::<Caller>() {
+        Some(Caller(c)) => format!("{} {addr}", c.label()),
+        None => addr,
+    }
+}
+
+/// Runs a change on the blocking pool (it waits on the store's disk).
+async fn change<T: Send + 'static>(
+    api: &Api,
+    f: impl FnOnce(&Controller) -> Result<T, AdminError> + Send + 'static,
+) -> Result<T, Answer> {
+    let controller = api.node.controller.clone();
+    match tokio::task::spawn_blocking(move || f(&controller)).await {
+        Ok(r) => r.map_err(admin_error),
+        Err(e) => Err(refuse(StatusCode::INTERNAL_SERVER_ERROR, "", format!("change failed: {e}"))),
+    }
+}
+
+fn name_of(name: &str) -> Result<tollgate_model::settings::GroupName, Answer> {
+    checked_name("name", name).map_err(|e| {
+        let rule = e.strip_prefix("name: ").unwrap_or(&e).to_string();
+        refuse(StatusCode::BAD_REQUEST, "name", rule)
+    })
+}
+
+/// A page token: opaque to clients, checked when it comes back (one the server did not issue
+/// is refused).
+fn page_token(after: &str) -> String {
+    let hex: String = after.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}.{}", token_check(after))
+}
+
+fn token_check(after: &str) -> String {
+    let digest =
+        ring::digest::digest(&ring::digest::SHA256, format!("tollgate page token {after}").as_bytes());
+    digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The name a page token stands for, if the server issued it.
+fn page_after(token: &str) -> Option<String> {
+    let (hex, check) = token.split_once('.')?;
+    if hex.len() % 2 != 0 || hex.len() > 2 * 512 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> =
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect();
+    let after = String::from_utf8(bytes?).ok()?;
+    (token_check(&after) == check).then_some(after)
+}
+
+/// `?limit=N&page_token=T` of `GET /v1/groups`.
+fn groups_query(query: Option<&str>) -> Result<(usize, String), Answer> {
+    let (mut limit, mut after) = (GROUPS_PAGE_MAX, String::new());
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "limit" => {
+                limit = match value.parse::<usize>() {
+                    Ok(n) if (1..=GROUPS_PAGE_MAX).contains(&n) => n,
+                    _ => {
+                        return Err(refuse(
+                            StatusCode::BAD_REQUEST,
+                            "limit",
+                            format!("must be a whole number from 1 to {GROUPS_PAGE_MAX}, got {value:?}"),
+                        ));
+                    }
+                }
+            }
+            "page_token" => {
+                after = page_after(value).ok_or_else(|| {
+                    refuse(
+                        StatusCode::BAD_REQUEST,
+                        "page_token",
+                        "not a token this server issued (next_page_token)",
+                    )
+                })?
+            }
+            other => {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    other,
+                    "unknown parameter; expected limit and page_token",
+                ));
+            }
+        }
+    }
+    Ok((limit, after))
+}
+
+/// Query of `GET /v1/groups`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+struct GroupsQuery {
+    /// Groups on a page, 1 to 1,000 (default 1,000).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// The `next_page_token` of the page before.
+    page_token: Option<String>,
+}
+
+/// Query of `DELETE /v1/groups/{name}`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+struct DropQuery {
+    /// `true`: 200 with `dropped: null` when there is no such group, rather than 404.
+    if_exists: Option<bool>,
+}
+
+/// Query of `GET /v1/status`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+struct StatusQuery {
+    /// Groups on a page, 1 to 10,000 (default: all).
+    #[param(minimum = 1, maximum = 10000)]
+    limit: Option<u32>,
+    /// The `next_page_token` of the page before.
+    page_token: Option<String>,
+}
+
+/// The configured groups by name, a page at a time.
+#[utoipa::path(get, path = "/v1/groups", operation_id = "listGroups", tag = "groups", params(GroupsQuery),
+    responses((status = 200, description = "A page of groups", body = GroupPage),
+        (status = 400, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
+        body::AuthProblems))]
+async fn list(State(api): State<Api>, RawQuery(query): RawQuery) -> Answer {
+    let (limit, after) = match groups_query(query.as_deref()) {
+        Ok(q) => q,
+        Err(a) => return a,
+    };
+    let groups = api.node.controller.groups();
+    let start = groups.partition_point(|(n, _)| n.as_str() <= after.as_str());
+    let end = start.saturating_add(limit).min(groups.len());
+    let next = (end < groups.len() && end > start).then(|| page_token(groups[end - 1].0.as_str()));
+    let page = GroupPage {
+        groups: groups[start..end].iter().map(|(n, s)| group_of(n.as_str(), s)).collect(),
+        next_page_token: next,
+    };
+    typed(StatusCode::OK, &page)
+}
+
+/// One group's settings.
+#[utoipa::path(get, path = "/v1/groups/{name}", operation_id = "getGroup", tag = "groups",
+    params(("name" = String, Path, description = "The group's name")),
+    responses((status = 200, description = "The group", body = Group),
+        (status = 400, description = "A bad name", body = Problem, content_type = "application/problem+json"),
+        body::AuthProblems,
+        (status = 404, description = "No such group", body = Problem, content_type = "application/problem+json")))]
+async fn show(State(api): State<Api>, Path(name): Path<String>) -> Answer {
+    let name = match name_of(&name) {
+        Ok(n) => n,
+        Err(a) => return a,
+    };
+    match api.node.controller.group(&name) {
+        Some(s) => typed(StatusCode::OK, &group_of(name.as_str(), &s)),
+        None => admin_error(AdminError::NotFound(name.to_string())),
+    }
+}
+
+/// [`put_with`] the body parsed, or the problem with it.
+async fn put_parsed(api: Api, name: &str, body: &str, mode: PutMode, ext: &axum::http::Extensions) -> Answer {
+    match parse(body) {
+        Ok(b) => put_with(api, name, b, mode, ext).await,
+        Err(a) => a,
+    }
+}
+
+async fn put_with(
+    api: Api,
+    name: &str,
+    body: GroupBody,
+    mode: PutMode,
+    ext: &axum::http::Extensions,
+) -> Answer {
+    let name = match name_of(name) {
+        Ok(n) => n,
+        Err(a) => return a,
+    };
+    if body.name.as_deref().is_some_and(|n| n != name.as_str()) {
+        return refuse(StatusCode::BAD_REQUEST, "name", "must be the path's name, or left out");
+    }
+    let p = body.to_patch();
+    let who = who(ext);
+    let n = name.clone();
+    let created =
+        mode == PutMode::Create || (mode == PutMode::Upsert && api.node.controller.group(&name).is_none());
+    match change(&api, move |c| c.put_group(n, &p, mode, &who)).await {
+        Ok(s) => {
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            typed(status, &group_of(name.as_str(), &s))
+        }
+        Err(a) => a,
+    }
+}
+
+/// Creates a group.
+#[utoipa::path(post, path = "/v1/groups", operation_id = "createGroup", tag = "groups", request_body = GroupBody,
+    responses((status = 201, description = "Created", body = Group),
+        body::AuthProblems,
+        (status = 409, description = "The group exists", body = Problem, content_type = "application/problem+json"),
+        body::ChangeProblems))]
+async fn create(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
+    let body: GroupBody = match parse(&body) {
+        Ok(b) => b,
+        Err(a) => return a,
+    };
+    let Some(name) = body.name.clone() else {
+        return refuse(StatusCode::BAD_REQUEST, "name", "missing");
+    };
+    put_with(api, &name, body, PutMode::Create, &ext).await
+}
+
+/// Creates the group (201) or changes the settings the body gives (200).
+#[utoipa::path(put, path = "/v1/groups/{name}", operation_id = "putGroup", tag = "groups", request_body = GroupBody,
+    params(("name" = String, Path, description = "The group's name")),
+    responses((status = 200, description = "Changed", body = Group),
+        (status = 201, description = "Created", body = Group),
+        body::AuthProblems,
+        body::ChangeProblems))]
+async fn upsert(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    ext: axum::http::Extensions,
+    body: String,
+) -> Answer {
+    put_parsed(api, &name, &body, PutMode::Upsert, &ext).await
+}
+
+/// Changes the settings the body gives.
+#[utoipa::path(patch, path = "/v1/groups/{name}", operation_id = "alterGroup", tag = "groups", request_body = GroupBody,
+    params(("name" = String, Path, description = "The group's name")),
+    responses((status = 200, description = "Changed", body = Group),
+        body::AuthProblems,
+        (status = 404, description = "No such group", body = Problem, content_type = "application/problem+json"),
+        body::ChangeProblems))]
+async fn alter(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    ext: axum::http::Extensions,
+    body: String,
+) -> Answer {
+    put_parsed(api, &name, &body, PutMode::Alter, &ext).await
+}
+
+/// Drops the group.
+#[utoipa::path(delete, path = "/v1/groups/{name}", operation_id = "dropGroup", tag = "groups",
+    params(("name" = String, Path, description = "The group's name"), DropQuery),
+    responses((status = 200, description = "Dropped", body = DroppedGroup),
+        (status = 400, description = "A bad name or parameter", body = Problem, content_type = "application/problem+json"),
+        body::AuthProblems,
+        (status = 404, description = "No such group", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot take the change now", body = Problem, content_type = "application/problem+json")))]
+async fn drop_group(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    ext: axum::http::Extensions,
+) -> Answer {
+    let if_exists = match query.as_deref() {
+        None | Some("") | Some("if_exists=false") => false,
+        Some("if_exists=true") => true,
+        Some(other) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "if_exists",
+                format!("expected if_exists=true or false, got {other:?}"),
+            );
+        }
+    };
+    let name = match name_of(&name) {
+        Ok(n) => n,
+        Err(a) => return a,
+    };
+    let who = who(&ext);
+    let n = name.clone();
+    match change(&api, move |c| c.drop_group(&n, &who)).await {
+        Ok(true) => typed(StatusCode::OK, &DroppedGroup { dropped: Some(name.to_string()) }),
+        Ok(false) if if_exists => typed(StatusCode::OK, &DroppedGroup { dropped: None }),
+        Ok(false) => admin_error(AdminError::NotFound(name.to_string())),
+        Err(a) => a,
+    }
+}
+
+fn node_of(n: crate::store::StoredNode) -> NodeSettings {
+    NodeSettings {
+        capacity: n.capacity,
+        mode: if n.mode == tollgate_model::allocate::AllocationMode::Fcfs {
+            body::ModeName::Fcfs
+        } else {
+            body::ModeName::Share
+        },
+        slow_start: n.slow_start,
+    }
+}
+
+/// The node settings.
+#[utoipa::path(get, path = "/v1/node", operation_id = "getNode", tag = "node",
+    responses((status = 200, description = "The node settings", body = NodeSettings),
+        body::AuthProblems))]
+async fn node(State(api): State<Api>) -> Answer {
+    typed(StatusCode::OK, &node_of(api.node.controller.node()))
+}
+
+/// Changes the node settings the body gives.
+#[utoipa::path(patch, path = "/v1/node", operation_id = "alterNode", tag = "node", request_body = NodeBody,
+    responses((status = 200, description = "Changed", body = NodeSettings),
+        body::AuthProblems,
+        body::ChangeProblems))]
+async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
+    let b: NodeBody = match parse(&body) {
+        Ok(b) => b,
+        Err(a) => return a,
+    };
+    let change_set = crate::properties::NodeChange {
+        capacity: match b.capacity {
+            Patch::Absent => None,
+            Patch::Null => Some(None),
+            Patch::Value(c) => Some(Some(c)),
+        },
+        mode: b.mode.map(|m| match m {
+            body::ModeName::Share => tollgate_model::allocate::AllocationMode::Share,
+            body::ModeName::Fcfs => tollgate_model::allocate::AllocationMode::Fcfs,
+        }),
+        slow_start: b.slow_start,
+    };
+    let who = who(&ext);
+    match change(&api, move |c| c.change_node(change_set, &who)).await {
+        Ok(n) => typed(StatusCode::OK, &node_of(n)),
+        Err(a) => a,
+    }
+}
+
+/// Every group's target, admitted rate, demand and clients, as `/status`.
+#[utoipa::path(get, path = "/v1/status", operation_id = "getStatus", tag = "node", params(StatusQuery),
+    responses((status = 200, description = "The status (docs/operations.md, \"Status\")", body = Object),
+        (status = 400, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
+        body::AuthProblems))]
+async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::extract::RawQuery) -> Answer {
+    match crate::status::page_query(query.as_deref()) {
+        Ok(page) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            crate::status::status_body(api.node.clone(), api.clock.now(), page).await,
+        )
+            .into_response(),
+        Err(e) => refuse(StatusCode::BAD_REQUEST, "", e),
+    }
+}
+
+/// Admits `cost` units of the group's work now, or says when to try again. Answers carry the
+/// IETF's `RateLimit-Policy` and `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers).
+#[utoipa::path(post, path = "/v1/check", operation_id = "check", tag = "admission", request_body = CheckBody,
+    responses((status = 200, description = "Admitted", body = Admitted),
+        (status = 400, description = "A field breaks a rule", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No token, or one refused", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A token not allowed this group", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Refused for now; Retry-After says when to try again", body = Refused),
+        (status = 503, description = "This controller follows another", body = Problem, content_type = "application/problem+json")))]
+async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
+    if let Err(e) = api.node.cluster.check_leader() {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "", e.message());
+    }
+    let b: CheckBody = match parse(&body) {
+        Ok(b) => b,
+        Err(a) => return a,
+    };
+    let name = match checked_name("group", &b.group) {
+        Ok(n) => n,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, "group", e.strip_prefix("group: ").unwrap_or(&e)),
+    };
+    let cost = b.cost;
+    if !(0.0..=CHECK_COST_MAX).contains(&cost) {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "cost",
+            format!("must be from 0 to {CHECK_COST_MAX:e}, got {cost}"),
+        );
+    }
+    if let Some(Caller(c)) = ext.get::<Caller>()
+        && !c.allows_group(name.as_str())
+    {
+        let refused = crate::auth::Refused::Group {
+            who: c.label(),
+            group: b.group.clone(),
+            patterns: c.groups.clone(),
+        };
+        return refuse(StatusCode::FORBIDDEN, "group", refused);
+    }
+    let handle = match api.gate.group(name.as_str()) {
+        Ok(h) => h,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, "group", e),
+    };
+    crate::rls::wait_for_first_grant(&handle).await;
+    let group = b.group;
+    match handle.try_acquire(cost) {
+        Ok(permit) => {
+            drop(permit);
+            let remaining = handle.available().floor();
+            let mut a = typed(StatusCode::OK, &Admitted { admitted: true, group, remaining });
+            rate_limit_headers(&mut a, &handle, remaining, None);
+            a
+        }
+        Err(AcquireError::Throttled { retry_after, .. }) => {
+            let mut a = retry(&group, retry_after);
+            rate_limit_headers(&mut a, &handle, 0.0, Some(retry_after));
+            a
+        }
+        Err(AcquireError::NeverAdmissible { burst, .. }) => refuse(
+            StatusCode::BAD_REQUEST,
+            "cost",
+            format!("{cost} units can never be admitted: the group's burst holds at most {burst}"),
+        ),
+        Err(e) => refuse(StatusCode::BAD_REQUEST, "", e),
+    }
+}
+
+/// The IETF draft's headers: `RateLimit-Policy: "grant";q=RATE;w=1` (the rate this server holds
+/// for the group, units a second) and `RateLimit: "grant";r=LEFT;t=SECONDS` (units left now,
+/// and seconds until more).
+fn rate_limit_headers(
+    a: &mut Answer,
+    handle: &tollgate_limiter::GroupHandle,
+    left: f64,
+    after: Option<Duration>,
+) {
+    let rate = handle.stats().allowance;
+    let policy = if rate.is_finite() {
+        format!("\"grant\";q={};w=1", rate.max(0.0).floor() as u64)
+    } else {
+        "\"grant\";w=1".to_string()
+    };
+    let t = after.map_or(0, |d| d.as_secs_f64().ceil() as u64);
+    let now = format!("\"grant\";r={};t={t}", left.max(0.0).floor() as u64);
+    let pairs: [(&'static str, String); 2] = [("ratelimit-policy", policy), ("ratelimit", now)];
+    for (name, value) in pairs {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&value) {
+            a.headers_mut().insert(name, v);
+        }
+    }
+}
+
+fn retry(group: &str, after: Duration) -> Answer {
+    let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1);
+    let mut a = typed(
+        StatusCode::TOO_MANY_REQUESTS,
+        &Refused { admitted: false, group: group.to_string(), retry_after_ms: ms },
+    );
+    let secs = ms.div_ceil(1000).to_string();
+    if let Ok(v) = axum::http::HeaderValue::from_str(&secs) {
+        a.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    a
+}
+
+/// The OpenAPI document of the API, generated from the handlers and [`body`]'s types.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tollgate",
+        description = "Tollgate's HTTP API: groups, the node, status and admission checks."
+    ),
+    paths(
+        list,
+        show,
+        create,
+        upsert,
+        alter,
+        drop_group,
+        node,
+        set_node,
+        status,
+        check,
+        openapi,
+        crate::dashboard::overview,
+        crate::dashboard::group,
+        crate::http::node_properties,
+        crate::http::set_node_properties,
+        crate::http::group_properties,
+        crate::http::set_group_properties
+    ),
+    components(schemas(Problem))
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI 3.1 document; with `auth`, every operation asks for a bearer token.
+pub fn openapi_document(auth: bool) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
+    doc["openapi"] = json!("3.1.0");
+    doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
+    if auth {
+        doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
+        doc["security"] = json!([{ "bearer": [] }]);
+    }
+    doc
+}
+
+/// This document.
+#[utoipa::path(get, path = "/v1/openapi.json", operation_id = "getOpenApi", tag = "meta",
+    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object)))]
+async fn openapi(State(api): State<Api>) -> Answer {
+    answer(StatusCode::OK, openapi_document(api.node.access.auth_required()))
+}
