@@ -68,6 +68,10 @@ export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
 # Debian's chromium for the dashboard's test (it never downloads a browser of its own).
 pyvenv=target/test-venv-python
 pypi_venv "$pyvenv" "pytest mypy playwright" grpcio grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf playwright
+# The HTTP API's OpenAPI document: a spec validator, and a typed client generated from it that
+# is used against the real server (tests/openapi).
+oavenv=target/test-venv-openapi
+pypi_venv "$oavenv" "openapi-python-client pytest" openapi-python-client openapi-spec-validator pytest
 # The Kubernetes manifests are validated offline against the schemas kubernetes-validate
 # bundles.
 k8svenv=target/test-venv-k8s
@@ -113,6 +117,12 @@ cargo test --workspace --doc --all-features --locked
 (
   cd tests/browser
   TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
+)
+
+# The OpenAPI document validated, and a client generated from it used against the real server.
+(
+  cd tests/openapi
+  TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$oavenv/bin/python" -m pytest -q
 )
 
 # The package as a user installs it: from the checkout, with no step of its own, into a fresh
