@@ -1216,12 +1216,20 @@ fn couchbases_json_properties_through_the_cli_and_http() {
     let (code, body) = http_send(&s.http, "GET", "/v1/groups/web/properties", "");
     assert_eq!((code, body.as_str()), (200, "{\"reserved\": 10, \"hard_limit\": 20}"));
     let (code, body) = http_send(&s.http, "PUT", "/v1/groups/web/properties", r#"{"reserved": 30}"#);
-    assert_eq!((code, body.as_str()), (400, r#"{"error":"reserved: must not exceed hard_limit (30 > 20)"}"#));
+    // A problem (RFC 9457) naming the field and the rule.
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (code, &v["field"], &v["rule"]),
+        (400, &"reserved".into(), &"must not exceed hard_limit (30 > 20)".into()),
+        "{body}"
+    );
+    assert_eq!(v["detail"], "reserved: must not exceed hard_limit (30 > 20)");
     let (code, body) = http_send(&s.http, "PUT", "/v1/node/properties", r#"{"capacity": -5}"#);
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("capacity: must be from 0 to 1e15"), "{body}");
     let (code, body) = http_send(&s.http, "GET", "/v1/groups/ghost/properties", "");
-    assert_eq!((code, body.as_str()), (404, r#"{"error":"group \"ghost\" does not exist"}"#));
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((code, &v["detail"]), (404, &"group \"ghost\" does not exist".into()), "{body}");
     let (code, _) = http_send(&s.http, "PUT", "/v1/node/properties", &" ".repeat(70_000));
     assert_eq!(code, 413);
     assert_eq!(ok(&s, &["group", "get-properties", "web"]), "{\"reserved\": 10, \"hard_limit\": 20}\n");

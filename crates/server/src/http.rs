@@ -17,6 +17,8 @@ use crate::guard::{Front, http_guard};
 use crate::node::Node;
 use crate::properties;
 use crate::status::Latency;
+use serde_json::{Value, json};
+use utoipa::OpenApi;
 
 #[derive(Clone)]
 struct AppState {
@@ -40,6 +42,7 @@ pub fn router(
     let dashboard = crate::dashboard::router(node.clone(), history, clock);
     Router::new()
         .route("/healthz", get(health))
+        .route("/v1/openapi.json", get(openapi))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
@@ -128,7 +131,17 @@ fn json(status: StatusCode, body: String) -> axum::response::Response {
 
 /// An error as JSON, `{"error": "…"}`, with the status it deserves.
 fn error(status: StatusCode, message: impl Into<String>) -> axum::response::Response {
-    json(status, serde_json::json!({ "error": message.into() }).to_string())
+    let message = message.into();
+    // "field: rule", where the message names a field, is a problem naming it.
+    match message.split_once(": ") {
+        Some((field, rule))
+            if !field.is_empty()
+                && field.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') =>
+        {
+            crate::api::refuse(status, field, rule)
+        }
+        _ => crate::api::refuse_whole(status, "", message),
+    }
 }
 
 fn admin_error(e: AdminError) -> axum::response::Response {
@@ -172,13 +185,13 @@ fn who_addr(ext: &axum::http::Extensions) -> String {
 }
 
 /// `GET /v1/node/properties`: Couchbase's node document.
-#[utoipa::path(get, path = "/v1/node/properties", operation_id = "getNodeProperties", tag = "couchbase", responses((status = 200, description = "The node settings as Couchbase's JSON document", body = Object), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/v1/node/properties", operation_id = "getNodeProperties", tag = "couchbase", responses((status = 200, description = "The node settings as Couchbase's JSON document", body = Object), (status = 400, description = "A bad parameter or body", body = crate::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::body::Problem, content_type = "application/problem+json")))]
 async fn node_properties(State(app): State<AppState>) -> axum::response::Response {
     json(StatusCode::OK, properties::node_json(&app.node.controller.node()))
 }
 
 /// `PUT /v1/node/properties`: changes the keys the document gives.
-#[utoipa::path(put, path = "/v1/node/properties", operation_id = "putNodeProperties", tag = "couchbase", request_body = Object, responses((status = 200, description = "The document after the change", body = Object), (status = 413, description = "The body is too large", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(put, path = "/v1/node/properties", operation_id = "putNodeProperties", tag = "couchbase", request_body = Object, responses((status = 200, description = "The document after the change", body = Object), (status = 413, description = "The body is too large", body = crate::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::body::Problem, content_type = "application/problem+json")))]
 async fn set_node_properties(
     State(app): State<AppState>,
     ext: axum::http::Extensions,
@@ -196,7 +209,7 @@ async fn set_node_properties(
 }
 
 /// `GET /v1/groups/NAME/properties`: Couchbase's group document.
-#[utoipa::path(get, path = "/v1/groups/{name}/properties", operation_id = "getGroupProperties", tag = "couchbase", params(("name" = String, Path, description = "The group's name")), responses((status = 200, description = "The group as Couchbase's JSON document", body = Object), (status = 404, description = "No such group", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/v1/groups/{name}/properties", operation_id = "getGroupProperties", tag = "couchbase", params(("name" = String, Path, description = "The group's name")), responses((status = 200, description = "The group as Couchbase's JSON document", body = Object), (status = 404, description = "No such group", body = crate::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::body::Problem, content_type = "application/problem+json")))]
 async fn group_properties(State(app): State<AppState>, Path(name): Path<String>) -> axum::response::Response {
     let name = match checked_name("name", &name) {
         Ok(n) => n,
@@ -209,7 +222,7 @@ async fn group_properties(State(app): State<AppState>, Path(name): Path<String>)
 }
 
 /// `PUT /v1/groups/NAME/properties`: creates the group or changes the keys the document gives.
-#[utoipa::path(put, path = "/v1/groups/{name}/properties", operation_id = "putGroupProperties", tag = "couchbase", params(("name" = String, Path, description = "The group's name")), request_body = Object, responses((status = 200, description = "The document after the change; the group is made if it did not exist", body = Object), (status = 413, description = "The body is too large", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::api::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::api::body::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(put, path = "/v1/groups/{name}/properties", operation_id = "putGroupProperties", tag = "couchbase", params(("name" = String, Path, description = "The group's name")), request_body = Object, responses((status = 200, description = "The document after the change; the group is made if it did not exist", body = Object), (status = 413, description = "The body is too large", body = crate::body::Problem, content_type = "application/problem+json"), (status = 400, description = "A bad parameter or body", body = crate::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::body::Problem, content_type = "application/problem+json")))]
 async fn set_group_properties(
     State(app): State<AppState>,
     Path(name): Path<String>,
@@ -230,4 +243,54 @@ async fn set_group_properties(
         Ok(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
         Err(response) => response,
     }
+}
+
+/// The OpenAPI document of the HTTP API, generated from the handlers' annotations (here, in
+/// [`crate::api`] and in [`crate::dashboard`]) and [`crate::body`]'s types.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tollgate",
+        description = "Tollgate's HTTP API: groups, the node, status and admission checks."
+    ),
+    paths(
+        crate::api::list,
+        crate::api::show,
+        crate::api::create,
+        crate::api::upsert,
+        crate::api::alter,
+        crate::api::drop_group,
+        crate::api::node,
+        crate::api::set_node,
+        crate::api::status,
+        crate::api::check,
+        openapi,
+        crate::dashboard::overview,
+        crate::dashboard::group,
+        node_properties,
+        set_node_properties,
+        group_properties,
+        set_group_properties
+    ),
+    components(schemas(crate::body::Problem))
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI 3.1 document; with `auth`, every operation asks for a bearer token.
+pub fn openapi_document(auth: bool) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
+    doc["openapi"] = json!("3.1.0");
+    doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
+    if auth {
+        doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
+        doc["security"] = json!([{ "bearer": [] }]);
+    }
+    doc
+}
+
+/// This document.
+#[utoipa::path(get, path = "/v1/openapi.json", operation_id = "getOpenApi", tag = "meta",
+    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object)))]
+async fn openapi(State(app): State<AppState>) -> axum::response::Response {
+    crate::api::answer(StatusCode::OK, openapi_document(app.node.access.auth_required()))
 }

@@ -4,7 +4,7 @@
 use tollgate_proto::v1;
 
 /// A group's settings as JSON, priorities and modes by name: the HTTP API's
-/// [`GroupSettings`](crate::api::body::GroupSettings), whose schema the OpenAPI document gives.
+/// [`GroupSettings`](crate::body::GroupSettings), whose schema the OpenAPI document gives.
 pub fn group_settings(s: &v1::GroupSettings) -> serde_json::Value {
-    serde_json::to_value(crate::api::body::GroupSettings::from(s)).unwrap_or(serde_json::Value::Null)
+    serde_json::to_value(crate::body::GroupSettings::from(s)).unwrap_or(serde_json::Value::Null)
 }

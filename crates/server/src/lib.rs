@@ -10,6 +10,7 @@
 mod access;
 mod api;
 mod auth;
+mod body;
 mod clock;
 pub mod cluster;
 pub mod conn;

@@ -12,6 +12,7 @@ use tollgate_model::allocate::AllocationMode;
 use tollgate_model::settings::RATE_MAX;
 use tollgate_proto::v1;
 
+use crate::body::kind;
 use crate::store::StoredNode;
 
 /// The largest document taken, in bytes.
@@ -41,18 +42,6 @@ fn object(text: &str) -> Result<Map<String, Value>, String> {
             Err(format!("expected a JSON object such as {{\"capacity\": 25000}}, got {}", kind(&other)))
         }
         Err(e) => Err(format!("not JSON: {e}")),
-    }
-}
-
-/// What a JSON value is, as error messages say it.
-pub(crate) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -1,14 +1,12 @@
 //! The HTTP JSON API under `/v1/`, for any language without gRPC: groups (list a page at a
 //! time, get, create, alter, put, drop), the node settings, status, and `POST /v1/check`, an
 //! admission decided by the same in-process client of the controller's grants as Envoy's
-//! rate-limit service. Bodies are the types of [`body`]; `GET /v1/openapi.json` is the OpenAPI
+//! rate-limit service. Bodies are the types of [`crate::body`]; `GET /v1/openapi.json` is the OpenAPI
 //! 3.1 document generated from them and from the handlers' annotations ([`ApiDoc`]). Errors
-//! are RFC 9457 problem details naming the field and the rule ([`body::Problem`]).
+//! are RFC 9457 problem details naming the field and the rule ([`crate::body::Problem`]).
 
 // The helpers' error is the HTTP answer itself, built at most once per request.
 #![allow(clippy::result_large_err)]
-
-pub mod body;
 
 use std::time::Duration;
 
@@ -17,20 +15,19 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tollgate_limiter::{AcquireError, Tollgate};
-use utoipa::OpenApi;
 
 use crate::auth::Caller;
+use crate::body::{
+    Admitted, CheckBody, DroppedGroup, Group, GroupBody, GroupPage, NodeBody, NodeSettings, Patch, Problem,
+    Refused,
+};
 use crate::controller::{Controller, PutMode};
 use crate::convert;
 use crate::error::AdminError;
 use crate::grpc::checked_name;
 use crate::node::Node;
-use body::{
-    Admitted, CheckBody, DroppedGroup, Group, GroupBody, GroupPage, NodeBody, NodeSettings, Patch, Problem,
-    Refused,
-};
 
 /// The largest request body taken, in bytes.
 pub const BODY_MAX_BYTES: usize = 64 * 1024;
@@ -54,7 +51,6 @@ pub fn router(parts: Node, clock: crate::clock::Clock, gate: Tollgate) -> Router
         .route("/v1/node", get(node).patch(set_node))
         .route("/v1/status", get(status))
         .route("/v1/check", post(check))
-        .route("/v1/openapi.json", get(openapi))
         .with_state(Api { node: parts, clock, gate })
 }
 
@@ -152,7 +148,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Answer> {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
             "body",
-            format!("must be a JSON object, got {}", crate::properties::kind(&value)),
+            format!("must be a JSON object, got {}", crate::body::kind(&value)),
         ));
     }
     serde_path_to_error::deserialize(value).map_err(|e| {
@@ -189,7 +185,10 @@ fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Answer> {
 }
 
 fn group_of(name: &str, s: &tollgate_model::settings::GroupSettings) -> Group {
-    Group { name: name.to_string(), settings: body::GroupSettings::from(&convert::settings_to_proto(s)) }
+    Group {
+        name: name.to_string(),
+        settings: crate::body::GroupSettings::from(&convert::settings_to_proto(s)),
+    }
 }
 
 fn who(ext: &axum::http::Extensions) -> String {
@@ -322,7 +321,7 @@ struct StatusQuery {
 #[utoipa::path(get, path = "/v1/groups", operation_id = "listGroups", tag = "groups", params(GroupsQuery),
     responses((status = 200, description = "A page of groups", body = GroupPage),
         (status = 400, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
-        body::AuthProblems))]
+        crate::body::AuthProblems))]
 async fn list(State(api): State<Api>, RawQuery(query): RawQuery) -> Answer {
     let (limit, after) = match groups_query(query.as_deref()) {
         Ok(q) => q,
@@ -344,7 +343,7 @@ async fn list(State(api): State<Api>, RawQuery(query): RawQuery) -> Answer {
     params(("name" = String, Path, description = "The group's name")),
     responses((status = 200, description = "The group", body = Group),
         (status = 400, description = "A bad name", body = Problem, content_type = "application/problem+json"),
-        body::AuthProblems,
+        crate::body::AuthProblems,
         (status = 404, description = "No such group", body = Problem, content_type = "application/problem+json")))]
 async fn show(State(api): State<Api>, Path(name): Path<String>) -> Answer {
     let name = match name_of(&name) {
@@ -396,9 +395,9 @@ async fn put_with(
 /// Creates a group.
 #[utoipa::path(post, path = "/v1/groups", operation_id = "createGroup", tag = "groups", request_body = GroupBody,
     responses((status = 201, description = "Created", body = Group),
-        body::AuthProblems,
+        crate::body::AuthProblems,
         (status = 409, description = "The group exists", body = Problem, content_type = "application/problem+json"),
-        body::ChangeProblems))]
+        crate::body::ChangeProblems))]
 async fn create(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
     let body: GroupBody = match parse(&body) {
         Ok(b) => b,
@@ -415,8 +414,8 @@ async fn create(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
     params(("name" = String, Path, description = "The group's name")),
     responses((status = 200, description = "Changed", body = Group),
         (status = 201, description = "Created", body = Group),
-        body::AuthProblems,
-        body::ChangeProblems))]
+        crate::body::AuthProblems,
+        crate::body::ChangeProblems))]
 async fn upsert(
     State(api): State<Api>,
     Path(name): Path<String>,
@@ -430,9 +429,9 @@ async fn upsert(
 #[utoipa::path(patch, path = "/v1/groups/{name}", operation_id = "alterGroup", tag = "groups", request_body = GroupBody,
     params(("name" = String, Path, description = "The group's name")),
     responses((status = 200, description = "Changed", body = Group),
-        body::AuthProblems,
+        crate::body::AuthProblems,
         (status = 404, description = "No such group", body = Problem, content_type = "application/problem+json"),
-        body::ChangeProblems))]
+        crate::body::ChangeProblems))]
 async fn alter(
     State(api): State<Api>,
     Path(name): Path<String>,
@@ -447,7 +446,7 @@ async fn alter(
     params(("name" = String, Path, description = "The group's name"), DropQuery),
     responses((status = 200, description = "Dropped", body = DroppedGroup),
         (status = 400, description = "A bad name or parameter", body = Problem, content_type = "application/problem+json"),
-        body::AuthProblems,
+        crate::body::AuthProblems,
         (status = 404, description = "No such group", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store cannot take the change now", body = Problem, content_type = "application/problem+json")))]
 async fn drop_group(
@@ -485,9 +484,9 @@ fn node_of(n: crate::store::StoredNode) -> NodeSettings {
     NodeSettings {
         capacity: n.capacity,
         mode: if n.mode == tollgate_model::allocate::AllocationMode::Fcfs {
-            body::ModeName::Fcfs
+            crate::body::ModeName::Fcfs
         } else {
-            body::ModeName::Share
+            crate::body::ModeName::Share
         },
         slow_start: n.slow_start,
     }
@@ -496,7 +495,7 @@ fn node_of(n: crate::store::StoredNode) -> NodeSettings {
 /// The node settings.
 #[utoipa::path(get, path = "/v1/node", operation_id = "getNode", tag = "node",
     responses((status = 200, description = "The node settings", body = NodeSettings),
-        body::AuthProblems))]
+        crate::body::AuthProblems))]
 async fn node(State(api): State<Api>) -> Answer {
     typed(StatusCode::OK, &node_of(api.node.controller.node()))
 }
@@ -504,8 +503,8 @@ async fn node(State(api): State<Api>) -> Answer {
 /// Changes the node settings the body gives.
 #[utoipa::path(patch, path = "/v1/node", operation_id = "alterNode", tag = "node", request_body = NodeBody,
     responses((status = 200, description = "Changed", body = NodeSettings),
-        body::AuthProblems,
-        body::ChangeProblems))]
+        crate::body::AuthProblems,
+        crate::body::ChangeProblems))]
 async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
     let b: NodeBody = match parse(&body) {
         Ok(b) => b,
@@ -518,8 +517,8 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
             Patch::Value(c) => Some(Some(c)),
         },
         mode: b.mode.map(|m| match m {
-            body::ModeName::Share => tollgate_model::allocate::AllocationMode::Share,
-            body::ModeName::Fcfs => tollgate_model::allocate::AllocationMode::Fcfs,
+            crate::body::ModeName::Share => tollgate_model::allocate::AllocationMode::Share,
+            crate::body::ModeName::Fcfs => tollgate_model::allocate::AllocationMode::Fcfs,
         }),
         slow_start: b.slow_start,
     };
@@ -534,7 +533,7 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
 #[utoipa::path(get, path = "/v1/status", operation_id = "getStatus", tag = "node", params(StatusQuery),
     responses((status = 200, description = "The status (docs/operations.md, \"Status\")", body = Object),
         (status = 400, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
-        body::AuthProblems))]
+        crate::body::AuthProblems))]
 async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::extract::RawQuery) -> Answer {
     match crate::status::page_query(query.as_deref()) {
         Ok(page) => (
@@ -650,53 +649,4 @@ fn retry(group: &str, after: Duration) -> Answer {
         a.headers_mut().insert(header::RETRY_AFTER, v);
     }
     a
-}
-
-/// The OpenAPI document of the API, generated from the handlers and [`body`]'s types.
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "Tollgate",
-        description = "Tollgate's HTTP API: groups, the node, status and admission checks."
-    ),
-    paths(
-        list,
-        show,
-        create,
-        upsert,
-        alter,
-        drop_group,
-        node,
-        set_node,
-        status,
-        check,
-        openapi,
-        crate::dashboard::overview,
-        crate::dashboard::group,
-        crate::http::node_properties,
-        crate::http::set_node_properties,
-        crate::http::group_properties,
-        crate::http::set_group_properties
-    ),
-    components(schemas(Problem))
-)]
-pub struct ApiDoc;
-
-/// The OpenAPI 3.1 document; with `auth`, every operation asks for a bearer token.
-pub fn openapi_document(auth: bool) -> Value {
-    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
-    doc["openapi"] = json!("3.1.0");
-    doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
-    if auth {
-        doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
-        doc["security"] = json!([{ "bearer": [] }]);
-    }
-    doc
-}
-
-/// This document.
-#[utoipa::path(get, path = "/v1/openapi.json", operation_id = "getOpenApi", tag = "meta",
-    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object)))]
-async fn openapi(State(api): State<Api>) -> Answer {
-    answer(StatusCode::OK, openapi_document(api.node.access.auth_required()))
 }

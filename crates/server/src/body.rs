@@ -1,4 +1,4 @@
-//! The HTTP API's bodies as types: what requests may carry (unknown fields refused, each value
+//! The HTTP API's bodies as types (the JSON forms other surfaces print use them too): what requests may carry (unknown fields refused, each value
 //! checked for its kind with the field named) and what answers hold. The OpenAPI document's
 //! schemas are made from these same types.
 
@@ -7,8 +7,6 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use tollgate_proto::v1;
 use utoipa::ToSchema;
-
-use crate::properties::kind;
 
 /// A field a patch may give, clear with `null`, or leave out.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,6 +44,18 @@ fn finite_patch<'de, D: Deserializer<'de>>(d: D) -> Result<Patch<f64>, D::Error>
     match Value::deserialize(d)? {
         Value::Null => Ok(Patch::Null),
         v => finite(v).map(Patch::Value).map_err(D::Error::custom),
+    }
+}
+
+/// What a JSON value is, as error messages say it.
+pub(crate) fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
