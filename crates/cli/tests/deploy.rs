@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use common::{BIN, data_dir, http};
+use common::{BIN, data_dir, eventually, free_port, http};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -482,21 +482,6 @@ impl Pod {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Polls `done` every 100 ms for up to a minute; panics naming `what` if it never holds.
-fn within_a_minute(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..600 {
-        if done() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("{what}: not within a minute");
-}
-
 /// `single.yaml`'s controller, run with its pod's arguments and files: live at once, ready
 /// once its learning lease is over, serving the ConfigMap's groups to the secret's admin token.
 #[test]
@@ -507,7 +492,7 @@ fn the_single_controller_manifest_runs_as_written() {
     let mut child = pod.start();
     let health = pod.get(ports.1, "/healthz", false);
     let mut ready = (0, String::new());
-    within_a_minute("/readyz", || {
+    eventually("/readyz", || {
         ready = pod.get(ports.1, "/readyz", false);
         ready.0 == 200
     });
@@ -535,7 +520,7 @@ fn the_three_controller_manifest_runs_as_written_on_etcd() {
         .collect();
     let mut children: Vec<std::process::Child> = pods.iter().map(|(p, _)| p.start()).collect();
     let mut said = Vec::new();
-    within_a_minute("three ready controllers", || {
+    eventually("three ready controllers", || {
         said = pods.iter().map(|(p, ports)| p.get(ports.1, "/readyz", false)).collect();
         said.iter().all(|(code, _)| *code == 200)
     });

