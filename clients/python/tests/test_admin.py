@@ -11,22 +11,28 @@ from conftest import Server
 def test_groups_round_trip_and_errors_name_the_field(server: Server) -> None:
     with tollgate.Admin(server.url) as admin:
         made = admin.create_group("checkout", limit=500, priority="high", reserved=100)
-        assert (made["limit"], made["priority"], made["reserved"]) == (500.0, "high", 100.0)
+        assert (made.limit, made.priority, made.reserved) == (500.0, "high", 100.0)
         with pytest.raises(tollgate.AlreadyExists):
             admin.create_group("checkout")
         changed = admin.alter_group("checkout", burst=50, dropped="count")
-        assert (changed["burst"], changed["dropped"], changed["limit"]) == (50.0, "count", 500.0)
+        assert (changed.burst, changed.dropped, changed.limit) == (50.0, "count", 500.0)
         admin.put_group("batch", limit="unlimited", weight=2)
-        assert [g["name"] for g in admin.list_groups()] == ["batch", "checkout"]
-        assert admin.get_group("batch")["limit"] is None
+        assert [g.name for g in admin.list_groups()] == ["batch", "checkout"]
+        assert admin.get_group("batch").limit is None
         with pytest.raises(tollgate.InvalidArgument) as bad:
             admin.alter_group("checkout", reserved=900)
         assert "reserved: must not exceed limit" in bad.value.message
-        with pytest.raises(ValueError, match="colour: unknown setting"):
+        assert bad.value.field == "reserved" and bad.value.rule is not None and bad.value.rule.startswith("must not exceed")
+        with pytest.raises(tollgate.InvalidArgument, match="colour: unknown setting") as unknown:
             admin.alter_group("checkout", colour="red")
+        assert unknown.value.field == "colour"
+        with pytest.raises(tollgate.InvalidArgument) as wrong_type:
+            admin.alter_group("checkout", limit="lots")
+        assert wrong_type.value.field == "limit" and "number" in (wrong_type.value.rule or "")
+        assert admin.get_group("checkout").limit == 500.0
         with pytest.raises(tollgate.NotFound):
             admin.get_group("ghost")
-        assert admin.put_group("billed", budget=1000, budget_period="month")["budget_period"] == "month"
+        assert admin.put_group("billed", budget=1000, budget_period="month").budget_period == "month"
         with pytest.raises(ValueError, match="budget_period"):
             admin.put_group("billed", budget_period="year")
         assert admin.drop_group("billed") is True
@@ -34,8 +40,58 @@ def test_groups_round_trip_and_errors_name_the_field(server: Server) -> None:
         assert admin.drop_group("batch", if_exists=True) is False
         admin.set_capacity(1000)
         status = admin.status()
-        assert status["capacity"] == 1000.0
-        assert [g["name"] for g in status["groups"]] == ["checkout"]
+        assert status.capacity == 1000.0 and status.role == "standalone"
+        assert [g.name for g in status.groups] == ["checkout"]
+        checkout = status.group("checkout")
+        assert checkout is not None and checkout.settings is not None and checkout.settings.limit == 500.0
+
+
+def test_ramps_node_settings_and_tokens(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        ramp = tollgate.Ramp(min=10, max=100, duration_s=60, mode="scheduled", cool_down_s=2)
+        made = admin.create_group("rising", limit=100, ramp=ramp)
+        assert made.ramp == ramp
+        assert admin.alter_group("rising", ramp=None).ramp is None
+        with pytest.raises(tollgate.InvalidArgument) as bad:
+            admin.alter_group("rising", ramp=tollgate.Ramp(min=10, max=100, duration_s=60, mode="sideways"))
+        assert bad.value.field == "ramp.mode"
+        with pytest.raises(tollgate.InvalidArgument) as server_side:
+            admin.alter_group("rising", ramp=tollgate.Ramp(min=100, max=10, duration_s=60))
+        assert server_side.value.field is not None and server_side.value.field.startswith("ramp")
+        assert admin.get_group("rising").ramp is None  # nothing changed
+
+        assert admin.get_node() == tollgate.Node(capacity=None, mode="share", slow_start=False)
+        assert admin.set_capacity(5000).capacity == 5000.0
+        assert admin.set_mode("fcfs").mode == "fcfs"
+        assert admin.set_slow_start(True).slow_start is True
+        assert admin.get_node() == tollgate.Node(capacity=5000.0, mode="fcfs", slow_start=True)
+        assert admin.set_capacity(None).capacity is None
+        with pytest.raises(tollgate.InvalidArgument, match="mode"):
+            admin.set_mode("lottery")
+
+
+def test_tokens_under_auth(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from conftest import start
+
+    server = start(tmp_path / "data", "--auth")
+    try:
+        admin_token = (tmp_path / "data" / "admin.token").read_text().strip()
+        with tollgate.Admin(server.url, token=admin_token) as admin:
+            made = admin.create_token("client", groups="acme-*", unthrottled=True, name="acme")
+            assert made.token and made.info.role == "client" and made.info.unthrottled
+            assert made.info.id in [t.id for t in admin.list_tokens()]
+            with tollgate.Admin(server.url, token=made.token) as client:
+                with pytest.raises(tollgate.PermissionDenied):
+                    client.create_group("x")
+            assert admin.revoke_token(made.info.id).id == made.info.id
+            with pytest.raises(tollgate.InvalidArgument) as bad:
+                admin.create_token("superuser")
+            assert bad.value.field == "role"
+        with tollgate.Admin(server.url) as anonymous:
+            with pytest.raises(tollgate.Unauthenticated):
+                anonymous.list_groups()
+    finally:
+        server.stop()
 
 
 def test_a_stopped_server_is_unavailable(server: Server) -> None:

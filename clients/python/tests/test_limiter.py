@@ -160,9 +160,8 @@ def test_a_new_group_is_admitted_at_once_under_a_capacity(server: Server) -> Non
             first_grant(limiter, "steady")
 
             def ticked() -> bool:
-                return any(
-                    g["name"] == "steady" and g.get("target") is not None for g in admin.status()["groups"]
-                )
+                steady = admin.status().group("steady")
+                return steady is not None and steady.target is not None
 
             eventually("a tick gives the steady group the capacity", ticked)
             for i in range(20):
@@ -196,3 +195,64 @@ def test_a_client_past_one_exchanges_bound_reports_its_groups_in_pages(server: S
         eventually("every group granted", all_granted)
         status = limiter.status()
         assert status.connected and not status.safe_mode, status
+
+
+def test_unthrottled_work_usage_pricing_and_dropped_work(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("sys", limit=0.01, burst=2)
+        admin.create_group("kept", limit=0.01, burst=10, dropped="count")
+        model = tollgate.CostModel.ru()
+        with tollgate.Limiter(server.url, client_id="py-parity", cost_model=model) as limiter:
+            first_grant(limiter, "sys")
+            first_grant(limiter, "kept")
+            # The unthrottled handle is admitted past the bucket (the server allows it: no
+            # --auth), and charged to the group all the same.
+            system = limiter.unthrottled()
+            assert system.is_unthrottled and not limiter.is_unthrottled
+            assert limiter.status().unthrottled_allowed
+            for _ in range(5):
+                system.try_acquire("sys", 1)
+            with pytest.raises(tollgate.Throttled):
+                limiter.try_acquire("sys", 1)
+            stats = limiter.stats("sys")
+            assert stats is not None and stats.unthrottled_units == 5 and stats.available < 0
+
+            # Usage priced by the model: a read is admitted at what a read of nothing costs,
+            # then settled with what it did; the detail reaches the server.
+            permit = limiter.try_acquire_usage("kept", tollgate.Usage.read())
+            assert permit.cost == pytest.approx(0.475)
+            permit.settle_usage(tollgate.Usage.read(65_536, cpu_ms=6))
+            stats = limiter.stats("kept")
+            assert stats is not None and stats.consumed_units == pytest.approx(3.475)
+
+            def detail_reported() -> bool:
+                kept = admin.status().group("kept")
+                return kept is not None and kept.detail is not None and kept.detail["read_rpcs"] == 1
+
+            eventually("the detail reaches the server", detail_reported)
+            kept = admin.status().group("kept")
+            assert kept is not None and kept.detail is not None and kept.detail["rru"] == pytest.approx(3.475)
+
+            # Dropped work: counted, and kept as consumed by the group's setting.
+            limiter.try_acquire("kept", 2).dropped()
+            stats = limiter.stats("kept")
+            assert stats is not None and (stats.dropped, stats.dropped_units) == (1, 2.0)
+            assert stats.consumed_units == pytest.approx(5.475)
+            with pytest.raises(RuntimeError, match="settled already"):
+                permit.settle(1)
+
+
+def test_a_waiting_request_is_asked_once(server: Server) -> None:
+    """Demand counts each request once however long it waits: ten refused tries inside one
+    acquire are one refusal, not ten."""
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("once", limit=0.01, burst=1)
+    with tollgate.Limiter(server.url, max_wait=0.3) as limiter:
+        first_grant(limiter, "once")
+        limiter.try_acquire("once", 1)
+        g = limiter._core.groups["once"]
+        before = g.counts.copy()
+        with pytest.raises(tollgate.Throttled):
+            limiter.acquire("once", 1)
+        assert g.counts.throttled - before.throttled == 1
+        assert g.counts.asked - before.asked == 1.0 and g.waiting == 0

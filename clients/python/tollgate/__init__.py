@@ -1,15 +1,20 @@
 """Tollgate's Python client.
 
-- :class:`Limiter`: admission by each request's cost, per group, fed by a tollgate server's
-  grants (the Rust client's remote mode): ``try_acquire``, ``acquire`` (waits), a context
-  manager and a decorator, permits settled with the actual cost, leases and safe mode.
-- :class:`Admin`: the admin calls (groups, node capacity, status).
+- :class:`Limiter` and, for asyncio, :class:`AsyncLimiter`: admission by each request's cost,
+  per group, fed by a tollgate server's grants (the Rust client's remote mode):
+  ``try_acquire``, ``acquire`` (waits), a context manager and a decorator, permits settled
+  with the actual cost or priced by a :class:`CostModel`, dropped work, unthrottled handles,
+  leases and safe mode.
+- :class:`Admin`: the admin calls (groups and ramps, the node, status, tokens), with typed
+  results (:mod:`tollgate.models`).
 
-Errors are :class:`TollgateError` subclasses; a refusal is :class:`Throttled` with
-``retry_after`` in seconds.
+Errors are :class:`TollgateError` subclasses; a bad value is :class:`InvalidArgument` naming
+its ``field`` and ``rule``; a refusal is :class:`Throttled` with ``retry_after`` in seconds.
 """
 
 from .admin import Admin
+from .aio import AsyncLimiter
+from .cost import Consumption, CostModel, Usage
 from .errors import (
     AlreadyExists,
     InvalidArgument,
@@ -21,19 +26,36 @@ from .errors import (
     Unavailable,
 )
 from .limiter import GroupStats, Limiter, Permit, RemoteStatus
+from .models import Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token
+
+__version__ = "0.1.0"
+"""The client's version (the distribution ``tollgate-client``'s)."""
 
 __all__ = [
     "Admin",
     "AlreadyExists",
+    "AsyncLimiter",
+    "Consumption",
+    "CostModel",
+    "Group",
     "GroupStats",
+    "GroupStatus",
     "InvalidArgument",
     "Limiter",
+    "NewToken",
+    "Node",
     "NotFound",
     "PermissionDenied",
     "Permit",
+    "Ramp",
+    "RateMarks",
     "RemoteStatus",
+    "Status",
     "Throttled",
+    "Token",
     "TollgateError",
     "Unauthenticated",
     "Unavailable",
+    "Usage",
+    "__version__",
 ]

@@ -5,23 +5,44 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 import grpc
+import grpc.aio
+
+from .errors import InvalidArgument
 
 Metadata = Sequence[Tuple[str, str]]
 
 
-def channel(url: str, ca_file: Optional[str] = None) -> grpc.Channel:
-    """A channel to ``url``: ``http://HOST:PORT`` (plain), ``https://HOST:PORT`` (TLS, checked
-    against ``ca_file`` or the system's authorities), or a bare ``HOST:PORT``."""
+def _target(url: str, ca_file: Optional[str]) -> Tuple[str, Optional[grpc.ChannelCredentials]]:
+    """The address to dial and, for ``https://``, the TLS credentials."""
+    if not isinstance(url, str) or not url:
+        raise InvalidArgument.of("url", f"must be http://HOST:PORT, https://HOST:PORT or HOST:PORT, got {url!r}")
     if url.startswith("https://"):
         roots = None
         if ca_file is not None:
             with open(ca_file, "rb") as f:
                 roots = f.read()
-        return grpc.secure_channel(url[len("https://") :].rstrip("/"), grpc.ssl_channel_credentials(roots))
+        return url[len("https://") :].rstrip("/"), grpc.ssl_channel_credentials(roots)
     if ca_file is not None:
-        raise ValueError(f"{url!r}: a CA file needs an https:// address")
+        raise InvalidArgument.of("ca_file", f"needs an https:// address, got {url!r}")
     target = url[len("http://") :] if url.startswith("http://") else url
-    return grpc.insecure_channel(target.rstrip("/"))
+    return target.rstrip("/"), None
+
+
+def channel(url: str, ca_file: Optional[str] = None) -> grpc.Channel:
+    """A channel to ``url``: ``http://HOST:PORT`` (plain), ``https://HOST:PORT`` (TLS, checked
+    against ``ca_file`` or the system's authorities), or a bare ``HOST:PORT``."""
+    target, credentials = _target(url, ca_file)
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials)
+    return grpc.insecure_channel(target)
+
+
+def aio_channel(url: str, ca_file: Optional[str] = None) -> grpc.aio.Channel:
+    """The same channel for asyncio (``grpc.aio``)."""
+    target, credentials = _target(url, ca_file)
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials)
+    return grpc.aio.insecure_channel(target)
 
 
 def metadata(token: Optional[str]) -> Metadata:
@@ -30,5 +51,10 @@ def metadata(token: Optional[str]) -> Metadata:
         return ()
     token = token.strip()
     if not token or len(token) > 256 or not token.isascii() or any(c.isspace() for c in token):
-        raise ValueError("token: 1 to 256 printable ASCII characters, as `tollgate token create` prints")
+        raise InvalidArgument.of("token", "must be 1 to 256 printable ASCII characters, as `tollgate token create` prints")
     return (("authorization", f"Bearer {token}"),)
+
+
+def check_target(url: str, ca_file: Optional[str] = None) -> None:
+    """Checks ``url`` and ``ca_file`` as :func:`channel` would, without dialling."""
+    _target(url, ca_file)

@@ -1,4 +1,5 @@
-"""The admin calls: groups, node settings, status."""
+"""The admin calls: groups (ramps included), the node, status and tokens, with typed results
+(:mod:`tollgate.models`)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,26 @@ from typing import Any, Dict, List, Optional, Union
 import grpc
 
 from . import _connect
-from .errors import from_rpc
+from .errors import InvalidArgument, from_rpc
+from .models import MODES, Group, GroupStatus, NewToken, Node, Ramp, Status, Token
 from .v1 import tollgate_pb2 as pb
 from .v1 import tollgate_pb2_grpc as rpc
 
 Settings = Dict[str, Any]
+ROLES = ("admin", "client", "backend", "reader")
 
 _PRIORITIES = {"low": 1, "medium": 8, "high": 16}
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
     "reserved, limit, burst, priority, weight, budget, budget_period, dropped, debt_repay_s, "
-    "reads_writes_apart, backend_limit, background"
+    "reads_writes_apart, backend_limit, background, ramp"
 )
+
+
+def _number(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument.of(key, f"must be a number, got {value!r}")
+    return float(value)
 
 
 def _patch(settings: Settings) -> pb.GroupPatch:
@@ -26,57 +35,45 @@ def _patch(settings: Settings) -> pb.GroupPatch:
     may be cleared."""
     p = pb.GroupPatch()
     for key, value in settings.items():
-        if key == "limit":
+        if key == "ramp":
+            if value is None:
+                p.clear_ramp = True
+            elif isinstance(value, Ramp):
+                p.ramp.CopyFrom(value.to_pb())
+            else:
+                raise InvalidArgument.of("ramp", f"must be a tollgate.Ramp or None, got {value!r}")
+        elif key == "limit":
             if value is None or value == "unlimited":
                 p.unlimited = True
             else:
-                p.limit = float(value)
+                p.limit = _number(key, value)
         elif key == "priority":
             level = _PRIORITIES.get(value, value) if isinstance(value, str) else value
             if not isinstance(level, int) or not 1 <= level <= 16:
-                raise ValueError(f"priority: must be low, medium, high or 1 to 16, got {value!r}")
+                raise InvalidArgument.of("priority", f"must be low, medium, high or 1 to 16, got {value!r}")
             p.priority = level
         elif key == "budget_period":
             if value not in ("total", "day", "week", "month"):
-                raise ValueError(f'budget_period: must be "total", "day", "week" or "month", got {value!r}')
+                raise InvalidArgument.of("budget_period", f'must be "total", "day", "week" or "month", got {value!r}')
             p.budget_period = value
         elif key == "dropped":
             if value not in ("count", "return"):
-                raise ValueError(f'dropped: must be "count" or "return", got {value!r}')
+                raise InvalidArgument.of("dropped", f'must be "count" or "return", got {value!r}')
             p.count_dropped = value == "count"
         elif key in ("burst", "budget", "backend_limit"):
             if value is None:
                 setattr(p, f"clear_{key}", True)
             else:
-                setattr(p, key, float(value))
+                setattr(p, key, _number(key, value))
         elif key in ("reserved", "weight", "debt_repay_s"):
-            setattr(p, key, float(value))
+            setattr(p, key, _number(key, value))
         elif key in ("reads_writes_apart", "background"):
             if not isinstance(value, bool):
-                raise ValueError(f"{key}: must be True or False, got {value!r}")
+                raise InvalidArgument.of(key, f"must be True or False, got {value!r}")
             setattr(p, key, value)
         else:
-            raise ValueError(f"{key}: unknown setting; expected one of {_KEYS}")
+            raise InvalidArgument.of(key, f"unknown setting; expected one of {_KEYS}")
     return p
-
-
-def _settings(info: pb.GroupInfo) -> Settings:
-    s = info.settings
-    return {
-        "name": info.name,
-        "reserved": s.reserved,
-        "limit": s.limit if s.HasField("limit") else None,
-        "burst": s.burst if s.HasField("burst") else None,
-        "priority": _NAMES.get(s.priority, s.priority),
-        "weight": s.weight,
-        "budget": s.budget if s.HasField("budget") else None,
-        "budget_period": s.budget_period or "total",
-        "dropped": "count" if s.count_dropped else "return",
-        "debt_repay_s": s.debt_repay_s if s.HasField("debt_repay_s") else 5.0,
-        "reads_writes_apart": s.reads_writes_apart,
-        "backend_limit": s.backend_limit if s.HasField("backend_limit") else None,
-        "background": s.background,
-    }
 
 
 class Admin:
@@ -115,53 +112,128 @@ class Admin:
         except grpc.RpcError as e:
             raise from_rpc(e) from None
 
-    def _put(self, name: str, mode: pb.PutMode, settings: Settings) -> Settings:
+    def _put(self, name: str, mode: pb.PutMode, settings: Settings) -> Group:
         request = pb.PutGroupRequest(name=name, patch=_patch(settings), mode=mode)
-        return _settings(self._call("PutGroup", request))
+        return Group.from_pb(self._call("PutGroup", request))
 
-    def create_group(self, name: str, **settings: Any) -> Settings:
-        """Creates a group; :class:`AlreadyExists` if it exists."""
+    def create_group(self, name: str, **settings: Any) -> Group:
+        """Creates a group; :class:`~tollgate.AlreadyExists` if it exists.
+
+        Settings are keywords: ``limit`` (units/s, or ``"unlimited"``), ``reserved``,
+        ``burst``, ``priority`` (``low``, ``medium``, ``high`` or 1 to 16), ``weight``,
+        ``budget``, ``budget_period`` (``total``, ``day``, ``week``, ``month``), ``dropped``
+        (``return`` or ``count``), ``debt_repay_s``, ``reads_writes_apart``,
+        ``backend_limit``, ``background`` and ``ramp`` (a :class:`~tollgate.Ramp`). ``None``
+        clears ``burst``, ``budget``, ``backend_limit`` and ``ramp``, and makes ``limit``
+        unlimited."""
         return self._put(name, pb.PUT_MODE_CREATE, settings)
 
-    def alter_group(self, name: str, **settings: Any) -> Settings:
-        """Changes the settings given; :class:`NotFound` if there is no such group."""
+    def alter_group(self, name: str, **settings: Any) -> Group:
+        """Changes the settings given (as :meth:`create_group` takes them);
+        :class:`~tollgate.NotFound` if there is no such group."""
         return self._put(name, pb.PUT_MODE_ALTER, settings)
 
-    def put_group(self, name: str, **settings: Any) -> Settings:
+    def put_group(self, name: str, **settings: Any) -> Group:
         """Creates the group or changes the settings given."""
         return self._put(name, pb.PUT_MODE_UPSERT, settings)
 
     def drop_group(self, name: str, *, if_exists: bool = False) -> bool:
-        """Drops a group; says whether it existed (:class:`NotFound` unless ``if_exists``)."""
+        """Drops a group; says whether it existed (:class:`~tollgate.NotFound` unless
+        ``if_exists``)."""
         answer = self._call("DropGroup", pb.DropGroupRequest(name=name, if_exists=if_exists))
         return bool(answer.existed)
 
-    def get_group(self, name: str) -> Settings:
-        """A group's settings; :class:`NotFound` if there is none."""
-        return _settings(self._call("GetGroup", pb.GetGroupRequest(name=name)))
+    def get_group(self, name: str) -> Group:
+        """A group's settings; :class:`~tollgate.NotFound` if there is none."""
+        return Group.from_pb(self._call("GetGroup", pb.GetGroupRequest(name=name)))
 
-    def list_groups(self) -> List[Settings]:
-        """Every group's settings, every page."""
-        out: List[Settings] = []
+    def list_groups(self) -> List[Group]:
+        """Every group's settings, every page, by name."""
+        out: List[Group] = []
         token = ""
         while True:
             page = self._call("ListGroups", pb.ListGroupsRequest(page_token=token))
-            out.extend(_settings(g) for g in page.groups)
+            out.extend(Group.from_pb(g) for g in page.groups)
             token = page.next_page_token
             if not token:
                 return out
 
-    def set_capacity(self, capacity: Optional[Union[int, float]]) -> None:
+    def get_node(self) -> Node:
+        """The node's settings: capacity, allocation mode, slow start."""
+        return Node.from_pb(self._call("GetNode", pb.GetNodeRequest()))
+
+    def set_capacity(self, capacity: Optional[Union[int, float]]) -> Node:
         """The node capacity in units/s (``None``: no capacity)."""
         request = pb.SetCapacityRequest()
         if capacity is not None:
-            request.capacity = float(capacity)
-        self._call("SetCapacity", request)
+            request.capacity = _number("capacity", capacity)
+        return Node.from_pb(self._call("SetCapacity", request))
 
-    def status(self) -> Dict[str, Any]:
-        """The controller's status: every group's target, admitted rate, demand and clients."""
-        from google.protobuf.json_format import MessageToDict
+    def set_mode(self, mode: str) -> Node:
+        """How the capacity is shared: ``share`` (by priority, then max-min by weight; TiDB's)
+        or ``fcfs`` (first come, first served; Couchbase's free pool)."""
+        if mode not in MODES:
+            raise InvalidArgument.of("mode", f"must be share or fcfs, got {mode!r}")
+        return Node.from_pb(self._call("SetMode", pb.SetModeRequest(mode=f"ALLOCATION_MODE_{mode.upper()}")))
 
-        answer = self._call("Status", pb.StatusRequest())
-        result: Dict[str, Any] = MessageToDict(answer, preserving_proto_field_name=True)
-        return result
+    def set_slow_start(self, on: bool) -> Node:
+        """Couchbase's slow start: a group with no client reserves a tenth of its reservation."""
+        if not isinstance(on, bool):
+            raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
+        return Node.from_pb(self._call("SetSlowStart", pb.SetSlowStartRequest(on=on)))
+
+    def status(self) -> Status:
+        """The controller's status: the node, its role, and every group's target, admitted
+        rate, demand and clients (every page)."""
+        groups: List[GroupStatus] = []
+        token = ""
+        while True:
+            answer = self._call("Status", pb.StatusRequest(page_token=token))
+            groups.extend(GroupStatus.from_pb(g) for g in answer.groups)
+            token = answer.next_page_token
+            if not token:
+                break
+        return Status(
+            capacity=answer.capacity if answer.HasField("capacity") else None,
+            mode=MODES[answer.mode] if answer.mode < len(MODES) else str(answer.mode),
+            role=answer.role,
+            leader=answer.leader if answer.HasField("leader") else None,
+            learning=answer.learning,
+            exchanges=answer.exchanges,
+            clients=answer.clients,
+            clients_lapsed=answer.clients_lapsed,
+            backends=answer.backends,
+            cost_model=answer.cost_model,
+            unit=answer.unit,
+            warnings=list(answer.warnings),
+            groups=groups,
+        )
+
+    def create_token(
+        self,
+        role: str,
+        *,
+        groups: str = "",
+        unthrottled: bool = False,
+        expires_in_s: int = 0,
+        name: str = "",
+    ) -> NewToken:
+        """A new credential for a server run with ``--auth``: ``role`` is ``admin``,
+        ``client``, ``backend`` or ``reader``; a client token may be kept to ``groups``
+        (comma-separated patterns, ``*`` for any run of characters) and may carry the
+        unthrottled privilege. Its secret is in the answer, this once."""
+        if role not in ROLES:
+            raise InvalidArgument.of("role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        if isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int) or expires_in_s < 0:
+            raise InvalidArgument.of("expires_in_s", f"must be a whole number of seconds from 0, got {expires_in_s!r}")
+        request = pb.CreateTokenRequest(role=role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name)
+        answer = self._call("CreateToken", request)
+        return NewToken(answer.token, Token.from_pb(answer.info))
+
+    def list_tokens(self) -> List[Token]:
+        """Every credential (never their secrets)."""
+        return [Token.from_pb(t) for t in self._call("ListTokens", pb.ListTokensRequest()).tokens]
+
+    def revoke_token(self, id: str) -> Token:
+        """Revokes the credential whose id is ``id``; :class:`~tollgate.NotFound` if none."""
+        return Token.from_pb(self._call("RevokeToken", pb.RevokeTokenRequest(id=id)))

@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import re
+from typing import Optional
+
 import grpc
+
+# "field: rule", as the server words a refusal (a field may be a path: "ramp.max").
+_FIELD_RULE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.\[\]-]*): (.+)$", re.S)
 
 
 class TollgateError(Exception):
-    """The server refused a call; ``code`` is the gRPC status code's name, the message says
-    which field broke which rule."""
+    """A call was refused; ``code`` is the gRPC status code's name, the message says which
+    field broke which rule. ``field`` and ``rule`` hold them apart when the message names a
+    field (``None`` otherwise)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        found = _FIELD_RULE.match(message)
+        self.field: Optional[str] = found.group(1) if found else None
+        self.rule: Optional[str] = found.group(2) if found else None
 
 
-class InvalidArgument(TollgateError):
-    """A value breaks a rule (the message names the field); nothing changed."""
+class InvalidArgument(TollgateError, ValueError):
+    """A value breaks a rule: ``field`` names it, ``rule`` says what it must be; nothing
+    changed. Raised by the server's answers and by the client's own checks alike (it is a
+    ``ValueError`` too)."""
+
+    @classmethod
+    def of(cls, field: str, rule: str) -> "InvalidArgument":
+        """The error for ``field`` breaking ``rule``."""
+        return cls("INVALID_ARGUMENT", f"{field}: {rule}")
 
 
 class NotFound(TollgateError):

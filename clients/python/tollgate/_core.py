@@ -1,0 +1,585 @@
+"""What the synchronous and the asyncio limiters share: each group's bucket and totals, the
+exchange's requests and how its answers and failures apply. Only the exchange loop (a thread,
+or a task) and waiting differ between the two."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Generator, List, Optional, Tuple, TypeVar
+
+from .cost import Consumption, CostModel, Usage, check_cost
+from .errors import InvalidArgument, Throttled
+from ._demand import Counts, DemandMeter
+from .v1 import tollgate_pb2 as pb
+
+SAFE_MODES = ("decay", "fail_open", "fail_closed")
+EXCHANGE_GROUPS_MAX = 1000
+"""The most groups one exchange carries (the server's bound); more go in a round of pages."""
+DECAY_HALF_LIFE_S = 5.0
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
+EARLY_SPACING_S = 0.05
+GROUP_IDLE_EXPIRY_S = 240.0
+"""A group nothing was asked of for this long is no longer reported (as in Rust)."""
+REPAY_SHARE_MAX = 0.5
+"""At most this share of a grant goes to paying a debt back."""
+_NEXT = itertools.count(1)
+
+
+@dataclass
+class RemoteStatus:
+    """The link to the server, as the application can read it."""
+
+    connected: bool
+    """The last exchange succeeded."""
+    safe_mode: bool
+    """The safe-mode policy applies (no exchange succeeded within the lease)."""
+    exchanges: int
+    """Exchanges answered so far."""
+    last_error: Optional[str]
+    """Why the last exchange failed, while it did."""
+    unthrottled_allowed: bool
+    """The server lets this client's unthrottled work skip the buckets."""
+
+
+@dataclass
+class GroupStats:
+    """A group's counters since the limiter started, and its grant now."""
+
+    admitted: int
+    throttled: int
+    admitted_units: float
+    consumed_units: float
+    rate: float
+    burst: float
+    available: float
+    waited: int = 0
+    """Requests admitted after waiting."""
+    unthrottled_units: float = 0.0
+    """Units admitted unthrottled (in ``admitted_units`` too)."""
+    dropped: int = 0
+    """Permits dropped (work never done)."""
+    dropped_units: float = 0.0
+    debt: float = 0.0
+    """Units of debt still being paid back from the refill."""
+
+
+class _Group:
+    """A group's bucket, its grant and its running totals."""
+
+    def __init__(self, name: str, now: float) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.granted = False
+        self.unlimited = False
+        self.rate = 0.0
+        self.burst = 0.0
+        self.tokens = 0.0
+        self.stamp = now
+        self.reserved = 0.0
+        self.clients = 1
+        self.last_rate = 0.0
+        self.count_dropped = False
+        self.repay_s = 5.0
+        self.owed = 0.0
+        self.repay_rate = 0.0
+        self.counts = Counts()
+        self.admitted_units = 0.0
+        self.dropped = 0
+        self.dropped_units = 0.0
+        self.waiting = 0.0
+
+    def refill(self, now: float) -> None:
+        if now > self.stamp:
+            gain = (now - self.stamp) * self.rate
+            if self.owed > 0:
+                pay = min(self.owed, (now - self.stamp) * self.repay_rate)
+                self.owed -= pay
+                gain -= pay
+            self.tokens = min(self.burst, self.tokens + gain)
+            self.stamp = now
+
+    def charge(self, units: float, now: float) -> None:
+        """Takes ``units`` more than admitted: what the bank covers at once, the rest as a debt
+        paid back over the group's repay period (at once, blocking, without one)."""
+        if not self.granted or self.unlimited:
+            return
+        self.refill(now)
+        if self.repay_s <= 0 or self.rate <= 0:
+            self.tokens -= units
+            return
+        covered = min(units, max(self.tokens, 0.0))
+        self.tokens -= covered
+        self.owed += units - covered
+        cap = self.repay_s * self.rate * REPAY_SHARE_MAX
+        if self.owed > cap:
+            self.tokens -= self.owed - cap
+            self.owed = cap
+        self.repay_rate = self.owed / self.repay_s
+
+    def refund(self, units: float, now: float) -> None:
+        if self.granted and not self.unlimited:
+            self.refill(now)
+            self.tokens = min(self.burst, self.tokens + units)
+
+    def take(self, cost: float, now: float, open_: bool, closed: bool, waited: bool, count_refusal: bool) -> Optional[float]:
+        """Takes ``cost``: ``None`` when admitted, else the seconds until it could be. A refusal
+        is counted (asked and throttled) only with ``count_refusal``: a request that waits is
+        asked once, however many times it tries."""
+        if open_ or (self.granted and self.unlimited and not closed):
+            self._admit(cost, waited)
+            return None
+        wait = None
+        if closed or not self.granted:
+            wait = 0.05 if not self.granted else 1.0
+        else:
+            self.refill(now)
+            if cost <= self.tokens:
+                self.tokens -= cost
+                self._admit(cost, waited)
+                return None
+            wait = 1.0 if self.rate <= 0 or cost > self.burst else (cost - self.tokens) / self.rate
+        if count_refusal:
+            self.refused(cost)
+        return wait
+
+    def take_unthrottled(self, cost: float, now: float) -> None:
+        """Unthrottled work: admitted whatever the bucket holds, and charged to it."""
+        if self.granted and not self.unlimited:
+            self.refill(now)
+            self.tokens -= cost
+        self._admit(cost, False)
+        self.counts.unthrottled += cost
+
+    def refused(self, cost: float) -> None:
+        self.counts.asked += cost
+        self.counts.throttled += 1
+
+    def _admit(self, cost: float, waited: bool) -> None:
+        c = self.counts
+        c.asked += cost
+        c.admitted += 1
+        c.consumed += cost
+        self.admitted_units += cost
+        if waited:
+            c.waited += 1
+
+    def stats(self, now: float) -> GroupStats:
+        self.refill(now)
+        c = self.counts
+        unlimited = self.unlimited
+        return GroupStats(
+            admitted=c.admitted,
+            throttled=c.throttled,
+            admitted_units=self.admitted_units,
+            consumed_units=c.consumed,
+            rate=math.inf if unlimited else self.rate,
+            burst=math.inf if unlimited else self.burst,
+            available=math.inf if unlimited else (self.tokens if self.granted else 0.0),
+            waited=c.waited,
+            unthrottled_units=c.unthrottled,
+            dropped=self.dropped,
+            dropped_units=self.dropped_units,
+            debt=self.owed,
+        )
+
+
+class Permit:
+    """An admitted request. Settle it with what it really cost (:meth:`settle`, or
+    :meth:`settle_usage` priced by the limiter's cost model): more than admitted becomes debt,
+    less is given back. :meth:`dropped` says the work was never done. Left unsettled, the
+    admitted cost stands. It is a context manager (``with`` and ``async with``) that does
+    nothing more on exit."""
+
+    def __init__(self, core: "Core", group: _Group, cost: float) -> None:
+        self._core = core
+        self._group = group
+        self.cost = cost
+        """The cost admitted."""
+        self.group = group.name
+        """The group it was admitted for."""
+        self._settled = False
+
+    def _close(self) -> None:
+        if self._settled:
+            raise RuntimeError("this permit is settled already")
+        self._settled = True
+
+    def settle(self, actual: float) -> None:
+        """The request cost ``actual`` units rather than the cost admitted."""
+        actual = check_cost("actual", actual)
+        self._close()
+        g, now = self._group, time.monotonic()
+        with g.lock:
+            delta = actual - self.cost
+            if delta > 0:
+                g.charge(delta, now)
+            elif delta < 0:
+                g.refund(-delta, now)
+            g.counts.consumed += delta
+
+    def settle_usage(self, usage: Usage, model: Optional[CostModel] = None) -> None:
+        """Settles with what the request did, priced by ``model`` (the limiter's own by
+        default); what it did is also reported to the server in detail."""
+        detail = Consumption.of(model or self._core.cost_model, usage)
+        with self._group.lock:
+            self._group.counts.detail.add(detail)
+        self.settle(detail.rru + detail.wru)
+
+    def dropped(self) -> None:
+        """The work was never done (Numaflow's dropped messages). By the group's ``dropped``
+        setting, its cost goes back to the group (``return``, the default) or stays consumed
+        (``count``); it is counted in the group's dropped statistics either way."""
+        self._close()
+        g, now = self._group, time.monotonic()
+        with g.lock:
+            g.dropped += 1
+            g.dropped_units += self.cost
+            if not g.count_dropped:
+                g.refund(self.cost, now)
+                g.counts.consumed -= self.cost
+
+    def __enter__(self) -> "Permit":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    async def __aenter__(self) -> "Permit":
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+
+def check_group(name: str) -> None:
+    if not isinstance(name, str) or not 1 <= len(name.encode()) <= 255 or any(ord(c) < 32 for c in name):
+        raise InvalidArgument.of("group", f"must be 1 to 255 bytes of printable text, got {name!r}")
+
+
+class Core:
+    """The state both limiters share. ``notify`` wakes the exchange loop."""
+
+    def __init__(
+        self,
+        *,
+        client_id: Optional[str],
+        safe_mode: str,
+        max_wait: float,
+        exchange_period: Optional[float],
+        cost_model: Optional[CostModel],
+    ) -> None:
+        if safe_mode not in SAFE_MODES:
+            raise InvalidArgument.of("safe_mode", f"must be one of {', '.join(SAFE_MODES)}, got {safe_mode!r}")
+        if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not (max_wait >= 0 and math.isfinite(max_wait)):
+            raise InvalidArgument.of("max_wait", f"must be a finite number of seconds from 0, got {max_wait!r}")
+        if exchange_period is not None and not (0.01 <= exchange_period <= 60):
+            raise InvalidArgument.of("exchange_period", f"must be 0.01 to 60 seconds, got {exchange_period!r}")
+        self.client_id = client_id or f"tollgate-py-{os.getpid()}-{next(_NEXT)}"
+        if not 1 <= len(self.client_id.encode()) <= 128:
+            raise InvalidArgument.of("client_id", "must be 1 to 128 bytes")
+        self.cost_model = cost_model or CostModel.count()
+        self.policy = safe_mode
+        self.max_wait = float(max_wait)
+        self.period_ms = 0 if exchange_period is None else int(exchange_period * 1000)
+        self.groups: Dict[str, _Group] = {}
+        self.groups_lock = threading.Lock()
+        self.meters: Dict[str, DemandMeter] = {}
+        self.notify: Callable[[], None] = lambda: None
+        self.woken = False
+        self.sequence = 0
+        self.connected = False
+        self.safe_mode = False
+        self.exchanges = 0
+        self.last_error: Optional[str] = None
+        self.unthrottled_allowed = False
+        self.lease_until = time.monotonic()
+        self.next_tick = 0.0
+        self.early_after = 0.0
+        self.due = 0.0
+        self.backoff = BACKOFF_MIN_S
+
+    # -- admission -------------------------------------------------------------------------
+
+    def group(self, name: str) -> _Group:
+        g = self.groups.get(name)
+        if g is not None:
+            return g
+        check_group(name)
+        with self.groups_lock:
+            g = self.groups.setdefault(name, _Group(name, time.monotonic()))
+        self.urgent()
+        return g
+
+    def urgent(self) -> None:
+        self.early_after = 0.0
+        self.woken = True
+        self.notify()
+
+    def attempt(self, group: str, cost: float, unthrottled: bool, waited: bool = False, count: bool = True) -> Tuple[Optional[Permit], float]:
+        """One try: the permit, or none and the seconds until the cost could fit."""
+        g = self.group(group)
+        now = time.monotonic()
+        if unthrottled and self.unthrottled_allowed:
+            with g.lock:
+                g.take_unthrottled(cost, now)
+            return Permit(self, g, cost), 0.0
+        safe = self.safe_mode
+        open_, closed = safe and self.policy == "fail_open", safe and self.policy == "fail_closed"
+        with g.lock:
+            wait = g.take(cost, now, open_, closed, waited, count)
+        if wait is None:
+            return Permit(self, g, cost), 0.0
+        # Refused: exchange early, after the server's next tick.
+        self.early_after = max(self.early_after, self.next_tick)
+        self.woken = True
+        self.notify()
+        return None, wait
+
+    def try_acquire(self, group: str, cost: float, unthrottled: bool) -> Permit:
+        cost = check_cost("cost", cost)
+        permit, wait = self.attempt(group, cost, unthrottled)
+        if permit is None:
+            raise Throttled(group, wait)
+        return permit
+
+    def acquiring(self, group: str, cost: float, unthrottled: bool, timeout: Optional[float]) -> Generator[Tuple[float, bool], None, Permit]:
+        """One request admitted by waiting, as steps: each yields how long to pause and whether
+        the group awaits its first grant (then a grant cuts the pause short); it returns the
+        permit, or raises :class:`Throttled` once ``timeout`` (default ``max_wait``) would be
+        passed. The request counts once in the demand, however many times it tries; while it
+        waits its cost is reported as waiting, until the steps end or are closed."""
+        cost = check_cost("cost", cost)
+        permit, wait = self.attempt(group, cost, unthrottled, count=False)
+        if permit is not None:
+            return permit
+        deadline = time.monotonic() + (self.max_wait if timeout is None else check_cost("timeout", timeout))
+        g = self.group(group)
+        with g.lock:
+            g.waiting += cost
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or wait > left:
+                    with g.lock:
+                        g.refused(cost)
+                    raise Throttled(group, wait)
+                yield min(max(wait, 0.001), left), not g.granted
+                permit, wait = self.attempt(group, cost, unthrottled, waited=True, count=False)
+                if permit is not None:
+                    return permit
+        finally:
+            with g.lock:
+                g.waiting -= cost
+
+    def stats(self, group: str) -> Optional[GroupStats]:
+        g = self.groups.get(group)
+        if g is None:
+            return None
+        with g.lock:
+            return g.stats(time.monotonic())
+
+    def status(self) -> RemoteStatus:
+        return RemoteStatus(self.connected, self.safe_mode, self.exchanges, self.last_error, self.unthrottled_allowed)
+
+    # -- the exchange ----------------------------------------------------------------------
+
+    def next_wait(self, now: float) -> Tuple[float, bool]:
+        """How long the loop waits before the next round (0: go now), and whether a wake-up
+        may cut that wait short. Applies safe mode once the lease has run out."""
+        if not self.connected and self.exchanges > 0 and now > self.lease_until:
+            self.safe(now)
+        if now >= self.due or (self.woken and now >= self.early_after):
+            self.woken = False
+            return 0.0, False
+        if self.woken:
+            # Asked for early, but not before the server's next tick.
+            return max(min(self.early_after, self.due, now + 0.1) - now, 0.0), False
+        return min(self.due - now, 0.1), True
+
+    def requests(self, now: float) -> List[Tuple[pb.ExchangeRequest, Dict[str, Optional[DemandMeter]]]]:
+        """This round's exchanges, each with the meters as they were before it (put back when
+        it fails, so what it reported is reported again): every group nothing was asked of
+        for less than the idle expiry, at most ``EXCHANGE_GROUPS_MAX`` an exchange, the
+        busiest first (new groups, then refusals or work waiting, then by demand)."""
+        rows = []
+        for g in list(self.groups.values()):
+            with g.lock:
+                counts, waiting = g.counts.copy(), g.waiting
+                held = g.rate if g.granted and not g.unlimited else None
+                new = not g.granted
+            before = self.meters.get(g.name)
+            meter = before.copy() if before is not None else DemandMeter(now)
+            if meter.idle(now, counts, GROUP_IDLE_EXPIRY_S):
+                # Its lease has long run out: a fresh grant before it admits again.
+                with g.lock:
+                    g.granted, g.tokens = False, 0.0
+                continue
+            r = meter.report(now, counts, waiting, held)
+            self.meters[g.name] = meter
+            detail = None
+            if not r.detail.is_zero():
+                detail = pb.Consumption(**{n: getattr(r.detail, n) for n in Consumption.NAMES})
+            usage = pb.GroupUsage(
+                group=g.name,
+                demand=r.demand,
+                consumed=r.consumed,
+                admitted=int(r.requests),
+                throttled=int(r.throttled),
+                waiting=r.waiting,
+                unthrottled=r.unthrottled,
+                held=r.held,
+                waited=int(r.waited),
+                detail=detail,
+            )
+            rank = 0 if new or r.throttled > 0 or r.waiting > 0 else 1 if r.requests > 0 else 2
+            rows.append((rank, usage, before))
+        if len(rows) > EXCHANGE_GROUPS_MAX:
+            rows.sort(key=lambda row: (row[0], -row[1].demand))
+        pages = [rows[i : i + EXCHANGE_GROUPS_MAX] for i in range(0, len(rows), EXCHANGE_GROUPS_MAX)]
+        out = []
+        for page in pages or [[]]:
+            self.sequence += 1
+            request = pb.ExchangeRequest(
+                client_id=self.client_id,
+                sequence=self.sequence,
+                groups=[u for _, u, _ in page],
+                target_request_period_ms=self.period_ms,
+            )
+            out.append((request, {u.group: before for _, u, before in page}))
+        return out
+
+    def restore(self, pages: List[Dict[str, Optional[DemandMeter]]]) -> None:
+        """The pages were not answered: their groups report again from where they were."""
+        for before in pages:
+            for name, meter in before.items():
+                if meter is None:
+                    self.meters.pop(name, None)
+                else:
+                    self.meters[name] = meter
+
+    def answer(self, answer: pb.ExchangeResponse, now: float) -> float:
+        """Applies an answer; the seconds until the next exchange is due."""
+        lease = None
+        self.unthrottled_allowed = answer.unthrottled_allowed
+        for grant in answer.grants:
+            g = self.groups.get(grant.group)
+            if g is None:
+                continue
+            with g.lock:
+                g.refill(now)
+                g.unlimited = grant.unlimited
+                g.rate = grant.rate
+                if not g.granted:
+                    g.tokens = grant.burst
+                g.burst = grant.burst
+                g.tokens = min(g.tokens, grant.burst)
+                g.last_rate = grant.rate
+                g.reserved = grant.reserved
+                g.clients = max(grant.clients, 1)
+                g.count_dropped = grant.count_dropped
+                g.repay_s = grant.debt_repay_ms / 1000.0
+                if g.unlimited:
+                    g.owed = 0.0
+                g.granted = True
+            lease = grant.lease_ms if lease is None else min(lease, grant.lease_ms)
+        if lease is not None:
+            self.lease_until = now + lease / 1000.0
+        self.next_tick = now + answer.next_tick_ms / 1000.0
+        return max(answer.next_exchange_ms, 10) / 1000.0
+
+    def round_done(self, now: float, period: Optional[float], failure: Optional[str]) -> None:
+        """A round ended: ``period`` from the last page answered (``None``: none was),
+        ``failure`` why a page failed (``None``: none did)."""
+        if failure is not None:
+            if period is None:
+                self.connected = False
+                self.last_error = failure
+                if self.exchanges == 0:
+                    # Never reached: no grant to ride on, so the policy applies from the first
+                    # failure (fail_open admits from a cold start).
+                    self.safe(now)
+            self.due = now + self.backoff
+            self.backoff = min(self.backoff * 2, BACKOFF_MAX_S)
+            if period is None:
+                return
+        self.connected = True
+        self.safe_mode = False
+        self.exchanges += 1
+        self.last_error = None
+        if failure is None:
+            self.backoff = BACKOFF_MIN_S
+            self.due = now + (period or 0.0)
+        self.early_after = now + EARLY_SPACING_S
+
+    def safe(self, now: float) -> None:
+        """Past the lease: the policy applies to every group."""
+        self.safe_mode = True
+        if self.policy != "decay":
+            return
+        elapsed = now - self.lease_until
+        for g in list(self.groups.values()):
+            with g.lock:
+                if not g.granted or g.unlimited:
+                    continue
+                floor = g.reserved / g.clients
+                g.refill(now)
+                g.rate = floor + (g.last_rate - floor) * 0.5 ** (max(elapsed, 0.0) / DECAY_HALF_LIFE_S)
+
+
+H = TypeVar("H", bound="Handle")
+
+
+class Handle:
+    """What the synchronous and the asyncio limiters offer alike."""
+
+    _core: Core
+    _unthrottled: bool
+
+    @property
+    def client_id(self) -> str:
+        """The id the server knows this limiter by."""
+        return self._core.client_id
+
+    @property
+    def cost_model(self) -> CostModel:
+        """How this limiter prices usage."""
+        return self._core.cost_model
+
+    @property
+    def is_unthrottled(self) -> bool:
+        """Whether this handle admits unthrottled."""
+        return self._unthrottled
+
+    def unthrottled(self: H) -> H:
+        """A handle on the same limiter whose work is admitted unthrottled: never refused, yet
+        charged to its group and counted against the node's capacity (TiDB's and
+        FoundationDB's system work). The server allows it only for a token created with
+        ``--unthrottled`` (any client when authentication is off); otherwise the handle admits
+        as the limiter does. ``status().unthrottled_allowed`` says which."""
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view._unthrottled = True
+        return view
+
+    def try_acquire(self, group: str, cost: float = 1.0) -> Permit:
+        """Admits ``cost`` units for ``group`` now, or raises :class:`~tollgate.Throttled`.
+        It looks at the group's bucket only, never the network."""
+        return self._core.try_acquire(group, cost, self._unthrottled)
+
+    def try_acquire_usage(self, group: str, usage: Usage) -> Permit:
+        """Admits what ``usage`` costs up front by the limiter's cost model (a read's size is
+        not known yet); settle the permit with :meth:`Permit.settle_usage` once it is."""
+        return self.try_acquire(group, self._core.cost_model.upfront(usage))
+
+    def status(self) -> RemoteStatus:
+        """Whether the last exchange succeeded, safe mode, exchanges so far, the last error."""
+        return self._core.status()
+
+    def stats(self, group: str) -> Optional[GroupStats]:
+        """A group's counters and grant, if the limiter has met it."""
+        return self._core.stats(group)

@@ -1,0 +1,181 @@
+"""The limiter for asyncio: the same buckets, grants, demand and safe mode as
+:class:`tollgate.Limiter`, with the exchange as a task on the event loop (``grpc.aio``) instead
+of a thread, and an ``acquire`` that awaits instead of blocking.
+
+>>> async def main() -> None:                                   # doctest: +SKIP
+...     async with AsyncLimiter("http://127.0.0.1:7460") as limiter:
+...         permit = await limiter.acquire("checkout", cost=2)
+...         permit.settle(1.5)
+
+An :class:`AsyncLimiter` belongs to the event loop it was entered on: use it from that loop's
+tasks. ``try_acquire`` is the synchronous client's own, with no await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import Any, Awaitable, Callable, Optional, TypeVar, cast
+
+import grpc
+import grpc.aio
+
+from . import _connect
+from ._core import Core, Handle, Permit
+from .cost import CostModel
+from .errors import from_rpc
+from .v1 import tollgate_pb2_grpc as rpc
+
+__all__ = ["AsyncLimiter"]
+
+A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    """Until ``event`` is set or ``timeout`` seconds pass. Not ``asyncio.wait_for``, which on
+    some Pythons loses a cancellation that comes as the event is set."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((waiter,), timeout=timeout)
+    finally:
+        waiter.cancel()
+
+
+class AsyncLimiter(Handle):
+    """Admission by cost, per group, fed by the tollgate server at ``url``, for asyncio. The
+    options are :class:`tollgate.Limiter`'s. Use it as ``async with AsyncLimiter(...) as
+    limiter`` (or call :meth:`start` and :meth:`close`)."""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:7460",
+        *,
+        client_id: Optional[str] = None,
+        token: Optional[str] = None,
+        ca_file: Optional[str] = None,
+        safe_mode: str = "decay",
+        max_wait: float = 1.0,
+        exchange_timeout: float = 2.0,
+        exchange_period: Optional[float] = None,
+        cost_model: Optional[CostModel] = None,
+    ) -> None:
+        self._core = Core(
+            client_id=client_id,
+            safe_mode=safe_mode,
+            max_wait=max_wait,
+            exchange_period=exchange_period,
+            cost_model=cost_model,
+        )
+        self._metadata = _connect.metadata(token)
+        self._url, self._ca_file = url, ca_file
+        _connect.check_target(url, ca_file)
+        self._timeout = exchange_timeout
+        self._channel: Optional[grpc.aio.Channel] = None
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._wake: Optional[asyncio.Event] = None
+        self._granted: Optional[asyncio.Event] = None
+        self._unthrottled = False
+
+    async def start(self) -> "AsyncLimiter":
+        """Opens the channel and starts the exchange task on the running loop (``async with``
+        does it)."""
+        if self._task is None:
+            self._channel = _connect.aio_channel(self._url, self._ca_file)
+            self._wake = asyncio.Event()
+            self._granted = asyncio.Event()
+            self._core.notify = self._wake.set
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tollgate-exchange")
+        return self
+
+    async def close(self) -> None:
+        """Stops the exchange task and closes the channel."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def __aenter__(self) -> "AsyncLimiter":
+        return await self.start()
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def acquire(self, group: str, cost: float = 1.0, timeout: Optional[float] = None) -> Permit:
+        """Admits ``cost`` units for ``group``, awaiting them up to ``timeout`` (default: the
+        limiter's ``max_wait``) without blocking the loop; raises
+        :class:`~tollgate.Throttled` past it. Cancelled while it waits, it takes nothing and
+        its waiting work is no longer reported."""
+        steps = self._core.acquiring(group, cost, self._unthrottled, timeout)
+        try:
+            pause, new = next(steps)
+            while True:
+                granted = self._granted
+                if new and granted is not None:
+                    # A new group: on as soon as its first grant comes.
+                    await _wait(granted, pause)
+                else:
+                    await asyncio.sleep(pause)
+                pause, new = next(steps)
+        except StopIteration as done:
+            permit: Permit = done.value
+            return permit
+        finally:
+            # Cancelled while it waited: its waiting work is no longer reported.
+            steps.close()
+
+    def limit(self, group: str, cost: float = 1.0) -> Callable[[A], A]:
+        """A decorator for a coroutine function: each call first awaits ``cost`` units."""
+
+        def wrap(f: A) -> A:
+            @functools.wraps(f)
+            async def limited(*args: Any, **kwargs: Any) -> Any:
+                await self.acquire(group, cost)
+                return await f(*args, **kwargs)
+
+            return cast(A, limited)
+
+        return wrap
+
+
+    # -- the exchange loop -----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        core, wake = self._core, self._wake
+        assert wake is not None and self._channel is not None
+        stub = rpc.AdmissionStub(self._channel)  # type: ignore[no-untyped-call]
+        while True:
+            wait, interruptible = core.next_wait(time.monotonic())
+            if wait > 0:
+                if interruptible:
+                    await _wait(wake, wait)
+                    wake.clear()
+                else:
+                    await asyncio.sleep(wait)
+                continue
+            period, failure = None, None
+            pages = core.requests(time.monotonic())
+            for i, (request, _) in enumerate(pages):
+                try:
+                    answer = await stub.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+                except grpc.RpcError as e:
+                    core.restore([before for _, before in pages[i:]])
+                    failure = str(from_rpc(e))
+                    break
+                except asyncio.CancelledError:
+                    core.restore([before for _, before in pages[i:]])
+                    raise
+                period = core.answer(answer, time.monotonic())
+                granted, self._granted = self._granted, asyncio.Event()
+                if granted is not None:
+                    granted.set()
+            core.round_done(time.monotonic(), period, failure)
