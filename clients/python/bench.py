@@ -1,7 +1,9 @@
 """The Python client measured against a running server (``tollgate server``):
 
 - ``python bench.py decisions [URL]``: the cost of one ``try_acquire`` on a granted group, in
-  the synchronous and the asyncio limiter, as the median of five one-second runs;
+  the synchronous and the asyncio limiter, as the median of five one-second runs; beside it,
+  when PyPI's ``limits`` is installed, the same for its in-memory fixed and moving windows
+  (a local limiter, the usual choice in Python);
 - ``python bench.py accuracy [URL] [--processes 20] [--seconds 30] [--limit 2000]``: that many
   processes, each its own limiter, ask for as much of one group as they can for that long; the
   units admitted in all against what the limit allows (the limit × the time, plus one burst).
@@ -78,6 +80,18 @@ def decisions(url: str) -> None:
             report("asyncio await acquire (tokens at hand)", loop_runs)
 
     asyncio.run(aio())
+    try:
+        import limits
+        import limits.storage
+        import limits.strategies
+    except ImportError:
+        return
+    item = limits.parse("1000000000/second")
+    storage = limits.storage.MemoryStorage()
+    fixed = limits.strategies.FixedWindowRateLimiter(storage)
+    moving = limits.strategies.MovingWindowRateLimiter(storage)
+    report(f"peer: limits {limits.__version__} fixed window hit", rate(lambda: fixed.hit(item, "bench")))
+    report(f"peer: limits {limits.__version__} moving window hit", rate(lambda: moving.hit(item, "bench-moving")))
 
 
 def worker(url: str, group: str, seconds: float, start_at: float, out: "multiprocessing.Queue[float]") -> None:

@@ -28,6 +28,8 @@ GROUP_IDLE_EXPIRY_S = 240.0
 REPAY_SHARE_MAX = 0.5
 """At most this share of a grant goes to paying a debt back."""
 _NEXT = itertools.count(1)
+_NUMBERS = (int, float)
+_monotonic = time.monotonic
 
 
 @dataclass
@@ -195,6 +197,8 @@ class Permit:
     admitted cost stands. It is a context manager (``with`` and ``async with``) that does
     nothing more on exit."""
 
+    __slots__ = ("_core", "_group", "cost", "group", "_settled")
+
     def __init__(self, core: "Core", group: _Group, cost: float) -> None:
         self._core = core
         self._group = group
@@ -340,7 +344,45 @@ class Core:
         self.notify()
         return None, wait
 
+    def fast(self, group: str, cost: float, unthrottled: bool) -> Optional[Permit]:
+        """The common case, inline: a granted group, a plain cost, tokens at hand (or no
+        limit). ``None`` for anything else, which takes the general path."""
+        g = self.groups.get(group)
+        if (
+            g is not None
+            and g.granted
+            and not unthrottled
+            and not self.safe_mode
+            and cost.__class__ in _NUMBERS
+            and 0 <= cost < math.inf
+        ):
+            now = _monotonic()
+            with g.lock:
+                if not g.unlimited:
+                    if now > g.stamp:
+                        if g.owed > 0:
+                            g.refill(now)
+                        else:
+                            tokens = g.tokens + (now - g.stamp) * g.rate
+                            g.tokens = tokens if tokens < g.burst else g.burst
+                            g.stamp = now
+                    if cost > g.tokens:
+                        g = None
+                    else:
+                        g.tokens -= cost
+                if g is not None:
+                    c = g.counts
+                    c.asked += cost
+                    c.admitted += 1
+                    c.consumed += cost
+                    g.admitted_units += cost
+                    return Permit(self, g, cost)
+        return None
+
     def try_acquire(self, group: str, cost: float, unthrottled: bool) -> Permit:
+        permit = self.fast(group, cost, unthrottled)
+        if permit is not None:
+            return permit
         cost = check_cost("cost", cost)
         permit, wait = self.attempt(group, cost, unthrottled)
         if permit is None:

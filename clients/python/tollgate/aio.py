@@ -115,6 +115,9 @@ class AsyncLimiter(Handle):
         limiter's ``max_wait``) without blocking the loop; raises
         :class:`~tollgate.Throttled` past it. Cancelled while it waits, it takes nothing and
         its waiting work is no longer reported."""
+        fast = self._core.fast(group, cost, self._unthrottled)
+        if fast is not None:
+            return fast
         steps = self._core.acquiring(group, cost, self._unthrottled, timeout)
         try:
             pause, new = next(steps)
@@ -127,8 +130,8 @@ class AsyncLimiter(Handle):
                     await asyncio.sleep(pause)
                 pause, new = next(steps)
         except StopIteration as done:
-            permit: Permit = done.value
-            return permit
+            admitted: Permit = done.value
+            return admitted
         finally:
             # Cancelled while it waited: its waiting work is no longer reported.
             steps.close()

@@ -88,6 +88,9 @@ class Limiter(Handle):
         """Admits ``cost`` units for ``group``, waiting up to ``timeout`` (default: the
         limiter's ``max_wait``) for them; raises :class:`~tollgate.Throttled` past it. The
         request counts once in the demand reported, however long it waits."""
+        fast = self._core.fast(group, cost, self._unthrottled)
+        if fast is not None:
+            return fast
         steps = self._core.acquiring(group, cost, self._unthrottled, timeout)
         try:
             pause, new = next(steps)
@@ -100,8 +103,8 @@ class Limiter(Handle):
                     time.sleep(pause)
                 pause, new = next(steps)
         except StopIteration as done:
-            permit: Permit = done.value
-            return permit
+            admitted: Permit = done.value
+            return admitted
         finally:
             steps.close()
 
