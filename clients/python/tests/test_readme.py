@@ -1,4 +1,5 @@
-"""The README's example runs as written, against a real server."""
+"""Every Python example in this package's README and in docs/python.md runs as written, against
+a real server."""
 
 from __future__ import annotations
 
@@ -8,16 +9,27 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import Server
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", ROOT.parent.parent / "docs" / "python.md"]
+BLOCKS = [
+    (page, i, code)
+    for page in PAGES
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S))
+]
 
-def test_the_readme_example_runs(server: Server) -> None:
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", readme, re.S)
-    assert code is not None
-    env = dict(os.environ, TOLLGATE_SERVER=server.url)
-    root = pathlib.Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = str(root)
-    done = subprocess.run([sys.executable, "-c", code.group(1)], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "served A-17" in done.stdout, done.stdout
+
+def test_the_pages_have_examples() -> None:
+    assert {page for page, _, _ in BLOCKS} == set(PAGES)
+
+
+@pytest.mark.parametrize("page,index,code", BLOCKS, ids=[f"{p.name}-{i}" for p, i, _ in BLOCKS])
+def test_the_example_runs(server: Server, page: pathlib.Path, index: int, code: str) -> None:
+    env = dict(os.environ, TOLLGATE_SERVER=server.url, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{page.name} example {index}:\n{done.stderr}"
+    if 'handle("A-17")' in code:
+        assert "served A-17" in done.stdout, done.stdout

@@ -42,6 +42,9 @@ fn not_here(cmd: &str) -> Option<&'static str> {
         "scripts/image.sh" | "podman" => Some(
             "builds or runs the image: crates/cli/tests/deploy.rs builds it and runs its root file system",
         ),
+        "python3" if cmd.contains("pip install") => Some(
+            "installs the Python client: scripts/test.sh builds its wheel and installs it in a fresh environment",
+        ),
         "kubectl" => Some(
             "needs a cluster: crates/cli/tests/deploy.rs validates the manifests and runs their pods' arguments",
         ),
