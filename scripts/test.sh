@@ -102,7 +102,23 @@ cargo publish --workspace --dry-run --no-verify --allow-dirty --locked --exclude
 # The end-to-end test runs examples/kv-service as a real process: build it as a binary
 # (`--all-targets` below builds examples only in test mode).
 cargo build --workspace --examples --all-features --locked
-cargo test --workspace --all-targets --all-features --locked
+# Every test is built first. Then the simulator's tests (seed sweeps over the real code in
+# virtual time: CPU-bound, minutes in a debug build) run beside the rest, which mostly wait on
+# real servers and processes; their output follows once both are done.
+cargo test --workspace --all-targets --all-features --locked --no-run
+sim_log=target/sim-tests.log
+cargo test -p tollgate-sim --all-targets --all-features --locked >"$sim_log" 2>&1 &
+sim_pid=$!
+trap 'kill "$sim_pid" 2>/dev/null || true' EXIT
+cargo test --workspace --exclude tollgate-sim --all-targets --all-features --locked
+sim_status=0
+wait "$sim_pid" || sim_status=$?
+trap - EXIT
+cat "$sim_log"
+if [ "$sim_status" != 0 ]; then
+  echo "the simulator's tests failed (above)" >&2
+  exit "$sim_status"
+fi
 cargo test --workspace --doc --all-features --locked
 
 # The Python client (clients/python): its committed stubs checked against the contract, its
