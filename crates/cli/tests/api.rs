@@ -405,3 +405,39 @@ fn pages_problems_rate_limit_headers_and_security() {
     let doc: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((code, &doc["security"][0]["bearer"]), (200, &serde_json::json!([])), "{doc}");
 }
+
+/// Work charged after it is done: never refused, into debt when the group has no more (later
+/// checks wait for it), and refunds give units back within the burst.
+#[test]
+fn charges_go_into_debt_and_refunds_give_units_back() {
+    let s = ServerProc::start_with(&data_dir("api-charge"), &["--tick-ms", "100"], Stdio::null());
+    let h = s.http.as_str();
+    // One unit per 100 s after a burst of 10: what is charged does not depend on speed. A debt
+    // is paid back at once (blocking), not over a period.
+    let (code, _, v) =
+        call(h, "POST", "/v1/groups", Some(r#"{"name":"llm","limit":0.01,"burst":10,"debt_repay_s":0}"#));
+    assert_eq!(code, 201, "{v}");
+    let (code, _, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"llm","cost":1}"#));
+    assert_eq!(code, 200, "{v}");
+    let (code, _, v) = call(h, "POST", "/v1/charge", Some(r#"{"group":"llm","units":25}"#));
+    assert_eq!((code, v["charged"].as_f64()), (200, Some(25.0)), "{v}");
+    assert!(v["remaining"].as_f64().unwrap() <= -15.0, "{v}");
+    let (code, _, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"llm","cost":1}"#));
+    assert_eq!(code, 429, "in debt: {v}");
+    // Refunds: never past the burst.
+    let (code, _, v) = call(h, "POST", "/v1/charge", Some(r#"{"group":"llm","units":1000,"refund":true}"#));
+    assert_eq!((code, v["charged"].as_f64()), (200, Some(-1000.0)), "{v}");
+    assert!(v["remaining"].as_f64().unwrap() <= 10.0, "{v}");
+    let (code, _, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"llm","cost":1}"#));
+    assert_eq!(code, 200, "{v}");
+    // Bad input names the field.
+    for (body, field) in [
+        (r#"{"group":"llm","units":-1}"#, "units"),
+        (r#"{"group":"llm"}"#, "units"),
+        (r#"{"group":"llm","units":1,"refnud":true}"#, "refnud"),
+        (r#"{"group":"","units":1}"#, "group"),
+    ] {
+        let (code, _, v) = call(h, "POST", "/v1/charge", Some(body));
+        assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{body}: {v}");
+    }
+}

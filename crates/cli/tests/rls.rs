@@ -96,6 +96,13 @@ async fn rules_name_groups_answers_carry_the_limit_and_bad_requests_are_named() 
         ask(&url, None, request("edge", &[&[("tenant", "acme")], &[("path", "/api")]])).await.unwrap();
     assert_eq!(overall, Code::OverLimit);
     assert_eq!((statuses[0].0, statuses[1].0), (Code::Ok, Code::OverLimit));
+    // A negative hit is a deposit: the units go back to the group (never past its burst of 2)
+    // and the descriptor is answered OK.
+    let mut refund = request("edge", &[&[("path", "/api")]]);
+    refund.descriptors[0].is_negative_hits = true;
+    refund.hits_addend = 5;
+    let (overall, statuses) = ask(&url, None, refund).await.unwrap();
+    assert_eq!((overall, statuses[0].0, statuses[0].2), (Code::Ok, Code::Ok, 2), "{statuses:?}");
     // Rules through the admin API, durable; bad rules named.
     let (ok, out) = cli(&url, None, &["rls", "set-rules", r#"[{"key":"user","group":"u-{value}"}]"#]);
     assert!(ok, "{out}");

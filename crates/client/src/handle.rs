@@ -319,6 +319,51 @@ impl GroupHandle {
         }
     }
 
+    /// Charges `units` for work already done, whose cost was known only once it ended (the
+    /// tokens an answer used, the bytes a response sent): never refused. What the tokens hold
+    /// is taken at once; the rest is debt, paid back from the refill over the group's repay
+    /// period, as a dearer [`Permit::settle`] is. The units count as asked and consumed.
+    ///
+    /// ```
+    /// # use tollgate_limiter::Tollgate;
+    /// # use tollgate_model::time::ManualClock;
+    /// let gate = Tollgate::from_toml("[groups.llm]\nlimit = 100\n")?.with_clock(ManualClock::new())?;
+    /// let llm = gate.group("llm")?;
+    /// llm.charge(150.0)?; // more than the bucket holds: the rest is debt
+    /// assert!(llm.try_acquire(1.0).is_err());
+    /// assert_eq!(llm.stats().consumed_units, 150.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge(&self, units: f64) -> Result<(), tollgate_model::cost::CostError> {
+        let units = tollgate_model::cost::check_cost("units", units)?;
+        let g = &*self.group;
+        let now = g.clock.now();
+        match g.limiter() {
+            Limiter::Bucket(bucket) => g.charge(bucket, units, now),
+            Limiter::Epoch(share) => share.take(units, now),
+        }
+        g.record_shared(|t| {
+            t.admitted.fetch_add(1, Ordering::Relaxed);
+            t.admitted_micro.fetch_add(crate::group::micros(units), Ordering::Relaxed);
+        });
+        Ok(())
+    }
+
+    /// Gives back `units` charged before (a deposit: work refunded, a charge that was too
+    /// high): the tokens grow by them, never past the burst, and they no longer count as
+    /// consumed.
+    pub fn refund(&self, units: f64) -> Result<(), tollgate_model::cost::CostError> {
+        let units = tollgate_model::cost::check_cost("units", units)?;
+        let g = &*self.group;
+        let now = g.clock.now();
+        match g.limiter() {
+            Limiter::Bucket(bucket) => bucket.refund(units),
+            Limiter::Epoch(share) => share.deposit(units, now, now),
+        }
+        g.settled_down_micro.fetch_add(crate::group::micros(units), Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Says how many units of work the application has queued for this group, waiting for
     /// admission (its own queue, outside Tollgate): they count as demand, as work waiting in
     /// [`acquire`](Self::acquire) does. A gauge: each call replaces the last value.

@@ -20,8 +20,8 @@ use tollgate_limiter::{AcquireError, Tollgate};
 
 use crate::auth::Caller;
 use crate::body::{
-    Admitted, CheckBody, DroppedGroup, Group, GroupBody, GroupPage, NodeBody, NodeSettings, Patch, Problem,
-    Refused,
+    Admitted, ChargeBody, Charged, CheckBody, DroppedGroup, Group, GroupBody, GroupPage, NodeBody,
+    NodeSettings, Patch, Problem, Refused,
 };
 use crate::controller::{Controller, PutMode};
 use crate::convert;
@@ -51,6 +51,7 @@ pub fn router(parts: Node, clock: crate::clock::Clock, gate: Tollgate) -> Router
         .route("/v1/node", get(node).patch(set_node))
         .route("/v1/status", get(status))
         .route("/v1/check", post(check))
+        .route("/v1/charge", post(charge))
         .with_state(Api { node: parts, clock, gate })
 }
 
@@ -545,6 +546,71 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
     }
 }
 
+/// The group's handle on this server's client, for a check or a charge of `units` (named
+/// `field`): the leader only, a name and a number that keep the rules, a token allowed the
+/// group; the first grant waited for.
+async fn admission_handle(
+    api: &Api,
+    ext: &axum::http::Extensions,
+    group: &str,
+    field: &str,
+    units: f64,
+) -> Result<tollgate_limiter::GroupHandle, Answer> {
+    if let Err(e) = api.node.cluster.check_leader() {
+        return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "", e.message()));
+    }
+    let name = checked_name("group", group)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e.strip_prefix("group: ").unwrap_or(&e)))?;
+    if !(0.0..=CHECK_COST_MAX).contains(&units) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            field,
+            format!("must be from 0 to {CHECK_COST_MAX:e}, got {units}"),
+        ));
+    }
+    if let Some(Caller(c)) = ext.get::<Caller>()
+        && !c.allows_group(name.as_str())
+    {
+        let refused = crate::auth::Refused::Group {
+            who: c.label(),
+            group: group.to_owned(),
+            patterns: c.groups.clone(),
+        };
+        return Err(refuse(StatusCode::FORBIDDEN, "group", refused));
+    }
+    let handle = api.gate.group(name.as_str()).map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e))?;
+    crate::rls::wait_for_first_grant(&handle).await;
+    Ok(handle)
+}
+
+/// Charges work already done, whose cost was known only once it ended (an answer's tokens, a
+/// response's bytes): never refused for the group's limit, into debt when the group has no
+/// more; or, with `refund`, gives units back. Debt is paid back from the group's refill over
+/// its repay period, so later checks wait for it.
+#[utoipa::path(post, path = "/v1/charge", operation_id = "charge", tag = "admission", request_body = ChargeBody,
+    responses((status = 200, description = "Charged (or refunded)", body = Charged),
+        (status = 400, description = "A field breaks a rule", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No token, or one refused", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A token not allowed this group", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "This controller follows another", body = Problem, content_type = "application/problem+json")))]
+async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
+    let b: ChargeBody = match parse(&body) {
+        Ok(b) => b,
+        Err(a) => return a,
+    };
+    let handle = match admission_handle(&api, &ext, &b.group, "units", b.units).await {
+        Ok(h) => h,
+        Err(a) => return a,
+    };
+    let done = if b.refund { handle.refund(b.units) } else { handle.charge(b.units) };
+    if let Err(e) = done {
+        return refuse(StatusCode::BAD_REQUEST, "units", e);
+    }
+    let charged = if b.refund { -b.units } else { b.units };
+    typed(StatusCode::OK, &Charged { group: b.group, charged, remaining: handle.available().floor() })
+}
+
 /// Admits `cost` units of the group's work now, or says when to try again. Answers carry the
 /// IETF's `RateLimit-Policy` and `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers).
 #[utoipa::path(post, path = "/v1/check", operation_id = "check", tag = "admission", request_body = CheckBody,
@@ -556,40 +622,15 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
         (status = 429, description = "Refused for now; Retry-After says when to try again", body = Refused),
         (status = 503, description = "This controller follows another", body = Problem, content_type = "application/problem+json")))]
 async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
-    if let Err(e) = api.node.cluster.check_leader() {
-        return refuse(StatusCode::SERVICE_UNAVAILABLE, "", e.message());
-    }
     let b: CheckBody = match parse(&body) {
         Ok(b) => b,
         Err(a) => return a,
     };
-    let name = match checked_name("group", &b.group) {
-        Ok(n) => n,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, "group", e.strip_prefix("group: ").unwrap_or(&e)),
-    };
     let cost = b.cost;
-    if !(0.0..=CHECK_COST_MAX).contains(&cost) {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "cost",
-            format!("must be from 0 to {CHECK_COST_MAX:e}, got {cost}"),
-        );
-    }
-    if let Some(Caller(c)) = ext.get::<Caller>()
-        && !c.allows_group(name.as_str())
-    {
-        let refused = crate::auth::Refused::Group {
-            who: c.label(),
-            group: b.group.clone(),
-            patterns: c.groups.clone(),
-        };
-        return refuse(StatusCode::FORBIDDEN, "group", refused);
-    }
-    let handle = match api.gate.group(name.as_str()) {
+    let handle = match admission_handle(&api, &ext, &b.group, "cost", cost).await {
         Ok(h) => h,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, "group", e),
+        Err(a) => return a,
     };
-    crate::rls::wait_for_first_grant(&handle).await;
     let group = b.group;
     match handle.try_acquire(cost) {
         Ok(permit) => {

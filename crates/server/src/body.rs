@@ -485,6 +485,32 @@ pub struct CheckBody {
     pub cost: f64,
 }
 
+/// Work already done, charged whatever the group has left (or, with `refund`, units given
+/// back).
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeBody {
+    /// The group the work belongs to.
+    pub group: String,
+    /// Units, 0 to 1e9.
+    #[serde(deserialize_with = "finite")]
+    pub units: f64,
+    /// Give the units back instead (a deposit), never past the group's burst.
+    #[serde(default)]
+    pub refund: bool,
+}
+
+/// A charge or refund made.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Charged {
+    /// The group.
+    pub group: String,
+    /// Units charged (negative: refunded).
+    pub charged: f64,
+    /// Units left in this server's grant for the group now; below zero while a debt is owed.
+    pub remaining: f64,
+}
+
 fn one() -> f64 {
     1.0
 }

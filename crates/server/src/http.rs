@@ -264,6 +264,7 @@ async fn set_group_properties(
         crate::api::set_node,
         crate::api::status,
         crate::api::check,
+        crate::api::charge,
         openapi,
         crate::dashboard::overview,
         crate::dashboard::group,

@@ -164,8 +164,17 @@ fn text(field: impl Fn() -> String, v: &str, may_be_empty: bool) -> Result<(), S
     Ok(())
 }
 
-/// Each descriptor's group and cost, checked.
-fn plan(rules: &[RlsRule], r: &RateLimitRequest) -> Result<Vec<(GroupName, f64)>, Status> {
+/// What one descriptor asks of its group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ask {
+    /// Admit this many units, or refuse.
+    Admit(f64),
+    /// Give this many units back (`is_negative_hits`).
+    Refund(f64),
+}
+
+/// Each descriptor's group and what it asks, checked.
+fn plan(rules: &[RlsRule], r: &RateLimitRequest) -> Result<Vec<(GroupName, Ask)>, Status> {
     text(|| "domain".into(), &r.domain, false)?;
     if r.descriptors.is_empty() || r.descriptors.len() > DESCRIPTORS_MAX {
         return Err(invalid(
@@ -186,7 +195,7 @@ fn descriptor(
     i: usize,
     d: &RateLimitDescriptor,
     request_hits: u64,
-) -> Result<(GroupName, f64), Status> {
+) -> Result<(GroupName, Ask), Status> {
     if d.entries.is_empty() || d.entries.len() > ENTRIES_MAX {
         return Err(invalid(
             format!("descriptors[{i}].entries"),
@@ -197,12 +206,6 @@ fn descriptor(
         text(|| format!("descriptors[{i}].entries[{j}].key"), &e.key, false)?;
         text(|| format!("descriptors[{i}].entries[{j}].value"), &e.value, true)?;
     }
-    if d.is_negative_hits {
-        return Err(invalid(
-            format!("descriptors[{i}].is_negative_hits"),
-            "not supported: units are given back only by the client that took them",
-        ));
-    }
     let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
     if hits > HITS_MAX {
         return Err(invalid(
@@ -212,7 +215,8 @@ fn descriptor(
     }
     let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
     let name = tollgate_model::rls::group_for(rules, domain, &entries);
-    check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (g, hits as f64)).map_err(|e| {
+    let ask = if d.is_negative_hits { Ask::Refund(hits as f64) } else { Ask::Admit(hits as f64) };
+    check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (g, ask)).map_err(|e| {
         invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
     })
 }
@@ -252,18 +256,26 @@ impl RateLimitService for Rls {
         let mut permits = Vec::with_capacity(planned.len());
         let mut statuses = Vec::with_capacity(planned.len());
         let mut over = false;
-        for (group, cost) in &planned {
+        for (group, ask) in &planned {
             let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
             wait_for_first_grant(&handle).await;
-            let (code, until) = match handle.try_acquire(*cost) {
-                Ok(p) => {
-                    permits.push(p.into_owned());
+            let (code, until) = match *ask {
+                Ask::Refund(units) => {
+                    // A deposit: the units go back to the group (never past its burst); the
+                    // descriptor is answered OK and takes no part in the all-or-nothing below.
+                    handle.refund(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
                     (Code::Ok, Duration::ZERO)
                 }
-                Err(AcquireError::Throttled { retry_after, .. }) => (Code::OverLimit, retry_after),
-                // Larger than the group's burst can ever hold: over the limit for good.
-                Err(AcquireError::NeverAdmissible { .. }) => (Code::OverLimit, Duration::from_secs(1)),
-                Err(e) => return Err(Status::invalid_argument(e.to_string())),
+                Ask::Admit(cost) => match handle.try_acquire(cost) {
+                    Ok(p) => {
+                        permits.push(p.into_owned());
+                        (Code::Ok, Duration::ZERO)
+                    }
+                    Err(AcquireError::Throttled { retry_after, .. }) => (Code::OverLimit, retry_after),
+                    // Larger than the group's burst can ever hold: over the limit for good.
+                    Err(AcquireError::NeverAdmissible { .. }) => (Code::OverLimit, Duration::from_secs(1)),
+                    Err(e) => return Err(Status::invalid_argument(e.to_string())),
+                },
             };
             over |= code == Code::OverLimit;
             let limit = self.controller.group(group).map(|s| s.limit().as_f64()).filter(|l| l.is_finite());
@@ -346,11 +358,15 @@ mod tests {
         let planned = plan(&[], &r).unwrap();
         assert_eq!(
             planned.iter().map(|(g, c)| (g.as_str(), *c)).collect::<Vec<_>>(),
-            [("a", 1.0), ("default", 1.0)]
+            [("a", Ask::Admit(1.0)), ("default", Ask::Admit(1.0))]
         );
         r.hits_addend = 7;
         r.descriptors[1].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
         let planned = plan(&[], &r).unwrap();
-        assert_eq!(planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(), [7.0, 3.0]);
+        assert_eq!(planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(), [Ask::Admit(7.0), Ask::Admit(3.0)]);
+        // A negative hit is a refund of its units.
+        r.descriptors[1].is_negative_hits = true;
+        let planned = plan(&[], &r).unwrap();
+        assert_eq!(planned[1].1, Ask::Refund(3.0));
     }
 }
