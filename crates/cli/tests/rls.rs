@@ -103,6 +103,14 @@ async fn rules_name_groups_answers_carry_the_limit_and_bad_requests_are_named() 
     refund.hits_addend = 5;
     let (overall, statuses) = ask(&url, None, refund).await.unwrap();
     assert_eq!((overall, statuses[0].0, statuses[0].2), (Code::Ok, Code::Ok, 2), "{statuses:?}");
+    // A charge for work done (Envoy's call after the response) is answered OK however much it
+    // is, and the group is in debt after it: the next request is over the limit.
+    let mut charge = request("edge", &[&[("path", "/api"), ("tollgate_charge", "after")]]);
+    charge.hits_addend = 10;
+    let (overall, statuses) = ask(&url, None, charge).await.unwrap();
+    assert_eq!((overall, statuses[0].0), (Code::Ok, Code::Ok), "{statuses:?}");
+    let (overall, _) = ask(&url, None, request("edge", &[&[("path", "/api")]])).await.unwrap();
+    assert_eq!(overall, Code::OverLimit, "in debt after the charge");
     // Rules through the admin API, durable; bad rules named.
     let (ok, out) = cli(&url, None, &["rls", "set-rules", r#"[{"key":"user","group":"u-{value}"}]"#]);
     assert!(ok, "{out}");

@@ -8,6 +8,12 @@
 //! exchanges with the controller like any remote client's, so an Envoy fleet and Rust clients
 //! share one group's limit. A request is admitted only when every descriptor's group admits
 //! it; then each descriptor's units are consumed; otherwise none are.
+//!
+//! Two kinds of descriptor are not decisions. One carrying the entry [`CHARGE_KEY`] (any value)
+//! charges work already done, as Envoy's `apply_on_stream_done` calls send it after the
+//! response with a `hits_addend` known only then: always charged, into debt when the group
+//! has no more, never refused (Envoy ignores that answer). One with `is_negative_hits` gives
+//! its hits back (a deposit). Both are answered OK and take no part in the all-or-nothing.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -164,6 +170,10 @@ fn text(field: impl Fn() -> String, v: &str, may_be_empty: bool) -> Result<(), S
     Ok(())
 }
 
+/// The descriptor entry key that marks a charge for work already done; it takes no part in
+/// naming the group.
+pub const CHARGE_KEY: &str = "tollgate_charge";
+
 /// What one descriptor asks of its group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Ask {
@@ -171,6 +181,8 @@ enum Ask {
     Admit(f64),
     /// Give this many units back (`is_negative_hits`).
     Refund(f64),
+    /// Charge this many units for work done, whatever the group has left.
+    Charge(f64),
 }
 
 /// Each descriptor's group and what it asks, checked.
@@ -213,9 +225,19 @@ fn descriptor(
             format!("at most {HITS_MAX}, got {hits}"),
         ));
     }
-    let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+    let charge = d.entries.iter().any(|e| e.key == CHARGE_KEY);
+    let entries: Vec<(&str, &str)> = d
+        .entries
+        .iter()
+        .filter(|e| e.key != CHARGE_KEY)
+        .map(|e| (e.key.as_str(), e.value.as_str()))
+        .collect();
     let name = tollgate_model::rls::group_for(rules, domain, &entries);
-    let ask = if d.is_negative_hits { Ask::Refund(hits as f64) } else { Ask::Admit(hits as f64) };
+    let ask = match (d.is_negative_hits, charge) {
+        (true, _) => Ask::Refund(hits as f64),
+        (false, true) => Ask::Charge(hits as f64),
+        (false, false) => Ask::Admit(hits as f64),
+    };
     check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (g, ask)).map_err(|e| {
         invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
     })
@@ -260,10 +282,14 @@ impl RateLimitService for Rls {
             let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
             wait_for_first_grant(&handle).await;
             let (code, until) = match *ask {
+                // A deposit (never past the burst) or a charge for work done (into debt when
+                // the group has no more): answered OK, no part of the all-or-nothing below.
                 Ask::Refund(units) => {
-                    // A deposit: the units go back to the group (never past its burst); the
-                    // descriptor is answered OK and takes no part in the all-or-nothing below.
                     handle.refund(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                    (Code::Ok, Duration::ZERO)
+                }
+                Ask::Charge(units) => {
+                    handle.charge(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
                     (Code::Ok, Duration::ZERO)
                 }
                 Ask::Admit(cost) => match handle.try_acquire(cost) {
@@ -368,5 +394,10 @@ mod tests {
         r.descriptors[1].is_negative_hits = true;
         let planned = plan(&[], &r).unwrap();
         assert_eq!(planned[1].1, Ask::Refund(3.0));
+        // A charge entry makes a charge, and names no group.
+        r.descriptors[1].is_negative_hits = false;
+        r.descriptors[1].entries.push(Entry { key: CHARGE_KEY.into(), value: "after".into() });
+        let planned = plan(&[], &r).unwrap();
+        assert_eq!((planned[1].0.as_str(), planned[1].1), ("default", Ask::Charge(3.0)));
     }
 }
