@@ -33,6 +33,7 @@ mod json;
 mod memory;
 mod options;
 pub mod properties;
+mod rlqs;
 mod rls;
 mod schema;
 pub mod status;
@@ -59,6 +60,7 @@ pub use crate::controller::{
 pub use crate::error::AdminError;
 pub use crate::node::Node;
 pub use crate::options::{DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions};
+pub use crate::rlqs::RlqsStats;
 pub use crate::rls::RlsRules;
 use crate::status::Latency;
 use crate::store::{RedbStore, StoreError};
@@ -463,6 +465,16 @@ where
     let rls_front =
         rls::Rls::start(node.controller.clone(), node.cluster.clone(), node.rls_rules.clone(), clock);
     let gate = rls_front.gate().clone();
+    // Envoy's quota service: each stream a client of the grants.
+    let rlqs_front = envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer::new(
+        rlqs::Rlqs::new(
+            node.controller.clone(),
+            node.cluster.clone(),
+            node.rls_rules.clone(),
+            clock,
+            node.rlqs.clone(),
+        ),
+    );
     let front_gate = gate.clone();
     let http_server = async {
         match http {
@@ -490,6 +502,7 @@ where
                 rls_front,
             ),
         )
+        .add_service(rlqs_front)
         .serve_with_incoming_shutdown(incoming, waiter(stop_rx.clone()));
     tokio::spawn(async move {
         shutdown.await;

@@ -325,6 +325,58 @@ impl Collector for ProcessMetrics {
     }
 }
 
+/// The quota streams' counters (Envoy's RLQS).
+#[derive(Debug)]
+struct RlqsMetrics(Arc<crate::rlqs::RlqsStats>);
+
+impl Collector for RlqsMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let s = &self.0;
+        single(
+            &mut e,
+            "tollgate_rlqs_streams",
+            "Envoy quota (RLQS) streams open.",
+            Kind::Gauge,
+            s.streams(),
+        )?;
+        single(
+            &mut e,
+            "tollgate_rlqs_reports_total",
+            "Usage reports received on quota streams.",
+            Kind::Counter,
+            s.reports(),
+        )?;
+        single(
+            &mut e,
+            "tollgate_rlqs_assigned_total",
+            "New bucket assignments sent on quota streams (first ones, and ones replacing another).",
+            Kind::Counter,
+            s.assigned(),
+        )?;
+        single(
+            &mut e,
+            "tollgate_rlqs_renewed_total",
+            "Bucket assignments sent again unchanged before their time to live ran out.",
+            Kind::Counter,
+            s.renewed(),
+        )?;
+        single(
+            &mut e,
+            "tollgate_rlqs_abandoned_total",
+            "Idle buckets abandoned on quota streams.",
+            Kind::Counter,
+            s.abandoned(),
+        )?;
+        single(
+            &mut e,
+            "tollgate_rlqs_refused_buckets_total",
+            "Buckets answered deny-all because they cannot be served (see the log for the field).",
+            Kind::Counter,
+            s.refused(),
+        )
+    }
+}
+
 /// The registry `/metrics` encodes: the controller's collector, its front end's client, and
 /// the latency histogram.
 pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_limiter::Tollgate) -> Registry {
@@ -335,6 +387,7 @@ pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_lim
         clock,
     }));
     registry.register_collector(Box::new(FrontEndMetrics { gate }));
+    registry.register_collector(Box::new(RlqsMetrics(node.rlqs.clone())));
     registry.register_collector(Box::new(ProcessMetrics));
     registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange.", latency.0.clone());
     registry

@@ -1,7 +1,8 @@
 //! One controller's parts, each with one job, made from one read of the store: the
 //! [`Controller`] (the engine behind the contract, with durable settings), [`Access`] (who may
 //! do what), [`Cluster`] (its role among controllers), [`Tracer`] (the live trace) and
-//! [`RlsRules`] (how Envoy's descriptors name groups). The front ends take the parts they
+//! [`RlsRules`] (how Envoy's descriptors and buckets name groups) and the quota streams'
+//! counters. The front ends take the parts they
 //! use from here.
 
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use tollgate_model::time::Nanos;
 use crate::access::Access;
 use crate::cluster::Cluster;
 use crate::controller::Controller;
+use crate::rlqs::RlqsStats;
 use crate::rls::RlsRules;
 use crate::store::{SettingsStore, Shared, StoreError};
 use crate::trace::Tracer;
@@ -27,8 +29,10 @@ pub struct Node {
     pub cluster: Arc<Cluster>,
     /// The live trace.
     pub tracer: Arc<Tracer>,
-    /// The RLS mapping rules.
+    /// The RLS mapping rules (RLQS buckets follow them too).
     pub rls_rules: Arc<RlsRules>,
+    /// The RLQS streams' counters.
+    pub rlqs: Arc<RlqsStats>,
 }
 
 impl Node {
@@ -51,7 +55,7 @@ impl Node {
         let controller =
             Arc::new(Controller::with_stored(shared, stored, settings, now, wall_ms, tracer.clone())?);
         let cluster = Arc::new(Cluster::new(controller.clone()));
-        Ok(Node { controller, access, cluster, tracer, rls_rules })
+        Ok(Node { controller, access, cluster, tracer, rls_rules, rlqs: Arc::default() })
     }
 
     /// Writes consumption and resumable ramps to the store ([`Controller::flush`]) while this

@@ -162,7 +162,7 @@ fn invalid(field: String, rule: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {rule}"))
 }
 
-fn text(field: impl Fn() -> String, v: &str, may_be_empty: bool) -> Result<(), Status> {
+pub(crate) fn text(field: impl Fn() -> String, v: &str, may_be_empty: bool) -> Result<(), Status> {
     if (!may_be_empty && v.is_empty()) || v.len() > TEXT_MAX_BYTES || v.chars().any(char::is_control) {
         let least = if may_be_empty { 0 } else { 1 };
         return Err(invalid(field(), format!("must be {least} to {TEXT_MAX_BYTES} bytes of printable text")));

@@ -3,6 +3,8 @@
 // Each test crate uses its own part of this module.
 #![allow(dead_code)]
 
+pub mod envoy;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -38,7 +40,13 @@ impl ServerProc {
 
     /// With extra flags, its log going to `stderr`.
     pub fn start_with(data: &Path, flags: &[&str], stderr: Stdio) -> ServerProc {
-        let mut child = server_command(data, "127.0.0.1:0")
+        Self::start_at(data, "127.0.0.1:0", flags, stderr)
+    }
+
+    /// With gRPC on `grpc` (an address such as `127.0.0.1:7460`, so that a restarted server
+    /// is found where the last one was).
+    pub fn start_at(data: &Path, grpc: &str, flags: &[&str], stderr: Stdio) -> ServerProc {
+        let mut child = server_command(data, grpc)
             .args(flags)
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -93,6 +101,19 @@ pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("never happened: {what}");
+}
+
+/// The value of the metric `name` (a single sample, no labels) on the server at HTTP `addr`.
+pub fn metric(addr: &str, name: &str) -> f64 {
+    try_metric(addr, name).unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// [`metric`], or `None` while the server has no sample of it.
+pub fn try_metric(addr: &str, name: &str) -> Option<f64> {
+    let (_, _, body) = http(addr, "GET", "/metrics", &[], "");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// One HTTP/1.1 request over plain TCP with `headers` and `body`: the status, the head (lower
