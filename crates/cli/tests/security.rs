@@ -60,7 +60,7 @@ fn with_token(token: Option<&str>) -> Access {
 }
 
 /// Every gRPC method of the contract.
-const METHODS: [&str; 21] = [
+const METHODS: [&str; 22] = [
     "Exchange",
     "Report",
     "WatchSettings",
@@ -82,6 +82,7 @@ const METHODS: [&str; 21] = [
     "SetRlsRules",
     "GetRlsRules",
     "ShouldRateLimit",
+    "StreamRateLimitQuotas",
 ];
 
 /// Calls `method` with a request that passes the contract's checks; the status code.
@@ -148,6 +149,21 @@ async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
             let req = RateLimitRequest { domain: "edge".into(), descriptors, hits_addend: 1 };
             RateLimitServiceClient::new(channel).should_rate_limit(req).await.map(drop)
         }
+        "StreamRateLimitQuotas" => {
+            use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+            use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+                BucketId, RateLimitQuotaUsageReports, rate_limit_quota_usage_reports::BucketQuotaUsage,
+            };
+            let bucket = BucketId { bucket: [("tenant".to_string(), "t-matrix".to_string())].into() };
+            let usage =
+                BucketQuotaUsage { bucket_id: Some(bucket), num_requests_allowed: 1, ..Default::default() };
+            let report =
+                RateLimitQuotaUsageReports { domain: "edge".into(), bucket_quota_usages: vec![usage] };
+            RateLimitQuotaServiceClient::new(channel)
+                .stream_rate_limit_quotas(tokio_stream::iter(vec![report]))
+                .await
+                .map(drop)
+        }
         other => panic!("no such method {other}"),
     })
 }
@@ -199,7 +215,7 @@ fn every_role_against_every_method_and_endpoint() {
     ];
     let allowed = |role: &str, method: &str| match role {
         "admin" => true,
-        "client" => ["Exchange", "ShouldRateLimit"].contains(&method),
+        "client" => ["Exchange", "ShouldRateLimit", "StreamRateLimitQuotas"].contains(&method),
         "backend" => ["Report", "WatchSettings", "GetSettings"].contains(&method),
         "reader" => ["GetGroup", "ListGroups", "GetNode", "Status", "Trace", "GetRlsRules"].contains(&method),
         _ => false,

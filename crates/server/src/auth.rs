@@ -502,7 +502,8 @@ impl Tokens {
 pub fn grpc_role(path: &str) -> Role {
     match path {
         "/tollgate.v1.Admission/Exchange" => Role::Client,
-        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" => Role::Client,
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        | "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas" => Role::Client,
         "/tollgate.v1.Backend/Report"
         | "/tollgate.v1.Backend/WatchSettings"
         | "/tollgate.v1.Backend/GetSettings" => Role::Backend,
