@@ -68,6 +68,22 @@ fn parse_units(s: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("expected a number, at least 0, got {s:?}"))
 }
 
+/// The window a group's budget counts over, by name (`total` when none is named).
+fn budget_window(period: &str) -> &str {
+    if period.is_empty() { "total" } else { period }
+}
+
+/// `UNITS/WINDOW`: a quota of more than 0 units per window.
+fn parse_quota(s: &str) -> Result<(String, f64), String> {
+    let (units, window) =
+        s.split_once('/').ok_or_else(|| format!("expected UNITS/WINDOW such as 100/minute, got {s:?}"))?;
+    let units = parse_units(units)
+        .and_then(|u| if u > 0.0 { Ok(u) } else { Err(format!("a quota must be above 0, got {units:?}")) })?;
+    tollgate_model::settings::BudgetPeriod::parse(window)
+        .map(|w| (w.name().to_string(), units))
+        .map_err(|rule| format!("window {window:?}: {rule}"))
+}
+
 /// Group options, TiDB style.
 #[derive(Args, Debug, Default)]
 pub struct GroupOptions {
@@ -95,13 +111,21 @@ pub struct GroupOptions {
     /// A total in units; once consumed, the group is held at its reservation.
     #[arg(long, value_parser = parse_units, conflicts_with = "no_budget")]
     budget: Option<f64>,
-    /// Count the budget per UTC day, week (from Monday) or month, against the controller's
-    /// metering, rather than over the group's life (`total`).
-    #[arg(long, value_parser = ["total", "day", "week", "month"], conflicts_with = "no_budget")]
+    /// Count the budget per UTC minute, hour, day, week (from Monday) or month, against the
+    /// controller's metering, rather than over the group's life (`total`).
+    #[arg(long, value_parser = ["total", "minute", "hour", "day", "week", "month"], conflicts_with = "no_budget")]
     budget_period: Option<String>,
     /// Removes the budget.
     #[arg(long)]
     no_budget: bool,
+    /// A quota per window, beside any other window's: `UNITS/WINDOW`, the window one of
+    /// minute, hour, day, week, month, total (`--quota 100/minute --quota 5000/day`). While any
+    /// is spent the group is held at its reservation. Repeat for several windows.
+    #[arg(long, value_parser = parse_quota)]
+    quota: Vec<(String, f64)>,
+    /// Removes the quota of a window (`--no-quota minute`). Repeatable.
+    #[arg(long, value_parser = ["total", "minute", "hour", "day", "week", "month"])]
+    no_quota: Vec<String>,
     /// Back to the default burst (one second of the grant).
     #[arg(long, conflicts_with = "burst")]
     no_burst: bool,
@@ -224,6 +248,12 @@ impl GroupOptions {
         p.budget = self.budget;
         p.budget_period = self.budget_period.clone();
         p.clear_budget = self.no_budget;
+        for (window, units) in &self.quota {
+            p.quotas.insert(window.clone(), *units);
+        }
+        for window in &self.no_quota {
+            p.quotas.insert(window.clone(), 0.0);
+        }
         p.clear_burst = self.no_burst;
         p.ramp = self.ramp;
         p.clear_ramp = self.no_ramp;
@@ -533,6 +563,14 @@ fn show(info: &v1::GroupInfo) -> String {
         let per =
             if s.budget_period.is_empty() { String::new() } else { format!(" per {}", s.budget_period) };
         let _ = writeln!(out, "budget:   {}{per}", fmt_units(b));
+    }
+    let others: Vec<String> = tollgate_model::settings::BudgetPeriod::ALL
+        .iter()
+        .filter(|w| s.budget.is_none() || w.name() != budget_window(&s.budget_period))
+        .filter_map(|w| s.quotas.get(w.name()).map(|u| format!("{} per {}", fmt_units(*u), w.name())))
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(out, "quotas:   {}", others.join(", "));
     }
     let _ = writeln!(out, "dropped:  {}", if s.count_dropped { "count" } else { "return" });
     if s.reads_writes_apart {

@@ -175,7 +175,7 @@ pub(crate) enum Command {
         /// The TOML settings file.
         file: PathBuf,
         /// Check it as `tollgate server --config` reads it, rather than as the embedded
-        /// limiter does (`Tollgate::from_file`): a budget per period is the server's alone.
+        /// limiter does (`Tollgate::from_file`).
         #[arg(long)]
         for_server: bool,
     },

@@ -13,7 +13,7 @@ pub struct Report {
 
 /// Checks `src` (read from `path`): one line per problem, `path:line: field: rule`; or a
 /// summary of what the file sets up, with any warnings. Unless `for_server`, what parses must
-/// also be what the embedded limiter builds from (it refuses a budget per period).
+/// also be what the embedded limiter builds from.
 pub fn check(path: &str, src: &str, for_server: bool) -> Report {
     let mut text = String::new();
     match Config::parse(src) {

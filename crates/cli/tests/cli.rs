@@ -83,7 +83,7 @@ fn every_problem_is_printed_with_its_line_and_the_exit_code_is_1() {
             format!("{p}:5: groups.a.reserved: must not exceed limit (10 > 5)").as_str(),
             format!("{p}:9: groups.b.weight: must be above 0, got -1").as_str(),
             format!(
-                "{p}:10: groups.b.colour: unknown field; expected one of reserved, limit, burst, priority, weight, budget, budget_period, ramp, dropped, debt_repay_s, reads_writes_apart, backend_limit, background"
+                "{p}:10: groups.b.colour: unknown field; expected one of reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, reads_writes_apart, backend_limit, background"
             )
             .as_str(),
             "4 problems found; nothing applied",
@@ -91,18 +91,25 @@ fn every_problem_is_printed_with_its_line_and_the_exit_code_is_1() {
     );
 }
 
-/// Regression: check-config passed a budget per period, which the limiter then refused; and said
-/// nothing of settings that cannot act.
+/// Regression: check-config said nothing of settings that cannot act. A budget per period and
+/// quotas per window pass for both the embedded limiter (which counts its windows in memory)
+/// and the server; a window that does not exist is named.
 #[test]
-fn check_config_refuses_what_the_limiter_refuses_and_warns_of_settings_that_cannot_act() {
-    let path = file("period.toml", "[groups.trial]\nlimit = 100\nbudget = 500\nbudget_period = \"day\"\n");
+fn check_config_takes_windows_everywhere_and_warns_of_settings_that_cannot_act() {
+    let path = file(
+        "period.toml",
+        "[groups.trial]\nlimit = 100\nbudget = 500\nbudget_period = \"day\"\nquotas = { minute = 20 }\n",
+    );
     let p = path.to_str().unwrap();
-    let (code, out, _) = tollgate(&["check-config", p]);
+    for mode in [&["check-config", p][..], &["check-config", "--for-server", p]] {
+        let (code, out, _) = tollgate(mode);
+        assert_eq!(code, 0, "{mode:?}: {out}");
+    }
+    let path = file("fortnight.toml", "[groups.trial]\nquotas = { fortnight = 20, minute = -1 }\n");
+    let (code, out, _) = tollgate(&["check-config", path.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("groups.trial.budget_period cannot apply in embedded mode"), "{out}");
-    assert!(out.contains("give --for-server"), "{out}");
-    let (code, out, _) = tollgate(&["check-config", "--for-server", p]);
-    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("groups.trial.quotas.minute: must be above 0"), "{out}");
+    assert!(out.contains("groups.trial.quotas.fortnight: unknown field; expected one of minute, hour, day, week, month, total"), "{out}");
     let path = file(
         "inert.toml",
         "[node]\ncapacity = 100\nmode = \"fcfs\"\n[groups.a]\npriority = \"high\"\nlimit = 500\n",

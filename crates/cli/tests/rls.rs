@@ -6,10 +6,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor::Entry,
+    RateLimitDescriptor, rate_limit_descriptor::Entry, rate_limit_descriptor::RateLimitOverride,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_limiter::access::Access;
 
@@ -163,4 +164,52 @@ async fn a_client_token_asks_only_for_its_groups() {
     assert!(e.message().contains("may not exchange for group \"core\""), "{}", e.message());
     let e = ask(&url, None, request("d", &[&[("tenant", "edge-a")]])).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
+}
+
+/// Quotas per window from the CLI: shown by `group show`, told to Envoy in the window's unit,
+/// and holding the group once spent; a descriptor's own limit is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_per_window_are_set_shown_and_held() {
+    let dir = data_dir("rls-quotas");
+    let s = ServerProc::start_with(&dir.join("data"), &[], Stdio::null());
+    let url = s.url();
+    let (ok, out) = cli(
+        &url,
+        None,
+        &["group", "create", "api", "--limit", "1000", "--quota", "5/minute", "--quota", "900/day"],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("quotas:   5 per minute, 900 per day"), "{out}");
+    let (ok, out) = cli(&url, None, &["group", "create", "bad", "--quota", "5/fortnight"]);
+    assert!(
+        !ok && out.contains("window \"fortnight\": must be minute, hour, day, week, month or total"),
+        "{out}"
+    );
+    // Envoy is told the tightest window it can name: 5 a minute.
+    let access = Access::default();
+    let mut client = RateLimitServiceClient::new(access.channel(&url, Duration::from_secs(5)).unwrap());
+    let answer =
+        client.should_rate_limit(request("edge", &[&[("tenant", "api")]])).await.unwrap().into_inner();
+    let limit = answer.statuses[0].current_limit.clone().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (5, Unit::Minute as i32), "{limit:?}");
+    // Five in the minute at most (the first was just asked): more asks are refused once the
+    // engine has seen them spent.
+    let mut admitted = 1;
+    for _ in 0..40 {
+        let (overall, _) = ask(&url, None, request("edge", &[&[("tenant", "api")]])).await.unwrap();
+        admitted += u32::from(overall == Code::Ok);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!((5..=10).contains(&admitted), "{admitted} admitted against 5 a minute");
+    let (ok, out) = cli(&url, None, &["group", "alter", "api", "--no-quota", "minute"]);
+    assert!(ok && !out.contains("per minute") && out.contains("900 per day"), "{out}");
+    // A descriptor that carries its own limit is refused, naming it.
+    let mut own = request("edge", &[&[("tenant", "api")]]);
+    own.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 3, unit: Unit::Second as i32 });
+    let e = ask(&url, None, own).await.unwrap_err();
+    assert!(
+        e.message().starts_with("descriptors[0].limit: a descriptor's own limit is not taken"),
+        "{}",
+        e.message()
+    );
 }

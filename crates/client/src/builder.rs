@@ -24,21 +24,11 @@ pub struct Builder {
 }
 
 /// What [`Builder::build`] refuses in settings that parse, without building anything: a cost
-/// model's or the node's values out of range, and what the embedded limiter cannot carry out
-/// (a budget per period, which a controller's metering counts). `tollgate check-config` runs
-/// it, so that a file it passes is one the limiter takes.
+/// model's or the node's values out of range. `tollgate check-config` runs it, so that a file
+/// it passes is one the limiter takes.
 pub fn check(config: &Config) -> Result<(), BuildError> {
     config.cost_model.validate()?;
     check_node(&config.node)?;
-    if let Some((name, _)) =
-        config.groups.iter().find(|(_, s)| s.budget_period() != tollgate_model::settings::BudgetPeriod::Total)
-    {
-        return Err(BuildError::Unsupported {
-            mode: "embedded",
-            field: format!("groups.{name}.budget_period"),
-            reason: "a budget per period is counted against a controller's metering: set it on `tollgate server`, or use budget_period = \"total\"",
-        });
-    }
     Ok(())
 }
 
@@ -213,10 +203,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_budget_per_period_is_refused_by_name_in_process() {
-        let config =
-            Config::parse("[groups.a]\nlimit = 10\nbudget = 100\nbudget_period = \"month\"\n").unwrap();
-        let e = Builder::default().config(config).build().unwrap_err();
-        assert!(e.to_string().contains("groups.a.budget_period"), "{e}");
+    fn a_quota_per_window_holds_in_process_within_a_tick_of_grants() {
+        use tollgate_model::time::ManualClock;
+        let config = Config::parse("[groups.a]\nlimit = 1000\nquotas = { day = 50 }\n").unwrap();
+        let clock = ManualClock::new();
+        let gate = Builder::default().config(config).clock(clock.clone()).build().unwrap();
+        let mut admitted = 0;
+        for second in 0..12 {
+            for _ in 0..200 {
+                admitted += u32::from(gate.try_acquire("a", 1.0).is_ok());
+            }
+            if second == 2 {
+                // By now the engine has seen the day's 50 spent: nothing more from here on.
+                assert!((50..=60).contains(&admitted), "{admitted} admitted against a quota of 50");
+                admitted = 0;
+            }
+            clock.advance(std::time::Duration::from_secs(1));
+        }
+        assert_eq!(admitted, 0, "nothing once the day's quota is spent");
     }
 }

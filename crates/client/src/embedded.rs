@@ -56,6 +56,10 @@ struct State {
     meters: HashMap<GroupName, (DemandMeter, u32), foldhash::fast::RandomState>,
     /// When the last reallocation ran.
     last: Option<Nanos>,
+    /// The wall clock (Unix milliseconds) at the first pass, and the clock's reading then: the
+    /// quota windows (minute, hour, day…) are counted on it, in memory, since the process
+    /// started.
+    wall: Option<(Nanos, u64)>,
 }
 
 /// The engine and this process's demand meters.
@@ -118,7 +122,7 @@ impl Embedded {
         }
         Embedded {
             shared: Arc::new(Shared {
-                state: Mutex::new(State { engine, meters: HashMap::default(), last: None }),
+                state: Mutex::new(State { engine, meters: HashMap::default(), last: None, wall: None }),
                 interval: node.realloc_interval,
                 in_use: AtomicUsize::new(0),
                 intake_after: AtomicU64::new(0),
@@ -290,7 +294,7 @@ fn work(shared: &Weak<Shared>, groups: &Groups, clock: &ClockSource) {
 impl State {
     fn pass(&mut self, now: Nanos, groups: &Groups) {
         self.last = Some(now);
-        let State { engine, meters, .. } = self;
+        let State { engine, meters, wall, .. } = self;
         let idle = engine.settings().group_idle_expiry;
         // A group nobody has asked for has no client yet (what slow start holds back for).
         let listed = groups.listed();
@@ -312,6 +316,11 @@ impl State {
             engine.report_placed(now, LOCAL, &g.name, report, place);
             *places.last_mut().expect("pushed") = *place;
         }
+        if engine.has_quotas() {
+            let (at, wall_ms) = *wall.get_or_insert_with(|| (now, wall_now_ms()));
+            let wall = wall_ms.saturating_add(u64::try_from(now.since(at).as_millis()).unwrap_or(u64::MAX));
+            engine.roll_windows(wall, tollgate_model::settings::BudgetPeriod::Total);
+        }
         engine.tick(now);
         for (&g, &place) in list.iter().zip(&places) {
             let outcome = engine.outcome_placed(&g.name, place);
@@ -332,4 +341,11 @@ impl State {
             }
         }
     }
+}
+
+/// Unix time in milliseconds: read once per limiter, to place the quota windows.
+fn wall_now_ms() -> u64 {
+    #[allow(clippy::disallowed_methods)] // the one wall-clock read of the embedded mode
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -234,9 +234,11 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
         ));
     }
     for (name, s) in &config.groups {
-        if s.budget().is_some() {
+        if let Some((window, _)) = s.quotas().next() {
+            let field =
+                if s.budget().is_some() { "budget".to_string() } else { format!("quotas.{}", window.name()) };
             return Err(unsupported(
-                format!("groups.{name}.budget"),
+                format!("groups.{name}.{field}"),
                 "no shared meter counts a group's consumption; use the embedded or remote mode",
             ));
         }

@@ -394,6 +394,24 @@ impl RampSettings {
     }
 }
 
+/// Units per window, by [`BudgetPeriod`] in order: none at all for most groups.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Quotas(Option<Box<[Option<f64>; 6]>>);
+
+impl Quotas {
+    fn get(&self, w: BudgetPeriod) -> Option<f64> {
+        self.0.as_ref().and_then(|q| q[w.index()])
+    }
+
+    fn set(&mut self, w: BudgetPeriod, units: Option<f64>) {
+        let q = self.0.get_or_insert_with(|| Box::new([None; 6]));
+        q[w.index()] = units;
+        if q.iter().all(Option::is_none) {
+            self.0 = None;
+        }
+    }
+}
+
 /// A group's validated settings. Build with [`GroupSettings::builder`].
 ///
 /// ```
@@ -415,7 +433,8 @@ pub struct GroupSettings {
     priority: Priority,
     weight: f64,
     ramp: Option<RampSettings>,
-    budget: Option<f64>,
+    /// Units per window, by [`BudgetPeriod`] in order; boxed, as most groups have none.
+    quotas: Quotas,
     budget_period: BudgetPeriod,
     dropped: DroppedWork,
     debt_repay: Duration,
@@ -424,25 +443,42 @@ pub struct GroupSettings {
     background: bool,
 }
 
-/// Over what span a budget is counted: the group's whole life, or each UTC calendar day, week
-/// (from Monday) or month, against the controller's metering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The window a quota is counted over: each UTC minute, hour, day, week (from Monday) or
+/// calendar month, or the group's whole life. A group may carry a quota for each window at
+/// once; a group's *budget* is the quota of its `budget_period`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum BudgetPeriod {
-    /// Everything the group ever consumed.
-    #[default]
-    Total,
+    /// Each UTC minute.
+    Minute,
+    /// Each UTC hour.
+    Hour,
     /// Each UTC day.
     Day,
     /// Each week, from Monday 00:00 UTC.
     Week,
     /// Each UTC calendar month.
     Month,
+    /// Everything the group ever consumed.
+    #[default]
+    Total,
 }
 
 impl BudgetPeriod {
-    /// Its name in settings: `total`, `day`, `week`, `month`.
+    /// Every window, shortest first.
+    pub const ALL: [BudgetPeriod; 6] = [
+        BudgetPeriod::Minute,
+        BudgetPeriod::Hour,
+        BudgetPeriod::Day,
+        BudgetPeriod::Week,
+        BudgetPeriod::Month,
+        BudgetPeriod::Total,
+    ];
+
+    /// Its name in settings: `minute`, `hour`, `day`, `week`, `month`, `total`.
     pub fn name(self) -> &'static str {
         match self {
+            BudgetPeriod::Minute => "minute",
+            BudgetPeriod::Hour => "hour",
             BudgetPeriod::Total => "total",
             BudgetPeriod::Day => "day",
             BudgetPeriod::Week => "week",
@@ -450,14 +486,20 @@ impl BudgetPeriod {
         }
     }
 
+    fn index(self) -> usize {
+        self as usize
+    }
+
     /// The period named `name`, or the rule.
     pub fn parse(name: &str) -> Result<BudgetPeriod, String> {
         match name {
             "total" | "" => Ok(BudgetPeriod::Total),
+            "minute" => Ok(BudgetPeriod::Minute),
+            "hour" => Ok(BudgetPeriod::Hour),
             "day" => Ok(BudgetPeriod::Day),
             "week" => Ok(BudgetPeriod::Week),
             "month" => Ok(BudgetPeriod::Month),
-            other => Err(format!("must be total, day, week or month, got {other:?}")),
+            other => Err(format!("must be minute, hour, day, week, month or total, got {other:?}")),
         }
     }
 
@@ -475,6 +517,8 @@ impl BudgetPeriod {
         let day = wall_ms / DAY;
         match self {
             BudgetPeriod::Total => 0,
+            BudgetPeriod::Minute => wall_ms / 60_000 * 60_000,
+            BudgetPeriod::Hour => wall_ms / 3_600_000 * 3_600_000,
             BudgetPeriod::Day => day * DAY,
             // 1970-01-01 was a Thursday: three days after a Monday.
             BudgetPeriod::Week => (day - (day + 3) % 7) * DAY,
@@ -526,7 +570,7 @@ impl Default for GroupSettings {
             priority: Priority::MEDIUM,
             weight: 1.0,
             ramp: None,
-            budget: None,
+            quotas: Quotas::default(),
             budget_period: BudgetPeriod::Total,
             dropped: DroppedWork::Return,
             debt_repay: DEBT_REPAY_DEFAULT,
@@ -588,9 +632,25 @@ impl GroupSettings {
         self.ramp.as_ref()
     }
 
-    /// The budget in units, if any, per [`budget_period`](Self::budget_period).
+    /// The budget in units, if any: the quota of [`budget_period`](Self::budget_period).
     pub fn budget(&self) -> Option<f64> {
-        self.budget
+        self.quotas.get(self.budget_period)
+    }
+
+    /// The quota counted over `window`, if any.
+    pub fn quota(&self, window: BudgetPeriod) -> Option<f64> {
+        self.quotas.get(window)
+    }
+
+    /// Every quota, shortest window first: a request is refused (the group held at its
+    /// reservation) while any is spent.
+    pub fn quotas(&self) -> impl Iterator<Item = (BudgetPeriod, f64)> + '_ {
+        BudgetPeriod::ALL.into_iter().filter_map(|w| self.quotas.get(w).map(|u| (w, u)))
+    }
+
+    /// Whether the group has any quota.
+    pub fn has_quotas(&self) -> bool {
+        self.quotas.0.is_some()
     }
 
     /// Over what span the budget is counted.
@@ -651,10 +711,15 @@ impl GroupSettings {
             check_positive("burst", burst, UNITS_MAX, &mut errors);
         }
         check_positive("weight", self.weight, WEIGHT_MAX, &mut errors);
-        if let Some(budget) = self.budget {
-            check_positive("budget", budget, UNITS_MAX, &mut errors);
+        for (window, units) in self.quotas() {
+            let field = if window == self.budget_period {
+                "budget".to_string()
+            } else {
+                format!("quotas.{}", window.name())
+            };
+            check_positive(&field, units, UNITS_MAX, &mut errors);
         }
-        if self.budget_period != BudgetPeriod::Total && self.budget.is_none() {
+        if self.budget_period != BudgetPeriod::Total && self.budget().is_none() {
             errors.push(SettingError::new("budget_period", "needs a budget to count per period"));
         }
         if let Some(ramp) = &self.ramp {
@@ -723,9 +788,22 @@ impl GroupSettingsBuilder {
         self
     }
 
-    /// A total budget in units.
+    /// A budget in units: the quota of the budget's period (the group's life unless
+    /// [`budget_period`](Self::budget_period) says otherwise).
     pub fn budget(mut self, units: f64) -> Self {
-        self.settings.budget = Some(units);
+        self.settings.quotas.set(self.settings.budget_period, Some(units));
+        self
+    }
+
+    /// A quota of `units` counted over `window` (beside any other window's).
+    pub fn quota(mut self, window: BudgetPeriod, units: f64) -> Self {
+        self.settings.quotas.set(window, Some(units));
+        self
+    }
+
+    /// No quota over `window` (the budget too, when it is the budget's period).
+    pub fn no_quota(mut self, window: BudgetPeriod) -> Self {
+        self.settings.quotas.set(window, None);
         self
     }
 
@@ -765,15 +843,23 @@ impl GroupSettingsBuilder {
         self
     }
 
-    /// Counts the budget per `period` rather than over the group's life.
+    /// Counts the budget per `period` rather than over the group's life: a budget already
+    /// set moves to that window.
     pub fn budget_period(mut self, period: BudgetPeriod) -> Self {
+        let old = self.settings.budget_period;
+        if old != period
+            && let Some(units) = self.settings.quotas.get(old)
+        {
+            self.settings.quotas.set(old, None);
+            self.settings.quotas.set(period, Some(units));
+        }
         self.settings.budget_period = period;
         self
     }
 
-    /// No budget.
+    /// No budget (the quota of the budget's period); other windows' quotas stay.
     pub fn no_budget(mut self) -> Self {
-        self.settings.budget = None;
+        self.settings.quotas.set(self.settings.budget_period, None);
         self.settings.budget_period = BudgetPeriod::Total;
         self
     }

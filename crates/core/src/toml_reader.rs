@@ -60,7 +60,7 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 }
 
 /// The keys a group's settings may use.
-pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, ramp, dropped, debt_repay_s, \
+pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, \
      reads_writes_apart, backend_limit, background";
 
 /// A value with its span.
@@ -242,6 +242,18 @@ impl<'s> Reader<'s> {
                 Ok(period) => b = b.budget_period(period),
                 Err(rule) => self.error(v.span(), &p, rule),
             }
+        }
+        if let Some((p, v)) = f.take("quotas")
+            && let Some(mut q) = self.fields(&p, v)
+        {
+            for window in crate::settings::BudgetPeriod::ALL {
+                if let Some((wp, wv)) = q.take(window.name())
+                    && let Some(units) = self.positive(&wp, wv)
+                {
+                    b = b.quota(window, units);
+                }
+            }
+            self.finish(q, "minute, hour, day, week, month, total");
         }
         b
     }

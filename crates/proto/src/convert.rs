@@ -30,6 +30,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
             tollgate_model::settings::BudgetPeriod::Total => String::new(),
             p => p.name().to_string(),
         },
+        quotas: s.quotas().map(|(w, u)| (w.name().to_string(), u)).collect(),
     }
 }
 
@@ -52,6 +53,7 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             backend_limit: m.backend_limit,
             background: Some(m.background),
             budget_period: Some(m.budget_period.clone()),
+            quotas: m.quotas.clone(),
             ..v1::GroupPatch::default()
         },
     )
@@ -192,6 +194,20 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
         match tollgate_model::settings::BudgetPeriod::parse(period) {
             Ok(period) => b = b.budget_period(period),
             Err(rule) => errors.push(SettingError::new("budget_period", rule)),
+        }
+    }
+    if p.quotas.len() > tollgate_model::settings::BudgetPeriod::ALL.len() {
+        errors
+            .push(SettingError::new("quotas", format!("at most one per window (6), got {}", p.quotas.len())));
+    }
+    let mut quotas: Vec<(&String, &f64)> =
+        p.quotas.iter().take(tollgate_model::settings::BudgetPeriod::ALL.len() + 1).collect();
+    quotas.sort_by(|a, b| a.0.cmp(b.0));
+    for (name, &units) in quotas {
+        match tollgate_model::settings::BudgetPeriod::parse(name) {
+            Ok(window) if units == 0.0 => b = b.no_quota(window),
+            Ok(window) => b = b.quota(window, units),
+            Err(rule) => errors.push(SettingError::new(format!("quotas.{name}"), rule)),
         }
     }
     if p.clear_budget {

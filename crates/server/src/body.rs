@@ -154,18 +154,102 @@ impl<'de> Deserialize<'de> for PriorityValue {
     }
 }
 
-/// Over what span a budget is counted.
+/// The window a quota (or the budget) is counted over.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum BudgetPeriodName {
     /// The group's whole life.
     Total,
+    /// Each UTC minute.
+    Minute,
+    /// Each UTC hour.
+    Hour,
     /// Each UTC day.
     Day,
     /// Each UTC week, from Monday.
     Week,
     /// Each UTC month.
     Month,
+}
+
+/// Units per window, for each window with a quota.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct Quotas {
+    /// Each UTC minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minute: Option<f64>,
+    /// Each UTC hour.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hour: Option<f64>,
+    /// Each UTC day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub day: Option<f64>,
+    /// Each UTC week, from Monday.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub week: Option<f64>,
+    /// Each UTC calendar month.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub month: Option<f64>,
+    /// The group's whole life.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+}
+
+impl Quotas {
+    fn from_map(m: &std::collections::HashMap<String, f64>) -> Quotas {
+        let get = |w: &str| m.get(w).copied();
+        Quotas {
+            minute: get("minute"),
+            hour: get("hour"),
+            day: get("day"),
+            week: get("week"),
+            month: get("month"),
+            total: get("total"),
+        }
+    }
+}
+
+/// Quotas to change: units for a window, `null` to remove its quota, absent to leave it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotasPatch {
+    /// Each UTC minute.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub minute: Patch<f64>,
+    /// Each UTC hour.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub hour: Patch<f64>,
+    /// Each UTC day.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub day: Patch<f64>,
+    /// Each UTC week, from Monday.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub week: Patch<f64>,
+    /// Each UTC calendar month.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub month: Patch<f64>,
+    /// The group's whole life.
+    #[serde(default, deserialize_with = "finite_patch")]
+    #[schema(value_type = Option<f64>)]
+    pub total: Patch<f64>,
+}
+
+impl QuotasPatch {
+    fn windows(&self) -> [(&'static str, &Patch<f64>); 6] {
+        [
+            ("minute", &self.minute),
+            ("hour", &self.hour),
+            ("day", &self.day),
+            ("week", &self.week),
+            ("month", &self.month),
+            ("total", &self.total),
+        ]
+    }
 }
 
 /// What happens to the units of work admitted and then dropped unused.
@@ -240,10 +324,14 @@ pub struct GroupSettings {
     pub priority: PriorityValue,
     /// Its weight among groups of its priority.
     pub weight: f64,
-    /// Units it may consume over its budget period; `null`: no budget.
+    /// Units it may consume over its budget period; `null`: no budget. The budget is the
+    /// quota of `budget_period`, and is among `quotas` too.
     pub budget: Option<f64>,
-    /// The span its budget counts over.
+    /// The window its budget counts over.
     pub budget_period: BudgetPeriodName,
+    /// Units it may consume per window, for each window that has a quota; while any is spent
+    /// the group is held at its reservation.
+    pub quotas: Quotas,
     /// Its ramp-up, if any.
     pub ramp: Option<Ramp>,
     /// What dropped work counts for.
@@ -282,7 +370,10 @@ impl From<&v1::GroupSettings> for GroupSettings {
             priority: PriorityValue::of(s.priority),
             weight: s.weight,
             budget: s.budget,
+            quotas: Quotas::from_map(&s.quotas),
             budget_period: match s.budget_period.as_str() {
+                "minute" => BudgetPeriodName::Minute,
+                "hour" => BudgetPeriodName::Hour,
                 "day" => BudgetPeriodName::Day,
                 "week" => BudgetPeriodName::Week,
                 "month" => BudgetPeriodName::Month,
@@ -346,9 +437,13 @@ pub struct GroupBody {
     #[serde(default, deserialize_with = "finite_patch")]
     #[schema(value_type = Option<f64>)]
     pub budget: Patch<f64>,
-    /// The span its budget counts over.
+    /// The window its budget counts over (a budget already set moves to it).
     #[serde(default)]
     pub budget_period: Option<BudgetPeriodName>,
+    /// Quotas per window: units for each window given, `null` to remove one; the windows not
+    /// given are unchanged.
+    #[serde(default)]
+    pub quotas: Option<QuotasPatch>,
     /// Its ramp-up.
     #[serde(default)]
     #[schema(value_type = Option<Ramp>)]
@@ -392,9 +487,24 @@ impl GroupBody {
             Patch::Null => p.clear_budget = true,
             Patch::Value(b) => p.budget = Some(b),
         }
+        if let Some(q) = &self.quotas {
+            for (name, patch) in q.windows() {
+                match patch {
+                    Patch::Absent => {}
+                    Patch::Null => {
+                        p.quotas.insert(name.into(), 0.0);
+                    }
+                    Patch::Value(u) => {
+                        p.quotas.insert(name.into(), *u);
+                    }
+                }
+            }
+        }
         p.budget_period = self.budget_period.map(|b| {
             match b {
                 BudgetPeriodName::Total => "total",
+                BudgetPeriodName::Minute => "minute",
+                BudgetPeriodName::Hour => "hour",
                 BudgetPeriodName::Day => "day",
                 BudgetPeriodName::Week => "week",
                 BudgetPeriodName::Month => "month",

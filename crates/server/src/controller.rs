@@ -224,19 +224,31 @@ impl Controller {
         Ok(controller)
     }
 
-    /// Starts each budget counted per period from the metering: when a group's period has
-    /// begun since its baseline was taken (or none was), its consumption at the period's
-    /// start (the last usage record before it; 0 without one) stops counting against its
-    /// budget. Runs at start, at every flush and after a change to a group.
+    /// Starts each quota window from the metering: when a group's window has begun since its
+    /// baseline was taken (or none was), its consumption at the window's start stops counting
+    /// against that window's quota. Minutes and hours take the engine's own metering at once
+    /// ([`roll_short_windows`](Self::roll_short_windows)); days, weeks and months the last
+    /// usage record before the window's start (0 without one), so that they survive a restart.
+    /// Runs at start, at every flush and after a change to a group.
     pub fn refresh_budget_periods(&self, wall_ms: u64) -> Result<(), StoreError> {
+        self.roll_short_windows(wall_ms);
         let due = self.engine().budget_periods_due(wall_ms);
-        for (group, start) in due {
+        for (group, window, start) in due {
             let records = self.store().usage(Some(&group), start, 1)?;
             let baseline =
                 records.first().filter(|r| r.minute_unix_ms < start).map_or(0.0, |r| r.meter.consumed);
-            self.engine().set_budget_baseline(group, start, baseline);
+            self.engine().set_budget_baseline(group, window, start, baseline);
         }
         Ok(())
+    }
+
+    /// Starts the minute and hour windows due at `wall_ms` from the engine's metering: after
+    /// every tick, so that a minute's quota starts afresh within a tick of the minute.
+    pub fn roll_short_windows(&self, wall_ms: u64) {
+        let mut engine = self.engine();
+        if engine.has_quotas() {
+            engine.roll_windows(wall_ms, tollgate_model::settings::BudgetPeriod::Day);
+        }
     }
 
     fn engine(&self) -> parking_lot::MutexGuard<'_, Engine> {

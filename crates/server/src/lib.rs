@@ -591,10 +591,11 @@ impl Ticker {
         let mut pacer = pace::TickPacer::new(c.tick_period());
         let run = move || {
             if early {
-                c.tick_early_paced(now, || pacer.pause())
+                c.tick_early_paced(now, || pacer.pause());
             } else {
-                c.tick_paced(now, || pacer.pause())
+                c.tick_paced(now, || pacer.pause());
             }
+            c.roll_short_windows(wall_ms());
         };
         if let Err(e) = tokio::task::spawn_blocking(run).await {
             tracing::error!(error = %e, "a tick failed");

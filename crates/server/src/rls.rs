@@ -158,6 +158,20 @@ fn remaining(available: f64) -> u32 {
     if available.is_finite() { available.floor().clamp(0.0, f64::from(u32::MAX)) as u32 } else { 0 }
 }
 
+/// The limit Envoy is told a group has: its quota of the shortest window Envoy can name
+/// (minute, hour, day, month), else its rate per second; `None` for a group nothing bounds.
+fn current_limit(s: &tollgate_model::settings::GroupSettings) -> Option<(f64, Unit)> {
+    use tollgate_model::settings::BudgetPeriod;
+    let window = s.quotas().find_map(|(w, units)| match w {
+        BudgetPeriod::Minute => Some((units, Unit::Minute)),
+        BudgetPeriod::Hour => Some((units, Unit::Hour)),
+        BudgetPeriod::Day => Some((units, Unit::Day)),
+        BudgetPeriod::Month => Some((units, Unit::Month)),
+        BudgetPeriod::Week | BudgetPeriod::Total => None,
+    });
+    window.or_else(|| Some((s.limit().as_f64(), Unit::Second)).filter(|(l, _)| l.is_finite()))
+}
+
 fn invalid(field: String, rule: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {rule}"))
 }
@@ -217,6 +231,12 @@ fn descriptor(
     for (j, e) in d.entries.iter().enumerate() {
         text(|| format!("descriptors[{i}].entries[{j}].key"), &e.key, false)?;
         text(|| format!("descriptors[{i}].entries[{j}].value"), &e.value, true)?;
+    }
+    if d.limit.is_some() {
+        return Err(invalid(
+            format!("descriptors[{i}].limit"),
+            "a descriptor's own limit is not taken: a group's limits and quotas are its settings (tollgate group alter --quota, or tollgate import)",
+        ));
     }
     let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
     if hits > HITS_MAX {
@@ -304,13 +324,13 @@ impl RateLimitService for Rls {
                 },
             };
             over |= code == Code::OverLimit;
-            let limit = self.controller.group(group).map(|s| s.limit().as_f64()).filter(|l| l.is_finite());
+            let limit = self.controller.group(group).and_then(|s| current_limit(&s));
             statuses.push(DescriptorStatus {
                 code: code as i32,
-                current_limit: limit.map(|l| RateLimit {
+                current_limit: limit.map(|(l, unit)| RateLimit {
                     name: group.to_string(),
                     requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
-                    unit: Unit::Second as i32,
+                    unit: unit as i32,
                 }),
                 limit_remaining: remaining(handle.available()),
                 duration_until_reset: (code == Code::OverLimit).then(|| seconds(until)),

@@ -311,7 +311,14 @@ class TraceLine(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class GroupPatch(_message.Message):
-    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period")
+    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas")
+    class QuotasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RESERVED_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     UNLIMITED_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +337,7 @@ class GroupPatch(_message.Message):
     CLEAR_BACKEND_LIMIT_FIELD_NUMBER: _ClassVar[int]
     BACKGROUND_FIELD_NUMBER: _ClassVar[int]
     BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     unlimited: bool
@@ -348,7 +356,8 @@ class GroupPatch(_message.Message):
     clear_backend_limit: bool
     background: bool
     budget_period: str
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ...) -> None: ...
+    quotas: _containers.ScalarMap[str, float]
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RampSettings(_message.Message):
     __slots__ = ("min", "max", "duration_s", "mode", "threshold_pct", "ramp_down_pct", "cool_down_s", "resume_ttl_s")
@@ -371,7 +380,14 @@ class RampSettings(_message.Message):
     def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ..., duration_s: _Optional[float] = ..., mode: _Optional[_Union[RampMode, str]] = ..., threshold_pct: _Optional[float] = ..., ramp_down_pct: _Optional[float] = ..., cool_down_s: _Optional[float] = ..., resume_ttl_s: _Optional[float] = ...) -> None: ...
 
 class GroupSettings(_message.Message):
-    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period")
+    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas")
+    class QuotasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RESERVED_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
@@ -385,6 +401,7 @@ class GroupSettings(_message.Message):
     BACKEND_LIMIT_FIELD_NUMBER: _ClassVar[int]
     BACKGROUND_FIELD_NUMBER: _ClassVar[int]
     BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     burst: float
@@ -398,7 +415,8 @@ class GroupSettings(_message.Message):
     backend_limit: float
     background: bool
     budget_period: str
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ...) -> None: ...
+    quotas: _containers.ScalarMap[str, float]
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class PutGroupRequest(_message.Message):
     __slots__ = ("name", "patch", "mode")

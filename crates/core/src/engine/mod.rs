@@ -58,7 +58,7 @@ pub use windows::{RateMarks, RateNow, RateWindows};
 
 use crate::allocate::AllocationMode;
 use crate::ramp::Ramp;
-use crate::settings::{DEFAULT_GROUP, GroupName, GroupSettings};
+use crate::settings::{BudgetPeriod, DEFAULT_GROUP, GroupName, GroupSettings};
 use crate::time::Nanos;
 
 use clients::ClientTable;
@@ -373,9 +373,7 @@ impl Detail {
     }
 }
 
-/// Whether `s`'s budget is spent by a group that has consumed `consumed` in all: counted from
-/// the period's start (its baseline) for a budget per period.
-/// Where a group's budget period is counted from: the period's start (Unix milliseconds) and
+/// Where a group's quota window is counted from: the window's start (Unix milliseconds) and
 /// the group's consumption then.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Baseline {
@@ -383,19 +381,52 @@ struct Baseline {
     consumed: f64,
 }
 
-fn budget_spent(
-    baselines: &HashMap<GroupName, Baseline, FixedHasher>,
+/// A group's ceiling, units/s, given its `limit`, `reserved` and what is `left` of its
+/// tightest quota (`None`: no quota). A spent quota holds the group at its reservation; one
+/// nearly spent lets the group's clients be granted at most what is left over a second, or
+/// over one `tick` when ticks are longer (so the default burst, a second of the grant, holds
+/// no more than is left, and a window's quota is overrun by at most about a tick of grants),
+/// never below the reservation.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_model::engine::quota_cap;
+/// let tick = Duration::from_secs(1);
+/// assert_eq!(quota_cap(1000.0, 0.0, None, tick), 1000.0);
+/// assert_eq!(quota_cap(1000.0, 0.0, Some(40.0), tick), 40.0);
+/// assert_eq!(quota_cap(1000.0, 5.0, Some(-3.0), tick), 5.0);
+/// assert_eq!(quota_cap(1000.0, 0.0, Some(5000.0), tick), 1000.0);
+/// ```
+pub fn quota_cap(limit: f64, reserved: f64, left: Option<f64>, tick: Duration) -> f64 {
+    match left {
+        None => limit,
+        Some(l) if l <= 0.0 => reserved,
+        Some(l) => limit.min(l / tick.as_secs_f64().max(1.0)).max(reserved),
+    }
+}
+
+/// What is left of `s`'s tightest quota for a group that has consumed `consumed` in all (each
+/// window counted from its start's baseline; the group's life from nothing); `None` when it
+/// has no quota. At or below 0, a quota is spent.
+fn quota_left(
+    baselines: &HashMap<(GroupName, BudgetPeriod), Baseline, FixedHasher>,
     key: &GroupName,
     s: &GroupSettings,
     consumed: f64,
-) -> bool {
-    // Most groups have no budget: no look-up for them (a tick asks for every group).
-    let Some(budget) = s.budget() else { return false };
-    let baseline = match s.budget_period() {
-        crate::settings::BudgetPeriod::Total => 0.0,
-        _ => baselines.get(key).map_or(0.0, |b| b.consumed),
-    };
-    consumed - baseline >= budget
+) -> Option<f64> {
+    // Most groups have no quota: no look-up for them (a tick asks for every group).
+    if !s.has_quotas() {
+        return None;
+    }
+    s.quotas()
+        .map(|(window, units)| {
+            let baseline = match window {
+                BudgetPeriod::Total => 0.0,
+                _ => baselines.get(&(key.clone(), window)).map_or(0.0, |b| b.consumed),
+            };
+            units - (consumed - baseline)
+        })
+        .reduce(f64::min)
 }
 
 /// A tracked group's `load_slot` when it has none.
@@ -721,7 +752,7 @@ pub struct Engine {
     resume: HashMap<GroupName, (f64, Nanos), FixedHasher>,
     /// Per group with a budget counted per period: the period, and the group's consumption
     /// when it began.
-    budget_baselines: HashMap<GroupName, Baseline, FixedHasher>,
+    budget_baselines: HashMap<(GroupName, BudgetPeriod), Baseline, FixedHasher>,
     started: Option<Nanos>,
     /// No tracked group's last report is earlier than the smaller of these two: the earliest
     /// among the groups the last tick walked (or a report during that tick), and the earliest
@@ -857,7 +888,7 @@ impl Engine {
         self.settings_changed();
         self.account(before.as_deref(), -1.0);
         self.meters.remove(name);
-        self.budget_baselines.remove(name);
+        self.budget_baselines.retain(|(g, _), _| g != name);
         before.map(Arc::unwrap_or_clone)
     }
 
@@ -1176,52 +1207,70 @@ impl Engine {
         bound.is_finite().then(|| reserved.max(bound))
     }
 
-    /// A group's ceiling: its limit, or its reservation once its budget is spent.
+    /// A group's ceiling: its limit, or its reservation once a quota is spent (see
+    /// [`quota_cap`]).
     fn ceiling(&self, key: &GroupName, settings: Option<&GroupSettings>) -> f64 {
         let Some(s) = settings else { return f64::INFINITY };
-        if self.budget_exhausted(key, s) { s.reserved() } else { s.limit().as_f64() }
+        let consumed = self.meter(key).map_or(0.0, |m| m.consumed);
+        let left = quota_left(&self.budget_baselines, key, s, consumed);
+        quota_cap(s.limit().as_f64(), s.reserved(), left, self.settings.tick)
     }
 
-    fn budget_exhausted(&self, key: &GroupName, s: &GroupSettings) -> bool {
-        self.meter(key).is_some_and(|m| self.budget_spent(key, s, m.consumed))
-    }
-
-    /// Whether `s`'s budget is spent by a group that has consumed `consumed` in all: counted
-    /// from the period's start for a budget per period.
-    pub(crate) fn budget_spent(&self, key: &GroupName, s: &GroupSettings, consumed: f64) -> bool {
-        budget_spent(&self.budget_baselines, key, s, consumed)
-    }
-
-    /// The groups whose budget is counted per period and whose period, at `wall_ms`, has no
-    /// baseline yet (it began since the last was set, or none was): each with its period's
-    /// start, for [`set_budget_baseline`](Self::set_budget_baseline). Baselines of groups no
-    /// longer counted per period are forgotten.
-    pub fn budget_periods_due(&mut self, wall_ms: u64) -> Vec<(GroupName, u64)> {
-        use crate::settings::BudgetPeriod;
+    /// The quota windows (minute, hour, day, week, month) whose window, at `wall_ms`, has no
+    /// baseline yet (it began since the last was set, or none was): each with its group and
+    /// its start, for [`set_budget_baseline`](Self::set_budget_baseline). Baselines of windows
+    /// a group no longer counts are forgotten.
+    pub fn budget_periods_due(&mut self, wall_ms: u64) -> Vec<(GroupName, BudgetPeriod, u64)> {
         let configured = &self.configured;
-        self.budget_baselines
-            .retain(|g, _| configured.get(g).is_some_and(|s| s.budget_period() != BudgetPeriod::Total));
-        configured
-            .iter()
-            .filter(|(_, s)| s.budget_period() != BudgetPeriod::Total)
-            .map(|(g, s)| (g, s.budget_period().start_of(wall_ms)))
-            .filter(|(g, start)| {
-                self.budget_baselines.get(*g).is_none_or(|b| b.period_start_unix_ms != *start)
-            })
-            .map(|(g, start)| (g.clone(), start))
-            .collect()
+        self.budget_baselines.retain(|(g, w), _| configured.get(g).is_some_and(|s| s.quota(*w).is_some()));
+        let mut due = Vec::new();
+        for (g, s) in configured.iter().filter(|(_, s)| s.has_quotas()) {
+            for (window, _) in s.quotas().filter(|(w, _)| *w != BudgetPeriod::Total) {
+                let start = window.start_of(wall_ms);
+                let key = (g.clone(), window);
+                if self.budget_baselines.get(&key).is_none_or(|b| b.period_start_unix_ms != start) {
+                    due.push((g.clone(), window, start));
+                }
+            }
+        }
+        due
     }
 
-    /// Starts the budget period beginning at `period_start_unix_ms` for `group`: what it had
-    /// consumed by then, `consumed`, no longer counts against its budget (the controller sets
-    /// it from its metering at each period's start, and at start for the period under way).
-    pub fn set_budget_baseline(&mut self, group: GroupName, period_start_unix_ms: u64, consumed: f64) {
-        self.budget_baselines.insert(group, Baseline { period_start_unix_ms, consumed });
+    /// Starts `group`'s `window` beginning at `period_start_unix_ms`: what it had consumed by
+    /// then, `consumed`, no longer counts against that window's quota (the controller sets it
+    /// from its metering at each window's start, and at start for the window under way).
+    pub fn set_budget_baseline(
+        &mut self,
+        group: GroupName,
+        window: BudgetPeriod,
+        period_start_unix_ms: u64,
+        consumed: f64,
+    ) {
+        self.budget_baselines.insert((group, window), Baseline { period_start_unix_ms, consumed });
     }
 
-    /// The consumption a group's budget period is counted from (0 when none was set).
-    pub fn budget_baseline(&self, group: &GroupName) -> f64 {
-        self.budget_baselines.get(group).map_or(0.0, |b| b.consumed)
+    /// Starts every window due at `wall_ms` from the group's consumption now, as this engine
+    /// has metered it: the way a process with no store of its own counts its windows (and a
+    /// controller its minutes and hours). Returns how many started.
+    pub fn roll_windows(&mut self, wall_ms: u64, shorter_than: BudgetPeriod) -> usize {
+        let due = self.budget_periods_due(wall_ms);
+        let mut started = 0;
+        for (g, window, start) in due.into_iter().filter(|(_, w, _)| *w < shorter_than) {
+            let consumed = self.meter(&g).map_or(0.0, |m| m.consumed);
+            self.set_budget_baseline(g, window, start, consumed);
+            started += 1;
+        }
+        started
+    }
+
+    /// Whether any configured group has a quota (so that windows need rolling).
+    pub fn has_quotas(&self) -> bool {
+        self.configured.values().any(|s| s.has_quotas())
+    }
+
+    /// The consumption a group's quota window is counted from (0 when none was set).
+    pub fn budget_baseline(&self, group: &GroupName, window: BudgetPeriod) -> f64 {
+        self.budget_baselines.get(&(group.clone(), window)).map_or(0.0, |b| b.consumed)
     }
 
     /// A backend's report: its zone, health, and the load each group puts on it.

@@ -1419,3 +1419,44 @@ fn a_view_made_in_parts_is_the_whole_view() {
         assert_eq!(parts, whole, "parts of {len}");
     }
 }
+
+#[test]
+fn quotas_per_window_cap_the_group_to_what_is_left_and_start_afresh_each_window() {
+    use crate::settings::BudgetPeriod;
+    let mut e = engine(EngineSettings::default());
+    let s = GroupSettings::builder()
+        .limit(1000.0)
+        .quota(BudgetPeriod::Minute, 50.0)
+        .quota(BudgetPeriod::Hour, 120.0)
+        .build()
+        .unwrap();
+    e.set_group(name("api"), s);
+    let minute = 60_000;
+    // The first minute starts from nothing consumed.
+    assert_eq!(e.roll_windows(10 * minute, BudgetPeriod::Total), 2);
+    e.report(Nanos(S), 1, &name("api"), report(1000.0, 0.0, 0.0));
+    e.tick(Nanos(S));
+    // At most what is left of the tightest window over one tick, far below the limit.
+    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(50.0));
+    e.report(Nanos(2 * S), 1, &name("api"), report(1000.0, 30.0, 30.0));
+    e.tick(Nanos(2 * S));
+    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(20.0));
+    e.report(Nanos(3 * S), 1, &name("api"), report(1000.0, 20.0, 20.0));
+    e.tick(Nanos(3 * S));
+    let o = e.outcome(&name("api")).unwrap();
+    assert!(o.budget_exhausted, "the minute's 50 are spent");
+    assert_eq!(o.target(), Some(0.0));
+    // Within the minute nothing rolls; the next minute starts from the 50 consumed.
+    assert_eq!(e.roll_windows(10 * minute + 59_000, BudgetPeriod::Total), 0);
+    assert_eq!(e.roll_windows(11 * minute, BudgetPeriod::Total), 1);
+    assert_eq!(e.budget_baseline(&name("api"), BudgetPeriod::Minute), 50.0);
+    e.tick(Nanos(4 * S));
+    // The hour's 120 leave 70; the new minute's 50 are tighter.
+    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(50.0));
+    e.report(Nanos(5 * S), 1, &name("api"), report(1000.0, 50.0, 50.0));
+    e.tick(Nanos(5 * S));
+    e.roll_windows(12 * minute, BudgetPeriod::Total);
+    e.tick(Nanos(6 * S));
+    // A fresh minute, but only 20 left in the hour.
+    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(20.0));
+}

@@ -374,9 +374,10 @@ impl Engine {
                 traced.push(Traced { ratio: pressure.ratio, limited_by });
             }
             let settings_now = g.settings.as_deref();
-            let exhausted = settings_now
-                .is_some_and(|s| super::budget_spent(budget_baselines, name, s, g.meter.consumed));
-            let (reserved, cap) = bounds(g, settings.slow_start, exhausted);
+            let left =
+                settings_now.and_then(|s| super::quota_left(budget_baselines, name, s, g.meter.consumed));
+            let exhausted = left.is_some_and(|l| l <= 0.0);
+            let (reserved, cap) = bounds(g, settings.slow_start, left, settings.tick);
             let (demand, unthrottled) = asks(&g.clients, asking);
             // A group that may take its backends' room (throttled at the last tick, its limit
             // now above its target: the only groups they mark so) and that no saturated backend
@@ -699,15 +700,14 @@ fn limiters(
 /// A group's reservation and cap for this tick. The ceiling is its limit, or its reservation
 /// once its budget is spent; the cap is the ceiling within its ramp's pool. Slow start
 /// (Couchbase) holds a tenth of the reservation until a client has been seen by a tick.
-fn bounds(g: &super::Tracked, slow_start: bool, exhausted: bool) -> (f64, f64) {
+fn bounds(g: &super::Tracked, slow_start: bool, left: Option<f64>, tick: std::time::Duration) -> (f64, f64) {
     let settings = g.settings.as_deref();
     let mut reserved = settings.map_or(0.0, GroupSettings::reserved);
     if slow_start && (!g.had_clients || g.clients.is_empty()) {
         reserved *= SLOW_START_SHARE;
     }
     let mut ceiling = match settings {
-        Some(s) if exhausted => s.reserved(),
-        Some(s) => s.limit().as_f64(),
+        Some(s) => super::quota_cap(s.limit().as_f64(), s.reserved(), left, tick),
         None => Limit::Unlimited.as_f64(),
     };
     // FoundationDB's accounting: the limit and the reservation bound reads and writes each, so
