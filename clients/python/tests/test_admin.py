@@ -33,6 +33,11 @@ def test_groups_round_trip_and_errors_name_the_field(server: Server) -> None:
         with pytest.raises(tollgate.NotFound):
             admin.get_group("ghost")
         assert admin.put_group("billed", budget=1000, budget_period="month").budget_period == "month"
+        g = admin.put_group("billed", quotas={"minute": 10, "day": 500})
+        assert g.quotas == {"minute": 10.0, "day": 500.0, "month": 1000.0}
+        assert admin.put_group("billed", quotas={"minute": None}).quotas == {"day": 500.0, "month": 1000.0}
+        with pytest.raises(ValueError, match="quotas.fortnight"):
+            admin.put_group("billed", quotas={"fortnight": 1})
         with pytest.raises(ValueError, match="budget_period"):
             admin.put_group("billed", budget_period="year")
         assert admin.drop_group("billed") is True

@@ -17,9 +17,10 @@ Settings = Dict[str, Any]
 ROLES = ("admin", "client", "backend", "reader")
 
 _PRIORITIES = {"low": 1, "medium": 8, "high": 16}
+WINDOWS = ("minute", "hour", "day", "week", "month", "total")
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
-    "reserved, limit, burst, priority, weight, budget, budget_period, dropped, debt_repay_s, "
+    "reserved, limit, burst, priority, weight, budget, budget_period, quotas, dropped, debt_repay_s, "
     "reads_writes_apart, backend_limit, background, ramp"
 )
 
@@ -53,9 +54,17 @@ def _patch(settings: Settings) -> pb.GroupPatch:
                 raise InvalidArgument.of("priority", f"must be low, medium, high or 1 to 16, got {value!r}")
             p.priority = level
         elif key == "budget_period":
-            if value not in ("total", "day", "week", "month"):
-                raise InvalidArgument.of("budget_period", f'must be "total", "day", "week" or "month", got {value!r}')
+            if value not in WINDOWS:
+                raise InvalidArgument.of("budget_period", f"must be one of {', '.join(WINDOWS)}, got {value!r}")
             p.budget_period = value
+        elif key == "quotas":
+            if not isinstance(value, dict):
+                raise InvalidArgument.of("quotas", f"must be a dict of window to units, got {value!r}")
+            for window, units in value.items():
+                if window not in WINDOWS:
+                    raise InvalidArgument.of(f"quotas.{window}", f"must be one of {', '.join(WINDOWS)}")
+                # None removes the window's quota (0 on the wire).
+                p.quotas[window] = 0.0 if units is None else _number(f"quotas.{window}", units)
         elif key == "dropped":
             if value not in ("count", "return"):
                 raise InvalidArgument.of("dropped", f'must be "count" or "return", got {value!r}')
@@ -121,7 +130,8 @@ class Admin:
 
         Settings are keywords: ``limit`` (units/s, or ``"unlimited"``), ``reserved``,
         ``burst``, ``priority`` (``low``, ``medium``, ``high`` or 1 to 16), ``weight``,
-        ``budget``, ``budget_period`` (``total``, ``day``, ``week``, ``month``), ``dropped``
+        ``budget``, ``budget_period`` (``total``, ``minute``, ``hour``, ``day``, ``week``,
+        ``month``), ``quotas`` (a dict of window to units, ``None`` removing one), ``dropped``
         (``return`` or ``count``), ``debt_repay_s``, ``reads_writes_apart``,
         ``backend_limit``, ``background`` and ``ramp`` (a :class:`~tollgate.Ramp`). ``None``
         clears ``burst``, ``budget``, ``backend_limit`` and ``ramp``, and makes ``limit``

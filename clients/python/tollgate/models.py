@@ -4,7 +4,7 @@ dataclasses, read from the server's answers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 from .v1 import tollgate_pb2 as pb
 
@@ -69,7 +69,8 @@ class Group:
     budget: Optional[float]
     """Units it may consume per ``budget_period``; ``None``: no budget."""
     budget_period: str
-    """``total``, ``day``, ``week`` or ``month``."""
+    """The window the budget is the quota of: ``total``, ``minute``, ``hour``, ``day``, ``week``
+    or ``month``."""
     dropped: str
     """What dropped work does: ``return`` (given back) or ``count``."""
     debt_repay_s: float
@@ -78,6 +79,10 @@ class Group:
     backend_limit: Optional[float]
     background: bool
     ramp: Optional[Ramp] = None
+    quotas: Dict[str, float] = field(default_factory=dict)
+    """Units per window (``minute``, ``hour``, ``day``, ``week``, ``month``, ``total``) for each
+    window with a quota, the budget's among them; while any is spent the group is held at its
+    reservation."""
 
     @staticmethod
     def from_pb(info: pb.GroupInfo) -> "Group":
@@ -100,6 +105,7 @@ class Group:
             backend_limit=s.backend_limit if s.HasField("backend_limit") else None,
             background=s.background,
             ramp=Ramp.from_pb(s.ramp) if s.HasField("ramp") and s.ramp.max > 0 else None,
+            quotas=dict(s.quotas),
         )
 
 
