@@ -257,7 +257,7 @@ impl Controller {
         self.engine.lock()
     }
 
-    fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn SettingsStore>> {
+    fn store(&self) -> crate::store::StoreGuard<'_> {
         self.store.lock()
     }
 
@@ -838,7 +838,7 @@ impl Controller {
 
     /// What is wrong with the store, while it cannot take writes.
     pub fn store_health(&self) -> Option<String> {
-        self.store().health()
+        self.store.health()
     }
 
     /// Flushes of consumption to the store that failed ([`flush`](Self::flush)).

@@ -371,18 +371,59 @@ pub trait SettingsStore: Send {
 /// rules): its lock is held across each change's check and write, so one admin change runs at
 /// a time and a change is checked against what is stored.
 #[derive(Clone)]
-pub struct Shared(Arc<Mutex<Box<dyn SettingsStore>>>);
+pub struct Shared {
+    store: Arc<Mutex<Box<dyn SettingsStore>>>,
+    /// What [`SettingsStore::health`] said when the lock was last let go: read by the health
+    /// probes without the lock, which a write holds for as long as the disk takes.
+    health: Arc<std::sync::RwLock<Option<String>>>,
+}
 
 impl Shared {
     /// Shares `store`.
     pub fn new(store: Box<dyn SettingsStore>) -> Shared {
-        Shared(Arc::new(Mutex::new(store)))
+        let health = Arc::new(std::sync::RwLock::new(store.health()));
+        Shared { store: Arc::new(Mutex::new(store)), health }
     }
 
     /// The store, for one change or one read.
-    pub fn lock(&self) -> MutexGuard<'_, Box<dyn SettingsStore>> {
+    pub fn lock(&self) -> StoreGuard<'_> {
         // A panic mid-change leaves nothing half written: each write is one transaction.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        StoreGuard { guard: self.store.lock().unwrap_or_else(PoisonError::into_inner), health: &self.health }
+    }
+
+    /// What is wrong with the store, as of its last use; never waits for a write under way.
+    pub fn health(&self) -> Option<String> {
+        self.health.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// The store, held: its health is noted for [`Shared::health`] when it is let go.
+pub struct StoreGuard<'a> {
+    guard: MutexGuard<'a, Box<dyn SettingsStore>>,
+    health: &'a std::sync::RwLock<Option<String>>,
+}
+
+impl std::ops::Deref for StoreGuard<'_> {
+    type Target = Box<dyn SettingsStore>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for StoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.guard
+    }
+}
+
+impl Drop for StoreGuard<'_> {
+    fn drop(&mut self) {
+        let now = self.guard.health();
+        let mut held = self.health.write().unwrap_or_else(PoisonError::into_inner);
+        if *held != now {
+            *held = now;
+        }
     }
 }
 
