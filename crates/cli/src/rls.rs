@@ -16,9 +16,11 @@ use crate::say;
 pub enum Rls {
     /// Print the mapping rules, as JSON.
     Rules,
-    /// Replace the mapping rules: a JSON array of {"domain", "key", "value", "group"}, tried
-    /// in order; "{value}" in group stands for the entry's value; an empty domain or value
-    /// matches any. `[]` for none (then an entry with key `tenant` names the group).
+    /// Replace the mapping rules: a JSON array of {"domain", "key", "value", "group"} and
+    /// optionally "then" (the entries that must follow, in order: [{"key", "value"}]), tried in
+    /// order; "{value}" in group stands for the entry's value and "{KEY}" for the value of the
+    /// matched entry KEY; an empty domain or value matches any. `[]` for none (then an entry
+    /// with key `tenant` names the group).
     SetRules {
         /// The rules, or `@FILE` to read them from a file.
         json: String,

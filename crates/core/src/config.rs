@@ -173,7 +173,10 @@ impl Reader<'_> {
                         *slot = text.to_string();
                     }
                 }
-                self.finish(r, "domain, key, value, group");
+                if let Some((p, v)) = r.take("then") {
+                    rule.then = self.rule_entries(&p, v);
+                }
+                self.finish(r, "domain, key, value, group, then");
                 match rule.check(&at) {
                     Ok(()) => rules.push(rule),
                     Err(e) => {
@@ -185,6 +188,30 @@ impl Reader<'_> {
         }
         self.finish(f, "rules");
         rules
+    }
+
+    /// A rule's `then`: an array of `{ key, value }` tables.
+    fn rule_entries(&mut self, path: &str, value: &Value<'_>) -> Vec<crate::rls::RuleEntry> {
+        let DeValue::Array(items) = value.get_ref() else {
+            self.error(value.span(), path, "must be an array of { key, value } tables");
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("{path}[{i}]");
+            let Some(mut f) = self.fields(&at, item) else { continue };
+            let mut e = crate::rls::RuleEntry::default();
+            for (name, slot) in [("key", &mut e.key), ("value", &mut e.value)] {
+                if let Some((p, v)) = f.take(name)
+                    && let Some(text) = self.string(&p, v)
+                {
+                    *slot = text.to_string();
+                }
+            }
+            self.finish(f, "key, value");
+            out.push(e);
+        }
+        out
     }
 
     fn node(&mut self, value: &Value<'_>) -> NodeSettings {
@@ -454,6 +481,29 @@ priority = 42
             Config::parse("[node]\ncapacity = 100\n[groups.a]\nreserved = 80\n[groups.b]\nreserved = 80\n")
                 .unwrap();
         assert_eq!(c.warnings().len(), 1);
+    }
+
+    #[test]
+    fn rules_with_nested_entries_and_quotas_are_read_and_named_when_wrong() {
+        let c = Config::parse(
+            "[groups.a]\nquotas = { minute = 10, day = 100 }\n[[rls.rules]]\nkey = \"tenant\"\nthen = [{ key = \"plan\", value = \"gold\" }]\ngroup = \"{tenant}-gold\"\n",
+        )
+        .unwrap();
+        let rules = c.rls_rules.unwrap();
+        assert_eq!(rules[0].then, [crate::rls::RuleEntry { key: "plan".into(), value: "gold".into() }]);
+        let a = &c.groups[&GroupName::new("a").unwrap()];
+        assert_eq!(
+            a.quotas().collect::<Vec<_>>(),
+            [(crate::settings::BudgetPeriod::Minute, 10.0), (crate::settings::BudgetPeriod::Day, 100.0)]
+        );
+        let e = Config::parse(
+            "[[rls.rules]]\nkey = \"t\"\ngroup = \"g\"\nthen = [{ key = \"p\", colour = \"red\" }]\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("rls.rules[0].then[0].colour: unknown field; expected one of key, value"),
+            "{e}"
+        );
     }
 
     #[test]

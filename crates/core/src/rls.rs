@@ -3,16 +3,28 @@
 //!
 //! Rules are tried in order; for each rule, a descriptor's entries in order. A rule matches an
 //! entry when its `domain` is empty or equal to the request's, its `key` equals the entry's
-//! key, and its `value` is empty or equal to the entry's value; the group is the rule's
-//! `group` with `{value}` replaced by the entry's value. With no rules at all, an entry with
-//! key `tenant` names the group by its value. A descriptor nothing matches uses `default`.
+//! key, and its `value` is empty or equal to the entry's value; a rule with `then` entries
+//! (envoy/ratelimit's nested descriptors: tenant, then path) also needs the entries right after
+//! that one to match them, in order. The group is the rule's `group` with `{value}` replaced
+//! by the first matched entry's value and `{KEY}` by the value of the matched entry with that
+//! key. With no rules at all, an entry with key `tenant` names the group by its value. A
+//! descriptor nothing matches uses `default`.
 //!
 //! ```
-//! use tollgate_model::rls::{RlsRule, group_for};
-//! let rules = vec![RlsRule { domain: "edge".into(), key: "path".into(), value: "/api".into(), group: "api".into() }];
+//! use tollgate_model::rls::{RlsRule, RuleEntry, group_for};
+//! let rules = vec![
+//!     RlsRule { domain: "edge".into(), key: "path".into(), value: "/api".into(), group: "api".into(), ..RlsRule::default() },
+//!     RlsRule {
+//!         key: "tenant".into(),
+//!         then: vec![RuleEntry { key: "plan".into(), value: String::new() }],
+//!         group: "{tenant}.{plan}".into(),
+//!         ..RlsRule::default()
+//!     },
+//! ];
 //! assert_eq!(group_for(&rules, "edge", &[("path", "/api")]), "api");
+//! assert_eq!(group_for(&rules, "any", &[("tenant", "acme"), ("plan", "gold")]), "acme.gold");
+//! assert_eq!(group_for(&rules, "any", &[("tenant", "acme")]), "default");
 //! assert_eq!(group_for(&[], "any", &[("tenant", "acme")]), "acme");
-//! assert_eq!(group_for(&rules, "other", &[("path", "/api")]), "default");
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -31,14 +43,31 @@ pub struct RlsRule {
     /// The entry's value (empty: any).
     #[serde(default)]
     pub value: String,
-    /// The group: a name, where `{value}` stands for the entry's value.
+    /// The group: a name, where `{value}` stands for the first matched entry's value and
+    /// `{KEY}` for the value of the matched entry with key `KEY`.
     pub group: String,
+    /// The entries that must follow the matched one, in order (nested descriptors).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<RuleEntry>,
+}
+
+/// An entry a rule matches after its first: a key, and a value (empty: any).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleEntry {
+    /// The entry's key.
+    pub key: String,
+    /// The entry's value (empty: any).
+    #[serde(default)]
+    pub value: String,
 }
 
 /// The most rules.
 pub const RULES_MAX: usize = 1000;
 /// The longest domain, key, value or group template, in bytes.
 pub const FIELD_MAX_BYTES: usize = 255;
+/// The most entries a rule's `then` holds.
+pub const THEN_MAX: usize = 16;
 
 impl RlsRule {
     /// What is wrong with this rule, prefixed by `at` (such as `rules[3]`).
@@ -56,9 +85,62 @@ impl RlsRule {
         if self.group.is_empty() {
             return Err(format!("{at}.group: must not be empty"));
         }
-        let sample = self.group.replace("{value}", "v");
+        if self.then.len() > THEN_MAX {
+            return Err(format!("{at}.then: at most {THEN_MAX} entries, got {}", self.then.len()));
+        }
+        for (i, e) in self.then.iter().enumerate() {
+            for (name, v) in [("key", &e.key), ("value", &e.value)] {
+                if v.len() > FIELD_MAX_BYTES || v.chars().any(char::is_control) {
+                    return Err(format!(
+                        "{at}.then[{i}].{name}: at most {FIELD_MAX_BYTES} bytes of printable text"
+                    ));
+                }
+            }
+            if e.key.is_empty() {
+                return Err(format!("{at}.then[{i}].key: must not be empty"));
+            }
+        }
+        let sample = self.fill(|_| "v");
         check_group_name(&sample).map_err(|e| format!("{at}.group: {}", e.rule))?;
         Ok(())
+    }
+
+    /// The group template with every `{…}` filled by `value_of` (given `value` or a key).
+    fn fill<'v>(&self, value_of: impl Fn(&str) -> &'v str) -> String {
+        let mut out = String::with_capacity(self.group.len());
+        let mut rest = self.group.as_str();
+        while let Some(open) = rest.find('{') {
+            let Some(close) = rest[open..].find('}') else { break };
+            out.push_str(&rest[..open]);
+            out.push_str(value_of(&rest[open + 1..open + close]));
+            rest = &rest[open + close + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The group this rule names for `entries` from position `at` on, if they match it.
+    fn name_at(&self, entries: &[(&str, &str)], at: usize) -> Option<String> {
+        let (k, v) = entries[at];
+        if k != self.key || !(self.value.is_empty() || self.value == v) {
+            return None;
+        }
+        let rest = entries.get(at + 1..at + 1 + self.then.len())?;
+        if rest.len() != self.then.len()
+            || !rest
+                .iter()
+                .zip(&self.then)
+                .all(|((k, v), e)| *k == e.key && (e.value.is_empty() || e.value == *v))
+        {
+            return None;
+        }
+        let matched = &entries[at..at + 1 + self.then.len()];
+        Some(self.fill(|name| {
+            if name == "value" {
+                return v;
+            }
+            matched.iter().find(|(k, _)| *k == name).map_or("", |(_, v)| v)
+        }))
     }
 }
 
@@ -85,10 +167,8 @@ pub fn group_for(rules: &[RlsRule], domain: &str, entries: &[(&str, &str)]) -> S
         if !r.domain.is_empty() && r.domain != domain {
             continue;
         }
-        if let Some((_, v)) =
-            entries.iter().find(|(k, v)| *k == r.key && (r.value.is_empty() || r.value == *v))
-        {
-            return r.group.replace("{value}", v);
+        if let Some(name) = (0..entries.len()).find_map(|at| r.name_at(entries, at)) {
+            return name;
         }
     }
     DEFAULT_GROUP.to_string()
@@ -126,8 +206,15 @@ mod tests {
                 key: "tenant".into(),
                 value: String::new(),
                 group: "t-{value}".into(),
+                ..RlsRule::default()
             },
-            RlsRule { domain: String::new(), key: "path".into(), value: "/a\"b".into(), group: "api".into() },
+            RlsRule {
+                domain: String::new(),
+                key: "path".into(),
+                value: "/a\"b".into(),
+                group: "api".into(),
+                ..RlsRule::default()
+            },
         ];
         let json = rules_to_json(&rules);
         assert_eq!(rules_from_json(&json).unwrap(), rules);
@@ -148,14 +235,55 @@ mod tests {
     }
 
     #[test]
+    fn nested_rules_match_entries_in_order_and_fill_the_group_from_each() {
+        let rules = vec![
+            RlsRule {
+                key: "tenant".into(),
+                then: vec![RuleEntry { key: "path".into(), value: "/search".into() }],
+                group: "{tenant}-search".into(),
+                ..RlsRule::default()
+            },
+            RlsRule {
+                key: "tenant".into(),
+                then: vec![RuleEntry { key: "plan".into(), value: String::new() }],
+                group: "{value}.{plan}".into(),
+                ..RlsRule::default()
+            },
+        ];
+        assert_eq!(group_for(&rules, "e", &[("tenant", "acme"), ("path", "/search")]), "acme-search");
+        // Entries in another order, or not next to each other, do not match.
+        assert_eq!(group_for(&rules, "e", &[("path", "/search"), ("tenant", "acme")]), "default");
+        assert_eq!(group_for(&rules, "e", &[("tenant", "a"), ("x", "1"), ("plan", "gold")]), "default");
+        assert_eq!(group_for(&rules, "e", &[("ip", "1.2.3.4"), ("tenant", "a"), ("plan", "gold")]), "a.gold");
+        let json = rules_to_json(&rules);
+        assert_eq!(rules_from_json(&json).unwrap(), rules);
+        assert!(
+            !rules_to_json(&[RlsRule { key: "k".into(), group: "g".into(), ..RlsRule::default() }])
+                .contains("then")
+        );
+        let bad = r#"[{"key":"k","group":"g","then":[{"key":""}]}]"#;
+        assert_eq!(rules_from_json(bad).unwrap_err(), "rules[0].then[0].key: must not be empty");
+        let many =
+            format!(r#"[{{"key":"k","group":"g","then":[{}]}}]"#, vec![r#"{"key":"x"}"#; 17].join(","));
+        assert!(rules_from_json(&many).unwrap_err().starts_with("rules[0].then: at most 16 entries"));
+    }
+
+    #[test]
     fn the_first_rule_that_matches_an_entry_names_the_group() {
         let rules = vec![
-            RlsRule { domain: "edge".into(), key: "path".into(), value: "/api".into(), group: "api".into() },
+            RlsRule {
+                domain: "edge".into(),
+                key: "path".into(),
+                value: "/api".into(),
+                group: "api".into(),
+                ..RlsRule::default()
+            },
             RlsRule {
                 domain: String::new(),
                 key: "tenant".into(),
                 value: String::new(),
                 group: "t-{value}".into(),
+                ..RlsRule::default()
             },
         ];
         assert_eq!(group_for(&rules, "edge", &[("tenant", "a"), ("path", "/api")]), "api");
