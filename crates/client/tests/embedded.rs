@@ -309,13 +309,15 @@ fn a_budget_once_spent_holds_the_group_at_its_reservation() {
     let clock = ManualClock::new();
     let g = gate("[groups.a]\nreserved = 10\nlimit = 1000\nbudget = 2000\n", &clock);
     let mut first = 0.0;
-    for _ in 0..300 {
+    for _ in 0..500 {
         while g.try_acquire("a", 1.0).is_ok() {
             first += 1.0;
         }
         clock.advance(Duration::from_millis(10));
     }
-    assert!(first >= 2000.0, "spent {first}");
+    // A second at the limit, then the group is capped at what is left over a second: the
+    // budget's last units go ever slower, and it is never overrun.
+    assert!((1950.0..=2000.0).contains(&first), "spent {first}");
     let mut later = 0.0;
     for _ in 0..500 {
         while g.try_acquire("a", 1.0).is_ok() {
