@@ -536,6 +536,7 @@ async fn background(
     let mut flushes = tokio::time::interval(flush_interval);
     flushes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     flushes.tick().await;
+    let flushing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut ticker = Ticker {
         controller: controller.clone(),
         history,
@@ -555,12 +556,20 @@ async fn background(
                 }
             }
             _ = flushes.tick() => {
-                let n = node.clone();
-                let now = clock.now();
-                match tokio::task::spawn_blocking(move || n.flush(now, wall_ms())).await {
-                    Ok(Err(e)) => tracing::warn!(error = %e, "could not write consumption; will try again"),
-                    Err(e) => tracing::warn!(error = %e, "could not write consumption; will try again"),
-                    Ok(Ok(())) => {}
+                // Beside the ticks, never in their way: a write waits for the disk, which may
+                // take seconds, and the grants must go on being computed meanwhile. One flush
+                // at a time; a turn that finds one still writing is skipped.
+                if !flushing.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    let (n, busy) = (node.clone(), flushing.clone());
+                    let now = clock.now();
+                    tokio::spawn(async move {
+                        match tokio::task::spawn_blocking(move || n.flush(now, wall_ms())).await {
+                            Ok(Err(e)) => tracing::warn!(error = %e, "could not write consumption; will try again"),
+                            Err(e) => tracing::warn!(error = %e, "could not write consumption; will try again"),
+                            Ok(Ok(())) => {}
+                        }
+                        busy.store(false, std::sync::atomic::Ordering::Release);
+                    });
                 }
             }
             _ = stop.changed() => return,
