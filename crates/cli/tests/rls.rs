@@ -192,15 +192,16 @@ async fn quotas_per_window_are_set_shown_and_held() {
         client.should_rate_limit(request("edge", &[&[("tenant", "api")]])).await.unwrap().into_inner();
     let limit = answer.statuses[0].current_limit.clone().unwrap();
     assert_eq!((limit.requests_per_unit, limit.unit), (5, Unit::Minute as i32), "{limit:?}");
-    // Five in the minute at most (the first was just asked): more asks are refused once the
-    // engine has seen them spent.
+    // Five in the minute, and what the grants let through before the engine sees them spent:
+    // capped at what is left (5 a second) and reported at each exchange, so over these two
+    // seconds at most 15.
     let mut admitted = 1;
     for _ in 0..40 {
         let (overall, _) = ask(&url, None, request("edge", &[&[("tenant", "api")]])).await.unwrap();
         admitted += u32::from(overall == Code::Ok);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!((5..=10).contains(&admitted), "{admitted} admitted against 5 a minute");
+    assert!((5..=15).contains(&admitted), "{admitted} admitted against 5 a minute");
     let (ok, out) = cli(&url, None, &["group", "alter", "api", "--no-quota", "minute"]);
     assert!(ok && !out.contains("per minute") && out.contains("900 per day"), "{out}");
     // A descriptor that carries its own limit is refused, naming it.

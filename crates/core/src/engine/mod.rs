@@ -385,8 +385,8 @@ struct Baseline {
 /// tightest quota (`None`: no quota). A spent quota holds the group at its reservation; one
 /// nearly spent lets the group's clients be granted at most what is left over a second, or
 /// over one `tick` when ticks are longer (so the default burst, a second of the grant, holds
-/// no more than is left, and a window's quota is overrun by at most about a tick of grants),
-/// never below the reservation.
+/// no more than is left, and a window's quota is overrun by at most what this cap grants
+/// before the clients' next reports), never below the reservation.
 ///
 /// ```
 /// use std::time::Duration;
