@@ -182,7 +182,7 @@ fn a_bad_or_unreachable_etcd_and_a_foreign_prefix_are_refused_clearly() {
         ["/theirs/config"]
     );
     // Nobody listening: a clear error within the bounded wait, not a hang.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = tollgate_testkit::port::free_port();
     let err = run(&[&base[..], &[format!("http://127.0.0.1:{port}").as_str()]].concat());
     assert!(err.contains(&format!("etcd http://127.0.0.1:{port} prefix /tollgate: cannot connect")), "{err}");
     // Malformed flags name the flag and the rule.

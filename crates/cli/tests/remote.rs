@@ -207,7 +207,7 @@ async fn a_remote_clients_new_group_is_admitted_at_once_under_a_capacity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_reachable_controller_is_a_clear_error_for_the_client_and_the_cli() {
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let free = tollgate_testkit::port::free_port;
     let urls = format!("http://127.0.0.1:{},http://127.0.0.1:{}", free(), free());
     let opts = RemoteOptions { max_wait: Duration::from_millis(200), ..RemoteOptions::default() };
     let gate = Tollgate::remote(&urls, opts).unwrap();

@@ -205,7 +205,7 @@ async fn redis_lost_mid_run_keeps_the_last_size_then_safe_mode_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_at_start_starts_in_safe_mode_within_the_bound() {
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = tollgate_testkit::port::free_port();
     let clock = ManualClock::new();
     let o = StoreOptions {
         connect_timeout: Duration::from_millis(300),

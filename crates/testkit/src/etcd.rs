@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::port::free_port;
+
 /// One running `etcd` member.
 pub struct Etcd {
     child: Option<Child>,
@@ -15,10 +17,6 @@ pub struct Etcd {
     dir: PathBuf,
     /// How it was started, to start it again on the same data.
     args: Vec<std::ffi::OsString>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Etcd {

@@ -4,9 +4,11 @@
 //!   simulated time, with the controller crashed, restarted or cut off on command;
 //! - [`redis`]: a real `redis-server` on a free loopback port, plain or TLS;
 //! - [`etcd`]: a real etcd member or cluster;
-//! - [`pki`]: certificates made inside a test.
+//! - [`pki`]: certificates made inside a test;
+//! - [`port`]: free loopback ports outside the kernel's ephemeral range.
 
 pub mod etcd;
 pub mod net;
 pub mod pki;
+pub mod port;
 pub mod redis;

@@ -30,7 +30,7 @@ pub struct RedisTls<'a> {
 impl Redis {
     /// Starts one on a free port.
     pub fn start(name: &str) -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = crate::port::free_port();
         Redis::start_on(name, port)
     }
 
@@ -41,7 +41,7 @@ impl Redis {
 
     /// Starts one speaking only TLS on a free port (its URL is `rediss://`).
     pub fn start_tls(name: &str, tls: RedisTls<'_>) -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = crate::port::free_port();
         Redis::launch(name, port, Some(tls))
     }
 

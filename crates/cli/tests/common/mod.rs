@@ -87,10 +87,7 @@ pub fn data_dir(name: &str) -> PathBuf {
     d
 }
 
-/// A port on 127.0.0.1 that nothing listens on now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub use tollgate_testkit::port::free_port;
 
 /// Polls `done` every 100 ms for up to a minute; panics naming `what` if it never holds.
 pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
