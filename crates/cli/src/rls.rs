@@ -17,8 +17,10 @@ pub enum Rls {
     /// Print the mapping rules, as JSON.
     Rules,
     /// Replace the mapping rules: a JSON array of {"domain", "key", "value", "group"} and
-    /// optionally "then" (the entries that must follow, in order: [{"key", "value"}]), tried in
-    /// order; "{value}" in group stands for the entry's value and "{KEY}" for the value of the
+    /// optionally "then" (the entries that must follow, in order: [{"key", "value"}]), "whole"
+    /// (true: match only a whole descriptor), "name" and "replaces" (names of rules whose
+    /// descriptors are not limited in a request that matches this one), tried in order;
+    /// "{value}" in group stands for the entry's value and "{KEY}" for the value of the
     /// matched entry KEY; an empty domain or value matches any. `[]` for none (then an entry
     /// with key `tenant` names the group).
     SetRules {

@@ -460,6 +460,8 @@ pub(crate) struct Groups {
     /// The `default` group's state: shared by names beyond the tracking limit.
     overflow: Arc<Group>,
     configured: HashMap<Box<str>, GroupSettings>,
+    /// The patterns among the configured names, most specific first.
+    patterns: Vec<(Box<str>, GroupSettings)>,
     max: usize,
     make: Box<MakeGroup>,
 }
@@ -573,7 +575,7 @@ impl Groups {
         let mut by_name: Vec<(&Box<str>, &GroupSettings)> = configured.iter().collect();
         by_name.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (name, settings) in by_name {
-            if &**name != DEFAULT_GROUP {
+            if &**name != DEFAULT_GROUP && !tollgate_model::settings::is_pattern(name) {
                 let name = GroupName::new(name).expect("configured names are valid");
                 map.insert(make(name, settings));
             }
@@ -585,6 +587,15 @@ impl Groups {
             recent: Mutex::new(Recent::default()),
             sorted: Mutex::new(Sorted::default()),
             overflow,
+            patterns: {
+                let mut p: Vec<_> = configured
+                    .iter()
+                    .filter(|(n, _)| tollgate_model::settings::is_pattern(n))
+                    .map(|(n, s)| (n.clone(), s.clone()))
+                    .collect();
+                tollgate_model::settings::sort_patterns(&mut p);
+                p
+            },
             configured,
             max,
             make,
@@ -691,9 +702,15 @@ impl Groups {
         Ok((group, made))
     }
 
-    /// The settings for `name`: its own, else the `default` group's, else the defaults.
+    /// The settings for `name`: its own, else the most specific matching pattern's, else the
+    /// `default` group's, else the defaults.
     pub(crate) fn settings_for(&self, name: &str) -> GroupSettings {
-        self.configured.get(name).or_else(|| self.configured.get(DEFAULT_GROUP)).cloned().unwrap_or_default()
+        self.configured
+            .get(name)
+            .or_else(|| tollgate_model::settings::matching_pattern(&self.patterns, name))
+            .or_else(|| self.configured.get(DEFAULT_GROUP))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The configured groups.

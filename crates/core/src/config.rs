@@ -117,14 +117,25 @@ impl Config {
         settings_warnings(self.node.capacity, self.node.mode, self.groups.iter())
     }
 
-    /// The settings for `group`: its own if configured, else the `default` group's, else the
-    /// built-in default (unlimited).
+    /// The settings for `group`: its own if configured, else the most specific pattern's that
+    /// matches it (see [`is_pattern`](crate::settings::is_pattern)), else the `default`
+    /// group's, else the built-in default (unlimited).
     pub fn settings_for(&self, group: &str) -> GroupSettings {
+        let mut patterns: Vec<_> =
+            self.groups.iter().filter(|(n, _)| crate::settings::is_pattern(n.as_str())).collect();
+        crate::settings::sort_patterns(&mut patterns);
         self.groups
             .iter()
             .find(|(name, _)| name.as_str() == group)
-            .or_else(|| self.groups.iter().find(|(name, _)| name.as_str() == crate::settings::DEFAULT_GROUP))
-            .map(|(_, s)| s.clone())
+            .map(|(_, s)| s)
+            .or_else(|| crate::settings::matching_pattern(&patterns, group).copied())
+            .or_else(|| {
+                self.groups
+                    .iter()
+                    .find(|(name, _)| name.as_str() == crate::settings::DEFAULT_GROUP)
+                    .map(|(_, s)| s)
+            })
+            .cloned()
             .unwrap_or_default()
     }
 }
@@ -173,10 +184,21 @@ impl Reader<'_> {
                         *slot = text.to_string();
                     }
                 }
+                if let Some((p, v)) = r.take("name")
+                    && let Some(text) = self.string(&p, v)
+                {
+                    rule.name = text.to_string();
+                }
                 if let Some((p, v)) = r.take("then") {
                     rule.then = self.rule_entries(&p, v);
                 }
-                self.finish(r, "domain, key, value, group, then");
+                if let Some((p, v)) = r.take("whole") {
+                    rule.whole = self.boolean(&p, v).unwrap_or(false);
+                }
+                if let Some((p, v)) = r.take("replaces") {
+                    rule.replaces = self.strings(&p, v);
+                }
+                self.finish(r, "domain, key, value, group, then, whole, name, replaces");
                 match rule.check(&at) {
                     Ok(()) => rules.push(rule),
                     Err(e) => {
@@ -188,6 +210,21 @@ impl Reader<'_> {
         }
         self.finish(f, "rules");
         rules
+    }
+
+    /// An array of strings.
+    fn strings(&mut self, path: &str, value: &Value<'_>) -> Vec<String> {
+        let DeValue::Array(items) = value.get_ref() else {
+            self.error(value.span(), path, "must be an array of strings");
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            if let Some(text) = self.string(&format!("{path}[{i}]"), item) {
+                out.push(text.to_string());
+            }
+        }
+        out
     }
 
     /// A rule's `then`: an array of `{ key, value }` tables.
@@ -330,8 +367,20 @@ impl Reader<'_> {
                 continue;
             }
             if let Some(settings) = self.group(&format!("groups.{name}"), value) {
+                if let Err(e) = crate::settings::check_pattern(name, &settings) {
+                    self.error(key.span(), format!("groups.{name}.{}", e.field), e.rule);
+                    continue;
+                }
                 groups.insert(GroupName::new(name).expect("checked above"), settings);
             }
+        }
+        let patterns = groups.keys().filter(|n| crate::settings::is_pattern(n.as_str())).count();
+        if patterns > crate::settings::PATTERNS_MAX {
+            self.error(
+                value.span(),
+                "groups",
+                format!("at most {} patterns (names with *), got {patterns}", crate::settings::PATTERNS_MAX),
+            );
         }
         groups
     }

@@ -49,6 +49,18 @@ pub struct RlsRule {
     /// The entries that must follow the matched one, in order (nested descriptors).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub then: Vec<RuleEntry>,
+    /// Match only a whole descriptor: the rule's entries are all of its entries, from the
+    /// first (envoy/ratelimit's matching), rather than a run of them anywhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole: bool,
+    /// A name that other rules' `replaces` refer to (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// The rules (by `name`) this one lifts: in a request where one descriptor matches this
+    /// rule, the descriptors that match a rule named here are not limited (envoy/ratelimit's
+    /// `replaces`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<String>,
 }
 
 /// An entry a rule matches after its first: a key, and a value (empty: any).
@@ -84,6 +96,20 @@ impl RlsRule {
         }
         if self.group.is_empty() {
             return Err(format!("{at}.group: must not be empty"));
+        }
+        if self.name.len() > FIELD_MAX_BYTES || self.name.chars().any(char::is_control) {
+            return Err(format!("{at}.name: at most {FIELD_MAX_BYTES} bytes of printable text"));
+        }
+        if self.replaces.len() > THEN_MAX {
+            return Err(format!("{at}.replaces: at most {THEN_MAX} names, got {}", self.replaces.len()));
+        }
+        for (i, r) in self.replaces.iter().enumerate() {
+            if r.is_empty() || r.len() > FIELD_MAX_BYTES || r.chars().any(char::is_control) {
+                return Err(format!("{at}.replaces[{i}]: 1 to {FIELD_MAX_BYTES} bytes of printable text"));
+            }
+            if *r == self.name {
+                return Err(format!("{at}.replaces[{i}]: a rule cannot replace itself ({r:?})"));
+            }
         }
         if self.then.len() > THEN_MAX {
             return Err(format!("{at}.then: at most {THEN_MAX} entries, got {}", self.then.len()));
@@ -121,6 +147,9 @@ impl RlsRule {
 
     /// The group this rule names for `entries` from position `at` on, if they match it.
     fn name_at(&self, entries: &[(&str, &str)], at: usize) -> Option<String> {
+        if self.whole && (at != 0 || entries.len() != 1 + self.then.len()) {
+            return None;
+        }
         let (k, v) = entries[at];
         if k != self.key || !(self.value.is_empty() || self.value == v) {
             return None;
@@ -157,21 +186,39 @@ pub fn check_rules(rules: &[RlsRule]) -> Result<(), String> {
 
 /// The group a descriptor's `entries` (key, value) name under `rules` in `domain`.
 pub fn group_for(rules: &[RlsRule], domain: &str, entries: &[(&str, &str)]) -> String {
+    match_rule(rules, domain, entries).1
+}
+
+/// The rule (its index) a descriptor's `entries` match under `rules` in `domain`, if any, and
+/// the group they name.
+pub fn match_rule(rules: &[RlsRule], domain: &str, entries: &[(&str, &str)]) -> (Option<usize>, String) {
     if rules.is_empty() {
-        return entries
+        let name = entries
             .iter()
             .find(|(k, v)| *k == "tenant" && !v.is_empty())
             .map_or_else(|| DEFAULT_GROUP.to_string(), |(_, v)| (*v).to_string());
+        return (None, name);
     }
-    for r in rules {
+    for (i, r) in rules.iter().enumerate() {
         if !r.domain.is_empty() && r.domain != domain {
             continue;
         }
         if let Some(name) = (0..entries.len()).find_map(|at| r.name_at(entries, at)) {
-            return name;
+            return (Some(i), name);
         }
     }
-    DEFAULT_GROUP.to_string()
+    (None, DEFAULT_GROUP.to_string())
+}
+
+/// Of the rules one request's descriptors matched (by index, `None` for none), which are
+/// lifted by another's `replaces`: those descriptors are answered without a limit.
+pub fn replaced(rules: &[RlsRule], matched: &[Option<usize>]) -> Vec<bool> {
+    let lifted: Vec<&str> =
+        matched.iter().flatten().flat_map(|&i| rules[i].replaces.iter().map(String::as_str)).collect();
+    matched
+        .iter()
+        .map(|m| m.is_some_and(|i| !rules[i].name.is_empty() && lifted.contains(&rules[i].name.as_str())))
+        .collect()
 }
 
 /// The largest rules document taken, in bytes.
@@ -183,7 +230,7 @@ pub fn rules_from_json(text: &str) -> Result<Vec<RlsRule>, String> {
         return Err(format!("rules: larger than {RULES_MAX_BYTES} bytes"));
     }
     let rules: Vec<RlsRule> = serde_json::from_str(text).map_err(|e| {
-        format!("rules: expected a JSON array of objects with string fields domain, key, value, group: {e}")
+        format!("rules: expected a JSON array of objects with fields domain, key, value, group, then, whole, name, replaces: {e}")
     })?;
     check_rules(&rules)?;
     Ok(rules)
@@ -197,6 +244,36 @@ pub fn rules_to_json(rules: &[RlsRule]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_rules_match_only_a_whole_descriptor_and_replaces_lifts_by_name() {
+        let rule = |key: &str, then: &[&str], group: &str| RlsRule {
+            key: key.into(),
+            then: then.iter().map(|k| RuleEntry { key: (*k).into(), value: String::new() }).collect(),
+            group: group.into(),
+            whole: true,
+            ..RlsRule::default()
+        };
+        let rules = vec![rule("user", &["path"], "u/{user}/p/{path}"), rule("user", &[], "u/{user}")];
+        assert_eq!(group_for(&rules, "d", &[("user", "ann"), ("path", "/a")]), "u/ann/p//a");
+        assert_eq!(group_for(&rules, "d", &[("user", "ann")]), "u/ann");
+        // Neither a longer descriptor nor one that starts elsewhere matches a whole rule.
+        assert_eq!(group_for(&rules, "d", &[("user", "ann"), ("zone", "z")]), "default");
+        assert_eq!(group_for(&rules, "d", &[("zone", "z"), ("user", "ann")]), "default");
+        let mut named = rules.clone();
+        named[1].name = "per-user".into();
+        named[0].replaces = vec!["per-user".into()];
+        assert_eq!(replaced(&named, &[Some(0), Some(1), None]), [false, true, false]);
+        assert_eq!(replaced(&named, &[Some(1)]), [false], "nothing lifts it alone");
+        let mut selfish = named[1].clone();
+        selfish.replaces = vec!["per-user".into()];
+        assert!(
+            selfish
+                .check("rules[0]")
+                .unwrap_err()
+                .contains("rules[0].replaces[0]: a rule cannot replace itself")
+        );
+    }
 
     #[test]
     fn rules_round_trip_through_json_and_are_checked() {

@@ -120,6 +120,78 @@ impl PartialEq<&str> for GroupName {
     }
 }
 
+/// Whether a configured name is a **pattern** rather than a group: it holds `*`, which stands
+/// for any run of characters. A pattern's settings apply to every group it matches that is not
+/// configured by its own name (a tenant per descriptor value, each held to the same limit);
+/// the most specific pattern wins (the most characters other than `*`, then the first by
+/// name); a group no pattern matches takes the `default` group's settings.
+pub fn is_pattern(name: &str) -> bool {
+    name.contains('*')
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters.
+///
+/// ```
+/// use tollgate_model::settings::glob_matches;
+/// assert!(glob_matches("rl/user=*/path=*", "rl/user=ann/path=/a"));
+/// assert!(!glob_matches("rl/user=*", "rl/path=/a"));
+/// ```
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    // Iterative with one backtrack point: linear in practice, no recursion to exhaust.
+    let (p, s) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut si) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, si));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == s[si] {
+            pi += 1;
+            si += 1;
+        } else if let Some((sp, ss)) = star {
+            pi = sp + 1;
+            si = ss + 1;
+            star = Some((sp, ss + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+/// Sorts patterns so that the first that matches a name is the most specific (see
+/// [`is_pattern`]).
+pub fn sort_patterns<N: AsRef<str>, T>(patterns: &mut [(N, T)]) {
+    let literal = |p: &str| p.bytes().filter(|&c| c != b'*').count();
+    patterns.sort_by(|(a, _), (b, _)| {
+        let (a, b) = (a.as_ref(), b.as_ref());
+        literal(b).cmp(&literal(a)).then_with(|| a.cmp(b))
+    });
+}
+
+/// The first of `sorted` (as [`sort_patterns`] leaves them) that matches `name`.
+pub fn matching_pattern<'a, N: AsRef<str>, T>(sorted: &'a [(N, T)], name: &str) -> Option<&'a T> {
+    sorted.iter().find(|(p, _)| glob_matches(p.as_ref(), name)).map(|(_, t)| t)
+}
+
+/// The most patterns a node holds among its configured groups.
+pub const PATTERNS_MAX: usize = 1000;
+
+/// What a pattern's settings may not hold: a reservation (the groups it names are unbounded,
+/// so their reservations could not add up to anything a capacity covers).
+pub fn check_pattern(name: &str, settings: &GroupSettings) -> Result<(), SettingError> {
+    if is_pattern(name) && settings.reserved() > 0.0 {
+        return Err(SettingError::new(
+            "reserved",
+            format!(
+                "a pattern ({name}) may not reserve: every group it matches would, without bound; \
+                 reserve for groups by their own names"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a group name without allocating: 1 to 255 bytes, no control characters.
 pub fn check_group_name(name: &str) -> Result<(), SettingError> {
     if name.is_empty() {

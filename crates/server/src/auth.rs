@@ -133,29 +133,7 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
 /// Whether `name` matches one of the comma-separated `patterns` (`*`: any run of characters;
 /// empty patterns: every name).
 pub fn matches(patterns: &str, name: &str) -> bool {
-    patterns.is_empty() || patterns.split(',').any(|p| glob(p.trim().as_bytes(), name.as_bytes()))
-}
-
-fn glob(p: &[u8], s: &[u8]) -> bool {
-    // Iterative with one backtrack point: linear in practice, no recursion to exhaust.
-    let (mut pi, mut si) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while si < s.len() {
-        if pi < p.len() && p[pi] == b'*' {
-            star = Some((pi, si));
-            pi += 1;
-        } else if pi < p.len() && p[pi] == s[si] {
-            pi += 1;
-            si += 1;
-        } else if let Some((sp, ss)) = star {
-            pi = sp + 1;
-            si = ss + 1;
-            star = Some((sp, ss + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == b'*')
+    patterns.is_empty() || patterns.split(',').any(|p| tollgate_model::settings::glob_matches(p.trim(), name))
 }
 
 /// Checks a group pattern list: the rule, prefixed by the field.

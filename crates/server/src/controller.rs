@@ -186,7 +186,8 @@ impl Controller {
             engine.set_group(name, s);
         }
         for (name, meter) in stored.meters {
-            if engine.group(&name).is_some() {
+            // Configured groups', and those a pattern's or the default's quotas count.
+            if engine.group(&name).is_some() || engine.counts_quotas(&name) {
                 engine.restore_meter(name, meter);
             }
         }
@@ -568,6 +569,7 @@ impl Controller {
         }
         let settings =
             convert::apply_patch(current.clone().unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
+        self.check_pattern(&name, &settings)?;
         audited(
             &mut store,
             who,
@@ -587,6 +589,7 @@ impl Controller {
 
     /// Sets a group's whole settings. Durable before it returns.
     pub fn set_group(&self, name: GroupName, settings: GroupSettings, who: &str) -> Result<(), AdminError> {
+        self.check_pattern(&name, &settings)?;
         let mut store = self.store();
         let before = self.engine().group(&name).map(group_json);
         audited(&mut store, who, format!("group.put {name}"), before, Some(group_json(&settings)))
@@ -596,6 +599,24 @@ impl Controller {
         self.changed();
         if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
             tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
+        }
+        Ok(())
+    }
+
+    /// A pattern's rules: no reservation, and at most
+    /// [`PATTERNS_MAX`](tollgate_model::settings::PATTERNS_MAX) of them.
+    fn check_pattern(&self, name: &GroupName, settings: &GroupSettings) -> Result<(), AdminError> {
+        use tollgate_model::settings::{PATTERNS_MAX, check_pattern, is_pattern};
+        check_pattern(name.as_str(), settings).map_err(|e| AdminError::invalid(&e.field, e.rule))?;
+        let engine = self.engine();
+        if is_pattern(name.as_str())
+            && engine.group(name).is_none()
+            && engine.groups().iter().filter(|(n, _)| is_pattern(n.as_str())).count() >= PATTERNS_MAX
+        {
+            return Err(AdminError::invalid(
+                "name",
+                format!("at most {PATTERNS_MAX} patterns (names with *)"),
+            ));
         }
         Ok(())
     }

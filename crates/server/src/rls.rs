@@ -197,6 +197,8 @@ enum Ask {
     Refund(f64),
     /// Charge this many units for work done, whatever the group has left.
     Charge(f64),
+    /// Nothing: another descriptor's rule `replaces` this one's, so it has no limit here.
+    Lifted,
 }
 
 /// Each descriptor's group and what it asks, checked.
@@ -212,7 +214,19 @@ fn plan(rules: &[RlsRule], r: &RateLimitRequest) -> Result<Vec<(GroupName, Ask)>
         0 => 1,
         n => u64::from(n),
     };
-    r.descriptors.iter().enumerate().map(|(i, d)| descriptor(rules, &r.domain, i, d, request_hits)).collect()
+    let planned = r
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| descriptor(rules, &r.domain, i, d, request_hits))
+        .collect::<Result<Vec<_>, Status>>()?;
+    let matched: Vec<Option<usize>> = planned.iter().map(|(m, _, _)| *m).collect();
+    let lifted = tollgate_model::rls::replaced(rules, &matched);
+    Ok(planned
+        .into_iter()
+        .zip(lifted)
+        .map(|((_, group, ask), lifted)| (group, if lifted { Ask::Lifted } else { ask }))
+        .collect())
 }
 
 fn descriptor(
@@ -221,7 +235,7 @@ fn descriptor(
     i: usize,
     d: &RateLimitDescriptor,
     request_hits: u64,
-) -> Result<(GroupName, Ask), Status> {
+) -> Result<(Option<usize>, GroupName, Ask), Status> {
     if d.entries.is_empty() || d.entries.len() > ENTRIES_MAX {
         return Err(invalid(
             format!("descriptors[{i}].entries"),
@@ -252,13 +266,13 @@ fn descriptor(
         .filter(|e| e.key != CHARGE_KEY)
         .map(|e| (e.key.as_str(), e.value.as_str()))
         .collect();
-    let name = tollgate_model::rls::group_for(rules, domain, &entries);
+    let (rule, name) = tollgate_model::rls::match_rule(rules, domain, &entries);
     let ask = match (d.is_negative_hits, charge) {
         (true, _) => Ask::Refund(hits as f64),
         (false, true) => Ask::Charge(hits as f64),
         (false, false) => Ask::Admit(hits as f64),
     };
-    check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (g, ask)).map_err(|e| {
+    check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (rule, g, ask)).map_err(|e| {
         invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
     })
 }
@@ -299,6 +313,10 @@ impl RateLimitService for Rls {
         let mut statuses = Vec::with_capacity(planned.len());
         let mut over = false;
         for (group, ask) in &planned {
+            if matches!(ask, Ask::Lifted) {
+                statuses.push(DescriptorStatus { code: Code::Ok as i32, ..DescriptorStatus::default() });
+                continue;
+            }
             let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
             wait_for_first_grant(&handle).await;
             let (code, until) = match *ask {
@@ -312,6 +330,8 @@ impl RateLimitService for Rls {
                     handle.charge(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
                     (Code::Ok, Duration::ZERO)
                 }
+                // Answered before the group was looked up.
+                Ask::Lifted => continue,
                 Ask::Admit(cost) => match handle.try_acquire(cost) {
                     Ok(p) => {
                         permits.push(p.into_owned());
@@ -419,5 +439,29 @@ mod tests {
         r.descriptors[1].entries.push(Entry { key: CHARGE_KEY.into(), value: "after".into() });
         let planned = plan(&[], &r).unwrap();
         assert_eq!((planned[1].0.as_str(), planned[1].1), ("default", Ask::Charge(3.0)));
+    }
+
+    #[test]
+    fn a_rule_that_replaces_another_lifts_that_descriptor_in_the_same_request() {
+        let rules = vec![
+            RlsRule {
+                key: "vip".into(),
+                group: "vip".into(),
+                replaces: vec!["each".into()],
+                ..RlsRule::default()
+            },
+            RlsRule {
+                key: "user".into(),
+                group: "u-{value}".into(),
+                name: "each".into(),
+                ..RlsRule::default()
+            },
+        ];
+        let both = request("edge", vec![vec![("user", "ann")], vec![("vip", "yes")]]);
+        let asks: Vec<_> =
+            plan(&rules, &both).unwrap().into_iter().map(|(g, a)| (g.to_string(), a)).collect();
+        assert_eq!(asks, [("u-ann".to_string(), Ask::Lifted), ("vip".to_string(), Ask::Admit(1.0))]);
+        let alone = request("edge", vec![vec![("user", "ann")]]);
+        assert_eq!(plan(&rules, &alone).unwrap()[0].1, Ask::Admit(1.0));
     }
 }

@@ -520,13 +520,7 @@ impl Tracked {
     /// (`generation`); its ramp follows them, a changed ramp continuing from where the old one
     /// was.
     #[inline]
-    fn follow_settings(
-        &mut self,
-        configured: &HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
-        key: &GroupName,
-        generation: u32,
-        ramped: bool,
-    ) {
+    fn follow_settings(&mut self, configured: &Configured, key: &GroupName, generation: u32, ramped: bool) {
         if self.settings_generation != generation {
             self.settings = settings_in(configured, key).cloned();
             self.settings_generation = generation;
@@ -710,19 +704,52 @@ pub(crate) type FixedHasher = foldhash::fast::FixedState;
 /// The tracked groups, by name, in the order they were first tracked.
 type Tracking = indexmap::IndexMap<GroupName, Tracked, FixedHasher>;
 
-/// The settings in `configured` that apply to `name`: its own, else the `default` group's.
-fn settings_in<'a>(
-    configured: &'a HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
-    name: &GroupName,
-) -> Option<&'a Arc<GroupSettings>> {
-    configured.get(name.as_str()).or_else(|| configured.get(DEFAULT_GROUP))
+/// The configured groups by name, patterns among them (see
+/// [`is_pattern`](crate::settings::is_pattern)) also kept apart, most specific first. Reads go
+/// to the map.
+#[derive(Default)]
+pub(crate) struct Configured {
+    by_name: HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
+    patterns: Vec<(GroupName, Arc<GroupSettings>)>,
+}
+
+impl std::ops::Deref for Configured {
+    type Target = HashMap<GroupName, Arc<GroupSettings>, FixedHasher>;
+    fn deref(&self) -> &Self::Target {
+        &self.by_name
+    }
+}
+
+impl Configured {
+    fn insert(&mut self, name: GroupName, settings: Arc<GroupSettings>) -> Option<Arc<GroupSettings>> {
+        if crate::settings::is_pattern(name.as_str()) {
+            self.patterns.retain(|(n, _)| *n != name);
+            self.patterns.push((name.clone(), settings.clone()));
+            crate::settings::sort_patterns(&mut self.patterns);
+        }
+        self.by_name.insert(name, settings)
+    }
+
+    fn remove(&mut self, name: &GroupName) -> Option<Arc<GroupSettings>> {
+        self.patterns.retain(|(n, _)| n != name);
+        self.by_name.remove(name)
+    }
+}
+
+/// The settings in `configured` that apply to `name`: its own, else the most specific
+/// pattern's that matches it, else the `default` group's.
+fn settings_in<'a>(configured: &'a Configured, name: &GroupName) -> Option<&'a Arc<GroupSettings>> {
+    configured.get(name.as_str()).or_else(|| {
+        crate::settings::matching_pattern(&configured.patterns, name.as_str())
+            .or_else(|| configured.get(DEFAULT_GROUP))
+    })
 }
 
 /// The engine. See the [module documentation](self).
 pub struct Engine {
     settings: EngineSettings,
     /// Shared with the tracked groups, each of which keeps the settings that apply to it.
-    configured: HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
+    configured: Configured,
     /// Bumped by every change to the configured groups: a tracked group whose copy is of an
     /// older generation looks its settings up again at the next tick or report.
     settings_generation: u32,
@@ -816,7 +843,7 @@ impl Engine {
         let clients = ClientTable::new(settings.max_clients);
         Self {
             settings,
-            configured: HashMap::default(),
+            configured: Configured::default(),
             settings_generation: 0,
             reserved_configured: 0.0,
             ramped: 0,
@@ -1221,10 +1248,35 @@ impl Engine {
     /// its start, for [`set_budget_baseline`](Self::set_budget_baseline). Baselines of windows
     /// a group no longer counts are forgotten.
     pub fn budget_periods_due(&mut self, wall_ms: u64) -> Vec<(GroupName, BudgetPeriod, u64)> {
-        let configured = &self.configured;
-        self.budget_baselines.retain(|(g, w), _| configured.get(g).is_some_and(|s| s.quota(*w).is_some()));
+        let (configured, tracked) = (&self.configured, &self.tracked);
+        // A group's quotas: its own, or (tracked, not configured) a pattern's or the default's.
+        let applying = |g: &GroupName| match configured.get(g) {
+            Some(s) => Some(&**s),
+            None => tracked.get(g).and_then(|t| t.settings.as_deref()),
+        };
+        let meters = &self.meters;
+        let applying = |g: &GroupName| {
+            applying(g).or_else(|| {
+                meters.contains_key(g).then(|| settings_in(configured, g)).flatten().map(|s| &**s)
+            })
+        };
+        self.budget_baselines.retain(|(g, w), _| applying(g).is_some_and(|s| s.quota(*w).is_some()));
+        let own = configured
+            .iter()
+            .filter(|(g, _)| !crate::settings::is_pattern(g.as_str()))
+            .map(|(g, s)| (g, &**s));
+        let taken = tracked
+            .iter()
+            .filter(|(g, _)| !configured.contains_key(*g))
+            .filter_map(|(g, t)| Some((g, t.settings.as_deref()?)));
+        // Idle unconfigured groups whose meters quotas keep.
+        let idle = self
+            .meters
+            .keys()
+            .filter(|g| !configured.contains_key(*g))
+            .filter_map(|g| Some((g, &**settings_in(configured, g)?)));
         let mut due = Vec::new();
-        for (g, s) in configured.iter().filter(|(_, s)| s.has_quotas()) {
+        for (g, s) in own.chain(taken).chain(idle).filter(|(_, s)| s.has_quotas()) {
             for (window, _) in s.quotas().filter(|(w, _)| *w != BudgetPeriod::Total) {
                 let start = window.start_of(wall_ms);
                 let key = (g.clone(), window);
@@ -1261,6 +1313,21 @@ impl Engine {
             started += 1;
         }
         started
+    }
+
+    /// Whether the settings that apply to an unconfigured group (a pattern's or the
+    /// default's) give it quotas: then its consumption is kept while it is idle, as a
+    /// configured group's is, for its windows to count.
+    pub fn counts_quotas(&self, name: &GroupName) -> bool {
+        !self.configured.contains_key(name)
+            && settings_in(&self.configured, name).is_some_and(|s| s.has_quotas())
+    }
+
+    /// Whether an idle group's meter is kept for its quotas: [`counts_quotas`](Self::counts_quotas),
+    /// while fewer such meters are kept than groups may be tracked.
+    pub(crate) fn keeps_meter_for_quotas(&self, name: &GroupName) -> bool {
+        self.counts_quotas(name)
+            && self.meters.len() < self.configured.len() + self.settings.max_tracked_groups
     }
 
     /// Whether any configured group has a quota (so that windows need rolling).
@@ -1448,8 +1515,9 @@ impl Engine {
                 && std::mem::take(&mut m.dirty)
             {
                 out.push((name.clone(), m.meter));
-                // An unconfigured group's meter was kept only to be taken.
-                if !self.configured.contains_key(&name) {
+                // An unconfigured group's meter was kept only to be taken, unless quotas
+                // count it.
+                if !self.configured.contains_key(&name) && !self.counts_quotas(&name) {
                     self.meters.remove(&name);
                 }
             }

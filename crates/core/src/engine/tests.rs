@@ -1460,3 +1460,57 @@ fn quotas_per_window_cap_the_group_to_what_is_left_and_start_afresh_each_window(
     // A fresh minute, but only 20 left in the hour.
     assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(20.0));
 }
+
+#[test]
+fn patterns_give_unconfigured_groups_their_settings_most_specific_first() {
+    let mut e = engine(EngineSettings::default());
+    let limit = |n: f64| GroupSettings::builder().limit(n).build().unwrap();
+    e.set_group(name("default"), limit(1.0));
+    e.set_group(name("rl/user=*"), limit(10.0));
+    e.set_group(name("rl/user=*/path=*"), limit(20.0));
+    e.set_group(name("rl/user=ann"), limit(30.0));
+    let t = Nanos(S);
+    for g in ["rl/user=bob", "rl/user=bob/path=/a", "rl/user=ann", "other"] {
+        e.report(t, 1, &name(g), report(100.0, 0.0, 0.0));
+    }
+    e.tick(t);
+    let target = |e: &Engine, g: &str| e.outcome(&name(g)).unwrap().target();
+    assert_eq!(target(&e, "rl/user=bob"), Some(10.0));
+    assert_eq!(target(&e, "rl/user=bob/path=/a"), Some(20.0), "the pattern with more fixed text wins");
+    assert_eq!(target(&e, "rl/user=ann"), Some(30.0), "a group's own settings come first");
+    assert_eq!(target(&e, "other"), Some(1.0), "no pattern: the default group's");
+    // Dropping a pattern hands its groups to the next one.
+    e.remove_group(&name("rl/user=*/path=*"));
+    e.tick(Nanos(2 * S));
+    assert_eq!(target(&e, "rl/user=bob/path=/a"), Some(10.0));
+}
+
+#[test]
+fn a_patterns_quotas_count_each_group_it_names_even_while_idle() {
+    use crate::settings::BudgetPeriod;
+    let mut e =
+        engine(EngineSettings { group_idle_expiry: Duration::from_secs(10), ..EngineSettings::default() });
+    e.set_group(name("t/*"), GroupSettings::builder().quota(BudgetPeriod::Hour, 100.0).build().unwrap());
+    let (a, b) = (name("t/a"), name("t/b"));
+    assert!(e.counts_quotas(&a) && !e.counts_quotas(&name("u")));
+    let hour = 3_600_000;
+    e.report(Nanos(S), 1, &a, report(1000.0, 0.0, 0.0));
+    e.report(Nanos(S), 1, &b, report(1000.0, 0.0, 0.0));
+    assert_eq!(e.roll_windows(5 * hour, BudgetPeriod::Total), 2, "each group its own window");
+    e.report(Nanos(2 * S), 1, &a, report(1000.0, 90.0, 90.0));
+    e.tick(Nanos(2 * S));
+    assert_eq!(e.outcome(&a).unwrap().target(), Some(10.0));
+    assert_eq!(e.outcome(&b).unwrap().target(), Some(100.0), "b's window is its own");
+    // a goes idle and is forgotten; its consumption stays, so the hour still counts it.
+    e.tick(Nanos(30 * S));
+    assert!(e.outcome(&a).is_none());
+    assert_eq!(e.meter(&a).map(|m| m.consumed), Some(90.0));
+    assert_eq!(e.roll_windows(5 * hour + 60_000, BudgetPeriod::Total), 0);
+    e.report(Nanos(31 * S), 1, &a, report(1000.0, 0.0, 0.0));
+    e.tick(Nanos(31 * S));
+    assert_eq!(e.outcome(&a).unwrap().target(), Some(10.0), "back within the hour: 10 left");
+    // The next hour starts afresh.
+    assert_eq!(e.roll_windows(6 * hour, BudgetPeriod::Total), 2);
+    e.tick(Nanos(32 * S));
+    assert_eq!(e.outcome(&a).unwrap().target(), Some(100.0));
+}

@@ -520,10 +520,14 @@ impl Engine {
             {
                 self.resume.insert(name.clone(), (value, now.after(ttl)));
             }
-            // A configured group's consumption is kept (it is billed and budgeted on); an
-            // unconfigured one's goes with it, once what it consumed since the store last took
-            // it has been taken (its name is among the changed ones).
-            if (meter.dirty && self.metering) || self.configured.contains_key(&name) {
+            // A configured group's consumption is kept (it is billed and budgeted on), and so
+            // is a group's that a pattern's or the default's quotas count (up to as many as
+            // are tracked); another unconfigured one's goes with it, once what it consumed
+            // since the store last took it has been taken (its name is among the changed ones).
+            if (meter.dirty && self.metering)
+                || self.configured.contains_key(&name)
+                || self.keeps_meter_for_quotas(&name)
+            {
                 self.meters.insert(name, meter);
             }
         }

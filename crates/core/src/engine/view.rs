@@ -60,7 +60,7 @@ impl Engine {
     /// cost is linear in the number of groups (sort outside any lock the engine is under).
     pub fn view(&self) -> Vec<GroupView> {
         let mut out = Vec::with_capacity(self.configured.len() + self.tracked.len());
-        for (name, settings) in &self.configured {
+        for (name, settings) in self.configured.iter() {
             out.push(self.view_of(name, Some(settings)));
         }
         for name in self.tracked.keys() {
