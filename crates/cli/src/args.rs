@@ -100,6 +100,20 @@ pub(crate) enum Command {
         #[arg(long, short)]
         file: Option<PathBuf>,
     },
+    /// Turn another limiter's limit file into groups, patterns and mapping rules: envoy/ratelimit's
+    /// YAML or Limitador's limits file. Everything is checked first; what Tollgate cannot
+    /// express is refused with its line and the reason, and then nothing changes. The file's
+    /// rules replace the rules of its domains (namespaces) and come before the others.
+    Import {
+        /// The file's format.
+        #[arg(value_enum)]
+        format: ImportFormat,
+        /// The file (`-`: standard input).
+        file: PathBuf,
+        /// Print what would change, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Fit the `linear` cost model to measurements: a CSV with a header naming columns among
     /// requests (or reads and writes), read_bytes, write_bytes and cpu_ms, and the observed
     /// resource use. Prints the coefficients, the fit's quality and a settings-file snippet.
@@ -334,4 +348,13 @@ pub(crate) enum LogFormat {
     Text,
     /// One JSON object a line.
     Json,
+}
+
+/// The limit files `tollgate import` reads.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ImportFormat {
+    /// envoy/ratelimit's configuration (domain, descriptors, rate_limit).
+    EnvoyRatelimit,
+    /// Limitador's limits file (namespace, max_value, seconds, conditions, variables).
+    Limitador,
 }

@@ -84,10 +84,9 @@ pub async fn run(server: &Target, cmd: Rls) -> anyhow::Result<()> {
             let name = |code: i32| Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name());
             say(name(answer.overall_code));
             for (i, s) in answer.statuses.iter().enumerate() {
-                let limit = s
-                    .current_limit
-                    .as_ref()
-                    .map_or("none".to_string(), |l| format!("{}/s ({})", l.requests_per_unit, l.name));
+                let limit = s.current_limit.as_ref().map_or("none".to_string(), |l| {
+                    format!("{}/{} ({})", l.requests_per_unit, unit_name(l.unit), l.name)
+                });
                 let reset = s.duration_until_reset.as_ref().map_or(String::new(), |d| {
                     format!("  retry after {:.3} s", d.seconds as f64 + f64::from(d.nanos) / 1e9)
                 });
@@ -100,6 +99,12 @@ pub async fn run(server: &Target, cmd: Rls) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A limit's unit as people write it: `second`, `minute`, …
+fn unit_name(unit: i32) -> String {
+    envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit::try_from(unit)
+        .map_or_else(|_| format!("unit {unit}"), |u| u.as_str_name().to_ascii_lowercase())
 }
 
 fn pretty(json: &str) -> String {

@@ -758,6 +758,12 @@ impl Controller {
         self.engine().group(name).cloned()
     }
 
+    /// The settings that apply to a group: its own, a pattern's that matches it, or the
+    /// `default` group's.
+    pub fn settings_for(&self, name: &GroupName) -> Option<GroupSettings> {
+        self.engine().settings_for(name).cloned()
+    }
+
     /// Every configured group, by name.
     pub fn groups(&self) -> Vec<(GroupName, GroupSettings)> {
         self.engine().groups().into_iter().map(|(n, s)| (n.clone(), s.clone())).collect()

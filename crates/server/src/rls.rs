@@ -344,7 +344,7 @@ impl RateLimitService for Rls {
                 },
             };
             over |= code == Code::OverLimit;
-            let limit = self.controller.group(group).and_then(|s| current_limit(&s));
+            let limit = self.controller.settings_for(group).and_then(|s| current_limit(&s));
             statuses.push(DescriptorStatus {
                 code: code as i32,
                 current_limit: limit.map(|(l, unit)| RateLimit {

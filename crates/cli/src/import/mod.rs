@@ -1,0 +1,301 @@
+//! `tollgate import`: the limit files of envoy/ratelimit and Limitador turned into groups,
+//! patterns and mapping rules. A file is read whole and checked before anything is sent; what
+//! it holds that Tollgate cannot express is refused with its line and the reason, and then
+//! nothing changes. `--dry-run` prints what would change.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use tollgate_model::rls::RlsRule;
+use tollgate_model::settings::{BudgetPeriod, GroupName, GroupSettings};
+use tollgate_proto::v1;
+
+use crate::admin::{Admin, Target, connect, rpc};
+use crate::say;
+
+mod envoy;
+mod limitador;
+mod yaml;
+
+/// The largest file taken, in bytes.
+pub const FILE_MAX_BYTES: usize = 4 << 20;
+
+/// Which format a file is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// envoy/ratelimit's YAML: `domain`, nested `descriptors`, `rate_limit`.
+    EnvoyRatelimit,
+    /// Limitador's limits file: a list of `namespace`, `max_value`, `seconds`, `conditions`,
+    /// `variables`.
+    Limitador,
+}
+
+/// What a group (or pattern) is set to: a rate, a burst, quotas per window. The import sets
+/// these and nothing else of a group that exists.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shape {
+    /// Units/s; `None`: unlimited.
+    pub limit: Option<f64>,
+    /// `None`: one second of the grant.
+    pub burst: Option<f64>,
+    /// Units per window.
+    pub quotas: BTreeMap<BudgetPeriod, f64>,
+}
+
+impl Shape {
+    /// In words: `limit 500/s`, `unlimited, quota 4/minute`.
+    pub fn describe(&self) -> String {
+        let mut out = match self.limit {
+            Some(l) => format!("limit {l}/s"),
+            None => "unlimited".to_string(),
+        };
+        if let Some(b) = self.burst {
+            let _ = write!(out, ", burst {b}");
+        }
+        for (w, n) in &self.quotas {
+            let _ = write!(out, ", quota {n}/{}", w.name());
+        }
+        out
+    }
+
+    /// The patch that gives a group exactly this shape (other settings untouched).
+    fn patch(&self) -> v1::GroupPatch {
+        let quotas = BudgetPeriod::ALL
+            .into_iter()
+            .map(|w| (w.name().to_string(), self.quotas.get(&w).copied().unwrap_or(0.0)))
+            .collect();
+        v1::GroupPatch {
+            limit: self.limit,
+            unlimited: self.limit.is_none(),
+            burst: self.burst,
+            clear_burst: self.burst.is_none(),
+            quotas,
+            ..v1::GroupPatch::default()
+        }
+    }
+
+    /// A stored group's shape.
+    fn of(s: &v1::GroupSettings) -> Shape {
+        let quotas = s
+            .quotas
+            .iter()
+            .filter_map(|(w, n)| Some((BudgetPeriod::ALL.into_iter().find(|p| p.name() == w)?, *n)))
+            .collect();
+        Shape { limit: s.limit, burst: s.burst, quotas }
+    }
+}
+
+/// One group or pattern a file sets, with the line it comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Imported {
+    pub name: String,
+    pub line: usize,
+    pub shape: Shape,
+}
+
+/// What a file becomes: groups and patterns, and mapping rules that replace the rules of its
+/// domains; or every line it is refused at.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub domains: Vec<String>,
+    pub groups: Vec<Imported>,
+    pub rules: Vec<RlsRule>,
+    /// What was read and has no effect here, with why.
+    pub notes: Vec<(usize, String)>,
+    pub refused: Vec<(usize, String)>,
+}
+
+impl Plan {
+    fn refuse(&mut self, line: usize, why: impl Into<String>) {
+        self.refused.push((line, why.into()));
+    }
+
+    /// Adds a group, or merges windows into one already there from the same file (several
+    /// limits on the same descriptors); refuses two rates for one group.
+    fn add(&mut self, g: Imported) {
+        match self.groups.iter_mut().find(|o| o.name == g.name) {
+            None => self.groups.push(g),
+            Some(o) => {
+                if o.shape.limit.is_some() && g.shape.limit.is_some() && o.shape.limit != g.shape.limit {
+                    self.refused.push((
+                        g.line,
+                        format!("{}: a second rate for the same descriptors (line {})", g.name, o.line),
+                    ));
+                    return;
+                }
+                o.shape.limit = o.shape.limit.or(g.shape.limit);
+                o.shape.burst = o.shape.burst.or(g.shape.burst);
+                for (w, n) in g.shape.quotas {
+                    let q = o.shape.quotas.entry(w).or_insert(n);
+                    *q = q.min(n);
+                }
+            }
+        }
+    }
+
+    /// Checks every group's settings and the rules as the server would, so that a write is
+    /// refused here, before anything changes.
+    fn check(&mut self) {
+        for g in self.groups.clone() {
+            if let Err(e) = GroupName::new(&g.name) {
+                self.refuse(g.line, format!("group {:?}: {}", g.name, e.rule));
+                continue;
+            }
+            match tollgate_proto::convert::apply_patch(GroupSettings::default(), &g.shape.patch()) {
+                Ok(s) => {
+                    if let Err(e) = tollgate_model::settings::check_pattern(&g.name, &s) {
+                        self.refuse(g.line, format!("{}: {e}", g.name));
+                    }
+                }
+                Err(e) => self.refuse(g.line, format!("{}: {e}", g.name)),
+            }
+        }
+        if let Err(e) = tollgate_model::rls::check_rules(&self.rules) {
+            self.refuse(0, e);
+        }
+    }
+}
+
+/// Reads `text` (from `file`) as `format`.
+pub fn plan(format: Format, text: &str) -> Plan {
+    let mut plan = Plan::default();
+    match yaml::parse(text) {
+        Err((line, why)) => plan.refuse(line, why),
+        Ok(docs) => match format {
+            Format::EnvoyRatelimit => envoy::read(&docs, &mut plan),
+            Format::Limitador => limitador::read(&docs, &mut plan),
+        },
+    }
+    if plan.refused.is_empty() {
+        plan.check();
+    }
+    plan.refused.sort();
+    plan
+}
+
+/// `tollgate import FORMAT FILE [--dry-run]`.
+pub async fn run(
+    target: &Target,
+    format: Format,
+    file: &std::path::Path,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let text = crate::read_text(file, FILE_MAX_BYTES)?;
+    let plan = plan(format, &text);
+    let shown = file.display();
+    for (line, note) in &plan.notes {
+        say(format!("{shown}:{line}: note: {note}"));
+    }
+    if !plan.refused.is_empty() {
+        let mut out = String::new();
+        for (line, why) in &plan.refused {
+            let _ = writeln!(out, "{shown}:{line}: {why}");
+        }
+        anyhow::bail!("{out}{} refused; nothing changed", plan.refused.len());
+    }
+    let mut client = connect(target).await?;
+    let current = client.get_rls_rules(v1::GetRlsRulesRequest {}).await.map_err(rpc)?.into_inner();
+    let current: Vec<RlsRule> =
+        tollgate_model::rls::rules_from_json(&current.rules_json).map_err(anyhow::Error::msg)?;
+    let kept: Vec<RlsRule> = current.iter().filter(|r| !plan.domains.contains(&r.domain)).cloned().collect();
+    let rules: Vec<RlsRule> = plan.rules.iter().cloned().chain(kept).collect();
+    tollgate_model::rls::check_rules(&rules).map_err(anyhow::Error::msg)?;
+    let mut changes = Vec::new();
+    for g in &plan.groups {
+        let before = crate::admin::get(&mut client, &g.name).await?;
+        let verb = match &before {
+            None => "create",
+            Some(b) if Shape::of(b) == g.shape => "keep",
+            Some(_) => "change",
+        };
+        let kind = if tollgate_model::settings::is_pattern(&g.name) { "pattern" } else { "group" };
+        let was = before
+            .as_ref()
+            .filter(|_| verb == "change")
+            .map(|b| format!(" (was {})", Shape::of(b).describe()));
+        say(format!("{verb} {kind} {}: {}{}", g.name, g.shape.describe(), was.unwrap_or_default()));
+        if verb != "keep" {
+            changes.push((g, before));
+        }
+    }
+    let replaced = current.len() - (rules.len() - plan.rules.len());
+    say(format!(
+        "rules for {}: {} replaced by {}; {} other rules kept after them",
+        plan.domains.iter().map(|d| format!("domain {d}")).collect::<Vec<_>>().join(", "),
+        replaced,
+        plan.rules.len(),
+        rules.len() - plan.rules.len()
+    ));
+    for r in &plan.rules {
+        say(format!("  {}", serde_json::to_string(r).unwrap_or_default()));
+    }
+    if dry_run {
+        say("dry run: nothing changed");
+        return Ok(());
+    }
+    apply(&mut client, &changes, &rules).await?;
+    say(format!("imported: {} groups and patterns written, {} rules", changes.len(), plan.rules.len()));
+    Ok(())
+}
+
+/// Writes the changed groups, then the rules; if a write fails, what was written is put back.
+async fn apply(
+    client: &mut Admin,
+    changes: &[(&Imported, Option<v1::GroupSettings>)],
+    rules: &[RlsRule],
+) -> anyhow::Result<()> {
+    let mut written = Vec::new();
+    let mut failed = None;
+    for (g, before) in changes {
+        let req = v1::PutGroupRequest {
+            name: g.name.clone(),
+            patch: Some(g.shape.patch()),
+            mode: v1::PutMode::Upsert as i32,
+        };
+        match client.put_group(req).await {
+            Ok(_) => written.push((g, before)),
+            Err(e) => {
+                failed = Some(anyhow::anyhow!("group {}: {}", g.name, rpc(e)));
+                break;
+            }
+        }
+    }
+    if failed.is_none() {
+        let json = tollgate_model::rls::rules_to_json(rules);
+        if let Err(e) = client.set_rls_rules(v1::RlsRules { rules_json: json }).await {
+            failed = Some(anyhow::anyhow!("rules: {}", rpc(e)));
+        }
+    }
+    let Some(error) = failed else { return Ok(()) };
+    for (g, before) in written.into_iter().rev() {
+        let _ = match before {
+            Some(b) => {
+                let patch = Some(Shape::of(b).patch());
+                let req =
+                    v1::PutGroupRequest { name: g.name.clone(), patch, mode: v1::PutMode::Upsert as i32 };
+                client.put_group(req).await.map(|_| ())
+            }
+            None => {
+                let req = v1::DropGroupRequest { name: g.name.clone(), if_exists: true };
+                client.drop_group(req).await.map(|_| ())
+            }
+        };
+    }
+    Err(error.context("the import failed; the groups it had written were put back"))
+}
+
+/// A window's length in envoy/ratelimit's and Limitador's terms: the windows Tollgate counts.
+pub fn window_of_seconds(seconds: u64) -> Option<BudgetPeriod> {
+    match seconds {
+        60 => Some(BudgetPeriod::Minute),
+        3_600 => Some(BudgetPeriod::Hour),
+        86_400 => Some(BudgetPeriod::Day),
+        604_800 => Some(BudgetPeriod::Week),
+        _ => None,
+    }
+}
+
+/// A name fragment for a descriptor entry in a group's name: `key=value`.
+fn part(key: &str, value: &str) -> String {
+    format!("{key}={value}")
+}

@@ -1,0 +1,183 @@
+//! `tollgate import` against a real server: the shipped example files in envoy/ratelimit's and
+//! Limitador's formats become groups, patterns and rules that Envoy's rate-limit calls then
+//! meet; a dry run changes nothing; a file with anything Tollgate cannot express is refused
+//! line by line and changes nothing.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+mod common;
+use common::{BIN, ServerProc, data_dir};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tollgate(server: &ServerProc, args: &[&str]) -> Output {
+    Command::new(BIN).args(args).env("TOLLGATE_SERVER", server.url()).current_dir(repo()).output().unwrap()
+}
+
+fn ok(server: &ServerProc, args: &[&str]) -> String {
+    let out = tollgate(server, args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `tollgate rls check` with one descriptor per item: the overall code, then each status line.
+fn check(server: &ServerProc, domain: &str, descriptors: &[&str]) -> Vec<String> {
+    let mut args = vec!["rls", "check", "--domain", domain];
+    for d in descriptors {
+        args.extend(["--descriptor", d]);
+    }
+    ok(server, &args).lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+}
+
+/// Waits, when the wall clock is in the last 15 s of a minute, for the next minute: the
+/// quota windows are calendar minutes, and what follows must fall within one.
+fn within_one_minute() {
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let into = now.as_millis() % 60_000;
+    if into > 45_000 {
+        std::thread::sleep(std::time::Duration::from_millis(u64::try_from(60_000 - into).unwrap() + 200));
+    }
+}
+
+#[test]
+fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
+    let server = ServerProc::start(&data_dir("import-envoy"));
+    let file = "examples/import/ratelimit.yaml";
+    let before = ok(&server, &["rls", "rules"]);
+    // A dry run says what it would do and does nothing.
+    let dry = ok(&server, &["import", "envoy-ratelimit", file, "--dry-run"]);
+    assert!(dry.contains("create pattern shop/api_key=*: limit 20/s"), "{dry}");
+    assert!(dry.contains("create pattern shop/api_key=*/path=/checkout: unlimited, quota 5/minute"), "{dry}");
+    assert!(dry.contains("create group shop/report=export: unlimited, quota 50/day"), "{dry}");
+    assert!(dry.contains("rules for domain shop: 0 replaced by 7"), "{dry}");
+    assert!(dry.ends_with("dry run: nothing changed\n"), "{dry}");
+    assert_eq!(ok(&server, &["rls", "rules"]), before);
+    assert!(!tollgate(&server, &["group", "show", "shop/api_key=*"]).status.success());
+    // Rules of other domains stay, after the imported ones.
+    let other = r#"[{"domain":"other","key":"tenant","group":"{value}"}]"#;
+    ok(&server, &["rls", "set-rules", other]);
+    let done = ok(&server, &["import", "envoy-ratelimit", file]);
+    assert!(done.contains("imported: 7 groups and patterns written, 7 rules"), "{done}");
+    let rules = ok(&server, &["rls", "rules"]);
+    let rules: Vec<serde_json::Value> = serde_json::from_str(&rules).unwrap();
+    assert_eq!(rules.len(), 8);
+    assert_eq!(rules[7]["domain"], "other");
+    // Each key has its own 20/s, and each key's checkout its own 5 a minute: counted from
+    // the start of a minute of the server's wall clock, so that no new minute starts mid-way.
+    within_one_minute();
+    assert_eq!(
+        check(&server, "shop", &["api_key=k1", "api_key=k1,path=/checkout"]),
+        [
+            "OK",
+            "[0] OK limit 20/second (shop/api_key=k1) remaining 19",
+            "[1] OK limit 5/minute (shop/api_key=k1/path=/checkout) remaining 4"
+        ]
+    );
+    for _ in 0..4 {
+        assert_eq!(check(&server, "shop", &["api_key=k1,path=/checkout"])[0], "OK");
+    }
+    assert_eq!(
+        check(&server, "shop", &["api_key=k1,path=/checkout"])[0],
+        "OVER_LIMIT",
+        "the minute's 5 are spent"
+    );
+    assert_eq!(check(&server, "shop", &["api_key=k2,path=/checkout"])[0], "OK", "another key's are its own");
+    // Any other path under a key: the any-path limit.
+    assert_eq!(
+        check(&server, "shop", &["api_key=k1,path=/home"])[1],
+        "[0] OK limit 300/minute (shop/api_key=k1/path=/home) remaining 299"
+    );
+    // The banned key is closed.
+    assert_eq!(check(&server, "shop", &["api_key=leaked-key"])[0], "OVER_LIMIT");
+    // The enterprise plan lifts the per-address hourly limit in the same request.
+    let lifted = check(&server, "shop", &["client_ip=10.0.0.1", "plan=enterprise"]);
+    assert_eq!(lifted[1], "[0] OK limit none remaining 0", "{lifted:?}");
+    let alone = check(&server, "shop", &["client_ip=10.0.0.1"]);
+    assert_eq!(alone[1], "[0] OK limit 1000/hour (shop/client_ip=10.0.0.1) remaining 999", "{alone:?}");
+    // A descriptor the file has no limit for falls to `default`.
+    assert_eq!(check(&server, "shop", &["api_key=k1,zone=eu"])[1], "[0] OK limit none remaining 0");
+    // Importing the same file again changes no group.
+    let again = ok(&server, &["import", "envoy-ratelimit", file, "--dry-run"]);
+    assert!(again.lines().filter(|l| l.starts_with("keep ")).count() == 7, "{again}");
+    assert!(
+        again.contains("rules for domain shop: 7 replaced by 7; 1 other rules kept after them"),
+        "{again}"
+    );
+}
+
+#[test]
+fn limitador_files_merge_windows_on_the_same_entries() {
+    let server = ServerProc::start(&data_dir("import-limitador"));
+    let done = ok(&server, &["import", "limitador", "examples/import/limitador.yaml"]);
+    assert!(
+        done.contains(
+            "create pattern media/req.method=POST/user_id=*: unlimited, quota 30/minute, quota 500/day"
+        ),
+        "{done}"
+    );
+    assert!(done.contains("create pattern media/req.method=GET/user_id=*: limit 100/s"), "{done}");
+    let shown = ok(&server, &["group", "show", "media/req.method=POST/user_id=*"]);
+    assert!(shown.contains("quotas:   30 per minute, 500 per day"), "{shown}");
+    assert_eq!(
+        check(&server, "media", &["req.method=POST,user_id=ann", "req.method=GET,user_id=ann"]),
+        [
+            "OK",
+            "[0] OK limit 30/minute (media/req.method=POST/user_id=ann) remaining 29",
+            "[1] OK limit 100/second (media/req.method=GET/user_id=ann) remaining 99"
+        ]
+    );
+}
+
+#[test]
+fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
+    let server = ServerProc::start(&data_dir("import-refused"));
+    let before = ok(&server, &["rls", "rules"]);
+    let out = tollgate(&server, &["import", "envoy-ratelimit", "examples/import/refused.yaml"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for line in [
+        "examples/import/refused.yaml:5: shadow_mode: Tollgate has no shadow mode",
+        "examples/import/refused.yaml:11: rate_limit.unit: year is not a window Tollgate counts",
+        "examples/import/refused.yaml:17: rate_limit.burst: unknown key",
+        "3 refused; nothing changed",
+    ] {
+        assert!(err.contains(line), "{line}\n{err}");
+    }
+    assert_eq!(ok(&server, &["rls", "rules"]), before);
+    assert!(ok(&server, &["group", "list"]).lines().count() <= 1, "no group was written");
+    // Limitador's forms Tollgate cannot express, each named by its line.
+    let dir = data_dir("import-refused-files");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.yaml");
+    std::fs::write(
+        &file,
+        "- namespace: n\n  max_value: 5\n  seconds: 60\n  conditions:\n    - \"descriptors[0]['path'] != '/health'\"\n  variables: []\n\
+         - namespace: n\n  max_value: 5\n  seconds: 60\n  conditions: []\n  variables: []\n\
+         - namespace: n\n  max_value: -1\n  seconds: 60\n  colour: red\n  variables: [u]\n",
+    )
+    .unwrap();
+    let out = tollgate(&server, &["import", "limitador", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for line in [
+        "limits.yaml:5: conditions: \"descriptors[0]['path'] != '/health'\": Tollgate's rules match equal values only",
+        "limits.yaml:7: a limit with neither conditions nor variables",
+        "limits.yaml:13: max_value: a whole number from 0",
+        "limits.yaml:15: colour: unknown key",
+    ] {
+        assert!(err.contains(line), "{line}\n{err}");
+    }
+    // Not YAML at all: the line, and nothing changes.
+    std::fs::write(&file, "domain: x\ndescriptors: [\n").unwrap();
+    let out = tollgate(&server, &["import", "envoy-ratelimit", file.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not YAML"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ok(&server, &["rls", "rules"]), before);
+}
