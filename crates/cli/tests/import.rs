@@ -149,6 +149,10 @@ fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
     }
     assert_eq!(ok(&server, &["rls", "rules"]), before);
     assert!(ok(&server, &["group", "list"]).lines().count() <= 1, "no group was written");
+    // A pattern may not reserve, whoever sets it.
+    let out = tollgate(&server, &["group", "create", "user-*", "--reserved", "5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("reserved: a pattern (user-*) may not reserve"), "{err}");
     // Limitador's forms Tollgate cannot express, each named by its line.
     let dir = data_dir("import-refused-files");
     std::fs::create_dir_all(&dir).unwrap();

@@ -222,4 +222,19 @@ mod tests {
         }
         assert_eq!(admitted, 0, "nothing once the day's quota is spent");
     }
+
+    #[test]
+    fn a_pattern_holds_each_group_it_names_to_its_settings_apart() {
+        use tollgate_model::time::ManualClock;
+        let text = "[groups.\"user-*\"]\nlimit = 10\n[groups.\"user-vip-*\"]\nlimit = 1000\n";
+        let config = Config::parse(text).unwrap();
+        let clock = ManualClock::new();
+        let gate = Builder::default().config(config).clock(clock.clone()).build().unwrap();
+        let burst = |g: &str| (0..100).filter(|_| gate.try_acquire(g, 1.0).is_ok()).count();
+        // Each user's own second of 10 (its burst); a vip's 1000 has room for all 100.
+        assert_eq!(burst("user-ann"), 10);
+        assert_eq!(burst("user-bob"), 10, "bob's are his own");
+        assert_eq!(burst("user-vip-cy"), 100, "the more specific pattern");
+        assert_eq!(burst("other"), 100, "no pattern: the defaults (unlimited)");
+    }
 }
