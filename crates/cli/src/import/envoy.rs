@@ -133,7 +133,7 @@ fn descriptor<'n>(plan: &mut Plan, item: &'n Node) -> Option<Read<'n>> {
                 if flag(plan, name, node) {
                     let why = match name.as_str() {
                         "shadow_mode" => "Tollgate has no shadow mode (a limit that counts and never refuses); import the limit without it, or leave it out",
-                        "quota_mode" => "Tollgate has no quota mode (a limit that only reports); leave it out",
+                        "quota_mode" => "Tollgate has no quota mode (a limit whose overrun alone does not refuse the request); leave it out",
                         _ => "Tollgate does not share one counter among values matching a wildcard; give each value its own descriptor",
                     };
                     plan.refuse(*line, format!("{name}: {why}"));
