@@ -21,7 +21,7 @@ fi
 dist=${TOLLGATE_DIST:-dist}
 version=$("$bin" --version | awk '{print $2}')
 [ -n "$version" ] || { echo "release.sh: $bin --version printed no version" >&2; exit 1; }
-"$bin" server --help | grep -q -- '--etcd' || { echo "release.sh: $bin was built without etcd support (--features etcd)" >&2; exit 1; }
+grep -q -- '--etcd' <<<"$("$bin" server --help)" || { echo "release.sh: $bin was built without etcd support (--features etcd)" >&2; exit 1; }
 name=tollgate-$version-x86_64-linux
 glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)
 

@@ -152,8 +152,11 @@ python3 -m venv "$floors"
 "$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1"
 "$floors/bin/pip" wheel -q --disable-pip-version-check --no-deps ./clients/python -w target/python-wheel
 wheel=$(ls target/python-wheel/tollgate_client-*.whl)
+# Listed once and then searched: `grep -q` straight on the pipe may close it before the
+# listing is written, and the lister's broken pipe then fails the pipeline.
+listing=$("$floors/bin/python" -m zipfile -l "$wheel")
 for f in tollgate/py.typed tollgate/v1/tollgate_pb2.py tollgate/v1/tollgate_pb2.pyi tollgate/v1/tollgate_pb2_grpc.py; do
-  "$floors/bin/python" -m zipfile -l "$wheel" | grep -q "^$f " || { echo "$wheel lacks $f" >&2; exit 1; }
+  grep -q "^$f " <<<"$listing" || { echo "$wheel lacks $f" >&2; exit 1; }
 done
 "$floors/bin/pip" install -q --disable-pip-version-check --no-deps "$wheel"
 (cd "$floors" && bin/python -c '
