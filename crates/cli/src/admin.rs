@@ -160,6 +160,10 @@ pub struct GroupOptions {
     /// `false`.
     #[arg(long)]
     background: Option<bool>,
+    /// Shadow mode, `true` or `false`: the group's requests are decided and counted but never
+    /// refused; what would have been refused is counted (`would_refuse_total` in the status).
+    #[arg(long)]
+    shadow: Option<bool>,
 }
 
 /// What dropped work does.
@@ -263,6 +267,7 @@ impl GroupOptions {
         p.backend_limit = self.backend_limit;
         p.clear_backend_limit = self.no_backend_limit;
         p.background = self.background;
+        p.shadow = self.shadow;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -331,6 +336,14 @@ pub enum Node {
     /// Print whether slow start is on, or turn it `on` or `off` (Couchbase: a group with no
     /// client reserves a tenth of its reservation until a tick has seen one).
     SlowStart { state: Option<OnOff> },
+    /// Print whether every group is in shadow mode, or turn it `on` or `off`: requests are
+    /// decided and counted but never refused, and what would have been refused is counted.
+    /// Groups whose own settings ask for shadow mode stay in it when it is off.
+    Shadow { state: Option<OnOff> },
+    /// Print whether the node throttles, or turn throttling `on` or `off` for the whole node
+    /// (the one switch): off admits everything and keeps every setting; on restores them at
+    /// the clients' next exchange. Audited.
+    Throttling { state: Option<OnOff> },
     /// Couchbase's node document: `'{"capacity": 25000}'` (and `"mode": "share"|"fcfs"`).
     /// Only the keys given change. Prints the document.
     SetProperties { json: String },
@@ -582,6 +595,9 @@ fn show(info: &v1::GroupInfo) -> String {
     if s.background {
         let _ = writeln!(out, "background work: given what front-end groups leave");
     }
+    if s.shadow {
+        let _ = writeln!(out, "shadow:   never refused; would-be refusals counted");
+    }
     let repay = s.debt_repay_s.unwrap_or(5.0);
     let _ = writeln!(
         out,
@@ -734,14 +750,24 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
             say(if info.mode() == v1::AllocationMode::Fcfs { "fcfs" } else { "share" });
         }
         Node::SlowStart { state } => {
-            let info = match state {
-                None => client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner(),
-                Some(s) => {
-                    let on = matches!(s, OnOff::On);
-                    client.set_slow_start(v1::SetSlowStartRequest { on }).await.map_err(rpc)?.into_inner()
-                }
-            };
+            let info = switch(&mut client, state, async |c, on| {
+                c.set_slow_start(v1::SetSlowStartRequest { on }).await
+            })
+            .await?;
             say(if info.slow_start { "on" } else { "off" });
+        }
+        Node::Shadow { state } => {
+            let info =
+                switch(&mut client, state, async |c, on| c.set_shadow(v1::SetShadowRequest { on }).await)
+                    .await?;
+            say(if info.shadow { "on" } else { "off" });
+        }
+        Node::Throttling { state } => {
+            let info = switch(&mut client, state, async |c, on| {
+                c.set_throttling(v1::SetThrottlingRequest { on }).await
+            })
+            .await?;
+            say(if info.throttling_off { "off" } else { "on" });
         }
         Node::SetProperties { json } => {
             // Checked whole before anything is sent, so a bad document changes nothing.
@@ -756,6 +782,12 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
             if let Some(on) = change.slow_start {
                 client.set_slow_start(v1::SetSlowStartRequest { on }).await.map_err(rpc)?;
             }
+            if let Some(on) = change.shadow {
+                client.set_shadow(v1::SetShadowRequest { on }).await.map_err(rpc)?;
+            }
+            if let Some(on) = change.throttling {
+                client.set_throttling(v1::SetThrottlingRequest { on }).await.map_err(rpc)?;
+            }
             let info = client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner();
             say(properties::node_json(&stored(&info)));
         }
@@ -765,6 +797,20 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The node as it is when `state` is not given, else as `set` left it after turning one of its
+/// switches on or off.
+async fn switch(
+    client: &mut Admin,
+    state: Option<OnOff>,
+    set: impl AsyncFnOnce(&mut Admin, bool) -> Result<tonic::Response<v1::NodeInfo>, tonic::Status>,
+) -> anyhow::Result<v1::NodeInfo> {
+    let answer = match state {
+        None => client.get_node(v1::GetNodeRequest {}).await,
+        Some(s) => set(client, matches!(s, OnOff::On)).await,
+    };
+    Ok(answer.map_err(rpc)?.into_inner())
 }
 
 /// The node as the store keeps it, from its answer.

@@ -6,6 +6,7 @@
 //! DROP RESOURCE GROUP [IF EXISTS] name
 //! SHOW RESOURCE GROUPS
 //! SHOW CREATE RESOURCE GROUP name
+//! SET GLOBAL tidb_enable_resource_control = ON|OFF
 //! ```
 //!
 //! Keywords are case-insensitive, the `=` and the commas between options are optional, and
@@ -13,6 +14,8 @@
 //! mistake anywhere runs nothing; an error names the token it stopped at, with its line and
 //! column. `RU_PER_SEC = n` reserves n units/s and limits the group to n, unless it is
 //! `BURSTABLE`, which lifts the limit (TiDB's resource control reads the same way).
+//! `SET GLOBAL tidb_enable_resource_control = OFF` is the one switch: throttling off for the
+//! whole node, every group kept (`ON` turns it back on).
 
 use std::fmt::Write as _;
 
@@ -75,6 +78,8 @@ pub enum Statement {
     ShowAll,
     /// `SHOW CREATE RESOURCE GROUP name`.
     ShowCreate { name: String },
+    /// `SET GLOBAL tidb_enable_resource_control = ON|OFF`: the one switch.
+    SetThrottling { on: bool },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -315,7 +320,27 @@ impl Parser<'_> {
             self.expect_word("GROUPS")?;
             return Ok(Statement::ShowAll);
         }
-        self.fail("CREATE, ALTER, DROP or SHOW")
+        if self.eat_word("SET") {
+            self.expect_word("GLOBAL")?;
+            self.expect_word("TIDB_ENABLE_RESOURCE_CONTROL")?;
+            self.eat(&Kind::Equals);
+            let on = if self.eat_word("ON") || self.eat_word("TRUE") || self.eat_number("1") {
+                true
+            } else if self.eat_word("OFF") || self.eat_word("FALSE") || self.eat_number("0") {
+                false
+            } else {
+                return self.fail("ON or OFF for tidb_enable_resource_control");
+            };
+            return Ok(Statement::SetThrottling { on });
+        }
+        self.fail("CREATE, ALTER, DROP, SHOW or SET")
+    }
+
+    /// Takes the number `n` written as it is.
+    fn eat_number(&mut self, n: &str) -> bool {
+        let here = matches!(self.peek().map(|t| &t.kind), Some(Kind::Number(w)) if w == n);
+        self.next += usize::from(here);
+        here
     }
 
     fn options(&mut self) -> Result<Options, SqlError> {
@@ -530,6 +555,10 @@ async fn execute(client: &mut crate::admin::Admin, statement: Statement) -> anyh
             };
             say(create_text(&name, &current));
         }
+        Statement::SetThrottling { on } => {
+            client.set_throttling(v1::SetThrottlingRequest { on }).await.map_err(admin::rpc)?;
+            say(format!("resource control {}", if on { "on" } else { "off: nothing is throttled" }));
+        }
     }
     Ok(())
 }
@@ -586,6 +615,11 @@ mod tests {
                 Statement::ShowCreate { name: "y".into() },
             ]
         );
+        assert_eq!(
+            parse("SET GLOBAL tidb_enable_resource_control = OFF; set global TIDB_ENABLE_RESOURCE_CONTROL 1")
+                .unwrap(),
+            vec![Statement::SetThrottling { on: false }, Statement::SetThrottling { on: true }]
+        );
     }
 
     #[test]
@@ -613,7 +647,11 @@ mod tests {
         );
         assert_eq!(
             e("DELETE FROM t"),
-            "line 1, column 1: expected CREATE, ALTER, DROP or SHOW, found `DELETE`"
+            "line 1, column 1: expected CREATE, ALTER, DROP, SHOW or SET, found `DELETE`"
+        );
+        assert_eq!(
+            e("SET GLOBAL tidb_enable_resource_control = maybe"),
+            "line 1, column 43: expected ON or OFF for tidb_enable_resource_control, found `maybe`"
         );
         assert_eq!(
             e("ALTER RESOURCE GROUP g"),

@@ -60,7 +60,7 @@ fn with_token(token: Option<&str>) -> Access {
 }
 
 /// Every gRPC method of the contract.
-const METHODS: [&str; 22] = [
+const METHODS: [&str; 24] = [
     "Exchange",
     "Report",
     "WatchSettings",
@@ -72,6 +72,8 @@ const METHODS: [&str; 22] = [
     "SetCapacity",
     "SetMode",
     "SetSlowStart",
+    "SetShadow",
+    "SetThrottling",
     "GetNode",
     "Status",
     "Trace",
@@ -124,6 +126,8 @@ async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
         "SetCapacity" => admin.set_capacity(v1::SetCapacityRequest { capacity: None }).await.map(drop),
         "SetMode" => admin.set_mode(v1::SetModeRequest { mode: 0 }).await.map(drop),
         "SetSlowStart" => admin.set_slow_start(v1::SetSlowStartRequest { on: false }).await.map(drop),
+        "SetShadow" => admin.set_shadow(v1::SetShadowRequest { on: false }).await.map(drop),
+        "SetThrottling" => admin.set_throttling(v1::SetThrottlingRequest { on: true }).await.map(drop),
         "GetNode" => admin.get_node(v1::GetNodeRequest {}).await.map(drop),
         "Status" => admin.status(v1::StatusRequest::default()).await.map(drop),
         "Trace" => admin.trace(v1::TraceRequest::default()).await.map(drop),

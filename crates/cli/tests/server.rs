@@ -1146,11 +1146,11 @@ fn couchbases_json_properties_through_the_cli_and_http() {
     let s = ServerProc::start(&data_dir("properties"));
     assert_eq!(
         ok(&s, &["node", "get-properties"]),
-        "{\"capacity\": \"unlimited\", \"mode\": \"share\", \"slow_start\": false}\n"
+        "{\"capacity\": \"unlimited\", \"mode\": \"share\", \"slow_start\": false, \"shadow\": false, \"throttling\": true}\n"
     );
     assert_eq!(
         ok(&s, &["node", "set-properties", r#"{"capacity": 25000}"#]),
-        "{\"capacity\": 25000, \"mode\": \"share\", \"slow_start\": false}\n"
+        "{\"capacity\": 25000, \"mode\": \"share\", \"slow_start\": false, \"shadow\": false, \"throttling\": true}\n"
     );
     assert_eq!(ok(&s, &["node", "capacity"]), "25000\n");
     assert_eq!(
@@ -1189,19 +1189,28 @@ fn couchbases_json_properties_through_the_cli_and_http() {
     let (code, body) = http_send(&s.http, "GET", "/v1/node/properties", "");
     assert_eq!(
         (code, body.as_str()),
-        (200, "{\"capacity\": 25000, \"mode\": \"share\", \"slow_start\": false}")
+        (
+            200,
+            "{\"capacity\": 25000, \"mode\": \"share\", \"slow_start\": false, \"shadow\": false, \"throttling\": true}"
+        )
     );
     let (code, body) = http_send(&s.http, "PUT", "/v1/node/properties", r#"{"mode": "fcfs"}"#);
     assert_eq!(
         (code, body.as_str()),
-        (200, "{\"capacity\": 25000, \"mode\": \"fcfs\", \"slow_start\": false}")
+        (
+            200,
+            "{\"capacity\": 25000, \"mode\": \"fcfs\", \"slow_start\": false, \"shadow\": false, \"throttling\": true}"
+        )
     );
     assert_eq!(ok(&s, &["node", "mode"]), "fcfs\n");
     // Couchbase's slow start, by document or by command.
     let (code, body) = http_send(&s.http, "PUT", "/v1/node/properties", r#"{"slow_start": true}"#);
     assert_eq!(
         (code, body.as_str()),
-        (200, "{\"capacity\": 25000, \"mode\": \"fcfs\", \"slow_start\": true}")
+        (
+            200,
+            "{\"capacity\": 25000, \"mode\": \"fcfs\", \"slow_start\": true, \"shadow\": false, \"throttling\": true}"
+        )
     );
     assert_eq!(ok(&s, &["node", "slow-start"]), "on\n");
     assert_eq!(ok(&s, &["node", "slow-start", "off"]), "off\n");
@@ -1248,7 +1257,7 @@ fn a_defaults_file_fills_what_the_store_lacks_and_a_broken_one_stops_the_start()
     let s = ServerProc::start_with(&data, &["--config", config], Stdio::null());
     assert_eq!(
         ok(&s, &["node", "get-properties"]),
-        "{\"capacity\": 5000, \"mode\": \"fcfs\", \"slow_start\": true}\n"
+        "{\"capacity\": 5000, \"mode\": \"fcfs\", \"slow_start\": true, \"shadow\": false, \"throttling\": true}\n"
     );
     assert_eq!(ok(&s, &["group", "get-properties", "a"]), "{\"reserved\": 100, \"hard_limit\": 200}\n");
     // What is changed at run time wins over the file at the next start; a group the store
@@ -1583,4 +1592,76 @@ fn the_log_can_be_json_a_line() {
     let bad = Command::new(BIN).args(["server", "--log-format", "xml"]).output().unwrap();
     let said = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && said.contains("--log-format") && said.contains("json"), "{said}");
+}
+
+/// The status's entry for group `name` (`Null` if it has none).
+fn group_status(server: &ServerProc, name: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&http_get_body(&server.http, "/v1/status")).unwrap();
+    v["groups"].as_array().and_then(|gs| gs.iter().find(|g| g["name"] == name).cloned()).unwrap_or_default()
+}
+
+fn http_get_body(addr: &str, path: &str) -> String {
+    let answer = http_get(addr, path);
+    answer.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string())
+}
+
+/// `n` checks of one unit for `group` over HTTP: how many were admitted.
+fn checks(server: &ServerProc, group: &str, n: usize) -> usize {
+    let body = format!(r#"{{"group":"{group}"}}"#);
+    (0..n).filter(|_| http_send(&server.http, "POST", "/v1/check", &body).0 == 200).count()
+}
+
+#[test]
+fn shadow_mode_and_the_one_switch_through_the_cli_http_sql_metrics_and_audit() {
+    let s = ServerProc::start_with(&data_dir("shadow"), &["--tick-ms", "100"], Stdio::null());
+    ok(&s, &["group", "create", "dark", "--limit", "0.01", "--burst", "2", "--shadow", "true"]);
+    ok(&s, &["group", "create", "live", "--limit", "0.01", "--burst", "2"]);
+    assert!(ok(&s, &["group", "show", "dark"]).contains("shadow:   never refused"));
+    // A group in shadow mode is never refused; the one beside it is held to its burst.
+    assert_eq!(checks(&s, "dark", 8), 8);
+    assert!(checks(&s, "live", 8) < 8);
+    common::eventually("the status counts what shadow mode would have refused", || {
+        let (dark, live) = (group_status(&s, "dark"), group_status(&s, "live"));
+        dark["admitted_total"] == 8
+            && dark["throttled_total"] == 0
+            && dark["would_refuse_total"].as_u64().unwrap_or(0) > 0
+            && live["throttled_total"].as_u64().unwrap_or(0) > 0
+            && live["would_refuse_total"] == 0
+    });
+    let dark = group_status(&s, "dark")["would_refuse_total"].as_f64().unwrap();
+    let metric = common::metric(&s.http, "tollgate_group_would_refuse_requests_total{group=\"dark\"}");
+    assert_eq!(metric, dark);
+    assert_eq!(common::metric(&s.http, "tollgate_node_throttling"), 1.0);
+
+    // The one switch: off admits everything and keeps every setting.
+    assert_eq!(ok(&s, &["node", "throttling", "off"]), "off\n");
+    assert_eq!(common::metric(&s.http, "tollgate_node_throttling"), 0.0);
+    common::eventually("throttling off reaches the HTTP path", || checks(&s, "live", 8) == 8);
+    assert!(ok(&s, &["group", "show", "live"]).contains("limit:    0.01"));
+    assert_eq!(ok(&s, &["node", "throttling"]), "off\n");
+    assert_eq!(ok(&s, &["node", "throttling", "on"]), "on\n");
+    common::eventually("throttling back on holds the limit again", || checks(&s, "live", 8) < 8);
+    // TiDB's statement is the same switch; node-wide shadow mode by command or document.
+    assert_eq!(
+        ok(&s, &["sql", "SET GLOBAL tidb_enable_resource_control = OFF"]),
+        "resource control off: nothing is throttled\n"
+    );
+    assert_eq!(ok(&s, &["node", "throttling"]), "off\n");
+    assert_eq!(ok(&s, &["node", "shadow", "on"]), "on\n");
+    let (code, body) = http_send(&s.http, "PATCH", "/v1/node", r#"{"throttling": true, "shadow": false}"#);
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["throttling"].as_bool(), v["shadow"].as_bool()), (Some(true), Some(false)), "{body}");
+    let (code, body) = http_send(&s.http, "PATCH", "/v1/node", r#"{"throttling": "off"}"#);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("throttling"), "{body}");
+    // Every flip is audited, before and after.
+    let lines: Vec<serde_json::Value> =
+        ok(&s, &["audit", "--json"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let flips: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["what"] == "node.set" && l["before"]["throttling"] != l["after"]["throttling"])
+        .map(|l| (l["before"]["throttling"].as_str().unwrap(), l["after"]["throttling"].as_str().unwrap()))
+        .collect();
+    assert_eq!(flips, [("on", "off"), ("off", "on"), ("on", "off"), ("off", "on")], "{lines:#?}");
 }

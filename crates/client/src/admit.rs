@@ -45,6 +45,10 @@ impl Inner {
             return Err(AcquireError::InvalidCost(check_cost("cost", cost).expect_err("cost is invalid")));
         }
         let g = &*group;
+        // In shadow mode nothing waits: work is admitted now, or counted as a would-be
+        // refusal and admitted all the same.
+        let shadow = g.is_shadow();
+        let max_wait = if shadow { Duration::ZERO } else { max_wait };
         // Price before reading the clock: the two are independent and overlap in the CPU.
         let priced = match g.limiter() {
             Limiter::Bucket(bucket) if max_wait.is_zero() => Some(bucket.price(cost)),
@@ -54,6 +58,12 @@ impl Inner {
         self.tick(now);
         if unthrottled && self.mode.unthrottled_allowed() {
             return Ok((self.admit_unthrottled(group, cost, now), Duration::ZERO));
+        }
+        if g.is_open() {
+            return Ok((self.admit_open(group, cost, now), Duration::ZERO));
+        }
+        if cost > g.burst_ceiling && shadow {
+            return Ok((self.admit_shadow(group, cost, now), Duration::ZERO));
         }
         if cost > g.burst_ceiling {
             return Err(AcquireError::NeverAdmissible {
@@ -79,8 +89,31 @@ impl Inner {
                 count_admitted(g, cost, !wait.is_zero());
                 Ok((Permit { group, cost, at: now }, wait))
             }
+            Err(_) if shadow => Ok((self.admit_shadow(group, cost, now), Duration::ZERO)),
             Err((retry_after, refusal)) => Err(self.refuse(g, cost, retry_after, refusal, now)),
         }
+    }
+
+    /// Admits work the group's limiter refused, in shadow mode: counted as admitted (and
+    /// consumed), and as a would-be refusal. Its cost is not taken from the limiter, which
+    /// goes on deciding as if it had been refused, so `would_refuse` counts what the limit
+    /// would have refused.
+    #[cold]
+    fn admit_shadow<'g>(&self, group: GroupRef<'g>, cost: f64, now: Nanos) -> Permit<'g> {
+        group.would_refuse.fetch_add(1, Ordering::Relaxed);
+        count_admitted(&group, cost, false);
+        Permit { group, cost, at: now }
+    }
+
+    /// Admits work with throttling off (the process's settings): counted as admitted, and
+    /// taken from a store-mode share so its pool sees the use.
+    #[cold]
+    fn admit_open<'g>(&self, group: GroupRef<'g>, cost: f64, now: Nanos) -> Permit<'g> {
+        if let Limiter::Epoch(share) = group.limiter() {
+            share.take(cost, now);
+        }
+        count_admitted(&group, cost, false);
+        Permit { group, cost, at: now }
     }
 
     /// [`admit`](Self::admit) for its most common case, small enough to inline into the
@@ -97,7 +130,7 @@ impl Inner {
         g: &'g Group,
         cost: f64,
     ) -> Option<Result<Permit<'g>, AcquireError>> {
-        let bucket = g.bucket()?;
+        let bucket = g.quick_bucket()?;
         // Two comparisons (NaN fails both): the ceiling is finite, so an infinite cost too.
         // A cost just above the rounded ceiling is checked exactly by `admit`.
         if !(cost >= 0.0 && cost <= f64::from(g.quick_ceiling)) {

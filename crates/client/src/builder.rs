@@ -99,8 +99,9 @@ impl Builder {
                 LimiterState::Bucket(bucket),
                 &make_clock,
                 settings.burst().unwrap_or(ceiling),
+                !node.throttling,
             );
-            g.set_policy(settings.dropped(), settings.debt_repay());
+            g.set_policy(settings.dropped(), settings.debt_repay(), settings.shadow() || node.shadow);
             g
         };
         let configured = config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();

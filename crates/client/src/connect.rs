@@ -99,6 +99,7 @@ impl Tollgate {
                 LimiterState::Bucket(Bucket::closed_until_rated(make_clock.now())),
                 &make_clock,
                 f64::INFINITY,
+                false,
             );
             g.allowance.store(f64::NAN.to_bits(), std::sync::atomic::Ordering::Relaxed);
             g
@@ -183,13 +184,14 @@ impl Tollgate {
         let clock = Arc::new(ClockSource::of(clock));
         let make_clock = clock.clone();
         let shares = Arc::new(shares);
+        let (shadow, open) = (config.node.shadow, !config.node.throttling);
         let make = move |name: GroupName, settings: &GroupSettings| {
             let limiter = match shares.get(&name) {
                 Some((spec, size)) => LimiterState::Epoch(Box::new(EpochShare::new(spec.clone(), *size))),
                 None => LimiterState::Bucket(Bucket::new(f64::INFINITY, f64::INFINITY, make_clock.now())),
             };
-            let g = Group::new(name, limiter, &make_clock, f64::INFINITY);
-            g.set_policy(settings.dropped(), settings.debt_repay());
+            let g = Group::new(name, limiter, &make_clock, f64::INFINITY, open);
+            g.set_policy(settings.dropped(), settings.debt_repay(), settings.shadow() || shadow);
             g.allowance.store(f64::INFINITY.to_bits(), std::sync::atomic::Ordering::Relaxed);
             g
         };

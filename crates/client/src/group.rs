@@ -87,8 +87,10 @@ pub(crate) struct Group {
     used: AtomicBool,
     /// Set while a debt is being paid back: the bucket then refills slower than granted.
     repaying: AtomicBool,
-    /// Whether the group admits through `epoch` (set once, at the start).
-    by_epoch: bool,
+    /// Whether every admission takes the general path ([`Inner::admit`](crate::inner::Inner)):
+    /// a store-mode group (it admits through `epoch`), a group in shadow mode, or every group
+    /// of a process whose settings turn throttling off.
+    general: AtomicBool,
     /// `name`'s short form, what a look-up by name compares.
     short_name: ShortName,
     /// `burst_ceiling` rounded down to an `f32` (`f32::MAX` where it is larger): a finite
@@ -120,6 +122,12 @@ pub(crate) struct Group {
     /// Over how long a debt is paid back, in nanoseconds (0: at once, blocking).
     debt_repay_ns: AtomicU64,
     repay: Mutex<Repay>,
+    /// Shadow mode: admit what would be refused, counting it in `would_refuse`.
+    shadow: AtomicBool,
+    /// The process's settings turn throttling off: admit everything (set once).
+    open: bool,
+    /// Requests admitted in shadow mode that would have been refused.
+    pub(crate) would_refuse: AtomicU64,
     /// What settled requests did, in detail (running totals).
     detail: Mutex<Consumption>,
     /// Set once `detail` is first added to: until then it is read without its lock.
@@ -156,6 +164,7 @@ impl Group {
         limiter: LimiterState,
         clock: &Arc<ClockSource>,
         burst_ceiling: f64,
+        open: bool,
     ) -> Arc<Group> {
         let (bucket, epoch) = match limiter {
             LimiterState::Bucket(bucket) => (bucket, None),
@@ -164,7 +173,10 @@ impl Group {
         Arc::new_cyclic(|me| Group {
             short_name: ShortName::of(name.as_str()),
             name,
-            by_epoch: epoch.is_some(),
+            general: AtomicBool::new(epoch.is_some() || open),
+            shadow: AtomicBool::new(false),
+            open,
+            would_refuse: AtomicU64::new(0),
             bucket,
             epoch,
             counters: Counters::new(),
@@ -194,18 +206,35 @@ impl Group {
     /// How the group admits.
     #[inline(always)]
     pub(crate) fn limiter(&self) -> Limiter<'_> {
-        if self.by_epoch
-            && let Some(share) = &self.epoch
-        {
-            return Limiter::Epoch(share);
+        match &self.epoch {
+            Some(share) => Limiter::Epoch(share),
+            None => Limiter::Bucket(&self.bucket),
         }
-        Limiter::Bucket(&self.bucket)
     }
 
-    /// The group's bucket, when it admits through one: reads only the admission line.
+    /// The group's bucket, when it admits through one.
     #[inline(always)]
     pub(crate) fn bucket(&self) -> Option<&Bucket> {
-        (!self.by_epoch).then_some(&self.bucket)
+        self.epoch.is_none().then_some(&self.bucket)
+    }
+
+    /// The group's bucket when an admission may take the quick path (a bucket group, not in
+    /// shadow mode, throttling on): reads only the admission line.
+    #[inline(always)]
+    pub(crate) fn quick_bucket(&self) -> Option<&Bucket> {
+        (!self.general.load(Ordering::Relaxed)).then_some(&self.bucket)
+    }
+
+    /// Whether the group is in shadow mode.
+    #[inline]
+    pub(crate) fn is_shadow(&self) -> bool {
+        self.shadow.load(Ordering::Relaxed)
+    }
+
+    /// Whether the process's settings turn throttling off.
+    #[inline]
+    pub(crate) fn is_open(&self) -> bool {
+        self.open
     }
 
     pub(crate) fn self_arc(&self) -> Arc<Group> {
@@ -228,6 +257,7 @@ impl Group {
             throttled: t.throttled,
             waited: t.waited,
             detail: self.detail(),
+            would_refuse: self.would_refuse.load(Ordering::Relaxed),
         }
     }
 
@@ -290,12 +320,14 @@ impl Group {
         self.allowance.store(rate.to_bits(), Ordering::Relaxed);
     }
 
-    /// Takes the policies the group's settings give: what dropped work does, and over how
-    /// long a debt is paid back.
-    pub(crate) fn set_policy(&self, dropped: DroppedWork, debt_repay: std::time::Duration) {
+    /// Takes the policies the group's settings give: what dropped work does, over how long
+    /// a debt is paid back, and whether it is in shadow mode.
+    pub(crate) fn set_policy(&self, dropped: DroppedWork, debt_repay: std::time::Duration, shadow: bool) {
         self.count_dropped.store(dropped == DroppedWork::Count, Ordering::Relaxed);
         let ns = u64::try_from(debt_repay.as_nanos()).unwrap_or(u64::MAX);
         self.debt_repay_ns.store(ns, Ordering::Relaxed);
+        self.shadow.store(shadow, Ordering::Relaxed);
+        self.general.store(self.epoch.is_some() || shadow || self.open, Ordering::Relaxed);
     }
 
     /// Whether dropped work counts as consumed.
@@ -780,10 +812,13 @@ mod tests {
 
     fn table(max: usize) -> Groups {
         let clock = Arc::new(ClockSource::of(tollgate_model::time::ManualClock::new()));
-        let make = move |name: GroupName, _: &GroupSettings| {
-            Group::new(name, LimiterState::Bucket(Bucket::new(10.0, 10.0, Nanos(0))), &clock, f64::INFINITY)
-        };
+        let make = move |name: GroupName, _: &GroupSettings| plain(name, &clock);
         Groups::new(HashMap::new(), max, Box::new(make))
+    }
+
+    /// A group with a bucket of 10 units/s.
+    fn plain(name: GroupName, clock: &Arc<ClockSource>) -> Arc<Group> {
+        Group::new(name, LimiterState::Bucket(Bucket::new(10.0, 10.0, Nanos(0))), clock, f64::INFINITY, false)
     }
 
     /// The sorted list kept between reallocations follows the table: names made one by one
@@ -870,7 +905,7 @@ mod tests {
         let log = made.clone();
         let make = move |name: GroupName, _: &GroupSettings| {
             log.lock().unwrap().push(name.as_str().to_owned());
-            Group::new(name, LimiterState::Bucket(Bucket::new(10.0, 10.0, Nanos(0))), &clock, f64::INFINITY)
+            plain(name, &clock)
         };
         let names: Vec<String> = (0..500).map(|i| format!("tenant-{:03}", (i * 7919) % 500)).collect();
         let configured =
@@ -897,7 +932,7 @@ mod tests {
         for field in [
             offset_of!(Group, used),
             offset_of!(Group, repaying),
-            offset_of!(Group, by_epoch),
+            offset_of!(Group, general),
             offset_of!(Group, short_name),
             offset_of!(Group, quick_ceiling),
             offset_of!(Group, counters),

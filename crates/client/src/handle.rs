@@ -81,6 +81,9 @@ pub struct GroupStats {
     /// What requests settled with their usage did, in detail (read and write request units,
     /// bytes, CPU, requests).
     pub detail: tollgate_model::cost::Consumption,
+    /// Requests admitted in shadow mode that would have been refused (counted in `admitted`
+    /// too, never in `throttled`).
+    pub would_refuse: u64,
 }
 
 fn stats_of(g: &Group) -> GroupStats {
@@ -100,6 +103,7 @@ fn stats_of(g: &Group) -> GroupStats {
         dropped_units: units(g.dropped_micro.load(Ordering::Relaxed)),
         debt_units: g.debt(g.clock.now()),
         detail: g.detail(),
+        would_refuse: g.would_refuse.load(Ordering::Relaxed),
     }
 }
 

@@ -16,9 +16,15 @@ use crate::handle::{GroupStats, Tollgate};
 /// One per-group family: name, help, kind, and how to read it from the stats.
 type Family = (&'static str, &'static str, Kind, fn(&GroupStats) -> f64);
 
-const GROUP_FAMILIES: [Family; 19] = [
+const GROUP_FAMILIES: [Family; 20] = [
     ("tollgate_client_admitted_requests_total", "Requests admitted.", Kind::Counter, |s| s.admitted as f64),
     ("tollgate_client_throttled_requests_total", "Requests refused.", Kind::Counter, |s| s.throttled as f64),
+    (
+        "tollgate_client_would_refuse_requests_total",
+        "Requests admitted in shadow mode that would have been refused.",
+        Kind::Counter,
+        |s| s.would_refuse as f64,
+    ),
     ("tollgate_client_admitted_units_total", "Units admitted, at the cost asked.", Kind::Counter, |s| {
         s.admitted_units
     }),

@@ -586,6 +586,7 @@ impl Driver {
                 unthrottled: r.unthrottled,
                 held: r.held,
                 waited: r.waited as u64,
+                would_refuse: r.would_refuse as u64,
                 detail: (!r.detail.is_zero()).then(|| {
                     let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] =
                         r.detail.values();
@@ -639,7 +640,7 @@ impl Driver {
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
             let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
-            group.set_policy(dropped, Duration::from_millis(u64::from(g.debt_repay_ms)));
+            group.set_policy(dropped, Duration::from_millis(u64::from(g.debt_repay_ms)), g.shadow);
             let last = LastGrant {
                 unlimited: g.unlimited,
                 rate: g.rate,

@@ -127,6 +127,8 @@ fn apply(controller: &Controller, config: &Config) {
     controller.set_capacity(config.node.capacity, "test").unwrap();
     controller.set_mode(config.node.mode, "test").unwrap();
     controller.set_slow_start(config.node.slow_start, "test").unwrap();
+    controller.set_shadow(config.node.shadow, "test").unwrap();
+    controller.set_throttling(config.node.throttling, "test").unwrap();
     for (name, settings) in &config.groups {
         controller.set_group(name.clone(), settings.clone(), "test").unwrap();
     }
@@ -239,6 +241,9 @@ suite! {
     detailed_consumption: [embedded, remote, store, replicas];
     reads_writes_apart: [embedded, remote, store, replicas];
     debt_paid_over_time: [embedded, remote, store, replicas];
+    shadow_mode: [embedded, remote, store, replicas];
+    node_wide_shadow_mode: [embedded, remote, store, replicas];
+    throttling_off: [embedded, remote, store, replicas];
 }
 
 // ---- The behaviours ----
@@ -602,6 +607,90 @@ async fn debt_paid_over_time(env: Env) {
     let rates = env.offer(&load, 10, 3).await;
     assert_near(&env, "debts paid", &rates, &[100.0, 100.0], 5.0);
     assert_eq!(paying.stats().debt_units, 0.0, "{}", env.mode());
+}
+
+/// Offers 300 requests/s to each of `names` for 2 s, then for 4 s measured: each group's
+/// admitted requests/s and would-be refusals/s over the 4 s, and its refusals in all.
+async fn shadow_rates(env: &Env, gate: &Tollgate, names: &[&str]) -> Vec<(f64, f64, u64)> {
+    let handles: Vec<GroupHandle> = names.iter().map(|n| gate.group(n).unwrap()).collect();
+    let load: Vec<(&GroupHandle, f64)> = handles.iter().map(|h| (h, 300.0)).collect();
+    env.offer(&load, 2, 1).await;
+    let before: Vec<u64> = handles.iter().map(|h| h.stats().would_refuse).collect();
+    let admitted = env.offer(&load, 4, 4).await;
+    handles
+        .iter()
+        .zip(before)
+        .zip(admitted)
+        .map(|((h, b), a)| {
+            let s = h.stats();
+            (a, (s.would_refuse - b) as f64 / 4.0, s.throttled)
+        })
+        .collect()
+}
+
+async fn shadow_mode(env: Env) {
+    let gate = env
+        .gate(
+            "[groups.dark]
+limit = 100
+shadow = true
+[groups.live]
+limit = 100
+",
+        )
+        .await;
+    let got = shadow_rates(&env, &gate, &["dark", "live"]).await;
+    let (dark, live) = (got[0], got[1]);
+    // In shadow mode everything goes through, and what the limit would refuse is counted;
+    // the group beside it is held to its limit as usual.
+    assert_near(&env, "a group in shadow mode", &[dark.0, dark.1], &[300.0, 200.0], 5.0);
+    assert_near(&env, "the group beside it", &[live.0], &[100.0], 5.0);
+    assert!(live.1 == 0.0 && live.2 > 0, "{}: {live:?}", env.mode());
+    // A remote client learns of shadow mode with the group's first grant: before it arrives
+    // the group waits like any new one, so a few early requests may be refused.
+    assert!(dark.2 <= 10, "{}: the group in shadow mode refused {} requests", env.mode(), dark.2);
+}
+
+async fn node_wide_shadow_mode(env: Env) {
+    let gate = env
+        .gate(
+            "[node]
+shadow = true
+[groups.a]
+limit = 100
+[groups.b]
+limit = 200
+",
+        )
+        .await;
+    let got = shadow_rates(&env, &gate, &["a", "b"]).await;
+    let flat: Vec<f64> = got.iter().flat_map(|g| [g.0, g.1]).collect();
+    assert_near(&env, "every group in shadow mode", &flat, &[300.0, 200.0, 300.0, 100.0], 5.0);
+}
+
+async fn throttling_off(env: Env) {
+    let toml = |on: bool| {
+        format!(
+            "[node]
+throttling = {on}
+[groups.g]
+limit = 100
+"
+        )
+    };
+    let gate = env.gate(&toml(false)).await;
+    let got = shadow_rates(&env, &gate, &["g"]).await;
+    // Off: everything goes through and nothing counts as a would-be refusal.
+    assert_near(&env, "throttling off", &[got[0].0], &[300.0], 5.0);
+    assert_eq!(got[0].1, 0.0, "{}", env.mode());
+    // A process leaving the store deregisters; a remote client's lease lapses.
+    gate.shutdown().await;
+    drop(gate);
+    env.sleep(Duration::from_secs(20)).await;
+    // Back on, with the settings kept: the limit holds again.
+    let gate = env.gate(&toml(true)).await;
+    let got = shadow_rates(&env, &gate, &["g"]).await;
+    assert_near(&env, "throttling back on", &[got[0].0], &[100.0], 5.0);
 }
 
 // ---- Remote only: what only a controller and its clients do ----

@@ -7,6 +7,8 @@
 //! realloc_ms = 100         # how often allowances are recomputed from demand
 //! max_wait_ms = 1000       # how long `acquire` waits before giving up
 //! max_tracked_groups = 10000
+//! shadow = false           # true: decide and count, never refuse (would-be refusals counted)
+//! throttling = true        # false: the one switch, throttling off with every setting kept
 //!
 //! [cost]
 //! model = "ru"             # count | fdb | ru | couchbase | linear, with its coefficients
@@ -51,6 +53,13 @@ pub struct NodeSettings {
     pub max_wait: Duration,
     /// Groups tracked separately; beyond this, new groups share the default group's state.
     pub max_tracked_groups: usize,
+    /// Every group in shadow mode: decided and counted, never refused (see
+    /// [`GroupSettings::shadow`]).
+    pub shadow: bool,
+    /// The one switch: `false` turns throttling off for the whole node, every setting kept
+    /// (FoundationDB's and TiDB's switch). Nothing is refused; demand and consumption are
+    /// still counted.
+    pub throttling: bool,
 }
 
 impl Default for NodeSettings {
@@ -62,6 +71,8 @@ impl Default for NodeSettings {
             realloc_interval: Duration::from_millis(100),
             max_wait: Duration::from_secs(1),
             max_tracked_groups: 10_000,
+            shadow: false,
+            throttling: true,
         }
     }
 }
@@ -285,7 +296,20 @@ impl Reader<'_> {
         {
             node.max_tracked_groups = n as usize;
         }
-        self.finish(f, "capacity, mode, slow_start, realloc_ms, max_wait_ms, max_tracked_groups");
+        if let Some((path, v)) = f.take("shadow")
+            && let Some(b) = self.boolean(&path, v)
+        {
+            node.shadow = b;
+        }
+        if let Some((path, v)) = f.take("throttling")
+            && let Some(b) = self.boolean(&path, v)
+        {
+            node.throttling = b;
+        }
+        self.finish(
+            f,
+            "capacity, mode, slow_start, realloc_ms, max_wait_ms, max_tracked_groups, shadow, throttling",
+        );
         node
     }
 
@@ -508,7 +532,8 @@ priority = 42
             [
                 "line 2: node.capacity: must be above 0, got -5",
                 "line 3: node.mode: must be share or fcfs, got \"fair\"",
-                "line 4: node.speed: unknown field; expected one of capacity, mode, slow_start, realloc_ms, max_wait_ms, max_tracked_groups",
+                "line 4: node.speed: unknown field; expected one of capacity, mode, slow_start, realloc_ms, max_wait_ms, max_tracked_groups, \
+             shadow, throttling",
                 "line 7: groups.a.reserved: must not exceed limit (700 > 500)",
                 "line 11: groups.b.weight: must be a number, got string",
                 "line 12: groups.b.priority: must be a whole number from 1 to 16, got 42",

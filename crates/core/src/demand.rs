@@ -49,6 +49,8 @@ pub struct Counts {
     pub waited: u64,
     /// What settled requests did, in detail.
     pub detail: crate::cost::Consumption,
+    /// Requests admitted in shadow mode that would have been refused.
+    pub would_refuse: u64,
 }
 
 /// Turns a group's running totals into reports. See the [module documentation](self).
@@ -108,6 +110,7 @@ impl DemandMeter {
             held: granted.unwrap_or(0.0).max(0.0),
             waited: counts.waited.saturating_sub(last.waited) as f64,
             detail: counts.detail.since(&last.detail),
+            would_refuse: counts.would_refuse.saturating_sub(last.would_refuse) as f64,
         };
         if self.moved(&counts) {
             self.last_moved = now;

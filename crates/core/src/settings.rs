@@ -513,6 +513,7 @@ pub struct GroupSettings {
     reads_writes_apart: bool,
     backend_limit: Option<f64>,
     background: bool,
+    shadow: bool,
 }
 
 /// The window a quota is counted over: each UTC minute, hour, day, week (from Monday) or
@@ -649,6 +650,7 @@ impl Default for GroupSettings {
             reads_writes_apart: false,
             backend_limit: None,
             background: false,
+            shadow: false,
         }
     }
 }
@@ -761,6 +763,13 @@ impl GroupSettings {
     /// groups leave, retuned every second (TiKV's background limiter).
     pub fn background(&self) -> bool {
         self.background
+    }
+
+    /// Shadow mode: the group's requests are decided and counted as usual but never refused;
+    /// what would have been refused is counted as `would_refuse` (envoy/ratelimit's
+    /// `shadow_mode`, a dark launch of a new limit).
+    pub fn shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Every rule these settings break (empty when valid).
@@ -900,6 +909,12 @@ impl GroupSettingsBuilder {
     /// Marks the group as a backend's background work (default: front-end work).
     pub fn background(mut self, background: bool) -> Self {
         self.settings.background = background;
+        self
+    }
+
+    /// Puts the group in shadow mode: never refused, would-be refusals counted.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.settings.shadow = shadow;
         self
     }
 

@@ -61,7 +61,7 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 
 /// The keys a group's settings may use.
 pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, \
-     reads_writes_apart, backend_limit, background";
+     reads_writes_apart, backend_limit, background, shadow";
 
 /// A value with its span.
 pub type Value<'a> = Spanned<DeValue<'a>>;
@@ -259,7 +259,7 @@ impl<'s> Reader<'s> {
     }
 
     /// The group keys that say how it is served: priority, ramp, dropped work, backend limit,
-    /// background, reads and writes apart, debt repayment. `None` when the priority is not a
+    /// background, shadow mode, reads and writes apart, debt repayment. `None` when the priority is not a
     /// level (its error is reported).
     fn behaviour_keys(
         &mut self,
@@ -302,6 +302,11 @@ impl<'s> Reader<'s> {
             && let Some(on) = self.boolean(&p, v)
         {
             b = b.background(on);
+        }
+        if let Some((p, v)) = f.take("shadow")
+            && let Some(on) = self.boolean(&p, v)
+        {
+            b = b.shadow(on);
         }
         if let Some((p, v)) = f.take("reads_writes_apart")
             && let Some(apart) = self.boolean(&p, v)

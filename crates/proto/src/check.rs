@@ -103,6 +103,7 @@ pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>
             throttled: field("throttled", g.throttled as f64)?,
             held: field("held", g.held)?,
             waited: field("waited", g.waited as f64)?,
+            would_refuse: field("would_refuse", g.would_refuse as f64)?,
             detail: match &g.detail {
                 None => Consumption::default(),
                 Some(given) => {

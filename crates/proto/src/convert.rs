@@ -26,6 +26,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         reads_writes_apart: s.reads_writes_apart(),
         backend_limit: s.backend_limit(),
         background: s.background(),
+        shadow: s.shadow(),
         budget_period: match s.budget_period() {
             tollgate_model::settings::BudgetPeriod::Total => String::new(),
             p => p.name().to_string(),
@@ -52,6 +53,7 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             reads_writes_apart: Some(m.reads_writes_apart),
             backend_limit: m.backend_limit,
             background: Some(m.background),
+            shadow: Some(m.shadow),
             budget_period: Some(m.budget_period.clone()),
             quotas: m.quotas.clone(),
             ..v1::GroupPatch::default()
@@ -180,6 +182,9 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if let Some(on) = p.background {
         b = b.background(on);
+    }
+    if let Some(on) = p.shadow {
+        b = b.shadow(on);
     }
     if let Some(count) = p.count_dropped {
         b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });

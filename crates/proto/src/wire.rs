@@ -56,6 +56,8 @@ pub struct UsageView<'a> {
     /// The detailed consumption, in the contract's field order (`rru` to `write_rpcs`);
     /// `None` when absent.
     pub detail: Option<[f64; 7]>,
+    /// Requests admitted in shadow mode that would have been refused.
+    pub would_refuse: u64,
 }
 
 /// An exchange request, read in place.
@@ -104,6 +106,7 @@ impl<'a> ExchangeView<'a> {
             unthrottled: g.unthrottled,
             held: g.held,
             waited: g.waited,
+            would_refuse: g.would_refuse,
             detail: g
                 .detail
                 .as_ref()
@@ -319,6 +322,7 @@ impl<'a> Reader<'a> {
                 7 => u.unthrottled = self.double(wire)?,
                 8 => u.held = self.double(wire)?,
                 9 => u.waited = self.uint(wire)?,
+                11 => u.would_refuse = self.uint(wire)?,
                 10 => {
                     let mut inner = self.message(wire, depth)?;
                     // A message sent twice is merged: the later fields over the earlier.
@@ -359,6 +363,8 @@ pub struct GrantFields {
     pub debt_repay_ms: u32,
     /// Over how long a rising rate is taken up.
     pub trickle_ms: u32,
+    /// Shadow mode: admit everything, counting what would have been refused.
+    pub shadow: bool,
 }
 
 impl GrantFields {
@@ -375,6 +381,7 @@ impl GrantFields {
             count_dropped: self.count_dropped,
             debt_repay_ms: self.debt_repay_ms,
             trickle_ms: self.trickle_ms,
+            shadow: self.shadow,
         }
     }
 }
@@ -453,7 +460,8 @@ impl AnswerWriter {
             + uint(f.clients)
             + 2 * usize::from(f.count_dropped)
             + uint(f.debt_repay_ms)
-            + uint(f.trickle_ms);
+            + uint(f.trickle_ms)
+            + 2 * usize::from(f.shadow);
         self.key(1, DELIMITED);
         self.varint(len as u64);
         if !group.is_empty() {
@@ -470,6 +478,7 @@ impl AnswerWriter {
         self.flag(8, f.count_dropped);
         self.uint(9, f.debt_repay_ms);
         self.uint(10, f.trickle_ms);
+        self.flag(11, f.shadow);
     }
 
     /// The answer, with the fields after the grants.

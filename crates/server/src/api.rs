@@ -490,6 +490,8 @@ fn node_of(n: crate::store::StoredNode) -> NodeSettings {
             crate::body::ModeName::Share
         },
         slow_start: n.slow_start,
+        shadow: n.shadow,
+        throttling: n.throttling,
     }
 }
 
@@ -522,6 +524,8 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
             crate::body::ModeName::Fcfs => tollgate_model::allocate::AllocationMode::Fcfs,
         }),
         slow_start: b.slow_start,
+        shadow: b.shadow,
+        throttling: b.throttling,
     };
     let who = who(&ext);
     match change(&api, move |c| c.change_node(change_set, &who)).await {

@@ -344,6 +344,8 @@ pub struct GroupSettings {
     pub backend_limit: Option<f64>,
     /// Background work: admitted only from what others leave.
     pub background: bool,
+    /// Shadow mode: decided and counted, never refused (`would_refuse_total` in the status).
+    pub shadow: bool,
 }
 
 impl From<&v1::GroupSettings> for GroupSettings {
@@ -385,6 +387,7 @@ impl From<&v1::GroupSettings> for GroupSettings {
             reads_writes_apart: s.reads_writes_apart,
             backend_limit: s.backend_limit,
             background: s.background,
+            shadow: s.shadow,
         }
     }
 }
@@ -464,6 +467,9 @@ pub struct GroupBody {
     /// Background work: admitted only from what others leave.
     #[serde(default)]
     pub background: Option<bool>,
+    /// Shadow mode on or off.
+    #[serde(default)]
+    pub shadow: Option<bool>,
 }
 
 impl GroupBody {
@@ -525,6 +531,7 @@ impl GroupBody {
             Patch::Value(b) => p.backend_limit = Some(b),
         }
         p.background = self.background;
+        p.shadow = self.shadow;
         p
     }
 }
@@ -566,6 +573,11 @@ pub struct NodeSettings {
     pub mode: ModeName,
     /// A group with no client reserves a tenth of its reservation until a tick has seen one.
     pub slow_start: bool,
+    /// Every group in shadow mode: decided and counted, never refused.
+    pub shadow: bool,
+    /// The one switch: `false` while throttling is off for the whole node (every setting
+    /// kept, nothing refused).
+    pub throttling: bool,
 }
 
 /// Node settings to change: only the fields given change; `capacity: null` removes it.
@@ -582,6 +594,12 @@ pub struct NodeBody {
     /// Slow start on or off.
     #[serde(default)]
     pub slow_start: Option<bool>,
+    /// Every group in shadow mode, or only those whose settings ask for it.
+    #[serde(default)]
+    pub shadow: Option<bool>,
+    /// The one switch: throttling on (`true`) or off for the whole node.
+    #[serde(default)]
+    pub throttling: Option<bool>,
 }
 
 /// An admission to decide.

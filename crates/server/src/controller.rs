@@ -75,12 +75,23 @@ fn group_json(s: &GroupSettings) -> String {
     crate::json::group_settings(&convert::settings_to_proto(s)).to_string()
 }
 
+/// Gives the engine the node settings.
+fn apply_node(engine: &mut Engine, node: StoredNode) {
+    engine.set_capacity(node.capacity);
+    engine.set_mode(node.mode);
+    engine.set_slow_start(node.slow_start);
+    engine.set_shadow(node.shadow);
+    engine.set_throttling(node.throttling);
+}
+
 /// The node settings as the audit log shows them.
 fn node_json(n: &StoredNode) -> String {
     serde_json::json!({
         "capacity": n.capacity,
         "mode": if n.mode == AllocationMode::Fcfs { "fcfs" } else { "share" },
         "slow_start": n.slow_start,
+        "shadow": n.shadow,
+        "throttling": if n.throttling { "on" } else { "off" },
     })
     .to_string()
 }
@@ -174,8 +185,14 @@ impl Controller {
         tracer: Arc<Tracer>,
     ) -> Result<Controller, StoreError> {
         let n = stored.node;
-        let settings =
-            EngineSettings { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start, ..settings };
+        let settings = EngineSettings {
+            capacity: n.capacity,
+            mode: n.mode,
+            slow_start: n.slow_start,
+            shadow: n.shadow,
+            throttling: n.throttling,
+            ..settings
+        };
         let mut engine = Engine::new(settings);
         // Clients may hold leases from before the start: the first lease is learnt from now,
         // whether or not a client comes back.
@@ -403,6 +420,7 @@ impl Controller {
                 count_dropped: g.dropped == tollgate_model::settings::DroppedWork::Count,
                 debt_repay_ms: ms(g.debt_repay),
                 trickle_ms: ms(g.trickle),
+                shadow: g.shadow,
             };
             grant(i, &fields);
             i += 1;
@@ -682,11 +700,7 @@ impl Controller {
         if self.node() == node {
             return false;
         }
-        let mut engine = self.engine();
-        engine.set_capacity(node.capacity);
-        engine.set_mode(node.mode);
-        engine.set_slow_start(node.slow_start);
-        drop(engine);
+        apply_node(&mut self.engine(), node);
         self.changed();
         true
     }
@@ -700,6 +714,18 @@ impl Controller {
     /// Turns slow start on or off. Durable before it returns.
     pub fn set_slow_start(&self, on: bool, who: &str) -> Result<StoredNode, AdminError> {
         self.set_node(who, |n| n.slow_start = on)
+    }
+
+    /// Puts every group in shadow mode, or takes the node out of it. Durable and audited
+    /// before it returns; clients take it up at their next exchange.
+    pub fn set_shadow(&self, on: bool, who: &str) -> Result<StoredNode, AdminError> {
+        self.set_node(who, |n| n.shadow = on)
+    }
+
+    /// The one switch: throttling on or off for the whole node, every setting kept. Durable
+    /// and audited before it returns; clients take it up at their next exchange.
+    pub fn set_throttling(&self, on: bool, who: &str) -> Result<StoredNode, AdminError> {
+        self.set_node(who, |n| n.throttling = on)
     }
 
     /// Applies a node properties document's change in one durable write.
@@ -721,6 +747,12 @@ impl Controller {
             if let Some(on) = change.slow_start {
                 n.slow_start = on;
             }
+            if let Some(on) = change.shadow {
+                n.shadow = on;
+            }
+            if let Some(on) = change.throttling {
+                n.throttling = on;
+            }
         })
     }
 
@@ -736,11 +768,7 @@ impl Controller {
         change(&mut node);
         audited(&mut store, who, "node.set".into(), Some(node_json(&before)), Some(node_json(&node)))
             .set_node(node)?;
-        let mut engine = self.engine();
-        engine.set_capacity(node.capacity);
-        engine.set_mode(node.mode);
-        engine.set_slow_start(node.slow_start);
-        drop(engine);
+        apply_node(&mut self.engine(), node);
         drop(store);
         self.changed();
         Ok(node)
@@ -750,7 +778,13 @@ impl Controller {
     pub fn node(&self) -> StoredNode {
         let engine = self.engine();
         let s = engine.settings();
-        StoredNode { capacity: s.capacity, mode: s.mode, slow_start: s.slow_start }
+        StoredNode {
+            capacity: s.capacity,
+            mode: s.mode,
+            slow_start: s.slow_start,
+            shadow: s.shadow,
+            throttling: s.throttling,
+        }
     }
 
     /// A group's settings.

@@ -428,6 +428,21 @@ impl Admin for Services {
         Ok(Response::new(node_info(self.admin(move |c| c.controller.set_slow_start(on, &who)).await?)))
     }
 
+    async fn set_shadow(&self, req: Request<v1::SetShadowRequest>) -> Result<Response<v1::NodeInfo>, Status> {
+        let who = who(&req);
+        let on = req.into_inner().on;
+        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_shadow(on, &who)).await?)))
+    }
+
+    async fn set_throttling(
+        &self,
+        req: Request<v1::SetThrottlingRequest>,
+    ) -> Result<Response<v1::NodeInfo>, Status> {
+        let who = who(&req);
+        let on = req.into_inner().on;
+        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_throttling(on, &who)).await?)))
+    }
+
     async fn get_node(&self, _: Request<v1::GetNodeRequest>) -> Result<Response<v1::NodeInfo>, Status> {
         Ok(Response::new(node_info(self.node.controller.node())))
     }
@@ -560,6 +575,7 @@ impl Admin for Services {
                 consumed_total: u.meter.consumed,
                 admitted_total: u.meter.admitted,
                 throttled_total: u.meter.throttled,
+                would_refuse_total: u.meter.would_refuse,
             })
             .collect();
         Ok(Response::new(v1::UsageResponse { records }))

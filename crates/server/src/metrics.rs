@@ -19,7 +19,7 @@ use crate::status::Latency;
 /// One per-group metric: name, help, kind, and how to read it (`None`: no sample).
 type Family = (&'static str, &'static str, Kind, fn(&GroupView) -> Option<f64>);
 
-const GROUP_FAMILIES: [Family; 24] = [
+const GROUP_FAMILIES: [Family; 25] = [
     ("tollgate_group_target_units", "Target units/s (absent when not throttled).", Kind::Gauge, |g| g.target),
     ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", Kind::Gauge, |g| {
         Some(g.admitted)
@@ -49,6 +49,12 @@ const GROUP_FAMILIES: [Family; 24] = [
         "Requests admitted after waiting for tokens.",
         Kind::Counter,
         |g| Some(g.meter.waited as f64),
+    ),
+    (
+        "tollgate_group_would_refuse_requests_total",
+        "Requests admitted in shadow mode that would have been refused.",
+        Kind::Counter,
+        |g| Some(g.meter.would_refuse as f64),
     ),
     ("tollgate_group_rate_low_1m_units", "Lowest consumption rate over the last minute.", Kind::Gauge, |g| {
         g.last_minute.map(|m| m.low)
@@ -122,9 +128,24 @@ impl Collector for ControllerMetrics {
             family(&mut e, name, help, kind, "group", samples)?;
         }
         drop(view);
-        if let Some(capacity) = c.node().capacity {
+        let node = c.node();
+        if let Some(capacity) = node.capacity {
             single(&mut e, "tollgate_node_capacity_units", "Node capacity, units/s.", Kind::Gauge, capacity)?;
         }
+        single(
+            &mut e,
+            "tollgate_node_shadow",
+            "1 while every group is in shadow mode.",
+            Kind::Gauge,
+            node.shadow,
+        )?;
+        single(
+            &mut e,
+            "tollgate_node_throttling",
+            "1 while the node throttles; 0 while the one switch has turned throttling off.",
+            Kind::Gauge,
+            node.throttling,
+        )?;
         let now = self.clock.now();
         let d = c.diagnostics(now);
         let backend = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&BackendView) -> f64| {

@@ -27,6 +27,10 @@ pub struct NodeChange {
     pub mode: Option<AllocationMode>,
     /// Couchbase's slow start.
     pub slow_start: Option<bool>,
+    /// Every group in shadow mode.
+    pub shadow: Option<bool>,
+    /// The one switch.
+    pub throttling: Option<bool>,
 }
 
 fn object(text: &str) -> Result<Map<String, Value>, String> {
@@ -66,7 +70,7 @@ fn describe(v: &Value) -> String {
 }
 
 /// Reads a node document: `capacity` (units/s above 0, or `"unlimited"`), `mode`
-/// (`"share"` or `"fcfs"`) and `slow_start` (true or false).
+/// (`"share"` or `"fcfs"`), and `slow_start`, `shadow` and `throttling` (true or false).
 pub fn node_change(text: &str) -> Result<NodeChange, String> {
     let mut change = NodeChange::default();
     for (key, v) in object(text)? {
@@ -85,13 +89,21 @@ pub fn node_change(text: &str) -> Result<NodeChange, String> {
                     _ => return Err(format!("mode: must be \"share\" or \"fcfs\", got {}", describe(&v))),
                 })
             }
-            "slow_start" => match v {
-                Value::Bool(b) => change.slow_start = Some(b),
-                other => return Err(format!("slow_start: must be true or false, got {}", describe(&other))),
-            },
+            "slow_start" | "shadow" | "throttling" => {
+                let Value::Bool(b) = v else {
+                    return Err(format!("{key}: must be true or false, got {}", describe(&v)));
+                };
+                let field = match key.as_str() {
+                    "slow_start" => &mut change.slow_start,
+                    "shadow" => &mut change.shadow,
+                    _ => &mut change.throttling,
+                };
+                *field = Some(b);
+            }
             other => {
                 return Err(format!(
-                    "{other:?}: unknown key; a node document takes capacity, mode and slow_start"
+                    "{other:?}: unknown key; a node document takes capacity, mode, slow_start, shadow \
+                     and throttling"
                 ));
             }
         }
@@ -112,9 +124,11 @@ fn rate(v: Option<f64>) -> String {
 pub fn node_json(node: &StoredNode) -> String {
     let mode = if node.mode == AllocationMode::Fcfs { "fcfs" } else { "share" };
     format!(
-        "{{\"capacity\": {}, \"mode\": \"{mode}\", \"slow_start\": {}}}",
+        "{{\"capacity\": {}, \"mode\": \"{mode}\", \"slow_start\": {}, \"shadow\": {}, \"throttling\": {}}}",
         rate(node.capacity),
-        node.slow_start
+        node.slow_start,
+        node.shadow,
+        node.throttling
     )
 }
 
@@ -169,12 +183,18 @@ mod tests {
         let c = node_change(r#"{"capacity": "unlimited", "mode": "fcfs"}"#).unwrap();
         assert_eq!(
             c,
-            NodeChange { capacity: Some(None), mode: Some(AllocationMode::Fcfs), slow_start: None }
+            NodeChange { capacity: Some(None), mode: Some(AllocationMode::Fcfs), ..NodeChange::default() }
         );
         assert_eq!(node_change(r#"{"slow_start": true}"#).unwrap().slow_start, Some(true));
         assert_eq!(
             node_change(r#"{"slow_start": 1}"#).unwrap_err(),
             "slow_start: must be true or false, got a number"
+        );
+        let c = node_change(r#"{"shadow": true, "throttling": false}"#).unwrap();
+        assert_eq!((c.shadow, c.throttling, c.slow_start), (Some(true), Some(false), None));
+        assert_eq!(
+            node_change(r#"{"throttling": "off"}"#).unwrap_err(),
+            "throttling: must be true or false, got the string \"off\""
         );
         let p = group_patch(r#"{"reserved": 100, "hard_limit": "unlimited"}"#, None).unwrap();
         assert_eq!((p.reserved, p.limit, p.unlimited), (Some(100.0), None, true));
@@ -188,7 +208,8 @@ mod tests {
         let group = |t: &str| group_patch(t, None).unwrap_err();
         assert_eq!(
             node(r#"{"capacty": 1}"#),
-            "\"capacty\": unknown key; a node document takes capacity, mode and slow_start"
+            "\"capacty\": unknown key; a node document takes capacity, mode, slow_start, shadow and \
+             throttling"
         );
         assert_eq!(
             node(r#"{"capacity": "25000"}"#),
@@ -246,13 +267,18 @@ mod tests {
         assert_eq!(group_json(&odd), r#"{"reserved": 0.5, "hard_limit": 2}"#);
         let p = group_patch(&doc, None).unwrap();
         assert_eq!((p.reserved, p.unlimited), (Some(100.0), true));
-        let node = StoredNode { capacity: Some(25000.0), mode: AllocationMode::Share, slow_start: false };
+        let node = StoredNode { capacity: Some(25000.0), ..StoredNode::default() };
         let doc = node_json(&node);
-        assert_eq!(doc, r#"{"capacity": 25000, "mode": "share", "slow_start": false}"#);
+        assert_eq!(
+            doc,
+            r#"{"capacity": 25000, "mode": "share", "slow_start": false, "shadow": false, "throttling": true}"#
+        );
         let back = NodeChange {
             capacity: Some(Some(25000.0)),
             mode: Some(AllocationMode::Share),
             slow_start: Some(false),
+            shadow: Some(false),
+            throttling: Some(true),
         };
         assert_eq!(node_change(&doc).unwrap(), back);
     }

@@ -186,6 +186,31 @@ struct Bucket {
     throttled: u64,
     /// In force in Envoy: what, when it was last sent, and the time to live it was sent with.
     assigned: Option<(Assignment, Nanos, Duration)>,
+    /// In shadow mode Envoy is told to allow all: the token bucket it would have been given
+    /// is kept here, and what it would have denied is counted.
+    shadow: Option<ShadowBucket>,
+    /// Requests allowed since the last exchange that the shadow bucket would have denied.
+    would_refuse: u64,
+}
+
+/// The token bucket a bucket in shadow mode would enforce: reported requests beyond it are
+/// would-be refusals.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ShadowBucket {
+    per_second: f64,
+    max: f64,
+    tokens: f64,
+}
+
+impl ShadowBucket {
+    /// Refills for `elapsed` seconds, takes `requests`, and returns how many found no token.
+    fn take(&mut self, elapsed: f64, requests: u64) -> u64 {
+        self.tokens = (self.tokens + self.per_second * elapsed).min(self.max);
+        let asked = requests as f64;
+        let short = (asked - self.tokens.floor()).max(0.0);
+        self.tokens = (self.tokens - asked).max(0.0);
+        short as u64
+    }
 }
 
 /// A bucket's identity: the report's domain and its id's entries in key order.
@@ -266,6 +291,8 @@ impl Session {
                     admitted: 0,
                     throttled: 0,
                     assigned: None,
+                    shadow: None,
+                    would_refuse: 0,
                 };
                 self.buckets.insert(key.clone(), b);
                 new += 1;
@@ -291,6 +318,9 @@ impl Session {
             }
             b.admitted += allowed;
             b.throttled += denied;
+            if let Some(shadow) = &mut b.shadow {
+                b.would_refuse += shadow.take(elapsed, allowed);
+            }
         }
         Ok((new, refused, overflow))
     }
@@ -310,11 +340,13 @@ impl Session {
             u.consumed += b.admitted as f64;
             u.admitted += b.admitted;
             u.throttled += b.throttled;
+            u.would_refuse += b.would_refuse;
             if let Some((Assignment::Tokens { per_second, .. }, _, _)) = b.assigned {
                 u.held += f64::from(per_second);
             }
             b.admitted = 0;
             b.throttled = 0;
+            b.would_refuse = 0;
         }
         let mut groups: Vec<v1::GroupUsage> = groups.into_values().collect();
         groups.sort_by(|a, b| a.group.cmp(&b.group));
@@ -338,17 +370,17 @@ impl Session {
     pub(crate) fn assign(&mut self, now: Nanos, grants: &[v1::Grant]) -> Actions {
         let grants: HashMap<&str, &v1::Grant> = grants.iter().map(|g| (g.group.as_str(), g)).collect();
         // Each group's demand over this stream's buckets, to split its grant by.
-        let mut demand: HashMap<&str, (f64, usize)> = HashMap::new();
+        let mut demand: HashMap<GroupName, (f64, usize)> = HashMap::new();
         for b in self.buckets.values() {
             if let Ok(g) = &b.group {
-                let d = demand.entry(g.as_str()).or_default();
+                let d = demand.entry(g.clone()).or_default();
                 d.0 += b.demand;
                 d.1 += 1;
             }
         }
         let mut actions = Vec::new();
         let mut idle = Vec::new();
-        for (key, b) in &self.buckets {
+        for (key, b) in &mut self.buckets {
             if now.since(b.last_request) >= IDLE_ABANDON {
                 idle.push(key.clone());
                 continue;
@@ -357,9 +389,19 @@ impl Session {
                 Err(_) => (Assignment::DenyAll, Duration::from_secs(60)),
                 Ok(g) => {
                     let Some(grant) = grants.get(g.as_str()) else { continue };
-                    let (total, n) = demand.get(g.as_str()).copied().unwrap_or((0.0, 1));
+                    let (total, n) = demand.get(g).copied().unwrap_or((0.0, 1));
                     let share = if total > 0.0 { b.demand / total } else { 1.0 / n as f64 };
-                    let want = Assignment::of(grant.unlimited, grant.rate * share, grant.burst * share);
+                    let mut want = Assignment::of(grant.unlimited, grant.rate * share, grant.burst * share);
+                    // Shadow mode: Envoy allows all; the bucket it would have had counts.
+                    b.shadow = match want {
+                        Assignment::Tokens { per_second, max } if grant.shadow => {
+                            let (per_second, max) = (f64::from(per_second), f64::from(max));
+                            let tokens = b.shadow.map_or(max, |s| s.tokens.min(max));
+                            want = Assignment::AllowAll;
+                            Some(ShadowBucket { per_second, max, tokens })
+                        }
+                        _ => None,
+                    };
                     (want, Duration::from_millis(u64::from(grant.lease_ms)))
                 }
             };
@@ -636,6 +678,28 @@ mod tests {
     }
 
     const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn in_shadow_mode_envoy_allows_all_and_what_the_bucket_would_deny_is_counted() {
+        let mut s = Session::new("envoy-rlqs-1".into());
+        let rules = vec![RlsRule { key: "tenant".into(), group: "{value}".into(), ..RlsRule::default() }];
+        s.report(Nanos(10 * S), &rules, None, &report(vec![usage(&[("tenant", "acme")], 1, 0)])).unwrap();
+        let shadow = v1::Grant { shadow: true, ..grant("acme", 10.0, 10.0) };
+        let sent = s.assign(Nanos(10 * S), &[shadow]);
+        let allow_all = Some(Strategy::BlanketRule(BlanketRule::AllowAll as i32));
+        assert_eq!(sent.actions.iter().map(strategy).collect::<Vec<_>>(), [allow_all]);
+        s.exchanges(false);
+        // The bucket holds at most 10 tokens: of 35 allowed a second later, 25 would have been
+        // denied.
+        s.report(Nanos(11 * S), &rules, None, &report(vec![usage(&[("tenant", "acme")], 35, 0)])).unwrap();
+        let acme = &s.exchanges(false)[0].groups[0];
+        assert_eq!((acme.admitted, acme.throttled, acme.would_refuse), (35, 0, 25));
+        // Out of shadow mode the bucket gets its tokens, and nothing more is counted.
+        let sent = s.assign(Nanos(11 * S), &[grant("acme", 10.0, 10.0)]);
+        assert_eq!(sent.actions.iter().map(strategy).collect::<Vec<_>>(), [tokens(10, 10)]);
+        s.report(Nanos(12 * S), &rules, None, &report(vec![usage(&[("tenant", "acme")], 10, 25)])).unwrap();
+        assert_eq!(s.exchanges(false)[0].groups[0].would_refuse, 0);
+    }
 
     #[test]
     fn a_grant_is_split_among_a_groups_buckets_by_demand_and_kept_within_the_hysteresis() {

@@ -172,6 +172,8 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
         cost_model: controller.cost_model().name().to_string(),
         unit: controller.cost_model().unit().to_string(),
         warnings: controller.warnings(),
+        shadow: node.shadow,
+        throttling_off: !node.throttling,
     }
 }
 
@@ -195,6 +197,7 @@ fn group_status(g: &tollgate_model::engine::GroupView) -> v1::GroupStatus {
         budget_exhausted: g.budget_exhausted,
         ramp_pool: g.ramp_pool,
         waited_total: g.meter.waited,
+        would_refuse_total: g.meter.would_refuse,
         last_minute: g.last_minute.map(marks_to_proto),
         last_hour: g.last_hour.map(marks_to_proto),
         detail: g.detail.map(detail_to_proto),
@@ -319,6 +322,7 @@ fn group_json(g: &v1::GroupStatus, unit: &str) -> serde_json::Value {
         "throttled_total": g.throttled_total,
         "waited_total": g.waited_total,
         "blocked_total": g.throttled_total + g.waited_total,
+        "would_refuse_total": g.would_refuse_total,
         "budget_exhausted": g.budget_exhausted,
         "ramp_pool": g.ramp_pool,
         "last_minute": marks_json(g.last_minute.as_ref()),
@@ -332,6 +336,8 @@ fn status_json_with(s: &v1::StatusResponse, groups: Vec<serde_json::Value>) -> s
     serde_json::json!({
         "capacity": s.capacity,
         "mode": mode,
+        "shadow": s.shadow,
+        "throttling": if s.throttling_off { "off" } else { "on" },
         "exchanges": s.exchanges,
         "learning": s.learning,
         "role": s.role,

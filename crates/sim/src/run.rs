@@ -121,7 +121,12 @@ pub fn stored(scenario: &Scenario) -> Stored {
     let c = &scenario.controller;
     Stored {
         groups: scenario.groups.iter().cloned().collect(),
-        node: StoredNode { capacity: c.capacity, mode: c.mode, slow_start: c.slow_start },
+        node: StoredNode {
+            capacity: c.capacity,
+            mode: c.mode,
+            slow_start: c.slow_start,
+            ..StoredNode::default()
+        },
         node_stored: true,
         ..Stored::default()
     }

@@ -94,6 +94,13 @@ pub struct EngineSettings {
     pub cost_folding: Duration,
     /// Over how long a client takes up a raised grant (TiDB's trickle): zero, at once.
     pub trickle: Duration,
+    /// Every group in shadow mode: grants are computed as usual and carried out as a count
+    /// of what would have been refused, never as a refusal.
+    pub shadow: bool,
+    /// The one switch (FoundationDB's and TiDB's): `false` grants every group without limit,
+    /// every setting kept and every tick still computed, so turning it back on restores the
+    /// limits at the next exchange.
+    pub throttling: bool,
 }
 
 impl Default for EngineSettings {
@@ -112,6 +119,8 @@ impl Default for EngineSettings {
             saturation: SaturationSettings::default(),
             cost_folding: Duration::from_secs(2),
             trickle: Duration::ZERO,
+            shadow: false,
+            throttling: true,
         }
     }
 }
@@ -137,6 +146,8 @@ pub struct ClientReport {
     pub waited: f64,
     /// What its settled requests did since the last report, in detail.
     pub detail: crate::cost::Consumption,
+    /// Requests admitted in shadow mode since the last report that would have been refused.
+    pub would_refuse: f64,
 }
 
 /// A client's grant for one group: a rate, a burst and a lease (a duration, never a deadline).
@@ -158,6 +169,9 @@ pub struct Grant {
     pub debt_repay: Duration,
     /// Over how long the client takes up a grant that rises (TiDB's trickle).
     pub trickle: Duration,
+    /// Shadow mode, the group's or the node's: the client never refuses, and counts what it
+    /// would have refused.
+    pub shadow: bool,
 }
 
 impl Grant {
@@ -184,6 +198,8 @@ pub struct Meter {
     pub throttled: u64,
     /// Requests admitted after waiting for tokens.
     pub waited: u64,
+    /// Requests admitted in shadow mode that would have been refused.
+    pub would_refuse: u64,
 }
 
 /// An optional rate kept as one number, NaN for none: state kept for every group (and every
@@ -585,6 +601,7 @@ impl Tracked {
         self.meter.admitted += r.requests.max(0.0) as u64;
         self.meter.throttled += r.throttled.max(0.0) as u64;
         self.meter.waited += r.waited.max(0.0) as u64;
+        self.meter.would_refuse += r.would_refuse.max(0.0) as u64;
         if !r.detail.is_zero() {
             self.detail.get_or_insert_default().totals.add(&r.detail);
         }
@@ -895,6 +912,18 @@ impl Engine {
         self.settings.slow_start = on;
     }
 
+    /// Puts every group in shadow mode, or takes the node out of it (groups whose own
+    /// settings ask for shadow mode stay in it). Clients take it up at their next exchange.
+    pub fn set_shadow(&mut self, on: bool) {
+        self.settings.shadow = on;
+    }
+
+    /// The one switch: throttling on or off for the whole node, every setting kept. Clients
+    /// take it up at their next exchange.
+    pub fn set_throttling(&mut self, on: bool) {
+        self.settings.throttling = on;
+    }
+
     /// Sets (or replaces) a group's settings.
     pub fn set_group(&mut self, name: GroupName, settings: GroupSettings) {
         let (reserved, ramped) = (settings.reserved(), settings.ramp().is_some());
@@ -1112,7 +1141,11 @@ impl Engine {
             dropped: settings.map(GroupSettings::dropped).unwrap_or_default(),
             debt_repay: settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay),
             trickle: self.settings.trickle,
+            shadow: self.settings.shadow || settings.is_some_and(GroupSettings::shadow),
         };
+        if !self.settings.throttling {
+            return (unlimited, place);
+        }
         let burst_total = settings.and_then(GroupSettings::burst);
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {

@@ -426,7 +426,7 @@ fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
     assert!(o.budget_exhausted);
     assert_eq!(o.target(), Some(10.0));
     let meters = e.take_dirty_meters();
-    assert_eq!(meters, [(name("trial"), Meter { consumed: 500.0, admitted: 500, throttled: 0, waited: 0 })]);
+    assert_eq!(meters, [(name("trial"), Meter { consumed: 500.0, admitted: 500, ..Meter::default() })]);
     assert!(e.take_dirty_meters().is_empty());
     // A new engine (a restarted controller) given the stored meter holds the group at once.
     let mut again = engine(EngineSettings::default());
@@ -618,7 +618,8 @@ fn waiting_work_counts_as_demand() {
 /// size is the controller's memory per (client, group) pair (BENCHMARKS.md).
 #[test]
 fn the_state_kept_per_group_and_client_stays_small() {
-    assert!(std::mem::size_of::<Tracked>() <= 256, "{}", std::mem::size_of::<Tracked>());
+    // 256 bytes, and the meter's count of shadow mode's would-be refusals.
+    assert!(std::mem::size_of::<Tracked>() <= 264, "{}", std::mem::size_of::<Tracked>());
     assert!(std::mem::size_of::<RateWindows>() <= 120, "{}", std::mem::size_of::<RateWindows>());
     assert!(std::mem::size_of::<ClientEntry>() <= 24);
     assert!(std::mem::size_of::<ClientGrant>() <= 24);

@@ -43,7 +43,7 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
     (
         any_name(),
         proptest::array::uniform5(any_f64()),
-        proptest::array::uniform3(prop_oneof![Just(0u64), any::<u64>(), 0u64..300]),
+        proptest::array::uniform4(prop_oneof![Just(0u64), any::<u64>(), 0u64..300]),
         any_detail(),
     )
         .prop_map(|(group, f, n, detail)| v1::GroupUsage {
@@ -56,6 +56,7 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
             unthrottled: f[3],
             held: f[4],
             waited: n[2],
+            would_refuse: n[3],
             detail,
         })
 }
@@ -125,10 +126,11 @@ fn usage_field() -> impl Strategy<Value = Field> {
         "[a-z]{0,6}".prop_map(|s| Field::Bytes(1, s.into_bytes())),
         (prop_oneof![Just(2u32), Just(3), Just(6), Just(7), Just(8)], any::<u64>())
             .prop_map(|(t, v)| Field::Fixed64(t, v)),
-        (prop_oneof![Just(4u32), Just(5), Just(9)], any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+        (prop_oneof![Just(4u32), Just(5), Just(9), Just(11)], any::<u64>())
+            .prop_map(|(t, v)| Field::Varint(t, v)),
         detail.prop_map(|f| Field::Nested(10, f)),
-        (11u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
-        (11u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+        (12u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
+        (12u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
     ]
 }
 
@@ -343,7 +345,7 @@ proptest! {
     #[test]
     fn an_answer_is_written_byte_for_byte_as_the_generated_code_writes_it(
         grants in proptest::collection::vec(
-            (any_name(), any::<[bool; 2]>(), proptest::array::uniform3(any_f64()),
+            (any_name(), any::<[bool; 3]>(), proptest::array::uniform3(any_f64()),
              proptest::array::uniform4(prop_oneof![Just(0u32), any::<u32>(), 1u32..200])),
             0..20,
         ),
@@ -368,6 +370,7 @@ proptest! {
                 count_dropped: flags[1],
                 debt_repay_ms: n[2],
                 trickle_ms: n[3],
+                shadow: flags[2],
             };
             writer.grant(&group, &fields);
             expected.grants.push(fields.grant(group));

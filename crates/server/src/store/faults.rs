@@ -111,6 +111,16 @@ fn name(i: usize) -> GroupName {
     GroupName::new(&format!("g{i}")).unwrap()
 }
 
+fn node(capacity: f64) -> StoredNode {
+    StoredNode {
+        capacity: Some(capacity),
+        mode: AllocationMode::Fcfs,
+        slow_start: true,
+        shadow: true,
+        throttling: false,
+    }
+}
+
 fn settings(i: usize) -> GroupSettings {
     GroupSettings::builder().reserved(i as f64).limit(100.0 + i as f64).build().unwrap()
 }
@@ -129,13 +139,9 @@ impl Change {
         match self {
             Change::Put(i) => store.put_group(&name(*i), &settings(*i)),
             Change::Drop(i) => store.drop_group(&name(*i)).map(drop),
-            Change::Node(c) => store.set_node(StoredNode {
-                capacity: Some(*c),
-                mode: AllocationMode::Fcfs,
-                slow_start: true,
-            }),
+            Change::Node(c) => store.set_node(node(*c)),
             Change::Meter(i, c) => store.put_meters(
-                &[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3 })],
+                &[(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3, would_refuse: 4 })],
                 &[],
                 60_000,
             ),
@@ -152,11 +158,14 @@ impl Change {
                 stored.meters.remove(&name(*i));
             }
             Change::Node(c) => {
-                stored.node = StoredNode { capacity: Some(*c), mode: AllocationMode::Fcfs, slow_start: true };
+                stored.node = node(*c);
                 stored.node_stored = true;
             }
             Change::Meter(i, c) => {
-                stored.meters.insert(name(*i), Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3 });
+                stored.meters.insert(
+                    name(*i),
+                    Meter { consumed: *c, admitted: 1, throttled: 2, waited: 3, would_refuse: 4 },
+                );
             }
         }
     }

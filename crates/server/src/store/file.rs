@@ -299,27 +299,30 @@ fn recover(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-pub(super) fn encode_meter(m: &Meter) -> [u8; 32] {
-    let mut out = [0u8; 32];
+pub(super) fn encode_meter(m: &Meter) -> [u8; 40] {
+    let mut out = [0u8; 40];
     out[..8].copy_from_slice(&m.consumed.to_le_bytes());
     out[8..16].copy_from_slice(&m.admitted.to_le_bytes());
     out[16..24].copy_from_slice(&m.throttled.to_le_bytes());
-    out[24..].copy_from_slice(&m.waited.to_le_bytes());
+    out[24..32].copy_from_slice(&m.waited.to_le_bytes());
+    out[32..].copy_from_slice(&m.would_refuse.to_le_bytes());
     out
 }
 
-/// A meter: 32 bytes, or 24 as written before waited requests were counted.
+/// A meter: 40 bytes; or 32, as written before shadow mode's would-be refusals were counted;
+/// or 24, before waited requests were.
 pub(super) fn decode_meter(b: &[u8]) -> Result<Meter, String> {
-    if b.len() != 24 && b.len() != 32 {
-        return Err(format!("a meter is 24 or 32 bytes, found {}", b.len()));
+    if ![24, 32, 40].contains(&b.len()) {
+        return Err(format!("a meter is 24, 32 or 40 bytes, found {}", b.len()));
     }
     let word = |i: usize| <[u8; 8]>::try_from(&b[i..i + 8]).map_or(0, u64::from_le_bytes);
     let consumed = f64::from_bits(word(0));
     if !(consumed.is_finite() && consumed >= 0.0) {
         return Err(format!("consumed units must be finite and not negative, found {consumed}"));
     }
-    let waited = if b.len() == 32 { word(24) } else { 0 };
-    Ok(Meter { consumed, admitted: word(8), throttled: word(16), waited })
+    let waited = if b.len() >= 32 { word(24) } else { 0 };
+    let would_refuse = if b.len() == 40 { word(32) } else { 0 };
+    Ok(Meter { consumed, admitted: word(8), throttled: word(16), waited, would_refuse })
 }
 
 pub(super) fn encode_ramp(r: &StoredRamp) -> [u8; 16] {
@@ -534,11 +537,12 @@ mod tests {
 
     #[test]
     fn a_meter_written_before_waits_were_counted_still_reads() {
-        let m = Meter { consumed: 7.5, admitted: 3, throttled: 2, waited: 9 };
+        let m = Meter { consumed: 7.5, admitted: 3, throttled: 2, waited: 9, would_refuse: 4 };
         let bytes = encode_meter(&m);
         assert_eq!(decode_meter(&bytes).unwrap(), m);
-        assert_eq!(decode_meter(&bytes[..24]).unwrap(), Meter { waited: 0, ..m });
-        assert_eq!(decode_meter(&bytes[..20]).unwrap_err(), "a meter is 24 or 32 bytes, found 20");
+        assert_eq!(decode_meter(&bytes[..32]).unwrap(), Meter { would_refuse: 0, ..m });
+        assert_eq!(decode_meter(&bytes[..24]).unwrap(), Meter { waited: 0, would_refuse: 0, ..m });
+        assert_eq!(decode_meter(&bytes[..20]).unwrap_err(), "a meter is 24, 32 or 40 bytes, found 20");
     }
 
     fn dir(name: &str) -> PathBuf {
@@ -551,7 +555,7 @@ mod tests {
     fn settings_meters_and_ramps_survive_a_reopen() {
         let d = dir("reopen");
         let g = GroupName::new("a").unwrap();
-        let meter = Meter { consumed: 12.5, admitted: 3, throttled: 4, waited: 5 };
+        let meter = Meter { consumed: 12.5, admitted: 3, throttled: 4, waited: 5, would_refuse: 6 };
         let ramp = StoredRamp { value: 42.0, until_unix_ms: 1_700_000_000_000 };
         {
             let mut s = RedbStore::open(&d).unwrap();
@@ -560,6 +564,8 @@ mod tests {
                 capacity: Some(1000.0),
                 mode: tollgate_model::allocate::AllocationMode::Fcfs,
                 slow_start: true,
+                shadow: true,
+                throttling: false,
             })
             .unwrap();
             s.put_meters(&[(g.clone(), meter)], &[(g.clone(), ramp)], 60_000).unwrap();
@@ -568,6 +574,7 @@ mod tests {
         let stored = s.load().unwrap();
         assert_eq!(stored.node.capacity, Some(1000.0));
         assert_eq!(stored.node.mode, tollgate_model::allocate::AllocationMode::Fcfs);
+        assert!(stored.node.shadow && !stored.node.throttling, "{:?}", stored.node);
         assert_eq!(stored.groups[&g].reserved(), 5.0);
         assert_eq!(stored.meters[&g], meter);
         assert_eq!(stored.ramps[&g], ramp);
@@ -584,7 +591,7 @@ mod tests {
     fn usage_is_kept_by_the_minute_and_a_rewrite_replaces_its_minute() {
         let d = dir("usage");
         let (a, b) = (GroupName::new("a").unwrap(), GroupName::new("b").unwrap());
-        let m = |consumed: f64| Meter { consumed, admitted: consumed as u64, throttled: 0, waited: 0 };
+        let m = |consumed: f64| Meter { consumed, admitted: consumed as u64, ..Meter::default() };
         {
             let mut s = RedbStore::open(&d).unwrap();
             s.put_meters(&[(a.clone(), m(1.0)), (b.clone(), m(5.0))], &[], 60_000).unwrap();

@@ -86,7 +86,7 @@ impl StoreError {
 }
 
 /// The node's settings as stored.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StoredNode {
     /// Units/s shared by allocation; `None`: no capacity.
     pub capacity: Option<f64>,
@@ -94,6 +94,22 @@ pub struct StoredNode {
     pub mode: AllocationMode,
     /// Couchbase's slow start.
     pub slow_start: bool,
+    /// Every group in shadow mode.
+    pub shadow: bool,
+    /// The one switch: `false` turns throttling off, every setting kept.
+    pub throttling: bool,
+}
+
+impl Default for StoredNode {
+    fn default() -> Self {
+        Self {
+            capacity: None,
+            mode: AllocationMode::Share,
+            slow_start: false,
+            shadow: false,
+            throttling: true,
+        }
+    }
 }
 
 impl StoredNode {
@@ -103,6 +119,8 @@ impl StoredNode {
             capacity: self.capacity,
             mode: crate::convert::mode_to_proto(self.mode) as i32,
             slow_start: self.slow_start,
+            shadow: self.shadow,
+            throttling_off: !self.throttling,
         }
     }
 
@@ -112,6 +130,8 @@ impl StoredNode {
             capacity: m.capacity,
             mode: crate::convert::mode_from_proto(m.mode()),
             slow_start: m.slow_start,
+            shadow: m.shadow,
+            throttling: !m.throttling_off,
         }
     }
 }
@@ -308,7 +328,13 @@ pub fn apply_defaults(
     }
     if !stored.node_stored {
         let n = &config.node;
-        store.set_node(StoredNode { capacity: n.capacity, mode: n.mode, slow_start: n.slow_start })?;
+        store.set_node(StoredNode {
+            capacity: n.capacity,
+            mode: n.mode,
+            slow_start: n.slow_start,
+            shadow: n.shadow,
+            throttling: n.throttling,
+        })?;
         done.node = true;
     }
     Ok(done)
