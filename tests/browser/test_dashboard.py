@@ -202,6 +202,29 @@ def test_the_dashboard_draws_a_loaded_server_and_shows_a_group_on_click(server: 
     assert errors == [], errors
 
 
+def test_shadow_mode_and_the_one_switch_show_on_the_page(server: Server, browser: object) -> None:
+    server.load("--clients", "4", "--duration", "600", "--limit", "200")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    errors = watch(page)
+    page.goto(server.http + "/")
+    row = "document.querySelector('#group-table tr[data-group=accuracy]')"
+    page.wait_for_function(f"{row} && {row}.innerText.includes('refusing')", timeout=BOUND_MS)
+    # In shadow mode the group refuses nothing, and the page counts what it would have refused.
+    server.cli("group", "alter", "accuracy", "--shadow", "true")
+    page.wait_for_function(
+        f"""() => {{ const m = {row}.innerText.match(/shadow: would refuse ([0-9]+)/);
+            return m && Number(m[1]) > 0; }}""",
+        timeout=BOUND_MS,
+    )
+    assert page.locator("#node-mode").is_hidden()
+    # The one switch shows beside the connection's state, and goes when turned back on.
+    server.cli("node", "throttling", "off")
+    page.wait_for_function("document.getElementById('node-mode').textContent === 'throttling off'", timeout=BOUND_MS)
+    server.cli("node", "throttling", "on")
+    page.wait_for_function("document.getElementById('node-mode').hidden", timeout=BOUND_MS)
+    assert errors == [], errors
+
+
 def test_the_dashboard_fits_a_phone(server: Server, browser: object) -> None:
     server.load("--clients", "2", "--duration", "600", "--limit", "100")
     page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)  # type: ignore[attr-defined]

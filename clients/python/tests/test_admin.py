@@ -73,6 +73,16 @@ def test_ramps_node_settings_and_tokens(server: Server) -> None:
         assert admin.set_capacity(None).capacity is None
         with pytest.raises(tollgate.InvalidArgument, match="mode"):
             admin.set_mode("lottery")
+        # Shadow mode and the one switch, node-wide and per group.
+        assert admin.set_shadow(True).shadow is True
+        off = admin.set_throttling(False)
+        assert (off.shadow, off.throttling) == (True, False)
+        assert admin.set_throttling(True).throttling is True
+        assert admin.set_shadow(False).shadow is False
+        assert admin.create_group("dark", limit=10, shadow=True).shadow is True
+        assert admin.alter_group("dark", shadow=False).shadow is False
+        with pytest.raises(tollgate.InvalidArgument, match="shadow"):
+            admin.alter_group("dark", shadow="yes")
 
 
 def test_tokens_under_auth(tmp_path) -> None:  # type: ignore[no-untyped-def]

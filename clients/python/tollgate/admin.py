@@ -21,7 +21,7 @@ WINDOWS = ("minute", "hour", "day", "week", "month", "total")
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
     "reserved, limit, burst, priority, weight, budget, budget_period, quotas, dropped, debt_repay_s, "
-    "reads_writes_apart, backend_limit, background, ramp"
+    "reads_writes_apart, backend_limit, background, shadow, ramp"
 )
 
 
@@ -76,7 +76,7 @@ def _patch(settings: Settings) -> pb.GroupPatch:
                 setattr(p, key, _number(key, value))
         elif key in ("reserved", "weight", "debt_repay_s"):
             setattr(p, key, _number(key, value))
-        elif key in ("reads_writes_apart", "background"):
+        elif key in ("reads_writes_apart", "background", "shadow"):
             if not isinstance(value, bool):
                 raise InvalidArgument.of(key, f"must be True or False, got {value!r}")
             setattr(p, key, value)
@@ -191,6 +191,20 @@ class Admin:
         if not isinstance(on, bool):
             raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
         return Node.from_pb(self._call("SetSlowStart", pb.SetSlowStartRequest(on=on)))
+
+    def set_shadow(self, on: bool) -> Node:
+        """Every group in shadow mode (``True``), or only those whose settings ask for it:
+        requests are decided and counted but never refused."""
+        if not isinstance(on, bool):
+            raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
+        return Node.from_pb(self._call("SetShadow", pb.SetShadowRequest(on=on)))
+
+    def set_throttling(self, on: bool) -> Node:
+        """The one switch: throttling on or off for the whole node, every setting kept
+        (audited)."""
+        if not isinstance(on, bool):
+            raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
+        return Node.from_pb(self._call("SetThrottling", pb.SetThrottlingRequest(on=on)))
 
     def status(self) -> Status:
         """The controller's status: the node, its role, and every group's target, admitted

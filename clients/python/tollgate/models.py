@@ -78,6 +78,8 @@ class Group:
     reads_writes_apart: bool
     backend_limit: Optional[float]
     background: bool
+    shadow: bool = False
+    """Shadow mode: decided and counted, never refused; would-be refusals are counted."""
     ramp: Optional[Ramp] = None
     quotas: Dict[str, float] = field(default_factory=dict)
     """Units per window (``minute``, ``hour``, ``day``, ``week``, ``month``, ``total``) for each
@@ -104,6 +106,7 @@ class Group:
             reads_writes_apart=s.reads_writes_apart,
             backend_limit=s.backend_limit if s.HasField("backend_limit") else None,
             background=s.background,
+            shadow=s.shadow,
             ramp=Ramp.from_pb(s.ramp) if s.HasField("ramp") and s.ramp.max > 0 else None,
             quotas=dict(s.quotas),
         )
@@ -118,10 +121,16 @@ class Node:
     mode: str
     """``share`` (by priority, then max-min by weight) or ``fcfs``."""
     slow_start: bool
+    shadow: bool = False
+    """Every group in shadow mode."""
+    throttling: bool = True
+    """The one switch: ``False`` while throttling is off for the whole node."""
 
     @staticmethod
     def from_pb(n: pb.NodeInfo) -> "Node":
-        return Node(n.capacity if n.HasField("capacity") else None, MODES[n.mode] if n.mode < len(MODES) else str(n.mode), n.slow_start)
+        mode = MODES[n.mode] if n.mode < len(MODES) else str(n.mode)
+        capacity = n.capacity if n.HasField("capacity") else None
+        return Node(capacity, mode, n.slow_start, n.shadow, not n.throttling_off)
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,8 @@ class GroupStatus:
     admitted_total: int
     throttled_total: int
     waited_total: int
+    would_refuse_total: int
+    """Requests admitted in shadow mode that would have been refused."""
     budget_exhausted: bool
     ramp_pool: Optional[float]
     headroom: Optional[float]
@@ -186,6 +197,7 @@ class GroupStatus:
             admitted_total=g.admitted_total,
             throttled_total=g.throttled_total,
             waited_total=g.waited_total,
+            would_refuse_total=g.would_refuse_total,
             budget_exhausted=g.budget_exhausted,
             ramp_pool=g.ramp_pool if g.HasField("ramp_pool") else None,
             headroom=g.headroom if g.HasField("headroom") else None,

@@ -152,7 +152,7 @@ pub(crate) enum Command {
         /// One JSON object per group per minute.
         #[arg(long, conflicts_with = "csv")]
         json: bool,
-        /// CSV: minute,group,consumed,admitted,throttled.
+        /// CSV: minute,group,consumed,admitted,throttled,would_refuse.
         #[arg(long)]
         csv: bool,
     },

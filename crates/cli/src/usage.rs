@@ -14,7 +14,7 @@ pub enum Format {
     Text,
     /// A JSON array: one object per group per minute (`[]` for none).
     Json,
-    /// `minute,group,consumed,admitted,throttled`, per group per minute.
+    /// `minute,group,consumed,admitted,throttled,would_refuse`, per group per minute.
     Csv,
 }
 
@@ -24,6 +24,8 @@ struct Minute {
     consumed: f64,
     admitted: u64,
     throttled: u64,
+    /// Admitted in shadow mode, and would have been refused.
+    would_refuse: u64,
 }
 
 /// Per group, the minutes of the span with what each added (the baseline record before the
@@ -36,8 +38,9 @@ fn minutes(records: &[v1::UsageRecord], since: u64) -> BTreeMap<String, Vec<Minu
         if r.minute_unix_ms < since {
             continue;
         }
-        let (c, a, t) =
-            before.map_or((0.0, 0, 0), |b| (b.consumed_total, b.admitted_total, b.throttled_total));
+        let (c, a, t, w) = before.map_or((0.0, 0, 0, 0), |b| {
+            (b.consumed_total, b.admitted_total, b.throttled_total, b.would_refuse_total)
+        });
         // A total below the last one started again from 0 (a group not configured, whose
         // running total is not kept, met again after a restart): all of it is this minute's.
         let added = |now: f64, last: f64| if now < last { now } else { now - last };
@@ -46,6 +49,7 @@ fn minutes(records: &[v1::UsageRecord], since: u64) -> BTreeMap<String, Vec<Minu
             consumed: added(r.consumed_total, c),
             admitted: added(r.admitted_total as f64, a as f64) as u64,
             throttled: added(r.throttled_total as f64, t as f64) as u64,
+            would_refuse: added(r.would_refuse_total as f64, w as f64) as u64,
         });
     }
     out
@@ -73,8 +77,11 @@ pub async fn run(
         Format::Text => {
             for (g, ms) in &by_group {
                 let (first, last) = (ms.first().map_or(0, |m| m.at), ms.last().map_or(0, |m| m.at + 60_000));
+                let would: u64 = ms.iter().map(|m| m.would_refuse).sum();
+                // Only groups that ran in shadow mode have would-be refusals to show.
+                let shadow = if would > 0 { format!("  would refuse {would}") } else { String::new() };
                 say(format!(
-                    "{g}  consumed {}  admitted {}  refused {}  ({} to {})",
+                    "{g}  consumed {}  admitted {}  refused {}{shadow}  ({} to {})",
                     crate::admin::fmt_units(ms.iter().map(|m| m.consumed).sum::<f64>()),
                     ms.iter().map(|m| m.admitted).sum::<u64>(),
                     ms.iter().map(|m| m.throttled).sum::<u64>(),
@@ -99,6 +106,7 @@ pub async fn run(
                             "consumed": m.consumed,
                             "admitted": m.admitted,
                             "throttled": m.throttled,
+                            "would_refuse": m.would_refuse,
                         })
                     })
                 })
@@ -106,7 +114,7 @@ pub async fn run(
             say(serde_json::to_string_pretty(&rows).expect("JSON values print"));
         }
         Format::Csv => {
-            say("minute,group,consumed,admitted,throttled");
+            say("minute,group,consumed,admitted,throttled,would_refuse");
             for (g, ms) in &by_group {
                 let quoted = if g.contains([',', '"', '\n']) {
                     format!("\"{}\"", g.replace('"', "\"\""))
@@ -114,7 +122,8 @@ pub async fn run(
                     g.clone()
                 };
                 for m in ms {
-                    say(format!("{},{quoted},{},{},{}", utc(m.at), m.consumed, m.admitted, m.throttled));
+                    let Minute { at, consumed, admitted, throttled, would_refuse } = m;
+                    say(format!("{},{quoted},{consumed},{admitted},{throttled},{would_refuse}", utc(*at)));
                 }
             }
         }

@@ -263,7 +263,7 @@ fn consumption_is_metered_by_the_minute_and_survives_a_restart() {
     let text = usage(&s.url(), &[]);
     assert!(text.contains("metered  consumed 50  admitted 25  refused 0"), "{text}");
     let csv = usage(&s.url(), &["--csv", "--since", "1h"]);
-    assert!(csv.starts_with("minute,group,consumed,admitted,throttled\n"), "{csv}");
+    assert!(csv.starts_with("minute,group,consumed,admitted,throttled,would_refuse\n"), "{csv}");
     assert!(csv.lines().skip(1).all(|l| l.contains(",metered,")), "{csv}");
     // A span that starts after the consumption: nothing in it.
     let later = (tollgate_controller::wall_ms() + 120_000).to_string();

@@ -53,7 +53,8 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     assert!(dry.contains("create pattern shop/api_key=*: limit 20/s"), "{dry}");
     assert!(dry.contains("create pattern shop/api_key=*/path=/checkout: unlimited, quota 5/minute"), "{dry}");
     assert!(dry.contains("create group shop/report=export: unlimited, quota 50/day"), "{dry}");
-    assert!(dry.contains("rules for domain shop: 0 replaced by 7"), "{dry}");
+    assert!(dry.contains("create pattern shop/user_agent=*: limit 2/s, shadow mode"), "{dry}");
+    assert!(dry.contains("rules for domain shop: 0 replaced by 8"), "{dry}");
     assert!(dry.ends_with("dry run: nothing changed\n"), "{dry}");
     assert_eq!(ok(&server, &["rls", "rules"]), before);
     assert!(!tollgate(&server, &["group", "show", "shop/api_key=*"]).status.success());
@@ -61,11 +62,11 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     let other = r#"[{"domain":"other","key":"tenant","group":"{value}"}]"#;
     ok(&server, &["rls", "set-rules", other]);
     let done = ok(&server, &["import", "envoy-ratelimit", file]);
-    assert!(done.contains("imported: 7 groups and patterns written, 7 rules"), "{done}");
+    assert!(done.contains("imported: 8 groups and patterns written, 8 rules"), "{done}");
     let rules = ok(&server, &["rls", "rules"]);
     let rules: Vec<serde_json::Value> = serde_json::from_str(&rules).unwrap();
-    assert_eq!(rules.len(), 8);
-    assert_eq!(rules[7]["domain"], "other");
+    assert_eq!(rules.len(), 9);
+    assert_eq!(rules[8]["domain"], "other");
     // Each key has its own 20/s, and each key's checkout its own 5 a minute: counted from
     // the start of a minute of the server's wall clock, so that no new minute starts mid-way.
     within_one_minute();
@@ -98,13 +99,18 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     assert_eq!(lifted[1], "[0] OK limit none remaining 0", "{lifted:?}");
     let alone = check(&server, "shop", &["client_ip=10.0.0.1"]);
     assert_eq!(alone[1], "[0] OK limit 1000/hour (shop/client_ip=10.0.0.1) remaining 999", "{alone:?}");
+    // The limit in shadow mode refuses nothing (the status counts what it would have refused).
+    for _ in 0..5 {
+        assert_eq!(check(&server, "shop", &["user_agent=crawler"])[0], "OK");
+    }
+    assert!(ok(&server, &["group", "show", "shop/user_agent=*"]).contains("shadow:   never refused"));
     // A descriptor the file has no limit for falls to `default`.
     assert_eq!(check(&server, "shop", &["api_key=k1,zone=eu"])[1], "[0] OK limit none remaining 0");
     // Importing the same file again changes no group.
     let again = ok(&server, &["import", "envoy-ratelimit", file, "--dry-run"]);
-    assert!(again.lines().filter(|l| l.starts_with("keep ")).count() == 7, "{again}");
+    assert!(again.lines().filter(|l| l.starts_with("keep ")).count() == 8, "{again}");
     assert!(
-        again.contains("rules for domain shop: 7 replaced by 7; 1 other rules kept after them"),
+        again.contains("rules for domain shop: 8 replaced by 8; 1 other rules kept after them"),
         "{again}"
     );
 }
@@ -140,7 +146,7 @@ fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     for line in [
-        "examples/import/refused.yaml:5: shadow_mode: Tollgate has no shadow mode",
+        "examples/import/refused.yaml:5: quota_mode: Tollgate has no quota mode",
         "examples/import/refused.yaml:11: rate_limit.unit: year is not a window Tollgate counts",
         "examples/import/refused.yaml:17: rate_limit.burst: unknown key",
         "3 refused; nothing changed",

@@ -1632,6 +1632,10 @@ fn shadow_mode_and_the_one_switch_through_the_cli_http_sql_metrics_and_audit() {
     let metric = common::metric(&s.http, "tollgate_group_would_refuse_requests_total{group=\"dark\"}");
     assert_eq!(metric, dark);
     assert_eq!(common::metric(&s.http, "tollgate_node_throttling"), 1.0);
+    common::eventually("usage shows the would-be refusals once metered", || {
+        let (_, out, _) = admin(&s, &["usage", "dark"]);
+        out.contains(&format!("admitted 8  refused 0  would refuse {dark}"))
+    });
 
     // The one switch: off admits everything and keeps every setting.
     assert_eq!(ok(&s, &["node", "throttling", "off"]), "off\n");

@@ -223,6 +223,10 @@ function renderNode(d) {
   const diag = d.diagnostics;
   $('clients').textContent = String(n.clients);
   $('lapsed').textContent = diag.clients_lapsed + ' lapsed (safe mode)' + (n.learning ? ' · learning' : '');
+  // The one switch and node-wide shadow mode: nothing is refused while either holds.
+  const mode = $('node-mode');
+  mode.textContent = n.throttling === false ? 'throttling off' : (n.shadow ? 'shadow mode: nothing refused' : '');
+  mode.hidden = !mode.textContent;
   $('backends').textContent = String(n.backends);
   $('limiting').textContent = diag.backends.filter((b) => b.limiting).length + ' saturated';
 
@@ -248,10 +252,14 @@ function renderGroups(d) {
   const rows = d.groups.map((g) => {
     const tr = document.createElement('tr');
     const refusing = g.throttled > 0;
+    // In shadow mode nothing is refused; what would have been is counted.
+    const shadow = g.shadow || d.node.shadow;
+    const throttled = shadow ? 'shadow: would refuse ' + g.would_refuse_total : (refusing ? 'refusing' : 'no');
     tr.append(td(g.name), td(g.reserved === null ? '–' : fmt(g.reserved)),
       td(g.limit === null ? '–' : (g.limit === 'unlimited' ? 'unlimited' : fmt(g.limit))),
       td(fmt(g.target)), td(fmt(g.admitted)), td(fmt(g.demand)), td(fmt(g.throttled)), td(String(g.clients)),
-      td(refusing ? 'refusing' : 'no', refusing ? 'yes' : ''), td(g.busy ? 'limited' : 'no', g.busy ? 'yes' : ''));
+      td(throttled, refusing || (shadow && g.would_refuse_total > 0) ? 'yes' : ''),
+      td(g.busy ? 'limited' : 'no', g.busy ? 'yes' : ''));
     tr.dataset.group = g.name;
     tr.addEventListener('click', () => openDetail(g.name));
     return tr;

@@ -165,6 +165,8 @@ fn row(g: &GroupView) -> Value {
         "busy": g.busy,
         "budget_exhausted": g.budget_exhausted,
         "configured": g.settings.is_some(),
+        "shadow": g.settings.as_ref().is_some_and(|s| s.shadow()),
+        "would_refuse_total": g.meter.would_refuse,
     })
 }
 
@@ -280,6 +282,8 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
                 "role": role.role.name(),
                 "leader": role.leader,
                 "learning": learning,
+                "shadow": node.shadow,
+                "throttling": node.throttling,
                 "exchanges": d.node.controller.exchanges(),
                 "groups": view.len(),
                 "clients": clients,

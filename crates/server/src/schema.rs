@@ -59,6 +59,8 @@ pub(crate) struct GroupStatus {
     throttled_total: u64,
     waited_total: u64,
     blocked_total: u64,
+    /// Requests admitted in shadow mode that would have been refused.
+    would_refuse_total: u64,
     budget_exhausted: bool,
     ramp_pool: Option<f64>,
     last_minute: Option<RateMarks>,
@@ -118,6 +120,10 @@ pub(crate) struct ClientStatus {
 pub(crate) struct Status {
     capacity: Option<f64>,
     mode: ModeName,
+    /// Every group in shadow mode.
+    shadow: bool,
+    /// `on`, or `off` while the one switch has turned throttling off.
+    throttling: String,
     exchanges: u64,
     learning: bool,
     /// `standalone`, `leader` or `follower`.
@@ -150,6 +156,10 @@ pub(crate) struct NodeProperties {
     mode: Option<ModeName>,
     #[serde(skip_serializing_if = "Option::is_none")]
     slow_start: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    throttling: Option<bool>,
 }
 
 /// Couchbase's group document.
@@ -192,6 +202,10 @@ pub(crate) struct DashboardRow {
     busy: bool,
     budget_exhausted: bool,
     configured: bool,
+    /// Its own settings put it in shadow mode.
+    shadow: bool,
+    /// Requests admitted in shadow mode that would have been refused.
+    would_refuse_total: u64,
 }
 
 /// The node as the dashboard shows it.
@@ -203,6 +217,10 @@ pub(crate) struct DashboardNode {
     role: String,
     leader: Option<String>,
     learning: bool,
+    /// Every group in shadow mode.
+    shadow: bool,
+    /// `false` while the one switch has turned throttling off.
+    throttling: bool,
     exchanges: u64,
     groups: u64,
     clients: u64,

@@ -49,7 +49,7 @@ class ExchangeRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ...) -> None: ...
 
 class GroupUsage(_message.Message):
-    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail")
+    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class GroupUsage(_message.Message):
     HELD_FIELD_NUMBER: _ClassVar[int]
     WAITED_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    WOULD_REFUSE_FIELD_NUMBER: _ClassVar[int]
     group: str
     demand: float
     consumed: float
@@ -70,7 +71,8 @@ class GroupUsage(_message.Message):
     held: float
     waited: int
     detail: Consumption
-    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ...) -> None: ...
+    would_refuse: int
+    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ...) -> None: ...
 
 class Consumption(_message.Message):
     __slots__ = ("rru", "wru", "read_bytes", "write_bytes", "cpu_ms", "read_rpcs", "write_rpcs")
@@ -103,7 +105,7 @@ class ExchangeResponse(_message.Message):
     def __init__(self, grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., next_exchange_ms: _Optional[int] = ..., next_tick_ms: _Optional[int] = ..., unthrottled_allowed: _Optional[bool] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms")
+    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     UNLIMITED_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +116,7 @@ class Grant(_message.Message):
     COUNT_DROPPED_FIELD_NUMBER: _ClassVar[int]
     DEBT_REPAY_MS_FIELD_NUMBER: _ClassVar[int]
     TRICKLE_MS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
     group: str
     unlimited: bool
     rate: float
@@ -124,7 +127,8 @@ class Grant(_message.Message):
     count_dropped: bool
     debt_repay_ms: int
     trickle_ms: int
-    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ...) -> None: ...
+    shadow: bool
+    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ...) -> None: ...
 
 class WatchSettingsRequest(_message.Message):
     __slots__ = ()
@@ -185,18 +189,20 @@ class UsageRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., since_unix_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class UsageRecord(_message.Message):
-    __slots__ = ("group", "minute_unix_ms", "consumed_total", "admitted_total", "throttled_total")
+    __slots__ = ("group", "minute_unix_ms", "consumed_total", "admitted_total", "throttled_total", "would_refuse_total")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MINUTE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     THROTTLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WOULD_REFUSE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     group: str
     minute_unix_ms: int
     consumed_total: float
     admitted_total: int
     throttled_total: int
-    def __init__(self, group: _Optional[str] = ..., minute_unix_ms: _Optional[int] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ...) -> None: ...
+    would_refuse_total: int
+    def __init__(self, group: _Optional[str] = ..., minute_unix_ms: _Optional[int] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., would_refuse_total: _Optional[int] = ...) -> None: ...
 
 class UsageResponse(_message.Message):
     __slots__ = ("records",)
@@ -311,7 +317,7 @@ class TraceLine(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class GroupPatch(_message.Message):
-    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas")
+    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas", "shadow")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +344,7 @@ class GroupPatch(_message.Message):
     BACKGROUND_FIELD_NUMBER: _ClassVar[int]
     BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     unlimited: bool
@@ -357,7 +364,8 @@ class GroupPatch(_message.Message):
     background: bool
     budget_period: str
     quotas: _containers.ScalarMap[str, float]
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    shadow: bool
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ...) -> None: ...
 
 class RampSettings(_message.Message):
     __slots__ = ("min", "max", "duration_s", "mode", "threshold_pct", "ramp_down_pct", "cool_down_s", "resume_ttl_s")
@@ -380,7 +388,7 @@ class RampSettings(_message.Message):
     def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ..., duration_s: _Optional[float] = ..., mode: _Optional[_Union[RampMode, str]] = ..., threshold_pct: _Optional[float] = ..., ramp_down_pct: _Optional[float] = ..., cool_down_s: _Optional[float] = ..., resume_ttl_s: _Optional[float] = ...) -> None: ...
 
 class GroupSettings(_message.Message):
-    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas")
+    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas", "shadow")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +410,7 @@ class GroupSettings(_message.Message):
     BACKGROUND_FIELD_NUMBER: _ClassVar[int]
     BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     burst: float
@@ -416,7 +425,8 @@ class GroupSettings(_message.Message):
     background: bool
     budget_period: str
     quotas: _containers.ScalarMap[str, float]
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    shadow: bool
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ...) -> None: ...
 
 class PutGroupRequest(_message.Message):
     __slots__ = ("name", "patch", "mode")
@@ -489,16 +499,32 @@ class GetNodeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("capacity", "mode", "slow_start")
+    __slots__ = ("capacity", "mode", "slow_start", "shadow", "throttling_off")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SLOW_START_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    THROTTLING_OFF_FIELD_NUMBER: _ClassVar[int]
     capacity: float
     mode: AllocationMode
     slow_start: bool
-    def __init__(self, capacity: _Optional[float] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., slow_start: _Optional[bool] = ...) -> None: ...
+    shadow: bool
+    throttling_off: bool
+    def __init__(self, capacity: _Optional[float] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., slow_start: _Optional[bool] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ...) -> None: ...
 
 class SetSlowStartRequest(_message.Message):
+    __slots__ = ("on",)
+    ON_FIELD_NUMBER: _ClassVar[int]
+    on: bool
+    def __init__(self, on: _Optional[bool] = ...) -> None: ...
+
+class SetShadowRequest(_message.Message):
+    __slots__ = ("on",)
+    ON_FIELD_NUMBER: _ClassVar[int]
+    on: bool
+    def __init__(self, on: _Optional[bool] = ...) -> None: ...
+
+class SetThrottlingRequest(_message.Message):
     __slots__ = ("on",)
     ON_FIELD_NUMBER: _ClassVar[int]
     on: bool
@@ -513,7 +539,7 @@ class StatusRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings")
+    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings", "shadow", "throttling_off")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
@@ -532,6 +558,8 @@ class StatusResponse(_message.Message):
     COST_MODEL_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    THROTTLING_OFF_FIELD_NUMBER: _ClassVar[int]
     capacity: float
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     exchanges: int
@@ -550,7 +578,9 @@ class StatusResponse(_message.Message):
     cost_model: str
     unit: str
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    shadow: bool
+    throttling_off: bool
+    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ...) -> None: ...
 
 class BackendStatus(_message.Message):
     __slots__ = ("name", "zone", "utilisation", "limiting", "seen_s", "load", "top_groups", "inert")
@@ -601,7 +631,7 @@ class ClientGrantStatus(_message.Message):
     def __init__(self, group: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom")
+    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom", "would_refuse_total")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -622,6 +652,7 @@ class GroupStatus(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    WOULD_REFUSE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     settings: GroupSettings
     target: float
@@ -642,7 +673,8 @@ class GroupStatus(_message.Message):
     detail: Consumption
     granted: float
     headroom: float
-    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ...) -> None: ...
+    would_refuse_total: int
+    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ..., would_refuse_total: _Optional[int] = ...) -> None: ...
 
 class RateMarks(_message.Message):
     __slots__ = ("low", "high", "average")

@@ -317,6 +317,16 @@ class AdminStub:
                 request_serializer=tollgate_dot_v1_dot_tollgate__pb2.SetSlowStartRequest.SerializeToString,
                 response_deserializer=tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.FromString,
                 _registered_method=True)
+        self.SetShadow = channel.unary_unary(
+                '/tollgate.v1.Admin/SetShadow',
+                request_serializer=tollgate_dot_v1_dot_tollgate__pb2.SetShadowRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.FromString,
+                _registered_method=True)
+        self.SetThrottling = channel.unary_unary(
+                '/tollgate.v1.Admin/SetThrottling',
+                request_serializer=tollgate_dot_v1_dot_tollgate__pb2.SetThrottlingRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.FromString,
+                _registered_method=True)
         self.GetNode = channel.unary_unary(
                 '/tollgate.v1.Admin/GetNode',
                 request_serializer=tollgate_dot_v1_dot_tollgate__pb2.GetNodeRequest.SerializeToString,
@@ -415,6 +425,20 @@ class AdminServicer:
 
     def SetSlowStart(self, request, context):
         """Couchbase's slow start, on or off.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetShadow(self, request, context):
+        """Every group in shadow mode, or none but those whose settings ask for it (audited).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetThrottling(self, request, context):
+        """The one switch: throttling on or off for the whole node, every setting kept (audited).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -527,6 +551,16 @@ def add_AdminServicer_to_server(servicer, server):
             'SetSlowStart': grpc.unary_unary_rpc_method_handler(
                     servicer.SetSlowStart,
                     request_deserializer=tollgate_dot_v1_dot_tollgate__pb2.SetSlowStartRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.SerializeToString,
+            ),
+            'SetShadow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetShadow,
+                    request_deserializer=tollgate_dot_v1_dot_tollgate__pb2.SetShadowRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.SerializeToString,
+            ),
+            'SetThrottling': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetThrottling,
+                    request_deserializer=tollgate_dot_v1_dot_tollgate__pb2.SetThrottlingRequest.FromString,
                     response_serializer=tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.SerializeToString,
             ),
             'GetNode': grpc.unary_unary_rpc_method_handler(
@@ -770,6 +804,60 @@ class Admin:
             target,
             '/tollgate.v1.Admin/SetSlowStart',
             tollgate_dot_v1_dot_tollgate__pb2.SetSlowStartRequest.SerializeToString,
+            tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetShadow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.Admin/SetShadow',
+            tollgate_dot_v1_dot_tollgate__pb2.SetShadowRequest.SerializeToString,
+            tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetThrottling(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.Admin/SetThrottling',
+            tollgate_dot_v1_dot_tollgate__pb2.SetThrottlingRequest.SerializeToString,
             tollgate_dot_v1_dot_tollgate__pb2.NodeInfo.FromString,
             options,
             channel_credentials,

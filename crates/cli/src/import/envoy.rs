@@ -20,7 +20,7 @@ type Entry = (String, Option<String>);
 type Path = Vec<Entry>;
 
 /// A descriptor read: its entry, its `rate_limit` and its nested `descriptors`.
-type Read<'n> = (Entry, Option<&'n Node>, Option<&'n Node>);
+type Read<'n> = (Entry, Option<&'n Node>, Option<&'n Node>, bool);
 
 /// Reads every document into `plan`.
 pub fn read(docs: &[Node], plan: &mut Plan) {
@@ -99,7 +99,7 @@ fn level(plan: &mut Plan, domain: &str, path: &Path, node: &Node) {
     };
     let mut seen: Vec<(String, Option<String>)> = Vec::new();
     for item in items {
-        let Some((entry, rate, nested)) = descriptor(plan, item) else { continue };
+        let Some((entry, rate, nested, shadow)) = descriptor(plan, item) else { continue };
         if seen.contains(&entry) {
             plan.refuse(item.line, format!("key {:?} with this value is given twice at this level", entry.0));
             continue;
@@ -108,7 +108,12 @@ fn level(plan: &mut Plan, domain: &str, path: &Path, node: &Node) {
         let mut here = path.clone();
         here.push(entry);
         if let Some(rate) = rate {
-            limit(plan, domain, &here, rate, item.line);
+            limit(plan, domain, &here, rate, (item.line, shadow));
+        } else if shadow {
+            plan.refuse(
+                item.line,
+                "shadow_mode: applies to a descriptor's rate_limit, and this one has none",
+            );
         }
         if let Some(nested) = nested {
             level(plan, domain, &here, nested);
@@ -116,23 +121,23 @@ fn level(plan: &mut Plan, domain: &str, path: &Path, node: &Node) {
     }
 }
 
-/// A descriptor's entry, its `rate_limit` and its nested `descriptors`.
+/// A descriptor's entry, its `rate_limit`, its nested `descriptors` and its `shadow_mode`.
 fn descriptor<'n>(plan: &mut Plan, item: &'n Node) -> Option<Read<'n>> {
     let Value::Map(fields) = &item.value else {
         plan.refuse(item.line, "a descriptor must be a map with key, value, rate_limit, descriptors");
         return None;
     };
-    let (mut key, mut value, mut rate, mut nested) = (None, None, None, None);
+    let (mut key, mut value, mut rate, mut nested, mut shadow) = (None, None, None, None, false);
     for (name, line, node) in fields {
         match name.as_str() {
             "key" => key = text(plan, "key", node),
             "value" => value = text(plan, "value", node),
             "rate_limit" => rate = Some(node),
             "descriptors" => nested = Some(node),
-            "shadow_mode" | "quota_mode" | "share_threshold" => {
+            "shadow_mode" => shadow = flag(plan, name, node),
+            "quota_mode" | "share_threshold" => {
                 if flag(plan, name, node) {
                     let why = match name.as_str() {
-                        "shadow_mode" => "Tollgate has no shadow mode (a limit that counts and never refuses); import the limit without it, or leave it out",
                         "quota_mode" => "Tollgate has no quota mode (a limit whose overrun alone does not refuse the request); leave it out",
                         _ => "Tollgate does not share one counter among values matching a wildcard; give each value its own descriptor",
                     };
@@ -164,11 +169,12 @@ fn descriptor<'n>(plan: &mut Plan, item: &'n Node) -> Option<Read<'n>> {
             return None;
         }
     }
-    Some(((key, value.filter(|v| !v.is_empty())), rate, nested))
+    Some(((key, value.filter(|v| !v.is_empty())), rate, nested, shadow))
 }
 
-/// A `rate_limit` at the end of `path`: a group or pattern, and its rule.
-fn limit(plan: &mut Plan, domain: &str, path: &Path, node: &Node, line: usize) {
+/// A `rate_limit` at the end of `path` (its descriptor at `line`, in shadow mode or not): a
+/// group or pattern, and its rule.
+fn limit(plan: &mut Plan, domain: &str, path: &Path, node: &Node, (line, shadow): (usize, bool)) {
     let Value::Map(fields) = &node.value else {
         plan.refuse(node.line, "rate_limit: must be a map with unit and requests_per_unit, or unlimited");
         return;
@@ -220,7 +226,7 @@ fn limit(plan: &mut Plan, domain: &str, path: &Path, node: &Node, line: usize) {
     };
     let group = name_of(&|k| format!("{{{k}}}"));
     let settings_on = name_of(&|_| "*".to_string());
-    plan.add(Imported { name: settings_on, line, shape });
+    plan.add(Imported { name: settings_on, line, shape: Shape { shadow, ..shape } });
     let entry = |(k, v): &(String, Option<String>)| RuleEntry {
         key: k.clone(),
         value: v.clone().unwrap_or_default(),

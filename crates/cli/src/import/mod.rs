@@ -40,6 +40,8 @@ pub struct Shape {
     pub burst: Option<f64>,
     /// Units per window.
     pub quotas: BTreeMap<BudgetPeriod, f64>,
+    /// Shadow mode (envoy/ratelimit's `shadow_mode`): counted, never refused.
+    pub shadow: bool,
 }
 
 impl Shape {
@@ -54,6 +56,9 @@ impl Shape {
         }
         for (w, n) in &self.quotas {
             let _ = write!(out, ", quota {n}/{}", w.name());
+        }
+        if self.shadow {
+            out.push_str(", shadow mode");
         }
         out
     }
@@ -70,6 +75,7 @@ impl Shape {
             burst: self.burst,
             clear_burst: self.burst.is_none(),
             quotas,
+            shadow: Some(self.shadow),
             ..v1::GroupPatch::default()
         }
     }
@@ -81,7 +87,7 @@ impl Shape {
             .iter()
             .filter_map(|(w, n)| Some((BudgetPeriod::ALL.into_iter().find(|p| p.name() == w)?, *n)))
             .collect();
-        Shape { limit: s.limit, burst: s.burst, quotas }
+        Shape { limit: s.limit, burst: s.burst, quotas, shadow: s.shadow }
     }
 }
 
@@ -125,6 +131,9 @@ impl Plan {
                 }
                 o.shape.limit = o.shape.limit.or(g.shape.limit);
                 o.shape.burst = o.shape.burst.or(g.shape.burst);
+                // One limit of several in shadow mode would let the others refuse: the group
+                // is in shadow mode only when each of its limits is.
+                o.shape.shadow &= g.shape.shadow;
                 for (w, n) in g.shape.quotas {
                     let q = o.shape.quotas.entry(w).or_insert(n);
                     *q = q.min(n);
