@@ -106,6 +106,21 @@ const GROUP_FAMILIES: [Family; 25] = [
     ),
 ];
 
+/// The node settings' gauges.
+fn node_settings(e: &mut DescriptorEncoder, node: crate::store::StoredNode) -> std::fmt::Result {
+    if let Some(capacity) = node.capacity {
+        single(e, "tollgate_node_capacity_units", "Node capacity, units/s.", Kind::Gauge, capacity)?;
+    }
+    single(e, "tollgate_node_shadow", "1 while every group is in shadow mode.", Kind::Gauge, node.shadow)?;
+    single(
+        e,
+        "tollgate_node_throttling",
+        "1 while the node throttles; 0 while the one switch has turned throttling off.",
+        Kind::Gauge,
+        node.throttling,
+    )
+}
+
 /// Reads the controller at each scrape.
 struct ControllerMetrics {
     controller: Arc<Controller>,
@@ -128,24 +143,7 @@ impl Collector for ControllerMetrics {
             family(&mut e, name, help, kind, "group", samples)?;
         }
         drop(view);
-        let node = c.node();
-        if let Some(capacity) = node.capacity {
-            single(&mut e, "tollgate_node_capacity_units", "Node capacity, units/s.", Kind::Gauge, capacity)?;
-        }
-        single(
-            &mut e,
-            "tollgate_node_shadow",
-            "1 while every group is in shadow mode.",
-            Kind::Gauge,
-            node.shadow,
-        )?;
-        single(
-            &mut e,
-            "tollgate_node_throttling",
-            "1 while the node throttles; 0 while the one switch has turned throttling off.",
-            Kind::Gauge,
-            node.throttling,
-        )?;
+        node_settings(&mut e, c.node())?;
         let now = self.clock.now();
         let d = c.diagnostics(now);
         let backend = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&BackendView) -> f64| {
