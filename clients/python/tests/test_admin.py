@@ -92,8 +92,12 @@ def test_tokens_under_auth(tmp_path) -> None:  # type: ignore[no-untyped-def]
     try:
         admin_token = (tmp_path / "data" / "admin.token").read_text().strip()
         with tollgate.Admin(server.url, token=admin_token) as admin:
-            made = admin.create_token("client", groups="acme-*", unthrottled=True, name="acme")
+            made = admin.create_token("client", groups="acme-*", unthrottled=True, name="acme", default_group="acme-web")
             assert made.token and made.info.role == "client" and made.info.unthrottled
+            assert made.info.default_group == "acme-web"
+            assert admin.set_token_group(made.info.id, "acme-api").default_group == "acme-api"
+            with pytest.raises(tollgate.InvalidArgument, match="default_group"):
+                admin.set_token_group(made.info.id, "other")
             assert made.info.id in [t.id for t in admin.list_tokens()]
             with tollgate.Admin(server.url, token=made.token) as client:
                 with pytest.raises(tollgate.PermissionDenied):

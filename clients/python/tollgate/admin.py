@@ -241,16 +241,20 @@ class Admin:
         unthrottled: bool = False,
         expires_in_s: int = 0,
         name: str = "",
+        default_group: str = "",
     ) -> NewToken:
         """A new credential for a server run with ``--auth``: ``role`` is ``admin``,
         ``client``, ``backend`` or ``reader``; a client token may be kept to ``groups``
         (comma-separated patterns, ``*`` for any run of characters) and may carry the
-        unthrottled privilege. Its secret is in the answer, this once."""
+        unthrottled privilege and a ``default_group`` (one of its groups: where its work goes
+        when a request names none). Its secret is in the answer, this once."""
         if role not in ROLES:
             raise InvalidArgument.of("role", f"must be one of {', '.join(ROLES)}, got {role!r}")
         if isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int) or expires_in_s < 0:
             raise InvalidArgument.of("expires_in_s", f"must be a whole number of seconds from 0, got {expires_in_s!r}")
-        request = pb.CreateTokenRequest(role=role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name)
+        request = pb.CreateTokenRequest(
+            role=role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group
+        )
         answer = self._call("CreateToken", request)
         return NewToken(answer.token, Token.from_pb(answer.info))
 
@@ -261,3 +265,8 @@ class Admin:
     def revoke_token(self, id: str) -> Token:
         """Revokes the credential whose id is ``id``; :class:`~tollgate.NotFound` if none."""
         return Token.from_pb(self._call("RevokeToken", pb.RevokeTokenRequest(id=id)))
+
+    def set_token_group(self, id: str, default_group: str) -> Token:
+        """Sets a client token's default group (``""``: none), TiDB's ``ALTER USER …
+        RESOURCE GROUP``."""
+        return Token.from_pb(self._call("SetTokenGroup", pb.SetTokenGroupRequest(id=id, default_group=default_group)))

@@ -246,10 +246,12 @@ class Token:
     expires_unix_ms: int
     """0: never."""
     name: str
+    default_group: str = ""
+    """For a client token: where work that names no group goes (empty: none)."""
 
     @staticmethod
     def from_pb(t: pb.TokenInfo) -> "Token":
-        return Token(t.id, t.role, t.groups, t.unthrottled, t.created_unix_ms, t.expires_unix_ms, t.name)
+        return Token(t.id, t.role, t.groups, t.unthrottled, t.created_unix_ms, t.expires_unix_ms, t.name, t.default_group)
 
 
 @dataclass(frozen=True)

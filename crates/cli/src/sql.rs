@@ -7,6 +7,9 @@
 //! SHOW RESOURCE GROUPS
 //! SHOW CREATE RESOURCE GROUP name
 //! SET GLOBAL tidb_enable_resource_control = ON|OFF
+//! CREATE USER [IF NOT EXISTS] name[@'%'] [RESOURCE GROUP g]
+//! ALTER USER name[@'%'] RESOURCE GROUP g
+//! DROP USER [IF EXISTS] name[@'%']
 //! ```
 //!
 //! Keywords are case-insensitive, the `=` and the commas between options are optional, and
@@ -16,6 +19,12 @@
 //! `BURSTABLE`, which lifts the limit (TiDB's resource control reads the same way).
 //! `SET GLOBAL tidb_enable_resource_control = OFF` is the one switch: throttling off for the
 //! whole node, every group kept (`ON` turns it back on).
+//!
+//! A user is a client token named after it (a server run with `--auth`): `CREATE USER` makes
+//! one and prints it, this once; its `RESOURCE GROUP` is the token's default group, where work
+//! that names no group goes (TiDB's binding of users to resource groups). `ALTER USER` changes
+//! it, `DROP USER` revokes the token. A user's host may only be `'%'` (a token is not tied
+//! to a host), and there is no password: the token is the credential.
 
 use std::fmt::Write as _;
 
@@ -80,6 +89,12 @@ pub enum Statement {
     ShowCreate { name: String },
     /// `SET GLOBAL tidb_enable_resource_control = ON|OFF`: the one switch.
     SetThrottling { on: bool },
+    /// `CREATE USER`: a client token named `name`, with a default group or none.
+    CreateUser { name: String, if_not_exists: bool, group: Option<String> },
+    /// `ALTER USER … RESOURCE GROUP`: the named token's default group.
+    AlterUser { name: String, group: String },
+    /// `DROP USER`: revokes the named token.
+    DropUser { name: String, if_exists: bool },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -261,7 +276,78 @@ impl Parser<'_> {
         }
     }
 
+    /// A user's name, and its host if given, which must be `'%'`.
+    fn user(&mut self) -> Result<String, SqlError> {
+        let name = match self.peek().map(|t| &t.kind) {
+            Some(Kind::Word(w) | Kind::Quoted(w)) => w.clone(),
+            _ => return self.fail("a user name"),
+        };
+        self.next += 1;
+        if self.eat(&Kind::Other('@')) {
+            let at = self.here();
+            match self.peek().map(|t| &t.kind) {
+                Some(Kind::Quoted(h)) if h == "%" => self.next += 1,
+                _ => {
+                    return Err(error_at(
+                        self.text,
+                        at,
+                        "a user's host must be '%': a token is not tied to a host".into(),
+                    ));
+                }
+            }
+        }
+        Ok(name)
+    }
+
+    /// `RESOURCE GROUP g`, if it comes next.
+    fn resource_group(&mut self) -> Result<Option<String>, SqlError> {
+        if !self.eat_word("RESOURCE") {
+            return Ok(None);
+        }
+        self.expect_word("GROUP")?;
+        self.eat(&Kind::Equals);
+        Ok(Some(self.name()?))
+    }
+
+    fn user_statement(&mut self, verb: &str) -> Result<Statement, SqlError> {
+        let if_clause = self.eat_word("IF");
+        if if_clause {
+            if verb == "CREATE" {
+                self.expect_word("NOT")?;
+            }
+            self.expect_word("EXISTS")?;
+        }
+        let name = self.user()?;
+        match verb {
+            "CREATE" => {
+                let group = self.resource_group()?;
+                if self.is_word("IDENTIFIED") {
+                    return self.fail(
+                        "RESOURCE GROUP, `;` or the end (a user's token is its credential: no password)",
+                    );
+                }
+                Ok(Statement::CreateUser { name, if_not_exists: if_clause, group })
+            }
+            "ALTER" => match self.resource_group()? {
+                Some(group) => Ok(Statement::AlterUser { name, group }),
+                None => self.fail("RESOURCE GROUP: ALTER USER changes a user's resource group"),
+            },
+            _ => Ok(Statement::DropUser { name, if_exists: if_clause }),
+        }
+    }
+
     fn statement(&mut self) -> Result<Statement, SqlError> {
+        for verb in ["CREATE", "ALTER", "DROP"] {
+            if self.is_word(verb)
+                && self
+                    .tokens
+                    .get(self.next + 1)
+                    .is_some_and(|t| matches!(&t.kind, Kind::Word(w) if w.eq_ignore_ascii_case("USER")))
+            {
+                self.next += 2;
+                return self.user_statement(verb);
+            }
+        }
         if self.eat_word("CREATE") {
             if self.eat_word("RESOURCE") {
                 self.expect_word("GROUP")?;
@@ -284,7 +370,7 @@ impl Parser<'_> {
                 }
                 return Ok(Statement::Create { name, if_not_exists, options });
             }
-            return self.fail("`RESOURCE` after CREATE");
+            return self.fail("`RESOURCE` or `USER` after CREATE");
         }
         if self.eat_word("ALTER") {
             self.expect_word("RESOURCE")?;
@@ -555,10 +641,82 @@ async fn execute(client: &mut crate::admin::Admin, statement: Statement) -> anyh
             };
             say(create_text(&name, &current));
         }
+        Statement::CreateUser { .. } | Statement::AlterUser { .. } | Statement::DropUser { .. } => {
+            return execute_user(client, statement).await;
+        }
         Statement::SetThrottling { on } => {
             client.set_throttling(v1::SetThrottlingRequest { on }).await.map_err(admin::rpc)?;
             say(format!("resource control {}", if on { "on" } else { "off: nothing is throttled" }));
         }
+    }
+    Ok(())
+}
+
+/// The client tokens named `name`: a user's.
+async fn user_tokens(client: &mut crate::admin::Admin, name: &str) -> anyhow::Result<Vec<v1::TokenInfo>> {
+    let all = client.list_tokens(v1::ListTokensRequest {}).await.map_err(admin::rpc)?.into_inner().tokens;
+    Ok(all.into_iter().filter(|t| t.role == "client" && t.name == name).collect())
+}
+
+/// CREATE, ALTER and DROP USER, on client tokens named after the user.
+async fn execute_user(client: &mut crate::admin::Admin, statement: Statement) -> anyhow::Result<()> {
+    match statement {
+        Statement::CreateUser { name, if_not_exists, group } => {
+            if !user_tokens(client, &name).await?.is_empty() {
+                if if_not_exists {
+                    say(format!("user {name} exists: left as it is"));
+                    return Ok(());
+                }
+                bail!("user {name:?} exists (a client token of that name)");
+            }
+            let default_group = group.unwrap_or_default();
+            let request = v1::CreateTokenRequest {
+                role: "client".into(),
+                name: name.clone(),
+                default_group: default_group.clone(),
+                ..v1::CreateTokenRequest::default()
+            };
+            let made = client.create_token(request).await.map_err(admin::rpc)?.into_inner();
+            let bound = if default_group.is_empty() {
+                String::new()
+            } else {
+                format!(", resource group {default_group}")
+            };
+            say(format!("created user {name}{bound}; its token, shown this once:"));
+            say(made.token);
+        }
+        Statement::AlterUser { name, group } => {
+            let tokens = user_tokens(client, &name).await?;
+            let [token] = tokens.as_slice() else {
+                if tokens.is_empty() {
+                    bail!("user {name:?} does not exist");
+                }
+                let ids: Vec<&str> = tokens.iter().map(|t| t.id.as_str()).collect();
+                bail!(
+                    "user {name:?} has {} tokens ({}): set each with `tollgate token set-group`",
+                    ids.len(),
+                    ids.join(", ")
+                );
+            };
+            let request = v1::SetTokenGroupRequest { id: token.id.clone(), default_group: group.clone() };
+            client.set_token_group(request).await.map_err(admin::rpc)?;
+            say(format!("altered user {name}: resource group {group}"));
+        }
+        Statement::DropUser { name, if_exists } => {
+            let tokens = user_tokens(client, &name).await?;
+            if tokens.is_empty() {
+                if if_exists {
+                    say(format!("user {name} does not exist: nothing dropped"));
+                    return Ok(());
+                }
+                bail!("user {name:?} does not exist");
+            }
+            for t in tokens {
+                client.revoke_token(v1::RevokeTokenRequest { id: t.id }).await.map_err(admin::rpc)?;
+            }
+            say(format!("dropped user {name}"));
+        }
+        _ => unreachable!("only user statements come here"),
     }
     Ok(())
 }
@@ -620,6 +778,26 @@ mod tests {
                 .unwrap(),
             vec![Statement::SetThrottling { on: false }, Statement::SetThrottling { on: true }]
         );
+        assert_eq!(
+            parse(
+                "CREATE USER IF NOT EXISTS 'app'@'%' RESOURCE GROUP rg1; create user ops; \
+                 ALTER USER app RESOURCE GROUP = rg2; DROP USER IF EXISTS `app`"
+            )
+            .unwrap(),
+            vec![
+                Statement::CreateUser { name: "app".into(), if_not_exists: true, group: Some("rg1".into()) },
+                Statement::CreateUser { name: "ops".into(), if_not_exists: false, group: None },
+                Statement::AlterUser { name: "app".into(), group: "rg2".into() },
+                Statement::DropUser { name: "app".into(), if_exists: true },
+            ]
+        );
+        let e = |t: &str| parse(t).unwrap_err().to_string();
+        assert_eq!(
+            e("ALTER USER app"),
+            "line 1, column 15: expected RESOURCE GROUP: ALTER USER changes a user's resource group, found the end of the text"
+        );
+        assert!(e("CREATE USER app IDENTIFIED BY 'pw'").contains("no password"));
+        assert!(e("CREATE USER 'app'@'localhost'").contains("a user's host must be '%'"));
     }
 
     #[test]

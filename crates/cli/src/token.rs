@@ -23,6 +23,10 @@ pub enum Token {
         /// Unthrottled privilege); without it, such work is throttled like any other.
         #[arg(long)]
         unthrottled: bool,
+        /// For a client: the group its work goes to when a request names none (TiDB's
+        /// `ALTER USER … RESOURCE GROUP`); one of its --groups.
+        #[arg(long, default_value = "")]
+        default_group: String,
         /// Expires after this span (`90s`, `30m`, `12h`, `30d`); default never.
         #[arg(long, value_parser = parse_span)]
         expires: Option<std::time::Duration>,
@@ -45,6 +49,14 @@ pub enum Token {
         /// The id `token list` shows.
         id: String,
     },
+    /// Set a client token's default group: where its work goes when a request names no
+    /// group. `""` removes it.
+    SetGroup {
+        /// The id `token list` shows.
+        id: String,
+        /// A group its --groups allow, or `""` for none.
+        group: String,
+    },
 }
 
 fn parse_span(s: &str) -> Result<std::time::Duration, String> {
@@ -61,6 +73,7 @@ fn info_json(t: &v1::TokenInfo) -> serde_json::Value {
         "name": t.name,
         "groups": t.groups,
         "unthrottled": t.unthrottled,
+        "default_group": (!t.default_group.is_empty()).then_some(&t.default_group),
         "created": utc(t.created_unix_ms),
         "expires": (t.expires_unix_ms > 0).then(|| utc(t.expires_unix_ms)),
     })
@@ -69,13 +82,18 @@ fn info_json(t: &v1::TokenInfo) -> serde_json::Value {
 fn info_line(t: &v1::TokenInfo) -> String {
     let expires = if t.expires_unix_ms == 0 { "never".to_string() } else { utc(t.expires_unix_ms) };
     format!(
-        "{}  {:<7}  {:<16}  groups {}  unthrottled {}  expires {}",
+        "{}  {:<7}  {:<16}  groups {}  unthrottled {}  expires {}{}",
         t.id,
         t.role,
         if t.name.is_empty() { "-" } else { &t.name },
         if t.groups.is_empty() { "*" } else { &t.groups },
         if t.unthrottled { "yes" } else { "no" },
-        expires
+        expires,
+        if t.default_group.is_empty() {
+            String::new()
+        } else {
+            format!("  default group {}", t.default_group)
+        }
     )
 }
 
@@ -83,9 +101,10 @@ fn info_line(t: &v1::TokenInfo) -> String {
 pub async fn run(server: &Target, cmd: Token) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     match cmd {
-        Token::Create { role, groups, unthrottled, expires, name, json } => {
+        Token::Create { role, groups, unthrottled, default_group, expires, name, json } => {
             let expires_in_s = expires.map_or(0, |d| d.as_secs().max(1));
-            let request = v1::CreateTokenRequest { role, groups, unthrottled, expires_in_s, name };
+            let request =
+                v1::CreateTokenRequest { role, groups, unthrottled, expires_in_s, name, default_group };
             let made = client.create_token(request).await.map_err(rpc)?.into_inner();
             let info = made.info.unwrap_or_default();
             if json {
@@ -109,6 +128,11 @@ pub async fn run(server: &Target, cmd: Token) -> anyhow::Result<()> {
         Token::Revoke { id } => {
             let t = client.revoke_token(v1::RevokeTokenRequest { id }).await.map_err(rpc)?.into_inner();
             say(format!("revoked {}", info_line(&t)));
+        }
+        Token::SetGroup { id, group } => {
+            let request = v1::SetTokenGroupRequest { id, default_group: group };
+            let t = client.set_token_group(request).await.map_err(rpc)?.into_inner();
+            say(info_line(&t));
         }
     }
     Ok(())

@@ -60,7 +60,7 @@ fn with_token(token: Option<&str>) -> Access {
 }
 
 /// Every gRPC method of the contract.
-const METHODS: [&str; 24] = [
+const METHODS: [&str; 25] = [
     "Exchange",
     "Report",
     "WatchSettings",
@@ -81,6 +81,7 @@ const METHODS: [&str; 24] = [
     "CreateToken",
     "ListTokens",
     "RevokeToken",
+    "SetTokenGroup",
     "SetRlsRules",
     "GetRlsRules",
     "ShouldRateLimit",
@@ -139,6 +140,11 @@ async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
         "ListTokens" => admin.list_tokens(v1::ListTokensRequest {}).await.map(drop),
         "RevokeToken" => {
             admin.revoke_token(v1::RevokeTokenRequest { id: "0123456789abcdef".into() }).await.map(drop)
+        }
+        "SetTokenGroup" => {
+            let req =
+                v1::SetTokenGroupRequest { id: "0123456789abcdef".into(), default_group: String::new() };
+            admin.set_token_group(req).await.map(drop)
         }
         "SetRlsRules" => admin.set_rls_rules(v1::RlsRules { rules_json: "[]".into() }).await.map(drop),
         "GetRlsRules" => admin.get_rls_rules(v1::GetRlsRulesRequest {}).await.map(drop),
@@ -834,4 +840,78 @@ fn a_revoked_token_is_a_rejection_the_application_sees_not_an_outage() {
     let text = gate.metrics();
     assert!(text.contains("tollgate_client_rejected 1"), "{text}");
     assert!(text.contains("tollgate_client_exchange_failures_total{kind=\"rejected\"}"), "{text}");
+}
+
+/// The body of an HTTP answer as JSON.
+fn json_of(answer: &str) -> serde_json::Value {
+    serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or("{}")).unwrap_or_default()
+}
+
+#[test]
+fn users_are_tokens_bound_to_a_resource_group_by_sql_and_the_cli() {
+    let data = data_dir("security-users");
+    let s = ServerProc::start_with(&data, &["--auth", "--tick-ms", "100"], Stdio::null());
+    let admin = first_token(&data);
+    let env = [("TOLLGATE_SERVER", s.url()), ("TOLLGATE_TOKEN", admin.clone())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sql = |text: &str| cli(&["sql", text], &env);
+    // TiDB's statements: a user is a client token named after it; its resource group is the
+    // group its work goes to when a request names none.
+    let (code, out, err) = sql("CREATE USER 'app'@'%' RESOURCE GROUP checkout");
+    assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("created user app, resource group checkout; its token, shown this once:"));
+    let app = lines.next().unwrap().to_string();
+    let check = |token: &str, body: &str| {
+        let (code, answer) = http(&s.http, "POST", "/v1/check", Some(token), body);
+        (code, json_of(&answer))
+    };
+    let (code, v) = check(&app, "{}");
+    assert_eq!((code, v["group"].as_str()), (200, Some("checkout")), "{v}");
+    // A token with no group patterns may name any group instead.
+    assert_eq!(check(&app, r#"{"group":"search"}"#).1["group"], "search");
+    assert_eq!(sql("ALTER USER app RESOURCE GROUP search").0, 0);
+    assert_eq!(check(&app, "{}").1["group"], "search");
+    // Envoy's rate-limit calls with the token: a descriptor no rule names a group for goes to
+    // the same group.
+    assert_eq!(cli(&["group", "create", "search", "--limit", "100"], &env).0, 0);
+    let url = s.url();
+    let as_app = [("TOLLGATE_SERVER", url.as_str()), ("TOLLGATE_TOKEN", app.as_str())];
+    let (code, out, err) = cli(&["rls", "check", "--domain", "edge", "--descriptor", "user=ann"], &as_app);
+    assert!(code == 0 && out.contains("(search)"), "{out}{err}");
+    let (_, listed, _) = cli(&["token", "list"], &env);
+    assert!(listed.lines().any(|l| l.contains("app") && l.ends_with("default group search")), "{listed}");
+    // A token held to its groups may not leave them, by default or by name.
+    let held = create(&s, &admin, &["--role", "client", "--groups", "shop-*", "--default-group", "shop-eu"]);
+    assert_eq!(check(&held, r#"{"cost":2}"#).1["group"], "shop-eu");
+    assert_eq!(check(&held, r#"{"group":"shop-us"}"#).0, 200);
+    assert_eq!(check(&held, r#"{"group":"search"}"#).0, 403);
+    // Bad input names the field and the rule, and changes nothing.
+    let (code, _, err) = cli(
+        &["token", "create", "--role", "client", "--groups", "shop-*", "--default-group", "search"],
+        &env,
+    );
+    assert!(
+        code != 0 && err.contains("default_group: \"search\" is not among the token's groups (shop-*)"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&["token", "create", "--role", "reader", "--default-group", "x"], &env);
+    assert!(code != 0 && err.contains("default_group: only for a client token"), "{err}");
+    let plain = create(&s, &admin, &["--role", "client"]);
+    let (code, v) = check(&plain, "{}");
+    assert_eq!((code, v["field"].as_str()), (400, Some("group")), "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("has no default group"), "{v}");
+    let (code, _, err) = sql("ALTER USER ghost RESOURCE GROUP x");
+    assert!(code != 0 && err.contains("user \"ghost\" does not exist"), "{err}");
+    let (code, _, err) = sql("CREATE USER 'app'@'10.0.0.1'");
+    assert!(code != 0 && err.contains("a user's host must be '%'"), "{err}");
+    // Every change is audited; a dropped user's token is refused at once.
+    let (_, audit, _) = cli(&["audit", "--json"], &env);
+    assert!(
+        audit.lines().any(|l| l.contains("token.alter") && l.contains("\"default_group\":\"search\"")),
+        "{audit}"
+    );
+    assert_eq!(sql("DROP USER app").0, 0);
+    assert_eq!(check(&app, "{}").0, 401);
+    assert_eq!(sql("DROP USER IF EXISTS app").1, "user app does not exist: nothing dropped\n");
 }

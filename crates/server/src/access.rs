@@ -117,6 +117,32 @@ impl Access {
         Ok(credential)
     }
 
+    /// Sets the default group of client token `id` (empty: none). Durable and audited before
+    /// it returns.
+    pub fn set_token_group(
+        &self,
+        id: &str,
+        default_group: &str,
+        who: &str,
+    ) -> Result<Arc<Credential>, AdminError> {
+        let mut store = self.store.lock();
+        let Some(credential) = self.tokens_read().get(id).cloned() else {
+            return Err(AdminError::NoToken(id.to_string()));
+        };
+        let changed = credential.with_default_group(default_group).map_err(AdminError::Rule)?;
+        audited(
+            &mut store,
+            who,
+            format!("token.alter {id}"),
+            Some(credential.audit_json()),
+            Some(changed.audit_json()),
+        )
+        .put_credential(id, &changed.to_json())?;
+        let changed = Arc::new(changed);
+        self.tokens.write().unwrap_or_else(PoisonError::into_inner).put((*changed).clone());
+        Ok(changed)
+    }
+
     /// Every credential, by id.
     pub fn tokens(&self) -> Vec<Arc<Credential>> {
         self.tokens_read().all()

@@ -550,19 +550,34 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
     }
 }
 
-/// The group's handle on this server's client, for a check or a charge of `units` (named
-/// `field`): the leader only, a name and a number that keep the rules, a token allowed the
-/// group; the first grant waited for.
+/// The group's handle on this server's client, and its name, for a check or a charge of
+/// `units` (named `field`): the leader only, the group named or else the token's default
+/// group, a name and a number that keep the rules, a token allowed the group; the first grant
+/// waited for.
 async fn admission_handle(
     api: &Api,
     ext: &axum::http::Extensions,
-    group: &str,
+    named: Option<&str>,
     field: &str,
     units: f64,
-) -> Result<tollgate_limiter::GroupHandle, Answer> {
+) -> Result<(tollgate_limiter::GroupHandle, String), Answer> {
     if let Err(e) = api.node.cluster.check_leader() {
         return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "", e.message()));
     }
+    let group = match (named, ext.get::<Caller>()) {
+        (Some(g), _) => g.to_string(),
+        (None, Some(Caller(c))) => c
+            .group_or_default(None)
+            .map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e.strip_prefix("group: ").unwrap_or(&e)))?,
+        (None, None) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "group",
+                "required: name the group (a token with a default group may leave it out)",
+            ));
+        }
+    };
+    let group = group.as_str();
     let name = checked_name("group", group)
         .map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e.strip_prefix("group: ").unwrap_or(&e)))?;
     if !(0.0..=CHECK_COST_MAX).contains(&units) {
@@ -584,7 +599,7 @@ async fn admission_handle(
     }
     let handle = api.gate.group(name.as_str()).map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e))?;
     crate::rls::wait_for_first_grant(&handle).await;
-    Ok(handle)
+    Ok((handle, group.to_string()))
 }
 
 /// Charges work already done, whose cost was known only once it ended (an answer's tokens, a
@@ -603,7 +618,7 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
         Ok(b) => b,
         Err(a) => return a,
     };
-    let handle = match admission_handle(&api, &ext, &b.group, "units", b.units).await {
+    let (handle, group) = match admission_handle(&api, &ext, b.group.as_deref(), "units", b.units).await {
         Ok(h) => h,
         Err(a) => return a,
     };
@@ -612,7 +627,7 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
         return refuse(StatusCode::BAD_REQUEST, "units", e);
     }
     let charged = if b.refund { -b.units } else { b.units };
-    typed(StatusCode::OK, &Charged { group: b.group, charged, remaining: handle.available().floor() })
+    typed(StatusCode::OK, &Charged { group, charged, remaining: handle.available().floor() })
 }
 
 /// Admits `cost` units of the group's work now, or says when to try again. Answers carry the
@@ -631,11 +646,10 @@ async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String
         Err(a) => return a,
     };
     let cost = b.cost;
-    let handle = match admission_handle(&api, &ext, &b.group, "cost", cost).await {
+    let (handle, group) = match admission_handle(&api, &ext, b.group.as_deref(), "cost", cost).await {
         Ok(h) => h,
         Err(a) => return a,
     };
-    let group = b.group;
     match handle.try_acquire(cost) {
         Ok(permit) => {
             drop(permit);

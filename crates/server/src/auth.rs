@@ -80,6 +80,9 @@ pub struct Credential {
     pub groups: String,
     /// For a client: may admit work as unthrottled.
     pub unthrottled: bool,
+    /// For a client: the group its work goes to when a request names none (TiDB's
+    /// `ALTER USER … RESOURCE GROUP`); empty: none.
+    pub default_group: String,
     /// When it was made, in Unix milliseconds.
     pub created_unix_ms: u64,
     /// When it expires, in Unix milliseconds (0: never).
@@ -97,6 +100,8 @@ pub struct NewCredential {
     pub groups: String,
     /// The unthrottled privilege (client only).
     pub unthrottled: bool,
+    /// The default group (client only; empty: none).
+    pub default_group: String,
     /// Lifetime in seconds (0: never expires).
     pub expires_in_s: u64,
     /// A label.
@@ -163,6 +168,22 @@ fn check_label(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A default group: empty (none), or a group's name (not a pattern) that the token's group
+/// patterns allow.
+fn check_default_group(group: &str, patterns: &str) -> Result<(), String> {
+    if group.is_empty() {
+        return Ok(());
+    }
+    tollgate_model::settings::check_group_name(group).map_err(|e| format!("default_group: {}", e.rule))?;
+    if tollgate_model::settings::is_pattern(group) {
+        return Err(format!("default_group: {group:?} is a pattern; name one group"));
+    }
+    if !matches(patterns, group) {
+        return Err(format!("default_group: {group:?} is not among the token's groups ({patterns})"));
+    }
+    Ok(())
+}
+
 impl Credential {
     /// Checks `new` and makes a credential from it with a fresh token: the credential, and
     /// the token (to show once).
@@ -180,12 +201,16 @@ impl Credential {
         let role = Role::parse(&new.role)?;
         check_groups(&new.groups)?;
         check_label(&new.name)?;
-        if role != Role::Client && (!new.groups.is_empty() || new.unthrottled) {
+        if role != Role::Client
+            && (!new.groups.is_empty() || new.unthrottled || !new.default_group.is_empty())
+        {
             return Err(format!(
-                "groups and unthrottled: only for a client token, and this one is {}",
+                "groups, unthrottled and default_group: only for a client token, and this one is {}",
                 role.name()
             ));
         }
+        let groups = new.groups.split(',').map(str::trim).collect::<Vec<_>>().join(",");
+        check_default_group(&new.default_group, &groups)?;
         if new.expires_in_s > EXPIRES_MAX_S {
             return Err(format!("expires: at most {EXPIRES_MAX_S} s (ten years), got {}", new.expires_in_s));
         }
@@ -211,8 +236,9 @@ impl Credential {
             id,
             name: new.name.clone(),
             role: Ok(role),
-            groups: new.groups.split(',').map(str::trim).collect::<Vec<_>>().join(","),
+            groups,
             unthrottled: new.unthrottled,
+            default_group: new.default_group.clone(),
             created_unix_ms: now_unix_ms,
             expires_unix_ms: match new.expires_in_s {
                 0 => 0,
@@ -240,6 +266,28 @@ impl Credential {
         }
     }
 
+    /// The group a request that names none goes to: the token's default group. `Err` says
+    /// why there is none, naming the field.
+    pub fn group_or_default(&self, named: Option<&str>) -> Result<String, String> {
+        match named {
+            Some(g) => Ok(g.to_string()),
+            None if !self.default_group.is_empty() => Ok(self.default_group.clone()),
+            None => Err(format!("group: required, as {} has no default group", self.label())),
+        }
+    }
+
+    /// This credential with `default_group` as its default group (empty: none), checked.
+    pub fn with_default_group(&self, default_group: &str) -> Result<Credential, String> {
+        if self.role != Ok(Role::Client) && !default_group.is_empty() {
+            return Err(format!(
+                "default_group: only for a client token, and this one is {}",
+                self.role_name()
+            ));
+        }
+        check_default_group(default_group, &self.groups)?;
+        Ok(Credential { default_group: default_group.to_string(), ..self.clone() })
+    }
+
     /// Whether this credential may exchange for `group`.
     pub fn allows_group(&self, group: &str) -> bool {
         self.role != Ok(Role::Client) || matches(&self.groups, group)
@@ -253,6 +301,7 @@ impl Credential {
             "role": self.role_name(),
             "groups": self.groups,
             "unthrottled": self.unthrottled,
+            "default_group": self.default_group,
             "created_unix_ms": self.created_unix_ms,
             "expires_unix_ms": self.expires_unix_ms,
             "sha256": hex(&self.hash),
@@ -285,6 +334,7 @@ impl Credential {
             role: Role::parse(&role_name).map_err(|_| role_name),
             groups: s("groups").unwrap_or_default(),
             unthrottled: v.get("unthrottled").and_then(serde_json::Value::as_bool).unwrap_or(false),
+            default_group: s("default_group").unwrap_or_default(),
             created_unix_ms: n("created_unix_ms"),
             expires_unix_ms: n("expires_unix_ms"),
             hash,
@@ -301,6 +351,7 @@ impl Credential {
             created_unix_ms: self.created_unix_ms,
             expires_unix_ms: self.expires_unix_ms,
             name: self.name.clone(),
+            default_group: self.default_group.clone(),
         }
     }
 }

@@ -606,8 +606,10 @@ pub struct NodeBody {
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckBody {
-    /// The group the work belongs to (created on first use from the default group's settings).
-    pub group: String,
+    /// The group the work belongs to (created on first use from the default group's settings);
+    /// absent: the token's default group.
+    #[serde(default)]
+    pub group: Option<String>,
     /// Its cost in units, 0 to 1e9; 1 when not given.
     #[serde(default = "one", deserialize_with = "finite")]
     pub cost: f64,
@@ -618,8 +620,9 @@ pub struct CheckBody {
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChargeBody {
-    /// The group the work belongs to.
-    pub group: String,
+    /// The group the work belongs to; absent: the token's default group.
+    #[serde(default)]
+    pub group: Option<String>,
     /// Units, 0 to 1e9.
     #[serde(deserialize_with = "finite")]
     pub units: f64,

@@ -509,6 +509,7 @@ impl Admin for Services {
             unthrottled: r.unthrottled,
             expires_in_s: r.expires_in_s,
             name: r.name,
+            default_group: r.default_group,
         };
         let (credential, token) = self.admin(move |c| c.access.create_token(&new, &who)).await?;
         Ok(Response::new(v1::CreateTokenResponse { token, info: Some(credential.info()) }))
@@ -527,14 +528,20 @@ impl Admin for Services {
         req: Request<v1::RevokeTokenRequest>,
     ) -> Result<Response<v1::TokenInfo>, Status> {
         let who = who(&req);
-        let id = req.into_inner().id;
-        if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Status::invalid_argument(format!(
-                "id: 16 hex digits, as `tollgate token list` shows, got {id:?}"
-            )));
-        }
+        let id = token_id(req.into_inner().id)?;
         let revoked = self.admin(move |c| c.access.revoke_token(&id, &who)).await?;
         Ok(Response::new(revoked.info()))
+    }
+
+    async fn set_token_group(
+        &self,
+        req: Request<v1::SetTokenGroupRequest>,
+    ) -> Result<Response<v1::TokenInfo>, Status> {
+        let who = who(&req);
+        let r = req.into_inner();
+        let (id, group) = (token_id(r.id)?, r.default_group);
+        let changed = self.admin(move |c| c.access.set_token_group(&id, &group, &who)).await?;
+        Ok(Response::new(changed.info()))
     }
 
     async fn set_rls_rules(&self, req: Request<v1::RlsRules>) -> Result<Response<v1::RlsRules>, Status> {
@@ -586,4 +593,14 @@ impl Admin for Services {
         let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;
         Ok(Response::new(status_response(&self.node, self.clock.now(), &page)))
     }
+}
+
+/// A token's id as the admin calls take it: 16 hex digits.
+fn token_id(id: String) -> Result<String, Status> {
+    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Status::invalid_argument(format!(
+            "id: 16 hex digits, as `tollgate token list` shows, got {id:?}"
+        )));
+    }
+    Ok(id)
 }

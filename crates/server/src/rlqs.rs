@@ -455,7 +455,15 @@ fn group_of(rules: &[RlsRule], caller: Option<&Caller>, i: usize, key: &Key) -> 
         return Err(why);
     }
     let entries: Vec<(&str, &str)> = key.1.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let name = tollgate_model::rls::group_for(rules, &key.0, &entries);
+    let (matched, mut name) = tollgate_model::rls::match_rule(rules, &key.0, &entries);
+    // A bucket no rule names a group for goes to the token's default group, if it has one.
+    if let Some(Caller(c)) = caller
+        && matched.is_none()
+        && name == tollgate_model::settings::DEFAULT_GROUP
+        && !c.default_group.is_empty()
+    {
+        name.clone_from(&c.default_group);
+    }
     let group = check_group_name(&name).and_then(|()| GroupName::new(&name)).map_err(|e| {
         format!("bucket_quota_usages[{i}].bucket_id: names group {name:?}, which breaks a rule: {}", e.rule)
     })?;

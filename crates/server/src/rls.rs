@@ -202,7 +202,14 @@ enum Ask {
 }
 
 /// Each descriptor's group and what it asks, checked.
-fn plan(rules: &[RlsRule], r: &RateLimitRequest) -> Result<Vec<(GroupName, Ask)>, Status> {
+/// A request's descriptors as groups and what to ask of each. A descriptor that no rule
+/// names a group for goes to `fallback` when there is one (the caller's token's default
+/// group), else to `default`.
+fn plan(
+    rules: &[RlsRule],
+    r: &RateLimitRequest,
+    fallback: Option<&GroupName>,
+) -> Result<Vec<(GroupName, Ask)>, Status> {
     text(|| "domain".into(), &r.domain, false)?;
     if r.descriptors.is_empty() || r.descriptors.len() > DESCRIPTORS_MAX {
         return Err(invalid(
@@ -225,7 +232,15 @@ fn plan(rules: &[RlsRule], r: &RateLimitRequest) -> Result<Vec<(GroupName, Ask)>
     Ok(planned
         .into_iter()
         .zip(lifted)
-        .map(|((_, group, ask), lifted)| (group, if lifted { Ask::Lifted } else { ask }))
+        .map(|((matched, group, ask), lifted)| {
+            let group = match fallback {
+                Some(f) if matched.is_none() && group.as_str() == tollgate_model::settings::DEFAULT_GROUP => {
+                    f.clone()
+                }
+                _ => group,
+            };
+            (group, if lifted { Ask::Lifted } else { ask })
+        })
         .collect())
 }
 
@@ -298,7 +313,8 @@ impl RateLimitService for Rls {
         self.cluster.check_leader()?;
         let caller = req.extensions().get::<Caller>().cloned();
         let r = req.into_inner();
-        let planned = plan(&self.rules.get(), &r)?;
+        let fallback = caller.as_ref().and_then(|Caller(c)| GroupName::new(&c.default_group).ok());
+        let planned = plan(&self.rules.get(), &r, fallback.as_ref())?;
         if let Some(Caller(c)) = &caller
             && let Some((g, _)) = planned.iter().find(|(g, _)| !c.allows_group(g.as_str()))
         {
@@ -415,29 +431,33 @@ mod tests {
             (request("edge", vec![vec![("tenant", &"v".repeat(2000))]]), "descriptors[0].entries[0].value"),
             (request("edge", vec![vec![("tenant", &"g".repeat(300))]]), "descriptors[0]: names group \"ggg"),
         ] {
-            let e = plan(&[], &r).unwrap_err();
+            let e = plan(&[], &r, None).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument);
             assert!(e.message().contains(expect), "{expect}: {}", e.message());
         }
         let mut r = request("edge", vec![vec![("tenant", "a")], vec![("user", "x")]]);
         r.hits_addend = 0;
-        let planned = plan(&[], &r).unwrap();
+        let planned = plan(&[], &r, None).unwrap();
         assert_eq!(
             planned.iter().map(|(g, c)| (g.as_str(), *c)).collect::<Vec<_>>(),
             [("a", Ask::Admit(1.0)), ("default", Ask::Admit(1.0))]
         );
+        // A token's default group takes what names no group (and only that).
+        let bound = GroupName::new("checkout").unwrap();
+        let planned = plan(&[], &r, Some(&bound)).unwrap();
+        assert_eq!(planned.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["a", "checkout"]);
         r.hits_addend = 7;
         r.descriptors[1].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
-        let planned = plan(&[], &r).unwrap();
+        let planned = plan(&[], &r, None).unwrap();
         assert_eq!(planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(), [Ask::Admit(7.0), Ask::Admit(3.0)]);
         // A negative hit is a refund of its units.
         r.descriptors[1].is_negative_hits = true;
-        let planned = plan(&[], &r).unwrap();
+        let planned = plan(&[], &r, None).unwrap();
         assert_eq!(planned[1].1, Ask::Refund(3.0));
         // A charge entry makes a charge, and names no group.
         r.descriptors[1].is_negative_hits = false;
         r.descriptors[1].entries.push(Entry { key: CHARGE_KEY.into(), value: "after".into() });
-        let planned = plan(&[], &r).unwrap();
+        let planned = plan(&[], &r, None).unwrap();
         assert_eq!((planned[1].0.as_str(), planned[1].1), ("default", Ask::Charge(3.0)));
     }
 
@@ -459,9 +479,9 @@ mod tests {
         ];
         let both = request("edge", vec![vec![("user", "ann")], vec![("vip", "yes")]]);
         let asks: Vec<_> =
-            plan(&rules, &both).unwrap().into_iter().map(|(g, a)| (g.to_string(), a)).collect();
+            plan(&rules, &both, None).unwrap().into_iter().map(|(g, a)| (g.to_string(), a)).collect();
         assert_eq!(asks, [("u-ann".to_string(), Ask::Lifted), ("vip".to_string(), Ask::Admit(1.0))]);
         let alone = request("edge", vec![vec![("user", "ann")]]);
-        assert_eq!(plan(&rules, &alone).unwrap()[0].1, Ask::Admit(1.0));
+        assert_eq!(plan(&rules, &alone, None).unwrap()[0].1, Ask::Admit(1.0));
     }
 }

@@ -221,21 +221,23 @@ class GetRlsRulesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CreateTokenRequest(_message.Message):
-    __slots__ = ("role", "groups", "unthrottled", "expires_in_s", "name")
+    __slots__ = ("role", "groups", "unthrottled", "expires_in_s", "name", "default_group")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     UNTHROTTLED_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_GROUP_FIELD_NUMBER: _ClassVar[int]
     role: str
     groups: str
     unthrottled: bool
     expires_in_s: int
     name: str
-    def __init__(self, role: _Optional[str] = ..., groups: _Optional[str] = ..., unthrottled: _Optional[bool] = ..., expires_in_s: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    default_group: str
+    def __init__(self, role: _Optional[str] = ..., groups: _Optional[str] = ..., unthrottled: _Optional[bool] = ..., expires_in_s: _Optional[int] = ..., name: _Optional[str] = ..., default_group: _Optional[str] = ...) -> None: ...
 
 class TokenInfo(_message.Message):
-    __slots__ = ("id", "role", "groups", "unthrottled", "created_unix_ms", "expires_unix_ms", "name")
+    __slots__ = ("id", "role", "groups", "unthrottled", "created_unix_ms", "expires_unix_ms", "name", "default_group")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +245,7 @@ class TokenInfo(_message.Message):
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_GROUP_FIELD_NUMBER: _ClassVar[int]
     id: str
     role: str
     groups: str
@@ -250,7 +253,16 @@ class TokenInfo(_message.Message):
     created_unix_ms: int
     expires_unix_ms: int
     name: str
-    def __init__(self, id: _Optional[str] = ..., role: _Optional[str] = ..., groups: _Optional[str] = ..., unthrottled: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    default_group: str
+    def __init__(self, id: _Optional[str] = ..., role: _Optional[str] = ..., groups: _Optional[str] = ..., unthrottled: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., name: _Optional[str] = ..., default_group: _Optional[str] = ...) -> None: ...
+
+class SetTokenGroupRequest(_message.Message):
+    __slots__ = ("id", "default_group")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    default_group: str
+    def __init__(self, id: _Optional[str] = ..., default_group: _Optional[str] = ...) -> None: ...
 
 class CreateTokenResponse(_message.Message):
     __slots__ = ("token", "info")

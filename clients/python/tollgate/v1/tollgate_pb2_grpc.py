@@ -362,6 +362,11 @@ class AdminStub:
                 request_serializer=tollgate_dot_v1_dot_tollgate__pb2.RevokeTokenRequest.SerializeToString,
                 response_deserializer=tollgate_dot_v1_dot_tollgate__pb2.TokenInfo.FromString,
                 _registered_method=True)
+        self.SetTokenGroup = channel.unary_unary(
+                '/tollgate.v1.Admin/SetTokenGroup',
+                request_serializer=tollgate_dot_v1_dot_tollgate__pb2.SetTokenGroupRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_tollgate__pb2.TokenInfo.FromString,
+                _registered_method=True)
         self.SetRlsRules = channel.unary_unary(
                 '/tollgate.v1.Admin/SetRlsRules',
                 request_serializer=tollgate_dot_v1_dot_tollgate__pb2.RlsRules.SerializeToString,
@@ -493,6 +498,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTokenGroup(self, request, context):
+        """Sets a client token's default group (audited).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SetRlsRules(self, request, context):
         """How Envoy rate-limit requests (RLS v3, served on this port) name groups: rules tried in
         order, the first matching a descriptor entry naming its group.
@@ -596,6 +608,11 @@ def add_AdminServicer_to_server(servicer, server):
             'RevokeToken': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeToken,
                     request_deserializer=tollgate_dot_v1_dot_tollgate__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_tollgate__pb2.TokenInfo.SerializeToString,
+            ),
+            'SetTokenGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTokenGroup,
+                    request_deserializer=tollgate_dot_v1_dot_tollgate__pb2.SetTokenGroupRequest.FromString,
                     response_serializer=tollgate_dot_v1_dot_tollgate__pb2.TokenInfo.SerializeToString,
             ),
             'SetRlsRules': grpc.unary_unary_rpc_method_handler(
@@ -1047,6 +1064,33 @@ class Admin:
             target,
             '/tollgate.v1.Admin/RevokeToken',
             tollgate_dot_v1_dot_tollgate__pb2.RevokeTokenRequest.SerializeToString,
+            tollgate_dot_v1_dot_tollgate__pb2.TokenInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTokenGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.Admin/SetTokenGroup',
+            tollgate_dot_v1_dot_tollgate__pb2.SetTokenGroupRequest.SerializeToString,
             tollgate_dot_v1_dot_tollgate__pb2.TokenInfo.FromString,
             options,
             channel_credentials,
