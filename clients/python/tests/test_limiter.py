@@ -56,6 +56,28 @@ def test_a_group_is_held_to_its_grant_and_refusals_say_when_to_retry(server: Ser
         assert limiter.status().connected
 
 
+def test_a_group_in_shadow_mode_is_never_refused_and_counts_what_it_would_refuse(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("dark", limit=0.01, burst=10, shadow=True)
+    with tollgate.Limiter(server.url, client_id="py-shadow") as limiter:
+        first_grant(limiter, "dark")
+        before = limiter.stats("dark")
+        for _ in range(15):
+            limiter.try_acquire("dark")
+        stats = limiter.stats("dark")
+        assert before is not None and stats is not None
+        # The bucket held 10: the other 5 would have been refused, and are admitted all the same.
+        moved = (stats.admitted - before.admitted, stats.throttled - before.throttled, stats.would_refuse)
+        assert moved == (15, 0, 5), stats
+        with tollgate.Admin(server.url) as admin:
+
+            def counted() -> bool:
+                dark = [g for g in admin.status().groups if g.name == "dark"]
+                return bool(dark) and dark[0].would_refuse_total == 5
+
+            eventually("the server counts them", counted)
+
+
 def test_settle_acquire_context_manager_and_decorator(server: Server) -> None:
     with tollgate.Admin(server.url) as admin:
         admin.create_group("api", limit=0.01, burst=5)

@@ -68,6 +68,9 @@ class GroupStats:
     dropped_units: float = 0.0
     debt: float = 0.0
     """Units of debt still being paid back from the refill."""
+    would_refuse: int = 0
+    """Requests admitted in shadow mode that would have been refused (in ``admitted`` too,
+    never in ``throttled``)."""
 
 
 class _Group:
@@ -86,6 +89,7 @@ class _Group:
         self.clients = 1
         self.last_rate = 0.0
         self.count_dropped = False
+        self.shadow = False
         self.repay_s = 5.0
         self.owed = 0.0
         self.repay_rate = 0.0
@@ -145,6 +149,12 @@ class _Group:
                 self._admit(cost, waited)
                 return None
             wait = 1.0 if self.rate <= 0 or cost > self.burst else (cost - self.tokens) / self.rate
+            if self.shadow:
+                # Shadow mode: admitted without taking from the bucket, which goes on deciding
+                # as if it had been refused; counted as a would-be refusal.
+                self._admit(cost, False)
+                self.counts.would_refuse += 1
+                return None
         if count_refusal:
             self.refused(cost)
         return wait
@@ -187,6 +197,7 @@ class _Group:
             dropped=self.dropped,
             dropped_units=self.dropped_units,
             debt=self.owed,
+            would_refuse=c.would_refuse,
         )
 
 
@@ -476,6 +487,7 @@ class Core:
                 unthrottled=r.unthrottled,
                 held=r.held,
                 waited=int(r.waited),
+                would_refuse=int(r.would_refuse),
                 detail=detail,
             )
             rank = 0 if new or r.throttled > 0 or r.waiting > 0 else 1 if r.requests > 0 else 2
@@ -524,6 +536,7 @@ class Core:
                 g.reserved = grant.reserved
                 g.clients = max(grant.clients, 1)
                 g.count_dropped = grant.count_dropped
+                g.shadow = grant.shadow
                 g.repay_s = grant.debt_repay_ms / 1000.0
                 if g.unlimited:
                     g.owed = 0.0

@@ -35,6 +35,8 @@ class Counts:
     admitted: int = 0
     throttled: int = 0
     waited: int = 0
+    would_refuse: int = 0
+    """Admitted in shadow mode, and would have been refused."""
     detail: Consumption = field(default_factory=Consumption)
 
     def copy(self) -> "Counts":
@@ -54,6 +56,7 @@ class Report:
     held: float
     waited: float
     detail: Consumption
+    would_refuse: float = 0.0
 
 
 class DemandMeter:
@@ -91,6 +94,7 @@ class DemandMeter:
             held=max(granted if granted is not None else 0.0, 0.0),
             waited=float(max(counts.waited - last.waited, 0)),
             detail=counts.detail.since(last.detail),
+            would_refuse=float(max(counts.would_refuse - last.would_refuse, 0)),
         )
         if self.moved(counts):
             self.last_moved = now
