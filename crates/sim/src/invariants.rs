@@ -5,8 +5,8 @@
 //!    the group's target.
 //! 2. **Limits.** Over every window of [`WINDOW_S`] seconds, a group with a limit `L` admits
 //!    at most `L × (WINDOW_S + 1) × (1 + d)` units: its limit, one second of bursts, and `d`,
-//!    the largest clock drift injected so far. Not checked for groups with unthrottled
-//!    clients, nor over windows that a partition or lost exchanges touch, or the
+//!    the largest clock drift injected so far. Not checked for groups in shadow mode (never
+//!    held to their limits), nor for groups with unthrottled clients, nor over windows that a partition or lost exchanges touch, or the
 //!    [`HEAL_S`] seconds after: clients cut off from the controller are governed by their safe
 //!    mode, which lets them keep their last grants; nor over windows that a client restart
 //!    touches: a restarted process starts with a full bucket, whatever the dead one spent.

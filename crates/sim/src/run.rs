@@ -642,7 +642,12 @@ fn second_figures(
             let view = views.get(name);
             Second {
                 admitted: sample.groups[i].admitted_units,
-                limit: settings.as_ref().map(|s| s.limit().as_f64()).filter(|l| l.is_finite()),
+                // A group in shadow mode is never held to its limit: that is what it is for.
+                limit: settings
+                    .as_ref()
+                    .filter(|s| !s.shadow())
+                    .map(|s| s.limit().as_f64())
+                    .filter(|l| l.is_finite()),
                 reserved: settings.as_ref().map_or(0.0, |s| s.reserved()),
                 demand: up.then_some(sample.groups[i].demand_units),
                 granted: view.and_then(|v| v.target.map(|t| (v.granted, t))),
