@@ -78,6 +78,29 @@ def test_a_group_in_shadow_mode_is_never_refused_and_counts_what_it_would_refuse
             eventually("the server counts them", counted)
 
 
+def test_request_classes_shed_sheddable_work_first_and_keep_a_reserve_for_critical_work(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        # A burst of 10 and almost no refill; a fifth of it kept for critical work.
+        admin.create_group("tiered", limit=0.01, burst=10, critical_reserve=0.2)
+    with tollgate.Limiter(server.url, client_id="py-classes") as limiter:
+        first_grant(limiter, "tiered")
+
+        def taken(request_class: str) -> int:
+            n = 0
+            for _ in range(20):
+                try:
+                    limiter.try_acquire("tiered", request_class=request_class)
+                    n += 1
+                except tollgate.Throttled:
+                    pass
+            return n
+
+        # Sheddable work leaves 6 of the 10 (0.2 + 0.8 / 2), normal work 2, critical none.
+        assert [taken("sheddable"), taken("normal"), taken("critical")] == [4, 4, 2]
+        with pytest.raises(tollgate.InvalidArgument, match="request_class"):
+            limiter.try_acquire("tiered", request_class="urgent")
+
+
 def test_settle_acquire_context_manager_and_decorator(server: Server) -> None:
     with tollgate.Admin(server.url) as admin:
         admin.create_group("api", limit=0.01, burst=5)

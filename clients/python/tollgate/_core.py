@@ -73,6 +73,28 @@ class GroupStats:
     never in ``throttled``)."""
 
 
+CLASSES = ("critical", "normal", "sheddable")
+"""Request classes within a group, most important first."""
+
+
+def class_floor(request_class: str, critical_reserve: float) -> float:
+    """The share of a bucket's burst a request of ``request_class`` must leave in it: none for
+    critical work, the group's ``critical_reserve`` for normal work, halfway from that to a
+    full bucket for sheddable work (as the Rust client does)."""
+    reserve = min(max(critical_reserve, 0.0), 0.9)
+    if request_class == "critical":
+        return 0.0
+    if request_class == "sheddable":
+        return reserve + (1.0 - reserve) / 2.0
+    return reserve
+
+
+def check_class(request_class: str) -> str:
+    if request_class not in CLASSES:
+        raise InvalidArgument.of("request_class", f"must be critical, normal or sheddable, got {request_class!r}")
+    return request_class
+
+
 class _Group:
     """A group's bucket, its grant and its running totals."""
 
@@ -90,6 +112,7 @@ class _Group:
         self.last_rate = 0.0
         self.count_dropped = False
         self.shadow = False
+        self.critical_reserve = 0.0
         self.repay_s = 5.0
         self.owed = 0.0
         self.repay_rate = 0.0
@@ -132,7 +155,9 @@ class _Group:
             self.refill(now)
             self.tokens = min(self.burst, self.tokens + units)
 
-    def take(self, cost: float, now: float, open_: bool, closed: bool, waited: bool, count_refusal: bool) -> Optional[float]:
+    def take(
+        self, cost: float, now: float, open_: bool, closed: bool, waited: bool, count_refusal: bool, floor: float = 0.0
+    ) -> Optional[float]:
         """Takes ``cost``: ``None`` when admitted, else the seconds until it could be. A refusal
         is counted (asked and throttled) only with ``count_refusal``: a request that waits is
         asked once, however many times it tries."""
@@ -144,11 +169,12 @@ class _Group:
             wait = 0.05 if not self.granted else 1.0
         else:
             self.refill(now)
-            if cost <= self.tokens:
+            keep = floor * self.burst
+            if cost <= self.tokens - keep:
                 self.tokens -= cost
                 self._admit(cost, waited)
                 return None
-            wait = 1.0 if self.rate <= 0 or cost > self.burst else (cost - self.tokens) / self.rate
+            wait = 1.0 if self.rate <= 0 or cost + keep > self.burst else (cost + keep - self.tokens) / self.rate
             if self.shadow:
                 # Shadow mode: admitted without taking from the bucket, which goes on deciding
                 # as if it had been refused; counted as a would-be refusal.
@@ -335,7 +361,9 @@ class Core:
         self.woken = True
         self.notify()
 
-    def attempt(self, group: str, cost: float, unthrottled: bool, waited: bool = False, count: bool = True) -> Tuple[Optional[Permit], float]:
+    def attempt(
+        self, group: str, cost: float, unthrottled: bool, waited: bool = False, count: bool = True, request_class: str = "normal"
+    ) -> Tuple[Optional[Permit], float]:
         """One try: the permit, or none and the seconds until the cost could fit."""
         g = self.group(group)
         now = time.monotonic()
@@ -346,7 +374,7 @@ class Core:
         safe = self.safe_mode
         open_, closed = safe and self.policy == "fail_open", safe and self.policy == "fail_closed"
         with g.lock:
-            wait = g.take(cost, now, open_, closed, waited, count)
+            wait = g.take(cost, now, open_, closed, waited, count, class_floor(request_class, g.critical_reserve))
         if wait is None:
             return Permit(self, g, cost), 0.0
         # Refused: exchange early, after the server's next tick.
@@ -362,6 +390,7 @@ class Core:
         if (
             g is not None
             and g.granted
+            and g.critical_reserve <= 0
             and not unthrottled
             and not self.safe_mode
             and cost.__class__ in _NUMBERS
@@ -390,24 +419,28 @@ class Core:
                     return Permit(self, g, cost)
         return None
 
-    def try_acquire(self, group: str, cost: float, unthrottled: bool) -> Permit:
-        permit = self.fast(group, cost, unthrottled)
-        if permit is not None:
-            return permit
+    def try_acquire(self, group: str, cost: float, unthrottled: bool, request_class: str = "normal") -> Permit:
+        if request_class == "normal":
+            permit = self.fast(group, cost, unthrottled)
+            if permit is not None:
+                return permit
         cost = check_cost("cost", cost)
-        permit, wait = self.attempt(group, cost, unthrottled)
+        permit, wait = self.attempt(group, cost, unthrottled, request_class=check_class(request_class))
         if permit is None:
             raise Throttled(group, wait)
         return permit
 
-    def acquiring(self, group: str, cost: float, unthrottled: bool, timeout: Optional[float]) -> Generator[Tuple[float, bool], None, Permit]:
+    def acquiring(
+        self, group: str, cost: float, unthrottled: bool, timeout: Optional[float], request_class: str = "normal"
+    ) -> Generator[Tuple[float, bool], None, Permit]:
         """One request admitted by waiting, as steps: each yields how long to pause and whether
         the group awaits its first grant (then a grant cuts the pause short); it returns the
         permit, or raises :class:`Throttled` once ``timeout`` (default ``max_wait``) would be
         passed. The request counts once in the demand, however many times it tries; while it
         waits its cost is reported as waiting, until the steps end or are closed."""
         cost = check_cost("cost", cost)
-        permit, wait = self.attempt(group, cost, unthrottled, count=False)
+        check_class(request_class)
+        permit, wait = self.attempt(group, cost, unthrottled, count=False, request_class=request_class)
         if permit is not None:
             return permit
         deadline = time.monotonic() + (self.max_wait if timeout is None else check_cost("timeout", timeout))
@@ -422,7 +455,7 @@ class Core:
                         g.refused(cost)
                     raise Throttled(group, wait)
                 yield min(max(wait, 0.001), left), not g.granted
-                permit, wait = self.attempt(group, cost, unthrottled, waited=True, count=False)
+                permit, wait = self.attempt(group, cost, unthrottled, waited=True, count=False, request_class=request_class)
                 if permit is not None:
                     return permit
         finally:
@@ -537,6 +570,7 @@ class Core:
                 g.clients = max(grant.clients, 1)
                 g.count_dropped = grant.count_dropped
                 g.shadow = grant.shadow
+                g.critical_reserve = grant.critical_reserve
                 g.repay_s = grant.debt_repay_ms / 1000.0
                 if g.unlimited:
                     g.owed = 0.0
@@ -621,10 +655,12 @@ class Handle:
         view._unthrottled = True
         return view
 
-    def try_acquire(self, group: str, cost: float = 1.0) -> Permit:
+    def try_acquire(self, group: str, cost: float = 1.0, *, request_class: str = "normal") -> Permit:
         """Admits ``cost`` units for ``group`` now, or raises :class:`~tollgate.Throttled`.
-        It looks at the group's bucket only, never the network."""
-        return self._core.try_acquire(group, cost, self._unthrottled)
+        It looks at the group's bucket only, never the network. ``request_class`` is
+        ``critical`` (may empty the bucket), ``normal`` (leaves the group's
+        ``critical_reserve``) or ``sheddable`` (refused first)."""
+        return self._core.try_acquire(group, cost, self._unthrottled, request_class)
 
     def try_acquire_usage(self, group: str, usage: Usage) -> Permit:
         """Admits what ``usage`` costs up front by the limiter's cost model (a read's size is

@@ -21,7 +21,7 @@ WINDOWS = ("minute", "hour", "day", "week", "month", "total")
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
     "reserved, limit, burst, priority, weight, budget, budget_period, quotas, dropped, debt_repay_s, "
-    "reads_writes_apart, backend_limit, background, shadow, ramp"
+    "reads_writes_apart, backend_limit, background, shadow, critical_reserve, ramp"
 )
 
 
@@ -74,7 +74,7 @@ def _patch(settings: Settings) -> pb.GroupPatch:
                 setattr(p, f"clear_{key}", True)
             else:
                 setattr(p, key, _number(key, value))
-        elif key in ("reserved", "weight", "debt_repay_s"):
+        elif key in ("reserved", "weight", "debt_repay_s", "critical_reserve"):
             setattr(p, key, _number(key, value))
         elif key in ("reads_writes_apart", "background", "shadow"):
             if not isinstance(value, bool):

@@ -110,15 +110,17 @@ class AsyncLimiter(Handle):
 
     # -- admission -------------------------------------------------------------------------
 
-    async def acquire(self, group: str, cost: float = 1.0, timeout: Optional[float] = None) -> Permit:
+    async def acquire(
+        self, group: str, cost: float = 1.0, timeout: Optional[float] = None, *, request_class: str = "normal"
+    ) -> Permit:
         """Admits ``cost`` units for ``group``, awaiting them up to ``timeout`` (default: the
         limiter's ``max_wait``) without blocking the loop; raises
         :class:`~tollgate.Throttled` past it. Cancelled while it waits, it takes nothing and
         its waiting work is no longer reported."""
-        fast = self._core.fast(group, cost, self._unthrottled)
+        fast = self._core.fast(group, cost, self._unthrottled) if request_class == "normal" else None
         if fast is not None:
             return fast
-        steps = self._core.acquiring(group, cost, self._unthrottled, timeout)
+        steps = self._core.acquiring(group, cost, self._unthrottled, timeout, request_class)
         try:
             pause, new = next(steps)
             while True:

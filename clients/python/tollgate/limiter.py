@@ -84,14 +84,16 @@ class Limiter(Handle):
 
     # -- admission -------------------------------------------------------------------------
 
-    def acquire(self, group: str, cost: float = 1.0, timeout: Optional[float] = None) -> Permit:
+    def acquire(
+        self, group: str, cost: float = 1.0, timeout: Optional[float] = None, *, request_class: str = "normal"
+    ) -> Permit:
         """Admits ``cost`` units for ``group``, waiting up to ``timeout`` (default: the
         limiter's ``max_wait``) for them; raises :class:`~tollgate.Throttled` past it. The
         request counts once in the demand reported, however long it waits."""
-        fast = self._core.fast(group, cost, self._unthrottled)
+        fast = self._core.fast(group, cost, self._unthrottled) if request_class == "normal" else None
         if fast is not None:
             return fast
-        steps = self._core.acquiring(group, cost, self._unthrottled, timeout)
+        steps = self._core.acquiring(group, cost, self._unthrottled, timeout, request_class)
         try:
             pause, new = next(steps)
             while True:

@@ -80,6 +80,8 @@ class Group:
     background: bool
     shadow: bool = False
     """Shadow mode: decided and counted, never refused; would-be refusals are counted."""
+    critical_reserve: float = 0.0
+    """The share of the burst normal and sheddable requests leave for critical ones."""
     ramp: Optional[Ramp] = None
     quotas: Dict[str, float] = field(default_factory=dict)
     """Units per window (``minute``, ``hour``, ``day``, ``week``, ``month``, ``total``) for each
@@ -107,6 +109,7 @@ class Group:
             backend_limit=s.backend_limit if s.HasField("backend_limit") else None,
             background=s.background,
             shadow=s.shadow,
+            critical_reserve=s.critical_reserve,
             ramp=Ramp.from_pb(s.ramp) if s.HasField("ramp") and s.ramp.max > 0 else None,
             quotas=dict(s.quotas),
         )

@@ -164,6 +164,10 @@ pub struct GroupOptions {
     /// refused; what would have been refused is counted (`would_refuse_total` in the status).
     #[arg(long)]
     shadow: Option<bool>,
+    /// The share of the burst (0 to 0.9) normal and sheddable requests leave for critical
+    /// ones (request classes: critical work is served first, sheddable work refused first).
+    #[arg(long)]
+    critical_reserve: Option<f64>,
 }
 
 /// What dropped work does.
@@ -268,6 +272,7 @@ impl GroupOptions {
         p.clear_backend_limit = self.no_backend_limit;
         p.background = self.background;
         p.shadow = self.shadow;
+        p.critical_reserve = self.critical_reserve;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -597,6 +602,9 @@ fn show(info: &v1::GroupInfo) -> String {
     }
     if s.shadow {
         let _ = writeln!(out, "shadow:   never refused; would-be refusals counted");
+    }
+    if s.critical_reserve > 0.0 {
+        let _ = writeln!(out, "classes:  {} of the burst kept for critical requests", s.critical_reserve);
     }
     let repay = s.debt_repay_s.unwrap_or(5.0);
     let _ = writeln!(

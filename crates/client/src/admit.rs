@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tollgate_model::bucket::{Bucket, Priced, Refusal};
+use tollgate_model::class::RequestClass;
 use tollgate_model::cost::check_cost;
 use tollgate_model::time::{Clock, Nanos};
 
@@ -40,6 +41,7 @@ impl Inner {
         cost: f64,
         max_wait: Duration,
         unthrottled: bool,
+        class: RequestClass,
     ) -> Result<(Permit<'g>, Duration), AcquireError> {
         if !(cost >= 0.0 && cost.is_finite()) {
             return Err(AcquireError::InvalidCost(check_cost("cost", cost).expect_err("cost is invalid")));
@@ -48,24 +50,33 @@ impl Inner {
         // In shadow mode nothing waits: work is admitted now, or counted as a would-be
         // refusal and admitted all the same.
         let shadow = g.is_shadow();
-        let max_wait = if shadow { Duration::ZERO } else { max_wait };
+        // The share of the bucket this class leaves: a request with a floor is admitted now
+        // or refused (its retry comes back here), never booked ahead.
+        let floor = g.floor(class);
+        let max_wait = if shadow || floor > 0.0 { Duration::ZERO } else { max_wait };
         // Price before reading the clock: the two are independent and overlap in the CPU.
         let priced = match g.limiter() {
-            Limiter::Bucket(bucket) if max_wait.is_zero() => Some(bucket.price(cost)),
+            Limiter::Bucket(bucket) if max_wait.is_zero() => {
+                Some(bucket.price(cost).keeping(floor * bucket.burst()))
+            }
             _ => None,
         };
         let now = self.clock.now();
         self.tick(now);
         if unthrottled && self.mode.unthrottled_allowed() {
+            g.count_class(class, true);
             return Ok((self.admit_unthrottled(group, cost, now), Duration::ZERO));
         }
         if g.is_open() {
+            g.count_class(class, true);
             return Ok((self.admit_open(group, cost, now), Duration::ZERO));
         }
         if cost > g.burst_ceiling && shadow {
+            g.count_class(class, true);
             return Ok((self.admit_shadow(group, cost, now), Duration::ZERO));
         }
         if cost > g.burst_ceiling {
+            g.count_class(class, false);
             return Err(AcquireError::NeverAdmissible {
                 group: g.name.clone(),
                 cost,
@@ -81,9 +92,10 @@ impl Inner {
                 bucket.reserve(cost, now, max_wait).map_err(|r| (self.retry_after(r), Some(r)))
             }
             Limiter::Epoch(share) => {
-                share.try_take(cost, now).map(|()| Duration::ZERO).map_err(|d| (d, None))
+                share.try_take_keeping(cost, floor, now).map(|()| Duration::ZERO).map_err(|d| (d, None))
             }
         };
+        g.count_class(class, outcome.is_ok() || shadow);
         match outcome {
             Ok(wait) => {
                 count_admitted(g, cost, !wait.is_zero());
@@ -382,6 +394,7 @@ impl Inner {
         group: GroupRef<'g>,
         cost: f64,
         unthrottled: bool,
+        class: RequestClass,
     ) -> Result<Permit<'g>, AcquireError> {
         let max_wait = self.node.max_wait;
         let group = match group {
@@ -396,7 +409,7 @@ impl Inner {
             } else {
                 Duration::ZERO
             };
-            match self.admit(GroupRef::Owned(group.clone()), cost, booking_window, unthrottled) {
+            match self.admit(GroupRef::Owned(group.clone()), cost, booking_window, unthrottled, class) {
                 Ok((permit, wait)) => {
                     if !wait.is_zero() {
                         // If the caller gives up while waiting, the booked tokens go back.

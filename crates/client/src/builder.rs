@@ -101,7 +101,7 @@ impl Builder {
                 settings.burst().unwrap_or(ceiling),
                 !node.throttling,
             );
-            g.set_policy(settings.dropped(), settings.debt_repay(), settings.shadow() || node.shadow);
+            g.set_policy(crate::group::Policy::of(settings, node.shadow));
             g
         };
         let configured = config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();

@@ -191,7 +191,7 @@ impl Tollgate {
                 None => LimiterState::Bucket(Bucket::new(f64::INFINITY, f64::INFINITY, make_clock.now())),
             };
             let g = Group::new(name, limiter, &make_clock, f64::INFINITY, open);
-            g.set_policy(settings.dropped(), settings.debt_repay(), settings.shadow() || shadow);
+            g.set_policy(crate::group::Policy::of(settings, shadow));
             g.allowance.store(f64::INFINITY.to_bits(), std::sync::atomic::Ordering::Relaxed);
             g
         };

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use arc_swap::ArcSwap;
 use tollgate_model::bucket::Bucket;
+use tollgate_model::class::RequestClass;
 use tollgate_model::cost::Consumption;
 use tollgate_model::demand::Counts;
 use tollgate_model::epoch::EpochShare;
@@ -43,6 +44,31 @@ fn round_down_f32(x: f64) -> f32 {
         return f32::MAX;
     }
     if f64::from(near) > x { near.next_down() } else { near }
+}
+
+/// What a group's settings tell its clients to carry out themselves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Policy {
+    /// What dropped work does.
+    pub(crate) dropped: DroppedWork,
+    /// Over how long a debt is paid back.
+    pub(crate) debt_repay: std::time::Duration,
+    /// Shadow mode: never refuse, count what would have been refused.
+    pub(crate) shadow: bool,
+    /// The share of the burst kept for critical work.
+    pub(crate) critical_reserve: f64,
+}
+
+impl Policy {
+    /// The policy `settings` give, in shadow mode too when `shadow` (the node's).
+    pub(crate) fn of(settings: &GroupSettings, shadow: bool) -> Policy {
+        Policy {
+            dropped: settings.dropped(),
+            debt_repay: settings.debt_repay(),
+            shadow: settings.shadow() || shadow,
+            critical_reserve: settings.critical_reserve(),
+        }
+    }
 }
 
 /// How a group admits, as a mode makes it.
@@ -124,6 +150,12 @@ pub(crate) struct Group {
     repay: Mutex<Repay>,
     /// Shadow mode: admit what would be refused, counting it in `would_refuse`.
     shadow: AtomicBool,
+    /// The share of the burst kept for critical work, as f64 bits (see
+    /// [`tollgate_model::class`]).
+    critical_reserve: AtomicU64,
+    /// Critical and sheddable requests admitted and refused (normal ones are the rest of
+    /// the group's counts).
+    pub(crate) class_counts: [[AtomicU64; 2]; 2],
     /// The process's settings turn throttling off: admit everything (set once).
     open: bool,
     /// Requests admitted in shadow mode that would have been refused.
@@ -175,6 +207,8 @@ impl Group {
             name,
             general: AtomicBool::new(epoch.is_some() || open),
             shadow: AtomicBool::new(false),
+            critical_reserve: AtomicU64::new(0f64.to_bits()),
+            class_counts: Default::default(),
             open,
             would_refuse: AtomicU64::new(0),
             bucket,
@@ -320,14 +354,33 @@ impl Group {
         self.allowance.store(rate.to_bits(), Ordering::Relaxed);
     }
 
-    /// Takes the policies the group's settings give: what dropped work does, over how long
-    /// a debt is paid back, and whether it is in shadow mode.
-    pub(crate) fn set_policy(&self, dropped: DroppedWork, debt_repay: std::time::Duration, shadow: bool) {
-        self.count_dropped.store(dropped == DroppedWork::Count, Ordering::Relaxed);
-        let ns = u64::try_from(debt_repay.as_nanos()).unwrap_or(u64::MAX);
+    /// Takes the policies the group's settings give (see [`Policy`]).
+    pub(crate) fn set_policy(&self, p: Policy) {
+        self.count_dropped.store(p.dropped == DroppedWork::Count, Ordering::Relaxed);
+        let ns = u64::try_from(p.debt_repay.as_nanos()).unwrap_or(u64::MAX);
         self.debt_repay_ns.store(ns, Ordering::Relaxed);
-        self.shadow.store(shadow, Ordering::Relaxed);
-        self.general.store(self.epoch.is_some() || shadow || self.open, Ordering::Relaxed);
+        self.shadow.store(p.shadow, Ordering::Relaxed);
+        let reserve = if p.critical_reserve.is_finite() { p.critical_reserve.max(0.0) } else { 0.0 };
+        self.critical_reserve.store(reserve.to_bits(), Ordering::Relaxed);
+        // Normal work must leave the reserve: past the quick path, which takes to empty.
+        let general = self.epoch.is_some() || p.shadow || self.open || reserve > 0.0;
+        self.general.store(general, Ordering::Relaxed);
+    }
+
+    /// The share of the burst `class` must leave (0 to 1).
+    #[inline]
+    pub(crate) fn floor(&self, class: RequestClass) -> f64 {
+        class.floor(f64::from_bits(self.critical_reserve.load(Ordering::Relaxed)))
+    }
+
+    /// Counts a request of `class` admitted or refused (critical and sheddable only).
+    pub(crate) fn count_class(&self, class: RequestClass, admitted: bool) {
+        let row = match class {
+            RequestClass::Critical => 0,
+            RequestClass::Normal => return,
+            RequestClass::Sheddable => 1,
+        };
+        self.class_counts[row][usize::from(!admitted)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether dropped work counts as consumed.

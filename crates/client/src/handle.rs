@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tollgate_model::class::RequestClass;
 use tollgate_model::config::NodeSettings;
 use tollgate_model::cost::{CostModel, Usage};
 use tollgate_model::time::Clock as _;
@@ -84,6 +85,18 @@ pub struct GroupStats {
     /// Requests admitted in shadow mode that would have been refused (counted in `admitted`
     /// too, never in `throttled`).
     pub would_refuse: u64,
+    /// Requests admitted and refused by class, critical, normal and sheddable (see
+    /// [`RequestClass::ALL`]); they add up to `admitted` and `throttled`.
+    pub by_class: [ClassCounts; 3],
+}
+
+/// One request class's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassCounts {
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests refused.
+    pub throttled: u64,
 }
 
 fn stats_of(g: &Group) -> GroupStats {
@@ -104,7 +117,22 @@ fn stats_of(g: &Group) -> GroupStats {
         debt_units: g.debt(g.clock.now()),
         detail: g.detail(),
         would_refuse: g.would_refuse.load(Ordering::Relaxed),
+        by_class: by_class(g, t.admitted, t.throttled),
     }
+}
+
+/// A group's counts by class: critical and sheddable as counted, normal the rest.
+fn by_class(g: &Group, admitted: u64, throttled: u64) -> [ClassCounts; 3] {
+    let read = |row: usize| ClassCounts {
+        admitted: g.class_counts[row][0].load(Ordering::Relaxed),
+        throttled: g.class_counts[row][1].load(Ordering::Relaxed),
+    };
+    let (critical, sheddable) = (read(0), read(1));
+    let normal = ClassCounts {
+        admitted: admitted.saturating_sub(critical.admitted + sheddable.admitted),
+        throttled: throttled.saturating_sub(critical.throttled + sheddable.throttled),
+    };
+    [critical, normal, sheddable]
 }
 
 impl Tollgate {
@@ -196,8 +224,20 @@ impl Tollgate {
         {
             return outcome;
         }
+        self.try_acquire_class(group, cost, RequestClass::Normal)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a request of `class`: critical work may empty
+    /// the group's bucket, normal work leaves its `critical_reserve`, sheddable work is
+    /// refused first (see [`tollgate_model::class`]).
+    pub fn try_acquire_class(
+        &self,
+        group: &str,
+        cost: f64,
+        class: RequestClass,
+    ) -> Result<Permit<'_>, AcquireError> {
         let g = self.inner.lookup(group)?;
-        self.inner.admit(GroupRef::Owned(g), cost, Duration::ZERO, self.unthrottled).map(|(p, _)| p)
+        self.inner.admit(GroupRef::Owned(g), cost, Duration::ZERO, self.unthrottled, class).map(|(p, _)| p)
     }
 
     /// Admits what `usage` is known to cost up front (see
@@ -212,7 +252,7 @@ impl Tollgate {
     /// with [`AcquireError::Throttled`], carrying the group and the retry-after.
     pub async fn acquire(&self, group: &str, cost: f64) -> Result<Permit<'static>, AcquireError> {
         let g = self.inner.lookup(group)?;
-        self.inner.acquire(GroupRef::Owned(g), cost, self.unthrottled).await
+        self.inner.acquire(GroupRef::Owned(g), cost, self.unthrottled, RequestClass::Normal).await
     }
 
     /// The counters of `group`, if it has been configured or used.
@@ -268,14 +308,41 @@ impl GroupHandle {
         {
             return outcome;
         }
+        self.try_acquire_class(cost, RequestClass::Normal)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a request of `class` (see
+    /// [`tollgate_model::class`]).
+    ///
+    /// ```
+    /// # use tollgate_limiter::Tollgate;
+    /// use tollgate_limiter::core::class::RequestClass;
+    ///
+    /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 10\nburst = 10\n")?;
+    /// let api = gate.group("api")?;
+    /// for _ in 0..5 {
+    ///     api.try_acquire(1.0)?; // half the bucket gone
+    /// }
+    /// // Sheddable work leaves half the bucket: refused now. Critical work goes on.
+    /// assert!(api.try_acquire_class(1.0, RequestClass::Sheddable).is_err());
+    /// assert!(api.try_acquire_class(1.0, RequestClass::Critical).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_class(&self, cost: f64, class: RequestClass) -> Result<Permit<'_>, AcquireError> {
         self.inner
-            .admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled)
+            .admit(GroupRef::Borrowed(&self.group), cost, Duration::ZERO, self.unthrottled, class)
             .map(|(p, _)| p)
     }
 
     /// Admits `cost` units, waiting up to the configured `max_wait`.
     pub async fn acquire(&self, cost: f64) -> Result<Permit<'_>, AcquireError> {
-        self.inner.acquire(GroupRef::Borrowed(&self.group), cost, self.unthrottled).await
+        self.acquire_class(cost, RequestClass::Normal).await
+    }
+
+    /// [`acquire`](Self::acquire) for a request of `class`: it waits until its class may
+    /// take from the bucket.
+    pub async fn acquire_class(&self, cost: f64, class: RequestClass) -> Result<Permit<'_>, AcquireError> {
+        self.inner.acquire(GroupRef::Borrowed(&self.group), cost, self.unthrottled, class).await
     }
 
     /// The group's counters.

@@ -58,12 +58,13 @@ mod tally;
 pub use builder::{Builder, check as check_embedded};
 pub use embedded::BACKGROUND_GROUPS;
 pub use error::{AcquireError, BuildError, ExchangeError};
-pub use handle::{GroupHandle, GroupStats, Tollgate};
+pub use handle::{ClassCounts, GroupHandle, GroupStats, Tollgate};
 pub use layer::{TollgateLayer, TollgateService};
 pub use permit::Permit;
 pub use remote::{Driver, ExchangeFailures, RemoteOptions, RemoteStatus, SafeModePolicy};
 pub use store::{StoreGroupStatus, StoreOptions, StoreStatus};
 pub use tollgate_model as core;
+pub use tollgate_model::class::RequestClass;
 
 /// The README's and the concept guide's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -640,7 +640,12 @@ impl Driver {
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
             let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
-            group.set_policy(dropped, Duration::from_millis(u64::from(g.debt_repay_ms)), g.shadow);
+            group.set_policy(crate::group::Policy {
+                dropped,
+                debt_repay: Duration::from_millis(u64::from(g.debt_repay_ms)),
+                shadow: g.shadow,
+                critical_reserve: g.critical_reserve,
+            });
             let last = LastGrant {
                 unlimited: g.unlimited,
                 rate: g.rate,

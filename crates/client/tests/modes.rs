@@ -8,6 +8,7 @@
 //! in each mode it applies to.
 
 use std::future::Future;
+use std::io::Write as _;
 use std::time::Duration;
 
 use tollgate_controller::Controller;
@@ -244,6 +245,7 @@ suite! {
     shadow_mode: [embedded, remote, store, replicas];
     node_wide_shadow_mode: [embedded, remote, store, replicas];
     throttling_off: [embedded, remote, store, replicas];
+    request_classes: [embedded, remote, store, replicas];
 }
 
 // ---- The behaviours ----
@@ -691,6 +693,44 @@ limit = 100
     let gate = env.gate(&toml(true)).await;
     let got = shadow_rates(&env, &gate, &["g"]).await;
     assert_near(&env, "throttling back on", &[got[0].0], &[100.0], 5.0);
+}
+
+async fn request_classes(env: Env) {
+    use tollgate_limiter::RequestClass::{Critical, Normal, Sheddable};
+    let gate = env.gate("[groups.g]\nlimit = 100\ncritical_reserve = 0.2\n").await;
+    let g = gate.group("g").unwrap();
+    // 280 requests a second offered to a limit of 100: 30 critical, 150 normal, 100
+    // sheddable, every 10 ms; admissions counted over the last 4 of 6 seconds.
+    let load = [(Critical, 30.0), (Normal, 150.0), (Sheddable, 100.0)];
+    let mut carried = [0.0f64; 3];
+    let mut admitted = [0.0f64; 3];
+    for step in 0..600 {
+        for (i, (class, per_s)) in load.iter().enumerate() {
+            carried[i] += per_s / 100.0;
+            while carried[i] >= 1.0 {
+                carried[i] -= 1.0;
+                if g.try_acquire_class(1.0, *class).is_ok() && step >= 200 {
+                    admitted[i] += 1.0;
+                }
+            }
+        }
+        env.sleep(STEP).await;
+    }
+    let rates = admitted.map(|a| a / 4.0);
+    let _ = writeln!(std::io::stderr(), "{}: admitted by class {rates:?}", env.mode());
+    // Critical work is all served and the limit holds. A bucket sheds sheddable work
+    // entirely while normal work asks for more than is left; a store's one-second share
+    // lets every class take from its top at each second's start, so sheddable work gets a
+    // little there.
+    assert_near(&env, "critical work", &rates[..1], &[30.0], 5.0);
+    assert!(rates.iter().sum::<f64>() <= 105.0, "{}: {rates:?}", env.mode());
+    let shed = if env.pools() { 20.0 } else { 2.0 };
+    assert!(rates[2] <= shed && rates[1] >= 50.0, "{}: {rates:?}", env.mode());
+    // The counts by class add up to the group's.
+    let s = g.stats();
+    let classes = s.by_class;
+    assert_eq!(classes.iter().map(|c| c.admitted).sum::<u64>(), s.admitted, "{}", env.mode());
+    assert!(classes[2].throttled > classes[0].throttled, "{}: {classes:?}", env.mode());
 }
 
 // ---- Remote only: what only a controller and its clients do ----

@@ -109,6 +109,13 @@ impl Priced {
     pub fn nanos_for(&self, units: f64) -> u64 {
         if self.ns_per_unit == 0.0 || units <= 0.0 { 0 } else { ceil_u64(units * self.ns_per_unit) }
     }
+
+    /// The same cost, admitted only if `units` are left in the bucket after it (a request
+    /// class's floor, see [`crate::class`]): the burst it may draw on is that much smaller.
+    #[inline]
+    pub fn keeping(self, units: f64) -> Priced {
+        Priced { tolerance_ns: self.tolerance_ns.saturating_sub(self.nanos_for(units)), ..self }
+    }
 }
 
 /// The rate/burst pair, decoded.
@@ -467,6 +474,19 @@ mod tests {
 
     fn at_ms(ms: u64) -> Nanos {
         Nanos(ms * MS)
+    }
+
+    #[test]
+    fn a_cost_priced_keeping_units_leaves_them_in_the_bucket() {
+        let b = Bucket::new(10.0, 10.0, at_ms(0));
+        let keeping =
+            |floor: f64| (0..20).filter(|_| b.commit(b.price(1.0).keeping(floor), at_ms(0)).is_ok()).count();
+        assert_eq!([keeping(6.0), keeping(2.0), keeping(0.0)], [4, 4, 2]);
+        // The wait says when the bucket holds the cost above the floor: 100 ms a unit.
+        assert_eq!(
+            b.commit(b.price(1.0).keeping(2.0), at_ms(0)),
+            Err(Refusal::Wait(Duration::from_millis(300)))
+        );
     }
 
     #[test]

@@ -129,6 +129,12 @@ impl EpochShare {
 
     /// Takes `cost` from this epoch's share, or says how long until the next epoch.
     pub fn try_take(&self, cost: f64, now: Nanos) -> Result<(), Duration> {
+        self.try_take_keeping(cost, 0.0, now)
+    }
+
+    /// [`try_take`](Self::try_take), leaving at least `floor` (a share from 0 to 1) of the
+    /// epoch's share untaken: a request class's floor (see [`crate::class`]).
+    pub fn try_take_keeping(&self, cost: f64, floor: f64, now: Nanos) -> Result<(), Duration> {
         let mut s = self.lock();
         roll(&mut s, now);
         match s.forced {
@@ -136,7 +142,7 @@ impl EpochShare {
             Some(Forced::Closed) => return Err(until_next_epoch(now)),
             None => {}
         }
-        if cost <= s.left {
+        if cost <= s.left - floor * s.share {
             s.left -= cost;
             s.used += cost;
             Ok(())
@@ -220,6 +226,16 @@ mod tests {
         assert!(share.try_take(3.0, Nanos(S / 2)).is_ok());
         share.set_size(2);
         assert_eq!(share.pool_and_share(Nanos(S)), (100.0, 50.0));
+    }
+
+    #[test]
+    fn a_floor_leaves_its_part_of_the_share_for_other_classes() {
+        let share = EpochShare::new(PoolSpec::Fixed(100.0), 1);
+        let taken = |floor: f64| {
+            (0..200).filter(|_| share.try_take_keeping(1.0, floor, Nanos(S / 2)).is_ok()).count()
+        };
+        // Sheddable work stops at 60 left, normal work at 20, critical work at none.
+        assert_eq!([taken(0.6), taken(0.2), taken(0.0)], [40, 40, 20]);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`config`]: the TOML settings file, with every problem reported by line.
 //! - [`smooth`]: FoundationDB's exponential and Holt's linear smoothers.
 //! - [`bucket`]: the lock-free token bucket with burst, debt and refunds.
+//! - [`class`]: request classes within a group (critical, normal, sheddable).
 //! - [`allocate`]: dividing a node's capacity among groups (by priority and weight, or first
 //!   come first served).
 //! - [`demand`]: what a client asks for, the one definition every mode reports.
@@ -20,6 +21,7 @@
 
 pub mod allocate;
 pub mod bucket;
+pub mod class;
 pub mod config;
 pub mod cost;
 pub mod demand;

@@ -514,6 +514,7 @@ pub struct GroupSettings {
     backend_limit: Option<f64>,
     background: bool,
     shadow: bool,
+    critical_reserve: f64,
 }
 
 /// The window a quota is counted over: each UTC minute, hour, day, week (from Monday) or
@@ -651,6 +652,7 @@ impl Default for GroupSettings {
             backend_limit: None,
             background: false,
             shadow: false,
+            critical_reserve: 0.0,
         }
     }
 }
@@ -772,6 +774,13 @@ impl GroupSettings {
         self.shadow
     }
 
+    /// The share of the group's burst kept for critical work (0 to
+    /// [`CRITICAL_RESERVE_MAX`](crate::class::CRITICAL_RESERVE_MAX)): normal and sheddable
+    /// work leave it in the bucket (see [`crate::class`]).
+    pub fn critical_reserve(&self) -> f64 {
+        self.critical_reserve
+    }
+
     /// Every rule these settings break (empty when valid).
     fn problems(&self) -> Vec<SettingError> {
         let mut errors = Vec::new();
@@ -792,6 +801,16 @@ impl GroupSettings {
             check_positive("burst", burst, UNITS_MAX, &mut errors);
         }
         check_positive("weight", self.weight, WEIGHT_MAX, &mut errors);
+        let reserve_max = crate::class::CRITICAL_RESERVE_MAX;
+        if !(0.0..=reserve_max).contains(&self.critical_reserve) {
+            errors.push(SettingError::new(
+                "critical_reserve",
+                format!(
+                    "must be a share of the burst from 0 to {reserve_max}, got {}",
+                    self.critical_reserve
+                ),
+            ));
+        }
         for (window, units) in self.quotas() {
             let field = if window == self.budget_period {
                 "budget".to_string()
@@ -915,6 +934,12 @@ impl GroupSettingsBuilder {
     /// Puts the group in shadow mode: never refused, would-be refusals counted.
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.settings.shadow = shadow;
+        self
+    }
+
+    /// Keeps `share` of the burst for critical work (see [`crate::class`]).
+    pub fn critical_reserve(mut self, share: f64) -> Self {
+        self.settings.critical_reserve = share;
         self
     }
 

@@ -61,7 +61,7 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 
 /// The keys a group's settings may use.
 pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, \
-     reads_writes_apart, backend_limit, background, shadow";
+     reads_writes_apart, backend_limit, background, shadow, critical_reserve";
 
 /// A value with its span.
 pub type Value<'a> = Spanned<DeValue<'a>>;
@@ -307,6 +307,11 @@ impl<'s> Reader<'s> {
             && let Some(on) = self.boolean(&p, v)
         {
             b = b.shadow(on);
+        }
+        if let Some((p, v)) = f.take("critical_reserve")
+            && let Some(x) = self.non_negative(&p, v)
+        {
+            b = b.critical_reserve(x);
         }
         if let Some((p, v)) = f.take("reads_writes_apart")
             && let Some(apart) = self.boolean(&p, v)

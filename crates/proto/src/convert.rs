@@ -27,6 +27,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         backend_limit: s.backend_limit(),
         background: s.background(),
         shadow: s.shadow(),
+        critical_reserve: s.critical_reserve(),
         budget_period: match s.budget_period() {
             tollgate_model::settings::BudgetPeriod::Total => String::new(),
             p => p.name().to_string(),
@@ -54,6 +55,7 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             backend_limit: m.backend_limit,
             background: Some(m.background),
             shadow: Some(m.shadow),
+            critical_reserve: Some(m.critical_reserve),
             budget_period: Some(m.budget_period.clone()),
             quotas: m.quotas.clone(),
             ..v1::GroupPatch::default()
@@ -185,6 +187,9 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if let Some(on) = p.shadow {
         b = b.shadow(on);
+    }
+    if let Some(share) = p.critical_reserve {
+        b = b.critical_reserve(share);
     }
     if let Some(count) = p.count_dropped {
         b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });

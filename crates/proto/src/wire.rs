@@ -365,6 +365,8 @@ pub struct GrantFields {
     pub trickle_ms: u32,
     /// Shadow mode: admit everything, counting what would have been refused.
     pub shadow: bool,
+    /// The share of the burst kept for critical work.
+    pub critical_reserve: f64,
 }
 
 impl GrantFields {
@@ -382,6 +384,7 @@ impl GrantFields {
             debt_repay_ms: self.debt_repay_ms,
             trickle_ms: self.trickle_ms,
             shadow: self.shadow,
+            critical_reserve: self.critical_reserve,
         }
     }
 }
@@ -461,7 +464,8 @@ impl AnswerWriter {
             + 2 * usize::from(f.count_dropped)
             + uint(f.debt_repay_ms)
             + uint(f.trickle_ms)
-            + 2 * usize::from(f.shadow);
+            + 2 * usize::from(f.shadow)
+            + double(f.critical_reserve);
         self.key(1, DELIMITED);
         self.varint(len as u64);
         if !group.is_empty() {
@@ -479,6 +483,7 @@ impl AnswerWriter {
         self.uint(9, f.debt_repay_ms);
         self.uint(10, f.trickle_ms);
         self.flag(11, f.shadow);
+        self.double(12, f.critical_reserve);
     }
 
     /// The answer, with the fields after the grants.

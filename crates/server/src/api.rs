@@ -573,7 +573,7 @@ async fn admission_handle(
             return Err(refuse(
                 StatusCode::BAD_REQUEST,
                 "group",
-                "required: name the group (a token with a default group may leave it out)",
+                "missing: name the group (a token with a default group may leave it out)",
             ));
         }
     };

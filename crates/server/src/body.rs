@@ -346,6 +346,8 @@ pub struct GroupSettings {
     pub background: bool,
     /// Shadow mode: decided and counted, never refused (`would_refuse_total` in the status).
     pub shadow: bool,
+    /// The share of the burst (0 to 0.9) normal and sheddable requests leave for critical ones.
+    pub critical_reserve: f64,
 }
 
 impl From<&v1::GroupSettings> for GroupSettings {
@@ -388,6 +390,7 @@ impl From<&v1::GroupSettings> for GroupSettings {
             backend_limit: s.backend_limit,
             background: s.background,
             shadow: s.shadow,
+            critical_reserve: s.critical_reserve,
         }
     }
 }
@@ -470,6 +473,9 @@ pub struct GroupBody {
     /// Shadow mode on or off.
     #[serde(default)]
     pub shadow: Option<bool>,
+    /// The share of the burst kept for critical requests, 0 to 0.9.
+    #[serde(default, deserialize_with = "finite_opt")]
+    pub critical_reserve: Option<f64>,
 }
 
 impl GroupBody {
@@ -532,6 +538,7 @@ impl GroupBody {
         }
         p.background = self.background;
         p.shadow = self.shadow;
+        p.critical_reserve = self.critical_reserve;
         p
     }
 }

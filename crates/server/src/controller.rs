@@ -421,6 +421,7 @@ impl Controller {
                 debt_repay_ms: ms(g.debt_repay),
                 trickle_ms: ms(g.trickle),
                 shadow: g.shadow,
+                critical_reserve: g.critical_reserve,
             };
             grant(i, &fields);
             i += 1;

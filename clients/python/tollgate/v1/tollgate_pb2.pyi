@@ -105,7 +105,7 @@ class ExchangeResponse(_message.Message):
     def __init__(self, grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., next_exchange_ms: _Optional[int] = ..., next_tick_ms: _Optional[int] = ..., unthrottled_allowed: _Optional[bool] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow")
+    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow", "critical_reserve")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     UNLIMITED_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class Grant(_message.Message):
     DEBT_REPAY_MS_FIELD_NUMBER: _ClassVar[int]
     TRICKLE_MS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
     group: str
     unlimited: bool
     rate: float
@@ -128,7 +129,8 @@ class Grant(_message.Message):
     debt_repay_ms: int
     trickle_ms: int
     shadow: bool
-    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ...) -> None: ...
+    critical_reserve: float
+    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ...) -> None: ...
 
 class WatchSettingsRequest(_message.Message):
     __slots__ = ()
@@ -329,7 +331,7 @@ class TraceLine(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class GroupPatch(_message.Message):
-    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas", "shadow")
+    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +359,7 @@ class GroupPatch(_message.Message):
     BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     unlimited: bool
@@ -377,7 +380,8 @@ class GroupPatch(_message.Message):
     budget_period: str
     quotas: _containers.ScalarMap[str, float]
     shadow: bool
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ...) -> None: ...
+    critical_reserve: float
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ...) -> None: ...
 
 class RampSettings(_message.Message):
     __slots__ = ("min", "max", "duration_s", "mode", "threshold_pct", "ramp_down_pct", "cool_down_s", "resume_ttl_s")
@@ -400,7 +404,7 @@ class RampSettings(_message.Message):
     def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ..., duration_s: _Optional[float] = ..., mode: _Optional[_Union[RampMode, str]] = ..., threshold_pct: _Optional[float] = ..., ramp_down_pct: _Optional[float] = ..., cool_down_s: _Optional[float] = ..., resume_ttl_s: _Optional[float] = ...) -> None: ...
 
 class GroupSettings(_message.Message):
-    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas", "shadow")
+    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -423,6 +427,7 @@ class GroupSettings(_message.Message):
     BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     burst: float
@@ -438,7 +443,8 @@ class GroupSettings(_message.Message):
     budget_period: str
     quotas: _containers.ScalarMap[str, float]
     shadow: bool
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ...) -> None: ...
+    critical_reserve: float
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ...) -> None: ...
 
 class PutGroupRequest(_message.Message):
     __slots__ = ("name", "patch", "mode")

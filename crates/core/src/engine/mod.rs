@@ -172,6 +172,9 @@ pub struct Grant {
     /// Shadow mode, the group's or the node's: the client never refuses, and counts what it
     /// would have refused.
     pub shadow: bool,
+    /// The share of the burst kept for critical work, from the group's settings (see
+    /// [`crate::class`]).
+    pub critical_reserve: f64,
 }
 
 impl Grant {
@@ -1142,6 +1145,7 @@ impl Engine {
             debt_repay: settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay),
             trickle: self.settings.trickle,
             shadow: self.settings.shadow || settings.is_some_and(GroupSettings::shadow),
+            critical_reserve: settings.map_or(0.0, GroupSettings::critical_reserve),
         };
         if !self.settings.throttling {
             return (unlimited, place);

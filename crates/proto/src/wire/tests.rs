@@ -345,7 +345,7 @@ proptest! {
     #[test]
     fn an_answer_is_written_byte_for_byte_as_the_generated_code_writes_it(
         grants in proptest::collection::vec(
-            (any_name(), any::<[bool; 3]>(), proptest::array::uniform3(any_f64()),
+            (any_name(), any::<[bool; 3]>(), proptest::array::uniform4(any_f64()),
              proptest::array::uniform4(prop_oneof![Just(0u32), any::<u32>(), 1u32..200])),
             0..20,
         ),
@@ -371,6 +371,7 @@ proptest! {
                 debt_repay_ms: n[2],
                 trickle_ms: n[3],
                 shadow: flags[2],
+                critical_reserve: f[3],
             };
             writer.grant(&group, &fields);
             expected.grants.push(fields.grant(group));
