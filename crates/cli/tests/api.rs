@@ -431,6 +431,26 @@ fn pages_problems_rate_limit_headers_and_security() {
 /// Work charged after it is done: never refused, into debt when the group has no more (later
 /// checks wait for it), and refunds give units back within the burst.
 #[test]
+fn checks_carry_a_request_class() {
+    let s = ServerProc::start_with(&data_dir("api-classes"), &["--tick-ms", "100"], Stdio::null());
+    let h = s.http.as_str();
+    // A burst of 10 and almost no refill; a fifth of it kept for critical work.
+    let body = r#"{"name":"tiered","limit":0.01,"burst":10,"critical_reserve":0.2}"#;
+    let (code, _, v) = call(h, "POST", "/v1/groups", Some(body));
+    assert_eq!((code, v["settings"]["critical_reserve"].as_f64()), (201, Some(0.2)), "{v}");
+    let admitted = |class: &str| {
+        let body = format!(r#"{{"group":"tiered","class":"{class}"}}"#);
+        (0..20).filter(|_| call(h, "POST", "/v1/check", Some(&body)).0 == 200).count()
+    };
+    // Sheddable work leaves 6 of the 10, normal work 2, critical work none.
+    assert_eq!([admitted("sheddable"), admitted("normal"), admitted("critical")], [4, 4, 2]);
+    let (code, _, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"tiered","class":"urgent"}"#));
+    assert_eq!((code, v["field"].as_str()), (400, Some("class")), "{v}");
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/tiered", Some(r#"{"critical_reserve":0.95}"#));
+    assert_eq!((code, v["field"].as_str()), (400, Some("critical_reserve")), "{v}");
+}
+
+#[test]
 fn charges_go_into_debt_and_refunds_give_units_back() {
     let s = ServerProc::start_with(&data_dir("api-charge"), &["--tick-ms", "100"], Stdio::null());
     let h = s.http.as_str();

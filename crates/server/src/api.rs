@@ -650,7 +650,7 @@ async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String
         Ok(h) => h,
         Err(a) => return a,
     };
-    match handle.try_acquire(cost) {
+    match handle.try_acquire_class(cost, b.class.class()) {
         Ok(permit) => {
             drop(permit);
             let remaining = handle.available().floor();

@@ -620,6 +620,34 @@ pub struct CheckBody {
     /// Its cost in units, 0 to 1e9; 1 when not given.
     #[serde(default = "one", deserialize_with = "finite")]
     pub cost: f64,
+    /// Its class within the group: critical work is served first, sheddable work refused
+    /// first; normal when not given.
+    #[serde(default)]
+    pub class: ClassName,
+}
+
+/// A request's class within its group.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ClassName {
+    /// May empty the group's bucket.
+    Critical,
+    /// Leaves the group's `critical_reserve`.
+    #[default]
+    Normal,
+    /// Refused first.
+    Sheddable,
+}
+
+impl ClassName {
+    /// The client library's class.
+    pub fn class(self) -> tollgate_limiter::RequestClass {
+        match self {
+            ClassName::Critical => tollgate_limiter::RequestClass::Critical,
+            ClassName::Normal => tollgate_limiter::RequestClass::Normal,
+            ClassName::Sheddable => tollgate_limiter::RequestClass::Sheddable,
+        }
+    }
 }
 
 /// Work already done, charged whatever the group has left (or, with `refund`, units given
