@@ -217,6 +217,9 @@ def test_shadow_mode_and_the_one_switch_show_on_the_page(server: Server, browser
         timeout=BOUND_MS,
     )
     assert page.locator("#node-mode").is_hidden()
+    # An in-flight quota shows as what the clients hold of it.
+    server.cli("group", "alter", "accuracy", "--max-in-flight", "3")
+    page.wait_for_function(f"/[0-9]+ of 3/.test({row}.innerText)", timeout=BOUND_MS)
     # The one switch shows beside the connection's state, and goes when turned back on.
     server.cli("node", "throttling", "off")
     page.wait_for_function("document.getElementById('node-mode').textContent === 'throttling off'", timeout=BOUND_MS)

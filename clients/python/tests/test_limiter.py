@@ -101,6 +101,42 @@ def test_request_classes_shed_sheddable_work_first_and_keep_a_reserve_for_critic
             limiter.try_acquire("tiered", request_class="urgent")
 
 
+def test_two_limiters_share_an_in_flight_quota_and_permits_give_their_slots_back(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("slots", max_in_flight=10)
+        assert admin.get_group("slots").max_in_flight == 10
+        with pytest.raises(tollgate.InvalidArgument, match="max_in_flight"):
+            admin.alter_group("slots", max_in_flight=0)
+    with tollgate.Limiter(server.url, client_id="py-slots-a") as a, tollgate.Limiter(
+        server.url, client_id="py-slots-b"
+    ) as b:
+        held: dict = {"a": [], "b": []}
+
+        def fill() -> bool:
+            # Each client's oldest request finishes, and it asks for more than the quota.
+            for name, limiter in (("a", a), ("b", b)):
+                if held[name]:
+                    held[name].pop(0).settle(1)
+                for _ in range(12):
+                    try:
+                        held[name].append(limiter.try_acquire("slots"))
+                    except tollgate.Throttled:
+                        break
+            total = len(held["a"]) + len(held["b"])
+            assert total <= 10, held
+            return len(held["a"]) >= 4 and len(held["b"]) >= 4
+
+        eventually("the two clients share the ten slots", fill)
+        stats = a.stats("slots")
+        assert stats is not None and stats.in_flight == len(held["a"]) and stats.in_flight_share is not None
+        # A slot comes back however a permit ends: settled, dropped, a with block, collected.
+        held["a"].pop().dropped()
+        with held["a"].pop():
+            pass
+        held["a"].pop()
+        assert a.stats("slots").in_flight == len(held["a"])  # type: ignore[union-attr]
+
+
 def test_settle_acquire_context_manager_and_decorator(server: Server) -> None:
     with tollgate.Admin(server.url) as admin:
         admin.create_group("api", limit=0.01, burst=5)

@@ -27,6 +27,10 @@ GROUP_IDLE_EXPIRY_S = 240.0
 """A group nothing was asked of for this long is no longer reported (as in Rust)."""
 REPAY_SHARE_MAX = 0.5
 """At most this share of a grant goes to paying a debt back."""
+MAX_IN_FLIGHT = 1_000_000
+"""The largest in-flight quota: what a report's asks are capped at."""
+IN_FLIGHT_RETRY_S = 0.005
+"""How soon a request refused an in-flight slot tries again while waiting."""
 _NEXT = itertools.count(1)
 _NUMBERS = (int, float)
 _monotonic = time.monotonic
@@ -71,6 +75,11 @@ class GroupStats:
     would_refuse: int = 0
     """Requests admitted in shadow mode that would have been refused (in ``admitted`` too,
     never in ``throttled``)."""
+    in_flight: Optional[int] = None
+    """In a group with an in-flight quota (``max_in_flight``): the permits holding a slot
+    now; ``None`` without one."""
+    in_flight_share: Optional[int] = None
+    """This client's share of the in-flight quota, from the server."""
 
 
 CLASSES = ("critical", "normal", "sheddable")
@@ -113,6 +122,12 @@ class _Group:
         self.count_dropped = False
         self.shadow = False
         self.critical_reserve = 0.0
+        # The in-flight quota's share (None: no quota), the slots held, the most held or
+        # tried since the last exchange, and the tries refused a slot since.
+        self.slots: Optional[int] = None
+        self.held = 0
+        self.asked = 0
+        self.short = 0
         self.repay_s = 5.0
         self.owed = 0.0
         self.repay_rate = 0.0
@@ -224,7 +239,26 @@ class _Group:
             dropped_units=self.dropped_units,
             debt=self.owed,
             would_refuse=c.would_refuse,
+            in_flight=None if self.slots is None else self.held,
+            in_flight_share=self.slots,
         )
+
+    def take_slot(self) -> Optional[bool]:
+        """Takes an in-flight slot: ``None`` without a quota, else whether one was free."""
+        if self.slots is None:
+            return None
+        self.asked = max(self.asked, self.held + 1)
+        if self.held >= self.slots:
+            self.short += 1
+            return False
+        self.held += 1
+        return True
+
+    def slot_report(self) -> Tuple[int, int]:
+        """The slots held and the most asked since the last exchange (reset)."""
+        asked = min(max(self.asked, self.held + self.short), MAX_IN_FLIGHT)
+        self.asked, self.short = self.held, 0
+        return self.held, asked
 
 
 class Permit:
@@ -234,9 +268,9 @@ class Permit:
     admitted cost stands. It is a context manager (``with`` and ``async with``) that does
     nothing more on exit."""
 
-    __slots__ = ("_core", "_group", "cost", "group", "_settled")
+    __slots__ = ("_core", "_group", "cost", "group", "_settled", "_slot")
 
-    def __init__(self, core: "Core", group: _Group, cost: float) -> None:
+    def __init__(self, core: "Core", group: _Group, cost: float, slot: bool = False) -> None:
         self._core = core
         self._group = group
         self.cost = cost
@@ -244,11 +278,25 @@ class Permit:
         self.group = group.name
         """The group it was admitted for."""
         self._settled = False
+        self._slot = slot
+
+    def release(self) -> None:
+        """Gives back the group's in-flight slot it holds, if any: done by :meth:`settle`,
+        :meth:`dropped`, leaving a ``with`` block and garbage collection; at most once."""
+        if self._slot:
+            self._slot = False
+            with self._group.lock:
+                self._group.held -= 1
+
+    def __del__(self) -> None:
+        if getattr(self, "_slot", False):
+            self.release()
 
     def _close(self) -> None:
         if self._settled:
             raise RuntimeError("this permit is settled already")
         self._settled = True
+        self.release()
 
     def settle(self, actual: float) -> None:
         """The request cost ``actual`` units rather than the cost admitted."""
@@ -288,13 +336,13 @@ class Permit:
         return self
 
     def __exit__(self, *_: object) -> None:
-        return None
+        self.release()
 
     async def __aenter__(self) -> "Permit":
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        return None
+        self.release()
 
 
 def check_group(name: str) -> None:
@@ -374,9 +422,22 @@ class Core:
         safe = self.safe_mode
         open_, closed = safe and self.policy == "fail_open", safe and self.policy == "fail_closed"
         with g.lock:
-            wait = g.take(cost, now, open_, closed, waited, count, class_floor(request_class, g.critical_reserve))
+            slot = None if open_ else g.take_slot()
+            if slot is False and not g.shadow:
+                # Every slot of the share is held: refused like a rate refusal.
+                if count:
+                    g.refused(cost)
+                wait = IN_FLIGHT_RETRY_S
+            elif slot is False:
+                g._admit(cost, False)
+                g.counts.would_refuse += 1
+                wait = None
+            else:
+                wait = g.take(cost, now, open_, closed, waited, count, class_floor(request_class, g.critical_reserve))
+                if wait is not None and slot:
+                    g.held -= 1
         if wait is None:
-            return Permit(self, g, cost), 0.0
+            return Permit(self, g, cost, slot is True), 0.0
         # Refused: exchange early, after the server's next tick.
         self.early_after = max(self.early_after, self.next_tick)
         self.woken = True
@@ -391,6 +452,7 @@ class Core:
             g is not None
             and g.granted
             and g.critical_reserve <= 0
+            and g.slots is None
             and not unthrottled
             and not self.safe_mode
             and cost.__class__ in _NUMBERS
@@ -498,9 +560,11 @@ class Core:
                 counts, waiting = g.counts.copy(), g.waiting
                 held = g.rate if g.granted and not g.unlimited else None
                 new = not g.granted
+                slots = g.slot_report() if g.slots is not None else (0, 0)
             before = self.meters.get(g.name)
             meter = before.copy() if before is not None else DemandMeter(now)
-            if meter.idle(now, counts, GROUP_IDLE_EXPIRY_S):
+            # A group holding in-flight slots is not idle: its share stays leased.
+            if meter.idle(now, counts, GROUP_IDLE_EXPIRY_S) and slots[0] == 0:
                 # Its lease has long run out: a fresh grant before it admits again.
                 with g.lock:
                     g.granted, g.tokens = False, 0.0
@@ -521,6 +585,8 @@ class Core:
                 held=r.held,
                 waited=int(r.waited),
                 would_refuse=int(r.would_refuse),
+                in_flight=slots[0],
+                in_flight_asked=slots[1],
                 detail=detail,
             )
             rank = 0 if new or r.throttled > 0 or r.waiting > 0 else 1 if r.requests > 0 else 2
@@ -571,6 +637,7 @@ class Core:
                 g.count_dropped = grant.count_dropped
                 g.shadow = grant.shadow
                 g.critical_reserve = grant.critical_reserve
+                g.slots = grant.in_flight if grant.in_flight_limited else None
                 g.repay_s = grant.debt_repay_ms / 1000.0
                 if g.unlimited:
                     g.owed = 0.0

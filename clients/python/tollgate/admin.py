@@ -21,7 +21,7 @@ WINDOWS = ("minute", "hour", "day", "week", "month", "total")
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
     "reserved, limit, burst, priority, weight, budget, budget_period, quotas, dropped, debt_repay_s, "
-    "reads_writes_apart, backend_limit, background, shadow, critical_reserve, ramp"
+    "reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight, ramp"
 )
 
 
@@ -74,6 +74,13 @@ def _patch(settings: Settings) -> pb.GroupPatch:
                 setattr(p, f"clear_{key}", True)
             else:
                 setattr(p, key, _number(key, value))
+        elif key == "max_in_flight":
+            if value is None:
+                p.clear_max_in_flight = True
+            elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+                raise InvalidArgument.of(key, f"must be a whole number from 1 to 1000000 or None, got {value!r}")
+            else:
+                p.max_in_flight = value
         elif key in ("reserved", "weight", "debt_repay_s", "critical_reserve"):
             setattr(p, key, _number(key, value))
         elif key in ("reads_writes_apart", "background", "shadow"):

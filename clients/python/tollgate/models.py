@@ -82,6 +82,8 @@ class Group:
     """Shadow mode: decided and counted, never refused; would-be refusals are counted."""
     critical_reserve: float = 0.0
     """The share of the burst normal and sheddable requests leave for critical ones."""
+    max_in_flight: Optional[int] = None
+    """The most requests in flight at once across all clients; ``None``: no such limit."""
     ramp: Optional[Ramp] = None
     quotas: Dict[str, float] = field(default_factory=dict)
     """Units per window (``minute``, ``hour``, ``day``, ``week``, ``month``, ``total``) for each
@@ -110,6 +112,7 @@ class Group:
             background=s.background,
             shadow=s.shadow,
             critical_reserve=s.critical_reserve,
+            max_in_flight=s.max_in_flight if s.HasField("max_in_flight") else None,
             ramp=Ramp.from_pb(s.ramp) if s.HasField("ramp") and s.ramp.max > 0 else None,
             quotas=dict(s.quotas),
         )

@@ -168,6 +168,13 @@ pub struct GroupOptions {
     /// ones (request classes: critical work is served first, sheddable work refused first).
     #[arg(long)]
     critical_reserve: Option<f64>,
+    /// The most requests in flight at once across all clients (1 to 1,000,000): a permit
+    /// holds a slot until it is dropped or settled.
+    #[arg(long, conflicts_with = "no_max_in_flight")]
+    max_in_flight: Option<u32>,
+    /// Removes the in-flight limit.
+    #[arg(long)]
+    no_max_in_flight: bool,
 }
 
 /// What dropped work does.
@@ -273,6 +280,8 @@ impl GroupOptions {
         p.background = self.background;
         p.shadow = self.shadow;
         p.critical_reserve = self.critical_reserve;
+        p.max_in_flight = self.max_in_flight;
+        p.clear_max_in_flight = self.no_max_in_flight;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -605,6 +614,9 @@ fn show(info: &v1::GroupInfo) -> String {
     }
     if s.critical_reserve > 0.0 {
         let _ = writeln!(out, "classes:  {} of the burst kept for critical requests", s.critical_reserve);
+    }
+    if let Some(n) = s.max_in_flight {
+        let _ = writeln!(out, "in flight: at most {n} requests at once");
     }
     let repay = s.debt_repay_s.unwrap_or(5.0);
     let _ = writeln!(

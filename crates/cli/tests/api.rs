@@ -428,8 +428,8 @@ fn pages_problems_rate_limit_headers_and_security() {
     assert_eq!((code, &doc["security"][0]["bearer"]), (200, &serde_json::json!([])), "{doc}");
 }
 
-/// Work charged after it is done: never refused, into debt when the group has no more (later
-/// checks wait for it), and refunds give units back within the burst.
+/// A check may carry a request class; a group may carry an in-flight quota, set, refused and
+/// cleared by field.
 #[test]
 fn checks_carry_a_request_class() {
     let s = ServerProc::start_with(&data_dir("api-classes"), &["--tick-ms", "100"], Stdio::null());
@@ -448,8 +448,22 @@ fn checks_carry_a_request_class() {
     assert_eq!((code, v["field"].as_str()), (400, Some("class")), "{v}");
     let (code, _, v) = call(h, "PATCH", "/v1/groups/tiered", Some(r#"{"critical_reserve":0.95}"#));
     assert_eq!((code, v["field"].as_str()), (400, Some("critical_reserve")), "{v}");
+    // An in-flight quota: set, refused out of range (nothing changes), cleared by null.
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/tiered", Some(r#"{"max_in_flight":4}"#));
+    assert_eq!((code, v["settings"]["max_in_flight"].as_u64()), (200, Some(4)), "{v}");
+    for bad in ["0", "1000001", "-1", "2.5"] {
+        let body = format!(r#"{{"max_in_flight":{bad}}}"#);
+        let (code, _, v) = call(h, "PATCH", "/v1/groups/tiered", Some(&body));
+        assert_eq!((code, v["field"].as_str()), (400, Some("max_in_flight")), "{bad}: {v}");
+    }
+    let (_, _, v) = call(h, "GET", "/v1/groups/tiered", None);
+    assert_eq!(v["settings"]["max_in_flight"].as_u64(), Some(4), "{v}");
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/tiered", Some(r#"{"max_in_flight":null}"#));
+    assert_eq!((code, &v["settings"]["max_in_flight"]), (200, &Value::Null), "{v}");
 }
 
+/// Work charged after it is done: never refused, into debt when the group has no more (later
+/// checks wait for it), and refunds give units back within the burst.
 #[test]
 fn charges_go_into_debt_and_refunds_give_units_back() {
     let s = ServerProc::start_with(&data_dir("api-charge"), &["--tick-ms", "100"], Stdio::null());

@@ -26,10 +26,14 @@ use tollgate_model::cost::check_cost;
 use tollgate_model::time::{Clock, Nanos};
 
 use crate::error::AcquireError;
-use crate::group::{Group, Limiter, micros};
+use crate::group::{Group, Limiter, Slot, micros};
 use crate::inner::Inner;
 use crate::permit::{GroupRef, Permit};
 use crate::tally::{MICROS_PER_UNIT, Stash, Tally};
+
+/// The retry-after of a request refused for want of an in-flight slot: a slot comes back
+/// when a request finishes, which no clock foretells (`acquire` waits for one instead).
+const IN_FLIGHT_RETRY: Duration = Duration::from_millis(5);
 
 impl Inner {
     /// Admits `cost` for `group` now, or books it within `max_wait`: returns the permit and
@@ -73,7 +77,7 @@ impl Inner {
         }
         if cost > g.burst_ceiling && shadow {
             g.count_class(class, true);
-            return Ok((self.admit_shadow(group, cost, now), Duration::ZERO));
+            return Ok((self.admit_shadow(group, cost, now, false), Duration::ZERO));
         }
         if cost > g.burst_ceiling {
             g.count_class(class, false);
@@ -83,6 +87,18 @@ impl Inner {
                 burst: g.burst_ceiling,
             });
         }
+        // An in-flight slot first: cheap to give back if the limiter then refuses.
+        let slot = match g.take_slot() {
+            Slot::Full if shadow => {
+                g.count_class(class, true);
+                return Ok((self.admit_shadow(group, cost, now, false), Duration::ZERO));
+            }
+            Slot::Full => {
+                g.count_class(class, false);
+                return Err(self.refuse(g, cost, IN_FLIGHT_RETRY, None, now));
+            }
+            slot => slot == Slot::Taken,
+        };
         let outcome = match g.limiter() {
             Limiter::Bucket(bucket) if let Some(priced) = priced => bucket
                 .commit(priced, now)
@@ -99,10 +115,15 @@ impl Inner {
         match outcome {
             Ok(wait) => {
                 count_admitted(g, cost, !wait.is_zero());
-                Ok((Permit { group, cost, at: now }, wait))
+                Ok((Permit { group, cost, at: now, slot }, wait))
             }
-            Err(_) if shadow => Ok((self.admit_shadow(group, cost, now), Duration::ZERO)),
-            Err((retry_after, refusal)) => Err(self.refuse(g, cost, retry_after, refusal, now)),
+            Err(_) if shadow => Ok((self.admit_shadow(group, cost, now, slot), Duration::ZERO)),
+            Err((retry_after, refusal)) => {
+                if slot {
+                    g.give_slot();
+                }
+                Err(self.refuse(g, cost, retry_after, refusal, now))
+            }
         }
     }
 
@@ -110,11 +131,12 @@ impl Inner {
     /// consumed), and as a would-be refusal. Its cost is not taken from the limiter, which
     /// goes on deciding as if it had been refused, so `would_refuse` counts what the limit
     /// would have refused.
+    /// A request refused an in-flight slot is admitted without one.
     #[cold]
-    fn admit_shadow<'g>(&self, group: GroupRef<'g>, cost: f64, now: Nanos) -> Permit<'g> {
+    fn admit_shadow<'g>(&self, group: GroupRef<'g>, cost: f64, now: Nanos, slot: bool) -> Permit<'g> {
         group.would_refuse.fetch_add(1, Ordering::Relaxed);
         count_admitted(&group, cost, false);
-        Permit { group, cost, at: now }
+        Permit { group, cost, at: now, slot }
     }
 
     /// Admits work with throttling off (the process's settings): counted as admitted, and
@@ -125,7 +147,7 @@ impl Inner {
             share.take(cost, now);
         }
         count_admitted(&group, cost, false);
-        Permit { group, cost, at: now }
+        Permit { group, cost, at: now, slot: false }
     }
 
     /// [`admit`](Self::admit) for its most common case, small enough to inline into the
@@ -156,7 +178,7 @@ impl Inner {
             return Some(match bucket.commit(priced, now) {
                 Ok(()) => {
                     count_admitted(g, cost, false);
-                    Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
+                    Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now, slot: false })
                 }
                 Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
                 Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
@@ -193,7 +215,9 @@ impl Inner {
         // be stored to memory on every call, refusals at low rates included, for this call's
         // sake.
         Some(match step {
-            Some(StashStep::Hit) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0) }),
+            Some(StashStep::Hit) => {
+                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: Nanos(0), slot: false })
+            }
             Some(StashStep::Refused(now, wait)) => Err(self.refuse_wait_counted(g, cost, wait, now)),
             // Taken at another rate, or due for a clock read: the rest.
             Some(StashStep::Other) => self.admit_bucket(g, bucket, cost, generation),
@@ -230,7 +254,7 @@ impl Inner {
         match bucket.commit_with_extra(priced, extra_ns, now) {
             Ok(took) => {
                 stash_refilled(g, bucket, cost, took);
-                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
+                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now, slot: false })
             }
             Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
             Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
@@ -248,7 +272,7 @@ impl Inner {
         match bucket.commit(priced, now) {
             Ok(()) => {
                 g.record_shared(|t| count_in(t, cost, false));
-                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now })
+                Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now, slot: false })
             }
             Err(refusal) => {
                 g.record_shared(|t| count_refusal(t, cost));
@@ -314,7 +338,7 @@ impl Inner {
             outcome
         });
         match outcome {
-            Ok(()) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now }),
+            Ok(()) => Ok(Permit { group: GroupRef::Borrowed(g), cost, at: now, slot: false }),
             Err(Refusal::Wait(wait)) => Err(self.refuse_wait(g, cost, wait, now)),
             Err(refusal) => Err(self.refuse(g, cost, self.retry_after(refusal), Some(refusal), now)),
         }
@@ -382,7 +406,7 @@ impl Inner {
             Tally::bump(&t.admitted_micro, micros(cost));
             Tally::bump(&t.unthrottled_micro, micros(cost));
         });
-        Permit { group, cost, at: now }
+        Permit { group, cost, at: now, slot: false }
     }
 
     /// Books the earliest moment the cost fits and waits for it; when there is no such
@@ -418,6 +442,23 @@ impl Inner {
                         return Ok(booking.into_permit());
                     }
                     return Ok(permit);
+                }
+                Err(AcquireError::Throttled { retry_after, group: name }) if group.slots_full() => {
+                    // Every slot of the share is held: on as soon as one comes back (or the
+                    // share grows), within what is left of `max_wait`.
+                    let left = max_wait.saturating_sub(waited);
+                    let freed = group.slot_freed();
+                    if left.is_zero() {
+                        return Err(AcquireError::Throttled { group: name, retry_after });
+                    }
+                    if !group.slots_full() {
+                        continue;
+                    }
+                    let start = self.clock.now();
+                    if tokio::time::timeout(left, freed).await.is_err() {
+                        return Err(AcquireError::Throttled { group: name, retry_after });
+                    }
+                    waited += self.clock.now().since(start);
                 }
                 Err(AcquireError::Throttled { retry_after, group: name }) => {
                     if waited + retry_after > max_wait {

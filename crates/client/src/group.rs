@@ -7,7 +7,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use arc_swap::ArcSwap;
@@ -57,6 +57,8 @@ pub(crate) struct Policy {
     pub(crate) shadow: bool,
     /// The share of the burst kept for critical work.
     pub(crate) critical_reserve: f64,
+    /// The most requests this process may hold in flight at once (`None`: no limit).
+    pub(crate) in_flight: Option<u32>,
 }
 
 impl Policy {
@@ -67,8 +69,20 @@ impl Policy {
             debt_repay: settings.debt_repay(),
             shadow: settings.shadow() || shadow,
             critical_reserve: settings.critical_reserve(),
+            in_flight: settings.max_in_flight(),
         }
     }
+}
+
+/// What taking an in-flight slot found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The group has no in-flight quota: nothing was taken.
+    Unlimited,
+    /// A slot was taken: the permit gives it back.
+    Taken,
+    /// Every slot of this process's share is held.
+    Full,
 }
 
 /// How a group admits, as a mode makes it.
@@ -164,6 +178,16 @@ pub(crate) struct Group {
     detail: Mutex<Consumption>,
     /// Set once `detail` is first added to: until then it is read without its lock.
     has_detail: AtomicBool,
+    /// The most requests this process may hold in flight (`u32::MAX`: no in-flight quota),
+    /// how many it holds, and the most it held or tried to hold since its last report.
+    slot_cap: AtomicU32,
+    slots_held: AtomicU32,
+    slots_asked: AtomicU32,
+    /// Tries refused for want of a slot since the last report.
+    slots_short: AtomicU32,
+    /// Wakes a caller of `acquire` waiting for a slot when one is given back or the share
+    /// grows.
+    slot_freed: tokio::sync::Notify,
 }
 
 /// A debt being paid back from the refill: the bucket runs at the granted rate less `rate`
@@ -233,6 +257,11 @@ impl Group {
             repay: Mutex::new(Repay::default()),
             detail: Mutex::new(Consumption::default()),
             has_detail: AtomicBool::new(false),
+            slot_cap: AtomicU32::new(u32::MAX),
+            slots_held: AtomicU32::new(0),
+            slots_asked: AtomicU32::new(0),
+            slots_short: AtomicU32::new(0),
+            slot_freed: tokio::sync::Notify::new(),
             me: me.clone(),
         })
     }
@@ -292,6 +321,9 @@ impl Group {
             waited: t.waited,
             detail: self.detail(),
             would_refuse: self.would_refuse.load(Ordering::Relaxed),
+            classes: std::array::from_fn(|c| {
+                std::array::from_fn(|k| self.class_counts[c][k].load(Ordering::Relaxed))
+            }),
         }
     }
 
@@ -362,9 +394,72 @@ impl Group {
         self.shadow.store(p.shadow, Ordering::Relaxed);
         let reserve = if p.critical_reserve.is_finite() { p.critical_reserve.max(0.0) } else { 0.0 };
         self.critical_reserve.store(reserve.to_bits(), Ordering::Relaxed);
-        // Normal work must leave the reserve: past the quick path, which takes to empty.
-        let general = self.epoch.is_some() || p.shadow || self.open || reserve > 0.0;
+        let cap = p.in_flight.unwrap_or(u32::MAX);
+        if self.slot_cap.swap(cap, Ordering::AcqRel) < cap {
+            self.slot_freed.notify_waiters();
+        }
+        // Normal work must leave the reserve, and a slot is taken: past the quick path.
+        let general = self.epoch.is_some() || p.shadow || self.open || reserve > 0.0 || p.in_flight.is_some();
         self.general.store(general, Ordering::Relaxed);
+    }
+
+    /// Takes an in-flight slot, if the group has an in-flight quota and this process's share
+    /// has one free. A try counts towards what the process asks of the quota.
+    pub(crate) fn take_slot(&self) -> Slot {
+        let cap = self.slot_cap.load(Ordering::Acquire);
+        if cap == u32::MAX {
+            return Slot::Unlimited;
+        }
+        let mut held = self.slots_held.load(Ordering::Relaxed);
+        loop {
+            self.slots_asked.fetch_max(held.saturating_add(1), Ordering::Relaxed);
+            if held >= cap {
+                // Each refusal asks for one more: a share grows with its refused work at
+                // once, not a slot per exchange.
+                self.slots_short.fetch_add(1, Ordering::Relaxed);
+                return Slot::Full;
+            }
+            match self.slots_held.compare_exchange_weak(held, held + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Slot::Taken,
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// Gives an in-flight slot back, waking one caller waiting for it.
+    pub(crate) fn give_slot(&self) {
+        self.slots_held.fetch_sub(1, Ordering::AcqRel);
+        self.slot_freed.notify_one();
+    }
+
+    /// Whether the group has an in-flight quota and this process's share is all held.
+    pub(crate) fn slots_full(&self) -> bool {
+        let cap = self.slot_cap.load(Ordering::Acquire);
+        cap != u32::MAX && self.slots_held.load(Ordering::Acquire) >= cap
+    }
+
+    /// Waits until a slot may be free (given back, or the share grown).
+    pub(crate) fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.slot_freed.notified()
+    }
+
+    /// The in-flight slots held now, and the most held or tried since the last call (reset
+    /// to what is held now): what a report says. `None` without an in-flight quota.
+    pub(crate) fn take_slot_report(&self) -> Option<(u32, u32)> {
+        if self.slot_cap.load(Ordering::Relaxed) == u32::MAX {
+            return None;
+        }
+        let held = self.slots_held.load(Ordering::Relaxed);
+        let short = self.slots_short.swap(0, Ordering::Relaxed);
+        let asked = self.slots_asked.swap(held, Ordering::Relaxed).max(held.saturating_add(short));
+        Some((held, asked.min(tollgate_model::settings::MAX_IN_FLIGHT)))
+    }
+
+    /// This process's share of the in-flight quota and what it holds of it (`None`: no
+    /// in-flight quota).
+    pub(crate) fn in_flight(&self) -> Option<(u32, u32)> {
+        let cap = self.slot_cap.load(Ordering::Relaxed);
+        (cap != u32::MAX).then(|| (self.slots_held.load(Ordering::Relaxed), cap))
     }
 
     /// The share of the burst `class` must leave (0 to 1).

@@ -88,6 +88,19 @@ pub struct GroupStats {
     /// Requests admitted and refused by class, critical, normal and sheddable (see
     /// [`RequestClass::ALL`]); they add up to `admitted` and `throttled`.
     pub by_class: [ClassCounts; 3],
+    /// In a group with an in-flight quota (`max_in_flight`): the requests this process
+    /// holds in flight now, and its share of the quota. `None` without one.
+    pub in_flight: Option<InFlightStats>,
+}
+
+/// What a process holds of a group's in-flight quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InFlightStats {
+    /// Requests holding a slot now (permits not yet dropped or settled).
+    pub held: u32,
+    /// The most this process may hold at once: the whole quota in embedded mode, its share
+    /// from the controller in remote mode.
+    pub share: u32,
 }
 
 /// One request class's counts.
@@ -118,6 +131,7 @@ fn stats_of(g: &Group) -> GroupStats {
         detail: g.detail(),
         would_refuse: g.would_refuse.load(Ordering::Relaxed),
         by_class: by_class(g, t.admitted, t.throttled),
+        in_flight: g.in_flight().map(|(held, share)| InFlightStats { held, share }),
     }
 }
 

@@ -58,7 +58,7 @@ mod tally;
 pub use builder::{Builder, check as check_embedded};
 pub use embedded::BACKGROUND_GROUPS;
 pub use error::{AcquireError, BuildError, ExchangeError};
-pub use handle::{ClassCounts, GroupHandle, GroupStats, Tollgate};
+pub use handle::{ClassCounts, GroupHandle, GroupStats, InFlightStats, Tollgate};
 pub use layer::{TollgateLayer, TollgateService};
 pub use permit::Permit;
 pub use remote::{Driver, ExchangeFailures, RemoteOptions, RemoteStatus, SafeModePolicy};

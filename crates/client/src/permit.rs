@@ -46,6 +46,18 @@ pub struct Permit<'a> {
     /// When it was admitted, for store mode (deposits count only within that epoch). A
     /// bucket permit from a thread's stash leaves it at zero: nothing reads it there.
     pub(crate) at: tollgate_model::time::Nanos,
+    /// It holds one of the group's in-flight slots, given back when it is dropped (settled,
+    /// dropped as work, or unwound by a panic or a cancelled task).
+    pub(crate) slot: bool,
+}
+
+impl Drop for Permit<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.slot {
+            self.group.give_slot();
+        }
+    }
 }
 
 impl Permit<'_> {
@@ -136,11 +148,13 @@ impl Permit<'_> {
     }
 
     /// The same permit, no longer borrowing the handle it came from.
-    pub fn into_owned(self) -> Permit<'static> {
-        let group = match self.group {
+    pub fn into_owned(mut self) -> Permit<'static> {
+        let group = match &self.group {
             GroupRef::Borrowed(g) => GroupRef::Owned(g.self_arc()),
-            GroupRef::Owned(g) => GroupRef::Owned(g),
+            GroupRef::Owned(g) => GroupRef::Owned(g.clone()),
         };
-        Permit { group, cost: self.cost, at: self.at }
+        // The slot moves to the new permit: this one gives nothing back.
+        let slot = std::mem::replace(&mut self.slot, false);
+        Permit { group, cost: self.cost, at: self.at, slot }
     }
 }

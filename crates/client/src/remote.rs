@@ -557,7 +557,9 @@ impl Driver {
             let counts = g.counts();
             let before = self.meters.get(&g.name).cloned();
             let meter = self.meters.entry(g.name.clone()).or_insert_with(|| DemandMeter::new(now));
-            if meter.idle(now, &counts, self.idle_expiry) {
+            // A group holding in-flight slots is not idle: its share stays leased.
+            let slots = g.take_slot_report();
+            if meter.idle(now, &counts, self.idle_expiry) && slots.is_none_or(|(held, _)| held == 0) {
                 if self.grants.remove(&g.name).is_some()
                     && let Limiter::Bucket(bucket) = g.limiter()
                 {
@@ -587,6 +589,12 @@ impl Driver {
                 held: r.held,
                 waited: r.waited as u64,
                 would_refuse: r.would_refuse as u64,
+                in_flight: slots.map_or(0, |(held, _)| held),
+                in_flight_asked: slots.map_or(0, |(_, asked)| asked),
+                critical_admitted: r.classes[0][0],
+                critical_throttled: r.classes[0][1],
+                sheddable_admitted: r.classes[1][0],
+                sheddable_throttled: r.classes[1][1],
                 detail: (!r.detail.is_zero()).then(|| {
                     let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] =
                         r.detail.values();
@@ -645,6 +653,7 @@ impl Driver {
                 debt_repay: Duration::from_millis(u64::from(g.debt_repay_ms)),
                 shadow: g.shadow,
                 critical_reserve: g.critical_reserve,
+                in_flight: g.in_flight_limited.then_some(g.in_flight),
             });
             let last = LastGrant {
                 unlimited: g.unlimited,

@@ -242,6 +242,12 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
                 "no shared meter counts a group's consumption; use the embedded or remote mode",
             ));
         }
+        if s.max_in_flight().is_some() {
+            return Err(unsupported(
+                format!("groups.{name}.max_in_flight"),
+                "a slot held by a process that dies cannot come back without a controller's lease; use the embedded or remote mode",
+            ));
+        }
         if s.burst().is_some() {
             return Err(unsupported(
                 format!("groups.{name}.burst"),

@@ -246,6 +246,7 @@ suite! {
     node_wide_shadow_mode: [embedded, remote, store, replicas];
     throttling_off: [embedded, remote, store, replicas];
     request_classes: [embedded, remote, store, replicas];
+    in_flight: [embedded, remote, store, replicas];
 }
 
 // ---- The behaviours ----
@@ -731,6 +732,106 @@ async fn request_classes(env: Env) {
     let classes = s.by_class;
     assert_eq!(classes.iter().map(|c| c.admitted).sum::<u64>(), s.admitted, "{}", env.mode());
     assert!(classes[2].throttled > classes[0].throttled, "{}: {classes:?}", env.mode());
+    if let Env::Remote { net } = &env {
+        // The controller counts each class as the client reports it.
+        env.sleep(Duration::from_millis(1500)).await;
+        let name = tollgate_model::settings::GroupName::new("g").unwrap();
+        let view = net.controller().view();
+        let seen = view.iter().find(|v| v.name == name).and_then(|v| v.by_class).expect("counted by class");
+        let s = g.stats();
+        let client = s.by_class.map(|c| [c.admitted, c.throttled]);
+        assert_eq!(seen.0, client, "the controller's counts by class");
+    }
+}
+
+async fn in_flight(env: Env) {
+    use std::collections::VecDeque;
+    use tollgate_limiter::InFlightStats;
+    let toml = "[groups.g]\nmax_in_flight = 10\n";
+    if env.pools() {
+        // A slot held by a process that dies could not come back: refused, named.
+        let e = env.try_gate(toml).await.expect_err("an in-flight quota needs a controller");
+        assert!(e.to_string().contains("groups.g.max_in_flight"), "{}: {e}", env.mode());
+        return;
+    }
+    // Two processes share the quota through a controller; one holds it all in process.
+    let processes = if matches!(env, Env::Remote { .. }) { 2 } else { 1 };
+    let mut gates = Vec::new();
+    for _ in 0..processes {
+        gates.push(env.gate(toml).await);
+    }
+    let handles: Vec<GroupHandle> = gates.iter().map(|g| g.group("g").unwrap()).collect();
+    // Every 10 ms each process's oldest request finishes and it fills its share again,
+    // asking for more than the quota between them.
+    let mut held: Vec<VecDeque<tollgate_limiter::Permit<'static>>> =
+        (0..processes).map(|_| VecDeque::new()).collect();
+    for step in 0..400 {
+        for (h, q) in handles.iter().zip(&mut held) {
+            if step % 2 == 0 {
+                q.pop_front();
+            }
+            while q.len() < 12 {
+                match h.try_acquire(1.0) {
+                    Ok(p) => q.push_back(p.into_owned()),
+                    Err(_) => break,
+                }
+            }
+        }
+        let total: usize = held.iter().map(VecDeque::len).sum();
+        assert!(total <= 10, "{}: {total} in flight at step {step} against a quota of 10", env.mode());
+        env.sleep(STEP).await;
+    }
+    let counts: Vec<usize> = held.iter().map(VecDeque::len).collect();
+    let _ = writeln!(std::io::stderr(), "{}: in flight at the end {counts:?}", env.mode());
+    // The quota is in use, shared evenly between processes asking alike.
+    assert!(counts.iter().sum::<usize>() >= 9, "{}: {counts:?}", env.mode());
+    assert!(counts.iter().all(|&c| c >= 10 / processes - 1), "{}: {counts:?}", env.mode());
+    for (h, q) in handles.iter().zip(&held) {
+        let s = h.stats().in_flight.expect("an in-flight quota shows in the stats");
+        assert_eq!(s.held as usize, q.len(), "{}", env.mode());
+        assert!(s.share as usize >= q.len(), "{}: {s:?}", env.mode());
+    }
+    if let Env::Remote { net } = &env {
+        let name = tollgate_model::settings::GroupName::new("g").unwrap();
+        env.sleep(Duration::from_millis(1500)).await; // an exchange: the controller hears
+        let view = net.controller().view();
+        let seen =
+            view.iter().find(|v| v.name == name).and_then(|v| v.in_flight).expect("the controller's view");
+        assert_eq!(seen.held as usize, counts.iter().sum::<usize>(), "{seen:?}");
+    }
+    // Slots come back when a permit is dropped, settled, dropped as work, or unwound by a
+    // panic, and a cancelled wait holds none.
+    let (h, q) = (&handles[0], &mut held[0]);
+    let share = h.stats().in_flight.unwrap().share;
+    let held_now = |h: &GroupHandle| h.stats().in_flight.map(|f: InFlightStats| f.held).unwrap();
+    q.pop_front().unwrap().settle(2.0).unwrap();
+    q.pop_front().unwrap().dropped();
+    drop(q.pop_front());
+    assert_eq!(held_now(h) as usize, q.len(), "{}", env.mode());
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _permit = h.try_acquire(1.0).unwrap();
+        panic!("the request failed");
+    }));
+    assert!(unwound.is_err());
+    assert_eq!(held_now(h) as usize, q.len(), "{}", env.mode());
+    while (q.len() as u32) < share {
+        q.push_back(h.try_acquire(1.0).unwrap().into_owned());
+    }
+    assert!(h.try_acquire(1.0).is_err(), "{}: the share is full", env.mode());
+    // A wait cancelled before a slot came holds none.
+    let cancelled = tokio::time::timeout(Duration::from_millis(1), h.acquire(1.0)).await;
+    assert!(cancelled.is_err(), "{}: no slot was free", env.mode());
+    assert_eq!(held_now(h), share, "{}", env.mode());
+    // A waiting acquire goes on as soon as a slot comes back.
+    let waiting = h.acquire(1.0);
+    tokio::pin!(waiting);
+    let early = tokio::time::timeout(Duration::from_millis(1), &mut waiting).await;
+    assert!(early.is_err(), "{}: waits while no slot is free", env.mode());
+    q.pop_front();
+    let permit = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("on once a slot is back");
+    drop(permit.expect("admitted"));
+    held.clear();
+    assert_eq!(handles[0].stats().in_flight.unwrap().held, 0, "{}", env.mode());
 }
 
 // ---- Remote only: what only a controller and its clients do ----

@@ -51,6 +51,8 @@ pub struct Counts {
     pub detail: crate::cost::Consumption,
     /// Requests admitted in shadow mode that would have been refused.
     pub would_refuse: u64,
+    /// Critical and sheddable requests admitted and refused (normal ones are the rest).
+    pub classes: [[u64; 2]; 2],
 }
 
 /// Turns a group's running totals into reports. See the [module documentation](self).
@@ -111,6 +113,10 @@ impl DemandMeter {
             waited: counts.waited.saturating_sub(last.waited) as f64,
             detail: counts.detail.since(&last.detail),
             would_refuse: counts.would_refuse.saturating_sub(last.would_refuse) as f64,
+            classes: std::array::from_fn(|c| {
+                std::array::from_fn(|k| counts.classes[c][k].saturating_sub(last.classes[c][k]))
+            }),
+            ..ClientReport::default()
         };
         if self.moved(&counts) {
             self.last_moved = now;

@@ -30,6 +30,9 @@ pub const UNITS_MAX: f64 = 1e18;
 /// The largest weight.
 pub const WEIGHT_MAX: f64 = 1e6;
 
+/// The largest `max_in_flight`: a million requests in flight in one group.
+pub const MAX_IN_FLIGHT: u32 = 1_000_000;
+
 /// The name of the group that unknown groups fall back to.
 pub const DEFAULT_GROUP: &str = "default";
 
@@ -515,6 +518,8 @@ pub struct GroupSettings {
     background: bool,
     shadow: bool,
     critical_reserve: f64,
+    /// At most this many requests in flight at once, across all clients.
+    max_in_flight: Option<u32>,
 }
 
 /// The window a quota is counted over: each UTC minute, hour, day, week (from Monday) or
@@ -653,6 +658,7 @@ impl Default for GroupSettings {
             background: false,
             shadow: false,
             critical_reserve: 0.0,
+            max_in_flight: None,
         }
     }
 }
@@ -781,9 +787,23 @@ impl GroupSettings {
         self.critical_reserve
     }
 
+    /// The most requests the group may have in flight at once across all its clients
+    /// (`None`: no such limit). A permit holds a slot until it is dropped or settled.
+    pub fn max_in_flight(&self) -> Option<u32> {
+        self.max_in_flight
+    }
+
     /// Every rule these settings break (empty when valid).
     fn problems(&self) -> Vec<SettingError> {
         let mut errors = Vec::new();
+        if let Some(n) = self.max_in_flight
+            && !(1..=MAX_IN_FLIGHT).contains(&n)
+        {
+            errors.push(SettingError::new(
+                "max_in_flight",
+                format!("must be a whole number from 1 to {MAX_IN_FLIGHT}, got {n}"),
+            ));
+        }
         if let Some(l) = self.backend_limit {
             check_positive("backend_limit", l, RATE_MAX, &mut errors);
         }
@@ -940,6 +960,12 @@ impl GroupSettingsBuilder {
     /// Keeps `share` of the burst for critical work (see [`crate::class`]).
     pub fn critical_reserve(mut self, share: f64) -> Self {
         self.settings.critical_reserve = share;
+        self
+    }
+
+    /// Limits the requests in flight at once across all clients (`None`: no limit).
+    pub fn max_in_flight(mut self, slots: Option<u32>) -> Self {
+        self.settings.max_in_flight = slots;
         self
     }
 

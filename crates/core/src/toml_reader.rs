@@ -61,7 +61,7 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 
 /// The keys a group's settings may use.
 pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, \
-     reads_writes_apart, backend_limit, background, shadow, critical_reserve";
+     reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight";
 
 /// A value with its span.
 pub type Value<'a> = Spanned<DeValue<'a>>;
@@ -312,6 +312,11 @@ impl<'s> Reader<'s> {
             && let Some(x) = self.non_negative(&p, v)
         {
             b = b.critical_reserve(x);
+        }
+        if let Some((p, v)) = f.take("max_in_flight")
+            && let Some(n) = self.integer(&p, v, 1, u64::from(crate::settings::MAX_IN_FLIGHT))
+        {
+            b = b.max_in_flight(u32::try_from(n).ok());
         }
         if let Some((p, v)) = f.take("reads_writes_apart")
             && let Some(apart) = self.boolean(&p, v)

@@ -104,6 +104,9 @@ pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>
             held: field("held", g.held)?,
             waited: field("waited", g.waited as f64)?,
             would_refuse: field("would_refuse", g.would_refuse as f64)?,
+            in_flight: slots(i, "in_flight", g.in_flight)?,
+            in_flight_asked: slots(i, "in_flight_asked", g.in_flight_asked)?,
+            classes: classes(i, g)?,
             detail: match &g.detail {
                 None => Consumption::default(),
                 Some(given) => {
@@ -118,6 +121,33 @@ pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>
         reports.push((name, report));
     }
     Ok(reports)
+}
+
+/// The critical and sheddable counts of a report: each class within the report's admitted
+/// and throttled requests, the two classes together too.
+fn classes(i: usize, g: &crate::wire::UsageView<'_>) -> Result<[[u64; 2]; 2], FieldError> {
+    let [critical, sheddable] = g.classes;
+    for (k, (total, name)) in [(g.admitted, "admitted"), (g.throttled, "throttled")].into_iter().enumerate() {
+        if critical[k].saturating_add(sheddable[k]) > total {
+            return Err(FieldError::new(
+                format!("groups[{i}].critical_{name}"),
+                format!("critical_{name} and sheddable_{name} must add up to at most {name} ({total})"),
+            ));
+        }
+    }
+    Ok(g.classes)
+}
+
+/// A count of in-flight slots in a report: at most a quota's largest.
+fn slots(i: usize, field: &str, n: u32) -> Result<u32, FieldError> {
+    let max = tollgate_model::settings::MAX_IN_FLIGHT;
+    if n > max {
+        return Err(FieldError::new(
+            format!("groups[{i}].{field}"),
+            format!("must be at most {max}, got {n}"),
+        ));
+    }
+    Ok(n)
 }
 
 /// A backend report, checked: its health and the loads that keep the rules.

@@ -28,6 +28,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         background: s.background(),
         shadow: s.shadow(),
         critical_reserve: s.critical_reserve(),
+        max_in_flight: s.max_in_flight(),
         budget_period: match s.budget_period() {
             tollgate_model::settings::BudgetPeriod::Total => String::new(),
             p => p.name().to_string(),
@@ -56,6 +57,7 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             background: Some(m.background),
             shadow: Some(m.shadow),
             critical_reserve: Some(m.critical_reserve),
+            max_in_flight: m.max_in_flight,
             budget_period: Some(m.budget_period.clone()),
             quotas: m.quotas.clone(),
             ..v1::GroupPatch::default()
@@ -142,6 +144,7 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
         (p.clear_budget, p.budget.is_some(), "budget"),
         (p.clear_burst, p.burst.is_some(), "burst"),
         (p.clear_backend_limit, p.backend_limit.is_some(), "backend_limit"),
+        (p.clear_max_in_flight, p.max_in_flight.is_some(), "max_in_flight"),
     ] {
         if clear && set {
             errors.push(SettingError::new(field, format!("give a {field} or clear it, not both")));
@@ -190,6 +193,12 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if let Some(share) = p.critical_reserve {
         b = b.critical_reserve(share);
+    }
+    if let Some(n) = p.max_in_flight {
+        b = b.max_in_flight(Some(n));
+    }
+    if p.clear_max_in_flight {
+        b = b.max_in_flight(None);
     }
     if let Some(count) = p.count_dropped {
         b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });

@@ -58,6 +58,12 @@ pub struct UsageView<'a> {
     pub detail: Option<[f64; 7]>,
     /// Requests admitted in shadow mode that would have been refused.
     pub would_refuse: u64,
+    /// Requests held in flight now.
+    pub in_flight: u32,
+    /// The most requests held or tried at once since the last exchange.
+    pub in_flight_asked: u32,
+    /// Critical and sheddable requests admitted and refused since the last exchange.
+    pub classes: [[u64; 2]; 2],
 }
 
 /// An exchange request, read in place.
@@ -107,6 +113,12 @@ impl<'a> ExchangeView<'a> {
             held: g.held,
             waited: g.waited,
             would_refuse: g.would_refuse,
+            in_flight: g.in_flight,
+            in_flight_asked: g.in_flight_asked,
+            classes: [
+                [g.critical_admitted, g.critical_throttled],
+                [g.sheddable_admitted, g.sheddable_throttled],
+            ],
             detail: g
                 .detail
                 .as_ref()
@@ -323,6 +335,13 @@ impl<'a> Reader<'a> {
                 8 => u.held = self.double(wire)?,
                 9 => u.waited = self.uint(wire)?,
                 11 => u.would_refuse = self.uint(wire)?,
+                // Proto3 reads a uint32 as its low 32 bits, as the generated code does.
+                12 => u.in_flight = self.uint(wire)? as u32,
+                13 => u.in_flight_asked = self.uint(wire)? as u32,
+                14..=17 => {
+                    let i = tag as usize - 14;
+                    u.classes[i / 2][i % 2] = self.uint(wire)?;
+                }
                 10 => {
                     let mut inner = self.message(wire, depth)?;
                     // A message sent twice is merged: the later fields over the earlier.
@@ -367,6 +386,8 @@ pub struct GrantFields {
     pub shadow: bool,
     /// The share of the burst kept for critical work.
     pub critical_reserve: f64,
+    /// The client's share of the group's in-flight quota (`None`: no such limit).
+    pub in_flight: Option<u32>,
 }
 
 impl GrantFields {
@@ -385,6 +406,8 @@ impl GrantFields {
             trickle_ms: self.trickle_ms,
             shadow: self.shadow,
             critical_reserve: self.critical_reserve,
+            in_flight_limited: self.in_flight.is_some(),
+            in_flight: self.in_flight.unwrap_or(0),
         }
     }
 }
@@ -465,7 +488,9 @@ impl AnswerWriter {
             + uint(f.debt_repay_ms)
             + uint(f.trickle_ms)
             + 2 * usize::from(f.shadow)
-            + double(f.critical_reserve);
+            + double(f.critical_reserve)
+            + 2 * usize::from(f.in_flight.is_some())
+            + uint(f.in_flight.unwrap_or(0));
         self.key(1, DELIMITED);
         self.varint(len as u64);
         if !group.is_empty() {
@@ -484,6 +509,8 @@ impl AnswerWriter {
         self.uint(10, f.trickle_ms);
         self.flag(11, f.shadow);
         self.double(12, f.critical_reserve);
+        self.flag(13, f.in_flight.is_some());
+        self.uint(14, f.in_flight.unwrap_or(0));
     }
 
     /// The answer, with the fields after the grants.

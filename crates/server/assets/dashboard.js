@@ -239,7 +239,7 @@ function renderNode(d) {
 function groupHead() {
   const rate = perSecond();
   const names = ['group', 'reserved ' + rate, 'limit ' + rate, 'target ' + rate, 'admitted ' + rate, 'demand ' + rate,
-    'refused/s', 'clients', 'throttled', 'saturation'];
+    'refused/s', 'clients', 'in flight', 'throttled', 'saturation'];
   const tr = document.createElement('tr');
   tr.append(...names.map((n) => { const th = document.createElement('th'); th.textContent = n; return th; }));
   return tr;
@@ -255,9 +255,12 @@ function renderGroups(d) {
     // In shadow mode nothing is refused; what would have been is counted.
     const shadow = g.shadow || d.node.shadow;
     const throttled = shadow ? 'shadow: would refuse ' + g.would_refuse_total : (refusing ? 'refusing' : 'no');
+    // Requests held in flight out of the group's in-flight quota, where it has one.
+    const inFlight = g.max_in_flight === null ? '–' : (g.in_flight === null ? 0 : g.in_flight) + ' of ' + g.max_in_flight;
     tr.append(td(g.name), td(g.reserved === null ? '–' : fmt(g.reserved)),
       td(g.limit === null ? '–' : (g.limit === 'unlimited' ? 'unlimited' : fmt(g.limit))),
       td(fmt(g.target)), td(fmt(g.admitted)), td(fmt(g.demand)), td(fmt(g.throttled)), td(String(g.clients)),
+      td(inFlight, g.max_in_flight !== null && g.in_flight >= g.max_in_flight ? 'yes' : ''),
       td(throttled, refusing || (shadow && g.would_refuse_total > 0) ? 'yes' : ''),
       td(g.busy ? 'limited' : 'no', g.busy ? 'yes' : ''));
     tr.dataset.group = g.name;

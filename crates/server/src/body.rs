@@ -348,6 +348,8 @@ pub struct GroupSettings {
     pub shadow: bool,
     /// The share of the burst (0 to 0.9) normal and sheddable requests leave for critical ones.
     pub critical_reserve: f64,
+    /// The most requests in flight at once across all clients; `null`: no such limit.
+    pub max_in_flight: Option<u32>,
 }
 
 impl From<&v1::GroupSettings> for GroupSettings {
@@ -391,6 +393,7 @@ impl From<&v1::GroupSettings> for GroupSettings {
             background: s.background,
             shadow: s.shadow,
             critical_reserve: s.critical_reserve,
+            max_in_flight: s.max_in_flight,
         }
     }
 }
@@ -414,7 +417,8 @@ pub struct GroupPage {
 }
 
 /// A group's settings to set: only the fields given change; `null` clears what may be
-/// cleared (`burst`, `budget`, `ramp`, `backend_limit`) and makes `limit` unlimited.
+/// cleared (`burst`, `budget`, `ramp`, `backend_limit`, `max_in_flight`) and makes `limit`
+/// unlimited.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GroupBody {
@@ -476,6 +480,11 @@ pub struct GroupBody {
     /// The share of the burst kept for critical requests, 0 to 0.9.
     #[serde(default, deserialize_with = "finite_opt")]
     pub critical_reserve: Option<f64>,
+    /// The most requests in flight at once across all clients (1 to 1,000,000); `null`
+    /// removes the limit.
+    #[serde(default)]
+    #[schema(value_type = Option<u32>)]
+    pub max_in_flight: Patch<u64>,
 }
 
 impl GroupBody {
@@ -539,6 +548,12 @@ impl GroupBody {
         p.background = self.background;
         p.shadow = self.shadow;
         p.critical_reserve = self.critical_reserve;
+        match self.max_in_flight {
+            Patch::Absent => {}
+            Patch::Null => p.clear_max_in_flight = true,
+            // Past u32, it is past the limit: refused as the largest u32 would be.
+            Patch::Value(n) => p.max_in_flight = Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        }
         p
     }
 }

@@ -422,6 +422,7 @@ impl Controller {
                 trickle_ms: ms(g.trickle),
                 shadow: g.shadow,
                 critical_reserve: g.critical_reserve,
+                in_flight: g.in_flight,
             };
             grant(i, &fields);
             i += 1;

@@ -167,6 +167,8 @@ fn row(g: &GroupView) -> Value {
         "configured": g.settings.is_some(),
         "shadow": g.settings.as_ref().is_some_and(|s| s.shadow()),
         "would_refuse_total": g.meter.would_refuse,
+        "in_flight": g.in_flight.map(|f| f.held),
+        "max_in_flight": g.settings.as_ref().and_then(|s| s.max_in_flight()),
     })
 }
 

@@ -19,7 +19,7 @@ use crate::status::Latency;
 /// One per-group metric: name, help, kind, and how to read it (`None`: no sample).
 type Family = (&'static str, &'static str, Kind, fn(&GroupView) -> Option<f64>);
 
-const GROUP_FAMILIES: [Family; 25] = [
+const GROUP_FAMILIES: [Family; 33] = [
     ("tollgate_group_target_units", "Target units/s (absent when not throttled).", Kind::Gauge, |g| g.target),
     ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", Kind::Gauge, |g| {
         Some(g.admitted)
@@ -55,6 +55,48 @@ const GROUP_FAMILIES: [Family; 25] = [
         "Requests admitted in shadow mode that would have been refused.",
         Kind::Counter,
         |g| Some(g.meter.would_refuse as f64),
+    ),
+    (
+        "tollgate_group_in_flight_requests",
+        "Requests its clients hold in flight (groups with an in-flight quota).",
+        Kind::Gauge,
+        |g| g.in_flight.map(|f| f.held as f64),
+    ),
+    (
+        "tollgate_group_max_in_flight_requests",
+        "The group's in-flight quota (max_in_flight).",
+        Kind::Gauge,
+        |g| g.settings.as_ref().and_then(|s| s.max_in_flight()).map(f64::from),
+    ),
+    (
+        "tollgate_group_critical_admitted_requests_total",
+        "Critical requests admitted (groups that saw a critical or sheddable request).",
+        Kind::Counter,
+        |g| g.by_class.map(|c| c.0[0][0] as f64),
+    ),
+    ("tollgate_group_critical_throttled_requests_total", "Critical requests refused.", Kind::Counter, |g| {
+        g.by_class.map(|c| c.0[0][1] as f64)
+    }),
+    (
+        "tollgate_group_normal_admitted_requests_total",
+        "Normal requests admitted (groups that saw a critical or sheddable request).",
+        Kind::Counter,
+        |g| g.by_class.map(|c| c.0[1][0] as f64),
+    ),
+    ("tollgate_group_normal_throttled_requests_total", "Normal requests refused.", Kind::Counter, |g| {
+        g.by_class.map(|c| c.0[1][1] as f64)
+    }),
+    (
+        "tollgate_group_sheddable_admitted_requests_total",
+        "Sheddable requests admitted.",
+        Kind::Counter,
+        |g| g.by_class.map(|c| c.0[2][0] as f64),
+    ),
+    (
+        "tollgate_group_sheddable_throttled_requests_total",
+        "Sheddable requests refused.",
+        Kind::Counter,
+        |g| g.by_class.map(|c| c.0[2][1] as f64),
     ),
     ("tollgate_group_rate_low_1m_units", "Lowest consumption rate over the last minute.", Kind::Gauge, |g| {
         g.last_minute.map(|m| m.low)

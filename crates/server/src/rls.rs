@@ -14,6 +14,10 @@
 //! response with a `hits_addend` known only then: always charged, into debt when the group
 //! has no more, never refused (Envoy ignores that answer). One with `is_negative_hits` gives
 //! its hits back (a deposit). Both are answered OK and take no part in the all-or-nothing.
+//!
+//! A descriptor carrying the entry [`CLASS_KEY`] (`critical`, `normal` or `sheddable`) is
+//! admitted in that request class (see [`tollgate_model::class`]); the entry takes no part
+//! in naming the group either.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -25,6 +29,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_limiter::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_model::class::RequestClass;
 use tollgate_model::rls::RlsRule;
 use tollgate_model::settings::{GroupName, check_group_name};
 use tonic::{Request, Response, Status};
@@ -188,11 +193,15 @@ pub(crate) fn text(field: impl Fn() -> String, v: &str, may_be_empty: bool) -> R
 /// naming the group.
 pub const CHARGE_KEY: &str = "tollgate_charge";
 
+/// The descriptor entry key whose value is the request's class; it takes no part in naming
+/// the group.
+pub const CLASS_KEY: &str = "tollgate_class";
+
 /// What one descriptor asks of its group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Ask {
-    /// Admit this many units, or refuse.
-    Admit(f64),
+    /// Admit this many units in this class, or refuse.
+    Admit(f64, RequestClass),
     /// Give this many units back (`is_negative_hits`).
     Refund(f64),
     /// Charge this many units for work done, whatever the group has left.
@@ -275,17 +284,22 @@ fn descriptor(
         ));
     }
     let charge = d.entries.iter().any(|e| e.key == CHARGE_KEY);
+    let mut class = RequestClass::Normal;
+    for (j, e) in d.entries.iter().enumerate().filter(|(_, e)| e.key == CLASS_KEY) {
+        class = RequestClass::from_name(&e.value)
+            .map_err(|rule| invalid(format!("descriptors[{i}].entries[{j}].value"), rule))?;
+    }
     let entries: Vec<(&str, &str)> = d
         .entries
         .iter()
-        .filter(|e| e.key != CHARGE_KEY)
+        .filter(|e| e.key != CHARGE_KEY && e.key != CLASS_KEY)
         .map(|e| (e.key.as_str(), e.value.as_str()))
         .collect();
     let (rule, name) = tollgate_model::rls::match_rule(rules, domain, &entries);
     let ask = match (d.is_negative_hits, charge) {
         (true, _) => Ask::Refund(hits as f64),
         (false, true) => Ask::Charge(hits as f64),
-        (false, false) => Ask::Admit(hits as f64),
+        (false, false) => Ask::Admit(hits as f64, class),
     };
     check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (rule, g, ask)).map_err(|e| {
         invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
@@ -348,7 +362,7 @@ impl RateLimitService for Rls {
                 }
                 // Answered before the group was looked up.
                 Ask::Lifted => continue,
-                Ask::Admit(cost) => match handle.try_acquire(cost) {
+                Ask::Admit(cost, class) => match handle.try_acquire_class(cost, class) {
                     Ok(p) => {
                         permits.push(p.into_owned());
                         (Code::Ok, Duration::ZERO)
@@ -440,7 +454,10 @@ mod tests {
         let planned = plan(&[], &r, None).unwrap();
         assert_eq!(
             planned.iter().map(|(g, c)| (g.as_str(), *c)).collect::<Vec<_>>(),
-            [("a", Ask::Admit(1.0)), ("default", Ask::Admit(1.0))]
+            [
+                ("a", Ask::Admit(1.0, RequestClass::Normal)),
+                ("default", Ask::Admit(1.0, RequestClass::Normal))
+            ]
         );
         // A token's default group takes what names no group (and only that).
         let bound = GroupName::new("checkout").unwrap();
@@ -449,7 +466,10 @@ mod tests {
         r.hits_addend = 7;
         r.descriptors[1].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
         let planned = plan(&[], &r, None).unwrap();
-        assert_eq!(planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(), [Ask::Admit(7.0), Ask::Admit(3.0)]);
+        assert_eq!(
+            planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
+            [Ask::Admit(7.0, RequestClass::Normal), Ask::Admit(3.0, RequestClass::Normal)]
+        );
         // A negative hit is a refund of its units.
         r.descriptors[1].is_negative_hits = true;
         let planned = plan(&[], &r, None).unwrap();
@@ -459,6 +479,16 @@ mod tests {
         r.descriptors[1].entries.push(Entry { key: CHARGE_KEY.into(), value: "after".into() });
         let planned = plan(&[], &r, None).unwrap();
         assert_eq!((planned[1].0.as_str(), planned[1].1), ("default", Ask::Charge(3.0)));
+        // A class entry sets the request's class, and names no group; a bad one is named.
+        r.descriptors[1].entries = vec![Entry { key: CLASS_KEY.into(), value: "sheddable".into() }];
+        let planned = plan(&[], &r, None).unwrap();
+        assert_eq!(
+            (planned[1].0.as_str(), planned[1].1),
+            ("default", Ask::Admit(3.0, RequestClass::Sheddable))
+        );
+        r.descriptors[1].entries[0].value = "urgent".into();
+        let e = plan(&[], &r, None).unwrap_err();
+        assert!(e.message().starts_with("descriptors[1].entries[0].value: "), "{}", e.message());
     }
 
     #[test]
@@ -480,8 +510,11 @@ mod tests {
         let both = request("edge", vec![vec![("user", "ann")], vec![("vip", "yes")]]);
         let asks: Vec<_> =
             plan(&rules, &both, None).unwrap().into_iter().map(|(g, a)| (g.to_string(), a)).collect();
-        assert_eq!(asks, [("u-ann".to_string(), Ask::Lifted), ("vip".to_string(), Ask::Admit(1.0))]);
+        assert_eq!(
+            asks,
+            [("u-ann".to_string(), Ask::Lifted), ("vip".to_string(), Ask::Admit(1.0, RequestClass::Normal))]
+        );
         let alone = request("edge", vec![vec![("user", "ann")]]);
-        assert_eq!(plan(&rules, &alone, None).unwrap()[0].1, Ask::Admit(1.0));
+        assert_eq!(plan(&rules, &alone, None).unwrap()[0].1, Ask::Admit(1.0, RequestClass::Normal));
     }
 }

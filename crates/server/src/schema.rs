@@ -21,6 +21,23 @@ pub(crate) struct RateMarks {
     average: f64,
 }
 
+/// One request class's requests in a group.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClassCount {
+    admitted: u64,
+    throttled: u64,
+}
+
+/// A group's requests by request class.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ByClass {
+    critical: ClassCount,
+    normal: ClassCount,
+    sheddable: ClassCount,
+}
+
 /// What a group's requests did in detail, as clients reported it (TiDB's consumption).
 #[derive(Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -61,6 +78,12 @@ pub(crate) struct GroupStatus {
     blocked_total: u64,
     /// Requests admitted in shadow mode that would have been refused.
     would_refuse_total: u64,
+    /// Requests its clients hold in flight, in a group with an in-flight quota; `null`
+    /// without one.
+    in_flight: Option<u64>,
+    /// Requests admitted and refused by request class, since the controller first saw a
+    /// critical or sheddable one in the group; `null` before.
+    by_class: Option<ByClass>,
     budget_exhausted: bool,
     ramp_pool: Option<f64>,
     last_minute: Option<RateMarks>,
@@ -206,6 +229,10 @@ pub(crate) struct DashboardRow {
     shadow: bool,
     /// Requests admitted in shadow mode that would have been refused.
     would_refuse_total: u64,
+    /// Requests its clients hold in flight; `null` without an in-flight quota.
+    in_flight: Option<u64>,
+    /// Its in-flight quota; `null` without one.
+    max_in_flight: Option<u32>,
 }
 
 /// The node as the dashboard shows it.

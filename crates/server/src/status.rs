@@ -198,6 +198,18 @@ fn group_status(g: &tollgate_model::engine::GroupView) -> v1::GroupStatus {
         ramp_pool: g.ramp_pool,
         waited_total: g.meter.waited,
         would_refuse_total: g.meter.would_refuse,
+        in_flight: g.in_flight.map(|f| f.held),
+        by_class: g.by_class.map_or_else(Vec::new, |c| {
+            tollgate_model::class::RequestClass::ALL
+                .iter()
+                .zip(c.0)
+                .map(|(class, [admitted, throttled])| v1::ClassCounts {
+                    class: class.name().to_string(),
+                    admitted,
+                    throttled,
+                })
+                .collect()
+        }),
         last_minute: g.last_minute.map(marks_to_proto),
         last_hour: g.last_hour.map(marks_to_proto),
         detail: g.detail.map(detail_to_proto),
@@ -323,6 +335,13 @@ fn group_json(g: &v1::GroupStatus, unit: &str) -> serde_json::Value {
         "waited_total": g.waited_total,
         "blocked_total": g.throttled_total + g.waited_total,
         "would_refuse_total": g.would_refuse_total,
+        "in_flight": g.in_flight,
+        "by_class": (!g.by_class.is_empty()).then(|| {
+            g.by_class
+                .iter()
+                .map(|c| (c.class.clone(), serde_json::json!({"admitted": c.admitted, "throttled": c.throttled})))
+                .collect::<serde_json::Map<String, serde_json::Value>>()
+        }),
         "budget_exhausted": g.budget_exhausted,
         "ramp_pool": g.ramp_pool,
         "last_minute": marks_json(g.last_minute.as_ref()),

@@ -54,6 +54,9 @@ pub fn timeline_csv(outcome: &Outcome) -> String {
                 cell(Some(g.admitted_units)),
                 cell(Some(busy)),
                 cell(Some(g.demand_units)),
+                cell(Some(g.by_class[0])),
+                cell(Some(g.by_class[1])),
+                cell(Some(g.by_class[2])),
             ];
             for c in row {
                 let _ = write!(out, ",{c}");

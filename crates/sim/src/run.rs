@@ -46,6 +46,8 @@ pub struct GroupSample {
     pub busy: bool,
     /// Demand reported to the controller, units/s.
     pub demand_units: f64,
+    /// Requests admitted in the last second by class: critical, normal, sheddable.
+    pub by_class: [f64; 3],
 }
 
 /// Everything measured at one second.
@@ -663,7 +665,12 @@ fn sample(now: Nanos, controller: &Controller, world: &mut World, groups: &[Grou
     out.groups = world
         .take_second()
         .into_iter()
-        .map(|a| GroupSample { admitted_rps: a.requests, admitted_units: a.units, ..GroupSample::default() })
+        .map(|a| GroupSample {
+            admitted_rps: a.requests,
+            admitted_units: a.units,
+            by_class: a.by_class,
+            ..GroupSample::default()
+        })
         .collect();
     controller.with_engine(|engine| {
         for (i, name) in groups.iter().enumerate() {
@@ -703,6 +710,9 @@ pub fn observe(e: &Expect, s: &Sample, groups: &[GroupName]) -> Option<f64> {
                 "admitted_units" => Some(g.admitted_units),
                 "busy" => Some(if g.busy { 1.0 } else { 0.0 }),
                 "demand_units" => Some(g.demand_units),
+                "critical_rps" => Some(g.by_class[0]),
+                "normal_rps" => Some(g.by_class[1]),
+                "sheddable_rps" => Some(g.by_class[2]),
                 _ => None,
             }
         }

@@ -120,6 +120,8 @@ pub struct ClientSpec {
     pub backends: Vec<usize>,
     /// Always admitted, still counted.
     pub unthrottled: bool,
+    /// The share of its requests in each class: critical, normal, sheddable (adding up to 1).
+    pub mix: [f64; 3],
 }
 
 /// A change to the world.
@@ -199,8 +201,18 @@ pub struct Expect {
 }
 
 /// Metrics of a group.
-pub const GROUP_METRICS: &[&str] =
-    &["target_rps", "target_units", "client_rps", "admitted_rps", "admitted_units", "busy", "demand_units"];
+pub const GROUP_METRICS: &[&str] = &[
+    "target_rps",
+    "target_units",
+    "client_rps",
+    "admitted_rps",
+    "admitted_units",
+    "busy",
+    "demand_units",
+    "critical_rps",
+    "normal_rps",
+    "sheddable_rps",
+];
 /// Cluster-wide metrics.
 pub const CLUSTER_METRICS: &[&str] = &["total_target_rps", "busy_groups", "tracked_groups"];
 /// Metrics of a backend.
@@ -422,6 +434,13 @@ fn refuse_backend_only(r: &mut Reader<'_>, path: &str, v: &Value<'_>, settings: 
             );
         }
     }
+    if settings.max_in_flight().is_some() {
+        r.error(
+            v.span(),
+            format!("{path}.max_in_flight"),
+            "the simulator's clients send rates, not requests that stay in flight; the behavioural suite covers in-flight quotas",
+        );
+    }
 }
 
 fn take_name(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str) -> Option<GroupName> {
@@ -631,7 +650,8 @@ fn clients(
         },
         None => false,
     };
-    r.finish(f, "group, count, rate, cost, backends, unthrottled");
+    let mix = class_mix(r, &mut f, path, v);
+    r.finish(f, "group, count, rate, cost, backends, unthrottled, class, classes");
     let (Some(group), Some(rate), Some(usage)) = (group, rate, usage) else { return };
     // Checked before they are made: a run holds every client and its links.
     let links: usize = out.iter().map(|c| c.backends.len().max(1)).sum();
@@ -657,8 +677,59 @@ fn clients(
         return;
     }
     for _ in 0..count {
-        out.push(ClientSpec { group: group.clone(), rate, usage, backends: chosen.clone(), unthrottled });
+        out.push(ClientSpec {
+            group: group.clone(),
+            rate,
+            usage,
+            backends: chosen.clone(),
+            unthrottled,
+            mix,
+        });
     }
+}
+
+/// A client's request classes: `class = "sheddable"` (all of them), or `classes = {
+/// critical = 0.1, sheddable = 0.4 }` (shares of its requests, normal the rest); all normal
+/// without either.
+fn class_mix(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str, v: &Value<'_>) -> [f64; 3] {
+    use tollgate_model::class::RequestClass;
+    let mut mix = [0.0, 1.0, 0.0];
+    let one = f.take("class");
+    let shares = f.take("classes");
+    if one.is_some() && shares.is_some() {
+        r.error(v.span(), format!("{path}.classes"), "give class or classes, not both");
+        return mix;
+    }
+    if let Some((p, value)) = one {
+        match r.string(&p, value).map(RequestClass::from_name) {
+            Some(Ok(class)) => mix = std::array::from_fn(|i| if i == class as usize { 1.0 } else { 0.0 }),
+            Some(Err(rule)) => r.error(value.span(), p, rule),
+            None => {}
+        }
+    }
+    if let Some((p, value)) = shares
+        && let Some(mut t) = r.fields(&p, value)
+    {
+        for class in [RequestClass::Critical, RequestClass::Sheddable] {
+            if let Some((q, x)) = t.take(class.name())
+                && let Some(share) = r.non_negative(&q, x)
+            {
+                mix[class as usize] = share;
+            }
+        }
+        r.finish(t, "critical, sheddable (normal is the rest)");
+        let others = mix[0] + mix[2];
+        if others > 1.0 {
+            r.error(
+                value.span(),
+                p,
+                format!("the critical and sheddable shares must add up to at most 1, got {others}"),
+            );
+        } else {
+            mix[1] = 1.0 - others;
+        }
+    }
+    mix
 }
 
 fn cost(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Usage> {
@@ -1043,6 +1114,29 @@ mod tests {
                 got[line].contains(&format!("{field}: the simulator's backends do not schedule work")),
                 "{got:?}"
             );
+        }
+        let src = phase("").replace("reserved = 10\n", "reserved = 10\nmax_in_flight = 4\n");
+        let got = Scenario::parse(&src).unwrap_err().to_string();
+        assert!(got.contains("group[0].max_in_flight: the simulator's clients send rates"), "{got}");
+    }
+
+    #[test]
+    fn a_clients_classes_are_read_and_bad_ones_named() {
+        let with = |line: &str| phase("").replace("rate = 1.0\n", &format!("rate = 1.0\n{line}\n"));
+        let s = Scenario::parse(&with("classes = { critical = 0.25, sheddable = 0.5 }")).unwrap();
+        assert_eq!(s.clients[0].mix, [0.25, 0.25, 0.5]);
+        let s = Scenario::parse(&with("class = \"sheddable\"")).unwrap();
+        assert_eq!(s.clients[0].mix, [0.0, 0.0, 1.0]);
+        for (line, says) in [
+            ("class = \"urgent\"", "client[0].class: must be critical, normal or sheddable"),
+            (
+                "classes = { critical = 0.75, sheddable = 0.5 }",
+                "client[0].classes: the critical and sheddable shares must add up to at most 1",
+            ),
+            ("classes = { normal = 0.5 }", "client[0].classes.normal: unknown field"),
+        ] {
+            let e = Scenario::parse(&with(line)).unwrap_err().to_string();
+            assert!(e.contains(says), "{line}: {e}");
         }
     }
 

@@ -11,7 +11,7 @@
 //! The world holds no model of Tollgate: the simulator and the tests that run a real server
 //! over a simulated network drive the same world, so their runs can be compared.
 
-use tollgate_limiter::{GroupHandle, Tollgate};
+use tollgate_limiter::{GroupHandle, RequestClass, Tollgate};
 use tollgate_model::settings::GroupName;
 use tollgate_model::smooth::Smoother;
 use tollgate_model::time::Nanos;
@@ -29,11 +29,14 @@ struct Client {
     cost: f64,
     backends: Vec<usize>,
     handle: GroupHandle,
-    arrivals: f64,
-    backlog: u64,
+    /// The share of its requests in each class, and each class's arrivals and queue.
+    mix: [f64; 3],
+    arrivals: [f64; 3],
+    backlog: [u64; 3],
     // Since the last sample.
     sec_units: f64,
     sec_requests: f64,
+    sec_by_class: [f64; 3],
 }
 
 struct Backend {
@@ -52,6 +55,8 @@ pub struct Admitted {
     pub requests: f64,
     /// Units.
     pub units: f64,
+    /// Requests by class: critical, normal, sheddable.
+    pub by_class: [f64; 3],
 }
 
 /// Clients and backends. See the [module documentation](self).
@@ -82,10 +87,12 @@ impl World {
                     cost,
                     backends: spec.backends.clone(),
                     handle: gate.group(spec.group.as_str()).expect("scenario group names are valid"),
-                    arrivals: rng.next_f64(),
-                    backlog: 0,
+                    mix: spec.mix,
+                    arrivals: std::array::from_fn(|_| rng.next_f64()),
+                    backlog: [0; 3],
                     sec_units: 0.0,
                     sec_requests: 0.0,
+                    sec_by_class: [0.0; 3],
                 }
             })
             .collect();
@@ -110,32 +117,37 @@ impl World {
         let c = &mut self.clients[i];
         let gate = if unthrottled { gate.unthrottled() } else { gate.clone() };
         c.handle = gate.group(self.groups[c.group].as_str()).expect("scenario group names are valid");
-        c.backlog = 0;
+        c.backlog = [0; 3];
     }
 
     /// One step of `dt_s` seconds ending at `now`: arrivals, admissions, and the load they put
     /// on the backends.
     pub fn step(&mut self, now: Nanos, dt_s: f64) {
         for c in &mut self.clients {
-            c.arrivals += c.rate * dt_s;
-            let new = c.arrivals.floor();
-            c.arrivals -= new;
-            c.backlog += new as u64;
-            while c.backlog > 0 {
-                if c.handle.try_acquire(c.cost).is_err() {
-                    break;
-                }
-                c.backlog -= 1;
-                c.sec_units += c.cost;
-                c.sec_requests += 1.0;
-                // Each request's cost is spread evenly over the client's backends.
-                let share = c.cost / c.backends.len().max(1) as f64;
-                for &b in &c.backends {
-                    self.backends[b].step_units[c.group] += share;
+            // Sheddable work first, critical last: the classes, not the order, decide.
+            for class in RequestClass::ALL.into_iter().rev() {
+                let k = class as usize;
+                c.arrivals[k] += c.rate * c.mix[k] * dt_s;
+                let new = c.arrivals[k].floor();
+                c.arrivals[k] -= new;
+                c.backlog[k] += new as u64;
+                while c.backlog[k] > 0 {
+                    if c.handle.try_acquire_class(c.cost, class).is_err() {
+                        break;
+                    }
+                    c.backlog[k] -= 1;
+                    c.sec_units += c.cost;
+                    c.sec_requests += 1.0;
+                    c.sec_by_class[k] += 1.0;
+                    // Each request's cost is spread evenly over the client's backends.
+                    let share = c.cost / c.backends.len().max(1) as f64;
+                    for &b in &c.backends {
+                        self.backends[b].step_units[c.group] += share;
+                    }
                 }
             }
             // What is still waiting is demand, as an application with its own queue says.
-            c.handle.set_queued(c.backlog as f64 * c.cost);
+            c.handle.set_queued(c.backlog.iter().sum::<u64>() as f64 * c.cost);
         }
         for b in &mut self.backends {
             let total: f64 = b.step_units.iter().sum();
@@ -179,6 +191,9 @@ impl World {
         for c in &mut self.clients {
             out[c.group].requests += c.sec_requests;
             out[c.group].units += c.sec_units;
+            for (total, n) in out[c.group].by_class.iter_mut().zip(std::mem::take(&mut c.sec_by_class)) {
+                *total += n;
+            }
             c.sec_requests = 0.0;
             c.sec_units = 0.0;
         }

@@ -49,7 +49,7 @@ class ExchangeRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ...) -> None: ...
 
 class GroupUsage(_message.Message):
-    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse")
+    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,8 @@ class GroupUsage(_message.Message):
     WAITED_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     WOULD_REFUSE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_ASKED_FIELD_NUMBER: _ClassVar[int]
     group: str
     demand: float
     consumed: float
@@ -72,7 +74,9 @@ class GroupUsage(_message.Message):
     waited: int
     detail: Consumption
     would_refuse: int
-    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ...) -> None: ...
+    in_flight: int
+    in_flight_asked: int
+    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ...) -> None: ...
 
 class Consumption(_message.Message):
     __slots__ = ("rru", "wru", "read_bytes", "write_bytes", "cpu_ms", "read_rpcs", "write_rpcs")
@@ -105,7 +109,7 @@ class ExchangeResponse(_message.Message):
     def __init__(self, grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., next_exchange_ms: _Optional[int] = ..., next_tick_ms: _Optional[int] = ..., unthrottled_allowed: _Optional[bool] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow", "critical_reserve")
+    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow", "critical_reserve", "in_flight_limited", "in_flight")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     UNLIMITED_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +122,8 @@ class Grant(_message.Message):
     TRICKLE_MS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_LIMITED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     group: str
     unlimited: bool
     rate: float
@@ -130,7 +136,9 @@ class Grant(_message.Message):
     trickle_ms: int
     shadow: bool
     critical_reserve: float
-    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ...) -> None: ...
+    in_flight_limited: bool
+    in_flight: int
+    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., in_flight_limited: _Optional[bool] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class WatchSettingsRequest(_message.Message):
     __slots__ = ()
@@ -331,7 +339,7 @@ class TraceLine(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class GroupPatch(_message.Message):
-    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve")
+    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve", "max_in_flight", "clear_max_in_flight")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +368,8 @@ class GroupPatch(_message.Message):
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     unlimited: bool
@@ -381,7 +391,9 @@ class GroupPatch(_message.Message):
     quotas: _containers.ScalarMap[str, float]
     shadow: bool
     critical_reserve: float
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ...) -> None: ...
+    max_in_flight: int
+    clear_max_in_flight: bool
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., clear_max_in_flight: _Optional[bool] = ...) -> None: ...
 
 class RampSettings(_message.Message):
     __slots__ = ("min", "max", "duration_s", "mode", "threshold_pct", "ramp_down_pct", "cool_down_s", "resume_ttl_s")
@@ -404,7 +416,7 @@ class RampSettings(_message.Message):
     def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ..., duration_s: _Optional[float] = ..., mode: _Optional[_Union[RampMode, str]] = ..., threshold_pct: _Optional[float] = ..., ramp_down_pct: _Optional[float] = ..., cool_down_s: _Optional[float] = ..., resume_ttl_s: _Optional[float] = ...) -> None: ...
 
 class GroupSettings(_message.Message):
-    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve")
+    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve", "max_in_flight")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -428,6 +440,7 @@ class GroupSettings(_message.Message):
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     burst: float
@@ -444,7 +457,8 @@ class GroupSettings(_message.Message):
     quotas: _containers.ScalarMap[str, float]
     shadow: bool
     critical_reserve: float
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ...) -> None: ...
+    max_in_flight: int
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
 
 class PutGroupRequest(_message.Message):
     __slots__ = ("name", "patch", "mode")
@@ -649,7 +663,7 @@ class ClientGrantStatus(_message.Message):
     def __init__(self, group: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom", "would_refuse_total")
+    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom", "would_refuse_total", "in_flight")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -671,6 +685,7 @@ class GroupStatus(_message.Message):
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_FIELD_NUMBER: _ClassVar[int]
     WOULD_REFUSE_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     name: str
     settings: GroupSettings
     target: float
@@ -692,7 +707,8 @@ class GroupStatus(_message.Message):
     granted: float
     headroom: float
     would_refuse_total: int
-    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ..., would_refuse_total: _Optional[int] = ...) -> None: ...
+    in_flight: int
+    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ..., would_refuse_total: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class RateMarks(_message.Message):
     __slots__ = ("low", "high", "average")

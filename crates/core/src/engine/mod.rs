@@ -37,6 +37,7 @@
 mod clients;
 mod diagnostics;
 mod saturation;
+mod slots;
 mod split;
 mod tick;
 mod trace;
@@ -50,6 +51,7 @@ use std::time::Duration;
 pub use clients::ClientError;
 pub use diagnostics::{BackendView, ClientView, Diagnostics, TOP_GROUPS};
 pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
+pub use slots::InFlight;
 pub use split::{ClientGrant, ClientId, water_level};
 pub use tick::{Shares, SharesWork, TICK_SLICE_BOUNDS, TICK_SLICE_GROUPS, TICK_SLICE_TARGET, next_slice};
 pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
@@ -148,6 +150,31 @@ pub struct ClientReport {
     pub detail: crate::cost::Consumption,
     /// Requests admitted in shadow mode since the last report that would have been refused.
     pub would_refuse: f64,
+    /// Requests it holds in flight now (in a group with an in-flight quota).
+    pub in_flight: u32,
+    /// The most requests it held or tried to hold in flight at once since its last report.
+    pub in_flight_asked: u32,
+    /// Critical and sheddable requests admitted and refused since the last report (normal
+    /// ones are the rest of `requests` and `throttled`).
+    pub classes: [[u64; 2]; 2],
+}
+
+/// A group's requests admitted and refused by class: critical, normal and sheddable, each
+/// `[admitted, refused]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassTotals(pub [[u64; 2]; 3]);
+
+impl ClassTotals {
+    /// Adds a report's counts: its critical and sheddable ones as sent, normal the rest.
+    fn add(&mut self, r: &ClientReport) {
+        let [critical, sheddable] = r.classes;
+        let all = [r.requests.max(0.0) as u64, r.throttled.max(0.0) as u64];
+        for k in 0..2 {
+            self.0[0][k] += critical[k];
+            self.0[2][k] += sheddable[k];
+            self.0[1][k] += all[k].saturating_sub(critical[k] + sheddable[k]);
+        }
+    }
 }
 
 /// A client's grant for one group: a rate, a burst and a lease (a duration, never a deadline).
@@ -175,6 +202,9 @@ pub struct Grant {
     /// The share of the burst kept for critical work, from the group's settings (see
     /// [`crate::class`]).
     pub critical_reserve: f64,
+    /// The client's share of the group's in-flight quota: how many requests it may hold in
+    /// flight at once (`None`: no such limit).
+    pub in_flight: Option<u32>,
 }
 
 impl Grant {
@@ -791,6 +821,11 @@ pub struct Engine {
     metering: bool,
     /// Grants made since the last tick to clients the tick did not know, by group.
     provisional: HashMap<GroupName, Vec<(ClientId, f64)>, FixedHasher>,
+    /// The in-flight quotas' holders, by group (only groups with an in-flight quota).
+    slots: HashMap<GroupName, slots::Ledger, FixedHasher>,
+    /// Requests admitted and refused by class since this engine first saw a critical or
+    /// sheddable one in the group (only such groups).
+    classes: HashMap<GroupName, ClassTotals, FixedHasher>,
     backends: BTreeMap<String, BackendState>,
     clients: ClientTable,
     /// Earlier incarnations of restarted clients, whose places the next tick drops.
@@ -872,6 +907,8 @@ impl Engine {
             dirty_names: Vec::new(),
             metering: false,
             provisional: HashMap::default(),
+            slots: HashMap::default(),
+            classes: HashMap::default(),
             backends: BTreeMap::new(),
             clients,
             released: Vec::new(),
@@ -1130,6 +1167,9 @@ impl Engine {
             group: u32::try_from(at).unwrap_or(u32::MAX),
             client: u32::try_from(client_at).unwrap_or(u32::MAX),
         };
+        if r.classes != [[0; 2]; 2] || self.classes.contains_key(&key) {
+            self.classes.entry(key.clone()).or_default().add(&r);
+        }
         if g.meter_report(&r) && self.metering {
             // Named once between two takes, so that taking reads the changed meters only.
             self.dirty_names.push(key.clone());
@@ -1146,11 +1186,17 @@ impl Engine {
             trickle: self.settings.trickle,
             shadow: self.settings.shadow || settings.is_some_and(GroupSettings::shadow),
             critical_reserve: settings.map_or(0.0, GroupSettings::critical_reserve),
+            in_flight: None,
         };
         if !self.settings.throttling {
             return (unlimited, place);
         }
         let burst_total = settings.and_then(GroupSettings::burst);
+        let in_flight = settings.and_then(GroupSettings::max_in_flight).map(|max| {
+            let ledger = self.slots.entry(key.clone()).or_default();
+            ledger.report(now, client, r.in_flight, r.in_flight_asked, max, self.settings.report_expiry)
+        });
+        let unlimited = Grant { in_flight, ..unlimited };
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
             match (o.target(), o.grant_of_at(client, client_at)) {
@@ -1495,6 +1541,36 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// Requests admitted and refused by class in `group`, critical, normal and sheddable
+    /// (see [`crate::class::RequestClass::ALL`]), since this engine first saw a critical or
+    /// sheddable request in it; `None` before.
+    pub fn by_class(&self, group: &GroupName) -> Option<ClassTotals> {
+        self.classes.get(group).copied()
+    }
+
+    /// What the clients of `group` hold of its in-flight quota (`None`: it has none, or no
+    /// client has reported on it).
+    pub fn in_flight(&self, group: &GroupName) -> Option<InFlight> {
+        self.slots.get(group).map(slots::Ledger::in_flight)
+    }
+
+    /// Forgets the holders of in-flight slots not heard from within the report expiry, and
+    /// the earlier incarnations of restarted clients; drops the ledgers of groups left with
+    /// no holder or no in-flight quota.
+    fn expire_slots(&mut self, now: Nanos) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let Engine { slots, released, configured, settings, .. } = self;
+        slots.retain(|name, ledger| {
+            for &c in released.iter() {
+                ledger.release(c);
+            }
+            let quota = settings_in(configured, name).is_some_and(|s| s.max_in_flight().is_some());
+            quota && ledger.forget_silent(now, settings.report_expiry, None)
+        });
     }
 
     /// A group's consumption so far.

@@ -173,6 +173,7 @@ impl Engine {
         self.last_tick = Some(now);
         self.onset = false;
         self.expire(now);
+        self.expire_slots(now);
         self.reports_floor = Nanos(u64::MAX);
         self.loads.begin();
         // The buffers are kept from tick to tick: at 100,000 groups fresh ones cost a page

@@ -53,6 +53,12 @@ pub struct GroupView {
     /// What its requests did in detail (RRU, WRU, bytes, CPU, requests), as clients reported
     /// it, since this engine first saw the group; `None` when no client reported any.
     pub detail: Option<crate::cost::Consumption>,
+    /// What its clients hold of its in-flight quota; `None` when it has none or no client
+    /// has reported on it.
+    pub in_flight: Option<super::InFlight>,
+    /// Its requests admitted and refused by class, once a critical or sheddable one was
+    /// seen (see [`Engine::by_class`]).
+    pub by_class: Option<super::ClassTotals>,
 }
 
 impl Engine {
@@ -109,6 +115,8 @@ impl Engine {
             _ => (None, None),
         };
         GroupView {
+            in_flight: self.in_flight(name),
+            by_class: self.by_class(name),
             name: name.clone(),
             settings: settings.cloned(),
             target: o.and_then(GroupOutcome::target),

@@ -45,8 +45,10 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
         proptest::array::uniform5(any_f64()),
         proptest::array::uniform4(prop_oneof![Just(0u64), any::<u64>(), 0u64..300]),
         any_detail(),
+        any::<[u32; 2]>(),
+        proptest::array::uniform4(prop_oneof![Just(0u64), any::<u64>()]),
     )
-        .prop_map(|(group, f, n, detail)| v1::GroupUsage {
+        .prop_map(|(group, f, n, detail, slots, c)| v1::GroupUsage {
             group,
             demand: f[0],
             consumed: f[1],
@@ -57,6 +59,12 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
             held: f[4],
             waited: n[2],
             would_refuse: n[3],
+            in_flight: slots[0],
+            in_flight_asked: slots[1],
+            critical_admitted: c[0],
+            critical_throttled: c[1],
+            sheddable_admitted: c[2],
+            sheddable_throttled: c[3],
             detail,
         })
 }
@@ -112,7 +120,7 @@ fn any_field() -> impl Strategy<Value = Field> {
     })
 }
 
-/// A field of the right wire type for its number in a `GroupUsage` (numbers past 10 are
+/// A field of the right wire type for its number in a `GroupUsage` (numbers past 17 are
 /// unknown ones), repeated and in any order: what other encoders may send.
 fn usage_field() -> impl Strategy<Value = Field> {
     let detail = proptest::collection::vec(
@@ -126,11 +134,11 @@ fn usage_field() -> impl Strategy<Value = Field> {
         "[a-z]{0,6}".prop_map(|s| Field::Bytes(1, s.into_bytes())),
         (prop_oneof![Just(2u32), Just(3), Just(6), Just(7), Just(8)], any::<u64>())
             .prop_map(|(t, v)| Field::Fixed64(t, v)),
-        (prop_oneof![Just(4u32), Just(5), Just(9), Just(11)], any::<u64>())
+        (prop_oneof![Just(4u32), Just(5), Just(9), Just(11), 12u32..=17], any::<u64>())
             .prop_map(|(t, v)| Field::Varint(t, v)),
         detail.prop_map(|f| Field::Nested(10, f)),
-        (12u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
-        (12u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+        (18u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
+        (18u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
     ]
 }
 
@@ -349,6 +357,7 @@ proptest! {
              proptest::array::uniform4(prop_oneof![Just(0u32), any::<u32>(), 1u32..200])),
             0..20,
         ),
+        slots in proptest::collection::vec(proptest::option::of(prop_oneof![Just(0u32), any::<u32>()]), 20),
         next in any::<[u32; 2]>(),
         allowed in any::<bool>(),
     ) {
@@ -359,7 +368,7 @@ proptest! {
             next_tick_ms: next[1],
             unthrottled_allowed: allowed,
         };
-        for (group, flags, f, n) in grants {
+        for ((group, flags, f, n), in_flight) in grants.into_iter().zip(slots) {
             let fields = GrantFields {
                 unlimited: flags[0],
                 rate: f[0],
@@ -372,6 +381,7 @@ proptest! {
                 trickle_ms: n[3],
                 shadow: flags[2],
                 critical_reserve: f[3],
+                in_flight,
             };
             writer.grant(&group, &fields);
             expected.grants.push(fields.grant(group));
