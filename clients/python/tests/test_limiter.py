@@ -105,6 +105,11 @@ def test_two_limiters_share_an_in_flight_quota_and_permits_give_their_slots_back
     with tollgate.Admin(server.url) as admin:
         admin.create_group("slots", max_in_flight=10)
         assert admin.get_group("slots").max_in_flight == 10
+        admin.create_group("slots/eu", parent="slots")
+        assert admin.get_group("slots/eu").parent == "slots"
+        with pytest.raises(tollgate.InvalidArgument, match="parent"):
+            admin.alter_group("slots", parent="slots/eu")
+        admin.drop_group("slots/eu")
         with pytest.raises(tollgate.InvalidArgument, match="max_in_flight"):
             admin.alter_group("slots", max_in_flight=0)
     with tollgate.Limiter(server.url, client_id="py-slots-a") as a, tollgate.Limiter(

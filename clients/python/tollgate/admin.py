@@ -21,7 +21,7 @@ WINDOWS = ("minute", "hour", "day", "week", "month", "total")
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
     "reserved, limit, burst, priority, weight, budget, budget_period, quotas, dropped, debt_repay_s, "
-    "reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight, ramp"
+    "reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight, parent, ramp"
 )
 
 
@@ -74,6 +74,13 @@ def _patch(settings: Settings) -> pb.GroupPatch:
                 setattr(p, f"clear_{key}", True)
             else:
                 setattr(p, key, _number(key, value))
+        elif key == "parent":
+            if value is None:
+                p.clear_parent = True
+            elif isinstance(value, str) and value:
+                p.parent = value
+            else:
+                raise InvalidArgument.of(key, f"must be a group's name or None, got {value!r}")
         elif key == "max_in_flight":
             if value is None:
                 p.clear_max_in_flight = True

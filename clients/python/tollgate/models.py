@@ -84,6 +84,8 @@ class Group:
     """The share of the burst normal and sheddable requests leave for critical ones."""
     max_in_flight: Optional[int] = None
     """The most requests in flight at once across all clients; ``None``: no such limit."""
+    parent: Optional[str] = None
+    """The group it is nested under; ``None``: a group of its own."""
     ramp: Optional[Ramp] = None
     quotas: Dict[str, float] = field(default_factory=dict)
     """Units per window (``minute``, ``hour``, ``day``, ``week``, ``month``, ``total``) for each
@@ -113,6 +115,7 @@ class Group:
             shadow=s.shadow,
             critical_reserve=s.critical_reserve,
             max_in_flight=s.max_in_flight if s.HasField("max_in_flight") else None,
+            parent=s.parent if s.HasField("parent") else None,
             ramp=Ramp.from_pb(s.ramp) if s.HasField("ramp") and s.ramp.max > 0 else None,
             quotas=dict(s.quotas),
         )

@@ -175,6 +175,13 @@ pub struct GroupOptions {
     /// Removes the in-flight limit.
     #[arg(long)]
     no_max_in_flight: bool,
+    /// Nests the group under this one: the parent's limit caps the group and its siblings
+    /// together, and the group's reservation comes out of the parent's.
+    #[arg(long, conflicts_with = "no_parent")]
+    parent: Option<String>,
+    /// Makes the group one of its own again.
+    #[arg(long)]
+    no_parent: bool,
 }
 
 /// What dropped work does.
@@ -282,6 +289,8 @@ impl GroupOptions {
         p.critical_reserve = self.critical_reserve;
         p.max_in_flight = self.max_in_flight;
         p.clear_max_in_flight = self.no_max_in_flight;
+        p.parent = self.parent.clone();
+        p.clear_parent = self.no_parent;
         p.priority = self.priority.map(|pr| match pr {
             PriorityArg::Low => 1,
             PriorityArg::Medium => 8,
@@ -617,6 +626,9 @@ fn show(info: &v1::GroupInfo) -> String {
     }
     if let Some(n) = s.max_in_flight {
         let _ = writeln!(out, "in flight: at most {n} requests at once");
+    }
+    if let Some(parent) = &s.parent {
+        let _ = writeln!(out, "parent:   {parent} (its limit caps this group and its siblings together)");
     }
     let repay = s.debt_repay_s.unwrap_or(5.0);
     let _ = writeln!(

@@ -1,8 +1,8 @@
 //! `tollgate sql`: TiDB's resource-group statements, run against a controller.
 //!
 //! ```text
-//! CREATE RESOURCE GROUP [IF NOT EXISTS] name RU_PER_SEC = n [PRIORITY = LOW|MEDIUM|HIGH|1-16] [BURSTABLE]
-//! ALTER RESOURCE GROUP name [RU_PER_SEC = n] [PRIORITY = …] [BURSTABLE [= TRUE|FALSE]]
+//! CREATE RESOURCE GROUP [IF NOT EXISTS] name RU_PER_SEC = n [PRIORITY = LOW|MEDIUM|HIGH|1-16] [BURSTABLE] [PARENT = g]
+//! ALTER RESOURCE GROUP name [RU_PER_SEC = n] [PRIORITY = …] [BURSTABLE [= TRUE|FALSE]] [PARENT = g|NULL]
 //! DROP RESOURCE GROUP [IF EXISTS] name
 //! SHOW RESOURCE GROUPS
 //! SHOW CREATE RESOURCE GROUP name
@@ -17,6 +17,8 @@
 //! mistake anywhere runs nothing; an error names the token it stopped at, with its line and
 //! column. `RU_PER_SEC = n` reserves n units/s and limits the group to n, unless it is
 //! `BURSTABLE`, which lifts the limit (TiDB's resource control reads the same way).
+//! `PARENT = g` is Tollgate's own: it nests the group under `g` (hierarchical quotas), and
+//! `PARENT = NULL` makes it a group of its own again.
 //! `SET GLOBAL tidb_enable_resource_control = OFF` is the one switch: throttling off for the
 //! whole node, every group kept (`ON` turns it back on).
 //!
@@ -72,6 +74,8 @@ pub struct Options {
     pub priority: Option<Priority>,
     /// `BURSTABLE` (true) or `BURSTABLE = FALSE`.
     pub burstable: Option<bool>,
+    /// `PARENT = g` (`Some(Some(g))`) or `PARENT = NULL` (`Some(None)`).
+    pub parent: Option<Option<String>>,
 }
 
 /// One statement.
@@ -382,7 +386,7 @@ impl Parser<'_> {
                 return Err(error_at(
                     self.text,
                     at,
-                    "expected RU_PER_SEC, PRIORITY or BURSTABLE: ALTER changes at least one".into(),
+                    "expected RU_PER_SEC, PRIORITY, BURSTABLE or PARENT: ALTER changes at least one".into(),
                 ));
             }
             return Ok(Statement::Alter { name, options });
@@ -474,10 +478,16 @@ impl Parser<'_> {
                 } else {
                     true
                 });
+            } else if self.eat_word("PARENT") {
+                if o.parent.is_some() {
+                    return twice("PARENT");
+                }
+                self.eat(&Kind::Equals);
+                o.parent = Some(if self.eat_word("NULL") { None } else { Some(self.name()?) });
             } else {
                 match self.peek().map(|t| &t.kind) {
                     None | Some(Kind::Semicolon) => return Ok(o),
-                    _ => return self.fail("RU_PER_SEC, PRIORITY, BURSTABLE, `;` or the end"),
+                    _ => return self.fail("RU_PER_SEC, PRIORITY, BURSTABLE, PARENT, `;` or the end"),
                 }
             }
             self.eat(&Kind::Comma);
@@ -530,6 +540,11 @@ pub fn parse(text: &str) -> Result<Vec<Statement>, SqlError> {
 /// The patch a CREATE or ALTER sends. `current` is the group as it is (ALTER only).
 fn patch(o: &Options, current: Option<&v1::GroupSettings>) -> v1::GroupPatch {
     let mut p = v1::GroupPatch { priority: o.priority.map(Priority::level), ..Default::default() };
+    match &o.parent {
+        Some(Some(parent)) => p.parent = Some(parent.clone()),
+        Some(None) => p.clear_parent = true,
+        None => {}
+    }
     // Burstable as asked, or as the group already is.
     let burstable = o.burstable.unwrap_or_else(|| current.is_some_and(|c| c.limit.is_none()));
     let reserved = o.ru_per_sec.or(current.map(|c| c.reserved));
@@ -555,6 +570,9 @@ fn create_text(name: &str, s: &v1::GroupSettings) -> String {
             let _ = write!(out, " /* limit {}: set with `tollgate group alter` */", admin::fmt_units(l));
         }
         Some(_) => {}
+    }
+    if let Some(parent) = &s.parent {
+        let _ = write!(out, ", PARENT = `{parent}`");
     }
     out
 }
@@ -726,7 +744,7 @@ mod tests {
     use super::*;
 
     fn opts(ru: Option<f64>, priority: Option<Priority>, burstable: Option<bool>) -> Options {
-        Options { ru_per_sec: ru, priority, burstable }
+        Options { ru_per_sec: ru, priority, burstable, parent: None }
     }
 
     #[test]

@@ -462,6 +462,63 @@ fn checks_carry_a_request_class() {
     assert_eq!((code, &v["settings"]["max_in_flight"]), (200, &Value::Null), "{v}");
 }
 
+/// Groups nest under parents; every nesting rule broken is refused by field, nothing stored.
+#[test]
+fn groups_nest_under_parents_and_broken_nestings_are_refused() {
+    let s = ServerProc::start_with(&data_dir("api-nesting"), &["--tick-ms", "100"], Stdio::null());
+    let h = s.http.as_str();
+    for body in [
+        r#"{"name":"acme","limit":100,"reserved":40}"#,
+        r#"{"name":"acme/search","parent":"acme"}"#,
+        r#"{"name":"acme/batch","parent":"acme","reserved":30}"#,
+    ] {
+        let (code, _, v) = call(h, "POST", "/v1/groups", Some(body));
+        assert_eq!(code, 201, "{body}: {v}");
+    }
+    let (_, _, v) = call(h, "GET", "/v1/groups/acme%2Fbatch", None);
+    assert_eq!(v["settings"]["parent"].as_str(), Some("acme"), "{v}");
+    let refused = |method: &str, path: &str, body: Option<&str>, field: &str, says: &str| {
+        let (code, _, v) = call(h, method, path, body);
+        assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{body:?}: {v}");
+        assert!(
+            v["message"].as_str().unwrap_or_default().contains(says) || v.to_string().contains(says),
+            "{v}"
+        );
+    };
+    refused("POST", "/v1/groups", Some(r#"{"name":"lost","parent":"nowhere"}"#), "parent", "no group named");
+    refused("PATCH", "/v1/groups/acme", Some(r#"{"parent":"acme/search"}"#), "parent", "makes a cycle");
+    refused("PATCH", "/v1/groups/acme", Some(r#"{"parent":"acme"}"#), "parent", "its own parent");
+    // Children reserving more than their parent: 30 and 20 of 40.
+    refused(
+        "PATCH",
+        "/v1/groups/acme%2Fsearch",
+        Some(r#"{"reserved":20}"#),
+        "reserved",
+        "more than its own 40",
+    );
+    refused("PATCH", "/v1/groups/acme", Some(r#"{"reserved":10}"#), "reserved", "more than its own 10");
+    refused("DELETE", "/v1/groups/acme", None, "name", "is the parent of");
+    // Nine levels deep is one too many.
+    let mut parent = "acme/search".to_string();
+    for level in 3..=8 {
+        let name = format!("{parent}/{level}");
+        let body = format!(r#"{{"name":"{name}","parent":"{parent}"}}"#);
+        assert_eq!(call(h, "POST", "/v1/groups", Some(&body)).0, 201, "{body}");
+        parent = name;
+    }
+    let body = format!(r#"{{"name":"{parent}/9","parent":"{parent}"}}"#);
+    refused("POST", "/v1/groups", Some(&body), "parent", "nests deeper than 8 levels");
+    // Nothing refused was stored; a child set free may go.
+    let (_, _, v) = call(h, "GET", "/v1/groups/acme", None);
+    assert_eq!(
+        (v["settings"]["reserved"].as_f64(), &v["settings"]["parent"]),
+        (Some(40.0), &Value::Null),
+        "{v}"
+    );
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/acme%2Fbatch", Some(r#"{"parent":null}"#));
+    assert_eq!((code, &v["settings"]["parent"]), (200, &Value::Null), "{v}");
+}
+
 /// Work charged after it is done: never refused, into debt when the group has no more (later
 /// checks wait for it), and refunds give units back within the burst.
 #[test]

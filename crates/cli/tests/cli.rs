@@ -83,7 +83,7 @@ fn every_problem_is_printed_with_its_line_and_the_exit_code_is_1() {
             format!("{p}:5: groups.a.reserved: must not exceed limit (10 > 5)").as_str(),
             format!("{p}:9: groups.b.weight: must be above 0, got -1").as_str(),
             format!(
-                "{p}:10: groups.b.colour: unknown field; expected one of reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight"
+                "{p}:10: groups.b.colour: unknown field; expected one of reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight, parent"
             )
             .as_str(),
             "4 problems found; nothing applied",

@@ -1123,6 +1123,13 @@ fn tidbs_sql_statements_create_alter_show_and_drop_groups() {
         &["sql", "ALTER RESOURCE GROUP ghost PRIORITY=LOW"],
         "statement 1 of 1: group \"ghost\" does not exist",
     );
+    // Tollgate's extension: PARENT nests a group (hierarchical quotas), PARENT = NULL undoes it.
+    ok(&s, &["sql", "CREATE RESOURCE GROUP `oltp/eu` RU_PER_SEC = 1000, BURSTABLE, PARENT = oltp"]);
+    let create = ok(&s, &["sql", "SHOW CREATE RESOURCE GROUP `oltp/eu`"]);
+    assert!(create.trim_end().ends_with("BURSTABLE, PARENT = `oltp`"), "{create}");
+    fails(&s, &["sql", "DROP RESOURCE GROUP oltp"], "oltp is the parent of oltp/eu");
+    fails(&s, &["sql", "ALTER RESOURCE GROUP oltp PARENT = `oltp/eu`"], "parent: makes a cycle");
+    ok(&s, &["sql", "ALTER RESOURCE GROUP `oltp/eu` PARENT = NULL; DROP RESOURCE GROUP oltp"]);
 }
 
 /// An HTTP request with a body: (status code, body).

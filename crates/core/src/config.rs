@@ -398,6 +398,9 @@ impl Reader<'_> {
                 groups.insert(GroupName::new(name).expect("checked above"), settings);
             }
         }
+        for e in crate::hierarchy::check(&groups) {
+            self.error(value.span(), format!("groups.{}.{}", e.group, e.error.field), e.error.rule);
+        }
         let patterns = groups.keys().filter(|n| crate::settings::is_pattern(n.as_str())).count();
         if patterns > crate::settings::PATTERNS_MAX {
             self.error(
@@ -422,7 +425,10 @@ pub fn settings_warnings<'a>(
     let mut warnings = Vec::new();
     let mut reserved = 0.0;
     for (name, s) in groups {
-        reserved += s.reserved();
+        // A child's reservation is part of its parent's.
+        if s.parent().is_none() {
+            reserved += s.reserved();
+        }
         if let Some(capacity) = capacity
             && s.limit().as_f64().is_finite()
             && s.limit().as_f64() > capacity

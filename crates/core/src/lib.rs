@@ -27,6 +27,7 @@ pub mod cost;
 pub mod demand;
 pub mod engine;
 pub mod epoch;
+pub mod hierarchy;
 pub mod prometheus;
 pub mod ramp;
 pub mod rls;

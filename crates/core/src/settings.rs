@@ -520,6 +520,8 @@ pub struct GroupSettings {
     critical_reserve: f64,
     /// At most this many requests in flight at once, across all clients.
     max_in_flight: Option<u32>,
+    /// The group it is nested under (see [`crate::hierarchy`]).
+    parent: Option<GroupName>,
 }
 
 /// The window a quota is counted over: each UTC minute, hour, day, week (from Monday) or
@@ -659,6 +661,7 @@ impl Default for GroupSettings {
             shadow: false,
             critical_reserve: 0.0,
             max_in_flight: None,
+            parent: None,
         }
     }
 }
@@ -791,6 +794,13 @@ impl GroupSettings {
     /// (`None`: no such limit). A permit holds a slot until it is dropped or settled.
     pub fn max_in_flight(&self) -> Option<u32> {
         self.max_in_flight
+    }
+
+    /// The group it is nested under: the parent's limit caps this group's and its siblings'
+    /// grants together, and this group's reservation comes out of the parent's (see
+    /// [`crate::hierarchy`]).
+    pub fn parent(&self) -> Option<&GroupName> {
+        self.parent.as_ref()
     }
 
     /// Every rule these settings break (empty when valid).
@@ -960,6 +970,12 @@ impl GroupSettingsBuilder {
     /// Keeps `share` of the burst for critical work (see [`crate::class`]).
     pub fn critical_reserve(mut self, share: f64) -> Self {
         self.settings.critical_reserve = share;
+        self
+    }
+
+    /// Nests the group under `parent` (`None`: a group of its own).
+    pub fn parent(mut self, parent: Option<GroupName>) -> Self {
+        self.settings.parent = parent;
         self
     }
 

@@ -61,7 +61,7 @@ pub fn line_of(src: &str, offset: usize) -> usize {
 
 /// The keys a group's settings may use.
 pub const GROUP_KEYS: &str = "reserved, limit, burst, priority, weight, budget, budget_period, quotas, ramp, dropped, debt_repay_s, \
-     reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight";
+     reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight, parent";
 
 /// A value with its span.
 pub type Value<'a> = Spanned<DeValue<'a>>;
@@ -312,6 +312,14 @@ impl<'s> Reader<'s> {
             && let Some(x) = self.non_negative(&p, v)
         {
             b = b.critical_reserve(x);
+        }
+        if let Some((p, v)) = f.take("parent")
+            && let Some(name) = self.string(&p, v)
+        {
+            match crate::settings::GroupName::new(name) {
+                Ok(parent) => b = b.parent(Some(parent)),
+                Err(e) => self.error(v.span(), &p, e.rule),
+            }
         }
         if let Some((p, v)) = f.take("max_in_flight")
             && let Some(n) = self.integer(&p, v, 1, u64::from(crate::settings::MAX_IN_FLIGHT))

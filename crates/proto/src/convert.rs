@@ -5,7 +5,8 @@ use std::time::Duration;
 use crate::v1;
 use tollgate_model::allocate::AllocationMode;
 use tollgate_model::settings::{
-    DroppedWork, GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError, SettingErrors,
+    DroppedWork, GroupName, GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError,
+    SettingErrors,
 };
 
 /// The contract's form of validated settings.
@@ -29,6 +30,7 @@ pub fn settings_to_proto(s: &GroupSettings) -> v1::GroupSettings {
         shadow: s.shadow(),
         critical_reserve: s.critical_reserve(),
         max_in_flight: s.max_in_flight(),
+        parent: s.parent().map(ToString::to_string),
         budget_period: match s.budget_period() {
             tollgate_model::settings::BudgetPeriod::Total => String::new(),
             p => p.name().to_string(),
@@ -58,6 +60,7 @@ pub fn settings_from_proto(m: &v1::GroupSettings) -> Result<GroupSettings, Setti
             shadow: Some(m.shadow),
             critical_reserve: Some(m.critical_reserve),
             max_in_flight: m.max_in_flight,
+            parent: m.parent.clone(),
             budget_period: Some(m.budget_period.clone()),
             quotas: m.quotas.clone(),
             ..v1::GroupPatch::default()
@@ -145,6 +148,7 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
         (p.clear_burst, p.burst.is_some(), "burst"),
         (p.clear_backend_limit, p.backend_limit.is_some(), "backend_limit"),
         (p.clear_max_in_flight, p.max_in_flight.is_some(), "max_in_flight"),
+        (p.clear_parent, p.parent.is_some(), "parent"),
     ] {
         if clear && set {
             errors.push(SettingError::new(field, format!("give a {field} or clear it, not both")));
@@ -199,6 +203,15 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     }
     if p.clear_max_in_flight {
         b = b.max_in_flight(None);
+    }
+    if let Some(parent) = &p.parent {
+        match GroupName::new(parent) {
+            Ok(parent) => b = b.parent(Some(parent)),
+            Err(e) => errors.push(SettingError::new("parent", e.rule)),
+        }
+    }
+    if p.clear_parent {
+        b = b.parent(None);
     }
     if let Some(count) = p.count_dropped {
         b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });

@@ -350,6 +350,8 @@ pub struct GroupSettings {
     pub critical_reserve: f64,
     /// The most requests in flight at once across all clients; `null`: no such limit.
     pub max_in_flight: Option<u32>,
+    /// The group it is nested under; `null`: a group of its own.
+    pub parent: Option<String>,
 }
 
 impl From<&v1::GroupSettings> for GroupSettings {
@@ -394,6 +396,7 @@ impl From<&v1::GroupSettings> for GroupSettings {
             shadow: s.shadow,
             critical_reserve: s.critical_reserve,
             max_in_flight: s.max_in_flight,
+            parent: s.parent.clone(),
         }
     }
 }
@@ -417,8 +420,8 @@ pub struct GroupPage {
 }
 
 /// A group's settings to set: only the fields given change; `null` clears what may be
-/// cleared (`burst`, `budget`, `ramp`, `backend_limit`, `max_in_flight`) and makes `limit`
-/// unlimited.
+/// cleared (`burst`, `budget`, `ramp`, `backend_limit`, `max_in_flight`, `parent`) and makes
+/// `limit` unlimited.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GroupBody {
@@ -485,6 +488,11 @@ pub struct GroupBody {
     #[serde(default)]
     #[schema(value_type = Option<u32>)]
     pub max_in_flight: Patch<u64>,
+    /// The group to nest it under (a configured group, at most 8 levels deep, no cycle);
+    /// `null` makes it a group of its own.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub parent: Patch<String>,
 }
 
 impl GroupBody {
@@ -553,6 +561,11 @@ impl GroupBody {
             Patch::Null => p.clear_max_in_flight = true,
             // Past u32, it is past the limit: refused as the largest u32 would be.
             Patch::Value(n) => p.max_in_flight = Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        }
+        match &self.parent {
+            Patch::Absent => {}
+            Patch::Null => p.clear_parent = true,
+            Patch::Value(parent) => p.parent = Some(parent.clone()),
         }
         p
     }

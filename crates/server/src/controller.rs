@@ -590,6 +590,7 @@ impl Controller {
         let settings =
             convert::apply_patch(current.clone().unwrap_or_default(), patch).map_err(AdminError::Invalid)?;
         self.check_pattern(&name, &settings)?;
+        self.check_nesting(&name, Some(&settings))?;
         audited(
             &mut store,
             who,
@@ -610,6 +611,7 @@ impl Controller {
     /// Sets a group's whole settings. Durable before it returns.
     pub fn set_group(&self, name: GroupName, settings: GroupSettings, who: &str) -> Result<(), AdminError> {
         self.check_pattern(&name, &settings)?;
+        self.check_nesting(&name, Some(&settings))?;
         let mut store = self.store();
         let before = self.engine().group(&name).map(group_json);
         audited(&mut store, who, format!("group.put {name}"), before, Some(group_json(&settings)))
@@ -641,8 +643,39 @@ impl Controller {
         Ok(())
     }
 
+    /// The nesting rules ([`tollgate_model::hierarchy::check`]) with `name` set to `settings`
+    /// (`None`: dropped): only what the change breaks is refused, by the field that breaks it.
+    fn check_nesting(&self, name: &GroupName, settings: Option<&GroupSettings>) -> Result<(), AdminError> {
+        let engine = self.engine();
+        let groups = engine.groups();
+        let child = groups.iter().find(|(_, s)| s.parent() == Some(name)).map(|(n, _)| *n);
+        let Some(settings) = settings else {
+            return match child {
+                Some(child) => Err(AdminError::invalid(
+                    "name",
+                    format!(
+                        "{name} is the parent of {child}: give its children another parent, or none, first"
+                    ),
+                )),
+                None => Ok(()),
+            };
+        };
+        if settings.parent().is_none() && child.is_none() {
+            return Ok(());
+        }
+        let all = groups.iter().filter(|(n, _)| *n != name).copied().chain(std::iter::once((name, settings)));
+        let errors = tollgate_model::hierarchy::check(all);
+        let touched = |g: &GroupName| g == name || settings.parent() == Some(g);
+        match errors.iter().find(|e| touched(&e.group)) {
+            Some(e) if &e.group == name => Err(AdminError::invalid(&e.error.field, e.error.rule.clone())),
+            Some(e) => Err(AdminError::invalid("reserved", format!("parent {}: {}", e.group, e.error.rule))),
+            None => Ok(()),
+        }
+    }
+
     /// Drops a group; says whether it existed. Durable before it returns.
     pub fn drop_group(&self, name: &GroupName, who: &str) -> Result<bool, AdminError> {
+        self.check_nesting(name, None)?;
         let mut store = self.store();
         let before = self.engine().group(name).map(group_json);
         // Recorded only if the group was there: a drop of nothing writes nothing.

@@ -204,7 +204,7 @@ fn group_status(g: &tollgate_model::engine::GroupView) -> v1::GroupStatus {
                 .iter()
                 .zip(c.0)
                 .map(|(class, [admitted, throttled])| v1::ClassCounts {
-                    class: class.name().to_string(),
+                    request_class: class.name().to_string(),
                     admitted,
                     throttled,
                 })
@@ -339,7 +339,7 @@ fn group_json(g: &v1::GroupStatus, unit: &str) -> serde_json::Value {
         "by_class": (!g.by_class.is_empty()).then(|| {
             g.by_class
                 .iter()
-                .map(|c| (c.class.clone(), serde_json::json!({"admitted": c.admitted, "throttled": c.throttled})))
+                .map(|c| (c.request_class.clone(), serde_json::json!({"admitted": c.admitted, "throttled": c.throttled})))
                 .collect::<serde_json::Map<String, serde_json::Value>>()
         }),
         "budget_exhausted": g.budget_exhausted,

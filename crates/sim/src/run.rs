@@ -178,7 +178,7 @@ fn apply(action: &Action, controller: &Controller, world: &mut World) {
             Ok(())
         }
         Action::SetGroup { name, settings } => {
-            controller.set_group(name.clone(), settings.clone(), "scenario")
+            controller.set_group(name.clone(), (**settings).clone(), "scenario")
         }
         Action::RemoveGroup(name) => controller.drop_group(name, "scenario").map(|_| ()),
         Action::Settle { group, units } => {

@@ -138,8 +138,8 @@ pub enum Action {
     SetGroup {
         /// The group.
         name: GroupName,
-        /// Its settings after the change.
-        settings: GroupSettings,
+        /// Its settings after the change (boxed: the largest action by far).
+        settings: Box<GroupSettings>,
     },
     /// A group's settings are removed.
     RemoveGroup(GroupName),
@@ -789,7 +789,7 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
             let settings =
                 r.group_from(&mut gf, base.to_builder(), v.span(), &format!("name, {GROUP_KEYS}"))?;
             refuse_backend_only(r, &p, v, &settings);
-            Some(Action::SetGroup { name, settings })
+            Some(Action::SetGroup { name, settings: Box::new(settings) })
         } else if let Some((p, v)) = f.take("remove_group") {
             let name = r.string(&p, v)?;
             if let Err(e) = check_group_name(name) {
@@ -872,7 +872,7 @@ fn settings_before(s: &Scenario, pending: &[Action], name: &GroupName) -> Option
     let all = s.actions.iter().chain(s.phases.iter().flat_map(|p| p.actions.iter())).chain(pending);
     for a in all {
         match a {
-            Action::SetGroup { name: n, settings } if n == name => current = Some(settings.clone()),
+            Action::SetGroup { name: n, settings } if n == name => current = Some((**settings).clone()),
             Action::RemoveGroup(n) if n == name => current = None,
             _ => {}
         }

@@ -49,7 +49,7 @@ class ExchangeRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ...) -> None: ...
 
 class GroupUsage(_message.Message):
-    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked")
+    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked", "critical_admitted", "critical_throttled", "sheddable_admitted", "sheddable_throttled")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,10 @@ class GroupUsage(_message.Message):
     WOULD_REFUSE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_ASKED_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    SHEDDABLE_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    SHEDDABLE_THROTTLED_FIELD_NUMBER: _ClassVar[int]
     group: str
     demand: float
     consumed: float
@@ -76,7 +80,21 @@ class GroupUsage(_message.Message):
     would_refuse: int
     in_flight: int
     in_flight_asked: int
-    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ...) -> None: ...
+    critical_admitted: int
+    critical_throttled: int
+    sheddable_admitted: int
+    sheddable_throttled: int
+    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ..., critical_admitted: _Optional[int] = ..., critical_throttled: _Optional[int] = ..., sheddable_admitted: _Optional[int] = ..., sheddable_throttled: _Optional[int] = ...) -> None: ...
+
+class ClassCounts(_message.Message):
+    __slots__ = ("request_class", "admitted", "throttled")
+    REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    request_class: str
+    admitted: int
+    throttled: int
+    def __init__(self, request_class: _Optional[str] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ...) -> None: ...
 
 class Consumption(_message.Message):
     __slots__ = ("rru", "wru", "read_bytes", "write_bytes", "cpu_ms", "read_rpcs", "write_rpcs")
@@ -339,7 +357,7 @@ class TraceLine(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class GroupPatch(_message.Message):
-    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve", "max_in_flight", "clear_max_in_flight")
+    __slots__ = ("reserved", "limit", "unlimited", "burst", "priority", "weight", "budget", "ramp", "clear_ramp", "clear_budget", "clear_burst", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "clear_backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve", "max_in_flight", "clear_max_in_flight", "parent", "clear_parent")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +388,8 @@ class GroupPatch(_message.Message):
     CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     CLEAR_MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_PARENT_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     unlimited: bool
@@ -393,7 +413,9 @@ class GroupPatch(_message.Message):
     critical_reserve: float
     max_in_flight: int
     clear_max_in_flight: bool
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., clear_max_in_flight: _Optional[bool] = ...) -> None: ...
+    parent: str
+    clear_parent: bool
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., unlimited: _Optional[bool] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., clear_ramp: _Optional[bool] = ..., clear_budget: _Optional[bool] = ..., clear_burst: _Optional[bool] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., clear_backend_limit: _Optional[bool] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., clear_max_in_flight: _Optional[bool] = ..., parent: _Optional[str] = ..., clear_parent: _Optional[bool] = ...) -> None: ...
 
 class RampSettings(_message.Message):
     __slots__ = ("min", "max", "duration_s", "mode", "threshold_pct", "ramp_down_pct", "cool_down_s", "resume_ttl_s")
@@ -416,7 +438,7 @@ class RampSettings(_message.Message):
     def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ..., duration_s: _Optional[float] = ..., mode: _Optional[_Union[RampMode, str]] = ..., threshold_pct: _Optional[float] = ..., ramp_down_pct: _Optional[float] = ..., cool_down_s: _Optional[float] = ..., resume_ttl_s: _Optional[float] = ...) -> None: ...
 
 class GroupSettings(_message.Message):
-    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve", "max_in_flight")
+    __slots__ = ("reserved", "limit", "burst", "priority", "weight", "budget", "ramp", "count_dropped", "debt_repay_s", "reads_writes_apart", "backend_limit", "background", "budget_period", "quotas", "shadow", "critical_reserve", "max_in_flight", "parent")
     class QuotasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +463,7 @@ class GroupSettings(_message.Message):
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
     reserved: float
     limit: float
     burst: float
@@ -458,7 +481,8 @@ class GroupSettings(_message.Message):
     shadow: bool
     critical_reserve: float
     max_in_flight: int
-    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
+    parent: str
+    def __init__(self, reserved: _Optional[float] = ..., limit: _Optional[float] = ..., burst: _Optional[float] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., budget: _Optional[float] = ..., ramp: _Optional[_Union[RampSettings, _Mapping]] = ..., count_dropped: _Optional[bool] = ..., debt_repay_s: _Optional[float] = ..., reads_writes_apart: _Optional[bool] = ..., backend_limit: _Optional[float] = ..., background: _Optional[bool] = ..., budget_period: _Optional[str] = ..., quotas: _Optional[_Mapping[str, float]] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., parent: _Optional[str] = ...) -> None: ...
 
 class PutGroupRequest(_message.Message):
     __slots__ = ("name", "patch", "mode")
@@ -663,7 +687,7 @@ class ClientGrantStatus(_message.Message):
     def __init__(self, group: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom", "would_refuse_total", "in_flight")
+    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom", "would_refuse_total", "in_flight", "by_class")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -686,6 +710,7 @@ class GroupStatus(_message.Message):
     HEADROOM_FIELD_NUMBER: _ClassVar[int]
     WOULD_REFUSE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    BY_CLASS_FIELD_NUMBER: _ClassVar[int]
     name: str
     settings: GroupSettings
     target: float
@@ -708,7 +733,8 @@ class GroupStatus(_message.Message):
     headroom: float
     would_refuse_total: int
     in_flight: int
-    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ..., would_refuse_total: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+    by_class: _containers.RepeatedCompositeFieldContainer[ClassCounts]
+    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ..., would_refuse_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., by_class: _Optional[_Iterable[_Union[ClassCounts, _Mapping]]] = ...) -> None: ...
 
 class RateMarks(_message.Message):
     __slots__ = ("low", "high", "average")

@@ -823,6 +823,10 @@ pub struct Engine {
     provisional: HashMap<GroupName, Vec<(ClientId, f64)>, FixedHasher>,
     /// The in-flight quotas' holders, by group (only groups with an in-flight quota).
     slots: HashMap<GroupName, slots::Ledger, FixedHasher>,
+    /// Whether any configured group has a parent, and what the trees of nested groups leave
+    /// each of them this tick.
+    nested: bool,
+    nesting: HashMap<GroupName, crate::hierarchy::Bound, FixedHasher>,
     /// Requests admitted and refused by class since this engine first saw a critical or
     /// sheddable one in the group (only such groups).
     classes: HashMap<GroupName, ClassTotals, FixedHasher>,
@@ -908,6 +912,8 @@ impl Engine {
             metering: false,
             provisional: HashMap::default(),
             slots: HashMap::default(),
+            nested: false,
+            nesting: HashMap::default(),
             classes: HashMap::default(),
             backends: BTreeMap::new(),
             clients,
@@ -966,7 +972,9 @@ impl Engine {
 
     /// Sets (or replaces) a group's settings.
     pub fn set_group(&mut self, name: GroupName, settings: GroupSettings) {
-        let (reserved, ramped) = (settings.reserved(), settings.ramp().is_some());
+        // A child's reservation is part of its parent's: counted once, there.
+        let reserved = if settings.parent().is_some() { 0.0 } else { settings.reserved() };
+        let ramped = settings.ramp().is_some();
         let before = self.configured.insert(name.clone(), Arc::new(settings));
         self.settings_changed();
         self.account(before.as_deref(), -1.0);
@@ -993,11 +1001,70 @@ impl Engine {
     /// since is always stale.
     fn settings_changed(&mut self) {
         self.settings_generation = (self.settings_generation + 1) % u32::MAX;
+        self.nested = self.configured.values().any(|s| s.parent().is_some());
+        if !self.nested {
+            self.nesting.clear();
+        }
+    }
+
+    /// Shares every tree of nested groups out from its roots (see [`crate::hierarchy`]): each
+    /// nested group's cap and own reservation for the tick, by what its clients ask now.
+    fn nest(&mut self) {
+        if !self.nested {
+            return;
+        }
+        let Engine { configured, tracked, nesting, .. } = self;
+        let mut index: HashMap<GroupName, usize, FixedHasher> = HashMap::default();
+        let mut names: Vec<GroupName> = Vec::new();
+        // Every group with a parent (configured by name, or through a pattern while tracked),
+        // and the chain above it.
+        let with_parent = configured
+            .iter()
+            .filter(|(n, s)| s.parent().is_some() && !crate::settings::is_pattern(n.as_str()))
+            .map(|(n, _)| n)
+            .chain(
+                tracked
+                    .iter()
+                    .filter(|(_, g)| g.settings.as_deref().is_some_and(|s| s.parent().is_some()))
+                    .map(|(n, _)| n),
+            );
+        for name in with_parent {
+            let mut at = Some(name.clone());
+            while let Some(n) = at.filter(|n| !index.contains_key(n)) {
+                index.insert(n.clone(), names.len());
+                at = settings_in(configured, &n).and_then(|s| s.parent().cloned());
+                names.push(n);
+            }
+        }
+        let nodes: Vec<crate::hierarchy::Node> = names
+            .iter()
+            .map(|n| {
+                let s = settings_in(configured, n);
+                let demand =
+                    tracked.get(n).map_or(0.0, |g| g.clients.iter().map(|c| f64::from(c.demand)).sum());
+                crate::hierarchy::Node {
+                    parent: s.and_then(|s| s.parent()).and_then(|p| index.get(p).copied()),
+                    limit: s.map_or(f64::INFINITY, |s| s.limit().as_f64()),
+                    reserved: s.map_or(0.0, |s| s.reserved()),
+                    demand,
+                }
+            })
+            .collect();
+        let bounds = crate::hierarchy::bounds(&nodes);
+        nesting.clear();
+        nesting.extend(names.into_iter().zip(bounds));
+    }
+
+    /// What the trees of nested groups leave `group` this tick, if it is nested.
+    pub fn nesting(&self, group: &GroupName) -> Option<crate::hierarchy::Bound> {
+        self.nesting.get(group).copied()
     }
 
     fn account(&mut self, settings: Option<&GroupSettings>, sign: f64) {
         if let Some(s) = settings {
-            self.reserved_configured += sign * s.reserved();
+            if s.parent().is_none() {
+                self.reserved_configured += sign * s.reserved();
+            }
             if s.ramp().is_some() {
                 self.ramped -= 1;
             }
@@ -1323,7 +1390,8 @@ impl Engine {
         let Some(s) = settings else { return f64::INFINITY };
         let consumed = self.meter(key).map_or(0.0, |m| m.consumed);
         let left = quota_left(&self.budget_baselines, key, s, consumed);
-        quota_cap(s.limit().as_f64(), s.reserved(), left, self.settings.tick)
+        let nested = self.nesting.get(key).map_or(f64::INFINITY, |b| b.cap);
+        quota_cap(s.limit().as_f64(), s.reserved(), left, self.settings.tick).min(nested)
     }
 
     /// The quota windows (minute, hour, day, week, month) whose window, at `wall_ms`, has no

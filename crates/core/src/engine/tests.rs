@@ -1515,3 +1515,36 @@ fn a_patterns_quotas_count_each_group_it_names_even_while_idle() {
     e.tick(Nanos(32 * S));
     assert_eq!(e.outcome(&a).unwrap().target(), Some(100.0));
 }
+
+#[test]
+fn a_parents_limit_caps_its_children_and_a_quiet_childs_share_goes_to_its_sibling() {
+    let mut e = engine(EngineSettings::default());
+    let child = || GroupSettings::builder().parent(Some(name("acme"))).build().unwrap();
+    e.set_group(name("acme"), GroupSettings::builder().limit(100.0).reserved(40.0).build().unwrap());
+    e.set_group(name("acme/search"), child());
+    e.set_group(
+        name("acme/batch"),
+        GroupSettings::builder().parent(Some(name("acme"))).reserved(30.0).build().unwrap(),
+    );
+    e.set_group(name("other"), GroupSettings::default());
+    let t = Nanos(S);
+    for (client, group) in [(1, "acme/search"), (2, "acme/batch"), (3, "other")] {
+        e.report(t, client, &name(group), report(80.0, 0.0, 0.0));
+    }
+    e.tick(t);
+    let target = |e: &Engine, g: &str| e.outcome(&name(g)).and_then(GroupOutcome::target);
+    // The children share acme's 100: batch its 30 reserved, then each half of the rest (acme's
+    // own traffic asks nothing, so its reservation is not held back); a group outside the
+    // tree is not touched.
+    assert_eq!((target(&e, "acme/search"), target(&e, "acme/batch")), (Some(35.0), Some(65.0)));
+    assert_eq!(target(&e, "other"), None);
+    assert_eq!(e.nesting(&name("acme/batch")).map(|b| b.reserved), Some(30.0));
+    // batch goes quiet: search takes what it leaves; what nobody asks for is slack.
+    let t = Nanos(2 * S);
+    e.report(t, 1, &name("acme/search"), report(85.0, 0.0, 0.0));
+    e.report(t, 2, &name("acme/batch"), report(5.0, 0.0, 0.0));
+    e.tick(t);
+    let (search, batch) = (target(&e, "acme/search").unwrap(), target(&e, "acme/batch").unwrap());
+    let slack = 10.0 / 3.0;
+    assert_eq!((search, batch), (85.0 + slack, 5.0 + slack));
+}

@@ -174,6 +174,7 @@ impl Engine {
         self.onset = false;
         self.expire(now);
         self.expire_slots(now);
+        self.nest();
         self.reports_floor = Nanos(u64::MAX);
         self.loads.begin();
         // The buffers are kept from tick to tick: at 100,000 groups fresh ones cost a page
@@ -345,6 +346,7 @@ impl Engine {
             loads,
             rows,
             asking,
+            nesting,
             ..
         } = self;
         // The engine's own while they are made: a sharing is taken out only once they are all
@@ -378,7 +380,13 @@ impl Engine {
             let left =
                 settings_now.and_then(|s| super::quota_left(budget_baselines, name, s, g.meter.consumed));
             let exhausted = left.is_some_and(|l| l <= 0.0);
-            let (reserved, cap) = bounds(g, settings.slow_start, left, settings.tick);
+            let (mut reserved, mut cap) = bounds(g, settings.slow_start, left, settings.tick);
+            // A nested group: within what its tree leaves it, its reservation part of its
+            // parent's.
+            if let Some(b) = nesting.get(name) {
+                cap = cap.min(b.cap);
+                reserved = reserved.min(b.reserved).min(cap);
+            }
             let (demand, unthrottled) = asks(&g.clients, asking);
             // A group that may take its backends' room (throttled at the last tick, its limit
             // now above its target: the only groups they mark so) and that no saturated backend
@@ -489,8 +497,14 @@ impl Engine {
     /// first-come mode holds back from its free pool: Couchbase counts every reservation
     /// against it, active or not (a share of them while slow start is on).
     fn reserved_elsewhere(&self, rows: usize) -> f64 {
-        let tracked_configured: f64 =
-            self.tracked.keys().take(rows).filter_map(|n| self.configured.get(n)).map(|s| s.reserved()).sum();
+        let tracked_configured: f64 = self
+            .tracked
+            .keys()
+            .take(rows)
+            .filter_map(|n| self.configured.get(n))
+            .filter(|s| s.parent().is_none())
+            .map(|s| s.reserved())
+            .sum();
         let elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
         if self.settings.slow_start { elsewhere * SLOW_START_SHARE } else { elsewhere }
     }
