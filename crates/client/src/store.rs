@@ -242,6 +242,12 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
                 "no shared meter counts a group's consumption; use the embedded or remote mode",
             ));
         }
+        if s.parent().is_some() {
+            return Err(unsupported(
+                format!("groups.{name}.parent"),
+                "no controller shares a parent's limit among its children; use the embedded or remote mode",
+            ));
+        }
         if s.max_in_flight().is_some() {
             return Err(unsupported(
                 format!("groups.{name}.max_in_flight"),

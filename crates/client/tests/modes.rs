@@ -247,6 +247,7 @@ suite! {
     throttling_off: [embedded, remote, store, replicas];
     request_classes: [embedded, remote, store, replicas];
     in_flight: [embedded, remote, store, replicas];
+    nested_groups: [embedded, remote, store, replicas];
 }
 
 // ---- The behaviours ----
@@ -832,6 +833,24 @@ async fn in_flight(env: Env) {
     drop(permit.expect("admitted"));
     held.clear();
     assert_eq!(handles[0].stats().in_flight.unwrap().held, 0, "{}", env.mode());
+}
+
+async fn nested_groups(env: Env) {
+    let toml = "[groups.acme]\nlimit = 100\nreserved = 40\n[groups.\"acme/search\"]\nparent = \"acme\"\n\
+                [groups.\"acme/batch\"]\nparent = \"acme\"\nreserved = 30\n";
+    if env.pools() {
+        let e = env.try_gate(toml).await.expect_err("a parent's limit needs a controller");
+        assert!(e.to_string().contains(".parent"), "{}: {e}", env.mode());
+        return;
+    }
+    let gate = env.gate(toml).await;
+    let (search, batch) = (gate.group("acme/search").unwrap(), gate.group("acme/batch").unwrap());
+    // Each asks 80 of acme's 100: batch has its 30 reserved, the two share the other 70.
+    let rates = env.offer(&[(&search, 80.0), (&batch, 80.0)], 8, 4).await;
+    assert_near(&env, "two children of one parent", &rates, &[35.0, 65.0], 8.0);
+    // batch asks 10: search takes what it leaves.
+    let rates = env.offer(&[(&search, 80.0), (&batch, 10.0)], 8, 4).await;
+    assert_near(&env, "a quiet sibling", &rates, &[80.0, 10.0], 8.0);
 }
 
 // ---- Remote only: what only a controller and its clients do ----
