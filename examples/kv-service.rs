@@ -6,7 +6,10 @@
 //!     [--compact-every SECONDS]
 //! ```
 //!
-//! - The tenant comes from the `x-tollgate-group` header (unknown or missing: `default`).
+//! - The tenant comes from the `x-tollgate-group` header (unknown or missing: `default`), and
+//!   the request's class from `x-tollgate-class` (`critical`, `normal`, the default, or
+//!   `sheddable`): admitted by the group's bucket in that class, and a critical request takes
+//!   the next free slot ahead of the others.
 //! - Each request is admitted by a remote Tollgate client fed by the controller, or refused
 //!   with `429 Too Many Requests` and `Retry-After`.
 //! - Admitted requests run through a [`Scheduler`]: `--concurrency` at once, the rest in
@@ -39,9 +42,10 @@ use axum::routing::get;
 use tollgate_limiter::core::config::Config;
 use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions};
 use tollgate_limiter::scheduler::{FollowOptions, Following, ScheduleError, Scheduler, SchedulerOptions};
-use tollgate_limiter::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_limiter::{AcquireError, RemoteOptions, RequestClass, Tollgate};
 
 const GROUP_HEADER: &str = "x-tollgate-group";
+const CLASS_HEADER: &str = "x-tollgate-class";
 /// Cost of a read before its size is known.
 const READ_ESTIMATE: f64 = 4096.0;
 /// The background group compaction runs in, and the size of one step.
@@ -128,22 +132,40 @@ fn too_many(retry_after: Duration) -> Response {
     r
 }
 
+/// The request's class from its header; for a value that names no class, why not.
+fn class_of(headers: &HeaderMap) -> Result<RequestClass, String> {
+    match headers.get(CLASS_HEADER).map(|v| v.to_str().unwrap_or("")) {
+        None => Ok(RequestClass::Normal),
+        Some(v) => RequestClass::from_name(v).map_err(|rule| format!("{CLASS_HEADER}: {rule}\n")),
+    }
+}
+
 /// Admission, scheduling, work, settlement and reporting around one operation.
 async fn serve(
     svc: &Service,
-    group: &str,
+    headers: &HeaderMap,
     estimate: f64,
     op: impl FnOnce(&Service) -> (Response, f64),
 ) -> Response {
+    let group = group_of(headers);
+    let group = group.as_str();
+    let class = match class_of(headers) {
+        Ok(class) => class,
+        Err(why) => return (StatusCode::BAD_REQUEST, why).into_response(),
+    };
     // A short wait covers the first grant of a group; longer waits become 429s.
-    let permit = match svc.gate.acquire(group, estimate).await {
+    let admitted = match svc.gate.group(group) {
+        Ok(handle) => handle.acquire_class(estimate, class).await.map(|p| p.into_owned()),
+        Err(e) => Err(e),
+    };
+    let permit = match admitted {
         Ok(p) => p,
         Err(AcquireError::Throttled { retry_after, .. }) => return too_many(retry_after),
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
     svc.arrived.fetch_add(estimate as u64, Ordering::Relaxed);
     svc.reporter.record(group, estimate);
-    let slot = match svc.scheduler.acquire(group, estimate).await {
+    let slot = match svc.scheduler.acquire_class(group, estimate, class).await {
         Ok(s) => s,
         // Past the group's soft quota on this service.
         Err(ScheduleError::OverBackendLimit { retry_after, .. }) => return too_many(retry_after),
@@ -158,8 +180,7 @@ async fn serve(
 }
 
 async fn get_key(State(svc): State<Arc<Service>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
-    let group = group_of(&headers);
-    serve(&svc, &group, READ_ESTIMATE, |svc| match svc.data.lock().unwrap().get(&key) {
+    serve(&svc, &headers, READ_ESTIMATE, |svc| match svc.data.lock().unwrap().get(&key) {
         Some(v) => (v.clone().into_response(), v.len().max(1) as f64),
         None => (StatusCode::NOT_FOUND.into_response(), 1.0),
     })
@@ -172,9 +193,8 @@ async fn put_key(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let group = group_of(&headers);
     let cost = body.len().max(1) as f64;
-    serve(&svc, &group, cost, |svc| {
+    serve(&svc, &headers, cost, |svc| {
         svc.data.lock().unwrap().insert(key, body);
         (StatusCode::NO_CONTENT.into_response(), cost)
     })
@@ -187,6 +207,7 @@ async fn stats(State(svc): State<Arc<Service>>) -> Response {
     let (running, waiting) = svc.scheduler.load();
     axum::Json(serde_json::json!({
         "utilisation": utilisation,
+        "capacity": svc.capacity,
         "running": running,
         "waiting": waiting,
         "settings_version": svc.scheduler.settings_version(),

@@ -13,20 +13,11 @@ BIN=target/release/tollgate
 KV=${KV:-target/release/examples/kv-service}
 DATA=$(mktemp -d)
 . scripts/lib.sh
-GRPC=127.0.0.1:$(free_port)
-HTTP=127.0.0.1:$(free_port)
-SERVICE=127.0.0.1:$(free_port)
 cleanup() {
   kill "${KV_PID:-}" "${SERVER:-}" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$DATA"
 }
 trap cleanup EXIT
-# One service, one zone: no zone to ignore.
-"$BIN" server --data "$DATA" --grpc "$GRPC" --http "$HTTP" --ignore-worst-zones 0 >"$DATA/server.log" 2>&1 &
-SERVER=$!
-wait_for_server "$BIN" "$GRPC" || true
-"$KV" --controller "http://$GRPC" --listen "$SERVICE" --capacity 1000000 --concurrency 4 >"$DATA/kv.log" 2>&1 &
-KV_PID=$!
-for _ in $(seq 100); do grep -q "listening on" "$DATA/kv.log" && break; sleep 0.1; done
+start_server_and_service --capacity 1000000 --concurrency 4
 "$BIN" bench surge --server "http://$GRPC" --service "$SERVICE" "$@"

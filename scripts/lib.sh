@@ -1,5 +1,5 @@
-# Shared by the bench scripts (sourced, not run): a free port on 127.0.0.1, and waiting for a
-# controller to answer.
+# Shared by the bench scripts (sourced, not run): a free port on 127.0.0.1, waiting for a
+# controller to answer, and starting one with examples/kv-service beside it.
 
 # Prints a port on 127.0.0.1 that nothing listens on now.
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -9,4 +9,20 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 wait_for_server() {
   for _ in $(seq 100); do "$1" status --server "http://$2" >/dev/null 2>&1 && return 0; sleep 0.1; done
   return 1
+}
+
+# Starts a release controller ($BIN) on the embedded store in $DATA and examples/kv-service
+# ($KV) following it with the options given ("$@"), on free ports: sets GRPC and SERVICE, and
+# SERVER and KV_PID for the caller's cleanup.
+start_server_and_service() {
+  GRPC=127.0.0.1:$(free_port)
+  local http=127.0.0.1:$(free_port)
+  SERVICE=127.0.0.1:$(free_port)
+  # One service, one zone: no zone to ignore.
+  "$BIN" server --data "$DATA" --grpc "$GRPC" --http "$http" --ignore-worst-zones 0 >"$DATA/server.log" 2>&1 &
+  SERVER=$!
+  wait_for_server "$BIN" "$GRPC" || true
+  "$KV" --controller "http://$GRPC" --listen "$SERVICE" "$@" >"$DATA/kv.log" 2>&1 &
+  KV_PID=$!
+  for _ in $(seq 100); do grep -q "listening on" "$DATA/kv.log" && break; sleep 0.1; done
 }

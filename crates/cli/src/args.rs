@@ -61,6 +61,9 @@ pub(crate) enum BenchCommand {
     /// How fast the controller reins in a tenant whose surge saturates a real service
     /// (examples/kv-service): when it is marked busy, the peak utilisation, when it settles.
     Surge(crate::surge::SurgeArgs),
+    /// Whether request classes hold critical work through an overload of a real service
+    /// (examples/kv-service): critical success and p99, with classes and without.
+    Overload(crate::overload::OverloadArgs),
     /// How long saturation limiting takes to settle after a demand step, a lifted quota and a
     /// capacity cut, in simulated seconds, beside a plain multiplicative law.
     Converge(crate::converge::ConvergeArgs),

@@ -17,6 +17,7 @@ mod converge;
 mod first;
 pub mod fuzzing;
 mod import;
+mod overload;
 mod ramp;
 mod rls;
 mod server;
@@ -126,6 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
                 BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
                 BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
+                BenchCommand::Overload(args) => rt.block_on(overload::overload(args))?,
                 BenchCommand::Converge(args) => converge::converge(args)?,
                 BenchCommand::FirstAnswer(args) => rt.block_on(first::first_answer(args, &target))?,
             }

@@ -839,7 +839,7 @@ mod tests {
         );
         assert_eq!(
             e("CREATE RESOURCE GROUP g RU_PER_SEC=1 QUERY_LIMIT=(EXEC_ELAPSED='1s')"),
-            "line 1, column 38: expected RU_PER_SEC, PRIORITY, BURSTABLE, `;` or the end, found `QUERY_LIMIT`"
+            "line 1, column 38: expected RU_PER_SEC, PRIORITY, BURSTABLE, PARENT, `;` or the end, found `QUERY_LIMIT`"
         );
         assert_eq!(
             e("DELETE FROM t"),
@@ -851,7 +851,7 @@ mod tests {
         );
         assert_eq!(
             e("ALTER RESOURCE GROUP g"),
-            "line 1, column 23: expected RU_PER_SEC, PRIORITY or BURSTABLE: ALTER changes at least one"
+            "line 1, column 23: expected RU_PER_SEC, PRIORITY, BURSTABLE or PARENT: ALTER changes at least one"
         );
         assert_eq!(
             e("DROP RESOURCE GROUP"),

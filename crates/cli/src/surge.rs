@@ -60,7 +60,7 @@ fn rate(s: &str) -> Result<f64, String> {
 }
 
 /// A number of `what` from `lo` to `hi`.
-fn ranged(s: &str, what: &str, lo: f64, hi: f64) -> Result<f64, String> {
+pub(crate) fn ranged(s: &str, what: &str, lo: f64, hi: f64) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("expected {what}, got {s:?}"))?;
     if v.is_finite() && (lo..=hi).contains(&v) {
         Ok(v)
@@ -157,12 +157,12 @@ fn put_request(service: SocketAddr, tenant: &str, key: u64) -> Vec<u8> {
 }
 
 /// Sends `request` and reads the whole answer; its status code, or `None` on any failure.
-async fn http_status(service: SocketAddr, request: &[u8]) -> Option<u16> {
+pub(crate) async fn http_status(service: SocketAddr, request: &[u8]) -> Option<u16> {
     let answer = http(service, request).await?;
     answer.split(|&b| b == b' ').nth(1).and_then(|code| std::str::from_utf8(code).ok()?.parse().ok())
 }
 
-async fn http(service: SocketAddr, request: &[u8]) -> Option<Vec<u8>> {
+pub(crate) async fn http(service: SocketAddr, request: &[u8]) -> Option<Vec<u8>> {
     let work = async {
         let mut s = tokio::net::TcpStream::connect(service).await.ok()?;
         s.write_all(request).await.ok()?;

@@ -394,3 +394,42 @@ fn bench_surge_drives_the_service_and_prints_its_figures() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read http://127.0.0.1:1/stats"));
 }
+
+/// `tollgate bench overload` runs against the real service and prints its table (a short run:
+/// what it measures is in BENCHMARKS.md, not asserted here); the service takes a request's
+/// class from its header and refuses one that names no class.
+#[test]
+fn bench_overload_drives_the_service_with_request_classes() {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-overload");
+    let _ = std::fs::remove_dir_all(&data);
+    let (_server, grpc) =
+        start(server_command(&data, "127.0.0.1:0").args(["--ignore-worst-zones", "0"]), "grpc ");
+    let url = format!("http://{grpc}");
+    let (_kv, kv_addr) = start_kv(&url, &["--concurrency", "4"]);
+    let args =
+        ["bench", "overload", "--server", &url, "--service", &kv_addr, "--unloaded", "2", "--duration", "3"];
+    let out = Command::new(BIN).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for run in ["unloaded", "overloaded, classes", "overloaded, none"] {
+        let line =
+            text.lines().find(|l| l.starts_with(run)).unwrap_or_else(|| panic!("{run} missing from {text}"));
+        let sent: u64 = line[run.len()..].split_whitespace().next().unwrap().parse().unwrap();
+        assert!(sent > 0, "{line}");
+    }
+    assert!(text.contains("critical p99 over unloaded:"), "{text}");
+    let show =
+        Command::new(BIN).args(["group", "show", "shop"]).env("TOLLGATE_SERVER", &url).output().unwrap();
+    assert!(String::from_utf8_lossy(&show.stdout).contains("shop"), "the group is the controller's own");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let kv: SocketAddr = kv_addr.parse().unwrap();
+    let req = format!(
+        "PUT /kv/c HTTP/1.1\r\nHost: {kv}\r\nx-tollgate-group: shop\r\nx-tollgate-class: urgent\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+    );
+    let reply = rt.block_on(http(kv, req.as_bytes())).unwrap();
+    assert!(
+        reply.starts_with("HTTP/1.1 400") && reply.contains("x-tollgate-class: must be critical"),
+        "{reply}"
+    );
+}

@@ -114,6 +114,9 @@ struct Learned {
 
 struct State {
     queue: FairQueue<oneshot::Sender<()>>,
+    /// Critical requests waiting: each freed slot goes to the first of them before the
+    /// fair queue (request classes, see [`Scheduler::acquire_class`]).
+    critical: std::collections::VecDeque<oneshot::Sender<()>>,
     running: usize,
     last_renewal: Nanos,
     known: HashMap<GroupName, Learned>,
@@ -187,7 +190,13 @@ impl Shared {
             s.last_renewal = now;
         }
         while s.running < self.opts.concurrency {
-            let Some((_, waiter)) = s.queue.pop() else { break };
+            let waiter = match s.critical.pop_front() {
+                Some(waiter) => waiter,
+                None => match s.queue.pop() {
+                    Some((_, waiter)) => waiter,
+                    None => break,
+                },
+            };
             if waiter.send(()).is_ok() {
                 s.running += 1;
             }
@@ -276,6 +285,7 @@ impl Scheduler {
         let now = clock.now();
         let state = State {
             queue: FairQueue::new(opts.queue_len_max),
+            critical: std::collections::VecDeque::new(),
             running: 0,
             last_renewal: now,
             known: HashMap::new(),
@@ -316,23 +326,43 @@ impl Scheduler {
         self.shared.background.as_ref().map(Bucket::rate)
     }
 
+    /// A slot for a request of `cost` units of `group` in request class `class`: a critical
+    /// request waits only for the critical ones before it, taking the next slot freed ahead
+    /// of the fair queue; other classes queue as [`acquire`](Self::acquire) does.
+    pub async fn acquire_class(
+        &self,
+        group: &str,
+        cost: f64,
+        class: tollgate_model::class::RequestClass,
+    ) -> Result<Slot, ScheduleError> {
+        if class != tollgate_model::class::RequestClass::Critical {
+            return self.acquire(group, cost).await;
+        }
+        let (_, soft_wait) = self.admit_soft(group, cost).await?;
+        let receiver = {
+            let mut s = self.shared.lock();
+            if s.running < self.shared.opts.concurrency && s.critical.is_empty() {
+                s.running += 1;
+                return Ok(Slot { shared: self.shared.clone() });
+            }
+            if s.critical.len() >= self.shared.opts.queue_len_max {
+                let limit = self.shared.opts.queue_len_max;
+                return Err(ScheduleError::QueueFull(QueueFull { group: group.to_string(), limit }));
+            }
+            let (tx, rx) = oneshot::channel();
+            s.critical.push_back(tx);
+            rx
+        };
+        self.wait_for_slot(group, receiver, soft_wait).await
+    }
+
     /// A slot for a request of `cost` units of `group`: at once if one is free and nobody
     /// waits, otherwise in fair order, waiting up to `max_wait`.
     pub async fn acquire(&self, group: &str, cost: f64) -> Result<Slot, ScheduleError> {
-        check_group_name(group).map_err(|e| ScheduleError::InvalidGroup(e.rule))?;
-        let name = GroupName::new(group).map_err(|e| ScheduleError::InvalidGroup(e.rule))?;
-        let now = self.shared.clock.now();
-        let soft_wait = {
-            let mut s = self.shared.lock();
-            self.shared.learn(&mut s, &name, now);
-            self.shared.soft_quotas(&mut s, &name, cost, now)?
-        };
-        if !soft_wait.is_zero() {
-            tokio::time::sleep(soft_wait).await;
-        }
+        let (name, soft_wait) = self.admit_soft(group, cost).await?;
         let receiver = {
             let mut s = self.shared.lock();
-            if s.running < self.shared.opts.concurrency && s.queue.is_empty() {
+            if s.running < self.shared.opts.concurrency && s.queue.is_empty() && s.critical.is_empty() {
                 s.running += 1;
                 // The cost still counts toward the group's virtual time.
                 let (tx, rx) = oneshot::channel();
@@ -346,8 +376,34 @@ impl Scheduler {
             s.queue.push(&name, tx, cost)?;
             rx
         };
-        let max_wait = self.shared.opts.max_wait.saturating_sub(soft_wait);
-        let mut receiver = receiver;
+        self.wait_for_slot(group, receiver, soft_wait).await
+    }
+
+    /// Checks `group`'s name and passes its soft quotas, waiting for them if need be: its
+    /// name, and how long it waited.
+    async fn admit_soft(&self, group: &str, cost: f64) -> Result<(GroupName, Duration), ScheduleError> {
+        check_group_name(group).map_err(|e| ScheduleError::InvalidGroup(e.rule))?;
+        let name = GroupName::new(group).map_err(|e| ScheduleError::InvalidGroup(e.rule))?;
+        let now = self.shared.clock.now();
+        let soft_wait = {
+            let mut s = self.shared.lock();
+            self.shared.learn(&mut s, &name, now);
+            self.shared.soft_quotas(&mut s, &name, cost, now)?
+        };
+        if !soft_wait.is_zero() {
+            tokio::time::sleep(soft_wait).await;
+        }
+        Ok((name, soft_wait))
+    }
+
+    /// Waits for a queued request's slot, within what `max_wait` leaves after `waited`.
+    async fn wait_for_slot(
+        &self,
+        group: &str,
+        mut receiver: oneshot::Receiver<()>,
+        waited: Duration,
+    ) -> Result<Slot, ScheduleError> {
+        let max_wait = self.shared.opts.max_wait.saturating_sub(waited);
         if let Ok(Ok(())) = tokio::time::timeout(max_wait, &mut receiver).await {
             return Ok(Slot { shared: self.shared.clone() });
         }
@@ -359,6 +415,7 @@ impl Scheduler {
         }
         let mut s = self.shared.lock();
         s.queue.retain(|tx| !tx.is_closed());
+        s.critical.retain(|tx| !tx.is_closed());
         self.shared.dispatch(&mut s);
         Err(ScheduleError::TimedOut { group: group.to_string(), waited: self.shared.opts.max_wait })
     }
@@ -417,7 +474,7 @@ impl Scheduler {
     /// Requests running now, and waiting.
     pub fn load(&self) -> (usize, usize) {
         let s = self.shared.lock();
-        (s.running, s.queue.len())
+        (s.running, s.queue.len() + s.critical.len())
     }
 }
 

@@ -43,6 +43,35 @@ async fn at_most_concurrency_run_and_freed_slots_go_in_priority_order() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_critical_request_takes_the_next_freed_slot_before_the_fair_queue() {
+    use tollgate_model::class::RequestClass::{Critical, Normal, Sheddable};
+    let s = Scheduler::new(&settings(), SchedulerOptions { concurrency: 1, ..Default::default() });
+    let first = s.acquire("low", 1.0).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (group, class) in [("high", Normal), ("low", Sheddable), ("low", Critical), ("high", Critical)] {
+        let (s, order) = (s.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let slot = s.acquire_class(group, 1.0, class).await.unwrap();
+            order.lock().unwrap().push((group, class));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(slot);
+        }));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(s.load(), (1, 4));
+    drop(first);
+    for w in waiters {
+        w.await.unwrap();
+    }
+    // Critical requests first, in arrival order whatever their group's priority; then the
+    // fair queue's order.
+    let got = order.lock().unwrap().clone();
+    assert_eq!(got, [("low", Critical), ("high", Critical), ("high", Normal), ("low", Sheddable)]);
+    assert_eq!(s.load(), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
 async fn busy_groups_share_slots_by_their_rates() {
     let s = Scheduler::new(
         &settings(),
