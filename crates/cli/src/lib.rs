@@ -17,6 +17,7 @@ mod converge;
 mod first;
 pub mod fuzzing;
 mod import;
+mod load;
 mod overload;
 mod ramp;
 mod rls;

@@ -10,16 +10,13 @@
 //! when on the utilisation stayed within 5 % of 1, and each tenant's median latency.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate_limiter::clock::TokioClock;
-use tollgate_model::time::{Clock, Nanos};
 use tollgate_proto::v1;
+
+use crate::load::{Load, http};
 
 /// Prints one formatted line (see [`crate::say`]).
 macro_rules! say {
@@ -71,21 +68,10 @@ pub(crate) fn ranged(s: &str, what: &str, lo: f64, hi: f64) -> Result<f64, Strin
 
 /// The size of each value written.
 const VALUE_BYTES: usize = 4096;
-/// Requests in flight at most; past it a request is not sent (and counted).
-const IN_FLIGHT_MAX: usize = 8000;
 /// How often the controller and the service are read.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Bronze's limit before the surge, units/s.
 const BRONZE_LIMIT: f64 = 100_000.0;
-
-/// One answered request: when it was sent (seconds since the start), its tenant, its HTTP
-/// status and how long it took.
-struct Answer {
-    at: f64,
-    tenant: &'static str,
-    status: u16,
-    latency: f64,
-}
 
 /// One reading: seconds since the surge began, bronze busy, its target, the service's
 /// utilisation.
@@ -96,57 +82,6 @@ struct Reading {
     utilisation: f64,
 }
 
-struct Load {
-    service: SocketAddr,
-    clock: TokioClock,
-    start: Nanos,
-    answers: Mutex<Vec<Answer>>,
-    in_flight: AtomicUsize,
-    not_sent: AtomicUsize,
-    failed: AtomicUsize,
-}
-
-impl Load {
-    fn secs(&self) -> f64 {
-        self.clock.now().since(self.start).as_secs_f64()
-    }
-
-    async fn put(self: Arc<Self>, tenant: &'static str, key: u64) {
-        let at = self.secs();
-        let status = http_status(self.service, &put_request(self.service, tenant, key)).await;
-        let latency = self.secs() - at;
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        match status {
-            Some(status) => self.answers.lock().unwrap().push(Answer { at, tenant, status, latency }),
-            None => {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Offers `per_s` values a second for `tenant` until `until` (seconds since the start),
-    /// open loop: each request is sent when due, whatever the earlier ones are doing.
-    async fn offer(self: Arc<Self>, tenant: &'static str, per_s: f64, until: f64) {
-        let mut tick = tokio::time::interval(Duration::from_millis(10));
-        let mut owed = 0.0;
-        let mut key = 0u64;
-        while self.secs() < until {
-            tick.tick().await;
-            owed += per_s / 100.0;
-            while owed >= 1.0 {
-                owed -= 1.0;
-                key += 1;
-                if self.in_flight.fetch_add(1, Ordering::Relaxed) >= IN_FLIGHT_MAX {
-                    self.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    self.not_sent.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                tokio::spawn(self.clone().put(tenant, key % 10_000));
-            }
-        }
-    }
-}
-
 fn put_request(service: SocketAddr, tenant: &str, key: u64) -> Vec<u8> {
     let mut r = format!(
         "PUT /kv/{tenant}-{key} HTTP/1.1\r\nHost: {service}\r\nx-tollgate-group: {tenant}\r\nContent-Length: {VALUE_BYTES}\r\nConnection: close\r\n\r\n"
@@ -154,23 +89,6 @@ fn put_request(service: SocketAddr, tenant: &str, key: u64) -> Vec<u8> {
     .into_bytes();
     r.resize(r.len() + VALUE_BYTES, b'v');
     r
-}
-
-/// Sends `request` and reads the whole answer; its status code, or `None` on any failure.
-pub(crate) async fn http_status(service: SocketAddr, request: &[u8]) -> Option<u16> {
-    let answer = http(service, request).await?;
-    answer.split(|&b| b == b' ').nth(1).and_then(|code| std::str::from_utf8(code).ok()?.parse().ok())
-}
-
-pub(crate) async fn http(service: SocketAddr, request: &[u8]) -> Option<Vec<u8>> {
-    let work = async {
-        let mut s = tokio::net::TcpStream::connect(service).await.ok()?;
-        s.write_all(request).await.ok()?;
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer).await.ok()?;
-        Some(answer)
-    };
-    tokio::time::timeout(Duration::from_secs(60), work).await.ok().flatten()
 }
 
 /// The service's utilisation from its `/stats`.
@@ -198,19 +116,12 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
     crate::bench::put(&mut admin, "bronze", bronze).await?;
     utilisation(a.service).await.with_context(|| format!("cannot read http://{}/stats", a.service))?;
 
-    let clock = TokioClock::new();
-    let load = Arc::new(Load {
-        service: a.service,
-        start: clock.now(),
-        clock,
-        answers: Mutex::default(),
-        in_flight: AtomicUsize::new(0),
-        not_sent: AtomicUsize::new(0),
-        failed: AtomicUsize::new(0),
-    });
+    let load = Load::new(a.service);
+    let service = a.service;
+    let put = move |tenant: &'static str| move |n: u64| put_request(service, tenant, n % 10_000);
     let end = a.before + a.duration;
-    let gold_load = tokio::spawn(load.clone().offer("gold", 40.0, end));
-    let bronze_before = tokio::spawn(load.clone().offer("bronze", 60.0, a.before));
+    let gold_load = tokio::spawn(load.clone().offer("gold", 40.0, end, put("gold")));
+    let bronze_before = tokio::spawn(load.clone().offer("bronze", 60.0, a.before, put("bronze")));
     say!(
         "{:.0} s with bronze held at 100,000 units/s, then {} values/s for {:.0} s",
         a.before,
@@ -222,7 +133,7 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
     let lifted = v1::GroupPatch { unlimited: true, ..Default::default() };
     crate::bench::put(&mut admin, "bronze", lifted).await?;
     let surge_at = load.secs();
-    let bronze_load = tokio::spawn(load.clone().offer("bronze", a.surge, end));
+    let bronze_load = tokio::spawn(load.clone().offer("bronze", a.surge, end, put("bronze")));
 
     say!("{:>5}  {:>6}  {:>12}  {:>11}", "s", "busy", "target", "utilisation");
     let mut readings = Vec::new();
@@ -253,13 +164,7 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
     }
     gold_load.await?;
     bronze_load.await?;
-    // Let the requests in flight finish (bounded: each has its own deadline).
-    for _ in 0..600 {
-        if load.in_flight.load(Ordering::Relaxed) == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    load.drain().await;
 
     let busy_after = readings.iter().find(|r| r.busy).map(|r| r.at);
     // The controller takes the lift at its next tick, and the service at its next exchange
@@ -280,13 +185,13 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
         median(
             answers
                 .iter()
-                .filter(|x| x.tenant == tenant && x.status == 204 && x.at >= surge_at)
+                .filter(|x| x.tag == tenant && x.status == 204 && x.at >= surge_at)
                 .map(|x| x.latency)
                 .collect(),
         )
     };
     let count = |tenant: &str, status: u16| {
-        answers.iter().filter(|x| x.tenant == tenant && x.status == status && x.at >= surge_at).count()
+        answers.iter().filter(|x| x.tag == tenant && x.status == status && x.at >= surge_at).count()
     };
     let secs = |v: Option<f64>| v.map_or("never".into(), |v| format!("{v:.1} s"));
     let ms = |v: Option<f64>| v.map_or("none".into(), |v| format!("{:.1} ms", v * 1e3));
@@ -306,9 +211,6 @@ pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
         count("bronze", 204),
         count("bronze", 429)
     );
-    let (failed, not_sent) = (load.failed.load(Ordering::Relaxed), load.not_sent.load(Ordering::Relaxed));
-    if failed + not_sent > 0 {
-        say!("requests failed: {failed}, not sent (over {IN_FLIGHT_MAX} in flight): {not_sent}");
-    }
+    load.say_troubles();
     Ok(())
 }

@@ -1,0 +1,135 @@
+//! The open-loop load program the service benches share (`tollgate bench surge` and
+//! `tollgate bench overload`): requests sent when due over fresh HTTP connections, whatever
+//! the earlier ones are doing, each answer kept with its tag.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use tollgate_limiter::clock::TokioClock;
+use tollgate_model::time::{Clock, Nanos};
+
+/// Requests in flight at most; past it a request is not sent (and counted).
+pub(crate) const IN_FLIGHT_MAX: usize = 8000;
+
+/// One answered request: when it was sent (seconds since the start), its tag (a tenant, a
+/// class), its HTTP status and how long it took.
+pub(crate) struct Answer<T> {
+    pub(crate) at: f64,
+    pub(crate) tag: T,
+    pub(crate) status: u16,
+    pub(crate) latency: f64,
+}
+
+/// A load on one service, and what it was answered.
+pub(crate) struct Load<T> {
+    service: SocketAddr,
+    clock: TokioClock,
+    start: Nanos,
+    pub(crate) answers: Mutex<Vec<Answer<T>>>,
+    in_flight: AtomicUsize,
+    not_sent: AtomicUsize,
+    failed: AtomicUsize,
+}
+
+impl<T: Copy + Send + Sync + 'static> Load<T> {
+    /// A load on `service`, its clock starting now.
+    pub(crate) fn new(service: SocketAddr) -> Arc<Self> {
+        let clock = TokioClock::new();
+        Arc::new(Load {
+            service,
+            start: clock.now(),
+            clock,
+            answers: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            not_sent: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+        })
+    }
+
+    /// Seconds since the load began.
+    pub(crate) fn secs(&self) -> f64 {
+        self.clock.now().since(self.start).as_secs_f64()
+    }
+
+    async fn send(self: Arc<Self>, tag: T, request: Vec<u8>) {
+        let at = self.secs();
+        let status = http_status(self.service, &request).await;
+        let latency = self.secs() - at;
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        match status {
+            Some(status) => self.answers.lock().unwrap().push(Answer { at, tag, status, latency }),
+            None => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Offers `per_s` requests a second tagged `tag` until `until` (seconds since the start),
+    /// the `n`th being `request(n)`, open loop: each is sent when due.
+    pub(crate) async fn offer(
+        self: Arc<Self>,
+        tag: T,
+        per_s: f64,
+        until: f64,
+        request: impl Fn(u64) -> Vec<u8> + Send + 'static,
+    ) {
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let mut owed = 0.0;
+        let mut n = 0u64;
+        while self.secs() < until {
+            tick.tick().await;
+            owed += per_s / 100.0;
+            while owed >= 1.0 {
+                owed -= 1.0;
+                n += 1;
+                if self.in_flight.fetch_add(1, Ordering::Relaxed) >= IN_FLIGHT_MAX {
+                    self.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    self.not_sent.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                tokio::spawn(self.clone().send(tag, request(n)));
+            }
+        }
+    }
+
+    /// Waits for the requests in flight to end (bounded: each has its own deadline).
+    pub(crate) async fn drain(&self) {
+        for _ in 0..600 {
+            if self.in_flight.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Says how many requests failed or were not sent, if any did.
+    pub(crate) fn say_troubles(&self) {
+        let (failed, not_sent) = (self.failed.load(Ordering::Relaxed), self.not_sent.load(Ordering::Relaxed));
+        if failed + not_sent > 0 {
+            crate::say(format!(
+                "requests failed: {failed}, not sent (over {IN_FLIGHT_MAX} in flight): {not_sent}"
+            ));
+        }
+    }
+}
+
+/// Sends `request` and reads the whole answer; its status code, or `None` on any failure.
+pub(crate) async fn http_status(service: SocketAddr, request: &[u8]) -> Option<u16> {
+    let answer = http(service, request).await?;
+    answer.split(|&b| b == b' ').nth(1).and_then(|code| std::str::from_utf8(code).ok()?.parse().ok())
+}
+
+pub(crate) async fn http(service: SocketAddr, request: &[u8]) -> Option<Vec<u8>> {
+    let work = async {
+        let mut s = tokio::net::TcpStream::connect(service).await.ok()?;
+        s.write_all(request).await.ok()?;
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await.ok()?;
+        Some(answer)
+    };
+    tokio::time::timeout(Duration::from_secs(60), work).await.ok().flatten()
+}
