@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release -p tollgate-limiter --example kv-service -- \
 //!     [--controller http://127.0.0.1:7460] [--listen 127.0.0.1:7480] [--capacity 1000000] [--concurrency 4] \
-//!     [--compact-every SECONDS]
+//!     [--compact-every SECONDS] [--step UNITS]
 //! ```
 //!
 //! - The tenant comes from the `x-tollgate-group` header (unknown or missing: `default`), and
@@ -19,8 +19,9 @@
 //!   `compaction`, in 64 KiB steps through the same scheduler: configure that group with
 //!   `--background true` and it gets what the front-end tenants leave of the capacity.
 //! - The service does `--capacity` units of work per second (units are bytes): each request
-//!   holds its slot for `cost ÷ (capacity ÷ concurrency)` seconds. Its actual cost, the value's
-//!   size, settles the permit.
+//!   holds its slot for `cost ÷ (capacity ÷ concurrency)` seconds, done in steps of `--step`
+//!   units (1024 by default); between steps a critical request waiting takes the slot over.
+//!   Its actual cost, the value's size, settles the permit.
 //! - Four times a second it reports its utilisation (units/s arriving ÷ capacity, smoothed over
 //!   1 s) and its busiest tenants' arriving units/s, measured the same way, to the controller,
 //!   which limits tenants when the service is saturated.
@@ -62,6 +63,8 @@ struct Service {
     data: Mutex<HashMap<String, Bytes>>,
     /// Units of work per second the service can do, per slot.
     per_slot: f64,
+    /// Units of work between two step boundaries.
+    step: f64,
     /// Units that arrived in the current second (for utilisation).
     arrived: AtomicU64,
     /// Units/s arriving, smoothed, as f64 bits; and the capacity.
@@ -75,6 +78,7 @@ struct Options {
     capacity: f64,
     concurrency: usize,
     compact_every: Option<Duration>,
+    step: f64,
 }
 
 fn options() -> Result<Options, String> {
@@ -84,6 +88,7 @@ fn options() -> Result<Options, String> {
         capacity: 1_000_000.0,
         concurrency: 4,
         compact_every: None,
+        step: 1024.0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -109,6 +114,13 @@ fn options() -> Result<Options, String> {
                     .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
                     .ok_or("--compact-every: seconds above 0, at most 86400")?;
                 o.compact_every = Some(Duration::from_secs_f64(secs));
+            }
+            "--step" => {
+                o.step = value
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s >= 1.0)
+                    .ok_or("--step: a number of units, at least 1")?
             }
             other => return Err(format!("unknown option {other}")),
         }
@@ -165,15 +177,23 @@ async fn serve(
     };
     svc.arrived.fetch_add(estimate as u64, Ordering::Relaxed);
     svc.reporter.record(group, estimate);
-    let slot = match svc.scheduler.acquire_class(group, estimate, class).await {
+    let mut slot = match svc.scheduler.acquire_class(group, estimate, class).await {
         Ok(s) => s,
         // Past the group's soft quota on this service.
         Err(ScheduleError::OverBackendLimit { retry_after, .. }) => return too_many(retry_after),
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     };
     let (response, actual) = op(svc);
-    // The work itself: the service does `per_slot` units per second in each slot.
-    tokio::time::sleep(Duration::from_secs_f64(actual / svc.per_slot)).await;
+    // The work itself, `per_slot` units per second in each slot, a step at a time.
+    let mut left = actual;
+    while left > 0.0 {
+        let step = left.min(svc.step);
+        tokio::time::sleep(Duration::from_secs_f64(step / svc.per_slot)).await;
+        left -= step;
+        if left > 0.0 {
+            slot.yield_to_critical().await;
+        }
+    }
     drop(slot);
     let _ = permit.settle(actual);
     response
@@ -286,6 +306,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         compacted: AtomicU64::new(0),
         data: Mutex::new(HashMap::new()),
         per_slot: o.capacity / o.concurrency as f64,
+        step: o.step,
         arrived: AtomicU64::new(0),
         arriving: arrived_rate.clone(),
         capacity: o.capacity,

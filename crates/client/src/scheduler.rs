@@ -117,6 +117,10 @@ struct State {
     /// Critical requests waiting: each freed slot goes to the first of them before the
     /// fair queue (request classes, see [`Scheduler::acquire_class`]).
     critical: std::collections::VecDeque<oneshot::Sender<()>>,
+    /// Requests that gave their slot to critical work part way through
+    /// ([`Slot::yield_to_critical`]): they take the next slots after the critical ones,
+    /// ahead of the fair queue.
+    resumed: std::collections::VecDeque<oneshot::Sender<()>>,
     running: usize,
     last_renewal: Nanos,
     known: HashMap<GroupName, Learned>,
@@ -167,11 +171,66 @@ pub struct Scheduler {
 #[must_use = "the slot is released when dropped"]
 pub struct Slot {
     shared: Arc<Shared>,
+    /// Taken by a critical request: it never yields.
+    critical: bool,
+    /// Set while the slot, yielded to critical work, waits to come back.
+    resuming: Option<oneshot::Receiver<()>>,
+}
+
+impl Slot {
+    fn new(shared: &Arc<Shared>, critical: bool) -> Slot {
+        Slot { shared: shared.clone(), critical, resuming: None }
+    }
+
+    /// A step boundary in a long request's work. When critical requests wait and this slot is
+    /// not a critical one, the slot goes to the first of them and this request waits for the
+    /// next free slot, after the critical ones and ahead of the fair queue; otherwise it
+    /// returns at once. A request that does its work in steps and calls this between them
+    /// keeps a critical request's wait to one step, not one whole request (the way a database
+    /// admits each storage operation rather than each statement).
+    ///
+    /// Cancelled while it waits, the request holds no slot, and the one it is handed later goes
+    /// straight to the next waiter.
+    pub async fn yield_to_critical(&mut self) {
+        if self.critical {
+            return;
+        }
+        let receiver = {
+            let mut s = self.shared.lock();
+            let mut handed = false;
+            while let Some(waiter) = s.critical.pop_front() {
+                // The slot passes as it is: `running` counts it either way.
+                if waiter.send(()).is_ok() {
+                    handed = true;
+                    break;
+                }
+            }
+            if !handed {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            s.resumed.push_back(tx);
+            rx
+        };
+        let receiver = self.resuming.insert(receiver);
+        // The sender is only dropped with the scheduler, which this slot keeps alive.
+        let _ = receiver.await;
+        self.resuming = None;
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut s = self.shared.lock();
+        if let Some(mut receiver) = self.resuming.take() {
+            // Dropped while waiting to resume: a slot handed over at the last moment is
+            // passed on; otherwise there is nothing to give back.
+            receiver.close();
+            if receiver.try_recv().is_err() {
+                s.resumed.retain(|tx| !tx.is_closed());
+                return;
+            }
+        }
         s.running -= 1;
         self.shared.dispatch(&mut s);
     }
@@ -190,7 +249,7 @@ impl Shared {
             s.last_renewal = now;
         }
         while s.running < self.opts.concurrency {
-            let waiter = match s.critical.pop_front() {
+            let waiter = match s.critical.pop_front().or_else(|| s.resumed.pop_front()) {
                 Some(waiter) => waiter,
                 None => match s.queue.pop() {
                     Some((_, waiter)) => waiter,
@@ -286,6 +345,7 @@ impl Scheduler {
         let state = State {
             queue: FairQueue::new(opts.queue_len_max),
             critical: std::collections::VecDeque::new(),
+            resumed: std::collections::VecDeque::new(),
             running: 0,
             last_renewal: now,
             known: HashMap::new(),
@@ -343,7 +403,7 @@ impl Scheduler {
             let mut s = self.shared.lock();
             if s.running < self.shared.opts.concurrency && s.critical.is_empty() {
                 s.running += 1;
-                return Ok(Slot { shared: self.shared.clone() });
+                return Ok(Slot::new(&self.shared, true));
             }
             if s.critical.len() >= self.shared.opts.queue_len_max {
                 let limit = self.shared.opts.queue_len_max;
@@ -353,7 +413,7 @@ impl Scheduler {
             s.critical.push_back(tx);
             rx
         };
-        self.wait_for_slot(group, receiver, soft_wait).await
+        self.wait_for_slot(group, receiver, soft_wait, true).await
     }
 
     /// A slot for a request of `cost` units of `group`: at once if one is free and nobody
@@ -362,7 +422,8 @@ impl Scheduler {
         let (name, soft_wait) = self.admit_soft(group, cost).await?;
         let receiver = {
             let mut s = self.shared.lock();
-            if s.running < self.shared.opts.concurrency && s.queue.is_empty() && s.critical.is_empty() {
+            let idle = s.queue.is_empty() && s.critical.is_empty() && s.resumed.is_empty();
+            if s.running < self.shared.opts.concurrency && idle {
                 s.running += 1;
                 // The cost still counts toward the group's virtual time.
                 let (tx, rx) = oneshot::channel();
@@ -370,13 +431,13 @@ impl Scheduler {
                 let (_, tx) = s.queue.pop().expect("just pushed");
                 drop(tx);
                 drop(rx);
-                return Ok(Slot { shared: self.shared.clone() });
+                return Ok(Slot::new(&self.shared, false));
             }
             let (tx, rx) = oneshot::channel();
             s.queue.push(&name, tx, cost)?;
             rx
         };
-        self.wait_for_slot(group, receiver, soft_wait).await
+        self.wait_for_slot(group, receiver, soft_wait, false).await
     }
 
     /// Checks `group`'s name and passes its soft quotas, waiting for them if need be: its
@@ -402,16 +463,17 @@ impl Scheduler {
         group: &str,
         mut receiver: oneshot::Receiver<()>,
         waited: Duration,
+        critical: bool,
     ) -> Result<Slot, ScheduleError> {
         let max_wait = self.shared.opts.max_wait.saturating_sub(waited);
         if let Ok(Ok(())) = tokio::time::timeout(max_wait, &mut receiver).await {
-            return Ok(Slot { shared: self.shared.clone() });
+            return Ok(Slot::new(&self.shared, critical));
         }
         // Gave up. A slot may have been handed over at the last moment: close first, then
         // look, so it is either ours or never sent.
         receiver.close();
         if receiver.try_recv().is_ok() {
-            return Ok(Slot { shared: self.shared.clone() });
+            return Ok(Slot::new(&self.shared, critical));
         }
         let mut s = self.shared.lock();
         s.queue.retain(|tx| !tx.is_closed());
@@ -474,7 +536,7 @@ impl Scheduler {
     /// Requests running now, and waiting.
     pub fn load(&self) -> (usize, usize) {
         let s = self.shared.lock();
-        (s.running, s.queue.len() + s.critical.len())
+        (s.running, s.queue.len() + s.critical.len() + s.resumed.len())
     }
 }
 

@@ -72,6 +72,94 @@ async fn a_critical_request_takes_the_next_freed_slot_before_the_fair_queue() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_long_request_yields_its_slot_to_critical_work_between_steps() {
+    use tollgate_model::class::RequestClass::{Critical, Normal};
+    let s = Scheduler::new(&settings(), SchedulerOptions { concurrency: 1, ..Default::default() });
+    let mut long = s.acquire("low", 4.0).await.unwrap();
+    // Nobody critical waits: the step boundary costs nothing.
+    long.yield_to_critical().await;
+    assert_eq!(s.load(), (1, 0));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (name, class) in [("normal", Normal), ("critical", Critical)] {
+        let (s, order) = (s.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let mut slot = s.acquire_class("high", 1.0, class).await.unwrap();
+            order.lock().unwrap().push(name);
+            // A critical slot never yields, even with critical work waiting.
+            slot.yield_to_critical().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(slot);
+        }));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(s.load(), (1, 2));
+    // The long request's next step waits for the critical request, then goes before the
+    // normal one queued ahead of it.
+    long.yield_to_critical().await;
+    order.lock().unwrap().push("long resumed");
+    assert_eq!(s.load(), (1, 1));
+    drop(long);
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["critical", "long resumed", "normal"]);
+    assert_eq!(s.load(), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_yielded_request_cancelled_while_it_waits_gives_nothing_back_twice() {
+    use tollgate_model::class::RequestClass::Critical;
+    let s = Scheduler::new(&settings(), SchedulerOptions { concurrency: 1, ..Default::default() });
+    let mut long = s.acquire("low", 4.0).await.unwrap();
+    let critical = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let slot = s.acquire_class("high", 1.0, Critical).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(slot);
+        })
+    };
+    tokio::task::yield_now().await;
+    // Given up part way: the slot went to the critical request and none comes back.
+    let gave_up = tokio::time::timeout(Duration::from_millis(1), long.yield_to_critical()).await;
+    assert!(gave_up.is_err());
+    assert_eq!(s.load(), (1, 1));
+    drop(long);
+    assert_eq!(s.load(), (1, 0));
+    critical.await.unwrap();
+    assert_eq!(s.load(), (0, 0));
+    // And one handed over at the last moment is passed on.
+    let mut long = s.acquire("low", 4.0).await.unwrap();
+    let critical = {
+        let s = s.clone();
+        tokio::spawn(async move { drop(s.acquire_class("high", 1.0, Critical).await.unwrap()) })
+    };
+    tokio::task::yield_now().await;
+    {
+        let step = long.yield_to_critical();
+        tokio::pin!(step);
+        assert!(futures_poll_once(step.as_mut()).await.is_pending());
+        critical.await.unwrap();
+    }
+    drop(long);
+    assert_eq!(s.load(), (0, 0));
+    let next = s.acquire("high", 1.0).await.unwrap();
+    assert_eq!(s.load(), (1, 0));
+    drop(next);
+}
+
+/// Polls a future once.
+async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> std::task::Poll<F::Output> {
+    let mut f = Some(f);
+    std::future::poll_fn(move |cx| {
+        let mut inner = f.take().expect("polled once");
+        std::task::Poll::Ready(std::pin::Pin::new(&mut inner).poll(cx))
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
 async fn busy_groups_share_slots_by_their_rates() {
     let s = Scheduler::new(
         &settings(),
