@@ -3,6 +3,7 @@
 //! Everything here is a function of state, input and `now`; time is passed in as
 //! [`time::Nanos`]. The modules, by concept:
 //!
+//! - [`adaptive`]: limits learned from latency, and client-side adaptive throttling.
 //! - [`cost`]: cost models, what a request did priced in units.
 //! - [`settings`]: group settings and their validation.
 //! - [`config`]: the TOML settings file, with every problem reported by line.
@@ -19,6 +20,7 @@
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
 //! - [`toml_reader`]: reading TOML with every problem reported by line, field and rule.
 
+pub mod adaptive;
 pub mod allocate;
 pub mod bucket;
 pub mod class;

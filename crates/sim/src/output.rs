@@ -41,6 +41,16 @@ pub fn timeline_csv(outcome: &Outcome) -> String {
     for b in &outcome.backends {
         let _ = write!(out, ",{b}.utilisation");
     }
+    // A queueing backend's learned figures, for the backends that have them.
+    let queueing: Vec<usize> = outcome
+        .timeline
+        .first()
+        .map(|s| s.served.iter().enumerate().filter(|(_, q)| q.is_some()).map(|(i, _)| i).collect())
+        .unwrap_or_default();
+    for &i in &queueing {
+        let b = &outcome.backends[i];
+        let _ = write!(out, ",{b}.learned_limit,{b}.learned_capacity,{b}.goodput,{b}.latency_ms");
+    }
     out.push('\n');
     for s in &outcome.timeline {
         let _ = write!(out, "{}", s.t);
@@ -65,6 +75,13 @@ pub fn timeline_csv(outcome: &Outcome) -> String {
         let _ = write!(out, ",{},{},{}", s.total_target_rps, s.busy_groups, s.tracked_groups);
         for u in &s.utilisation {
             let _ = write!(out, ",{u}");
+        }
+        for &i in &queueing {
+            let q = s.served.get(i).copied().flatten();
+            let latency = q.map(|q| q.latency_ms).filter(|l| l.is_finite());
+            let capacity = q.map(|q| q.capacity).filter(|c| c.is_finite());
+            let (limit, goodput) = (cell(q.map(|q| q.limit)), cell(q.map(|q| q.goodput)));
+            let _ = write!(out, ",{limit},{},{goodput},{}", cell(capacity), cell(latency));
         }
         out.push('\n');
     }

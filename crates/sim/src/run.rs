@@ -59,6 +59,8 @@ pub struct Sample {
     pub groups: Vec<GroupSample>,
     /// Per backend utilisation, in the order of the scenario's backends.
     pub utilisation: Vec<f64>,
+    /// Per queueing backend, what it served; `None` for the others.
+    pub served: Vec<Option<crate::world::Served>>,
     /// Sum of the throttled groups' target_rps.
     pub total_target_rps: f64,
     /// Groups with limiting below their cap.
@@ -693,6 +695,7 @@ fn sample(now: Nanos, controller: &Controller, world: &mut World, groups: &[Grou
         out.tracked_groups = engine.tracked_groups() as f64;
     });
     out.utilisation = world.utilisation(now);
+    out.served = world.take_served();
     out
 }
 
@@ -716,7 +719,16 @@ pub fn observe(e: &Expect, s: &Sample, groups: &[GroupName]) -> Option<f64> {
                 _ => None,
             }
         }
-        Subject::Backend(i) => s.utilisation.get(*i).copied(),
+        Subject::Backend(i) => {
+            let served = s.served.get(*i).copied().flatten();
+            match e.metric.as_str() {
+                "learned_limit" => served.map(|q| q.limit),
+                "learned_capacity" => served.map(|q| q.capacity).filter(|c| c.is_finite()),
+                "goodput" => served.map(|q| q.goodput),
+                "latency_ms" => served.map(|q| q.latency_ms).filter(|l| l.is_finite()),
+                _ => s.utilisation.get(*i).copied(),
+            }
+        }
         Subject::Cluster => match e.metric.as_str() {
             "total_target_rps" => Some(s.total_target_rps),
             "busy_groups" => Some(s.busy_groups),

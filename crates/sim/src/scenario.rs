@@ -102,6 +102,10 @@ pub struct BackendSpec {
     /// The folding time of the load it reports, seconds (10 unless `folding_s` says; the
     /// server's backend reporter folds over 1 s by default).
     pub folding_s: f64,
+    /// With `workers`, a queueing backend: that many requests are served at once, the rest
+    /// share them (latency grows with the work in flight), and the backend learns its own
+    /// limit from latency instead of reporting its capacity (`tollgate_model::adaptive`).
+    pub workers: Option<u32>,
 }
 
 /// Folding time of the mock backends' load, seconds, unless a backend sets its own.
@@ -216,7 +220,8 @@ pub const GROUP_METRICS: &[&str] = &[
 /// Cluster-wide metrics.
 pub const CLUSTER_METRICS: &[&str] = &["total_target_rps", "busy_groups", "tracked_groups"];
 /// Metrics of a backend.
-pub const BACKEND_METRICS: &[&str] = &["utilisation"];
+pub const BACKEND_METRICS: &[&str] =
+    &["utilisation", "learned_limit", "learned_capacity", "goodput", "latency_ms"];
 
 const SIM_LIMIT: u64 = 1_000_000;
 /// The most clients a scenario may have, in all.
@@ -567,7 +572,8 @@ fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<Backend
         None => None,
     };
     let folding_s = f.take("folding_s").and_then(|(p, v)| folding(r, &p, v)).unwrap_or(BACKEND_FOLDING_S);
-    r.finish(f, "name, count, capacity, zone, folding_s");
+    let workers = f.take("workers").and_then(|(p, v)| r.integer(&p, v, 1, 10_000)).map(|w| w as u32);
+    r.finish(f, "name, count, capacity, zone, folding_s, workers");
     let (Some(name), Some(capacity)) = (name, capacity) else { return };
     if out.len().saturating_add(count as usize) > BACKENDS_MAX {
         r.error(
@@ -583,7 +589,7 @@ fn backends(r: &mut Reader<'_>, path: &str, v: &Value<'_>, out: &mut Vec<Backend
             r.error(v.span(), format!("{path}.name"), format!("backend {name:?} is defined twice"));
         }
         let zone = zone.clone().unwrap_or_else(|| name.clone());
-        out.push(BackendSpec { name, capacity, zone, folding_s });
+        out.push(BackendSpec { name, capacity, zone, folding_s, workers });
     }
 }
 

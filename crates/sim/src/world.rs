@@ -8,10 +8,23 @@
 //! queue bytes = its load (smoothed with a 10 s folding time, or its `folding_s`) ÷ C ×
 //! 800e6, and the load each group puts on it.
 //!
+//! A backend with `workers` is a queueing backend instead: each request admitted is a job of
+//! its cost (times a uniform draw from 0.5 to 1.5, so service times vary); `workers` jobs are served at
+//! once at `capacity ÷ workers` units/s each, and more jobs share the workers (processor
+//! sharing), so latency grows with the work in flight. The backend admits jobs up to a limit
+//! it learns from their latency ([`LatencyLimit`]); the rest wait, and a job waiting past
+//! [`QUEUE_WAIT_MAX`] is shed. It reports its utilisation as Little's law gives it: jobs
+//! arriving a second × their latency ÷ the learned limit, so that at 1 it runs at its limit,
+//! serving what arrives. Its capacity is never reported.
+//!
 //! The world holds no model of Tollgate: the simulator and the tests that run a real server
 //! over a simulated network drive the same world, so their runs can be compared.
 
+use std::collections::VecDeque;
+use std::time::Duration;
+
 use tollgate_limiter::{GroupHandle, RequestClass, Tollgate};
+use tollgate_model::adaptive::{LatencyLimit, LearnSettings};
 use tollgate_model::settings::GroupName;
 use tollgate_model::smooth::Smoother;
 use tollgate_model::time::Nanos;
@@ -46,6 +59,113 @@ struct Backend {
     load: Smoother,
     per_group: Vec<Smoother>,
     step_units: Vec<f64>,
+    queueing: Option<Queueing>,
+}
+
+/// How long a job waits for a queueing backend's limit before it is shed.
+pub const QUEUE_WAIT_MAX: Duration = Duration::from_secs(1);
+/// The most jobs a queueing backend holds, running and waiting.
+pub const JOBS_MAX: usize = 100_000;
+
+/// One request's work on a queueing backend.
+struct Job {
+    /// Units left to serve.
+    left: f64,
+    units: f64,
+    arrived: Nanos,
+    started: Nanos,
+    in_flight: usize,
+}
+
+/// A queueing backend's state. See the [module documentation](self).
+struct Queueing {
+    workers: f64,
+    limit: LatencyLimit,
+    running: Vec<Job>,
+    waiting: VecDeque<Job>,
+    /// Jobs arriving, smoothed as the load is.
+    arriving: Smoother,
+    /// Since the last sample: units served, and the latencies of finished jobs.
+    sec_served: f64,
+    sec_latency: (f64, u64),
+    /// Jobs shed so far.
+    shed: u64,
+}
+
+/// A queueing backend's figures over the last second.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Served {
+    /// Its learned limit (work in flight).
+    pub limit: f64,
+    /// The requests a second that limit sustains, by Little's law: the limit over the latency
+    /// of the last window (NaN before one).
+    pub capacity: f64,
+    /// Units served in the second.
+    pub goodput: f64,
+    /// The mean latency of the jobs finished in the second, ms (NaN when none finished).
+    pub latency_ms: f64,
+}
+
+impl Queueing {
+    fn new(workers: u32, folding_s: f64) -> Queueing {
+        Queueing {
+            workers: f64::from(workers),
+            limit: LatencyLimit::new(LearnSettings::default(), Nanos::ZERO),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            arriving: Smoother::new(folding_s),
+            sec_served: 0.0,
+            sec_latency: (0.0, 0),
+            shed: 0,
+        }
+    }
+
+    /// One step of `dt_s` ending at `now` on a backend of `capacity` units/s.
+    fn step(&mut self, now: Nanos, dt_s: f64, capacity: f64) {
+        let n = self.running.len() as f64;
+        let each = capacity / self.workers * (self.workers / n.max(1.0)).min(1.0) * dt_s;
+        let mut served = 0.0;
+        let limit = &mut self.limit;
+        let latency = &mut self.sec_latency;
+        self.running.retain_mut(|job| {
+            job.left -= each;
+            if job.left > 0.0 {
+                return true;
+            }
+            let took = now.since(job.started);
+            limit.sample(now, took, job.in_flight);
+            latency.0 += took.as_secs_f64();
+            latency.1 += 1;
+            served += job.units;
+            false
+        });
+        self.sec_served += served;
+        // Jobs that waited too long are shed; the rest start as the limit allows.
+        while self.waiting.front().is_some_and(|j| now.since(j.arrived) > QUEUE_WAIT_MAX) {
+            self.waiting.pop_front();
+            self.shed += 1;
+        }
+        while self.running.len() < self.limit.limit() {
+            let Some(mut job) = self.waiting.pop_front() else { break };
+            job.started = now;
+            job.in_flight = self.running.len() + 1;
+            self.running.push(job);
+        }
+    }
+
+    fn arrive(&mut self, now: Nanos, units: f64, work: f64) {
+        self.arriving.add_delta(now, 1.0);
+        if self.running.len() + self.waiting.len() >= JOBS_MAX {
+            self.shed += 1;
+            return;
+        }
+        self.waiting.push_back(Job { left: work, units, arrived: now, started: now, in_flight: 0 });
+    }
+
+    /// Utilisation by Little's law, from the smoothed `arriving` units/s.
+    fn utilisation(&self, now: Nanos) -> f64 {
+        self.limit.utilisation(self.arriving.clone().smooth_rate(now).max(0.0))
+    }
 }
 
 /// What each group was admitted in the last second.
@@ -64,6 +184,8 @@ pub struct World {
     groups: Vec<GroupName>,
     clients: Vec<Client>,
     backends: Vec<Backend>,
+    /// Service time draws for queueing backends.
+    rng: SplitMix64,
 }
 
 impl World {
@@ -106,9 +228,10 @@ impl World {
                 load: Smoother::new(b.folding_s),
                 per_group: groups.iter().map(|_| Smoother::new(b.folding_s)).collect(),
                 step_units: vec![0.0; groups.len()],
+                queueing: b.workers.map(|w| Queueing::new(w, b.folding_s)),
             })
             .collect();
-        World { groups: groups.to_vec(), clients, backends }
+        World { groups: groups.to_vec(), clients, backends, rng: SplitMix64::new(seed ^ 0x005E_ED0F_10B5) }
     }
 
     /// Client `i` restarted: it admits through `gate` from now on (unthrottled as its spec
@@ -142,7 +265,13 @@ impl World {
                     // Each request's cost is spread evenly over the client's backends.
                     let share = c.cost / c.backends.len().max(1) as f64;
                     for &b in &c.backends {
-                        self.backends[b].step_units[c.group] += share;
+                        let backend = &mut self.backends[b];
+                        backend.step_units[c.group] += share;
+                        if let Some(q) = &mut backend.queueing {
+                            // A service time of mean `share`, half to one and a half of it.
+                            let work = share * (0.5 + self.rng.next_f64());
+                            q.arrive(now, share, work);
+                        }
                     }
                 }
             }
@@ -150,6 +279,9 @@ impl World {
             c.handle.set_queued(c.backlog.iter().sum::<u64>() as f64 * c.cost);
         }
         for b in &mut self.backends {
+            if let Some(q) = &mut b.queueing {
+                q.step(now, dt_s, b.capacity);
+            }
             let total: f64 = b.step_units.iter().sum();
             b.load.add_delta(now, total);
             for (g, units) in b.step_units.iter_mut().enumerate() {
@@ -173,12 +305,14 @@ impl World {
                     .filter(|(_, l)| *l > 0.0)
                     .map(|(name, l)| v1::GroupLoad { group: name.to_string(), units_per_s: l })
                     .collect();
+                let health = match &b.queueing {
+                    Some(q) => v1::backend_report::Health::Utilisation(q.utilisation(now)),
+                    None => v1::backend_report::Health::QueueBytes(load / b.capacity * QUEUE_AT_CAPACITY),
+                };
                 v1::BackendReport {
                     backend_id: b.name.clone(),
                     zone: b.zone.clone(),
-                    health: Some(v1::backend_report::Health::QueueBytes(
-                        load / b.capacity * QUEUE_AT_CAPACITY,
-                    )),
+                    health: Some(health),
                     loads,
                 }
             })
@@ -200,9 +334,43 @@ impl World {
         out
     }
 
-    /// Each backend's utilisation at `now`.
+    /// Each backend's utilisation at `now`: its load over its capacity, or for a queueing
+    /// backend what it reports.
     pub fn utilisation(&self, now: Nanos) -> Vec<f64> {
-        self.backends.iter().map(|b| b.load.clone().smooth_rate(now).max(0.0) / b.capacity).collect()
+        self.backends
+            .iter()
+            .map(|b| {
+                let load = b.load.clone().smooth_rate(now).max(0.0);
+                match &b.queueing {
+                    Some(q) => q.utilisation(now),
+                    None => load / b.capacity,
+                }
+            })
+            .collect()
+    }
+
+    /// What each queueing backend served since the last call (one simulated second); `None`
+    /// for the others.
+    pub fn take_served(&mut self) -> Vec<Option<Served>> {
+        self.backends
+            .iter_mut()
+            .map(|b| {
+                let q = b.queueing.as_mut()?;
+                let (sum, n) = std::mem::take(&mut q.sec_latency);
+                let latency = q.limit.latency().map_or(f64::NAN, |l| l.as_secs_f64());
+                Some(Served {
+                    limit: q.limit.estimate(),
+                    capacity: q.limit.estimate() / latency,
+                    goodput: std::mem::take(&mut q.sec_served),
+                    latency_ms: if n == 0 { f64::NAN } else { sum / n as f64 * 1e3 },
+                })
+            })
+            .collect()
+    }
+
+    /// Jobs each queueing backend has shed (0 for the others).
+    pub fn shed(&self) -> Vec<u64> {
+        self.backends.iter().map(|b| b.queueing.as_ref().map_or(0, |q| q.shed)).collect()
     }
 
     /// Changes a backend's capacity.

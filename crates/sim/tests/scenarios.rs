@@ -31,6 +31,67 @@ fn every_scenario_passes() {
     }
 }
 
+/// The learned-capacity scenario over 50 seeds: settled (the last 20 s of the first phase's
+/// 40 s hold), the learned limit's peak to peak stays within 10 %, goodput at 90 % of the backend's best or more and latency within twice
+/// its unloaded 80 ms, and the capacity learned (the limit over the latency, requests a second)
+/// within 10 % of the true 100 on average; after the backend slows to half its speed, the
+/// capacity learned over the 5 s from 5 s on averages within 10 % of the new 50, and goodput
+/// from then on 90 % of it or more.
+#[test]
+fn a_learned_limit_converges_without_oscillating_across_50_seeds() {
+    let s = load("learned-capacity");
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = &s;
+                scope.spawn(move || {
+                    (1..=50u64).filter(|seed| seed % 4 == t).map(|seed| run(s, seed)).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        runs.into_iter().flat_map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(outcomes.len(), 50);
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let mut broken = Vec::new();
+    for o in &outcomes {
+        let seed = o.seed;
+        if !o.passed() {
+            broken.push(format!("seed {seed}: {:?}", output::phase_lines(o)));
+            continue;
+        }
+        let served = |from: usize, to: usize| -> Vec<tollgate_sim::world::Served> {
+            o.timeline[from..to].iter().map(|t| t.served[0].expect("a queueing backend")).collect()
+        };
+        let first_end = o.phases[0].converged_s.unwrap() as usize;
+        let settled = served(first_end - 20, first_end);
+        let limits: Vec<f64> = settled.iter().map(|q| q.limit).collect();
+        let (lo, hi) = limits.iter().fold((f64::MAX, 0.0f64), |(lo, hi), l| (lo.min(*l), hi.max(*l)));
+        let goodput = mean(&settled.iter().map(|q| q.goodput).collect::<Vec<_>>());
+        let latency = mean(&settled.iter().map(|q| q.latency_ms).collect::<Vec<_>>());
+        let second_end = first_end + o.phases[1].converged_s.unwrap() as usize;
+        let slowed = served(first_end + 5, second_end);
+        let slowed_goodput = mean(&slowed.iter().map(|q| q.goodput).collect::<Vec<_>>());
+        let capacity = mean(&settled.iter().map(|q| q.capacity).collect::<Vec<_>>());
+        let followed = mean(&slowed[..5].iter().map(|q| q.capacity).collect::<Vec<_>>());
+        let line = format!(
+            "seed {seed}: limit {lo:.2} to {hi:.2}, capacity {capacity:.1}, goodput {goodput:.1}, \
+             latency {latency:.0} ms; slowed: capacity {followed:.1}, goodput {slowed_goodput:.1}"
+        );
+        println!("{line}");
+        if (hi - lo) / mean(&limits) >= 0.1
+            || goodput < 90.0
+            || latency > 160.0
+            || slowed_goodput < 45.0
+            || (capacity - 100.0).abs() > 10.0
+            || (followed - 50.0).abs() > 5.0
+        {
+            broken.push(line);
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}
+
 #[test]
 fn fdb_simple_converges_within_15_simulated_seconds() {
     let s = load("fdb-simple");
