@@ -3,7 +3,8 @@
 //! ```text
 //! cargo run --release -p tollgate-limiter --example kv-service -- \
 //!     [--controller http://127.0.0.1:7460] [--listen 127.0.0.1:7480] [--capacity 1000000] [--concurrency 4] \
-//!     [--compact-every SECONDS] [--step UNITS]
+//!     [--compact-every SECONDS] [--step UNITS] [--work sleep|cpu] [--rounds N] [--learn]
+//!     [--max-wait MS] [--admit-wait MS]
 //! ```
 //!
 //! - The tenant comes from the `x-tollgate-group` header (unknown or missing: `default`), and
@@ -22,12 +23,25 @@
 //!   holds its slot for `cost ÷ (capacity ÷ concurrency)` seconds, done in steps of `--step`
 //!   units (1024 by default); between steps a critical request waiting takes the slot over.
 //!   Its actual cost, the value's size, settles the permit.
+//! - With `--work cpu` the work is real instead: each request hashes its value `--rounds` times
+//!   (200 by default) on a thread of its own, so what the service can do depends on the
+//!   machine's processors, and requests past their number share them and take longer. There is
+//!   no `--capacity` then.
 //! - Four times a second it reports its utilisation (units/s arriving ÷ capacity, smoothed over
 //!   1 s) and its busiest tenants' arriving units/s, measured the same way, to the controller,
 //!   which limits tenants when the service is saturated.
+//! - With `--learn`, nothing says what the service can do: the scheduler learns how many
+//!   requests may run at once (at most `--concurrency`) from their latency, and the
+//!   utilisation reported is the one that limit gives (docs/control.md, "Capacity learned from
+//!   latency"). Without it, in `--work cpu` mode, the service reports no utilisation and is
+//!   not protected from overload beyond `--concurrency`.
+//! - `--max-wait` is how long a request waits for a slot before a `503` (default 5000 ms), and
+//!   `--admit-wait` how long for its group's grant before a `429` (default 50 ms).
 //!
 //! API: `PUT /kv/{key}` stores the body; `GET /kv/{key}` returns it; `GET /stats` shows the
-//! utilisation, the scheduler's queue, the settings version and the bytes compacted;
+//! utilisation, the scheduler's queue and what it learned, the settings version and the bytes
+//! compacted; `PUT /slowdown` with a factor from 1 to 100 in its body makes each request's
+//! work that many times longer from then on (the service slowing down, for the benchmarks);
 //! `GET /healthz`.
 
 use std::collections::HashMap;
@@ -40,6 +54,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use tollgate_limiter::core::adaptive::LearnSettings;
 use tollgate_limiter::core::config::Config;
 use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions};
 use tollgate_limiter::scheduler::{FollowOptions, Following, ScheduleError, Scheduler, SchedulerOptions};
@@ -67,9 +82,13 @@ struct Service {
     step: f64,
     /// Units that arrived in the current second (for utilisation).
     arrived: AtomicU64,
-    /// Units/s arriving, smoothed, as f64 bits; and the capacity.
+    /// Units/s arriving, smoothed, as f64 bits; and the capacity (none with `--work cpu`).
     arriving: Arc<AtomicU64>,
-    capacity: f64,
+    capacity: Option<f64>,
+    /// Hashing passes over a value per request, with `--work cpu`.
+    rounds: Option<u32>,
+    /// How many times longer each request's work is than at the start.
+    slowdown: AtomicU64,
 }
 
 struct Options {
@@ -79,6 +98,12 @@ struct Options {
     concurrency: usize,
     compact_every: Option<Duration>,
     step: f64,
+    /// `--work cpu`: hashing passes per request.
+    rounds: Option<u32>,
+    capacity_given: bool,
+    learn: bool,
+    max_wait: Duration,
+    admit_wait: Duration,
 }
 
 fn options() -> Result<Options, String> {
@@ -89,16 +114,59 @@ fn options() -> Result<Options, String> {
         concurrency: 4,
         compact_every: None,
         step: 1024.0,
+        rounds: None,
+        capacity_given: false,
+        learn: false,
+        max_wait: Duration::from_secs(5),
+        admit_wait: Duration::from_millis(50),
     };
+    let mut cpu = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--learn" {
+            o.learn = true;
+            continue;
+        }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--controller" => o.controller = value,
             "--listen" => o.listen = value,
             "--capacity" => {
-                o.capacity =
-                    value.parse().ok().filter(|c: &f64| *c > 0.0).ok_or("--capacity: a number above 0")?
+                o.capacity = value
+                    .parse()
+                    .ok()
+                    .filter(|c: &f64| c.is_finite() && *c > 0.0)
+                    .ok_or("--capacity: a number above 0")?;
+                o.capacity_given = true;
+            }
+            "--work" => match value.as_str() {
+                "sleep" => cpu = false,
+                "cpu" => cpu = true,
+                _ => return Err("--work: sleep or cpu".into()),
+            },
+            "--rounds" => {
+                let rounds = value
+                    .parse()
+                    .ok()
+                    .filter(|r: &u32| (1..=100_000).contains(r))
+                    .ok_or("--rounds: a whole number from 1 to 100000")?;
+                o.rounds = Some(rounds);
+            }
+            "--admit-wait" => {
+                let ms = value
+                    .parse()
+                    .ok()
+                    .filter(|m: &u64| *m <= 60_000)
+                    .ok_or("--admit-wait: milliseconds from 0 to 60000")?;
+                o.admit_wait = Duration::from_millis(ms);
+            }
+            "--max-wait" => {
+                let ms = value
+                    .parse()
+                    .ok()
+                    .filter(|m: &u64| (1..=60_000).contains(m))
+                    .ok_or("--max-wait: milliseconds from 1 to 60000")?;
+                o.max_wait = Duration::from_millis(ms);
             }
             "--concurrency" => {
                 o.concurrency = value
@@ -125,7 +193,30 @@ fn options() -> Result<Options, String> {
             other => return Err(format!("unknown option {other}")),
         }
     }
+    if cpu {
+        if o.capacity_given {
+            return Err("--capacity: not with --work cpu, whose capacity is the machine's".into());
+        }
+        o.rounds = Some(o.rounds.unwrap_or(DEFAULT_ROUNDS));
+    } else if o.rounds.is_some() {
+        return Err("--rounds: only with --work cpu".into());
+    }
     Ok(o)
+}
+
+/// Hashing passes over a value per request with `--work cpu`.
+const DEFAULT_ROUNDS: u32 = 200;
+
+/// Real work: `rounds` passes of FNV-1a over `bytes`, each pass seeded by the last.
+fn hash_rounds(bytes: &[u8], rounds: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for _ in 0..rounds {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        h = std::hint::black_box(h);
+    }
+    h
 }
 
 fn group_of(headers: &HeaderMap) -> String {
@@ -157,7 +248,7 @@ async fn serve(
     svc: &Service,
     headers: &HeaderMap,
     estimate: f64,
-    op: impl FnOnce(&Service) -> (Response, f64),
+    op: impl FnOnce(&Service) -> (Response, f64, Bytes),
 ) -> Response {
     let group = group_of(headers);
     let group = group.as_str();
@@ -183,9 +274,18 @@ async fn serve(
         Err(ScheduleError::OverBackendLimit { retry_after, .. }) => return too_many(retry_after),
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     };
-    let (response, actual) = op(svc);
+    let (response, actual, value) = op(svc);
+    let slowdown = svc.slowdown.load(Ordering::Relaxed);
+    if let Some(rounds) = svc.rounds {
+        // Real work, on a thread of its own: past the processors' number, requests share them.
+        let passes = u64::from(rounds) * slowdown;
+        let _ = tokio::task::spawn_blocking(move || hash_rounds(&value, passes)).await;
+        drop(slot);
+        let _ = permit.settle(actual);
+        return response;
+    }
     // The work itself, `per_slot` units per second in each slot, a step at a time.
-    let mut left = actual;
+    let mut left = actual * slowdown as f64;
     while left > 0.0 {
         let step = left.min(svc.step);
         tokio::time::sleep(Duration::from_secs_f64(step / svc.per_slot)).await;
@@ -201,8 +301,8 @@ async fn serve(
 
 async fn get_key(State(svc): State<Arc<Service>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
     serve(&svc, &headers, READ_ESTIMATE, |svc| match svc.data.lock().unwrap().get(&key) {
-        Some(v) => (v.clone().into_response(), v.len().max(1) as f64),
-        None => (StatusCode::NOT_FOUND.into_response(), 1.0),
+        Some(v) => (v.clone().into_response(), v.len().max(1) as f64, v.clone()),
+        None => (StatusCode::NOT_FOUND.into_response(), 1.0, Bytes::new()),
     })
     .await
 }
@@ -215,25 +315,54 @@ async fn put_key(
 ) -> Response {
     let cost = body.len().max(1) as f64;
     serve(&svc, &headers, cost, |svc| {
-        svc.data.lock().unwrap().insert(key, body);
-        (StatusCode::NO_CONTENT.into_response(), cost)
+        svc.data.lock().unwrap().insert(key, body.clone());
+        (StatusCode::NO_CONTENT.into_response(), cost, body)
     })
     .await
 }
 
-/// The service's own view: utilisation (units/s arriving ÷ capacity) and its queue.
+/// The service's own view: utilisation (units/s arriving ÷ capacity, or the one the learned
+/// limit gives), its queue and what it learned.
 async fn stats(State(svc): State<Arc<Service>>) -> Response {
-    let utilisation = f64::from_bits(svc.arriving.load(Ordering::Relaxed)) / svc.capacity;
+    let utilisation = match (svc.scheduler.health(), svc.capacity) {
+        (Some(BackendHealth::Utilisation(u)), _) => Some(u),
+        (_, Some(c)) => Some(f64::from_bits(svc.arriving.load(Ordering::Relaxed)) / c),
+        _ => None,
+    };
     let (running, waiting) = svc.scheduler.load();
+    let learned = svc.scheduler.learned().map(|l| {
+        serde_json::json!({
+            "limit": l.limit,
+            "estimate": l.estimate,
+            "noload_ms": l.noload.map(|d| d.as_secs_f64() * 1e3),
+            "latency_ms": l.latency.map(|d| d.as_secs_f64() * 1e3),
+            "rate": l.rate,
+            "arriving": l.arriving,
+            "probing": l.probing,
+        })
+    });
     axum::Json(serde_json::json!({
         "utilisation": utilisation,
         "capacity": svc.capacity,
+        "learned": learned,
+        "slowdown": svc.slowdown.load(Ordering::Relaxed),
         "running": running,
         "waiting": waiting,
         "settings_version": svc.scheduler.settings_version(),
         "compacted_bytes": svc.compacted.load(Ordering::Relaxed),
     }))
     .into_response()
+}
+
+/// Makes each request's work `factor` times longer from now on.
+async fn slowdown(State(svc): State<Arc<Service>>, body: String) -> Response {
+    match body.trim().parse::<u64>() {
+        Ok(f) if (1..=100).contains(&f) => {
+            svc.slowdown.store(f, Ordering::Relaxed);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        _ => (StatusCode::BAD_REQUEST, "slowdown: a whole factor from 1 to 100\n").into_response(),
+    }
 }
 
 /// Compacts the table every `every`: as many 64 KiB steps as it holds bytes, each scheduled
@@ -251,7 +380,14 @@ async fn compact(svc: Arc<Service>, every: Duration) {
                 Ok(slot) => {
                     svc.arrived.fetch_add(step as u64, Ordering::Relaxed);
                     svc.reporter.record(COMPACTION_GROUP, step);
-                    tokio::time::sleep(Duration::from_secs_f64(step / svc.per_slot)).await;
+                    match svc.rounds {
+                        Some(rounds) => {
+                            let value = vec![0u8; step as usize];
+                            let _ =
+                                tokio::task::spawn_blocking(move || hash_rounds(&value, rounds.into())).await;
+                        }
+                        None => tokio::time::sleep(Duration::from_secs_f64(step / svc.per_slot)).await,
+                    }
                     drop(slot);
                     svc.compacted.fetch_add(step as u64, Ordering::Relaxed);
                     left -= step;
@@ -270,33 +406,38 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let o = options().map_err(|e| format!("kv-service: {e}"))?;
     let remote = RemoteOptions {
         client_id: Some(format!("kv-service-{}", o.listen)),
-        max_wait: Duration::from_millis(50),
+        max_wait: o.admit_wait,
         ..RemoteOptions::default()
     };
     let gate = Tollgate::remote(&o.controller, remote)?;
+    // Real work has the machine's capacity, which nothing here claims to know.
+    let capacity = o.rounds.is_none().then_some(o.capacity);
     // The groups' settings come from the controller, pulled at once and pushed on change.
     let scheduler = Scheduler::new(
         &Config::default(),
         SchedulerOptions {
             concurrency: o.concurrency,
-            capacity: Some(o.capacity),
+            capacity: capacity.filter(|_| !o.learn),
+            max_wait: o.max_wait,
+            learn: o.learn.then(LearnSettings::default),
             ..SchedulerOptions::default()
         },
     );
     let following = scheduler.follow(&o.controller, FollowOptions::default())?;
     let arrived_rate = Arc::new(AtomicU64::new(0));
-    let capacity = o.capacity;
     // Utilisation is the arriving load ÷ capacity, measured by the reporter itself so that
-    // the load per tenant and the utilisation come from one smoothed measurement.
+    // the load per tenant and the utilisation come from one smoothed measurement; or, learned,
+    // the one the scheduler's limit gives.
+    let learned = scheduler.clone();
     let reporter = BackendReporter::spawn(
         &o.controller,
         ReporterOptions {
             backend_id: format!("kv-{}", o.listen),
             zone: "local".into(),
-            capacity: Some(capacity),
+            capacity: capacity.filter(|_| !o.learn),
             ..ReporterOptions::default()
         },
-        || BackendHealth::Utilisation(0.0),
+        move || learned.health().unwrap_or(BackendHealth::Utilisation(0.0)),
     )?;
     let svc = Arc::new(Service {
         gate,
@@ -309,7 +450,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         step: o.step,
         arrived: AtomicU64::new(0),
         arriving: arrived_rate.clone(),
-        capacity: o.capacity,
+        capacity,
+        rounds: o.rounds,
+        slowdown: AtomicU64::new(1),
     });
     // Utilisation: units arriving per second, smoothed over about two seconds.
     {
@@ -332,6 +475,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/kv/{key}", get(get_key).put(put_key))
         .route("/stats", get(stats))
+        .route("/slowdown", axum::routing::put(slowdown))
         .with_state(svc);
     let listener = tokio::net::TcpListener::bind(&o.listen).await?;
     println!("kv-service listening on {} (controller {})", listener.local_addr()?, o.controller);

@@ -7,17 +7,7 @@
 # KV=path runs another build of the service, an older one say, beside this one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p tollgate-cli
-cargo build --release -q -p tollgate-limiter --example kv-service
-BIN=target/release/tollgate
-KV=${KV:-target/release/examples/kv-service}
-DATA=$(mktemp -d)
 . scripts/lib.sh
-cleanup() {
-  kill "${KV_PID:-}" "${SERVER:-}" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$DATA"
-}
-trap cleanup EXIT
+prepare_service_bench
 start_server_and_service --capacity 1000000 --concurrency 4
 "$BIN" bench surge --server "http://$GRPC" --service "$SERVICE" "$@"

@@ -26,3 +26,21 @@ start_server_and_service() {
   KV_PID=$!
   for _ in $(seq 100); do grep -q "listening on" "$DATA/kv.log" && break; sleep 0.1; done
 }
+
+# For a service bench: builds the release binaries, sets BIN, KV (unless given) and DATA (a
+# temporary directory), and stops what start_server_and_service started when the script ends.
+prepare_service_bench() {
+  cargo build --release -q -p tollgate-cli
+  cargo build --release -q -p tollgate-limiter --example kv-service
+  BIN=target/release/tollgate
+  KV=${KV:-target/release/examples/kv-service}
+  DATA=$(mktemp -d)
+  trap 'stop_server_and_service; rm -rf "$DATA"' EXIT
+}
+
+# Stops the controller and the service start_server_and_service started.
+stop_server_and_service() {
+  kill "${KV_PID:-}" "${SERVER:-}" 2>/dev/null || true
+  wait 2>/dev/null || true
+  KV_PID= SERVER=
+}

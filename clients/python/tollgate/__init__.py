@@ -5,6 +5,8 @@
   ``try_acquire``, ``acquire`` (waits), a context manager and a decorator, permits settled
   with the actual cost or priced by a :class:`CostModel`, dropped work, unthrottled handles,
   leases and safe mode.
+- :class:`ClientThrottle`: Google's client-side adaptive throttling, for a client whose
+  backend sheds: it refuses a share of requests itself rather than send what will be refused.
 - :class:`Admin`: the admin calls (groups and ramps, the node, status, tokens), with typed
   results (:mod:`tollgate.models`).
 
@@ -27,6 +29,7 @@ from .errors import (
 )
 from .limiter import GroupStats, Limiter, Permit, RemoteStatus
 from .models import Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token
+from .throttle import ClientThrottle
 
 __version__ = "0.1.0"
 """The client's version (the distribution ``tollgate-client``'s)."""
@@ -35,6 +38,7 @@ __all__ = [
     "Admin",
     "AlreadyExists",
     "AsyncLimiter",
+    "ClientThrottle",
     "Consumption",
     "CostModel",
     "Group",

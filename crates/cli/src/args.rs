@@ -64,6 +64,10 @@ pub(crate) enum BenchCommand {
     /// Whether request classes hold critical work through an overload of a real service
     /// (examples/kv-service): critical success and p99, with classes and without.
     Overload(crate::overload::OverloadArgs),
+    /// Whether a service that learns its own capacity holds an overload of 1 to 8 times what
+    /// it can do (examples/kv-service --work cpu): goodput, p99 and critical success beside no
+    /// limiter and a static token bucket, and how soon a slowdown is followed.
+    Capacity(crate::capacity::CapacityArgs),
     /// How long saturation limiting takes to settle after a demand step, a lifted quota and a
     /// capacity cut, in simulated seconds, beside a plain multiplicative law.
     Converge(crate::converge::ConvergeArgs),

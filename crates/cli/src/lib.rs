@@ -12,6 +12,7 @@ mod admin;
 mod args;
 mod bench;
 mod calibrate;
+mod capacity;
 mod check;
 mod converge;
 mod first;
@@ -129,6 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
                 BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
                 BenchCommand::Overload(args) => rt.block_on(overload::overload(args))?,
+                BenchCommand::Capacity(args) => rt.block_on(capacity::capacity(args))?,
                 BenchCommand::Converge(args) => converge::converge(args)?,
                 BenchCommand::FirstAnswer(args) => rt.block_on(first::first_answer(args, &target))?,
             }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tollgate_limiter::clock::TokioClock;
+use tollgate_limiter::throttle::ClientThrottle;
 use tollgate_model::time::{Clock, Nanos};
 
 /// Requests in flight at most; past it a request is not sent (and counted).
@@ -33,6 +34,8 @@ pub(crate) struct Load<T> {
     in_flight: AtomicUsize,
     not_sent: AtomicUsize,
     failed: AtomicUsize,
+    /// Refused by the client's own adaptive throttle.
+    pub(crate) refused_here: AtomicUsize,
 }
 
 impl<T: Copy + Send + Sync + 'static> Load<T> {
@@ -47,6 +50,7 @@ impl<T: Copy + Send + Sync + 'static> Load<T> {
             in_flight: AtomicUsize::new(0),
             not_sent: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
+            refused_here: AtomicUsize::new(0),
         })
     }
 
@@ -55,11 +59,14 @@ impl<T: Copy + Send + Sync + 'static> Load<T> {
         self.clock.now().since(self.start).as_secs_f64()
     }
 
-    async fn send(self: Arc<Self>, tag: T, request: Vec<u8>) {
+    async fn send(self: Arc<Self>, tag: T, request: Vec<u8>, throttle: Option<ClientThrottle>) {
         let at = self.secs();
         let status = http_status(self.service, &request).await;
         let latency = self.secs() - at;
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(t) = throttle {
+            t.record(!matches!(status, Some(429 | 503) | None));
+        }
         match status {
             Some(status) => self.answers.lock().unwrap().push(Answer { at, tag, status, latency }),
             None => {
@@ -77,6 +84,19 @@ impl<T: Copy + Send + Sync + 'static> Load<T> {
         until: f64,
         request: impl Fn(u64) -> Vec<u8> + Send + 'static,
     ) {
+        self.offer_throttled(tag, per_s, until, request, None).await
+    }
+
+    /// As [`offer`](Self::offer), each request first asking `throttle`, when given: one it
+    /// refuses is not sent, and is kept as answered 429 at once.
+    pub(crate) async fn offer_throttled(
+        self: Arc<Self>,
+        tag: T,
+        per_s: f64,
+        until: f64,
+        request: impl Fn(u64) -> Vec<u8> + Send + 'static,
+        throttle: Option<ClientThrottle>,
+    ) {
         let mut tick = tokio::time::interval(Duration::from_millis(10));
         let mut owed = 0.0;
         let mut n = 0u64;
@@ -86,12 +106,18 @@ impl<T: Copy + Send + Sync + 'static> Load<T> {
             while owed >= 1.0 {
                 owed -= 1.0;
                 n += 1;
+                if throttle.as_ref().is_some_and(|t| !t.allow()) {
+                    let at = self.secs();
+                    self.answers.lock().unwrap().push(Answer { at, tag, status: 429, latency: 0.0 });
+                    self.refused_here.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 if self.in_flight.fetch_add(1, Ordering::Relaxed) >= IN_FLIGHT_MAX {
                     self.in_flight.fetch_sub(1, Ordering::Relaxed);
                     self.not_sent.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                tokio::spawn(self.clone().send(tag, request(n)));
+                tokio::spawn(self.clone().send(tag, request(n), throttle.clone()));
             }
         }
     }

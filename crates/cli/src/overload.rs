@@ -71,15 +71,15 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 /// The size of each value written.
-const VALUE_BYTES: usize = 4096;
+pub(crate) const VALUE_BYTES: usize = 4096;
 /// The unloaded run's rate, as a share of the capacity.
 const UNLOADED_SHARE: f64 = 0.2;
 /// The group every request is for.
-const GROUP: &str = "shop";
+pub(crate) const GROUP: &str = "shop";
 
 /// A request's class as the load program follows it (sent or not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Critical,
     Normal,
     Sheddable,
@@ -125,7 +125,7 @@ async fn run(
 }
 
 /// A write of one value of `GROUP`, its class in its header when `send_class`.
-fn put_request(service: SocketAddr, kind: Kind, send_class: bool, key: u64) -> Vec<u8> {
+pub(crate) fn put_request(service: SocketAddr, kind: Kind, send_class: bool, key: u64) -> Vec<u8> {
     let class = if send_class { format!("x-tollgate-class: {}\r\n", kind.name()) } else { String::new() };
     let mut r = format!(
         "PUT /kv/{GROUP}-{key} HTTP/1.1\r\nHost: {service}\r\nx-tollgate-group: {GROUP}\r\n{class}Content-Length: {VALUE_BYTES}\r\nConnection: close\r\n\r\n"
@@ -161,7 +161,7 @@ fn seen(answers: &[Answer<Kind>], from: f64, to: f64) -> Seen {
 }
 
 /// The service's capacity (units, bytes, per second) from its `/stats`.
-async fn capacity(service: SocketAddr) -> Option<f64> {
+pub(crate) async fn capacity(service: SocketAddr) -> Option<f64> {
     let request = format!("GET /stats HTTP/1.1\r\nHost: {service}\r\nConnection: close\r\n\r\n");
     let answer = crate::load::http(service, request.as_bytes()).await?;
     let body = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|i| &answer[i + 4..])?;

@@ -433,3 +433,60 @@ fn bench_overload_drives_the_service_with_request_classes() {
         "{reply}"
     );
 }
+
+/// `tollgate bench capacity` runs its learned arm against the real service doing real work
+/// (a short run: what it measures is in BENCHMARKS.md, not asserted here); the service names
+/// the options it refuses and the bench the arm a service does not run.
+#[test]
+fn bench_capacity_drives_a_service_that_learns_its_limit() {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-capacity");
+    let _ = std::fs::remove_dir_all(&data);
+    let (_server, grpc) =
+        start(server_command(&data, "127.0.0.1:0").args(["--ignore-worst-zones", "0"]), "grpc ");
+    let url = format!("http://{grpc}");
+    let kv_with = |more: &[&str]| {
+        let mut cmd = Command::new(kv_service_binary());
+        cmd.args(["--controller", &url, "--listen", "127.0.0.1:0", "--work", "cpu", "--rounds", "20"])
+            .args(more);
+        cmd
+    };
+    for (more, named) in
+        [(&["--capacity", "5"][..], "--capacity"), (&["--admit-wait", "-1"][..], "--admit-wait")]
+    {
+        let out = kv_with(more).output().unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(named),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (_kv, kv_addr) = start(&mut kv_with(&["--learn", "--concurrency", "64"]), "listening on ");
+    let bench = |more: &[&str]| {
+        let args = ["bench", "capacity", "--server", &url, "--service", &kv_addr, "--best", "100"];
+        Command::new(BIN).args(args).args(more).output().unwrap()
+    };
+    let wrong = bench(&["--arm", "none"]);
+    assert!(!wrong.status.success());
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("without --learn"));
+    let args =
+        ["--arm", "learned", "--times", "2", "--duration", "3", "--slowdown", "6", "--client-throttle"];
+    let out = bench(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for row in ["learned      2x", "learned    slow", "unloaded p99", "slowdown: learned rate"] {
+        assert!(text.contains(row), "{row} missing from {text}");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let kv: SocketAddr = kv_addr.parse().unwrap();
+    let stats =
+        rt.block_on(http(kv, b"GET /stats HTTP/1.1\r\nHost: kv\r\nConnection: close\r\n\r\n")).unwrap();
+    assert!(stats.contains("\"noload_ms\"") && stats.contains("\"capacity\":null"), "{stats}");
+    let slow = b"PUT /slowdown HTTP/1.1\r\nHost: kv\r\nContent-Length: 3\r\nConnection: close\r\n\r\n101";
+    let reply = rt.block_on(http(kv, slow)).unwrap();
+    assert!(
+        reply.starts_with("HTTP/1.1 400") && reply.contains("slowdown: a whole factor from 1 to 100"),
+        "{reply}"
+    );
+}

@@ -54,6 +54,7 @@ pub mod reporter;
 pub mod scheduler;
 pub mod store;
 mod tally;
+pub mod throttle;
 
 pub use builder::{Builder, check as check_embedded};
 pub use embedded::BACKGROUND_GROUPS;

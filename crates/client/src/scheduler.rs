@@ -26,6 +26,13 @@
 //!   a limiter that gives them what the front-end groups leave of the capacity, never less than
 //!   a tenth of it, retuned every second from the front end's smoothed load.
 //!
+//! With [`SchedulerOptions::learn`], how many run at once is learned rather than set: each
+//! slot's time in use is a latency sample for a [`LatencyLimit`], whose limit (never above
+//! `concurrency`) is what runs at once, and [`Scheduler::health`] is the utilisation that limit
+//! gives, for the [`BackendReporter`](crate::reporter::BackendReporter) to send the controller.
+//! The backend then needs no capacity configured: the controller's saturation law shares what
+//! it learned among the groups.
+//!
 //! The settings come from the settings given to [`Scheduler::new`] until
 //! [`Scheduler::follow`] has fetched the controller's; from then on the controller pushes each
 //! change, and the scheduler checks every `check_interval` that it holds the current version.
@@ -36,6 +43,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::sync::oneshot;
+use tollgate_model::adaptive::{LatencyLimit, LearnSettings};
 use tollgate_model::bucket::{Bucket, Refusal};
 use tollgate_model::config::Config;
 use tollgate_model::schedule::{FairQueue, QueueFull};
@@ -49,9 +57,11 @@ use crate::clock::TokioClock;
 /// How the scheduler behaves.
 #[derive(Debug, Clone)]
 pub struct SchedulerOptions {
-    /// Requests running at once.
+    /// Requests running at once; with `learn`, the most that ever run at once (the service's
+    /// worker pool, say).
     pub concurrency: usize,
-    /// How long a request waits for a slot at most.
+    /// How long a request waits for a slot at most; with `learn`, never longer than the
+    /// backend's no-load latency, once measured.
     pub max_wait: Duration,
     /// How many requests of one group may wait.
     pub queue_len_max: usize,
@@ -59,12 +69,44 @@ pub struct SchedulerOptions {
     /// front-end groups leave of it (at least [`BACKGROUND_FLOOR`] of it); without it they are
     /// held only by their own `backend_limit` and their priority.
     pub capacity: Option<f64>,
+    /// Learn how many requests run at once from their latency (see the [module
+    /// documentation](self)), up to `concurrency`; `None` (the default) runs `concurrency`.
+    /// The settings must pass [`LearnSettings::check`].
+    pub learn: Option<LearnSettings>,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
-        Self { concurrency: 16, max_wait: Duration::from_secs(5), queue_len_max: 10_000, capacity: None }
+        Self {
+            concurrency: 16,
+            max_wait: Duration::from_secs(5),
+            queue_len_max: 10_000,
+            capacity: None,
+            learn: None,
+        }
     }
+}
+
+/// Folding time of the arrival rate behind [`Scheduler::health`].
+const ARRIVAL_SMOOTHING_S: f64 = 1.0;
+
+/// What a scheduler has learned of its backend ([`Scheduler::learned`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Learned {
+    /// Requests allowed to run at once now (halved while probing).
+    pub limit: usize,
+    /// The learned limit, unrounded.
+    pub estimate: f64,
+    /// The latency of a request with the backend unloaded, once measured.
+    pub noload: Option<Duration>,
+    /// The mean latency of the windows outside a probe, smoothed over a few of them.
+    pub latency: Option<Duration>,
+    /// The rate the backend sustains at its limit, requests/s: the limit ÷ the latency.
+    pub rate: Option<f64>,
+    /// Requests arriving per second, smoothed over about a second.
+    pub arriving: f64,
+    /// Whether the no-load latency is being measured.
+    pub probing: bool,
 }
 
 /// The share of the capacity background groups get however busy the front end is.
@@ -106,7 +148,7 @@ pub enum ScheduleError {
 }
 
 /// What the scheduler knows of a group it has seen.
-struct Learned {
+struct Known {
     settings: GroupSettings,
     /// Its soft quota's bucket, when it has a `backend_limit`.
     limiter: Option<Bucket>,
@@ -123,13 +165,24 @@ struct State {
     resumed: std::collections::VecDeque<oneshot::Sender<()>>,
     running: usize,
     last_renewal: Nanos,
-    known: HashMap<GroupName, Learned>,
+    known: HashMap<GroupName, Known>,
     settings: Config,
     /// The controller's version of `settings`; 0 while they are the local ones.
     version: u64,
     /// Units/s of front-end work, smoothed, for the background limiter.
     foreground: Smoother,
     last_retune: Nanos,
+    /// The limit learned from latency, with `SchedulerOptions::learn`.
+    learner: Option<LatencyLimit>,
+    /// Requests arriving, smoothed.
+    arrivals: Smoother,
+}
+
+impl State {
+    /// How many may run at once now.
+    fn allowed(&self, concurrency: usize) -> usize {
+        self.learner.as_ref().map_or(concurrency, |l| l.limit().min(concurrency))
+    }
 }
 
 struct Shared {
@@ -175,11 +228,18 @@ pub struct Slot {
     critical: bool,
     /// Set while the slot, yielded to critical work, waits to come back.
     resuming: Option<oneshot::Receiver<()>>,
+    /// When the request started, how many ran then (itself included), and how long it has
+    /// spent yielded: its latency sample when the limit is learned.
+    started: Nanos,
+    in_flight: usize,
+    paused: Duration,
 }
 
 impl Slot {
-    fn new(shared: &Arc<Shared>, critical: bool) -> Slot {
-        Slot { shared: shared.clone(), critical, resuming: None }
+    /// A slot taken with `in_flight` running, itself included.
+    fn new(shared: &Arc<Shared>, critical: bool, in_flight: usize) -> Slot {
+        let started = shared.clock.now();
+        Slot { shared: shared.clone(), critical, resuming: None, started, in_flight, paused: Duration::ZERO }
     }
 
     /// A step boundary in a long request's work. When critical requests wait and this slot is
@@ -213,9 +273,11 @@ impl Slot {
             rx
         };
         let receiver = self.resuming.insert(receiver);
+        let from = self.shared.clock.now();
         // The sender is only dropped with the scheduler, which this slot keeps alive.
         let _ = receiver.await;
         self.resuming = None;
+        self.paused += self.shared.clock.now().since(from);
     }
 }
 
@@ -232,6 +294,10 @@ impl Drop for Slot {
             }
         }
         s.running -= 1;
+        if let Some(learner) = s.learner.as_mut() {
+            let now = self.shared.clock.now();
+            learner.sample(now, now.since(self.started).saturating_sub(self.paused), self.in_flight);
+        }
         self.shared.dispatch(&mut s);
     }
 }
@@ -241,6 +307,16 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How long a request may wait for a slot: `max_wait`, or with a learned limit at most the
+    /// backend's no-load latency once known. The limit already runs the backend at its knee,
+    /// where the latency is `tolerance` times the no-load one; a queue longer than one more
+    /// request's work in front of that only adds latency, and the work it would have held is
+    /// better refused at once for the client to retry or the controller to hold back.
+    fn wait_bound(&self) -> Duration {
+        let noload = self.lock().learner.as_ref().and_then(LatencyLimit::noload);
+        noload.map_or(self.opts.max_wait, |n| n.min(self.opts.max_wait))
+    }
+
     /// Hands free slots to waiters in fair order, skipping any that gave up.
     fn dispatch(&self, s: &mut State) {
         let now = self.clock.now();
@@ -248,7 +324,7 @@ impl Shared {
             s.queue.renew();
             s.last_renewal = now;
         }
-        while s.running < self.opts.concurrency {
+        while s.running < s.allowed(self.opts.concurrency) {
             let waiter = match s.critical.pop_front().or_else(|| s.resumed.pop_front()) {
                 Some(waiter) => waiter,
                 None => match s.queue.pop() {
@@ -282,7 +358,7 @@ impl Shared {
             }
             (Some(limit), None) => Some(soft_bucket(limit, now)),
         };
-        s.known.insert(group.clone(), Learned { settings, limiter });
+        s.known.insert(group.clone(), Known { settings, limiter });
     }
 
     /// Follows the front end's load with the background limiter, once per
@@ -353,6 +429,8 @@ impl Scheduler {
             version: 0,
             foreground: Smoother::new(FOREGROUND_SMOOTHING_S),
             last_retune: now,
+            learner: opts.learn.clone().map(|l| LatencyLimit::new(l, now)),
+            arrivals: Smoother::new(ARRIVAL_SMOOTHING_S),
         };
         let background = opts.capacity.filter(|c| c.is_finite() && *c > 0.0).map(|c| soft_bucket(c, now));
         Scheduler { shared: Arc::new(Shared { state: Mutex::new(state), opts, clock, background }) }
@@ -401,9 +479,9 @@ impl Scheduler {
         let (_, soft_wait) = self.admit_soft(group, cost).await?;
         let receiver = {
             let mut s = self.shared.lock();
-            if s.running < self.shared.opts.concurrency && s.critical.is_empty() {
+            if s.running < s.allowed(self.shared.opts.concurrency) && s.critical.is_empty() {
                 s.running += 1;
-                return Ok(Slot::new(&self.shared, true));
+                return Ok(Slot::new(&self.shared, true, s.running));
             }
             if s.critical.len() >= self.shared.opts.queue_len_max {
                 let limit = self.shared.opts.queue_len_max;
@@ -423,7 +501,7 @@ impl Scheduler {
         let receiver = {
             let mut s = self.shared.lock();
             let idle = s.queue.is_empty() && s.critical.is_empty() && s.resumed.is_empty();
-            if s.running < self.shared.opts.concurrency && idle {
+            if s.running < s.allowed(self.shared.opts.concurrency) && idle {
                 s.running += 1;
                 // The cost still counts toward the group's virtual time.
                 let (tx, rx) = oneshot::channel();
@@ -431,7 +509,7 @@ impl Scheduler {
                 let (_, tx) = s.queue.pop().expect("just pushed");
                 drop(tx);
                 drop(rx);
-                return Ok(Slot::new(&self.shared, false));
+                return Ok(Slot::new(&self.shared, false, s.running));
             }
             let (tx, rx) = oneshot::channel();
             s.queue.push(&name, tx, cost)?;
@@ -448,6 +526,7 @@ impl Scheduler {
         let now = self.shared.clock.now();
         let soft_wait = {
             let mut s = self.shared.lock();
+            s.arrivals.add_delta(now, 1.0);
             self.shared.learn(&mut s, &name, now);
             self.shared.soft_quotas(&mut s, &name, cost, now)?
         };
@@ -465,21 +544,21 @@ impl Scheduler {
         waited: Duration,
         critical: bool,
     ) -> Result<Slot, ScheduleError> {
-        let max_wait = self.shared.opts.max_wait.saturating_sub(waited);
+        let max_wait = self.shared.wait_bound().saturating_sub(waited);
         if let Ok(Ok(())) = tokio::time::timeout(max_wait, &mut receiver).await {
-            return Ok(Slot::new(&self.shared, critical));
+            return Ok(Slot::new(&self.shared, critical, self.shared.lock().running));
         }
         // Gave up. A slot may have been handed over at the last moment: close first, then
         // look, so it is either ours or never sent.
         receiver.close();
         if receiver.try_recv().is_ok() {
-            return Ok(Slot::new(&self.shared, critical));
+            return Ok(Slot::new(&self.shared, critical, self.shared.lock().running));
         }
         let mut s = self.shared.lock();
         s.queue.retain(|tx| !tx.is_closed());
         s.critical.retain(|tx| !tx.is_closed());
         self.shared.dispatch(&mut s);
-        Err(ScheduleError::TimedOut { group: group.to_string(), waited: self.shared.opts.max_wait })
+        Err(ScheduleError::TimedOut { group: group.to_string(), waited: max_wait + waited })
     }
 
     /// Keeps the group settings in step with the controller at `url` (TiDB's metadata sync):
@@ -531,6 +610,36 @@ impl Scheduler {
             }
         }
         self.set_settings(config, set.version);
+    }
+
+    /// What the scheduler has learned of its backend, with [`SchedulerOptions::learn`].
+    pub fn learned(&self) -> Option<Learned> {
+        let now = self.shared.clock.now();
+        let mut s = self.shared.lock();
+        let arriving = s.arrivals.smooth_rate(now).max(0.0);
+        let l = s.learner.as_ref()?;
+        let latency = l.latency();
+        Some(Learned {
+            limit: l.limit().min(self.shared.opts.concurrency),
+            estimate: l.estimate(),
+            noload: l.noload(),
+            latency,
+            rate: latency.filter(|d| !d.is_zero()).map(|d| l.estimate() / d.as_secs_f64()),
+            arriving,
+            probing: l.probing(),
+        })
+    }
+
+    /// The backend's health as the limit learned gives it: the utilisation of the requests
+    /// arriving ([`LatencyLimit::utilisation`]), for a
+    /// [`BackendReporter`](crate::reporter::BackendReporter)'s health function. `None` unless
+    /// the limit is learned.
+    pub fn health(&self) -> Option<crate::reporter::BackendHealth> {
+        let now = self.shared.clock.now();
+        let mut s = self.shared.lock();
+        let arriving = s.arrivals.smooth_rate(now).max(0.0);
+        let l = s.learner.as_ref()?;
+        Some(crate::reporter::BackendHealth::Utilisation(l.utilisation(arriving)))
     }
 
     /// Requests running now, and waiting.

@@ -381,3 +381,86 @@ async fn new_settings_apply_to_groups_already_seen() {
     drop(s.acquire("g", 1e6).await.unwrap());
     assert_eq!(clock.now().since(start), Duration::ZERO);
 }
+
+/// A backend of `workers` workers taking `base` a request: past `workers` running, work
+/// shares them and each request takes longer in proportion.
+/// Returns how long each request that timed out had waited.
+async fn serve_closed_loop(
+    s: Scheduler,
+    workers: f64,
+    base: Duration,
+    clients: usize,
+    secs: u64,
+) -> Vec<Duration> {
+    let timeouts = Arc::new(Mutex::new(Vec::new()));
+    let clock = TokioClock::new();
+    let until = clock.now().after(Duration::from_secs(secs));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (s, clock, timeouts) = (s.clone(), clock.clone(), timeouts.clone());
+        tasks.push(tokio::spawn(async move {
+            while clock.now() < until {
+                let slot = match s.acquire("one", 1.0).await {
+                    Ok(slot) => slot,
+                    Err(ScheduleError::TimedOut { waited, .. }) => {
+                        // Once the no-load latency is known, nobody waits longer than it.
+                        assert!(waited <= Duration::from_secs(5), "{waited:?}");
+                        timeouts.lock().unwrap().push(waited);
+                        continue;
+                    }
+                    Err(e) => panic!("{e}"),
+                };
+                let running = s.load().0 as f64;
+                tokio::time::sleep(base.mul_f64((running / workers).max(1.0))).await;
+                drop(slot);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Arc::try_unwrap(timeouts).unwrap().into_inner().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_learned_concurrency_settles_past_the_workers_and_reports_utilisation() {
+    use tollgate_limiter::reporter::BackendHealth;
+    use tollgate_model::adaptive::LearnSettings;
+    let opts =
+        SchedulerOptions { concurrency: 1000, learn: Some(LearnSettings::default()), ..Default::default() };
+    let s = Scheduler::new(&settings(), opts);
+    assert_eq!(s.health(), Some(BackendHealth::Utilisation(0.0)));
+    let timeouts = serve_closed_loop(s.clone(), 8.0, Duration::from_millis(10), 60, 40).await;
+    let learned = s.learned().unwrap();
+    // 60 clients for a limit of 12: the rest wait one no-load latency at most, then are refused.
+    assert!(timeouts.len() > 1000, "{}", timeouts.len());
+    let late = timeouts.iter().skip(100).filter(|w| **w > Duration::from_millis(10)).count();
+    assert_eq!(late, 0, "{:?}", &timeouts[..10]);
+    // 8 workers at 10 ms: latency 1.5 times the unloaded at 12 in flight, 800 requests/s.
+    assert!((learned.estimate - 12.0).abs() <= 1.5, "{learned:?}");
+    assert_eq!(learned.noload, Some(Duration::from_millis(10)), "{learned:?}");
+    let rate = learned.rate.unwrap();
+    assert!((rate - 800.0).abs() < 80.0, "{learned:?}");
+    // Clients retrying at once ask far more than the limit serves: by Little's law, the work
+    // they bring over what may run.
+    let Some(BackendHealth::Utilisation(u)) = s.health() else { panic!() };
+    let want = learned.arriving * 0.015 / learned.estimate;
+    assert!(u > 2.0 && (u / want - 1.0).abs() < 0.1, "utilisation {u}, want {want}: {learned:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_learned_concurrency_never_passes_the_configured_one() {
+    use tollgate_model::adaptive::LearnSettings;
+    let opts =
+        SchedulerOptions { concurrency: 6, learn: Some(LearnSettings::default()), ..Default::default() };
+    let s = Scheduler::new(&settings(), opts);
+    let _ = serve_closed_loop(s.clone(), 8.0, Duration::from_millis(10), 60, 20).await;
+    let learned = s.learned().unwrap();
+    assert_eq!(learned.limit, 6, "{learned:?}");
+    // Below the knee the learned limit grows past what may run.
+    assert!(learned.estimate > 6.0, "{learned:?}");
+    // Without learning there is nothing learned and no health to report.
+    let plain = Scheduler::new(&settings(), SchedulerOptions::default());
+    assert_eq!(plain.learned(), None);
+    assert_eq!(plain.health(), None);
+}

@@ -70,6 +70,9 @@ const NOLOAD_SHIFT: f64 = 0.25;
 /// probe forward.
 const PROBE_ON_FALL: f64 = 0.75;
 
+/// How far the latency behind [`LatencyLimit::utilisation`] moves toward each window's mean.
+const LATENCY_SMOOTHING: f64 = 0.3;
+
 /// The highest utilisation [`LatencyLimit::utilisation`] gives.
 pub const UTILISATION_MAX: f64 = 10.0;
 
@@ -155,7 +158,7 @@ pub struct LatencyLimit {
     /// Before the first probe ends: one in flight at a time (`min`), to measure the no-load
     /// latency before anything is known.
     cold: bool,
-    /// The mean latency of the last window outside a probe, seconds.
+    /// The mean latency of the windows outside a probe, seconds, smoothed over a few of them.
     latency: Option<f64>,
 }
 
@@ -202,21 +205,23 @@ impl LatencyLimit {
         self.noload.map(Duration::from_secs_f64)
     }
 
-    /// The mean latency of the last window outside a probe.
+    /// The mean latency of the windows outside a probe, smoothed over a few of them (each
+    /// window moves it 30 % of the way).
     pub fn latency(&self) -> Option<Duration> {
         self.latency.map(Duration::from_secs_f64)
     }
 
     /// The backend's utilisation for `arriving` requests a second, by Little's law: the work
     /// in flight they need (`arriving × latency`) over the learned limit. At 1 the backend runs
-    /// at its limit serving what arrives; past 1 work queues. Before the first window, 0 with
-    /// nothing arriving, else 1. A probe leaves it as it was: its shorter latency is the probe's
-    /// doing, not a change in load.
+    /// at its limit serving what arrives; past 1 work queues. Until a window outside a probe
+    /// has ended, the latency is the no-load one, and before that is measured the utilisation
+    /// is 0: nothing says the backend is busy, and a figure of 1 would hold the load where it
+    /// is. A probe leaves it as it was: its shorter latency is the probe's doing, not a change
+    /// in load.
     pub fn utilisation(&self, arriving: f64) -> f64 {
         let arriving = if arriving.is_finite() { arriving.max(0.0) } else { 0.0 };
-        match self.latency {
+        match self.latency.or(self.noload) {
             Some(latency) => (arriving * latency / self.limit).min(UTILISATION_MAX),
-            None if arriving > 0.0 => 1.0,
             None => 0.0,
         }
     }
@@ -269,7 +274,8 @@ impl LatencyLimit {
                 self.phase = Phase::Steady(now.after(self.settings.probe_every));
             }
             Phase::Steady(due) => {
-                self.latency = Some(mean);
+                // One window of a busy backend is noisy; the utilisation wants its trend.
+                self.latency = Some(self.latency.map_or(mean, |l| l + (mean - l) * LATENCY_SMOOTHING));
                 let noload = *self.noload.get_or_insert(mean);
                 self.follow(mean, noload, peak);
                 let fell = self.limit < self.at_probe * PROBE_ON_FALL;
