@@ -84,6 +84,10 @@ pub struct CapacityArgs {
     /// are sent. Critical requests are always sent.
     #[arg(long)]
     client_throttle: bool,
+    /// Draw the slowdown run, second by second, to this PNG file: the rate the service
+    /// learned, what it served and its best.
+    #[arg(long)]
+    chart: Option<std::path::PathBuf>,
     /// Seconds of the slowdown run (0: none).
     #[arg(long, default_value_t = 30.0, value_parser = slowdown_seconds)]
     slowdown: f64,
@@ -302,11 +306,11 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
             (format!("{times}x"), seen(&answers, from + a.duration / 2.0, from + a.duration), best * times)
         })
         .collect();
-    if let Some((from, _)) = &followed {
+    if let Some(run) = &followed {
         let third = a.slowdown / 3.0;
         rows.push((
             "slow".into(),
-            seen(&answers, from + 2.0 * third, from + a.slowdown),
+            seen(&answers, run.from + 2.0 * third, run.from + a.slowdown),
             best * SLOWDOWN_TIMES,
         ));
     }
@@ -330,8 +334,12 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
             critical
         );
     }
-    if let Some((_, followed)) = followed {
-        say!("{followed}");
+    if let Some(run) = &followed {
+        say!("{}", run.said);
+        if let Some(path) = &a.chart {
+            chart(path, &answers, run, a.slowdown, best)?;
+            say!("wrote {}", path.display());
+        }
     }
     let here = load.refused_here.load(Ordering::Relaxed);
     if here > 0 {
@@ -341,9 +349,17 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// At [`SLOWDOWN_TIMES`] the best, slows the service a third of the way in; returns when the
-/// run began and what the learned rate did.
-async fn slowdown_run(load: &Arc<Load<Kind>>, a: &CapacityArgs, best: f64) -> anyhow::Result<(f64, String)> {
+/// The slowdown run: when it began, when the service slowed, the rate it learned as it went
+/// (seconds since the load began, requests/s), and what that rate did.
+struct Slowdown {
+    from: f64,
+    at: f64,
+    rates: Vec<(f64, f64)>,
+    said: String,
+}
+
+/// At [`SLOWDOWN_TIMES`] the best, slows the service a third of the way in.
+async fn slowdown_run(load: &Arc<Load<Kind>>, a: &CapacityArgs, best: f64) -> anyhow::Result<Slowdown> {
     let service = a.service;
     let third = a.slowdown / 3.0;
     let watch = {
@@ -374,24 +390,65 @@ async fn slowdown_run(load: &Arc<Load<Kind>>, a: &CapacityArgs, best: f64) -> an
     result?;
     slow(service, 1).await?;
     let before: Vec<f64> = rates.iter().filter(|(t, _)| *t >= at - 5.0 && *t < at).map(|r| r.1).collect();
-    if before.is_empty() {
-        return Ok((from, "slowdown: the service learns no rate".into()));
-    }
-    let before = before.iter().sum::<f64>() / before.len() as f64;
-    let goal = before / SLOWDOWN_FACTOR as f64;
-    let within = rates.iter().find(|(t, r)| *t >= at && (r / goal - 1.0).abs() <= FOLLOWED_WITHIN);
-    Ok((
-        from,
-        match within {
+    let said = if before.is_empty() {
+        "slowdown: the service learns no rate".to_string()
+    } else {
+        let before = before.iter().sum::<f64>() / before.len() as f64;
+        let goal = before / SLOWDOWN_FACTOR as f64;
+        let pct = FOLLOWED_WITHIN * 100.0;
+        match rates.iter().find(|(t, r)| *t >= at && (r / goal - 1.0).abs() <= FOLLOWED_WITHIN) {
             Some((t, r)) => format!(
-                "slowdown: learned rate {before:.0}/s before; {r:.0}/s, within {:.0} % of half, {:.1} s after",
-                FOLLOWED_WITHIN * 100.0,
+                "slowdown: learned rate {before:.0}/s before; {r:.0}/s, within {pct:.0} % of half, {:.1} s after",
                 t - at
             ),
-            None => format!(
-                "slowdown: learned rate {before:.0}/s before; never within {:.0} % of half",
-                FOLLOWED_WITHIN * 100.0
-            ),
-        },
-    ))
+            None => format!("slowdown: learned rate {before:.0}/s before; never within {pct:.0} % of half"),
+        }
+    };
+    Ok(Slowdown { from, at, rates, said })
+}
+
+/// Draws the slowdown run second by second: the rate learned, what was served, and the best.
+fn chart(
+    path: &std::path::Path,
+    answers: &[Answer<Kind>],
+    run: &Slowdown,
+    secs: f64,
+    best: f64,
+) -> anyhow::Result<()> {
+    let xs: Vec<f64> = (0..secs as usize).map(|s| s as f64).collect();
+    let second = |x: f64| (run.from + x, run.from + x + 1.0);
+    let learned = xs
+        .iter()
+        .map(|&x| {
+            let (lo, hi) = second(x);
+            let r: Vec<f64> = run.rates.iter().filter(|(t, _)| (lo..hi).contains(t)).map(|r| r.1).collect();
+            if r.is_empty() { f64::NAN } else { r.iter().sum::<f64>() / r.len() as f64 }
+        })
+        .collect();
+    let served = xs
+        .iter()
+        .map(|&x| {
+            let (lo, hi) = second(x);
+            let ok =
+                |a: &&Answer<Kind>| (200..300).contains(&a.status) && (lo..hi).contains(&(a.at + a.latency));
+            answers.iter().filter(ok).count() as f64
+        })
+        .collect();
+    let truth = xs
+        .iter()
+        .map(|&x| if run.from + x < run.at { best } else { best / SLOWDOWN_FACTOR as f64 })
+        .collect();
+    let series = [
+        ("rate learned".to_string(), learned),
+        ("served".to_string(), served),
+        ("best measured".to_string(), truth),
+    ];
+    let png = tollgate_sim::chart::line_chart(
+        "kv-service --work cpu --learn, 4x its best, slowed to half speed",
+        "requests/s",
+        "seconds",
+        &xs,
+        &series,
+    );
+    std::fs::write(path, png).with_context(|| format!("cannot write {}", path.display()))
 }

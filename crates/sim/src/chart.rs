@@ -320,8 +320,9 @@ pub fn line_chart(
 }
 
 /// Renders the chart of `outcome` for scenario `name` as PNG bytes: each group's target
-/// (solid) and admitted units (dashed, same colour), and each backend's utilisation beside its
-/// target of 1.
+/// (solid) and admitted units (dashed, same colour), each backend's utilisation beside its
+/// target of 1, and for a queueing backend the capacity it learned beside what it served, its
+/// learned limit and its latency.
 pub fn render(name: &str, outcome: &Outcome) -> Vec<u8> {
     let ts: Vec<f64> = outcome.timeline.iter().map(|s| s.t).collect();
     let mut groups = Vec::new();
@@ -358,7 +359,78 @@ pub fn render(name: &str, outcome: &Outcome) -> Vec<u8> {
             weight: 3,
         });
     }
+    panels.extend(learned_panels(outcome));
     draw(&format!("{name} (seed {})", outcome.seed), "simulated time (s)", &ts, &panels)
+}
+
+/// For the queueing backends, if any: the capacity each learned (solid) beside what it served
+/// (dashed), and its learned limit beside the latency of the work it served.
+fn learned_panels(outcome: &Outcome) -> Vec<Panel> {
+    let queueing: Vec<(usize, &String)> = outcome
+        .backends
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| outcome.timeline.iter().any(|s| s.served[*i].is_some()))
+        .collect();
+    if queueing.is_empty() {
+        return Vec::new();
+    }
+    let series = |i: usize, f: fn(&crate::world::Served) -> f64| -> Vec<f64> {
+        outcome.timeline.iter().map(|s| s.served[i].as_ref().map_or(f64::NAN, f)).collect()
+    };
+    let color = |n: usize| outcome.groups.len() + outcome.backends.len() + n;
+    let mut rates = Vec::new();
+    let mut limits = Vec::new();
+    let mut latencies = Vec::new();
+    for (n, (i, b)) in queueing.into_iter().enumerate() {
+        rates.push(Line {
+            name: format!("{b} learned"),
+            values: series(i, |q| q.capacity),
+            dashed: false,
+            color: color(n),
+        });
+        rates.push(Line {
+            name: format!("{b} served"),
+            values: series(i, |q| q.goodput),
+            dashed: true,
+            color: color(n),
+        });
+        limits.push(Line {
+            name: format!("{b} limit"),
+            values: series(i, |q| q.limit),
+            dashed: false,
+            color: color(n),
+        });
+        latencies.push(Line {
+            name: format!("{b} latency"),
+            values: series(i, |q| q.latency_ms),
+            dashed: false,
+            color: color(n),
+        });
+    }
+    vec![
+        Panel {
+            title: "capacity learned (solid) and served (dashed)".into(),
+            y_desc: "requests/s".into(),
+            lines: rates,
+            reference: None,
+            weight: 3,
+        },
+        Panel {
+            title: "learned limit".into(),
+            y_desc: "requests in flight".into(),
+            lines: limits,
+            reference: None,
+            weight: 2,
+        },
+        Panel {
+            title: "latency of the work served".into(),
+            y_desc: "ms".into(),
+            lines: latencies,
+            reference: None,
+            weight: 2,
+        },
+    ]
 }
 
 #[cfg(test)]
