@@ -29,7 +29,7 @@ from .errors import (
 )
 from .limiter import GroupStats, Limiter, Permit, RemoteStatus
 from .models import Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token
-from .throttle import ClientThrottle
+from .throttle import ClientThrottle, RefusedLocally
 
 __version__ = "0.1.0"
 """The client's version (the distribution ``tollgate-client``'s)."""
@@ -53,6 +53,7 @@ __all__ = [
     "Permit",
     "Ramp",
     "RateMarks",
+    "RefusedLocally",
     "RemoteStatus",
     "Status",
     "Throttled",

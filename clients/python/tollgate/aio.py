@@ -25,6 +25,7 @@ from . import _connect
 from ._core import Core, Handle, Permit
 from .cost import CostModel
 from .errors import from_rpc
+from .throttle import ClientThrottle, RefusedLocally
 from .v1 import tollgate_pb2_grpc as rpc
 
 __all__ = ["AsyncLimiter"]
@@ -138,14 +139,25 @@ class AsyncLimiter(Handle):
             # Cancelled while it waited: its waiting work is no longer reported.
             steps.close()
 
-    def limit(self, group: str, cost: float = 1.0) -> Callable[[A], A]:
-        """A decorator for a coroutine function: each call first awaits ``cost`` units."""
+    def limit(self, group: str, cost: float = 1.0, throttle: Optional[ClientThrottle] = None) -> Callable[[A], A]:
+        """A decorator for a coroutine function: each call first awaits ``cost`` units. With a
+        :class:`ClientThrottle`, as :meth:`Limiter.limit`."""
 
         def wrap(f: A) -> A:
             @functools.wraps(f)
             async def limited(*args: Any, **kwargs: Any) -> Any:
+                if throttle is not None and not throttle.allow():
+                    raise RefusedLocally()
                 await self.acquire(group, cost)
-                return await f(*args, **kwargs)
+                if throttle is None:
+                    return await f(*args, **kwargs)
+                try:
+                    result = await f(*args, **kwargs)
+                except BaseException:
+                    throttle.record(False)
+                    raise
+                throttle.record(True)
+                return result
 
             return cast(A, limited)
 

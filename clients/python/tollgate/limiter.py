@@ -23,6 +23,7 @@ from . import _connect
 from ._core import EXCHANGE_GROUPS_MAX, SAFE_MODES, Core, GroupStats, Handle, Permit, RemoteStatus
 from .cost import CostModel
 from .errors import from_rpc
+from .throttle import ClientThrottle, RefusedLocally
 from .v1 import tollgate_pb2_grpc as rpc
 
 __all__ = ["EXCHANGE_GROUPS_MAX", "SAFE_MODES", "GroupStats", "Limiter", "Permit", "RemoteStatus"]
@@ -110,14 +111,28 @@ class Limiter(Handle):
         finally:
             steps.close()
 
-    def limit(self, group: str, cost: float = 1.0) -> Callable[[F], F]:
-        """A decorator: each call of the function first acquires ``cost`` units of ``group``."""
+    def limit(self, group: str, cost: float = 1.0, throttle: Optional[ClientThrottle] = None) -> Callable[[F], F]:
+        """A decorator: each call of the function first acquires ``cost`` units of ``group``.
+
+        With a :class:`ClientThrottle`, an exception from the function counts as the backend
+        refusing the call, and while it refuses much of what it is sent a share of calls raise
+        :class:`RefusedLocally` at once instead of being made."""
 
         def wrap(f: F) -> F:
             @functools.wraps(f)
             def limited(*args: Any, **kwargs: Any) -> Any:
+                if throttle is not None and not throttle.allow():
+                    raise RefusedLocally()
                 with self.acquire(group, cost):
-                    return f(*args, **kwargs)
+                    if throttle is None:
+                        return f(*args, **kwargs)
+                    try:
+                        result = f(*args, **kwargs)
+                    except BaseException:
+                        throttle.record(False)
+                        raise
+                    throttle.record(True)
+                    return result
 
             return cast(F, limited)
 

@@ -24,31 +24,47 @@ from .errors import InvalidArgument
 _SLOTS = 60
 
 
+class RefusedLocally(Exception):
+    """A call the client's adaptive throttle refused before making it: the backend has been
+    refusing much of its work (``Limiter.limit(..., throttle=...)``)."""
+
+    def __init__(self) -> None:
+        super().__init__("refused by the client's adaptive throttle: the backend is refusing much of its work")
+
+
 class ClientThrottle:
     """A client's adaptive throttle; safe to share between threads.
 
     ``k``: the client sends up to ``k`` requests for each one the backend accepts before
     refusing any (1 to 100). ``window``: seconds over which requests and accepts count
-    (1 to 3600). ``clock``: seconds, monotonic (``time.monotonic`` by default).
+    (1 to 3600). ``max_reject``: the highest probability of refusing (above 0, at most 1;
+    0.8 by default, as Envoy's admission control): a fifth is always sent, so a backend that
+    refused everything is sent everything again within about a window and a half of its
+    recovery (uncapped, the book's rule takes about five windows). ``clock``: seconds,
+    monotonic (``time.monotonic`` by default).
 
     >>> throttle = ClientThrottle()
     >>> for _ in range(1000):
     ...     if throttle.allow():
     ...         throttle.record(False)  # a backend refusing everything
-    >>> throttle.reject_probability() > 0.99
-    True
+    >>> throttle.reject_probability()
+    0.8
     """
 
     def __init__(
         self,
         k: float = 2.0,
         window: float = 120.0,
+        max_reject: float = 0.8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (isinstance(k, (int, float)) and math.isfinite(k) and 1.0 <= k <= 100.0):
             raise InvalidArgument.of("k", "1 to 100")
         if not (isinstance(window, (int, float)) and math.isfinite(window) and 1.0 <= window <= 3600.0):
             raise InvalidArgument.of("window", "1 to 3600 seconds")
+        if not (isinstance(max_reject, (int, float)) and math.isfinite(max_reject) and 0.0 < max_reject <= 1.0):
+            raise InvalidArgument.of("max_reject", "above 0, at most 1")
+        self._max_reject = float(max_reject)
         self._k = float(k)
         self._slot_len = float(window) / _SLOTS
         self._clock = clock
@@ -70,7 +86,7 @@ class ClientThrottle:
 
     def _probability(self) -> float:
         requests, accepts = self._counts()
-        return max(0.0, (requests - self._k * accepts) / (requests + 1))
+        return min(self._max_reject, max(0.0, (requests - self._k * accepts) / (requests + 1)))
 
     def allow(self) -> bool:
         """Whether to send a request now. ``False`` refuses it here and counts it as a request

@@ -85,7 +85,7 @@ pub struct CapacityArgs {
     #[arg(long)]
     client_throttle: bool,
     /// Draw the slowdown run, second by second, to this PNG file: the rate the service
-    /// learned, what it served and its best.
+    /// learned, what it served and its best (only for a service that learns).
     #[arg(long)]
     chart: Option<std::path::PathBuf>,
     /// Seconds of the slowdown run (0: none).
@@ -336,7 +336,8 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
     }
     if let Some(run) = &followed {
         say!("{}", run.said);
-        if let Some(path) = &a.chart {
+        // Only a service that learns has a rate to draw.
+        if let Some(path) = a.chart.as_ref().filter(|_| !run.rates.is_empty()) {
             chart(path, &answers, run, a.slowdown, best)?;
             say!("wrote {}", path.display());
         }

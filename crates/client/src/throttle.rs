@@ -6,8 +6,12 @@
 //! Over a sliding window (two minutes by default), with `requests` the requests the
 //! application tried (refused locally or not) and `accepts` those the backend took, a request
 //! is refused locally with probability `max(0, (requests − K·accepts) ÷ (requests + 1))`.
-//! With `K = 2` nothing is refused while the backend accepts half or more; when it accepts
-//! nothing, nearly everything is, and the trickle still sent notices its recovery.
+//! With `K = 2` nothing is refused while the backend accepts half or more. The probability is
+//! capped (`max_reject`, 0.8 by default, as Envoy's admission control caps it): the book's
+//! uncapped rule refuses nearly everything once a backend accepts nothing, and since the
+//! requests it refuses count as refused, the share sent then grows back only as fast as it
+//! is accepted: about ten minutes with a two-minute window. Capped, a fifth is always sent, and
+//! a recovered backend is sent everything again within about a window and a half (170 s).
 //!
 //! The refusals are spread evenly rather than drawn at random: a running sum of the
 //! probability refuses a request each time it passes a whole one, so the share refused is
@@ -26,8 +30,8 @@
 //!     let accepted = false; // ... send it; this backend is refusing everything
 //!     throttle.record(accepted);
 //! }
-//! // Most requests are now refused here; a trickle still goes to see if it recovered.
-//! assert!(throttle.reject_probability() > 0.99);
+//! // Most requests are now refused here; a fifth still go, to see if it recovered.
+//! assert_eq!(throttle.reject_probability(), 0.8);
 //! # }
 //! ```
 
@@ -39,6 +43,12 @@ use tollgate_model::time::Clock;
 
 use crate::clock::TokioClock;
 
+/// A request the client's adaptive throttle refused before sending it: the backend has been
+/// refusing much of what it was sent ([`TollgateLayer::with_adaptive_throttle`](crate::TollgateLayer::with_adaptive_throttle)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("refused by the client's adaptive throttle: the backend is refusing much of its work")]
+pub struct RefusedLocally;
+
 /// How a [`ClientThrottle`] behaves.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ThrottleOptions {
@@ -47,11 +57,18 @@ pub struct ThrottleOptions {
     pub k: f64,
     /// How far back requests and accepts count (1 s to 1 hour; default 2 minutes).
     pub window: Duration,
+    /// The highest probability of refusing a request (above 0, at most 1; default 0.8, as
+    /// Envoy's admission control). Requests refused here count as refused, so a backend that
+    /// refused everything is sent only what this leaves, and the share sent grows only as
+    /// that share is accepted: uncapped (1), a client whose backend refused everything for a
+    /// while takes about five windows to send everything again; at 0.8, about a window and a
+    /// half.
+    pub max_reject: f64,
 }
 
 impl Default for ThrottleOptions {
     fn default() -> Self {
-        Self { k: 2.0, window: Duration::from_secs(120) }
+        Self { k: 2.0, window: Duration::from_secs(120), max_reject: 0.8 }
     }
 }
 
@@ -63,6 +80,9 @@ impl ThrottleOptions {
         }
         if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.window) {
             return Err("window: 1 s to 1 hour".into());
+        }
+        if !(self.max_reject.is_finite() && self.max_reject > 0.0 && self.max_reject <= 1.0) {
+            return Err("max_reject: above 0, at most 1".into());
         }
         Ok(())
     }
@@ -81,13 +101,18 @@ struct State {
     throttle: AdaptiveThrottle,
     /// The running sum of refusal probabilities not yet spent on a refusal.
     owed: f64,
+    max_reject: f64,
 }
 
 impl ClientThrottle {
     /// A throttle with `opts`, or the option out of range and its rule.
     pub fn new(opts: ThrottleOptions) -> Result<ClientThrottle, String> {
         opts.check()?;
-        let state = State { throttle: AdaptiveThrottle::new(opts.k, opts.window), owed: 0.0 };
+        let state = State {
+            throttle: AdaptiveThrottle::new(opts.k, opts.window),
+            owed: 0.0,
+            max_reject: opts.max_reject,
+        };
         Ok(ClientThrottle { state: Arc::new(Mutex::new(state)), clock: TokioClock::new() })
     }
 
@@ -97,7 +122,7 @@ impl ClientThrottle {
     pub fn allow(&self) -> bool {
         let now = self.clock.now();
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        s.owed += s.throttle.reject_probability(now);
+        s.owed += s.throttle.reject_probability(now).min(s.max_reject);
         if s.owed < 1.0 {
             return true;
         }
@@ -114,10 +139,11 @@ impl ClientThrottle {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).throttle.record(now, accepted);
     }
 
-    /// The probability the next request is refused here.
+    /// The probability the next request is refused here (at most `max_reject`).
     pub fn reject_probability(&self) -> f64 {
         let now = self.clock.now();
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).throttle.reject_probability(now)
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.throttle.reject_probability(now).min(s.max_reject)
     }
 
     /// Requests tried and accepted within the window.
@@ -162,6 +188,35 @@ mod tests {
         assert!(throttle.allow());
     }
 
+    /// A backend that refused everything for a minute: capped, a fifth is still sent, and all
+    /// of it again within 200 s of its recovery (about 170 s); uncapped (the book's rule), the
+    /// client is still refusing requests then.
+    #[tokio::test(start_paused = true)]
+    async fn a_capped_throttle_comes_back_within_a_window_of_a_total_outage() {
+        for (max_reject, back) in [(0.8, true), (1.0, false)] {
+            let throttle = ClientThrottle::new(ThrottleOptions { max_reject, ..Default::default() }).unwrap();
+            let mut sent = 0;
+            for _ in 0..6000 {
+                tokio::time::advance(Duration::from_millis(10)).await;
+                if throttle.allow() {
+                    sent += 1;
+                    throttle.record(false);
+                }
+            }
+            if back {
+                assert!(sent >= 1200, "{sent} of 6000 sent");
+            }
+            for _ in 0..20_000 {
+                tokio::time::advance(Duration::from_millis(10)).await;
+                if throttle.allow() {
+                    throttle.record(true);
+                }
+            }
+            let p = throttle.reject_probability();
+            assert_eq!(p == 0.0, back, "max_reject {max_reject}: {p} 200 s after the recovery");
+        }
+    }
+
     #[test]
     fn options_out_of_range_are_named() {
         let bad = |o: ThrottleOptions| ClientThrottle::new(o).unwrap_err();
@@ -169,5 +224,7 @@ mod tests {
         assert!(bad(ThrottleOptions { k: f64::NAN, ..Default::default() }).starts_with("k:"));
         let short = ThrottleOptions { window: Duration::from_millis(10), ..Default::default() };
         assert!(bad(short).starts_with("window:"));
+        assert!(bad(ThrottleOptions { max_reject: 0.0, ..Default::default() }).starts_with("max_reject:"));
+        assert!(bad(ThrottleOptions { max_reject: 1.5, ..Default::default() }).starts_with("max_reject:"));
     }
 }

@@ -80,6 +80,49 @@ async fn the_tower_layer_admits_and_refuses_by_group_and_cost() {
     assert_eq!(g.stats("alice").unwrap().throttled, 1);
 }
 
+/// With an adaptive throttle, a layer in front of a service that sheds stops sending most of
+/// what it would refuse, and sends everything again within 200 s of its recovery.
+#[tokio::test(start_paused = true)]
+async fn the_tower_layer_throttles_itself_while_the_service_sheds() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use tollgate_limiter::throttle::{RefusedLocally, ThrottleOptions};
+    use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+    let g = gate("[groups.alice]\nlimit = 1000000\n");
+    let (shedding, reached) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+    let layer = tollgate_limiter::TollgateLayer::new(g.clone(), |req: &&'static str| (*req, 1.0))
+        .with_adaptive_throttle(ThrottleOptions::default())
+        .unwrap();
+    let (s, r) = (shedding.clone(), reached.clone());
+    let mut svc = ServiceBuilder::new().layer(layer.clone()).service_fn(move |_req: &'static str| {
+        r.fetch_add(1, Ordering::Relaxed);
+        let shed = s.load(Ordering::Relaxed);
+        async move { if shed { Err::<(), BoxError>("overloaded".into()) } else { Ok(()) } }
+    });
+    let mut local = 0;
+    for _ in 0..2000 {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        match svc.ready().await.unwrap().call("alice").await {
+            Err(e) if e.downcast_ref::<RefusedLocally>().is_some() => local += 1,
+            _ => {}
+        }
+    }
+    // Refusing everything, the service is still sent a fifth (`max_reject`): it is how its
+    // recovery is noticed.
+    let seen = reached.load(Ordering::Relaxed);
+    assert_eq!(seen + local, 2000);
+    assert!((400..=420).contains(&seen), "the service was sent {seen} of 2000");
+    shedding.store(false, Ordering::Relaxed);
+    for _ in 0..20_000 {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let _ = svc.ready().await.unwrap().call("alice").await;
+    }
+    assert_eq!(layer.throttle().unwrap().reject_probability(), 0.0);
+    let bad = tollgate_limiter::TollgateLayer::new(g, |req: &&'static str| (*req, 1.0))
+        .with_adaptive_throttle(ThrottleOptions { k: 0.0, ..Default::default() });
+    assert_eq!(bad.err().unwrap(), "k: 1 to 100");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_cost_that_can_never_fit_fails_at_once_instead_of_waiting() {
     let g = gate("[node]\nmax_wait_ms = 600000\n[groups.a]\nlimit = 10\n");
