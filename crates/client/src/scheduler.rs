@@ -28,7 +28,8 @@
 //!
 //! With [`SchedulerOptions::learn`], how many run at once is learned rather than set: each
 //! slot's time in use is a latency sample for a [`LatencyLimit`], whose limit (never above
-//! `concurrency`) is what runs at once, and [`Scheduler::health`] is the utilisation that limit
+//! `concurrency`) is what runs at once, a request (unless critical) waits for a slot at most
+//! the no-load latency, and [`Scheduler::health`] is the utilisation that limit
 //! gives, for the [`BackendReporter`](crate::reporter::BackendReporter) to send the controller.
 //! The backend then needs no capacity configured: the controller's saturation law shares what
 //! it learned among the groups.
@@ -60,8 +61,8 @@ pub struct SchedulerOptions {
     /// Requests running at once; with `learn`, the most that ever run at once (the service's
     /// worker pool, say).
     pub concurrency: usize,
-    /// How long a request waits for a slot at most; with `learn`, never longer than the
-    /// backend's no-load latency, once measured.
+    /// How long a request waits for a slot at most; with `learn`, a request that is not
+    /// critical never waits longer than the backend's no-load latency, once measured.
     pub max_wait: Duration,
     /// How many requests of one group may wait.
     pub queue_len_max: usize,
@@ -308,13 +309,15 @@ impl Shared {
     }
 
     /// How long a request may wait for a slot: `max_wait`, or with a learned limit at most the
-    /// backend's no-load latency once known. The limit already runs the backend at its knee,
-    /// where the latency is `tolerance` times the no-load one; a queue longer than one more
+    /// backend's no-load latency once known. The limit runs the backend at its knee, where
+    /// the latency is `tolerance` times the no-load one; a queue longer than one more
     /// request's work in front of that only adds latency, and the work it would have held is
-    /// better refused at once for the client to retry or the controller to hold back.
+    /// better refused at once, for the client to retry or the controller to hold back.
     fn wait_bound(&self) -> Duration {
-        let noload = self.lock().learner.as_ref().and_then(LatencyLimit::noload);
-        noload.map_or(self.opts.max_wait, |n| n.min(self.opts.max_wait))
+        let s = self.lock();
+        let Some(l) = s.learner.as_ref() else { return self.opts.max_wait };
+        let bound = l.noload();
+        bound.map_or(self.opts.max_wait, |b| b.min(self.opts.max_wait))
     }
 
     /// Hands free slots to waiters in fair order, skipping any that gave up.
@@ -544,7 +547,10 @@ impl Scheduler {
         waited: Duration,
         critical: bool,
     ) -> Result<Slot, ScheduleError> {
-        let max_wait = self.shared.wait_bound().saturating_sub(waited);
+        // Critical work goes first in line: it waits for the next slot freed, however long the
+        // queue behind it.
+        let bound = if critical { self.shared.opts.max_wait } else { self.shared.wait_bound() };
+        let max_wait = bound.saturating_sub(waited);
         if let Ok(Ok(())) = tokio::time::timeout(max_wait, &mut receiver).await {
             return Ok(Slot::new(&self.shared, critical, self.shared.lock().running));
         }

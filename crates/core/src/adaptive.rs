@@ -19,8 +19,10 @@
 //! held far below its knee. Tracking a recent average lets the target creep up with the load
 //! itself, Gradient2's known drift. So the limit is halved for two windows every
 //! `probe_every` (the first drains the work in flight, the second measures): the latency of
-//! that window, below the knee, is the no-load latency. A slowdown shows at the next probe; a
-//! fall in the limit of a third or more brings the probe forward to the next window.
+//! that window, below the knee, is the no-load latency. A fall in the limit of a quarter or
+//! more brings the probe forward to the next window, and only such a probe may raise the
+//! no-load latency at once: a slower backend shows first as a falling limit, and a scheduled
+//! probe that reads slow is more likely a busy moment, which moves it a quarter of the way.
 
 use std::time::Duration;
 
@@ -160,6 +162,8 @@ pub struct LatencyLimit {
     cold: bool,
     /// The mean latency of the windows outside a probe, seconds, smoothed over a few of them.
     latency: Option<f64>,
+    /// The probe under way was brought forward by a fall in the limit.
+    forced: bool,
 }
 
 impl LatencyLimit {
@@ -182,6 +186,7 @@ impl LatencyLimit {
             at_probe: limit,
             cold: true,
             latency: None,
+            forced: false,
         }
     }
 
@@ -264,11 +269,18 @@ impl LatencyLimit {
             Phase::Measuring => {
                 // A shift of more than a quarter is taken at once (the backend changed); a
                 // smaller difference moves what was known a quarter of the way, so one noisy
-                // probe moves the target little.
+                // probe moves the target little. A rise is taken at once only from a probe the
+                // limit's fall brought forward: a slower backend shows first as a falling limit,
+                // while a scheduled probe that reads slow is more likely a busy moment.
+                let taken = |known: f64| {
+                    let shift = mean / known - 1.0;
+                    shift.abs() > NOLOAD_SHIFT && (shift < 0.0 || self.forced)
+                };
                 self.noload = Some(match self.noload {
-                    Some(known) if (mean / known - 1.0).abs() <= NOLOAD_SHIFT => known + (mean - known) / 4.0,
+                    Some(known) if !taken(known) => known + (mean - known) / 4.0,
                     _ => mean,
                 });
+                self.forced = false;
                 self.cold = false;
                 self.at_probe = self.limit;
                 self.phase = Phase::Steady(now.after(self.settings.probe_every));
@@ -280,6 +292,7 @@ impl LatencyLimit {
                 self.follow(mean, noload, peak);
                 let fell = self.limit < self.at_probe * PROBE_ON_FALL;
                 if now >= due || fell {
+                    self.forced = fell;
                     self.phase = Phase::Draining;
                 }
             }
