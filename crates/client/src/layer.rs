@@ -9,8 +9,7 @@
 //! With [`TollgateLayer::with_adaptive_throttle`], the layer also throttles itself when the
 //! inner service sheds: an error from the inner service counts as a refusal, and while it
 //! refuses much of what it is sent, a share of requests fail at once with
-//! [`RefusedLocally`](crate::throttle::RefusedLocally) instead of being sent
-//! ([`ClientThrottle`](crate::throttle::ClientThrottle)).
+//! [`RefusedLocally`] instead of being sent ([`ClientThrottle`]).
 //!
 //! ```
 //! use tower::{Service, ServiceBuilder, ServiceExt};
