@@ -21,8 +21,9 @@
 //! `probe_every` (the first drains the work in flight, the second measures): the latency of
 //! that window, below the knee, is the no-load latency. A fall in the limit of a quarter or
 //! more brings the probe forward to the next window, and only such a probe may raise the
-//! no-load latency at once: a slower backend shows first as a falling limit, and a scheduled
-//! probe that reads slow is more likely a busy moment, which moves it a quarter of the way.
+//! no-load latency at once: a scheduled probe that reads slow moves it a quarter of the way
+//! and is checked at once by a second probe, which takes the rise if it reads slow too (one
+//! slow reading on a busy machine is more likely a busy moment than a slower backend).
 
 use std::time::Duration;
 
@@ -162,7 +163,8 @@ pub struct LatencyLimit {
     cold: bool,
     /// The mean latency of the windows outside a probe, seconds, smoothed over a few of them.
     latency: Option<f64>,
-    /// The probe under way was brought forward by a fall in the limit.
+    /// The probe under way was brought forward by a fall in the limit, or checks one that
+    /// read slow: a rise it reads is taken at once.
     forced: bool,
 }
 
@@ -270,18 +272,24 @@ impl LatencyLimit {
                 // A shift of more than a quarter is taken at once (the backend changed); a
                 // smaller difference moves what was known a quarter of the way, so one noisy
                 // probe moves the target little. A rise is taken at once only from a probe the
-                // limit's fall brought forward: a slower backend shows first as a falling limit,
-                // while a scheduled probe that reads slow is more likely a busy moment.
-                let taken = |known: f64| {
-                    let shift = mean / known - 1.0;
-                    shift.abs() > NOLOAD_SHIFT && (shift < 0.0 || self.forced)
-                };
+                // limit's fall brought forward, or from a second probe confirming a first: on a
+                // busy machine one slow reading is more likely a busy moment.
+                let shift = self.noload.map_or(0.0, |known| mean / known - 1.0);
+                let rise = shift > NOLOAD_SHIFT;
                 self.noload = Some(match self.noload {
-                    Some(known) if !taken(known) => known + (mean - known) / 4.0,
+                    Some(known) if shift.abs() <= NOLOAD_SHIFT || (rise && !self.forced) => {
+                        known + (mean - known) / 4.0
+                    }
                     _ => mean,
                 });
-                self.forced = false;
                 self.cold = false;
+                if rise && !self.forced {
+                    // A scheduled probe that reads slow is checked at once by another.
+                    self.forced = true;
+                    self.phase = Phase::Draining;
+                    return;
+                }
+                self.forced = false;
                 self.at_probe = self.limit;
                 self.phase = Phase::Steady(now.after(self.settings.probe_every));
             }
