@@ -383,30 +383,16 @@ fn learned_panels(outcome: &Outcome) -> Vec<Panel> {
     let mut limits = Vec::new();
     let mut latencies = Vec::new();
     for (n, (i, b)) in queueing.into_iter().enumerate() {
-        rates.push(Line {
-            name: format!("{b} learned"),
-            values: series(i, |q| q.capacity),
-            dashed: false,
+        let line = |what: &str, f: fn(&crate::world::Served) -> f64, dashed: bool| Line {
+            name: format!("{b} {what}"),
+            values: series(i, f),
+            dashed,
             color: color(n),
-        });
-        rates.push(Line {
-            name: format!("{b} served"),
-            values: series(i, |q| q.goodput),
-            dashed: true,
-            color: color(n),
-        });
-        limits.push(Line {
-            name: format!("{b} limit"),
-            values: series(i, |q| q.limit),
-            dashed: false,
-            color: color(n),
-        });
-        latencies.push(Line {
-            name: format!("{b} latency"),
-            values: series(i, |q| q.latency_ms),
-            dashed: false,
-            color: color(n),
-        });
+        };
+        rates.push(line("learned", |q| q.capacity, false));
+        rates.push(line("served", |q| q.goodput, true));
+        limits.push(line("limit", |q| q.limit, false));
+        latencies.push(line("latency", |q| q.latency_ms, false));
     }
     vec![
         Panel {
