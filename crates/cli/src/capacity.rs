@@ -12,8 +12,9 @@
 //!
 //! Each arm is offered a fifth of the best (its unloaded latency), then `--times` the best in
 //! turn; of each run's second half it prints the goodput (answers of 2xx a second) beside the
-//! best, the p99 of admitted requests beside the unloaded p99, and the critical requests'
-//! success. The slowdown run's last third is set against half the best and twice the
+//! best, the p99 of admitted requests beside the unloaded p99, the critical requests'
+//! success, and where the others were refused: by the group's grant (429), the service's
+//! queue (503) or the clients' own throttle. The slowdown run's last third is set against half the best and twice the
 //! unloaded p99. Last, at 4 times the best, the service slows to half its speed a third of the
 //! way in, and the bench prints how soon the rate the service learned (`/stats`) came within
 //! 15 % of half what it was.
@@ -134,6 +135,9 @@ struct Seen {
     p99: Option<f64>,
     critical_sent: usize,
     critical_ok: usize,
+    /// Of the requests offered, the shares refused by the group's grant (429), by the
+    /// service's queue (503) and by the clients' own throttle (never sent).
+    refused: [f64; 3],
 }
 
 fn seen(answers: &[Answer<Kind>], from: f64, to: f64) -> Seen {
@@ -146,7 +150,11 @@ fn seen(answers: &[Answer<Kind>], from: f64, to: f64) -> Seen {
     let critical: Vec<&&Answer<Kind>> = window.iter().filter(|a| a.tag == Kind::Critical).collect();
     // Goodput by when the answers came: a backlog served late is not served faster.
     let served = answers.iter().filter(|a| ok(a) && (from..to).contains(&(a.at + a.latency))).count();
+    let share = |f: &dyn Fn(&Answer<Kind>) -> bool| {
+        window.iter().filter(|a| f(a)).count() as f64 / window.len().max(1) as f64
+    };
     Seen {
+        refused: [share(&|a| a.sent && a.status == 429), share(&|a| a.status == 503), share(&|a| !a.sent)],
         goodput: served as f64 / (to - from),
         p99,
         critical_sent: critical.len(),
@@ -290,7 +298,7 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
     let ms = |v: Option<f64>| v.map_or("none".into(), |v| format!("{:.1} ms", v * 1e3));
     say!("unloaded p99 {}", ms(unloaded.p99));
     say!(
-        "{:<8}  {:>5}  {:>9}  {:>9}  {:>6}  {:>10}  {:>8}  {:>9}",
+        "{:<8}  {:>5}  {:>9}  {:>9}  {:>6}  {:>10}  {:>8}  {:>9}  {:>17}",
         "arm",
         "load",
         "offered",
@@ -298,7 +306,8 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
         "best",
         "p99",
         "x unl.",
-        "critical"
+        "critical",
+        "429 / 503 / local"
     );
     let mut rows: Vec<(String, Seen, f64)> = runs
         .iter()
@@ -322,8 +331,9 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
             s.p99.zip(unloaded.p99).map_or("none".into(), |(p, u)| format!("{:.2}", p / (u * factor)));
         let critical =
             if s.critical_sent == 0 { 0.0 } else { s.critical_ok as f64 / s.critical_sent as f64 * 100.0 };
+        let [grant, queue, here] = s.refused.map(|r| r * 100.0);
         say!(
-            "{:<8}  {:>5}  {:>9.0}  {:>9.0}  {:>5.0}%  {:>10}  {:>8}  {:>8.1}%",
+            "{:<8}  {:>5}  {:>9.0}  {:>9.0}  {:>5.0}%  {:>10}  {:>8}  {:>8.1}%  {:>17}",
             format!("{:?}", a.arm).to_lowercase(),
             name,
             offered,
@@ -331,7 +341,8 @@ pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
             s.goodput / reference * 100.0,
             ms(s.p99),
             ratio,
-            critical
+            critical,
+            format!("{grant:.0}% / {queue:.0}% / {here:.0}%")
         );
     }
     if let Some(run) = &followed {

@@ -17,12 +17,14 @@ use tollgate_model::time::{Clock, Nanos};
 pub(crate) const IN_FLIGHT_MAX: usize = 8000;
 
 /// One answered request: when it was sent (seconds since the start), its tag (a tenant, a
-/// class), its HTTP status and how long it took.
+/// class), its HTTP status, how long it took, and whether it was sent at all (a request its
+/// client's own throttle refused is kept as answered 429 at once, unsent).
 pub(crate) struct Answer<T> {
     pub(crate) at: f64,
     pub(crate) tag: T,
     pub(crate) status: u16,
     pub(crate) latency: f64,
+    pub(crate) sent: bool,
 }
 
 /// A load on one service, and what it was answered.
@@ -68,7 +70,9 @@ impl<T: Copy + Send + Sync + 'static> Load<T> {
             t.record(!matches!(status, Some(429 | 503) | None));
         }
         match status {
-            Some(status) => self.answers.lock().unwrap().push(Answer { at, tag, status, latency }),
+            Some(status) => {
+                self.answers.lock().unwrap().push(Answer { at, tag, status, latency, sent: true })
+            }
             None => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
             }
@@ -108,7 +112,13 @@ impl<T: Copy + Send + Sync + 'static> Load<T> {
                 n += 1;
                 if throttle.as_ref().is_some_and(|t| !t.allow()) {
                     let at = self.secs();
-                    self.answers.lock().unwrap().push(Answer { at, tag, status: 429, latency: 0.0 });
+                    self.answers.lock().unwrap().push(Answer {
+                        at,
+                        tag,
+                        status: 429,
+                        latency: 0.0,
+                        sent: false,
+                    });
                     self.refused_here.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }

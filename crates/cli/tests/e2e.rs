@@ -478,6 +478,20 @@ fn bench_capacity_drives_a_service_that_learns_its_limit() {
     for row in ["learned      2x", "learned    slow", "unloaded p99", "slowdown: learned rate"] {
         assert!(text.contains(row), "{row} missing from {text}");
     }
+    // Each row ends with where the refused writes went: shares of what was offered.
+    for row in text.lines().filter(|l| l.starts_with("learned ")) {
+        let words: Vec<&str> = row.split_whitespace().collect();
+        let shares: Vec<f64> = words[words.len() - 5..]
+            .iter()
+            .filter(|w| **w != "/")
+            .map(|w| w.trim_end_matches('%').parse().unwrap())
+            .collect();
+        assert_eq!(shares.len(), 3, "{row}");
+        assert!(
+            shares.iter().all(|s| (0.0..=100.0).contains(s)) && shares.iter().sum::<f64>() <= 102.0,
+            "{row}"
+        );
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let kv: SocketAddr = kv_addr.parse().unwrap();
     let stats =
