@@ -239,7 +239,7 @@ pub(crate) struct ServerArgs {
     #[arg(long, default_value = tollgate_controller::DEFAULT_ETCD_PREFIX, requires = "etcd")]
     pub(crate) etcd_prefix: String,
     /// The gRPC URL clients and other controllers are told to reach this one at (with
-    /// --etcd); default: http:// and the bound --grpc address.
+    /// --etcd); default: http:// (https:// with TLS) and the bound --grpc address.
     #[arg(long, requires = "etcd")]
     pub(crate) advertise: Option<String>,
     /// Seconds a leader's election lease lasts (with --etcd): a leader killed is replaced
@@ -278,6 +278,11 @@ pub(crate) struct ServerArgs {
     /// commas; at most 1000).
     #[arg(long, value_name = "NAME", value_delimiter = ',', requires = "tls_client_ca")]
     pub(crate) tls_allow_name: Vec<String>,
+    /// PEM authority that signs the other controllers' certificates: a follower trusts it
+    /// when it calls the leader for its front ends' grants. Default: --tls-client-ca, else
+    /// the system's authorities.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_peer_ca: Option<PathBuf>,
     /// The cost model the clients price requests with (`count`, `fdb`, `ru` or `couchbase`):
     /// status says what a unit counts by it. Default: the `[cost]` of --config, else `count`.
     #[arg(long, value_parser = ["count", "fdb", "ru", "couchbase"])]

@@ -101,6 +101,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             key: key.clone(),
             client_ca: a.tls_client_ca.clone(),
             allowed_names: a.tls_allow_name.iter().map(|n| n.trim().to_string()).collect(),
+            peer_ca: a.tls_peer_ca.clone(),
         }),
         _ => None,
     };

@@ -422,7 +422,14 @@ struct Pod {
 }
 
 impl Pod {
-    fn new(file: &str, dir: &std::path::Path, name: &str, ports: (u16, u16), etcd: &str) -> Pod {
+    fn new(
+        file: &str,
+        dir: &std::path::Path,
+        name: &str,
+        ports: (u16, u16),
+        etcd: &str,
+        pki: &tollgate_testkit::pki::Pki,
+    ) -> Pod {
         let docs = manifest(file);
         let config = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
         let set = docs.iter().find(|d| d["kind"] == "StatefulSet").unwrap();
@@ -435,10 +442,12 @@ impl Pod {
         }
         let token = format!("tg_{}_{}", "00112233445566ff", "c0".repeat(32));
         std::fs::write(etc.join("admin/token"), &token).unwrap();
-        let pki = tollgate_testkit::pki::Pki::new(&etc.join("tls"), "pod-ca");
-        let (cert, key) = pki.issue("localhost", "issued", false);
+        // One authority for every pod of a test, as the secret holds one for all controllers.
+        std::fs::create_dir_all(etc.join("tls")).unwrap();
+        let (cert, key) = pki.issue("localhost", &format!("issued-{name}"), false);
         std::fs::rename(cert, etc.join("tls/tls.crt")).unwrap();
         std::fs::rename(key, etc.join("tls/tls.key")).unwrap();
+        std::fs::copy(pki.ca_file(), etc.join("tls/ca.crt")).unwrap();
         let args = container["args"]
             .as_array()
             .unwrap()
@@ -488,7 +497,8 @@ impl Pod {
 fn the_single_controller_manifest_runs_as_written() {
     let dir = data_dir("kubernetes-single");
     let ports = (free_port(), free_port());
-    let pod = Pod::new("single.yaml", &dir, "tollgate-0", ports, "");
+    let pki = tollgate_testkit::pki::Pki::new(&dir.join("pki"), "pod-ca");
+    let pod = Pod::new("single.yaml", &dir, "tollgate-0", ports, "", &pki);
     let mut child = pod.start();
     let health = pod.get(ports.1, "/healthz", false);
     let mut ready = (0, String::new());
@@ -511,11 +521,12 @@ fn the_single_controller_manifest_runs_as_written() {
 #[test]
 fn the_three_controller_manifest_runs_as_written_on_etcd() {
     let etcd = tollgate_testkit::etcd::Etcd::start("kubernetes-cluster");
+    let pki = tollgate_testkit::pki::Pki::new(&data_dir("kubernetes-cluster-pki"), "pod-ca");
     let pods: Vec<(Pod, (u16, u16))> = (0..3)
         .map(|i| {
             let ports = (free_port(), free_port());
             let dir = data_dir(&format!("kubernetes-cluster-{i}"));
-            (Pod::new("cluster.yaml", &dir, &format!("tollgate-{i}"), ports, &etcd.url()), ports)
+            (Pod::new("cluster.yaml", &dir, &format!("tollgate-{i}"), ports, &etcd.url(), &pki), ports)
         })
         .collect();
     let mut children: Vec<std::process::Child> = pods.iter().map(|(p, _)| p.start()).collect();

@@ -703,3 +703,208 @@ async fn an_etcd_outage_of_a_minute_holds_while_leases_hold_then_goes_safe() {
     let after: Vec<f64> = seconds.iter().filter(|s| !s.1).map(|s| s.0).collect();
     assert!(after.iter().any(|r| *r > 150.0), "not granting again after etcd returned: {after:.0?}");
 }
+
+/// `POST /v1/check` on a controller: whether it admitted, and the status code.
+fn check(http: &str, group: &str) -> u16 {
+    common::http(http, "POST", "/v1/check", &[], &format!("{{\"group\":\"{group}\",\"cost\":1}}")).0
+}
+
+/// Envoy's rate-limit service on a controller, one descriptor naming `group` through the
+/// default rule (`group` key): the overall code.
+async fn rls(url: &str, token: Option<&str>, group: &str) -> Result<i32, tonic::Status> {
+    let access = tollgate_limiter::access::Access { token: token.map(str::to_string), ..Default::default() };
+    rls_with(url, &access, group).await
+}
+
+/// [`rls`] with the token and TLS files of `access`.
+async fn rls_with(
+    url: &str,
+    access: &tollgate_limiter::access::Access,
+    group: &str,
+) -> Result<i32, tonic::Status> {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let mut client = RateLimitServiceClient::new(access.channel(url, Duration::from_secs(5)).unwrap());
+    let entry = Entry { key: "group".into(), value: group.into() };
+    let descriptor = RateLimitDescriptor { entries: vec![entry], ..RateLimitDescriptor::default() };
+    let request = RateLimitRequest { domain: "edge".into(), descriptors: vec![descriptor], hits_addend: 1 };
+    Ok(client.should_rate_limit(request).await?.into_inner().overall_code)
+}
+
+/// Which of two controllers leads, once both say the same: (leader, follower) indexes.
+fn roles(https: &[String; 2]) -> Option<(usize, usize)> {
+    let seen: Vec<serde_json::Value> = https.iter().filter_map(|h| status(h)).collect();
+    let leading: Vec<usize> = (0..seen.len()).filter(|&i| seen[i]["role"] == "leader").collect();
+    (seen.len() == 2 && leading.len() == 1 && seen.iter().all(|s| s["leader"] == seen[leading[0]]["leader"]))
+        .then(|| (leading[0], 1 - leading[0]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_answers_checks_and_envoy_from_a_lease_on_the_leader() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let etcd = Etcd::start("serve-all");
+    let (c0, u0, h0) = start_with_http(&etcd.url(), "/tollgate");
+    let (c1, u1, h1) = start_with_http(&etcd.url(), "/tollgate");
+    let mut controllers = [Some(c0), Some(c1)];
+    let (urls, https) = ([u0, u1], [h0, h1]);
+    admin(&urls.join(","), &["group", "create", "shared", "--limit", "20", "--burst", "20"]);
+    let mut both = None;
+    eventually("one leader", || {
+        both = roles(&https);
+        both.is_some()
+    });
+    let (leader, follower) = both.unwrap();
+
+    // The follower decides, no redirect: its front ends hold a lease from the leader, which
+    // counts them as a client of the group beside the leader's own front ends.
+    eventually("the follower admits a check", || check(&https[follower], "shared") == 200);
+    // Envoy's service there too (a refusal is a decision as well; it admits once its share
+    // of the group's rate has refilled).
+    let mut said = Vec::new();
+    for _ in 0..600 {
+        let code = rls(&urls[follower], None, "shared").await.unwrap();
+        said.push(code);
+        if code == Code::Ok as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(said.last(), Some(&(Code::Ok as i32)), "{said:?}");
+    eventually("the leader admits a check", || check(&https[leader], "shared") == 200);
+    let clients = |i: usize| {
+        status(&https[i]).and_then(|s| {
+            s["groups"].as_array()?.iter().find(|g| g["name"] == "shared").and_then(|g| g["clients"].as_u64())
+        })
+    };
+    eventually("the leader leases to both front ends", || clients(leader) == Some(2));
+
+    // One limit across both: asked as fast as they answer, the two admit what the group's
+    // rate and burst allow together, not each of them that much.
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let from = tollgate_model::time::Clock::now(&clock);
+    let (mut admitted, mut refused) = (0u32, 0u32);
+    let mut n = 0;
+    // Three seconds of asking, 50 checks a second of each controller (a load that leaves the
+    // machine to the other tests): what the rate adds then tells one limit from two.
+    while tollgate_model::time::Clock::now(&clock).since(from) < Duration::from_secs(3) {
+        n += 1;
+        match check(&https[n % 2], "shared") {
+            200 => admitted += 1,
+            429 => refused += 1,
+            other => panic!("a check answered {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let secs = tollgate_model::time::Clock::now(&clock).since(from).as_secs_f64();
+    println!("two controllers, {n} checks in {secs:.2} s: {admitted} admitted, {refused} refused");
+    // Each front end may hold its share of the burst and of the rate; two controllers each
+    // granting the whole group would admit twice the burst and twice the rate.
+    let bound = 20.0 + 20.0 * secs + 20.0;
+    assert!(f64::from(admitted) <= bound, "{admitted} admitted in {secs:.2} s, over {bound:.0}");
+    assert!(refused > 0);
+
+    // The leader killed: the follower leads and goes on deciding, now in process.
+    controllers[leader] = None;
+    eventually("the follower leads", || status(&https[follower]).is_some_and(|s| s["role"] == "leader"));
+    eventually("the new leader admits a check", || check(&https[follower], "shared") == 200);
+    drop(controllers);
+}
+
+#[test]
+fn with_auth_a_follower_leases_from_the_leader_under_a_token_of_its_own() {
+    let etcd = Etcd::start("serve-all-auth");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-serve-all-auth");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (a_data, b_data) = (dir.join("a"), dir.join("b"));
+    let (_a, a_url, a_http) =
+        start_with(&etcd.url(), "/auth", &["--auth", "--data", a_data.to_str().unwrap()]);
+    let admin = std::fs::read_to_string(a_data.join("admin.token")).unwrap().trim().to_string();
+    let (_b, b_url, b_http) =
+        start_with(&etcd.url(), "/auth", &["--auth", "--data", b_data.to_str().unwrap()]);
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("TOLLGATE_SERVER", format!("{a_url},{b_url}"))
+            .env("TOLLGATE_TOKEN", &admin)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["group", "create", "paid", "--limit", "100"]);
+    let client = run(&["token", "create", "--role", "client", "--groups", "paid"]);
+    let client = format!("Bearer {}", client.split_whitespace().next().unwrap());
+    // Each controller made one client token of its own, for calling the leader.
+    eventually("both controllers' own tokens", || {
+        run(&["token", "list"]).matches("controller-").count() == 2
+    });
+    let role = |http: &str| {
+        let (_, _, body) =
+            common::http(http, "GET", "/status", &[("authorization", &format!("Bearer {admin}"))], "");
+        serde_json::from_str::<serde_json::Value>(&body).ok().map(|s| s["role"].clone())
+    };
+    let mut follower = None;
+    eventually("one leader", || {
+        let (a, b) = (role(&a_http), role(&b_http));
+        follower = match (a.as_ref().and_then(|r| r.as_str()), b.as_ref().and_then(|r| r.as_str())) {
+            (Some("leader"), Some("follower")) => Some(b_http.clone()),
+            (Some("follower"), Some("leader")) => Some(a_http.clone()),
+            _ => None,
+        };
+        follower.is_some()
+    });
+    let follower = follower.unwrap();
+    let body = r#"{"group":"paid","cost":1}"#;
+    // The caller's token decides what it may ask; the follower's own token, what it leases.
+    eventually("the follower admits a check", || {
+        common::http(&follower, "POST", "/v1/check", &[("authorization", &client)], body).0 == 200
+    });
+    let (code, _, said) = common::http(&follower, "POST", "/v1/check", &[], body);
+    assert_eq!(code, 401, "{said}");
+}
+
+/// Over TLS, a follower trusts the authority `--tls-peer-ca` names when it calls the leader
+/// (each controller advertising `https://` and its bound address by default): both answer
+/// Envoy, whichever leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_every_controller_answers_envoy_trusting_the_peer_authority() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let etcd = Etcd::start("serve-all-tls");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-serve-all-tls");
+    let _ = std::fs::remove_dir_all(&dir);
+    let pki = tollgate_testkit::pki::Pki::new(&dir, "peers-ca");
+    let ca = pki.ca_file();
+    let mut started = Vec::new();
+    for name in ["a", "b"] {
+        let (cert, key) = pki.issue("127.0.0.1", name, false);
+        let flags = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
+        let (k, url, _) =
+            start_with(&etcd.url(), "/tls", &[&flags[..], &["--tls-peer-ca", ca.to_str().unwrap()]].concat());
+        started.push((k, url.replace("http://", "https://")));
+    }
+    let urls: Vec<String> = started.iter().map(|(_, u)| u.clone()).collect();
+    let access = tollgate_limiter::access::Access { ca_file: Some(ca.clone()), ..Default::default() };
+    let out = Command::new(BIN)
+        .args(["group", "create", "tls", "--limit", "1000"])
+        .env("TOLLGATE_SERVER", urls.join(","))
+        .env("TOLLGATE_CA", &ca)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for url in &urls {
+        let mut said = Vec::new();
+        for _ in 0..600 {
+            let code = rls_with(url, &access, "tls").await.map_err(|e| e.message().to_string());
+            let ok = code == Ok(Code::Ok as i32);
+            said.push(code);
+            if ok {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(said.last(), Some(&Ok(Code::Ok as i32)), "{url}: {said:?}");
+    }
+    drop(started);
+}

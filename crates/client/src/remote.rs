@@ -914,13 +914,24 @@ impl Driver {
     /// grants): the same loop as a remote client's, with no network. Ends when the last
     /// handle is dropped. Must run inside a tokio runtime.
     pub async fn run_in_process(
-        mut self,
+        self,
         mut exchange: impl FnMut(&mut v1::ExchangeRequest) -> Result<v1::ExchangeResponse, tonic::Status> + Send,
     ) {
+        self.run_with(move |mut request| std::future::ready(exchange(&mut request))).await
+    }
+
+    /// Runs the exchange loop with `exchange` answering each request however it likes: in
+    /// process, or passed on to whichever controller grants now (a follower's front ends
+    /// lease from the leader this way). Ends when the last handle is dropped. Must run inside
+    /// a tokio runtime.
+    pub async fn run_with<F>(mut self, mut exchange: impl FnMut(v1::ExchangeRequest) -> F + Send)
+    where
+        F: std::future::Future<Output = Result<v1::ExchangeResponse, tonic::Status>> + Send,
+    {
         loop {
             let now = self.until_due().await;
-            let Some(mut request) = self.request(now) else { return };
-            match exchange(&mut request) {
+            let Some(request) = self.request(now) else { return };
+            match exchange(request).await {
                 Ok(response) => self.answer(self.now(), &response),
                 Err(status) => self.failed(self.now(), &ExchangeError::of(&status)),
             }

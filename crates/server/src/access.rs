@@ -184,6 +184,13 @@ impl Access {
     /// first credential to use an id keeps it while the id is in use.
     pub fn bind_client(&self, client: &str, caller: Option<&Caller>) -> Result<(), Refused> {
         let Some(Caller(credential)) = caller else { return Ok(()) };
-        self.owners.lock().unwrap_or_else(PoisonError::into_inner).bind(client, &credential.id, wall_ms())
+        let tokens = self.tokens_read();
+        let live = |id: &str| tokens.get(id).is_some();
+        self.owners.lock().unwrap_or_else(PoisonError::into_inner).bind(
+            client,
+            &credential.id,
+            wall_ms(),
+            live,
+        )
     }
 }

@@ -551,7 +551,7 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
 }
 
 /// The group's handle on this server's client, and its name, for a check or a charge of
-/// `units` (named `field`): the leader only, the group named or else the token's default
+/// `units` (named `field`): the group named or else the token's default
 /// group, a name and a number that keep the rules, a token allowed the group; the first grant
 /// waited for.
 async fn admission_handle(
@@ -561,9 +561,6 @@ async fn admission_handle(
     field: &str,
     units: f64,
 ) -> Result<(tollgate_limiter::GroupHandle, String), Answer> {
-    if let Err(e) = api.node.cluster.check_leader() {
-        return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "", e.message()));
-    }
     let group = match (named, ext.get::<Caller>()) {
         (Some(g), _) => g.to_string(),
         (None, Some(Caller(c))) => c

@@ -123,6 +123,12 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// The name of the token a controller that advertises `advertise` calls the leader with:
+/// `controller-` and 16 hex digits of the address's SHA-256, the same at every start.
+pub(crate) fn peer_token_name(advertise: &str) -> String {
+    format!("controller-{}", &hex(&sha256(advertise))[..16])
+}
+
 fn sha256(token: &str) -> [u8; 32] {
     let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut out = [0; 32];
@@ -578,10 +584,17 @@ pub const OWNER_IDLE_MS: u64 = 10 * 60 * 1000;
 pub const OWNERS_MAX: usize = 1_000_000;
 
 impl Owners {
-    /// Binds `client` to `credential` (or checks that it is bound to it).
-    pub fn bind(&mut self, client: &str, credential: &str, now_unix_ms: u64) -> Result<(), Refused> {
+    /// Binds `client` to `credential` (or checks that it is bound to it). An id bound to a
+    /// credential that is no longer `live` (revoked) is free at once.
+    pub fn bind(
+        &mut self,
+        client: &str,
+        credential: &str,
+        now_unix_ms: u64,
+        live: impl Fn(&str) -> bool,
+    ) -> Result<(), Refused> {
         if let Some((owner, seen)) = self.by_client.get_mut(client) {
-            if owner == credential || now_unix_ms.saturating_sub(*seen) > OWNER_IDLE_MS {
+            if owner == credential || now_unix_ms.saturating_sub(*seen) > OWNER_IDLE_MS || !live(owner) {
                 owner.clear();
                 owner.push_str(credential);
                 *seen = now_unix_ms;
@@ -666,9 +679,14 @@ mod tests {
     #[test]
     fn a_client_id_stays_with_its_credential_until_idle() {
         let mut o = Owners::default();
-        o.bind("c1", "A", 0).unwrap();
-        o.bind("c1", "A", 10).unwrap();
-        assert!(o.bind("c1", "B", 20).is_err());
-        o.bind("c1", "B", 20 + OWNER_IDLE_MS + 1).unwrap();
+        let all = |_: &str| true;
+        o.bind("c1", "A", 0, all).unwrap();
+        o.bind("c1", "A", 10, all).unwrap();
+        assert!(o.bind("c1", "B", 20, all).is_err());
+        o.bind("c1", "B", 20 + OWNER_IDLE_MS + 1, all).unwrap();
+        // An id whose credential was revoked is free at once.
+        o.bind("c2", "A", 0, all).unwrap();
+        o.bind("c2", "B", 10, |id| id != "A").unwrap();
+        assert!(o.bind("c2", "A", 20, all).is_err());
     }
 }

@@ -1,11 +1,19 @@
 //! This controller's part among controllers sharing one etcd: standalone, leader or follower,
-//! and who leads. The election (with etcd) sets the role; the front ends
-//! read it to send work meant for the leader there.
+//! and who leads. The election (with etcd) sets the role. Clients' own exchanges and backends'
+//! reports are sent to the leader; the front ends that decide for others (Envoy's rate-limit
+//! and quota services, `POST /v1/check`) serve on every controller, each holding a lease on
+//! the groups it is asked about exactly as a client does: from the engine in process while
+//! this controller grants, from the leader over gRPC while it follows
+//! ([`Cluster::exchange`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
+use tollgate_limiter::access::{Access, Rpc};
 use tollgate_model::time::Nanos;
+use tollgate_proto::v1;
+use tollgate_proto::v1::admission_client::AdmissionClient;
 use tonic::Status;
 
 use crate::controller::Controller;
@@ -44,6 +52,20 @@ pub struct RoleView {
 /// The gRPC metadata key a follower names the leader in.
 pub const LEADER_METADATA: &str = "tollgate-leader";
 
+/// How long a follower waits for the leader to answer an exchange it passes on, and to
+/// connect.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How this controller reaches the leader while it follows: its own address (which names its
+/// front ends' client) and the token and TLS files it calls with.
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    /// The gRPC URL this controller advertises.
+    pub advertise: String,
+    /// The token (with `--auth`) and TLS files for calling the leader.
+    pub access: Access,
+}
+
 /// This controller's role, and the controller it hands leadership to. See the
 /// [module documentation](self).
 pub struct Cluster {
@@ -51,6 +73,10 @@ pub struct Cluster {
     role: Mutex<RoleView>,
     /// Times this controller became the leader.
     leader_changes: AtomicU64,
+    /// How to reach the leader; `None` when there is no election.
+    peer: Mutex<Option<Peer>>,
+    /// The channel to the leader, and its address.
+    upstream: Mutex<Option<(String, AdmissionClient<Rpc>)>>,
 }
 
 impl Cluster {
@@ -60,7 +86,78 @@ impl Cluster {
             controller,
             role: Mutex::new(RoleView { role: Role::Standalone, leader: None }),
             leader_changes: AtomicU64::new(0),
+            peer: Mutex::new(None),
+            upstream: Mutex::new(None),
         }
+    }
+
+    /// How this controller reaches the leader when it follows (set with an election).
+    pub fn set_peer(&self, peer: Peer) {
+        *self.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(peer);
+        *self.upstream.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The client id this controller's front ends exchange under: `base` alone for a
+    /// controller without an election, `base/ADDRESS` with one, so that every controller's
+    /// front ends hold leases of their own at the leader (an address too long for a client id
+    /// is named by its hash, as its token is).
+    pub fn front_client_id(&self, base: &str) -> String {
+        match &*self.peer.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(p) => {
+                let id = format!("{base}/{}", p.advertise);
+                if id.len() <= tollgate_proto::CLIENT_ID_MAX_BYTES {
+                    id
+                } else {
+                    format!("{base}/{}", crate::auth::peer_token_name(&p.advertise))
+                }
+            }
+            None => base.to_string(),
+        }
+    }
+
+    /// Answers one of this controller's own exchanges (its front ends' client, or an Envoy
+    /// quota stream's): the engine here at `now` while this controller grants; the leader,
+    /// over gRPC, while it follows. `UNAVAILABLE` while no leader is known or the leader does
+    /// not answer within [`PEER_TIMEOUT`]: the caller's grants then decay as a client's do.
+    pub async fn exchange(
+        &self,
+        now: Nanos,
+        req: v1::ExchangeRequest,
+    ) -> Result<v1::ExchangeResponse, Status> {
+        let role = self.role();
+        if role.role != Role::Follower {
+            return self.controller.exchange(now, &req);
+        }
+        let Some(leader) = role.leader else {
+            return Err(Status::unavailable("not the leader, and no leader is elected yet"));
+        };
+        let mut client = self.upstream(&leader)?;
+        match tokio::time::timeout(PEER_TIMEOUT, client.exchange(req)).await {
+            Ok(Ok(answer)) => Ok(answer.into_inner()),
+            Ok(Err(status)) => Err(status),
+            Err(_) => Err(Status::unavailable(format!(
+                "the leader {leader} did not answer within {PEER_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    /// The channel to `leader`, made on first use and again when the leader changes.
+    fn upstream(&self, leader: &str) -> Result<AdmissionClient<Rpc>, Status> {
+        let mut upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, client)) = &*upstream
+            && at == leader
+        {
+            return Ok(client.clone());
+        }
+        let access =
+            self.peer.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|p| p.access.clone());
+        let channel = access
+            .unwrap_or_default()
+            .channel(leader, PEER_TIMEOUT)
+            .map_err(|e| Status::unavailable(format!("cannot reach the leader {leader}: {e}")))?;
+        let client = AdmissionClient::new(channel);
+        *upstream = Some((leader.to_string(), client.clone()));
+        Ok(client)
     }
 
     /// This controller's role now.

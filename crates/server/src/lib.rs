@@ -203,8 +203,11 @@ impl Server {
             None => None,
             Some((target, _)) => {
                 let local = grpc.local_addr().map_err(|e| ServerError::Serve(e.to_string()))?;
-                let advertise = opts.advertise.clone().unwrap_or_else(|| format!("http://{local}"));
+                let scheme = if opts.tls.is_some() { "https" } else { "http" };
+                let advertise = opts.advertise.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
                 wait_for_address(target, &advertise, opts.election_lease).await?;
+                let access = peer_access(&node.access, &advertise, opts)?;
+                node.cluster.set_peer(cluster::Peer { advertise: advertise.clone(), access });
                 // Nobody is served until the election says who leads.
                 node.cluster
                     .set_role(clock.now(), cluster::RoleView { role: cluster::Role::Follower, leader: None });
@@ -296,6 +299,46 @@ impl Server {
         }
         served
     }
+}
+
+/// How a controller on etcd calls the leader while it follows. With `--auth`, a client token of
+/// its own for every group, named after its address ([`auth::peer_token_name`]); the one an
+/// earlier start made is revoked first, so a controller holds one whatever its restarts.
+/// With TLS, the authority in `--tls-peer-ca` (else `--tls-client-ca`, else the system's) and,
+/// for a leader that asks for client certificates, this controller's own certificate.
+fn peer_access(
+    access: &access::Access,
+    advertise: &str,
+    opts: &ServerOptions,
+) -> Result<tollgate_limiter::access::Access, ServerError> {
+    let mut peer = tollgate_limiter::access::Access::default();
+    if opts.auth {
+        let name = auth::peer_token_name(advertise);
+        for old in access.tokens().into_iter().filter(|c| c.name == name) {
+            access.revoke_token(&old.id, &name).map_err(|e| ServerError::Auth(e.to_string()))?;
+        }
+        let new = auth::NewCredential {
+            role: auth::Role::Client.name().into(),
+            groups: "*".into(),
+            unthrottled: true,
+            default_group: String::new(),
+            expires_in_s: 0,
+            name: name.clone(),
+        };
+        let (_, token) = access.create_token(&new, &name).map_err(|e| ServerError::Auth(e.to_string()))?;
+        peer.token = Some(token);
+    }
+    if let Some(tls) = &opts.tls {
+        peer.ca_file = tls.peer_ca.clone().or_else(|| tls.client_ca.clone());
+        if tls.client_ca.is_some() {
+            peer.identity = Some((tls.cert.clone(), tls.key.clone()));
+        }
+        // Read now: a file that cannot be used is an error at the start, not at a failover.
+        if advertise.starts_with("https://") {
+            peer.endpoint(advertise).map_err(|e| ServerError::Tls(format!("calling the leader: {e}")))?;
+        }
+    }
+    Ok(peer)
 }
 
 /// The file the first admin token is written to, in the data directory.
@@ -650,5 +693,38 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = interrupt => {}
         () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_controller_calls_the_leader_with_one_token_of_its_own_whatever_its_restarts() {
+        let store = Box::new(store::MemoryStore::default());
+        let settings = tollgate_model::engine::EngineSettings::default();
+        let node = Node::open(store, settings, tollgate_model::time::Nanos(0), 0).unwrap();
+        let opts = ServerOptions { auth: true, ..ServerOptions::default() };
+        let bearer = |a: &tollgate_limiter::access::Access| format!("Bearer {}", a.token.as_deref().unwrap());
+        let first = peer_access(&node.access, "http://10.0.0.1:7460", &opts).unwrap();
+        let again = peer_access(&node.access, "http://10.0.0.1:7460", &opts).unwrap();
+        let _other = peer_access(&node.access, "http://10.0.0.2:7460", &opts).unwrap();
+        // One token per address: a restart revokes the one it made before.
+        let names: Vec<String> = node.access.tokens().iter().map(|c| c.name.clone()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.contains(&auth::peer_token_name("http://10.0.0.1:7460")));
+        assert!(node.access.authenticate(Some(bearer(&first).as_bytes())).is_err());
+        // A client of every group, with the unthrottled privilege the front ends have in process.
+        let held = node.access.authenticate(Some(bearer(&again).as_bytes())).unwrap();
+        assert_eq!(held.role, Ok(auth::Role::Client));
+        assert!(held.allows_group("any-group") && held.unthrottled);
+        // Without --auth, no token.
+        assert!(
+            peer_access(&node.access, "http://10.0.0.3:7460", &ServerOptions::default())
+                .unwrap()
+                .token
+                .is_none()
+        );
     }
 }

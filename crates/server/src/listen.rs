@@ -46,6 +46,9 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
     /// Client certificate common names allowed (empty: any the authority signed).
     pub allowed_names: Vec<String>,
+    /// PEM authority the other controllers' certificates are signed by, which a follower
+    /// trusts when it calls the leader; `None`: `client_ca`, else the system's authorities.
+    pub peer_ca: Option<PathBuf>,
 }
 
 /// What the front ends know about a connection.

@@ -40,7 +40,7 @@ pub struct ServerOptions {
     /// the same etcd and prefix elect one leader.
     pub etcd: Option<EtcdTarget>,
     /// The gRPC URL other controllers and clients are told (`--advertise`); by default
-    /// `http://` and the bound gRPC address.
+    /// `http://` (`https://` with TLS) and the bound gRPC address.
     pub advertise: Option<String>,
     /// The election lease: how long a dead leader holds the election (`--election-lease-s`).
     pub election_lease: Duration,

@@ -73,6 +73,9 @@ pub const IDLE_ABANDON: Duration = Duration::from_secs(300);
 const AFTER_TICK: Duration = Duration::from_millis(20);
 /// How soon the stream exchanges again when a tick is due or under way.
 const TICK_DUE_RETRY: Duration = Duration::from_millis(50);
+/// How soon a stream asks again after the leader, reached through this follower, did not
+/// answer.
+const UPSTREAM_RETRY: Duration = Duration::from_secs(1);
 /// A token bucket's fill interval. Envoy reads it in whole seconds and refills continuously at
 /// `tokens_per_fill / fill_interval`; it also starts a fresh bucket only when `max_tokens`,
 /// `tokens_per_fill` or the interval's nanoseconds change, so the interval never does.
@@ -502,8 +505,8 @@ pub struct Rlqs {
 }
 
 impl Rlqs {
-    /// The service over `controller`'s grants, refusing while `cluster` follows, counting into
-    /// `stats`.
+    /// The service over the grants of `cluster`'s leader (`controller`'s own while it grants),
+    /// counting into `stats`.
     pub fn new(
         controller: Arc<Controller>,
         cluster: Arc<Cluster>,
@@ -534,12 +537,20 @@ impl Rlqs {
         out: &Outbound,
         closing: bool,
     ) -> Result<Duration, Status> {
-        self.cluster.check_leader()?;
         let now = self.clock.now();
         let mut grants = Vec::new();
         let mut next = Duration::from_secs(1);
         for req in session.exchanges(closing) {
-            let answer = self.controller.exchange(now, &req)?;
+            let answer = match self.cluster.exchange(now, req).await {
+                Ok(answer) => answer,
+                // A follower that cannot reach the leader: Envoy keeps what it was assigned
+                // (until each assignment's time to live), and the stream asks again shortly.
+                Err(e) if e.code() == tonic::Code::Unavailable => {
+                    tracing::debug!(error = %e.message(), "RLQS exchange passed to the leader went unanswered");
+                    return Ok(UPSTREAM_RETRY);
+                }
+                Err(e) => return Err(e),
+            };
             grants.extend(answer.grants);
             // Just after the next tick; while one is due or under way, a little later.
             let after_tick = match answer.next_tick_ms {
@@ -574,7 +585,7 @@ impl Rlqs {
         caller: Option<Caller>,
     ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut session = Session::new(format!("envoy-rlqs-{id}"));
+        let mut session = Session::new(self.cluster.front_client_id(&format!("envoy-rlqs-{id}")));
         let mut settings = self.controller.watch_settings();
         let mut next = self.clock.now().after(Duration::from_secs(1));
         let ended = loop {
@@ -633,7 +644,6 @@ impl RateLimitQuotaService for Rlqs {
         &self,
         req: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
-        self.cluster.check_leader()?;
         if self.stats.streams.fetch_add(1, Ordering::Relaxed) >= STREAMS_MAX {
             self.stats.streams.fetch_sub(1, Ordering::Relaxed);
             return Err(Status::resource_exhausted(format!("at most {STREAMS_MAX} quota streams at once")));

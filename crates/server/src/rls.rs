@@ -111,14 +111,13 @@ impl RlsRules {
 #[derive(Clone)]
 pub struct Rls {
     controller: Arc<Controller>,
-    cluster: Arc<Cluster>,
     rules: Arc<RlsRules>,
     gate: Tollgate,
 }
 
 impl Rls {
-    /// The front end over `controller`'s grants, refusing while `cluster` follows, with its
-    /// exchange loop started on the current runtime.
+    /// The front end over the grants of `cluster`'s leader (`controller` itself while it
+    /// grants), with its exchange loop started on the current runtime.
     pub fn start(
         controller: Arc<Controller>,
         cluster: Arc<Cluster>,
@@ -129,7 +128,7 @@ impl Rls {
         // keep a thread refreshing a coarse time every millisecond for the life of the server,
         // waking a core a thousand times a second whether or not any check ever comes.
         let opts = RemoteOptions {
-            client_id: Some(CLIENT_ID.into()),
+            client_id: Some(cluster.front_client_id(CLIENT_ID)),
             clock: Some(Arc::new(tollgate_limiter::clock::TokioClock::new())),
             ..RemoteOptions::default()
         };
@@ -137,9 +136,13 @@ impl Rls {
         // An exchange in process costs no round trip: a new group's first grant is asked for
         // the moment it appears, not up to 50 ms later.
         let driver = driver.with_early_spacing(Duration::ZERO);
-        let c = controller.clone();
-        tokio::spawn(driver.run_in_process(move |request| c.exchange(clock.now(), request)));
-        Rls { controller, cluster, rules, gate }
+        // The engine here while this controller grants; the leader while it follows.
+        let c = cluster.clone();
+        tokio::spawn(driver.run_with(move |request| {
+            let (c, now) = (c.clone(), clock.now());
+            async move { c.exchange(now, request).await }
+        }));
+        Rls { controller, rules, gate }
     }
 
     /// The in-process client its decisions come from (`POST /v1/check` shares it).
@@ -324,7 +327,6 @@ impl RateLimitService for Rls {
         &self,
         req: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.cluster.check_leader()?;
         let caller = req.extensions().get::<Caller>().cloned();
         let r = req.into_inner();
         let fallback = caller.as_ref().and_then(|Caller(c)| GroupName::new(&c.default_group).ok());
