@@ -56,6 +56,9 @@ pub const LEADER_METADATA: &str = "tollgate-leader";
 /// connect.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often the same failure to reach the leader is logged again.
+pub const WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// How this controller reaches the leader while it follows: its own address (which names its
 /// front ends' client) and the token and TLS files it calls with.
 #[derive(Debug, Clone, Default)]
@@ -77,6 +80,8 @@ pub struct Cluster {
     peer: Mutex<Option<Peer>>,
     /// The channel to the leader, and its address.
     upstream: Mutex<Option<(String, AdmissionClient<Rpc>)>>,
+    /// The last failure to reach the leader that was logged, and when.
+    last_warned: Mutex<Option<(String, Nanos)>>,
 }
 
 impl Cluster {
@@ -88,6 +93,7 @@ impl Cluster {
             leader_changes: AtomicU64::new(0),
             peer: Mutex::new(None),
             upstream: Mutex::new(None),
+            last_warned: Mutex::new(None),
         }
     }
 
@@ -131,14 +137,38 @@ impl Cluster {
         let Some(leader) = role.leader else {
             return Err(Status::unavailable("not the leader, and no leader is elected yet"));
         };
-        let mut client = self.upstream(&leader)?;
-        match tokio::time::timeout(PEER_TIMEOUT, client.exchange(req)).await {
-            Ok(Ok(answer)) => Ok(answer.into_inner()),
-            Ok(Err(status)) => Err(status),
-            Err(_) => Err(Status::unavailable(format!(
-                "the leader {leader} did not answer within {PEER_TIMEOUT:?}"
-            ))),
+        let answer = match self.upstream(&leader) {
+            Ok(mut client) => match tokio::time::timeout(PEER_TIMEOUT, client.exchange(req)).await {
+                Ok(Ok(answer)) => Ok(answer.into_inner()),
+                Ok(Err(status)) => Err(status),
+                Err(_) => Err(Status::unavailable(format!(
+                    "the leader {leader} did not answer within {PEER_TIMEOUT:?}"
+                ))),
+            },
+            Err(status) => Err(status),
+        };
+        if let Err(status) = &answer {
+            self.warn_unreached(now, &leader, status);
         }
+        answer
+    }
+
+    /// Logs a follower's failure to reach the leader: at once when it is new (another leader,
+    /// another error), else at most every [`WARN_EVERY`], so a misconfigured peer link is seen
+    /// without a line per exchange.
+    fn warn_unreached(&self, now: Nanos, leader: &str, status: &Status) {
+        let said = format!("{leader}: {:?} {}", status.code(), status.message());
+        let mut last = self.last_warned.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.as_ref().is_some_and(|(text, at)| *text == said && now.since(*at) < WARN_EVERY) {
+            return;
+        }
+        tracing::warn!(
+            leader,
+            code = ?status.code(),
+            error = %status.message(),
+            "this follower's front ends cannot lease from the leader; they decide from the grants they hold"
+        );
+        *last = Some((said, now));
     }
 
     /// The channel to `leader`, made on first use and again when the leader changes.
@@ -197,5 +227,39 @@ impl Cluster {
             status.metadata_mut().insert(LEADER_METADATA, value);
         }
         Err(status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_follower_that_cannot_reach_the_leader_says_so_once_a_minute() {
+        let store = Box::new(crate::store::MemoryStore::default());
+        let settings = tollgate_model::engine::EngineSettings::default();
+        let node = crate::node::Node::open(store, settings, Nanos(0), 0).unwrap();
+        let cluster = &node.cluster;
+        cluster.set_peer(Peer { advertise: "http://127.0.0.1:1".into(), access: Access::default() });
+        assert_eq!(cluster.front_client_id("tollgate-rls"), "tollgate-rls/http://127.0.0.1:1");
+        // Nobody listens on port 1: the leader named there never answers.
+        let gone = "http://127.0.0.1:1".to_string();
+        cluster.set_role(Nanos(0), RoleView { role: Role::Follower, leader: Some(gone) });
+        let ask = || v1::ExchangeRequest { client_id: "c".into(), ..Default::default() };
+        let at = Nanos(5_000_000_000);
+        let e = cluster.exchange(at, ask()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        let logged = || cluster.last_warned.lock().unwrap().as_ref().map(|(_, t)| *t);
+        assert_eq!(logged(), Some(at));
+        // The same failure within the minute is not logged again; after it, it is.
+        let _ = cluster.exchange(at.after(Duration::from_secs(30)), ask()).await;
+        assert_eq!(logged(), Some(at));
+        let later = at.after(WARN_EVERY);
+        let _ = cluster.exchange(later, ask()).await;
+        assert_eq!(logged(), Some(later));
+        // No leader known: refused at once, naming why.
+        cluster.set_role(later, RoleView { role: Role::Follower, leader: None });
+        let e = cluster.exchange(later, ask()).await.unwrap_err();
+        assert!(e.message().contains("no leader is elected yet"), "{e:?}");
     }
 }
