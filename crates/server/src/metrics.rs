@@ -331,7 +331,7 @@ impl Collector for FrontEndMetrics {
         single(
             &mut e,
             "tollgate_front_end_safe_mode",
-            "1 while the client behind /v1/check and the rate-limit service is in safe mode.",
+            "1 while the client behind /v1/check and the rate-limit service is in safe mode (a follower that cannot reach the leader).",
             Kind::Gauge,
             s.safe_mode,
         )?;
