@@ -53,7 +53,7 @@ class Unauthenticated(TollgateError):
 
 
 class Unavailable(TollgateError):
-    """The server cannot be reached, or is not the leader."""
+    """The server cannot be reached, or it follows a leader it cannot reach."""
 
 
 _BY_CODE = {

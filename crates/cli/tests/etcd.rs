@@ -60,21 +60,25 @@ fn start_with(etcd: &str, prefix: &str, more: &[&str]) -> (Killed, String, Strin
 
 /// A controller's `/status` JSON, or `None` while it does not answer.
 fn status(http: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(&get(http, "/status")?).ok()
+}
+
+/// The body of `GET path` from a controller's HTTP address, or `None` while it does not answer.
+fn get(http: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(http).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(format!("GET /status HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").as_bytes())
         .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let (head, body) = out.split_once("\r\n\r\n")?;
-    // A long status is sent in chunks.
-    let body = if head.to_lowercase().contains("transfer-encoding: chunked") {
+    // A long body is sent in chunks.
+    Some(if head.to_lowercase().contains("transfer-encoding: chunked") {
         common::dechunk(body)
     } else {
         body.to_string()
-    };
-    serde_json::from_str(&body).ok()
+    })
 }
 
 fn output(url: &str, args: &[&str]) -> String {
@@ -245,9 +249,8 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     let first = first.unwrap();
     let was = urls.iter().position(|u| *u == first).unwrap();
 
-    // A client given every address, the leader last: followers send it on.
-    let mut order: Vec<String> = urls.iter().filter(|u| **u != first).cloned().collect();
-    order.push(first.clone());
+    // A client given only the followers' addresses: they pass its exchanges on to the leader.
+    let order: Vec<String> = urls.iter().filter(|u| **u != first).cloned().collect();
     let opts = tollgate_limiter::RemoteOptions {
         client_id: Some("ha-client".into()),
         max_wait: Duration::from_secs(30),
@@ -256,7 +259,13 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     let gate = tollgate_limiter::Tollgate::remote(&order.join(","), opts).unwrap();
     drop(gate.acquire("g", 1.0).await.unwrap());
     assert!(status(&https[was]).unwrap()["clients"].as_u64() >= Some(1));
-    // A backend given every address reports to the leader, and follows the settings.
+    let passed_on = |what: &str| -> f64 {
+        let line = format!("tollgate_forwarded_total{{what=\"{what}\"}}");
+        (0..3).filter(|&i| i != was).map(|i| common::try_metric(&https[i], &line).unwrap_or(0.0)).sum()
+    };
+    assert!(passed_on("exchange") >= 1.0);
+    // A backend given the followers' addresses reports to the leader through them, and follows
+    // the settings.
     let reporter = tollgate_limiter::reporter::BackendReporter::spawn(
         &order.join(","),
         tollgate_limiter::reporter::ReporterOptions {
@@ -271,6 +280,7 @@ async fn three_controllers_elect_one_leader_and_clients_follow_it_through_a_kill
     eventually("the leader hears the backend", || {
         status(&https[was]).is_some_and(|s| s["backends"].as_u64() >= Some(1))
     });
+    assert!(passed_on("report") >= 1.0);
     let scheduler = tollgate_limiter::scheduler::Scheduler::new(
         &tollgate_model::config::Config::default(),
         tollgate_limiter::scheduler::SchedulerOptions::default(),
@@ -813,7 +823,7 @@ async fn a_follower_answers_checks_and_envoy_from_a_lease_on_the_leader() {
 }
 
 #[test]
-fn with_auth_a_follower_leases_from_the_leader_under_a_token_of_its_own() {
+fn with_auth_a_follower_checks_its_callers_tokens_and_calls_the_leader_with_its_own() {
     let etcd = Etcd::start("serve-all-auth");
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-serve-all-auth");
     let _ = std::fs::remove_dir_all(&dir);
@@ -863,6 +873,46 @@ fn with_auth_a_follower_leases_from_the_leader_under_a_token_of_its_own() {
     });
     let (code, _, said) = common::http(&follower, "POST", "/v1/check", &[], body);
     assert_eq!(code, 401, "{said}");
+
+    // A client given only the follower's address is answered there under its own token,
+    // which the follower checks as the leader would.
+    let follower_url = if follower == a_http { &a_url } else { &b_url };
+    let remote = |token: &str, id: &str| {
+        let opts = tollgate_limiter::RemoteOptions {
+            client_id: Some(id.into()),
+            access: tollgate_limiter::access::Access { token: Some(token.into()), ..Default::default() },
+            max_wait: Duration::from_secs(30),
+            ..Default::default()
+        };
+        tollgate_limiter::Tollgate::remote(follower_url, opts).unwrap()
+    };
+    let rejected = |gate: &tollgate_limiter::Tollgate| {
+        gate.remote_status().and_then(|s| s.rejected).map(|e| e.to_string()).unwrap_or_default()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _entered = runtime.enter();
+    let token = client.strip_prefix("Bearer ").unwrap();
+    let gate = remote(token, "paid-app");
+    drop(runtime.block_on(gate.acquire("paid", 1.0)).unwrap());
+    assert!(!gate.remote_status().unwrap().unthrottled_allowed, "the caller's privilege, not the follower's");
+    // Another token may not take the client id the follower saw first, nor a group it is not
+    // given.
+    let other = run(&["token", "create", "--role", "client", "--groups", "paid"]);
+    let thief = remote(other.split_whitespace().next().unwrap(), "paid-app");
+    let _ = thief.try_acquire("paid", 1.0);
+    eventually("the second token is refused the client id", || rejected(&thief).contains("paid-app"));
+    let stray = remote(token, "stray-app");
+    let _ = stray.try_acquire("free", 1.0);
+    eventually("a group outside the token is refused", || rejected(&stray).contains("free"));
+    // The controllers' own tokens' names are theirs alone.
+    let out = Command::new(BIN)
+        .args(["token", "create", "--role", "client", "--name", "controller-mine"])
+        .env("TOLLGATE_SERVER", format!("{a_url},{b_url}"))
+        .env("TOLLGATE_TOKEN", &admin)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("kept for the controllers"), "{said}");
 }
 
 /// Over TLS, a follower trusts the authority `--tls-peer-ca` names when it calls the leader

@@ -46,9 +46,8 @@ impl Tollgate {
             channels.push((u.to_string(), channel));
         }
         let timeout = opts.exchange_timeout;
-        let access = opts.access.clone();
         let (gate, driver) = Self::remote_driven(opts)?;
-        let controllers = crate::remote::Controllers::new(channels, timeout, access);
+        let controllers = crate::remote::Controllers::new(channels);
         runtime.spawn(crate::remote::run(driver, controllers, timeout));
         Ok(gate)
     }
@@ -62,14 +61,14 @@ impl Tollgate {
     ) -> Result<Tollgate, BuildError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let timeout = opts.exchange_timeout;
-        let access = opts.access.clone();
-        let bearer = access.bearer().map_err(|reason| BuildError::Remote { url: String::new(), reason })?;
+        let bearer =
+            opts.access.bearer().map_err(|reason| BuildError::Remote { url: String::new(), reason })?;
         let channel = tonic::service::interceptor::InterceptedService::new(
             tollgate_proto::frames::EndKnownCalls(channel),
             bearer,
         );
         let (gate, driver) = Self::remote_driven(opts)?;
-        let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)], timeout, access);
+        let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)]);
         runtime.spawn(crate::remote::run(driver, controllers, timeout));
         Ok(gate)
     }

@@ -788,31 +788,23 @@ struct Page {
     before: Vec<(GroupName, Option<DemandMeter>)>,
 }
 
-/// The controllers a remote client knows: the addresses it was given, and leaders it was
-/// sent to (at most [`CONTROLLERS_MAX`] in all), with the one it talks to now.
+/// The controllers a remote client knows: the addresses it was given (at most
+/// [`CONTROLLERS_MAX`]; any controller answers, passing exchanges on to the leader), with the
+/// one it talks to now.
 pub(crate) struct Controllers {
     known: Vec<(String, v1::admission_client::AdmissionClient<crate::access::Rpc>)>,
     current: usize,
-    connect_timeout: Duration,
-    access: crate::access::Access,
 }
 
 /// The most controllers a remote client keeps addresses for.
 pub const CONTROLLERS_MAX: usize = 16;
 
-/// The metadata key a follower names the leader in.
-const LEADER_METADATA: &str = "tollgate-leader";
-
 impl Controllers {
     /// Over `urls` (already checked).
-    pub(crate) fn new(
-        urls: Vec<(String, crate::access::Rpc)>,
-        connect_timeout: Duration,
-        access: crate::access::Access,
-    ) -> Controllers {
+    pub(crate) fn new(urls: Vec<(String, crate::access::Rpc)>) -> Controllers {
         let known =
             urls.into_iter().map(|(u, c)| (u, v1::admission_client::AdmissionClient::new(c))).collect();
-        Controllers { known, current: 0, connect_timeout, access }
+        Controllers { known, current: 0 }
     }
 
     fn client(&mut self) -> &mut v1::admission_client::AdmissionClient<crate::access::Rpc> {
@@ -822,21 +814,6 @@ impl Controllers {
     /// Moves to the next address.
     fn rotate(&mut self) {
         self.current = (self.current + 1) % self.known.len();
-    }
-
-    /// Moves to the leader a follower named; says whether it could.
-    fn follow(&mut self, leader: &str) -> bool {
-        if let Some(i) = self.known.iter().position(|(u, _)| u == leader) {
-            self.current = i;
-            return true;
-        }
-        if self.known.len() >= CONTROLLERS_MAX {
-            return false;
-        }
-        let Ok(channel) = self.access.channel(leader, self.connect_timeout) else { return false };
-        self.known.push((leader.to_string(), v1::admission_client::AdmissionClient::new(channel)));
-        self.current = self.known.len() - 1;
-        true
     }
 }
 
@@ -871,8 +848,8 @@ fn apply(group: &Group, g: LastGrant, now: Nanos) {
 }
 
 /// Runs `driver` over gRPC until the limiter is dropped: against the controller it talks to
-/// now; a follower's answer naming the leader moves it there at once, and a failure moves it
-/// to the next address (at once while some address is still untried since the last answer).
+/// now; a failure moves it to the next address (at once while some address is still untried
+/// since the last answer).
 impl Driver {
     /// Waits until an exchange is due, moving trickles along and waking at least every
     /// [`LOW_TOKENS_CHECK`] to look for groups running low (or at once when told of a new group
@@ -956,15 +933,10 @@ pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeou
             }
             Ok(Err(status)) => {
                 driver.failed(now, &ExchangeError::of(&status));
-                let leader = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok());
-                if leader.is_some_and(|l| controllers.follow(l)) {
+                controllers.rotate();
+                tried += 1;
+                if tried < controllers.known.len() {
                     driver.retry_now(now);
-                } else {
-                    controllers.rotate();
-                    tried += 1;
-                    if tried < controllers.known.len() {
-                        driver.retry_now(now);
-                    }
                 }
             }
             Err(_) => {

@@ -149,17 +149,13 @@ impl BackendReporter {
                         .map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s })
                         .collect(),
                 };
-                // To the leader: a follower names it, and a controller that fails is left for
-                // the next one given.
+                // To any controller (a follower passes it on to the leader); one that fails is
+                // left for the next one given.
                 match tokio::time::timeout(opts.interval, controllers[current].1.report(report)).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(status)) => {
                         tracing::debug!(error = %status.message(), "tollgate: backend report not delivered");
-                        let leader = status.metadata().get("tollgate-leader").and_then(|v| v.to_str().ok());
-                        match leader.and_then(|l| controllers.iter().position(|(u, _)| u == l)) {
-                            Some(i) => current = i,
-                            None => current = (current + 1) % controllers.len(),
-                        }
+                        current = (current + 1) % controllers.len();
                     }
                     Err(_) => {
                         tracing::debug!("tollgate: backend report not delivered: timed out");

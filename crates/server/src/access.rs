@@ -64,7 +64,27 @@ impl Access {
     /// Makes a credential; returns it and its token (shown this once). Durable before it
     /// returns, and in the audit log.
     pub fn create_token(&self, new: &NewCredential, who: &str) -> Result<(Credential, String), AdminError> {
+        if new.name.starts_with(crate::auth::PEER_TOKEN_PREFIX) {
+            return Err(AdminError::Rule(format!(
+                "name: names beginning `{}` are kept for the controllers' own tokens, got `{}`",
+                crate::auth::PEER_TOKEN_PREFIX,
+                new.name
+            )));
+        }
         self.create_token_as(new, who, None)
+    }
+
+    /// Makes a controller's own token ([`Credential::is_peer`]), named `name`.
+    pub(crate) fn create_peer_token(&self, name: &str) -> Result<(Credential, String), AdminError> {
+        let new = NewCredential {
+            role: crate::auth::Role::Client.name().into(),
+            groups: "*".into(),
+            unthrottled: true,
+            default_group: String::new(),
+            expires_in_s: 0,
+            name: name.to_string(),
+        };
+        self.create_token_as(&new, name, None)
     }
 
     /// [`create_token`](Self::create_token) with the token `given` ([`Credential::issue_as`]).

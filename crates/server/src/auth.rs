@@ -123,10 +123,13 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// How the names of the controllers' own tokens begin; no other token may be named so.
+pub const PEER_TOKEN_PREFIX: &str = "controller-";
+
 /// The name of the token a controller that advertises `advertise` calls the leader with:
-/// `controller-` and 16 hex digits of the address's SHA-256, the same at every start.
+/// [`PEER_TOKEN_PREFIX`] and 16 hex digits of the address's SHA-256, the same at every start.
 pub(crate) fn peer_token_name(advertise: &str) -> String {
-    format!("controller-{}", &hex(&sha256(advertise))[..16])
+    format!("{PEER_TOKEN_PREFIX}{}", &hex(&sha256(advertise))[..16])
 }
 
 fn sha256(token: &str) -> [u8; 32] {
@@ -292,6 +295,16 @@ impl Credential {
         }
         check_default_group(default_group, &self.groups)?;
         Ok(Credential { default_group: default_group.to_string(), ..self.clone() })
+    }
+
+    /// Whether this is a controller's own token (a client token for every group, unthrottled,
+    /// named [`PEER_TOKEN_PREFIX`]…), with which a follower passes on exchanges it has checked
+    /// against its own caller's token: the leader does not bind their client ids to it.
+    pub fn is_peer(&self) -> bool {
+        self.name.starts_with(PEER_TOKEN_PREFIX)
+            && self.role == Ok(Role::Client)
+            && self.groups == "*"
+            && self.unthrottled
     }
 
     /// Whether this credential may exchange for `group`.

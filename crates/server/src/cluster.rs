@@ -1,10 +1,13 @@
 //! This controller's part among controllers sharing one etcd: standalone, leader or follower,
-//! and who leads. The election (with etcd) sets the role. Clients' own exchanges and backends'
-//! reports are sent to the leader; the front ends that decide for others (Envoy's rate-limit
-//! and quota services, `POST /v1/check`) serve on every controller, each holding a lease on
-//! the groups it is asked about exactly as a client does: from the engine in process while
-//! this controller grants, from the leader over gRPC while it follows
-//! ([`Cluster::exchange`]).
+//! and who leads. The election (with etcd) sets the role.
+//!
+//! Every controller serves. The leader grants; a follower passes clients' exchanges and
+//! backends' reports on to it over gRPC ([`Cluster::forward_exchange`],
+//! [`Cluster::forward_report`]), so a client or backend given any controller's address is
+//! answered there, never sent elsewhere. The front ends that decide for others (Envoy's
+//! rate-limit and quota services, `POST /v1/check`) hold a lease on the groups they are asked
+//! about exactly as a client does: from the engine in process while this controller grants,
+//! from the leader over gRPC while it follows ([`Cluster::exchange`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,6 +17,7 @@ use tollgate_limiter::access::{Access, Rpc};
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
 use tollgate_proto::v1::admission_client::AdmissionClient;
+use tollgate_proto::v1::backend_client::BackendClient;
 use tonic::Status;
 
 use crate::controller::Controller;
@@ -25,7 +29,8 @@ pub enum Role {
     Standalone,
     /// Elected: grants, takes reports, writes consumption.
     Leader,
-    /// Another controller leads (or none does yet): clients and backends are sent there.
+    /// Another controller leads (or none does yet): clients' exchanges and backends' reports
+    /// are passed on to it.
     Follower,
 }
 
@@ -49,8 +54,18 @@ pub struct RoleView {
     pub leader: Option<String>,
 }
 
-/// The gRPC metadata key a follower names the leader in.
-pub const LEADER_METADATA: &str = "tollgate-leader";
+/// The gRPC metadata key that marks a call one controller passed on to another. A controller
+/// that follows does not pass such a call on again (two controllers that each take the other
+/// for the leader, for a moment during an election, would bounce it between them): it answers
+/// `UNAVAILABLE`, and the caller tries again.
+pub const FORWARDED_METADATA: &str = "tollgate-forwarded";
+
+/// `message` as a call marked as passed on by a controller ([`FORWARDED_METADATA`]).
+fn forwarded<T>(message: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    req.metadata_mut().insert(FORWARDED_METADATA, tonic::metadata::MetadataValue::from_static("1"));
+    req
+}
 
 /// How long a follower waits for the leader to answer an exchange it passes on, and to
 /// connect.
@@ -79,9 +94,23 @@ pub struct Cluster {
     /// How to reach the leader; `None` when there is no election.
     peer: Mutex<Option<Peer>>,
     /// The channel to the leader, and its address.
-    upstream: Mutex<Option<(String, AdmissionClient<Rpc>)>>,
+    upstream: Mutex<Option<(String, Rpc)>>,
     /// The last failure to reach the leader that was logged, and when.
     last_warned: Mutex<Option<(String, Nanos)>>,
+    /// Clients' exchanges and backends' reports passed on to the leader, and those of them
+    /// the leader did not answer.
+    forwarded: Forwarded,
+}
+
+/// What a follower has passed on to the leader.
+#[derive(Debug, Default)]
+pub struct Forwarded {
+    /// Clients' exchanges passed on.
+    pub exchanges: AtomicU64,
+    /// Backends' reports passed on.
+    pub reports: AtomicU64,
+    /// Of those, the ones the leader could not be reached for (or no leader was known).
+    pub unreached: AtomicU64,
 }
 
 impl Cluster {
@@ -94,6 +123,7 @@ impl Cluster {
             peer: Mutex::new(None),
             upstream: Mutex::new(None),
             last_warned: Mutex::new(None),
+            forwarded: Forwarded::default(),
         }
     }
 
@@ -130,15 +160,85 @@ impl Cluster {
         now: Nanos,
         req: v1::ExchangeRequest,
     ) -> Result<v1::ExchangeResponse, Status> {
-        let role = self.role();
-        if role.role != Role::Follower {
-            return self.controller.exchange(now, &req);
+        match self.following() {
+            None => self.controller.exchange(now, &req),
+            Some(leader) => {
+                self.to_leader(now, leader, |rpc| async move {
+                    AdmissionClient::new(rpc).exchange(forwarded(req)).await
+                })
+                .await
+            }
         }
-        let Some(leader) = role.leader else {
+    }
+
+    /// The leader's address while this controller follows (`Some(None)` while no leader is
+    /// known); `None` while it grants.
+    pub fn following(&self) -> Option<Option<String>> {
+        let role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
+        (role.role == Role::Follower).then(|| role.leader.clone())
+    }
+
+    /// Passes a client's exchange on to `leader` (from [`following`](Self::following)) and
+    /// returns its answer, or `UNAVAILABLE` naming why it has none.
+    pub async fn forward_exchange(
+        &self,
+        now: Nanos,
+        leader: Option<String>,
+        req: v1::ExchangeRequest,
+    ) -> Result<v1::ExchangeResponse, Status> {
+        self.forwarded.exchanges.fetch_add(1, Ordering::Relaxed);
+        let answer =
+            self.to_leader(now, leader, |rpc| async move {
+                AdmissionClient::new(rpc).exchange(forwarded(req)).await
+            })
+            .await;
+        self.count_unreached(answer)
+    }
+
+    /// Passes a backend's report on to `leader`, as
+    /// [`forward_exchange`](Self::forward_exchange) does an exchange.
+    pub async fn forward_report(
+        &self,
+        now: Nanos,
+        leader: Option<String>,
+        req: v1::BackendReport,
+    ) -> Result<v1::ReportAck, Status> {
+        self.forwarded.reports.fetch_add(1, Ordering::Relaxed);
+        let answer = self
+            .to_leader(now, leader, |rpc| async move { BackendClient::new(rpc).report(forwarded(req)).await })
+            .await;
+        self.count_unreached(answer)
+    }
+
+    fn count_unreached<T>(&self, answer: Result<T, Status>) -> Result<T, Status> {
+        if answer.as_ref().is_err_and(is_unreached) {
+            self.forwarded.unreached.fetch_add(1, Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// What a follower has passed on to the leader so far.
+    pub fn forwarded(&self) -> &Forwarded {
+        &self.forwarded
+    }
+
+    /// Makes one call to the leader (`call` over the channel to it), within [`PEER_TIMEOUT`];
+    /// `UNAVAILABLE` when no leader is known or it cannot be reached in time, which is logged
+    /// ([`warn_unreached`](Self::warn_unreached)).
+    async fn to_leader<T, F>(
+        &self,
+        now: Nanos,
+        leader: Option<String>,
+        call: impl FnOnce(Rpc) -> F,
+    ) -> Result<T, Status>
+    where
+        F: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let Some(leader) = leader else {
             return Err(Status::unavailable("not the leader, and no leader is elected yet"));
         };
         let answer = match self.upstream(&leader) {
-            Ok(mut client) => match tokio::time::timeout(PEER_TIMEOUT, client.exchange(req)).await {
+            Ok(rpc) => match tokio::time::timeout(PEER_TIMEOUT, call(rpc)).await {
                 Ok(Ok(answer)) => Ok(answer.into_inner()),
                 Ok(Err(status)) => Err(status),
                 Err(_) => Err(Status::unavailable(format!(
@@ -147,7 +247,9 @@ impl Cluster {
             },
             Err(status) => Err(status),
         };
-        if let Err(status) = &answer {
+        if let Err(status) = &answer
+            && is_unreached(status)
+        {
             self.warn_unreached(now, &leader, status);
         }
         answer
@@ -166,28 +268,28 @@ impl Cluster {
             leader,
             code = ?status.code(),
             error = %status.message(),
-            "this follower's front ends cannot lease from the leader; they decide from the grants they hold"
+            "this follower cannot reach the leader; its front ends decide from the grants they hold, \
+             and clients and backends are told UNAVAILABLE"
         );
         *last = Some((said, now));
     }
 
     /// The channel to `leader`, made on first use and again when the leader changes.
-    fn upstream(&self, leader: &str) -> Result<AdmissionClient<Rpc>, Status> {
+    fn upstream(&self, leader: &str) -> Result<Rpc, Status> {
         let mut upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((at, client)) = &*upstream
+        if let Some((at, rpc)) = &*upstream
             && at == leader
         {
-            return Ok(client.clone());
+            return Ok(rpc.clone());
         }
         let access =
             self.peer.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|p| p.access.clone());
-        let channel = access
+        let rpc = access
             .unwrap_or_default()
             .channel(leader, PEER_TIMEOUT)
             .map_err(|e| Status::unavailable(format!("cannot reach the leader {leader}: {e}")))?;
-        let client = AdmissionClient::new(channel);
-        *upstream = Some((leader.to_string(), client.clone()));
-        Ok(client)
+        *upstream = Some((leader.to_string(), rpc.clone()));
+        Ok(rpc)
     }
 
     /// This controller's role now.
@@ -211,23 +313,12 @@ impl Cluster {
         }
         *role = view;
     }
+}
 
-    /// Refuses work meant for the leader while this controller follows: `UNAVAILABLE`, with
-    /// the leader's address in the message and in the `tollgate-leader` metadata.
-    pub fn check_leader(&self) -> Result<(), Status> {
-        let role = self.role();
-        if role.role != Role::Follower {
-            return Ok(());
-        }
-        let mut status = match &role.leader {
-            Some(l) => Status::unavailable(format!("not the leader; the leader is {l}")),
-            None => Status::unavailable("not the leader, and no leader is elected yet"),
-        };
-        if let Some(value) = role.leader.and_then(|l| l.parse().ok()) {
-            status.metadata_mut().insert(LEADER_METADATA, value);
-        }
-        Err(status)
-    }
+/// Whether `status` says the leader was not reached (as opposed to the leader's own answer,
+/// such as a refused exchange, which goes back to the caller as it is).
+fn is_unreached(status: &Status) -> bool {
+    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
 }
 
 #[cfg(test)]
@@ -235,7 +326,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_follower_that_cannot_reach_the_leader_says_so_once_a_minute() {
+    async fn a_follower_that_cannot_reach_the_leader_says_so_once_a_minute_and_passes_nothing_twice() {
         let store = Box::new(crate::store::MemoryStore::default());
         let settings = tollgate_model::engine::EngineSettings::default();
         let node = crate::node::Node::open(store, settings, Nanos(0), 0).unwrap();
@@ -257,9 +348,23 @@ mod tests {
         let later = at.after(WARN_EVERY);
         let _ = cluster.exchange(later, ask()).await;
         assert_eq!(logged(), Some(later));
+        // A backend's report passed on meets the same: counted, and told UNAVAILABLE.
+        let gone = Some("http://127.0.0.1:1".to_string());
+        let e = cluster.forward_report(later, gone, v1::BackendReport::default()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        let f = cluster.forwarded();
+        assert_eq!((f.reports.load(Ordering::Relaxed), f.unreached.load(Ordering::Relaxed)), (1, 1));
         // No leader known: refused at once, naming why.
         cluster.set_role(later, RoleView { role: Role::Follower, leader: None });
         let e = cluster.exchange(later, ask()).await.unwrap_err();
         assert!(e.message().contains("no leader is elected yet"), "{e:?}");
+        // A call another controller passed on is not passed on again by a follower; a leader
+        // answers it.
+        let services = crate::grpc::Services::new(node.clone());
+        let passed_on = forwarded(());
+        assert!(services.following(&passed_on).unwrap_err().message().contains("does not lead either"));
+        assert_eq!(services.following(&tonic::Request::new(())).unwrap(), Some(None));
+        cluster.set_role(later, RoleView { role: Role::Leader, leader: None });
+        assert_eq!(services.following(&passed_on).unwrap(), None);
     }
 }

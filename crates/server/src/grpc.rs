@@ -71,9 +71,10 @@ impl Services {
         caller: Option<&Caller>,
         exchange: &mut ExchangeView<'_>,
     ) -> Result<bool, Status> {
-        self.node.cluster.check_leader()?;
         let privileged = match caller {
             None => true,
+            // A controller passing on its own caller's exchange, which it has checked.
+            Some(Caller(c)) if c.is_peer() => true,
             Some(Caller(c)) => {
                 if let Some(g) = exchange.groups.iter().find(|g| !c.allows_group(g.group)) {
                     let refused = Refused::Group {
@@ -102,15 +103,60 @@ impl Services {
             Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
         })?;
         let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
+        self.answer_exchange_encoded(&exchange, privileged)
+    }
+
+    /// Answers a checked exchange here, on the wire.
+    fn answer_exchange_encoded(
+        &self,
+        exchange: &ExchangeView<'_>,
+        privileged: bool,
+    ) -> Result<Bytes, Status> {
         let started = self.clock.now();
         let mut answer = AnswerWriter::with_capacity(exchange.groups.len());
         let rest = self
             .node
             .controller
-            .exchange_view(started, &exchange, |i, g| answer.grant(exchange.groups[i].group, g))?;
+            .exchange_view(started, exchange, |i, g| answer.grant(exchange.groups[i].group, g))?;
         let body = answer.finish(rest.next_exchange_ms, rest.next_tick_ms, privileged);
         self.latency.record(self.clock.now().since(started));
         Ok(Bytes::from(body))
+    }
+}
+
+impl Services {
+    /// The leader to pass `req` on to while this controller follows (`Some(None)` while no
+    /// leader is known); `None` while it grants. A call another controller passed on is not
+    /// passed on again: `UNAVAILABLE`, and its caller tries again once the election settles.
+    pub(crate) fn following<T>(&self, req: &Request<T>) -> Result<Option<Option<String>>, Status> {
+        let following = self.node.cluster.following();
+        if following.is_some() && req.metadata().contains_key(crate::cluster::FORWARDED_METADATA) {
+            return Err(Status::unavailable(
+                "passed on by another controller to this one, which does not lead either: the leader is changing",
+            ));
+        }
+        Ok(following)
+    }
+
+    /// A client's exchange on a follower: checked here as the leader would (the caller's
+    /// groups, its client id, its privilege) and passed on to the leader, whose answer goes
+    /// back as it is but for the privilege, which is the caller's.
+    async fn forward_exchange(
+        &self,
+        leader: Option<String>,
+        req: Request<v1::ExchangeRequest>,
+    ) -> Result<v1::ExchangeResponse, Status> {
+        let caller = req.extensions().get::<Caller>().cloned();
+        let mut message = req.into_inner();
+        let privileged = self.check_exchange(caller.as_ref(), &mut ExchangeView::of(&message))?;
+        if !privileged {
+            for g in &mut message.groups {
+                g.unthrottled = 0.0;
+            }
+        }
+        let mut answer = self.node.cluster.forward_exchange(self.clock.now(), leader, message).await?;
+        answer.unthrottled_allowed = privileged;
+        Ok(answer)
     }
 }
 
@@ -120,6 +166,9 @@ impl Admission for Services {
         &self,
         req: Request<v1::ExchangeRequest>,
     ) -> Result<Response<v1::ExchangeResponse>, Status> {
+        if let Some(leader) = self.following(&req)? {
+            return self.forward_exchange(leader, req).await.map(Response::new);
+        }
         let mut exchange = ExchangeView::of(req.get_ref());
         let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
         let started = self.clock.now();
@@ -188,10 +237,53 @@ pub struct EncodedExchange(Services);
 
 impl tonic::server::UnaryService<Bytes> for EncodedExchange {
     type Response = Bytes;
-    type Future = std::future::Ready<Result<Response<Bytes>, Status>>;
+    type Future = Answer;
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        std::future::ready(self.0.exchange_encoded(&req).map(Response::new))
+        match self.0.following(&req) {
+            Ok(None) => Answer::Ready(Some(self.0.exchange_encoded(&req).map(Response::new))),
+            Err(status) => Answer::Ready(Some(Err(status))),
+            Ok(Some(leader)) => {
+                let services = self.0.clone();
+                Answer::Later(Box::pin(async move {
+                    use prost::Message;
+                    let (metadata, extensions, bytes) = req.into_parts();
+                    let message = v1::ExchangeRequest::decode(bytes).map_err(|e| {
+                        Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
+                    })?;
+                    let req = Request::from_parts(metadata, extensions, message);
+                    let answer = services.forward_exchange(leader, req).await?;
+                    Ok(Response::new(Bytes::from(answer.encode_to_vec())))
+                }))
+            }
+        }
+    }
+}
+
+/// An encoded exchange's answer: made at once while this controller grants (no allocation on
+/// the hot path), or later, once the leader has answered, while it follows.
+pub enum Answer {
+    /// Answered here (taken once polled).
+    Ready(Option<Result<Response<Bytes>, Status>>),
+    /// Passed on to the leader.
+    Later(std::pin::Pin<Box<dyn Future<Output = Result<Response<Bytes>, Status>> + Send>>),
+}
+
+impl Future for Answer {
+    type Output = Result<Response<Bytes>, Status>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.get_mut() {
+            Answer::Ready(answer) => std::task::Poll::Ready(
+                answer
+                    .take()
+                    .unwrap_or_else(|| Err(Status::internal("an exchange's answer was taken twice"))),
+            ),
+            Answer::Later(later) => later.as_mut().poll(cx),
+        }
     }
 }
 
@@ -256,6 +348,13 @@ impl Services {
     /// an async worker.
     pub async fn report_encoded(self, req: Request<Bytes>) -> Result<Bytes, Status> {
         use prost::Message;
+        if let Some(leader) = self.following(&req)? {
+            let message = v1::BackendReport::decode(req.into_inner()).map_err(|e| {
+                Status::internal(format!("failed to decode Protobuf message: BackendReport: {e}"))
+            })?;
+            let ack = self.node.cluster.forward_report(self.clock.now(), leader, message).await?;
+            return Ok(Bytes::from(ack.encode_to_vec()));
+        }
         let ack = self
             .take_report(move |controller, now| {
                 let report = ReportView::decode(req.get_ref()).map_err(|e| {
@@ -267,8 +366,7 @@ impl Services {
         Ok(Bytes::from(ack.encode_to_vec()))
     }
 
-    /// Runs `take` (read a report, check it, hand it to the engine) on the blocking pool, on
-    /// the leader only.
+    /// Runs `take` (read a report, check it, hand it to the engine) on the blocking pool.
     async fn take_report(
         &self,
         take: impl FnOnce(
@@ -278,7 +376,6 @@ impl Services {
         + Send
         + 'static,
     ) -> Result<v1::ReportAck, Status> {
-        self.node.cluster.check_leader()?;
         let (controller, now) = (self.node.controller.clone(), self.clock.now());
         tokio::task::spawn_blocking(move || take(&controller, now))
             .await
@@ -289,6 +386,10 @@ impl Services {
 #[tonic::async_trait]
 impl Backend for Services {
     async fn report(&self, req: Request<v1::BackendReport>) -> Result<Response<v1::ReportAck>, Status> {
+        if let Some(leader) = self.following(&req)? {
+            let ack = self.node.cluster.forward_report(self.clock.now(), leader, req.into_inner()).await?;
+            return Ok(Response::new(ack));
+        }
         self.take_report(move |controller, now| {
             controller.backend_report(now, &ReportView::of(req.get_ref()))
         })

@@ -317,15 +317,7 @@ fn peer_access(
         for old in access.tokens().into_iter().filter(|c| c.name == name) {
             access.revoke_token(&old.id, &name).map_err(|e| ServerError::Auth(e.to_string()))?;
         }
-        let new = auth::NewCredential {
-            role: auth::Role::Client.name().into(),
-            groups: "*".into(),
-            unthrottled: true,
-            default_group: String::new(),
-            expires_in_s: 0,
-            name: name.clone(),
-        };
-        let (_, token) = access.create_token(&new, &name).map_err(|e| ServerError::Auth(e.to_string()))?;
+        let (_, token) = access.create_peer_token(&name).map_err(|e| ServerError::Auth(e.to_string()))?;
         peer.token = Some(token);
     }
     if let Some(tls) = &opts.tls {

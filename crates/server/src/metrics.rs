@@ -281,6 +281,20 @@ impl Collector for ControllerMetrics {
             Kind::Counter,
             self.cluster.leader_changes(),
         )?;
+        let f = self.cluster.forwarded();
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        family(
+            &mut e,
+            "tollgate_forwarded_total",
+            "Clients' exchanges and backends' reports a follower passed on to the leader, by what; unreached: those it could not pass on.",
+            Kind::Counter,
+            "what",
+            [
+                ("exchange", load(&f.exchanges)),
+                ("report", load(&f.reports)),
+                ("unreached", load(&f.unreached)),
+            ],
+        )?;
         single(
             &mut e,
             "tollgate_exchanges_total",
