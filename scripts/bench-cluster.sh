@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Every controller deciding: a real etcd, three release controllers on it, one group limited to
+# Every controller serving: a real etcd, three release controllers on it, one group limited to
 # LIMIT units/s, and h2load asking Envoy's rate-limit service (one descriptor, tenant=acme) on
 # the leader alone, on one follower alone, then on all three at once. For each run it prints the
 # decisions a second, the CPU each controller spent per decision it answered (from /proc), and
 # what the leader says the group admitted a second against its limit: a follower decides from
 # a lease on the leader, so the three together hold one limit.
+# Then clients' exchanges the same three ways: `tollgate bench exchange` (CLIENTS clients of
+# GROUPS_PER_CLIENT groups, each exchanging RATE times a second), with the exchanges a second, the
+# clients' p50 and p99, and each controller's CPU per exchange it answered (a follower passes
+# each on to the leader, whose CPU then counts every exchange; asked nothing, in brackets).
 # Usage: scripts/bench-cluster.sh  (builds the release binary with etcd; needs etcd and h2load,
-# Debian's etcd-server and nghttp2-client). SECONDS_EACH (10) and LIMIT (5000) may be set.
+# Debian's etcd-server and nghttp2-client). SECONDS_EACH (10), LIMIT (5000), CLIENTS (1000),
+# GROUPS_PER_CLIENT (10) and RATE (2) may be set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -14,9 +19,19 @@ cargo build --release -q -p tollgate-cli --features etcd
 BIN=target/release/tollgate
 SECONDS_EACH=${SECONDS_EACH:-10}
 LIMIT=${LIMIT:-5000}
+CLIENTS=${CLIENTS:-1000}
+GROUPS_EACH=${GROUPS_PER_CLIENT:-10}
+RATE=${RATE:-2}
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup() {
+  local rc=$?
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  # On a failure, what the controllers logged says why (an election under way, say).
+  if [ "$rc" != 0 ]; then for f in "$WORK"/server-*.log; do echo "== $f" >&2; tail -n 20 "$f" >&2; done; fi
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 client=$(free_port) peer=$(free_port)
@@ -114,3 +129,43 @@ run "the leader alone" "$leader"
 run "one follower alone" "${followers[0]}"
 run "all three at once" "$leader" "${followers[@]}"
 echo "(a controller asked nothing: its CPU seconds over the run, in brackets)"
+
+# exchanges NAME CONTROLLER...: `tollgate bench exchange` over the controllers named.
+exchanges() {
+  local name=$1
+  shift
+  local before=() urls=() i
+  for i in 0 1 2; do before+=("$(cpu "$i")"); done
+  for i in "$@"; do urls+=("http://${GRPC[$i]}"); done
+  local out
+  out=$("$BIN" bench exchange --server "$(IFS=,; echo "${urls[*]}")" --clients "$CLIENTS" \
+    --groups "$GROUPS_EACH" --rate "$RATE" --duration "$SECONDS_EACH" --connections 6 2>&1) ||
+    { echo "$out" >&2; exit 1; }
+  local per_s p50 p99
+  per_s=$(awk '/^exchanges\/s/ {print $2}' <<<"$out")
+  p50=$(awk '/^latency/ {print $3}' <<<"$out")
+  p99=$(awk '/^latency/ {print $9}' <<<"$out")
+  # The connections go to the controllers named in turn: each answers its share.
+  local per=() n=$#
+  for i in "$leader" "${followers[@]}"; do
+    local spent share=0 j
+    spent=$(($(cpu "$i") - before[$i]))
+    for j in "$@"; do [ "$j" = "$i" ] && share=1; done
+    # The leader answers every exchange: its own share directly, the rest passed on to it.
+    if [ "$i" = "$leader" ]; then share=$n; fi
+    if [ "$share" -gt 0 ]; then
+      per+=("$(python3 -c "print(f'{$spent / $ticks / ($per_s * $SECONDS_EACH * $share / $n) * 1e6:.1f}')")")
+    else
+      per+=("$(python3 -c "print(f'({$spent / $ticks:.2f} s)')")")
+    fi
+  done
+  printf '| %s | %s | %s / %s | %s | %s | %s |\n' "$name" "$per_s" "$p50" "$p99" "${per[0]}" "${per[1]}" "${per[2]}"
+}
+
+echo
+echo "| exchanges asked of | exchanges/s | p50 / p99 ms | leader µs CPU/exchange | follower | follower |"
+echo "| --- | --- | --- | --- | --- | --- |"
+exchanges "the leader alone" "$leader"
+exchanges "one follower alone" "${followers[0]}"
+exchanges "all three at once" "$leader" "${followers[@]}"
+echo "(the leader's CPU is per exchange it answered, directly or passed on; a follower's, per exchange it passed on)"

@@ -15,7 +15,9 @@ use crate::say;
 /// `tollgate bench exchange` arguments.
 #[derive(Args, Debug)]
 pub struct ExchangeArgs {
-    /// The controller.
+    /// The controller, or several, comma-separated: the connections are spread over them in
+    /// turn (connection `i` to address `i mod N`), and the clients over the connections, so
+    /// that every controller answers its share (followers pass theirs on to the leader).
     #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
     server: String,
     /// Simulated clients, each exchanging for all its groups at once.
@@ -393,24 +395,33 @@ async fn connect_all(
     Vec<tollgate_proto::frames::EndKnownCalls<Channel>>,
     Vec<tollgate_proto::frames::EndKnownCalls<Channel>>,
 )> {
-    let connect = || async {
-        access
-            .endpoint(&a.server)
-            .map_err(|e| anyhow::anyhow!("--server: {e}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .map(tollgate_proto::frames::EndKnownCalls)
-            .with_context(|| format!("cannot reach the tollgate server at {}", a.server))
+    let urls: Vec<&str> = a.server.split(',').map(str::trim).collect();
+    anyhow::ensure!(
+        urls.len() <= tollgate_limiter::remote::CONTROLLERS_MAX && urls.iter().all(|u| !u.is_empty()),
+        "--server: 1 to {} addresses, comma-separated, none empty",
+        tollgate_limiter::remote::CONTROLLERS_MAX
+    );
+    let connect = |i: usize| {
+        let url = urls[i % urls.len()];
+        async move {
+            access
+                .endpoint(url)
+                .map_err(|e| anyhow::anyhow!("--server {url}: {e}"))?
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .map(tollgate_proto::frames::EndKnownCalls)
+                .with_context(|| format!("cannot reach the tollgate server at {url}"))
+        }
     };
     let mut channels = Vec::new();
-    for _ in 0..a.connections {
-        channels.push(connect().await?);
+    for i in 0..a.connections {
+        channels.push(connect(i).await?);
     }
     let mut backend_channels = Vec::new();
-    for _ in 0..a.backends {
-        backend_channels.push(connect().await?);
+    for i in 0..a.backends {
+        backend_channels.push(connect(i).await?);
     }
     Ok((channels, backend_channels))
 }

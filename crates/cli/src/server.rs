@@ -148,14 +148,8 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         None => None,
     };
     if let Some(a) = &a.advertise {
-        let ok = a.strip_prefix("http://").or_else(|| a.strip_prefix("https://")).is_some_and(|rest| {
-            rest.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
-        });
-        if !ok || a.len() > 255 {
-            bail!(
-                "--advertise: {a:?} must be http://HOST:PORT or https://HOST:PORT (at most 255 bytes), the gRPC address others reach"
-            );
-        }
+        tollgate_controller::cluster::check_advertise(a)
+            .map_err(|e| anyhow::anyhow!("--advertise: {e}, the gRPC address others reach"))?;
     }
     // What a unit counts: the flag, else the settings file's [cost], else requests.
     let from_file = defaults.as_ref().map(|c| c.cost_model);

@@ -751,6 +751,72 @@ fn roles(https: &[String; 2]) -> Option<(usize, usize)> {
         .then(|| (leading[0], 1 - leading[0]))
 }
 
+/// An entry under the election's prefix that is no controller's candidacy (written by hand:
+/// no lease, not an address) would lead the election for ever once it is the oldest; the
+/// controllers delete it and one of them leads.
+#[test]
+fn a_stray_entry_in_the_election_is_deleted_rather_than_followed() {
+    let etcd = Etcd::start("stray");
+    let etcdctl = |args: &[&str]| {
+        let out = Command::new("etcdctl")
+            .args(["--endpoints", &etcd.url()])
+            .args(args)
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("etcdctl (Debian's etcd-client) runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (first, _, first_http) = start_with_http(&etcd.url(), "/stray");
+    eventually("the first leads", || status(&first_http).is_some_and(|s| s["role"] == "leader"));
+    // Written after the first controller's candidacy: it leads once that one is gone.
+    etcdctl(&["put", "/stray/election/by-hand", "not an address"]);
+    let (_second, _, second_http) = start_with_http(&etcd.url(), "/stray");
+    eventually("the second follows", || status(&second_http).is_some_and(|s| s["role"] == "follower"));
+    drop(first);
+    eventually("the second leads", || status(&second_http).is_some_and(|s| s["role"] == "leader"));
+    assert_eq!(etcdctl(&["get", "--prefix", "/stray/election/by-hand"]), "");
+}
+
+/// A follower passes clients' exchanges on to the leader for as long as it leads: its own
+/// candidacy, which waits on etcd all that time, does not end with etcd's 5 s call timeout
+/// (each such end left the follower without a leader for half a second, refusing everyone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_passes_exchanges_on_without_a_gap_for_longer_than_an_etcd_call() {
+    use tollgate_proto::v1;
+    let etcd = Etcd::start("no-gap");
+    let (_c0, u0, h0) = start_with_http(&etcd.url(), "/tollgate");
+    let (_c1, u1, h1) = start_with_http(&etcd.url(), "/tollgate");
+    let (urls, https) = ([u0, u1], [h0, h1]);
+    let mut both = None;
+    eventually("one leader", || {
+        both = roles(&https);
+        both.is_some()
+    });
+    let (leader, follower) = both.unwrap();
+    let mut client = v1::admission_client::AdmissionClient::connect(urls[follower].clone()).await.unwrap();
+    // 8 s of exchanges, 10 a second: past the 5 s an etcd call may take, and past a second
+    // round of it.
+    let mut refused = Vec::new();
+    for sequence in 1..=80u64 {
+        let ask = v1::ExchangeRequest {
+            client_id: "steady".into(),
+            sequence,
+            groups: vec![v1::GroupUsage { group: "g".into(), demand: 1.0, ..Default::default() }],
+            ..Default::default()
+        };
+        if let Err(e) = client.exchange(ask).await {
+            refused.push(format!("#{sequence}: {}", e.message()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused.is_empty(), "{refused:?}");
+    let leader_status = status(&https[leader]).unwrap();
+    assert_eq!(leader_status["role"], "leader", "the same leader throughout: {leader_status}");
+    let passed = common::try_metric(&https[follower], "tollgate_forwarded_total{what=\"exchange\"}");
+    assert_eq!(passed, Some(80.0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_answers_checks_and_envoy_from_a_lease_on_the_leader() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;

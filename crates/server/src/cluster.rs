@@ -19,8 +19,23 @@ use tollgate_proto::v1;
 use tollgate_proto::v1::admission_client::AdmissionClient;
 use tollgate_proto::v1::backend_client::BackendClient;
 use tonic::Status;
+use tonic::codegen::Bytes;
 
 use crate::controller::Controller;
+
+/// Checks a controller's advertised gRPC address: `http://HOST:PORT` or `https://HOST:PORT`,
+/// at most 255 bytes. The error says what it must be.
+pub fn check_advertise(address: &str) -> Result<(), String> {
+    let ok =
+        address.strip_prefix("http://").or_else(|| address.strip_prefix("https://")).is_some_and(|rest| {
+            rest.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+        });
+    if ok && address.len() <= 255 {
+        Ok(())
+    } else {
+        Err(format!("{address:?} must be http://HOST:PORT or https://HOST:PORT (at most 255 bytes)"))
+    }
+}
 
 /// A controller's part among controllers sharing one etcd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,6 +230,30 @@ impl Cluster {
             self.forwarded.unreached.fetch_add(1, Ordering::Relaxed);
         }
         answer
+    }
+
+    /// Passes an encoded call (a client's exchange or a backend's report, as it came off the
+    /// wire) on to `leader` at gRPC `path`, as it is, and returns the leader's encoded answer:
+    /// no message is decoded or encoded again on the way.
+    pub async fn forward_encoded(
+        &self,
+        now: Nanos,
+        leader: Option<String>,
+        path: &'static str,
+        body: Bytes,
+    ) -> Result<Bytes, Status> {
+        let counter =
+            if path.ends_with("/Report") { &self.forwarded.reports } else { &self.forwarded.exchanges };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let answer = self
+            .to_leader(now, leader, |rpc| async move {
+                let mut grpc = tonic::client::Grpc::new(rpc);
+                grpc.ready().await.map_err(|e| Status::unavailable(format!("the connection failed: {e}")))?;
+                let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+                grpc.unary(forwarded(body), path, tollgate_proto::wire::BytesCodec).await
+            })
+            .await;
+        self.count_unreached(answer)
     }
 
     /// What a follower has passed on to the leader so far.

@@ -1,7 +1,10 @@
 //! One leader among the controllers that share an etcd (TiDB's resource manager and
 //! YouTube's Doorman elect theirs the same way): each controller holds an etcd lease and
 //! campaigns under `PREFIX/election` with its advertised address. The one elected grants and
-//! takes reports; the others answer clients and backends with its address. A leader that
+//! takes reports; the others pass clients' exchanges and backends' reports on to it. A
+//! candidacy waits on etcd for as long as another controller leads, so the election's client
+//! bounds its other calls itself rather than every call (which would end each term after
+//! etcd's call timeout, leaving followers without a leader meanwhile). A leader that
 //! cannot renew its lease within the lease's time steps down before etcd hands the election to
 //! another, so two never lead at once; a new leader relearns what clients hold for one grant
 //! lease ([`Cluster::set_role`](crate::cluster::Cluster::set_role)).
@@ -16,6 +19,11 @@
 //!
 //! Each controller also holds `PREFIX/members/ADDRESS` under its lease, so two controllers that
 //! advertise the same address are refused.
+//!
+//! **A stray entry.** An entry under `PREFIX/election` that is no controller's candidacy (not
+//! an address, or held under no lease: written by hand, or by another program) would lead the
+//! election once it is the oldest, and for ever. A controller that sees one lead deletes it
+//! (unless it changed meanwhile) and logs the key and what is wrong with it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +33,7 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use crate::clock::Clock;
 use crate::cluster::{Cluster, Role, RoleView};
 use crate::options::EtcdTarget;
-use crate::store::etcd::{connect, reason};
+use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason};
 
 /// How long a term may go without starting again after a failure.
 const RETRY: Duration = Duration::from_millis(500);
@@ -74,31 +82,32 @@ async fn term(
     previous: &mut Option<i64>,
 ) -> Result<(), String> {
     let ttl = i64::try_from(lease.as_secs()).unwrap_or(i64::MAX).max(1);
-    let mut client: Client = connect(target).await.map_err(|e| reason(&e))?;
+    // Unbounded calls, for the campaign; those that should answer at once are bounded here.
+    let mut client: Client = bounded(connect_unbounded(target)).await?;
     if let Some(old) = *previous {
         // Its member key and candidacy go with it (gone already if it ran out: fine).
-        match client.lease_revoke(old).await {
+        match bounded(client.lease_revoke(old)).await {
             Ok(_) => {}
-            Err(e) if reason(&e).contains("lease not found") => {}
-            Err(e) => return Err(reason(&e)),
+            Err(e) if e.contains("lease not found") => {}
+            Err(e) => return Err(e),
         }
         *previous = None;
     }
-    let lease_id = client.lease_grant(ttl, None).await.map_err(|e| reason(&e))?.id();
+    let lease_id = bounded(client.lease_grant(ttl, None)).await?.id();
     *previous = Some(lease_id);
     let member = member_key(target, advertise);
-    let claimed = client
-        .txn(Txn::new().when([Compare::create_revision(member.clone(), CompareOp::Equal, 0)]).and_then([
+    let claimed = bounded(client.txn(
+        Txn::new().when([Compare::create_revision(member.clone(), CompareOp::Equal, 0)]).and_then([
             TxnOp::put(member, advertise, Some(etcd_client::PutOptions::new().with_lease(lease_id))),
-        ]))
-        .await
-        .map_err(|e| reason(&e))?
-        .succeeded();
+        ]),
+    ))
+    .await?
+    .succeeded();
     if !claimed {
-        let _ = client.lease_revoke(lease_id).await;
+        let _ = bounded(client.lease_revoke(lease_id)).await;
         return Err(format!("another controller advertises {advertise}; give each its own --advertise"));
     }
-    let (mut keeper, mut acks) = client.lease_keep_alive(lease_id).await.map_err(|e| reason(&e))?;
+    let (mut keeper, mut acks) = bounded(client.lease_keep_alive(lease_id)).await?;
     let name = target.key("election");
     // Who leads, while this one does not: etcd answers an observation only once there is a
     // leader, so it runs beside the campaign.
@@ -108,7 +117,16 @@ async fn term(
         tokio::spawn(async move {
             let Ok(mut observed) = client.observe(name).await else { return };
             while let Ok(Some(r)) = observed.message().await {
-                let leader = r.kv().map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+                let leader = match r.kv() {
+                    None => None,
+                    Some(kv) => match candidacy(kv.value(), kv.lease()) {
+                        Ok(leader) => Some(leader),
+                        Err(why) => {
+                            fence(&mut client, kv, &why).await;
+                            continue;
+                        }
+                    },
+                };
                 if leader.as_deref() != Some(me.as_str()) && cluster.role().role != Role::Leader {
                     cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader });
                 }
@@ -152,9 +170,9 @@ async fn term(
                 }
                 if !broken {
                     sent.push_back(clock.now());
-                    if let Err(e) = keeper.keep_alive().await {
+                    if let Err(e) = bounded(keeper.keep_alive()).await {
                         broken = true;
-                        tracing::warn!(error = %reason(&e), leading, "election: cannot renew the lease; trying until it could have run out");
+                        tracing::warn!(error = %e, leading, "election: cannot renew the lease; trying until it could have run out");
                     }
                 }
             }
@@ -179,4 +197,56 @@ async fn term(
         *previous = None;
     }
     outcome
+}
+
+/// `call`, within [`ETCD_TIMEOUT`]; its error or the timeout in words.
+async fn bounded<T>(call: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
+    match tokio::time::timeout(ETCD_TIMEOUT, call).await {
+        Ok(answer) => answer.map_err(|e| reason(&e)),
+        Err(_) => Err(format!("etcd did not answer within {ETCD_TIMEOUT:?}")),
+    }
+}
+
+/// The address an entry under `PREFIX/election` names, when it is a controller's candidacy:
+/// held under a lease (every controller campaigns with one), naming `http://HOST:PORT` or
+/// `https://HOST:PORT`. Anything else says what is wrong with it.
+fn candidacy(value: &[u8], lease: i64) -> Result<String, String> {
+    let text = std::str::from_utf8(value).map_err(|_| "its value is not UTF-8".to_string())?;
+    crate::cluster::check_advertise(text).map_err(|e| format!("its value {e}"))?;
+    if lease == 0 {
+        return Err("it is held under no lease, as no controller's candidacy is".into());
+    }
+    Ok(text.to_string())
+}
+
+/// Deletes an entry that is no controller's candidacy but holds the election (an etcd
+/// election is led by its oldest entry, so a stray one would keep every controller from
+/// leading for ever), unless it has changed since it was read; logged with the key and why.
+async fn fence(client: &mut Client, kv: &etcd_client::KeyValue, why: &str) {
+    let key = String::from_utf8_lossy(kv.key()).into_owned();
+    tracing::warn!(
+        key,
+        why,
+        "election: an entry that is no controller's candidacy leads the election; deleting it"
+    );
+    let unchanged = Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision());
+    let delete = Txn::new().when([unchanged]).and_then([TxnOp::delete(kv.key(), None)]);
+    if let Err(e) = bounded(client.txn(delete)).await {
+        tracing::warn!(key, error = %e, "election: cannot delete the stray entry; the election waits for it");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_address_under_a_lease_is_a_candidacy() {
+        assert_eq!(candidacy(b"http://10.0.0.1:7460", 7).unwrap(), "http://10.0.0.1:7460");
+        assert_eq!(candidacy(b"https://tollgate-0.peers:7460", 7).unwrap(), "https://tollgate-0.peers:7460");
+        assert!(candidacy(b"http://10.0.0.1:7460", 0).unwrap_err().contains("no lease"));
+        assert!(candidacy(b"garbage", 7).unwrap_err().contains("must be http://HOST:PORT"));
+        assert!(candidacy(b"http://host:0", 7).is_err());
+        assert!(candidacy(&[0xff, 0xfe], 7).unwrap_err().contains("UTF-8"));
+    }
 }

@@ -138,6 +138,42 @@ impl Services {
         Ok(following)
     }
 
+    /// A client's exchange on a follower, as it came off the wire: checked here as the leader
+    /// would (see [`forward_exchange`](Self::forward_exchange)) and passed on as it is, unless
+    /// unthrottled work the caller may not admit must be taken out of it first. The leader's
+    /// answer goes back as it is, with the caller's privilege appended when it has none (of a
+    /// field given twice, the last value counts).
+    async fn forward_exchange_encoded(
+        &self,
+        leader: Option<String>,
+        req: Request<Bytes>,
+    ) -> Result<Bytes, Status> {
+        use prost::Message;
+        let undecodable = |e: &dyn std::fmt::Display| {
+            Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
+        };
+        let mut exchange = ExchangeView::decode(req.get_ref()).map_err(|e| undecodable(&e))?;
+        let asked_unthrottled = exchange.groups.iter().any(|g| g.unthrottled != 0.0);
+        let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
+        let body = if privileged || !asked_unthrottled {
+            req.into_inner()
+        } else {
+            let mut message = v1::ExchangeRequest::decode(req.into_inner()).map_err(|e| undecodable(&e))?;
+            for g in &mut message.groups {
+                g.unthrottled = 0.0;
+            }
+            Bytes::from(message.encode_to_vec())
+        };
+        let answer = self.node.cluster.forward_encoded(self.clock.now(), leader, EXCHANGE_PATH, body).await?;
+        if privileged {
+            return Ok(answer);
+        }
+        let mut out = Vec::with_capacity(answer.len() + 2);
+        out.extend_from_slice(&answer);
+        prost::encoding::bool::encode(UNTHROTTLED_ALLOWED_FIELD, &false, &mut out);
+        Ok(Bytes::from(out))
+    }
+
     /// A client's exchange on a follower: checked here as the leader would (the caller's
     /// groups, its client id, its privilege) and passed on to the leader, whose answer goes
     /// back as it is but for the privilege, which is the caller's.
@@ -246,14 +282,7 @@ impl tonic::server::UnaryService<Bytes> for EncodedExchange {
             Ok(Some(leader)) => {
                 let services = self.0.clone();
                 Answer::Later(Box::pin(async move {
-                    use prost::Message;
-                    let (metadata, extensions, bytes) = req.into_parts();
-                    let message = v1::ExchangeRequest::decode(bytes).map_err(|e| {
-                        Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
-                    })?;
-                    let req = Request::from_parts(metadata, extensions, message);
-                    let answer = services.forward_exchange(leader, req).await?;
-                    Ok(Response::new(Bytes::from(answer.encode_to_vec())))
+                    services.forward_exchange_encoded(leader, req).await.map(Response::new)
                 }))
             }
         }
@@ -336,6 +365,9 @@ where
     }
 }
 
+/// The field number of `ExchangeResponse.unthrottled_allowed`.
+const UNTHROTTLED_ALLOWED_FIELD: u32 = 4;
+
 /// The exchange's path: `/` the service `/` the method.
 const EXCHANGE_PATH: &str = "/tollgate.v1.Admission/Exchange";
 /// The backend report's path.
@@ -349,11 +381,11 @@ impl Services {
     pub async fn report_encoded(self, req: Request<Bytes>) -> Result<Bytes, Status> {
         use prost::Message;
         if let Some(leader) = self.following(&req)? {
-            let message = v1::BackendReport::decode(req.into_inner()).map_err(|e| {
-                Status::internal(format!("failed to decode Protobuf message: BackendReport: {e}"))
-            })?;
-            let ack = self.node.cluster.forward_report(self.clock.now(), leader, message).await?;
-            return Ok(Bytes::from(ack.encode_to_vec()));
+            return self
+                .node
+                .cluster
+                .forward_encoded(self.clock.now(), leader, REPORT_PATH, req.into_inner())
+                .await;
         }
         let ack = self
             .take_report(move |controller, now| {

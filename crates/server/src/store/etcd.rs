@@ -96,8 +96,16 @@ pub(crate) fn reason(e: &etcd_client::Error) -> String {
     }
 }
 
+/// A client whose every call is bounded by [`ETCD_TIMEOUT`].
 pub(crate) async fn connect(target: &EtcdTarget) -> Result<Client, etcd_client::Error> {
     let options = ConnectOptions::new().with_connect_timeout(ETCD_TIMEOUT).with_timeout(ETCD_TIMEOUT);
+    Client::connect(&target.endpoints, Some(options)).await
+}
+
+/// A client whose calls are not bounded (its connection is): for a campaign, which waits as
+/// long as another controller leads. Its caller bounds the calls that should answer at once.
+pub(crate) async fn connect_unbounded(target: &EtcdTarget) -> Result<Client, etcd_client::Error> {
+    let options = ConnectOptions::new().with_connect_timeout(ETCD_TIMEOUT);
     Client::connect(&target.endpoints, Some(options)).await
 }
 
