@@ -298,7 +298,7 @@ impl Credential {
     }
 
     /// Whether this is a controller's own token (a client token for every group, unthrottled,
-    /// named [`PEER_TOKEN_PREFIX`]…), with which a follower passes on exchanges it has checked
+    /// named `controller-…`), with which a follower passes on exchanges it has checked
     /// against its own caller's token: the leader does not bind their client ids to it.
     pub fn is_peer(&self) -> bool {
         self.name.starts_with(PEER_TOKEN_PREFIX)
