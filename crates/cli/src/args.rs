@@ -242,6 +242,12 @@ pub(crate) struct ServerArgs {
     /// --etcd); default: http:// (https:// with TLS) and the bound --grpc address.
     #[arg(long, requires = "etcd")]
     pub(crate) advertise: Option<String>,
+    /// Serve this region's clients (with --etcd): the controllers given the same region
+    /// elect a leader of their own, which leases each group's share for the region from the
+    /// global tier (the controllers on the same etcd and prefix without --region), by the
+    /// region's demand. 1 to 63 lowercase letters, digits and -.
+    #[arg(long, requires = "etcd", value_parser = parse_region)]
+    pub(crate) region: Option<String>,
     /// Seconds a leader's election lease lasts (with --etcd): a leader killed is replaced
     /// about this long after (1 to 60).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60), requires = "etcd")]
@@ -369,4 +375,8 @@ pub enum ImportFormat {
     EnvoyRatelimit,
     /// Limitador's limits file (namespace, max_value, seconds, conditions, variables).
     Limitador,
+}
+
+fn parse_region(name: &str) -> Result<String, String> {
+    tollgate_controller::check_region(name).map(|()| name.to_string())
 }

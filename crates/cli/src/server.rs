@@ -181,6 +181,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         etcd,
         advertise: a.advertise.clone(),
         election_lease: Duration::from_secs(a.election_lease_s),
+        region: a.region.clone(),
         data: a.data,
         grpc: a.grpc,
         http: a.http,

@@ -196,6 +196,10 @@ fn a_bad_or_unreachable_etcd_and_a_foreign_prefix_are_refused_clearly() {
     assert!(err.contains("--etcd-prefix: \"nope/\" must start with /"), "{err}");
     let err = run(&[&base[..], &[etcd.url().as_str(), "--advertise", "10.0.0.1"]].concat());
     assert!(err.contains("--advertise: \"10.0.0.1\" must be http://HOST:PORT"), "{err}");
+    let err = run(&[&base[..], &[etcd.url().as_str(), "--region", "East_1"]].concat());
+    assert!(err.contains("--region: \"East_1\" must be 1 to 63 lowercase letters"), "{err}");
+    let err = run(&["server", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--region", "east"]);
+    assert!(err.contains("--etcd"), "a region needs the global tier's etcd: {err}");
     // Two controllers advertising one address: the second waits out a lease, then stops.
     let (_a, _, _) = start_with(&etcd.url(), "/tollgate", &["--advertise", "http://127.0.0.1:1"]);
     let err = run(&[&base[..], &[etcd.url().as_str(), "--advertise", "http://127.0.0.1:1"]].concat());
@@ -1023,4 +1027,90 @@ async fn over_tls_every_controller_answers_envoy_trusting_the_peer_authority() {
         assert_eq!(said.last(), Some(&Ok(Code::Ok as i32)), "{url}: {said:?}");
     }
     drop(started);
+}
+
+/// Two regions under one global tier: each region's controller serves its own clients from a
+/// share leased from the global leader by the region's demand, and together they hold the
+/// global limit. A region cut off from the global tier keeps granting its last share for a
+/// grant's lease, then decays it, never above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let etcd = Etcd::start("regions");
+    // Grant leases of 2 s, so that a region cut off decays within the test.
+    let lease = ["--lease-ms", "2000"];
+    let (global, global_url, global_http) = start_with(&etcd.url(), "/tollgate", &lease);
+    let region =
+        |name: &str| start_with(&etcd.url(), "/tollgate", &[&lease[..], &["--region", name]].concat());
+    let (_east, east_url, east_http) = region("east");
+    let (_west, west_url, west_http) = region("west");
+    admin(&global_url, &["group", "create", "shared", "--limit", "200"]);
+    for h in [&global_http, &east_http, &west_http] {
+        eventually("each tier and region leads itself", || status(h).is_some_and(|s| s["role"] == "leader"));
+    }
+    // Two clients in each region, each asking 100 units/s: 400 asked of a global 200.
+    let admitted = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (r, url) in [&east_url, &west_url].into_iter().enumerate() {
+        for i in 0..2 {
+            let opts = tollgate_limiter::RemoteOptions {
+                client_id: Some(format!("r{r}-c{i}")),
+                ..Default::default()
+            };
+            let gate = tollgate_limiter::Tollgate::remote(url, opts).unwrap();
+            let (admitted, stop) = (admitted[r].clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(Duration::from_millis(10));
+                while !stop.load(Ordering::Relaxed) {
+                    ticks.tick().await;
+                    if gate.try_acquire("shared", 1.0).is_ok() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let now = || tollgate_model::time::Clock::now(&clock);
+    let count = || [admitted[0].load(Ordering::Relaxed), admitted[1].load(Ordering::Relaxed)];
+    // Warm up, then 6 s: both regions together at the global limit, each with its part.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (from, before) = (now(), count());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (secs, after) = (now().since(from).as_secs_f64(), count());
+    let rates = [0, 1].map(|r| (after[r] - before[r]) as f64 / secs);
+    println!("regions: east {:.1}/s, west {:.1}/s of a global 200", rates[0], rates[1]);
+    let total = rates[0] + rates[1];
+    assert!((190.0..=210.0).contains(&total), "{rates:?}: {total:.1}/s together, not within 5 % of 200");
+    assert!(rates.iter().all(|&r| r > 60.0), "each region has its part: {rates:?}");
+    // The global leader sees each region as one client.
+    let global_status = status(&global_http).unwrap();
+    let shared = global_status["groups"].as_array().unwrap().iter().find(|g| g["name"] == "shared").unwrap();
+    assert_eq!(shared["clients"], 2, "{shared}");
+
+    // The global tier gone: each region grants its last share for the grant's lease (2 s),
+    // then decays it; never more than the global limit together.
+    drop(global);
+    let gone = now();
+    let mut seconds = Vec::new();
+    let mut last = count();
+    while now().since(gone) < Duration::from_secs(9) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let c = count();
+        seconds.push(((c[0] - last[0]) + (c[1] - last[1])) as f64);
+        last = c;
+    }
+    println!("regions cut off: admitted per second {seconds:?}");
+    assert!(seconds.iter().all(|&s| s <= 215.0), "over the limit once cut off: {seconds:?}");
+    assert!(seconds[0] > 100.0, "the last shares serve at first: {seconds:?}");
+    assert!(seconds[seconds.len() - 1] < 0.6 * 200.0, "decayed: {seconds:?}");
+    for h in [&east_http, &west_http] {
+        assert_eq!(common::try_metric(h, "tollgate_region_upstream_safe_mode"), Some(1.0), "{h}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
 }

@@ -9,7 +9,7 @@
 //! about exactly as a client does: from the engine in process while this controller grants,
 //! from the leader over gRPC while it follows ([`Cluster::exchange`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -115,6 +115,31 @@ pub struct Cluster {
     /// Clients' exchanges and backends' reports passed on to the leader, and those of them
     /// the leader did not answer.
     forwarded: Forwarded,
+    /// A regional controller's lease on the global tier.
+    region: Arc<UpstreamStatus>,
+}
+
+/// What a regional controller's lease on the global tier is doing, for `/status` and
+/// metrics (the module `upstream`, with etcd).
+#[derive(Debug, Default)]
+pub struct UpstreamStatus {
+    /// The region's name; `None` on a controller of the global tier.
+    pub region: Mutex<Option<String>>,
+    /// The global leader, as etcd last said.
+    pub leader: Mutex<Option<String>>,
+    /// Exchanges with the global tier that were answered.
+    pub exchanges: AtomicU64,
+    /// Those that were not.
+    pub failures: AtomicU64,
+    /// The grant lease ran out without an answer: the shares decay.
+    pub safe_mode: AtomicBool,
+}
+
+impl UpstreamStatus {
+    /// The region's name, when this controller serves one.
+    pub fn region(&self) -> Option<String> {
+        self.region.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
 }
 
 /// What a follower has passed on to the leader.
@@ -139,6 +164,7 @@ impl Cluster {
             upstream: Mutex::new(None),
             last_warned: Mutex::new(None),
             forwarded: Forwarded::default(),
+            region: Arc::default(),
         }
     }
 
@@ -254,6 +280,21 @@ impl Cluster {
             })
             .await;
         self.count_unreached(answer)
+    }
+
+    /// What a regional controller's lease on the global tier is doing.
+    pub fn upstream_status(&self) -> Arc<UpstreamStatus> {
+        self.region.clone()
+    }
+
+    /// The token and TLS files this controller calls other controllers with.
+    pub fn peer_access(&self) -> Access {
+        self.peer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|p| p.access.clone())
+            .unwrap_or_default()
     }
 
     /// What a follower has passed on to the leader so far.

@@ -144,6 +144,9 @@ pub struct Controller {
     settings_version: tokio::sync::watch::Sender<u64>,
 }
 
+/// The most groups a regional controller leases from the global tier.
+pub const UPSTREAM_GROUPS_MAX: usize = 100_000;
+
 /// The most backends and the most clients that status pages, the dashboard and metric labels
 /// name one by one; the rest are counted (clients: lapsed ones first, then the largest
 /// grants; backends: the most utilised).
@@ -377,6 +380,29 @@ impl Controller {
         self.engine().take_trace()
     }
 
+    /// Makes this a regional controller's engine: each group's rate comes from the global
+    /// tier ([`Engine::set_upstream_mode`]).
+    pub fn set_regional(&self) {
+        self.engine().set_upstream_mode(true);
+    }
+
+    /// Every group this regional controller's clients use, as the global tier is told it
+    /// ([`Engine::upstream_usage`]).
+    pub fn upstream_usage(&self) -> Vec<tollgate_model::engine::UpstreamUsage> {
+        self.engine().upstream_usage(UPSTREAM_GROUPS_MAX)
+    }
+
+    /// Takes shares granted by the global tier ([`Engine::set_upstream`]).
+    pub fn set_upstream(
+        &self,
+        grants: impl IntoIterator<Item = (GroupName, tollgate_model::engine::UpstreamGrant)>,
+    ) {
+        let mut engine = self.engine();
+        for (name, grant) in grants {
+            engine.set_upstream(name, grant);
+        }
+    }
+
     /// Answers an exchange in the generated types (the simulator's and tests' way in; the
     /// server reads and writes exchanges by hand, through [`exchange_view`](Self::exchange_view)).
     pub fn exchange(&self, now: Nanos, req: &v1::ExchangeRequest) -> Result<v1::ExchangeResponse, Status> {
@@ -475,11 +501,18 @@ impl Controller {
     }
 
     /// Writes the consumption of every group in traffic (the configured groups' running totals,
-    /// and every group's usage records) and the resumable ramps to the store. `now` is the
+    /// and every group's usage records) and the resumable ramps to the store (nothing in a
+    /// regional controller: the global tier writes what the regions consumed). `now` is the
     /// engine's time, `wall_ms` the Unix time in milliseconds.
     pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
         let (meters, usage_only, ramps) = {
             let mut engine = self.engine();
+            // A region's consumption reaches the global tier in its exchanges, and is written
+            // there: nothing to write here.
+            if engine.is_regional() {
+                drop(engine.take_dirty_meters());
+                return Ok(());
+            }
             // Every group in traffic is metered; the running totals of configured groups alone
             // are kept (restored at start, budgeted on), the others' only as usage records.
             let (meters, usage_only): (Vec<_>, Vec<_>) =

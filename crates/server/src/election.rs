@@ -207,6 +207,30 @@ async fn bounded<T>(call: impl Future<Output = Result<T, etcd_client::Error>>) -
     }
 }
 
+/// Keeps `status.leader` naming the global tier's leader, as `PREFIX/election` says, for a
+/// regional controller: an observation of the election, opened again after any failure.
+pub(crate) async fn observe_leader(
+    target: EtcdTarget,
+    status: std::sync::Arc<crate::cluster::UpstreamStatus>,
+) {
+    let name = target.key("election");
+    let set = |leader: Option<String>| {
+        *status.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = leader;
+    };
+    loop {
+        if let Ok(mut client) = bounded(connect_unbounded(&target)).await
+            && let Ok(mut observed) = client.observe(name.clone()).await
+        {
+            while let Ok(Some(r)) = observed.message().await {
+                // A stray entry is the global tier's to delete; until then no leader is known.
+                set(r.kv().and_then(|kv| candidacy(kv.value(), kv.lease()).ok()));
+            }
+        }
+        set(None);
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
 /// The address an entry under `PREFIX/election` names, when it is a controller's candidacy:
 /// held under a lease (every controller campaigns with one), naming `http://HOST:PORT` or
 /// `https://HOST:PORT`. Anything else says what is wrong with it.

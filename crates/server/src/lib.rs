@@ -40,6 +40,8 @@ pub mod status;
 pub mod store;
 mod stream;
 mod trace;
+#[cfg(feature = "etcd")]
+mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -59,7 +61,9 @@ pub use crate::controller::{
 };
 pub use crate::error::AdminError;
 pub use crate::node::Node;
-pub use crate::options::{DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions};
+pub use crate::options::{
+    DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions, check_region,
+};
 pub use crate::rlqs::RlqsStats;
 pub use crate::rls::RlsRules;
 use crate::status::Latency;
@@ -111,8 +115,10 @@ pub struct Server {
     flush_interval: Duration,
     limits: conn::Limits,
     etcd: EtcdFollow,
-    /// With an election: the address advertised, and the election lease.
-    election: Option<(String, Duration)>,
+    /// With an election: where it is held, the address advertised, and the election lease.
+    election: Option<(EtcdTarget, String, Duration)>,
+    /// The region this controller serves (`None`: the global tier).
+    region: Option<String>,
 }
 
 /// With settings in etcd: where, and the revision they were read at.
@@ -142,6 +148,14 @@ fn open_store(opts: &ServerOptions) -> Result<(Box<dyn store::SettingsStore>, Et
 impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
+        if let Some(region) = &opts.region {
+            options::check_region(region).map_err(ServerError::Serve)?;
+            if opts.etcd.is_none() {
+                return Err(ServerError::Serve(
+                    "--region: a region's controllers read the settings from the global tier's etcd; give --etcd".into(),
+                ));
+            }
+        }
         // The ports first: a port in use stops the start before anything is written (no data
         // directory or file is made for a server that cannot serve).
         let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
@@ -205,15 +219,23 @@ impl Server {
                 let local = grpc.local_addr().map_err(|e| ServerError::Serve(e.to_string()))?;
                 let scheme = if opts.tls.is_some() { "https" } else { "http" };
                 let advertise = opts.advertise.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
-                wait_for_address(target, &advertise, opts.election_lease).await?;
+                // A region's controllers elect their own leader, apart from the global tier's.
+                let target = match &opts.region {
+                    Some(region) => target.region(region),
+                    None => target.clone(),
+                };
+                wait_for_address(&target, &advertise, opts.election_lease).await?;
                 let access = peer_access(&node.access, &advertise, opts)?;
                 node.cluster.set_peer(cluster::Peer { advertise: advertise.clone(), access });
                 // Nobody is served until the election says who leads.
                 node.cluster
                     .set_role(clock.now(), cluster::RoleView { role: cluster::Role::Follower, leader: None });
-                Some((advertise, opts.election_lease))
+                Some((target, advertise, opts.election_lease))
             }
         };
+        if opts.region.is_some() {
+            node.controller.set_regional();
+        }
         Ok(Server {
             node,
             grpc,
@@ -226,6 +248,7 @@ impl Server {
             limits: opts.limits,
             etcd,
             election,
+            region: opts.region.clone(),
         })
     }
 
@@ -259,16 +282,18 @@ impl Server {
             limits,
             etcd,
             election,
+            region,
         } = self;
         #[cfg(feature = "etcd")]
         let following = etcd.map(|(target, revision)| {
-            let elect = election.map(|(advertise, lease)| {
-                tokio::spawn(election::run(target.clone(), advertise, lease, node.cluster.clone(), clock))
+            let elect = election.map(|(at, advertise, lease)| {
+                tokio::spawn(election::run(at, advertise, lease, node.cluster.clone(), clock))
             });
-            (tokio::spawn(follow_etcd(node.clone(), target, revision)), elect)
+            let lease = region.map(|r| tokio::spawn(upstream::run(node.clone(), target.clone(), r, clock)));
+            (tokio::spawn(follow_etcd(node.clone(), target, revision)), elect, lease)
         });
         #[cfg(not(feature = "etcd"))]
-        let _ = (etcd, election);
+        let _ = (etcd, election, region);
         let reload = tls.clone().map(|(g, h)| {
             tokio::spawn(async move {
                 let mut every = tokio::time::interval(listen::RELOAD_EVERY);
@@ -291,10 +316,10 @@ impl Server {
             r.abort();
         }
         #[cfg(feature = "etcd")]
-        if let Some((follow, elect)) = following {
+        if let Some((follow, elect, lease)) = following {
             follow.abort();
-            if let Some(e) = elect {
-                e.abort();
+            for task in elect.into_iter().chain(lease) {
+                task.abort();
             }
         }
         served

@@ -281,6 +281,25 @@ impl Collector for ControllerMetrics {
             Kind::Counter,
             self.cluster.leader_changes(),
         )?;
+        let up = self.cluster.upstream_status();
+        if up.region().is_some() {
+            let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+            family(
+                &mut e,
+                "tollgate_region_upstream_exchanges_total",
+                "A regional leader's exchanges with the global tier, by outcome: answered, or failed (no global leader known, or none answered).",
+                Kind::Counter,
+                "outcome",
+                [("answered", load(&up.exchanges)), ("failed", load(&up.failures))],
+            )?;
+            single(
+                &mut e,
+                "tollgate_region_upstream_safe_mode",
+                "1 while this region's shares decay: the global tier has not answered within a grant's lease.",
+                Kind::Gauge,
+                up.safe_mode.load(std::sync::atomic::Ordering::Relaxed),
+            )?;
+        }
         let f = self.cluster.forwarded();
         let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
         family(

@@ -44,6 +44,10 @@ pub struct ServerOptions {
     pub advertise: Option<String>,
     /// The election lease: how long a dead leader holds the election (`--election-lease-s`).
     pub election_lease: Duration,
+    /// With `etcd`: serve this region's clients, leasing each group's share for the region
+    /// from the global tier (`--region`; see [`check_region`]). `None`: this controller is
+    /// of the global tier.
+    pub region: Option<String>,
     /// TLS on both listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
     /// `--tls-allow-name`); `None`: plain TCP.
     pub tls: Option<crate::listen::TlsFiles>,
@@ -52,6 +56,21 @@ pub struct ServerOptions {
     /// With `auth`, the first admin token to take when no admin token is live
     /// (`--admin-token-file`), rather than one made and written to `DATA/admin.token`.
     pub admin_token: Option<String>,
+}
+
+/// Checks a region's name: 1 to 63 lowercase letters, digits and `-`, beginning with a letter
+/// (it is part of etcd keys and of a client id).
+pub fn check_region(name: &str) -> Result<(), String> {
+    let ok = (1..=63).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "--region: {name:?} must be 1 to 63 lowercase letters, digits and -, beginning with a letter"
+        ))
+    }
 }
 
 /// The default election lease.
@@ -106,6 +125,11 @@ impl EtcdTarget {
         format!("{}/{rest}", self.prefix)
     }
 
+    /// Where region `name`'s controllers hold their election: `PREFIX/regions/NAME`.
+    pub(crate) fn region(&self, name: &str) -> EtcdTarget {
+        EtcdTarget { endpoints: self.endpoints.clone(), prefix: format!("{}/regions/{name}", self.prefix) }
+    }
+
     pub(crate) fn describe(&self) -> String {
         format!("etcd {} prefix {}", self.endpoints.join(","), self.prefix)
     }
@@ -129,6 +153,7 @@ impl Default for ServerOptions {
             etcd: None,
             advertise: None,
             election_lease: DEFAULT_ELECTION_LEASE,
+            region: None,
             tls: None,
             auth: false,
             admin_token: None,

@@ -41,6 +41,7 @@ mod slots;
 mod split;
 mod tick;
 mod trace;
+mod upstream;
 mod view;
 mod windows;
 
@@ -55,6 +56,7 @@ pub use slots::InFlight;
 pub use split::{ClientGrant, ClientId, water_level};
 pub use tick::{Shares, SharesWork, TICK_SLICE_BOUNDS, TICK_SLICE_GROUPS, TICK_SLICE_TARGET, next_slice};
 pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
+pub use upstream::{UpstreamGrant, UpstreamUsage};
 pub use view::GroupView;
 pub use windows::{RateMarks, RateNow, RateWindows};
 
@@ -827,6 +829,8 @@ pub struct Engine {
     /// each of them this tick.
     nested: bool,
     nesting: HashMap<GroupName, crate::hierarchy::Bound, FixedHasher>,
+    /// In a regional engine, what the tier above granted each group ([`upstream`]).
+    upstream: upstream::Upstream,
     /// Requests admitted and refused by class since this engine first saw a critical or
     /// sheddable one in the group (only such groups).
     classes: HashMap<GroupName, ClassTotals, FixedHasher>,
@@ -914,6 +918,7 @@ impl Engine {
             slots: HashMap::default(),
             nested: false,
             nesting: HashMap::default(),
+            upstream: None,
             classes: HashMap::default(),
             backends: BTreeMap::new(),
             clients,
@@ -1387,11 +1392,14 @@ impl Engine {
     /// A group's ceiling: its limit, or its reservation once a quota is spent (see
     /// [`quota_cap`]).
     fn ceiling(&self, key: &GroupName, settings: Option<&GroupSettings>) -> f64 {
-        let Some(s) = settings else { return f64::INFINITY };
+        let above = upstream::ceiling(&self.upstream, key).map_or(f64::INFINITY, |g| g.rate);
+        let Some(s) = settings else { return above };
         let consumed = self.meter(key).map_or(0.0, |m| m.consumed);
-        let left = quota_left(&self.budget_baselines, key, s, consumed);
+        // A regional engine leaves quotas to the tier above, which counts every region.
+        let left =
+            if self.upstream.is_some() { None } else { quota_left(&self.budget_baselines, key, s, consumed) };
         let nested = self.nesting.get(key).map_or(f64::INFINITY, |b| b.cap);
-        quota_cap(s.limit().as_f64(), s.reserved(), left, self.settings.tick).min(nested)
+        quota_cap(s.limit().as_f64(), s.reserved(), left, self.settings.tick).min(nested).min(above)
     }
 
     /// The quota windows (minute, hour, day, week, month) whose window, at `wall_ms`, has no

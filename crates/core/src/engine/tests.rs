@@ -1548,3 +1548,39 @@ fn a_parents_limit_caps_its_children_and_a_quiet_childs_share_goes_to_its_siblin
     let slack = 10.0 / 3.0;
     assert_eq!((search, batch), (85.0 + slack, 5.0 + slack));
 }
+
+#[test]
+fn a_regional_engine_grants_within_what_the_tier_above_granted_and_nothing_before() {
+    let mut e = engine(EngineSettings::default());
+    e.set_upstream_mode(true);
+    let settings = GroupSettings::builder().limit(1000.0).quota(BudgetPeriod::Minute, 10.0).build().unwrap();
+    e.set_group(name("a"), settings);
+    let t = Nanos(S);
+    // Nothing granted from above yet: nothing here, however much is asked.
+    assert_eq!(e.report(t, 1, &name("a"), report(400.0, 0.0, 0.0)).rate, 0.0);
+    e.report(t, 2, &name("a"), report(400.0, 0.0, 0.0));
+    e.tick(t);
+    assert_eq!(e.outcome(&name("a")).unwrap().target(), Some(0.0));
+    // What the clients ask, added up, is what the tier above is told.
+    let usage = e.upstream_usage(10);
+    assert_eq!(usage.len(), 1);
+    assert_eq!((usage[0].demand, usage[0].held), (800.0, None));
+    // 300 granted from above: the region's two clients split it, burst within its burst; the
+    // minute's quota (10 units) is the tier above's to count, not this one's.
+    e.set_upstream(name("a"), UpstreamGrant { rate: 300.0, burst: 150.0 });
+    e.set_budget_baseline(name("a"), BudgetPeriod::Minute, 0, 0.0);
+    let t = Nanos(2 * S);
+    e.report(t, 1, &name("a"), report(400.0, 400.0, 4.0));
+    e.report(t, 2, &name("a"), report(400.0, 400.0, 4.0));
+    e.tick(t);
+    let o = e.outcome(&name("a")).unwrap();
+    assert_eq!(o.target(), Some(300.0));
+    let (one, two) = (o.grant_of(1).unwrap(), o.grant_of(2).unwrap());
+    assert_eq!(one.rate + two.rate, 300.0);
+    assert!(one.burst + two.burst <= 150.0 + 1e-9, "{one:?} {two:?}");
+    assert_eq!(e.upstream_usage(10)[0].held, Some(UpstreamGrant { rate: 300.0, burst: 150.0 }));
+    // An ordinary engine again: the group's own limit.
+    e.set_upstream_mode(false);
+    e.tick(Nanos(3 * S));
+    assert!(e.outcome(&name("a")).unwrap().target() < Some(1000.0), "the minute's quota holds again");
+}

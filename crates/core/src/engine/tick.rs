@@ -347,6 +347,7 @@ impl Engine {
             rows,
             asking,
             nesting,
+            upstream,
             ..
         } = self;
         // The engine's own while they are made: a sharing is taken out only once they are all
@@ -377,8 +378,10 @@ impl Engine {
                 traced.push(Traced { ratio: pressure.ratio, limited_by });
             }
             let settings_now = g.settings.as_deref();
-            let left =
-                settings_now.and_then(|s| super::quota_left(budget_baselines, name, s, g.meter.consumed));
+            // A regional engine leaves quotas to the tier above, which counts every region.
+            let left = settings_now
+                .filter(|_| upstream.is_none())
+                .and_then(|s| super::quota_left(budget_baselines, name, s, g.meter.consumed));
             let exhausted = left.is_some_and(|l| l <= 0.0);
             let (mut reserved, mut cap) = bounds(g, settings.slow_start, left, settings.tick);
             // A nested group: within what its tree leaves it, its reservation part of its
@@ -387,6 +390,17 @@ impl Engine {
                 cap = cap.min(b.cap);
                 reserved = reserved.min(b.reserved).min(cap);
             }
+            // A regional group: within what the tier above granted the region.
+            let above = super::upstream::ceiling(upstream, name);
+            if let Some(a) = above {
+                cap = cap.min(a.rate);
+                reserved = reserved.min(cap);
+            }
+            let burst = settings_now.and_then(GroupSettings::burst);
+            let burst = match above {
+                Some(a) if a.rate.is_finite() => Some(burst.map_or(a.burst, |b| b.min(a.burst))),
+                _ => burst,
+            };
             let (demand, unthrottled) = asks(&g.clients, asking);
             // A group that may take its backends' room (throttled at the last tick, its limit
             // now above its target: the only groups they mark so) and that no saturated backend
@@ -403,7 +417,7 @@ impl Engine {
                 cap,
                 priority: settings_now.map_or(Priority::MEDIUM, GroupSettings::priority),
                 weight: settings_now.map_or(1.0, GroupSettings::weight),
-                burst: OrNan::new(settings_now.and_then(GroupSettings::burst)),
+                burst: OrNan::new(burst),
                 demand,
                 unthrottled,
                 limiting: OrNan::new(pressure.limiting.or(headroom)),
