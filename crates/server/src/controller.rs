@@ -127,6 +127,9 @@ pub struct Controller {
     flush_failures: AtomicU64,
     /// A tick was run before its turn since the last regular one.
     early_used: AtomicBool,
+    /// A share from the global tier moved since the last tick began (a regional controller):
+    /// the next tick is run at once, so the region's grants follow it without waiting a tick.
+    upstream_moved: AtomicBool,
     /// The settings' warnings last logged: a change logs only the new ones.
     warned: Mutex<Vec<String>>,
     /// The cost model clients price with, as the operator says it: what a unit counts.
@@ -231,6 +234,7 @@ impl Controller {
             early_ticks: AtomicU64::new(0),
             flush_failures: AtomicU64::new(0),
             early_used: AtomicBool::new(false),
+            upstream_moved: AtomicBool::new(false),
             warned: Mutex::new(Vec::new()),
             cost_model: std::sync::OnceLock::new(),
             turn_ns: AtomicU64::new(u64::MAX),
@@ -392,14 +396,21 @@ impl Controller {
         self.engine().upstream_usage(UPSTREAM_GROUPS_MAX)
     }
 
-    /// Takes shares granted by the global tier ([`Engine::set_upstream`]).
+    /// Takes shares granted by the global tier ([`Engine::set_upstream`]); when one moved, the
+    /// next tick runs at once ([`take_early_tick`](Self::take_early_tick)).
     pub fn set_upstream(
         &self,
         grants: impl IntoIterator<Item = (GroupName, tollgate_model::engine::UpstreamGrant)>,
     ) {
         let mut engine = self.engine();
+        let mut moved = false;
         for (name, grant) in grants {
-            engine.set_upstream(name, grant);
+            moved |= engine.set_upstream(name, grant);
+        }
+        drop(engine);
+        if moved {
+            self.upstream_moved.store(true, Ordering::Release);
+            self.onset.notify_one();
         }
     }
 
@@ -884,7 +895,8 @@ impl Controller {
     /// after another, at most doubles the ticks). Says yes once; the caller then runs
     /// [`tick_early_paced`](Self::tick_early_paced).
     pub fn take_early_tick(&self) -> bool {
-        self.engine().saturation_onset() && !self.early_used.swap(true, Ordering::AcqRel)
+        let moved = self.upstream_moved.swap(false, Ordering::AcqRel);
+        (moved || self.engine().saturation_onset()) && !self.early_used.swap(true, Ordering::AcqRel)
     }
 
     /// Engine ticks completed since this controller started, early ones included.

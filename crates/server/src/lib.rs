@@ -33,6 +33,7 @@ mod json;
 mod memory;
 mod options;
 pub mod properties;
+pub mod region;
 mod rlqs;
 mod rls;
 mod schema;

@@ -14,6 +14,7 @@
 //! # restart = { clients = [0, 1] }                       # clients restart (same ids, sequence from 1)
 //! # churn = { names = 1500, duration_s = 10 }            # new tenants, through the first client
 //! # store_loss = { duration_s = 30 }                     # etcd gone: the leader holds its lease, then none leads
+//! # region_cut = { regions = [0], duration_s = 20 }      # regions (controller.regions) cut off from the global tier
 //!
 //! [faults]                          # more, drawn from the seed
 //! random = 5
@@ -101,6 +102,14 @@ pub enum FaultKind {
         /// For how long.
         duration: Duration,
     },
+    /// Some regions (with `controller.regions`) cannot reach the global tier: each goes on
+    /// granting its last shares for their lease, then decays them.
+    RegionCut {
+        /// Which regions (0 to `controller.regions - 1`).
+        regions: Vec<usize>,
+        /// For how long.
+        duration: Duration,
+    },
 }
 
 /// The election lease a [`FaultKind::StoreLoss`] lets the leader lead on for (the server's
@@ -118,7 +127,8 @@ impl Fault {
             | FaultKind::Loss { duration, .. }
             | FaultKind::Delay { duration, .. }
             | FaultKind::Churn { duration, .. }
-            | FaultKind::StoreLoss { duration } => *duration,
+            | FaultKind::StoreLoss { duration }
+            | FaultKind::RegionCut { duration, .. } => *duration,
             FaultKind::Restart { .. } => Duration::ZERO,
             FaultKind::Drift { .. } => return None,
         };
@@ -137,6 +147,7 @@ impl Fault {
             FaultKind::Restart { .. } => "restart",
             FaultKind::Churn { .. } => "churn",
             FaultKind::StoreLoss { .. } => "store_loss",
+            FaultKind::RegionCut { .. } => "region_cut",
         }
     }
 }
@@ -157,10 +168,17 @@ pub const FAULTS_MAX: usize = 1000;
 /// The longest a fault may last.
 const FAULT_SECONDS_MAX: u64 = 86_400;
 
-const FAULT_KINDS: &str = "crash, failover, partition, loss, delay, drift, restart, churn, store_loss";
+const FAULT_KINDS: &str =
+    "crash, failover, partition, loss, delay, drift, restart, churn, store_loss, region_cut";
 
 /// Reads `[[fault]]` number `i`.
-pub(crate) fn read_fault(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients: usize) -> Option<Fault> {
+pub(crate) fn read_fault(
+    r: &mut Reader<'_>,
+    path: &str,
+    v: &Value<'_>,
+    clients: usize,
+    regions: usize,
+) -> Option<Fault> {
     let mut f = r.fields(path, v)?;
     let at = match f.take("at_s") {
         Some((p, v)) => r.integer(&p, v, 0, FAULT_SECONDS_MAX).map(Duration::from_secs),
@@ -170,14 +188,24 @@ pub(crate) fn read_fault(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients:
         }
     };
     let mut kind = None;
-    for name in ["crash", "failover", "partition", "loss", "delay", "drift", "restart", "churn", "store_loss"]
-    {
+    for name in [
+        "crash",
+        "failover",
+        "partition",
+        "loss",
+        "delay",
+        "drift",
+        "restart",
+        "churn",
+        "store_loss",
+        "region_cut",
+    ] {
         if let Some((p, fv)) = f.take(name) {
             if kind.is_some() {
                 r.error(fv.span(), p, format!("one kind per [[fault]]: {FAULT_KINDS}"));
                 continue;
             }
-            kind = Some(read_kind(r, &p, name, fv, clients));
+            kind = Some(read_kind(r, &p, name, fv, (clients, regions)));
         }
     }
     r.finish(f, &format!("at_s, {FAULT_KINDS}"));
@@ -210,7 +238,13 @@ fn duration_of(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str, v: &Value
     }
 }
 
-fn client_list(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients: usize) -> Option<Vec<usize>> {
+/// A list of clients (`what` = "client") or regions, as indexes below `clients`, or "all".
+fn client_list(
+    r: &mut Reader<'_>,
+    path: &str,
+    v: &Value<'_>,
+    (clients, what): (usize, &str),
+) -> Option<Vec<usize>> {
     match v.get_ref() {
         DeValue::String(s) if s.as_ref() == "all" => Some((0..clients).collect()),
         DeValue::Array(items) => {
@@ -223,7 +257,7 @@ fn client_list(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients: usize) ->
                         item.span(),
                         p,
                         format!(
-                            "no client {n}: the scenario has {clients} (0 to {})",
+                            "no {what} {n}: the scenario has {clients} (0 to {})",
                             clients.saturating_sub(1)
                         ),
                     );
@@ -232,7 +266,7 @@ fn client_list(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients: usize) ->
                 out.push(n);
             }
             if out.is_empty() {
-                r.error(v.span(), path, "name at least one client");
+                r.error(v.span(), path, format!("name at least one {what}"));
                 return None;
             }
             Some(out)
@@ -241,14 +275,20 @@ fn client_list(r: &mut Reader<'_>, path: &str, v: &Value<'_>, clients: usize) ->
             r.error(
                 v.span(),
                 path,
-                format!("must be \"all\" or a list of client indexes, got {}", other.type_str()),
+                format!("must be \"all\" or a list of {what} indexes, got {}", other.type_str()),
             );
             None
         }
     }
 }
 
-fn read_kind(r: &mut Reader<'_>, path: &str, name: &str, v: &Value<'_>, clients: usize) -> Option<FaultKind> {
+fn read_kind(
+    r: &mut Reader<'_>,
+    path: &str,
+    name: &str,
+    v: &Value<'_>,
+    (clients, regions): (usize, usize),
+) -> Option<FaultKind> {
     let mut f = r.fields(path, v)?;
     let kind = match name {
         "crash" | "failover" => {
@@ -266,7 +306,7 @@ fn read_kind(r: &mut Reader<'_>, path: &str, name: &str, v: &Value<'_>, clients:
         }
         "partition" => {
             let c = match f.take("clients") {
-                Some((p, v)) => client_list(r, &p, v, clients),
+                Some((p, v)) => client_list(r, &p, v, (clients, "client")),
                 None => Some((0..clients).collect()),
             };
             let d = duration_of(r, &mut f, path, v);
@@ -291,7 +331,7 @@ fn read_kind(r: &mut Reader<'_>, path: &str, name: &str, v: &Value<'_>, clients:
         }
         "restart" => {
             let c = match f.take("clients") {
-                Some((p, v)) => client_list(r, &p, v, clients),
+                Some((p, v)) => client_list(r, &p, v, (clients, "client")),
                 None => Some((0..clients).collect()),
             };
             r.finish(f, "clients");
@@ -318,6 +358,20 @@ fn read_kind(r: &mut Reader<'_>, path: &str, name: &str, v: &Value<'_>, clients:
             r.finish(f, "duration_s");
             FaultKind::StoreLoss { duration: d? }
         }
+        "region_cut" => {
+            if regions == 0 {
+                r.error(v.span(), path, "the scenario has no regions: set controller.regions");
+                return None;
+            }
+            // Regions are listed as clients are: indexes below the count.
+            let c = match f.take("regions") {
+                Some((p, rv)) => client_list(r, &p, rv, (regions, "region")),
+                None => Some((0..regions).collect()),
+            };
+            let d = duration_of(r, &mut f, path, v);
+            r.finish(f, "regions, duration_s");
+            FaultKind::RegionCut { regions: c?, duration: d? }
+        }
         "delay" => {
             let ms = match f.take("ms") {
                 Some((p, v)) => r.integer(&p, v, 1, 60_000).map(Duration::from_millis),
@@ -336,7 +390,7 @@ fn read_kind(r: &mut Reader<'_>, path: &str, name: &str, v: &Value<'_>, clients:
         }
         _ => {
             let c = match f.take("clients") {
-                Some((p, v)) => client_list(r, &p, v, clients),
+                Some((p, v)) => client_list(r, &p, v, (clients, "client")),
                 None => Some((0..clients).collect()),
             };
             let rate = match f.take("rate") {
@@ -399,7 +453,8 @@ pub(crate) fn read_random(r: &mut Reader<'_>, v: &Value<'_>) -> Option<RandomFau
 }
 
 /// The faults a seed draws: kinds, times and sizes from the seed alone, so a breach replays.
-pub fn draw(random: &RandomFaults, seed: u64, clients: usize) -> Vec<Fault> {
+/// With `regions`, a region cut off from the global tier is one more kind drawn.
+pub fn draw(random: &RandomFaults, seed: u64, clients: usize, regions: usize) -> Vec<Fault> {
     let mut rng = SplitMix64::new(seed ^ 0xFA17_5EED);
     let span = (random.to - random.from).as_secs_f64();
     (0..random.count)
@@ -414,7 +469,8 @@ pub fn draw(random: &RandomFaults, seed: u64, clients: usize) -> Vec<Fault> {
                 let start = (rng.next_u64() % n as u64) as usize;
                 (0..k).map(|i| (start + i) % n).collect::<Vec<_>>()
             };
-            let kind = match rng.next_u64() % 6 {
+            let kinds = if regions > 0 { 7 } else { 6 };
+            let kind = match rng.next_u64() % kinds {
                 0 => FaultKind::Crash { down: secs(1.0, 15.0, &mut rng) },
                 1 => FaultKind::Failover { down: secs(1.0, 3.0, &mut rng) },
                 2 => FaultKind::Partition {
@@ -429,9 +485,13 @@ pub fn draw(random: &RandomFaults, seed: u64, clients: usize) -> Vec<Fault> {
                     delay: Duration::from_millis(10 * (1 + rng.next_u64() % 50)),
                     duration: secs(1.0, 30.0, &mut rng),
                 },
-                _ => FaultKind::Drift {
+                5 => FaultKind::Drift {
                     clients: some_clients(&mut rng),
                     rate: ((rng.next_f64() * 2.0 - 1.0) * 0.05 * 1000.0).round() / 1000.0,
+                },
+                _ => FaultKind::RegionCut {
+                    regions: vec![(rng.next_u64() % regions.max(1) as u64) as usize],
+                    duration: secs(1.0, 30.0, &mut rng),
                 },
             };
             Fault { at, kind }

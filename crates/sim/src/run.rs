@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tollgate_controller::cluster::{Role, RoleView};
+use tollgate_controller::region::RegionLease;
 use tollgate_controller::store::{MemoryStore, Stored, StoredNode};
 use tollgate_controller::{Controller, Node};
 use tollgate_limiter::{Driver, ExchangeError, RemoteOptions, Tollgate};
@@ -270,11 +271,14 @@ struct FaultState {
     /// The store gone: the leader leads until the first time, none until the second.
     store_lost: Option<(Nanos, Nanos)>,
     drifts: Vec<Drift>,
+    /// Each region cut off from the global tier until.
+    region_cut_until: Vec<Nanos>,
 }
 
 impl FaultState {
-    fn new(n: usize) -> FaultState {
+    fn new(n: usize, regions: usize) -> FaultState {
         FaultState {
+            region_cut_until: vec![Nanos::ZERO; regions],
             down: None,
             cut_until: vec![Nanos::ZERO; n],
             loss: (Nanos::ZERO, 0.0),
@@ -338,6 +342,11 @@ impl FaultState {
                 self.store_lost =
                     Some(self.store_lost.map_or((gone, back), |(g, b)| (g.min(gone), b.max(back))));
             }
+            FaultKind::RegionCut { regions, .. } => {
+                for &r in regions {
+                    self.region_cut_until[r] = self.region_cut_until[r].max(end.unwrap_or(now));
+                }
+            }
             FaultKind::Drift { clients, rate } => {
                 self.max_drift = self.max_drift.max(rate.abs());
                 for &c in clients {
@@ -363,9 +372,10 @@ impl FaultState {
 }
 
 /// Every client whose exchange is due makes it, in the order they were started, through the
-/// faults in force; answers delayed by a fault arrive when due.
+/// faults in force, to the controller (or, with regions, to its own region); answers delayed
+/// by a fault arrive when due.
 fn exchange_all(
-    node: &Node,
+    (node, regions): (&Node, Option<&Regions>),
     clients: &mut Clients,
     state: &mut FaultState,
     now: Nanos,
@@ -399,7 +409,9 @@ fn exchange_all(
             d.failed(client_now, &ExchangeError::Transport("exchange lost".into()));
             continue;
         }
-        match node.controller.exchange(now, &request) {
+        // With regions, each client's own region answers it.
+        let to = regions.map_or(node, |r| &r.nodes[i % r.nodes.len()]);
+        match to.controller.exchange(now, &request) {
             Ok(mut response) => {
                 if let Some(t) = tamper {
                     t(&mut response);
@@ -411,6 +423,81 @@ fn exchange_all(
                 }
             }
             Err(status) => d.failed(client_now, &ExchangeError::of(&status)),
+        }
+    }
+}
+
+/// The regions under the controller (`controller.regions`): each a regional controller over
+/// the same settings, and its lease on the global tier, stepped as `tollgate server --region`
+/// steps them (the same [`RegionLease`]).
+struct Regions {
+    nodes: Vec<Node>,
+    leases: Vec<RegionLease>,
+}
+
+impl Regions {
+    fn new(scenario: &Scenario, store: &MemoryStore) -> Option<Regions> {
+        let n = scenario.controller.regions;
+        if n == 0 {
+            return None;
+        }
+        let nodes: Vec<Node> = (0..n)
+            .map(|_| {
+                let node = Node::open(Box::new(store.clone()), engine_settings(scenario), Nanos::ZERO, 0)
+                    .expect("a store in memory loads");
+                node.controller.set_regional();
+                node
+            })
+            .collect();
+        let leases = (0..n).map(|r| RegionLease::new(&format!("r{r}"))).collect();
+        Some(Regions { nodes, leases })
+    }
+
+    /// One step at `now`: each region ticks at `tick`, leases from `global` when due (unless
+    /// the global tier is down or the region cut off), and decays shares not renewed.
+    fn step(&mut self, now: Nanos, global: &Node, global_up: bool, cut_until: &[Nanos], tick: bool) {
+        for (r, (node, lease)) in self.nodes.iter().zip(&mut self.leases).enumerate() {
+            let usage = node.controller.upstream_usage();
+            if lease.is_due(now, &usage) {
+                let mut answered = global_up && cut_until[r] <= now;
+                if answered {
+                    for page in lease.pages(&usage) {
+                        match global.controller.exchange(now, &page.request) {
+                            Ok(a) => lease.answered(page, &a, &node.controller),
+                            Err(_) => {
+                                answered = false;
+                                break;
+                            }
+                        }
+                    }
+                }
+                if answered {
+                    lease.round_answered(now, &usage);
+                } else {
+                    lease.round_failed(now);
+                }
+            }
+            lease.decay(now, &node.controller);
+            // At its turn, or at once when a share moved, as the server ticks a region.
+            if tick || node.controller.take_early_tick() {
+                node.controller.tick(now);
+            }
+        }
+    }
+}
+
+/// Settings changed by `action` reach the regions, as etcd's watch carries them.
+fn sync_regions(action: &Action, regions: Option<&Regions>) {
+    let Some(regions) = regions else { return };
+    for node in &regions.nodes {
+        match action {
+            Action::SetGroup { name, settings } => {
+                node.controller.sync_group(name.clone(), Some((**settings).clone()));
+            }
+            Action::RemoveGroup(name) => {
+                node.controller.sync_group(name.clone(), None);
+            }
+            _ => {}
         }
     }
 }
@@ -436,6 +523,7 @@ impl Progress {
         now: Nanos,
         scenario: &Scenario,
         node: &Node,
+        regions: Option<&Regions>,
         world: &mut World,
         groups: &[GroupName],
         state: &FaultState,
@@ -479,6 +567,7 @@ impl Progress {
             let Some(p) = scenario.phases.get(self.phase) else { return true };
             for a in &p.actions {
                 apply(a, &node.controller, world);
+                sync_regions(a, regions);
             }
             false
         } else if elapsed >= current.timeout {
@@ -504,7 +593,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let mut node = start(Nanos::ZERO);
     let mut faults = scenario.faults.clone();
     if let Some(random) = &scenario.random_faults {
-        faults.extend(crate::faults::draw(random, seed, scenario.clients.len()));
+        faults.extend(crate::faults::draw(random, seed, scenario.clients.len(), scenario.controller.regions));
     }
     faults.sort_by_key(|f| f.at);
     let checking = !faults.is_empty();
@@ -517,10 +606,12 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let n = scenario.clients.len();
     let mut clients = Clients::new(scenario);
     let mut world = World::new(scenario, &groups, &clients.gates, seed);
+    let mut regions = Regions::new(scenario, &store);
     for a in &scenario.actions {
         apply(a, &node.controller, &mut world);
+        sync_regions(a, regions.as_ref());
     }
-    let mut state = FaultState::new(n);
+    let mut state = FaultState::new(n, scenario.controller.regions);
     let mut next_fault = 0usize;
     let step_ns = duration_nanos(STEP);
     let tick_ns = duration_nanos(scenario.controller.tick).max(step_ns);
@@ -538,6 +629,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     if let Some(p) = scenario.phases.first() {
         for a in &p.actions {
             apply(a, &node.controller, &mut world);
+            sync_regions(a, regions.as_ref());
         }
     }
     let mut now = Nanos::ZERO;
@@ -568,7 +660,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             state.store_lost = None;
         }
         let up = state.down.is_none() && state.store_lost.is_none_or(|(gone, _)| now < gone);
-        if state.cut_until.iter().any(|&c| c > now) || state.loss.1 > 0.0 {
+        if state.cut_until.iter().chain(&state.region_cut_until).any(|&c| c > now) || state.loss.1 > 0.0 {
             state.last_cut_off = Some(now);
         }
         // The backends report (at each tick unless `report_ms` says otherwise), then the
@@ -595,10 +687,38 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 sink(event);
             }
         }
-        exchange_all(&node, &mut clients, &mut state, now, up, &mut fault_rng, hooks.tamper);
+        // The regions tick and lease from the global tier; their clients reach them whatever
+        // becomes of the global tier.
+        let clients_up = match &mut regions {
+            Some(r) => {
+                r.step(now, &node, up, &state.region_cut_until, now.0.is_multiple_of(tick_ns));
+                true
+            }
+            None => up,
+        };
+        exchange_all(
+            (&node, regions.as_ref()),
+            &mut clients,
+            &mut state,
+            now,
+            clients_up,
+            &mut fault_rng,
+            hooks.tamper,
+        );
         if now.0 > 0
             && now.0.is_multiple_of(second_ns)
-            && progress.second(now, scenario, &node, &mut world, &groups, &state, up, checking, run_until)
+            && progress.second(
+                now,
+                scenario,
+                &node,
+                regions.as_ref(),
+                &mut world,
+                &groups,
+                &state,
+                up,
+                checking,
+                run_until,
+            )
         {
             break;
         }

@@ -69,6 +69,10 @@ pub struct ControllerSpec {
     /// How often the backends report; `None`: at each tick, just before it. Reports between
     /// two ticks let a backend newly saturated get a tick at once, as in the server.
     pub report_every: Option<Duration>,
+    /// Regions under the controller (0: none): client `i` is served by region `i mod
+    /// regions`, a regional controller that leases each group's share from the controller, as
+    /// `tollgate server --region` does.
+    pub regions: usize,
 }
 
 impl Default for ControllerSpec {
@@ -86,6 +90,7 @@ impl Default for ControllerSpec {
             trickle: Duration::ZERO,
             tick: Duration::from_secs(1),
             report_every: None,
+            regions: 0,
         }
     }
 }
@@ -359,7 +364,8 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
         r.error(0..0, "fault", format!("at most {} faults, got {}", crate::faults::FAULTS_MAX, faults.len()));
     } else {
         for (i, v) in faults.into_iter().enumerate() {
-            if let Some(f) = crate::faults::read_fault(r, &format!("fault[{i}]"), v, s.clients.len()) {
+            let (clients, regions) = (s.clients.len(), s.controller.regions);
+            if let Some(f) = crate::faults::read_fault(r, &format!("fault[{i}]"), v, clients, regions) {
                 s.faults.push(f);
             }
         }
@@ -475,6 +481,9 @@ fn folding(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<f64> {
     None
 }
 
+/// The most regions a scenario may have.
+pub const REGIONS_MAX: usize = 64;
+
 fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     let mut c = ControllerSpec::default();
     let Some(mut f) = r.fields("controller", v) else { return c };
@@ -540,9 +549,12 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
             r.error(v.span(), p, format!("must be a multiple of 10 (the simulation's step), got {ms}"));
         }
     }
+    if let Some((p, v)) = f.take("regions") {
+        c.regions = r.integer(&p, v, 0, REGIONS_MAX as u64).unwrap_or(0) as usize;
+    }
     r.finish(
         f,
-        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms, report_ms",
+        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms, report_ms, regions",
     );
     c
 }
@@ -1175,6 +1187,27 @@ mod tests {
         ] {
             assert!(bad.contains(expected), "{expected}\n{bad}");
         }
+    }
+
+    #[test]
+    fn regions_and_their_cuts_are_read_and_bad_ones_named() {
+        let read = |src: &str| Scenario::parse(&format!("{}{src}", phase("")));
+        let ok = read("[controller]\nregions = 2\n[[fault]]\nat_s = 5\nregion_cut = { regions = [1], duration_s = 3 }\n")
+            .unwrap();
+        assert_eq!(ok.controller.regions, 2);
+        assert_eq!(
+            ok.faults[0].kind,
+            crate::faults::FaultKind::RegionCut { regions: vec![1], duration: Duration::from_secs(3) }
+        );
+        let bad = |src: &str| read(src).unwrap_err().to_string();
+        let none = bad("[[fault]]\nat_s = 5\nregion_cut = { duration_s = 3 }\n");
+        assert!(none.contains("the scenario has no regions: set controller.regions"), "{none}");
+        let many = bad("[controller]\nregions = 65\n");
+        assert!(many.contains("controller.regions"), "{many}");
+        let which = bad(
+            "[controller]\nregions = 2\n[[fault]]\nat_s = 5\nregion_cut = { regions = [2], duration_s = 3 }\n",
+        );
+        assert!(which.contains("fault[0].region_cut.regions[0]: no region 2: the scenario has 2"), "{which}");
     }
 
     #[test]

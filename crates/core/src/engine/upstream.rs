@@ -66,13 +66,14 @@ impl Engine {
     }
 
     /// Takes what the tier above granted for `group`: its ceiling here from the next tick on
-    /// (and for clients new to it at once). Ignored by an engine that is not regional.
-    pub fn set_upstream(&mut self, group: GroupName, grant: UpstreamGrant) {
-        if let Some(grants) = &mut self.upstream {
-            let rate = if grant.rate.is_nan() { 0.0 } else { grant.rate.max(0.0) };
-            let burst = if grant.burst.is_nan() { 0.0 } else { grant.burst.max(0.0) };
-            grants.insert(group, UpstreamGrant { rate, burst });
-        }
+    /// (and for clients new to it at once). Says whether it moved. Ignored by an engine that
+    /// is not regional.
+    pub fn set_upstream(&mut self, group: GroupName, grant: UpstreamGrant) -> bool {
+        let Some(grants) = &mut self.upstream else { return false };
+        let rate = if grant.rate.is_nan() { 0.0 } else { grant.rate.max(0.0) };
+        let burst = if grant.burst.is_nan() { 0.0 } else { grant.burst.max(0.0) };
+        let new = UpstreamGrant { rate, burst };
+        grants.insert(group, new) != Some(new)
     }
 
     /// Every tracked group with a client, as the tier above is told it, at most `max` of them
