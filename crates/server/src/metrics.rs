@@ -281,39 +281,7 @@ impl Collector for ControllerMetrics {
             Kind::Counter,
             self.cluster.leader_changes(),
         )?;
-        let up = self.cluster.upstream_status();
-        if up.region().is_some() {
-            let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-            family(
-                &mut e,
-                "tollgate_region_upstream_exchanges_total",
-                "A regional leader's exchanges with the global tier, by outcome: answered, or failed (no global leader known, or none answered).",
-                Kind::Counter,
-                "outcome",
-                [("answered", load(&up.exchanges)), ("failed", load(&up.failures))],
-            )?;
-            single(
-                &mut e,
-                "tollgate_region_upstream_safe_mode",
-                "1 while this region's shares decay: the global tier has not answered within a grant's lease.",
-                Kind::Gauge,
-                up.safe_mode.load(std::sync::atomic::Ordering::Relaxed),
-            )?;
-        }
-        let f = self.cluster.forwarded();
-        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-        family(
-            &mut e,
-            "tollgate_forwarded_total",
-            "Clients' exchanges and backends' reports a follower passed on to the leader, by what; unreached: those it could not pass on.",
-            Kind::Counter,
-            "what",
-            [
-                ("exchange", load(&f.exchanges)),
-                ("report", load(&f.reports)),
-                ("unreached", load(&f.unreached)),
-            ],
-        )?;
+        self.encode_cluster(&mut e)?;
         single(
             &mut e,
             "tollgate_exchanges_total",
@@ -342,6 +310,45 @@ impl Collector for ControllerMetrics {
             "Writes to gRPC connections' sockets (about one per answer).",
             Kind::Counter,
             c.grpc_writes(),
+        )
+    }
+}
+
+impl ControllerMetrics {
+    /// What this controller passes on to the leader, and a regional controller's lease on the
+    /// global tier.
+    fn encode_cluster(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        let up = self.cluster.upstream_status();
+        if up.region().is_some() {
+            family(
+                e,
+                "tollgate_region_upstream_exchanges_total",
+                "A regional leader's exchanges with the global tier, by outcome: answered, or failed (no global leader known, or none answered).",
+                Kind::Counter,
+                "outcome",
+                [("answered", load(&up.exchanges)), ("failed", load(&up.failures))],
+            )?;
+            single(
+                e,
+                "tollgate_region_upstream_safe_mode",
+                "1 while this region's shares decay: the global tier has not answered within a grant's lease.",
+                Kind::Gauge,
+                up.safe_mode.load(std::sync::atomic::Ordering::Relaxed),
+            )?;
+        }
+        let f = self.cluster.forwarded();
+        family(
+            e,
+            "tollgate_forwarded_total",
+            "Clients' exchanges and backends' reports a follower passed on to the leader, by what; unreached: those it could not pass on.",
+            Kind::Counter,
+            "what",
+            [
+                ("exchange", load(&f.exchanges)),
+                ("report", load(&f.reports)),
+                ("unreached", load(&f.unreached)),
+            ],
         )
     }
 }

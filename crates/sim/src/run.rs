@@ -357,6 +357,30 @@ impl FaultState {
         }
     }
 
+    /// A controller comes back at `now`: a new one over the same store (made by `start`),
+    /// relearning what clients hold (a failover's is elected leader at once); or, the store
+    /// back, the controller that held on leads again, relearning.
+    fn recover(&mut self, now: Nanos, node: &mut Node, start: &impl Fn(Nanos) -> Node) {
+        let lead = |node: &Node| {
+            node.cluster.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) })
+        };
+        if let Some((until, failover)) = self.down
+            && until <= now
+        {
+            *node = start(now);
+            if failover {
+                lead(node);
+            }
+            self.down = None;
+        }
+        if let Some((_, back)) = self.store_lost
+            && back <= now
+        {
+            lead(node);
+            self.store_lost = None;
+        }
+    }
+
     /// New tenants, once a second: every name arrived so far is asked for once, through the
     /// first client (which then carries more groups than one exchange).
     fn churn(&mut self, now: Nanos, gates: &[Tollgate]) {
@@ -641,24 +665,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         if state.loss.0 <= now {
             state.loss.1 = 0.0;
         }
-        // A controller comes back: a new one over the same store, relearning what clients hold
-        // (a failover's is elected leader at once).
-        if let Some((until, failover)) = state.down
-            && until <= now
-        {
-            node = start(now);
-            if failover {
-                node.cluster.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
-            }
-            state.down = None;
-        }
-        // The store back: the controller that held on leads again, relearning.
-        if let Some((_, back)) = state.store_lost
-            && back <= now
-        {
-            node.cluster.set_role(now, RoleView { role: Role::Leader, leader: Some("sim".into()) });
-            state.store_lost = None;
-        }
+        state.recover(now, &mut node, &start);
         let up = state.down.is_none() && state.store_lost.is_none_or(|(gone, _)| now < gone);
         if state.cut_until.iter().chain(&state.region_cut_until).any(|&c| c > now) || state.loss.1 > 0.0 {
             state.last_cut_off = Some(now);

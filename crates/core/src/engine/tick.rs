@@ -378,29 +378,8 @@ impl Engine {
                 traced.push(Traced { ratio: pressure.ratio, limited_by });
             }
             let settings_now = g.settings.as_deref();
-            // A regional engine leaves quotas to the tier above, which counts every region.
-            let left = settings_now
-                .filter(|_| upstream.is_none())
-                .and_then(|s| super::quota_left(budget_baselines, name, s, g.meter.consumed));
-            let exhausted = left.is_some_and(|l| l <= 0.0);
-            let (mut reserved, mut cap) = bounds(g, settings.slow_start, left, settings.tick);
-            // A nested group: within what its tree leaves it, its reservation part of its
-            // parent's.
-            if let Some(b) = nesting.get(name) {
-                cap = cap.min(b.cap);
-                reserved = reserved.min(b.reserved).min(cap);
-            }
-            // A regional group: within what the tier above granted the region.
-            let above = super::upstream::ceiling(upstream, name);
-            if let Some(a) = above {
-                cap = cap.min(a.rate);
-                reserved = reserved.min(cap);
-            }
-            let burst = settings_now.and_then(GroupSettings::burst);
-            let burst = match above {
-                Some(a) if a.rate.is_finite() => Some(burst.map_or(a.burst, |b| b.min(a.burst))),
-                _ => burst,
-            };
+            let (reserved, cap, burst, exhausted) =
+                limits_of(g, name, settings, (budget_baselines, nesting, upstream));
             let (demand, unthrottled) = asks(&g.clients, asking);
             // A group that may take its backends' room (throttled at the last tick, its limit
             // now above its target: the only groups they mark so) and that no saturated backend
@@ -753,6 +732,53 @@ fn bounds(g: &super::Tracked, slow_start: bool, left: Option<f64>, tick: std::ti
     }
     let cap = g.ramp.as_ref().map_or(ceiling, |r| ceiling.min(r.pool() as f64));
     (reserved, cap)
+}
+
+/// Each quota window's baseline, by group and window.
+type Baselines = HashMap<(GroupName, crate::settings::BudgetPeriod), super::Baseline, super::FixedHasher>;
+/// What the trees of nested groups leave each of them.
+type Nesting = HashMap<GroupName, crate::hierarchy::Bound, super::FixedHasher>;
+
+/// What bounds a group this tick: its reservation, its cap, its burst, and whether a quota
+/// of it is spent (a regional engine leaves quotas to the tier above, which counts every
+/// region).
+fn limits_of(
+    g: &super::Tracked,
+    name: &GroupName,
+    settings: &super::EngineSettings,
+    (baselines, nesting, upstream): (&Baselines, &Nesting, &super::upstream::Upstream),
+) -> (f64, f64, Option<f64>, bool) {
+    let settings_now = g.settings.as_deref();
+    let left = settings_now
+        .filter(|_| upstream.is_none())
+        .and_then(|s| super::quota_left(baselines, name, s, g.meter.consumed));
+    let (reserved, cap, burst) = contained(
+        bounds(g, settings.slow_start, left, settings.tick),
+        settings_now.and_then(GroupSettings::burst),
+        nesting.get(name),
+        super::upstream::ceiling(upstream, name),
+    );
+    (reserved, cap, burst, left.is_some_and(|l| l <= 0.0))
+}
+
+/// A group's reservation, cap and burst within what holds it: what its tree leaves a nested
+/// group (whose reservation is part of its parent's), and what the tier above granted a
+/// regional engine's group.
+fn contained(
+    (mut reserved, mut cap): (f64, f64),
+    burst: Option<f64>,
+    nested: Option<&crate::hierarchy::Bound>,
+    above: Option<super::UpstreamGrant>,
+) -> (f64, f64, Option<f64>) {
+    if let Some(b) = nested {
+        cap = cap.min(b.cap);
+        reserved = reserved.min(b.reserved).min(cap);
+    }
+    let Some(a) = above else { return (reserved, cap, burst) };
+    cap = cap.min(a.rate);
+    reserved = reserved.min(cap);
+    let burst = if a.rate.is_finite() { Some(burst.map_or(a.burst, |b| b.min(a.burst))) } else { burst };
+    (reserved, cap, burst)
 }
 
 /// A group's clients' asks, appended to the tick's list; returns their demand and unthrottled
