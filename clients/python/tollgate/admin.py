@@ -236,6 +236,7 @@ class Admin:
             mode=MODES[answer.mode] if answer.mode < len(MODES) else str(answer.mode),
             role=answer.role,
             leader=answer.leader if answer.HasField("leader") else None,
+            region=answer.region if answer.HasField("region") else None,
             learning=answer.learning,
             exchanges=answer.exchanges,
             clients=answer.clients,

@@ -225,6 +225,8 @@ class Status:
     role: str
     """``standalone``, ``leader`` or ``follower``."""
     leader: Optional[str]
+    region: Optional[str]
+    """The region the controller serves (``tollgate server --region``); ``None`` on the global tier."""
     learning: bool
     """In the first lease after start, relearning what clients hold."""
     exchanges: int

@@ -985,6 +985,11 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
     if s.role != "standalone" {
         say(format!("role: {} (leader: {})", s.role, s.leader.as_deref().unwrap_or("none elected")));
     }
+    if let Some(region) = &s.region {
+        let decaying =
+            if s.upstream_safe_mode { ", its shares decaying: the global tier does not answer" } else { "" };
+        say(format!("region: {region}{decaying}"));
+    }
     say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));
     // What the figures count: every rate below is in these units a second.
     let unit = if s.unit.is_empty() { "units" } else { s.unit.as_str() };

@@ -1089,6 +1089,7 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
     let global_status = status(&global_http).unwrap();
     let shared = global_status["groups"].as_array().unwrap().iter().find(|g| g["name"] == "shared").unwrap();
     assert_eq!(shared["clients"], 2, "{shared}");
+    assert_eq!(global_status["region"], serde_json::Value::Null);
 
     // The global tier gone: each region grants its last share for the grant's lease (2 s),
     // then decays it; never more than the global limit together.
@@ -1109,6 +1110,11 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
     for h in [&east_http, &west_http] {
         assert_eq!(common::try_metric(h, "tollgate_region_upstream_safe_mode"), Some(1.0), "{h}");
     }
+    // Each says which region it serves, and that its shares decay.
+    let east = status(&east_http).unwrap();
+    assert_eq!((&east["region"], &east["upstream_safe_mode"]), (&"east".into(), &true.into()), "{east}");
+    let shown = output(&east_url, &["status"]);
+    assert!(shown.contains("region: east, its shares decaying"), "{shown}");
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();

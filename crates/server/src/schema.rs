@@ -153,6 +153,11 @@ pub(crate) struct Status {
     role: String,
     leader: Option<String>,
     leader_changes: u64,
+    /// The region this controller serves (`tollgate server --region`); null on the global tier.
+    region: Option<String>,
+    /// In a region: its shares decay, the global tier not having answered within a grant's
+    /// lease.
+    upstream_safe_mode: bool,
     clients: u64,
     backends: u64,
     clients_lapsed: u64,

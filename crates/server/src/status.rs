@@ -174,6 +174,12 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
         warnings: controller.warnings(),
         shadow: node.shadow,
         throttling_off: !node.throttling,
+        region: parts.cluster.upstream_status().region(),
+        upstream_safe_mode: parts
+            .cluster
+            .upstream_status()
+            .safe_mode
+            .load(std::sync::atomic::Ordering::Relaxed),
     }
 }
 
@@ -362,6 +368,8 @@ fn status_json_with(s: &v1::StatusResponse, groups: Vec<serde_json::Value>) -> s
         "role": s.role,
         "leader": s.leader,
         "leader_changes": s.leader_changes,
+        "region": s.region,
+        "upstream_safe_mode": s.upstream_safe_mode,
         "clients": s.clients,
         "backends": s.backends,
         "clients_lapsed": s.clients_lapsed,

@@ -595,7 +595,7 @@ class StatusRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings", "shadow", "throttling_off")
+    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings", "shadow", "throttling_off", "region", "upstream_safe_mode")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
@@ -616,6 +616,8 @@ class StatusResponse(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     THROTTLING_OFF_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_SAFE_MODE_FIELD_NUMBER: _ClassVar[int]
     capacity: float
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     exchanges: int
@@ -636,7 +638,9 @@ class StatusResponse(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     shadow: bool
     throttling_off: bool
-    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ...) -> None: ...
+    region: str
+    upstream_safe_mode: bool
+    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ..., region: _Optional[str] = ..., upstream_safe_mode: _Optional[bool] = ...) -> None: ...
 
 class BackendStatus(_message.Message):
     __slots__ = ("name", "zone", "utilisation", "limiting", "seen_s", "load", "top_groups", "inert")
