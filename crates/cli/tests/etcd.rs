@@ -1120,3 +1120,44 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
         t.await.unwrap();
     }
 }
+
+/// With `--auth`, a region's leader leases from the global tier under the controller token it
+/// made for itself, and the region's clients are checked against their own tokens there.
+#[test]
+fn with_auth_a_region_leases_under_its_own_token() {
+    let etcd = Etcd::start("regions-auth");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-regions-auth");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (g_data, r_data) = (dir.join("global"), dir.join("region"));
+    let (_global, global_url, _) =
+        start_with(&etcd.url(), "/auth", &["--auth", "--data", g_data.to_str().unwrap()]);
+    let admin = std::fs::read_to_string(g_data.join("admin.token")).unwrap().trim().to_string();
+    let region_flags = ["--auth", "--region", "east", "--data", r_data.to_str().unwrap()];
+    let (_east, _, east_http) = start_with(&etcd.url(), "/auth", &region_flags);
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("TOLLGATE_SERVER", &global_url)
+            .env("TOLLGATE_TOKEN", &admin)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["group", "create", "paid", "--limit", "100"]);
+    let token = run(&["token", "create", "--role", "client", "--groups", "paid"]);
+    let token = token.split_whitespace().next().unwrap().to_string();
+    let body = r#"{"group":"paid","cost":1}"#;
+    let bearer = format!("Bearer {token}");
+    eventually("the region admits a check under the client's token", || {
+        common::http(&east_http, "POST", "/v1/check", &[("authorization", &bearer)], body).0 == 200
+    });
+    let (code, _, said) = common::http(&east_http, "POST", "/v1/check", &[], body);
+    assert_eq!(code, 401, "{said}");
+    // The region's lease was answered: it leased under a token of its own.
+    let answered = "tollgate_region_upstream_exchanges_total{outcome=\"answered\"}";
+    let (_, _, metrics) =
+        common::http(&east_http, "GET", "/metrics", &[("authorization", &format!("Bearer {admin}"))], "");
+    let count = metrics.lines().find_map(|l| l.strip_prefix(answered)?.trim().parse::<f64>().ok());
+    assert!(count.is_some_and(|c| c >= 1.0), "{count:?}");
+}
