@@ -206,7 +206,8 @@ function renderNode(d) {
   const warnings = $('warnings');
   warnings.replaceChildren(...(n.warnings || []).map((w) => { const li = document.createElement('li'); li.textContent = 'warning: ' + w; return li; }));
   warnings.hidden = !(n.warnings && n.warnings.length);
-  $('role').textContent = n.role === 'standalone' ? '' : n.role + (n.leader ? ' · leader ' + n.leader : '');
+  $('role').textContent = (n.role === 'standalone' ? '' : n.role + (n.leader ? ' · leader ' + n.leader : ''))
+    + (n.region ? ' · region ' + n.region : '');
   $('capacity').textContent = n.capacity === null ? 'none' : fmt(n.capacity) + ' ' + perSecond();
   const used = n.admitted;
   if (n.capacity) {

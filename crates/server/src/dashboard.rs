@@ -283,6 +283,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
                 "mode": if node.mode == tollgate_model::allocate::AllocationMode::Fcfs { "fcfs" } else { "share" },
                 "role": role.role.name(),
                 "leader": role.leader,
+                "region": d.node.cluster.upstream_status().region(),
                 "learning": learning,
                 "shadow": node.shadow,
                 "throttling": node.throttling,

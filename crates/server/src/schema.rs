@@ -248,6 +248,8 @@ pub(crate) struct DashboardNode {
     mode: ModeName,
     role: String,
     leader: Option<String>,
+    /// The region this controller serves; null on the global tier.
+    region: Option<String>,
     learning: bool,
     /// Every group in shadow mode.
     shadow: bool,
