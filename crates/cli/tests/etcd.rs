@@ -988,8 +988,8 @@ fn with_auth_a_follower_checks_its_callers_tokens_and_calls_the_leader_with_its_
 }
 
 /// Over TLS, a follower trusts the authority `--tls-peer-ca` names when it calls the leader
-/// (each controller advertising `https://` and its bound address by default): both answer
-/// Envoy, whichever leads.
+/// (each controller advertising `https://` and its bound address by default), and a region's
+/// leader when it calls the global tier: all answer Envoy, whichever leads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_every_controller_answers_envoy_trusting_the_peer_authority() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -999,11 +999,13 @@ async fn over_tls_every_controller_answers_envoy_trusting_the_peer_authority() {
     let pki = tollgate_testkit::pki::Pki::new(&dir, "peers-ca");
     let ca = pki.ca_file();
     let mut started = Vec::new();
-    for name in ["a", "b"] {
+    // Two of the global tier, and a region's controller, which leases its shares from the
+    // global leader over TLS as well.
+    for (name, region) in [("a", &[][..]), ("b", &[][..]), ("r", &["--region", "east"][..])] {
         let (cert, key) = pki.issue("127.0.0.1", name, false);
         let flags = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
-        let (k, url, _) =
-            start_with(&etcd.url(), "/tls", &[&flags[..], &["--tls-peer-ca", ca.to_str().unwrap()]].concat());
+        let peer = ["--tls-peer-ca", ca.to_str().unwrap()];
+        let (k, url, _) = start_with(&etcd.url(), "/tls", &[&flags[..], &peer, region].concat());
         started.push((k, url.replace("http://", "https://")));
     }
     let urls: Vec<String> = started.iter().map(|(_, u)| u.clone()).collect();
