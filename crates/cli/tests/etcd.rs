@@ -597,6 +597,26 @@ fn usage_written_by_the_leader_is_read_through_any_controller() {
     });
 }
 
+/// A client asking 100 units/s of `group` (one every 10 ms) until `stop`, counting what it is
+/// admitted in `admitted`.
+fn paced(
+    gate: tollgate_limiter::Tollgate,
+    group: &'static str,
+    admitted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(Duration::from_millis(10));
+        while !stop.load(Ordering::Relaxed) {
+            ticks.tick().await;
+            if gate.try_acquire(group, 1.0).is_ok() {
+                admitted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+}
+
 /// An etcd outage of `outage` under load: four clients ask 400 units/s of a group limited to
 /// 200. Returns, per second from the kill on, the rate admitted, with whether etcd was down
 /// then; and how long after etcd returned a controller led again.
@@ -619,16 +639,7 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
         let opts = tollgate_limiter::RemoteOptions { client_id: Some(format!("c{i}")), ..Default::default() };
         let gate = tollgate_limiter::Tollgate::remote(&all, opts).unwrap();
         gates.push(gate.clone());
-        let (admitted, stop) = (admitted.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(Duration::from_millis(10));
-            while !stop.load(Ordering::Relaxed) {
-                ticks.tick().await;
-                if gate.try_acquire("g", 1.0).is_ok() {
-                    admitted.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
+        tasks.push(paced(gate, "g", admitted.clone(), stop.clone()));
     }
     let clock = tollgate_limiter::clock::MonotonicClock::new();
     let now = || tollgate_model::time::Clock::now(&clock);
@@ -1064,16 +1075,7 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
                 ..Default::default()
             };
             let gate = tollgate_limiter::Tollgate::remote(url, opts).unwrap();
-            let (admitted, stop) = (admitted[r].clone(), stop.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut ticks = tokio::time::interval(Duration::from_millis(10));
-                while !stop.load(Ordering::Relaxed) {
-                    ticks.tick().await;
-                    if gate.try_acquire("shared", 1.0).is_ok() {
-                        admitted.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }));
+            tasks.push(paced(gate, "shared", admitted[r].clone(), stop.clone()));
         }
     }
     let clock = tollgate_limiter::clock::MonotonicClock::new();

@@ -3,7 +3,7 @@
 //!
 //! Every controller serves. The leader grants; a follower passes clients' exchanges and
 //! backends' reports on to it over gRPC ([`Cluster::forward_exchange`],
-//! [`Cluster::forward_report`]), so a client or backend given any controller's address is
+//! [`Cluster::forward_encoded`]), so a client or backend given any controller's address is
 //! answered there, never sent elsewhere. The front ends that decide for others (Envoy's
 //! rate-limit and quota services, `POST /v1/check`) hold a lease on the groups they are asked
 //! about exactly as a client does: from the engine in process while this controller grants,
@@ -17,7 +17,6 @@ use tollgate_limiter::access::{Access, Rpc};
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
 use tollgate_proto::v1::admission_client::AdmissionClient;
-use tollgate_proto::v1::backend_client::BackendClient;
 use tonic::Status;
 use tonic::codegen::Bytes;
 
@@ -236,21 +235,6 @@ impl Cluster {
         self.count_unreached(answer)
     }
 
-    /// Passes a backend's report on to `leader`, as
-    /// [`forward_exchange`](Self::forward_exchange) does an exchange.
-    pub async fn forward_report(
-        &self,
-        now: Nanos,
-        leader: Option<String>,
-        req: v1::BackendReport,
-    ) -> Result<v1::ReportAck, Status> {
-        self.forwarded.reports.fetch_add(1, Ordering::Relaxed);
-        let answer = self
-            .to_leader(now, leader, |rpc| async move { BackendClient::new(rpc).report(forwarded(req)).await })
-            .await;
-        self.count_unreached(answer)
-    }
-
     fn count_unreached<T>(&self, answer: Result<T, Status>) -> Result<T, Status> {
         if answer.as_ref().is_err_and(is_unreached) {
             self.forwarded.unreached.fetch_add(1, Ordering::Relaxed);
@@ -430,7 +414,9 @@ mod tests {
         assert_eq!(logged(), Some(later));
         // A backend's report passed on meets the same: counted, and told UNAVAILABLE.
         let gone = Some("http://127.0.0.1:1".to_string());
-        let e = cluster.forward_report(later, gone, v1::BackendReport::default()).await.unwrap_err();
+        let report = Bytes::new();
+        let e =
+            cluster.forward_encoded(later, gone, "/tollgate.v1.Backend/Report", report).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
         let f = cluster.forwarded();
         assert_eq!((f.reports.load(Ordering::Relaxed), f.unreached.load(Ordering::Relaxed)), (1, 1));

@@ -419,7 +419,11 @@ impl Services {
 impl Backend for Services {
     async fn report(&self, req: Request<v1::BackendReport>) -> Result<Response<v1::ReportAck>, Status> {
         if let Some(leader) = self.following(&req)? {
-            let ack = self.node.cluster.forward_report(self.clock.now(), leader, req.into_inner()).await?;
+            use prost::Message;
+            let body = Bytes::from(req.into_inner().encode_to_vec());
+            let ack = self.node.cluster.forward_encoded(self.clock.now(), leader, REPORT_PATH, body).await?;
+            let ack = v1::ReportAck::decode(ack)
+                .map_err(|e| Status::internal(format!("the leader's report answer does not decode: {e}")))?;
             return Ok(Response::new(ack));
         }
         self.take_report(move |controller, now| {
