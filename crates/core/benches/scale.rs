@@ -10,36 +10,10 @@
 //! A program rather than a criterion bench: it also counts allocated bytes, with a counting
 //! global allocator, and prints the median of 11 ticks.
 
-// A global allocator is an `unsafe impl`; this benchmark program needs one to count bytes.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
 use tollgate_model::engine::{ClientReport, Engine, EngineSettings, Health};
 use tollgate_model::settings::{GroupName, GroupSettings};
 use tollgate_model::time::Nanos;
-
-struct Counting;
-
-static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds
-// `GlobalAlloc`'s contract; counting touches only a thread-local or atomic counter and
-// allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use tollgate_testkit::alloc::{Counting, live_bytes};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -104,13 +78,13 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
         p.report_all(at, id, &reports, |_| {});
         reports.len()
     };
-    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let before = live_bytes();
     let mut pairs = 0usize;
     for c in 0..clients {
         pairs += exchange(&mut p, now, 1, c);
     }
     p.tick(now);
-    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    let after = live_bytes();
     let per_pair = (after - before) as f64 / pairs as f64;
 
     // Second `i` from `now`: every client reports every group it serves, as it would every

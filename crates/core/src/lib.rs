@@ -17,6 +17,7 @@
 //! - [`epoch`]: a pool shared by several clients per one-second epoch (store mode).
 //! - [`ramp`]: Numaflow's ramp-up of a group's pool from `min` to `max`, in four modes.
 //! - [`schedule`]: TiKV's fair queue by priority and virtual time.
+//! - [`shard`]: groups sharded over controllers: the shard map, its moves, the capacity split.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
 //! - [`toml_reader`]: reading TOML with every problem reported by line, field and rule.
 
@@ -35,6 +36,7 @@ pub mod ramp;
 pub mod rls;
 pub mod schedule;
 pub mod settings;
+pub mod shard;
 pub mod smooth;
 pub mod time;
 pub mod toml_reader;

@@ -145,6 +145,9 @@ pub struct Controller {
     tracer: Arc<Tracer>,
     /// The settings' version: bumped by every change, watched by backends.
     settings_version: tokio::sync::watch::Sender<u64>,
+    /// With groups sharded over controllers and a part of the capacity in force
+    /// ([`set_capacity_part`](Self::set_capacity_part)): the node's configured capacity.
+    configured_capacity: Mutex<Option<Option<f64>>>,
 }
 
 /// The most groups a regional controller leases from the global tier.
@@ -244,6 +247,7 @@ impl Controller {
             // Unique across restarts: the start's wall time, then one more per change. Backends
             // only compare versions for equality.
             settings_version: tokio::sync::watch::channel(wall_ms.max(1).saturating_mul(1_000_000)).0,
+            configured_capacity: Mutex::new(None),
         };
         controller.refresh_budget_periods(wall_ms)?;
         Ok(controller)
@@ -774,12 +778,57 @@ impl Controller {
         true
     }
 
+    /// Puts the node settings in force: a capacity that changes while groups are sharded is
+    /// the configured one until the next part is set.
+    fn apply_node(&self, node: StoredNode) {
+        let mut configured = self.configured_capacity.lock().unwrap_or_else(PoisonError::into_inner);
+        if configured.is_some() {
+            *configured = Some(node.capacity);
+        }
+        apply_node(&mut self.engine(), node);
+    }
+
+    /// With groups sharded over controllers: shares `part` of the node's capacity among this
+    /// controller's groups instead of all of it ([`tollgate_model::shard::split_capacity`]);
+    /// `None` shares the configured capacity again. [`node`](Self::node) still says the
+    /// configured capacity. Ignored while no capacity is configured.
+    pub fn set_capacity_part(&self, part: Option<f64>) {
+        let mut configured = self.configured_capacity.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut engine = self.engine();
+        let whole = *configured.get_or_insert(engine.settings().capacity);
+        match (whole, part) {
+            (Some(_), Some(p)) => engine.set_capacity(Some(p)),
+            _ => {
+                engine.set_capacity(whole);
+                *configured = None;
+            }
+        }
+    }
+
+    /// What this controller's groups claim of the node's capacity, per priority
+    /// ([`Engine::capacity_claims`]), for the split among owners.
+    pub fn capacity_claims(&self) -> Vec<tollgate_model::allocate::Claim> {
+        self.engine().capacity_claims()
+    }
+
+    /// Forgets the groups that `gone`, given a group and its tree's root, says are no longer
+    /// this controller's (their shard moved away); see [`Engine::forget_groups`]. Returns how
+    /// many.
+    pub fn forget_groups(&self, now: Nanos, gone: impl Fn(&GroupName, &GroupName) -> bool) -> usize {
+        self.engine().forget_groups(now, gone)
+    }
+
+    /// The root of the tree `name` is in ([`Engine::root_of`]): its shard's key.
+    pub fn root_of(&self, name: &GroupName) -> GroupName {
+        self.engine().root_of(name).clone()
+    }
+
     /// Takes the node settings as another controller stored them; nothing is written back.
     pub fn sync_node(&self, node: StoredNode) -> bool {
         if self.node() == node {
             return false;
         }
-        apply_node(&mut self.engine(), node);
+        self.apply_node(node);
         self.changed();
         true
     }
@@ -847,18 +896,20 @@ impl Controller {
         change(&mut node);
         audited(&mut store, who, "node.set".into(), Some(node_json(&before)), Some(node_json(&node)))
             .set_node(node)?;
-        apply_node(&mut self.engine(), node);
+        self.apply_node(node);
         drop(store);
         self.changed();
         Ok(node)
     }
 
-    /// The node settings.
+    /// The node settings (the configured capacity, whatever part of it this controller
+    /// shares out while groups are sharded).
     pub fn node(&self) -> StoredNode {
+        let configured = *self.configured_capacity.lock().unwrap_or_else(PoisonError::into_inner);
         let engine = self.engine();
         let s = engine.settings();
         StoredNode {
-            capacity: s.capacity,
+            capacity: configured.unwrap_or(s.capacity),
             mode: s.mode,
             slow_start: s.slow_start,
             shadow: s.shadow,

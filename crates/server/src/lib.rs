@@ -37,6 +37,7 @@ pub mod region;
 mod rlqs;
 mod rls;
 mod schema;
+pub mod shards;
 pub mod status;
 pub mod store;
 mod stream;

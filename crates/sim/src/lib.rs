@@ -13,6 +13,7 @@ pub mod output;
 pub mod rng;
 pub mod run;
 pub mod scenario;
+mod shards;
 pub mod world;
 
 pub use run::{Outcome, PhaseResult, RunHooks, Sample, run, run_seeds, run_traced, run_with};

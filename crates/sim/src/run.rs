@@ -26,6 +26,7 @@ use crate::faults::{self, FaultKind};
 use crate::invariants::{Breach, Checker, HEAL_S, Second, WINDOW_S};
 
 use crate::scenario::{Action, Expect, Scenario, Subject};
+use crate::shards::Shards;
 use crate::world::World;
 
 /// Length of one simulation step.
@@ -399,7 +400,7 @@ impl FaultState {
 /// faults in force, to the controller (or, with regions, to its own region); answers delayed
 /// by a fault arrive when due.
 fn exchange_all(
-    (node, regions): (&Node, Option<&Regions>),
+    (node, regions, shards): (&Node, Option<&Regions>, Option<&Shards>),
     clients: &mut Clients,
     state: &mut FaultState,
     now: Nanos,
@@ -433,9 +434,13 @@ fn exchange_all(
             d.failed(client_now, &ExchangeError::Transport("exchange lost".into()));
             continue;
         }
-        // With regions, each client's own region answers it.
+        // With regions, each client's own region answers it; with shards, each group's owner.
         let to = regions.map_or(node, |r| &r.nodes[i % r.nodes.len()]);
-        match to.controller.exchange(now, &request) {
+        let answer = match shards {
+            Some(s) => s.exchange(now, &request),
+            None => to.controller.exchange(now, &request).map_err(|status| ExchangeError::of(&status)),
+        };
+        match answer {
             Ok(mut response) => {
                 if let Some(t) = tamper {
                     t(&mut response);
@@ -446,7 +451,7 @@ fn exchange_all(
                     d.answer(client_now, &response);
                 }
             }
-            Err(status) => d.failed(client_now, &ExchangeError::of(&status)),
+            Err(e) => d.failed(client_now, &e),
         }
     }
 }
@@ -510,10 +515,12 @@ impl Regions {
     }
 }
 
-/// Settings changed by `action` reach the regions, as etcd's watch carries them.
-fn sync_regions(action: &Action, regions: Option<&Regions>) {
-    let Some(regions) = regions else { return };
-    for node in &regions.nodes {
+/// Settings changed by `action` reach the regions and the controllers the groups are sharded
+/// over, as etcd's watch carries them.
+fn sync_regions(action: &Action, regions: Option<&Regions>, shards: Option<&Shards>) {
+    let nodes =
+        regions.into_iter().flat_map(|r| r.nodes.iter()).chain(shards.into_iter().flat_map(Shards::nodes));
+    for node in nodes {
         match action {
             Action::SetGroup { name, settings } => {
                 node.controller.sync_group(name.clone(), Some((**settings).clone()));
@@ -547,7 +554,7 @@ impl Progress {
         now: Nanos,
         scenario: &Scenario,
         node: &Node,
-        regions: Option<&Regions>,
+        (regions, shards): (Option<&Regions>, Option<&Shards>),
         world: &mut World,
         groups: &[GroupName],
         state: &FaultState,
@@ -555,9 +562,20 @@ impl Progress {
         checking: bool,
         run_until: Nanos,
     ) -> bool {
-        let sample = sample(now, &node.controller, world, groups);
+        // With shards, each group is read at its owner.
+        let controllers: Vec<&Controller> = match shards {
+            Some(s) => s.running(now).map(|n| &*n.controller).collect(),
+            None => vec![&node.controller],
+        };
+        let sample = sample(now, &controllers, world, groups);
+        if let Some(detail) = shards.and_then(|s| s.breach.clone())
+            && self.breach.is_none()
+        {
+            let group = GroupName::default_group();
+            self.breach = Some(Breach { t: now.as_secs_f64(), invariant: "one owner", group, detail });
+        }
         if checking && self.breach.is_none() {
-            let seconds = second_figures(scenario, &node.controller, up, &sample, groups);
+            let seconds = second_figures(scenario, &controllers, up, &sample, groups);
             let heal = Duration::from_secs_f64(HEAL_S);
             let cut_recent = state
                 .last_cut_off
@@ -591,7 +609,7 @@ impl Progress {
             let Some(p) = scenario.phases.get(self.phase) else { return true };
             for a in &p.actions {
                 apply(a, &node.controller, world);
-                sync_regions(a, regions);
+                sync_regions(a, regions, shards);
             }
             false
         } else if elapsed >= current.timeout {
@@ -631,9 +649,13 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let mut clients = Clients::new(scenario);
     let mut world = World::new(scenario, &groups, &clients.gates, seed);
     let mut regions = Regions::new(scenario, &store);
+    let mut shards = (scenario.controller.controllers > 1).then(|| {
+        let c = &scenario.controller;
+        Shards::new(c.controllers, c.shards, c.capacity, seed, &start)
+    });
     for a in &scenario.actions {
         apply(a, &node.controller, &mut world);
-        sync_regions(a, regions.as_ref());
+        sync_regions(a, regions.as_ref(), shards.as_ref());
     }
     let mut state = FaultState::new(n, scenario.controller.regions);
     let mut next_fault = 0usize;
@@ -653,7 +675,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     if let Some(p) = scenario.phases.first() {
         for a in &p.actions {
             apply(a, &node.controller, &mut world);
-            sync_regions(a, regions.as_ref());
+            sync_regions(a, regions.as_ref(), shards.as_ref());
         }
     }
     let mut now = Nanos::ZERO;
@@ -661,6 +683,13 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         while let Some(f) = faults.get(next_fault).filter(|f| duration_nanos(f.at) <= now.0) {
             next_fault += 1;
             state.begin(f, next_fault, now, scenario, &mut clients, &mut world);
+            // With shards, a crash takes one controller down, not every one.
+            if let (Some(s), FaultKind::Crash { down } | FaultKind::Failover { down }) =
+                (&mut shards, &f.kind)
+            {
+                s.crash(next_fault, now, *down);
+                state.down = None;
+            }
         }
         if state.loss.0 <= now {
             state.loss.1 = 0.0;
@@ -673,21 +702,13 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         // The backends report (at each tick unless `report_ms` says otherwise), then the
         // controller ticks at its turn, or at once for a backend newly saturated, as the
         // server does; then every client whose exchange is due makes it.
-        if up && now.0.is_multiple_of(report_ns) {
-            for report in world.backend_reports(now) {
-                node.controller
-                    .backend_report(now, &tollgate_proto::wire::ReportView::of(&report))
-                    .expect("scenario backends are valid");
+        let due = (now.0.is_multiple_of(report_ns), now.0.is_multiple_of(tick_ns));
+        let ticked = match &mut shards {
+            Some(s) => {
+                s.report_and_step(now, up, due, &mut world, &start);
+                false
             }
-        }
-        let ticked = if up && now.0.is_multiple_of(tick_ns) {
-            node.controller.tick(now);
-            true
-        } else if up && node.controller.take_early_tick() {
-            node.controller.tick_early_paced(now, || {});
-            true
-        } else {
-            false
+            None => report_and_tick(now, &node, up, due, &mut world),
         };
         if ticked && let Some(sink) = hooks.trace.as_mut() {
             for event in node.controller.take_trace().0 {
@@ -704,7 +725,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             None => up,
         };
         exchange_all(
-            (&node, regions.as_ref()),
+            (&node, regions.as_ref(), shards.as_ref()),
             &mut clients,
             &mut state,
             now,
@@ -718,7 +739,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
                 now,
                 scenario,
                 &node,
-                regions.as_ref(),
+                (regions.as_ref(), shards.as_ref()),
                 &mut world,
                 &groups,
                 &state,
@@ -752,19 +773,41 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     }
 }
 
+/// At `now`, the backends report to the controller when `due.0`, and it ticks when `due.1`
+/// or at once for a backend newly saturated; says whether it ticked.
+fn report_and_tick(now: Nanos, node: &Node, up: bool, due: (bool, bool), world: &mut World) -> bool {
+    if up && due.0 {
+        for report in world.backend_reports(now) {
+            node.controller
+                .backend_report(now, &tollgate_proto::wire::ReportView::of(&report))
+                .expect("scenario backends are valid");
+        }
+    }
+    if up && due.1 {
+        node.controller.tick(now);
+        true
+    } else if up && node.controller.take_early_tick() {
+        node.controller.tick_early_paced(now, || {});
+        true
+    } else {
+        false
+    }
+}
+
 /// Each group's figures for the invariants at one second.
 fn second_figures(
     scenario: &Scenario,
-    controller: &Controller,
+    controllers: &[&Controller],
     up: bool,
     sample: &Sample,
     groups: &[GroupName],
 ) -> Vec<Second> {
     let views: BTreeMap<GroupName, tollgate_model::engine::GroupView> = if up {
-        controller.with_engine(|e| e.view()).into_iter().map(|v| (v.name.clone(), v)).collect()
+        controllers.iter().flat_map(|c| c.with_engine(|e| e.view())).map(|v| (v.name.clone(), v)).collect()
     } else {
         BTreeMap::new()
     };
+    let controller = controllers.first().copied().expect("a controller runs");
     groups
         .iter()
         .enumerate()
@@ -789,7 +832,7 @@ fn second_figures(
 }
 
 /// Metrics at `now`: what the world admitted over the last second, what the controller set.
-fn sample(now: Nanos, controller: &Controller, world: &mut World, groups: &[GroupName]) -> Sample {
+fn sample(now: Nanos, controllers: &[&Controller], world: &mut World, groups: &[GroupName]) -> Sample {
     let mut out = Sample { t: now.as_secs_f64(), ..Sample::default() };
     out.groups = world
         .take_second()
@@ -801,7 +844,17 @@ fn sample(now: Nanos, controller: &Controller, world: &mut World, groups: &[Grou
             ..GroupSample::default()
         })
         .collect();
-    controller.with_engine(|engine| {
+    for controller in controllers {
+        controller.with_engine(|engine| read_outcomes(engine, groups, &mut out));
+    }
+    out.utilisation = world.utilisation(now);
+    out.served = world.take_served();
+    out
+}
+
+/// The outcomes of the groups `engine` computes, into `out`.
+fn read_outcomes(engine: &tollgate_model::engine::Engine, groups: &[GroupName], out: &mut Sample) {
+    {
         for (i, name) in groups.iter().enumerate() {
             let g = &mut out.groups[i];
             if let Some(o) = engine.outcome(name) {
@@ -819,11 +872,8 @@ fn sample(now: Nanos, controller: &Controller, world: &mut World, groups: &[Grou
                 }
             }
         }
-        out.tracked_groups = engine.tracked_groups() as f64;
-    });
-    out.utilisation = world.utilisation(now);
-    out.served = world.take_served();
-    out
+        out.tracked_groups += engine.tracked_groups() as f64;
+    }
 }
 
 /// The value of an expectation's metric in `s`; `None` when there is none (an untracked or

@@ -73,6 +73,12 @@ pub struct ControllerSpec {
     /// regions`, a regional controller that leases each group's share from the controller, as
     /// `tollgate server --region` does.
     pub regions: usize,
+    /// Controllers the groups are sharded over (1: one controller computes every group): each
+    /// owns the shards the shard map gives it, the others' clients' exchanges reach each
+    /// group's owner, and a crash takes one controller down, whose shards move to the others.
+    pub controllers: usize,
+    /// Shards the groups are spread over, with several controllers.
+    pub shards: u16,
 }
 
 impl Default for ControllerSpec {
@@ -91,6 +97,8 @@ impl Default for ControllerSpec {
             tick: Duration::from_secs(1),
             report_every: None,
             regions: 0,
+            controllers: 1,
+            shards: 64,
         }
     }
 }
@@ -483,6 +491,8 @@ fn folding(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<f64> {
 
 /// The most regions a scenario may have.
 pub const REGIONS_MAX: usize = 64;
+/// The most controllers a scenario may shard its groups over.
+pub const CONTROLLERS_MAX: usize = 64;
 
 fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     let mut c = ControllerSpec::default();
@@ -552,9 +562,23 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     if let Some((p, v)) = f.take("regions") {
         c.regions = r.integer(&p, v, 0, REGIONS_MAX as u64).unwrap_or(0) as usize;
     }
+    if let Some((p, v)) = f.take("controllers") {
+        c.controllers = r.integer(&p, v, 1, CONTROLLERS_MAX as u64).unwrap_or(1) as usize;
+    }
+    if let Some((p, v)) = f.take("shards") {
+        let max = u64::from(tollgate_model::shard::MAX_SHARDS);
+        c.shards = r.integer(&p, v, 1, max).unwrap_or(64) as u16;
+    }
+    if c.controllers > 1 && c.regions > 0 {
+        r.error(
+            v.span(),
+            "controller.controllers",
+            "must be 1 with regions (a region's global tier is one controller here)",
+        );
+    }
     r.finish(
         f,
-        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms, report_ms, regions",
+        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms, report_ms, regions, controllers, shards",
     );
     c
 }

@@ -1107,6 +1107,20 @@ impl Engine {
         settings_in(&self.configured, name).map(|s| &**s)
     }
 
+    /// The root of the tree `name` is in, by the configured parents (itself when it has
+    /// none): the key its shard is chosen by ([`crate::shard::shard_of`]), so a tree is
+    /// computed by one owner.
+    pub fn root_of<'a>(&'a self, name: &'a GroupName) -> &'a GroupName {
+        let mut at = name;
+        for _ in 0..crate::hierarchy::DEPTH_MAX {
+            match self.configured.get(at).and_then(|s| s.parent()) {
+                Some(parent) => at = parent,
+                None => break,
+            }
+        }
+        at
+    }
+
     /// The id of the client that calls itself `key`, at its exchange number `sequence` (0 when
     /// it does not number them). See [`ClientError`] for when it is refused.
     ///

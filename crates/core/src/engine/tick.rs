@@ -13,6 +13,9 @@ use crate::time::Nanos;
 use super::split::{Asking, split_into};
 use super::{ClientGrant, Engine, GroupOutcome, OrNan};
 
+/// A forgotten group's name, its resumable ramp's pool and TTL, and its meter.
+type LetGo = (GroupName, Option<(f64, Option<Duration>)>, super::MeterEntry);
+
 /// The share of its reservation a group with no client holds under slow start.
 pub const SLOW_START_SHARE: f64 = 0.1;
 
@@ -147,6 +150,34 @@ pub fn next_slice(size: usize, took: Duration) -> usize {
 }
 
 impl Engine {
+    /// What the last tick's groups claim of the node's capacity, summed per priority (one
+    /// claim per priority present, highest first): an owner's summary when groups are sharded
+    /// over controllers, which [`crate::shard::split_capacity`] shares the capacity by.
+    pub fn capacity_claims(&self) -> Vec<Claim> {
+        let mut levels: Vec<Claim> = Vec::new();
+        for claim in self.rows.iter().map(Row::claim) {
+            let reserved = claim.reserved.min(claim.demand).min(claim.ceiling).max(0.0);
+            let asked = claim.demand.min(claim.ceiling).max(reserved);
+            match levels.iter_mut().find(|c| c.priority == claim.priority) {
+                Some(c) => {
+                    c.reserved += reserved;
+                    c.demand += asked;
+                    c.ceiling += asked;
+                    c.weight += claim.weight;
+                }
+                None => levels.push(Claim {
+                    reserved,
+                    ceiling: asked,
+                    priority: claim.priority,
+                    weight: claim.weight,
+                    demand: asked,
+                }),
+            }
+        }
+        levels.sort_by_key(|c| std::cmp::Reverse(c.priority));
+        levels
+    }
+
     /// Computes every group's target and grants at `now`; forgets what went quiet.
     pub fn tick(&mut self, now: Nanos) {
         self.begin_tick(now);
@@ -522,6 +553,51 @@ impl Engine {
                 keep
             });
         }
+        self.let_go(now, gone);
+        self.resume.retain(|_, (_, until)| now < *until);
+        self.backends.retain(|_, b| now.since(b.seen) <= report_expiry);
+        self.clients.expire(now, report_expiry.max(self.settings.tick * 2));
+        // What expired is given back: a burst of names or clients does not hold its memory
+        // for ever.
+        if let Some(room) = room_to_keep(self.tracked.len(), self.tracked.capacity()) {
+            self.tracked.shrink_to(room);
+        }
+        shrink(&mut self.meters);
+        shrink(&mut self.resume);
+    }
+
+    /// Forgets every tracked group that `gone`, given its name and its tree's root
+    /// ([`root_of`](Self::root_of)), says is no longer this engine's (its shard moved to
+    /// another controller), with the grants made for it, finishing any tick under way first;
+    /// their consumption is kept as an idle group's is. A group that comes back starts as a
+    /// new one, relearning what its clients hold. Returns how many were forgotten.
+    pub fn forget_groups(&mut self, now: Nanos, gone: impl Fn(&GroupName, &GroupName) -> bool) -> usize {
+        while !self.tick_slice(usize::MAX) {}
+        let leaving: std::collections::HashSet<GroupName> =
+            self.tracked.keys().filter(|n| gone(n, self.root_of(n))).cloned().collect();
+        if leaving.is_empty() {
+            return 0;
+        }
+        let gone = |name: &GroupName| leaving.contains(name);
+        let mut forgotten = Vec::new();
+        self.tracked.retain(|name, g| {
+            let keep = !gone(name);
+            if !keep {
+                let ramp = g.ramp.as_ref().map(|r| (r.value(), r.settings().resume_ttl));
+                forgotten.push((name.clone(), ramp, g.meter_entry()));
+            }
+            keep
+        });
+        self.provisional.retain(|name, _| !gone(name));
+        self.slots.retain(|name, _| !gone(name));
+        self.classes.retain(|name, _| !gone(name));
+        let n = forgotten.len();
+        self.let_go(now, forgotten);
+        n
+    }
+
+    /// What a forgotten group leaves: a resumable ramp's pool, and its meter when it is kept.
+    fn let_go(&mut self, now: Nanos, gone: Vec<LetGo>) {
         for (name, ramp, meter) in gone {
             if let Some((value, Some(ttl))) = ramp
                 && self.resume.len() < self.settings.max_tracked_groups
@@ -539,16 +615,6 @@ impl Engine {
                 self.meters.insert(name, meter);
             }
         }
-        self.resume.retain(|_, (_, until)| now < *until);
-        self.backends.retain(|_, b| now.since(b.seen) <= report_expiry);
-        self.clients.expire(now, report_expiry.max(self.settings.tick * 2));
-        // What expired is given back: a burst of names or clients does not hold its memory
-        // for ever.
-        if let Some(room) = room_to_keep(self.tracked.len(), self.tracked.capacity()) {
-            self.tracked.shrink_to(room);
-        }
-        shrink(&mut self.meters);
-        shrink(&mut self.resume);
     }
 }
 

@@ -1,0 +1,255 @@
+//! Groups sharded over several controllers (`controller.controllers`), as `tollgate server`
+//! shards them on etcd: the same shard map and moves ([`tollgate_model::shard`]), the same
+//! split of an exchange by owner ([`tollgate_controller::shards`]), and a controller per
+//! member over the same settings.
+//!
+//! Each step, every controller that runs renews its membership (a lease of
+//! [`ELECTION_LEASE`](crate::faults::ELECTION_LEASE)) and applies the last map written,
+//! forgetting the groups it no longer owns; then the coordinator writes the next map if the
+//! members or what they applied call for one. A crashed controller grants nothing; its lease
+//! runs out a lease later, and its shards move then. At each tick the capacity is split among
+//! the running owners by what their groups claim, and each ticks. One invariant more is
+//! checked at every step: no shard is granted by two controllers.
+
+use std::time::Duration;
+
+use tollgate_controller::Node;
+use tollgate_controller::shards::{join_answers, split_exchange};
+use tollgate_limiter::ExchangeError;
+use tollgate_model::settings::GroupName;
+use tollgate_model::shard::{Member, ShardMap, next_map, shard_of, split_capacity};
+use tollgate_model::time::Nanos;
+use tollgate_proto::v1;
+
+/// One controller among those the groups are sharded over.
+struct Owner {
+    node: Node,
+    name: String,
+    /// The map it applied last: it grants the shards this gives it.
+    view: ShardMap,
+    /// A newer map it has heard of, and when it applies it (etcd's watch and the controller
+    /// take their time).
+    pending: Option<(Nanos, ShardMap)>,
+    /// Down (crashed) until then.
+    down_until: Option<Nanos>,
+    /// Its membership holds in etcd until then.
+    lease_until: Nanos,
+}
+
+/// The controllers and the map. See the [module documentation](self).
+pub(crate) struct Shards {
+    owners: Vec<Owner>,
+    map: ShardMap,
+    capacity: Option<f64>,
+    lease: Duration,
+    /// Maps written so far.
+    pub(crate) maps_written: u64,
+    /// The first shard found granted by two controllers, with the time and who.
+    pub(crate) breach: Option<String>,
+    /// Draws how long each controller takes to apply a map.
+    rng: crate::rng::SplitMix64,
+}
+
+/// The longest a controller takes to apply a new map.
+const APPLY_LAG_MAX_MS: u64 = 300;
+
+impl Shards {
+    /// `controllers` controllers made by `start`, over `shards` shards.
+    pub(crate) fn new(
+        controllers: usize,
+        shards: u16,
+        capacity: Option<f64>,
+        seed: u64,
+        start: &impl Fn(Nanos) -> Node,
+    ) -> Shards {
+        let owners = (0..controllers)
+            .map(|i| Owner {
+                node: start(Nanos::ZERO),
+                name: format!("controller-{i}"),
+                view: ShardMap::unowned(shards),
+                pending: None,
+                down_until: None,
+                lease_until: Nanos::ZERO,
+            })
+            .collect();
+        Shards {
+            owners,
+            map: ShardMap::unowned(shards),
+            capacity,
+            lease: crate::faults::ELECTION_LEASE,
+            maps_written: 0,
+            breach: None,
+            rng: crate::rng::SplitMix64::new(seed ^ 0x5AA2D),
+        }
+    }
+
+    /// Every controller's node, running or not.
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.owners.iter().map(|o| &o.node)
+    }
+
+    /// The nodes of the controllers running at `now`.
+    pub(crate) fn running(&self, now: Nanos) -> impl Iterator<Item = &Node> {
+        self.owners.iter().filter(move |o| o.runs(now)).map(|o| &o.node)
+    }
+
+    /// Controller `which` (modulo their number) crashes at `now` for `down`; it comes back
+    /// as a new process with nothing in memory.
+    pub(crate) fn crash(&mut self, which: usize, now: Nanos, down: Duration) {
+        let n = self.owners.len();
+        let o = &mut self.owners[which % n];
+        o.down_until = Some(o.down_until.map_or(now.after(down), |u| u.max(now.after(down))));
+    }
+
+    /// One step at `now`: restarts, renewals, maps applied and written, the invariant; at
+    /// `tick`, the capacity's split and every running controller's tick.
+    pub(crate) fn step(&mut self, now: Nanos, tick: bool, start: &impl Fn(Nanos) -> Node) {
+        for o in &mut self.owners {
+            if o.down_until.is_some_and(|u| u <= now) {
+                o.node = start(now);
+                o.view = ShardMap::unowned(self.map.shards());
+                o.pending = None;
+                o.down_until = None;
+            }
+            if !o.runs(now) {
+                continue;
+            }
+            o.lease_until = now.after(self.lease);
+            if o.view.epoch() < self.map.epoch() {
+                match &mut o.pending {
+                    Some((_, map)) => *map = self.map.clone(),
+                    None => {
+                        let lag =
+                            std::time::Duration::from_millis(self.rng.next_u64() % (APPLY_LAG_MAX_MS + 1));
+                        o.pending = Some((now.after(lag), self.map.clone()));
+                    }
+                }
+            }
+            if let Some((_, map)) = o.pending.take_if(|(due, _)| *due <= now) {
+                o.view = map;
+                let (view, name) = (&o.view, o.name.as_str());
+                o.node
+                    .controller
+                    .forget_groups(now, |_, root| !view.owns(name, shard_of(root.as_str(), view.shards())));
+            }
+        }
+        let live: Vec<Member<'_>> = self
+            .owners
+            .iter()
+            .filter(|o| o.lease_until > now)
+            .map(|o| Member { name: &o.name, applied: o.view.epoch() })
+            .collect();
+        if let Some(next) = next_map(&self.map, &live) {
+            self.map = next;
+            self.maps_written += 1;
+        }
+        self.check(now);
+        if tick {
+            self.tick(now);
+        }
+    }
+
+    /// No shard granted by two running controllers.
+    fn check(&mut self, now: Nanos) {
+        if self.breach.is_some() {
+            return;
+        }
+        for s in 0..self.map.shards() {
+            let granting: Vec<&str> = self
+                .owners
+                .iter()
+                .filter(|o| o.runs(now) && o.view.owns(&o.name, s))
+                .map(|o| o.name.as_str())
+                .collect();
+            if granting.len() > 1 {
+                self.breach = Some(format!(
+                    "t={}s: shard {s} granted by {}",
+                    now.as_secs_f64(),
+                    granting.join(" and ")
+                ));
+                return;
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Nanos) {
+        let running: Vec<&Owner> = self.owners.iter().filter(|o| o.runs(now)).collect();
+        if let Some(capacity) = self.capacity {
+            let claims: Vec<_> = running.iter().map(|o| o.node.controller.capacity_claims()).collect();
+            for (o, part) in running.iter().zip(split_capacity(capacity, &claims)) {
+                o.node.controller.set_capacity_part(Some(part));
+            }
+        }
+        for o in running {
+            o.node.controller.tick(now);
+        }
+    }
+
+    /// A client's exchange at `now`: each part to its group's owner as the clients' cached
+    /// map says; an owner that does not run fails its part, one that has not applied the map
+    /// yet leaves its groups out. Fails only when no part is answered.
+    pub(crate) fn exchange(
+        &self,
+        now: Nanos,
+        request: &v1::ExchangeRequest,
+    ) -> Result<v1::ExchangeResponse, ExchangeError> {
+        let any = &self.owners[0].node.controller;
+        let (parts, _) = split_exchange(request, |g| {
+            let root = GroupName::new(g).map(|n| any.root_of(&n)).ok()?;
+            let owner = self.map.owner_of(root.as_str())?;
+            self.owners.iter().position(|o| o.name == owner)
+        });
+        let mut answers = Vec::with_capacity(parts.len());
+        let mut failed = None;
+        for (i, mut part) in parts {
+            let o = &self.owners[i];
+            if !o.runs(now) {
+                failed = Some(ExchangeError::Transport(format!("{} does not answer", o.name)));
+                continue;
+            }
+            let controller = &o.node.controller;
+            part.groups.retain(|g| {
+                GroupName::new(&g.group).is_ok_and(|n| {
+                    let root = controller.root_of(&n);
+                    o.view.owns(&o.name, shard_of(root.as_str(), o.view.shards()))
+                })
+            });
+            match controller.exchange(now, &part) {
+                Ok(a) => answers.push(a),
+                Err(status) => failed = Some(ExchangeError::of(&status)),
+            }
+        }
+        match (answers.is_empty(), failed) {
+            (true, Some(e)) => Err(e),
+            _ => Ok(join_answers(answers)),
+        }
+    }
+
+    /// At `now`, while etcd is `up`: the backends' reports reach every running controller
+    /// when `due.0`; then a [`step`](Self::step), with a tick when `due.1`.
+    pub(crate) fn report_and_step(
+        &mut self,
+        now: Nanos,
+        up: bool,
+        due: (bool, bool),
+        world: &mut crate::world::World,
+        start: &impl Fn(Nanos) -> Node,
+    ) {
+        if up && due.0 {
+            for report in world.backend_reports(now) {
+                for node in self.running(now) {
+                    node.controller
+                        .backend_report(now, &tollgate_proto::wire::ReportView::of(&report))
+                        .expect("scenario backends are valid");
+                }
+            }
+        }
+        self.step(now, up && due.1, start);
+    }
+}
+
+impl Owner {
+    fn runs(&self, now: Nanos) -> bool {
+        self.down_until.is_none_or(|u| u <= now)
+    }
+}
