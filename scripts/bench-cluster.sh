@@ -15,14 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-cargo build --release -q -p tollgate-cli --features etcd
-BIN=target/release/tollgate
-SECONDS_EACH=${SECONDS_EACH:-10}
+prepare_cluster_bench
 LIMIT=${LIMIT:-5000}
-CLIENTS=${CLIENTS:-1000}
-GROUPS_EACH=${GROUPS_PER_CLIENT:-10}
-RATE=${RATE:-2}
-WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
   local rc=$?
@@ -34,19 +28,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-client=$(free_port) peer=$(free_port)
-etcd --name bench --data-dir "$WORK/etcd" --listen-client-urls "http://127.0.0.1:$client" \
-  --advertise-client-urls "http://127.0.0.1:$client" --listen-peer-urls "http://127.0.0.1:$peer" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$peer" --initial-cluster "bench=http://127.0.0.1:$peer" \
-  >"$WORK/etcd.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$client/health" >/dev/null && break; sleep 0.1; done
+start_etcd "$WORK"
+PIDS+=("$ETCD_PID")
 
 GRPC=() HTTP=() PID=()
 for i in 0 1 2; do
   GRPC+=("127.0.0.1:$(free_port)")
   HTTP+=("127.0.0.1:$(free_port)")
-  "$BIN" server --etcd "http://127.0.0.1:$client" --grpc "${GRPC[$i]}" --http "${HTTP[$i]}" \
+  "$BIN" server --etcd "$ETCD_URL" --grpc "${GRPC[$i]}" --http "${HTTP[$i]}" \
     --data "$WORK/data-$i" >"$WORK/server-$i.log" 2>&1 &
   PID+=($!)
   PIDS+=($!)

@@ -44,3 +44,32 @@ stop_server_and_service() {
   wait 2>/dev/null || true
   KV_PID= SERVER=
 }
+
+# Starts a one-member etcd on free ports, its data under $1, with any more options given:
+# sets ETCD_URL and ETCD_PID, and waits up to 10 s for it to answer.
+start_etcd() {
+  local dir=$1
+  shift
+  local client peer
+  client=$(free_port) peer=$(free_port)
+  etcd --name bench --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$client" \
+    --advertise-client-urls "http://127.0.0.1:$client" --listen-peer-urls "http://127.0.0.1:$peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer" --initial-cluster "bench=http://127.0.0.1:$peer" \
+    "$@" >"$dir/etcd.log" 2>&1 &
+  ETCD_PID=$!
+  ETCD_URL=http://127.0.0.1:$client
+  for _ in $(seq 100); do curl -sf "$ETCD_URL/health" >/dev/null && break; sleep 0.1; done
+}
+
+# For a bench of several controllers: builds the release binary with etcd, sets BIN, WORK (a
+# temporary directory) and the exchange load's SECONDS_EACH (10), CLIENTS (1000), GROUPS_EACH
+# (from GROUPS_PER_CLIENT, 10) and RATE (2), each unless the environment sets it.
+prepare_cluster_bench() {
+  cargo build --release -q -p tollgate-cli --features etcd
+  BIN=target/release/tollgate
+  SECONDS_EACH=${SECONDS_EACH:-10}
+  CLIENTS=${CLIENTS:-1000}
+  GROUPS_EACH=${GROUPS_PER_CLIENT:-10}
+  RATE=${RATE:-2}
+  WORK=$(mktemp -d)
+}

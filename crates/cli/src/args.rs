@@ -248,6 +248,12 @@ pub(crate) struct ServerArgs {
     /// region's demand. 1 to 63 lowercase letters, digits and -.
     #[arg(long, requires = "etcd", value_parser = parse_region)]
     pub(crate) region: Option<String>,
+    /// Shard the groups over the controllers on the same etcd and prefix (with --etcd): each
+    /// owns the shards a map in etcd gives it and grants for their groups, and passes the
+    /// others' parts of an exchange on to their owners. Give every controller the same number,
+    /// 1 to 4096; 256 is a good start.
+    #[arg(long, requires = "etcd", conflicts_with = "region", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub(crate) shards: Option<u16>,
     /// Seconds a leader's election lease lasts (with --etcd): a leader killed is replaced
     /// about this long after (1 to 60).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60), requires = "etcd")]

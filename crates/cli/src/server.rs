@@ -182,6 +182,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         advertise: a.advertise.clone(),
         election_lease: Duration::from_secs(a.election_lease_s),
         region: a.region.clone(),
+        shards: a.shards,
         data: a.data,
         grpc: a.grpc,
         http: a.http,

@@ -1167,3 +1167,101 @@ fn with_auth_a_region_leases_under_its_own_token() {
     let count = metrics.lines().find_map(|l| l.strip_prefix(answered)?.trim().parse::<f64>().ok());
     assert!(count.is_some_and(|c| c >= 1.0), "{count:?}");
 }
+
+/// The shards a controller grants for now, from its metrics (0 while it does not answer).
+fn owned(http: &str) -> f64 {
+    common::try_metric(http, "tollgate_shards_owned").unwrap_or(0.0)
+}
+
+/// Groups sharded over three controllers (`--shards 16`): every shard has one owner; clients
+/// of two controllers are held to the limits of groups whatever controller owns them; a
+/// controller killed loses its shards to the two left (its lease, then the map's move) and
+/// the limits hold across the move; a malformed map written by hand is fenced and replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_sharded_over_three_controllers_hold_their_limits_and_move_off_a_killed_one() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let etcd = Etcd::start("shards");
+    let more = ["--shards", "16", "--election-lease-s", "1", "--lease-ms", "2000"];
+    let (first, first_url, first_http) = start_with(&etcd.url(), "/tollgate", &more);
+    let (_b, b_url, b_http) = start_with(&etcd.url(), "/tollgate", &more);
+    let (_c, c_url, c_http) = start_with(&etcd.url(), "/tollgate", &more);
+    eventually("every shard owned, each controller some", || {
+        let o = [owned(&first_http), owned(&b_http), owned(&c_http)];
+        o.iter().sum::<f64>() == 16.0 && o.iter().all(|&n| n >= 4.0)
+    });
+    const GROUPS: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
+    for g in GROUPS {
+        admin(&first_url, &["group", "create", g, "--limit", "50"]);
+    }
+    // Two clients, one on each of the controllers left standing below, each asking 100
+    // units/s of every group: 200 asked of each group's 50.
+    let admitted: Vec<Arc<AtomicU64>> = GROUPS.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (i, url) in [&b_url, &c_url].into_iter().enumerate() {
+        let opts =
+            tollgate_limiter::RemoteOptions { client_id: Some(format!("sharded-{i}")), ..Default::default() };
+        let gate = tollgate_limiter::Tollgate::remote(url, opts).unwrap();
+        for (g, group) in GROUPS.iter().enumerate() {
+            tasks.push(paced(gate.clone(), group, admitted[g].clone(), stop.clone()));
+        }
+    }
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let now = || tollgate_model::time::Clock::now(&clock);
+    let count = || admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect::<Vec<u64>>();
+    let rates = |secs: u64| {
+        let admitted = &admitted;
+        async move {
+            let (from, before) =
+                (now(), admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect::<Vec<_>>());
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            let took = now().since(from).as_secs_f64();
+            admitted
+                .iter()
+                .zip(before)
+                .map(|(a, b)| (a.load(Ordering::Relaxed) - b) as f64 / took)
+                .collect::<Vec<f64>>()
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let steady = rates(6).await;
+    println!("sharded over three: admitted per second {steady:.1?} of 50 each");
+    assert!(steady.iter().all(|r| (45.0..=55.0).contains(r)), "{steady:?}");
+    let forwarded = common::try_metric(&b_http, "tollgate_shard_events_total{what=\"part_forwarded\"}");
+    assert!(forwarded.is_some_and(|n| n > 0.0), "b passed parts on to other owners: {forwarded:?}");
+
+    // kill -9 the first controller (the leader, and an owner): the two left own every shard.
+    let (killed, before) = (now(), count());
+    drop(first);
+    eventually("the two left own every shard", || owned(&b_http) + owned(&c_http) == 16.0);
+    println!("sharded over three: the killed controller's shards moved in {:?}", now().since(killed));
+    // Across the move, each group within its limit over the 10 s from the kill, and a burst.
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(now().since(killed))).await;
+    let moved: Vec<f64> = count().iter().zip(&before).map(|(a, b)| (a - b) as f64).collect();
+    println!("sharded over three: admitted over the 10 s from the kill {moved:?} of 500 each");
+    assert!(moved.iter().all(|&n| n <= 550.0), "over a limit across the move: {moved:?}");
+    let after = rates(6).await;
+    println!("sharded over two: admitted per second {after:.1?} of 50 each");
+    assert!(after.iter().all(|r| (45.0..=55.0).contains(r)), "{after:?}");
+
+    // A malformed map written by hand: each controller refuses it (keeping its last) and the
+    // leader fences it with a map at a newer epoch, from which every shard is owned again.
+    let epoch = common::try_metric(&b_http, "tollgate_shard_map_epoch").unwrap();
+    let out = Command::new("etcdctl")
+        .args(["--endpoints", &etcd.url(), "put", "/tollgate/shards/map", "{\"version\":9}"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .expect("etcdctl (Debian's etcd-client) runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually("the map fenced and every shard owned again", || {
+        common::try_metric(&b_http, "tollgate_shard_map_epoch").is_some_and(|e| e > epoch)
+            && owned(&b_http) + owned(&c_http) == 16.0
+    });
+    let refused = common::try_metric(&c_http, "tollgate_shard_events_total{what=\"entry_refused\"}");
+    assert!(refused.is_some_and(|n| n >= 1.0), "the malformed map refused: {refused:?}");
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

@@ -79,6 +79,13 @@ impl ShardMap {
         ShardMap { epoch: 0, members: Vec::new(), owners: vec![None; usize::from(shards)] }
     }
 
+    /// The same map at `epoch` (a map that replaces a malformed one is written past every
+    /// epoch the members applied).
+    pub fn at_epoch(mut self, epoch: u64) -> ShardMap {
+        self.epoch = epoch;
+        self
+    }
+
     /// The map's epoch: each map written is one more than the last.
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -87,6 +94,11 @@ impl ShardMap {
     /// The number of shards.
     pub fn shards(&self) -> u16 {
         self.owners.len() as u16
+    }
+
+    /// The members the map names.
+    pub fn members(&self) -> &[String] {
+        &self.members
     }
 
     /// The owner of `shard`, if it has one now.

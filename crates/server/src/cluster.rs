@@ -116,6 +116,8 @@ pub struct Cluster {
     forwarded: Forwarded,
     /// A regional controller's lease on the global tier.
     region: Arc<UpstreamStatus>,
+    /// With the groups sharded over the controllers (`--shards`): this one's part.
+    sharding: std::sync::OnceLock<Arc<crate::shards::Sharding>>,
 }
 
 /// What a regional controller's lease on the global tier is doing, for `/status` and
@@ -164,6 +166,116 @@ impl Cluster {
             last_warned: Mutex::new(None),
             forwarded: Forwarded::default(),
             region: Arc::default(),
+            sharding: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Shards the groups over the controllers: from now on each controller grants for the
+    /// shards its map gives it and passes the rest on ([`exchange_sharded`](Self::exchange_sharded)).
+    /// Set once, at start.
+    pub fn set_sharding(&self, sharding: Arc<crate::shards::Sharding>) {
+        let _ = self.sharding.set(sharding);
+    }
+
+    /// This controller's part in the sharding, when the groups are sharded.
+    pub fn sharding(&self) -> Option<&Arc<crate::shards::Sharding>> {
+        self.sharding.get()
+    }
+
+    /// With the groups sharded, passes a backend's report (encoded, for gRPC `path`) on to
+    /// every other controller the map names, each of which computes some of the groups on the
+    /// backend; in the background, each call within [`PEER_TIMEOUT`]. Nothing without
+    /// sharding.
+    pub fn share_report(&self, path: &'static str, body: Bytes) {
+        let Some(sharding) = self.sharding.get() else { return };
+        let access = self.peer_access();
+        for other in sharding.others() {
+            let Ok(rpc) = sharding.channel(&other, &access, PEER_TIMEOUT) else {
+                sharding.parts_unanswered.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let (sharding, body) = (sharding.clone(), body.clone());
+            sharding.parts_forwarded.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let call = async {
+                    let mut grpc = tonic::client::Grpc::new(rpc);
+                    grpc.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
+                    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+                    grpc.unary(forwarded(body), path, tollgate_proto::wire::BytesCodec).await
+                };
+                if !matches!(tokio::time::timeout(PEER_TIMEOUT, call).await, Ok(Ok(_))) {
+                    sharding.parts_unanswered.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(owner = other, "a backend's report did not reach another controller");
+                }
+            });
+        }
+    }
+
+    /// Answers an exchange with the groups sharded: each group's part by its owner, this
+    /// controller's in the engine here, the others' passed on to their owners at once (unless
+    /// the call was itself passed on: `forwarded`, then only this controller's part is
+    /// answered), and the answers joined. A group whose shard has no owner now, or whose owner
+    /// does not answer, gets no grant: its clients keep what they hold. `UNAVAILABLE` when no
+    /// part is answered at all.
+    pub async fn exchange_sharded(
+        &self,
+        now: Nanos,
+        req: &v1::ExchangeRequest,
+        forwarded_call: bool,
+    ) -> Result<v1::ExchangeResponse, Status> {
+        use crate::shards::{Owner, join_answers, split_exchange};
+        let Some(sharding) = self.sharding.get() else { return self.controller.exchange(now, req) };
+        let mut owners: Vec<Owner> = vec![Owner::Here];
+        let (parts, _) = split_exchange(req, |g| {
+            let owner = sharding.owner(&self.controller, g)?;
+            if forwarded_call && owner != Owner::Here {
+                return None;
+            }
+            Some(owners.iter().position(|o| *o == owner).unwrap_or_else(|| {
+                owners.push(owner);
+                owners.len() - 1
+            }))
+        });
+        if parts.is_empty() {
+            // Nothing to grant here: the periods still go back.
+            let mut empty = req.clone();
+            empty.groups.clear();
+            return self.controller.exchange(now, &empty);
+        }
+        let access = self.peer_access();
+        let calls = parts.into_iter().map(|(i, part)| {
+            let owner = owners[i].clone();
+            let access = access.clone();
+            async move {
+                match owner {
+                    Owner::Here => self.controller.exchange(now, &part),
+                    Owner::At(address) => {
+                        sharding.parts_forwarded.fetch_add(1, Ordering::Relaxed);
+                        let rpc = sharding.channel(&address, &access, PEER_TIMEOUT)?;
+                        let mut client = AdmissionClient::new(rpc);
+                        let call = client.exchange(forwarded(part));
+                        let answer = match tokio::time::timeout(PEER_TIMEOUT, call).await {
+                            Ok(a) => a.map(tonic::Response::into_inner),
+                            Err(_) => Err(Status::unavailable(format!(
+                                "the owner {address} did not answer within {PEER_TIMEOUT:?}"
+                            ))),
+                        };
+                        if let Err(status) = &answer {
+                            sharding.parts_unanswered.fetch_add(1, Ordering::Relaxed);
+                            self.warn_unreached(now, &address, status);
+                        }
+                        answer
+                    }
+                }
+            }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut failure = None;
+        let answers: Vec<v1::ExchangeResponse> =
+            results.into_iter().filter_map(|r| r.map_err(|e| failure = Some(e)).ok()).collect();
+        match (answers.is_empty(), failure) {
+            (true, Some(status)) => Err(status),
+            _ => Ok(join_answers(answers)),
         }
     }
 
@@ -200,6 +312,9 @@ impl Cluster {
         now: Nanos,
         req: v1::ExchangeRequest,
     ) -> Result<v1::ExchangeResponse, Status> {
+        if self.sharding.get().is_some() {
+            return self.exchange_sharded(now, &req, false).await;
+        }
         match self.following() {
             None => self.controller.exchange(now, &req),
             Some(leader) => {
@@ -214,6 +329,9 @@ impl Cluster {
     /// The leader's address while this controller follows (`Some(None)` while no leader is
     /// known); `None` while it grants.
     pub fn following(&self) -> Option<Option<String>> {
+        if self.sharding.get().is_some() {
+            return None;
+        }
         let role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
         (role.role == Role::Follower).then(|| role.leader.clone())
     }

@@ -61,6 +61,10 @@ pub async fn run(
     let mut previous: Option<i64> = None;
     loop {
         let result = term(&target, &advertise, lease, cluster.clone(), clock, &mut previous).await;
+        // The membership's lease may be gone: no shard is granted until the next term.
+        if let Some(s) = cluster.sharding() {
+            s.set_term(None);
+        }
         let was_leader = cluster.role().role == Role::Leader;
         cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader: None });
         match result {
@@ -108,6 +112,9 @@ async fn term(
         return Err(format!("another controller advertises {advertise}; give each its own --advertise"));
     }
     let (mut keeper, mut acks) = bounded(client.lease_keep_alive(lease_id)).await?;
+    if let Some(s) = cluster.sharding() {
+        s.set_term(Some(lease_id));
+    }
     let name = target.key("election");
     // Who leads, while this one does not: etcd answers an observation only once there is a
     // leader, so it runs beside the campaign.

@@ -174,6 +174,29 @@ impl Services {
         Ok(Bytes::from(out))
     }
 
+    /// A client's exchange with the groups sharded over the controllers: checked here (the
+    /// caller's groups, client id and privilege) and answered by each group's owner
+    /// ([`Cluster::exchange_sharded`](crate::cluster::Cluster::exchange_sharded)); a call
+    /// another controller passed on is answered for this controller's shards only.
+    async fn sharded_exchange(
+        &self,
+        caller: Option<Caller>,
+        forwarded: bool,
+        mut message: v1::ExchangeRequest,
+    ) -> Result<v1::ExchangeResponse, Status> {
+        let privileged = self.check_exchange(caller.as_ref(), &mut ExchangeView::of(&message))?;
+        if !privileged {
+            for g in &mut message.groups {
+                g.unthrottled = 0.0;
+            }
+        }
+        let started = self.clock.now();
+        let mut answer = self.node.cluster.exchange_sharded(started, &message, forwarded).await?;
+        self.latency.record(self.clock.now().since(started));
+        answer.unthrottled_allowed = privileged;
+        Ok(answer)
+    }
+
     /// A client's exchange on a follower: checked here as the leader would (the caller's
     /// groups, its client id, its privilege) and passed on to the leader, whose answer goes
     /// back as it is but for the privilege, which is the caller's.
@@ -202,6 +225,11 @@ impl Admission for Services {
         &self,
         req: Request<v1::ExchangeRequest>,
     ) -> Result<Response<v1::ExchangeResponse>, Status> {
+        if self.node.cluster.sharding().is_some() {
+            let caller = req.extensions().get::<Caller>().cloned();
+            let forwarded = req.metadata().contains_key(crate::cluster::FORWARDED_METADATA);
+            return self.sharded_exchange(caller, forwarded, req.into_inner()).await.map(Response::new);
+        }
         if let Some(leader) = self.following(&req)? {
             return self.forward_exchange(leader, req).await.map(Response::new);
         }
@@ -276,6 +304,19 @@ impl tonic::server::UnaryService<Bytes> for EncodedExchange {
     type Future = Answer;
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        if self.0.node.cluster.sharding().is_some() {
+            let services = self.0.clone();
+            return Answer::Later(Box::pin(async move {
+                use prost::Message;
+                let caller = req.extensions().get::<Caller>().cloned();
+                let forwarded = req.metadata().contains_key(crate::cluster::FORWARDED_METADATA);
+                let message = v1::ExchangeRequest::decode(req.into_inner()).map_err(|e| {
+                    Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
+                })?;
+                let answer = services.sharded_exchange(caller, forwarded, message).await?;
+                Ok(Response::new(Bytes::from(answer.encode_to_vec())))
+            }));
+        }
         match self.0.following(&req) {
             Ok(None) => Answer::Ready(Some(self.0.exchange_encoded(&req).map(Response::new))),
             Err(status) => Answer::Ready(Some(Err(status))),
@@ -387,6 +428,9 @@ impl Services {
                 .forward_encoded(self.clock.now(), leader, REPORT_PATH, req.into_inner())
                 .await;
         }
+        if !req.metadata().contains_key(crate::cluster::FORWARDED_METADATA) {
+            self.node.cluster.share_report(REPORT_PATH, req.get_ref().clone());
+        }
         let ack = self
             .take_report(move |controller, now| {
                 let report = ReportView::decode(req.get_ref()).map_err(|e| {
@@ -425,6 +469,13 @@ impl Backend for Services {
             let ack = v1::ReportAck::decode(ack)
                 .map_err(|e| Status::internal(format!("the leader's report answer does not decode: {e}")))?;
             return Ok(Response::new(ack));
+        }
+        if !req.metadata().contains_key(crate::cluster::FORWARDED_METADATA)
+            && self.node.cluster.sharding().is_some()
+        {
+            use prost::Message;
+            let body = Bytes::from(req.get_ref().encode_to_vec());
+            self.node.cluster.share_report(REPORT_PATH, body);
         }
         self.take_report(move |controller, now| {
             controller.backend_report(now, &ReportView::of(req.get_ref()))

@@ -37,6 +37,8 @@ pub mod region;
 mod rlqs;
 mod rls;
 mod schema;
+#[cfg(feature = "etcd")]
+mod sharding;
 pub mod shards;
 pub mod status;
 pub mod store;
@@ -227,6 +229,10 @@ impl Server {
                     None => target.clone(),
                 };
                 wait_for_address(&target, &advertise, opts.election_lease).await?;
+                check_shards(&target, opts.shards).await?;
+                if let Some(n) = opts.shards {
+                    node.cluster.set_sharding(Arc::new(shards::Sharding::new(advertise.clone(), n)));
+                }
                 let access = peer_access(&node.access, &advertise, opts)?;
                 node.cluster.set_peer(cluster::Peer { advertise: advertise.clone(), access });
                 // Nobody is served until the election says who leads.
@@ -292,6 +298,14 @@ impl Server {
                 tokio::spawn(election::run(at, advertise, lease, node.cluster.clone(), clock))
             });
             let lease = region.map(|r| tokio::spawn(upstream::run(node.clone(), target.clone(), r, clock)));
+            let sharded = node.cluster.sharding().cloned().map(|s| {
+                [
+                    tokio::spawn(sharding::follow(target.clone(), s.clone(), node.controller.clone(), clock)),
+                    tokio::spawn(sharding::coordinate(target.clone(), node.cluster.clone(), s.clone())),
+                    tokio::spawn(sharding::share_capacity(target.clone(), s, node.controller.clone())),
+                ]
+            });
+            let lease: Vec<_> = lease.into_iter().chain(sharded.into_iter().flatten()).collect();
             (tokio::spawn(follow_etcd(node.clone(), target, revision)), elect, lease)
         });
         #[cfg(not(feature = "etcd"))]
@@ -414,6 +428,17 @@ async fn wait_for_address(target: &EtcdTarget, advertise: &str, lease: Duration)
             }
         }
     }
+}
+
+/// Refuses a start whose `--shards` the map in etcd does not match.
+#[cfg(feature = "etcd")]
+async fn check_shards(target: &EtcdTarget, shards: Option<u16>) -> Result<(), ServerError> {
+    sharding::check(target, shards).await.map_err(ServerError::Serve)
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn check_shards(_: &EtcdTarget, _: Option<u16>) -> Result<(), ServerError> {
+    Ok(())
 }
 
 #[cfg(not(feature = "etcd"))]

@@ -337,6 +337,36 @@ impl ControllerMetrics {
                 up.safe_mode.load(std::sync::atomic::Ordering::Relaxed),
             )?;
         }
+        if let Some(s) = self.cluster.sharding() {
+            single(
+                e,
+                "tollgate_shards_owned",
+                "The shards this controller grants for now, by the shard map it applied last (0 while its membership in etcd does not hold).",
+                Kind::Gauge,
+                s.owned() as u64,
+            )?;
+            single(
+                e,
+                "tollgate_shard_map_epoch",
+                "The epoch of the shard map this controller applied last (0: none yet in this term).",
+                Kind::Gauge,
+                s.map().map_or(0, |m| m.epoch()),
+            )?;
+            family(
+                e,
+                "tollgate_shard_events_total",
+                "With the groups sharded: parts of exchanges and reports passed on to other owners, those not answered, groups forgotten as their shard moved away, maps applied, and entries in etcd refused as malformed.",
+                Kind::Counter,
+                "what",
+                [
+                    ("part_forwarded", load(&s.parts_forwarded)),
+                    ("part_unanswered", load(&s.parts_unanswered)),
+                    ("group_moved_away", load(&s.groups_moved_away)),
+                    ("map_applied", load(&s.maps_applied)),
+                    ("entry_refused", load(&s.refused_entries)),
+                ],
+            )?;
+        }
         let f = self.cluster.forwarded();
         family(
             e,

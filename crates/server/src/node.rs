@@ -60,9 +60,9 @@ impl Node {
 
     /// Writes consumption and resumable ramps to the store ([`Controller::flush`]) while this
     /// controller serves clients: only the leader's consumption is current, a follower's is not
-    /// written.
+    /// written. With the groups sharded, each controller writes its own groups'.
     pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
-        if self.cluster.role().role == crate::cluster::Role::Follower {
+        if self.cluster.role().role == crate::cluster::Role::Follower && self.cluster.sharding().is_none() {
             return Ok(());
         }
         self.controller.flush(now, wall_ms)

@@ -48,6 +48,10 @@ pub struct ServerOptions {
     /// from the global tier (`--region`; see [`check_region`]). `None`: this controller is
     /// of the global tier.
     pub region: Option<String>,
+    /// With `etcd`: shard the groups over the controllers in this many shards (`--shards`,
+    /// 1 to 4096; every controller on the etcd and prefix the same). `None`: one leader
+    /// grants for every group.
+    pub shards: Option<u16>,
     /// TLS on both listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
     /// `--tls-allow-name`); `None`: plain TCP.
     pub tls: Option<crate::listen::TlsFiles>,
@@ -154,6 +158,7 @@ impl Default for ServerOptions {
             advertise: None,
             election_lease: DEFAULT_ELECTION_LEASE,
             region: None,
+            shards: None,
             tls: None,
             auth: false,
             admin_token: None,
