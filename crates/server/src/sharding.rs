@@ -11,9 +11,9 @@
 //! **Each controller**, for each term of its membership, reads the map, applies it (forgetting
 //! the groups it no longer owns), says so under its lease, and follows the map's changes.
 //! A map that is malformed or of another version is refused, logged with its key and why,
-//! and the last good one stays. **The leader** reads the members and what each applied every
-//! [`COORDINATE_EVERY`] and writes the next map ([`next_map`]) if one is due, only over the map
-//! it read (a transaction on its revision). A malformed map in etcd is fenced: replaced by one
+//! and the last good one stays. **The leader** reads the members and what each applied when
+//! either changes (and every [`COORDINATE_EVERY`]) and writes the next map ([`next_map`]) if
+//! one is due, only over the map it read (a transaction on its revision). A malformed map in etcd is fenced: replaced by one
 //! that gives no shard to anyone, at a newer epoch, from which shards are given again once
 //! every member has applied it. **Each owner**, at every tick with a capacity configured,
 //! writes its claims and shares the capacity by every owner's ([`split_capacity`]).
@@ -167,21 +167,31 @@ fn refuse(sharding: &Sharding, target: &EtcdTarget, why: &str) {
     tracing::warn!(key = map_key(target), why, "shards: the map is refused; the last good one stays");
 }
 
-/// Moves the map while this controller leads, for as long as the server runs.
+/// Moves the map while this controller leads, for as long as the server runs: at once when a
+/// membership or an applied epoch changes in etcd (a watch on both), and every
+/// [`COORDINATE_EVERY`] besides.
 pub async fn coordinate(target: EtcdTarget, cluster: Arc<Cluster>, sharding: Arc<Sharding>) {
     let mut every = tokio::time::interval(COORDINATE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<Client> = None;
+    let mut changes: Option<(etcd_client::WatchStream, etcd_client::WatchStream)> = None;
     let mut last_error: Option<String> = None;
     loop {
-        every.tick().await;
+        tokio::select! {
+            _ = every.tick() => {}
+            changed = changed(&mut changes) => if !changed { changes = None },
+        }
         if cluster.role().role != Role::Leader {
+            changes = None;
             continue;
         }
         if client.is_none() {
-            client = bounded(connect(&target)).await.ok();
+            client = bounded(connect_unbounded(&target)).await.ok();
         }
         let Some(c) = client.as_mut() else { continue };
+        if changes.is_none() {
+            changes = watch_members(c, &target).await.ok();
+        }
         match coordinate_once(c, &target, &sharding).await {
             Ok(()) => last_error = None,
             Err(e) => {
@@ -189,10 +199,33 @@ pub async fn coordinate(target: EtcdTarget, cluster: Arc<Cluster>, sharding: Arc
                     tracing::warn!(error = %e, "shards: cannot move the map; trying again");
                 }
                 last_error = Some(e);
-                client = None;
+                (client, changes) = (None, None);
             }
         }
     }
+}
+
+/// Watches the memberships and the applied epochs.
+async fn watch_members(
+    client: &mut Client,
+    target: &EtcdTarget,
+) -> Result<(etcd_client::WatchStream, etcd_client::WatchStream), String> {
+    let members =
+        bounded(client.watch(target.key("members/"), Some(WatchOptions::new().with_prefix()))).await?;
+    let applied =
+        bounded(client.watch(target.key("shards/applied/"), Some(WatchOptions::new().with_prefix()))).await?;
+    Ok((members, applied))
+}
+
+/// Waits for the next change either watch reports: true, or false once a watch has ended (and
+/// for ever while there is none).
+async fn changed(changes: &mut Option<(etcd_client::WatchStream, etcd_client::WatchStream)>) -> bool {
+    let Some((members, applied)) = changes else { return std::future::pending().await };
+    let next = tokio::select! {
+        m = members.message() => m,
+        a = applied.message() => a,
+    };
+    matches!(next, Ok(Some(_)))
 }
 
 /// The members etcd holds (by the election's keys), each with the epoch it says it applied.
