@@ -1265,3 +1265,83 @@ async fn groups_sharded_over_three_controllers_hold_their_limits_and_move_off_a_
         t.await.unwrap();
     }
 }
+
+/// A controller whose `--shards` does not match the map in etcd, or that has none where the
+/// others shard, refuses to start and says what to give; `--shards` out of range, without
+/// etcd, or with a region is refused by name.
+#[test]
+fn a_shard_count_that_does_not_match_the_map_is_refused_at_start() {
+    let etcd = Etcd::start("shard-refusals");
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let (_a, _, a_http) = start_with(&etcd.url(), "/tollgate", &["--shards", "16"]);
+    eventually("the first owns every shard", || owned(&a_http) == 16.0);
+    let base = ["server", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--etcd"];
+    let err = run(&[&base[..], &[etcd.url().as_str(), "--shards", "8"]].concat());
+    assert!(err.contains("--shards 8: the controllers on this etcd shard the groups 16 ways"), "{err}");
+    assert!(err.contains("give --shards 16"), "{err}");
+    let err = run(&[&base[..], &[etcd.url().as_str()]].concat());
+    assert!(err.contains("start this one with --shards 16"), "{err}");
+    let err = run(&[&base[..], &[etcd.url().as_str(), "--shards", "0"]].concat());
+    assert!(err.contains("--shards"), "{err}");
+    let err = run(&[&base[..], &[etcd.url().as_str(), "--shards", "16", "--region", "east"]].concat());
+    assert!(err.contains("--shards") && err.contains("--region"), "{err}");
+    let err = run(&["server", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--shards", "16"]);
+    assert!(err.contains("--etcd"), "{err}");
+}
+
+/// With a node capacity and the groups sharded over two controllers, each owner takes its
+/// part of the capacity by what its groups claim: the groups together are held to the
+/// capacity, and share it evenly, whichever controller computes each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_sharded_over_two_controllers_share_one_capacity() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let etcd = Etcd::start("shards-capacity");
+    let more = ["--shards", "16"];
+    let (_a, a_url, a_http) = start_with(&etcd.url(), "/tollgate", &more);
+    let (_b, b_url, b_http) = start_with(&etcd.url(), "/tollgate", &more);
+    eventually("both own shards", || owned(&a_http) > 0.0 && owned(&b_http) > 0.0);
+    admin(&a_url, &["node", "capacity", "300"]);
+    // Six groups with no limit, each asked 100 units/s: 600 asked of a capacity of 300.
+    const GROUPS: [&str; 6] = ["cap-0", "cap-1", "cap-2", "cap-3", "cap-4", "cap-5"];
+    let admitted: Vec<Arc<AtomicU64>> = GROUPS.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = tollgate_limiter::RemoteOptions { client_id: Some("capacity".into()), ..Default::default() };
+    let gate = tollgate_limiter::Tollgate::remote(&b_url, opts).unwrap();
+    let tasks: Vec<_> = GROUPS
+        .iter()
+        .enumerate()
+        .map(|(g, group)| paced(gate.clone(), group, admitted[g].clone(), stop.clone()))
+        .collect();
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let now = || tollgate_model::time::Clock::now(&clock);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (from, before): (_, Vec<u64>) = (now(), admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let took = now().since(from).as_secs_f64();
+    let rates: Vec<f64> =
+        admitted.iter().zip(&before).map(|(a, b)| (a.load(Ordering::Relaxed) - b) as f64 / took).collect();
+    let total: f64 = rates.iter().sum();
+    println!("sharded capacity: admitted per second {rates:.1?}, {total:.1} of 300");
+    assert!((270.0..=315.0).contains(&total), "{rates:?}: {total:.1} together");
+    assert!(rates.iter().all(|r| (35.0..=65.0).contains(r)), "an even share each: {rates:?}");
+    // Both owners computed some of the groups.
+    for h in [&a_http, &b_http] {
+        let s = status(h).unwrap();
+        let computed = s["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["name"].as_str().is_some_and(|n| n.starts_with("cap-")))
+            .count();
+        assert!(computed > 0, "{h} computes none of the groups");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
