@@ -1236,6 +1236,15 @@ async fn groups_sharded_over_three_controllers_hold_their_limits_and_move_off_a_
     drop(first);
     eventually("the two left own every shard", || owned(&b_http) + owned(&c_http) == 16.0);
     println!("sharded over three: the killed controller's shards moved in {:?}", now().since(killed));
+    // One leads (and writes the map); the other owns shards, and its status is its own.
+    eventually("one leader and one owner", || {
+        let mut roles: Vec<String> = [&b_http, &c_http]
+            .iter()
+            .filter_map(|h| Some(status(h)?["role"].as_str()?.to_string()))
+            .collect();
+        roles.sort();
+        roles == ["leader", "owner"]
+    });
     // Across the move, each group within its limit over the 10 s from the kill, and a burst.
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(now().since(killed))).await;
     let moved: Vec<f64> = count().iter().zip(&before).map(|(a, b)| (a - b) as f64).collect();

@@ -149,7 +149,8 @@ pub(crate) struct Status {
     throttling: String,
     exchanges: u64,
     learning: bool,
-    /// `standalone`, `leader` or `follower`.
+    /// `standalone`, `leader` or `follower`; with the groups sharded (`--shards`), `owner` for
+    /// a controller that does not lead (it computes its own shards' groups).
     role: String,
     leader: Option<String>,
     leader_changes: u64,

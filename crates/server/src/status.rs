@@ -154,7 +154,12 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
     let diagnostics = controller.diagnostics(now);
     let role = parts.cluster.role();
     v1::StatusResponse {
-        role: role.role.name().to_string(),
+        // With the groups sharded, a controller that does not lead computes its own shards'
+        // groups: its status is its own, not a follower's.
+        role: match role.role {
+            crate::cluster::Role::Follower if parts.cluster.sharding().is_some() => "owner".to_string(),
+            r => r.name().to_string(),
+        },
         leader: role.leader,
         leader_changes: parts.cluster.leader_changes(),
         capacity: node.capacity,
