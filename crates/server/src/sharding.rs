@@ -340,7 +340,12 @@ pub async fn share_capacity(target: EtcdTarget, sharding: Arc<Sharding>, control
             controller.set_capacity_part(None);
             continue;
         }
-        let Some(lease) = *sharding.terms().borrow() else { continue };
+        let Some(lease) = *sharding.terms().borrow() else {
+            // Between terms nothing is granted; a new term starts from no part, not from the
+            // last (another owner may have taken it meanwhile), until its first split.
+            controller.set_capacity_part(Some(0.0));
+            continue;
+        };
         if client.is_none() {
             client = bounded(connect(&target)).await.ok();
         }
@@ -364,8 +369,11 @@ async fn share_once(
     bounded(client.put(key.clone(), encode_claims(&mine), Some(PutOptions::new().with_lease(lease)))).await?;
     let prefix = target.key("shards/claims/");
     let got = bounded(client.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+    let live = members(client, target, sharding).await?;
+    let Some(capacity) = controller.node().capacity else { return Ok(()) };
     let mut owners = Vec::new();
     let mut me = None;
+    let mut claimed = std::collections::HashSet::new();
     for kv in got.kvs() {
         let claims = match decode_claims(kv.value()) {
             Ok(c) => c,
@@ -377,9 +385,24 @@ async fn share_once(
         if kv.key() == key.as_bytes() {
             me = Some(owners.len());
         }
+        claimed.insert(kv.key().to_vec());
         owners.push(claims);
     }
-    let Some(capacity) = controller.node().capacity else { return Ok(()) };
+    // A live member whose claims are not there (its term just began, or its claims went with
+    // its last lease) may still grant its last part: it is held an even share, so the parts
+    // never add up to more than the capacity for want of its claims.
+    let even = capacity / live.len().max(1) as f64;
+    for address in live.keys() {
+        if !claimed.contains(per_member(target, "claims", address).as_bytes()) {
+            owners.push(vec![tollgate_model::allocate::Claim {
+                reserved: even,
+                ceiling: even,
+                demand: even,
+                priority: tollgate_model::settings::Priority::HIGH,
+                weight: 1.0,
+            }]);
+        }
+    }
     if let Some(at) = me {
         controller.set_capacity_part(split_capacity(capacity, &owners).get(at).copied());
     }
