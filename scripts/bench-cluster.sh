@@ -55,13 +55,7 @@ done
 followers=()
 for i in 0 1 2; do [ "$i" = "$leader" ] || followers+=("$i"); done
 
-# One RLS request, gRPC-framed: descriptor tenant=acme (the default rule names the group).
-python3 - "$WORK/rls.bin" <<'EOF'
-import sys
-def field(n, payload): return bytes([n << 3 | 2]) + bytes([len(payload)]) + payload
-msg = field(1, b"edge") + field(2, field(1, field(1, b"tenant") + field(2, b"acme")))
-open(sys.argv[1], "wb").write(b"\0" + len(msg).to_bytes(4, "big") + msg)
-EOF
+write_rls_request "$WORK/rls.bin"
 
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/${PID[$1]}/stat"; }

@@ -5,12 +5,15 @@
 #    GROUPS_PER_CLIENT groups each, RATE exchanges a second), with the exchanges a second, the
 #    clients' p50 and p99, and each controller's CPU per exchange it was asked (each answers
 #    its own groups' parts and passes the others on to their owners).
-# 2. Failover: RUNS times, kill -9 one controller (each in turn, the leader among them), time
+# 2. Envoy's rate-limit service asked on all three with h2load (a group limited to 5,000/s):
+#    the decisions a second, and each controller's CPU per decision (the group's owner, and the
+#    others, which decide from a lease on it).
+# 3. Failover: RUNS times, kill -9 one controller (each in turn, the leader among them), time
 #    until the two left own every shard, then start it again and time until the map gives it
 #    shards again (the rebalance). Prints each run and the median and worst.
 # Usage: scripts/bench-shards.sh  (builds the release binary with etcd; needs Debian's
 # etcd-server). SECONDS_EACH (10), CLIENTS (1000), GROUPS_PER_CLIENT (10), RATE (2) and RUNS
-# (10) may be set.
+# (10) may be set. Needs h2load (Debian's nghttp2-client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -79,6 +82,38 @@ done
 echo "| exchanges asked of | exchanges/s | p50 / p99 ms | µs CPU per exchange asked, each controller |"
 echo "| --- | --- | --- | --- |"
 echo "| all three, 256 shards | $per_s | $p50 / $p99 | ${per[0]}, ${per[1]}, ${per[2]} |"
+
+# Envoy's rate-limit service asked on all three at once, one group limited to 5,000/s: the
+# group's owner decides from its engine, the other two from leases on it.
+"$BIN" group create acme --limit 5000 --server "http://${GRPC[0]}" >/dev/null
+write_rls_request "$WORK/rls.bin"
+rls_all() {
+  local loads=() i
+  for i in 0 1 2; do
+    h2load -D "$1" -c 2 -m 16 -d "$WORK/rls.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+      "http://${GRPC[$i]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" >"$WORK/h2load-$i.txt" 2>&1 &
+    loads+=($!)
+  done
+  wait "${loads[@]}"
+}
+rls_all 2
+owner=
+for i in 0 1 2; do curl -s "${HTTP[$i]}/status" | grep -q '"name":"acme"' && owner=$i; done
+before=()
+for i in 0 1 2; do before+=("$(cpu "$i")"); done
+rls_all "$SECONDS_EACH"
+total=0 per=()
+for i in 0 1 2; do
+  calls=$(awk '/^requests:/ {print $8}' "$WORK/h2load-$i.txt")
+  total=$((total + calls))
+  spent=$(($(cpu "$i") - before[$i]))
+  role=$([ "$i" = "$owner" ] && echo owner || echo other)
+  per+=("$role $(python3 -c "print(f'{$spent / $ticks / $calls * 1e6:.1f}')")")
+done
+echo
+echo "| RLS asked of | decisions/s | µs CPU per decision, each controller |"
+echo "| --- | --- | --- |"
+echo "| all three, 256 shards | $((total / SECONDS_EACH)) | ${per[0]}, ${per[1]}, ${per[2]} |"
 
 echo
 echo "| run | killed | its shards owned by the two left after | given shards again after its restart |"

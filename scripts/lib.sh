@@ -73,3 +73,14 @@ prepare_cluster_bench() {
   RATE=${RATE:-2}
   WORK=$(mktemp -d)
 }
+
+# Writes one gRPC-framed request to Envoy's rate-limit service to $1: domain edge, one
+# descriptor tenant=acme (the default rule names the group).
+write_rls_request() {
+  python3 - "$1" <<'PY'
+import sys
+def field(n, payload): return bytes([n << 3 | 2]) + bytes([len(payload)]) + payload
+msg = field(1, b"edge") + field(2, field(1, field(1, b"tenant") + field(2, b"acme")))
+open(sys.argv[1], "wb").write(b"\0" + len(msg).to_bytes(4, "big") + msg)
+PY
+}
