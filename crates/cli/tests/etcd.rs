@@ -86,6 +86,33 @@ fn output(url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
+/// Runs `tollgate ARGS`, which must fail to start; what it said on standard error.
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `etcdctl ARGS` against the etcd at `url`, which must succeed; what it printed.
+fn etcdctl(url: &str, args: &[&str]) -> String {
+    let out = Command::new("etcdctl")
+        .args(["--endpoints", url])
+        .args(args)
+        .env("ETCDCTL_API", "3")
+        .output()
+        .expect("etcdctl (Debian's etcd-client) runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Stops the paced clients (see [`paced`]) and waits for each.
+async fn stop_all(stop: &std::sync::atomic::AtomicBool, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 /// Waits (up to a minute: a bound for a stuck test, not a timing assertion) until `done`.
 #[test]
 fn controllers_on_one_etcd_share_every_setting_and_keep_it_across_a_kill() {
@@ -160,31 +187,15 @@ fn three_controllers_started_together_on_an_empty_prefix_all_start() {
 #[test]
 fn a_bad_or_unreachable_etcd_and_a_foreign_prefix_are_refused_clearly() {
     let etcd = Etcd::start("refusals");
-    let run = |args: &[&str]| {
-        let out = Command::new(BIN).args(args).output().unwrap();
-        assert!(!out.status.success(), "{args:?} started");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = refused;
     // A prefix holding keys that are not Tollgate's.
-    let put = Command::new("etcdctl")
-        .args(["--endpoints", &etcd.url(), "put", "/theirs/config", "x"])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .unwrap();
-    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    etcdctl(&etcd.url(), &["put", "/theirs/config", "x"]);
     let base = ["server", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--etcd"];
     let err = run(&[&base[..], &[etcd.url().as_str(), "--etcd-prefix", "/theirs"]].concat());
     assert!(err.contains("prefix /theirs: the prefix holds keys that are not Tollgate's"), "{err}");
     // Nothing of theirs was touched.
-    let got = Command::new("etcdctl")
-        .args(["--endpoints", &etcd.url(), "get", "--prefix", "/theirs", "--keys-only"])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&got.stdout).split_whitespace().collect::<Vec<_>>(),
-        ["/theirs/config"]
-    );
+    let got = etcdctl(&etcd.url(), &["get", "--prefix", "/theirs", "--keys-only"]);
+    assert_eq!(got.split_whitespace().collect::<Vec<_>>(), ["/theirs/config"]);
     // Nobody listening: a clear error within the bounded wait, not a hang.
     let port = tollgate_testkit::port::free_port();
     let err = run(&[&base[..], &[format!("http://127.0.0.1:{port}").as_str()]].concat());
@@ -430,10 +441,7 @@ async fn under_load_a_failover_keeps_the_limit_and_never_grants_above_the_target
     }
     let elapsed = now().since(start).as_secs_f64();
     let rate = (admitted.load(Ordering::Relaxed) - start_count) as f64 / elapsed;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
+    stop_all(&stop, tasks).await;
     let acknowledged = writer.join().unwrap();
     println!(
         "across a failover: {rate:.1} units/s admitted against a limit of {LIMIT} ({checks} grant checks, {} settings acknowledged)",
@@ -544,11 +552,7 @@ fn a_stored_token_with_a_role_this_server_does_not_know_is_refused_by_name() {
     let hash: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     let record =
         format!(r#"{{"id":"00000000000000aa","role":"auditor","sha256":"{hash}","created_unix_ms":1}}"#);
-    let put = Command::new("etcdctl")
-        .args(["--endpoints", &etcd.url(), "put", "/roles/credentials/00000000000000aa", &record])
-        .output()
-        .unwrap();
-    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    etcdctl(&etcd.url(), &["put", "/roles/credentials/00000000000000aa", &record]);
     eventually("the controller refuses the token by its role", || {
         let out = Command::new(BIN)
             .args(["group", "list"])
@@ -685,10 +689,7 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
         }
     }
     let led = watcher.expect("etcd restarted").join().unwrap().expect("a leader once etcd is back");
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
+    stop_all(&stop, tasks).await;
     (seconds, led, safe)
 }
 
@@ -772,16 +773,7 @@ fn roles(https: &[String; 2]) -> Option<(usize, usize)> {
 #[test]
 fn a_stray_entry_in_the_election_is_deleted_rather_than_followed() {
     let etcd = Etcd::start("stray");
-    let etcdctl = |args: &[&str]| {
-        let out = Command::new("etcdctl")
-            .args(["--endpoints", &etcd.url()])
-            .args(args)
-            .env("ETCDCTL_API", "3")
-            .output()
-            .expect("etcdctl (Debian's etcd-client) runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let etcdctl = |args: &[&str]| etcdctl(&etcd.url(), args);
     let (first, _, first_http) = start_with_http(&etcd.url(), "/stray");
     eventually("the first leads", || status(&first_http).is_some_and(|s| s["role"] == "leader"));
     // Written after the first controller's candidacy: it leads once that one is gone.
@@ -1121,10 +1113,7 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
     assert_eq!((&east["region"], &east["upstream_safe_mode"]), (&"east".into(), &true.into()), "{east}");
     let shown = output(&east_url, &["status"]);
     assert!(shown.contains("region: east, its shares decaying"), "{shown}");
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
+    stop_all(&stop, tasks).await;
 }
 
 /// With `--auth`, a region's leader leases from the global tier under the controller token it
@@ -1257,22 +1246,14 @@ async fn groups_sharded_over_three_controllers_hold_their_limits_and_move_off_a_
     // A malformed map written by hand: each controller refuses it (keeping its last) and the
     // leader fences it with a map at a newer epoch, from which every shard is owned again.
     let epoch = common::try_metric(&b_http, "tollgate_shard_map_epoch").unwrap();
-    let out = Command::new("etcdctl")
-        .args(["--endpoints", &etcd.url(), "put", "/tollgate/shards/map", "{\"version\":9}"])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .expect("etcdctl (Debian's etcd-client) runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    etcdctl(&etcd.url(), &["put", "/tollgate/shards/map", "{\"version\":9}"]);
     eventually("the map fenced and every shard owned again", || {
         common::try_metric(&b_http, "tollgate_shard_map_epoch").is_some_and(|e| e > epoch)
             && owned(&b_http) + owned(&c_http) == 16.0
     });
     let refused = common::try_metric(&c_http, "tollgate_shard_events_total{what=\"entry_refused\"}");
     assert!(refused.is_some_and(|n| n >= 1.0), "the malformed map refused: {refused:?}");
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
+    stop_all(&stop, tasks).await;
 }
 
 /// A controller whose `--shards` does not match the map in etcd, or that has none where the
@@ -1281,11 +1262,7 @@ async fn groups_sharded_over_three_controllers_hold_their_limits_and_move_off_a_
 #[test]
 fn a_shard_count_that_does_not_match_the_map_is_refused_at_start() {
     let etcd = Etcd::start("shard-refusals");
-    let run = |args: &[&str]| {
-        let out = Command::new(BIN).args(args).output().unwrap();
-        assert!(!out.status.success(), "{args:?} started");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = refused;
     let (_a, _, a_http) = start_with(&etcd.url(), "/tollgate", &["--shards", "16"]);
     eventually("the first owns every shard", || owned(&a_http) == 16.0);
     let base = ["server", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--etcd"];
@@ -1351,8 +1328,5 @@ async fn groups_sharded_over_two_controllers_share_one_capacity() {
             .count();
         assert!(computed > 0, "{h} computes none of the groups");
     }
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
+    stop_all(&stop, tasks).await;
 }
