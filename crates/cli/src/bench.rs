@@ -88,6 +88,7 @@ impl Encoded {
             client_id: format!("bench-client-{c}"),
             sequence: 0,
             target_request_period_ms: 0,
+            shard_map_epoch: None,
             groups: (0..groups)
                 .map(|g| v1::GroupUsage {
                     group: format!("bench-{}", (c * groups + g) % 100_000),
@@ -1234,6 +1235,7 @@ mod tests {
             next_exchange_ms: 1000,
             next_tick_ms: 250,
             unthrottled_allowed: true,
+            shard_map: None,
         }
         .encode_to_vec();
         assert_eq!(Encoded::grants(&answer.clone().into()), 3);

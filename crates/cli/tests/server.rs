@@ -519,6 +519,7 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
             sequence: 1,
             groups: vec![usage("g")],
             target_request_period_ms: 3_600_001,
+            ..Default::default()
         },
         v1::ExchangeRequest {
             client_id: "c".into(),

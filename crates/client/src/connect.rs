@@ -21,8 +21,9 @@ use crate::store::{self, StoreOptions};
 impl Tollgate {
     /// A client of `tollgate server` at `url` (such as `http://127.0.0.1:7460`): the same
     /// API, fed by the controller's grants. Several controllers sharing one etcd are given
-    /// comma-separated (`http://a:7460,http://b:7460`): the client talks to the leader,
-    /// follows a follower's answer naming it, and moves to the next address when one fails.
+    /// comma-separated (`http://a:7460,http://b:7460`): the client talks to the first, and
+    /// moves to the next address when one fails; with the groups sharded over them, it sends
+    /// each group's part to the group's owner itself ([`crate::shards`]).
     /// Must be called inside a tokio runtime, where the exchange task runs; it stops when the
     /// last handle is dropped. See [`crate::remote`].
     pub fn remote(url: &str, opts: RemoteOptions) -> Result<Tollgate, BuildError> {
@@ -46,8 +47,9 @@ impl Tollgate {
             channels.push((u.to_string(), channel));
         }
         let timeout = opts.exchange_timeout;
+        let routes = crate::shards::Routes::new(opts.access.clone(), timeout);
         let (gate, driver) = Self::remote_driven(opts)?;
-        let controllers = crate::remote::Controllers::new(channels);
+        let controllers = crate::remote::Controllers::new(channels, Some(routes));
         runtime.spawn(crate::remote::run(driver, controllers, timeout));
         Ok(gate)
     }
@@ -68,7 +70,7 @@ impl Tollgate {
             bearer,
         );
         let (gate, driver) = Self::remote_driven(opts)?;
-        let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)]);
+        let controllers = crate::remote::Controllers::new(vec![(String::new(), channel)], None);
         runtime.spawn(crate::remote::run(driver, controllers, timeout));
         Ok(gate)
     }

@@ -52,6 +52,7 @@ mod permit;
 pub mod remote;
 pub mod reporter;
 pub mod scheduler;
+pub mod shards;
 pub mod store;
 mod tally;
 pub mod throttle;

@@ -529,6 +529,7 @@ impl Driver {
             sequence: self.sequence,
             groups: page.usage,
             target_request_period_ms: self.period_ms,
+            shard_map_epoch: None,
         })
     }
 
@@ -794,6 +795,9 @@ struct Page {
 pub(crate) struct Controllers {
     known: Vec<(String, v1::admission_client::AdmissionClient<crate::access::Rpc>)>,
     current: usize,
+    /// With the groups sharded over the controllers, where each group's part goes
+    /// ([`crate::shards`]); `None` for a client over a channel of the caller's.
+    routes: Option<Arc<crate::shards::Routes>>,
 }
 
 /// The most controllers a remote client keeps addresses for.
@@ -801,14 +805,34 @@ pub const CONTROLLERS_MAX: usize = 16;
 
 impl Controllers {
     /// Over `urls` (already checked).
-    pub(crate) fn new(urls: Vec<(String, crate::access::Rpc)>) -> Controllers {
+    pub(crate) fn new(
+        urls: Vec<(String, crate::access::Rpc)>,
+        routes: Option<Arc<crate::shards::Routes>>,
+    ) -> Controllers {
         let known =
             urls.into_iter().map(|(u, c)| (u, v1::admission_client::AdmissionClient::new(c))).collect();
-        Controllers { known, current: 0 }
+        Controllers { known, current: 0, routes }
     }
 
-    fn client(&mut self) -> &mut v1::admission_client::AdmissionClient<crate::access::Rpc> {
-        &mut self.known[self.current].1
+    /// One exchange: by the shard map when the client follows one, else to the controller
+    /// talked to now. Also says whether that controller failed.
+    async fn exchange(
+        &mut self,
+        request: v1::ExchangeRequest,
+        timeout: Duration,
+    ) -> (Result<v1::ExchangeResponse, ExchangeError>, bool) {
+        let home = &mut self.known[self.current].1;
+        if let Some(routes) = &self.routes {
+            let routed = crate::shards::exchange(routes, home, request, timeout).await;
+            return (routed.answer, routed.home_failed);
+        }
+        let answer = match tokio::time::timeout(timeout, home.exchange(request)).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(ExchangeError::of(&status)),
+            Err(_) => Err(ExchangeError::Timeout(timeout)),
+        };
+        let failed = answer.is_err();
+        (answer, failed)
     }
 
     /// Moves to the next address.
@@ -924,29 +948,20 @@ pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeou
     loop {
         let now = driver.until_due().await;
         let Some(request) = driver.request(now) else { return };
-        let outcome = tokio::time::timeout(timeout, controllers.client().exchange(request)).await;
+        let (answer, home_failed) = controllers.exchange(request, timeout).await;
         let now = driver.now();
-        match outcome {
-            Ok(Ok(response)) => {
-                tried = 0;
-                driver.answer(now, response.get_ref());
+        match answer {
+            Ok(response) => driver.answer(now, &response),
+            Err(error) => driver.failed(now, &error),
+        }
+        if home_failed {
+            controllers.rotate();
+            tried += 1;
+            if tried < controllers.known.len() {
+                driver.retry_now(now);
             }
-            Ok(Err(status)) => {
-                driver.failed(now, &ExchangeError::of(&status));
-                controllers.rotate();
-                tried += 1;
-                if tried < controllers.known.len() {
-                    driver.retry_now(now);
-                }
-            }
-            Err(_) => {
-                driver.failed(now, &ExchangeError::Timeout(timeout));
-                controllers.rotate();
-                tried += 1;
-                if tried < controllers.known.len() {
-                    driver.retry_now(now);
-                }
-            }
+        } else {
+            tried = 0;
         }
         if driver.groups.strong_count() == 0 {
             return;

@@ -145,27 +145,41 @@ impl ShardMap {
         if wire.version != MAP_VERSION {
             return Err(format!("version {} is unknown (this controller reads {MAP_VERSION})", wire.version));
         }
-        let shards = wire.owners.len();
+        ShardMap::from_parts(wire.epoch, wire.members, wire.owners)
+    }
+
+    /// A map from its parts: its epoch, its members, and each shard's owner as an index into
+    /// `members` (`None` while the shard moves); refused with the reason when a part is out of
+    /// its bounds or names no member.
+    pub fn from_parts(
+        epoch: u64,
+        members: Vec<String>,
+        owners: Vec<Option<u16>>,
+    ) -> Result<ShardMap, String> {
+        let shards = owners.len();
         if shards == 0 || shards > usize::from(MAX_SHARDS) {
             return Err(format!("owners must list 1 to {MAX_SHARDS} shards, not {shards}"));
         }
-        if wire.members.len() > MAX_MEMBERS {
-            return Err(format!("members must name at most {MAX_MEMBERS}, not {}", wire.members.len()));
+        if members.len() > MAX_MEMBERS {
+            return Err(format!("members must name at most {MAX_MEMBERS}, not {}", members.len()));
         }
-        for (i, m) in wire.members.iter().enumerate() {
+        for (i, m) in members.iter().enumerate() {
             if m.is_empty() || m.len() > MAX_MEMBER_LEN || m.chars().any(char::is_control) {
                 return Err(format!("members[{i}] must be 1 to {MAX_MEMBER_LEN} bytes of printable text"));
             }
-            if wire.members[..i].contains(m) {
+            if members[..i].contains(m) {
                 return Err(format!("members[{i}] {m:?} is named twice"));
             }
         }
-        if let Some(s) =
-            wire.owners.iter().position(|o| o.is_some_and(|i| usize::from(i) >= wire.members.len()))
-        {
-            return Err(format!("owners[{s}] names no member (there are {})", wire.members.len()));
+        if let Some(s) = owners.iter().position(|o| o.is_some_and(|i| usize::from(i) >= members.len())) {
+            return Err(format!("owners[{s}] names no member (there are {})", members.len()));
         }
-        Ok(ShardMap { epoch: wire.epoch, members: wire.members, owners: wire.owners })
+        Ok(ShardMap { epoch, members, owners })
+    }
+
+    /// The index into [`members`](Self::members) of `shard`'s owner, if it has one now.
+    pub fn owner_index(&self, shard: u16) -> Option<u16> {
+        *self.owners.get(usize::from(shard))?
     }
 
     fn from_owners(epoch: u64, owners: &[Option<&str>]) -> ShardMap {

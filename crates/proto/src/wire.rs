@@ -408,6 +408,7 @@ impl GrantFields {
             critical_reserve: self.critical_reserve,
             in_flight_limited: self.in_flight.is_some(),
             in_flight: self.in_flight.unwrap_or(0),
+            shard: None,
         }
     }
 }

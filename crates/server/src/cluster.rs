@@ -223,11 +223,14 @@ impl Cluster {
         req: &v1::ExchangeRequest,
         forwarded_call: bool,
     ) -> Result<v1::ExchangeResponse, Status> {
-        use crate::shards::{Owner, join_answers, split_exchange};
+        use crate::shards::{Owner, split_exchange};
+        use tollgate_limiter::shards::join_answers;
         let Some(sharding) = self.sharding.get() else { return self.controller.exchange(now, req) };
+        let names: Vec<&str> = req.groups.iter().map(|g| g.group.as_str()).collect();
+        let routes = sharding.route(&self.controller, &names);
         let mut owners: Vec<Owner> = vec![Owner::Here];
-        let (parts, _) = split_exchange(req, |g| {
-            let owner = sharding.owner(&self.controller, g)?;
+        let (parts, _) = split_exchange(req, |i| {
+            let (owner, _) = routes[i].clone()?;
             if forwarded_call && owner != Owner::Here {
                 return None;
             }
@@ -236,11 +239,28 @@ impl Cluster {
                 owners.len() - 1
             }))
         });
+        // A client that follows the map is sent a newer one; every grant given here names its
+        // group's shard, so that the client sends the group's next part to its owner.
+        let map = if forwarded_call { None } else { req.shard_map_epoch.and_then(|e| sharding.map_for(e)) };
+        let shards: std::collections::HashMap<&str, u16> = names
+            .iter()
+            .zip(&routes)
+            .filter_map(|(g, r)| r.as_ref().filter(|(o, _)| *o == Owner::Here).map(|(_, s)| (*g, *s)))
+            .collect();
+        let local = |part: &v1::ExchangeRequest| {
+            let mut answer = self.controller.exchange(now, part)?;
+            for g in &mut answer.grants {
+                g.shard = shards.get(g.group.as_str()).map(|&s| u32::from(s));
+            }
+            Ok::<_, Status>(answer)
+        };
         if parts.is_empty() {
             // Nothing to grant here: the periods still go back.
             let mut empty = req.clone();
             empty.groups.clear();
-            return self.controller.exchange(now, &empty);
+            let mut answer = self.controller.exchange(now, &empty)?;
+            answer.shard_map = map;
+            return Ok(answer);
         }
         let access = self.peer_access();
         let calls = parts.into_iter().map(|(i, part)| {
@@ -248,7 +268,7 @@ impl Cluster {
             let access = access.clone();
             async move {
                 match owner {
-                    Owner::Here => self.controller.exchange(now, &part),
+                    Owner::Here => local(&part),
                     Owner::At(address) => {
                         sharding.parts_forwarded.fetch_add(1, Ordering::Relaxed);
                         let rpc = sharding.channel(&address, &access, PEER_TIMEOUT)?;
@@ -275,7 +295,11 @@ impl Cluster {
             results.into_iter().filter_map(|r| r.map_err(|e| failure = Some(e)).ok()).collect();
         match (answers.is_empty(), failure) {
             (true, Some(status)) => Err(status),
-            _ => Ok(join_answers(answers)),
+            _ => {
+                let mut answer = join_answers(answers);
+                answer.shard_map = map;
+                Ok(answer)
+            }
         }
     }
 

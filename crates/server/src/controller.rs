@@ -431,6 +431,7 @@ impl Controller {
             next_exchange_ms: answer.next_exchange_ms,
             next_tick_ms: answer.next_tick_ms,
             unthrottled_allowed: true,
+            shard_map: None,
         })
     }
 
@@ -818,9 +819,16 @@ impl Controller {
         self.engine().forget_groups(now, gone)
     }
 
-    /// The root of the tree `name` is in ([`Engine::root_of`]): its shard's key.
-    pub fn root_of(&self, name: &GroupName) -> GroupName {
-        self.engine().root_of(name).clone()
+    /// The shard of each of `groups` among `shards`, by the root of its tree
+    /// ([`Engine::root_of`]), all under one lock; `None` for a name that is not a group's.
+    pub fn shards_of<'a>(&self, groups: impl Iterator<Item = &'a str>, shards: u16) -> Vec<Option<u16>> {
+        let engine = self.engine();
+        groups
+            .map(|g| {
+                let name = GroupName::new(g).ok()?;
+                Some(tollgate_model::shard::shard_of(engine.root_of(&name).as_str(), shards))
+            })
+            .collect()
     }
 
     /// Takes the node settings as another controller stored them; nothing is written back.

@@ -246,6 +246,7 @@ impl Admission for Services {
             next_exchange_ms: rest.next_exchange_ms,
             next_tick_ms: rest.next_tick_ms,
             unthrottled_allowed: privileged,
+            shard_map: None,
         }))
     }
 }

@@ -112,6 +112,7 @@ impl RegionLease {
                         sequence: self.sequence,
                         groups: page.iter().map(|u| self.usage(u)).collect(),
                         target_request_period_ms: 0,
+                        shard_map_epoch: None,
                     },
                     meters: page.iter().map(|u| (u.group.clone(), u.meter, u.demand)).collect(),
                 }

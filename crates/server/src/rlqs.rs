@@ -362,6 +362,7 @@ impl Session {
                     sequence: self.sequence,
                     groups: page.to_vec(),
                     target_request_period_ms: 0,
+                    shard_map_epoch: None,
                 }
             })
             .collect()

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tollgate_limiter::access::Rpc;
 use tollgate_model::allocate::Claim;
-use tollgate_model::settings::{GroupName, Priority};
+use tollgate_model::settings::Priority;
 use tollgate_model::shard::{ShardMap, shard_of};
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
@@ -145,15 +145,33 @@ impl Sharding {
         true
     }
 
-    /// Where `group`'s part goes, by the map applied; `None` while its shard has no owner (or
-    /// no map is applied yet, or this controller's membership does not hold).
-    pub fn owner(&self, controller: &Controller, group: &str) -> Option<Owner> {
+    /// Where each of `groups`' parts goes by the map applied, with its shard: `None` for a
+    /// group whose shard has no owner now (or while no map is applied, or this controller's
+    /// membership does not hold). The engine is locked once for them all.
+    pub fn route(&self, controller: &Controller, groups: &[&str]) -> Vec<Option<(Owner, u16)>> {
         let v = self.view();
-        let map = v.map.as_ref()?;
-        let name = GroupName::new(group).ok()?;
-        let root = controller.root_of(&name);
-        let owner = map.owner_of(root.as_str())?;
-        if owner == self.me { v.live.then_some(Owner::Here) } else { Some(Owner::At(owner.to_string())) }
+        let Some(map) = v.map.as_ref() else { return vec![None; groups.len()] };
+        controller
+            .shards_of(groups.iter().copied(), self.shards)
+            .into_iter()
+            .map(|shard| {
+                let shard = shard?;
+                let owner = map.owner(shard)?;
+                let owner = if owner == self.me {
+                    v.live.then_some(Owner::Here)?
+                } else {
+                    Owner::At(owner.to_string())
+                };
+                Some((owner, shard))
+            })
+            .collect()
+    }
+
+    /// The map applied, as an exchange's answer carries it to a client holding an older one
+    /// (`held`: its epoch); `None` when the client's is as new.
+    pub fn map_for(&self, held: u64) -> Option<v1::ShardMap> {
+        let map = self.map()?;
+        (map.epoch() > held).then(|| tollgate_limiter::shards::map_message(&map))
     }
 
     /// The other members the map names (backends' reports reach every one).
@@ -236,18 +254,18 @@ pub fn decode_claims(bytes: &[u8]) -> Result<Vec<Claim>, String> {
         .collect()
 }
 
-/// The parts of `request` by owner, in the order each owner first appears, each with the
+/// The parts of `request` by owner (`owner(i)` for its `i`th group), in the order each owner first appears, each with the
 /// client's id, number and period; groups whose shard has no owner now (it is moving) are
 /// left out, and counted in the second value: their clients keep the grants they hold until
 /// the next exchange.
 pub fn split_exchange(
     request: &v1::ExchangeRequest,
-    mut owner: impl FnMut(&str) -> Option<usize>,
+    mut owner: impl FnMut(usize) -> Option<usize>,
 ) -> (Vec<(usize, v1::ExchangeRequest)>, usize) {
     let mut parts: Vec<(usize, v1::ExchangeRequest)> = Vec::new();
     let mut unowned = 0;
-    for g in &request.groups {
-        let Some(o) = owner(&g.group) else {
+    for (i, g) in request.groups.iter().enumerate() {
+        let Some(o) = owner(i) else {
             unowned += 1;
             continue;
         };
@@ -261,6 +279,7 @@ pub fn split_exchange(
                         sequence: request.sequence,
                         groups: Vec::new(),
                         target_request_period_ms: request.target_request_period_ms,
+                        shard_map_epoch: None,
                     },
                 ));
                 parts.len() - 1
@@ -271,28 +290,10 @@ pub fn split_exchange(
     (parts, unowned)
 }
 
-/// One answer from the owners' answers to the parts of an exchange: every grant; the
-/// earliest next exchange and next tick (a tick due somewhere is due); unthrottled work
-/// allowed only if every owner allows it.
-pub fn join_answers(answers: impl IntoIterator<Item = v1::ExchangeResponse>) -> v1::ExchangeResponse {
-    let mut joined: Option<v1::ExchangeResponse> = None;
-    for a in answers {
-        match &mut joined {
-            None => joined = Some(a),
-            Some(j) => {
-                j.grants.extend(a.grants);
-                j.next_exchange_ms = j.next_exchange_ms.min(a.next_exchange_ms);
-                j.next_tick_ms = j.next_tick_ms.min(a.next_tick_ms);
-                j.unthrottled_allowed &= a.unthrottled_allowed;
-            }
-        }
-    }
-    joined.unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_limiter::shards::join_answers;
 
     fn usage(group: &str) -> v1::GroupUsage {
         v1::GroupUsage { group: group.into(), demand: 1.0, ..Default::default() }
@@ -305,8 +306,9 @@ mod tests {
             sequence: 7,
             groups: vec![usage("a1"), usage("b1"), usage("a2"), usage("moving")],
             target_request_period_ms: 500,
+            shard_map_epoch: None,
         };
-        let (parts, unowned) = split_exchange(&req, |g| match &g[..1] {
+        let (parts, unowned) = split_exchange(&req, |i| match &req.groups[i].group[..1] {
             "a" => Some(3),
             "b" => Some(1),
             _ => None,
@@ -323,12 +325,14 @@ mod tests {
                 next_exchange_ms: 1000,
                 next_tick_ms: 300,
                 unthrottled_allowed: true,
+                shard_map: None,
             },
             v1::ExchangeResponse {
                 grants: vec![grant("b1")],
                 next_exchange_ms: 800,
                 next_tick_ms: 0,
                 unthrottled_allowed: false,
+                shard_map: None,
             },
         ]);
         assert_eq!(joined.grants.len(), 3);

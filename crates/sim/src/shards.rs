@@ -14,9 +14,9 @@
 use std::time::Duration;
 
 use tollgate_controller::Node;
-use tollgate_controller::shards::{join_answers, split_exchange};
+use tollgate_controller::shards::split_exchange;
 use tollgate_limiter::ExchangeError;
-use tollgate_model::settings::GroupName;
+use tollgate_limiter::shards::join_answers;
 use tollgate_model::shard::{Member, ShardMap, next_map, shard_of, split_capacity};
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
@@ -194,9 +194,10 @@ impl Shards {
         request: &v1::ExchangeRequest,
     ) -> Result<v1::ExchangeResponse, ExchangeError> {
         let any = &self.owners[0].node.controller;
-        let (parts, _) = split_exchange(request, |g| {
-            let root = GroupName::new(g).map(|n| any.root_of(&n)).ok()?;
-            let owner = self.map.owner_of(root.as_str())?;
+        let shards = self.map.shards();
+        let of = any.shards_of(request.groups.iter().map(|g| g.group.as_str()), shards);
+        let (parts, _) = split_exchange(request, |i| {
+            let owner = self.map.owner(of[i]?)?;
             self.owners.iter().position(|o| o.name == owner)
         });
         let mut answers = Vec::with_capacity(parts.len());
@@ -208,11 +209,11 @@ impl Shards {
                 continue;
             }
             let controller = &o.node.controller;
-            part.groups.retain(|g| {
-                GroupName::new(&g.group).is_ok_and(|n| {
-                    let root = controller.root_of(&n);
-                    o.view.owns(&o.name, shard_of(root.as_str(), o.view.shards()))
-                })
+            let mine = controller.shards_of(part.groups.iter().map(|g| g.group.as_str()), o.view.shards());
+            let mut at = 0;
+            part.groups.retain(|_| {
+                at += 1;
+                mine[at - 1].is_some_and(|s| o.view.owns(&o.name, s))
             });
             match controller.exchange(now, &part) {
                 Ok(a) => answers.push(a),

@@ -37,16 +37,18 @@ ALLOCATION_MODE_SHARE: AllocationMode
 ALLOCATION_MODE_FCFS: AllocationMode
 
 class ExchangeRequest(_message.Message):
-    __slots__ = ("client_id", "sequence", "groups", "target_request_period_ms")
+    __slots__ = ("client_id", "sequence", "groups", "target_request_period_ms", "shard_map_epoch")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     TARGET_REQUEST_PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_MAP_EPOCH_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     sequence: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupUsage]
     target_request_period_ms: int
-    def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ...) -> None: ...
+    shard_map_epoch: int
+    def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ..., shard_map_epoch: _Optional[int] = ...) -> None: ...
 
 class GroupUsage(_message.Message):
     __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked", "critical_admitted", "critical_throttled", "sheddable_admitted", "sheddable_throttled")
@@ -115,19 +117,33 @@ class Consumption(_message.Message):
     def __init__(self, rru: _Optional[float] = ..., wru: _Optional[float] = ..., read_bytes: _Optional[float] = ..., write_bytes: _Optional[float] = ..., cpu_ms: _Optional[float] = ..., read_rpcs: _Optional[float] = ..., write_rpcs: _Optional[float] = ...) -> None: ...
 
 class ExchangeResponse(_message.Message):
-    __slots__ = ("grants", "next_exchange_ms", "next_tick_ms", "unthrottled_allowed")
+    __slots__ = ("grants", "next_exchange_ms", "next_tick_ms", "unthrottled_allowed", "shard_map")
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_EXCHANGE_MS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TICK_MS_FIELD_NUMBER: _ClassVar[int]
     UNTHROTTLED_ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    SHARD_MAP_FIELD_NUMBER: _ClassVar[int]
     grants: _containers.RepeatedCompositeFieldContainer[Grant]
     next_exchange_ms: int
     next_tick_ms: int
     unthrottled_allowed: bool
-    def __init__(self, grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., next_exchange_ms: _Optional[int] = ..., next_tick_ms: _Optional[int] = ..., unthrottled_allowed: _Optional[bool] = ...) -> None: ...
+    shard_map: ShardMap
+    def __init__(self, grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., next_exchange_ms: _Optional[int] = ..., next_tick_ms: _Optional[int] = ..., unthrottled_allowed: _Optional[bool] = ..., shard_map: _Optional[_Union[ShardMap, _Mapping]] = ...) -> None: ...
+
+class ShardMap(_message.Message):
+    __slots__ = ("epoch", "shards", "members", "owners")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    shards: int
+    members: _containers.RepeatedScalarFieldContainer[str]
+    owners: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., shards: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., owners: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow", "critical_reserve", "in_flight_limited", "in_flight")
+    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow", "critical_reserve", "in_flight_limited", "in_flight", "shard")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     UNLIMITED_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +158,7 @@ class Grant(_message.Message):
     CRITICAL_RESERVE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_LIMITED_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     group: str
     unlimited: bool
     rate: float
@@ -156,7 +173,8 @@ class Grant(_message.Message):
     critical_reserve: float
     in_flight_limited: bool
     in_flight: int
-    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., in_flight_limited: _Optional[bool] = ..., in_flight: _Optional[int] = ...) -> None: ...
+    shard: int
+    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., in_flight_limited: _Optional[bool] = ..., in_flight: _Optional[int] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class WatchSettingsRequest(_message.Message):
     __slots__ = ()

@@ -76,6 +76,7 @@ fn any_request() -> impl Strategy<Value = v1::ExchangeRequest> {
             sequence,
             groups,
             target_request_period_ms,
+            shard_map_epoch: None,
         },
     )
 }
@@ -367,6 +368,7 @@ proptest! {
             next_exchange_ms: next[0],
             next_tick_ms: next[1],
             unthrottled_allowed: allowed,
+            shard_map: None,
         };
         for ((group, flags, f, n), in_flight) in grants.into_iter().zip(slots) {
             let fields = GrantFields {
