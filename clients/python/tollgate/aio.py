@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any, Awaitable, Callable, Optional, TypeVar, cast
+from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, TypeVar, cast
 
 import grpc
 import grpc.aio
 
-from . import _connect
+from . import _connect, _routes
 from ._core import Core, Handle, Permit
 from .cost import CostModel
 from .errors import from_rpc
@@ -77,6 +77,9 @@ class AsyncLimiter(Handle):
         self._wake: Optional[asyncio.Event] = None
         self._granted: Optional[asyncio.Event] = None
         self._unthrottled = False
+        # With the groups sharded over the controllers: the map, and a channel to each owner.
+        self._routes = _routes.Routes()
+        self._owners: Dict[str, Tuple[grpc.aio.Channel, Any]] = {}
 
     async def start(self) -> "AsyncLimiter":
         """Opens the channel and starts the exchange task on the running loop (``async with``
@@ -101,6 +104,9 @@ class AsyncLimiter(Handle):
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+        for channel, _ in self._owners.values():
+            await channel.close()
+        self._owners.clear()
 
     async def __aenter__(self) -> "AsyncLimiter":
         return await self.start()
@@ -183,7 +189,7 @@ class AsyncLimiter(Handle):
             pages = core.requests(time.monotonic())
             for i, (request, _) in enumerate(pages):
                 try:
-                    answer = await stub.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+                    answer = await self._exchange(stub, request)
                 except grpc.RpcError as e:
                     core.restore([before for _, before in pages[i:]])
                     failure = str(from_rpc(e))
@@ -196,3 +202,50 @@ class AsyncLimiter(Handle):
                 if granted is not None:
                     granted.set()
             core.round_done(time.monotonic(), period, failure)
+
+    async def _owner(self, address: str) -> Any:
+        """The stub for the owner at ``address``, its channel opened on first use."""
+        known = self._owners.get(address)
+        if known is None:
+            if len(self._owners) >= _routes.MEMBERS_MAX:
+                for channel, _ in self._owners.values():
+                    await channel.close()
+                self._owners.clear()
+            channel = _connect.aio_channel(address, self._ca_file)
+            known = self._owners[address] = (channel, rpc.AdmissionStub(channel))  # type: ignore[no-untyped-call]
+        return known[1]
+
+    async def _exchange(self, home: Any, request: Any) -> Any:
+        """One exchange: each group's part to its owner when the map says, else whole to the
+        controller given (see ``_routes``); raises the error when no part is answered."""
+        routes = self._routes
+        routes.prepare(request)
+        parts = routes.split(request)
+        if parts is None:
+            answer = await home.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+            routes.learn(answer)
+            return answer
+        outcome = _routes.Outcome(routes, request)
+        calls = []
+        for owner, part in parts:
+            try:
+                stub = await self._owner(owner)
+            except Exception:  # an address this client cannot dial: the part goes again below
+                outcome.failed(part, None)
+                continue
+            calls.append((part, stub.Exchange(part, timeout=self._timeout, metadata=self._metadata)))
+        results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+        for (part, _), result in zip(calls, results):
+            if isinstance(result, grpc.RpcError):
+                outcome.failed(part, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                outcome.answered(result)
+        retry = outcome.retry()
+        if retry is not None:
+            try:
+                outcome.answered(await home.Exchange(retry, timeout=self._timeout, metadata=self._metadata))
+            except grpc.RpcError as e:
+                outcome.error = e
+        return outcome.finish()

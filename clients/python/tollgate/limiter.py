@@ -15,11 +15,11 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable, Optional, TypeVar, cast
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, cast
 
 import grpc
 
-from . import _connect
+from . import _connect, _routes
 from ._core import EXCHANGE_GROUPS_MAX, SAFE_MODES, Core, GroupStats, Handle, Permit, RemoteStatus
 from .cost import CostModel
 from .errors import from_rpc
@@ -70,8 +70,12 @@ class Limiter(Handle):
             cost_model=cost_model,
         )
         self._metadata = _connect.metadata(token)
+        self._ca_file = ca_file
         self._channel = _connect.channel(url, ca_file)
         self._stub = rpc.AdmissionStub(self._channel)  # type: ignore[no-untyped-call]
+        # With the groups sharded over the controllers: the map, and a channel to each owner.
+        self._routes = _routes.Routes()
+        self._owners: Dict[str, Tuple[grpc.Channel, Any]] = {}
         self._timeout = exchange_timeout
         self._wake = threading.Event()
         self._core.notify = self._wake.set
@@ -144,6 +148,8 @@ class Limiter(Handle):
         self._wake.set()
         self._thread.join(timeout=5)
         self._channel.close()
+        for channel, _ in self._owners.values():
+            channel.close()
 
     def __enter__(self) -> "Limiter":
         return self
@@ -168,7 +174,7 @@ class Limiter(Handle):
             pages = core.requests(time.monotonic())
             for i, (request, _) in enumerate(pages):
                 try:
-                    answer = self._stub.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+                    answer = self._exchange(request)
                 except grpc.RpcError as e:
                     # The round ends: this page and the ones after it report again next round.
                     core.restore([before for _, before in pages[i:]])
@@ -178,3 +184,47 @@ class Limiter(Handle):
                 with self._granted:
                     self._granted.notify_all()
             core.round_done(time.monotonic(), period, failure)
+
+    def _owner(self, address: str) -> Any:
+        """The stub for the owner at ``address``, its channel opened on first use."""
+        known = self._owners.get(address)
+        if known is None:
+            if len(self._owners) >= _routes.MEMBERS_MAX:
+                for channel, _ in self._owners.values():
+                    channel.close()
+                self._owners.clear()
+            channel = _connect.channel(address, self._ca_file)
+            known = self._owners[address] = (channel, rpc.AdmissionStub(channel))  # type: ignore[no-untyped-call]
+        return known[1]
+
+    def _exchange(self, request: Any) -> Any:
+        """One exchange: each group's part to its owner when the map says, else whole to the
+        controller given (see ``_routes``); raises the error when no part is answered."""
+        routes = self._routes
+        routes.prepare(request)
+        parts = routes.split(request)
+        if parts is None:
+            answer = self._stub.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+            routes.learn(answer)
+            return answer
+        outcome = _routes.Outcome(routes, request)
+        calls = []
+        for owner, part in parts:
+            try:
+                stub = self._owner(owner)
+            except Exception:  # an address this client cannot dial: the part goes again below
+                outcome.failed(part, None)
+                continue
+            calls.append((part, stub.Exchange.future(part, timeout=self._timeout, metadata=self._metadata)))
+        for part, call in calls:
+            try:
+                outcome.answered(call.result())
+            except grpc.RpcError as e:
+                outcome.failed(part, e)
+        retry = outcome.retry()
+        if retry is not None:
+            try:
+                outcome.answered(self._stub.Exchange(retry, timeout=self._timeout, metadata=self._metadata))
+            except grpc.RpcError as e:
+                outcome.error = e
+        return outcome.finish()
