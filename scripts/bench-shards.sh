@@ -3,8 +3,9 @@
 # 1 s), three release controllers with --shards 256 --election-lease-s 1.
 # 1. Clients' exchanges spread over all three: `tollgate bench exchange` (CLIENTS clients of
 #    GROUPS_PER_CLIENT groups each, RATE exchanges a second), with the exchanges a second, the
-#    clients' p50 and p99, and each controller's CPU per exchange it was asked (each answers
-#    its own groups' parts and passes the others on to their owners).
+#    clients' p50 and p99, and each controller's CPU per exchange (a third of them each): once
+#    with each exchange asked of one controller, which answers its own groups' parts and passes
+#    the others on to their owners; once with `--route`, each part sent to its owner.
 # 2. Envoy's rate-limit service asked on all three with h2load (a group limited to 5,000/s):
 #    the decisions a second, and each controller's CPU per decision (the group's owner, and the
 #    others, which decide from a lease on it).
@@ -67,21 +68,37 @@ until_true settled
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/${PID[$1]}/stat"; }
 before=()
-for i in 0 1 2; do before+=("$(cpu "$i")"); done
-out=$("$BIN" bench exchange --server "http://${GRPC[0]},http://${GRPC[1]},http://${GRPC[2]}" \
-  --clients "$CLIENTS" --groups "$GROUPS_EACH" --rate "$RATE" --duration "$SECONDS_EACH" --connections 6 2>&1) ||
-  { echo "$out" >&2; for i in 0 1 2; do curl -s "${HTTP[$i]}/metrics" | grep -E "^tollgate_shard" >&2; tail -3 "$WORK/server-$i.log" >&2; done; exit 1; }
-per_s=$(awk '/^exchanges\/s/ {print $2}' <<<"$out")
-p50=$(awk '/^latency/ {print $3}' <<<"$out")
-p99=$(awk '/^latency/ {print $9}' <<<"$out")
-per=()
+# The exchange load twice: each exchange to one controller, which passes the other owners'
+# parts on; then with --route, each part to its owner, as clients holding the map send them.
+exchange_load() {
+  local before=() i spent out
+  for i in 0 1 2; do before+=("$(cpu "$i")"); done
+  out=$("$BIN" bench exchange --server "http://${GRPC[0]},http://${GRPC[1]},http://${GRPC[2]}" \
+    --clients "$CLIENTS" --groups "$GROUPS_EACH" --rate "$RATE" --duration "$SECONDS_EACH" --connections 6 "$@" 2>&1) ||
+    { echo "$out" >&2; for i in 0 1 2; do curl -s "${HTTP[$i]}/metrics" | grep -E "^tollgate_shard" >&2; tail -3 "$WORK/server-$i.log" >&2; done; exit 1; }
+  per_s=$(awk '/^exchanges\/s/ {print $2}' <<<"$out")
+  p50=$(awk '/^latency/ {print $3}' <<<"$out")
+  p99=$(awk '/^latency/ {print $9}' <<<"$out")
+  per=()
+  for i in 0 1 2; do
+    spent=$(($(cpu "$i") - before[$i]))
+    per+=("$(python3 -c "print(f'{$spent / $ticks / ($per_s * $SECONDS_EACH / 3) * 1e6:.1f}')")")
+  done
+}
+# What each controller spends with no load (its leases, the map, the claims, its tick).
+idle=()
+for i in 0 1 2; do before[$i]=$(cpu "$i"); done
+sleep "$SECONDS_EACH"
 for i in 0 1 2; do
-  spent=$(($(cpu "$i") - before[$i]))
-  per+=("$(python3 -c "print(f'{$spent / $ticks / ($per_s * $SECONDS_EACH / 3) * 1e6:.1f}')")")
+  idle+=("$(python3 -c "print(f'{($(cpu "$i") - ${before[$i]}) / $ticks / $SECONDS_EACH * 1e3:.1f}')")")
 done
-echo "| exchanges asked of | exchanges/s | p50 / p99 ms | µs CPU per exchange asked, each controller |"
+echo "idle: ${idle[0]}, ${idle[1]}, ${idle[2]} ms CPU a second, each controller"
+echo "| exchanges | exchanges/s | p50 / p99 ms | µs CPU per exchange (its share), each controller |"
 echo "| --- | --- | --- | --- |"
-echo "| all three, 256 shards | $per_s | $p50 / $p99 | ${per[0]}, ${per[1]}, ${per[2]} |"
+exchange_load
+echo "| each to one controller, split there | $per_s | $p50 / $p99 | ${per[0]}, ${per[1]}, ${per[2]} |"
+exchange_load --route
+echo "| each part to its owner (--route) | $per_s | $p50 / $p99 | ${per[0]}, ${per[1]}, ${per[2]} |"
 
 # Envoy's rate-limit service asked on all three at once, one group limited to 5,000/s: the
 # group's owner decides from its engine, the other two from leases on it.

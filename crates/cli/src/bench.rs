@@ -68,6 +68,13 @@ pub struct ExchangeArgs {
     /// every tick gathers their loads and limits those groups.
     #[arg(long, default_value_t = 0)]
     backends: usize,
+    /// With the groups sharded over the controllers (`tollgate server --shards`): each client
+    /// sends each group's part to its owner itself, as the Rust and Python clients do once
+    /// they hold the shard map. Before the run, each client exchanges once through a
+    /// controller, whose answer names its groups' shards and the map; `--server` must name
+    /// every controller the map does.
+    #[arg(long)]
+    route: bool,
 }
 
 /// One simulated client's exchange, encoded once: the load program spends its CPU on
@@ -83,8 +90,18 @@ struct Encoded {
 impl Encoded {
     /// Client `c`'s request for its `groups` groups.
     fn exchange(c: usize, groups: usize) -> Self {
+        Self::of(&Self::request(c, groups))
+    }
+
+    /// `request`, encoded but for its number.
+    fn of(request: &v1::ExchangeRequest) -> Self {
         use prost::Message;
-        let request = v1::ExchangeRequest {
+        Self { fields: request.encode_to_vec().into(), groups: request.groups.len() }
+    }
+
+    /// Client `c`'s request for its `groups` groups, not encoded.
+    fn request(c: usize, groups: usize) -> v1::ExchangeRequest {
+        v1::ExchangeRequest {
             client_id: format!("bench-client-{c}"),
             sequence: 0,
             target_request_period_ms: 0,
@@ -98,8 +115,7 @@ impl Encoded {
                     ..Default::default()
                 })
                 .collect(),
-        };
-        Self { fields: request.encode_to_vec().into(), groups }
+        }
     }
 
     /// The request numbered `sequence`: protocol buffers read fields in any order, so the
@@ -266,22 +282,15 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_limiter::access::Access)
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     // Everything each client needs is made first, so that their schedules start together.
-    let mut prepared = Vec::with_capacity(a.clients);
-    for c in 0..a.clients {
-        let service = tonic::service::interceptor::InterceptedService::new(
-            channels[c % channels.len()].clone(),
-            bearer.clone(),
-        );
-        prepared.push((tonic::client::Grpc::new(service), Encoded::exchange(c, a.groups)));
-    }
+    let prepared = prepare_clients(&a, &channels, &bearer).await?;
     let period = (a.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / a.rate));
     // With a rate, each client waits for its turn from the pacer.
     let turns: Option<Vec<Arc<tokio::sync::Notify>>> =
         period.map(|_| (0..a.clients).map(|_| Arc::new(tokio::sync::Notify::new())).collect());
-    for (c, (grpc, request)) in prepared.into_iter().enumerate() {
+    for (c, parts) in prepared.into_iter().enumerate() {
         let (stop, clock) = (stop.clone(), clock.clone());
         let turn = turns.as_ref().map(|t| t[c].clone());
-        tasks.spawn(client_loop(grpc, request, stop, clock, turn));
+        tasks.spawn(client_loop(parts, stop, clock, turn));
     }
     let held_up = match (period, &turns) {
         (Some(period), Some(turns)) => Some(pace(turns.clone(), period, stop.clone())?),
@@ -459,17 +468,34 @@ async fn say_settled(pid: u32, baseline: Option<u64>, settle: u64) {
     ));
 }
 
+/// A connection of the load program's, carrying the token.
+type Exchanger = tonic::client::Grpc<
+    tonic::service::interceptor::InterceptedService<
+        tollgate_proto::frames::EndKnownCalls<Channel>,
+        tollgate_limiter::access::Bearer,
+    >,
+>;
+
+/// Sends `request` numbered `sequence` over `grpc`: the grants its answer holds.
+async fn exchange_once(
+    grpc: &mut Exchanger,
+    request: &Encoded,
+    sequence: u64,
+) -> Result<usize, tonic::Status> {
+    grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/tollgate.v1.Admission/Exchange");
+    let answer = grpc
+        .unary(tonic::Request::new(request.numbered(sequence)), path, tollgate_proto::wire::BytesCodec)
+        .await?;
+    Ok(Encoded::grants(answer.get_ref()))
+}
+
 /// One client of the load program: exchanges until `stop` (on its `turn` when paced), timing
 /// each; returns the latencies of those answered in full, and how many failed with the first
-/// reason.
+/// reason. An exchange of several `parts` (one per owner, with `--route`) sends them all at
+/// once and is answered when the last is.
 async fn client_loop(
-    mut grpc: tonic::client::Grpc<
-        tonic::service::interceptor::InterceptedService<
-            tollgate_proto::frames::EndKnownCalls<Channel>,
-            tollgate_limiter::access::Bearer,
-        >,
-    >,
-    request: Encoded,
+    mut parts: Vec<(Exchanger, Encoded)>,
     stop: Arc<AtomicBool>,
     clock: tollgate_limiter::clock::TokioClock,
     turn: Option<Arc<tokio::sync::Notify>>,
@@ -487,27 +513,18 @@ async fn client_loop(
         }
         sequence += 1;
         let started = clock.now();
-        let answer = match grpc.ready().await {
-            Ok(()) => {
-                let path =
-                    tonic::codegen::http::uri::PathAndQuery::from_static("/tollgate.v1.Admission/Exchange");
-                grpc.unary(
-                    tonic::Request::new(request.numbered(sequence)),
-                    path,
-                    tollgate_proto::wire::BytesCodec,
-                )
-                .await
+        let calls = parts.iter_mut().map(|(grpc, request)| async {
+            match exchange_once(grpc, request, sequence).await {
+                Ok(n) if n == request.groups => Ok(()),
+                Ok(n) => Err(format!("{n} grants for {} groups", request.groups)),
+                Err(status) => Err(status.message().to_string()),
             }
-            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-        };
-        match answer.map(|r| Encoded::grants(r.get_ref())) {
-            Ok(n) if n == request.groups => latencies.push(clock.now().since(started).as_secs_f64()),
-            outcome => {
+        });
+        let failed = futures_util::future::join_all(calls).await.into_iter().find_map(Result::err);
+        match failed {
+            None => latencies.push(clock.now().since(started).as_secs_f64()),
+            Some(why) => {
                 failures.0 += 1;
-                let why = match outcome {
-                    Err(status) => status.message().to_string(),
-                    Ok(n) => format!("{n} grants for {} groups", request.groups),
-                };
                 failures.1.get_or_insert(why);
                 // The server is struggling or gone: do not hammer it.
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -515,6 +532,98 @@ async fn client_loop(
         }
     }
     (latencies, failures)
+}
+
+/// Each client's exchange, as the parts it sends and the connection each goes over: whole
+/// over connection `c mod N`, or with `--route` one part per owner.
+async fn prepare_clients(
+    a: &ExchangeArgs,
+    channels: &[tollgate_proto::frames::EndKnownCalls<Channel>],
+    bearer: &tollgate_limiter::access::Bearer,
+) -> anyhow::Result<Vec<Vec<(Exchanger, Encoded)>>> {
+    if a.route {
+        return routed_parts(a, channels, bearer).await;
+    }
+    Ok((0..a.clients)
+        .map(|c| {
+            let service = tonic::service::interceptor::InterceptedService::new(
+                channels[c % channels.len()].clone(),
+                bearer.clone(),
+            );
+            vec![(tonic::client::Grpc::new(service), Encoded::exchange(c, a.groups))]
+        })
+        .collect())
+}
+
+/// With `--route`: each client's exchange as parts by owner, each over a connection to its
+/// owner. Each client first exchanges once (unnumbered) through the controller of its
+/// connection, whose answer names its groups' shards and carries the shard map.
+async fn routed_parts(
+    a: &ExchangeArgs,
+    channels: &[tollgate_proto::frames::EndKnownCalls<Channel>],
+    bearer: &tollgate_limiter::access::Bearer,
+) -> anyhow::Result<Vec<Vec<(Exchanger, Encoded)>>> {
+    use tollgate_limiter::shards::map_of;
+    let urls: Vec<&str> = a.server.split(',').map(|u| u.trim().trim_end_matches('/')).collect();
+    anyhow::ensure!(
+        a.connections >= urls.len(),
+        "--route needs at least one connection per --server address"
+    );
+    let service =
+        |i: usize| tonic::service::interceptor::InterceptedService::new(channels[i].clone(), bearer.clone());
+    let mut map: Option<tollgate_model::shard::ShardMap> = None;
+    let mut asked = Vec::with_capacity(a.clients);
+    for c in 0..a.clients {
+        let request = v1::ExchangeRequest { shard_map_epoch: Some(0), ..Encoded::request(c, a.groups) };
+        let mut client = v1::admission_client::AdmissionClient::new(service(c % channels.len()));
+        let answer = client
+            .exchange(request.clone())
+            .await
+            .map_err(|s| anyhow::anyhow!("client {c}'s first exchange: {}", s.message()))?
+            .into_inner();
+        if let Some(m) = &answer.shard_map {
+            let m = map_of(m).map_err(|e| anyhow::anyhow!("a controller sent a malformed shard map: {e}"))?;
+            if map.as_ref().is_none_or(|held| held.epoch() < m.epoch()) {
+                map = Some(m);
+            }
+        }
+        let shards: std::collections::HashMap<String, u32> =
+            answer.grants.iter().filter_map(|g| Some((g.group.clone(), g.shard?))).collect();
+        asked.push((request, shards));
+    }
+    let map = map.context(
+        "--route: no controller sent a shard map (are the groups sharded: tollgate server --shards?)",
+    )?;
+    let per_owner = a.connections / urls.len();
+    let mut out = Vec::with_capacity(a.clients);
+    for (c, (request, shards)) in asked.into_iter().enumerate() {
+        let mut parts: Vec<(usize, v1::ExchangeRequest)> = Vec::new();
+        for g in &request.groups {
+            let shard = shards.get(&g.group).and_then(|&s| u16::try_from(s).ok());
+            let owner = shard.and_then(|s| map.owner(s)).with_context(|| {
+                format!("--route: group {} has no owner yet (wait for the map to settle)", g.group)
+            })?;
+            let at = urls
+                .iter()
+                .position(|u| *u == owner.trim_end_matches('/'))
+                .with_context(|| format!("--route: the map names {owner}, which --server does not"))?;
+            match parts.iter_mut().find(|(o, _)| *o == at) {
+                Some((_, part)) => part.groups.push(g.clone()),
+                None => parts.push((
+                    at,
+                    v1::ExchangeRequest { groups: vec![g.clone()], shard_map_epoch: None, ..request.clone() },
+                )),
+            }
+        }
+        let conn = |at: usize| at + urls.len() * (c % per_owner);
+        out.push(
+            parts
+                .into_iter()
+                .map(|(at, part)| (tonic::client::Grpc::new(service(conn(at))), Encoded::of(&part)))
+                .collect(),
+        );
+    }
+    Ok(out)
 }
 
 /// Scrapes each of `paths` (`/metrics` when none) at `addr` once a second until `stop`;

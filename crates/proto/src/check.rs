@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn an_exchange_names_the_first_field_that_breaks_a_rule() {
-        let req = |groups| ExchangeView { client_id: "c", sequence: 1, groups, target_request_period_ms: 0 };
+        let req = |groups| ExchangeView { client_id: "c", sequence: 1, groups, ..Default::default() };
         let e = exchange(&req(vec![usage("g", f64::INFINITY)])).unwrap_err();
         assert_eq!(e.field, "groups[0].demand");
         assert!(e.rule.starts_with("must be a finite number from 0 to 1e15"), "{e}");

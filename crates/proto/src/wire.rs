@@ -77,6 +77,8 @@ pub struct ExchangeView<'a> {
     pub groups: Vec<UsageView<'a>>,
     /// The exchange period asked for, in milliseconds.
     pub target_request_period_ms: u32,
+    /// The epoch of the shard map the client holds, when it follows one.
+    pub shard_map_epoch: Option<u64>,
 }
 
 impl<'a> ExchangeView<'a> {
@@ -94,6 +96,7 @@ impl<'a> ExchangeView<'a> {
                     view.groups.push(inner.usage(NESTING_MAX - 1)?);
                 }
                 4 => view.target_request_period_ms = r.uint(wire)? as u32,
+                5 => view.shard_map_epoch = Some(r.uint(wire)?),
                 _ => r.skip(wire, tag, NESTING_MAX)?,
             }
         }
@@ -129,6 +132,7 @@ impl<'a> ExchangeView<'a> {
             sequence: m.sequence,
             groups: m.groups.iter().map(usage).collect(),
             target_request_period_ms: m.target_request_period_ms,
+            shard_map_epoch: m.shard_map_epoch,
         }
     }
 }
@@ -473,6 +477,11 @@ impl AnswerWriter {
 
     /// Appends the grant for `group`.
     pub fn grant(&mut self, group: &str, f: &GrantFields) {
+        self.grant_in_shard(group, f, None);
+    }
+
+    /// Appends the grant for `group`, naming its `shard` when the groups are sharded.
+    pub fn grant_in_shard(&mut self, group: &str, f: &GrantFields, shard: Option<u32>) {
         let uint = |tag_and_value: u32| {
             if tag_and_value == 0 { 0 } else { 1 + varint_len(u64::from(tag_and_value)) }
         };
@@ -491,7 +500,9 @@ impl AnswerWriter {
             + 2 * usize::from(f.shadow)
             + double(f.critical_reserve)
             + 2 * usize::from(f.in_flight.is_some())
-            + uint(f.in_flight.unwrap_or(0));
+            + uint(f.in_flight.unwrap_or(0))
+            // An optional field is written when set, 0 included.
+            + shard.map_or(0, |s| 1 + varint_len(u64::from(s)));
         self.key(1, DELIMITED);
         self.varint(len as u64);
         if !group.is_empty() {
@@ -512,6 +523,10 @@ impl AnswerWriter {
         self.double(12, f.critical_reserve);
         self.flag(13, f.in_flight.is_some());
         self.uint(14, f.in_flight.unwrap_or(0));
+        if let Some(s) = shard {
+            self.key(15, VARINT);
+            self.varint(u64::from(s));
+        }
     }
 
     /// The answer, with the fields after the grants.
@@ -520,6 +535,21 @@ impl AnswerWriter {
         self.uint(3, next_tick_ms);
         self.flag(4, unthrottled_allowed);
         self.buf
+    }
+
+    /// The answer as [`finish`](Self::finish) writes it, with the shard map after the rest.
+    pub fn finish_with_map(
+        self,
+        next_exchange_ms: u32,
+        next_tick_ms: u32,
+        unthrottled_allowed: bool,
+        map: Option<&v1::ShardMap>,
+    ) -> Vec<u8> {
+        let mut buf = self.finish(next_exchange_ms, next_tick_ms, unthrottled_allowed);
+        if let Some(map) = map {
+            prost::encoding::message::encode(5, map, &mut buf);
+        }
+        buf
     }
 }
 

@@ -112,15 +112,60 @@ impl Services {
         exchange: &ExchangeView<'_>,
         privileged: bool,
     ) -> Result<Bytes, Status> {
+        self.answer_in_shards(exchange, privileged, &[], None)
+    }
+
+    /// Answers a checked exchange here, on the wire, each grant naming its group's shard
+    /// (`shards`, in the request's order, when the groups are sharded) and the answer carrying
+    /// `map` when the client holds an older one.
+    fn answer_in_shards(
+        &self,
+        exchange: &ExchangeView<'_>,
+        privileged: bool,
+        shards: &[u16],
+        map: Option<&v1::ShardMap>,
+    ) -> Result<Bytes, Status> {
         let started = self.clock.now();
         let mut answer = AnswerWriter::with_capacity(exchange.groups.len());
-        let rest = self
-            .node
-            .controller
-            .exchange_view(started, exchange, |i, g| answer.grant(exchange.groups[i].group, g))?;
-        let body = answer.finish(rest.next_exchange_ms, rest.next_tick_ms, privileged);
+        let rest = self.node.controller.exchange_view(started, exchange, |i, g| {
+            answer.grant_in_shard(exchange.groups[i].group, g, shards.get(i).map(|&s| u32::from(s)))
+        })?;
+        let body = answer.finish_with_map(rest.next_exchange_ms, rest.next_tick_ms, privileged, map);
         self.latency.record(self.clock.now().since(started));
         Ok(Bytes::from(body))
+    }
+
+    /// With the groups sharded, an exchange whose groups this controller all owns (a client
+    /// that follows the shard map sends it only such parts), answered on the wire as an
+    /// unsharded controller answers; `None` when some group is another's (or moving), for the
+    /// path that splits it ([`sharded_exchange`](Self::sharded_exchange)).
+    fn owned_exchange_encoded(
+        &self,
+        sharding: &crate::shards::Sharding,
+        req: &Request<Bytes>,
+    ) -> Option<Result<Bytes, Status>> {
+        use crate::shards::Owner;
+        let mut exchange = match ExchangeView::decode(req.get_ref()) {
+            Ok(e) => e,
+            Err(e) => {
+                return Some(Err(Status::internal(format!(
+                    "failed to decode Protobuf message: ExchangeRequest: {e}"
+                ))));
+            }
+        };
+        let names: Vec<&str> = exchange.groups.iter().map(|g| g.group).collect();
+        let shards = sharding
+            .route(&self.node.controller, &names)
+            .into_iter()
+            .map(|r| r.and_then(|(owner, shard)| (owner == Owner::Here).then_some(shard)))
+            .collect::<Option<Vec<u16>>>()?;
+        let privileged = match self.check_exchange(req.extensions().get::<Caller>(), &mut exchange) {
+            Ok(p) => p,
+            Err(status) => return Some(Err(status)),
+        };
+        let forwarded = req.metadata().contains_key(crate::cluster::FORWARDED_METADATA);
+        let map = if forwarded { None } else { exchange.shard_map_epoch.and_then(|e| sharding.map_for(e)) };
+        Some(self.answer_in_shards(&exchange, privileged, &shards, map.as_ref()))
     }
 }
 
@@ -305,7 +350,10 @@ impl tonic::server::UnaryService<Bytes> for EncodedExchange {
     type Future = Answer;
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        if self.0.node.cluster.sharding().is_some() {
+        if let Some(sharding) = self.0.node.cluster.sharding() {
+            if let Some(answer) = self.0.owned_exchange_encoded(sharding, &req) {
+                return Answer::Ready(Some(answer.map(Response::new)));
+            }
             let services = self.0.clone();
             return Answer::Later(Box::pin(async move {
                 use prost::Message;

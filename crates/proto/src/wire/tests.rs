@@ -70,15 +70,16 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
 }
 
 fn any_request() -> impl Strategy<Value = v1::ExchangeRequest> {
-    (any_name(), any::<u64>(), proptest::collection::vec(any_usage(), 0..20), any::<u32>()).prop_map(
-        |(client_id, sequence, groups, target_request_period_ms)| v1::ExchangeRequest {
-            client_id,
-            sequence,
-            groups,
-            target_request_period_ms,
-            shard_map_epoch: None,
-        },
+    (
+        any_name(),
+        any::<u64>(),
+        proptest::collection::vec(any_usage(), 0..20),
+        any::<u32>(),
+        proptest::option::of(prop_oneof![Just(0u64), any::<u64>()]),
     )
+        .prop_map(|(client_id, sequence, groups, target_request_period_ms, shard_map_epoch)| {
+            v1::ExchangeRequest { client_id, sequence, groups, target_request_period_ms, shard_map_epoch }
+        })
 }
 
 /// A field of arbitrary shape: a known or unknown number, any wire type (wrong ones too), any
@@ -148,9 +149,9 @@ fn request_fields() -> impl Strategy<Value = Vec<Field>> {
     proptest::collection::vec(
         prop_oneof![
             "[a-z]{0,6}".prop_map(|s| Field::Bytes(1, s.into_bytes())),
-            (prop_oneof![Just(2u32), Just(4)], any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+            (prop_oneof![Just(2u32), Just(4), Just(5)], any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
             proptest::collection::vec(usage_field(), 0..12).prop_map(|f| Field::Nested(3, f)),
-            (5u32..40, proptest::collection::vec(any::<u8>(), 0..5)).prop_map(|(t, v)| Field::Bytes(t, v)),
+            (6u32..40, proptest::collection::vec(any::<u8>(), 0..5)).prop_map(|(t, v)| Field::Bytes(t, v)),
         ],
         0..10,
     )
@@ -359,8 +360,10 @@ proptest! {
             0..20,
         ),
         slots in proptest::collection::vec(proptest::option::of(prop_oneof![Just(0u32), any::<u32>()]), 20),
+        shards in proptest::collection::vec(proptest::option::of(prop_oneof![Just(0u32), 0u32..4096, any::<u32>()]), 20),
         next in any::<[u32; 2]>(),
         allowed in any::<bool>(),
+        map in proptest::option::of((any::<u64>(), proptest::collection::vec(any_name(), 0..4), proptest::collection::vec(0u32..5, 1..40))),
     ) {
         let mut writer = AnswerWriter::with_capacity(grants.len());
         let mut expected = v1::ExchangeResponse {
@@ -368,9 +371,14 @@ proptest! {
             next_exchange_ms: next[0],
             next_tick_ms: next[1],
             unthrottled_allowed: allowed,
-            shard_map: None,
+            shard_map: map.map(|(epoch, members, owners)| v1::ShardMap {
+                epoch,
+                shards: owners.len() as u32,
+                members,
+                owners,
+            }),
         };
-        for ((group, flags, f, n), in_flight) in grants.into_iter().zip(slots) {
+        for (((group, flags, f, n), in_flight), shard) in grants.into_iter().zip(slots).zip(shards) {
             let fields = GrantFields {
                 unlimited: flags[0],
                 rate: f[0],
@@ -385,10 +393,11 @@ proptest! {
                 critical_reserve: f[3],
                 in_flight,
             };
-            writer.grant(&group, &fields);
-            expected.grants.push(fields.grant(group));
+            writer.grant_in_shard(&group, &fields, shard);
+            expected.grants.push(v1::Grant { shard, ..fields.grant(group) });
         }
-        prop_assert_eq!(writer.finish(next[0], next[1], allowed), expected.encode_to_vec());
+        let written = writer.finish_with_map(next[0], next[1], allowed, expected.shard_map.as_ref());
+        prop_assert_eq!(written, expected.encode_to_vec());
     }
 }
 
