@@ -1286,6 +1286,107 @@ async fn groups_sharded_over_three_controllers_hold_their_limits_and_move_off_a_
     stop_all(&stop, tasks).await;
 }
 
+/// With the groups sharded, a shard that moves takes its groups' consumption with it: the
+/// controller that lets a group go writes what it consumed before it says so, and the one
+/// given it reads that and counts on. (Consumption is otherwise written once a minute here, so
+/// only the move can carry it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_moves_takes_its_groups_consumption_with_it() {
+    let etcd = Etcd::start("shards-meters");
+    let more = ["--shards", "16", "--flush-ms", "60000", "--tick-ms", "100"];
+    let (_a, a_url, a_http) = start_with(&etcd.url(), "/tollgate", &more);
+    eventually("the first owns every shard", || owned(&a_http) == 16.0);
+    // One group in each shard, so that some move whichever shards the second is given.
+    let groups: Vec<String> = (0..16u16)
+        .map(|s| {
+            (0..).map(|i| format!("m{i}")).find(|g| tollgate_model::shard::shard_of(g, 16) == s).unwrap()
+        })
+        .collect();
+    for g in &groups {
+        admin(&a_url, &["group", "create", g, "--limit", "1000"]);
+    }
+    let opts = tollgate_limiter::RemoteOptions { client_id: Some("metered".into()), ..Default::default() };
+    let gate = tollgate_limiter::Tollgate::remote(&a_url, opts).unwrap();
+    let consume = |n: usize| {
+        let (gate, groups) = (gate.clone(), groups.clone());
+        async move {
+            for g in &groups {
+                for _ in 0..n {
+                    gate.acquire(g, 1.0).await.unwrap();
+                }
+            }
+        }
+    };
+    // Each controller's count of each group: the group's owner's is the largest.
+    let https = [a_http.clone()];
+    let counted = |https: &[String]| {
+        let mut most: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
+        for h in https {
+            for g in
+                status(h).map(|s| s["groups"].as_array().cloned().unwrap_or_default()).unwrap_or_default()
+            {
+                let (Some(name), Some(total)) = (g["name"].as_str(), g["consumed_total"].as_f64()) else {
+                    continue;
+                };
+                let m = most.entry(name.to_string()).or_insert(0.0);
+                *m = m.max(total);
+            }
+        }
+        most
+    };
+    consume(100).await;
+    eventually("the first counted 100 of each", || {
+        let c = counted(&https);
+        groups.iter().all(|g| c.get(g) == Some(&100.0))
+    });
+    let (_b, _, b_http) = start_with(&etcd.url(), "/tollgate", &more);
+    eventually("the second given some shards", || {
+        owned(&b_http) >= 1.0 && owned(&a_http) + owned(&b_http) == 16.0
+    });
+    consume(50).await;
+    let both = [a_http.clone(), b_http.clone()];
+    eventually("each group's owner counted 150", || {
+        let c = counted(&both);
+        groups.iter().all(|g| c.get(g) == Some(&150.0))
+    });
+    let on_b = counted(std::slice::from_ref(&b_http)).values().filter(|&&t| t == 150.0).count();
+    println!("sharded meters: {on_b} of 16 groups moved, each counted on from 100 to 150");
+    assert!(on_b >= 1, "some groups moved to the second controller");
+}
+
+/// A new leader counts on from the consumption the last one wrote: a leader stopped cleanly
+/// writes what its groups consumed, and the controller elected after it reads that before it
+/// grants, so a group's total goes on from there. (Consumption is otherwise written once a
+/// minute here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_counts_on_from_the_consumption_the_last_one_wrote() {
+    let etcd = Etcd::start("leader-meters");
+    let more = ["--flush-ms", "60000", "--tick-ms", "100", "--election-lease-s", "1"];
+    let (mut a, a_url, a_http) = start_with(&etcd.url(), "/tollgate", &more);
+    eventually("the first leads", || status(&a_http).is_some_and(|s| s["role"] == "leader"));
+    let (_b, b_url, b_http) = start_with(&etcd.url(), "/tollgate", &more);
+    admin(&a_url, &["group", "create", "billed", "--limit", "1000"]);
+    let consumed = |http: &str| {
+        let groups = status(http)?["groups"].as_array()?.clone();
+        groups.iter().find(|g| g["name"] == "billed")?["consumed_total"].as_f64()
+    };
+    let opts = tollgate_limiter::RemoteOptions { client_id: Some("billed".into()), ..Default::default() };
+    let gate = tollgate_limiter::Tollgate::remote(&format!("{a_url},{b_url}"), opts).unwrap();
+    for _ in 0..100 {
+        gate.acquire("billed", 1.0).await.unwrap();
+    }
+    eventually("the leader counted 100", || consumed(&a_http) == Some(100.0));
+    // Stopped cleanly (SIGTERM), the leader writes what was consumed; the other takes over.
+    Command::new("kill").args(["-TERM", &a.0.id().to_string()]).status().unwrap();
+    a.0.wait().unwrap();
+    eventually("the second leads", || status(&b_http).is_some_and(|s| s["role"] == "leader"));
+    assert_eq!(consumed(&b_http), Some(100.0), "the new leader read the stored consumption");
+    for _ in 0..50 {
+        gate.acquire("billed", 1.0).await.unwrap();
+    }
+    eventually("the new leader counted 150", || consumed(&b_http) == Some(150.0));
+}
+
 /// A controller whose `--shards` does not match the map in etcd, or that has none where the
 /// others shard, refuses to start and says what to give; `--shards` out of range, without
 /// etcd, or with a region is refused by name.

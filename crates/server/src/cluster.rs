@@ -177,6 +177,11 @@ impl Cluster {
         let _ = self.sharding.set(sharding);
     }
 
+    /// The controller whose role this is.
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.controller
+    }
+
     /// This controller's part in the sharding, when the groups are sharded.
     pub fn sharding(&self) -> Option<&Arc<crate::shards::Sharding>> {
         self.sharding.get()

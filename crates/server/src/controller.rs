@@ -819,6 +819,37 @@ impl Controller {
         self.engine().forget_groups(now, gone)
     }
 
+    /// Takes the stored consumption of each of `meters` whose tree's root `mine` says this
+    /// controller has just been given (as at start: configured groups' and those a pattern's
+    /// or the default's quotas count), so that it counts on from what their last owner wrote.
+    /// Meters only grow: each count is the larger of the stored one and this controller's own
+    /// (which is the newer when the group never left it). Returns how many were taken.
+    pub fn restore_meters(
+        &self,
+        meters: Vec<(GroupName, tollgate_model::engine::Meter)>,
+        mine: impl Fn(&GroupName) -> bool,
+    ) -> usize {
+        let mut engine = self.engine();
+        let mut taken = 0;
+        for (name, stored) in meters {
+            if !mine(engine.root_of(&name)) || !(engine.group(&name).is_some() || engine.counts_quotas(&name))
+            {
+                continue;
+            }
+            let own = engine.meter(&name).unwrap_or_default();
+            let merged = tollgate_model::engine::Meter {
+                consumed: own.consumed.max(stored.consumed),
+                admitted: own.admitted.max(stored.admitted),
+                throttled: own.throttled.max(stored.throttled),
+                waited: own.waited.max(stored.waited),
+                would_refuse: own.would_refuse.max(stored.would_refuse),
+            };
+            engine.restore_meter(name, merged);
+            taken += 1;
+        }
+        taken
+    }
+
     /// The shard of each of `groups` among `shards`, by the root of its tree
     /// ([`Engine::root_of`]), all under one lock; `None` for a name that is not a group's.
     pub fn shards_of<'a>(&self, groups: impl Iterator<Item = &'a str>, shards: u16) -> Vec<Option<u16>> {

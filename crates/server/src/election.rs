@@ -157,6 +157,15 @@ async fn term(
             won = &mut campaign, if !leading => match won {
                 Ok(_) => {
                     leading = true;
+                    // The last leader's consumption, as it last wrote it, before this one
+                    // grants and writes its own (with the groups sharded, each shard's owner
+                    // reads its groups' when it is given them).
+                    if cluster.sharding().is_none()
+                        && let Some(meters) = crate::store::etcd::stored_meters(&mut client, target).await
+                    {
+                        let taken = cluster.controller().restore_meters(meters, |_| true);
+                        tracing::debug!(taken, "election: the stored consumption was read");
+                    }
                     cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
                     tracing::info!(advertise, "elected leader");
                 }

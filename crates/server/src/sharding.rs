@@ -18,7 +18,7 @@
 //! every member has applied it. **Each owner**, at every tick with a capacity configured,
 //! writes its claims and shares the capacity by every owner's ([`split_capacity`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ use crate::cluster::{Cluster, Role};
 use crate::controller::Controller;
 use crate::options::EtcdTarget;
 use crate::shards::{Sharding, decode_claims, encode_claims};
-use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason};
+use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason, stored_meters};
 
 /// How often the leader looks at the members and the map.
 pub const COORDINATE_EVERY: Duration = Duration::from_millis(100);
@@ -99,7 +99,7 @@ pub async fn follow(target: EtcdTarget, sharding: Arc<Sharding>, controller: Arc
 async fn follow_term(
     target: &EtcdTarget,
     sharding: &Sharding,
-    controller: &Controller,
+    controller: &Arc<Controller>,
     clock: Clock,
     lease: i64,
     terms: &mut tokio::sync::watch::Receiver<Option<i64>>,
@@ -137,7 +137,7 @@ async fn take(
     client: &mut Client,
     target: &EtcdTarget,
     sharding: &Sharding,
-    controller: &Controller,
+    controller: &Arc<Controller>,
     clock: Clock,
     lease: i64,
     value: &[u8],
@@ -154,12 +154,54 @@ async fn take(
         }
     };
     let epoch = map.epoch();
+    let held = sharding.map().filter(|_| sharding.live());
+    let me = sharding.me();
+    let owned = |m: Option<&ShardMap>, s: u16| m.is_some_and(|m| m.owns(me, s));
+    let gained: HashSet<u16> =
+        (0..map.shards()).filter(|&s| owned(Some(&map), s) && !owned(held.as_deref(), s)).collect();
+    let lost = (0..map.shards()).any(|s| owned(held.as_deref(), s) && !owned(Some(&map), s));
+    if !gained.is_empty() {
+        restore_meters(client, target, controller, sharding.shards(), &gained).await;
+    }
     if sharding.apply(clock.now(), map, controller) {
         tracing::info!(epoch, owned = sharding.owned(), "shards: map applied");
+        if lost {
+            // The consumption of the groups let go is written before this controller says it
+            // let them go: their next owner, given them only then, reads it whole.
+            let c = controller.clone();
+            let now = clock.now();
+            match tokio::task::spawn_blocking(move || c.flush(now, crate::clock::wall_ms())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "shards: the consumption of the groups let go was not written")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "shards: the consumption of the groups let go was not written")
+                }
+            }
+        }
         let key = per_member(target, "applied", sharding.me());
         bounded(client.put(key, epoch.to_string(), Some(PutOptions::new().with_lease(lease)))).await?;
     }
     Ok(())
+}
+
+/// Reads the consumption stored for the groups of the `gained` shards, which their last owner
+/// wrote (when it let them go, or at its last flush if it died), so that this controller counts
+/// on from it. A read that fails is logged, and the groups count on from what this controller
+/// holds: the map is applied all the same.
+async fn restore_meters(
+    client: &mut Client,
+    target: &EtcdTarget,
+    controller: &Controller,
+    shards: u16,
+    gained: &HashSet<u16>,
+) {
+    let Some(meters) = stored_meters(client, target).await else { return };
+    let taken = controller.restore_meters(meters, |root| {
+        gained.contains(&tollgate_model::shard::shard_of(root.as_str(), shards))
+    });
+    tracing::debug!(taken, "shards: the consumption of the groups given was read");
 }
 
 fn refuse(sharding: &Sharding, target: &EtcdTarget, why: &str) {
