@@ -1162,6 +1162,18 @@ fn owned(http: &str) -> f64 {
     common::try_metric(http, "tollgate_shards_owned").unwrap_or(0.0)
 }
 
+/// A group named `PREFIX` and a number in each of `shards` shards, in shard order.
+fn one_group_per_shard(prefix: &str, shards: u16) -> Vec<String> {
+    (0..shards)
+        .map(|s| {
+            (0..)
+                .map(|i| format!("{prefix}{i}"))
+                .find(|g| tollgate_model::shard::shard_of(g, shards) == s)
+                .unwrap()
+        })
+        .collect()
+}
+
 /// The parts of exchanges the controllers at `https` passed on to other owners.
 fn parts_forwarded(https: &[&String]) -> f64 {
     https
@@ -1385,6 +1397,39 @@ async fn a_new_leader_counts_on_from_the_consumption_the_last_one_wrote() {
         gate.acquire("billed", 1.0).await.unwrap();
     }
     eventually("the new leader counted 150", || consumed(&b_http) == Some(150.0));
+}
+
+/// With the groups sharded, each controller writes its own groups' resumable ramps and leaves
+/// the others' as they are: every group's ramp stays stored, however the two controllers'
+/// writes fall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_controllers_keep_each_others_resumable_ramps() {
+    let etcd = Etcd::start("shards-ramps");
+    let more = ["--shards", "16", "--flush-ms", "100", "--tick-ms", "100"];
+    let (_a, a_url, a_http) = start_with(&etcd.url(), "/tollgate", &more);
+    let (_b, _, b_http) = start_with(&etcd.url(), "/tollgate", &more);
+    eventually("each owns some shards", || {
+        owned(&a_http) >= 1.0 && owned(&b_http) >= 1.0 && owned(&a_http) + owned(&b_http) == 16.0
+    });
+    let groups = one_group_per_shard("r", 16);
+    for g in &groups {
+        admin(&a_url, &["group", "create", g, "--ramp", "min=10,max=500,duration_s=600,resume_ttl_s=600"]);
+    }
+    let opts = tollgate_limiter::RemoteOptions { client_id: Some("ramped".into()), ..Default::default() };
+    let gate = tollgate_limiter::Tollgate::remote(&a_url, opts).unwrap();
+    for g in &groups {
+        gate.acquire(g, 1.0).await.unwrap();
+    }
+    // Ten looks in a row, a tenth of a second apart: each controller writes ten times meanwhile.
+    let mut streak = 0;
+    eventually("every group's ramp stored, ten looks in a row", || {
+        let keys = etcdctl(&etcd.url(), &["get", "--prefix", "--keys-only", "/tollgate/ramps/"]);
+        let stored =
+            groups.iter().filter(|g| keys.lines().any(|k| k == format!("/tollgate/ramps/{g}"))).count();
+        streak = if stored == groups.len() { streak + 1 } else { 0 };
+        streak >= 10
+    });
+    drop(gate);
 }
 
 /// A controller whose `--shards` does not match the map in etcd, or that has none where the

@@ -519,9 +519,16 @@ impl Controller {
     /// Writes the consumption of every group in traffic (the configured groups' running totals,
     /// and every group's usage records) and the resumable ramps to the store (nothing in a
     /// regional controller: the global tier writes what the regions consumed). `now` is the
-    /// engine's time, `wall_ms` the Unix time in milliseconds.
-    pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
-        let (meters, usage_only, ramps) = {
+    /// engine's time, `wall_ms` the Unix time in milliseconds. With the groups sharded, `mine`
+    /// says by a tree's root which groups are this controller's: the stored ramps of the others
+    /// are left as they are.
+    pub fn flush(
+        &self,
+        now: Nanos,
+        wall_ms: u64,
+        mine: Option<&dyn Fn(&GroupName) -> bool>,
+    ) -> Result<(), StoreError> {
+        let (meters, usage_only, ramps, scope) = {
             let mut engine = self.engine();
             // A region's consumption reaches the global tier in its exchanges, and is written
             // there: nothing to write here.
@@ -541,12 +548,24 @@ impl Controller {
                     (name, StoredRamp { value, until_unix_ms: until })
                 })
                 .collect();
-            (meters, usage_only, ramps)
+            let scope: Option<std::collections::HashSet<GroupName>> = mine.map(|mine| {
+                engine
+                    .groups()
+                    .into_iter()
+                    .filter(|(n, _)| mine(engine.root_of(n)))
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            });
+            (meters, usage_only, ramps, scope)
         };
         let minute = crate::store::minute_of(wall_ms);
         let result = {
             let mut store = self.store();
-            store.put_meters(&meters, &ramps, minute).and_then(|()| store.put_usage(&usage_only, minute))
+            match &scope {
+                None => store.put_meters(&meters, &ramps, minute),
+                Some(scope) => store.put_meters_of(&meters, &ramps, minute, scope),
+            }
+            .and_then(|()| store.put_usage(&usage_only, minute))
         };
         if result.is_err() {
             self.flush_failures.fetch_add(1, Ordering::Relaxed);

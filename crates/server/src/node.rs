@@ -65,6 +65,9 @@ impl Node {
         if self.cluster.role().role == crate::cluster::Role::Follower && self.cluster.sharding().is_none() {
             return Ok(());
         }
-        self.controller.flush(now, wall_ms)
+        match self.cluster.sharding() {
+            None => self.controller.flush(now, wall_ms, None),
+            Some(s) => self.controller.flush(now, wall_ms, Some(&|root| s.owns_root(root))),
+        }
     }
 }

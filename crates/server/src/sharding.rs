@@ -98,7 +98,7 @@ pub async fn follow(target: EtcdTarget, sharding: Arc<Sharding>, controller: Arc
 /// One term: read the map, apply it, follow it, until the term changes.
 async fn follow_term(
     target: &EtcdTarget,
-    sharding: &Sharding,
+    sharding: &Arc<Sharding>,
     controller: &Arc<Controller>,
     clock: Clock,
     lease: i64,
@@ -136,7 +136,7 @@ async fn follow_term(
 async fn take(
     client: &mut Client,
     target: &EtcdTarget,
-    sharding: &Sharding,
+    sharding: &Arc<Sharding>,
     controller: &Arc<Controller>,
     clock: Clock,
     lease: i64,
@@ -168,9 +168,12 @@ async fn take(
         if lost {
             // The consumption of the groups let go is written before this controller says it
             // let them go: their next owner, given them only then, reads it whole.
-            let c = controller.clone();
+            let (c, s) = (controller.clone(), sharding.clone());
             let now = clock.now();
-            match tokio::task::spawn_blocking(move || c.flush(now, crate::clock::wall_ms())).await {
+            let flushed = tokio::task::spawn_blocking(move || {
+                c.flush(now, crate::clock::wall_ms(), Some(&|root| s.owns_root(root)))
+            });
+            match flushed.await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "shards: the consumption of the groups let go was not written")

@@ -100,6 +100,12 @@ impl Sharding {
         self.view().live
     }
 
+    /// Whether this controller grants for the tree whose root is `root` now.
+    pub fn owns_root(&self, root: &tollgate_model::settings::GroupName) -> bool {
+        let v = self.view();
+        v.live && v.map.is_some_and(|m| m.owns(&self.me, shard_of(root.as_str(), self.shards)))
+    }
+
     /// The shards this controller grants for now.
     pub fn owned(&self) -> usize {
         let v = self.view();

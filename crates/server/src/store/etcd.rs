@@ -146,6 +146,54 @@ pub(crate) async fn connect_unbounded(target: &EtcdTarget) -> Result<Client, etc
 }
 
 impl EtcdStore {
+    /// Meters, their usage records and the ramps in one transaction; of the stored ramps,
+    /// those of `scope` (every group's when `None`) that are not given go.
+    fn write_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        ramps: &[(GroupName, StoredRamp)],
+        minute_unix_ms: u64,
+        scope: Option<&std::collections::HashSet<GroupName>>,
+    ) -> Result<(), StoreError> {
+        let mut ops: Vec<TxnOp> = meters
+            .iter()
+            .map(|(n, m)| TxnOp::put(self.target.key(&format!("meters/{n}")), encode_meter(m).to_vec(), None))
+            .collect();
+        ops.extend(meters.iter().map(|(n, m)| {
+            TxnOp::put(
+                self.target.key(&format!("usage/{minute_unix_ms:013}/{n}")),
+                encode_meter(m).to_vec(),
+                None,
+            )
+        }));
+        // The ramps are replaced: those no longer resumable go.
+        let kept: BTreeMap<&GroupName, &StoredRamp> = ramps.iter().map(|(n, r)| (n, r)).collect();
+        let old_ramps = {
+            let all = self.target.key("ramps/");
+            self.call(move |c| {
+                Box::pin(async move {
+                    let r = c.get(all, Some(GetOptions::new().with_prefix().with_keys_only())).await?;
+                    Ok(r.kvs().iter().map(|kv| kv.key().to_vec()).collect::<Vec<_>>())
+                })
+            })?
+        };
+        let ramp_prefix = self.target.key("ramps/");
+        for k in old_ramps {
+            let name = String::from_utf8_lossy(&k[ramp_prefix.len()..]).into_owned();
+            let answers_for = scope.is_none_or(|s| GroupName::new(&name).is_ok_and(|n| s.contains(&n)));
+            if answers_for && !kept.keys().any(|n| n.as_str() == name) {
+                ops.push(TxnOp::delete(k, None));
+            }
+        }
+        for (n, r) in ramps {
+            ops.push(TxnOp::put(self.target.key(&format!("ramps/{n}")), encode_ramp(r).to_vec(), None));
+        }
+        self.put_txn(ops)?;
+        // Past the bound, the oldest minutes go.
+        let prefix = self.target.key("usage/");
+        self.call(move |c| Box::pin(trim_oldest(c, prefix, super::USAGE_MAX)))
+    }
+
     /// Connects (within [`ETCD_TIMEOUT`]) and checks that the prefix is Tollgate's or empty;
     /// an empty prefix is marked as Tollgate's.
     pub fn connect(target: EtcdTarget) -> Result<EtcdStore, StoreError> {
@@ -492,42 +540,17 @@ impl SettingsStore for EtcdStore {
         ramps: &[(GroupName, StoredRamp)],
         minute_unix_ms: u64,
     ) -> Result<(), StoreError> {
-        let mut ops: Vec<TxnOp> = meters
-            .iter()
-            .map(|(n, m)| TxnOp::put(self.target.key(&format!("meters/{n}")), encode_meter(m).to_vec(), None))
-            .collect();
-        ops.extend(meters.iter().map(|(n, m)| {
-            TxnOp::put(
-                self.target.key(&format!("usage/{minute_unix_ms:013}/{n}")),
-                encode_meter(m).to_vec(),
-                None,
-            )
-        }));
-        // The ramps are replaced: those no longer resumable go.
-        let kept: BTreeMap<&GroupName, &StoredRamp> = ramps.iter().map(|(n, r)| (n, r)).collect();
-        let old_ramps = {
-            let all = self.target.key("ramps/");
-            self.call(move |c| {
-                Box::pin(async move {
-                    let r = c.get(all, Some(GetOptions::new().with_prefix().with_keys_only())).await?;
-                    Ok(r.kvs().iter().map(|kv| kv.key().to_vec()).collect::<Vec<_>>())
-                })
-            })?
-        };
-        let ramp_prefix = self.target.key("ramps/");
-        for k in old_ramps {
-            let name = String::from_utf8_lossy(&k[ramp_prefix.len()..]).into_owned();
-            if !kept.keys().any(|n| n.as_str() == name) {
-                ops.push(TxnOp::delete(k, None));
-            }
-        }
-        for (n, r) in ramps {
-            ops.push(TxnOp::put(self.target.key(&format!("ramps/{n}")), encode_ramp(r).to_vec(), None));
-        }
-        self.put_txn(ops)?;
-        // Past the bound, the oldest minutes go.
-        let prefix = self.target.key("usage/");
-        self.call(move |c| Box::pin(trim_oldest(c, prefix, super::USAGE_MAX)))
+        self.write_meters(meters, ramps, minute_unix_ms, None)
+    }
+
+    fn put_meters_of(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        ramps: &[(GroupName, StoredRamp)],
+        minute_unix_ms: u64,
+        scope: &std::collections::HashSet<GroupName>,
+    ) -> Result<(), StoreError> {
+        self.write_meters(meters, ramps, minute_unix_ms, Some(scope))
     }
 
     fn put_usage(&mut self, meters: &[(GroupName, Meter)], minute_unix_ms: u64) -> Result<(), StoreError> {

@@ -359,6 +359,21 @@ pub trait SettingsStore: Send {
         ramps: &[(GroupName, StoredRamp)],
         minute_unix_ms: u64,
     ) -> Result<(), StoreError>;
+    /// As [`put_meters`](Self::put_meters), with the groups sharded over the controllers: of
+    /// the stored ramps, only those of the groups in `scope` (this controller's own) are
+    /// replaced, so that no controller deletes another's. Only etcd is shared by controllers
+    /// that shard the groups (`--shards` needs `--etcd`); a store of one process replaces every
+    /// ramp.
+    fn put_meters_of(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        ramps: &[(GroupName, StoredRamp)],
+        minute_unix_ms: u64,
+        scope: &std::collections::HashSet<GroupName>,
+    ) -> Result<(), StoreError> {
+        let _ = scope;
+        self.put_meters(meters, ramps, minute_unix_ms)
+    }
     /// Stores usage records alone, for the minute starting at `minute_unix_ms`: the metering
     /// of groups whose running totals are not kept (groups in traffic that are not configured,
     /// served by the `default` group's settings). Written again within the minute, a record is
