@@ -1116,6 +1116,41 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
     stop_all(&stop, tasks).await;
 }
 
+/// A tenant new to a region is served at once, as it is by a controller of the global tier:
+/// the region leaves the group out of its first answers until the global tier grants its share
+/// (asked for at once), takes that first share whole while no demand is measured, and its
+/// front ends wait for the first grant. A Rust client's first request is admitted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_new_to_a_region_is_served_at_once() {
+    let etcd = Etcd::start("region-newcomer");
+    let (_global, global_url, global_http) = start_with(&etcd.url(), "/tollgate", &[]);
+    let (_east, east_url, east_http) = start_with(&etcd.url(), "/tollgate", &["--region", "east"]);
+    for h in [&global_http, &east_http] {
+        eventually("each tier leads itself", || status(h).is_some_and(|s| s["role"] == "leader"));
+    }
+    eventually("the region knows the global leader", || {
+        status(&east_http).is_some_and(|s| !s["upstream_safe_mode"].as_bool().unwrap_or(true))
+    });
+    for g in ["first-http", "first-client"] {
+        admin(&global_url, &["group", "create", g, "--limit", "100"]);
+    }
+    eventually("the region has the settings", || {
+        output(&east_url, &["group", "list"]).contains("first-client")
+    });
+    // Twenty checks a tenth of a second apart, from the first: 10 a second of a limit of 100.
+    let mut codes = Vec::new();
+    for _ in 0..20 {
+        codes.push(check(&east_http, "first-http"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("a tenant new to a region, POST /v1/check: {codes:?}");
+    assert!(codes.iter().all(|&c| c == 200), "every check admitted, the first included: {codes:?}");
+    let opts = tollgate_limiter::RemoteOptions { client_id: Some("newcomer".into()), ..Default::default() };
+    let gate = tollgate_limiter::Tollgate::remote(&east_url, opts).unwrap();
+    let admitted = gate.acquire("first-client", 1.0).await;
+    assert!(admitted.is_ok(), "a client's first request in the region: {admitted:?}");
+}
+
 /// With `--auth`, a region's leader leases from the global tier under the controller token it
 /// made for itself, and the region's clients are checked against their own tokens there.
 #[test]

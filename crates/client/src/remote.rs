@@ -356,6 +356,9 @@ pub struct Driver {
     trickles: HashMap<GroupName, (f64, Nanos, Duration)>,
     /// How far apart early exchanges (for a new group, or once tokens run low) are at least.
     spacing: Duration,
+    /// Groups the last answer left out that hold no grant (a region still leasing their share,
+    /// a shard moving): asked for again, as new ones are, once the controller's next tick is due.
+    ungranted: Vec<GroupName>,
 }
 
 /// A group whose tokens fall under this share of its burst exchanges early.
@@ -392,6 +395,7 @@ impl Driver {
             period_ms: 0,
             trickles: HashMap::new(),
             spacing: EARLY_SPACING,
+            ungranted: Vec::new(),
         }
     }
 
@@ -444,7 +448,7 @@ impl Driver {
         if self.link.urgent.load(Ordering::Relaxed) || self.link.has_fresh.load(Ordering::Relaxed) {
             due = due.min(spaced);
         }
-        if self.link.refused.load(Ordering::Relaxed) {
+        if self.link.refused.load(Ordering::Relaxed) || !self.ungranted.is_empty() {
             due = due.min(spaced.max(self.next_tick));
         }
         // Tokens running low: a new grant before they run out, once the controller has one.
@@ -491,6 +495,15 @@ impl Driver {
     /// is answered, and the period starts after the last page.
     pub fn request(&mut self, now: Nanos) -> Option<v1::ExchangeRequest> {
         let groups = self.groups.upgrade()?;
+        if !self.ungranted.is_empty() && now >= self.next_tick {
+            for name in std::mem::take(&mut self.ungranted) {
+                if let Some(g) = groups.get(name.as_str())
+                    && !self.grants.contains_key(&g.name)
+                {
+                    self.link.fresh(&g);
+                }
+            }
+        }
         if self.round.is_empty() {
             // Early for new groups alone: only they are reported, and the period keeps its
             // time. Tenants arriving one after another then cost an exchange of a few
@@ -644,7 +657,7 @@ impl Driver {
     /// Applies the controller's answer to the last request.
     pub fn answer(&mut self, now: Nanos, response: &v1::ExchangeResponse) {
         let Some(groups) = self.groups.upgrade() else { return };
-        self.sent = None;
+        let sent = self.sent.take();
         self.link.unthrottled_allowed.store(response.unthrottled_allowed, Ordering::Relaxed);
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
@@ -715,6 +728,12 @@ impl Driver {
             self.next_due = now.after(wait);
         }
         self.next_tick = now.after(Duration::from_millis(u64::from(response.next_tick_ms)));
+        // Groups sent and left out of the answer, holding no grant: asked for again after the
+        // controller's next tick, rather than a period later.
+        let left_out =
+            sent.into_iter().flatten().map(|(name, _)| name).filter(|n| !self.grants.contains_key(n));
+        self.ungranted.extend(left_out);
+        self.ungranted.truncate(FRESH_MAX);
         self.link.granted.notify_waiters();
     }
 
@@ -1000,6 +1019,42 @@ mod tests {
         driver.answer(driver.now(), &answer(950));
         driver.answer(driver.now(), &answer(0));
         assert_eq!(driver.due_at(), driver.now().after(EARLY_SPACING));
+    }
+
+    #[test]
+    fn a_group_left_out_of_an_answer_is_asked_for_again_after_the_next_tick() {
+        let clock = tollgate_model::time::ManualClock::new();
+        let opts = RemoteOptions { clock: Some(Arc::new(clock.clone())), ..RemoteOptions::default() };
+        let (gate, mut driver) = crate::Tollgate::remote_driven(opts).unwrap();
+        let ms = |n: u64| Duration::from_millis(n);
+        clock.advance(ms(5000));
+        let _ = gate.try_acquire("waiting", 1.0);
+        let _ = gate.try_acquire("granted", 1.0);
+        let request = driver.request(driver.now()).unwrap();
+        assert_eq!(request.groups.len(), 2);
+        // One group's grant, and when the controller ticks next.
+        let answer = |group: &str, next_tick_ms| v1::ExchangeResponse {
+            grants: vec![v1::Grant {
+                group: group.into(),
+                rate: 10.0,
+                burst: 10.0,
+                lease_ms: 10_000,
+                ..Default::default()
+            }],
+            next_exchange_ms: 1000,
+            next_tick_ms,
+            ..Default::default()
+        };
+        // A region still leasing `waiting`'s share leaves it out, and asks back in 20 ms.
+        driver.answer(driver.now(), &answer("granted", 20));
+        assert_eq!(driver.due_at(), driver.now().after(EARLY_SPACING), "after the tick, spaced");
+        clock.advance(EARLY_SPACING);
+        let again = driver.request(driver.now()).unwrap();
+        let names: Vec<&str> = again.groups.iter().map(|g| g.group.as_str()).collect();
+        assert_eq!(names, ["waiting"], "only the group left out, as a new one");
+        // Granted now: nothing is asked before the period.
+        driver.answer(driver.now(), &answer("waiting", 900));
+        assert_eq!(driver.due_at(), driver.now().after(ms(950)), "the period, from the last full round");
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub struct Controller {
     /// Woken when a backend's report shows it newly saturated
     /// ([`Engine::saturation_onset`](tollgate_model::engine::Engine::saturation_onset)).
     onset: tokio::sync::Notify,
+    /// In a region: a client named a group the global tier has granted nothing yet.
+    share_wanted: tokio::sync::Notify,
     /// Ticks run before their turn for such a report.
     early_ticks: AtomicU64,
     /// Flushes of consumption to the store that failed (the consumption is kept for the next).
@@ -166,6 +168,12 @@ fn slice_clock() -> std::time::Instant {
     #[allow(clippy::disallowed_methods)] // how long a slice held the lock, not what it decided
     std::time::Instant::now()
 }
+
+/// How soon a client of a region is asked back for a group whose share the region is leasing
+/// from the global tier (the region asks for it at once: one round trip to the global leader).
+/// A remote client comes back no sooner than its early spacing (50 ms); the region's own
+/// front ends, whose exchanges cost no round trip, as soon as this.
+pub const AWAITING_SHARE: Duration = Duration::from_millis(5);
 
 impl Controller {
     /// A controller over `store`, with the settings, consumption and ramps it holds, and its
@@ -234,6 +242,7 @@ impl Controller {
             grpc_writes: Arc::default(),
             tick_span_ns: AtomicU64::new(0),
             onset: tokio::sync::Notify::new(),
+            share_wanted: tokio::sync::Notify::new(),
             early_ticks: AtomicU64::new(0),
             flush_failures: AtomicU64::new(0),
             early_used: AtomicBool::new(false),
@@ -418,6 +427,12 @@ impl Controller {
         }
     }
 
+    /// Resolves once a client of this regional controller names a group the global tier has
+    /// granted nothing yet: the region's lease asks for its share at once.
+    pub async fn share_wanted(&self) {
+        self.share_wanted.notified().await;
+    }
+
     /// Answers an exchange in the generated types (the simulator's and tests' way in; the
     /// server reads and writes exchanges by hand, through [`exchange_view`](Self::exchange_view)).
     pub fn exchange(&self, now: Nanos, req: &v1::ExchangeRequest) -> Result<v1::ExchangeResponse, Status> {
@@ -449,6 +464,14 @@ impl Controller {
         let client = engine
             .client(now, req.client_id, req.sequence)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        // In a region, a group the global tier has granted nothing yet is left out of the
+        // answer (its clients wait for its first grant rather than take a grant of nothing),
+        // and the client is asked back once the region's lease has had time to bring its share.
+        let awaiting: Vec<bool> = if engine.is_regional() {
+            reports.iter().map(|(name, _)| engine.awaits_upstream(name)).collect()
+        } else {
+            Vec::new()
+        };
         let mut i = 0;
         engine.report_all(now, client, &reports, |g| {
             let unlimited = g.is_unlimited();
@@ -466,7 +489,9 @@ impl Controller {
                 critical_reserve: g.critical_reserve,
                 in_flight: g.in_flight,
             };
-            grant(i, &fields);
+            if !awaiting.get(i).copied().unwrap_or(false) {
+                grant(i, &fields);
+            }
             i += 1;
         });
         let settings = engine.settings();
@@ -477,10 +502,14 @@ impl Controller {
         // grants are the ones it is replacing, and the client is told to come back for its.
         let span = Duration::from_nanos(self.tick_span_ns.load(Ordering::Relaxed));
         let turn = Some(self.turn_ns.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX);
-        let next_tick = match turn {
+        let mut next_tick = match turn {
             Some(t) if !engine.ticking() => Nanos(t).after(tick.saturating_add(span)).since(now),
             _ => Duration::ZERO,
         };
+        if awaiting.contains(&true) {
+            next_tick = next_tick.min(AWAITING_SHARE);
+            self.share_wanted.notify_one();
+        }
         drop(engine);
         self.exchanges.fetch_add(1, Ordering::Relaxed);
         // The period the client asked for, between the tick and half the lease (so that a

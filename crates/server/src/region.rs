@@ -31,6 +31,11 @@ pub const ASK_FACTOR: f64 = 2.0;
 /// How soon a region asks again when the global tier answered during a tick.
 pub const AFTER_TICK: Duration = Duration::from_millis(10);
 
+/// How long a share's first clients may go without a demand measured before the share is held
+/// to what they ask (until then it is taken whole, so that a group new to the region is served
+/// at once): two periods of a client's exchanges at the default tick.
+pub const FIRST_SHARE_GRACE: Duration = Duration::from_secs(2);
+
 /// How long after a failed round the next is tried, a new group's included.
 pub const RETRY: Duration = Duration::from_secs(1);
 
@@ -38,6 +43,8 @@ pub const RETRY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy)]
 struct Share {
     grant: UpstreamGrant,
+    /// When the region was first granted a share of the group.
+    since: Nanos,
     /// The region's part of the group's reservation: where a decaying share stops.
     floor: f64,
     lease: Duration,
@@ -120,16 +127,27 @@ impl RegionLease {
             .collect()
     }
 
-    /// Takes the global tier's answer to `page`: its shares are `controller`'s ceilings from
-    /// now on, and what the page reported counts as reported.
-    pub fn answered(&mut self, page: Page, answer: &v1::ExchangeResponse, controller: &Controller) {
+    /// Takes the global tier's answer to `page` at `now`: its shares are `controller`'s
+    /// ceilings from now on, and what the page reported counts as reported.
+    pub fn answered(
+        &mut self,
+        now: Nanos,
+        page: Page,
+        answer: &v1::ExchangeResponse,
+        controller: &Controller,
+    ) {
         let demand: HashMap<&str, f64> = page.meters.iter().map(|(n, _, d)| (n.as_str(), *d)).collect();
         let granted: Vec<(GroupName, Share)> = answer
             .grants
             .iter()
             .filter_map(|g| {
                 let asked = demand.get(g.group.as_str()).copied().unwrap_or(0.0);
-                Some((GroupName::new(&g.group).ok()?, share_of(g, asked)))
+                let name = GroupName::new(&g.group).ok()?;
+                let since = self.shares.get(&name).map_or(now, |s| s.since);
+                // No demand measured yet for a share this young: its first clients are served
+                // from what the global tier has left, as a client new to a controller is.
+                let unmeasured = asked <= 0.0 && now < since.after(FIRST_SHARE_GRACE);
+                Some((name, share_of(g, (!unmeasured).then_some(asked), since)))
             })
             .collect();
         self.reported.extend(page.meters.into_iter().map(|(n, m, _)| (n, m)));
@@ -204,17 +222,19 @@ impl RegionLease {
 /// [`ASK_FACTOR`] times what it asked (nor below its part of the reservation). A region that
 /// asked for little is granted all that is left under a target by a global tier that does not
 /// know it yet, and its clients would learn of the smaller share that follows a period later
-/// than the other regions' clients learn of theirs.
-fn share_of(g: &v1::Grant, asked: f64) -> Share {
+/// than the other regions' clients learn of theirs. A share whose demand is not measured yet
+/// (`asked` is `None`) is taken whole.
+fn share_of(g: &v1::Grant, asked: Option<f64>, since: Nanos) -> Share {
     let floor = g.reserved / f64::from(g.clients.max(1));
     let grant = if g.unlimited {
         UpstreamGrant { rate: f64::INFINITY, burst: f64::INFINITY }
     } else {
-        let rate = g.rate.min((asked * ASK_FACTOR).max(floor));
+        let cap = asked.map_or(f64::INFINITY, |a| (a * ASK_FACTOR).max(floor));
+        let rate = g.rate.min(cap);
         let burst = if g.rate > 0.0 { g.burst * rate / g.rate } else { 0.0 };
         UpstreamGrant { rate, burst }
     };
-    Share { grant, floor, lease: Duration::from_millis(u64::from(g.lease_ms)) }
+    Share { grant, since, floor, lease: Duration::from_millis(u64::from(g.lease_ms)) }
 }
 
 #[cfg(test)]
@@ -263,7 +283,7 @@ mod tests {
         assert_eq!((pages[0].request.sequence, pages[0].request.groups[0].demand), (1, 30.0));
         // Granted 100 by a global tier that knew nothing better: the region takes 60.
         for page in pages {
-            lease.answered(page, &answer(100.0, 2000), &node.controller);
+            lease.answered(sec(0.0), page, &answer(100.0, 2000), &node.controller);
         }
         lease.round_answered(sec(0.0), &usage);
         let held = |node: &crate::node::Node| node.controller.upstream_usage()[0].held.unwrap().rate;

@@ -40,7 +40,10 @@ pub async fn run(node: Node, target: EtcdTarget, region: String, clock: Clock) {
     let mut channel: Option<(String, AdmissionClient<Rpc>)> = None;
     let mut warned: Option<(String, Nanos)> = None;
     while !observer.is_finished() {
-        tokio::time::sleep(LOOK_EVERY).await;
+        tokio::select! {
+            () = tokio::time::sleep(LOOK_EVERY) => {}
+            () = node.controller.share_wanted() => {}
+        }
         let now = clock.now();
         if node.cluster.following().is_some() {
             continue;
@@ -52,9 +55,9 @@ pub async fn run(node: Node, target: EtcdTarget, region: String, clock: Clock) {
                 None => Err("no leader of the global tier is elected".to_string()),
                 Some(leader) => match connect(&node, &mut channel, &leader) {
                     Err(e) => Err(e),
-                    Ok(client) => {
-                        round(&node, &mut lease, client, &usage).await.map_err(|e| format!("{leader}: {e}"))
-                    }
+                    Ok(client) => round(now, &node, &mut lease, client, &usage)
+                        .await
+                        .map_err(|e| format!("{leader}: {e}")),
                 },
             };
             match answered {
@@ -73,8 +76,9 @@ pub async fn run(node: Node, target: EtcdTarget, region: String, clock: Clock) {
     }
 }
 
-/// One round with the global leader over `client`.
+/// One round with the global leader over `client`, begun at `now`.
 async fn round(
+    now: Nanos,
     node: &Node,
     lease: &mut RegionLease,
     client: &mut AdmissionClient<Rpc>,
@@ -86,7 +90,7 @@ async fn round(
             Ok(Err(status)) => return Err(format!("{:?} {}", status.code(), status.message())),
             Err(_) => return Err(format!("no answer within {PEER_TIMEOUT:?}")),
         };
-        lease.answered(page, &answer, &node.controller);
+        lease.answered(now, page, &answer, &node.controller);
     }
     Ok(())
 }

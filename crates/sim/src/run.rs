@@ -492,7 +492,7 @@ impl Regions {
                 if answered {
                     for page in lease.pages(&usage) {
                         match global.controller.exchange(now, &page.request) {
-                            Ok(a) => lease.answered(page, &a, &node.controller),
+                            Ok(a) => lease.answered(now, page, &a, &node.controller),
                             Err(_) => {
                                 answered = false;
                                 break;

@@ -65,6 +65,12 @@ impl Engine {
         self.upstream.is_some()
     }
 
+    /// Whether `group` waits for its first share from the tier above: in a regional engine, a
+    /// group (by the state its reports land in) the tier above has granted nothing yet.
+    pub fn awaits_upstream(&self, group: &GroupName) -> bool {
+        self.upstream.as_ref().is_some_and(|grants| !grants.contains_key(&self.state_key(group)))
+    }
+
     /// Takes what the tier above granted for `group`: its ceiling here from the next tick on
     /// (and for clients new to it at once). Says whether it moved. Ignored by an engine that
     /// is not regional.
