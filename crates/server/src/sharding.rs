@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
-use tollgate_model::shard::{Member, ShardMap, next_map, split_capacity};
+use tollgate_model::shard::{Member, ShardMap, lesser_claims, next_map, split_capacity};
 
 use crate::clock::Clock;
 use crate::cluster::{Cluster, Role};
@@ -379,6 +379,8 @@ pub async fn share_capacity(target: EtcdTarget, sharding: Arc<Sharding>, control
     let mut every = tokio::time::interval(controller.tick_period());
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<Client> = None;
+    // The claims this controller last wrote, and under which term's lease.
+    let mut written: Option<(i64, Vec<tollgate_model::allocate::Claim>)> = None;
     loop {
         every.tick().await;
         if controller.node().capacity.is_none() {
@@ -395,7 +397,10 @@ pub async fn share_capacity(target: EtcdTarget, sharding: Arc<Sharding>, control
             client = bounded(connect(&target)).await.ok();
         }
         let Some(c) = client.as_mut() else { continue };
-        if let Err(e) = share_once(c, &target, &sharding, &controller, lease).await {
+        if written.as_ref().is_some_and(|(l, _)| *l != lease) {
+            written = None;
+        }
+        if let Err(e) = share_once(c, &target, &sharding, &controller, lease, &mut written).await {
             tracing::debug!(error = %e, "shards: the capacity's split is not renewed this tick");
             client = None;
         }
@@ -408,10 +413,12 @@ async fn share_once(
     sharding: &Sharding,
     controller: &Controller,
     lease: i64,
+    written: &mut Option<(i64, Vec<tollgate_model::allocate::Claim>)>,
 ) -> Result<(), String> {
     let mine = controller.capacity_claims();
     let key = per_member(target, "claims", sharding.me());
     bounded(client.put(key.clone(), encode_claims(&mine), Some(PutOptions::new().with_lease(lease)))).await?;
+    let before = written.replace((lease, mine.clone())).map(|(_, c)| c);
     let prefix = target.key("shards/claims/");
     let got = bounded(client.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
     let live = members(client, target, sharding).await?;
@@ -449,7 +456,18 @@ async fn share_once(
         }
     }
     if let Some(at) = me {
-        controller.set_capacity_part(split_capacity(capacity, &owners).get(at).copied());
+        // The others read this controller's claims from this tick or the last, as their ticks
+        // fall: its part is taken with the lesser of the two ([`lesser_claims`]), and in a
+        // term's first split, when the others may still hold it at an even share, no more
+        // than that share.
+        let part = match before {
+            Some(before) => {
+                owners[at] = lesser_claims(&before, &mine);
+                split_capacity(capacity, &owners).get(at).copied()
+            }
+            None => split_capacity(capacity, &owners).get(at).map(|p| p.min(even)),
+        };
+        controller.set_capacity_part(part);
     }
     Ok(())
 }
