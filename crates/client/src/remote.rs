@@ -733,6 +733,8 @@ impl Driver {
         let left_out =
             sent.into_iter().flatten().map(|(name, _)| name).filter(|n| !self.grants.contains_key(n));
         self.ungranted.extend(left_out);
+        self.ungranted.sort_unstable();
+        self.ungranted.dedup();
         self.ungranted.truncate(FRESH_MAX);
         self.link.granted.notify_waiters();
     }
