@@ -838,20 +838,16 @@ impl Controllers {
     /// One exchange: by the shard map when the client follows one, else to the controller
     /// talked to now. Also says whether that controller failed.
     async fn exchange(
-        &mut self,
+        &self,
         request: v1::ExchangeRequest,
         timeout: Duration,
     ) -> (Result<v1::ExchangeResponse, ExchangeError>, bool) {
-        let home = &mut self.known[self.current].1;
+        let home = &self.known[self.current].1;
         if let Some(routes) = &self.routes {
             let routed = crate::shards::exchange(routes, home, request, timeout).await;
             return (routed.answer, routed.home_failed);
         }
-        let answer = match tokio::time::timeout(timeout, home.exchange(request)).await {
-            Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(ExchangeError::of(&status)),
-            Err(_) => Err(ExchangeError::Timeout(timeout)),
-        };
+        let answer = crate::shards::call(home.clone(), request, timeout).await;
         let failed = answer.is_err();
         (answer, failed)
     }

@@ -235,7 +235,8 @@ pub fn join_answers(answers: impl IntoIterator<Item = v1::ExchangeResponse>) -> 
     joined.unwrap_or_default()
 }
 
-async fn call(
+/// One exchange over `client` within `timeout`.
+pub(crate) async fn call(
     mut client: AdmissionClient<Rpc>,
     request: v1::ExchangeRequest,
     timeout: Duration,
