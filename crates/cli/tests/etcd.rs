@@ -605,16 +605,17 @@ fn usage_written_by_the_leader_is_read_through_any_controller() {
 /// admitted in `admitted`.
 fn paced(
     gate: tollgate_limiter::Tollgate,
-    group: &'static str,
+    group: &str,
     admitted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
     use std::sync::atomic::Ordering;
+    let group = group.to_string();
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(Duration::from_millis(10));
         while !stop.load(Ordering::Relaxed) {
             ticks.tick().await;
-            if gate.try_acquire(group, 1.0).is_ok() {
+            if gate.try_acquire(&group, 1.0).is_ok() {
                 admitted.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -1501,15 +1502,28 @@ async fn groups_sharded_over_two_controllers_share_one_capacity() {
     let more = ["--shards", "16"];
     let (_a, a_url, a_http) = start_with(&etcd.url(), "/tollgate", &more);
     let (_b, b_url, b_http) = start_with(&etcd.url(), "/tollgate", &more);
-    eventually("both own shards", || owned(&a_http) > 0.0 && owned(&b_http) > 0.0);
+    eventually("each owns half the shards", || owned(&a_http) == 8.0 && owned(&b_http) == 8.0);
     admin(&a_url, &["node", "capacity", "300"]);
-    // Six groups with no limit, each asked 100 units/s: 600 asked of a capacity of 300.
-    const GROUPS: [&str; 6] = ["cap-0", "cap-1", "cap-2", "cap-3", "cap-4", "cap-5"];
-    let admitted: Vec<Arc<AtomicU64>> = GROUPS.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    // Six groups with no limit, each asked 100 units/s: 600 asked of a capacity of 300; three
+    // in shards of each owner, whichever shards the map gave each.
+    let map = etcdctl(&etcd.url(), &["get", "--print-value-only", "/tollgate/shards/map"]);
+    let map = tollgate_model::shard::ShardMap::decode(map.trim().as_bytes()).unwrap();
+    let groups: Vec<String> = [&a_url, &b_url]
+        .iter()
+        .flat_map(|url| {
+            let mine: Vec<u16> = map.owned_by(url);
+            assert_eq!(mine.len(), 8, "{url} in {}", map.encode());
+            (0..)
+                .map(|i| format!("cap-{i}"))
+                .filter(move |g| mine.contains(&tollgate_model::shard::shard_of(g, 16)))
+                .take(3)
+        })
+        .collect();
+    let admitted: Vec<Arc<AtomicU64>> = groups.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let opts = tollgate_limiter::RemoteOptions { client_id: Some("capacity".into()), ..Default::default() };
     let gate = tollgate_limiter::Tollgate::remote(&b_url, opts).unwrap();
-    let tasks: Vec<_> = GROUPS
+    let tasks: Vec<_> = groups
         .iter()
         .enumerate()
         .map(|(g, group)| paced(gate.clone(), group, admitted[g].clone(), stop.clone()))
@@ -1528,16 +1542,15 @@ async fn groups_sharded_over_two_controllers_share_one_capacity() {
     // machine grants nothing meanwhile, so only a floor is asked of each group.
     assert!((150.0..=315.0).contains(&total), "{rates:?}: {total:.1} together");
     assert!(rates.iter().all(|r| (15.0..=80.0).contains(r)), "a share each: {rates:?}");
-    // Both owners computed some of the groups.
-    for h in [&a_http, &b_http] {
-        let s = status(h).unwrap();
-        let computed = s["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|g| g["name"].as_str().is_some_and(|n| n.starts_with("cap-")))
-            .count();
-        assert!(computed > 0, "{h} computes none of the groups");
+    // Each owner computes its three.
+    for (h, mine) in [&a_http, &b_http].into_iter().zip(groups.chunks(3)) {
+        eventually("each owner computes its own groups", || {
+            status(h).is_some_and(|s| {
+                let computed: Vec<&str> =
+                    s["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
+                mine.iter().all(|g| computed.contains(&g.as_str()))
+            })
+        });
     }
     stop_all(&stop, tasks).await;
 }

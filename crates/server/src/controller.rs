@@ -147,9 +147,40 @@ pub struct Controller {
     tracer: Arc<Tracer>,
     /// The settings' version: bumped by every change, watched by backends.
     settings_version: tokio::sync::watch::Sender<u64>,
-    /// With groups sharded over controllers and a part of the capacity in force
-    /// ([`set_capacity_part`](Self::set_capacity_part)): the node's configured capacity.
-    configured_capacity: Mutex<Option<Option<f64>>>,
+    /// With groups sharded over controllers: the configured capacity while a part of it is in
+    /// force, and how many owners share it.
+    capacity_share: Mutex<CapacityShare>,
+}
+
+/// How this controller's part of the node's capacity stands, with the groups sharded over
+/// controllers ([`Controller::set_capacity_part`], [`Controller::share_capacity_among`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct CapacityShare {
+    /// While a part is in force (the engine shares the part): the configured capacity.
+    configured: Option<Option<f64>>,
+    /// While the groups are sharded: how many owners share the capacity.
+    owners: Option<usize>,
+}
+
+impl CapacityShare {
+    /// The capacity the engine shares when `capacity` is configured, with `part` the one it
+    /// shares now: a part in force is scaled with the configured capacity, and a capacity new
+    /// to sharded groups starts at an even share, so that the owners' parts never add up to
+    /// more than the capacity while they wait for their next split.
+    fn in_force(&mut self, capacity: Option<f64>, part: Option<f64>) -> Option<f64> {
+        let Some(new) = capacity else {
+            self.configured = None;
+            return None;
+        };
+        let owners = self.owners.unwrap_or(1).max(1) as f64;
+        let scaled = match (self.configured, part) {
+            (Some(Some(old)), Some(part)) if old > 0.0 => (part * new / old).min(new),
+            _ if self.owners.is_some() => new / owners,
+            _ => return Some(new),
+        };
+        self.configured = Some(Some(new));
+        Some(scaled)
+    }
 }
 
 /// The most groups a regional controller leases from the global tier.
@@ -256,7 +287,7 @@ impl Controller {
             // Unique across restarts: the start's wall time, then one more per change. Backends
             // only compare versions for equality.
             settings_version: tokio::sync::watch::channel(wall_ms.max(1).saturating_mul(1_000_000)).0,
-            configured_capacity: Mutex::new(None),
+            capacity_share: Mutex::new(CapacityShare::default()),
         };
         controller.refresh_budget_periods(wall_ms)?;
         Ok(controller)
@@ -827,31 +858,40 @@ impl Controller {
         true
     }
 
-    /// Puts the node settings in force: a capacity that changes while groups are sharded is
-    /// the configured one until the next part is set.
-    fn apply_node(&self, node: StoredNode) {
-        let mut configured = self.configured_capacity.lock().unwrap_or_else(PoisonError::into_inner);
-        if configured.is_some() {
-            *configured = Some(node.capacity);
-        }
-        apply_node(&mut self.engine(), node);
+    /// Puts the node settings in force: a capacity that changes while groups are sharded
+    /// scales the part in force, or starts at an even share ([`CapacityShare::in_force`]),
+    /// until the next part is set.
+    fn apply_node(&self, mut node: StoredNode) {
+        let mut share = self.capacity_share.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut engine = self.engine();
+        node.capacity = share.in_force(node.capacity, engine.settings().capacity);
+        apply_node(&mut engine, node);
     }
 
     /// With groups sharded over controllers: shares `part` of the node's capacity among this
     /// controller's groups instead of all of it ([`tollgate_model::shard::split_capacity`]);
-    /// `None` shares the configured capacity again. [`node`](Self::node) still says the
-    /// configured capacity. Ignored while no capacity is configured.
+    /// `None` shares the configured capacity again, as a controller whose groups are not
+    /// sharded does. [`node`](Self::node) still says the configured capacity. Ignored while no
+    /// capacity is configured.
     pub fn set_capacity_part(&self, part: Option<f64>) {
-        let mut configured = self.configured_capacity.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut share = self.capacity_share.lock().unwrap_or_else(PoisonError::into_inner);
         let mut engine = self.engine();
-        let whole = *configured.get_or_insert(engine.settings().capacity);
+        let whole = *share.configured.get_or_insert(engine.settings().capacity);
         match (whole, part) {
             (Some(_), Some(p)) => engine.set_capacity(Some(p)),
             _ => {
                 engine.set_capacity(whole);
-                *configured = None;
+                share.configured = None;
+                share.owners = None;
             }
         }
+    }
+
+    /// With groups sharded over `owners` controllers: a capacity configured where none was,
+    /// before the next split, starts at an even share of it, not the whole.
+    pub fn share_capacity_among(&self, owners: usize) {
+        let mut share = self.capacity_share.lock().unwrap_or_else(PoisonError::into_inner);
+        share.owners = Some(owners.max(1));
     }
 
     /// What this controller's groups claim of the node's capacity, per priority
@@ -992,7 +1032,7 @@ impl Controller {
     /// The node settings (the configured capacity, whatever part of it this controller
     /// shares out while groups are sharded).
     pub fn node(&self) -> StoredNode {
-        let configured = *self.configured_capacity.lock().unwrap_or_else(PoisonError::into_inner);
+        let configured = self.capacity_share.lock().unwrap_or_else(PoisonError::into_inner).configured;
         let engine = self.engine();
         let s = engine.settings();
         StoredNode {
@@ -1157,6 +1197,33 @@ mod tests {
         };
         c.exchange(Nanos::ZERO, &req).unwrap();
         c.tick(Nanos::ZERO.after(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_capacity_changed_while_sharded_never_puts_more_than_a_part_in_force() {
+        let c = controller();
+        let in_force = |c: &Controller| c.engine().settings().capacity;
+        // Sharded over two owners, with no capacity: a capacity configured starts at half.
+        c.share_capacity_among(2);
+        c.set_capacity(Some(300.0), "test").unwrap();
+        assert_eq!(in_force(&c), Some(150.0));
+        assert_eq!(c.node().capacity, Some(300.0), "the node says what is configured");
+        // A part in force scales with the configured capacity until the next split.
+        c.set_capacity_part(Some(100.0));
+        c.set_capacity(Some(600.0), "test").unwrap();
+        assert_eq!(in_force(&c), Some(200.0));
+        c.set_mode(AllocationMode::Fcfs, "test").unwrap();
+        assert_eq!(in_force(&c), Some(200.0), "another node setting leaves the part as it is");
+        // No capacity, then one again: an even share once more.
+        c.set_capacity(None, "test").unwrap();
+        assert_eq!((in_force(&c), c.node().capacity), (None, None));
+        c.set_capacity(Some(90.0), "test").unwrap();
+        assert_eq!(in_force(&c), Some(45.0));
+        // Not sharded: the whole of it.
+        c.set_capacity_part(None);
+        assert_eq!(in_force(&c), Some(90.0));
+        c.set_capacity(Some(120.0), "test").unwrap();
+        assert_eq!((in_force(&c), c.node().capacity), (Some(120.0), Some(120.0)));
     }
 
     #[test]

@@ -384,7 +384,6 @@ pub async fn share_capacity(target: EtcdTarget, sharding: Arc<Sharding>, control
     loop {
         every.tick().await;
         if controller.node().capacity.is_none() {
-            controller.set_capacity_part(None);
             continue;
         }
         let Some(lease) = *sharding.terms().borrow() else {

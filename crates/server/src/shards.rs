@@ -146,6 +146,9 @@ impl Sharding {
         let gone = controller.forget_groups(now, |_, root| !map.owns(me, shard_of(root.as_str(), shards)));
         self.groups_moved_away.fetch_add(gone as u64, Ordering::Relaxed);
         self.maps_applied.fetch_add(1, Ordering::Relaxed);
+        // A capacity configured before the next split starts at an even share among the
+        // members that own shards.
+        controller.share_capacity_among(map.members().len());
         let mut v = self.view.lock().unwrap_or_else(PoisonError::into_inner);
         v.map = Some(Arc::new(map));
         true

@@ -860,6 +860,9 @@ pub struct Engine {
     taken_total: f64,
     /// Every group's rates added up at the last tick.
     totals: Totals,
+    /// What the groups of the last tick whose rows were complete claim of the capacity, per
+    /// priority ([`Engine::capacity_claims`]); summed only while a capacity is shared.
+    claims: Vec<crate::allocate::Claim>,
     /// Provisional grants made since the last tick for groups the tick has not seen.
     unticked_provisional: f64,
     scratch: Vec<f64>,
@@ -933,6 +936,7 @@ impl Engine {
             ticks: 0,
             taken_total: 0.0,
             totals: Totals::default(),
+            claims: Vec::new(),
             unticked_provisional: 0.0,
             scratch: Vec::new(),
             loads: saturation::Loads::default(),

@@ -1584,3 +1584,30 @@ fn a_regional_engine_grants_within_what_the_tier_above_granted_and_nothing_befor
     e.tick(Nanos(3 * S));
     assert!(e.outcome(&name("a")).unwrap().target() < Some(1000.0), "the minute's quota holds again");
 }
+
+#[test]
+fn between_the_slices_of_a_tick_the_capacity_claims_are_the_tick_befores() {
+    let s = EngineSettings { capacity: Some(300.0), ..EngineSettings::default() };
+    let mut e = engine(s);
+    let t = Nanos(S);
+    for (g, demand) in [("a", 100.0), ("b", 80.0), ("c", 60.0)] {
+        e.report(t, 1, &name(g), report(demand, demand, 1.0));
+    }
+    e.tick(t);
+    let whole = e.capacity_claims();
+    assert_eq!(whole.len(), 1, "{whole:?}");
+    assert!((whole[0].demand - 240.0).abs() < 1e-6, "{whole:?}");
+    assert_eq!(whole[0].weight, 3.0);
+    // Every point between the next tick's slices: its rows are half made, the claims are not.
+    e.begin_tick(Nanos(2 * S));
+    loop {
+        assert_eq!(e.capacity_claims(), whole);
+        if e.tick_slice(1) {
+            break;
+        }
+    }
+    // Without a capacity there is nothing to claim.
+    e.set_capacity(None);
+    e.tick(Nanos(3 * S));
+    assert!(e.capacity_claims().is_empty());
+}

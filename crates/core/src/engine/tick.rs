@@ -152,10 +152,17 @@ pub fn next_slice(size: usize, took: Duration) -> usize {
 impl Engine {
     /// What the last tick's groups claim of the node's capacity, summed per priority (one
     /// claim per priority present, highest first): an owner's summary when groups are sharded
-    /// over controllers, which [`crate::shard::split_capacity`] shares the capacity by.
+    /// over controllers, which [`crate::shard::split_capacity`] shares the capacity by. Read
+    /// between a tick's slices, it is the tick before's: the rows under way are half made.
+    /// Empty while no capacity is configured.
     pub fn capacity_claims(&self) -> Vec<Claim> {
-        let mut levels: Vec<Claim> = Vec::new();
-        for claim in self.rows.iter().map(Row::claim) {
+        self.claims.clone()
+    }
+
+    /// Sums the rows' claims per priority, once a tick's rows are complete.
+    fn sum_claims(rows: &[Row], levels: &mut Vec<Claim>) {
+        levels.clear();
+        for claim in rows.iter().map(Row::claim) {
             let reserved = claim.reserved.min(claim.demand).min(claim.ceiling).max(0.0);
             let asked = claim.demand.min(claim.ceiling).max(reserved);
             match levels.iter_mut().find(|c| c.priority == claim.priority) {
@@ -175,7 +182,6 @@ impl Engine {
             }
         }
         levels.sort_by_key(|c| std::cmp::Reverse(c.priority));
-        levels
     }
 
     /// Computes every group's target and grants at `now`; forgets what went quiet.
@@ -319,8 +325,10 @@ impl Engine {
                 // With a capacity to share, that is a step of its own, for a caller that
                 // computes it without the engine.
                 if self.settings.capacity.is_some() {
+                    Self::sum_claims(&self.rows, &mut self.claims);
                     run.sharing = true;
                 } else {
+                    self.claims.clear();
                     run.start_applying(None);
                 }
             }
