@@ -160,6 +160,54 @@ def test_an_async_client_sends_each_part_to_its_owner(sharded: List[Server]) -> 
     asyncio.run(run())
 
 
+def test_given_every_controller_a_client_moves_on_when_its_own_is_killed(sharded: List[Server]) -> None:
+    both = ",".join(s.url for s in sharded)
+    with tollgate.Limiter(both, client_id="py-moves") as limiter:
+        for g in GROUPS:
+            limiter.acquire(g, timeout=10).release()
+        sharded[0].stop()
+        # The survivor takes the killed one's shards; the client talks to it from then on, and
+        # a group it never asked for before is granted at once.
+        for g in GROUPS + ["new-after-the-kill"]:
+            limiter.acquire(g, timeout=30).release()
+        assert limiter._current == 1
+        status = limiter.status()
+        assert status.connected and not status.safe_mode, status
+
+
+def test_given_every_controller_an_async_client_moves_on_when_its_own_is_killed(sharded: List[Server]) -> None:
+    async def run() -> None:
+        both = ",".join(s.url for s in sharded)
+        async with AsyncLimiter(both, client_id="py-moves-aio") as limiter:
+            for g in GROUPS:
+                (await limiter.acquire(g, timeout=10)).release()
+            sharded[0].stop()
+            for g in GROUPS + ["new-after-the-kill"]:
+                (await limiter.acquire(g, timeout=30)).release()
+            assert limiter._current == 1
+            assert not limiter.status().safe_mode
+
+    asyncio.run(run())
+
+
+def test_controller_addresses_are_checked_when_the_limiter_is_made() -> None:
+    for bad in ["http://127.0.0.1:1,,http://127.0.0.1:2", ",".join(["http://127.0.0.1:1"] * 17), ""]:
+        with pytest.raises(tollgate.InvalidArgument, match="url"):
+            tollgate.Limiter(bad)
+        with pytest.raises(tollgate.InvalidArgument, match="url"):
+            AsyncLimiter(bad)
+
+
+def test_a_failed_controller_is_followed_by_the_next_at_once_then_the_rounds_back_off() -> None:
+    from tollgate._core import BACKOFF_MIN_S, Core
+
+    core = Core(client_id="c", safe_mode="fail_open", max_wait=0, exchange_period=None, cost_model=None)
+    core.round_done(10.0, None, "the first is down", untried=True)
+    assert (core.due, core.safe_mode, core.last_error) == (10.0, False, "the first is down")
+    core.round_done(10.0, None, "every one is down")
+    assert (core.due, core.safe_mode) == (10.0 + BACKOFF_MIN_S, True)
+
+
 def test_routes_follow_the_newest_map_and_each_groups_shard() -> None:
     routes = _routes.Routes()
     request = pb.ExchangeRequest(client_id="c", sequence=3, groups=[pb.GroupUsage(group=g) for g in "abc"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import grpc
 import grpc.aio
@@ -10,6 +10,9 @@ import grpc.aio
 from .errors import InvalidArgument
 
 Metadata = Sequence[Tuple[str, str]]
+
+#: The most controller addresses a limiter is given (as the Rust client).
+CONTROLLERS_MAX = 16
 
 
 def _target(url: str, ca_file: Optional[str]) -> Tuple[str, Optional[grpc.ChannelCredentials]]:
@@ -55,6 +58,14 @@ def metadata(token: Optional[str]) -> Metadata:
     return (("authorization", f"Bearer {token}"),)
 
 
-def check_target(url: str, ca_file: Optional[str] = None) -> None:
-    """Checks ``url`` and ``ca_file`` as :func:`channel` would, without dialling."""
-    _target(url, ca_file)
+def addresses(url: str, ca_file: Optional[str] = None) -> List[str]:
+    """The controllers' addresses in ``url``: one, or several comma-separated (controllers
+    sharing one etcd), each checked as :func:`channel` would."""
+    if not isinstance(url, str):
+        raise InvalidArgument.of("url", f"must be http://HOST:PORT, https://HOST:PORT or HOST:PORT, got {url!r}")
+    urls = [u.strip() for u in url.split(",")]
+    if len(urls) > CONTROLLERS_MAX or any(not u for u in urls):
+        raise InvalidArgument.of("url", f"give 1 to {CONTROLLERS_MAX} controller addresses, comma-separated, none empty, got {url!r}")
+    for u in urls:
+        _target(u, ca_file)
+    return urls

@@ -648,10 +648,16 @@ class Core:
         self.next_tick = now + answer.next_tick_ms / 1000.0
         return max(answer.next_exchange_ms, 10) / 1000.0
 
-    def round_done(self, now: float, period: Optional[float], failure: Optional[str]) -> None:
+    def round_done(self, now: float, period: Optional[float], failure: Optional[str], untried: bool = False) -> None:
         """A round ended: ``period`` from the last page answered (``None``: none was),
-        ``failure`` why a page failed (``None``: none did)."""
-        if failure is not None:
+        ``failure`` why a page failed (``None``: none did); ``untried``: a controller given
+        has not failed since the last answer, and the next round goes to it at once."""
+        if failure is not None and untried:
+            self.due = now
+            if period is None:
+                self.last_error = failure
+                return
+        elif failure is not None:
             if period is None:
                 self.connected = False
                 self.last_error = failure

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, TypeVar, cast
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -69,10 +69,14 @@ class AsyncLimiter(Handle):
             cost_model=cost_model,
         )
         self._metadata = _connect.metadata(token)
-        self._url, self._ca_file = url, ca_file
-        _connect.check_target(url, ca_file)
+        self._urls, self._ca_file = _connect.addresses(url, ca_file), ca_file
         self._timeout = exchange_timeout
-        self._channel: Optional[grpc.aio.Channel] = None
+        # The controllers given (their channels while started), and the one talked to now.
+        self._homes: List[Tuple[grpc.aio.Channel, Any]] = []
+        self._current = 0
+        # How many of them failed since the last answer: until each has, a failure is followed
+        # by the next at once, then the rounds back off.
+        self._failed = 0
         self._task: Optional["asyncio.Task[None]"] = None
         self._wake: Optional[asyncio.Event] = None
         self._granted: Optional[asyncio.Event] = None
@@ -85,7 +89,9 @@ class AsyncLimiter(Handle):
         """Opens the channel and starts the exchange task on the running loop (``async with``
         does it)."""
         if self._task is None:
-            self._channel = _connect.aio_channel(self._url, self._ca_file)
+            for u in self._urls:
+                channel = _connect.aio_channel(u, self._ca_file)
+                self._homes.append((channel, rpc.AdmissionStub(channel)))  # type: ignore[no-untyped-call]
             self._wake = asyncio.Event()
             self._granted = asyncio.Event()
             self._core.notify = self._wake.set
@@ -101,9 +107,9 @@ class AsyncLimiter(Handle):
             except asyncio.CancelledError:
                 pass
             self._task = None
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        for channel, _ in self._homes:
+            await channel.close()
+        self._homes.clear()
         for channel, _ in self._owners.values():
             await channel.close()
         self._owners.clear()
@@ -174,8 +180,7 @@ class AsyncLimiter(Handle):
 
     async def _run(self) -> None:
         core, wake = self._core, self._wake
-        assert wake is not None and self._channel is not None
-        stub = rpc.AdmissionStub(self._channel)  # type: ignore[no-untyped-call]
+        assert wake is not None and self._homes
         while True:
             wait, interruptible = core.next_wait(time.monotonic())
             if wait > 0:
@@ -189,7 +194,7 @@ class AsyncLimiter(Handle):
             pages = core.requests(time.monotonic())
             for i, (request, _) in enumerate(pages):
                 try:
-                    answer = await self._exchange(stub, request)
+                    answer = await self._exchange(request)
                 except grpc.RpcError as e:
                     core.restore([before for _, before in pages[i:]])
                     failure = str(from_rpc(e))
@@ -201,7 +206,7 @@ class AsyncLimiter(Handle):
                 granted, self._granted = self._granted, asyncio.Event()
                 if granted is not None:
                     granted.set()
-            core.round_done(time.monotonic(), period, failure)
+            core.round_done(time.monotonic(), period, failure, untried=self._failed < len(self._homes))
 
     async def _owner(self, address: str) -> Any:
         """The stub for the owner at ``address``, its channel opened on first use."""
@@ -215,14 +220,26 @@ class AsyncLimiter(Handle):
             known = self._owners[address] = (channel, rpc.AdmissionStub(channel))  # type: ignore[no-untyped-call]
         return known[1]
 
-    async def _exchange(self, home: Any, request: Any) -> Any:
+    async def _home(self, request: Any) -> Any:
+        """``request`` to the controller talked to now; when it fails, the next one given is
+        talked to from then on."""
+        try:
+            answer = await self._homes[self._current][1].Exchange(request, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError:
+            self._current = (self._current + 1) % len(self._homes)
+            self._failed += 1
+            raise
+        self._failed = 0
+        return answer
+
+    async def _exchange(self, request: Any) -> Any:
         """One exchange: each group's part to its owner when the map says, else whole to the
         controller given (see ``_routes``); raises the error when no part is answered."""
         routes = self._routes
         routes.prepare(request)
         parts = routes.split(request)
         if parts is None:
-            answer = await home.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+            answer = await self._home(request)
             routes.learn(answer)
             return answer
         outcome = _routes.Outcome(routes, request)
@@ -245,7 +262,7 @@ class AsyncLimiter(Handle):
         retry = outcome.retry()
         if retry is not None:
             try:
-                outcome.answered(await home.Exchange(retry, timeout=self._timeout, metadata=self._metadata))
+                outcome.answered(await self._home(retry))
             except grpc.RpcError as e:
                 outcome.error = e
         return outcome.finish()

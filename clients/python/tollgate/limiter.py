@@ -34,6 +34,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Limiter(Handle):
     """Admission by cost, per group, fed by the tollgate server at ``url``.
 
+    - ``url``: the controller, or several sharing one etcd, comma-separated
+      (``http://a:7460,http://b:7460``): the limiter talks to the first and moves to the next
+      when the one it talks to fails;
     - ``client_id``: how the server tells this process apart (default: one of its own);
     - ``token``, ``ca_file``: a client token for a server run with ``--auth``; the authority
       an ``https://`` address is checked against (default: the system's);
@@ -71,8 +74,13 @@ class Limiter(Handle):
         )
         self._metadata = _connect.metadata(token)
         self._ca_file = ca_file
-        self._channel = _connect.channel(url, ca_file)
-        self._stub = rpc.AdmissionStub(self._channel)  # type: ignore[no-untyped-call]
+        # The controllers given, and the one talked to now.
+        self._homes = [_connect.channel(u, ca_file) for u in _connect.addresses(url, ca_file)]
+        self._stubs = [rpc.AdmissionStub(c) for c in self._homes]  # type: ignore[no-untyped-call]
+        self._current = 0
+        # How many of them failed since the last answer: until each has, a failure is followed
+        # by the next at once, then the rounds back off.
+        self._failed = 0
         # With the groups sharded over the controllers: the map, and a channel to each owner.
         self._routes = _routes.Routes()
         self._owners: Dict[str, Tuple[grpc.Channel, Any]] = {}
@@ -147,7 +155,8 @@ class Limiter(Handle):
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=5)
-        self._channel.close()
+        for home in self._homes:
+            home.close()
         for channel, _ in self._owners.values():
             channel.close()
 
@@ -183,7 +192,7 @@ class Limiter(Handle):
                 period = core.answer(answer, time.monotonic())
                 with self._granted:
                     self._granted.notify_all()
-            core.round_done(time.monotonic(), period, failure)
+            core.round_done(time.monotonic(), period, failure, untried=self._failed < len(self._stubs))
 
     def _owner(self, address: str) -> Any:
         """The stub for the owner at ``address``, its channel opened on first use."""
@@ -204,7 +213,7 @@ class Limiter(Handle):
         routes.prepare(request)
         parts = routes.split(request)
         if parts is None:
-            answer = self._stub.Exchange(request, timeout=self._timeout, metadata=self._metadata)
+            answer = self._home(request)
             routes.learn(answer)
             return answer
         outcome = _routes.Outcome(routes, request)
@@ -224,7 +233,19 @@ class Limiter(Handle):
         retry = outcome.retry()
         if retry is not None:
             try:
-                outcome.answered(self._stub.Exchange(retry, timeout=self._timeout, metadata=self._metadata))
+                outcome.answered(self._home(retry))
             except grpc.RpcError as e:
                 outcome.error = e
         return outcome.finish()
+
+    def _home(self, request: Any) -> Any:
+        """``request`` to the controller talked to now; when it fails, the next one given is
+        talked to from then on."""
+        try:
+            answer = self._stubs[self._current].Exchange(request, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError:
+            self._current = (self._current + 1) % len(self._stubs)
+            self._failed += 1
+            raise
+        self._failed = 0
+        return answer
