@@ -1403,9 +1403,9 @@ async fn a_shard_that_moves_takes_its_groups_consumption_with_it() {
 }
 
 /// A new leader counts on from the consumption the last one wrote: a leader stopped cleanly
-/// writes what its groups consumed, and the controller elected after it reads that before it
-/// grants, so a group's total goes on from there. (Consumption is otherwise written once a
-/// minute here.)
+/// writes what its groups consumed and its ramps, and the controller elected after it reads
+/// them before it grants, so a group's total goes on from there and a ramp resumes where it
+/// was. (They are otherwise written once a minute here.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_counts_on_from_the_consumption_the_last_one_wrote() {
     let etcd = Etcd::start("leader-meters");
@@ -1414,21 +1414,34 @@ async fn a_new_leader_counts_on_from_the_consumption_the_last_one_wrote() {
     eventually("the first leads", || status(&a_http).is_some_and(|s| s["role"] == "leader"));
     let (_b, b_url, b_http) = start_with(&etcd.url(), "/tollgate", &more);
     admin(&a_url, &["group", "create", "billed", "--limit", "1000"]);
-    let consumed = |http: &str| {
+    admin(&a_url, &["group", "create", "ramped", "--ramp", "min=10,max=1000,duration_s=60,resume_ttl_s=600"]);
+    let field = |http: &str, group: &str, field: &str| {
         let groups = status(http)?["groups"].as_array()?.clone();
-        groups.iter().find(|g| g["name"] == "billed")?["consumed_total"].as_f64()
+        groups.iter().find(|g| g["name"] == group)?[field].as_f64()
     };
+    let consumed = |http: &str| field(http, "billed", "consumed_total");
     let opts = tollgate_limiter::RemoteOptions { client_id: Some("billed".into()), ..Default::default() };
     let gate = tollgate_limiter::Tollgate::remote(&format!("{a_url},{b_url}"), opts).unwrap();
     for _ in 0..100 {
         gate.acquire("billed", 1.0).await.unwrap();
     }
     eventually("the leader counted 100", || consumed(&a_http) == Some(100.0));
-    // Stopped cleanly (SIGTERM), the leader writes what was consumed; the other takes over.
+    // A ramp three epochs on (16.5 units/s more each).
+    while field(&a_http, "ramped", "ramp_pool").is_none_or(|p| p < 50.0) {
+        let _ = gate.try_acquire("ramped", 1.0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ramp = field(&a_http, "ramped", "ramp_pool").unwrap();
+    // Stopped cleanly (SIGTERM), the leader writes what was consumed and its ramps; the other
+    // takes over.
     Command::new("kill").args(["-TERM", &a.0.id().to_string()]).status().unwrap();
     a.0.wait().unwrap();
     eventually("the second leads", || status(&b_http).is_some_and(|s| s["role"] == "leader"));
     assert_eq!(consumed(&b_http), Some(100.0), "the new leader read the stored consumption");
+    let _ = gate.try_acquire("ramped", 1.0);
+    eventually("the new leader computes the ramp", || field(&b_http, "ramped", "ramp_pool").is_some());
+    let resumed = field(&b_http, "ramped", "ramp_pool").unwrap();
+    assert!(resumed >= ramp, "the new leader resumed the ramp at {resumed}, not {ramp}");
     for _ in 0..50 {
         gate.acquire("billed", 1.0).await.unwrap();
     }
@@ -1436,26 +1449,53 @@ async fn a_new_leader_counts_on_from_the_consumption_the_last_one_wrote() {
 }
 
 /// With the groups sharded, each controller writes its own groups' resumable ramps and leaves
-/// the others' as they are: every group's ramp stays stored, however the two controllers'
-/// writes fall.
+/// the others' as they are, so every group's ramp stays stored however the two controllers'
+/// writes fall; and a ramp under way moves with its shard: the controller given a group
+/// resumes its ramp where the last owner left it, instead of starting it again at its minimum.
+/// Both controllers start before any ramp is stored, so the one left has only the move to
+/// learn them from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sharded_controllers_keep_each_others_resumable_ramps() {
-    let etcd = Etcd::start("shards-ramps");
-    let more = ["--shards", "16", "--flush-ms", "100", "--tick-ms", "100"];
+async fn a_shard_that_moves_takes_its_groups_ramps_with_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let etcd = Etcd::start("shards-ramps-move");
+    let more = ["--shards", "16", "--flush-ms", "100", "--tick-ms", "100", "--election-lease-s", "1"];
     let (_a, a_url, a_http) = start_with(&etcd.url(), "/tollgate", &more);
-    let (_b, _, b_http) = start_with(&etcd.url(), "/tollgate", &more);
+    let (b, _, b_http) = start_with(&etcd.url(), "/tollgate", &more);
     eventually("each owns some shards", || {
         owned(&a_http) >= 1.0 && owned(&b_http) >= 1.0 && owned(&a_http) + owned(&b_http) == 16.0
     });
-    let groups = one_group_per_shard("r", 16);
+    let groups = one_group_per_shard("q", 16);
+    // 16.5 units/s more each second: a ramp started again is far below one that resumed.
     for g in &groups {
-        admin(&a_url, &["group", "create", g, "--ramp", "min=10,max=500,duration_s=600,resume_ttl_s=600"]);
+        admin(&a_url, &["group", "create", g, "--ramp", "min=10,max=1000,duration_s=60,resume_ttl_s=600"]);
     }
-    let opts = tollgate_limiter::RemoteOptions { client_id: Some("ramped".into()), ..Default::default() };
+    let opts = tollgate_limiter::RemoteOptions { client_id: Some("ramping".into()), ..Default::default() };
     let gate = tollgate_limiter::Tollgate::remote(&a_url, opts).unwrap();
-    for g in &groups {
-        gate.acquire(g, 1.0).await.unwrap();
-    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (gate, groups, stop) = (gate.clone(), groups.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for g in &groups {
+                    let _ = gate.try_acquire(g, 1.0);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let pools = |http: &str| -> std::collections::HashMap<String, f64> {
+        status(http)
+            .map(|s| s["groups"].as_array().cloned().unwrap_or_default())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|g| Some((g["name"].as_str()?.to_string(), g["ramp_pool"].as_f64()?)))
+            .collect()
+    };
+    eventually("every ramp past 100 on its owner", || {
+        let (on_a, on_b) = (pools(&a_http), pools(&b_http));
+        groups.iter().all(|g| on_a.get(g).or(on_b.get(g)).is_some_and(|&v| v >= 100.0))
+    });
     // Ten looks in a row, a tenth of a second apart: each controller writes ten times meanwhile.
     let mut streak = 0;
     eventually("every group's ramp stored, ten looks in a row", || {
@@ -1465,7 +1505,27 @@ async fn sharded_controllers_keep_each_others_resumable_ramps() {
         streak = if stored == groups.len() { streak + 1 } else { 0 };
         streak >= 10
     });
-    drop(gate);
+    let before = pools(&b_http);
+    let moving: Vec<String> = before.keys().filter(|g| groups.contains(g)).cloned().collect();
+    assert!(!moving.is_empty());
+    drop(b);
+    // Each group the first is given, as soon as it shows it, is where the second left it.
+    let mut seen: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
+    eventually("the first shows the groups it was given", || {
+        for (g, v) in pools(&a_http) {
+            if moving.contains(&g) {
+                seen.entry(g).or_insert(v);
+            }
+        }
+        seen.len() == moving.len()
+    });
+    println!("ramps before the kill {before:?}, first seen on the new owner {seen:?}");
+    // What grew since the killed owner's last write (a tenth of a second ago) is lost: at most
+    // an epoch's growth, or two on a busy machine.
+    let resumed = |g: &String| seen[g] >= before[g] - 2.0 * 16.5;
+    assert!(moving.iter().all(resumed), "a ramp started again: {before:?} then {seen:?}");
+    stop.store(true, Ordering::Relaxed);
+    busy.await.unwrap();
 }
 
 /// A controller whose `--shards` does not match the map in etcd, or that has none where the

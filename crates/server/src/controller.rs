@@ -938,6 +938,30 @@ impl Controller {
         taken
     }
 
+    /// Lets each of the stored `ramps` whose tree's root `mine` says this controller has just
+    /// been given resume where its last owner left it, at `now` (`wall_ms` the Unix time in
+    /// milliseconds), as at start: a group's next report picks its ramp up there instead of at
+    /// its minimum. A ramp past its resume TTL is left out, and so is a group this controller
+    /// computes now (its own ramp is the newer). Returns how many were taken.
+    pub fn resume_ramps(
+        &self,
+        now: Nanos,
+        wall_ms: u64,
+        ramps: Vec<(GroupName, StoredRamp)>,
+        mine: impl Fn(&GroupName) -> bool,
+    ) -> usize {
+        let mut engine = self.engine();
+        let mut taken = 0;
+        for (name, ramp) in ramps {
+            if ramp.until_unix_ms <= wall_ms || !mine(engine.root_of(&name)) || engine.tracks(&name) {
+                continue;
+            }
+            engine.resume_ramp(now, name, ramp.value, Duration::from_millis(ramp.until_unix_ms - wall_ms));
+            taken += 1;
+        }
+        taken
+    }
+
     /// The shard of each of `groups` among `shards`, by the root of its tree
     /// ([`Engine::root_of`]), all under one lock; `None` for a name that is not a group's.
     pub fn shards_of<'a>(&self, groups: impl Iterator<Item = &'a str>, shards: u16) -> Vec<Option<u16>> {

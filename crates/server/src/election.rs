@@ -157,14 +157,17 @@ async fn term(
             won = &mut campaign, if !leading => match won {
                 Ok(_) => {
                     leading = true;
-                    // The last leader's consumption, as it last wrote it, before this one
-                    // grants and writes its own (with the groups sharded, each shard's owner
-                    // reads its groups' when it is given them).
+                    // The last leader's consumption and ramps, as it last wrote them, before
+                    // this one grants and writes its own (with the groups sharded, each shard's
+                    // owner reads its groups' when it is given them).
                     if cluster.sharding().is_none()
-                        && let Some(meters) = crate::store::etcd::stored_meters(&mut client, target).await
+                        && let Some(stored) = crate::store::etcd::stored_progress(&mut client, target).await
                     {
-                        let taken = cluster.controller().restore_meters(meters, |_| true);
-                        tracing::debug!(taken, "election: the stored consumption was read");
+                        let controller = cluster.controller();
+                        let meters = controller.restore_meters(stored.meters, |_| true);
+                        let wall_ms = crate::clock::wall_ms();
+                        let ramps = controller.resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
+                        tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
                     }
                     cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
                     tracing::info!(advertise, "elected leader");

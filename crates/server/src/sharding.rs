@@ -30,7 +30,7 @@ use crate::cluster::{Cluster, Role};
 use crate::controller::Controller;
 use crate::options::EtcdTarget;
 use crate::shards::{Sharding, decode_claims, encode_claims};
-use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason, stored_meters};
+use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason, stored_progress};
 
 /// How often the leader looks at the members and the map.
 pub const COORDINATE_EVERY: Duration = Duration::from_millis(100);
@@ -161,7 +161,7 @@ async fn take(
         (0..map.shards()).filter(|&s| owned(Some(&map), s) && !owned(held.as_deref(), s)).collect();
     let lost = (0..map.shards()).any(|s| owned(held.as_deref(), s) && !owned(Some(&map), s));
     if !gained.is_empty() {
-        restore_meters(client, target, controller, sharding.shards(), &gained).await;
+        restore_progress(client, target, controller, clock, sharding.shards(), &gained).await;
     }
     if sharding.apply(clock.now(), map, controller) {
         tracing::info!(epoch, owned = sharding.owned(), "shards: map applied");
@@ -189,22 +189,26 @@ async fn take(
     Ok(())
 }
 
-/// Reads the consumption stored for the groups of the `gained` shards, which their last owner
-/// wrote (when it let them go, or at its last flush if it died), so that this controller counts
-/// on from it. A read that fails is logged, and the groups count on from what this controller
-/// holds: the map is applied all the same.
-async fn restore_meters(
+/// Reads the consumption and the resumable ramps stored for the groups of the `gained` shards,
+/// which their last owner wrote (when it let them go, or at its last flush if it died), so that
+/// this controller counts on from that consumption and resumes those ramps where they were. A
+/// read that fails is logged, and the groups count on from what this controller holds: the map
+/// is applied all the same.
+async fn restore_progress(
     client: &mut Client,
     target: &EtcdTarget,
     controller: &Controller,
+    clock: Clock,
     shards: u16,
     gained: &HashSet<u16>,
 ) {
-    let Some(meters) = stored_meters(client, target).await else { return };
-    let taken = controller.restore_meters(meters, |root| {
+    let Some(stored) = stored_progress(client, target).await else { return };
+    let mine = |root: &tollgate_model::settings::GroupName| {
         gained.contains(&tollgate_model::shard::shard_of(root.as_str(), shards))
-    });
-    tracing::debug!(taken, "shards: the consumption of the groups given was read");
+    };
+    let meters = controller.restore_meters(stored.meters, mine);
+    let ramps = controller.resume_ramps(clock.now(), crate::clock::wall_ms(), stored.ramps, mine);
+    tracing::debug!(meters, ramps, "shards: the consumption and ramps of the groups given were read");
 }
 
 fn refuse(sharding: &Sharding, target: &EtcdTarget, why: &str) {

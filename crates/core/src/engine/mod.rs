@@ -1779,6 +1779,12 @@ impl Engine {
         }
     }
 
+    /// Whether `group` is tracked now (a client or backend reported it, and it has not gone
+    /// quiet since).
+    pub fn tracks(&self, group: &GroupName) -> bool {
+        self.tracked.contains_key(group)
+    }
+
     /// How many groups are tracked.
     pub fn tracked_groups(&self) -> usize {
         self.tracked.len()

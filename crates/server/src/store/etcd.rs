@@ -96,28 +96,47 @@ pub(crate) fn reason(e: &etcd_client::Error) -> String {
     }
 }
 
-/// A client whose every call is bounded by [`ETCD_TIMEOUT`].
-/// The most stored meters read at once by a controller taking groups over.
-const METERS_READ_MAX: i64 = 1_000_000;
+/// The most stored meters, and the most stored ramps, read at once by a controller taking
+/// groups over.
+const PROGRESS_READ_MAX: i64 = 1_000_000;
 
-/// Every group's consumption as stored, read by a controller taking groups over (a new leader,
-/// or the new owner of a shard) so that it counts on from what the last writer wrote; `None`,
-/// logged, when etcd does not answer within [`ETCD_TIMEOUT`]. A malformed entry is left out.
-pub(crate) async fn stored_meters(
+/// What a controller taking groups over (a new leader, or the new owner of a shard) reads so
+/// that it carries on from what the last writer wrote: every group's consumption and every
+/// resumable ramp, as stored.
+pub(crate) struct StoredProgress {
+    /// Each group's consumption.
+    pub meters: Vec<(GroupName, Meter)>,
+    /// Each resumable ramp.
+    pub ramps: Vec<(GroupName, StoredRamp)>,
+}
+
+/// Reads the [`StoredProgress`]; `None`, logged, when etcd does not answer within
+/// [`ETCD_TIMEOUT`]. A malformed entry is left out.
+pub(crate) async fn stored_progress(client: &mut Client, target: &EtcdTarget) -> Option<StoredProgress> {
+    let meters = read_prefix(client, target, "meters/", |v| decode_meter(v).ok()).await?;
+    let ramps = read_prefix(client, target, "ramps/", |v| decode_ramp(v).ok()).await?;
+    Some(StoredProgress { meters, ramps })
+}
+
+/// Each group's entry under `PREFIX/what`, decoded; `None`, logged, when etcd does not answer.
+async fn read_prefix<T>(
     client: &mut Client,
     target: &EtcdTarget,
-) -> Option<Vec<(GroupName, Meter)>> {
-    let prefix = target.key("meters/");
-    let options = GetOptions::new().with_prefix().with_limit(METERS_READ_MAX);
+    what: &str,
+    decode: impl Fn(&[u8]) -> Option<T>,
+) -> Option<Vec<(GroupName, T)>> {
+    let prefix = target.key(what);
+    let options = GetOptions::new().with_prefix().with_limit(PROGRESS_READ_MAX);
     let got = match tokio::time::timeout(ETCD_TIMEOUT, client.get(prefix.clone(), Some(options))).await {
         Ok(Ok(got)) => got,
         Ok(Err(e)) => {
-            tracing::warn!(error = %reason(&e), "the stored consumption was not read; counting on from this controller's");
+            tracing::warn!(error = %reason(&e), what, "what was stored was not read; counting on from this controller's");
             return None;
         }
         Err(_) => {
             tracing::warn!(
-                "the stored consumption was not read within {ETCD_TIMEOUT:?}; counting on from this controller's"
+                what,
+                "what was stored was not read within {ETCD_TIMEOUT:?}; counting on from this controller's"
             );
             return None;
         }
@@ -127,12 +146,13 @@ pub(crate) async fn stored_meters(
             .iter()
             .filter_map(|kv| {
                 let name = std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()?;
-                Some((GroupName::new(name).ok()?, decode_meter(kv.value()).ok()?))
+                Some((GroupName::new(name).ok()?, decode(kv.value())?))
             })
             .collect(),
     )
 }
 
+/// A client whose every call is bounded by [`ETCD_TIMEOUT`].
 pub(crate) async fn connect(target: &EtcdTarget) -> Result<Client, etcd_client::Error> {
     let options = ConnectOptions::new().with_connect_timeout(ETCD_TIMEOUT).with_timeout(ETCD_TIMEOUT);
     Client::connect(&target.endpoints, Some(options)).await
