@@ -1426,12 +1426,16 @@ async fn a_new_leader_counts_on_from_the_consumption_the_last_one_wrote() {
         gate.acquire("billed", 1.0).await.unwrap();
     }
     eventually("the leader counted 100", || consumed(&a_http) == Some(100.0));
-    // A ramp three epochs on (16.5 units/s more each).
-    while field(&a_http, "ramped", "ramp_pool").is_none_or(|p| p < 50.0) {
+    // A ramp three epochs on (16.5 units/s more each); up to a minute.
+    for _ in 0..1200 {
+        if field(&a_http, "ramped", "ramp_pool").is_some_and(|p| p >= 50.0) {
+            break;
+        }
         let _ = gate.try_acquire("ramped", 1.0);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let ramp = field(&a_http, "ramped", "ramp_pool").unwrap();
+    assert!(ramp >= 50.0, "the ramp never grew: {ramp}");
     // Stopped cleanly (SIGTERM), the leader writes what was consumed and its ramps; the other
     // takes over.
     Command::new("kill").args(["-TERM", &a.0.id().to_string()]).status().unwrap();
