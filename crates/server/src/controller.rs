@@ -84,6 +84,20 @@ fn apply_node(engine: &mut Engine, node: StoredNode) {
     engine.set_throttling(node.throttling);
 }
 
+/// Lets a stored ramp resume at `now` (`wall_ms` the Unix time in milliseconds) if its
+/// resume TTL has not run out; says whether it did.
+fn resume_stored_ramp(
+    engine: &mut Engine,
+    now: Nanos,
+    wall_ms: u64,
+    name: GroupName,
+    ramp: StoredRamp,
+) -> bool {
+    let Some(left) = ramp.until_unix_ms.checked_sub(wall_ms).filter(|&ms| ms > 0) else { return false };
+    engine.resume_ramp(now, name, ramp.value, Duration::from_millis(left));
+    true
+}
+
 /// The node settings as the audit log shows them.
 fn node_json(n: &StoredNode) -> String {
     serde_json::json!({
@@ -257,14 +271,7 @@ impl Controller {
             }
         }
         for (name, ramp) in stored.ramps {
-            if ramp.until_unix_ms > wall_ms {
-                engine.resume_ramp(
-                    now,
-                    name,
-                    ramp.value,
-                    Duration::from_millis(ramp.until_unix_ms - wall_ms),
-                );
-            }
+            resume_stored_ramp(&mut engine, now, wall_ms, name, ramp);
         }
         let controller = Controller {
             engine: parking_lot::Mutex::new(engine),
@@ -953,11 +960,9 @@ impl Controller {
         let mut engine = self.engine();
         let mut taken = 0;
         for (name, ramp) in ramps {
-            if ramp.until_unix_ms <= wall_ms || !mine(engine.root_of(&name)) || engine.tracks(&name) {
-                continue;
+            if mine(engine.root_of(&name)) && !engine.tracks(&name) {
+                taken += usize::from(resume_stored_ramp(&mut engine, now, wall_ms, name, ramp));
             }
-            engine.resume_ramp(now, name, ramp.value, Duration::from_millis(ramp.until_unix_ms - wall_ms));
-            taken += 1;
         }
         taken
     }
