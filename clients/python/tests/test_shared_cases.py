@@ -1,5 +1,5 @@
 """The demand definition and the cost models agree with the Rust model's: the table in
-shared_cases.json is computed by the Rust code (crates/core/tests/shared_cases.rs checks it is
+shared_cases.json is computed by the Rust code (crates/core/tests/it/shared_cases.rs checks it is
 current), and replayed here through the Python client's own meter and models."""
 
 from __future__ import annotations

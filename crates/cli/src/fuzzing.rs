@@ -1,6 +1,6 @@
 //! Entry points for fuzzing: each takes arbitrary bytes and must never panic, whatever they
 //! are. The `fuzz/` targets run them under libFuzzer (`scripts/fuzz.sh`, nightly), and
-//! `tests/fuzz.rs` runs them on random inputs under `cargo test`, so a regression fails CI.
+//! `tests/it/fuzz.rs` runs them on random inputs under `cargo test`, so a regression fails CI.
 
 use std::sync::{Arc, OnceLock};
 

@@ -15,7 +15,7 @@
 //!
 //! No allowance exceeds a group's ceiling, and the allowances never add up to more than the
 //! capacity unless the demanded reservations alone do. The laws are property tests in
-//! `tests/allocation_laws.rs`.
+//! `tests/it/allocation_laws.rs`.
 
 use crate::settings::Priority;
 

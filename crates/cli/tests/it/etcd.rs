@@ -1,6 +1,5 @@
 //! Settings in a real etcd, shared by real `tollgate server` processes (built with the `etcd`
 //! feature, as the test command builds them).
-#![cfg(feature = "etcd")]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -8,7 +7,7 @@ use std::time::Duration;
 
 use tollgate_testkit::etcd::Etcd;
 
-mod common;
+use crate::common;
 use common::{BIN, admin, eventually};
 
 struct Killed(Child);

@@ -1,7 +1,7 @@
 //! What ships beside the binary for running it: the systemd unit under `deploy/systemd/`,
 //! checked by systemd's own analyzer and its command line run for real.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -13,7 +13,7 @@ use tollgate_proto::v1;
 use tollgate_testkit::pki::Pki;
 use tonic::Code;
 
-mod common;
+use crate::common;
 use common::{BIN, ServerProc, data_dir, eventually};
 
 /// Runs the CLI with `env`: (exit code, stdout, stderr).

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-mod common;
+use crate::common;
 use common::{BIN, free_port};
 
 fn repo() -> PathBuf {
@@ -32,27 +32,27 @@ fn not_here(cmd: &str) -> Option<&'static str> {
         "cargo" => Some("builds and runs through cargo: the test command itself does"),
         "./scripts/test.sh" => Some("the test command: this test is part of it"),
         "sudo" => {
-            Some("installs or starts system services: crates/cli/tests/deploy.rs checks what they install")
+            Some("installs or starts system services: crates/cli/tests/it/deploy.rs checks what they install")
         }
-        "etcd" | "for" | "done" => Some("controllers on etcd: crates/cli/tests/etcd.rs runs them"),
-        "envoy" => Some("Envoy with examples/envoy/envoy.yaml: crates/cli/tests/envoy.rs runs that file"),
+        "etcd" | "for" | "done" => Some("controllers on etcd: crates/cli/tests/it/etcd.rs runs them"),
+        "envoy" => Some("Envoy with examples/envoy/envoy.yaml: crates/cli/tests/it/envoy.rs runs that file"),
         "scripts/release.sh" => {
-            Some("builds a release: crates/cli/tests/deploy.rs runs the script and the archive")
+            Some("builds a release: crates/cli/tests/it/deploy.rs runs the script and the archive")
         }
         "scripts/image.sh" | "podman" => Some(
-            "builds or runs the image: crates/cli/tests/deploy.rs builds it and runs its root file system",
+            "builds or runs the image: crates/cli/tests/it/deploy.rs builds it and runs its root file system",
         ),
         "python3" if cmd.contains("pip install") => Some(
             "installs the Python client: scripts/test.sh builds its wheel and installs it in a fresh environment",
         ),
         "kubectl" => Some(
-            "needs a cluster: crates/cli/tests/deploy.rs validates the manifests and runs their pods' arguments",
+            "needs a cluster: crates/cli/tests/it/deploy.rs validates the manifests and runs their pods' arguments",
         ),
         _ if cmd.contains("-x86_64-linux") => {
-            Some("the release archive: crates/cli/tests/deploy.rs checks, unpacks and runs it")
+            Some("the release archive: crates/cli/tests/it/deploy.rs checks, unpacks and runs it")
         }
         _ if cmd.contains("--etcd") || cmd.contains(":7470") || cmd.contains(":7560") => {
-            Some("controllers on etcd: crates/cli/tests/etcd.rs runs them")
+            Some("controllers on etcd: crates/cli/tests/it/etcd.rs runs them")
         }
         _ if cmd.contains(":7480") => Some("examples/kv-service: crates/cli/tests/e2e.rs runs it"),
         _ => None,

@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_limiter::access::Access;
 
-mod common;
+use crate::common;
 use common::{BIN, ServerProc, data_dir};
 
 fn cli(url: &str, token: Option<&str>, args: &[&str]) -> (bool, String) {

@@ -6,7 +6,7 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 use common::{ServerProc, data_dir};
 
 /// One request: the status, the head (lower case) and the body as JSON (`Null` if none).

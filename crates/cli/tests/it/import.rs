@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 use common::{BIN, ServerProc, data_dir};
 
 fn repo() -> PathBuf {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::envoy::{counter, envoy, get, request, upstream};
 use common::{BIN, ServerProc, data_dir, eventually, try_metric};
 

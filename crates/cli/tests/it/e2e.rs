@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_limiter::clock::TokioClock;
 use tollgate_model::time::Clock;
 
-mod common;
+use crate::common;
 use common::{BIN, admin, server_command};
 
 const VALUE_BYTES: usize = 4096;

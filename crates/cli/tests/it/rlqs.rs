@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::envoy::{Envoy, KeepAlive, counter, envoy, get, upstream};
 use common::{ServerProc, admin, data_dir, eventually, free_port, metric};
 
@@ -36,7 +36,7 @@ impl Seen {
 }
 
 /// Clients of `tenant` through each Envoy until `stop`: `workers[i]` asking as fast as Envoy
-/// answers, or (when `paced[i]` is set) one asking that many times a second.
+/// answers, or (when `paced[i]` is set) each asking up to that many times a second.
 fn load(
     envoys: &[&Envoy],
     tenant: &'static str,
@@ -108,10 +108,12 @@ fn envoys_hold_a_group_to_its_limit_on_tollgates_assignments_through_a_change_an
     let up = upstream();
     let envoys: Vec<Envoy> = (0..3).map(|_| envoy(&dir, "rlqs.yaml", grpc, up, &[])).collect();
     let all: Vec<&Envoy> = envoys.iter().collect();
-    // Two Envoys asked as fast as they answer; the third at 40 requests a second, below its
-    // fair share: the split by demand gives it what it asks and the other two the rest.
+    // Two Envoys asked up to 1,000 times a second each, several times their share of 300; the
+    // third at 40 a second, below its fair share: the split by demand gives it what it asks
+    // and the other two the rest. (Asked as fast as they answer, the two took both cores for
+    // the whole test, starving every test beside it.)
     let stop = Arc::new(AtomicBool::new(false));
-    let seen = load(&all, "acme", &[1, 1, 1], &[None, None, Some(40)], &stop);
+    let seen = load(&all, "acme", &[1, 1, 1], &[Some(1000), Some(1000), Some(40)], &stop);
     // Warm: the busy Envoys refuse (they enforce assignments), and two full reports from each
     // (Envoy reports every 5 s) have carried every Envoy's demand, then a tick has split it.
     eventually("the busy Envoys refuse", || seen[..2].iter().all(|s| s.snapshot()[1] > 0));

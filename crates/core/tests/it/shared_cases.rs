@@ -3,7 +3,7 @@
 //! through its own meter and models and must get the same numbers.
 //!
 //! This test computes the table with the model's code and compares it with the committed file;
-//! `TOLLGATE_BLESS=1 cargo test -p tollgate-model --test shared_cases` writes it afresh.
+//! `TOLLGATE_BLESS=1 cargo test -p tollgate-model --test it shared_cases` writes it afresh.
 
 use std::path::PathBuf;
 
@@ -141,7 +141,7 @@ fn the_shared_table_is_what_the_model_computes() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == text,
-        "{} is not what the model computes: run TOLLGATE_BLESS=1 cargo test -p tollgate-model --test shared_cases",
+        "{} is not what the model computes: run TOLLGATE_BLESS=1 cargo test -p tollgate-model --test it shared_cases",
         path.display()
     );
 }

@@ -2,7 +2,7 @@
 //!
 //! How remote clients behave over time (limits across fifty clients, safe mode, restarts,
 //! learning) is tested in simulated time against the same controller on a simulated network
-//! (`crates/client/tests/modes.rs`); this checks the real process and the real transport,
+//! (`crates/client/tests/it/modes.rs`); this checks the real process and the real transport,
 //! without timing anything.
 
 use std::io::{BufRead, BufReader};
@@ -14,7 +14,7 @@ use tollgate_limiter::scheduler::{FollowOptions, Scheduler, SchedulerOptions};
 use tollgate_limiter::{RemoteOptions, Tollgate};
 use tollgate_model::config::Config;
 
-mod common;
+use crate::common;
 use common::{admin, server_command};
 
 struct Killed(Child);

@@ -4,7 +4,7 @@
 //! rules evaluate without error, promtool checks and unit-tests them, every metric they and the
 //! board name is on `/metrics`, and every query of the board runs in Prometheus.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -23,7 +23,7 @@ fn child_reads_the_count() {
 
 fn child(value: &str) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_reads_the_count", "--nocapture", "--test-threads", "1"])
+        .args(["--exact", "replicas_env::child_reads_the_count", "--nocapture", "--test-threads", "1"])
         .env("TOLLGATE_REPLICAS", value)
         .output()
         .unwrap();
