@@ -31,6 +31,8 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # openssl for the TLS recipe, curl for the HTTP API.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# pgrep, to stop the installs running in the background when the script fails.
+command -v pgrep >/dev/null 2>&1 || missing+=(procps)
 # Python, for a virtual environment of PyPI packages (below).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -91,7 +93,13 @@ pypi_log=target/test-pypi.log
   "$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1"
 ) >"$pypi_log" 2>&1 &
 pypi_pid=$!
-trap 'kill "$pypi_pid" 2>/dev/null || true' EXIT
+# stop_tree PID: stops PID and every process under it (the installs, when the script fails).
+stop_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do stop_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
+trap 'stop_tree "$pypi_pid"' EXIT
 export TOLLGATE_ENVOY="$PWD/$venv/bin/envoy"
 export TOLLGATE_KUBERNETES_VALIDATE="$PWD/$k8svenv/bin/kubernetes-validate"
 

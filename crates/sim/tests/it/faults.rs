@@ -81,6 +81,18 @@ fn two_hundred_seeds_of_restarts_and_store_loss_hold_every_invariant() {
     all_hold(&load("restarts-store"));
 }
 
+/// The fault scenario over the 10,000 seeds after those above (201 to 10,200): a slow check,
+/// left out of the test command and run before a release (`scripts/test-slow.sh`).
+#[test]
+#[ignore = "slow: 10,000 seeds, about three minutes on two cores; scripts/test-slow.sh runs it"]
+fn ten_thousand_more_seeds_of_random_faults_hold_every_invariant() {
+    let results = run_seeds(&load("faults"), 201, 10_000, 2);
+    assert_eq!(results.len(), 10_000);
+    let broken: Vec<String> =
+        results.iter().filter_map(|(seed, b)| b.as_ref().map(|b| format!("seed {seed}: {b}"))).collect();
+    assert!(broken.is_empty(), "{broken:#?}");
+}
+
 fn all_hold(s: &Scenario) {
     let results = run_seeds(s, 1, 200, 2);
     assert_eq!(results.len(), 200);

@@ -120,8 +120,10 @@ pub fn envoy(dir: &Path, file: &str, grpc: u16, upstream: u16, edits: &[(&str, &
             .expect("Envoy starts");
         let mut envoy = Envoy { child, listen, admin };
         // Ready, or exited, within a minute (Envoy starts in about a second).
-        for _ in 0..600 {
+        for tries in 0..600 {
             if get(admin, "/ready", None).is_some_and(|(code, _)| code == 200) {
+                let _ =
+                    writeln!(std::io::stderr(), "Envoy ready on {listen} (attempt {attempt}, {tries} waits)");
                 return envoy;
             }
             if let Ok(Some(status)) = envoy.child.try_wait() {
