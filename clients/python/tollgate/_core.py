@@ -30,6 +30,10 @@ REPAY_SHARE_MAX = 0.5
 MAX_IN_FLIGHT = 1_000_000
 """The largest in-flight quota: what a report's asks are capped at."""
 IN_FLIGHT_RETRY_S = 0.005
+# The smallest allotment of a group's quotas worth asking for (the server's own floor), and
+# how long a refusal for want of one waits when more was asked for at once.
+ALLOTMENT_MIN = 1.0
+ALLOTMENT_RETRY_S = 0.02
 """How soon a request refused an in-flight slot tries again while waiting."""
 _NEXT = itertools.count(1)
 _NUMBERS = (int, float)
@@ -136,6 +140,17 @@ class _Group:
         self.dropped = 0
         self.dropped_units = 0.0
         self.waiting = 0.0
+        # The allotment of the group's quotas per window (a count, never overrun): whether it
+        # has quotas, the window it holds units of, units given and used in it, when it ends
+        # (monotonic seconds; None: never), units the server had beyond every allotment, and
+        # while nothing was left, when the window starts afresh.
+        self.allotted = False
+        self.allot_window = 0
+        self.allot_given = 0.0
+        self.allot_used = 0.0
+        self.allot_ends: Optional[float] = None
+        self.allot_left = 0.0
+        self.allot_reset: Optional[float] = None
 
     def refill(self, now: float) -> None:
         if now > self.stamp:
@@ -242,6 +257,49 @@ class _Group:
             in_flight=None if self.slots is None else self.held,
             in_flight_share=self.slots,
         )
+
+    def take_allotment(self, cost: float, now: float) -> Optional[Tuple[float, bool]]:
+        """Takes ``cost`` from the allotment of the group's quotas: ``None`` when taken (or the
+        group has none), else the seconds to wait and whether more was asked for at once (the
+        server had units left beyond the allotments, or the window ended)."""
+        if not self.allotted:
+            return None
+        live = self.allot_ends is None or now < self.allot_ends
+        if live and self.allot_used + cost <= self.allot_given + 1e-6:
+            self.allot_used += cost
+            return None
+        ask = not live or self.allot_left > 0
+        if ask:
+            return ALLOTMENT_RETRY_S, True
+        if self.allot_reset is not None:
+            return max(self.allot_reset - now, 0.0), False
+        return 1.0, False
+
+    def allotment_report(self, keep: float) -> Optional[pb.QuotaHeld]:
+        """What the group holds of its allotment, for a report: past ``keep`` units unspent,
+        the rest is given back first."""
+        if not self.allotted:
+            return None
+        keep = max(keep, ALLOTMENT_MIN)
+        if self.allot_given - self.allot_used > keep:
+            self.allot_given = self.allot_used + keep
+        return pb.QuotaHeld(window=self.allot_window, given=self.allot_given, used=self.allot_used)
+
+    def set_allotment(self, grant: pb.Grant, sent: float, now: float) -> None:
+        """Takes the allotment a grant carries (none: the group has no quota per window); its
+        time runs from when the request was ``sent``, so it ends before the server's window."""
+        if not grant.HasField("quota"):
+            self.allotted = False
+            return
+        q = grant.quota
+        if not self.allotted or self.allot_window != q.window:
+            self.allot_window, self.allot_given, self.allot_used = q.window, 0.0, 0.0
+        if math.isfinite(q.add) and q.add > 0:
+            self.allot_given += q.add
+        self.allot_ends = sent + q.ends_in_ms / 1000.0 if q.ends_in_ms > 0 else None
+        self.allot_left = max(q.left, 0.0) if math.isfinite(q.left) else 0.0
+        self.allot_reset = now + q.reset_in_ms / 1000.0 if q.HasField("reset_in_ms") else None
+        self.allotted = True
 
     def take_slot(self) -> Optional[bool]:
         """Takes an in-flight slot: ``None`` without a quota, else whether one was free."""
@@ -389,6 +447,8 @@ class Core:
         self.lease_until = time.monotonic()
         self.next_tick = 0.0
         self.early_after = 0.0
+        # When the last round's requests were made: an allotment answered runs from then.
+        self.sent_at = 0.0
         self.due = 0.0
         self.backoff = BACKOFF_MIN_S
 
@@ -421,23 +481,38 @@ class Core:
             return Permit(self, g, cost), 0.0
         safe = self.safe_mode
         open_, closed = safe and self.policy == "fail_open", safe and self.policy == "fail_closed"
+        ask = False
         with g.lock:
             slot = None if open_ else g.take_slot()
+            short = None if open_ or slot is False else g.take_allotment(cost, now)
             if slot is False and not g.shadow:
                 # Every slot of the share is held: refused like a rate refusal.
                 if count:
                     g.refused(cost)
                 wait = IN_FLIGHT_RETRY_S
-            elif slot is False:
+            elif slot is False or (short is not None and g.shadow):
                 g._admit(cost, False)
                 g.counts.would_refuse += 1
                 wait = None
+            elif short is not None:
+                # The allotment of the group's quotas is spent: a quota is a count.
+                if count:
+                    g.refused(cost)
+                if slot:
+                    g.held -= 1
+                wait, ask = short
             else:
                 wait = g.take(cost, now, open_, closed, waited, count, class_floor(request_class, g.critical_reserve))
                 if wait is not None and slot:
                     g.held -= 1
+                if wait is not None and g.allotted:
+                    g.allot_used = max(g.allot_used - cost, 0.0)
         if wait is None:
             return Permit(self, g, cost, slot is True), 0.0
+        if ask:
+            # More of the quota was asked for: at once, not after the next tick.
+            self.urgent()
+            return None, wait
         # Refused: exchange early, after the server's next tick.
         self.early_after = max(self.early_after, self.next_tick)
         self.woken = True
@@ -453,6 +528,7 @@ class Core:
             and g.granted
             and g.critical_reserve <= 0
             and g.slots is None
+            and not g.allotted
             and not unthrottled
             and not self.safe_mode
             and cost.__class__ in _NUMBERS
@@ -555,6 +631,7 @@ class Core:
         for less than the idle expiry, at most ``EXCHANGE_GROUPS_MAX`` an exchange, the
         busiest first (new groups, then refusals or work waiting, then by demand)."""
         rows = []
+        self.sent_at = now
         for g in list(self.groups.values()):
             with g.lock:
                 counts, waiting = g.counts.copy(), g.waiting
@@ -571,6 +648,9 @@ class Core:
                 continue
             r = meter.report(now, counts, waiting, held)
             self.meters[g.name] = meter
+            # An allotment holds about two exchanges of demand (at a second each).
+            with g.lock:
+                quota = g.allotment_report(r.demand * 4.0)
             detail = None
             if not r.detail.is_zero():
                 detail = pb.Consumption(**{n: getattr(r.detail, n) for n in Consumption.NAMES})
@@ -588,6 +668,7 @@ class Core:
                 in_flight=slots[0],
                 in_flight_asked=slots[1],
                 detail=detail,
+                quota=quota,
             )
             rank = 0 if new or r.throttled > 0 or r.waiting > 0 else 1 if r.requests > 0 else 2
             rows.append((rank, usage, before))
@@ -602,6 +683,7 @@ class Core:
                 sequence=self.sequence,
                 groups=[u for _, u, _ in page],
                 target_request_period_ms=self.period_ms,
+                takes_allotments=True,
             )
             out.append((request, {u.group: before for _, u, before in page}))
         return out
@@ -639,6 +721,7 @@ class Core:
                 g.critical_reserve = grant.critical_reserve
                 g.slots = grant.in_flight if grant.in_flight_limited else None
                 g.repay_s = grant.debt_repay_ms / 1000.0
+                g.set_allotment(grant, self.sent_at, now)
                 if g.unlimited:
                     g.owed = 0.0
                 g.granted = True

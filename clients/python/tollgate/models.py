@@ -89,8 +89,8 @@ class Group:
     ramp: Optional[Ramp] = None
     quotas: Dict[str, float] = field(default_factory=dict)
     """Units per window (``minute``, ``hour``, ``day``, ``week``, ``month``, ``total``) for each
-    window with a quota, the budget's among them; while any is spent the group is held at its
-    reservation."""
+    window with a quota, the budget's among them: counts, never overrun; while any is spent the
+    group admits nothing, its reservation included."""
 
     @staticmethod
     def from_pb(info: pb.GroupInfo) -> "Group":

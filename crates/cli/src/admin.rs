@@ -108,7 +108,7 @@ pub struct GroupOptions {
     /// Share of free capacity among groups of one priority.
     #[arg(long, value_parser = parse_units)]
     weight: Option<f64>,
-    /// A total in units; once consumed, the group is held at its reservation.
+    /// A total in units; once consumed, the group admits nothing (its reservation included).
     #[arg(long, value_parser = parse_units, conflicts_with = "no_budget")]
     budget: Option<f64>,
     /// Count the budget per UTC minute, hour, day, week (from Monday) or month, against the
@@ -119,8 +119,8 @@ pub struct GroupOptions {
     #[arg(long)]
     no_budget: bool,
     /// A quota per window, beside any other window's: `UNITS/WINDOW`, the window one of
-    /// minute, hour, day, week, month, total (`--quota 100/minute --quota 5000/day`). While any
-    /// is spent the group is held at its reservation. Repeat for several windows.
+    /// minute, hour, day, week, month, total (`--quota 100/minute --quota 5000/day`): a count,
+    /// never overrun; while any is spent the group admits nothing. Repeat for several windows.
     #[arg(long, value_parser = parse_quota)]
     quota: Vec<(String, f64)>,
     /// Removes the quota of a window (`--no-quota minute`). Repeatable.

@@ -10,6 +10,7 @@ use prost::bytes;
 use tollgate_proto::v1;
 use tonic::transport::Channel;
 
+use crate::load::{offer, open_loop, own_cpu, process_usage};
 use crate::say;
 
 /// `tollgate bench exchange` arguments.
@@ -106,6 +107,8 @@ impl Encoded {
             sequence: 0,
             target_request_period_ms: 0,
             shard_map_epoch: None,
+            // As the clients send it (the bench's groups have no quota).
+            takes_allotments: true,
             groups: (0..groups)
                 .map(|g| v1::GroupUsage {
                     group: format!("bench-{}", (c * groups + g) % 100_000),
@@ -227,18 +230,6 @@ fn server_latency(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<String>
         p99 * 1e3,
         shares.join(", ")
     ))
-}
-
-/// CPU seconds (user + system) and peak resident memory (kB) of `pid`.
-fn process_usage(pid: u32) -> Option<(f64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let hwm = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    // Clock ticks per second: 100 on Linux.
-    Some((ticks / 100.0, hwm))
 }
 
 impl ExchangeArgs {
@@ -854,7 +845,8 @@ pub struct AccuracyArgs {
     #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:7460")]
     server: String,
     /// Let the benchmark change the server's settings: it creates the groups `accuracy`,
-    /// `reserved-a`, `reserved-b` and `hungry` (refusing to run if any exists), and sets the
+    /// `reserved-a`, `reserved-b`, `hungry`, `quota-1x`, `quota-2x` and `quota-10x` (refusing
+    /// to run if any exists), and sets the
     /// node capacity for a while. At the end, on an error or on Ctrl-C, it drops those groups
     /// and sets the capacity back. Without it, nothing runs.
     #[arg(long)]
@@ -907,70 +899,6 @@ async fn exchanges_per_second(addr: String, after: f64, seconds: f64) -> anyhow:
     Ok((last - first) / (until - at).max(1e-3))
 }
 
-/// CPU seconds this process has used.
-fn own_cpu() -> f64 {
-    process_usage(std::process::id()).map_or(0.0, |(cpu, _)| cpu)
-}
-
-/// Offers `per_client` requests/s from each of `gates` for `group`, counting the admitted
-/// ones after `warmup`; returns (admitted per second, attempts).
-async fn offer(
-    gates: &[tollgate_limiter::Tollgate],
-    group: &str,
-    per_client: f64,
-    warmup: f64,
-    seconds: f64,
-) -> (f64, u64) {
-    let clients = gates.iter().map(|gate| {
-        let handle = gate.group(group).expect("valid group");
-        move || std::future::ready(handle.try_acquire(1.0).is_ok())
-    });
-    open_loop(clients.collect(), per_client, warmup, seconds).await
-}
-
-/// Runs one task per client, each offering `per_client` requests/s open loop (every 10 ms,
-/// the requests that arrived in it; refused ones are dropped) and deciding each with its
-/// `decide`. Counts the admitted ones from `warmup` on, for `seconds`; returns (admitted per
-/// second, attempts).
-async fn open_loop<D, F>(clients: Vec<D>, per_client: f64, warmup: f64, seconds: f64) -> (f64, u64)
-where
-    D: FnMut() -> F + Send + 'static,
-    F: std::future::Future<Output = bool> + Send,
-{
-    use std::sync::atomic::AtomicU64;
-    let admitted = Arc::new(AtomicU64::new(0));
-    let attempts = Arc::new(AtomicU64::new(0));
-    let counting = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = tokio::task::JoinSet::new();
-    for mut decide in clients {
-        let (admitted, attempts, counting, stop) =
-            (admitted.clone(), attempts.clone(), counting.clone(), stop.clone());
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
-            let mut owed = 0.0;
-            while !stop.load(Ordering::Relaxed) {
-                tick.tick().await;
-                owed += per_client / 100.0;
-                while owed >= 1.0 {
-                    owed -= 1.0;
-                    attempts.fetch_add(1, Ordering::Relaxed);
-                    if decide().await && counting.load(Ordering::Relaxed) {
-                        admitted.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        });
-    }
-    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
-    counting.store(true, Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    counting.store(false, Ordering::Relaxed);
-    stop.store(true, Ordering::Relaxed);
-    while tasks.join_next().await.is_some() {}
-    (admitted.load(Ordering::Relaxed) as f64 / seconds, attempts.load(Ordering::Relaxed))
-}
-
 /// An admin client on the first of `server`'s controllers (a comma-separated list) that
 /// answers: any of them takes admin commands.
 pub(crate) async fn admin_client(server: &str) -> anyhow::Result<v1::admin_client::AdminClient<Channel>> {
@@ -985,7 +913,15 @@ pub(crate) async fn admin_client(server: &str) -> anyhow::Result<v1::admin_clien
 }
 
 /// The groups `bench accuracy` makes, and drops when it is done.
-const ACCURACY_GROUPS: [&str; 4] = ["accuracy", "reserved-a", "reserved-b", "hungry"];
+const ACCURACY_GROUPS: [&str; 7] = [
+    "accuracy",
+    "reserved-a",
+    "reserved-b",
+    "hungry",
+    crate::counts::GROUPS[0],
+    crate::counts::GROUPS[1],
+    crate::counts::GROUPS[2],
+];
 
 pub(crate) async fn put(
     admin: &mut v1::admin_client::AdminClient<Channel>,
@@ -1027,7 +963,7 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.limit > 0.0 && a.limit.is_finite(), "--limit must be above 0");
     anyhow::ensure!(
         a.setup,
-        "--setup: bench accuracy creates four groups and changes the node capacity of the server \
+        "--setup: bench accuracy creates seven groups and changes the node capacity of the server \
          it runs against (it drops them and sets the capacity back at the end, even on Ctrl-C); \
          give --setup to let it, against a test controller"
     );
@@ -1149,7 +1085,15 @@ async fn measure_accuracy(
         got_h.0
     ));
 
-    // 3. The common alternative: a Redis counter per request, fixed one-second windows.
+    // 3. Quotas are counts: a budget asked once, twice and ten times over (and the same count
+    // in Redis, as envoy/ratelimit keeps it).
+    admin
+        .set_capacity(v1::SetCapacityRequest { capacity: None })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    crate::counts::measure(&mut admin, &gates, (a.limit * 2.0).round(), a.redis.as_deref()).await?;
+
+    // 4. The common alternative: a Redis counter per request, fixed one-second windows.
     if let Some(url) = &a.redis {
         let client =
             redis::Client::open(url.as_str()).with_context(|| format!("--redis: invalid URL {url:?}"))?;

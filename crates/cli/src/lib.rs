@@ -15,6 +15,7 @@ mod calibrate;
 mod capacity;
 mod check;
 mod converge;
+mod counts;
 mod first;
 pub mod fuzzing;
 mod import;

@@ -3,7 +3,7 @@
 //! the earlier ones are doing, each answer kept with its tag.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -168,4 +168,79 @@ pub(crate) async fn http(service: SocketAddr, request: &[u8]) -> Option<Vec<u8>>
         Some(answer)
     };
     tokio::time::timeout(Duration::from_secs(60), work).await.ok().flatten()
+}
+
+/// CPU seconds (user + system) and peak resident memory (kB) of `pid`.
+pub(crate) fn process_usage(pid: u32) -> Option<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    // Clock ticks per second: 100 on Linux.
+    Some((ticks / 100.0, hwm))
+}
+
+/// CPU seconds this process has used.
+pub(crate) fn own_cpu() -> f64 {
+    process_usage(std::process::id()).map_or(0.0, |(cpu, _)| cpu)
+}
+
+/// Offers `per_client` requests/s from each of `gates` for `group`, counting the admitted
+/// ones after `warmup`; returns (admitted per second, attempts).
+pub(crate) async fn offer(
+    gates: &[tollgate_limiter::Tollgate],
+    group: &str,
+    per_client: f64,
+    warmup: f64,
+    seconds: f64,
+) -> (f64, u64) {
+    let clients = gates.iter().map(|gate| {
+        let handle = gate.group(group).expect("valid group");
+        move || std::future::ready(handle.try_acquire(1.0).is_ok())
+    });
+    open_loop(clients.collect(), per_client, warmup, seconds).await
+}
+
+/// Runs one task per client, each offering `per_client` requests/s open loop (every 10 ms,
+/// the requests that arrived in it; refused ones are dropped) and deciding each with its
+/// `decide`. Counts the admitted ones from `warmup` on, for `seconds`; returns (admitted per
+/// second, attempts).
+pub(crate) async fn open_loop<D, F>(clients: Vec<D>, per_client: f64, warmup: f64, seconds: f64) -> (f64, u64)
+where
+    D: FnMut() -> F + Send + 'static,
+    F: std::future::Future<Output = bool> + Send,
+{
+    let admitted = Arc::new(AtomicU64::new(0));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut decide in clients {
+        let (admitted, attempts, counting, stop) =
+            (admitted.clone(), attempts.clone(), counting.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let mut owed = 0.0;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                owed += per_client / 100.0;
+                while owed >= 1.0 {
+                    owed -= 1.0;
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    if decide().await && counting.load(Ordering::Relaxed) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
+    counting.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    counting.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    while tasks.join_next().await.is_some() {}
+    (admitted.load(Ordering::Relaxed) as f64 / seconds, attempts.load(Ordering::Relaxed))
 }

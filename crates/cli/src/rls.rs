@@ -87,8 +87,10 @@ pub async fn run(server: &Target, cmd: Rls) -> anyhow::Result<()> {
                 let limit = s.current_limit.as_ref().map_or("none".to_string(), |l| {
                     format!("{}/{} ({})", l.requests_per_unit, unit_name(l.unit), l.name)
                 });
+                // When the limit starts afresh: the end of a quota's window, a rate's refill
+                // (what Envoy's x-ratelimit-reset says, in whole seconds there).
                 let reset = s.duration_until_reset.as_ref().map_or(String::new(), |d| {
-                    format!("  retry after {:.3} s", d.seconds as f64 + f64::from(d.nanos) / 1e9)
+                    format!("  resets in {:.3} s", d.seconds as f64 + f64::from(d.nanos) / 1e9)
                 });
                 say(format!(
                     "  [{i}] {}  limit {limit}  remaining {}{reset}",

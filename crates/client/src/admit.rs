@@ -26,7 +26,7 @@ use tollgate_model::cost::check_cost;
 use tollgate_model::time::{Clock, Nanos};
 
 use crate::error::AcquireError;
-use crate::group::{Group, Limiter, Slot, micros};
+use crate::group::{Allotted, Group, Limiter, Slot, micros};
 use crate::inner::Inner;
 use crate::permit::{GroupRef, Permit};
 use crate::tally::{MICROS_PER_UNIT, Stash, Tally};
@@ -99,6 +99,27 @@ impl Inner {
             }
             slot => slot == Slot::Taken,
         };
+        // Then the allotment of the group's quotas (a count per window, never overrun).
+        let allotted = match g.take_allotment(cost, now) {
+            Allotted::Unlimited => false,
+            Allotted::Taken => true,
+            Allotted::Short { .. } if shadow => {
+                g.count_class(class, true);
+                return Ok((self.admit_shadow(group, cost, now, slot), Duration::ZERO));
+            }
+            Allotted::Short { retry, ask } => {
+                if slot {
+                    g.give_slot();
+                }
+                // Asked for at once: worth trying again once the mode has answered.
+                let retry = if ask { self.retry_after(Refusal::Closed) } else { retry };
+                if ask {
+                    self.allotment_short(g);
+                }
+                g.count_class(class, false);
+                return Err(self.refuse(g, cost, retry, None, now));
+            }
+        };
         let outcome = match g.limiter() {
             Limiter::Bucket(bucket) if let Some(priced) = priced => bucket
                 .commit(priced, now)
@@ -121,6 +142,9 @@ impl Inner {
             Err((retry_after, refusal)) => {
                 if slot {
                     g.give_slot();
+                }
+                if allotted {
+                    g.give_back_allotment(cost);
                 }
                 Err(self.refuse(g, cost, retry_after, refusal, now))
             }
@@ -468,6 +492,14 @@ impl Inner {
                         // A new group awaiting its first grant: on as soon as it comes.
                         crate::inner::Mode::Remote(link) if group.allowance().is_nan() => {
                             let _ = tokio::time::timeout(retry_after, link.until_granted(&group)).await;
+                        }
+                        // An allotment run out, more asked for: on at the next answer.
+                        crate::inner::Mode::Remote(link)
+                            if group
+                                .allotment(self.clock.now())
+                                .is_some_and(|(mine, left, _)| mine < cost && left > 0.0) =>
+                        {
+                            let _ = tokio::time::timeout(retry_after, link.answered()).await;
                         }
                         _ => tokio::time::sleep(retry_after).await,
                     }

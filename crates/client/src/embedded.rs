@@ -296,6 +296,14 @@ impl State {
         self.last = Some(now);
         let State { engine, meters, wall, .. } = self;
         let idle = engine.settings().group_idle_expiry;
+        // The quota windows' place on the wall clock, read once.
+        let has_quotas = engine.has_quotas();
+        let wall_now = has_quotas.then(|| {
+            let (at, wall_ms) = *wall.get_or_insert_with(|| (now, wall_now_ms()));
+            let wall = wall_ms.saturating_add(u64::try_from(now.since(at).as_millis()).unwrap_or(u64::MAX));
+            engine.set_wall_clock(now, wall);
+            wall
+        });
         // A group nobody has asked for has no client yet (what slow start holds back for).
         let listed = groups.listed();
         let list: Vec<&Group> = listed.used().collect();
@@ -312,13 +320,15 @@ impl State {
                 continue;
             }
             let granted = Some(g.allowance()).filter(|a| a.is_finite() && *a > 0.0);
-            let report = meter.report(now, counts, g.waiting(), granted);
-            engine.report_placed(now, LOCAL, &g.name, report, place);
+            let mut report = meter.report(now, counts, g.waiting(), granted);
+            // What the process holds of the group's quotas: more than two seconds of demand
+            // goes back (embedded, nothing else asks for it, but a window's count stays exact).
+            report.quota = Some(g.allotment_report(report.demand * 4.0).unwrap_or_default());
+            let grant = engine.report_placed(now, LOCAL, &g.name, report, place);
+            g.set_allotment(grant.quota.as_ref(), now, now);
             *places.last_mut().expect("pushed") = *place;
         }
-        if engine.has_quotas() {
-            let (at, wall_ms) = *wall.get_or_insert_with(|| (now, wall_now_ms()));
-            let wall = wall_ms.saturating_add(u64::try_from(now.since(at).as_millis()).unwrap_or(u64::MAX));
+        if let Some(wall) = wall_now {
             engine.roll_windows(wall, tollgate_model::settings::BudgetPeriod::Total);
         }
         engine.tick(now);

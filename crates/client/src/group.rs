@@ -188,7 +188,43 @@ pub(crate) struct Group {
     /// Wakes a caller of `acquire` waiting for a slot when one is given back or the share
     /// grows.
     slot_freed: tokio::sync::Notify,
+    /// Whether the group has quotas per window: admission then takes from `allot`.
+    allotted: AtomicBool,
+    /// Set when the allotment ran out while the controller had units left: the next report
+    /// of the group is due at once.
+    allot_wanted: AtomicBool,
+    allot: Mutex<Allot>,
 }
+
+/// What this process holds of a group's quotas in the window under way (see
+/// [`tollgate_model::engine::Allotment`]).
+#[derive(Debug, Default)]
+struct Allot {
+    window: u64,
+    given: f64,
+    used: f64,
+    /// After this the allotment may not be used (`None`: it never ends).
+    ends: Option<Nanos>,
+    /// Units the controller had left beyond every allotment, at its last answer.
+    left: f64,
+    /// While a quota is spent: when it comes back.
+    reset_at: Option<Nanos>,
+}
+
+/// What taking a cost from a group's allotment found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Allotted {
+    /// The group has no quota per window: nothing was taken.
+    Unlimited,
+    /// Taken: give it back if the limiter then refuses.
+    Taken,
+    /// Not enough: retry after this long. With `ask`, the controller has units left (or the
+    /// window ended): the group's next report is due at once.
+    Short { retry: std::time::Duration, ask: bool },
+}
+
+/// An allotment as a mode hands it to a group: the engine's, read from an answer or a grant.
+pub(crate) type AllotmentIn = tollgate_model::engine::Allotment;
 
 /// A debt being paid back from the refill: the bucket runs at the granted rate less `rate`
 /// until `owed` is paid.
@@ -262,6 +298,9 @@ impl Group {
             slots_asked: AtomicU32::new(0),
             slots_short: AtomicU32::new(0),
             slot_freed: tokio::sync::Notify::new(),
+            allotted: AtomicBool::new(false),
+            allot_wanted: AtomicBool::new(false),
+            allot: Mutex::new(Allot::default()),
             me: me.clone(),
         })
     }
@@ -398,9 +437,116 @@ impl Group {
         if self.slot_cap.swap(cap, Ordering::AcqRel) < cap {
             self.slot_freed.notify_waiters();
         }
-        // Normal work must leave the reserve, and a slot is taken: past the quick path.
-        let general = self.epoch.is_some() || p.shadow || self.open || reserve > 0.0 || p.in_flight.is_some();
+        // Normal work must leave the reserve, and a slot or an allotment is taken: past the
+        // quick path.
+        let general = self.epoch.is_some()
+            || p.shadow
+            || self.open
+            || reserve > 0.0
+            || p.in_flight.is_some()
+            || self.allotted.load(Ordering::Relaxed);
         self.general.store(general, Ordering::Relaxed);
+    }
+
+    /// Takes `cost` from the group's allotment at `now`, if it has quotas per window.
+    pub(crate) fn take_allotment(&self, cost: f64, now: Nanos) -> Allotted {
+        if !self.allotted.load(Ordering::Acquire) {
+            return Allotted::Unlimited;
+        }
+        let mut a = self.allot.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = a.ends.is_none_or(|end| now < end);
+        // Costs are added as they come: a tolerance of a millionth for their sum's rounding.
+        if live && a.used + cost <= a.given + 1e-6 {
+            a.used += cost;
+            return Allotted::Taken;
+        }
+        let ask = !live || a.left > 0.0;
+        let retry = match a.reset_at {
+            _ if ask => std::time::Duration::ZERO,
+            Some(at) => at.since(now),
+            // Others hold what is left: some may come back at their next exchanges.
+            None => std::time::Duration::from_secs(1),
+        };
+        drop(a);
+        if ask {
+            self.allot_wanted.store(true, Ordering::Release);
+        }
+        Allotted::Short { retry, ask }
+    }
+
+    /// Gives back `cost` taken from the allotment (the limiter refused the request).
+    pub(crate) fn give_back_allotment(&self, cost: f64) {
+        let mut a = self.allot.lock().unwrap_or_else(PoisonError::into_inner);
+        a.used = (a.used - cost).max(0.0);
+    }
+
+    /// Whether the group's allotment ran out with units left at the controller (reset: the
+    /// report this asks for is being made).
+    pub(crate) fn take_allot_wanted(&self) -> bool {
+        self.allot_wanted.swap(false, Ordering::AcqRel)
+    }
+
+    /// What the group holds of its allotment, for a report (`None`: no quota). More than it
+    /// needs for `keep` units is given back first: it holds at most that unspent.
+    pub(crate) fn allotment_report(&self, keep: f64) -> Option<tollgate_model::engine::QuotaHeld> {
+        if !self.allotted.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut a = self.allot.lock().unwrap_or_else(PoisonError::into_inner);
+        let keep = keep.max(tollgate_model::engine::ALLOTMENT_MIN);
+        if a.given - a.used > keep {
+            a.given = a.used + keep;
+        }
+        Some(tollgate_model::engine::QuotaHeld { window: a.window, given: a.given, used: a.used })
+    }
+
+    /// Takes an allotment (`None`: the group has no quota per window any more), given in
+    /// answer to a request sent at `sent` and applied at `now`: its time runs from `sent`, so
+    /// it ends no later than the controller's window.
+    pub(crate) fn set_allotment(&self, given: Option<&AllotmentIn>, sent: Nanos, now: Nanos) {
+        let Some(x) = given else {
+            if self.allotted.swap(false, Ordering::AcqRel) {
+                *self.allot.lock().unwrap_or_else(PoisonError::into_inner) = Allot::default();
+            }
+            return;
+        };
+        let mut a = self.allot.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.allotted.load(Ordering::Acquire) || a.window != x.window {
+            // A new window: what was held of the last one lapsed with it.
+            (a.window, a.given, a.used) = (x.window, 0.0, 0.0);
+        }
+        if x.add.is_finite() && x.add > 0.0 {
+            a.given += x.add;
+        }
+        a.ends = x.ends_in.map(|d| sent.after(d));
+        a.left = if x.left.is_finite() { x.left.max(0.0) } else { 0.0 };
+        a.reset_at = x.reset_in.map(|d| now.after(d));
+        drop(a);
+        if !self.allotted.swap(true, Ordering::AcqRel) {
+            self.general.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The units this process may still admit of the group's quotas, and what the controller
+    /// had left beyond every allotment (`None`: no quota per window); and while a quota is
+    /// spent, how long until it comes back.
+    pub(crate) fn allotment(&self, now: Nanos) -> Option<(f64, f64, Option<std::time::Duration>)> {
+        if !self.allotted.load(Ordering::Acquire) {
+            return None;
+        }
+        let a = self.allot.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = a.ends.is_none_or(|end| now < end);
+        let mine = if live { (a.given - a.used).max(0.0) } else { 0.0 };
+        Some((mine, a.left, a.reset_at.map(|at| at.since(now))))
+    }
+
+    /// When the window of the group's allotment ends (`None`: no quota per window, or a
+    /// quota over the group's life alone).
+    pub(crate) fn allotment_ends(&self) -> Option<Nanos> {
+        if !self.allotted.load(Ordering::Acquire) {
+            return None;
+        }
+        self.allot.lock().unwrap_or_else(PoisonError::into_inner).ends
     }
 
     /// Takes an in-flight slot, if the group has an in-flight quota and this process's share

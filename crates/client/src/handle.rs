@@ -280,6 +280,35 @@ impl Tollgate {
     }
 }
 
+/// What is left of a group's quotas per window ([`GroupHandle::quota`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuotaLeft {
+    /// Units this process may still admit of its allotment.
+    pub held: f64,
+    /// Units the controller had left beyond every process's allotment, at its last answer:
+    /// this process asks for some at once when its own run out.
+    pub beyond: f64,
+    /// While a quota is spent: how long until its window starts afresh.
+    pub reset_in: Option<Duration>,
+    /// How long until the allotment's window ends (`None`: a quota over the group's life).
+    pub window_ends_in: Option<Duration>,
+}
+
+impl QuotaLeft {
+    /// The units left of the tightest quota that this process can see: its own allotment and
+    /// what the controller had beyond every allotment.
+    pub fn remaining(&self) -> f64 {
+        self.held + self.beyond
+    }
+
+    /// Whether a request of `cost` refused now is worth the controller's next answer: this
+    /// process's allotment is short of it while the controller has units left beyond it, or
+    /// the allotment's window has ended (a refusal asked for more at once, in either case).
+    pub fn asks_more(&self, cost: f64) -> bool {
+        self.held < cost && (self.beyond > 0.0 || self.window_ends_in == Some(Duration::ZERO))
+    }
+}
+
 /// One group, resolved: admission without a name lookup. Cheap to clone.
 ///
 /// ```
@@ -401,6 +430,43 @@ impl GroupHandle {
         match self.group.limiter() {
             Limiter::Bucket(bucket) => bucket.available(now),
             Limiter::Epoch(share) => share.left(now),
+        }
+    }
+
+    /// What is left of the group's quotas per window, as this process sees them (`None`: the
+    /// group has none, or no allotment came yet). A quota is a count: the controller hands
+    /// each process an allotment of the units left in the window, and never more in all than
+    /// is left (see docs/concepts.md, "Quotas per window").
+    ///
+    /// ```
+    /// # use tollgate_limiter::Tollgate;
+    /// # use tollgate_model::time::ManualClock;
+    /// let gate = Tollgate::from_toml("[groups.api]\nquotas = { minute = 5 }\n")?.with_clock(ManualClock::new())?;
+    /// let api = gate.group("api")?;
+    /// let admitted = (0..20).filter(|_| api.try_acquire(1.0).is_ok()).count();
+    /// assert_eq!(admitted, 5); // never more than the quota, however fast it is asked
+    /// let left = api.quota().unwrap();
+    /// assert_eq!(left.remaining(), 0.0);
+    /// assert!(left.reset_in.is_some()); // the next minute
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quota(&self) -> Option<QuotaLeft> {
+        let now = self.group.clock.now();
+        let (held, beyond, reset_in) = self.group.allotment(now)?;
+        Some(QuotaLeft {
+            held,
+            beyond,
+            reset_in,
+            window_ends_in: self.group.allotment_ends().map(|e| e.since(now)),
+        })
+    }
+
+    /// Waits for the controller's next answer (remote mode; at once in the others): after a
+    /// refusal whose [`quota`](Self::quota) shows units left beyond this process's allotment,
+    /// the answer brings more. Bound it with `tokio::time::timeout`.
+    pub async fn wait_for_answer(&self) {
+        if let Mode::Remote(link) = &self.inner.mode {
+            link.answered().await;
         }
     }
 

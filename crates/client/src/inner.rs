@@ -192,6 +192,18 @@ impl Inner {
         }
     }
 
+    /// A group's allotment ran out while its controller had units left, or its window ended:
+    /// its next report is due at once (a remote client's early exchange; the embedded
+    /// engine's next pass).
+    #[cold]
+    pub(crate) fn allotment_short(&self, g: &Group) {
+        match &self.mode {
+            Mode::Remote(link) => link.fresh(g),
+            Mode::Embedded(_) => self.next_tick_ns.store(0, Ordering::Relaxed),
+            Mode::Store(_) => {}
+        }
+    }
+
     /// Tells the mode about a refusal: a remote client asks for an exchange. One comparison
     /// when the mode does nothing with it (the common refusal, a wait, in embedded or store
     /// mode).

@@ -60,7 +60,7 @@ pub mod throttle;
 pub use builder::{Builder, check as check_embedded};
 pub use embedded::BACKGROUND_GROUPS;
 pub use error::{AcquireError, BuildError, ExchangeError};
-pub use handle::{ClassCounts, GroupHandle, GroupStats, InFlightStats, Tollgate};
+pub use handle::{ClassCounts, GroupHandle, GroupStats, InFlightStats, QuotaLeft, Tollgate};
 pub use layer::{TollgateLayer, TollgateService};
 pub use permit::Permit;
 pub use remote::{Driver, ExchangeFailures, RemoteOptions, RemoteStatus, SafeModePolicy};

@@ -286,6 +286,11 @@ impl Link {
         self.fresh(group);
     }
 
+    /// Waits for the next answer from the controller.
+    pub(crate) async fn answered(&self) {
+        self.granted.notified().await;
+    }
+
     /// Waits until `group` holds a grant (at once when it does): woken by each answer.
     pub(crate) async fn until_granted(&self, group: &Group) {
         loop {
@@ -359,6 +364,8 @@ pub struct Driver {
     /// Groups the last answer left out that hold no grant (a region still leasing their share,
     /// a shard moving): asked for again, as new ones are, once the controller's next tick is due.
     ungranted: Vec<GroupName>,
+    /// When the request in flight was sent: an allotment in its answer runs from then.
+    sent_at: Option<Nanos>,
 }
 
 /// A group whose tokens fall under this share of its burst exchanges early.
@@ -396,6 +403,7 @@ impl Driver {
             trickles: HashMap::new(),
             spacing: EARLY_SPACING,
             ungranted: Vec::new(),
+            sent_at: None,
         }
     }
 
@@ -535,6 +543,7 @@ impl Driver {
         }
         let page = self.round.pop_front().unwrap_or_default();
         self.last_exchange = Some(now);
+        self.sent_at = Some(now);
         self.sent = Some(page.before);
         self.sequence += 1;
         Some(v1::ExchangeRequest {
@@ -543,6 +552,7 @@ impl Driver {
             groups: page.usage,
             target_request_period_ms: self.period_ms,
             shard_map_epoch: None,
+            takes_allotments: true,
         })
     }
 
@@ -565,7 +575,9 @@ impl Driver {
     ) -> std::collections::VecDeque<Page> {
         let mut reports: Vec<(u8, v1::GroupUsage, GroupName, Option<DemandMeter>)> = Vec::new();
         for g in groups {
-            if new_only && self.grants.contains_key(&g.name) {
+            // A group whose allotment ran out is reported at once, as a new one is.
+            let wants_allotment = g.take_allot_wanted();
+            if new_only && self.grants.contains_key(&g.name) && !wants_allotment {
                 continue;
             }
             let counts = g.counts();
@@ -592,8 +604,16 @@ impl Driver {
             } else {
                 2
             };
+            // An allotment holds about two exchanges of demand (at a second each); more is
+            // given back.
+            let quota = g.allotment_report(r.demand * 4.0).map(|q| v1::QuotaHeld {
+                window: q.window,
+                given: q.given,
+                used: q.used,
+            });
             let usage = v1::GroupUsage {
                 group: g.name.to_string(),
+                quota,
                 demand: r.demand,
                 consumed: r.consumed,
                 admitted: r.requests as u64,
@@ -661,6 +681,14 @@ impl Driver {
         self.link.unthrottled_allowed.store(response.unthrottled_allowed, Ordering::Relaxed);
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
+            let allotment = g.quota.as_ref().map(|q| tollgate_model::engine::Allotment {
+                window: q.window,
+                add: q.add,
+                ends_in: (q.ends_in_ms > 0).then(|| Duration::from_millis(q.ends_in_ms)),
+                left: q.left,
+                reset_in: q.reset_in_ms.map(Duration::from_millis),
+            });
+            group.set_allotment(allotment.as_ref(), self.sent_at.unwrap_or(now), now);
             let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
             group.set_policy(crate::group::Policy {
                 dropped,

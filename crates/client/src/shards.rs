@@ -202,7 +202,8 @@ impl Routes {
     }
 }
 
-/// `request` with no groups: its client's id, number, period and map epoch.
+/// `request` with no groups: its client's id, number, period, map epoch and whether it
+/// takes allotments.
 fn part_of(request: &v1::ExchangeRequest) -> v1::ExchangeRequest {
     v1::ExchangeRequest {
         client_id: request.client_id.clone(),
@@ -210,6 +211,7 @@ fn part_of(request: &v1::ExchangeRequest) -> v1::ExchangeRequest {
         groups: Vec::new(),
         target_request_period_ms: request.target_request_period_ms,
         shard_map_epoch: request.shard_map_epoch,
+        takes_allotments: request.takes_allotments,
     }
 }
 

@@ -584,6 +584,34 @@ impl BudgetPeriod {
         }
     }
 
+    /// When the period holding `wall_ms` (Unix milliseconds) ends: the next one's start;
+    /// `None` for `Total`, which never ends.
+    ///
+    /// ```
+    /// use tollgate_model::settings::BudgetPeriod;
+    /// let t = 1_795_395_723_456; // 2026-11-23T01:02:03.456Z, a Monday
+    /// assert_eq!(BudgetPeriod::Minute.end_of(t), Some(1_795_395_780_000));
+    /// assert_eq!(BudgetPeriod::Week.end_of(t), Some(1_795_996_800_000)); // the next Monday
+    /// assert_eq!(BudgetPeriod::Month.end_of(t), Some(1_796_083_200_000)); // 2026-12-01T00:00Z
+    /// assert_eq!(BudgetPeriod::Total.end_of(t), None);
+    /// ```
+    pub fn end_of(self, wall_ms: u64) -> Option<u64> {
+        const DAY: u64 = 86_400_000;
+        let start = self.start_of(wall_ms);
+        match self {
+            BudgetPeriod::Total => None,
+            BudgetPeriod::Minute => Some(start + 60_000),
+            BudgetPeriod::Hour => Some(start + 3_600_000),
+            BudgetPeriod::Day => Some(start + DAY),
+            BudgetPeriod::Week => Some(start + 7 * DAY),
+            BudgetPeriod::Month => {
+                let (y, m, _) = civil_from_days((start / DAY) as i64);
+                let (y, m) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                Some(days_from_civil(y, m, 1).max(0) as u64 * DAY)
+            }
+        }
+    }
+
     /// When the period holding `wall_ms` (Unix milliseconds) began; 0 for `Total`.
     ///
     /// ```

@@ -107,6 +107,17 @@ pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>
             in_flight: slots(i, "in_flight", g.in_flight)?,
             in_flight_asked: slots(i, "in_flight_asked", g.in_flight_asked)?,
             classes: classes(i, g)?,
+            // A client that takes allotments holds none where it sends none; one that does not
+            // is given none (what it might send is not read).
+            quota: match g.quota {
+                _ if !req.takes_allotments => None,
+                None => Some(tollgate_model::engine::QuotaHeld::default()),
+                Some(q) => Some(tollgate_model::engine::QuotaHeld {
+                    window: q.window,
+                    given: field("quota.given", q.given)?,
+                    used: field("quota.used", q.used)?,
+                }),
+            },
             detail: match &g.detail {
                 None => Consumption::default(),
                 Some(given) => {

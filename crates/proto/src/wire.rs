@@ -64,6 +64,8 @@ pub struct UsageView<'a> {
     pub in_flight_asked: u32,
     /// Critical and sheddable requests admitted and refused since the last exchange.
     pub classes: [[u64; 2]; 2],
+    /// The quota allotment the client holds, if it sent one.
+    pub quota: Option<tollgate_model::engine::QuotaHeld>,
 }
 
 /// An exchange request, read in place.
@@ -79,6 +81,8 @@ pub struct ExchangeView<'a> {
     pub target_request_period_ms: u32,
     /// The epoch of the shard map the client holds, when it follows one.
     pub shard_map_epoch: Option<u64>,
+    /// Whether the client takes quota allotments.
+    pub takes_allotments: bool,
 }
 
 impl<'a> ExchangeView<'a> {
@@ -97,6 +101,8 @@ impl<'a> ExchangeView<'a> {
                 }
                 4 => view.target_request_period_ms = r.uint(wire)? as u32,
                 5 => view.shard_map_epoch = Some(r.uint(wire)?),
+                // Proto3 reads a bool as any varint other than 0.
+                6 => view.takes_allotments = r.uint(wire)? != 0,
                 _ => r.skip(wire, tag, NESTING_MAX)?,
             }
         }
@@ -126,6 +132,11 @@ impl<'a> ExchangeView<'a> {
                 .detail
                 .as_ref()
                 .map(|d| [d.rru, d.wru, d.read_bytes, d.write_bytes, d.cpu_ms, d.read_rpcs, d.write_rpcs]),
+            quota: g.quota.as_ref().map(|q| tollgate_model::engine::QuotaHeld {
+                window: q.window,
+                given: q.given,
+                used: q.used,
+            }),
         };
         ExchangeView {
             client_id: &m.client_id,
@@ -133,6 +144,7 @@ impl<'a> ExchangeView<'a> {
             groups: m.groups.iter().map(usage).collect(),
             target_request_period_ms: m.target_request_period_ms,
             shard_map_epoch: m.shard_map_epoch,
+            takes_allotments: m.takes_allotments,
         }
     }
 }
@@ -346,6 +358,20 @@ impl<'a> Reader<'a> {
                     let i = tag as usize - 14;
                     u.classes[i / 2][i % 2] = self.uint(wire)?;
                 }
+                18 => {
+                    let mut inner = self.message(wire, depth)?;
+                    // Merged as the detail is, when sent twice.
+                    let q = u.quota.get_or_insert_default();
+                    while !inner.buf.is_empty() {
+                        let (tag, wire) = inner.key()?;
+                        match tag {
+                            1 => q.window = inner.uint(wire)?,
+                            2 => q.given = inner.double(wire)?,
+                            3 => q.used = inner.double(wire)?,
+                            _ => inner.skip(wire, tag, depth - 1)?,
+                        }
+                    }
+                }
                 10 => {
                     let mut inner = self.message(wire, depth)?;
                     // A message sent twice is merged: the later fields over the earlier.
@@ -392,6 +418,20 @@ pub struct GrantFields {
     pub critical_reserve: f64,
     /// The client's share of the group's in-flight quota (`None`: no such limit).
     pub in_flight: Option<u32>,
+    /// The client's allotment of the group's quotas (`None`: no quota).
+    pub quota: Option<tollgate_model::engine::Allotment>,
+}
+
+/// An allotment as the contract carries it.
+pub fn allotment(a: &tollgate_model::engine::Allotment) -> v1::QuotaAllotment {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    v1::QuotaAllotment {
+        window: a.window,
+        add: a.add,
+        ends_in_ms: a.ends_in.map_or(0, |d| ms(d).max(1)),
+        left: a.left,
+        reset_in_ms: a.reset_in.map(ms),
+    }
 }
 
 impl GrantFields {
@@ -413,6 +453,7 @@ impl GrantFields {
             in_flight_limited: self.in_flight.is_some(),
             in_flight: self.in_flight.unwrap_or(0),
             shard: None,
+            quota: self.quota.as_ref().map(allotment),
         }
     }
 }
@@ -503,6 +544,8 @@ impl AnswerWriter {
             + uint(f.in_flight.unwrap_or(0))
             // An optional field is written when set, 0 included.
             + shard.map_or(0, |s| 1 + varint_len(u64::from(s)));
+        let quota = f.quota.as_ref().map(allotment);
+        let len = len + quota.as_ref().map_or(0, |q| prost::encoding::message::encoded_len(16, q));
         self.key(1, DELIMITED);
         self.varint(len as u64);
         if !group.is_empty() {
@@ -526,6 +569,9 @@ impl AnswerWriter {
         if let Some(s) = shard {
             self.key(15, VARINT);
             self.varint(u64::from(s));
+        }
+        if let Some(q) = &quota {
+            prost::encoding::message::encode(16, q, &mut self.buf);
         }
     }
 

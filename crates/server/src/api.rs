@@ -647,10 +647,10 @@ async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String
         Ok(h) => h,
         Err(a) => return a,
     };
-    match handle.try_acquire_class(cost, b.class.class()) {
+    match crate::rls::admit_now(&handle, cost, b.class.class()).await {
         Ok(permit) => {
             drop(permit);
-            let remaining = handle.available().floor();
+            let remaining = crate::rls::units_left(&handle).floor();
             let mut a = typed(StatusCode::OK, &Admitted { admitted: true, group, remaining });
             rate_limit_headers(&mut a, &handle, remaining, None);
             a

@@ -329,8 +329,8 @@ pub struct GroupSettings {
     pub budget: Option<f64>,
     /// The window its budget counts over.
     pub budget_period: BudgetPeriodName,
-    /// Units it may consume per window, for each window that has a quota; while any is spent
-    /// the group is held at its reservation.
+    /// Units it may consume per window, for each window that has a quota: counts, never
+    /// overrun; while any is spent the group admits nothing, its reservation included.
     pub quotas: Quotas,
     /// Its ramp-up, if any.
     pub ramp: Option<Ramp>,

@@ -256,6 +256,8 @@ impl Controller {
             ..settings
         };
         let mut engine = Engine::new(settings);
+        // Quota windows are placed on the wall clock (again at every flush).
+        engine.set_wall_clock(now, wall_ms);
         // Clients may hold leases from before the start: the first lease is learnt from now,
         // whether or not a client comes back.
         engine.relearn(now);
@@ -526,6 +528,7 @@ impl Controller {
                 shadow: g.shadow,
                 critical_reserve: g.critical_reserve,
                 in_flight: g.in_flight,
+                quota: g.quota,
             };
             if !awaiting.get(i).copied().unwrap_or(false) {
                 grant(i, &fields);
@@ -597,6 +600,7 @@ impl Controller {
     ) -> Result<(), StoreError> {
         let (meters, usage_only, ramps, scope) = {
             let mut engine = self.engine();
+            engine.set_wall_clock(now, wall_ms);
             // A region's consumption reaches the global tier in its exchanges, and is written
             // there: nothing to write here.
             if engine.is_regional() {

@@ -120,6 +120,8 @@ impl RegionLease {
                         groups: page.iter().map(|u| self.usage(u)).collect(),
                         target_request_period_ms: 0,
                         shard_map_epoch: None,
+                        // Envoy's buckets and a region's lease admit by rates: no allotments.
+                        takes_allotments: false,
                     },
                     meters: page.iter().map(|u| (u.group.clone(), u.meter, u.demand)).collect(),
                 }

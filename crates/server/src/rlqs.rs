@@ -363,6 +363,8 @@ impl Session {
                     groups: page.to_vec(),
                     target_request_period_ms: 0,
                     shard_map_epoch: None,
+                    // Envoy's buckets and a region's lease admit by rates: no allotments.
+                    takes_allotments: false,
                 }
             })
             .collect()

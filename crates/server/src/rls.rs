@@ -160,6 +160,36 @@ pub(crate) async fn wait_for_first_grant(handle: &tollgate_limiter::GroupHandle)
     }
 }
 
+/// How long a check waits, in all, for the allotments its group's quotas need: each is
+/// answered in microseconds in process (a group's allotment runs out after about log₂ of its
+/// quota's units, asking again at once).
+const ALLOTMENT_WAIT: Duration = Duration::from_secs(1);
+/// How long one look for an answer waits before trying again.
+const ALLOTMENT_LOOK: Duration = Duration::from_millis(10);
+
+/// Admits `cost` in `class` through a front end's handle: at once, or, when the group's
+/// quota allotment ran out while its controller had units left (or its window ended), as
+/// soon as the allotment asked for comes (within [`ALLOTMENT_WAIT`]): a quota is refused
+/// only once it is spent, never because this front end had not asked for its part yet.
+pub(crate) async fn admit_now(
+    handle: &tollgate_limiter::GroupHandle,
+    cost: f64,
+    class: RequestClass,
+) -> Result<tollgate_limiter::Permit<'_>, AcquireError> {
+    let mut waited = Duration::ZERO;
+    loop {
+        match handle.try_acquire_class(cost, class) {
+            Err(AcquireError::Throttled { .. })
+                if waited < ALLOTMENT_WAIT && handle.quota().is_some_and(|q| q.asks_more(cost)) =>
+            {
+                let _ = tokio::time::timeout(ALLOTMENT_LOOK, handle.wait_for_answer()).await;
+                waited += ALLOTMENT_LOOK;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The units left at once, as Envoy's `limit_remaining` carries them: whole units, and 0 for
 /// a group nothing bounds (its status names no limit either), never `u32::MAX`.
 fn remaining(available: f64) -> u32 {
@@ -167,17 +197,54 @@ fn remaining(available: f64) -> u32 {
 }
 
 /// The limit Envoy is told a group has: its quota of the shortest window Envoy can name
-/// (minute, hour, day, month), else its rate per second; `None` for a group nothing bounds.
-fn current_limit(s: &tollgate_model::settings::GroupSettings) -> Option<(f64, Unit)> {
+/// (minute, hour, day, week, month), else its rate per second; `None` for a group nothing
+/// bounds. The window comes with it (`None`: the rate).
+fn current_limit(
+    s: &tollgate_model::settings::GroupSettings,
+) -> Option<(f64, Unit, Option<tollgate_model::settings::BudgetPeriod>)> {
     use tollgate_model::settings::BudgetPeriod;
     let window = s.quotas().find_map(|(w, units)| match w {
-        BudgetPeriod::Minute => Some((units, Unit::Minute)),
-        BudgetPeriod::Hour => Some((units, Unit::Hour)),
-        BudgetPeriod::Day => Some((units, Unit::Day)),
-        BudgetPeriod::Month => Some((units, Unit::Month)),
-        BudgetPeriod::Week | BudgetPeriod::Total => None,
+        BudgetPeriod::Minute => Some((units, Unit::Minute, Some(w))),
+        BudgetPeriod::Hour => Some((units, Unit::Hour, Some(w))),
+        BudgetPeriod::Day => Some((units, Unit::Day, Some(w))),
+        BudgetPeriod::Week => Some((units, Unit::Week, Some(w))),
+        BudgetPeriod::Month => Some((units, Unit::Month, Some(w))),
+        BudgetPeriod::Total => None,
     });
-    window.or_else(|| Some((s.limit().as_f64(), Unit::Second)).filter(|(l, _)| l.is_finite()))
+    window.or_else(|| Some((s.limit().as_f64(), Unit::Second, None)).filter(|(l, _, _)| l.is_finite()))
+}
+
+/// The units a front end's handle may admit at once: what is left of the group's quotas
+/// (this front end's allotment and the controller's units beyond it), else the bucket's
+/// tokens.
+pub(crate) fn units_left(handle: &tollgate_limiter::GroupHandle) -> f64 {
+    match handle.quota() {
+        Some(q) => q.remaining().min(handle.available()),
+        None => handle.available(),
+    }
+}
+
+/// How long until the limit Envoy is told of starts afresh (`duration_until_reset`): the
+/// end of its window for a quota (`window`), else, admitted, until a second of the rate has
+/// come back, and refused, the retry hint `refused_for`.
+fn until_reset(
+    handle: &tollgate_limiter::GroupHandle,
+    window: Option<tollgate_model::settings::BudgetPeriod>,
+    refused_for: Option<Duration>,
+) -> Duration {
+    if let Some(w) = window {
+        let wall = crate::clock::wall_ms();
+        return Duration::from_millis(w.end_of(wall).map_or(0, |end| end.saturating_sub(wall)));
+    }
+    if let Some(d) = refused_for {
+        return d;
+    }
+    let rate = handle.stats().allowance;
+    if rate.is_finite() && rate > 0.0 {
+        Duration::from_secs_f64((1.0 - handle.available() / rate).clamp(0.0, 1.0))
+    } else {
+        Duration::ZERO
+    }
 }
 
 fn invalid(field: String, rule: impl std::fmt::Display) -> Status {
@@ -364,7 +431,7 @@ impl RateLimitService for Rls {
                 }
                 // Answered before the group was looked up.
                 Ask::Lifted => continue,
-                Ask::Admit(cost, class) => match handle.try_acquire_class(cost, class) {
+                Ask::Admit(cost, class) => match admit_now(&handle, cost, class).await {
                     Ok(p) => {
                         permits.push(p.into_owned());
                         (Code::Ok, Duration::ZERO)
@@ -377,15 +444,20 @@ impl RateLimitService for Rls {
             };
             over |= code == Code::OverLimit;
             let limit = self.controller.settings_for(group).and_then(|s| current_limit(&s));
+            // As envoy/ratelimit answers: a refused descriptor has nothing left; every
+            // descriptor with a limit says when it starts afresh.
+            let left = if code == Code::OverLimit { 0 } else { remaining(units_left(&handle)) };
+            let refused_for = (code == Code::OverLimit).then_some(until);
             statuses.push(DescriptorStatus {
                 code: code as i32,
-                current_limit: limit.map(|(l, unit)| RateLimit {
+                current_limit: limit.map(|(l, unit, _)| RateLimit {
                     name: group.to_string(),
                     requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
                     unit: unit as i32,
                 }),
-                limit_remaining: remaining(handle.available()),
-                duration_until_reset: (code == Code::OverLimit).then(|| seconds(until)),
+                limit_remaining: left,
+                duration_until_reset: limit
+                    .map(|(_, _, window)| seconds(until_reset(&handle, window, refused_for))),
                 ..DescriptorStatus::default()
             });
         }

@@ -289,6 +289,7 @@ pub fn split_exchange(
                         groups: Vec::new(),
                         target_request_period_ms: request.target_request_period_ms,
                         shard_map_epoch: None,
+                        takes_allotments: request.takes_allotments,
                     },
                 ));
                 parts.len() - 1
@@ -316,6 +317,7 @@ mod tests {
             groups: vec![usage("a1"), usage("b1"), usage("a2"), usage("moving")],
             target_request_period_ms: 500,
             shard_map_epoch: None,
+            takes_allotments: true,
         };
         let (parts, unowned) = split_exchange(&req, |i| match &req.groups[i].group[..1] {
             "a" => Some(3),

@@ -37,21 +37,23 @@ ALLOCATION_MODE_SHARE: AllocationMode
 ALLOCATION_MODE_FCFS: AllocationMode
 
 class ExchangeRequest(_message.Message):
-    __slots__ = ("client_id", "sequence", "groups", "target_request_period_ms", "shard_map_epoch")
+    __slots__ = ("client_id", "sequence", "groups", "target_request_period_ms", "shard_map_epoch", "takes_allotments")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     TARGET_REQUEST_PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
     SHARD_MAP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TAKES_ALLOTMENTS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     sequence: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupUsage]
     target_request_period_ms: int
     shard_map_epoch: int
-    def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ..., shard_map_epoch: _Optional[int] = ...) -> None: ...
+    takes_allotments: bool
+    def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ..., shard_map_epoch: _Optional[int] = ..., takes_allotments: _Optional[bool] = ...) -> None: ...
 
 class GroupUsage(_message.Message):
-    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked", "critical_admitted", "critical_throttled", "sheddable_admitted", "sheddable_throttled")
+    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked", "critical_admitted", "critical_throttled", "sheddable_admitted", "sheddable_throttled", "quota")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +71,7 @@ class GroupUsage(_message.Message):
     CRITICAL_THROTTLED_FIELD_NUMBER: _ClassVar[int]
     SHEDDABLE_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     SHEDDABLE_THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
     group: str
     demand: float
     consumed: float
@@ -86,7 +89,18 @@ class GroupUsage(_message.Message):
     critical_throttled: int
     sheddable_admitted: int
     sheddable_throttled: int
-    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ..., critical_admitted: _Optional[int] = ..., critical_throttled: _Optional[int] = ..., sheddable_admitted: _Optional[int] = ..., sheddable_throttled: _Optional[int] = ...) -> None: ...
+    quota: QuotaHeld
+    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ..., critical_admitted: _Optional[int] = ..., critical_throttled: _Optional[int] = ..., sheddable_admitted: _Optional[int] = ..., sheddable_throttled: _Optional[int] = ..., quota: _Optional[_Union[QuotaHeld, _Mapping]] = ...) -> None: ...
+
+class QuotaHeld(_message.Message):
+    __slots__ = ("window", "given", "used")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    GIVEN_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    window: int
+    given: float
+    used: float
+    def __init__(self, window: _Optional[int] = ..., given: _Optional[float] = ..., used: _Optional[float] = ...) -> None: ...
 
 class ClassCounts(_message.Message):
     __slots__ = ("request_class", "admitted", "throttled")
@@ -143,7 +157,7 @@ class ShardMap(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., shards: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., owners: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow", "critical_reserve", "in_flight_limited", "in_flight", "shard")
+    __slots__ = ("group", "unlimited", "rate", "burst", "lease_ms", "reserved", "clients", "count_dropped", "debt_repay_ms", "trickle_ms", "shadow", "critical_reserve", "in_flight_limited", "in_flight", "shard", "quota")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     UNLIMITED_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +173,7 @@ class Grant(_message.Message):
     IN_FLIGHT_LIMITED_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
     group: str
     unlimited: bool
     rate: float
@@ -174,7 +189,22 @@ class Grant(_message.Message):
     in_flight_limited: bool
     in_flight: int
     shard: int
-    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., in_flight_limited: _Optional[bool] = ..., in_flight: _Optional[int] = ..., shard: _Optional[int] = ...) -> None: ...
+    quota: QuotaAllotment
+    def __init__(self, group: _Optional[str] = ..., unlimited: _Optional[bool] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., lease_ms: _Optional[int] = ..., reserved: _Optional[float] = ..., clients: _Optional[int] = ..., count_dropped: _Optional[bool] = ..., debt_repay_ms: _Optional[int] = ..., trickle_ms: _Optional[int] = ..., shadow: _Optional[bool] = ..., critical_reserve: _Optional[float] = ..., in_flight_limited: _Optional[bool] = ..., in_flight: _Optional[int] = ..., shard: _Optional[int] = ..., quota: _Optional[_Union[QuotaAllotment, _Mapping]] = ...) -> None: ...
+
+class QuotaAllotment(_message.Message):
+    __slots__ = ("window", "add", "ends_in_ms", "left", "reset_in_ms")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    ENDS_IN_MS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    RESET_IN_MS_FIELD_NUMBER: _ClassVar[int]
+    window: int
+    add: float
+    ends_in_ms: int
+    left: float
+    reset_in_ms: int
+    def __init__(self, window: _Optional[int] = ..., add: _Optional[float] = ..., ends_in_ms: _Optional[int] = ..., left: _Optional[float] = ..., reset_in_ms: _Optional[int] = ...) -> None: ...
 
 class WatchSettingsRequest(_message.Message):
     __slots__ = ()

@@ -126,7 +126,7 @@ fn bench_accuracy_changes_nothing_without_setup() {
     let (code, _, err) =
         tollgate(&["bench", "accuracy", "--server", "http://127.0.0.1:1", "--duration", "1"]);
     assert_ne!(code, 0);
-    assert!(err.contains("--setup: bench accuracy creates four groups"), "{err}");
+    assert!(err.contains("--setup: bench accuracy creates seven groups"), "{err}");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use crate::common;
-use common::{BIN, ServerProc, data_dir};
+use common::{BIN, ServerProc, data_dir, within_one_minute};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -29,18 +29,25 @@ fn check(server: &ServerProc, domain: &str, descriptors: &[&str]) -> Vec<String>
     for d in descriptors {
         args.extend(["--descriptor", d]);
     }
-    ok(server, &args).lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+    // Each line without the time to its limit's reset, which moves with the clock.
+    let line = |l: &str| {
+        let l = l.split("  resets in ").next().unwrap_or(l);
+        l.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    ok(server, &args).lines().map(line).collect()
 }
 
-/// Waits, when the wall clock is in the last 15 s of a minute, for the next minute: the
-/// quota windows are calendar minutes, and what follows must fall within one.
-fn within_one_minute() {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    let into = now.as_millis() % 60_000;
-    if into > 45_000 {
-        std::thread::sleep(std::time::Duration::from_millis(u64::try_from(60_000 - into).unwrap() + 200));
+/// The seconds each line of `tollgate rls check` says its limit resets in.
+fn resets(server: &ServerProc, domain: &str, descriptors: &[&str]) -> Vec<Option<f64>> {
+    let mut args = vec!["rls", "check", "--domain", domain];
+    for d in descriptors {
+        args.extend(["--descriptor", d]);
     }
+    ok(server, &args)
+        .lines()
+        .skip(1)
+        .map(|l| l.split("resets in ").nth(1).and_then(|r| r.trim_end_matches(" s").trim().parse().ok()))
+        .collect()
 }
 
 #[test]
@@ -78,7 +85,12 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
             "[1] OK limit 5/minute (shop/api_key=k1/path=/checkout) remaining 4"
         ]
     );
-    for _ in 0..4 {
+    // Every answer with a limit says when it starts afresh (Envoy's x-ratelimit-reset): a
+    // rate within a second, a minute's quota at the minute's end.
+    let reset = resets(&server, "shop", &["api_key=k1", "api_key=k1,path=/checkout"]);
+    assert!(reset[0].is_some_and(|s| (0.0..=1.0).contains(&s)), "{reset:?}");
+    assert!(reset[1].is_some_and(|s| s > 0.0 && s <= 60.0), "{reset:?}");
+    for _ in 0..3 {
         assert_eq!(check(&server, "shop", &["api_key=k1,path=/checkout"])[0], "OK");
     }
     assert_eq!(

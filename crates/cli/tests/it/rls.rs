@@ -214,3 +214,49 @@ async fn quotas_per_window_are_set_shown_and_held() {
         e.message()
     );
 }
+
+/// A quota per window is a count, as envoy/ratelimit counts one: calls back to back admit
+/// exactly the quota (not one more, not one less), each answer's remaining counts down to 0,
+/// every answer says when its window resets, and a refused call has nothing remaining and is
+/// told to come back when the minute ends, not in a few milliseconds. The same group through
+/// `POST /v1/check` shares the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_per_minute_is_a_count_back_to_back_with_envoys_fields() {
+    let s = ServerProc::start(&data_dir("rls-quota"));
+    let url = s.url();
+    let (ok, out) = cli(&url, None, &["group", "create", "q", "--quota", "70/minute"]);
+    assert!(ok, "{out}");
+    common::within_one_minute();
+    let mut client =
+        RateLimitServiceClient::new(Access::default().channel(&url, Duration::from_secs(5)).unwrap());
+    let mut remaining = Vec::new();
+    let mut refused = 0;
+    for _ in 0..90 {
+        let answer =
+            client.should_rate_limit(request("edge", &[&[("tenant", "q")]])).await.unwrap().into_inner();
+        let status = &answer.statuses[0];
+        let limit = status.current_limit.as_ref().expect("the limit");
+        assert_eq!((limit.requests_per_unit, limit.unit), (70, Unit::Minute as i32));
+        let reset = status.duration_until_reset.as_ref().expect("when the window resets");
+        assert!(reset.seconds <= 60 && (reset.seconds > 0 || reset.nanos > 0), "{reset:?}");
+        match Code::try_from(answer.overall_code).unwrap() {
+            Code::Ok => remaining.push(status.limit_remaining),
+            Code::OverLimit => {
+                refused += 1;
+                assert_eq!(status.limit_remaining, 0, "nothing remains once refused");
+            }
+            c => panic!("{c:?}"),
+        }
+    }
+    assert_eq!(remaining.len(), 70, "exactly the quota admitted: {remaining:?}");
+    assert_eq!(remaining, (0..70).rev().collect::<Vec<u32>>(), "remaining counts down");
+    assert_eq!(refused, 20);
+    // Through HTTP: refused too, with a Retry-After until the minute's end (whole seconds).
+    let (status, headers, body) = common::http(&s.http, "POST", "/v1/check", &[], r#"{"group":"q"}"#);
+    assert_eq!(status, 429, "{body}");
+    let after: u64 = headers
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after:").map(|v| v.trim().parse().unwrap()))
+        .expect("Retry-After");
+    assert!((1..=60).contains(&after), "retry after {after} s");
+}

@@ -305,7 +305,7 @@ fn usage_is_priced_up_front_and_settled_in_full() {
 }
 
 #[test]
-fn a_budget_once_spent_holds_the_group_at_its_reservation() {
+fn a_budget_once_spent_admits_nothing_more_not_even_its_reservation() {
     let clock = ManualClock::new();
     let g = gate("[groups.a]\nreserved = 10\nlimit = 1000\nbudget = 2000\n", &clock);
     let mut first = 0.0;
@@ -315,9 +315,9 @@ fn a_budget_once_spent_holds_the_group_at_its_reservation() {
         }
         clock.advance(Duration::from_millis(10));
     }
-    // A second at the limit, then the group is capped at what is left over a second: the
-    // budget's last units go ever slower, and it is never overrun.
-    assert!((1950.0..=2000.0).contains(&first), "spent {first}");
+    // About two seconds at the limit, and exactly the budget: a quota is a count.
+    let h = g.group("a").unwrap();
+    assert_eq!(first, 2000.0, "spent {first}: {:?} {:?} {}", h.quota(), g.stats("a"), h.available());
     let mut later = 0.0;
     for _ in 0..500 {
         while g.try_acquire("a", 1.0).is_ok() {
@@ -325,9 +325,49 @@ fn a_budget_once_spent_holds_the_group_at_its_reservation() {
         }
         clock.advance(Duration::from_millis(10));
     }
-    // Five seconds at the reserved 10/s (plus at most one burst).
-    assert!(later <= 5.0 * 10.0 + 1000.0 * 0.1 + 10.0, "later {later}");
-    assert!(g.stats("a").unwrap().allowance == 10.0);
+    // The reservation is a floor within the quotas, never a way past them.
+    assert_eq!(later, 0.0);
+    assert_eq!(g.stats("a").unwrap().allowance, 0.0);
+    let quota = g.group("a").unwrap().quota().unwrap();
+    assert_eq!(quota.remaining(), 0.0);
+}
+
+/// A minute's quota is a count per UTC minute: asked at six times its pace for three and a
+/// half minutes, each whole minute admits exactly its quota, none admits more, and a refusal
+/// says to come back when the minute ends.
+#[test]
+fn a_quota_per_minute_admits_exactly_its_count_each_minute() {
+    let clock = ManualClock::new();
+    let g = gate("[groups.a]\nquotas = { minute = 100 }\n", &clock);
+    let h = g.group("a").unwrap();
+    // Admissions by the end of the window they fell in (the process's clock, in seconds).
+    let mut per_window: Vec<(u64, u32)> = Vec::new();
+    for step in 0..2100u64 {
+        let now_ms = step * 100;
+        match h.try_acquire(1.0) {
+            Ok(_) => {
+                let q = h.quota().expect("an allotment");
+                let ends =
+                    (now_ms + u64::try_from(q.window_ends_in.unwrap().as_millis()).unwrap()).div_ceil(1000);
+                match per_window.last_mut() {
+                    Some((end, n)) if *end == ends => *n += 1,
+                    _ => per_window.push((ends, 1)),
+                }
+            }
+            Err(e) => {
+                // Spent: the hint is the minute's end, never a blind guess.
+                let q = h.quota().expect("an allotment");
+                if q.remaining() == 0.0 {
+                    assert_eq!(e.retry_after(), q.window_ends_in.or(e.retry_after()), "{q:?}");
+                    assert!(e.retry_after().unwrap() <= Duration::from_secs(60));
+                }
+            }
+        }
+        clock.advance(Duration::from_millis(100));
+    }
+    assert!(per_window.iter().all(|&(_, n)| n <= 100), "{per_window:?}");
+    let full = per_window.iter().filter(|&&(_, n)| n == 100).count();
+    assert!(full >= 3, "every whole minute admits its 100: {per_window:?}");
 }
 
 #[test]

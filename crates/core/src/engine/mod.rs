@@ -34,6 +34,7 @@
 //! group's state), clients, backends and resumable ramps; idle groups, silent clients and
 //! silent backends expire.
 
+mod allot;
 mod clients;
 mod diagnostics;
 mod saturation;
@@ -49,6 +50,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use allot::{ALLOTMENT_MIN, Allotment, LIFE_SPENT_RETRY, QuotaHeld};
 pub use clients::ClientError;
 pub use diagnostics::{BackendView, ClientView, Diagnostics, TOP_GROUPS};
 pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
@@ -159,6 +161,10 @@ pub struct ClientReport {
     /// Critical and sheddable requests admitted and refused since the last report (normal
     /// ones are the rest of `requests` and `throttled`).
     pub classes: [[u64; 2]; 2],
+    /// The allotment the client holds of the group's quotas (the default: none), for a
+    /// client that takes allotments; `None` for one that does not, which is given none. See
+    /// [`Allotment`].
+    pub quota: Option<QuotaHeld>,
 }
 
 /// A group's requests admitted and refused by class: critical, normal and sheddable, each
@@ -207,6 +213,9 @@ pub struct Grant {
     /// The client's share of the group's in-flight quota: how many requests it may hold in
     /// flight at once (`None`: no such limit).
     pub in_flight: Option<u32>,
+    /// In a group with quotas: more units the client may admit in the window under way, on
+    /// top of its rate (`None`: the group has no quota).
+    pub quota: Option<Allotment>,
 }
 
 impl Grant {
@@ -278,7 +287,7 @@ pub struct GroupOutcome {
     pub unthrottled: f32,
     /// Load reported by backends, units/s (for display, as above).
     pub load: f32,
-    /// The budget is spent: the group is held at its reservation.
+    /// A quota of the group is spent: it admits nothing, its reservation included.
     pub budget_exhausted: bool,
     /// Requests/s refused over the last tick (for display).
     pub throttled: f32,
@@ -424,60 +433,53 @@ impl Detail {
     }
 }
 
-/// Where a group's quota window is counted from: the window's start (Unix milliseconds) and
-/// the group's consumption then.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Baseline {
-    period_start_unix_ms: u64,
-    consumed: f64,
-}
-
-/// A group's ceiling, units/s, given its `limit`, `reserved` and what is `left` of its
-/// tightest quota (`None`: no quota). A spent quota holds the group at its reservation; one
-/// nearly spent lets the group's clients be granted at most what is left over a second, or
-/// over one `tick` when ticks are longer (so the default burst, a second of the grant, holds
-/// no more than is left, and a window's quota is overrun by at most what this cap grants
-/// before the clients' next reports), never below the reservation.
+/// A group's ceiling, units/s, given its `limit` and what is `left` of its tightest quota
+/// (`None`: no quota): its limit, or nothing once a quota is spent. A reservation is a floor
+/// within the quotas, never a way past them. What a window admits is bounded exactly by the
+/// clients' allotments ([`Allotment`]); the rate only spreads it, so the last units of a
+/// window are as quick to take as the first.
 ///
 /// ```
-/// use std::time::Duration;
 /// use tollgate_model::engine::quota_cap;
-/// let tick = Duration::from_secs(1);
-/// assert_eq!(quota_cap(1000.0, 0.0, None, tick), 1000.0);
-/// assert_eq!(quota_cap(1000.0, 0.0, Some(40.0), tick), 40.0);
-/// assert_eq!(quota_cap(1000.0, 5.0, Some(-3.0), tick), 5.0);
-/// assert_eq!(quota_cap(1000.0, 0.0, Some(5000.0), tick), 1000.0);
+/// assert_eq!(quota_cap(1000.0, None), 1000.0);
+/// assert_eq!(quota_cap(1000.0, Some(40.0)), 1000.0);
+/// assert_eq!(quota_cap(1000.0, Some(-3.0)), 0.0);
 /// ```
-pub fn quota_cap(limit: f64, reserved: f64, left: Option<f64>, tick: Duration) -> f64 {
+pub fn quota_cap(limit: f64, left: Option<f64>) -> f64 {
     match left {
-        None => limit,
-        Some(l) if l <= 0.0 => reserved,
-        Some(l) => limit.min(l / tick.as_secs_f64().max(1.0)).max(reserved),
+        Some(l) if l <= 0.0 => 0.0,
+        _ => limit,
     }
 }
 
-/// What is left of `s`'s tightest quota for a group that has consumed `consumed` in all (each
-/// window counted from its start's baseline; the group's life from nothing); `None` when it
-/// has no quota. At or below 0, a quota is spent.
-fn quota_left(
-    baselines: &HashMap<(GroupName, BudgetPeriod), Baseline, FixedHasher>,
+/// The allotment of group `key`'s quotas for `client`, given its report `r` (see
+/// [`Allotment`]); `None` for a group with no quota, and in a regional engine, which leaves
+/// quotas to the tier above. `released`: restarted clients' earlier incarnations.
+fn allot_for(
+    quotas: &mut allot::Quotas,
+    (released, settings, regional): (&[ClientId], &EngineSettings, bool),
+    now: Nanos,
     key: &GroupName,
-    s: &GroupSettings,
-    consumed: f64,
-) -> Option<f64> {
-    // Most groups have no quota: no look-up for them (a tick asks for every group).
-    if !s.has_quotas() {
-        return None;
-    }
-    s.quotas()
-        .map(|(window, units)| {
-            let baseline = match window {
-                BudgetPeriod::Total => 0.0,
-                _ => baselines.get(&(key.clone(), window)).map_or(0.0, |b| b.consumed),
-            };
-            units - (consumed - baseline)
-        })
-        .reduce(f64::min)
+    g: &Tracked,
+    client: ClientId,
+    r: &ClientReport,
+) -> Option<Allotment> {
+    // A client that takes no allotments is given none.
+    r.quota?;
+    let s = g.settings.as_deref().filter(|s| s.has_quotas() && !regional)?;
+    let tick_s = settings.tick.as_secs_f64().max(1e-3);
+    let ask = allot::Ask {
+        now,
+        group: key,
+        settings: s,
+        consumed: g.meter.consumed,
+        client,
+        held: r.quota,
+        demand: r.demand.max(0.0) + r.waiting.max(0.0) / tick_s,
+        // About two exchanges: a client exchanges every tick, or every half second at most.
+        horizon: settings.tick.max(Duration::from_millis(500)) * 2,
+    };
+    quotas.allot(ask, released)
 }
 
 /// A tracked group's `load_slot` when it has none.
@@ -842,7 +844,7 @@ pub struct Engine {
     resume: HashMap<GroupName, (f64, Nanos), FixedHasher>,
     /// Per group with a budget counted per period: the period, and the group's consumption
     /// when it began.
-    budget_baselines: HashMap<(GroupName, BudgetPeriod), Baseline, FixedHasher>,
+    quotas: allot::Quotas,
     started: Option<Nanos>,
     /// No tracked group's last report is earlier than the smaller of these two: the earliest
     /// among the groups the last tick walked (or a report during that tick), and the earliest
@@ -927,7 +929,7 @@ impl Engine {
             clients,
             released: Vec::new(),
             resume: HashMap::default(),
-            budget_baselines: HashMap::default(),
+            quotas: allot::Quotas::default(),
             started: None,
             earliest_report: Nanos(u64::MAX),
             reports_floor: Nanos(u64::MAX),
@@ -1001,7 +1003,7 @@ impl Engine {
         self.settings_changed();
         self.account(before.as_deref(), -1.0);
         self.meters.remove(name);
-        self.budget_baselines.retain(|(g, _), _| g != name);
+        self.quotas.forget(name);
         before.map(Arc::unwrap_or_clone)
     }
 
@@ -1277,6 +1279,7 @@ impl Engine {
             shadow: self.settings.shadow || settings.is_some_and(GroupSettings::shadow),
             critical_reserve: settings.map_or(0.0, GroupSettings::critical_reserve),
             in_flight: None,
+            quota: None,
         };
         if !self.settings.throttling {
             return (unlimited, place);
@@ -1286,7 +1289,10 @@ impl Engine {
             let ledger = self.slots.entry(key.clone()).or_default();
             ledger.report(now, client, r.in_flight, r.in_flight_asked, max, self.settings.report_expiry)
         });
-        let unlimited = Grant { in_flight, ..unlimited };
+        let regional = self.upstream.is_some();
+        let quota =
+            allot_for(&mut self.quotas, (&self.released, &self.settings, regional), now, &key, g, client, &r);
+        let unlimited = Grant { in_flight, quota, ..unlimited };
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
             match (o.target(), o.grant_of_at(client, client_at)) {
@@ -1298,6 +1304,18 @@ impl Engine {
             }
         }
         (self.grant_unknown(key, client, r.held, unlimited, burst_total), place)
+    }
+
+    /// Places the quota windows on the wall clock: the engine's time `now` is the Unix time
+    /// `wall_ms`. Allotments wait for the first call (a controller makes it at start and at
+    /// every flush, so the two clocks do not drift apart).
+    pub fn set_wall_clock(&mut self, now: Nanos, wall_ms: u64) {
+        self.quotas.set_wall_clock(now, wall_ms);
+    }
+
+    /// The units the clients of `group` hold unspent of its quotas' allotments.
+    pub fn allotted(&self, group: &GroupName) -> f64 {
+        self.quotas.unspent(group)
     }
 
     /// The index of `group`'s state, tracking it now if it is new (under the default group's
@@ -1414,10 +1432,9 @@ impl Engine {
         let Some(s) = settings else { return above };
         let consumed = self.meter(key).map_or(0.0, |m| m.consumed);
         // A regional engine leaves quotas to the tier above, which counts every region.
-        let left =
-            if self.upstream.is_some() { None } else { quota_left(&self.budget_baselines, key, s, consumed) };
+        let left = if self.upstream.is_some() { None } else { self.quotas.left(key, s, consumed) };
         let nested = self.nesting.get(key).map_or(f64::INFINITY, |b| b.cap);
-        quota_cap(s.limit().as_f64(), s.reserved(), left, self.settings.tick).min(nested).min(above)
+        quota_cap(s.limit().as_f64(), left).min(nested).min(above)
     }
 
     /// The quota windows (minute, hour, day, week, month) whose window, at `wall_ms`, has no
@@ -1437,7 +1454,8 @@ impl Engine {
                 meters.contains_key(g).then(|| settings_in(configured, g)).flatten().map(|s| &**s)
             })
         };
-        self.budget_baselines.retain(|(g, w), _| applying(g).is_some_and(|s| s.quota(*w).is_some()));
+        self.quotas.retain_baselines(|g, w| applying(g).is_some_and(|s| s.quota(w).is_some()));
+        self.quotas.retain_ledgers(|g| applying(g).is_some_and(GroupSettings::has_quotas));
         let own = configured
             .iter()
             .filter(|(g, _)| !crate::settings::is_pattern(g.as_str()))
@@ -1457,7 +1475,7 @@ impl Engine {
             for (window, _) in s.quotas().filter(|(w, _)| *w != BudgetPeriod::Total) {
                 let start = window.start_of(wall_ms);
                 let key = (g.clone(), window);
-                if self.budget_baselines.get(&key).is_none_or(|b| b.period_start_unix_ms != start) {
+                if self.quotas.baseline(&key.0, key.1).is_none_or(|b| b.period_start_unix_ms != start) {
                     due.push((g.clone(), window, start));
                 }
             }
@@ -1475,7 +1493,7 @@ impl Engine {
         period_start_unix_ms: u64,
         consumed: f64,
     ) {
-        self.budget_baselines.insert((group, window), Baseline { period_start_unix_ms, consumed });
+        self.quotas.set_baseline(group, window, allot::Baseline { period_start_unix_ms, consumed });
     }
 
     /// Starts every window due at `wall_ms` from the group's consumption now, as this engine
@@ -1514,7 +1532,7 @@ impl Engine {
 
     /// The consumption a group's quota window is counted from (0 when none was set).
     pub fn budget_baseline(&self, group: &GroupName, window: BudgetPeriod) -> f64 {
-        self.budget_baselines.get(&(group.clone(), window)).map_or(0.0, |b| b.consumed)
+        self.quotas.baseline(group, window).map_or(0.0, |b| b.consumed)
     }
 
     /// A backend's report: its zone, health, and the load each group puts on it.

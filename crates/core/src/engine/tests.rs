@@ -413,7 +413,7 @@ fn unthrottled_work_counts_against_the_capacity() {
 }
 
 #[test]
-fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
+fn a_spent_budget_holds_the_group_at_nothing_and_survives_a_restore() {
     let mut e = engine(EngineSettings::default());
     let s = GroupSettings::builder().reserved(10.0).limit(100.0).budget(500.0).build().unwrap();
     e.set_group(name("trial"), s.clone());
@@ -424,7 +424,8 @@ fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
     e.tick(Nanos(2 * S));
     let o = e.outcome(&name("trial")).unwrap();
     assert!(o.budget_exhausted);
-    assert_eq!(o.target(), Some(10.0));
+    // A reservation is a floor within the quotas, never a way past them.
+    assert_eq!(o.target(), Some(0.0));
     let meters = e.take_dirty_meters();
     assert_eq!(meters, [(name("trial"), Meter { consumed: 500.0, admitted: 500, ..Meter::default() })]);
     assert!(e.take_dirty_meters().is_empty());
@@ -434,7 +435,7 @@ fn a_spent_budget_holds_the_group_at_its_reservation_and_survives_a_restore() {
     again.restore_meter(name("trial"), meters[0].1);
     again.report(Nanos(S), 1, &name("trial"), report(100.0, 0.0, 0.0));
     again.tick(Nanos(S));
-    assert_eq!(again.outcome(&name("trial")).unwrap().target(), Some(10.0));
+    assert_eq!(again.outcome(&name("trial")).unwrap().target(), Some(0.0));
 }
 
 /// Regression: before the first tick every client was granted the group's whole limit.
@@ -1422,7 +1423,7 @@ fn a_view_made_in_parts_is_the_whole_view() {
 }
 
 #[test]
-fn quotas_per_window_cap_the_group_to_what_is_left_and_start_afresh_each_window() {
+fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_each_window() {
     use crate::settings::BudgetPeriod;
     let mut e = engine(EngineSettings::default());
     let s = GroupSettings::builder()
@@ -1433,33 +1434,68 @@ fn quotas_per_window_cap_the_group_to_what_is_left_and_start_afresh_each_window(
         .unwrap();
     e.set_group(name("api"), s);
     let minute = 60_000;
-    // The first minute starts from nothing consumed.
+    // The engine's time 0 is ten minutes past the hour, on the wall.
+    e.set_wall_clock(Nanos(0), 10 * minute);
     assert_eq!(e.roll_windows(10 * minute, BudgetPeriod::Total), 2);
-    e.report(Nanos(S), 1, &name("api"), report(1000.0, 0.0, 0.0));
-    e.tick(Nanos(S));
-    // At most what is left of the tightest window over one tick, far below the limit.
-    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(50.0));
-    e.report(Nanos(2 * S), 1, &name("api"), report(1000.0, 30.0, 30.0));
-    e.tick(Nanos(2 * S));
-    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(20.0));
-    e.report(Nanos(3 * S), 1, &name("api"), report(1000.0, 20.0, 20.0));
-    e.tick(Nanos(3 * S));
+    let at = |secs: u64| Nanos(secs * S);
+    // A client that takes allotments, holding none yet.
+    let taking = |r: ClientReport| ClientReport { quota: Some(crate::engine::QuotaHeld::default()), ..r };
+    // A client asking 1,000 units/s may take at most half of what is left in one answer; the
+    // rate stays the limit (the allotment bounds the count).
+    let g = e.report(at(1), 1, &name("api"), taking(report(1000.0, 0.0, 0.0)));
+    let a = g.quota.expect("an allotment");
+    assert_eq!((a.add, a.left), (25.0, 25.0));
+    assert_eq!(a.window, 10 * minute);
+    assert_eq!(a.ends_in, Some(Duration::from_secs(59)));
+    // A client that takes no allotments (an Envoy quota stream) is given none.
+    assert!(e.report(at(1), 9, &name("api"), report(1000.0, 0.0, 0.0)).quota.is_none());
+    e.tick(at(1));
+    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(1000.0));
+    // It used them all: more, half of what is left again, until nothing is.
+    let mut held = crate::engine::QuotaHeld { window: a.window, given: 25.0, used: 25.0 };
+    let mut given = 25.0;
+    for second in 2..20 {
+        let consumed = held.used - e.meter(&name("api")).map_or(0.0, |m| m.consumed);
+        let g = e.report(
+            at(second),
+            1,
+            &name("api"),
+            ClientReport { quota: Some(held), ..report(1000.0, consumed, 0.0) },
+        );
+        let a = g.quota.unwrap();
+        given += a.add;
+        held = crate::engine::QuotaHeld { window: a.window, given, used: given };
+        assert!(given <= 50.0, "{given} allotted of a minute's 50");
+    }
+    assert_eq!(given, 50.0, "every unit of the minute allotted, one at least each time");
+    // Reported spent: nothing more, the rate closed too, and the retry hint is the minute's end.
+    let consumed = held.used - e.meter(&name("api")).unwrap().consumed;
+    let g = e.report(
+        at(20),
+        1,
+        &name("api"),
+        ClientReport { quota: Some(held), ..report(1000.0, consumed, 0.0) },
+    );
+    let a = g.quota.unwrap();
+    assert_eq!((a.add, a.left), (0.0, 0.0));
+    assert_eq!(a.reset_in, Some(Duration::from_secs(40)));
+    e.tick(at(20));
     let o = e.outcome(&name("api")).unwrap();
     assert!(o.budget_exhausted, "the minute's 50 are spent");
     assert_eq!(o.target(), Some(0.0));
-    // Within the minute nothing rolls; the next minute starts from the 50 consumed.
-    assert_eq!(e.roll_windows(10 * minute + 59_000, BudgetPeriod::Total), 0);
-    assert_eq!(e.roll_windows(11 * minute, BudgetPeriod::Total), 1);
+    // The next minute starts from the 50 consumed: its allotments lapse with the old one.
+    let g = e.report(at(61), 1, &name("api"), ClientReport { quota: Some(held), ..report(1000.0, 0.0, 0.0) });
+    let a = g.quota.unwrap();
+    assert_eq!((a.window, a.add), (11 * minute, 25.0));
     assert_eq!(e.budget_baseline(&name("api"), BudgetPeriod::Minute), 50.0);
-    e.tick(Nanos(4 * S));
-    // The hour's 120 leave 70; the new minute's 50 are tighter.
-    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(50.0));
-    e.report(Nanos(5 * S), 1, &name("api"), report(1000.0, 50.0, 50.0));
-    e.tick(Nanos(5 * S));
-    e.roll_windows(12 * minute, BudgetPeriod::Total);
-    e.tick(Nanos(6 * S));
-    // A fresh minute, but only 20 left in the hour.
-    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(20.0));
+    e.tick(at(61));
+    assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(1000.0));
+    // 50 more consumed in it: the hour has 20 left, tighter than a fresh minute's 50.
+    let held = crate::engine::QuotaHeld { window: a.window, given: 25.0, used: 25.0 };
+    e.report(at(62), 1, &name("api"), ClientReport { quota: Some(held), ..report(1000.0, 50.0, 0.0) });
+    let g = e.report(at(121), 1, &name("api"), taking(report(1000.0, 0.0, 0.0)));
+    let a = g.quota.unwrap();
+    assert_eq!((a.window, a.add, a.left), (12 * minute, 10.0, 10.0), "half of the hour's 20");
 }
 
 #[test]
@@ -1498,22 +1534,30 @@ fn a_patterns_quotas_count_each_group_it_names_even_while_idle() {
     e.report(Nanos(S), 1, &a, report(1000.0, 0.0, 0.0));
     e.report(Nanos(S), 1, &b, report(1000.0, 0.0, 0.0));
     assert_eq!(e.roll_windows(5 * hour, BudgetPeriod::Total), 2, "each group its own window");
+    e.set_wall_clock(Nanos(2 * S), 5 * hour);
     e.report(Nanos(2 * S), 1, &a, report(1000.0, 90.0, 90.0));
     e.tick(Nanos(2 * S));
-    assert_eq!(e.outcome(&a).unwrap().target(), Some(10.0));
-    assert_eq!(e.outcome(&b).unwrap().target(), Some(100.0), "b's window is its own");
+    let taking =
+        ClientReport { quota: Some(crate::engine::QuotaHeld::default()), ..report(1000.0, 0.0, 0.0) };
+    let left = |e: &mut Engine, g: &GroupName, t: u64| {
+        e.report(Nanos(t * S), 1, g, taking).quota.map(|q| q.left + q.add)
+    };
+    assert_eq!(left(&mut e, &a, 3), Some(10.0));
+    assert_eq!(left(&mut e, &b, 3), Some(100.0), "b's window is its own");
     // a goes idle and is forgotten; its consumption stays, so the hour still counts it.
     e.tick(Nanos(30 * S));
     assert!(e.outcome(&a).is_none());
     assert_eq!(e.meter(&a).map(|m| m.consumed), Some(90.0));
     assert_eq!(e.roll_windows(5 * hour + 60_000, BudgetPeriod::Total), 0);
-    e.report(Nanos(31 * S), 1, &a, report(1000.0, 0.0, 0.0));
-    e.tick(Nanos(31 * S));
-    assert_eq!(e.outcome(&a).unwrap().target(), Some(10.0), "back within the hour: 10 left");
+    // Back within the hour, through another client: at most the 10 left, less what the first
+    // still holds of its allotment (counted until the hour ends or it says it spent it).
+    let back = e.report(Nanos(31 * S), 2, &a, taking).quota.unwrap();
+    assert!(back.add + back.left <= 10.0, "back within the hour: at most 10 left, {back:?}");
     // The next hour starts afresh.
+    e.set_wall_clock(Nanos(32 * S), 6 * hour);
     assert_eq!(e.roll_windows(6 * hour, BudgetPeriod::Total), 2);
-    e.tick(Nanos(32 * S));
-    assert_eq!(e.outcome(&a).unwrap().target(), Some(100.0));
+    let fresh = e.report(Nanos(32 * S), 2, &a, taking).quota.unwrap();
+    assert_eq!(fresh.add + fresh.left, 100.0);
 }
 
 #[test]

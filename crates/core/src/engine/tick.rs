@@ -381,7 +381,7 @@ impl Engine {
             configured,
             settings_generation,
             tracked,
-            budget_baselines,
+            quotas,
             loads,
             rows,
             asking,
@@ -417,8 +417,7 @@ impl Engine {
                 traced.push(Traced { ratio: pressure.ratio, limited_by });
             }
             let settings_now = g.settings.as_deref();
-            let (reserved, cap, burst, exhausted) =
-                limits_of(g, name, settings, (budget_baselines, nesting, upstream));
+            let (reserved, cap, burst, exhausted) = limits_of(g, name, settings, (quotas, nesting, upstream));
             let (demand, unthrottled) = asks(&g.clients, asking);
             // A group that may take its backends' room (throttled at the last tick, its limit
             // now above its target: the only groups they mark so) and that no saturated backend
@@ -783,17 +782,19 @@ fn limiters(
         .collect()
 }
 
-/// A group's reservation and cap for this tick. The ceiling is its limit, or its reservation
-/// once its budget is spent; the cap is the ceiling within its ramp's pool. Slow start
-/// (Couchbase) holds a tenth of the reservation until a client has been seen by a tick.
-fn bounds(g: &super::Tracked, slow_start: bool, left: Option<f64>, tick: std::time::Duration) -> (f64, f64) {
+/// A group's reservation and cap for this tick. The ceiling is its limit, or nothing once a
+/// quota of it is spent (its reservation then holds nothing either: a floor within its
+/// quotas); the cap is the ceiling within its ramp's pool. Slow start (Couchbase) holds a
+/// tenth of the reservation until a client has been seen by a tick.
+fn bounds(g: &super::Tracked, slow_start: bool, left: Option<f64>) -> (f64, f64) {
     let settings = g.settings.as_deref();
-    let mut reserved = settings.map_or(0.0, GroupSettings::reserved);
+    let spent = left.is_some_and(|l| l <= 0.0);
+    let mut reserved = if spent { 0.0 } else { settings.map_or(0.0, GroupSettings::reserved) };
     if slow_start && (!g.had_clients || g.clients.is_empty()) {
         reserved *= SLOW_START_SHARE;
     }
     let mut ceiling = match settings {
-        Some(s) => super::quota_cap(s.limit().as_f64(), s.reserved(), left, tick),
+        Some(s) => super::quota_cap(s.limit().as_f64(), left),
         None => Limit::Unlimited.as_f64(),
     };
     // FoundationDB's accounting: the limit and the reservation bound reads and writes each, so
@@ -808,8 +809,6 @@ fn bounds(g: &super::Tracked, slow_start: bool, left: Option<f64>, tick: std::ti
     (reserved, cap)
 }
 
-/// Each quota window's baseline, by group and window.
-type Baselines = HashMap<(GroupName, crate::settings::BudgetPeriod), super::Baseline, super::FixedHasher>;
 /// What the trees of nested groups leave each of them.
 type Nesting = HashMap<GroupName, crate::hierarchy::Bound, super::FixedHasher>;
 
@@ -820,14 +819,13 @@ fn limits_of(
     g: &super::Tracked,
     name: &GroupName,
     settings: &super::EngineSettings,
-    (baselines, nesting, upstream): (&Baselines, &Nesting, &super::upstream::Upstream),
+    (quotas, nesting, upstream): (&super::allot::Quotas, &Nesting, &super::upstream::Upstream),
 ) -> (f64, f64, Option<f64>, bool) {
     let settings_now = g.settings.as_deref();
-    let left = settings_now
-        .filter(|_| upstream.is_none())
-        .and_then(|s| super::quota_left(baselines, name, s, g.meter.consumed));
+    let left =
+        settings_now.filter(|_| upstream.is_none()).and_then(|s| quotas.left(name, s, g.meter.consumed));
     let (reserved, cap, burst) = contained(
-        bounds(g, settings.slow_start, left, settings.tick),
+        bounds(g, settings.slow_start, left),
         settings_now.and_then(GroupSettings::burst),
         nesting.get(name),
         super::upstream::ceiling(upstream, name),

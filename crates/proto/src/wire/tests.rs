@@ -47,8 +47,9 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
         any_detail(),
         any::<[u32; 2]>(),
         proptest::array::uniform4(prop_oneof![Just(0u64), any::<u64>()]),
+        proptest::option::of((prop_oneof![Just(0u64), any::<u64>()], any_f64(), any_f64())),
     )
-        .prop_map(|(group, f, n, detail, slots, c)| v1::GroupUsage {
+        .prop_map(|(group, f, n, detail, slots, c, quota)| v1::GroupUsage {
             group,
             demand: f[0],
             consumed: f[1],
@@ -66,6 +67,7 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
             sheddable_admitted: c[2],
             sheddable_throttled: c[3],
             detail,
+            quota: quota.map(|(window, given, used)| v1::QuotaHeld { window, given, used }),
         })
 }
 
@@ -76,10 +78,20 @@ fn any_request() -> impl Strategy<Value = v1::ExchangeRequest> {
         proptest::collection::vec(any_usage(), 0..20),
         any::<u32>(),
         proptest::option::of(prop_oneof![Just(0u64), any::<u64>()]),
+        any::<bool>(),
     )
-        .prop_map(|(client_id, sequence, groups, target_request_period_ms, shard_map_epoch)| {
-            v1::ExchangeRequest { client_id, sequence, groups, target_request_period_ms, shard_map_epoch }
-        })
+        .prop_map(
+            |(client_id, sequence, groups, target_request_period_ms, shard_map_epoch, takes_allotments)| {
+                v1::ExchangeRequest {
+                    client_id,
+                    sequence,
+                    groups,
+                    target_request_period_ms,
+                    shard_map_epoch,
+                    takes_allotments,
+                }
+            },
+        )
 }
 
 /// A field of arbitrary shape: a known or unknown number, any wire type (wrong ones too), any
@@ -132,6 +144,15 @@ fn usage_field() -> impl Strategy<Value = Field> {
         ],
         0..9,
     );
+    // The allotment held: its window, then given and used, and unknown fields.
+    let quota = proptest::collection::vec(
+        prop_oneof![
+            any::<u64>().prop_map(|v| Field::Varint(1, v)),
+            (2u32..=3, any::<u64>()).prop_map(|(t, v)| Field::Fixed64(t, v)),
+            (4u32..12, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+        ],
+        0..6,
+    );
     prop_oneof![
         "[a-z]{0,6}".prop_map(|s| Field::Bytes(1, s.into_bytes())),
         (prop_oneof![Just(2u32), Just(3), Just(6), Just(7), Just(8)], any::<u64>())
@@ -139,8 +160,9 @@ fn usage_field() -> impl Strategy<Value = Field> {
         (prop_oneof![Just(4u32), Just(5), Just(9), Just(11), 12u32..=17], any::<u64>())
             .prop_map(|(t, v)| Field::Varint(t, v)),
         detail.prop_map(|f| Field::Nested(10, f)),
-        (18u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
-        (18u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+        quota.prop_map(|f| Field::Nested(18, f)),
+        (19u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
+        (19u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
     ]
 }
 
@@ -149,9 +171,10 @@ fn request_fields() -> impl Strategy<Value = Vec<Field>> {
     proptest::collection::vec(
         prop_oneof![
             "[a-z]{0,6}".prop_map(|s| Field::Bytes(1, s.into_bytes())),
-            (prop_oneof![Just(2u32), Just(4), Just(5)], any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+            (prop_oneof![Just(2u32), Just(4), Just(5), Just(6)], any::<u64>())
+                .prop_map(|(t, v)| Field::Varint(t, v)),
             proptest::collection::vec(usage_field(), 0..12).prop_map(|f| Field::Nested(3, f)),
-            (6u32..40, proptest::collection::vec(any::<u8>(), 0..5)).prop_map(|(t, v)| Field::Bytes(t, v)),
+            (7u32..40, proptest::collection::vec(any::<u8>(), 0..5)).prop_map(|(t, v)| Field::Bytes(t, v)),
         ],
         0..10,
     )
@@ -361,6 +384,7 @@ proptest! {
         ),
         slots in proptest::collection::vec(proptest::option::of(prop_oneof![Just(0u32), any::<u32>()]), 20),
         shards in proptest::collection::vec(proptest::option::of(prop_oneof![Just(0u32), 0u32..4096, any::<u32>()]), 20),
+        quotas in proptest::collection::vec(proptest::option::of((any::<u64>(), any_f64(), proptest::option::of(0u64..10_000_000_000), any_f64(), proptest::option::of(prop_oneof![Just(0u64), any::<u64>()]))), 20),
         next in any::<[u32; 2]>(),
         allowed in any::<bool>(),
         map in proptest::option::of((any::<u64>(), proptest::collection::vec(any_name(), 0..4), proptest::collection::vec(0u32..5, 1..40))),
@@ -378,7 +402,15 @@ proptest! {
                 owners,
             }),
         };
-        for (((group, flags, f, n), in_flight), shard) in grants.into_iter().zip(slots).zip(shards) {
+        for ((((group, flags, f, n), in_flight), shard), quota) in grants.into_iter().zip(slots).zip(shards).zip(quotas) {
+            // As an engine hands it out (a window's end in whole milliseconds, at least one).
+            let quota = quota.map(|(window, add, ends_ms, left, reset_ms)| tollgate_model::engine::Allotment {
+                window,
+                add,
+                ends_in: ends_ms.map(|ms| std::time::Duration::from_millis(ms.max(1))),
+                left,
+                reset_in: reset_ms.map(std::time::Duration::from_millis),
+            });
             let fields = GrantFields {
                 unlimited: flags[0],
                 rate: f[0],
@@ -392,6 +424,7 @@ proptest! {
                 shadow: flags[2],
                 critical_reserve: f[3],
                 in_flight,
+                quota,
             };
             writer.grant_in_shard(&group, &fields, shard);
             expected.grants.push(v1::Grant { shard, ..fields.grant(group) });

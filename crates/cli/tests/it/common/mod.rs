@@ -153,3 +153,14 @@ pub fn dechunk(mut rest: &str) -> String {
     }
     body
 }
+
+/// Waits, when the wall clock is in the last 15 s of a minute, for the next minute: the
+/// quota windows are calendar minutes, and what follows must fall within one.
+pub fn within_one_minute() {
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let into = now.as_millis() % 60_000;
+    if into > 45_000 {
+        std::thread::sleep(std::time::Duration::from_millis(u64::try_from(60_000 - into).unwrap() + 200));
+    }
+}
