@@ -107,10 +107,13 @@ pub(crate) enum Command {
         #[arg(long, short)]
         file: Option<PathBuf>,
     },
-    /// Turn another limiter's limit file into groups, patterns and mapping rules: envoy/ratelimit's
-    /// YAML or Limitador's limits file. Everything is checked first; what Tollgate cannot
-    /// express is refused with its line and the reason, and then nothing changes. The file's
-    /// rules replace the rules of its domains (namespaces) and come before the others.
+    /// Turn another limiter's limit file into groups, patterns and what names them: an
+    /// envoy/ratelimit YAML becomes each domain's descriptor tree (matched as envoy/ratelimit
+    /// matches), a Limitador limits file mapping rules. Everything is checked first; what
+    /// Tollgate cannot express is refused with its line and the reason, and then nothing
+    /// changes. The file's domains (namespaces) are answered by it alone; other domains keep
+    /// theirs, and the implicit tenant rule where no rule names them. A domain that has rules
+    /// or a tree of its own already is replaced only with --replace.
     Import {
         /// The file's format.
         #[arg(value_enum)]
@@ -120,6 +123,10 @@ pub(crate) enum Command {
         /// Print what would change, and change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Replace what answers the file's domains now (their rules or descriptor tree), when
+        /// the file's differ.
+        #[arg(long)]
+        replace: bool,
     },
     /// Fit the `linear` cost model to measurements: a CSV with a header naming columns among
     /// requests (or reads and writes), read_bytes, write_bytes and cpu_ms, and the observed

@@ -111,12 +111,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             admin_command(usage::run(&target, group, since, format))
         }
         Command::Rls(cmd) => admin_command(rls::run(&target, cmd)),
-        Command::Import { format, file, dry_run } => {
+        Command::Import { format, file, dry_run, replace } => {
             let format = match format {
                 args::ImportFormat::EnvoyRatelimit => import::Format::EnvoyRatelimit,
                 args::ImportFormat::Limitador => import::Format::Limitador,
             };
-            admin_command(import::run(&target, format, &file, dry_run))
+            admin_command(import::run(&target, format, &file, (dry_run, replace)))
         }
         Command::Audit { since, limit, json } => admin_command(admin::audit(&target, since, limit, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),

@@ -783,21 +783,17 @@ impl Admin for Services {
 
     async fn set_rls_rules(&self, req: Request<v1::RlsRules>) -> Result<Response<v1::RlsRules>, Status> {
         let who = who(&req);
-        let rules = tollgate_model::rls::rules_from_json(&req.into_inner().rules_json)
+        let rules = tollgate_model::rls::RuleSet::from_json(&req.into_inner().rules_json)
             .map_err(Status::invalid_argument)?;
         self.admin(move |c| c.rls_rules.set(rules, &who)).await?;
-        Ok(Response::new(v1::RlsRules {
-            rules_json: tollgate_model::rls::rules_to_json(&self.node.rls_rules.get()),
-        }))
+        Ok(Response::new(v1::RlsRules { rules_json: self.node.rls_rules.get().to_json() }))
     }
 
     async fn get_rls_rules(
         &self,
         _: Request<v1::GetRlsRulesRequest>,
     ) -> Result<Response<v1::RlsRules>, Status> {
-        Ok(Response::new(v1::RlsRules {
-            rules_json: tollgate_model::rls::rules_to_json(&self.node.rls_rules.get()),
-        }))
+        Ok(Response::new(v1::RlsRules { rules_json: self.node.rls_rules.get().to_json() }))
     }
 
     async fn usage(&self, req: Request<v1::UsageRequest>) -> Result<Response<v1::UsageResponse>, Status> {

@@ -47,7 +47,7 @@ use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
-use tollgate_model::rls::RlsRule;
+use tollgate_model::rls::RuleSet;
 use tollgate_model::settings::{GroupName, check_group_name};
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
@@ -253,7 +253,7 @@ impl Session {
     pub(crate) fn report(
         &mut self,
         now: Nanos,
-        rules: &[RlsRule],
+        rules: &RuleSet,
         caller: Option<&Caller>,
         r: &RateLimitQuotaUsageReports,
     ) -> Result<(usize, usize, Vec<BucketAction>), Status> {
@@ -456,12 +456,13 @@ pub(crate) struct Actions {
 }
 
 /// The group a new bucket names, or why it cannot be served.
-fn group_of(rules: &[RlsRule], caller: Option<&Caller>, i: usize, key: &Key) -> Result<GroupName, String> {
+fn group_of(rules: &RuleSet, caller: Option<&Caller>, i: usize, key: &Key) -> Result<GroupName, String> {
     if let Some(why) = check_id(i, &key.1) {
         return Err(why);
     }
     let entries: Vec<(&str, &str)> = key.1.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let (matched, mut name) = tollgate_model::rls::match_rule(rules, &key.0, &entries);
+    // Buckets name groups by the rules (a domain's envoy/ratelimit tree answers the RLS).
+    let (matched, mut name) = rules.by_rules(&key.0, &entries);
     // A bucket no rule names a group for goes to the token's default group, if it has one.
     if let Some(Caller(c)) = caller
         && matched.is_none()
@@ -703,7 +704,11 @@ mod tests {
     #[test]
     fn in_shadow_mode_envoy_allows_all_and_what_the_bucket_would_deny_is_counted() {
         let mut s = Session::new("envoy-rlqs-1".into());
-        let rules = vec![RlsRule { key: "tenant".into(), group: "{value}".into(), ..RlsRule::default() }];
+        let rules = RuleSet::of_rules(vec![tollgate_model::rls::RlsRule {
+            key: "tenant".into(),
+            group: "{value}".into(),
+            ..Default::default()
+        }]);
         s.report(Nanos(10 * S), &rules, None, &report(vec![usage(&[("tenant", "acme")], 1, 0)])).unwrap();
         let shadow = v1::Grant { shadow: true, ..grant("acme", 10.0, 10.0) };
         let sent = s.assign(Nanos(10 * S), &[shadow]);
@@ -729,7 +734,11 @@ mod tests {
             usage(&[("tenant", "acme"), ("path", "/a")], 30, 0),
             usage(&[("tenant", "acme"), ("path", "/b")], 10, 0),
         ]);
-        let rules = vec![RlsRule { key: "tenant".into(), group: "{value}".into(), ..RlsRule::default() }];
+        let rules = RuleSet::of_rules(vec![tollgate_model::rls::RlsRule {
+            key: "tenant".into(),
+            group: "{value}".into(),
+            ..Default::default()
+        }]);
         assert_eq!(s.report(Nanos(10 * S), &rules, None, &r).unwrap().0, 2);
         let ex = s.exchanges(false);
         assert_eq!(ex.len(), 1);
@@ -795,7 +804,7 @@ mod tests {
             usage(&[("tenant", "huge")], REQUESTS_MAX + 1, 0),
             BucketQuotaUsage::default(),
         ]);
-        let (new, refused, overflow) = s.report(Nanos(S), &[], None, &r).unwrap();
+        let (new, refused, overflow) = s.report(Nanos(S), &RuleSet::default(), None, &r).unwrap();
         assert_eq!((new, refused, overflow.len()), (4, 3, 0));
         let why: Vec<_> = s.buckets.values().filter_map(|b| b.group.as_ref().err().cloned()).collect();
         assert!(
@@ -817,22 +826,24 @@ mod tests {
         // A report malformed as a whole ends the stream, naming the field.
         let mut bad = report(vec![]);
         bad.domain = String::new();
-        let e = s.report(Nanos(S), &[], None, &bad).unwrap_err();
+        let e = s.report(Nanos(S), &RuleSet::default(), None, &bad).unwrap_err();
         assert!(e.message().starts_with("domain: must be 1 to"), "{}", e.message());
         let many = report((0..=BUCKETS_MAX).map(|i| usage(&[("tenant", &i.to_string())], 1, 0)).collect());
-        let e = s.report(Nanos(S), &[], None, &many).unwrap_err();
+        let e = s.report(Nanos(S), &RuleSet::default(), None, &many).unwrap_err();
         assert!(e.message().starts_with("bucket_quota_usages: at most 10000"), "{}", e.message());
     }
 
     #[test]
     fn idle_buckets_are_abandoned_and_a_closing_stream_asks_for_nothing() {
         let mut s = Session::new("envoy-rlqs-1".into());
-        s.report(Nanos(S), &[], None, &report(vec![usage(&[("tenant", "a")], 5, 5)])).unwrap();
+        s.report(Nanos(S), &RuleSet::default(), None, &report(vec![usage(&[("tenant", "a")], 5, 5)]))
+            .unwrap();
         let closing = s.exchanges(true);
         assert_eq!(closing[0].groups[0].demand, 0.0);
         s.assign(Nanos(S), &[grant("a", 10.0, 10.0)]);
         // Reported with nothing in it from then on.
-        s.report(Nanos(2 * S), &[], None, &report(vec![usage(&[("tenant", "a")], 0, 0)])).unwrap();
+        s.report(Nanos(2 * S), &RuleSet::default(), None, &report(vec![usage(&[("tenant", "a")], 0, 0)]))
+            .unwrap();
         let later = Nanos(S + IDLE_ABANDON.as_nanos() as u64);
         let sent = s.assign(later, &[grant("a", 10.0, 10.0)]);
         assert_eq!(sent.abandoned, 1);

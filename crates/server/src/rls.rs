@@ -30,7 +30,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_limiter::{AcquireError, RemoteOptions, Tollgate};
 use tollgate_model::class::RequestClass;
-use tollgate_model::rls::RlsRule;
+use tollgate_model::rls::{Decision, RuleSet};
 use tollgate_model::settings::{GroupName, check_group_name};
 use tonic::{Request, Response, Status};
 
@@ -60,32 +60,34 @@ pub const CLIENT_ID: &str = "tollgate-rls";
 /// its audit log, and followed when another controller changes them.
 pub struct RlsRules {
     store: Shared,
-    rules: RwLock<Arc<Vec<RlsRule>>>,
+    rules: RwLock<Arc<RuleSet>>,
 }
 
 impl RlsRules {
     /// The rules as stored (JSON; none when never set), written through `store`.
     pub fn new(store: Shared, stored: Option<&str>) -> Result<RlsRules, StoreError> {
         let rules = match stored {
-            None => Vec::new(),
-            Some(json) => tollgate_model::rls::rules_from_json(json).map_err(|reason| {
-                StoreError::Corrupt { path: Default::default(), what: "RLS rules".into(), reason }
+            None => RuleSet::default(),
+            Some(json) => RuleSet::from_json(json).map_err(|reason| StoreError::Corrupt {
+                path: Default::default(),
+                what: "RLS rules".into(),
+                reason,
             })?,
         };
         Ok(RlsRules { store, rules: RwLock::new(Arc::new(rules)) })
     }
 
     /// The rules in use.
-    pub fn get(&self) -> Arc<Vec<RlsRule>> {
+    pub fn get(&self) -> Arc<RuleSet> {
         self.rules.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Replaces the rules (checked; durable before it returns; in the audit log).
-    pub fn set(&self, rules: Vec<RlsRule>, who: &str) -> Result<(), AdminError> {
-        tollgate_model::rls::check_rules(&rules).map_err(AdminError::Rule)?;
-        let json = tollgate_model::rls::rules_to_json(&rules);
+    pub fn set(&self, rules: RuleSet, who: &str) -> Result<(), AdminError> {
+        rules.check().map_err(AdminError::Rule)?;
+        let json = rules.to_json();
         let mut store = self.store.lock();
-        let before = tollgate_model::rls::rules_to_json(&self.get());
+        let before = self.get().to_json();
         audited(&mut store, who, "rls.set".into(), Some(before), Some(json.clone())).set_rls_rules(&json)?;
         *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
         Ok(())
@@ -93,7 +95,7 @@ impl RlsRules {
 
     /// Takes the rules as another controller stored them; says whether they changed.
     pub fn sync(&self, json: &str) -> bool {
-        match tollgate_model::rls::rules_from_json(json) {
+        match RuleSet::from_json(json) {
             Ok(rules) if *self.get() != rules => {
                 *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
                 true
@@ -270,25 +272,38 @@ pub const CLASS_KEY: &str = "tollgate_class";
 /// What one descriptor asks of its group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Ask {
-    /// Admit this many units in this class, or refuse.
-    Admit(f64, RequestClass),
+    /// Admit this many units in this class, or refuse; in envoy/ratelimit's quota mode, a
+    /// refusal refuses the request only when every descriptor in quota mode is refused.
+    Admit(f64, RequestClass, QuotaMode),
     /// Give this many units back (`is_negative_hits`).
     Refund(f64),
     /// Charge this many units for work done, whatever the group has left.
     Charge(f64),
-    /// Nothing: another descriptor's rule `replaces` this one's, so it has no limit here.
+    /// Nothing: another descriptor's limit `replaces` this one's, so it has no limit here.
     Lifted,
+    /// Nothing limits it (a domain's envoy/ratelimit tree has no limit for it).
+    NoLimit,
+    /// envoy/ratelimit's `unlimited: true`: answered OK with no limit and all remaining.
+    Unlimited,
 }
 
-/// Each descriptor's group and what it asks, checked.
-/// A request's descriptors as groups and what to ask of each. A descriptor that no rule
-/// names a group for goes to `fallback` when there is one (the caller's token's default
-/// group), else to `default`.
+/// Whether a descriptor's limit is in envoy/ratelimit's quota mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuotaMode {
+    Off,
+    On,
+}
+
+/// A request's descriptors as groups and what to ask of each, and whether they are counted
+/// each on its own (a domain imported from envoy/ratelimit, counted as it counts: a descriptor
+/// within its limit is counted even when another refuses the request) rather than all or
+/// nothing. A descriptor that no rule names a group for goes to `fallback` when there is one
+/// (the caller's token's default group), else to `default`.
 fn plan(
-    rules: &[RlsRule],
+    rules: &RuleSet,
     r: &RateLimitRequest,
     fallback: Option<&GroupName>,
-) -> Result<Vec<(GroupName, Ask)>, Status> {
+) -> Result<(Vec<(GroupName, Ask)>, bool), Status> {
     text(|| "domain".into(), &r.domain, false)?;
     if r.descriptors.is_empty() || r.descriptors.len() > DESCRIPTORS_MAX {
         return Err(invalid(
@@ -300,36 +315,57 @@ fn plan(
         0 => 1,
         n => u64::from(n),
     };
-    let planned = r
-        .descriptors
-        .iter()
-        .enumerate()
-        .map(|(i, d)| descriptor(rules, &r.domain, i, d, request_hits))
-        .collect::<Result<Vec<_>, Status>>()?;
-    let matched: Vec<Option<usize>> = planned.iter().map(|(m, _, _)| *m).collect();
-    let lifted = tollgate_model::rls::replaced(rules, &matched);
-    Ok(planned
-        .into_iter()
-        .zip(lifted)
-        .map(|((matched, group, ask), lifted)| {
-            let group = match fallback {
-                Some(f) if matched.is_none() && group.as_str() == tollgate_model::settings::DEFAULT_GROUP => {
-                    f.clone()
-                }
-                _ => group,
-            };
-            (group, if lifted { Ask::Lifted } else { ask })
-        })
-        .collect())
+    let mut asks = Vec::with_capacity(r.descriptors.len());
+    let mut decisions = Vec::with_capacity(r.descriptors.len());
+    for (i, d) in r.descriptors.iter().enumerate() {
+        let (decision, ask) = descriptor(rules, &r.domain, i, d, request_hits)?;
+        asks.push(ask);
+        decisions.push(decision);
+    }
+    let lifted = tollgate_model::rls::lifted(&decisions);
+    let mut planned = Vec::with_capacity(asks.len());
+    for (i, ((decision, ask), lifted)) in decisions.into_iter().zip(asks).zip(lifted).enumerate() {
+        let (group, ask) = match decision {
+            _ if lifted => (DEFAULT.clone(), Ask::Lifted),
+            Decision::NoLimit => (DEFAULT.clone(), Ask::NoLimit),
+            Decision::Unlimited { .. } => (DEFAULT.clone(), Ask::Unlimited),
+            Decision::Group { group, matched, quota_mode, .. } => {
+                let group = match fallback {
+                    Some(f) if !matched && group == tollgate_model::settings::DEFAULT_GROUP => f.clone(),
+                    _ => checked_group(i, &group)?,
+                };
+                let ask = match ask {
+                    Ask::Admit(cost, class, _) if quota_mode => Ask::Admit(cost, class, QuotaMode::On),
+                    a => a,
+                };
+                (group, ask)
+            }
+        };
+        planned.push((group, ask));
+    }
+    Ok((planned, rules.tree(&r.domain).is_some()))
 }
 
-fn descriptor(
-    rules: &[tollgate_model::rls::RlsRule],
+/// The group a descriptor names, checked against the naming rules.
+fn checked_group(i: usize, name: &str) -> Result<GroupName, Status> {
+    check_group_name(name).and_then(|()| GroupName::new(name)).map_err(|e| {
+        invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
+    })
+}
+
+/// The group's name that descriptors with no limit of their own are listed under (they are
+/// never asked of it).
+static DEFAULT: std::sync::LazyLock<GroupName> = std::sync::LazyLock::new(|| {
+    GroupName::new(tollgate_model::settings::DEFAULT_GROUP).expect("a valid name")
+});
+
+fn descriptor<'r>(
+    rules: &'r RuleSet,
     domain: &str,
     i: usize,
     d: &RateLimitDescriptor,
     request_hits: u64,
-) -> Result<(Option<usize>, GroupName, Ask), Status> {
+) -> Result<(Decision<'r>, Ask), Status> {
     if d.entries.is_empty() || d.entries.len() > ENTRIES_MAX {
         return Err(invalid(
             format!("descriptors[{i}].entries"),
@@ -365,15 +401,12 @@ fn descriptor(
         .filter(|e| e.key != CHARGE_KEY && e.key != CLASS_KEY)
         .map(|e| (e.key.as_str(), e.value.as_str()))
         .collect();
-    let (rule, name) = tollgate_model::rls::match_rule(rules, domain, &entries);
     let ask = match (d.is_negative_hits, charge) {
         (true, _) => Ask::Refund(hits as f64),
         (false, true) => Ask::Charge(hits as f64),
-        (false, false) => Ask::Admit(hits as f64, class),
+        (false, false) => Ask::Admit(hits as f64, class, QuotaMode::Off),
     };
-    check_group_name(&name).and_then(|()| GroupName::new(&name)).map(|g| (rule, g, ask)).map_err(|e| {
-        invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
-    })
+    Ok((rules.decide(domain, &entries), ask))
 }
 
 fn seconds(d: Duration) -> prost_types_duration::Duration {
@@ -388,6 +421,79 @@ mod prost_types_duration {
     pub use envoy_types::pb::google::protobuf::Duration;
 }
 
+impl Ask {
+    /// Whether the descriptor is asked of a group (the others have no limit here).
+    fn names_group(self) -> bool {
+        !matches!(self, Ask::Lifted | Ask::NoLimit | Ask::Unlimited)
+    }
+}
+
+impl Rls {
+    /// One descriptor's answer: its status as envoy/ratelimit would send it, and the permit
+    /// it took, if it was admitted.
+    async fn answer(
+        &self,
+        group: &GroupName,
+        ask: Ask,
+    ) -> Result<(DescriptorStatus, Option<tollgate_limiter::Permit<'static>>), Status> {
+        let ok = |remaining: u32| DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: remaining,
+            ..DescriptorStatus::default()
+        };
+        match ask {
+            Ask::Lifted | Ask::NoLimit => return Ok((ok(0), None)),
+            // As envoy/ratelimit answers an unlimited descriptor: everything remains.
+            Ask::Unlimited => return Ok((ok(u32::MAX), None)),
+            _ => {}
+        }
+        let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
+        wait_for_first_grant(&handle).await;
+        let mut permit = None;
+        let (code, until) = match ask {
+            // A deposit (never past the burst) or a charge for work done (into debt when the
+            // group has no more): answered OK, no part of the verdict.
+            Ask::Refund(units) => {
+                handle.refund(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                (Code::Ok, Duration::ZERO)
+            }
+            Ask::Charge(units) => {
+                handle.charge(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                (Code::Ok, Duration::ZERO)
+            }
+            Ask::Admit(cost, class, _) => match admit_now(&handle, cost, class).await {
+                Ok(p) => {
+                    permit = Some(p.into_owned());
+                    (Code::Ok, Duration::ZERO)
+                }
+                Err(AcquireError::Throttled { retry_after, .. }) => (Code::OverLimit, retry_after),
+                // Larger than the group's burst can ever hold: over the limit for good.
+                Err(AcquireError::NeverAdmissible { .. }) => (Code::OverLimit, Duration::from_secs(1)),
+                Err(e) => return Err(Status::invalid_argument(e.to_string())),
+            },
+            Ask::Lifted | Ask::NoLimit | Ask::Unlimited => unreachable!("answered above"),
+        };
+        let limit = self.controller.settings_for(group).and_then(|s| current_limit(&s));
+        // As envoy/ratelimit answers: a refused descriptor has nothing left; every descriptor
+        // with a limit says when it starts afresh.
+        let left = if code == Code::OverLimit { 0 } else { remaining(units_left(&handle)) };
+        let refused_for = (code == Code::OverLimit).then_some(until);
+        let status = DescriptorStatus {
+            code: code as i32,
+            current_limit: limit.map(|(l, unit, _)| RateLimit {
+                name: group.to_string(),
+                requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
+                unit: unit as i32,
+            }),
+            limit_remaining: left,
+            duration_until_reset: limit
+                .map(|(_, _, window)| seconds(until_reset(&handle, window, refused_for))),
+            ..DescriptorStatus::default()
+        };
+        Ok((status, permit))
+    }
+}
+
 #[tonic::async_trait]
 impl RateLimitService for Rls {
     async fn should_rate_limit(
@@ -397,9 +503,10 @@ impl RateLimitService for Rls {
         let caller = req.extensions().get::<Caller>().cloned();
         let r = req.into_inner();
         let fallback = caller.as_ref().and_then(|Caller(c)| GroupName::new(&c.default_group).ok());
-        let planned = plan(&self.rules.get(), &r, fallback.as_ref())?;
+        let rules = self.rules.get();
+        let (planned, each_alone) = plan(&rules, &r, fallback.as_ref())?;
         if let Some(Caller(c)) = &caller
-            && let Some((g, _)) = planned.iter().find(|(g, _)| !c.allows_group(g.as_str()))
+            && let Some((g, _)) = planned.iter().find(|(g, a)| a.names_group() && !c.allows_group(g.as_str()))
         {
             let refused = crate::auth::Refused::Group {
                 who: c.label(),
@@ -410,59 +517,26 @@ impl RateLimitService for Rls {
         }
         let mut permits = Vec::with_capacity(planned.len());
         let mut statuses = Vec::with_capacity(planned.len());
-        let mut over = false;
+        // envoy/ratelimit's verdict: refused when a descriptor not in quota mode is over its
+        // limit, or when every one in quota mode is over its own.
+        let (mut over, mut quota_asked, mut quota_over) = (false, 0, 0);
         for (group, ask) in &planned {
-            if matches!(ask, Ask::Lifted) {
-                statuses.push(DescriptorStatus { code: Code::Ok as i32, ..DescriptorStatus::default() });
-                continue;
+            let (status, permit) = self.answer(group, *ask).await?;
+            let refused = status.code == Code::OverLimit as i32;
+            match ask {
+                Ask::Admit(_, _, QuotaMode::On) => {
+                    quota_asked += 1;
+                    quota_over += usize::from(refused);
+                }
+                _ => over |= refused,
             }
-            let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
-            wait_for_first_grant(&handle).await;
-            let (code, until) = match *ask {
-                // A deposit (never past the burst) or a charge for work done (into debt when
-                // the group has no more): answered OK, no part of the all-or-nothing below.
-                Ask::Refund(units) => {
-                    handle.refund(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
-                    (Code::Ok, Duration::ZERO)
-                }
-                Ask::Charge(units) => {
-                    handle.charge(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
-                    (Code::Ok, Duration::ZERO)
-                }
-                // Answered before the group was looked up.
-                Ask::Lifted => continue,
-                Ask::Admit(cost, class) => match admit_now(&handle, cost, class).await {
-                    Ok(p) => {
-                        permits.push(p.into_owned());
-                        (Code::Ok, Duration::ZERO)
-                    }
-                    Err(AcquireError::Throttled { retry_after, .. }) => (Code::OverLimit, retry_after),
-                    // Larger than the group's burst can ever hold: over the limit for good.
-                    Err(AcquireError::NeverAdmissible { .. }) => (Code::OverLimit, Duration::from_secs(1)),
-                    Err(e) => return Err(Status::invalid_argument(e.to_string())),
-                },
-            };
-            over |= code == Code::OverLimit;
-            let limit = self.controller.settings_for(group).and_then(|s| current_limit(&s));
-            // As envoy/ratelimit answers: a refused descriptor has nothing left; every
-            // descriptor with a limit says when it starts afresh.
-            let left = if code == Code::OverLimit { 0 } else { remaining(units_left(&handle)) };
-            let refused_for = (code == Code::OverLimit).then_some(until);
-            statuses.push(DescriptorStatus {
-                code: code as i32,
-                current_limit: limit.map(|(l, unit, _)| RateLimit {
-                    name: group.to_string(),
-                    requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
-                    unit: unit as i32,
-                }),
-                limit_remaining: left,
-                duration_until_reset: limit
-                    .map(|(_, _, window)| seconds(until_reset(&handle, window, refused_for))),
-                ..DescriptorStatus::default()
-            });
+            permits.extend(permit);
+            statuses.push(status);
         }
-        if over {
-            // All or nothing: what the other descriptors took goes back.
+        over |= quota_asked > 0 && quota_over == quota_asked;
+        if over && !each_alone {
+            // All or nothing: what the other descriptors took goes back. (A domain imported
+            // from envoy/ratelimit counts each descriptor within its limit, as it does.)
             for p in permits {
                 p.dropped();
             }
@@ -519,76 +593,85 @@ mod tests {
             (request("edge", vec![vec![("tenant", &"v".repeat(2000))]]), "descriptors[0].entries[0].value"),
             (request("edge", vec![vec![("tenant", &"g".repeat(300))]]), "descriptors[0]: names group \"ggg"),
         ] {
-            let e = plan(&[], &r, None).unwrap_err();
+            let e = plan(&RuleSet::default(), &r, None).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument);
             assert!(e.message().contains(expect), "{expect}: {}", e.message());
         }
         let mut r = request("edge", vec![vec![("tenant", "a")], vec![("user", "x")]]);
         r.hits_addend = 0;
-        let planned = plan(&[], &r, None).unwrap();
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
         assert_eq!(
             planned.iter().map(|(g, c)| (g.as_str(), *c)).collect::<Vec<_>>(),
             [
-                ("a", Ask::Admit(1.0, RequestClass::Normal)),
-                ("default", Ask::Admit(1.0, RequestClass::Normal))
+                ("a", Ask::Admit(1.0, RequestClass::Normal, QuotaMode::Off)),
+                ("default", Ask::Admit(1.0, RequestClass::Normal, QuotaMode::Off))
             ]
         );
         // A token's default group takes what names no group (and only that).
         let bound = GroupName::new("checkout").unwrap();
-        let planned = plan(&[], &r, Some(&bound)).unwrap();
+        let planned = plan(&RuleSet::default(), &r, Some(&bound)).unwrap().0;
         assert_eq!(planned.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["a", "checkout"]);
         r.hits_addend = 7;
         r.descriptors[1].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
-        let planned = plan(&[], &r, None).unwrap();
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
         assert_eq!(
             planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
-            [Ask::Admit(7.0, RequestClass::Normal), Ask::Admit(3.0, RequestClass::Normal)]
+            [
+                Ask::Admit(7.0, RequestClass::Normal, QuotaMode::Off),
+                Ask::Admit(3.0, RequestClass::Normal, QuotaMode::Off)
+            ]
         );
         // A negative hit is a refund of its units.
         r.descriptors[1].is_negative_hits = true;
-        let planned = plan(&[], &r, None).unwrap();
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
         assert_eq!(planned[1].1, Ask::Refund(3.0));
         // A charge entry makes a charge, and names no group.
         r.descriptors[1].is_negative_hits = false;
         r.descriptors[1].entries.push(Entry { key: CHARGE_KEY.into(), value: "after".into() });
-        let planned = plan(&[], &r, None).unwrap();
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
         assert_eq!((planned[1].0.as_str(), planned[1].1), ("default", Ask::Charge(3.0)));
         // A class entry sets the request's class, and names no group; a bad one is named.
         r.descriptors[1].entries = vec![Entry { key: CLASS_KEY.into(), value: "sheddable".into() }];
-        let planned = plan(&[], &r, None).unwrap();
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
         assert_eq!(
             (planned[1].0.as_str(), planned[1].1),
-            ("default", Ask::Admit(3.0, RequestClass::Sheddable))
+            ("default", Ask::Admit(3.0, RequestClass::Sheddable, QuotaMode::Off))
         );
         r.descriptors[1].entries[0].value = "urgent".into();
-        let e = plan(&[], &r, None).unwrap_err();
+        let e = plan(&RuleSet::default(), &r, None).unwrap_err();
         assert!(e.message().starts_with("descriptors[1].entries[0].value: "), "{}", e.message());
     }
 
     #[test]
     fn a_rule_that_replaces_another_lifts_that_descriptor_in_the_same_request() {
-        let rules = vec![
-            RlsRule {
+        let rules = RuleSet::of_rules(vec![
+            tollgate_model::rls::RlsRule {
                 key: "vip".into(),
                 group: "vip".into(),
                 replaces: vec!["each".into()],
-                ..RlsRule::default()
+                ..Default::default()
             },
-            RlsRule {
+            tollgate_model::rls::RlsRule {
                 key: "user".into(),
                 group: "u-{value}".into(),
                 name: "each".into(),
-                ..RlsRule::default()
+                ..Default::default()
             },
-        ];
+        ]);
         let both = request("edge", vec![vec![("user", "ann")], vec![("vip", "yes")]]);
         let asks: Vec<_> =
-            plan(&rules, &both, None).unwrap().into_iter().map(|(g, a)| (g.to_string(), a)).collect();
+            plan(&rules, &both, None).unwrap().0.into_iter().map(|(g, a)| (g.to_string(), a)).collect();
         assert_eq!(
             asks,
-            [("u-ann".to_string(), Ask::Lifted), ("vip".to_string(), Ask::Admit(1.0, RequestClass::Normal))]
+            [
+                ("default".to_string(), Ask::Lifted),
+                ("vip".to_string(), Ask::Admit(1.0, RequestClass::Normal, QuotaMode::Off))
+            ]
         );
         let alone = request("edge", vec![vec![("user", "ann")]]);
-        assert_eq!(plan(&rules, &alone, None).unwrap()[0].1, Ask::Admit(1.0, RequestClass::Normal));
+        assert_eq!(
+            plan(&rules, &alone, None).unwrap().0[0].1,
+            Ask::Admit(1.0, RequestClass::Normal, QuotaMode::Off)
+        );
     }
 }

@@ -1,26 +1,35 @@
 //! envoy/ratelimit's configuration: one `domain` per document, a tree of `descriptors` (a
 //! `key`, an optional `value`, a `rate_limit`, nested `descriptors`).
 //!
-//! Each descriptor with a `rate_limit` becomes a rule that matches the whole path of entries
-//! to it (envoy/ratelimit counts a limit only when a request's descriptor ends there), naming
-//! the group `DOMAIN/key=value/…`. A level without a `value` limits each value apart: its part
-//! of the name is the request's value, and the limit goes on a pattern with `*` there, which
-//! every such group takes. Exact values come before any-value ones, as envoy/ratelimit tries
-//! them.
+//! Each document becomes its domain's descriptor tree, kept in the file's shape and order, so
+//! that Tollgate matches a request as envoy/ratelimit does (see `tollgate_model::rls::tree`):
+//! a listed value is never passed over for the any-value descriptor beside it, a limit counts
+//! only where a request's descriptor ends, wildcards are tried in order before any value.
+//! Each limit names its group `DOMAIN/key=value/…`: a level without a value, or with a
+//! wildcard, names each value apart (its part of the name is the request's value), and its
+//! settings go on a pattern with the level's pattern there (`*` for any value); with
+//! `share_threshold` the wildcard's values share one group named by the pattern.
 
 use super::yaml::{Node, Value};
 use super::{Imported, Plan, Shape, part};
-use tollgate_model::rls::{RlsRule, RuleEntry};
+use tollgate_model::rls::{Tree, TreeLimit};
 use tollgate_model::settings::BudgetPeriod;
 
-/// A descriptor's entry: its key and value (`None`: any value).
+/// A descriptor's entry: its key and value (`None`: any value; with `*`, a pattern).
 type Entry = (String, Option<String>);
 
-/// A descriptor's path: each level's entry.
-type Path = Vec<Entry>;
+/// A descriptor's path: each level's entry, and whether its values share one group.
+type Path = Vec<(Entry, bool)>;
 
-/// A descriptor read: its entry, its `rate_limit` and its nested `descriptors`.
-type Read<'n> = (Entry, Option<&'n Node>, Option<&'n Node>, bool);
+/// A descriptor read: its entry, its `rate_limit`, its nested `descriptors`, and its flags.
+struct Read<'n> {
+    entry: Entry,
+    rate: Option<&'n Node>,
+    nested: Option<&'n Node>,
+    shadow: bool,
+    quota_mode: bool,
+    share_threshold: bool,
+}
 
 /// Reads every document into `plan`.
 pub fn read(docs: &[Node], plan: &mut Plan) {
@@ -54,17 +63,11 @@ pub fn read(docs: &[Node], plan: &mut Plan) {
             continue;
         }
         plan.domains.push(domain.clone());
-        let first = plan.rules.len();
+        let mut tree = Tree { domain: domain.clone(), descriptors: Vec::new() };
         if let Some(d) = descriptors {
-            level(plan, &domain, &Vec::new(), d);
+            tree.descriptors = level(plan, &domain, &Vec::new(), d);
         }
-        // Exact values before any value, level by level (rules are tried in order).
-        let order = |r: &RlsRule| {
-            std::iter::once(r.value.is_empty())
-                .chain(r.then.iter().map(|e| e.value.is_empty()))
-                .collect::<Vec<_>>()
-        };
-        plan.rules[first..].sort_by_key(order);
+        plan.trees.push(tree);
     }
 }
 
@@ -89,60 +92,75 @@ fn flag(plan: &mut Plan, field: &str, node: &Node) -> bool {
     }
 }
 
-/// One list of descriptors under `path`.
-fn level(plan: &mut Plan, domain: &str, path: &Path, node: &Node) {
+/// One list of descriptors under `path`, as the tree's nodes.
+fn level(plan: &mut Plan, domain: &str, path: &Path, node: &Node) -> Vec<tollgate_model::rls::Node> {
     let Value::Seq(items) = &node.value else {
         if !node.is_null() {
             plan.refuse(node.line, "descriptors: must be a list");
         }
-        return;
+        return Vec::new();
     };
-    let mut seen: Vec<(String, Option<String>)> = Vec::new();
+    let mut nodes: Vec<tollgate_model::rls::Node> = Vec::new();
     for item in items {
-        let Some((entry, rate, nested, shadow)) = descriptor(plan, item) else { continue };
-        if seen.contains(&entry) {
-            plan.refuse(item.line, format!("key {:?} with this value is given twice at this level", entry.0));
+        let Some(read) = descriptor(plan, item) else { continue };
+        let (key, value) = &read.entry;
+        if nodes.iter().any(|n| n.key == *key && n.value == value.clone().unwrap_or_default()) {
+            plan.refuse(item.line, format!("key {key:?} with this value is given twice at this level"));
             continue;
         }
-        seen.push(entry.clone());
         let mut here = path.clone();
-        here.push(entry);
-        if let Some(rate) = rate {
-            limit(plan, domain, &here, rate, (item.line, shadow));
-        } else if shadow {
-            plan.refuse(
-                item.line,
-                "shadow_mode: applies to a descriptor's rate_limit, and this one has none",
-            );
-        }
-        if let Some(nested) = nested {
-            level(plan, domain, &here, nested);
-        }
+        here.push((read.entry.clone(), read.share_threshold));
+        let limit = match read.rate {
+            Some(rate) => limit(plan, domain, &here, rate, (item.line, read.shadow, read.quota_mode)),
+            None => {
+                for (flag, set) in [("shadow_mode", read.shadow), ("quota_mode", read.quota_mode)] {
+                    if set {
+                        plan.refuse(
+                            item.line,
+                            format!("{flag}: applies to a descriptor's rate_limit, and this one has none"),
+                        );
+                    }
+                }
+                None
+            }
+        };
+        let descriptors = read.nested.map(|n| level(plan, domain, &here, n)).unwrap_or_default();
+        nodes.push(tollgate_model::rls::Node {
+            key: key.clone(),
+            value: value.clone().unwrap_or_default(),
+            limit,
+            descriptors,
+        });
     }
+    nodes
 }
 
-/// A descriptor's entry, its `rate_limit`, its nested `descriptors` and its `shadow_mode`.
+/// A descriptor's entry, its `rate_limit`, its nested `descriptors` and its flags.
 fn descriptor<'n>(plan: &mut Plan, item: &'n Node) -> Option<Read<'n>> {
     let Value::Map(fields) = &item.value else {
         plan.refuse(item.line, "a descriptor must be a map with key, value, rate_limit, descriptors");
         return None;
     };
-    let (mut key, mut value, mut rate, mut nested, mut shadow) = (None, None, None, None, false);
+    let (mut key, mut value, mut share_line) = (None, None, item.line);
+    let mut read = Read {
+        entry: (String::new(), None),
+        rate: None,
+        nested: None,
+        shadow: false,
+        quota_mode: false,
+        share_threshold: false,
+    };
     for (name, line, node) in fields {
         match name.as_str() {
             "key" => key = text(plan, "key", node),
             "value" => value = text(plan, "value", node),
-            "rate_limit" => rate = Some(node),
-            "descriptors" => nested = Some(node),
-            "shadow_mode" => shadow = flag(plan, name, node),
-            "quota_mode" | "share_threshold" => {
-                if flag(plan, name, node) {
-                    let why = match name.as_str() {
-                        "quota_mode" => "Tollgate has no quota mode (a limit whose overrun alone does not refuse the request); leave it out",
-                        _ => "Tollgate does not share one counter among values matching a wildcard; give each value its own descriptor",
-                    };
-                    plan.refuse(*line, format!("{name}: {why}"));
-                }
+            "rate_limit" => read.rate = Some(node),
+            "descriptors" => read.nested = Some(node),
+            "shadow_mode" => read.shadow = flag(plan, name, node),
+            "quota_mode" => read.quota_mode = flag(plan, name, node),
+            "share_threshold" => {
+                read.share_threshold = flag(plan, name, node);
+                share_line = *line;
             }
             "detailed_metric" | "value_to_metric" | "metadata" => plan.notes.push((
                 *line,
@@ -150,7 +168,7 @@ fn descriptor<'n>(plan: &mut Plan, item: &'n Node) -> Option<Read<'n>> {
             )),
             _ => plan.refuse(
                 *line,
-                format!("{name}: unknown key; expected key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, metadata"),
+                format!("{name}: unknown key; expected key, value, rate_limit, descriptors, shadow_mode, quota_mode, share_threshold, detailed_metric, value_to_metric, metadata"),
             ),
         }
     }
@@ -159,25 +177,37 @@ fn descriptor<'n>(plan: &mut Plan, item: &'n Node) -> Option<Read<'n>> {
         return None;
     };
     for (field, v) in [("key", Some(&key)), ("value", value.as_ref())] {
-        if let Some(bad) = v.and_then(|v| v.chars().find(|c| "{}*".contains(*c))) {
-            let why = if bad == '*' {
-                "wildcard values are not taken: Tollgate's rules match a value exactly, or any value (leave value out)"
-            } else {
-                "braces are reserved for the names of groups"
-            };
+        if let Some(bad) = v.and_then(|v| v.chars().find(|c| "{}".contains(*c))) {
+            let why = "braces are reserved for the names of groups";
             plan.refuse(item.line, format!("{field}: {:?} holds {bad:?}: {why}", v.unwrap_or(&key)));
             return None;
         }
     }
-    Some(((key, value.filter(|v| !v.is_empty())), rate, nested, shadow))
+    if key.contains('*') {
+        plan.refuse(item.line, format!("key: {key:?} holds '*': a wildcard goes in a value"));
+        return None;
+    }
+    let value = value.filter(|v| !v.is_empty());
+    if read.share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+        plan.refuse(share_line, "share_threshold: applies to a wildcard value (one holding '*') only");
+        return None;
+    }
+    read.entry = (key, value);
+    Some(read)
 }
 
-/// A `rate_limit` at the end of `path` (its descriptor at `line`, in shadow mode or not): a
-/// group or pattern, and its rule.
-fn limit(plan: &mut Plan, domain: &str, path: &Path, node: &Node, (line, shadow): (usize, bool)) {
+/// A `rate_limit` at the end of `path` (its descriptor at `line`, in shadow mode and quota
+/// mode or not): a group or pattern, and the node's limit.
+fn limit(
+    plan: &mut Plan,
+    domain: &str,
+    path: &Path,
+    node: &Node,
+    (line, shadow, quota_mode): (usize, bool, bool),
+) -> Option<TreeLimit> {
     let Value::Map(fields) = &node.value else {
         plan.refuse(node.line, "rate_limit: must be a map with unit and requests_per_unit, or unlimited");
-        return;
+        return None;
     };
     let (mut unit, mut per_unit, mut unlimited, mut name, mut replaces) =
         (None, None, false, String::new(), Vec::new());
@@ -198,49 +228,47 @@ fn limit(plan: &mut Plan, domain: &str, path: &Path, node: &Node, (line, shadow)
         }
     }
     let shape = match (unlimited, unit, per_unit) {
-        (true, None, None) => Shape::default(),
+        (true, None, None) => None,
         (true, _, _) => {
-            return plan.refuse(node.line, "rate_limit: unlimited takes no unit or requests_per_unit");
+            plan.refuse(node.line, "rate_limit: unlimited takes no unit or requests_per_unit");
+            return None;
         }
-        (false, Some((unit, at)), Some(n)) => {
-            let Some(shape) = shape(plan, &unit, at, f64::from(n)) else { return };
-            shape
-        }
+        (false, Some((unit, at)), Some(n)) => Some(shape(plan, &unit, at, f64::from(n))?),
         (false, _, _) => {
-            return plan.refuse(node.line, "rate_limit: give unit and requests_per_unit, or unlimited: true");
+            plan.refuse(node.line, "rate_limit: give unit and requests_per_unit, or unlimited: true");
+            return None;
         }
     };
-    let wild: Vec<&String> = path.iter().filter(|(_, v)| v.is_none()).map(|(k, _)| k).collect();
-    if let Some(k) = wild.iter().enumerate().find(|(i, k)| wild[..*i].contains(k)).map(|(_, k)| k) {
-        return plan.refuse(
+    let Some(shape) = shape else {
+        return Some(TreeLimit { unlimited: true, quota_mode, name, replaces, ..TreeLimit::default() });
+    };
+    // Each level that names its values apart has its key in the group's name: a key doing so
+    // at two levels of one path could not name both.
+    let apart: Vec<&String> = path
+        .iter()
+        .filter(|((_, v), shared)| !shared && v.as_ref().is_none_or(|v| v.contains('*')))
+        .map(|((k, _), _)| k)
+        .collect();
+    if let Some(k) = apart.iter().enumerate().find(|(i, k)| apart[..*i].contains(k)).map(|(_, k)| k) {
+        plan.refuse(
             line,
-            format!("key {k:?} takes any value at two levels of one path; its group could not name both"),
+            format!("key {k:?} takes many values at two levels of one path; its group could not name both"),
         );
+        return None;
     }
-    let name_of = |any: &dyn Fn(&str) -> String| {
-        let parts: Vec<String> = path
-            .iter()
-            .map(|(k, v)| part(k, v.as_deref().map_or_else(|| any(k), str::to_string).as_str()))
-            .collect();
+    let name_of = |any: &dyn Fn(&str, &Option<String>, bool) -> String| {
+        let parts: Vec<String> = path.iter().map(|((k, v), shared)| part(k, &any(k, v, *shared))).collect();
         format!("{domain}/{}", parts.join("/"))
     };
-    let group = name_of(&|k| format!("{{{k}}}"));
-    let settings_on = name_of(&|_| "*".to_string());
-    plan.add(Imported { name: settings_on, line, shape: Shape { shadow, ..shape } });
-    let entry = |(k, v): &(String, Option<String>)| RuleEntry {
-        key: k.clone(),
-        value: v.clone().unwrap_or_default(),
-    };
-    plan.rules.push(RlsRule {
-        domain: domain.to_string(),
-        key: path[0].0.clone(),
-        value: path[0].1.clone().unwrap_or_default(),
-        group,
-        then: path[1..].iter().map(entry).collect(),
-        whole: true,
-        name,
-        replaces,
+    // The group: a listed value as it is, a shared wildcard as its pattern, else the request's value.
+    let group = name_of(&|k, v, shared| match v {
+        Some(v) if shared || !v.contains('*') => v.clone(),
+        _ => format!("{{{k}}}"),
     });
+    // Its settings: the same with each value-apart level's pattern (any value: `*`).
+    let settings_on = name_of(&|_, v, _| v.clone().unwrap_or_else(|| "*".to_string()));
+    plan.add(Imported { name: settings_on, line, shape: Shape { shadow, ..shape } });
+    Some(TreeLimit { group, unlimited: false, quota_mode, name, replaces })
 }
 
 /// `unit` and a count as a shape: a rate per second, a quota per longer window, closed at 0.

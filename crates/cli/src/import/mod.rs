@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use tollgate_model::rls::RlsRule;
+use tollgate_model::rls::{RlsRule, RuleSet, Tree};
 use tollgate_model::settings::{BudgetPeriod, GroupName, GroupSettings};
 use tollgate_proto::v1;
 
@@ -99,13 +99,15 @@ pub struct Imported {
     pub shape: Shape,
 }
 
-/// What a file becomes: groups and patterns, and mapping rules that replace the rules of its
-/// domains; or every line it is refused at.
+/// What a file becomes: groups and patterns, and the mapping rules or descriptor trees that
+/// answer its domains in place of what answered them before; or every line it is refused at.
 #[derive(Debug, Default)]
 pub struct Plan {
     pub domains: Vec<String>,
     pub groups: Vec<Imported>,
     pub rules: Vec<RlsRule>,
+    /// envoy/ratelimit's descriptor trees, one per domain.
+    pub trees: Vec<Tree>,
     /// What was read and has no effect here, with why.
     pub notes: Vec<(usize, String)>,
     pub refused: Vec<(usize, String)>,
@@ -159,7 +161,8 @@ impl Plan {
                 Err(e) => self.refuse(g.line, format!("{}: {e}", g.name)),
             }
         }
-        if let Err(e) = tollgate_model::rls::check_rules(&self.rules) {
+        let set = RuleSet { rules: self.rules.clone(), trees: self.trees.clone() };
+        if let Err(e) = set.check() {
             self.refuse(0, e);
         }
     }
@@ -182,12 +185,12 @@ pub fn plan(format: Format, text: &str) -> Plan {
     plan
 }
 
-/// `tollgate import FORMAT FILE [--dry-run]`.
+/// `tollgate import FORMAT FILE [--dry-run] [--replace]`.
 pub async fn run(
     target: &Target,
     format: Format,
     file: &std::path::Path,
-    dry_run: bool,
+    (dry_run, replace): (bool, bool),
 ) -> anyhow::Result<()> {
     let text = crate::read_text(file, FILE_MAX_BYTES)?;
     let plan = plan(format, &text);
@@ -204,11 +207,9 @@ pub async fn run(
     }
     let mut client = connect(target).await?;
     let current = client.get_rls_rules(v1::GetRlsRulesRequest {}).await.map_err(rpc)?.into_inner();
-    let current: Vec<RlsRule> =
-        tollgate_model::rls::rules_from_json(&current.rules_json).map_err(anyhow::Error::msg)?;
-    let kept: Vec<RlsRule> = current.iter().filter(|r| !plan.domains.contains(&r.domain)).cloned().collect();
-    let rules: Vec<RlsRule> = plan.rules.iter().cloned().chain(kept).collect();
-    tollgate_model::rls::check_rules(&rules).map_err(anyhow::Error::msg)?;
+    let current = RuleSet::from_json(&current.rules_json).map_err(anyhow::Error::msg)?;
+    let next = merged(&current, &plan);
+    next.check().map_err(anyhow::Error::msg)?;
     let mut changes = Vec::new();
     for g in &plan.groups {
         let before = crate::admin::get(&mut client, &g.name).await?;
@@ -227,31 +228,100 @@ pub async fn run(
             changes.push((g, before));
         }
     }
-    let replaced = current.len() - (rules.len() - plan.rules.len());
-    say(format!(
-        "rules for {}: {} replaced by {}; {} other rules kept after them",
-        plan.domains.iter().map(|d| format!("domain {d}")).collect::<Vec<_>>().join(", "),
-        replaced,
-        plan.rules.len(),
-        rules.len() - plan.rules.len()
-    ));
+    let dropped = describe_domains(&current, &next, &plan);
     for r in &plan.rules {
         say(format!("  {}", serde_json::to_string(r).unwrap_or_default()));
+    }
+    if !dropped.is_empty() && !replace {
+        anyhow::bail!(
+            "{} would lose what answers them now ({}): give --replace to replace it; nothing changed",
+            if dropped.len() == 1 { "a domain" } else { "domains" },
+            dropped.join(", ")
+        );
     }
     if dry_run {
         say("dry run: nothing changed");
         return Ok(());
     }
-    apply(&mut client, &changes, &rules).await?;
-    say(format!("imported: {} groups and patterns written, {} rules", changes.len(), plan.rules.len()));
+    apply(&mut client, &changes, &next).await?;
+    let (rules, trees) = (plan.rules.len(), plan.trees.len());
+    say(format!(
+        "imported: {} groups and patterns written, {rules} rules, {trees} descriptor trees",
+        changes.len()
+    ));
     Ok(())
+}
+
+/// `current` with `plan`'s domains answered by its rules or trees alone: their earlier rules
+/// and trees go, the file's rules come before the others kept.
+fn merged(current: &RuleSet, plan: &Plan) -> RuleSet {
+    let ours = |d: &str| plan.domains.iter().any(|p| p == d);
+    let kept = current.rules.iter().filter(|r| !ours(&r.domain)).cloned();
+    RuleSet {
+        rules: plan.rules.iter().cloned().chain(kept).collect(),
+        trees: current
+            .trees
+            .iter()
+            .filter(|t| !ours(&t.domain))
+            .cloned()
+            .chain(plan.trees.iter().cloned())
+            .collect(),
+    }
+}
+
+/// Says what the import does to each of its domains and to the others; returns the domains
+/// whose rules or tree it would drop for different ones (`--replace` lets it).
+fn describe_domains(current: &RuleSet, next: &RuleSet, plan: &Plan) -> Vec<String> {
+    let mut dropped = Vec::new();
+    for d in &plan.domains {
+        let before_rules: Vec<&RlsRule> = current.rules.iter().filter(|r| r.domain == *d).collect();
+        let after_rules: Vec<&RlsRule> = next.rules.iter().filter(|r| r.domain == *d).collect();
+        let (before_tree, after_tree) = (current.tree(d), next.tree(d));
+        let what = match (before_tree, after_tree) {
+            (_, Some(t)) => format!("its envoy/ratelimit descriptor tree ({} limits)", t.limits().len()),
+            _ => format!("{} rules", after_rules.len()),
+        };
+        let was = match (before_tree, before_rules.len()) {
+            (Some(t), _) => format!("a descriptor tree of {} limits", t.limits().len()),
+            (None, 0) if !current.names_domain(d) => {
+                "nothing of its own: the implicit tenant rule (an entry tenant=X counts against group X) stops applying there".to_string()
+            }
+            (None, 0) => "the rules of every domain".to_string(),
+            (None, n) => format!("{n} rules"),
+        };
+        let had_own = before_tree.is_some() || !before_rules.is_empty();
+        if had_own && (before_tree != after_tree || before_rules != after_rules) {
+            dropped.push(format!("domain {d}"));
+        }
+        say(format!("domain {d}: answered by {what}, in place of {was}"));
+    }
+    let others: Vec<&str> = next
+        .trees
+        .iter()
+        .map(|t| t.domain.as_str())
+        .chain(next.rules.iter().map(|r| r.domain.as_str()))
+        .filter(|d| !d.is_empty() && !plan.domains.iter().any(|p| p == d))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let anywhere = next.rules.iter().filter(|r| r.domain.is_empty()).count();
+    say(format!(
+        "other domains keep what answers them ({}); {}",
+        if others.is_empty() { "none has rules of its own".to_string() } else { others.join(", ") },
+        if anywhere > 0 {
+            format!("{anywhere} rules of every domain apply where no tree does")
+        } else {
+            "the implicit tenant rule still applies in every domain no rule or tree names".to_string()
+        }
+    ));
+    dropped
 }
 
 /// Writes the changed groups, then the rules; if a write fails, what was written is put back.
 async fn apply(
     client: &mut Admin,
     changes: &[(&Imported, Option<v1::GroupSettings>)],
-    rules: &[RlsRule],
+    rules: &RuleSet,
 ) -> anyhow::Result<()> {
     let mut written = Vec::new();
     let mut failed = None;
@@ -270,7 +340,7 @@ async fn apply(
         }
     }
     if failed.is_none() {
-        let json = tollgate_model::rls::rules_to_json(rules);
+        let json = rules.to_json();
         if let Err(e) = client.set_rls_rules(v1::RlsRules { rules_json: json }).await {
             failed = Some(anyhow::anyhow!("rules: {}", rpc(e)));
         }

@@ -61,7 +61,14 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     assert!(dry.contains("create pattern shop/api_key=*/path=/checkout: unlimited, quota 5/minute"), "{dry}");
     assert!(dry.contains("create group shop/report=export: unlimited, quota 50/day"), "{dry}");
     assert!(dry.contains("create pattern shop/user_agent=*: limit 2/s, shadow mode"), "{dry}");
-    assert!(dry.contains("rules for domain shop: 0 replaced by 8"), "{dry}");
+    assert!(
+        dry.contains("domain shop: answered by its envoy/ratelimit descriptor tree (8 limits), in place of nothing of its own: the implicit tenant rule"),
+        "{dry}"
+    );
+    assert!(
+        dry.contains("the implicit tenant rule still applies in every domain no rule or tree names"),
+        "{dry}"
+    );
     assert!(dry.ends_with("dry run: nothing changed\n"), "{dry}");
     assert_eq!(ok(&server, &["rls", "rules"]), before);
     assert!(!tollgate(&server, &["group", "show", "shop/api_key=*"]).status.success());
@@ -69,11 +76,12 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     let other = r#"[{"domain":"other","key":"tenant","group":"{value}"}]"#;
     ok(&server, &["rls", "set-rules", other]);
     let done = ok(&server, &["import", "envoy-ratelimit", file]);
-    assert!(done.contains("imported: 8 groups and patterns written, 8 rules"), "{done}");
-    let rules = ok(&server, &["rls", "rules"]);
-    let rules: Vec<serde_json::Value> = serde_json::from_str(&rules).unwrap();
-    assert_eq!(rules.len(), 9);
-    assert_eq!(rules[8]["domain"], "other");
+    assert!(done.contains("imported: 7 groups and patterns written, 0 rules, 1 descriptor trees"), "{done}");
+    assert!(done.contains("other domains keep what answers them (other)"), "{done}");
+    let rules: serde_json::Value = serde_json::from_str(&ok(&server, &["rls", "rules"])).unwrap();
+    assert_eq!(rules["rules"][0]["domain"], "other");
+    assert_eq!(rules["trees"][0]["domain"], "shop");
+    assert_eq!(rules["trees"][0]["descriptors"].as_array().unwrap().len(), 7);
     // Each key has its own 20/s, and each key's checkout its own 5 a minute: counted from
     // the start of a minute of the server's wall clock, so that no new minute starts mid-way.
     within_one_minute();
@@ -104,8 +112,9 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
         check(&server, "shop", &["api_key=k1,path=/home"])[1],
         "[0] OK limit 300/minute (shop/api_key=k1/path=/home) remaining 299"
     );
-    // The banned key is closed.
+    // The banned key is closed; the listed key with no limit is not limited at all.
     assert_eq!(check(&server, "shop", &["api_key=leaked-key"])[0], "OVER_LIMIT");
+    assert_eq!(check(&server, "shop", &["api_key=monitoring"])[1], "[0] OK limit none remaining 0");
     // The enterprise plan lifts the per-address hourly limit in the same request.
     let lifted = check(&server, "shop", &["client_ip=10.0.0.1", "plan=enterprise"]);
     assert_eq!(lifted[1], "[0] OK limit none remaining 0", "{lifted:?}");
@@ -120,11 +129,19 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     assert_eq!(check(&server, "shop", &["api_key=k1,zone=eu"])[1], "[0] OK limit none remaining 0");
     // Importing the same file again changes no group.
     let again = ok(&server, &["import", "envoy-ratelimit", file, "--dry-run"]);
-    assert!(again.lines().filter(|l| l.starts_with("keep ")).count() == 8, "{again}");
-    assert!(
-        again.contains("rules for domain shop: 8 replaced by 8; 1 other rules kept after them"),
-        "{again}"
-    );
+    assert!(again.lines().filter(|l| l.starts_with("keep ")).count() == 7, "{again}");
+    assert!(again.contains("in place of a descriptor tree of 8 limits"), "{again}");
+    // A different file for the domain would drop its limits: only with --replace.
+    let dir = data_dir("import-envoy-other");
+    std::fs::create_dir_all(&dir).unwrap();
+    let smaller = dir.join("smaller.yaml");
+    std::fs::write(&smaller, "domain: shop\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: second\n      requests_per_unit: 20\n").unwrap();
+    let out = tollgate(&server, &["import", "envoy-ratelimit", smaller.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("give --replace to replace it; nothing changed"), "{err}");
+    let out = tollgate(&server, &["import", "envoy-ratelimit", smaller.to_str().unwrap(), "--replace"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(check(&server, "shop", &["report=export"])[1], "[0] OK limit none remaining 0");
 }
 
 #[test]
@@ -158,7 +175,7 @@ fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     for line in [
-        "examples/import/refused.yaml:5: quota_mode: Tollgate has no quota mode",
+        "examples/import/refused.yaml:5: share_threshold: applies to a wildcard value",
         "examples/import/refused.yaml:11: rate_limit.unit: year is not a window Tollgate counts",
         "examples/import/refused.yaml:17: rate_limit.burst: unknown key",
         "3 refused; nothing changed",

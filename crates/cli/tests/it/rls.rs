@@ -260,3 +260,104 @@ async fn a_quota_per_minute_is_a_count_back_to_back_with_envoys_fields() {
         .expect("Retry-After");
     assert!((1..=60).contains(&after), "retry after {after} s");
 }
+
+/// The answers envoy/ratelimit's users expect from their own files, case by case, written from
+/// its documentation and behaviour: wildcards each value apart or sharing one count, a listed
+/// value never falling back to the any-value descriptor beside it, limits only where a
+/// descriptor ends, quota mode, unlimited descriptors, a check that adds nothing, and each
+/// descriptor counted even when another refuses the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_envoy_ratelimit_file_is_answered_as_envoy_ratelimit_answers() {
+    let dir = data_dir("rls-peer");
+    let s = ServerProc::start(&dir.join("data"));
+    let url = s.url();
+    let file = dir.join("peer.yaml");
+    std::fs::write(
+        &file,
+        "domain: peer
+descriptors:
+  - key: files
+    value: /docs/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: files
+    value: /shared/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: files
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: team
+    value: ops
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: team
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: cheap
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: dear
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: free
+    rate_limit: {unlimited: true}
+",
+    )
+    .unwrap();
+    let (done, out) = cli(&url, None, &["import", "envoy-ratelimit", file.to_str().unwrap()]);
+    assert!(done, "{out}");
+    common::within_one_minute();
+    let one = |entries: &'static [(&'static str, &'static str)]| request("peer", &[entries]);
+    let go = |r: RateLimitRequest| {
+        let url = url.clone();
+        async move { ask(&url, None, r).await.unwrap() }
+    };
+    // A wildcard without share_threshold: each value its own 2 a minute.
+    for expect in [Code::Ok, Code::Ok, Code::OverLimit] {
+        assert_eq!(go(one(&[("files", "/docs/a")])).await.0, expect);
+    }
+    assert_eq!(go(one(&[("files", "/docs/b")])).await.1[0], (Code::Ok, 2, 1));
+    // With share_threshold: every matching value shares 3.
+    for (v, expect) in [
+        ("/shared/a", Code::Ok),
+        ("/shared/b", Code::Ok),
+        ("/shared/c", Code::Ok),
+        ("/shared/d", Code::OverLimit),
+    ] {
+        let r = request("peer", &[&[("files", v)]]);
+        assert_eq!(go(r).await.0, expect, "{v}");
+    }
+    // Values no wildcard matches: the any-value limit.
+    assert_eq!(go(one(&[("files", "/home")])).await.1[0], (Code::Ok, 100, 99));
+    // A listed value with only nested limits: alone it is not limited, and never by the
+    // any-value descriptor beside it; under it, its own limits.
+    assert_eq!(go(one(&[("team", "ops")])).await.1[0], (Code::Ok, 0, 0));
+    assert_eq!(go(one(&[("team", "ops"), ("user", "ann")])).await.1[0], (Code::Ok, 1, 0));
+    assert_eq!(go(one(&[("team", "ops"), ("user", "ann")])).await.0, Code::OverLimit);
+    assert_eq!(go(one(&[("team", "dev")])).await.1[0], (Code::Ok, 50, 49));
+    // A limit counts only where a descriptor ends: a longer one is not limited by it.
+    assert_eq!(go(one(&[("team", "dev"), ("user", "ann")])).await.1[0], (Code::Ok, 0, 0));
+    // Quota mode: over its limit, a descriptor refuses the request only when every one in
+    // quota mode is over its own.
+    let both = || request("peer", &[&[("cheap", "x")], &[("dear", "y")]]);
+    let (overall, statuses) = go(both()).await;
+    assert_eq!((overall, statuses[0].0, statuses[1].0), (Code::Ok, Code::Ok, Code::Ok));
+    let (overall, statuses) = go(both()).await;
+    assert_eq!((overall, statuses[0].0, statuses[1].0), (Code::Ok, Code::OverLimit, Code::Ok));
+    let (overall, statuses) = go(both()).await;
+    assert_eq!((overall, statuses[0].0, statuses[1].0), (Code::OverLimit, Code::OverLimit, Code::OverLimit));
+    // Unlimited: OK, no limit, everything remaining.
+    assert_eq!(go(one(&[("free", "x")])).await.1[0], (Code::Ok, 0, u32::MAX));
+    // A descriptor's hits_addend of 0 checks without counting.
+    let mut check_only = one(&[("files", "/docs/c")]);
+    check_only.descriptors[0].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    for _ in 0..3 {
+        assert_eq!(go(check_only.clone()).await.0, Code::Ok);
+    }
+    assert_eq!(go(one(&[("files", "/docs/c")])).await.1[0], (Code::Ok, 2, 1), "nothing was counted");
+    // Each descriptor counts on its own: /docs/e is counted although team=ops/user=bob refuses
+    // the request the second time, so a third /docs/e alone finds its 2 spent.
+    let mixed = || request("peer", &[&[("files", "/docs/e")], &[("team", "ops"), ("user", "bob")]]);
+    assert_eq!(go(mixed()).await.0, Code::Ok);
+    assert_eq!(go(mixed()).await.0, Code::OverLimit);
+    assert_eq!(go(one(&[("files", "/docs/e")])).await.0, Code::OverLimit);
+}

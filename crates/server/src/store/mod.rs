@@ -324,7 +324,7 @@ pub fn apply_defaults(
     if stored.rls_rules.is_none()
         && let Some(rules) = &config.rls_rules
     {
-        store.set_rls_rules(&tollgate_model::rls::rules_to_json(rules))?;
+        store.set_rls_rules(&tollgate_model::rls::RuleSet::of_rules(rules.clone()).to_json())?;
     }
     if !stored.node_stored {
         let n = &config.node;

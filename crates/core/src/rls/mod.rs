@@ -7,8 +7,10 @@
 //! (envoy/ratelimit's nested descriptors: tenant, then path) also needs the entries right after
 //! that one to match them, in order. The group is the rule's `group` with `{value}` replaced
 //! by the first matched entry's value and `{KEY}` by the value of the matched entry with that
-//! key. With no rules at all, an entry with key `tenant` names the group by its value. A
-//! descriptor nothing matches uses `default`.
+//! key. In a domain no rule names (a rule with an empty domain names every domain), an entry
+//! with key `tenant` names the group by its value. A descriptor nothing matches uses
+//! `default`. A domain imported from an envoy/ratelimit file is answered by its descriptor
+//! tree instead, exactly as envoy/ratelimit answers ([`tree`], [`RuleSet`]).
 //!
 //! ```
 //! use tollgate_model::rls::{RlsRule, RuleEntry, group_for};
@@ -27,9 +29,12 @@
 //! assert_eq!(group_for(&[], "any", &[("tenant", "acme")]), "acme");
 //! ```
 
+pub mod tree;
+
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{DEFAULT_GROUP, check_group_name};
+pub use tree::{Found, Node, Tree, TreeLimit};
 
 /// One mapping rule.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,35 +215,176 @@ pub fn match_rule(rules: &[RlsRule], domain: &str, entries: &[(&str, &str)]) -> 
     (None, DEFAULT_GROUP.to_string())
 }
 
-/// Of the rules one request's descriptors matched (by index, `None` for none), which are
-/// lifted by another's `replaces`: those descriptors are answered without a limit.
-pub fn replaced(rules: &[RlsRule], matched: &[Option<usize>]) -> Vec<bool> {
-    let lifted: Vec<&str> =
-        matched.iter().flatten().flat_map(|&i| rules[i].replaces.iter().map(String::as_str)).collect();
-    matched
-        .iter()
-        .map(|m| m.is_some_and(|i| !rules[i].name.is_empty() && lifted.contains(&rules[i].name.as_str())))
-        .collect()
-}
-
 /// The largest rules document taken, in bytes.
 pub const RULES_MAX_BYTES: usize = 1 << 20;
 
-/// Rules from JSON (an array of `{domain, key, value, group}`), checked.
-pub fn rules_from_json(text: &str) -> Result<Vec<RlsRule>, String> {
-    if text.len() > RULES_MAX_BYTES {
-        return Err(format!("rules: larger than {RULES_MAX_BYTES} bytes"));
-    }
-    let rules: Vec<RlsRule> = serde_json::from_str(text).map_err(|e| {
-        format!("rules: expected a JSON array of objects with fields domain, key, value, group, then, whole, name, replaces: {e}")
-    })?;
-    check_rules(&rules)?;
-    Ok(rules)
+/// Every way Envoy's descriptors name groups: the mapping rules, tried in order, and the
+/// descriptor trees of the domains imported from envoy/ratelimit files (see [`tree`]). A
+/// domain with a tree is answered by it alone.
+///
+/// As JSON, a set with no tree is the array of its rules (as rules were always written), and
+/// one with trees an object `{"rules": […], "trees": […]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSet {
+    /// The mapping rules, tried in order.
+    #[serde(default)]
+    pub rules: Vec<RlsRule>,
+    /// One tree per domain.
+    #[serde(default)]
+    pub trees: Vec<Tree>,
 }
 
-/// Rules as JSON.
-pub fn rules_to_json(rules: &[RlsRule]) -> String {
-    serde_json::to_string(rules).unwrap_or_else(|_| "[]".into())
+/// How a descriptor is limited, as a rule set decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision<'r> {
+    /// Counted against `group`.
+    Group {
+        /// The group.
+        group: String,
+        /// Whether a rule or a tree's limit matched (else the group is the default group's, or
+        /// the implicit tenant rule's).
+        matched: bool,
+        /// The limit's name (empty: none).
+        name: &'r str,
+        /// The names this one lifts.
+        replaces: &'r [String],
+        /// envoy/ratelimit's `quota_mode`.
+        quota_mode: bool,
+    },
+    /// envoy/ratelimit's `unlimited: true`: answered OK, counted nowhere.
+    Unlimited {
+        /// The limit's name (empty: none).
+        name: &'r str,
+        /// The names this one lifts.
+        replaces: &'r [String],
+    },
+    /// A tree's domain has no limit for it: answered OK, counted nowhere.
+    NoLimit,
+}
+
+impl Decision<'_> {
+    fn naming(&self) -> (&str, &[String]) {
+        match self {
+            Decision::Group { name, replaces, .. } | Decision::Unlimited { name, replaces } => {
+                (name, replaces)
+            }
+            Decision::NoLimit => ("", &[]),
+        }
+    }
+}
+
+impl RuleSet {
+    /// A set of mapping rules alone.
+    pub fn of_rules(rules: Vec<RlsRule>) -> RuleSet {
+        RuleSet { rules, trees: Vec::new() }
+    }
+
+    /// Whether it holds nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.trees.is_empty()
+    }
+
+    /// The tree of `domain`, if one was imported.
+    pub fn tree(&self, domain: &str) -> Option<&Tree> {
+        self.trees.iter().find(|t| t.domain == domain)
+    }
+
+    /// Whether any rule or tree applies in `domain`: where none does, an entry with key
+    /// `tenant` names the group by its value (the implicit tenant rule).
+    pub fn names_domain(&self, domain: &str) -> bool {
+        self.tree(domain).is_some() || self.rules.iter().any(|r| r.domain.is_empty() || r.domain == domain)
+    }
+
+    /// How a descriptor's `entries` (key, value, in order) are limited in `domain`: by the
+    /// domain's tree if it has one; else by the first rule that matches (the `default` group
+    /// when none does), or, in a domain no rule names, by the implicit tenant rule.
+    pub fn decide(&self, domain: &str, entries: &[(&str, &str)]) -> Decision<'_> {
+        if let Some(tree) = self.tree(domain) {
+            return match tree.find(entries) {
+                Found::Nothing => Decision::NoLimit,
+                Found::Limit(None, l) => Decision::Unlimited { name: &l.name, replaces: &l.replaces },
+                Found::Limit(Some(group), l) => Decision::Group {
+                    group,
+                    matched: true,
+                    name: &l.name,
+                    replaces: &l.replaces,
+                    quota_mode: l.quota_mode,
+                },
+            };
+        }
+        let (rule, group) = self.by_rules(domain, entries);
+        let (name, replaces) =
+            rule.map_or(("", &[][..]), |i| (self.rules[i].name.as_str(), &self.rules[i].replaces[..]));
+        Decision::Group { group, matched: rule.is_some(), name, replaces, quota_mode: false }
+    }
+
+    /// The rule (its index) a descriptor's `entries` match in `domain`, if any, and the group
+    /// they name, by the rules alone (trees aside): the first rule that matches, else the
+    /// `default` group; in a domain no rule names, the implicit tenant rule.
+    pub fn by_rules(&self, domain: &str, entries: &[(&str, &str)]) -> (Option<usize>, String) {
+        if self.rules.iter().any(|r| r.domain.is_empty() || r.domain == domain) {
+            match_rule(&self.rules, domain, entries)
+        } else {
+            match_rule(&[], domain, entries)
+        }
+    }
+
+    /// Checks the whole set: every rule and tree, one tree per domain, and the bounds.
+    pub fn check(&self) -> Result<(), String> {
+        check_rules(&self.rules)?;
+        let mut nodes = 0;
+        for (i, t) in self.trees.iter().enumerate() {
+            t.check(&format!("trees[{i}]"), &mut nodes)?;
+            if self.trees[..i].iter().any(|o| o.domain == t.domain) {
+                return Err(format!("trees[{i}].domain: {:?} has a tree already", t.domain));
+            }
+        }
+        Ok(())
+    }
+
+    /// The set as JSON: the array of its rules when it has no tree.
+    pub fn to_json(&self) -> String {
+        let json = if self.trees.is_empty() {
+            serde_json::to_string(&self.rules)
+        } else {
+            serde_json::to_string(self)
+        };
+        json.unwrap_or_else(|_| "[]".into())
+    }
+
+    /// A set from JSON (an array of rules, or `{"rules": […], "trees": […]}`), checked.
+    pub fn from_json(text: &str) -> Result<RuleSet, String> {
+        if text.len() > RULES_MAX_BYTES {
+            return Err(format!("rules: larger than {RULES_MAX_BYTES} bytes"));
+        }
+        let set = if text.trim_start().starts_with('{') {
+            serde_json::from_str::<RuleSet>(text).map_err(|e| {
+                format!("rules: expected an object with fields rules (an array of rules) and trees (an array of domains' descriptor trees): {e}")
+            })?
+        } else {
+            let rules: Vec<RlsRule> = serde_json::from_str(text).map_err(|e| {
+                format!("rules: expected a JSON array of objects with fields domain, key, value, group, then, whole, name, replaces: {e}")
+            })?;
+            RuleSet::of_rules(rules)
+        };
+        set.check()?;
+        Ok(set)
+    }
+}
+
+/// Of one request's descriptors as `decisions` decided them, which are lifted by another's
+/// `replaces` (envoy/ratelimit's): those are answered without a limit.
+pub fn lifted(decisions: &[Decision<'_>]) -> Vec<bool> {
+    let replaced: Vec<&str> =
+        decisions.iter().flat_map(|d| d.naming().1.iter().map(String::as_str)).collect();
+    decisions
+        .iter()
+        .map(|d| {
+            let (name, _) = d.naming();
+            !name.is_empty() && replaced.contains(&name)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -260,12 +406,14 @@ mod tests {
         // Neither a longer descriptor nor one that starts elsewhere matches a whole rule.
         assert_eq!(group_for(&rules, "d", &[("user", "ann"), ("zone", "z")]), "default");
         assert_eq!(group_for(&rules, "d", &[("zone", "z"), ("user", "ann")]), "default");
-        let mut named = rules.clone();
-        named[1].name = "per-user".into();
-        named[0].replaces = vec!["per-user".into()];
-        assert_eq!(replaced(&named, &[Some(0), Some(1), None]), [false, true, false]);
-        assert_eq!(replaced(&named, &[Some(1)]), [false], "nothing lifts it alone");
-        let mut selfish = named[1].clone();
+        let mut named = RuleSet::of_rules(rules.clone());
+        named.rules[1].name = "per-user".into();
+        named.rules[0].replaces = vec!["per-user".into()];
+        let both = [&[("user", "ann"), ("path", "/a")][..], &[("user", "ann")], &[("zone", "z")]];
+        let decided: Vec<Decision<'_>> = both.iter().map(|e| named.decide("d", e)).collect();
+        assert_eq!(lifted(&decided), [false, true, false]);
+        assert_eq!(lifted(&decided[1..2]), [false], "nothing lifts it alone");
+        let mut selfish = named.rules[1].clone();
         selfish.replaces = vec!["per-user".into()];
         assert!(
             selfish
@@ -293,12 +441,15 @@ mod tests {
                 ..RlsRule::default()
             },
         ];
-        let json = rules_to_json(&rules);
-        assert_eq!(rules_from_json(&json).unwrap(), rules);
-        assert_eq!(rules_from_json("[]").unwrap(), vec![]);
+        let set = RuleSet::of_rules(rules);
+        let json = set.to_json();
+        assert!(json.starts_with('['), "a set of rules alone is their array: {json}");
+        assert_eq!(RuleSet::from_json(&json).unwrap(), set);
+        assert_eq!(RuleSet::from_json("[]").unwrap(), RuleSet::default());
         let long = format!(r#"[{{"key":"k","group":"{}"}}]"#, "g".repeat(300));
-        let cases: [(&str, &str); 6] = [
-            ("{}", "expected a JSON array"),
+        let cases: [(&str, &str); 7] = [
+            ("{\"colour\":1}", "unknown field `colour`"),
+            ("[[]]", "expected a JSON array of objects"),
             (r#"[{"key":"","group":"g"}]"#, "rules[0].key: must not be empty"),
             (&long, "rules[0].group: at most 255 bytes"),
             (r#"[{"key":"k"}]"#, "missing field `group`"),
@@ -306,7 +457,7 @@ mod tests {
             (r#"[{"key":1,"group":"g"}]"#, "rules"),
         ];
         for (bad, expect) in cases {
-            let e = rules_from_json(bad).unwrap_err();
+            let e = RuleSet::from_json(bad).unwrap_err();
             assert!(e.contains(expect), "{bad}: {e}");
         }
     }
@@ -332,17 +483,16 @@ mod tests {
         assert_eq!(group_for(&rules, "e", &[("path", "/search"), ("tenant", "acme")]), "default");
         assert_eq!(group_for(&rules, "e", &[("tenant", "a"), ("x", "1"), ("plan", "gold")]), "default");
         assert_eq!(group_for(&rules, "e", &[("ip", "1.2.3.4"), ("tenant", "a"), ("plan", "gold")]), "a.gold");
-        let json = rules_to_json(&rules);
-        assert_eq!(rules_from_json(&json).unwrap(), rules);
-        assert!(
-            !rules_to_json(&[RlsRule { key: "k".into(), group: "g".into(), ..RlsRule::default() }])
-                .contains("then")
-        );
+        let set = RuleSet::of_rules(rules);
+        assert_eq!(RuleSet::from_json(&set.to_json()).unwrap(), set);
+        let plain =
+            RuleSet::of_rules(vec![RlsRule { key: "k".into(), group: "g".into(), ..RlsRule::default() }]);
+        assert!(!plain.to_json().contains("then"));
         let bad = r#"[{"key":"k","group":"g","then":[{"key":""}]}]"#;
-        assert_eq!(rules_from_json(bad).unwrap_err(), "rules[0].then[0].key: must not be empty");
+        assert_eq!(RuleSet::from_json(bad).unwrap_err(), "rules[0].then[0].key: must not be empty");
         let many =
             format!(r#"[{{"key":"k","group":"g","then":[{}]}}]"#, vec![r#"{"key":"x"}"#; 17].join(","));
-        assert!(rules_from_json(&many).unwrap_err().starts_with("rules[0].then: at most 16 entries"));
+        assert!(RuleSet::from_json(&many).unwrap_err().starts_with("rules[0].then: at most 16 entries"));
     }
 
     #[test]
@@ -368,5 +518,48 @@ mod tests {
         assert_eq!(group_for(&rules, "edge", &[("user", "x")]), "default");
         assert_eq!(group_for(&[], "edge", &[("user", "x")]), "default");
         assert_eq!(group_for(&[], "edge", &[("user", "x"), ("tenant", "b")]), "b");
+    }
+
+    #[test]
+    fn the_implicit_tenant_rule_holds_in_every_domain_no_rule_or_tree_names() {
+        let tree = Tree {
+            domain: "shop".into(),
+            descriptors: vec![Node {
+                key: "api_key".into(),
+                limit: Some(TreeLimit { group: "shop/api_key={api_key}".into(), ..TreeLimit::default() }),
+                ..Node::default()
+            }],
+        };
+        let mut set = RuleSet { rules: Vec::new(), trees: vec![tree] };
+        let group = |set: &RuleSet, domain: &str, e: &[(&str, &str)]| match set.decide(domain, e) {
+            Decision::Group { group, .. } => Some(group),
+            _ => None,
+        };
+        // The imported domain answers by its tree: a descriptor it does not limit is not limited.
+        assert_eq!(group(&set, "shop", &[("api_key", "k1")]), Some("shop/api_key=k1".into()));
+        assert_eq!(set.decide("shop", &[("tenant", "acme")]), Decision::NoLimit);
+        // Every other domain keeps the implicit tenant rule.
+        assert_eq!(group(&set, "edge", &[("tenant", "acme")]), Some("acme".into()));
+        // A rule of one domain leaves the others theirs; a rule of every domain takes them all.
+        set.rules.push(RlsRule {
+            domain: "edge".into(),
+            key: "user".into(),
+            group: "u-{value}".into(),
+            ..RlsRule::default()
+        });
+        assert_eq!(group(&set, "edge", &[("tenant", "acme")]), Some("default".into()));
+        assert_eq!(group(&set, "api", &[("tenant", "acme")]), Some("acme".into()));
+        set.rules.push(RlsRule { key: "zone".into(), group: "z".into(), ..RlsRule::default() });
+        assert_eq!(group(&set, "api", &[("tenant", "acme")]), Some("default".into()));
+        // Round trip: with a tree, the set is an object.
+        let json = set.to_json();
+        assert!(json.starts_with('{'), "{json}");
+        assert_eq!(RuleSet::from_json(&json).unwrap(), set);
+        let twice = format!(
+            r#"{{"trees":[{},{}]}}"#,
+            serde_json::to_string(&set.trees[0]).unwrap(),
+            serde_json::to_string(&set.trees[0]).unwrap()
+        );
+        assert_eq!(RuleSet::from_json(&twice).unwrap_err(), "trees[1].domain: \"shop\" has a tree already");
     }
 }
