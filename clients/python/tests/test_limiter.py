@@ -142,6 +142,37 @@ def test_two_limiters_share_an_in_flight_quota_and_permits_give_their_slots_back
         assert a.stats("slots").in_flight == len(held["a"])  # type: ignore[union-attr]
 
 
+def test_a_quota_is_a_count_two_limiters_asking_flat_out_admit_exactly_it(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("counted", budget=300)
+        admin.create_group("windows", quotas={"90s": 40, "60s-from-first": 30})
+        assert admin.get_group("windows").quotas == {"90s": 40.0, "60s-from-first": 30.0}
+        with pytest.raises(tollgate.InvalidArgument, match="quotas.fortnight"):
+            admin.alter_group("windows", quotas={"fortnight": 5})
+    with tollgate.Limiter(server.url, client_id="py-count-a") as a, tollgate.Limiter(
+        server.url, client_id="py-count-b"
+    ) as b:
+        admitted = {"a": 0, "b": 0}
+
+        def ask() -> bool:
+            for name, limiter in (("a", a), ("b", b)):
+                for _ in range(20):
+                    try:
+                        limiter.try_acquire("counted")
+                        admitted[name] += 1
+                    except tollgate.Throttled:
+                        break
+            assert admitted["a"] + admitted["b"] <= 300, admitted
+            return admitted["a"] + admitted["b"] == 300
+
+        eventually("the budget's 300, spent by the two", ask)
+        # Spent: not one more, whoever asks.
+        for limiter in (a, b):
+            with pytest.raises(tollgate.Throttled):
+                limiter.try_acquire("counted")
+        assert admitted["a"] > 0 and admitted["b"] > 0, admitted
+
+
 def test_settle_acquire_context_manager_and_decorator(server: Server) -> None:
     with tollgate.Admin(server.url) as admin:
         admin.create_group("api", limit=0.01, burst=5)

@@ -18,6 +18,19 @@ ROLES = ("admin", "client", "backend", "reader")
 
 _PRIORITIES = {"low": 1, "medium": 8, "high": 16}
 WINDOWS = ("minute", "hour", "day", "week", "month", "total")
+# The longest window of a number of seconds (a leap year), as the server takes it.
+WINDOW_SECONDS_MAX = 366 * 86_400
+
+
+def _window(window: Any) -> bool:
+    """Whether ``window`` names a quota's window: a named one, ``"90s"`` (windows of 90 s from
+    the Unix epoch) or ``"90s-from-first"`` (90 s from the first request)."""
+    if not isinstance(window, str):
+        return False
+    if window in WINDOWS:
+        return True
+    digits = window[: -len("s-from-first")] if window.endswith("s-from-first") else window[:-1] if window.endswith("s") else ""
+    return digits.isdigit() and 1 <= int(digits) <= WINDOW_SECONDS_MAX
 _NAMES = {1: "low", 8: "medium", 16: "high"}
 _KEYS = (
     "reserved, limit, burst, priority, weight, budget, budget_period, quotas, dropped, debt_repay_s, "
@@ -61,8 +74,11 @@ def _patch(settings: Settings) -> pb.GroupPatch:
             if not isinstance(value, dict):
                 raise InvalidArgument.of("quotas", f"must be a dict of window to units, got {value!r}")
             for window, units in value.items():
-                if window not in WINDOWS:
-                    raise InvalidArgument.of(f"quotas.{window}", f"must be one of {', '.join(WINDOWS)}")
+                if not _window(window):
+                    raise InvalidArgument.of(
+                        f"quotas.{window}",
+                        f"must be one of {', '.join(WINDOWS)}, a number of seconds such as 90s, or 90s-from-first",
+                    )
                 # None removes the window's quota (0 on the wire).
                 p.quotas[window] = 0.0 if units is None else _number(f"quotas.{window}", units)
         elif key == "dropped":

@@ -600,10 +600,17 @@ fn show(info: &v1::GroupInfo) -> String {
             if s.budget_period.is_empty() { String::new() } else { format!(" per {}", s.budget_period) };
         let _ = writeln!(out, "budget:   {}{per}", fmt_units(b));
     }
-    let others: Vec<String> = tollgate_model::settings::BudgetPeriod::ALL
+    // Every window with a quota, shortest first, the budget's apart.
+    let mut windows: Vec<(tollgate_model::settings::BudgetPeriod, f64)> = s
+        .quotas
         .iter()
-        .filter(|w| s.budget.is_none() || w.name() != budget_window(&s.budget_period))
-        .filter_map(|w| s.quotas.get(w.name()).map(|u| format!("{} per {}", fmt_units(*u), w.name())))
+        .filter_map(|(name, u)| Some((tollgate_model::settings::BudgetPeriod::parse(name).ok()?, *u)))
+        .collect();
+    windows.sort_by_key(|(w, _)| (w.span_ms(), *w));
+    let others: Vec<String> = windows
+        .into_iter()
+        .filter(|(w, _)| s.budget.is_none() || w.name() != budget_window(&s.budget_period))
+        .map(|(w, u)| format!("{} per {}", fmt_units(u), w.name()))
         .collect();
     if !others.is_empty() {
         let _ = writeln!(out, "quotas:   {}", others.join(", "));

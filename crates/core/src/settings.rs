@@ -469,21 +469,30 @@ impl RampSettings {
     }
 }
 
-/// Units per window, by [`BudgetPeriod`] in order: none at all for most groups.
+/// Units per window, shortest window first: none at all for most groups.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct Quotas(Option<Box<[Option<f64>; 6]>>);
+struct Quotas(Option<Box<[(BudgetPeriod, f64)]>>);
+
+/// The most windows one group has quotas over.
+pub const QUOTAS_MAX: usize = 8;
 
 impl Quotas {
     fn get(&self, w: BudgetPeriod) -> Option<f64> {
-        self.0.as_ref().and_then(|q| q[w.index()])
+        self.0.as_ref().and_then(|q| q.iter().find(|(p, _)| *p == w).map(|(_, u)| *u))
     }
 
     fn set(&mut self, w: BudgetPeriod, units: Option<f64>) {
-        let q = self.0.get_or_insert_with(|| Box::new([None; 6]));
-        q[w.index()] = units;
-        if q.iter().all(Option::is_none) {
-            self.0 = None;
+        let mut q: Vec<(BudgetPeriod, f64)> = self.0.take().map(Vec::from).unwrap_or_default();
+        q.retain(|(p, _)| *p != w);
+        if let Some(u) = units {
+            q.push((w, u));
+            q.sort_by_key(|(p, _)| (p.span_ms(), *p));
         }
+        self.0 = (!q.is_empty()).then(|| q.into_boxed_slice());
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.len())
     }
 }
 
@@ -525,8 +534,11 @@ pub struct GroupSettings {
 }
 
 /// The window a quota is counted over: each UTC minute, hour, day, week (from Monday) or
-/// calendar month, or the group's whole life. A group may carry a quota for each window at
-/// once; a group's *budget* is the quota of its `budget_period`.
+/// calendar month; windows of a number of seconds one after another from the Unix epoch
+/// (envoy/ratelimit's week, month and year are such windows); a number of seconds from the
+/// first request after the last such window ended (Limitador's windows); or the group's whole
+/// life. A group may carry a quota for each of several windows at once; a group's *budget* is
+/// the quota of its `budget_period` (one of the named windows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum BudgetPeriod {
     /// Each UTC minute.
@@ -542,10 +554,18 @@ pub enum BudgetPeriod {
     /// Everything the group ever consumed.
     #[default]
     Total,
+    /// Windows of this many seconds, one after another from the Unix epoch (`"90s"`).
+    Every(u32),
+    /// A window of this many seconds from the first request after the last one ended
+    /// (`"90s-from-first"`).
+    FromFirst(u32),
 }
 
+/// The longest window of a number of seconds: a leap year.
+pub const WINDOW_SECONDS_MAX: u32 = 366 * 86_400;
+
 impl BudgetPeriod {
-    /// Every window, shortest first.
+    /// The named windows, shortest first.
     pub const ALL: [BudgetPeriod; 6] = [
         BudgetPeriod::Minute,
         BudgetPeriod::Hour,
@@ -555,33 +575,72 @@ impl BudgetPeriod {
         BudgetPeriod::Total,
     ];
 
-    /// Its name in settings: `minute`, `hour`, `day`, `week`, `month`, `total`.
-    pub fn name(self) -> &'static str {
+    /// Its name in settings: `minute`, `hour`, `day`, `week`, `month`, `total`, `90s`,
+    /// `90s-from-first`.
+    pub fn name(self) -> std::borrow::Cow<'static, str> {
         match self {
-            BudgetPeriod::Minute => "minute",
-            BudgetPeriod::Hour => "hour",
-            BudgetPeriod::Total => "total",
-            BudgetPeriod::Day => "day",
-            BudgetPeriod::Week => "week",
-            BudgetPeriod::Month => "month",
+            BudgetPeriod::Minute => "minute".into(),
+            BudgetPeriod::Hour => "hour".into(),
+            BudgetPeriod::Total => "total".into(),
+            BudgetPeriod::Day => "day".into(),
+            BudgetPeriod::Week => "week".into(),
+            BudgetPeriod::Month => "month".into(),
+            BudgetPeriod::Every(s) => format!("{s}s").into(),
+            BudgetPeriod::FromFirst(s) => format!("{s}s-from-first").into(),
         }
     }
 
-    fn index(self) -> usize {
-        self as usize
+    /// How long it lasts, in milliseconds (a month: 31 days, for ordering; the group's life:
+    /// never ending).
+    pub fn span_ms(self) -> u64 {
+        const DAY: u64 = 86_400_000;
+        match self {
+            BudgetPeriod::Minute => 60_000,
+            BudgetPeriod::Hour => 3_600_000,
+            BudgetPeriod::Day => DAY,
+            BudgetPeriod::Week => 7 * DAY,
+            BudgetPeriod::Month => 31 * DAY,
+            BudgetPeriod::Total => u64::MAX,
+            BudgetPeriod::Every(s) | BudgetPeriod::FromFirst(s) => u64::from(s) * 1000,
+        }
     }
 
-    /// The period named `name`, or the rule.
+    /// The window named `name`, or the rule.
+    ///
+    /// ```
+    /// use tollgate_model::settings::BudgetPeriod;
+    /// assert_eq!(BudgetPeriod::parse("hour"), Ok(BudgetPeriod::Hour));
+    /// assert_eq!(BudgetPeriod::parse("604800s"), Ok(BudgetPeriod::Every(604_800)));
+    /// assert_eq!(BudgetPeriod::parse("60s-from-first"), Ok(BudgetPeriod::FromFirst(60)));
+    /// assert!(BudgetPeriod::parse("0s").is_err());
+    /// ```
     pub fn parse(name: &str) -> Result<BudgetPeriod, String> {
         match name {
-            "total" | "" => Ok(BudgetPeriod::Total),
-            "minute" => Ok(BudgetPeriod::Minute),
-            "hour" => Ok(BudgetPeriod::Hour),
-            "day" => Ok(BudgetPeriod::Day),
-            "week" => Ok(BudgetPeriod::Week),
-            "month" => Ok(BudgetPeriod::Month),
-            other => Err(format!("must be minute, hour, day, week, month or total, got {other:?}")),
+            "total" | "" => return Ok(BudgetPeriod::Total),
+            "minute" => return Ok(BudgetPeriod::Minute),
+            "hour" => return Ok(BudgetPeriod::Hour),
+            "day" => return Ok(BudgetPeriod::Day),
+            "week" => return Ok(BudgetPeriod::Week),
+            "month" => return Ok(BudgetPeriod::Month),
+            _ => {}
         }
+        let rule = || {
+            format!(
+                "must be minute, hour, day, week, month, total, a number of seconds such as 90s, or one from the first request such as 90s-from-first (1 to {WINDOW_SECONDS_MAX} s), got {name:?}"
+            )
+        };
+        let (digits, from_first) = match name.strip_suffix("s-from-first") {
+            Some(d) => (d, true),
+            None => (name.strip_suffix('s').ok_or_else(rule)?, false),
+        };
+        let seconds: u32 =
+            digits.parse().ok().filter(|s| (1..=WINDOW_SECONDS_MAX).contains(s)).ok_or_else(rule)?;
+        Ok(if from_first { BudgetPeriod::FromFirst(seconds) } else { BudgetPeriod::Every(seconds) })
+    }
+
+    /// Whether it is one of the named windows a budget may count over.
+    pub fn is_named(self) -> bool {
+        BudgetPeriod::ALL.contains(&self)
     }
 
     /// When the period holding `wall_ms` (Unix milliseconds) ends: the next one's start;
@@ -609,6 +668,7 @@ impl BudgetPeriod {
                 let (y, m) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
                 Some(days_from_civil(y, m, 1).max(0) as u64 * DAY)
             }
+            BudgetPeriod::Every(_) | BudgetPeriod::FromFirst(_) => Some(start + self.span_ms()),
         }
     }
 
@@ -635,6 +695,10 @@ impl BudgetPeriod {
                 let (y, m, _) = civil_from_days(day as i64);
                 days_from_civil(y, m, 1).max(0) as u64 * DAY
             }
+            // A window from the first request has no start the clock alone gives: its start
+            // is kept where its quota is counted; this is the start of the span it would take
+            // from the epoch.
+            BudgetPeriod::Every(_) | BudgetPeriod::FromFirst(_) => wall_ms / self.span_ms() * self.span_ms(),
         }
     }
 }
@@ -755,10 +819,10 @@ impl GroupSettings {
         self.quotas.get(window)
     }
 
-    /// Every quota, shortest window first: a request is refused (the group held at its
-    /// reservation) while any is spent.
+    /// Every quota, shortest window first: a request is refused (the group admits nothing)
+    /// while any is spent.
     pub fn quotas(&self) -> impl Iterator<Item = (BudgetPeriod, f64)> + '_ {
-        BudgetPeriod::ALL.into_iter().filter_map(|w| self.quotas.get(w).map(|u| (w, u)))
+        self.quotas.0.iter().flat_map(|q| q.iter().copied())
     }
 
     /// Whether the group has any quota.
@@ -879,6 +943,21 @@ impl GroupSettings {
         }
         if self.budget_period != BudgetPeriod::Total && self.budget().is_none() {
             errors.push(SettingError::new("budget_period", "needs a budget to count per period"));
+        }
+        if !self.budget_period.is_named() {
+            errors.push(SettingError::new(
+                "budget_period",
+                format!(
+                    "must be minute, hour, day, week, month or total, got {} (give other windows under quotas)",
+                    self.budget_period.name()
+                ),
+            ));
+        }
+        if self.quotas.len() > QUOTAS_MAX {
+            errors.push(SettingError::new(
+                "quotas",
+                format!("at most {QUOTAS_MAX} windows, got {}", self.quotas.len()),
+            ));
         }
         if let Some(ramp) = &self.ramp {
             ramp.check(&mut errors);

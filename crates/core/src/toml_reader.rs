@@ -244,16 +244,21 @@ impl<'s> Reader<'s> {
             }
         }
         if let Some((p, v)) = f.take("quotas")
-            && let Some(mut q) = self.fields(&p, v)
+            && let Some(q) = self.fields(&p, v)
         {
-            for window in crate::settings::BudgetPeriod::ALL {
-                if let Some((wp, wv)) = q.take(window.name())
-                    && let Some(units) = self.positive(&wp, wv)
-                {
-                    b = b.quota(window, units);
+            // Each key a window: a name, a number of seconds (`90s`), or one from the first
+            // request (`90s-from-first`).
+            for (k, span, wv) in q.entries {
+                let wp = format!("{}.{k}", q.path);
+                match crate::settings::BudgetPeriod::parse(k) {
+                    Ok(window) => {
+                        if let Some(units) = self.positive(&wp, wv) {
+                            b = b.quota(window, units);
+                        }
+                    }
+                    Err(rule) => self.error(span, wp, rule),
                 }
             }
-            self.finish(q, "minute, hour, day, week, month, total");
         }
         b
     }

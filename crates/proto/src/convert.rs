@@ -228,12 +228,15 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
             Err(rule) => errors.push(SettingError::new("budget_period", rule)),
         }
     }
-    if p.quotas.len() > tollgate_model::settings::BudgetPeriod::ALL.len() {
-        errors
-            .push(SettingError::new("quotas", format!("at most one per window (6), got {}", p.quotas.len())));
+    // Windows set and windows removed (a quota of 0) in one patch.
+    let most = 2 * tollgate_model::settings::QUOTAS_MAX;
+    if p.quotas.len() > most {
+        errors.push(SettingError::new(
+            "quotas",
+            format!("at most {most} windows in one change, got {}", p.quotas.len()),
+        ));
     }
-    let mut quotas: Vec<(&String, &f64)> =
-        p.quotas.iter().take(tollgate_model::settings::BudgetPeriod::ALL.len() + 1).collect();
+    let mut quotas: Vec<(&String, &f64)> = p.quotas.iter().take(most + 1).collect();
     quotas.sort_by(|a, b| a.0.cmp(b.0));
     for (name, &units) in quotas {
         match tollgate_model::settings::BudgetPeriod::parse(name) {

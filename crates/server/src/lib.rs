@@ -453,7 +453,7 @@ async fn wait_for_address(_: &EtcdTarget, _: &str, _: Duration) -> Result<(), Se
 async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
     let apply = |n: &Node, change: store::etcd::StoredChange| match change {
         store::etcd::StoredChange::Group(name, settings) => {
-            if n.controller.sync_group(name.clone(), settings) {
+            if n.controller.sync_group(name.clone(), settings.map(|s| *s)) {
                 tracing::info!(group = %name, "settings changed by another controller");
             }
         }
@@ -496,7 +496,7 @@ async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
                     }
                 }
                 for (name, settings) in stored.groups {
-                    apply(&node, store::etcd::StoredChange::Group(name, Some(settings)));
+                    apply(&node, store::etcd::StoredChange::Group(name, Some(Box::new(settings))));
                 }
                 if stored.node_stored {
                     apply(&node, store::etcd::StoredChange::Node(stored.node));

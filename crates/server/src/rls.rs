@@ -212,6 +212,21 @@ fn current_limit(
         BudgetPeriod::Week => Some((units, Unit::Week, Some(w))),
         BudgetPeriod::Month => Some((units, Unit::Month, Some(w))),
         BudgetPeriod::Total => None,
+        // A window of seconds Envoy's units can name: envoy/ratelimit's own (a week, a month of
+        // 30 days and a year of 365, from the epoch), or a minute, hour or day.
+        BudgetPeriod::Every(s) | BudgetPeriod::FromFirst(s) => {
+            let unit = match s {
+                1 => Unit::Second,
+                60 => Unit::Minute,
+                3_600 => Unit::Hour,
+                86_400 => Unit::Day,
+                604_800 => Unit::Week,
+                2_592_000 => Unit::Month,
+                31_536_000 => Unit::Year,
+                _ => return None,
+            };
+            Some((units, unit, Some(w)))
+        }
     });
     window.or_else(|| Some((s.limit().as_f64(), Unit::Second, None)).filter(|(l, _, _)| l.is_finite()))
 }
@@ -294,16 +309,24 @@ enum QuotaMode {
     On,
 }
 
-/// A request's descriptors as groups and what to ask of each, and whether they are counted
-/// each on its own (a domain imported from envoy/ratelimit, counted as it counts: a descriptor
-/// within its limit is counted even when another refuses the request) rather than all or
-/// nothing. A descriptor that no rule names a group for goes to `fallback` when there is one
-/// (the caller's token's default group), else to `default`.
-fn plan(
-    rules: &RuleSet,
-    r: &RateLimitRequest,
-    fallback: Option<&GroupName>,
-) -> Result<(Vec<(GroupName, Ask)>, bool), Status> {
+/// What a request asks: each group and what of it, and how the answer is made.
+#[derive(Debug)]
+struct Planned {
+    asks: Vec<(GroupName, Ask)>,
+    /// Each descriptor counted on its own (a domain imported from envoy/ratelimit, counted as
+    /// it counts: a descriptor within its limit is counted even when another refuses the
+    /// request), rather than all or nothing.
+    each_alone: bool,
+    /// A status per descriptor in the answer (a domain imported from Limitador, whose limits
+    /// are not the descriptors', answers with the verdict alone, as Limitador does).
+    statuses: bool,
+}
+
+/// A request's descriptors as groups and what to ask of each. A descriptor that no rule names
+/// a group for goes to `fallback` when there is one (the caller's token's default group), else
+/// to `default`. In a domain imported from Limitador, the groups are those of every limit the
+/// request meets, each asked for the request's hits.
+fn plan(rules: &RuleSet, r: &RateLimitRequest, fallback: Option<&GroupName>) -> Result<Planned, Status> {
     text(|| "domain".into(), &r.domain, false)?;
     if r.descriptors.is_empty() || r.descriptors.len() > DESCRIPTORS_MAX {
         return Err(invalid(
@@ -321,6 +344,9 @@ fn plan(
         let (decision, ask) = descriptor(rules, &r.domain, i, d, request_hits)?;
         asks.push(ask);
         decisions.push(decision);
+    }
+    if let Some(set) = rules.limit_set(&r.domain) {
+        return limits_plan(set, r, asks[0], request_hits);
     }
     let lifted = tollgate_model::rls::lifted(&decisions);
     let mut planned = Vec::with_capacity(asks.len());
@@ -343,7 +369,42 @@ fn plan(
         };
         planned.push((group, ask));
     }
-    Ok((planned, rules.tree(&r.domain).is_some()))
+    Ok(Planned { asks: planned, each_alone: rules.tree(&r.domain).is_some(), statuses: true })
+}
+
+/// A request in a domain imported from Limitador: every limit it meets, each asked for the
+/// request's hits as the first descriptor asks (admitted, charged or given back), all or
+/// nothing.
+fn limits_plan(
+    set: &tollgate_model::rls::LimitSet,
+    r: &RateLimitRequest,
+    first: Ask,
+    hits: u64,
+) -> Result<Planned, Status> {
+    let descriptors: Vec<Vec<(&str, &str)>> = r
+        .descriptors
+        .iter()
+        .map(|d| {
+            d.entries
+                .iter()
+                .filter(|e| e.key != CHARGE_KEY && e.key != CLASS_KEY)
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect()
+        })
+        .collect();
+    let hits = hits as f64;
+    let ask = match first {
+        Ask::Admit(_, class, mode) => Ask::Admit(hits, class, mode),
+        Ask::Refund(_) => Ask::Refund(hits),
+        Ask::Charge(_) => Ask::Charge(hits),
+        other => other,
+    };
+    let asks = set
+        .applying(&descriptors)
+        .into_iter()
+        .map(|g| checked_group(0, &g).map(|g| (g, ask)))
+        .collect::<Result<Vec<_>, Status>>()?;
+    Ok(Planned { asks, each_alone: false, statuses: false })
 }
 
 /// The group a descriptor names, checked against the naming rules.
@@ -504,7 +565,8 @@ impl RateLimitService for Rls {
         let r = req.into_inner();
         let fallback = caller.as_ref().and_then(|Caller(c)| GroupName::new(&c.default_group).ok());
         let rules = self.rules.get();
-        let (planned, each_alone) = plan(&rules, &r, fallback.as_ref())?;
+        let Planned { asks: planned, each_alone, statuses: answer_statuses } =
+            plan(&rules, &r, fallback.as_ref())?;
         if let Some(Caller(c)) = &caller
             && let Some((g, _)) = planned.iter().find(|(g, a)| a.names_group() && !c.allows_group(g.as_str()))
         {
@@ -542,6 +604,9 @@ impl RateLimitService for Rls {
             }
         }
         let overall = if over { Code::OverLimit } else { Code::Ok };
+        if !answer_statuses {
+            statuses.clear();
+        }
         Ok(Response::new(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
@@ -599,7 +664,7 @@ mod tests {
         }
         let mut r = request("edge", vec![vec![("tenant", "a")], vec![("user", "x")]]);
         r.hits_addend = 0;
-        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().asks;
         assert_eq!(
             planned.iter().map(|(g, c)| (g.as_str(), *c)).collect::<Vec<_>>(),
             [
@@ -609,11 +674,11 @@ mod tests {
         );
         // A token's default group takes what names no group (and only that).
         let bound = GroupName::new("checkout").unwrap();
-        let planned = plan(&RuleSet::default(), &r, Some(&bound)).unwrap().0;
+        let planned = plan(&RuleSet::default(), &r, Some(&bound)).unwrap().asks;
         assert_eq!(planned.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["a", "checkout"]);
         r.hits_addend = 7;
         r.descriptors[1].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
-        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().asks;
         assert_eq!(
             planned.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
             [
@@ -623,16 +688,16 @@ mod tests {
         );
         // A negative hit is a refund of its units.
         r.descriptors[1].is_negative_hits = true;
-        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().asks;
         assert_eq!(planned[1].1, Ask::Refund(3.0));
         // A charge entry makes a charge, and names no group.
         r.descriptors[1].is_negative_hits = false;
         r.descriptors[1].entries.push(Entry { key: CHARGE_KEY.into(), value: "after".into() });
-        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().asks;
         assert_eq!((planned[1].0.as_str(), planned[1].1), ("default", Ask::Charge(3.0)));
         // A class entry sets the request's class, and names no group; a bad one is named.
         r.descriptors[1].entries = vec![Entry { key: CLASS_KEY.into(), value: "sheddable".into() }];
-        let planned = plan(&RuleSet::default(), &r, None).unwrap().0;
+        let planned = plan(&RuleSet::default(), &r, None).unwrap().asks;
         assert_eq!(
             (planned[1].0.as_str(), planned[1].1),
             ("default", Ask::Admit(3.0, RequestClass::Sheddable, QuotaMode::Off))
@@ -660,7 +725,7 @@ mod tests {
         ]);
         let both = request("edge", vec![vec![("user", "ann")], vec![("vip", "yes")]]);
         let asks: Vec<_> =
-            plan(&rules, &both, None).unwrap().0.into_iter().map(|(g, a)| (g.to_string(), a)).collect();
+            plan(&rules, &both, None).unwrap().asks.into_iter().map(|(g, a)| (g.to_string(), a)).collect();
         assert_eq!(
             asks,
             [
@@ -670,7 +735,7 @@ mod tests {
         );
         let alone = request("edge", vec![vec![("user", "ann")]]);
         assert_eq!(
-            plan(&rules, &alone, None).unwrap().0[0].1,
+            plan(&rules, &alone, None).unwrap().asks[0].1,
             Ask::Admit(1.0, RequestClass::Normal, QuotaMode::Off)
         );
     }

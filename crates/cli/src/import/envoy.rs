@@ -271,32 +271,31 @@ fn limit(
     Some(TreeLimit { group, unlimited: false, quota_mode, name, replaces })
 }
 
-/// `unit` and a count as a shape: a rate per second, a quota per longer window, closed at 0.
+/// `unit` and a count as a shape: a quota of the count per window, as envoy/ratelimit counts
+/// it (windows one after another from the Unix epoch: a second, a minute, an hour and a day as
+/// the clock's, a week of 7 days, a month of 30 and a year of 365); closed at 0.
 fn shape(plan: &mut Plan, unit: &str, at: usize, n: f64) -> Option<Shape> {
     let window = match unit.to_ascii_lowercase().as_str() {
-        "second" => None,
-        "minute" => Some(BudgetPeriod::Minute),
-        "hour" => Some(BudgetPeriod::Hour),
-        "day" => Some(BudgetPeriod::Day),
-        "week" => Some(BudgetPeriod::Week),
-        "month" => Some(BudgetPeriod::Month),
-        "year" => {
-            plan.refuse(at, "rate_limit.unit: year is not a window Tollgate counts (the longest is a month)");
-            return None;
-        }
+        "second" => BudgetPeriod::Every(1),
+        "minute" => BudgetPeriod::Minute,
+        "hour" => BudgetPeriod::Hour,
+        "day" => BudgetPeriod::Day,
+        "week" => BudgetPeriod::Every(7 * 86_400),
+        "month" => BudgetPeriod::Every(30 * 86_400),
+        "year" => BudgetPeriod::Every(365 * 86_400),
         other => {
             plan.refuse(
                 at,
-                format!("rate_limit.unit: {other:?} is none of second, minute, hour, day, week, month"),
+                format!("rate_limit.unit: {other:?} is none of second, minute, hour, day, week, month, year"),
             );
             return None;
         }
     };
-    Some(match window {
+    Some(if n == 0.0 {
         // Nothing admitted: a closed group, whatever the window.
-        _ if n == 0.0 => Shape { limit: Some(0.0), ..Shape::default() },
-        None => Shape { limit: Some(n), ..Shape::default() },
-        Some(w) => Shape { quotas: [(w, n)].into(), ..Shape::default() },
+        Shape { limit: Some(0.0), ..Shape::default() }
+    } else {
+        Shape { quotas: [(window, n)].into(), ..Shape::default() }
     })
 }
 

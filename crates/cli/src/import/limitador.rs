@@ -1,17 +1,22 @@
 //! Limitador's limits file: a list of limits, each a `namespace` (Envoy's domain), a
-//! `max_value` per `seconds`, `conditions` on a descriptor's entries and `variables` (entries
+//! `max_value` per `seconds`, `conditions` on a request's descriptors and `variables` (entries
 //! whose every value is counted apart).
 //!
-//! A limit becomes a rule on its entries, conditions first then variables, in the order
-//! written (a descriptor carries them in that order, one after the other), naming the group
-//! `NAMESPACE/key=value/…/key={key}`; with variables the settings go on the pattern with `*`
-//! for each. Limits on the same entries are one group with several windows. Conditions are
-//! equalities on the first descriptor, in Limitador's current form
-//! (`descriptors[0]['k'] == 'v'`, `descriptors[0].k == 'v'`) or its older one (`k == 'v'`).
+//! Each namespace becomes its domain's set of limits, applied as Limitador applies them (see
+//! `tollgate_model::rls::limits`): every limit whose conditions hold applies, whatever the
+//! order of the entries, on whichever descriptor they are; its group is
+//! `NAMESPACE/key=value/…/key!=value/…/var={var}` (the whole namespace: `NAMESPACE/all`),
+//! its settings on the pattern with `*` for each variable, and its window `seconds` long from
+//! the first request after the last ended, as Limitador counts. Limits with the same
+//! conditions and variables are one group with each window. Conditions are equalities or
+//! inequalities on an entry, in Limitador's current form (`descriptors[0]['k'] == 'v'`,
+//! `descriptors[1].k != 'v'`) or its older one (`k == 'v'`, the first descriptor); anything
+//! else CEL can say is refused, naming its line.
 
 use super::yaml::{Node, Value};
-use super::{Imported, Plan, Shape, part, window_of_seconds};
-use tollgate_model::rls::{RlsRule, RuleEntry};
+use super::{Imported, Plan, Shape, part};
+use tollgate_model::rls::LimitSet;
+use tollgate_model::rls::limits::{Condition, Entry, Limit as SetLimit};
 
 /// One limit's fields.
 #[derive(Default)]
@@ -19,8 +24,8 @@ struct Limit {
     namespace: Option<String>,
     max_value: Option<u64>,
     seconds: Option<u64>,
-    conditions: Vec<(String, String)>,
-    variables: Vec<String>,
+    conditions: Vec<Condition>,
+    variables: Vec<Entry>,
 }
 
 /// Reads the file's one document (a list of limits) into `plan`.
@@ -40,9 +45,6 @@ pub fn read(docs: &[Node], plan: &mut Plan) {
             }
         }
     }
-    // Rules are tried in order and a descriptor names one group: the limits on more entries
-    // first, then the file's order.
-    found.sort_by_key(|(line, l)| (std::cmp::Reverse(l.conditions.len() + l.variables.len()), *line));
     for (line, l) in found {
         add(plan, line, l);
     }
@@ -73,9 +75,9 @@ fn limit(plan: &mut Plan, item: &Node) -> Option<Limit> {
             }
             "variables" => {
                 for (at, text) in strings(plan, "variables", node) {
-                    match entry_key(text.trim()) {
-                        Some(k) => l.variables.push(k),
-                        None => plan.refuse(at, format!("variables: {text:?} is not descriptors[0]['key'], descriptors[0].key or key")),
+                    match entry_of(text.trim()) {
+                        Some(e) => l.variables.push(e),
+                        None => plan.refuse(at, format!("variables: {text:?} is not descriptors[N]['key'], descriptors[N].key or key")),
                     }
                 }
             }
@@ -96,23 +98,22 @@ fn limit(plan: &mut Plan, item: &Node) -> Option<Limit> {
             plan.refuse(item.line, format!("{field}: missing"));
         }
     }
-    if l.conditions.is_empty() && l.variables.is_empty() {
+    if let Some(v) =
+        l.variables.iter().enumerate().find(|(i, v)| l.variables[..*i].contains(v)).map(|(_, v)| v)
+    {
+        plan.refuse(item.line, format!("variable {:?} is named twice in one limit", v.key));
+    }
+    let reserved = |v: &str| v.contains(['{', '}', '*']);
+    if let Some(c) = l.conditions.iter().find(|c| reserved(&c.entry.key) || reserved(&c.value)) {
         plan.refuse(
             item.line,
-            "a limit with neither conditions nor variables counts every request of its namespace together; Tollgate names a group by a descriptor's entries: give it a condition or a variable (Envoy can send a fixed entry with generic_key)",
+            format!(
+                "conditions: {} {:?}: braces and * are reserved for the names of groups",
+                c.entry.key, c.value
+            ),
         );
     }
-    let keys: Vec<&String> = l.conditions.iter().map(|(k, _)| k).chain(&l.variables).collect();
-    if let Some(k) = keys.iter().enumerate().find(|(i, k)| keys[..*i].contains(k)).map(|(_, k)| k) {
-        plan.refuse(item.line, format!("key {k:?} is named twice in one limit"));
-    }
-    if let Some((k, v)) = l.conditions.iter().find(|(k, v)| format!("{k}{v}").contains(['{', '}', '*'])) {
-        plan.refuse(
-            item.line,
-            format!("conditions: {k} == {v:?}: braces and * are reserved for the names of groups"),
-        );
-    }
-    if l.variables.iter().any(|k| k.contains(['{', '}', '*'])) {
+    if l.variables.iter().any(|v| reserved(&v.key)) {
         plan.refuse(item.line, "variables: braces and * are reserved for the names of groups");
     }
     (plan.refused.len() == before).then_some(l)
@@ -155,18 +156,23 @@ fn strings(plan: &mut Plan, field: &str, node: &Node) -> Vec<(usize, String)> {
     out
 }
 
-/// `descriptors[0]['k']`, `descriptors[0]["k"]`, `descriptors[0].k` or a bare `k`: the key.
-fn entry_key(text: &str) -> Option<String> {
+/// `descriptors[N]['k']`, `descriptors[N]["k"]`, `descriptors[N].k` or a bare `k` (the
+/// first descriptor's): the entry.
+fn entry_of(text: &str) -> Option<Entry> {
     let plain =
         |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "_.-:/".contains(c));
-    if let Some(rest) = text.strip_prefix("descriptors[0]") {
-        if let Some(k) = rest.strip_prefix('.') {
-            return plain(k).then(|| k.to_string());
-        }
-        let inner = rest.strip_prefix('[')?.strip_suffix(']')?;
-        return quoted(inner).filter(|k| !k.is_empty());
+    if let Some(rest) = text.strip_prefix("descriptors[") {
+        let (index, rest) = rest.split_once(']')?;
+        let descriptor: u32 = index.parse().ok().filter(|i| *i < 64)?;
+        let key = if let Some(k) = rest.strip_prefix('.') {
+            plain(k).then(|| k.to_string())?
+        } else {
+            let inner = rest.strip_prefix('[')?.strip_suffix(']')?;
+            quoted(inner).filter(|k| !k.is_empty())?
+        };
+        return Some(Entry { descriptor, key });
     }
-    (plain(text) && !text.starts_with("descriptors")).then(|| text.to_string())
+    (plain(text) && !text.starts_with("descriptors")).then(|| Entry { descriptor: 0, key: text.to_string() })
 }
 
 /// A string in single or double quotes, with no escapes (Limitador's literals have none).
@@ -176,74 +182,88 @@ fn quoted(text: &str) -> Option<String> {
     (!inner.contains(q)).then(|| inner.to_string())
 }
 
-/// `KEY == 'VALUE'` in any of the forms above: the entry it asks for.
-fn condition(text: &str) -> Result<(String, String), String> {
-    if text.contains("!=") {
-        return Err("Tollgate's rules match equal values only; != cannot be expressed".into());
+/// `ENTRY == 'VALUE'` or `ENTRY != 'VALUE'` in any of the forms above.
+fn condition(text: &str) -> Result<Condition, String> {
+    if ["&&", "||", "(", " in ", "startsWith", "endsWith", "matches", "size"]
+        .iter()
+        .any(|op| text.contains(op))
+    {
+        return Err("only one comparison (entry == 'value', or !=) per condition is taken; give several conditions, which must all hold".into());
     }
-    if ["&&", "||", "(", " in ", "startsWith", "endsWith", "matches"].iter().any(|op| text.contains(op)) {
-        return Err("only one equality (key == 'value') per condition is taken".into());
-    }
-    let Some((left, right)) = text.split_once("==") else {
-        return Err("not an equality (key == 'value')".into());
+    let (left, right, not) = match (text.split_once("!="), text.split_once("==")) {
+        (Some((l, r)), _) => (l, r, true),
+        (None, Some((l, r))) => (l, r, false),
+        (None, None) => return Err("not a comparison (entry == 'value', or !=)".into()),
     };
-    let key = entry_key(left.trim())
-        .ok_or("the left side is not descriptors[0]['key'], descriptors[0].key or key")?;
+    let entry = entry_of(left.trim())
+        .ok_or("the left side is not descriptors[N]['key'], descriptors[N].key or key")?;
     let right = right.trim();
     // The older form took a bare value.
     let value = quoted(right)
         .or_else(|| (!right.is_empty() && !right.contains(['\'', '"'])).then(|| right.to_string()));
     let value = value.ok_or("the right side is not a quoted value")?;
-    if value.is_empty() {
-        return Err("the value is empty; Tollgate's rules read an empty value as any value".into());
-    }
-    Ok((key, value))
+    Ok(Condition { entry, not, value })
 }
 
-/// A checked limit: a group or pattern, and its rule (unless one on the same entries is there).
+/// The part of a group's name an entry takes: `key`, or `dN.key` past the first descriptor.
+fn entry_name(e: &Entry) -> String {
+    if e.descriptor == 0 { e.key.clone() } else { format!("d{}.{}", e.descriptor, e.key) }
+}
+
+/// A checked limit: a group or pattern, and the namespace's limit (unless one with the same
+/// conditions and variables is there: then its windows join that group).
 fn add(plan: &mut Plan, line: usize, l: Limit) {
     let (Some(ns), Some(max), Some(seconds)) = (l.namespace, l.max_value, l.seconds) else { return };
     let max = max as f64;
-    let shape = match (max, seconds, window_of_seconds(seconds)) {
-        (0.0, _, _) => Shape { limit: Some(0.0), ..Shape::default() },
-        (_, 1, _) => Shape { limit: Some(max), ..Shape::default() },
-        (_, _, Some(w)) => Shape { quotas: [(w, max)].into(), ..Shape::default() },
+    // Limitador's window starts at a counter's first hit and lasts `seconds`.
+    let shape = match u32::try_from(seconds) {
+        _ if max == 0.0 => Shape { limit: Some(0.0), ..Shape::default() },
+        Ok(s) if (1..=tollgate_model::settings::WINDOW_SECONDS_MAX).contains(&s) => Shape {
+            quotas: [(tollgate_model::settings::BudgetPeriod::FromFirst(s), max)].into(),
+            ..Shape::default()
+        },
         _ => {
-            plan.notes.push((
-                line,
-                format!("{seconds} s is no calendar window: held as a rate of {} per second with a burst of {max}", max / seconds as f64),
-            ));
-            Shape { limit: Some(max / seconds as f64), burst: Some(max), ..Shape::default() }
+            let most = tollgate_model::settings::WINDOW_SECONDS_MAX;
+            plan.refuse(line, format!("seconds: {seconds} is longer than the longest window, {most} s"));
+            return;
         }
     };
-    let mut parts: Vec<String> = l.conditions.iter().map(|(k, v)| part(k, v)).collect();
+    let mut parts: Vec<String> = l
+        .conditions
+        .iter()
+        .map(|c| {
+            if c.not {
+                format!("{}!={}", entry_name(&c.entry), c.value)
+            } else {
+                part(&entry_name(&c.entry), &c.value)
+            }
+        })
+        .collect();
     let mut pattern = parts.clone();
-    for k in &l.variables {
-        parts.push(part(k, &format!("{{{k}}}")));
-        pattern.push(part(k, "*"));
+    for v in &l.variables {
+        parts.push(part(&entry_name(v), &format!("{{{}.{}}}", v.descriptor, v.key)));
+        pattern.push(part(&entry_name(v), "*"));
+    }
+    if parts.is_empty() {
+        // Every request of the namespace, one counter.
+        parts.push("all".into());
+        pattern.push("all".into());
     }
     let group = format!("{ns}/{}", parts.join("/"));
     plan.add(Imported { name: format!("{ns}/{}", pattern.join("/")), line, shape });
     if !plan.domains.contains(&ns) {
         plan.domains.push(ns.clone());
     }
-    if plan.rules.iter().any(|r| r.domain == ns && r.group == group) {
-        return;
+    let set = match plan.limits.iter_mut().position(|s| s.domain == ns) {
+        Some(at) => &mut plan.limits[at],
+        None => {
+            plan.limits.push(LimitSet { domain: ns, limits: Vec::new() });
+            plan.limits.last_mut().expect("pushed")
+        }
+    };
+    if !set.limits.iter().any(|o| o.group == group) {
+        set.limits.push(SetLimit { conditions: l.conditions, variables: l.variables, group });
     }
-    let mut entries = l
-        .conditions
-        .iter()
-        .map(|(k, v)| RuleEntry { key: k.clone(), value: v.clone() })
-        .chain(l.variables.iter().map(|k| RuleEntry { key: k.clone(), value: String::new() }));
-    let first = entries.next().expect("a limit has a condition or a variable");
-    plan.rules.push(RlsRule {
-        domain: ns,
-        key: first.key,
-        value: first.value,
-        group,
-        then: entries.collect(),
-        ..RlsRule::default()
-    });
 }
 
 #[cfg(test)]
@@ -252,6 +272,7 @@ mod tests {
 
     #[test]
     fn conditions_and_variables_in_each_form_limitador_has_had() {
+        let first = |key: &str| Entry { descriptor: 0, key: key.into() };
         for text in [
             "descriptors[0]['req.method'] == 'GET'",
             "descriptors[0][\"req.method\"] == \"GET\"",
@@ -259,13 +280,20 @@ mod tests {
             "req.method == 'GET'",
             "req.method == GET",
         ] {
-            assert_eq!(condition(text), Ok(("req.method".into(), "GET".into())), "{text}");
+            let c = condition(text).unwrap();
+            assert_eq!((c.entry, c.not, c.value.as_str()), (first("req.method"), false, "GET"), "{text}");
         }
-        assert!(condition("descriptors[0]['a'] != 'b'").unwrap_err().contains("!="));
-        assert!(condition("descriptors[0]['a'] == 'b' && descriptors[0]['c'] == 'd'").is_err());
-        assert!(condition("descriptors[1]['a'] == 'b'").is_err());
-        assert_eq!(entry_key("descriptors[0]['user_id']").as_deref(), Some("user_id"));
-        assert_eq!(entry_key("user_id").as_deref(), Some("user_id"));
-        assert_eq!(entry_key("descriptors[0]['']"), None);
+        let c = condition("descriptors[1]['a'] != 'b'").unwrap();
+        assert_eq!((c.entry, c.not), (Entry { descriptor: 1, key: "a".into() }, true));
+        assert!(
+            condition("descriptors[0]['a'] == 'b' && descriptors[0]['c'] == 'd'")
+                .unwrap_err()
+                .contains("several conditions")
+        );
+        assert!(condition("descriptors[0]['a'].startsWith('x')").is_err());
+        assert_eq!(entry_of("descriptors[0]['user_id']"), Some(first("user_id")));
+        assert_eq!(entry_of("descriptors[2].user_id"), Some(Entry { descriptor: 2, key: "user_id".into() }));
+        assert_eq!(entry_of("user_id"), Some(first("user_id")));
+        assert_eq!(entry_of("descriptors[0]['']"), None);
     }
 }

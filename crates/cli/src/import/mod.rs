@@ -65,9 +65,12 @@ impl Shape {
 
     /// The patch that gives a group exactly this shape (other settings untouched).
     fn patch(&self) -> v1::GroupPatch {
+        // The named windows it has no quota over are cleared; its own set.
         let quotas = BudgetPeriod::ALL
             .into_iter()
-            .map(|w| (w.name().to_string(), self.quotas.get(&w).copied().unwrap_or(0.0)))
+            .filter(|w| !self.quotas.contains_key(w))
+            .map(|w| (w.name().to_string(), 0.0))
+            .chain(self.quotas.iter().map(|(w, n)| (w.name().to_string(), *n)))
             .collect();
         v1::GroupPatch {
             limit: self.limit,
@@ -82,11 +85,7 @@ impl Shape {
 
     /// A stored group's shape.
     fn of(s: &v1::GroupSettings) -> Shape {
-        let quotas = s
-            .quotas
-            .iter()
-            .filter_map(|(w, n)| Some((BudgetPeriod::ALL.into_iter().find(|p| p.name() == w)?, *n)))
-            .collect();
+        let quotas = s.quotas.iter().filter_map(|(w, n)| Some((BudgetPeriod::parse(w).ok()?, *n))).collect();
         Shape { limit: s.limit, burst: s.burst, quotas, shadow: s.shadow }
     }
 }
@@ -108,6 +107,8 @@ pub struct Plan {
     pub rules: Vec<RlsRule>,
     /// envoy/ratelimit's descriptor trees, one per domain.
     pub trees: Vec<Tree>,
+    /// Limitador's limits, one set per namespace.
+    pub limits: Vec<tollgate_model::rls::LimitSet>,
     /// What was read and has no effect here, with why.
     pub notes: Vec<(usize, String)>,
     pub refused: Vec<(usize, String)>,
@@ -161,7 +162,8 @@ impl Plan {
                 Err(e) => self.refuse(g.line, format!("{}: {e}", g.name)),
             }
         }
-        let set = RuleSet { rules: self.rules.clone(), trees: self.trees.clone() };
+        let set =
+            RuleSet { rules: self.rules.clone(), trees: self.trees.clone(), limits: self.limits.clone() };
         if let Err(e) = set.check() {
             self.refuse(0, e);
         }
@@ -246,8 +248,9 @@ pub async fn run(
     apply(&mut client, &changes, &next).await?;
     let (rules, trees) = (plan.rules.len(), plan.trees.len());
     say(format!(
-        "imported: {} groups and patterns written, {rules} rules, {trees} descriptor trees",
-        changes.len()
+        "imported: {} groups and patterns written, {rules} rules, {trees} descriptor trees, {} namespaces of limits",
+        changes.len(),
+        plan.limits.len()
     ));
     Ok(())
 }
@@ -266,6 +269,13 @@ fn merged(current: &RuleSet, plan: &Plan) -> RuleSet {
             .cloned()
             .chain(plan.trees.iter().cloned())
             .collect(),
+        limits: current
+            .limits
+            .iter()
+            .filter(|l| !ours(&l.domain))
+            .cloned()
+            .chain(plan.limits.iter().cloned())
+            .collect(),
     }
 }
 
@@ -277,11 +287,14 @@ fn describe_domains(current: &RuleSet, next: &RuleSet, plan: &Plan) -> Vec<Strin
         let before_rules: Vec<&RlsRule> = current.rules.iter().filter(|r| r.domain == *d).collect();
         let after_rules: Vec<&RlsRule> = next.rules.iter().filter(|r| r.domain == *d).collect();
         let (before_tree, after_tree) = (current.tree(d), next.tree(d));
-        let what = match (before_tree, after_tree) {
-            (_, Some(t)) => format!("its envoy/ratelimit descriptor tree ({} limits)", t.limits().len()),
+        let (before_set, after_set) = (current.limit_set(d), next.limit_set(d));
+        let what = match (after_tree, after_set) {
+            (Some(t), _) => format!("its envoy/ratelimit descriptor tree ({} limits)", t.limits().len()),
+            (_, Some(l)) => format!("its Limitador limits ({})", l.limits.len()),
             _ => format!("{} rules", after_rules.len()),
         };
         let was = match (before_tree, before_rules.len()) {
+            _ if before_set.is_some() => format!("Limitador limits ({})", before_set.map_or(0, |l| l.limits.len())),
             (Some(t), _) => format!("a descriptor tree of {} limits", t.limits().len()),
             (None, 0) if !current.names_domain(d) => {
                 "nothing of its own: the implicit tenant rule (an entry tenant=X counts against group X) stops applying there".to_string()
@@ -289,8 +302,8 @@ fn describe_domains(current: &RuleSet, next: &RuleSet, plan: &Plan) -> Vec<Strin
             (None, 0) => "the rules of every domain".to_string(),
             (None, n) => format!("{n} rules"),
         };
-        let had_own = before_tree.is_some() || !before_rules.is_empty();
-        if had_own && (before_tree != after_tree || before_rules != after_rules) {
+        let had_own = before_tree.is_some() || before_set.is_some() || !before_rules.is_empty();
+        if had_own && (before_tree != after_tree || before_set != after_set || before_rules != after_rules) {
             dropped.push(format!("domain {d}"));
         }
         say(format!("domain {d}: answered by {what}, in place of {was}"));
@@ -299,6 +312,7 @@ fn describe_domains(current: &RuleSet, next: &RuleSet, plan: &Plan) -> Vec<Strin
         .trees
         .iter()
         .map(|t| t.domain.as_str())
+        .chain(next.limits.iter().map(|l| l.domain.as_str()))
         .chain(next.rules.iter().map(|r| r.domain.as_str()))
         .filter(|d| !d.is_empty() && !plan.domains.iter().any(|p| p == d))
         .collect::<std::collections::BTreeSet<_>>()
@@ -361,17 +375,6 @@ async fn apply(
         };
     }
     Err(error.context("the import failed; the groups it had written were put back"))
-}
-
-/// A window's length in envoy/ratelimit's and Limitador's terms: the windows Tollgate counts.
-pub fn window_of_seconds(seconds: u64) -> Option<BudgetPeriod> {
-    match seconds {
-        60 => Some(BudgetPeriod::Minute),
-        3_600 => Some(BudgetPeriod::Hour),
-        86_400 => Some(BudgetPeriod::Day),
-        604_800 => Some(BudgetPeriod::Week),
-        _ => None,
-    }
 }
 
 /// A name fragment for a descriptor entry in a group's name: `key=value`.

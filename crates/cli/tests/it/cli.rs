@@ -109,7 +109,10 @@ fn check_config_takes_windows_everywhere_and_warns_of_settings_that_cannot_act()
     let (code, out, _) = tollgate(&["check-config", path.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("groups.trial.quotas.minute: must be above 0"), "{out}");
-    assert!(out.contains("groups.trial.quotas.fortnight: unknown field; expected one of minute, hour, day, week, month, total"), "{out}");
+    assert!(
+        out.contains("groups.trial.quotas.fortnight: must be minute, hour, day, week, month, total, a number of seconds such as 90s"),
+        "{out}"
+    );
     let path = file(
         "inert.toml",
         "[node]\ncapacity = 100\nmode = \"fcfs\"\n[groups.a]\npriority = \"high\"\nlimit = 500\n",

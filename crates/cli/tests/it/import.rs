@@ -57,10 +57,10 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     let before = ok(&server, &["rls", "rules"]);
     // A dry run says what it would do and does nothing.
     let dry = ok(&server, &["import", "envoy-ratelimit", file, "--dry-run"]);
-    assert!(dry.contains("create pattern shop/api_key=*: limit 20/s"), "{dry}");
+    assert!(dry.contains("create pattern shop/api_key=*: unlimited, quota 20/1s"), "{dry}");
     assert!(dry.contains("create pattern shop/api_key=*/path=/checkout: unlimited, quota 5/minute"), "{dry}");
     assert!(dry.contains("create group shop/report=export: unlimited, quota 50/day"), "{dry}");
-    assert!(dry.contains("create pattern shop/user_agent=*: limit 2/s, shadow mode"), "{dry}");
+    assert!(dry.contains("create pattern shop/user_agent=*: unlimited, quota 2/1s, shadow mode"), "{dry}");
     assert!(
         dry.contains("domain shop: answered by its envoy/ratelimit descriptor tree (8 limits), in place of nothing of its own: the implicit tenant rule"),
         "{dry}"
@@ -76,7 +76,12 @@ fn envoy_ratelimit_files_become_groups_patterns_and_rules_that_hold() {
     let other = r#"[{"domain":"other","key":"tenant","group":"{value}"}]"#;
     ok(&server, &["rls", "set-rules", other]);
     let done = ok(&server, &["import", "envoy-ratelimit", file]);
-    assert!(done.contains("imported: 7 groups and patterns written, 0 rules, 1 descriptor trees"), "{done}");
+    assert!(
+        done.contains(
+            "imported: 7 groups and patterns written, 0 rules, 1 descriptor trees, 0 namespaces of limits"
+        ),
+        "{done}"
+    );
     assert!(done.contains("other domains keep what answers them (other)"), "{done}");
     let rules: serde_json::Value = serde_json::from_str(&ok(&server, &["rls", "rules"])).unwrap();
     assert_eq!(rules["rules"][0]["domain"], "other");
@@ -150,21 +155,24 @@ fn limitador_files_merge_windows_on_the_same_entries() {
     let done = ok(&server, &["import", "limitador", "examples/import/limitador.yaml"]);
     assert!(
         done.contains(
-            "create pattern media/req.method=POST/user_id=*: unlimited, quota 30/minute, quota 500/day"
+            "create pattern media/req.method=POST/user_id=*: unlimited, quota 30/60s-from-first, quota 500/86400s-from-first"
         ),
         "{done}"
     );
-    assert!(done.contains("create pattern media/req.method=GET/user_id=*: limit 100/s"), "{done}");
-    let shown = ok(&server, &["group", "show", "media/req.method=POST/user_id=*"]);
-    assert!(shown.contains("quotas:   30 per minute, 500 per day"), "{shown}");
-    assert_eq!(
-        check(&server, "media", &["req.method=POST,user_id=ann", "req.method=GET,user_id=ann"]),
-        [
-            "OK",
-            "[0] OK limit 30/minute (media/req.method=POST/user_id=ann) remaining 29",
-            "[1] OK limit 100/second (media/req.method=GET/user_id=ann) remaining 99"
-        ]
+    assert!(
+        done.contains("create pattern media/req.method=GET/user_id=*: unlimited, quota 100/1s-from-first"),
+        "{done}"
     );
+    assert!(done.contains("domain media: answered by its Limitador limits (2)"), "{done}");
+    let shown = ok(&server, &["group", "show", "media/req.method=POST/user_id=*"]);
+    assert!(shown.contains("quotas:   30 per 60s-from-first, 500 per 86400s-from-first"), "{shown}");
+    // Limitador answers with the verdict alone; the limits that apply count the request: 30
+    // posts by ann in the minute from her first, then no more (whatever the entries' order).
+    for _ in 0..30 {
+        assert_eq!(check(&server, "media", &["user_id=ann,req.method=POST"]), ["OK"]);
+    }
+    assert_eq!(check(&server, "media", &["req.method=POST,user_id=ann"]), ["OVER_LIMIT"]);
+    assert_eq!(check(&server, "media", &["req.method=POST,user_id=bob"]), ["OK"], "each user apart");
 }
 
 #[test]
@@ -176,7 +184,7 @@ fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
     let err = String::from_utf8_lossy(&out.stderr);
     for line in [
         "examples/import/refused.yaml:5: share_threshold: applies to a wildcard value",
-        "examples/import/refused.yaml:11: rate_limit.unit: year is not a window Tollgate counts",
+        "examples/import/refused.yaml:11: rate_limit.unit: \"fortnight\" is none of second, minute, hour, day, week, month, year",
         "examples/import/refused.yaml:17: rate_limit.burst: unknown key",
         "3 refused; nothing changed",
     ] {
@@ -194,8 +202,8 @@ fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
     let file = dir.join("limits.yaml");
     std::fs::write(
         &file,
-        "- namespace: n\n  max_value: 5\n  seconds: 60\n  conditions:\n    - \"descriptors[0]['path'] != '/health'\"\n  variables: []\n\
-         - namespace: n\n  max_value: 5\n  seconds: 60\n  conditions: []\n  variables: []\n\
+        "- namespace: n\n  max_value: 5\n  seconds: 60\n  conditions:\n    - \"descriptors[0]['path'].startsWith('/health')\"\n  variables: []\n\
+         - namespace: n\n  max_value: 5\n  seconds: 60\n  conditions: []\n  variables: [\"descriptors[0]['u']\", u]\n\
          - namespace: n\n  max_value: -1\n  seconds: 60\n  colour: red\n  variables: [u]\n",
     )
     .unwrap();
@@ -203,8 +211,8 @@ fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     for line in [
-        "limits.yaml:5: conditions: \"descriptors[0]['path'] != '/health'\": Tollgate's rules match equal values only",
-        "limits.yaml:7: a limit with neither conditions nor variables",
+        "limits.yaml:5: conditions: \"descriptors[0]['path'].startsWith('/health')\": only one comparison",
+        "limits.yaml:7: variable \"u\" is named twice in one limit",
         "limits.yaml:13: max_value: a whole number from 0",
         "limits.yaml:15: colour: unknown key",
     ] {

@@ -182,7 +182,7 @@ async fn quotas_per_window_are_set_shown_and_held() {
     assert!(out.contains("quotas:   5 per minute, 900 per day"), "{out}");
     let (ok, out) = cli(&url, None, &["group", "create", "bad", "--quota", "5/fortnight"]);
     assert!(
-        !ok && out.contains("window \"fortnight\": must be minute, hour, day, week, month or total"),
+        !ok && out.contains("window \"fortnight\": must be minute, hour, day, week, month, total, a number of seconds such as 90s"),
         "{out}"
     );
     // Envoy is told the tightest window it can name: 5 a minute.
@@ -360,4 +360,71 @@ descriptors:
     assert_eq!(go(mixed()).await.0, Code::Ok);
     assert_eq!(go(mixed()).await.0, Code::OverLimit);
     assert_eq!(go(one(&[("files", "/docs/e")])).await.0, Code::OverLimit);
+}
+
+/// The answers Limitador's users expect from their own limits file, case by case, written from
+/// its documentation: every limit whose conditions hold applies (in any order of entries, on
+/// any descriptor, `!=` included), each user counted apart, a limit on the whole namespace,
+/// and a window that starts at a counter's first request rather than on the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_limitador_file_is_answered_as_limitador_answers() {
+    let dir = data_dir("rls-limitador");
+    let s = ServerProc::start(&dir.join("data"));
+    let url = s.url();
+    let file = dir.join("limits.yaml");
+    std::fs::write(
+        &file,
+        "- namespace: api
+  max_value: 2
+  seconds: 2
+  conditions: [\"descriptors[0]['method'] == 'POST'\", \"descriptors[1].plan != 'gold'\"]
+  variables: [\"descriptors[0]['user']\"]
+- namespace: all
+  max_value: 3
+  seconds: 3600
+  conditions: []
+  variables: []
+",
+    )
+    .unwrap();
+    let (done, out) = cli(&url, None, &["import", "limitador", file.to_str().unwrap()]);
+    assert!(done, "{out}");
+    let post = |user: &'static str, plan: &'static str| {
+        request("api", &[&[("user", user), ("method", "POST")], &[("plan", plan)]])
+    };
+    let go = |r: RateLimitRequest| {
+        let url = url.clone();
+        async move { ask(&url, None, r).await.unwrap().0 }
+    };
+    // Ann on the free plan (the entries in any order): two posts in her window, then refused.
+    assert_eq!(go(post("ann", "free")).await, Code::Ok);
+    assert_eq!(
+        go(request("api", &[&[("method", "POST"), ("user", "ann")], &[("plan", "free")]])).await,
+        Code::Ok
+    );
+    assert_eq!(go(post("ann", "free")).await, Code::OverLimit);
+    // Gold is not != 'gold', and a get is no post: no limit applies to them.
+    for _ in 0..3 {
+        assert_eq!(go(post("ann", "gold")).await, Code::Ok);
+        assert_eq!(
+            go(request("api", &[&[("user", "ann"), ("method", "GET")], &[("plan", "free")]])).await,
+            Code::Ok
+        );
+    }
+    // Bob has his own counter.
+    assert_eq!(go(post("bob", "free")).await, Code::Ok);
+    // A limit on the whole namespace: every request counts, whatever it carries.
+    for (i, expect) in [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit].into_iter().enumerate() {
+        let entries: &[(&str, &str)] = if i % 2 == 0 { &[("a", "1")] } else { &[("b", "2")] };
+        assert_eq!(go(request("all", &[entries])).await, expect, "request {i}");
+    }
+    // Ann's window began at her first post: once it ends, a new one starts at her next post,
+    // with its own two (waited for as a condition, never for a set time).
+    common::eventually("ann's window to end", || {
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(go(post("ann", "free"))) == Code::Ok
+        })
+    });
+    assert_eq!(go(post("ann", "free")).await, Code::Ok);
+    assert_eq!(go(post("ann", "free")).await, Code::OverLimit);
 }

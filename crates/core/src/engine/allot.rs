@@ -128,6 +128,9 @@ pub(crate) struct Quotas {
     /// The Unix time in milliseconds less the engine's time in milliseconds, once a wall
     /// clock was read (windows are placed on it).
     wall_offset_ms: Option<i64>,
+    /// The latest engine time seen (a tick's or a report's): whether a window from the first
+    /// request that nobody asked in since has ended.
+    seen: Nanos,
 }
 
 /// What a report asks of a group's allotment.
@@ -147,8 +150,14 @@ pub(crate) struct Ask<'a> {
 }
 
 impl Quotas {
+    /// Notes the engine's time (a tick's).
+    pub(crate) fn observe(&mut self, now: Nanos) {
+        self.seen = self.seen.max(now);
+    }
+
     /// Places the windows: the engine's time `now` is the Unix time `wall_ms`.
     pub(crate) fn set_wall_clock(&mut self, now: Nanos, wall_ms: u64) {
+        self.observe(now);
         let now_ms = i64::try_from(now.0 / 1_000_000).unwrap_or(i64::MAX);
         self.wall_offset_ms = Some(i64::try_from(wall_ms).unwrap_or(i64::MAX).saturating_sub(now_ms));
     }
@@ -205,11 +214,18 @@ impl Quotas {
         s.quotas().map(|(w, units)| units - self.counted(group, w, consumed)).reduce(f64::min)
     }
 
-    /// What `group` consumed in `window` so far (allotments aside).
+    /// What `group` consumed in `window` so far (allotments aside). A window from the first
+    /// request that has ended counts nothing: the next request starts a new one.
     fn counted(&self, group: &GroupName, window: BudgetPeriod, consumed: f64) -> f64 {
-        let baseline = match window {
-            BudgetPeriod::Total => 0.0,
-            _ => self.baseline(group, window).map_or(0.0, |b| b.consumed),
+        let baseline = match (window, self.baseline(group, window)) {
+            (BudgetPeriod::Total, _) => 0.0,
+            (BudgetPeriod::FromFirst(_), Some(b)) => {
+                let ended =
+                    self.wall_ms(self.seen).is_some_and(|w| w >= b.period_start_unix_ms + window.span_ms());
+                if ended { consumed } else { b.consumed }
+            }
+            (BudgetPeriod::FromFirst(_), None) => consumed,
+            (_, b) => b.map_or(0.0, |b| b.consumed),
         };
         consumed - baseline
     }
@@ -222,8 +238,10 @@ impl Quotas {
         if !s.has_quotas() {
             return None;
         }
+        self.observe(ask.now);
         let wall = self.wall_ms(ask.now)?;
-        let (window, ends_at) = self.start_windows(ask.group, s, wall, ask.consumed);
+        let (window, ends_at, pending) =
+            self.start_windows(ask.group, s, (wall, ask.consumed), ask.demand > 0.0);
         let ledger = self.ledgers.entry(ask.group.clone()).or_default();
         if ledger.window != window {
             // The shortest window ended: every allotment of the last one lapsed with it.
@@ -258,13 +276,13 @@ impl Quotas {
         let unspent = ledger.unspent();
         let room = |w: BudgetPeriod, units: f64| units - self.counted(ask.group, w, ask.consumed) - unspent;
         let left = s.quotas().map(|(w, units)| room(w, units)).fold(f64::INFINITY, f64::min);
-        let add = size(&self.ledgers[ask.group].holders, at, left);
+        let add = if pending { 0.0 } else { size(&self.ledgers[ask.group].holders, at, left) };
         debug_assert!(add >= 0.0 && (add <= left.max(0.0)), "an allotment within what is left");
         // Nothing left beyond the allotments once this one is made: the windows with no room
         // come back when they start afresh (sooner only if a client gives units back).
         let mut reset_in: Option<Duration> = None;
         for (w, _) in s.quotas().filter(|&(w, units)| room(w, units) - add <= 1e-9) {
-            let back = match w.end_of(wall) {
+            let back = match self.window_end(ask.group, w, wall) {
                 Some(end) => Duration::from_millis(end.saturating_sub(wall)),
                 None => LIFE_SPENT_RETRY,
             };
@@ -282,18 +300,35 @@ impl Quotas {
     }
 
     /// Starts the windows of `group` that began since their baselines were taken, from its
-    /// consumption now; returns the window its allotments belong to (the latest start) and
-    /// when it ends (the earliest end; `None` for a quota over the group's life alone).
+    /// consumption now (a window from the first request: when it has ended and the client
+    /// `asks`); returns the window its allotments belong to (the latest start), when it ends
+    /// (the earliest end; `None` for a quota over the group's life alone), and whether a window
+    /// from the first request waits for that request (then nothing is allotted yet: the
+    /// client asks again with it).
     fn start_windows(
         &mut self,
         group: &GroupName,
         s: &GroupSettings,
-        wall: u64,
-        consumed: f64,
-    ) -> (u64, Option<u64>) {
-        let (mut window, mut ends) = (0u64, None::<u64>);
+        (wall, consumed): (u64, f64),
+        asks: bool,
+    ) -> (u64, Option<u64>, bool) {
+        let (mut window, mut ends, mut pending) = (0u64, None::<u64>, false);
         for w in s.quotas().map(|(w, _)| w).filter(|w| *w != BudgetPeriod::Total) {
-            let start = w.start_of(wall);
+            let start = match (w, self.baseline(group, w)) {
+                // Under way; or ended with nobody asking yet (nothing of it is counted then).
+                (BudgetPeriod::FromFirst(_), Some(b))
+                    if wall < b.period_start_unix_ms + w.span_ms() || !asks =>
+                {
+                    b.period_start_unix_ms
+                }
+                (BudgetPeriod::FromFirst(_), None) if !asks => {
+                    pending = true;
+                    continue;
+                }
+                // Its first request since the last ended: it starts now.
+                (BudgetPeriod::FromFirst(_), _) => wall,
+                _ => w.start_of(wall),
+            };
             // As the windows' roll would (a controller rolls them after every tick and at
             // every flush): a window begun since, or never started, counts from now.
             let b = self
@@ -304,11 +339,21 @@ impl Quotas {
                 *b = Baseline { period_start_unix_ms: start, consumed };
             }
             window = window.max(start);
-            if let Some(end) = w.end_of(wall) {
+            if let Some(end) = self.window_end(group, w, wall) {
                 ends = Some(ends.map_or(end, |e: u64| e.min(end)));
             }
         }
-        (window, ends)
+        (window, ends, pending)
+    }
+
+    /// When `group`'s `window` under way at `wall` ends (`None`: never, the group's life).
+    fn window_end(&self, group: &GroupName, window: BudgetPeriod, wall: u64) -> Option<u64> {
+        match window {
+            BudgetPeriod::FromFirst(_) => {
+                self.baseline(group, window).map(|b| b.period_start_unix_ms + window.span_ms())
+            }
+            _ => window.end_of(wall),
+        }
     }
 
     /// The units every client holds unspent of `group`'s allotments.
@@ -497,5 +542,36 @@ mod tests {
         let spent = q.allot(ask(&g, &s, 1, 30.0, 1, Some(held), 1000.0), &[]).unwrap();
         // The hour is spent: back at the next hour, 59 minutes and 29 s away.
         assert_eq!(spent.reset_in, Some(Duration::from_secs(59 * 60 - 31)));
+    }
+
+    #[test]
+    fn windows_of_seconds_turn_on_the_epoch_and_windows_from_the_first_request_wait_for_it() {
+        let g = name("api");
+        // 90 s windows from the epoch: 600 s is 60 s into the one that began at 540 s.
+        let every = GroupSettings::builder().quota(BudgetPeriod::Every(90), 10.0).build().unwrap();
+        let mut q = Quotas::default();
+        q.set_wall_clock(Nanos(0), 10 * MINUTE_MS);
+        let a = q.allot(ask(&g, &every, 0, 0.0, 1, None, 100.0), &[]).unwrap();
+        assert_eq!((a.window, a.ends_in), (540_000, Some(Duration::from_secs(30))));
+        // A minute from the first request: nothing until someone asks, then from that moment.
+        let (h, first) =
+            (name("lab"), GroupSettings::builder().quota(BudgetPeriod::FromFirst(60), 5.0).build().unwrap());
+        let idle = q.allot(ask(&h, &first, 0, 0.0, 1, None, 0.0), &[]).unwrap();
+        assert_eq!((idle.add, idle.left), (0.0, 5.0), "nothing allotted before the first request");
+        let started = q.allot(ask(&h, &first, 7, 0.0, 1, None, 3.0), &[]).unwrap();
+        assert_eq!(started.window, 10 * MINUTE_MS + 7_000);
+        assert_eq!(started.ends_in, Some(Duration::from_secs(60)));
+        assert_eq!(started.add, 2.0);
+        // Spent: it comes back a minute after the first request, not on the clock's minute.
+        let held = QuotaHeld { window: started.window, given: 5.0, used: 5.0 };
+        let spent = q.allot(ask(&h, &first, 20, 5.0, 1, Some(held), 3.0), &[]).unwrap();
+        assert_eq!(spent.left, 0.0);
+        assert_eq!(spent.reset_in, Some(Duration::from_secs(47)));
+        // Ended, and nobody asking: nothing is counted against the next one yet.
+        q.observe(Nanos(80 * 1_000_000_000));
+        assert_eq!(q.left(&h, &first, 5.0), Some(5.0));
+        let again = q.allot(ask(&h, &first, 90, 5.0, 1, Some(held), 3.0), &[]).unwrap();
+        assert_eq!(again.window, 10 * MINUTE_MS + 90_000);
+        assert_eq!(again.ends_in, Some(Duration::from_secs(60)));
     }
 }

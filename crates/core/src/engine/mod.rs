@@ -1472,7 +1472,10 @@ impl Engine {
             .filter_map(|g| Some((g, &**settings_in(configured, g)?)));
         let mut due = Vec::new();
         for (g, s) in own.chain(taken).chain(idle).filter(|(_, s)| s.has_quotas()) {
-            for (window, _) in s.quotas().filter(|(w, _)| *w != BudgetPeriod::Total) {
+            // A window from the first request starts when that request comes, not by the clock.
+            for (window, _) in
+                s.quotas().filter(|(w, _)| !matches!(w, BudgetPeriod::Total | BudgetPeriod::FromFirst(_)))
+            {
                 let start = window.start_of(wall_ms);
                 let key = (g.clone(), window);
                 if self.quotas.baseline(&key.0, key.1).is_none_or(|b| b.period_start_unix_ms != start) {
@@ -1502,7 +1505,7 @@ impl Engine {
     pub fn roll_windows(&mut self, wall_ms: u64, shorter_than: BudgetPeriod) -> usize {
         let due = self.budget_periods_due(wall_ms);
         let mut started = 0;
-        for (g, window, start) in due.into_iter().filter(|(_, w, _)| *w < shorter_than) {
+        for (g, window, start) in due.into_iter().filter(|(_, w, _)| w.span_ms() < shorter_than.span_ms()) {
             let consumed = self.meter(&g).map_or(0.0, |m| m.consumed);
             self.set_budget_baseline(g, window, start, consumed);
             started += 1;

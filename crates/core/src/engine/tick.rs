@@ -206,6 +206,7 @@ impl Engine {
             while !self.tick_slice(usize::MAX) {}
         }
         self.started.get_or_insert(now);
+        self.quotas.observe(now);
         let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
         self.last_tick = Some(now);
         self.onset = false;

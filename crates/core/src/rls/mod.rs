@@ -29,11 +29,13 @@
 //! assert_eq!(group_for(&[], "any", &[("tenant", "acme")]), "acme");
 //! ```
 
+pub mod limits;
 pub mod tree;
 
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{DEFAULT_GROUP, check_group_name};
+pub use limits::LimitSet;
 pub use tree::{Found, Node, Tree, TreeLimit};
 
 /// One mapping rule.
@@ -218,12 +220,13 @@ pub fn match_rule(rules: &[RlsRule], domain: &str, entries: &[(&str, &str)]) -> 
 /// The largest rules document taken, in bytes.
 pub const RULES_MAX_BYTES: usize = 1 << 20;
 
-/// Every way Envoy's descriptors name groups: the mapping rules, tried in order, and the
-/// descriptor trees of the domains imported from envoy/ratelimit files (see [`tree`]). A
-/// domain with a tree is answered by it alone.
+/// Every way Envoy's descriptors name groups: the mapping rules, tried in order; the
+/// descriptor trees of the domains imported from envoy/ratelimit files (see [`tree`]); and the
+/// limits of the namespaces imported from Limitador files (see [`limits`]). A domain with a
+/// tree or limits is answered by them alone.
 ///
-/// As JSON, a set with no tree is the array of its rules (as rules were always written), and
-/// one with trees an object `{"rules": […], "trees": […]}`.
+/// As JSON, a set of rules alone is the array of its rules (as rules were always written), and
+/// one with more an object `{"rules": […], "trees": […], "limits": […]}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSet {
@@ -233,6 +236,9 @@ pub struct RuleSet {
     /// One tree per domain.
     #[serde(default)]
     pub trees: Vec<Tree>,
+    /// One set of limits per domain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitSet>,
 }
 
 /// How a descriptor is limited, as a rule set decides.
@@ -277,12 +283,17 @@ impl Decision<'_> {
 impl RuleSet {
     /// A set of mapping rules alone.
     pub fn of_rules(rules: Vec<RlsRule>) -> RuleSet {
-        RuleSet { rules, trees: Vec::new() }
+        RuleSet { rules, ..RuleSet::default() }
     }
 
     /// Whether it holds nothing at all.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.trees.is_empty()
+        self.rules.is_empty() && self.trees.is_empty() && self.limits.is_empty()
+    }
+
+    /// The limits of `domain`, if a Limitador file was imported for it.
+    pub fn limit_set(&self, domain: &str) -> Option<&LimitSet> {
+        self.limits.iter().find(|l| l.domain == domain)
     }
 
     /// The tree of `domain`, if one was imported.
@@ -293,7 +304,9 @@ impl RuleSet {
     /// Whether any rule or tree applies in `domain`: where none does, an entry with key
     /// `tenant` names the group by its value (the implicit tenant rule).
     pub fn names_domain(&self, domain: &str) -> bool {
-        self.tree(domain).is_some() || self.rules.iter().any(|r| r.domain.is_empty() || r.domain == domain)
+        self.tree(domain).is_some()
+            || self.limit_set(domain).is_some()
+            || self.rules.iter().any(|r| r.domain.is_empty() || r.domain == domain)
     }
 
     /// How a descriptor's `entries` (key, value, in order) are limited in `domain`: by the
@@ -340,12 +353,21 @@ impl RuleSet {
                 return Err(format!("trees[{i}].domain: {:?} has a tree already", t.domain));
             }
         }
+        for (i, l) in self.limits.iter().enumerate() {
+            l.check(&format!("limits[{i}]"))?;
+            if self.limits[..i].iter().any(|o| o.domain == l.domain) || self.tree(&l.domain).is_some() {
+                return Err(format!("limits[{i}].domain: {:?} has a tree or limits already", l.domain));
+            }
+        }
+        if self.trees.len() + self.limits.len() > RULES_MAX {
+            return Err(format!("trees and limits: at most {RULES_MAX} domains"));
+        }
         Ok(())
     }
 
     /// The set as JSON: the array of its rules when it has no tree.
     pub fn to_json(&self) -> String {
-        let json = if self.trees.is_empty() {
+        let json = if self.trees.is_empty() && self.limits.is_empty() {
             serde_json::to_string(&self.rules)
         } else {
             serde_json::to_string(self)
@@ -353,14 +375,15 @@ impl RuleSet {
         json.unwrap_or_else(|_| "[]".into())
     }
 
-    /// A set from JSON (an array of rules, or `{"rules": […], "trees": […]}`), checked.
+    /// A set from JSON (an array of rules, or `{"rules": […], "trees": […], "limits": […]}`),
+    /// checked.
     pub fn from_json(text: &str) -> Result<RuleSet, String> {
         if text.len() > RULES_MAX_BYTES {
             return Err(format!("rules: larger than {RULES_MAX_BYTES} bytes"));
         }
         let set = if text.trim_start().starts_with('{') {
             serde_json::from_str::<RuleSet>(text).map_err(|e| {
-                format!("rules: expected an object with fields rules (an array of rules) and trees (an array of domains' descriptor trees): {e}")
+                format!("rules: expected an object with fields rules (an array of rules), trees (domains' descriptor trees) and limits (namespaces' limits): {e}")
             })?
         } else {
             let rules: Vec<RlsRule> = serde_json::from_str(text).map_err(|e| {
@@ -530,7 +553,7 @@ mod tests {
                 ..Node::default()
             }],
         };
-        let mut set = RuleSet { rules: Vec::new(), trees: vec![tree] };
+        let mut set = RuleSet { trees: vec![tree], ..RuleSet::default() };
         let group = |set: &RuleSet, domain: &str, e: &[(&str, &str)]| match set.decide(domain, e) {
             Decision::Group { group, .. } => Some(group),
             _ => None,

@@ -50,7 +50,7 @@ const TXN_OPS_MAX: usize = 128;
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoredChange {
     /// A group's settings were written (`Some`) or removed (`None`).
-    Group(GroupName, Option<GroupSettings>),
+    Group(GroupName, Option<Box<GroupSettings>>),
     /// The node settings were written.
     Node(StoredNode),
     /// A credential was written (`Some`, its JSON) or revoked (`None`).
@@ -385,7 +385,7 @@ fn parse_change(prefix: &str, key: &[u8], value: Option<&[u8]>) -> Result<Option
     if let Some(name) = rest.strip_prefix("groups/") {
         let name = GroupName::new(name).map_err(|e| format!("group key {key:?}: {}", e.rule))?;
         let settings = match value {
-            Some(v) => Some(decode_group(v).map_err(|e| format!("group {name}: {e}"))?),
+            Some(v) => Some(Box::new(decode_group(v).map_err(|e| format!("group {name}: {e}"))?)),
             None => None,
         };
         return Ok(Some(StoredChange::Group(name, settings)));
@@ -713,7 +713,10 @@ mod tests {
         let g = convert::settings_to_proto(&GroupSettings::fixed(5.0).unwrap()).encode_to_vec();
         assert_eq!(
             parse_change("/p", b"/p/groups/a", Some(&g)).unwrap(),
-            Some(StoredChange::Group(GroupName::new("a").unwrap(), Some(GroupSettings::fixed(5.0).unwrap())))
+            Some(StoredChange::Group(
+                GroupName::new("a").unwrap(),
+                Some(Box::new(GroupSettings::fixed(5.0).unwrap()))
+            ))
         );
         assert_eq!(
             parse_change("/p", b"/p/groups/a", None).unwrap(),
