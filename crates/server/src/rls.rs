@@ -115,6 +115,8 @@ pub struct Rls {
     controller: Arc<Controller>,
     rules: Arc<RlsRules>,
     gate: Tollgate,
+    /// The patterns the descriptors' own limits made (at most [`OVERRIDES_MAX`]).
+    overrides: Arc<std::sync::Mutex<std::collections::HashSet<GroupName>>>,
 }
 
 impl Rls {
@@ -144,7 +146,7 @@ impl Rls {
             let (c, now) = (c.clone(), clock.now());
             async move { c.exchange(now, request).await }
         }));
-        Rls { controller, rules, gate }
+        Rls { controller, rules, gate, overrides: Arc::default() }
     }
 
     /// The in-process client its decisions come from (`POST /v1/check` shares it).
@@ -437,12 +439,7 @@ fn descriptor<'r>(
         text(|| format!("descriptors[{i}].entries[{j}].key"), &e.key, false)?;
         text(|| format!("descriptors[{i}].entries[{j}].value"), &e.value, true)?;
     }
-    if d.limit.is_some() {
-        return Err(invalid(
-            format!("descriptors[{i}].limit"),
-            "a descriptor's own limit is not taken: a group's limits and quotas are its settings (tollgate group alter --quota, or tollgate import)",
-        ));
-    }
+    let own = d.limit.as_ref().map(|l| override_limit(i, l)).transpose()?;
     let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
     if hits > HITS_MAX {
         return Err(invalid(
@@ -467,7 +464,76 @@ fn descriptor<'r>(
         (false, true) => Ask::Charge(hits as f64),
         (false, false) => Ask::Admit(hits as f64, class, QuotaMode::Off),
     };
-    Ok((rules.decide(domain, &entries), ask))
+    match own {
+        Some(own) => Ok((own.decision(domain, &entries), ask)),
+        None => Ok((rules.decide(domain, &entries), ask)),
+    }
+}
+
+/// The most patterns the descriptors' own limits (Envoy's per-route overrides) make.
+pub const OVERRIDES_MAX: usize = 1000;
+
+/// The group names the descriptors' own limits count under begin with this.
+pub const OVERRIDE_PREFIX: &str = "rls-override";
+
+/// A descriptor's own limit (Envoy's `RateLimitDescriptor.limit`, its per-route override):
+/// `requests_per_unit` per `unit`, counted as envoy/ratelimit counts it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Override {
+    per_unit: u32,
+    window: tollgate_model::settings::BudgetPeriod,
+}
+
+fn override_limit(
+    i: usize,
+    l: &envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride,
+) -> Result<Override, Status> {
+    use tollgate_model::settings::BudgetPeriod;
+    let window = match Unit::try_from(l.unit) {
+        Ok(Unit::Second) => BudgetPeriod::Every(1),
+        Ok(Unit::Minute) => BudgetPeriod::Minute,
+        Ok(Unit::Hour) => BudgetPeriod::Hour,
+        Ok(Unit::Day) => BudgetPeriod::Day,
+        Ok(Unit::Week) => BudgetPeriod::Every(7 * 86_400),
+        Ok(Unit::Month) => BudgetPeriod::Every(30 * 86_400),
+        Ok(Unit::Year) => BudgetPeriod::Every(365 * 86_400),
+        _ => {
+            return Err(invalid(
+                format!("descriptors[{i}].limit.unit"),
+                format!("must be SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR, got {}", l.unit),
+            ));
+        }
+    };
+    Ok(Override { per_unit: l.requests_per_unit, window })
+}
+
+impl Override {
+    /// The group a descriptor with this limit counts under: one per descriptor's entries and
+    /// limit, as envoy/ratelimit keeps one counter per descriptor and limit.
+    fn decision<'r>(&self, domain: &str, entries: &[(&str, &str)]) -> Decision<'r> {
+        Decision::Group {
+            group: self.name(domain, entries, false),
+            matched: true,
+            name: "",
+            replaces: &[],
+            quota_mode: false,
+        }
+    }
+
+    /// The group's name, or (`pattern`) the pattern its settings go on, every value a `*`.
+    fn name(&self, domain: &str, entries: &[(&str, &str)], pattern: bool) -> String {
+        let parts: Vec<String> =
+            entries.iter().map(|(k, v)| format!("{k}={}", if pattern { "*" } else { v })).collect();
+        format!("{OVERRIDE_PREFIX}/{domain}/{}/{}-per-{}", parts.join("/"), self.per_unit, self.window.name())
+    }
+
+    /// The settings its pattern holds.
+    fn settings(&self) -> tollgate_model::settings::GroupSettings {
+        let b = tollgate_model::settings::GroupSettings::builder();
+        let b =
+            if self.per_unit == 0 { b.limit(0.0) } else { b.quota(self.window, f64::from(self.per_unit)) };
+        b.build().expect("a count per window is valid settings")
+    }
 }
 
 fn seconds(d: Duration) -> prost_types_duration::Duration {
@@ -490,6 +556,44 @@ impl Ask {
 }
 
 impl Rls {
+    /// Makes sure the pattern of every descriptor's own limit in `r` holds that limit: set
+    /// (durable, audited) the first time it is met, at most [`OVERRIDES_MAX`] of them.
+    async fn ensure_overrides(&self, r: &RateLimitRequest) -> Result<(), Status> {
+        for (i, d) in r.descriptors.iter().enumerate() {
+            let Some(l) = &d.limit else { continue };
+            let own = override_limit(i, l)?;
+            let entries: Vec<(&str, &str)> = d
+                .entries
+                .iter()
+                .filter(|e| e.key != CHARGE_KEY && e.key != CLASS_KEY)
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect();
+            let name = own.name(&r.domain, &entries, true);
+            let pattern = checked_group(i, &name)?;
+            let settings = own.settings();
+            if self.controller.group(&pattern).as_ref() == Some(&settings) {
+                continue;
+            }
+            {
+                let mut made = self.overrides.lock().unwrap_or_else(PoisonError::into_inner);
+                if !made.contains(&pattern) && made.len() >= OVERRIDES_MAX {
+                    return Err(Status::resource_exhausted(format!(
+                        "descriptors[{i}].limit: at most {OVERRIDES_MAX} descriptors' own limits are kept (patterns {OVERRIDE_PREFIX}/…); drop some, or give the limit in the groups' settings"
+                    )));
+                }
+                made.insert(pattern.clone());
+            }
+            let c = self.controller.clone();
+            tokio::task::spawn_blocking(move || {
+                c.set_group(pattern, settings, "rls (a descriptor's own limit)")
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::invalid_argument(format!("descriptors[{i}].limit: {e}")))?;
+        }
+        Ok(())
+    }
+
     /// One descriptor's answer: its status as envoy/ratelimit would send it, and the permit
     /// it took, if it was admitted.
     async fn answer(
@@ -577,6 +681,7 @@ impl RateLimitService for Rls {
             };
             return Err(refused.status());
         }
+        self.ensure_overrides(&r).await?;
         let mut permits = Vec::with_capacity(planned.len());
         let mut statuses = Vec::with_capacity(planned.len());
         // envoy/ratelimit's verdict: refused when a descriptor not in quota mode is over its

@@ -204,15 +204,29 @@ async fn quotas_per_window_are_set_shown_and_held() {
     assert!((5..=15).contains(&admitted), "{admitted} admitted against 5 a minute");
     let (ok, out) = cli(&url, None, &["group", "alter", "api", "--no-quota", "minute"]);
     assert!(ok && !out.contains("per minute") && out.contains("900 per day"), "{out}");
-    // A descriptor that carries its own limit is refused, naming it.
-    let mut own = request("edge", &[&[("tenant", "api")]]);
-    own.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 3, unit: Unit::Second as i32 });
-    let e = ask(&url, None, own).await.unwrap_err();
-    assert!(
-        e.message().starts_with("descriptors[0].limit: a descriptor's own limit is not taken"),
-        "{}",
-        e.message()
+    // A descriptor that carries its own limit (Envoy's per-route override) is counted against
+    // it, as envoy/ratelimit counts: one counter per descriptor and limit.
+    common::within_one_minute();
+    let own = |tenant: &'static str, unit: Unit| {
+        let mut r = request("edge", &[&[("tenant", tenant)]]);
+        r.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 3, unit: unit as i32 });
+        r
+    };
+    for expect in [(Code::Ok, 3, 2), (Code::Ok, 3, 1), (Code::Ok, 3, 0), (Code::OverLimit, 3, 0)] {
+        let (_, statuses) = ask(&url, None, own("api", Unit::Minute)).await.unwrap();
+        assert_eq!(statuses[0], expect);
+    }
+    assert_eq!(
+        ask(&url, None, own("web", Unit::Minute)).await.unwrap().1[0],
+        (Code::Ok, 3, 2),
+        "its own counter"
     );
+    let (ok, out) = cli(&url, None, &["group", "show", "rls-override/edge/tenant=*/3-per-minute"]);
+    assert!(ok && out.contains("3 per minute"), "{out}");
+    let mut bad = own("api", Unit::Minute);
+    bad.descriptors[0].limit.as_mut().unwrap().unit = Unit::Unknown as i32;
+    let e = ask(&url, None, bad).await.unwrap_err();
+    assert!(e.message().starts_with("descriptors[0].limit.unit: must be SECOND"), "{}", e.message());
 }
 
 /// A quota per window is a count, as envoy/ratelimit counts one: calls back to back admit
