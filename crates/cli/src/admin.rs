@@ -1005,6 +1005,7 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
     for w in &s.warnings {
         say(format!("warning: {w}"));
     }
+    say_files_and_domains(&s);
     say(format!(
         "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>4} {:>7}",
         "GROUP", "RESERVED", "LIMIT", "TARGET", "ADMITTED", "DEMAND", "BUSY", "CLIENTS"
@@ -1175,6 +1176,27 @@ pub async fn audit(server: &Target, since: Option<Since>, limit: u32, json: bool
         say("no changes recorded in that span");
     }
     Ok(())
+}
+
+/// The status's settings files followed and what answers each Envoy domain.
+fn say_files_and_domains(s: &v1::StatusResponse) {
+    for f in &s.settings_files {
+        let revision = if f.revision.is_empty() { "none applied" } else { f.revision.as_str() };
+        say(format!("settings file: {} ({}), revision {revision}, {} applied", f.path, f.kind, f.applied));
+        if !f.rejected.is_empty() {
+            say(format!("  rejected, the revision in force stays: {}", f.rejected.replace('\n', "\n  ")));
+        }
+    }
+    for d in &s.domains {
+        say(format!("rls domain {}: {} ({})", d.domain, d.answered_by, d.count));
+    }
+    if !s.domains.is_empty() || s.rules_everywhere {
+        say(if s.rules_everywhere {
+            "rls: rules with no domain apply in every other domain (the implicit tenant rule is off)"
+        } else {
+            "rls: in every other domain, the implicit tenant rule (an entry tenant=X counts against group X)"
+        });
+    }
 }
 
 #[cfg(test)]

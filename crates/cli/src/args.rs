@@ -367,9 +367,20 @@ pub(crate) struct ServerArgs {
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) max_streams_per_conn: u32,
     /// A settings file (the embedded limiter's TOML) whose node settings and groups are
-    /// written at start where the store holds none; a broken file stops the start.
+    /// written at start where the store holds none; a broken file stops the start. It is
+    /// followed: when it changes (and on SIGHUP) what changed in it is applied, and a file that
+    /// does not read is refused whole while the running settings stay.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
+    /// An envoy/ratelimit or Limitador limits file to apply at start and to follow as it
+    /// changes (and on SIGHUP), as `tollgate import --replace` applies it:
+    /// `envoy-ratelimit=FILE` or `limitador=FILE`. Repeatable.
+    #[arg(long = "import", value_name = "FORMAT=FILE", value_parser = parse_import)]
+    pub(crate) imports: Vec<tollgate_controller::files::FollowedFile>,
+}
+
+fn parse_import(text: &str) -> Result<tollgate_controller::files::FollowedFile, String> {
+    tollgate_controller::files::FollowedFile::parse_import(text)
 }
 
 /// How `tollgate server` writes its log.

@@ -53,6 +53,24 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
     Ok((config, notes))
 }
 
+/// The files the server follows: the settings file (and its text as the start reads it),
+/// then the import files in the order given.
+type Followed = (Option<String>, Vec<tollgate_controller::files::FollowedFile>);
+
+fn followed(a: &ServerArgs) -> anyhow::Result<Followed> {
+    let text = a.config.as_ref().map(|p| crate::read_text(p, CONFIG_MAX_BYTES)).transpose()?;
+    let files = a
+        .config
+        .iter()
+        .map(|p| tollgate_controller::files::FollowedFile {
+            path: p.clone(),
+            kind: tollgate_controller::files::FileKind::Config,
+        })
+        .chain(a.imports.iter().cloned())
+        .collect();
+    Ok((text, files))
+}
+
 /// The token in `--admin-token-file`'s FILE (the first kilobyte, trimmed), if it reads as one.
 fn admin_token(path: &std::path::Path) -> anyhow::Result<String> {
     let read = || -> anyhow::Result<String> {
@@ -140,6 +158,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         }
         None => (None, Vec::new()),
     };
+    let (defaults_text, follow) = followed(&a)?;
     notes.extend(threshold_note);
     let etcd = match &a.etcd {
         Some(urls) => {
@@ -200,6 +219,8 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             max_streams: a.max_streams_per_conn,
         },
         defaults,
+        defaults_text,
+        follow,
         tls,
         auth: a.auth,
         admin_token,

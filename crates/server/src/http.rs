@@ -105,7 +105,18 @@ async fn ready(State(app): State<AppState>) -> axum::response::Response {
         let body = format!("learning: relearning what clients hold, {} ms left\n", left.as_millis().max(1));
         return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     }
-    "ready\n".into_response()
+    // Ready, whatever the files: the settings in force serve. A file refused says so.
+    let mut body = String::from("ready\n");
+    for f in app.node.files.status() {
+        if let Some(why) = f.rejected {
+            body.push_str(&format!(
+                "settings file {} rejected (revision {} stays in force):\n{why}\n",
+                f.path,
+                f.revision.as_deref().unwrap_or("none")
+            ));
+        }
+    }
+    body.into_response()
 }
 
 /// `/status`: every group, written a chunk at a time; `?limit=N` (at most 10,000) gives one

@@ -19,6 +19,8 @@ mod dashboard;
 #[cfg(feature = "etcd")]
 mod election;
 mod error;
+pub mod files;
+mod followed;
 pub mod guard;
 pub mod listen;
 mod metrics;
@@ -29,6 +31,7 @@ pub use tollgate_proto::convert;
 pub mod grpc;
 mod history;
 mod http;
+pub mod import;
 mod json;
 mod memory;
 mod options;
@@ -199,7 +202,14 @@ impl Server {
             )),
         };
         let clock = Clock::new();
-        let node = Node::open(store, opts.engine_settings(), clock.now(), wall_ms())?;
+        let mut node = Node::open(store, opts.engine_settings(), clock.now(), wall_ms())?;
+        let at_start = opts.defaults_text.as_deref().zip(opts.defaults.clone());
+        node.files = Arc::new(files::Files::new(opts.follow.clone(), at_start));
+        // Import files apply at once; a settings file's changes from here on.
+        let n = node.clone();
+        tokio::task::spawn_blocking(move || n.files.check(n.file_parts(), false))
+            .await
+            .map_err(|e| ServerError::Serve(format!("reading the settings files: {e}")))?;
         node.access.require_auth(opts.auth);
         node.controller.set_cost_model(opts.cost_model);
         node.controller.log_warnings();
@@ -547,6 +557,7 @@ where
     let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
+    tokio::spawn(follow_files(node.clone(), waiter(stop_rx.clone())));
     let http_front = front.clone();
     // Envoy's rate-limit service and `POST /v1/check`: one in-process client of the grants.
     let rls_front =
@@ -714,6 +725,41 @@ impl Ticker {
         if self.give_back.after_tick(groups + clients) {
             memory::release();
             tracing::debug!(groups, clients, "expired groups and clients forgotten; memory given back");
+        }
+    }
+}
+
+/// Follows the settings files for `node`: every [`files::LOOK_EVERY`] and on SIGHUP, until
+/// `stop` resolves.
+async fn follow_files(node: Node, stop: impl Future<Output = ()>) {
+    if node.files.is_empty() {
+        stop.await;
+        return;
+    }
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take SIGHUP: settings files are followed as they change only");
+            None
+        }
+    };
+    let mut every = tokio::time::interval(files::LOOK_EVERY);
+    tokio::pin!(stop);
+    loop {
+        let hangup = async {
+            match hup.as_mut() {
+                Some(h) => h.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let force = tokio::select! {
+            _ = every.tick() => false,
+            Some(()) = hangup => true,
+            () = &mut stop => return,
+        };
+        let n = node.clone();
+        if tokio::task::spawn_blocking(move || n.files.check(n.file_parts(), force)).await.is_err() {
+            tracing::error!("reading the settings files failed");
         }
     }
 }

@@ -456,6 +456,35 @@ impl Collector for ProcessMetrics {
     }
 }
 
+/// The settings files followed: each one refused (1) or not (0), and its revisions applied.
+#[derive(Debug)]
+struct FileMetrics(Arc<crate::files::Files>);
+
+impl Collector for FileMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let files = self.0.status();
+        if files.is_empty() {
+            return Ok(());
+        }
+        family(
+            &mut e,
+            "tollgate_settings_file_rejected",
+            "1 while a followed settings file (--config, --import) is refused as it is now: the revision in force stays.",
+            Kind::Gauge,
+            "file",
+            files.iter().map(|f| (f.path.as_str(), u32::from(f.rejected.is_some()))),
+        )?;
+        family(
+            &mut e,
+            "tollgate_settings_file_applied_total",
+            "Revisions of a followed settings file applied since the start.",
+            Kind::Counter,
+            "file",
+            files.iter().map(|f| (f.path.as_str(), f.applied)),
+        )
+    }
+}
+
 /// The quota streams' counters (Envoy's RLQS).
 #[derive(Debug)]
 struct RlqsMetrics(Arc<crate::rlqs::RlqsStats>);
@@ -519,6 +548,7 @@ pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_lim
     }));
     registry.register_collector(Box::new(FrontEndMetrics { gate }));
     registry.register_collector(Box::new(RlqsMetrics(node.rlqs.clone())));
+    registry.register_collector(Box::new(FileMetrics(node.files.clone())));
     registry.register_collector(Box::new(ProcessMetrics));
     registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange.", latency.0.clone());
     registry

@@ -1,9 +1,8 @@
 //! One controller's parts, each with one job, made from one read of the store: the
 //! [`Controller`] (the engine behind the contract, with durable settings), [`Access`] (who may
 //! do what), [`Cluster`] (its role among controllers), [`Tracer`] (the live trace) and
-//! [`RlsRules`] (how Envoy's descriptors and buckets name groups) and the quota streams'
-//! counters. The front ends take the parts they
-//! use from here.
+//! [`RlsRules`] (how Envoy's descriptors and buckets name groups), the quota streams'
+//! counters and the settings files followed. The front ends take the parts they use from here.
 
 use std::sync::Arc;
 
@@ -33,6 +32,8 @@ pub struct Node {
     pub rls_rules: Arc<RlsRules>,
     /// The RLQS streams' counters.
     pub rlqs: Arc<RlqsStats>,
+    /// The settings files followed (`--config`, `--import`), and where each is at.
+    pub files: Arc<crate::files::Files>,
 }
 
 impl Node {
@@ -55,7 +56,20 @@ impl Node {
         let controller =
             Arc::new(Controller::with_stored(shared, stored, settings, now, wall_ms, tracer.clone())?);
         let cluster = Arc::new(Cluster::new(controller.clone()));
-        Ok(Node { controller, access, cluster, tracer, rls_rules, rlqs: Arc::default() })
+        Ok(Node {
+            controller,
+            access,
+            cluster,
+            tracer,
+            rls_rules,
+            rlqs: Arc::default(),
+            files: Arc::default(),
+        })
+    }
+
+    /// What the settings files followed apply to.
+    pub fn file_parts(&self) -> crate::files::Parts<'_> {
+        crate::files::Parts { controller: &self.controller, rls_rules: &self.rls_rules }
     }
 
     /// Writes consumption and resumable ramps to the store ([`Controller::flush`]) while this

@@ -34,8 +34,13 @@ pub struct ServerOptions {
     /// The cap on gRPC connections and how long an idle one is kept.
     pub limits: crate::conn::Limits,
     /// A settings file's node settings and groups, written at start where the store holds
-    /// none (`--config`).
+    /// none (`--config`), and its text.
     pub defaults: Option<tollgate_model::config::Config>,
+    /// The text `defaults` was read from (its revision, for the file's changes to follow).
+    pub defaults_text: Option<String>,
+    /// The settings files to follow as they change and on SIGHUP (`--config`, `--import`):
+    /// see [`crate::files`].
+    pub follow: Vec<crate::followed::FollowedFile>,
     /// Keep the settings in etcd rather than in the data directory (`--etcd`); controllers on
     /// the same etcd and prefix elect one leader.
     pub etcd: Option<EtcdTarget>,
@@ -154,6 +159,8 @@ impl Default for ServerOptions {
             flush_interval: Duration::from_secs(10),
             limits: crate::conn::Limits::default(),
             defaults: None,
+            defaults_text: None,
+            follow: Vec::new(),
             etcd: None,
             advertise: None,
             election_lease: DEFAULT_ELECTION_LEASE,

@@ -185,7 +185,52 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
             .upstream_status()
             .safe_mode
             .load(std::sync::atomic::Ordering::Relaxed),
+        settings_files: parts
+            .files
+            .status()
+            .into_iter()
+            .map(|f| v1::SettingsFileStatus {
+                path: f.path,
+                kind: f.kind.to_string(),
+                revision: f.revision.unwrap_or_default(),
+                rejected: f.rejected.unwrap_or_default(),
+                applied: f.applied,
+            })
+            .collect(),
+        domains: domains(&parts.rls_rules.get()),
+        rules_everywhere: parts.rls_rules.get().rules.iter().any(|r| r.domain.is_empty()),
     }
+}
+
+/// What answers each domain an imported file or a rule names.
+fn domains(set: &tollgate_model::rls::RuleSet) -> Vec<v1::DomainRules> {
+    let mut out: Vec<v1::DomainRules> = set
+        .trees
+        .iter()
+        .map(|t| v1::DomainRules {
+            domain: t.domain.clone(),
+            answered_by: "envoy/ratelimit descriptor tree".into(),
+            count: u32::try_from(t.limits().len()).unwrap_or(u32::MAX),
+        })
+        .chain(set.limits.iter().map(|l| v1::DomainRules {
+            domain: l.domain.clone(),
+            answered_by: "Limitador limits".into(),
+            count: u32::try_from(l.limits.len()).unwrap_or(u32::MAX),
+        }))
+        .collect();
+    for r in set.rules.iter().filter(|r| !r.domain.is_empty()) {
+        if set.tree(&r.domain).is_some() || set.limit_set(&r.domain).is_some() {
+            continue;
+        }
+        match out.iter_mut().find(|d| d.domain == r.domain) {
+            Some(d) => d.count += 1,
+            None => {
+                out.push(v1::DomainRules { domain: r.domain.clone(), answered_by: "rules".into(), count: 1 })
+            }
+        }
+    }
+    out.sort_by(|a, b| a.domain.cmp(&b.domain));
+    out
 }
 
 /// One group in the contract's form.
@@ -384,6 +429,23 @@ fn status_json_with(s: &v1::StatusResponse, groups: Vec<serde_json::Value>) -> s
         "cost_model": s.cost_model,
         "unit": s.unit,
         "warnings": s.warnings,
+        "settings_files": s
+            .settings_files
+            .iter()
+            .map(|f| serde_json::json!({
+                "path": f.path,
+                "kind": f.kind,
+                "revision": (!f.revision.is_empty()).then_some(&f.revision),
+                "rejected": (!f.rejected.is_empty()).then_some(&f.rejected),
+                "applied": f.applied,
+            }))
+            .collect::<Vec<_>>(),
+        "domains": s
+            .domains
+            .iter()
+            .map(|d| serde_json::json!({"domain": d.domain, "answered_by": d.answered_by, "count": d.count}))
+            .collect::<Vec<_>>(),
+        "implicit_tenant_rule": if s.rules_everywhere { "off: rules with no domain apply everywhere" } else { "in every other domain" },
         "groups": groups,
     })
 }

@@ -643,7 +643,7 @@ class StatusRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings", "shadow", "throttling_off", "region", "upstream_safe_mode")
+    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings", "shadow", "throttling_off", "region", "upstream_safe_mode", "settings_files", "domains", "rules_everywhere")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
@@ -666,6 +666,9 @@ class StatusResponse(_message.Message):
     THROTTLING_OFF_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_SAFE_MODE_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FILES_FIELD_NUMBER: _ClassVar[int]
+    DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    RULES_EVERYWHERE_FIELD_NUMBER: _ClassVar[int]
     capacity: float
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     exchanges: int
@@ -688,7 +691,34 @@ class StatusResponse(_message.Message):
     throttling_off: bool
     region: str
     upstream_safe_mode: bool
-    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ..., region: _Optional[str] = ..., upstream_safe_mode: _Optional[bool] = ...) -> None: ...
+    settings_files: _containers.RepeatedCompositeFieldContainer[SettingsFileStatus]
+    domains: _containers.RepeatedCompositeFieldContainer[DomainRules]
+    rules_everywhere: bool
+    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ..., region: _Optional[str] = ..., upstream_safe_mode: _Optional[bool] = ..., settings_files: _Optional[_Iterable[_Union[SettingsFileStatus, _Mapping]]] = ..., domains: _Optional[_Iterable[_Union[DomainRules, _Mapping]]] = ..., rules_everywhere: _Optional[bool] = ...) -> None: ...
+
+class SettingsFileStatus(_message.Message):
+    __slots__ = ("path", "kind", "revision", "rejected", "applied")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    kind: str
+    revision: str
+    rejected: str
+    applied: int
+    def __init__(self, path: _Optional[str] = ..., kind: _Optional[str] = ..., revision: _Optional[str] = ..., rejected: _Optional[str] = ..., applied: _Optional[int] = ...) -> None: ...
+
+class DomainRules(_message.Message):
+    __slots__ = ("domain", "answered_by", "count")
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    domain: str
+    answered_by: str
+    count: int
+    def __init__(self, domain: _Optional[str] = ..., answered_by: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class BackendStatus(_message.Message):
     __slots__ = ("name", "zone", "utilisation", "limiting", "seen_s", "load", "top_groups", "inert")

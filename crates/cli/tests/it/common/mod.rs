@@ -113,6 +113,14 @@ pub fn try_metric(addr: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The value of the metric `name` with the labels `labels` (`file="…"`, as the page writes
+/// them) on the server at HTTP `addr`, if it has that sample.
+pub fn metric_of(addr: &str, name: &str, labels: &str) -> Option<f64> {
+    let (_, _, body) = http(addr, "GET", "/metrics", &[], "");
+    let prefix = format!("{name}{{{labels}}} ");
+    body.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok())
+}
+
 /// One HTTP/1.1 request over plain TCP with `headers` and `body`: the status, the head (lower
 /// case) and the body.
 pub fn http(

@@ -1,7 +1,10 @@
-//! `tollgate import`: the limit files of envoy/ratelimit and Limitador turned into groups,
-//! patterns and mapping rules. A file is read whole and checked before anything is sent; what
-//! it holds that Tollgate cannot express is refused with its line and the reason, and then
-//! nothing changes. `--dry-run` prints what would change.
+//! Other limiters' limit files, read: envoy/ratelimit's YAML and Limitador's limits file
+//! turned into groups, patterns and what names them (descriptor trees, limit sets), checked
+//! whole. `tollgate import` sends what a file becomes through the admin API; a server following
+//! an import file (`--import`) applies it itself.
+//!
+//! A file is read whole and checked as the server would check it; what it holds that Tollgate
+//! cannot express is refused with its line and the reason, and then nothing changes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -9,9 +12,6 @@ use std::fmt::Write as _;
 use tollgate_model::rls::{RlsRule, RuleSet, Tree};
 use tollgate_model::settings::{BudgetPeriod, GroupName, GroupSettings};
 use tollgate_proto::v1;
-
-use crate::admin::{Admin, Target, connect, rpc};
-use crate::say;
 
 mod envoy;
 mod limitador;
@@ -64,7 +64,7 @@ impl Shape {
     }
 
     /// The patch that gives a group exactly this shape (other settings untouched).
-    fn patch(&self) -> v1::GroupPatch {
+    pub fn patch(&self) -> v1::GroupPatch {
         // The named windows it has no quota over are cleared; its own set.
         let quotas = BudgetPeriod::ALL
             .into_iter()
@@ -84,7 +84,7 @@ impl Shape {
     }
 
     /// A stored group's shape.
-    fn of(s: &v1::GroupSettings) -> Shape {
+    pub fn of(s: &v1::GroupSettings) -> Shape {
         let quotas = s.quotas.iter().filter_map(|(w, n)| Some((BudgetPeriod::parse(w).ok()?, *n))).collect();
         Shape { limit: s.limit, burst: s.burst, quotas, shadow: s.shadow }
     }
@@ -93,8 +93,11 @@ impl Shape {
 /// One group or pattern a file sets, with the line it comes from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Imported {
+    /// The group's or pattern's name.
     pub name: String,
+    /// The file's line it comes from.
     pub line: usize,
+    /// What it is set to.
     pub shape: Shape,
 }
 
@@ -102,8 +105,11 @@ pub struct Imported {
 /// answer its domains in place of what answered them before; or every line it is refused at.
 #[derive(Debug, Default)]
 pub struct Plan {
+    /// The domains (namespaces) the file answers for.
     pub domains: Vec<String>,
+    /// The groups and patterns it sets.
     pub groups: Vec<Imported>,
+    /// Its mapping rules.
     pub rules: Vec<RlsRule>,
     /// envoy/ratelimit's descriptor trees, one per domain.
     pub trees: Vec<Tree>,
@@ -111,6 +117,7 @@ pub struct Plan {
     pub limits: Vec<tollgate_model::rls::LimitSet>,
     /// What was read and has no effect here, with why.
     pub notes: Vec<(usize, String)>,
+    /// Each line the file is refused at, and why.
     pub refused: Vec<(usize, String)>,
 }
 
@@ -187,77 +194,9 @@ pub fn plan(format: Format, text: &str) -> Plan {
     plan
 }
 
-/// `tollgate import FORMAT FILE [--dry-run] [--replace]`.
-pub async fn run(
-    target: &Target,
-    format: Format,
-    file: &std::path::Path,
-    (dry_run, replace): (bool, bool),
-) -> anyhow::Result<()> {
-    let text = crate::read_text(file, FILE_MAX_BYTES)?;
-    let plan = plan(format, &text);
-    let shown = file.display();
-    for (line, note) in &plan.notes {
-        say(format!("{shown}:{line}: note: {note}"));
-    }
-    if !plan.refused.is_empty() {
-        let mut out = String::new();
-        for (line, why) in &plan.refused {
-            let _ = writeln!(out, "{shown}:{line}: {why}");
-        }
-        anyhow::bail!("{out}{} refused; nothing changed", plan.refused.len());
-    }
-    let mut client = connect(target).await?;
-    let current = client.get_rls_rules(v1::GetRlsRulesRequest {}).await.map_err(rpc)?.into_inner();
-    let current = RuleSet::from_json(&current.rules_json).map_err(anyhow::Error::msg)?;
-    let next = merged(&current, &plan);
-    next.check().map_err(anyhow::Error::msg)?;
-    let mut changes = Vec::new();
-    for g in &plan.groups {
-        let before = crate::admin::get(&mut client, &g.name).await?;
-        let verb = match &before {
-            None => "create",
-            Some(b) if Shape::of(b) == g.shape => "keep",
-            Some(_) => "change",
-        };
-        let kind = if tollgate_model::settings::is_pattern(&g.name) { "pattern" } else { "group" };
-        let was = before
-            .as_ref()
-            .filter(|_| verb == "change")
-            .map(|b| format!(" (was {})", Shape::of(b).describe()));
-        say(format!("{verb} {kind} {}: {}{}", g.name, g.shape.describe(), was.unwrap_or_default()));
-        if verb != "keep" {
-            changes.push((g, before));
-        }
-    }
-    let dropped = describe_domains(&current, &next, &plan);
-    for r in &plan.rules {
-        say(format!("  {}", serde_json::to_string(r).unwrap_or_default()));
-    }
-    if !dropped.is_empty() && !replace {
-        anyhow::bail!(
-            "{} would lose what answers them now ({}): give --replace to replace it; nothing changed",
-            if dropped.len() == 1 { "a domain" } else { "domains" },
-            dropped.join(", ")
-        );
-    }
-    if dry_run {
-        say("dry run: nothing changed");
-        return Ok(());
-    }
-    apply(&mut client, &changes, &next).await?;
-    let (rules, trees) = (plan.rules.len(), plan.trees.len());
-    say(format!(
-        "imported: {} groups and patterns written, {rules} rules, {trees} descriptor trees, {} namespaces of limits",
-        changes.len(),
-        plan.limits.len()
-    ));
-    Ok(())
-}
-
 /// `current` with `plan`'s domains answered by its rules or trees alone: their earlier rules
 /// and trees go, the file's rules come before the others kept.
-fn merged(current: &RuleSet, plan: &Plan) -> RuleSet {
+pub fn merged(current: &RuleSet, plan: &Plan) -> RuleSet {
     let ours = |d: &str| plan.domains.iter().any(|p| p == d);
     let kept = current.rules.iter().filter(|r| !ours(&r.domain)).cloned();
     RuleSet {
@@ -281,7 +220,12 @@ fn merged(current: &RuleSet, plan: &Plan) -> RuleSet {
 
 /// Says what the import does to each of its domains and to the others; returns the domains
 /// whose rules or tree it would drop for different ones (`--replace` lets it).
-fn describe_domains(current: &RuleSet, next: &RuleSet, plan: &Plan) -> Vec<String> {
+pub fn describe_domains(
+    current: &RuleSet,
+    next: &RuleSet,
+    plan: &Plan,
+    say: &mut dyn FnMut(String),
+) -> Vec<String> {
     let mut dropped = Vec::new();
     for d in &plan.domains {
         let before_rules: Vec<&RlsRule> = current.rules.iter().filter(|r| r.domain == *d).collect();
@@ -329,52 +273,6 @@ fn describe_domains(current: &RuleSet, next: &RuleSet, plan: &Plan) -> Vec<Strin
         }
     ));
     dropped
-}
-
-/// Writes the changed groups, then the rules; if a write fails, what was written is put back.
-async fn apply(
-    client: &mut Admin,
-    changes: &[(&Imported, Option<v1::GroupSettings>)],
-    rules: &RuleSet,
-) -> anyhow::Result<()> {
-    let mut written = Vec::new();
-    let mut failed = None;
-    for (g, before) in changes {
-        let req = v1::PutGroupRequest {
-            name: g.name.clone(),
-            patch: Some(g.shape.patch()),
-            mode: v1::PutMode::Upsert as i32,
-        };
-        match client.put_group(req).await {
-            Ok(_) => written.push((g, before)),
-            Err(e) => {
-                failed = Some(anyhow::anyhow!("group {}: {}", g.name, rpc(e)));
-                break;
-            }
-        }
-    }
-    if failed.is_none() {
-        let json = rules.to_json();
-        if let Err(e) = client.set_rls_rules(v1::RlsRules { rules_json: json }).await {
-            failed = Some(anyhow::anyhow!("rules: {}", rpc(e)));
-        }
-    }
-    let Some(error) = failed else { return Ok(()) };
-    for (g, before) in written.into_iter().rev() {
-        let _ = match before {
-            Some(b) => {
-                let patch = Some(Shape::of(b).patch());
-                let req =
-                    v1::PutGroupRequest { name: g.name.clone(), patch, mode: v1::PutMode::Upsert as i32 };
-                client.put_group(req).await.map(|_| ())
-            }
-            None => {
-                let req = v1::DropGroupRequest { name: g.name.clone(), if_exists: true };
-                client.drop_group(req).await.map(|_| ())
-            }
-        };
-    }
-    Err(error.context("the import failed; the groups it had written were put back"))
 }
 
 /// A name fragment for a descriptor entry in a group's name: `key=value`.

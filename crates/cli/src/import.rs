@@ -1,0 +1,128 @@
+//! `tollgate import`: the limit files of envoy/ratelimit and Limitador turned into groups,
+//! patterns and what names them (see `tollgate_controller::import`), sent through the admin
+//! API. A file is read whole and checked before anything is sent; what it holds that Tollgate
+//! cannot express is refused with its line and the reason, and then nothing changes.
+//! `--dry-run` prints what would change.
+
+use std::fmt::Write as _;
+
+use tollgate_controller::import::{FILE_MAX_BYTES, Format, Imported, Shape, describe_domains, merged, plan};
+use tollgate_model::rls::RuleSet;
+use tollgate_proto::v1;
+
+use crate::admin::{Admin, Target, connect, rpc};
+use crate::say;
+
+/// `tollgate import FORMAT FILE [--dry-run] [--replace]`.
+pub async fn run(
+    target: &Target,
+    format: Format,
+    file: &std::path::Path,
+    (dry_run, replace): (bool, bool),
+) -> anyhow::Result<()> {
+    let text = crate::read_text(file, FILE_MAX_BYTES)?;
+    let plan = plan(format, &text);
+    let shown = file.display();
+    for (line, note) in &plan.notes {
+        say(format!("{shown}:{line}: note: {note}"));
+    }
+    if !plan.refused.is_empty() {
+        let mut out = String::new();
+        for (line, why) in &plan.refused {
+            let _ = writeln!(out, "{shown}:{line}: {why}");
+        }
+        anyhow::bail!("{out}{} refused; nothing changed", plan.refused.len());
+    }
+    let mut client = connect(target).await?;
+    let current = client.get_rls_rules(v1::GetRlsRulesRequest {}).await.map_err(rpc)?.into_inner();
+    let current = RuleSet::from_json(&current.rules_json).map_err(anyhow::Error::msg)?;
+    let next = merged(&current, &plan);
+    next.check().map_err(anyhow::Error::msg)?;
+    let mut changes = Vec::new();
+    for g in &plan.groups {
+        let before = crate::admin::get(&mut client, &g.name).await?;
+        let verb = match &before {
+            None => "create",
+            Some(b) if Shape::of(b) == g.shape => "keep",
+            Some(_) => "change",
+        };
+        let kind = if tollgate_model::settings::is_pattern(&g.name) { "pattern" } else { "group" };
+        let was = before
+            .as_ref()
+            .filter(|_| verb == "change")
+            .map(|b| format!(" (was {})", Shape::of(b).describe()));
+        say(format!("{verb} {kind} {}: {}{}", g.name, g.shape.describe(), was.unwrap_or_default()));
+        if verb != "keep" {
+            changes.push((g, before));
+        }
+    }
+    let dropped = describe_domains(&current, &next, &plan, &mut |line| say(line));
+    for r in &plan.rules {
+        say(format!("  {}", serde_json::to_string(r).unwrap_or_default()));
+    }
+    if !dropped.is_empty() && !replace {
+        anyhow::bail!(
+            "{} would lose what answers them now ({}): give --replace to replace it; nothing changed",
+            if dropped.len() == 1 { "a domain" } else { "domains" },
+            dropped.join(", ")
+        );
+    }
+    if dry_run {
+        say("dry run: nothing changed");
+        return Ok(());
+    }
+    apply(&mut client, &changes, &next).await?;
+    let (rules, trees) = (plan.rules.len(), plan.trees.len());
+    say(format!(
+        "imported: {} groups and patterns written, {rules} rules, {trees} descriptor trees, {} namespaces of limits",
+        changes.len(),
+        plan.limits.len()
+    ));
+    Ok(())
+}
+
+/// Writes the changed groups, then the rules; if a write fails, what was written is put back.
+async fn apply(
+    client: &mut Admin,
+    changes: &[(&Imported, Option<v1::GroupSettings>)],
+    rules: &RuleSet,
+) -> anyhow::Result<()> {
+    let mut written = Vec::new();
+    let mut failed = None;
+    for (g, before) in changes {
+        let req = v1::PutGroupRequest {
+            name: g.name.clone(),
+            patch: Some(g.shape.patch()),
+            mode: v1::PutMode::Upsert as i32,
+        };
+        match client.put_group(req).await {
+            Ok(_) => written.push((g, before)),
+            Err(e) => {
+                failed = Some(anyhow::anyhow!("group {}: {}", g.name, rpc(e)));
+                break;
+            }
+        }
+    }
+    if failed.is_none() {
+        let json = rules.to_json();
+        if let Err(e) = client.set_rls_rules(v1::RlsRules { rules_json: json }).await {
+            failed = Some(anyhow::anyhow!("rules: {}", rpc(e)));
+        }
+    }
+    let Some(error) = failed else { return Ok(()) };
+    for (g, before) in written.into_iter().rev() {
+        let _ = match before {
+            Some(b) => {
+                let patch = Some(Shape::of(b).patch());
+                let req =
+                    v1::PutGroupRequest { name: g.name.clone(), patch, mode: v1::PutMode::Upsert as i32 };
+                client.put_group(req).await.map(|_| ())
+            }
+            None => {
+                let req = v1::DropGroupRequest { name: g.name.clone(), if_exists: true };
+                client.drop_group(req).await.map(|_| ())
+            }
+        };
+    }
+    Err(error.context("the import failed; the groups it had written were put back"))
+}
