@@ -100,7 +100,12 @@ impl Inner {
             slot => slot == Slot::Taken,
         };
         // Then the allotment of the group's quotas (a count per window, never overrun).
-        let allotted = match g.take_allotment(cost, now) {
+        let mut taken = g.take_allotment(cost, now);
+        if !shadow && matches!(taken, Allotted::Short { ask: true, .. }) && self.allotment_short(g, now) {
+            // Taken already (replicas mode): a second try, once.
+            taken = g.take_allotment(cost, now);
+        }
+        let allotted = match taken {
             Allotted::Unlimited => false,
             Allotted::Taken => true,
             Allotted::Short { .. } if shadow => {
@@ -111,11 +116,8 @@ impl Inner {
                 if slot {
                     g.give_slot();
                 }
-                // Asked for at once: worth trying again once the mode has answered.
+                // Asked for at once (above): worth trying again once the mode has answered.
                 let retry = if ask { self.retry_after(Refusal::Closed) } else { retry };
-                if ask {
-                    self.allotment_short(g);
-                }
                 g.count_class(class, false);
                 return Err(self.refuse(g, cost, retry, None, now));
             }

@@ -106,7 +106,7 @@ impl Builder {
         };
         let configured = config.groups.iter().map(|(n, s)| (n.as_str().into(), s.clone())).collect();
         let groups = Arc::new(Groups::new(configured, config.node.max_tracked_groups, Box::new(make)));
-        let mode = Mode::Embedded(Box::new(Embedded::new(&config)));
+        let mode = Mode::Embedded(Box::new(Embedded::new(&config, clock.now(), clock.unix_ms())));
         let inner = Inner::new(clock, groups, mode, config.node, config.cost_model);
         Ok(Tollgate { inner: Arc::new(inner), unthrottled: false })
     }

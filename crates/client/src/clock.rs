@@ -201,6 +201,13 @@ impl Clock for ClockSource {
             ClockSource::Custom(c) => c.now(),
         }
     }
+
+    fn unix_ms(&self) -> Option<u64> {
+        match self {
+            ClockSource::Custom(c) => c.unix_ms(),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

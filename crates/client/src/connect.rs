@@ -121,8 +121,10 @@ impl Tollgate {
     /// A limiter whose groups share their pools with every other client of the same Redis
     /// and namespace, with no controller. `config` gives the groups: each group with a finite
     /// limit or a ramp is coordinated (its limit, or its ramp, is the pool per epoch); groups
-    /// without either are not throttled. Settings that need a controller (a capacity, `fcfs`,
-    /// a budget) or do not apply (a burst) are refused. Must be called inside a tokio
+    /// without either are not throttled. Quotas per window are counters in Redis, each
+    /// process admitting from what it took of them (see `docs/store.md`). Settings that need
+    /// a controller (a capacity, `fcfs`, a parent) or do not apply (a burst) are refused.
+    /// Must be called inside a tokio
     /// runtime; returns within `connect_timeout` even when Redis is unreachable (in safe mode
     /// then).
     pub async fn store(url: &str, config: Config, opts: StoreOptions) -> Result<Tollgate, BuildError> {
@@ -194,6 +196,7 @@ impl Tollgate {
             let g = Group::new(name, limiter, &make_clock, f64::INFINITY, open);
             g.set_policy(crate::group::Policy::of(settings, shadow));
             g.allowance.store(f64::INFINITY.to_bits(), std::sync::atomic::Ordering::Relaxed);
+            crate::store_quota::StoreQuotas::made(&g, settings, make_clock.now());
             g
         };
         // Names outside the settings share the default group's state.
@@ -203,6 +206,7 @@ impl Tollgate {
         let groups = Arc::new(Groups::new(configured, max, Box::new(make)));
         let link = Arc::new(link);
         let node = NodeSettings { max_tracked_groups: max, ..config.node };
+        link.quotas.start(clock.now(), crate::embedded::wall_ms(&*clock));
         let inner = Inner::new(clock, groups, Mode::Store(link.clone()), node, config.cost_model);
         (Tollgate { inner: Arc::new(inner), unthrottled: false }, link)
     }

@@ -106,8 +106,9 @@ impl Drop for Embedded {
 
 impl Embedded {
     /// The engine for `config`: its groups, capacity and allocation mode, ticking every
-    /// `realloc_interval`.
-    pub(crate) fn new(config: &Config) -> Embedded {
+    /// `realloc_interval`. Its quota windows are placed on `unix_ms` at the clock's `now` if
+    /// the clock keeps Unix time, else on the system's wall clock at the first pass.
+    pub(crate) fn new(config: &Config, now: Nanos, unix_ms: Option<u64>) -> Embedded {
         let node = &config.node;
         let mut engine = Engine::new(EngineSettings {
             capacity: node.capacity,
@@ -122,7 +123,12 @@ impl Embedded {
         }
         Embedded {
             shared: Arc::new(Shared {
-                state: Mutex::new(State { engine, meters: HashMap::default(), last: None, wall: None }),
+                state: Mutex::new(State {
+                    engine,
+                    meters: HashMap::default(),
+                    last: None,
+                    wall: unix_ms.map(|ms| (now, ms)),
+                }),
                 interval: node.realloc_interval,
                 in_use: AtomicUsize::new(0),
                 intake_after: AtomicU64::new(0),
@@ -353,7 +359,12 @@ impl State {
     }
 }
 
-/// Unix time in milliseconds: read once per limiter, to place the quota windows.
+/// Unix time in milliseconds: read once per limiter, to place the quota windows (from the
+/// limiter's clock when it keeps one).
+pub(crate) fn wall_ms(clock: &impl Clock) -> u64 {
+    clock.unix_ms().unwrap_or_else(wall_now_ms)
+}
+
 fn wall_now_ms() -> u64 {
     #[allow(clippy::disallowed_methods)] // the one wall-clock read of the embedded mode
     let now = std::time::SystemTime::now();

@@ -480,6 +480,11 @@ impl Group {
         a.used = (a.used - cost).max(0.0);
     }
 
+    /// Marks the group as wanting more of its allotment (its next report or take asks).
+    pub(crate) fn want_allotment(&self) {
+        self.allot_wanted.store(true, Ordering::Release);
+    }
+
     /// Whether the group's allotment ran out with units left at the controller (reset: the
     /// report this asks for is being made).
     pub(crate) fn take_allot_wanted(&self) -> bool {
@@ -538,6 +543,13 @@ impl Group {
         let live = a.ends.is_none_or(|end| now < end);
         let mine = if live { (a.given - a.used).max(0.0) } else { 0.0 };
         Some((mine, a.left, a.reset_at.map(|at| at.since(now))))
+    }
+
+    /// The window of the group's last allotment, and what it holds of it unused (whether or
+    /// not the window has ended).
+    pub(crate) fn allotment_unused(&self) -> (u64, f64) {
+        let a = self.allot.lock().unwrap_or_else(PoisonError::into_inner);
+        (a.window, (a.given - a.used).max(0.0))
     }
 
     /// When the window of the group's allotment ends (`None`: no quota per window, or a

@@ -461,12 +461,16 @@ impl GroupHandle {
         })
     }
 
-    /// Waits for the controller's next answer (remote mode; at once in the others): after a
-    /// refusal whose [`quota`](Self::quota) shows units left beyond this process's allotment,
-    /// the answer brings more. Bound it with `tokio::time::timeout`.
+    /// Waits for the controller's next answer (remote mode), or for the next take from the
+    /// store (store mode; asked for at once when the group holds none of its quota and the
+    /// store has some left); at once in the others. After a refusal whose
+    /// [`quota`](Self::quota) shows units left beyond this process's allotment, the answer
+    /// brings more. Bound it with `tokio::time::timeout`.
     pub async fn wait_for_answer(&self) {
-        if let Mode::Remote(link) = &self.inner.mode {
-            link.answered().await;
+        match &self.inner.mode {
+            Mode::Remote(link) => link.answered().await,
+            Mode::Store(link) if !link.is_replicas() => link.quotas.answered(&self.group).await,
+            _ => {}
         }
     }
 

@@ -35,6 +35,10 @@ fn reads_fast_clock(priced: &Priced) -> bool {
 /// How soon a remote client retries a request refused for want of a grant.
 const REMOTE_RETRY: Duration = Duration::from_millis(20);
 
+/// When to try again in store mode after an allotment ran short: the sync task was woken to
+/// take more.
+const STORE_RETRY: Duration = Duration::from_millis(5);
+
 /// What feeds a limiter's groups: one mode per limiter.
 pub(crate) enum Mode {
     /// The engine in process.
@@ -188,20 +192,28 @@ impl Inner {
             // may change that.
             (_, Mode::Remote(_)) => REMOTE_RETRY,
             (_, Mode::Embedded(e)) => e.interval(),
+            // An allotment short: the store's answer is a round trip away.
+            (Refusal::Closed, Mode::Store(_)) => STORE_RETRY,
             (_, Mode::Store(_)) => Duration::from_secs(1),
         }
     }
 
     /// A group's allotment ran out while its controller had units left, or its window ended:
     /// its next report is due at once (a remote client's early exchange; the embedded
-    /// engine's next pass).
+    /// engine's next pass; the store's next take). `true` when more was taken already (in
+    /// replicas mode, from this process's own share): worth a second try at once.
     #[cold]
-    pub(crate) fn allotment_short(&self, g: &Group) {
+    pub(crate) fn allotment_short(&self, g: &Group, now: Nanos) -> bool {
         match &self.mode {
             Mode::Remote(link) => link.fresh(g),
             Mode::Embedded(_) => self.next_tick_ns.store(0, Ordering::Relaxed),
-            Mode::Store(_) => {}
+            Mode::Store(link) if link.is_replicas() => {
+                link.quotas.refill_local(g, now);
+                return true;
+            }
+            Mode::Store(link) => link.quotas.wake(),
         }
+        false
     }
 
     /// Tells the mode about a refusal: a remote client asks for an exchange. One comparison

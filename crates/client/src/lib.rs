@@ -54,6 +54,7 @@ pub mod reporter;
 pub mod scheduler;
 pub mod shards;
 pub mod store;
+mod store_quota;
 mod tally;
 pub mod throttle;
 

@@ -23,9 +23,9 @@
 //!   (resumed ramp-up is off by default, as in Numaflow).
 //!
 //! Store mode has no controller, so what needs one cannot apply: a node capacity, the `fcfs`
-//! mode, a priority or weight (nothing shares a capacity by them), a budget (no shared meter)
-//! and a burst (each epoch's share is the burst). Building a store-mode handle with any of
-//! them fails, naming it.
+//! mode, a priority or weight (nothing shares a capacity by them), a parent, an in-flight
+//! quota and a burst (each epoch's share is the burst). Building a store-mode handle with any
+//! of them fails, naming it. Quotas per window are counted in Redis (`store_quota`).
 //!
 //! Redis unreachable at start: the limiter starts anyway within `connect_timeout`, in safe
 //! mode. Redis lost while running: the last agreed size and the ramp carry on locally; after
@@ -46,6 +46,7 @@ use tollgate_model::settings::GroupName;
 use crate::error::BuildError;
 use crate::group::{Groups, Limiter};
 use crate::remote::SafeModePolicy;
+use crate::store_quota::StoreQuotas;
 
 /// How a store-mode client behaves.
 #[derive(Debug, Clone)]
@@ -172,9 +173,14 @@ struct Keys {
     resume: String,
 }
 
+/// The start of every key of `group`'s: braces keep them in one Redis Cluster slot, as the
+/// scripts need.
+fn quota_prefix(namespace: &str, group: &GroupName) -> String {
+    format!("tollgate:{{{namespace}:{group}}}:")
+}
+
 fn keys(namespace: &str, group: &GroupName) -> Keys {
-    // Braces keep a group's keys in one Redis Cluster slot, as the scripts need.
-    let prefix = format!("tollgate:{{{namespace}:{group}}}:");
+    let prefix = quota_prefix(namespace, group);
     Keys {
         heartbeat: format!("{prefix}heartbeat"),
         sizes: format!("{prefix}sizes"),
@@ -199,6 +205,8 @@ pub(crate) struct StoreLink {
     safe_mode: AtomicBool,
     syncs: AtomicU64,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The groups' quotas per window, counted in Redis (or in this process's share).
+    pub(crate) quotas: StoreQuotas,
 }
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
@@ -234,14 +242,6 @@ pub(crate) fn check_supported(config: &Config, mode: &'static str) -> Result<(),
         ));
     }
     for (name, s) in &config.groups {
-        if let Some((window, _)) = s.quotas().next() {
-            let field =
-                if s.budget().is_some() { "budget".to_string() } else { format!("quotas.{}", window.name()) };
-            return Err(unsupported(
-                format!("groups.{name}.{field}"),
-                "no shared meter counts a group's consumption; use the embedded or remote mode",
-            ));
-        }
         if s.parent().is_some() {
             return Err(unsupported(
                 format!("groups.{name}.parent"),
@@ -345,6 +345,7 @@ pub(crate) async fn register(
         safe_mode: AtomicBool::new(false),
         syncs: AtomicU64::new(0),
         task: Mutex::new(None),
+        quotas: StoreQuotas::of(config, None),
     };
     Ok((link, shares, connection))
 }
@@ -411,6 +412,7 @@ pub(crate) fn fixed(config: &Config, replicas: Option<u64>) -> Result<Registered
         safe_mode: AtomicBool::new(false),
         syncs: AtomicU64::new(0),
         task: Mutex::new(None),
+        quotas: StoreQuotas::of(config, Some(n)),
     };
     Ok((link, shares, None))
 }
@@ -426,6 +428,11 @@ pub(crate) fn start(link: &Arc<StoreLink>, groups: &Arc<Groups>, connection: Opt
 }
 
 impl StoreLink {
+    /// Whether this is replicas mode (no store).
+    pub(crate) fn is_replicas(&self) -> bool {
+        self.replicas.is_some()
+    }
+
     /// `store`, or `replicas` when there is no store.
     pub(crate) fn mode_name(&self) -> &'static str {
         if self.replicas.is_some() { "replicas" } else { "store" }
@@ -538,9 +545,26 @@ async fn sync_loop(
     #[allow(clippy::disallowed_methods)] // the store link's edge: tokio time
     let started = tokio::time::Instant::now();
     let stale_ms = link.opts.ttl.as_millis().to_string();
+    let mut next = started + link.opts.sync_interval;
     loop {
-        tokio::time::sleep(link.opts.sync_interval).await;
+        // A sync each interval; between them, more of a quota as soon as an allotment runs out.
+        let quotas_only = tokio::select! {
+            () = tokio::time::sleep_until(next) => false,
+            () = link.quotas.wanted() => true,
+        };
         let Some(groups) = groups.upgrade() else { return };
+        if quotas_only {
+            if let Some(c) = &mut connection
+                && !link.quotas.refill(c, |g| quota_prefix(&link.opts.namespace, g), &groups).await
+            {
+                connection = None;
+            }
+            link.quotas.answer();
+            continue;
+        }
+        #[allow(clippy::disallowed_methods)] // the store link's edge: tokio time
+        let synced = tokio::time::Instant::now();
+        next = synced + link.opts.sync_interval;
         if connection.is_none() {
             let wait = link.opts.sync_interval.max(Duration::from_millis(200));
             connection = open(link.redis.as_ref(), wait).await.ok();
@@ -572,7 +596,11 @@ async fn sync_loop(
                     }
                 }
             }
+            if ok && !link.quotas.is_empty() {
+                ok = link.quotas.refill(c, |g| quota_prefix(&link.opts.namespace, g), &groups).await;
+            }
         }
+        link.quotas.answer();
         #[allow(clippy::disallowed_methods)]
         let now = tokio::time::Instant::now();
         if ok {

@@ -52,11 +52,22 @@ pub fn duration_nanos(d: Duration) -> u64 {
 pub trait Clock: Send + Sync + 'static {
     /// The current time.
     fn now(&self) -> Nanos;
+
+    /// The Unix time, in milliseconds, at [`now`](Self::now), if the clock keeps one: quota
+    /// windows on the calendar are placed on it. `None` (the default): the system's wall
+    /// clock, read once by each limiter.
+    fn unix_ms(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now(&self) -> Nanos {
         (**self).now()
+    }
+
+    fn unix_ms(&self) -> Option<u64> {
+        (**self).unix_ms()
     }
 }
 
@@ -76,12 +87,29 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {
     nanos: Arc<AtomicU64>,
+    /// The Unix time (ms) at the origin, if the clock keeps one.
+    unix_at_origin: Option<u64>,
 }
 
 impl ManualClock {
     /// A clock at its origin.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A clock at its origin that keeps Unix time too, `unix_ms` milliseconds at the origin:
+    /// every limiter sharing it places quota windows on the same calendar.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_model::time::{Clock, ManualClock};
+    ///
+    /// let clock = ManualClock::at_unix_ms(1_800_000_000_000);
+    /// clock.advance(Duration::from_millis(1500));
+    /// assert_eq!(clock.unix_ms(), Some(1_800_000_001_500));
+    /// ```
+    pub fn at_unix_ms(unix_ms: u64) -> Self {
+        ManualClock { nanos: Arc::default(), unix_at_origin: Some(unix_ms) }
     }
 
     /// Moves the clock forward by `d`.
@@ -99,6 +127,10 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Nanos {
         Nanos(self.nanos.load(Ordering::SeqCst))
+    }
+
+    fn unix_ms(&self) -> Option<u64> {
+        self.unix_at_origin.map(|origin| origin.saturating_add(self.now().0 / 1_000_000))
     }
 }
 

@@ -291,13 +291,44 @@ fn replicas_divide_each_pool_with_no_store() {
     assert!(!text.contains("tollgate_client_connected"), "no store, no link: {text}");
 
     // What store mode cannot carry out, replicas mode cannot either; the count is checked.
-    let refused = Tollgate::replicas(config("[groups.g]\nlimit = 10\nbudget = 5\n"), Some(2)).unwrap_err();
-    assert_eq!(
-        refused.to_string(),
-        "groups.g.budget cannot apply in replicas mode: no shared meter counts a group's consumption; use the embedded or remote mode"
+    let refused =
+        Tollgate::replicas(config("[groups.g]\nlimit = 10\nmax_in_flight = 5\n"), Some(2)).unwrap_err();
+    assert!(
+        refused.to_string().starts_with("groups.g.max_in_flight cannot apply in replicas mode: "),
+        "{refused}"
     );
     let zero = Tollgate::replicas(config(settings), Some(0)).unwrap_err();
     assert!(zero.to_string().contains("replicas: must be from 1 to 100000, got 0"), "{zero}");
+}
+
+#[test]
+fn replicas_count_each_quota_in_their_share() {
+    // 50 s into a minute.
+    let clock = ManualClock::at_unix_ms(1_800_000_050_000);
+    let settings = "[groups.g]\nlimit = 100000\nquotas = { minute = 100, \"30s-from-first\" = 40 }\n";
+    let gate = Tollgate::replicas_with_clock(config(settings), Some(4), clock.clone()).unwrap();
+    // A quarter of each quota: 10 of the 40 from the first request, then nothing for 30 s,
+    // though a new minute starts on the way.
+    assert_eq!(drain(&gate), 10);
+    clock.advance(Duration::from_secs(29));
+    assert_eq!(drain(&gate), 0);
+    let q = gate.group("g").unwrap().quota().unwrap();
+    assert_eq!(q.reset_in, Some(Duration::from_secs(1)), "{q:?}");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(drain(&gate), 10);
+
+    // What a process held unused when a window ended still counts in the windows under way:
+    // 5 of a minute's 25 used, then a new minute, and 35 of the 40 from the first request
+    // are still there (the minute's 25 of them now).
+    let clock = ManualClock::at_unix_ms(1_800_000_050_000);
+    let settings = "[groups.g]\nlimit = 100000\nquotas = { minute = 100, \"30s-from-first\" = 160 }\n";
+    let gate = Tollgate::replicas_with_clock(config(settings), Some(4), clock.clone()).unwrap();
+    assert_eq!((0..5).filter(|_| gate.try_acquire("g", 1.0).is_ok()).count(), 5);
+    clock.advance(Duration::from_secs(15));
+    assert_eq!(drain(&gate), 25);
+    clock.advance(Duration::from_secs(60));
+    // The first 30 s have ended: 40 afresh, the minute's 25 of them.
+    assert_eq!(drain(&gate), 25);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,4 +378,71 @@ async fn store_mode_speaks_tls_to_redis_with_a_ca_file_and_a_client_certificate(
     let token = Access { token: Some("tg_x".into()), ..Access::default() };
     let e = Tollgate::store(&url, conf, with(token)).await.unwrap_err();
     assert!(e.to_string().contains("takes its password in the URL"), "{e}");
+}
+
+/// Takes all `gate` may of group `g` now: on each refusal with units left in Redis beyond
+/// what it holds, it waits for its next take.
+async fn take_all(gate: &Tollgate) -> u64 {
+    let g = gate.group("g").unwrap();
+    let mut n = 0;
+    loop {
+        if g.try_acquire(1.0).is_ok() {
+            n += 1;
+            continue;
+        }
+        match g.quota() {
+            // Answered between the refusal and the look.
+            Some(q) if q.held >= 1.0 => {}
+            Some(q) if q.asks_more(1.0) => {
+                tokio::time::timeout(Duration::from_secs(10), g.wait_for_answer())
+                    .await
+                    .expect("Redis answers");
+            }
+            _ => return n,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_per_minute_is_counted_in_redis_across_processes_and_restarts() {
+    let redis = Redis::start("quota");
+    let url = redis.url();
+    // A second into a minute (Redis's counters are named by it).
+    let clock = ManualClock::at_unix_ms(1_800_000_001_000);
+    let settings = "[groups.g]\nlimit = 100000\nquotas = { minute = 100 }\n";
+    let mut gates = Vec::new();
+    for i in 0..3 {
+        let gate = Tollgate::store_with_clock(
+            &url,
+            config(settings),
+            opts("quota", &format!("c{i}")),
+            clock.clone(),
+        );
+        gates.push(gate.await.unwrap());
+    }
+    // The processes take in turn, each as much as it can, until Redis has nothing left.
+    let mut taken = [0u64; 3];
+    for _ in 0..4 {
+        for (i, gate) in gates.iter().enumerate() {
+            taken[i] += take_all(gate).await;
+        }
+    }
+    assert_eq!(taken.iter().sum::<u64>(), 100, "a minute's quota of 100, taken as {taken:?}");
+    let q = gates[0].group("g").unwrap().quota().unwrap();
+    assert_eq!((q.held, q.beyond), (0.0, 0.0), "{q:?}");
+    let reset = q.reset_in.expect("a spent quota says when it comes back");
+    assert!(reset <= Duration::from_secs(59) && reset >= Duration::from_secs(58), "{reset:?}");
+    // A process started now (a restart) finds the minute spent.
+    let late = Tollgate::store_with_clock(&url, config(settings), opts("quota", "c3"), clock.clone());
+    let late = late.await.unwrap();
+    assert_eq!(take_all(&late).await, 0);
+    // The next minute: a fresh 100, whichever processes ask.
+    clock.advance(Duration::from_secs(60));
+    let next = [
+        take_all(&gates[1]).await,
+        take_all(&gates[2]).await,
+        take_all(&gates[0]).await,
+        take_all(&late).await,
+    ];
+    assert_eq!(next.iter().sum::<u64>(), 100, "{next:?}");
 }
