@@ -502,7 +502,12 @@ impl Group {
         if a.given - a.used > keep {
             a.given = a.used + keep;
         }
-        Some(tollgate_model::engine::QuotaHeld { window: a.window, given: a.given, used: a.used })
+        Some(tollgate_model::engine::QuotaHeld {
+            window: a.window,
+            given: a.given,
+            used: a.used,
+            lasts: None,
+        })
     }
 
     /// Takes an allotment (`None`: the group has no quota per window any more), given in

@@ -610,6 +610,7 @@ impl Driver {
                 window: q.window,
                 given: q.given,
                 used: q.used,
+                lasts_ms: 0,
             });
             let usage = v1::GroupUsage {
                 group: g.name.to_string(),
@@ -681,13 +682,7 @@ impl Driver {
         self.link.unthrottled_allowed.store(response.unthrottled_allowed, Ordering::Relaxed);
         for g in &response.grants {
             let Some(group) = groups.get(&g.group) else { continue };
-            let allotment = g.quota.as_ref().map(|q| tollgate_model::engine::Allotment {
-                window: q.window,
-                add: q.add,
-                ends_in: (q.ends_in_ms > 0).then(|| Duration::from_millis(q.ends_in_ms)),
-                left: q.left,
-                reset_in: q.reset_in_ms.map(Duration::from_millis),
-            });
+            let allotment = g.quota.as_ref().map(tollgate_proto::wire::allotment_in);
             group.set_allotment(allotment.as_ref(), self.sent_at.unwrap_or(now), now);
             let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
             group.set_policy(crate::group::Policy {

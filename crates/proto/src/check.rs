@@ -116,6 +116,19 @@ pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>
                     window: q.window,
                     given: field("quota.given", q.given)?,
                     used: field("quota.used", q.used)?,
+                    lasts: match q.lasts {
+                        Some(d) if d > tollgate_model::engine::LASTS_MAX => {
+                            return Err(FieldError::new(
+                                format!("groups[{i}].quota.lasts_ms"),
+                                format!(
+                                    "must be at most {}, got {}",
+                                    tollgate_model::engine::LASTS_MAX.as_millis(),
+                                    d.as_millis()
+                                ),
+                            ));
+                        }
+                        lasts => lasts,
+                    },
                 }),
             },
             detail: match &g.detail {

@@ -136,6 +136,7 @@ impl<'a> ExchangeView<'a> {
                 window: q.window,
                 given: q.given,
                 used: q.used,
+                lasts: (q.lasts_ms > 0).then(|| std::time::Duration::from_millis(u64::from(q.lasts_ms))),
             }),
         };
         ExchangeView {
@@ -368,6 +369,11 @@ impl<'a> Reader<'a> {
                             1 => q.window = inner.uint(wire)?,
                             2 => q.given = inner.double(wire)?,
                             3 => q.used = inner.double(wire)?,
+                            // Proto3 reads a uint32 as its low 32 bits.
+                            4 => {
+                                let ms = inner.uint(wire)? as u32;
+                                q.lasts = (ms > 0).then(|| std::time::Duration::from_millis(u64::from(ms)));
+                            }
                             _ => inner.skip(wire, tag, depth - 1)?,
                         }
                     }
@@ -431,6 +437,17 @@ pub fn allotment(a: &tollgate_model::engine::Allotment) -> v1::QuotaAllotment {
         ends_in_ms: a.ends_in.map_or(0, |d| ms(d).max(1)),
         left: a.left,
         reset_in_ms: a.reset_in.map(ms),
+    }
+}
+
+/// An allotment the contract carries, as the engine takes it.
+pub fn allotment_in(q: &v1::QuotaAllotment) -> tollgate_model::engine::Allotment {
+    tollgate_model::engine::Allotment {
+        window: q.window,
+        add: q.add,
+        ends_in: (q.ends_in_ms > 0).then(|| std::time::Duration::from_millis(q.ends_in_ms)),
+        left: q.left,
+        reset_in: q.reset_in_ms.map(std::time::Duration::from_millis),
     }
 }
 

@@ -1472,5 +1472,20 @@ mod tests {
         assert_eq!(period(60_000).unwrap(), 5000);
         let e = period(3_600_001).unwrap_err();
         assert_eq!(e.message(), "target_request_period_ms: must be at most 3600000, got 3600001");
+        // How long an allotment should last is bounded too, and named.
+        let lasting = |ms: u32| {
+            let quota = v1::QuotaHeld { lasts_ms: ms, ..Default::default() };
+            let usage = v1::GroupUsage { group: "g".into(), quota: Some(quota), ..Default::default() };
+            let req = v1::ExchangeRequest {
+                client_id: "c".into(),
+                groups: vec![usage],
+                takes_allotments: true,
+                ..Default::default()
+            };
+            c.exchange(Nanos::ZERO, &req).map(|_| ())
+        };
+        assert!(lasting(3_600_000).is_ok());
+        let e = lasting(3_600_001).unwrap_err();
+        assert_eq!(e.message(), "groups[0].quota.lasts_ms: must be at most 3600000, got 3600001");
     }
 }

@@ -120,8 +120,8 @@ impl RegionLease {
                         groups: page.iter().map(|u| self.usage(u)).collect(),
                         target_request_period_ms: 0,
                         shard_map_epoch: None,
-                        // Envoy's buckets and a region's lease admit by rates: no allotments.
-                        takes_allotments: false,
+                        // Groups with quotas are allotted from what the region holds.
+                        takes_allotments: true,
                     },
                     meters: page.iter().map(|u| (u.group.clone(), u.meter, u.demand)).collect(),
                 }
@@ -192,7 +192,7 @@ impl RegionLease {
             }
             let keep = 0.5f64.powf((elapsed - s.lease).as_secs_f64() / DECAY_HALF_LIFE.as_secs_f64());
             let rate = s.floor + (s.grant.rate - s.floor).max(0.0) * keep;
-            decayed.push((name.clone(), UpstreamGrant { rate, burst: rate.max(s.floor) }));
+            decayed.push((name.clone(), UpstreamGrant { rate, burst: rate.max(s.floor), quota: None }));
         }
         let decaying = !decayed.is_empty();
         if decaying {
@@ -215,6 +215,12 @@ impl RegionLease {
             waited: since(u.meter.waited, before.waited),
             unthrottled: u.unthrottled,
             held: u.held.map_or(0.0, |h| if h.rate.is_finite() { h.rate } else { 0.0 }),
+            quota: u.quota.map(|q| v1::QuotaHeld {
+                window: q.window,
+                given: q.given,
+                used: q.used,
+                lasts_ms: 0,
+            }),
             ..Default::default()
         }
     }
@@ -228,13 +234,14 @@ impl RegionLease {
 /// (`asked` is `None`) is taken whole.
 fn share_of(g: &v1::Grant, asked: Option<f64>, since: Nanos) -> Share {
     let floor = g.reserved / f64::from(g.clients.max(1));
+    let quota = g.quota.as_ref().map(tollgate_proto::wire::allotment_in);
     let grant = if g.unlimited {
-        UpstreamGrant { rate: f64::INFINITY, burst: f64::INFINITY }
+        UpstreamGrant { rate: f64::INFINITY, burst: f64::INFINITY, quota }
     } else {
         let cap = asked.map_or(f64::INFINITY, |a| (a * ASK_FACTOR).max(floor));
         let rate = g.rate.min(cap);
         let burst = if g.rate > 0.0 { g.burst * rate / g.rate } else { 0.0 };
-        UpstreamGrant { rate, burst }
+        UpstreamGrant { rate, burst, quota }
     };
     Share { grant, since, floor, lease: Duration::from_millis(u64::from(g.lease_ms)) }
 }
@@ -301,5 +308,118 @@ mod tests {
         assert_eq!(held(&node), 60.0);
         assert!(lease.decay(sec(7.0), &node.controller));
         assert!((held(&node) - 30.0).abs() < 1e-9, "{}", held(&node));
+    }
+}
+
+#[cfg(test)]
+mod quota_tests {
+    use super::*;
+    use tollgate_model::engine::EngineSettings;
+    use tollgate_model::settings::GroupSettings;
+
+    /// One client's allotment as a remote client keeps it, and what it consumed since it last
+    /// said.
+    #[derive(Debug, Default)]
+    struct Holder {
+        window: u64,
+        given: f64,
+        used: f64,
+        unreported: f64,
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    fn budget() -> GroupSettings {
+        GroupSettings::builder().limit(1000.0).budget(100.0).build().unwrap()
+    }
+
+    /// Two regions of two clients each, every client asking 30 units/s of a budget of 100 for
+    /// a minute: each region's clients are allotted out of what the global tier allotted the
+    /// region, so together they never admit more than 100, and they admit nearly all of it.
+    #[test]
+    fn regions_allot_their_clients_out_of_what_the_global_tier_allotted_them() {
+        let g = GroupName::new("g").unwrap();
+        let global = Controller::new(
+            Box::new(crate::store::MemoryStore::default()),
+            EngineSettings::default(),
+            Nanos(0),
+            0,
+        )
+        .unwrap();
+        global.set_group(g.clone(), budget(), "test").unwrap();
+        let regions: Vec<crate::node::Node> = (0..2)
+            .map(|_| {
+                let store = Box::new(crate::store::MemoryStore::default());
+                let node = crate::node::Node::open(store, EngineSettings::default(), Nanos(0), 0).unwrap();
+                node.controller.set_regional();
+                node.controller.sync_group(g.clone(), Some(budget()));
+                node
+            })
+            .collect();
+        let mut leases: Vec<RegionLease> = (0..2).map(|r| RegionLease::new(&format!("r{r}"))).collect();
+        let mut clients: Vec<Holder> = (0..4).map(|_| Holder::default()).collect();
+        let mut admitted = 0.0;
+        for second in 0..60u64 {
+            for tenth in 0..10u64 {
+                let now = Nanos(second * S + tenth * S / 10);
+                // Each client exchanges with its region every second, and admits what its
+                // allotment holds, 3 units a tenth at most.
+                for (i, c) in clients.iter_mut().enumerate() {
+                    let region = &regions[i % 2].controller;
+                    if tenth == (i as u64) * 2 {
+                        let usage = v1::GroupUsage {
+                            group: "g".into(),
+                            demand: 30.0,
+                            consumed: std::mem::take(&mut c.unreported),
+                            quota: Some(v1::QuotaHeld {
+                                window: c.window,
+                                given: c.given,
+                                used: c.used,
+                                lasts_ms: 0,
+                            }),
+                            ..Default::default()
+                        };
+                        let req = v1::ExchangeRequest {
+                            client_id: format!("c{i}"),
+                            sequence: second + 1,
+                            groups: vec![usage],
+                            takes_allotments: true,
+                            ..Default::default()
+                        };
+                        let answer = region.exchange(now, &req).unwrap();
+                        if let Some(q) = answer.grants.first().and_then(|g| g.quota.as_ref()) {
+                            if q.window != c.window {
+                                (c.window, c.given, c.used) = (q.window, 0.0, 0.0);
+                            }
+                            c.given += q.add;
+                        }
+                    }
+                    let take = (c.given - c.used).clamp(0.0, 3.0);
+                    c.used += take;
+                    c.unreported += take;
+                    admitted += take;
+                }
+                for (lease, node) in leases.iter_mut().zip(&regions) {
+                    let usage = node.controller.upstream_usage();
+                    if !lease.is_due(now, &usage) {
+                        continue;
+                    }
+                    for page in lease.pages(&usage) {
+                        let answer = global.exchange(now, &page.request).unwrap();
+                        lease.answered(now, page, &answer, &node.controller);
+                    }
+                    lease.round_answered(now, &usage);
+                }
+                if tenth == 0 {
+                    global.tick(now);
+                    regions.iter().for_each(|r| r.controller.tick(now));
+                }
+                assert!(
+                    admitted <= 100.0 + 1e-9,
+                    "{admitted} admitted of a budget of 100 by {second}.{tenth} s"
+                );
+            }
+        }
+        assert!(admitted >= 90.0, "nearly all of the budget is admitted: {admitted}");
     }
 }

@@ -93,14 +93,16 @@ class GroupUsage(_message.Message):
     def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ..., critical_admitted: _Optional[int] = ..., critical_throttled: _Optional[int] = ..., sheddable_admitted: _Optional[int] = ..., sheddable_throttled: _Optional[int] = ..., quota: _Optional[_Union[QuotaHeld, _Mapping]] = ...) -> None: ...
 
 class QuotaHeld(_message.Message):
-    __slots__ = ("window", "given", "used")
+    __slots__ = ("window", "given", "used", "lasts_ms")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     GIVEN_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
+    LASTS_MS_FIELD_NUMBER: _ClassVar[int]
     window: int
     given: float
     used: float
-    def __init__(self, window: _Optional[int] = ..., given: _Optional[float] = ..., used: _Optional[float] = ...) -> None: ...
+    lasts_ms: int
+    def __init__(self, window: _Optional[int] = ..., given: _Optional[float] = ..., used: _Optional[float] = ..., lasts_ms: _Optional[int] = ...) -> None: ...
 
 class ClassCounts(_message.Message):
     __slots__ = ("request_class", "admitted", "throttled")

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use common::envoy::{Envoy, KeepAlive, counter, envoy, get, upstream};
-use common::{ServerProc, admin, data_dir, eventually, free_port, metric};
+use common::{ServerProc, admin, data_dir, eventually, free_port, metric, metric_of};
 
 /// What one Envoy's clients saw: admitted, refused, anything else.
 #[derive(Default)]
@@ -201,6 +201,47 @@ fn envoys_hold_a_group_to_its_limit_on_tollgates_assignments_through_a_change_an
     let _ = writeln!(std::io::stderr(), "after the restart: {counts:?} in {elapsed:.2} s");
     assert!(ok as f64 <= 1.02 * 150.0 * elapsed + 150.0, "no over-grant after the restart: {ok}");
     assert!(counts.iter().all(|c| c[2] == 0), "only 200 and 429 throughout");
+}
+
+/// Envoy's fallbacks, made to deny (what a group with quotas needs): before its first
+/// assignment, and once one has run out with Tollgate gone.
+const DENY_FALLBACKS: [(&str, &str); 2] = [
+    ("fallback_rate_limit: { blanket_rule: ALLOW_ALL }", "fallback_rate_limit: { blanket_rule: DENY_ALL }"),
+    ("token_bucket: { max_tokens: 50, tokens_per_fill: 50, fill_interval: 1s }", "blanket_rule: DENY_ALL"),
+];
+
+#[test]
+fn envoys_never_admit_more_than_a_quota_and_serve_it_all() {
+    let dir = data_dir("rlqs-quota");
+    let grpc = free_port();
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = Stdio::from(std::fs::File::create(dir.join("server.log")).unwrap());
+    let s = ServerProc::start_at(&dir.join("data"), &format!("127.0.0.1:{grpc}"), &["--tick-ms", "250"], log);
+    admin(&s.url(), &["group", "create", "acme", "--quota", "400/total"]);
+    let up = upstream();
+    let envoys: Vec<Envoy> = (0..3).map(|_| envoy(&dir, "rlqs.yaml", grpc, up, &DENY_FALLBACKS)).collect();
+    let all: Vec<&Envoy> = envoys.iter().collect();
+    // Two Envoys asked 200 times a second each, one 20 times: 400 is gone in a few seconds.
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = load(&all, "acme", &[1, 1, 1], &[Some(200), Some(200), Some(20)], &stop);
+    let admitted = || seen.iter().map(|s| s.snapshot()[0]).sum::<u64>();
+    // Served: all but what the last assignments hold unspent comes through.
+    eventually("most of the quota is served", || admitted() >= 300);
+    // And then held: three more reports from each Envoy, and never one request past 400.
+    let reports = metric(&s.http, "tollgate_rlqs_reports_total");
+    eventually("three reports from each Envoy", || {
+        metric(&s.http, "tollgate_rlqs_reports_total") >= reports + 9.0
+    });
+    stop.store(true, Ordering::Relaxed);
+    let counts: Vec<[u64; 3]> = seen.iter().map(|s| s.snapshot()).collect();
+    let _ = writeln!(std::io::stderr(), "quota of 400: {counts:?}");
+    assert!(counts.iter().all(|c| c[2] == 0), "only 200 and 429: {counts:?}");
+    let ok: u64 = counts.iter().map(|c| c[0]).sum();
+    assert!(ok <= 400, "a quota of 400 admitted {ok}: {counts:?}");
+    // What the controller counts is what Envoy admitted, once Envoy has reported it.
+    eventually("Tollgate counts what Envoy admitted", || {
+        metric_of(&s.http, "tollgate_group_consumed_units_total", "group=\"acme\"") == Some(ok as f64)
+    });
 }
 
 /// docs/envoy.md shows each shipped Envoy configuration whole, as the tests run it.

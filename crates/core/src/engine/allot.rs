@@ -37,6 +37,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::FixedHasher;
+use super::above::{ABOVE_RETRY, Above};
 use super::split::ClientId;
 use crate::settings::{BudgetPeriod, GroupName, GroupSettings};
 use crate::time::Nanos;
@@ -50,6 +51,9 @@ pub struct QuotaHeld {
     pub given: f64,
     /// Units it admitted against them.
     pub used: f64,
+    /// How long it wants an allotment to last at its demand (`None`: two ticks): until its
+    /// next report but one, for a client that reports less often than every tick.
+    pub lasts: Option<Duration>,
 }
 
 /// Units a client may admit in a group's window under way, sent with its grant.
@@ -73,6 +77,9 @@ pub struct Allotment {
 /// How long to tell a client to wait when a quota over the group's life is spent: it never
 /// comes back by itself, so this is only how often to look.
 pub const LIFE_SPENT_RETRY: Duration = Duration::from_secs(3600);
+
+/// The longest a client may ask an allotment to last ([`QuotaHeld::lasts`]).
+pub const LASTS_MAX: Duration = Duration::from_secs(3600);
 
 /// The smallest allotment worth an exchange, in units (less when less is left).
 pub const ALLOTMENT_MIN: f64 = 1.0;
@@ -131,6 +138,8 @@ pub(crate) struct Quotas {
     /// The latest engine time seen (a tick's or a report's): whether a window from the first
     /// request that nobody asked in since has ended.
     seen: Nanos,
+    /// In a regional engine: what the tier above allotted the region.
+    pub(crate) above: Above,
 }
 
 /// What a report asks of a group's allotment.
@@ -153,6 +162,11 @@ impl Quotas {
     /// Notes the engine's time (a tick's).
     pub(crate) fn observe(&mut self, now: Nanos) {
         self.seen = self.seen.max(now);
+    }
+
+    /// The latest engine time seen.
+    pub(crate) fn seen(&self) -> Nanos {
+        self.seen
     }
 
     /// Places the windows: the engine's time `now` is the Unix time `wall_ms`.
@@ -242,6 +256,36 @@ impl Quotas {
         let wall = self.wall_ms(ask.now)?;
         let (window, ends_at, pending) =
             self.start_windows(ask.group, s, (wall, ask.consumed), ask.demand > 0.0);
+        let at = self.holder(&ask, window, released);
+        let unspent = self.ledgers[ask.group].unspent();
+        let room = |w: BudgetPeriod, units: f64| units - self.counted(ask.group, w, ask.consumed) - unspent;
+        let left = s.quotas().map(|(w, units)| room(w, units)).fold(f64::INFINITY, f64::min);
+        let add = if pending { 0.0 } else { size(&self.ledgers[ask.group].holders, at, left) };
+        debug_assert!(add >= 0.0 && (add <= left.max(0.0)), "an allotment within what is left");
+        // Nothing left beyond the allotments once this one is made: the windows with no room
+        // come back when they start afresh (sooner only if a client gives units back).
+        let mut reset_in: Option<Duration> = None;
+        for (w, _) in s.quotas().filter(|&(w, units)| room(w, units) - add <= 1e-9) {
+            let back = match self.window_end(ask.group, w, wall) {
+                Some(end) => Duration::from_millis(end.saturating_sub(wall)),
+                None => LIFE_SPENT_RETRY,
+            };
+            reset_in = Some(reset_in.map_or(back, |r| r.max(back)));
+        }
+        let ledger = self.ledgers.get_mut(ask.group).expect("made above");
+        ledger.holders[at].given += add;
+        Some(Allotment {
+            window,
+            add,
+            ends_in: ends_at.map(|e| Duration::from_millis(e.saturating_sub(wall))),
+            left: (left - add).max(0.0),
+            reset_in,
+        })
+    }
+
+    /// The place of `ask`'s client in its group's ledger of `window` (the ledger started
+    /// afresh if it was another window's), with what it reports it holds taken.
+    fn holder(&mut self, ask: &Ask<'_>, window: u64, released: &[ClientId]) -> usize {
         let ledger = self.ledgers.entry(ask.group.clone()).or_default();
         if ledger.window != window {
             // The shortest window ended: every allotment of the last one lapsed with it.
@@ -273,27 +317,35 @@ impl Quotas {
             }
         };
         ledger.holders[at].want = finite(ask.demand) * ask.horizon.as_secs_f64();
-        let unspent = ledger.unspent();
-        let room = |w: BudgetPeriod, units: f64| units - self.counted(ask.group, w, ask.consumed) - unspent;
-        let left = s.quotas().map(|(w, units)| room(w, units)).fold(f64::INFINITY, f64::min);
-        let add = if pending { 0.0 } else { size(&self.ledgers[ask.group].holders, at, left) };
-        debug_assert!(add >= 0.0 && (add <= left.max(0.0)), "an allotment within what is left");
-        // Nothing left beyond the allotments once this one is made: the windows with no room
-        // come back when they start afresh (sooner only if a client gives units back).
-        let mut reset_in: Option<Duration> = None;
-        for (w, _) in s.quotas().filter(|&(w, units)| room(w, units) - add <= 1e-9) {
-            let back = match self.window_end(ask.group, w, wall) {
-                Some(end) => Duration::from_millis(end.saturating_sub(wall)),
-                None => LIFE_SPENT_RETRY,
-            };
-            reset_in = Some(reset_in.map_or(back, |r| r.max(back)));
+        at
+    }
+
+    /// In a regional engine: takes a client's report of its allotment and answers with more,
+    /// as much as what the tier above allotted the region leaves ([`Above`]). A group the tier
+    /// above has allotted nothing yet is given nothing, and told to look again in a second.
+    pub(crate) fn allot_regional(&mut self, ask: Ask<'_>, released: &[ClientId]) -> Option<Allotment> {
+        if !ask.settings.has_quotas() {
+            return None;
         }
+        self.observe(ask.now);
+        let Some(lot) = self.above.lot(ask.group, ask.now, ask.consumed) else {
+            let nothing =
+                Allotment { window: 0, add: 0.0, ends_in: None, left: 0.0, reset_in: Some(ABOVE_RETRY) };
+            return Some(nothing);
+        };
+        let at = self.holder(&ask, lot.window, released);
+        let left = lot.room - self.ledgers[ask.group].unspent();
+        let add = size(&self.ledgers[ask.group].holders, at, left);
         let ledger = self.ledgers.get_mut(ask.group).expect("made above");
         ledger.holders[at].given += add;
+        // Nothing left here once this one is made: back when the tier above's windows start
+        // afresh, or in a second if it had more for the region to ask for.
+        let reset_in = (left - add <= 1e-9)
+            .then(|| if lot.beyond > 0.0 { ABOVE_RETRY } else { lot.reset_in.unwrap_or(ABOVE_RETRY) });
         Some(Allotment {
-            window,
+            window: lot.window,
             add,
-            ends_in: ends_at.map(|e| Duration::from_millis(e.saturating_sub(wall))),
+            ends_in: lot.ends_in,
             left: (left - add).max(0.0),
             reset_in,
         })
@@ -451,7 +503,7 @@ mod tests {
         assert_eq!(given[0], 10.0);
         assert!(given.iter().all(|&g| g >= 1.0), "{given:?}");
         // Client 0 used all of its allotment: asking again finds only what the others leave.
-        let held = QuotaHeld { window: 10 * MINUTE_MS, given: given[0], used: given[0] };
+        let held = QuotaHeld { window: 10 * MINUTE_MS, given: given[0], used: given[0], lasts: None };
         let a = q.allot(ask(&g, &s, 2, given[0], 0, Some(held), 100.0), &[]).unwrap();
         assert!(given[0] + a.add + given[1] + given[2] <= 20.0 + 1e-9);
         assert!((a.left - (20.0 - given[0] - a.add - given[1] - given[2])).abs() < 1e-9, "{a:?}");
@@ -466,7 +518,7 @@ mod tests {
         // Each time all it held was used: half of what is left, at least one unit.
         let mut given = 2.0;
         for (t, expected) in [(1, 1.0), (2, 1.0), (3, 1.0)] {
-            let held = QuotaHeld { window: a.window, given, used: given };
+            let held = QuotaHeld { window: a.window, given, used: given, lasts: None };
             let next = q.allot(ask(&g, &s, t, given, 1, Some(held), 50.0), &[]).unwrap();
             assert_eq!(next.add, expected, "at {t} s with {given} given");
             given += next.add;
@@ -476,9 +528,9 @@ mod tests {
         let (g2, s2) = (name("tiny"), minute_quota(1.5));
         let first = q.allot(ask(&g2, &s2, 0, 0.0, 1, None, 50.0), &[]).unwrap();
         assert_eq!(first.add, 1.0);
-        let held2 = QuotaHeld { window: first.window, given: 1.0, used: 1.0 };
+        let held2 = QuotaHeld { window: first.window, given: 1.0, used: 1.0, lasts: None };
         assert_eq!(q.allot(ask(&g2, &s2, 1, 1.0, 1, Some(held2), 50.0), &[]).unwrap().add, 0.5);
-        let held = QuotaHeld { window: a.window, given: 5.0, used: 5.0 };
+        let held = QuotaHeld { window: a.window, given: 5.0, used: 5.0, lasts: None };
         let spent = q.allot(ask(&g, &s, 20, 5.0, 1, Some(held), 50.0), &[]).unwrap();
         assert_eq!((spent.add, spent.left), (0.0, 0.0));
         assert_eq!(spent.reset_in, Some(Duration::from_secs(40)));
@@ -499,13 +551,27 @@ mod tests {
         assert_eq!(a.add, 4.0);
         // The answer never arrived: the client says it holds nothing, and nothing is counted.
         let b = q
-            .allot(ask(&g, &s, 1, 0.0, 1, Some(QuotaHeld { window: w, given: 0.0, used: 0.0 }), 2.0), &[])
+            .allot(
+                ask(
+                    &g,
+                    &s,
+                    1,
+                    0.0,
+                    1,
+                    Some(QuotaHeld { window: w, given: 0.0, used: 0.0, lasts: None }),
+                    2.0,
+                ),
+                &[],
+            )
             .unwrap();
         assert_eq!(b.add, 4.0);
         assert_eq!(q.unspent(&g), 4.0);
         // A client may not claim more than it was given.
-        q.allot(ask(&g, &s, 2, 0.0, 1, Some(QuotaHeld { window: w, given: 9.0, used: 0.0 }), 0.0), &[])
-            .unwrap();
+        q.allot(
+            ask(&g, &s, 2, 0.0, 1, Some(QuotaHeld { window: w, given: 9.0, used: 0.0, lasts: None }), 0.0),
+            &[],
+        )
+        .unwrap();
         assert_eq!(q.unspent(&g), 4.0);
         // A fresh controller takes a client's word for what it holds.
         let mut fresh = Quotas::default();
@@ -516,7 +582,7 @@ mod tests {
             BudgetPeriod::Minute,
             Baseline { period_start_unix_ms: w, consumed: 0.0 },
         );
-        let held = QuotaHeld { window: w, given: 8.0, used: 1.0 };
+        let held = QuotaHeld { window: w, given: 8.0, used: 1.0, lasts: None };
         let c = fresh.allot(ask(&g, &s, 3, 1.0, 7, Some(held), 0.0), &[]).unwrap();
         assert_eq!(fresh.unspent(&g), 7.0);
         assert_eq!(c.left, 2.0, "10 less 1 consumed less 7 held");
@@ -538,7 +604,7 @@ mod tests {
         let a = q.allot(ask(&g, &s, 0, 0.0, 1, None, 1000.0), &[]).unwrap();
         assert_eq!(a.add, 15.0, "half of the hour's 30");
         assert_eq!(a.ends_in, Some(Duration::from_secs(30)));
-        let held = QuotaHeld { window: a.window, given: 30.0, used: 30.0 };
+        let held = QuotaHeld { window: a.window, given: 30.0, used: 30.0, lasts: None };
         let spent = q.allot(ask(&g, &s, 1, 30.0, 1, Some(held), 1000.0), &[]).unwrap();
         // The hour is spent: back at the next hour, 59 minutes and 29 s away.
         assert_eq!(spent.reset_in, Some(Duration::from_secs(59 * 60 - 31)));
@@ -563,7 +629,7 @@ mod tests {
         assert_eq!(started.ends_in, Some(Duration::from_secs(60)));
         assert_eq!(started.add, 2.0);
         // Spent: it comes back a minute after the first request, not on the clock's minute.
-        let held = QuotaHeld { window: started.window, given: 5.0, used: 5.0 };
+        let held = QuotaHeld { window: started.window, given: 5.0, used: 5.0, lasts: None };
         let spent = q.allot(ask(&h, &first, 20, 5.0, 1, Some(held), 3.0), &[]).unwrap();
         assert_eq!(spent.left, 0.0);
         assert_eq!(spent.reset_in, Some(Duration::from_secs(47)));

@@ -34,6 +34,7 @@
 //! group's state), clients, backends and resumable ramps; idle groups, silent clients and
 //! silent backends expire.
 
+mod above;
 mod allot;
 mod clients;
 mod diagnostics;
@@ -50,7 +51,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use allot::{ALLOTMENT_MIN, Allotment, LIFE_SPENT_RETRY, QuotaHeld};
+pub use allot::{ALLOTMENT_MIN, Allotment, LASTS_MAX, LIFE_SPENT_RETRY, QuotaHeld};
 pub use clients::ClientError;
 pub use diagnostics::{BackendView, ClientView, Diagnostics, TOP_GROUPS};
 pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
@@ -453,8 +454,8 @@ pub fn quota_cap(limit: f64, left: Option<f64>) -> f64 {
 }
 
 /// The allotment of group `key`'s quotas for `client`, given its report `r` (see
-/// [`Allotment`]); `None` for a group with no quota, and in a regional engine, which leaves
-/// quotas to the tier above. `released`: restarted clients' earlier incarnations.
+/// [`Allotment`]); `None` for a group with no quota. A regional engine allots what the tier
+/// above allotted the region. `released`: restarted clients' earlier incarnations.
 fn allot_for(
     quotas: &mut allot::Quotas,
     (released, settings, regional): (&[ClientId], &EngineSettings, bool),
@@ -466,7 +467,7 @@ fn allot_for(
 ) -> Option<Allotment> {
     // A client that takes no allotments is given none.
     r.quota?;
-    let s = g.settings.as_deref().filter(|s| s.has_quotas() && !regional)?;
+    let s = g.settings.as_deref().filter(|s| s.has_quotas())?;
     let tick_s = settings.tick.as_secs_f64().max(1e-3);
     let ask = allot::Ask {
         now,
@@ -476,10 +477,15 @@ fn allot_for(
         client,
         held: r.quota,
         demand: r.demand.max(0.0) + r.waiting.max(0.0) / tick_s,
-        // About two exchanges: a client exchanges every tick, or every half second at most.
-        horizon: settings.tick.max(Duration::from_millis(500)) * 2,
+        // About two exchanges: a client exchanges every tick, or every half second at most,
+        // unless it says it reports less often.
+        horizon: r
+            .quota
+            .and_then(|q| q.lasts)
+            .unwrap_or(settings.tick.max(Duration::from_millis(500)) * 2)
+            .min(allot::LASTS_MAX),
     };
-    quotas.allot(ask, released)
+    if regional { quotas.allot_regional(ask, released) } else { quotas.allot(ask, released) }
 }
 
 /// A tracked group's `load_slot` when it has none.
@@ -1431,7 +1437,8 @@ impl Engine {
         let above = upstream::ceiling(&self.upstream, key).map_or(f64::INFINITY, |g| g.rate);
         let Some(s) = settings else { return above };
         let consumed = self.meter(key).map_or(0.0, |m| m.consumed);
-        // A regional engine leaves quotas to the tier above, which counts every region.
+        // A regional engine leaves the windows to the tier above, which counts every region:
+        // its allotments bound the counts here.
         let left = if self.upstream.is_some() { None } else { self.quotas.left(key, s, consumed) };
         let nested = self.nesting.get(key).map_or(f64::INFINITY, |b| b.cap);
         quota_cap(s.limit().as_f64(), left).min(nested).min(above)

@@ -1423,6 +1423,24 @@ fn a_view_made_in_parts_is_the_whole_view() {
 }
 
 #[test]
+fn an_allotment_lasts_as_long_as_its_client_says_it_reports() {
+    let mut e = engine(EngineSettings::default());
+    let s = GroupSettings::builder().budget(100_000.0).build().unwrap();
+    e.set_group(name("api"), s);
+    e.set_wall_clock(Nanos(0), 0);
+    let mut asking = |client: u64, lasts: Option<Duration>| {
+        let held = crate::engine::QuotaHeld { lasts, ..Default::default() };
+        let r = ClientReport { quota: Some(held), ..report(10.0, 0.0, 0.0) };
+        e.report(Nanos(S), client, &name("api"), r).quota.unwrap().add
+    };
+    // Two ticks of 10 units/s by default; 20 s for a client that reports every 5 s or so;
+    // never past an hour.
+    assert_eq!(asking(1, None), 20.0);
+    assert_eq!(asking(2, Some(Duration::from_secs(20))), 200.0);
+    assert_eq!(asking(3, Some(Duration::from_secs(7200))), 36_000.0);
+}
+
+#[test]
 fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_each_window() {
     use crate::settings::BudgetPeriod;
     let mut e = engine(EngineSettings::default());
@@ -1447,12 +1465,12 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
     assert_eq!((a.add, a.left), (25.0, 25.0));
     assert_eq!(a.window, 10 * minute);
     assert_eq!(a.ends_in, Some(Duration::from_secs(59)));
-    // A client that takes no allotments (an Envoy quota stream) is given none.
+    // A client that takes no allotments (a region's lease) is given none.
     assert!(e.report(at(1), 9, &name("api"), report(1000.0, 0.0, 0.0)).quota.is_none());
     e.tick(at(1));
     assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(1000.0));
     // It used them all: more, half of what is left again, until nothing is.
-    let mut held = crate::engine::QuotaHeld { window: a.window, given: 25.0, used: 25.0 };
+    let mut held = crate::engine::QuotaHeld { window: a.window, given: 25.0, used: 25.0, lasts: None };
     let mut given = 25.0;
     for second in 2..20 {
         let consumed = held.used - e.meter(&name("api")).map_or(0.0, |m| m.consumed);
@@ -1464,7 +1482,7 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
         );
         let a = g.quota.unwrap();
         given += a.add;
-        held = crate::engine::QuotaHeld { window: a.window, given, used: given };
+        held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
         assert!(given <= 50.0, "{given} allotted of a minute's 50");
     }
     assert_eq!(given, 50.0, "every unit of the minute allotted, one at least each time");
@@ -1491,7 +1509,7 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
     e.tick(at(61));
     assert_eq!(e.outcome(&name("api")).unwrap().target(), Some(1000.0));
     // 50 more consumed in it: the hour has 20 left, tighter than a fresh minute's 50.
-    let held = crate::engine::QuotaHeld { window: a.window, given: 25.0, used: 25.0 };
+    let held = crate::engine::QuotaHeld { window: a.window, given: 25.0, used: 25.0, lasts: None };
     e.report(at(62), 1, &name("api"), ClientReport { quota: Some(held), ..report(1000.0, 50.0, 0.0) });
     let g = e.report(at(121), 1, &name("api"), taking(report(1000.0, 0.0, 0.0)));
     let a = g.quota.unwrap();
@@ -1611,7 +1629,7 @@ fn a_regional_engine_grants_within_what_the_tier_above_granted_and_nothing_befor
     assert_eq!((usage[0].demand, usage[0].held), (800.0, None));
     // 300 granted from above: the region's two clients split it, burst within its burst; the
     // minute's quota (10 units) is the tier above's to count, not this one's.
-    e.set_upstream(name("a"), UpstreamGrant { rate: 300.0, burst: 150.0 });
+    e.set_upstream(name("a"), UpstreamGrant { rate: 300.0, burst: 150.0, quota: None });
     e.set_budget_baseline(name("a"), BudgetPeriod::Minute, 0, 0.0);
     let t = Nanos(2 * S);
     e.report(t, 1, &name("a"), report(400.0, 400.0, 4.0));
@@ -1622,7 +1640,7 @@ fn a_regional_engine_grants_within_what_the_tier_above_granted_and_nothing_befor
     let (one, two) = (o.grant_of(1).unwrap(), o.grant_of(2).unwrap());
     assert_eq!(one.rate + two.rate, 300.0);
     assert!(one.burst + two.burst <= 150.0 + 1e-9, "{one:?} {two:?}");
-    assert_eq!(e.upstream_usage(10)[0].held, Some(UpstreamGrant { rate: 300.0, burst: 150.0 }));
+    assert_eq!(e.upstream_usage(10)[0].held, Some(UpstreamGrant { rate: 300.0, burst: 150.0, quota: None }));
     // An ordinary engine again: the group's own limit.
     e.set_upstream_mode(false);
     e.tick(Nanos(3 * S));

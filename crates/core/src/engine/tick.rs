@@ -814,8 +814,8 @@ fn bounds(g: &super::Tracked, slow_start: bool, left: Option<f64>) -> (f64, f64)
 type Nesting = HashMap<GroupName, crate::hierarchy::Bound, super::FixedHasher>;
 
 /// What bounds a group this tick: its reservation, its cap, its burst, and whether a quota
-/// of it is spent (a regional engine leaves quotas to the tier above, which counts every
-/// region).
+/// of it is spent (in a regional engine the tier above counts the windows, and the region's
+/// allotments bound what its clients admit).
 fn limits_of(
     g: &super::Tracked,
     name: &GroupName,

@@ -7,19 +7,23 @@
 //! clients split it by the usual policy. A group the global tier has not granted yet has a
 //! ceiling of nothing, so a region never grants what the global tier has not given it; its
 //! clients wait for the first lease. Quotas over windows are counted by the global tier, which
-//! sees every region's consumption, so a regional engine leaves them out.
+//! sees every region's consumption: the region takes allotments of them as a client does, and
+//! allots its own clients out of what it holds ([`super::above`]).
 
-use super::{Engine, FixedHasher, GroupName};
+use super::{Allotment, Engine, FixedHasher, GroupName, QuotaHeld};
 use std::collections::HashMap;
 
 /// What the tier above granted this engine for one group: a rate and a burst, units/s and
-/// units (infinite: unlimited).
+/// units (infinite: unlimited), and an allotment of its quotas.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UpstreamGrant {
     /// Units/s.
     pub rate: f64,
     /// Units.
     pub burst: f64,
+    /// Of a group with quotas per window, units the region may admit in the window under way
+    /// (`None`: nothing new, as when a share decays while the tier above is out of reach).
+    pub quota: Option<Allotment>,
 }
 
 /// One group's usage by this engine's clients, added up, as the tier above is told it.
@@ -35,7 +39,14 @@ pub struct UpstreamUsage {
     pub meter: super::Meter,
     /// What the tier above granted it last (`None`: nothing yet).
     pub held: Option<UpstreamGrant>,
+    /// Of a group with quotas per window: what the region holds of the tier above's
+    /// allotment, and what it used of it.
+    pub quota: Option<QuotaHeld>,
 }
+
+/// How long a round lasts, in seconds, for what a region keeps of an allotment beyond what its
+/// clients hold: a client's exchange period.
+const ABOVE_KEEP_S: f64 = 1.0;
 
 /// The grants from the tier above, by group; `None` in an engine that has no tier above.
 pub(crate) type Upstream = Option<HashMap<GroupName, UpstreamGrant, FixedHasher>>;
@@ -44,7 +55,7 @@ pub(crate) type Upstream = Option<HashMap<GroupName, UpstreamGrant, FixedHasher>
 /// or no ceiling in an engine that has no tier above.
 pub(crate) fn ceiling(upstream: &Upstream, group: &GroupName) -> Option<UpstreamGrant> {
     let grants = upstream.as_ref()?;
-    Some(grants.get(group).copied().unwrap_or(UpstreamGrant { rate: 0.0, burst: 0.0 }))
+    Some(grants.get(group).copied().unwrap_or(UpstreamGrant { rate: 0.0, burst: 0.0, quota: None }))
 }
 
 impl Engine {
@@ -53,8 +64,8 @@ impl Engine {
     /// grants the region each group's share (Doorman's tree): that share is the group's
     /// ceiling here ([`set_upstream`](Self::set_upstream)), nothing before the first; its
     /// clients' usage, added up, is what the tier above is told
-    /// ([`upstream_usage`](Self::upstream_usage)); quotas over windows are left to the tier
-    /// above, which counts every region's consumption.
+    /// ([`upstream_usage`](Self::upstream_usage)); quotas over windows are counted by the
+    /// tier above, which counts every region's consumption and allots the region its part.
     pub fn set_upstream_mode(&mut self, on: bool) {
         self.upstream = on.then(HashMap::default);
         self.settings_changed();
@@ -72,13 +83,19 @@ impl Engine {
     }
 
     /// Takes what the tier above granted for `group`: its ceiling here from the next tick on
-    /// (and for clients new to it at once). Says whether it moved. Ignored by an engine that
-    /// is not regional.
+    /// (and for clients new to it at once), and its allotment of the group's quotas (timed
+    /// from the engine's latest time). Says whether the ceiling moved. Ignored by an engine
+    /// that is not regional.
     pub fn set_upstream(&mut self, group: GroupName, grant: UpstreamGrant) -> bool {
         let Some(grants) = &mut self.upstream else { return false };
+        if let Some(a) = &grant.quota {
+            let consumed = self.tracked.get(&group).map_or(0.0, |g| g.meter.consumed);
+            let now = self.quotas.seen();
+            self.quotas.above.take(&group, a, now, consumed);
+        }
         let rate = if grant.rate.is_nan() { 0.0 } else { grant.rate.max(0.0) };
         let burst = if grant.burst.is_nan() { 0.0 } else { grant.burst.max(0.0) };
-        let new = UpstreamGrant { rate, burst };
+        let new = UpstreamGrant { rate, burst, quota: None };
         grants.insert(group, new) != Some(new)
     }
 
@@ -86,10 +103,11 @@ impl Engine {
     /// (the most the tier takes in one exchange). Upstream grants of groups no longer tracked
     /// are forgotten.
     pub fn upstream_usage(&mut self, max: usize) -> Vec<UpstreamUsage> {
-        let Engine { tracked, upstream, .. } = self;
+        let Engine { tracked, upstream, quotas, .. } = self;
         if let Some(grants) = upstream {
             grants.retain(|name, _| tracked.contains_key(name));
         }
+        quotas.above.retain(|name| tracked.contains_key(name));
         let mut out = Vec::new();
         for (name, g) in tracked.iter() {
             if out.len() == max {
@@ -104,7 +122,10 @@ impl Engine {
                 unthrottled += f64::from(c.unthrottled);
             }
             let held = upstream.as_ref().and_then(|u| u.get(name).copied());
-            out.push(UpstreamUsage { group: name.clone(), demand, unthrottled, meter: g.meter, held });
+            // Kept: what the region's clients would ask for in the next two rounds.
+            let unspent = quotas.unspent(name);
+            let quota = quotas.above.held(name, g.meter.consumed, unspent, demand * 2.0 * ABOVE_KEEP_S);
+            out.push(UpstreamUsage { group: name.clone(), demand, unthrottled, meter: g.meter, held, quota });
         }
         out
     }

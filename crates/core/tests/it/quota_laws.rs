@@ -76,7 +76,7 @@ impl Client {
         if self.given - self.used > keep {
             self.given = self.used + keep;
         }
-        Some(QuotaHeld { window: self.window, given: self.given, used: self.used })
+        Some(QuotaHeld { window: self.window, given: self.given, used: self.used, lasts: None })
     }
 
     fn apply(&mut self, sent_ms: u64, a: Option<Allotment>) {

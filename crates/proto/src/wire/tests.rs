@@ -47,7 +47,7 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
         any_detail(),
         any::<[u32; 2]>(),
         proptest::array::uniform4(prop_oneof![Just(0u64), any::<u64>()]),
-        proptest::option::of((prop_oneof![Just(0u64), any::<u64>()], any_f64(), any_f64())),
+        proptest::option::of((prop_oneof![Just(0u64), any::<u64>()], any_f64(), any_f64(), any::<u32>())),
     )
         .prop_map(|(group, f, n, detail, slots, c, quota)| v1::GroupUsage {
             group,
@@ -67,7 +67,12 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
             sheddable_admitted: c[2],
             sheddable_throttled: c[3],
             detail,
-            quota: quota.map(|(window, given, used)| v1::QuotaHeld { window, given, used }),
+            quota: quota.map(|(window, given, used, lasts_ms)| v1::QuotaHeld {
+                window,
+                given,
+                used,
+                lasts_ms,
+            }),
         })
 }
 
@@ -144,7 +149,8 @@ fn usage_field() -> impl Strategy<Value = Field> {
         ],
         0..9,
     );
-    // The allotment held: its window, then given and used, and unknown fields.
+    // The allotment held: its window, then given and used, how long it should last, and
+    // unknown fields.
     let quota = proptest::collection::vec(
         prop_oneof![
             any::<u64>().prop_map(|v| Field::Varint(1, v)),

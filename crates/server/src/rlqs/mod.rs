@@ -29,6 +29,8 @@
 //! usages) ends the stream with `INVALID_ARGUMENT` naming the field; Envoy opens a new one at
 //! its next report.
 
+mod count;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +60,7 @@ use crate::clock::Clock;
 use crate::cluster::Cluster;
 use crate::controller::Controller;
 use crate::rls::{ENTRIES_MAX, RlsRules, text};
+use count::{Book, Count, Pace};
 
 /// The most quota streams open at once (`RESOURCE_EXHAUSTED` past it).
 pub const STREAMS_MAX: u64 = 1024;
@@ -69,6 +72,12 @@ pub const REQUESTS_MAX: u64 = 1_000_000_000_000;
 pub const HYSTERESIS: f64 = 0.02;
 /// How long a bucket may go without a request before it is abandoned.
 pub const IDLE_ABANDON: Duration = Duration::from_secs(300);
+/// How long a stream wants a group's allotment to last at its demand: an assignment's time to
+/// live (the lease, 10 s by default) and its slack, and Envoy's report after (every 5 s).
+const QUOTA_LASTS: Duration = Duration::from_secs(20);
+/// How much of a group's allotment a stream keeps beyond what its buckets were assigned, at
+/// their demand: what renewals take until the next exchanges.
+const QUOTA_KEEP: Duration = Duration::from_secs(10);
 /// How long after a tick the stream exchanges, so that it carries the tick's grants.
 const AFTER_TICK: Duration = Duration::from_millis(20);
 /// How soon the stream exchanges again when a tick is due or under way.
@@ -133,6 +142,8 @@ enum Assignment {
     DenyAll,
     /// A token bucket: `per_second` tokens a second, at most `max` banked.
     Tokens { per_second: u32, max: u32 },
+    /// A token bucket paced for a group with quotas ([`count`]).
+    Paced(Pace),
 }
 
 impl Assignment {
@@ -156,6 +167,7 @@ impl Assignment {
                 Assignment::Tokens { per_second: r1, max: m1 },
                 Assignment::Tokens { per_second: r2, max: m2 },
             ) => close(r1, r2) && close(m1, m2),
+            (Assignment::Paced(a), Assignment::Paced(b)) => a == b,
             (a, b) => a == b,
         }
     }
@@ -169,6 +181,16 @@ impl Assignment {
                 max_tokens: max,
                 tokens_per_fill: Some(UInt32Value { value: per_second }),
                 fill_interval: Some(PbDuration { seconds: FILL_INTERVAL_S, nanos: 0 }),
+            }),
+            // Envoy reads the interval in whole seconds, but tells an assignment changed by
+            // its nanoseconds: they carry the seconds too.
+            Assignment::Paced(p) => Strategy::TokenBucket(TokenBucket {
+                max_tokens: p.max,
+                tokens_per_fill: Some(UInt32Value { value: p.per_fill }),
+                fill_interval: Some(PbDuration {
+                    seconds: i64::from(p.every_s),
+                    nanos: i32::try_from(p.every_s).unwrap_or(0),
+                }),
             }),
         };
         RateLimitStrategy { strategy: Some(strategy) }
@@ -194,6 +216,8 @@ struct Bucket {
     shadow: Option<ShadowBucket>,
     /// Requests allowed since the last exchange that the shadow bucket would have denied.
     would_refuse: u64,
+    /// In a group with quotas: what Envoy may still admit under its assignments.
+    count: Count,
 }
 
 /// The token bucket a bucket in shadow mode would enforce: reported requests beyond it are
@@ -224,6 +248,8 @@ pub(crate) struct Session {
     client_id: String,
     sequence: u64,
     buckets: HashMap<Key, Bucket>,
+    /// Each group with quotas: its allotment in the window under way.
+    books: HashMap<String, Book>,
 }
 
 /// Why a usage's bucket id cannot be served, naming the field; `None` when it can.
@@ -244,7 +270,7 @@ fn check_id(i: usize, entries: &[(String, String)]) -> Option<String> {
 
 impl Session {
     pub(crate) fn new(client_id: String) -> Session {
-        Session { client_id, sequence: 0, buckets: HashMap::new() }
+        Session { client_id, sequence: 0, buckets: HashMap::new(), books: HashMap::new() }
     }
 
     /// Takes a report: each usage's counts go to its bucket (started when new). Returns how
@@ -296,6 +322,7 @@ impl Session {
                     assigned: None,
                     shadow: None,
                     would_refuse: 0,
+                    count: Count::default(),
                 };
                 self.buckets.insert(key.clone(), b);
                 new += 1;
@@ -321,6 +348,11 @@ impl Session {
             }
             b.admitted += allowed;
             b.throttled += denied;
+            if let Ok(g) = &b.group
+                && let Some(book) = self.books.get_mut(g.as_str())
+            {
+                book.used += b.count.take(allowed as f64);
+            }
             if let Some(shadow) = &mut b.shadow {
                 b.would_refuse += shadow.take(elapsed, allowed);
             }
@@ -332,6 +364,8 @@ impl Session {
     /// [`tollgate_proto::EXCHANGE_GROUPS_MAX`] groups each; `closing` reports no demand.
     pub(crate) fn exchanges(&mut self, closing: bool) -> Vec<v1::ExchangeRequest> {
         let mut groups: HashMap<&str, v1::GroupUsage> = HashMap::new();
+        // Per group with quotas: what its buckets may still admit, and their demand.
+        let mut counted: HashMap<&str, (f64, f64)> = HashMap::new();
         for b in self.buckets.values_mut() {
             let Ok(g) = &b.group else { continue };
             let u = groups
@@ -344,12 +378,30 @@ impl Session {
             u.admitted += b.admitted;
             u.throttled += b.throttled;
             u.would_refuse += b.would_refuse;
-            if let Some((Assignment::Tokens { per_second, .. }, _, _)) = b.assigned {
-                u.held += f64::from(per_second);
+            match b.assigned {
+                Some((Assignment::Tokens { per_second, .. }, _, _)) => u.held += f64::from(per_second),
+                Some((Assignment::Paced(p), _, _)) => u.held += p.rate(),
+                _ => {}
+            }
+            if self.books.contains_key(g.as_str()) {
+                let c = counted.entry(g.as_str()).or_default();
+                c.0 += b.count.committed(b.last_report);
+                c.1 += b.demand;
             }
             b.admitted = 0;
             b.throttled = 0;
             b.would_refuse = 0;
+        }
+        for (g, (committed, demand)) in counted {
+            let (Some(book), Some(u)) = (self.books.get_mut(g), groups.get_mut(g)) else { continue };
+            // Kept for renewals; the rest goes back to the controller.
+            let (given, used) = book.report(committed, demand * QUOTA_KEEP.as_secs_f64());
+            u.quota = Some(v1::QuotaHeld {
+                window: book.window,
+                given,
+                used,
+                lasts_ms: u32::try_from(QUOTA_LASTS.as_millis()).unwrap_or(u32::MAX),
+            });
         }
         let mut groups: Vec<v1::GroupUsage> = groups.into_values().collect();
         groups.sort_by(|a, b| a.group.cmp(&b.group));
@@ -363,8 +415,8 @@ impl Session {
                     groups: page.to_vec(),
                     target_request_period_ms: 0,
                     shard_map_epoch: None,
-                    // Envoy's buckets and a region's lease admit by rates: no allotments.
-                    takes_allotments: false,
+                    // Groups with quotas are assigned from allotments ([`count`]).
+                    takes_allotments: true,
                 }
             })
             .collect()
@@ -384,7 +436,18 @@ impl Session {
                 d.1 += 1;
             }
         }
+        // Groups with quotas are assigned from their allotments (in shadow mode Envoy allows
+        // all, and the rates say what it would have denied); a group whose quotas went is
+        // assigned by rates again.
         let mut actions = Vec::new();
+        for grant in grants.values() {
+            match &grant.quota {
+                Some(q) if !grant.shadow => actions.extend(self.assign_counted(now, grant, q)),
+                _ => {
+                    self.books.remove(&grant.group);
+                }
+            }
+        }
         let mut idle = Vec::new();
         for (key, b) in &mut self.buckets {
             if now.since(b.last_request) >= IDLE_ABANDON {
@@ -394,7 +457,11 @@ impl Session {
             let (want, ttl) = match &b.group {
                 Err(_) => (Assignment::DenyAll, Duration::from_secs(60)),
                 Ok(g) => {
-                    let Some(grant) = grants.get(g.as_str()) else { continue };
+                    let Some(grant) =
+                        grants.get(g.as_str()).filter(|grant| grant.quota.is_none() || grant.shadow)
+                    else {
+                        continue;
+                    };
                     let (total, n) = demand.get(g).copied().unwrap_or((0.0, 1));
                     let share = if total > 0.0 { b.demand / total } else { 1.0 / n as f64 };
                     let mut want = Assignment::of(grant.unlimited, grant.rate * share, grant.burst * share);
