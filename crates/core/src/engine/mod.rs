@@ -1009,6 +1009,11 @@ impl Engine {
         self.settings_changed();
         self.account(before.as_deref(), -1.0);
         self.meters.remove(name);
+        // Its clients may go on: what they consume from now on is another group's life (a
+        // group made again by the name counts its quotas afresh).
+        if let Some(g) = self.tracked.get_mut(name) {
+            g.meter = Meter::default();
+        }
         self.quotas.forget(name);
         before.map(Arc::unwrap_or_clone)
     }

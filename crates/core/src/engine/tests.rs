@@ -1423,6 +1423,24 @@ fn a_view_made_in_parts_is_the_whole_view() {
 }
 
 #[test]
+fn a_group_made_again_after_a_drop_counts_its_budget_afresh() {
+    let mut e = engine(EngineSettings::default());
+    e.set_wall_clock(Nanos(0), 0);
+    let budget = || GroupSettings::builder().budget(100.0).build().unwrap();
+    e.set_group(name("api"), budget());
+    let held = crate::engine::QuotaHeld::default();
+    let asking = |consumed: f64| ClientReport { quota: Some(held), ..report(1000.0, consumed, 0.0) };
+    // Its client consumes all of it, and keeps going while the group is dropped.
+    e.report(Nanos(S), 1, &name("api"), asking(100.0));
+    assert_eq!(e.meter(&name("api")).unwrap().consumed, 100.0);
+    e.remove_group(&name("api"));
+    assert_eq!(e.meter(&name("api")).map_or(0.0, |m| m.consumed), 0.0, "forgotten with the group");
+    e.set_group(name("api"), budget());
+    let a = e.report(Nanos(2 * S), 1, &name("api"), asking(0.0)).quota.unwrap();
+    assert_eq!((a.add, a.left), (50.0, 50.0), "a new budget: half of it in one answer");
+}
+
+#[test]
 fn an_allotment_lasts_as_long_as_its_client_says_it_reports() {
     let mut e = engine(EngineSettings::default());
     let s = GroupSettings::builder().budget(100_000.0).build().unwrap();
