@@ -35,12 +35,13 @@ pub enum Quota {
     Clear { tag: String },
 }
 
-/// TiDB's priorities.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum PriorityArg {
-    Low,
-    Medium,
-    High,
+/// A priority: 1 to 16, or TiDB's names, `low` (1), `medium` (8) and `high` (16).
+fn parse_priority(s: &str) -> Result<u32, String> {
+    let p = match s.parse::<u8>() {
+        Ok(level) => tollgate_model::settings::Priority::new(level),
+        Err(_) => tollgate_model::settings::Priority::from_name(s),
+    };
+    p.map(|p| u32::from(p.level())).map_err(|e| e.rule)
 }
 
 /// A limit: a number or `unlimited`.
@@ -90,9 +91,9 @@ pub struct GroupOptions {
     /// Reserved = limit = N units/s (TiDB's RU_PER_SEC).
     #[arg(long, value_parser = parse_units, conflicts_with_all = ["reserved", "limit"])]
     ru_per_sec: Option<f64>,
-    /// Priority for free capacity.
-    #[arg(long)]
-    priority: Option<PriorityArg>,
+    /// Priority for free capacity: 1 to 16 (higher first), or low (1), medium (8), high (16).
+    #[arg(long, value_parser = parse_priority)]
+    priority: Option<u32>,
     /// No limit: may use free capacity (TiDB's BURSTABLE).
     #[arg(long, conflicts_with = "limit")]
     burstable: bool,
@@ -291,11 +292,7 @@ impl GroupOptions {
         p.clear_max_in_flight = self.no_max_in_flight;
         p.parent = self.parent.clone();
         p.clear_parent = self.no_parent;
-        p.priority = self.priority.map(|pr| match pr {
-            PriorityArg::Low => 1,
-            PriorityArg::Medium => 8,
-            PriorityArg::High => 16,
-        });
+        p.priority = self.priority;
         p
     }
 }

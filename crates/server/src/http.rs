@@ -40,7 +40,7 @@ pub fn router(
     let guard = axum::middleware::from_fn_with_state((node.access.clone(), front), http_guard);
     let api = crate::api::router(node.clone(), clock, gate.clone());
     let dashboard = crate::dashboard::router(node.clone(), history, clock);
-    Router::new()
+    let routes = Router::new()
         .route("/healthz", get(health))
         .route("/v1/openapi.json", get(openapi))
         .route("/readyz", get(ready))
@@ -55,7 +55,11 @@ pub fn router(
         })
         .merge(api)
         .merge(dashboard)
-        .fallback(crate::api::no_route)
+        .fallback(crate::api::no_route);
+    // Around the routes as a whole (a router's layers wrap each route's methods apart, before
+    // the route has set a 405's `Allow`).
+    Router::new()
+        .fallback_service(routes)
         .layer(axum::middleware::from_fn(crate::api::method_problem))
         .layer(DefaultBodyLimit::max(crate::properties::PROPERTIES_MAX_BYTES.max(crate::api::BODY_MAX_BYTES)))
         .layer(guard)

@@ -168,10 +168,43 @@ pub(crate) struct Status {
     cost_model: String,
     unit: String,
     warnings: Vec<String>,
+    /// The files the server follows (`--config`, `--import`) and what became of each.
+    settings_files: Vec<SettingsFile>,
+    /// What answers each rate-limit domain: imported trees or rules, and how many.
+    domains: Vec<DomainRules>,
+    /// Where the implicit `tenant=X` to group `X` rule still applies.
+    implicit_tenant_rule: String,
     groups: Vec<GroupStatus>,
     /// The next page's token; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     next_page_token: Option<String>,
+}
+
+/// A file the server follows and what became of its last reading.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SettingsFile {
+    path: String,
+    /// `config`, `envoy-ratelimit` or `limitador`.
+    kind: String,
+    /// The revision in force (a hash of the text applied); absent until one is.
+    revision: Option<String>,
+    /// Why the file as it is now is refused, with its lines (the revision in force stays);
+    /// absent otherwise.
+    rejected: Option<String>,
+    /// Revisions applied since the controller started.
+    applied: u64,
+}
+
+/// What answers one rate-limit domain.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DomainRules {
+    domain: String,
+    /// `envoy/ratelimit descriptor tree`, `Limitador limits` or `rules`.
+    answered_by: String,
+    /// Its limits (a tree's or Limitador's) or rules.
+    count: u32,
 }
 
 /// Couchbase's node document.

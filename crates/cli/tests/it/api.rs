@@ -399,9 +399,21 @@ fn pages_problems_rate_limit_headers_and_security() {
         (404, Some("about:blank"), Some("path")),
         "{v}"
     );
-    let (code, head, v) = call(h, "DELETE", "/v1/node", None);
-    assert_eq!((code, v["field"].as_str()), (405, Some("method")), "{v}");
-    assert!(head.contains("allow: "), "{head}");
+    // A 405 says which methods the path takes, in the header and in the sentence.
+    for (method, path, allow) in [
+        ("DELETE", "/v1/node", "GET,HEAD,PATCH"),
+        ("DELETE", "/v1/check", "POST"),
+        ("PUT", "/metrics", "GET,HEAD"),
+        ("POST", "/v1/groups/acme", "GET,HEAD,PUT,PATCH,DELETE"),
+    ] {
+        let (code, head, v) = call(h, method, path, None);
+        assert_eq!((code, v["field"].as_str()), (405, Some("method")), "{v}");
+        assert!(
+            head.lines().any(|l| l.trim() == format!("allow: {}", allow.to_lowercase())),
+            "{method} {path}: {head}"
+        );
+        assert_eq!(v["detail"], format!("{path} does not take {method}; it takes {allow}"), "{v}");
+    }
     // The rate-limit headers, admitted and refused.
     let (code, _, _) = call(h, "PUT", "/v1/groups/headers", Some(r#"{"limit":0.01,"burst":2}"#));
     assert_eq!(code, 201);

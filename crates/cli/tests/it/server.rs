@@ -60,6 +60,19 @@ fn tidb_style_groups_round_trip_and_refuse_bad_changes() {
     assert!(list.lines().any(|l| l.starts_with("batch") && l.contains("300")), "{list}");
     assert!(list.lines().any(|l| l.starts_with("oltp") && l.contains("high")), "{list}");
 
+    // A priority by its level, as SQL, HTTP and the settings file take it, or by its name.
+    let out = ok(&s, &["group", "create", "reports", "--limit", "50", "--priority", "12"]);
+    assert!(out.contains("priority: 12"), "{out}");
+    fails(
+        &s,
+        &["group", "create", "urgent", "--priority", "17"],
+        "must be 1 to 16, or low, medium or high; got 17",
+    );
+    fails(
+        &s,
+        &["group", "create", "urgent", "--priority", "top"],
+        "must be 1 to 16, or low, medium or high; got \"top\"",
+    );
     fails(&s, &["group", "create", "oltp"], "group \"oltp\" already exists");
     fails(&s, &["group", "alter", "ghost", "--weight", "1"], "group \"ghost\" does not exist");
     fails(&s, &["group", "drop", "ghost"], "group \"ghost\" does not exist");
