@@ -30,6 +30,7 @@ def test_demand_is_reported_as_the_rust_client_reports_it(sequence: int) -> None
         counts = Counts(
             asked=c["asked"],
             consumed=c["consumed"],
+            admitted_units=c["admitted_units"],
             unthrottled=c["unthrottled"],
             admitted=c["admitted"],
             throttled=c["throttled"],

@@ -136,7 +136,6 @@ class _Group:
         self.owed = 0.0
         self.repay_rate = 0.0
         self.counts = Counts()
-        self.admitted_units = 0.0
         self.dropped = 0
         self.dropped_units = 0.0
         self.waiting = 0.0
@@ -232,7 +231,7 @@ class _Group:
         c.asked += cost
         c.admitted += 1
         c.consumed += cost
-        self.admitted_units += cost
+        c.admitted_units += cost
         if waited:
             c.waited += 1
 
@@ -243,7 +242,7 @@ class _Group:
         return GroupStats(
             admitted=c.admitted,
             throttled=c.throttled,
-            admitted_units=self.admitted_units,
+            admitted_units=c.admitted_units,
             consumed_units=c.consumed,
             rate=math.inf if unlimited else self.rate,
             burst=math.inf if unlimited else self.burst,
@@ -553,7 +552,7 @@ class Core:
                     c.asked += cost
                     c.admitted += 1
                     c.consumed += cost
-                    g.admitted_units += cost
+                    c.admitted_units += cost
                     return Permit(self, g, cost)
         return None
 

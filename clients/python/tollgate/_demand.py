@@ -6,7 +6,9 @@ uses (the Rust model's ``demand`` module; a shared table of cases keeps the two 
   time 1 s) when that is higher;
 - a group whose requests had to wait since the last report asks for at least half again the
   rate it holds;
-- units waiting now are reported as they are; unthrottled units as a rate.
+- units waiting now are reported as they are; unthrottled units as a rate;
+- demand counts settled units: the asked rate is scaled by units consumed (settled) per unit
+  admitted as asked, a moving average with folding time ``COST_FACTOR_FOLDING_S``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ DEMAND_FOLDING_S = 1.0
 """Folding time of the demand smoother, seconds."""
 HUNGRY_FACTOR = 1.5
 """How much more than its grant a group whose requests waited asks for."""
+COST_FACTOR_FOLDING_S = 2.0
+"""Folding time of the settled-to-asked cost factor, seconds."""
+COST_FACTOR_BOUNDS = (1.0 / 64.0, 64.0)
+"""The bounds of the settled-to-asked cost factor."""
 MIN_INTERVAL_S = 0.1
 """The shortest interval a rate is measured over."""
 
@@ -31,6 +37,8 @@ class Counts:
 
     asked: float = 0.0
     consumed: float = 0.0
+    admitted_units: float = 0.0
+    """Units admitted as asked, before settlements."""
     unthrottled: float = 0.0
     admitted: int = 0
     throttled: int = 0
@@ -67,10 +75,12 @@ class DemandMeter:
         self.last_at = now
         self.average = 0.0
         self.last_moved = now
+        self.cost_factor = 1.0
 
     def copy(self) -> "DemandMeter":
         m = DemandMeter(self.last_at)
         m.last, m.average, m.last_moved = self.last.copy(), self.average, self.last_moved
+        m.cost_factor = self.cost_factor
         return m
 
     def report(self, now: float, counts: Counts, waiting: float, granted: Optional[float]) -> Report:
@@ -81,7 +91,13 @@ class DemandMeter:
         rate = max((counts.asked - last.asked) / dt, 0.0)
         keep = math.exp(-dt / DEMAND_FOLDING_S)
         self.average = self.average * keep + rate * (1.0 - keep)
-        demand = max(rate, self.average)
+        admitted = counts.admitted_units - last.admitted_units
+        if admitted > 0.0:
+            low, high = COST_FACTOR_BOUNDS
+            factor = min(max((counts.consumed - last.consumed) / admitted, low), high)
+            fold = math.exp(-dt / COST_FACTOR_FOLDING_S)
+            self.cost_factor = self.cost_factor * fold + factor * (1.0 - fold)
+        demand = max(rate, self.average) * self.cost_factor
         if counts.waited > last.waited and granted is not None and math.isfinite(granted):
             demand = max(demand, granted * HUNGRY_FACTOR)
         report = Report(

@@ -354,6 +354,7 @@ impl Group {
         Counts {
             asked: units(t.admitted_micro + t.throttled_micro),
             consumed: self.consumed(&t),
+            admitted_units: units(t.admitted_micro),
             unthrottled: units(t.unthrottled_micro),
             admitted: t.admitted,
             throttled: t.throttled,

@@ -12,7 +12,12 @@
 //!   at least half again its current grant, so waiting work grows its share geometrically
 //!   until it is met;
 //! - units **waiting** now are reported as they are; the engine adds them to the demand;
-//! - unthrottled units are reported as a rate: they count against the group and the capacity.
+//! - unthrottled units are reported as a rate: they count against the group and the capacity;
+//! - demand is counted in **settled** units: a request asks for what it is estimated to cost
+//!   and settles for what it really cost, so the asked rate is scaled by the ratio of units
+//!   consumed (settled) to units admitted (as asked), a moving average with folding time
+//!   [`COST_FACTOR_FOLDING_S`]. Requests estimated at 1 RU that really cost 5 ask for five
+//!   times their count, which is what they take of a backend and of the group's grant.
 //!
 //! The embedded limiter, the remote client and the simulator all report through this meter,
 //! so a group's demand means the same thing in every mode.
@@ -28,6 +33,14 @@ pub const DEMAND_FOLDING_S: f64 = 1.0;
 /// How much more than its grant a refused or waiting client asks for.
 pub const HUNGRY_FACTOR: f64 = 1.5;
 
+/// Folding time of the settled-to-asked cost factor, seconds: settlements come as the work
+/// ends, often in the report after its admission, so the factor looks over a few of them.
+pub const COST_FACTOR_FOLDING_S: f64 = 2.0;
+
+/// The bounds of the settled-to-asked cost factor: an estimate off by more is taken as off by
+/// this much, so one odd report cannot turn demand into nothing or into a flood.
+pub const COST_FACTOR_BOUNDS: (f64, f64) = (1.0 / 64.0, 64.0);
+
 /// The shortest interval a rate is measured over: a report right after a group appears does
 /// not turn its first request into a huge rate.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -39,6 +52,9 @@ pub struct Counts {
     pub asked: f64,
     /// Units consumed: admitted, corrected by settlements.
     pub consumed: f64,
+    /// Units admitted, as they were asked (before settlements): `consumed` over these is what
+    /// requests really cost per unit asked.
+    pub admitted_units: f64,
     /// Units consumed by unthrottled work.
     pub unthrottled: f64,
     /// Requests admitted.
@@ -63,7 +79,10 @@ pub struct Counts {
 ///
 /// let mut meter = DemandMeter::new(Nanos(0));
 /// let sec = |s: u64| Nanos(s * 1_000_000_000);
-/// let counts = Counts { asked: 300.0, consumed: 200.0, admitted: 200, throttled: 100, ..Counts::default() };
+/// let counts = Counts {
+///     asked: 300.0, consumed: 200.0, admitted_units: 200.0, admitted: 200, throttled: 100,
+///     ..Counts::default()
+/// };
 /// let r = meter.report(sec(1), counts, 0.0, Some(200.0));
 /// assert_eq!(r.consumed, 200.0);
 /// assert_eq!(r.throttled, 100.0);
@@ -77,12 +96,20 @@ pub struct DemandMeter {
     average: f64,
     /// The last report that saw the totals move.
     last_moved: Nanos,
+    /// Units consumed (settled) per unit admitted as asked, a moving average; 1 until
+    /// anything is admitted.
+    cost_factor: f64,
 }
 
 impl DemandMeter {
     /// A meter for a group that appeared at `now`.
     pub fn new(now: Nanos) -> Self {
-        Self { last: Counts::default(), last_at: now, average: 0.0, last_moved: now }
+        Self { last: Counts::default(), last_at: now, average: 0.0, last_moved: now, cost_factor: 1.0 }
+    }
+
+    /// Units consumed (settled) per unit asked, as demand is scaled by.
+    pub fn cost_factor(&self) -> f64 {
+        self.cost_factor
     }
 
     /// The report for what happened since the last one, given the totals now, the units
@@ -96,7 +123,14 @@ impl DemandMeter {
         // read high when reports are far apart).
         let keep = (-dt / DEMAND_FOLDING_S).exp();
         self.average = self.average * keep + rate * (1.0 - keep);
-        let mut demand = rate.max(self.average);
+        let admitted = counts.admitted_units - last.admitted_units;
+        if admitted > 0.0 {
+            let (low, high) = COST_FACTOR_BOUNDS;
+            let factor = ((counts.consumed - last.consumed) / admitted).clamp(low, high);
+            let keep = (-dt / COST_FACTOR_FOLDING_S).exp();
+            self.cost_factor = self.cost_factor * keep + factor * (1.0 - keep);
+        }
+        let mut demand = rate.max(self.average) * self.cost_factor;
         if counts.waited > last.waited
             && let Some(g) = granted.filter(|g| g.is_finite())
         {
@@ -183,5 +217,36 @@ mod tests {
         assert!((r.unthrottled - 10.0).abs() < 1e-9);
         assert_eq!(r.waiting, 2.0);
         assert!(!m.moved(&c));
+    }
+
+    #[test]
+    fn demand_counts_what_requests_really_cost_once_settled() {
+        // 100 requests a second asked at 1 unit each, settling at 5: after a few seconds the
+        // demand is about 500 units a second, what they take of the grant.
+        let mut m = DemandMeter::new(Nanos(0));
+        let mut r = ClientReport::default();
+        for s in 1..=10u64 {
+            let n = 100.0 * s as f64;
+            let c = Counts {
+                asked: n,
+                admitted_units: n,
+                consumed: 5.0 * n,
+                admitted: 100 * s,
+                ..Counts::default()
+            };
+            r = m.report(Nanos(s * S), c, 0.0, None);
+        }
+        assert!((r.demand - 500.0).abs() < 500.0 * 0.02, "{r:?}");
+        assert!((m.cost_factor() - 5.0).abs() < 0.1, "{}", m.cost_factor());
+        // Without settlements the factor stays 1: demand is the asked rate.
+        let mut m = DemandMeter::new(Nanos(0));
+        let c = Counts {
+            asked: 100.0,
+            admitted_units: 100.0,
+            consumed: 100.0,
+            admitted: 100,
+            ..Counts::default()
+        };
+        assert!((m.report(Nanos(S), c, 0.0, None).demand - 100.0).abs() < 1e-9);
     }
 }

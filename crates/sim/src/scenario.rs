@@ -133,6 +133,10 @@ pub struct ClientSpec {
     pub rate: f64,
     /// What each request does.
     pub usage: Usage,
+    /// The units each request asks for up front, when they differ from what it costs: it is
+    /// admitted at these and settled at its cost (an application that guesses 1 RU a request
+    /// and settles with the real usage). `None`: it asks for its cost.
+    pub asks: Option<f64>,
     /// Indexes into [`Scenario::backends`] its requests are spread over.
     pub backends: Vec<usize>,
     /// Always admitted, still counted.
@@ -692,8 +696,23 @@ fn clients(
         },
         None => false,
     };
+    let asks = match f.take("asks") {
+        Some((p, v)) => r.positive(&p, v).and_then(|a| {
+            if a > tollgate_model::settings::UNITS_MAX {
+                r.error(
+                    v.span(),
+                    p,
+                    format!("must be at most {:e} units", tollgate_model::settings::UNITS_MAX),
+                );
+                None
+            } else {
+                Some(a)
+            }
+        }),
+        None => None,
+    };
     let mix = class_mix(r, &mut f, path, v);
-    r.finish(f, "group, count, rate, cost, backends, unthrottled, class, classes");
+    r.finish(f, "group, count, rate, cost, asks, backends, unthrottled, class, classes");
     let (Some(group), Some(rate), Some(usage)) = (group, rate, usage) else { return };
     // Checked before they are made: a run holds every client and its links.
     let links: usize = out.iter().map(|c| c.backends.len().max(1)).sum();
@@ -723,6 +742,7 @@ fn clients(
             group: group.clone(),
             rate,
             usage,
+            asks,
             backends: chosen.clone(),
             unthrottled,
             mix,

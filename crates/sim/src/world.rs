@@ -40,6 +40,8 @@ struct Client {
     group: usize,
     rate: f64,
     cost: f64,
+    /// What each request asks for up front (settled at `cost`).
+    asks: f64,
     backends: Vec<usize>,
     handle: GroupHandle,
     /// The share of its requests in each class, and each class's arrivals and queue.
@@ -207,6 +209,7 @@ impl World {
                     group: index(&spec.group),
                     rate: spec.rate,
                     cost,
+                    asks: spec.asks.unwrap_or(cost),
                     backends: spec.backends.clone(),
                     handle: gate.group(spec.group.as_str()).expect("scenario group names are valid"),
                     mix: spec.mix,
@@ -255,8 +258,9 @@ impl World {
                 c.arrivals[k] -= new;
                 c.backlog[k] += new as u64;
                 while c.backlog[k] > 0 {
-                    if c.handle.try_acquire_class(c.cost, class).is_err() {
-                        break;
+                    let Ok(permit) = c.handle.try_acquire_class(c.asks, class) else { break };
+                    if c.asks != c.cost {
+                        let _ = permit.settle(c.cost);
                     }
                     c.backlog[k] -= 1;
                     c.sec_units += c.cost;
@@ -276,7 +280,7 @@ impl World {
                 }
             }
             // What is still waiting is demand, as an application with its own queue says.
-            c.handle.set_queued(c.backlog.iter().sum::<u64>() as f64 * c.cost);
+            c.handle.set_queued(c.backlog.iter().sum::<u64>() as f64 * c.asks);
         }
         for b in &mut self.backends {
             if let Some(q) = &mut b.queueing {

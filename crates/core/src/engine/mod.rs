@@ -10,6 +10,8 @@
 //! ceiling   = limit, or reserved once the budget is spent
 //! cap       = min(ceiling, ramp pool)                     (the ramp, when the group has one)
 //! limiting  = load × ratio                                (FoundationDB; absent below saturation)
+//!             then, per saturated backend, the sum of its groups' shared max-min over
+//!             their demand: a group asking less than its share is not limited (`fair`)
 //! share     = allocation of the node capacity             (by priority and weight, or first come)
 //! target    = max(reserved, min(cap, limiting, share));  busy = limiting < cap
 //! ```
@@ -38,6 +40,7 @@ mod above;
 mod allot;
 mod clients;
 mod diagnostics;
+mod fair;
 mod saturation;
 mod slots;
 mod split;
@@ -387,7 +390,27 @@ struct ClientEntry {
     /// Units/s asked, waiting work included.
     demand: f32,
     unthrottled: f32,
+    /// Units/s consumed and requests/s refused, over the client's own reports (see
+    /// [`client_rates`]): what every view of a group's rates adds up.
+    rates: [f32; 2],
     seen: Nanos,
+}
+
+/// How long a report's interval must be for its rates to replace a client's outright; a
+/// shorter one is blended in by its share of this, so that two reports close together do not
+/// turn a few requests into a spike.
+pub const CLIENT_RATE_SPAN: Duration = Duration::from_secs(1);
+
+/// A client's consumed units/s and refused requests/s after a report of `consumed` units and
+/// `throttled` requests over `interval` (none for a client's first report: a tick), given
+/// what they were. Rates follow each client's own reports rather than how reports fall
+/// between ticks: a client reporting once a second beside a tick of a second would otherwise
+/// show 0 at one tick and double at the next.
+fn client_rates(before: [f32; 2], consumed: f64, throttled: f64, interval: Duration) -> [f32; 2] {
+    let span = interval.max(CLIENT_RATE_SPAN / 10).as_secs_f64();
+    let w = (span / CLIENT_RATE_SPAN.as_secs_f64()).min(1.0);
+    let now = [consumed.max(0.0) / span, throttled.max(0.0) / span];
+    std::array::from_fn(|i| (f64::from(before[i]) * (1.0 - w) + now[i] * w) as f32)
 }
 
 /// A group's detailed consumption: its totals, and moving averages (folding time
@@ -535,7 +558,8 @@ struct Tracked {
     requests_rate: f64,
     /// Units consumed, requests admitted and requests refused since the last tick.
     since_tick: [f32; 3],
-    /// Units/s consumed over the last tick (requests/s refused are in the outcome).
+    /// Units/s consumed, its clients' rates added up at the last tick (requests/s refused
+    /// are in the outcome).
     admitted_last_tick: f32,
     /// The meter changed since the store last took it.
     dirty: bool,
@@ -564,15 +588,23 @@ impl Tracked {
     /// consumption rate's windows. Returns the average cost per request (the ratio of the
     /// moving averages of units/s and requests/s, as FoundationDB keeps it; 1 before any
     /// request) and the requests/s refused.
-    fn fold_rates(&mut self, now: Nanos, elapsed: f64, keep: f64) -> (f64, f32) {
-        let [units, requests, throttled] = self.since_tick.map(f64::from);
+    fn fold_rates(&mut self, now: Nanos, elapsed: f64, keep: f64, tick: Duration) -> (f64, f32) {
+        let [units, requests, _] = self.since_tick.map(f64::from);
         self.units_rate = self.units_rate * keep + units / elapsed * (1.0 - keep);
         self.requests_rate = self.requests_rate * keep + requests / elapsed * (1.0 - keep);
-        self.admitted_last_tick = (units / elapsed) as f32;
-        self.rate_now.add(&mut self.rates, now, units / elapsed);
+        // The rates shown are the clients' own, added up: steady whatever the ticks. A client
+        // silent for two of its report spans has stopped (or died): its rates no longer count.
+        let silent = 2 * tick.max(CLIENT_RATE_SPAN);
+        let (mut admitted, mut throttled) = (0.0f64, 0.0f64);
+        for c in self.clients.iter().filter(|c| now.since(c.seen) <= silent) {
+            admitted += f64::from(c.rates[0]);
+            throttled += f64::from(c.rates[1]);
+        }
+        self.admitted_last_tick = admitted as f32;
+        self.rate_now.add(&mut self.rates, now, admitted);
         self.since_tick = [0.0; 3];
         let avg_cost = if self.requests_rate > 1e-9 { self.units_rate / self.requests_rate } else { 1.0 };
-        (avg_cost, (throttled / elapsed) as f32)
+        (avg_cost, throttled as f32)
     }
 
     /// Takes the settings that apply to it again if the configured groups changed since
@@ -607,6 +639,34 @@ impl Tracked {
         if called && let Some(ramp) = &mut self.ramp {
             ramp.at_epoch(now.0 / 1_000_000_000);
             ramp.use_units(r.consumed.max(0.0));
+        }
+    }
+
+    /// A client's entry after its report `r` at `now` (its last looked for at `hint` first):
+    /// its demand, waiting work included, and its rates carried on from the last.
+    #[inline]
+    fn client_entry(
+        &self,
+        now: Nanos,
+        client: ClientId,
+        hint: usize,
+        r: &ClientReport,
+        tick_s: f64,
+    ) -> ClientEntry {
+        let before = match self.clients.get(hint) {
+            Some(c) if c.client == client => Some(c),
+            _ => self.clients.binary_search_by_key(&client, |c| c.client).ok().map(|i| &self.clients[i]),
+        };
+        let (rates, interval) = match before {
+            Some(c) => (c.rates, now.since(c.seen)),
+            None => ([0.0; 2], Duration::from_secs_f64(tick_s)),
+        };
+        ClientEntry {
+            client,
+            demand: (r.demand.max(0.0) + r.waiting.max(0.0) / tick_s) as f32,
+            unthrottled: r.unthrottled.max(0.0) as f32,
+            rates: client_rates(rates, r.consumed, r.throttled, interval),
+            seen: now,
         }
     }
 
@@ -1259,12 +1319,7 @@ impl Engine {
         g.step_ramp(now, &r);
         g.last_report = now;
         self.reports_floor = self.reports_floor.min(now);
-        let entry = ClientEntry {
-            client,
-            demand: (r.demand.max(0.0) + r.waiting.max(0.0) / tick_s) as f32,
-            unthrottled: r.unthrottled.max(0.0) as f32,
-            seen: now,
-        };
+        let entry = g.client_entry(now, client, hint.client as usize, &r, tick_s);
         let client_at = g.put_client(entry, hint.client as usize);
         let place = Place {
             group: u32::try_from(at).unwrap_or(u32::MAX),

@@ -299,6 +299,11 @@ impl ZoneMark {
     fn backend(&self) -> usize {
         (self.backend & !HEALTHY) as usize
     }
+
+    /// The backend's place among the tick's backends ([`Reporting::backends`]).
+    pub(crate) fn backend_index(&self) -> u32 {
+        self.backend & !HEALTHY
+    }
 }
 
 /// The zones a group counts on, inline for up to two.
@@ -576,7 +581,12 @@ impl SaturationSettings {
     /// The ratio limiting a group with these zones, after ignoring the `ignore` worst ones
     /// ([`ignored_zones`](Self::ignored_zones)): its saturated zones only.
     pub(crate) fn limiting_ratio(&self, zones: &[ZoneMark], ignore: usize) -> Option<f64> {
-        pick(ignore, zones.iter().filter(|z| !z.is_healthy())).map(|z| z.value)
+        self.limiting_mark(zones, ignore).map(|z| z.value)
+    }
+
+    /// The saturated zone's mark [`limiting_ratio`](Self::limiting_ratio) takes its ratio from.
+    pub(crate) fn limiting_mark<'a>(&self, zones: &'a [ZoneMark], ignore: usize) -> Option<&'a ZoneMark> {
+        pick(ignore, zones.iter().filter(|z| !z.is_healthy()))
     }
 
     /// The headroom ratio of a group that may take its backends' room (throttled at the last

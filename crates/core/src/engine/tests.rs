@@ -622,7 +622,8 @@ fn the_state_kept_per_group_and_client_stays_small() {
     // 256 bytes, and the meter's count of shadow mode's would-be refusals.
     assert!(std::mem::size_of::<Tracked>() <= 264, "{}", std::mem::size_of::<Tracked>());
     assert!(std::mem::size_of::<RateWindows>() <= 120, "{}", std::mem::size_of::<RateWindows>());
-    assert!(std::mem::size_of::<ClientEntry>() <= 24);
+    // The client's id, demand, unthrottled rate, its two steady rates, and when it was seen.
+    assert!(std::mem::size_of::<ClientEntry>() <= 32, "{}", std::mem::size_of::<ClientEntry>());
     assert!(std::mem::size_of::<ClientGrant>() <= 24);
 }
 
@@ -959,12 +960,16 @@ fn between_the_slices_of_a_tick_reports_are_answered_and_counted_once() {
     assert_eq!(e.take_trace().0.len(), 0, "tracing turned on within a tick starts with the next");
     // Client 2's units came before a's turn in the last walk: they count in this tick, once.
     assert_eq!(e.totals().admitted, 90.0);
+    // The rates shown are the clients' own: they hold until the clients report again, or
+    // fall silent for two report spans.
     e.tick(Nanos(3 * S));
-    assert_eq!(e.totals().admitted, 0.0);
+    assert_eq!(e.totals().admitted, 90.0);
     let a = e.outcome(&name("a")).unwrap();
     assert_eq!((a.grant_of(1).unwrap().rate, a.grant_of(2).unwrap().rate), (50.0, 50.0));
     assert_eq!(e.outcome(&name("b")).unwrap().target(), Some(60.0));
     assert_eq!(e.take_trace().0.len(), 2);
+    e.tick(Nanos(5 * S));
+    assert_eq!(e.totals().admitted, 0.0);
 }
 
 /// An engine whose 20 groups (`g0` to `g19`) each have a client, with backends limiting

@@ -10,6 +10,7 @@ use crate::settings::{GroupName, GroupSettings, Limit, Priority};
 use super::LimitingLaw;
 use crate::time::Nanos;
 
+use super::fair::{Limited, share_pools};
 use super::split::{Asking, split_into};
 use super::{ClientGrant, Engine, GroupOutcome, OrNan};
 
@@ -65,11 +66,6 @@ impl Row {
         self.limiting.get()
     }
 
-    /// Saturation's limiting rate alone.
-    fn saturation(&self) -> Option<f64> {
-        self.limiting().filter(|_| !self.at_headroom)
-    }
-
     /// The headroom rate alone.
     fn headroom(&self) -> Option<f64> {
         self.limiting().filter(|_| self.at_headroom)
@@ -116,6 +112,12 @@ pub(super) struct TickRun {
     traced: Option<Vec<Traced>>,
     /// Each row's share of the capacity, when there is one.
     shares: Option<Vec<f64>>,
+    /// The groups the rate law limits, for their backends' pools to be shared.
+    limited: Vec<Limited>,
+    /// Their limiting rates once shared ([`super::fair::share_pools`]), by row, and the next
+    /// one the last walk reaches.
+    fair: Vec<(u32, Option<f64>)>,
+    fair_next: usize,
     /// The capacity the tick's groups take: each target up to what the group asks for.
     taken_total: f64,
     totals: super::Totals,
@@ -243,6 +245,9 @@ impl Engine {
             reporting: super::saturation::Reporting::default(),
             traced: self.trace.is_some().then(Vec::new),
             shares: None,
+            limited: Vec::new(),
+            fair: Vec::new(),
+            fair_next: 0,
             taken_total: 0.0,
             totals: super::Totals::default(),
             released: std::mem::take(&mut self.released),
@@ -319,18 +324,21 @@ impl Engine {
         } else if run.sharing {
             // Shared here when no one took the work apart (`shares_work`).
             let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &self.rows));
-            run.start_applying(shares);
+            let fair = share_pools(&mut run.limited);
+            run.start_applying(shares, fair);
         } else {
             self.rows_slice(&mut run, end);
             if run.next == run.len {
-                // With a capacity to share, that is a step of its own, for a caller that
-                // computes it without the engine.
-                if self.settings.capacity.is_some() {
-                    Self::sum_claims(&self.rows, &mut self.claims);
+                // With a capacity or saturated backends' pools to share, that is a step of
+                // its own, for a caller that computes it without the engine.
+                match self.settings.capacity {
+                    Some(_) => Self::sum_claims(&self.rows, &mut self.claims),
+                    None => self.claims.clear(),
+                }
+                if self.settings.capacity.is_some() || !run.limited.is_empty() {
                     run.sharing = true;
                 } else {
-                    self.claims.clear();
-                    run.start_applying(None);
+                    run.start_applying(None, Vec::new());
                 }
             }
         }
@@ -350,11 +358,13 @@ impl Engine {
     /// takes the work). The same numbers either way.
     pub fn shares_work(&self) -> Option<SharesWork> {
         let run = self.run.as_ref()?;
-        let capacity = self.settings.capacity?;
-        (run.sharing && self.settings.mode == AllocationMode::Share).then(|| SharesWork {
+        let capacity = self.settings.capacity;
+        let inline = capacity.is_some() && self.settings.mode == AllocationMode::Fcfs;
+        (run.sharing && !inline).then(|| SharesWork {
             tick: self.ticks,
             capacity,
             rows: Arc::clone(&self.rows),
+            limited: run.limited.clone(),
         })
     }
 
@@ -363,8 +373,9 @@ impl Engine {
     /// meantime has shared its own).
     pub fn put_shares(&mut self, shares: Shares) {
         let Some(run) = self.run.as_mut() else { return };
-        if shares.tick == self.ticks && run.sharing && shares.shares.len() == self.rows.len() {
-            run.start_applying(Some(shares.shares));
+        let whole = shares.shares.as_ref().is_none_or(|s| s.len() == self.rows.len());
+        if shares.tick == self.ticks && run.sharing && whole {
+            run.start_applying(shares.shares, shares.fair);
         }
     }
 
@@ -430,6 +441,7 @@ impl Engine {
                     .filter(|&h| h < cap && demand > h),
                 _ => None,
             };
+            let row = rows.len() as u32;
             rows.push(Row {
                 reserved,
                 cap,
@@ -445,6 +457,10 @@ impl Engine {
                 first_asked: g.first_asked,
                 clients: g.clients.len() as u32,
             });
+            if let (Some(backend), Some(limiting)) = (pressure.backend, pressure.limiting) {
+                let claim = rows.last().map(Row::claim).expect("pushed just now");
+                run.limited.push(Limited { row, backend, limiting, claim });
+            }
         }
         run.next = end;
     }
@@ -452,14 +468,24 @@ impl Engine {
     /// The last walk, from `run.next` to `end`: each group's target and grants.
     fn apply_slice(&mut self, run: &mut TickRun, end: usize) {
         let trace_t = self.trace_time(run.now);
+        let tick = self.settings.tick;
         let Engine { tracked, rows, asking, scratch, trace, .. } = self;
         let slice = &mut tracked.as_mut_slice()[run.next..end];
         for ((name, g), i) in slice.iter_mut().zip(run.next..) {
             let row = &rows[i];
             let share = run.shares.as_ref().map(|s| s[i]);
-            let (avg_cost, throttled) = g.fold_rates(run.now, run.elapsed, run.keep);
-            let target = target(row.reserved, row.cap, row.limiting(), share);
-            let busy = row.saturation().is_some_and(|l| l < row.cap);
+            let (avg_cost, throttled) = g.fold_rates(run.now, run.elapsed, run.keep, tick);
+            // Saturation's limiting rate once its backend's pool is shared (`super::fair`).
+            let limiting = match run.fair.get(run.fair_next) {
+                Some(&(r, fair)) if r as usize == i => {
+                    run.fair_next += 1;
+                    OrNan::new(fair)
+                }
+                _ => row.limiting,
+            };
+            let target = target(row.reserved, row.cap, limiting.get(), share);
+            let saturation = limiting.get().filter(|_| !row.at_headroom);
+            let busy = saturation.is_some_and(|l| l < row.cap);
             // Reuse last tick's grant buffer.
             let mut grants = g.outcome.take().map(|o| o.grants).unwrap_or_default();
             let clients = row.clients as usize;
@@ -479,7 +505,7 @@ impl Engine {
                     std::mem::replace(&mut traced[i], Traced { ratio: None, limited_by: Vec::new() });
                 // Tracing turned off since the tick began: nothing to keep.
                 if let Some(buffer) = trace {
-                    let decided = Decided { share, target, water_level, avg_cost, busy };
+                    let decided = Decided { share, target, water_level, avg_cost, busy, saturation };
                     buffer.push(rate_event(trace_t, name, g, row, decided, traced));
                 }
             }
@@ -491,7 +517,7 @@ impl Engine {
             totals.clients += clients as u64;
             g.outcome = Some(GroupOutcome {
                 target: OrNan::new(target),
-                limiting: row.limiting,
+                limiting,
                 at_headroom: row.at_headroom,
                 share: OrNan::new(share),
                 busy,
@@ -628,8 +654,10 @@ impl Engine {
 
 impl TickRun {
     /// The rows are made and shared: the last walk begins.
-    fn start_applying(&mut self, shares: Option<Vec<f64>>) {
+    fn start_applying(&mut self, shares: Option<Vec<f64>>, fair: Vec<(u32, Option<f64>)>) {
         self.shares = shares;
+        self.fair = fair;
+        self.fair_next = 0;
         self.sharing = false;
         self.applying = true;
         self.next = 0;
@@ -641,9 +669,11 @@ impl TickRun {
 pub struct SharesWork {
     /// The ticks done when it was taken: it belongs to the next.
     tick: u64,
-    capacity: f64,
+    capacity: Option<f64>,
     /// The tick's rows, shared with the engine until it is computed (read only meanwhile).
     rows: Arc<Vec<Row>>,
+    /// The groups the rate law limits, whose backends' pools are shared.
+    limited: Vec<Limited>,
 }
 
 impl std::fmt::Debug for SharesWork {
@@ -653,18 +683,23 @@ impl std::fmt::Debug for SharesWork {
 }
 
 impl SharesWork {
-    /// Shares the capacity among the rows' claims, as the tick itself would.
-    pub fn compute(self) -> Shares {
-        let claims: Vec<Claim> = self.rows.iter().map(Row::claim).collect();
-        Shares { tick: self.tick, shares: allocate(self.capacity, &claims) }
+    /// Shares the capacity among the rows' claims, and each saturated backend's pool among
+    /// the groups it limits, as the tick itself would.
+    pub fn compute(mut self) -> Shares {
+        let shares = self.capacity.map(|capacity| {
+            let claims: Vec<Claim> = self.rows.iter().map(Row::claim).collect();
+            allocate(capacity, &claims)
+        });
+        Shares { tick: self.tick, shares, fair: share_pools(&mut self.limited) }
     }
 }
 
-/// The capacity's sharing computed from a [`SharesWork`], for [`Engine::put_shares`].
+/// The sharing computed from a [`SharesWork`], for [`Engine::put_shares`].
 #[derive(Debug)]
 pub struct Shares {
     tick: u64,
-    shares: Vec<f64>,
+    shares: Option<Vec<f64>>,
+    fair: Vec<(u32, Option<f64>)>,
 }
 
 /// Forgets the clients of a group that have not reported within `expiry`, and the earlier
@@ -732,6 +767,9 @@ struct Pressure {
     ratio: Option<f64>,
     /// Saturation's limiting rate; none below saturation.
     limiting: Option<f64>,
+    /// Under the rate law, the saturated backend the limiting rate comes from, by its place
+    /// among the tick's backends: its pool is shared by [`super::fair`].
+    backend: Option<u32>,
 }
 
 /// Saturation's pressure on a group with load `l` (slot `slot` of the tick's loads), by the
@@ -745,7 +783,9 @@ fn saturation_of(
     ignore: usize,
     before: Option<&GroupOutcome>,
 ) -> Pressure {
-    let ratio = sat.limiting_ratio(&l.zones, ignore);
+    let mark = sat.limiting_mark(&l.zones, ignore);
+    let ratio = mark.map(|m| m.value);
+    let backend = mark.filter(|_| sat.law == LimitingLaw::Rate).map(|m| m.backend_index());
     let limiting = match sat.law {
         LimitingLaw::Rate => ratio.map(|r| l.load * r),
         // The quota law's per-zone figures are rates already: the same pick of the (k+1)-th
@@ -756,7 +796,7 @@ fn saturation_of(
             ratio.map(|r| was * r)
         }
     };
-    Pressure { load: l.load, ratio, limiting }
+    Pressure { load: l.load, ratio, limiting, backend }
 }
 
 /// The saturated backends a group with load `l` counts on, most pressing first, for a trace.
@@ -906,6 +946,8 @@ struct Decided {
     water_level: Option<f64>,
     avg_cost: f64,
     busy: bool,
+    /// Saturation's limiting rate, once its backend's pool is shared.
+    saturation: Option<f64>,
 }
 
 /// A group's rate computation as a trace event.
@@ -922,7 +964,7 @@ fn rate_event(
         group: name.to_string(),
         reserved: row.reserved,
         desired: row.cap.is_finite().then_some(row.cap),
-        limiting: row.saturation(),
+        limiting: d.saturation,
         headroom: row.headroom(),
         ratio: traced.ratio,
         share: d.share,

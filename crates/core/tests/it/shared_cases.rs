@@ -50,6 +50,7 @@ fn demand_cases() -> Value {
             let refused = if quiet { 0 } else { rng.below(20) };
             counts.asked += asked;
             counts.consumed += asked * 0.75;
+            counts.admitted_units += asked * 0.5;
             counts.unthrottled += if rng.below(3) == 0 { asked / 8.0 } else { 0.0 };
             counts.admitted += if quiet { 0 } else { rng.below(100) };
             counts.throttled += refused;
@@ -66,6 +67,7 @@ fn demand_cases() -> Value {
                 "at_s": now_ms as f64 / 1000.0,
                 "counts": {
                     "asked": counts.asked, "consumed": counts.consumed,
+                    "admitted_units": counts.admitted_units,
                     "unthrottled": counts.unthrottled, "admitted": counts.admitted,
                     "throttled": counts.throttled, "waited": counts.waited,
                     "detail": detail_json(&counts.detail),
