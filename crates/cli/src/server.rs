@@ -217,6 +217,8 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             idle_timeout: Duration::from_millis(a.idle_timeout_ms),
             max_requests_per_s: a.max_requests_per_conn_s,
             max_streams: a.max_streams_per_conn,
+            metrics_groups: tollgate_controller::series::MetricsGroups::new(a.metrics_groups)
+                .map_err(anyhow::Error::msg)?,
         },
         defaults,
         defaults_text,

@@ -750,7 +750,15 @@ impl Driver {
         } else if !self.only_new {
             self.next_due = now.after(wait);
         }
-        self.next_tick = now.after(Duration::from_millis(u64::from(response.next_tick_ms)));
+        // A tick due or under way (no time to it): what waits for the next tick (a refusal, a
+        // group left out) asks again after the early spacing, not at once. A client spacing
+        // its early exchanges by nothing (one in process) would otherwise ask again and again
+        // for as long as the tick runs.
+        let to_tick = match response.next_tick_ms {
+            0 => period.min(EARLY_SPACING),
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        self.next_tick = now.after(to_tick);
         // Groups sent and left out of the answer, holding no grant: asked for again after the
         // controller's next tick, rather than a period later.
         let left_out =

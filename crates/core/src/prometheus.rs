@@ -137,11 +137,103 @@ pub fn text(registry: &prometheus_client::registry::Registry) -> String {
 /// The content type of [`text`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The content type of the classic text format [`Classic`] writes.
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a scraper's `Accept` header asks for OpenMetrics (Prometheus's own scrapes do);
+/// anything else (`curl`, `promtool check metrics`, older scrapers) gets the classic text
+/// format.
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("application/openmetrics-text"))
+}
+
+/// Writes OpenMetrics text, as the encoder makes it, in Prometheus's classic text format
+/// (0.0.4) instead: a counter's `HELP` and `TYPE` name the family with its `_total`, as its
+/// samples do, and there is no `# EOF`. The text comes in pieces of any size; call
+/// [`finish`](Self::finish) after the last.
+#[derive(Debug)]
+pub struct Classic<W> {
+    out: W,
+    line: String,
+    help: Option<String>,
+}
+
+impl<W: std::fmt::Write> Classic<W> {
+    /// Writing to `out`.
+    pub fn new(out: W) -> Self {
+        Classic { out, line: String::new(), help: None }
+    }
+
+    /// Writes what is left (a last line without its newline) and gives `out` back.
+    pub fn finish(mut self) -> Result<W, std::fmt::Error> {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line)?;
+        }
+        if let Some(help) = self.help.take() {
+            self.out.write_str(&help)?;
+        }
+        Ok(self.out)
+    }
+
+    fn line_done(&mut self, line: &str) -> std::fmt::Result {
+        if line.starts_with("# HELP ") {
+            // Held until the TYPE line says whether the family is a counter.
+            if let Some(help) = self.help.replace(line.to_owned()) {
+                self.out.write_str(&help)?;
+            }
+            return Ok(());
+        }
+        if line.starts_with("# EOF") || line.starts_with("# UNIT ") {
+            return Ok(());
+        }
+        let counter = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.trim_end().strip_suffix(" counter"))
+            .filter(|name| !name.ends_with("_total"));
+        match (counter, self.help.take()) {
+            (Some(name), help) => {
+                if let Some(help) = help {
+                    let text = help.strip_prefix(&format!("# HELP {name} ")).unwrap_or("\n");
+                    write!(self.out, "# HELP {name}_total {text}")?;
+                }
+                writeln!(self.out, "# TYPE {name}_total counter")
+            }
+            (None, help) => {
+                if let Some(help) = help {
+                    self.out.write_str(&help)?;
+                }
+                self.out.write_str(line)
+            }
+        }
+    }
+}
+
+impl<W: std::fmt::Write> std::fmt::Write for Classic<W> {
+    fn write_str(&mut self, mut s: &str) -> std::fmt::Result {
+        while let Some(end) = s.find('\n') {
+            let (head, rest) = s.split_at(end + 1);
+            let line = if self.line.is_empty() {
+                head.to_owned()
+            } else {
+                let mut l = std::mem::take(&mut self.line);
+                l.push_str(head);
+                l
+            };
+            self.line_done(&line)?;
+            s = rest;
+        }
+        self.line.push_str(s);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use prometheus_client::collector::Collector;
     use prometheus_client::registry::Registry;
+    use std::fmt::Write as _;
 
     #[derive(Debug)]
     struct Two;
@@ -163,5 +255,29 @@ mod tests {
         assert!(out.contains("# TYPE n counter\nn_total{group=\"x\"} 3\n"), "{out}");
         assert!(out.contains("\nflag 1\n"), "{out}");
         assert!(out.ends_with("# EOF\n"), "{out}");
+    }
+
+    #[test]
+    fn the_classic_format_names_counters_with_their_total_and_has_no_eof() {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Two));
+        let open = text(&r);
+        // Fed in pieces of every size, the output is the same.
+        for piece in [1, 7, 4096] {
+            let mut classic = Classic::new(String::new());
+            let chars: Vec<char> = open.chars().collect();
+            for chunk in chars.chunks(piece) {
+                classic.write_str(&chunk.iter().collect::<String>()).unwrap();
+            }
+            let out = classic.finish().unwrap();
+            assert!(
+                out.contains("# HELP n_total A counter.\n# TYPE n_total counter\nn_total{group=\"x\"} 3\n"),
+                "{out}"
+            );
+            assert!(out.contains("# HELP m_units A gauge.\n# TYPE m_units gauge\n"), "{out}");
+            assert!(!out.contains("# EOF") && out.ends_with("flag 1\n"), "{out}");
+        }
+        assert!(wants_openmetrics(Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5")));
+        assert!(!wants_openmetrics(Some("*/*")) && !wants_openmetrics(None));
     }
 }

@@ -36,6 +36,8 @@ pub struct Limits {
     pub max_requests_per_s: u64,
     /// gRPC calls open at once on one connection (HTTP/2 streams).
     pub max_streams: u32,
+    /// Groups `/metrics` names one by one; the rest share one series (see [`crate::series`]).
+    pub metrics_groups: crate::series::MetricsGroups,
 }
 
 impl Default for Limits {
@@ -45,6 +47,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             max_requests_per_s: 50_000,
             max_streams: 1024,
+            metrics_groups: crate::series::MetricsGroups::default(),
         }
     }
 }

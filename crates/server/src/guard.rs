@@ -17,13 +17,15 @@ use crate::access::Access;
 use crate::auth::{Caller, Refused, Role, grpc_role, http_role};
 use crate::listen::Peer;
 
-/// What the front ends check beyond the controller's credentials.
+/// What the front ends check beyond the controller's credentials, and how much they show.
 #[derive(Debug, Clone, Default)]
 pub struct Front {
     /// Client certificate common names allowed (empty: any the client authority signed).
     pub allowed_names: Arc<Vec<String>>,
     /// gRPC calls open at once on one connection (0: tonic's default).
     pub max_streams: u32,
+    /// Groups `/metrics` names one by one.
+    pub metrics_groups: crate::series::MetricsGroups,
 }
 
 /// Checks one call; see the [module documentation](self). `Ok(None)`: allowed with no

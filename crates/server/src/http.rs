@@ -37,6 +37,7 @@ pub fn router(
     front: Front,
     gate: tollgate_limiter::Tollgate,
 ) -> Router {
+    let metrics_groups = front.metrics_groups;
     let guard = axum::middleware::from_fn_with_state((node.access.clone(), front), http_guard);
     let api = crate::api::router(node.clone(), clock, gate.clone());
     let dashboard = crate::dashboard::router(node.clone(), history, clock);
@@ -49,7 +50,7 @@ pub fn router(
         .route("/v1/node/properties", get(node_properties).put(set_node_properties))
         .route("/v1/groups/{name}/properties", get(group_properties).put(set_group_properties))
         .with_state(AppState {
-            registry: Arc::new(crate::metrics::registry(&node, clock, &latency, gate)),
+            registry: Arc::new(crate::metrics::registry(&node, clock, &latency, gate, metrics_groups)),
             node,
             clock,
         })
@@ -68,13 +69,22 @@ pub fn router(
 /// `/metrics`, written a chunk at a time on the blocking pool: at 100,000 groups it is about
 /// a hundred megabytes of text, and the runtime's workers stay free to answer exchanges
 /// meanwhile.
-async fn metrics(State(app): State<AppState>) -> axum::response::Response {
+async fn metrics(State(app): State<AppState>, headers: axum::http::HeaderMap) -> axum::response::Response {
+    use tollgate_model::prometheus::{CLASSIC_CONTENT_TYPE, CONTENT_TYPE, Classic, wants_openmetrics};
     let registry = app.registry.clone();
+    let open = wants_openmetrics(headers.get(header::ACCEPT).and_then(|a| a.to_str().ok()));
     let body = crate::stream::body(move |out| {
-        prometheus_client::encoding::text::encode(out, &registry).map_err(|_| crate::stream::Gone)
+        let encoded = if open {
+            prometheus_client::encoding::text::encode(out, &registry)
+        } else {
+            let mut classic = Classic::new(out);
+            prometheus_client::encoding::text::encode(&mut classic, &registry)
+                .and_then(|()| classic.finish().map(drop))
+        };
+        encoded.map_err(|_| crate::stream::Gone)
     })
     .await;
-    ([(header::CONTENT_TYPE, tollgate_model::prometheus::CONTENT_TYPE)], body).into_response()
+    ([(header::CONTENT_TYPE, if open { CONTENT_TYPE } else { CLASSIC_CONTENT_TYPE })], body).into_response()
 }
 
 /// `ok`, or 503 with what is wrong: the settings store cannot take writes (a full disk), so

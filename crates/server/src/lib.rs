@@ -40,6 +40,7 @@ pub mod region;
 mod rlqs;
 mod rls;
 mod schema;
+pub mod series;
 #[cfg(feature = "etcd")]
 mod sharding;
 pub mod shards;
@@ -336,7 +337,11 @@ impl Server {
         };
         let incoming = start(grpc, grpc_tls, Some(node.controller.grpc_write_counter()))?;
         let http = start(http, http_tls, None)?;
-        let front = guard::Front { allowed_names: Arc::new(allowed_names), max_streams: limits.max_streams };
+        let front = guard::Front {
+            allowed_names: Arc::new(allowed_names),
+            max_streams: limits.max_streams,
+            metrics_groups: limits.metrics_groups,
+        };
         let served = serve(node, clock, flush_interval, incoming, Some(http), front, shutdown).await;
         if let Some(r) = reload {
             r.abort();

@@ -14,6 +14,7 @@ use crate::clock::Clock;
 use crate::cluster::{Cluster, Role};
 use crate::controller::Controller;
 use crate::node::Node;
+use crate::series::{Fold, MetricsGroups, OTHERS};
 use crate::status::Latency;
 
 /// One per-group metric: name, help, kind, and how to read it (`None`: no sample).
@@ -24,9 +25,12 @@ const GROUP_FAMILIES: [Family; 33] = [
     ("tollgate_group_admitted_units", "Units/s consumed over the last tick.", Kind::Gauge, |g| {
         Some(g.admitted)
     }),
-    ("tollgate_group_throttled_requests", "Requests/s refused over the last tick.", Kind::Gauge, |g| {
-        Some(g.throttled)
-    }),
+    (
+        "tollgate_group_throttled_requests_per_second",
+        "Requests/s refused over the last tick.",
+        Kind::Gauge,
+        |g| Some(g.throttled),
+    ),
     ("tollgate_group_demand_units", "Units/s asked for, admitted or not.", Kind::Gauge, |g| Some(g.demand)),
     ("tollgate_group_unthrottled_units", "Units/s of unthrottled work.", Kind::Gauge, |g| {
         Some(g.unthrottled)
@@ -168,6 +172,8 @@ struct ControllerMetrics {
     controller: Arc<Controller>,
     cluster: Arc<Cluster>,
     clock: Clock,
+    /// How many groups are named one by one.
+    groups: MetricsGroups,
 }
 
 impl std::fmt::Debug for ControllerMetrics {
@@ -179,12 +185,15 @@ impl std::fmt::Debug for ControllerMetrics {
 impl Collector for ControllerMetrics {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let c = &self.controller;
-        let view = c.view();
-        for (name, help, kind, read) in GROUP_FAMILIES {
-            let samples = view.iter().filter_map(|g| read(g).map(|v| (g.name.as_str(), v)));
-            family(&mut e, name, help, kind, "group", samples)?;
+        {
+            let view = c.view();
+            let (named, rest) = self.groups.split(&view);
+            for (name, help, kind, read) in GROUP_FAMILIES {
+                let samples = named.iter().filter_map(|g| read(g).map(|v| (g.name.as_str(), v)));
+                let others = Fold::of(name, kind).apply(&rest, read).map(|v| (OTHERS, v));
+                family(&mut e, name, help, kind, "group", samples.chain(others))?;
+            }
         }
-        drop(view);
         node_settings(&mut e, c.node())?;
         let now = self.clock.now();
         let d = c.diagnostics(now);
@@ -539,18 +548,25 @@ impl Collector for RlqsMetrics {
 
 /// The registry `/metrics` encodes: the controller's collector, its front end's client, and
 /// the latency histogram.
-pub fn registry(node: &Node, clock: Clock, latency: &Latency, gate: tollgate_limiter::Tollgate) -> Registry {
+pub fn registry(
+    node: &Node,
+    clock: Clock,
+    latency: &Latency,
+    gate: tollgate_limiter::Tollgate,
+    groups: MetricsGroups,
+) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ControllerMetrics {
         controller: node.controller.clone(),
         cluster: node.cluster.clone(),
         clock,
+        groups,
     }));
     registry.register_collector(Box::new(FrontEndMetrics { gate }));
     registry.register_collector(Box::new(RlqsMetrics(node.rlqs.clone())));
     registry.register_collector(Box::new(FileMetrics(node.files.clone())));
     registry.register_collector(Box::new(ProcessMetrics));
-    registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange.", latency.0.clone());
+    registry.register("tollgate_exchange_latency_seconds", "Time to answer an exchange", latency.0.clone());
     registry
 }
 

@@ -274,3 +274,90 @@ async fn a_real_prometheus_scrapes_the_server_and_evaluates_the_rules_and_the_bo
     assert_eq!(scraped.map(|r| r.len()), Ok(1), "the refusals reached Prometheus; rules: {last}");
     assert!(missing.is_empty());
 }
+
+/// `/metrics` as a scraper meets it: promtool's checker takes the page, a group refusing at a
+/// steady rate through `/v1/check` shows a steady refusal rate in every one of 30 scrapes
+/// (never 0, never far from the rest), and past `--metrics-groups` the quietest groups are
+/// added up under `group="(others)"`.
+#[test]
+fn metrics_pass_promtool_hold_steady_over_thirty_scrapes_and_cap_their_groups() {
+    let server =
+        ServerProc::start_with(&data_dir("metrics-steady"), &["--metrics-groups", "3"], Stdio::null());
+    let url = server.url();
+    admin(&url, &["group", "create", "busy", "--limit", "20"]);
+    for quiet in ["q1", "q2", "q3", "q4"] {
+        admin(&url, &["group", "create", quiet, "--limit", "1000"]);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (addr, stop) = (server.http.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // About 100 checks a second against a limit of 20: most refused, steadily.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                http(&addr, "POST", "/v1/check", &[], r#"{"group":"busy","cost":1}"#);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let gauge = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("tollgate_group_throttled_requests_per_second{group=\"busy\"} "))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let mut text = String::new();
+    eventually("the refusals show on /metrics", || {
+        text = http(&server.http, "GET", "/metrics", &[], "").2;
+        gauge(&text).is_some_and(|v| v > 0.0)
+    });
+    // Let the refusal rate settle before it is watched (a second's reports on either side).
+    std::thread::sleep(Duration::from_secs(2));
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        text = http(&server.http, "GET", "/metrics", &[], "").2;
+        seen.push(gauge(&text).expect("the busy group's refusal rate on every scrape"));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.join().unwrap();
+    let mut sorted = seen.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    assert!(
+        seen.iter().all(|&v| v > 0.0 && v >= median / 2.0 && v <= median * 2.0),
+        "a steady refusal rate reads steady in every scrape: {seen:?}"
+    );
+    // The page is well formed for promtool (which reads the OpenMetrics text on stdin).
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    {
+        use std::io::Write;
+        check.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    let out = check.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !said.contains("error"), "promtool check metrics:\n{said}");
+    // Three groups named, busy first among them; the other two added up.
+    let named: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("tollgate_group_clients{group=\""))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    assert_eq!(named.len(), 4, "three groups and (others): {named:?}");
+    assert!(named.contains(&"busy") && named.contains(&"(others)"), "{named:?}");
+    // The groups beyond the cap are folded into one series; the busy group keeps its own.
+    assert!(
+        text.lines().any(|l| l.starts_with("tollgate_group_demand_units{group=\"(others)\"} ")),
+        "the rest's demand is one series:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .filter_map(|l| l.strip_prefix("tollgate_group_target_units{group=\"busy\"} "))
+            .any(|v| v.parse::<f64>() == Ok(20.0)),
+        "the busy group's target is its limit:\n{text}"
+    );
+}

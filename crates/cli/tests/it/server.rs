@@ -473,9 +473,28 @@ fn http_serves_health_metrics_and_status() {
     let s = ServerProc::start(&data_dir("http"));
     ok(&s, &["group", "create", "web", "--limit", "100"]);
     assert!(http_get(&s.http, "/healthz").ends_with("ok\n"));
+    // OpenMetrics when the scraper asks for it, as Prometheus does; the classic text otherwise.
+    let open = {
+        let mut c = TcpStream::connect(&s.http).unwrap();
+        write!(
+            c,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).unwrap();
+        body
+    };
+    assert!(open.contains("content-type: application/openmetrics-text"), "{open}");
+    assert!(open.contains("# TYPE tollgate_exchanges counter\ntollgate_exchanges_total "), "{open}");
+    assert!(open.ends_with("# EOF\n"), "{open}");
     let metrics = http_get(&s.http, "/metrics");
-    assert!(metrics.contains("# TYPE tollgate_exchanges counter\ntollgate_exchanges_total "), "{metrics}");
-    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
+    assert!(metrics.contains("content-type: text/plain; version=0.0.4"), "{metrics}");
+    assert!(
+        metrics.contains("# TYPE tollgate_exchanges_total counter\ntollgate_exchanges_total "),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("# EOF") && !metrics.contains(".."), "{metrics}");
     assert!(metrics.contains("tollgate_group_admitted_units{group=\"web\"} 0"), "{metrics}");
     assert!(metrics.contains("tollgate_exchange_latency_seconds_count"), "{metrics}");
     let status = http_get(&s.http, "/status");

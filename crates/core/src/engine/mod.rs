@@ -396,9 +396,7 @@ struct ClientEntry {
     seen: Nanos,
 }
 
-/// How long a report's interval must be for its rates to replace a client's outright; a
-/// shorter one is blended in by its share of this, so that two reports close together do not
-/// turn a few requests into a spike.
+/// How long a report's interval must be for its rates to replace a client's outright.
 pub const CLIENT_RATE_SPAN: Duration = Duration::from_secs(1);
 
 /// A client's consumed units/s and refused requests/s after a report of `consumed` units and
@@ -406,11 +404,23 @@ pub const CLIENT_RATE_SPAN: Duration = Duration::from_secs(1);
 /// what they were. Rates follow each client's own reports rather than how reports fall
 /// between ticks: a client reporting once a second beside a tick of a second would otherwise
 /// show 0 at one tick and double at the next.
+///
+/// A report over [`CLIENT_RATE_SPAN`] or more replaces the rates; a shorter one moves them by
+/// what it counted over the span, less what the old rate would have counted over its interval.
+/// So reports close together (an early exchange for a new group, say) neither turn a few
+/// requests into a spike nor pull a steady rate towards 0, and every unit counts once.
 fn client_rates(before: [f32; 2], consumed: f64, throttled: f64, interval: Duration) -> [f32; 2] {
-    let span = interval.max(CLIENT_RATE_SPAN / 10).as_secs_f64();
-    let w = (span / CLIENT_RATE_SPAN.as_secs_f64()).min(1.0);
-    let now = [consumed.max(0.0) / span, throttled.max(0.0) / span];
-    std::array::from_fn(|i| (f64::from(before[i]) * (1.0 - w) + now[i] * w) as f32)
+    let span = CLIENT_RATE_SPAN.as_secs_f64();
+    let dt = interval.as_secs_f64();
+    let counted = [consumed.max(0.0), throttled.max(0.0)];
+    std::array::from_fn(|i| {
+        let rate = if dt >= span {
+            counted[i] / dt
+        } else {
+            f64::from(before[i]) * (1.0 - dt / span) + counted[i] / span
+        };
+        rate.max(0.0) as f32
+    })
 }
 
 /// A group's detailed consumption: its totals, and moving averages (folding time

@@ -1696,3 +1696,28 @@ fn between_the_slices_of_a_tick_the_capacity_claims_are_the_tick_befores() {
     e.tick(Nanos(3 * S));
     assert!(e.capacity_claims().is_empty());
 }
+
+/// The rates every view shows follow each client's reports: steady reports read steady
+/// whatever their spacing, a burst of empty reports close together does not pull a steady
+/// rate to 0, and counts split over reports close together add up.
+#[test]
+fn client_rates_hold_steady_however_reports_fall() {
+    let ms = Duration::from_millis;
+    // A report a second of 50 units and 20 refusals: 50/s and 20/s at once.
+    let mut r = client_rates([0.0; 2], 50.0, 20.0, ms(1000));
+    assert_eq!(r, [50.0, 20.0]);
+    // Then a thousand empty reports 10 µs apart (10 ms in all): the rates barely move.
+    for _ in 0..1000 {
+        r = client_rates(r, 0.0, 0.0, Duration::from_micros(10));
+    }
+    assert!(r[0] > 49.0 && r[1] > 19.0, "{r:?}");
+    // Reports every 250 ms of 12.5 units: 50/s throughout.
+    let mut r = [50.0f32, 0.0];
+    for _ in 0..20 {
+        r = client_rates(r, 12.5, 0.0, ms(250));
+        assert!((r[0] - 50.0).abs() < 1e-3, "{r:?}");
+    }
+    // A second's 50 units reported as 30 then, 1 ms later, 20: as one report of 50.
+    let split = client_rates(client_rates([50.0, 0.0], 30.0, 0.0, ms(999)), 20.0, 0.0, ms(1));
+    assert!((split[0] - 50.0).abs() < 0.1, "{split:?}");
+}
