@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 
 import tollgate
-from conftest import Server
+from conftest import Server, start
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -66,3 +66,35 @@ def test_flask_answers_429_with_retry_after(server: Server) -> None:
         assert client.get("/items/2", headers={"X-Tenant": "globex"}).get_json() == {"item": 2}
     finally:
         app.limiter.close()
+
+
+def test_every_new_tenants_first_request_is_served_between_ticks(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("flask")
+    from fastapi.testclient import TestClient
+
+    # A tick a minute long: a new tenant whose first grant waited for the next tick would be
+    # answered 429 after the examples' wait.
+    server = start(tmp_path / "data", "--tick-ms", "60000", "--lease-ms", "120000")
+    try:
+        with tollgate.Admin(server.url) as admin:
+            admin.create_group("globex", limit=1000)
+            admin.create_group("initech", limit=1000)
+        fast = load("fastapi_app", server)
+        flask = load("flask_app", server)
+        for module in (fast, flask):
+            # A loaded test machine may take a while for an exchange; never a minute.
+            module.limiter._core.max_wait = 10.0
+        with TestClient(fast.app) as client:
+            assert client.get("/items/1", headers={"X-Tenant": "globex"}).status_code == 200
+            codes = [client.get("/items/1", headers={"X-Tenant": f"new-{i}"}).status_code for i in range(8)]
+            assert codes == [200] * 8
+        try:
+            client2 = flask.app.test_client()
+            assert client2.get("/items/1", headers={"X-Tenant": "initech"}).status_code == 200
+            codes = [client2.get("/items/1", headers={"X-Tenant": f"other-{i}"}).status_code for i in range(8)]
+            assert codes == [200] * 8
+        finally:
+            flask.limiter.close()
+    finally:
+        server.stop()

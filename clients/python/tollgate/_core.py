@@ -512,6 +512,11 @@ class Core:
             # More of the quota was asked for: at once, not after the next tick.
             self.urgent()
             return None, wait
+        if not g.granted:
+            # A new group, before its first grant: that exchange is asked for at once (a
+            # refusal must not put it off until the server's next tick).
+            self.urgent()
+            return None, wait
         # Refused: exchange early, after the server's next tick.
         self.early_after = max(self.early_after, self.next_tick)
         self.woken = True

@@ -24,7 +24,7 @@ import grpc.aio
 from . import _connect, _routes
 from ._core import Core, Handle, Permit
 from .cost import CostModel
-from .errors import from_rpc
+from .errors import Throttled, from_rpc
 from .throttle import ClientThrottle, RefusedLocally
 from .v1 import tollgate_pb2_grpc as rpc
 
@@ -128,8 +128,10 @@ class AsyncLimiter(Handle):
     ) -> Permit:
         """Admits ``cost`` units for ``group``, awaiting them up to ``timeout`` (default: the
         limiter's ``max_wait``) without blocking the loop; raises
-        :class:`~tollgate.Throttled` past it. Cancelled while it waits, it takes nothing and
-        its waiting work is no longer reported."""
+        :class:`~tollgate.Throttled` past it (after letting the loop run once, so that a
+        caller retrying at once still lets the exchange that brings a grant run). Cancelled
+        while it waits, it takes nothing and its waiting work is no longer reported. A new
+        group's first grant is asked for at once, never held until the server's next tick."""
         fast = self._core.fast(group, cost, self._unthrottled) if request_class == "normal" else None
         if fast is not None:
             return fast
@@ -147,6 +149,12 @@ class AsyncLimiter(Handle):
         except StopIteration as done:
             admitted: Permit = done.value
             return admitted
+        except Throttled:
+            # Refused: the loop runs once before the error is raised, so that a caller retrying
+            # at once, with no await of its own, still lets the exchange that brings the grant
+            # run.
+            await asyncio.sleep(0)
+            raise
         finally:
             # Cancelled while it waited: its waiting work is no longer reported.
             steps.close()

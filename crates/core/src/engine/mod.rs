@@ -30,7 +30,10 @@
 //! long). Before a group's first tick its target is bounded by its settings and by the room the
 //! capacity has left: what the last tick's groups did not ask for, less what other new groups
 //! took since (each takes a part of it, [`NEWCOMER_ROOM_SHARE`]), so a new group is served at
-//! once and new groups together never take more than that room.
+//! once. When no room is left (one group asks for the whole capacity), new groups still get
+//! their first grants from an overdraft of at most the capacity again
+//! ([`NEWCOMER_OVERDRAFT_SHARE`]) until the next tick, which shares the capacity among all
+//! of them and takes it back from the busiest.
 //!
 //! Everything is bounded: tracked groups (past the bound, new names share the `default`
 //! group's state), clients, backends and resumable ramps; idle groups, silent clients and
@@ -532,6 +535,33 @@ pub const NEWCOMER_ROOM_SHARE: f64 = 1.0 / 16.0;
 /// How many times what its clients ask a new group may take of the capacity's free room
 /// before its first tick, when that is more than [`NEWCOMER_ROOM_SHARE`] of the room.
 pub const NEWCOMER_ASK_FACTOR: f64 = 2.0;
+
+/// How far beyond the capacity new groups together may be granted between two ticks, as a
+/// part of the capacity, once its room is spent (another group asks for all of it): a new
+/// tenant is still served at once, and the next tick takes what it needs back from the
+/// busiest groups by the allocation's rules.
+pub const NEWCOMER_OVERDRAFT_SHARE: f64 = 1.0;
+
+/// The least a new group takes before its first tick while the overdraft lasts, as a part of
+/// the capacity: enough for a first request at a thousandth of the capacity, when its clients
+/// have not said how much they want yet.
+pub const NEWCOMER_FLOOR_SHARE: f64 = 1.0 / 1000.0;
+
+/// What a new group may take before its first tick, given the capacity, what is committed
+/// already (the last tick's targets and other new groups' grants since) and what its clients
+/// ask: part of the room left ([`NEWCOMER_ROOM_SHARE`] of it, or [`NEWCOMER_ASK_FACTOR`] times
+/// its ask, within the room); and however little room is left, what it asks up to a sixteenth
+/// of the overdraft left, at least [`NEWCOMER_FLOOR_SHARE`] of the capacity, within the
+/// overdraft ([`NEWCOMER_OVERDRAFT_SHARE`]).
+fn newcomer_take(capacity: f64, committed: f64, asked: f64) -> f64 {
+    let room = (capacity - committed).max(0.0);
+    let within = (room * NEWCOMER_ROOM_SHARE).max(asked * NEWCOMER_ASK_FACTOR).min(room);
+    let overdraft = (capacity - committed + capacity * NEWCOMER_OVERDRAFT_SHARE)
+        .clamp(0.0, capacity * NEWCOMER_OVERDRAFT_SHARE);
+    let beyond =
+        asked.min(overdraft * NEWCOMER_ROOM_SHARE).max(capacity * NEWCOMER_FLOOR_SHARE).min(overdraft);
+    within.max(beyond)
+}
 
 /// Where a client's report for a group landed: the group's place in the tracked table and the
 /// client's place in the group's list. Kept per client between exchanges and tried first the
@@ -1481,7 +1511,8 @@ impl Engine {
     /// capacity has left: what the last tick's groups did not ask for, less what other new
     /// groups took since. A new group takes part of that room ([`NEWCOMER_ROOM_SHARE`] of it,
     /// or [`NEWCOMER_ASK_FACTOR`] times what its clients ask, whichever is more), so that
-    /// many arriving together are each served at once; the next tick shares the capacity
+    /// many arriving together are each served at once, and an overdraft beyond the capacity
+    /// serves them when no room is left ([`newcomer_take`]); the next tick shares the capacity
     /// among all of them by the allocation's rules.
     fn unticked_target(&self, key: &GroupName) -> Option<f64> {
         let settings = self.settings_for(key);
@@ -1493,10 +1524,9 @@ impl Engine {
         }
         if let Some(capacity) = self.settings.capacity {
             let mine: f64 = self.provisional.get(key).map_or(0.0, |p| p.iter().map(|(_, r)| r).sum());
-            let room = (capacity - self.taken_total - (self.unticked_provisional - mine)).max(0.0);
+            let committed = self.taken_total + (self.unticked_provisional - mine);
             let asked: f64 = g.clients.iter().map(|c| f64::from(c.demand) + f64::from(c.unthrottled)).sum();
-            let take = (room * NEWCOMER_ROOM_SHARE).max(asked * NEWCOMER_ASK_FACTOR);
-            bound = bound.min(room.min(take));
+            bound = bound.min(newcomer_take(capacity, committed, asked));
         }
         bound.is_finite().then(|| reserved.max(bound))
     }

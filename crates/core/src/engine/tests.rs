@@ -558,6 +558,48 @@ fn fifty_new_groups_arriving_together_are_each_granted_at_once_and_never_past_th
     }
 }
 
+/// Regression: while one group asked for the whole capacity there was no room left, and every
+/// new group was refused until the next tick.
+#[test]
+fn new_groups_are_served_at_once_while_one_asks_for_the_whole_capacity() {
+    for mode in [AllocationMode::Share, AllocationMode::Fcfs] {
+        let s = EngineSettings { capacity: Some(1000.0), mode, ..EngineSettings::default() };
+        let mut e = engine(s);
+        e.report(Nanos(0), 1, &name("hog"), report(5000.0, 0.0, 0.0));
+        e.tick(Nanos(0));
+        assert_eq!(e.outcome(&name("hog")).unwrap().target(), Some(1000.0), "{mode:?}");
+        // 1,000 new groups before the next tick, their clients having asked nothing yet: each
+        // gets a thousandth of the capacity, out of an overdraft of the capacity again.
+        let mut total = 0.0;
+        for i in 0..1000u64 {
+            let rate = e.report(Nanos(1 + i), 2 + i, &name(&format!("t{i}")), report(0.0, 0.0, 0.0)).rate;
+            assert!(rate >= 1.0, "{mode:?}: newcomer {i} granted {rate}");
+            total += rate;
+        }
+        assert!(total <= 1000.0 + 1e-6, "{mode:?}: the newcomers took {total}");
+        // The overdraft is spent: the next newcomer waits for the tick.
+        let late = e.report(Nanos(2000), 5000, &name("late"), report(0.0, 0.0, 0.0)).rate;
+        assert!(late < 1e-6, "{mode:?}: {late}");
+        // The tick takes it back from the busiest: the newcomers, asking 0.1 a second each,
+        // keep what they ask, and the capacity holds again.
+        for i in 0..1000u64 {
+            e.report(Nanos(S), 2 + i, &name(&format!("t{i}")), report(0.1, 0.0, 0.0));
+        }
+        e.report(Nanos(S), 1, &name("hog"), report(5000.0, 0.0, 0.0));
+        e.tick(Nanos(S));
+        let hog = e.outcome(&name("hog")).unwrap().target().unwrap();
+        if mode == AllocationMode::Fcfs {
+            // First come, first served: the group that asked first keeps the free pool.
+            assert_eq!(hog, 1000.0);
+            continue;
+        }
+        let t0 = e.outcome(&name("t0")).unwrap().target().unwrap();
+        assert!(t0 >= 0.1 - 1e-9, "{mode:?}: {t0}");
+        let all: f64 = (0..1000).map(|i| e.outcome(&name(&format!("t{i}"))).unwrap().target().unwrap()).sum();
+        assert!((hog + all - 1000.0).abs() < 1e-6 && hog < 1000.0, "{mode:?}: {hog} + {all}");
+    }
+}
+
 #[test]
 fn fcfs_serves_the_free_pool_in_the_order_groups_first_asked() {
     let s = EngineSettings { capacity: Some(100.0), mode: AllocationMode::Fcfs, ..EngineSettings::default() };
