@@ -109,6 +109,11 @@ impl RlsRules {
     }
 }
 
+/// How long the front end's exchange waits, in all, for an election to name a leader.
+const LEADER_WAIT: Duration = Duration::from_secs(2);
+/// How often it looks while it waits.
+const LEADER_LOOK: Duration = Duration::from_millis(20);
+
 /// The rate-limit service over a controller.
 #[derive(Clone)]
 pub struct Rls {
@@ -143,8 +148,19 @@ impl Rls {
         // The engine here while this controller grants; the leader while it follows.
         let c = cluster.clone();
         tokio::spawn(driver.run_with(move |request| {
-            let (c, now) = (c.clone(), clock.now());
-            async move { c.exchange(now, request).await }
+            let c = c.clone();
+            async move {
+                // A follower that knows no leader yet (an election under way) waits for one
+                // rather than failing: a failure before any answer would put this client in
+                // safe mode, refusing new groups until its backoff ran out, although the
+                // leader is known a moment later.
+                let mut waited = Duration::ZERO;
+                while matches!(c.following(), Some(None)) && waited < LEADER_WAIT {
+                    tokio::time::sleep(LEADER_LOOK).await;
+                    waited += LEADER_LOOK;
+                }
+                c.exchange(clock.now(), request).await
+            }
         }));
         Rls { controller, rules, gate, overrides: Arc::default() }
     }
