@@ -53,12 +53,13 @@ pypi_venv() {
   local dir=$1 binaries=$2 b
   shift 2
   for b in $binaries; do
-    local present
+    # (Tested with `if`: a failed test inside an assignment would end the script under set -e.)
+    local present=no
     case $b in
-      import:*) present=$("$dir/bin/python" -c "import ${b#import:}" >/dev/null 2>&1 && echo yes) ;;
-      *) present=$([ -x "$dir/bin/$b" ] && echo yes) ;;
+      import:*) if "$dir/bin/python" -c "import ${b#import:}" >/dev/null 2>&1; then present=yes; fi ;;
+      *) if [ -x "$dir/bin/$b" ]; then present=yes; fi ;;
     esac
-    if [ -z "$present" ]; then
+    if [ "$present" = no ]; then
       echo "installing $* from PyPI into $dir" >&2
       rm -rf "$dir"
       python3 -m venv "$dir"
