@@ -1,7 +1,7 @@
 //! The HTTP JSON API under `/v1/`, for any language without gRPC: groups (list a page at a
 //! time, get, create, alter, put, drop), the node settings, status, and `POST /v1/check`, an
 //! admission decided by the same in-process client of the controller's grants as Envoy's
-//! rate-limit service. Bodies are the types of [`crate::body`]; `GET /v1/openapi.json` is the OpenAPI
+//! rate-limit service (the permits kept across calls are [`crate::permits`]'s). Bodies are the types of [`crate::body`]; `GET /v1/openapi.json` is the OpenAPI
 //! 3.1 document generated from them and from the handlers' annotations ([`ApiDoc`]). Errors
 //! are RFC 9457 problem details naming the field and the rule ([`crate::body::Problem`]).
 
@@ -61,7 +61,7 @@ pub(crate) fn answer(status: StatusCode, body: Value) -> Answer {
     (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-fn typed(status: StatusCode, body: &impl serde::Serialize) -> Answer {
+pub(crate) fn typed(status: StatusCode, body: &impl serde::Serialize) -> Answer {
     answer(status, serde_json::to_value(body).unwrap_or(Value::Null))
 }
 
@@ -139,7 +139,7 @@ fn admin_error(e: AdminError) -> Answer {
 
 /// The body as a `T`, or 400 naming the field at fault and the rule (413 past
 /// [`BODY_MAX_BYTES`]).
-fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Answer> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Answer> {
     if body.len() > BODY_MAX_BYTES {
         return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, "body", format!("at most {BODY_MAX_BYTES} bytes")));
     }
@@ -554,8 +554,8 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
 /// `units` (named `field`): the group named or else the token's default
 /// group, a name and a number that keep the rules, a token allowed the group; the first grant
 /// waited for.
-async fn admission_handle(
-    api: &Api,
+pub(crate) async fn admission_handle(
+    gate: &Tollgate,
     ext: &axum::http::Extensions,
     named: Option<&str>,
     field: &str,
@@ -594,7 +594,7 @@ async fn admission_handle(
         };
         return Err(refuse(StatusCode::FORBIDDEN, "group", refused));
     }
-    let handle = api.gate.group(name.as_str()).map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e))?;
+    let handle = gate.group(name.as_str()).map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e))?;
     crate::rls::wait_for_first_grant(&handle).await;
     Ok((handle, group.to_string()))
 }
@@ -615,7 +615,8 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
         Ok(b) => b,
         Err(a) => return a,
     };
-    let (handle, group) = match admission_handle(&api, &ext, b.group.as_deref(), "units", b.units).await {
+    let (handle, group) = match admission_handle(&api.gate, &ext, b.group.as_deref(), "units", b.units).await
+    {
         Ok(h) => h,
         Err(a) => return a,
     };
@@ -643,11 +644,15 @@ async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String
         Err(a) => return a,
     };
     let cost = b.cost;
-    let (handle, group) = match admission_handle(&api, &ext, b.group.as_deref(), "cost", cost).await {
+    let gate = match gate_for(&api.gate, &ext, b.unthrottled) {
+        Ok(g) => g,
+        Err(a) => return a,
+    };
+    let (handle, group) = match admission_handle(&gate, &ext, b.group.as_deref(), "cost", cost).await {
         Ok(h) => h,
         Err(a) => return a,
     };
-    match crate::rls::admit_now(&handle, cost, b.class.class()).await {
+    match admit_or_answer(&handle, &group, cost, b.class.class()).await {
         Ok(permit) => {
             drop(permit);
             let remaining = crate::rls::units_left(&handle).floor();
@@ -655,24 +660,63 @@ async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String
             rate_limit_headers(&mut a, &handle, remaining, None);
             a
         }
+        Err(a) => a,
+    }
+}
+
+/// The client to admit through: `gate`, or its unthrottled view when `unthrottled` is asked
+/// for by a caller that may (no `--auth`, an admin token, or a client token with the
+/// `unthrottled` privilege).
+pub(crate) fn gate_for(
+    gate: &Tollgate,
+    ext: &axum::http::Extensions,
+    unthrottled: bool,
+) -> Result<Tollgate, Answer> {
+    if !unthrottled {
+        return Ok(gate.clone());
+    }
+    match ext.get::<Caller>() {
+        Some(Caller(c)) if !(c.unthrottled || c.role == Ok(crate::auth::Role::Admin)) => Err(refuse(
+            StatusCode::FORBIDDEN,
+            "unthrottled",
+            format!(
+                "the token {} lacks the unthrottled privilege (`tollgate token create --role client --unthrottled`)",
+                c.label()
+            ),
+        )),
+        _ => Ok(gate.unthrottled()),
+    }
+}
+
+/// Admits `cost` units of `group`'s work in `class` through `handle` (waiting a moment for an
+/// allotment, as [`crate::rls::admit_now`] does), or the answer refusing it: 429 with
+/// `Retry-After`, or 400 for a cost the group can never admit.
+pub(crate) async fn admit_or_answer<'h>(
+    handle: &'h tollgate_limiter::GroupHandle,
+    group: &str,
+    cost: f64,
+    class: tollgate_limiter::RequestClass,
+) -> Result<tollgate_limiter::Permit<'h>, Answer> {
+    match crate::rls::admit_now(handle, cost, class).await {
+        Ok(permit) => Ok(permit),
         Err(AcquireError::Throttled { retry_after, .. }) => {
-            let mut a = retry(&group, retry_after);
-            rate_limit_headers(&mut a, &handle, 0.0, Some(retry_after));
-            a
+            let mut a = retry(group, retry_after);
+            rate_limit_headers(&mut a, handle, 0.0, Some(retry_after));
+            Err(a)
         }
-        Err(AcquireError::NeverAdmissible { burst, .. }) => refuse(
+        Err(AcquireError::NeverAdmissible { burst, .. }) => Err(refuse(
             StatusCode::BAD_REQUEST,
             "cost",
             format!("{cost} units can never be admitted: the group's burst holds at most {burst}"),
-        ),
-        Err(e) => refuse(StatusCode::BAD_REQUEST, "", e),
+        )),
+        Err(e) => Err(refuse(StatusCode::BAD_REQUEST, "", e)),
     }
 }
 
 /// The IETF draft's headers: `RateLimit-Policy: "grant";q=RATE;w=1` (the rate this server holds
 /// for the group, units a second) and `RateLimit: "grant";r=LEFT;t=SECONDS` (units left now,
 /// and seconds until more).
-fn rate_limit_headers(
+pub(crate) fn rate_limit_headers(
     a: &mut Answer,
     handle: &tollgate_limiter::GroupHandle,
     left: f64,
@@ -694,7 +738,7 @@ fn rate_limit_headers(
     }
 }
 
-fn retry(group: &str, after: Duration) -> Answer {
+pub(crate) fn retry(group: &str, after: Duration) -> Answer {
     let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1);
     let mut a = typed(
         StatusCode::TOO_MANY_REQUESTS,

@@ -573,7 +573,7 @@ pub fn http_role(method: &axum::http::Method, path: &str) -> Option<Role> {
     if path == "/healthz" || path == "/readyz" || path == "/" || path.starts_with("/assets/") {
         return None;
     }
-    if path == "/v1/check" {
+    if matches!(path, "/v1/check" | "/v1/acquire" | "/v1/release" | "/v1/renew") {
         return Some(Role::Client);
     }
     if method == axum::http::Method::GET || method == axum::http::Method::HEAD {

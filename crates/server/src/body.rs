@@ -652,6 +652,91 @@ pub struct CheckBody {
     /// first; normal when not given.
     #[serde(default)]
     pub class: ClassName,
+    /// Admit it whatever the group has left, still counted against the group and the
+    /// capacity (Couchbase's Unthrottled privilege): only for a token with the
+    /// `unthrottled` privilege, or a server without `--auth`.
+    #[serde(default)]
+    pub unthrottled: bool,
+}
+
+/// A request to admit and keep a permit until it is released: for groups with an in-flight
+/// quota (`max_in_flight`), the permit holds one of its slots meanwhile.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// The group the work belongs to; absent: the token's default group.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Its cost in units, 0 to 1e9; 1 when not given.
+    #[serde(default = "one", deserialize_with = "finite")]
+    pub cost: f64,
+    /// Its class within the group; normal when not given.
+    #[serde(default)]
+    pub class: ClassName,
+    /// Seconds until the permit is released by itself, should the caller never release it
+    /// (1 to 86,400; 60 when not given). `POST /v1/renew` extends it.
+    #[serde(default, deserialize_with = "finite_opt")]
+    pub lease_s: Option<f64>,
+}
+
+/// A permit handed out.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Acquired {
+    /// Always `true`.
+    pub admitted: bool,
+    /// The group.
+    pub group: String,
+    /// The permit's id: give it to `POST /v1/release` when the work is done.
+    pub permit: String,
+    /// Seconds until the permit is released by itself.
+    pub lease_s: f64,
+    /// Whole units left in this server's grant for the group now.
+    pub remaining: f64,
+}
+
+/// A permit to give back.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The permit's id, as `POST /v1/acquire` gave it.
+    pub permit: String,
+    /// What the work really cost, 0 to 1e9, once known: more than admitted becomes debt,
+    /// less is given back. Absent: the cost admitted stands.
+    #[serde(default, deserialize_with = "finite_opt")]
+    pub cost: Option<f64>,
+}
+
+/// A permit given back.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Released {
+    /// The group.
+    pub group: String,
+    /// The permit's id.
+    pub permit: String,
+    /// The cost the work was settled at.
+    pub cost: f64,
+}
+
+/// A permit's lease to extend.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewBody {
+    /// The permit's id, as `POST /v1/acquire` gave it.
+    pub permit: String,
+    /// Seconds from now until it is released by itself (1 to 86,400; 60 when not given).
+    #[serde(default, deserialize_with = "finite_opt")]
+    pub lease_s: Option<f64>,
+}
+
+/// A permit's lease extended.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Renewed {
+    /// The group.
+    pub group: String,
+    /// The permit's id.
+    pub permit: String,
+    /// Seconds from now until it is released by itself.
+    pub lease_s: f64,
 }
 
 /// A request's class within its group.

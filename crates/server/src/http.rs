@@ -36,10 +36,15 @@ pub fn router(
     clock: Clock,
     front: Front,
     gate: tollgate_limiter::Tollgate,
+    holds: Arc<crate::holds::Holds>,
 ) -> Router {
     let metrics_groups = front.metrics_groups;
     let guard = axum::middleware::from_fn_with_state((node.access.clone(), front), http_guard);
-    let api = crate::api::router(node.clone(), clock, gate.clone());
+    let api = crate::api::router(node.clone(), clock, gate.clone()).merge(crate::permits::router(
+        clock,
+        gate.clone(),
+        holds,
+    ));
     let dashboard = crate::dashboard::router(node.clone(), history, clock);
     let routes = Router::new()
         .route("/healthz", get(health))
@@ -290,6 +295,9 @@ async fn set_group_properties(
         crate::api::status,
         crate::api::check,
         crate::api::charge,
+        crate::permits::acquire,
+        crate::permits::release,
+        crate::permits::renew,
         openapi,
         crate::dashboard::overview,
         crate::dashboard::group,

@@ -26,10 +26,12 @@ pub mod listen;
 mod metrics;
 mod node;
 mod pace;
+mod permits;
 mod process;
 pub use tollgate_proto::convert;
 pub mod grpc;
 mod history;
+pub mod holds;
 mod http;
 pub mod import;
 mod json;
@@ -535,6 +537,26 @@ async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
     }
 }
 
+/// How often permits whose leases ran out are given back.
+const HOLDS_SWEEP: Duration = Duration::from_millis(250);
+
+/// Gives back the permits in `holds` whose leases ran out, until `stop` completes.
+async fn expire_holds(holds: Arc<holds::Holds>, clock: Clock, stop: impl Future<Output = ()>) {
+    let sweep = async {
+        loop {
+            tokio::time::sleep(HOLDS_SWEEP).await;
+            let n = holds.expire(clock.now());
+            if n > 0 {
+                tracing::debug!(permits = n, "permits given back as their leases ran out");
+            }
+        }
+    };
+    tokio::select! {
+        () = sweep => {}
+        () = stop => {}
+    }
+}
+
 /// Serves `node` over gRPC on `incoming` (any stream of connections: tokio's TCP, a
 /// simulated network, in-memory pipes; wrap it in [`conn::Limited`] to cap and time out
 /// connections) and, given a listener, over HTTP; runs its ticks and flushes until `shutdown`
@@ -565,8 +587,17 @@ where
     tokio::spawn(follow_files(node.clone(), waiter(stop_rx.clone())));
     let http_front = front.clone();
     // Envoy's rate-limit service and `POST /v1/check`: one in-process client of the grants.
-    let rls_front =
-        rls::Rls::start(node.controller.clone(), node.cluster.clone(), node.rls_rules.clone(), clock);
+    // Permits held from admission until the work ends (HTTP's acquire, Envoy's request to its
+    // stream's end), given back when their leases run out.
+    let holds = Arc::new(holds::Holds::default());
+    tokio::spawn(expire_holds(holds.clone(), clock, waiter(stop_rx.clone())));
+    let rls_front = rls::Rls::start(
+        node.controller.clone(),
+        node.cluster.clone(),
+        node.rls_rules.clone(),
+        clock,
+        holds.clone(),
+    );
     let gate = rls_front.gate().clone();
     // Envoy's quota service: each stream a client of the grants.
     let rlqs_front = envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer::new(
@@ -583,7 +614,7 @@ where
         match http {
             Some(listener) => axum::serve(
                 listener,
-                http::router(node.clone(), latency, history, clock, http_front, gate)
+                http::router(node.clone(), latency, history, clock, http_front, gate, holds)
                     .into_make_service_with_connect_info::<listen::Peer>(),
             )
             .with_graceful_shutdown(waiter(stop_rx.clone()))

@@ -16,8 +16,17 @@
 //! its hits back (a deposit). Both are answered OK and take no part in the all-or-nothing.
 //!
 //! A descriptor carrying the entry [`CLASS_KEY`] (`critical`, `normal` or `sheddable`) is
-//! admitted in that request class (see [`tollgate_model::class`]); the entry takes no part
-//! in naming the group either.
+//! admitted in that request class (see [`tollgate_model::class`]); one carrying
+//! [`UNTHROTTLED_KEY`] is admitted whatever its group has left, still counted (only for a
+//! caller with the unthrottled privilege). Neither entry takes part in naming the group.
+//!
+//! In-flight quotas through Envoy: a request whose descriptors carry [`HOLD_KEY`] with the
+//! request's id (Envoy's `x-request-id`) keeps the permits it is admitted with (their
+//! in-flight slots) until a later call's descriptor carries [`RELEASE_KEY`] with the same id,
+//! as Envoy's `apply_on_stream_done` sends it once the response has ended (settled at that
+//! descriptor's `hits_addend` when it has one), or until the hold's lease runs out
+//! ([`LEASE_KEY`] seconds, 60 by default; see [`crate::holds`]). A release for an id that
+//! holds nothing (a refused request) does nothing.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -39,6 +48,7 @@ use crate::clock::Clock;
 use crate::cluster::Cluster;
 use crate::controller::Controller;
 use crate::error::AdminError;
+use crate::holds::HoldKey;
 use crate::store::{Shared, StoreError, audited};
 
 /// The most descriptors in one request.
@@ -122,16 +132,21 @@ pub struct Rls {
     gate: Tollgate,
     /// The patterns the descriptors' own limits made (at most [`OVERRIDES_MAX`]).
     overrides: Arc<std::sync::Mutex<std::collections::HashSet<GroupName>>>,
+    /// Permits held from a request until its stream's end.
+    holds: Arc<crate::holds::Holds>,
+    clock: Clock,
 }
 
 impl Rls {
     /// The front end over the grants of `cluster`'s leader (`controller` itself while it
-    /// grants), with its exchange loop started on the current runtime.
+    /// grants), with its exchange loop started on the current runtime, keeping held permits in
+    /// `holds`.
     pub fn start(
         controller: Arc<Controller>,
         cluster: Arc<Cluster>,
         rules: Arc<RlsRules>,
         clock: Clock,
+        holds: Arc<crate::holds::Holds>,
     ) -> Rls {
         // On the server's own time (tokio's), read when a check comes: the default clock would
         // keep a thread refreshing a coarse time every millisecond for the life of the server,
@@ -162,7 +177,7 @@ impl Rls {
                 c.exchange(clock.now(), request).await
             }
         }));
-        Rls { controller, rules, gate, overrides: Arc::default() }
+        Rls { controller, rules, gate, overrides: Arc::default(), holds, clock }
     }
 
     /// The in-process client its decisions come from (`POST /v1/check` shares it).
@@ -302,6 +317,25 @@ pub const CHARGE_KEY: &str = "tollgate_charge";
 /// the group.
 pub const CLASS_KEY: &str = "tollgate_class";
 
+/// The descriptor entry key that admits the descriptor unthrottled (any value).
+pub const UNTHROTTLED_KEY: &str = "tollgate_unthrottled";
+
+/// The descriptor entry key whose value (the request's id) keeps the request's permits held
+/// until it is released.
+pub const HOLD_KEY: &str = "tollgate_hold";
+
+/// The descriptor entry key whose value (a request's id) releases what that request holds in
+/// the descriptor's group.
+pub const RELEASE_KEY: &str = "tollgate_release";
+
+/// The descriptor entry key whose value is a hold's lease in seconds (1 to 86,400).
+pub const LEASE_KEY: &str = "tollgate_lease";
+
+/// Whether a descriptor entry key is Tollgate's own, taking no part in naming a group.
+fn reserved(key: &str) -> bool {
+    matches!(key, CHARGE_KEY | CLASS_KEY | UNTHROTTLED_KEY | HOLD_KEY | RELEASE_KEY | LEASE_KEY)
+}
+
 /// What one descriptor asks of its group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Ask {
@@ -312,6 +346,11 @@ enum Ask {
     Refund(f64),
     /// Charge this many units for work done, whatever the group has left.
     Charge(f64),
+    /// Admit this many units in this class whatever the group has left, still counted.
+    Unthrottled(f64, RequestClass),
+    /// Release what the request named by the plan's release id holds in the group, settled
+    /// at this many units when given.
+    Release(Option<f64>),
     /// Nothing: another descriptor's limit `replaces` this one's, so it has no limit here.
     Lifted,
     /// Nothing limits it (a domain's envoy/ratelimit tree has no limit for it).
@@ -338,6 +377,10 @@ struct Planned {
     /// A status per descriptor in the answer (a domain imported from Limitador, whose limits
     /// are not the descriptors', answers with the verdict alone, as Limitador does).
     statuses: bool,
+    /// The request's id its admitted permits are held under, and the hold's lease.
+    hold: Option<(String, Duration)>,
+    /// The request id whose holds the descriptors asking [`Ask::Release`] release.
+    release: Option<String>,
 }
 
 /// A request's descriptors as groups and what to ask of each. A descriptor that no rule names
@@ -387,7 +430,8 @@ fn plan(rules: &RuleSet, r: &RateLimitRequest, fallback: Option<&GroupName>) -> 
         };
         planned.push((group, ask));
     }
-    Ok(Planned { asks: planned, each_alone: rules.tree(&r.domain).is_some(), statuses: true })
+    let (hold, release) = holds_of(r)?;
+    Ok(Planned { asks: planned, each_alone: rules.tree(&r.domain).is_some(), statuses: true, hold, release })
 }
 
 /// A request in a domain imported from Limitador: every limit it meets, each asked for the
@@ -405,7 +449,7 @@ fn limits_plan(
         .map(|d| {
             d.entries
                 .iter()
-                .filter(|e| e.key != CHARGE_KEY && e.key != CLASS_KEY)
+                .filter(|e| !reserved(&e.key))
                 .map(|e| (e.key.as_str(), e.value.as_str()))
                 .collect()
         })
@@ -415,6 +459,7 @@ fn limits_plan(
         Ask::Admit(_, class, mode) => Ask::Admit(hits, class, mode),
         Ask::Refund(_) => Ask::Refund(hits),
         Ask::Charge(_) => Ask::Charge(hits),
+        Ask::Unthrottled(_, class) => Ask::Unthrottled(hits, class),
         other => other,
     };
     let asks = set
@@ -422,7 +467,56 @@ fn limits_plan(
         .into_iter()
         .map(|g| checked_group(0, &g).map(|g| (g, ask)))
         .collect::<Result<Vec<_>, Status>>()?;
-    Ok(Planned { asks, each_alone: false, statuses: false })
+    let (hold, release) = holds_of(r)?;
+    Ok(Planned { asks, each_alone: false, statuses: false, hold, release })
+}
+
+/// The request id a request's permits are held under (with the hold's lease), and the one
+/// whose holds it releases, from its descriptors' [`HOLD_KEY`], [`LEASE_KEY`] and
+/// [`RELEASE_KEY`] entries: each names one id in a request, and a descriptor holds or
+/// releases, not both.
+#[allow(clippy::type_complexity)]
+fn holds_of(r: &RateLimitRequest) -> Result<(Option<(String, Duration)>, Option<String>), Status> {
+    let (mut hold, mut release, mut lease) = (None::<&str>, None::<&str>, None);
+    for (i, d) in r.descriptors.iter().enumerate() {
+        let mut kinds = 0;
+        for (j, e) in d.entries.iter().enumerate() {
+            let field = || format!("descriptors[{i}].entries[{j}].value");
+            let slot = match e.key.as_str() {
+                HOLD_KEY => &mut hold,
+                RELEASE_KEY => &mut release,
+                LEASE_KEY => {
+                    let secs: f64 =
+                        e.value.trim().parse().map_err(|_| invalid(field(), "a number of seconds"))?;
+                    lease = Some(crate::holds::lease_of(Some(secs)).map_err(|rule| invalid(field(), rule))?);
+                    continue;
+                }
+                _ => continue,
+            };
+            kinds += 1;
+            if e.value.is_empty() || e.value.len() > crate::holds::REQUEST_ID_MAX_BYTES {
+                let rule = format!("a request id of 1 to {} bytes", crate::holds::REQUEST_ID_MAX_BYTES);
+                return Err(invalid(field(), rule));
+            }
+            match slot {
+                Some(id) if *id != e.value => {
+                    return Err(invalid(
+                        field(),
+                        format!("one request id a request, and this one named {id:?}"),
+                    ));
+                }
+                _ => *slot = Some(e.value.as_str()),
+            }
+        }
+        if kinds > 1 {
+            return Err(invalid(
+                format!("descriptors[{i}].entries"),
+                format!("{HOLD_KEY} and {RELEASE_KEY}: a descriptor holds or releases, not both"),
+            ));
+        }
+    }
+    let lease = lease.unwrap_or(crate::holds::LEASE_DEFAULT);
+    Ok((hold.map(|id| (id.to_owned(), lease)), release.map(str::to_owned)))
 }
 
 /// The group a descriptor names, checked against the naming rules.
@@ -469,15 +563,14 @@ fn descriptor<'r>(
         class = RequestClass::from_name(&e.value)
             .map_err(|rule| invalid(format!("descriptors[{i}].entries[{j}].value"), rule))?;
     }
-    let entries: Vec<(&str, &str)> = d
-        .entries
-        .iter()
-        .filter(|e| e.key != CHARGE_KEY && e.key != CLASS_KEY)
-        .map(|e| (e.key.as_str(), e.value.as_str()))
-        .collect();
+    let entries: Vec<(&str, &str)> =
+        d.entries.iter().filter(|e| !reserved(&e.key)).map(|e| (e.key.as_str(), e.value.as_str())).collect();
+    let has = |key: &str| d.entries.iter().any(|e| e.key == key);
     let ask = match (d.is_negative_hits, charge) {
+        _ if has(RELEASE_KEY) => Ask::Release(d.hits_addend.as_ref().map(|h| h.value as f64)),
         (true, _) => Ask::Refund(hits as f64),
         (false, true) => Ask::Charge(hits as f64),
+        (false, false) if has(UNTHROTTLED_KEY) => Ask::Unthrottled(hits as f64, class),
         (false, false) => Ask::Admit(hits as f64, class, QuotaMode::Off),
     };
     match own {
@@ -581,7 +674,7 @@ impl Rls {
             let entries: Vec<(&str, &str)> = d
                 .entries
                 .iter()
-                .filter(|e| e.key != CHARGE_KEY && e.key != CLASS_KEY)
+                .filter(|e| !reserved(&e.key))
                 .map(|e| (e.key.as_str(), e.value.as_str()))
                 .collect();
             let name = own.name(&r.domain, &entries, true);
@@ -610,12 +703,36 @@ impl Rls {
         Ok(())
     }
 
+    /// Keeps `permits` (their in-flight slots) under the request id `id` for at most
+    /// `lease`, each under its group; with no room, gives them all back and says so.
+    fn hold(
+        &self,
+        id: &str,
+        lease: Duration,
+        permits: Vec<tollgate_limiter::Permit<'static>>,
+    ) -> Result<(), Status> {
+        let now = self.clock.now();
+        let mut left = permits.into_iter();
+        while let Some(p) = left.next() {
+            let group = p.group().to_owned();
+            let key = HoldKey::Request(group.clone(), id.to_owned());
+            if let Err(e) = self.holds.hold(key, &group, p, now, lease) {
+                for p in left {
+                    p.dropped();
+                }
+                return Err(Status::resource_exhausted(format!("{HOLD_KEY}: {e}")));
+            }
+        }
+        Ok(())
+    }
+
     /// One descriptor's answer: its status as envoy/ratelimit would send it, and the permit
     /// it took, if it was admitted.
     async fn answer(
         &self,
         group: &GroupName,
         ask: Ask,
+        release: Option<&str>,
     ) -> Result<(DescriptorStatus, Option<tollgate_limiter::Permit<'static>>), Status> {
         let ok = |remaining: u32| DescriptorStatus {
             code: Code::Ok as i32,
@@ -626,9 +743,20 @@ impl Rls {
             Ask::Lifted | Ask::NoLimit => return Ok((ok(0), None)),
             // As envoy/ratelimit answers an unlimited descriptor: everything remains.
             Ask::Unlimited => return Ok((ok(u32::MAX), None)),
+            Ask::Release(cost) => {
+                let key = release.map(|id| HoldKey::Request(group.to_string(), id.to_owned()));
+                if let Some(held) = key.and_then(|k| self.holds.release(&k))
+                    && let Some(cost) = cost
+                {
+                    held.permit.settle(cost).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                }
+                return Ok((ok(0), None));
+            }
             _ => {}
         }
-        let handle = self.gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
+        let gate =
+            if matches!(ask, Ask::Unthrottled(..)) { self.gate.unthrottled() } else { self.gate.clone() };
+        let handle = gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
         wait_for_first_grant(&handle).await;
         let mut permit = None;
         let (code, until) = match ask {
@@ -642,17 +770,19 @@ impl Rls {
                 handle.charge(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
                 (Code::Ok, Duration::ZERO)
             }
-            Ask::Admit(cost, class, _) => match admit_now(&handle, cost, class).await {
-                Ok(p) => {
-                    permit = Some(p.into_owned());
-                    (Code::Ok, Duration::ZERO)
+            Ask::Admit(cost, class, _) | Ask::Unthrottled(cost, class) => {
+                match admit_now(&handle, cost, class).await {
+                    Ok(p) => {
+                        permit = Some(p.into_owned());
+                        (Code::Ok, Duration::ZERO)
+                    }
+                    Err(AcquireError::Throttled { retry_after, .. }) => (Code::OverLimit, retry_after),
+                    // Larger than the group's burst can ever hold: over the limit for good.
+                    Err(AcquireError::NeverAdmissible { .. }) => (Code::OverLimit, Duration::from_secs(1)),
+                    Err(e) => return Err(Status::invalid_argument(e.to_string())),
                 }
-                Err(AcquireError::Throttled { retry_after, .. }) => (Code::OverLimit, retry_after),
-                // Larger than the group's burst can ever hold: over the limit for good.
-                Err(AcquireError::NeverAdmissible { .. }) => (Code::OverLimit, Duration::from_secs(1)),
-                Err(e) => return Err(Status::invalid_argument(e.to_string())),
-            },
-            Ask::Lifted | Ask::NoLimit | Ask::Unlimited => unreachable!("answered above"),
+            }
+            Ask::Lifted | Ask::NoLimit | Ask::Unlimited | Ask::Release(_) => unreachable!("answered above"),
         };
         let limit = self.controller.settings_for(group).and_then(|s| current_limit(&s));
         // As envoy/ratelimit answers: a refused descriptor has nothing left; every descriptor
@@ -685,8 +815,17 @@ impl RateLimitService for Rls {
         let r = req.into_inner();
         let fallback = caller.as_ref().and_then(|Caller(c)| GroupName::new(&c.default_group).ok());
         let rules = self.rules.get();
-        let Planned { asks: planned, each_alone, statuses: answer_statuses } =
+        let Planned { asks: planned, each_alone, statuses: answer_statuses, hold, release } =
             plan(&rules, &r, fallback.as_ref())?;
+        if let Some(Caller(c)) = &caller
+            && !(c.unthrottled || c.role == Ok(crate::auth::Role::Admin))
+            && planned.iter().any(|(_, a)| matches!(a, Ask::Unthrottled(..)))
+        {
+            return Err(Status::permission_denied(format!(
+                "descriptors: {UNTHROTTLED_KEY} needs a token with the unthrottled privilege, and {} lacks it",
+                c.label()
+            )));
+        }
         if let Some(Caller(c)) = &caller
             && let Some((g, _)) = planned.iter().find(|(g, a)| a.names_group() && !c.allows_group(g.as_str()))
         {
@@ -698,13 +837,13 @@ impl RateLimitService for Rls {
             return Err(refused.status());
         }
         self.ensure_overrides(&r).await?;
-        let mut permits = Vec::with_capacity(planned.len());
+        let mut permits: Vec<tollgate_limiter::Permit<'static>> = Vec::with_capacity(planned.len());
         let mut statuses = Vec::with_capacity(planned.len());
         // envoy/ratelimit's verdict: refused when a descriptor not in quota mode is over its
         // limit, or when every one in quota mode is over its own.
         let (mut over, mut quota_asked, mut quota_over) = (false, 0, 0);
         for (group, ask) in &planned {
-            let (status, permit) = self.answer(group, *ask).await?;
+            let (status, permit) = self.answer(group, *ask, release.as_deref()).await?;
             let refused = status.code == Code::OverLimit as i32;
             match ask {
                 Ask::Admit(_, _, QuotaMode::On) => {
@@ -720,9 +859,16 @@ impl RateLimitService for Rls {
         if over && !each_alone {
             // All or nothing: what the other descriptors took goes back. (A domain imported
             // from envoy/ratelimit counts each descriptor within its limit, as it does.)
-            for p in permits {
+            for p in permits.drain(..) {
                 p.dropped();
             }
+        }
+        // A refused request never runs: it holds nothing (what each descriptor counted stays
+        // counted, in a domain counted descriptor by descriptor).
+        if let Some((id, lease)) = hold
+            && !over
+        {
+            self.hold(&id, lease, permits)?;
         }
         let overall = if over { Code::OverLimit } else { Code::Ok };
         if !answer_statuses {
@@ -766,6 +912,33 @@ mod tests {
         assert_eq!(remaining(-3.5), 0);
         assert_eq!(remaining(41.9), 41);
         assert_eq!(remaining(1e12), u32::MAX);
+    }
+
+    #[test]
+    fn holds_and_releases_name_one_request_id_each() {
+        let r = request("edge", vec![vec![("tenant", "a"), (HOLD_KEY, "r-1"), (LEASE_KEY, "5")]]);
+        assert_eq!(holds_of(&r).unwrap(), (Some(("r-1".into(), Duration::from_secs(5))), None));
+        let r = request("edge", vec![vec![("tenant", "a"), (RELEASE_KEY, "r-1")]]);
+        assert_eq!(holds_of(&r).unwrap(), (None, Some("r-1".into())));
+        let r = request("edge", vec![vec![("tenant", "a")], vec![("tenant", "b"), (HOLD_KEY, "r-2")]]);
+        assert_eq!(holds_of(&r).unwrap(), (Some(("r-2".into(), crate::holds::LEASE_DEFAULT)), None));
+        for (bad, field) in [
+            (vec![vec![(HOLD_KEY, "r-1"), (RELEASE_KEY, "r-1")]], "descriptors[0].entries"),
+            (vec![vec![(HOLD_KEY, "r-1")], vec![(HOLD_KEY, "r-2")]], "descriptors[1].entries[0].value"),
+            (vec![vec![(HOLD_KEY, "")]], "descriptors[0].entries[0].value"),
+            (vec![vec![(HOLD_KEY, "r"), (LEASE_KEY, "0")]], "descriptors[0].entries[1].value"),
+            (vec![vec![(HOLD_KEY, "r"), (LEASE_KEY, "soon")]], "descriptors[0].entries[1].value"),
+        ] {
+            let e = holds_of(&request("edge", bad.clone())).unwrap_err();
+            assert!(e.message().starts_with(field), "{bad:?}: {}", e.message());
+        }
+        // Tollgate's own keys name no group.
+        let rules = RuleSet::default();
+        let d = &request("edge", vec![vec![("tenant", "a"), (HOLD_KEY, "r"), (UNTHROTTLED_KEY, "1")]])
+            .descriptors[0];
+        let (decision, ask) = descriptor(&rules, "edge", 0, d, 1).unwrap();
+        assert!(matches!(decision, Decision::Group { ref group, .. } if group == "a"), "{decision:?}");
+        assert_eq!(ask, Ask::Unthrottled(1.0, RequestClass::Normal));
     }
 
     #[test]

@@ -566,3 +566,92 @@ fn charges_go_into_debt_and_refunds_give_units_back() {
         assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{body}: {v}");
     }
 }
+
+/// An in-flight quota over HTTP: `POST /v1/acquire` hands out a permit that holds one of the
+/// group's slots until `POST /v1/release` (settling the real cost) or until its lease runs
+/// out; a quota of 1 admits one at a time, a new group's first acquire is admitted at once,
+/// and the slot never sticks.
+#[test]
+fn permits_hold_an_in_flight_slot_until_released_or_their_lease_ends() {
+    let s = ServerProc::start_with(&data_dir("api-permits"), &["--tick-ms", "100"], Stdio::null());
+    let h = s.http.as_str();
+    let (code, _, v) = call(h, "PUT", "/v1/groups/db", Some(r#"{"limit":1000,"max_in_flight":1}"#));
+    assert_eq!(code, 201, "{v}");
+    let acquire = |body: &str| call(h, "POST", "/v1/acquire", Some(body));
+    let (code, _, first) = acquire(r#"{"group":"db","cost":2}"#);
+    assert_eq!(code, 200, "a new group's first acquire is admitted at once: {first}");
+    assert_eq!((first["admitted"].as_bool(), first["lease_s"].as_f64()), (Some(true), Some(60.0)));
+    let permit = first["permit"].as_str().unwrap().to_string();
+    assert!(permit.starts_with('p') && permit.len() == 33, "{permit}");
+    // While it is held, neither an acquire nor a check is admitted.
+    let (code, head, v) = acquire(r#"{"group":"db"}"#);
+    assert_eq!(code, 429, "{v}");
+    assert!(head.contains("retry-after: "), "{head}");
+    assert_eq!(call(h, "POST", "/v1/check", Some(r#"{"group":"db"}"#)).0, 429);
+    // A renewal keeps it; released with the real cost, the slot is free.
+    let (code, _, v) =
+        call(h, "POST", "/v1/renew", Some(&format!(r#"{{"permit":"{permit}","lease_s":120}}"#)));
+    assert_eq!((code, v["lease_s"].as_f64(), v["group"].as_str()), (200, Some(120.0), Some("db")), "{v}");
+    let (code, _, v) = call(h, "POST", "/v1/release", Some(&format!(r#"{{"permit":"{permit}","cost":5}}"#)));
+    assert_eq!((code, v["cost"].as_f64()), (200, Some(5.0)), "{v}");
+    // Released once: again is 404, and so is a renewal.
+    let (code, _, v) = call(h, "POST", "/v1/release", Some(&format!(r#"{{"permit":"{permit}"}}"#)));
+    assert_eq!((code, v["field"].as_str()), (404, Some("permit")), "{v}");
+    assert_eq!(call(h, "POST", "/v1/renew", Some(&format!(r#"{{"permit":"{permit}"}}"#))).0, 404);
+    // One at a time, over and over: the quota of 1 never sticks.
+    for i in 0..20 {
+        let (code, _, v) = acquire(r#"{"group":"db"}"#);
+        assert_eq!(code, 200, "acquire {i}: {v}");
+        let p = v["permit"].as_str().unwrap();
+        assert_eq!(acquire(r#"{"group":"db"}"#).0, 429, "acquire {i} holds the slot");
+        assert_eq!(call(h, "POST", "/v1/release", Some(&format!(r#"{{"permit":"{p}"}}"#))).0, 200);
+    }
+    // A caller that dies holding a permit: its slot comes back when the lease runs out.
+    let (code, _, v) = acquire(r#"{"group":"db","lease_s":1}"#);
+    assert_eq!(code, 200, "{v}");
+    let lost = v["permit"].as_str().unwrap().to_string();
+    common::eventually("the lease runs out and the slot is free", || {
+        acquire(r#"{"group":"db","lease_s":1}"#).0 == 200
+    });
+    assert_eq!(call(h, "POST", "/v1/release", Some(&format!(r#"{{"permit":"{lost}"}}"#))).0, 404);
+    // What the work cost is what the group consumed: 2 admitted and settled at 5, 20 of 1,
+    // the lost one and the last.
+    common::eventually("the consumption is counted", || {
+        common::try_metric(h, "tollgate_group_consumed_units_total{group=\"db\"}").is_some_and(|c| c >= 27.0)
+    });
+    // Bad input names the field and the rule.
+    for (path, body, field) in [
+        ("/v1/acquire", r#"{"group":"db","lease_s":0}"#, "lease_s"),
+        ("/v1/acquire", r#"{"group":"db","lease_s":90000}"#, "lease_s"),
+        ("/v1/acquire", r#"{"group":"db","cost":-1}"#, "cost"),
+        ("/v1/release", r#"{"permit":"nope"}"#, "permit"),
+        ("/v1/release", r#"{"permit":"p00000000000000000000000000000000","cost":-3}"#, "cost"),
+        ("/v1/renew", r#"{"permit":"p00000000000000000000000000000000","lease_s":1e9}"#, "lease_s"),
+    ] {
+        let (code, _, v) = call(h, "POST", path, Some(body));
+        assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{path} {body}: {v}");
+    }
+}
+
+/// `"unthrottled": true` on a check admits the work whatever the group has left (still
+/// counted), for a caller that may: here a server without `--auth`.
+#[test]
+fn an_unthrottled_check_is_admitted_past_the_groups_limit() {
+    let s = ServerProc::start_with(&data_dir("api-unthrottled"), &["--tick-ms", "100"], Stdio::null());
+    let h = s.http.as_str();
+    assert_eq!(call(h, "PUT", "/v1/groups/tight", Some(r#"{"limit":1,"burst":1}"#)).0, 201);
+    let check = |body: &str| call(h, "POST", "/v1/check", Some(body)).0;
+    let mut tries = 0;
+    while check(r#"{"group":"tight"}"#) == 200 && tries < 1000 {
+        tries += 1;
+    }
+    assert_eq!(check(r#"{"group":"tight"}"#), 429);
+    for _ in 0..20 {
+        assert_eq!(check(r#"{"group":"tight","unthrottled":true}"#), 200);
+    }
+    assert_eq!(check(r#"{"group":"tight"}"#), 429, "the ordinary path is still limited");
+    common::eventually("the unthrottled work is counted", || {
+        common::try_metric(h, "tollgate_group_consumed_units_total{group=\"tight\"}")
+            .is_some_and(|c| c >= 21.0)
+    });
+}

@@ -169,3 +169,115 @@ fn envoy_charges_a_responses_cost_after_it_ends_into_debt() {
     eventually("the admission is counted", || consumed("fresh") >= 1.0);
     assert_eq!(counter(e.admin, "cluster.application.ratelimit.error"), 0, "Tollgate answered every call");
 }
+
+/// An upstream whose answers wait until the test lets them go: counts the requests in it now
+/// and the most there ever were at once.
+struct GatedUpstream {
+    port: u16,
+    state: Arc<(std::sync::Mutex<Gate>, std::sync::Condvar)>,
+}
+
+#[derive(Default)]
+struct Gate {
+    open: bool,
+    /// Requests inside now.
+    inside: u32,
+    /// Tenant `db`'s requests inside now, and the most there ever were.
+    db: u32,
+    most_db: u32,
+}
+
+impl GatedUpstream {
+    fn start() -> GatedUpstream {
+        use std::io::BufReader;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state: Arc<(std::sync::Mutex<Gate>, std::sync::Condvar)> = Arc::default();
+        let st = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let st = st.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut out = stream;
+                    while let Some(head) = common::envoy::request_head(&mut reader) {
+                        let db = head.iter().any(|l| l.eq_ignore_ascii_case("x-tenant: db"));
+                        let (lock, cv) = &*st;
+                        let mut g = lock.lock().unwrap();
+                        g.inside += 1;
+                        g.db += u32::from(db);
+                        g.most_db = g.most_db.max(g.db);
+                        cv.notify_all();
+                        while !g.open {
+                            g = cv.wait(g).unwrap();
+                        }
+                        g.inside -= 1;
+                        g.db -= u32::from(db);
+                        drop(g);
+                        if out.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        GatedUpstream { port, state }
+    }
+
+    fn gate(&self) -> std::sync::MutexGuard<'_, Gate> {
+        self.state.0.lock().unwrap()
+    }
+
+    /// Waits until `n` requests are inside.
+    fn wait_inside(&self, n: u32) {
+        let (lock, cv) = &*self.state;
+        let (_g, timeout) =
+            cv.wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(30), |g| g.inside < n).unwrap();
+        assert!(!timeout.timed_out(), "{n} requests reach the upstream");
+    }
+
+    fn open(&self) {
+        self.gate().open = true;
+        self.state.1.notify_all();
+    }
+}
+
+/// An in-flight quota through Envoy, with the shipped `in-flight.yaml`: a request holds its
+/// tenant's slot from admission until its response has ended, so with `max_in_flight = 1` a
+/// second request is refused while the first is still being answered (and the refused ones'
+/// releases free nothing); once it ends the slot is free again, request after request, and
+/// the upstream never sees two of the tenant's requests at once.
+#[test]
+fn envoy_holds_a_tenants_slot_from_its_request_to_the_end_of_the_response() {
+    let dir = data_dir("envoy-in-flight");
+    let s = ServerProc::start_with(&dir.join("data"), &["--tick-ms", "100"], Stdio::null());
+    admin(&s.url(), &["group", "create", "db", "--limit", "1000", "--max-in-flight", "1"]);
+    let grpc: u16 = s.grpc.rsplit(':').next().unwrap().parse().unwrap();
+    let up = GatedUpstream::start();
+    let e = envoy(&dir, "in-flight.yaml", grpc, up.port, &[]);
+    let listen = e.listen;
+    // The first request is admitted and held at the upstream.
+    let first = std::thread::spawn(move || request(listen, "/", &[("x-tenant", "db")]).map(|(c, _)| c));
+    up.wait_inside(1);
+    // Every other request meanwhile is refused: the slot is held, and the refused requests'
+    // own releases (if Envoy sends them) free nothing.
+    for _ in 0..10 {
+        let (code, head) = request(listen, "/", &[("x-tenant", "db")]).unwrap();
+        assert_eq!(code, 429, "the slot is held: {head}");
+    }
+    // Another tenant is not touched.
+    let other = std::thread::spawn(move || request(listen, "/", &[("x-tenant", "other")]).map(|(c, _)| c));
+    up.wait_inside(2);
+    up.open();
+    assert_eq!(first.join().unwrap(), Some(200));
+    assert_eq!(other.join().unwrap(), Some(200));
+    // Once the response has ended, Envoy releases the slot: the tenant is served again, and
+    // again after that (a quota of 1 never sticks).
+    for i in 0..5 {
+        eventually(&format!("request {i} after the first is admitted"), || {
+            request(listen, "/", &[("x-tenant", "db")]).is_some_and(|(c, _)| c == 200)
+        });
+    }
+    assert_eq!(up.gate().most_db, 1, "never two of db's requests at the upstream at once");
+    assert_eq!(counter(e.admin, "cluster.application.ratelimit.error"), 0, "Tollgate answered every call");
+}

@@ -249,7 +249,7 @@ fn envoys_never_admit_more_than_a_quota_and_serve_it_all() {
 fn the_envoy_docs_show_each_shipped_configuration_whole() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let doc = std::fs::read_to_string(format!("{root}/docs/envoy.md")).unwrap();
-    for file in ["envoy.yaml", "rlqs.yaml", "charge.yaml"] {
+    for file in ["envoy.yaml", "rlqs.yaml", "charge.yaml", "in-flight.yaml"] {
         let text = std::fs::read_to_string(format!("{root}/examples/envoy/{file}")).unwrap();
         assert!(
             doc.contains(&format!("```yaml\n{}\n```", text.trim_end())),

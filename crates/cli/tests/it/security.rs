@@ -525,6 +525,39 @@ fn unthrottled_is_a_privilege_of_the_credential() {
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     rt.block_on(load).unwrap();
+    // The same privilege through the front ends: an unthrottled check, and an Envoy descriptor
+    // carrying `tollgate_unthrottled`, are taken from the privileged token only.
+    let check = |token: &str| {
+        let body = r#"{"group":"u-plain","unthrottled":true}"#;
+        http(&s.http, "POST", "/v1/check", Some(token), body)
+    };
+    let (code, text) = check(&plain);
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("lacks the unthrottled privilege"), "{text}");
+    let passed = (0..200).filter(|_| check(&privileged).0 == 200).count();
+    assert_eq!(passed, 200, "the privileged token's unthrottled checks are never refused");
+    let rls = |token: &str| {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+            RateLimitDescriptor, rate_limit_descriptor::Entry,
+        };
+        use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+        use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+        let entries = vec![
+            Entry { key: "tenant".into(), value: "u-plain".into() },
+            Entry { key: "tollgate_unthrottled".into(), value: "yes".into() },
+        ];
+        let descriptors = vec![RateLimitDescriptor { entries, ..Default::default() }];
+        let req = RateLimitRequest { domain: "edge".into(), descriptors, hits_addend: 100 };
+        let channel = rpc(&s.url(), &with_token(Some(token)));
+        rt.block_on(async { RateLimitServiceClient::new(channel).should_rate_limit(req).await })
+    };
+    let e = rls(&plain).unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    assert!(e.message().contains("tollgate_unthrottled"), "{e}");
+    for _ in 0..20 {
+        let answer = rls(&privileged).expect("answered").into_inner();
+        assert_eq!(answer.overall_code, 1, "OK, past a limit of 50 at 100 a call: {answer:?}");
+    }
 }
 
 /// The DER of the first certificate in a PEM file.

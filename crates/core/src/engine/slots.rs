@@ -86,7 +86,7 @@ impl Ledger {
         me.held = held;
         me.asked = asked.max(held);
         me.seen = now;
-        let fair = fair_share(&self.holders, at, max);
+        let fair = fair_share(&self.holders, at, max, now);
         let others: u64 =
             self.holders.iter().enumerate().filter(|&(i, _)| i != at).map(|(_, h)| h.bound()).sum();
         let room = u64::from(max).saturating_sub(others);
@@ -131,32 +131,47 @@ impl Ledger {
 }
 
 /// The fair share of the holder at `at`: `max` water-filled over what each asks, and an
-/// even part of half the slots nobody asks for.
-fn fair_share(holders: &[Holder], at: usize, max: u32) -> u32 {
-    let mut asks: Vec<u64> = holders.iter().map(|h| u64::from(h.asked)).collect();
-    asks.sort_unstable();
+/// even part (rounded up) of half the slots nobody asks for. Past the water level the slots
+/// that do not divide evenly go one each to some of the clients asking more than it, a
+/// different few each second (`now`), so a quota of 1 wanted by two clients serves each in
+/// turn rather than neither.
+fn fair_share(holders: &[Holder], at: usize, max: u32, now: Nanos) -> u32 {
     let total = u64::from(max);
-    let asked: u64 = asks.iter().sum();
+    let asked: u64 = holders.iter().map(|h| u64::from(h.asked)).sum();
     let mine = u64::from(holders[at].asked);
     let n = holders.len() as u64;
     if asked <= total {
-        let slack = (total - asked) / 2 / n.max(1);
+        // Rounded up, so a client alone with a quota of 1 holds it before it has asked:
+        // the rule that a rise takes only room no other client may use keeps the sum.
+        let slack = (total - asked).div_ceil(2 * n.max(1));
         return u32::try_from(mine + slack).unwrap_or(max);
     }
     // The water level: the clients asking less than it get what they ask, the rest share
-    // what is left evenly (an odd slot going to no one).
+    // what is left evenly.
+    let mut order: Vec<usize> = (0..holders.len()).collect();
+    order.sort_by_key(|&i| (holders[i].asked, i));
     let mut left = total;
-    let mut level = 0;
-    for (i, &a) in asks.iter().enumerate() {
-        let even = left / (n - i as u64);
-        if a > even {
-            level = even;
+    for (k, &i) in order.iter().enumerate() {
+        let a = u64::from(holders[i].asked);
+        let even = left / (n - k as u64);
+        if a <= even {
+            left -= a;
+            continue;
+        }
+        // Every client from here on asks more than the level.
+        if mine <= even {
             break;
         }
-        left -= a;
-        level = a;
+        let mut above: Vec<usize> = order[k..].to_vec();
+        above.sort_unstable();
+        let count = above.len() as u64;
+        let odd = left - even * count;
+        let pos = above.iter().position(|&j| j == at).unwrap_or(0) as u64;
+        let turn = now.as_u64() / 1_000_000_000 % count;
+        let extra = u64::from((pos + count - turn) % count < odd);
+        return u32::try_from(even + extra).unwrap_or(max);
     }
-    u32::try_from(mine.min(level)).unwrap_or(max)
+    u32::try_from(mine).unwrap_or(max)
 }
 
 #[cfg(test)]
@@ -188,6 +203,31 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_client_holds_a_quota_of_one_before_it_asks() {
+        let mut l = Ledger::default();
+        // Idle, it keeps the slot: its next request need not wait for an exchange.
+        assert_eq!(l.report(Nanos(0), 1, 0, 0, 1, EXPIRY), 1);
+        assert_eq!(l.report(Nanos(1), 1, 0, 0, 1, EXPIRY), 1);
+    }
+
+    #[test]
+    fn two_clients_wanting_a_quota_of_one_take_turns() {
+        let second = 1_000_000_000;
+        let mut l = Ledger::default();
+        let mut had = [0u32; 2];
+        let mut turns = [0u32; 2];
+        for t in 0..40u64 {
+            let c = (t % 2) as usize;
+            // Each holds what it was last given, and always wants one.
+            let share = l.report(Nanos(t * second / 4), c as u64, had[c], 1, 1, EXPIRY);
+            had[c] = share;
+            turns[c] += share;
+            assert!(l.bound() <= 1, "at {t}: {l:?}");
+        }
+        assert!(turns[0] > 0 && turns[1] > 0, "{turns:?}");
+    }
+
+    #[test]
     fn a_silent_client_gives_its_slots_back_after_the_expiry() {
         let mut l = Ledger::default();
         assert_eq!(l.report(Nanos(0), 1, 8, 8, 8, EXPIRY), 8);
@@ -210,9 +250,9 @@ mod tests {
                 seen: Nanos(0),
             })
             .collect();
-        assert_eq!(fair_share(&holders, 0, 20), 2);
-        assert_eq!(fair_share(&holders, 1, 20), 9);
-        assert_eq!(fair_share(&holders, 2, 20), 9);
+        assert_eq!(fair_share(&holders, 0, 20, Nanos(0)), 2);
+        assert_eq!(fair_share(&holders, 1, 20, Nanos(0)), 9);
+        assert_eq!(fair_share(&holders, 2, 20, Nanos(0)), 9);
     }
 
     proptest! {
@@ -249,7 +289,7 @@ mod tests {
                 }
             }
             let total: u64 = shares.iter().map(|&s| u64::from(s)).sum();
-            prop_assert!(total + n > u64::from(max), "{shares:?} of {max}");
+            prop_assert_eq!(total, u64::from(max), "{:?} of {}", shares, max);
         }
     }
 }

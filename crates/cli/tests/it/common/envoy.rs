@@ -34,27 +34,29 @@ fn serve_upstream(stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut out = stream;
-    loop {
-        // One request: headers to the blank line (Envoy sends no body here).
-        let mut line = String::new();
-        let (mut any, mut cost) = (false, None);
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) if line == "\r\n" => break,
-                Ok(_) => {
-                    any = true;
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("x-cost:") {
-                        cost = Some(v.trim().to_string());
-                    }
-                }
-            }
-        }
+    // One request at a time: its head, then the answer (Envoy sends no body here).
+    while let Some(head) = request_head(&mut reader) {
+        let cost = head
+            .iter()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("x-cost:").map(|v| v.trim().to_string()));
         let cost = cost.map_or(String::new(), |c| format!("x-cost: {c}\r\n"));
         let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n{cost}\r\nok");
-        if !any || out.write_all(answer.as_bytes()).is_err() {
+        if out.write_all(answer.as_bytes()).is_err() {
             return;
+        }
+    }
+}
+
+/// The lines of the next request's head up to the blank line; `None` at the connection's end
+/// (or an empty head).
+pub fn request_head(reader: &mut impl BufRead) -> Option<Vec<String>> {
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) if line == "\r\n" => return (!lines.is_empty()).then_some(lines),
+            Ok(_) => lines.push(line.trim_end().to_string()),
         }
     }
 }
