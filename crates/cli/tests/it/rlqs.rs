@@ -210,37 +210,81 @@ const DENY_FALLBACKS: [(&str, &str); 2] = [
     ("token_bucket: { max_tokens: 50, tokens_per_fill: 50, fill_interval: 1s }", "blanket_rule: DENY_ALL"),
 ];
 
-#[test]
-fn envoys_never_admit_more_than_a_quota_and_serve_it_all() {
-    let dir = data_dir("rlqs-quota");
+/// A server with group `acme` given `quota`, on a free gRPC port, logging into the test's
+/// directory `name`: the server, its gRPC port and the directory.
+fn quota_server(name: &str, quota: &str) -> (ServerProc, u16, std::path::PathBuf) {
+    let dir = data_dir(name);
     let grpc = free_port();
     std::fs::create_dir_all(&dir).unwrap();
     let log = Stdio::from(std::fs::File::create(dir.join("server.log")).unwrap());
     let s = ServerProc::start_at(&dir.join("data"), &format!("127.0.0.1:{grpc}"), &["--tick-ms", "250"], log);
-    admin(&s.url(), &["group", "create", "acme", "--quota", "400/total"]);
+    admin(&s.url(), &["group", "create", "acme", "--quota", quota]);
+    (s, grpc, dir)
+}
+
+/// Once `served` requests are admitted and each of `envoys` Envoys has reported three more
+/// times, stops the load: each Envoy's counts (only 200 and 429 allowed) and the admitted.
+fn served_then_held(
+    s: &ServerProc,
+    seen: &[Arc<Seen>],
+    stop: &AtomicBool,
+    served: u64,
+    envoys: usize,
+) -> (Vec<[u64; 3]>, u64) {
+    let admitted = || seen.iter().map(|s| s.snapshot()[0]).sum::<u64>();
+    // Served: all but what the last assignments hold unspent comes through.
+    eventually("most of the quota is served", || admitted() >= served);
+    // And then held: three more reports from each Envoy.
+    let reports = metric(&s.http, "tollgate_rlqs_reports_total");
+    eventually("three reports from each Envoy", || {
+        metric(&s.http, "tollgate_rlqs_reports_total") >= reports + 3.0 * envoys as f64
+    });
+    stop.store(true, Ordering::Relaxed);
+    let counts: Vec<[u64; 3]> = seen.iter().map(|s| s.snapshot()).collect();
+    assert!(counts.iter().all(|c| c[2] == 0), "only 200 and 429: {counts:?}");
+    let ok = counts.iter().map(|c| c[0]).sum();
+    (counts, ok)
+}
+
+#[test]
+fn envoys_never_admit_more_than_a_quota_and_serve_it_all() {
+    let (s, grpc, dir) = quota_server("rlqs-quota", "400/total");
     let up = upstream();
     let envoys: Vec<Envoy> = (0..3).map(|_| envoy(&dir, "rlqs.yaml", grpc, up, &DENY_FALLBACKS)).collect();
     let all: Vec<&Envoy> = envoys.iter().collect();
     // Two Envoys asked 200 times a second each, one 20 times: 400 is gone in a few seconds.
     let stop = Arc::new(AtomicBool::new(false));
     let seen = load(&all, "acme", &[1, 1, 1], &[Some(200), Some(200), Some(20)], &stop);
-    let admitted = || seen.iter().map(|s| s.snapshot()[0]).sum::<u64>();
-    // Served: all but what the last assignments hold unspent comes through.
-    eventually("most of the quota is served", || admitted() >= 300);
-    // And then held: three more reports from each Envoy, and never one request past 400.
-    let reports = metric(&s.http, "tollgate_rlqs_reports_total");
-    eventually("three reports from each Envoy", || {
-        metric(&s.http, "tollgate_rlqs_reports_total") >= reports + 9.0
-    });
-    stop.store(true, Ordering::Relaxed);
-    let counts: Vec<[u64; 3]> = seen.iter().map(|s| s.snapshot()).collect();
+    let (counts, ok) = served_then_held(&s, &seen, &stop, 300, 3);
     let _ = writeln!(std::io::stderr(), "quota of 400: {counts:?}");
-    assert!(counts.iter().all(|c| c[2] == 0), "only 200 and 429: {counts:?}");
-    let ok: u64 = counts.iter().map(|c| c[0]).sum();
     assert!(ok <= 400, "a quota of 400 admitted {ok}: {counts:?}");
     // What the controller counts is what Envoy admitted, once Envoy has reported it.
     eventually("Tollgate counts what Envoy admitted", || {
         metric_of(&s.http, "tollgate_group_consumed_units_total", "group=\"acme\"") == Some(ok as f64)
+    });
+}
+
+/// Dear requests through Envoy's quota service: a bucket id carrying `tollgate_cost` counts
+/// each request at that many units, so a quota of 400 units admits at most 50 requests of 8,
+/// serves most of them, and the controller counts 8 units for each.
+#[test]
+fn a_buckets_cost_counts_each_request_at_its_units() {
+    let (s, grpc, dir) = quota_server("rlqs-cost", "400/total");
+    let up = upstream();
+    let cost = (
+        "                          # How often Envoy reports",
+        "                              tollgate_cost:\n                                string_value: \"8\"\n                          # How often Envoy reports",
+    );
+    let edits = [DENY_FALLBACKS[0], DENY_FALLBACKS[1], cost];
+    let envoys: Vec<Envoy> = (0..2).map(|_| envoy(&dir, "rlqs.yaml", grpc, up, &edits)).collect();
+    let all: Vec<&Envoy> = envoys.iter().collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = load(&all, "acme", &[1, 1], &[Some(100), Some(20)], &stop);
+    let (counts, ok) = served_then_held(&s, &seen, &stop, 30, 2);
+    let _ = writeln!(std::io::stderr(), "quota of 400 units, requests of 8: {counts:?}");
+    assert!(ok <= 50, "a quota of 400 units admitted {ok} requests of 8: {counts:?}");
+    eventually("Tollgate counts 8 units for each request Envoy admitted", || {
+        metric_of(&s.http, "tollgate_group_consumed_units_total", "group=\"acme\"") == Some(8.0 * ok as f64)
     });
 }
 

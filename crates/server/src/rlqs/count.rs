@@ -29,7 +29,7 @@ use std::time::Duration;
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
 
-use super::{Assignment, Key, Session};
+use super::{Assignment, Demands, Key, Session};
 
 /// How long past its time to live an assignment may still be in force: Envoy counts the time
 /// to live from when it takes the assignment, a moment after it was sent.
@@ -99,9 +99,12 @@ impl Pace {
     }
 }
 
-/// What one bucket of a group with quotas may still admit, as its stream counts it.
-#[derive(Debug, Clone, Copy, Default)]
+/// What one bucket of a group with quotas may still admit, as its stream counts it, in units
+/// (each of its requests costs `per_request`; its paces are in requests, as Envoy counts).
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Count {
+    /// Units one of the bucket's requests costs.
+    per_request: f64,
     /// Under the assignment in force: units still covered (what it cost, and what renewals
     /// added, less what was reported since), its pace (none: it denies all) and when it
     /// ends.
@@ -116,9 +119,25 @@ pub(super) struct Count {
     settle: u8,
 }
 
+impl Default for Count {
+    fn default() -> Count {
+        Count::of(1.0)
+    }
+}
+
 impl Count {
-    /// Takes a report of `allowed` requests: returns those that count in the window under
-    /// way (those of an earlier window's assignment do not).
+    /// Nothing counted yet, for a bucket whose requests cost `per_request` units each.
+    pub(super) fn of(per_request: f64) -> Count {
+        Count { per_request, left: 0.0, pace: None, until: Nanos(0), replaced: 0.0, earlier: 0.0, settle: 0 }
+    }
+
+    /// What `requests` of the bucket's cost.
+    fn units(&self, requests: f64) -> f64 {
+        requests * self.per_request
+    }
+
+    /// Takes a report of `allowed` units: returns those that count in the window under way
+    /// (those of an earlier window's assignment do not).
     pub(super) fn take(&mut self, allowed: f64) -> f64 {
         let earlier = allowed.min(self.earlier);
         self.earlier -= earlier;
@@ -143,7 +162,7 @@ impl Count {
         let could = self
             .pace
             .map_or(0.0, |p| 2.0 * f64::from(p.max) + p.rate() * self.until.since(last_report).as_secs_f64());
-        self.left.min(could) + self.replaced
+        self.left.min(self.units(could)) + self.replaced
     }
 
     /// Replaces the assignment in force with `pace` (none: deny all) until `until`, covering
@@ -160,13 +179,13 @@ impl Count {
         let unreported = self.pace.map_or(0.0, |p| {
             2.0 * f64::from(p.max) + p.rate() * (now.since(last_report) + SLACK).as_secs_f64()
         });
-        self.replaced += self.left.min(unreported);
+        self.replaced += self.left.min(self.units(unreported));
         (self.left, self.pace, self.until, self.settle) = (cost, pace, until, 2);
     }
 
     /// Extends the assignment in force to `until`: returns what that costs.
     pub(super) fn renewal_cost(&self, until: Nanos) -> f64 {
-        self.pace.map_or(0.0, |p| p.rate() * until.since(self.until).as_secs_f64())
+        self.pace.map_or(0.0, |p| self.units(p.rate() * until.since(self.until).as_secs_f64()))
     }
 
     /// Extends the assignment in force to `until`, covering `cost` more.
@@ -241,14 +260,14 @@ impl Session {
             .collect();
         keys.sort();
         let mut committed = 0.0;
-        let mut demand = 0.0;
+        let mut demand = Demands::default();
         for k in &keys {
             let b = self.buckets.get_mut(k).expect("listed above");
             if fresh {
                 b.count.new_window(b.last_report);
             }
             committed += b.count.committed(b.last_report);
-            demand += b.demand;
+            demand.add(b);
         }
         let mut free = book.free(committed);
         let mut out = Vec::new();
@@ -256,8 +275,8 @@ impl Session {
             let b = self.buckets.get_mut(&k).expect("listed above");
             // The pace the bucket's demand asks for, within its part of a limited group's
             // grant.
-            let part = if demand > 0.0 { b.demand / demand } else { 1.0 };
-            let (mut rate, mut burst) = ((b.demand * PACE_OVER_DEMAND).max(IDLE_PACE), 1.0_f64);
+            let part = if demand.total() > 0.0 { demand.part(b, grant.rate) } else { 1.0 };
+            let (mut rate, mut burst) = ((b.demand * PACE_OVER_DEMAND).max(IDLE_PACE * b.cost), b.cost);
             burst = burst.max(rate);
             if !grant.unlimited {
                 rate = rate.min(grant.rate * part);
@@ -265,9 +284,11 @@ impl Session {
             }
             let due = b.assigned.is_none_or(|(_, at, sent_ttl)| now.since(at) >= sent_ttl / 2);
             let held = b.assigned.map(|(a, _, _)| a).filter(|_| !fresh);
-            let wanted = Pace::within(rate, burst, f64::INFINITY, life);
+            // Envoy's tokens are requests: the pace in requests, what it covers in units.
+            let per = b.cost;
+            let wanted = Pace::within(rate / per, burst / per, f64::INFINITY, life);
             // What the allotment covers now, as a new assignment.
-            let covered = Pace::within(rate, burst, free, life);
+            let covered = Pace::within(rate / per, burst / per, free / per, life);
             let grows = |p: Pace| covered.is_some_and(|c| c.rate() >= p.rate() * (1.0 + PACE_HYSTERESIS));
             if let Some(Assignment::Paced(p)) = held {
                 // Kept until it is due, unless the demand and the allotment let it grow.
@@ -287,7 +308,7 @@ impl Session {
             }
             match covered {
                 Some(p) => {
-                    let cost = p.cost(life);
+                    let cost = p.cost(life) * per;
                     free -= cost;
                     b.count.replace(Some(p), until, cost, (now, b.last_report));
                     out.push((k, Assignment::Paced(p), ttl, false));
@@ -393,9 +414,15 @@ mod tests {
         }
     }
 
-    fn usage(tenant: &str, allowed: u64, denied: u64) -> BucketQuotaUsage {
+    /// A usage of a bucket whose requests cost `cost` units each.
+    fn costing(tenant: &str, cost: u64, allowed: u64, denied: u64) -> BucketQuotaUsage {
+        let mut bucket: std::collections::HashMap<String, String> =
+            [("tenant".to_string(), tenant.to_string())].into();
+        if cost != 1 {
+            bucket.insert("tollgate_cost".into(), cost.to_string());
+        }
         BucketQuotaUsage {
-            bucket_id: Some(BucketId { bucket: [("tenant".to_string(), tenant.to_string())].into() }),
+            bucket_id: Some(BucketId { bucket }),
             time_elapsed: None,
             num_requests_allowed: allowed,
             num_requests_denied: denied,
@@ -411,6 +438,18 @@ mod tests {
         envoys: usize,
         keeps_ratio: bool,
         secs: u64,
+        demand: impl Fn(usize, u64) -> f64,
+    ) -> Vec<Vec<u64>> {
+        run_costing(settings, envoys, keeps_ratio, secs, 1, demand)
+    }
+
+    /// As [`run`], each request costing `cost` units: requests admitted per Envoy and second.
+    fn run_costing(
+        settings: GroupSettings,
+        envoys: usize,
+        keeps_ratio: bool,
+        secs: u64,
+        cost: u64,
         demand: impl Fn(usize, u64) -> f64,
     ) -> Vec<Vec<u64>> {
         let c = Controller::new(
@@ -450,7 +489,7 @@ mod tests {
                         seen[i] = true;
                         let r = RateLimitQuotaUsageReports {
                             domain: "edge".into(),
-                            bucket_quota_usages: vec![usage("acme", 0, 1)],
+                            bucket_quota_usages: vec![costing("acme", cost, 0, 1)],
                         };
                         sessions[i].report(Nanos(now), &rules, None, &r).unwrap();
                         buckets[i].denied = 0;
@@ -462,7 +501,7 @@ mod tests {
                         (std::mem::take(&mut buckets[i].allowed), std::mem::take(&mut buckets[i].denied));
                     let r = RateLimitQuotaUsageReports {
                         domain: "edge".into(),
-                        bucket_quota_usages: vec![usage("acme", allowed, denied)],
+                        bucket_quota_usages: vec![costing("acme", cost, allowed, denied)],
                     };
                     sessions[i].report(Nanos(now), &rules, None, &r).unwrap();
                 }
@@ -501,6 +540,27 @@ mod tests {
             x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
             x ^= x >> 29;
             [0.0, 0.5, 3.0, 20.0, 200.0][(x % 5) as usize]
+        }
+    }
+
+    #[test]
+    fn dear_requests_never_pass_a_quota_in_units() {
+        for seed in 0..12 {
+            let keeps_ratio = seed % 2 == 1;
+            // 300 units over the group's life, requests of 7: at most 42 of them.
+            let budget = GroupSettings::builder().budget(300.0).build().unwrap();
+            let got = run_costing(budget, 3, keeps_ratio, 90, 7, demand(seed));
+            let total: u64 = got.iter().flatten().sum();
+            assert!(total * 7 <= 300, "seed {seed}: {total} requests of 7 admitted of a budget of 300");
+            assert!(total >= 30, "seed {seed}: only {total} requests of 7 admitted of a budget of 300");
+            // 100 units a minute: at most 14 requests of 7.
+            let minute =
+                GroupSettings::builder().limit(50.0).quota(BudgetPeriod::Minute, 100.0).build().unwrap();
+            let got = run_costing(minute, 3, keeps_ratio, 180, 7, demand(seed));
+            for m in 0..3 {
+                let in_minute: u64 = got.iter().map(|e| e[m * 60..(m + 1) * 60].iter().sum::<u64>()).sum();
+                assert!(in_minute * 7 <= 100, "seed {seed}: minute {m} admitted {in_minute} requests of 7");
+            }
         }
     }
 

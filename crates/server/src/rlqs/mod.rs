@@ -22,7 +22,15 @@
 //! abandoned (Envoy forgets it; its next request starts it again), and a closed stream reports
 //! no demand: both give their share back at the next tick.
 //!
-//! A bucket that cannot be served (an id too long or not printable, a group name the mapping
+//! A bucket id's entry [`COST_KEY`] says what each of its requests costs in units (1 when
+//! absent), and its entry `tollgate_class` ([`crate::rls::CLASS_KEY`]) the class of its
+//! requests; neither takes part in naming the group. Envoy's token buckets count requests, so
+//! a bucket's demand and consumption are its requests times its cost, and its assignment is
+//! its part of the grant divided by its cost. A group's grant goes to its buckets' demand class
+//! by class, critical first and sheddable last, and what is left over by demand.
+//!
+//! A bucket that cannot be served (an id too long or not printable, a cost or class that
+//! breaks its rule, a group name the mapping
 //! makes invalid, a group the caller's credential does not cover, or past [`BUCKETS_MAX`]) is
 //! answered deny-all and logged with its field and the rule; the stream goes on serving the
 //! others. A report that is malformed as a whole (its domain, or more than [`BUCKETS_MAX`]
@@ -59,8 +67,15 @@ use crate::auth::Caller;
 use crate::clock::Clock;
 use crate::cluster::Cluster;
 use crate::controller::Controller;
-use crate::rls::{ENTRIES_MAX, RlsRules, text};
+use crate::rls::{CLASS_KEY, ENTRIES_MAX, RlsRules, text};
 use count::{Book, Count, Pace};
+use tollgate_model::class::RequestClass;
+
+/// The bucket id entry whose value is what each of the bucket's requests costs, in units
+/// (above 0, at most 10⁹).
+pub const COST_KEY: &str = "tollgate_cost";
+/// The most one request of a bucket may cost.
+pub const COST_MAX: f64 = 1e9;
 
 /// The most quota streams open at once (`RESOURCE_EXHAUSTED` past it).
 pub const STREAMS_MAX: u64 = 1024;
@@ -156,6 +171,12 @@ impl Assignment {
             return Assignment::DenyAll;
         }
         let whole = |v: f64| v.round().clamp(1.0, f64::from(u32::MAX)) as u32;
+        if rate < 0.5 {
+            // Less than a request a second (a dear request's share): one request every so
+            // many seconds, never faster than the rate.
+            let every_s = (1.0 / rate).ceil().min(f64::from(count::SLOWEST_EVERY_S)) as u32;
+            return Assignment::Paced(Pace { per_fill: 1, every_s, max: whole(burst.floor().max(1.0)) });
+        }
         Assignment::Tokens { per_second: whole(rate), max: whole(burst) }
     }
 
@@ -218,6 +239,84 @@ struct Bucket {
     would_refuse: u64,
     /// In a group with quotas: what Envoy may still admit under its assignments.
     count: Count,
+    /// Units each request costs, and the requests' class.
+    cost: f64,
+    class: RequestClass,
+    /// Units consumed since the last exchange.
+    consumed: f64,
+}
+
+/// A group's demand over a stream's buckets, units/s by request class (critical, normal,
+/// sheddable), and how many buckets.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Demands {
+    by_class: [f64; 3],
+    buckets: usize,
+}
+
+impl Demands {
+    fn add(&mut self, b: &Bucket) {
+        let at = match b.class {
+            RequestClass::Critical => 0,
+            RequestClass::Sheddable => 2,
+            _ => 1,
+        };
+        self.by_class[at] += b.demand;
+        self.buckets += 1;
+    }
+
+    fn total(&self) -> f64 {
+        self.by_class.iter().sum()
+    }
+
+    /// The part (0 to 1) of the group's `rate` units/s that goes to `b`: the critical
+    /// buckets' demand is met first, then the normal, then the sheddable; when the rate covers
+    /// all of it, each bucket's part is its share of the demand. With no demand, an even part.
+    fn part(&self, b: &Bucket, rate: f64) -> f64 {
+        let all = self.total();
+        if all <= 0.0 {
+            return 1.0 / self.buckets.max(1) as f64;
+        }
+        if rate.is_nan() || rate <= 0.0 || rate >= all {
+            return b.demand / all;
+        }
+        let mine = match b.class {
+            RequestClass::Critical => 0,
+            RequestClass::Sheddable => 2,
+            _ => 1,
+        };
+        let mut left = rate;
+        for (c, &total) in self.by_class.iter().enumerate() {
+            let take = left.min(total);
+            if c == mine {
+                return if total > 0.0 { take * b.demand / total / rate } else { 0.0 };
+            }
+            left -= take;
+        }
+        0.0
+    }
+}
+
+/// What a bucket id says of its requests: each one's cost in units and their class, or why
+/// it cannot be served, naming the entry.
+fn terms_of(i: usize, entries: &[(String, String)]) -> Result<(f64, RequestClass), String> {
+    let at = |k: &str| format!("bucket_quota_usages[{i}].bucket_id.bucket[{k:?}]");
+    let (mut cost, mut class) = (1.0, RequestClass::Normal);
+    for (k, v) in entries {
+        if k == COST_KEY {
+            cost = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|c| c.is_finite() && *c > 0.0 && *c <= COST_MAX)
+                .ok_or_else(|| {
+                    format!("{}: units a request costs, above 0 and at most {COST_MAX:e}; got {v:?}", at(k))
+                })?;
+        } else if k == CLASS_KEY {
+            class = RequestClass::from_name(v).map_err(|rule| format!("{}: {rule}", at(k)))?;
+        }
+    }
+    Ok((cost, class))
 }
 
 /// The token bucket a bucket in shadow mode would enforce: reported requests beyond it are
@@ -305,7 +404,9 @@ impl Session {
                     overflow.push(action(id.clone(), Assignment::DenyAll, Duration::from_secs(60)));
                     continue;
                 }
-                let group = group_of(rules, caller, i, &key);
+                let terms = terms_of(i, &key.1);
+                let (cost, class) = terms.clone().unwrap_or((1.0, RequestClass::Normal));
+                let group = terms.and_then(|_| group_of(rules, caller, i, &key));
                 if let Err(why) = &group {
                     refused += 1;
                     tracing::warn!(bucket = ?key.1, reason = %why, "RLQS bucket refused: answered deny-all");
@@ -322,7 +423,10 @@ impl Session {
                     assigned: None,
                     shadow: None,
                     would_refuse: 0,
-                    count: Count::default(),
+                    count: Count::of(cost),
+                    cost,
+                    class,
+                    consumed: 0.0,
                 };
                 self.buckets.insert(key.clone(), b);
                 new += 1;
@@ -341,17 +445,18 @@ impl Session {
                 continue;
             }
             let elapsed = now.since(b.last_report).as_secs_f64().max(0.001);
-            b.demand = (allowed + denied) as f64 / elapsed;
+            b.demand = (allowed + denied) as f64 * b.cost / elapsed;
             b.last_report = now;
             if allowed + denied > 0 {
                 b.last_request = now;
             }
             b.admitted += allowed;
             b.throttled += denied;
+            b.consumed += allowed as f64 * b.cost;
             if let Ok(g) = &b.group
                 && let Some(book) = self.books.get_mut(g.as_str())
             {
-                book.used += b.count.take(allowed as f64);
+                book.used += b.count.take(allowed as f64 * b.cost);
             }
             if let Some(shadow) = &mut b.shadow {
                 b.would_refuse += shadow.take(elapsed, allowed);
@@ -374,13 +479,26 @@ impl Session {
             if !closing {
                 u.demand += b.demand;
             }
-            u.consumed += b.admitted as f64;
+            u.consumed += b.consumed;
             u.admitted += b.admitted;
             u.throttled += b.throttled;
             u.would_refuse += b.would_refuse;
+            match b.class {
+                RequestClass::Critical => {
+                    u.critical_admitted += b.admitted;
+                    u.critical_throttled += b.throttled;
+                }
+                RequestClass::Sheddable => {
+                    u.sheddable_admitted += b.admitted;
+                    u.sheddable_throttled += b.throttled;
+                }
+                _ => {}
+            }
             match b.assigned {
-                Some((Assignment::Tokens { per_second, .. }, _, _)) => u.held += f64::from(per_second),
-                Some((Assignment::Paced(p), _, _)) => u.held += p.rate(),
+                Some((Assignment::Tokens { per_second, .. }, _, _)) => {
+                    u.held += f64::from(per_second) * b.cost
+                }
+                Some((Assignment::Paced(p), _, _)) => u.held += p.rate() * b.cost,
                 _ => {}
             }
             if self.books.contains_key(g.as_str()) {
@@ -391,6 +509,7 @@ impl Session {
             b.admitted = 0;
             b.throttled = 0;
             b.would_refuse = 0;
+            b.consumed = 0.0;
         }
         for (g, (committed, demand)) in counted {
             let (Some(book), Some(u)) = (self.books.get_mut(g), groups.get_mut(g)) else { continue };
@@ -428,12 +547,10 @@ impl Session {
     pub(crate) fn assign(&mut self, now: Nanos, grants: &[v1::Grant]) -> Actions {
         let grants: HashMap<&str, &v1::Grant> = grants.iter().map(|g| (g.group.as_str(), g)).collect();
         // Each group's demand over this stream's buckets, to split its grant by.
-        let mut demand: HashMap<GroupName, (f64, usize)> = HashMap::new();
+        let mut demand: HashMap<GroupName, Demands> = HashMap::new();
         for b in self.buckets.values() {
             if let Ok(g) = &b.group {
-                let d = demand.entry(g.clone()).or_default();
-                d.0 += b.demand;
-                d.1 += 1;
+                demand.entry(g.clone()).or_default().add(b);
             }
         }
         // Groups with quotas are assigned from their allotments (in shadow mode Envoy allows
@@ -462,13 +579,20 @@ impl Session {
                     else {
                         continue;
                     };
-                    let (total, n) = demand.get(g).copied().unwrap_or((0.0, 1));
-                    let share = if total > 0.0 { b.demand / total } else { 1.0 / n as f64 };
-                    let mut want = Assignment::of(grant.unlimited, grant.rate * share, grant.burst * share);
+                    let share = demand.get(g).map_or(1.0, |d| d.part(b, grant.rate));
+                    // Envoy's tokens are requests: the bucket's units over its cost.
+                    let (rate, burst) = (grant.rate * share / b.cost, grant.burst * share / b.cost);
+                    let mut want = Assignment::of(grant.unlimited, rate, burst);
                     // Shadow mode: Envoy allows all; the bucket it would have had counts.
                     b.shadow = match want {
-                        Assignment::Tokens { per_second, max } if grant.shadow => {
-                            let (per_second, max) = (f64::from(per_second), f64::from(max));
+                        Assignment::Tokens { .. } | Assignment::Paced(_) if grant.shadow => {
+                            let (per_second, max) = match want {
+                                Assignment::Paced(p) => (p.rate(), f64::from(p.max)),
+                                Assignment::Tokens { per_second, max } => {
+                                    (f64::from(per_second), f64::from(max))
+                                }
+                                _ => (0.0, 0.0),
+                            };
                             let tokens = b.shadow.map_or(max, |s| s.tokens.min(max));
                             want = Assignment::AllowAll;
                             Some(ShadowBucket { per_second, max, tokens })
@@ -527,7 +651,12 @@ fn group_of(rules: &RuleSet, caller: Option<&Caller>, i: usize, key: &Key) -> Re
     if let Some(why) = check_id(i, &key.1) {
         return Err(why);
     }
-    let entries: Vec<(&str, &str)> = key.1.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let entries: Vec<(&str, &str)> = key
+        .1
+        .iter()
+        .filter(|(k, _)| k != COST_KEY && k != CLASS_KEY)
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     // Buckets name groups by the rules (a domain's envoy/ratelimit tree answers the RLS).
     let (matched, mut name) = rules.by_rules(&key.0, &entries);
     // A bucket no rule names a group for goes to the token's default group, if it has one.
@@ -848,8 +977,70 @@ mod tests {
     }
 
     #[test]
-    fn a_small_share_is_still_one_request_a_second_and_the_ttl_is_whole_seconds() {
-        assert_eq!(Assignment::of(false, 0.2, 0.2), Assignment::Tokens { per_second: 1, max: 1 });
+    fn a_buckets_cost_and_class_shape_its_demand_consumption_and_assignment() {
+        let mut s = Session::new("envoy-rlqs-1".into());
+        let rules = RuleSet::default();
+        // Three buckets of group acme over a second: critical requests of 10 units, normal
+        // ones of 1, sheddable ones of 1; each asking 60 units/s.
+        let r = report(vec![
+            usage(&[("tenant", "acme"), ("tollgate_cost", "10"), ("tollgate_class", "critical")], 6, 0),
+            usage(&[("tenant", "acme"), ("path", "/n")], 50, 10),
+            usage(&[("tenant", "acme"), ("path", "/s"), ("tollgate_class", "sheddable")], 40, 20),
+        ]);
+        assert_eq!(s.report(Nanos(10 * S), &rules, None, &r).unwrap(), (3, 0, Vec::new()));
+        let acme = &s.exchanges(false)[0].groups[0];
+        assert_eq!(acme.group, "acme", "the cost and class entries name no group");
+        assert_eq!((acme.demand, acme.consumed, acme.admitted, acme.throttled), (180.0, 150.0, 96, 30));
+        assert_eq!((acme.critical_admitted, acme.sheddable_admitted, acme.sheddable_throttled), (6, 40, 20));
+        // 100 units/s: the critical bucket's 60 first (6 requests of 10 a second), then the
+        // normal one's 40; the sheddable one gets nothing.
+        let sent = s.assign(Nanos(10 * S), &[grant("acme", 100.0, 100.0)]);
+        let by: HashMap<String, Option<Strategy>> = sent
+            .actions
+            .iter()
+            .map(|a| {
+                (a.bucket_id.as_ref().unwrap().bucket.get("path").cloned().unwrap_or_default(), strategy(a))
+            })
+            .collect();
+        assert_eq!(by[""], tokens(6, 6), "{by:?}");
+        assert_eq!(by["/n"], tokens(40, 40), "{by:?}");
+        assert_eq!(by["/s"], Some(Strategy::BlanketRule(BlanketRule::DenyAll as i32)), "{by:?}");
+        // With room for everyone, each bucket has its share of the demand.
+        let sent = s.assign(Nanos(11 * S), &[grant("acme", 360.0, 360.0)]);
+        let mut got: Vec<_> = sent.actions.iter().map(strategy).collect();
+        got.sort_by_key(|s| format!("{s:?}"));
+        assert_eq!(got, [tokens(12, 12), tokens(120, 120), tokens(120, 120)]);
+        // A dear request's share under one a second is paced, never faster than its units.
+        let sent = s.assign(Nanos(12 * S), &[grant("acme", 2.0, 2.0)]);
+        let critical =
+            sent.actions.iter().find(|a| !a.bucket_id.as_ref().unwrap().bucket.contains_key("path"));
+        assert_eq!(
+            critical.and_then(strategy),
+            Assignment::Paced(Pace { per_fill: 1, every_s: 5, max: 1 }).strategy().strategy
+        );
+        // A cost or class that breaks its rule is denied, naming the entry.
+        for (k, v) in [
+            ("tollgate_cost", "0"),
+            ("tollgate_cost", "lots"),
+            ("tollgate_cost", "2e9"),
+            ("tollgate_class", "vip"),
+        ] {
+            let mut s = Session::new("envoy-rlqs-2".into());
+            let r = report(vec![usage(&[("tenant", "b"), (k, v)], 1, 0)]);
+            assert_eq!(s.report(Nanos(10 * S), &rules, None, &r).unwrap().1, 1, "{k}={v} is refused");
+            let sent = s.assign(Nanos(10 * S), &[]);
+            assert_eq!(strategy(&sent.actions[0]), Some(Strategy::BlanketRule(BlanketRule::DenyAll as i32)));
+        }
+    }
+
+    #[test]
+    fn a_share_under_a_request_a_second_is_paced_and_the_ttl_is_whole_seconds() {
+        // One request every five seconds, not one a second: five times the share.
+        assert_eq!(
+            Assignment::of(false, 0.2, 0.2),
+            Assignment::Paced(Pace { per_fill: 1, every_s: 5, max: 1 })
+        );
+        assert_eq!(Assignment::of(false, 0.6, 0.6), Assignment::Tokens { per_second: 1, max: 1 });
         assert_eq!(
             Assignment::of(false, 1e12, 1e12),
             Assignment::Tokens { per_second: u32::MAX, max: u32::MAX }
