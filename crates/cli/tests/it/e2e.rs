@@ -273,6 +273,56 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     assert!(gold_lat.len() as f64 >= 0.9 * gold_offered, "gold got {} of {gold_offered}", gold_lat.len());
 }
 
+/// Saturation with the default knobs, as a new user meets it: two tenants nobody configured
+/// (no reservation, no limit, the same priority) on one real service reporting its
+/// utilisation. The noisy one asks 1.6 MB/s of a 1 MB/s service, the small one 164 KB/s, under
+/// its fair half: the controller cuts the noisy one until the service is at its target, and
+/// the small one keeps getting what it asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saturation_at_the_defaults_cuts_the_noisy_tenant_and_spares_the_small_one() {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-fair");
+    let _ = std::fs::remove_dir_all(&data);
+    let (_server, grpc) =
+        start(server_command(&data, "127.0.0.1:0").args(["--ignore-worst-zones", "0"]), "grpc ");
+    let url = format!("http://{grpc}");
+    let (_kv, kv_addr) = start_kv(&url, &["--concurrency", "4"]);
+    let kv: SocketAddr = kv_addr.parse().unwrap();
+    let clock = TokioClock::new();
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let utilisation = {
+        let kv_addr = kv_addr.clone();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..16 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                seen.push(get_json(&kv_addr, "/stats").await["utilisation"].as_f64().unwrap());
+            }
+            seen
+        })
+    };
+    let _ = tokio::join!(
+        offer(kv, "small", 40.0, 16.0, clock.clone(), samples.clone()),
+        offer(kv, "noisy", 400.0, 16.0, clock.clone(), samples.clone()),
+    );
+    let utilisation = utilisation.await.unwrap();
+    let end = samples.lock().unwrap().iter().map(|s| s.at).fold(0.0, f64::max);
+    let last: Vec<Sample> = samples.lock().unwrap().iter().filter(|s| s.at >= end - 8.0).cloned().collect();
+    let share = |t: &str| {
+        let offered = last.iter().filter(|s| s.tenant == t).count() as f64;
+        let ok = last.iter().filter(|s| s.tenant == t && s.status == 204).count() as f64;
+        (ok, offered)
+    };
+    let ((small, small_offered), (noisy, noisy_offered)) = (share("small"), share("noisy"));
+    println!(
+        "last 8 s: small {small} of {small_offered}, noisy {noisy} of {noisy_offered}; utilisation {utilisation:?}"
+    );
+    let settled = &utilisation[utilisation.len() - 5..];
+    let mean = settled.iter().sum::<f64>() / settled.len() as f64;
+    assert!((0.7..=1.3).contains(&mean), "utilisation settled at {mean} ({utilisation:?})");
+    assert!(noisy < 0.8 * noisy_offered, "the noisy tenant was cut: {noisy} of {noisy_offered}");
+    assert!(small >= 0.9 * small_offered, "the small tenant kept what it asked: {small} of {small_offered}");
+}
+
 /// Polls the service's `/stats` (up to a minute: a bound for a stuck test, not a timing
 /// assertion) until `done` holds; the last stats.
 async fn stats_until(kv: &str, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
