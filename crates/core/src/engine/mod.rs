@@ -1092,8 +1092,16 @@ impl Engine {
         // A child's reservation is part of its parent's: counted once, there.
         let reserved = if settings.parent().is_some() { 0.0 } else { settings.reserved() };
         let ramped = settings.ramp().is_some();
+        let linked = settings.parent().is_some();
         let before = self.configured.insert(name.clone(), Arc::new(settings));
-        self.settings_changed();
+        let unlinked = !linked && before.as_ref().is_some_and(|b| b.parent().is_some());
+        self.settings_changed(if linked {
+            Nesting::Linked
+        } else if unlinked {
+            Nesting::Unlinked
+        } else {
+            Nesting::Same
+        });
         self.account(before.as_deref(), -1.0);
         self.reserved_configured += reserved;
         self.ramped += usize::from(ramped);
@@ -1106,7 +1114,8 @@ impl Engine {
     /// consumption; returns what it had.
     pub fn remove_group(&mut self, name: &GroupName) -> Option<GroupSettings> {
         let before = self.configured.remove(name);
-        self.settings_changed();
+        let unlinked = before.as_ref().is_some_and(|b| b.parent().is_some());
+        self.settings_changed(if unlinked { Nesting::Unlinked } else { Nesting::Same });
         self.account(before.as_deref(), -1.0);
         self.meters.remove(name);
         // Its clients may go on: what they consume from now on is another group's life (a
@@ -1120,10 +1129,15 @@ impl Engine {
 
     /// A new generation of the configured groups: every tracked group looks its settings up
     /// again (at the next tick, or its next report). `u32::MAX` is never one, so a group made
-    /// since is always stale.
-    fn settings_changed(&mut self) {
+    /// since is always stale. `nesting` says how the change moved the groups' parent links:
+    /// only a link gone needs every group looked at again, so loading n groups stays linear.
+    fn settings_changed(&mut self, nesting: Nesting) {
         self.settings_generation = (self.settings_generation + 1) % u32::MAX;
-        self.nested = self.configured.values().any(|s| s.parent().is_some());
+        match nesting {
+            Nesting::Linked => self.nested = true,
+            Nesting::Unlinked => self.nested = self.configured.values().any(|s| s.parent().is_some()),
+            Nesting::Same => {}
+        }
         if !self.nested {
             self.nesting.clear();
         }
@@ -1971,6 +1985,17 @@ impl Engine {
         let end = self.started.map_or(now.after(self.settings.lease), |s| s.after(self.settings.lease));
         (now < end).then(|| end.since(now))
     }
+}
+
+/// How a change to the configured groups moved their parent links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nesting {
+    /// A group now names a parent.
+    Linked,
+    /// A group that named a parent no longer does (or is gone).
+    Unlinked,
+    /// No link changed.
+    Same,
 }
 
 #[cfg(test)]
