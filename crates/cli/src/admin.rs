@@ -583,6 +583,33 @@ pub async fn quota(server: &Target, cmd: Quota) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How a debt is repaid, in the units the group is limited in: half the refill pays it over
+/// `repay` seconds up to half the limit times that, and what is owed beyond blocks admissions
+/// until the refill has paid it, at the limit's pace.
+fn debt_line(repay: f64, limit: Option<f64>) -> String {
+    match limit {
+        Some(l) if l > 0.0 && repay > 0.0 => format!(
+            "up to {} units paid from at most half the refill over {} s; beyond that, admissions wait {} s for each {} units owed",
+            fmt_units(l / 2.0 * repay),
+            fmt_units(repay),
+            fmt_units(1.0),
+            fmt_units(l)
+        ),
+        Some(l) if l > 0.0 => {
+            format!(
+                "blocks admissions until the refill has paid it: {} s for each {} units owed",
+                fmt_units(1.0),
+                fmt_units(l)
+            )
+        }
+        _ if repay > 0.0 => format!(
+            "paid from at most half the refill over {} s; beyond that, blocks until paid",
+            fmt_units(repay)
+        ),
+        _ => "blocks admissions until the refill has paid it".to_string(),
+    }
+}
+
 fn show(info: &v1::GroupInfo) -> String {
     let s = info.settings.clone().unwrap_or_default();
     let mut out = String::new();
@@ -634,16 +661,7 @@ fn show(info: &v1::GroupInfo) -> String {
     if let Some(parent) = &s.parent {
         let _ = writeln!(out, "parent:   {parent} (its limit caps this group and its siblings together)");
     }
-    let repay = s.debt_repay_s.unwrap_or(5.0);
-    let _ = writeln!(
-        out,
-        "debt:     {}",
-        if repay == 0.0 {
-            "blocks until paid".to_string()
-        } else {
-            format!("paid over {} s", fmt_units(repay))
-        }
-    );
+    let _ = writeln!(out, "debt:     {}", debt_line(s.debt_repay_s.unwrap_or(5.0), s.limit));
     if let Some(r) = &s.ramp {
         let mode = match v1::RampMode::try_from(r.mode) {
             Ok(v1::RampMode::Scheduled) => "scheduled",

@@ -371,6 +371,11 @@ pub(crate) struct ServerArgs {
     /// near 2.5 MB whatever the number of groups.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub(crate) metrics_groups: u64,
+    /// One charge (`POST /v1/charge`, Envoy's `tollgate_charge`) may take at most what its
+    /// group repays in this many seconds: its burst, or its limit over them, whichever is
+    /// larger (1 to 86,400). A group with no limit takes any charge up to 10⁹ units.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) charge_repay_s: u64,
     /// A settings file (the embedded limiter's TOML) whose node settings and groups are
     /// written at start where the store holds none; a broken file stops the start. It is
     /// followed: when it changes (and on SIGHUP) what changed in it is applied, and a file that

@@ -219,6 +219,8 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             max_streams: a.max_streams_per_conn,
             metrics_groups: tollgate_controller::series::MetricsGroups::new(a.metrics_groups)
                 .map_err(anyhow::Error::msg)?,
+            charge_bound: tollgate_controller::charges::ChargeBound::new(a.charge_repay_s)
+                .map_err(anyhow::Error::msg)?,
         },
         defaults,
         defaults_text,

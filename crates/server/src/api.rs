@@ -41,10 +41,17 @@ struct Api {
     node: Node,
     clock: crate::clock::Clock,
     gate: Tollgate,
+    charges: crate::charges::ChargeBound,
 }
 
-/// The API's routes over `parts`, deciding checks with `gate` (the in-process client).
-pub fn router(parts: Node, clock: crate::clock::Clock, gate: Tollgate) -> Router {
+/// The API's routes over `parts`, deciding checks with `gate` (the in-process client) and
+/// bounding charges by `charges`.
+pub fn router(
+    parts: Node,
+    clock: crate::clock::Clock,
+    gate: Tollgate,
+    charges: crate::charges::ChargeBound,
+) -> Router {
     Router::new()
         .route("/v1/groups", get(list).post(create))
         .route("/v1/groups/{name}", get(show).put(upsert).patch(alter).delete(drop_group))
@@ -52,7 +59,7 @@ pub fn router(parts: Node, clock: crate::clock::Clock, gate: Tollgate) -> Router
         .route("/v1/status", get(status))
         .route("/v1/check", post(check))
         .route("/v1/charge", post(charge))
-        .with_state(Api { node: parts, clock, gate })
+        .with_state(Api { node: parts, clock, gate, charges })
 }
 
 pub(crate) type Answer = axum::response::Response;
@@ -620,6 +627,13 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
         Ok(h) => h,
         Err(a) => return a,
     };
+    if !b.refund
+        && let Some(name) = tollgate_model::settings::GroupName::new(&group).ok()
+        && let Err(rule) =
+            api.charges.check(&group, api.node.controller.settings_for(&name).as_ref(), b.units)
+    {
+        return refuse(StatusCode::BAD_REQUEST, "units", rule);
+    }
     let done = if b.refund { handle.refund(b.units) } else { handle.charge(b.units) };
     if let Err(e) = done {
         return refuse(StatusCode::BAD_REQUEST, "units", e);

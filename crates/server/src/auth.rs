@@ -573,7 +573,8 @@ pub fn http_role(method: &axum::http::Method, path: &str) -> Option<Role> {
     if path == "/healthz" || path == "/readyz" || path == "/" || path.starts_with("/assets/") {
         return None;
     }
-    if matches!(path, "/v1/check" | "/v1/acquire" | "/v1/release" | "/v1/renew") {
+    // Admission and what goes with it: a service's client token, for its groups.
+    if matches!(path, "/v1/check" | "/v1/charge" | "/v1/acquire" | "/v1/release" | "/v1/renew") {
         return Some(Role::Client);
     }
     if method == axum::http::Method::GET || method == axum::http::Method::HEAD {

@@ -38,6 +38,8 @@ pub struct Limits {
     pub max_streams: u32,
     /// Groups `/metrics` names one by one; the rest share one series (see [`crate::series`]).
     pub metrics_groups: crate::series::MetricsGroups,
+    /// The most one charge may take (see [`crate::charges`]).
+    pub charge_bound: crate::charges::ChargeBound,
 }
 
 impl Default for Limits {
@@ -48,6 +50,7 @@ impl Default for Limits {
             max_requests_per_s: 50_000,
             max_streams: 1024,
             metrics_groups: crate::series::MetricsGroups::default(),
+            charge_bound: crate::charges::ChargeBound::default(),
         }
     }
 }

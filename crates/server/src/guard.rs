@@ -26,6 +26,8 @@ pub struct Front {
     pub max_streams: u32,
     /// Groups `/metrics` names one by one.
     pub metrics_groups: crate::series::MetricsGroups,
+    /// The most one charge may take.
+    pub charge_bound: crate::charges::ChargeBound,
 }
 
 /// Checks one call; see the [module documentation](self). `Ok(None)`: allowed with no

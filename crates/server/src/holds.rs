@@ -4,7 +4,7 @@
 //! `POST /v1/acquire` admits a request and keeps its permit here under a random id the
 //! caller releases (`POST /v1/release`, with the real cost if it is known by then) or renews
 //! (`POST /v1/renew`); Envoy's rate-limit filter keeps one from the request to the end of its
-//! stream under the request's `x-request-id` (see [`crate::rls`]). Each has a lease: a
+//! stream under the request's `x-request-id`, through the rate-limit service. Each has a lease: a
 //! caller that dies without releasing gives its slot back when the lease runs out, so a
 //! group's quota of in-flight requests never sticks at full. At most [`HOLDS_MAX`] are held
 //! at once.

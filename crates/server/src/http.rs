@@ -38,9 +38,9 @@ pub fn router(
     gate: tollgate_limiter::Tollgate,
     holds: Arc<crate::holds::Holds>,
 ) -> Router {
-    let metrics_groups = front.metrics_groups;
+    let (metrics_groups, charges) = (front.metrics_groups, front.charge_bound);
     let guard = axum::middleware::from_fn_with_state((node.access.clone(), front), http_guard);
-    let api = crate::api::router(node.clone(), clock, gate.clone()).merge(crate::permits::router(
+    let api = crate::api::router(node.clone(), clock, gate.clone(), charges).merge(crate::permits::router(
         clock,
         gate.clone(),
         holds,

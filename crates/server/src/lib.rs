@@ -11,6 +11,7 @@ mod access;
 mod api;
 mod auth;
 mod body;
+pub mod charges;
 mod clock;
 pub mod cluster;
 pub mod conn;
@@ -343,6 +344,7 @@ impl Server {
             allowed_names: Arc::new(allowed_names),
             max_streams: limits.max_streams,
             metrics_groups: limits.metrics_groups,
+            charge_bound: limits.charge_bound,
         };
         let served = serve(node, clock, flush_interval, incoming, Some(http), front, shutdown).await;
         if let Some(r) = reload {
@@ -597,6 +599,7 @@ where
         node.rls_rules.clone(),
         clock,
         holds.clone(),
+        front.charge_bound,
     );
     let gate = rls_front.gate().clone();
     // Envoy's quota service: each stream a client of the grants.

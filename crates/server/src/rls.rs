@@ -135,6 +135,8 @@ pub struct Rls {
     /// Permits held from a request until its stream's end.
     holds: Arc<crate::holds::Holds>,
     clock: Clock,
+    /// The most one charge may take.
+    charges: crate::charges::ChargeBound,
 }
 
 impl Rls {
@@ -147,6 +149,7 @@ impl Rls {
         rules: Arc<RlsRules>,
         clock: Clock,
         holds: Arc<crate::holds::Holds>,
+        charges: crate::charges::ChargeBound,
     ) -> Rls {
         // On the server's own time (tokio's), read when a check comes: the default clock would
         // keep a thread refreshing a coarse time every millisecond for the life of the server,
@@ -177,7 +180,7 @@ impl Rls {
                 c.exchange(clock.now(), request).await
             }
         }));
-        Rls { controller, rules, gate, overrides: Arc::default(), holds, clock }
+        Rls { controller, rules, gate, overrides: Arc::default(), holds, clock, charges }
     }
 
     /// The in-process client its decisions come from (`POST /v1/check` shares it).
@@ -767,6 +770,10 @@ impl Rls {
                 (Code::Ok, Duration::ZERO)
             }
             Ask::Charge(units) => {
+                let settings = self.controller.settings_for(group);
+                self.charges
+                    .check(group.as_str(), settings.as_ref(), units)
+                    .map_err(Status::invalid_argument)?;
                 handle.charge(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
                 (Code::Ok, Duration::ZERO)
             }

@@ -544,9 +544,13 @@ fn charges_go_into_debt_and_refunds_give_units_back() {
     assert_eq!(code, 201, "{v}");
     let (code, _, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"llm","cost":1}"#));
     assert_eq!(code, 200, "{v}");
-    let (code, _, v) = call(h, "POST", "/v1/charge", Some(r#"{"group":"llm","units":25}"#));
-    assert_eq!((code, v["charged"].as_f64()), (200, Some(25.0)), "{v}");
-    assert!(v["remaining"].as_f64().unwrap() <= -15.0, "{v}");
+    // One charge takes at most what the group repays in a minute, or its burst: 10 here.
+    let (code, _, v) = call(h, "POST", "/v1/charge", Some(r#"{"group":"llm","units":11}"#));
+    assert_eq!((code, v["field"].as_str()), (400, Some("units")), "{v}");
+    assert!(v["rule"].as_str().unwrap().starts_with("at most 10 for group \"llm\""), "{v}");
+    let (code, _, v) = call(h, "POST", "/v1/charge", Some(r#"{"group":"llm","units":10}"#));
+    assert_eq!((code, v["charged"].as_f64()), (200, Some(10.0)), "{v}");
+    assert!(v["remaining"].as_f64().unwrap() <= -1.0, "{v}");
     let (code, _, v) = call(h, "POST", "/v1/check", Some(r#"{"group":"llm","cost":1}"#));
     assert_eq!(code, 429, "in debt: {v}");
     // Refunds: never past the burst.

@@ -112,6 +112,11 @@ async fn rules_name_groups_answers_carry_the_limit_and_bad_requests_are_named() 
     assert_eq!((overall, statuses[0].0), (Code::Ok, Code::Ok), "{statuses:?}");
     let (overall, _) = ask(&url, None, request("edge", &[&[("path", "/api")]])).await.unwrap();
     assert_eq!(overall, Code::OverLimit, "in debt after the charge");
+    // One charge takes at most what the group repays in a minute (2 a second: 120).
+    let mut dear = request("edge", &[&[("path", "/api"), ("tollgate_charge", "after")]]);
+    dear.hits_addend = 1_000;
+    let e = ask(&url, None, dear).await.unwrap_err();
+    assert!(e.message().contains("at most 120 for group \"api\""), "{e}");
     // Rules through the admin API, durable; bad rules named.
     let (ok, out) = cli(&url, None, &["rls", "set-rules", r#"[{"key":"user","group":"u-{value}"}]"#]);
     assert!(ok, "{out}");

@@ -187,7 +187,7 @@ fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -
 }
 
 /// Every HTTP endpoint: method, path, body.
-const ENDPOINTS: [(&str, &str, &str); 12] = [
+const ENDPOINTS: [(&str, &str, &str); 16] = [
     ("GET", "/healthz", ""),
     ("GET", "/readyz", ""),
     ("GET", "/metrics", ""),
@@ -199,6 +199,10 @@ const ENDPOINTS: [(&str, &str, &str); 12] = [
     ("GET", "/v1/groups", ""),
     ("PATCH", "/v1/groups/t-matrix", "{}"),
     ("POST", "/v1/check", r#"{"group":"t-matrix"}"#),
+    ("POST", "/v1/charge", r#"{"group":"t-matrix","units":1}"#),
+    ("POST", "/v1/acquire", r#"{"group":"t-matrix"}"#),
+    ("POST", "/v1/release", r#"{"permit":"p00000000000000000000000000000000"}"#),
+    ("POST", "/v1/renew", r#"{"permit":"p00000000000000000000000000000000"}"#),
     ("GET", "/v1/openapi.json", ""),
 ];
 
@@ -245,7 +249,9 @@ fn every_role_against_every_method_and_endpoint() {
             let expect_ok = open
                 || role == "admin"
                 || (role == "reader" && verb == "GET")
-                || (role == "client" && path == "/v1/check");
+                || (role == "client"
+                    && ["/v1/check", "/v1/charge", "/v1/acquire", "/v1/release", "/v1/renew"]
+                        .contains(&path));
             // `/readyz` says 503 while the first lease is learnt: answered, not refused.
             let was_refused = code == 401 || code == 403;
             if was_refused == expect_ok {

@@ -130,11 +130,21 @@ fn ramps_budgets_and_the_allocation_mode_are_set_through_the_cli() {
     fails(&s, &["group", "alter", "r", "--burstable", "--limit", "5"], "cannot be used with");
     let out = ok(&s, &["group", "alter", "r", "--no-ramp", "--no-budget"]);
     assert!(!out.contains("ramp:") && !out.contains("budget:"), "{out}");
-    assert!(out.contains("dropped:  return") && out.contains("debt:     paid over 5 s"), "{out}");
+    assert!(out.contains("dropped:  return") && out.contains("debt:     up to 250 units paid from at most half the refill over 5 s; beyond that, admissions wait 1 s for each 100 units owed"), "{out}");
     let out = ok(&s, &["group", "alter", "r", "--dropped", "count", "--debt-repay-s", "0"]);
-    assert!(out.contains("dropped:  count") && out.contains("debt:     blocks until paid"), "{out}");
+    assert!(
+        out.contains("dropped:  count")
+            && out.contains(
+                "debt:     blocks admissions until the refill has paid it: 1 s for each 100 units owed"
+            ),
+        "{out}"
+    );
     let out = ok(&s, &["group", "alter", "r", "--debt-repay-s", "30"]);
-    assert!(out.contains("dropped:  count") && out.contains("debt:     paid over 30 s"), "{out}");
+    assert!(
+        out.contains("dropped:  count")
+            && out.contains("debt:     up to 1500 units paid from at most half the refill over 30 s"),
+        "{out}"
+    );
     fails(
         &s,
         &["group", "alter", "r", "--debt-repay-s", "1e20"],
