@@ -30,7 +30,12 @@ pub enum Quota {
     /// Print a tag's quota in bytes/s, or <empty>.
     Get { tag: String, kind: QuotaKind },
     /// Set a tag's quota in bytes/s, rounded up to whole 4096-byte pages.
-    Set { tag: String, kind: QuotaKind, bytes_per_second: u64 },
+    Set {
+        tag: String,
+        kind: QuotaKind,
+        #[arg(allow_negative_numbers = true, value_parser = clap::builder::RangedI64ValueParser::<u64>::new().range(0..))]
+        bytes_per_second: u64,
+    },
     /// Remove a tag's quota (succeeds when it has none).
     Clear { tag: String },
 }
@@ -89,28 +94,28 @@ fn parse_quota(s: &str) -> Result<(String, f64), String> {
 #[derive(Args, Debug, Default)]
 pub struct GroupOptions {
     /// Reserved = limit = N units/s (TiDB's RU_PER_SEC).
-    #[arg(long, value_parser = parse_units, conflicts_with_all = ["reserved", "limit"])]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_units, conflicts_with_all = ["reserved", "limit"])]
     ru_per_sec: Option<f64>,
     /// Priority for free capacity: 1 to 16 (higher first), or low (1), medium (8), high (16).
-    #[arg(long, value_parser = parse_priority)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_priority)]
     priority: Option<u32>,
     /// No limit: may use free capacity (TiDB's BURSTABLE).
     #[arg(long, conflicts_with = "limit")]
     burstable: bool,
     /// Units/s never throttled below while asked for.
-    #[arg(long, value_parser = parse_units)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_units)]
     reserved: Option<f64>,
     /// Units/s never admitted above, or `unlimited`.
-    #[arg(long, value_parser = parse_limit)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_limit)]
     limit: Option<LimitArg>,
     /// Units a client may bank.
-    #[arg(long, value_parser = parse_units)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_units)]
     burst: Option<f64>,
     /// Share of free capacity among groups of one priority.
-    #[arg(long, value_parser = parse_units)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_units)]
     weight: Option<f64>,
     /// A total in units; once consumed, the group admits nothing (its reservation included).
-    #[arg(long, value_parser = parse_units, conflicts_with = "no_budget")]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_units, conflicts_with = "no_budget")]
     budget: Option<f64>,
     /// Count the budget per UTC minute, hour, day, week (from Monday) or month, against the
     /// controller's metering, rather than over the group's life (`total`).
@@ -144,7 +149,7 @@ pub struct GroupOptions {
     /// Over how long a debt (a cost settled above what was admitted) is paid back from the
     /// refill while admissions go on at the reduced rate, in seconds; 0 blocks until it is
     /// paid. Default 5.
-    #[arg(long, value_parser = parse_units)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_units)]
     debt_repay_s: Option<f64>,
     /// FoundationDB's accounting: the limit and reservation apply to reads and to writes
     /// each (`true`), or to their sum (`false`, the default).
@@ -152,7 +157,7 @@ pub struct GroupOptions {
     reads_writes_apart: Option<bool>,
     /// TiKV's soft quota: units/s the group may use on each backend, whatever the backend's
     /// load (above 0).
-    #[arg(long, value_parser = parse_units, conflicts_with = "no_backend_limit")]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_units, conflicts_with = "no_backend_limit")]
     backend_limit: Option<f64>,
     /// Removes the soft quota on backends.
     #[arg(long)]
@@ -167,11 +172,11 @@ pub struct GroupOptions {
     shadow: Option<bool>,
     /// The share of the burst (0 to 0.9) normal and sheddable requests leave for critical
     /// ones (request classes: critical work is served first, sheddable work refused first).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     critical_reserve: Option<f64>,
     /// The most requests in flight at once across all clients (1 to 1,000,000): a permit
     /// holds a slot until it is dropped or settled.
-    #[arg(long, conflicts_with = "no_max_in_flight")]
+    #[arg(allow_negative_numbers = true, long, conflicts_with = "no_max_in_flight")]
     max_in_flight: Option<u32>,
     /// Removes the in-flight limit.
     #[arg(long)]
@@ -348,7 +353,7 @@ pub enum OnOff {
 pub enum Node {
     /// Print the node capacity, or set it: N units/s or `unlimited`.
     Capacity {
-        #[arg(value_parser = parse_limit)]
+        #[arg(allow_negative_numbers = true, value_parser = parse_limit)]
         capacity: Option<LimitArg>,
     },
     /// Print how free capacity is shared, or set it: `share` or `fcfs`.

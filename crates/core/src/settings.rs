@@ -1147,7 +1147,10 @@ fn check_rate(field: &str, value: f64, errors: &mut Vec<SettingError>) -> bool {
         errors.push(SettingError::new(field, format!("must not be negative, got {value}")));
         false
     } else if value > RATE_MAX {
-        errors.push(SettingError::new(field, format!("must be at most {RATE_MAX:e} units/s, got {value}")));
+        errors.push(SettingError::new(
+            field,
+            format!("must be at most {RATE_MAX:e} units/s, got {}", shown(value)),
+        ));
         false
     } else {
         true
@@ -1159,8 +1162,14 @@ fn check_positive(field: &str, value: f64, max: f64, errors: &mut Vec<SettingErr
     if !(value.is_finite() && value > 0.0) {
         errors.push(SettingError::new(field, format!("must be a finite number above 0, got {value}")));
     } else if value > max {
-        errors.push(SettingError::new(field, format!("must be at most {max:e}, got {value}")));
+        errors.push(SettingError::new(field, format!("must be at most {max:e}, got {}", shown(value))));
     }
+}
+
+/// A number as a person reads it in an error: in full while that is exact, else in
+/// scientific notation (`1.2345678901234568e20`, not `123456789012345680000`).
+fn shown(value: f64) -> String {
+    if value.abs() < 1e15 { value.to_string() } else { format!("{value:e}") }
 }
 
 #[cfg(test)]

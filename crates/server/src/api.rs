@@ -105,12 +105,40 @@ pub(crate) async fn no_route(uri: axum::http::Uri) -> Answer {
 }
 
 /// Turns axum's bare 405 into a problem naming the methods the path takes.
+/// A refusal the HTTP stack wrote as plain text before any handler ran (a body that is not
+/// UTF-8, one over the size limit), as a problem naming the body, like every other error of
+/// the JSON API.
+async fn plain_problem(path: &str, a: Answer) -> Answer {
+    let plain = a
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/plain"));
+    let status = a.status();
+    if !(plain && status.is_client_error() && path.starts_with("/v1/")) {
+        return a;
+    }
+    // Those texts are a line; anything longer is cut.
+    let text = axum::body::to_bytes(a.into_body(), 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let rule = text
+        .strip_prefix("Failed to buffer the request body: ")
+        .or_else(|| text.strip_prefix("Request body didn't contain valid UTF-8: "))
+        .map_or(text.clone(), |rest| match status {
+            StatusCode::PAYLOAD_TOO_LARGE => format!("too large ({rest})"),
+            _ => format!("not UTF-8 ({rest})"),
+        });
+    refuse(status, "body", rule)
+}
+
 pub(crate) async fn method_problem(req: axum::extract::Request, next: axum::middleware::Next) -> Answer {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let a = next.run(req).await;
     if a.status() != StatusCode::METHOD_NOT_ALLOWED {
-        return a;
+        return plain_problem(&path, a).await;
     }
     let allow = a.headers().get(header::ALLOW).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let mut p = refuse_whole(
@@ -146,6 +174,9 @@ fn admin_error(e: AdminError) -> Answer {
 
 /// The body as a `T`, or 400 naming the field at fault and the rule (413 past
 /// [`BODY_MAX_BYTES`]).
+/// The body keys whose values are objects (structs), in every body that has them.
+const OBJECT_FIELDS: [&str; 2] = ["quotas", "ramp"];
+
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Answer> {
     if body.len() > BODY_MAX_BYTES {
         return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, "body", format!("at most {BODY_MAX_BYTES} bytes")));
@@ -157,6 +188,19 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Ans
             StatusCode::BAD_REQUEST,
             "body",
             format!("must be a JSON object, got {}", crate::body::kind(&value)),
+        ));
+    }
+    // A struct's fields come from an object's keys only: serde would also read an array's
+    // items as the fields in order (`"quotas": [1, 2]` as a minute's and an hour's).
+    if let Some((key, v)) = value.as_object().and_then(|o| {
+        OBJECT_FIELDS
+            .iter()
+            .find_map(|k| o.get(*k).filter(|v| !(v.is_object() || v.is_null())).map(|v| (*k, v)))
+    }) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            key,
+            format!("must be an object, got {}", crate::body::kind(v)),
         ));
     }
     serde_path_to_error::deserialize(value).map_err(|e| {

@@ -659,3 +659,44 @@ fn an_unthrottled_check_is_admitted_past_the_groups_limit() {
             .is_some_and(|c| c >= 21.0)
     });
 }
+
+/// Bodies that break the rules before any field is read are problems naming the body, like
+/// every other error: an array where an object goes, text that is not UTF-8, one too large.
+#[test]
+fn malformed_bodies_are_problems_naming_what_is_wrong() {
+    let s = ServerProc::start_with(&data_dir("api-bodies"), &[], Stdio::null());
+    let h = s.http.as_str();
+    for (body, field, rule) in [
+        (r#"{"quotas":[1,2]}"#, "quotas", "must be an object, got an array"),
+        (r#"{"ramp":[10,100,30]}"#, "ramp", "must be an object, got an array"),
+        (r#"{"quotas":"lots"}"#, "quotas", "must be an object, got a string"),
+    ] {
+        let (code, head, v) = call(h, "PUT", "/v1/groups/q", Some(body));
+        assert_eq!(
+            (code, v["field"].as_str(), v["rule"].as_str()),
+            (400, Some(field), Some(rule)),
+            "{body}: {v}"
+        );
+        assert!(head.contains("content-type: application/problem+json"), "{head}");
+    }
+    assert_eq!(call(h, "GET", "/v1/groups/q", None).0, 404, "nothing was stored");
+    let raw = |body: &[u8]| {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(h).unwrap();
+        let head = format!(
+            "POST /v1/check HTTP/1.1\r\nhost: {h}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        let _ = c.write_all(body);
+        let mut text = String::new();
+        let _ = c.read_to_string(&mut text);
+        text
+    };
+    let text = raw(b"{\"group\":\"a\xff\"}");
+    assert!(text.starts_with("HTTP/1.1 400") && text.contains("application/problem+json"), "{text}");
+    assert!(text.contains(r#""field":"body""#) && text.contains("not UTF-8"), "{text}");
+    let text = raw(&vec![b' '; 2 * 1024 * 1024]);
+    assert!(text.starts_with("HTTP/1.1 413") && text.contains("application/problem+json"), "{text}");
+    assert!(text.contains(r#""field":"body""#) && text.contains("too large"), "{text}");
+}

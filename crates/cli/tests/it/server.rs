@@ -93,6 +93,26 @@ fn tidb_style_groups_round_trip_and_refuse_bad_changes() {
     fails(&s, &["group", "show", "batch"], "does not exist");
 }
 
+/// Numbers out of range on the command line are values with a range error, however they are
+/// written: negative ones are not read as options, and a 21-digit one is shown as a number.
+#[test]
+fn negative_and_huge_numbers_are_refused_with_their_range() {
+    let s = ServerProc::start(&data_dir("cli-numbers"));
+    fails(
+        &s,
+        &["group", "create", "n", "--limit", "-5"],
+        "expected a number of units/s or `unlimited`, got \"-5\"",
+    );
+    fails(&s, &["group", "create", "n", "--reserved", "-1"], "expected a number, at least 0, got \"-1\"");
+    fails(&s, &["group", "create", "n", "--max-in-flight", "-2"], "-2 is not in 0..=");
+    fails(&s, &["group", "create", "n", "--priority", "-3"], "--priority");
+    fails(&s, &["node", "capacity", "-3"], "expected a number of units/s or `unlimited`, got \"-3\"");
+    fails(&s, &["quota", "set", "t", "total_throughput", "-5"], "-5 is not in 0..");
+    fails(&s, &["group", "create", "n", "--limit", "123456789012345678901"], "got 1.2345678901234568e20");
+    // Nothing was made.
+    fails(&s, &["group", "show", "n"], "");
+}
+
 #[test]
 fn ramps_budgets_and_the_allocation_mode_are_set_through_the_cli() {
     let s = ServerProc::start(&data_dir("ramps"));
