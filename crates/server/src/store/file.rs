@@ -2,20 +2,23 @@
 //!
 //! A change is written and committed (redb's default durability: flushed to disk) before it
 //! is acknowledged. Settings are the contract's own messages, encoded with prost, so the file
-//! format is versioned with the contract; meters and ramps are fixed little-endian records. A
-//! file another process holds, or one that cannot be read, is an error at start, never a
-//! silent reset.
+//! format is versioned with the contract; meters and ramps are fixed little-endian records.
+//! Every record carries a checksum of its key and value ([`super::seal`]). A file another
+//! process holds, or one that cannot be read or whose records fail their checks, is an error at
+//! start naming what is wrong, never a silent reset.
 
 use std::path::{Path, PathBuf};
 
 use prost::Message;
 use redb::{
     Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    TableHandle,
 };
 use tollgate_model::engine::Meter;
 use tollgate_model::settings::{GroupName, GroupSettings};
 use tollgate_proto::v1;
 
+use super::seal::{FORMAT, SEALED, seal, unseal, usage_key};
 use super::{AuditRecord, SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
 use crate::convert;
 
@@ -93,7 +96,7 @@ impl RedbStore {
             txn.open_table(NODE)?;
             txn.open_table(METERS)?;
             txn.open_table(RAMPS)?;
-            Ok(())
+            seal_all(txn)
         })?;
         Ok(store)
     }
@@ -205,7 +208,9 @@ impl RedbStore {
             let (k, v) = entry.map_err(|e| self.io(e))?;
             let label = format!("{what} {:?}", k.value());
             let name = GroupName::new(k.value()).map_err(|e| self.corrupt(label.clone(), e))?;
-            let value = decode(v.value()).map_err(|e| self.corrupt(label, e))?;
+            let payload =
+                unseal(k.value().as_bytes(), v.value()).map_err(|e| self.corrupt(label.clone(), e))?;
+            let value = decode(payload).map_err(|e| self.corrupt(label, e))?;
             out.push((name, value));
         }
         Ok(out)
@@ -216,7 +221,8 @@ impl RedbStore {
 fn append_audit_in(txn: &redb::WriteTransaction, record: &AuditRecord) -> Result<(), redb::Error> {
     let mut table = txn.open_table(AUDIT)?;
     let last = table.last()?.map(|(k, _)| k.value());
-    table.insert(super::audit_key(record.at_unix_ms, last), record.to_json().as_bytes())?;
+    let key = super::audit_key(record.at_unix_ms, last);
+    table.insert(key, seal(&key.to_be_bytes(), record.to_json().as_bytes()).as_slice())?;
     while table.len()? > super::AUDIT_MAX as u64 {
         table.pop_first()?;
     }
@@ -225,12 +231,16 @@ fn append_audit_in(txn: &redb::WriteTransaction, record: &AuditRecord) -> Result
 
 /// Reads every entry of every table of the file at `path`, opened read-only: a damaged page
 /// is an error (or a panic, which the caller guards against) here rather than once the file
-/// is open for writing.
+/// is open for writing; in a file whose records carry checksums, so is a record that fails its
+/// check, named.
 fn verify(path: &Path) -> Result<(), String> {
     fn each<K: redb::Key + 'static>(
         txn: &redb::ReadTransaction,
         table: TableDefinition<K, &[u8]>,
+        sealed: bool,
+        key: impl Fn(K::SelfType<'_>) -> (Vec<u8>, String),
     ) -> Result<(), String> {
+        let name = table.name().to_string();
         let table = match txn.open_table(table) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
@@ -238,17 +248,65 @@ fn verify(path: &Path) -> Result<(), String> {
         };
         for entry in table.iter().map_err(|e| format!("the file is damaged ({e})"))? {
             let (k, v) = entry.map_err(|e| format!("the file is damaged ({e})"))?;
-            std::hint::black_box((k.value(), v.value()));
+            let value = std::hint::black_box(v.value());
+            if sealed {
+                let (bytes, label) = key(k.value());
+                unseal(&bytes, value).map_err(|e| format!("{name} record {label}: {e}"))?;
+            }
         }
         Ok(())
     }
     let db = ReadOnlyDatabase::open(path).map_err(|e| e.to_string())?;
     let txn = db.begin_read().map_err(|e| format!("the file is damaged ({e})"))?;
+    let sealed = match txn.open_table(FORMAT) {
+        Ok(t) => t.get(SEALED).map_err(|e| format!("the file is damaged ({e})"))?.is_some(),
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(e) => return Err(format!("the file is damaged ({e})")),
+    };
     for table in [GROUPS, NODE, METERS, RAMPS, CREDENTIALS] {
-        each(&txn, table)?;
+        each(&txn, table, sealed, |k: &str| (k.as_bytes().to_vec(), format!("{k:?}")))?;
     }
-    each(&txn, AUDIT)?;
-    each(&txn, USAGE)
+    each(&txn, AUDIT, sealed, |k: u64| (k.to_be_bytes().to_vec(), k.to_string()))?;
+    each(&txn, USAGE, sealed, |(minute, group): (u64, &str)| {
+        (usage_key(minute, group), format!("{group:?} at {minute}"))
+    })
+}
+
+/// Seals every record of a file written before records carried checksums, and marks the
+/// file; a file marked already is left alone.
+fn seal_all(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let mut format = txn.open_table(FORMAT)?;
+    if format.get(SEALED)?.is_some() {
+        return Ok(());
+    }
+    for def in [GROUPS, NODE, METERS, RAMPS, CREDENTIALS] {
+        let mut table = txn.open_table(def)?;
+        let all = table
+            .iter()?
+            .map(|e| e.map(|(k, v)| (k.value().to_string(), v.value().to_vec())))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (k, v) in all {
+            table.insert(k.as_str(), seal(k.as_bytes(), &v).as_slice())?;
+        }
+    }
+    let mut audit = txn.open_table(AUDIT)?;
+    let all = audit
+        .iter()?
+        .map(|e| e.map(|(k, v)| (k.value(), v.value().to_vec())))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (k, v) in all {
+        audit.insert(k, seal(&k.to_be_bytes(), &v).as_slice())?;
+    }
+    let mut usage = txn.open_table(USAGE)?;
+    let all = usage
+        .iter()?
+        .map(|e| e.map(|(k, v)| (k.value().0, k.value().1.to_string(), v.value().to_vec())))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (minute, group, v) in all {
+        usage.insert((minute, group.as_str()), seal(&usage_key(minute, &group), &v).as_slice())?;
+    }
+    format.insert(SEALED, 1)?;
+    Ok(())
 }
 
 /// Runs `f`, turning a panic inside the database library (a damaged file can cause one) into
@@ -367,8 +425,10 @@ impl SettingsStore for RedbStore {
             if out.len() >= limit {
                 break;
             }
-            let (_, v) = entry.map_err(|e| self.io(e))?;
-            let text = String::from_utf8_lossy(v.value()).into_owned();
+            let (k, v) = entry.map_err(|e| self.io(e))?;
+            let payload = unseal(&k.value().to_be_bytes(), v.value())
+                .map_err(|e| self.corrupt(format!("audit record {}", k.value()), e))?;
+            let text = String::from_utf8_lossy(payload).into_owned();
             out.push(AuditRecord::from_json(&text).map_err(|e| self.corrupt("audit record".into(), e))?);
         }
         Ok(out)
@@ -395,7 +455,9 @@ impl SettingsStore for RedbStore {
             }
             let label = format!("usage record {name:?} at {minute}");
             let name = GroupName::new(name).map_err(|e| self.corrupt(label.clone(), e))?;
-            let meter = decode_meter(v.value()).map_err(|e| self.corrupt(label, e))?;
+            let payload = unseal(&usage_key(minute, name.as_str()), v.value())
+                .map_err(|e| self.corrupt(label.clone(), e))?;
+            let meter = decode_meter(payload).map_err(|e| self.corrupt(label, e))?;
             pick.push(super::UsageRecord { minute_unix_ms: minute, group: name, meter });
         }
         Ok(pick.finish())
@@ -415,8 +477,10 @@ impl SettingsStore for RedbStore {
             Ok(table) => {
                 for entry in table.iter().map_err(|e| self.io(e))? {
                     let (k, v) = entry.map_err(|e| self.io(e))?;
-                    let text = std::str::from_utf8(v.value())
-                        .map_err(|e| self.corrupt(format!("credential {:?}", k.value()), e))?;
+                    let label = format!("credential {:?}", k.value());
+                    let payload = unseal(k.value().as_bytes(), v.value())
+                        .map_err(|e| self.corrupt(label.clone(), e))?;
+                    let text = std::str::from_utf8(payload).map_err(|e| self.corrupt(label, e))?;
                     out.credentials.insert(k.value().to_string(), text.to_string());
                 }
             }
@@ -425,11 +489,15 @@ impl SettingsStore for RedbStore {
         }
         let node = txn.open_table(NODE).map_err(|e| self.io(e))?;
         if let Some(v) = node.get(RLS_KEY).map_err(|e| self.io(e))? {
-            let text = std::str::from_utf8(v.value()).map_err(|e| self.corrupt("RLS rules".into(), e))?;
+            let payload =
+                unseal(RLS_KEY.as_bytes(), v.value()).map_err(|e| self.corrupt("RLS rules".into(), e))?;
+            let text = std::str::from_utf8(payload).map_err(|e| self.corrupt("RLS rules".into(), e))?;
             out.rls_rules = Some(text.to_string());
         }
         if let Some(v) = node.get(NODE_KEY).map_err(|e| self.io(e))? {
-            let msg = v1::NodeInfo::decode(v.value()).map_err(|e| self.corrupt("node settings".into(), e))?;
+            let payload = unseal(NODE_KEY.as_bytes(), v.value())
+                .map_err(|e| self.corrupt("node settings".into(), e))?;
+            let msg = v1::NodeInfo::decode(payload).map_err(|e| self.corrupt("node settings".into(), e))?;
             out.node = StoredNode::from_proto(&msg);
             out.node_stored = true;
         }
@@ -439,7 +507,8 @@ impl SettingsStore for RedbStore {
     fn put_group(&mut self, name: &GroupName, settings: &GroupSettings) -> Result<(), StoreError> {
         let bytes = convert::settings_to_proto(settings).encode_to_vec();
         self.write(|txn| {
-            txn.open_table(GROUPS)?.insert(name.as_str(), bytes.as_slice())?;
+            txn.open_table(GROUPS)?
+                .insert(name.as_str(), seal(name.as_str().as_bytes(), &bytes).as_slice())?;
             Ok(())
         })
     }
@@ -456,7 +525,7 @@ impl SettingsStore for RedbStore {
 
     fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {
         self.write(|txn| {
-            txn.open_table(CREDENTIALS)?.insert(id, record.as_bytes())?;
+            txn.open_table(CREDENTIALS)?.insert(id, seal(id.as_bytes(), record.as_bytes()).as_slice())?;
             Ok(())
         })
     }
@@ -472,7 +541,7 @@ impl SettingsStore for RedbStore {
 
     fn set_rls_rules(&mut self, json: &str) -> Result<(), StoreError> {
         self.write(|txn| {
-            txn.open_table(NODE)?.insert(RLS_KEY, json.as_bytes())?;
+            txn.open_table(NODE)?.insert(RLS_KEY, seal(RLS_KEY.as_bytes(), json.as_bytes()).as_slice())?;
             Ok(())
         })
     }
@@ -480,7 +549,7 @@ impl SettingsStore for RedbStore {
     fn set_node(&mut self, node: StoredNode) -> Result<(), StoreError> {
         let bytes = node.to_proto().encode_to_vec();
         self.write(|txn| {
-            txn.open_table(NODE)?.insert(NODE_KEY, bytes.as_slice())?;
+            txn.open_table(NODE)?.insert(NODE_KEY, seal(NODE_KEY.as_bytes(), &bytes).as_slice())?;
             Ok(())
         })
     }
@@ -494,12 +563,13 @@ impl SettingsStore for RedbStore {
         self.write(|txn| {
             let mut table = txn.open_table(METERS)?;
             for (name, m) in meters {
-                table.insert(name.as_str(), encode_meter(m).as_slice())?;
+                table.insert(name.as_str(), seal(name.as_str().as_bytes(), &encode_meter(m)).as_slice())?;
             }
             drop(table);
             let mut usage = txn.open_table(USAGE)?;
             for (name, m) in meters {
-                usage.insert((minute_unix_ms, name.as_str()), encode_meter(m).as_slice())?;
+                let sealed = seal(&usage_key(minute_unix_ms, name.as_str()), &encode_meter(m));
+                usage.insert((minute_unix_ms, name.as_str()), sealed.as_slice())?;
             }
             while usage.len()? > super::USAGE_MAX as u64 {
                 usage.pop_first()?;
@@ -508,7 +578,7 @@ impl SettingsStore for RedbStore {
             txn.delete_table(RAMPS)?;
             let mut table = txn.open_table(RAMPS)?;
             for (name, r) in ramps {
-                table.insert(name.as_str(), encode_ramp(r).as_slice())?;
+                table.insert(name.as_str(), seal(name.as_str().as_bytes(), &encode_ramp(r)).as_slice())?;
             }
             Ok(())
         })
@@ -521,7 +591,8 @@ impl SettingsStore for RedbStore {
         self.write(|txn| {
             let mut usage = txn.open_table(USAGE)?;
             for (name, m) in meters {
-                usage.insert((minute_unix_ms, name.as_str()), encode_meter(m).as_slice())?;
+                let sealed = seal(&usage_key(minute_unix_ms, name.as_str()), &encode_meter(m));
+                usage.insert((minute_unix_ms, name.as_str()), sealed.as_slice())?;
             }
             while usage.len()? > super::USAGE_MAX as u64 {
                 usage.pop_first()?;

@@ -13,6 +13,7 @@ pub mod etcd;
 #[cfg(test)]
 mod faults;
 mod file;
+mod seal;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
