@@ -1763,3 +1763,22 @@ fn client_rates_hold_steady_however_reports_fall() {
     let split = client_rates(client_rates([50.0, 0.0], 30.0, 0.0, ms(999)), 20.0, 0.0, ms(1));
     assert!((split[0] - 50.0).abs() < 0.1, "{split:?}");
 }
+
+/// Loading a store's groups takes time linear in them: 800,000 groups are set in under a
+/// second of a debug build. Had each one looked at every group set before (as a check for
+/// parent links once did), this would take the better part of an hour, and the test runner
+/// stops a test at five minutes. A parent link set and removed among them is still seen.
+#[test]
+fn setting_many_groups_takes_time_linear_in_them() {
+    let mut e = engine(EngineSettings::default());
+    let plain = GroupSettings::builder().limit(100.0).build().unwrap();
+    for i in 0..800_000 {
+        e.set_group(name(&format!("g{i}")), plain.clone());
+    }
+    let child = GroupSettings::builder().limit(10.0).parent(Some(name("g0"))).build().unwrap();
+    e.set_group(name("child"), child);
+    assert!(e.nested, "a parent link makes the groups nested");
+    e.set_group(name("child"), plain);
+    assert!(!e.nested, "and its removal makes them flat again");
+    assert_eq!(e.configured.len(), 800_001);
+}
