@@ -33,7 +33,7 @@ pub enum Quota {
     Set {
         tag: String,
         kind: QuotaKind,
-        #[arg(allow_negative_numbers = true, value_parser = clap::builder::RangedI64ValueParser::<u64>::new().range(0..))]
+        #[arg(allow_negative_numbers = true, value_parser = parse_bytes)]
         bytes_per_second: u64,
     },
     /// Remove a tag's quota (succeeds when it has none).
@@ -65,6 +65,15 @@ fn parse_limit(s: &str) -> Result<LimitArg, String> {
         .filter(|v| v.is_finite() && *v >= 0.0)
         .map(LimitArg::Units)
         .ok_or_else(|| format!("expected a number of units/s or `unlimited`, got {s:?}"))
+}
+
+/// A whole number of bytes a second: a negative one is a range error, not an option.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    match s.parse::<i128>() {
+        Ok(n) if n < 0 => Err(format!("must be at least 0, got {n}")),
+        Ok(n) => u64::try_from(n).map_err(|_| format!("must be at most {}, got {n}", u64::MAX)),
+        Err(_) => Err(format!("expected a whole number of bytes/s, got {s:?}")),
+    }
 }
 
 fn parse_units(s: &str) -> Result<f64, String> {

@@ -25,6 +25,11 @@
 //!   using it at the end it was told, measured from when it sent its request, which is never
 //!   after the controller's. A client that dies with units left loses them until the window
 //!   ends: quotas may be under-admitted, never over-admitted.
+//! - What a lapsed allotment held unspent may still have been admitted before it lapsed and not
+//!   yet reported: it stays counted against the group's longer windows that were under way
+//!   when it lapsed (an hour's, when a minute's allotment lapses) until its client has reported
+//!   twice since (the first report may have been sent before the end), by when every unit it
+//!   admitted is in the group's consumption.
 //! - Allotments are sized for about two exchanges of the client's demand, at least one unit,
 //!   at most its demand's part of what is left when several clients ask, and never more than
 //!   half of what is left in one answer, so that a client arriving later still finds some; a
@@ -118,11 +123,38 @@ struct Ledger {
     window: u64,
     /// Sorted by client.
     holders: Vec<Holder>,
+    /// Allotments of earlier windows that lapsed with units unspent, not yet known spent or
+    /// not.
+    lapsed: Vec<Lapsed>,
 }
+
+/// What a client held of an allotment when it lapsed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Lapsed {
+    client: ClientId,
+    /// The window it belonged to, and what was given and used of it as last known.
+    window: u64,
+    given: f64,
+    used: f64,
+    /// When it lapsed (the start of the window after it, Unix milliseconds): it counts in the
+    /// windows that began before.
+    at: u64,
+    /// Reports from its client still to come before its consumption covers it.
+    reports: u8,
+}
+
+/// Reports a client makes after its allotment lapsed before everything it admitted under it
+/// has been reported.
+const LAPSED_REPORTS: u8 = 2;
 
 impl Ledger {
     fn unspent(&self) -> f64 {
         self.holders.iter().map(Holder::unspent).sum()
+    }
+
+    /// Unspent units of lapsed allotments that count in a window that began at `start`.
+    fn lapsed_in(&self, start: u64) -> f64 {
+        self.lapsed.iter().filter(|l| start < l.at).map(|l| (l.given - l.used).max(0.0)).sum()
     }
 }
 
@@ -257,8 +289,19 @@ impl Quotas {
         let (window, ends_at, pending) =
             self.start_windows(ask.group, s, (wall, ask.consumed), ask.demand > 0.0);
         let at = self.holder(&ask, window, released);
+        // Lapsed allotments no window under way counts any more are forgotten.
+        let starts: Vec<u64> = s.quotas().map(|(w, _)| self.window_start(ask.group, w)).collect();
+        if let Some(l) = self.ledgers.get_mut(ask.group) {
+            l.lapsed.retain(|l| starts.iter().any(|&start| start < l.at));
+        }
         let unspent = self.ledgers[ask.group].unspent();
-        let room = |w: BudgetPeriod, units: f64| units - self.counted(ask.group, w, ask.consumed) - unspent;
+        let room = |w: BudgetPeriod, units: f64| {
+            let start = self.window_start(ask.group, w);
+            units
+                - self.counted(ask.group, w, ask.consumed)
+                - unspent
+                - self.ledgers[ask.group].lapsed_in(start)
+        };
         let left = s.quotas().map(|(w, units)| room(w, units)).fold(f64::INFINITY, f64::min);
         let add = if pending { 0.0 } else { size(&self.ledgers[ask.group].holders, at, left) };
         debug_assert!(add >= 0.0 && (add <= left.max(0.0)), "an allotment within what is left");
@@ -288,13 +331,34 @@ impl Quotas {
     fn holder(&mut self, ask: &Ask<'_>, window: u64, released: &[ClientId]) -> usize {
         let ledger = self.ledgers.entry(ask.group.clone()).or_default();
         if ledger.window != window {
-            // The shortest window ended: every allotment of the last one lapsed with it.
+            // The shortest window ended: every allotment of the last one lapsed with it, what
+            // it held unspent counted on in the longer windows until its client reports.
+            let old = ledger.window;
+            let lapsed = ledger.holders.iter().filter(|h| h.unspent() > 0.0).map(|h| Lapsed {
+                client: h.client,
+                window: old,
+                given: h.given,
+                used: h.used,
+                at: window,
+                reports: LAPSED_REPORTS,
+            });
+            ledger.lapsed.extend(lapsed.collect::<Vec<_>>());
             ledger.window = window;
             ledger.holders.clear();
         }
         if !released.is_empty() {
             ledger.holders.retain(|h| released.binary_search(&h.client).is_err());
+            ledger.lapsed.retain(|l| released.binary_search(&l.client).is_err());
         }
+        // This report brings its client's lapsed allotments a report nearer being covered,
+        // and says what it used of the one it still reports.
+        for l in ledger.lapsed.iter_mut().filter(|l| l.client == ask.client) {
+            l.reports = l.reports.saturating_sub(1);
+            if let Some(q) = ask.held.filter(|q| q.window == l.window) {
+                (l.given, l.used) = (finite(q.given).min(l.given), finite(q.used).max(l.used));
+            }
+        }
+        ledger.lapsed.retain(|l| l.reports > 0);
         let at = match ledger.holders.binary_search_by_key(&ask.client, |h| h.client) {
             Ok(at) => {
                 let h = &mut ledger.holders[at];
@@ -399,6 +463,14 @@ impl Quotas {
     }
 
     /// When `group`'s `window` under way at `wall` ends (`None`: never, the group's life).
+    /// When `group`'s `window` under way began (Unix milliseconds; 0 for its life).
+    fn window_start(&self, group: &GroupName, window: BudgetPeriod) -> u64 {
+        match window {
+            BudgetPeriod::Total => 0,
+            w => self.baseline(group, w).map_or(0, |b| b.period_start_unix_ms),
+        }
+    }
+
     fn window_end(&self, group: &GroupName, window: BudgetPeriod, wall: u64) -> Option<u64> {
         match window {
             BudgetPeriod::FromFirst(_) => {
