@@ -582,6 +582,33 @@ mod tests {
     }
 
     #[test]
+    fn what_a_lapsed_allotment_held_counts_in_the_hour_until_its_client_has_reported() {
+        let g = name("api");
+        let s = GroupSettings::builder()
+            .quota(BudgetPeriod::Minute, 100.0)
+            .quota(BudgetPeriod::Hour, 10.0)
+            .build()
+            .unwrap();
+        let mut q = at_minute_ten(&g);
+        // Client 1 takes half of the hour's 10, and its minute ends before it reports.
+        let a = q.allot(ask(&g, &s, 1, 0.0, 1, None, 50.0), &[]).unwrap();
+        assert_eq!(a.add, 5.0);
+        // The next minute: client 2 finds the hour's 10 less the 5 client 1 may have admitted
+        // and not reported yet, and takes half of that.
+        let b = q.allot(ask(&g, &s, 61, 0.0, 2, None, 50.0), &[]).unwrap();
+        assert_eq!((b.window, b.add), (11 * MINUTE_MS, 2.0), "{b:?}");
+        // Client 1 reports: it admitted 4 of its 5 in the last minute. One is left unspent,
+        // still counted until its next report.
+        let held = QuotaHeld { window: a.window, given: 5.0, used: 4.0, lasts: None };
+        let c = q.allot(ask(&g, &s, 62, 4.0, 1, Some(held), 50.0), &[]).unwrap();
+        assert!((c.left + c.add - (10.0 - 4.0 - 2.0 - 1.0)).abs() < 1e-9, "{c:?}");
+        // Its second report since: the lapsed allotment is known spent as reported.
+        let held = QuotaHeld { window: c.window, given: c.add, used: 0.0, lasts: None };
+        let d = q.allot(ask(&g, &s, 63, 4.0, 1, Some(held), 50.0), &[]).unwrap();
+        assert!((d.left + d.add - (10.0 - 4.0 - 2.0 - c.add)).abs() < 1e-9, "{d:?}");
+    }
+
+    #[test]
     fn a_spent_quota_says_when_it_comes_back_and_a_new_window_starts_afresh() {
         let (g, s) = (name("api"), minute_quota(5.0));
         let mut q = at_minute_ten(&g);
