@@ -757,8 +757,14 @@ impl Rls {
             }
             _ => {}
         }
-        let gate =
-            if matches!(ask, Ask::Unthrottled(..)) { self.gate.unthrottled() } else { self.gate.clone() };
+        // The unthrottled view is made only when asked for: the common path takes no clone.
+        let unthrottled;
+        let gate = if matches!(ask, Ask::Unthrottled(..)) {
+            unthrottled = self.gate.unthrottled();
+            &unthrottled
+        } else {
+            &self.gate
+        };
         let handle = gate.group(group.as_str()).map_err(|e| Status::internal(e.to_string()))?;
         wait_for_first_grant(&handle).await;
         let mut permit = None;

@@ -255,13 +255,17 @@ pub(crate) struct Demands {
 }
 
 impl Demands {
-    fn add(&mut self, b: &Bucket) {
-        let at = match b.class {
+    /// Where `class` is served in a group's grant: critical first, sheddable last.
+    fn rank(class: RequestClass) -> usize {
+        match class {
             RequestClass::Critical => 0,
             RequestClass::Sheddable => 2,
             _ => 1,
-        };
-        self.by_class[at] += b.demand;
+        }
+    }
+
+    fn add(&mut self, b: &Bucket) {
+        self.by_class[Demands::rank(b.class)] += b.demand;
         self.buckets += 1;
     }
 
@@ -280,11 +284,7 @@ impl Demands {
         if rate.is_nan() || rate <= 0.0 || rate >= all {
             return b.demand / all;
         }
-        let mine = match b.class {
-            RequestClass::Critical => 0,
-            RequestClass::Sheddable => 2,
-            _ => 1,
-        };
+        let mine = Demands::rank(b.class);
         let mut left = rate;
         for (c, &total) in self.by_class.iter().enumerate() {
             let take = left.min(total);
