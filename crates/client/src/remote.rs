@@ -595,7 +595,15 @@ impl Driver {
                 }
                 continue;
             }
-            let held = self.grants.get(&g.name).filter(|l| !l.unlimited).map(|l| l.rate);
+            // What it admits at now: the live grant, or in safe mode what the policy left of
+            // it (a controller learning after a failover renews no more than that).
+            let held = self.grants.get(&g.name).filter(|l| !l.unlimited).map(|l| match self.safe_since {
+                Some(since) => {
+                    let gone = LastGrant { unlimited: false, rate: 0.0, burst: 0.0, floor: 0.0 };
+                    safe(self.link.policy, Some(*l), gone, now.since(since)).rate
+                }
+                None => l.rate,
+            });
             let r = meter.report(now, counts, g.waiting(), held);
             let rank = if !self.grants.contains_key(&g.name) || r.throttled > 0.0 || r.waiting > 0.0 {
                 0

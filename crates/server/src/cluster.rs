@@ -513,13 +513,12 @@ impl Cluster {
         self.leader_changes.load(Ordering::Relaxed)
     }
 
-    /// Takes a role from the election. Becoming the leader starts a learning lease at `now`
-    /// ([`Controller::relearn`]): clients' grants from the last leader are renewed as they
-    /// report them, and first-time clients get only what is left under each target.
+    /// Takes a role from the election at `now`. (The election starts the new leader's
+    /// learning lease: [`Controller::relearn`].)
     pub fn set_role(&self, now: Nanos, view: RoleView) {
+        let _ = now;
         let mut role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
         if view.role == Role::Leader && role.role != Role::Leader {
-            self.controller.relearn(now);
             self.leader_changes.fetch_add(1, Ordering::Relaxed);
         }
         *role = view;

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use tollgate_model::allocate::AllocationMode;
 use tollgate_model::engine::{
-    BackendReport, Diagnostics, Engine, EngineSettings, GroupView, TICK_SLICE_GROUPS, TraceEvent, next_slice,
+    BackendReport, Diagnostics, Engine, EngineSettings, GroupView, Relearn, TICK_SLICE_GROUPS, TraceEvent,
+    next_slice,
 };
 use tollgate_model::settings::{GroupName, GroupSettings};
 use tollgate_model::time::Nanos;
@@ -258,9 +259,10 @@ impl Controller {
         let mut engine = Engine::new(settings);
         // Quota windows are placed on the wall clock (again at every flush).
         engine.set_wall_clock(now, wall_ms);
-        // Clients may hold leases from before the start: the first lease is learnt from now,
-        // whether or not a client comes back.
-        engine.relearn(now);
+        // Clients of the groups with traffic lately may hold grants from before the start:
+        // those groups are learnt for one lease (see `Relearn`).
+        let recent = recent_groups(&store, engine.settings(), wall_ms);
+        engine.relearn(now, recent);
         // Its metering is written: every group's, from the start.
         engine.take_metering();
         for (name, s) in stored.groups {
@@ -842,11 +844,16 @@ impl Controller {
         self.store().audit(since_unix_ms, limit)
     }
 
-    /// Starts a learning lease at `now`, for a controller that has just become the leader:
-    /// clients' grants from the last leader are renewed as they report them, and first-time
-    /// clients get only what is left under each target.
-    pub fn relearn(&self, now: Nanos) {
-        self.engine().relearn(now);
+    /// How long a grant lives.
+    pub fn lease(&self) -> Duration {
+        self.engine().settings().lease
+    }
+
+    /// Starts a learning lease at `now` over `which` groups, for a controller that has just
+    /// become the leader or taken over shards: for one lease, no client of those groups is
+    /// granted more than it says it holds from the controller before.
+    pub fn relearn(&self, now: Nanos, which: Relearn) {
+        self.engine().relearn(now, which);
     }
 
     /// Takes a group's settings as another controller stored them (seen through the shared
@@ -1207,6 +1214,20 @@ impl Controller {
     pub fn tracking(&self, now: Nanos) -> (usize, usize, bool) {
         let engine = self.engine();
         (engine.clients(), engine.backends(), engine.learning(now))
+    }
+}
+
+/// The groups whose clients may hold grants from before a start: those with a usage record
+/// of the last lease and a flush interval (at most a minute, rounded to whole minutes). A
+/// store that cannot say makes every group learnt.
+fn recent_groups(store: &Shared, settings: &EngineSettings, wall_ms: u64) -> Relearn {
+    let since = crate::store::recent_since(wall_ms, settings.lease);
+    match store.lock().recent_groups(since, settings.max_tracked_groups) {
+        Ok(groups) => Relearn::Groups(groups),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read which groups had traffic lately: every group is learnt for a lease");
+            Relearn::All
+        }
     }
 }
 

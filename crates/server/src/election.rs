@@ -30,6 +30,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
+use tollgate_model::engine::Relearn;
+
 use crate::clock::Clock;
 use crate::cluster::{Cluster, Role, RoleView};
 use crate::options::EtcdTarget;
@@ -160,14 +162,20 @@ async fn term(
                     // The last leader's consumption and ramps, as it last wrote them, before
                     // this one grants and writes its own (with the groups sharded, each shard's
                     // owner reads its groups' when it is given them).
-                    if cluster.sharding().is_none()
-                        && let Some(stored) = crate::store::etcd::stored_progress(&mut client, target).await
-                    {
+                    // The groups with traffic lately are learnt for a lease: their clients may
+                    // hold grants the last leader gave (every group, when etcd does not say).
+                    if cluster.sharding().is_none() {
                         let controller = cluster.controller();
-                        let meters = controller.restore_meters(stored.meters, |_| true);
                         let wall_ms = crate::clock::wall_ms();
-                        let ramps = controller.resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
-                        tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
+                        let since = crate::store::recent_since(wall_ms, controller.lease());
+                        let stored = crate::store::etcd::stored_progress(&mut client, target, since).await;
+                        let recent = stored.as_ref().and_then(|s| s.recent.clone());
+                        controller.relearn(clock.now(), recent.map_or(Relearn::All, Relearn::Groups));
+                        if let Some(stored) = stored {
+                            let meters = controller.restore_meters(stored.meters, |_| true);
+                            let ramps = controller.resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
+                            tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
+                        }
                     }
                     cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
                     tracing::info!(advertise, "elected leader");

@@ -31,6 +31,7 @@ use crate::controller::Controller;
 use crate::options::EtcdTarget;
 use crate::shards::{Sharding, decode_claims, encode_claims};
 use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason, stored_progress};
+use tollgate_model::engine::Relearn;
 
 /// How often the leader looks at the members and the map.
 pub const COORDINATE_EVERY: Duration = Duration::from_millis(100);
@@ -202,7 +203,22 @@ async fn restore_progress(
     shards: u16,
     gained: &HashSet<u16>,
 ) {
-    let Some(stored) = stored_progress(client, target).await else { return };
+    let since = crate::store::recent_since(crate::clock::wall_ms(), controller.lease());
+    let stored = stored_progress(client, target, since).await;
+    // The groups of the shards given that had traffic lately are learnt for a lease: their
+    // clients may hold grants the last owner gave (all the shards' groups, when etcd does
+    // not say).
+    let taken: Vec<u16> = gained.iter().copied().collect();
+    let learnt = match stored.as_ref().and_then(|s| s.recent.as_ref()) {
+        Some(recent) => {
+            let roots = controller.shards_of(recent.iter().map(|g| g.as_str()), shards);
+            let given = recent.iter().zip(roots).filter(|(_, s)| s.is_some_and(|s| gained.contains(&s)));
+            Relearn::Groups(given.map(|(g, _)| g.clone()).collect())
+        }
+        None => Relearn::Shards { count: shards, taken },
+    };
+    controller.relearn(clock.now(), learnt);
+    let Some(stored) = stored else { return };
     let mine = |root: &tollgate_model::settings::GroupName| {
         gained.contains(&tollgate_model::shard::shard_of(root.as_str(), shards))
     };

@@ -377,6 +377,8 @@ impl FaultState {
         if let Some((_, back)) = self.store_lost
             && back <= now
         {
+            // It stepped down while the store was gone: what its clients hold is learnt again.
+            node.controller.relearn(now, tollgate_model::engine::Relearn::All);
             lead(node);
             self.store_lost = None;
         }
@@ -627,23 +629,14 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let store = MemoryStore::with(stored(scenario));
     let tracing = hooks.trace.is_some();
     let start = |now: Nanos| {
-        let node = Node::open(Box::new(store.clone()), engine_settings(scenario), now, 0)
+        let node = Node::open(Box::new(store.clone()), engine_settings(scenario), now, wall_ms(now))
             .expect("a store in memory loads");
         node.controller.set_tracing(tracing);
         node
     };
     let mut node = start(Nanos::ZERO);
-    let mut faults = scenario.faults.clone();
-    if let Some(random) = &scenario.random_faults {
-        faults.extend(crate::faults::draw(random, seed, scenario.clients.len(), scenario.controller.regions));
-    }
-    faults.sort_by_key(|f| f.at);
+    let (faults, run_until) = faults_of(scenario, seed);
     let checking = !faults.is_empty();
-    // A run with faults goes on until the last has healed and the invariants have been checked
-    // for a while after it, even when its phases pass sooner.
-    let run_until = faults.iter().map(|f| f.end().unwrap_or(f.at)).max().map_or(Nanos::ZERO, |e| {
-        Nanos(duration_nanos(e + Duration::from_secs_f64(HEAL_S) + Duration::from_secs(2 * WINDOW_S as u64)))
-    });
     let mut fault_rng = crate::rng::SplitMix64::new(seed ^ 0x10_55E5);
     let n = scenario.clients.len();
     let mut clients = Clients::new(scenario);
@@ -710,6 +703,11 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             }
             None => report_and_tick(now, &node, up, due, &mut world),
         };
+        // Consumption is written to the store as the server writes it: what a controller
+        // started again over the store learns from.
+        if up && shards.is_none() && now.0.is_multiple_of(duration_nanos(FLUSH)) {
+            node.flush(now, wall_ms(now)).expect("a store in memory writes");
+        }
         if ticked && let Some(sink) = hooks.trace.as_mut() {
             for event in node.controller.take_trace().0 {
                 sink(event);
@@ -771,6 +769,29 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         timeline,
         breach,
     }
+}
+
+/// The faults of a run with `seed`, in time order, and how long it goes on: until the last
+/// has healed and the invariants have been checked for a while after it, even when its
+/// phases pass sooner.
+fn faults_of(scenario: &Scenario, seed: u64) -> (Vec<crate::faults::Fault>, Nanos) {
+    let mut faults = scenario.faults.clone();
+    if let Some(random) = &scenario.random_faults {
+        faults.extend(crate::faults::draw(random, seed, scenario.clients.len(), scenario.controller.regions));
+    }
+    faults.sort_by_key(|f| f.at);
+    let run_until = faults.iter().map(|f| f.end().unwrap_or(f.at)).max().map_or(Nanos::ZERO, |e| {
+        Nanos(duration_nanos(e + Duration::from_secs_f64(HEAL_S) + Duration::from_secs(2 * WINDOW_S as u64)))
+    });
+    (faults, run_until)
+}
+
+/// How often consumption is written to the store: the server's default.
+const FLUSH: Duration = Duration::from_secs(10);
+
+/// The wall clock of a run: Unix time 0 at its start.
+fn wall_ms(now: Nanos) -> u64 {
+    now.0 / 1_000_000
 }
 
 /// At `now`, the backends report to the controller when `due.0`, and it ticks when `due.1`

@@ -437,23 +437,35 @@ fn at_the_cap_the_probes_answer_and_idle_connections_make_room() {
     assert!(http_get(&s.http, "/v1/groups").contains("200 OK"));
 }
 
-/// `/readyz` holds back for the first lease after a start, while the controller relearns what
-/// clients held before it (they may still hold leases from its last run); `/healthz` is ok
-/// throughout.
+/// A fresh server is ready at once (nobody can hold a grant it did not give). Started again
+/// over a store whose usage shows a group with traffic within the last lease and minute, it
+/// learns that group for one lease: `/readyz` holds back, a caller that holds nothing of it
+/// is refused, while a tenant new since the restart is served at once; `/healthz` is ok
+/// throughout. With a short lease it is ready once the lease has passed.
 #[test]
-fn readiness_waits_for_the_learning_lease() {
-    let long = ServerProc::start_with(&data_dir("ready-long"), &["--lease-ms", "600000"], Stdio::null());
-    assert!(http_get(&long.http, "/healthz").contains("200 OK"));
-    let ready = http_get(&long.http, "/readyz");
+fn a_restart_learns_the_groups_with_recent_traffic() {
+    let dir = data_dir("ready-learn");
+    let first = ServerProc::start_with(&dir, &["--lease-ms", "600000"], Stdio::null());
+    let ready = http_get(&first.http, "/readyz");
+    assert!(ready.contains("200 OK") && ready.ends_with("ready\n"), "a fresh store: {ready}");
+    common::admin(&first.url(), &["group", "create", "busy", "--limit", "100"]);
+    let check = |http: &str, group: &str| {
+        let body = format!(r#"{{"group":"{group}","cost":1}}"#);
+        common::http(http, "POST", "/v1/check", &[], &body).0
+    };
+    assert_eq!(check(&first.http, "busy"), 200);
+    // A clean stop writes the consumption, and with it this minute's usage record.
+    assert!(first.terminate().success());
+    let again = ServerProc::start_with(&dir, &["--lease-ms", "600000"], Stdio::null());
+    assert!(http_get(&again.http, "/healthz").contains("200 OK"));
+    let ready = http_get(&again.http, "/readyz");
     assert!(ready.contains("503 Service Unavailable") && ready.contains("learning: relearning"), "{ready}");
-    let status = http_get(&long.http, "/status");
-    assert!(status.contains("\"learning\":true"), "{status}");
-    // A short lease: ready once it has passed, with no client ever seen.
-    let short = ServerProc::start_with(
-        &data_dir("ready-short"),
-        &["--lease-ms", "200", "--tick-ms", "100"],
-        Stdio::null(),
-    );
+    assert!(http_get(&again.http, "/status").contains("\"learning\":true"));
+    assert_eq!(check(&again.http, "busy"), 429, "nobody holds more than it says while the group is learnt");
+    assert_eq!(check(&again.http, "newcomer"), 200, "a tenant new since the restart is served at once");
+    drop(again);
+    // A short lease: ready once it has passed.
+    let short = ServerProc::start_with(&dir, &["--lease-ms", "200", "--tick-ms", "100"], Stdio::null());
     let mut last = String::new();
     for _ in 0..600 {
         last = http_get(&short.http, "/readyz");
@@ -464,6 +476,7 @@ fn readiness_waits_for_the_learning_lease() {
     }
     assert!(last.contains("200 OK") && last.ends_with("ready\n"), "{last}");
     assert!(http_get(&short.http, "/status").contains("\"learning\":false"));
+    assert_eq!(check(&short.http, "busy"), 200);
 }
 
 /// The connection cap fits the open-file limit: a cap asked for that cannot fit stops the

@@ -25,9 +25,10 @@
 //! **Grant policy.** A client the last tick knows gets its share. A client it does not know
 //! yet (new, restarted, or the group is new) gets only what the target has left after every
 //! grant already made, or what it says it holds if that is less: so the live grants of a group
-//! never add up to more than its target, from the first exchange on, and a controller that
-//! restarts relearns what clients hold before handing out more ("learning mode", one lease
-//! long). Before a group's first tick its target is bounded by its settings and by the room the
+//! never add up to more than its target, from the first exchange on. Groups whose clients may
+//! hold grants the engine did not give (after a restart, an election, a shard's move) are
+//! learnt for one lease ([`Engine::relearn`]): no client of theirs gets more than it holds.
+//! Before a group's first tick its target is bounded by its settings and by the room the
 //! capacity has left: what the last tick's groups did not ask for, less what other new groups
 //! took since (each takes a part of it, [`NEWCOMER_ROOM_SHARE`]), so a new group is served at
 //! once. When no room is left (one group asks for the whole capacity), new groups still get
@@ -44,6 +45,7 @@ mod allot;
 mod clients;
 mod diagnostics;
 mod fair;
+mod learning;
 mod saturation;
 mod slots;
 mod split;
@@ -60,6 +62,7 @@ use std::time::Duration;
 pub use allot::{ALLOTMENT_MIN, Allotment, LASTS_MAX, LIFE_SPENT_RETRY, QuotaHeld};
 pub use clients::ClientError;
 pub use diagnostics::{BackendView, ClientView, Diagnostics, TOP_GROUPS};
+pub use learning::Relearn;
 pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
 pub use slots::InFlight;
 pub use split::{ClientGrant, ClientId, water_level};
@@ -898,6 +901,18 @@ impl Configured {
 
 /// The settings in `configured` that apply to `name`: its own, else the most specific
 /// pattern's that matches it, else the `default` group's.
+/// The root of the tree `name` belongs to, by the parents `configured` names.
+fn root_in<'a>(configured: &'a Configured, name: &'a GroupName) -> &'a GroupName {
+    let mut at = name;
+    for _ in 0..crate::hierarchy::DEPTH_MAX {
+        match configured.get(at).and_then(|s| s.parent()) {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    at
+}
+
 fn settings_in<'a>(configured: &'a Configured, name: &GroupName) -> Option<&'a Arc<GroupSettings>> {
     configured.get(name.as_str()).or_else(|| {
         crate::settings::matching_pattern(&configured.patterns, name.as_str())
@@ -951,7 +966,8 @@ pub struct Engine {
     /// Per group with a budget counted per period: the period, and the group's consumption
     /// when it began.
     quotas: allot::Quotas,
-    started: Option<Nanos>,
+    /// When the engine began, and the learning leases under way.
+    learning: learning::Learning,
     /// No tracked group's last report is earlier than the smaller of these two: the earliest
     /// among the groups the last tick walked (or a report during that tick), and the earliest
     /// report since the last tick began. A tick forgets idle groups only when that is an
@@ -1009,7 +1025,7 @@ impl Engine {
 
     /// Seconds since the engine started, for trace events.
     fn trace_time(&self, now: Nanos) -> f64 {
-        self.started.map_or(0.0, |s| now.since(s).as_secs_f64())
+        self.learning.began().map_or(0.0, |s| now.since(s).as_secs_f64())
     }
 
     /// An engine with no groups.
@@ -1036,7 +1052,7 @@ impl Engine {
             released: Vec::new(),
             resume: HashMap::default(),
             quotas: allot::Quotas::default(),
-            started: None,
+            learning: learning::Learning::default(),
             earliest_report: Nanos(u64::MAX),
             reports_floor: Nanos(u64::MAX),
             last_tick: None,
@@ -1242,14 +1258,7 @@ impl Engine {
     /// none): the key its shard is chosen by ([`crate::shard::shard_of`]), so a tree is
     /// computed by one owner.
     pub fn root_of<'a>(&'a self, name: &'a GroupName) -> &'a GroupName {
-        let mut at = name;
-        for _ in 0..crate::hierarchy::DEPTH_MAX {
-            match self.configured.get(at).and_then(|s| s.parent()) {
-                Some(parent) => at = parent,
-                None => break,
-            }
-        }
-        at
+        root_in(&self.configured, name)
     }
 
     /// The id of the client that calls itself `key`, at its exchange number `sequence` (0 when
@@ -1260,7 +1269,7 @@ impl Engine {
     /// there), and in the others at the next tick. So the new incarnation is served the room
     /// the dead one held from its first exchange, not a lease later.
     pub fn client(&mut self, now: Nanos, key: &str, sequence: u64) -> Result<ClientId, ClientError> {
-        self.started.get_or_insert(now);
+        self.learning.touch(now);
         let (id, earlier) = self.clients.resolve(now, key, sequence)?;
         if let Some(gone) = earlier
             && self.released.len() < self.settings.max_clients
@@ -1358,7 +1367,7 @@ impl Engine {
         r: ClientReport,
         hint: Place,
     ) -> (Grant, Place) {
-        self.started.get_or_insert(now);
+        self.learning.touch(now);
         let at = self.track(now, group, hint.group);
         let generation = self.settings_generation;
         let ramped = self.ramped > 0;
@@ -1373,6 +1382,9 @@ impl Engine {
         g.step_ramp(now, &r);
         g.last_report = now;
         self.reports_floor = self.reports_floor.min(now);
+        if self.learning.active() {
+            self.learning.note_held(now, &key, root_in(&self.configured, &key), client, r.held);
+        }
         let entry = g.client_entry(now, client, hint.client as usize, &r, tick_s);
         let client_at = g.put_client(entry, hint.client as usize);
         let place = Place {
@@ -1423,7 +1435,7 @@ impl Engine {
                 (Some(_), None) => {}
             }
         }
-        (self.grant_unknown(key, client, r.held, unlimited, burst_total), place)
+        (self.grant_unknown(now, key, client, r.held, unlimited, burst_total), place)
     }
 
     /// Places the quota windows on the wall clock: the engine's time `now` is the Unix time
@@ -1482,6 +1494,7 @@ impl Engine {
     /// The grant for a client the last tick did not know, by the grant policy.
     fn grant_unknown(
         &mut self,
+        now: Nanos,
         key: GroupName,
         client: ClientId,
         held: f64,
@@ -1497,10 +1510,13 @@ impl Engine {
         let g = &self.tracked[&key];
         // Not known to the last tick: what is left under the target, no more than it holds.
         let granted = g.outcome.as_ref().map_or(0.0, GroupOutcome::granted);
+        let learning = self.learning.covers(now, &key, root_in(&self.configured, &key));
         let provisional = self.provisional.entry(key).or_default();
         let others: f64 = provisional.iter().filter(|(c, _)| *c != client).map(|(_, r)| r).sum();
         let left = (target - granted - others).max(0.0);
-        let rate = if held > 0.0 { held.min(left) } else { left };
+        // Learning, no client gets more than it holds; else one that holds nothing may take
+        // what is left.
+        let rate = if held > 0.0 || learning { held.max(0.0).min(left) } else { left };
         // Conservation where the grant is made: with this one, the live grants stay within
         // the target (or add nothing past it).
         debug_assert!(rate == 0.0 || granted + others + rate <= target * (1.0 + 1e-9) + 1e-9);
@@ -1681,7 +1697,7 @@ impl Engine {
         backend: &str,
         report: BackendReport,
     ) -> Result<Replaced, BackendError> {
-        self.started.get_or_insert(now);
+        self.learning.touch(now);
         let known = self.backends.contains_key(backend);
         if !known && self.backends.len() >= self.settings.max_backends {
             return Err(BackendError::TooMany { max: self.settings.max_backends });
@@ -1967,23 +1983,20 @@ impl Engine {
         self.onset
     }
 
-    /// Starts a learning lease again from `now`: a controller that has just become the leader
-    /// relearns what clients hold, as after a start.
-    pub fn relearn(&mut self, now: Nanos) {
-        self.started = Some(now);
+    /// Starts a learning lease from `now` over `which` groups (see [`Relearn`]): for one
+    /// lease, no client of those groups is granted more than it says it holds.
+    pub fn relearn(&mut self, now: Nanos, which: Relearn) {
+        self.learning.start(now, now.after(self.settings.lease), which);
     }
 
-    /// Whether the engine is in its first lease since it started: it relearns what clients
-    /// hold and hands out no more than is left.
+    /// Whether a learning lease is under way at `now`.
     pub fn learning(&self, now: Nanos) -> bool {
-        self.started.is_none_or(|s| now < s.after(self.settings.lease))
+        self.learning.any(now)
     }
 
-    /// How long the learning lease has left at `now`: `None` once it is over, the whole lease
-    /// before the engine has started one.
+    /// How long the learning leases under way at `now` have left: `None` when none is.
     pub fn learning_left(&self, now: Nanos) -> Option<Duration> {
-        let end = self.started.map_or(now.after(self.settings.lease), |s| s.after(self.settings.lease));
-        (now < end).then(|| end.since(now))
+        self.learning.ends(now).map(|end| end.since(now))
     }
 }
 

@@ -207,7 +207,8 @@ impl Engine {
         if self.run.is_some() {
             while !self.tick_slice(usize::MAX) {}
         }
-        self.started.get_or_insert(now);
+        self.learning.touch(now);
+        self.learning.expire(now);
         self.quotas.observe(now);
         let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
         self.last_tick = Some(now);
@@ -469,7 +470,7 @@ impl Engine {
     fn apply_slice(&mut self, run: &mut TickRun, end: usize) {
         let trace_t = self.trace_time(run.now);
         let tick = self.settings.tick;
-        let Engine { tracked, rows, asking, scratch, trace, .. } = self;
+        let Engine { tracked, rows, asking, scratch, trace, learning, configured, .. } = self;
         let slice = &mut tracked.as_mut_slice()[run.next..end];
         for ((name, g), i) in slice.iter_mut().zip(run.next..) {
             let row = &rows[i];
@@ -492,6 +493,12 @@ impl Engine {
             let asked = &asking[run.from..run.from + clients];
             run.from += clients;
             let water_level = grant(&mut grants, target, row, asked, scratch);
+            if learning.covers(run.now, name, super::root_in(configured, name)) {
+                for g in grants.iter_mut() {
+                    let held = learning.held(name, g.client);
+                    (g.rate, g.burst) = super::learning::at_most_held(g.rate, g.burst, held);
+                }
+            }
             if let Some(t) = target {
                 // What the group asks for (its reservation counts as asked: its clients are
                 // granted it whatever they ask) takes part of the capacity; the rest of its

@@ -108,14 +108,55 @@ pub(crate) struct StoredProgress {
     pub meters: Vec<(GroupName, Meter)>,
     /// Each resumable ramp.
     pub ramps: Vec<(GroupName, StoredRamp)>,
+    /// The groups with usage records of the last lease and a minute (see
+    /// [`recent_since`](super::recent_since)): those whose clients may hold grants the last
+    /// writer gave. `None` when they were not read.
+    pub recent: Option<Vec<GroupName>>,
 }
 
 /// Reads the [`StoredProgress`]; `None`, logged, when etcd does not answer within
 /// [`ETCD_TIMEOUT`]. A malformed entry is left out.
-pub(crate) async fn stored_progress(client: &mut Client, target: &EtcdTarget) -> Option<StoredProgress> {
+pub(crate) async fn stored_progress(
+    client: &mut Client,
+    target: &EtcdTarget,
+    since_unix_ms: u64,
+) -> Option<StoredProgress> {
     let meters = read_prefix(client, target, "meters/", |v| decode_meter(v).ok()).await?;
     let ramps = read_prefix(client, target, "ramps/", |v| decode_ramp(v).ok()).await?;
-    Some(StoredProgress { meters, ramps })
+    let recent = recent_usage(client, target, since_unix_ms).await;
+    Some(StoredProgress { meters, ramps, recent })
+}
+
+/// The groups with a usage record of a minute at or after `since_unix_ms`; `None`, logged,
+/// when etcd does not answer.
+async fn recent_usage(
+    client: &mut Client,
+    target: &EtcdTarget,
+    since_unix_ms: u64,
+) -> Option<Vec<GroupName>> {
+    let prefix = target.key("usage/");
+    let options =
+        GetOptions::new().with_range(format!("{prefix}~")).with_keys_only().with_limit(PROGRESS_READ_MAX);
+    let from = format!("{prefix}{since_unix_ms:013}");
+    match tokio::time::timeout(ETCD_TIMEOUT, client.get(from, Some(options))).await {
+        Ok(Ok(got)) => {
+            let names = got.kvs().iter().filter_map(|kv| {
+                let key = std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()?;
+                GroupName::new(key.split_once('/')?.1).ok()
+            });
+            Some(super::distinct(names, usize::MAX))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %reason(&e), "the groups with traffic lately were not read; every group is learnt");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                "the groups with traffic lately were not read within {ETCD_TIMEOUT:?}; every group is learnt"
+            );
+            None
+        }
+    }
 }
 
 /// Each group's entry under `PREFIX/what`, decoded; `None`, logged, when etcd does not answer.
@@ -590,6 +631,25 @@ impl SettingsStore for EtcdStore {
         self.put_txn(ops)?;
         let prefix = self.target.key("usage/");
         self.call(move |c| Box::pin(trim_oldest(c, prefix, super::USAGE_MAX)))
+    }
+
+    fn recent_groups(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<GroupName>, StoreError> {
+        let prefix = self.target.key("usage/");
+        let (from, end) = (format!("{prefix}{since_unix_ms:013}"), format!("{prefix}~"));
+        let cap = i64::try_from(limit.saturating_mul(4).min(super::USAGE_MAX)).unwrap_or(i64::MAX);
+        let keys = self.call(move |c| {
+            Box::pin(async move {
+                let options = GetOptions::new().with_range(end).with_keys_only().with_limit(cap);
+                let r = c.get(from, Some(options)).await?;
+                Ok(r.kvs().iter().map(|kv| kv.key().to_vec()).collect::<Vec<_>>())
+            })
+        })?;
+        let names = keys.iter().filter_map(|k| {
+            let key = String::from_utf8_lossy(k);
+            let (_, name) = key.get(prefix.len()..)?.split_once('/')?;
+            GroupName::new(name).ok()
+        });
+        Ok(super::distinct(names, limit))
     }
 
     fn usage(

@@ -434,6 +434,25 @@ impl SettingsStore for RedbStore {
         Ok(out)
     }
 
+    fn recent_groups(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<GroupName>, StoreError> {
+        let txn = self.db()?.begin_read().map_err(|e| self.io(e))?;
+        let table = match txn.open_table(USAGE) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.io(e)),
+        };
+        // Keys sort by minute first: the range holds only the recent minutes.
+        let mut names = Vec::new();
+        for entry in table.range((since_unix_ms, "")..).map_err(|e| self.io(e))? {
+            let (k, _) = entry.map_err(|e| self.io(e))?;
+            let (minute, name) = k.value();
+            let name = GroupName::new(name)
+                .map_err(|e| self.corrupt(format!("usage record {name:?} at {minute}"), e))?;
+            names.push(name);
+        }
+        Ok(super::distinct(names.into_iter(), limit))
+    }
+
     fn usage(
         &mut self,
         group: Option<&GroupName>,

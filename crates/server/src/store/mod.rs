@@ -195,6 +195,20 @@ pub struct UsageRecord {
 /// The most usage records a store keeps; past it the oldest minutes go.
 pub const USAGE_MAX: usize = 1_000_000;
 
+/// Where a look for the groups with traffic lately starts ([`SettingsStore::recent_groups`]),
+/// at Unix time `wall_ms` with grants of `lease`: a lease and the longest flush interval (a
+/// minute) back, at the start of that minute.
+pub fn recent_since(wall_ms: u64, lease: std::time::Duration) -> u64 {
+    let back = lease + std::time::Duration::from_secs(60);
+    minute_of(wall_ms.saturating_sub(u64::try_from(back.as_millis()).unwrap_or(u64::MAX)))
+}
+
+/// The first `limit` distinct names of `names`.
+pub(crate) fn distinct(names: impl Iterator<Item = GroupName>, limit: usize) -> Vec<GroupName> {
+    let mut seen = std::collections::HashSet::new();
+    names.filter(|g| seen.insert(g.clone())).take(limit).collect()
+}
+
 /// The start of the minute `wall_ms` falls in.
 pub fn minute_of(wall_ms: u64) -> u64 {
     wall_ms - wall_ms % 60_000
@@ -387,6 +401,10 @@ pub trait SettingsStore: Send {
         since_unix_ms: u64,
         limit: usize,
     ) -> Result<Vec<UsageRecord>, StoreError>;
+    /// The groups with a usage record of a minute at or after `since_unix_ms`, at most
+    /// `limit` of them: those with traffic lately, whose clients may still hold grants when a
+    /// controller starts again.
+    fn recent_groups(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<GroupName>, StoreError>;
     /// Appends a record to the audit log (durable when it returns), dropping the oldest past
     /// [`AUDIT_MAX`].
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError>;
@@ -584,6 +602,12 @@ impl SettingsStore for MemoryStore {
             pick.push(UsageRecord { minute_unix_ms: *minute, group: name.clone(), meter: *meter });
         }
         Ok(pick.finish())
+    }
+
+    fn recent_groups(&mut self, since_unix_ms: u64, limit: usize) -> Result<Vec<GroupName>, StoreError> {
+        let usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        let names = usage.iter().filter(|((minute, _), _)| *minute >= since_unix_ms).map(|((_, g), _)| g);
+        Ok(distinct(names.cloned(), limit))
     }
 
     fn put_credential(&mut self, id: &str, record: &str) -> Result<(), StoreError> {
