@@ -24,6 +24,7 @@ pub mod files;
 mod followed;
 pub mod guard;
 pub mod listen;
+mod loading;
 mod metrics;
 mod node;
 mod pace;
@@ -116,7 +117,7 @@ pub enum ServerError {
 pub struct Server {
     node: Node,
     grpc: tokio::net::TcpListener,
-    http: tokio::net::TcpListener,
+    http: listen::Incoming,
     /// TLS for gRPC and for HTTP (the same files, each listener its own protocol).
     tls: Option<(Arc<listen::Tls>, Arc<listen::Tls>)>,
     allowed_names: Vec<String>,
@@ -179,6 +180,17 @@ impl Server {
             addr: opts.http,
             source,
         })?;
+        // The probes are answered from here on: the store may take a while to read.
+        let tls = match &opts.tls {
+            None => None,
+            Some(files) => Some((
+                listen::Tls::load(files, &[b"h2"]).map_err(ServerError::Tls)?,
+                listen::Tls::load(files, &[b"http/1.1"]).map_err(ServerError::Tls)?,
+            )),
+        };
+        let http = listen::Incoming::start(http, tls.as_ref().map(|(_, h)| h.clone()), opts.limits, None)
+            .map_err(|e| ServerError::Serve(e.to_string()))?;
+        let loading = loading::Loading::start(http);
         let opened = {
             let opts = opts.clone();
             tokio::task::spawn_blocking(move || open_store(&opts))
@@ -198,15 +210,12 @@ impl Server {
                 "defaults from --config applied where the store held none"
             );
         }
-        let tls = match &opts.tls {
-            None => None,
-            Some(files) => Some((
-                listen::Tls::load(files, &[b"h2"]).map_err(ServerError::Tls)?,
-                listen::Tls::load(files, &[b"http/1.1"]).map_err(ServerError::Tls)?,
-            )),
-        };
         let clock = Clock::new();
-        let mut node = Node::open(store, opts.engine_settings(), clock.now(), wall_ms())?;
+        let settings = opts.engine_settings();
+        let mut node =
+            tokio::task::spawn_blocking(move || Node::open(store, settings, clock.now(), wall_ms()))
+                .await
+                .map_err(|e| ServerError::Serve(format!("loading the store: {e}")))??;
         let at_start = opts.defaults_text.as_deref().zip(opts.defaults.clone());
         node.files = Arc::new(files::Files::new(opts.follow.clone(), at_start));
         // Import files apply at once; a settings file's changes from here on.
@@ -258,6 +267,7 @@ impl Server {
         if opts.region.is_some() {
             node.controller.set_regional();
         }
+        let http = loading.finish().await;
         Ok(Server {
             node,
             grpc,
@@ -281,7 +291,7 @@ impl Server {
 
     /// The bound HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
-        self.http.local_addr().expect("a bound listener has an address")
+        self.http.local_addr()
     }
 
     /// With `--auth`, when this start made the first admin token: the file it is in.
@@ -334,12 +344,11 @@ impl Server {
                 }
             })
         });
-        let (grpc_tls, http_tls) = tls.map_or((None, None), |(g, h)| (Some(g), Some(h)));
-        let start = |l, t, grpc| {
-            listen::Incoming::start(l, t, limits, grpc).map_err(|e| ServerError::Serve(e.to_string()))
-        };
-        let incoming = start(grpc, grpc_tls, Some(node.controller.grpc_write_counter()))?;
-        let http = start(http, http_tls, None)?;
+        // The HTTP port has answered since the start (`loading`); the gRPC port from here on.
+        let grpc_tls = tls.map(|(g, _)| g);
+        let incoming =
+            listen::Incoming::start(grpc, grpc_tls, limits, Some(node.controller.grpc_write_counter()))
+                .map_err(|e| ServerError::Serve(e.to_string()))?;
         let front = guard::Front {
             allowed_names: Arc::new(allowed_names),
             max_streams: limits.max_streams,

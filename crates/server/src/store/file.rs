@@ -532,6 +532,26 @@ impl SettingsStore for RedbStore {
         })
     }
 
+    fn put_groups(&mut self, groups: &[(&GroupName, &GroupSettings)]) -> Result<(), StoreError> {
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let encoded: Vec<(&str, Vec<u8>)> = groups
+            .iter()
+            .map(|(name, s)| {
+                let bytes = convert::settings_to_proto(s).encode_to_vec();
+                (name.as_str(), seal(name.as_str().as_bytes(), &bytes))
+            })
+            .collect();
+        self.write(|txn| {
+            let mut table = txn.open_table(GROUPS)?;
+            for (name, sealed) in &encoded {
+                table.insert(*name, sealed.as_slice())?;
+            }
+            Ok(())
+        })
+    }
+
     fn drop_group(&mut self, name: &GroupName) -> Result<bool, StoreError> {
         let mut existed = false;
         self.write(|txn| {
@@ -675,6 +695,22 @@ mod tests {
         let after = s.load().unwrap();
         assert!(after.groups.is_empty() && after.meters.is_empty());
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn many_groups_are_stored_in_one_write_and_read_back() {
+        let d = dir("put-groups");
+        let names: Vec<GroupName> = (0..1000).map(|i| GroupName::new(&format!("g{i}")).unwrap()).collect();
+        let settings = GroupSettings::builder().limit(10.0).build().unwrap();
+        {
+            let mut s = RedbStore::open(&d).unwrap();
+            let groups: Vec<(&GroupName, &GroupSettings)> = names.iter().map(|n| (n, &settings)).collect();
+            s.put_groups(&groups).unwrap();
+            s.put_groups(&[]).unwrap();
+        }
+        let loaded = RedbStore::open(&d).unwrap().load().unwrap();
+        assert_eq!(loaded.groups.len(), 1000);
+        assert_eq!(loaded.groups[&names[999]], settings);
     }
 
     #[test]
