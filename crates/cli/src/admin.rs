@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 use clap::{Args, Subcommand, ValueEnum};
+use tollgate_controller::convert;
+use tollgate_controller::front::properties;
 use tollgate_controller::store::StoredNode;
-use tollgate_controller::{convert, properties};
 use tollgate_proto::v1::{self, admin_client::AdminClient};
 
 use crate::say;
@@ -975,8 +976,10 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
         // gigabyte.
         use std::io::Write;
         let mut out = std::io::stdout().lock();
-        let mut head =
-            tollgate_controller::status::status_json(&v1::StatusResponse { groups: Vec::new(), ..s.clone() });
+        let mut head = tollgate_controller::observe::status::status_json(&v1::StatusResponse {
+            groups: Vec::new(),
+            ..s.clone()
+        });
         if let Some(o) = head.as_object_mut() {
             o.remove("groups");
         }
@@ -985,7 +988,7 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
         write!(out, "{open}{}\"groups\":[", if open.len() > 1 { "," } else { "" })?;
         let mut first = true;
         loop {
-            let page = tollgate_controller::status::status_json(&s);
+            let page = tollgate_controller::observe::status::status_json(&s);
             for g in page["groups"].as_array().into_iter().flatten() {
                 write!(out, "{}{g}", if first { "" } else { "," })?;
                 first = false;
@@ -1011,7 +1014,7 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
         s.next_page_token = page.next_page_token;
     }
     if json {
-        let mut v = tollgate_controller::status::status_json(&s);
+        let mut v = tollgate_controller::observe::status::status_json(&s);
         if let Some(o) = v.as_object_mut().filter(|_| !s.next_page_token.is_empty()) {
             o.insert("more_groups".into(), true.into());
         }

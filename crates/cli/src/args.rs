@@ -386,11 +386,11 @@ pub(crate) struct ServerArgs {
     /// changes (and on SIGHUP), as `tollgate import --replace` applies it:
     /// `envoy-ratelimit=FILE` or `limitador=FILE`. Repeatable.
     #[arg(long = "import", value_name = "FORMAT=FILE", value_parser = parse_import)]
-    pub(crate) imports: Vec<tollgate_controller::files::FollowedFile>,
+    pub(crate) imports: Vec<tollgate_controller::settings::files::FollowedFile>,
 }
 
-fn parse_import(text: &str) -> Result<tollgate_controller::files::FollowedFile, String> {
-    tollgate_controller::files::FollowedFile::parse_import(text)
+fn parse_import(text: &str) -> Result<tollgate_controller::settings::files::FollowedFile, String> {
+    tollgate_controller::settings::files::FollowedFile::parse_import(text)
 }
 
 /// How `tollgate server` writes its log.

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use prost::Message;
-use tollgate_controller::grpc::Services;
+use tollgate_controller::front::grpc::Services;
 use tollgate_controller::store::MemoryStore;
 use tollgate_controller::{Controller, Node};
 use tollgate_model::config::Config;
@@ -46,7 +46,7 @@ pub fn admin_text(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(rest) else { return };
     match which % 4 {
         0 => drop(crate::sql::parse(text)),
-        1 => drop(tollgate_controller::properties::node_change(text)),
+        1 => drop(tollgate_controller::front::properties::node_change(text)),
         3 => {
             if let Ok(data) = crate::calibrate::parse(text, "observed")
                 && let Ok(fit) = crate::calibrate::fit(&data)
@@ -57,7 +57,7 @@ pub fn admin_text(data: &[u8]) {
         _ => {
             let current =
                 tollgate_proto::v1::GroupSettings { reserved: 5.0, limit: Some(10.0), ..Default::default() };
-            let _ = tollgate_controller::properties::group_patch(text, Some(&current));
+            let _ = tollgate_controller::front::properties::group_patch(text, Some(&current));
         }
     }
 }
@@ -152,7 +152,7 @@ pub fn grpc_message(data: &[u8]) {
                 if let Some(r) = decoded(bytes)
                     && let Ok(answer) = Admin::status(s, r).await
                 {
-                    let _ = tollgate_controller::status::status_json(answer.get_ref());
+                    let _ = tollgate_controller::observe::status::status_json(answer.get_ref());
                 }
             }
             10 => {

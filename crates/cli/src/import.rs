@@ -1,12 +1,14 @@
 //! `tollgate import`: the limit files of envoy/ratelimit and Limitador turned into groups,
-//! patterns and what names them (see `tollgate_controller::import`), sent through the admin
+//! patterns and what names them (see `tollgate_controller::settings::import`), sent through the admin
 //! API. A file is read whole and checked before anything is sent; what it holds that Tollgate
 //! cannot express is refused with its line and the reason, and then nothing changes.
 //! `--dry-run` prints what would change.
 
 use std::fmt::Write as _;
 
-use tollgate_controller::import::{FILE_MAX_BYTES, Format, Imported, Shape, describe_domains, merged, plan};
+use tollgate_controller::settings::import::{
+    FILE_MAX_BYTES, Format, Imported, Shape, describe_domains, merged, plan,
+};
 use tollgate_model::rls::RuleSet;
 use tollgate_proto::v1;
 

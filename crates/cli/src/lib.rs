@@ -113,8 +113,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rls(cmd) => admin_command(rls::run(&target, cmd)),
         Command::Import { format, file, dry_run, replace } => {
             let format = match format {
-                args::ImportFormat::EnvoyRatelimit => tollgate_controller::import::Format::EnvoyRatelimit,
-                args::ImportFormat::Limitador => tollgate_controller::import::Format::Limitador,
+                args::ImportFormat::EnvoyRatelimit => {
+                    tollgate_controller::settings::import::Format::EnvoyRatelimit
+                }
+                args::ImportFormat::Limitador => tollgate_controller::settings::import::Format::Limitador,
             };
             admin_command(import::run(&target, format, &file, (dry_run, replace)))
         }

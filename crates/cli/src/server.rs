@@ -55,16 +55,16 @@ fn defaults(path: &Path) -> anyhow::Result<(Config, Vec<String>)> {
 
 /// The files the server follows: the settings file (and its text as the start reads it),
 /// then the import files in the order given.
-type Followed = (Option<String>, Vec<tollgate_controller::files::FollowedFile>);
+type Followed = (Option<String>, Vec<tollgate_controller::settings::files::FollowedFile>);
 
 fn followed(a: &ServerArgs) -> anyhow::Result<Followed> {
     let text = a.config.as_ref().map(|p| crate::read_text(p, CONFIG_MAX_BYTES)).transpose()?;
     let files = a
         .config
         .iter()
-        .map(|p| tollgate_controller::files::FollowedFile {
+        .map(|p| tollgate_controller::settings::files::FollowedFile {
             path: p.clone(),
-            kind: tollgate_controller::files::FileKind::Config,
+            kind: tollgate_controller::settings::files::FileKind::Config,
         })
         .chain(a.imports.iter().cloned())
         .collect();
@@ -104,17 +104,17 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             );
         }
     }
-    if a.tls_allow_name.len() > tollgate_controller::listen::ALLOWED_NAMES_MAX
+    if a.tls_allow_name.len() > tollgate_controller::front::listen::ALLOWED_NAMES_MAX
         || a.tls_allow_name.iter().any(|n| n.trim().is_empty() || n.len() > 255)
     {
         bail!(
             "--tls-allow-name: 1 to {} names of 1 to 255 bytes each",
-            tollgate_controller::listen::ALLOWED_NAMES_MAX
+            tollgate_controller::front::listen::ALLOWED_NAMES_MAX
         );
     }
     let admin_token = a.admin_token_file.as_deref().map(admin_token).transpose()?;
     let tls = match (&a.tls_cert, &a.tls_key) {
-        (Some(cert), Some(key)) => Some(tollgate_controller::listen::TlsFiles {
+        (Some(cert), Some(key)) => Some(tollgate_controller::front::listen::TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: a.tls_client_ca.clone(),
@@ -167,7 +167,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         None => None,
     };
     if let Some(a) = &a.advertise {
-        tollgate_controller::cluster::check_advertise(a)
+        tollgate_controller::cluster::role::check_advertise(a)
             .map_err(|e| anyhow::anyhow!("--advertise: {e}, the gRPC address others reach"))?;
     }
     // What a unit counts: the flag, else the settings file's [cost], else requests.
@@ -190,9 +190,9 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             model
         }
     };
-    let (max_connections, fitted) = tollgate_controller::conn::fit_connections(
+    let (max_connections, fitted) = tollgate_controller::front::conn::fit_connections(
         a.max_connections.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-        tollgate_controller::conn::open_file_limit(),
+        tollgate_controller::front::conn::open_file_limit(),
     )
     .map_err(anyhow::Error::msg)?;
     notes.extend(fitted);
@@ -212,14 +212,14 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         cost_folding: Duration::from_secs_f64(a.cost_folding_s),
         trickle: Duration::from_millis(a.trickle_ms),
         flush_interval: Duration::from_millis(a.flush_ms),
-        limits: tollgate_controller::conn::Limits {
+        limits: tollgate_controller::front::conn::Limits {
             max_connections,
             idle_timeout: Duration::from_millis(a.idle_timeout_ms),
             max_requests_per_s: a.max_requests_per_conn_s,
             max_streams: a.max_streams_per_conn,
-            metrics_groups: tollgate_controller::series::MetricsGroups::new(a.metrics_groups)
+            metrics_groups: tollgate_controller::observe::series::MetricsGroups::new(a.metrics_groups)
                 .map_err(anyhow::Error::msg)?,
-            charge_bound: tollgate_controller::charges::ChargeBound::new(a.charge_repay_s)
+            charge_bound: tollgate_controller::front::charges::ChargeBound::new(a.charge_repay_s)
                 .map_err(anyhow::Error::msg)?,
         },
         defaults,

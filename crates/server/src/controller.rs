@@ -30,8 +30,8 @@ use tonic::Status;
 
 use crate::convert;
 use crate::error::AdminError;
+use crate::observe::trace::Tracer;
 use crate::store::{AuditRecord, SettingsStore, Shared, StoreError, Stored, StoredNode, StoredRamp, audited};
-use crate::trace::Tracer;
 
 fn check_capacity(capacity: Option<f64>) -> Result<(), AdminError> {
     match capacity {
@@ -73,7 +73,7 @@ fn ms(d: Duration) -> u32 {
 
 /// A group's settings as the audit log shows them.
 fn group_json(s: &GroupSettings) -> String {
-    crate::json::group_settings(&convert::settings_to_proto(s)).to_string()
+    crate::front::json::group_settings(&convert::settings_to_proto(s)).to_string()
 }
 
 /// Gives the engine the node settings.
@@ -1026,7 +1026,7 @@ impl Controller {
     /// Applies a node properties document's change in one durable write.
     pub fn change_node(
         &self,
-        change: crate::properties::NodeChange,
+        change: crate::front::properties::NodeChange,
         who: &str,
     ) -> Result<StoredNode, AdminError> {
         if let Some(c) = change.capacity {

@@ -6,54 +6,36 @@
 //! tests do); [`Server::run`] serves until the shutdown future completes. [`serve`] takes any
 //! stream of incoming connections instead (a simulated network in tests, in the manner of
 //! turmoil), with the same controller and background work.
+//!
+//! **Layers**, each a folder, calls going one way (down):
+//!
+//! ```text
+//! front      gRPC, HTTP API and schema, RLS, RLQS, dashboard, listeners    (callers reach it)
+//! settings   followed files, imports of other systems' configurations
+//! observe    metrics, status, history, trace, process, memory              (reads only)
+//! cluster    election, shard map and routing, regions, upstream lease
+//! access     credentials, roles, audit
+//! controller the engine behind a lock, its ticks, flushes and settings
+//! store      the embedded file, etcd, memory
+//! ```
+//!
+//! A front end calls any layer below it; the cluster calls the controller and the store
+//! (and other controllers' front ends over the network, never its own); the controller calls
+//! only the store; the store calls nothing of the server's. `Node` ties one of each together.
 
 mod access;
-mod api;
-mod auth;
-mod body;
-pub mod charges;
 mod clock;
 pub mod cluster;
-pub mod conn;
 mod controller;
-mod dashboard;
-#[cfg(feature = "etcd")]
-mod election;
 mod error;
-pub mod files;
-mod followed;
-pub mod guard;
-pub mod listen;
-mod loading;
-mod metrics;
+pub mod front;
 mod node;
+pub mod observe;
 mod pace;
-mod permits;
-mod process;
+pub mod settings;
 pub use tollgate_proto::convert;
-pub mod grpc;
-mod history;
-pub mod holds;
-mod http;
-pub mod import;
-mod json;
-mod memory;
 mod options;
-pub mod properties;
-pub mod region;
-mod rlqs;
-mod rls;
-mod schema;
-pub mod series;
-#[cfg(feature = "etcd")]
-mod sharding;
-pub mod shards;
-pub mod status;
 pub mod store;
-mod stream;
-mod trace;
-#[cfg(feature = "etcd")]
-mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -65,22 +47,29 @@ use tokio_stream::Stream;
 use tollgate_proto::v1::admin_server::AdminServer;
 use tonic::transport::server::Connected;
 
-pub use crate::access::Access;
-pub use crate::auth::{Caller, Credential, NewCredential, Refused};
+use crate::access::auth;
+pub use crate::access::auth::{Caller, Credential, NewCredential, Refused};
+pub use crate::access::credentials::Access;
 pub use crate::clock::{Clock, wall_ms};
+use crate::cluster::shard_routing;
+#[cfg(feature = "etcd")]
+use crate::cluster::{election, shard_map, upstream_lease};
 pub use crate::controller::{
     Controller, DIAGNOSTICS_SHOWN_MAX, ExchangeAnswer, PutMode, SETTINGS_WATCHERS_MAX,
 };
 pub use crate::error::AdminError;
+pub use crate::front::rlqs::RlqsStats;
+pub use crate::front::rls::RlsRules;
+use crate::front::{conn, grpc, guard, holds, http, listen, loading, rlqs, rls};
 pub use crate::node::Node;
+use crate::observe::status::Latency;
+pub use crate::observe::trace::{TRACE_SUBSCRIBERS_MAX, TraceLine, Tracer, Wanted};
+use crate::observe::{history, memory};
 pub use crate::options::{
     DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions, check_region,
 };
-pub use crate::rlqs::RlqsStats;
-pub use crate::rls::RlsRules;
-use crate::status::Latency;
+use crate::settings::files;
 use crate::store::{RedbStore, StoreError};
-pub use crate::trace::{TRACE_SUBSCRIBERS_MAX, TraceLine, Tracer, Wanted};
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -254,13 +243,15 @@ impl Server {
                 wait_for_address(&target, &advertise, opts.election_lease).await?;
                 check_shards(&target, opts.shards).await?;
                 if let Some(n) = opts.shards {
-                    node.cluster.set_sharding(Arc::new(shards::Sharding::new(advertise.clone(), n)));
+                    node.cluster.set_sharding(Arc::new(shard_routing::Sharding::new(advertise.clone(), n)));
                 }
                 let access = peer_access(&node.access, &advertise, opts)?;
-                node.cluster.set_peer(cluster::Peer { advertise: advertise.clone(), access });
+                node.cluster.set_peer(cluster::role::Peer { advertise: advertise.clone(), access });
                 // Nobody is served until the election says who leads.
-                node.cluster
-                    .set_role(clock.now(), cluster::RoleView { role: cluster::Role::Follower, leader: None });
+                node.cluster.set_role(
+                    clock.now(),
+                    cluster::role::RoleView { role: cluster::role::Role::Follower, leader: None },
+                );
                 Some((target, advertise, opts.election_lease))
             }
         };
@@ -321,12 +312,18 @@ impl Server {
             let elect = election.map(|(at, advertise, lease)| {
                 tokio::spawn(election::run(at, advertise, lease, node.cluster.clone(), clock))
             });
-            let lease = region.map(|r| tokio::spawn(upstream::run(node.clone(), target.clone(), r, clock)));
+            let lease =
+                region.map(|r| tokio::spawn(upstream_lease::run(node.clone(), target.clone(), r, clock)));
             let sharded = node.cluster.sharding().cloned().map(|s| {
                 [
-                    tokio::spawn(sharding::follow(target.clone(), s.clone(), node.controller.clone(), clock)),
-                    tokio::spawn(sharding::coordinate(target.clone(), node.cluster.clone(), s.clone())),
-                    tokio::spawn(sharding::share_capacity(target.clone(), s, node.controller.clone())),
+                    tokio::spawn(shard_map::follow(
+                        target.clone(),
+                        s.clone(),
+                        node.controller.clone(),
+                        clock,
+                    )),
+                    tokio::spawn(shard_map::coordinate(target.clone(), node.cluster.clone(), s.clone())),
+                    tokio::spawn(shard_map::share_capacity(target.clone(), s, node.controller.clone())),
                 ]
             });
             let lease: Vec<_> = lease.into_iter().chain(sharded.into_iter().flatten()).collect();
@@ -376,7 +373,7 @@ impl Server {
 /// With TLS, the authority in `--tls-peer-ca` (else `--tls-client-ca`, else the system's) and,
 /// for a leader that asks for client certificates, this controller's own certificate.
 fn peer_access(
-    access: &access::Access,
+    access: &access::credentials::Access,
     advertise: &str,
     opts: &ServerOptions,
 ) -> Result<tollgate_limiter::access::Access, ServerError> {
@@ -461,7 +458,7 @@ async fn wait_for_address(target: &EtcdTarget, advertise: &str, lease: Duration)
 /// Refuses a start whose `--shards` the map in etcd does not match.
 #[cfg(feature = "etcd")]
 async fn check_shards(target: &EtcdTarget, shards: Option<u16>) -> Result<(), ServerError> {
-    sharding::check(target, shards).await.map_err(ServerError::Serve)
+    shard_map::check(target, shards).await.map_err(ServerError::Serve)
 }
 
 #[cfg(not(feature = "etcd"))]

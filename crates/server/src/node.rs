@@ -9,13 +9,13 @@ use std::sync::Arc;
 use tollgate_model::engine::EngineSettings;
 use tollgate_model::time::Nanos;
 
-use crate::access::Access;
-use crate::cluster::Cluster;
+use crate::access::credentials::Access;
+use crate::cluster::role::Cluster;
 use crate::controller::Controller;
-use crate::rlqs::RlqsStats;
-use crate::rls::RlsRules;
+use crate::front::rlqs::RlqsStats;
+use crate::front::rls::RlsRules;
+use crate::observe::trace::Tracer;
 use crate::store::{SettingsStore, Shared, StoreError};
-use crate::trace::Tracer;
 
 /// One controller's parts. Clones share them.
 #[derive(Clone)]
@@ -33,7 +33,7 @@ pub struct Node {
     /// The RLQS streams' counters.
     pub rlqs: Arc<RlqsStats>,
     /// The settings files followed (`--config`, `--import`), and where each is at.
-    pub files: Arc<crate::files::Files>,
+    pub files: Arc<crate::settings::files::Files>,
 }
 
 impl Node {
@@ -68,15 +68,17 @@ impl Node {
     }
 
     /// What the settings files followed apply to.
-    pub fn file_parts(&self) -> crate::files::Parts<'_> {
-        crate::files::Parts { controller: &self.controller, rls_rules: &self.rls_rules }
+    pub fn file_parts(&self) -> crate::settings::files::Parts<'_> {
+        crate::settings::files::Parts { controller: &self.controller, rls_rules: &self.rls_rules }
     }
 
     /// Writes consumption and resumable ramps to the store ([`Controller::flush`]) while this
     /// controller serves clients: only the leader's consumption is current, a follower's is not
     /// written. With the groups sharded, each controller writes its own groups'.
     pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
-        if self.cluster.role().role == crate::cluster::Role::Follower && self.cluster.sharding().is_none() {
+        if self.cluster.role().role == crate::cluster::role::Role::Follower
+            && self.cluster.sharding().is_none()
+        {
             return Ok(());
         }
         match self.cluster.sharding() {

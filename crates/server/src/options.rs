@@ -32,15 +32,15 @@ pub struct ServerOptions {
     /// How often consumption and resumable ramps are written to the store.
     pub flush_interval: Duration,
     /// The cap on gRPC connections and how long an idle one is kept.
-    pub limits: crate::conn::Limits,
+    pub limits: crate::front::conn::Limits,
     /// A settings file's node settings and groups, written at start where the store holds
     /// none (`--config`), and its text.
     pub defaults: Option<tollgate_model::config::Config>,
     /// The text `defaults` was read from (its revision, for the file's changes to follow).
     pub defaults_text: Option<String>,
     /// The settings files to follow as they change and on SIGHUP (`--config`, `--import`):
-    /// see [`crate::files`].
-    pub follow: Vec<crate::followed::FollowedFile>,
+    /// see [`crate::settings::files`].
+    pub follow: Vec<crate::settings::followed::FollowedFile>,
     /// Keep the settings in etcd rather than in the data directory (`--etcd`); controllers on
     /// the same etcd and prefix elect one leader.
     pub etcd: Option<EtcdTarget>,
@@ -59,7 +59,7 @@ pub struct ServerOptions {
     pub shards: Option<u16>,
     /// TLS on both listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
     /// `--tls-allow-name`); `None`: plain TCP.
-    pub tls: Option<crate::listen::TlsFiles>,
+    pub tls: Option<crate::front::listen::TlsFiles>,
     /// Calls need a token whose role covers them (`--auth`).
     pub auth: bool,
     /// With `auth`, the first admin token to take when no admin token is live
@@ -85,64 +85,7 @@ pub fn check_region(name: &str) -> Result<(), String> {
 /// The default election lease.
 pub const DEFAULT_ELECTION_LEASE: Duration = Duration::from_secs(2);
 
-/// The default etcd key prefix.
-pub const DEFAULT_ETCD_PREFIX: &str = "/tollgate";
-
-/// Where the settings live in etcd.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EtcdTarget {
-    /// Client URLs of the cluster's members (`http://host:port`).
-    pub endpoints: Vec<String>,
-    /// The key prefix: starts with `/`, no trailing `/`.
-    pub prefix: String,
-}
-
-impl EtcdTarget {
-    /// Reads `--etcd URL[,URL…]` and `--etcd-prefix`, saying what is wrong with either.
-    pub fn parse(urls: &str, prefix: &str) -> Result<EtcdTarget, String> {
-        let endpoints: Vec<String> = urls.split(',').map(str::trim).map(String::from).collect();
-        if endpoints.is_empty() || endpoints.len() > 16 {
-            return Err(format!("--etcd: give 1 to 16 URLs, got {}", endpoints.len()));
-        }
-        for e in &endpoints {
-            let rest = e.strip_prefix("http://").ok_or_else(|| {
-                format!("--etcd: {e:?} must be an http:// URL such as http://127.0.0.1:2379")
-            })?;
-            let host_port = rest.trim_end_matches('/');
-            let ok = host_port
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-            if !ok || host_port.contains('/') {
-                return Err(format!("--etcd: {e:?} must be http://HOST:PORT"));
-            }
-        }
-        let ok = prefix.starts_with('/')
-            && prefix.len() > 1
-            && prefix.len() <= 256
-            && !prefix.ends_with('/')
-            && prefix.bytes().all(|b| b.is_ascii_graphic());
-        if !ok {
-            return Err(format!(
-                "--etcd-prefix: {prefix:?} must start with /, not end with /, and be 2 to 256 printable ASCII characters"
-            ));
-        }
-        Ok(EtcdTarget { endpoints, prefix: prefix.to_string() })
-    }
-
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-    pub(crate) fn key(&self, rest: &str) -> String {
-        format!("{}/{rest}", self.prefix)
-    }
-
-    /// Where region `name`'s controllers hold their election: `PREFIX/regions/NAME`.
-    pub(crate) fn region(&self, name: &str) -> EtcdTarget {
-        EtcdTarget { endpoints: self.endpoints.clone(), prefix: format!("{}/regions/{name}", self.prefix) }
-    }
-
-    pub(crate) fn describe(&self) -> String {
-        format!("etcd {} prefix {}", self.endpoints.join(","), self.prefix)
-    }
-}
+pub use crate::store::target::{DEFAULT_ETCD_PREFIX, EtcdTarget};
 
 impl Default for ServerOptions {
     fn default() -> Self {
@@ -157,7 +100,7 @@ impl Default for ServerOptions {
             cost_folding: EngineSettings::default().cost_folding,
             trickle: Duration::ZERO,
             flush_interval: Duration::from_secs(10),
-            limits: crate::conn::Limits::default(),
+            limits: crate::front::conn::Limits::default(),
             defaults: None,
             defaults_text: None,
             follow: Vec::new(),

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tollgate_controller::cluster::{Role, RoleView};
-use tollgate_controller::region::RegionLease;
+use tollgate_controller::cluster::regions::RegionLease;
+use tollgate_controller::cluster::role::{Role, RoleView};
 use tollgate_controller::store::{MemoryStore, Stored, StoredNode};
 use tollgate_controller::{Controller, Node};
 use tollgate_limiter::{Driver, ExchangeError, RemoteOptions, Tollgate};

@@ -1,6 +1,6 @@
 //! Groups sharded over several controllers (`controller.controllers`), as `tollgate server`
 //! shards them on etcd: the same shard map and moves ([`tollgate_model::shard`]), the same
-//! split of an exchange by owner ([`tollgate_controller::shards`]), and a controller per
+//! split of an exchange by owner ([`tollgate_controller::cluster::shard_routing`]), and a controller per
 //! member over the same settings.
 //!
 //! Each step, every controller that runs renews its membership (a lease of
@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use tollgate_controller::Node;
-use tollgate_controller::shards::split_exchange;
+use tollgate_controller::cluster::shard_routing::split_exchange;
 use tollgate_limiter::ExchangeError;
 use tollgate_limiter::shards::join_answers;
 use tollgate_model::shard::{Member, ShardMap, next_map, shard_of, split_capacity};

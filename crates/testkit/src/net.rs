@@ -183,7 +183,7 @@ where
                 Duration::from_secs(1),
                 incoming,
                 None,
-                tollgate_controller::guard::Front::default(),
+                tollgate_controller::front::guard::Front::default(),
                 std::future::pending(),
             )
             .await?;

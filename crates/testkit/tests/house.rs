@@ -24,27 +24,72 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 /// What a module uses when it names an item of the crate's root.
 const ROOT: &str = "crate root";
 
-/// The top-level modules `text` names through `crate::`.
-fn uses(text: &str) -> BTreeSet<String> {
+/// The modules `text` names through `crate::`: top-level ones, and in a layer's folder (one
+/// in `layers`) the module within it.
+fn uses(text: &str, layers: &BTreeSet<String>) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut rest = text;
+    let word =
+        |s: &str| s.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("").to_string();
+    // `front::rls::…` is the module `front::rls`; `front::Item` or `store::…` the top one.
+    let module = |path: &str| -> String {
+        let first = word(path);
+        match path[first.len()..].strip_prefix("::").map(word) {
+            Some(second) if layers.contains(&first) && is_module(&second) => format!("{first}::{second}"),
+            _ => first,
+        }
+    };
     while let Some(i) = rest.find("crate::") {
         rest = &rest[i + "crate::".len()..];
-        let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
-            group[..end].split(',').map(|item| item.trim().split("::").next().unwrap_or("")).collect()
-        } else {
-            vec![rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("")]
+        // `crate::{a, b}`, or `crate::layer::{a, b}` (each item within the layer).
+        let first = word(rest);
+        let (within, group) = match rest.strip_prefix('{') {
+            Some(group) => (String::new(), Some(group)),
+            None => match rest[first.len()..].strip_prefix("::{") {
+                Some(group) => (format!("{first}::"), Some(group)),
+                None => (String::new(), None),
+            },
+        };
+        let names: Vec<String> = match group {
+            Some(group) => {
+                let end = group.find('}').unwrap_or(group.len());
+                group[..end].split(',').map(|item| module(&format!("{within}{}", item.trim()))).collect()
+            }
+            None => vec![module(rest)],
         };
         // An item named at the crate's root (`crate::Tollgate`) is a use of the root, which
         // declares, and so uses, every module.
-        out.extend(names.into_iter().filter(|n| !n.is_empty()).map(|n| {
-            if n.chars().all(|c| c.is_lowercase() || c.is_ascii_digit() || c == '_') {
-                n.to_string()
-            } else {
-                ROOT.to_string()
-            }
-        }));
+        out.extend(
+            names
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .map(|n| if is_module(&n) { n } else { ROOT.to_string() }),
+        );
+    }
+    out
+}
+
+/// Whether `name` names a module rather than an item (`Tollgate`).
+fn is_module(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_lowercase() || c.is_ascii_digit() || c == '_' || c == ':')
+}
+
+/// The folders of `src` that only gather modules (their `mod.rs` declares modules and holds
+/// nothing else): the layers, whose modules count one by one.
+fn layers(src: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let Ok(text) = std::fs::read_to_string(path.join("mod.rs")) else { continue };
+        let gathers = text.lines().map(str::trim).all(|l| {
+            l.is_empty()
+                || l.starts_with("//")
+                || l.starts_with("#[cfg")
+                || (l.contains("mod ") && l.ends_with(';'))
+        });
+        if gathers {
+            out.insert(path.file_name().unwrap().to_string_lossy().into_owned());
+        }
     }
     out
 }
@@ -53,18 +98,20 @@ fn uses(text: &str) -> BTreeSet<String> {
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     sources(src, &mut files);
+    let layers = layers(src);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let rel = file.strip_prefix(src).unwrap();
-        let top = rel
+        let parts: Vec<String> = rel
             .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_string();
-        if top == "lib" || top == "main" {
+            .map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string())
+            .collect();
+        let top = match parts.as_slice() {
+            [layer, module, ..] if layers.contains(layer) && module != "mod" => format!("{layer}::{module}"),
+            [first, ..] => first.clone(),
+            [] => continue,
+        };
+        if top == "lib" || top == "main" || layers.contains(&top) {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();
@@ -80,7 +127,7 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             .join("\n");
         let code = code.as_str();
         let used = graph.entry(top.clone()).or_default();
-        used.extend(uses(code).into_iter().filter(|m| *m != top));
+        used.extend(uses(code, &layers).into_iter().filter(|m| *m != top));
     }
     let mut modules: BTreeSet<String> = graph.keys().cloned().collect();
     graph.insert(ROOT.to_string(), modules.clone());
@@ -146,9 +193,21 @@ fn the_cycle_finder_finds_cycles() {
         .map(|(from, to)| (from.to_string(), BTreeSet::from([to.to_string()])))
         .collect();
     assert_eq!(cycle(&g).unwrap(), ["a", "b", "c", "a"]);
+    let none = BTreeSet::new();
     assert_eq!(
-        uses("use crate::{group::Group, inner::Inner};\nlet x = crate::tally::record; use crate::Tollgate;"),
+        uses(
+            "use crate::{group::Group, inner::Inner};\nlet x = crate::tally::record; use crate::Tollgate;",
+            &none
+        ),
         BTreeSet::from(["group".into(), "inner".into(), "tally".into(), ROOT.into()])
+    );
+    let front = BTreeSet::from(["front".to_string()]);
+    assert_eq!(
+        uses(
+            "use crate::front::rls::RlsRules; use crate::store::etcd::X; use crate::front::{conn, listen::Tls};",
+            &front
+        ),
+        BTreeSet::from(["front::rls".into(), "store".into(), "front::conn".into(), "front::listen".into()])
     );
 }
 

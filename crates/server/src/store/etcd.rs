@@ -37,7 +37,7 @@ use tollgate_proto::v1;
 use super::file::{decode_meter, decode_ramp, encode_meter, encode_ramp};
 use super::{AuditRecord, SettingsStore, StoreError, Stored, StoredNode, StoredRamp};
 use crate::convert;
-pub use crate::options::EtcdTarget;
+pub use crate::store::target::EtcdTarget;
 
 /// How long one call to etcd may take, connecting included.
 pub const ETCD_TIMEOUT: Duration = Duration::from_secs(5);

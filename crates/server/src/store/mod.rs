@@ -14,6 +14,7 @@ pub mod etcd;
 mod faults;
 mod file;
 mod seal;
+pub mod target;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,0 +1,303 @@
+//! One leader among the controllers that share an etcd (TiDB's resource manager and
+//! YouTube's Doorman elect theirs the same way): each controller holds an etcd lease and
+//! campaigns under `PREFIX/election` with its advertised address. The one elected grants and
+//! takes reports; the others pass clients' exchanges and backends' reports on to it. A
+//! candidacy waits on etcd for as long as another controller leads, so the election's client
+//! bounds its other calls itself rather than every call (which would end each term after
+//! etcd's call timeout, leaving followers without a leader meanwhile). A leader that
+//! cannot renew its lease within the lease's time steps down before etcd hands the election to
+//! another, so two never lead at once; a new leader relearns what clients hold for one grant
+//! lease ([`Cluster::set_role`](crate::cluster::role::Cluster::set_role)).
+//!
+//! **etcd outages.** A renewal that fails (etcd gone, a member restarting) does not end the
+//! term: the leader goes on granting from what it holds, and keeps trying to renew on the same
+//! lease, until the lease could have run out in etcd (its time since the last renewal was
+//! *sent*); only then does it step down. A controller whose term ended revokes its last lease
+//! first thing in its next term, so when etcd comes back the election is free at once, rather
+//! than held for a lease by candidacies nobody runs any more (etcd extends every lease by its
+//! time when it starts).
+//!
+//! Each controller also holds `PREFIX/members/ADDRESS` under its lease, so two controllers that
+//! advertise the same address are refused.
+//!
+//! **A stray entry.** An entry under `PREFIX/election` that is no controller's candidacy (not
+//! an address, or held under no lease: written by hand, or by another program) would lead the
+//! election once it is the oldest, and for ever. A controller that sees one lead deletes it
+//! (unless it changed meanwhile) and logs the key and what is wrong with it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+
+use tollgate_model::engine::Relearn;
+
+use crate::clock::Clock;
+use crate::cluster::role::{Cluster, Role, RoleView};
+use crate::options::EtcdTarget;
+use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason};
+
+/// How long a term may go without starting again after a failure.
+const RETRY: Duration = Duration::from_millis(500);
+
+fn member_key(target: &EtcdTarget, advertise: &str) -> String {
+    target.key(&format!("members/{}", advertise.replace('/', "_")))
+}
+
+/// Whether another live controller advertises `advertise` now.
+pub async fn advertised_elsewhere(target: &EtcdTarget, advertise: &str) -> Result<bool, String> {
+    let mut client = connect(target).await.map_err(|e| reason(&e))?;
+    let r = client.get(member_key(target, advertise), None).await.map_err(|e| reason(&e))?;
+    Ok(r.count() > 0)
+}
+
+/// Campaigns for as long as the server runs, term after term.
+pub async fn run(
+    target: EtcdTarget,
+    advertise: String,
+    lease: Duration,
+    cluster: Arc<Cluster>,
+    clock: Clock,
+) {
+    // The lease of the last term, until it is known revoked.
+    let mut previous: Option<i64> = None;
+    loop {
+        let result = term(&target, &advertise, lease, cluster.clone(), clock, &mut previous).await;
+        // The membership's lease may be gone: no shard is granted until the next term.
+        if let Some(s) = cluster.sharding() {
+            s.set_term(None);
+        }
+        let was_leader = cluster.role().role == Role::Leader;
+        cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader: None });
+        match result {
+            Err(e) if was_leader => tracing::warn!(error = %e, "stepped down as leader"),
+            Err(e) => tracing::warn!(error = %e, "election: trying again"),
+            Ok(()) => {}
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// One term: a lease, the member key, the campaign, and the lease's renewal until it fails.
+async fn term(
+    target: &EtcdTarget,
+    advertise: &str,
+    lease: Duration,
+    cluster: Arc<Cluster>,
+    clock: Clock,
+    previous: &mut Option<i64>,
+) -> Result<(), String> {
+    let ttl = i64::try_from(lease.as_secs()).unwrap_or(i64::MAX).max(1);
+    // Unbounded calls, for the campaign; those that should answer at once are bounded here.
+    let mut client: Client = bounded(connect_unbounded(target)).await?;
+    if let Some(old) = *previous {
+        // Its member key and candidacy go with it (gone already if it ran out: fine).
+        match bounded(client.lease_revoke(old)).await {
+            Ok(_) => {}
+            Err(e) if e.contains("lease not found") => {}
+            Err(e) => return Err(e),
+        }
+        *previous = None;
+    }
+    let lease_id = bounded(client.lease_grant(ttl, None)).await?.id();
+    *previous = Some(lease_id);
+    let member = member_key(target, advertise);
+    let claimed = bounded(client.txn(
+        Txn::new().when([Compare::create_revision(member.clone(), CompareOp::Equal, 0)]).and_then([
+            TxnOp::put(member, advertise, Some(etcd_client::PutOptions::new().with_lease(lease_id))),
+        ]),
+    ))
+    .await?
+    .succeeded();
+    if !claimed {
+        let _ = bounded(client.lease_revoke(lease_id)).await;
+        return Err(format!("another controller advertises {advertise}; give each its own --advertise"));
+    }
+    let (mut keeper, mut acks) = bounded(client.lease_keep_alive(lease_id)).await?;
+    if let Some(s) = cluster.sharding() {
+        s.set_term(Some(lease_id));
+    }
+    let name = target.key("election");
+    // Who leads, while this one does not: etcd answers an observation only once there is a
+    // leader, so it runs beside the campaign.
+    let observer = {
+        let (mut client, name, cluster, me) =
+            (client.clone(), name.clone(), cluster.clone(), advertise.to_string());
+        tokio::spawn(async move {
+            let Ok(mut observed) = client.observe(name).await else { return };
+            while let Ok(Some(r)) = observed.message().await {
+                let leader = match r.kv() {
+                    None => None,
+                    Some(kv) => match candidacy(kv.value(), kv.lease()) {
+                        Ok(leader) => Some(leader),
+                        Err(why) => {
+                            fence(&mut client, kv, &why).await;
+                            continue;
+                        }
+                    },
+                };
+                if leader.as_deref() != Some(me.as_str()) && cluster.role().role != Role::Leader {
+                    cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader });
+                }
+            }
+        })
+    };
+    let mut campaigner = client.clone();
+    let campaign = campaigner.campaign(name, advertise, lease_id);
+    tokio::pin!(campaign);
+    let mut renew = tokio::time::interval(lease / 3);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When the last acknowledged renewal was sent: etcd's expiry is at most a lease after it.
+    let mut renewed = clock.now();
+    // When each renewal not yet acknowledged was sent, oldest first (etcd answers in order).
+    let mut sent: std::collections::VecDeque<tollgate_model::time::Nanos> = std::collections::VecDeque::new();
+    // The renewal stream failed: a new one is opened on the same lease at each turn.
+    let mut broken = false;
+    let mut leading = false;
+    let outcome = loop {
+        tokio::select! {
+            won = &mut campaign, if !leading => match won {
+                Ok(_) => {
+                    leading = true;
+                    // The last leader's consumption and ramps, as it last wrote them, before
+                    // this one grants and writes its own (with the groups sharded, each shard's
+                    // owner reads its groups' when it is given them).
+                    // The groups with traffic lately are learnt for a lease: their clients may
+                    // hold grants the last leader gave (every group, when etcd does not say).
+                    if cluster.sharding().is_none() {
+                        let controller = cluster.controller();
+                        let wall_ms = crate::clock::wall_ms();
+                        let since = crate::store::recent_since(wall_ms, controller.lease());
+                        let stored = crate::store::etcd::stored_progress(&mut client, target, since).await;
+                        let recent = stored.as_ref().and_then(|s| s.recent.clone());
+                        controller.relearn(clock.now(), recent.map_or(Relearn::All, Relearn::Groups));
+                        if let Some(stored) = stored {
+                            let meters = controller.restore_meters(stored.meters, |_| true);
+                            let ramps = controller.resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
+                            tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
+                        }
+                    }
+                    cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
+                    tracing::info!(advertise, "elected leader");
+                }
+                Err(e) => break Err(reason(&e)),
+            },
+            _ = renew.tick() => {
+                // Renewed too long ago: etcd may already have handed the election on.
+                if clock.now().since(renewed) >= lease {
+                    break Err(format!("the lease was not renewed within {lease:?}"));
+                }
+                if broken {
+                    let reopened = tokio::time::timeout(lease / 3, client.lease_keep_alive(lease_id)).await;
+                    if let Ok(Ok((k, a))) = reopened {
+                        (keeper, acks, broken) = (k, a, false);
+                        sent.clear();
+                        tracing::info!("election: renewing the lease again");
+                    }
+                }
+                if !broken {
+                    sent.push_back(clock.now());
+                    if let Err(e) = bounded(keeper.keep_alive()).await {
+                        broken = true;
+                        tracing::warn!(error = %e, leading, "election: cannot renew the lease; trying until it could have run out");
+                    }
+                }
+            }
+            ack = acks.message(), if !broken => match ack {
+                Ok(Some(a)) if a.ttl() > 0 => {
+                    if let Some(at) = sent.pop_front() {
+                        renewed = renewed.max(at);
+                    }
+                }
+                Ok(Some(_)) => break Err("the lease expired".into()),
+                Ok(None) | Err(_) => {
+                    broken = true;
+                    tracing::warn!(leading, "election: the lease's renewal stream broke; trying until the lease could have run out");
+                }
+            },
+        }
+    };
+    observer.abort();
+    // Best effort: hand the election on at once rather than at the lease's end (else the next
+    // term revokes it).
+    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), client.lease_revoke(lease_id)).await {
+        *previous = None;
+    }
+    outcome
+}
+
+/// `call`, within [`ETCD_TIMEOUT`]; its error or the timeout in words.
+async fn bounded<T>(call: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
+    match tokio::time::timeout(ETCD_TIMEOUT, call).await {
+        Ok(answer) => answer.map_err(|e| reason(&e)),
+        Err(_) => Err(format!("etcd did not answer within {ETCD_TIMEOUT:?}")),
+    }
+}
+
+/// Keeps `status.leader` naming the global tier's leader, as `PREFIX/election` says, for a
+/// regional controller: an observation of the election, opened again after any failure.
+pub(crate) async fn observe_leader(
+    target: EtcdTarget,
+    status: std::sync::Arc<crate::cluster::role::UpstreamStatus>,
+) {
+    let name = target.key("election");
+    let set = |leader: Option<String>| {
+        *status.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = leader;
+    };
+    loop {
+        if let Ok(mut client) = bounded(connect_unbounded(&target)).await
+            && let Ok(mut observed) = client.observe(name.clone()).await
+        {
+            while let Ok(Some(r)) = observed.message().await {
+                // A stray entry is the global tier's to delete; until then no leader is known.
+                set(r.kv().and_then(|kv| candidacy(kv.value(), kv.lease()).ok()));
+            }
+        }
+        set(None);
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// The address an entry under `PREFIX/election` names, when it is a controller's candidacy:
+/// held under a lease (every controller campaigns with one), naming `http://HOST:PORT` or
+/// `https://HOST:PORT`. Anything else says what is wrong with it.
+fn candidacy(value: &[u8], lease: i64) -> Result<String, String> {
+    let text = std::str::from_utf8(value).map_err(|_| "its value is not UTF-8".to_string())?;
+    crate::cluster::role::check_advertise(text).map_err(|e| format!("its value {e}"))?;
+    if lease == 0 {
+        return Err("it is held under no lease, as no controller's candidacy is".into());
+    }
+    Ok(text.to_string())
+}
+
+/// Deletes an entry that is no controller's candidacy but holds the election (an etcd
+/// election is led by its oldest entry, so a stray one would keep every controller from
+/// leading for ever), unless it has changed since it was read; logged with the key and why.
+async fn fence(client: &mut Client, kv: &etcd_client::KeyValue, why: &str) {
+    let key = String::from_utf8_lossy(kv.key()).into_owned();
+    tracing::warn!(
+        key,
+        why,
+        "election: an entry that is no controller's candidacy leads the election; deleting it"
+    );
+    let unchanged = Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision());
+    let delete = Txn::new().when([unchanged]).and_then([TxnOp::delete(kv.key(), None)]);
+    if let Err(e) = bounded(client.txn(delete)).await {
+        tracing::warn!(key, error = %e, "election: cannot delete the stray entry; the election waits for it");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_address_under_a_lease_is_a_candidacy() {
+        assert_eq!(candidacy(b"http://10.0.0.1:7460", 7).unwrap(), "http://10.0.0.1:7460");
+        assert_eq!(candidacy(b"https://tollgate-0.peers:7460", 7).unwrap(), "https://tollgate-0.peers:7460");
+        assert!(candidacy(b"http://10.0.0.1:7460", 0).unwrap_err().contains("no lease"));
+        assert!(candidacy(b"garbage", 7).unwrap_err().contains("must be http://HOST:PORT"));
+        assert!(candidacy(b"http://host:0", 7).is_err());
+        assert!(candidacy(&[0xff, 0xfe], 7).unwrap_err().contains("UTF-8"));
+    }
+}

@@ -1,0 +1,16 @@
+//! The cluster: this controller among others sharing one etcd. [`role`] is its role
+//! (standalone, leader or follower, and who leads) and the passing of calls to the leader;
+//! beside it, `election` (who leads), `shard_map` (the shard map on etcd) and
+//! [`shard_routing`] (an exchange split by the owners of its groups), [`regions`] (the region
+//! tier's lease on the global one) and `upstream_lease` (a regional leader's loop that
+//! takes it). It calls the controller and the store; the front ends call it.
+
+#[cfg(feature = "etcd")]
+pub(crate) mod election;
+pub mod regions;
+pub mod role;
+#[cfg(feature = "etcd")]
+pub(crate) mod shard_map;
+pub mod shard_routing;
+#[cfg(feature = "etcd")]
+pub(crate) mod upstream_lease;
