@@ -1024,11 +1024,7 @@ impl Controller {
     }
 
     /// Applies a node properties document's change in one durable write.
-    pub fn change_node(
-        &self,
-        change: crate::front::properties::NodeChange,
-        who: &str,
-    ) -> Result<StoredNode, AdminError> {
+    pub fn change_node(&self, change: crate::store::NodeChange, who: &str) -> Result<StoredNode, AdminError> {
         if let Some(c) = change.capacity {
             check_capacity(c)?;
         }

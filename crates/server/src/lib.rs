@@ -21,7 +21,9 @@
 //!
 //! A front end calls any layer below it; the cluster calls the controller and the store
 //! (and other controllers' front ends over the network, never its own); the controller calls
-//! only the store; the store calls nothing of the server's. `Node` ties one of each together.
+//! the store, and reaches up only to two leaves: the trace buffer it writes into
+//! (`observe::trace`) and the JSON form of settings its audit records take (`front::json`);
+//! the store calls nothing of the server's. `Node` ties one of each together.
 
 mod access;
 mod clock;

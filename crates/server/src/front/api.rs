@@ -564,7 +564,7 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
         Ok(b) => b,
         Err(a) => return a,
     };
-    let change_set = crate::front::properties::NodeChange {
+    let change_set = crate::store::NodeChange {
         capacity: match b.capacity {
             Patch::Absent => None,
             Patch::Null => Some(None),

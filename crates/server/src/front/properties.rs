@@ -13,25 +13,10 @@ use tollgate_model::settings::RATE_MAX;
 use tollgate_proto::v1;
 
 use crate::front::body::kind;
-use crate::store::StoredNode;
+use crate::store::{NodeChange, StoredNode};
 
 /// The largest document taken, in bytes.
 pub const PROPERTIES_MAX_BYTES: usize = 64 * 1024;
-
-/// What a node document changes.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct NodeChange {
-    /// `Some(None)`: no capacity (`"unlimited"`).
-    pub capacity: Option<Option<f64>>,
-    /// How free capacity is shared.
-    pub mode: Option<AllocationMode>,
-    /// Couchbase's slow start.
-    pub slow_start: Option<bool>,
-    /// Every group in shadow mode.
-    pub shadow: Option<bool>,
-    /// The one switch.
-    pub throttling: Option<bool>,
-}
 
 fn object(text: &str) -> Result<Map<String, Value>, String> {
     if text.len() > PROPERTIES_MAX_BYTES {

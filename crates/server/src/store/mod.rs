@@ -166,6 +166,22 @@ pub struct Stored {
     pub rls_rules: Option<String>,
 }
 
+/// What a change to the node settings sets (each `None` leaves its setting as it is): what a
+/// node properties document, or any other surface, asks for.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct NodeChange {
+    /// `Some(None)`: no capacity (`"unlimited"`).
+    pub capacity: Option<Option<f64>>,
+    /// How free capacity is shared.
+    pub mode: Option<AllocationMode>,
+    /// Couchbase's slow start.
+    pub slow_start: Option<bool>,
+    /// Every group in shadow mode.
+    pub shadow: Option<bool>,
+    /// The one switch.
+    pub throttling: Option<bool>,
+}
+
 /// One change to the settings, as the audit log keeps it: who made it, what it changed, the
 /// value before and after (JSON, `None` where there was none), and when.
 #[derive(Debug, Clone, PartialEq)]
