@@ -9,8 +9,10 @@
 //! A tick holds the lock for one slice of groups at a time ([`Controller::tick`]), so an
 //! exchange never waits for a whole tick either.
 //!
-//! Nothing here does I/O but the store, and nothing reads a clock: time comes in as [`Nanos`],
-//! so the simulator drives this same code in virtual time.
+//! Nothing here does I/O but the store, and nothing reads a clock to decide: time comes in as
+//! [`Nanos`] and Unix milliseconds, so the simulator drives this same code in virtual time.
+//! (How long a tick's slice held the lock is timed, to size the next slice; no grant depends
+//! on it.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -31,7 +33,9 @@ use tonic::Status;
 use crate::convert;
 use crate::error::AdminError;
 use crate::observe::trace::Tracer;
-use crate::store::{AuditRecord, SettingsStore, Shared, StoreError, Stored, StoredNode, StoredRamp, audited};
+use crate::store::{
+    AuditRecord, NodeChange, SettingsStore, Shared, StoreError, Stored, StoredNode, StoredRamp, audited,
+};
 
 fn check_capacity(capacity: Option<f64>) -> Result<(), AdminError> {
     match capacity {
@@ -122,8 +126,10 @@ fn node_json(n: &StoredNode) -> String {
 /// A tick holds the lock for one slice of groups at a time ([`tick`](Self::tick)), so an
 /// exchange never waits for a whole tick either.
 ///
-/// Nothing here does I/O but the store, and nothing reads a clock: time comes in as [`Nanos`],
-/// so the simulator drives this same code in virtual time.
+/// Nothing here does I/O but the store, and nothing reads a clock to decide: time comes in as
+/// [`Nanos`] and Unix milliseconds, so the simulator drives this same code in virtual time.
+/// (How long a tick's slice held the lock is timed, to size the next slice; no grant depends
+/// on it.)
 pub struct Controller {
     engine: parking_lot::Mutex<Engine>,
     store: Shared,
@@ -712,14 +718,15 @@ impl Controller {
             .then(|| self.settings_version.subscribe())
     }
 
-    /// Creates or alters a group; only the fields the patch sets change. Durable before it
-    /// returns.
+    /// Creates or alters a group at Unix time `wall_ms` (where its quota windows start); only
+    /// the fields the patch sets change. Durable before it returns.
     pub fn put_group(
         &self,
         name: GroupName,
         patch: &v1::GroupPatch,
         mode: PutMode,
         who: &str,
+        wall_ms: u64,
     ) -> Result<GroupSettings, AdminError> {
         let mut store = self.store();
         let current = self.engine().group(&name).cloned();
@@ -743,14 +750,18 @@ impl Controller {
         self.engine().set_group(name.clone(), settings.clone());
         drop(store);
         self.changed();
-        if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
-            tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
-        }
+        refresh_after_change(self, wall_ms);
         Ok(settings)
     }
 
-    /// Sets a group's whole settings. Durable before it returns.
-    pub fn set_group(&self, name: GroupName, settings: GroupSettings, who: &str) -> Result<(), AdminError> {
+    /// Sets a group's whole settings at Unix time `wall_ms`. Durable before it returns.
+    pub fn set_group(
+        &self,
+        name: GroupName,
+        settings: GroupSettings,
+        who: &str,
+        wall_ms: u64,
+    ) -> Result<(), AdminError> {
         self.check_pattern(&name, &settings)?;
         self.check_nesting(&name, Some(&settings))?;
         let mut store = self.store();
@@ -760,9 +771,7 @@ impl Controller {
         self.engine().set_group(name.clone(), settings.clone());
         drop(store);
         self.changed();
-        if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
-            tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
-        }
+        refresh_after_change(self, wall_ms);
         Ok(())
     }
 
@@ -859,7 +868,7 @@ impl Controller {
     /// Takes a group's settings as another controller stored them (seen through the shared
     /// store's watch): the engine follows, nothing is written back. `None`: the group was
     /// dropped. Says whether anything changed.
-    pub fn sync_group(&self, name: GroupName, settings: Option<GroupSettings>) -> bool {
+    pub fn sync_group(&self, name: GroupName, settings: Option<GroupSettings>, wall_ms: u64) -> bool {
         let mut engine = self.engine();
         if engine.group(&name) == settings.as_ref() {
             return false;
@@ -870,9 +879,7 @@ impl Controller {
         }
         drop(engine);
         self.changed();
-        if let Err(e) = self.refresh_budget_periods(crate::clock::wall_ms()) {
-            tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
-        }
+        refresh_after_change(self, wall_ms);
         true
     }
 
@@ -1024,7 +1031,7 @@ impl Controller {
     }
 
     /// Applies a node properties document's change in one durable write.
-    pub fn change_node(&self, change: crate::store::NodeChange, who: &str) -> Result<StoredNode, AdminError> {
+    pub fn change_node(&self, change: NodeChange, who: &str) -> Result<StoredNode, AdminError> {
         if let Some(c) = change.capacity {
             check_capacity(c)?;
         }
@@ -1210,6 +1217,14 @@ impl Controller {
     pub fn tracking(&self, now: Nanos) -> (usize, usize, bool) {
         let engine = self.engine();
         (engine.clients(), engine.backends(), engine.learning(now))
+    }
+}
+
+/// Starts the quota windows a settings change at `wall_ms` made due; one that cannot is
+/// logged and left to the next flush.
+fn refresh_after_change(c: &Controller, wall_ms: u64) {
+    if let Err(e) = c.refresh_budget_periods(wall_ms) {
+        tracing::warn!(error = %e, "budget periods not refreshed; the next flush tries again");
     }
 }
 

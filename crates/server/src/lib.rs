@@ -480,7 +480,7 @@ async fn wait_for_address(_: &EtcdTarget, _: &str, _: Duration) -> Result<(), Se
 async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
     let apply = |n: &Node, change: store::etcd::StoredChange| match change {
         store::etcd::StoredChange::Group(name, settings) => {
-            if n.controller.sync_group(name.clone(), settings.map(|s| *s)) {
+            if n.controller.sync_group(name.clone(), settings.map(|s| *s), wall_ms()) {
                 tracing::info!(group = %name, "settings changed by another controller");
             }
         }

@@ -175,14 +175,14 @@ pub fn client_options(scenario: &Scenario, i: usize) -> RemoteOptions {
 }
 
 /// Applies an action to the controller or the world.
-fn apply(action: &Action, controller: &Controller, world: &mut World) {
+fn apply(action: &Action, controller: &Controller, world: &mut World, now: Nanos) {
     let result = match action {
         Action::SetBackend { backend, capacity } => {
             world.set_backend_capacity(*backend, *capacity);
             Ok(())
         }
         Action::SetGroup { name, settings } => {
-            controller.set_group(name.clone(), (**settings).clone(), "scenario")
+            controller.set_group(name.clone(), (**settings).clone(), "scenario", wall_ms(now))
         }
         Action::RemoveGroup(name) => controller.drop_group(name, "scenario").map(|_| ()),
         Action::Settle { group, units } => {
@@ -519,16 +519,16 @@ impl Regions {
 
 /// Settings changed by `action` reach the regions and the controllers the groups are sharded
 /// over, as etcd's watch carries them.
-fn sync_regions(action: &Action, regions: Option<&Regions>, shards: Option<&Shards>) {
+fn sync_regions(action: &Action, regions: Option<&Regions>, shards: Option<&Shards>, now: Nanos) {
     let nodes =
         regions.into_iter().flat_map(|r| r.nodes.iter()).chain(shards.into_iter().flat_map(Shards::nodes));
     for node in nodes {
         match action {
             Action::SetGroup { name, settings } => {
-                node.controller.sync_group(name.clone(), Some((**settings).clone()));
+                node.controller.sync_group(name.clone(), Some((**settings).clone()), wall_ms(now));
             }
             Action::RemoveGroup(name) => {
-                node.controller.sync_group(name.clone(), None);
+                node.controller.sync_group(name.clone(), None, wall_ms(now));
             }
             _ => {}
         }
@@ -610,8 +610,8 @@ impl Progress {
             self.held = 0;
             let Some(p) = scenario.phases.get(self.phase) else { return true };
             for a in &p.actions {
-                apply(a, &node.controller, world);
-                sync_regions(a, regions, shards);
+                apply(a, &node.controller, world, now);
+                sync_regions(a, regions, shards, now);
             }
             false
         } else if elapsed >= current.timeout {
@@ -647,8 +647,8 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         Shards::new(c.controllers, c.shards, c.capacity, seed, &start)
     });
     for a in &scenario.actions {
-        apply(a, &node.controller, &mut world);
-        sync_regions(a, regions.as_ref(), shards.as_ref());
+        apply(a, &node.controller, &mut world, Nanos::ZERO);
+        sync_regions(a, regions.as_ref(), shards.as_ref(), Nanos::ZERO);
     }
     let mut state = FaultState::new(n, scenario.controller.regions);
     let mut next_fault = 0usize;
@@ -667,8 +667,8 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     };
     if let Some(p) = scenario.phases.first() {
         for a in &p.actions {
-            apply(a, &node.controller, &mut world);
-            sync_regions(a, regions.as_ref(), shards.as_ref());
+            apply(a, &node.controller, &mut world, Nanos::ZERO);
+            sync_regions(a, regions.as_ref(), shards.as_ref(), Nanos::ZERO);
         }
     }
     let mut now = Nanos::ZERO;

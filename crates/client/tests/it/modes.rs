@@ -149,7 +149,7 @@ fn apply(controller: &Controller, config: &Config) {
     controller.set_shadow(config.node.shadow, "test").unwrap();
     controller.set_throttling(config.node.throttling, "test").unwrap();
     for (name, settings) in &config.groups {
-        controller.set_group(name.clone(), settings.clone(), "test").unwrap();
+        controller.set_group(name.clone(), settings.clone(), "test", tollgate_controller::wall_ms()).unwrap();
     }
 }
 
@@ -1097,6 +1097,7 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
             GroupName::new("g").unwrap(),
             GroupSettings::builder().limit(100.0).build().unwrap(),
             "test",
+            tollgate_controller::wall_ms(),
         )
         .unwrap();
     let opts = RemoteOptions { exchange_period: Some(Duration::from_secs(5)), ..RemoteOptions::default() };
@@ -1149,7 +1150,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
     let controller = Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).unwrap();
     let name = GroupName::new("g").unwrap();
     let limit = |l: f64| GroupSettings::builder().limit(l).build().unwrap();
-    controller.set_group(name.clone(), limit(100.0), "test").unwrap();
+    controller.set_group(name.clone(), limit(100.0), "test", tollgate_controller::wall_ms()).unwrap();
     let (gate, mut driver) =
         Tollgate::remote_driven(RemoteOptions::default().with_clock(clock.clone())).unwrap();
     let g = gate.group("g").unwrap();
@@ -1174,7 +1175,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
         (allowance_at(10, &mut driver), allowance_at(1010, &mut driver), allowance_at(2500, &mut driver));
     assert!(early < 10.0 && (40.0..=60.0).contains(&half) && full == 100.0, "{early}, {half}, {full}");
     // A lower limit applies at the next exchange, at once.
-    controller.set_group(name, limit(20.0), "test").unwrap();
+    controller.set_group(name, limit(20.0), "test", tollgate_controller::wall_ms()).unwrap();
     assert_eq!(allowance_at(4500, &mut driver), 20.0);
 }
 
@@ -1190,7 +1191,9 @@ fn remote_a_client_past_one_exchanges_bound_pages_its_groups_busiest_first() {
     let controller =
         Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap();
     let limit = GroupSettings::builder().limit(100.0).build().unwrap();
-    controller.set_group(GroupName::new("steady").unwrap(), limit, "test").unwrap();
+    controller
+        .set_group(GroupName::new("steady").unwrap(), limit, "test", tollgate_controller::wall_ms())
+        .unwrap();
     let (gate, mut driver) =
         Tollgate::remote_driven(RemoteOptions::default().with_clock(clock.clone())).unwrap();
     let steady = gate.group("steady").unwrap();

@@ -256,7 +256,11 @@ mod tests {
         let store = Box::new(crate::store::MemoryStore::default());
         let node = crate::node::Node::open(store, EngineSettings::default(), Nanos(0), 0).unwrap();
         node.controller.set_regional();
-        node.controller.sync_group(GroupName::new("g").unwrap(), Some(GroupSettings::fixed(100.0).unwrap()));
+        node.controller.sync_group(
+            GroupName::new("g").unwrap(),
+            Some(GroupSettings::fixed(100.0).unwrap()),
+            0,
+        );
         node
     }
 
@@ -346,13 +350,13 @@ mod quota_tests {
             0,
         )
         .unwrap();
-        global.set_group(g.clone(), budget(), "test").unwrap();
+        global.set_group(g.clone(), budget(), "test", 0).unwrap();
         let regions: Vec<crate::node::Node> = (0..2)
             .map(|_| {
                 let store = Box::new(crate::store::MemoryStore::default());
                 let node = crate::node::Node::open(store, EngineSettings::default(), Nanos(0), 0).unwrap();
                 node.controller.set_regional();
-                node.controller.sync_group(g.clone(), Some(budget()));
+                node.controller.sync_group(g.clone(), Some(budget()), 0);
                 node
             })
             .collect();

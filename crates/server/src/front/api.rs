@@ -435,7 +435,7 @@ async fn put_with(
     let n = name.clone();
     let created =
         mode == PutMode::Create || (mode == PutMode::Upsert && api.node.controller.group(&name).is_none());
-    match change(&api, move |c| c.put_group(n, &p, mode, &who)).await {
+    match change(&api, move |c| c.put_group(n, &p, mode, &who, crate::clock::wall_ms())).await {
         Ok(s) => {
             let status = if created { StatusCode::CREATED } else { StatusCode::OK };
             typed(status, &group_of(name.as_str(), &s))

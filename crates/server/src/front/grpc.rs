@@ -600,7 +600,9 @@ impl Admin for Services {
         };
         let patch = r.patch.unwrap_or_default();
         let n = name.clone();
-        let settings = self.admin(move |c| c.controller.put_group(n, &patch, mode, &who)).await?;
+        let settings = self
+            .admin(move |c| c.controller.put_group(n, &patch, mode, &who, crate::clock::wall_ms()))
+            .await?;
         Ok(Response::new(info(&name, &settings)))
     }
 

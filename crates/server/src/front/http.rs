@@ -274,7 +274,9 @@ async fn set_group_properties(
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    match change(app, move |c| c.put_group(name, &patch, PutMode::Upsert, &who)).await {
+    match change(app, move |c| c.put_group(name, &patch, PutMode::Upsert, &who, crate::clock::wall_ms()))
+        .await
+    {
         Ok(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
         Err(response) => response,
     }

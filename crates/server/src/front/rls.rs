@@ -700,7 +700,7 @@ impl Rls {
             }
             let c = self.controller.clone();
             tokio::task::spawn_blocking(move || {
-                c.set_group(pattern, settings, "rls (a descriptor's own limit)")
+                c.set_group(pattern, settings, "rls (a descriptor's own limit)", crate::clock::wall_ms())
             })
             .await
             .map_err(|e| Status::internal(e.to_string()))?

@@ -231,7 +231,8 @@ fn apply_config(node: Parts<'_>, old: Option<&Config>, new: &Config, who: &str) 
         new.groups.iter().filter(|(n, s)| old.is_none_or(|o| o.groups.get(*n) != Some(*s))).collect();
     check_groups(changed.iter().copied())?;
     for (name, s) in changed {
-        c.set_group(name.clone(), s.clone(), who).map_err(|e| format!("{name}: {e}"))?;
+        c.set_group(name.clone(), s.clone(), who, crate::clock::wall_ms())
+            .map_err(|e| format!("{name}: {e}"))?;
     }
     if let Some(old) = old {
         for name in old.groups.keys().filter(|n| !new.groups.contains_key(*n)) {
@@ -282,7 +283,7 @@ fn apply_import(node: Parts<'_>, old: Option<&Plan>, plan: &Plan, who: &str) -> 
     }
     check_groups(writes.iter().map(|(n, s)| (n, s)))?;
     for (name, s) in writes {
-        c.set_group(name.clone(), s, who).map_err(|e| format!("{name}: {e}"))?;
+        c.set_group(name.clone(), s, who, crate::clock::wall_ms()).map_err(|e| format!("{name}: {e}"))?;
     }
     if let Some(old) = old {
         for gone in old.groups.iter().filter(|o| !plan.groups.iter().any(|g| g.name == o.name)) {

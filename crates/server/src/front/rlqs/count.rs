@@ -459,7 +459,7 @@ mod tests {
             0,
         )
         .unwrap();
-        c.set_group(GroupName::new("acme").unwrap(), settings, "test").unwrap();
+        c.set_group(GroupName::new("acme").unwrap(), settings, "test", crate::clock::wall_ms()).unwrap();
         let rules = RuleSet::of_rules(vec![RlsRule {
             key: "tenant".into(),
             group: "{value}".into(),
