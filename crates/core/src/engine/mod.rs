@@ -42,10 +42,13 @@
 
 mod above;
 mod allot;
+mod catalog;
 mod clients;
 mod diagnostics;
 mod fair;
 mod learning;
+mod metering;
+mod provisional;
 mod saturation;
 mod slots;
 mod split;
@@ -74,10 +77,12 @@ pub use windows::{RateMarks, RateNow, RateWindows};
 
 use crate::allocate::AllocationMode;
 use crate::ramp::Ramp;
-use crate::settings::{BudgetPeriod, DEFAULT_GROUP, GroupName, GroupSettings};
+use crate::settings::{BudgetPeriod, GroupName, GroupSettings};
 use crate::time::Nanos;
 
+use catalog::{Catalog, root_in, settings_in};
 use clients::ClientTable;
+use metering::MeterEntry;
 use saturation::BackendState;
 
 /// The engine's node-wide settings: the one place they are held.
@@ -372,21 +377,14 @@ fn release(
     released: &[ClientId],
     key: &GroupName,
     g: &mut Tracked,
-    provisional: &mut HashMap<GroupName, Vec<(ClientId, f64)>, FixedHasher>,
-    unticked_provisional: &mut f64,
+    provisional: &mut provisional::Provisional,
 ) {
     let gone = |c: ClientId| released.binary_search(&c).is_ok();
     g.clients.retain(|c| !gone(c.client));
     if let Some(o) = &mut g.outcome {
         o.grants.retain(|c| !gone(c.client));
     }
-    if let Some(p) = provisional.get_mut(key) {
-        let before: f64 = p.iter().map(|(_, r)| r).sum();
-        p.retain(|(c, _)| !gone(*c));
-        if g.outcome.is_none() {
-            *unticked_provisional -= before - p.iter().map(|(_, r)| r).sum::<f64>();
-        }
-    }
+    provisional.release(key, gone, g.outcome.is_none());
 }
 
 /// One client's part in a group (`f32` rates: three words for every client of every group).
@@ -654,7 +652,13 @@ impl Tracked {
     /// (`generation`); its ramp follows them, a changed ramp continuing from where the old one
     /// was.
     #[inline]
-    fn follow_settings(&mut self, configured: &Configured, key: &GroupName, generation: u32, ramped: bool) {
+    fn follow_settings(
+        &mut self,
+        configured: &catalog::Configured,
+        key: &GroupName,
+        generation: u32,
+        ramped: bool,
+    ) {
         if self.settings_generation != generation {
             self.settings = settings_in(configured, key).cloned();
             self.settings_generation = generation;
@@ -794,15 +798,9 @@ impl Tracked {
         ));
     }
 
-    fn meter_entry(&self) -> MeterEntry {
-        MeterEntry { meter: self.meter, dirty: self.dirty }
+    fn meter_entry(&self) -> metering::MeterEntry {
+        metering::MeterEntry { meter: self.meter, dirty: self.dirty }
     }
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct MeterEntry {
-    meter: Meter,
-    dirty: bool,
 }
 
 /// Why a backend report was refused.
@@ -867,91 +865,21 @@ pub(crate) type FixedHasher = foldhash::fast::FixedState;
 /// The tracked groups, by name, in the order they were first tracked.
 type Tracking = indexmap::IndexMap<GroupName, Tracked, FixedHasher>;
 
-/// The configured groups by name, patterns among them (see
-/// [`is_pattern`](crate::settings::is_pattern)) also kept apart, most specific first. Reads go
-/// to the map.
-#[derive(Default)]
-pub(crate) struct Configured {
-    by_name: HashMap<GroupName, Arc<GroupSettings>, FixedHasher>,
-    patterns: Vec<(GroupName, Arc<GroupSettings>)>,
-}
-
-impl std::ops::Deref for Configured {
-    type Target = HashMap<GroupName, Arc<GroupSettings>, FixedHasher>;
-    fn deref(&self) -> &Self::Target {
-        &self.by_name
-    }
-}
-
-impl Configured {
-    fn insert(&mut self, name: GroupName, settings: Arc<GroupSettings>) -> Option<Arc<GroupSettings>> {
-        if crate::settings::is_pattern(name.as_str()) {
-            self.patterns.retain(|(n, _)| *n != name);
-            self.patterns.push((name.clone(), settings.clone()));
-            crate::settings::sort_patterns(&mut self.patterns);
-        }
-        self.by_name.insert(name, settings)
-    }
-
-    fn remove(&mut self, name: &GroupName) -> Option<Arc<GroupSettings>> {
-        self.patterns.retain(|(n, _)| n != name);
-        self.by_name.remove(name)
-    }
-}
-
-/// The settings in `configured` that apply to `name`: its own, else the most specific
-/// pattern's that matches it, else the `default` group's.
-/// The root of the tree `name` belongs to, by the parents `configured` names.
-fn root_in<'a>(configured: &'a Configured, name: &'a GroupName) -> &'a GroupName {
-    let mut at = name;
-    for _ in 0..crate::hierarchy::DEPTH_MAX {
-        match configured.get(at).and_then(|s| s.parent()) {
-            Some(parent) => at = parent,
-            None => break,
-        }
-    }
-    at
-}
-
-fn settings_in<'a>(configured: &'a Configured, name: &GroupName) -> Option<&'a Arc<GroupSettings>> {
-    configured.get(name.as_str()).or_else(|| {
-        crate::settings::matching_pattern(&configured.patterns, name.as_str())
-            .or_else(|| configured.get(DEFAULT_GROUP))
-    })
-}
-
 /// The engine. See the [module documentation](self).
 pub struct Engine {
     settings: EngineSettings,
-    /// Shared with the tracked groups, each of which keeps the settings that apply to it.
-    configured: Configured,
-    /// Bumped by every change to the configured groups: a tracked group whose copy is of an
-    /// older generation looks its settings up again at the next tick or report.
-    settings_generation: u32,
-    /// The sum of the configured groups' reservations (Couchbase's free pool counts them all).
-    reserved_configured: f64,
-    /// How many configured groups have a ramp.
-    ramped: usize,
+    /// The configured groups, shared with the tracked ones (each keeps the settings that
+    /// apply to it).
+    catalog: Catalog,
     /// In the order groups were first tracked: a tick walks them in slices by position, and a
     /// group tracked while a tick is under way joins the end, after the tick's walks.
     tracked: Tracking,
-    /// The meters of configured groups not tracked now (a tracked group holds its own).
-    meters: HashMap<GroupName, MeterEntry, FixedHasher>,
-    /// The groups whose meter changed since the store last took them, each named when it
-    /// changes first: [`take_dirty_meters`](Engine::take_dirty_meters) reads these, not every
-    /// group.
-    dirty_names: Vec<GroupName>,
-    /// Whether anyone takes the meters ([`Engine::take_metering`]): only then are changed
-    /// meters named, and an unconfigured group's kept past its expiry until taken.
-    metering: bool,
+    /// The meters of groups not tracked now, and which changed since the store took them.
+    metering: metering::Metering,
     /// Grants made since the last tick to clients the tick did not know, by group.
-    provisional: HashMap<GroupName, Vec<(ClientId, f64)>, FixedHasher>,
+    provisional: provisional::Provisional,
     /// The in-flight quotas' holders, by group (only groups with an in-flight quota).
     slots: HashMap<GroupName, slots::Ledger, FixedHasher>,
-    /// Whether any configured group has a parent, and what the trees of nested groups leave
-    /// each of them this tick.
-    nested: bool,
-    nesting: HashMap<GroupName, crate::hierarchy::Bound, FixedHasher>,
     /// In a regional engine, what the tier above granted each group ([`upstream`]).
     upstream: upstream::Upstream,
     /// Requests admitted and refused by class since this engine first saw a critical or
@@ -968,38 +896,10 @@ pub struct Engine {
     quotas: allot::Quotas,
     /// When the engine began, and the learning leases under way.
     learning: learning::Learning,
-    /// No tracked group's last report is earlier than the smaller of these two: the earliest
-    /// among the groups the last tick walked (or a report during that tick), and the earliest
-    /// report since the last tick began. A tick forgets idle groups only when that is an
-    /// expiry ago.
-    earliest_report: Nanos,
-    reports_floor: Nanos,
-    last_tick: Option<Nanos>,
-    /// A backend's report showed it saturated (newly, or for the first time) since the last
-    /// tick began: see [`Engine::saturation_onset`].
-    onset: bool,
-    ticks: u64,
-    /// The capacity the groups of the last tick asked for: each finite target up to the
-    /// group's demand or reservation. The rest of the capacity is room a new group may take.
-    taken_total: f64,
-    /// Every group's rates added up at the last tick.
-    totals: Totals,
-    /// What the groups of the last tick whose rows were complete claim of the capacity, per
-    /// priority ([`Engine::capacity_claims`]); summed only while a capacity is shared.
-    claims: Vec<crate::allocate::Claim>,
-    /// Provisional grants made since the last tick for groups the tick has not seen.
-    unticked_provisional: f64,
-    scratch: Vec<f64>,
-    /// The tick's buffers, kept from one tick to the next: each tracked group's load from the
-    /// backends' reports, its row, and its clients' demands. The rows are shared with the
-    /// capacity's sharing while it is computed without the engine ([`SharesWork`]).
-    loads: saturation::Loads,
-    rows: Arc<Vec<tick::Row>>,
-    asking: Vec<split::Asking>,
+    /// The tick under way, what the last one found, and the buffers kept between ticks.
+    ticking: tick::Ticking,
     /// Events waiting to be taken, while tracing is on.
     trace: Option<trace::TraceBuffer>,
-    /// The tick under way, when one is walked in slices ([`Engine::begin_tick`]).
-    run: Option<Box<tick::TickRun>>,
 }
 
 impl Engine {
@@ -1033,18 +933,11 @@ impl Engine {
         let clients = ClientTable::new(settings.max_clients);
         Self {
             settings,
-            configured: Configured::default(),
-            settings_generation: 0,
-            reserved_configured: 0.0,
-            ramped: 0,
+            catalog: Catalog::default(),
             tracked: Tracking::default(),
-            meters: HashMap::default(),
-            dirty_names: Vec::new(),
-            metering: false,
-            provisional: HashMap::default(),
+            metering: metering::Metering::default(),
+            provisional: provisional::Provisional::default(),
             slots: HashMap::default(),
-            nested: false,
-            nesting: HashMap::default(),
             upstream: None,
             classes: HashMap::default(),
             backends: BTreeMap::new(),
@@ -1053,21 +946,8 @@ impl Engine {
             resume: HashMap::default(),
             quotas: allot::Quotas::default(),
             learning: learning::Learning::default(),
-            earliest_report: Nanos(u64::MAX),
-            reports_floor: Nanos(u64::MAX),
-            last_tick: None,
-            onset: false,
-            ticks: 0,
-            taken_total: 0.0,
-            totals: Totals::default(),
-            claims: Vec::new(),
-            unticked_provisional: 0.0,
-            scratch: Vec::new(),
-            loads: saturation::Loads::default(),
-            rows: Arc::default(),
-            asking: Vec::new(),
+            ticking: tick::Ticking::default(),
             trace: None,
-            run: None,
         }
     }
 
@@ -1105,35 +985,17 @@ impl Engine {
 
     /// Sets (or replaces) a group's settings.
     pub fn set_group(&mut self, name: GroupName, settings: GroupSettings) {
-        // A child's reservation is part of its parent's: counted once, there.
-        let reserved = if settings.parent().is_some() { 0.0 } else { settings.reserved() };
-        let ramped = settings.ramp().is_some();
-        let linked = settings.parent().is_some();
-        let before = self.configured.insert(name.clone(), Arc::new(settings));
-        let unlinked = !linked && before.as_ref().is_some_and(|b| b.parent().is_some());
-        self.settings_changed(if linked {
-            Nesting::Linked
-        } else if unlinked {
-            Nesting::Unlinked
-        } else {
-            Nesting::Same
-        });
-        self.account(before.as_deref(), -1.0);
-        self.reserved_configured += reserved;
-        self.ramped += usize::from(ramped);
+        self.catalog.set(name.clone(), settings);
         if !self.tracked.contains_key(&name) {
-            self.meters.entry(name).or_default();
+            self.metering.idle.entry(name).or_default();
         }
     }
 
     /// Removes a group's settings (it falls back to the default group's) and forgets its
     /// consumption; returns what it had.
     pub fn remove_group(&mut self, name: &GroupName) -> Option<GroupSettings> {
-        let before = self.configured.remove(name);
-        let unlinked = before.as_ref().is_some_and(|b| b.parent().is_some());
-        self.settings_changed(if unlinked { Nesting::Unlinked } else { Nesting::Same });
-        self.account(before.as_deref(), -1.0);
-        self.meters.remove(name);
+        let before = self.catalog.remove(name);
+        self.metering.idle.remove(name);
         // Its clients may go on: what they consume from now on is another group's life (a
         // group made again by the name counts its quotas afresh).
         if let Some(g) = self.tracked.get_mut(name) {
@@ -1143,89 +1005,14 @@ impl Engine {
         before.map(Arc::unwrap_or_clone)
     }
 
-    /// A new generation of the configured groups: every tracked group looks its settings up
-    /// again (at the next tick, or its next report). `u32::MAX` is never one, so a group made
-    /// since is always stale. `nesting` says how the change moved the groups' parent links:
-    /// only a link gone needs every group looked at again, so loading n groups stays linear.
-    fn settings_changed(&mut self, nesting: Nesting) {
-        self.settings_generation = (self.settings_generation + 1) % u32::MAX;
-        match nesting {
-            Nesting::Linked => self.nested = true,
-            Nesting::Unlinked => self.nested = self.configured.values().any(|s| s.parent().is_some()),
-            Nesting::Same => {}
-        }
-        if !self.nested {
-            self.nesting.clear();
-        }
-    }
-
-    /// Shares every tree of nested groups out from its roots (see [`crate::hierarchy`]): each
-    /// nested group's cap and own reservation for the tick, by what its clients ask now.
-    fn nest(&mut self) {
-        if !self.nested {
-            return;
-        }
-        let Engine { configured, tracked, nesting, .. } = self;
-        let mut index: HashMap<GroupName, usize, FixedHasher> = HashMap::default();
-        let mut names: Vec<GroupName> = Vec::new();
-        // Every group with a parent (configured by name, or through a pattern while tracked),
-        // and the chain above it.
-        let with_parent = configured
-            .iter()
-            .filter(|(n, s)| s.parent().is_some() && !crate::settings::is_pattern(n.as_str()))
-            .map(|(n, _)| n)
-            .chain(
-                tracked
-                    .iter()
-                    .filter(|(_, g)| g.settings.as_deref().is_some_and(|s| s.parent().is_some()))
-                    .map(|(n, _)| n),
-            );
-        for name in with_parent {
-            let mut at = Some(name.clone());
-            while let Some(n) = at.filter(|n| !index.contains_key(n)) {
-                index.insert(n.clone(), names.len());
-                at = settings_in(configured, &n).and_then(|s| s.parent().cloned());
-                names.push(n);
-            }
-        }
-        let nodes: Vec<crate::hierarchy::Node> = names
-            .iter()
-            .map(|n| {
-                let s = settings_in(configured, n);
-                let demand =
-                    tracked.get(n).map_or(0.0, |g| g.clients.iter().map(|c| f64::from(c.demand)).sum());
-                crate::hierarchy::Node {
-                    parent: s.and_then(|s| s.parent()).and_then(|p| index.get(p).copied()),
-                    limit: s.map_or(f64::INFINITY, |s| s.limit().as_f64()),
-                    reserved: s.map_or(0.0, |s| s.reserved()),
-                    demand,
-                }
-            })
-            .collect();
-        let bounds = crate::hierarchy::bounds(&nodes);
-        nesting.clear();
-        nesting.extend(names.into_iter().zip(bounds));
-    }
-
     /// What the trees of nested groups leave `group` this tick, if it is nested.
     pub fn nesting(&self, group: &GroupName) -> Option<crate::hierarchy::Bound> {
-        self.nesting.get(group).copied()
-    }
-
-    fn account(&mut self, settings: Option<&GroupSettings>, sign: f64) {
-        if let Some(s) = settings {
-            if s.parent().is_none() {
-                self.reserved_configured += sign * s.reserved();
-            }
-            if s.ramp().is_some() {
-                self.ramped -= 1;
-            }
-        }
+        self.catalog.nesting(group)
     }
 
     /// A configured group's settings.
     pub fn group(&self, name: &GroupName) -> Option<&GroupSettings> {
-        self.configured.get(name).map(|s| &**s)
+        self.catalog.get(name).map(|s| &**s)
     }
 
     /// The settings that are allowed but probably not meant, in words for people
@@ -1239,26 +1026,26 @@ impl Engine {
     /// Every configured group with its settings, sorted by name.
     pub fn groups(&self) -> Vec<(&GroupName, &GroupSettings)> {
         let mut all: Vec<(&GroupName, &GroupSettings)> =
-            self.configured.iter().map(|(n, s)| (n, &**s)).collect();
+            self.catalog.iter().map(|(n, s)| (n, &**s)).collect();
         all.sort_unstable_by(|a, b| a.0.cmp(b.0));
         all
     }
 
     /// How many groups are configured.
     pub fn configured_groups(&self) -> usize {
-        self.configured.len()
+        self.catalog.len()
     }
 
     /// The settings that apply to `name`: its own, else the `default` group's.
     pub fn settings_for(&self, name: &GroupName) -> Option<&GroupSettings> {
-        settings_in(&self.configured, name).map(|s| &**s)
+        settings_in(&self.catalog, name).map(|s| &**s)
     }
 
     /// The root of the tree `name` is in, by the configured parents (itself when it has
     /// none): the key its shard is chosen by ([`crate::shard::shard_of`]), so a tree is
     /// computed by one owner.
     pub fn root_of<'a>(&'a self, name: &'a GroupName) -> &'a GroupName {
-        root_in(&self.configured, name)
+        root_in(&self.catalog, name)
     }
 
     /// The id of the client that calls itself `key`, at its exchange number `sequence` (0 when
@@ -1369,21 +1156,21 @@ impl Engine {
     ) -> (Grant, Place) {
         self.learning.touch(now);
         let at = self.track(now, group, hint.group);
-        let generation = self.settings_generation;
-        let ramped = self.ramped > 0;
+        let generation = self.catalog.generation();
+        let ramped = self.catalog.ramps();
         let tick_s = self.settings.tick.as_secs_f64().max(1e-3);
         let (key, g) = self.tracked.get_index_mut(at).expect("the index of a tracked group");
         let key = key.clone();
         if !self.released.is_empty() {
-            release(&self.released, &key, g, &mut self.provisional, &mut self.unticked_provisional);
+            release(&self.released, &key, g, &mut self.provisional);
         }
         g.warm(hint.client);
-        g.follow_settings(&self.configured, &key, generation, ramped);
+        g.follow_settings(&self.catalog, &key, generation, ramped);
         g.step_ramp(now, &r);
         g.last_report = now;
-        self.reports_floor = self.reports_floor.min(now);
+        self.ticking.reports_floor = self.ticking.reports_floor.min(now);
         if self.learning.active() {
-            self.learning.note_held(now, &key, root_in(&self.configured, &key), client, r.held);
+            self.learning.note_held(now, &key, root_in(&self.catalog, &key), client, r.held);
         }
         let entry = g.client_entry(now, client, hint.client as usize, &r, tick_s);
         let client_at = g.put_client(entry, hint.client as usize);
@@ -1394,9 +1181,9 @@ impl Engine {
         if r.classes != [[0; 2]; 2] || self.classes.contains_key(&key) {
             self.classes.entry(key.clone()).or_default().add(&r);
         }
-        if g.meter_report(&r) && self.metering {
+        if g.meter_report(&r) && self.metering.on {
             // Named once between two takes, so that taking reads the changed meters only.
-            self.dirty_names.push(key.clone());
+            self.metering.dirty.push(key.clone());
         }
         let settings = g.settings.as_deref();
         let unlimited = Grant {
@@ -1481,9 +1268,10 @@ impl Engine {
             Entry::Vacant(v) => {
                 // A resumable ramp that went idle within its TTL continues where it was.
                 let resumed = self.resume.remove(v.key()).filter(|(_, until)| now < *until).map(|(v, _)| v);
-                let ramp_settings = settings_in(&self.configured, v.key()).and_then(|s| s.ramp().copied());
-                let ramp = ramp_settings.filter(|_| self.ramped > 0).map(|s| Box::new(Ramp::new(s, resumed)));
-                let meter = self.meters.remove(v.key()).unwrap_or_default();
+                let ramp_settings = settings_in(&self.catalog, v.key()).and_then(|s| s.ramp().copied());
+                let ramp =
+                    ramp_settings.filter(|_| self.catalog.ramps()).map(|s| Box::new(Ramp::new(s, resumed)));
+                let meter = self.metering.idle.remove(v.key()).unwrap_or_default();
                 let at = v.index();
                 v.insert(Tracked::new(now, ramp, meter));
                 at
@@ -1510,9 +1298,8 @@ impl Engine {
         let g = &self.tracked[&key];
         // Not known to the last tick: what is left under the target, no more than it holds.
         let granted = g.outcome.as_ref().map_or(0.0, GroupOutcome::granted);
-        let learning = self.learning.covers(now, &key, root_in(&self.configured, &key));
-        let provisional = self.provisional.entry(key).or_default();
-        let others: f64 = provisional.iter().filter(|(c, _)| *c != client).map(|(_, r)| r).sum();
+        let learning = self.learning.covers(now, &key, root_in(&self.catalog, &key));
+        let others = self.provisional.others(&key, client);
         let left = (target - granted - others).max(0.0);
         // Learning, no client gets more than it holds; else one that holds nothing may take
         // what is left.
@@ -1520,16 +1307,7 @@ impl Engine {
         // Conservation where the grant is made: with this one, the live grants stay within
         // the target (or add nothing past it).
         debug_assert!(rate == 0.0 || granted + others + rate <= target * (1.0 + 1e-9) + 1e-9);
-        let before = match provisional.iter_mut().find(|(c, _)| *c == client) {
-            Some(p) => std::mem::replace(&mut p.1, rate),
-            None => {
-                provisional.push((client, rate));
-                0.0
-            }
-        };
-        if ticked_target.is_none() {
-            self.unticked_provisional += rate - before;
-        }
+        self.provisional.grant(key, client, rate, ticked_target.is_none());
         let burst = match burst_total {
             Some(b) if target > 0.0 => b * rate / target,
             _ => rate,
@@ -1553,8 +1331,8 @@ impl Engine {
             bound = bound.min(r.pool() as f64);
         }
         if let Some(capacity) = self.settings.capacity {
-            let mine: f64 = self.provisional.get(key).map_or(0.0, |p| p.iter().map(|(_, r)| r).sum());
-            let committed = self.taken_total + (self.unticked_provisional - mine);
+            let mine = self.provisional.of(key);
+            let committed = self.ticking.found.taken_total + (self.provisional.unticked() - mine);
             let asked: f64 = g.clients.iter().map(|c| f64::from(c.demand) + f64::from(c.unthrottled)).sum();
             bound = bound.min(newcomer_take(capacity, committed, asked));
         }
@@ -1570,7 +1348,7 @@ impl Engine {
         // A regional engine leaves the windows to the tier above, which counts every region:
         // its allotments bound the counts here.
         let left = if self.upstream.is_some() { None } else { self.quotas.left(key, s, consumed) };
-        let nested = self.nesting.get(key).map_or(f64::INFINITY, |b| b.cap);
+        let nested = self.catalog.nesting(key).map_or(f64::INFINITY, |b| b.cap);
         quota_cap(s.limit().as_f64(), left).min(nested).min(above)
     }
 
@@ -1579,13 +1357,13 @@ impl Engine {
     /// its start, for [`set_budget_baseline`](Self::set_budget_baseline). Baselines of windows
     /// a group no longer counts are forgotten.
     pub fn budget_periods_due(&mut self, wall_ms: u64) -> Vec<(GroupName, BudgetPeriod, u64)> {
-        let (configured, tracked) = (&self.configured, &self.tracked);
+        let (configured, tracked) = (&self.catalog, &self.tracked);
         // A group's quotas: its own, or (tracked, not configured) a pattern's or the default's.
         let applying = |g: &GroupName| match configured.get(g) {
             Some(s) => Some(&**s),
             None => tracked.get(g).and_then(|t| t.settings.as_deref()),
         };
-        let meters = &self.meters;
+        let meters = &self.metering.idle;
         let applying = |g: &GroupName| {
             applying(g).or_else(|| {
                 meters.contains_key(g).then(|| settings_in(configured, g)).flatten().map(|s| &**s)
@@ -1603,7 +1381,8 @@ impl Engine {
             .filter_map(|(g, t)| Some((g, t.settings.as_deref()?)));
         // Idle unconfigured groups whose meters quotas keep.
         let idle = self
-            .meters
+            .metering
+            .idle
             .keys()
             .filter(|g| !configured.contains_key(*g))
             .filter_map(|g| Some((g, &**settings_in(configured, g)?)));
@@ -1654,20 +1433,19 @@ impl Engine {
     /// default's) give it quotas: then its consumption is kept while it is idle, as a
     /// configured group's is, for its windows to count.
     pub fn counts_quotas(&self, name: &GroupName) -> bool {
-        !self.configured.contains_key(name)
-            && settings_in(&self.configured, name).is_some_and(|s| s.has_quotas())
+        !self.catalog.contains_key(name) && settings_in(&self.catalog, name).is_some_and(|s| s.has_quotas())
     }
 
     /// Whether an idle group's meter is kept for its quotas: [`counts_quotas`](Self::counts_quotas),
     /// while fewer such meters are kept than groups may be tracked.
     pub(crate) fn keeps_meter_for_quotas(&self, name: &GroupName) -> bool {
         self.counts_quotas(name)
-            && self.meters.len() < self.configured.len() + self.settings.max_tracked_groups
+            && self.metering.idle.len() < self.catalog.len() + self.settings.max_tracked_groups
     }
 
     /// Whether any configured group has a quota (so that windows need rolling).
     pub fn has_quotas(&self) -> bool {
-        self.configured.values().any(|s| s.has_quotas())
+        self.catalog.values().any(|s| s.has_quotas())
     }
 
     /// The consumption a group's quota window is counted from (0 when none was set).
@@ -1739,7 +1517,7 @@ impl Engine {
             .get(backend)
             .is_some_and(|old| now.since(old.seen) <= self.settings.report_expiry && saturated(old));
         if !was && saturated(&state) {
-            self.onset = true;
+            self.ticking.onset = true;
         }
         let old = match self.backends.get_mut(backend) {
             Some(slot) => Some(std::mem::replace(slot, state)),
@@ -1763,7 +1541,7 @@ impl Engine {
 
     /// Every group's rates added up at the last tick: constant time.
     pub fn totals(&self) -> Totals {
-        self.totals
+        self.ticking.found.totals
     }
 
     /// A tracked group's state now in a few numbers (see [`GroupSample`]), in constant time;
@@ -1815,7 +1593,7 @@ impl Engine {
         if self.slots.is_empty() {
             return;
         }
-        let Engine { slots, released, configured, settings, .. } = self;
+        let Engine { slots, released, catalog: configured, settings, .. } = self;
         slots.retain(|name, ledger| {
             for &c in released.iter() {
                 ledger.release(c);
@@ -1825,95 +1603,13 @@ impl Engine {
         });
     }
 
-    /// A group's consumption so far.
-    pub fn meter(&self, group: &GroupName) -> Option<Meter> {
-        match self.tracked.get(group) {
-            Some(g) => Some(g.meter),
-            None => self.meters.get(group).map(|m| m.meter),
-        }
-    }
-
-    /// Restores a group's consumption (from a store, at start).
-    pub fn restore_meter(&mut self, group: GroupName, meter: Meter) {
-        match self.tracked.get_mut(&group) {
-            Some(g) => (g.meter, g.dirty) = (meter, false),
-            None => {
-                self.meters.insert(group, MeterEntry { meter, dirty: false });
-            }
-        }
-    }
-
-    /// From now on, every group's meter that changes is named for
-    /// [`take_dirty_meters`](Self::take_dirty_meters), and an unconfigured group forgotten while
-    /// idle keeps its meter until taken. A controller that writes its metering calls it first;
-    /// an embedded limiter, which takes none, does not (nothing would bound what it keeps).
-    pub fn take_metering(&mut self) {
-        if !self.metering {
-            self.metering = true;
-            // What changed before counts too.
-            let changed = self.tracked.iter().filter(|(_, g)| g.dirty).map(|(n, _)| n.clone());
-            self.dirty_names.extend(changed);
-            self.dirty_names.extend(self.meters.iter().filter(|(_, m)| m.dirty).map(|(n, _)| n.clone()));
-        }
-    }
-
-    /// The meters that changed since the last call, every group's in traffic (configured or
-    /// not, the `default` group's settings serving it or its own), sorted by name: what the
-    /// controller's metering records. An unconfigured group forgotten while idle keeps its
-    /// meter until it is taken here.
-    ///
-    /// Found by the names marked when each meter first changed, not by walking every group:
-    /// walking 100,000 tracked groups to find the changed few took the controller's lock for 3
-    /// to 4 ms each time.
-    pub fn take_dirty_meters(&mut self) -> Vec<(GroupName, Meter)> {
-        self.take_metering();
-        let mut names = std::mem::take(&mut self.dirty_names);
-        names.sort_unstable();
-        names.dedup();
-        let mut out = Vec::with_capacity(names.len());
-        for name in names {
-            if let Some(g) = self.tracked.get_mut(&name) {
-                if std::mem::take(&mut g.dirty) {
-                    out.push((name, g.meter));
-                }
-            } else if let Some(m) = self.meters.get_mut(&name)
-                && std::mem::take(&mut m.dirty)
-            {
-                out.push((name.clone(), m.meter));
-                // An unconfigured group's meter was kept only to be taken, unless quotas
-                // count it.
-                if !self.configured.contains_key(&name) && !self.counts_quotas(&name) {
-                    self.meters.remove(&name);
-                }
-            }
-        }
-        out
-    }
-
-    /// Marks meters to be returned by the next [`take_dirty_meters`](Self::take_dirty_meters)
-    /// again (a store that failed to write them).
-    pub fn mark_dirty<'a>(&mut self, groups: impl IntoIterator<Item = &'a GroupName>) {
-        for name in groups {
-            let dirty = match self.tracked.get_mut(name) {
-                Some(g) => Some(&mut g.dirty),
-                None => self.meters.get_mut(name).map(|m| &mut m.dirty),
-            };
-            if let Some(d) = dirty
-                && !std::mem::replace(d, true)
-                && self.metering
-            {
-                self.dirty_names.push(name.clone());
-            }
-        }
-    }
-
     /// The value of every resumable ramp: the live ones and those idle within their TTL, with
     /// how long each may still be resumed. With no ramp configured, no live one is looked for
     /// (a ramp left on a group since its settings changed goes at its next report): walking
     /// 100,000 tracked groups for none took the controller's lock for over a millisecond.
     pub fn resumable_ramps(&self, now: Nanos) -> Vec<(GroupName, f64, Duration)> {
         let mut out: Vec<(GroupName, f64, Duration)> = Vec::new();
-        let live = if self.ramped > 0 { Some(&self.tracked) } else { None };
+        let live = if self.catalog.ramps() { Some(&self.tracked) } else { None };
         for (name, g) in live.into_iter().flatten() {
             if let Some(r) = &g.ramp
                 && let Some(ttl) = r.settings().resume_ttl
@@ -1966,12 +1662,12 @@ impl Engine {
     /// Ticks done so far: one walked in slices counts once its last slice is done, so that
     /// what is read between its slices is tagged with the tick before.
     pub fn ticks(&self) -> u64 {
-        self.ticks
+        self.ticking.count
     }
 
     /// When the last tick ran.
     pub fn last_tick(&self) -> Option<Nanos> {
-        self.last_tick
+        self.ticking.last
     }
 
     /// Whether a backend's report has shown it saturated since the last tick began, when it
@@ -1980,7 +1676,7 @@ impl Engine {
     /// of its regular ones), so that a surge is reined in as soon as a backend reports it,
     /// not up to a tick later. The next tick clears it.
     pub fn saturation_onset(&self) -> bool {
-        self.onset
+        self.ticking.onset
     }
 
     /// Starts a learning lease from `now` over `which` groups (see [`Relearn`]): for one
@@ -1998,17 +1694,6 @@ impl Engine {
     pub fn learning_left(&self, now: Nanos) -> Option<Duration> {
         self.learning.ends(now).map(|end| end.since(now))
     }
-}
-
-/// How a change to the configured groups moved their parent links.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Nesting {
-    /// A group now names a parent.
-    Linked,
-    /// A group that named a parent no longer does (or is gone).
-    Unlinked,
-    /// No link changed.
-    Same,
 }
 
 #[cfg(test)]

@@ -1821,8 +1821,8 @@ fn setting_many_groups_takes_time_linear_in_them() {
     }
     let child = GroupSettings::builder().limit(10.0).parent(Some(name("g0"))).build().unwrap();
     e.set_group(name("child"), child);
-    assert!(e.nested, "a parent link makes the groups nested");
+    assert!(e.catalog.is_nested(), "a parent link makes the groups nested");
     e.set_group(name("child"), plain);
-    assert!(!e.nested, "and its removal makes them flat again");
-    assert_eq!(e.configured.len(), 800_001);
+    assert!(!e.catalog.is_nested(), "and its removal makes them flat again");
+    assert_eq!(e.catalog.len(), 800_001);
 }

@@ -15,7 +15,7 @@ use super::split::{Asking, split_into};
 use super::{ClientGrant, Engine, GroupOutcome, OrNan};
 
 /// A forgotten group's name, its resumable ramp's pool and TTL, and its meter.
-type LetGo = (GroupName, Option<(f64, Option<Duration>)>, super::MeterEntry);
+type LetGo = (GroupName, Option<(f64, Option<Duration>)>, super::metering::MeterEntry);
 
 /// The share of its reservation a group with no client holds under slow start.
 pub const SLOW_START_SHARE: f64 = 0.1;
@@ -125,6 +125,69 @@ pub(super) struct TickRun {
     released: Vec<super::split::ClientId>,
 }
 
+/// The engine's ticking: the tick under way, what the last one found, and the buffers kept
+/// from one tick to the next.
+pub(super) struct Ticking {
+    /// The tick under way, when one is walked in slices ([`Engine::begin_tick`]).
+    pub(super) run: Option<Box<TickRun>>,
+    /// Ticks completed.
+    pub(super) count: u64,
+    /// When the last tick began.
+    pub(super) last: Option<Nanos>,
+    /// A backend's report showed it saturated (newly, or for the first time) since the last
+    /// tick began: see [`Engine::saturation_onset`].
+    pub(super) onset: bool,
+    /// No tracked group's last report is earlier than the smaller of these two: the earliest
+    /// among the groups the last tick walked (or a report during that tick), and the earliest
+    /// report since the last tick began. A tick forgets idle groups only when that is an
+    /// expiry ago.
+    pub(super) earliest_report: Nanos,
+    pub(super) reports_floor: Nanos,
+    /// What the last tick found.
+    pub(super) found: Found,
+    /// The tick's buffers.
+    pub(super) buffers: Buffers,
+}
+
+impl Default for Ticking {
+    fn default() -> Self {
+        Self {
+            run: None,
+            count: 0,
+            last: None,
+            onset: false,
+            earliest_report: Nanos(u64::MAX),
+            reports_floor: Nanos(u64::MAX),
+            found: Found::default(),
+            buffers: Buffers::default(),
+        }
+    }
+}
+
+/// What the last tick found, summed over its groups.
+#[derive(Default)]
+pub(super) struct Found {
+    /// The capacity the groups of the last tick asked for: each finite target up to the
+    /// group's demand or reservation. The rest of the capacity is room a new group may take.
+    pub(super) taken_total: f64,
+    /// Every group's rates added up at the last tick.
+    pub(super) totals: super::Totals,
+    /// What the groups of the last tick whose rows were complete claim of the capacity, per
+    /// priority ([`Engine::capacity_claims`]); summed only while a capacity is shared.
+    pub(super) claims: Vec<Claim>,
+}
+
+/// The tick's buffers, kept from one tick to the next: each tracked group's load from the
+/// backends' reports, its row, and its clients' demands. The rows are shared with the
+/// capacity's sharing while it is computed without the engine ([`SharesWork`]).
+#[derive(Default)]
+pub(super) struct Buffers {
+    pub(super) scratch: Vec<f64>,
+    pub(super) loads: super::saturation::Loads,
+    pub(super) rows: Arc<Vec<Row>>,
+    pub(super) asking: Vec<super::split::Asking>,
+}
+
 /// How many groups (or backends' loads) a tick's first slice walks; the next slices are sized
 /// by [`next_slice`] to take about [`TICK_SLICE_TARGET`] each.
 pub const TICK_SLICE_GROUPS: usize = 256;
@@ -158,7 +221,7 @@ impl Engine {
     /// between a tick's slices, it is the tick before's: the rows under way are half made.
     /// Empty while no capacity is configured.
     pub fn capacity_claims(&self) -> Vec<Claim> {
-        self.claims.clone()
+        self.ticking.found.claims.clone()
     }
 
     /// Sums the rows' claims per priority, once a tick's rows are complete.
@@ -204,33 +267,33 @@ impl Engine {
     /// counts if its backend is not gathered yet; a group tracked after the tick began waits
     /// for the next.
     pub fn begin_tick(&mut self, now: Nanos) {
-        if self.run.is_some() {
+        if self.ticking.run.is_some() {
             while !self.tick_slice(usize::MAX) {}
         }
         self.learning.touch(now);
         self.learning.expire(now);
         self.quotas.observe(now);
-        let elapsed = self.last_tick.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
-        self.last_tick = Some(now);
-        self.onset = false;
+        let elapsed = self.ticking.last.map_or(self.settings.tick, |t| now.since(t)).as_secs_f64().max(1e-9);
+        self.ticking.last = Some(now);
+        self.ticking.onset = false;
         self.expire(now);
         self.expire_slots(now);
-        self.nest();
-        self.reports_floor = Nanos(u64::MAX);
-        self.loads.begin();
+        self.catalog.nest(&self.tracked);
+        self.ticking.reports_floor = Nanos(u64::MAX);
+        self.ticking.buffers.loads.begin();
         // The buffers are kept from tick to tick: at 100,000 groups fresh ones cost a page
         // fault every few groups.
-        match Arc::get_mut(&mut self.rows) {
+        match Arc::get_mut(&mut self.ticking.buffers.rows) {
             Some(rows) => {
                 rows.clear();
                 rows.reserve(self.tracked.len());
             }
             // A sharing taken out and never computed still holds the last tick's rows.
-            None => self.rows = Arc::new(Vec::with_capacity(self.tracked.len())),
+            None => self.ticking.buffers.rows = Arc::new(Vec::with_capacity(self.tracked.len())),
         }
-        self.asking.clear();
+        self.ticking.buffers.asking.clear();
         let keep = (-elapsed / self.settings.cost_folding.as_secs_f64().max(1e-9)).exp();
-        self.run = Some(Box::new(TickRun {
+        self.ticking.run = Some(Box::new(TickRun {
             now,
             elapsed,
             keep,
@@ -261,7 +324,8 @@ impl Engine {
     /// meanwhile; the gathering ends after the last backend.
     fn gather_slice(&mut self, run: &mut TickRun, budget: usize) {
         use std::ops::Bound;
-        let Engine { settings, configured, tracked, backends, loads, .. } = self;
+        let Engine { settings, catalog: configured, tracked, backends, ticking, .. } = self;
+        let loads = &mut ticking.buffers.loads;
         let sat = &settings.saturation;
         let quota = |g: &GroupName| {
             super::settings_in(configured, g).and_then(|s| s.limit().is_finite().then(|| s.limit().as_f64()))
@@ -299,32 +363,30 @@ impl Engine {
     /// Walks up to `groups` more groups of the tick under way (at least one); true once the
     /// tick is done, or when none is under way.
     pub fn tick_slice(&mut self, groups: usize) -> bool {
-        let Some(mut run) = self.run.take() else { return true };
+        let Some(mut run) = self.ticking.run.take() else { return true };
         let end = run.len.min(run.next.saturating_add(groups.max(1)));
         if run.gathering {
             self.gather_slice(&mut run, groups.max(1));
         } else if run.applying {
             self.apply_slice(&mut run, end);
             if run.next == run.len {
-                self.earliest_report = run.earliest.min(self.reports_floor);
-                self.taken_total = run.taken_total;
+                self.ticking.earliest_report = run.earliest.min(self.ticking.reports_floor);
+                self.ticking.found.taken_total = run.taken_total;
                 if self.settings.mode == AllocationMode::Fcfs {
                     // Held back from the free pool for the configured groups not in traffic.
-                    self.taken_total += self.reserved_elsewhere(run.len);
+                    self.ticking.found.taken_total += self.reserved_elsewhere(run.len);
                 }
-                self.totals = run.totals;
-                self.unticked_provisional = 0.0;
-                // Dropped rather than cleared: after a restart every group has some, and an
-                // emptied table would keep its room for all of them.
-                self.provisional = HashMap::default();
+                self.ticking.found.totals = run.totals;
+                self.provisional.ticked();
                 // Counted once done: what is read between two slices belongs to the tick
                 // before (a view cached by tick number is not kept half made).
-                self.ticks += 1;
+                self.ticking.count += 1;
                 return true;
             }
         } else if run.sharing {
             // Shared here when no one took the work apart (`shares_work`).
-            let shares = self.settings.capacity.map(|capacity| self.shares(capacity, &self.rows));
+            let shares =
+                self.settings.capacity.map(|capacity| self.shares(capacity, &self.ticking.buffers.rows));
             let fair = share_pools(&mut run.limited);
             run.start_applying(shares, fair);
         } else {
@@ -333,8 +395,8 @@ impl Engine {
                 // With a capacity or saturated backends' pools to share, that is a step of
                 // its own, for a caller that computes it without the engine.
                 match self.settings.capacity {
-                    Some(_) => Self::sum_claims(&self.rows, &mut self.claims),
-                    None => self.claims.clear(),
+                    Some(_) => Self::sum_claims(&self.ticking.buffers.rows, &mut self.ticking.found.claims),
+                    None => self.ticking.found.claims.clear(),
                 }
                 if self.settings.capacity.is_some() || !run.limited.is_empty() {
                     run.sharing = true;
@@ -343,7 +405,7 @@ impl Engine {
                 }
             }
         }
-        self.run = Some(run);
+        self.ticking.run = Some(run);
         false
     }
 
@@ -358,13 +420,13 @@ impl Engine {
     /// names (the next [`tick_slice`](Self::tick_slice) shares it then, as it does when no one
     /// takes the work). The same numbers either way.
     pub fn shares_work(&self) -> Option<SharesWork> {
-        let run = self.run.as_ref()?;
+        let run = self.ticking.run.as_ref()?;
         let capacity = self.settings.capacity;
         let inline = capacity.is_some() && self.settings.mode == AllocationMode::Fcfs;
         (run.sharing && !inline).then(|| SharesWork {
-            tick: self.ticks,
+            tick: self.ticking.count,
             capacity,
-            rows: Arc::clone(&self.rows),
+            rows: Arc::clone(&self.ticking.buffers.rows),
             limited: run.limited.clone(),
         })
     }
@@ -373,40 +435,29 @@ impl Engine {
     /// Ignored unless the tick it was taken from is still at that step (one finished in the
     /// meantime has shared its own).
     pub fn put_shares(&mut self, shares: Shares) {
-        let Some(run) = self.run.as_mut() else { return };
-        let whole = shares.shares.as_ref().is_none_or(|s| s.len() == self.rows.len());
-        if shares.tick == self.ticks && run.sharing && whole {
+        let Some(run) = self.ticking.run.as_mut() else { return };
+        let whole = shares.shares.as_ref().is_none_or(|s| s.len() == self.ticking.buffers.rows.len());
+        if shares.tick == self.ticking.count && run.sharing && whole {
             run.start_applying(shares.shares, shares.fair);
         }
     }
 
     /// Whether a tick begun by [`begin_tick`](Self::begin_tick) is not done yet.
     pub fn ticking(&self) -> bool {
-        self.run.is_some()
+        self.ticking.run.is_some()
     }
 
     /// The first walk, from `run.next` to `end`: each group's row (what the allocation needs),
     /// and its clients' asks appended to one list, which the last walk reads in order rather
     /// than from each group's own list.
     fn rows_slice(&mut self, run: &mut TickRun, end: usize) {
-        let Engine {
-            settings,
-            configured,
-            settings_generation,
-            tracked,
-            quotas,
-            loads,
-            rows,
-            asking,
-            nesting,
-            upstream,
-            ..
-        } = self;
+        let Engine { settings, catalog: configured, tracked, quotas, ticking, upstream, .. } = self;
+        let Buffers { loads, rows, asking, .. } = &mut ticking.buffers;
         // The engine's own while they are made: a sharing is taken out only once they are all
         // made, and gives them back as it is computed (`begin_tick` replaces any kept longer).
         let rows = Arc::make_mut(rows);
         let (now, elapsed, keep) = (run.now, run.elapsed, run.keep);
-        let generation = *settings_generation;
+        let generation = configured.generation();
         let sat = &settings.saturation;
         let ignore = sat.ignored_zones(run.reporting.zones.len());
         for (name, g) in tracked.as_mut_slice()[run.next..end].iter_mut() {
@@ -430,7 +481,8 @@ impl Engine {
                 traced.push(Traced { ratio: pressure.ratio, limited_by });
             }
             let settings_now = g.settings.as_deref();
-            let (reserved, cap, burst, exhausted) = limits_of(g, name, settings, (quotas, nesting, upstream));
+            let (reserved, cap, burst, exhausted) =
+                limits_of(g, name, settings, (quotas, configured.bounds(), upstream));
             let (demand, unthrottled) = asks(&g.clients, asking);
             // A group that may take its backends' room (throttled at the last tick, its limit
             // now above its target: the only groups they mark so) and that no saturated backend
@@ -470,7 +522,8 @@ impl Engine {
     fn apply_slice(&mut self, run: &mut TickRun, end: usize) {
         let trace_t = self.trace_time(run.now);
         let tick = self.settings.tick;
-        let Engine { tracked, rows, asking, scratch, trace, learning, configured, .. } = self;
+        let Engine { tracked, ticking, trace, learning, catalog: configured, .. } = self;
+        let Buffers { rows, asking, scratch, .. } = &mut ticking.buffers;
         let slice = &mut tracked.as_mut_slice()[run.next..end];
         for ((name, g), i) in slice.iter_mut().zip(run.next..) {
             let row = &rows[i];
@@ -566,11 +619,11 @@ impl Engine {
             .tracked
             .keys()
             .take(rows)
-            .filter_map(|n| self.configured.get(n))
+            .filter_map(|n| self.catalog.get(n))
             .filter(|s| s.parent().is_none())
             .map(|s| s.reserved())
             .sum();
-        let elsewhere = (self.reserved_configured - tracked_configured).max(0.0);
+        let elsewhere = (self.catalog.reserved() - tracked_configured).max(0.0);
         if self.settings.slow_start { elsewhere * SLOW_START_SHARE } else { elsewhere }
     }
 
@@ -583,7 +636,7 @@ impl Engine {
         let mut gone = Vec::new();
         // No group reported before the floor: unless that is an expiry ago, none is idle,
         // and the walk over every group (a millisecond at 100,000) is spared.
-        let floor = self.earliest_report.min(self.reports_floor);
+        let floor = self.ticking.earliest_report.min(self.ticking.reports_floor);
         if now.since(floor) >= idle {
             self.tracked.retain(|name, g| {
                 let keep = now.since(g.last_report) < idle;
@@ -603,7 +656,7 @@ impl Engine {
         if let Some(room) = room_to_keep(self.tracked.len(), self.tracked.capacity()) {
             self.tracked.shrink_to(room);
         }
-        shrink(&mut self.meters);
+        shrink(&mut self.metering.idle);
         shrink(&mut self.resume);
     }
 
@@ -629,7 +682,7 @@ impl Engine {
             }
             keep
         });
-        self.provisional.retain(|name, _| !gone(name));
+        self.provisional.forget(gone);
         self.slots.retain(|name, _| !gone(name));
         self.classes.retain(|name, _| !gone(name));
         let n = forgotten.len();
@@ -649,11 +702,11 @@ impl Engine {
             // is a group's that a pattern's or the default's quotas count (up to as many as
             // are tracked); another unconfigured one's goes with it, once what it consumed
             // since the store last took it has been taken (its name is among the changed ones).
-            if (meter.dirty && self.metering)
-                || self.configured.contains_key(&name)
+            if (meter.dirty && self.metering.on)
+                || self.catalog.contains_key(&name)
                 || self.keeps_meter_for_quotas(&name)
             {
-                self.meters.insert(name, meter);
+                self.metering.idle.insert(name, meter);
             }
         }
     }

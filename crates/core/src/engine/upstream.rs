@@ -68,7 +68,7 @@ impl Engine {
     /// tier above, which counts every region's consumption and allots the region its part.
     pub fn set_upstream_mode(&mut self, on: bool) {
         self.upstream = on.then(HashMap::default);
-        self.settings_changed(super::Nesting::Same);
+        self.catalog.touch();
     }
 
     /// Whether this is a regional engine.

@@ -65,12 +65,12 @@ impl Engine {
     /// Every group configured or tracked, in no particular order: one pass over each, so its
     /// cost is linear in the number of groups (sort outside any lock the engine is under).
     pub fn view(&self) -> Vec<GroupView> {
-        let mut out = Vec::with_capacity(self.configured.len() + self.tracked.len());
-        for (name, settings) in self.configured.iter() {
+        let mut out = Vec::with_capacity(self.catalog.len() + self.tracked.len());
+        for (name, settings) in self.catalog.iter() {
             out.push(self.view_of(name, Some(settings)));
         }
         for name in self.tracked.keys() {
-            if !self.configured.contains_key(name) {
+            if !self.catalog.contains_key(name) {
                 out.push(self.view_of(name, None));
             }
         }
@@ -82,18 +82,18 @@ impl Engine {
     /// past the last). Made a part at a time, a view of many groups holds the engine only a
     /// little at a time; changes between parts may show a group twice or not at all.
     pub fn view_part(&self, start: usize, len: usize) -> (Vec<GroupView>, Option<usize>) {
-        let mut out = Vec::with_capacity(len.min(self.configured.len() + self.tracked.len()));
-        let configured = self.configured.len();
+        let mut out = Vec::with_capacity(len.min(self.catalog.len() + self.tracked.len()));
+        let configured = self.catalog.len();
         let mut at = start;
         if at < configured {
-            for (name, settings) in self.configured.iter().skip(at).take(len) {
+            for (name, settings) in self.catalog.iter().skip(at).take(len) {
                 out.push(self.view_of(name, Some(settings)));
                 at += 1;
             }
         }
         while out.len() < len {
             let Some((name, _)) = self.tracked.get_index(at - configured) else { return (out, None) };
-            if !self.configured.contains_key(name) {
+            if !self.catalog.contains_key(name) {
                 out.push(self.view_of(name, None));
             }
             at += 1;
@@ -103,14 +103,14 @@ impl Engine {
 
     /// One group's view.
     pub fn group_view(&self, name: &GroupName) -> Option<GroupView> {
-        let settings = self.configured.get(name).map(|s| &**s);
+        let settings = self.catalog.get(name).map(|s| &**s);
         (settings.is_some() || self.tracked.contains_key(name)).then(|| self.view_of(name, settings))
     }
 
     fn view_of(&self, name: &GroupName, settings: Option<&GroupSettings>) -> GroupView {
         let g = self.tracked.get(name);
         let o = g.and_then(|g| g.outcome.as_ref());
-        let marks = match (g, self.last_tick) {
+        let marks = match (g, self.ticking.last) {
             (Some(g), Some(at)) => g.rate_now.marks(g.rates.as_deref(), at),
             _ => (None, None),
         };
@@ -134,8 +134,7 @@ impl Engine {
             avg_cost: o.map_or(1.0, |o| o.avg_cost),
             load: o.map_or(0.0, |o| f64::from(o.load)),
             budget_exhausted: o.is_some_and(|o| o.budget_exhausted),
-            granted: o.map_or(0.0, GroupOutcome::granted)
-                + self.provisional.get(name).map_or(0.0, |p| p.iter().map(|(_, r)| r).sum::<f64>()),
+            granted: o.map_or(0.0, GroupOutcome::granted) + self.provisional.of(name),
             ramp_pool: g.and_then(|g| g.ramp.as_ref()).map(|r| r.pool() as f64),
             last_minute: marks.0,
             last_hour: marks.1,
