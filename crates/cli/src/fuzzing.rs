@@ -160,7 +160,7 @@ pub fn grpc_message(data: &[u8]) {
                     let _ = Backend::get_settings(s, r).await;
                 }
             }
-            _ => controller.tick(Nanos(u64::from(which) * 1_000_000_000)),
+            _ => controller.pacer().tick(Nanos(u64::from(which) * 1_000_000_000)),
         }
     });
 }

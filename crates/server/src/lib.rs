@@ -57,7 +57,8 @@ use crate::cluster::shard_routing;
 #[cfg(feature = "etcd")]
 use crate::cluster::{election, shard_map, upstream_lease};
 pub use crate::controller::{
-    Controller, DIAGNOSTICS_SHOWN_MAX, ExchangeAnswer, PutMode, SETTINGS_WATCHERS_MAX,
+    Admin, Controller, DIAGNOSTICS_SHOWN_MAX, ExchangeAnswer, Ownership, Pacer, PutMode, Readings,
+    SETTINGS_WATCHERS_MAX,
 };
 pub use crate::error::AdminError;
 pub use crate::front::rlqs::RlqsStats;
@@ -215,8 +216,8 @@ impl Server {
             .await
             .map_err(|e| ServerError::Serve(format!("reading the settings files: {e}")))?;
         node.access.require_auth(opts.auth);
-        node.controller.set_cost_model(opts.cost_model);
-        node.controller.log_warnings();
+        node.controller.admin().set_cost_model(opts.cost_model);
+        node.controller.admin().log_warnings();
         let first_token = match (opts.auth, &opts.admin_token) {
             (false, _) => None,
             (true, None) => write_first_token(&node.access, &opts.data)?,
@@ -258,7 +259,7 @@ impl Server {
             }
         };
         if opts.region.is_some() {
-            node.controller.set_regional();
+            node.controller.ownership().set_regional();
         }
         let http = loading.finish().await;
         Ok(Server {
@@ -480,12 +481,12 @@ async fn wait_for_address(_: &EtcdTarget, _: &str, _: Duration) -> Result<(), Se
 async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
     let apply = |n: &Node, change: store::etcd::StoredChange| match change {
         store::etcd::StoredChange::Group(name, settings) => {
-            if n.controller.sync_group(name.clone(), settings.map(|s| *s), wall_ms()) {
+            if n.controller.admin().sync_group(name.clone(), settings.map(|s| *s), wall_ms()) {
                 tracing::info!(group = %name, "settings changed by another controller");
             }
         }
         store::etcd::StoredChange::Node(node) => {
-            if n.controller.sync_node(node) {
+            if n.controller.admin().sync_node(node) {
                 tracing::info!("node settings changed by another controller");
             }
         }
@@ -516,7 +517,7 @@ async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
         .await;
         match reread {
             Ok(Ok((stored, at))) => {
-                let held: Vec<_> = node.controller.groups().into_iter().map(|(n, _)| n).collect();
+                let held: Vec<_> = node.controller.admin().groups().into_iter().map(|(n, _)| n).collect();
                 for name in held {
                     if !stored.groups.contains_key(&name) {
                         apply(&node, store::etcd::StoredChange::Group(name, None));
@@ -676,7 +677,7 @@ async fn background(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let controller = node.controller.clone();
-    let mut ticks = tokio::time::interval(controller.tick_period());
+    let mut ticks = tokio::time::interval(controller.pacer().tick_period());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut flushes = tokio::time::interval(flush_interval);
     flushes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -693,9 +694,9 @@ async fn background(
     loop {
         tokio::select! {
             _ = ticks.tick() => ticker.tick(false).await,
-            () = controller.saturation_onset() => {
+            () = controller.pacer().saturation_onset() => {
                 // Unless a regular tick took the report meanwhile, or one ran early already.
-                if controller.take_early_tick() {
+                if controller.pacer().take_early_tick() {
                     tracing::debug!("a backend is newly saturated: ticking before the tick's turn");
                     ticker.tick(true).await;
                 }
@@ -742,19 +743,19 @@ impl Ticker {
         // between which the exchanges waiting go first, paced so that it takes a share of a
         // core rather than a whole one.
         let c = controller.clone();
-        let mut pacer = pace::TickPacer::new(c.tick_period());
+        let mut pacer = pace::TickPacer::new(c.pacer().tick_period());
         let run = move || {
             if early {
-                c.tick_early_paced(now, || pacer.pause());
+                c.pacer().tick_early_paced(now, || pacer.pause());
             } else {
-                c.tick_paced(now, || pacer.pause());
+                c.pacer().tick_paced(now, || pacer.pause());
             }
             c.roll_short_windows(wall_ms());
         };
         if let Err(e) = tokio::task::spawn_blocking(run).await {
             tracing::error!(error = %e, "a tick failed");
         }
-        controller.set_tick_span(self.clock.now().since(now));
+        controller.pacer().set_tick_span(self.clock.now().since(now));
         // One sample a second at most, on the blocking pool (it reads every group), and never
         // two at once.
         if self.sampled.is_none_or(|at| now.since(at) >= Duration::from_millis(990))
@@ -763,7 +764,7 @@ impl Ticker {
             self.sampled = Some(now);
             let (c, h, busy) = (controller.clone(), self.history.clone(), self.sampling.clone());
             tokio::task::spawn_blocking(move || {
-                let capacity = c.node().capacity;
+                let capacity = c.admin().node().capacity;
                 c.with_engine(|e| h.sample(e, capacity, wall_ms()));
                 busy.store(false, std::sync::atomic::Ordering::Release);
             });

@@ -182,9 +182,9 @@ fn apply(action: &Action, controller: &Controller, world: &mut World, now: Nanos
             Ok(())
         }
         Action::SetGroup { name, settings } => {
-            controller.set_group(name.clone(), (**settings).clone(), "scenario", wall_ms(now))
+            controller.admin().set_group(name.clone(), (**settings).clone(), "scenario", wall_ms(now))
         }
-        Action::RemoveGroup(name) => controller.drop_group(name, "scenario").map(|_| ()),
+        Action::RemoveGroup(name) => controller.admin().drop_group(name, "scenario").map(|_| ()),
         Action::Settle { group, units } => {
             world.settle(group, *units);
             Ok(())
@@ -476,7 +476,7 @@ impl Regions {
             .map(|_| {
                 let node = Node::open(Box::new(store.clone()), engine_settings(scenario), Nanos::ZERO, 0)
                     .expect("a store in memory loads");
-                node.controller.set_regional();
+                node.controller.ownership().set_regional();
                 node
             })
             .collect();
@@ -488,7 +488,7 @@ impl Regions {
     /// the global tier is down or the region cut off), and decays shares not renewed.
     fn step(&mut self, now: Nanos, global: &Node, global_up: bool, cut_until: &[Nanos], tick: bool) {
         for (r, (node, lease)) in self.nodes.iter().zip(&mut self.leases).enumerate() {
-            let usage = node.controller.upstream_usage();
+            let usage = node.controller.ownership().upstream_usage();
             if lease.is_due(now, &usage) {
                 let mut answered = global_up && cut_until[r] <= now;
                 if answered {
@@ -510,8 +510,8 @@ impl Regions {
             }
             lease.decay(now, &node.controller);
             // At its turn, or at once when a share moved, as the server ticks a region.
-            if tick || node.controller.take_early_tick() {
-                node.controller.tick(now);
+            if tick || node.controller.pacer().take_early_tick() {
+                node.controller.pacer().tick(now);
             }
         }
     }
@@ -525,10 +525,10 @@ fn sync_regions(action: &Action, regions: Option<&Regions>, shards: Option<&Shar
     for node in nodes {
         match action {
             Action::SetGroup { name, settings } => {
-                node.controller.sync_group(name.clone(), Some((**settings).clone()), wall_ms(now));
+                node.controller.admin().sync_group(name.clone(), Some((**settings).clone()), wall_ms(now));
             }
             Action::RemoveGroup(name) => {
-                node.controller.sync_group(name.clone(), None, wall_ms(now));
+                node.controller.admin().sync_group(name.clone(), None, wall_ms(now));
             }
             _ => {}
         }
@@ -631,7 +631,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let start = |now: Nanos| {
         let node = Node::open(Box::new(store.clone()), engine_settings(scenario), now, wall_ms(now))
             .expect("a store in memory loads");
-        node.controller.set_tracing(tracing);
+        node.controller.readings().set_tracing(tracing);
         node
     };
     let mut node = start(Nanos::ZERO);
@@ -709,7 +709,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             node.flush(now, wall_ms(now)).expect("a store in memory writes");
         }
         if ticked && let Some(sink) = hooks.trace.as_mut() {
-            for event in node.controller.take_trace().0 {
+            for event in node.controller.readings().take_trace().0 {
                 sink(event);
             }
         }
@@ -805,10 +805,10 @@ fn report_and_tick(now: Nanos, node: &Node, up: bool, due: (bool, bool), world: 
         }
     }
     if up && due.1 {
-        node.controller.tick(now);
+        node.controller.pacer().tick(now);
         true
-    } else if up && node.controller.take_early_tick() {
-        node.controller.tick_early_paced(now, || {});
+    } else if up && node.controller.pacer().take_early_tick() {
+        node.controller.pacer().tick_early_paced(now, || {});
         true
     } else {
         false
@@ -833,7 +833,10 @@ fn second_figures(
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let settings = controller.group(name).or_else(|| controller.group(&GroupName::default_group()));
+            let settings = controller
+                .admin()
+                .group(name)
+                .or_else(|| controller.admin().group(&GroupName::default_group()));
             let view = views.get(name);
             Second {
                 admitted: sample.groups[i].admitted_units,

@@ -130,6 +130,7 @@ impl Shards {
                 let (view, name) = (&o.view, o.name.as_str());
                 o.node
                     .controller
+                    .ownership()
                     .forget_groups(now, |_, root| !view.owns(name, shard_of(root.as_str(), view.shards())));
             }
         }
@@ -175,13 +176,14 @@ impl Shards {
     fn tick(&mut self, now: Nanos) {
         let running: Vec<&Owner> = self.owners.iter().filter(|o| o.runs(now)).collect();
         if let Some(capacity) = self.capacity {
-            let claims: Vec<_> = running.iter().map(|o| o.node.controller.capacity_claims()).collect();
+            let claims: Vec<_> =
+                running.iter().map(|o| o.node.controller.ownership().capacity_claims()).collect();
             for (o, part) in running.iter().zip(split_capacity(capacity, &claims)) {
-                o.node.controller.set_capacity_part(Some(part));
+                o.node.controller.ownership().set_capacity_part(Some(part));
             }
         }
         for o in running {
-            o.node.controller.tick(now);
+            o.node.controller.pacer().tick(now);
         }
     }
 
@@ -195,7 +197,7 @@ impl Shards {
     ) -> Result<v1::ExchangeResponse, ExchangeError> {
         let any = &self.owners[0].node.controller;
         let shards = self.map.shards();
-        let of = any.shards_of(request.groups.iter().map(|g| g.group.as_str()), shards);
+        let of = any.ownership().shards_of(request.groups.iter().map(|g| g.group.as_str()), shards);
         let (parts, _) = split_exchange(request, |i| {
             let owner = self.map.owner(of[i]?)?;
             self.owners.iter().position(|o| o.name == owner)
@@ -209,7 +211,9 @@ impl Shards {
                 continue;
             }
             let controller = &o.node.controller;
-            let mine = controller.shards_of(part.groups.iter().map(|g| g.group.as_str()), o.view.shards());
+            let mine = controller
+                .ownership()
+                .shards_of(part.groups.iter().map(|g| g.group.as_str()), o.view.shards());
             let mut at = 0;
             part.groups.retain(|_| {
                 at += 1;

@@ -143,13 +143,16 @@ impl Env {
 
 /// Puts a settings file's node settings and groups on the controller.
 fn apply(controller: &Controller, config: &Config) {
-    controller.set_capacity(config.node.capacity, "test").unwrap();
-    controller.set_mode(config.node.mode, "test").unwrap();
-    controller.set_slow_start(config.node.slow_start, "test").unwrap();
-    controller.set_shadow(config.node.shadow, "test").unwrap();
-    controller.set_throttling(config.node.throttling, "test").unwrap();
+    controller.admin().set_capacity(config.node.capacity, "test").unwrap();
+    controller.admin().set_mode(config.node.mode, "test").unwrap();
+    controller.admin().set_slow_start(config.node.slow_start, "test").unwrap();
+    controller.admin().set_shadow(config.node.shadow, "test").unwrap();
+    controller.admin().set_throttling(config.node.throttling, "test").unwrap();
     for (name, settings) in &config.groups {
-        controller.set_group(name.clone(), settings.clone(), "test", tollgate_controller::wall_ms()).unwrap();
+        controller
+            .admin()
+            .set_group(name.clone(), settings.clone(), "test", tollgate_controller::wall_ms())
+            .unwrap();
     }
 }
 
@@ -457,6 +460,7 @@ async fn resumed_ramp(env: Env) {
         drop(gate);
         if let Env::Remote { net } = &env {
             net.controller()
+                .admin()
                 .drop_group(&tollgate_model::settings::GroupName::new("r").unwrap(), "test")
                 .unwrap();
         }
@@ -546,7 +550,7 @@ async fn detailed_consumption(env: Env) {
         let g = tollgate_model::settings::GroupName::new("g").unwrap();
         let mut summed = None;
         for _ in 0..300 {
-            summed = net.controller().view().iter().find(|v| v.name == g).and_then(|v| v.detail);
+            summed = net.controller().readings().view().iter().find(|v| v.name == g).and_then(|v| v.detail);
             if summed == Some(want) {
                 break;
             }
@@ -778,7 +782,7 @@ async fn request_classes(env: Env) {
         // The controller counts each class as the client reports it.
         env.sleep(Duration::from_millis(1500)).await;
         let name = tollgate_model::settings::GroupName::new("g").unwrap();
-        let view = net.controller().view();
+        let view = net.controller().readings().view();
         let seen = view.iter().find(|v| v.name == name).and_then(|v| v.by_class).expect("counted by class");
         let s = g.stats();
         let client = s.by_class.map(|c| [c.admitted, c.throttled]);
@@ -836,7 +840,7 @@ async fn in_flight(env: Env) {
     if let Env::Remote { net } = &env {
         let name = tollgate_model::settings::GroupName::new("g").unwrap();
         env.sleep(Duration::from_millis(1500)).await; // an exchange: the controller hears
-        let view = net.controller().view();
+        let view = net.controller().readings().view();
         let seen =
             view.iter().find(|v| v.name == name).and_then(|v| v.in_flight).expect("the controller's view");
         assert_eq!(seen.held as usize, counts.iter().sum::<usize>(), "{seen:?}");
@@ -970,7 +974,9 @@ fn remote_clients_enter_safe_mode_past_the_lease_and_leave_it_when_the_controlle
         }
         assert!(gate.remote_status().unwrap().connected);
         // The controller kept the group's settings.
-        assert!(net.controller().group(&tollgate_model::settings::GroupName::new("g").unwrap()).is_some());
+        assert!(
+            net.controller().admin().group(&tollgate_model::settings::GroupName::new("g").unwrap()).is_some()
+        );
     });
 }
 
@@ -1093,6 +1099,7 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
     let controller =
         Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap();
     controller
+        .admin()
         .set_group(
             GroupName::new("g").unwrap(),
             GroupSettings::builder().limit(100.0).build().unwrap(),
@@ -1108,7 +1115,7 @@ fn remote_a_client_keeps_its_own_period_and_exchanges_early_when_low_on_tokens()
     let run_until = |until_ms: u64, driver: &mut tollgate_limiter::Driver, exchanges: &mut Vec<u64>| loop {
         let now = tollgate_model::time::Clock::now(&clock);
         if now.0.is_multiple_of(1_000_000_000) {
-            controller.tick(now);
+            controller.pacer().tick(now);
         }
         if driver.is_due(now) {
             let request = driver.request(now).unwrap();
@@ -1150,7 +1157,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
     let controller = Controller::new(Box::new(MemoryStore::default()), settings, Nanos::ZERO, 0).unwrap();
     let name = GroupName::new("g").unwrap();
     let limit = |l: f64| GroupSettings::builder().limit(l).build().unwrap();
-    controller.set_group(name.clone(), limit(100.0), "test", tollgate_controller::wall_ms()).unwrap();
+    controller.admin().set_group(name.clone(), limit(100.0), "test", tollgate_controller::wall_ms()).unwrap();
     let (gate, mut driver) =
         Tollgate::remote_driven(RemoteOptions::default().with_clock(clock.clone())).unwrap();
     let g = gate.group("g").unwrap();
@@ -1158,7 +1165,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
     let allowance_at = |ms: u64, driver: &mut tollgate_limiter::Driver| loop {
         let now = clock.now();
         if now.0.is_multiple_of(1_000_000_000) {
-            controller.tick(now);
+            controller.pacer().tick(now);
         }
         driver.poll(now);
         if driver.is_due(now) {
@@ -1175,7 +1182,7 @@ fn remote_a_rising_grant_is_taken_up_over_the_trickle() {
         (allowance_at(10, &mut driver), allowance_at(1010, &mut driver), allowance_at(2500, &mut driver));
     assert!(early < 10.0 && (40.0..=60.0).contains(&half) && full == 100.0, "{early}, {half}, {full}");
     // A lower limit applies at the next exchange, at once.
-    controller.set_group(name, limit(20.0), "test", tollgate_controller::wall_ms()).unwrap();
+    controller.admin().set_group(name, limit(20.0), "test", tollgate_controller::wall_ms()).unwrap();
     assert_eq!(allowance_at(4500, &mut driver), 20.0);
 }
 
@@ -1192,6 +1199,7 @@ fn remote_a_client_past_one_exchanges_bound_pages_its_groups_busiest_first() {
         Controller::new(Box::new(MemoryStore::default()), EngineSettings::default(), Nanos::ZERO, 0).unwrap();
     let limit = GroupSettings::builder().limit(100.0).build().unwrap();
     controller
+        .admin()
         .set_group(GroupName::new("steady").unwrap(), limit, "test", tollgate_controller::wall_ms())
         .unwrap();
     let (gate, mut driver) =
@@ -1217,7 +1225,7 @@ fn remote_a_client_past_one_exchanges_bound_pages_its_groups_busiest_first() {
     assert!(handles.iter().all(GroupHandle::has_grant) && steady.has_grant(), "every page answered");
     assert!(gate.remote_status().is_some_and(|s| !s.safe_mode));
     // A round later only the steady group was called: it leads the first page.
-    controller.tick(now);
+    controller.pacer().tick(now);
     clock.advance(Duration::from_secs(1));
     for _ in 0..20 {
         steady.try_acquire(1.0).unwrap();

@@ -172,8 +172,8 @@ async fn term(
                         let recent = stored.as_ref().and_then(|s| s.recent.clone());
                         controller.relearn(clock.now(), recent.map_or(Relearn::All, Relearn::Groups));
                         if let Some(stored) = stored {
-                            let meters = controller.restore_meters(stored.meters, |_| true);
-                            let ramps = controller.resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
+                            let meters = controller.ownership().restore_meters(stored.meters, |_| true);
+                            let ramps = controller.ownership().resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
                             tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
                         }
                     }

@@ -4,7 +4,7 @@
 //! alike.
 //!
 //! A round reports every group the region's clients use, added up
-//! ([`Controller::upstream_usage`]), in pages of at most
+//! ([`crate::controller::Ownership::upstream_usage`]), in pages of at most
 //! [`EXCHANGE_GROUPS_MAX`](tollgate_proto::EXCHANGE_GROUPS_MAX) groups, each page one exchange
 //! of the client `region/NAME`, numbered as a client numbers its exchanges. Each share granted
 //! is the regional engine's ceiling for its group from then on. A share not renewed within its
@@ -153,7 +153,7 @@ impl RegionLease {
             })
             .collect();
         self.reported.extend(page.meters.into_iter().map(|(n, m, _)| (n, m)));
-        controller.set_upstream(granted.iter().map(|(n, s)| (n.clone(), s.grant)));
+        controller.ownership().set_upstream(granted.iter().map(|(n, s)| (n.clone(), s.grant)));
         self.shares.extend(granted);
         self.period = Duration::from_millis(u64::from(answer.next_exchange_ms.max(1)));
         self.next_tick = Duration::from_millis(u64::from(answer.next_tick_ms));
@@ -196,7 +196,7 @@ impl RegionLease {
         }
         let decaying = !decayed.is_empty();
         if decaying {
-            controller.set_upstream(decayed);
+            controller.ownership().set_upstream(decayed);
         }
         decaying
     }
@@ -255,8 +255,8 @@ mod tests {
     fn regional() -> crate::node::Node {
         let store = Box::new(crate::store::MemoryStore::default());
         let node = crate::node::Node::open(store, EngineSettings::default(), Nanos(0), 0).unwrap();
-        node.controller.set_regional();
-        node.controller.sync_group(
+        node.controller.ownership().set_regional();
+        node.controller.admin().sync_group(
             GroupName::new("g").unwrap(),
             Some(GroupSettings::fixed(100.0).unwrap()),
             0,
@@ -289,7 +289,7 @@ mod tests {
             ..Default::default()
         };
         node.controller.exchange(sec(0.0), &ask).unwrap();
-        let usage = node.controller.upstream_usage();
+        let usage = node.controller.ownership().upstream_usage();
         assert!(lease.is_due(sec(0.0), &usage), "a group with no share yet is leased at once");
         let pages = lease.pages(&usage);
         assert_eq!(pages.len(), 1);
@@ -299,10 +299,11 @@ mod tests {
             lease.answered(sec(0.0), page, &answer(100.0, 2000), &node.controller);
         }
         lease.round_answered(sec(0.0), &usage);
-        let held = |node: &crate::node::Node| node.controller.upstream_usage()[0].held.unwrap().rate;
+        let held =
+            |node: &crate::node::Node| node.controller.ownership().upstream_usage()[0].held.unwrap().rate;
         assert_eq!(held(&node), 60.0);
         // The next round comes once the global tier's next grants are made.
-        let usage = node.controller.upstream_usage();
+        let usage = node.controller.ownership().upstream_usage();
         assert!(!lease.is_due(sec(0.3), &usage));
         assert!(lease.is_due(sec(0.4), &usage));
         // Not answered: the share holds for its lease (2 s), then halves every 5 s.
@@ -350,13 +351,13 @@ mod quota_tests {
             0,
         )
         .unwrap();
-        global.set_group(g.clone(), budget(), "test", 0).unwrap();
+        global.admin().set_group(g.clone(), budget(), "test", 0).unwrap();
         let regions: Vec<crate::node::Node> = (0..2)
             .map(|_| {
                 let store = Box::new(crate::store::MemoryStore::default());
                 let node = crate::node::Node::open(store, EngineSettings::default(), Nanos(0), 0).unwrap();
-                node.controller.set_regional();
-                node.controller.sync_group(g.clone(), Some(budget()), 0);
+                node.controller.ownership().set_regional();
+                node.controller.admin().sync_group(g.clone(), Some(budget()), 0);
                 node
             })
             .collect();
@@ -404,7 +405,7 @@ mod quota_tests {
                     admitted += take;
                 }
                 for (lease, node) in leases.iter_mut().zip(&regions) {
-                    let usage = node.controller.upstream_usage();
+                    let usage = node.controller.ownership().upstream_usage();
                     if !lease.is_due(now, &usage) {
                         continue;
                     }
@@ -415,8 +416,8 @@ mod quota_tests {
                     lease.round_answered(now, &usage);
                 }
                 if tenth == 0 {
-                    global.tick(now);
-                    regions.iter().for_each(|r| r.controller.tick(now));
+                    global.pacer().tick(now);
+                    regions.iter().for_each(|r| r.controller.pacer().tick(now));
                 }
                 assert!(
                     admitted <= 100.0 + 1e-9,

@@ -211,7 +211,7 @@ async fn restore_progress(
     let taken: Vec<u16> = gained.iter().copied().collect();
     let learnt = match stored.as_ref().and_then(|s| s.recent.as_ref()) {
         Some(recent) => {
-            let roots = controller.shards_of(recent.iter().map(|g| g.as_str()), shards);
+            let roots = controller.ownership().shards_of(recent.iter().map(|g| g.as_str()), shards);
             let given = recent.iter().zip(roots).filter(|(_, s)| s.is_some_and(|s| gained.contains(&s)));
             Relearn::Groups(given.map(|(g, _)| g.clone()).collect())
         }
@@ -222,8 +222,8 @@ async fn restore_progress(
     let mine = |root: &tollgate_model::settings::GroupName| {
         gained.contains(&tollgate_model::shard::shard_of(root.as_str(), shards))
     };
-    let meters = controller.restore_meters(stored.meters, mine);
-    let ramps = controller.resume_ramps(clock.now(), crate::clock::wall_ms(), stored.ramps, mine);
+    let meters = controller.ownership().restore_meters(stored.meters, mine);
+    let ramps = controller.ownership().resume_ramps(clock.now(), crate::clock::wall_ms(), stored.ramps, mine);
     tracing::debug!(meters, ramps, "shards: the consumption and ramps of the groups given were read");
 }
 
@@ -396,20 +396,20 @@ async fn write(client: &mut Client, key: &str, revision: i64, map: &ShardMap) ->
 /// At every tick with a capacity configured: writes this owner's claims under its lease, reads
 /// every owner's, and takes its part of the capacity.
 pub async fn share_capacity(target: EtcdTarget, sharding: Arc<Sharding>, controller: Arc<Controller>) {
-    let mut every = tokio::time::interval(controller.tick_period());
+    let mut every = tokio::time::interval(controller.pacer().tick_period());
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<Client> = None;
     // The claims this controller last wrote, and under which term's lease.
     let mut written: Option<(i64, Vec<tollgate_model::allocate::Claim>)> = None;
     loop {
         every.tick().await;
-        if controller.node().capacity.is_none() {
+        if controller.admin().node().capacity.is_none() {
             continue;
         }
         let Some(lease) = *sharding.terms().borrow() else {
             // Between terms nothing is granted; a new term starts from no part, not from the
             // last (another owner may have taken it meanwhile), until its first split.
-            controller.set_capacity_part(Some(0.0));
+            controller.ownership().set_capacity_part(Some(0.0));
             continue;
         };
         if client.is_none() {
@@ -434,14 +434,14 @@ async fn share_once(
     lease: i64,
     written: &mut Option<(i64, Vec<tollgate_model::allocate::Claim>)>,
 ) -> Result<(), String> {
-    let mine = controller.capacity_claims();
+    let mine = controller.ownership().capacity_claims();
     let key = per_member(target, "claims", sharding.me());
     bounded(client.put(key.clone(), encode_claims(&mine), Some(PutOptions::new().with_lease(lease)))).await?;
     let before = written.replace((lease, mine.clone())).map(|(_, c)| c);
     let prefix = target.key("shards/claims/");
     let got = bounded(client.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
     let live = members(client, target, sharding).await?;
-    let Some(capacity) = controller.node().capacity else { return Ok(()) };
+    let Some(capacity) = controller.admin().node().capacity else { return Ok(()) };
     let mut owners = Vec::new();
     let mut me = None;
     let mut claimed = std::collections::HashSet::new();
@@ -486,7 +486,7 @@ async fn share_once(
             }
             None => split_capacity(capacity, &owners).get(at).map(|p| p.min(even)),
         };
-        controller.set_capacity_part(part);
+        controller.ownership().set_capacity_part(part);
     }
     Ok(())
 }

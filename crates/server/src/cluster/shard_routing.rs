@@ -143,12 +143,14 @@ impl Sharding {
         }
         let me = self.me.as_str();
         let shards = map.shards();
-        let gone = controller.forget_groups(now, |_, root| !map.owns(me, shard_of(root.as_str(), shards)));
+        let gone = controller
+            .ownership()
+            .forget_groups(now, |_, root| !map.owns(me, shard_of(root.as_str(), shards)));
         self.groups_moved_away.fetch_add(gone as u64, Ordering::Relaxed);
         self.maps_applied.fetch_add(1, Ordering::Relaxed);
         // A capacity configured before the next split starts at an even share among the
         // members that own shards.
-        controller.share_capacity_among(map.members().len());
+        controller.ownership().share_capacity_among(map.members().len());
         let mut v = self.view.lock().unwrap_or_else(PoisonError::into_inner);
         v.map = Some(Arc::new(map));
         true
@@ -161,6 +163,7 @@ impl Sharding {
         let v = self.view();
         let Some(map) = v.map.as_ref() else { return vec![None; groups.len()] };
         controller
+            .ownership()
             .shards_of(groups.iter().copied(), self.shards)
             .into_iter()
             .map(|shard| {

@@ -42,13 +42,13 @@ pub async fn run(node: Node, target: EtcdTarget, region: String, clock: Clock) {
     while !observer.is_finished() {
         tokio::select! {
             () = tokio::time::sleep(LOOK_EVERY) => {}
-            () = node.controller.share_wanted() => {}
+            () = node.controller.ownership().share_wanted() => {}
         }
         let now = clock.now();
         if node.cluster.following().is_some() {
             continue;
         }
-        let usage = node.controller.upstream_usage();
+        let usage = node.controller.ownership().upstream_usage();
         if lease.is_due(now, &usage) {
             let leader = status.leader.lock().unwrap_or_else(PoisonError::into_inner).clone();
             let answered = match leader {

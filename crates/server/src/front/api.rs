@@ -379,7 +379,7 @@ async fn list(State(api): State<Api>, RawQuery(query): RawQuery) -> Answer {
         Ok(q) => q,
         Err(a) => return a,
     };
-    let groups = api.node.controller.groups();
+    let groups = api.node.controller.admin().groups();
     let start = groups.partition_point(|(n, _)| n.as_str() <= after.as_str());
     let end = start.saturating_add(limit).min(groups.len());
     let next = (end < groups.len() && end > start).then(|| page_token(groups[end - 1].0.as_str()));
@@ -402,7 +402,7 @@ async fn show(State(api): State<Api>, Path(name): Path<String>) -> Answer {
         Ok(n) => n,
         Err(a) => return a,
     };
-    match api.node.controller.group(&name) {
+    match api.node.controller.admin().group(&name) {
         Some(s) => typed(StatusCode::OK, &group_of(name.as_str(), &s)),
         None => admin_error(AdminError::NotFound(name.to_string())),
     }
@@ -433,9 +433,9 @@ async fn put_with(
     let p = body.to_patch();
     let who = who(ext);
     let n = name.clone();
-    let created =
-        mode == PutMode::Create || (mode == PutMode::Upsert && api.node.controller.group(&name).is_none());
-    match change(&api, move |c| c.put_group(n, &p, mode, &who, crate::clock::wall_ms())).await {
+    let created = mode == PutMode::Create
+        || (mode == PutMode::Upsert && api.node.controller.admin().group(&name).is_none());
+    match change(&api, move |c| c.admin().put_group(n, &p, mode, &who, crate::clock::wall_ms())).await {
         Ok(s) => {
             let status = if created { StatusCode::CREATED } else { StatusCode::OK };
             typed(status, &group_of(name.as_str(), &s))
@@ -524,7 +524,7 @@ async fn drop_group(
     };
     let who = who(&ext);
     let n = name.clone();
-    match change(&api, move |c| c.drop_group(&n, &who)).await {
+    match change(&api, move |c| c.admin().drop_group(&n, &who)).await {
         Ok(true) => typed(StatusCode::OK, &DroppedGroup { dropped: Some(name.to_string()) }),
         Ok(false) if if_exists => typed(StatusCode::OK, &DroppedGroup { dropped: None }),
         Ok(false) => admin_error(AdminError::NotFound(name.to_string())),
@@ -551,7 +551,7 @@ fn node_of(n: crate::store::StoredNode) -> NodeSettings {
     responses((status = 200, description = "The node settings", body = NodeSettings),
         crate::front::body::AuthProblems))]
 async fn node(State(api): State<Api>) -> Answer {
-    typed(StatusCode::OK, &node_of(api.node.controller.node()))
+    typed(StatusCode::OK, &node_of(api.node.controller.admin().node()))
 }
 
 /// Changes the node settings the body gives.
@@ -579,7 +579,7 @@ async fn set_node(State(api): State<Api>, ext: axum::http::Extensions, body: Str
         throttling: b.throttling,
     };
     let who = who(&ext);
-    match change(&api, move |c| c.change_node(change_set, &who)).await {
+    match change(&api, move |c| c.admin().change_node(change_set, &who)).await {
         Ok(n) => typed(StatusCode::OK, &node_of(n)),
         Err(a) => a,
     }
@@ -674,7 +674,7 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
     if !b.refund
         && let Some(name) = tollgate_model::settings::GroupName::new(&group).ok()
         && let Err(rule) =
-            api.charges.check(&group, api.node.controller.settings_for(&name).as_ref(), b.units)
+            api.charges.check(&group, api.node.controller.admin().settings_for(&name).as_ref(), b.units)
     {
         return refuse(StatusCode::BAD_REQUEST, "units", rule);
     }

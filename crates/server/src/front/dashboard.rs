@@ -256,7 +256,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
         }
     }
     let built = tokio::task::spawn_blocking(move || {
-        let view = d.node.controller.view();
+        let view = d.node.controller.readings().view();
         let (rows, matching) = page_of(&view, &filter, page);
         let rows: Vec<Value> = rows.into_iter().map(row).collect();
         let busiest: Vec<&str> = busiest(&view, &filter).into_iter().map(|g| g.name.as_str()).collect();
@@ -271,9 +271,9 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             let series = d.history.group(name, since).map(|s| series_json(&s, &GROUP_SERIES));
             charted.insert(name.to_string(), json!({ "now": row(g), "series": series }));
         }
-        let node = d.node.controller.node();
+        let node = d.node.controller.admin().node();
         let now = d.clock.now();
-        let (clients, backends, learning) = d.node.controller.tracking(now);
+        let (clients, backends, learning) = d.node.controller.readings().tracking(now);
         let role = d.node.cluster.role();
         json!({
             "next": d.history.next(),
@@ -287,14 +287,14 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
                 "learning": learning,
                 "shadow": node.shadow,
                 "throttling": node.throttling,
-                "exchanges": d.node.controller.exchanges(),
+                "exchanges": d.node.controller.readings().exchanges(),
                 "groups": view.len(),
                 "clients": clients,
                 "backends": backends,
                 "admitted": view.iter().map(|g| g.admitted).sum::<f64>(),
                 "demand": view.iter().map(|g| g.demand).sum::<f64>(),
-                "unit": d.node.controller.cost_model().unit(),
-                "warnings": d.node.controller.warnings(),
+                "unit": d.node.controller.admin().cost_model().unit(),
+                "warnings": d.node.controller.admin().warnings(),
             },
             "series": series_json(&d.history.node(since), &NODE_SERIES),
             "groups": rows,
@@ -304,7 +304,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             "busiest": busiest,
             "charts": charted,
             "unknown": unknown,
-            "diagnostics": diagnostics_json(&d.node.controller.diagnostics(now)),
+            "diagnostics": diagnostics_json(&d.node.controller.readings().diagnostics(now)),
         })
     });
     match built.await {
@@ -327,7 +327,7 @@ async fn group(State(d): State<Dash>, Path(name): Path<String>, RawQuery(raw): R
         Ok(s) => s,
         Err(a) => return a,
     };
-    let view = d.node.controller.view();
+    let view = d.node.controller.readings().view();
     let Ok(at) = view.binary_search_by(|g| g.name.cmp(&name)) else {
         return refuse_whole(
             StatusCode::NOT_FOUND,

@@ -541,7 +541,7 @@ impl Backend for Services {
         _: Request<v1::WatchSettingsRequest>,
     ) -> Result<Response<Self::WatchSettingsStream>, Status> {
         use tokio_stream::StreamExt as _;
-        let Some(rx) = self.node.controller.watch_settings() else {
+        let Some(rx) = self.node.controller.admin().watch_settings() else {
             return Err(Status::resource_exhausted(format!(
                 "at most {} backends watch the settings at once",
                 crate::controller::SETTINGS_WATCHERS_MAX
@@ -550,8 +550,8 @@ impl Backend for Services {
         // The whole set at once, then after each change; changes in quick succession are
         // sent as one (the watch keeps only the latest version).
         let controller = self.node.controller.clone();
-        let sets =
-            tokio_stream::wrappers::WatchStream::new(rx).map(move |_| Ok(controller.backend_settings(0)));
+        let sets = tokio_stream::wrappers::WatchStream::new(rx)
+            .map(move |_| Ok(controller.admin().backend_settings(0)));
         Ok(Response::new(Box::pin(sets)))
     }
 
@@ -559,7 +559,7 @@ impl Backend for Services {
         &self,
         req: Request<v1::GetSettingsRequest>,
     ) -> Result<Response<v1::BackendSettings>, Status> {
-        Ok(Response::new(self.node.controller.backend_settings(req.into_inner().known_version)))
+        Ok(Response::new(self.node.controller.admin().backend_settings(req.into_inner().known_version)))
     }
 }
 
@@ -601,7 +601,7 @@ impl Admin for Services {
         let patch = r.patch.unwrap_or_default();
         let n = name.clone();
         let settings = self
-            .admin(move |c| c.controller.put_group(n, &patch, mode, &who, crate::clock::wall_ms()))
+            .admin(move |c| c.controller.admin().put_group(n, &patch, mode, &who, crate::clock::wall_ms()))
             .await?;
         Ok(Response::new(info(&name, &settings)))
     }
@@ -613,7 +613,7 @@ impl Admin for Services {
         let who = who(&req);
         let r = req.into_inner();
         let name = group_name("name", &r.name)?;
-        let existed = self.admin(move |c| c.controller.drop_group(&name, &who)).await?;
+        let existed = self.admin(move |c| c.controller.admin().drop_group(&name, &who)).await?;
         if !existed && !r.if_exists {
             return Err(Status::not_found(format!("group {:?} does not exist", r.name)));
         }
@@ -622,7 +622,7 @@ impl Admin for Services {
 
     async fn get_group(&self, req: Request<v1::GetGroupRequest>) -> Result<Response<v1::GroupInfo>, Status> {
         let name = group_name("name", &req.into_inner().name)?;
-        match self.node.controller.group(&name) {
+        match self.node.controller.admin().group(&name) {
             Some(s) => Ok(Response::new(info(&name, &s))),
             None => Err(Status::not_found(format!("group {:?} does not exist", name.as_str()))),
         }
@@ -634,7 +634,7 @@ impl Admin for Services {
     ) -> Result<Response<v1::ListGroupsResponse>, Status> {
         let r = req.into_inner();
         let page = Page::of(r.page_size, &r.page_token).map_err(Status::invalid_argument)?;
-        let all = self.node.controller.groups();
+        let all = self.node.controller.admin().groups();
         let (groups, next_page_token) = page.take(&all, |(n, _)| n.as_str());
         let groups = groups.iter().map(|(n, s)| info(n, s)).collect();
         Ok(Response::new(v1::ListGroupsResponse { groups, next_page_token }))
@@ -646,7 +646,9 @@ impl Admin for Services {
     ) -> Result<Response<v1::NodeInfo>, Status> {
         let who = who(&req);
         let capacity = req.into_inner().capacity;
-        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_capacity(capacity, &who)).await?)))
+        Ok(Response::new(node_info(
+            self.admin(move |c| c.controller.admin().set_capacity(capacity, &who)).await?,
+        )))
     }
 
     async fn set_mode(&self, req: Request<v1::SetModeRequest>) -> Result<Response<v1::NodeInfo>, Status> {
@@ -655,7 +657,7 @@ impl Admin for Services {
         let mode = v1::AllocationMode::try_from(r.mode)
             .map_err(|_| Status::invalid_argument(format!("mode: unknown mode {}", r.mode)))?;
         let mode = convert::mode_from_proto(mode);
-        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_mode(mode, &who)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.controller.admin().set_mode(mode, &who)).await?)))
     }
 
     async fn set_slow_start(
@@ -664,13 +666,15 @@ impl Admin for Services {
     ) -> Result<Response<v1::NodeInfo>, Status> {
         let who = who(&req);
         let on = req.into_inner().on;
-        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_slow_start(on, &who)).await?)))
+        Ok(Response::new(node_info(
+            self.admin(move |c| c.controller.admin().set_slow_start(on, &who)).await?,
+        )))
     }
 
     async fn set_shadow(&self, req: Request<v1::SetShadowRequest>) -> Result<Response<v1::NodeInfo>, Status> {
         let who = who(&req);
         let on = req.into_inner().on;
-        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_shadow(on, &who)).await?)))
+        Ok(Response::new(node_info(self.admin(move |c| c.controller.admin().set_shadow(on, &who)).await?)))
     }
 
     async fn set_throttling(
@@ -679,11 +683,13 @@ impl Admin for Services {
     ) -> Result<Response<v1::NodeInfo>, Status> {
         let who = who(&req);
         let on = req.into_inner().on;
-        Ok(Response::new(node_info(self.admin(move |c| c.controller.set_throttling(on, &who)).await?)))
+        Ok(Response::new(node_info(
+            self.admin(move |c| c.controller.admin().set_throttling(on, &who)).await?,
+        )))
     }
 
     async fn get_node(&self, _: Request<v1::GetNodeRequest>) -> Result<Response<v1::NodeInfo>, Status> {
-        Ok(Response::new(node_info(self.node.controller.node())))
+        Ok(Response::new(node_info(self.node.controller.admin().node())))
     }
 
     type TraceStream =
@@ -722,7 +728,7 @@ impl Admin for Services {
         };
         let since = r.since_unix_ms;
         let records = self
-            .admin(move |c| c.controller.audit_log(since, limit).map_err(AdminError::from))
+            .admin(move |c| c.controller.admin().audit_log(since, limit).map_err(AdminError::from))
             .await?
             .into_iter()
             .map(|a| v1::AuditEntry {
@@ -808,7 +814,9 @@ impl Admin for Services {
         let group = if r.group.is_empty() { None } else { Some(group_name("group", &r.group)?) };
         let since = r.since_unix_ms;
         let records = self
-            .admin(move |c| c.controller.usage(group.as_ref(), since, limit).map_err(AdminError::from))
+            .admin(move |c| {
+                c.controller.admin().usage(group.as_ref(), since, limit).map_err(AdminError::from)
+            })
             .await?
             .into_iter()
             .map(|u| v1::UsageRecord {

@@ -100,7 +100,7 @@ async fn metrics(State(app): State<AppState>, headers: axum::http::HeaderMap) ->
 /// `ok`, or 503 with what is wrong: the settings store cannot take writes (a full disk), so
 /// settings changes fail until it can; exchanges are still answered.
 async fn health(State(app): State<AppState>) -> axum::response::Response {
-    match app.node.controller.store_health() {
+    match app.node.controller.readings().store_health() {
         None => "ok\n".into_response(),
         Some(reason) => {
             (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response()
@@ -112,7 +112,7 @@ async fn health(State(app): State<AppState>) -> axum::response::Response {
 /// knows no leader (etcd is out of reach, or an election is under way), or it grants and is
 /// still in its learning lease (the first lease after a start or an election).
 async fn ready(State(app): State<AppState>) -> axum::response::Response {
-    if let Some(reason) = app.node.controller.store_health() {
+    if let Some(reason) = app.node.controller.readings().store_health() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("store: {reason}\n")).into_response();
     }
     let role = app.node.cluster.role();
@@ -124,7 +124,7 @@ async fn ready(State(app): State<AppState>) -> axum::response::Response {
             .into_response();
     }
     if role.role != crate::cluster::role::Role::Follower
-        && let Some(left) = app.node.controller.learning_left(app.clock.now())
+        && let Some(left) = app.node.controller.readings().learning_left(app.clock.now())
     {
         let body = format!("learning: relearning what clients hold, {} ms left\n", left.as_millis().max(1));
         return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
@@ -222,7 +222,7 @@ fn who_addr(ext: &axum::http::Extensions) -> String {
 /// `GET /v1/node/properties`: Couchbase's node document.
 #[utoipa::path(get, path = "/v1/node/properties", operation_id = "getNodeProperties", tag = "couchbase", responses((status = 200, description = "The node settings as Couchbase's JSON document", body = crate::front::schema::NodeProperties), (status = 400, description = "A bad parameter or body", body = crate::front::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::front::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::front::body::Problem, content_type = "application/problem+json")))]
 async fn node_properties(State(app): State<AppState>) -> axum::response::Response {
-    json(StatusCode::OK, properties::node_json(&app.node.controller.node()))
+    json(StatusCode::OK, properties::node_json(&app.node.controller.admin().node()))
 }
 
 /// `PUT /v1/node/properties`: changes the keys the document gives.
@@ -237,7 +237,7 @@ async fn set_node_properties(
         Ok(c) => c,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    match change(app, move |controller| controller.change_node(c, &who)).await {
+    match change(app, move |controller| controller.admin().change_node(c, &who)).await {
         Ok(node) => json(StatusCode::OK, properties::node_json(&node)),
         Err(response) => response,
     }
@@ -250,7 +250,7 @@ async fn group_properties(State(app): State<AppState>, Path(name): Path<String>)
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    match app.node.controller.group(&name) {
+    match app.node.controller.admin().group(&name) {
         Some(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
         None => admin_error(AdminError::NotFound(name.to_string())),
     }
@@ -269,13 +269,15 @@ async fn set_group_properties(
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let current = app.node.controller.group(&name).map(|s| convert::settings_to_proto(&s));
+    let current = app.node.controller.admin().group(&name).map(|s| convert::settings_to_proto(&s));
     let patch = match properties::group_patch(&body, current.as_ref()) {
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    match change(app, move |c| c.put_group(name, &patch, PutMode::Upsert, &who, crate::clock::wall_ms()))
-        .await
+    match change(app, move |c| {
+        c.admin().put_group(name, &patch, PutMode::Upsert, &who, crate::clock::wall_ms())
+    })
+    .await
     {
         Ok(s) => json(StatusCode::OK, properties::group_json(&convert::settings_to_proto(&s))),
         Err(response) => response,

@@ -686,7 +686,7 @@ impl Rls {
             let name = own.name(&r.domain, &entries, true);
             let pattern = checked_group(i, &name)?;
             let settings = own.settings();
-            if self.controller.group(&pattern).as_ref() == Some(&settings) {
+            if self.controller.admin().group(&pattern).as_ref() == Some(&settings) {
                 continue;
             }
             {
@@ -700,7 +700,12 @@ impl Rls {
             }
             let c = self.controller.clone();
             tokio::task::spawn_blocking(move || {
-                c.set_group(pattern, settings, "rls (a descriptor's own limit)", crate::clock::wall_ms())
+                c.admin().set_group(
+                    pattern,
+                    settings,
+                    "rls (a descriptor's own limit)",
+                    crate::clock::wall_ms(),
+                )
             })
             .await
             .map_err(|e| Status::internal(e.to_string()))?
@@ -779,7 +784,7 @@ impl Rls {
                 (Code::Ok, Duration::ZERO)
             }
             Ask::Charge(units) => {
-                let settings = self.controller.settings_for(group);
+                let settings = self.controller.admin().settings_for(group);
                 self.charges
                     .check(group.as_str(), settings.as_ref(), units)
                     .map_err(Status::invalid_argument)?;
@@ -800,7 +805,7 @@ impl Rls {
             }
             Ask::Lifted | Ask::NoLimit | Ask::Unlimited | Ask::Release(_) => unreachable!("answered above"),
         };
-        let limit = self.controller.settings_for(group).and_then(|s| current_limit(&s));
+        let limit = self.controller.admin().settings_for(group).and_then(|s| current_limit(&s));
         // As envoy/ratelimit answers: a refused descriptor has nothing left; every descriptor
         // with a limit says when it starts afresh.
         let left = if code == Code::OverLimit { 0 } else { remaining(units_left(&handle)) };

@@ -186,7 +186,7 @@ impl Collector for ControllerMetrics {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let c = &self.controller;
         {
-            let view = c.view();
+            let view = c.readings().view();
             let (named, rest) = self.groups.split(&view);
             for (name, help, kind, read) in GROUP_FAMILIES {
                 let samples = named.iter().filter_map(|g| read(g).map(|v| (g.name.as_str(), v)));
@@ -194,9 +194,9 @@ impl Collector for ControllerMetrics {
                 family(&mut e, name, help, kind, "group", samples.chain(others))?;
             }
         }
-        node_settings(&mut e, c.node())?;
+        node_settings(&mut e, c.admin().node())?;
         let now = self.clock.now();
-        let d = c.diagnostics(now);
+        let d = c.readings().diagnostics(now);
         let backend = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&BackendView) -> f64| {
             family(
                 e,
@@ -259,7 +259,7 @@ impl Collector for ControllerMetrics {
             d.others_granted,
         )?;
         drop(d);
-        let (clients, backends, learning) = c.tracking(now);
+        let (clients, backends, learning) = c.readings().tracking(now);
         single(&mut e, "tollgate_clients", "Clients tracked.", Kind::Gauge, clients)?;
         single(&mut e, "tollgate_backends", "Backends tracked.", Kind::Gauge, backends)?;
         single(
@@ -281,7 +281,7 @@ impl Collector for ControllerMetrics {
             "tollgate_metering_flush_failures_total",
             "Writes of consumption to the store that failed (kept and written at the next flush).",
             Kind::Counter,
-            c.flush_failures(),
+            c.readings().flush_failures(),
         )?;
         single(
             &mut e,
@@ -296,29 +296,29 @@ impl Collector for ControllerMetrics {
             "tollgate_exchanges_total",
             "Admission exchanges answered.",
             Kind::Counter,
-            c.exchanges(),
+            c.readings().exchanges(),
         )?;
         single(
             &mut e,
             "tollgate_client_restarts_total",
             "Clients seen to restart (their exchanges numbered from 1 again); their grants are released.",
             Kind::Counter,
-            c.client_restarts(),
+            c.readings().client_restarts(),
         )?;
-        single(&mut e, "tollgate_ticks_total", "Engine ticks completed.", Kind::Counter, c.ticks())?;
+        single(&mut e, "tollgate_ticks_total", "Engine ticks completed.", Kind::Counter, c.pacer().ticks())?;
         single(
             &mut e,
             "tollgate_early_ticks_total",
             "Ticks run before their turn because a backend's report showed it newly saturated.",
             Kind::Counter,
-            c.early_ticks(),
+            c.pacer().early_ticks(),
         )?;
         single(
             &mut e,
             "tollgate_grpc_writes_total",
             "Writes to gRPC connections' sockets (about one per answer).",
             Kind::Counter,
-            c.grpc_writes(),
+            c.readings().grpc_writes(),
         )
     }
 }

@@ -117,7 +117,7 @@ fn percent_decode(s: &str) -> Option<String> {
 
 /// The controller's status in the contract's form, with one page of its groups.
 pub fn status_response(node: &Node, now: Nanos, page: &Page) -> v1::StatusResponse {
-    let view = node.controller.view();
+    let view = node.controller.readings().view();
     let (groups, next_page_token) = page.take(&view, |g| g.name.as_str());
     v1::StatusResponse {
         groups: groups.iter().map(group_status).collect(),
@@ -132,7 +132,7 @@ pub fn status_response(node: &Node, now: Nanos, page: &Page) -> v1::StatusRespon
 pub(crate) async fn status_body(node: Node, now: Nanos, page: Page) -> axum::body::Body {
     crate::front::stream::body(move |out| {
         let head = status_head(&node, now);
-        let view = node.controller.view();
+        let view = node.controller.readings().view();
         let (groups, next) = page.take(&view, |g| g.name.as_str());
         let mut json = status_json(&head);
         if let Some(o) = json.as_object_mut() {
@@ -149,9 +149,9 @@ pub(crate) async fn status_body(node: Node, now: Nanos, page: Page) -> axum::bod
 /// Everything in the status but its groups.
 fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
     let controller = &parts.controller;
-    let node = controller.node();
-    let (clients, backends, learning) = controller.tracking(now);
-    let diagnostics = controller.diagnostics(now);
+    let node = controller.admin().node();
+    let (clients, backends, learning) = controller.readings().tracking(now);
+    let diagnostics = controller.readings().diagnostics(now);
     let role = parts.cluster.role();
     v1::StatusResponse {
         // With the groups sharded, a controller that does not lead computes its own shards'
@@ -164,7 +164,7 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
         leader_changes: parts.cluster.leader_changes(),
         capacity: node.capacity,
         groups: Vec::new(),
-        exchanges: controller.exchanges(),
+        exchanges: controller.readings().exchanges(),
         mode: convert::mode_to_proto(node.mode) as i32,
         learning,
         clients: clients as u64,
@@ -174,9 +174,9 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
         client_detail: diagnostics.clients.iter().map(client_to_proto).collect(),
         clients_lapsed: diagnostics.clients_lapsed as u64,
         others_granted: diagnostics.others_granted,
-        cost_model: controller.cost_model().name().to_string(),
-        unit: controller.cost_model().unit().to_string(),
-        warnings: controller.warnings(),
+        cost_model: controller.admin().cost_model().name().to_string(),
+        unit: controller.admin().cost_model().unit().to_string(),
+        warnings: controller.admin().warnings(),
         shadow: node.shadow,
         throttling_off: !node.throttling,
         region: parts.cluster.upstream_status().region(),
@@ -503,7 +503,7 @@ mod tests {
                 ..Default::default()
             };
             c.exchange(Nanos(t * S), &one_group(t, usage)).unwrap();
-            c.tick(Nanos(t * S));
+            c.pacer().tick(Nanos(t * S));
         }
         let json = status_json(&status_response(&node, Nanos(11 * S), &Page::default()));
         let g = &json["groups"][0];
@@ -526,7 +526,7 @@ mod tests {
         let bad = v1::GroupUsage { group: "g".into(), detail: Some(detail(-1.0)), ..Default::default() };
         let e = c.exchange(Nanos(14 * S), &one_group(14, bad)).unwrap_err();
         assert_eq!(e.message(), "groups[0].detail.rru: must be a finite number from 0 to 1e15, got -1");
-        c.tick(Nanos(14 * S));
+        c.pacer().tick(Nanos(14 * S));
         let json = status_json(&status_response(&node, Nanos(14 * S), &Page::default()));
         let d = &json["groups"][0]["detail"];
         assert_eq!(

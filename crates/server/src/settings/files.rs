@@ -231,12 +231,13 @@ fn apply_config(node: Parts<'_>, old: Option<&Config>, new: &Config, who: &str) 
         new.groups.iter().filter(|(n, s)| old.is_none_or(|o| o.groups.get(*n) != Some(*s))).collect();
     check_groups(changed.iter().copied())?;
     for (name, s) in changed {
-        c.set_group(name.clone(), s.clone(), who, crate::clock::wall_ms())
+        c.admin()
+            .set_group(name.clone(), s.clone(), who, crate::clock::wall_ms())
             .map_err(|e| format!("{name}: {e}"))?;
     }
     if let Some(old) = old {
         for name in old.groups.keys().filter(|n| !new.groups.contains_key(*n)) {
-            c.drop_group(name, who).map_err(|e| format!("{name}: {e}"))?;
+            c.admin().drop_group(name, who).map_err(|e| format!("{name}: {e}"))?;
         }
     }
     let (n, o) = (&new.node, old.map(|o| &o.node));
@@ -246,19 +247,19 @@ fn apply_config(node: Parts<'_>, old: Option<&Config>, new: &Config, who: &str) 
         format!("node: {e}")
     }
     if differs(&|s| format!("{:?}", s.capacity)) {
-        c.set_capacity(n.capacity, who).map_err(e)?;
+        c.admin().set_capacity(n.capacity, who).map_err(e)?;
     }
     if differs(&|s| format!("{:?}", s.mode)) {
-        c.set_mode(n.mode, who).map_err(e)?;
+        c.admin().set_mode(n.mode, who).map_err(e)?;
     }
     if differs(&|s| s.slow_start.to_string()) {
-        c.set_slow_start(n.slow_start, who).map_err(e)?;
+        c.admin().set_slow_start(n.slow_start, who).map_err(e)?;
     }
     if differs(&|s| s.shadow.to_string()) {
-        c.set_shadow(n.shadow, who).map_err(e)?;
+        c.admin().set_shadow(n.shadow, who).map_err(e)?;
     }
     if differs(&|s| s.throttling.to_string()) {
-        c.set_throttling(n.throttling, who).map_err(e)?;
+        c.admin().set_throttling(n.throttling, who).map_err(e)?;
     }
     if old.is_none_or(|o| o.rls_rules != new.rls_rules) {
         let current = node.rls_rules.get();
@@ -273,7 +274,7 @@ fn apply_import(node: Parts<'_>, old: Option<&Plan>, plan: &Plan, who: &str) -> 
     let mut writes = Vec::new();
     for g in &plan.groups {
         let name = GroupName::new(&g.name).map_err(|e| format!("{}: {}", g.name, e.rule))?;
-        let current = c.group(&name);
+        let current = c.admin().group(&name);
         let next =
             tollgate_proto::convert::apply_patch(current.clone().unwrap_or_default(), &g.shape.patch())
                 .map_err(|e| format!("{}: {e}", g.name))?;
@@ -283,12 +284,14 @@ fn apply_import(node: Parts<'_>, old: Option<&Plan>, plan: &Plan, who: &str) -> 
     }
     check_groups(writes.iter().map(|(n, s)| (n, s)))?;
     for (name, s) in writes {
-        c.set_group(name.clone(), s, who, crate::clock::wall_ms()).map_err(|e| format!("{name}: {e}"))?;
+        c.admin()
+            .set_group(name.clone(), s, who, crate::clock::wall_ms())
+            .map_err(|e| format!("{name}: {e}"))?;
     }
     if let Some(old) = old {
         for gone in old.groups.iter().filter(|o| !plan.groups.iter().any(|g| g.name == o.name)) {
             if let Ok(name) = GroupName::new(&gone.name) {
-                c.drop_group(&name, who).map_err(|e| format!("{name}: {e}"))?;
+                c.admin().drop_group(&name, who).map_err(|e| format!("{name}: {e}"))?;
             }
         }
     }

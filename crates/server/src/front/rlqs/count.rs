@@ -459,7 +459,9 @@ mod tests {
             0,
         )
         .unwrap();
-        c.set_group(GroupName::new("acme").unwrap(), settings, "test", crate::clock::wall_ms()).unwrap();
+        c.admin()
+            .set_group(GroupName::new("acme").unwrap(), settings, "test", crate::clock::wall_ms())
+            .unwrap();
         let rules = RuleSet::of_rules(vec![RlsRule {
             key: "tenant".into(),
             group: "{value}".into(),
@@ -507,7 +509,7 @@ mod tests {
                 }
             }
             if now.is_multiple_of(S) {
-                c.tick(Nanos(now));
+                c.pacer().tick(Nanos(now));
             }
             if !exchange {
                 continue;
