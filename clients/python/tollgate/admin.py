@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Union
 import grpc
 
 from . import _connect
+from ._fields import FIELDS
 from .errors import InvalidArgument, from_rpc
 from .models import MODES, Group, GroupStatus, NewToken, Node, Ramp, Status, Token
 from .v1 import tollgate_pb2 as pb
@@ -32,10 +33,14 @@ def _window(window: Any) -> bool:
     digits = window[: -len("s-from-first")] if window.endswith("s-from-first") else window[:-1] if window.endswith("s") else ""
     return digits.isdigit() and 1 <= int(digits) <= WINDOW_SECONDS_MAX
 _NAMES = {1: "low", 8: "medium", 16: "high"}
-_KEYS = (
-    "reserved, limit, burst, priority, weight, budget, budget_period, quotas, dropped, debt_repay_s, "
-    "reads_writes_apart, backend_limit, background, shadow, critical_reserve, max_in_flight, parent, ramp"
-)
+_KEYS = ", ".join(FIELDS)
+
+
+def _whole_range(key: str) -> "tuple[int, int]":
+    """The least and greatest whole number the server takes for ``key`` (its declaration)."""
+    _, low, high, _ = FIELDS[key]
+    assert low is not None and high is not None
+    return int(low), int(high)
 
 
 def _number(key: str, value: Any) -> float:
@@ -63,8 +68,9 @@ def _patch(settings: Settings) -> pb.GroupPatch:
                 p.limit = _number(key, value)
         elif key == "priority":
             level = _PRIORITIES.get(value, value) if isinstance(value, str) else value
-            if not isinstance(level, int) or not 1 <= level <= 16:
-                raise InvalidArgument.of("priority", f"must be low, medium, high or 1 to 16, got {value!r}")
+            low, high = _whole_range("priority")
+            if not isinstance(level, int) or not low <= level <= high:
+                raise InvalidArgument.of("priority", f"must be low, medium, high or {low} to {high}, got {value!r}")
             p.priority = level
         elif key == "budget_period":
             if value not in WINDOWS:
@@ -100,8 +106,9 @@ def _patch(settings: Settings) -> pb.GroupPatch:
         elif key == "max_in_flight":
             if value is None:
                 p.clear_max_in_flight = True
-            elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
-                raise InvalidArgument.of(key, f"must be a whole number from 1 to 1000000 or None, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or not _whole_range(key)[0] <= value <= _whole_range(key)[1]:
+                low, high = _whole_range(key)
+                raise InvalidArgument.of(key, f"must be a whole number from {low} to {high} or None, got {value!r}")
             else:
                 p.max_in_flight = value
         elif key in ("reserved", "weight", "debt_repay_s", "critical_reserve"):

@@ -30,6 +30,7 @@ pub mod cost;
 pub mod demand;
 pub mod engine;
 pub mod epoch;
+pub mod fields;
 pub mod hierarchy;
 pub mod prometheus;
 pub mod ramp;

@@ -895,19 +895,27 @@ impl GroupSettings {
         self.parent.as_ref()
     }
 
-    /// Every rule these settings break (empty when valid).
+    /// Every rule these settings break (empty when valid). The names and ranges are the
+    /// declared ones ([`crate::fields`]).
     fn problems(&self) -> Vec<SettingError> {
+        use crate::fields::{BACKEND_LIMIT, BURST, CRITICAL_RESERVE, MAX_IN_FLIGHT_FIELD, WEIGHT};
         let mut errors = Vec::new();
+        let in_flight = MAX_IN_FLIGHT_FIELD.range.expect("declared with a range");
         if let Some(n) = self.max_in_flight
-            && !(1..=MAX_IN_FLIGHT).contains(&n)
+            && !in_flight.holds(f64::from(n))
         {
             errors.push(SettingError::new(
-                "max_in_flight",
-                format!("must be a whole number from 1 to {MAX_IN_FLIGHT}, got {n}"),
+                MAX_IN_FLIGHT_FIELD.name,
+                format!("must be a whole number from {} to {}, got {n}", in_flight.min, in_flight.max),
             ));
         }
         if let Some(l) = self.backend_limit {
-            check_positive("backend_limit", l, RATE_MAX, &mut errors);
+            check_positive(
+                BACKEND_LIMIT.name,
+                l,
+                BACKEND_LIMIT.range.map_or(RATE_MAX, |r| r.max),
+                &mut errors,
+            );
         }
         let reserved_ok = check_rate("reserved", self.reserved, &mut errors);
         if let Limit::Units(limit) = self.limit {
@@ -920,13 +928,13 @@ impl GroupSettings {
             }
         }
         if let Some(burst) = self.burst {
-            check_positive("burst", burst, UNITS_MAX, &mut errors);
+            check_positive(BURST.name, burst, BURST.range.map_or(UNITS_MAX, |r| r.max), &mut errors);
         }
-        check_positive("weight", self.weight, WEIGHT_MAX, &mut errors);
-        let reserve_max = crate::class::CRITICAL_RESERVE_MAX;
-        if !(0.0..=reserve_max).contains(&self.critical_reserve) {
+        check_positive(WEIGHT.name, self.weight, WEIGHT.range.map_or(WEIGHT_MAX, |r| r.max), &mut errors);
+        let reserve_max = CRITICAL_RESERVE.range.map_or(0.0, |r| r.max);
+        if !CRITICAL_RESERVE.range.is_some_and(|r| r.holds(self.critical_reserve)) {
             errors.push(SettingError::new(
-                "critical_reserve",
+                CRITICAL_RESERVE.name,
                 format!(
                     "must be a share of the burst from 0 to {reserve_max}, got {}",
                     self.critical_reserve

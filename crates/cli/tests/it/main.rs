@@ -13,6 +13,7 @@ mod e2e;
 mod envoy;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod fields;
 mod files;
 mod fuzz;
 mod import;

@@ -431,6 +431,7 @@ pub struct GroupBody {
     pub name: Option<String>,
     /// Units/s never throttled below while asked for.
     #[serde(default, deserialize_with = "finite_opt")]
+    #[schema(minimum = 0.0, maximum = 1e15)]
     pub reserved: Option<f64>,
     /// Units/s never admitted above, or `"unlimited"`.
     #[serde(default)]
@@ -438,17 +439,18 @@ pub struct GroupBody {
     pub limit: Patch<LimitValue>,
     /// Units the group may bank.
     #[serde(default, deserialize_with = "finite_patch")]
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, exclusive_minimum = 0.0, maximum = 1e18)]
     pub burst: Patch<f64>,
     /// Its priority.
     #[serde(default)]
     pub priority: Option<PriorityValue>,
     /// Its weight among groups of its priority.
     #[serde(default, deserialize_with = "finite_opt")]
+    #[schema(exclusive_minimum = 0.0, maximum = 1e6)]
     pub weight: Option<f64>,
     /// Units it may consume over its budget period.
     #[serde(default, deserialize_with = "finite_patch")]
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, exclusive_minimum = 0.0, maximum = 1e18)]
     pub budget: Patch<f64>,
     /// The window its budget counts over (a budget already set moves to it).
     #[serde(default)]
@@ -466,13 +468,14 @@ pub struct GroupBody {
     pub dropped: Option<Dropped>,
     /// Seconds over which debt is paid back.
     #[serde(default, deserialize_with = "finite_opt")]
+    #[schema(minimum = 0.0, maximum = 31536000.0)]
     pub debt_repay_s: Option<f64>,
     /// Reads and writes are limited apart.
     #[serde(default)]
     pub reads_writes_apart: Option<bool>,
     /// Units/s the group may put on its backend.
     #[serde(default, deserialize_with = "finite_patch")]
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, exclusive_minimum = 0.0, maximum = 1e15)]
     pub backend_limit: Patch<f64>,
     /// Background work: admitted only from what others leave.
     #[serde(default)]
@@ -482,11 +485,12 @@ pub struct GroupBody {
     pub shadow: Option<bool>,
     /// The share of the burst kept for critical requests, 0 to 0.9.
     #[serde(default, deserialize_with = "finite_opt")]
+    #[schema(minimum = 0.0, maximum = 0.9)]
     pub critical_reserve: Option<f64>,
     /// The most requests in flight at once across all clients (1 to 1,000,000); `null`
     /// removes the limit.
     #[serde(default)]
-    #[schema(value_type = Option<u32>)]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000000)]
     pub max_in_flight: Patch<u64>,
     /// The group to nest it under (a configured group, at most 8 levels deep, no cycle);
     /// `null` makes it a group of its own.
