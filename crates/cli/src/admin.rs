@@ -946,98 +946,62 @@ fn eprintln_note(note: &str) {
     let _ = writeln!(std::io::stderr(), "note: {note}");
 }
 
-pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()> {
-    let mut client = connect(server).await?;
-    // The first page of groups; with `all`, every page.
-    let mut s = client.status(v1::StatusRequest::default()).await.map_err(rpc)?.into_inner();
-    // A follower serves no clients: the leader's status is the one that says what happens.
-    if s.role == "follower"
-        && let Some(leader) = s.leader.clone()
-    {
-        let at_leader = Target { url: leader.clone(), ..server.clone() };
-        match connect(&at_leader).await {
-            Ok(mut c) => match c.status(v1::StatusRequest::default()).await {
-                Ok(answer) => {
-                    client = c;
-                    s = answer.into_inner();
-                }
-                Err(e) => eprintln_note(&format!(
-                    "the leader {leader} did not answer ({}); showing a follower's status",
-                    e.message()
-                )),
-            },
+/// The leader's client and status, when the leader answers; else a note that the follower's
+/// status is shown.
+async fn leader_status(server: &Target, leader: &str) -> Option<(Admin, v1::StatusResponse)> {
+    let at_leader = Target { url: leader.to_string(), ..server.clone() };
+    match connect(&at_leader).await {
+        Ok(mut c) => match c.status(v1::StatusRequest::default()).await {
+            Ok(answer) => return Some((c, answer.into_inner())),
             Err(e) => eprintln_note(&format!(
-                "the leader {leader} cannot be reached ({e}); showing a follower's status"
+                "the leader {leader} did not answer ({}); showing a follower's status",
+                e.message()
             )),
-        }
+        },
+        Err(e) => eprintln_note(&format!(
+            "the leader {leader} cannot be reached ({e}); showing a follower's status"
+        )),
     }
-    if json && all {
-        // Written a page at a time: at 100,000 groups the whole answer as one value is about a
-        // gigabyte.
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let mut head = tollgate_controller::observe::status::status_json(&v1::StatusResponse {
-            groups: Vec::new(),
-            ..s.clone()
-        });
-        if let Some(o) = head.as_object_mut() {
-            o.remove("groups");
-        }
-        let mut open = serde_json::to_string(&head)?;
-        open.pop();
-        write!(out, "{open}{}\"groups\":[", if open.len() > 1 { "," } else { "" })?;
-        let mut first = true;
-        loop {
-            let page = tollgate_controller::observe::status::status_json(&s);
-            for g in page["groups"].as_array().into_iter().flatten() {
-                write!(out, "{}{g}", if first { "" } else { "," })?;
-                first = false;
-            }
-            if s.next_page_token.is_empty() {
-                break;
-            }
-            let page_token = std::mem::take(&mut s.next_page_token);
-            s = client
-                .status(v1::StatusRequest { page_size: 0, page_token })
-                .await
-                .map_err(rpc)?
-                .into_inner();
-        }
-        writeln!(out, "]}}")?;
-        return Ok(());
+    None
+}
+
+/// Every page of the status as one JSON document, written a page at a time: at 100,000
+/// groups the whole answer as one value is about a gigabyte.
+async fn write_every_page(mut client: Admin, mut s: v1::StatusResponse) -> anyhow::Result<()> {
+    // Written a page at a time: at 100,000 groups the whole answer as one value is about a
+    // gigabyte.
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let mut head = tollgate_controller::observe::status::status_json(&v1::StatusResponse {
+        groups: Vec::new(),
+        ..s.clone()
+    });
+    if let Some(o) = head.as_object_mut() {
+        o.remove("groups");
     }
-    while all && !s.next_page_token.is_empty() {
+    let mut open = serde_json::to_string(&head)?;
+    open.pop();
+    write!(out, "{open}{}\"groups\":[", if open.len() > 1 { "," } else { "" })?;
+    let mut first = true;
+    loop {
+        let page = tollgate_controller::observe::status::status_json(&s);
+        for g in page["groups"].as_array().into_iter().flatten() {
+            write!(out, "{}{g}", if first { "" } else { "," })?;
+            first = false;
+        }
+        if s.next_page_token.is_empty() {
+            break;
+        }
         let page_token = std::mem::take(&mut s.next_page_token);
-        let page =
-            client.status(v1::StatusRequest { page_size: 0, page_token }).await.map_err(rpc)?.into_inner();
-        s.groups.extend(page.groups);
-        s.next_page_token = page.next_page_token;
+        s = client.status(v1::StatusRequest { page_size: 0, page_token }).await.map_err(rpc)?.into_inner();
     }
-    if json {
-        let mut v = tollgate_controller::observe::status::status_json(&s);
-        if let Some(o) = v.as_object_mut().filter(|_| !s.next_page_token.is_empty()) {
-            o.insert("more_groups".into(), true.into());
-        }
-        say(v);
-        return Ok(());
-    }
-    if s.role != "standalone" {
-        say(format!("role: {} (leader: {})", s.role, s.leader.as_deref().unwrap_or("none elected")));
-    }
-    if let Some(region) = &s.region {
-        let decaying =
-            if s.upstream_safe_mode { ", its shares decaying: the global tier does not answer" } else { "" };
-        say(format!("region: {region}{decaying}"));
-    }
-    say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));
-    // What the figures count: every rate below is in these units a second.
-    let unit = if s.unit.is_empty() { "units" } else { s.unit.as_str() };
-    let model = if s.cost_model.is_empty() { "count" } else { s.cost_model.as_str() };
-    say(format!("units: {unit} a second (cost model {model})"));
-    for w in &s.warnings {
-        say(format!("warning: {w}"));
-    }
-    say_files_and_domains(&s);
+    writeln!(out, "]}}")?;
+    Ok(())
+}
+
+/// The groups' table, and TiDB's diagnostics: how each group's consumption moved, and what
+/// was blocked.
+fn print_groups(s: &v1::StatusResponse) {
     say(format!(
         "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>4} {:>7}",
         "GROUP", "RESERVED", "LIMIT", "TARGET", "ADMITTED", "DEMAND", "BUSY", "CLIENTS"
@@ -1084,6 +1048,55 @@ pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()
             g.throttled_total + g.waited_total
         ));
     }
+}
+
+pub async fn status(server: &Target, json: bool, all: bool) -> anyhow::Result<()> {
+    let mut client = connect(server).await?;
+    // The first page of groups; with `all`, every page.
+    let mut s = client.status(v1::StatusRequest::default()).await.map_err(rpc)?.into_inner();
+    // A follower serves no clients: the leader's status is the one that says what happens.
+    if s.role == "follower"
+        && let Some(leader) = s.leader.clone()
+        && let Some((c, answer)) = leader_status(server, &leader).await
+    {
+        (client, s) = (c, answer);
+    }
+    if json && all {
+        return write_every_page(client, s).await;
+    }
+    while all && !s.next_page_token.is_empty() {
+        let page_token = std::mem::take(&mut s.next_page_token);
+        let page =
+            client.status(v1::StatusRequest { page_size: 0, page_token }).await.map_err(rpc)?.into_inner();
+        s.groups.extend(page.groups);
+        s.next_page_token = page.next_page_token;
+    }
+    if json {
+        let mut v = tollgate_controller::observe::status::status_json(&s);
+        if let Some(o) = v.as_object_mut().filter(|_| !s.next_page_token.is_empty()) {
+            o.insert("more_groups".into(), true.into());
+        }
+        say(v);
+        return Ok(());
+    }
+    if s.role != "standalone" {
+        say(format!("role: {} (leader: {})", s.role, s.leader.as_deref().unwrap_or("none elected")));
+    }
+    if let Some(region) = &s.region {
+        let decaying =
+            if s.upstream_safe_mode { ", its shares decaying: the global tier does not answer" } else { "" };
+        say(format!("region: {region}{decaying}"));
+    }
+    say(format!("capacity: {}", s.capacity.map_or("unlimited".into(), fmt_units)));
+    // What the figures count: every rate below is in these units a second.
+    let unit = if s.unit.is_empty() { "units" } else { s.unit.as_str() };
+    let model = if s.cost_model.is_empty() { "count" } else { s.cost_model.as_str() };
+    say(format!("units: {unit} a second (cost model {model})"));
+    for w in &s.warnings {
+        say(format!("warning: {w}"));
+    }
+    say_files_and_domains(&s);
+    print_groups(&s);
     print_backends_and_clients(&s);
     if !s.next_page_token.is_empty() {
         say("");

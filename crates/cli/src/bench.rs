@@ -295,23 +295,10 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_limiter::access::Access)
     stop.store(true, Ordering::Relaxed);
     // Clients waiting for their next turn see the stop now, not at that turn.
     turns.iter().flatten().for_each(|t| t.notify_one());
-    let mut all = Vec::new();
-    let (mut failed, mut first_error) = (0u64, None);
-    while let Some(r) = tasks.join_next().await {
-        let (latencies, (n, error)) = r?;
-        all.extend(latencies);
-        failed += n;
-        first_error = first_error.or(error);
-    }
+    let (mut all, failed, first_error) = join_clients(tasks).await?;
     let after = a.server_pid.and_then(process_usage);
     stop_reporting.send_replace(true);
-    let mut reports = (0u64, 0u64, None::<String>);
-    while let Some(r) = reporters.join_next().await {
-        let (sent, failed, error) = r?;
-        reports.0 += sent;
-        reports.1 += failed;
-        reports.2 = reports.2.or(error);
-    }
+    let reports = join_reporters(&mut reporters).await?;
     if let (true, 0, Some(period)) = (all.is_empty(), failed, period) {
         anyhow::bail!(
             "no exchange was due in --duration {} s: at --rate {} each client exchanges once every {:.3} s, at a phase of its own; run for a period at least",
@@ -325,25 +312,7 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_limiter::access::Access)
         "no exchange succeeded ({failed} failed; the first: {})",
         first_error.unwrap_or_default()
     );
-    all.sort_by(f64::total_cmp);
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)] * 1e3;
-    let exchanges = all.len() as f64 / a.duration;
-    say(format!(
-        "clients {} × groups {} for {} s over {} connections, the load program's worker threads {}",
-        a.clients,
-        a.groups,
-        a.duration,
-        a.connections,
-        a.worker_threads()
-    ));
-    say(format!("exchanges/s {exchanges:.0}   group grants/s {:.0}", exchanges * a.groups as f64));
-    say(format!(
-        "latency p50 {:.2} ms   p90 {:.2} ms   p99 {:.2} ms   p99.9 {:.2} ms",
-        pct(0.5),
-        pct(0.9),
-        pct(0.99),
-        pct(0.999)
-    ));
+    say_throughput(&a, &mut all);
     if let (Some(addr), Some(before)) = (&a.server_http, latency_before) {
         let after = histogram(metrics_text(addr).await)?;
         say(server_latency(&before, &after)
@@ -384,6 +353,62 @@ pub async fn exchange(a: ExchangeArgs, access: tollgate_limiter::access::Access)
         anyhow::bail!("{failed} exchanges failed");
     }
     Ok(())
+}
+
+/// What a client's loop ends with: its exchanges' latencies, and how many failed with the
+/// first failure.
+type ClientRun = (Vec<f64>, (u64, Option<String>));
+
+/// The latencies of every client's exchanges, how many failed, and the first failure.
+async fn join_clients(
+    mut tasks: tokio::task::JoinSet<ClientRun>,
+) -> anyhow::Result<(Vec<f64>, u64, Option<String>)> {
+    let mut all: Vec<f64> = Vec::new();
+    let (mut failed, mut first_error) = (0u64, None);
+    while let Some(r) = tasks.join_next().await {
+        let (latencies, (n, error)) = r?;
+        all.extend(latencies);
+        failed += n;
+        first_error = first_error.or(error);
+    }
+    Ok((all, failed, first_error))
+}
+
+/// The backends' reports: taken, refused, and the first refusal.
+async fn join_reporters(
+    reporters: &mut tokio::task::JoinSet<(u64, u64, Option<String>)>,
+) -> anyhow::Result<(u64, u64, Option<String>)> {
+    let mut reports = (0u64, 0u64, None::<String>);
+    while let Some(r) = reporters.join_next().await {
+        let (sent, failed, error) = r?;
+        reports.0 += sent;
+        reports.1 += failed;
+        reports.2 = reports.2.or(error);
+    }
+    Ok(reports)
+}
+
+/// The exchanges' rate and latency percentiles.
+fn say_throughput(a: &ExchangeArgs, all: &mut [f64]) {
+    all.sort_by(f64::total_cmp);
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)] * 1e3;
+    let exchanges = all.len() as f64 / a.duration;
+    say(format!(
+        "clients {} × groups {} for {} s over {} connections, the load program's worker threads {}",
+        a.clients,
+        a.groups,
+        a.duration,
+        a.connections,
+        a.worker_threads()
+    ));
+    say(format!("exchanges/s {exchanges:.0}   group grants/s {:.0}", exchanges * a.groups as f64));
+    say(format!(
+        "latency p50 {:.2} ms   p90 {:.2} ms   p99 {:.2} ms   p99.9 {:.2} ms",
+        pct(0.5),
+        pct(0.9),
+        pct(0.99),
+        pct(0.999)
+    ));
 }
 
 /// The load program's connections: `a.connections` for its clients, and one for each of its
@@ -1005,6 +1030,78 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Two reservations under saturation: the node holds a little more than they reserve, and a
+/// hungry neighbour asks for everything.
+async fn reservations(
+    a: &AccuracyArgs,
+    admin: &mut v1::admin_client::AdminClient<Channel>,
+    gates: &[tollgate_limiter::Tollgate],
+    warmup: f64,
+) -> anyhow::Result<()> {
+    let (ra, rb) = (0.3 * a.limit, 0.5 * a.limit);
+    admin
+        .set_capacity(v1::SetCapacityRequest { capacity: Some(ra + rb + 0.1 * a.limit) })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    put(admin, "reserved-a", v1::GroupPatch { reserved: Some(ra), unlimited: true, ..Default::default() })
+        .await?;
+    put(admin, "reserved-b", v1::GroupPatch { reserved: Some(rb), unlimited: true, ..Default::default() })
+        .await?;
+    put(admin, "hungry", v1::GroupPatch { unlimited: true, ..Default::default() }).await?;
+    let half = a.clients / 3;
+    let per = |share: f64, n: usize| 2.0 * share / n.max(1) as f64;
+    let (got_a, got_b, got_h) = tokio::join!(
+        offer(&gates[..half], "reserved-a", per(ra, half), warmup, a.duration.min(20.0)),
+        offer(&gates[half..2 * half], "reserved-b", per(rb, half), warmup, a.duration.min(20.0)),
+        offer(&gates[2 * half..], "hungry", per(a.limit, a.clients - 2 * half), warmup, a.duration.min(20.0)),
+    );
+    say(format!(
+        "tollgate: under saturation, reserved-a got {:.1} % of its {ra}/s, reserved-b {:.1} % of its {rb}/s (hungry neighbour: {:.0}/s)",
+        got_a.0 / ra * 100.0,
+        got_b.0 / rb * 100.0,
+        got_h.0
+    ));
+    Ok(())
+}
+
+/// The common alternative: a Redis counter per request, fixed one-second windows.
+async fn redis_counter(a: &AccuracyArgs, url: &str, warmup: f64) -> anyhow::Result<()> {
+    let client = redis::Client::open(url).with_context(|| format!("--redis: invalid URL {url:?}"))?;
+    let clock = tollgate_limiter::clock::TokioClock::new();
+    use tollgate_model::time::Clock;
+    let limit = a.limit as i64;
+    let mut clients = Vec::with_capacity(a.clients);
+    for _ in 0..a.clients {
+        let con = client
+            .get_multiplexed_async_connection()
+            .await
+            .with_context(|| format!("--redis: cannot reach {url}"))?;
+        let clock = clock.clone();
+        clients.push(move || {
+            // A multiplexed connection is a handle on one shared pipe: cloning is cheap.
+            let mut con = con.clone();
+            let key = format!("tollgate-bench:{}", clock.now().0 / 1_000_000_000);
+            async move {
+                let n: redis::RedisResult<(i64, i64)> =
+                    redis::pipe().atomic().incr(&key, 1).expire(&key, 2).query_async(&mut con).await;
+                matches!(n, Ok((n, _)) if n <= limit)
+            }
+        });
+    }
+    let cpu0 = own_cpu();
+    let (rate, attempts) = open_loop(clients, 2.0 * a.limit / a.clients as f64, warmup, a.duration).await;
+    let cpu = (own_cpu() - cpu0).max(1e-3);
+    say(format!(
+        "redis INCR+EXPIRE per request: admitted {rate:.1}/s = {:+.2} % of the limit",
+        (rate / a.limit - 1.0) * 100.0
+    ));
+    say(format!(
+        "redis INCR+EXPIRE per request: {:.0} decisions per CPU-second of the load process (plus redis-server's own CPU)",
+        attempts as f64 / cpu
+    ));
+    Ok(())
+}
+
 async fn measure_accuracy(
     a: &AccuracyArgs,
     admin: &mut v1::admin_client::AdminClient<Channel>,
@@ -1052,38 +1149,8 @@ async fn measure_accuracy(
         ));
     }
 
-    // 2. Two reservations under saturation: the node holds a little more than they reserve.
-    let (ra, rb) = (0.3 * a.limit, 0.5 * a.limit);
-    admin
-        .set_capacity(v1::SetCapacityRequest { capacity: Some(ra + rb + 0.1 * a.limit) })
-        .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
-    put(
-        &mut admin,
-        "reserved-a",
-        v1::GroupPatch { reserved: Some(ra), unlimited: true, ..Default::default() },
-    )
-    .await?;
-    put(
-        &mut admin,
-        "reserved-b",
-        v1::GroupPatch { reserved: Some(rb), unlimited: true, ..Default::default() },
-    )
-    .await?;
-    put(&mut admin, "hungry", v1::GroupPatch { unlimited: true, ..Default::default() }).await?;
-    let half = a.clients / 3;
-    let per = |share: f64, n: usize| 2.0 * share / n.max(1) as f64;
-    let (got_a, got_b, got_h) = tokio::join!(
-        offer(&gates[..half], "reserved-a", per(ra, half), warmup, a.duration.min(20.0)),
-        offer(&gates[half..2 * half], "reserved-b", per(rb, half), warmup, a.duration.min(20.0)),
-        offer(&gates[2 * half..], "hungry", per(a.limit, a.clients - 2 * half), warmup, a.duration.min(20.0)),
-    );
-    say(format!(
-        "tollgate: under saturation, reserved-a got {:.1} % of its {ra}/s, reserved-b {:.1} % of its {rb}/s (hungry neighbour: {:.0}/s)",
-        got_a.0 / ra * 100.0,
-        got_b.0 / rb * 100.0,
-        got_h.0
-    ));
+    // 2. Two reservations under saturation.
+    reservations(a, &mut admin, &gates, warmup).await?;
 
     // 3. Quotas are counts: a budget asked once, twice and ten times over (and the same count
     // in Redis, as envoy/ratelimit keeps it).
@@ -1093,42 +1160,9 @@ async fn measure_accuracy(
         .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
     crate::counts::measure(&mut admin, &gates, (a.limit * 2.0).round(), a.redis.as_deref()).await?;
 
-    // 4. The common alternative: a Redis counter per request, fixed one-second windows.
+    // 4. The common alternative: a Redis counter per request.
     if let Some(url) = &a.redis {
-        let client =
-            redis::Client::open(url.as_str()).with_context(|| format!("--redis: invalid URL {url:?}"))?;
-        let clock = tollgate_limiter::clock::TokioClock::new();
-        use tollgate_model::time::Clock;
-        let limit = a.limit as i64;
-        let mut clients = Vec::with_capacity(a.clients);
-        for _ in 0..a.clients {
-            let con = client
-                .get_multiplexed_async_connection()
-                .await
-                .with_context(|| format!("--redis: cannot reach {url}"))?;
-            let clock = clock.clone();
-            clients.push(move || {
-                // A multiplexed connection is a handle on one shared pipe: cloning is cheap.
-                let mut con = con.clone();
-                let key = format!("tollgate-bench:{}", clock.now().0 / 1_000_000_000);
-                async move {
-                    let n: redis::RedisResult<(i64, i64)> =
-                        redis::pipe().atomic().incr(&key, 1).expire(&key, 2).query_async(&mut con).await;
-                    matches!(n, Ok((n, _)) if n <= limit)
-                }
-            });
-        }
-        let cpu0 = own_cpu();
-        let (rate, attempts) = open_loop(clients, 2.0 * a.limit / a.clients as f64, warmup, a.duration).await;
-        let cpu = (own_cpu() - cpu0).max(1e-3);
-        say(format!(
-            "redis INCR+EXPIRE per request: admitted {rate:.1}/s = {:+.2} % of the limit",
-            (rate / a.limit - 1.0) * 100.0
-        ));
-        say(format!(
-            "redis INCR+EXPIRE per request: {:.0} decisions per CPU-second of the load process (plus redis-server's own CPU)",
-            attempts as f64 / cpu
-        ));
+        redis_counter(a, url, warmup).await?;
     }
     Ok(())
 }

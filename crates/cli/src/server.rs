@@ -86,7 +86,9 @@ fn admin_token(path: &std::path::Path) -> anyhow::Result<String> {
     read().map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))
 }
 
-fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
+/// Refuses to listen beyond loopback without credentials and TLS (unless `--insecure`), and
+/// checks the names TLS lets in.
+fn check_exposure(a: &ServerArgs) -> anyhow::Result<()> {
     // Safe by default: without credentials and TLS whoever reaches the ports can change
     // every quota, so only loopback unless the operator says otherwise.
     let secured = a.auth && a.tls_cert.is_some();
@@ -112,6 +114,37 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
             tollgate_controller::front::listen::ALLOWED_NAMES_MAX
         );
     }
+    Ok(())
+}
+
+/// What a unit counts: the flag, else the settings file's [cost], else requests.
+fn cost_model(
+    a: &ServerArgs,
+    defaults: Option<&tollgate_model::config::Config>,
+) -> anyhow::Result<CostModel> {
+    let from_file = defaults.map(|c| c.cost_model);
+    Ok(match a.cost_model.as_deref() {
+        None => from_file.unwrap_or_default(),
+        Some(name) => {
+            let model = match name {
+                "fdb" => CostModel::fdb(),
+                "ru" => CostModel::ru(),
+                "couchbase" => CostModel::Couchbase,
+                _ => CostModel::Count,
+            };
+            if let Some(file) = from_file.filter(|f| f.name() != model.name()) {
+                bail!(
+                    "--cost-model {name}: the --config file's [cost] says {}; give one or make them agree",
+                    file.name()
+                );
+            }
+            model
+        }
+    })
+}
+
+fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
+    check_exposure(&a)?;
     let admin_token = a.admin_token_file.as_deref().map(admin_token).transpose()?;
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => Some(tollgate_controller::front::listen::TlsFiles {
@@ -170,26 +203,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         tollgate_controller::cluster::role::check_advertise(a)
             .map_err(|e| anyhow::anyhow!("--advertise: {e}, the gRPC address others reach"))?;
     }
-    // What a unit counts: the flag, else the settings file's [cost], else requests.
-    let from_file = defaults.as_ref().map(|c| c.cost_model);
-    let cost_model = match a.cost_model.as_deref() {
-        None => from_file.unwrap_or_default(),
-        Some(name) => {
-            let model = match name {
-                "fdb" => CostModel::fdb(),
-                "ru" => CostModel::ru(),
-                "couchbase" => CostModel::Couchbase,
-                _ => CostModel::Count,
-            };
-            if let Some(file) = from_file.filter(|f| f.name() != model.name()) {
-                bail!(
-                    "--cost-model {name}: the --config file's [cost] says {}; give one or make them agree",
-                    file.name()
-                );
-            }
-            model
-        }
-    };
+    let cost_model = cost_model(&a, defaults.as_ref())?;
     let (max_connections, fitted) = tollgate_controller::front::conn::fit_connections(
         a.max_connections.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         tollgate_controller::front::conn::open_file_limit(),

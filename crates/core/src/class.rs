@@ -26,8 +26,7 @@
 //! assert_eq!(RequestClass::from_name("sheddable"), Ok(RequestClass::Sheddable));
 //! ```
 
-/// The largest `critical_reserve`: some of the burst is always open to normal work.
-pub const CRITICAL_RESERVE_MAX: f64 = 0.9;
+pub use crate::fields::CRITICAL_RESERVE_MAX;
 
 /// How much a request matters within its group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

@@ -16,22 +16,7 @@ use thiserror::Error;
 /// The longest group name, in bytes.
 pub const GROUP_NAME_MAX_BYTES: usize = 255;
 
-/// The longest duration any setting takes (a ramp's duration, cool-down or resume TTL): one
-/// year.
-pub const DURATION_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// The largest rate any setting takes, in units/s (reserved, limit, a ramp's min and max):
-/// far above any real rate, low enough that sums of many stay exact to a unit.
-pub const RATE_MAX: f64 = 1e15;
-
-/// The largest amount any setting takes, in units (burst, budget).
-pub const UNITS_MAX: f64 = 1e18;
-
-/// The largest weight.
-pub const WEIGHT_MAX: f64 = 1e6;
-
-/// The largest `max_in_flight`: a million requests in flight in one group.
-pub const MAX_IN_FLIGHT: u32 = 1_000_000;
+pub use crate::fields::{DURATION_MAX, MAX_IN_FLIGHT, RATE_MAX, UNITS_MAX, WEIGHT_MAX};
 
 /// The name of the group that unknown groups fall back to.
 pub const DEFAULT_GROUP: &str = "default";
@@ -895,11 +880,9 @@ impl GroupSettings {
         self.parent.as_ref()
     }
 
-    /// Every rule these settings break (empty when valid). The names and ranges are the
-    /// declared ones ([`crate::fields`]).
-    fn problems(&self) -> Vec<SettingError> {
-        use crate::fields::{BACKEND_LIMIT, BURST, CRITICAL_RESERVE, MAX_IN_FLIGHT_FIELD, WEIGHT};
-        let mut errors = Vec::new();
+    /// The rules of the caps a group may have beside its limit: in flight, per backend.
+    fn check_caps(&self, errors: &mut Vec<SettingError>) {
+        use crate::fields::{BACKEND_LIMIT, MAX_IN_FLIGHT_FIELD};
         let in_flight = MAX_IN_FLIGHT_FIELD.range.expect("declared with a range");
         if let Some(n) = self.max_in_flight
             && !in_flight.holds(f64::from(n))
@@ -910,13 +893,16 @@ impl GroupSettings {
             ));
         }
         if let Some(l) = self.backend_limit {
-            check_positive(
-                BACKEND_LIMIT.name,
-                l,
-                BACKEND_LIMIT.range.map_or(RATE_MAX, |r| r.max),
-                &mut errors,
-            );
+            check_positive(BACKEND_LIMIT.name, l, BACKEND_LIMIT.range.map_or(RATE_MAX, |r| r.max), errors);
         }
+    }
+
+    /// Every rule these settings break (empty when valid). The names and ranges are the
+    /// declared ones ([`crate::fields`]).
+    fn problems(&self) -> Vec<SettingError> {
+        use crate::fields::{BURST, CRITICAL_RESERVE, WEIGHT};
+        let mut errors = Vec::new();
+        self.check_caps(&mut errors);
         let reserved_ok = check_rate("reserved", self.reserved, &mut errors);
         if let Limit::Units(limit) = self.limit {
             let limit_ok = check_rate("limit", limit, &mut errors);

@@ -5,8 +5,8 @@ use std::time::Duration;
 use crate::v1;
 use tollgate_model::allocate::AllocationMode;
 use tollgate_model::settings::{
-    DroppedWork, GroupName, GroupSettings, Limit, Priority, RampMode, RampSettings, SettingError,
-    SettingErrors,
+    DroppedWork, GroupName, GroupSettings, GroupSettingsBuilder, Limit, Priority, RampMode, RampSettings,
+    SettingError, SettingErrors,
 };
 
 /// The contract's form of validated settings.
@@ -137,8 +137,23 @@ fn ramp_from_proto(m: &v1::RampSettings, errors: &mut Vec<SettingError>) -> Ramp
 
 /// `base` with the fields the patch sets changed, validated.
 pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSettings, SettingErrors> {
-    let mut b = base.to_builder();
     let mut errors = Vec::new();
+    conflicts(p, &mut errors);
+    let b = patch_rates(base.to_builder(), p, &mut errors);
+    let b = patch_behaviour(b, p, &mut errors);
+    let b = patch_quotas(b, p, &mut errors);
+    match b.build() {
+        Ok(s) if errors.is_empty() => Ok(s),
+        Ok(_) => Err(SettingErrors(errors)),
+        Err(SettingErrors(more)) => {
+            errors.extend(more);
+            Err(SettingErrors(errors))
+        }
+    }
+}
+
+/// The fields a patch both sets and clears (or a limit with `unlimited`).
+fn conflicts(p: &v1::GroupPatch, errors: &mut Vec<SettingError>) {
     if p.unlimited && p.limit.is_some() {
         errors.push(SettingError::new("limit", "give a limit or unlimited, not both"));
     }
@@ -154,6 +169,14 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
             errors.push(SettingError::new(field, format!("give a {field} or clear it, not both")));
         }
     }
+}
+
+/// The patch's rates, priority, weight, budget and ramp.
+fn patch_rates(
+    mut b: GroupSettingsBuilder,
+    p: &v1::GroupPatch,
+    errors: &mut Vec<SettingError>,
+) -> GroupSettingsBuilder {
     if let Some(r) = p.reserved {
         b = b.reserved(r);
     }
@@ -178,8 +201,17 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
         b = b.budget(x);
     }
     if let Some(r) = &p.ramp {
-        b = b.ramp(ramp_from_proto(r, &mut errors));
+        b = b.ramp(ramp_from_proto(r, errors));
     }
+    b
+}
+
+/// The patch's settings of how the group is served, and what it clears of them.
+fn patch_behaviour(
+    mut b: GroupSettingsBuilder,
+    p: &v1::GroupPatch,
+    errors: &mut Vec<SettingError>,
+) -> GroupSettingsBuilder {
     if let Some(apart) = p.reads_writes_apart {
         b = b.reads_writes_apart(apart);
     }
@@ -216,7 +248,7 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     if let Some(count) = p.count_dropped {
         b = b.dropped(if count { DroppedWork::Count } else { DroppedWork::Return });
     }
-    if let Some(d) = p.debt_repay_s.and_then(|d| seconds("debt_repay_s", d, &mut errors)) {
+    if let Some(d) = p.debt_repay_s.and_then(|d| seconds("debt_repay_s", d, errors)) {
         b = b.debt_repay(d);
     }
     if p.clear_ramp {
@@ -228,6 +260,16 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
             Err(rule) => errors.push(SettingError::new("budget_period", rule)),
         }
     }
+    b
+}
+
+/// The patch's quotas per window (set, or removed by a quota of 0), then the budget and
+/// burst it clears.
+fn patch_quotas(
+    mut b: GroupSettingsBuilder,
+    p: &v1::GroupPatch,
+    errors: &mut Vec<SettingError>,
+) -> GroupSettingsBuilder {
     // Windows set and windows removed (a quota of 0) in one patch.
     let most = 2 * tollgate_model::settings::QUOTAS_MAX;
     if p.quotas.len() > most {
@@ -251,14 +293,7 @@ pub fn apply_patch(base: GroupSettings, p: &v1::GroupPatch) -> Result<GroupSetti
     if p.clear_burst {
         b = b.no_burst();
     }
-    match b.build() {
-        Ok(s) if errors.is_empty() => Ok(s),
-        Ok(_) => Err(SettingErrors(errors)),
-        Err(SettingErrors(more)) => {
-            errors.extend(more);
-            Err(SettingErrors(errors))
-        }
-    }
+    b
 }
 
 /// The allocation mode in the contract's form.

@@ -149,6 +149,72 @@ fn open_store(opts: &ServerOptions) -> Result<(Box<dyn store::SettingsStore>, Et
     }
 }
 
+/// Writes the groups and node settings of `--config` the store does not hold yet.
+fn apply_defaults(
+    store: &mut dyn store::SettingsStore,
+    config: &tollgate_model::config::Config,
+) -> Result<(), ServerError> {
+    let done = store::apply_defaults(store, config)?;
+    let names = |v: &[tollgate_model::settings::GroupName]| {
+        v.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+    };
+    tracing::info!(
+        added = %names(&done.added),
+        kept = %names(&done.kept),
+        node = if done.node { "written" } else { "kept as stored" },
+        "defaults from --config applied where the store held none"
+    );
+    Ok(())
+}
+
+/// The first admin token, where calls need one: written to the data directory when no
+/// admin token is live, or the one given with `--admin-token-file` made live.
+fn first_token(access: &Access, opts: &ServerOptions) -> Result<Option<std::path::PathBuf>, ServerError> {
+    Ok(match (opts.auth, &opts.admin_token) {
+        (false, _) => None,
+        (true, None) => write_first_token(access, &opts.data)?,
+        (true, Some(given)) => {
+            let taken =
+                access.ensure_admin_token(Some(given)).map_err(|e| ServerError::Auth(e.to_string()))?;
+            if taken.is_some() {
+                tracing::info!("no admin token was live: the one given (--admin-token-file) is now");
+            }
+            None
+        }
+    })
+}
+
+/// Makes `node` a candidate in the election on `target`: its advertised address (checked
+/// free), its shards and its peer credentials; nobody is served until the election says who
+/// leads. Returns the election's target, the address and the lease.
+async fn join_election(
+    node: &Node,
+    target: &crate::store::target::EtcdTarget,
+    grpc: &tokio::net::TcpListener,
+    clock: Clock,
+    opts: &ServerOptions,
+) -> Result<(crate::store::target::EtcdTarget, String, Duration), ServerError> {
+    let local = grpc.local_addr().map_err(|e| ServerError::Serve(e.to_string()))?;
+    let scheme = if opts.tls.is_some() { "https" } else { "http" };
+    let advertise = opts.advertise.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
+    // A region's controllers elect their own leader, apart from the global tier's.
+    let target = match &opts.region {
+        Some(region) => target.region(region),
+        None => target.clone(),
+    };
+    wait_for_address(&target, &advertise, opts.election_lease).await?;
+    check_shards(&target, opts.shards).await?;
+    if let Some(n) = opts.shards {
+        node.cluster.set_sharding(Arc::new(shard_routing::Sharding::new(advertise.clone(), n)));
+    }
+    let access = peer_access(&node.access, &advertise, opts)?;
+    node.cluster.set_peer(cluster::role::Peer { advertise: advertise.clone(), access });
+    // Nobody is served until the election says who leads.
+    node.cluster
+        .set_role(clock.now(), cluster::role::RoleView { role: cluster::role::Role::Follower, leader: None });
+    Ok((target, advertise, opts.election_lease))
+}
+
 impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
@@ -191,16 +257,7 @@ impl Server {
         };
         let (mut store, etcd) = opened?;
         if let Some(config) = &opts.defaults {
-            let done = store::apply_defaults(store.as_mut(), config)?;
-            let names = |v: &[tollgate_model::settings::GroupName]| {
-                v.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
-            };
-            tracing::info!(
-                added = %names(&done.added),
-                kept = %names(&done.kept),
-                node = if done.node { "written" } else { "kept as stored" },
-                "defaults from --config applied where the store held none"
-            );
+            apply_defaults(store.as_mut(), config)?;
         }
         let clock = Clock::new();
         let settings = opts.engine_settings();
@@ -218,45 +275,10 @@ impl Server {
         node.access.require_auth(opts.auth);
         node.controller.admin().set_cost_model(opts.cost_model);
         node.controller.admin().log_warnings();
-        let first_token = match (opts.auth, &opts.admin_token) {
-            (false, _) => None,
-            (true, None) => write_first_token(&node.access, &opts.data)?,
-            (true, Some(given)) => {
-                let taken = node
-                    .access
-                    .ensure_admin_token(Some(given))
-                    .map_err(|e| ServerError::Auth(e.to_string()))?;
-                if taken.is_some() {
-                    tracing::info!("no admin token was live: the one given (--admin-token-file) is now");
-                }
-                None
-            }
-        };
+        let first_token = first_token(&node.access, opts)?;
         let election = match &etcd {
             None => None,
-            Some((target, _)) => {
-                let local = grpc.local_addr().map_err(|e| ServerError::Serve(e.to_string()))?;
-                let scheme = if opts.tls.is_some() { "https" } else { "http" };
-                let advertise = opts.advertise.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
-                // A region's controllers elect their own leader, apart from the global tier's.
-                let target = match &opts.region {
-                    Some(region) => target.region(region),
-                    None => target.clone(),
-                };
-                wait_for_address(&target, &advertise, opts.election_lease).await?;
-                check_shards(&target, opts.shards).await?;
-                if let Some(n) = opts.shards {
-                    node.cluster.set_sharding(Arc::new(shard_routing::Sharding::new(advertise.clone(), n)));
-                }
-                let access = peer_access(&node.access, &advertise, opts)?;
-                node.cluster.set_peer(cluster::role::Peer { advertise: advertise.clone(), access });
-                // Nobody is served until the election says who leads.
-                node.cluster.set_role(
-                    clock.now(),
-                    cluster::role::RoleView { role: cluster::role::Role::Follower, leader: None },
-                );
-                Some((target, advertise, opts.election_lease))
-            }
+            Some((target, _)) => Some(join_election(&node, target, &grpc, clock, opts).await?),
         };
         if opts.region.is_some() {
             node.controller.ownership().set_regional();

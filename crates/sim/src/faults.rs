@@ -314,17 +314,7 @@ fn read_kind(
             FaultKind::Partition { clients: c?, duration: d? }
         }
         "loss" => {
-            let p = match f.take("p") {
-                Some((path2, pv)) => match r.number(&path2, pv) {
-                    Some(x) if (0.0..=1.0).contains(&x) => Some(x),
-                    Some(x) => {
-                        r.error(pv.span(), path2, format!("must be a probability from 0 to 1, got {x}"));
-                        None
-                    }
-                    None => None,
-                },
-                None => Some(0.5),
-            };
+            let p = probability(r, &mut f);
             let d = duration_of(r, &mut f, path, v);
             r.finish(f, "p, duration_s");
             FaultKind::Loss { p: p?, duration: d? }
@@ -338,17 +328,7 @@ fn read_kind(
             FaultKind::Restart { clients: c? }
         }
         "churn" => {
-            let names = match f.take("names") {
-                Some((p, v)) => r.integer(&p, v, 1, u64::from(CHURN_NAMES_MAX)).map(|n| n as u32),
-                None => {
-                    r.error(
-                        v.span(),
-                        format!("{path}.names"),
-                        format!("is required: 1 to {CHURN_NAMES_MAX}"),
-                    );
-                    None
-                }
-            };
+            let names = churn_names(r, &mut f, path, v);
             let d = duration_of(r, &mut f, path, v);
             r.finish(f, "names, duration_s");
             FaultKind::Churn { names: names?, duration: d? }
@@ -373,17 +353,7 @@ fn read_kind(
             FaultKind::RegionCut { regions: c?, duration: d? }
         }
         "delay" => {
-            let ms = match f.take("ms") {
-                Some((p, v)) => r.integer(&p, v, 1, 60_000).map(Duration::from_millis),
-                None => {
-                    r.error(
-                        v.span(),
-                        format!("{path}.ms"),
-                        "is required: how late each answer is, 1 to 60000",
-                    );
-                    None
-                }
-            };
+            let ms = delay_of(r, &mut f, path, v);
             let d = duration_of(r, &mut f, path, v);
             r.finish(f, "ms, duration_s");
             FaultKind::Delay { delay: ms?, duration: d? }
@@ -393,29 +363,67 @@ fn read_kind(
                 Some((p, v)) => client_list(r, &p, v, (clients, "client")),
                 None => Some((0..clients).collect()),
             };
-            let rate = match f.take("rate") {
-                Some((p, v)) => match r.number(&p, v) {
-                    Some(x) if x.abs() <= 0.1 && x > -1.0 => Some(x),
-                    Some(x) => {
-                        r.error(
-                            v.span(),
-                            p,
-                            format!("must be from -0.1 to 0.1 (10 % slow to 10 % fast), got {x}"),
-                        );
-                        None
-                    }
-                    None => None,
-                },
-                None => {
-                    r.error(v.span(), format!("{path}.rate"), "is required");
-                    None
-                }
-            };
+            let rate = drift_rate(r, &mut f, path, v);
             r.finish(f, "clients, rate");
             FaultKind::Drift { clients: c?, rate: rate? }
         }
     };
     Some(kind)
+}
+
+/// A loss's `p`: a probability, 0.5 unless given.
+fn probability(r: &mut Reader<'_>, f: &mut Fields<'_, '_>) -> Option<f64> {
+    match f.take("p") {
+        Some((path2, pv)) => match r.number(&path2, pv) {
+            Some(x) if (0.0..=1.0).contains(&x) => Some(x),
+            Some(x) => {
+                r.error(pv.span(), path2, format!("must be a probability from 0 to 1, got {x}"));
+                None
+            }
+            None => None,
+        },
+        None => Some(0.5),
+    }
+}
+
+/// A churn's `names`: required, 1 to [`CHURN_NAMES_MAX`].
+fn churn_names(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str, v: &Value<'_>) -> Option<u32> {
+    match f.take("names") {
+        Some((p, v)) => r.integer(&p, v, 1, u64::from(CHURN_NAMES_MAX)).map(|n| n as u32),
+        None => {
+            r.error(v.span(), format!("{path}.names"), format!("is required: 1 to {CHURN_NAMES_MAX}"));
+            None
+        }
+    }
+}
+
+/// A delay's `ms`: required, 1 to 60,000.
+fn delay_of(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str, v: &Value<'_>) -> Option<Duration> {
+    match f.take("ms") {
+        Some((p, v)) => r.integer(&p, v, 1, 60_000).map(Duration::from_millis),
+        None => {
+            r.error(v.span(), format!("{path}.ms"), "is required: how late each answer is, 1 to 60000");
+            None
+        }
+    }
+}
+
+/// A drift's `rate`: required, -0.1 to 0.1.
+fn drift_rate(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, path: &str, v: &Value<'_>) -> Option<f64> {
+    match f.take("rate") {
+        Some((p, v)) => match r.number(&p, v) {
+            Some(x) if x.abs() <= 0.1 && x > -1.0 => Some(x),
+            Some(x) => {
+                r.error(v.span(), p, format!("must be from -0.1 to 0.1 (10 % slow to 10 % fast), got {x}"));
+                None
+            }
+            None => None,
+        },
+        None => {
+            r.error(v.span(), format!("{path}.rate"), "is required");
+            None
+        }
+    }
 }
 
 /// Reads `[faults]`.

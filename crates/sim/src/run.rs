@@ -548,6 +548,35 @@ struct Progress {
 }
 
 impl Progress {
+    /// No phase begun yet, over `groups` groups.
+    fn new(groups: usize) -> Self {
+        Progress {
+            phases: Vec::new(),
+            timeline: Vec::new(),
+            phase: 0,
+            phase_start: Nanos::ZERO,
+            held: 0,
+            checker: Checker::new(groups),
+            breach: None,
+        }
+    }
+
+    /// The run's outcome: the phases not reached count as failed.
+    fn outcome(self, scenario: &Scenario, seed: u64, groups: Vec<GroupName>) -> Outcome {
+        let Progress { mut phases, timeline, breach, .. } = self;
+        while phases.len() < scenario.phases.len() {
+            phases.push(PhaseResult { passed: false, converged_s: None });
+        }
+        Outcome {
+            seed,
+            groups,
+            backends: scenario.backends.iter().map(|b| b.name.clone()).collect(),
+            phases,
+            timeline,
+            breach,
+        }
+    }
+
     /// The figures of the second ending at `now`: checked against the invariants (with faults)
     /// and the phase's expectations. Says whether the run is over.
     #[allow(clippy::too_many_arguments)]
@@ -646,7 +675,8 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         let c = &scenario.controller;
         Shards::new(c.controllers, c.shards, c.capacity, seed, &start)
     });
-    for a in &scenario.actions {
+    let first = scenario.phases.first().map(|p| &p.actions[..]).unwrap_or_default();
+    for a in scenario.actions.iter().chain(first) {
         apply(a, &node.controller, &mut world, Nanos::ZERO);
         sync_regions(a, regions.as_ref(), shards.as_ref(), Nanos::ZERO);
     }
@@ -656,33 +686,13 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
     let tick_ns = duration_nanos(scenario.controller.tick).max(step_ns);
     let report_ns = scenario.controller.report_every.map_or(tick_ns, |d| duration_nanos(d).max(step_ns));
     let second_ns = 1_000_000_000u64;
-    let mut progress = Progress {
-        phases: Vec::new(),
-        timeline: Vec::new(),
-        phase: 0,
-        phase_start: Nanos::ZERO,
-        held: 0,
-        checker: Checker::new(groups.len()),
-        breach: None,
-    };
-    if let Some(p) = scenario.phases.first() {
-        for a in &p.actions {
-            apply(a, &node.controller, &mut world, Nanos::ZERO);
-            sync_regions(a, regions.as_ref(), shards.as_ref(), Nanos::ZERO);
-        }
-    }
+    let mut progress = Progress::new(groups.len());
     let mut now = Nanos::ZERO;
     loop {
         while let Some(f) = faults.get(next_fault).filter(|f| duration_nanos(f.at) <= now.0) {
             next_fault += 1;
             state.begin(f, next_fault, now, scenario, &mut clients, &mut world);
-            // With shards, a crash takes one controller down, not every one.
-            if let (Some(s), FaultKind::Crash { down } | FaultKind::Failover { down }) =
-                (&mut shards, &f.kind)
-            {
-                s.crash(next_fault, now, *down);
-                state.down = None;
-            }
+            crash_one(&mut shards, f, next_fault, now, &mut state);
         }
         if state.loss.0 <= now {
             state.loss.1 = 0.0;
@@ -757,22 +767,26 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             state.churn(now, &clients.gates);
         }
     }
-    let Progress { mut phases, timeline, breach, .. } = progress;
-    while phases.len() < scenario.phases.len() {
-        phases.push(PhaseResult { passed: false, converged_s: None });
-    }
-    Outcome {
-        seed,
-        groups,
-        backends: scenario.backends.iter().map(|b| b.name.clone()).collect(),
-        phases,
-        timeline,
-        breach,
-    }
+    progress.outcome(scenario, seed, groups)
 }
 
 /// The faults of a run with `seed`, in time order, and how long it goes on: until the last
 /// has healed and the invariants have been checked for a while after it, even when its
+/// With shards, a crash takes one controller down (the `which`th), not every one: the
+/// fault's downtime is that controller's, and the run's controller stays up.
+fn crash_one(
+    shards: &mut Option<Shards>,
+    f: &crate::faults::Fault,
+    which: usize,
+    now: Nanos,
+    state: &mut FaultState,
+) {
+    if let (Some(s), FaultKind::Crash { down } | FaultKind::Failover { down }) = (shards, &f.kind) {
+        s.crash(which, now, *down);
+        state.down = None;
+    }
+}
+
 /// phases pass sooner.
 fn faults_of(scenario: &Scenario, seed: u64) -> (Vec<crate::faults::Fault>, Nanos) {
     let mut faults = scenario.faults.clone();

@@ -278,20 +278,8 @@ impl Scenario {
     }
 }
 
-fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
-    let mut s = Scenario {
-        name: String::new(),
-        seed: 1,
-        cost_model: CostModel::Count,
-        controller: ControllerSpec::default(),
-        backends: Vec::new(),
-        groups: Vec::new(),
-        clients: Vec::new(),
-        actions: Vec::new(),
-        phases: Vec::new(),
-        faults: Vec::new(),
-        random_faults: None,
-    };
+/// A scenario's name, seed and cost model.
+fn read_head(r: &mut Reader<'_>, doc: &DeTable<'_>, s: &mut Scenario) {
     let get = |key: &str| doc.get(key);
     match get("name") {
         Some(v) => {
@@ -335,12 +323,10 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
         }
         s.cost_model = r.cost(v);
     }
-    if let Some(v) = get("controller") {
-        s.controller = controller(r, v);
-    }
-    for (i, v) in array(r, doc, "backend").into_iter().enumerate() {
-        backends(r, &format!("backend[{i}]"), v, &mut s.backends);
-    }
+}
+
+/// A scenario's `[[group]]` tables, each name once.
+fn read_groups(r: &mut Reader<'_>, doc: &DeTable<'_>, s: &mut Scenario) {
     let mut names = BTreeSet::new();
     for (i, v) in array(r, doc, "group").into_iter().enumerate() {
         let path = format!("group[{i}]");
@@ -358,6 +344,60 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
             s.groups.push((name, settings));
         }
     }
+}
+
+/// Names each top-level key a scenario does not know.
+fn refuse_unknown_keys(r: &mut Reader<'_>, doc: &DeTable<'_>) {
+    for (key, _) in doc.iter() {
+        let k: &str = key.get_ref();
+        if ![
+            "name",
+            "seed",
+            "cost_model",
+            "cost",
+            "controller",
+            "backend",
+            "group",
+            "client",
+            "action",
+            "phase",
+            "fault",
+            "faults",
+        ]
+        .contains(&k)
+        {
+            r.error(
+                key.span(),
+                k,
+                "unknown key; expected name, seed, cost_model, cost, controller, backend, group, client, action, phase, fault or faults",
+            );
+        }
+    }
+}
+
+fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
+    let mut s = Scenario {
+        name: String::new(),
+        seed: 1,
+        cost_model: CostModel::Count,
+        controller: ControllerSpec::default(),
+        backends: Vec::new(),
+        groups: Vec::new(),
+        clients: Vec::new(),
+        actions: Vec::new(),
+        phases: Vec::new(),
+        faults: Vec::new(),
+        random_faults: None,
+    };
+    let get = |key: &str| doc.get(key);
+    read_head(r, doc, &mut s);
+    if let Some(v) = get("controller") {
+        s.controller = controller(r, v);
+    }
+    for (i, v) in array(r, doc, "backend").into_iter().enumerate() {
+        backends(r, &format!("backend[{i}]"), v, &mut s.backends);
+    }
+    read_groups(r, doc, &mut s);
     for (i, v) in array(r, doc, "client").into_iter().enumerate() {
         clients(r, &format!("client[{i}]"), v, &s.backends, &mut s.clients);
     }
@@ -388,31 +428,7 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
             r.error(v.span(), "faults", "faults act on clients: the scenario has none");
         }
     }
-    for (key, _) in doc.iter() {
-        let k: &str = key.get_ref();
-        if ![
-            "name",
-            "seed",
-            "cost_model",
-            "cost",
-            "controller",
-            "backend",
-            "group",
-            "client",
-            "action",
-            "phase",
-            "fault",
-            "faults",
-        ]
-        .contains(&k)
-        {
-            r.error(
-                key.span(),
-                k,
-                "unknown key; expected name, seed, cost_model, cost, controller, backend, group, client, action, phase, fault or faults",
-            );
-        }
-    }
+    refuse_unknown_keys(r, doc);
     if s.phases.is_empty() && r.errors.is_empty() {
         r.error(0..0, "phase", "at least one [[phase]] is required");
     }

@@ -15,6 +15,43 @@ fn call(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Strin
     (code, head, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
+/// A budget per period and quotas per window over JSON: set, changed, removed, and refused
+/// by the field that breaks a rule.
+fn budgets_and_quotas(h: &str) {
+    let (code, _, v) =
+        call(h, "PUT", "/v1/groups/budgeted", Some(r#"{"budget":100,"budget_period":"month"}"#));
+    assert_eq!((code, v["settings"]["budget_period"].as_str()), (201, Some("month")), "{v}");
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"budget_period":"year"}"#));
+    assert_eq!((code, v["field"].as_str()), (400, Some("budget_period")), "{v}");
+    assert!(v["rule"].as_str().unwrap().contains("must be total, minute, hour, day, week or month"), "{v}");
+    // Quotas per window beside the budget: the budget is the month's, among them.
+    let (code, _, v) =
+        call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"quotas":{"minute":10,"hour":200}}"#));
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        v["settings"]["quotas"],
+        serde_json::json!({"minute": 10.0, "hour": 200.0, "month": 100.0}),
+        "{v}"
+    );
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"quotas":{"minute":null}}"#));
+    assert_eq!(
+        (code, &v["settings"]["quotas"]),
+        (200, &serde_json::json!({"hour": 200.0, "month": 100.0})),
+        "{v}"
+    );
+    for (bad, field) in [
+        (r#"{"quotas":{"minute":-1}}"#, "quotas.minute"),
+        (r#"{"quotas":{"fortnight":1}}"#, "quotas.fortnight"),
+    ] {
+        let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(bad));
+        assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{bad}: {v}");
+    }
+    let (code, _, v) = call(h, "PUT", "/v1/groups/unbudgeted", Some(r#"{"budget_period":"day"}"#));
+    assert_eq!((code, v["field"].as_str()), (400, Some("budget_period")), "{v}");
+    let (code, _, _) = call(h, "DELETE", "/v1/groups/budgeted", None);
+    assert_eq!(code, 200);
+}
+
 #[test]
 fn groups_node_status_and_checks_over_json() {
     let s = ServerProc::start_with(&data_dir("api"), &["--tick-ms", "100"], Stdio::null());
@@ -80,38 +117,7 @@ fn groups_node_status_and_checks_over_json() {
         assert!(v["rule"].as_str().unwrap_or("").contains(rule), "{method} {path} {body}: {v}");
         assert!(v["error"].as_str().is_some(), "{v}");
     }
-    let (code, _, v) =
-        call(h, "PUT", "/v1/groups/budgeted", Some(r#"{"budget":100,"budget_period":"month"}"#));
-    assert_eq!((code, v["settings"]["budget_period"].as_str()), (201, Some("month")), "{v}");
-    let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"budget_period":"year"}"#));
-    assert_eq!((code, v["field"].as_str()), (400, Some("budget_period")), "{v}");
-    assert!(v["rule"].as_str().unwrap().contains("must be total, minute, hour, day, week or month"), "{v}");
-    // Quotas per window beside the budget: the budget is the month's, among them.
-    let (code, _, v) =
-        call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"quotas":{"minute":10,"hour":200}}"#));
-    assert_eq!(code, 200, "{v}");
-    assert_eq!(
-        v["settings"]["quotas"],
-        serde_json::json!({"minute": 10.0, "hour": 200.0, "month": 100.0}),
-        "{v}"
-    );
-    let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"quotas":{"minute":null}}"#));
-    assert_eq!(
-        (code, &v["settings"]["quotas"]),
-        (200, &serde_json::json!({"hour": 200.0, "month": 100.0})),
-        "{v}"
-    );
-    for (bad, field) in [
-        (r#"{"quotas":{"minute":-1}}"#, "quotas.minute"),
-        (r#"{"quotas":{"fortnight":1}}"#, "quotas.fortnight"),
-    ] {
-        let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(bad));
-        assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{bad}: {v}");
-    }
-    let (code, _, v) = call(h, "PUT", "/v1/groups/unbudgeted", Some(r#"{"budget_period":"day"}"#));
-    assert_eq!((code, v["field"].as_str()), (400, Some("budget_period")), "{v}");
-    let (code, _, _) = call(h, "DELETE", "/v1/groups/budgeted", None);
-    assert_eq!(code, 200);
+    budgets_and_quotas(h);
     let big = format!(r#"{{"name":"{}"}}"#, "x".repeat(100 * 1024));
     let (code, _, _) = call(h, "POST", "/v1/groups", Some(&big));
     assert_eq!(code, 413, "an oversized body is refused");

@@ -146,6 +146,29 @@ async fn get_json(addr: &str, path: &str) -> serde_json::Value {
     serde_json::from_str(&body).unwrap()
 }
 
+/// For 16 s, once a second: whether the controller marks bronze busy, and the service's
+/// utilisation.
+async fn watch_bronze(url: String, kv_addr: String) -> (bool, Vec<f64>) {
+    let mut busy_seen = false;
+    let mut utilisation = Vec::new();
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let out = Command::new(BIN).args(["status", "--json"]).env("TOLLGATE_SERVER", &url).output().unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let bronze = s["groups"].as_array().unwrap().iter().find(|g| g["name"] == "bronze").cloned().unwrap();
+        busy_seen |= bronze["busy"] == true;
+        println!(
+            "bronze target {} admitted {:.0} demand {:.0} busy {}",
+            bronze["target"],
+            bronze["admitted"].as_f64().unwrap_or(0.0),
+            bronze["demand"].as_f64().unwrap_or(0.0),
+            bronze["busy"]
+        );
+        utilisation.push(get_json(&kv_addr, "/stats").await["utilisation"].as_f64().unwrap());
+    }
+    (busy_seen, utilisation)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e");
@@ -197,35 +220,7 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     // Phase 2, 16 s: bronze's limit is lifted and it asks 400/s (1.6 MB/s): far over the
     // service's 1 MB/s. The controller must limit it from the service's reports.
     admin(&url, &["group", "alter", "bronze", "--limit", "unlimited"]);
-    let status = {
-        let url = url.clone();
-        let kv_addr = kv_addr.clone();
-        tokio::spawn(async move {
-            let mut busy_seen = false;
-            let mut utilisation = Vec::new();
-            for _ in 0..16 {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let out = Command::new(BIN)
-                    .args(["status", "--json"])
-                    .env("TOLLGATE_SERVER", &url)
-                    .output()
-                    .unwrap();
-                let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                let bronze =
-                    s["groups"].as_array().unwrap().iter().find(|g| g["name"] == "bronze").cloned().unwrap();
-                busy_seen |= bronze["busy"] == true;
-                println!(
-                    "bronze target {} admitted {:.0} demand {:.0} busy {}",
-                    bronze["target"],
-                    bronze["admitted"].as_f64().unwrap_or(0.0),
-                    bronze["demand"].as_f64().unwrap_or(0.0),
-                    bronze["busy"]
-                );
-                utilisation.push(get_json(&kv_addr, "/stats").await["utilisation"].as_f64().unwrap());
-            }
-            (busy_seen, utilisation)
-        })
-    };
+    let status = tokio::spawn(watch_bronze(url.clone(), kv_addr.clone()));
     let _ = tokio::join!(
         offer(kv, "gold", 40.0, 16.0, clock.clone(), samples.clone()),
         offer(kv, "bronze", 400.0, 16.0, clock.clone(), samples.clone()),

@@ -27,6 +27,11 @@ fn past_the_range(kind: Kind, max: f64) -> String {
 
 #[test]
 fn the_settings_file_takes_every_setting_in_its_range_and_refuses_past_it() {
+    assert_eq!(
+        tollgate_model::fields::names(),
+        tollgate_model::toml_reader::GROUP_KEYS,
+        "the settings file's keys"
+    );
     for f in GROUP_FIELDS {
         let good = format!("[groups.p]\n[groups.g]\n{} = {}\n", f.name, f.example);
         if let Err(e) = Config::parse(&good) {

@@ -90,29 +90,7 @@ async fn term(
     let ttl = i64::try_from(lease.as_secs()).unwrap_or(i64::MAX).max(1);
     // Unbounded calls, for the campaign; those that should answer at once are bounded here.
     let mut client: Client = bounded(connect_unbounded(target)).await?;
-    if let Some(old) = *previous {
-        // Its member key and candidacy go with it (gone already if it ran out: fine).
-        match bounded(client.lease_revoke(old)).await {
-            Ok(_) => {}
-            Err(e) if e.contains("lease not found") => {}
-            Err(e) => return Err(e),
-        }
-        *previous = None;
-    }
-    let lease_id = bounded(client.lease_grant(ttl, None)).await?.id();
-    *previous = Some(lease_id);
-    let member = member_key(target, advertise);
-    let claimed = bounded(client.txn(
-        Txn::new().when([Compare::create_revision(member.clone(), CompareOp::Equal, 0)]).and_then([
-            TxnOp::put(member, advertise, Some(etcd_client::PutOptions::new().with_lease(lease_id))),
-        ]),
-    ))
-    .await?
-    .succeeded();
-    if !claimed {
-        let _ = bounded(client.lease_revoke(lease_id)).await;
-        return Err(format!("another controller advertises {advertise}; give each its own --advertise"));
-    }
+    let lease_id = claim_member(&mut client, target, advertise, ttl, previous).await?;
     let (mut keeper, mut acks) = bounded(client.lease_keep_alive(lease_id)).await?;
     if let Some(s) = cluster.sharding() {
         s.set_term(Some(lease_id));
@@ -120,28 +98,7 @@ async fn term(
     let name = target.key("election");
     // Who leads, while this one does not: etcd answers an observation only once there is a
     // leader, so it runs beside the campaign.
-    let observer = {
-        let (mut client, name, cluster, me) =
-            (client.clone(), name.clone(), cluster.clone(), advertise.to_string());
-        tokio::spawn(async move {
-            let Ok(mut observed) = client.observe(name).await else { return };
-            while let Ok(Some(r)) = observed.message().await {
-                let leader = match r.kv() {
-                    None => None,
-                    Some(kv) => match candidacy(kv.value(), kv.lease()) {
-                        Ok(leader) => Some(leader),
-                        Err(why) => {
-                            fence(&mut client, kv, &why).await;
-                            continue;
-                        }
-                    },
-                };
-                if leader.as_deref() != Some(me.as_str()) && cluster.role().role != Role::Leader {
-                    cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader });
-                }
-            }
-        })
-    };
+    let observer = follow_leader(client.clone(), name.clone(), cluster.clone(), advertise.to_string(), clock);
     let mut campaigner = client.clone();
     let campaign = campaigner.campaign(name, advertise, lease_id);
     tokio::pin!(campaign);
@@ -165,17 +122,7 @@ async fn term(
                     // The groups with traffic lately are learnt for a lease: their clients may
                     // hold grants the last leader gave (every group, when etcd does not say).
                     if cluster.sharding().is_none() {
-                        let controller = cluster.controller();
-                        let wall_ms = crate::clock::wall_ms();
-                        let since = crate::store::recent_since(wall_ms, controller.lease());
-                        let stored = crate::store::etcd::stored_progress(&mut client, target, since).await;
-                        let recent = stored.as_ref().and_then(|s| s.recent.clone());
-                        controller.relearn(clock.now(), recent.map_or(Relearn::All, Relearn::Groups));
-                        if let Some(stored) = stored {
-                            let meters = controller.ownership().restore_meters(stored.meters, |_| true);
-                            let ramps = controller.ownership().resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
-                            tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
-                        }
+                        take_over(&cluster, &mut client, target, clock).await;
                     }
                     cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
                     tracing::info!(advertise, "elected leader");
@@ -224,6 +171,89 @@ async fn term(
         *previous = None;
     }
     outcome
+}
+
+/// Revokes the last term's lease (its member key and candidacy go with it), takes a new one
+/// and claims this controller's member key under it; returns the lease.
+async fn claim_member(
+    client: &mut Client,
+    target: &EtcdTarget,
+    advertise: &str,
+    ttl: i64,
+    previous: &mut Option<i64>,
+) -> Result<i64, String> {
+    if let Some(old) = *previous {
+        // Its member key and candidacy go with it (gone already if it ran out: fine).
+        match bounded(client.lease_revoke(old)).await {
+            Ok(_) => {}
+            Err(e) if e.contains("lease not found") => {}
+            Err(e) => return Err(e),
+        }
+        *previous = None;
+    }
+    let lease_id = bounded(client.lease_grant(ttl, None)).await?.id();
+    *previous = Some(lease_id);
+    let member = member_key(target, advertise);
+    let claimed = bounded(client.txn(
+        Txn::new().when([Compare::create_revision(member.clone(), CompareOp::Equal, 0)]).and_then([
+            TxnOp::put(member, advertise, Some(etcd_client::PutOptions::new().with_lease(lease_id))),
+        ]),
+    ))
+    .await?
+    .succeeded();
+    if !claimed {
+        let _ = bounded(client.lease_revoke(lease_id)).await;
+        return Err(format!("another controller advertises {advertise}; give each its own --advertise"));
+    }
+    Ok(lease_id)
+}
+
+/// Who leads, while this one does not: etcd answers an observation only once there is a
+/// leader, so it runs beside the campaign.
+fn follow_leader(
+    mut client: Client,
+    name: String,
+    cluster: Arc<Cluster>,
+    me: String,
+    clock: Clock,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Ok(mut observed) = client.observe(name).await else { return };
+        while let Ok(Some(r)) = observed.message().await {
+            let leader = match r.kv() {
+                None => None,
+                Some(kv) => match candidacy(kv.value(), kv.lease()) {
+                    Ok(leader) => Some(leader),
+                    Err(why) => {
+                        fence(&mut client, kv, &why).await;
+                        continue;
+                    }
+                },
+            };
+            if leader.as_deref() != Some(me.as_str()) && cluster.role().role != Role::Leader {
+                cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader });
+            }
+        }
+    })
+}
+
+/// A leader elected with its groups not sharded takes over: the last leader's consumption and
+/// ramps, as it last wrote them, before this one grants and writes its own (with the groups
+/// sharded, each shard's owner reads its groups' when it is given them); and the groups with
+/// traffic lately are learnt for a lease, as their clients may hold grants the last leader
+/// gave (every group, when etcd does not say).
+async fn take_over(cluster: &Cluster, client: &mut Client, target: &EtcdTarget, clock: Clock) {
+    let controller = cluster.controller();
+    let wall_ms = crate::clock::wall_ms();
+    let since = crate::store::recent_since(wall_ms, controller.lease());
+    let stored = crate::store::etcd::stored_progress(client, target, since).await;
+    let recent = stored.as_ref().and_then(|s| s.recent.clone());
+    controller.relearn(clock.now(), recent.map_or(Relearn::All, Relearn::Groups));
+    if let Some(stored) = stored {
+        let meters = controller.ownership().restore_meters(stored.meters, |_| true);
+        let ramps = controller.ownership().resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
+        tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
+    }
 }
 
 /// `call`, within [`ETCD_TIMEOUT`]; its error or the timeout in words.

@@ -11,12 +11,6 @@ use tollgate_model::time::Nanos;
 use super::readings::Views;
 use crate::observe::trace::Tracer;
 
-/// The time now, to size a tick's slices by ([`next_slice`]; decisions never read it).
-fn slice_clock() -> std::time::Instant {
-    #[allow(clippy::disallowed_methods)] // how long a slice held the lock, not what it decided
-    std::time::Instant::now()
-}
-
 /// When the ticks run: the last one's turn and span, and the signals for an early one.
 pub(super) struct Pacing {
     /// How long the last tick took from its start to its last slice, in nanoseconds (paced,
@@ -157,7 +151,7 @@ impl Pacer<'_> {
         }
         let mut size = TICK_SLICE_GROUPS;
         loop {
-            let started = slice_clock();
+            let started = crate::clock::stopwatch();
             if engine.tick_slice(size) {
                 break;
             }

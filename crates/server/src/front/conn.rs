@@ -131,8 +131,7 @@ pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) fn now() -> Instant {
-    #[allow(clippy::disallowed_methods)] // the server's edge: tokio time
-    Instant::now()
+    crate::clock::instant()
 }
 
 /// The instant connections' activity is counted from.

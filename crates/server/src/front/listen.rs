@@ -459,6 +459,62 @@ enum Place {
     Health(OwnedSemaphorePermit),
 }
 
+/// The connection's place, once it has one: a waiter waits for a connection's place to free
+/// within [`ROOM_WAIT`](crate::front::conn::ROOM_WAIT), then takes a probe's if one is kept;
+/// `None` when there is none. Says too whether the place is a probe's.
+async fn settle(
+    place: Place,
+    permits: Arc<Semaphore>,
+    reserve: Option<Arc<Semaphore>>,
+) -> Option<(OwnedSemaphorePermit, bool)> {
+    match place {
+        Place::Taken(p) => Some((p, false)),
+        Place::Health(p) => Some((p, true)),
+        Place::Waiting(waiter) => {
+            let room = tokio::time::timeout(crate::front::conn::ROOM_WAIT, permits.acquire_owned()).await;
+            drop(waiter);
+            match room {
+                Ok(Ok(p)) => Some((p, false)),
+                _ => reserve.and_then(|r| r.try_acquire_owned().ok()).map(|p| (p, true)),
+            }
+        }
+    }
+}
+
+/// The connection's stream, through TLS when it is configured, with the client certificate's
+/// name; `None` (and `complain` told why) when the handshake fails or takes too long.
+async fn handshake(
+    tcp: tokio::net::TcpStream,
+    tls: Option<Arc<Tls>>,
+    complain: impl Fn(&dyn std::fmt::Display),
+) -> Option<(Io, Option<Arc<str>>)> {
+    match tls {
+        None => Some((Io::Plain(tcp), None)),
+        Some(tls) => {
+            let handshake = tokio_rustls::TlsAcceptor::from(tls.current()).accept(tcp);
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                Ok(Ok(stream)) => {
+                    let name = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| common_name(c.as_ref()));
+                    Some((Io::Tls(Box::new(stream)), name))
+                }
+                Ok(Err(e)) => {
+                    complain(&e);
+                    None
+                }
+                Err(_) => {
+                    complain(&"timed out");
+                    None
+                }
+            }
+        }
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
@@ -526,41 +582,8 @@ async fn accept_loop(
             }
         };
         tokio::spawn(async move {
-            let (permit, health_only) = match place {
-                Place::Taken(p) => (p, false),
-                Place::Health(p) => (p, true),
-                Place::Waiting(waiter) => {
-                    let room =
-                        tokio::time::timeout(crate::front::conn::ROOM_WAIT, permits.acquire_owned()).await;
-                    drop(waiter);
-                    match room {
-                        Ok(Ok(p)) => (p, false),
-                        _ => match reserve.and_then(|r| r.try_acquire_owned().ok()) {
-                            Some(p) => (p, true),
-                            None => return,
-                        },
-                    }
-                }
-            };
-            let (io, cert_name) = match tls {
-                None => (Io::Plain(tcp), None),
-                Some(tls) => {
-                    let handshake = tokio_rustls::TlsAcceptor::from(tls.current()).accept(tcp);
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-                        Ok(Ok(stream)) => {
-                            let name = stream
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .and_then(|c| c.first())
-                                .and_then(|c| common_name(c.as_ref()));
-                            (Io::Tls(Box::new(stream)), name)
-                        }
-                        Ok(Err(e)) => return complain(&e),
-                        Err(_) => return complain(&"timed out"),
-                    }
-                }
-            };
+            let Some((permit, health_only)) = settle(place, permits, reserve).await else { return };
+            let Some((io, cert_name)) = handshake(tcp, tls, complain).await else { return };
             let tls = matches!(io, Io::Tls(_));
             let peer = Peer {
                 addr,

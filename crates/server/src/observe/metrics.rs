@@ -197,67 +197,7 @@ impl Collector for ControllerMetrics {
         node_settings(&mut e, c.admin().node())?;
         let now = self.clock.now();
         let d = c.readings().diagnostics(now);
-        let backend = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&BackendView) -> f64| {
-            family(
-                e,
-                name,
-                help,
-                Kind::Gauge,
-                "backend",
-                d.backends.iter().map(|b| (b.name.as_str(), read(b))),
-            )
-        };
-        backend(
-            &mut e,
-            "tollgate_backend_utilisation",
-            "A backend's utilisation: 1 is at its target.",
-            |b| b.utilisation,
-        )?;
-        backend(
-            &mut e,
-            "tollgate_backend_limiting",
-            "1 while a backend is saturated and limits its groups.",
-            |b| f64::from(u8::from(b.limiting)),
-        )?;
-        backend(&mut e, "tollgate_backend_load_units", "Units/s of all groups on a backend.", |b| b.load)?;
-        backend(
-            &mut e,
-            "tollgate_backend_report_age_seconds",
-            "Seconds since a backend's last report.",
-            |b| b.seen_s,
-        )?;
-        let client = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&ClientView) -> f64| {
-            family(e, name, help, Kind::Gauge, "client", d.clients.iter().map(|c| (c.name.as_str(), read(c))))
-        };
-        client(
-            &mut e,
-            "tollgate_tracked_client_granted_units",
-            "Units/s of a client's finite grants.",
-            |c| c.granted,
-        )?;
-        client(&mut e, "tollgate_tracked_client_groups", "Groups granted to a client.", |c| {
-            f64::from(c.groups)
-        })?;
-        client(
-            &mut e,
-            "tollgate_tracked_client_lapsed",
-            "1 when a client has not exchanged within the lease.",
-            |c| f64::from(u8::from(c.lapsed)),
-        )?;
-        single(
-            &mut e,
-            "tollgate_clients_lapsed",
-            "Clients that have not exchanged within the lease.",
-            Kind::Gauge,
-            d.clients_lapsed,
-        )?;
-        single(
-            &mut e,
-            "tollgate_clients_others_granted_units",
-            "Units/s granted to the clients not named one by one.",
-            Kind::Gauge,
-            d.others_granted,
-        )?;
+        encode_diagnostics(&mut e, &d)?;
         drop(d);
         let (clients, backends, learning) = c.readings().tracking(now);
         single(&mut e, "tollgate_clients", "Clients tracked.", Kind::Gauge, clients)?;
@@ -291,36 +231,89 @@ impl Collector for ControllerMetrics {
             self.cluster.leader_changes(),
         )?;
         self.encode_cluster(&mut e)?;
-        single(
-            &mut e,
-            "tollgate_exchanges_total",
-            "Admission exchanges answered.",
-            Kind::Counter,
-            c.readings().exchanges(),
-        )?;
-        single(
-            &mut e,
-            "tollgate_client_restarts_total",
-            "Clients seen to restart (their exchanges numbered from 1 again); their grants are released.",
-            Kind::Counter,
-            c.readings().client_restarts(),
-        )?;
-        single(&mut e, "tollgate_ticks_total", "Engine ticks completed.", Kind::Counter, c.pacer().ticks())?;
-        single(
-            &mut e,
-            "tollgate_early_ticks_total",
-            "Ticks run before their turn because a backend's report showed it newly saturated.",
-            Kind::Counter,
-            c.pacer().early_ticks(),
-        )?;
-        single(
-            &mut e,
-            "tollgate_grpc_writes_total",
-            "Writes to gRPC connections' sockets (about one per answer).",
-            Kind::Counter,
-            c.readings().grpc_writes(),
-        )
+        encode_counts(&mut e, c)
     }
+}
+
+/// The backends' and clients' families, named one by one up to the diagnostics' bound.
+fn encode_diagnostics(
+    e: &mut DescriptorEncoder,
+    d: &tollgate_model::engine::Diagnostics,
+) -> std::fmt::Result {
+    let backend = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&BackendView) -> f64| {
+        family(e, name, help, Kind::Gauge, "backend", d.backends.iter().map(|b| (b.name.as_str(), read(b))))
+    };
+    backend(e, "tollgate_backend_utilisation", "A backend's utilisation: 1 is at its target.", |b| {
+        b.utilisation
+    })?;
+    backend(e, "tollgate_backend_limiting", "1 while a backend is saturated and limits its groups.", |b| {
+        f64::from(u8::from(b.limiting))
+    })?;
+    backend(e, "tollgate_backend_load_units", "Units/s of all groups on a backend.", |b| b.load)?;
+    backend(e, "tollgate_backend_report_age_seconds", "Seconds since a backend's last report.", |b| {
+        b.seen_s
+    })?;
+    let client = |e: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&ClientView) -> f64| {
+        family(e, name, help, Kind::Gauge, "client", d.clients.iter().map(|c| (c.name.as_str(), read(c))))
+    };
+    client(e, "tollgate_tracked_client_granted_units", "Units/s of a client's finite grants.", |c| {
+        c.granted
+    })?;
+    client(e, "tollgate_tracked_client_groups", "Groups granted to a client.", |c| f64::from(c.groups))?;
+    client(
+        e,
+        "tollgate_tracked_client_lapsed",
+        "1 when a client has not exchanged within the lease.",
+        |c| f64::from(u8::from(c.lapsed)),
+    )?;
+    single(
+        e,
+        "tollgate_clients_lapsed",
+        "Clients that have not exchanged within the lease.",
+        Kind::Gauge,
+        d.clients_lapsed,
+    )?;
+    single(
+        e,
+        "tollgate_clients_others_granted_units",
+        "Units/s granted to the clients not named one by one.",
+        Kind::Gauge,
+        d.others_granted,
+    )?;
+    Ok(())
+}
+
+/// The counts of the controller's work since it started.
+fn encode_counts(e: &mut DescriptorEncoder, c: &Controller) -> std::fmt::Result {
+    single(
+        e,
+        "tollgate_exchanges_total",
+        "Admission exchanges answered.",
+        Kind::Counter,
+        c.readings().exchanges(),
+    )?;
+    single(
+        e,
+        "tollgate_client_restarts_total",
+        "Clients seen to restart (their exchanges numbered from 1 again); their grants are released.",
+        Kind::Counter,
+        c.readings().client_restarts(),
+    )?;
+    single(e, "tollgate_ticks_total", "Engine ticks completed.", Kind::Counter, c.pacer().ticks())?;
+    single(
+        e,
+        "tollgate_early_ticks_total",
+        "Ticks run before their turn because a backend's report showed it newly saturated.",
+        Kind::Counter,
+        c.pacer().early_ticks(),
+    )?;
+    single(
+        e,
+        "tollgate_grpc_writes_total",
+        "Writes to gRPC connections' sockets (about one per answer).",
+        Kind::Counter,
+        c.readings().grpc_writes(),
+    )
 }
 
 impl ControllerMetrics {
