@@ -60,21 +60,21 @@ pub(crate) enum BenchCommand {
     Accuracy(crate::bench::AccuracyArgs),
     /// How fast the controller reins in a tenant whose surge saturates a real service
     /// (examples/kv-service): when it is marked busy, the peak utilisation, when it settles.
-    Surge(crate::surge::SurgeArgs),
+    Surge(crate::bench::surge::SurgeArgs),
     /// Whether request classes hold critical work through an overload of a real service
     /// (examples/kv-service): critical success and p99, with classes and without.
-    Overload(crate::overload::OverloadArgs),
+    Overload(crate::bench::overload::OverloadArgs),
     /// Whether a service that learns its own capacity holds an overload of 1 to 8 times what
     /// it can do (examples/kv-service --work cpu): goodput, p99 and critical success beside no
     /// limiter and a static token bucket, and how soon a slowdown is followed.
-    Capacity(crate::capacity::CapacityArgs),
+    Capacity(crate::bench::capacity::CapacityArgs),
     /// How long saturation limiting takes to settle after a demand step, a lifted quota and a
     /// capacity cut, in simulated seconds, beside a plain multiplicative law.
-    Converge(crate::converge::ConvergeArgs),
+    Converge(crate::bench::converge::ConvergeArgs),
     /// How long a new group's first request takes to be answered, through `POST /v1/check`
     /// and the rate-limit service (RLS): new groups one after another, p50, p99 and the
     /// largest. It creates no settings; the groups it names are new to the server.
-    FirstAnswer(crate::first::FirstAnswerArgs),
+    FirstAnswer(crate::bench::first::FirstAnswerArgs),
 }
 
 #[derive(Subcommand)]
@@ -153,7 +153,7 @@ pub(crate) enum Command {
     },
     /// Envoy's rate-limit service on the gRPC port: its mapping rules, and a request to try.
     #[command(subcommand)]
-    Rls(crate::rls::Rls),
+    Rls(crate::admin::rls::Rls),
     /// Metering: what each group consumed, minute by minute as the controller recorded it
     /// (durable across restarts and failovers).
     Usage {
@@ -172,7 +172,7 @@ pub(crate) enum Command {
     },
     /// Credentials for a server started with --auth: create, list, revoke.
     #[command(subcommand)]
-    Token(crate::token::Token),
+    Token(crate::admin::token::Token),
     /// The audit log: every change to the settings, oldest first, with who made it and the
     /// value before and after.
     Audit {

@@ -45,7 +45,7 @@ pub fn admin_text(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else { return };
     let Ok(text) = std::str::from_utf8(rest) else { return };
     match which % 4 {
-        0 => drop(crate::sql::parse(text)),
+        0 => drop(crate::admin::sql::parse(text)),
         1 => drop(tollgate_controller::front::properties::node_change(text)),
         3 => {
             if let Ok(data) = crate::calibrate::parse(text, "observed")

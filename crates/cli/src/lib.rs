@@ -12,23 +12,14 @@ mod admin;
 mod args;
 mod bench;
 mod calibrate;
-mod capacity;
 mod check;
-mod converge;
-mod counts;
-mod first;
 pub mod fuzzing;
-mod import;
-mod load;
-mod overload;
 mod ramp;
-mod rls;
 mod server;
 mod sim;
-mod sql;
-mod surge;
-mod token;
-mod usage;
+
+use admin::{import, rls, sql, token, usage};
+use bench::{capacity, converge, first, overload, surge};
 
 /// Prints a line to stdout. A reader that went away (`tollgate sim … | head`) is not an
 /// error worth a panic: the output is simply no longer wanted.

@@ -17,8 +17,8 @@ use anyhow::Context;
 use clap::Args;
 use tollgate_proto::v1;
 
-use crate::load::{Answer, Load};
-use crate::surge::ranged;
+use crate::bench::load::{Answer, Load};
+use crate::bench::surge::ranged;
 
 /// Prints one formatted line (see [`crate::say`]).
 macro_rules! say {
@@ -163,7 +163,7 @@ fn seen(answers: &[Answer<Kind>], from: f64, to: f64) -> Seen {
 /// The service's capacity (units, bytes, per second) from its `/stats`.
 pub(crate) async fn capacity(service: SocketAddr) -> Option<f64> {
     let request = format!("GET /stats HTTP/1.1\r\nHost: {service}\r\nConnection: close\r\n\r\n");
-    let answer = crate::load::http(service, request.as_bytes()).await?;
+    let answer = crate::bench::load::http(service, request.as_bytes()).await?;
     let body = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|i| &answer[i + 4..])?;
     let stats: serde_json::Value = serde_json::from_slice(body).ok()?;
     stats["capacity"].as_f64()

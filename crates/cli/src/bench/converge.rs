@@ -24,9 +24,9 @@ pub struct ConvergeArgs {
 
 /// The built-in scenarios: (what shifts, the scenario file).
 const SCENARIOS: [(&str, &str); 3] = [
-    ("demand step", include_str!("../scenarios/converge-demand-step.toml")),
-    ("quota lifted", include_str!("../scenarios/converge-quota-change.toml")),
-    ("capacity cut", include_str!("../scenarios/converge-capacity-change.toml")),
+    ("demand step", include_str!("../../scenarios/converge-demand-step.toml")),
+    ("quota lifted", include_str!("../../scenarios/converge-quota-change.toml")),
+    ("capacity cut", include_str!("../../scenarios/converge-capacity-change.toml")),
 ];
 
 /// The runs compared: (label, law, whether the backends report as the server's reporter does).

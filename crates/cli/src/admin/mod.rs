@@ -1,5 +1,13 @@
 //! The admin commands, in the words operators of the source systems already know:
-//! FoundationDB's `quota`, TiDB's `group`, Couchbase's `node capacity`, and `status`.
+//! FoundationDB's `quota`, TiDB's `group`, Couchbase's `node capacity`, and `status`; and, in
+//! modules of their own, `sql` (TiDB's statements), `token`, `usage`, `import` (envoy/ratelimit
+//! and Limitador files) and `rls` (Envoy's rate-limit rules).
+
+pub(crate) mod import;
+pub(crate) mod rls;
+pub(crate) mod sql;
+pub(crate) mod token;
+pub(crate) mod usage;
 
 use std::fmt::Write as _;
 

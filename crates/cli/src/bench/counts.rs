@@ -7,7 +7,7 @@ use anyhow::Context;
 use tollgate_proto::v1;
 use tonic::transport::Channel;
 
-use crate::load::{offer, open_loop, own_cpu};
+use crate::bench::load::{offer, open_loop, own_cpu};
 use crate::say;
 
 /// How often over its quota each run asks.

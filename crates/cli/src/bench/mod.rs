@@ -1,4 +1,16 @@
-//! `tollgate bench exchange`: load a controller with admission exchanges over real gRPC.
+//! `tollgate bench`: the load programs that measure Tollgate as its users run it, each in a
+//! module of its own (`surge`, `overload`, `capacity`, `converge`, `first`, the quota counts of
+//! `accuracy` in `counts`, and the open-loop load they share in `load`); this module holds
+//! `bench exchange`, which loads a controller with admission exchanges over real gRPC, and
+//! `bench accuracy`.
+
+pub(crate) mod capacity;
+pub(crate) mod converge;
+pub(crate) mod counts;
+pub(crate) mod first;
+pub(crate) mod load;
+pub(crate) mod overload;
+pub(crate) mod surge;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +22,7 @@ use prost::bytes;
 use tollgate_proto::v1;
 use tonic::transport::Channel;
 
-use crate::load::{offer, open_loop, own_cpu, process_usage};
+use crate::bench::load::{offer, open_loop, own_cpu, process_usage};
 use crate::say;
 
 /// `tollgate bench exchange` arguments.
@@ -943,9 +955,9 @@ const ACCURACY_GROUPS: [&str; 7] = [
     "reserved-a",
     "reserved-b",
     "hungry",
-    crate::counts::GROUPS[0],
-    crate::counts::GROUPS[1],
-    crate::counts::GROUPS[2],
+    crate::bench::counts::GROUPS[0],
+    crate::bench::counts::GROUPS[1],
+    crate::bench::counts::GROUPS[2],
 ];
 
 pub(crate) async fn put(
@@ -1158,7 +1170,7 @@ async fn measure_accuracy(
         .set_capacity(v1::SetCapacityRequest { capacity: None })
         .await
         .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
-    crate::counts::measure(&mut admin, &gates, (a.limit * 2.0).round(), a.redis.as_deref()).await?;
+    crate::bench::counts::measure(&mut admin, &gates, (a.limit * 2.0).round(), a.redis.as_deref()).await?;
 
     // 4. The common alternative: a Redis counter per request.
     if let Some(url) = &a.redis {

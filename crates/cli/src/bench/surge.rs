@@ -16,7 +16,7 @@ use anyhow::Context;
 use clap::Args;
 use tollgate_proto::v1;
 
-use crate::load::{Load, http};
+use crate::bench::load::{Load, http};
 
 /// Prints one formatted line (see [`crate::say`]).
 macro_rules! say {

@@ -32,9 +32,9 @@ use tollgate_limiter::clock::TokioClock;
 use tollgate_limiter::throttle::{ClientThrottle, ThrottleOptions};
 use tollgate_model::time::Clock;
 
-use crate::load::{Answer, Load};
-use crate::overload::{GROUP, Kind, VALUE_BYTES, put_request};
-use crate::surge::ranged;
+use crate::bench::load::{Answer, Load};
+use crate::bench::overload::{GROUP, Kind, VALUE_BYTES, put_request};
+use crate::bench::surge::ranged;
 
 /// Prints one formatted line (see [`crate::say`]).
 macro_rules! say {
@@ -211,7 +211,7 @@ async fn measure_best(service: SocketAddr) -> f64 {
                 while clock.now() < deadline {
                     n += 1;
                     let request = put_request(service, Kind::Normal, true, w * 1000 + n % 1000);
-                    if crate::load::http_status(service, &request)
+                    if crate::bench::load::http_status(service, &request)
                         .await
                         .is_some_and(|s| (200..300).contains(&s))
                     {
@@ -231,7 +231,7 @@ async fn measure_best(service: SocketAddr) -> f64 {
 /// The service's `/stats`.
 async fn stats(service: SocketAddr) -> Option<serde_json::Value> {
     let request = format!("GET /stats HTTP/1.1\r\nHost: {service}\r\nConnection: close\r\n\r\n");
-    let answer = crate::load::http(service, request.as_bytes()).await?;
+    let answer = crate::bench::load::http(service, request.as_bytes()).await?;
     let body = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|i| &answer[i + 4..])?;
     serde_json::from_slice(body).ok()
 }
@@ -243,7 +243,7 @@ async fn slow(service: SocketAddr, factor: u64) -> anyhow::Result<()> {
         "PUT /slowdown HTTP/1.1\r\nHost: {service}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    match crate::load::http_status(service, request.as_bytes()).await {
+    match crate::bench::load::http_status(service, request.as_bytes()).await {
         Some(204) => Ok(()),
         other => anyhow::bail!("the service at {service} did not take PUT /slowdown ({other:?})"),
     }
