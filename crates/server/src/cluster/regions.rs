@@ -243,6 +243,8 @@ fn share_of(g: &v1::Grant, asked: Option<f64>, since: Nanos) -> Share {
         let burst = if g.rate > 0.0 { g.burst * rate / g.rate } else { 0.0 };
         UpstreamGrant { rate, burst, quota }
     };
+    // The region hands its clients no more than the global tier allotted it.
+    debug_assert!(g.unlimited || (grant.rate <= g.rate && grant.burst <= g.burst * (1.0 + 1e-9) + 1e-9));
     Share { grant, since, floor, lease: Duration::from_millis(u64::from(g.lease_ms)) }
 }
 

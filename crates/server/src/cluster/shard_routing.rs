@@ -152,6 +152,9 @@ impl Sharding {
         // members that own shards.
         controller.ownership().share_capacity_among(map.members().len());
         let mut v = self.view.lock().unwrap_or_else(PoisonError::into_inner);
+        // A shard claimed: each map applied is newer than the last, so no shard is handed back
+        // to an owner by an older map.
+        assert!(v.map.as_ref().is_none_or(|m| m.epoch() < map.epoch()), "shard maps applied out of order");
         v.map = Some(Arc::new(map));
         true
     }
@@ -169,7 +172,10 @@ impl Sharding {
             .map(|shard| {
                 let shard = shard?;
                 let owner = map.owner(shard)?;
+                debug_assert!(shard < self.shards, "shard {shard} of {}", self.shards);
                 let owner = if owner == self.me {
+                    // Routed here: the map applied gives this controller the shard.
+                    debug_assert!(map.owns(&self.me, shard));
                     v.live.then_some(Owner::Here)?
                 } else {
                     Owner::At(owner.to_string())

@@ -270,22 +270,7 @@ impl Controller {
         };
         let mut i = 0;
         engine.report_all(now, client, &reports, |g| {
-            let unlimited = g.is_unlimited();
-            let fields = GrantFields {
-                unlimited,
-                rate: if unlimited { 0.0 } else { g.rate },
-                burst: if unlimited { 0.0 } else { g.burst },
-                lease_ms: ms(g.lease),
-                reserved: g.reserved,
-                clients: g.clients,
-                count_dropped: g.dropped == tollgate_model::settings::DroppedWork::Count,
-                debt_repay_ms: ms(g.debt_repay),
-                trickle_ms: ms(g.trickle),
-                shadow: g.shadow,
-                critical_reserve: g.critical_reserve,
-                in_flight: g.in_flight,
-                quota: g.quota,
-            };
+            let fields = grant_fields(&g);
             if !awaiting.get(i).copied().unwrap_or(false) {
                 grant(i, &fields);
             }
@@ -440,6 +425,33 @@ impl Controller {
     pub fn readings(&self) -> Readings<'_> {
         Readings { engine: &self.engine, store: &self.store, views: &self.views, tracer: &self.tracer }
     }
+}
+
+/// A grant made, in the answer's fields: a rate and burst the client can apply as they are.
+fn grant_fields(g: &tollgate_model::engine::Grant) -> GrantFields {
+    let unlimited = g.is_unlimited();
+    let fields = GrantFields {
+        unlimited,
+        rate: if unlimited { 0.0 } else { g.rate },
+        burst: if unlimited { 0.0 } else { g.burst },
+        lease_ms: ms(g.lease),
+        reserved: g.reserved,
+        clients: g.clients,
+        count_dropped: g.dropped == tollgate_model::settings::DroppedWork::Count,
+        debt_repay_ms: ms(g.debt_repay),
+        trickle_ms: ms(g.trickle),
+        shadow: g.shadow,
+        critical_reserve: g.critical_reserve,
+        in_flight: g.in_flight,
+        quota: g.quota,
+    };
+    debug_assert!(
+        fields.rate.is_finite() && fields.rate >= 0.0 && fields.burst.is_finite() && fields.burst >= 0.0,
+        "a grant of {} units/s, burst {}",
+        fields.rate,
+        fields.burst
+    );
+    fields
 }
 
 /// Starts each quota window due at `wall_ms` ([`Controller::refresh_budget_periods`]).

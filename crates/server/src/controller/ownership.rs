@@ -117,6 +117,10 @@ impl Ownership<'_> {
                 waited: own.waited.max(stored.waited),
                 would_refuse: own.would_refuse.max(stored.would_refuse),
             };
+            debug_assert!(
+                merged.consumed >= own.consumed && merged.consumed >= stored.consumed,
+                "meters only grow"
+            );
             engine.restore_meter(name, merged);
             taken += 1;
         }

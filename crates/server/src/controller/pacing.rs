@@ -167,6 +167,7 @@ impl Pacer<'_> {
             // this thread would take it straight back).
             parking_lot::MutexGuard::unlocked_fair(&mut engine, &mut pause);
         }
+        debug_assert!(!engine.ticking(), "a tick run to its end");
         let taken = wanted.sent().then(|| engine.take_trace());
         drop(engine);
         self.views.forget();
