@@ -319,7 +319,7 @@ fn functions(text: &str) -> Vec<(String, usize, usize)> {
 /// The longest function in `crates/core/src`, in lines.
 const CORE_FUNCTION_MAX: usize = 80;
 /// The longest function anywhere else (tests included), in lines.
-const FUNCTION_MAX: usize = 150;
+const FUNCTION_MAX: usize = 120;
 
 #[test]
 fn functions_are_short_enough_to_read_at_once() {
@@ -438,11 +438,9 @@ const LONG: usize = 70;
 /// How many long functions there may be (tests included), at most: lowered as they are split,
 /// never raised. (The goal: under 30.)
 const LONG_MAX: usize = 89;
-/// The longest any function may be, tests included.
-const LONGEST: usize = 120;
 
 #[test]
-fn long_functions_are_few_and_none_is_past_the_longest() {
+fn long_functions_are_few() {
     let mut files = Vec::new();
     sources(&workspace().join("crates"), &mut files);
     let mut long = Vec::new();
@@ -456,11 +454,6 @@ fn long_functions_are_few_and_none_is_past_the_longest() {
     }
     long.sort();
     let listed: Vec<&str> = long.iter().map(|(_, l)| l.as_str()).collect();
-    assert!(
-        long.iter().all(|(len, _)| *len <= LONGEST),
-        "functions past {LONGEST} lines:\n{}",
-        listed.join("\n")
-    );
     assert!(
         long.len() <= LONG_MAX,
         "{} functions of {LONG}+ lines (at most {LONG_MAX}):\n{}",
