@@ -208,7 +208,7 @@ async fn join_election(
         node.cluster.set_sharding(Arc::new(shard_routing::Sharding::new(advertise.clone(), n)));
     }
     let access = peer_access(&node.access, &advertise, opts)?;
-    node.cluster.set_peer(cluster::role::Peer { advertise: advertise.clone(), access });
+    node.cluster.link().set_peer(cluster::role::Peer { advertise: advertise.clone(), access });
     // Nobody is served until the election says who leads.
     node.cluster
         .set_role(clock.now(), cluster::role::RoleView { role: cluster::role::Role::Follower, leader: None });

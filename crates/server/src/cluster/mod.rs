@@ -1,5 +1,6 @@
 //! The cluster: this controller among others sharing one etcd. [`role`] is its role
-//! (standalone, leader or follower, and who leads) and the passing of calls to the leader;
+//! (standalone, leader or follower, and who leads), [`leader_link`] the passing of calls to
+//! the leader;
 //! beside it, `election` (who leads), `shard_map` (the shard map on etcd) and
 //! [`shard_routing`] (an exchange split by the owners of its groups), [`regions`] (the region
 //! tier's lease on the global one) and `upstream_lease` (a regional leader's loop that
@@ -7,6 +8,7 @@
 
 #[cfg(feature = "etcd")]
 pub(crate) mod election;
+pub mod leader_link;
 pub mod regions;
 pub mod role;
 #[cfg(feature = "etcd")]

@@ -3,8 +3,7 @@
 //! sets the role.
 //!
 //! Every controller serves. The leader grants; a follower passes clients' exchanges and
-//! backends' reports on to it over gRPC ([`Cluster::forward_exchange`],
-//! [`Cluster::forward_encoded`]), so a client or backend given any controller's address is
+//! backends' reports on to it over gRPC through its [`LeaderLink`], so a client or backend given any controller's address is
 //! answered there, never sent elsewhere. The front ends that decide for others (Envoy's
 //! rate-limit and quota services, `POST /v1/check`) hold a lease on the groups they are asked
 //! about exactly as a client does: from the engine in process while this controller grants,
@@ -12,15 +11,17 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use tollgate_limiter::access::{Access, Rpc};
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
 use tollgate_proto::v1::admission_client::AdmissionClient;
 use tonic::Status;
 use tonic::codegen::Bytes;
 
+use crate::cluster::leader_link::forwarded;
+pub use crate::cluster::leader_link::{
+    FORWARDED_METADATA, Forwarded, LeaderLink, PEER_TIMEOUT, Peer, WARN_EVERY,
+};
 use crate::controller::Controller;
 
 /// Checks a controller's advertised gRPC address: `http://HOST:PORT` or `https://HOST:PORT`,
@@ -69,36 +70,6 @@ pub struct RoleView {
     pub leader: Option<String>,
 }
 
-/// The gRPC metadata key that marks a call one controller passed on to another. A controller
-/// that follows does not pass such a call on again (two controllers that each take the other
-/// for the leader, for a moment during an election, would bounce it between them): it answers
-/// `UNAVAILABLE`, and the caller tries again.
-pub const FORWARDED_METADATA: &str = "tollgate-forwarded";
-
-/// `message` as a call marked as passed on by a controller ([`FORWARDED_METADATA`]).
-fn forwarded<T>(message: T) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(message);
-    req.metadata_mut().insert(FORWARDED_METADATA, tonic::metadata::MetadataValue::from_static("1"));
-    req
-}
-
-/// How long a follower waits for the leader to answer an exchange it passes on, and to
-/// connect.
-pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How often the same failure to reach the leader is logged again.
-pub const WARN_EVERY: Duration = Duration::from_secs(60);
-
-/// How this controller reaches the leader while it follows: its own address (which names its
-/// front ends' client) and the token and TLS files it calls with.
-#[derive(Debug, Clone, Default)]
-pub struct Peer {
-    /// The gRPC URL this controller advertises.
-    pub advertise: String,
-    /// The token (with `--auth`) and TLS files for calling the leader.
-    pub access: Access,
-}
-
 /// This controller's role, and the controller it hands leadership to. See the
 /// [module documentation](self).
 pub struct Cluster {
@@ -106,15 +77,8 @@ pub struct Cluster {
     role: Mutex<RoleView>,
     /// Times this controller became the leader.
     leader_changes: AtomicU64,
-    /// How to reach the leader; `None` when there is no election.
-    peer: Mutex<Option<Peer>>,
-    /// The channel to the leader, and its address.
-    upstream: Mutex<Option<(String, Rpc)>>,
-    /// The last failure to reach the leader that was logged, and when.
-    last_warned: Mutex<Option<(String, Nanos)>>,
-    /// Clients' exchanges and backends' reports passed on to the leader, and those of them
-    /// the leader did not answer.
-    forwarded: Forwarded,
+    /// How this controller reaches the leader, and what it passes on to it.
+    link: LeaderLink,
     /// A regional controller's lease on the global tier.
     region: Arc<UpstreamStatus>,
     /// With the groups sharded over the controllers (`--shards`): this one's part.
@@ -144,17 +108,6 @@ impl UpstreamStatus {
     }
 }
 
-/// What a follower has passed on to the leader.
-#[derive(Debug, Default)]
-pub struct Forwarded {
-    /// Clients' exchanges passed on.
-    pub exchanges: AtomicU64,
-    /// Backends' reports passed on.
-    pub reports: AtomicU64,
-    /// Of those, the ones the leader could not be reached for (or no leader was known).
-    pub unreached: AtomicU64,
-}
-
 impl Cluster {
     /// A standalone controller's part (until an election says otherwise).
     pub fn new(controller: Arc<Controller>) -> Cluster {
@@ -162,10 +115,7 @@ impl Cluster {
             controller,
             role: Mutex::new(RoleView { role: Role::Standalone, leader: None }),
             leader_changes: AtomicU64::new(0),
-            peer: Mutex::new(None),
-            upstream: Mutex::new(None),
-            last_warned: Mutex::new(None),
-            forwarded: Forwarded::default(),
+            link: LeaderLink::default(),
             region: Arc::default(),
             sharding: std::sync::OnceLock::new(),
         }
@@ -194,7 +144,7 @@ impl Cluster {
     /// sharding.
     pub fn share_report(&self, path: &'static str, body: Bytes) {
         let Some(sharding) = self.sharding.get() else { return };
-        let access = self.peer_access();
+        let access = self.link.peer_access();
         for other in sharding.others() {
             let Ok(rpc) = sharding.channel(&other, &access, PEER_TIMEOUT) else {
                 sharding.parts_unanswered.fetch_add(1, Ordering::Relaxed);
@@ -268,7 +218,7 @@ impl Cluster {
             answer.shard_map = map;
             return Ok(answer);
         }
-        let access = self.peer_access();
+        let access = self.link.peer_access();
         let calls = parts.into_iter().map(|(i, part)| {
             let owner = owners[i].clone();
             let access = access.clone();
@@ -288,7 +238,7 @@ impl Cluster {
                         };
                         if let Err(status) = &answer {
                             sharding.parts_unanswered.fetch_add(1, Ordering::Relaxed);
-                            self.warn_unreached(now, &address, status);
+                            self.link.warn_unreached(now, &address, status);
                         }
                         answer
                     }
@@ -309,30 +259,6 @@ impl Cluster {
         }
     }
 
-    /// How this controller reaches the leader when it follows (set with an election).
-    pub fn set_peer(&self, peer: Peer) {
-        *self.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(peer);
-        *self.upstream.lock().unwrap_or_else(PoisonError::into_inner) = None;
-    }
-
-    /// The client id this controller's front ends exchange under: `base` alone for a
-    /// controller without an election, `base/ADDRESS` with one, so that every controller's
-    /// front ends hold leases of their own at the leader (an address too long for a client id
-    /// is named by its hash, as its token is).
-    pub fn front_client_id(&self, base: &str) -> String {
-        match &*self.peer.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(p) => {
-                let id = format!("{base}/{}", p.advertise);
-                if id.len() <= tollgate_proto::CLIENT_ID_MAX_BYTES {
-                    id
-                } else {
-                    format!("{base}/{}", crate::access::auth::peer_token_name(&p.advertise))
-                }
-            }
-            None => base.to_string(),
-        }
-    }
-
     /// Answers one of this controller's own exchanges (its front ends' client, or an Envoy
     /// quota stream's): the engine here at `now` while this controller grants; the leader,
     /// over gRPC, while it follows. `UNAVAILABLE` while no leader is known or the leader does
@@ -348,10 +274,11 @@ impl Cluster {
         match self.following() {
             None => self.controller.exchange(now, &req),
             Some(leader) => {
-                self.to_leader(now, leader, |rpc| async move {
-                    AdmissionClient::new(rpc).exchange(forwarded(req)).await
-                })
-                .await
+                self.link
+                    .to_leader(now, leader, |rpc| async move {
+                        AdmissionClient::new(rpc).exchange(forwarded(req)).await
+                    })
+                    .await
             }
         }
     }
@@ -366,142 +293,14 @@ impl Cluster {
         (role.role == Role::Follower).then(|| role.leader.clone())
     }
 
-    /// Passes a client's exchange on to `leader` (from [`following`](Self::following)) and
-    /// returns its answer, or `UNAVAILABLE` naming why it has none.
-    pub async fn forward_exchange(
-        &self,
-        now: Nanos,
-        leader: Option<String>,
-        req: v1::ExchangeRequest,
-    ) -> Result<v1::ExchangeResponse, Status> {
-        self.forwarded.exchanges.fetch_add(1, Ordering::Relaxed);
-        let answer =
-            self.to_leader(now, leader, |rpc| async move {
-                AdmissionClient::new(rpc).exchange(forwarded(req)).await
-            })
-            .await;
-        self.count_unreached(answer)
-    }
-
-    fn count_unreached<T>(&self, answer: Result<T, Status>) -> Result<T, Status> {
-        if answer.as_ref().is_err_and(is_unreached) {
-            self.forwarded.unreached.fetch_add(1, Ordering::Relaxed);
-        }
-        answer
-    }
-
-    /// Passes an encoded call (a client's exchange or a backend's report, as it came off the
-    /// wire) on to `leader` at gRPC `path`, as it is, and returns the leader's encoded answer:
-    /// no message is decoded or encoded again on the way.
-    pub async fn forward_encoded(
-        &self,
-        now: Nanos,
-        leader: Option<String>,
-        path: &'static str,
-        body: Bytes,
-    ) -> Result<Bytes, Status> {
-        let counter =
-            if path.ends_with("/Report") { &self.forwarded.reports } else { &self.forwarded.exchanges };
-        counter.fetch_add(1, Ordering::Relaxed);
-        let answer = self
-            .to_leader(now, leader, |rpc| async move {
-                let mut grpc = tonic::client::Grpc::new(rpc);
-                grpc.ready().await.map_err(|e| Status::unavailable(format!("the connection failed: {e}")))?;
-                let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
-                grpc.unary(forwarded(body), path, tollgate_proto::wire::BytesCodec).await
-            })
-            .await;
-        self.count_unreached(answer)
-    }
-
     /// What a regional controller's lease on the global tier is doing.
     pub fn upstream_status(&self) -> Arc<UpstreamStatus> {
         self.region.clone()
     }
 
-    /// The token and TLS files this controller calls other controllers with.
-    pub fn peer_access(&self) -> Access {
-        self.peer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|p| p.access.clone())
-            .unwrap_or_default()
-    }
-
-    /// What a follower has passed on to the leader so far.
-    pub fn forwarded(&self) -> &Forwarded {
-        &self.forwarded
-    }
-
-    /// Makes one call to the leader (`call` over the channel to it), within [`PEER_TIMEOUT`];
-    /// `UNAVAILABLE` when no leader is known or it cannot be reached in time, which is logged
-    /// ([`warn_unreached`](Self::warn_unreached)).
-    async fn to_leader<T, F>(
-        &self,
-        now: Nanos,
-        leader: Option<String>,
-        call: impl FnOnce(Rpc) -> F,
-    ) -> Result<T, Status>
-    where
-        F: Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        let Some(leader) = leader else {
-            return Err(Status::unavailable("not the leader, and no leader is elected yet"));
-        };
-        let answer = match self.upstream(&leader) {
-            Ok(rpc) => match tokio::time::timeout(PEER_TIMEOUT, call(rpc)).await {
-                Ok(Ok(answer)) => Ok(answer.into_inner()),
-                Ok(Err(status)) => Err(status),
-                Err(_) => Err(Status::unavailable(format!(
-                    "the leader {leader} did not answer within {PEER_TIMEOUT:?}"
-                ))),
-            },
-            Err(status) => Err(status),
-        };
-        if let Err(status) = &answer
-            && is_unreached(status)
-        {
-            self.warn_unreached(now, &leader, status);
-        }
-        answer
-    }
-
-    /// Logs a follower's failure to reach the leader: at once when it is new (another leader,
-    /// another error), else at most every [`WARN_EVERY`], so a misconfigured peer link is seen
-    /// without a line per exchange.
-    fn warn_unreached(&self, now: Nanos, leader: &str, status: &Status) {
-        let said = format!("{leader}: {:?} {}", status.code(), status.message());
-        let mut last = self.last_warned.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.as_ref().is_some_and(|(text, at)| *text == said && now.since(*at) < WARN_EVERY) {
-            return;
-        }
-        tracing::warn!(
-            leader,
-            code = ?status.code(),
-            error = %status.message(),
-            "this follower cannot reach the leader; its front ends decide from the grants they hold, \
-             and clients and backends are told UNAVAILABLE"
-        );
-        *last = Some((said, now));
-    }
-
-    /// The channel to `leader`, made on first use and again when the leader changes.
-    fn upstream(&self, leader: &str) -> Result<Rpc, Status> {
-        let mut upstream = self.upstream.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((at, rpc)) = &*upstream
-            && at == leader
-        {
-            return Ok(rpc.clone());
-        }
-        let access =
-            self.peer.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|p| p.access.clone());
-        let rpc = access
-            .unwrap_or_default()
-            .channel(leader, PEER_TIMEOUT)
-            .map_err(|e| Status::unavailable(format!("cannot reach the leader {leader}: {e}")))?;
-        *upstream = Some((leader.to_string(), rpc.clone()));
-        Ok(rpc)
+    /// The link to the leader: how this controller reaches it, and what it passes on.
+    pub fn link(&self) -> &LeaderLink {
+        &self.link
     }
 
     /// This controller's role now.
@@ -526,14 +325,12 @@ impl Cluster {
     }
 }
 
-/// Whether `status` says the leader was not reached (as opposed to the leader's own answer,
-/// such as a refused exchange, which goes back to the caller as it is).
-fn is_unreached(status: &Status) -> bool {
-    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use tollgate_limiter::access::Access;
+
     use super::*;
 
     #[tokio::test]
@@ -542,8 +339,8 @@ mod tests {
         let settings = tollgate_model::engine::EngineSettings::default();
         let node = crate::node::Node::open(store, settings, Nanos(0), 0).unwrap();
         let cluster = &node.cluster;
-        cluster.set_peer(Peer { advertise: "http://127.0.0.1:1".into(), access: Access::default() });
-        assert_eq!(cluster.front_client_id("tollgate-rls"), "tollgate-rls/http://127.0.0.1:1");
+        cluster.link().set_peer(Peer { advertise: "http://127.0.0.1:1".into(), access: Access::default() });
+        assert_eq!(cluster.link().front_client_id("tollgate-rls"), "tollgate-rls/http://127.0.0.1:1");
         // Nobody listens on port 1: the leader named there never answers.
         let gone = "http://127.0.0.1:1".to_string();
         cluster.set_role(Nanos(0), RoleView { role: Role::Follower, leader: Some(gone) });
@@ -551,7 +348,7 @@ mod tests {
         let at = Nanos(5_000_000_000);
         let e = cluster.exchange(at, ask()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-        let logged = || cluster.last_warned.lock().unwrap().as_ref().map(|(_, t)| *t);
+        let logged = || cluster.link().last_warned_at();
         assert_eq!(logged(), Some(at));
         // The same failure within the minute is not logged again; after it, it is.
         let _ = cluster.exchange(at.after(Duration::from_secs(30)), ask()).await;
@@ -562,10 +359,13 @@ mod tests {
         // A backend's report passed on meets the same: counted, and told UNAVAILABLE.
         let gone = Some("http://127.0.0.1:1".to_string());
         let report = Bytes::new();
-        let e =
-            cluster.forward_encoded(later, gone, "/tollgate.v1.Backend/Report", report).await.unwrap_err();
+        let e = cluster
+            .link()
+            .forward_encoded(later, gone, "/tollgate.v1.Backend/Report", report)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-        let f = cluster.forwarded();
+        let f = cluster.link().forwarded();
         assert_eq!((f.reports.load(Ordering::Relaxed), f.unreached.load(Ordering::Relaxed)), (1, 1));
         // No leader known: refused at once, naming why.
         cluster.set_role(later, RoleView { role: Role::Follower, leader: None });

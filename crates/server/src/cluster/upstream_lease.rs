@@ -102,8 +102,12 @@ fn connect<'a>(
     leader: &str,
 ) -> Result<&'a mut AdmissionClient<Rpc>, String> {
     if channel.as_ref().is_none_or(|(at, _)| at != leader) {
-        let rpc =
-            node.cluster.peer_access().channel(leader, PEER_TIMEOUT).map_err(|e| format!("{leader}: {e}"))?;
+        let rpc = node
+            .cluster
+            .link()
+            .peer_access()
+            .channel(leader, PEER_TIMEOUT)
+            .map_err(|e| format!("{leader}: {e}"))?;
         *channel = Some((leader.to_string(), AdmissionClient::new(rpc)));
     }
     Ok(&mut channel.as_mut().expect("made above").1)

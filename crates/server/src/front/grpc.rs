@@ -209,7 +209,8 @@ impl Services {
             }
             Bytes::from(message.encode_to_vec())
         };
-        let answer = self.node.cluster.forward_encoded(self.clock.now(), leader, EXCHANGE_PATH, body).await?;
+        let answer =
+            self.node.cluster.link().forward_encoded(self.clock.now(), leader, EXCHANGE_PATH, body).await?;
         if privileged {
             return Ok(answer);
         }
@@ -258,7 +259,7 @@ impl Services {
                 g.unthrottled = 0.0;
             }
         }
-        let mut answer = self.node.cluster.forward_exchange(self.clock.now(), leader, message).await?;
+        let mut answer = self.node.cluster.link().forward_exchange(self.clock.now(), leader, message).await?;
         answer.unthrottled_allowed = privileged;
         Ok(answer)
     }
@@ -474,6 +475,7 @@ impl Services {
             return self
                 .node
                 .cluster
+                .link()
                 .forward_encoded(self.clock.now(), leader, REPORT_PATH, req.into_inner())
                 .await;
         }
@@ -514,7 +516,8 @@ impl Backend for Services {
         if let Some(leader) = self.following(&req)? {
             use prost::Message;
             let body = Bytes::from(req.into_inner().encode_to_vec());
-            let ack = self.node.cluster.forward_encoded(self.clock.now(), leader, REPORT_PATH, body).await?;
+            let ack =
+                self.node.cluster.link().forward_encoded(self.clock.now(), leader, REPORT_PATH, body).await?;
             let ack = v1::ReportAck::decode(ack)
                 .map_err(|e| Status::internal(format!("the leader's report answer does not decode: {e}")))?;
             return Ok(Response::new(ack));

@@ -155,7 +155,7 @@ impl Rls {
         // keep a thread refreshing a coarse time every millisecond for the life of the server,
         // waking a core a thousand times a second whether or not any check ever comes.
         let opts = RemoteOptions {
-            client_id: Some(cluster.front_client_id(CLIENT_ID)),
+            client_id: Some(cluster.link().front_client_id(CLIENT_ID)),
             clock: Some(Arc::new(tollgate_limiter::clock::TokioClock::new())),
             ..RemoteOptions::default()
         };

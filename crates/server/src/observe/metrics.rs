@@ -369,7 +369,7 @@ impl ControllerMetrics {
                 ],
             )?;
         }
-        let f = self.cluster.forwarded();
+        let f = self.cluster.link().forwarded();
         family(
             e,
             "tollgate_forwarded_total",

@@ -785,7 +785,7 @@ impl Rlqs {
         caller: Option<Caller>,
     ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut session = Session::new(self.cluster.front_client_id(&format!("envoy-rlqs-{id}")));
+        let mut session = Session::new(self.cluster.link().front_client_id(&format!("envoy-rlqs-{id}")));
         let mut settings = self.controller.admin().watch_settings();
         let mut next = self.clock.now().after(Duration::from_secs(1));
         let ended = loop {
