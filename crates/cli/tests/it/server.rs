@@ -807,7 +807,7 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
         backend.report(report.clone()).await.unwrap();
     };
     let mut seen = (None, false, None);
-    for _ in 0..100 {
+    for _ in 0..600 {
         look(&mut admission).await;
         seen = target();
         if seen.0 == Some(1_000_000.0) {
@@ -817,7 +817,7 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
     }
     assert_eq!(seen, (Some(1_000_000.0), false, None), "held at its limit first");
     ok(&s, &["group", "alter", "heavy", "--limit", "unlimited"]);
-    for _ in 0..100 {
+    for _ in 0..600 {
         look(&mut admission).await;
         seen = target();
         // Right after the change the group may have no target for a tick: wait for one.
