@@ -1,6 +1,6 @@
 //! The link to the leader: how a follower reaches it (its own advertised address and the
-//! credentials it calls with), the channel, the calls it passes on ([`LeaderLink::forward_exchange`],
-//! [`LeaderLink::forward_encoded`]) with their counts, and the log of failures to reach it.
+//! credentials it calls with), the channel, the calls it passes on
+//! ([`LeaderLink::forward_encoded`]) with their counts, and the log of failures to reach it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use tollgate_limiter::access::{Access, Rpc};
 use tollgate_model::time::Nanos;
-use tollgate_proto::v1;
-use tollgate_proto::v1::admission_client::AdmissionClient;
 use tonic::Status;
 use tonic::codegen::Bytes;
 
@@ -97,23 +95,6 @@ impl LeaderLink {
             }
             None => base.to_string(),
         }
-    }
-
-    /// Passes a client's exchange on to `leader` (from [`Cluster::following`](super::role::Cluster::following)) and
-    /// returns its answer, or `UNAVAILABLE` naming why it has none.
-    pub async fn forward_exchange(
-        &self,
-        now: Nanos,
-        leader: Option<String>,
-        req: v1::ExchangeRequest,
-    ) -> Result<v1::ExchangeResponse, Status> {
-        self.forwarded.exchanges.fetch_add(1, Ordering::Relaxed);
-        let answer =
-            self.to_leader(now, leader, |rpc| async move {
-                AdmissionClient::new(rpc).exchange(forwarded(req)).await
-            })
-            .await;
-        self.count_unreached(answer)
     }
 
     fn count_unreached<T>(&self, answer: Result<T, Status>) -> Result<T, Status> {

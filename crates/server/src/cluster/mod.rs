@@ -2,7 +2,8 @@
 //! (standalone, leader or follower, and who leads), [`leader_link`] the passing of calls to
 //! the leader;
 //! beside it, `election` (who leads), `shard_map` (the shard map on etcd) and
-//! [`shard_routing`] (an exchange split by the owners of its groups), [`regions`] (the region
+//! [`shard_routing`] (which controller owns which group) and [`shard_exchange`] (an exchange
+//! split by the owners of its groups and answered by them), [`regions`] (the region
 //! tier's lease on the global one) and `upstream_lease` (a regional leader's loop that
 //! takes it). It calls the controller and the store; the front ends call it.
 
@@ -11,6 +12,7 @@ pub(crate) mod election;
 pub mod leader_link;
 pub mod regions;
 pub mod role;
+pub mod shard_exchange;
 #[cfg(feature = "etcd")]
 pub(crate) mod shard_map;
 pub mod shard_routing;

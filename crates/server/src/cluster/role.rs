@@ -22,6 +22,7 @@ use crate::cluster::leader_link::forwarded;
 pub use crate::cluster::leader_link::{
     FORWARDED_METADATA, Forwarded, LeaderLink, PEER_TIMEOUT, Peer, WARN_EVERY,
 };
+use crate::cluster::shard_exchange::ShardExchange;
 use crate::controller::Controller;
 
 /// Checks a controller's advertised gRPC address: `http://HOST:PORT` or `https://HOST:PORT`,
@@ -68,6 +69,16 @@ pub struct RoleView {
     pub role: Role,
     /// The leader's advertised gRPC URL (this controller's own when it leads).
     pub leader: Option<String>,
+}
+
+/// Where a call is answered ([`Cluster::route`]).
+pub enum Route<'a> {
+    /// Here, by this controller's engine: it leads, or stands alone.
+    Here,
+    /// By the leader, this controller following (`None` while no leader is known).
+    Leader(Option<String>),
+    /// By each group's owner, the groups being sharded over the controllers.
+    Shards(ShardExchange<'a>),
 }
 
 /// This controller's role, and the controller it hands leadership to. See the
@@ -122,7 +133,7 @@ impl Cluster {
     }
 
     /// Shards the groups over the controllers: from now on each controller grants for the
-    /// shards its map gives it and passes the rest on ([`exchange_sharded`](Self::exchange_sharded)).
+    /// shards its map gives it and passes the rest on ([`Route::Shards`]).
     /// Set once, at start.
     pub fn set_sharding(&self, sharding: Arc<crate::cluster::shard_routing::Sharding>) {
         let _ = self.sharding.set(sharding);
@@ -167,113 +178,42 @@ impl Cluster {
         }
     }
 
-    /// Answers an exchange with the groups sharded: each group's part by its owner, this
-    /// controller's in the engine here, the others' passed on to their owners at once (unless
-    /// the call was itself passed on: `forwarded`, then only this controller's part is
-    /// answered), and the answers joined. A group whose shard has no owner now, or whose owner
-    /// does not answer, gets no grant: its clients keep what they hold. `UNAVAILABLE` when no
-    /// part is answered at all.
-    pub async fn exchange_sharded(
-        &self,
-        now: Nanos,
-        req: &v1::ExchangeRequest,
-        forwarded_call: bool,
-    ) -> Result<v1::ExchangeResponse, Status> {
-        use crate::cluster::shard_routing::{Owner, split_exchange};
-        use tollgate_limiter::shards::join_answers;
-        let Some(sharding) = self.sharding.get() else { return self.controller.exchange(now, req) };
-        let names: Vec<&str> = req.groups.iter().map(|g| g.group.as_str()).collect();
-        let routes = sharding.route(&self.controller, &names);
-        let mut owners: Vec<Owner> = vec![Owner::Here];
-        let (parts, _) = split_exchange(req, |i| {
-            let (owner, _) = routes[i].clone()?;
-            if forwarded_call && owner != Owner::Here {
-                return None;
-            }
-            Some(owners.iter().position(|o| *o == owner).unwrap_or_else(|| {
-                owners.push(owner);
-                owners.len() - 1
-            }))
-        });
-        // A client that follows the map is sent a newer one; every grant given here names its
-        // group's shard, so that the client sends the group's next part to its owner.
-        let map = if forwarded_call { None } else { req.shard_map_epoch.and_then(|e| sharding.map_for(e)) };
-        let shards: std::collections::HashMap<&str, u16> = names
-            .iter()
-            .zip(&routes)
-            .filter_map(|(g, r)| r.as_ref().filter(|(o, _)| *o == Owner::Here).map(|(_, s)| (*g, *s)))
-            .collect();
-        let local = |part: &v1::ExchangeRequest| {
-            let mut answer = self.controller.exchange(now, part)?;
-            for g in &mut answer.grants {
-                g.shard = shards.get(g.group.as_str()).map(|&s| u32::from(s));
-            }
-            Ok::<_, Status>(answer)
-        };
-        if parts.is_empty() {
-            // Nothing to grant here: the periods still go back.
-            let mut empty = req.clone();
-            empty.groups.clear();
-            let mut answer = self.controller.exchange(now, &empty)?;
-            answer.shard_map = map;
-            return Ok(answer);
+    /// Where a call that came to this controller is answered: the one routing decision every
+    /// exchange (and every backend report) takes. A call another controller passed on
+    /// (`forwarded`) is not passed on again: `UNAVAILABLE` on a follower, and its caller tries
+    /// again once the election settles.
+    pub fn route(&self, forwarded: bool) -> Result<Route<'_>, Status> {
+        if let Some(sharding) = self.sharding.get() {
+            return Ok(Route::Shards(ShardExchange {
+                sharding,
+                controller: &self.controller,
+                link: &self.link,
+            }));
         }
-        let access = self.link.peer_access();
-        let calls = parts.into_iter().map(|(i, part)| {
-            let owner = owners[i].clone();
-            let access = access.clone();
-            async move {
-                match owner {
-                    Owner::Here => local(&part),
-                    Owner::At(address) => {
-                        sharding.parts_forwarded.fetch_add(1, Ordering::Relaxed);
-                        let rpc = sharding.channel(&address, &access, PEER_TIMEOUT)?;
-                        let mut client = AdmissionClient::new(rpc);
-                        let call = client.exchange(forwarded(part));
-                        let answer = match tokio::time::timeout(PEER_TIMEOUT, call).await {
-                            Ok(a) => a.map(tonic::Response::into_inner),
-                            Err(_) => Err(Status::unavailable(format!(
-                                "the owner {address} did not answer within {PEER_TIMEOUT:?}"
-                            ))),
-                        };
-                        if let Err(status) = &answer {
-                            sharding.parts_unanswered.fetch_add(1, Ordering::Relaxed);
-                            self.link.warn_unreached(now, &address, status);
-                        }
-                        answer
-                    }
-                }
-            }
-        });
-        let results = futures_util::future::join_all(calls).await;
-        let mut failure = None;
-        let answers: Vec<v1::ExchangeResponse> =
-            results.into_iter().filter_map(|r| r.map_err(|e| failure = Some(e)).ok()).collect();
-        match (answers.is_empty(), failure) {
-            (true, Some(status)) => Err(status),
-            _ => {
-                let mut answer = join_answers(answers);
-                answer.shard_map = map;
-                Ok(answer)
-            }
+        let role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
+        match role.role {
+            Role::Follower if forwarded => Err(Status::unavailable(
+                "passed on by another controller to this one, which does not lead either: the leader is changing",
+            )),
+            Role::Follower => Ok(Route::Leader(role.leader.clone())),
+            Role::Leader | Role::Standalone => Ok(Route::Here),
         }
     }
 
     /// Answers one of this controller's own exchanges (its front ends' client, or an Envoy
-    /// quota stream's): the engine here at `now` while this controller grants; the leader,
-    /// over gRPC, while it follows. `UNAVAILABLE` while no leader is known or the leader does
-    /// not answer within [`PEER_TIMEOUT`]: the caller's grants then decay as a client's do.
+    /// quota stream's) at `now`, where [`route`](Self::route) says: the engine here, each
+    /// group's owner, or the leader over gRPC. `UNAVAILABLE` while no leader is known or the
+    /// leader does not answer within [`PEER_TIMEOUT`]: the caller's grants then decay as a
+    /// client's do.
     pub async fn exchange(
         &self,
         now: Nanos,
         req: v1::ExchangeRequest,
     ) -> Result<v1::ExchangeResponse, Status> {
-        if self.sharding.get().is_some() {
-            return self.exchange_sharded(now, &req, false).await;
-        }
-        match self.following() {
-            None => self.controller.exchange(now, &req),
-            Some(leader) => {
+        match self.route(false)? {
+            Route::Here => self.controller.exchange(now, &req),
+            Route::Shards(shards) => shards.answer(now, &req, false).await,
+            Route::Leader(leader) => {
                 self.link
                     .to_leader(now, leader, |rpc| async move {
                         AdmissionClient::new(rpc).exchange(forwarded(req)).await
@@ -281,16 +221,6 @@ impl Cluster {
                     .await
             }
         }
-    }
-
-    /// The leader's address while this controller follows (`Some(None)` while no leader is
-    /// known); `None` while it grants.
-    pub fn following(&self) -> Option<Option<String>> {
-        if self.sharding.get().is_some() {
-            return None;
-        }
-        let role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
-        (role.role == Role::Follower).then(|| role.leader.clone())
     }
 
     /// What a regional controller's lease on the global tier is doing.
@@ -375,9 +305,10 @@ mod tests {
         // answers it.
         let services = crate::front::grpc::Services::new(node.clone());
         let passed_on = forwarded(());
-        assert!(services.following(&passed_on).unwrap_err().message().contains("does not lead either"));
-        assert_eq!(services.following(&tonic::Request::new(())).unwrap(), Some(None));
+        let refused = services.route(&passed_on).err().expect("a follower does not pass a passed-on call on");
+        assert!(refused.message().contains("does not lead either"), "{refused:?}");
+        assert!(matches!(services.route(&tonic::Request::new(())), Ok(Route::Leader(None))));
         cluster.set_role(later, RoleView { role: Role::Leader, leader: None });
-        assert_eq!(services.following(&passed_on).unwrap(), None);
+        assert!(matches!(services.route(&passed_on), Ok(Route::Here)));
     }
 }

@@ -19,7 +19,7 @@ use tollgate_proto::v1::admission_client::AdmissionClient;
 
 use crate::clock::Clock;
 use crate::cluster::regions::RegionLease;
-use crate::cluster::role::PEER_TIMEOUT;
+use crate::cluster::role::{PEER_TIMEOUT, Route};
 use crate::node::Node;
 use crate::options::EtcdTarget;
 
@@ -45,7 +45,7 @@ pub async fn run(node: Node, target: EtcdTarget, region: String, clock: Clock) {
             () = node.controller.ownership().share_wanted() => {}
         }
         let now = clock.now();
-        if node.cluster.following().is_some() {
+        if matches!(node.cluster.route(false), Ok(Route::Leader(_))) {
             continue;
         }
         let usage = node.controller.ownership().upstream_usage();

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 
 use crate::access::auth::{Caller, NewCredential, Refused, Role};
 use crate::clock::Clock;
+use crate::cluster::role::Route;
 use crate::controller::PutMode;
 use crate::convert;
 use crate::error::AdminError;
@@ -103,16 +104,7 @@ impl Services {
             Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
         })?;
         let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
-        self.answer_exchange_encoded(&exchange, privileged)
-    }
-
-    /// Answers a checked exchange here, on the wire.
-    fn answer_exchange_encoded(
-        &self,
-        exchange: &ExchangeView<'_>,
-        privileged: bool,
-    ) -> Result<Bytes, Status> {
-        self.answer_in_shards(exchange, privileged, &[], None)
+        self.answer_in_shards(&exchange, privileged, &[], None)
     }
 
     /// Answers a checked exchange here, on the wire, each grant naming its group's shard
@@ -170,21 +162,45 @@ impl Services {
 }
 
 impl Services {
-    /// The leader to pass `req` on to while this controller follows (`Some(None)` while no
-    /// leader is known); `None` while it grants. A call another controller passed on is not
-    /// passed on again: `UNAVAILABLE`, and its caller tries again once the election settles.
-    pub(crate) fn following<T>(&self, req: &Request<T>) -> Result<Option<Option<String>>, Status> {
-        let following = self.node.cluster.following();
-        if following.is_some() && req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA) {
-            return Err(Status::unavailable(
-                "passed on by another controller to this one, which does not lead either: the leader is changing",
-            ));
+    /// Where `req` is answered ([`Cluster::route`](crate::cluster::role::Cluster::route)): a
+    /// call another controller passed on is not passed on again.
+    pub(crate) fn route<T>(&self, req: &Request<T>) -> Result<Route<'_>, Status> {
+        self.node.cluster.route(req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA))
+    }
+
+    /// The one exchange path, on the wire: the call routed once ([`route`](Self::route)) and
+    /// answered here at once (no allocation while this controller grants, or owns every group
+    /// asked), or later, by each group's owner or by the leader.
+    pub fn exchange_routed(&self, req: Request<Bytes>) -> Answer {
+        let sharding = match self.route(&req) {
+            Err(status) => return Answer::Ready(Some(Err(status))),
+            Ok(Route::Here) => return Answer::Ready(Some(self.exchange_encoded(&req).map(Response::new))),
+            Ok(Route::Leader(leader)) => {
+                let services = self.clone();
+                return Answer::Later(Box::pin(async move {
+                    services.forward_exchange_encoded(leader, req).await.map(Response::new)
+                }));
+            }
+            Ok(Route::Shards(shards)) => shards.sharding,
+        };
+        if let Some(answer) = self.owned_exchange_encoded(sharding, &req) {
+            return Answer::Ready(Some(answer.map(Response::new)));
         }
-        Ok(following)
+        let services = self.clone();
+        Answer::Later(Box::pin(async move {
+            use prost::Message;
+            let caller = req.extensions().get::<Caller>().cloned();
+            let forwarded = req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA);
+            let message = v1::ExchangeRequest::decode(req.into_inner()).map_err(|e| {
+                Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
+            })?;
+            let answer = services.sharded_exchange(caller, forwarded, message).await?;
+            Ok(Response::new(Bytes::from(answer.encode_to_vec())))
+        }))
     }
 
     /// A client's exchange on a follower, as it came off the wire: checked here as the leader
-    /// would (see [`forward_exchange`](Self::forward_exchange)) and passed on as it is, unless
+    /// would and passed on as it is, unless
     /// unthrottled work the caller may not admit must be taken out of it first. The leader's
     /// answer goes back as it is, with the caller's privilege appended when it has none (of a
     /// field given twice, the last value counts).
@@ -222,7 +238,7 @@ impl Services {
 
     /// A client's exchange with the groups sharded over the controllers: checked here (the
     /// caller's groups, client id and privilege) and answered by each group's owner
-    /// ([`Cluster::exchange_sharded`](crate::cluster::role::Cluster::exchange_sharded)); a call
+    /// ([`ShardExchange`](crate::cluster::shard_exchange::ShardExchange)); a call
     /// another controller passed on is answered for this controller's shards only.
     async fn sharded_exchange(
         &self,
@@ -237,29 +253,11 @@ impl Services {
             }
         }
         let started = self.clock.now();
-        let mut answer = self.node.cluster.exchange_sharded(started, &message, forwarded).await?;
+        let Route::Shards(shards) = self.node.cluster.route(forwarded)? else {
+            return Err(Status::unavailable("the groups are not sharded over the controllers"));
+        };
+        let mut answer = shards.answer(started, &message, forwarded).await?;
         self.latency.record(self.clock.now().since(started));
-        answer.unthrottled_allowed = privileged;
-        Ok(answer)
-    }
-
-    /// A client's exchange on a follower: checked here as the leader would (the caller's
-    /// groups, its client id, its privilege) and passed on to the leader, whose answer goes
-    /// back as it is but for the privilege, which is the caller's.
-    async fn forward_exchange(
-        &self,
-        leader: Option<String>,
-        req: Request<v1::ExchangeRequest>,
-    ) -> Result<v1::ExchangeResponse, Status> {
-        let caller = req.extensions().get::<Caller>().cloned();
-        let mut message = req.into_inner();
-        let privileged = self.check_exchange(caller.as_ref(), &mut ExchangeView::of(&message))?;
-        if !privileged {
-            for g in &mut message.groups {
-                g.unthrottled = 0.0;
-            }
-        }
-        let mut answer = self.node.cluster.link().forward_exchange(self.clock.now(), leader, message).await?;
         answer.unthrottled_allowed = privileged;
         Ok(answer)
     }
@@ -267,33 +265,19 @@ impl Services {
 
 #[tonic::async_trait]
 impl Admission for Services {
+    /// The generated method, for callers that hold the decoded message: encoded and taken
+    /// down the one exchange path ([`Services::exchange_routed`]).
     async fn exchange(
         &self,
         req: Request<v1::ExchangeRequest>,
     ) -> Result<Response<v1::ExchangeResponse>, Status> {
-        if self.node.cluster.sharding().is_some() {
-            let caller = req.extensions().get::<Caller>().cloned();
-            let forwarded = req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA);
-            return self.sharded_exchange(caller, forwarded, req.into_inner()).await.map(Response::new);
-        }
-        if let Some(leader) = self.following(&req)? {
-            return self.forward_exchange(leader, req).await.map(Response::new);
-        }
-        let mut exchange = ExchangeView::of(req.get_ref());
-        let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
-        let started = self.clock.now();
-        let mut grants = Vec::with_capacity(exchange.groups.len());
-        let rest = self.node.controller.exchange_view(started, &exchange, |i, g| {
-            grants.push(g.grant(exchange.groups[i].group.to_owned()));
-        })?;
-        self.latency.record(self.clock.now().since(started));
-        Ok(Response::new(v1::ExchangeResponse {
-            grants,
-            next_exchange_ms: rest.next_exchange_ms,
-            next_tick_ms: rest.next_tick_ms,
-            unthrottled_allowed: privileged,
-            shard_map: None,
-        }))
+        use prost::Message;
+        let (metadata, extensions, message) = req.into_parts();
+        let body = Bytes::from(message.encode_to_vec());
+        let answer = self.exchange_routed(Request::from_parts(metadata, extensions, body)).await?;
+        v1::ExchangeResponse::decode(answer.into_inner())
+            .map(Response::new)
+            .map_err(|e| Status::internal(format!("an exchange's answer does not decode: {e}")))
     }
 }
 
@@ -351,32 +335,7 @@ impl tonic::server::UnaryService<Bytes> for EncodedExchange {
     type Future = Answer;
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        if let Some(sharding) = self.0.node.cluster.sharding() {
-            if let Some(answer) = self.0.owned_exchange_encoded(sharding, &req) {
-                return Answer::Ready(Some(answer.map(Response::new)));
-            }
-            let services = self.0.clone();
-            return Answer::Later(Box::pin(async move {
-                use prost::Message;
-                let caller = req.extensions().get::<Caller>().cloned();
-                let forwarded = req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA);
-                let message = v1::ExchangeRequest::decode(req.into_inner()).map_err(|e| {
-                    Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
-                })?;
-                let answer = services.sharded_exchange(caller, forwarded, message).await?;
-                Ok(Response::new(Bytes::from(answer.encode_to_vec())))
-            }));
-        }
-        match self.0.following(&req) {
-            Ok(None) => Answer::Ready(Some(self.0.exchange_encoded(&req).map(Response::new))),
-            Err(status) => Answer::Ready(Some(Err(status))),
-            Ok(Some(leader)) => {
-                let services = self.0.clone();
-                Answer::Later(Box::pin(async move {
-                    services.forward_exchange_encoded(leader, req).await.map(Response::new)
-                }))
-            }
-        }
+        self.0.exchange_routed(req)
     }
 }
 
@@ -471,7 +430,7 @@ impl Services {
     /// an async worker.
     pub async fn report_encoded(self, req: Request<Bytes>) -> Result<Bytes, Status> {
         use prost::Message;
-        if let Some(leader) = self.following(&req)? {
+        if let Route::Leader(leader) = self.route(&req)? {
             return self
                 .node
                 .cluster
@@ -513,7 +472,7 @@ impl Services {
 #[tonic::async_trait]
 impl Backend for Services {
     async fn report(&self, req: Request<v1::BackendReport>) -> Result<Response<v1::ReportAck>, Status> {
-        if let Some(leader) = self.following(&req)? {
+        if let Route::Leader(leader) = self.route(&req)? {
             use prost::Message;
             let body = Bytes::from(req.into_inner().encode_to_vec());
             let ack =

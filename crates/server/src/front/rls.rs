@@ -45,7 +45,7 @@ use tonic::{Request, Response, Status};
 
 use crate::access::auth::Caller;
 use crate::clock::Clock;
-use crate::cluster::role::Cluster;
+use crate::cluster::role::{Cluster, Route};
 use crate::controller::Controller;
 use crate::error::AdminError;
 use crate::front::holds::HoldKey;
@@ -173,7 +173,7 @@ impl Rls {
                 // safe mode, refusing new groups until its backoff ran out, although the
                 // leader is known a moment later.
                 let mut waited = Duration::ZERO;
-                while matches!(c.following(), Some(None)) && waited < LEADER_WAIT {
+                while matches!(c.route(false), Ok(Route::Leader(None))) && waited < LEADER_WAIT {
                     tokio::time::sleep(LEADER_LOOK).await;
                     waited += LEADER_LOOK;
                 }
