@@ -96,6 +96,14 @@ fn decoded<M: Message + Default>(bytes: &[u8]) -> Option<tonic::Request<M>> {
 pub fn grpc_message(data: &[u8]) {
     let Some((&which, bytes)) = data.split_first() else { return };
     let Served { controller, services: s, runtime } = served();
+    // A message decoded as the method's request, when it decodes, and handed to it.
+    macro_rules! call {
+        ($method:path) => {
+            if let Some(r) = decoded(bytes) {
+                let _ = $method(s, r).await;
+            }
+        };
+    }
     runtime.block_on(async {
         match which % 12 {
             0 => {
@@ -108,46 +116,14 @@ pub fn grpc_message(data: &[u8]) {
                     let _ = Admission::exchange(s, r).await;
                 }
             }
-            1 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Backend::report(s, r).await;
-                }
-            }
-            2 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Admin::put_group(s, r).await;
-                }
-            }
-            3 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Admin::drop_group(s, r).await;
-                }
-            }
-            4 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Admin::get_group(s, r).await;
-                }
-            }
-            5 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Admin::list_groups(s, r).await;
-                }
-            }
-            6 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Admin::set_capacity(s, r).await;
-                }
-            }
-            7 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Admin::set_mode(s, r).await;
-                }
-            }
-            8 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Admin::get_node(s, r).await;
-                }
-            }
+            1 => call!(Backend::report),
+            2 => call!(Admin::put_group),
+            3 => call!(Admin::drop_group),
+            4 => call!(Admin::get_group),
+            5 => call!(Admin::list_groups),
+            6 => call!(Admin::set_capacity),
+            7 => call!(Admin::set_mode),
+            8 => call!(Admin::get_node),
             9 => {
                 if let Some(r) = decoded(bytes)
                     && let Ok(answer) = Admin::status(s, r).await
@@ -155,11 +131,7 @@ pub fn grpc_message(data: &[u8]) {
                     let _ = tollgate_controller::observe::status::status_json(answer.get_ref());
                 }
             }
-            10 => {
-                if let Some(r) = decoded(bytes) {
-                    let _ = Backend::get_settings(s, r).await;
-                }
-            }
+            10 => call!(Backend::get_settings),
             _ => controller.pacer().tick(Nanos(u64::from(which) * 1_000_000_000)),
         }
     });

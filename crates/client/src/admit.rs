@@ -490,25 +490,30 @@ impl Inner {
                     if waited + retry_after > max_wait {
                         return Err(AcquireError::Throttled { group: name, retry_after });
                     }
-                    match &self.mode {
-                        // A new group awaiting its first grant: on as soon as it comes.
-                        crate::inner::Mode::Remote(link) if group.allowance().is_nan() => {
-                            let _ = tokio::time::timeout(retry_after, link.until_granted(&group)).await;
-                        }
-                        // An allotment run out, more asked for: on at the next answer.
-                        crate::inner::Mode::Remote(link)
-                            if group
-                                .allotment(self.clock.now())
-                                .is_some_and(|(mine, left, _)| mine < cost && left > 0.0) =>
-                        {
-                            let _ = tokio::time::timeout(retry_after, link.answered()).await;
-                        }
-                        _ => tokio::time::sleep(retry_after).await,
-                    }
+                    self.wait_to_retry(&group, cost, retry_after).await;
                     waited += retry_after;
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Waits up to `retry_after` for `group` to be worth asking again for `cost`: a new group
+    /// until its first grant comes, an allotment run out (more asked for) until the next
+    /// answer, anything else the whole time.
+    async fn wait_to_retry(&self, group: &Group, cost: f64, retry_after: Duration) {
+        match &self.mode {
+            crate::inner::Mode::Remote(link) if group.allowance().is_nan() => {
+                let _ = tokio::time::timeout(retry_after, link.until_granted(group)).await;
+            }
+            crate::inner::Mode::Remote(link)
+                if group
+                    .allotment(self.clock.now())
+                    .is_some_and(|(mine, left, _)| mine < cost && left > 0.0) =>
+            {
+                let _ = tokio::time::timeout(retry_after, link.answered()).await;
+            }
+            _ => tokio::time::sleep(retry_after).await,
         }
     }
 }

@@ -109,42 +109,48 @@ pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>
             classes: classes(i, g)?,
             // A client that takes allotments holds none where it sends none; one that does not
             // is given none (what it might send is not read).
-            quota: match g.quota {
-                _ if !req.takes_allotments => None,
-                None => Some(tollgate_model::engine::QuotaHeld::default()),
-                Some(q) => Some(tollgate_model::engine::QuotaHeld {
-                    window: q.window,
-                    given: field("quota.given", q.given)?,
-                    used: field("quota.used", q.used)?,
-                    lasts: match q.lasts {
-                        Some(d) if d > tollgate_model::engine::LASTS_MAX => {
-                            return Err(FieldError::new(
-                                format!("groups[{i}].quota.lasts_ms"),
-                                format!(
-                                    "must be at most {}, got {}",
-                                    tollgate_model::engine::LASTS_MAX.as_millis(),
-                                    d.as_millis()
-                                ),
-                            ));
-                        }
-                        lasts => lasts,
-                    },
-                }),
-            },
-            detail: match &g.detail {
-                None => Consumption::default(),
-                Some(given) => {
-                    let mut checked = [0.0; 7];
-                    for ((out, &v), name) in checked.iter_mut().zip(given).zip(Consumption::NAMES) {
-                        *out = field(&format!("detail.{name}"), v)?;
-                    }
-                    Consumption::from_values(checked)
-                }
-            },
+            quota: quota_held(i, g.quota, req.takes_allotments)?,
+            detail: detail(i, g.detail.as_ref())?,
         };
         reports.push((name, report));
     }
     Ok(reports)
+}
+
+/// The allotment a report says it holds: none for a client that does not take allotments
+/// (what it might send is not read), an empty one where one that does sends none.
+fn quota_held(
+    i: usize,
+    quota: Option<tollgate_model::engine::QuotaHeld>,
+    takes_allotments: bool,
+) -> Result<Option<tollgate_model::engine::QuotaHeld>, FieldError> {
+    use tollgate_model::engine::{LASTS_MAX, QuotaHeld};
+    let field = |f: &str, v: f64| quantity(|| format!("groups[{i}].{f}"), v);
+    let Some(q) = quota.filter(|_| takes_allotments) else {
+        return Ok(takes_allotments.then(QuotaHeld::default));
+    };
+    if let Some(d) = q.lasts.filter(|d| *d > LASTS_MAX) {
+        return Err(FieldError::new(
+            format!("groups[{i}].quota.lasts_ms"),
+            format!("must be at most {}, got {}", LASTS_MAX.as_millis(), d.as_millis()),
+        ));
+    }
+    Ok(Some(QuotaHeld {
+        window: q.window,
+        given: field("quota.given", q.given)?,
+        used: field("quota.used", q.used)?,
+        lasts: q.lasts,
+    }))
+}
+
+/// The detailed consumption of a report, each figure checked; none when none is sent.
+fn detail(i: usize, given: Option<&[f64; 7]>) -> Result<Consumption, FieldError> {
+    let Some(given) = given else { return Ok(Consumption::default()) };
+    let mut checked = [0.0; 7];
+    for ((out, &v), name) in checked.iter_mut().zip(given).zip(Consumption::NAMES) {
+        *out = quantity(|| format!("groups[{i}].detail.{name}"), v)?;
+    }
+    Ok(Consumption::from_values(checked))
 }
 
 /// The critical and sheddable counts of a report: each class within the report's admitted

@@ -111,7 +111,7 @@ pub struct Server {
     grpc: tokio::net::TcpListener,
     http: listen::Incoming,
     /// TLS for gRPC and for HTTP (the same files, each listener its own protocol).
-    tls: Option<(Arc<listen::Tls>, Arc<listen::Tls>)>,
+    tls: TlsPair,
     allowed_names: Vec<String>,
     /// With `--auth` and no admin token yet: where the first one was written.
     first_token: Option<std::path::PathBuf>,
@@ -228,24 +228,7 @@ impl Server {
         }
         // The ports first: a port in use stops the start before anything is written (no data
         // directory or file is made for a server that cannot serve).
-        let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
-            what: "gRPC",
-            addr: opts.grpc,
-            source,
-        })?;
-        let http = tokio::net::TcpListener::bind(opts.http).await.map_err(|source| ServerError::Bind {
-            what: "HTTP",
-            addr: opts.http,
-            source,
-        })?;
-        // The probes are answered from here on: the store may take a while to read.
-        let tls = match &opts.tls {
-            None => None,
-            Some(files) => Some((
-                listen::Tls::load(files, &[b"h2"]).map_err(ServerError::Tls)?,
-                listen::Tls::load(files, &[b"http/1.1"]).map_err(ServerError::Tls)?,
-            )),
-        };
+        let (grpc, http, tls) = bind_ports(opts).await?;
         let http = listen::Incoming::start(http, tls.as_ref().map(|(_, h)| h.clone()), opts.limits, None)
             .map_err(|e| ServerError::Serve(e.to_string()))?;
         let loading = loading::Loading::start(http);
@@ -333,27 +316,8 @@ impl Server {
             region,
         } = self;
         #[cfg(feature = "etcd")]
-        let following = etcd.map(|(target, revision)| {
-            let elect = election.map(|(at, advertise, lease)| {
-                tokio::spawn(election::run(at, advertise, lease, node.cluster.clone(), clock))
-            });
-            let lease =
-                region.map(|r| tokio::spawn(upstream_lease::run(node.clone(), target.clone(), r, clock)));
-            let sharded = node.cluster.sharding().cloned().map(|s| {
-                [
-                    tokio::spawn(shard_map::follow(
-                        target.clone(),
-                        s.clone(),
-                        node.controller.clone(),
-                        clock,
-                    )),
-                    tokio::spawn(shard_map::coordinate(target.clone(), node.cluster.clone(), s.clone())),
-                    tokio::spawn(shard_map::share_capacity(target.clone(), s, node.controller.clone())),
-                ]
-            });
-            let lease: Vec<_> = lease.into_iter().chain(sharded.into_iter().flatten()).collect();
-            (tokio::spawn(follow_etcd(node.clone(), target, revision)), elect, lease)
-        });
+        let following =
+            etcd.map(|(target, revision)| etcd_tasks(&node, clock, (target, revision), election, region));
         #[cfg(not(feature = "etcd"))]
         let _ = (etcd, election, region);
         let reload = tls.clone().map(|(g, h)| {
@@ -457,6 +421,58 @@ fn write_first_token(
         ))
     })?;
     Ok(Some(path))
+}
+
+/// TLS for gRPC and for HTTP: the same files, each listener its own protocol.
+type TlsPair = Option<(Arc<listen::Tls>, Arc<listen::Tls>)>;
+
+/// Binds the gRPC and HTTP ports and loads the TLS files, naming what failed.
+async fn bind_ports(
+    opts: &ServerOptions,
+) -> Result<(tokio::net::TcpListener, tokio::net::TcpListener, TlsPair), ServerError> {
+    let grpc = tokio::net::TcpListener::bind(opts.grpc).await.map_err(|source| ServerError::Bind {
+        what: "gRPC",
+        addr: opts.grpc,
+        source,
+    })?;
+    let http = tokio::net::TcpListener::bind(opts.http).await.map_err(|source| ServerError::Bind {
+        what: "HTTP",
+        addr: opts.http,
+        source,
+    })?;
+    let tls = match &opts.tls {
+        None => None,
+        Some(files) => Some((
+            listen::Tls::load(files, &[b"h2"]).map_err(ServerError::Tls)?,
+            listen::Tls::load(files, &[b"http/1.1"]).map_err(ServerError::Tls)?,
+        )),
+    };
+    Ok((grpc, http, tls))
+}
+
+/// The tasks a controller on etcd runs beside its serving: the settings followed, the
+/// election, and the region's lease and the shard map's loops where they apply.
+#[cfg(feature = "etcd")]
+fn etcd_tasks(
+    node: &Node,
+    clock: Clock,
+    (target, revision): (EtcdTarget, i64),
+    election: Option<(EtcdTarget, String, Duration)>,
+    region: Option<String>,
+) -> (tokio::task::JoinHandle<()>, Option<tokio::task::JoinHandle<()>>, Vec<tokio::task::JoinHandle<()>>) {
+    let elect = election.map(|(at, advertise, lease)| {
+        tokio::spawn(election::run(at, advertise, lease, node.cluster.clone(), clock))
+    });
+    let lease = region.map(|r| tokio::spawn(upstream_lease::run(node.clone(), target.clone(), r, clock)));
+    let sharded = node.cluster.sharding().cloned().map(|s| {
+        [
+            tokio::spawn(shard_map::follow(target.clone(), s.clone(), node.controller.clone(), clock)),
+            tokio::spawn(shard_map::coordinate(target.clone(), node.cluster.clone(), s.clone())),
+            tokio::spawn(shard_map::share_capacity(target.clone(), s, node.controller.clone())),
+        ]
+    });
+    let lease: Vec<_> = lease.into_iter().chain(sharded.into_iter().flatten()).collect();
+    (tokio::spawn(follow_etcd(node.clone(), target, revision)), elect, lease)
 }
 
 /// Waits, up to one election lease and a second, for no other live controller to advertise
@@ -624,25 +640,8 @@ where
     // stream's end), given back when their leases run out.
     let holds = Arc::new(holds::Holds::default());
     tokio::spawn(expire_holds(holds.clone(), clock, waiter(stop_rx.clone())));
-    let rls_front = rls::Rls::start(
-        node.controller.clone(),
-        node.cluster.clone(),
-        node.rls_rules.clone(),
-        clock,
-        holds.clone(),
-        front.charge_bound,
-    );
+    let (rls_front, rlqs_front) = envoy_fronts(&node, clock, holds.clone(), front.charge_bound);
     let gate = rls_front.gate().clone();
-    // Envoy's quota service: each stream a client of the grants.
-    let rlqs_front = envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer::new(
-        rlqs::Rlqs::new(
-            node.controller.clone(),
-            node.cluster.clone(),
-            node.rls_rules.clone(),
-            clock,
-            node.rlqs.clone(),
-        ),
-    );
     let front_gate = gate.clone();
     let http_server = async {
         match http {
@@ -678,14 +677,47 @@ where
     });
     let (g, h) = tokio::join!(grpc_server, http_server);
     let _ = background.await;
-    // What the front ends' client counted since its last exchange is reported before the last
-    // flush, so a clean stop loses none of it.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), front_gate.report_now()).await;
+    last_flush(&node, clock, &front_gate).await;
+    g.map_err(|e| ServerError::Serve(format!("gRPC: {e}")))?;
+    h
+}
+
+/// Envoy's fronts: the rate-limit service (with `POST /v1/check`, one in-process client of
+/// the grants) and the quota service (each stream a client of the grants).
+fn envoy_fronts(
+    node: &Node,
+    clock: Clock,
+    holds: Arc<holds::Holds>,
+    charge_bound: front::charges::ChargeBound,
+) -> (
+    rls::Rls,
+    envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer<rlqs::Rlqs>,
+){
+    let rls = rls::Rls::start(
+        node.controller.clone(),
+        node.cluster.clone(),
+        node.rls_rules.clone(),
+        clock,
+        holds,
+        charge_bound,
+    );
+    let rlqs = rlqs::Rlqs::new(
+        node.controller.clone(),
+        node.cluster.clone(),
+        node.rls_rules.clone(),
+        clock,
+        node.rlqs.clone(),
+    );
+    (rls, envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer::new(rlqs))
+}
+
+/// At a clean stop: what the front ends' client counted since its last exchange is reported
+/// (within a second), then consumption is written, so that none of it is lost.
+async fn last_flush(node: &Node, clock: Clock, gate: &tollgate_limiter::Tollgate) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), gate.report_now()).await;
     if let Err(e) = node.flush(clock.now(), wall_ms()) {
         tracing::error!(error = %e, "could not write consumption at shutdown");
     }
-    g.map_err(|e| ServerError::Serve(format!("gRPC: {e}")))?;
-    h
 }
 
 /// Ticks the engine every tick (and once more between two, at once, when a backend's report

@@ -607,17 +607,7 @@ impl Progress {
         }
         if checking && self.breach.is_none() {
             let seconds = second_figures(scenario, &controllers, up, &sample, groups);
-            let heal = Duration::from_secs_f64(HEAL_S);
-            let cut_recent = state
-                .last_cut_off
-                .is_some_and(|t| now.since(t) < heal + Duration::from_secs(WINDOW_S as u64));
-            let cut = state.cut_until.iter().any(|&c| c > now) || state.loss.1 > 0.0;
-            let healed = up && !cut && now.since(state.healed_at) >= heal && state.healed_at <= now;
-            if let Err(b) =
-                self.checker.check(now.as_secs_f64(), groups, seconds, cut_recent, healed, state.max_drift)
-            {
-                self.breach = Some(b);
-            }
+            self.check_second(now, groups, seconds, state, up);
         }
         let current = &scenario.phases[self.phase];
         if up && current.expects.iter().all(|e| holds(e, &sample, groups)) {
@@ -648,6 +638,28 @@ impl Progress {
             true
         } else {
             false
+        }
+    }
+
+    /// Holds one second's figures to the invariants, forgiving what a cut-off or a heal under
+    /// way explains; the first breach is kept.
+    fn check_second(
+        &mut self,
+        now: Nanos,
+        groups: &[GroupName],
+        seconds: Vec<Second>,
+        state: &FaultState,
+        up: bool,
+    ) {
+        let heal = Duration::from_secs_f64(HEAL_S);
+        let cut_recent =
+            state.last_cut_off.is_some_and(|t| now.since(t) < heal + Duration::from_secs(WINDOW_S as u64));
+        let cut = state.cut_until.iter().any(|&c| c > now) || state.loss.1 > 0.0;
+        let healed = up && !cut && now.since(state.healed_at) >= heal && state.healed_at <= now;
+        if let Err(b) =
+            self.checker.check(now.as_secs_f64(), groups, seconds, cut_recent, healed, state.max_drift)
+        {
+            self.breach = Some(b);
         }
     }
 }

@@ -198,6 +198,12 @@ where
         body.await;
         Ok(())
     });
+    drive(&mut sim, &shared);
+}
+
+/// Steps `sim` until the test is done, crashing and restarting the controller as the test
+/// asks between steps.
+fn drive(sim: &mut turmoil::Sim<'_>, shared: &Rc<RefCell<Shared>>) {
     loop {
         let commands: Vec<Command> = std::mem::take(&mut shared.borrow_mut().commands);
         for c in commands {

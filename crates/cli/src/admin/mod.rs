@@ -647,20 +647,8 @@ fn show(info: &v1::GroupInfo) -> String {
             if s.budget_period.is_empty() { String::new() } else { format!(" per {}", s.budget_period) };
         let _ = writeln!(out, "budget:   {}{per}", fmt_units(b));
     }
-    // Every window with a quota, shortest first, the budget's apart.
-    let mut windows: Vec<(tollgate_model::settings::BudgetPeriod, f64)> = s
-        .quotas
-        .iter()
-        .filter_map(|(name, u)| Some((tollgate_model::settings::BudgetPeriod::parse(name).ok()?, *u)))
-        .collect();
-    windows.sort_by_key(|(w, _)| (w.span_ms(), *w));
-    let others: Vec<String> = windows
-        .into_iter()
-        .filter(|(w, _)| s.budget.is_none() || w.name() != budget_window(&s.budget_period))
-        .map(|(w, u)| format!("{} per {}", fmt_units(u), w.name()))
-        .collect();
-    if !others.is_empty() {
-        let _ = writeln!(out, "quotas:   {}", others.join(", "));
+    if let Some(line) = quotas_line(&s) {
+        let _ = writeln!(out, "quotas:   {line}");
     }
     let _ = writeln!(out, "dropped:  {}", if s.count_dropped { "count" } else { "return" });
     if s.reads_writes_apart {
@@ -686,24 +674,45 @@ fn show(info: &v1::GroupInfo) -> String {
     }
     let _ = writeln!(out, "debt:     {}", debt_line(s.debt_repay_s.unwrap_or(5.0), s.limit));
     if let Some(r) = &s.ramp {
-        let mode = match v1::RampMode::try_from(r.mode) {
-            Ok(v1::RampMode::Scheduled) => "scheduled",
-            Ok(v1::RampMode::OnlyIfUsed) => "only_if_used",
-            Ok(v1::RampMode::GoBackN) => "go_back_n",
-            _ => "relaxed",
-        };
-        let mut line = format!(
-            "min={},max={},duration_s={},mode={mode}",
-            fmt_units(r.min),
-            fmt_units(r.max),
-            fmt_units(r.duration_s)
-        );
-        if let Some(t) = r.resume_ttl_s {
-            let _ = write!(line, ",resume_ttl_s={}", fmt_units(t));
-        }
-        let _ = writeln!(out, "ramp:     {line}");
+        let _ = writeln!(out, "ramp:     {}", ramp_line(r));
     }
     out
+}
+
+/// Every window with a quota, shortest first, the budget's apart; `None` when there is none.
+fn quotas_line(s: &v1::GroupSettings) -> Option<String> {
+    let mut windows: Vec<(tollgate_model::settings::BudgetPeriod, f64)> = s
+        .quotas
+        .iter()
+        .filter_map(|(name, u)| Some((tollgate_model::settings::BudgetPeriod::parse(name).ok()?, *u)))
+        .collect();
+    windows.sort_by_key(|(w, _)| (w.span_ms(), *w));
+    let others: Vec<String> = windows
+        .into_iter()
+        .filter(|(w, _)| s.budget.is_none() || w.name() != budget_window(&s.budget_period))
+        .map(|(w, u)| format!("{} per {}", fmt_units(u), w.name()))
+        .collect();
+    (!others.is_empty()).then(|| others.join(", "))
+}
+
+/// A ramp as `--ramp` takes it.
+fn ramp_line(r: &v1::RampSettings) -> String {
+    let mode = match v1::RampMode::try_from(r.mode) {
+        Ok(v1::RampMode::Scheduled) => "scheduled",
+        Ok(v1::RampMode::OnlyIfUsed) => "only_if_used",
+        Ok(v1::RampMode::GoBackN) => "go_back_n",
+        _ => "relaxed",
+    };
+    let mut line = format!(
+        "min={},max={},duration_s={},mode={mode}",
+        fmt_units(r.min),
+        fmt_units(r.max),
+        fmt_units(r.duration_s)
+    );
+    if let Some(t) = r.resume_ttl_s {
+        let _ = write!(line, ",resume_ttl_s={}", fmt_units(t));
+    }
+    line
 }
 
 /// Creates or alters a group and shows the result.

@@ -682,6 +682,22 @@ fn backend_groups(a: &ExchangeArgs, b: usize) -> Vec<String> {
         .collect()
 }
 
+/// Backend `b`'s report, encoded: every group it serves at 100 units a second, overloaded.
+fn backend_report(a: &ExchangeArgs, b: usize) -> bytes::Bytes {
+    use prost::Message;
+    v1::BackendReport {
+        backend_id: format!("bench-backend-{b}"),
+        zone: format!("bench-zone-{}", b % 3),
+        health: Some(v1::backend_report::Health::Utilisation(1.1)),
+        loads: backend_groups(a, b)
+            .into_iter()
+            .map(|group| v1::GroupLoad { group, units_per_s: 100.0 })
+            .collect(),
+    }
+    .encode_to_vec()
+    .into()
+}
+
 /// Starts `a.backends` reporters, each on a connection of its own (`channels`, one a
 /// backend) and reporting once a second at a phase of its own until `stop` is sent; each
 /// returns the reports taken, those refused and the first refusal.
@@ -694,20 +710,7 @@ fn backends(
     let mut set = tokio::task::JoinSet::new();
     for b in 0..a.backends {
         // Encoded once, as the clients' exchanges are: the load program's own work stays small.
-        let report: bytes::Bytes = {
-            use prost::Message;
-            v1::BackendReport {
-                backend_id: format!("bench-backend-{b}"),
-                zone: format!("bench-zone-{}", b % 3),
-                health: Some(v1::backend_report::Health::Utilisation(1.1)),
-                loads: backend_groups(a, b)
-                    .into_iter()
-                    .map(|group| v1::GroupLoad { group, units_per_s: 100.0 })
-                    .collect(),
-            }
-            .encode_to_vec()
-            .into()
-        };
+        let report = backend_report(a, b);
         let service = tonic::service::interceptor::InterceptedService::new(
             channels[b % channels.len()].clone(),
             bearer.clone(),

@@ -90,44 +90,59 @@ impl Engine {
     /// Backends and clients as of `now`, at most `max` of each named. Linear in backends,
     /// clients, and (client, group) grants.
     pub fn diagnostics(&self, now: Nanos, max: usize) -> Diagnostics {
-        let mut backends: Vec<BackendView> = self
-            .backends
-            .iter()
-            .map(|(name, b)| {
-                let mut top = Vec::with_capacity(TOP_GROUPS + 1);
-                for (g, l) in b.load.iter() {
-                    keep_top(&mut top, (g.clone(), *l), TOP_GROUPS, |t| t.1);
-                }
-                let sat = &self.settings.saturation;
-                let limiting = sat.throttling_ratio(b.health).is_some();
-                let largest = top.first().map_or(0.0, |t| t.1);
-                let under_threshold =
-                    (limiting && largest > 0.0 && largest < sat.limiting_threshold).then_some(largest);
-                BackendView {
-                    name: name.clone(),
-                    zone: b.zone.clone(),
-                    utilisation: self.settings.saturation.utilisation(b.health),
-                    limiting,
-                    seen_s: now.since(b.seen).as_secs_f64(),
-                    load: b.load.iter().map(|(_, l)| l).sum(),
-                    top_groups: top,
-                    under_threshold,
-                }
-            })
-            .collect();
+        let mut backends: Vec<BackendView> =
+            self.backends.iter().map(|(name, b)| self.backend_view(now, name, b)).collect();
         let backends_total = backends.len();
         backends.sort_by(|a, b| b.utilisation.total_cmp(&a.utilisation).then_with(|| a.name.cmp(&b.name)));
         backends.truncate(max);
 
+        let mut clients = self.client_views(now);
+        let clients_total = clients.len();
+        let clients_lapsed = clients.iter().filter(|c| c.lapsed).count();
+        clients.sort_by(|a, b| {
+            b.lapsed
+                .cmp(&a.lapsed)
+                .then_with(|| b.granted.total_cmp(&a.granted))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        let others_granted = clients.iter().skip(max).map(|c| c.granted).sum();
+        clients.truncate(max);
+        Diagnostics { backends, backends_total, clients, clients_total, clients_lapsed, others_granted }
+    }
+
+    /// One backend as of `now`: its load, its largest groups, and whether it limits them.
+    fn backend_view(&self, now: Nanos, name: &str, b: &crate::engine::BackendState) -> BackendView {
+        let mut top = Vec::with_capacity(TOP_GROUPS + 1);
+        for (g, l) in b.load.iter() {
+            keep_top(&mut top, (g.clone(), *l), TOP_GROUPS, |t| t.1);
+        }
+        let sat = &self.settings.saturation;
+        let limiting = sat.throttling_ratio(b.health).is_some();
+        let largest = top.first().map_or(0.0, |t| t.1);
+        let under_threshold =
+            (limiting && largest > 0.0 && largest < sat.limiting_threshold).then_some(largest);
+        BackendView {
+            name: name.to_owned(),
+            zone: b.zone.clone(),
+            utilisation: sat.utilisation(b.health),
+            limiting,
+            seen_s: now.since(b.seen).as_secs_f64(),
+            load: b.load.iter().map(|(_, l)| l).sum(),
+            top_groups: top,
+            under_threshold,
+        }
+    }
+
+    /// Every client as of `now`, with what it is granted summed over its groups.
+    fn client_views(&self, now: Nanos) -> Vec<ClientView> {
         let lease = self.settings.lease;
         let mut clients: Vec<ClientView> = Vec::with_capacity(self.clients.len());
         let mut by_id = HashMap::with_capacity(self.clients.len());
         for (name, id, seen) in self.clients.entries() {
-            let seen_s = now.since(seen).as_secs_f64();
             by_id.insert(id, clients.len());
             clients.push(ClientView {
                 name: name.to_string(),
-                seen_s,
+                seen_s: now.since(seen).as_secs_f64(),
                 lapsed: now.since(seen) > lease,
                 groups: 0,
                 granted: 0.0,
@@ -149,17 +164,7 @@ impl Engine {
                 }
             }
         }
-        let clients_total = clients.len();
-        let clients_lapsed = clients.iter().filter(|c| c.lapsed).count();
-        clients.sort_by(|a, b| {
-            b.lapsed
-                .cmp(&a.lapsed)
-                .then_with(|| b.granted.total_cmp(&a.granted))
-                .then_with(|| a.name.cmp(&b.name))
-        });
-        let others_granted = clients.iter().skip(max).map(|c| c.granted).sum();
-        clients.truncate(max);
-        Diagnostics { backends, backends_total, clients, clients_total, clients_lapsed, others_granted }
+        clients
     }
 }
 

@@ -20,6 +20,18 @@ pub enum Patch<T> {
     Value(T),
 }
 
+impl<T> Patch<T> {
+    /// Into a protocol patch's two fields for it: `value` set from a new value (through
+    /// `to`), `clear` set by `null`, neither when absent.
+    fn set<U>(&self, value: &mut Option<U>, clear: &mut bool, to: impl FnOnce(&T) -> U) {
+        match self {
+            Patch::Absent => {}
+            Patch::Null => *clear = true,
+            Patch::Value(v) => *value = Some(to(v)),
+        }
+    }
+}
+
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Patch<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Option::<T>::deserialize(d).map(|o| o.map_or(Patch::Null, Patch::Value))
@@ -509,17 +521,9 @@ impl GroupBody {
             Patch::Null | Patch::Value(LimitValue::Unlimited(_)) => p.unlimited = true,
             Patch::Value(LimitValue::Units(u)) => p.limit = Some(u),
         }
-        match self.burst {
-            Patch::Absent => {}
-            Patch::Null => p.clear_burst = true,
-            Patch::Value(b) => p.burst = Some(b),
-        }
+        self.burst.set(&mut p.burst, &mut p.clear_burst, |v| *v);
         p.priority = self.priority.as_ref().map(PriorityValue::level);
-        match self.budget {
-            Patch::Absent => {}
-            Patch::Null => p.clear_budget = true,
-            Patch::Value(b) => p.budget = Some(b),
-        }
+        self.budget.set(&mut p.budget, &mut p.clear_budget, |v| *v);
         if let Some(q) = &self.quotas {
             for (name, patch) in q.windows() {
                 match patch {
@@ -544,33 +548,18 @@ impl GroupBody {
             }
             .to_string()
         });
-        match &self.ramp {
-            Patch::Absent => {}
-            Patch::Null => p.clear_ramp = true,
-            Patch::Value(r) => p.ramp = Some(ramp_to_proto(r)),
-        }
+        self.ramp.set(&mut p.ramp, &mut p.clear_ramp, ramp_to_proto);
         p.count_dropped = self.dropped.map(|d| d == Dropped::Count);
         p.debt_repay_s = self.debt_repay_s;
         p.reads_writes_apart = self.reads_writes_apart;
-        match self.backend_limit {
-            Patch::Absent => {}
-            Patch::Null => p.clear_backend_limit = true,
-            Patch::Value(b) => p.backend_limit = Some(b),
-        }
+        self.backend_limit.set(&mut p.backend_limit, &mut p.clear_backend_limit, |v| *v);
         p.background = self.background;
         p.shadow = self.shadow;
         p.critical_reserve = self.critical_reserve;
-        match self.max_in_flight {
-            Patch::Absent => {}
-            Patch::Null => p.clear_max_in_flight = true,
-            // Past u32, it is past the limit: refused as the largest u32 would be.
-            Patch::Value(n) => p.max_in_flight = Some(u32::try_from(n).unwrap_or(u32::MAX)),
-        }
-        match &self.parent {
-            Patch::Absent => {}
-            Patch::Null => p.clear_parent = true,
-            Patch::Value(parent) => p.parent = Some(parent.clone()),
-        }
+        // Past u32, it is past the limit: refused as the largest u32 would be.
+        self.max_in_flight
+            .set(&mut p.max_in_flight, &mut p.clear_max_in_flight, |n| u32::try_from(*n).unwrap_or(u32::MAX));
+        self.parent.set(&mut p.parent, &mut p.clear_parent, Clone::clone);
         p
     }
 }

@@ -838,24 +838,8 @@ impl RateLimitService for Rls {
         let rules = self.rules.get();
         let Planned { asks: planned, each_alone, statuses: answer_statuses, hold, release } =
             plan(&rules, &r, fallback.as_ref())?;
-        if let Some(Caller(c)) = &caller
-            && !(c.unthrottled || c.role == Ok(crate::access::auth::Role::Admin))
-            && planned.iter().any(|(_, a)| matches!(a, Ask::Unthrottled(..)))
-        {
-            return Err(Status::permission_denied(format!(
-                "descriptors: {UNTHROTTLED_KEY} needs a token with the unthrottled privilege, and {} lacks it",
-                c.label()
-            )));
-        }
-        if let Some(Caller(c)) = &caller
-            && let Some((g, _)) = planned.iter().find(|(g, a)| a.names_group() && !c.allows_group(g.as_str()))
-        {
-            let refused = crate::access::auth::Refused::Group {
-                who: c.label(),
-                group: g.to_string(),
-                patterns: c.groups.clone(),
-            };
-            return Err(refused.status());
+        if let Some(Caller(c)) = &caller {
+            may_ask(c, &planned)?;
         }
         self.ensure_overrides(&r).await?;
         let mut permits: Vec<tollgate_limiter::Permit<'static>> = Vec::with_capacity(planned.len());
@@ -901,6 +885,28 @@ impl RateLimitService for Rls {
             ..RateLimitResponse::default()
         }))
     }
+}
+
+/// Whether the credential `c` may ask for `planned`: unthrottled work only with the privilege
+/// (or as an admin), and only the groups its patterns cover.
+fn may_ask(c: &crate::access::auth::Credential, planned: &[(GroupName, Ask)]) -> Result<(), Status> {
+    if !(c.unthrottled || c.role == Ok(crate::access::auth::Role::Admin))
+        && planned.iter().any(|(_, a)| matches!(a, Ask::Unthrottled(..)))
+    {
+        return Err(Status::permission_denied(format!(
+            "descriptors: {UNTHROTTLED_KEY} needs a token with the unthrottled privilege, and {} lacks it",
+            c.label()
+        )));
+    }
+    if let Some((g, _)) = planned.iter().find(|(g, a)| a.names_group() && !c.allows_group(g.as_str())) {
+        let refused = crate::access::auth::Refused::Group {
+            who: c.label(),
+            group: g.to_string(),
+            patterns: c.groups.clone(),
+        };
+        return Err(refused.status());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

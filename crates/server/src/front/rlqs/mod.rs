@@ -476,31 +476,7 @@ impl Session {
             let u = groups
                 .entry(g.as_str())
                 .or_insert_with(|| v1::GroupUsage { group: g.to_string(), ..Default::default() });
-            if !closing {
-                u.demand += b.demand;
-            }
-            u.consumed += b.consumed;
-            u.admitted += b.admitted;
-            u.throttled += b.throttled;
-            u.would_refuse += b.would_refuse;
-            match b.class {
-                RequestClass::Critical => {
-                    u.critical_admitted += b.admitted;
-                    u.critical_throttled += b.throttled;
-                }
-                RequestClass::Sheddable => {
-                    u.sheddable_admitted += b.admitted;
-                    u.sheddable_throttled += b.throttled;
-                }
-                _ => {}
-            }
-            match b.assigned {
-                Some((Assignment::Tokens { per_second, .. }, _, _)) => {
-                    u.held += f64::from(per_second) * b.cost
-                }
-                Some((Assignment::Paced(p), _, _)) => u.held += p.rate() * b.cost,
-                _ => {}
-            }
+            add_usage(u, b, closing);
             if self.books.contains_key(g.as_str()) {
                 let c = counted.entry(g.as_str()).or_default();
                 c.0 += b.count.committed(b.last_report);
@@ -857,6 +833,33 @@ impl RateLimitQuotaService for Rlqs {
             me.serve(req.into_inner(), tx, caller).await;
         });
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+/// Adds a bucket's usage since the last exchange to its group's (`closing`: no demand).
+fn add_usage(u: &mut v1::GroupUsage, b: &Bucket, closing: bool) {
+    if !closing {
+        u.demand += b.demand;
+    }
+    u.consumed += b.consumed;
+    u.admitted += b.admitted;
+    u.throttled += b.throttled;
+    u.would_refuse += b.would_refuse;
+    match b.class {
+        RequestClass::Critical => {
+            u.critical_admitted += b.admitted;
+            u.critical_throttled += b.throttled;
+        }
+        RequestClass::Sheddable => {
+            u.sheddable_admitted += b.admitted;
+            u.sheddable_throttled += b.throttled;
+        }
+        _ => {}
+    }
+    match b.assigned {
+        Some((Assignment::Tokens { per_second, .. }, _, _)) => u.held += f64::from(per_second) * b.cost,
+        Some((Assignment::Paced(p), _, _)) => u.held += p.rate() * b.cost,
+        _ => {}
     }
 }
 

@@ -242,14 +242,7 @@ fn limit(
     let Some(shape) = shape else {
         return Some(TreeLimit { unlimited: true, quota_mode, name, replaces, ..TreeLimit::default() });
     };
-    // Each level that names its values apart has its key in the group's name: a key doing so
-    // at two levels of one path could not name both.
-    let apart: Vec<&String> = path
-        .iter()
-        .filter(|((_, v), shared)| !shared && v.as_ref().is_none_or(|v| v.contains('*')))
-        .map(|((k, _), _)| k)
-        .collect();
-    if let Some(k) = apart.iter().enumerate().find(|(i, k)| apart[..*i].contains(k)).map(|(_, k)| k) {
+    if let Some(k) = named_twice(path) {
         plan.refuse(
             line,
             format!("key {k:?} takes many values at two levels of one path; its group could not name both"),
@@ -269,6 +262,17 @@ fn limit(
     let settings_on = name_of(&|_, v, _| v.clone().unwrap_or_else(|| "*".to_string()));
     plan.add(Imported { name: settings_on, line, shape: Shape { shadow, ..shape } });
     Some(TreeLimit { group, unlimited: false, quota_mode, name, replaces })
+}
+
+/// A key of `path` that names its values apart at two levels: each such level has its key in
+/// the group's name, so one path could not name both.
+fn named_twice(path: &Path) -> Option<&String> {
+    let apart: Vec<&String> = path
+        .iter()
+        .filter(|((_, v), shared)| !shared && v.as_ref().is_none_or(|v| v.contains('*')))
+        .map(|((k, _), _)| k)
+        .collect();
+    apart.iter().enumerate().find(|(i, k)| apart[..*i].contains(k)).map(|(_, k)| *k)
 }
 
 /// `unit` and a count as a shape: a quota of the count per window, as envoy/ratelimit counts
