@@ -168,7 +168,7 @@ impl Services {
         self.node.cluster.route(req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA))
     }
 
-    /// The one exchange path, on the wire: the call routed once ([`route`](Self::route)) and
+    /// The one exchange path, on the wire: the call routed once ([`Cluster::route`](crate::cluster::role::Cluster::route)) and
     /// answered here at once (no allocation while this controller grants, or owns every group
     /// asked), or later, by each group's owner or by the leader.
     pub fn exchange_routed(&self, req: Request<Bytes>) -> Answer {
