@@ -12,6 +12,8 @@ use prometheus_client::registry::Registry;
 use tollgate_model::prometheus::{Kind, family, single};
 
 use crate::handle::{GroupStats, Tollgate};
+use crate::remote::RemoteStatus;
+use crate::store::StoreStatus;
 
 /// One per-group family: name, help, kind, and how to read it from the stats.
 type Family = (&'static str, &'static str, Kind, fn(&GroupStats) -> f64);
@@ -88,71 +90,84 @@ impl Collector for Metrics {
         for (name, help, kind, read) in GROUP_FAMILIES {
             family(&mut e, name, help, kind, "group", stats.iter().map(|(g, s)| (g.as_str(), read(s))))?;
         }
-        let link = |e: &mut DescriptorEncoder, connected: bool, safe: bool| {
-            single(
-                e,
-                "tollgate_client_connected",
-                "1 when the last exchange or sync succeeded.",
-                Kind::Gauge,
-                connected,
-            )?;
-            single(e, "tollgate_client_safe_mode", "1 while the safe-mode policy applies.", Kind::Gauge, safe)
-        };
         if let Some(r) = gate.remote_status() {
-            link(&mut e, r.connected, r.safe_mode)?;
-            single(
-                &mut e,
-                "tollgate_client_exchanges_total",
-                "Successful exchanges with the controller.",
-                Kind::Counter,
-                r.exchanges,
-            )?;
-            let f = r.failures;
-            family(
-                &mut e,
-                "tollgate_client_exchange_failures_total",
-                "Failed exchanges with the controller, by kind: transport, timeout, rejected.",
-                Kind::Counter,
-                "kind",
-                [("transport", f.transport), ("timeout", f.timeout), ("rejected", f.rejected)],
-            )?;
-            single(
-                &mut e,
-                "tollgate_client_rejected",
-                "1 while the controller refuses this client for good (a token unknown, expired or revoked, a permission refused): nothing is admitted.",
-                Kind::Gauge,
-                r.rejected.is_some(),
-            )?;
+            remote(&mut e, &r)?;
         }
         if let Some(s) = gate.store_status() {
-            if s.replicas.is_none() {
-                link(&mut e, s.connected, s.safe_mode)?;
-                single(
-                    &mut e,
-                    "tollgate_client_store_syncs_total",
-                    "Successful syncs with the store.",
-                    Kind::Counter,
-                    s.syncs,
-                )?;
-            }
-            for (name, help, read) in [
-                ("tollgate_client_pool_units", "A group's pool per one-second epoch, for all processes.", 0),
-                ("tollgate_client_pool_size", "Processes sharing the pool: agreed, or the replica count.", 1),
-                ("tollgate_client_pool_share_units", "This process's share of the pool this epoch.", 2),
-            ] {
-                let samples = s.groups.iter().map(|g| {
-                    let v: tollgate_model::prometheus::Value = match read {
-                        0 => g.pool.into(),
-                        1 => g.size.into(),
-                        _ => g.share.into(),
-                    };
-                    (g.group.as_str(), v)
-                });
-                family(&mut e, name, help, Kind::Gauge, "group", samples)?;
-            }
+            store(&mut e, &s)?;
         }
         Ok(())
     }
+}
+
+/// The link's state: connected, and in safe mode.
+fn link(e: &mut DescriptorEncoder, connected: bool, safe: bool) -> std::fmt::Result {
+    single(
+        e,
+        "tollgate_client_connected",
+        "1 when the last exchange or sync succeeded.",
+        Kind::Gauge,
+        connected,
+    )?;
+    single(e, "tollgate_client_safe_mode", "1 while the safe-mode policy applies.", Kind::Gauge, safe)
+}
+
+/// A remote limiter's link to the controller.
+fn remote(e: &mut DescriptorEncoder, r: &RemoteStatus) -> std::fmt::Result {
+    link(e, r.connected, r.safe_mode)?;
+    single(
+        e,
+        "tollgate_client_exchanges_total",
+        "Successful exchanges with the controller.",
+        Kind::Counter,
+        r.exchanges,
+    )?;
+    let f = r.failures;
+    family(
+        e,
+        "tollgate_client_exchange_failures_total",
+        "Failed exchanges with the controller, by kind: transport, timeout, rejected.",
+        Kind::Counter,
+        "kind",
+        [("transport", f.transport), ("timeout", f.timeout), ("rejected", f.rejected)],
+    )?;
+    single(
+        e,
+        "tollgate_client_rejected",
+        "1 while the controller refuses this client for good (a token unknown, expired or revoked, a permission refused): nothing is admitted.",
+        Kind::Gauge,
+        r.rejected.is_some(),
+    )
+}
+
+/// A store-mode limiter's link to the store (none in replicas mode), and each pool.
+fn store(e: &mut DescriptorEncoder, s: &StoreStatus) -> std::fmt::Result {
+    if s.replicas.is_none() {
+        link(e, s.connected, s.safe_mode)?;
+        single(
+            e,
+            "tollgate_client_store_syncs_total",
+            "Successful syncs with the store.",
+            Kind::Counter,
+            s.syncs,
+        )?;
+    }
+    for (name, help, read) in [
+        ("tollgate_client_pool_units", "A group's pool per one-second epoch, for all processes.", 0),
+        ("tollgate_client_pool_size", "Processes sharing the pool: agreed, or the replica count.", 1),
+        ("tollgate_client_pool_share_units", "This process's share of the pool this epoch.", 2),
+    ] {
+        let samples = s.groups.iter().map(|g| {
+            let v: tollgate_model::prometheus::Value = match read {
+                0 => g.pool.into(),
+                1 => g.size.into(),
+                _ => g.share.into(),
+            };
+            (g.group.as_str(), v)
+        });
+        family(e, name, help, Kind::Gauge, "group", samples)?;
+    }
+    Ok(())
 }
 
 impl Tollgate {

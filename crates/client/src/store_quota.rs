@@ -41,6 +41,39 @@ struct QuotaGroup {
     last_want: Mutex<f64>,
 }
 
+impl QuotaGroup {
+    /// The script call that takes `want` units of this group's windows at `wall`, with its
+    /// counters under `prefix`; and the start of the latest window on the clock (0 without one).
+    fn take(&self, prefix: &str, wall: u64, want: f64) -> (redis::ScriptInvocation<'static>, u64) {
+        let mut invocation = TAKE_SCRIPT.prepare_invoke();
+        let mut epoch = 0u64;
+        for (w, _) in &self.windows {
+            let key = match w {
+                BudgetPeriod::Total => format!("{prefix}q:total"),
+                BudgetPeriod::FromFirst(s) => format!("{prefix}q:{s}s-from-first"),
+                _ => {
+                    epoch = epoch.max(w.start_of(wall));
+                    format!("{prefix}q:{}:{}", w.name(), w.start_of(wall))
+                }
+            };
+            invocation.key(key);
+        }
+        for (_, units) in &self.windows {
+            invocation.arg(*units);
+        }
+        for (w, _) in &self.windows {
+            let span = match w {
+                BudgetPeriod::Total => 0,
+                BudgetPeriod::FromFirst(_) => w.span_ms(),
+                _ => w.end_of(wall).map_or(0, |e| e.saturating_sub(wall)) + 60_000,
+            };
+            invocation.arg(span);
+        }
+        invocation.arg(want);
+        (invocation, epoch)
+    }
+}
+
 /// The groups with quotas of a store-mode or replicas-mode limiter.
 #[derive(Debug)]
 pub(crate) struct StoreQuotas {
@@ -268,31 +301,7 @@ impl StoreQuotas {
                 *last = if asked && live { (*last * 2.0).min(WANT_MAX) } else { *last };
                 *last
             };
-            let mut invocation = TAKE_SCRIPT.prepare_invoke();
-            let mut epoch = 0u64;
-            for (w, _) in &q.windows {
-                let key = match w {
-                    BudgetPeriod::Total => format!("{}q:total", prefix(&q.name)),
-                    BudgetPeriod::FromFirst(s) => format!("{}q:{s}s-from-first", prefix(&q.name)),
-                    _ => {
-                        epoch = epoch.max(w.start_of(wall));
-                        format!("{}q:{}:{}", prefix(&q.name), w.name(), w.start_of(wall))
-                    }
-                };
-                invocation.key(key);
-            }
-            for (_, units) in &q.windows {
-                invocation.arg(*units);
-            }
-            for (w, _) in &q.windows {
-                let span = match w {
-                    BudgetPeriod::Total => 0,
-                    BudgetPeriod::FromFirst(_) => w.span_ms(),
-                    _ => w.end_of(wall).map_or(0, |e| e.saturating_sub(wall)) + 60_000,
-                };
-                invocation.arg(span);
-            }
-            invocation.arg(want);
+            let (invocation, epoch) = q.take(&prefix(&q.name), wall, want);
             let call = invocation.invoke_async::<(String, String, u64)>(c);
             let Ok(Ok((take, left, ends))) = tokio::time::timeout(Duration::from_secs(1), call).await else {
                 return false;

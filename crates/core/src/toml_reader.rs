@@ -264,8 +264,8 @@ impl<'s> Reader<'s> {
     }
 
     /// The group keys that say how it is served: priority, ramp, dropped work, backend limit,
-    /// background, shadow mode, reads and writes apart, debt repayment. `None` when the priority is not a
-    /// level (its error is reported).
+    /// background, shadow mode, and [those of its share](Self::share_keys). `None` when the
+    /// priority is not a level (its error is reported).
     fn behaviour_keys(
         &mut self,
         f: &mut Fields<'_, '_>,
@@ -313,6 +313,12 @@ impl<'s> Reader<'s> {
         {
             b = b.shadow(on);
         }
+        Some(self.share_keys(f, b))
+    }
+
+    /// The group keys that say how its share is taken: critical reserve, parent, in-flight
+    /// quota, reads and writes apart, debt repayment.
+    fn share_keys(&mut self, f: &mut Fields<'_, '_>, mut b: GroupSettingsBuilder) -> GroupSettingsBuilder {
         if let Some((p, v)) = f.take("critical_reserve")
             && let Some(x) = self.non_negative(&p, v)
         {
@@ -342,7 +348,7 @@ impl<'s> Reader<'s> {
         {
             b = b.debt_repay(d);
         }
-        Some(b)
+        b
     }
 
     /// A ramp-up table.

@@ -630,9 +630,7 @@ where
     let history = Arc::new(history::History::default());
     let background =
         tokio::spawn(background(node.clone(), history.clone(), clock, flush_interval, stop_rx.clone()));
-    let waiter = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stopped| *stopped).await;
-    };
+    let waiter = until_stopped;
     tokio::spawn(follow_files(node.clone(), waiter(stop_rx.clone())));
     let http_front = front.clone();
     // Envoy's rate-limit service and `POST /v1/check`: one in-process client of the grants.
@@ -680,6 +678,11 @@ where
     last_flush(&node, clock, &front_gate).await;
     g.map_err(|e| ServerError::Serve(format!("gRPC: {e}")))?;
     h
+}
+
+/// Completes once `rx` says the server stops.
+async fn until_stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stopped| *stopped).await;
 }
 
 /// Envoy's fronts: the rate-limit service (with `POST /v1/check`, one in-process client of

@@ -842,20 +842,9 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
     let mut read = |r: &mut Reader<'_>| -> Option<Action> {
         if let Some((p, v)) = f.take("set_backend") {
             let mut bf = r.fields(&p, v)?;
-            let backend = match bf.take("name") {
-                Some((bp, bv)) => backend_index(r, &bp, bv, &s.backends),
-                None => {
-                    r.error(v.span(), format!("{p}.name"), "is required");
-                    None
-                }
-            };
-            let capacity = match bf.take("capacity") {
-                Some((cp, cv)) => r.positive(&cp, cv),
-                None => {
-                    r.error(v.span(), format!("{p}.capacity"), "is required");
-                    None
-                }
-            };
+            let backend =
+                required(r, &mut bf, &p, v, "name", |r, bp, bv| backend_index(r, bp, bv, &s.backends));
+            let capacity = required(r, &mut bf, &p, v, "capacity", |r, kp, kv| r.positive(kp, kv));
             r.finish(bf, "name, capacity");
             Some(Action::SetBackend { backend: backend?, capacity: capacity? })
         } else if let Some((p, v)) = f.take("set_group") {
@@ -878,25 +867,13 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
         } else if let Some((p, v)) = f.take("settle") {
             let mut sf = r.fields(&p, v)?;
             let group = take_group(r, &mut sf, &p, v);
-            let units = match sf.take("units") {
-                Some((up, uv)) => r.positive(&up, uv),
-                None => {
-                    r.error(v.span(), format!("{p}.units"), "is required");
-                    None
-                }
-            };
+            let units = required(r, &mut sf, &p, v, "units", |r, kp, kv| r.positive(kp, kv));
             r.finish(sf, "group, units");
             Some(Action::Settle { group: group?, units: units? })
         } else if let Some((p, v)) = f.take("set_clients") {
             let mut cf = r.fields(&p, v)?;
             let group = take_group(r, &mut cf, &p, v);
-            let rate = match cf.take("rate") {
-                Some((rp, rv)) => client_rate(r, &rp, rv),
-                None => {
-                    r.error(v.span(), format!("{p}.rate"), "is required");
-                    None
-                }
-            };
+            let rate = required(r, &mut cf, &p, v, "rate", client_rate);
             r.finish(cf, "group, rate");
             Some(Action::SetClients { group: group?, rate: rate? })
         } else {
@@ -911,6 +888,24 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
     let result = read(r);
     r.finish(f, "set_backend, set_group, remove_group, settle, set_clients");
     result
+}
+
+/// The key `key` of the table at `path` (`v`), read by `read`; its absence is reported.
+fn required<'t, 'a, T>(
+    r: &mut Reader<'_>,
+    f: &mut Fields<'t, 'a>,
+    path: &str,
+    v: &Value<'_>,
+    key: &str,
+    read: impl FnOnce(&mut Reader<'_>, &str, &'t Value<'a>) -> Option<T>,
+) -> Option<T> {
+    match f.take(key) {
+        Some((kp, kv)) => read(r, &kp, kv),
+        None => {
+            r.error(v.span(), format!("{path}.{key}"), "is required");
+            None
+        }
+    }
 }
 
 /// Requests per second a client attempts: above 0, at most [`CLIENT_RATE_MAX`].

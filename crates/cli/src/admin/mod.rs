@@ -855,33 +855,37 @@ pub async fn node(server: &Target, cmd: Node) -> anyhow::Result<()> {
             .await?;
             say(if info.throttling_off { "off" } else { "on" });
         }
-        Node::SetProperties { json } => {
-            // Checked whole before anything is sent, so a bad document changes nothing.
-            let change = properties::node_change(&json).map_err(anyhow::Error::msg)?;
-            if let Some(capacity) = change.capacity {
-                client.set_capacity(v1::SetCapacityRequest { capacity }).await.map_err(rpc)?;
-            }
-            if let Some(m) = change.mode {
-                let mode = convert::mode_to_proto(m) as i32;
-                client.set_mode(v1::SetModeRequest { mode }).await.map_err(rpc)?;
-            }
-            if let Some(on) = change.slow_start {
-                client.set_slow_start(v1::SetSlowStartRequest { on }).await.map_err(rpc)?;
-            }
-            if let Some(on) = change.shadow {
-                client.set_shadow(v1::SetShadowRequest { on }).await.map_err(rpc)?;
-            }
-            if let Some(on) = change.throttling {
-                client.set_throttling(v1::SetThrottlingRequest { on }).await.map_err(rpc)?;
-            }
-            let info = client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner();
-            say(properties::node_json(&stored(&info)));
-        }
+        Node::SetProperties { json } => set_node_properties(&mut client, &json).await?,
         Node::GetProperties => {
             let info = client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner();
             say(properties::node_json(&stored(&info)));
         }
     }
+    Ok(())
+}
+
+/// `node set-properties`: the document checked whole before anything is sent, so a bad one
+/// changes nothing; then each switch it names set.
+async fn set_node_properties(client: &mut Admin, json: &str) -> anyhow::Result<()> {
+    let change = properties::node_change(json).map_err(anyhow::Error::msg)?;
+    if let Some(capacity) = change.capacity {
+        client.set_capacity(v1::SetCapacityRequest { capacity }).await.map_err(rpc)?;
+    }
+    if let Some(m) = change.mode {
+        let mode = convert::mode_to_proto(m) as i32;
+        client.set_mode(v1::SetModeRequest { mode }).await.map_err(rpc)?;
+    }
+    if let Some(on) = change.slow_start {
+        client.set_slow_start(v1::SetSlowStartRequest { on }).await.map_err(rpc)?;
+    }
+    if let Some(on) = change.shadow {
+        client.set_shadow(v1::SetShadowRequest { on }).await.map_err(rpc)?;
+    }
+    if let Some(on) = change.throttling {
+        client.set_throttling(v1::SetThrottlingRequest { on }).await.map_err(rpc)?;
+    }
+    let info = client.get_node(v1::GetNodeRequest {}).await.map_err(rpc)?.into_inner();
+    say(properties::node_json(&stored(&info)));
     Ok(())
 }
 

@@ -340,6 +340,47 @@ impl Parser<'_> {
         }
     }
 
+    /// CREATE RESOURCE GROUP, after CREATE.
+    fn create_group(&mut self) -> Result<Statement, SqlError> {
+        if self.eat_word("RESOURCE") {
+            self.expect_word("GROUP")?;
+            let if_not_exists = self.eat_word("IF");
+            if if_not_exists {
+                self.expect_word("NOT")?;
+                self.expect_word("EXISTS")?;
+            }
+            let name = self.name()?;
+            let at = self.here();
+            let options = self.options()?;
+            if options.ru_per_sec.is_none() {
+                return Err(error_at(
+                    self.text,
+                    at,
+                    format!("RU_PER_SEC: CREATE RESOURCE GROUP {name} needs one, such as RU_PER_SEC = 1000"),
+                ));
+            }
+            return Ok(Statement::Create { name, if_not_exists, options });
+        }
+        self.fail("`RESOURCE` or `USER` after CREATE")
+    }
+
+    /// ALTER RESOURCE GROUP, after ALTER.
+    fn alter_group(&mut self) -> Result<Statement, SqlError> {
+        self.expect_word("RESOURCE")?;
+        self.expect_word("GROUP")?;
+        let name = self.name()?;
+        let at = self.here();
+        let options = self.options()?;
+        if options == Options::default() {
+            return Err(error_at(
+                self.text,
+                at,
+                "expected RU_PER_SEC, PRIORITY, BURSTABLE or PARENT: ALTER changes at least one".into(),
+            ));
+        }
+        Ok(Statement::Alter { name, options })
+    }
+
     fn statement(&mut self) -> Result<Statement, SqlError> {
         for verb in ["CREATE", "ALTER", "DROP"] {
             if self.is_word(verb)
@@ -353,43 +394,10 @@ impl Parser<'_> {
             }
         }
         if self.eat_word("CREATE") {
-            if self.eat_word("RESOURCE") {
-                self.expect_word("GROUP")?;
-                let if_not_exists = self.eat_word("IF");
-                if if_not_exists {
-                    self.expect_word("NOT")?;
-                    self.expect_word("EXISTS")?;
-                }
-                let name = self.name()?;
-                let at = self.here();
-                let options = self.options()?;
-                if options.ru_per_sec.is_none() {
-                    return Err(error_at(
-                        self.text,
-                        at,
-                        format!(
-                            "RU_PER_SEC: CREATE RESOURCE GROUP {name} needs one, such as RU_PER_SEC = 1000"
-                        ),
-                    ));
-                }
-                return Ok(Statement::Create { name, if_not_exists, options });
-            }
-            return self.fail("`RESOURCE` or `USER` after CREATE");
+            return self.create_group();
         }
         if self.eat_word("ALTER") {
-            self.expect_word("RESOURCE")?;
-            self.expect_word("GROUP")?;
-            let name = self.name()?;
-            let at = self.here();
-            let options = self.options()?;
-            if options == Options::default() {
-                return Err(error_at(
-                    self.text,
-                    at,
-                    "expected RU_PER_SEC, PRIORITY, BURSTABLE or PARENT: ALTER changes at least one".into(),
-                ));
-            }
-            return Ok(Statement::Alter { name, options });
+            return self.alter_group();
         }
         if self.eat_word("DROP") {
             self.expect_word("RESOURCE")?;
@@ -635,24 +643,7 @@ async fn execute(client: &mut crate::admin::Admin, statement: Statement) -> anyh
                 say(format!("resource group {name} does not exist: nothing dropped"));
             }
         }
-        Statement::ShowAll => {
-            let groups = admin::list_all(client).await?;
-            say(format!(
-                "{:<24} {:>12} {:>8} {:>9} {:>12}",
-                "NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "LIMIT"
-            ));
-            for g in groups {
-                let s = g.settings.unwrap_or_default();
-                say(format!(
-                    "{:<24} {:>12} {:>8} {:>9} {:>12}",
-                    g.name,
-                    admin::fmt_units(s.reserved),
-                    admin::priority_name(s.priority).to_uppercase(),
-                    if s.limit.is_none() { "YES" } else { "NO" },
-                    s.limit.map_or("UNLIMITED".into(), admin::fmt_units),
-                ));
-            }
-        }
+        Statement::ShowAll => show_all(client).await?,
         Statement::ShowCreate { name } => {
             let Some(current) = admin::get(client, &name).await? else {
                 bail!("group {name:?} does not exist");
@@ -666,6 +657,24 @@ async fn execute(client: &mut crate::admin::Admin, statement: Statement) -> anyh
             client.set_throttling(v1::SetThrottlingRequest { on }).await.map_err(admin::rpc)?;
             say(format!("resource control {}", if on { "on" } else { "off: nothing is throttled" }));
         }
+    }
+    Ok(())
+}
+
+/// SHOW RESOURCE GROUPS: every group, in TiDB's columns.
+async fn show_all(client: &mut crate::admin::Admin) -> anyhow::Result<()> {
+    let groups = admin::list_all(client).await?;
+    say(format!("{:<24} {:>12} {:>8} {:>9} {:>12}", "NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "LIMIT"));
+    for g in groups {
+        let s = g.settings.unwrap_or_default();
+        say(format!(
+            "{:<24} {:>12} {:>8} {:>9} {:>12}",
+            g.name,
+            admin::fmt_units(s.reserved),
+            admin::priority_name(s.priority).to_uppercase(),
+            if s.limit.is_none() { "YES" } else { "NO" },
+            s.limit.map_or("UNLIMITED".into(), admin::fmt_units),
+        ));
     }
     Ok(())
 }

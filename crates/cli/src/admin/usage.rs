@@ -73,62 +73,71 @@ pub async fn run(
     let request = v1::UsageRequest { group: group.unwrap_or_default(), since_unix_ms, limit: 100_000 };
     let records = client.usage(request).await.map_err(rpc)?.into_inner().records;
     let by_group = minutes(&records, since_unix_ms);
-    match format {
-        Format::Text => {
-            for (g, ms) in &by_group {
-                let (first, last) = (ms.first().map_or(0, |m| m.at), ms.last().map_or(0, |m| m.at + 60_000));
-                let would: u64 = ms.iter().map(|m| m.would_refuse).sum();
-                // Only groups that ran in shadow mode have would-be refusals to show.
-                let shadow = if would > 0 { format!("  would refuse {would}") } else { String::new() };
-                say(format!(
-                    "{g}  consumed {}  admitted {}  refused {}{shadow}  ({} to {})",
-                    crate::admin::fmt_units(ms.iter().map(|m| m.consumed).sum::<f64>()),
-                    ms.iter().map(|m| m.admitted).sum::<u64>(),
-                    ms.iter().map(|m| m.throttled).sum::<u64>(),
-                    utc(first),
-                    utc(last)
-                ));
-            }
-            if by_group.is_empty() {
-                say("no consumption recorded in that span");
-            }
-        }
-        Format::Json => {
-            // One array, empty when nothing was recorded: valid JSON either way.
-            let rows: Vec<serde_json::Value> = by_group
-                .iter()
-                .flat_map(|(g, ms)| {
-                    ms.iter().map(move |m| {
-                        serde_json::json!({
-                            "minute": utc(m.at),
-                            "minute_unix_ms": m.at,
-                            "group": g,
-                            "consumed": m.consumed,
-                            "admitted": m.admitted,
-                            "throttled": m.throttled,
-                            "would_refuse": m.would_refuse,
-                        })
-                    })
+    say(match format {
+        Format::Text => text(&by_group),
+        Format::Json => json(&by_group),
+        Format::Csv => csv(&by_group),
+    });
+    Ok(())
+}
+
+/// Each group's totals over the span, a line each.
+fn text(by_group: &BTreeMap<String, Vec<Minute>>) -> String {
+    let mut out = Vec::new();
+    for (g, ms) in by_group {
+        let (first, last) = (ms.first().map_or(0, |m| m.at), ms.last().map_or(0, |m| m.at + 60_000));
+        let would: u64 = ms.iter().map(|m| m.would_refuse).sum();
+        // Only groups that ran in shadow mode have would-be refusals to show.
+        let shadow = if would > 0 { format!("  would refuse {would}") } else { String::new() };
+        out.push(format!(
+            "{g}  consumed {}  admitted {}  refused {}{shadow}  ({} to {})",
+            crate::admin::fmt_units(ms.iter().map(|m| m.consumed).sum::<f64>()),
+            ms.iter().map(|m| m.admitted).sum::<u64>(),
+            ms.iter().map(|m| m.throttled).sum::<u64>(),
+            utc(first),
+            utc(last)
+        ));
+    }
+    if by_group.is_empty() {
+        out.push("no consumption recorded in that span".into());
+    }
+    out.join("\n")
+}
+
+/// Every minute of every group, as one JSON array (empty when nothing was recorded: valid
+/// JSON either way).
+fn json(by_group: &BTreeMap<String, Vec<Minute>>) -> String {
+    let rows: Vec<serde_json::Value> = by_group
+        .iter()
+        .flat_map(|(g, ms)| {
+            ms.iter().map(move |m| {
+                serde_json::json!({
+                    "minute": utc(m.at),
+                    "minute_unix_ms": m.at,
+                    "group": g,
+                    "consumed": m.consumed,
+                    "admitted": m.admitted,
+                    "throttled": m.throttled,
+                    "would_refuse": m.would_refuse,
                 })
-                .collect();
-            say(serde_json::to_string_pretty(&rows).expect("JSON values print"));
-        }
-        Format::Csv => {
-            say("minute,group,consumed,admitted,throttled,would_refuse");
-            for (g, ms) in &by_group {
-                let quoted = if g.contains([',', '"', '\n']) {
-                    format!("\"{}\"", g.replace('"', "\"\""))
-                } else {
-                    g.clone()
-                };
-                for m in ms {
-                    let Minute { at, consumed, admitted, throttled, would_refuse } = m;
-                    say(format!("{},{quoted},{consumed},{admitted},{throttled},{would_refuse}", utc(*at)));
-                }
-            }
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&rows).expect("JSON values print")
+}
+
+/// Every minute of every group, a CSV row each under a header.
+fn csv(by_group: &BTreeMap<String, Vec<Minute>>) -> String {
+    let mut out = vec!["minute,group,consumed,admitted,throttled,would_refuse".to_string()];
+    for (g, ms) in by_group {
+        let quoted =
+            if g.contains([',', '"', '\n']) { format!("\"{}\"", g.replace('"', "\"\"")) } else { g.clone() };
+        for m in ms {
+            let Minute { at, consumed, admitted, throttled, would_refuse } = m;
+            out.push(format!("{},{quoted},{consumed},{admitted},{throttled},{would_refuse}", utc(*at)));
         }
     }
-    Ok(())
+    out.join("\n")
 }
 
 #[cfg(test)]

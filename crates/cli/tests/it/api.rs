@@ -284,6 +284,27 @@ fn consumption_is_metered_by_the_minute_and_survives_a_restart() {
     assert!(text.contains("metered  consumed 50  admitted 25"), "{text}");
 }
 
+/// Checks `names` new groups (`churn-{round}-{i}`) over four connections at once: those refused.
+fn check_new_names(h: &str, round: usize, names: usize) -> Vec<(usize, u16, Value)> {
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let h = h.to_string();
+            std::thread::spawn(move || {
+                let mut refused = Vec::new();
+                for i in (w..names).step_by(4) {
+                    let body = format!(r#"{{"group":"churn-{round}-{i}"}}"#);
+                    let (code, _, v) = call(&h, "POST", "/v1/check", Some(&body));
+                    if code != 200 {
+                        refused.push((i, code, v));
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+}
+
 /// Tenant churn never starves a group in traffic. Past a thousand groups the client behind
 /// `/v1/check` (and Envoy's rate-limit service) reports them over several exchanges, and
 /// reports new ones alone as they come; before, one exchange carried every group, the server
@@ -320,23 +341,7 @@ fn tenant_churn_through_check_never_starves_a_steady_group() {
         })
     };
     for (round, names) in [(0, 1_500), (1, 20_000)] {
-        let workers: Vec<_> = (0..4)
-            .map(|w| {
-                let h = h.clone();
-                std::thread::spawn(move || {
-                    let mut refused = Vec::new();
-                    for i in (w..names).step_by(4) {
-                        let body = format!(r#"{{"group":"churn-{round}-{i}"}}"#);
-                        let (code, _, v) = call(&h, "POST", "/v1/check", Some(&body));
-                        if code != 200 {
-                            refused.push((i, code, v));
-                        }
-                    }
-                    refused
-                })
-            })
-            .collect();
-        let refused: Vec<_> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+        let refused = check_new_names(&h, round, names);
         assert!(
             refused.is_empty(),
             "{} of {names} new names refused: {:?}",
@@ -363,6 +368,41 @@ fn tenant_churn_through_check_never_starves_a_steady_group() {
     assert!(!log.contains("safe mode"), "the front end's client entered safe mode:\n{log}");
 }
 
+/// Every group's name, read two a page.
+fn group_names_two_a_page(h: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut path = "/v1/groups?limit=2".to_string();
+    loop {
+        let (code, _, v) = call(h, "GET", &path, None);
+        assert_eq!(code, 200, "{v}");
+        let page = v["groups"].as_array().unwrap();
+        assert!(page.len() <= 2, "{v}");
+        seen.extend(page.iter().map(|g| g["name"].as_str().unwrap().to_string()));
+        match v["next_page_token"].as_str() {
+            Some(t) => path = format!("/v1/groups?limit=2&page_token={t}"),
+            None => return seen,
+        }
+    }
+}
+
+/// A 405 says which methods the path takes, in the header and in the sentence.
+fn methods_not_taken_are_named(h: &str) {
+    for (method, path, allow) in [
+        ("DELETE", "/v1/node", "GET,HEAD,PATCH"),
+        ("DELETE", "/v1/check", "POST"),
+        ("PUT", "/metrics", "GET,HEAD"),
+        ("POST", "/v1/groups/acme", "GET,HEAD,PUT,PATCH,DELETE"),
+    ] {
+        let (code, head, v) = call(h, method, path, None);
+        assert_eq!((code, v["field"].as_str()), (405, Some("method")), "{v}");
+        assert!(
+            head.lines().any(|l| l.trim() == format!("allow: {}", allow.to_lowercase())),
+            "{method} {path}: {head}"
+        );
+        assert_eq!(v["detail"], format!("{path} does not take {method}; it takes {allow}"), "{v}");
+    }
+}
+
 /// Conventions a generated client relies on: lists page with an opaque token, errors are
 /// problem details (404 and 405 too), checks carry the IETF rate-limit headers, and the
 /// document asks for a token only when the server does.
@@ -374,20 +414,7 @@ fn pages_problems_rate_limit_headers_and_security() {
         let (code, _, v) = call(h, "PUT", &format!("/v1/groups/page-{i}"), Some(r#"{"limit":100}"#));
         assert_eq!(code, 201, "{v}");
     }
-    let mut seen = Vec::new();
-    let mut path = "/v1/groups?limit=2".to_string();
-    loop {
-        let (code, _, v) = call(h, "GET", &path, None);
-        assert_eq!(code, 200, "{v}");
-        let page = v["groups"].as_array().unwrap();
-        assert!(page.len() <= 2, "{v}");
-        seen.extend(page.iter().map(|g| g["name"].as_str().unwrap().to_string()));
-        match v["next_page_token"].as_str() {
-            Some(t) => path = format!("/v1/groups?limit=2&page_token={t}"),
-            None => break,
-        }
-    }
-    assert_eq!(seen, (0..5).map(|i| format!("page-{i}")).collect::<Vec<_>>());
+    assert_eq!(group_names_two_a_page(h), (0..5).map(|i| format!("page-{i}")).collect::<Vec<_>>());
     for (query, field) in [
         ("limit=0", "limit"),
         ("limit=1001", "limit"),
@@ -405,21 +432,7 @@ fn pages_problems_rate_limit_headers_and_security() {
         (404, Some("about:blank"), Some("path")),
         "{v}"
     );
-    // A 405 says which methods the path takes, in the header and in the sentence.
-    for (method, path, allow) in [
-        ("DELETE", "/v1/node", "GET,HEAD,PATCH"),
-        ("DELETE", "/v1/check", "POST"),
-        ("PUT", "/metrics", "GET,HEAD"),
-        ("POST", "/v1/groups/acme", "GET,HEAD,PUT,PATCH,DELETE"),
-    ] {
-        let (code, head, v) = call(h, method, path, None);
-        assert_eq!((code, v["field"].as_str()), (405, Some("method")), "{v}");
-        assert!(
-            head.lines().any(|l| l.trim() == format!("allow: {}", allow.to_lowercase())),
-            "{method} {path}: {head}"
-        );
-        assert_eq!(v["detail"], format!("{path} does not take {method}; it takes {allow}"), "{v}");
-    }
+    methods_not_taken_are_named(h);
     // The rate-limit headers, admitted and refused.
     let (code, _, _) = call(h, "PUT", "/v1/groups/headers", Some(r#"{"limit":0.01,"burst":2}"#));
     assert_eq!(code, 201);

@@ -505,6 +505,24 @@ async fn after_a_shard_owners_kill_a_client_holding_nothing_waits_and_grants_nev
     );
 }
 
+/// Asks for a unit of `g` every 2 ms until `stop`.
+async fn ask_every_2ms(
+    gate: tollgate_limiter::Tollgate,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(2));
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        ticks.tick().await;
+        drop(gate.try_acquire("g", 1.0));
+    }
+}
+
+/// A remote client named `id` of the controllers at `at`.
+fn remote_as(id: &str, at: &str) -> tollgate_limiter::Tollgate {
+    let opts = tollgate_limiter::RemoteOptions { client_id: Some(id.into()), ..Default::default() };
+    tollgate_limiter::Tollgate::remote(at, opts).unwrap()
+}
+
 /// Three controllers (with `more`); two clients hold grants of a group of 300 through one
 /// that survives; the controller `victim` picks (once it can) is killed, and a client that
 /// holds nothing starts at once. Until it is served, the holders' live grants stay within
@@ -516,7 +534,7 @@ async fn a_newcomer_after_a_kill(
     victim: impl Fn(&str, &[String], &[String]) -> Option<usize>,
 ) -> (f64, Duration) {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::AtomicBool;
     const LIMIT: f64 = 300.0;
     let etcd = Etcd::start(name);
     let mut flags = vec!["--flush-ms", "1000", "--election-lease-s", "1"];
@@ -535,17 +553,7 @@ async fn a_newcomer_after_a_kill(
     let survivors: Vec<String> = (0..3).filter(|&i| i != killed).map(|i| urls[i].clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
-    let asking = |gate: tollgate_limiter::Tollgate, stop: Arc<AtomicBool>| async move {
-        let mut ticks = tokio::time::interval(Duration::from_millis(2));
-        while !stop.load(Ordering::Relaxed) {
-            ticks.tick().await;
-            drop(gate.try_acquire("g", 1.0));
-        }
-    };
-    let remote = |id: &str, at: &str| {
-        let opts = tollgate_limiter::RemoteOptions { client_id: Some(id.into()), ..Default::default() };
-        tollgate_limiter::Tollgate::remote(at, opts).unwrap()
-    };
+    let (asking, remote) = (ask_every_2ms, remote_as);
     // Two clients through a controller that survives, each asking 500 units/s.
     let holders = [remote("holder-a", &survivors[0]), remote("holder-b", &survivors[0])];
     for h in &holders {
@@ -950,6 +958,29 @@ async fn a_follower_passes_exchanges_on_without_a_gap_for_longer_than_an_etcd_ca
     assert!(passed >= Some(80.0 - refused.len() as f64), "{passed:?}");
 }
 
+/// Checks `shared` through each controller in turn, 50 times a second of each, for three
+/// seconds: the checks admitted and refused, and the seconds they took.
+async fn check_both_for_three_seconds(https: &[String; 2]) -> (u32, u32, f64) {
+    let clock = tollgate_limiter::clock::MonotonicClock::new();
+    let from = tollgate_model::time::Clock::now(&clock);
+    let (mut admitted, mut refused) = (0u32, 0u32);
+    let mut n = 0;
+    // Three seconds of asking, 50 checks a second of each controller (a load that leaves the
+    // machine to the other tests): what the rate adds then tells one limit from two.
+    while tollgate_model::time::Clock::now(&clock).since(from) < Duration::from_secs(3) {
+        n += 1;
+        match check(&https[n % 2], "shared") {
+            200 => admitted += 1,
+            429 => refused += 1,
+            other => panic!("a check answered {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let secs = tollgate_model::time::Clock::now(&clock).since(from).as_secs_f64();
+    println!("two controllers, {n} checks in {secs:.2} s: {admitted} admitted, {refused} refused");
+    (admitted, refused, secs)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_answers_checks_and_envoy_from_a_lease_on_the_leader() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -996,23 +1027,7 @@ async fn a_follower_answers_checks_and_envoy_from_a_lease_on_the_leader() {
 
     // One limit across both: asked as fast as they answer, the two admit what the group's
     // rate and burst allow together, not each of them that much.
-    let clock = tollgate_limiter::clock::MonotonicClock::new();
-    let from = tollgate_model::time::Clock::now(&clock);
-    let (mut admitted, mut refused) = (0u32, 0u32);
-    let mut n = 0;
-    // Three seconds of asking, 50 checks a second of each controller (a load that leaves the
-    // machine to the other tests): what the rate adds then tells one limit from two.
-    while tollgate_model::time::Clock::now(&clock).since(from) < Duration::from_secs(3) {
-        n += 1;
-        match check(&https[n % 2], "shared") {
-            200 => admitted += 1,
-            429 => refused += 1,
-            other => panic!("a check answered {other}"),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let secs = tollgate_model::time::Clock::now(&clock).since(from).as_secs_f64();
-    println!("two controllers, {n} checks in {secs:.2} s: {admitted} admitted, {refused} refused");
+    let (admitted, refused, secs) = check_both_for_three_seconds(&https).await;
     // Each front end may hold its share of the burst and of the rate; two controllers each
     // granting the whole group would admit twice the burst and twice the rate.
     let bound = 20.0 + 20.0 * secs + 20.0;
@@ -1165,6 +1180,18 @@ async fn over_tls_every_controller_answers_envoy_trusting_the_peer_authority() {
     drop(started);
 }
 
+/// Both regions cut off are in safe mode, and east says which region it serves, and that its
+/// shares decay.
+fn regions_say_their_shares_decay(east_url: &str, east_http: &str, west_http: &str) {
+    for h in [east_http, west_http] {
+        assert_eq!(common::try_metric(h, "tollgate_region_upstream_safe_mode"), Some(1.0), "{h}");
+    }
+    let east = status(east_http).unwrap();
+    assert_eq!((&east["region"], &east["upstream_safe_mode"]), (&"east".into(), &true.into()), "{east}");
+    let shown = output(east_url, &["status"]);
+    assert!(shown.contains("region: east, its shares decaying"), "{shown}");
+}
+
 /// Two regions under one global tier: each region's controller serves its own clients from a
 /// share leased from the global leader by the region's demand, and together they hold the
 /// global limit. A region cut off from the global tier keeps granting its last share for a
@@ -1191,11 +1218,7 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
     let mut tasks = Vec::new();
     for (r, url) in [&east_url, &west_url].into_iter().enumerate() {
         for i in 0..2 {
-            let opts = tollgate_limiter::RemoteOptions {
-                client_id: Some(format!("r{r}-c{i}")),
-                ..Default::default()
-            };
-            let gate = tollgate_limiter::Tollgate::remote(url, opts).unwrap();
+            let gate = remote_as(&format!("r{r}-c{i}"), url);
             tasks.push(paced(gate, "shared", admitted[r].clone(), stop.clone()));
         }
     }
@@ -1234,14 +1257,7 @@ async fn two_regions_hold_one_global_limit_and_a_region_cut_off_decays_its_share
     assert!(seconds.iter().all(|&s| s <= 215.0), "over the limit once cut off: {seconds:?}");
     assert!(seconds[0] > 100.0, "the last shares serve at first: {seconds:?}");
     assert!(seconds[seconds.len() - 1] < 0.6 * 200.0, "decayed: {seconds:?}");
-    for h in [&east_http, &west_http] {
-        assert_eq!(common::try_metric(h, "tollgate_region_upstream_safe_mode"), Some(1.0), "{h}");
-    }
-    // Each says which region it serves, and that its shares decay.
-    let east = status(&east_http).unwrap();
-    assert_eq!((&east["region"], &east["upstream_safe_mode"]), (&"east".into(), &true.into()), "{east}");
-    let shown = output(&east_url, &["status"]);
-    assert!(shown.contains("region: east, its shares decaying"), "{shown}");
+    regions_say_their_shares_decay(&east_url, &east_http, &west_http);
     stop_all(&stop, tasks).await;
 }
 
@@ -1580,6 +1596,16 @@ async fn a_new_leader_counts_on_from_the_consumption_the_last_one_wrote() {
     eventually("the new leader counted 150", || consumed(&b_http) == Some(150.0));
 }
 
+/// Each group's ramp as the controller at `http` shows it.
+fn ramp_pools(http: &str) -> std::collections::HashMap<String, f64> {
+    status(http)
+        .map(|s| s["groups"].as_array().cloned().unwrap_or_default())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|g| Some((g["name"].as_str()?.to_string(), g["ramp_pool"].as_f64()?)))
+        .collect()
+}
+
 /// With the groups sharded, each controller writes its own groups' resumable ramps and leaves
 /// the others' as they are, so every group's ramp stays stored however the two controllers'
 /// writes fall; and a ramp under way moves with its shard: the controller given a group
@@ -1616,14 +1642,7 @@ async fn a_shard_that_moves_takes_its_groups_ramps_with_it() {
             }
         })
     };
-    let pools = |http: &str| -> std::collections::HashMap<String, f64> {
-        status(http)
-            .map(|s| s["groups"].as_array().cloned().unwrap_or_default())
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|g| Some((g["name"].as_str()?.to_string(), g["ramp_pool"].as_f64()?)))
-            .collect()
-    };
+    let pools = ramp_pools;
     eventually("every ramp past 100 on its owner", || {
         let (on_a, on_b) = (pools(&a_http), pools(&b_http));
         groups.iter().all(|g| on_a.get(g).or(on_b.get(g)).is_some_and(|&v| v >= 100.0))

@@ -48,6 +48,11 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     panic!("never happened: {what}");
 }
 
+/// Runs `tollgate ARGS` against the server at `url`.
+fn tollgate(url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_take_group_settings_pushed_on_every_change_and_pulled_when_stale() {
     let (_server, url) = start_server("backend-settings");
@@ -58,26 +63,9 @@ async fn backends_take_group_settings_pushed_on_every_change_and_pulled_when_sta
     // 50 ms, so it sees changes only by finding its version stale.
     let pushed = Scheduler::new(&Config::default(), SchedulerOptions::default());
     let pulled = Scheduler::new(&Config::default(), SchedulerOptions::default());
-    let _p = pushed
-        .follow(
-            &url,
-            FollowOptions {
-                check_interval: Duration::from_secs(3600),
-                push: true,
-                ..FollowOptions::default()
-            },
-        )
-        .unwrap();
-    let _q = pulled
-        .follow(
-            &url,
-            FollowOptions {
-                check_interval: Duration::from_millis(50),
-                push: false,
-                ..FollowOptions::default()
-            },
-        )
-        .unwrap();
+    let every = |check_interval, push| FollowOptions { check_interval, push, ..FollowOptions::default() };
+    let _p = pushed.follow(&url, every(Duration::from_secs(3600), true)).unwrap();
+    let _q = pulled.follow(&url, every(Duration::from_millis(50), false)).unwrap();
     // Both start with none, and pull them at once.
     for s in [&pushed, &pulled] {
         eventually("the first settings", || s.settings_version() != 0).await;
@@ -107,24 +95,12 @@ async fn backends_take_group_settings_pushed_on_every_change_and_pulled_when_sta
     eventually("one version", || pushed.settings_version() == pulled.settings_version()).await;
 
     // Bad input is refused with the field and the rule, and nothing changes.
-    let out = std::process::Command::new(common::BIN)
-        .args(["group", "alter", "capped", "--backend-limit", "0"])
-        .env("TOLLGATE_SERVER", &url)
-        .output()
-        .unwrap();
+    let out = tollgate(&url, &["group", "alter", "capped", "--backend-limit", "0"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("backend_limit: must be a finite number above 0"), "{err}");
-    let out = std::process::Command::new(common::BIN)
-        .args(["group", "alter", "capped", "--backend-limit", "5", "--no-backend-limit"])
-        .env("TOLLGATE_SERVER", &url)
-        .output()
-        .unwrap();
+    let out = tollgate(&url, &["group", "alter", "capped", "--backend-limit", "5", "--no-backend-limit"]);
     assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = std::process::Command::new(common::BIN)
-        .args(["group", "show", "capped"])
-        .env("TOLLGATE_SERVER", &url)
-        .output()
-        .unwrap();
+    let out = tollgate(&url, &["group", "show", "capped"]);
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(!shown.contains("on each backend"), "{shown}");
 }
@@ -298,36 +274,24 @@ async fn the_controller_shows_each_backend_and_each_client() {
     assert!(text.contains("CLIENT") && text.contains("diag-client"), "{text}");
 }
 
-/// A fleet of 20 clients shares a limit of 1,000. Each restarts (a new process under the same
-/// id numbers its exchanges from 1 again), all together and then one by one: the server
-/// releases the dead incarnation's grant at its successor's first exchange, so the fleet's
-/// grants are back at the limit at once, not at half of it until the dead grants' lease runs
-/// out (10 s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let (_server, url) = start_server("remote-fleet-restart");
-    admin(&url, &["group", "create", "fleet", "--limit", "1000"]);
-    // Each member is a process of its own as far as the server can tell: its own runtime on
-    // its own thread, which a restart ends (as a kill ends a process: no exchange after it)
-    // before the successor starts.
-    struct Member {
-        gate: Tollgate,
-        g: tollgate_limiter::GroupHandle,
-        stop: Arc<AtomicBool>,
-        thread: Option<std::thread::JoinHandle<()>>,
-    }
-    impl Drop for Member {
-        fn drop(&mut self) {
-            self.stop.store(true, Ordering::Relaxed);
-        }
-    }
-    // Each member asks for about 2,000 units a second: more than its share.
-    let join = |i: usize| {
+/// A member of a client fleet: a process of its own as far as the server can tell (its own
+/// runtime on its own thread, which a restart ends, as a kill ends a process: no exchange
+/// after it, before the successor starts).
+struct Member {
+    gate: Tollgate,
+    g: tollgate_limiter::GroupHandle,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Member {
+    /// Member `i` of the fleet asking for `fleet` at `url`, about 2,000 units a second: more
+    /// than its share.
+    fn join(url: &str, i: usize) -> Member {
+        use std::sync::atomic::Ordering;
         let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (url, stopped) = (url.clone(), stop.clone());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (url, stopped) = (url.to_string(), stop.clone());
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async move {
@@ -345,11 +309,32 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
         });
         let (gate, g) = rx.recv().unwrap();
         Member { gate, g, stop, thread: Some(thread) }
-    };
-    let restart = |m: &mut Member| {
-        m.stop.store(true, Ordering::Relaxed);
-        m.thread.take().unwrap().join().unwrap();
-    };
+    }
+
+    /// Ends the member's process.
+    fn restart(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap();
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A fleet of 20 clients shares a limit of 1,000. Each restarts (a new process under the same
+/// id numbers its exchanges from 1 again), all together and then one by one: the server
+/// releases the dead incarnation's grant at its successor's first exchange, so the fleet's
+/// grants are back at the limit at once, not at half of it until the dead grants' lease runs
+/// out (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
+    let (_server, url) = start_server("remote-fleet-restart");
+    admin(&url, &["group", "create", "fleet", "--limit", "1000"]);
+    let join = |i: usize| Member::join(&url, i);
+    let restart = Member::restart;
     let total = |fleet: &[Member]| fleet.iter().map(|m| m.g.stats().allowance).sum::<f64>();
     let mut fleet: Vec<Member> = (0..20).map(join).collect();
     eventually("the fleet holds its limit, shared", || {
@@ -386,6 +371,16 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
     }
 }
 
+/// `tollgate status --json` of the server at `url`.
+fn status_json(url: &str) -> serde_json::Value {
+    let out = std::process::Command::new(common::BIN)
+        .args(["status", "--json"])
+        .env("TOLLGATE_SERVER", url)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Regression: while one tenant asked for the whole node capacity, a new tenant's first
 /// requests were refused through `/v1/check` and the rate-limit service until the next tick
 /// (1-2 s: up to 71 and 181 of 400). Now, with a remote client asking for everything in a
@@ -419,14 +414,7 @@ async fn new_tenants_are_admitted_at_once_while_another_asks_for_the_whole_capac
         })
     };
     // Until a tick has given the hog the whole capacity.
-    let status = || {
-        let out = std::process::Command::new(common::BIN)
-            .args(["status", "--json"])
-            .env("TOLLGATE_SERVER", &url)
-            .output()
-            .unwrap();
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let status = || status_json(&url);
     let mut taken = false;
     for _ in 0..600 {
         let s = status();
@@ -441,20 +429,9 @@ async fn new_tenants_are_admitted_at_once_while_another_asks_for_the_whole_capac
     let bench = {
         let url = url.clone();
         move || {
-            std::process::Command::new(common::BIN)
-                .args([
-                    "bench",
-                    "first-answer",
-                    "--server-http",
-                    &http,
-                    "--groups",
-                    "400",
-                    "--prefix",
-                    "hog-run",
-                ])
-                .env("TOLLGATE_SERVER", &url)
-                .output()
-                .unwrap()
+            let args =
+                ["bench", "first-answer", "--server-http", &http, "--groups", "400", "--prefix", "hog-run"];
+            std::process::Command::new(common::BIN).args(args).env("TOLLGATE_SERVER", &url).output().unwrap()
         }
     };
     let out = tokio::task::spawn_blocking(bench).await.unwrap();

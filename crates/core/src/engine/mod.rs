@@ -902,6 +902,25 @@ pub struct Engine {
     trace: Option<trace::TraceBuffer>,
 }
 
+/// The grant of a group without a rate (the engine does not throttle, or the group is not
+/// limited): its settings as a grant carries them, with no rate, in-flight quota or allotment.
+fn unlimited_grant(engine: &EngineSettings, settings: Option<&GroupSettings>, clients: usize) -> Grant {
+    Grant {
+        rate: f64::INFINITY,
+        burst: f64::INFINITY,
+        lease: engine.lease,
+        reserved: settings.map_or(0.0, GroupSettings::reserved),
+        clients: (clients as u32).max(1),
+        dropped: settings.map(GroupSettings::dropped).unwrap_or_default(),
+        debt_repay: settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay),
+        trickle: engine.trickle,
+        shadow: engine.shadow || settings.is_some_and(GroupSettings::shadow),
+        critical_reserve: settings.map_or(0.0, GroupSettings::critical_reserve),
+        in_flight: None,
+        quota: None,
+    }
+}
+
 impl Engine {
     /// Turns the trace of every rate computation on or off (off drops what was not taken).
     pub fn set_tracing(&mut self, on: bool) {
@@ -1186,20 +1205,7 @@ impl Engine {
             self.metering.dirty.push(key.clone());
         }
         let settings = g.settings.as_deref();
-        let unlimited = Grant {
-            rate: f64::INFINITY,
-            burst: f64::INFINITY,
-            lease: self.settings.lease,
-            reserved: settings.map_or(0.0, GroupSettings::reserved),
-            clients: (g.clients.len() as u32).max(1),
-            dropped: settings.map(GroupSettings::dropped).unwrap_or_default(),
-            debt_repay: settings.map_or(crate::settings::DEBT_REPAY_DEFAULT, GroupSettings::debt_repay),
-            trickle: self.settings.trickle,
-            shadow: self.settings.shadow || settings.is_some_and(GroupSettings::shadow),
-            critical_reserve: settings.map_or(0.0, GroupSettings::critical_reserve),
-            in_flight: None,
-            quota: None,
-        };
+        let unlimited = unlimited_grant(&self.settings, settings, g.clients.len());
         if !self.settings.throttling {
             return (unlimited, place);
         }

@@ -530,13 +530,7 @@ impl Engine {
             let share = run.shares.as_ref().map(|s| s[i]);
             let (avg_cost, throttled) = g.fold_rates(run.now, run.elapsed, run.keep, tick);
             // Saturation's limiting rate once its backend's pool is shared (`super::fair`).
-            let limiting = match run.fair.get(run.fair_next) {
-                Some(&(r, fair)) if r as usize == i => {
-                    run.fair_next += 1;
-                    OrNan::new(fair)
-                }
-                _ => row.limiting,
-            };
+            let limiting = run.limiting(i, row.limiting);
             let target = target(row.reserved, row.cap, limiting.get(), share);
             let saturation = limiting.get().filter(|_| !row.at_headroom);
             let busy = saturation.is_some_and(|l| l < row.cap);
@@ -570,11 +564,7 @@ impl Engine {
                 }
             }
             g.had_clients = clients > 0;
-            let totals = &mut run.totals;
-            totals.admitted += f64::from(g.admitted_last_tick);
-            totals.throttled += f64::from(throttled);
-            totals.demand += row.demand;
-            totals.clients += clients as u64;
+            run.count(g.admitted_last_tick, throttled, row.demand, clients);
             g.outcome = Some(GroupOutcome {
                 target: OrNan::new(target),
                 limiting,
@@ -721,6 +711,27 @@ impl TickRun {
         self.sharing = false;
         self.applying = true;
         self.next = 0;
+    }
+
+    /// Row `i`'s limiting rate: its pool's fair share where saturation's pools were shared
+    /// (rows come in order), else what the row found.
+    fn limiting(&mut self, i: usize, found: OrNan) -> OrNan {
+        match self.fair.get(self.fair_next) {
+            Some(&(r, fair)) if r as usize == i => {
+                self.fair_next += 1;
+                OrNan::new(fair)
+            }
+            _ => found,
+        }
+    }
+
+    /// Adds a group's last tick to the node's totals.
+    fn count(&mut self, admitted: f32, throttled: f32, demand: f64, clients: usize) {
+        let totals = &mut self.totals;
+        totals.admitted += f64::from(admitted);
+        totals.throttled += f64::from(throttled);
+        totals.demand += demand;
+        totals.clients += clients as u64;
     }
 }
 
