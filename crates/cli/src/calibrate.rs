@@ -47,6 +47,48 @@ pub struct Data {
     observed: String,
 }
 
+/// The header's columns: each term's column and its index in `TERMS`, and the observed
+/// column; or why the header cannot be fitted, naming the column.
+fn columns(
+    names: &[&str],
+    observed: &str,
+    header_line: usize,
+) -> anyhow::Result<(Vec<(usize, usize)>, usize)> {
+    let mut terms = Vec::new();
+    let mut y_at = None;
+    for (i, name) in names.iter().enumerate() {
+        if names[..i].contains(name) {
+            bail!("line {header_line}: column {name:?} appears twice");
+        }
+        if *name == observed {
+            y_at = Some(i);
+        } else if let Some(t) = TERMS.iter().position(|t| t.column == *name) {
+            terms.push((i, t));
+        } else {
+            let known: Vec<&str> = TERMS.iter().map(|t| t.column).collect();
+            bail!(
+                "line {header_line}: column {name:?} is not one the model knows ({}) nor the observed column {observed:?} (--observed)",
+                known.join(", ")
+            );
+        }
+    }
+    let Some(y_at) = y_at else {
+        bail!(
+            "line {header_line}: no column {observed:?} holds the observed resource use (name it with --observed)"
+        )
+    };
+    if terms.is_empty() {
+        bail!(
+            "line {header_line}: no column to fit: give at least one of requests, reads, writes, read_bytes, write_bytes, cpu_ms"
+        );
+    }
+    let has = |c: &str| terms.iter().any(|&(_, t)| TERMS[t].column == c);
+    if has("requests") && (has("reads") || has("writes")) {
+        bail!("line {header_line}: give requests, or reads and writes, not both");
+    }
+    Ok((terms, y_at))
+}
+
 /// Reads CSV text: a header naming the columns, then one row of numbers per record, as a
 /// spreadsheet exports it (quoted fields, CRLF line ends, a UTF-8 byte-order mark). `#`
 /// starts a comment line; blank lines are skipped. Columns the model does not know are
@@ -81,38 +123,7 @@ pub fn parse(text: &str, observed: &str) -> anyhow::Result<Data> {
     let header = record(header)?;
     let header_line = line_of(&header);
     let names: Vec<&str> = header.iter().collect();
-    let mut terms = Vec::new();
-    let mut y_at = None;
-    for (i, name) in names.iter().enumerate() {
-        if names[..i].contains(name) {
-            bail!("line {header_line}: column {name:?} appears twice");
-        }
-        if *name == observed {
-            y_at = Some(i);
-        } else if let Some(t) = TERMS.iter().position(|t| t.column == *name) {
-            terms.push((i, t));
-        } else {
-            let known: Vec<&str> = TERMS.iter().map(|t| t.column).collect();
-            bail!(
-                "line {header_line}: column {name:?} is not one the model knows ({}) nor the observed column {observed:?} (--observed)",
-                known.join(", ")
-            );
-        }
-    }
-    let Some(y_at) = y_at else {
-        bail!(
-            "line {header_line}: no column {observed:?} holds the observed resource use (name it with --observed)"
-        )
-    };
-    if terms.is_empty() {
-        bail!(
-            "line {header_line}: no column to fit: give at least one of requests, reads, writes, read_bytes, write_bytes, cpu_ms"
-        );
-    }
-    let has = |c: &str| terms.iter().any(|&(_, t)| TERMS[t].column == c);
-    if has("requests") && (has("reads") || has("writes")) {
-        bail!("line {header_line}: give requests, or reads and writes, not both");
-    }
+    let (terms, y_at) = columns(&names, observed, header_line)?;
     let mut data = Data {
         terms: terms.iter().map(|&(_, t)| t).collect(),
         x: Vec::new(),
@@ -168,6 +179,43 @@ pub struct Fit {
     pub rows: usize,
 }
 
+/// Householder's reflection of column `k` of the `n` × `p` matrix `a` (whose norm below the
+/// diagonal is `norm`), applied to `a`'s columns from `k` on and to `b`.
+fn reflect(a: &mut [f64], b: &mut [f64], (n, p): (usize, usize), k: usize, norm: f64) {
+    let alpha = if a[k * p + k] > 0.0 { -norm } else { norm };
+    let mut v: Vec<f64> = (k..n).map(|i| a[i * p + k]).collect();
+    v[0] -= alpha;
+    let vv: f64 = v.iter().map(|x| x * x).sum();
+    if vv <= 0.0 {
+        return;
+    }
+    for j in k..p {
+        let dot: f64 = (k..n).map(|i| v[i - k] * a[i * p + j]).sum();
+        let f = 2.0 * dot / vv;
+        for i in k..n {
+            a[i * p + j] -= f * v[i - k];
+        }
+    }
+    let dot: f64 = (k..n).map(|i| v[i - k] * b[i]).sum();
+    let f = 2.0 * dot / vv;
+    for i in k..n {
+        b[i] -= f * v[i - k];
+    }
+}
+
+/// The inverse of the upper triangle R in the first `p` rows of `a` (`p` columns a row).
+fn r_inverse(a: &[f64], p: usize) -> Vec<f64> {
+    let mut rinv = vec![0.0; p * p];
+    for c in 0..p {
+        for k in (0..=c).rev() {
+            let e = if k == c { 1.0 } else { 0.0 };
+            let s: f64 = (k + 1..=c).map(|j| a[k * p + j] * rinv[j * p + c]).sum();
+            rinv[k * p + c] = (e - s) / a[k * p + k];
+        }
+    }
+    rinv
+}
+
 /// Least squares on the columns `cols` of `data`: coefficients and standard errors, or why
 /// the data cannot give them.
 fn least_squares(data: &Data, cols: &[usize]) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
@@ -204,24 +252,7 @@ fn least_squares(data: &Data, cols: &[usize]) -> anyhow::Result<(Vec<f64>, Vec<f
                 others.join(" and ")
             );
         }
-        let alpha = if a[k * p + k] > 0.0 { -norm } else { norm };
-        let mut v: Vec<f64> = (k..n).map(|i| a[i * p + k]).collect();
-        v[0] -= alpha;
-        let vv: f64 = v.iter().map(|x| x * x).sum();
-        if vv > 0.0 {
-            for j in k..p {
-                let dot: f64 = (k..n).map(|i| v[i - k] * a[i * p + j]).sum();
-                let f = 2.0 * dot / vv;
-                for i in k..n {
-                    a[i * p + j] -= f * v[i - k];
-                }
-            }
-            let dot: f64 = (k..n).map(|i| v[i - k] * b[i]).sum();
-            let f = 2.0 * dot / vv;
-            for i in k..n {
-                b[i] -= f * v[i - k];
-            }
-        }
+        reflect(&mut a, &mut b, (n, p), k, norm);
         diag[k] = a[k * p + k];
     }
     let (largest, smallest) =
@@ -240,14 +271,7 @@ fn least_squares(data: &Data, cols: &[usize]) -> anyhow::Result<(Vec<f64>, Vec<f
         let s: f64 = (k + 1..p).map(|j| a[k * p + j] * coef[j]).sum();
         coef[k] = (b[k] - s) / a[k * p + k];
     }
-    let mut rinv = vec![0.0; p * p];
-    for c in 0..p {
-        for k in (0..=c).rev() {
-            let e = if k == c { 1.0 } else { 0.0 };
-            let s: f64 = (k + 1..=c).map(|j| a[k * p + j] * rinv[j * p + c]).sum();
-            rinv[k * p + c] = (e - s) / a[k * p + k];
-        }
-    }
+    let rinv = r_inverse(&a, p);
     let ssr: f64 = b[p..].iter().map(|r| r * r).sum();
     let sigma2 = ssr / (n - p) as f64;
     let mut se = vec![0.0; p];

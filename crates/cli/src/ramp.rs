@@ -56,7 +56,8 @@ pub struct RampArgs {
     chart: Option<PathBuf>,
 }
 
-pub fn run(a: RampArgs) -> anyhow::Result<()> {
+/// The ramp the flags describe, or every problem with them, each naming its flag.
+fn settings(a: &RampArgs) -> anyhow::Result<RampSettings> {
     let mut problems = Vec::new();
     // Negative or NaN durations cannot even be represented: report them here; zero is one of
     // the settings' own rules.
@@ -98,8 +99,13 @@ pub fn run(a: RampArgs) -> anyhow::Result<()> {
     if !problems.is_empty() {
         bail!("{}", problems.join("; "));
     }
+    Ok(settings)
+}
+
+/// The tokens used per epoch: `None` for an epoch without a call.
+fn usage(list: &str) -> anyhow::Result<Vec<Option<f64>>> {
     let mut usage = Vec::new();
-    for (i, item) in a.usage.split(',').enumerate() {
+    for (i, item) in list.split(',').enumerate() {
         let item = item.trim();
         usage.push(match item {
             "-" => None,
@@ -108,6 +114,12 @@ pub fn run(a: RampArgs) -> anyhow::Result<()> {
             })?),
         });
     }
+    Ok(usage)
+}
+
+pub fn run(a: RampArgs) -> anyhow::Result<()> {
+    let settings = settings(&a)?;
+    let usage = usage(&a.usage)?;
     let mut ramp = Ramp::new(settings, None);
     let (mut xs, mut pools, mut used) = (Vec::new(), Vec::new(), Vec::new());
     for (epoch, u) in usage.iter().enumerate() {

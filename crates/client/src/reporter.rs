@@ -80,6 +80,33 @@ pub struct BackendReporter {
     _stop: Arc<tokio::sync::watch::Sender<()>>,
 }
 
+/// The report of an interval: the groups served at least the threshold's rate, busiest
+/// first, and the backend's health (its utilisation when its capacity is given).
+fn report(
+    rates: &HashMap<String, f64>,
+    opts: &ReporterOptions,
+    health: &impl Fn() -> BackendHealth,
+) -> v1::BackendReport {
+    let mut loads: Vec<(String, f64)> = rates.iter().map(|(g, r)| (g.clone(), *r)).collect();
+    let total: f64 = loads.iter().map(|l| l.1).sum();
+    loads.retain(|(_, r)| *r >= opts.threshold);
+    loads.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    loads.truncate(opts.top_k.min(tollgate_proto::REPORT_GROUPS_MAX));
+    let health = match opts.capacity {
+        Some(c) => BackendHealth::Utilisation(total / c),
+        None => health(),
+    };
+    v1::BackendReport {
+        backend_id: opts.backend_id.clone(),
+        zone: opts.zone.clone(),
+        health: Some(match health {
+            BackendHealth::QueueBytes(q) => v1::backend_report::Health::QueueBytes(q),
+            BackendHealth::Utilisation(u) => v1::backend_report::Health::Utilisation(u),
+        }),
+        loads: loads.into_iter().map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s }).collect(),
+    }
+}
+
 impl BackendReporter {
     /// Starts reporting to the controller at `url` (several, comma-separated, for controllers
     /// sharing one etcd: reports go to the leader); `health` is asked once per report.
@@ -128,27 +155,7 @@ impl BackendReporter {
                     continue;
                 }
                 fold_window(&mut rates, &mut window, elapsed, folding);
-                let mut loads: Vec<(String, f64)> = rates.iter().map(|(g, r)| (g.clone(), *r)).collect();
-                let total: f64 = loads.iter().map(|l| l.1).sum();
-                loads.retain(|(_, r)| *r >= opts.threshold);
-                loads.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-                loads.truncate(opts.top_k.min(tollgate_proto::REPORT_GROUPS_MAX));
-                let health = match opts.capacity {
-                    Some(c) => BackendHealth::Utilisation(total / c),
-                    None => health(),
-                };
-                let report = v1::BackendReport {
-                    backend_id: opts.backend_id.clone(),
-                    zone: opts.zone.clone(),
-                    health: Some(match health {
-                        BackendHealth::QueueBytes(q) => v1::backend_report::Health::QueueBytes(q),
-                        BackendHealth::Utilisation(u) => v1::backend_report::Health::Utilisation(u),
-                    }),
-                    loads: loads
-                        .into_iter()
-                        .map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s })
-                        .collect(),
-                };
+                let report = report(&rates, &opts, &health);
                 // To any controller (a follower passes it on to the leader); one that fails is
                 // left for the next one given.
                 match tokio::time::timeout(opts.interval, controllers[current].1.report(report)).await {

@@ -536,6 +536,38 @@ fn enter_safe_mode(groups: &Groups, link: &StoreLink) {
     }
 }
 
+/// Agrees each group's pool size with the other clients (reporting this one's and taking the
+/// largest, or a conservative size while they disagree). `false` when Redis did not answer.
+async fn sync_sizes(
+    c: &mut MultiplexedConnection,
+    link: &StoreLink,
+    groups: &Groups,
+    stale_ms: &str,
+) -> bool {
+    for (name, _) in &link.groups {
+        let k = keys(&link.opts.namespace, name);
+        let report = link.sizes.lock().unwrap_or_else(PoisonError::into_inner).get(name).map_or(1, |s| s.1);
+        let mut invocation = SYNC_SCRIPT.key(&k.heartbeat);
+        invocation.key(&k.sizes).arg(&link.client_id).arg(report).arg(stale_ms);
+        let call = invocation.invoke_async::<(i64, u64, u64)>(c);
+        match tokio::time::timeout(Duration::from_secs(1), call).await {
+            Ok(Ok((agree, largest, live))) => {
+                let mut sizes = link.sizes.lock().unwrap_or_else(PoisonError::into_inner);
+                let entry = sizes.entry(name.clone()).or_insert((1, 1));
+                *entry = if agree == 1 {
+                    (largest.max(1), largest.max(1))
+                } else {
+                    // Conservative while the clients disagree; report what is live.
+                    (entry.0.max(largest).max(1), live.max(1))
+                };
+                set_size(groups, name, entry.0);
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
 async fn sync_loop(
     groups: Weak<Groups>,
     link: Arc<StoreLink>,
@@ -571,31 +603,7 @@ async fn sync_loop(
         }
         let mut ok = connection.is_some();
         if let Some(c) = &mut connection {
-            for (name, _) in &link.groups {
-                let k = keys(&link.opts.namespace, name);
-                let report =
-                    link.sizes.lock().unwrap_or_else(PoisonError::into_inner).get(name).map_or(1, |s| s.1);
-                let mut invocation = SYNC_SCRIPT.key(&k.heartbeat);
-                invocation.key(&k.sizes).arg(&link.client_id).arg(report).arg(&stale_ms);
-                let call = invocation.invoke_async::<(i64, u64, u64)>(c);
-                match tokio::time::timeout(Duration::from_secs(1), call).await {
-                    Ok(Ok((agree, largest, live))) => {
-                        let mut sizes = link.sizes.lock().unwrap_or_else(PoisonError::into_inner);
-                        let entry = sizes.entry(name.clone()).or_insert((1, 1));
-                        *entry = if agree == 1 {
-                            (largest.max(1), largest.max(1))
-                        } else {
-                            // Conservative while the clients disagree; report what is live.
-                            (entry.0.max(largest).max(1), live.max(1))
-                        };
-                        set_size(&groups, name, entry.0);
-                    }
-                    _ => {
-                        ok = false;
-                        break;
-                    }
-                }
-            }
+            ok = sync_sizes(c, &link, &groups, &stale_ms).await;
             if ok && !link.quotas.is_empty() {
                 ok = link.quotas.refill(c, |g| quota_prefix(&link.opts.namespace, g), &groups).await;
             }

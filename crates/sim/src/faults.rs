@@ -282,6 +282,30 @@ fn client_list(
     }
 }
 
+/// The indexes listed under `key` (`what`s below `count`), every one unless given.
+fn listed(
+    r: &mut Reader<'_>,
+    f: &mut Fields<'_, '_>,
+    key: &str,
+    (count, what): (usize, &str),
+) -> Option<Vec<usize>> {
+    match f.take(key) {
+        Some((p, v)) => client_list(r, &p, v, (count, what)),
+        None => Some((0..count).collect()),
+    }
+}
+
+/// A crash (5 s down unless given) or a failover (2 s).
+fn down(r: &mut Reader<'_>, mut f: Fields<'_, '_>, crash: bool) -> Option<FaultKind> {
+    let down = match f.take("down_s") {
+        Some((p, v)) => seconds(r, &p, v),
+        None => Some(Duration::from_secs(if crash { 5 } else { 2 })),
+    };
+    let down = down?;
+    r.finish(f, "down_s");
+    Some(if crash { FaultKind::Crash { down } } else { FaultKind::Failover { down } })
+}
+
 fn read_kind(
     r: &mut Reader<'_>,
     path: &str,
@@ -291,24 +315,9 @@ fn read_kind(
 ) -> Option<FaultKind> {
     let mut f = r.fields(path, v)?;
     let kind = match name {
-        "crash" | "failover" => {
-            let down = match f.take("down_s") {
-                Some((p, v)) => seconds(r, &p, v),
-                None => Some(Duration::from_secs(if name == "crash" { 5 } else { 2 })),
-            };
-            let down = down?;
-            r.finish(f, "down_s");
-            return Some(if name == "crash" {
-                FaultKind::Crash { down }
-            } else {
-                FaultKind::Failover { down }
-            });
-        }
+        "crash" | "failover" => return down(r, f, name == "crash"),
         "partition" => {
-            let c = match f.take("clients") {
-                Some((p, v)) => client_list(r, &p, v, (clients, "client")),
-                None => Some((0..clients).collect()),
-            };
+            let c = listed(r, &mut f, "clients", (clients, "client"));
             let d = duration_of(r, &mut f, path, v);
             r.finish(f, "clients, duration_s");
             FaultKind::Partition { clients: c?, duration: d? }
@@ -320,10 +329,7 @@ fn read_kind(
             FaultKind::Loss { p: p?, duration: d? }
         }
         "restart" => {
-            let c = match f.take("clients") {
-                Some((p, v)) => client_list(r, &p, v, (clients, "client")),
-                None => Some((0..clients).collect()),
-            };
+            let c = listed(r, &mut f, "clients", (clients, "client"));
             r.finish(f, "clients");
             FaultKind::Restart { clients: c? }
         }
@@ -344,10 +350,7 @@ fn read_kind(
                 return None;
             }
             // Regions are listed as clients are: indexes below the count.
-            let c = match f.take("regions") {
-                Some((p, rv)) => client_list(r, &p, rv, (regions, "region")),
-                None => Some((0..regions).collect()),
-            };
+            let c = listed(r, &mut f, "regions", (regions, "region"));
             let d = duration_of(r, &mut f, path, v);
             r.finish(f, "regions, duration_s");
             FaultKind::RegionCut { regions: c?, duration: d? }
@@ -359,10 +362,7 @@ fn read_kind(
             FaultKind::Delay { delay: ms?, duration: d? }
         }
         _ => {
-            let c = match f.take("clients") {
-                Some((p, v)) => client_list(r, &p, v, (clients, "client")),
-                None => Some((0..clients).collect()),
-            };
+            let c = listed(r, &mut f, "clients", (clients, "client"));
             let rate = drift_rate(r, &mut f, path, v);
             r.finish(f, "clients, rate");
             FaultKind::Drift { clients: c?, rate: rate? }

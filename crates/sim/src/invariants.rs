@@ -80,46 +80,8 @@ impl Checker {
     ) -> Result<(), Breach> {
         for (i, s) in seconds.into_iter().enumerate() {
             let group = &groups[i];
-            if let Some((granted, target)) = s.granted
-                && granted > target * (1.0 + 1e-9) + 1e-6
-            {
-                return Err(Breach {
-                    t,
-                    invariant: "grants",
-                    group: group.clone(),
-                    detail: format!("live grants {granted:.3} units/s above the target {target:.3}"),
-                });
-            }
-            if healed
-                && s.reserved > 0.0
-                && s.demand.is_some_and(|d| d >= s.reserved)
-                && s.admitted < 0.9 * s.reserved
-            {
-                return Err(Breach {
-                    t,
-                    invariant: "reservation",
-                    group: group.clone(),
-                    detail: format!(
-                        "admitted {:.3} units/s while asking {:.3}, reserved {:.3}",
-                        s.admitted,
-                        s.demand.unwrap_or(0.0),
-                        s.reserved
-                    ),
-                });
-            }
-            if let Some(l) = s.limit
-                && !s.unthrottled
-                && s.admitted > 2.0 * l * (1.0 + drift) + 1.0
-            {
-                return Err(Breach {
-                    t,
-                    invariant: "second",
-                    group: group.clone(),
-                    detail: format!(
-                        "admitted {:.1} units in one second with a limit of {l} units/s",
-                        s.admitted
-                    ),
-                });
+            if let Some((invariant, detail)) = breach_within(&s, healed, drift) {
+                return Err(Breach { t, invariant, group: group.clone(), detail });
             }
             let h = &mut self.history[i];
             h.push(s);
@@ -151,4 +113,32 @@ impl Checker {
         }
         Ok(())
     }
+}
+
+/// The invariant a group's second breaks on its own, and how: grants above the target, a
+/// reservation not met once healed, or more than twice the limit admitted.
+fn breach_within(s: &Second, healed: bool, drift: f64) -> Option<(&'static str, String)> {
+    if let Some((granted, target)) = s.granted
+        && granted > target * (1.0 + 1e-9) + 1e-6
+    {
+        return Some(("grants", format!("live grants {granted:.3} units/s above the target {target:.3}")));
+    }
+    if healed
+        && s.reserved > 0.0
+        && s.demand.is_some_and(|d| d >= s.reserved)
+        && s.admitted < 0.9 * s.reserved
+    {
+        let asked = s.demand.unwrap_or(0.0);
+        let detail =
+            format!("admitted {:.3} units/s while asking {asked:.3}, reserved {:.3}", s.admitted, s.reserved);
+        return Some(("reservation", detail));
+    }
+    if let Some(l) = s.limit
+        && !s.unthrottled
+        && s.admitted > 2.0 * l * (1.0 + drift) + 1.0
+    {
+        let detail = format!("admitted {:.1} units in one second with a limit of {l} units/s", s.admitted);
+        return Some(("second", detail));
+    }
+    None
 }

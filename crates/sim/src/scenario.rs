@@ -514,6 +514,55 @@ pub const REGIONS_MAX: usize = 64;
 /// The most controllers a scenario may shard its groups over.
 pub const CONTROLLERS_MAX: usize = 64;
 
+/// The controller's keys for saturation: the queue's target and spring, cost folding and the
+/// limiting law.
+fn saturation_keys(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, c: &mut ControllerSpec, v: &Value<'_>) {
+    if let Some((p, v)) = f.take("queue_target_bytes") {
+        c.queue_target_bytes = r.positive(&p, v).unwrap_or(c.queue_target_bytes);
+    }
+    if let Some((p, v)) = f.take("queue_spring_bytes") {
+        c.queue_spring_bytes = r.positive(&p, v).unwrap_or(c.queue_spring_bytes);
+    }
+    if let Some((p, v)) = f.take("cost_folding_s")
+        && let Some(s) = folding(r, &p, v)
+    {
+        c.cost_folding = Duration::from_secs_f64(s);
+    }
+    if let Some((p, v)) = f.take("limiting_law")
+        && let Some(name) = r.string(&p, v)
+    {
+        match LimitingLaw::from_name(name) {
+            Some(law) => c.limiting_law = law,
+            None => r.error(v.span(), p, format!("must be rate, quota or multiplicative, got {name:?}")),
+        }
+    }
+    if c.queue_spring_bytes > c.queue_target_bytes {
+        let rule = format!("must be at most queue_target_bytes ({})", c.queue_target_bytes);
+        r.error(v.span(), "controller.queue_spring_bytes", rule);
+    }
+}
+
+/// The controller's keys for the cluster: regions, controllers and shards.
+fn cluster_keys(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, c: &mut ControllerSpec, v: &Value<'_>) {
+    if let Some((p, v)) = f.take("regions") {
+        c.regions = r.integer(&p, v, 0, REGIONS_MAX as u64).unwrap_or(0) as usize;
+    }
+    if let Some((p, v)) = f.take("controllers") {
+        c.controllers = r.integer(&p, v, 1, CONTROLLERS_MAX as u64).unwrap_or(1) as usize;
+    }
+    if let Some((p, v)) = f.take("shards") {
+        let max = u64::from(tollgate_model::shard::MAX_SHARDS);
+        c.shards = r.integer(&p, v, 1, max).unwrap_or(64) as u16;
+    }
+    if c.controllers > 1 && c.regions > 0 {
+        r.error(
+            v.span(),
+            "controller.controllers",
+            "must be 1 with regions (a region's global tier is one controller here)",
+        );
+    }
+}
+
 fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     let mut c = ControllerSpec::default();
     let Some(mut f) = r.fields("controller", v) else { return c };
@@ -540,29 +589,7 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     {
         c.slow_start = b;
     }
-    if let Some((p, v)) = f.take("queue_target_bytes") {
-        c.queue_target_bytes = r.positive(&p, v).unwrap_or(c.queue_target_bytes);
-    }
-    if let Some((p, v)) = f.take("queue_spring_bytes") {
-        c.queue_spring_bytes = r.positive(&p, v).unwrap_or(c.queue_spring_bytes);
-    }
-    if let Some((p, v)) = f.take("cost_folding_s")
-        && let Some(s) = folding(r, &p, v)
-    {
-        c.cost_folding = Duration::from_secs_f64(s);
-    }
-    if let Some((p, v)) = f.take("limiting_law")
-        && let Some(name) = r.string(&p, v)
-    {
-        match LimitingLaw::from_name(name) {
-            Some(law) => c.limiting_law = law,
-            None => r.error(v.span(), p, format!("must be rate, quota or multiplicative, got {name:?}")),
-        }
-    }
-    if c.queue_spring_bytes > c.queue_target_bytes {
-        let rule = format!("must be at most queue_target_bytes ({})", c.queue_target_bytes);
-        r.error(v.span(), "controller.queue_spring_bytes", rule);
-    }
+    saturation_keys(r, &mut f, &mut c, v);
     if let Some((p, v)) = f.take("trickle_ms") {
         c.trickle = Duration::from_millis(r.integer(&p, v, 0, 60_000).unwrap_or(0));
     }
@@ -579,23 +606,7 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
             r.error(v.span(), p, format!("must be a multiple of 10 (the simulation's step), got {ms}"));
         }
     }
-    if let Some((p, v)) = f.take("regions") {
-        c.regions = r.integer(&p, v, 0, REGIONS_MAX as u64).unwrap_or(0) as usize;
-    }
-    if let Some((p, v)) = f.take("controllers") {
-        c.controllers = r.integer(&p, v, 1, CONTROLLERS_MAX as u64).unwrap_or(1) as usize;
-    }
-    if let Some((p, v)) = f.take("shards") {
-        let max = u64::from(tollgate_model::shard::MAX_SHARDS);
-        c.shards = r.integer(&p, v, 1, max).unwrap_or(64) as u16;
-    }
-    if c.controllers > 1 && c.regions > 0 {
-        r.error(
-            v.span(),
-            "controller.controllers",
-            "must be 1 with regions (a region's global tier is one controller here)",
-        );
-    }
+    cluster_keys(r, &mut f, &mut c, v);
     r.finish(
         f,
         "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms, report_ms, regions, controllers, shards",

@@ -437,7 +437,7 @@ fn the_hubs_grow_no_further() {
 const LONG: usize = 70;
 /// How many long functions there may be (tests included), at most: lowered as they are split,
 /// never raised. (The goal: under 30.)
-const LONG_MAX: usize = 54;
+const LONG_MAX: usize = 42;
 
 #[test]
 fn long_functions_are_few() {

@@ -515,6 +515,39 @@ async fn handshake(
     }
 }
 
+/// Where a new connection goes: a place of its own; else, once the registry made room by
+/// closing idle connections, a wait for one; else a health probe's reserved place. `None`
+/// when there is none.
+fn place(
+    permits: &Arc<Semaphore>,
+    waiters: &Arc<Semaphore>,
+    registry: &mut crate::front::conn::Registry,
+    reserve: Option<&Arc<Semaphore>>,
+) -> Option<Place> {
+    if let Ok(permit) = permits.clone().try_acquire_owned() {
+        return Some(Place::Taken(permit));
+    }
+    let made = registry.make_room(8);
+    if let Some(waiter) = (made > 0).then(|| waiters.clone().try_acquire_owned().ok()).flatten() {
+        return Some(Place::Waiting(waiter));
+    }
+    reserve.and_then(|r| r.clone().try_acquire_owned().ok()).map(Place::Health)
+}
+
+/// Logs a failed TLS handshake from `addr`: an operator should hear of refused clients, but of
+/// a flood of them only once in a while.
+fn log_failed_handshake(
+    failed: &Mutex<crate::front::conn::LogLimit>,
+    addr: std::net::SocketAddr,
+    why: &dyn std::fmt::Display,
+) {
+    if failed.lock().unwrap_or_else(PoisonError::into_inner).due() {
+        tracing::warn!(%addr, error = %why, "TLS handshake failed (such failures are logged at most every 10 s)");
+    } else {
+        tracing::debug!(%addr, error = %why, "TLS handshake failed");
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
@@ -541,46 +574,22 @@ async fn accept_loop(
                 continue;
             }
         };
-        let health = || reserve.as_ref().and_then(|r| r.clone().try_acquire_owned().ok());
-        let place = match permits.clone().try_acquire_owned() {
-            Ok(permit) => Place::Taken(permit),
-            Err(_) => {
-                let made = registry.make_room(8);
-                match (made > 0).then(|| waiters.clone().try_acquire_owned().ok()).flatten() {
-                    Some(waiter) => Place::Waiting(waiter),
-                    None => match health() {
-                        Some(kept) => Place::Health(kept),
-                        None => {
-                            // Closed at once: the clients already connected keep their service.
-                            drop(tcp);
-                            refused += 1;
-                            if log.due() {
-                                let max = limits.max_connections;
-                                tracing::warn!(
-                                    max,
-                                    refused,
-                                    "connection limit reached: closing new connections"
-                                );
-                            }
-                            continue;
-                        }
-                    },
-                }
+        let Some(place) = place(&permits, &waiters, &mut registry, reserve.as_ref()) else {
+            // Closed at once: the clients already connected keep their service.
+            drop(tcp);
+            refused += 1;
+            if log.due() {
+                let max = limits.max_connections;
+                tracing::warn!(max, refused, "connection limit reached: closing new connections");
             }
+            continue;
         };
         let activity = registry.add();
         let (permits, reserve) = (permits.clone(), reserve.clone());
         let _ = tcp.set_nodelay(true);
         let (tx, tls, failed, grpc_writes) =
             (tx.clone(), tls.clone(), failed_handshakes.clone(), grpc_writes.clone());
-        let complain = move |why: &dyn std::fmt::Display| {
-            // An operator should hear of refused clients, but a flood of them only once in a while.
-            if failed.lock().unwrap_or_else(PoisonError::into_inner).due() {
-                tracing::warn!(%addr, error = %why, "TLS handshake failed (such failures are logged at most every 10 s)");
-            } else {
-                tracing::debug!(%addr, error = %why, "TLS handshake failed");
-            }
-        };
+        let complain = move |why: &dyn std::fmt::Display| log_failed_handshake(&failed, addr, why);
         tokio::spawn(async move {
             let Some((permit, health_only)) = settle(place, permits, reserve).await else { return };
             let Some((io, cert_name)) = handshake(tcp, tls, complain).await else { return };

@@ -37,7 +37,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_limiter::{AcquireError, RemoteOptions, Tollgate};
+use tollgate_limiter::{AcquireError, GroupHandle, RemoteOptions, Tollgate};
 use tollgate_model::class::RequestClass;
 use tollgate_model::rls::{Decision, RuleSet};
 use tollgate_model::settings::{GroupName, check_group_name};
@@ -737,6 +737,32 @@ impl Rls {
         Ok(())
     }
 
+    /// A decided descriptor's status as envoy/ratelimit sends it: a refused descriptor has
+    /// nothing left; every descriptor with a limit says when it starts afresh.
+    fn status(
+        &self,
+        group: &GroupName,
+        handle: &GroupHandle,
+        code: Code,
+        until: Duration,
+    ) -> DescriptorStatus {
+        let limit = self.controller.admin().settings_for(group).and_then(|s| current_limit(&s));
+        let left = if code == Code::OverLimit { 0 } else { remaining(units_left(handle)) };
+        let refused_for = (code == Code::OverLimit).then_some(until);
+        DescriptorStatus {
+            code: code as i32,
+            current_limit: limit.map(|(l, unit, _)| RateLimit {
+                name: group.to_string(),
+                requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
+                unit: unit as i32,
+            }),
+            limit_remaining: left,
+            duration_until_reset: limit
+                .map(|(_, _, window)| seconds(until_reset(handle, window, refused_for))),
+            ..DescriptorStatus::default()
+        }
+    }
+
     /// One descriptor's answer: its status as envoy/ratelimit would send it, and the permit
     /// it took, if it was admitted.
     async fn answer(
@@ -805,24 +831,7 @@ impl Rls {
             }
             Ask::Lifted | Ask::NoLimit | Ask::Unlimited | Ask::Release(_) => unreachable!("answered above"),
         };
-        let limit = self.controller.admin().settings_for(group).and_then(|s| current_limit(&s));
-        // As envoy/ratelimit answers: a refused descriptor has nothing left; every descriptor
-        // with a limit says when it starts afresh.
-        let left = if code == Code::OverLimit { 0 } else { remaining(units_left(&handle)) };
-        let refused_for = (code == Code::OverLimit).then_some(until);
-        let status = DescriptorStatus {
-            code: code as i32,
-            current_limit: limit.map(|(l, unit, _)| RateLimit {
-                name: group.to_string(),
-                requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
-                unit: unit as i32,
-            }),
-            limit_remaining: left,
-            duration_until_reset: limit
-                .map(|(_, _, window)| seconds(until_reset(&handle, window, refused_for))),
-            ..DescriptorStatus::default()
-        };
-        Ok((status, permit))
+        Ok((self.status(group, &handle, code, until), permit))
     }
 }
 

@@ -443,6 +443,31 @@ mod tests {
         run_costing(settings, envoys, keeps_ratio, secs, 1, demand)
     }
 
+    /// A controller holding the group `acme` with `settings`.
+    fn controller_with(settings: GroupSettings) -> Controller {
+        let store = Box::new(crate::store::MemoryStore::default());
+        let c = Controller::new(store, EngineSettings::default(), Nanos(0), 0).unwrap();
+        let acme = GroupName::new("acme").unwrap();
+        c.admin().set_group(acme, settings, "test", crate::clock::wall_ms()).unwrap();
+        c
+    }
+
+    /// One Envoy's exchange at `now`: its session's exchanges with the controller, and the
+    /// assignments they make applied to its bucket.
+    fn exchange_and_assign(c: &Controller, session: &mut Session, bucket: &mut EnvoyBucket, now: u64) {
+        let mut grants = Vec::new();
+        for req in session.exchanges(false) {
+            grants.extend(c.exchange(Nanos(now), &req).unwrap().grants);
+        }
+        for a in session.assign(Nanos(now), &grants).actions {
+            let Some(bucket_action::BucketAction::QuotaAssignmentAction(q)) = a.bucket_action else {
+                continue;
+            };
+            let ttl = q.assignment_time_to_live.unwrap().seconds;
+            bucket.apply(now, q.rate_limit_strategy.unwrap().strategy.unwrap(), ttl);
+        }
+    }
+
     /// As [`run`], each request costing `cost` units: requests admitted per Envoy and second.
     fn run_costing(
         settings: GroupSettings,
@@ -452,16 +477,7 @@ mod tests {
         cost: u64,
         demand: impl Fn(usize, u64) -> f64,
     ) -> Vec<Vec<u64>> {
-        let c = Controller::new(
-            Box::new(crate::store::MemoryStore::default()),
-            EngineSettings::default(),
-            Nanos(0),
-            0,
-        )
-        .unwrap();
-        c.admin()
-            .set_group(GroupName::new("acme").unwrap(), settings, "test", crate::clock::wall_ms())
-            .unwrap();
+        let c = controller_with(settings);
         let rules = RuleSet::of_rules(vec![RlsRule {
             key: "tenant".into(),
             group: "{value}".into(),
@@ -514,18 +530,8 @@ mod tests {
             if !exchange {
                 continue;
             }
-            for i in 0..envoys {
-                let mut grants = Vec::new();
-                for req in sessions[i].exchanges(false) {
-                    grants.extend(c.exchange(Nanos(now), &req).unwrap().grants);
-                }
-                for a in sessions[i].assign(Nanos(now), &grants).actions {
-                    let Some(bucket_action::BucketAction::QuotaAssignmentAction(q)) = a.bucket_action else {
-                        continue;
-                    };
-                    let ttl = q.assignment_time_to_live.unwrap().seconds;
-                    buckets[i].apply(now, q.rate_limit_strategy.unwrap().strategy.unwrap(), ttl);
-                }
+            for (session, bucket) in sessions.iter_mut().zip(&mut buckets) {
+                exchange_and_assign(&c, session, bucket, now);
             }
         }
         admitted

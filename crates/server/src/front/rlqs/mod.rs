@@ -246,6 +246,49 @@ struct Bucket {
     consumed: f64,
 }
 
+impl Bucket {
+    /// A bucket new at `now`, for `group`, its requests each of `cost` units and of `class`.
+    fn new(
+        id: BucketId,
+        group: Result<GroupName, String>,
+        (cost, class): (f64, RequestClass),
+        now: Nanos,
+    ) -> Bucket {
+        Bucket {
+            id,
+            group,
+            demand: 0.0,
+            // A new bucket's first report counts its first request(s): over a second.
+            last_report: Nanos(now.0.saturating_sub(1_000_000_000)),
+            last_request: now,
+            admitted: 0,
+            throttled: 0,
+            assigned: None,
+            shadow: None,
+            would_refuse: 0,
+            count: Count::of(cost),
+            cost,
+            class,
+            consumed: 0.0,
+        }
+    }
+
+    /// Counts a report at `now` of `allowed` and `denied` requests: its demand over the
+    /// seconds since the last report, which it returns.
+    fn count_report(&mut self, now: Nanos, allowed: u64, denied: u64) -> f64 {
+        let elapsed = now.since(self.last_report).as_secs_f64().max(0.001);
+        self.demand = (allowed + denied) as f64 * self.cost / elapsed;
+        self.last_report = now;
+        if allowed + denied > 0 {
+            self.last_request = now;
+        }
+        self.admitted += allowed;
+        self.throttled += denied;
+        self.consumed += allowed as f64 * self.cost;
+        elapsed
+    }
+}
+
 /// A group's demand over a stream's buckets, units/s by request class (critical, normal,
 /// sheddable), and how many buckets.
 #[derive(Debug, Clone, Copy, Default)]
@@ -329,6 +372,19 @@ struct ShadowBucket {
 }
 
 impl ShadowBucket {
+    /// In shadow mode: the bucket that `want` would enforce (keeping the tokens of `was`),
+    /// with Envoy told to allow all instead; `None` when `want` enforces no bucket.
+    fn instead_of(want: &mut Assignment, was: Option<ShadowBucket>) -> Option<ShadowBucket> {
+        let (per_second, max) = match *want {
+            Assignment::Paced(p) => (p.rate(), f64::from(p.max)),
+            Assignment::Tokens { per_second, max } => (f64::from(per_second), f64::from(max)),
+            _ => return None,
+        };
+        let tokens = was.map_or(max, |s| s.tokens.min(max));
+        *want = Assignment::AllowAll;
+        Some(ShadowBucket { per_second, max, tokens })
+    }
+
     /// Refills for `elapsed` seconds, takes `requests`, and returns how many found no token.
     fn take(&mut self, elapsed: f64, requests: u64) -> u64 {
         self.tokens = (self.tokens + self.per_second * elapsed).min(self.max);
@@ -411,24 +467,7 @@ impl Session {
                     refused += 1;
                     tracing::warn!(bucket = ?key.1, reason = %why, "RLQS bucket refused: answered deny-all");
                 }
-                let b = Bucket {
-                    id: id.clone(),
-                    group,
-                    demand: 0.0,
-                    // A new bucket's first report counts its first request(s): over a second.
-                    last_report: Nanos(now.0.saturating_sub(1_000_000_000)),
-                    last_request: now,
-                    admitted: 0,
-                    throttled: 0,
-                    assigned: None,
-                    shadow: None,
-                    would_refuse: 0,
-                    count: Count::of(cost),
-                    cost,
-                    class,
-                    consumed: 0.0,
-                };
-                self.buckets.insert(key.clone(), b);
+                self.buckets.insert(key.clone(), Bucket::new(id.clone(), group, (cost, class), now));
                 new += 1;
             }
             let b = self.buckets.get_mut(&key).expect("kept above");
@@ -444,15 +483,7 @@ impl Session {
                 }
                 continue;
             }
-            let elapsed = now.since(b.last_report).as_secs_f64().max(0.001);
-            b.demand = (allowed + denied) as f64 * b.cost / elapsed;
-            b.last_report = now;
-            if allowed + denied > 0 {
-                b.last_request = now;
-            }
-            b.admitted += allowed;
-            b.throttled += denied;
-            b.consumed += allowed as f64 * b.cost;
+            let elapsed = b.count_report(now, allowed, denied);
             if let Ok(g) = &b.group
                 && let Some(book) = self.books.get_mut(g.as_str())
             {
@@ -560,21 +591,8 @@ impl Session {
                     let (rate, burst) = (grant.rate * share / b.cost, grant.burst * share / b.cost);
                     let mut want = Assignment::of(grant.unlimited, rate, burst);
                     // Shadow mode: Envoy allows all; the bucket it would have had counts.
-                    b.shadow = match want {
-                        Assignment::Tokens { .. } | Assignment::Paced(_) if grant.shadow => {
-                            let (per_second, max) = match want {
-                                Assignment::Paced(p) => (p.rate(), f64::from(p.max)),
-                                Assignment::Tokens { per_second, max } => {
-                                    (f64::from(per_second), f64::from(max))
-                                }
-                                _ => (0.0, 0.0),
-                            };
-                            let tokens = b.shadow.map_or(max, |s| s.tokens.min(max));
-                            want = Assignment::AllowAll;
-                            Some(ShadowBucket { per_second, max, tokens })
-                        }
-                        _ => None,
-                    };
+                    b.shadow =
+                        if grant.shadow { ShadowBucket::instead_of(&mut want, b.shadow) } else { None };
                     (want, Duration::from_millis(u64::from(grant.lease_ms)))
                 }
             };
