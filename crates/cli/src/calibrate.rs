@@ -11,7 +11,7 @@
 
 use std::fmt::Write as _;
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
 /// The largest file read, in bytes.
 pub const CSV_MAX_BYTES: usize = 64 << 20;
@@ -87,6 +87,17 @@ fn columns(
         bail!("line {header_line}: give requests, or reads and writes, not both");
     }
     Ok((terms, y_at))
+}
+
+/// `tollgate calibrate`: fits the model to `file` (`-`: standard input) and says the fit.
+pub fn run(file: &std::path::Path, observed: &str) -> anyhow::Result<()> {
+    let text = crate::read_text(file, CSV_MAX_BYTES)?;
+    let data = parse(&text, observed).with_context(|| format!("{}", file.display()))?;
+    let fit = fit(&data).with_context(|| format!("{}: cannot fit", file.display()))?;
+    for line in report(&data, &fit).lines() {
+        crate::say(line);
+    }
+    Ok(())
 }
 
 /// Reads CSV text: a header naming the columns, then one row of numbers per record, as a

@@ -77,15 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             admin_command(sql::run(&target, &text))
         }
-        Command::Calibrate { file, observed } => {
-            let text = read_text(&file, calibrate::CSV_MAX_BYTES)?;
-            let data = calibrate::parse(&text, &observed).with_context(|| format!("{}", file.display()))?;
-            let fit = calibrate::fit(&data).with_context(|| format!("{}: cannot fit", file.display()))?;
-            for line in calibrate::report(&data, &fit).lines() {
-                say(line);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Calibrate { file, observed } => calibrate::run(&file, &observed).map(|()| ExitCode::SUCCESS),
         Command::Trace { group, count, timeout } => {
             admin_command(admin::trace(&target, group, count, timeout))
         }
@@ -113,24 +105,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Audit { since, limit, json } => admin_command(admin::audit(&target, since, limit, json)),
         Command::Ramp(args) => ramp::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Bench(cmd) => {
-            let mut rt = tokio::runtime::Builder::new_multi_thread();
-            if let BenchCommand::Exchange(args) = &cmd {
-                rt.worker_threads(args.worker_threads());
-            }
-            let rt = rt.enable_all().build()?;
-            match cmd {
-                BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
-                BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
-                BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
-                BenchCommand::Overload(args) => rt.block_on(overload::overload(args))?,
-                BenchCommand::Capacity(args) => rt.block_on(capacity::capacity(args))?,
-                BenchCommand::Converge(args) => converge::converge(args)?,
-                BenchCommand::FirstAnswer(args) => rt.block_on(first::first_answer(args, &target))?,
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Bench(cmd) => bench_command(cmd, &target),
     }
+}
+
+/// `tollgate bench`: each load program on a runtime of its own.
+fn bench_command(cmd: BenchCommand, target: &admin::Target) -> anyhow::Result<ExitCode> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let BenchCommand::Exchange(args) = &cmd {
+        rt.worker_threads(args.worker_threads());
+    }
+    let rt = rt.enable_all().build()?;
+    match cmd {
+        BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
+        BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
+        BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
+        BenchCommand::Overload(args) => rt.block_on(overload::overload(args))?,
+        BenchCommand::Capacity(args) => rt.block_on(capacity::capacity(args))?,
+        BenchCommand::Converge(args) => converge::converge(args)?,
+        BenchCommand::FirstAnswer(args) => rt.block_on(first::first_answer(args, target))?,
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A text file (`-`: standard input), read up to one byte past `max` so that whoever parses

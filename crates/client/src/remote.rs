@@ -612,38 +612,7 @@ impl Driver {
             } else {
                 2
             };
-            // An allotment holds about two exchanges of demand (at a second each); more is
-            // given back.
-            let quota = g.allotment_report(r.demand * 4.0).map(|q| v1::QuotaHeld {
-                window: q.window,
-                given: q.given,
-                used: q.used,
-                lasts_ms: 0,
-            });
-            let usage = v1::GroupUsage {
-                group: g.name.to_string(),
-                quota,
-                demand: r.demand,
-                consumed: r.consumed,
-                admitted: r.requests as u64,
-                throttled: r.throttled as u64,
-                waiting: r.waiting,
-                unthrottled: r.unthrottled,
-                held: r.held,
-                waited: r.waited as u64,
-                would_refuse: r.would_refuse as u64,
-                in_flight: slots.map_or(0, |(held, _)| held),
-                in_flight_asked: slots.map_or(0, |(_, asked)| asked),
-                critical_admitted: r.classes[0][0],
-                critical_throttled: r.classes[0][1],
-                sheddable_admitted: r.classes[1][0],
-                sheddable_throttled: r.classes[1][1],
-                detail: (!r.detail.is_zero()).then(|| {
-                    let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] =
-                        r.detail.values();
-                    v1::Consumption { rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs }
-                }),
-            };
+            let usage = usage_of(g, &r, slots);
             reports.push((rank, usage, g.name.clone(), before));
         }
         if reports.len() > tollgate_proto::EXCHANGE_GROUPS_MAX {
@@ -683,6 +652,43 @@ impl Driver {
         }
     }
 
+    /// Applies grant `g` to `group` at `now` (its policy, and its rate, taken up over the
+    /// trickle when it rises); returns it as last granted.
+    fn take_grant(&mut self, group: &Arc<Group>, g: &v1::Grant, now: Nanos) -> LastGrant {
+        let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
+        group.set_policy(crate::group::Policy {
+            dropped,
+            debt_repay: Duration::from_millis(u64::from(g.debt_repay_ms)),
+            shadow: g.shadow,
+            critical_reserve: g.critical_reserve,
+            in_flight: g.in_flight_limited.then_some(g.in_flight),
+        });
+        let last = LastGrant {
+            unlimited: g.unlimited,
+            rate: g.rate,
+            burst: g.burst,
+            floor: g.reserved / f64::from(g.clients.max(1)),
+        };
+        // A rising grant with a trickle is taken up over it, from the rate the group had.
+        let had = self.grants.get(&group.name).filter(|l| !l.unlimited).map_or(0.0, |l| l.rate);
+        let trickle = Duration::from_millis(u64::from(g.trickle_ms));
+        let climbing_now =
+            self.trickles.get(&group.name).map(|&(f, start, span)| climbing(f, had, start, span, now));
+        let current = climbing_now.unwrap_or(had);
+        if !trickle.is_zero() && !last.unlimited && last.rate > current {
+            // A trickle under way goes on toward the new grant; a new one starts here.
+            if climbing_now.is_none() {
+                self.trickles.insert(group.name.clone(), (had, now, trickle));
+            }
+            debug_assert!(current < last.rate, "a trickle starts below its grant");
+            apply(group, LastGrant { rate: current, burst: last.burst * current / last.rate, ..last }, now);
+        } else {
+            self.trickles.remove(&group.name);
+            apply(group, last, now);
+        }
+        last
+    }
+
     /// Applies the controller's answer to the last request.
     pub fn answer(&mut self, now: Nanos, response: &v1::ExchangeResponse) {
         let Some(groups) = self.groups.upgrade() else { return };
@@ -692,41 +698,7 @@ impl Driver {
             let Some(group) = groups.get(&g.group) else { continue };
             let allotment = g.quota.as_ref().map(tollgate_proto::wire::allotment_in);
             group.set_allotment(allotment.as_ref(), self.sent_at.unwrap_or(now), now);
-            let dropped = if g.count_dropped { DroppedWork::Count } else { DroppedWork::Return };
-            group.set_policy(crate::group::Policy {
-                dropped,
-                debt_repay: Duration::from_millis(u64::from(g.debt_repay_ms)),
-                shadow: g.shadow,
-                critical_reserve: g.critical_reserve,
-                in_flight: g.in_flight_limited.then_some(g.in_flight),
-            });
-            let last = LastGrant {
-                unlimited: g.unlimited,
-                rate: g.rate,
-                burst: g.burst,
-                floor: g.reserved / f64::from(g.clients.max(1)),
-            };
-            // A rising grant with a trickle is taken up over it, from the rate the group had.
-            let had = self.grants.get(&group.name).filter(|l| !l.unlimited).map_or(0.0, |l| l.rate);
-            let trickle = Duration::from_millis(u64::from(g.trickle_ms));
-            let climbing_now =
-                self.trickles.get(&group.name).map(|&(f, start, span)| climbing(f, had, start, span, now));
-            let current = climbing_now.unwrap_or(had);
-            if !trickle.is_zero() && !last.unlimited && last.rate > current {
-                // A trickle under way goes on toward the new grant; a new one starts here.
-                if climbing_now.is_none() {
-                    self.trickles.insert(group.name.clone(), (had, now, trickle));
-                }
-                debug_assert!(current < last.rate, "a trickle starts below its grant");
-                apply(
-                    &group,
-                    LastGrant { rate: current, burst: last.burst * current / last.rate, ..last },
-                    now,
-                );
-            } else {
-                self.trickles.remove(&group.name);
-                apply(&group, last, now);
-            }
+            let last = self.take_grant(&group, g, now);
             self.lease = Duration::from_millis(u64::from(g.lease_ms));
             self.grants.insert(group.name.clone(), last);
         }
@@ -1022,6 +994,46 @@ pub(crate) async fn run(mut driver: Driver, mut controllers: Controllers, timeou
         if driver.groups.strong_count() == 0 {
             return;
         }
+    }
+}
+
+/// What a group's report `r` says to the controller, with its in-flight `slots` (held,
+/// asked) and, where it has quotas, its allotment.
+fn usage_of(
+    g: &Group,
+    r: &tollgate_model::engine::ClientReport,
+    slots: Option<(u32, u32)>,
+) -> v1::GroupUsage {
+    // An allotment holds about two exchanges of demand (at a second each); more is
+    // given back.
+    let quota = g.allotment_report(r.demand * 4.0).map(|q| v1::QuotaHeld {
+        window: q.window,
+        given: q.given,
+        used: q.used,
+        lasts_ms: 0,
+    });
+    v1::GroupUsage {
+        group: g.name.to_string(),
+        quota,
+        demand: r.demand,
+        consumed: r.consumed,
+        admitted: r.requests as u64,
+        throttled: r.throttled as u64,
+        waiting: r.waiting,
+        unthrottled: r.unthrottled,
+        held: r.held,
+        waited: r.waited as u64,
+        would_refuse: r.would_refuse as u64,
+        in_flight: slots.map_or(0, |(held, _)| held),
+        in_flight_asked: slots.map_or(0, |(_, asked)| asked),
+        critical_admitted: r.classes[0][0],
+        critical_throttled: r.classes[0][1],
+        sheddable_admitted: r.classes[1][0],
+        sheddable_throttled: r.classes[1][1],
+        detail: (!r.detail.is_zero()).then(|| {
+            let [rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs] = r.detail.values();
+            v1::Consumption { rru, wru, read_bytes, write_bytes, cpu_ms, read_rpcs, write_rpcs }
+        }),
     }
 }
 

@@ -435,9 +435,9 @@ fn the_hubs_grow_no_further() {
 
 /// Functions of this many lines or more count as long.
 const LONG: usize = 70;
-/// How many long functions there may be (tests included), at most: lowered as they are split,
-/// never raised. (The goal: under 30.)
-const LONG_MAX: usize = 42;
+/// How many long functions there may be (tests included), at most: under 30, lowered as they
+/// are split, never raised.
+const LONG_MAX: usize = 28;
 
 #[test]
 fn long_functions_are_few() {

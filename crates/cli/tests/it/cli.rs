@@ -357,6 +357,11 @@ fn ramp_prints_each_epoch_as_the_design_tables_do() {
     assert_eq!(out, "1 10 10\n2 20 20\n");
 }
 
+/// The words of `line`, as a shell would split them.
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 #[test]
 fn ramp_draws_a_chart_and_names_bad_arguments() {
     let chart = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ramp.png");
@@ -377,66 +382,17 @@ fn ramp_draws_a_chart_and_names_bad_arguments() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(&std::fs::read(&chart).unwrap()[..4], b"\x89PNG");
-    let (code, _, err) = tollgate(&[
-        "ramp",
-        "--mode",
-        "relaxed",
-        "--min",
-        "20",
-        "--max",
-        "10",
-        "--duration",
-        "0",
-        "--usage",
-        "1",
-    ]);
+    let (code, _, err) = tollgate(&words("ramp --mode relaxed --min 20 --max 10 --duration 0 --usage 1"));
     assert_ne!(code, 0);
     assert!(err.contains("--min: must not exceed") && err.contains("--duration: must be above 0"), "{err}");
-    let (code, _, err) = tollgate(&[
-        "ramp",
-        "--mode",
-        "only-if-used",
-        "--min",
-        "1",
-        "--max",
-        "2",
-        "--duration",
-        "1",
-        "--threshold",
-        "0",
-        "--usage",
-        "1",
-    ]);
+    let (code, _, err) =
+        tollgate(&words("ramp --mode only-if-used --min 1 --max 2 --duration 1 --threshold 0 --usage 1"));
     assert_ne!(code, 0);
     assert!(err.contains("--threshold: must be above 0 and at most 100, got 0"), "{err}");
-    let (code, _, err) = tollgate(&[
-        "ramp",
-        "--mode",
-        "relaxed",
-        "--min",
-        "1",
-        "--max",
-        "2",
-        "--duration",
-        "1",
-        "--usage",
-        "1,lots",
-    ]);
+    let (code, _, err) = tollgate(&words("ramp --mode relaxed --min 1 --max 2 --duration 1 --usage 1,lots"));
     assert_ne!(code, 0);
     assert!(err.contains("--usage: entry 2 must be a number of tokens or `-`, got \"lots\""), "{err}");
-    let (code, _, err) = tollgate(&[
-        "ramp",
-        "--mode",
-        "sideways",
-        "--min",
-        "1",
-        "--max",
-        "2",
-        "--duration",
-        "1",
-        "--usage",
-        "1",
-    ]);
+    let (code, _, err) = tollgate(&words("ramp --mode sideways --min 1 --max 2 --duration 1 --usage 1"));
     assert_ne!(code, 0);
     assert!(err.contains("invalid value 'sideways'"), "{err}");
 }

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common;
@@ -15,6 +15,22 @@ fn admin(url: &str, args: &[&str]) -> String {
     let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap();
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A worker asking Envoy at `listen` for `group` as fast as it answers until `stop`: it
+/// counts the answers 200, 429 and any other.
+fn ask_as_fast(listen: u16, group: &'static str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<[u64; 3]> {
+    std::thread::spawn(move || {
+        let mut counts = [0; 3];
+        while !stop.load(Ordering::Relaxed) {
+            match get(listen, "/", Some(group)).map(|(c, _)| c) {
+                Some(200) => counts[0] += 1,
+                Some(429) => counts[1] += 1,
+                c => counts[2] += u64::from(c.is_some()),
+            }
+        }
+        counts
+    })
 }
 
 #[test]
@@ -39,22 +55,7 @@ fn envoy_over_its_limit_gets_429_at_the_groups_rate_and_fails_closed_without_tol
     // Four workers ask for acme as fast as Envoy answers, for ten seconds: acme is held to
     // its limit (20 units/s, and the burst of one second); globex, asked meanwhile, passes.
     let stop = Arc::new(AtomicBool::new(false));
-    let (ok, limited, other) =
-        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let workers: Vec<_> = (0..4)
-        .map(|_| {
-            let (stop, ok, limited, other) = (stop.clone(), ok.clone(), limited.clone(), other.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match get(listen, "/", Some("acme")).map(|(c, _)| c) {
-                        Some(200) => ok.fetch_add(1, Ordering::Relaxed),
-                        Some(429) => limited.fetch_add(1, Ordering::Relaxed),
-                        c => other.fetch_add(u64::from(c.is_some()), Ordering::Relaxed),
-                    };
-                }
-            })
-        })
-        .collect();
+    let workers: Vec<_> = (0..4).map(|_| ask_as_fast(listen, "acme", stop.clone())).collect();
     #[allow(clippy::disallowed_methods)] // the window the admitted rate is measured over
     let started = Instant::now();
     let mut globex = Vec::new();
@@ -63,12 +64,11 @@ fn envoy_over_its_limit_gets_429_at_the_groups_rate_and_fails_closed_without_tol
         std::thread::sleep(Duration::from_millis(100));
     }
     stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        w.join().unwrap();
-    }
+    let [ok, limited, other] = workers
+        .into_iter()
+        .map(|w| w.join().unwrap())
+        .fold([0; 3], |t, c| [t[0] + c[0], t[1] + c[1], t[2] + c[2]]);
     let elapsed = started.elapsed().as_secs_f64();
-    let (ok, limited, other) =
-        (ok.load(Ordering::Relaxed), limited.load(Ordering::Relaxed), other.load(Ordering::Relaxed));
     let figures =
         format!("acme: {ok} admitted, {limited} refused in {elapsed:.2} s; globex: {} asked", globex.len());
     let _ = writeln!(std::io::stderr(), "{figures}");

@@ -92,6 +92,32 @@ fn cli_piece() -> impl Strategy<Value = String> {
     ]
 }
 
+/// An exchange (kind 0) of one group's usage.
+fn exchange((group, demand, held, seq): (String, f64, f64, u64)) -> Vec<u8> {
+    let usage =
+        v1::GroupUsage { group, demand, held, consumed: demand, admitted: seq % 7, ..Default::default() };
+    let request = v1::ExchangeRequest {
+        client_id: "c".into(),
+        sequence: seq % 5,
+        groups: vec![usage],
+        ..Default::default()
+    };
+    [vec![0u8], request.encode_to_vec()].concat()
+}
+
+/// A group put (kind 2) with a reservation, limit, priority and ramp.
+fn put_group((n, r, l, mode, priority): (String, f64, f64, i32, u32)) -> Vec<u8> {
+    let ramp = v1::RampSettings { min: r, max: l, duration_s: r, mode, ..Default::default() };
+    let patch = v1::GroupPatch {
+        reserved: Some(r),
+        limit: Some(l),
+        priority: Some(priority),
+        ramp: Some(ramp),
+        ..Default::default()
+    };
+    [vec![2u8], v1::PutGroupRequest { name: n, patch: Some(patch), mode }.encode_to_vec()].concat()
+}
+
 /// Messages that decode, with numbers and names chosen to break rules.
 fn message() -> impl Strategy<Value = Vec<u8>> {
     let number =
@@ -103,29 +129,7 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
         "[ -~\n]{0,300}"
     ];
     prop_oneof![
-        (name.clone(), number.clone(), number.clone(), any::<u64>()).prop_map(
-            |(group, demand, held, seq)| {
-                let usage = v1::GroupUsage {
-                    group,
-                    demand,
-                    held,
-                    consumed: demand,
-                    admitted: seq % 7,
-                    ..Default::default()
-                };
-                let mut bytes = vec![0u8];
-                bytes.extend(
-                    v1::ExchangeRequest {
-                        client_id: "c".into(),
-                        sequence: seq % 5,
-                        groups: vec![usage],
-                        ..Default::default()
-                    }
-                    .encode_to_vec(),
-                );
-                bytes
-            }
-        ),
+        (name.clone(), number.clone(), number.clone(), any::<u64>()).prop_map(exchange),
         (name.clone(), number.clone(), number.clone()).prop_map(|(group, u, load)| {
             let mut bytes = vec![1u8];
             let report = v1::BackendReport {
@@ -137,21 +141,7 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
             bytes.extend(report.encode_to_vec());
             bytes
         }),
-        (name.clone(), number.clone(), number.clone(), any::<i32>(), any::<u32>()).prop_map(
-            |(n, r, l, mode, priority)| {
-                let ramp = v1::RampSettings { min: r, max: l, duration_s: r, mode, ..Default::default() };
-                let patch = v1::GroupPatch {
-                    reserved: Some(r),
-                    limit: Some(l),
-                    priority: Some(priority),
-                    ramp: Some(ramp),
-                    ..Default::default()
-                };
-                let mut bytes = vec![2u8];
-                bytes.extend(v1::PutGroupRequest { name: n, patch: Some(patch), mode }.encode_to_vec());
-                bytes
-            }
-        ),
+        (name.clone(), number.clone(), number.clone(), any::<i32>(), any::<u32>()).prop_map(put_group),
         number.prop_map(|c| {
             let mut bytes = vec![6u8];
             bytes.extend(v1::SetCapacityRequest { capacity: Some(c) }.encode_to_vec());

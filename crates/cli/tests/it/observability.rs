@@ -275,6 +275,24 @@ async fn a_real_prometheus_scrapes_the_server_and_evaluates_the_rules_and_the_bo
     assert!(missing.is_empty());
 }
 
+/// promtool's checker finds `text` well formed (it reads the OpenMetrics text on stdin).
+fn promtool_checks_metrics(text: &str) {
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    {
+        use std::io::Write;
+        check.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    let out = check.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !said.contains("error"), "promtool check metrics:\n{said}");
+}
+
 /// `/metrics` as a scraper meets it: promtool's checker takes the page, a group refusing at a
 /// steady rate through `/v1/check` shows a steady refusal rate in every one of 30 scrapes
 /// (never 0, never far from the rest), and past `--metrics-groups` the quietest groups are
@@ -291,8 +309,8 @@ fn metrics_pass_promtool_hold_steady_over_thirty_scrapes_and_cap_their_groups() 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
         let (addr, stop) = (server.http.clone(), stop.clone());
+        // About 100 checks a second against a limit of 20: most refused, steadily.
         std::thread::spawn(move || {
-            // About 100 checks a second against a limit of 20: most refused, steadily.
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 http(&addr, "POST", "/v1/check", &[], r#"{"group":"busy","cost":1}"#);
                 std::thread::sleep(Duration::from_millis(10));
@@ -327,20 +345,7 @@ fn metrics_pass_promtool_hold_steady_over_thirty_scrapes_and_cap_their_groups() 
         "a steady refusal rate reads steady in every scrape: {seen:?}"
     );
     // The page is well formed for promtool (which reads the OpenMetrics text on stdin).
-    let mut check = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    {
-        use std::io::Write;
-        check.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    }
-    let out = check.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && !said.contains("error"), "promtool check metrics:\n{said}");
+    promtool_checks_metrics(&text);
     // Three groups named, busy first among them; the other two added up.
     let named: Vec<&str> = text
         .lines()

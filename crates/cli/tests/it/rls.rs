@@ -68,6 +68,27 @@ async fn ask(
     ))
 }
 
+/// Bad requests: INVALID_ARGUMENT naming the field; the server keeps serving.
+async fn bad_requests_are_named_and_the_server_keeps_serving(url: &str) {
+    let huge: Vec<(&str, &str)> = vec![("k", "v"); 65];
+    let long = "v".repeat(2000);
+    for (r, field) in [
+        (request("edge", &[]), "descriptors: give 1 to 64, got 0"),
+        (request("", &[&[("tenant", "a")]]), "domain"),
+        (request("edge", &[&[("", "a")]]), "descriptors[0].entries[0].key"),
+        (request("edge", &[&huge]), "descriptors[0].entries: give 1 to 64, got 65"),
+        (request("edge", &[&[("user", long.as_str())]]), "descriptors[0].entries[0].value"),
+    ] {
+        let e = ask(url, None, r).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field}");
+        assert!(e.message().contains(field), "{field}: {}", e.message());
+    }
+    let many: Vec<&[(&str, &str)]> = vec![&[("user", "a")]; 65];
+    let e = ask(url, None, request("edge", &many)).await.unwrap_err();
+    assert!(e.message().contains("descriptors: give 1 to 64, got 65"), "{}", e.message());
+    assert!(ask(url, None, request("edge", &[&[("user", "a")]])).await.is_ok());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_name_groups_answers_carry_the_limit_and_bad_requests_are_named() {
     let dir = data_dir("rls");
@@ -127,24 +148,7 @@ async fn rules_name_groups_answers_carry_the_limit_and_bad_requests_are_named() 
     assert!(!ok && out.contains("rules: expected a JSON array"), "{out}");
     let (ok, out) = cli(&url, None, &["rls", "check", "--domain", "d", "--descriptor", "user=zed"]);
     assert!(ok && out.starts_with("OK") && out.contains("[0] OK  limit none"), "{out}");
-    // Bad requests: INVALID_ARGUMENT naming the field; the server keeps serving.
-    let huge: Vec<(&str, &str)> = vec![("k", "v"); 65];
-    let long = "v".repeat(2000);
-    for (r, field) in [
-        (request("edge", &[]), "descriptors: give 1 to 64, got 0"),
-        (request("", &[&[("tenant", "a")]]), "domain"),
-        (request("edge", &[&[("", "a")]]), "descriptors[0].entries[0].key"),
-        (request("edge", &[&huge]), "descriptors[0].entries: give 1 to 64, got 65"),
-        (request("edge", &[&[("user", long.as_str())]]), "descriptors[0].entries[0].value"),
-    ] {
-        let e = ask(&url, None, r).await.unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field}");
-        assert!(e.message().contains(field), "{field}: {}", e.message());
-    }
-    let many: Vec<&[(&str, &str)]> = vec![&[("user", "a")]; 65];
-    let e = ask(&url, None, request("edge", &many)).await.unwrap_err();
-    assert!(e.message().contains("descriptors: give 1 to 64, got 65"), "{}", e.message());
-    assert!(ask(&url, None, request("edge", &[&[("user", "a")]])).await.is_ok());
+    bad_requests_are_named_and_the_server_keeps_serving(&url).await;
     // The rules survive a restart.
     let status = s.terminate();
     assert!(status.success());

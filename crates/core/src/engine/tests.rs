@@ -1549,6 +1549,15 @@ fn an_allotment_lasts_as_long_as_its_client_says_it_reports() {
     assert_eq!(asking(3, Some(Duration::from_secs(7200))), 36_000.0);
 }
 
+/// Client 1 of `api` reports at `now` that it spent all it `held`, asking 1,000 units/s: the
+/// allotment it is answered.
+fn report_spent(e: &mut Engine, now: Nanos, held: crate::engine::QuotaHeld) -> crate::engine::Allotment {
+    let consumed = held.used - e.meter(&name("api")).map_or(0.0, |m| m.consumed);
+    let g =
+        e.report(now, 1, &name("api"), ClientReport { quota: Some(held), ..report(1000.0, consumed, 0.0) });
+    g.quota.unwrap()
+}
+
 #[test]
 fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_each_window() {
     use crate::settings::BudgetPeriod;
@@ -1582,28 +1591,14 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
     let mut held = crate::engine::QuotaHeld { window: a.window, given: 25.0, used: 25.0, lasts: None };
     let mut given = 25.0;
     for second in 2..20 {
-        let consumed = held.used - e.meter(&name("api")).map_or(0.0, |m| m.consumed);
-        let g = e.report(
-            at(second),
-            1,
-            &name("api"),
-            ClientReport { quota: Some(held), ..report(1000.0, consumed, 0.0) },
-        );
-        let a = g.quota.unwrap();
+        let a = report_spent(&mut e, at(second), held);
         given += a.add;
         held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
         assert!(given <= 50.0, "{given} allotted of a minute's 50");
     }
     assert_eq!(given, 50.0, "every unit of the minute allotted, one at least each time");
     // Reported spent: nothing more, the rate closed too, and the retry hint is the minute's end.
-    let consumed = held.used - e.meter(&name("api")).unwrap().consumed;
-    let g = e.report(
-        at(20),
-        1,
-        &name("api"),
-        ClientReport { quota: Some(held), ..report(1000.0, consumed, 0.0) },
-    );
-    let a = g.quota.unwrap();
+    let a = report_spent(&mut e, at(20), held);
     assert_eq!((a.add, a.left), (0.0, 0.0));
     assert_eq!(a.reset_in, Some(Duration::from_secs(40)));
     e.tick(at(20));

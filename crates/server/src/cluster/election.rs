@@ -31,6 +31,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
 use tollgate_model::engine::Relearn;
+use tollgate_model::time::Nanos;
 
 use crate::clock::Clock;
 use crate::cluster::role::{Cluster, Role, RoleView};
@@ -78,6 +79,75 @@ pub async fn run(
     }
 }
 
+/// A term's lease renewal: the stream it goes on, and when renewals were sent.
+struct Renewal {
+    keeper: etcd_client::LeaseKeeper,
+    acks: etcd_client::LeaseKeepAliveStream,
+    /// When the last acknowledged renewal was sent: etcd's expiry is at most a lease after it.
+    renewed: Nanos,
+    /// When each renewal not yet acknowledged was sent, oldest first (etcd answers in order).
+    sent: std::collections::VecDeque<Nanos>,
+    /// The renewal stream failed: a new one is opened on the same lease at each turn.
+    broken: bool,
+}
+
+impl Renewal {
+    /// A renewal of the lease `lease_id` of `lease`, reopening a broken stream first. `Err`
+    /// when the last acknowledged one is a lease old: etcd may already have handed the
+    /// election on.
+    async fn turn(
+        &mut self,
+        client: &mut Client,
+        (lease_id, lease): (i64, Duration),
+        clock: Clock,
+        leading: bool,
+    ) -> Result<(), String> {
+        if clock.now().since(self.renewed) >= lease {
+            return Err(format!("the lease was not renewed within {lease:?}"));
+        }
+        if self.broken {
+            let reopened = tokio::time::timeout(lease / 3, client.lease_keep_alive(lease_id)).await;
+            if let Ok(Ok((k, a))) = reopened {
+                (self.keeper, self.acks, self.broken) = (k, a, false);
+                self.sent.clear();
+                tracing::info!("election: renewing the lease again");
+            }
+        }
+        if !self.broken {
+            self.sent.push_back(clock.now());
+            if let Err(e) = bounded(self.keeper.keep_alive()).await {
+                self.broken = true;
+                tracing::warn!(error = %e, leading, "election: cannot renew the lease; trying until it could have run out");
+            }
+        }
+        Ok(())
+    }
+
+    /// etcd's answer to a renewal: `Err` when the lease expired.
+    fn ack(
+        &mut self,
+        ack: Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>,
+        leading: bool,
+    ) -> Result<(), String> {
+        match ack {
+            Ok(Some(a)) if a.ttl() > 0 => {
+                if let Some(at) = self.sent.pop_front() {
+                    self.renewed = self.renewed.max(at);
+                }
+            }
+            Ok(Some(_)) => return Err("the lease expired".into()),
+            Ok(None) | Err(_) => {
+                self.broken = true;
+                tracing::warn!(
+                    leading,
+                    "election: the lease's renewal stream broke; trying until the lease could have run out"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One term: a lease, the member key, the campaign, and the lease's renewal until it fails.
 async fn term(
     target: &EtcdTarget,
@@ -91,7 +161,7 @@ async fn term(
     // Unbounded calls, for the campaign; those that should answer at once are bounded here.
     let mut client: Client = bounded(connect_unbounded(target)).await?;
     let lease_id = claim_member(&mut client, target, advertise, ttl, previous).await?;
-    let (mut keeper, mut acks) = bounded(client.lease_keep_alive(lease_id)).await?;
+    let (keeper, acks) = bounded(client.lease_keep_alive(lease_id)).await?;
     if let Some(s) = cluster.sharding() {
         s.set_term(Some(lease_id));
     }
@@ -104,12 +174,7 @@ async fn term(
     tokio::pin!(campaign);
     let mut renew = tokio::time::interval(lease / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When the last acknowledged renewal was sent: etcd's expiry is at most a lease after it.
-    let mut renewed = clock.now();
-    // When each renewal not yet acknowledged was sent, oldest first (etcd answers in order).
-    let mut sent: std::collections::VecDeque<tollgate_model::time::Nanos> = std::collections::VecDeque::new();
-    // The renewal stream failed: a new one is opened on the same lease at each turn.
-    let mut broken = false;
+    let mut renewal = Renewal { keeper, acks, renewed: clock.now(), sent: Default::default(), broken: false };
     let mut leading = false;
     let outcome = loop {
         tokio::select! {
@@ -130,38 +195,15 @@ async fn term(
                 Err(e) => break Err(reason(&e)),
             },
             _ = renew.tick() => {
-                // Renewed too long ago: etcd may already have handed the election on.
-                if clock.now().since(renewed) >= lease {
-                    break Err(format!("the lease was not renewed within {lease:?}"));
-                }
-                if broken {
-                    let reopened = tokio::time::timeout(lease / 3, client.lease_keep_alive(lease_id)).await;
-                    if let Ok(Ok((k, a))) = reopened {
-                        (keeper, acks, broken) = (k, a, false);
-                        sent.clear();
-                        tracing::info!("election: renewing the lease again");
-                    }
-                }
-                if !broken {
-                    sent.push_back(clock.now());
-                    if let Err(e) = bounded(keeper.keep_alive()).await {
-                        broken = true;
-                        tracing::warn!(error = %e, leading, "election: cannot renew the lease; trying until it could have run out");
-                    }
+                if let Err(e) = renewal.turn(&mut client, (lease_id, lease), clock, leading).await {
+                    break Err(e);
                 }
             }
-            ack = acks.message(), if !broken => match ack {
-                Ok(Some(a)) if a.ttl() > 0 => {
-                    if let Some(at) = sent.pop_front() {
-                        renewed = renewed.max(at);
-                    }
+            ack = renewal.acks.message(), if !renewal.broken => {
+                if let Err(e) = renewal.ack(ack, leading) {
+                    break Err(e);
                 }
-                Ok(Some(_)) => break Err("the lease expired".into()),
-                Ok(None) | Err(_) => {
-                    broken = true;
-                    tracing::warn!(leading, "election: the lease's renewal stream broke; trying until the lease could have run out");
-                }
-            },
+            }
         }
     };
     observer.abort();

@@ -334,6 +334,35 @@ mod quota_tests {
         unreported: f64,
     }
 
+    impl Holder {
+        /// The client's exchange with its region's controller, asking 30 units/s.
+        fn exchange(&mut self, region: &Controller, now: Nanos, client_id: String, sequence: u64) {
+            let quota =
+                v1::QuotaHeld { window: self.window, given: self.given, used: self.used, lasts_ms: 0 };
+            let usage = v1::GroupUsage {
+                group: "g".into(),
+                demand: 30.0,
+                consumed: std::mem::take(&mut self.unreported),
+                quota: Some(quota),
+                ..Default::default()
+            };
+            let req = v1::ExchangeRequest {
+                client_id,
+                sequence,
+                groups: vec![usage],
+                takes_allotments: true,
+                ..Default::default()
+            };
+            let answer = region.exchange(now, &req).unwrap();
+            if let Some(q) = answer.grants.first().and_then(|g| g.quota.as_ref()) {
+                if q.window != self.window {
+                    (self.window, self.given, self.used) = (q.window, 0.0, 0.0);
+                }
+                self.given += q.add;
+            }
+        }
+    }
+
     const S: u64 = 1_000_000_000;
 
     fn budget() -> GroupSettings {
@@ -346,13 +375,8 @@ mod quota_tests {
     #[test]
     fn regions_allot_their_clients_out_of_what_the_global_tier_allotted_them() {
         let g = GroupName::new("g").unwrap();
-        let global = Controller::new(
-            Box::new(crate::store::MemoryStore::default()),
-            EngineSettings::default(),
-            Nanos(0),
-            0,
-        )
-        .unwrap();
+        let store = Box::new(crate::store::MemoryStore::default());
+        let global = Controller::new(store, EngineSettings::default(), Nanos(0), 0).unwrap();
         global.admin().set_group(g.clone(), budget(), "test", 0).unwrap();
         let regions: Vec<crate::node::Node> = (0..2)
             .map(|_| {
@@ -374,32 +398,7 @@ mod quota_tests {
                 for (i, c) in clients.iter_mut().enumerate() {
                     let region = &regions[i % 2].controller;
                     if tenth == (i as u64) * 2 {
-                        let usage = v1::GroupUsage {
-                            group: "g".into(),
-                            demand: 30.0,
-                            consumed: std::mem::take(&mut c.unreported),
-                            quota: Some(v1::QuotaHeld {
-                                window: c.window,
-                                given: c.given,
-                                used: c.used,
-                                lasts_ms: 0,
-                            }),
-                            ..Default::default()
-                        };
-                        let req = v1::ExchangeRequest {
-                            client_id: format!("c{i}"),
-                            sequence: second + 1,
-                            groups: vec![usage],
-                            takes_allotments: true,
-                            ..Default::default()
-                        };
-                        let answer = region.exchange(now, &req).unwrap();
-                        if let Some(q) = answer.grants.first().and_then(|g| g.quota.as_ref()) {
-                            if q.window != c.window {
-                                (c.window, c.given, c.used) = (q.window, 0.0, 0.0);
-                            }
-                            c.given += q.add;
-                        }
+                        c.exchange(region, now, format!("c{i}"), second + 1);
                     }
                     let take = (c.given - c.used).clamp(0.0, 3.0);
                     c.used += take;

@@ -218,6 +218,54 @@ fn busiest<'a>(view: &'a [GroupView], filter: &str) -> Vec<&'a GroupView> {
     active
 }
 
+/// The groups the query's `charts` names, each once; or the refusal naming the field.
+fn charts(q: &[(String, String)]) -> Result<Vec<GroupName>, Answer> {
+    let mut charts: Vec<GroupName> = Vec::new();
+    if let Some((_, list)) = q.iter().find(|(k, _)| k == "charts") {
+        for name in list.split(',').filter(|n| !n.is_empty()) {
+            match checked_name("charts", name) {
+                Ok(n) if !charts.contains(&n) => charts.push(n),
+                Ok(_) => {}
+                Err(e) => return Err(refuse_whole(StatusCode::BAD_REQUEST, "charts", e)),
+            }
+        }
+        if charts.len() > CHARTS_MAX {
+            let got = charts.len();
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "charts",
+                format!("at most {CHARTS_MAX} groups, got {got}"),
+            ));
+        }
+    }
+    Ok(charts)
+}
+
+/// The node's part of the dashboard at `now`: its settings, role and totals over `view`.
+fn node_json(d: &Dash, view: &[GroupView], now: tollgate_model::time::Nanos) -> Value {
+    let node = d.node.controller.admin().node();
+    let (clients, backends, learning) = d.node.controller.readings().tracking(now);
+    let role = d.node.cluster.role();
+    json!({
+        "capacity": node.capacity,
+        "mode": if node.mode == tollgate_model::allocate::AllocationMode::Fcfs { "fcfs" } else { "share" },
+        "role": role.role.name(),
+        "leader": role.leader,
+        "region": d.node.cluster.upstream_status().region(),
+        "learning": learning,
+        "shadow": node.shadow,
+        "throttling": node.throttling,
+        "exchanges": d.node.controller.readings().exchanges(),
+        "groups": view.len(),
+        "clients": clients,
+        "backends": backends,
+        "admitted": view.iter().map(|g| g.admitted).sum::<f64>(),
+        "demand": view.iter().map(|g| g.demand).sum::<f64>(),
+        "unit": d.node.controller.admin().cost_model().unit(),
+        "warnings": d.node.controller.admin().warnings(),
+    })
+}
+
 #[utoipa::path(get, path = "/v1/dashboard", operation_id = "getDashboard", tag = "dashboard", params(("since" = Option<u64>, Query, description = "The first sample wanted (the last answer's `next`)"), ("charts" = Option<String>, Query, description = "Groups to chart, comma-separated, at most 12"), ("filter" = Option<String>, Query, description = "Only groups whose names contain this, at most 255 bytes"), ("page" = Option<u32>, Query, description = "The page of groups, from 0, at most 20,000")), responses((status = 200, description = "The dashboard's data (docs/operations.md, \"The dashboard\")", body = crate::front::schema::Dashboard), (status = 400, description = "A bad parameter or body", body = crate::front::body::Problem, content_type = "application/problem+json"), (status = 401, description = "No token, or one refused", body = crate::front::body::Problem, content_type = "application/problem+json"), (status = 403, description = "A token whose role does not cover it", body = crate::front::body::Problem, content_type = "application/problem+json")))]
 async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
     let q = match query(raw.as_deref(), &["since", "charts", "filter", "page"]) {
@@ -238,23 +286,10 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
         Some(Ok(p)) if p <= PAGE_MAX => p,
         Some(_) => return refuse(StatusCode::BAD_REQUEST, "page", format!("a page number, 0 to {PAGE_MAX}")),
     };
-    let mut charts: Vec<GroupName> = Vec::new();
-    if let Some((_, list)) = q.iter().find(|(k, _)| k == "charts") {
-        for name in list.split(',').filter(|n| !n.is_empty()) {
-            match checked_name("charts", name) {
-                Ok(n) if !charts.contains(&n) => charts.push(n),
-                Ok(_) => {}
-                Err(e) => return refuse_whole(StatusCode::BAD_REQUEST, "charts", e),
-            }
-        }
-        if charts.len() > CHARTS_MAX {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                "charts",
-                format!("at most {CHARTS_MAX} groups, got {}", charts.len()),
-            );
-        }
-    }
+    let charts = match charts(&q) {
+        Ok(c) => c,
+        Err(a) => return a,
+    };
     let built = tokio::task::spawn_blocking(move || {
         let view = d.node.controller.readings().view();
         let (rows, matching) = page_of(&view, &filter, page);
@@ -271,31 +306,11 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             let series = d.history.group(name, since).map(|s| series_json(&s, &GROUP_SERIES));
             charted.insert(name.to_string(), json!({ "now": row(g), "series": series }));
         }
-        let node = d.node.controller.admin().node();
         let now = d.clock.now();
-        let (clients, backends, learning) = d.node.controller.readings().tracking(now);
-        let role = d.node.cluster.role();
         json!({
             "next": d.history.next(),
             "window": SAMPLES,
-            "node": {
-                "capacity": node.capacity,
-                "mode": if node.mode == tollgate_model::allocate::AllocationMode::Fcfs { "fcfs" } else { "share" },
-                "role": role.role.name(),
-                "leader": role.leader,
-                "region": d.node.cluster.upstream_status().region(),
-                "learning": learning,
-                "shadow": node.shadow,
-                "throttling": node.throttling,
-                "exchanges": d.node.controller.readings().exchanges(),
-                "groups": view.len(),
-                "clients": clients,
-                "backends": backends,
-                "admitted": view.iter().map(|g| g.admitted).sum::<f64>(),
-                "demand": view.iter().map(|g| g.demand).sum::<f64>(),
-                "unit": d.node.controller.admin().cost_model().unit(),
-                "warnings": d.node.controller.admin().warnings(),
-            },
+            "node": node_json(&d, &view, now),
             "series": series_json(&d.history.node(since), &NODE_SERIES),
             "groups": rows,
             "groups_matching": matching,

@@ -24,12 +24,13 @@
 //! `expired_assignment_behavior` when Tollgate is gone) admit what they are configured to,
 //! and it is counted when reported.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tollgate_model::time::Nanos;
 use tollgate_proto::v1;
 
-use super::{Assignment, Demands, Key, Session};
+use super::{Assignment, Bucket, Demands, Key, Session};
 
 /// How long past its time to live an assignment may still be in force: Envoy counts the time
 /// to live from when it takes the assignment, a moment after it was sent.
@@ -227,6 +228,56 @@ impl Book {
     }
 }
 
+/// The pace (units/s, and a burst) that bucket `b`'s demand asks for, within its `part` of a
+/// limited group's `grant`.
+fn asked_pace(b: &Bucket, grant: &v1::Grant, part: f64) -> (f64, f64) {
+    let rate = (b.demand * PACE_OVER_DEMAND).max(IDLE_PACE * b.cost);
+    let burst = b.cost.max(rate);
+    if grant.unlimited { (rate, burst) } else { (rate.min(grant.rate * part), burst.min(grant.burst * part)) }
+}
+
+/// The buckets of `group` in key order (each counting afresh when a window is `fresh`), the
+/// units they committed, and their demand.
+fn group_buckets(buckets: &mut HashMap<Key, Bucket>, group: &str, fresh: bool) -> (Vec<Key>, f64, Demands) {
+    let mut keys: Vec<Key> = buckets
+        .iter()
+        .filter(|(_, b)| b.group.as_ref().is_ok_and(|g| g.as_str() == group))
+        .map(|(k, _)| k.clone())
+        .collect();
+    keys.sort();
+    let mut committed = 0.0;
+    let mut demand = Demands::default();
+    for k in &keys {
+        let b = buckets.get_mut(k).expect("listed above");
+        if fresh {
+            b.count.new_window(b.last_report);
+        }
+        committed += b.count.committed(b.last_report);
+        demand.add(b);
+    }
+    (keys, committed, demand)
+}
+
+impl Book {
+    /// The book of `group` in `books` after its allotment `q` (begun afresh when `q` is of a
+    /// new window), and whether it was begun afresh.
+    fn of<'b>(
+        books: &'b mut HashMap<String, Book>,
+        group: &str,
+        q: &v1::QuotaAllotment,
+    ) -> (&'b mut Book, bool) {
+        let book = books.entry(group.to_string()).or_insert(Book { window: q.window, given: 0.0, used: 0.0 });
+        let fresh = book.window != q.window;
+        if fresh {
+            *book = Book { window: q.window, given: 0.0, used: 0.0 };
+        }
+        if q.add.is_finite() && q.add > 0.0 {
+            book.given += q.add;
+        }
+        (book, fresh)
+    }
+}
+
 impl Session {
     /// The assignments of `grant`'s group, which has quotas, after its allotment `q`: each
     /// bucket's pace renewed while its allotment covers it, replaced when its demand moved
@@ -243,45 +294,14 @@ impl Session {
         let ttl = Duration::from_secs((u64::from(grant.lease_ms) / 1000).max(2));
         let life = ttl + SLACK;
         let until = now.after(life);
-        let book =
-            self.books.entry(grant.group.clone()).or_insert(Book { window: q.window, given: 0.0, used: 0.0 });
-        let fresh = book.window != q.window;
-        if fresh {
-            *book = Book { window: q.window, given: 0.0, used: 0.0 };
-        }
-        if q.add.is_finite() && q.add > 0.0 {
-            book.given += q.add;
-        }
-        let mut keys: Vec<Key> = self
-            .buckets
-            .iter()
-            .filter(|(_, b)| b.group.as_ref().is_ok_and(|g| g.as_str() == grant.group))
-            .map(|(k, _)| k.clone())
-            .collect();
-        keys.sort();
-        let mut committed = 0.0;
-        let mut demand = Demands::default();
-        for k in &keys {
-            let b = self.buckets.get_mut(k).expect("listed above");
-            if fresh {
-                b.count.new_window(b.last_report);
-            }
-            committed += b.count.committed(b.last_report);
-            demand.add(b);
-        }
+        let (book, fresh) = Book::of(&mut self.books, &grant.group, q);
+        let (keys, committed, demand) = group_buckets(&mut self.buckets, &grant.group, fresh);
         let mut free = book.free(committed);
         let mut out = Vec::new();
         for k in keys {
             let b = self.buckets.get_mut(&k).expect("listed above");
-            // The pace the bucket's demand asks for, within its part of a limited group's
-            // grant.
             let part = if demand.total() > 0.0 { demand.part(b, grant.rate) } else { 1.0 };
-            let (mut rate, mut burst) = ((b.demand * PACE_OVER_DEMAND).max(IDLE_PACE * b.cost), b.cost);
-            burst = burst.max(rate);
-            if !grant.unlimited {
-                rate = rate.min(grant.rate * part);
-                burst = burst.min(grant.burst * part);
-            }
+            let (rate, burst) = asked_pace(b, grant, part);
             let due = b.assigned.is_none_or(|(_, at, sent_ttl)| now.since(at) >= sent_ttl / 2);
             let held = b.assigned.map(|(a, _, _)| a).filter(|_| !fresh);
             // Envoy's tokens are requests: the pace in requests, what it covers in units.

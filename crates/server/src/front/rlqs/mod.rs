@@ -273,6 +273,16 @@ impl Bucket {
         }
     }
 
+    /// Its part (`share`) of its group's `grant` by rate, and the time to live to send it with.
+    /// In shadow mode Envoy allows all, and the bucket it would have had counts.
+    fn by_rate(&mut self, grant: &v1::Grant, share: f64) -> (Assignment, Duration) {
+        // Envoy's tokens are requests: the bucket's units over its cost.
+        let (rate, burst) = (grant.rate * share / self.cost, grant.burst * share / self.cost);
+        let mut want = Assignment::of(grant.unlimited, rate, burst);
+        self.shadow = if grant.shadow { ShadowBucket::instead_of(&mut want, self.shadow) } else { None };
+        (want, Duration::from_millis(u64::from(grant.lease_ms)))
+    }
+
     /// Counts a report at `now` of `allowed` and `denied` requests: its demand over the
     /// seconds since the last report, which it returns.
     fn count_report(&mut self, now: Nanos, allowed: u64, denied: u64) -> f64 {
@@ -548,18 +558,23 @@ impl Session {
             .collect()
     }
 
-    /// The actions to send after an exchange answered `grants`: a new assignment where the
-    /// grant moved it past [`HYSTERESIS`] (or there was none), the one in force again when
-    /// half its time to live is gone, and an abandon for buckets idle past [`IDLE_ABANDON`].
-    pub(crate) fn assign(&mut self, now: Nanos, grants: &[v1::Grant]) -> Actions {
-        let grants: HashMap<&str, &v1::Grant> = grants.iter().map(|g| (g.group.as_str(), g)).collect();
-        // Each group's demand over this stream's buckets, to split its grant by.
+    /// Each group's demand over this stream's buckets, to split its grant by.
+    fn demands(&self) -> HashMap<GroupName, Demands> {
         let mut demand: HashMap<GroupName, Demands> = HashMap::new();
         for b in self.buckets.values() {
             if let Ok(g) = &b.group {
                 demand.entry(g.clone()).or_default().add(b);
             }
         }
+        demand
+    }
+
+    /// The actions to send after an exchange answered `grants`: a new assignment where the
+    /// grant moved it past [`HYSTERESIS`] (or there was none), the one in force again when
+    /// half its time to live is gone, and an abandon for buckets idle past [`IDLE_ABANDON`].
+    pub(crate) fn assign(&mut self, now: Nanos, grants: &[v1::Grant]) -> Actions {
+        let grants: HashMap<&str, &v1::Grant> = grants.iter().map(|g| (g.group.as_str(), g)).collect();
+        let demand = self.demands();
         // Groups with quotas are assigned from their allotments (in shadow mode Envoy allows
         // all, and the rates say what it would have denied); a group whose quotas went is
         // assigned by rates again.
@@ -587,13 +602,7 @@ impl Session {
                         continue;
                     };
                     let share = demand.get(g).map_or(1.0, |d| d.part(b, grant.rate));
-                    // Envoy's tokens are requests: the bucket's units over its cost.
-                    let (rate, burst) = (grant.rate * share / b.cost, grant.burst * share / b.cost);
-                    let mut want = Assignment::of(grant.unlimited, rate, burst);
-                    // Shadow mode: Envoy allows all; the bucket it would have had counts.
-                    b.shadow =
-                        if grant.shadow { ShadowBucket::instead_of(&mut want, b.shadow) } else { None };
-                    (want, Duration::from_millis(u64::from(grant.lease_ms)))
+                    b.by_rate(grant, share)
                 }
             };
             // Envoy reads whole seconds: rounded down, never below two.
