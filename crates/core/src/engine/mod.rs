@@ -43,6 +43,7 @@
 mod above;
 mod allot;
 mod catalog;
+mod classes;
 mod clients;
 mod diagnostics;
 mod fair;
@@ -81,6 +82,7 @@ use crate::settings::{BudgetPeriod, GroupName, GroupSettings};
 use crate::time::Nanos;
 
 use catalog::{Catalog, root_in, settings_in};
+pub use classes::ClassTotals;
 use clients::ClientTable;
 use metering::MeterEntry;
 use saturation::BackendState;
@@ -180,24 +182,6 @@ pub struct ClientReport {
     /// client that takes allotments; `None` for one that does not, which is given none. See
     /// [`Allotment`].
     pub quota: Option<QuotaHeld>,
-}
-
-/// A group's requests admitted and refused by class: critical, normal and sheddable, each
-/// `[admitted, refused]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ClassTotals(pub [[u64; 2]; 3]);
-
-impl ClassTotals {
-    /// Adds a report's counts: its critical and sheddable ones as sent, normal the rest.
-    fn add(&mut self, r: &ClientReport) {
-        let [critical, sheddable] = r.classes;
-        let all = [r.requests.max(0.0) as u64, r.throttled.max(0.0) as u64];
-        for k in 0..2 {
-            self.0[0][k] += critical[k];
-            self.0[2][k] += sheddable[k];
-            self.0[1][k] += all[k].saturating_sub(critical[k] + sheddable[k]);
-        }
-    }
 }
 
 /// A client's grant for one group: a rate, a burst and a lease (a duration, never a deadline).
@@ -884,7 +868,7 @@ pub struct Engine {
     upstream: upstream::Upstream,
     /// Requests admitted and refused by class since this engine first saw a critical or
     /// sheddable one in the group (only such groups).
-    classes: HashMap<GroupName, ClassTotals, FixedHasher>,
+    classes: classes::Classes,
     backends: BTreeMap<String, BackendState>,
     clients: ClientTable,
     /// Earlier incarnations of restarted clients, whose places the next tick drops.
@@ -958,7 +942,7 @@ impl Engine {
             provisional: provisional::Provisional::default(),
             slots: HashMap::default(),
             upstream: None,
-            classes: HashMap::default(),
+            classes: classes::Classes::default(),
             backends: BTreeMap::new(),
             clients,
             released: Vec::new(),
@@ -1197,9 +1181,7 @@ impl Engine {
             group: u32::try_from(at).unwrap_or(u32::MAX),
             client: u32::try_from(client_at).unwrap_or(u32::MAX),
         };
-        if r.classes != [[0; 2]; 2] || self.classes.contains_key(&key) {
-            self.classes.entry(key.clone()).or_default().add(&r);
-        }
+        self.classes.count(&key, &r);
         if g.meter_report(&r) && self.metering.on {
             // Named once between two takes, so that taking reads the changed meters only.
             self.metering.dirty.push(key.clone());
@@ -1583,7 +1565,7 @@ impl Engine {
     /// (see [`crate::class::RequestClass::ALL`]), since this engine first saw a critical or
     /// sheddable request in it; `None` before.
     pub fn by_class(&self, group: &GroupName) -> Option<ClassTotals> {
-        self.classes.get(group).copied()
+        self.classes.of(group)
     }
 
     /// What the clients of `group` hold of its in-flight quota (`None`: it has none, or no

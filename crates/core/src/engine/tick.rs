@@ -674,7 +674,7 @@ impl Engine {
         });
         self.provisional.forget(gone);
         self.slots.retain(|name, _| !gone(name));
-        self.classes.retain(|name, _| !gone(name));
+        self.classes.forget(gone);
         let n = forgotten.len();
         self.let_go(now, forgotten);
         n
