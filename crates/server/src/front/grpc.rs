@@ -100,9 +100,8 @@ impl Services {
     /// An exchange as it comes off the wire, answered as it goes back: read in place and
     /// written by hand ([`tollgate_proto::wire`]), the server's way (see [`ExchangeFront`]).
     pub fn exchange_encoded(&self, req: &Request<Bytes>) -> Result<Bytes, Status> {
-        let mut exchange = ExchangeView::decode(req.get_ref()).map_err(|e| {
-            Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
-        })?;
+        let mut exchange =
+            ExchangeView::decode(req.get_ref()).map_err(|e| undecodable("ExchangeRequest", &e))?;
         let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
         self.answer_in_shards(&exchange, privileged, &[], None)
     }
@@ -140,9 +139,7 @@ impl Services {
         let mut exchange = match ExchangeView::decode(req.get_ref()) {
             Ok(e) => e,
             Err(e) => {
-                return Some(Err(Status::internal(format!(
-                    "failed to decode Protobuf message: ExchangeRequest: {e}"
-                ))));
+                return Some(Err(undecodable("ExchangeRequest", &e)));
             }
         };
         let names: Vec<&str> = exchange.groups.iter().map(|g| g.group).collect();
@@ -191,9 +188,8 @@ impl Services {
             use prost::Message;
             let caller = req.extensions().get::<Caller>().cloned();
             let forwarded = req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA);
-            let message = v1::ExchangeRequest::decode(req.into_inner()).map_err(|e| {
-                Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
-            })?;
+            let message = v1::ExchangeRequest::decode(req.into_inner())
+                .map_err(|e| undecodable("ExchangeRequest", &e))?;
             let answer = services.sharded_exchange(caller, forwarded, message).await?;
             Ok(Response::new(Bytes::from(answer.encode_to_vec())))
         }))
@@ -210,16 +206,15 @@ impl Services {
         req: Request<Bytes>,
     ) -> Result<Bytes, Status> {
         use prost::Message;
-        let undecodable = |e: &dyn std::fmt::Display| {
-            Status::internal(format!("failed to decode Protobuf message: ExchangeRequest: {e}"))
-        };
-        let mut exchange = ExchangeView::decode(req.get_ref()).map_err(|e| undecodable(&e))?;
+        let mut exchange =
+            ExchangeView::decode(req.get_ref()).map_err(|e| undecodable("ExchangeRequest", &e))?;
         let asked_unthrottled = exchange.groups.iter().any(|g| g.unthrottled != 0.0);
         let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
         let body = if privileged || !asked_unthrottled {
             req.into_inner()
         } else {
-            let mut message = v1::ExchangeRequest::decode(req.into_inner()).map_err(|e| undecodable(&e))?;
+            let mut message = v1::ExchangeRequest::decode(req.into_inner())
+                .map_err(|e| undecodable("ExchangeRequest", &e))?;
             for g in &mut message.groups {
                 g.unthrottled = 0.0;
             }
@@ -443,9 +438,8 @@ impl Services {
         }
         let ack = self
             .take_report(move |controller, now| {
-                let report = ReportView::decode(req.get_ref()).map_err(|e| {
-                    Status::internal(format!("failed to decode Protobuf message: BackendReport: {e}"))
-                })?;
+                let report =
+                    ReportView::decode(req.get_ref()).map_err(|e| undecodable("BackendReport", &e))?;
                 controller.backend_report(now, &report)
             })
             .await?;
@@ -808,4 +802,9 @@ fn token_id(id: String) -> Result<String, Status> {
         )));
     }
     Ok(id)
+}
+
+/// The answer to a `message` that does not decode, worded as tonic words its own.
+fn undecodable(message: &str, e: &dyn std::fmt::Display) -> Status {
+    Status::internal(format!("failed to decode Protobuf message: {message}: {e}"))
 }
