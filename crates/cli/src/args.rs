@@ -261,8 +261,9 @@ pub(crate) struct ServerArgs {
     /// 1 to 4096; 256 is a good start.
     #[arg(long, requires = "etcd", conflicts_with = "region", value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub(crate) shards: Option<u16>,
-    /// Seconds a leader's election lease lasts (with --etcd): a leader killed is replaced
-    /// about this long after (1 to 60).
+    /// Seconds a controller's etcd lease lasts (with --etcd), 1 to 60: a controller whose
+    /// process dies is replaced at once (the others find its port closed and revoke its
+    /// lease); one whose host is down or cut off, about this long after.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60), requires = "etcd")]
     pub(crate) election_lease_s: u64,
     /// The gRPC listen address.

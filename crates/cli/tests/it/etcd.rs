@@ -899,6 +899,39 @@ fn roles(https: &[String; 2]) -> Option<(usize, usize)> {
         .then(|| (leading[0], 1 - leading[0]))
 }
 
+/// A killed controller's port refuses connections at once: the others find it so within a
+/// few probes and revoke its etcd lease, so its member key goes and the next candidate leads
+/// then, not when the lease runs out. With an election lease of 60 s, the follower leads
+/// within 30 s (a tenth of a second is usual), and the dead leader's member key is gone.
+#[test]
+fn a_killed_leaders_lease_is_revoked_by_its_peers_so_the_next_leads_at_once() {
+    let etcd = Etcd::start("dead-peer");
+    let flags = ["--election-lease-s", "60"];
+    let (c0, _, h0) = start_with(&etcd.url(), "/tollgate", &flags);
+    let (c1, _, h1) = start_with(&etcd.url(), "/tollgate", &flags);
+    let mut controllers = [Some(c0), Some(c1)];
+    let https = [h0, h1];
+    let mut both = None;
+    eventually("one leader", || {
+        both = roles(&https);
+        both.is_some()
+    });
+    let (leader, follower) = both.unwrap();
+    let members = || etcdctl(&etcd.url(), &["get", "--prefix", "--keys-only", "/tollgate/members/"]);
+    assert_eq!(members().lines().filter(|l| !l.is_empty()).count(), 2, "{}", members());
+    // kill -9.
+    controllers[leader] = None;
+    let leads = || status(&https[follower]).is_some_and(|s| s["role"] == "leader");
+    // 300 looks a tenth of a second apart: half the lease, at least.
+    let led = (0..300).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        leads()
+    });
+    assert!(led, "the follower leads before the dead leader's lease could run out");
+    assert_eq!(members().lines().filter(|l| !l.is_empty()).count(), 1, "{}", members());
+    drop(controllers);
+}
+
 /// An entry under the election's prefix that is no controller's candidacy (written by hand:
 /// no lease, not an address) would lead the election for ever once it is the oldest; the
 /// controllers delete it and one of them leads.

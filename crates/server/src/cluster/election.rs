@@ -34,6 +34,7 @@ use tollgate_model::engine::Relearn;
 use tollgate_model::time::Nanos;
 
 use crate::clock::Clock;
+use crate::cluster::peer_watch;
 use crate::cluster::role::{Cluster, Role, RoleView};
 use crate::options::EtcdTarget;
 use crate::store::etcd::{ETCD_TIMEOUT, connect, connect_unbounded, reason};
@@ -62,6 +63,9 @@ pub async fn run(
 ) {
     // The lease of the last term, until it is known revoked.
     let mut previous: Option<i64> = None;
+    let members = target.key("members/");
+    let me = member_key(&target, &advertise);
+    let _peers = peer_watch::AbortOnDrop(tokio::spawn(peer_watch::watch(target.clone(), members, me)));
     loop {
         let result = term(&target, &advertise, lease, cluster.clone(), clock, &mut previous).await;
         // The membership's lease may be gone: no shard is granted until the next term.

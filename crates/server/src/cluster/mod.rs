@@ -1,7 +1,8 @@
 //! The cluster: this controller among others sharing one etcd. [`role`] is its role
 //! (standalone, leader or follower, and who leads), [`leader_link`] the passing of calls to
 //! the leader;
-//! beside it, `election` (who leads), `shard_map` (the shard map on etcd) and
+//! beside it, `election` (who leads) with `peer_watch` (a dead peer's lease ended at once),
+//! `shard_map` (the shard map on etcd) and
 //! [`shard_routing`] (which controller owns which group) and [`shard_exchange`] (an exchange
 //! split by the owners of its groups and answered by them), [`regions`] (the region
 //! tier's lease on the global one) and `upstream_lease` (a regional leader's loop that
@@ -10,6 +11,8 @@
 #[cfg(feature = "etcd")]
 pub(crate) mod election;
 pub mod leader_link;
+#[cfg(feature = "etcd")]
+pub(crate) mod peer_watch;
 pub mod regions;
 pub mod role;
 pub mod shard_exchange;
