@@ -45,7 +45,8 @@ until_true() {
   exit 1
 }
 status() { curl -s --max-time 1 "${HTTP[$1]}/status" 2>/dev/null || true; }
-field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('$1'))"; }
+# A top-level string field of /status ("role", "leader"); the first of its name is the node's.
+field() { grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }
 owned() { curl -s --max-time 1 "${HTTP[$1]}/metrics" 2>/dev/null | awk '/^tollgate_shards_owned / {print $2}'; }
 # The controllers given serve: one leads, every one names it, and with shards they own all.
 serving() {
@@ -57,7 +58,7 @@ serving() {
     named+=("$(field leader <<<"$s")")
   done
   [ "$leaders" = 1 ] || return 1
-  for n in "${named[@]}"; do [ "$n" = "${named[0]}" ] && [ "$n" != None ] || return 1; done
+  for n in "${named[@]}"; do [ "$n" = "${named[0]}" ] && [ -n "$n" ] || return 1; done
   if [ -n "$SHARDS" ]; then
     for i in "$@"; do n=$(owned "$i"); total=$((total + ${n:-0})); done
     [ "$total" = "$SHARDS" ] || return 1
