@@ -932,6 +932,62 @@ fn a_killed_leaders_lease_is_revoked_by_its_peers_so_the_next_leads_at_once() {
     drop(controllers);
 }
 
+/// A quota spent on a leader killed before it wrote any consumption (`--flush-ms 60000`) is
+/// not spent again on its successor: the client's report says what it was given of the
+/// quota, and the successor counts that. A client asking as fast as a limit of 100/s allows
+/// admits at most the quota of 300 and one second of the limit across the kill, and at least
+/// nearly all of it. Before, the successor counted from the consumption written (none) and
+/// allotted the whole quota again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_spent_before_a_kill_is_not_spent_again_on_the_successor() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let etcd = Etcd::start("quota-kill");
+    let flags = ["--flush-ms", "60000"];
+    let (c0, u0, h0) = start_with(&etcd.url(), "/tollgate", &flags);
+    let (c1, u1, h1) = start_with(&etcd.url(), "/tollgate", &flags);
+    let mut controllers = [Some(c0), Some(c1)];
+    let (urls, https) = ([u0, u1], [h0, h1]);
+    admin(&urls.join(","), &["group", "create", "q", "--limit", "100", "--quota", "300/total"]);
+    let mut both = None;
+    eventually("one leader", || {
+        both = roles(&https);
+        both.is_some()
+    });
+    let (leader, _) = both.unwrap();
+    let gate = remote_as("spender", &urls.join(","));
+    let (admitted, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let task = {
+        let (gate, admitted, stop) = (gate.clone(), admitted.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_millis(2));
+            while !stop.load(Ordering::Relaxed) {
+                ticks.tick().await;
+                if gate.try_acquire("q", 1.0).is_ok() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    let count = || admitted.load(Ordering::Relaxed);
+    eventually("half the quota spent on the leader", || count() >= 150);
+    // kill -9: nothing of the group's consumption was written.
+    controllers[leader] = None;
+    // Spent to the end: the same count for about five seconds, well after a failover.
+    let mut last = (count(), 0);
+    eventually("the quota spent", || {
+        std::thread::sleep(Duration::from_millis(400));
+        last = if count() == last.0 { (last.0, last.1 + 1) } else { (count(), 0) };
+        last.1 >= 12 && last.0 > 150
+    });
+    stop_all(&stop, vec![task]).await;
+    let spent = count();
+    println!("admitted {spent} of a quota of 300 across the kill");
+    assert!(spent <= 300 + 100, "{spent} admitted of a quota of 300: spent again on the successor");
+    assert!(spent >= 290, "{spent} admitted of a quota of 300");
+    drop(controllers);
+}
+
 /// An entry under the election's prefix that is no controller's candidacy (written by hand:
 /// no lease, not an address) would lead the election for ever once it is the oldest; the
 /// controllers delete it and one of them leads.

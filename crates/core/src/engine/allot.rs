@@ -21,6 +21,11 @@
 //!   is taken (an answer it never received gave it nothing), never more than what the
 //!   controller gave; a controller that does not know the client yet (it restarted, or took
 //!   over) takes its word, so that what clients hold is counted from their first report.
+//! - Each window counts at least what the holders were given in the window under way, spent
+//!   or not: the allotments carry their window's count. A controller that took over from one
+//!   killed before it wrote its last consumption meters too little of the window, but the
+//!   clients' reports say what was given in it, so the units spent before the takeover are not
+//!   allotted again.
 //! - An allotment lapses when the shortest of the group's windows ends. The client stops
 //!   using it at the end it was told, measured from when it sent its request, which is never
 //!   after the controller's. A client that dies with units left loses them until the window
@@ -150,6 +155,11 @@ const LAPSED_REPORTS: u8 = 2;
 impl Ledger {
     fn unspent(&self) -> f64 {
         self.holders.iter().map(Holder::unspent).sum()
+    }
+
+    /// Units given in the window to its holders, spent or not.
+    fn given(&self) -> f64 {
+        self.holders.iter().map(|h| h.given).sum()
     }
 
     /// Unspent units of lapsed allotments that count in a window that began at `start`.
@@ -294,12 +304,14 @@ impl Quotas {
         if let Some(l) = self.ledgers.get_mut(ask.group) {
             l.lapsed.retain(|l| starts.iter().any(|&start| start < l.at));
         }
-        let unspent = self.ledgers[ask.group].unspent();
+        let (unspent, given) = (self.ledgers[ask.group].unspent(), self.ledgers[ask.group].given());
+        // Every window under way began by the ledger's (the latest start): what its holders
+        // were given in it, spent or not, is in each. A successor that took over counts it even
+        // where the consumption it metered misses what they spent before the takeover.
         let room = |w: BudgetPeriod, units: f64| {
             let start = self.window_start(ask.group, w);
             units
-                - self.counted(ask.group, w, ask.consumed)
-                - unspent
+                - (self.counted(ask.group, w, ask.consumed) + unspent).max(given)
                 - self.ledgers[ask.group].lapsed_in(start)
         };
         let left = s.quotas().map(|(w, units)| room(w, units)).fold(f64::INFINITY, f64::min);

@@ -1620,6 +1620,34 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
     assert_eq!((a.window, a.add, a.left), (12 * minute, 10.0, 10.0), "half of the hour's 20");
 }
 
+/// A controller that took over from one killed before it wrote its last consumption meters
+/// nothing of the minute spent before the takeover; the client's report says what it was given
+/// in the minute, and the successor allots only what is left beyond that. Before, it allotted
+/// from the whole quota again: 80 units spent, then half of 100 more.
+#[test]
+fn a_successor_counts_what_the_clients_were_given_in_the_window_before_it() {
+    use crate::settings::BudgetPeriod;
+    let s = GroupSettings::builder().limit(1000.0).quota(BudgetPeriod::Minute, 100.0).build().unwrap();
+    let mut successor = engine(EngineSettings::default());
+    successor.set_group(name("api"), s);
+    let minute = 60_000;
+    successor.set_wall_clock(Nanos(0), 10 * minute + 30_000);
+    successor.roll_windows(10 * minute + 30_000, BudgetPeriod::Total);
+    // The client was given 80 of this minute by the killed controller, and spent them all;
+    // its consumption reached the killed controller alone.
+    let mut held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
+    let mut given = held.given;
+    for second in 1..20 {
+        let r = ClientReport { quota: Some(held), ..report(1000.0, 0.0, 0.0) };
+        let a = successor.report(Nanos(second * S), 1, &name("api"), r).quota.expect("an allotment");
+        assert_eq!(a.window, 10 * minute);
+        given += a.add;
+        held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
+        assert!(given <= 100.0 + 1e-9, "{given} given of the minute's 100 across the takeover");
+    }
+    assert!(given >= 99.0, "what was left is given: {given}");
+}
+
 #[test]
 fn patterns_give_unconfigured_groups_their_settings_most_specific_first() {
     let mut e = engine(EngineSettings::default());
