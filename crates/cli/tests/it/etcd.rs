@@ -906,17 +906,8 @@ fn roles(https: &[String; 2]) -> Option<(usize, usize)> {
 #[test]
 fn a_killed_leaders_lease_is_revoked_by_its_peers_so_the_next_leads_at_once() {
     let etcd = Etcd::start("dead-peer");
-    let flags = ["--election-lease-s", "60"];
-    let (c0, _, h0) = start_with(&etcd.url(), "/tollgate", &flags);
-    let (c1, _, h1) = start_with(&etcd.url(), "/tollgate", &flags);
-    let mut controllers = [Some(c0), Some(c1)];
-    let https = [h0, h1];
-    let mut both = None;
-    eventually("one leader", || {
-        both = roles(&https);
-        both.is_some()
-    });
-    let (leader, follower) = both.unwrap();
+    let (mut controllers, _, https, (leader, follower)) =
+        two_with_a_leader(&etcd.url(), &["--election-lease-s", "60"], &[]);
     let members = || etcdctl(&etcd.url(), &["get", "--prefix", "--keys-only", "/tollgate/members/"]);
     assert_eq!(members().lines().filter(|l| !l.is_empty()).count(), 2, "{}", members());
     // kill -9.
@@ -932,6 +923,25 @@ fn a_killed_leaders_lease_is_revoked_by_its_peers_so_the_next_leads_at_once() {
     drop(controllers);
 }
 
+/// Two controllers on `etcd` with `flags`, and the group `create` makes (none when empty)
+/// through them: the controllers, their gRPC URLs and HTTP addresses, and which leads once
+/// one does (then the other).
+type Pair = ([Option<Killed>; 2], [String; 2], [String; 2], (usize, usize));
+fn two_with_a_leader(etcd: &str, flags: &[&str], create: &[&str]) -> Pair {
+    let (c0, u0, h0) = start_with(etcd, "/tollgate", flags);
+    let (c1, u1, h1) = start_with(etcd, "/tollgate", flags);
+    let (urls, https) = ([u0, u1], [h0, h1]);
+    if !create.is_empty() {
+        admin(&urls.join(","), create);
+    }
+    let mut both = None;
+    eventually("one leader", || {
+        both = roles(&https);
+        both.is_some()
+    });
+    ([Some(c0), Some(c1)], urls, https, both.unwrap())
+}
+
 /// A quota spent on a leader killed before it wrote any consumption (`--flush-ms 60000`) is
 /// not spent again on its successor: the client's report says what it was given of the
 /// quota, and the successor counts that. A client asking as fast as a limit of 100/s allows
@@ -943,18 +953,9 @@ async fn a_quota_spent_before_a_kill_is_not_spent_again_on_the_successor() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let etcd = Etcd::start("quota-kill");
-    let flags = ["--flush-ms", "60000"];
-    let (c0, u0, h0) = start_with(&etcd.url(), "/tollgate", &flags);
-    let (c1, u1, h1) = start_with(&etcd.url(), "/tollgate", &flags);
-    let mut controllers = [Some(c0), Some(c1)];
-    let (urls, https) = ([u0, u1], [h0, h1]);
-    admin(&urls.join(","), &["group", "create", "q", "--limit", "100", "--quota", "300/total"]);
-    let mut both = None;
-    eventually("one leader", || {
-        both = roles(&https);
-        both.is_some()
-    });
-    let (leader, _) = both.unwrap();
+    let create = ["group", "create", "q", "--limit", "100", "--quota", "300/total"];
+    let (mut controllers, urls, _, (leader, _)) =
+        two_with_a_leader(&etcd.url(), &["--flush-ms", "60000"], &create);
     let gate = remote_as("spender", &urls.join(","));
     let (admitted, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let task = {
@@ -1074,17 +1075,8 @@ async fn check_both_for_three_seconds(https: &[String; 2]) -> (u32, u32, f64) {
 async fn a_follower_answers_checks_and_envoy_from_a_lease_on_the_leader() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
     let etcd = Etcd::start("serve-all");
-    let (c0, u0, h0) = start_with_http(&etcd.url(), "/tollgate");
-    let (c1, u1, h1) = start_with_http(&etcd.url(), "/tollgate");
-    let mut controllers = [Some(c0), Some(c1)];
-    let (urls, https) = ([u0, u1], [h0, h1]);
-    admin(&urls.join(","), &["group", "create", "shared", "--limit", "20", "--burst", "20"]);
-    let mut both = None;
-    eventually("one leader", || {
-        both = roles(&https);
-        both.is_some()
-    });
-    let (leader, follower) = both.unwrap();
+    let create = ["group", "create", "shared", "--limit", "20", "--burst", "20"];
+    let (mut controllers, urls, https, (leader, follower)) = two_with_a_leader(&etcd.url(), &[], &create);
 
     // The follower decides, no redirect: its front ends hold a lease from the leader, which
     // counts them as a client of the group beside the leader's own front ends.
