@@ -146,10 +146,13 @@ pub async fn watch(target: crate::options::EtcdTarget, prefix: String, me: Strin
             strikes.keep_only(&listed);
         }
         let answers = futures_util::future::join_all(listed.iter().map(|m| probe(&m.address))).await;
-        for (m, answer) in listed.clone().iter().zip(answers) {
-            if !strikes.count(&m.key, answer) {
-                continue;
-            }
+        let dead: Vec<Member> = listed
+            .iter()
+            .zip(answers)
+            .filter(|(m, a)| strikes.count(&m.key, *a))
+            .map(|(m, _)| m.clone())
+            .collect();
+        for m in &dead {
             let Some(c) = client.as_mut() else { break };
             match tokio::time::timeout(ETCD_TIMEOUT, c.lease_revoke(m.lease)).await {
                 Ok(Ok(_)) => {
