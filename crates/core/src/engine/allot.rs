@@ -21,11 +21,12 @@
 //!   is taken (an answer it never received gave it nothing), never more than what the
 //!   controller gave; a controller that does not know the client yet (it restarted, or took
 //!   over) takes its word, so that what clients hold is counted from their first report.
-//! - Each window counts at least what the holders were given in the window under way, spent
-//!   or not: the allotments carry their window's count. A controller that took over from one
-//!   killed before it wrote its last consumption meters too little of the window, but the
-//!   clients' reports say what was given in it, so the units spent before the takeover are not
-//!   allotted again.
+//! - The allotments carry their window's count: a client reports what it used of the window
+//!   under way, and what it had used when a controller first hears of it was spent under
+//!   another (one killed before it wrote its last consumption, or this one before a restart).
+//!   The part of it beyond what the controller had metered of the window then (its store's
+//!   last write) is in no metering: each window counts it beside the metered consumption, so
+//!   the units spent before a takeover are not allotted again.
 //! - An allotment lapses when the shortest of the group's windows ends. The client stops
 //!   using it at the end it was told, measured from when it sent its request, which is never
 //!   after the controller's. A client that dies with units left loses them until the window
@@ -110,6 +111,10 @@ struct Holder {
     used: f64,
     /// Units it would use before its next exchange but one, at its last demand.
     want: f64,
+    /// Units it said it had used of the window when this engine first heard of it: spent
+    /// under another controller (one that was killed, or this one before a restart), and so
+    /// not in this engine's metering.
+    before: f64,
 }
 
 impl Holder {
@@ -131,6 +136,10 @@ struct Ledger {
     /// Allotments of earlier windows that lapsed with units unspent, not yet known spent or
     /// not.
     lapsed: Vec<Lapsed>,
+    /// What this engine had metered of the window when it first took a client's word for
+    /// units used in it before ([`Holder::before`]): the part of them already in its metering
+    /// (its store's last write).
+    metered_then: Option<f64>,
 }
 
 /// What a client held of an allotment when it lapsed.
@@ -157,9 +166,12 @@ impl Ledger {
         self.holders.iter().map(Holder::unspent).sum()
     }
 
-    /// Units given in the window to its holders, spent or not.
-    fn given(&self) -> f64 {
-        self.holders.iter().map(|h| h.given).sum()
+    /// Units the holders spent in the window before this engine knew them that its metering
+    /// does not hold: what they say they spent then, less what it had metered of the window
+    /// when it first heard of such units.
+    fn unmetered(&self) -> f64 {
+        let before: f64 = self.holders.iter().map(|h| h.before).sum();
+        (before - self.metered_then.unwrap_or(0.0)).max(0.0)
     }
 
     /// Unspent units of lapsed allotments that count in a window that began at `start`.
@@ -298,20 +310,24 @@ impl Quotas {
         let wall = self.wall_ms(ask.now)?;
         let (window, ends_at, pending) =
             self.start_windows(ask.group, s, (wall, ask.consumed), ask.demand > 0.0);
-        let at = self.holder(&ask, window, released);
+        // What this engine has metered of the window under way (the one that began last).
+        let latest = s.quotas().map(|(w, _)| w).max_by_key(|&w| self.window_start(ask.group, w));
+        let metered = latest.map_or(0.0, |w| self.counted(ask.group, w, ask.consumed));
+        let at = self.holder(&ask, (window, metered), released);
         // Lapsed allotments no window under way counts any more are forgotten.
         let starts: Vec<u64> = s.quotas().map(|(w, _)| self.window_start(ask.group, w)).collect();
         if let Some(l) = self.ledgers.get_mut(ask.group) {
             l.lapsed.retain(|l| starts.iter().any(|&start| start < l.at));
         }
-        let (unspent, given) = (self.ledgers[ask.group].unspent(), self.ledgers[ask.group].given());
+        let (unspent, before) = (self.ledgers[ask.group].unspent(), self.ledgers[ask.group].unmetered());
         // Every window under way began by the ledger's (the latest start): what its holders
-        // were given in it, spent or not, is in each. A successor that took over counts it even
-        // where the consumption it metered misses what they spent before the takeover.
+        // spent in it before this engine knew them is in each, though not in its metering.
         let room = |w: BudgetPeriod, units: f64| {
             let start = self.window_start(ask.group, w);
             units
-                - (self.counted(ask.group, w, ask.consumed) + unspent).max(given)
+                - self.counted(ask.group, w, ask.consumed)
+                - unspent
+                - before
                 - self.ledgers[ask.group].lapsed_in(start)
         };
         let left = s.quotas().map(|(w, units)| room(w, units)).fold(f64::INFINITY, f64::min);
@@ -340,7 +356,7 @@ impl Quotas {
 
     /// The place of `ask`'s client in its group's ledger of `window` (the ledger started
     /// afresh if it was another window's), with what it reports it holds taken.
-    fn holder(&mut self, ask: &Ask<'_>, window: u64, released: &[ClientId]) -> usize {
+    fn holder(&mut self, ask: &Ask<'_>, (window, metered): (u64, f64), released: &[ClientId]) -> usize {
         let ledger = self.ledgers.entry(ask.group.clone()).or_default();
         if ledger.window != window {
             // The shortest window ended: every allotment of the last one lapsed with it, what
@@ -357,6 +373,7 @@ impl Quotas {
             ledger.lapsed.extend(lapsed.collect::<Vec<_>>());
             ledger.window = window;
             ledger.holders.clear();
+            ledger.metered_then = None;
         }
         if !released.is_empty() {
             ledger.holders.retain(|h| released.binary_search(&h.client).is_err());
@@ -379,6 +396,7 @@ impl Quotas {
                     Some(q) => (h.given, h.used) = (finite(q.given).min(h.given), finite(q.used)),
                     None => (h.given, h.used) = (0.0, 0.0),
                 }
+                h.before = h.before.min(h.used);
                 at
             }
             Err(at) => {
@@ -388,7 +406,12 @@ impl Quotas {
                     .held
                     .filter(|q| q.window == window)
                     .map_or((0.0, 0.0), |q| (finite(q.given), finite(q.used)));
-                ledger.holders.insert(at, Holder { client: ask.client, given, used, want: 0.0 });
+                if used > 0.0 && ledger.metered_then.is_none() {
+                    ledger.metered_then = Some(metered);
+                }
+                ledger
+                    .holders
+                    .insert(at, Holder { client: ask.client, given, used, want: 0.0, before: used });
                 at
             }
         };
@@ -409,7 +432,7 @@ impl Quotas {
                 Allotment { window: 0, add: 0.0, ends_in: None, left: 0.0, reset_in: Some(ABOVE_RETRY) };
             return Some(nothing);
         };
-        let at = self.holder(&ask, lot.window, released);
+        let at = self.holder(&ask, (lot.window, 0.0), released);
         let left = lot.room - self.ledgers[ask.group].unspent();
         let add = size(&self.ledgers[ask.group].holders, at, left);
         let ledger = self.ledgers.get_mut(ask.group).expect("made above");

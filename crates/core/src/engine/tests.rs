@@ -1621,8 +1621,8 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
 }
 
 /// A controller that took over from one killed before it wrote its last consumption meters
-/// nothing of the minute spent before the takeover; the client's report says what it was given
-/// in the minute, and the successor allots only what is left beyond that. Before, it allotted
+/// nothing of the minute spent before the takeover; the client's report says what it used of
+/// the minute, and the successor allots only what is left beyond that. Before, it allotted
 /// from the whole quota again: 80 units spent, then half of 100 more.
 #[test]
 fn a_successor_counts_what_the_clients_were_given_in_the_window_before_it() {
@@ -1636,16 +1636,42 @@ fn a_successor_counts_what_the_clients_were_given_in_the_window_before_it() {
     // The client was given 80 of this minute by the killed controller, and spent them all;
     // its consumption reached the killed controller alone.
     let mut held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
-    let mut given = held.given;
+    // Each report after says what was spent since (the last allotment, all of it).
+    let (mut given, mut spent) = (held.given, 0.0);
     for second in 1..20 {
-        let r = ClientReport { quota: Some(held), ..report(1000.0, 0.0, 0.0) };
+        let r = ClientReport { quota: Some(held), ..report(1000.0, spent, 0.0) };
         let a = successor.report(Nanos(second * S), 1, &name("api"), r).quota.expect("an allotment");
         assert_eq!(a.window, 10 * minute);
-        given += a.add;
+        (given, spent) = (given + a.add, a.add);
         held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
         assert!(given <= 100.0 + 1e-9, "{given} given of the minute's 100 across the takeover");
     }
     assert!(given >= 99.0, "what was left is given: {given}");
+}
+
+/// Where the successor's store holds what was spent before (the last controller wrote it as
+/// it stopped), what the client says it used counts once: the rest of the minute is allotted.
+#[test]
+fn a_successor_whose_store_holds_the_units_spent_counts_them_once() {
+    use crate::settings::BudgetPeriod;
+    let s = GroupSettings::builder().limit(1000.0).quota(BudgetPeriod::Minute, 100.0).build().unwrap();
+    let mut successor = engine(EngineSettings::default());
+    successor.set_group(name("api"), s);
+    let minute = 60_000;
+    successor.set_wall_clock(Nanos(0), 10 * minute + 30_000);
+    successor.restore_meter(name("api"), crate::engine::Meter { consumed: 80.0, ..Default::default() });
+    // The minute counted from its start, as the store's records give it.
+    successor.set_budget_baseline(name("api"), BudgetPeriod::Minute, 10 * minute, 0.0);
+    let mut held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
+    let (mut given, mut spent) = (held.given, 0.0);
+    for second in 1..20 {
+        let r = ClientReport { quota: Some(held), ..report(1000.0, spent, 0.0) };
+        let a = successor.report(Nanos(second * S), 1, &name("api"), r).quota.expect("an allotment");
+        (given, spent) = (given + a.add, a.add);
+        held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
+        assert!(given <= 100.0 + 1e-9, "{given} given of the minute's 100");
+    }
+    assert!(given >= 99.0, "the 80 count once, and the rest is given: {given}");
 }
 
 #[test]
