@@ -1620,6 +1620,22 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
     assert_eq!((a.window, a.add, a.left), (12 * minute, 10.0, 10.0), "half of the hour's 20");
 }
 
+/// Client 1 of `api`, holding `held` of the minute that began at 10 minutes, spends every
+/// allotment as it comes for 19 s, each report saying what it spent since: the units given in
+/// the minute in all, never above its quota of 100.
+fn spend_a_minute_of_100(e: &mut Engine, mut held: crate::engine::QuotaHeld) -> f64 {
+    let (mut given, mut spent) = (held.given, 0.0);
+    for second in 1..20 {
+        let r = ClientReport { quota: Some(held), ..report(1000.0, spent, 0.0) };
+        let a = e.report(Nanos(second * S), 1, &name("api"), r).quota.expect("an allotment");
+        assert_eq!(a.window, 600_000);
+        (given, spent) = (given + a.add, a.add);
+        held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
+        assert!(given <= 100.0 + 1e-9, "{given} given of the minute's 100");
+    }
+    given
+}
+
 /// A controller that took over from one killed before it wrote its last consumption meters
 /// nothing of the minute spent before the takeover; the client's report says what it used of
 /// the minute, and the successor allots only what is left beyond that. Before, it allotted
@@ -1635,17 +1651,8 @@ fn a_successor_counts_what_the_clients_were_given_in_the_window_before_it() {
     successor.roll_windows(10 * minute + 30_000, BudgetPeriod::Total);
     // The client was given 80 of this minute by the killed controller, and spent them all;
     // its consumption reached the killed controller alone.
-    let mut held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
-    // Each report after says what was spent since (the last allotment, all of it).
-    let (mut given, mut spent) = (held.given, 0.0);
-    for second in 1..20 {
-        let r = ClientReport { quota: Some(held), ..report(1000.0, spent, 0.0) };
-        let a = successor.report(Nanos(second * S), 1, &name("api"), r).quota.expect("an allotment");
-        assert_eq!(a.window, 10 * minute);
-        (given, spent) = (given + a.add, a.add);
-        held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
-        assert!(given <= 100.0 + 1e-9, "{given} given of the minute's 100 across the takeover");
-    }
+    let held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
+    let given = spend_a_minute_of_100(&mut successor, held);
     assert!(given >= 99.0, "what was left is given: {given}");
 }
 
@@ -1662,15 +1669,8 @@ fn a_successor_whose_store_holds_the_units_spent_counts_them_once() {
     successor.restore_meter(name("api"), crate::engine::Meter { consumed: 80.0, ..Default::default() });
     // The minute counted from its start, as the store's records give it.
     successor.set_budget_baseline(name("api"), BudgetPeriod::Minute, 10 * minute, 0.0);
-    let mut held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
-    let (mut given, mut spent) = (held.given, 0.0);
-    for second in 1..20 {
-        let r = ClientReport { quota: Some(held), ..report(1000.0, spent, 0.0) };
-        let a = successor.report(Nanos(second * S), 1, &name("api"), r).quota.expect("an allotment");
-        (given, spent) = (given + a.add, a.add);
-        held = crate::engine::QuotaHeld { window: a.window, given, used: given, lasts: None };
-        assert!(given <= 100.0 + 1e-9, "{given} given of the minute's 100");
-    }
+    let held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
+    let given = spend_a_minute_of_100(&mut successor, held);
     assert!(given >= 99.0, "the 80 count once, and the rest is given: {given}");
 }
 
