@@ -1620,6 +1620,17 @@ fn quotas_per_window_are_counts_allotted_within_what_is_left_and_start_afresh_ea
     assert_eq!((a.window, a.add, a.left), (12 * minute, 10.0, 10.0), "half of the hour's 20");
 }
 
+/// A controller's engine new at 10 minutes 30 s past the hour, with `api` holding a quota of
+/// 100 a minute.
+fn successor_half_a_minute_in() -> Engine {
+    let quota = crate::settings::BudgetPeriod::Minute;
+    let s = GroupSettings::builder().limit(1000.0).quota(quota, 100.0).build().unwrap();
+    let mut e = engine(EngineSettings::default());
+    e.set_group(name("api"), s);
+    e.set_wall_clock(Nanos(0), 630_000);
+    e
+}
+
 /// Client 1 of `api`, holding `held` of the minute that began at 10 minutes, spends every
 /// allotment as it comes for 19 s, each report saying what it spent since: the units given in
 /// the minute in all, never above its quota of 100.
@@ -1643,11 +1654,7 @@ fn spend_a_minute_of_100(e: &mut Engine, mut held: crate::engine::QuotaHeld) -> 
 #[test]
 fn a_successor_counts_what_the_clients_were_given_in_the_window_before_it() {
     use crate::settings::BudgetPeriod;
-    let s = GroupSettings::builder().limit(1000.0).quota(BudgetPeriod::Minute, 100.0).build().unwrap();
-    let mut successor = engine(EngineSettings::default());
-    successor.set_group(name("api"), s);
-    let minute = 60_000;
-    successor.set_wall_clock(Nanos(0), 10 * minute + 30_000);
+    let (mut successor, minute) = (successor_half_a_minute_in(), 60_000);
     successor.roll_windows(10 * minute + 30_000, BudgetPeriod::Total);
     // The client was given 80 of this minute by the killed controller, and spent them all;
     // its consumption reached the killed controller alone.
@@ -1661,11 +1668,7 @@ fn a_successor_counts_what_the_clients_were_given_in_the_window_before_it() {
 #[test]
 fn a_successor_whose_store_holds_the_units_spent_counts_them_once() {
     use crate::settings::BudgetPeriod;
-    let s = GroupSettings::builder().limit(1000.0).quota(BudgetPeriod::Minute, 100.0).build().unwrap();
-    let mut successor = engine(EngineSettings::default());
-    successor.set_group(name("api"), s);
-    let minute = 60_000;
-    successor.set_wall_clock(Nanos(0), 10 * minute + 30_000);
+    let (mut successor, minute) = (successor_half_a_minute_in(), 60_000);
     successor.restore_meter(name("api"), crate::engine::Meter { consumed: 80.0, ..Default::default() });
     // The minute counted from its start, as the store's records give it.
     successor.set_budget_baseline(name("api"), BudgetPeriod::Minute, 10 * minute, 0.0);
