@@ -24,26 +24,12 @@ trap cleanup EXIT
 
 start_etcd "$WORK"
 
-GRPC=() HTTP=()
 start() {
   local more=()
   [ -z "$SHARDS" ] || more=(--shards "$SHARDS")
-  "$BIN" server --etcd "$ETCD_URL" "${more[@]}" \
-    --grpc "${GRPC[$1]}" --http "${HTTP[$1]}" --data "$WORK/data-$1" >>"$WORK/server-$1.log" 2>&1 &
-  PID[$1]=$!
+  start_controller "$1" "${more[@]}"
 }
-for i in 0 1 2; do
-  GRPC+=("127.0.0.1:$(free_port)")
-  HTTP+=("127.0.0.1:$(free_port)")
-  start "$i"
-done
-for i in 0 1 2; do wait_for_server "$BIN" "${GRPC[$i]}"; done
-ms() { date +%s%3N; }
-until_true() {
-  for _ in $(seq 3000); do "$@" && return 0; sleep 0.01; done
-  echo "never: $*" >&2
-  exit 1
-}
+start_three
 status() { curl -s --max-time 1 "${HTTP[$1]}/status" 2>/dev/null || true; }
 # A top-level string field of /status ("role", "leader"); the first of its name is the node's.
 field() { grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }

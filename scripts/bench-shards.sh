@@ -31,26 +31,9 @@ trap cleanup EXIT
 
 start_etcd "$WORK" --heartbeat-interval 50 --election-timeout 500
 
-GRPC=() HTTP=()
-start() {
-  "$BIN" server --etcd "$ETCD_URL" --shards 256 --election-lease-s 1 \
-    --grpc "${GRPC[$1]}" --http "${HTTP[$1]}" --data "$WORK/data-$1" >>"$WORK/server-$1.log" 2>&1 &
-  PID[$1]=$!
-}
-for i in 0 1 2; do
-  GRPC+=("127.0.0.1:$(free_port)")
-  HTTP+=("127.0.0.1:$(free_port)")
-  start "$i"
-done
-for i in 0 1 2; do wait_for_server "$BIN" "${GRPC[$i]}"; done
+start() { start_controller "$1" --shards 256 --election-lease-s 1; }
+start_three
 owned() { curl -s "${HTTP[$1]}/metrics" 2>/dev/null | awk '/^tollgate_shards_owned / {print $2}'; }
-# Milliseconds since the epoch, and until a condition holds (polled every 10 ms, 30 s at most).
-ms() { date +%s%3N; }
-until_true() {
-  for _ in $(seq 3000); do "$@" && return 0; sleep 0.01; done
-  echo "never: $*" >&2
-  exit 1
-}
 all_owned() {
   local total=0 i n
   for i in "$@"; do n=$(owned "$i"); total=$((total + ${n:-0})); done

@@ -84,3 +84,34 @@ msg = field(1, b"edge") + field(2, field(1, field(1, b"tenant") + field(2, b"acm
 open(sys.argv[1], "wb").write(b"\0" + len(msg).to_bytes(4, "big") + msg)
 PY
 }
+
+# Starts controller $1 of a cluster bench on etcd ($ETCD_URL) with the options after it, its
+# addresses GRPC[$1] and HTTP[$1] and its data under $WORK: sets PID[$1].
+start_controller() {
+  local i=$1
+  shift
+  "$BIN" server --etcd "$ETCD_URL" "$@" \
+    --grpc "${GRPC[$i]}" --http "${HTTP[$i]}" --data "$WORK/data-$i" >>"$WORK/server-$i.log" 2>&1 &
+  PID[$i]=$!
+}
+
+# Starts three controllers on free ports with `start` (a function of the index) and waits
+# for each to answer: sets GRPC and HTTP.
+start_three() {
+  local i
+  GRPC=() HTTP=()
+  for i in 0 1 2; do
+    GRPC+=("127.0.0.1:$(free_port)")
+    HTTP+=("127.0.0.1:$(free_port)")
+    start "$i"
+  done
+  for i in 0 1 2; do wait_for_server "$BIN" "${GRPC[$i]}"; done
+}
+
+# Milliseconds since the epoch, and until a condition holds (polled every 10 ms, 30 s at most).
+ms() { date +%s%3N; }
+until_true() {
+  for _ in $(seq 3000); do "$@" && return 0; sleep 0.01; done
+  echo "never: $*" >&2
+  exit 1
+}
