@@ -193,6 +193,10 @@ fn apply(action: &Action, controller: &Controller, world: &mut World, now: Nanos
             world.set_client_rate(group, *rate);
             Ok(())
         }
+        Action::SetClient { index, rate } => {
+            world.set_one_client_rate(*index, *rate);
+            Ok(())
+        }
     };
     result.expect("a store in memory does not fail");
 }

@@ -141,6 +141,10 @@ pub struct ClientSpec {
     pub backends: Vec<usize>,
     /// Always admitted, still counted.
     pub unthrottled: bool,
+    /// Whether a refused request waits in the client's queue to be tried again (an
+    /// application with its own queue) or is answered at once and gone (a front end such as
+    /// a controller's rate-limit service).
+    pub queue: bool,
     /// The share of its requests in each class: critical, normal, sheddable (adding up to 1).
     pub mix: [f64; 3],
 }
@@ -178,6 +182,15 @@ pub enum Action {
         /// The group.
         group: GroupName,
         /// Requests per second each client attempts from then on.
+        rate: f64,
+    },
+    /// One client attempts a new number of requests per second (0: it stops): load that
+    /// moves from some clients to others.
+    SetClient {
+        /// Index into [`Scenario::clients`]: the clients in the order they are declared, each
+        /// `count` expanded.
+        index: usize,
+        /// Requests per second it attempts from then on.
         rate: f64,
     },
 }
@@ -713,16 +726,8 @@ fn clients(
         },
         None => (0..backends.len()).collect(),
     };
-    let unthrottled = match f.take("unthrottled") {
-        Some((p, v)) => match v.get_ref() {
-            DeValue::Boolean(b) => *b,
-            other => {
-                r.error(v.span(), p, format!("must be true or false, got {}", other.type_str()));
-                false
-            }
-        },
-        None => false,
-    };
+    let unthrottled = flag(r, &mut f, "unthrottled", false);
+    let queue = flag(r, &mut f, "queue", true);
     let asks = match f.take("asks") {
         Some((p, v)) => r.positive(&p, v).and_then(|a| {
             if a > tollgate_model::settings::UNITS_MAX {
@@ -739,7 +744,7 @@ fn clients(
         None => None,
     };
     let mix = class_mix(r, &mut f, path, v);
-    r.finish(f, "group, count, rate, cost, asks, backends, unthrottled, class, classes");
+    r.finish(f, "group, count, rate, cost, asks, backends, unthrottled, queue, class, classes");
     let (Some(group), Some(rate), Some(usage)) = (group, rate, usage) else { return };
     // Checked before they are made: a run holds every client and its links.
     let links: usize = out.iter().map(|c| c.backends.len().max(1)).sum();
@@ -772,8 +777,23 @@ fn clients(
             asks,
             backends: chosen.clone(),
             unthrottled,
+            queue,
             mix,
         });
+    }
+}
+
+/// A true-or-false key of `f`, `default` when absent.
+fn flag(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, key: &str, default: bool) -> bool {
+    match f.take(key) {
+        Some((p, v)) => match v.get_ref() {
+            DeValue::Boolean(b) => *b,
+            other => {
+                r.error(v.span(), p, format!("must be true or false, got {}", other.type_str()));
+                default
+            }
+        },
+        None => default,
     }
 }
 
@@ -887,17 +907,19 @@ fn action(r: &mut Reader<'_>, path: &str, v: &Value<'_>, s: &Scenario, pending: 
             let rate = required(r, &mut cf, &p, v, "rate", client_rate);
             r.finish(cf, "group, rate");
             Some(Action::SetClients { group: group?, rate: rate? })
+        } else if let Some((p, v)) = f.take("set_client") {
+            set_client(r, &p, v, s.clients.len())
         } else {
             r.error(
                 v.span(),
                 path,
-                "must hold one of set_backend, set_group, remove_group, settle or set_clients",
+                "must hold one of set_backend, set_group, remove_group, settle, set_clients or set_client",
             );
             None
         }
     };
     let result = read(r);
-    r.finish(f, "set_backend, set_group, remove_group, settle, set_clients");
+    r.finish(f, "set_backend, set_group, remove_group, settle, set_clients, set_client");
     result
 }
 
@@ -917,6 +939,28 @@ fn required<'t, 'a, T>(
             None
         }
     }
+}
+
+/// `set_client = { index = 2, rate = 0 }`: one of the scenario's `clients` asks a new rate.
+fn set_client(r: &mut Reader<'_>, p: &str, v: &Value<'_>, clients: usize) -> Option<Action> {
+    let mut cf = r.fields(p, v)?;
+    let index = required(r, &mut cf, p, v, "index", |r, kp, kv| {
+        if clients == 0 {
+            r.error(kv.span(), kp, "names a client, and the scenario has none");
+            return None;
+        }
+        r.integer(kp, kv, 0, clients as u64 - 1)
+    });
+    let rate = required(r, &mut cf, p, v, "rate", |r, kp, kv| {
+        let rate = r.non_negative(kp, kv)?;
+        if rate > CLIENT_RATE_MAX {
+            r.error(kv.span(), kp, format!("must be at most {CLIENT_RATE_MAX} requests/s, got {rate}"));
+            return None;
+        }
+        Some(rate)
+    });
+    r.finish(cf, "index, rate");
+    Some(Action::SetClient { index: index? as usize, rate: rate? })
 }
 
 /// Requests per second a client attempts: above 0, at most [`CLIENT_RATE_MAX`].
@@ -1307,6 +1351,28 @@ mod tests {
     }
 
     #[test]
+    fn one_clients_step_and_a_front_ends_refusals_are_read_and_checked() {
+        let ok = Scenario::parse(&phase("[[phase.action]]\nset_client = { index = 1, rate = 0 }\n")).unwrap();
+        assert_eq!(ok.phases[0].actions, [Action::SetClient { index: 1, rate: 0.0 }]);
+        assert!(ok.clients.iter().all(|c| c.queue), "clients queue by default");
+        for (action, expected) in [
+            ("set_client = { rate = 5 }", "phase[0].action[0].set_client.index: is required"),
+            ("set_client = { index = 2, rate = 5 }", "set_client.index: must be"),
+            ("set_client = { index = 0, rate = -1 }", "set_client.rate: must not be negative, got -1"),
+            ("set_client = { index = 0, rate = 1e9 }", "set_client.rate: must be at most 100000 requests/s"),
+            ("set_client = { index = 0, rate = 1, group = \"g\" }", "expected one of index, rate"),
+        ] {
+            let bad =
+                Scenario::parse(&phase(&format!("[[phase.action]]\n{action}\n"))).unwrap_err().to_string();
+            assert!(bad.contains(expected), "{expected}\n{bad}");
+        }
+        let front = phase("").replace("rate = 1.0\n", "rate = 1.0\nqueue = false\n");
+        assert!(Scenario::parse(&front).unwrap().clients.iter().all(|c| !c.queue));
+        let bad = Scenario::parse(&front.replace("queue = false", "queue = 1")).unwrap_err().to_string();
+        assert!(bad.contains("client[0].queue: must be true or false"), "{bad}");
+    }
+
+    #[test]
     fn broken_rules_and_unknown_keys_are_reported_by_line() {
         let src = phase("[[phase.action]]\nset_group = { name = \"g\", limit = 5 }\nspeed = 1\n");
         let errors = Scenario::parse(&src).unwrap_err().0;
@@ -1315,7 +1381,7 @@ mod tests {
             got,
             [
                 "line 17: phase[0].action[0].set_group.reserved: must not exceed limit (10 > 5)",
-                "line 18: phase[0].action[0].speed: unknown field; expected one of set_backend, set_group, remove_group, settle, set_clients",
+                "line 18: phase[0].action[0].speed: unknown field; expected one of set_backend, set_group, remove_group, settle, set_clients, set_client",
             ]
         );
     }

@@ -44,6 +44,8 @@ struct Client {
     asks: f64,
     backends: Vec<usize>,
     handle: GroupHandle,
+    /// Refused requests wait to be tried again (else they are gone).
+    queue: bool,
     /// The share of its requests in each class, and each class's arrivals and queue.
     mix: [f64; 3],
     arrivals: [f64; 3],
@@ -211,6 +213,7 @@ impl World {
                     cost,
                     asks: spec.asks.unwrap_or(cost),
                     backends: spec.backends.clone(),
+                    queue: spec.queue,
                     handle: gate.group(spec.group.as_str()).expect("scenario group names are valid"),
                     mix: spec.mix,
                     arrivals: std::array::from_fn(|_| rng.next_f64()),
@@ -258,7 +261,14 @@ impl World {
                 c.arrivals[k] -= new;
                 c.backlog[k] += new as u64;
                 while c.backlog[k] > 0 {
-                    let Ok(permit) = c.handle.try_acquire_class(c.asks, class) else { break };
+                    let Ok(permit) = c.handle.try_acquire_class(c.asks, class) else {
+                        if c.queue {
+                            break;
+                        }
+                        // Refused and gone: the next request is tried, and counted, on its own.
+                        c.backlog[k] -= 1;
+                        continue;
+                    };
                     if c.asks != c.cost {
                         let _ = permit.settle(c.cost);
                     }
@@ -397,6 +407,13 @@ impl World {
     pub fn set_client_rate(&mut self, group: &GroupName, rate: f64) {
         let Some(g) = self.groups.iter().position(|n| n == group) else { return };
         for c in self.clients.iter_mut().filter(|c| c.group == g) {
+            c.rate = rate;
+        }
+    }
+
+    /// Client `index` (in the scenario's order) attempts `rate` requests per second from now on.
+    pub fn set_one_client_rate(&mut self, index: usize, rate: f64) {
+        if let Some(c) = self.clients.get_mut(index) {
             c.rate = rate;
         }
     }
