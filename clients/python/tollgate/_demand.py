@@ -3,7 +3,7 @@ uses (the Rust model's ``demand`` module; a shared table of cases keeps the two 
 
 - **demand** is the rate of units asked since the last report (admitted or not, unthrottled
   work included, each request once however long it waited), or its moving average (folding
-  time 1 s) when that is higher;
+  time 0.2 s) when that is higher;
 - a group whose requests had to wait since the last report asks for at least half again the
   rate it holds;
 - units waiting now are reported as they are; unthrottled units as a rate;
@@ -19,7 +19,7 @@ from typing import Optional
 
 from .cost import Consumption
 
-DEMAND_FOLDING_S = 1.0
+DEMAND_FOLDING_S = 0.2
 """Folding time of the demand smoother, seconds."""
 HUNGRY_FACTOR = 1.5
 """How much more than its grant a group whose requests waited asks for."""

@@ -5,8 +5,10 @@
 //! At each report a [`DemandMeter`] turns the totals into a [`ClientReport`] for the engine:
 //!
 //! - **demand** = the rate of units asked since the last report, or its moving average
-//!   (exponential, folding time 1 s) when that is higher, so a quiet moment does not drop a
-//!   busy client at once;
+//!   (exponential, folding time [`DEMAND_FOLDING_S`]) when that is higher, so a quiet moment
+//!   between reports at a fast tick does not drop a busy client at once, while a whole quiet
+//!   exchange period at the default tick (a second) leaves under 1 % of it: the share of a
+//!   client whose load went elsewhere goes to the busy clients at the next tick;
 //! - refused requests are already in what was asked; a client whose requests **had to wait**
 //!   since the last report wants more than it got, but asked each request once: its demand is
 //!   at least half again its current grant, so waiting work grows its share geometrically
@@ -27,8 +29,9 @@ use std::time::Duration;
 use crate::engine::ClientReport;
 use crate::time::Nanos;
 
-/// Folding time of the demand smoother, seconds.
-pub const DEMAND_FOLDING_S: f64 = 1.0;
+/// Folding time of the demand smoother, seconds: short beside the default exchange period,
+/// so an idle client's demand is e⁻⁵ (0.7 %) of what it was after one quiet second.
+pub const DEMAND_FOLDING_S: f64 = 0.2;
 
 /// How much more than its grant a refused or waiting client asks for.
 pub const HUNGRY_FACTOR: f64 = 1.5;
@@ -205,6 +208,29 @@ mod tests {
         m.report(Nanos(S), busy, 0.0, None);
         let r = m.report(Nanos(2 * S), busy, 0.0, None);
         assert!(r.demand > 0.0 && r.demand < 1000.0, "{r:?}");
+    }
+
+    #[test]
+    fn a_whole_quiet_exchange_period_leaves_under_one_percent() {
+        // A front end asking 600/s whose load went elsewhere: one quiet second later (the
+        // default exchange period) its demand is under 1 % of what it was, so its share goes
+        // to the busy front ends at the next tick.
+        let mut m = DemandMeter::new(Nanos(0));
+        let mut asked = 0.0;
+        for s in 1..=5 {
+            asked += 600.0;
+            m.report(Nanos(s * S), Counts { asked, ..Counts::default() }, 0.0, Some(333.0));
+        }
+        let r = m.report(Nanos(6 * S), Counts { asked, ..Counts::default() }, 0.0, Some(333.0));
+        assert!(r.demand > 0.0 && r.demand < 6.0, "{r:?}");
+        // At a fast tick (reports 100 ms apart) a quiet report keeps most of it.
+        let mut m = DemandMeter::new(Nanos(0));
+        let ms = |n: u64| Nanos(n * 1_000_000);
+        for i in 1..=20 {
+            m.report(ms(i * 100), Counts { asked: 60.0 * i as f64, ..Counts::default() }, 0.0, None);
+        }
+        let r = m.report(ms(2100), Counts { asked: 1200.0, ..Counts::default() }, 0.0, None);
+        assert!(r.demand > 0.5 * 600.0, "{r:?}");
     }
 
     #[test]

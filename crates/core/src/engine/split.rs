@@ -55,6 +55,8 @@ pub(crate) struct Asking {
     pub(crate) demand: f64,
     /// Units/s of unthrottled work.
     pub(crate) unthrottled: f64,
+    /// Units/s it consumed lately.
+    pub(crate) using: f64,
 }
 
 /// Each client's grant into `out`, in the order of `clients`; returns the water level.
@@ -87,12 +89,78 @@ pub(crate) fn split_into(
     level
 }
 
+/// Raises come out of what the others give up, not out of what they still use: a client whose
+/// grant is lowered holds its old one until its next exchange, so while it still uses more
+/// than its new grant, the clients raised at this tick are raised by that much less in all
+/// (each in proportion to its raise). `held` is what each client was granted at the last tick
+/// (NaN for one it did not know: its grant is left as split). One tick later the lowered
+/// client holds its new grant and the raises are given in full.
+///
+/// When the load on a group spreads from one client back over several, the one that had it
+/// all keeps admitting at its old grant until it exchanges again: raising the others at once
+/// would admit that much more than the target for up to an exchange period.
+pub(crate) fn hold_back_raises(grants: &mut [ClientGrant], held: &[f64], clients: &[Asking]) {
+    let (mut kept, mut raised) = (0.0, 0.0);
+    for ((g, &h), c) in grants.iter().zip(held).zip(clients) {
+        if g.rate < h {
+            kept += (h.min(c.using) - g.rate).max(0.0);
+        } else if g.rate > h && h.is_finite() {
+            raised += g.rate - h;
+        }
+    }
+    if kept <= 0.0 || raised <= 0.0 {
+        return;
+    }
+    let given = (1.0 - kept / raised).max(0.0);
+    for (g, &h) in grants.iter_mut().zip(held) {
+        if g.rate > h && h.is_finite() {
+            let rate = h + (g.rate - h) * given;
+            g.burst *= rate / g.rate;
+            g.rate = rate;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn asking(client: ClientId, demand: f64, unthrottled: f64) -> Asking {
-        Asking { client, demand, unthrottled }
+        Asking { client, demand, unthrottled, using: 0.0 }
+    }
+
+    #[test]
+    fn a_raise_waits_for_what_a_lowered_client_still_uses() {
+        // Client 1 had all 1,000 and still uses 600; the split lowers it to 400 and raises the
+        // others from nothing to 300 each. Until it exchanges it admits 600: the others get
+        // 200 each, and the three stay within the 1,000.
+        let clients =
+            [Asking { using: 600.0, ..asking(1, 600.0, 0.0) }, asking(2, 600.0, 0.0), asking(3, 600.0, 0.0)];
+        let mut out = vec![
+            ClientGrant { client: 1, rate: 400.0, burst: 400.0 },
+            ClientGrant { client: 2, rate: 300.0, burst: 300.0 },
+            ClientGrant { client: 3, rate: 300.0, burst: 300.0 },
+        ];
+        hold_back_raises(&mut out, &[1000.0, 0.0, 0.0], &clients);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let rates: Vec<f64> = out.iter().map(|g| g.rate).collect();
+        assert!(rates.iter().zip([400.0, 200.0, 200.0]).all(|(&a, b)| close(a, b)), "{rates:?}");
+        assert!(close(out[1].burst, 200.0), "{out:?}");
+        // A lowered client that uses no more than its new grant holds nothing back (the load
+        // left it), nor does one the last tick did not know.
+        let mut idle = vec![
+            ClientGrant { client: 1, rate: 10.0, burst: 10.0 },
+            ClientGrant { client: 2, rate: 990.0, burst: 990.0 },
+        ];
+        hold_back_raises(&mut idle, &[500.0, 500.0], &[asking(1, 10.0, 0.0), asking(2, 2000.0, 0.0)]);
+        assert_eq!((idle[0].rate, idle[1].rate), (10.0, 990.0));
+        let mut new = vec![
+            ClientGrant { client: 1, rate: 500.0, burst: 500.0 },
+            ClientGrant { client: 2, rate: 500.0, burst: 500.0 },
+        ];
+        let busy = Asking { using: 1000.0, ..asking(1, 1000.0, 0.0) };
+        hold_back_raises(&mut new, &[1000.0, f64::NAN], &[busy, asking(2, 1000.0, 0.0)]);
+        assert_eq!((new[0].rate, new[1].rate), (500.0, 500.0));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::LimitingLaw;
 use crate::time::Nanos;
 
 use super::fair::{Limited, share_pools};
-use super::split::{Asking, split_into};
+use super::split::{Asking, hold_back_raises, split_into};
 use super::{ClientGrant, Engine, GroupOutcome, OrNan};
 
 /// A forgotten group's name, its resumable ramp's pool and TTL, and its meter.
@@ -186,6 +186,8 @@ pub(super) struct Buffers {
     pub(super) loads: super::saturation::Loads,
     pub(super) rows: Arc<Vec<Row>>,
     pub(super) asking: Vec<super::split::Asking>,
+    /// What each client of the group being granted held at the last tick.
+    pub(super) held: Vec<f64>,
 }
 
 /// How many groups (or backends' loads) a tick's first slice walks; the next slices are sized
@@ -523,7 +525,7 @@ impl Engine {
         let trace_t = self.trace_time(run.now);
         let tick = self.settings.tick;
         let Engine { tracked, ticking, trace, learning, catalog: configured, .. } = self;
-        let Buffers { rows, asking, scratch, .. } = &mut ticking.buffers;
+        let Buffers { rows, asking, scratch, held, .. } = &mut ticking.buffers;
         let slice = &mut tracked.as_mut_slice()[run.next..end];
         for ((name, g), i) in slice.iter_mut().zip(run.next..) {
             let row = &rows[i];
@@ -539,7 +541,11 @@ impl Engine {
             let clients = row.clients as usize;
             let asked = &asking[run.from..run.from + clients];
             run.from += clients;
+            held_before(held, &grants, asked);
             let water_level = grant(&mut grants, target, row, asked, scratch);
+            if target.is_some() {
+                hold_back_raises(&mut grants, held, asked);
+            }
             if learning.covers(run.now, name, super::root_in(configured, name)) {
                 for g in grants.iter_mut() {
                     let held = learning.held(name, g.client);
@@ -965,6 +971,17 @@ fn contained(
     (reserved, cap, burst)
 }
 
+/// What each of `asked` was granted at the last tick (`before`, sorted by client), into `held`:
+/// NaN for a client it did not know.
+fn held_before(held: &mut Vec<f64>, before: &[ClientGrant], asked: &[Asking]) {
+    held.clear();
+    held.extend(
+        asked.iter().map(|c| {
+            before.binary_search_by_key(&c.client, |g| g.client).map_or(f64::NAN, |i| before[i].rate)
+        }),
+    );
+}
+
 /// A group's clients' asks, appended to the tick's list; returns their demand and unthrottled
 /// units/s, added up as `Iterator::sum` would (from −0.0).
 fn asks(clients: &[super::ClientEntry], asking: &mut Vec<Asking>) -> (f64, f64) {
@@ -976,6 +993,7 @@ fn asks(clients: &[super::ClientEntry], asking: &mut Vec<Asking>) -> (f64, f64) 
             client: c.client,
             demand: f64::from(c.demand),
             unthrottled: f64::from(c.unthrottled),
+            using: f64::from(c.rates[0]),
         });
     }
     (demand, unthrottled)
