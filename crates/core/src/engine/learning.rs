@@ -27,6 +27,9 @@ pub enum Relearn {
     /// These groups: a controller started again over a store that says which groups had
     /// traffic lately.
     Groups(Vec<GroupName>),
+    /// Every group, each client held to the grant it has now: a leader that lost its store
+    /// (etcd) and goes on renewing what it gave, never more, while no other can be elected.
+    Held,
     /// The groups of these shards (of `count`, by their tree's root): an owner given shards another owner served.
     Shards {
         /// How many shards the groups are spread over.
@@ -42,14 +45,20 @@ const LEASES_MAX: usize = 16;
 #[derive(Debug, Clone)]
 enum Scope {
     All,
+    /// Every group, held by a leader riding out an etcd outage: not a lease it must learn
+    /// before it is ready, as the others are.
+    Held,
     Groups(HashSet<GroupName>),
-    Shards { count: u16, taken: HashSet<u16> },
+    Shards {
+        count: u16,
+        taken: HashSet<u16>,
+    },
 }
 
 impl Scope {
     fn covers(&self, group: &GroupName, root: &GroupName) -> bool {
         match self {
-            Scope::All => true,
+            Scope::All | Scope::Held => true,
             Scope::Groups(g) => g.contains(group),
             Scope::Shards { count, taken } => taken.contains(&shard_of(root.as_str(), *count)),
         }
@@ -81,11 +90,23 @@ impl Learning {
     pub(crate) fn start(&mut self, now: Nanos, until: Nanos, which: Relearn) {
         self.touch(now);
         self.leases.retain(|(end, _)| now < *end);
+        if matches!(which, Relearn::Held) {
+            // One hold, renewed: its end moves on.
+            let end = self
+                .leases
+                .iter()
+                .filter(|(_, s)| matches!(s, Scope::Held))
+                .map(|(e, _)| *e)
+                .fold(until, Nanos::max);
+            self.leases.retain(|(_, s)| !matches!(s, Scope::Held));
+            self.leases.push((end, Scope::Held));
+            return;
+        }
         let scope = match which {
             Relearn::Groups(g) if g.is_empty() => return,
             Relearn::Shards { taken, .. } if taken.is_empty() => return,
             _ if self.leases.len() >= LEASES_MAX => Scope::All,
-            Relearn::All => Scope::All,
+            Relearn::All | Relearn::Held => Scope::All,
             Relearn::Groups(g) => Scope::Groups(g.into_iter().collect()),
             Relearn::Shards { count, taken } => Scope::Shards { count, taken: taken.into_iter().collect() },
         };
@@ -124,6 +145,14 @@ impl Learning {
         }
     }
 
+    /// Notes that `client` holds `held` units/s in `group` now (infinite: unbounded), whatever
+    /// it says next: what a leader holding its grants ([`Relearn::Held`]) gave it.
+    pub(crate) fn seed(&mut self, group: &GroupName, client: ClientId, held: f64) {
+        if self.active() {
+            self.held.insert((group.clone(), client), held.max(0.0) as f32);
+        }
+    }
+
     /// What `client` last said it holds in learning `group` (0 when it has not said).
     pub(crate) fn held(&self, group: &GroupName, client: ClientId) -> f64 {
         if self.held.is_empty() {
@@ -145,9 +174,11 @@ impl Learning {
         self.leases.iter().any(|(end, _)| now < *end)
     }
 
-    /// When the last lease under way at `now` ends.
+    /// When the last lease under way at `now` ends, but for a leader's hold on its grants
+    /// ([`Relearn::Held`]), which is no relearning.
     pub(crate) fn ends(&self, now: Nanos) -> Option<Nanos> {
-        self.leases.iter().map(|(end, _)| *end).filter(|end| now < *end).max()
+        let learnt = self.leases.iter().filter(|(_, s)| !matches!(s, Scope::Held));
+        learnt.map(|(end, _)| *end).filter(|end| now < *end).max()
     }
 
     /// Whether `group` (of the tree whose root is `root`) is learning at `now`: no client of
@@ -193,6 +224,19 @@ mod tests {
         // Nothing to learn: no lease.
         l.start(Nanos(20), Nanos(30), Relearn::Groups(Vec::new()));
         assert!(!l.any(Nanos(21)));
+    }
+
+    #[test]
+    fn a_hold_covers_every_group_renewed_as_one_and_is_no_relearning() {
+        let mut l = Learning::default();
+        for t in 0..40 {
+            l.start(Nanos(t), Nanos(t + 10), Relearn::Held);
+        }
+        assert_eq!(l.leases.len(), 1, "renewed, not stacked");
+        assert!(l.covers(Nanos(45), &name("any"), &name("any")));
+        assert_eq!(l.ends(Nanos(45)), None, "a hold is no relearning: the leader is ready");
+        l.start(Nanos(45), Nanos(55), Relearn::All);
+        assert_eq!(l.ends(Nanos(46)), Some(Nanos(55)));
     }
 
     #[test]

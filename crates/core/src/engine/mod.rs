@@ -1670,7 +1670,15 @@ impl Engine {
     /// Starts a learning lease from `now` over `which` groups (see [`Relearn`]): for one
     /// lease, no client of those groups is granted more than it says it holds.
     pub fn relearn(&mut self, now: Nanos, which: Relearn) {
+        let held = matches!(which, Relearn::Held);
         self.learning.start(now, now.after(self.settings.lease), which);
+        if held {
+            for (name, g) in &self.tracked {
+                for c in g.outcome.iter().flat_map(|o| &o.grants) {
+                    self.learning.seed(name, c.client, c.rate);
+                }
+            }
+        }
     }
 
     /// Whether a learning lease is under way at `now`.

@@ -506,6 +506,44 @@ fn a_client_that_holds_nothing_gets_nothing_while_a_failover_is_learnt() {
     assert_eq!(e.report(Nanos(1), n, &name("fresh"), report(100.0, 0.0, 0.0)).rate, 100.0);
 }
 
+/// A leader that lost etcd holds the grants it gave: `a` and `b` share 100 at 50 each; while
+/// it holds, `b` falls silent and `a` asks for all of it, yet no client is granted more than
+/// it had, at the ticks or at its exchange, a newcomer gets nothing, and a group nothing
+/// limits stays unlimited. So a controller elected meanwhile, learning what the clients hold,
+/// can never see the two of them give more than the limit between them.
+#[test]
+fn a_leader_holding_its_grants_never_gives_more_than_it_gave() {
+    let mut e = engine(EngineSettings::default());
+    e.set_group(name("g"), GroupSettings::builder().limit(100.0).build().unwrap());
+    let (a, b) = (e.client(Nanos(0), "a", 1).unwrap(), e.client(Nanos(0), "b", 1).unwrap());
+    let free = e.client(Nanos(0), "free", 1).unwrap();
+    for c in [a, b] {
+        e.report(Nanos(1), c, &name("g"), report(100.0, 0.0, 0.0));
+    }
+    e.report(Nanos(1), free, &name("open"), report(100.0, 0.0, 0.0));
+    e.tick(Nanos(S));
+    assert_eq!(e.outcome(&name("g")).unwrap().grant_of(a).map(|g| g.rate), Some(50.0));
+    let mut t = S;
+    for _ in 0..30 {
+        // The holding leader renews its hold as it goes.
+        e.relearn(Nanos(t), Relearn::Held);
+        let r = ClientReport { held: 50.0, ..report(200.0, 50.0, 50.0) };
+        assert!(e.report(Nanos(t + 1), a, &name("g"), r).rate <= 50.0);
+        assert!(e.report(Nanos(t + 1), free, &name("open"), report(100.0, 0.0, 0.0)).rate.is_infinite());
+        t += S;
+        e.tick(Nanos(t));
+        let o = e.outcome(&name("g")).unwrap();
+        assert!(o.grant_of(a).is_some_and(|g| g.rate <= 50.0), "{:?}", o.grants);
+        assert!(o.granted() <= 100.0 + 1e-9);
+        if t == 2 * S {
+            // `b` has not reported since the hold began: it keeps what it was given.
+            assert_eq!(o.grant_of(b).map(|g| g.rate), Some(50.0), "{:?}", o.grants);
+        }
+    }
+    let c = e.client(Nanos(t + 1), "newcomer", 1).unwrap();
+    assert_eq!(e.report(Nanos(t + 1), c, &name("g"), report(10.0, 0.0, 0.0)).rate, 0.0);
+}
+
 /// Twenty clients share a limit of 1,000; each restarts (the same id, its numbering from 1).
 /// The first exchange of each new incarnation is granted what the dead one held, so the
 /// fleet is back at its limit within one exchange, whether the clients restart together or

@@ -34,6 +34,7 @@ use tollgate_model::engine::Relearn;
 use tollgate_model::time::Nanos;
 
 use crate::clock::Clock;
+use crate::cluster::etcd_hold::{self, Hold};
 use crate::cluster::peer_watch;
 use crate::cluster::role::{Cluster, Role, RoleView};
 use crate::options::EtcdTarget;
@@ -65,15 +66,25 @@ pub async fn run(
     let mut previous: Option<i64> = None;
     let members = target.key("members/");
     let me = member_key(&target, &advertise);
-    let _peers = peer_watch::AbortOnDrop(tokio::spawn(peer_watch::watch(target.clone(), members, me)));
+    let peers = Arc::new(peer_watch::Peers::default());
+    let _watch =
+        peer_watch::AbortOnDrop(tokio::spawn(peer_watch::watch(target.clone(), members, me, peers.clone())));
     loop {
-        let result = term(&target, &advertise, lease, cluster.clone(), clock, &mut previous).await;
+        let hold = cluster
+            .sharding()
+            .is_none()
+            .then(|| Hold::new(peers.clone(), cluster.link().peer_access(), &advertise));
+        let result = term(&target, &advertise, lease, cluster.clone(), clock, &mut previous, hold).await;
         // The membership's lease may be gone: no shard is granted until the next term.
         if let Some(s) = cluster.sharding() {
             s.set_term(None);
         }
-        let was_leader = cluster.role().role == Role::Leader;
-        cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader: None });
+        let was = cluster.role();
+        let was_leader = was.role == Role::Leader;
+        // A follower that lost etcd goes on passing calls to the leader it knew (which may be
+        // holding its grants through the outage); the next term's observation corrects it.
+        let leader = if was_leader { None } else { was.leader };
+        cluster.set_role(clock.now(), RoleView { role: Role::Follower, leader });
         match result {
             Err(e) if was_leader => tracing::warn!(error = %e, "stepped down as leader"),
             Err(e) => tracing::warn!(error = %e, "election: trying again"),
@@ -96,21 +107,18 @@ struct Renewal {
 }
 
 impl Renewal {
-    /// A renewal of the lease `lease_id` of `lease`, reopening a broken stream first. `Err`
-    /// when the last acknowledged one is a lease old: etcd may already have handed the
-    /// election on.
+    /// A renewal of the lease `lease_id` of `lease`, reopening a broken stream first.
     async fn turn(
         &mut self,
         client: &mut Client,
         (lease_id, lease): (i64, Duration),
         clock: Clock,
-        leading: bool,
-    ) -> Result<(), String> {
-        if clock.now().since(self.renewed) >= lease {
-            return Err(format!("the lease was not renewed within {lease:?}"));
-        }
+        (leading, holding): (bool, bool),
+    ) {
         if self.broken {
-            let reopened = tokio::time::timeout(lease / 3, client.lease_keep_alive(lease_id)).await;
+            // Short while a leader holds its grants: its rounds of asking the peers wait.
+            let wait = if holding { (lease / 3).min(etcd_hold::ASK_EVERY) } else { lease / 3 };
+            let reopened = tokio::time::timeout(wait, client.lease_keep_alive(lease_id)).await;
             if let Ok(Ok((k, a))) = reopened {
                 (self.keeper, self.acks, self.broken) = (k, a, false);
                 self.sent.clear();
@@ -124,7 +132,12 @@ impl Renewal {
                 tracing::warn!(error = %e, leading, "election: cannot renew the lease; trying until it could have run out");
             }
         }
-        Ok(())
+    }
+
+    /// Whether the last acknowledged renewal is a lease old at `now`: etcd may already have
+    /// handed the election on.
+    fn overdue(&self, now: Nanos, lease: Duration) -> bool {
+        now.since(self.renewed) >= lease
     }
 
     /// etcd's answer to a renewal: `Err` when the lease expired.
@@ -160,6 +173,7 @@ async fn term(
     cluster: Arc<Cluster>,
     clock: Clock,
     previous: &mut Option<i64>,
+    mut hold: Option<Hold>,
 ) -> Result<(), String> {
     let ttl = i64::try_from(lease.as_secs()).unwrap_or(i64::MAX).max(1);
     // Unbounded calls, for the campaign; those that should answer at once are bounded here.
@@ -176,8 +190,7 @@ async fn term(
     let mut campaigner = client.clone();
     let campaign = campaigner.campaign(name, advertise, lease_id);
     tokio::pin!(campaign);
-    let mut renew = tokio::time::interval(lease / 3);
-    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut renew, mut asking) = (delayed(lease / 3), delayed(etcd_hold::ASK_EVERY));
     let mut renewal = Renewal { keeper, acks, renewed: clock.now(), sent: Default::default(), broken: false };
     let mut leading = false;
     let outcome = loop {
@@ -185,27 +198,28 @@ async fn term(
             won = &mut campaign, if !leading => match won {
                 Ok(_) => {
                     leading = true;
-                    // The last leader's consumption and ramps, as it last wrote them, before
-                    // this one grants and writes its own (with the groups sharded, each shard's
-                    // owner reads its groups' when it is given them).
-                    // The groups with traffic lately are learnt for a lease: their clients may
-                    // hold grants the last leader gave (every group, when etcd does not say).
-                    if cluster.sharding().is_none() {
-                        take_over(&cluster, &mut client, target, clock).await;
-                    }
-                    cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
-                    tracing::info!(advertise, "elected leader");
+                    lead(&cluster, &mut client, target, clock, advertise).await;
                 }
                 Err(e) => break Err(reason(&e)),
             },
             _ = renew.tick() => {
-                if let Err(e) = renewal.turn(&mut client, (lease_id, lease), clock, leading).await {
-                    break Err(e);
+                let holding = hold.as_ref().is_some_and(Hold::holding);
+                if renewal.overdue(clock.now(), lease) && !holding && !may_hold(hold.as_mut(), leading, &cluster, clock).await {
+                    break Err(format!("the lease was not renewed within {lease:?}"));
+                }
+                renewal.turn(&mut client, (lease_id, lease), clock, (leading, holding)).await;
+            }
+            _ = asking.tick(), if hold.as_ref().is_some_and(Hold::holding) => {
+                if let Some(h) = hold.as_mut() && !h.round(&cluster, clock.now()).await {
+                    break Err("etcd is out of reach, and another controller leads or none answers".into());
                 }
             }
             ack = renewal.acks.message(), if !renewal.broken => {
                 if let Err(e) = renewal.ack(ack, leading) {
                     break Err(e);
+                }
+                if let Some(h) = hold.as_mut() && !renewal.overdue(clock.now(), lease) {
+                    h.end(clock.now());
                 }
             }
         }
@@ -217,6 +231,35 @@ async fn term(
         *previous = None;
     }
     outcome
+}
+
+/// An interval of `period` whose missed ticks are not made up.
+fn delayed(period: Duration) -> tokio::time::Interval {
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
+/// Whether a controller whose lease could have run out may go on: only a leader that may hold
+/// its grants, no other controller leading (see [`etcd_hold`]).
+async fn may_hold(hold: Option<&mut Hold>, leading: bool, cluster: &Cluster, clock: Clock) -> bool {
+    match hold {
+        Some(h) if leading => h.round(cluster, clock.now()).await,
+        _ => false,
+    }
+}
+
+/// This controller was elected: the last leader's consumption and ramps, as it last wrote
+/// them, before this one grants and writes its own (with the groups sharded, each shard's
+/// owner reads its groups' when it is given them); the groups with traffic lately are learnt
+/// for a lease, as their clients may hold grants the last leader gave (every group, when etcd
+/// does not say).
+async fn lead(cluster: &Cluster, client: &mut Client, target: &EtcdTarget, clock: Clock, advertise: &str) {
+    if cluster.sharding().is_none() {
+        take_over(cluster, client, target, clock).await;
+    }
+    cluster.set_role(clock.now(), RoleView { role: Role::Leader, leader: Some(advertise.to_string()) });
+    tracing::info!(advertise, "elected leader");
 }
 
 /// Revokes the last term's lease (its member key and candidacy go with it), takes a new one
@@ -294,7 +337,15 @@ async fn take_over(cluster: &Cluster, client: &mut Client, target: &EtcdTarget, 
     let since = crate::store::recent_since(wall_ms, controller.lease());
     let stored = crate::store::etcd::stored_progress(client, target, since).await;
     let recent = stored.as_ref().and_then(|s| s.recent.clone());
-    controller.relearn(clock.now(), recent.map_or(Relearn::All, Relearn::Groups));
+    let learnt = recent.map_or(Relearn::All, Relearn::Groups);
+    controller.relearn(clock.now(), learnt.clone());
+    // The last leader may have held its grants through an etcd outage until it heard of this
+    // one: learnt for a grant lease from when it surely stopped.
+    let later = cluster.controller().clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(etcd_hold::LEARN_MARGIN).await;
+        later.relearn(clock.now(), learnt);
+    });
     if let Some(stored) = stored {
         let meters = controller.ownership().restore_meters(stored.meters, |_| true);
         let ramps = controller.ownership().resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);

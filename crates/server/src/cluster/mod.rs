@@ -1,7 +1,8 @@
 //! The cluster: this controller among others sharing one etcd. [`role`] is its role
 //! (standalone, leader or follower, and who leads), [`leader_link`] the passing of calls to
 //! the leader;
-//! beside it, `election` (who leads) with `peer_watch` (a dead peer's lease ended at once),
+//! beside it, `election` (who leads) with `peer_watch` (a dead peer's lease ended at once)
+//! and `etcd_hold` (a leader riding out an etcd outage on the grants it gave),
 //! `shard_map` (the shard map on etcd) and
 //! [`shard_routing`] (which controller owns which group) and [`shard_exchange`] (an exchange
 //! split by the owners of its groups and answered by them), [`regions`] (the region
@@ -10,6 +11,8 @@
 
 #[cfg(feature = "etcd")]
 pub(crate) mod election;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd_hold;
 pub mod leader_link;
 #[cfg(feature = "etcd")]
 pub(crate) mod peer_watch;

@@ -94,6 +94,8 @@ impl Strikes {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
     key: String,
+    /// Its advertised URL.
+    url: String,
     address: String,
     lease: i64,
 }
@@ -110,9 +112,11 @@ async fn members(client: &mut Client, prefix: &str, me: &str) -> Result<Vec<Memb
         .iter()
         .filter_map(|kv| {
             let key = kv.key_str().ok()?;
-            let address = host_port(kv.value_str().ok()?)?;
+            let url = kv.value_str().ok()?;
+            let address = host_port(url)?;
             (key != me && kv.lease() != 0).then(|| Member {
                 key: key.to_string(),
+                url: url.to_string(),
                 address: address.to_string(),
                 lease: kv.lease(),
             })
@@ -121,9 +125,31 @@ async fn members(client: &mut Client, prefix: &str, me: &str) -> Result<Vec<Memb
         .collect())
 }
 
+/// The other controllers' advertised URLs, as the member list last read from etcd gave them
+/// (kept through an etcd outage: a leader holding its grants asks them who leads).
+#[derive(Debug, Default)]
+pub struct Peers(std::sync::Mutex<Vec<String>>);
+
+impl Peers {
+    /// The URLs last listed.
+    pub fn urls(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn set(&self, listed: &[Member]) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            listed.iter().map(|m| m.url.clone()).collect();
+    }
+}
+
 /// Probes the other members under `prefix` (this controller's own key is `me`) for as long
-/// as it runs, and revokes the lease of each one found dead.
-pub async fn watch(target: crate::options::EtcdTarget, prefix: String, me: String) {
+/// as it runs, and revokes the lease of each one found dead; keeps `peers` listing them.
+pub async fn watch(
+    target: crate::options::EtcdTarget,
+    prefix: String,
+    me: String,
+    peers: std::sync::Arc<Peers>,
+) {
     let mut client = None;
     let mut listed: Vec<Member> = Vec::new();
     let mut strikes = Strikes::default();
@@ -140,7 +166,10 @@ pub async fn watch(target: crate::options::EtcdTarget, prefix: String, me: Strin
         let Some(c) = client.as_mut() else { continue };
         if refresh {
             match members(c, &prefix, &me).await {
-                Ok(m) => listed = m,
+                Ok(m) => {
+                    listed = m;
+                    peers.set(&listed);
+                }
                 Err(_) => client = None,
             }
             strikes.keep_only(&listed);
@@ -167,6 +196,7 @@ pub async fn watch(target: crate::options::EtcdTarget, prefix: String, me: Strin
                 }
             }
             listed.retain(|l| l.key != m.key);
+            peers.set(&listed);
         }
     }
 }

@@ -25,6 +25,25 @@ pub use crate::cluster::leader_link::{
 use crate::cluster::shard_exchange::ShardExchange;
 use crate::controller::Controller;
 
+/// What a follower answers a call another controller passed on to it (`UNAVAILABLE`): it does
+/// not pass it on again.
+pub const NOT_LEADING: &str =
+    "passed on by another controller to this one, which does not lead either: the leader is changing";
+
+/// The metadata key of [`NOT_LEADING`]'s answer that names the leader the follower knows, if
+/// any: a leader holding its grants through an etcd outage asks its peers, and stops once one
+/// names another leader.
+pub const LEADER_METADATA: &str = "tollgate-leader";
+
+/// [`NOT_LEADING`], naming `leader` ([`LEADER_METADATA`]) when one is known.
+fn not_leading(leader: Option<&str>) -> Status {
+    let mut status = Status::unavailable(NOT_LEADING);
+    if let Some(value) = leader.and_then(|l| tonic::metadata::MetadataValue::try_from(l).ok()) {
+        status.metadata_mut().insert(LEADER_METADATA, value);
+    }
+    status
+}
+
 /// Checks a controller's advertised gRPC address: `http://HOST:PORT` or `https://HOST:PORT`,
 /// at most 255 bytes. The error says what it must be.
 pub fn check_advertise(address: &str) -> Result<(), String> {
@@ -192,9 +211,7 @@ impl Cluster {
         }
         let role = self.role.lock().unwrap_or_else(PoisonError::into_inner);
         match role.role {
-            Role::Follower if forwarded => Err(Status::unavailable(
-                "passed on by another controller to this one, which does not lead either: the leader is changing",
-            )),
+            Role::Follower if forwarded => Err(not_leading(role.leader.as_deref())),
             Role::Follower => Ok(Route::Leader(role.leader.clone())),
             Role::Leader | Role::Standalone => Ok(Route::Here),
         }
