@@ -15,12 +15,7 @@ RUNS=${RUNS:-20}
 SHARDS=${SHARDS:-}
 PID=()
 ETCD_PID=
-cleanup() {
-  for p in "${PID[@]}" $ETCD_PID; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap stop_cluster_bench EXIT
 
 start_etcd "$WORK"
 

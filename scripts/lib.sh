@@ -74,6 +74,14 @@ prepare_cluster_bench() {
   WORK=$(mktemp -d)
 }
 
+# Stops what a cluster bench started (the controllers in PID, etcd in ETCD_PID) and removes
+# $WORK: for `trap stop_cluster_bench EXIT`.
+stop_cluster_bench() {
+  for p in "${PID[@]}" $ETCD_PID; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+
 # Writes one gRPC-framed request to Envoy's rate-limit service to $1: domain edge, one
 # descriptor tenant=acme (the default rule names the group).
 write_rls_request() {

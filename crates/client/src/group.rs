@@ -348,6 +348,12 @@ impl Group {
         units(up.saturating_sub(self.settled_down_micro.load(Ordering::Relaxed)))
     }
 
+    /// Units asked for in all, admitted or not: what shows a group still asked.
+    pub(crate) fn asked(&self) -> f64 {
+        let t = self.counters.totals();
+        units(t.admitted_micro + t.throttled_micro)
+    }
+
     /// The running totals the demand meter reads.
     pub(crate) fn counts(&self) -> Counts {
         let t = self.counters.totals();

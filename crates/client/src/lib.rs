@@ -49,6 +49,7 @@ pub mod layer;
 mod metrics;
 mod names;
 mod permit;
+pub mod quiet;
 pub mod remote;
 pub mod reporter;
 pub mod scheduler;

@@ -366,6 +366,8 @@ pub struct Driver {
     ungranted: Vec<GroupName>,
     /// When the request in flight was sent: an allotment in its answer runs from then.
     sent_at: Option<Nanos>,
+    /// Busy groups whose requests stopped: reported at once, asking nothing.
+    quiet: crate::quiet::QuietWatch,
 }
 
 /// A group whose tokens fall under this share of its burst exchanges early.
@@ -404,6 +406,7 @@ impl Driver {
             spacing: EARLY_SPACING,
             ungranted: Vec::new(),
             sent_at: None,
+            quiet: crate::quiet::QuietWatch::default(),
         }
     }
 
@@ -472,10 +475,18 @@ impl Driver {
         now >= self.due_at()
     }
 
-    /// Moves grants being taken up over a trickle along to `now`. The exchange task calls it
-    /// at least every [`LOW_TOKENS_CHECK`]; a caller driving the exchanges itself calls it as
-    /// often.
+    /// Moves grants being taken up over a trickle along to `now`, and looks for busy groups
+    /// that stopped asking ([`quiet`](crate::quiet): an exchange is then due at once). The
+    /// exchange task calls it at least every [`LOW_TOKENS_CHECK`]; a caller driving the
+    /// exchanges itself calls it as often.
     pub fn poll(&mut self, now: Nanos) {
+        if self.quiet.watching()
+            && let Some(groups) = self.groups.upgrade()
+            && self.quiet.look(now, |name| groups.get(name.as_str()).map(|g| g.asked()))
+        {
+            // A busy group stopped asking: its share goes to the others at the next tick.
+            self.link.urgent();
+        }
         if self.trickles.is_empty() {
             return;
         }
@@ -604,7 +615,9 @@ impl Driver {
                 }
                 None => l.rate,
             });
-            let r = meter.report(now, counts, g.waiting(), held);
+            let interval = now.since(meter.last_report()).as_secs_f64().max(0.1);
+            let mut r = meter.report(now, counts, g.waiting(), held);
+            self.quiet.report(now, &g.name, (counts.asked, interval), &mut r);
             let rank = if !self.grants.contains_key(&g.name) || r.throttled > 0.0 || r.waiting > 0.0 {
                 0
             } else if r.requests > 0.0 {

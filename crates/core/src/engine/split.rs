@@ -77,9 +77,14 @@ pub(crate) fn split_into(
     scratch.extend(clients.iter().map(|c| (c.demand - c.unthrottled).max(0.0)));
     let level = water_level(rest, scratch);
     let asked: f64 = scratch.iter().sum();
-    let spare = if asked < rest && !clients.is_empty() { (rest - asked) / clients.len() as f64 } else { 0.0 };
+    // The spare goes to the clients that ask for something (to all, when none does): one
+    // whose load went elsewhere would only sit on it.
+    let asking = clients.iter().filter(|c| c.demand > 0.0).count();
+    let sharing = if asking > 0 { asking } else { clients.len() };
+    let spare = if asked < rest && sharing > 0 { (rest - asked) / sharing as f64 } else { 0.0 };
     out.extend(clients.iter().zip(scratch.iter()).map(|(c, d)| {
-        let rate = c.unthrottled * scale + d.min(level) + spare;
+        let share = if asking == 0 || c.demand > 0.0 { spare } else { 0.0 };
+        let rate = c.unthrottled * scale + d.min(level) + share;
         let burst = match burst_total {
             Some(b) if target > 0.0 => b * rate / target,
             _ => rate,
@@ -91,7 +96,7 @@ pub(crate) fn split_into(
 
 /// Raises come out of what the others give up, not out of what they still use: a client whose
 /// grant is lowered holds its old one until its next exchange, so while it still uses more
-/// than its new grant, the clients raised at this tick are raised by that much less in all
+/// than its new grant (its consumption lately, no more than the demand it now reports), the clients raised at this tick are raised by that much less in all
 /// (each in proportion to its raise). `held` is what each client was granted at the last tick
 /// (NaN for one it did not know: its grant is left as split). One tick later the lowered
 /// client holds its new grant and the raises are given in full.
@@ -103,7 +108,8 @@ pub(crate) fn hold_back_raises(grants: &mut [ClientGrant], held: &[f64], clients
     let (mut kept, mut raised) = (0.0, 0.0);
     for ((g, &h), c) in grants.iter().zip(held).zip(clients) {
         if g.rate < h {
-            kept += (h.min(c.using) - g.rate).max(0.0);
+            // What it still uses: its consumption lately, no more than it now asks for.
+            kept += (h.min(c.using).min(c.demand) - g.rate).max(0.0);
         } else if g.rate > h && h.is_finite() {
             raised += g.rate - h;
         }
@@ -154,6 +160,14 @@ mod tests {
         ];
         hold_back_raises(&mut idle, &[500.0, 500.0], &[asking(1, 10.0, 0.0), asking(2, 2000.0, 0.0)]);
         assert_eq!((idle[0].rate, idle[1].rate), (10.0, 990.0));
+        // Nor does one that used all of it lately but now asks for nothing (it went quiet).
+        let quiet = Asking { using: 500.0, ..asking(1, 0.0, 0.0) };
+        let mut moved = vec![
+            ClientGrant { client: 1, rate: 0.0, burst: 0.0 },
+            ClientGrant { client: 2, rate: 1000.0, burst: 1000.0 },
+        ];
+        hold_back_raises(&mut moved, &[500.0, 500.0], &[quiet, asking(2, 2000.0, 0.0)]);
+        assert_eq!((moved[0].rate, moved[1].rate), (0.0, 1000.0));
         let mut new = vec![
             ClientGrant { client: 1, rate: 500.0, burst: 500.0 },
             ClientGrant { client: 2, rate: 500.0, burst: 500.0 },
@@ -189,5 +203,13 @@ mod tests {
         );
         assert_eq!((out[0].rate, out[1].rate), (40.0, 60.0));
         assert_eq!((out[0].burst, out[1].burst), (20.0, 30.0));
+        // A client that asks nothing (its load went elsewhere) gets none of the spare; when
+        // none asks, they share it.
+        out.clear();
+        split_into(&mut out, 100.0, &[asking(1, 40.0, 0.0), asking(2, 0.0, 0.0)], None, &mut Vec::new());
+        assert_eq!((out[0].rate, out[1].rate), (100.0, 0.0));
+        out.clear();
+        split_into(&mut out, 100.0, &[asking(1, 0.0, 0.0), asking(2, 0.0, 0.0)], None, &mut Vec::new());
+        assert_eq!((out[0].rate, out[1].rate), (50.0, 50.0));
     }
 }
