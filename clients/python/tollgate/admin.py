@@ -15,7 +15,7 @@ from .v1 import tollgate_pb2 as pb
 from .v1 import tollgate_pb2_grpc as rpc
 
 Settings = Dict[str, Any]
-ROLES = ("admin", "client", "backend", "reader")
+ROLES = ("admin", "client", "backend", "reader", "region")
 
 _PRIORITIES = {"low": 1, "medium": 8, "high": 16}
 WINDOWS = ("minute", "hour", "day", "week", "month", "total")

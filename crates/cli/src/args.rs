@@ -80,13 +80,13 @@ pub(crate) enum BenchCommand {
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Run the controller: gRPC for clients, backends and admin; HTTP for metrics and status.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// FoundationDB-style tag quotas, in bytes/s.
     #[command(subcommand)]
     Quota(crate::admin::Quota),
     /// TiDB-style resource groups.
     #[command(subcommand)]
-    Group(crate::admin::Group),
+    Group(Box<crate::admin::Group>),
     /// Couchbase-style node settings.
     #[command(subcommand)]
     Node(crate::admin::Node),
@@ -249,12 +249,26 @@ pub(crate) struct ServerArgs {
     /// --etcd); default: http:// (https:// with TLS) and the bound --grpc address.
     #[arg(long, requires = "etcd")]
     pub(crate) advertise: Option<String>,
-    /// Serve this region's clients (with --etcd): the controllers given the same region
-    /// elect a leader of their own, which leases each group's share for the region from the
-    /// global tier (the controllers on the same etcd and prefix without --region), by the
-    /// region's demand. 1 to 63 lowercase letters, digits and -.
-    #[arg(long, requires = "etcd", value_parser = parse_region)]
+    /// Serve this region's clients: the controllers given the same region elect a leader of
+    /// their own, which leases each group's share for the region from the global tier, by the
+    /// region's demand. The global tier is the controllers on the same --etcd and prefix
+    /// without --region, or, with --upstream, the controllers at those URLs (the region then
+    /// keeps its own store: its own --etcd, or the embedded one). 1 to 63 lowercase letters,
+    /// digits and -.
+    #[arg(long, value_parser = parse_region)]
     pub(crate) region: Option<String>,
+    /// With --region: the global tier's gRPC URLs, comma-separated, tried in turn; the region
+    /// copies the global tier's groups into its own store and leases their shares there.
+    #[arg(long, requires = "region", value_name = "URL[,URL...]", value_delimiter = ',')]
+    pub(crate) upstream: Vec<String>,
+    /// With --upstream: a file holding the token the region calls the global tier with (one
+    /// made there by `tollgate token create --role region`).
+    #[arg(long, requires = "upstream", value_name = "FILE")]
+    pub(crate) upstream_token_file: Option<std::path::PathBuf>,
+    /// With --upstream: the PEM authority the global tier's certificate is checked against
+    /// (https:// URLs); default: the system's.
+    #[arg(long, requires = "upstream", value_name = "FILE")]
+    pub(crate) upstream_ca: Option<std::path::PathBuf>,
     /// Shard the groups over the controllers on the same etcd and prefix (with --etcd): each
     /// owns the shards a map in etcd gives it and grants for their groups, and passes the
     /// others' parts of an exchange on to their owners. Give every controller the same number,

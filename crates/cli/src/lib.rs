@@ -65,9 +65,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Some(n) => sim::seeds(&scenario, seed, n),
             None => sim::run(&scenario, out, seed, trace),
         },
-        Command::Server(args) => server::run(args),
+        Command::Server(args) => server::run(*args),
         Command::Quota(cmd) => admin_command(admin::quota(&target, cmd)),
-        Command::Group(cmd) => admin_command(admin::group(&target, cmd)),
+        Command::Group(cmd) => admin_command(admin::group(&target, *cmd)),
         Command::Node(cmd) => admin_command(admin::node(&target, cmd)),
         Command::Sql { statements, file } => {
             let text = match (statements, file) {

@@ -72,7 +72,7 @@ fn followed(a: &ServerArgs) -> anyhow::Result<Followed> {
 }
 
 /// The token in `--admin-token-file`'s FILE (the first kilobyte, trimmed), if it reads as one.
-fn admin_token(path: &std::path::Path) -> anyhow::Result<String> {
+fn token_file(flag: &str, path: &std::path::Path) -> anyhow::Result<String> {
     let read = || -> anyhow::Result<String> {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::open(path)?, 1024), &mut text)?;
@@ -83,7 +83,20 @@ fn admin_token(path: &std::path::Path) -> anyhow::Result<String> {
         );
         Ok(token.to_string())
     };
-    read().map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))
+    read().map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
+}
+
+/// The global tier a region with a store of its own reaches (`--upstream`), checked.
+fn upstream(a: &ServerArgs) -> anyhow::Result<Option<tollgate_controller::Upstream>> {
+    if a.upstream.is_empty() {
+        return Ok(None);
+    }
+    let token =
+        a.upstream_token_file.as_deref().map(|p| token_file("--upstream-token-file", p)).transpose()?;
+    let access = tollgate_limiter::access::Access { token, ca_file: a.upstream_ca.clone(), identity: None };
+    let upstream = tollgate_controller::Upstream { urls: a.upstream.clone(), access };
+    upstream.check().map_err(anyhow::Error::msg)?;
+    Ok(Some(upstream))
 }
 
 /// Refuses to listen beyond loopback without credentials and TLS (unless `--insecure`), and
@@ -145,7 +158,8 @@ fn cost_model(
 
 fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
     check_exposure(&a)?;
-    let admin_token = a.admin_token_file.as_deref().map(admin_token).transpose()?;
+    let admin_token =
+        a.admin_token_file.as_deref().map(|p| token_file("--admin-token-file", p)).transpose()?;
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => Some(tollgate_controller::front::listen::TlsFiles {
             cert: cert.clone(),
@@ -215,6 +229,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         advertise: a.advertise.clone(),
         election_lease: Duration::from_secs(a.election_lease_s),
         region: a.region.clone(),
+        upstream: upstream(&a)?,
         shards: a.shards,
         data: a.data,
         grpc: a.grpc,

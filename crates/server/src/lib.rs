@@ -54,8 +54,9 @@ pub use crate::access::auth::{Caller, Credential, NewCredential, Refused};
 pub use crate::access::credentials::Access;
 pub use crate::clock::{Clock, wall_ms};
 use crate::cluster::shard_routing;
+use crate::cluster::upstream_lease::{self, Global};
 #[cfg(feature = "etcd")]
-use crate::cluster::{election, shard_map, upstream_lease};
+use crate::cluster::{election, shard_map};
 pub use crate::controller::{
     Admin, Controller, DIAGNOSTICS_SHOWN_MAX, ExchangeAnswer, Ownership, Pacer, PutMode, Readings,
     SETTINGS_WATCHERS_MAX,
@@ -69,7 +70,8 @@ use crate::observe::status::Latency;
 pub use crate::observe::trace::{TRACE_SUBSCRIBERS_MAX, TraceLine, Tracer, Wanted};
 use crate::observe::{history, memory};
 pub use crate::options::{
-    DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions, check_region,
+    DEFAULT_ELECTION_LEASE, DEFAULT_ETCD_PREFIX, EtcdTarget, ServerOptions, UPSTREAM_URLS_MAX, Upstream,
+    check_region,
 };
 use crate::settings::files;
 use crate::store::{RedbStore, StoreError};
@@ -121,8 +123,9 @@ pub struct Server {
     etcd: EtcdFollow,
     /// With an election: where it is held, the address advertised, and the election lease.
     election: Option<(EtcdTarget, String, Duration)>,
-    /// The region this controller serves (`None`: the global tier).
-    region: Option<String>,
+    /// The region this controller serves (`None`: the global tier), and where it reaches the
+    /// global tier when not on its etcd.
+    region: Option<(String, Option<Upstream>)>,
 }
 
 /// With settings in etcd: where, and the revision they were read at.
@@ -218,14 +221,7 @@ async fn join_election(
 impl Server {
     /// Opens the store and binds both listeners.
     pub async fn bind(opts: &ServerOptions) -> Result<Server, ServerError> {
-        if let Some(region) = &opts.region {
-            options::check_region(region).map_err(ServerError::Serve)?;
-            if opts.etcd.is_none() {
-                return Err(ServerError::Serve(
-                    "--region: a region's controllers read the settings from the global tier's etcd; give --etcd".into(),
-                ));
-            }
-        }
+        check_region_options(opts)?;
         // The ports first: a port in use stops the start before anything is written (no data
         // directory or file is made for a server that cannot serve).
         let (grpc, http, tls) = bind_ports(opts).await?;
@@ -263,8 +259,11 @@ impl Server {
             None => None,
             Some((target, _)) => Some(join_election(&node, target, &grpc, clock, opts).await?),
         };
-        if opts.region.is_some() {
+        if let Some(region) = &opts.region {
             node.controller.ownership().set_regional();
+            if opts.upstream.is_some() {
+                node.controller.admin().copy_groups_by(cluster::upstream_settings::copier(region));
+            }
         }
         let http = loading.finish().await;
         Ok(Server {
@@ -279,7 +278,7 @@ impl Server {
             limits: opts.limits,
             etcd,
             election,
-            region: opts.region.clone(),
+            region: opts.region.clone().map(|r| (r, opts.upstream.clone())),
         })
     }
 
@@ -315,11 +314,20 @@ impl Server {
             election,
             region,
         } = self;
+        // A region on the global tier's etcd finds it there; one with a store of its own, at
+        // its URLs.
+        let (on_etcd, upstream) = match region {
+            Some((name, None)) => (Some(name), None),
+            Some((name, Some(up))) => (None, Some((name, up))),
+            None => (None, None),
+        };
+        let upstream = upstream
+            .map(|(name, up)| tokio::spawn(upstream_lease::run(node.clone(), Global::Urls(up), name, clock)));
         #[cfg(feature = "etcd")]
         let following =
-            etcd.map(|(target, revision)| etcd_tasks(&node, clock, (target, revision), election, region));
+            etcd.map(|(target, revision)| etcd_tasks(&node, clock, (target, revision), election, on_etcd));
         #[cfg(not(feature = "etcd"))]
-        let _ = (etcd, election, region);
+        let _ = (etcd, election, on_etcd);
         let reload = tls.clone().map(|(g, h)| {
             tokio::spawn(async move {
                 let mut every = tokio::time::interval(listen::RELOAD_EVERY);
@@ -344,6 +352,9 @@ impl Server {
         let served = serve(node, clock, flush_interval, incoming, Some(http), front, shutdown).await;
         if let Some(r) = reload {
             r.abort();
+        }
+        if let Some(u) = upstream {
+            u.abort();
         }
         #[cfg(feature = "etcd")]
         if let Some((follow, elect, lease)) = following {
@@ -423,6 +434,27 @@ fn write_first_token(
     Ok(Some(path))
 }
 
+/// A region's options: its name, and a way to the global tier (its etcd or `--upstream`).
+fn check_region_options(opts: &ServerOptions) -> Result<(), ServerError> {
+    if let Some(region) = &opts.region {
+        options::check_region(region).map_err(ServerError::Serve)?;
+        if opts.etcd.is_none() && opts.upstream.is_none() {
+            return Err(ServerError::Serve(
+                "--region: a region reaches the global tier through its etcd (--etcd) or at its URLs (--upstream); give one".into(),
+            ));
+        }
+    }
+    if let Some(up) = &opts.upstream {
+        if opts.region.is_none() {
+            return Err(ServerError::Serve(
+                "--upstream: only for a region's controllers; give --region".into(),
+            ));
+        }
+        up.check().map_err(ServerError::Serve)?;
+    }
+    Ok(())
+}
+
 /// TLS for gRPC and for HTTP: the same files, each listener its own protocol.
 type TlsPair = Option<(Arc<listen::Tls>, Arc<listen::Tls>)>;
 
@@ -463,7 +495,8 @@ fn etcd_tasks(
     let elect = election.map(|(at, advertise, lease)| {
         tokio::spawn(election::run(at, advertise, lease, node.cluster.clone(), clock))
     });
-    let lease = region.map(|r| tokio::spawn(upstream_lease::run(node.clone(), target.clone(), r, clock)));
+    let lease = region
+        .map(|r| tokio::spawn(upstream_lease::run(node.clone(), Global::Etcd(target.clone()), r, clock)));
     let sharded = node.cluster.sharding().cloned().map(|s| {
         [
             tokio::spawn(shard_map::follow(target.clone(), s.clone(), node.controller.clone(), clock)),

@@ -49,10 +49,13 @@ pub struct ServerOptions {
     pub advertise: Option<String>,
     /// The election lease: how long a dead leader holds the election (`--election-lease-s`).
     pub election_lease: Duration,
-    /// With `etcd`: serve this region's clients, leasing each group's share for the region
-    /// from the global tier (`--region`; see [`check_region`]). `None`: this controller is
-    /// of the global tier.
+    /// Serve this region's clients, leasing each group's share for the region from the
+    /// global tier (`--region`; see [`check_region`]): found in `etcd` (the global tier's),
+    /// or at `upstream`. `None`: this controller is of the global tier.
     pub region: Option<String>,
+    /// With `region`: reach the global tier at these gRPC URLs rather than through its etcd
+    /// (`--upstream`), the region keeping its own store (its own etcd, or the embedded one).
+    pub upstream: Option<Upstream>,
     /// With `etcd`: shard the groups over the controllers in this many shards (`--shards`,
     /// 1 to 4096; every controller on the etcd and prefix the same). `None`: one leader
     /// grants for every group.
@@ -82,6 +85,34 @@ pub fn check_region(name: &str) -> Result<(), String> {
     }
 }
 
+/// Where a region with a store of its own reaches the global tier (`--upstream`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upstream {
+    /// The global tier's controllers' gRPC URLs, tried in turn (a follower passes the
+    /// region's exchanges on to its leader); 1 to [`UPSTREAM_URLS_MAX`].
+    pub urls: Vec<String>,
+    /// The token (a `region` role's) and TLS authority the region calls them with.
+    pub access: tollgate_limiter::access::Access,
+}
+
+/// The most URLs `--upstream` takes.
+pub const UPSTREAM_URLS_MAX: usize = 16;
+
+impl Upstream {
+    /// Checks the URLs: 1 to [`UPSTREAM_URLS_MAX`], each `http://` or `https://` and a
+    /// host and port, and the access usable with them.
+    pub fn check(&self) -> Result<(), String> {
+        if self.urls.is_empty() || self.urls.len() > UPSTREAM_URLS_MAX {
+            return Err(format!("--upstream: 1 to {UPSTREAM_URLS_MAX} URLs, got {}", self.urls.len()));
+        }
+        for url in &self.urls {
+            crate::cluster::role::check_advertise(url).map_err(|e| format!("--upstream: {e}"))?;
+            self.access.endpoint(url).map_err(|e| format!("--upstream: {e}"))?;
+        }
+        self.access.bearer().map(drop).map_err(|e| format!("--upstream-token-file: {e}"))
+    }
+}
+
 /// The default election lease.
 pub const DEFAULT_ELECTION_LEASE: Duration = Duration::from_secs(2);
 
@@ -108,6 +139,7 @@ impl Default for ServerOptions {
             advertise: None,
             election_lease: DEFAULT_ELECTION_LEASE,
             region: None,
+            upstream: None,
             shards: None,
             tls: None,
             auth: false,

@@ -12,8 +12,9 @@ pub enum Token {
     /// Make a token and print it, this once (the server keeps only its hash).
     Create {
         /// What it may do: admin (everything), client (exchanges, for --groups), backend
-        /// (reports and group settings), reader (status, metrics, settings).
-        #[arg(long, value_parser = ["admin", "client", "backend", "reader"])]
+        /// (reports and group settings), reader (status, metrics, settings), region (a
+        /// region's controllers: exchanges for every group and the settings, `--upstream`).
+        #[arg(long, value_parser = ["admin", "client", "backend", "reader", "region"])]
         role: String,
         /// For a client: the groups it may exchange for, comma-separated, `*` for any run of
         /// characters (`tenant-a*,shared`); default every group.

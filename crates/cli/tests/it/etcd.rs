@@ -58,7 +58,7 @@ fn start_with(etcd: &str, prefix: &str, more: &[&str]) -> (Killed, String, Strin
 }
 
 /// A controller's `/status` JSON, or `None` while it does not answer.
-fn status(http: &str) -> Option<serde_json::Value> {
+pub(crate) fn status(http: &str) -> Option<serde_json::Value> {
     serde_json::from_str(&get(http, "/status")?).ok()
 }
 
@@ -80,7 +80,7 @@ fn get(http: &str, path: &str) -> Option<String> {
     })
 }
 
-fn output(url: &str, args: &[&str]) -> String {
+pub(crate) fn output(url: &str, args: &[&str]) -> String {
     let out = Command::new(BIN).args(args).env("TOLLGATE_SERVER", url).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
@@ -105,7 +105,7 @@ fn etcdctl(url: &str, args: &[&str]) -> String {
 }
 
 /// Stops the paced clients (see [`paced`]) and waits for each.
-async fn stop_all(stop: &std::sync::atomic::AtomicBool, tasks: Vec<tokio::task::JoinHandle<()>>) {
+pub(crate) async fn stop_all(stop: &std::sync::atomic::AtomicBool, tasks: Vec<tokio::task::JoinHandle<()>>) {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
@@ -518,7 +518,7 @@ async fn ask_every_2ms(
 }
 
 /// A remote client named `id` of the controllers at `at`.
-fn remote_as(id: &str, at: &str) -> tollgate_limiter::Tollgate {
+pub(crate) fn remote_as(id: &str, at: &str) -> tollgate_limiter::Tollgate {
     let opts = tollgate_limiter::RemoteOptions { client_id: Some(id.into()), ..Default::default() };
     tollgate_limiter::Tollgate::remote(at, opts).unwrap()
 }
@@ -737,7 +737,7 @@ fn usage_written_by_the_leader_is_read_through_any_controller() {
 
 /// A client asking 100 units/s of `group` (one every 10 ms) until `stop`, counting what it is
 /// admitted in `admitted`.
-fn paced(
+pub(crate) fn paced(
     gate: tollgate_limiter::Tollgate,
     group: &str,
     admitted: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -946,7 +946,7 @@ async fn a_partition_of_the_leader_from_etcd_never_doubles_the_limit() {
 }
 
 /// `POST /v1/check` on a controller: whether it admitted, and the status code.
-fn check(http: &str, group: &str) -> u16 {
+pub(crate) fn check(http: &str, group: &str) -> u16 {
     common::http(http, "POST", "/v1/check", &[], &format!("{{\"group\":\"{group}\",\"cost\":1}}")).0
 }
 

@@ -18,6 +18,8 @@ mod files;
 mod fuzz;
 mod import;
 mod observability;
+#[cfg(feature = "etcd")]
+mod regions;
 mod remote;
 mod rlqs;
 mod rls;

@@ -8,7 +8,9 @@
 //! Roles, each a set of calls (Couchbase guards its throttle commands with privileges in the
 //! same spirit): **admin** may do everything; **client** exchanges for grants, limited to
 //! the groups its patterns match; **backend** reports load and reads the group settings;
-//! **reader** reads status, metrics, settings and the audit-free views. `/healthz` and `/readyz` are open.
+//! **reader** reads status, metrics, settings and the audit-free views; **region** is a
+//! region's controllers leasing from the global tier: a client of every group that reads
+//! the groups as a reader does. `/healthz` and `/readyz` are open.
 //! The unthrottled privilege belongs to a client credential made with it: only such a client
 //! may admit work as unthrottled through the controller.
 
@@ -28,11 +30,14 @@ pub enum Role {
     Backend,
     /// Status, metrics and settings, read only.
     Reader,
+    /// A region's controllers leasing from the global tier (`--upstream`): exchanges for
+    /// every group, and what a reader reads (the groups it copies).
+    Region,
 }
 
 impl Role {
     /// Every role, in the order `token list` shows them.
-    pub const ALL: [Role; 4] = [Role::Admin, Role::Client, Role::Backend, Role::Reader];
+    pub const ALL: [Role; 5] = [Role::Admin, Role::Client, Role::Backend, Role::Reader, Role::Region];
 
     /// Its name, as given to `token create --role`.
     pub fn name(self) -> &'static str {
@@ -41,6 +46,7 @@ impl Role {
             Role::Client => "client",
             Role::Backend => "backend",
             Role::Reader => "reader",
+            Role::Region => "region",
         }
     }
 
@@ -49,12 +55,14 @@ impl Role {
         Role::ALL
             .into_iter()
             .find(|r| r.name() == name)
-            .ok_or_else(|| format!("role: must be admin, client, backend or reader, got {name:?}"))
+            .ok_or_else(|| format!("role: must be admin, client, backend, reader or region, got {name:?}"))
     }
 
     /// Whether this role may make a call that needs `needed`.
     pub fn covers(self, needed: Role) -> bool {
-        self == Role::Admin || self == needed
+        self == Role::Admin
+            || self == needed
+            || (self == Role::Region && matches!(needed, Role::Client | Role::Reader))
     }
 }
 
@@ -640,6 +648,19 @@ mod tests {
 
     fn new(role: &str) -> NewCredential {
         NewCredential { role: role.into(), ..NewCredential::default() }
+    }
+
+    #[test]
+    fn a_region_token_exchanges_for_every_group_and_reads_but_changes_nothing() {
+        let (c, _) = Credential::issue(&new("region"), 0).unwrap();
+        let role = c.role.clone().unwrap();
+        assert_eq!(role, Role::Region);
+        assert!(role.covers(grpc_role("/tollgate.v1.Admission/Exchange")));
+        assert!(role.covers(grpc_role("/tollgate.v1.Admin/ListGroups")));
+        assert!(!role.covers(grpc_role("/tollgate.v1.Admin/PutGroup")));
+        assert!(!role.covers(grpc_role("/tollgate.v1.Backend/Report")));
+        assert!(c.allows_group("any-group"));
+        assert!(Credential::issue(&NewCredential { groups: "a".into(), ..new("region") }, 0).is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! [`shard_routing`] (which controller owns which group) and [`shard_exchange`] (an exchange
 //! split by the owners of its groups and answered by them), [`regions`] (the region
 //! tier's lease on the global one) and `upstream_lease` (a regional leader's loop that
-//! takes it). It calls the controller and the store; the front ends call it.
+//! takes it), with [`upstream_settings`] (a region's groups copied from the global tier). It calls the controller and the store; the front ends call it.
 
 #[cfg(feature = "etcd")]
 pub(crate) mod election;
@@ -22,5 +22,5 @@ pub mod shard_exchange;
 #[cfg(feature = "etcd")]
 pub(crate) mod shard_map;
 pub mod shard_routing;
-#[cfg(feature = "etcd")]
 pub(crate) mod upstream_lease;
+pub mod upstream_settings;

@@ -26,6 +26,9 @@ pub(super) struct AdminState {
     cost_model: std::sync::OnceLock<tollgate_model::cost::CostModel>,
     /// The settings' version: bumped by every change, watched by backends.
     settings_version: tokio::sync::watch::Sender<u64>,
+    /// In a region with a store of its own: who copies the groups from the global tier, the
+    /// only one whose group changes are taken.
+    copied_by: std::sync::OnceLock<String>,
 }
 
 impl AdminState {
@@ -37,6 +40,7 @@ impl AdminState {
             // Unique across restarts: the start's wall time, then one more per change. Backends
             // only compare versions for equality.
             settings_version: tokio::sync::watch::channel(wall_ms.max(1).saturating_mul(1_000_000)).0,
+            copied_by: std::sync::OnceLock::new(),
         }
     }
 }
@@ -87,6 +91,23 @@ pub struct Admin<'a> {
 }
 
 impl Admin<'_> {
+    /// Takes group changes from `copier` alone from now on (a region copying the global
+    /// tier's groups, [`crate::cluster::upstream_settings`]): any other is refused, naming
+    /// where groups are set. Set once, at start.
+    pub fn copy_groups_by(&self, copier: String) {
+        let _ = self.state.copied_by.set(copier);
+    }
+
+    /// Refuses a group change by `who` when the groups are copied by another.
+    fn check_copier(&self, who: &str) -> Result<(), AdminError> {
+        match self.state.copied_by.get() {
+            Some(copier) if copier != who => Err(AdminError::Refused(format!(
+                "the groups here are copied from the global tier ({copier}): change them there"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Starts the quota windows a settings change at `wall_ms` made due; one that cannot is
     /// logged and left to the next flush.
     fn refresh_after_change(&self, wall_ms: u64) {
@@ -169,6 +190,7 @@ impl Admin<'_> {
         who: &str,
         wall_ms: u64,
     ) -> Result<GroupSettings, AdminError> {
+        self.check_copier(who)?;
         let mut store = self.store.lock();
         let current = self.engine.lock().group(&name).cloned();
         match (mode, &current) {
@@ -203,6 +225,7 @@ impl Admin<'_> {
         who: &str,
         wall_ms: u64,
     ) -> Result<(), AdminError> {
+        self.check_copier(who)?;
         self.check_pattern(&name, &settings)?;
         self.check_nesting(&name, Some(&settings))?;
         let mut store = self.store.lock();
@@ -266,6 +289,7 @@ impl Admin<'_> {
 
     /// Drops a group; says whether it existed. Durable before it returns.
     pub fn drop_group(&self, name: &GroupName, who: &str) -> Result<bool, AdminError> {
+        self.check_copier(who)?;
         self.check_nesting(name, None)?;
         let mut store = self.store.lock();
         let before = self.engine.lock().group(name).map(group_json);
