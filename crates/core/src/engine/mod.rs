@@ -1187,7 +1187,13 @@ impl Engine {
             self.metering.dirty.push(key.clone());
         }
         let settings = g.settings.as_deref();
-        let unlimited = unlimited_grant(&self.settings, settings, g.clients.len());
+        let mut unlimited = unlimited_grant(&self.settings, settings, g.clients.len());
+        // A region's clients fall back in safe mode to their part of the region's part of the
+        // reservation (never more than its share), not of the whole group's: the floors of every
+        // region's clients add up to the reservation.
+        if let Some(up) = self.upstream.as_ref().and_then(|u| u.get(&key)) {
+            unlimited.reserved = up.reserved;
+        }
         if !self.settings.throttling {
             return (unlimited, place);
         }

@@ -1828,7 +1828,7 @@ fn a_regional_engine_grants_within_what_the_tier_above_granted_and_nothing_befor
     assert_eq!((usage[0].demand, usage[0].held), (800.0, None));
     // 300 granted from above: the region's two clients split it, burst within its burst; the
     // minute's quota (10 units) is the tier above's to count, not this one's.
-    e.set_upstream(name("a"), UpstreamGrant { rate: 300.0, burst: 150.0, quota: None });
+    e.set_upstream(name("a"), UpstreamGrant { rate: 300.0, burst: 150.0, reserved: 0.0, quota: None });
     e.set_budget_baseline(name("a"), BudgetPeriod::Minute, 0, 0.0);
     let t = Nanos(2 * S);
     e.report(t, 1, &name("a"), report(400.0, 400.0, 4.0));
@@ -1839,11 +1839,37 @@ fn a_regional_engine_grants_within_what_the_tier_above_granted_and_nothing_befor
     let (one, two) = (o.grant_of(1).unwrap(), o.grant_of(2).unwrap());
     assert_eq!(one.rate + two.rate, 300.0);
     assert!(one.burst + two.burst <= 150.0 + 1e-9, "{one:?} {two:?}");
-    assert_eq!(e.upstream_usage(10)[0].held, Some(UpstreamGrant { rate: 300.0, burst: 150.0, quota: None }));
+    assert_eq!(
+        e.upstream_usage(10)[0].held,
+        Some(UpstreamGrant { rate: 300.0, burst: 150.0, reserved: 0.0, quota: None })
+    );
     // An ordinary engine again: the group's own limit.
     e.set_upstream_mode(false);
     e.tick(Nanos(3 * S));
     assert!(e.outcome(&name("a")).unwrap().target() < Some(1000.0), "the minute's quota holds again");
+}
+
+#[test]
+fn a_regions_clients_safe_floor_is_their_part_of_its_share_not_of_the_group() {
+    let mut e = engine(EngineSettings::default());
+    e.set_upstream_mode(true);
+    e.set_group(name("a"), GroupSettings::builder().reserved(500.0).limit(2000.0).build().unwrap());
+    // The region holds 200 of the group and its part of the reservation is 50 (one of ten
+    // regions): its clients' floors add up to 50, not to the group's 500 (ten regions so cut
+    // off would floor at 5,000, over the limit).
+    e.set_upstream(name("a"), UpstreamGrant { rate: 200.0, burst: 200.0, reserved: 50.0, quota: None });
+    let t = Nanos(S);
+    e.report(t, 1, &name("a"), report(100.0, 0.0, 0.0));
+    e.report(t, 2, &name("a"), report(100.0, 0.0, 0.0));
+    e.tick(t);
+    let g = e.report(Nanos(2 * S), 1, &name("a"), report(100.0, 100.0, 1.0));
+    assert_eq!((g.reserved, g.clients), (50.0, 2));
+    // Never more than the share, whatever the tier above says.
+    e.set_upstream(name("a"), UpstreamGrant { rate: 20.0, burst: 20.0, reserved: 50.0, quota: None });
+    assert_eq!(e.report(Nanos(2 * S), 1, &name("a"), report(100.0, 100.0, 1.0)).reserved, 20.0);
+    // An ordinary engine: the group's reservation.
+    e.set_upstream_mode(false);
+    assert_eq!(e.report(Nanos(2 * S), 1, &name("a"), report(100.0, 100.0, 1.0)).reserved, 500.0);
 }
 
 #[test]

@@ -21,6 +21,9 @@ pub struct UpstreamGrant {
     pub rate: f64,
     /// Units.
     pub burst: f64,
+    /// The region's part of the group's reservation: where its clients' safe mode stops, so
+    /// that the floors of every region's clients add up to the reservation.
+    pub reserved: f64,
     /// Of a group with quotas per window, units the region may admit in the window under way
     /// (`None`: nothing new, as when a share decays while the tier above is out of reach).
     pub quota: Option<Allotment>,
@@ -55,7 +58,12 @@ pub(crate) type Upstream = Option<HashMap<GroupName, UpstreamGrant, FixedHasher>
 /// or no ceiling in an engine that has no tier above.
 pub(crate) fn ceiling(upstream: &Upstream, group: &GroupName) -> Option<UpstreamGrant> {
     let grants = upstream.as_ref()?;
-    Some(grants.get(group).copied().unwrap_or(UpstreamGrant { rate: 0.0, burst: 0.0, quota: None }))
+    Some(grants.get(group).copied().unwrap_or(UpstreamGrant {
+        rate: 0.0,
+        burst: 0.0,
+        reserved: 0.0,
+        quota: None,
+    }))
 }
 
 impl Engine {
@@ -95,7 +103,8 @@ impl Engine {
         }
         let rate = if grant.rate.is_nan() { 0.0 } else { grant.rate.max(0.0) };
         let burst = if grant.burst.is_nan() { 0.0 } else { grant.burst.max(0.0) };
-        let new = UpstreamGrant { rate, burst, quota: None };
+        let reserved = if grant.reserved.is_nan() { 0.0 } else { grant.reserved.clamp(0.0, rate) };
+        let new = UpstreamGrant { rate, burst, reserved, quota: None };
         grants.insert(group, new) != Some(new)
     }
 

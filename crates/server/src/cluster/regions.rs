@@ -192,7 +192,10 @@ impl RegionLease {
             }
             let keep = 0.5f64.powf((elapsed - s.lease).as_secs_f64() / DECAY_HALF_LIFE.as_secs_f64());
             let rate = s.floor + (s.grant.rate - s.floor).max(0.0) * keep;
-            decayed.push((name.clone(), UpstreamGrant { rate, burst: rate.max(s.floor), quota: None }));
+            decayed.push((
+                name.clone(),
+                UpstreamGrant { rate, burst: rate.max(s.floor), reserved: s.floor, quota: None },
+            ));
         }
         let decaying = !decayed.is_empty();
         if decaying {
@@ -236,12 +239,12 @@ fn share_of(g: &v1::Grant, asked: Option<f64>, since: Nanos) -> Share {
     let floor = g.reserved / f64::from(g.clients.max(1));
     let quota = g.quota.as_ref().map(tollgate_proto::wire::allotment_in);
     let grant = if g.unlimited {
-        UpstreamGrant { rate: f64::INFINITY, burst: f64::INFINITY, quota }
+        UpstreamGrant { rate: f64::INFINITY, burst: f64::INFINITY, reserved: floor, quota }
     } else {
         let cap = asked.map_or(f64::INFINITY, |a| (a * ASK_FACTOR).max(floor));
         let rate = g.rate.min(cap);
         let burst = if g.rate > 0.0 { g.burst * rate / g.rate } else { 0.0 };
-        UpstreamGrant { rate, burst, quota }
+        UpstreamGrant { rate, burst, reserved: floor, quota }
     };
     // The region hands its clients no more than the global tier allotted it.
     debug_assert!(g.unlimited || (grant.rate <= g.rate && grant.burst <= g.burst * (1.0 + 1e-9) + 1e-9));
