@@ -951,7 +951,7 @@ pub(crate) fn check(http: &str, group: &str) -> u16 {
 }
 
 /// Envoy's rate-limit service on a controller, one descriptor naming `group` through the
-/// default rule (`group` key): the overall code.
+/// default rule (a `tenant` entry names the group by its value): the overall code.
 async fn rls(url: &str, token: Option<&str>, group: &str) -> Result<i32, tonic::Status> {
     let access = tollgate_limiter::access::Access { token: token.map(str::to_string), ..Default::default() };
     rls_with(url, &access, group).await
@@ -968,7 +968,7 @@ async fn rls_with(
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     let mut client = RateLimitServiceClient::new(access.channel(url, Duration::from_secs(5)).unwrap());
-    let entry = Entry { key: "group".into(), value: group.into() };
+    let entry = Entry { key: "tenant".into(), value: group.into() };
     let descriptor = RateLimitDescriptor { entries: vec![entry], ..RateLimitDescriptor::default() };
     let request = RateLimitRequest { domain: "edge".into(), descriptors: vec![descriptor], hits_addend: 1 };
     Ok(client.should_rate_limit(request).await?.into_inner().overall_code)
