@@ -756,6 +756,33 @@ pub(crate) fn paced(
     })
 }
 
+/// Envoy's rate-limit service on the controller at `url` asked for `group` about every 10 ms
+/// (one unit, one channel, as an Envoy keeps) until `stop`, counting the admitted in
+/// `admitted`.
+fn rls_paced(
+    url: &str,
+    group: &str,
+    admitted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use std::sync::atomic::Ordering;
+    let group = group.to_string();
+    let channel = tollgate_limiter::access::Access::default().channel(url, Duration::from_secs(5)).unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(Duration::from_millis(10));
+        while !stop.load(Ordering::Relaxed) {
+            ticks.tick().await;
+            let answer = client.should_rate_limit(rls_request(&group)).await;
+            if answer.is_ok_and(|a| a.into_inner().overall_code == Code::Ok as i32) {
+                admitted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+}
+
 /// `POST /v1/check` on `http` for `group` about every 10 ms until `stop`, counting the
 /// admitted in `admitted`.
 fn checking(
@@ -792,9 +819,9 @@ fn watch_for_a_leader(https: Vec<String>) -> std::thread::JoinHandle<Option<Dura
     })
 }
 
-/// An etcd outage of `outage` under load: four remote clients and checks through the
-/// follower's HTTP API (the front-end client Envoy's services there share) ask about 500 units/s
-/// of a group limited to 200. Returns, per second from the kill on, the rate admitted, with whether etcd was down
+/// An etcd outage of `outage` under load: four remote clients, checks through the follower's
+/// HTTP API and Envoy's rate-limit service asked on the leader and on the follower ask about
+/// 700 units/s of a group limited to 200. Returns, per second from the kill on, the rate admitted, with whether etcd was down
 /// then; and how long after etcd returned a controller led again.
 async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, Duration, bool) {
     use std::sync::Arc;
@@ -819,6 +846,10 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
     }
     let follower = https.iter().find(|h| status(h).is_some_and(|s| s["role"] == "follower")).unwrap();
     let checks = checking(follower, "g", admitted.clone(), stop.clone());
+    // Envoy's rate-limit service asked on both controllers, leader and follower.
+    for (_, grpc, _) in &started {
+        tasks.push(rls_paced(grpc, "g", admitted.clone(), stop.clone()));
+    }
     let clock = tollgate_limiter::clock::MonotonicClock::new();
     let now = || tollgate_model::time::Clock::now(&clock);
     // Warm up: the grants settle at 50 each.
@@ -963,15 +994,22 @@ async fn rls_with(
     access: &tollgate_limiter::access::Access,
     group: &str,
 ) -> Result<i32, tonic::Status> {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     let mut client = RateLimitServiceClient::new(access.channel(url, Duration::from_secs(5)).unwrap());
+    Ok(client.should_rate_limit(rls_request(group)).await?.into_inner().overall_code)
+}
+
+/// One unit of `group`, named by a `tenant` entry in the domain `edge`.
+fn rls_request(group: &str) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     let entry = Entry { key: "tenant".into(), value: group.into() };
     let descriptor = RateLimitDescriptor { entries: vec![entry], ..RateLimitDescriptor::default() };
-    let request = RateLimitRequest { domain: "edge".into(), descriptors: vec![descriptor], hits_addend: 1 };
-    Ok(client.should_rate_limit(request).await?.into_inner().overall_code)
+    envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![descriptor],
+        hits_addend: 1,
+    }
 }
 
 /// Which of two controllers leads, once both say the same: (leader, follower) indexes.
