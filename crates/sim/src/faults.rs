@@ -15,6 +15,7 @@
 //! # churn = { names = 1500, duration_s = 10 }            # new tenants, through the first client
 //! # store_loss = { duration_s = 30 }                     # etcd gone: the leader holds its lease, then none leads
 //! # region_cut = { regions = [0], duration_s = 20 }      # regions (controller.regions) cut off from the global tier
+//! # region_failover = { regions = [1], down_s = 2 }      # a region's leader killed; another of its controllers leads
 //!
 //! [faults]                          # more, drawn from the seed
 //! random = 5
@@ -110,6 +111,16 @@ pub enum FaultKind {
         /// For how long.
         duration: Duration,
     },
+    /// Some regions' leaders are killed: each region's clients go unanswered for `down`
+    /// (riding on their grants), then another of its controllers leads, relearning what they
+    /// hold, and takes the region's lease on the global tier over from the first exchange
+    /// (the global tier releasing the dead leader's shares).
+    RegionFailover {
+        /// Which regions (0 to `controller.regions - 1`).
+        regions: Vec<usize>,
+        /// How long until another controller leads the region.
+        down: Duration,
+    },
 }
 
 /// The election lease a [`FaultKind::StoreLoss`] lets the leader lead on for (the server's
@@ -122,7 +133,9 @@ impl Fault {
     /// When it stops acting (`None`: a drift, which never does).
     pub fn end(&self) -> Option<Duration> {
         let len = match &self.kind {
-            FaultKind::Crash { down } | FaultKind::Failover { down } => *down,
+            FaultKind::Crash { down }
+            | FaultKind::Failover { down }
+            | FaultKind::RegionFailover { down, .. } => *down,
             FaultKind::Partition { duration, .. }
             | FaultKind::Loss { duration, .. }
             | FaultKind::Delay { duration, .. }
@@ -148,6 +161,7 @@ impl Fault {
             FaultKind::Churn { .. } => "churn",
             FaultKind::StoreLoss { .. } => "store_loss",
             FaultKind::RegionCut { .. } => "region_cut",
+            FaultKind::RegionFailover { .. } => "region_failover",
         }
     }
 }
@@ -169,7 +183,7 @@ pub const FAULTS_MAX: usize = 1000;
 const FAULT_SECONDS_MAX: u64 = 86_400;
 
 const FAULT_KINDS: &str =
-    "crash, failover, partition, loss, delay, drift, restart, churn, store_loss, region_cut";
+    "crash, failover, partition, loss, delay, drift, restart, churn, store_loss, region_cut, region_failover";
 
 /// Reads `[[fault]]` number `i`.
 pub(crate) fn read_fault(
@@ -199,6 +213,7 @@ pub(crate) fn read_fault(
         "churn",
         "store_loss",
         "region_cut",
+        "region_failover",
     ] {
         if let Some((p, fv)) = f.take(name) {
             if kind.is_some() {
@@ -306,6 +321,32 @@ fn down(r: &mut Reader<'_>, mut f: Fields<'_, '_>, crash: bool) -> Option<FaultK
     Some(if crash { FaultKind::Crash { down } } else { FaultKind::Failover { down } })
 }
 
+/// A `region_cut` or `region_failover` (named `name`) of a scenario with `regions` regions.
+fn region_kind(
+    r: &mut Reader<'_>,
+    mut f: Fields<'_, '_>,
+    (path, name, v): (&str, &str, &Value<'_>),
+    regions: usize,
+) -> Option<FaultKind> {
+    if regions == 0 {
+        r.error(v.span(), path, "the scenario has no regions: set controller.regions");
+        return None;
+    }
+    // Regions are listed as clients are: indexes below the count.
+    let c = listed(r, &mut f, "regions", (regions, "region"));
+    if name == "region_failover" {
+        let down = match f.take("down_s") {
+            Some((p, v)) => seconds(r, &p, v),
+            None => Some(ELECTION_LEASE),
+        };
+        r.finish(f, "regions, down_s");
+        return Some(FaultKind::RegionFailover { regions: c?, down: down? });
+    }
+    let d = duration_of(r, &mut f, path, v);
+    r.finish(f, "regions, duration_s");
+    Some(FaultKind::RegionCut { regions: c?, duration: d? })
+}
+
 fn read_kind(
     r: &mut Reader<'_>,
     path: &str,
@@ -344,17 +385,7 @@ fn read_kind(
             r.finish(f, "duration_s");
             FaultKind::StoreLoss { duration: d? }
         }
-        "region_cut" => {
-            if regions == 0 {
-                r.error(v.span(), path, "the scenario has no regions: set controller.regions");
-                return None;
-            }
-            // Regions are listed as clients are: indexes below the count.
-            let c = listed(r, &mut f, "regions", (regions, "region"));
-            let d = duration_of(r, &mut f, path, v);
-            r.finish(f, "regions, duration_s");
-            FaultKind::RegionCut { regions: c?, duration: d? }
-        }
+        "region_cut" | "region_failover" => return region_kind(r, f, (path, name, v), regions),
         "delay" => {
             let ms = delay_of(r, &mut f, path, v);
             let d = duration_of(r, &mut f, path, v);
@@ -461,7 +492,8 @@ pub(crate) fn read_random(r: &mut Reader<'_>, v: &Value<'_>) -> Option<RandomFau
 }
 
 /// The faults a seed draws: kinds, times and sizes from the seed alone, so a breach replays.
-/// With `regions`, a region cut off from the global tier is one more kind drawn.
+/// With `regions`, a region cut off from the global tier and a region's leader killed are two
+/// more kinds drawn.
 pub fn draw(random: &RandomFaults, seed: u64, clients: usize, regions: usize) -> Vec<Fault> {
     let mut rng = SplitMix64::new(seed ^ 0xFA17_5EED);
     let span = (random.to - random.from).as_secs_f64();
@@ -477,7 +509,7 @@ pub fn draw(random: &RandomFaults, seed: u64, clients: usize, regions: usize) ->
                 let start = (rng.next_u64() % n as u64) as usize;
                 (0..k).map(|i| (start + i) % n).collect::<Vec<_>>()
             };
-            let kinds = if regions > 0 { 7 } else { 6 };
+            let kinds = if regions > 0 { 8 } else { 6 };
             let kind = match rng.next_u64() % kinds {
                 0 => FaultKind::Crash { down: secs(1.0, 15.0, &mut rng) },
                 1 => FaultKind::Failover { down: secs(1.0, 3.0, &mut rng) },
@@ -497,9 +529,13 @@ pub fn draw(random: &RandomFaults, seed: u64, clients: usize, regions: usize) ->
                     clients: some_clients(&mut rng),
                     rate: ((rng.next_f64() * 2.0 - 1.0) * 0.05 * 1000.0).round() / 1000.0,
                 },
-                _ => FaultKind::RegionCut {
+                6 => FaultKind::RegionCut {
                     regions: vec![(rng.next_u64() % regions.max(1) as u64) as usize],
                     duration: secs(1.0, 30.0, &mut rng),
+                },
+                _ => FaultKind::RegionFailover {
+                    regions: vec![(rng.next_u64() % regions.max(1) as u64) as usize],
+                    down: secs(1.0, 3.0, &mut rng),
                 },
             };
             Fault { at, kind }

@@ -104,7 +104,7 @@ fn json_string(s: &str) -> String {
     out
 }
 
-/// The summary as JSON: `{"scenario":…,"seed":…,"passed":…,"phases":[{"passed":true,"converged_s":12.0}]}`.
+/// The summary as JSON: `{"scenario":…,"seed":…,"passed":…,"phases":[{"passed":true,"converged_s":12.0}],"seconds":…,"exchanges":{"clients":…,"regions":…}}`.
 pub fn summary_json(name: &str, outcome: &Outcome) -> String {
     let phases: Vec<String> = outcome
         .phases
@@ -114,12 +114,16 @@ pub fn summary_json(name: &str, outcome: &Outcome) -> String {
             format!("{{\"passed\":{},\"converged_s\":{converged}}}", p.passed)
         })
         .collect();
+    let e = outcome.exchanges;
     format!(
-        "{{\"scenario\":{},\"seed\":{},\"passed\":{},\"phases\":[{}]}}\n",
+        "{{\"scenario\":{},\"seed\":{},\"passed\":{},\"phases\":[{}],\"seconds\":{},\"exchanges\":{{\"clients\":{},\"regions\":{}}}}}\n",
         json_string(name),
         outcome.seed,
         outcome.passed(),
-        phases.join(",")
+        phases.join(","),
+        outcome.timeline.len(),
+        e.clients,
+        e.regions
     )
 }
 

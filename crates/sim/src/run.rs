@@ -95,6 +95,17 @@ pub struct Outcome {
     pub timeline: Vec<Sample>,
     /// The invariant that broke, which stopped the run (runs with faults only).
     pub breach: Option<Breach>,
+    /// The exchanges each tier answered over the run.
+    pub exchanges: Exchanges,
+}
+
+/// The exchanges of a run, per tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exchanges {
+    /// Clients' exchanges sent to a controller (a region's, with regions).
+    pub clients: u64,
+    /// Regions' exchanges (pages of their rounds) the global tier answered.
+    pub regions: u64,
 }
 
 impl Outcome {
@@ -147,7 +158,8 @@ pub fn controller(scenario: &Scenario) -> Controller {
 
 /// Every group a scenario names, sorted: its groups, its clients' and its actions'.
 pub fn group_names(scenario: &Scenario) -> Vec<GroupName> {
-    let mut groups: Vec<GroupName> = scenario.groups.iter().map(|(n, _)| n.clone()).collect();
+    let mut groups: std::collections::BTreeSet<GroupName> =
+        scenario.groups.iter().map(|(n, _)| n.clone()).collect();
     let named = scenario.clients.iter().map(|c| c.group.clone());
     let acted =
         scenario.actions.iter().chain(scenario.phases.iter().flat_map(|p| p.actions.iter())).filter_map(
@@ -156,13 +168,8 @@ pub fn group_names(scenario: &Scenario) -> Vec<GroupName> {
                 _ => None,
             },
         );
-    for name in named.chain(acted) {
-        if !groups.contains(&name) {
-            groups.push(name);
-        }
-    }
-    groups.sort();
-    groups
+    groups.extend(named.chain(acted));
+    groups.into_iter().collect()
 }
 
 /// The options a scenario's client `i` runs with.
@@ -243,6 +250,8 @@ struct Clients {
     clocks: Vec<ManualClock>,
     drivers: Vec<Driver>,
     gates: Vec<Tollgate>,
+    /// Exchanges sent to a controller (the global tier's, a region's or a shard's owner).
+    exchanges: u64,
 }
 
 impl Clients {
@@ -250,7 +259,7 @@ impl Clients {
         let n = scenario.clients.len();
         let clocks: Vec<ManualClock> = (0..n).map(|_| ManualClock::new()).collect();
         let (gates, drivers) = (0..n).map(|i| start_client(scenario, i, &clocks[i])).unzip();
-        Clients { clocks, drivers, gates }
+        Clients { clocks, drivers, gates, exchanges: 0 }
     }
 }
 
@@ -352,6 +361,8 @@ impl FaultState {
                     self.region_cut_until[r] = self.region_cut_until[r].max(end.unwrap_or(now));
                 }
             }
+            // The regions step their leaders themselves (`Regions::fail`).
+            FaultKind::RegionFailover { .. } => {}
             FaultKind::Drift { clients, rate } => {
                 self.max_drift = self.max_drift.max(rate.abs());
                 for &c in clients {
@@ -440,6 +451,11 @@ fn exchange_all(
             d.failed(client_now, &ExchangeError::Transport("exchange lost".into()));
             continue;
         }
+        if regions.is_some_and(|r| r.is_down(i % r.nodes.len(), now)) {
+            d.failed(client_now, &ExchangeError::Transport("the region's leader is gone".into()));
+            continue;
+        }
+        clients.exchanges += 1;
         // With regions, each client's own region answers it; with shards, each group's owner.
         let to = regions.map_or(node, |r| &r.nodes[i % r.nodes.len()]);
         let answer = match shards {
@@ -468,6 +484,14 @@ fn exchange_all(
 struct Regions {
     nodes: Vec<Node>,
     leases: Vec<RegionLease>,
+    /// Each region's leader dead until (a [`FaultKind::RegionFailover`]), when another of its
+    /// controllers leads.
+    down_until: Vec<Option<Nanos>>,
+    /// What a region's new leader opens: the settings' store and the engine's settings.
+    store: MemoryStore,
+    settings: EngineSettings,
+    /// Pages of regions' rounds the global tier answered.
+    exchanges: u64,
 }
 
 impl Regions {
@@ -476,29 +500,61 @@ impl Regions {
         if n == 0 {
             return None;
         }
-        let nodes: Vec<Node> = (0..n)
-            .map(|_| {
-                let node = Node::open(Box::new(store.clone()), engine_settings(scenario), Nanos::ZERO, 0)
-                    .expect("a store in memory loads");
-                node.controller.ownership().set_regional();
-                node
-            })
-            .collect();
+        let settings = engine_settings(scenario);
+        let nodes: Vec<Node> = (0..n).map(|_| regional(store, &settings, Nanos::ZERO)).collect();
         let leases = (0..n).map(|r| RegionLease::new(&format!("r{r}"))).collect();
-        Some(Regions { nodes, leases })
+        Some(Regions {
+            nodes,
+            leases,
+            down_until: vec![None; n],
+            store: store.clone(),
+            settings,
+            exchanges: 0,
+        })
+    }
+
+    /// The leaders of `regions` die at `now`; others lead at `until`.
+    fn fail(&mut self, regions: &[usize], until: Nanos) {
+        for &r in regions {
+            self.down_until[r] = Some(self.down_until[r].map_or(until, |u| u.max(until)));
+        }
+    }
+
+    /// Whether region `r` has no leader at `now`.
+    fn is_down(&self, r: usize, now: Nanos) -> bool {
+        self.down_until[r].is_some_and(|u| now < u)
+    }
+
+    /// A region whose new leader is due at `now` gets it: a controller opened over the
+    /// region's store, relearning what its clients hold, with a lease numbered from 1.
+    fn elect(&mut self, now: Nanos) {
+        for r in 0..self.nodes.len() {
+            if self.down_until[r].is_some_and(|u| u <= now) {
+                self.nodes[r] = regional(&self.store, &self.settings, now);
+                self.leases[r] = RegionLease::new(&format!("r{r}"));
+                self.down_until[r] = None;
+            }
+        }
     }
 
     /// One step at `now`: each region ticks at `tick`, leases from `global` when due (unless
     /// the global tier is down or the region cut off), and decays shares not renewed.
     fn step(&mut self, now: Nanos, global: &Node, global_up: bool, cut_until: &[Nanos], tick: bool) {
+        self.elect(now);
         for (r, (node, lease)) in self.nodes.iter().zip(&mut self.leases).enumerate() {
+            if self.down_until[r].is_some() {
+                continue;
+            }
             let usage = node.controller.ownership().upstream_usage();
             if lease.is_due(now, &usage) {
                 let mut answered = global_up && cut_until[r] <= now;
                 if answered {
                     for page in lease.pages(&usage) {
                         match global.controller.exchange(now, &page.request) {
-                            Ok(a) => lease.answered(now, page, &a, &node.controller),
+                            Ok(a) => {
+                                self.exchanges += 1;
+                                lease.answered(now, page, &a, &node.controller);
+                            }
                             Err(_) => {
                                 answered = false;
                                 break;
@@ -519,6 +575,14 @@ impl Regions {
             }
         }
     }
+}
+
+/// A regional controller opened at `now` over `store`.
+fn regional(store: &MemoryStore, settings: &EngineSettings, now: Nanos) -> Node {
+    let node = Node::open(Box::new(store.clone()), settings.clone(), now, wall_ms(now))
+        .expect("a store in memory loads");
+    node.controller.ownership().set_regional();
+    node
 }
 
 /// Settings changed by `action` reach the regions and the controllers the groups are sharded
@@ -566,7 +630,13 @@ impl Progress {
     }
 
     /// The run's outcome: the phases not reached count as failed.
-    fn outcome(self, scenario: &Scenario, seed: u64, groups: Vec<GroupName>) -> Outcome {
+    fn outcome(
+        self,
+        scenario: &Scenario,
+        seed: u64,
+        groups: Vec<GroupName>,
+        exchanges: Exchanges,
+    ) -> Outcome {
         let Progress { mut phases, timeline, breach, .. } = self;
         while phases.len() < scenario.phases.len() {
             phases.push(PhaseResult { passed: false, converged_s: None });
@@ -578,6 +648,7 @@ impl Progress {
             phases,
             timeline,
             breach,
+            exchanges,
         }
     }
 
@@ -708,7 +779,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
         while let Some(f) = faults.get(next_fault).filter(|f| duration_nanos(f.at) <= now.0) {
             next_fault += 1;
             state.begin(f, next_fault, now, scenario, &mut clients, &mut world);
-            crash_one(&mut shards, f, next_fault, now, &mut state);
+            crash_one((&mut shards, &mut regions), f, next_fault, now, &mut state);
         }
         if state.loss.0 <= now {
             state.loss.1 = 0.0;
@@ -783,26 +854,31 @@ pub fn run_with(scenario: &Scenario, seed: u64, mut hooks: RunHooks<'_>) -> Outc
             state.churn(now, &clients.gates);
         }
     }
-    progress.outcome(scenario, seed, groups)
+    let regions = regions.map_or(0, |r| r.exchanges);
+    progress.outcome(scenario, seed, groups, Exchanges { clients: clients.exchanges, regions })
 }
 
-/// The faults of a run with `seed`, in time order, and how long it goes on: until the last
-/// has healed and the invariants have been checked for a while after it, even when its
 /// With shards, a crash takes one controller down (the `which`th), not every one: the
-/// fault's downtime is that controller's, and the run's controller stays up.
+/// fault's downtime is that controller's, and the run's controller stays up. With regions, a
+/// region's failover takes its leader down.
 fn crash_one(
-    shards: &mut Option<Shards>,
+    (shards, regions): (&mut Option<Shards>, &mut Option<Regions>),
     f: &crate::faults::Fault,
     which: usize,
     now: Nanos,
     state: &mut FaultState,
 ) {
+    if let (Some(r), FaultKind::RegionFailover { regions: failed, down }) = (regions, &f.kind) {
+        r.fail(failed, now.after(*down));
+    }
     if let (Some(s), FaultKind::Crash { down } | FaultKind::Failover { down }) = (shards, &f.kind) {
         s.crash(which, now, *down);
         state.down = None;
     }
 }
 
+/// The faults of a run with `seed`, in time order, and how long it goes on: until the last
+/// has healed and the invariants have been checked for a while after it, even when its
 /// phases pass sooner.
 fn faults_of(scenario: &Scenario, seed: u64) -> (Vec<crate::faults::Fault>, Nanos) {
     let mut faults = scenario.faults.clone();
@@ -853,21 +929,30 @@ fn second_figures(
     sample: &Sample,
     groups: &[GroupName],
 ) -> Vec<Second> {
-    let views: BTreeMap<GroupName, tollgate_model::engine::GroupView> = if up {
-        controllers.iter().flat_map(|c| c.with_engine(|e| e.view())).map(|v| (v.name.clone(), v)).collect()
-    } else {
-        BTreeMap::new()
-    };
+    // The scenario's groups' views only (a churn's names are not checked), the last
+    // controller's that has one.
+    let mut views: Vec<Option<tollgate_model::engine::GroupView>> = vec![None; groups.len()];
+    if up {
+        for c in controllers {
+            c.with_engine(|e| {
+                for (view, name) in views.iter_mut().zip(groups) {
+                    if let Some(v) = e.group_view(name) {
+                        *view = Some(v);
+                    }
+                }
+            });
+        }
+    }
     let controller = controllers.first().copied().expect("a controller runs");
+    let unthrottled: std::collections::BTreeSet<&GroupName> =
+        scenario.clients.iter().filter(|c| c.unthrottled).map(|c| &c.group).collect();
     groups
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let settings = controller
-                .admin()
-                .group(name)
-                .or_else(|| controller.admin().group(&GroupName::default_group()));
-            let view = views.get(name);
+            // Its own settings, a pattern's that matches it, or the default group's.
+            let settings = controller.admin().settings_for(name);
+            let view = views[i].as_ref();
             Second {
                 admitted: sample.groups[i].admitted_units,
                 // A group in shadow mode is never held to its limit: that is what it is for.
@@ -879,7 +964,7 @@ fn second_figures(
                 reserved: settings.as_ref().map_or(0.0, |s| s.reserved()),
                 demand: up.then_some(sample.groups[i].demand_units),
                 granted: view.and_then(|v| v.target.map(|t| (v.granted, t))),
-                unthrottled: scenario.clients.iter().any(|c| c.group == *name && c.unthrottled),
+                unthrottled: unthrottled.contains(name),
             }
         })
         .collect()

@@ -744,7 +744,11 @@ fn clients(
         None => None,
     };
     let mix = class_mix(r, &mut f, path, v);
-    r.finish(f, "group, count, rate, cost, asks, backends, unthrottled, queue, class, classes");
+    let spread = match f.take("spread") {
+        Some((p, v)) => r.integer(&p, v, 1, CLIENTS_MAX as u64).map(|n| n as usize),
+        None => None,
+    };
+    r.finish(f, "group, count, rate, cost, asks, backends, unthrottled, queue, class, classes, spread");
     let (Some(group), Some(rate), Some(usage)) = (group, rate, usage) else { return };
     // Checked before they are made: a run holds every client and its links.
     let links: usize = out.iter().map(|c| c.backends.len().max(1)).sum();
@@ -769,9 +773,20 @@ fn clients(
         );
         return;
     }
-    for _ in 0..count {
+    // Spread over N groups: client k asks for GROUP-(k mod N).
+    let names: Vec<GroupName> = match spread {
+        None => vec![group],
+        Some(n) => match (0..n.min(count)).map(|k| GroupName::new(&format!("{group}-{k}"))).collect() {
+            Ok(names) => names,
+            Err(e) => {
+                r.error(v.span(), format!("{path}.group"), format!("spread over {group}-N: {e}"));
+                return;
+            }
+        },
+    };
+    for k in 0..count {
         out.push(ClientSpec {
-            group: group.clone(),
+            group: names[k % names.len()].clone(),
             rate,
             usage,
             asks,
@@ -1318,6 +1333,19 @@ mod tests {
             "[controller]\nregions = 2\n[[fault]]\nat_s = 5\nregion_cut = { regions = [2], duration_s = 3 }\n",
         );
         assert!(which.contains("fault[0].region_cut.regions[0]: no region 2: the scenario has 2"), "{which}");
+    }
+
+    #[test]
+    fn a_regions_failover_is_read_with_the_election_lease_by_default() {
+        let read = |src: &str| Scenario::parse(&format!("{}[controller]\nregions = 3\n{src}", phase("")));
+        let ok = read("[[fault]]\nat_s = 5\nregion_failover = { regions = [0, 2] }\n").unwrap();
+        assert_eq!(
+            ok.faults[0].kind,
+            crate::faults::FaultKind::RegionFailover { regions: vec![0, 2], down: Duration::from_secs(2) }
+        );
+        let bad =
+            read("[[fault]]\nat_s = 5\nregion_failover = { regions = [0], down_s = -1 }\n").unwrap_err();
+        assert!(bad.to_string().contains("region_failover.down_s"), "{bad}");
     }
 
     #[test]

@@ -198,8 +198,9 @@ impl World {
     pub fn new(scenario: &Scenario, groups: &[GroupName], gates: &[Tollgate], seed: u64) -> World {
         assert_eq!(gates.len(), scenario.clients.len(), "one handle per client");
         let mut rng = SplitMix64::new(seed);
-        let index =
-            |name: &GroupName| groups.iter().position(|g| g == name).expect("every client's group is listed");
+        let at: std::collections::HashMap<&GroupName, usize> =
+            groups.iter().enumerate().map(|(i, g)| (g, i)).collect();
+        let index = |name: &GroupName| *at.get(name).expect("every client's group is listed");
         let clients = scenario
             .clients
             .iter()
@@ -312,11 +313,19 @@ impl World {
             .iter_mut()
             .map(|b| {
                 let load = b.load.smooth_rate(now).max(0.0);
-                let loads = groups
+                let mut loads: Vec<(&GroupName, f64)> = groups
                     .iter()
                     .enumerate()
                     .map(|(g, name)| (name, b.per_group[g].smooth_rate(now).max(0.0)))
                     .filter(|(_, l)| *l > 0.0)
+                    .collect();
+                // The busiest groups, as many as a report holds, as the backend reporter sends.
+                if loads.len() > tollgate_proto::REPORT_GROUPS_MAX {
+                    loads.sort_by(|a, b| b.1.total_cmp(&a.1));
+                    loads.truncate(tollgate_proto::REPORT_GROUPS_MAX);
+                }
+                let loads = loads
+                    .into_iter()
                     .map(|(name, l)| v1::GroupLoad { group: name.to_string(), units_per_s: l })
                     .collect();
                 let health = match &b.queueing {

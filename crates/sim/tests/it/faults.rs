@@ -102,9 +102,9 @@ fn all_hold(s: &Scenario) {
 }
 
 /// Three regions under one global controller, each region's clients served by their region,
-/// with a region cut off from the global tier, a crash of the global controller and four
-/// random faults (more region cuts among them) in every seed, over 200 seeds: the limits and
-/// reservations hold across the regions.
+/// with a region cut off from the global tier, a region's leader killed, a crash of the global
+/// controller and four random faults (more region cuts and failovers among them) in every
+/// seed, over 200 seeds: the limits and reservations hold across the regions.
 #[test]
 fn two_hundred_seeds_of_regions_under_faults_hold_every_invariant() {
     all_hold(&load("regions"));
