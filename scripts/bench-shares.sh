@@ -72,7 +72,8 @@ for m in range(moves):
     after = per_second(4, [busy])
     for i in range(3):
         rate[i] = 60.0
-    time.sleep(10)
+    # The next move lands at another point of the controllers' second-long tick.
+    time.sleep(10 + (0.37 * m) % 1.0)
     spread = per_second(10, [0, 1, 2])
     thirds.append(after[2])
     steady.append(max(spread))

@@ -28,6 +28,11 @@ pub const QUIET_AFTER: Duration = Duration::from_millis(300);
 /// its silence to count: at this rate [`QUIET_AFTER`] without one is ten requests missing.
 pub const QUIET_MIN_RATE: f64 = 10.0 / 0.3;
 
+/// How long a quiet group that still asks nothing stays watched: by then the moving average
+/// of its demand ([`DEMAND_FOLDING_S`](tollgate_model::demand::DEMAND_FOLDING_S)) is under 1 %
+/// of what it was, and its reports say it asks nothing on their own.
+pub const FORGET_AFTER: Duration = Duration::from_millis(1500);
+
 /// How many groups are watched at most.
 pub const WATCHED_MAX: usize = 1024;
 
@@ -50,15 +55,27 @@ pub(crate) struct QuietWatch {
 impl QuietWatch {
     /// A report of `group` at `now`, whose running total asked is `asked`, showed
     /// `requests_per_s` asked: a busy group is watched (from this total), another is not.
+    ///
+    /// A watched group that asked nothing since it was last seen stays watched as it was: a
+    /// report made in the silence (an early exchange right after the load went elsewhere, its
+    /// interval nearly empty) still carries the busy seconds in its demand's moving average,
+    /// and only the quiet report that follows says the group asks nothing. Once quiet for
+    /// [`FORGET_AFTER`], that average has faded and the group is let go.
     pub(crate) fn reported(&mut self, now: Nanos, group: &GroupName, asked: f64, requests_per_s: f64) {
+        if let Some(s) = self.seen.get_mut(group)
+            && s.asked == asked
+        {
+            if s.quiet && now.since(s.moved) >= FORGET_AFTER {
+                self.seen.remove(group);
+            }
+            return;
+        }
         if requests_per_s < QUIET_MIN_RATE {
             self.seen.remove(group);
             return;
         }
         if let Some(s) = self.seen.get_mut(group) {
-            if s.asked != asked || !s.quiet {
-                *s = Seen { asked, moved: now, quiet: false };
-            }
+            *s = Seen { asked, moved: now, quiet: false };
             return;
         }
         if self.seen.len() < WATCHED_MAX {
@@ -136,6 +153,26 @@ mod tests {
         assert!(w.is_quiet(&g));
         assert!(!w.look(ms(600), |_| Some(661.0)));
         assert!(!w.is_quiet(&g));
+    }
+
+    #[test]
+    fn a_group_reported_in_its_silence_still_goes_quiet_then_is_let_go() {
+        let g = GroupName::new("g").unwrap();
+        let mut w = QuietWatch::default();
+        w.reported(ms(0), &g, 600.0, 600.0);
+        // The load went elsewhere at 50 ms; an early report at 100 ms covers an interval with
+        // no request in it, but its demand still holds the busy second.
+        assert!(!w.look(ms(50), |_| Some(630.0)));
+        w.reported(ms(100), &g, 630.0, 0.0);
+        assert!(w.watching(), "silent since it was seen: still watched");
+        assert!(!w.look(ms(300), |_| Some(630.0)));
+        assert!(w.look(ms(350), |_| Some(630.0)), "300 ms after it last moved: quiet");
+        w.reported(ms(400), &g, 630.0, 0.0);
+        assert!(w.is_quiet(&g), "its reports say it asks nothing");
+        w.reported(ms(1300), &g, 630.0, 0.0);
+        assert!(w.is_quiet(&g));
+        w.reported(ms(1900), &g, 630.0, 0.0);
+        assert!(!w.watching(), "let go once its average has faded");
     }
 
     #[test]

@@ -1119,6 +1119,55 @@ mod tests {
         assert_eq!(driver.due_at(), driver.now().after(ms(950)), "the period, from the last full round");
     }
 
+    /// The load goes elsewhere just before an exchange: that report's demand still holds the
+    /// busy second (its moving average), and 300 ms into the silence a report of nothing
+    /// follows at once, so the share goes to the others at the next tick.
+    #[test]
+    fn a_busy_group_reported_in_its_silence_is_reported_quiet_at_once() {
+        let clock = tollgate_model::time::ManualClock::new();
+        let opts = RemoteOptions { clock: Some(Arc::new(clock.clone())), ..RemoteOptions::default() };
+        let (gate, mut driver) = crate::Tollgate::remote_driven(opts).unwrap();
+        let ms = |n: u64| Duration::from_millis(n);
+        let answer = v1::ExchangeResponse {
+            grants: vec![v1::Grant {
+                group: "g".into(),
+                rate: 1000.0,
+                burst: 1000.0,
+                lease_ms: 10_000,
+                ..Default::default()
+            }],
+            next_exchange_ms: 1000,
+            next_tick_ms: 1000,
+            ..Default::default()
+        };
+        clock.advance(ms(5000));
+        let _ = gate.try_acquire("g", 10.0);
+        driver.request(driver.now()).unwrap();
+        driver.answer(driver.now(), &answer);
+        let demand = |r: &v1::ExchangeRequest| r.groups.iter().find(|u| u.group == "g").map(|u| u.demand);
+        // A second of 60 requests of 10 units, then silence.
+        for _ in 0..60 {
+            clock.advance(Duration::from_micros(16_667));
+            assert!(gate.try_acquire("g", 10.0).is_ok());
+        }
+        let busy = driver.request(driver.now()).unwrap();
+        assert!(demand(&busy).unwrap() > 500.0, "{busy:?}");
+        driver.answer(driver.now(), &answer);
+        clock.advance(ms(100));
+        driver.poll(driver.now());
+        let early = driver.request(driver.now()).unwrap();
+        assert!(demand(&early).unwrap() > 100.0, "the average still holds the busy second: {early:?}");
+        driver.answer(driver.now(), &answer);
+        clock.advance(ms(150));
+        driver.poll(driver.now());
+        assert!(driver.due_at() > driver.now(), "250 ms of silence: not quiet yet");
+        clock.advance(ms(100));
+        driver.poll(driver.now());
+        assert!(driver.due_at() <= driver.now(), "quiet: an exchange is due at once");
+        let quiet = driver.request(driver.now()).unwrap();
+        assert_eq!(demand(&quiet), Some(0.0), "{quiet:?}");
+    }
+
     #[test]
     fn decay_halves_toward_the_floor_every_five_seconds() {
         let last = LastGrant { unlimited: false, rate: 100.0, burst: 100.0, floor: 20.0 };
