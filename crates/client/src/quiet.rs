@@ -28,7 +28,8 @@ pub const QUIET_AFTER: Duration = Duration::from_millis(300);
 /// its silence to count: at this rate [`QUIET_AFTER`] without one is ten requests missing.
 pub const QUIET_MIN_RATE: f64 = 10.0 / 0.3;
 
-/// How long a quiet group that still asks nothing stays watched: by then the moving average
+/// How long after its last request a quiet group that still asks nothing stays watched: by
+/// then the moving average
 /// of its demand ([`DEMAND_FOLDING_S`](tollgate_model::demand::DEMAND_FOLDING_S)) is under 1 %
 /// of what it was, and its reports say it asks nothing on their own.
 pub const FORGET_AFTER: Duration = Duration::from_millis(1500);
@@ -59,8 +60,8 @@ impl QuietWatch {
     /// A watched group that asked nothing since it was last seen stays watched as it was: a
     /// report made in the silence (an early exchange right after the load went elsewhere, its
     /// interval nearly empty) still carries the busy seconds in its demand's moving average,
-    /// and only the quiet report that follows says the group asks nothing. Once quiet for
-    /// [`FORGET_AFTER`], that average has faded and the group is let go.
+    /// and only the quiet report that follows says the group asks nothing. Quiet and silent for
+    /// [`FORGET_AFTER`] since its last request, that average has faded and the group is let go.
     pub(crate) fn reported(&mut self, now: Nanos, group: &GroupName, asked: f64, requests_per_s: f64) {
         if let Some(s) = self.seen.get_mut(group)
             && s.asked == asked
