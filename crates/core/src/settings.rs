@@ -623,6 +623,16 @@ impl BudgetPeriod {
         Ok(if from_first { BudgetPeriod::FromFirst(seconds) } else { BudgetPeriod::Every(seconds) })
     }
 
+    /// Whether the clock places it on whole minutes (a minute, an hour, a day, a week, a month,
+    /// or a number of whole minutes): its start falls between two minutes' usage records.
+    pub fn begins_on_minutes(self) -> bool {
+        match self {
+            BudgetPeriod::Total | BudgetPeriod::FromFirst(_) => false,
+            BudgetPeriod::Every(s) => s % 60 == 0,
+            _ => true,
+        }
+    }
+
     /// Whether it is one of the named windows a budget may count over.
     pub fn is_named(self) -> bool {
         BudgetPeriod::ALL.contains(&self)

@@ -58,8 +58,8 @@ use crate::cluster::upstream_lease::{self, Global};
 #[cfg(feature = "etcd")]
 use crate::cluster::{election, shard_map};
 pub use crate::controller::{
-    Admin, Controller, DIAGNOSTICS_SHOWN_MAX, ExchangeAnswer, Ownership, Pacer, PutMode, Readings,
-    SETTINGS_WATCHERS_MAX,
+    Admin, Controller, DIAGNOSTICS_SHOWN_MAX, ExchangeAnswer, Ownership, Pacer, PutMode, QUOTA_WRITE_EVERY,
+    Readings, SETTINGS_WATCHERS_MAX, Writes,
 };
 pub use crate::error::AdminError;
 pub use crate::front::rlqs::RlqsStats;
@@ -772,6 +772,8 @@ async fn background(
     let mut flushes = tokio::time::interval(flush_interval);
     flushes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     flushes.tick().await;
+    let mut quota_writes = tokio::time::interval(QUOTA_WRITE_EVERY);
+    quota_writes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let flushing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut ticker = Ticker {
         controller: controller.clone(),
@@ -792,25 +794,42 @@ async fn background(
                 }
             }
             _ = flushes.tick() => {
-                // Beside the ticks, never in their way: a write waits for the disk, which may
-                // take seconds, and the grants must go on being computed meanwhile. One flush
-                // at a time; a turn that finds one still writing is skipped.
-                if !flushing.swap(true, std::sync::atomic::Ordering::AcqRel) {
-                    let (n, busy) = (node.clone(), flushing.clone());
-                    let now = clock.now();
-                    tokio::spawn(async move {
-                        match tokio::task::spawn_blocking(move || n.flush(now, wall_ms())).await {
-                            Ok(Err(e)) => tracing::warn!(error = %e, "could not write consumption; will try again"),
-                            Err(e) => tracing::warn!(error = %e, "could not write consumption; will try again"),
-                            Ok(Ok(())) => {}
-                        }
-                        busy.store(false, std::sync::atomic::Ordering::Release);
-                    });
-                }
+                let now = clock.now();
+                write_beside(&node, &flushing, "consumption", move |n| n.flush(now, wall_ms()));
+            }
+            _ = quota_writes.tick() => {
+                // A flush writes these meters too.
+                write_beside(&node, &flushing, "the quota groups' consumption", |n| {
+                    n.write_quota_meters(wall_ms()).map(drop)
+                });
             }
             _ = stop.changed() => return,
         }
     }
+}
+
+/// Runs `write` (a write of `what` to the store) beside the ticks, never in their way: a write
+/// waits for the disk or etcd, which may take seconds, and the grants must go on being
+/// computed meanwhile. One write at a time (`busy`): a turn that finds one under way is
+/// skipped, and what it would have written is written at the next.
+fn write_beside(
+    node: &Node,
+    busy: &Arc<std::sync::atomic::AtomicBool>,
+    what: &'static str,
+    write: impl FnOnce(Node) -> Result<(), StoreError> + Send + 'static,
+) {
+    if busy.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let (n, busy) = (node.clone(), busy.clone());
+    tokio::spawn(async move {
+        match tokio::task::spawn_blocking(move || write(n)).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not write {what}; will try again"),
+            Err(e) => tracing::warn!(error = %e, "could not write {what}; will try again"),
+            Ok(Ok(())) => {}
+        }
+        busy.store(false, std::sync::atomic::Ordering::Release);
+    });
 }
 
 /// What a tick needs beside the controller: the history it samples and the memory it gives

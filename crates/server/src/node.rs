@@ -72,18 +72,35 @@ impl Node {
         crate::settings::files::Parts { controller: &self.controller, rls_rules: &self.rls_rules }
     }
 
-    /// Writes consumption and resumable ramps to the store ([`Controller::flush`]) while this
+    /// Writes consumption and resumable ramps to the store ([`Writes::flush`](crate::controller::Writes::flush)) while this
     /// controller serves clients: only the leader's consumption is current, a follower's is not
     /// written. With the groups sharded, each controller writes its own groups'.
     pub fn flush(&self, now: Nanos, wall_ms: u64) -> Result<(), StoreError> {
-        if self.cluster.role().role == crate::cluster::role::Role::Follower
-            && self.cluster.sharding().is_none()
-        {
+        if !self.writes_consumption() {
             return Ok(());
         }
         match self.cluster.sharding() {
-            None => self.controller.flush(now, wall_ms, None),
-            Some(s) => self.controller.flush(now, wall_ms, Some(&|root| s.owns_root(root))),
+            None => self.controller.writes().flush(now, wall_ms, None),
+            Some(s) => self.controller.writes().flush(now, wall_ms, Some(&|root| s.owns_root(root))),
         }
+    }
+
+    /// Writes the meters of groups with quotas between flushes
+    /// ([`Writes::quota_meters`](crate::controller::Writes::quota_meters)), as
+    /// [`flush`](Self::flush) writes: the leader's, or each owner's of its own groups.
+    pub fn write_quota_meters(&self, wall_ms: u64) -> Result<usize, StoreError> {
+        if !self.writes_consumption() {
+            return Ok(0);
+        }
+        match self.cluster.sharding() {
+            None => self.controller.writes().quota_meters(wall_ms, None),
+            Some(s) => self.controller.writes().quota_meters(wall_ms, Some(&|root| s.owns_root(root))),
+        }
+    }
+
+    /// Whether this controller's consumption is current, to be written: not a follower's,
+    /// unless the groups are sharded (each owner writes its own).
+    fn writes_consumption(&self) -> bool {
+        self.cluster.role().role != crate::cluster::role::Role::Follower || self.cluster.sharding().is_some()
     }
 }

@@ -25,8 +25,9 @@
 //!   under way, and what it had used when a controller first hears of it was spent under
 //!   another (one killed before it wrote its last consumption, or this one before a restart).
 //!   The part of it beyond what the controller had metered of the window then (its store's
-//!   last write) is in no metering: each window counts it beside the metered consumption, so
-//!   the units spent before a takeover are not allotted again.
+//!   last write) is in no metering: the engine adds it to the group's meter, so that every
+//!   window under way counts it (the longer ones after this window ends too) and the units
+//!   spent before a takeover are not allotted again.
 //! - An allotment lapses when the shortest of the group's windows ends. The client stops
 //!   using it at the end it was told, measured from when it sent its request, which is never
 //!   after the controller's. A client that dies with units left loses them until the window
@@ -140,6 +141,12 @@ struct Ledger {
     /// units used in it before ([`Holder::before`]): the part of them already in its metering
     /// (its store's last write).
     metered_then: Option<f64>,
+    /// Of [`Ledger::unmetered`], the units already taken into the group's meter
+    /// ([`Quotas::take_unmetered`]).
+    taken: f64,
+    /// The group's consumption when its meter was last taken to be written between flushes
+    /// ([`Quotas::written_marks`]).
+    written: f64,
 }
 
 /// What a client held of an allotment when it lapsed.
@@ -171,7 +178,7 @@ impl Ledger {
     /// when it first heard of such units.
     fn unmetered(&self) -> f64 {
         let before: f64 = self.holders.iter().map(|h| h.before).sum();
-        (before - self.metered_then.unwrap_or(0.0)).max(0.0)
+        ((before - self.metered_then.unwrap_or(0.0)).max(0.0) - self.taken).max(0.0)
     }
 
     /// Unspent units of lapsed allotments that count in a window that began at `start`.
@@ -373,7 +380,7 @@ impl Quotas {
             ledger.lapsed.extend(lapsed.collect::<Vec<_>>());
             ledger.window = window;
             ledger.holders.clear();
-            ledger.metered_then = None;
+            (ledger.metered_then, ledger.taken) = (None, 0.0);
         }
         if !released.is_empty() {
             ledger.holders.retain(|h| released.binary_search(&h.client).is_err());
@@ -513,6 +520,25 @@ impl Quotas {
             }
             _ => window.end_of(wall),
         }
+    }
+
+    /// Takes the units `group`'s clients spent in the window under way before this engine knew
+    /// them that its metering does not hold ([`Ledger::unmetered`]): for the engine to add to
+    /// the group's meter, where every window under way counts them (the window after the
+    /// allotments' too, which the clients' reports no longer cover) and the store gets them.
+    pub(crate) fn take_unmetered(&mut self, group: &GroupName) -> f64 {
+        let Some(ledger) = self.ledgers.get_mut(group) else { return 0.0 };
+        let found = ledger.unmetered();
+        ledger.taken += found;
+        found
+    }
+
+    /// Each group with allotments under way, with the consumption its meter was last taken
+    /// at to be written between flushes (sorted by name).
+    pub(crate) fn written_marks(&mut self) -> Vec<(&GroupName, &mut f64)> {
+        let mut marks: Vec<_> = self.ledgers.iter_mut().map(|(g, l)| (g, &mut l.written)).collect();
+        marks.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        marks
     }
 
     /// The units every client holds unspent of `group`'s allotments.

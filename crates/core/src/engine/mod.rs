@@ -50,6 +50,7 @@ mod fair;
 mod learning;
 mod metering;
 mod provisional;
+mod quota_progress;
 mod saturation;
 mod slots;
 mod split;
@@ -476,13 +477,15 @@ pub fn quota_cap(limit: f64, left: Option<f64>) -> f64 {
 
 /// The allotment of group `key`'s quotas for `client`, given its report `r` (see
 /// [`Allotment`]); `None` for a group with no quota. A regional engine allots what the tier
-/// above allotted the region. `released`: restarted clients' earlier incarnations.
+/// above allotted the region. `released`: restarted clients' earlier incarnations. What the
+/// client says it spent before this engine knew it that no metering holds is metered
+/// ([`meter_unmetered`]).
 fn allot_for(
-    quotas: &mut allot::Quotas,
+    (quotas, metering): (&mut allot::Quotas, &mut metering::Metering),
     (released, settings, regional): (&[ClientId], &EngineSettings, bool),
     now: Nanos,
     key: &GroupName,
-    g: &Tracked,
+    g: &mut Tracked,
     client: ClientId,
     r: &ClientReport,
 ) -> Option<Allotment> {
@@ -506,7 +509,30 @@ fn allot_for(
             .unwrap_or(settings.tick.max(Duration::from_millis(500)) * 2)
             .min(allot::LASTS_MAX),
     };
-    if regional { quotas.allot_regional(ask, released) } else { quotas.allot(ask, released) }
+    if regional {
+        return quotas.allot_regional(ask, released);
+    }
+    let allotment = quotas.allot(ask, released);
+    meter_unmetered(quotas, metering, key, g);
+    allotment
+}
+
+/// Meters what `key`'s clients spent before this engine knew them that no metering holds (a
+/// killed leader's last, unwritten): it is consumption, counted in every window under way and
+/// written with the rest ([`allot::Quotas::take_unmetered`]).
+fn meter_unmetered(
+    quotas: &mut allot::Quotas,
+    metering: &mut metering::Metering,
+    key: &GroupName,
+    g: &mut Tracked,
+) {
+    let found = quotas.take_unmetered(key);
+    if found > 0.0 {
+        g.meter.consumed += found;
+        if !std::mem::replace(&mut g.dirty, true) && metering.on {
+            metering.dirty.push(key.clone());
+        }
+    }
 }
 
 /// A tracked group's `load_slot` when it has none.
@@ -1203,8 +1229,8 @@ impl Engine {
             ledger.report(now, client, r.in_flight, r.in_flight_asked, max, self.settings.report_expiry)
         });
         let regional = self.upstream.is_some();
-        let quota =
-            allot_for(&mut self.quotas, (&self.released, &self.settings, regional), now, &key, g, client, &r);
+        let parts = (&mut self.quotas, &mut self.metering);
+        let quota = allot_for(parts, (&self.released, &self.settings, regional), now, &key, g, client, &r);
         let unlimited = Grant { in_flight, quota, ..unlimited };
         // The common case: the last tick knows the client.
         if let Some(o) = &g.outcome {
@@ -1351,6 +1377,13 @@ impl Engine {
     /// its start, for [`set_budget_baseline`](Self::set_budget_baseline). Baselines of windows
     /// a group no longer counts are forgotten.
     pub fn budget_periods_due(&mut self, wall_ms: u64) -> Vec<(GroupName, BudgetPeriod, u64)> {
+        self.windows_under_way(wall_ms, true)
+    }
+
+    /// The quota windows under way at `wall_ms` that the clock places (not a group's life, not
+    /// one from the first request), each with its group and its start: those with no baseline
+    /// yet alone when `due_only`. Baselines of windows a group no longer counts are forgotten.
+    fn windows_under_way(&mut self, wall_ms: u64, due_only: bool) -> Vec<(GroupName, BudgetPeriod, u64)> {
         let (configured, tracked) = (&self.catalog, &self.tracked);
         // A group's quotas: its own, or (tracked, not configured) a pattern's or the default's.
         let applying = |g: &GroupName| match configured.get(g) {
@@ -1388,7 +1421,9 @@ impl Engine {
             {
                 let start = window.start_of(wall_ms);
                 let key = (g.clone(), window);
-                if self.quotas.baseline(&key.0, key.1).is_none_or(|b| b.period_start_unix_ms != start) {
+                if !due_only
+                    || self.quotas.baseline(&key.0, key.1).is_none_or(|b| b.period_start_unix_ms != start)
+                {
                     due.push((g.clone(), window, start));
                 }
             }

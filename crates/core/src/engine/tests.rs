@@ -1715,6 +1715,42 @@ fn a_successor_whose_store_holds_the_units_spent_counts_them_once() {
     assert!(given >= 99.0, "the 80 count once, and the rest is given: {given}");
 }
 
+/// What the clients spent before a takeover that the successor's store does not hold counts in
+/// the longer windows after the allotments' window ends: it is taken into the group's meter.
+/// With 100 a minute and 150 an hour, 80 spent unwritten before the takeover and 20 after, the
+/// next minute has the hour's last 50. Before, the hour counted only the 20 metered here once
+/// the minute ended, and the next minute had a whole 100.
+#[test]
+fn units_spent_before_a_takeover_count_in_the_hour_after_their_minute_ends() {
+    use crate::settings::BudgetPeriod;
+    let s = GroupSettings::builder()
+        .limit(1000.0)
+        .quota(BudgetPeriod::Minute, 100.0)
+        .quota(BudgetPeriod::Hour, 150.0)
+        .build()
+        .unwrap();
+    let (mut successor, minute) = (successor_half_a_minute_in(), 60_000);
+    successor.set_group(name("api"), s);
+    successor.roll_windows(10 * minute + 30_000, BudgetPeriod::Total);
+    let held = crate::engine::QuotaHeld { window: 10 * minute, given: 80.0, used: 80.0, lasts: None };
+    let given = spend_a_minute_of_100(&mut successor, held);
+    assert!(given >= 99.0, "the minute's last 20 are given: {given}");
+    // The 80 and what the reports since said (all but the last allotment).
+    let metered = successor.meter(&name("api")).unwrap().consumed;
+    assert!((90.0..=given).contains(&metered), "{metered} metered of {given} given");
+    // The next minute, from 11:00 (30 s of engine time).
+    let mut held = crate::engine::QuotaHeld { window: 10 * minute, given, used: given, lasts: None };
+    let (mut spent, mut in_next) = (1.0, 0.0);
+    for second in 31..50 {
+        let r = ClientReport { quota: Some(held), ..report(1000.0, spent, 0.0) };
+        let a = successor.report(Nanos(second * S), 1, &name("api"), r).quota.expect("an allotment");
+        assert_eq!(a.window, 11 * minute);
+        (in_next, spent) = (in_next + a.add, a.add);
+        held = crate::engine::QuotaHeld { window: a.window, given: in_next, used: in_next, lasts: None };
+    }
+    assert!((49.0..=50.0 + 1e-9).contains(&in_next), "{in_next} given of the hour's last 50");
+}
+
 #[test]
 fn patterns_give_unconfigured_groups_their_settings_most_specific_first() {
     let mut e = engine(EngineSettings::default());

@@ -350,6 +350,7 @@ async fn take_over(cluster: &Cluster, client: &mut Client, target: &EtcdTarget, 
         let meters = controller.ownership().restore_meters(stored.meters, |_| true);
         let ramps = controller.ownership().resume_ramps(clock.now(), wall_ms, stored.ramps, |_| true);
         tracing::debug!(meters, ramps, "election: the stored consumption and ramps were read");
+        crate::cluster::shard_map::place_windows(controller, None).await;
     }
 }
 

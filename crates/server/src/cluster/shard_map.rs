@@ -172,7 +172,7 @@ async fn take(
             let (c, s) = (controller.clone(), sharding.clone());
             let now = clock.now();
             let flushed = tokio::task::spawn_blocking(move || {
-                c.flush(now, crate::clock::wall_ms(), Some(&|root| s.owns_root(root)))
+                c.writes().flush(now, crate::clock::wall_ms(), Some(&|root| s.owns_root(root)))
             });
             match flushed.await {
                 Ok(Ok(())) => {}
@@ -198,7 +198,7 @@ async fn take(
 async fn restore_progress(
     client: &mut Client,
     target: &EtcdTarget,
-    controller: &Controller,
+    controller: &Arc<Controller>,
     clock: Clock,
     shards: u16,
     gained: &HashSet<u16>,
@@ -225,6 +225,38 @@ async fn restore_progress(
     let meters = controller.ownership().restore_meters(stored.meters, mine);
     let ramps = controller.ownership().resume_ramps(clock.now(), crate::clock::wall_ms(), stored.ramps, mine);
     tracing::debug!(meters, ramps, "shards: the consumption and ramps of the groups given were read");
+    let gained = gained.clone();
+    place_windows(
+        controller,
+        Some(Box::new(move |root| gained.contains(&tollgate_model::shard::shard_of(root.as_str(), shards)))),
+    )
+    .await;
+}
+
+/// Which groups a controller has just been given, by their tree's root (`None`: every group).
+pub(crate) type Given = Option<Box<dyn Fn(&tollgate_model::settings::GroupName) -> bool + Send>>;
+
+/// Places the quota windows under way of the groups `given` ([`Given`]) on the usage records
+/// their last leader or owner left ([`Writes::place_windows`](crate::controller::Writes::place_windows)),
+/// off the async workers: this controller's metering did not see those windows begin. A read
+/// that fails is logged, and those windows count from what this controller metered.
+pub(crate) async fn place_windows(controller: &Arc<Controller>, given: Given) {
+    let c = controller.clone();
+    let placed = tokio::task::spawn_blocking(move || {
+        let given = given.as_ref().map(|g| g as &dyn Fn(&tollgate_model::settings::GroupName) -> bool);
+        c.writes().place_windows(crate::clock::wall_ms(), given)
+    });
+    match placed.await {
+        Ok(Ok(placed)) => {
+            tracing::debug!(placed, "the quota windows under way were placed on the usage records")
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the quota windows under way count from this controller's metering")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the quota windows under way count from this controller's metering")
+        }
+    }
 }
 
 fn refuse(sharding: &Sharding, target: &EtcdTarget, why: &str) {

@@ -4,7 +4,7 @@
 //! [`Engine`] under one short lock; the answer is each client's grant by the engine's grant
 //! policy. Admin changes are written to the store, durably, before the engine sees them; one
 //! admin change runs at a time. Consumption and resumable ramps are written to the store by
-//! [`Controller::flush`]. Views for status pages and metrics are built once per tick, in time
+//! [`Writes::flush`]. Views for status pages and metrics are built once per tick, in time
 //! linear in the groups, and sorted outside the lock, so a scrape never holds exchanges up.
 //! A tick holds the lock for one slice of groups at a time ([`Controller::tick`]), so an
 //! exchange never waits for a whole tick either.
@@ -18,6 +18,7 @@ mod admin;
 mod ownership;
 mod pacing;
 mod readings;
+mod writes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,7 @@ pub use admin::Admin;
 pub use ownership::Ownership;
 pub use pacing::Pacer;
 pub use readings::Readings;
+pub use writes::{QUOTA_WRITE_EVERY, Writes};
 
 fn invalid(e: FieldError) -> Status {
     Status::invalid_argument(e.to_string())
@@ -87,7 +89,7 @@ fn resume_stored_ramp(
 /// [`Engine`] under one short lock; the answer is each client's grant by the engine's grant
 /// policy. Admin changes are written to the store, durably, before the engine sees them; one
 /// admin change runs at a time. Consumption and resumable ramps are written to the store by
-/// [`flush`](Self::flush). Views for status pages and metrics are built once per tick, in time
+/// [`Writes::flush`]. Views for status pages and metrics are built once per tick, in time
 /// linear in the groups, and sorted outside the lock, so a scrape never holds exchanges up.
 /// A tick holds the lock for one slice of groups at a time ([`tick`](Pacer::tick)), so an
 /// exchange never waits for a whole tick either.
@@ -194,6 +196,8 @@ impl Controller {
             capacity: Mutex::new(ownership::CapacityShare::default()),
             views: readings::Views::default(),
         };
+        // Its metering did not see the windows under way begin: they count from the records.
+        controller.writes().place_windows(wall_ms, None)?;
         controller.refresh_budget_periods(wall_ms)?;
         Ok(controller)
     }
@@ -218,10 +222,6 @@ impl Controller {
         // The engine is plain data, consistent at every step that can panic (and this lock
         // is not poisoned by a panic).
         self.engine.lock()
-    }
-
-    fn store(&self) -> crate::store::StoreGuard<'_> {
-        self.store.lock()
     }
 
     /// Runs `f` on the engine (for the simulator's and tests' reading).
@@ -322,67 +322,6 @@ impl Controller {
         Ok(v1::ReportAck { rejected })
     }
 
-    /// Writes the consumption of every group in traffic (the configured groups' running totals,
-    /// and every group's usage records) and the resumable ramps to the store (nothing in a
-    /// regional controller: the global tier writes what the regions consumed). `now` is the
-    /// engine's time, `wall_ms` the Unix time in milliseconds. With the groups sharded, `mine`
-    /// says by a tree's root which groups are this controller's: the stored ramps of the others
-    /// are left as they are.
-    pub fn flush(
-        &self,
-        now: Nanos,
-        wall_ms: u64,
-        mine: Option<&dyn Fn(&GroupName) -> bool>,
-    ) -> Result<(), StoreError> {
-        let (meters, usage_only, ramps, scope) = {
-            let mut engine = self.engine();
-            engine.set_wall_clock(now, wall_ms);
-            // A region's consumption reaches the global tier in its exchanges, and is written
-            // there: nothing to write here.
-            if engine.is_regional() {
-                drop(engine.take_dirty_meters());
-                return Ok(());
-            }
-            // Every group in traffic is metered; the running totals of configured groups alone
-            // are kept (restored at start, budgeted on), the others' only as usage records.
-            let (meters, usage_only): (Vec<_>, Vec<_>) =
-                engine.take_dirty_meters().into_iter().partition(|(n, _)| engine.group(n).is_some());
-            let ramps: Vec<(GroupName, StoredRamp)> = engine
-                .resumable_ramps(now)
-                .into_iter()
-                .map(|(name, value, ttl)| {
-                    let until = wall_ms.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
-                    (name, StoredRamp { value, until_unix_ms: until })
-                })
-                .collect();
-            let scope: Option<std::collections::HashSet<GroupName>> = mine.map(|mine| {
-                engine
-                    .groups()
-                    .into_iter()
-                    .filter(|(n, _)| mine(engine.root_of(n)))
-                    .map(|(n, _)| n.clone())
-                    .collect()
-            });
-            (meters, usage_only, ramps, scope)
-        };
-        let minute = crate::store::minute_of(wall_ms);
-        let result = {
-            let mut store = self.store();
-            match &scope {
-                None => store.put_meters(&meters, &ramps, minute),
-                Some(scope) => store.put_meters_of(&meters, &ramps, minute, scope),
-            }
-            .and_then(|()| store.put_usage(&usage_only, minute))
-        };
-        if result.is_err() {
-            self.views.flush_failures.fetch_add(1, Ordering::Relaxed);
-            // Not written: keep them to write next time.
-            self.engine().mark_dirty(meters.iter().chain(&usage_only).map(|(n, _)| n));
-        }
-        result?;
-        self.refresh_budget_periods(wall_ms)
-    }
-
     /// How long a grant lives.
     pub fn lease(&self) -> Duration {
         self.engine().settings().lease
@@ -409,6 +348,12 @@ impl Controller {
             capacity: &self.capacity,
             views: &self.views,
         }
+    }
+
+    /// The writes of consumption to the store: every flush's, the quota groups' between them,
+    /// and the quota windows placed on what was written.
+    pub fn writes(&self) -> Writes<'_> {
+        Writes { engine: &self.engine, store: &self.store, views: &self.views }
     }
 
     /// The ticking: ticks in slices, early ones, and their counts.
@@ -462,10 +407,14 @@ fn refresh_budget_periods(
 ) -> Result<(), StoreError> {
     roll_short_windows(&mut engine.lock(), wall_ms);
     let due = engine.lock().budget_periods_due(wall_ms);
-    for (group, window, start) in due {
-        let records = store.lock().usage(Some(&group), start, 1)?;
-        let baseline = records.first().filter(|r| r.minute_unix_ms < start).map_or(0.0, |r| r.meter.consumed);
-        engine.lock().set_budget_baseline(group, window, start, baseline);
+    if due.is_empty() {
+        return Ok(());
+    }
+    let starts: Vec<(GroupName, u64)> = due.iter().map(|(g, _, start)| (g.clone(), *start)).collect();
+    let before = store.lock().consumed_before(&starts)?;
+    let mut engine = engine.lock();
+    for ((group, window, start), consumed) in due.into_iter().zip(before) {
+        engine.set_budget_baseline(group, window, start, consumed.unwrap_or(0.0));
     }
     Ok(())
 }

@@ -123,7 +123,7 @@ impl Readings<'_> {
         self.store.health()
     }
 
-    /// Flushes of consumption to the store that failed ([`Controller::flush`](super::Controller::flush)).
+    /// Flushes of consumption to the store that failed ([`Writes::flush`](super::Writes::flush) and [`Writes::quota_meters`](super::Writes::quota_meters)).
     pub fn flush_failures(&self) -> u64 {
         self.views.flush_failures.load(Ordering::Relaxed)
     }

@@ -273,3 +273,97 @@ fn a_client_gets_the_period_it_asks_for_within_the_tick_and_half_the_lease() {
     let e = lasting(3_600_001).unwrap_err();
     assert_eq!(e.message(), "groups[0].quota.lasts_ms: must be at most 3600000, got 3600001");
 }
+
+/// At a start, the minute, the hour and the day under way count from the usage records: the
+/// group's consumption as of its last record before each began. Before, minutes and hours
+/// counted from the consumption at the start, so a restart gave an hour's quota afresh.
+#[test]
+fn the_windows_under_way_at_a_start_count_from_the_usage_records() {
+    use tollgate_model::engine::Meter;
+    use tollgate_model::settings::BudgetPeriod::{Day, Hour, Minute};
+    let (minute, hour) = (60_000u64, 3_600_000u64);
+    let day_start = 20_000 * 24 * hour;
+    let now = day_start + 5 * hour + 30 * minute + 30_000; // 05:30:30
+    let g = GroupName::new("metered").unwrap();
+    let settings = GroupSettings::builder()
+        .limit(100.0)
+        .quota(Minute, 100.0)
+        .quota(Hour, 1000.0)
+        .quota(Day, 10_000.0)
+        .build()
+        .unwrap();
+    let meter = |consumed: f64| Meter { consumed, ..Meter::default() };
+    let mut store = MemoryStore::default();
+    store.put_group(&g, &settings).unwrap();
+    // Yesterday's last record, then the last of 04:59, of 05:29, and of the minute under way.
+    for (at, consumed) in [(day_start - minute, 100.0), (day_start + 5 * hour - minute, 500.0)] {
+        store.put_meters(&[(g.clone(), meter(consumed))], &[], at).unwrap();
+    }
+    for (at, consumed) in [(now - 30_000 - minute, 600.0), (now - 30_000, 650.0)] {
+        store.put_meters(&[(g.clone(), meter(consumed))], &[], at).unwrap();
+    }
+    let c = Controller::new(Box::new(store), EngineSettings::default(), Nanos::ZERO, now).unwrap();
+    let baselines = c.with_engine(|e| [Minute, Hour, Day].map(|w| e.budget_baseline(&g, w)));
+    assert_eq!(baselines, [600.0, 500.0, 100.0], "50 spent this minute, 150 this hour, 550 today");
+}
+
+/// Between flushes, the meters of groups with quota allotments under way are written when
+/// they change (and only then), the ramps left as they are; a successor whose own metering
+/// rolled the windows (a follower's, which meters nothing of the group) places them again on
+/// the records those writes left.
+#[test]
+fn quota_groups_meters_are_written_between_flushes_and_place_a_successors_windows() {
+    use tollgate_model::engine::Meter;
+    use tollgate_model::settings::BudgetPeriod::{Hour, Minute};
+    let (minute, hour) = (60_000u64, 3_600_000u64);
+    // Both start at 50 minutes past an hour with 1,000 consumed before.
+    let start = 500_000 * hour - 10 * minute;
+    let g = GroupName::new("q").unwrap();
+    let settings =
+        GroupSettings::builder().limit(100.0).quota(Minute, 100.0).quota(Hour, 1000.0).build().unwrap();
+    let mut store = MemoryStore::default();
+    store.put_group(&g, &settings).unwrap();
+    store
+        .put_meters(&[(g.clone(), Meter { consumed: 1000.0, ..Meter::default() })], &[], start - minute)
+        .unwrap();
+    let leader =
+        Controller::new(Box::new(store.clone()), EngineSettings::default(), Nanos::ZERO, start).unwrap();
+    let follower =
+        Controller::new(Box::new(store.clone()), EngineSettings::default(), Nanos::ZERO, start).unwrap();
+    let exchange = |consumed: f64, after_ms: u64| {
+        let usage = v1::GroupUsage {
+            group: "q".into(),
+            demand: 10.0,
+            consumed,
+            quota: Some(v1::QuotaHeld::default()),
+            ..Default::default()
+        };
+        let req = v1::ExchangeRequest {
+            client_id: "c".into(),
+            sequence: 1,
+            groups: vec![usage],
+            takes_allotments: true,
+            ..Default::default()
+        };
+        leader.exchange(Nanos::ZERO.after(Duration::from_millis(after_ms)), &req).unwrap();
+        leader.writes().quota_meters(start + after_ms, None).unwrap()
+    };
+    // 200 in the hour before, then 40 ten minutes into the next.
+    assert_eq!(exchange(0.0, 0), 1, "written once from here");
+    assert_eq!(exchange(200.0, 1000), 1);
+    assert_eq!(leader.writes().quota_meters(start + 2000, None).unwrap(), 0, "unchanged: not written again");
+    let now = start + 20 * minute;
+    assert_eq!(exchange(40.0, 20 * minute), 1);
+    let mut s = store.clone();
+    assert_eq!(s.load().unwrap().meters[&g].consumed, 1240.0);
+    // The follower rolled the hour on its own metering, 1,000 (it meters nothing of the
+    // group): taking over, it counts on from the stored meter, and places the windows on the
+    // records, so that the hour counts 40, not 240.
+    follower.roll_short_windows(now);
+    assert_eq!(follower.with_engine(|e| e.budget_baseline(&g, Hour)), 1000.0);
+    let taken = follower.ownership().restore_meters(s.load().unwrap().meters.into_iter().collect(), |_| true);
+    assert_eq!(taken, 1);
+    assert_eq!(follower.writes().place_windows(now, None).unwrap(), 2);
+    let baselines = follower.with_engine(|e| [Minute, Hour].map(|w| e.budget_baseline(&g, w)));
+    assert_eq!(baselines, [1200.0, 1200.0], "40 in the minute and in the hour");
+}

@@ -21,7 +21,7 @@
 //! so it can be called from anywhere, a runtime's worker included, and every call is bounded by
 //! [`ETCD_TIMEOUT`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
@@ -207,6 +207,15 @@ pub(crate) async fn connect_unbounded(target: &EtcdTarget) -> Result<Client, etc
 }
 
 impl EtcdStore {
+    /// The puts of `meters` and of each as its group's usage record for the minute starting at
+    /// `minute_unix_ms`.
+    fn meter_puts(&self, meters: &[(GroupName, Meter)], minute_unix_ms: u64) -> Vec<TxnOp> {
+        let put = |key: String, m: &Meter| TxnOp::put(self.target.key(&key), encode_meter(m).to_vec(), None);
+        let mut ops: Vec<TxnOp> = meters.iter().map(|(n, m)| put(format!("meters/{n}"), m)).collect();
+        ops.extend(meters.iter().map(|(n, m)| put(format!("usage/{minute_unix_ms:013}/{n}"), m)));
+        ops
+    }
+
     /// Meters, their usage records and the ramps in one transaction; of the stored ramps,
     /// those of `scope` (every group's when `None`) that are not given go.
     fn write_meters(
@@ -216,17 +225,7 @@ impl EtcdStore {
         minute_unix_ms: u64,
         scope: Option<&std::collections::HashSet<GroupName>>,
     ) -> Result<(), StoreError> {
-        let mut ops: Vec<TxnOp> = meters
-            .iter()
-            .map(|(n, m)| TxnOp::put(self.target.key(&format!("meters/{n}")), encode_meter(m).to_vec(), None))
-            .collect();
-        ops.extend(meters.iter().map(|(n, m)| {
-            TxnOp::put(
-                self.target.key(&format!("usage/{minute_unix_ms:013}/{n}")),
-                encode_meter(m).to_vec(),
-                None,
-            )
-        }));
+        let mut ops = self.meter_puts(meters, minute_unix_ms);
         // The ramps are replaced: those no longer resumable go.
         let kept: BTreeMap<&GroupName, &StoredRamp> = ramps.iter().map(|(n, r)| (n, r)).collect();
         let old_ramps = {
@@ -394,6 +393,45 @@ impl EtcdStore {
     /// The revision the last [`load`](SettingsStore::load) read at.
     pub fn revision(&self) -> i64 {
         self.revision
+    }
+
+    /// Reads the usage records from key `from` to `end` (left out), a page at a time in minute
+    /// order, handing each to `read` as its minute, its group's name and its value; a record
+    /// whose key or value does not read is named as corrupt.
+    fn read_usage(
+        &self,
+        from: String,
+        end: String,
+        mut read: impl FnMut(u64, &str, &[u8]) -> Result<(), String>,
+    ) -> Result<(), StoreError> {
+        const PAGE: i64 = 5000;
+        let prefix = self.target.key("usage/");
+        let mut from = from;
+        loop {
+            let (start, stop) = (from.clone(), end.clone());
+            let page = self.call(move |c| {
+                Box::pin(async move {
+                    let r = c.get(start, Some(GetOptions::new().with_range(stop).with_limit(PAGE))).await?;
+                    Ok(r.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect::<Vec<_>>())
+                })
+            })?;
+            let full = page.len() as i64 == PAGE;
+            for (k, v) in &page {
+                let key = String::from_utf8_lossy(k);
+                let Some((minute, name)) = key[prefix.len()..].split_once('/') else { continue };
+                let corrupt = |reason: String| StoreError::Etcd {
+                    target: self.target.describe(),
+                    reason: format!("stored usage record {key:?} is corrupt: {reason}"),
+                };
+                let minute_unix_ms =
+                    minute.parse().map_err(|e: std::num::ParseIntError| corrupt(e.to_string()))?;
+                read(minute_unix_ms, name, v).map_err(corrupt)?;
+            }
+            match page.last() {
+                Some((k, _)) if full => from = format!("{}\0", String::from_utf8_lossy(k)),
+                _ => return Ok(()),
+            }
+        }
     }
 
     fn put_txn(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
@@ -614,6 +652,38 @@ impl SettingsStore for EtcdStore {
         self.write_meters(meters, ramps, minute_unix_ms, Some(scope))
     }
 
+    fn put_running_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        minute_unix_ms: u64,
+    ) -> Result<(), StoreError> {
+        if meters.is_empty() {
+            return Ok(());
+        }
+        // Written within the minute again and again: the records' bound is kept at the flushes.
+        self.put_txn(self.meter_puts(meters, minute_unix_ms))
+    }
+
+    fn consumed_before(&mut self, windows: &[(GroupName, u64)]) -> Result<Vec<Option<f64>>, StoreError> {
+        let Some(last) = windows.iter().map(|(_, start)| *start).max() else { return Ok(Vec::new()) };
+        // The records sort by minute: one read of those before the latest start.
+        let (prefix, end) = (self.target.key("usage/"), self.target.key(&format!("usage/{last:013}")));
+        let mut found: Vec<Option<f64>> = vec![None; windows.len()];
+        let mut wanted: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, (group, _)) in windows.iter().enumerate() {
+            wanted.entry(group.as_str()).or_default().push(i);
+        }
+        self.read_usage(prefix.clone(), end, |minute_unix_ms, name, value| {
+            let Some(at) = wanted.get(name) else { return Ok(()) };
+            let consumed = decode_meter(value)?.consumed;
+            for &i in at.iter().filter(|&&i| minute_unix_ms < windows[i].1) {
+                found[i] = Some(consumed);
+            }
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
     fn put_usage(&mut self, meters: &[(GroupName, Meter)], minute_unix_ms: u64) -> Result<(), StoreError> {
         if meters.is_empty() {
             return Ok(());
@@ -658,41 +728,17 @@ impl SettingsStore for EtcdStore {
         since_unix_ms: u64,
         limit: usize,
     ) -> Result<Vec<super::UsageRecord>, StoreError> {
-        const PAGE: i64 = 5000;
         let prefix = self.target.key("usage/");
         let end = format!("{prefix}~");
         let mut pick = super::UsageSelector::new(group, since_unix_ms, limit);
-        let mut from = prefix.clone();
-        loop {
-            let (start, stop) = (from.clone(), end.clone());
-            let page = self.call(move |c| {
-                Box::pin(async move {
-                    let r = c.get(start, Some(GetOptions::new().with_range(stop).with_limit(PAGE))).await?;
-                    Ok(r.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect::<Vec<_>>())
-                })
-            })?;
-            let full = page.len() as i64 == PAGE;
-            for (k, v) in &page {
-                let key = String::from_utf8_lossy(k);
-                let Some((minute, name)) = key[prefix.len()..].split_once('/') else { continue };
-                if !pick.wants(name) {
-                    continue;
-                }
-                let corrupt = |reason: String| StoreError::Etcd {
-                    target: self.target.describe(),
-                    reason: format!("stored usage record {key:?} is corrupt: {reason}"),
-                };
-                let minute_unix_ms =
-                    minute.parse().map_err(|e: std::num::ParseIntError| corrupt(e.to_string()))?;
-                let group = GroupName::new(name).map_err(|e| corrupt(e.rule))?;
-                let meter = decode_meter(v).map_err(corrupt)?;
-                pick.push(super::UsageRecord { minute_unix_ms, group, meter });
+        self.read_usage(prefix, end, |minute_unix_ms, name, value| {
+            if pick.wants(name) {
+                let group = GroupName::new(name).map_err(|e| e.rule)?;
+                pick.push(super::UsageRecord { minute_unix_ms, group, meter: decode_meter(value)? });
             }
-            match page.last() {
-                Some((k, _)) if full => from = format!("{}\0", String::from_utf8_lossy(k)),
-                _ => return Ok(pick.finish()),
-            }
-        }
+            Ok(())
+        })?;
+        Ok(pick.finish())
     }
 
     fn append_audit(&mut self, record: &AuditRecord) -> Result<(), StoreError> {

@@ -217,6 +217,39 @@ impl RedbStore {
     }
 }
 
+/// Writes `meters` in `txn`, and each as its group's usage record for the minute starting at
+/// `minute_unix_ms`, dropping the oldest records past the bound.
+fn write_meters(
+    txn: &redb::WriteTransaction,
+    meters: &[(GroupName, Meter)],
+    minute_unix_ms: u64,
+) -> Result<(), redb::Error> {
+    let mut table = txn.open_table(METERS)?;
+    for (name, m) in meters {
+        table.insert(name.as_str(), seal(name.as_str().as_bytes(), &encode_meter(m)).as_slice())?;
+    }
+    drop(table);
+    write_usage(txn, meters, minute_unix_ms)
+}
+
+/// Writes each of `meters` in `txn` as its group's usage record for the minute starting at
+/// `minute_unix_ms`, dropping the oldest records past the bound.
+fn write_usage(
+    txn: &redb::WriteTransaction,
+    meters: &[(GroupName, Meter)],
+    minute_unix_ms: u64,
+) -> Result<(), redb::Error> {
+    let mut usage = txn.open_table(USAGE)?;
+    for (name, m) in meters {
+        let sealed = seal(&usage_key(minute_unix_ms, name.as_str()), &encode_meter(m));
+        usage.insert((minute_unix_ms, name.as_str()), sealed.as_slice())?;
+    }
+    while usage.len()? > super::USAGE_MAX as u64 {
+        usage.pop_first()?;
+    }
+    Ok(())
+}
+
 /// Appends `record` to the audit log in `txn`, dropping the oldest past the bound.
 fn append_audit_in(txn: &redb::WriteTransaction, record: &AuditRecord) -> Result<(), redb::Error> {
     let mut table = txn.open_table(AUDIT)?;
@@ -600,20 +633,7 @@ impl SettingsStore for RedbStore {
         minute_unix_ms: u64,
     ) -> Result<(), StoreError> {
         self.write(|txn| {
-            let mut table = txn.open_table(METERS)?;
-            for (name, m) in meters {
-                table.insert(name.as_str(), seal(name.as_str().as_bytes(), &encode_meter(m)).as_slice())?;
-            }
-            drop(table);
-            let mut usage = txn.open_table(USAGE)?;
-            for (name, m) in meters {
-                let sealed = seal(&usage_key(minute_unix_ms, name.as_str()), &encode_meter(m));
-                usage.insert((minute_unix_ms, name.as_str()), sealed.as_slice())?;
-            }
-            while usage.len()? > super::USAGE_MAX as u64 {
-                usage.pop_first()?;
-            }
-            drop(usage);
+            write_meters(txn, meters, minute_unix_ms)?;
             txn.delete_table(RAMPS)?;
             let mut table = txn.open_table(RAMPS)?;
             for (name, r) in ramps {
@@ -623,21 +643,22 @@ impl SettingsStore for RedbStore {
         })
     }
 
+    fn put_running_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        minute_unix_ms: u64,
+    ) -> Result<(), StoreError> {
+        if meters.is_empty() {
+            return Ok(());
+        }
+        self.write(|txn| write_meters(txn, meters, minute_unix_ms))
+    }
+
     fn put_usage(&mut self, meters: &[(GroupName, Meter)], minute_unix_ms: u64) -> Result<(), StoreError> {
         if meters.is_empty() {
             return Ok(());
         }
-        self.write(|txn| {
-            let mut usage = txn.open_table(USAGE)?;
-            for (name, m) in meters {
-                let sealed = seal(&usage_key(minute_unix_ms, name.as_str()), &encode_meter(m));
-                usage.insert((minute_unix_ms, name.as_str()), sealed.as_slice())?;
-            }
-            while usage.len()? > super::USAGE_MAX as u64 {
-                usage.pop_first()?;
-            }
-            Ok(())
-        })
+        self.write(|txn| write_usage(txn, meters, minute_unix_ms))
     }
 }
 

@@ -414,6 +414,28 @@ pub trait SettingsStore: Send {
         let _ = scope;
         self.put_meters(meters, ramps, minute_unix_ms)
     }
+    /// Stores meters and their usage records for the minute starting at `minute_unix_ms`,
+    /// leaving the resumable ramps as they are: the meters of groups with quotas, written
+    /// between flushes so that a successor loses little of what their longer windows counted.
+    fn put_running_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        minute_unix_ms: u64,
+    ) -> Result<(), StoreError>;
+    /// For each of `windows` (a group, and the start of one of its quota windows in Unix
+    /// milliseconds), the group's consumption as of its last usage record before that start
+    /// (`None` without one): what the window is counted from when the metering of its start
+    /// is not at hand (at start, or for a group taken over). By default a look-up each; a
+    /// store whose look-ups each read every record overrides it with one read.
+    fn consumed_before(&mut self, windows: &[(GroupName, u64)]) -> Result<Vec<Option<f64>>, StoreError> {
+        windows
+            .iter()
+            .map(|(group, start)| {
+                let records = self.usage(Some(group), *start, 1)?;
+                Ok(records.first().filter(|r| r.minute_unix_ms < *start).map(|r| r.meter.consumed))
+            })
+            .collect()
+    }
     /// Stores usage records alone, for the minute starting at `minute_unix_ms`: the metering
     /// of groups whose running totals are not kept (groups in traffic that are not configured,
     /// served by the `default` group's settings). Written again within the minute, a record is
@@ -601,6 +623,15 @@ impl SettingsStore for MemoryStore {
         stored.meters.extend(meters.iter().cloned());
         stored.ramps = ramps.iter().cloned().collect();
         drop(stored);
+        self.put_usage(meters, minute_unix_ms)
+    }
+
+    fn put_running_meters(
+        &mut self,
+        meters: &[(GroupName, Meter)],
+        minute_unix_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.stored().meters.extend(meters.iter().cloned());
         self.put_usage(meters, minute_unix_ms)
     }
 
