@@ -39,9 +39,22 @@ fn budgets_and_quotas(h: &str) {
         (200, &serde_json::json!({"hour": 200.0, "month": 100.0})),
         "{v}"
     );
+    // Windows of seconds, by name, beside the named ones: shown as they were set.
+    let seconds = r#"{"quotas":{"seconds":{"90s":5,"60s-from-first":7}}}"#;
+    let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(seconds));
+    let seconds = serde_json::json!({"90s": 5.0, "60s-from-first": 7.0});
+    let all = serde_json::json!({"hour": 200.0, "month": 100.0, "seconds": seconds});
+    assert_eq!((code, &v["settings"]["quotas"]), (200, &all), "{v}");
+    let (code, _, v) =
+        call(h, "PATCH", "/v1/groups/budgeted", Some(r#"{"quotas":{"seconds":{"90s":null}}}"#));
+    let left = serde_json::json!({"hour": 200.0, "month": 100.0, "seconds": {"60s-from-first": 7.0}});
+    assert_eq!((code, &v["settings"]["quotas"]), (200, &left), "{v}");
     for (bad, field) in [
         (r#"{"quotas":{"minute":-1}}"#, "quotas.minute"),
         (r#"{"quotas":{"fortnight":1}}"#, "quotas.fortnight"),
+        (r#"{"quotas":{"seconds":{"minute":1}}}"#, "quotas.seconds"),
+        (r#"{"quotas":{"seconds":{"0s":1}}}"#, "quotas.seconds"),
+        (r#"{"quotas":{"seconds":{"90s":"many"}}}"#, "quotas.seconds"),
     ] {
         let (code, _, v) = call(h, "PATCH", "/v1/groups/budgeted", Some(bad));
         assert_eq!((code, v["field"].as_str()), (400, Some(field)), "{bad}: {v}");

@@ -2,9 +2,12 @@
 //! checked for its kind with the field named) and what answers hold. The OpenAPI document's
 //! schemas are made from these same types.
 
+use std::collections::BTreeMap;
+
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use tollgate_model::settings::BudgetPeriod;
 use tollgate_proto::v1;
 use utoipa::ToSchema;
 
@@ -205,7 +208,14 @@ pub struct Quotas {
     /// The group's whole life.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total: Option<f64>,
+    /// Windows of a number of seconds, by name: `"90s"` (one after another from the Unix
+    /// epoch) or `"90s-from-first"` (from the first request after the last one ended).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub seconds: BTreeMap<String, f64>,
 }
+
+/// The windows [`Quotas`] names a field each.
+const NAMED_WINDOWS: [&str; 6] = ["minute", "hour", "day", "week", "month", "total"];
 
 impl Quotas {
     fn from_map(m: &std::collections::HashMap<String, f64>) -> Quotas {
@@ -217,6 +227,11 @@ impl Quotas {
             week: get("week"),
             month: get("month"),
             total: get("total"),
+            seconds: m
+                .iter()
+                .filter(|(w, _)| !NAMED_WINDOWS.contains(&w.as_str()))
+                .map(|(w, u)| (w.clone(), *u))
+                .collect(),
         }
     }
 }
@@ -249,6 +264,34 @@ pub struct QuotasPatch {
     #[serde(default, deserialize_with = "finite_patch")]
     #[schema(value_type = Option<f64>)]
     pub total: Patch<f64>,
+    /// Windows of a number of seconds, by name (`"90s"`, `"90s-from-first"`; 1 s to a leap
+    /// year): units for a window, `null` to remove its quota; those not named are left.
+    #[serde(default, deserialize_with = "seconds_patch")]
+    #[schema(value_type = BTreeMap<String, Option<f64>>)]
+    pub seconds: BTreeMap<String, Option<f64>>,
+}
+
+/// Windows of seconds and their units (`null`: remove), each name a window of seconds.
+fn seconds_patch<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, Option<f64>>, D::Error> {
+    let Value::Object(windows) = Value::deserialize(d)? else {
+        return Err(D::Error::custom("must be an object of window names to units"));
+    };
+    let mut out = BTreeMap::new();
+    for (name, units) in windows {
+        match BudgetPeriod::parse(&name) {
+            Ok(BudgetPeriod::Every(_) | BudgetPeriod::FromFirst(_)) => {}
+            Ok(_) => {
+                return Err(D::Error::custom(format!("{name:?} is a named window: set it as quotas.{name}")));
+            }
+            Err(rule) => return Err(D::Error::custom(format!("{name:?}: {rule}"))),
+        }
+        let units = match units {
+            Value::Null => None,
+            v => Some(finite(v).map_err(|e| D::Error::custom(format!("{name:?}: {e}")))?),
+        };
+        out.insert(name, units);
+    }
+    Ok(out)
 }
 
 impl QuotasPatch {
@@ -535,6 +578,9 @@ impl GroupBody {
                         p.quotas.insert(name.into(), *u);
                     }
                 }
+            }
+            for (name, units) in &q.seconds {
+                p.quotas.insert(name.clone(), units.unwrap_or(0.0));
             }
         }
         p.budget_period = self.budget_period.map(|b| {
