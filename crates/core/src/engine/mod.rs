@@ -479,7 +479,7 @@ pub fn quota_cap(limit: f64, left: Option<f64>) -> f64 {
 /// [`Allotment`]); `None` for a group with no quota. A regional engine allots what the tier
 /// above allotted the region. `released`: restarted clients' earlier incarnations. What the
 /// client says it spent before this engine knew it that no metering holds is metered
-/// ([`meter_unmetered`]).
+/// ([`quota_progress::meter_unmetered`]).
 fn allot_for(
     (quotas, metering): (&mut allot::Quotas, &mut metering::Metering),
     (released, settings, regional): (&[ClientId], &EngineSettings, bool),
@@ -513,26 +513,8 @@ fn allot_for(
         return quotas.allot_regional(ask, released);
     }
     let allotment = quotas.allot(ask, released);
-    meter_unmetered(quotas, metering, key, g);
+    quota_progress::meter_unmetered(quotas, metering, key, g);
     allotment
-}
-
-/// Meters what `key`'s clients spent before this engine knew them that no metering holds (a
-/// killed leader's last, unwritten): it is consumption, counted in every window under way and
-/// written with the rest ([`allot::Quotas::take_unmetered`]).
-fn meter_unmetered(
-    quotas: &mut allot::Quotas,
-    metering: &mut metering::Metering,
-    key: &GroupName,
-    g: &mut Tracked,
-) {
-    let found = quotas.take_unmetered(key);
-    if found > 0.0 {
-        g.meter.consumed += found;
-        if !std::mem::replace(&mut g.dirty, true) && metering.on {
-            metering.dirty.push(key.clone());
-        }
-    }
 }
 
 /// A tracked group's `load_slot` when it has none.

@@ -8,7 +8,7 @@
 //! about every second ([`Engine::take_quota_meters`]), and a successor places the start of
 //! each window under way ([`Engine::quota_windows`]) on the usage records those writes leave.
 
-use super::{Engine, Meter};
+use super::{Engine, Meter, Tracked, allot, metering};
 use crate::settings::{BudgetPeriod, GroupName};
 
 impl Engine {
@@ -37,5 +37,23 @@ impl Engine {
     /// to count each from where it began ([`set_budget_baseline`](Self::set_budget_baseline)).
     pub fn quota_windows(&mut self, wall_ms: u64) -> Vec<(GroupName, BudgetPeriod, u64)> {
         self.windows_under_way(wall_ms, false)
+    }
+}
+
+/// Meters what `key`'s clients spent before this engine knew them that no metering holds (a
+/// killed leader's last, unwritten): it is consumption, counted in every window under way and
+/// written with the rest ([`allot::Quotas::take_unmetered`]).
+pub(super) fn meter_unmetered(
+    quotas: &mut allot::Quotas,
+    metering: &mut metering::Metering,
+    key: &GroupName,
+    g: &mut Tracked,
+) {
+    let found = quotas.take_unmetered(key);
+    if found > 0.0 {
+        g.meter.consumed += found;
+        if !std::mem::replace(&mut g.dirty, true) && metering.on {
+            metering.dirty.push(key.clone());
+        }
     }
 }
