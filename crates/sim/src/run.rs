@@ -545,8 +545,8 @@ impl Regions {
             if self.down_until[r].is_some() {
                 continue;
             }
-            let usage = node.controller.ownership().upstream_usage();
-            if lease.is_due(now, &usage) {
+            if lease.is_due(now, || node.controller.ownership().upstream_unheld()) {
+                let usage = node.controller.ownership().upstream_usage();
                 let mut answered = global_up && cut_until[r] <= now;
                 if answered {
                     for page in lease.pages(&usage) {

@@ -138,4 +138,13 @@ impl Engine {
         }
         out
     }
+
+    /// Whether a group among the first `max` with clients (those
+    /// [`upstream_usage`](Self::upstream_usage) reports) holds no share from the tier above
+    /// yet: the question a region asks every few milliseconds, answered without building the
+    /// report.
+    pub fn upstream_unheld(&self, max: usize) -> bool {
+        let held = |name: &GroupName| self.upstream.as_ref().is_some_and(|u| u.contains_key(name));
+        self.tracked.iter().filter(|(_, g)| !g.clients.is_empty()).take(max).any(|(name, _)| !held(name))
+    }
 }

@@ -11,7 +11,7 @@
 //! lease decays towards the region's part of the group's reservation, halving the rest every
 //! [`DECAY_HALF_LIFE`], as a client's safe mode decays a grant.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tollgate_model::engine::{Meter, UpstreamGrant, UpstreamUsage};
@@ -103,8 +103,9 @@ impl RegionLease {
 
     /// Whether a round is due at `now`: its period is up, or a group the region's clients use
     /// has no share yet (leased at once, unless the last round failed within [`RETRY`]).
-    pub fn is_due(&self, now: Nanos, usage: &[UpstreamUsage]) -> bool {
-        now >= self.not_before && (now >= self.next_due || usage.iter().any(|u| u.held.is_none()))
+    /// `unheld` says whether such a group exists; it is asked only when the period is not up.
+    pub fn is_due(&self, now: Nanos, unheld: impl FnOnce() -> bool) -> bool {
+        now >= self.not_before && (now >= self.next_due || unheld())
     }
 
     /// The round's exchanges, one a page.
@@ -165,8 +166,10 @@ impl RegionLease {
     /// sooner: a share the global tier lowers reaches the region's clients without waiting a
     /// period more than a client's grant would.
     pub fn round_answered(&mut self, now: Nanos, usage: &[UpstreamUsage]) {
-        self.shares.retain(|name, _| usage.iter().any(|u| u.group == *name));
-        self.reported.retain(|name, _| usage.iter().any(|u| u.group == *name));
+        // By a set of the names: a region holds tens of thousands of groups.
+        let used: HashSet<&GroupName> = usage.iter().map(|u| &u.group).collect();
+        self.shares.retain(|name, _| used.contains(name));
+        self.reported.retain(|name, _| used.contains(name));
         self.answered_at = Some(now);
         // While a tick is under way the answer says 0: shortly, for that tick's grants.
         let wait = if self.next_tick.is_zero() { AFTER_TICK } else { self.next_tick };
@@ -295,7 +298,8 @@ mod tests {
         };
         node.controller.exchange(sec(0.0), &ask).unwrap();
         let usage = node.controller.ownership().upstream_usage();
-        assert!(lease.is_due(sec(0.0), &usage), "a group with no share yet is leased at once");
+        let unheld = || node.controller.ownership().upstream_unheld();
+        assert!(lease.is_due(sec(0.0), unheld), "a group with no share yet is leased at once");
         let pages = lease.pages(&usage);
         assert_eq!(pages.len(), 1);
         assert_eq!((pages[0].request.sequence, pages[0].request.groups[0].demand), (1, 30.0));
@@ -308,12 +312,11 @@ mod tests {
             |node: &crate::node::Node| node.controller.ownership().upstream_usage()[0].held.unwrap().rate;
         assert_eq!(held(&node), 60.0);
         // The next round comes once the global tier's next grants are made.
-        let usage = node.controller.ownership().upstream_usage();
-        assert!(!lease.is_due(sec(0.3), &usage));
-        assert!(lease.is_due(sec(0.4), &usage));
+        assert!(!lease.is_due(sec(0.3), unheld));
+        assert!(lease.is_due(sec(0.4), unheld));
         // Not answered: the share holds for its lease (2 s), then halves every 5 s.
         lease.round_failed(sec(0.4));
-        assert!(!lease.is_due(sec(1.0), &usage), "no retry within a second");
+        assert!(!lease.is_due(sec(1.0), unheld), "no retry within a second");
         assert!(!lease.decay(sec(1.9), &node.controller));
         assert_eq!(held(&node), 60.0);
         assert!(lease.decay(sec(7.0), &node.controller));
@@ -409,10 +412,10 @@ mod quota_tests {
                     admitted += take;
                 }
                 for (lease, node) in leases.iter_mut().zip(&regions) {
-                    let usage = node.controller.ownership().upstream_usage();
-                    if !lease.is_due(now, &usage) {
+                    if !lease.is_due(now, || node.controller.ownership().upstream_unheld()) {
                         continue;
                     }
+                    let usage = node.controller.ownership().upstream_usage();
                     for page in lease.pages(&usage) {
                         let answer = global.exchange(now, &page.request).unwrap();
                         lease.answered(now, page, &answer, &node.controller);

@@ -139,8 +139,8 @@ pub async fn run(node: Node, global: Global, region: String, clock: Clock) {
                 }
             }
         }
-        let usage = node.controller.ownership().upstream_usage();
-        if lease.is_due(now, &usage) {
+        if lease.is_due(now, || node.controller.ownership().upstream_unheld()) {
+            let usage = node.controller.ownership().upstream_usage();
             let answered = match reach.channel(&node, &status) {
                 Err(e) => Err(e),
                 Ok((url, rpc)) => round(now, &node, &mut lease, &mut AdmissionClient::new(rpc), &usage)

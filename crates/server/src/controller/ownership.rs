@@ -173,6 +173,12 @@ impl Ownership<'_> {
         self.engine.lock().upstream_usage(UPSTREAM_GROUPS_MAX)
     }
 
+    /// Whether a group this regional controller's clients use has no share from the global
+    /// tier yet ([`Engine::upstream_unheld`]).
+    pub fn upstream_unheld(&self) -> bool {
+        self.engine.lock().upstream_unheld(UPSTREAM_GROUPS_MAX)
+    }
+
     /// Takes shares granted by the global tier ([`Engine::set_upstream`]); when one moved, the
     /// next tick runs at once ([`Pacer::take_early_tick`](super::Pacer::take_early_tick)).
     pub fn set_upstream(
