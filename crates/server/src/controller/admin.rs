@@ -447,6 +447,12 @@ impl Admin<'_> {
         self.engine.lock().settings_for(name).cloned()
     }
 
+    /// `f` of the settings `name` has, read in place (nothing cloned): `None` when no group
+    /// or pattern names it.
+    pub fn with_settings<R>(&self, name: &GroupName, f: impl FnOnce(&GroupSettings) -> R) -> Option<R> {
+        self.engine.lock().settings_for(name).map(f)
+    }
+
     /// Every configured group, by name.
     pub fn groups(&self) -> Vec<(GroupName, GroupSettings)> {
         self.engine.lock().groups().into_iter().map(|(n, s)| (n.clone(), s.clone())).collect()

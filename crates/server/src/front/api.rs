@@ -72,6 +72,14 @@ pub(crate) fn typed(status: StatusCode, body: &impl serde::Serialize) -> Answer 
     answer(status, serde_json::to_value(body).unwrap_or(Value::Null))
 }
 
+/// An answer written straight from `body`, its keys in the order of its fields (declared in
+/// the order of their names, as [`typed`] writes them): the admission answers, written once
+/// per call rather than through a JSON value.
+pub(crate) fn typed_flat(status: StatusCode, body: &impl serde::Serialize) -> Answer {
+    (status, [(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(body).unwrap_or_default())
+        .into_response()
+}
+
 /// A problem (RFC 9457) with its sentence, field and rule.
 fn problem(status: StatusCode, detail: String, field: &str, rule: String) -> Answer {
     let p = Problem {
@@ -135,10 +143,12 @@ async fn plain_problem(path: &str, a: Answer) -> Answer {
 
 pub(crate) async fn method_problem(req: axum::extract::Request, next: axum::middleware::Next) -> Answer {
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    // The path's own bytes, shared (a copy only for an error's sentence).
+    let uri = req.uri().clone();
+    let path = uri.path();
     let a = next.run(req).await;
     if a.status() != StatusCode::METHOD_NOT_ALLOWED {
-        return plain_problem(&path, a).await;
+        return plain_problem(path, a).await;
     }
     let allow = a.headers().get(header::ALLOW).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let mut p = refuse_whole(
@@ -172,12 +182,28 @@ fn admin_error(e: AdminError) -> Answer {
     }
 }
 
-/// The body as a `T`, or 400 naming the field at fault and the rule (413 past
-/// [`BODY_MAX_BYTES`]).
 /// The body keys whose values are objects (structs), in every body that has them.
 const OBJECT_FIELDS: [&str; 2] = ["quotas", "ramp"];
 
-pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, Answer> {
+/// A flat body (one with no object among its fields: a check, a charge, an acquire) as a `T`
+/// borrowing from it, read in one pass: a body that keeps the rules is deserialized straight
+/// from its text; one that breaks a rule (or is not an object) goes through [`parse`] for the
+/// answer naming the field and the rule.
+pub(crate) fn parse_flat<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, Answer> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "body", format!("not UTF-8 ({e})")))?;
+    if body.len() <= BODY_MAX_BYTES
+        && text.trim_start().starts_with('{')
+        && let Ok(t) = serde_json::from_str(text)
+    {
+        return Ok(t);
+    }
+    parse(text)
+}
+
+/// The body as a `T`, or 400 naming the field at fault and the rule (413 past
+/// [`BODY_MAX_BYTES`]).
+pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(body: &'a str) -> Result<T, Answer> {
     if body.len() > BODY_MAX_BYTES {
         return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, "body", format!("at most {BODY_MAX_BYTES} bytes")));
     }
@@ -601,7 +627,7 @@ async fn status(State(api): State<Api>, axum::extract::RawQuery(query): axum::ex
     }
 }
 
-/// The group's handle on this server's client, and its name, for a check or a charge of
+/// The group's handle on this server's client, and its name (checked), for a check or a charge of
 /// `units` (named `field`): the group named or else the token's default
 /// group, a name and a number that keep the rules, a token allowed the group; the first grant
 /// waited for.
@@ -611,11 +637,12 @@ pub(crate) async fn admission_handle(
     named: Option<&str>,
     field: &str,
     units: f64,
-) -> Result<(tollgate_limiter::GroupHandle, String), Answer> {
+) -> Result<(tollgate_limiter::GroupHandle, tollgate_model::settings::GroupName), Answer> {
     let group = match (named, ext.get::<Caller>()) {
-        (Some(g), _) => g.to_string(),
+        (Some(g), _) => std::borrow::Cow::Borrowed(g),
         (None, Some(Caller(c))) => c
             .group_or_default(None)
+            .map(std::borrow::Cow::Owned)
             .map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e.strip_prefix("group: ").unwrap_or(&e)))?,
         (None, None) => {
             return Err(refuse(
@@ -625,7 +652,7 @@ pub(crate) async fn admission_handle(
             ));
         }
     };
-    let group = group.as_str();
+    let group = &*group;
     let name = checked_name("group", group)
         .map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e.strip_prefix("group: ").unwrap_or(&e)))?;
     if !(0.0..=CHECK_COST_MAX).contains(&units) {
@@ -647,7 +674,7 @@ pub(crate) async fn admission_handle(
     }
     let handle = gate.group(name.as_str()).map_err(|e| refuse(StatusCode::BAD_REQUEST, "group", e))?;
     crate::front::rls::wait_for_first_grant(&handle).await;
-    Ok((handle, group.to_string()))
+    Ok((handle, name))
 }
 
 /// Charges work already done, whose cost was known only once it ended (an answer's tokens, a
@@ -661,8 +688,8 @@ pub(crate) async fn admission_handle(
         (status = 403, description = "A token not allowed this group", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "This controller follows another", body = Problem, content_type = "application/problem+json")))]
-async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
-    let b: ChargeBody = match parse(&body) {
+async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: axum::body::Bytes) -> Answer {
+    let b: ChargeBody = match parse_flat(&body) {
         Ok(b) => b,
         Err(a) => return a,
     };
@@ -672,9 +699,11 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
         Err(a) => return a,
     };
     if !b.refund
-        && let Some(name) = tollgate_model::settings::GroupName::new(&group).ok()
-        && let Err(rule) =
-            api.charges.check(&group, api.node.controller.admin().settings_for(&name).as_ref(), b.units)
+        && let Some(Err(rule)) = api
+            .node
+            .controller
+            .admin()
+            .with_settings(&group, |s| api.charges.check(group.as_str(), Some(s), b.units))
     {
         return refuse(StatusCode::BAD_REQUEST, "units", rule);
     }
@@ -683,7 +712,10 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
         return refuse(StatusCode::BAD_REQUEST, "units", e);
     }
     let charged = if b.refund { -b.units } else { b.units };
-    typed(StatusCode::OK, &Charged { group, charged, remaining: handle.available().floor() })
+    typed_flat(
+        StatusCode::OK,
+        &Charged { charged, group: group.to_string(), remaining: handle.available().floor() },
+    )
 }
 
 /// Admits `cost` units of the group's work now, or says when to try again. Answers carry the
@@ -696,8 +728,8 @@ async fn charge(State(api): State<Api>, ext: axum::http::Extensions, body: Strin
         (status = 413, description = "The body is too large", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Refused for now; Retry-After says when to try again", body = Refused),
         (status = 503, description = "This controller follows another", body = Problem, content_type = "application/problem+json")))]
-async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String) -> Answer {
-    let b: CheckBody = match parse(&body) {
+async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: axum::body::Bytes) -> Answer {
+    let b: CheckBody = match parse_flat(&body) {
         Ok(b) => b,
         Err(a) => return a,
     };
@@ -710,11 +742,12 @@ async fn check(State(api): State<Api>, ext: axum::http::Extensions, body: String
         Ok(h) => h,
         Err(a) => return a,
     };
-    match admit_or_answer(&handle, &group, cost, b.class.class()).await {
+    match admit_or_answer(&handle, group.as_str(), cost, b.class.class()).await {
         Ok(permit) => {
             drop(permit);
             let remaining = crate::front::rls::units_left(&handle).floor();
-            let mut a = typed(StatusCode::OK, &Admitted { admitted: true, group, remaining });
+            let mut a =
+                typed_flat(StatusCode::OK, &Admitted { admitted: true, group: group.to_string(), remaining });
             rate_limit_headers(&mut a, &handle, remaining, None);
             a
         }
@@ -790,7 +823,8 @@ pub(crate) fn rate_limit_headers(
     let now = format!("\"grant\";r={};t={t}", left.max(0.0).floor() as u64);
     let pairs: [(&'static str, String); 2] = [("ratelimit-policy", policy), ("ratelimit", now)];
     for (name, value) in pairs {
-        if let Ok(v) = axum::http::HeaderValue::from_str(&value) {
+        // The text itself becomes the header's value, not a copy of it.
+        if let Ok(v) = axum::http::HeaderValue::try_from(value) {
             a.headers_mut().insert(name, v);
         }
     }

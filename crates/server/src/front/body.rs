@@ -2,6 +2,7 @@
 //! checked for its kind with the field named) and what answers hold. The OpenAPI document's
 //! schemas are made from these same types.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::de::Error as _;
@@ -679,11 +680,11 @@ pub struct NodeBody {
 /// An admission to decide.
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CheckBody {
+pub struct CheckBody<'a> {
     /// The group the work belongs to (created on first use from the default group's settings);
     /// absent: the token's default group.
-    #[serde(default)]
-    pub group: Option<String>,
+    #[serde(default, borrow)]
+    pub group: Option<Cow<'a, str>>,
     /// Its cost in units, 0 to 1e9; 1 when not given.
     #[serde(default = "one", deserialize_with = "finite")]
     pub cost: f64,
@@ -702,10 +703,10 @@ pub struct CheckBody {
 /// quota (`max_in_flight`), the permit holds one of its slots meanwhile.
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct AcquireBody {
+pub struct AcquireBody<'a> {
     /// The group the work belongs to; absent: the token's default group.
-    #[serde(default)]
-    pub group: Option<String>,
+    #[serde(default, borrow)]
+    pub group: Option<Cow<'a, str>>,
     /// Its cost in units, 0 to 1e9; 1 when not given.
     #[serde(default = "one", deserialize_with = "finite")]
     pub cost: f64,
@@ -806,10 +807,10 @@ impl ClassName {
 /// back).
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ChargeBody {
+pub struct ChargeBody<'a> {
     /// The group the work belongs to; absent: the token's default group.
-    #[serde(default)]
-    pub group: Option<String>,
+    #[serde(default, borrow)]
+    pub group: Option<Cow<'a, str>>,
     /// Units, 0 to 1e9.
     #[serde(deserialize_with = "finite")]
     pub units: f64,
@@ -821,10 +822,10 @@ pub struct ChargeBody {
 /// A charge or refund made.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Charged {
-    /// The group.
-    pub group: String,
     /// Units charged (negative: refunded).
     pub charged: f64,
+    /// The group.
+    pub group: String,
     /// Units left in this server's grant for the group now; below zero while a debt is owed.
     pub remaining: f64,
 }

@@ -38,7 +38,7 @@ pub(crate) fn check(
     peer: Option<&Peer>,
     needed: Option<Role>,
     authorization: Option<&[u8]>,
-    call: &str,
+    call: &dyn Fn() -> String,
 ) -> Result<Option<Caller>, Refused> {
     if let Some(p) = peer
         && !p.budget.take()
@@ -59,9 +59,7 @@ pub(crate) fn check(
     let credential = access.authenticate(authorization)?;
     match credential.role {
         Ok(role) if role.covers(needed) => Ok(Some(Caller(credential))),
-        _ => {
-            Err(Refused::Forbidden { who: credential.label(), call: call.to_string(), needed: needed.name() })
-        }
+        _ => Err(Refused::Forbidden { who: credential.label(), call: call(), needed: needed.name() }),
     }
 }
 
@@ -116,7 +114,7 @@ where
             req.extensions().get::<Peer>(),
             Some(grpc_role(path)),
             req.headers().get(http::header::AUTHORIZATION).map(|v| v.as_bytes()),
-            path,
+            &|| path.to_string(),
         );
         match checked {
             Ok(caller) => {
@@ -142,8 +140,8 @@ pub(crate) async fn http_guard(
     mut req: Request,
     next: Next,
 ) -> axum::response::Response {
-    let peer = req.extensions().get::<ConnectInfo<Peer>>().map(|c| c.0.clone());
-    if peer.as_ref().is_some_and(|p| p.health_only) && !matches!(req.uri().path(), "/healthz" | "/readyz") {
+    let peer = req.extensions().get::<ConnectInfo<Peer>>().map(|c| &c.0);
+    if peer.is_some_and(|p| p.health_only) && !matches!(req.uri().path(), "/healthz" | "/readyz") {
         let body = serde_json::json!({
             "error": "the HTTP port is at its connection limit (--max-connections); this connection may ask for /healthz and /readyz only"
         })
@@ -158,10 +156,10 @@ pub(crate) async fn http_guard(
     let checked = check(
         &access,
         &front,
-        peer.as_ref(),
+        peer,
         http_role(req.method(), req.uri().path()),
         req.headers().get(http::header::AUTHORIZATION).map(|v| v.as_bytes()),
-        &format!("{} {}", req.method(), req.uri().path()),
+        &|| format!("{} {}", req.method(), req.uri().path()),
     );
     match checked {
         Ok(caller) => {

@@ -17,7 +17,7 @@ use tollgate_limiter::Tollgate;
 
 use crate::access::auth::Caller;
 use crate::front::api::{
-    Answer, admission_handle, admit_or_answer, parse, rate_limit_headers, refuse, typed,
+    Answer, admission_handle, admit_or_answer, parse, parse_flat, rate_limit_headers, refuse, typed,
 };
 use crate::front::body::{AcquireBody, Acquired, ReleaseBody, Released, RenewBody, Renewed};
 use crate::front::holds::{HoldError, HoldKey, Holds, lease_of, new_permit_key, parse_permit, permit_text};
@@ -48,8 +48,8 @@ pub fn router(clock: crate::clock::Clock, gate: Tollgate, holds: Arc<Holds>) -> 
         (status = 403, description = "A token not allowed this group", body = crate::front::body::Problem, content_type = "application/problem+json"),
         (status = 429, description = "Refused for now; Retry-After says when to try again", body = crate::front::body::Refused),
         (status = 503, description = "Too many permits held, or this controller follows another", body = crate::front::body::Problem, content_type = "application/problem+json")))]
-async fn acquire(State(p): State<Permits>, ext: axum::http::Extensions, body: String) -> Answer {
-    let b: AcquireBody = match parse(&body) {
+async fn acquire(State(p): State<Permits>, ext: axum::http::Extensions, body: axum::body::Bytes) -> Answer {
+    let b: AcquireBody = match parse_flat(&body) {
         Ok(b) => b,
         Err(a) => return a,
     };
@@ -61,12 +61,13 @@ async fn acquire(State(p): State<Permits>, ext: axum::http::Extensions, body: St
         Ok(h) => h,
         Err(a) => return a,
     };
-    let permit = match admit_or_answer(&handle, &group, b.cost, b.class.class()).await {
+    let permit = match admit_or_answer(&handle, group.as_str(), b.cost, b.class.class()).await {
         Ok(permit) => permit.into_owned(),
         Err(a) => return a,
     };
-    let held = new_permit_key()
-        .and_then(|key| p.holds.hold(key.clone(), &group, permit, p.clock.now(), lease).map(|()| key));
+    let held = new_permit_key().and_then(|key| {
+        p.holds.hold(key.clone(), group.as_str(), permit, p.clock.now(), lease).map(|()| key)
+    });
     let key = match held {
         Ok(key) => key,
         // The permit was dropped with the refusal: nothing is counted.
@@ -78,7 +79,7 @@ async fn acquire(State(p): State<Permits>, ext: axum::http::Extensions, body: St
     let remaining = crate::front::rls::units_left(&handle).floor();
     let acquired = Acquired {
         admitted: true,
-        group,
+        group: group.to_string(),
         permit: permit_text(&key),
         lease_s: lease.as_secs_f64(),
         remaining,
