@@ -746,7 +746,9 @@ impl Rls {
         code: Code,
         until: Duration,
     ) -> DescriptorStatus {
-        let limit = self.controller.admin().settings_for(group).and_then(|s| current_limit(&s));
+        // Read in place under the engine's lock: a clone of the settings at every decision
+        // held that lock long enough to queue the other calls behind it.
+        let limit = self.controller.admin().with_settings(group, current_limit).flatten();
         let left = if code == Code::OverLimit { 0 } else { remaining(units_left(handle)) };
         let refused_for = (code == Code::OverLimit).then_some(until);
         DescriptorStatus {
@@ -810,10 +812,11 @@ impl Rls {
                 (Code::Ok, Duration::ZERO)
             }
             Ask::Charge(units) => {
-                let settings = self.controller.admin().settings_for(group);
-                self.charges
-                    .check(group.as_str(), settings.as_ref(), units)
-                    .map_err(Status::invalid_argument)?;
+                let bounded = self
+                    .controller
+                    .admin()
+                    .with_settings(group, |s| self.charges.check(group.as_str(), Some(s), units));
+                bounded.transpose().map_err(Status::invalid_argument)?;
                 handle.charge(units).map_err(|e| Status::invalid_argument(e.to_string()))?;
                 (Code::Ok, Duration::ZERO)
             }
