@@ -65,19 +65,22 @@ impl Engine {
     }
 
     /// The meters that changed since the last call, every group's in traffic (configured or
-    /// not, the `default` group's settings serving it or its own), sorted by name: what the
-    /// controller's metering records. An unconfigured group forgotten while idle keeps its
-    /// meter until it is taken here.
+    /// not, the `default` group's settings serving it or its own), at most `most` groups' at a
+    /// time, sorted by name: what the controller's metering records; and whether more are
+    /// left to take. An unconfigured group forgotten while idle keeps its meter until it is
+    /// taken here.
     ///
     /// Found by the names marked when each meter first changed, not by walking every group:
     /// walking 100,000 tracked groups to find the changed few took the controller's lock for 3
-    /// to 4 ms each time.
-    pub fn take_dirty_meters(&mut self) -> Vec<(GroupName, Meter)> {
+    /// to 4 ms each time. Taken a slice at a time, so that the caller may let go of the lock
+    /// between slices: 100,000 changed meters taken at once held it for about 30 ms.
+    pub fn take_dirty_meters(&mut self, most: usize) -> (Vec<(GroupName, Meter)>, bool) {
         self.take_metering();
-        let mut names = std::mem::take(&mut self.metering.dirty);
-        names.sort_unstable();
-        names.dedup();
+        let from = self.metering.dirty.len().saturating_sub(most);
+        let names: Vec<GroupName> = self.metering.dirty.drain(from..).collect();
         let mut out = Vec::with_capacity(names.len());
+        // A name given twice (marked again by `mark_dirty`) is taken once: its flag is
+        // cleared the first time.
         for name in names {
             if let Some(g) = self.tracked.get_mut(&name) {
                 if std::mem::take(&mut g.dirty) {
@@ -94,7 +97,8 @@ impl Engine {
                 }
             }
         }
-        out
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        (out, !self.metering.dirty.is_empty())
     }
 
     /// Marks meters to be returned by the next [`take_dirty_meters`](Self::take_dirty_meters)

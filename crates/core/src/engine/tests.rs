@@ -388,7 +388,7 @@ fn idle_groups_expire_and_tracking_is_bounded() {
     e.report(Nanos(0), 1, &name("a"), r);
     e.tick(Nanos(241 * S));
     assert!(e.meter(&name("a")).is_some(), "not taken yet");
-    assert_eq!(e.take_dirty_meters().len(), 1);
+    assert_eq!(e.take_dirty_meters(usize::MAX).0.len(), 1);
     assert_eq!(e.meter(&name("a")), None, "gone with it once taken");
 }
 
@@ -426,9 +426,9 @@ fn a_spent_budget_holds_the_group_at_nothing_and_survives_a_restore() {
     assert!(o.budget_exhausted);
     // A reservation is a floor within the quotas, never a way past them.
     assert_eq!(o.target(), Some(0.0));
-    let meters = e.take_dirty_meters();
+    let meters = e.take_dirty_meters(usize::MAX).0;
     assert_eq!(meters, [(name("trial"), Meter { consumed: 500.0, admitted: 500, ..Meter::default() })]);
-    assert!(e.take_dirty_meters().is_empty());
+    assert!(e.take_dirty_meters(usize::MAX).0.is_empty());
     // A new engine (a restarted controller) given the stored meter holds the group at once.
     let mut again = engine(EngineSettings::default());
     again.set_group(name("trial"), s);
@@ -1483,7 +1483,7 @@ fn dirty_meters_are_every_group_in_traffic_each_taken_once() {
     e.report(Nanos(S), 1, &name("a-configured"), report(10.0, 5.0, 5.0));
     e.tick(Nanos(S));
     let taken: Vec<(GroupName, f64)> =
-        e.take_dirty_meters().into_iter().map(|(n, m)| (n, m.consumed)).collect();
+        e.take_dirty_meters(usize::MAX).0.into_iter().map(|(n, m)| (n, m.consumed)).collect();
     let expected: Vec<(GroupName, f64)> = vec![
         (name("a-configured"), 15.0),
         (name("other-0"), 10.0),
@@ -1491,19 +1491,36 @@ fn dirty_meters_are_every_group_in_traffic_each_taken_once() {
         (name("other-2"), 10.0),
     ];
     assert_eq!(taken, expected, "sorted, each once");
-    assert!(e.take_dirty_meters().is_empty());
+    assert!(e.take_dirty_meters(usize::MAX).0.is_empty());
     // other-0 consumes again, then goes idle past the expiry before the store takes it: its
     // meter is taken once more, then forgotten with it.
     e.report(Nanos(2 * S), 1, &name("other-0"), report(10.0, 4.0, 4.0));
     e.tick(Nanos(10 * S));
     assert!(e.outcome(&name("other-0")).is_none(), "forgotten");
     let taken: Vec<(GroupName, f64)> =
-        e.take_dirty_meters().into_iter().map(|(n, m)| (n, m.consumed)).collect();
+        e.take_dirty_meters(usize::MAX).0.into_iter().map(|(n, m)| (n, m.consumed)).collect();
     assert_eq!(taken, vec![(name("other-0"), 14.0)]);
     assert!(e.meter(&name("other-0")).is_none(), "its meter goes once taken");
     // A write that failed is taken again.
     e.mark_dirty([&name("a-configured")]);
-    assert_eq!(e.take_dirty_meters().len(), 1);
+    assert_eq!(e.take_dirty_meters(usize::MAX).0.len(), 1);
+    // Taken a slice at a time: two, then the last, each slice sorted, each meter once.
+    for i in 0..3 {
+        e.report(Nanos(11 * S), 1, &name(&format!("other-{i}")), report(10.0, 1.0, 1.0));
+    }
+    e.tick(Nanos(11 * S));
+    e.mark_dirty([&name("other-2")]);
+    let mut slices = Vec::new();
+    loop {
+        let (taken, more) = e.take_dirty_meters(2);
+        assert!(taken.len() <= 2 && taken.windows(2).all(|w| w[0].0 < w[1].0), "{taken:?}");
+        slices.extend(taken.into_iter().map(|(n, _)| n));
+        if !more {
+            break;
+        }
+    }
+    slices.sort();
+    assert_eq!(slices, [name("other-0"), name("other-1"), name("other-2")]);
 }
 
 /// A tick's slices are sized by the time they take: a slice that took four times the

@@ -15,6 +15,10 @@ use crate::store::{Shared, StoreError, StoredRamp};
 /// ([`Writes::quota_meters`]): what a controller killed loses of their longer windows.
 pub const QUOTA_WRITE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The most changed meters a flush takes under one hold of the engine's lock: a tenth of a
+/// millisecond's work at most, the lock let go between slices.
+const METERS_A_SLICE: usize = 1_024;
+
 /// The controller's writes of consumption ([`super::Controller::writes`]).
 pub struct Writes<'a> {
     pub(super) engine: &'a parking_lot::Mutex<Engine>,
@@ -35,19 +39,30 @@ impl Writes<'_> {
         wall_ms: u64,
         mine: Option<&dyn Fn(&GroupName) -> bool>,
     ) -> Result<(), StoreError> {
-        let (meters, usage_only, ramps, scope) = {
+        {
             let mut engine = self.engine.lock();
             engine.set_wall_clock(now, wall_ms);
             // A region's consumption reaches the global tier in its exchanges, and is written
             // there: nothing to write here.
             if engine.is_regional() {
-                drop(engine.take_dirty_meters());
+                while engine.take_dirty_meters(usize::MAX).1 {}
                 return Ok(());
             }
-            // Every group in traffic is metered; the running totals of configured groups alone
-            // are kept (restored at start, budgeted on), the others' only as usage records.
-            let (meters, usage_only): (Vec<_>, Vec<_>) =
-                engine.take_dirty_meters().into_iter().partition(|(n, _)| engine.group(n).is_some());
+        }
+        // Every group in traffic is metered; the running totals of configured groups alone
+        // are kept (restored at start, budgeted on), the others' only as usage records. Taken
+        // a slice at a time, the lock let go between slices: exchanges and checks wait for it.
+        let (mut meters, mut usage_only) = (Vec::new(), Vec::new());
+        let (ramps, scope) = loop {
+            let mut engine = self.engine.lock();
+            let (taken, more) = engine.take_dirty_meters(METERS_A_SLICE);
+            for (name, meter) in taken {
+                let kept = if engine.group(&name).is_some() { &mut meters } else { &mut usage_only };
+                kept.push((name, meter));
+            }
+            if more {
+                continue;
+            }
             let ramps: Vec<(GroupName, StoredRamp)> = engine
                 .resumable_ramps(now)
                 .into_iter()
@@ -64,8 +79,11 @@ impl Writes<'_> {
                     .map(|(n, _)| n.clone())
                     .collect()
             });
-            (meters, usage_only, ramps, scope)
+            break (ramps, scope);
         };
+        // Written in the order of their names, as each slice came.
+        meters.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        usage_only.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let minute = crate::store::minute_of(wall_ms);
         let result = {
             let mut store = self.store.lock();
