@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Envoy in front of one upstream, four ways, by h2load: no limiter, Envoy's own local rate limit
 # (per Envoy, not shared), Tollgate's rate-limit service (RLS: a call per request), and
-# Tollgate's quota service (RLQS: no call per request). Then RLS decisions a second straight to
-# Tollgate's gRPC port, and the latency of a charge over HTTP and over RLS.
+# Tollgate's quota service (RLQS: no call per request). Then calls a second straight to
+# Tollgate: RLS decisions and charges over gRPC, and `POST /v1/check` and `/v1/charge` over
+# HTTP/2 and HTTP/1.1 keep-alive connections, each with the server's CPU a call.
 # The group is limited far above the load, so every request is admitted and what is measured is
-# the cost of deciding. Usage: scripts/bench-envoy.sh [path/to/tollgate] [path/to/envoy]
-# (defaults: target/release/tollgate, envoy on PATH). Needs h2load (Debian's nghttp2-client).
+# the cost of deciding. Usage: scripts/bench-envoy.sh [path/to/tollgate] [path/to/envoy | none]
+# (defaults: target/release/tollgate, envoy on PATH; `none` measures the calls straight to
+# Tollgate alone). Needs h2load (Debian's nghttp2-client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -20,10 +22,12 @@ trap cleanup EXIT
 GRPC=127.0.0.1:$(free_port)
 HTTP=127.0.0.1:$(free_port)
 "$BIN" server --data "$WORK/data" --grpc "$GRPC" --http "$HTTP" >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
 PIDS+=($!)
 wait_for_server "$BIN" "$GRPC"
 "$BIN" group create acme --limit 1000000000 --server "http://$GRPC" >/dev/null
 
+if [ "$ENVOY" != none ]; then
 # The upstream: an Envoy answering 200 itself.
 UP=$(free_port)
 cat >"$WORK/upstream.yaml" <<EOF
@@ -100,6 +104,8 @@ variant "local rate limit (peer)" envoy.yaml '/- name: envoy.filters.http.rateli
 variant "Tollgate RLS (a call per request)" envoy.yaml ''
 variant "Tollgate RLQS (no call per request)" rlqs.yaml ''
 
+fi
+
 # RLS straight to Tollgate: one descriptor tenant=acme, gRPC-framed, over h2.
 python3 - "$WORK/rls.bin" "$WORK/charge.bin" <<'EOF'
 import sys
@@ -112,19 +118,39 @@ open(sys.argv[1], "wb").write(request(entry("tenant", "acme")))
 # A charge of 1 unit: the charge entry beside the tenant.
 open(sys.argv[2], "wb").write(request(entry("tenant", "acme"), entry("tollgate_charge", "after")))
 EOF
+# The server's CPU so far, in clock ticks (user and system).
+server_ticks() { awk '{ print $14 + $15 }' "/proc/$SERVER_PID/stat"; }
+# row NAME: the row of the h2load run just made, with the server's CPU a call since $TICKS.
+row() {
+  local calls rate ticks
+  calls=$(awk '/^requests:/ {print $8}' "$WORK/h2load.txt")
+  rate=$(awk '/^finished in/ {print $4}' "$WORK/h2load.txt")
+  ticks=$(($(server_ticks) - TICKS))
+  printf '| %s | %s | %s | %s |\n' "$1" "$rate" "$(awk '/^time for request:/ {print $6}' "$WORK/h2load.txt")" \
+    "$(awk -v t="$ticks" -v n="${calls:-0}" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n }')"
+}
 grpc_load() {
+  TICKS=$(server_ticks)
   h2load -D "$SECONDS_EACH" -c 4 -m 32 -d "$1" -H 'content-type: application/grpc' -H 'te: trailers' \
     "http://$GRPC/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" >"$WORK/h2load.txt" 2>&1
-  printf '| %s | %s | %s |\n' "$2" "$(awk '/^finished in/ {print $4}' "$WORK/h2load.txt")" \
-    "$(awk '/^time for request:/ {print $6}' "$WORK/h2load.txt")"
+  row "$2"
+}
+# http_load PATH BODY NAME H2LOAD-ARGS...: POST BODY to PATH on the HTTP port.
+http_load() {
+  local path=$1 body=$2 name=$3
+  shift 3
+  printf '%s\n' "$body" >"$WORK/body.json"
+  TICKS=$(server_ticks)
+  h2load "$@" -D "$SECONDS_EACH" -d "$WORK/body.json" -H 'content-type: application/json' \
+    "http://$HTTP$path" >"$WORK/h2load.txt" 2>&1 || true
+  row "$name"
 }
 echo
-echo "| straight to Tollgate (h2load, 4 connections × 32 streams) | calls/s | mean latency |"
-echo "| --- | --- | --- |"
-grpc_load "$WORK/rls.bin" "RLS decision"
-grpc_load "$WORK/charge.bin" "RLS charge (tollgate_charge)"
-echo '{"group":"acme","units":1}' >"$WORK/charge.json"
-h2load --h1 -D "$SECONDS_EACH" -c 4 -m 1 -d "$WORK/charge.json" -H 'content-type: application/json' \
-  "http://$HTTP/v1/charge" >"$WORK/h2load.txt" 2>&1 || true
-printf '| %s | %s | %s |\n' "POST /v1/charge (HTTP/1.1, 4 connections)" \
-  "$(awk '/^finished in/ {print $4}' "$WORK/h2load.txt")" "$(awk '/^time for request:/ {print $6}' "$WORK/h2load.txt")"
+echo "| straight to Tollgate (h2load) | calls/s | mean latency | server CPU a call, µs |"
+echo "| --- | --- | --- | --- |"
+grpc_load "$WORK/rls.bin" "RLS decision (4 connections × 32 streams)"
+grpc_load "$WORK/charge.bin" "RLS charge, tollgate_charge (4 × 32)"
+http_load /v1/check '{"group":"acme","cost":1}' "POST /v1/check, HTTP/2 (4 × 32)" -c 4 -m 32
+http_load /v1/charge '{"group":"acme","units":1}' "POST /v1/charge, HTTP/2 (4 × 32)" -c 4 -m 32
+http_load /v1/check '{"group":"acme","cost":1}' "POST /v1/check, HTTP/1.1 keep-alive (64 connections)" --h1 -c 64 -m 1
+http_load /v1/charge '{"group":"acme","units":1}' "POST /v1/charge, HTTP/1.1 keep-alive (64 connections)" --h1 -c 64 -m 1

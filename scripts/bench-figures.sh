@@ -4,22 +4,31 @@
 # admission by name beside governor (alternating rounds), the controller's group grants a
 # second (1,000 clients, and the fleet's 10,000), its p99 at half a million grants a second
 # (also with ten backends reporting), throttled clients' exchanges, and the tick at 100,000
-# groups.
-# Usage: scripts/bench-figures.sh [--criterion] [--surge]
+# groups; then the serving paths straight to Tollgate (RLS decisions, HTTP checks and charges,
+# with h2load when it is installed: Debian's nghttp2-client).
+# Usage: scripts/bench-figures.sh [--criterion] [--surge] [--envoy PATH]
 #   --criterion  also the criterion peers bench (governor, limitador; about 3 minutes)
 #   --surge      also scripts/bench-surge.sh (a surge against examples/kv-service; about 1 minute)
-# Takes about 4 minutes without them, 9 with both, on 2 cores. Run it on a quiet machine.
+#   --envoy PATH also Envoy with RLS and with RLQS beside Envoy alone (about 1 minute)
+# Takes about 5 minutes without them, 11 with all, on 2 cores. Run it on a quiet machine.
 # Ends with each figure against its goal, "met" or "NOT MET".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CRITERION=0
 SURGE=0
-for a in "$@"; do
-  case "$a" in
+ENVOY=none
+while [ $# -gt 0 ]; do
+  case "$1" in
     --criterion) CRITERION=1 ;;
     --surge) SURGE=1 ;;
-    *) echo "unknown argument: $a (expected --criterion or --surge)" >&2; exit 2 ;;
+    --envoy)
+      [ $# -ge 2 ] || { echo "--envoy needs the path of an Envoy binary" >&2; exit 2; }
+      ENVOY=$2
+      shift
+      ;;
+    *) echo "unknown argument: $1 (expected --criterion, --surge or --envoy PATH)" >&2; exit 2 ;;
   esac
+  shift
 done
 field() { awk -F: -v k="$1" '{ sub(/[ \t]+$/, "", $1) } $1 == k { sub(/^ /, "", $2); print $2; exit }' /proc/cpuinfo; }
 echo "== this machine: $(field 'model name'), family $(field 'cpu family') model $(field model), $(nproc) cores"
@@ -167,6 +176,27 @@ echo "$out"
 verdict "5. tick, 10,000 clients × 10 groups, median ms" "$(grep -m1 "tick:" <<<"$out" | awk '{ print $3 }')" "<=" 50
 verdict "5. tick, 10,000 clients × 100 groups, median ms" "$(grep "tick:" <<<"$out" | sed -n 2p | awk '{ print $3 }')" "<=" 50
 verdict "4. memory a pair at the fleet's shape (× 100), bytes" "$(grep "per client-group pair:" <<<"$out" | sed -n 2p | awk '{ print $5 }')" "<=" 256
+
+echo "== 7. the serving paths straight to Tollgate$([ "$ENVOY" != none ] && echo ", and Envoy in front of one upstream")"
+if command -v h2load >/dev/null; then
+  out=$(SECONDS_EACH=8 scripts/bench-envoy.sh "$BIN" "$ENVOY")
+  echo "$out"
+  # The calls a second of the row starting with NAME (the table's second column).
+  rate_of() { awk -F'|' -v n="$1" 'index($2, " " n) == 1 { gsub(/ /, "", $3); print $3; exit }' <<<"$out"; }
+  verdict "7. RLS decisions a second (4 × 32)" "$(rate_of "RLS decision")" ">=" 150000
+  verdict "7. POST /v1/check a second, HTTP/2 (4 × 32)" "$(rate_of "POST /v1/check, HTTP/2")" ">=" 100000
+  verdict "7. POST /v1/charge a second, HTTP/2 (4 × 32)" "$(rate_of "POST /v1/charge, HTTP/2")" ">=" 100000
+  verdict "7. POST /v1/check a second, HTTP/1.1 (64 connections)" "$(rate_of "POST /v1/check, HTTP/1.1")" ">=" 100000
+  if [ "$ENVOY" != none ]; then
+    alone=$(rate_of "no limiter")
+    ratio() { awk -v a="$1" -v b="$alone" 'BEGIN { if (a != "" && b > 0) printf "%.2f", a / b }'; }
+    verdict "7. Envoy with Tollgate's RLS, × Envoy alone" "$(ratio "$(rate_of "Tollgate RLS")")" ">=" 0.6
+    verdict "7. Envoy with Tollgate's RLQS, × Envoy alone" "$(ratio "$(rate_of "Tollgate RLQS")")" ">=" 0.92
+  fi
+else
+  echo "(no h2load: install Debian's nghttp2-client for these figures)"
+  verdict "7. RLS decisions a second (no h2load)" "" ">=" 150000
+fi
 
 if [ "$SURGE" = 1 ]; then
   echo "== 6. a surge to 1.6× a real service"
