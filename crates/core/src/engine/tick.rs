@@ -99,6 +99,10 @@ pub(super) struct TickRun {
     /// The earliest last report among the groups walked so far (see
     /// `Engine::earliest_report`).
     earliest: Nanos,
+    /// The claims on the capacity of the rows made so far, summed per priority as each slice
+    /// makes them (with a capacity only): summing 100,000 rows at once when the last was made
+    /// held the engine for 0.4 ms. The tick before's stay readable until the rows are made.
+    claims: Vec<Claim>,
     /// Whether the rows are made and the capacity is still to be shared among them (the one
     /// step that reads every row at once; see [`Engine::shares_work`]).
     sharing: bool,
@@ -226,9 +230,9 @@ impl Engine {
         self.ticking.found.claims.clone()
     }
 
-    /// Sums the rows' claims per priority, once a tick's rows are complete.
-    fn sum_claims(rows: &[Row], levels: &mut Vec<Claim>) {
-        levels.clear();
+    /// Adds the rows' claims to the sums per priority (summed in the rows' order, however
+    /// many slices they take: the same sums as at once).
+    fn add_claims(rows: &[Row], levels: &mut Vec<Claim>) {
         for claim in rows.iter().map(Row::claim) {
             let reserved = claim.reserved.min(claim.demand).min(claim.ceiling).max(0.0);
             let asked = claim.demand.min(claim.ceiling).max(reserved);
@@ -248,7 +252,6 @@ impl Engine {
                 }),
             }
         }
-        levels.sort_by_key(|c| std::cmp::Reverse(c.priority));
     }
 
     /// Computes every group's target and grants at `now`; forgets what went quiet.
@@ -305,6 +308,7 @@ impl Engine {
             gathered: None,
             part: None,
             earliest: Nanos(u64::MAX),
+            claims: Vec::new(),
             sharing: false,
             applying: false,
             from: 0,
@@ -394,17 +398,10 @@ impl Engine {
         } else {
             self.rows_slice(&mut run, end);
             if run.next == run.len {
-                // With a capacity or saturated backends' pools to share, that is a step of
-                // its own, for a caller that computes it without the engine.
-                match self.settings.capacity {
-                    Some(_) => Self::sum_claims(&self.ticking.buffers.rows, &mut self.ticking.found.claims),
-                    None => self.ticking.found.claims.clear(),
-                }
-                if self.settings.capacity.is_some() || !run.limited.is_empty() {
-                    run.sharing = true;
-                } else {
-                    run.start_applying(None, Vec::new());
-                }
+                let mut claims = std::mem::take(&mut run.claims);
+                claims.sort_by_key(|c| std::cmp::Reverse(c.priority));
+                self.ticking.found.claims = claims;
+                run.share_or_apply(self.settings.capacity.is_some());
             }
         }
         self.ticking.run = Some(run);
@@ -462,6 +459,7 @@ impl Engine {
         let generation = configured.generation();
         let sat = &settings.saturation;
         let ignore = sat.ignored_zones(run.reporting.zones.len());
+        let first = rows.len();
         for (name, g) in tracked.as_mut_slice()[run.next..end].iter_mut() {
             run.earliest = run.earliest.min(g.last_report);
             forget_silent_clients(&mut g.clients, now, settings.report_expiry, &run.released);
@@ -516,6 +514,9 @@ impl Engine {
                 let claim = rows.last().map(Row::claim).expect("pushed just now");
                 run.limited.push(Limited { row, backend, limiting, claim });
             }
+        }
+        if settings.capacity.is_some() {
+            Self::add_claims(&rows[first..], &mut run.claims);
         }
         run.next = end;
     }
@@ -709,6 +710,17 @@ impl Engine {
 }
 
 impl TickRun {
+    /// Once the rows are made (and their claims summed): with a capacity or saturated
+    /// backends' pools to share, the sharing is a step of its own, for a caller that computes
+    /// it without the engine; else the last walk begins.
+    fn share_or_apply(&mut self, capacity: bool) {
+        if capacity || !self.limited.is_empty() {
+            self.sharing = true;
+        } else {
+            self.start_applying(None, Vec::new());
+        }
+    }
+
     /// The rows are made and shared: the last walk begins.
     fn start_applying(&mut self, shares: Option<Vec<f64>>, fair: Vec<(u32, Option<f64>)>) {
         self.shares = shares;
