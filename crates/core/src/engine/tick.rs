@@ -230,6 +230,20 @@ impl Engine {
         self.ticking.found.claims.clone()
     }
 
+    /// Which walk of the tick under way the next slice takes: 0 gathering the backends'
+    /// loads, 1 making the groups' rows, 2 sharing the capacity, 3 the targets and grants;
+    /// `None` between ticks. A walk costs its own a group, so a caller sizing slices by time
+    /// starts each walk afresh ([`TICK_SLICE_GROUPS`]) rather than at the size the walk
+    /// before grew to.
+    pub fn tick_walk(&self) -> Option<u8> {
+        self.ticking.run.as_ref().map(|r| match (r.gathering, r.sharing, r.applying) {
+            (true, _, _) => 0,
+            (_, _, true) => 3,
+            (_, true, _) => 2,
+            _ => 1,
+        })
+    }
+
     /// Adds the rows' claims to the sums per priority (summed in the rows' order, however
     /// many slices they take: the same sums as at once).
     fn add_claims(rows: &[Row], levels: &mut Vec<Claim>) {
@@ -396,7 +410,11 @@ impl Engine {
             let fair = share_pools(&mut run.limited);
             run.start_applying(shares, fair);
         } else {
+            let first = self.ticking.buffers.rows.len();
             self.rows_slice(&mut run, end);
+            if self.settings.capacity.is_some() {
+                Self::add_claims(&self.ticking.buffers.rows[first..], &mut run.claims);
+            }
             if run.next == run.len {
                 let mut claims = std::mem::take(&mut run.claims);
                 claims.sort_by_key(|c| std::cmp::Reverse(c.priority));
@@ -459,7 +477,6 @@ impl Engine {
         let generation = configured.generation();
         let sat = &settings.saturation;
         let ignore = sat.ignored_zones(run.reporting.zones.len());
-        let first = rows.len();
         for (name, g) in tracked.as_mut_slice()[run.next..end].iter_mut() {
             run.earliest = run.earliest.min(g.last_report);
             forget_silent_clients(&mut g.clients, now, settings.report_expiry, &run.released);
@@ -514,9 +531,6 @@ impl Engine {
                 let claim = rows.last().map(Row::claim).expect("pushed just now");
                 run.limited.push(Limited { row, backend, limiting, claim });
             }
-        }
-        if settings.capacity.is_some() {
-            Self::add_claims(&rows[first..], &mut run.claims);
         }
         run.next = end;
     }
