@@ -10,7 +10,7 @@
 //! A program rather than a criterion bench: it also counts allocated bytes, with a counting
 //! global allocator, and prints the median of 11 ticks.
 
-use tollgate_model::engine::{ClientReport, Engine, EngineSettings, Health, TICK_SLICE_GROUPS};
+use tollgate_model::engine::{ClientReport, Engine, EngineSettings, Health, SliceSize};
 use tollgate_model::settings::{GroupName, GroupSettings};
 use tollgate_model::time::Nanos;
 use tollgate_testkit::alloc::{Counting, live_bytes};
@@ -117,7 +117,7 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
         #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
         let mut start = std::time::Instant::now();
         p.begin_tick(t);
-        let (mut size, mut walk) = (TICK_SLICE_GROUPS, p.tick_walk());
+        let mut size = SliceSize::start(&p);
         loop {
             longest = longest.max(start.elapsed().as_secs_f64() * 1e3);
             // Taking the sharing out and handing it back hold the engine; computing it does not.
@@ -134,14 +134,14 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
             #[allow(clippy::disallowed_methods)]
             let next = std::time::Instant::now();
             start = next;
-            let done = p.tick_slice(size);
+            let done = p.tick_slice(size.get());
             let took = start.elapsed();
             slices = (slices.0 + 1, slices.1 + took.as_secs_f64() * 1e3);
             if done {
                 longest = longest.max(took.as_secs_f64() * 1e3);
                 break;
             }
-            size = next_size(&p, &mut walk, size, took);
+            size.after(&p, took);
         }
         holds.push(longest);
     }
@@ -160,12 +160,4 @@ fn scenario(groups: usize, clients: u64, groups_per_client: usize) -> (usize, is
         "  memory per client-group pair: {per_pair:.0} bytes (the groups' state, the clients' entries, grants and routes, all included)"
     );
     (pairs, after - before)
-}
-
-/// The next slice's size, as the controller sizes it: each walk of the tick starts afresh.
-fn next_size(p: &Engine, walk: &mut Option<u8>, size: usize, took: std::time::Duration) -> usize {
-    let w = p.tick_walk();
-    let next = if w == *walk { tollgate_model::engine::next_slice(size, took) } else { TICK_SLICE_GROUPS };
-    *walk = w;
-    next
 }

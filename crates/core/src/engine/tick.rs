@@ -220,6 +220,34 @@ pub fn next_slice(size: usize, took: Duration) -> usize {
     scaled.clamp(size / 2, size.saturating_add(size / 4)).clamp(low, high)
 }
 
+/// A tick's slice size as a caller timing its slices chooses it: [`next_slice`] after each
+/// slice, and [`TICK_SLICE_GROUPS`] again at the start of each walk of the tick
+/// ([`Engine::tick_walk`]), whose groups cost their own.
+#[derive(Debug, Clone, Copy)]
+pub struct SliceSize {
+    size: usize,
+    walk: Option<u8>,
+}
+
+impl SliceSize {
+    /// The first slice's size, for the tick `engine` has begun.
+    pub fn start(engine: &Engine) -> SliceSize {
+        SliceSize { size: TICK_SLICE_GROUPS, walk: engine.tick_walk() }
+    }
+
+    /// The groups (or loads) the next slice walks.
+    pub fn get(&self) -> usize {
+        self.size
+    }
+
+    /// After a slice that took `took`: the next one's size.
+    pub fn after(&mut self, engine: &Engine, took: Duration) {
+        let walk = engine.tick_walk();
+        self.size = if walk == self.walk { next_slice(self.size, took) } else { TICK_SLICE_GROUPS };
+        self.walk = walk;
+    }
+}
+
 impl Engine {
     /// What the last tick's groups claim of the node's capacity, summed per priority (one
     /// claim per priority present, highest first): an owner's summary when groups are sharded

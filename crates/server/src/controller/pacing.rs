@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_model::engine::{Engine, TICK_SLICE_GROUPS, next_slice};
+use tollgate_model::engine::{Engine, SliceSize};
 use tollgate_model::time::Nanos;
 
 use super::readings::Views;
@@ -149,17 +149,15 @@ impl Pacer<'_> {
             self.state.turn_ns.store(now.0, Ordering::Relaxed);
             self.state.early_used.store(false, Ordering::Release);
         }
-        let (mut size, mut walk) = (TICK_SLICE_GROUPS, engine.tick_walk());
+        // Each walk starts small: the first slice of the grants' walk sized by the rows'
+        // held the engine 0.3-0.5 ms at 100,000 groups.
+        let mut size = SliceSize::start(&engine);
         loop {
             let started = crate::clock::stopwatch();
-            if engine.tick_slice(size) {
+            if engine.tick_slice(size.get()) {
                 break;
             }
-            // Each walk starts small: the first slice of the grants' walk sized by the rows'
-            // held the engine 0.3-0.5 ms at 100,000 groups.
-            let w = engine.tick_walk();
-            size = if w == walk { next_slice(size, started.elapsed()) } else { TICK_SLICE_GROUPS };
-            walk = w;
+            size.after(&engine, started.elapsed());
             // The capacity's sharing reads every group at once (milliseconds at 100,000):
             // computed with the engine unlocked, so that exchanges go on meanwhile.
             if let Some(work) = engine.shares_work() {

@@ -45,7 +45,7 @@ impl Writes<'_> {
             // A region's consumption reaches the global tier in its exchanges, and is written
             // there: nothing to write here.
             if engine.is_regional() {
-                while engine.take_dirty_meters(usize::MAX).1 {}
+                drop(engine.take_dirty_meters(usize::MAX));
                 return Ok(());
             }
         }
