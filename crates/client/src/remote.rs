@@ -189,6 +189,9 @@ pub(crate) struct Link {
     pub(crate) client_id: String,
     policy: SafeModePolicy,
     pub(crate) notify: tokio::sync::Notify,
+    /// How many times `notify` was woken: what a caller stepping the driver itself reads
+    /// instead ([`Driver::take_wake`]).
+    wakes: AtomicU64,
     /// Woken whenever groups were given grants (an answer, or the safe-mode policy): what a
     /// request waiting for a new group's first grant waits on.
     pub(crate) granted: tokio::sync::Notify,
@@ -226,6 +229,7 @@ impl Link {
             client_id,
             policy: opts.safe_mode,
             notify: tokio::sync::Notify::new(),
+            wakes: AtomicU64::new(0),
             granted: tokio::sync::Notify::new(),
             urgent: AtomicBool::new(false),
             fresh: Mutex::new(Vec::new()),
@@ -244,6 +248,12 @@ impl Link {
     /// Asks for an exchange of every group as soon as spacing allows.
     pub(crate) fn urgent(&self) {
         self.urgent.store(true, Ordering::Relaxed);
+        self.wake();
+    }
+
+    /// Wakes the exchange task to look at what is due.
+    fn wake(&self) {
+        self.wakes.fetch_add(1, Ordering::Relaxed);
         self.notify.notify_one();
     }
 
@@ -254,7 +264,7 @@ impl Link {
         if fresh.len() < FRESH_MAX {
             fresh.push(group.name.clone());
             self.has_fresh.store(true, Ordering::Relaxed);
-            self.notify.notify_one();
+            self.wake();
         } else {
             drop(fresh);
             self.urgent();
@@ -271,7 +281,7 @@ impl Link {
     pub(crate) fn refused(&self) {
         // Refusals come in runs: after the first, the flag is already up.
         if !self.refused.load(Ordering::Relaxed) && !self.refused.swap(true, Ordering::Relaxed) {
-            self.notify.notify_one();
+            self.wake();
         }
     }
 
@@ -368,6 +378,8 @@ pub struct Driver {
     sent_at: Option<Nanos>,
     /// Busy groups whose requests stopped: reported at once, asking nothing.
     quiet: crate::quiet::QuietWatch,
+    /// The link's wakes seen so far ([`take_wake`](Self::take_wake)).
+    wakes_seen: u64,
 }
 
 /// A group whose tokens fall under this share of its burst exchanges early.
@@ -407,6 +419,7 @@ impl Driver {
             ungranted: Vec::new(),
             sent_at: None,
             quiet: crate::quiet::QuietWatch::default(),
+            wakes_seen: 0,
         }
     }
 
@@ -468,6 +481,15 @@ impl Driver {
             due = early;
         }
         due
+    }
+
+    /// Whether the limiter asked for an earlier exchange (a new group, a refusal, a report
+    /// asked for now) since the last call: the exchange task wakes for it at once, so a caller
+    /// stepping the driver itself polls and reads [`due_at`](Self::due_at) again then, and
+    /// otherwise every [`LOW_TOKENS_CHECK`] or when the exchange it read is due.
+    pub fn take_wake(&mut self) -> bool {
+        let wakes = self.link.wakes.load(Ordering::Relaxed);
+        std::mem::replace(&mut self.wakes_seen, wakes) != wakes
     }
 
     /// Whether an exchange is due at `now`.
@@ -1166,6 +1188,39 @@ mod tests {
         assert!(driver.due_at() <= driver.now(), "quiet: an exchange is due at once");
         let quiet = driver.request(driver.now()).unwrap();
         assert_eq!(demand(&quiet), Some(0.0), "{quiet:?}");
+    }
+
+    #[test]
+    fn a_new_group_and_the_first_refusal_wake_a_driver_stepped_by_hand() {
+        let clock = tollgate_model::time::ManualClock::new();
+        let opts = RemoteOptions { clock: Some(Arc::new(clock.clone())), ..RemoteOptions::default() };
+        let (gate, mut driver) = crate::Tollgate::remote_driven(opts).unwrap();
+        assert!(!driver.take_wake(), "nothing asked yet");
+        // A new group: woken once, and not again until something else asks.
+        let _ = gate.try_acquire("g", 1.0);
+        assert!(driver.take_wake());
+        assert!(!driver.take_wake());
+        let answer = v1::ExchangeResponse {
+            grants: vec![v1::Grant {
+                group: "g".into(),
+                rate: 1.0,
+                burst: 1.0,
+                lease_ms: 10_000,
+                ..Default::default()
+            }],
+            next_exchange_ms: 1000,
+            next_tick_ms: 1000,
+            ..Default::default()
+        };
+        driver.request(driver.now()).unwrap();
+        driver.answer(driver.now(), &answer);
+        assert!(!driver.take_wake(), "an answer is not a wake");
+        // Refusals come in runs: the first wakes, the rest of the run does not.
+        assert!(gate.try_acquire("g", 1.0).is_ok());
+        assert!(gate.try_acquire("g", 1.0).is_err());
+        assert!(gate.try_acquire("g", 1.0).is_err());
+        assert!(driver.take_wake());
+        assert!(!driver.take_wake());
     }
 
     #[test]

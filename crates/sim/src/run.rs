@@ -12,10 +12,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tollgate_controller::cluster::regions::RegionLease;
+use tollgate_controller::cluster::regions::{LOOK_EVERY, RegionLease};
 use tollgate_controller::cluster::role::{Role, RoleView};
 use tollgate_controller::store::{MemoryStore, Stored, StoredNode};
 use tollgate_controller::{Controller, Node};
+use tollgate_limiter::remote::LOW_TOKENS_CHECK;
 use tollgate_limiter::{Driver, ExchangeError, RemoteOptions, Tollgate};
 use tollgate_model::engine::{EngineSettings, SaturationSettings, TraceEvent};
 use tollgate_model::settings::GroupName;
@@ -250,6 +251,9 @@ struct Clients {
     clocks: Vec<ManualClock>,
     drivers: Vec<Driver>,
     gates: Vec<Tollgate>,
+    /// When each driver is next polled (its clock's time), as the exchange task wakes: at
+    /// least every [`LOW_TOKENS_CHECK`], when asked to, and when an exchange is due.
+    polls: Vec<Nanos>,
     /// Exchanges sent to a controller (the global tier's, a region's or a shard's owner).
     exchanges: u64,
 }
@@ -259,7 +263,7 @@ impl Clients {
         let n = scenario.clients.len();
         let clocks: Vec<ManualClock> = (0..n).map(|_| ManualClock::new()).collect();
         let (gates, drivers) = (0..n).map(|i| start_client(scenario, i, &clocks[i])).unzip();
-        Clients { clocks, drivers, gates, exchanges: 0 }
+        Clients { clocks, drivers, gates, polls: vec![Nanos::ZERO; n], exchanges: 0 }
     }
 }
 
@@ -346,6 +350,7 @@ impl FaultState {
                     world.restart_client(c, &gate, scenario.clients[c].unthrottled);
                     clients.gates[c] = gate;
                     clients.drivers[c] = driver;
+                    clients.polls[c] = Nanos::ZERO;
                     self.in_flight[c] = None;
                 }
             }
@@ -413,6 +418,25 @@ impl FaultState {
     }
 }
 
+/// Whether driver `d`'s exchange is due at `now`, looked at as the exchange task looks: when
+/// the limiter wakes it, at `next` (every LOW_TOKENS_CHECK at least, and when the exchange it
+/// read is due), which this moves on.
+fn wakes_due(d: &mut Driver, now: Nanos, next: &mut Nanos) -> bool {
+    if !d.take_wake() && now < *next {
+        return false;
+    }
+    d.poll(now);
+    let due = d.due_at();
+    if now < due {
+        *next = due.min(now.after(LOW_TOKENS_CHECK));
+        return false;
+    }
+    // Looked at again at the next step: the next page of a round is due once this one is
+    // answered.
+    *next = Nanos::ZERO;
+    true
+}
+
 /// Every client whose exchange is due makes it, in the order they were started, through the
 /// faults in force, to the controller (or, with regions, to its own region); answers delayed
 /// by a fault arrive when due.
@@ -431,11 +455,11 @@ fn exchange_all(
             if *at <= now {
                 let (_, response) = state.in_flight[i].take().expect("just seen");
                 d.answer(client_now, &response);
+                clients.polls[i] = Nanos::ZERO;
             }
             continue;
         }
-        d.poll(client_now);
-        if !d.is_due(client_now) {
+        if !wakes_due(d, client_now, &mut clients.polls[i]) {
             continue;
         }
         let Some(request) = d.request(client_now) else { continue };
@@ -492,6 +516,8 @@ struct Regions {
     settings: EngineSettings,
     /// Pages of regions' rounds the global tier answered.
     exchanges: u64,
+    /// Each region's wants of a share seen, and when it next looks for unheld groups.
+    looks: Vec<(u64, Nanos)>,
 }
 
 impl Regions {
@@ -510,6 +536,7 @@ impl Regions {
             store: store.clone(),
             settings,
             exchanges: 0,
+            looks: vec![(0, Nanos::ZERO); n],
         })
     }
 
@@ -532,6 +559,7 @@ impl Regions {
             if self.down_until[r].is_some_and(|u| u <= now) {
                 self.nodes[r] = regional(&self.store, &self.settings, now);
                 self.leases[r] = RegionLease::new(&format!("r{r}"));
+                self.looks[r] = (0, Nanos::ZERO);
                 self.down_until[r] = None;
             }
         }
@@ -545,7 +573,14 @@ impl Regions {
             if self.down_until[r].is_some() {
                 continue;
             }
-            if lease.is_due(now, || node.controller.ownership().upstream_unheld()) {
+            // As the server's lease task does: it looks for unheld groups when a client wants a
+            // share and every LOOK_EVERY, not at every step.
+            let wanted = node.controller.ownership().shares_wanted();
+            let look = wanted != self.looks[r].0 || now >= self.looks[r].1;
+            if look {
+                self.looks[r] = (wanted, now.after(LOOK_EVERY));
+            }
+            if lease.is_due(now, || look && node.controller.ownership().upstream_unheld()) {
                 let usage = node.controller.ownership().upstream_usage();
                 let mut answered = global_up && cut_until[r] <= now;
                 if answered {

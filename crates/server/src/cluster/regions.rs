@@ -36,6 +36,10 @@ pub const AFTER_TICK: Duration = Duration::from_millis(10);
 /// at once): two periods of a client's exchanges at the default tick.
 pub const FIRST_SHARE_GRACE: Duration = Duration::from_secs(2);
 
+/// How often the regional leader looks for groups new to the region (which it leases at
+/// once) without being told of one.
+pub const LOOK_EVERY: Duration = Duration::from_millis(50);
+
 /// How long after a failed round the next is tried, a new group's included.
 pub const RETRY: Duration = Duration::from_secs(1);
 

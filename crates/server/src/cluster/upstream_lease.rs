@@ -27,14 +27,11 @@ use tollgate_model::time::Nanos;
 use tollgate_proto::v1::admission_client::AdmissionClient;
 
 use crate::clock::Clock;
-use crate::cluster::regions::RegionLease;
+use crate::cluster::regions::{LOOK_EVERY, RegionLease};
 use crate::cluster::role::{PEER_TIMEOUT, Route, UpstreamStatus};
 use crate::cluster::upstream_settings::{self, CopyClock};
 use crate::node::Node;
 use crate::options::Upstream;
-
-/// How often the regional leader looks for groups new to the region, which it leases at once.
-const LOOK_EVERY: Duration = Duration::from_millis(50);
 
 /// How often the same failure to reach the global tier is logged again.
 const WARN_EVERY: Duration = Duration::from_secs(60);

@@ -201,4 +201,12 @@ impl Ownership<'_> {
     pub async fn share_wanted(self) {
         self.pacing.share_wanted().await;
     }
+
+    /// How many times a client of this regional controller named a group the global tier has
+    /// granted nothing yet: a caller stepping the region's lease itself, rather than waiting
+    /// on [`share_wanted`](Self::share_wanted), looks for unheld groups again when it moves
+    /// (and every [`LOOK_EVERY`](crate::cluster::regions::LOOK_EVERY)).
+    pub fn shares_wanted(self) -> u64 {
+        self.pacing.shares_wanted()
+    }
 }

@@ -22,6 +22,8 @@ pub(super) struct Pacing {
     onset: tokio::sync::Notify,
     /// In a region: a client named a group the global tier has granted nothing yet.
     share_wanted: tokio::sync::Notify,
+    /// How many times `share_wanted` was woken: what a caller stepping a region itself reads.
+    shares_wanted: AtomicU64,
     /// Ticks run before their turn for such a report.
     early_ticks: AtomicU64,
     /// A tick was run before its turn since the last regular one.
@@ -40,6 +42,7 @@ impl Default for Pacing {
             tick_span_ns: AtomicU64::new(0),
             onset: tokio::sync::Notify::new(),
             share_wanted: tokio::sync::Notify::new(),
+            shares_wanted: AtomicU64::new(0),
             early_ticks: AtomicU64::new(0),
             early_used: AtomicBool::new(false),
             upstream_moved: AtomicBool::new(false),
@@ -74,7 +77,13 @@ impl Pacing {
 
     /// A client named a group the global tier has granted nothing yet.
     pub(super) fn want_share(&self) {
+        self.shares_wanted.fetch_add(1, Ordering::Relaxed);
         self.share_wanted.notify_one();
+    }
+
+    /// How many times a client wanted a share so far.
+    pub(super) fn shares_wanted(&self) -> u64 {
+        self.shares_wanted.load(Ordering::Relaxed)
     }
 
     /// Resolves once a client wants a share ([`want_share`](Self::want_share)).
