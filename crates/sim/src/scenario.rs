@@ -127,9 +127,12 @@ pub const BACKEND_FOLDING_S: f64 = 10.0;
 /// One client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientSpec {
-    /// The group it works for.
+    /// The group it works for (the first, with several).
     pub group: GroupName,
-    /// Requests per second it attempts.
+    /// The other groups it works for, each asked as much as the first (a client serving many
+    /// tenants).
+    pub also: Vec<GroupName>,
+    /// Requests per second it attempts for each of its groups.
     pub rate: f64,
     /// What each request does.
     pub usage: Usage,
@@ -147,6 +150,13 @@ pub struct ClientSpec {
     pub queue: bool,
     /// The share of its requests in each class: critical, normal, sheddable (adding up to 1).
     pub mix: [f64; 3],
+}
+
+impl ClientSpec {
+    /// Every group it works for, the first first.
+    pub fn groups(&self) -> impl Iterator<Item = &GroupName> {
+        std::iter::once(&self.group).chain(&self.also)
+    }
 }
 
 /// A change to the world.
@@ -261,6 +271,10 @@ pub const BACKENDS_MAX: usize = 10_000;
 /// The most (client, backend) links, and (group, backend) pairs, a scenario may have: what a
 /// run keeps in memory grows with them.
 pub const LINKS_MAX: usize = 2_000_000;
+/// The most groups a scenario's clients may spread over.
+pub const SPREAD_MAX: usize = 1_000_000;
+/// The most groups one simulated client may work for.
+pub const CLIENT_GROUPS_MAX: usize = 1_000;
 /// Requests per second one simulated client may attempt at most.
 pub const CLIENT_RATE_MAX: f64 = 100_000.0;
 
@@ -448,7 +462,7 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<Scenario> {
     // Each bound alone is not enough: what a run holds grows with their products (clients
     // and their links are checked as they are read, before any is made).
     let groups: BTreeSet<&GroupName> =
-        s.groups.iter().map(|(n, _)| n).chain(s.clients.iter().map(|c| &c.group)).collect();
+        s.groups.iter().map(|(n, _)| n).chain(s.clients.iter().flat_map(|c| c.groups())).collect();
     let pairs = groups.len().saturating_mul(s.backends.len());
     if pairs > LINKS_MAX {
         r.error(0..0, "backend", format!("at most {LINKS_MAX} (group, backend) pairs in all, got {pairs}"));
@@ -745,13 +759,17 @@ fn clients(
     };
     let mix = class_mix(r, &mut f, path, v);
     let spread = match f.take("spread") {
-        Some((p, v)) => r.integer(&p, v, 1, CLIENTS_MAX as u64).map(|n| n as usize),
+        Some((p, v)) => r.integer(&p, v, 1, SPREAD_MAX as u64).map(|n| n as usize),
         None => None,
     };
-    r.finish(f, "group, count, rate, cost, asks, backends, unthrottled, queue, class, classes, spread");
+    let each = groups_each(r, &mut f, spread);
+    r.finish(
+        f,
+        "group, count, rate, cost, asks, backends, unthrottled, queue, class, classes, spread, groups",
+    );
     let (Some(group), Some(rate), Some(usage)) = (group, rate, usage) else { return };
     // Checked before they are made: a run holds every client and its links.
-    let links: usize = out.iter().map(|c| c.backends.len().max(1)).sum();
+    let links: usize = out.iter().map(|c| (1 + c.also.len()) * c.backends.len().max(1)).sum();
     let count = count as usize;
     if out.len().saturating_add(count) > CLIENTS_MAX {
         r.error(
@@ -761,7 +779,7 @@ fn clients(
         );
         return;
     }
-    let adding = count.saturating_mul(chosen.len().max(1));
+    let adding = count.saturating_mul(each).saturating_mul(chosen.len().max(1));
     if links.saturating_add(adding) > LINKS_MAX {
         r.error(
             v.span(),
@@ -773,20 +791,20 @@ fn clients(
         );
         return;
     }
-    // Spread over N groups: client k asks for GROUP-(k mod N).
-    let names: Vec<GroupName> = match spread {
+    let names = match spread.map(|n| spread_names(&group, n.min(count * each))) {
         None => vec![group],
-        Some(n) => match (0..n.min(count)).map(|k| GroupName::new(&format!("{group}-{k}"))).collect() {
-            Ok(names) => names,
-            Err(e) => {
-                r.error(v.span(), format!("{path}.group"), format!("spread over {group}-N: {e}"));
-                return;
-            }
-        },
+        Some(Ok(names)) => names,
+        Some(Err(e)) => {
+            return r.error(v.span(), format!("{path}.group"), format!("spread over {group}-N: {e}"));
+        }
     };
+    // Client k asks for GROUP-(k mod N), or with `groups = G` for GROUP-((k G + j) mod N), j
+    // from 0 to G - 1.
     for k in 0..count {
+        let mut mine = (0..each).map(|j| names[(k * each + j) % names.len()].clone());
         out.push(ClientSpec {
-            group: names[k % names.len()].clone(),
+            group: mine.next().expect("at least one group each"),
+            also: mine.collect(),
             rate,
             usage,
             asks,
@@ -795,6 +813,32 @@ fn clients(
             queue,
             mix,
         });
+    }
+}
+
+/// The `n` groups a table's clients spread over: GROUP-0 to GROUP-(n - 1).
+fn spread_names(
+    group: &GroupName,
+    n: usize,
+) -> Result<Vec<GroupName>, tollgate_model::settings::SettingError> {
+    (0..n).map(|k| GroupName::new(&format!("{group}-{k}"))).collect()
+}
+
+/// How many groups of its `spread` each client of a table works for (`groups`): 1 unless
+/// given.
+fn groups_each(r: &mut Reader<'_>, f: &mut Fields<'_, '_>, spread: Option<usize>) -> usize {
+    let Some((p, v)) = f.take("groups") else { return 1 };
+    match (r.integer(&p, v, 1, CLIENT_GROUPS_MAX as u64), spread) {
+        (Some(n), Some(spread)) if n as usize > spread => {
+            r.error(v.span(), p, format!("must be at most spread ({spread}), got {n}"));
+            1
+        }
+        (Some(n), Some(_)) => n as usize,
+        (Some(_), None) => {
+            r.error(v.span(), p, "needs spread: the groups each client asks are taken from it");
+            1
+        }
+        (None, _) => 1,
     }
 }
 
@@ -1173,6 +1217,25 @@ mod tests {
         assert_eq!(s.phases[0].timeout, Duration::from_secs(600));
         assert_eq!(s.phases[0].hold_checks, 10);
         assert_eq!(s.phases[0].expects[0].tolerance, 0.1);
+    }
+
+    #[test]
+    fn a_client_works_for_several_groups_of_its_spread() {
+        let with = |keys: &str| {
+            Scenario::parse(
+                &phase("").replace("count = 2\nrate = 1.0\n", &format!("count = 3\nrate = 1.0\n{keys}")),
+            )
+        };
+        let s = with("spread = 5\ngroups = 2\n").unwrap();
+        let mine: Vec<Vec<&str>> =
+            s.clients.iter().map(|c| c.groups().map(GroupName::as_str).collect()).collect();
+        assert_eq!(mine, [["g-0", "g-1"], ["g-2", "g-3"], ["g-4", "g-0"]]);
+        let one = with("spread = 2\n").unwrap();
+        assert!(one.clients.iter().all(|c| c.also.is_empty()));
+        let e = with("groups = 2\n").unwrap_err().to_string();
+        assert!(e.contains("client[0].groups: needs spread"), "{e}");
+        let e = with("spread = 2\ngroups = 3\n").unwrap_err().to_string();
+        assert!(e.contains("client[0].groups: must be at most spread (2), got 3"), "{e}");
     }
 
     #[test]

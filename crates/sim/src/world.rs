@@ -1,7 +1,9 @@
 //! The simulated world around Tollgate: clients offering work and mock backends serving it.
 //!
-//! Each client attempts `rate` requests per second, each costing `cost` units, and admits them
-//! through a real [`Tollgate`] handle (whatever feeds it). Refused requests wait in the
+//! Each client attempts `rate` requests per second for each of its groups, each costing
+//! `cost` units, and admits them through a real [`Tollgate`] handle (whatever feeds it). A
+//! client's work for a group acts only at the steps where a request arrives or waits (kept
+//! by step in a wheel); its arrivals in between are counted when it next acts. Refused requests wait in the
 //! client's queue, which it reports to its handle as queued work, and are retried every step:
 //! nothing is dropped. Each admitted request's cost is spread evenly over the
 //! client's backends, as FoundationDB's mock clients do. A backend of capacity `C` reports
@@ -33,16 +35,22 @@ use tollgate_proto::v1;
 use crate::rng::SplitMix64;
 use crate::scenario::Scenario;
 
+/// Steps ahead the world keeps its work by step (2.56 s at 10 ms steps).
+const WHEEL: u64 = 256;
+
 /// Queue bytes of a mock backend at utilisation 1.
 pub const QUEUE_AT_CAPACITY: f64 = 800e6;
 
+/// One client's work for one of its groups.
 struct Client {
+    /// The scenario's client it is part of.
+    client: usize,
     group: usize,
     rate: f64,
     cost: f64,
     /// What each request asks for up front (settled at `cost`).
     asks: f64,
-    backends: Vec<usize>,
+    backends: std::sync::Arc<[usize]>,
     handle: GroupHandle,
     /// Refused requests wait to be tried again (else they are gone).
     queue: bool,
@@ -54,6 +62,47 @@ struct Client {
     sec_units: f64,
     sec_requests: f64,
     sec_by_class: [f64; 3],
+    /// The step its arrivals were counted up to, and the step it is next looked at (a request
+    /// due to arrive, or one waiting to be tried again): only then does it act.
+    at: u64,
+    due: u64,
+}
+
+impl Client {
+    /// Counts its arrivals up to step `step` (no request arrives before its due step).
+    fn catch_up(&mut self, step: u64, dt_s: f64) {
+        let steps = step.saturating_sub(self.at) as f64;
+        for (a, share) in self.arrivals.iter_mut().zip(self.mix) {
+            *a += self.rate * share * dt_s * steps;
+        }
+        self.at = step;
+    }
+
+    /// The step after `step` at which it next acts: the next one while requests wait, else
+    /// the first at which a class's arrivals reach a whole request (`u64::MAX`: never, at a
+    /// rate of nothing).
+    fn next_due(&self, step: u64, dt_s: f64) -> u64 {
+        if self.queue && self.backlog.iter().any(|&b| b > 0) {
+            return step + 1;
+        }
+        let mut due = u64::MAX;
+        for (a, share) in self.arrivals.iter().zip(self.mix) {
+            let per_step = self.rate * share * dt_s;
+            if per_step <= 0.0 {
+                continue;
+            }
+            // Counted as catch_up counts them, so the request arrives at exactly this step.
+            let mut n = ((1.0 - a) / per_step).ceil().max(1.0) as u64;
+            while n > 1 && a + per_step * (n - 1) as f64 >= 1.0 {
+                n -= 1;
+            }
+            while a + per_step * (n as f64) < 1.0 {
+                n += 1;
+            }
+            due = due.min(step + n);
+        }
+        due
+    }
 }
 
 struct Backend {
@@ -63,6 +112,8 @@ struct Backend {
     load: Smoother,
     per_group: Vec<Smoother>,
     step_units: Vec<f64>,
+    /// The groups with units in `step_units` this step: only they are added up.
+    stepped: Vec<usize>,
     queueing: Option<Queueing>,
 }
 
@@ -186,10 +237,22 @@ pub struct Admitted {
 /// Clients and backends. See the [module documentation](self).
 pub struct World {
     groups: Vec<GroupName>,
+    /// Each client's work for each of its groups, the scenario's clients in order.
     clients: Vec<Client>,
     backends: Vec<Backend>,
     /// Service time draws for queueing backends.
     rng: SplitMix64,
+    /// Steps taken so far, and how long the last was (seconds; 0 before the first).
+    steps: u64,
+    dt_s: f64,
+    /// The work due to act in each of the next [`WHEEL`] steps (at `step % WHEEL`, a bit for
+    /// each entry: taken in the order of the work), and later (`far`, brought into the wheel
+    /// as its turn comes). An entry whose `due` moved since it was put there is passed over.
+    wheel: Vec<Vec<u64>>,
+    far: Vec<u32>,
+    /// The scenario's clients that acted in the last step, and the step each last acted at.
+    acted: Vec<usize>,
+    acted_at: Vec<u64>,
 }
 
 impl World {
@@ -201,30 +264,33 @@ impl World {
         let at: std::collections::HashMap<&GroupName, usize> =
             groups.iter().enumerate().map(|(i, g)| (g, i)).collect();
         let index = |name: &GroupName| *at.get(name).expect("every client's group is listed");
-        let clients = scenario
-            .clients
-            .iter()
-            .zip(gates)
-            .map(|(spec, gate)| {
-                let cost = scenario.cost_model.cost(&spec.usage).expect("scenario costs are validated");
-                let gate = if spec.unthrottled { gate.unthrottled() } else { gate.clone() };
-                Client {
-                    group: index(&spec.group),
+        let mut clients = Vec::new();
+        for (i, (spec, gate)) in scenario.clients.iter().zip(gates).enumerate() {
+            let cost = scenario.cost_model.cost(&spec.usage).expect("scenario costs are validated");
+            let gate = if spec.unthrottled { gate.unthrottled() } else { gate.clone() };
+            let backends: std::sync::Arc<[usize]> = spec.backends.clone().into();
+            for group in spec.groups() {
+                clients.push(Client {
+                    client: i,
+                    group: index(group),
                     rate: spec.rate,
                     cost,
                     asks: spec.asks.unwrap_or(cost),
-                    backends: spec.backends.clone(),
+                    backends: backends.clone(),
                     queue: spec.queue,
-                    handle: gate.group(spec.group.as_str()).expect("scenario group names are valid"),
+                    handle: gate.group(group.as_str()).expect("scenario group names are valid"),
                     mix: spec.mix,
                     arrivals: std::array::from_fn(|_| rng.next_f64()),
                     backlog: [0; 3],
                     sec_units: 0.0,
                     sec_requests: 0.0,
                     sec_by_class: [0.0; 3],
-                }
-            })
-            .collect();
+                    at: 0,
+                    due: 0,
+                });
+            }
+        }
+        assert!(u32::try_from(clients.len()).is_ok(), "the scenario's bounds keep the work countable");
         let backends = scenario
             .backends
             .iter()
@@ -235,75 +301,166 @@ impl World {
                 load: Smoother::new(b.folding_s),
                 per_group: groups.iter().map(|_| Smoother::new(b.folding_s)).collect(),
                 step_units: vec![0.0; groups.len()],
+                stepped: Vec::new(),
                 queueing: b.workers.map(|w| Queueing::new(w, b.folding_s)),
             })
             .collect();
-        World { groups: groups.to_vec(), clients, backends, rng: SplitMix64::new(seed ^ 0x005E_ED0F_10B5) }
+        let clients_n = clients.len();
+        let mut world = World {
+            groups: groups.to_vec(),
+            clients,
+            backends,
+            rng: SplitMix64::new(seed ^ 0x005E_ED0F_10B5),
+            steps: 0,
+            dt_s: 0.0,
+            wheel: vec![vec![0; clients_n.div_ceil(64)]; WHEEL as usize],
+            far: Vec::new(),
+            acted: Vec::new(),
+            acted_at: vec![0; scenario.clients.len()],
+        };
+        // Each acts first at the first step (its queued work is told to its handle), and then
+        // when its requests arrive.
+        for e in 0..world.clients.len() {
+            world.schedule(e, 1);
+        }
+        world
+    }
+
+    /// Work `e` acts next at step `due`.
+    fn schedule(&mut self, e: usize, due: u64) {
+        self.clients[e].due = due;
+        if due == u64::MAX {
+            return;
+        }
+        if due - self.steps < WHEEL {
+            self.wheel[(due % WHEEL) as usize][e / 64] |= 1 << (e % 64);
+        } else {
+            self.far.push(e as u32);
+        }
+    }
+
+    /// The scenario's clients that acted (admitted, were refused, told their queue) in the
+    /// last step, each once, in no set order: the others' handles were not touched.
+    pub fn acted(&self) -> &[usize] {
+        &self.acted
     }
 
     /// Client `i` restarted: it admits through `gate` from now on (unthrottled as its spec
     /// says), with nothing waiting.
     pub fn restart_client(&mut self, i: usize, gate: &Tollgate, unthrottled: bool) {
-        let c = &mut self.clients[i];
         let gate = if unthrottled { gate.unthrottled() } else { gate.clone() };
-        c.handle = gate.group(self.groups[c.group].as_str()).expect("scenario group names are valid");
-        c.backlog = [0; 3];
+        let step = self.steps;
+        for e in self.work_of(|c| c.client == i) {
+            let c = &mut self.clients[e];
+            c.handle = gate.group(self.groups[c.group].as_str()).expect("scenario group names are valid");
+            c.backlog = [0; 3];
+            self.schedule(e, step + 1);
+        }
+    }
+
+    /// The work entries `which` picks, in order.
+    fn work_of(&self, which: impl Fn(&Client) -> bool) -> Vec<usize> {
+        (0..self.clients.len()).filter(|&e| which(&self.clients[e])).collect()
     }
 
     /// One step of `dt_s` seconds ending at `now`: arrivals, admissions, and the load they put
-    /// on the backends.
+    /// on the backends. Only the work with a request arriving or waiting acts: the rest is
+    /// counted up when it next does, as if it had stepped.
     pub fn step(&mut self, now: Nanos, dt_s: f64) {
-        for c in &mut self.clients {
-            // Sheddable work first, critical last: the classes, not the order, decide.
-            for class in RequestClass::ALL.into_iter().rev() {
-                let k = class as usize;
-                c.arrivals[k] += c.rate * c.mix[k] * dt_s;
-                let new = c.arrivals[k].floor();
-                c.arrivals[k] -= new;
-                c.backlog[k] += new as u64;
-                while c.backlog[k] > 0 {
-                    let Ok(permit) = c.handle.try_acquire_class(c.asks, class) else {
-                        if c.queue {
-                            break;
-                        }
-                        // Refused and gone: the next request is tried, and counted, on its own.
-                        c.backlog[k] -= 1;
-                        continue;
-                    };
-                    if c.asks != c.cost {
-                        let _ = permit.settle(c.cost);
-                    }
-                    c.backlog[k] -= 1;
-                    c.sec_units += c.cost;
-                    c.sec_requests += 1.0;
-                    c.sec_by_class[k] += 1.0;
-                    // Each request's cost is spread evenly over the client's backends.
-                    let share = c.cost / c.backends.len().max(1) as f64;
-                    for &b in &c.backends {
-                        let backend = &mut self.backends[b];
-                        backend.step_units[c.group] += share;
-                        if let Some(q) = &mut backend.queueing {
-                            // A service time of mean `share`, half to one and a half of it.
-                            let work = share * (0.5 + self.rng.next_f64());
-                            q.arrive(now, share, work);
-                        }
-                    }
+        self.steps += 1;
+        self.dt_s = dt_s;
+        let step = self.steps;
+        self.acted.clear();
+        if step.is_multiple_of(WHEEL) {
+            for e in std::mem::take(&mut self.far) {
+                let due = self.clients[e as usize].due;
+                if due != u64::MAX && due >= step {
+                    self.schedule(e as usize, due);
                 }
             }
-            // What is still waiting is demand, as an application with its own queue says.
-            c.handle.set_queued(c.backlog.iter().sum::<u64>() as f64 * c.asks);
+        }
+        // In the order of the work, as the scenario lists its clients.
+        let slot = (step % WHEEL) as usize;
+        for w in 0..self.wheel[slot].len() {
+            let mut bits = std::mem::take(&mut self.wheel[slot][w]);
+            while bits != 0 {
+                let e = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.clients[e].due == step {
+                    self.act_due(e, now, step, dt_s);
+                }
+            }
         }
         for b in &mut self.backends {
             if let Some(q) = &mut b.queueing {
                 q.step(now, dt_s, b.capacity);
             }
-            let total: f64 = b.step_units.iter().sum();
+            let mut total = 0.0;
+            for g in b.stepped.drain(..) {
+                let units = std::mem::take(&mut b.step_units[g]);
+                b.per_group[g].add_delta(now, units);
+                total += units;
+            }
             b.load.add_delta(now, total);
-            for (g, units) in b.step_units.iter_mut().enumerate() {
-                b.per_group[g].add_delta(now, *units);
-                *units = 0.0;
+        }
+    }
+
+    /// Work `e`, due at `step` (ending at `now`), acts and is put where it acts next.
+    fn act_due(&mut self, e: usize, now: Nanos, step: u64, dt_s: f64) {
+        self.act(e, now, step, dt_s);
+        let next = self.clients[e].next_due(step, dt_s);
+        self.schedule(e, next);
+        let client = self.clients[e].client;
+        if self.acted_at[client] != step {
+            self.acted_at[client] = step;
+            self.acted.push(client);
+        }
+    }
+
+    /// Work `e` acts at `step` (ending at `now`): its arrivals, then what its handle admits.
+    fn act(&mut self, e: usize, now: Nanos, step: u64, dt_s: f64) {
+        let c = &mut self.clients[e];
+        c.catch_up(step, dt_s);
+        // Sheddable work first, critical last: the classes, not the order, decide.
+        for class in RequestClass::ALL.into_iter().rev() {
+            let k = class as usize;
+            let new = c.arrivals[k].floor();
+            c.arrivals[k] -= new;
+            c.backlog[k] += new as u64;
+            while c.backlog[k] > 0 {
+                let Ok(permit) = c.handle.try_acquire_class(c.asks, class) else {
+                    if c.queue {
+                        break;
+                    }
+                    // Refused and gone: the next request is tried, and counted, on its own.
+                    c.backlog[k] -= 1;
+                    continue;
+                };
+                if c.asks != c.cost {
+                    let _ = permit.settle(c.cost);
+                }
+                c.backlog[k] -= 1;
+                c.sec_units += c.cost;
+                c.sec_requests += 1.0;
+                c.sec_by_class[k] += 1.0;
+                // Each request's cost is spread evenly over the client's backends.
+                let share = c.cost / c.backends.len().max(1) as f64;
+                for &b in c.backends.iter() {
+                    let backend = &mut self.backends[b];
+                    if backend.step_units[c.group] == 0.0 {
+                        backend.stepped.push(c.group);
+                    }
+                    backend.step_units[c.group] += share;
+                    if let Some(q) = &mut backend.queueing {
+                        // A service time of mean `share`, half to one and a half of it.
+                        let work = share * (0.5 + self.rng.next_f64());
+                        q.arrive(now, share, work);
+                    }
+                }
             }
         }
+        // What is still waiting is demand, as an application with its own queue says.
+        c.handle.set_queued(c.backlog.iter().sum::<u64>() as f64 * c.asks);
     }
 
     /// Every backend's report at `now`, in the contract's form.
@@ -415,15 +572,25 @@ impl World {
     /// Every client of `group` attempts `rate` requests per second from now on.
     pub fn set_client_rate(&mut self, group: &GroupName, rate: f64) {
         let Some(g) = self.groups.iter().position(|n| n == group) else { return };
-        for c in self.clients.iter_mut().filter(|c| c.group == g) {
-            c.rate = rate;
+        for e in self.work_of(|c| c.group == g) {
+            self.set_rate(e, rate);
         }
+    }
+
+    /// Work `e` attempts `rate` requests per second from now on: what arrived at the old rate
+    /// is counted first, and it acts at the next step.
+    fn set_rate(&mut self, e: usize, rate: f64) {
+        let (step, dt_s) = (self.steps, self.dt_s);
+        let c = &mut self.clients[e];
+        c.catch_up(step, dt_s);
+        c.rate = rate;
+        self.schedule(e, step + 1);
     }
 
     /// Client `index` (in the scenario's order) attempts `rate` requests per second from now on.
     pub fn set_one_client_rate(&mut self, index: usize, rate: f64) {
-        if let Some(c) = self.clients.get_mut(index) {
-            c.rate = rate;
+        for e in self.work_of(|c| c.client == index) {
+            self.set_rate(e, rate);
         }
     }
 }

@@ -70,6 +70,9 @@ pub struct RegionLease {
     client_id: String,
     sequence: u64,
     shares: HashMap<GroupName, Share>,
+    /// The shortest lease of a limited share (`None`: to be found again, the shares moved):
+    /// before it runs out nothing decays, and [`decay`](Self::decay) looks at no share.
+    shortest: Option<Duration>,
     /// Each group's running totals as last reported.
     reported: HashMap<GroupName, Meter>,
     /// When the last round was answered whole.
@@ -91,6 +94,7 @@ impl RegionLease {
             client_id: format!("region/{name}"),
             sequence: 0,
             shares: HashMap::new(),
+            shortest: None,
             reported: HashMap::new(),
             answered_at: None,
             next_due: Nanos::ZERO,
@@ -160,6 +164,7 @@ impl RegionLease {
         self.reported.extend(page.meters.into_iter().map(|(n, m, _)| (n, m)));
         controller.ownership().set_upstream(granted.iter().map(|(n, s)| (n.clone(), s.grant)));
         self.shares.extend(granted);
+        self.shortest = None;
         self.period = Duration::from_millis(u64::from(answer.next_exchange_ms.max(1)));
         self.next_tick = Duration::from_millis(u64::from(answer.next_tick_ms));
     }
@@ -173,6 +178,7 @@ impl RegionLease {
         // By a set of the names: a region holds tens of thousands of groups.
         let used: HashSet<&GroupName> = usage.iter().map(|u| &u.group).collect();
         self.shares.retain(|name, _| used.contains(name));
+        self.shortest = None;
         self.reported.retain(|name, _| used.contains(name));
         self.answered_at = Some(now);
         // While a tick is under way the answer says 0: shortly, for that tick's grants.
@@ -192,6 +198,13 @@ impl RegionLease {
     pub fn decay(&mut self, now: Nanos, controller: &Controller) -> bool {
         let Some(at) = self.answered_at else { return false };
         let elapsed = now.since(at);
+        let shortest = *self.shortest.get_or_insert_with(|| {
+            let limited = self.shares.values().filter(|s| s.grant.rate.is_finite());
+            limited.map(|s| s.lease).min().unwrap_or(Duration::MAX)
+        });
+        if elapsed < shortest {
+            return false;
+        }
         let mut decayed = Vec::new();
         for (name, s) in &self.shares {
             if elapsed < s.lease || !s.grant.rate.is_finite() {

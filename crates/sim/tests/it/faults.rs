@@ -32,7 +32,7 @@ fn the_canary_a_controller_that_over_grants_is_caught() {
             g.burst *= 3.0;
         }
     };
-    let outcome = run_with(&s, 1, RunHooks { trace: None, tamper: Some(&triple) });
+    let outcome = run_with(&s, 1, RunHooks { tamper: Some(&triple), ..RunHooks::default() });
     let b = outcome.breach.clone().expect("a controller granting three times the limit must be caught");
     // Three times the limit in a second is past the limit and one burst: caught at once.
     assert_eq!((b.invariant, b.group.as_str()), ("second", "tenant"), "{b}");
@@ -51,7 +51,7 @@ fn the_canary_a_controller_that_starves_a_reservation_is_caught() {
             g.burst *= 0.1;
         }
     };
-    let outcome = run_with(&s, 1, RunHooks { trace: None, tamper: Some(&starve) });
+    let outcome = run_with(&s, 1, RunHooks { tamper: Some(&starve), ..RunHooks::default() });
     let b = outcome.breach.expect("a controller granting a tenth of the reservation must be caught");
     assert_eq!(b.invariant, "reservation", "{b}");
 }

@@ -1,4 +1,5 @@
-//! Every scenario in `scenarios/` passes, as `tollgate sim` would run it.
+//! Every scenario in `scenarios/` passes, as `tollgate sim` would run it (those in
+//! `scenarios/scale/` are run by hand: see BENCHMARKS.md).
 
 use std::path::PathBuf;
 
@@ -16,9 +17,14 @@ fn load(name: &str) -> Scenario {
 
 #[test]
 fn every_scenario_passes() {
+    // The scenarios at the top: those under scale/ take a core for hours, run by hand.
     let mut names: Vec<String> = std::fs::read_dir(scenarios_dir())
         .unwrap()
-        .filter_map(|e| e.ok()?.path().file_stem()?.to_str().map(str::to_string))
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            (path.extension()? == "toml").then_some(())?;
+            path.file_stem()?.to_str().map(str::to_string)
+        })
         .collect();
     names.sort();
     assert!(names.len() >= 5, "scenarios/ holds {names:?}");
@@ -402,4 +408,44 @@ fn shares_follow_the_load_to_one_front_end_within_two_seconds() {
     assert!(within(3, moved), "asked of all: {admitted:?}");
     assert!(within(moved + 2, back), "asked of one: {admitted:?}");
     assert!(within(back + 4, admitted.len()), "spread again: {admitted:?}");
+}
+
+/// The scenarios run by hand still read: each names the shape it simulates.
+#[test]
+fn the_scenarios_at_scale_read() {
+    for e in std::fs::read_dir(scenarios_dir().join("scale")).unwrap() {
+        let path = e.unwrap().path();
+        let src = std::fs::read_to_string(&path).unwrap();
+        let s = Scenario::parse(&src).unwrap_or_else(|e| panic!("{}:\n{e}", path.display()));
+        let pairs: usize = s.clients.iter().map(|c| 1 + c.also.len()).sum();
+        assert!(s.clients.len() >= 100_000 && pairs >= 1_000_000, "{}", path.display());
+    }
+}
+
+/// Work acts only when a request arrives or waits, the rest counted up when it next acts: over
+/// 20 s every client admits what it asks, slow or fast, in each class and each of its groups.
+#[test]
+fn clients_admit_what_they_ask_at_every_rate() {
+    let src = "name = \"rates\"\n[[backend]]\nname = \"b\"\ncapacity = 1e9\nzone = \"z\"\n\
+        [[client]]\ngroup = \"slow\"\nrate = 0.3\n\
+        [[client]]\ngroup = \"mixed\"\nrate = 7.0\nclasses = { critical = 0.25, sheddable = 0.25 }\n\
+        [[client]]\ngroup = \"many\"\nspread = 4\ngroups = 4\nrate = 250.0\n\
+        [[phase]]\ntimeout_s = 20\nhold_s = 100\n\
+        [[phase.expect]]\ngroup = \"slow\"\nmetric = \"admitted_rps\"\nvalue = 1000\n";
+    let s = Scenario::parse(src).unwrap();
+    let outcome = run(&s, 3);
+    let total = |name: &str| -> f64 {
+        let g = outcome.groups.iter().position(|n| n.as_str() == name).unwrap();
+        outcome.timeline.iter().map(|t| t.groups[g].admitted_rps).sum()
+    };
+    let seconds = outcome.timeline.len() as f64;
+    assert_eq!(seconds, 20.0);
+    // Each class's arrivals start at a random phase: within a request of the rate, per class.
+    assert!((total("slow") - 0.3 * seconds).abs() <= 1.0, "slow: {}", total("slow"));
+    assert!((total("mixed") - 7.0 * seconds).abs() <= 3.0, "mixed: {}", total("mixed"));
+    for g in 0..4 {
+        let name = format!("many-{g}");
+        // The first grant comes with the first exchange; what waited is admitted then.
+        assert!((total(&name) - 250.0 * seconds).abs() <= 1.0, "{name}: {}", total(&name));
+    }
 }
