@@ -353,6 +353,12 @@ pub(crate) struct ServerArgs {
     /// (TiDB's trickle); a fall applies at once. 0: at once.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub(crate) trickle_ms: u64,
+    /// The most groups the engine tracks, each with its own state (1 to 1000000); groups
+    /// named past it share the `default` group's state until some are forgotten. A global
+    /// tier over many regions' tenants needs as many as they use.
+    #[arg(long, default_value_t = tollgate_model::engine::EngineSettings::default().max_tracked_groups as u64,
+          value_parser = clap::value_parser!(u64).range(1..=tollgate_model::config::MAX_TRACKED_GROUPS_MAX))]
+    pub(crate) max_groups: u64,
     /// Folding time of the smoothers of each group's average cost, in seconds (0.1 to 600).
     #[arg(long, default_value_t = 2.0)]
     pub(crate) cost_folding_s: f64,

@@ -240,6 +240,7 @@ fn options(a: ServerArgs) -> anyhow::Result<(ServerOptions, Vec<String>)> {
         saturation,
         cost_folding: Duration::from_secs_f64(a.cost_folding_s),
         trickle: Duration::from_millis(a.trickle_ms),
+        max_groups: a.max_groups as usize,
         flush_interval: Duration::from_millis(a.flush_ms),
         limits: tollgate_controller::front::conn::Limits {
             max_connections,

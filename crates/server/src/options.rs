@@ -29,6 +29,8 @@ pub struct ServerOptions {
     pub cost_folding: Duration,
     /// Over how long remote clients take up a raised grant (TiDB's trickle).
     pub trickle: Duration,
+    /// The most groups the engine tracks with their own state (`--max-groups`).
+    pub max_groups: usize,
     /// How often consumption and resumable ramps are written to the store.
     pub flush_interval: Duration,
     /// The cap on gRPC connections and how long an idle one is kept.
@@ -130,6 +132,7 @@ impl Default for ServerOptions {
             saturation: SaturationSettings::default(),
             cost_folding: EngineSettings::default().cost_folding,
             trickle: Duration::ZERO,
+            max_groups: EngineSettings::default().max_tracked_groups,
             flush_interval: Duration::from_secs(10),
             limits: crate::front::conn::Limits::default(),
             defaults: None,
@@ -157,6 +160,7 @@ impl ServerOptions {
             saturation: self.saturation.clone(),
             cost_folding: self.cost_folding,
             trickle: self.trickle,
+            max_tracked_groups: self.max_groups,
             ..EngineSettings::default()
         }
     }
@@ -165,6 +169,13 @@ impl ServerOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_engine_tracks_as_many_groups_as_the_options_say() {
+        assert_eq!(ServerOptions::default().engine_settings().max_tracked_groups, 100_000);
+        let many = ServerOptions { max_groups: 1_000_000, ..ServerOptions::default() };
+        assert_eq!(many.engine_settings().max_tracked_groups, 1_000_000);
+    }
 
     #[test]
     fn targets_are_checked_field_by_field() {

@@ -130,6 +130,7 @@ pub fn engine_settings(scenario: &Scenario) -> EngineSettings {
         },
         cost_folding: c.cost_folding,
         trickle: c.trickle,
+        max_tracked_groups: c.max_groups,
         ..EngineSettings::default()
     }
 }

@@ -64,6 +64,9 @@ pub struct ControllerSpec {
     pub limiting_law: LimitingLaw,
     /// Over how long clients take up a raised grant (TiDB's trickle).
     pub trickle: Duration,
+    /// The most groups each controller's engine tracks with their own state (the server's
+    /// `--max-groups`).
+    pub max_groups: usize,
     /// Controller tick (and client exchange) period.
     pub tick: Duration,
     /// How often the backends report; `None`: at each tick, just before it. Reports between
@@ -94,6 +97,7 @@ impl Default for ControllerSpec {
             cost_folding: Duration::from_secs(2),
             limiting_law: LimitingLaw::Rate,
             trickle: Duration::ZERO,
+            max_groups: tollgate_model::engine::EngineSettings::default().max_tracked_groups,
             tick: Duration::from_secs(1),
             report_every: None,
             regions: 0,
@@ -620,6 +624,10 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     if let Some((p, v)) = f.take("trickle_ms") {
         c.trickle = Duration::from_millis(r.integer(&p, v, 0, 60_000).unwrap_or(0));
     }
+    if let Some((p, v)) = f.take("max_groups") {
+        let most = tollgate_model::config::MAX_TRACKED_GROUPS_MAX;
+        c.max_groups = r.integer(&p, v, 1, most).map_or(c.max_groups, |n| n as usize);
+    }
     if let Some((p, v)) = f.take("tick_ms") {
         c.tick = Duration::from_millis(r.integer(&p, v, 10, 60_000).unwrap_or(1000));
     }
@@ -636,7 +644,7 @@ fn controller(r: &mut Reader<'_>, v: &Value<'_>) -> ControllerSpec {
     cluster_keys(r, &mut f, &mut c, v);
     r.finish(
         f,
-        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, tick_ms, report_ms, regions, controllers, shards",
+        "ignore_worst_zones, limiting_threshold, limiting_law, queue_target_bytes, queue_spring_bytes, cost_folding_s, capacity, free_pool, slow_start, trickle_ms, max_groups, tick_ms, report_ms, regions, controllers, shards",
     );
     c
 }
@@ -1261,6 +1269,15 @@ mod tests {
         assert_eq!(with("folding_s = 1\n").unwrap().backends[0].folding_s, 1.0);
         let bad = with("folding_s = 1000\n").unwrap_err().to_string();
         assert!(bad.contains("backend[0].folding_s: must be from 0.1 to 600 seconds, got 1000"), "{bad}");
+    }
+
+    #[test]
+    fn the_most_groups_a_controller_tracks_is_read_and_checked() {
+        let parse = |v: &str| Scenario::parse(&format!("{}[controller]\nmax_groups = {v}\n", phase("")));
+        let s = parse("1000000").unwrap();
+        assert_eq!(crate::run::engine_settings(&s).max_tracked_groups, 1_000_000);
+        let e = parse("0").unwrap_err().to_string();
+        assert!(e.contains("controller.max_groups"), "{e}");
     }
 
     #[test]

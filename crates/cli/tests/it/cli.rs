@@ -468,6 +468,18 @@ fn calibrate_recovers_the_examples_coefficients_and_its_snippet_checks() {
 }
 
 #[test]
+fn the_most_groups_a_server_tracks_is_range_checked() {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("max-groups-never-made");
+    for n in ["0", "1000001"] {
+        let dir = data.to_str().unwrap();
+        let (code, _, err) = tollgate(&["server", "--data", dir, "--max-groups", n]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--max-groups") && err.contains("not in 1..=1000000"), "{err}");
+        assert!(!data.exists());
+    }
+}
+
+#[test]
 fn server_knobs_out_of_range_are_named_before_anything_starts() {
     for (args, message) in [
         (

@@ -114,8 +114,11 @@ pub struct Controller {
     views: readings::Views,
 }
 
-/// The most groups a regional controller leases from the global tier.
-pub const UPSTREAM_GROUPS_MAX: usize = 100_000;
+/// The most groups a regional controller leases from the global tier: as many as an engine
+/// tracks at most ([`MAX_TRACKED_GROUPS_MAX`](tollgate_model::config::MAX_TRACKED_GROUPS_MAX)),
+/// so that no group a region's clients use goes without a share (a round of that many is a
+/// thousand pages).
+pub const UPSTREAM_GROUPS_MAX: usize = 1_000_000;
 
 /// The most backends and the most clients that status pages, the dashboard and metric labels
 /// name one by one; the rest are counted (clients: lapsed ones first, then the largest
