@@ -3,9 +3,9 @@
 //! Each client attempts `rate` requests per second for each of its groups, each costing
 //! `cost` units, and admits them through a real [`Tollgate`] handle (whatever feeds it). A
 //! client's work for a group acts only at the steps where a request arrives or waits (kept
-//! by step in a wheel); its arrivals in between are counted when it next acts. Refused requests wait in the
-//! client's queue, which it reports to its handle as queued work, and are retried every step:
-//! nothing is dropped. Each admitted request's cost is spread evenly over the
+//! by step in a wheel); its arrivals in between are counted when it next acts. Refused
+//! requests wait in the client's queue, which it reports to its handle as queued work, and are
+//! retried every step: nothing is dropped. Each admitted request's cost is spread evenly over the
 //! client's backends, as FoundationDB's mock clients do. A backend of capacity `C` reports
 //! queue bytes = its load (smoothed with a 10 s folding time, or its `folding_s`) ÷ C ×
 //! 800e6, and the load each group puts on it.
@@ -250,9 +250,6 @@ pub struct World {
     /// as its turn comes). An entry whose `due` moved since it was put there is passed over.
     wheel: Vec<Vec<u64>>,
     far: Vec<u32>,
-    /// The scenario's clients that acted in the last step, and the step each last acted at.
-    acted: Vec<usize>,
-    acted_at: Vec<u64>,
 }
 
 impl World {
@@ -315,8 +312,6 @@ impl World {
             dt_s: 0.0,
             wheel: vec![vec![0; clients_n.div_ceil(64)]; WHEEL as usize],
             far: Vec::new(),
-            acted: Vec::new(),
-            acted_at: vec![0; scenario.clients.len()],
         };
         // Each acts first at the first step (its queued work is told to its handle), and then
         // when its requests arrive.
@@ -337,12 +332,6 @@ impl World {
         } else {
             self.far.push(e as u32);
         }
-    }
-
-    /// The scenario's clients that acted (admitted, were refused, told their queue) in the
-    /// last step, each once, in no set order: the others' handles were not touched.
-    pub fn acted(&self) -> &[usize] {
-        &self.acted
     }
 
     /// Client `i` restarted: it admits through `gate` from now on (unthrottled as its spec
@@ -370,7 +359,6 @@ impl World {
         self.steps += 1;
         self.dt_s = dt_s;
         let step = self.steps;
-        self.acted.clear();
         if step.is_multiple_of(WHEEL) {
             for e in std::mem::take(&mut self.far) {
                 let due = self.clients[e as usize].due;
@@ -410,11 +398,6 @@ impl World {
         self.act(e, now, step, dt_s);
         let next = self.clients[e].next_due(step, dt_s);
         self.schedule(e, next);
-        let client = self.clients[e].client;
-        if self.acted_at[client] != step {
-            self.acted_at[client] = step;
-            self.acted.push(client);
-        }
     }
 
     /// Work `e` acts at `step` (ending at `now`): its arrivals, then what its handle admits.
