@@ -115,6 +115,13 @@ class _Group:
         self.name = name
         self.lock = threading.Lock()
         self.granted = False
+        # Whether a grant with a rate came yet, the largest cost asked before it, and what
+        # the bucket starts holding then: full when the process is the group's only one,
+        # else one such request (the group's burst is banked by the processes that have been
+        # using it), as the Rust client does.
+        self.started = False
+        self.first_cost = 0.0
+        self.start = math.inf
         self.unlimited = False
         self.rate = 0.0
         self.burst = 0.0
@@ -210,6 +217,8 @@ class _Group:
                 self._admit(cost, False)
                 self.counts.would_refuse += 1
                 return None
+        if not self.started:
+            self.first_cost = max(self.first_cost, cost)
         if count_refusal:
             self.refused(cost)
         return wait
@@ -713,8 +722,13 @@ class Core:
                 g.refill(now)
                 g.unlimited = grant.unlimited
                 g.rate = grant.rate
-                if not g.granted:
-                    g.tokens = grant.burst
+                if not g.started:
+                    if grant.clients > 1:
+                        # Shared with other processes: it starts with what one request needs.
+                        g.start = min(g.start, max(g.first_cost, 1.0))
+                    if grant.rate > 0 and not grant.unlimited:
+                        g.tokens = min(grant.burst, g.start)
+                        g.started = True
                 g.burst = grant.burst
                 g.tokens = min(g.tokens, grant.burst)
                 g.last_rate = grant.rate

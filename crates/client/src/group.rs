@@ -148,6 +148,9 @@ pub(crate) struct Group {
     /// The largest cost a refusal said the bucket's burst could not hold (f64 bits): a grant
     /// is applied with at least this burst, so any request can be admitted in time.
     pub(crate) largest_cost: AtomicU64,
+    /// The largest cost refused while the group waited for its first grant (f64 bits): what
+    /// its bucket starts holding then ([`first_request`](Self::first_request)).
+    pub(crate) first_cost: AtomicU64,
     pub(crate) clock: Arc<ClockSource>,
     /// The largest cost the group's bucket can ever hold (infinite where a controller decides).
     pub(crate) burst_ceiling: f64,
@@ -279,6 +282,7 @@ impl Group {
             waiting_micro: AtomicU64::new(0),
             queued_micro: AtomicU64::new(0),
             largest_cost: AtomicU64::new(0f64.to_bits()),
+            first_cost: AtomicU64::new(0f64.to_bits()),
             clock: clock.clone(),
             burst_ceiling,
             quick_ceiling: round_down_f32(burst_ceiling),
@@ -750,6 +754,12 @@ impl Group {
     /// Whether the group was ever asked for.
     pub(crate) fn is_used(&self) -> bool {
         self.used.load(Ordering::Relaxed)
+    }
+
+    /// What a bucket started by a first grant holds: one request, the largest refused while
+    /// it waited for the grant (at least one unit).
+    pub(crate) fn first_request(&self) -> f64 {
+        f64::from_bits(self.first_cost.load(Ordering::Relaxed)).max(1.0)
     }
 
     /// The current allowance, units/s.

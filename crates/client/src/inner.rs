@@ -242,8 +242,12 @@ impl Inner {
                     g.largest_cost.fetch_max(bits, Ordering::Relaxed);
                     link.urgent();
                 }
-                // Never granted (new, or revived after going idle): its first grant is due.
-                Some(Refusal::Closed) if g.allowance().is_nan() => link.fresh(g),
+                // Never granted (new, or revived after going idle): its first grant is due,
+                // and starts the bucket with what this request needs.
+                Some(Refusal::Closed) if g.allowance().is_nan() => {
+                    g.first_cost.fetch_max(cost.to_bits(), Ordering::Relaxed);
+                    link.fresh(g);
+                }
                 _ => link.refused(),
             }
         }

@@ -704,6 +704,14 @@ impl Driver {
             burst: g.burst,
             floor: g.reserved / f64::from(g.clients.max(1)),
         };
+        if g.clients > 1
+            && let Limiter::Bucket(bucket) = group.limiter()
+        {
+            // Shared with other processes: a bucket not started yet starts with what one
+            // request needs, not a full burst (the group's burst is banked by the processes
+            // that have been using it). Alone, it starts full.
+            bucket.start_at(group.first_request());
+        }
         // A rising grant with a trickle is taken up over it, from the rate the group had.
         let had = self.grants.get(&group.name).filter(|l| !l.unlimited).map_or(0.0, |l| l.rate);
         let trickle = Duration::from_millis(u64::from(g.trickle_ms));

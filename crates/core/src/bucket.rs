@@ -433,6 +433,29 @@ impl Bucket {
         self.closed_level.store(f64::INFINITY.to_bits(), Ordering::Release);
     }
 
+    /// While the bucket waits for its first rate ([`closed_until_rated`](Self::closed_until_rated)),
+    /// sets what it starts holding then: `level` units, at most the burst it is given, rather
+    /// than a full bucket. A process joining a group shared with others starts with what one
+    /// request needs and fills at its grant, so that joining adds nothing to the burst the
+    /// others bank. Does nothing to a bucket that has had a rate, nor to one already set to
+    /// start lower.
+    ///
+    /// ```
+    /// use tollgate_model::bucket::Bucket;
+    /// use tollgate_model::time::Nanos;
+    /// let b = Bucket::closed_until_rated(Nanos::ZERO);
+    /// b.start_at(2.0);
+    /// b.set_rate(100.0, 100.0, Nanos::ZERO);
+    /// assert_eq!(b.available(Nanos::ZERO), 2.0);
+    /// assert_eq!(b.available(Nanos(500_000_000)), 52.0);
+    /// ```
+    pub fn start_at(&self, level: f64) {
+        let waiting = f64::from_bits(self.closed_level.load(Ordering::Acquire));
+        if level < waiting && self.params().ns_per_unit.is_infinite() && level >= 0.0 {
+            self.closed_level.store(level.to_bits(), Ordering::Release);
+        }
+    }
+
     /// A number that changes whenever [`set_rate`](Self::set_rate) changes the rate or the
     /// burst. A caller that takes units ahead of use (a thread's stash) records it, and does
     /// not spend those units once it has changed: a closed bucket admits nothing.

@@ -9,7 +9,7 @@
 //!    held to their limits), nor for groups with unthrottled clients, nor over windows that a partition or lost exchanges touch, or the
 //!    [`HEAL_S`] seconds after: clients cut off from the controller are governed by their safe
 //!    mode, which lets them keep their last grants; nor over windows that a client restart
-//!    touches: a restarted process starts with a full bucket, whatever the dead one spent.
+//!    touches: a restarted process knows nothing of what the dead one spent.
 //! 3. **Each second.** Every second, whatever the faults, a group with a limit `L` admits at
 //!    most `2 L × (1 + d)`: its limit and one burst.
 //! 4. **Reservations.** From [`HEAL_S`] seconds after the last fault healed (a drift never

@@ -566,17 +566,27 @@ async fn reads_writes_apart(env: Env) {
         let toml = format!("{cost}[groups.g]\nlimit = 100\nreads_writes_apart = true\n");
         return refused(&env, &toml, "groups.g.reads_writes_apart").await;
     }
-    // Reads (1 unit) and writes (4 units) asked for far beyond the limit of 100 units/s.
-    // Together, reads and writes share the 100. Apart (FoundationDB), the limit holds for each
-    // kind by its own cost: up to 100 units/s of reads and 100 of writes.
+    // Reads (1 unit) and writes (4 units) asked for at 100 units/s each, every 40 ms, the two
+    // kinds first in turn (a bucket kept drained by the one first would leave the other none:
+    // the mix is learnt from what is admitted). Together, reads and writes share the limit of
+    // 100 units/s. Apart (FoundationDB), the limit holds for each kind by its own cost: up to
+    // 100 units/s of reads and 100 of writes.
     for apart in [false, true] {
         let gate = env.gate(&format!("{cost}[groups.g]\nlimit = 100\nreads_writes_apart = {apart}\n")).await;
         let mut admitted = [0.0, 0.0];
         for step in 0..1600 {
-            for (kind, usage) in [Usage::read(0), Usage::write(0)].into_iter().enumerate() {
-                if let Ok(p) = gate.try_acquire_usage("g", &usage) {
-                    admitted[kind] += if step >= 1200 { p.cost() / 4.0 } else { 0.0 };
-                    p.settle_usage(gate.cost_model(), &usage).unwrap();
+            if step % 4 == 0 {
+                let mut asks = [(0, Usage::read(0), 4), (1, Usage::write(0), 1)];
+                if step % 8 == 0 {
+                    asks.reverse();
+                }
+                for (kind, usage, n) in asks {
+                    for _ in 0..n {
+                        if let Ok(p) = gate.try_acquire_usage("g", &usage) {
+                            admitted[kind] += if step >= 1200 { p.cost() / 4.0 } else { 0.0 };
+                            p.settle_usage(gate.cost_model(), &usage).unwrap();
+                        }
+                    }
                 }
             }
             env.sleep(STEP).await;
@@ -912,6 +922,38 @@ fn remote_fifty_clients_hold_a_group_within_5_percent_of_its_limit() {
         let rates = env.offer(&load, 12, 10).await;
         let total: f64 = rates.iter().sum();
         assert!(within(total, 1000.0, 5.0), "50 clients admitted {total}/s against a limit of 1000/s");
+    });
+}
+
+/// A process joining a busy group starts with one request, not a full bucket: joining adds
+/// nothing to the burst the group's processes bank, so a group joined by one process after
+/// another still admits its limit and one burst over any window.
+#[test]
+fn remote_clients_joining_a_busy_group_add_nothing_to_its_burst() {
+    remote(|env| async move {
+        let first = env.gate("[groups.g]\nlimit = 100\n").await;
+        let mut gates = vec![first];
+        let mut handles = vec![gates[0].group("g").unwrap()];
+        // One process asks twice the limit until its bucket is long drained.
+        env.offer(&[(&handles[0], 200.0)], 3, 1).await;
+        let admitted = |hs: &[GroupHandle]| hs.iter().map(|h| h.stats().admitted_units).sum::<f64>();
+        let before = admitted(&handles);
+        // Then another joins every second, each asking twice the limit: ten seconds in all.
+        for _ in 0..4 {
+            let gate = env.gate("[groups.g]\nlimit = 100\n").await;
+            handles.push(gate.group("g").unwrap());
+            gates.push(gate);
+            let load: Vec<(&GroupHandle, f64)> = handles.iter().map(|h| (h, 200.0)).collect();
+            env.offer(&load, 1, 1).await;
+        }
+        let load: Vec<(&GroupHandle, f64)> = handles.iter().map(|h| (h, 200.0)).collect();
+        env.offer(&load, 6, 1).await;
+        let over_ten_s = admitted(&handles) - before;
+        // The limit over 10 s, and what the first process banked (its bucket of 100 drained)
+        // and one request for each process that joined; a joiner starting full would bring
+        // its grant's burst (50, 33, 25, 20 more).
+        assert!(over_ten_s <= 1000.0 + 4.0 + 10.0, "{over_ten_s} units over 10 s with a limit of 100/s");
+        assert!(over_ten_s >= 950.0, "{over_ten_s} units over 10 s with a limit of 100/s");
     });
 }
 
