@@ -64,7 +64,7 @@ pub use crate::controller::{
 pub use crate::error::AdminError;
 pub use crate::front::rlqs::RlqsStats;
 pub use crate::front::rls::RlsRules;
-use crate::front::{conn, grpc, guard, holds, http, listen, loading, rlqs, rls};
+use crate::front::{conn, direct, grpc, guard, holds, http, listen, loading, rlqs, rls};
 pub use crate::node::Node;
 use crate::observe::status::Latency;
 pub use crate::observe::trace::{TRACE_SUBSCRIBERS_MAX, TraceLine, Tracer, Wanted};
@@ -692,14 +692,10 @@ where
         .http2_max_header_list_size(conn::HEADERS_MAX_BYTES)
         .layer(guard::GrpcGuardLayer { access: node.access.clone(), front })
         .layer(tower::layer::layer_fn(listen::SliceAnswers))
+        .layer(direct::DirectRls::layer(rls_front))
         .add_service(grpc::ExchangeFront::new(services.clone()))
         .add_service(grpc::ReportFront::new(services.clone()))
         .add_service(AdminServer::new(services))
-        .add_service(
-            envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer::new(
-                rls_front,
-            ),
-        )
         .add_service(rlqs_front)
         .serve_with_incoming_shutdown(incoming, waiter(stop_rx.clone()));
     tokio::spawn(async move {

@@ -451,3 +451,53 @@ async fn an_imported_limitador_file_is_answered_as_limitador_answers() {
     assert_eq!(go(post("ann", "free")).await, Code::Ok);
     assert_eq!(go(post("ann", "free")).await, Code::OverLimit);
 }
+
+/// Decisions are read off the wire by hand: a message spread over many HTTP/2 frames is read
+/// whole; a body that is no `RateLimitRequest`, a compressed call and a message over 4 MiB
+/// are refused with the codes the generated services give (INTERNAL, UNIMPLEMENTED,
+/// OUT_OF_RANGE), each naming what is wrong; the server keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_read_by_hand_answer_and_refuse_as_grpc_does() {
+    use prost::Message;
+    use prost::bytes::Bytes;
+    use tonic::codegen::http::uri::PathAndQuery;
+    let s = ServerProc::start(&data_dir("rls-wire"));
+    let channel = tonic::transport::Endpoint::from_shared(s.url()).unwrap().connect().await.unwrap();
+    let call = |body: Bytes, encoding: Option<&'static str>| {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        async move {
+            grpc.ready().await.unwrap();
+            let mut req = tonic::Request::new(body);
+            if let Some(e) = encoding {
+                req.metadata_mut().insert("grpc-encoding", e.parse().unwrap());
+            }
+            let path =
+                PathAndQuery::from_static("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit");
+            grpc.unary(req, path, tollgate_proto::wire::BytesCodec).await.map(|r| r.into_inner())
+        }
+    };
+    // 40 descriptors of a kilobyte each: about 40 KB, more than two frames of 16 KB.
+    let long: Vec<String> = (0..40).map(|i| format!("{i}-{}", "v".repeat(1000))).collect();
+    let entries: Vec<[(&str, &str); 1]> = long.iter().map(|v| [("user", v.as_str())]).collect();
+    let descriptors: Vec<&[(&str, &str)]> = entries.iter().map(|e| e.as_slice()).collect();
+    let asked = Bytes::from(request("edge", &descriptors).encode_to_vec());
+    assert!(asked.len() > 40_000);
+    let answer = call(asked.clone(), None).await.unwrap();
+    let answer = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse::decode(answer).unwrap();
+    assert_eq!((answer.overall_code, answer.statuses.len()), (Code::Ok as i32, 40));
+    let refused = |r: Result<Bytes, tonic::Status>| r.unwrap_err();
+    let e = refused(call(Bytes::from_static(b"\xff\xff\xff"), None).await);
+    assert_eq!(e.code(), tonic::Code::Internal, "{e}");
+    assert!(e.message().contains("RateLimitRequest does not decode"), "{e}");
+    let e = refused(call(asked.clone(), Some("gzip")).await);
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e}");
+    assert!(e.message().contains("compressed (gzip)"), "{e}");
+    let e = refused(call(Bytes::from(vec![0u8; 4 * 1024 * 1024 + 1]), None).await);
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
+    assert!(e.message().contains("above the limit of 4194304"), "{e}");
+    let again = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse::decode(
+        call(asked, Some("identity")).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(again.overall_code, Code::Ok as i32);
+}

@@ -9,6 +9,7 @@ pub(crate) mod body;
 pub mod charges;
 pub mod conn;
 pub(crate) mod dashboard;
+pub(crate) mod direct;
 pub mod grpc;
 pub mod guard;
 pub mod holds;
