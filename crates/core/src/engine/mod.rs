@@ -72,7 +72,8 @@ pub use saturation::{COST_FOLDING_S, Health, LimitingLaw, SaturationSettings};
 pub use slots::InFlight;
 pub use split::{ClientGrant, ClientId, water_level};
 pub use tick::{
-    Shares, SharesWork, SliceSize, TICK_SLICE_BOUNDS, TICK_SLICE_GROUPS, TICK_SLICE_TARGET, next_slice,
+    Shares, SharesWork, SliceSize, TICK_SLICE_BOUNDS, TICK_SLICE_GROUPS, TICK_SLICE_TARGET, first_slice,
+    next_slice,
 };
 pub use trace::{BusyGroup, Limiter, RateComputation, TRACE_BUFFER_MAX, TraceEvent};
 pub use upstream::{UpstreamGrant, UpstreamUsage};

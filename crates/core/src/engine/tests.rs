@@ -1540,6 +1540,12 @@ fn a_tick_slice_is_sized_toward_the_target_time() {
     assert_eq!(next_slice(40, target * 100), TICK_SLICE_BOUNDS.0);
     assert_eq!(next_slice(TICK_SLICE_BOUNDS.1, Duration::ZERO), TICK_SLICE_BOUNDS.1);
     assert_eq!(next_slice(usize::MAX, Duration::ZERO), TICK_SLICE_BOUNDS.1);
+    // After a walk's small first slice, up to eight times larger at once; shrunk as any.
+    use super::{TICK_SLICE_GROUPS, first_slice};
+    assert_eq!(first_slice(TICK_SLICE_GROUPS, target / 4), TICK_SLICE_GROUPS * 4);
+    assert_eq!(first_slice(TICK_SLICE_GROUPS, target / 100), TICK_SLICE_GROUPS * 8, "at most eight times");
+    assert_eq!(first_slice(64, target * 2), 32);
+    assert_eq!(first_slice(TICK_SLICE_GROUPS, target * 100), TICK_SLICE_BOUNDS.0);
 }
 
 /// A view made a part at a time is the whole view, whatever the parts' size.

@@ -194,9 +194,11 @@ pub(super) struct Buffers {
     pub(super) held: Vec<f64>,
 }
 
-/// How many groups (or backends' loads) a tick's first slice walks; the next slices are sized
-/// by [`next_slice`] to take about [`TICK_SLICE_TARGET`] each.
-pub const TICK_SLICE_GROUPS: usize = 256;
+/// How many groups (or backends' loads) the first slice of each walk of a tick takes: few
+/// enough that the costliest walk (the grants, about a microsecond a group of ten clients)
+/// stays near [`TICK_SLICE_TARGET`]. The next slices are sized from it by [`first_slice`],
+/// then by [`next_slice`].
+pub const TICK_SLICE_GROUPS: usize = 32;
 /// How long one slice of a tick walked by a controller ([`Engine::tick_slice`]) should hold
 /// the engine: an exchange arriving meanwhile waits for about this long at most. A slice's
 /// cost per group varies several times over (gathering backends' loads costs about three
@@ -214,25 +216,39 @@ pub const TICK_SLICE_BOUNDS: (usize, usize) = (32, 8192);
 /// more each), within [`TICK_SLICE_BOUNDS`]. Only when a tick completes depends on it, never
 /// what it decides.
 pub fn next_slice(size: usize, took: Duration) -> usize {
+    scaled_slice(size, took, size.saturating_add(size / 4))
+}
+
+/// The size of a walk's second slice, after its first (of `size`, [`TICK_SLICE_GROUPS`])
+/// took `took`: scaled toward [`TICK_SLICE_TARGET`] as [`next_slice`] scales, but grown up to
+/// eight times at once, so that a walk whose groups cost little reaches its size within a
+/// few slices of a small first one.
+pub fn first_slice(size: usize, took: Duration) -> usize {
+    scaled_slice(size, took, size.saturating_mul(8))
+}
+
+fn scaled_slice(size: usize, took: Duration, most: usize) -> usize {
     let took = took.as_nanos().max(1);
     let scaled = (size as u128 * TICK_SLICE_TARGET.as_nanos() / took).min(usize::MAX as u128) as usize;
     let (low, high) = TICK_SLICE_BOUNDS;
-    scaled.clamp(size / 2, size.saturating_add(size / 4)).clamp(low, high)
+    scaled.clamp(size / 2, most).clamp(low, high)
 }
 
-/// A tick's slice size as a caller timing its slices chooses it: [`next_slice`] after each
-/// slice, and [`TICK_SLICE_GROUPS`] again at the start of each walk of the tick
-/// ([`Engine::tick_walk`]), whose groups cost their own.
+/// A tick's slice size as a caller timing its slices chooses it: [`TICK_SLICE_GROUPS`] at the
+/// start of each walk of the tick ([`Engine::tick_walk`]), whose groups cost their own, then
+/// [`first_slice`] after that first one and [`next_slice`] after each of the others.
 #[derive(Debug, Clone, Copy)]
 pub struct SliceSize {
     size: usize,
     walk: Option<u8>,
+    /// Whether the slice just sized is the first of its walk.
+    first: bool,
 }
 
 impl SliceSize {
     /// The first slice's size, for the tick `engine` has begun.
     pub fn start(engine: &Engine) -> SliceSize {
-        SliceSize { size: TICK_SLICE_GROUPS, walk: engine.tick_walk() }
+        SliceSize { size: TICK_SLICE_GROUPS, walk: engine.tick_walk(), first: true }
     }
 
     /// The groups (or loads) the next slice walks.
@@ -243,7 +259,12 @@ impl SliceSize {
     /// After a slice that took `took`: the next one's size.
     pub fn after(&mut self, engine: &Engine, took: Duration) {
         let walk = engine.tick_walk();
-        self.size = if walk == self.walk { next_slice(self.size, took) } else { TICK_SLICE_GROUPS };
+        self.size = match (walk == self.walk, self.first) {
+            (false, _) => TICK_SLICE_GROUPS,
+            (true, true) => first_slice(self.size, took),
+            (true, false) => next_slice(self.size, took),
+        };
+        self.first = walk != self.walk;
         self.walk = walk;
     }
 }

@@ -158,8 +158,8 @@ impl Pacer<'_> {
             self.state.turn_ns.store(now.0, Ordering::Relaxed);
             self.state.early_used.store(false, Ordering::Release);
         }
-        // Each walk starts small: the first slice of the grants' walk sized by the rows'
-        // held the engine 0.3-0.5 ms at 100,000 groups.
+        // Each walk starts with a small slice and grows toward the target time: a walk's
+        // groups cost their own (the grants' about a microsecond each at 100,000 groups).
         let mut size = SliceSize::start(&engine);
         loop {
             let started = crate::clock::stopwatch();
