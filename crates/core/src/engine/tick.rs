@@ -610,7 +610,9 @@ impl Engine {
             if target.is_some() {
                 hold_back_raises(&mut grants, held, asked);
             }
-            if learning.covers(run.now, name, super::root_in(configured, name)) {
+            // Finding the root is a look-up a group (a third of the grants' walk): only
+            // while some lease is under way.
+            if learning.any(run.now) && learning.covers(run.now, name, super::root_in(configured, name)) {
                 for g in grants.iter_mut() {
                     let held = learning.held(name, g.client);
                     (g.rate, g.burst) = super::learning::at_most_held(g.rate, g.burst, held);
