@@ -610,8 +610,7 @@ impl Engine {
             if target.is_some() {
                 hold_back_raises(&mut grants, held, asked);
             }
-            // Finding the root is a look-up a group (a third of the grants' walk): only
-            // while some lease is under way.
+            // The root is a look-up a group (a third of this walk): only while one learns.
             if learning.any(run.now) && learning.covers(run.now, name, super::root_in(configured, name)) {
                 for g in grants.iter_mut() {
                     let held = learning.held(name, g.client);
