@@ -9,8 +9,9 @@
 #   TOLLGATE_IMAGE=name scripts/image.sh  # the image's name (default localhost/tollgate)
 #
 # Prints the image's reference (NAME:VERSION, the version `tollgate --version` prints) on its
-# last line. Needs buildah (Debian's `buildah`), ldd and the CA certificates
-# (/etc/ssl/certs/ca-certificates.crt, Debian's `ca-certificates`).
+# last line, after the image's size in bytes and MB (10^6 bytes). Needs buildah (Debian's
+# `buildah`), ldd and the CA certificates (/etc/ssl/certs/ca-certificates.crt, Debian's
+# `ca-certificates`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,4 +83,8 @@ EOF
 # Dated by the last commit (when there is one), so the same source builds the same image.
 stamp=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 buildah bud --quiet --network=none --layers=false --timestamp "$stamp" -t "$name:$version" -f "$stage/Containerfile" "$stage" >&2
+# What the image weighs: its layers, uncompressed, as its manifest lists them.
+bytes=$(buildah inspect --type image --format '{{.Manifest}}' "$name:$version" | sed 's/.*"layers"://' \
+  | grep -o '"size":[0-9]*' | awk -F: '{ s += $2 } END { print s }')
+echo "image size: $bytes bytes ($(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1e6 }') MB)"
 echo "$name:$version"

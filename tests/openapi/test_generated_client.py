@@ -63,19 +63,26 @@ def send(server: Server, method: str, path: str, body: Any) -> Any:
 
 
 def generated(doc: dict[str, Any], into: Path) -> Any:
-    """The client openapi-python-client generates from `doc`, imported."""
+    """The client openapi-python-client generates from `doc` under the names it picks itself,
+    as a user running it with no options gets (the formatting hooks aside), imported. Its
+    distribution must not take the official Python client's name, `tollgate-client`."""
     spec = into / "openapi.json"
     spec.write_text(json.dumps(doc))
     config = into / "config.json"
-    config.write_text(json.dumps({"post_hooks": [], "project_name_override": "tollgate_api", "package_name_override": "tollgate_api"}))
+    config.write_text(json.dumps({"post_hooks": []}))
     tool = Path(sys.executable).with_name("openapi-python-client")
     subprocess.run(
-        [str(tool), "generate", "--path", str(spec), "--meta", "none", "--config", str(config), "--output-path", str(into / "tollgate_api")],
+        [str(tool), "generate", "--path", str(spec), "--config", str(config)],
         check=True,
         capture_output=True,
+        cwd=into,
     )
-    sys.path.insert(0, str(into))
-    return importlib.import_module("tollgate_api")
+    project = into / "tollgate-http-api-client"
+    made = (project / "pyproject.toml").read_text()
+    assert 'name = "tollgate-http-api-client"' in made, made
+    assert 'name = "tollgate-client"' not in made
+    sys.path.insert(0, str(project))
+    return importlib.import_module("tollgate_http_api_client")
 
 
 def test_the_document_validates_and_a_generated_client_works(server: Server, tmp_path: Path) -> None:
@@ -87,10 +94,10 @@ def test_the_document_validates_and_a_generated_client_works(server: Server, tmp
     assert {"listGroups", "createGroup", "getGroup", "putGroup", "alterGroup", "dropGroup", "check"} <= operations
 
     generated(doc, tmp_path)
-    from tollgate_api import Client  # type: ignore[import-not-found]
-    from tollgate_api.api.admission import check  # type: ignore[import-not-found]
-    from tollgate_api.api.groups import create_group, list_groups, put_group  # type: ignore[import-not-found]
-    from tollgate_api.models import Admitted, CheckBody, Group, GroupBody, GroupPage, Problem  # type: ignore[import-not-found]
+    from tollgate_http_api_client import Client  # type: ignore[import-not-found]
+    from tollgate_http_api_client.api.admission import check  # type: ignore[import-not-found]
+    from tollgate_http_api_client.api.groups import create_group, list_groups, put_group  # type: ignore[import-not-found]
+    from tollgate_http_api_client.models import Admitted, CheckBody, Group, GroupBody, GroupPage, Problem  # type: ignore[import-not-found]
 
     client = Client(base_url=server.http)
     # Create: 201 with the typed group.

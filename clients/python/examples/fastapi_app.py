@@ -1,7 +1,7 @@
 """Admission in front of a FastAPI service, with the asyncio limiter: each request is admitted
 for its tenant's group (the ``X-Tenant`` header) or answered 429 with ``Retry-After``.
 
-Run it (with ``pip install tollgate-client fastapi uvicorn``, a server on 127.0.0.1:7460)::
+Run it (with ``pip install 'tollgate-client[examples]'``, a server on 127.0.0.1:7460)::
 
     uvicorn fastapi_app:app --port 8000
     curl -H 'X-Tenant: acme' http://127.0.0.1:8000/items/1

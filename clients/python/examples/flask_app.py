@@ -2,7 +2,7 @@
 admitted for its tenant's group (the ``X-Tenant`` header) or answered 429 with
 ``Retry-After``.
 
-Run it (with ``pip install tollgate-client flask``, a server on 127.0.0.1:7460)::
+Run it (with ``pip install 'tollgate-client[examples]'``, a server on 127.0.0.1:7460)::
 
     flask --app flask_app run --port 8000
     curl -H 'X-Tenant: acme' http://127.0.0.1:8000/items/1

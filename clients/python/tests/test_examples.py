@@ -3,11 +3,20 @@ limit are answered 429 with Retry-After, other tenants are served."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 import os
 import pathlib
+import re
+import socket
+import subprocess
 import sys
+import urllib.error
+import urllib.request
 from types import ModuleType
+from email.message import Message
+from typing import Tuple
 
 import pytest
 
@@ -98,3 +107,82 @@ def test_every_new_tenants_first_request_is_served_between_ticks(tmp_path: pathl
             flask.limiter.close()
     finally:
         server.stop()
+
+
+def imported(path: pathlib.Path) -> set[str]:
+    """The top-level modules a file imports, outside the standard library and this package."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "tollgate"}
+
+
+def test_the_examples_extra_installs_what_each_example_imports_and_runs_with() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())
+    extra = {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower() for r in pyproject["project"]["optional-dependencies"]["examples"]}
+    for path in sorted(EXAMPLES.glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        assert "pip install 'tollgate-client[examples]'" in doc, f"{path.name} says to install the extra"
+        # The command the docstring runs it with: the first line of its indented block.
+        command = doc.split("::", 1)[1].strip().splitlines()[0].split()[0]
+        assert command in extra, f"{path.name} runs under {command}, which the extra must install"
+        missing = imported(path) - extra
+        assert not missing, f"{path.name} imports {sorted(missing)}, which the extra does not install"
+
+
+def test_the_fastapi_example_serves_under_uvicorn_as_its_docstring_runs_it(server: Server) -> None:
+    pytest.importorskip("uvicorn")
+    limited(server)
+    # The listening socket made here and handed over (`--fd`): no port to race for.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    app = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--fd", str(listener.fileno())],
+        cwd=EXAMPLES,
+        # This checkout's package, as `pip install` would have put it on the path.
+        env={**os.environ, "TOLLGATE_SERVER": server.url, "PYTHONPATH": str(EXAMPLES.parent)},
+        pass_fds=[listener.fileno()],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    listener.close()
+
+    def get(path: str, tenant: str) -> Tuple[int, Message, bytes]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"X-Tenant": tenant})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read()
+
+    try:
+        # The connection waits in the socket's backlog until uvicorn has started; a new
+        # tenant's first grant may take longer than the example's wait on a loaded machine,
+        # so globex, far from its limit, is asked until served.
+        served = False
+        for _ in range(20):
+            assert app.poll() is None, f"uvicorn stopped: {app.communicate()[1].decode()}"
+            served = get("/items/2", "globex")[0] == 200
+            if served:
+                break
+        assert served, "globex never served"
+        codes = []
+        for _ in range(10):
+            code, headers, body = get("/items/1", "acme")
+            codes.append(code)
+            if code == 429:
+                # Header names are read case-blind, as HTTP has them.
+                assert int(headers["Retry-After"]) >= 1 and json.loads(body)["group"] == "acme"
+                break
+        # Three requests' burst, then one per 100 s: refused by the fourth at the latest.
+        assert codes[-1] == 429 and codes.count(200) <= 3, codes
+    finally:
+        app.terminate()
+        _, err = app.communicate(timeout=30)
+    assert b"Traceback" not in err, err.decode()

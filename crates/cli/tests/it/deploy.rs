@@ -110,6 +110,15 @@ fn script(name: &str, env: (&str, &std::ffi::OsStr)) -> (String, String) {
     (String::from_utf8(out.stdout).unwrap(), version)
 }
 
+/// The bytes a script's `LABEL: N bytes (M MB)` line gives, its MB the same figure rounded.
+fn printed_size(said: &str, label: &str) -> u64 {
+    let line = said.lines().find_map(|l| l.strip_prefix(&format!("{label}: "))).expect("the size line");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let bytes: u64 = words[0].parse().unwrap();
+    assert_eq!(words[1..], ["bytes", &format!("({:.1}", bytes as f64 / 1e6), "MB)"], "{line}");
+    bytes
+}
+
 /// Starts a server with `command` (its log dropped): the process, and the first line it printed
 /// (where it listens).
 fn spawn_server(command: &mut Command) -> (std::process::Child, String) {
@@ -185,7 +194,7 @@ impl Drop for Mounted {
 
 /// The image `scripts/image.sh` builds from `scratch` with buildah, as a user would get it:
 /// its configuration (a user of its own, the data volume, the command), exactly the files the
-/// binary needs, and its root file system run for real. Containers cannot be started here
+/// binary needs, the size it prints, and its root file system run for real. Containers cannot be started here
 /// (no cgroups, no rlimits), so the test runs the image's entrypoint and command in that root
 /// file system under `chroot`, as the image's user, in a network namespace of its own (so
 /// `0.0.0.0` is that namespace's alone), and reaches it there over TLS.
@@ -227,8 +236,11 @@ fn the_image_builds_from_scratch_and_its_root_file_system_serves() {
     assert_eq!(instruction("EXPOSE"), "7460/tcp 7461/tcp");
     let words = |word: &str| serde_json::from_str::<Vec<String>>(&instruction(word)).unwrap();
     assert_eq!([words("ENTRYPOINT"), words("CMD")].concat(), command, "the Containerfile's command");
-    let size = run("buildah", &["images", "--format", "{{.Size}}", &reference]);
-    println!("image {reference}: {}", size.trim());
+    // The size the script prints is the image's: its layers, as its manifest lists them.
+    let manifest: serde_json::Value = serde_json::from_str(inspect["Manifest"].as_str().unwrap()).unwrap();
+    let layers: u64 =
+        manifest["layers"].as_array().unwrap().iter().map(|l| l["size"].as_u64().unwrap()).sum();
+    assert_eq!(printed_size(&said, "image size"), layers, "{said}");
 
     // Exactly what the binary needs: no shell, no package manager, nothing else.
     let root = &image.root;
@@ -300,7 +312,8 @@ fn the_image_builds_from_scratch_and_its_root_file_system_serves() {
 }
 
 /// The release archive `scripts/release.sh` packs: its sum checks, it holds the binary, the
-/// licence, the README, the changelog and `deploy/`, the binary it holds says the version the
+/// licence, the README, the changelog, every guide under `docs/` the README links to and
+/// `deploy/`, the sizes it prints are the files', the binary it holds says the version the
 /// archive is named for and serves, and the oldest glibc it needs is the one the docs state.
 #[test]
 fn the_release_archive_unpacks_checks_and_serves() {
@@ -323,6 +336,19 @@ fn the_release_archive_unpacks_checks_and_serves() {
     for file in ["tollgate", "LICENSE", "README.md", "CHANGELOG.md", "deploy/systemd/tollgate.service"] {
         assert!(top.join(file).is_file(), "{file} in the archive");
     }
+    // The guides the README links to travel with it.
+    let readme = std::fs::read_to_string(top.join("README.md")).unwrap();
+    let linked: Vec<&str> = readme.split("](").filter_map(|s| s.split(')').next()).collect();
+    let guides: Vec<&&str> = linked.iter().filter(|l| l.starts_with("docs/")).collect();
+    assert!(!guides.is_empty(), "the README links to docs/");
+    for guide in guides {
+        let file = guide.split('#').next().unwrap();
+        assert!(top.join(file).is_file(), "{file}, which the README links to, in the archive");
+    }
+    // The sizes it prints are the files'.
+    let bytes = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
+    assert_eq!(printed_size(&said, "archive size"), bytes(&archive), "{said}");
+    assert_eq!(printed_size(&said, "binary size"), bytes(&top.join("tollgate")), "{said}");
     let binary = top.join("tollgate");
     assert_eq!(run(binary.to_str().unwrap(), &["--version"]).trim(), format!("tollgate {version}"));
     let data = data_dir("release-run");

@@ -286,10 +286,14 @@ async fn set_group_properties(
 
 /// The OpenAPI document of the HTTP API, generated from the handlers' annotations (here, in
 /// [`crate::front::api`] and in [`crate::front::dashboard`]) and [`crate::front::body`]'s types.
+///
+/// Its title names the HTTP API rather than the project: generators name the client they make
+/// after it (openapi-python-client: `tollgate-http-api-client`), which must not take the name
+/// of the official Python client's distribution, `tollgate-client`.
 #[derive(OpenApi)]
 #[openapi(
     info(
-        title = "Tollgate",
+        title = "Tollgate HTTP API",
         description = "Tollgate's HTTP API: groups, the node, status and admission checks."
     ),
     paths(
