@@ -1,5 +1,5 @@
-"""Every Python example in this package's README and in docs/python.md runs as written, against
-a real server."""
+"""Every Python example in this package's README, docs/python.md and docs/backend.md runs as
+written, against a real server."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from conftest import Server
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", ROOT.parent.parent / "docs" / "python.md"]
+PAGES = [ROOT / "README.md", ROOT.parent.parent / "docs" / "python.md", ROOT.parent.parent / "docs" / "backend.md"]
 BLOCKS = [
     (page, i, code)
     for page in PAGES
@@ -31,5 +31,7 @@ def test_the_example_runs(server: Server, page: pathlib.Path, index: int, code: 
     env = dict(os.environ, TOLLGATE_SERVER=server.url, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"{page.name} example {index}:\n{done.stderr}"
+    if "tollgate.Reporter(" in code:
+        assert "tenant-a: at most 300.0 units/s here" in done.stdout, done.stdout
     if 'handle("A-17")' in code:
         assert "served A-17" in done.stdout, done.stdout

@@ -7,6 +7,8 @@
   leases and safe mode.
 - :class:`ClientThrottle`: Google's client-side adaptive throttling, for a client whose
   backend sheds: it refuses a share of requests itself rather than send what will be refused.
+- :class:`Reporter` and, for asyncio, :class:`AsyncReporter`: a backend's reports of its health
+  and busiest groups, and the soft limits the controller pushes back.
 - :class:`Admin`: the admin calls (groups and ramps, the node, status, tokens), with typed
   results (:mod:`tollgate.models`).
 
@@ -28,7 +30,8 @@ from .errors import (
     Unavailable,
 )
 from .limiter import GroupStats, Limiter, Permit, RemoteStatus
-from .models import Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token
+from .models import BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token
+from .reporter import AsyncReporter, QueueBytes, Reporter, Utilisation
 from .throttle import ClientThrottle, RefusedLocally
 
 __version__ = "0.1.0"
@@ -38,6 +41,8 @@ __all__ = [
     "Admin",
     "AlreadyExists",
     "AsyncLimiter",
+    "AsyncReporter",
+    "BackendStatus",
     "ClientThrottle",
     "Consumption",
     "CostModel",
@@ -51,10 +56,12 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "Permit",
+    "QueueBytes",
     "Ramp",
     "RateMarks",
     "RefusedLocally",
     "RemoteStatus",
+    "Reporter",
     "Status",
     "Throttled",
     "Token",
@@ -62,5 +69,6 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Usage",
+    "Utilisation",
     "__version__",
 ]

@@ -10,7 +10,7 @@ import grpc
 from . import _connect
 from ._fields import FIELDS
 from .errors import InvalidArgument, from_rpc
-from .models import MODES, Group, GroupStatus, NewToken, Node, Ramp, Status, Token
+from .models import MODES, BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, Status, Token
 from .v1 import tollgate_pb2 as pb
 from .v1 import tollgate_pb2_grpc as rpc
 
@@ -269,6 +269,7 @@ class Admin:
             unit=answer.unit,
             warnings=list(answer.warnings),
             groups=groups,
+            backend_detail=[BackendStatus.from_pb(b) for b in answer.backend_detail],
         )
 
     def create_token(

@@ -217,6 +217,31 @@ class GroupStatus:
 
 
 @dataclass(frozen=True)
+class BackendStatus:
+    """A backend as the controller last heard from it (its reports, :mod:`tollgate.reporter`)."""
+
+    name: str
+    zone: str
+    utilisation: float
+    """1 is at its target."""
+    limiting: bool
+    """Saturated: it limits the groups that count on it."""
+    seen_s: float
+    """Seconds since its last report."""
+    load: float
+    """Units/s of all groups on it."""
+    top_groups: List["tuple[str, float]"]
+    """The groups loading it most (at most 5) and their units/s, largest first."""
+    inert: str
+    """Saturated, yet it limits no group, and why; empty otherwise."""
+
+    @staticmethod
+    def from_pb(b: pb.BackendStatus) -> "BackendStatus":
+        tops = [(g.group, g.units_per_s) for g in b.top_groups]
+        return BackendStatus(b.name, b.zone, b.utilisation, b.limiting, b.seen_s, b.load, tops, b.inert)
+
+
+@dataclass(frozen=True)
 class Status:
     """The controller's status: the node, its role, and every group."""
 
@@ -237,6 +262,8 @@ class Status:
     unit: str
     warnings: List[str]
     groups: List[GroupStatus] = field(default_factory=list)
+    backend_detail: List[BackendStatus] = field(default_factory=list)
+    """Backends one by one, the most utilised first (at most 100; ``backends`` counts all)."""
 
     def group(self, name: str) -> Optional[GroupStatus]:
         """The named group's status, if the controller knows it."""
