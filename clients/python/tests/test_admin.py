@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 import tollgate
-from conftest import Server
+from conftest import Server, start
 
 
 def test_groups_round_trip_and_errors_name_the_field(server: Server) -> None:
@@ -118,3 +121,80 @@ def test_a_stopped_server_is_unavailable(server: Server) -> None:
     with tollgate.Admin(server.url, timeout=2) as admin:
         with pytest.raises(tollgate.TollgateError):
             admin.list_groups()
+
+
+def test_usage_is_read_by_the_minute(tmp_path: Path) -> None:
+    # Metering flushed every 100 ms, so the records are there within moments.
+    s = start(tmp_path / "data", "--tick-ms", "100", "--flush-ms", "100")
+    try:
+        with tollgate.Admin(s.url) as admin, tollgate.Limiter(s.url, max_wait=30.0) as limiter:
+            admin.create_group("metered", limit=1000)
+            for _ in range(5):
+                with limiter.acquire("metered", cost=2):
+                    pass
+            deadline = time.monotonic() + 30
+            while True:
+                records = admin.usage("metered")
+                if records and records[-1].admitted_total >= 5:
+                    break
+                assert time.monotonic() < deadline, records
+                time.sleep(0.05)
+            last = records[-1]
+            assert (last.group, last.consumed_total) == ("metered", 10.0), last
+            assert last.minute_unix_ms % 60_000 == 0
+            assert admin.usage("other-group") == []
+            for bad in [{"limit": 100_001}, {"limit": -1}, {"since_unix_ms": -5}, {"limit": True}]:
+                with pytest.raises(tollgate.InvalidArgument) as e:
+                    admin.usage("metered", **bad)  # type: ignore[arg-type]
+                assert e.value.field == next(iter(bad))
+    finally:
+        s.stop()
+
+
+def test_the_audit_log_names_each_change(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        admin.create_group("audited", limit=10)
+        admin.alter_group("audited", limit=20)
+        admin.drop_group("audited")
+        records = admin.audit()
+        whats = [r.what for r in records]
+        assert whats[-3:] == ["group.put audited", "group.put audited", "group.drop audited"], whats
+        made, changed, dropped = records[-3:]
+        assert made.before is None and made.after is not None and '"limit":10' in made.after.replace(" ", "")
+        assert changed.before is not None and dropped.after is None
+        assert all(r.who.startswith("grpc ") for r in records[-3:])
+        assert admin.audit(since_unix_ms=dropped.at_unix_ms + 1) == []
+        assert len(admin.audit(limit=1)) == 1
+        with pytest.raises(tollgate.InvalidArgument) as e:
+            admin.audit(limit=10_001)
+        assert e.value.field == "limit"
+
+
+def test_rls_rules_are_set_checked_and_read_back(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        assert admin.get_rls_rules() == []
+        rules = [{"domain": "edge", "key": "tenant", "value": "", "group": "t-{value}"}]
+        kept = admin.set_rls_rules(rules)
+        assert admin.get_rls_rules() == kept and kept[0]["group"] == "t-{value}", kept
+        with pytest.raises(tollgate.InvalidArgument) as e:
+            admin.set_rls_rules([{"domain": "edge", "key": "", "group": "x"}])
+        assert e.value.field and "key" in e.value.field, e.value
+        assert admin.get_rls_rules() == kept, "a refused set changes nothing"
+        with pytest.raises(tollgate.InvalidArgument) as e:
+            admin.set_rls_rules({"key": "tenant"})  # type: ignore[arg-type]
+        assert e.value.field == "rules"
+
+
+def test_the_trace_follows_the_rate_computations(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin, tollgate.Limiter(server.url, max_wait=30.0) as limiter:
+        admin.create_group("traced", limit=100)
+        events = admin.trace("traced", timeout=30)
+        with limiter.acquire("traced", cost=1):
+            pass
+        # The server's tick (100 ms here) traces the group while its client asks for it.
+        first = next(events, None)
+        events.close()
+        assert first is not None and first["group"] == "traced", first
+        with pytest.raises(tollgate.InvalidArgument) as e:
+            next(admin.trace(timeout=0))
+        assert e.value.field == "timeout"

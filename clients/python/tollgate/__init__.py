@@ -9,8 +9,8 @@
   backend sheds: it refuses a share of requests itself rather than send what will be refused.
 - :class:`Reporter` and, for asyncio, :class:`AsyncReporter`: a backend's reports of its health
   and busiest groups, and the soft limits the controller pushes back.
-- :class:`Admin`: the admin calls (groups and ramps, the node, status, tokens), with typed
-  results (:mod:`tollgate.models`).
+- :class:`Admin`: the admin calls (groups and ramps, the node, status, tokens, usage, the
+  audit log, the RLS rules, the trace), with typed results (:mod:`tollgate.models`).
 
 Errors are :class:`TollgateError` subclasses; a bad value is :class:`InvalidArgument` naming
 its ``field`` and ``rule``; a refusal is :class:`Throttled` with ``retry_after`` in seconds.
@@ -30,7 +30,7 @@ from .errors import (
     Unavailable,
 )
 from .limiter import GroupStats, Limiter, Permit, RemoteStatus
-from .models import BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token
+from .models import AuditEntry, BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token, UsageRecord
 from .reporter import AsyncReporter, QueueBytes, Reporter, Utilisation
 from .throttle import ClientThrottle, RefusedLocally
 
@@ -42,6 +42,7 @@ __all__ = [
     "AlreadyExists",
     "AsyncLimiter",
     "AsyncReporter",
+    "AuditEntry",
     "BackendStatus",
     "ClientThrottle",
     "Consumption",
@@ -69,6 +70,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Usage",
+    "UsageRecord",
     "Utilisation",
     "__version__",
 ]

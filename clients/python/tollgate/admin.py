@@ -1,16 +1,17 @@
-"""The admin calls: groups (ramps included), the node, status and tokens, with typed results
-(:mod:`tollgate.models`)."""
+"""The admin calls: groups (ramps included), the node, status, tokens, usage, the audit log, the
+RLS rules and the trace, with typed results (:mod:`tollgate.models`)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Union
+import json
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 import grpc
 
 from . import _connect
 from ._fields import FIELDS
 from .errors import InvalidArgument, from_rpc
-from .models import MODES, BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, Status, Token
+from .models import MODES, AuditEntry, BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, Status, Token, UsageRecord
 from .v1 import tollgate_pb2 as pb
 from .v1 import tollgate_pb2_grpc as rpc
 
@@ -309,3 +310,58 @@ class Admin:
         """Sets a client token's default group (``""``: none), TiDB's ``ALTER USER …
         RESOURCE GROUP``."""
         return Token.from_pb(self._call("SetTokenGroup", pb.SetTokenGroupRequest(id=id, default_group=default_group)))
+
+    def usage(self, group: str = "", *, since_unix_ms: int = 0, limit: int = 0) -> List[UsageRecord]:
+        """The metering by the minute (``tollgate usage``): one group's or every group's
+        records from ``since_unix_ms`` (each group's last one before it first, as a baseline),
+        in minute order, at most ``limit`` (0: 10,000; at most 100,000)."""
+        request = pb.UsageRequest(
+            group=group, since_unix_ms=_whole("since_unix_ms", since_unix_ms, 0, 2**63 - 1), limit=_whole("limit", limit, 0, 100_000)
+        )
+        return [UsageRecord.from_pb(r) for r in self._call("Usage", request).records]
+
+    def audit(self, *, since_unix_ms: int = 0, limit: int = 0) -> List[AuditEntry]:
+        """The audit log (``tollgate audit``): changes made at or after ``since_unix_ms``,
+        oldest first, at most ``limit`` (0: 1,000; at most 10,000)."""
+        request = pb.AuditRequest(since_unix_ms=_whole("since_unix_ms", since_unix_ms, 0, 2**63 - 1), limit=_whole("limit", limit, 0, 10_000))
+        return [AuditEntry.from_pb(e) for e in self._call("Audit", request).records]
+
+    def get_rls_rules(self) -> List[Dict[str, Any]]:
+        """How Envoy's rate-limit descriptors name groups (``tollgate rls show``): the rules,
+        each a dict with ``domain``, ``key``, ``value`` and ``group`` (and optionally ``then``,
+        ``whole``, ``name``, ``replaces``); ``[]``: a ``tenant`` entry names the group."""
+        rules: List[Dict[str, Any]] = json.loads(self._call("GetRlsRules", pb.GetRlsRulesRequest()).rules_json)
+        return rules
+
+    def set_rls_rules(self, rules: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Replaces the rules (``tollgate rls set``); the server checks them and names the
+        first field it refuses (:class:`~tollgate.InvalidArgument`). Answers the rules kept."""
+        if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+            raise InvalidArgument.of("rules", f"must be a list of dicts, got {rules!r}")
+        answer = self._call("SetRlsRules", pb.RlsRules(rules_json=json.dumps(rules)))
+        kept: List[Dict[str, Any]] = json.loads(answer.rules_json)
+        return kept
+
+    def trace(self, group: str = "", *, timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
+        """The controller's decisions as they are made (``tollgate trace``): one dict per
+        event, for ``group`` or every group, until the iterator is closed or ``timeout``
+        seconds have passed (``None``: no end)."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise InvalidArgument.of("timeout", f"must be a number of seconds above 0, or None, got {timeout!r}")
+        stream = self._stub.Trace(pb.TraceRequest(group=group), metadata=self._metadata, timeout=timeout)
+        try:
+            for line in stream:
+                event: Dict[str, Any] = json.loads(line.json)
+                yield event
+        except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise from_rpc(e) from None
+        finally:
+            stream.cancel()
+
+
+def _whole(field: str, value: Any, low: int, high: int) -> int:
+    """``value`` checked to be a whole number from ``low`` to ``high``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument.of(field, f"must be a whole number from {low} to {high}, got {value!r}")
+    return value

@@ -298,3 +298,44 @@ class NewToken:
 
     token: str
     info: Token
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """A group's metering at the end of a minute: totals since the group was made."""
+
+    group: str
+    minute_unix_ms: int
+    """The minute's start, Unix milliseconds."""
+    consumed_total: float
+    """Units consumed."""
+    admitted_total: int
+    throttled_total: int
+    would_refuse_total: int
+    """Requests admitted in shadow mode that would have been refused."""
+
+    @staticmethod
+    def from_pb(r: pb.UsageRecord) -> "UsageRecord":
+        return UsageRecord(r.group, r.minute_unix_ms, r.consumed_total, r.admitted_total, r.throttled_total, r.would_refuse_total)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One change to the settings, as the audit log keeps it."""
+
+    at_unix_ms: int
+    who: str
+    """The caller: ``grpc ADDRESS`` or ``http ADDRESS``, after the credential when
+    authentication is on."""
+    what: str
+    """``group.put NAME``, ``group.drop NAME``, ``node.set``, ``rls.set``, ``token.create ID``
+    or ``token.revoke ID``."""
+    before: Optional[str]
+    """The value before, as JSON; ``None`` where there was none."""
+    after: Optional[str]
+
+    @staticmethod
+    def from_pb(e: pb.AuditEntry) -> "AuditEntry":
+        before = e.before if e.HasField("before") else None
+        after = e.after if e.HasField("after") else None
+        return AuditEntry(e.at_unix_ms, e.who, e.what, before, after)
