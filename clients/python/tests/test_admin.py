@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -198,3 +199,39 @@ def test_the_trace_follows_the_rate_computations(server: Server) -> None:
         with pytest.raises(tollgate.InvalidArgument) as e:
             next(admin.trace(timeout=0))
         assert e.value.field == "timeout"
+
+
+def test_the_asyncio_admin_makes_every_call_as_the_blocking_one_does(server: Server) -> None:
+    async def main() -> None:
+        async with tollgate.AsyncAdmin(server.url) as admin:
+            made = await admin.create_group("async-made", limit=50, reserved=5)
+            assert (made.limit, made.reserved) == (50.0, 5.0)
+            with pytest.raises(tollgate.AlreadyExists):
+                await admin.create_group("async-made")
+            with pytest.raises(tollgate.InvalidArgument) as bad:
+                await admin.alter_group("async-made", reserved=900)
+            assert bad.value.field == "reserved"
+            assert (await admin.put_group("async-made", burst=10)).burst == 10.0
+            assert [g.name for g in await admin.list_groups()] == ["async-made"]
+            assert (await admin.set_capacity(5000)).capacity == 5000.0
+            assert (await admin.get_node()).capacity == 5000.0
+            status = await admin.status()
+            assert status.group("async-made") is not None
+            assert [r.what for r in await admin.audit()][-2:] == ["group.put async-made", "node.set"]
+            assert await admin.usage("async-made") == []
+            kept = await admin.set_rls_rules([{"key": "tenant", "group": "t-{value}"}])
+            assert await admin.get_rls_rules() == kept
+            assert await admin.drop_group("async-made") is True
+            assert await admin.drop_group("async-made", if_exists=True) is False
+            with pytest.raises(tollgate.NotFound):
+                await admin.get_group("async-made")
+            with pytest.raises(tollgate.InvalidArgument) as e:
+                await admin.set_mode("fastest")
+            assert e.value.field == "mode"
+            # A trace of a group nobody asks for: no event, and its deadline ends it cleanly.
+            assert [event async for event in admin.trace("nobody", timeout=0.2)] == []
+            with pytest.raises(tollgate.InvalidArgument) as e:
+                [event async for event in admin.trace(timeout=-1)]
+            assert e.value.field == "timeout"
+
+    asyncio.run(main())

@@ -9,14 +9,15 @@
   backend sheds: it refuses a share of requests itself rather than send what will be refused.
 - :class:`Reporter` and, for asyncio, :class:`AsyncReporter`: a backend's reports of its health
   and busiest groups, and the soft limits the controller pushes back.
-- :class:`Admin`: the admin calls (groups and ramps, the node, status, tokens, usage, the
-  audit log, the RLS rules, the trace), with typed results (:mod:`tollgate.models`).
+- :class:`Admin` and, for asyncio, :class:`AsyncAdmin`: the admin calls (groups and ramps, the
+  node, status, tokens, usage, the audit log, the RLS rules, the trace), with typed results
+  (:mod:`tollgate.models`).
 
 Errors are :class:`TollgateError` subclasses; a bad value is :class:`InvalidArgument` naming
 its ``field`` and ``rule``; a refusal is :class:`Throttled` with ``retry_after`` in seconds.
 """
 
-from .admin import Admin
+from .admin import Admin, AsyncAdmin
 from .aio import AsyncLimiter
 from .cost import Consumption, CostModel, Usage
 from .errors import (
@@ -40,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Admin",
     "AlreadyExists",
+    "AsyncAdmin",
     "AsyncLimiter",
     "AsyncReporter",
     "AuditEntry",

@@ -4,7 +4,7 @@ RLS rules and the trace, with typed results (:mod:`tollgate.models`)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, AsyncIterator, Dict, Generator, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import grpc
 
@@ -123,6 +123,170 @@ def _patch(settings: Settings) -> pb.GroupPatch:
     return p
 
 
+# Each call is written once, as a plan: a generator that yields ``(rpc method, request)``, is
+# sent each answer, and returns the call's result. Admin runs plans with blocking calls,
+# AsyncAdmin with awaited ones, so the two check and answer exactly alike.
+R = TypeVar("R")
+Plan = Generator[Tuple[str, Any], Any, R]
+
+
+def _plan__put(name: str, mode: pb.PutMode, settings: Settings) -> "Plan[Group]":
+    request = pb.PutGroupRequest(name=name, patch=_patch(settings), mode=mode)
+    return Group.from_pb((yield ("PutGroup", request)))
+
+
+def _plan_create_group(name: str, **settings: Any) -> "Plan[Group]":
+    return (yield from _plan__put(name, pb.PUT_MODE_CREATE, settings))
+
+
+def _plan_alter_group(name: str, **settings: Any) -> "Plan[Group]":
+    return (yield from _plan__put(name, pb.PUT_MODE_ALTER, settings))
+
+
+def _plan_put_group(name: str, **settings: Any) -> "Plan[Group]":
+    return (yield from _plan__put(name, pb.PUT_MODE_UPSERT, settings))
+
+
+def _plan_drop_group(name: str, *, if_exists: bool = False) -> "Plan[bool]":
+    answer = (yield ("DropGroup", pb.DropGroupRequest(name=name, if_exists=if_exists)))
+    return bool(answer.existed)
+
+
+def _plan_get_group(name: str) -> "Plan[Group]":
+    return Group.from_pb((yield ("GetGroup", pb.GetGroupRequest(name=name))))
+
+
+def _plan_list_groups() -> "Plan[List[Group]]":
+    out: List[Group] = []
+    token = ""
+    while True:
+        page = (yield ("ListGroups", pb.ListGroupsRequest(page_token=token)))
+        out.extend(Group.from_pb(g) for g in page.groups)
+        token = page.next_page_token
+        if not token:
+            return out
+
+
+def _plan_get_node() -> "Plan[Node]":
+    return Node.from_pb((yield ("GetNode", pb.GetNodeRequest())))
+
+
+def _plan_set_capacity(capacity: Optional[Union[int, float]]) -> "Plan[Node]":
+    request = pb.SetCapacityRequest()
+    if capacity is not None:
+        request.capacity = _number("capacity", capacity)
+    return Node.from_pb((yield ("SetCapacity", request)))
+
+
+def _plan_set_mode(mode: str) -> "Plan[Node]":
+    if mode not in MODES:
+        raise InvalidArgument.of("mode", f"must be share or fcfs, got {mode!r}")
+    return Node.from_pb((yield ("SetMode", pb.SetModeRequest(mode=f"ALLOCATION_MODE_{mode.upper()}"))))
+
+
+def _plan_set_slow_start(on: bool) -> "Plan[Node]":
+    if not isinstance(on, bool):
+        raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
+    return Node.from_pb((yield ("SetSlowStart", pb.SetSlowStartRequest(on=on))))
+
+
+def _plan_set_shadow(on: bool) -> "Plan[Node]":
+    if not isinstance(on, bool):
+        raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
+    return Node.from_pb((yield ("SetShadow", pb.SetShadowRequest(on=on))))
+
+
+def _plan_set_throttling(on: bool) -> "Plan[Node]":
+    if not isinstance(on, bool):
+        raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
+    return Node.from_pb((yield ("SetThrottling", pb.SetThrottlingRequest(on=on))))
+
+
+def _plan_status() -> "Plan[Status]":
+    groups: List[GroupStatus] = []
+    token = ""
+    while True:
+        answer = (yield ("Status", pb.StatusRequest(page_token=token)))
+        groups.extend(GroupStatus.from_pb(g) for g in answer.groups)
+        token = answer.next_page_token
+        if not token:
+            break
+    return Status(
+        capacity=answer.capacity if answer.HasField("capacity") else None,
+        mode=MODES[answer.mode] if answer.mode < len(MODES) else str(answer.mode),
+        role=answer.role,
+        leader=answer.leader if answer.HasField("leader") else None,
+        region=answer.region if answer.HasField("region") else None,
+        learning=answer.learning,
+        exchanges=answer.exchanges,
+        clients=answer.clients,
+        clients_lapsed=answer.clients_lapsed,
+        backends=answer.backends,
+        cost_model=answer.cost_model,
+        unit=answer.unit,
+        warnings=list(answer.warnings),
+        groups=groups,
+        backend_detail=[BackendStatus.from_pb(b) for b in answer.backend_detail],
+    )
+
+
+def _plan_create_token(
+    role: str,
+    *,
+    groups: str = "",
+    unthrottled: bool = False,
+    expires_in_s: int = 0,
+    name: str = "",
+    default_group: str = "",
+) -> "Plan[NewToken]":
+    if role not in ROLES:
+        raise InvalidArgument.of("role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    if isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int) or expires_in_s < 0:
+        raise InvalidArgument.of("expires_in_s", f"must be a whole number of seconds from 0, got {expires_in_s!r}")
+    request = pb.CreateTokenRequest(
+        role=role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group
+    )
+    answer = (yield ("CreateToken", request))
+    return NewToken(answer.token, Token.from_pb(answer.info))
+
+
+def _plan_list_tokens() -> "Plan[List[Token]]":
+    return [Token.from_pb(t) for t in (yield ("ListTokens", pb.ListTokensRequest())).tokens]
+
+
+def _plan_revoke_token(id: str) -> "Plan[Token]":
+    return Token.from_pb((yield ("RevokeToken", pb.RevokeTokenRequest(id=id))))
+
+
+def _plan_set_token_group(id: str, default_group: str) -> "Plan[Token]":
+    return Token.from_pb((yield ("SetTokenGroup", pb.SetTokenGroupRequest(id=id, default_group=default_group))))
+
+
+def _plan_usage(group: str = "", *, since_unix_ms: int = 0, limit: int = 0) -> "Plan[List[UsageRecord]]":
+    request = pb.UsageRequest(
+        group=group, since_unix_ms=_whole("since_unix_ms", since_unix_ms, 0, 2**63 - 1), limit=_whole("limit", limit, 0, 100_000)
+    )
+    return [UsageRecord.from_pb(r) for r in (yield ("Usage", request)).records]
+
+
+def _plan_audit(*, since_unix_ms: int = 0, limit: int = 0) -> "Plan[List[AuditEntry]]":
+    request = pb.AuditRequest(since_unix_ms=_whole("since_unix_ms", since_unix_ms, 0, 2**63 - 1), limit=_whole("limit", limit, 0, 10_000))
+    return [AuditEntry.from_pb(e) for e in (yield ("Audit", request)).records]
+
+
+def _plan_get_rls_rules() -> "Plan[List[Dict[str, Any]]]":
+    rules: List[Dict[str, Any]] = json.loads((yield ("GetRlsRules", pb.GetRlsRulesRequest())).rules_json)
+    return rules
+
+
+def _plan_set_rls_rules(rules: List[Dict[str, Any]]) -> "Plan[List[Dict[str, Any]]]":
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise InvalidArgument.of("rules", f"must be a list of dicts, got {rules!r}")
+    answer = (yield ("SetRlsRules", pb.RlsRules(rules_json=json.dumps(rules))))
+    kept: List[Dict[str, Any]] = json.loads(answer.rules_json)
+    return kept
+
+
 class Admin:
     """Administers a tollgate server over gRPC.
 
@@ -153,15 +317,20 @@ class Admin:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _call(self, method: str, request: Any) -> Any:
+    def _drive(self, plan: "Plan[R]") -> R:
+        """Runs a call's plan: each request it yields sent, its answer sent back."""
         try:
-            return getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise from_rpc(e) from None
-
-    def _put(self, name: str, mode: pb.PutMode, settings: Settings) -> Group:
-        request = pb.PutGroupRequest(name=name, patch=_patch(settings), mode=mode)
-        return Group.from_pb(self._call("PutGroup", request))
+            step = next(plan)
+            while True:
+                method, request = step
+                try:
+                    answer = getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+                except grpc.RpcError as e:
+                    raise from_rpc(e) from None
+                step = plan.send(answer)
+        except StopIteration as done:
+            result: R = done.value
+            return result
 
     def create_group(self, name: str, **settings: Any) -> Group:
         """Creates a group; :class:`~tollgate.AlreadyExists` if it exists.
@@ -174,104 +343,61 @@ class Admin:
         ``backend_limit``, ``background`` and ``ramp`` (a :class:`~tollgate.Ramp`). ``None``
         clears ``burst``, ``budget``, ``backend_limit`` and ``ramp``, and makes ``limit``
         unlimited."""
-        return self._put(name, pb.PUT_MODE_CREATE, settings)
+        return self._drive(_plan_create_group(name, **settings))
 
     def alter_group(self, name: str, **settings: Any) -> Group:
         """Changes the settings given (as :meth:`create_group` takes them);
         :class:`~tollgate.NotFound` if there is no such group."""
-        return self._put(name, pb.PUT_MODE_ALTER, settings)
+        return self._drive(_plan_alter_group(name, **settings))
 
     def put_group(self, name: str, **settings: Any) -> Group:
         """Creates the group or changes the settings given."""
-        return self._put(name, pb.PUT_MODE_UPSERT, settings)
+        return self._drive(_plan_put_group(name, **settings))
 
     def drop_group(self, name: str, *, if_exists: bool = False) -> bool:
         """Drops a group; says whether it existed (:class:`~tollgate.NotFound` unless
         ``if_exists``)."""
-        answer = self._call("DropGroup", pb.DropGroupRequest(name=name, if_exists=if_exists))
-        return bool(answer.existed)
+        return self._drive(_plan_drop_group(name, if_exists=if_exists))
 
     def get_group(self, name: str) -> Group:
         """A group's settings; :class:`~tollgate.NotFound` if there is none."""
-        return Group.from_pb(self._call("GetGroup", pb.GetGroupRequest(name=name)))
+        return self._drive(_plan_get_group(name))
 
     def list_groups(self) -> List[Group]:
         """Every group's settings, every page, by name."""
-        out: List[Group] = []
-        token = ""
-        while True:
-            page = self._call("ListGroups", pb.ListGroupsRequest(page_token=token))
-            out.extend(Group.from_pb(g) for g in page.groups)
-            token = page.next_page_token
-            if not token:
-                return out
+        return self._drive(_plan_list_groups())
 
     def get_node(self) -> Node:
         """The node's settings: capacity, allocation mode, slow start."""
-        return Node.from_pb(self._call("GetNode", pb.GetNodeRequest()))
+        return self._drive(_plan_get_node())
 
     def set_capacity(self, capacity: Optional[Union[int, float]]) -> Node:
         """The node capacity in units/s (``None``: no capacity)."""
-        request = pb.SetCapacityRequest()
-        if capacity is not None:
-            request.capacity = _number("capacity", capacity)
-        return Node.from_pb(self._call("SetCapacity", request))
+        return self._drive(_plan_set_capacity(capacity))
 
     def set_mode(self, mode: str) -> Node:
         """How the capacity is shared: ``share`` (by priority, then max-min by weight; TiDB's)
         or ``fcfs`` (first come, first served; Couchbase's free pool)."""
-        if mode not in MODES:
-            raise InvalidArgument.of("mode", f"must be share or fcfs, got {mode!r}")
-        return Node.from_pb(self._call("SetMode", pb.SetModeRequest(mode=f"ALLOCATION_MODE_{mode.upper()}")))
+        return self._drive(_plan_set_mode(mode))
 
     def set_slow_start(self, on: bool) -> Node:
         """Couchbase's slow start: a group with no client reserves a tenth of its reservation."""
-        if not isinstance(on, bool):
-            raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
-        return Node.from_pb(self._call("SetSlowStart", pb.SetSlowStartRequest(on=on)))
+        return self._drive(_plan_set_slow_start(on))
 
     def set_shadow(self, on: bool) -> Node:
         """Every group in shadow mode (``True``), or only those whose settings ask for it:
         requests are decided and counted but never refused."""
-        if not isinstance(on, bool):
-            raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
-        return Node.from_pb(self._call("SetShadow", pb.SetShadowRequest(on=on)))
+        return self._drive(_plan_set_shadow(on))
 
     def set_throttling(self, on: bool) -> Node:
         """The one switch: throttling on or off for the whole node, every setting kept
         (audited)."""
-        if not isinstance(on, bool):
-            raise InvalidArgument.of("on", f"must be True or False, got {on!r}")
-        return Node.from_pb(self._call("SetThrottling", pb.SetThrottlingRequest(on=on)))
+        return self._drive(_plan_set_throttling(on))
 
     def status(self) -> Status:
         """The controller's status: the node, its role, and every group's target, admitted
         rate, demand and clients (every page)."""
-        groups: List[GroupStatus] = []
-        token = ""
-        while True:
-            answer = self._call("Status", pb.StatusRequest(page_token=token))
-            groups.extend(GroupStatus.from_pb(g) for g in answer.groups)
-            token = answer.next_page_token
-            if not token:
-                break
-        return Status(
-            capacity=answer.capacity if answer.HasField("capacity") else None,
-            mode=MODES[answer.mode] if answer.mode < len(MODES) else str(answer.mode),
-            role=answer.role,
-            leader=answer.leader if answer.HasField("leader") else None,
-            region=answer.region if answer.HasField("region") else None,
-            learning=answer.learning,
-            exchanges=answer.exchanges,
-            clients=answer.clients,
-            clients_lapsed=answer.clients_lapsed,
-            backends=answer.backends,
-            cost_model=answer.cost_model,
-            unit=answer.unit,
-            warnings=list(answer.warnings),
-            groups=groups,
-            backend_detail=[BackendStatus.from_pb(b) for b in answer.backend_detail],
-        )
+        return self._drive(_plan_status())
 
     def create_token(
         self,
@@ -288,69 +414,204 @@ class Admin:
         (comma-separated patterns, ``*`` for any run of characters) and may carry the
         unthrottled privilege and a ``default_group`` (one of its groups: where its work goes
         when a request names none). Its secret is in the answer, this once."""
-        if role not in ROLES:
-            raise InvalidArgument.of("role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        if isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int) or expires_in_s < 0:
-            raise InvalidArgument.of("expires_in_s", f"must be a whole number of seconds from 0, got {expires_in_s!r}")
-        request = pb.CreateTokenRequest(
-            role=role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group
-        )
-        answer = self._call("CreateToken", request)
-        return NewToken(answer.token, Token.from_pb(answer.info))
+        return self._drive(_plan_create_token(role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group))
 
     def list_tokens(self) -> List[Token]:
         """Every credential (never their secrets)."""
-        return [Token.from_pb(t) for t in self._call("ListTokens", pb.ListTokensRequest()).tokens]
+        return self._drive(_plan_list_tokens())
 
     def revoke_token(self, id: str) -> Token:
         """Revokes the credential whose id is ``id``; :class:`~tollgate.NotFound` if none."""
-        return Token.from_pb(self._call("RevokeToken", pb.RevokeTokenRequest(id=id)))
+        return self._drive(_plan_revoke_token(id))
 
     def set_token_group(self, id: str, default_group: str) -> Token:
         """Sets a client token's default group (``""``: none), TiDB's ``ALTER USER …
         RESOURCE GROUP``."""
-        return Token.from_pb(self._call("SetTokenGroup", pb.SetTokenGroupRequest(id=id, default_group=default_group)))
+        return self._drive(_plan_set_token_group(id, default_group))
 
     def usage(self, group: str = "", *, since_unix_ms: int = 0, limit: int = 0) -> List[UsageRecord]:
         """The metering by the minute (``tollgate usage``): one group's or every group's
         records from ``since_unix_ms`` (each group's last one before it first, as a baseline),
         in minute order, at most ``limit`` (0: 10,000; at most 100,000)."""
-        request = pb.UsageRequest(
-            group=group, since_unix_ms=_whole("since_unix_ms", since_unix_ms, 0, 2**63 - 1), limit=_whole("limit", limit, 0, 100_000)
-        )
-        return [UsageRecord.from_pb(r) for r in self._call("Usage", request).records]
+        return self._drive(_plan_usage(group, since_unix_ms=since_unix_ms, limit=limit))
 
     def audit(self, *, since_unix_ms: int = 0, limit: int = 0) -> List[AuditEntry]:
         """The audit log (``tollgate audit``): changes made at or after ``since_unix_ms``,
         oldest first, at most ``limit`` (0: 1,000; at most 10,000)."""
-        request = pb.AuditRequest(since_unix_ms=_whole("since_unix_ms", since_unix_ms, 0, 2**63 - 1), limit=_whole("limit", limit, 0, 10_000))
-        return [AuditEntry.from_pb(e) for e in self._call("Audit", request).records]
+        return self._drive(_plan_audit(since_unix_ms=since_unix_ms, limit=limit))
 
     def get_rls_rules(self) -> List[Dict[str, Any]]:
         """How Envoy's rate-limit descriptors name groups (``tollgate rls show``): the rules,
         each a dict with ``domain``, ``key``, ``value`` and ``group`` (and optionally ``then``,
         ``whole``, ``name``, ``replaces``); ``[]``: a ``tenant`` entry names the group."""
-        rules: List[Dict[str, Any]] = json.loads(self._call("GetRlsRules", pb.GetRlsRulesRequest()).rules_json)
-        return rules
+        return self._drive(_plan_get_rls_rules())
 
     def set_rls_rules(self, rules: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """Replaces the rules (``tollgate rls set``); the server checks them and names the
         first field it refuses (:class:`~tollgate.InvalidArgument`). Answers the rules kept."""
-        if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
-            raise InvalidArgument.of("rules", f"must be a list of dicts, got {rules!r}")
-        answer = self._call("SetRlsRules", pb.RlsRules(rules_json=json.dumps(rules)))
-        kept: List[Dict[str, Any]] = json.loads(answer.rules_json)
-        return kept
+        return self._drive(_plan_set_rls_rules(rules))
 
     def trace(self, group: str = "", *, timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
         """The controller's decisions as they are made (``tollgate trace``): one dict per
         event, for ``group`` or every group, until the iterator is closed or ``timeout``
         seconds have passed (``None``: no end)."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-            raise InvalidArgument.of("timeout", f"must be a number of seconds above 0, or None, got {timeout!r}")
+        _check_timeout(timeout)
         stream = self._stub.Trace(pb.TraceRequest(group=group), metadata=self._metadata, timeout=timeout)
         try:
             for line in stream:
+                event: Dict[str, Any] = json.loads(line.json)
+                yield event
+        except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise from_rpc(e) from None
+        finally:
+            stream.cancel()
+
+
+class AsyncAdmin:
+    """:class:`Admin` for asyncio (``grpc.aio``): every call the same, awaited.
+
+    >>> async with AsyncAdmin("http://127.0.0.1:7460") as admin:  # doctest: +SKIP
+    ...     await admin.create_group("checkout", limit=500)
+    """
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:7460",
+        *,
+        token: Optional[str] = None,
+        ca_file: Optional[str] = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self._channel = _connect.aio_channel(url, ca_file)
+        self._stub = rpc.AdminStub(self._channel)  # type: ignore[no-untyped-call]
+        self._metadata = _connect.metadata(token)
+        self._timeout = timeout
+
+    async def close(self) -> None:
+        """Closes the channel."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncAdmin":
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def _drive(self, plan: "Plan[R]") -> R:
+        """:meth:`Admin._drive`, each call awaited."""
+        try:
+            step = next(plan)
+            while True:
+                method, request = step
+                try:
+                    answer = await getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+                except grpc.RpcError as e:
+                    raise from_rpc(e) from None
+                step = plan.send(answer)
+        except StopIteration as done:
+            result: R = done.value
+            return result
+
+    async def create_group(self, name: str, **settings: Any) -> Group:
+        """:meth:`Admin.create_group`, awaited."""
+        return await self._drive(_plan_create_group(name, **settings))
+
+    async def alter_group(self, name: str, **settings: Any) -> Group:
+        """:meth:`Admin.alter_group`, awaited."""
+        return await self._drive(_plan_alter_group(name, **settings))
+
+    async def put_group(self, name: str, **settings: Any) -> Group:
+        """:meth:`Admin.put_group`, awaited."""
+        return await self._drive(_plan_put_group(name, **settings))
+
+    async def drop_group(self, name: str, *, if_exists: bool = False) -> bool:
+        """:meth:`Admin.drop_group`, awaited."""
+        return await self._drive(_plan_drop_group(name, if_exists=if_exists))
+
+    async def get_group(self, name: str) -> Group:
+        """:meth:`Admin.get_group`, awaited."""
+        return await self._drive(_plan_get_group(name))
+
+    async def list_groups(self) -> List[Group]:
+        """:meth:`Admin.list_groups`, awaited."""
+        return await self._drive(_plan_list_groups())
+
+    async def get_node(self) -> Node:
+        """:meth:`Admin.get_node`, awaited."""
+        return await self._drive(_plan_get_node())
+
+    async def set_capacity(self, capacity: Optional[Union[int, float]]) -> Node:
+        """:meth:`Admin.set_capacity`, awaited."""
+        return await self._drive(_plan_set_capacity(capacity))
+
+    async def set_mode(self, mode: str) -> Node:
+        """:meth:`Admin.set_mode`, awaited."""
+        return await self._drive(_plan_set_mode(mode))
+
+    async def set_slow_start(self, on: bool) -> Node:
+        """:meth:`Admin.set_slow_start`, awaited."""
+        return await self._drive(_plan_set_slow_start(on))
+
+    async def set_shadow(self, on: bool) -> Node:
+        """:meth:`Admin.set_shadow`, awaited."""
+        return await self._drive(_plan_set_shadow(on))
+
+    async def set_throttling(self, on: bool) -> Node:
+        """:meth:`Admin.set_throttling`, awaited."""
+        return await self._drive(_plan_set_throttling(on))
+
+    async def status(self) -> Status:
+        """:meth:`Admin.status`, awaited."""
+        return await self._drive(_plan_status())
+
+    async def create_token(
+        self,
+        role: str,
+        *,
+        groups: str = "",
+        unthrottled: bool = False,
+        expires_in_s: int = 0,
+        name: str = "",
+        default_group: str = "",
+    ) -> NewToken:
+        """:meth:`Admin.create_token`, awaited."""
+        return await self._drive(_plan_create_token(role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group))
+
+    async def list_tokens(self) -> List[Token]:
+        """:meth:`Admin.list_tokens`, awaited."""
+        return await self._drive(_plan_list_tokens())
+
+    async def revoke_token(self, id: str) -> Token:
+        """:meth:`Admin.revoke_token`, awaited."""
+        return await self._drive(_plan_revoke_token(id))
+
+    async def set_token_group(self, id: str, default_group: str) -> Token:
+        """:meth:`Admin.set_token_group`, awaited."""
+        return await self._drive(_plan_set_token_group(id, default_group))
+
+    async def usage(self, group: str = "", *, since_unix_ms: int = 0, limit: int = 0) -> List[UsageRecord]:
+        """:meth:`Admin.usage`, awaited."""
+        return await self._drive(_plan_usage(group, since_unix_ms=since_unix_ms, limit=limit))
+
+    async def audit(self, *, since_unix_ms: int = 0, limit: int = 0) -> List[AuditEntry]:
+        """:meth:`Admin.audit`, awaited."""
+        return await self._drive(_plan_audit(since_unix_ms=since_unix_ms, limit=limit))
+
+    async def get_rls_rules(self) -> List[Dict[str, Any]]:
+        """:meth:`Admin.get_rls_rules`, awaited."""
+        return await self._drive(_plan_get_rls_rules())
+
+    async def set_rls_rules(self, rules: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """:meth:`Admin.set_rls_rules`, awaited."""
+        return await self._drive(_plan_set_rls_rules(rules))
+
+    async def trace(self, group: str = "", *, timeout: Optional[float] = None) -> AsyncIterator[Dict[str, Any]]:
+        """:meth:`Admin.trace`, as an asynchronous iterator."""
+        _check_timeout(timeout)
+        stream = self._stub.Trace(pb.TraceRequest(group=group), metadata=self._metadata, timeout=timeout)
+        try:
+            async for line in stream:
                 event: Dict[str, Any] = json.loads(line.json)
                 yield event
         except grpc.RpcError as e:
@@ -365,3 +626,9 @@ def _whole(field: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidArgument.of(field, f"must be a whole number from {low} to {high}, got {value!r}")
     return value
+
+
+def _check_timeout(timeout: Optional[float]) -> None:
+    """A trace's ``timeout`` checked: seconds above 0, or ``None``."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise InvalidArgument.of("timeout", f"must be a number of seconds above 0, or None, got {timeout!r}")
