@@ -4,6 +4,7 @@ limit are answered 429 with Retry-After, other tenants are served."""
 from __future__ import annotations
 
 import ast
+import time
 import importlib.util
 import json
 import os
@@ -16,7 +17,7 @@ import urllib.error
 import urllib.request
 from types import ModuleType
 from email.message import Message
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import pytest
 
@@ -129,7 +130,7 @@ def test_the_examples_extra_installs_what_each_example_imports_and_runs_with() -
         assert "pip install 'tollgate-client[examples]'" in doc, f"{path.name} says to install the extra"
         # The command the docstring runs it with: the first line of its indented block.
         command = doc.split("::", 1)[1].strip().splitlines()[0].split()[0]
-        assert command in extra, f"{path.name} runs under {command}, which the extra must install"
+        assert command == "python" or command in extra, f"{path.name} runs under {command}, which the extra must install"
         missing = imported(path) - extra
         assert not missing, f"{path.name} imports {sorted(missing)}, which the extra does not install"
 
@@ -186,3 +187,57 @@ def test_the_fastapi_example_serves_under_uvicorn_as_its_docstring_runs_it(serve
         app.terminate()
         _, err = app.communicate(timeout=30)
     assert b"Traceback" not in err, err.decode()
+
+
+def test_the_backend_service_reports_its_load_and_holds_tenants_to_their_soft_limits(server: Server) -> None:
+    with tollgate.Admin(server.url) as admin:
+        # A minute of a unit a second at once, then a unit a second: a second request of 60
+        # units is refused unless a minute passed, whatever the machine's speed.
+        admin.create_group("heavy", limit=1000, backend_limit=1)
+        admin.create_group("light", limit=1000)
+    service = subprocess.Popen(
+        [sys.executable, "backend_service.py", "--listen", "127.0.0.1:0", "--backend-id", "kv-example", "--capacity", "100", "--burst-s", "60"],
+        cwd=EXAMPLES,
+        env={**os.environ, "TOLLGATE_SERVER": server.url, "PYTHONPATH": str(EXAMPLES.parent)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert service.stdout is not None
+        line = service.stdout.readline()
+        assert line.startswith("listening on "), line + (service.stderr.read() if service.stderr else "")
+        address = line.split()[-1]
+
+        def call(method: str, path: str, headers: Dict[str, str]) -> Tuple[int, Message, Any]:
+            request = urllib.request.Request(f"http://{address}{path}", method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as r:
+                    return r.status, r.headers, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers, json.loads(e.read())
+
+        # The soft limits come from the controller at start.
+        deadline = time.monotonic() + 30
+        while call("GET", "/limits", {})[2] != {"heavy": 1.0}:
+            assert time.monotonic() < deadline, call("GET", "/limits", {})
+            time.sleep(0.05)
+        work = lambda tenant, units: call("POST", "/work", {"X-Tenant": tenant, "X-Units": str(units)})  # noqa: E731
+        assert work("heavy", 60)[0] == 200
+        refused = work("heavy", 60)
+        assert refused[0] == 429 and int(refused[1]["Retry-After"]) >= 1 and refused[2]["tenant"] == "heavy", refused
+        assert all(work("light", 60)[0] == 200 for _ in range(3)), "a tenant without a soft limit is not held"
+        assert work("", 1)[0] == 400 and work("light", -1)[0] == 400
+        # Its reports reach the controller: the backend, with the tenants it served.
+        deadline = time.monotonic() + 30
+        while True:
+            with tollgate.Admin(server.url) as admin:
+                seen = [b for b in admin.status().backend_detail if b.name == "kv-example"]
+            if seen and {g for g, _ in seen[0].top_groups} == {"heavy", "light"}:
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+        assert seen[0].utilisation > 0
+    finally:
+        service.terminate()
+        service.communicate(timeout=30)
