@@ -33,6 +33,17 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 # pgrep, to stop the installs running in the background when the script fails.
 command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+# Go and the sources of its gRPC and protobuf modules, with their code generators: the Go
+# client (clients/go) builds and is tested offline against Debian's copies.
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+command -v protoc-gen-go >/dev/null 2>&1 || missing+=(protoc-gen-go)
+command -v protoc-gen-go-grpc >/dev/null 2>&1 || missing+=(protoc-gen-go-grpc)
+[ -d /usr/share/gocode/src/google.golang.org/grpc ] || missing+=(golang-google-grpc-dev)
+[ -d /usr/share/gocode/src/google.golang.org/protobuf ] || missing+=(golang-google-protobuf-dev)
+# The APIv2-based github.com/golang/protobuf (1.5), which gRPC's codec needs for the generated
+# code; Debian's 1.3 (which its gRPC package may bring) cannot read it.
+grep -qs google.golang.org/protobuf /usr/share/gocode/src/github.com/golang/protobuf/go.mod \
+  || missing+=(golang-github-golang-protobuf-1-5-dev)
 # Python, for a virtual environment of PyPI packages (below).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -195,6 +206,8 @@ phase "python client" pytest_suite clients/python "$PWD/$pyvenv/bin/python"
 phase "dashboard in chromium" pytest_suite tests/browser "$PWD/$pyvenv/bin/python"
 # The OpenAPI document validated, and a client generated from it used against the real server.
 phase "openapi client" pytest_suite tests/openapi "$PWD/$oavenv/bin/python"
+# The Go module: its generated code current, go vet, and its tests against the real server.
+phase "go client" clients/go/test.sh
 
 # The package as a user installs it: a wheel built from the checkout with no step of its own,
 # carrying the generated stubs and their typing stubs, installed into the fresh environment
