@@ -5,51 +5,20 @@ package tollgatev1_test
 // INVALID_ARGUMENT naming the field.
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tollgate-rs/tollgate/clients/go/internal/testserver"
 	pb "github.com/tollgate-rs/tollgate/clients/go/tollgatev1"
 )
 
-// server starts `tollgate server` on free loopback ports and returns its gRPC address.
-func server(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("TOLLGATE_BIN")
-	if bin == "" {
-		t.Fatal("TOLLGATE_BIN is not set: run ./scripts/test.sh, which builds tollgate and sets it")
-	}
-	cmd := exec.Command(bin, "server", "--data", t.TempDir(), "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	words := strings.Fields(line)
-	if err != nil || len(words) < 5 || words[2] != "listening:" {
-		t.Fatalf("the server said %q (%v)", line, err)
-	}
-	return words[4]
-}
-
 func TestTheGeneratedCodeSpeaksToTheServer(t *testing.T) {
-	conn, err := grpc.Dial(server(t), grpc.WithInsecure())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := testserver.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
