@@ -1,6 +1,7 @@
 //! The demand definition and the cost models, as a table of cases other clients check
 //! themselves against: the Python client's tests replay `clients/python/tests/shared_cases.json`
-//! through its own meter and models and must get the same numbers.
+//! through its own meter and models, and the Go client's its demand cases through its meter
+//! (`clients/go/demand_test.go`), and must get the same numbers.
 //!
 //! This test computes the table with the model's code and compares it with the committed file;
 //! `TOLLGATE_BLESS=1 cargo test -p tollgate-model --test it shared_cases` writes it afresh.
