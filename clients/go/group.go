@@ -1,0 +1,133 @@
+package tollgate
+
+import (
+	"math"
+	"sync"
+
+	pb "github.com/tollgate-rs/tollgate/clients/go/tollgatev1"
+)
+
+// group is one group's bucket, its grant and its running totals, as the Rust and Python
+// clients keep them. Times are seconds on the limiter's clock.
+type group struct {
+	mu   sync.Mutex
+	name string
+	// Whether a grant came, whether one with a rate came yet, the largest cost asked before
+	// it, and what the bucket starts holding then: full when this process is the group's only
+	// client, else one such request (the group's burst is banked by the others).
+	granted, started  bool
+	firstCost, start  float64
+	unlimited, shadow bool
+	rate, burst       float64
+	tokens, stamp     float64
+	reserved, last    float64
+	clients           float64
+	counts            Counts
+	waiting           float64
+	meter             *DemandMeter
+}
+
+func newGroup(name string, now float64) *group {
+	return &group{name: name, start: math.Inf(1), stamp: now, clients: 1, meter: NewDemandMeter(now)}
+}
+
+func (g *group) refill(now float64) {
+	if now > g.stamp {
+		g.tokens = math.Min(g.burst, g.tokens+(now-g.stamp)*g.rate)
+		g.stamp = now
+	}
+}
+
+// take takes cost at now: 0 and true when admitted, else the seconds until it could be. open
+// and closed are safe mode's policies; a refusal is counted unless count is false (a request
+// that waits counts once, however many times it tries).
+func (g *group) take(cost, now float64, open, closed, waited, count bool) (float64, bool) {
+	if open || (g.granted && g.unlimited && !closed) {
+		g.admit(cost, waited)
+		return 0, true
+	}
+	var wait float64
+	switch {
+	case !g.granted:
+		wait = 0.05
+	case closed:
+		wait = 1
+	default:
+		g.refill(now)
+		if cost <= g.tokens {
+			g.tokens -= cost
+			g.admit(cost, waited)
+			return 0, true
+		}
+		if g.rate <= 0 || cost > g.burst {
+			wait = 1
+		} else {
+			wait = (cost - g.tokens) / g.rate
+		}
+		if g.shadow {
+			// Shadow mode: admitted without taking from the bucket, counted as admitted.
+			g.admit(cost, false)
+			return 0, true
+		}
+	}
+	if !g.started {
+		g.firstCost = math.Max(g.firstCost, cost)
+	}
+	if count {
+		g.refused(cost)
+	}
+	return wait, false
+}
+
+func (g *group) refused(cost float64) {
+	g.counts.Asked += cost
+	g.counts.Throttled++
+}
+
+func (g *group) admit(cost float64, waited bool) {
+	c := &g.counts
+	c.Asked += cost
+	c.Admitted++
+	c.Consumed += cost
+	c.AdmittedUnits += cost
+	if waited {
+		c.Waited++
+	}
+}
+
+// apply takes a grant in at now.
+func (g *group) apply(grant *pb.Grant, now float64) {
+	g.refill(now)
+	g.unlimited = grant.GetUnlimited()
+	g.rate = grant.GetRate()
+	if !g.started {
+		if grant.GetClients() > 1 {
+			// Shared with other processes: it starts with what one request needs.
+			g.start = math.Min(g.start, math.Max(g.firstCost, 1))
+		}
+		if g.rate > 0 && !g.unlimited {
+			g.tokens = math.Min(grant.GetBurst(), g.start)
+			g.started = true
+		}
+	}
+	g.burst = grant.GetBurst()
+	g.tokens = math.Min(g.tokens, g.burst)
+	g.last = g.rate
+	g.reserved = grant.GetReserved()
+	g.clients = math.Max(float64(grant.GetClients()), 1)
+	g.shadow = grant.GetShadow()
+	g.granted = true
+}
+
+// usage is what the group's part of an exchange carries, measured at now.
+func (g *group) usage(now float64) *pb.GroupUsage {
+	held := 0.0
+	if g.granted && !g.unlimited {
+		held = g.rate
+	}
+	r := g.meter.Report(now, g.counts, g.waiting, held, g.granted && !g.unlimited)
+	return &pb.GroupUsage{
+		Group: g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
+		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited,
+	}
+}

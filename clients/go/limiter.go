@@ -1,0 +1,370 @@
+package tollgate
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	pb "github.com/tollgate-rs/tollgate/clients/go/tollgatev1"
+)
+
+// SafeMode is what a limiter does once the controller has not answered for a whole lease.
+type SafeMode int
+
+const (
+	// Decay lets each group's last rate fall toward its share of the reservation
+	// (reserved / clients), halving the gap every five seconds.
+	Decay SafeMode = iota
+	// FailOpen admits everything until the controller answers again.
+	FailOpen
+	// FailClosed refuses everything until the controller answers again.
+	FailClosed
+)
+
+const (
+	decayHalfLife          = 5.0
+	backoffMin, backoffMax = 0.1, 2.0
+	earlySpacing           = 0.05
+	// ExchangeGroupsMax is the most groups one exchange carries.
+	ExchangeGroupsMax = 1000
+)
+
+// Options say how a Limiter behaves; the zero value is the defaults.
+type Options struct {
+	// ClientID is how the server tells this process apart (1 to 128 bytes; default: one of
+	// its own).
+	ClientID string
+	// Token is a client token, for a server run with --auth.
+	Token string
+	// SafeMode applies past the lease without an answer (default Decay).
+	SafeMode SafeMode
+	// ExchangeTimeout is each exchange's deadline (default 2 s).
+	ExchangeTimeout time.Duration
+}
+
+// ErrThrottled is the error of a refusal: the group and when to try again.
+type ErrThrottled struct {
+	Group      string
+	RetryAfter time.Duration
+}
+
+func (e *ErrThrottled) Error() string {
+	return fmt.Sprintf("group %q is throttled: retry after %v", e.Group, e.RetryAfter)
+}
+
+// ErrInvalidArgument names the argument a call was refused for and the rule it breaks.
+type ErrInvalidArgument struct{ Field, Rule string }
+
+func (e *ErrInvalidArgument) Error() string { return e.Field + ": " + e.Rule }
+
+var clients atomic.Uint64
+
+// Limiter admits work by its cost, per group, fed by a tollgate server's grants: the Rust
+// client's remote mode. Safe for concurrent use; Close stops its exchanges.
+type Limiter struct {
+	opts      Options
+	admission pb.AdmissionClient
+	epoch     time.Time
+
+	mu       sync.Mutex // guards groups and the exchange's state below
+	groups   map[string]*group
+	sequence uint64
+	answered bool // an exchange was answered since the last failure
+	ever     bool // an exchange was ever answered
+	safe     bool
+	leaseEnd float64
+	nextTick float64
+	early    float64
+	due      float64
+	retryAt  float64 // after a failed exchange: no round before then, however urgent
+	backoff  float64
+	granted  chan struct{} // closed and replaced after every answer
+
+	wake chan struct{}
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// New starts a limiter on conn, a connection to a controller.
+func New(conn grpc.ClientConnInterface, opts Options) (*Limiter, error) {
+	if opts.ClientID == "" {
+		opts.ClientID = fmt.Sprintf("tollgate-go-%d-%d", os.Getpid(), clients.Add(1))
+	}
+	if n := len(opts.ClientID); n > 128 {
+		return nil, &ErrInvalidArgument{"ClientID", fmt.Sprintf("must be 1 to 128 bytes, got %d", n)}
+	}
+	if opts.SafeMode < Decay || opts.SafeMode > FailClosed {
+		return nil, &ErrInvalidArgument{"SafeMode", "must be Decay, FailOpen or FailClosed"}
+	}
+	if opts.ExchangeTimeout == 0 {
+		opts.ExchangeTimeout = 2 * time.Second
+	}
+	if opts.ExchangeTimeout < 0 {
+		return nil, &ErrInvalidArgument{"ExchangeTimeout", "must be above 0"}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	l := &Limiter{
+		opts: opts, admission: pb.NewAdmissionClient(conn), epoch: time.Now(),
+		groups: map[string]*group{}, backoff: backoffMin, granted: make(chan struct{}),
+		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{}),
+	}
+	go l.run(ctx)
+	return l, nil
+}
+
+// Close stops the limiter's exchanges.
+func (l *Limiter) Close() {
+	l.stop()
+	<-l.done
+}
+
+func (l *Limiter) now() float64 { return time.Since(l.epoch).Seconds() }
+
+func checkCost(cost float64) error {
+	if !(cost >= 0) || math.IsInf(cost, 0) {
+		return &ErrInvalidArgument{"cost", fmt.Sprintf("must be a finite number, 0 or more, got %v", cost)}
+	}
+	return nil
+}
+
+func checkGroup(name string) error {
+	if n := len(name); n < 1 || n > 255 {
+		return &ErrInvalidArgument{"group", fmt.Sprintf("must be 1 to 255 bytes, got %d", n)}
+	}
+	return nil
+}
+
+// group is the named group's state, made (and an exchange asked for at once) on first use.
+func (l *Limiter) group(name string) *group {
+	l.mu.Lock()
+	g, ok := l.groups[name]
+	if !ok {
+		g = newGroup(name, l.now())
+		l.groups[name] = g
+		l.early = 0
+	}
+	l.mu.Unlock()
+	if !ok {
+		l.notify()
+	}
+	return g
+}
+
+func (l *Limiter) notify() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// attempt is one try: admitted, or the seconds until cost could fit.
+func (l *Limiter) attempt(name string, cost float64, waited, count bool) (bool, float64) {
+	g := l.group(name)
+	l.mu.Lock()
+	open := l.safe && l.opts.SafeMode == FailOpen
+	closed := l.safe && l.opts.SafeMode == FailClosed
+	nextTick := l.nextTick
+	l.mu.Unlock()
+	g.mu.Lock()
+	wait, ok := g.take(cost, l.now(), open, closed, waited, count)
+	granted := g.granted
+	g.mu.Unlock()
+	if !ok {
+		l.mu.Lock()
+		if granted {
+			// Refused: exchange early, after the server's next tick.
+			l.early = math.Max(l.early, nextTick)
+		} else {
+			// A new group before its first grant: that exchange at once.
+			l.early = 0
+		}
+		l.mu.Unlock()
+		l.notify()
+	}
+	return ok, wait
+}
+
+// TryAcquire admits cost units for group now, or fails with *ErrThrottled.
+func (l *Limiter) TryAcquire(group string, cost float64) error {
+	if err := checkCost(cost); err != nil {
+		return err
+	}
+	if err := checkGroup(group); err != nil {
+		return err
+	}
+	if ok, wait := l.attempt(group, cost, false, true); !ok {
+		return &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
+	}
+	return nil
+}
+
+// Acquire admits cost units for group, waiting for them (and for a new group's first grant)
+// until ctx ends; then it fails with *ErrThrottled. The request counts once in the demand
+// reported, however long it waits, and its cost counts as waiting meanwhile.
+func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) error {
+	if err := checkCost(cost); err != nil {
+		return err
+	}
+	if err := checkGroup(group); err != nil {
+		return err
+	}
+	ok, wait := l.attempt(group, cost, false, false)
+	if ok {
+		return nil
+	}
+	g := l.group(group)
+	g.mu.Lock()
+	g.waiting += cost
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.waiting -= cost
+		g.mu.Unlock()
+	}()
+	for {
+		l.mu.Lock()
+		granted := l.granted
+		l.mu.Unlock()
+		pause := time.NewTimer(time.Duration(math.Max(wait, 0.001) * float64(time.Second)))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			g.mu.Lock()
+			g.refused(cost)
+			g.mu.Unlock()
+			return &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
+		case <-granted:
+			pause.Stop()
+		case <-pause.C:
+		}
+		if ok, wait = l.attempt(group, cost, true, false); ok {
+			return nil
+		}
+	}
+}
+
+// run is the exchange loop: a round when one is due, or asked for early (a new group, a
+// refusal after the server's next tick).
+func (l *Limiter) run(ctx context.Context) {
+	defer close(l.done)
+	for ctx.Err() == nil {
+		l.mu.Lock()
+		now := l.now()
+		if l.ever && !l.answered && now > l.leaseEnd {
+			l.enterSafe(now)
+		}
+		wait := math.Max(math.Min(l.due, l.early), l.retryAt) - now
+		l.mu.Unlock()
+		if wait > 0 {
+			timer := time.NewTimer(time.Duration(math.Min(wait, 0.1) * float64(time.Second)))
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-l.wake:
+				timer.Stop()
+			case <-timer.C:
+			}
+			continue
+		}
+		l.round(ctx)
+	}
+}
+
+// round makes one exchange of every group's usage, and applies the answer.
+func (l *Limiter) round(ctx context.Context) {
+	now := l.now()
+	l.mu.Lock()
+	l.sequence++
+	request := &pb.ExchangeRequest{ClientId: l.opts.ClientID, Sequence: l.sequence}
+	saved := map[*group]DemandMeter{}
+	for _, g := range l.groups {
+		if len(request.Groups) >= ExchangeGroupsMax {
+			break
+		}
+		g.mu.Lock()
+		saved[g] = *g.meter
+		request.Groups = append(request.Groups, g.usage(now))
+		g.mu.Unlock()
+	}
+	l.early = math.Inf(1)
+	l.mu.Unlock()
+
+	call, cancel := context.WithTimeout(ctx, l.opts.ExchangeTimeout)
+	if l.opts.Token != "" {
+		call = metadata.AppendToOutgoingContext(call, "authorization", "Bearer "+l.opts.Token)
+	}
+	answer, err := l.admission.Exchange(call, request)
+	cancel()
+	now = l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		// What this round reported is reported again next round.
+		for g, m := range saved {
+			g.mu.Lock()
+			*g.meter = m
+			g.mu.Unlock()
+		}
+		l.answered = false
+		if !l.ever {
+			// Never answered: no grant to ride on, so the policy applies at once.
+			l.enterSafe(now)
+		}
+		l.due = now + l.backoff
+		l.retryAt = l.due
+		l.backoff = math.Min(l.backoff*2, backoffMax)
+		return
+	}
+	lease := math.Inf(1)
+	for _, grant := range answer.GetGrants() {
+		if g, ok := l.groups[grant.GetGroup()]; ok {
+			g.mu.Lock()
+			g.apply(grant, now)
+			g.mu.Unlock()
+			lease = math.Min(lease, float64(grant.GetLeaseMs())/1000)
+		}
+	}
+	if !math.IsInf(lease, 1) {
+		l.leaseEnd = now + lease
+	}
+	l.answered, l.ever, l.safe, l.backoff, l.retryAt = true, true, false, backoffMin, 0
+	l.nextTick = now + float64(answer.GetNextTickMs())/1000
+	l.due = now + math.Max(float64(answer.GetNextExchangeMs()), 10)/1000
+	l.early = math.Max(l.early, now+earlySpacing)
+	close(l.granted)
+	l.granted = make(chan struct{})
+}
+
+// enterSafe applies the safe mode's policy to every group (l.mu held).
+func (l *Limiter) enterSafe(now float64) {
+	l.safe = true
+	if l.opts.SafeMode != Decay {
+		return
+	}
+	elapsed := math.Max(now-l.leaseEnd, 0)
+	for _, g := range l.groups {
+		g.mu.Lock()
+		if g.granted && !g.unlimited {
+			floor := g.reserved / g.clients
+			g.refill(now)
+			g.rate = floor + (g.last-floor)*math.Pow(0.5, elapsed/decayHalfLife)
+		}
+		g.mu.Unlock()
+	}
+}
+
+// Safe says whether the limiter is in safe mode: the controller has not answered for a
+// whole lease (or ever).
+func (l *Limiter) Safe() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.safe
+}

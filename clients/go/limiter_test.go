@@ -1,0 +1,137 @@
+package tollgate_test
+
+// The limiter against the real server: a new group is served at once, a group's burst is
+// held exactly, the safe mode's policies apply when no controller answers, and bad arguments
+// are named.
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	tollgate "github.com/tollgate-rs/tollgate/clients/go"
+	"github.com/tollgate-rs/tollgate/clients/go/internal/testserver"
+	pb "github.com/tollgate-rs/tollgate/clients/go/tollgatev1"
+)
+
+func create(t *testing.T, conn *grpc.ClientConn, name string, limit, burst float64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	patch := &pb.GroupPatch{Limit: &limit}
+	if burst > 0 {
+		patch.Burst = &burst
+	}
+	if _, err := pb.NewAdminClient(conn).PutGroup(ctx, &pb.PutGroupRequest{Name: name, Patch: patch, Mode: pb.PutMode_PUT_MODE_CREATE}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func limiter(t *testing.T, conn grpc.ClientConnInterface, opts tollgate.Options) *tollgate.Limiter {
+	t.Helper()
+	l, err := tollgate.New(conn, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	return l
+}
+
+func TestANewGroupIsServedAtOnce(t *testing.T) {
+	conn := testserver.Start(t)
+	create(t, conn, "fresh", 1000, 0)
+	l := limiter(t, conn, tollgate.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.Acquire(ctx, "fresh", 1); err != nil {
+		t.Fatal(err)
+	}
+	// And a group nobody configured, under the default group's settings.
+	if err := l.Acquire(ctx, "walk-in", 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAGroupsBurstIsHeldExactly(t *testing.T) {
+	conn := testserver.Start(t)
+	// Three requests at once, then one per 100 s: what is admitted does not depend on speed.
+	create(t, conn, "small", 0.01, 3)
+	l := limiter(t, conn, tollgate.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.Acquire(ctx, "small", 1); err != nil {
+		t.Fatal(err)
+	}
+	admitted := 1
+	var refused *tollgate.ErrThrottled
+	for i := 0; i < 10; i++ {
+		err := l.TryAcquire("small", 1)
+		if err == nil {
+			admitted++
+		} else if !errors.As(err, &refused) {
+			t.Fatal(err)
+		}
+	}
+	if admitted != 3 || refused == nil || refused.Group != "small" || refused.RetryAfter < time.Second {
+		t.Fatalf("admitted %d, refused %v", admitted, refused)
+	}
+	// A wait that cannot be met in time is refused when its context ends.
+	short, stop := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer stop()
+	if err := l.Acquire(short, "small", 1); !errors.As(err, &refused) {
+		t.Fatalf("a wait past its context: %v", err)
+	}
+}
+
+func TestTheSafeModesApplyWhenNoControllerAnswers(t *testing.T) {
+	// A port nothing listens on: the first exchange fails, and the policy applies at once.
+	conn, err := grpc.Dial("127.0.0.1:1", grpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	open := limiter(t, conn, tollgate.Options{SafeMode: tollgate.FailOpen, ExchangeTimeout: 200 * time.Millisecond})
+	closed := limiter(t, conn, tollgate.Options{SafeMode: tollgate.FailClosed, ExchangeTimeout: 200 * time.Millisecond})
+	deadline := time.Now().Add(30 * time.Second)
+	for !open.Safe() || !closed.Safe() {
+		if time.Now().After(deadline) {
+			t.Fatal("never in safe mode")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := 0; i < 5; i++ {
+		if err := open.TryAcquire("any", 1); err != nil {
+			t.Fatalf("fail-open refused: %v", err)
+		}
+		var refused *tollgate.ErrThrottled
+		if err := closed.TryAcquire("any", 1); !errors.As(err, &refused) {
+			t.Fatalf("fail-closed admitted: %v", err)
+		}
+	}
+}
+
+func TestBadArgumentsAreNamed(t *testing.T) {
+	conn, err := grpc.Dial("127.0.0.1:1", grpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	l := limiter(t, conn, tollgate.Options{})
+	var bad *tollgate.ErrInvalidArgument
+	for _, c := range []struct {
+		group string
+		cost  float64
+		field string
+	}{{"g", math.NaN(), "cost"}, {"g", -1, "cost"}, {"g", math.Inf(1), "cost"}, {"", 1, "group"}} {
+		if err := l.TryAcquire(c.group, c.cost); !errors.As(err, &bad) || bad.Field != c.field {
+			t.Errorf("%q %v: %v", c.group, c.cost, err)
+		}
+	}
+	if _, err := tollgate.New(conn, tollgate.Options{SafeMode: 7}); !errors.As(err, &bad) || bad.Field != "SafeMode" {
+		t.Errorf("SafeMode 7: %v", err)
+	}
+}
