@@ -206,7 +206,8 @@ func (l *Limiter) TryAcquire(group string, cost float64) error {
 }
 
 // Acquire admits cost units for group, waiting for them (and for a new group's first grant)
-// until ctx ends; then it fails with *ErrThrottled. The request counts once in the demand
+// until ctx ends; then it fails with *ErrThrottled, at once when the units cannot come before
+// the context's deadline. The request counts once in the demand
 // reported, however long it waits, and its cost counts as waiting meanwhile.
 func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) error {
 	if err := checkCost(cost); err != nil {
@@ -229,6 +230,13 @@ func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) error
 		g.mu.Unlock()
 	}()
 	for {
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline).Seconds() < wait {
+			// The units cannot come before the context ends: refused now, not at its end.
+			g.mu.Lock()
+			g.refused(cost)
+			g.mu.Unlock()
+			return &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
+		}
 		l.mu.Lock()
 		granted := l.granted
 		l.mu.Unlock()
