@@ -25,7 +25,15 @@ type group struct {
 	counts            Counts
 	waiting           float64
 	meter             *DemandMeter
+	// A debt: units owed beyond the bank, paid back at repayRate over repayS seconds (0: at
+	// once, blocking); and whether dropped work counts as consumed.
+	owed, repayRate, repayS float64
+	countDropped            bool
 }
+
+// repayShareMax is the most of a repay period's refill a debt may stand at; past it, the rest
+// is taken from the bank at once.
+const repayShareMax = 0.5
 
 func newGroup(name string, now float64) *group {
 	return &group{name: name, start: math.Inf(1), stamp: now, clients: 1, meter: NewDemandMeter(now)}
@@ -33,8 +41,43 @@ func newGroup(name string, now float64) *group {
 
 func (g *group) refill(now float64) {
 	if now > g.stamp {
-		g.tokens = math.Min(g.burst, g.tokens+(now-g.stamp)*g.rate)
+		gain := (now - g.stamp) * g.rate
+		if g.owed > 0 {
+			pay := math.Min(g.owed, (now-g.stamp)*g.repayRate)
+			g.owed -= pay
+			gain -= pay
+		}
+		g.tokens = math.Min(g.burst, g.tokens+gain)
 		g.stamp = now
+	}
+}
+
+// charge takes units more than were admitted: what the bank covers at once, the rest as a
+// debt paid back over the group's repay period (at once, blocking, without one).
+func (g *group) charge(units, now float64) {
+	if !g.granted || g.unlimited {
+		return
+	}
+	g.refill(now)
+	if g.repayS <= 0 || g.rate <= 0 {
+		g.tokens -= units
+		return
+	}
+	covered := math.Min(units, math.Max(g.tokens, 0))
+	g.tokens -= covered
+	g.owed += units - covered
+	if limit := g.repayS * g.rate * repayShareMax; g.owed > limit {
+		g.tokens -= g.owed - limit
+		g.owed = limit
+	}
+	g.repayRate = g.owed / g.repayS
+}
+
+// refund gives units back to the bank.
+func (g *group) refund(units, now float64) {
+	if g.granted && !g.unlimited {
+		g.refill(now)
+		g.tokens = math.Min(g.burst, g.tokens+units)
 	}
 }
 
@@ -116,6 +159,11 @@ func (g *group) apply(grant *pb.Grant, now float64) {
 	g.reserved = grant.GetReserved()
 	g.clients = math.Max(float64(grant.GetClients()), 1)
 	g.shadow = grant.GetShadow()
+	g.repayS = float64(grant.GetDebtRepayMs()) / 1000
+	g.countDropped = grant.GetCountDropped()
+	if g.unlimited {
+		g.owed = 0
+	}
 	g.granted = true
 }
 

@@ -127,9 +127,9 @@ func (l *Limiter) Close() {
 
 func (l *Limiter) now() float64 { return time.Since(l.epoch).Seconds() }
 
-func checkCost(cost float64) error {
+func checkCost(cost float64, field string) error {
 	if !(cost >= 0) || math.IsInf(cost, 0) {
-		return &ErrInvalidArgument{"cost", fmt.Sprintf("must be a finite number, 0 or more, got %v", cost)}
+		return &ErrInvalidArgument{field, fmt.Sprintf("must be a finite number, 0 or more, got %v", cost)}
 	}
 	return nil
 }
@@ -192,33 +192,33 @@ func (l *Limiter) attempt(name string, cost float64, waited, count bool) (bool, 
 }
 
 // TryAcquire admits cost units for group now, or fails with *ErrThrottled.
-func (l *Limiter) TryAcquire(group string, cost float64) error {
-	if err := checkCost(cost); err != nil {
-		return err
+func (l *Limiter) TryAcquire(group string, cost float64) (*Permit, error) {
+	if err := checkCost(cost, "cost"); err != nil {
+		return nil, err
 	}
 	if err := checkGroup(group); err != nil {
-		return err
+		return nil, err
 	}
 	if ok, wait := l.attempt(group, cost, false, true); !ok {
-		return &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
+		return nil, &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
 	}
-	return nil
+	return l.permit(group, cost), nil
 }
 
 // Acquire admits cost units for group, waiting for them (and for a new group's first grant)
 // until ctx ends; then it fails with *ErrThrottled, at once when the units cannot come before
 // the context's deadline. The request counts once in the demand
 // reported, however long it waits, and its cost counts as waiting meanwhile.
-func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) error {
-	if err := checkCost(cost); err != nil {
-		return err
+func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) (*Permit, error) {
+	if err := checkCost(cost, "cost"); err != nil {
+		return nil, err
 	}
 	if err := checkGroup(group); err != nil {
-		return err
+		return nil, err
 	}
 	ok, wait := l.attempt(group, cost, false, false)
 	if ok {
-		return nil
+		return l.permit(group, cost), nil
 	}
 	g := l.group(group)
 	g.mu.Lock()
@@ -235,7 +235,7 @@ func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) error
 			g.mu.Lock()
 			g.refused(cost)
 			g.mu.Unlock()
-			return &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
+			return nil, &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
 		}
 		l.mu.Lock()
 		granted := l.granted
@@ -247,13 +247,13 @@ func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) error
 			g.mu.Lock()
 			g.refused(cost)
 			g.mu.Unlock()
-			return &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
+			return nil, &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
 		case <-granted:
 			pause.Stop()
 		case <-pause.C:
 		}
 		if ok, wait = l.attempt(group, cost, true, false); ok {
-			return nil
+			return l.permit(group, cost), nil
 		}
 	}
 }

@@ -47,11 +47,11 @@ func TestANewGroupIsServedAtOnce(t *testing.T) {
 	l := limiter(t, conn, tollgate.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := l.Acquire(ctx, "fresh", 1); err != nil {
+	if _, err := l.Acquire(ctx, "fresh", 1); err != nil {
 		t.Fatal(err)
 	}
 	// And a group nobody configured, under the default group's settings.
-	if err := l.Acquire(ctx, "walk-in", 1); err != nil {
+	if _, err := l.Acquire(ctx, "walk-in", 1); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -63,13 +63,13 @@ func TestAGroupsBurstIsHeldExactly(t *testing.T) {
 	l := limiter(t, conn, tollgate.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := l.Acquire(ctx, "small", 1); err != nil {
+	if _, err := l.Acquire(ctx, "small", 1); err != nil {
 		t.Fatal(err)
 	}
 	admitted := 1
 	var refused *tollgate.ErrThrottled
 	for i := 0; i < 10; i++ {
-		err := l.TryAcquire("small", 1)
+		_, err := l.TryAcquire("small", 1)
 		if err == nil {
 			admitted++
 		} else if !errors.As(err, &refused) {
@@ -82,7 +82,7 @@ func TestAGroupsBurstIsHeldExactly(t *testing.T) {
 	// A wait that cannot be met in time is refused when its context ends.
 	short, stop := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer stop()
-	if err := l.Acquire(short, "small", 1); !errors.As(err, &refused) {
+	if _, err := l.Acquire(short, "small", 1); !errors.As(err, &refused) {
 		t.Fatalf("a wait past its context: %v", err)
 	}
 }
@@ -104,11 +104,11 @@ func TestTheSafeModesApplyWhenNoControllerAnswers(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	for i := 0; i < 5; i++ {
-		if err := open.TryAcquire("any", 1); err != nil {
+		if _, err := open.TryAcquire("any", 1); err != nil {
 			t.Fatalf("fail-open refused: %v", err)
 		}
 		var refused *tollgate.ErrThrottled
-		if err := closed.TryAcquire("any", 1); !errors.As(err, &refused) {
+		if _, err := closed.TryAcquire("any", 1); !errors.As(err, &refused) {
 			t.Fatalf("fail-closed admitted: %v", err)
 		}
 	}
@@ -127,11 +127,57 @@ func TestBadArgumentsAreNamed(t *testing.T) {
 		cost  float64
 		field string
 	}{{"g", math.NaN(), "cost"}, {"g", -1, "cost"}, {"g", math.Inf(1), "cost"}, {"", 1, "group"}} {
-		if err := l.TryAcquire(c.group, c.cost); !errors.As(err, &bad) || bad.Field != c.field {
+		if _, err := l.TryAcquire(c.group, c.cost); !errors.As(err, &bad) || bad.Field != c.field {
 			t.Errorf("%q %v: %v", c.group, c.cost, err)
 		}
 	}
 	if _, err := tollgate.New(conn, tollgate.Options{SafeMode: 7}); !errors.As(err, &bad) || bad.Field != "SafeMode" {
 		t.Errorf("SafeMode 7: %v", err)
+	}
+}
+
+func TestAPermitSettledForMoreChargesTheBankAndForLessGivesBack(t *testing.T) {
+	conn := testserver.Start(t)
+	create(t, conn, "settled", 0.01, 3)
+	l := limiter(t, conn, tollgate.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, err := l.Acquire(ctx, "settled", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// It cost nothing after all: its unit comes back, and three are admitted after it.
+	if err := first.Settle(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Settle(0); !errors.Is(err, tollgate.ErrSettled) {
+		t.Fatalf("settled twice: %v", err)
+	}
+	var permits []*tollgate.Permit
+	for i := 0; i < 3; i++ {
+		p, err := l.TryAcquire("settled", 1)
+		if err != nil {
+			t.Fatalf("admission %d after the refund: %v", i, err)
+		}
+		permits = append(permits, p)
+	}
+	// Dropped work goes back to the group by default; work that cost more takes it again.
+	if err := permits[0].Dropped(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.TryAcquire("settled", 1)
+	if err != nil {
+		t.Fatalf("after the drop: %v", err)
+	}
+	if err := p.Settle(2); err != nil {
+		t.Fatal(err)
+	}
+	var refused *tollgate.ErrThrottled
+	if _, err := l.TryAcquire("settled", 0.5); !errors.As(err, &refused) {
+		t.Fatalf("after a charge past the bank: %v", err)
+	}
+	var bad *tollgate.ErrInvalidArgument
+	if err := permits[1].Settle(math.NaN()); !errors.As(err, &bad) || bad.Field != "actual" {
+		t.Fatalf("a NaN settlement: %v", err)
 	}
 }

@@ -22,12 +22,15 @@ func retryAfterSeconds(wait time.Duration) string {
 
 // admitWithin admits cost for group, waiting up to maxWait (0: not at all).
 func (l *Limiter) admitWithin(ctx context.Context, group string, cost float64, maxWait time.Duration) error {
+	var err error
 	if maxWait <= 0 {
-		return l.TryAcquire(group, cost)
+		_, err = l.TryAcquire(group, cost)
+	} else {
+		wait, cancel := context.WithTimeout(ctx, maxWait)
+		defer cancel()
+		_, err = l.Acquire(wait, group, cost)
 	}
-	wait, cancel := context.WithTimeout(ctx, maxWait)
-	defer cancel()
-	return l.Acquire(wait, group, cost)
+	return err
 }
 
 // Middleware admits each HTTP request for the group groupOf names (its tenant), at a cost of

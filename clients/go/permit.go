@@ -1,0 +1,64 @@
+package tollgate
+
+import (
+	"errors"
+	"sync/atomic"
+)
+
+// Permit is an admitted request. Settle it with what it really cost: more than admitted
+// becomes debt, less is given back. Dropped says the work was never done. Left unsettled, the
+// admitted cost stands.
+type Permit struct {
+	// Group is the group it was admitted for, Cost the cost admitted.
+	Group   string
+	Cost    float64
+	l       *Limiter
+	g       *group
+	settled atomic.Bool
+}
+
+// ErrSettled is the error of a second Settle or Dropped on one permit.
+var ErrSettled = errors.New("this permit is settled already")
+
+func (l *Limiter) permit(name string, cost float64) *Permit {
+	return &Permit{Group: name, Cost: cost, l: l, g: l.group(name)}
+}
+
+// Settle says the request cost actual units rather than the cost admitted: the difference is
+// charged (into debt, paid back over the group's debt_repay_s, when the bank is short) or
+// given back, and reported as consumed.
+func (p *Permit) Settle(actual float64) error {
+	if err := checkCost(actual, "actual"); err != nil {
+		return err
+	}
+	if !p.settled.CompareAndSwap(false, true) {
+		return ErrSettled
+	}
+	g, now := p.g, p.l.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if delta := actual - p.Cost; delta > 0 {
+		g.charge(delta, now)
+		g.counts.Consumed += delta
+	} else if delta < 0 {
+		g.refund(-delta, now)
+		g.counts.Consumed += delta
+	}
+	return nil
+}
+
+// Dropped says the work was never done (Numaflow's dropped messages): by the group's dropped
+// setting its cost goes back to the group (return, the default) or stays consumed (count).
+func (p *Permit) Dropped() error {
+	if !p.settled.CompareAndSwap(false, true) {
+		return ErrSettled
+	}
+	g, now := p.g, p.l.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.countDropped {
+		g.refund(p.Cost, now)
+		g.counts.Consumed -= p.Cost
+	}
+	return nil
+}
