@@ -29,6 +29,10 @@ type group struct {
 	// once, blocking); and whether dropped work counts as consumed.
 	owed, repayRate, repayS float64
 	countDropped            bool
+	criticalReserve         float64
+	// Requests admitted and refused by class (critical, sheddable), in all and as last
+	// reported.
+	classes, classesReported [2][2]uint64
 }
 
 // repayShareMax is the most of a repay period's refill a debt may stand at; past it, the rest
@@ -84,7 +88,30 @@ func (g *group) refund(units, now float64) {
 // take takes cost at now: 0 and true when admitted, else the seconds until it could be. open
 // and closed are safe mode's policies; a refusal is counted unless count is false (a request
 // that waits counts once, however many times it tries).
-func (g *group) take(cost, now float64, open, closed, waited, count bool) (float64, bool) {
+func (g *group) take(cost, now float64, class Class, open, closed, waited, count bool) (float64, bool) {
+	wait, ok := g.takeAny(cost, now, class.floor(g.criticalReserve), open, closed, waited, count)
+	if ok || count {
+		g.countClass(class, ok)
+	}
+	return wait, ok
+}
+
+// countClass counts a critical or sheddable request admitted or refused.
+func (g *group) countClass(class Class, admitted bool) {
+	if class == Normal {
+		return
+	}
+	i, j := 0, 0
+	if class == Sheddable {
+		i = 1
+	}
+	if !admitted {
+		j = 1
+	}
+	g.classes[i][j]++
+}
+
+func (g *group) takeAny(cost, now, floor float64, open, closed, waited, count bool) (float64, bool) {
 	if open || (g.granted && g.unlimited && !closed) {
 		g.admit(cost, waited)
 		return 0, true
@@ -97,15 +124,16 @@ func (g *group) take(cost, now float64, open, closed, waited, count bool) (float
 		wait = 1
 	default:
 		g.refill(now)
-		if cost <= g.tokens {
+		keep := floor * g.burst
+		if cost <= g.tokens-keep {
 			g.tokens -= cost
 			g.admit(cost, waited)
 			return 0, true
 		}
-		if g.rate <= 0 || cost > g.burst {
+		if g.rate <= 0 || cost+keep > g.burst {
 			wait = 1
 		} else {
-			wait = (cost - g.tokens) / g.rate
+			wait = (cost + keep - g.tokens) / g.rate
 		}
 		if g.shadow {
 			// Shadow mode: admitted without taking from the bucket, counted as admitted.
@@ -159,6 +187,7 @@ func (g *group) apply(grant *pb.Grant, now float64) {
 	g.reserved = grant.GetReserved()
 	g.clients = math.Max(float64(grant.GetClients()), 1)
 	g.shadow = grant.GetShadow()
+	g.criticalReserve = grant.GetCriticalReserve()
 	g.repayS = float64(grant.GetDebtRepayMs()) / 1000
 	g.countDropped = grant.GetCountDropped()
 	if g.unlimited {
@@ -174,8 +203,12 @@ func (g *group) usage(now float64) *pb.GroupUsage {
 		held = g.rate
 	}
 	r := g.meter.Report(now, g.counts, g.waiting, held, g.granted && !g.unlimited)
+	c, last := g.classes, g.classesReported
+	g.classesReported = c
 	return &pb.GroupUsage{
 		Group: g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
 		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited,
+		CriticalAdmitted: c[0][0] - last[0][0], CriticalThrottled: c[0][1] - last[0][1],
+		SheddableAdmitted: c[1][0] - last[1][0], SheddableThrottled: c[1][1] - last[1][1],
 	}
 }

@@ -134,6 +134,16 @@ func checkCost(cost float64, field string) error {
 	return nil
 }
 
+func checkArgs(group string, cost float64, class Class) error {
+	if err := checkCost(cost, "cost"); err != nil {
+		return err
+	}
+	if err := checkGroup(group); err != nil {
+		return err
+	}
+	return checkClass(class)
+}
+
 func checkGroup(name string) error {
 	if n := len(name); n < 1 || n > 255 {
 		return &ErrInvalidArgument{"group", fmt.Sprintf("must be 1 to 255 bytes, got %d", n)}
@@ -165,7 +175,7 @@ func (l *Limiter) notify() {
 }
 
 // attempt is one try: admitted, or the seconds until cost could fit.
-func (l *Limiter) attempt(name string, cost float64, waited, count bool) (bool, float64) {
+func (l *Limiter) attempt(name string, cost float64, class Class, waited, count bool) (bool, float64) {
 	g := l.group(name)
 	l.mu.Lock()
 	open := l.safe && l.opts.SafeMode == FailOpen
@@ -173,7 +183,7 @@ func (l *Limiter) attempt(name string, cost float64, waited, count bool) (bool, 
 	nextTick := l.nextTick
 	l.mu.Unlock()
 	g.mu.Lock()
-	wait, ok := g.take(cost, l.now(), open, closed, waited, count)
+	wait, ok := g.take(cost, l.now(), class, open, closed, waited, count)
 	granted := g.granted
 	g.mu.Unlock()
 	if !ok {
@@ -193,13 +203,16 @@ func (l *Limiter) attempt(name string, cost float64, waited, count bool) (bool, 
 
 // TryAcquire admits cost units for group now, or fails with *ErrThrottled.
 func (l *Limiter) TryAcquire(group string, cost float64) (*Permit, error) {
-	if err := checkCost(cost, "cost"); err != nil {
+	return l.TryAcquireClass(group, cost, Normal)
+}
+
+// TryAcquireClass is TryAcquire for a request of class: critical work may empty the group's
+// bucket, normal work leaves its critical_reserve, sheddable work is refused first.
+func (l *Limiter) TryAcquireClass(group string, cost float64, class Class) (*Permit, error) {
+	if err := checkArgs(group, cost, class); err != nil {
 		return nil, err
 	}
-	if err := checkGroup(group); err != nil {
-		return nil, err
-	}
-	if ok, wait := l.attempt(group, cost, false, true); !ok {
+	if ok, wait := l.attempt(group, cost, class, false, true); !ok {
 		return nil, &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
 	}
 	return l.permit(group, cost), nil
@@ -210,13 +223,15 @@ func (l *Limiter) TryAcquire(group string, cost float64) (*Permit, error) {
 // the context's deadline. The request counts once in the demand
 // reported, however long it waits, and its cost counts as waiting meanwhile.
 func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) (*Permit, error) {
-	if err := checkCost(cost, "cost"); err != nil {
+	return l.AcquireClass(ctx, group, cost, Normal)
+}
+
+// AcquireClass is Acquire for a request of class (see TryAcquireClass).
+func (l *Limiter) AcquireClass(ctx context.Context, group string, cost float64, class Class) (*Permit, error) {
+	if err := checkArgs(group, cost, class); err != nil {
 		return nil, err
 	}
-	if err := checkGroup(group); err != nil {
-		return nil, err
-	}
-	ok, wait := l.attempt(group, cost, false, false)
+	ok, wait := l.attempt(group, cost, class, false, false)
 	if ok {
 		return l.permit(group, cost), nil
 	}
@@ -234,6 +249,7 @@ func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) (*Per
 			// The units cannot come before the context ends: refused now, not at its end.
 			g.mu.Lock()
 			g.refused(cost)
+			g.countClass(class, false)
 			g.mu.Unlock()
 			return nil, &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
 		}
@@ -246,13 +262,14 @@ func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) (*Per
 			pause.Stop()
 			g.mu.Lock()
 			g.refused(cost)
+			g.countClass(class, false)
 			g.mu.Unlock()
 			return nil, &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
 		case <-granted:
 			pause.Stop()
 		case <-pause.C:
 		}
-		if ok, wait = l.attempt(group, cost, true, false); ok {
+		if ok, wait = l.attempt(group, cost, class, true, false); ok {
 			return l.permit(group, cost), nil
 		}
 	}

@@ -181,3 +181,37 @@ func TestAPermitSettledForMoreChargesTheBankAndForLessGivesBack(t *testing.T) {
 		t.Fatalf("a NaN settlement: %v", err)
 	}
 }
+
+func TestRequestClassesLeaveTheirShareOfTheBurst(t *testing.T) {
+	conn := testserver.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	limit, burst, reserve := 0.01, 10.0, 0.5
+	patch := &pb.GroupPatch{Limit: &limit, Burst: &burst, CriticalReserve: &reserve}
+	if _, err := pb.NewAdminClient(conn).PutGroup(ctx, &pb.PutGroupRequest{Name: "classes", Patch: patch, Mode: pb.PutMode_PUT_MODE_CREATE}); err != nil {
+		t.Fatal(err)
+	}
+	l := limiter(t, conn, tollgate.Options{})
+	// The first grant, for nothing: the bucket starts full, ten units.
+	if _, err := l.AcquireClass(ctx, "classes", 0, tollgate.Critical); err != nil {
+		t.Fatal(err)
+	}
+	admitted := func(class tollgate.Class, tries int) int {
+		n := 0
+		for i := 0; i < tries; i++ {
+			if _, err := l.TryAcquireClass("classes", 1, class); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	// Sheddable work leaves three quarters of the burst, normal work half, critical none.
+	got := []int{admitted(tollgate.Sheddable, 5), admitted(tollgate.Normal, 5), admitted(tollgate.Critical, 10)}
+	if got[0] != 2 || got[1] != 3 || got[2] != 5 {
+		t.Fatalf("sheddable, normal, critical admitted: %v, want [2 3 5]", got)
+	}
+	var bad *tollgate.ErrInvalidArgument
+	if _, err := l.TryAcquireClass("classes", 1, tollgate.Class(9)); !errors.As(err, &bad) || bad.Field != "class" {
+		t.Fatalf("class 9: %v", err)
+	}
+}
