@@ -34,6 +34,7 @@ const (
 	earlySpacing           = 0.05
 	// ExchangeGroupsMax is the most groups one exchange carries.
 	ExchangeGroupsMax = 1000
+	controllersMax    = 16
 )
 
 // Options say how a Limiter behaves; the zero value is the defaults.
@@ -47,6 +48,10 @@ type Options struct {
 	SafeMode SafeMode
 	// ExchangeTimeout is each exchange's deadline (default 2 s).
 	ExchangeTimeout time.Duration
+	// Others are further controllers sharing one etcd with the first (at most 15): the
+	// limiter talks to one at a time and moves to the next when it fails, trying each once
+	// before it backs off.
+	Others []grpc.ClientConnInterface
 }
 
 // ErrThrottled is the error of a refusal: the group and when to try again.
@@ -70,7 +75,9 @@ var clients atomic.Uint64
 // client's remote mode. Safe for concurrent use; Close stops its exchanges.
 type Limiter struct {
 	opts      Options
-	admission pb.AdmissionClient
+	admission []pb.AdmissionClient
+	current   int // the controller talked to now
+	failed    int // controllers failed since the last answer
 	epoch     time.Time
 
 	mu       sync.Mutex // guards groups and the exchange's state below
@@ -109,9 +116,16 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Limiter, error) {
 	if opts.ExchangeTimeout < 0 {
 		return nil, &ErrInvalidArgument{"ExchangeTimeout", "must be above 0"}
 	}
+	if len(opts.Others) > controllersMax-1 {
+		return nil, &ErrInvalidArgument{"Others", fmt.Sprintf("at most %d further controllers, got %d", controllersMax-1, len(opts.Others))}
+	}
+	admission := []pb.AdmissionClient{pb.NewAdmissionClient(conn)}
+	for _, c := range opts.Others {
+		admission = append(admission, pb.NewAdmissionClient(c))
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	l := &Limiter{
-		opts: opts, admission: pb.NewAdmissionClient(conn), epoch: time.Now(),
+		opts: opts, admission: admission, epoch: time.Now(),
 		groups: map[string]*group{}, backoff: backoffMin, granted: make(chan struct{}),
 		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{}),
 	}
@@ -320,13 +334,14 @@ func (l *Limiter) round(ctx context.Context) {
 		g.mu.Unlock()
 	}
 	l.early = math.Inf(1)
+	admission := l.admission[l.current]
 	l.mu.Unlock()
 
 	call, cancel := context.WithTimeout(ctx, l.opts.ExchangeTimeout)
 	if l.opts.Token != "" {
 		call = metadata.AppendToOutgoingContext(call, "authorization", "Bearer "+l.opts.Token)
 	}
-	answer, err := l.admission.Exchange(call, request)
+	answer, err := admission.Exchange(call, request)
 	cancel()
 	now = l.now()
 	l.mu.Lock()
@@ -337,6 +352,14 @@ func (l *Limiter) round(ctx context.Context) {
 			g.mu.Lock()
 			*g.meter = m
 			g.mu.Unlock()
+		}
+		// The next controller given, at once while some have not failed since the last
+		// answer; then the rounds back off.
+		l.current = (l.current + 1) % len(l.admission)
+		l.failed++
+		if l.failed < len(l.admission) {
+			l.due, l.retryAt = now, 0
+			return
 		}
 		l.answered = false
 		if !l.ever {
@@ -360,7 +383,7 @@ func (l *Limiter) round(ctx context.Context) {
 	if !math.IsInf(lease, 1) {
 		l.leaseEnd = now + lease
 	}
-	l.answered, l.ever, l.safe, l.backoff, l.retryAt = true, true, false, backoffMin, 0
+	l.answered, l.ever, l.safe, l.backoff, l.retryAt, l.failed = true, true, false, backoffMin, 0, 0
 	l.nextTick = now + float64(answer.GetNextTickMs())/1000
 	l.due = now + math.Max(float64(answer.GetNextExchangeMs()), 10)/1000
 	l.early = math.Max(l.early, now+earlySpacing)

@@ -215,3 +215,27 @@ func TestRequestClassesLeaveTheirShareOfTheBurst(t *testing.T) {
 		t.Fatalf("class 9: %v", err)
 	}
 }
+
+func TestTheLimiterMovesToTheNextControllerWhenOneFails(t *testing.T) {
+	conn := testserver.Start(t)
+	create(t, conn, "moved", 1000, 0)
+	dead, err := grpc.Dial("127.0.0.1:1", grpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	// The first controller given answers nothing: the next one grants.
+	l := limiter(t, dead, tollgate.Options{Others: []grpc.ClientConnInterface{conn}, ExchangeTimeout: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := l.Acquire(ctx, "moved", 1); err != nil {
+		t.Fatal(err)
+	}
+	if l.Safe() {
+		t.Fatal("in safe mode with a controller answering")
+	}
+	var bad *tollgate.ErrInvalidArgument
+	if _, err := tollgate.New(conn, tollgate.Options{Others: make([]grpc.ClientConnInterface, 16)}); !errors.As(err, &bad) || bad.Field != "Others" {
+		t.Fatalf("16 others: %v", err)
+	}
+}
