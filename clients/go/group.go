@@ -205,8 +205,14 @@ func (g *group) usage(now float64) *pb.GroupUsage {
 	r := g.meter.Report(now, g.counts, g.waiting, held, g.granted && !g.unlimited)
 	c, last := g.classes, g.classesReported
 	g.classesReported = c
+	var detail *pb.Consumption
+	if d := r.Detail; d != (Consumption{}) {
+		detail = &pb.Consumption{Rru: d.RRU, Wru: d.WRU, ReadBytes: d.ReadBytes, WriteBytes: d.WriteBytes,
+			CpuMs: d.CPUms, ReadRpcs: d.ReadRPCs, WriteRpcs: d.WriteRPCs}
+	}
 	return &pb.GroupUsage{
-		Group: g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
+		Detail: detail,
+		Group:  g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
 		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited,
 		CriticalAdmitted: c[0][0] - last[0][0], CriticalThrottled: c[0][1] - last[0][1],
 		SheddableAdmitted: c[1][0] - last[1][0], SheddableThrottled: c[1][1] - last[1][1],

@@ -48,6 +48,8 @@ type Options struct {
 	SafeMode SafeMode
 	// ExchangeTimeout is each exchange's deadline (default 2 s).
 	ExchangeTimeout time.Duration
+	// CostModel prices TryAcquireUsage and Permit.SettleUsage (default Count()).
+	CostModel CostModel
 	// Others are further controllers sharing one etcd with the first (at most 15): the
 	// limiter talks to one at a time and moves to the next when it fails, trying each once
 	// before it backs off.
@@ -109,6 +111,12 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Limiter, error) {
 	}
 	if opts.SafeMode < Decay || opts.SafeMode > FailClosed {
 		return nil, &ErrInvalidArgument{"SafeMode", "must be Decay, FailOpen or FailClosed"}
+	}
+	if opts.CostModel.Name == "" {
+		opts.CostModel = Count()
+	}
+	if _, err := opts.CostModel.Cost(Usage{}); err != nil {
+		return nil, err
 	}
 	if opts.ExchangeTimeout == 0 {
 		opts.ExchangeTimeout = 2 * time.Second
@@ -218,6 +226,16 @@ func (l *Limiter) attempt(name string, cost float64, class Class, waited, count 
 // TryAcquire admits cost units for group now, or fails with *ErrThrottled.
 func (l *Limiter) TryAcquire(group string, cost float64) (*Permit, error) {
 	return l.TryAcquireClass(group, cost, Normal)
+}
+
+// TryAcquireUsage admits what usage is known to cost up front (CostModel.Upfront by the
+// limiter's cost model); settle the permit with the full usage afterwards (SettleUsage).
+func (l *Limiter) TryAcquireUsage(group string, usage Usage) (*Permit, error) {
+	cost, err := l.opts.CostModel.Upfront(usage)
+	if err != nil {
+		return nil, err
+	}
+	return l.TryAcquire(group, cost)
 }
 
 // TryAcquireClass is TryAcquire for a request of class: critical work may empty the group's

@@ -239,3 +239,43 @@ func TestTheLimiterMovesToTheNextControllerWhenOneFails(t *testing.T) {
 		t.Fatalf("16 others: %v", err)
 	}
 }
+
+func TestUsageIsAdmittedUpFrontAndSettledInFull(t *testing.T) {
+	conn := testserver.Start(t)
+	create(t, conn, "priced", 0.01, 4)
+	fdb, err := tollgate.FDB(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := tollgate.Couchbase()
+	l := limiter(t, conn, tollgate.Options{CostModel: cb})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := l.AcquireClass(ctx, "priced", 0, tollgate.Critical); err != nil {
+		t.Fatal(err)
+	}
+	// A read of 10,000 bytes is admitted at one unit up front (its size is known only after),
+	// then settled at three (⌈10000/4096⌉): four units in all leave none.
+	read := tollgate.Usage{Bytes: 10000}
+	p, err := l.TryAcquireUsage("priced", read)
+	if err != nil || p.Cost != 1 {
+		t.Fatalf("admitted %v, %v", p, err)
+	}
+	if err := p.SettleUsage(read); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire("priced", 1); err != nil {
+		t.Fatalf("the fourth unit: %v", err)
+	}
+	var refused *tollgate.ErrThrottled
+	if _, err := l.TryAcquire("priced", 0.5); !errors.As(err, &refused) {
+		t.Fatalf("past four units: %v", err)
+	}
+	var bad *tollgate.ErrInvalidArgument
+	if _, err := tollgate.New(conn, tollgate.Options{CostModel: tollgate.CostModel{Name: "gold"}}); !errors.As(err, &bad) || bad.Field != "cost_model" {
+		t.Fatalf("a cost model named gold: %v", err)
+	}
+	if c, _ := fdb.Upfront(tollgate.Usage{Write: true, Bytes: 5000}); c != 32768 {
+		t.Fatalf("an fdb write of 5000 bytes up front: %v", c)
+	}
+}

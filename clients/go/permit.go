@@ -47,6 +47,25 @@ func (p *Permit) Settle(actual float64) error {
 	return nil
 }
 
+// SettleUsage settles with what the request did, priced by the limiter's cost model; what it
+// did is also reported to the controller in detail (TiDB's read and write request units,
+// bytes, CPU and requests).
+func (p *Permit) SettleUsage(usage Usage) error {
+	detail, err := p.l.opts.CostModel.consumption(usage)
+	if err != nil {
+		return err
+	}
+	if err := p.Settle(detail.RRU + detail.WRU); err != nil {
+		return err
+	}
+	p.g.mu.Lock()
+	d := &p.g.counts.Detail
+	d.RRU, d.WRU, d.ReadBytes, d.WriteBytes = d.RRU+detail.RRU, d.WRU+detail.WRU, d.ReadBytes+detail.ReadBytes, d.WriteBytes+detail.WriteBytes
+	d.CPUms, d.ReadRPCs, d.WriteRPCs = d.CPUms+detail.CPUms, d.ReadRPCs+detail.ReadRPCs, d.WriteRPCs+detail.WriteRPCs
+	p.g.mu.Unlock()
+	return nil
+}
+
 // Dropped says the work was never done (Numaflow's dropped messages): by the group's dropped
 // setting its cost goes back to the group (return, the default) or stays consumed (count).
 func (p *Permit) Dropped() error {
