@@ -82,12 +82,12 @@ type Limiter struct {
 	failed    int // controllers failed since the last answer
 	epoch     time.Time
 
-	mu       sync.Mutex // guards groups and the exchange's state below
-	groups   map[string]*group
+	mu       sync.Mutex // guards the exchange's state below
+	groups   sync.Map   // name: *group, read without l.mu on every admission
 	sequence uint64
-	answered bool // an exchange was answered since the last failure
-	ever     bool // an exchange was ever answered
-	safe     bool
+	answered bool        // an exchange was answered since the last failure
+	ever     bool        // an exchange was ever answered
+	safe     atomic.Bool // read without l.mu on every admission
 	leaseEnd float64
 	nextTick float64
 	early    float64
@@ -134,7 +134,7 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Limiter, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	l := &Limiter{
 		opts: opts, admission: admission, epoch: time.Now(),
-		groups: map[string]*group{}, backoff: backoffMin, granted: make(chan struct{}),
+		backoff: backoffMin, granted: make(chan struct{}),
 		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{}),
 	}
 	go l.run(ctx)
@@ -156,11 +156,8 @@ func checkCost(cost float64, field string) error {
 	return nil
 }
 
-func checkArgs(group string, cost float64, class Class) error {
+func checkCostClass(cost float64, class Class) error {
 	if err := checkCost(cost, "cost"); err != nil {
-		return err
-	}
-	if err := checkGroup(group); err != nil {
 		return err
 	}
 	return checkClass(class)
@@ -175,18 +172,19 @@ func checkGroup(name string) error {
 
 // group is the named group's state, made (and an exchange asked for at once) on first use.
 func (l *Limiter) group(name string) *group {
+	if g, ok := l.groups.Load(name); ok {
+		return g.(*group)
+	}
 	l.mu.Lock()
-	g, ok := l.groups[name]
-	if !ok {
-		g = newGroup(name, l.now())
-		l.groups[name] = g
+	g, loaded := l.groups.LoadOrStore(name, newGroup(name, l.now()))
+	if !loaded {
 		l.early = 0
 	}
 	l.mu.Unlock()
-	if !ok {
+	if !loaded {
 		l.notify()
 	}
-	return g
+	return g.(*group)
 }
 
 func (l *Limiter) notify() {
@@ -196,14 +194,11 @@ func (l *Limiter) notify() {
 	}
 }
 
-// attempt is one try: admitted, or the seconds until cost could fit.
-func (l *Limiter) attempt(name string, cost float64, class Class, waited, count bool) (bool, float64) {
-	g := l.group(name)
-	l.mu.Lock()
-	open := l.safe && l.opts.SafeMode == FailOpen
-	closed := l.safe && l.opts.SafeMode == FailClosed
-	nextTick := l.nextTick
-	l.mu.Unlock()
+// attempt is one try for g: admitted, or the seconds until cost could fit.
+func (l *Limiter) attempt(g *group, cost float64, class Class, waited, count bool) (bool, float64) {
+	safe := l.safe.Load()
+	open := safe && l.opts.SafeMode == FailOpen
+	closed := safe && l.opts.SafeMode == FailClosed
 	g.mu.Lock()
 	wait, ok := g.take(cost, l.now(), class, open, closed, waited, count)
 	granted := g.granted
@@ -212,7 +207,7 @@ func (l *Limiter) attempt(name string, cost float64, class Class, waited, count 
 		l.mu.Lock()
 		if granted {
 			// Refused: exchange early, after the server's next tick.
-			l.early = math.Max(l.early, nextTick)
+			l.early = math.Max(l.early, l.nextTick)
 		} else {
 			// A new group before its first grant: that exchange at once.
 			l.early = 0
@@ -238,16 +233,32 @@ func (l *Limiter) TryAcquireUsage(group string, usage Usage) (*Permit, error) {
 	return l.TryAcquire(group, cost)
 }
 
+// Group is a handle on one group: admission without looking its name up. The group's name
+// is checked here, once.
+func (l *Limiter) Group(name string) (*Handle, error) {
+	if err := checkGroup(name); err != nil {
+		return nil, err
+	}
+	return &Handle{l: l, g: l.group(name)}, nil
+}
+
 // TryAcquireClass is TryAcquire for a request of class: critical work may empty the group's
 // bucket, normal work leaves its critical_reserve, sheddable work is refused first.
 func (l *Limiter) TryAcquireClass(group string, cost float64, class Class) (*Permit, error) {
-	if err := checkArgs(group, cost, class); err != nil {
+	if err := checkGroup(group); err != nil {
 		return nil, err
 	}
-	if ok, wait := l.attempt(group, cost, class, false, true); !ok {
-		return nil, &ErrThrottled{group, time.Duration(wait * float64(time.Second))}
+	return l.tryAcquire(l.group(group), cost, class)
+}
+
+func (l *Limiter) tryAcquire(g *group, cost float64, class Class) (*Permit, error) {
+	if err := checkCostClass(cost, class); err != nil {
+		return nil, err
 	}
-	return l.permit(group, cost), nil
+	if ok, wait := l.attempt(g, cost, class, false, true); !ok {
+		return nil, &ErrThrottled{g.name, time.Duration(wait * float64(time.Second))}
+	}
+	return &Permit{Group: g.name, Cost: cost, l: l, g: g}, nil
 }
 
 // Acquire admits cost units for group, waiting for them (and for a new group's first grant)
@@ -260,14 +271,21 @@ func (l *Limiter) Acquire(ctx context.Context, group string, cost float64) (*Per
 
 // AcquireClass is Acquire for a request of class (see TryAcquireClass).
 func (l *Limiter) AcquireClass(ctx context.Context, group string, cost float64, class Class) (*Permit, error) {
-	if err := checkArgs(group, cost, class); err != nil {
+	if err := checkGroup(group); err != nil {
 		return nil, err
 	}
-	ok, wait := l.attempt(group, cost, class, false, false)
-	if ok {
-		return l.permit(group, cost), nil
+	return l.acquire(ctx, l.group(group), cost, class)
+}
+
+func (l *Limiter) acquire(ctx context.Context, g *group, cost float64, class Class) (*Permit, error) {
+	if err := checkCostClass(cost, class); err != nil {
+		return nil, err
 	}
-	g := l.group(group)
+	group := g.name
+	ok, wait := l.attempt(g, cost, class, false, false)
+	if ok {
+		return &Permit{Group: group, Cost: cost, l: l, g: g}, nil
+	}
 	g.mu.Lock()
 	g.waiting += cost
 	g.mu.Unlock()
@@ -301,8 +319,8 @@ func (l *Limiter) AcquireClass(ctx context.Context, group string, cost float64, 
 			pause.Stop()
 		case <-pause.C:
 		}
-		if ok, wait = l.attempt(group, cost, class, true, false); ok {
-			return l.permit(group, cost), nil
+		if ok, wait = l.attempt(g, cost, class, true, false); ok {
+			return &Permit{Group: group, Cost: cost, l: l, g: g}, nil
 		}
 	}
 }
@@ -342,15 +360,14 @@ func (l *Limiter) round(ctx context.Context) {
 	l.sequence++
 	request := &pb.ExchangeRequest{ClientId: l.opts.ClientID, Sequence: l.sequence}
 	saved := map[*group]DemandMeter{}
-	for _, g := range l.groups {
-		if len(request.Groups) >= ExchangeGroupsMax {
-			break
-		}
+	l.groups.Range(func(_, v interface{}) bool {
+		g := v.(*group)
 		g.mu.Lock()
 		saved[g] = *g.meter
 		request.Groups = append(request.Groups, g.usage(now))
 		g.mu.Unlock()
-	}
+		return len(request.Groups) < ExchangeGroupsMax
+	})
 	l.early = math.Inf(1)
 	admission := l.admission[l.current]
 	l.mu.Unlock()
@@ -391,7 +408,8 @@ func (l *Limiter) round(ctx context.Context) {
 	}
 	lease := math.Inf(1)
 	for _, grant := range answer.GetGrants() {
-		if g, ok := l.groups[grant.GetGroup()]; ok {
+		if v, ok := l.groups.Load(grant.GetGroup()); ok {
+			g := v.(*group)
 			g.mu.Lock()
 			g.apply(grant, now)
 			g.mu.Unlock()
@@ -401,7 +419,8 @@ func (l *Limiter) round(ctx context.Context) {
 	if !math.IsInf(lease, 1) {
 		l.leaseEnd = now + lease
 	}
-	l.answered, l.ever, l.safe, l.backoff, l.retryAt, l.failed = true, true, false, backoffMin, 0, 0
+	l.answered, l.ever, l.backoff, l.retryAt, l.failed = true, true, backoffMin, 0, 0
+	l.safe.Store(false)
 	l.nextTick = now + float64(answer.GetNextTickMs())/1000
 	l.due = now + math.Max(float64(answer.GetNextExchangeMs()), 10)/1000
 	l.early = math.Max(l.early, now+earlySpacing)
@@ -411,12 +430,13 @@ func (l *Limiter) round(ctx context.Context) {
 
 // enterSafe applies the safe mode's policy to every group (l.mu held).
 func (l *Limiter) enterSafe(now float64) {
-	l.safe = true
+	l.safe.Store(true)
 	if l.opts.SafeMode != Decay {
 		return
 	}
 	elapsed := math.Max(now-l.leaseEnd, 0)
-	for _, g := range l.groups {
+	l.groups.Range(func(_, v interface{}) bool {
+		g := v.(*group)
 		g.mu.Lock()
 		if g.granted && !g.unlimited {
 			floor := g.reserved / g.clients
@@ -424,13 +444,10 @@ func (l *Limiter) enterSafe(now float64) {
 			g.rate = floor + (g.last-floor)*math.Pow(0.5, elapsed/decayHalfLife)
 		}
 		g.mu.Unlock()
-	}
+		return true
+	})
 }
 
 // Safe says whether the limiter is in safe mode: the controller has not answered for a
 // whole lease (or ever).
-func (l *Limiter) Safe() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.safe
-}
+func (l *Limiter) Safe() bool { return l.safe.Load() }

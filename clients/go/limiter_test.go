@@ -279,3 +279,36 @@ func TestUsageIsAdmittedUpFrontAndSettledInFull(t *testing.T) {
 		t.Fatalf("an fdb write of 5000 bytes up front: %v", c)
 	}
 }
+
+func TestAHandleAdmitsAsTheLimiterDoes(t *testing.T) {
+	conn := testserver.Start(t)
+	create(t, conn, "handled", 0.01, 2)
+	l := limiter(t, conn, tollgate.Options{})
+	h, err := l.Group("handled")
+	if err != nil || h.Name() != "handled" {
+		t.Fatal(h, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := h.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.TryAcquire(1); err != nil {
+		t.Fatal(err)
+	}
+	var refused *tollgate.ErrThrottled
+	if _, err := h.TryAcquire(1); !errors.As(err, &refused) || refused.Group != "handled" {
+		t.Fatalf("past the burst: %v", err)
+	}
+	// The limiter's calls by name see the same bucket.
+	if _, err := l.TryAcquire("handled", 1); !errors.As(err, &refused) {
+		t.Fatalf("by name: %v", err)
+	}
+	var bad *tollgate.ErrInvalidArgument
+	if _, err := l.Group(""); !errors.As(err, &bad) || bad.Field != "group" {
+		t.Fatalf("no name: %v", err)
+	}
+	if _, err := h.TryAcquire(math.NaN()); !errors.As(err, &bad) || bad.Field != "cost" {
+		t.Fatalf("a NaN cost: %v", err)
+	}
+}

@@ -20,10 +20,6 @@ type Permit struct {
 // ErrSettled is the error of a second Settle or Dropped on one permit.
 var ErrSettled = errors.New("this permit is settled already")
 
-func (l *Limiter) permit(name string, cost float64) *Permit {
-	return &Permit{Group: name, Cost: cost, l: l, g: l.group(name)}
-}
-
 // Settle says the request cost actual units rather than the cost admitted: the difference is
 // charged (into debt, paid back over the group's debt_repay_s, when the bank is short) or
 // given back, and reported as consumed.

@@ -13,7 +13,7 @@ import (
 
 // Start runs `tollgate server` (the binary TOLLGATE_BIN names) on free loopback ports with
 // flags, stopped when the test ends, and returns a connection to its gRPC port.
-func Start(t *testing.T, flags ...string) *grpc.ClientConn {
+func Start(t testing.TB, flags ...string) *grpc.ClientConn {
 	t.Helper()
 	bin := os.Getenv("TOLLGATE_BIN")
 	if bin == "" {
