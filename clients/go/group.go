@@ -33,14 +33,24 @@ type group struct {
 	// Requests admitted and refused by class (critical, sheddable), in all and as last
 	// reported.
 	classes, classesReported [2][2]uint64
+	// The in-flight quota's share (-1: no quota), the slots held, the most held or tried at
+	// once since the last exchange, and the tries refused a slot since.
+	slots, held, asked, short int
 }
+
+// inFlightRetry is the retry-after of a request refused an in-flight slot: a slot comes back
+// when a request finishes, which no clock foretells.
+const inFlightRetry = 0.005
+
+// maxInFlight bounds the slots a report asks for.
+const maxInFlight = 1000000
 
 // repayShareMax is the most of a repay period's refill a debt may stand at; past it, the rest
 // is taken from the bank at once.
 const repayShareMax = 0.5
 
 func newGroup(name string, now float64) *group {
-	return &group{name: name, start: math.Inf(1), stamp: now, clients: 1, meter: NewDemandMeter(now)}
+	return &group{name: name, start: math.Inf(1), stamp: now, clients: 1, meter: NewDemandMeter(now), slots: -1}
 }
 
 func (g *group) refill(now float64) {
@@ -88,12 +98,36 @@ func (g *group) refund(units, now float64) {
 // take takes cost at now: 0 and true when admitted, else the seconds until it could be. open
 // and closed are safe mode's policies; a refusal is counted unless count is false (a request
 // that waits counts once, however many times it tries).
-func (g *group) take(cost, now float64, class Class, open, closed, waited, count bool) (float64, bool) {
-	wait, ok := g.takeAny(cost, now, class.floor(g.criticalReserve), open, closed, waited, count)
+func (g *group) take(cost, now float64, class Class, open, closed, waited, count bool) (wait float64, ok, slot bool) {
+	// An in-flight slot first: cheap to give back if the bucket then refuses.
+	if g.slots >= 0 && !open {
+		if g.held+1 > g.asked {
+			g.asked = g.held + 1
+		}
+		if g.held >= g.slots {
+			g.short++
+			if g.shadow {
+				g.admit(cost, false)
+				return 0, true, false
+			}
+			if count {
+				g.refused(cost)
+				g.countClass(class, false)
+			}
+			return inFlightRetry, false, false
+		}
+		g.held++
+		slot = true
+	}
+	wait, ok = g.takeAny(cost, now, class.floor(g.criticalReserve), open, closed, waited, count)
+	if !ok && slot {
+		g.held--
+		slot = false
+	}
 	if ok || count {
 		g.countClass(class, ok)
 	}
-	return wait, ok
+	return wait, ok, slot
 }
 
 // countClass counts a critical or sheddable request admitted or refused.
@@ -188,6 +222,10 @@ func (g *group) apply(grant *pb.Grant, now float64) {
 	g.clients = math.Max(float64(grant.GetClients()), 1)
 	g.shadow = grant.GetShadow()
 	g.criticalReserve = grant.GetCriticalReserve()
+	g.slots = -1
+	if grant.GetInFlightLimited() {
+		g.slots = int(grant.GetInFlight())
+	}
 	g.repayS = float64(grant.GetDebtRepayMs()) / 1000
 	g.countDropped = grant.GetCountDropped()
 	if g.unlimited {
@@ -210,9 +248,18 @@ func (g *group) usage(now float64) *pb.GroupUsage {
 		detail = &pb.Consumption{Rru: d.RRU, Wru: d.WRU, ReadBytes: d.ReadBytes, WriteBytes: d.WriteBytes,
 			CpuMs: d.CPUms, ReadRpcs: d.ReadRPCs, WriteRpcs: d.WriteRPCs}
 	}
+	var inFlight, inFlightAsked uint32
+	if g.slots >= 0 {
+		asked := g.asked
+		if g.held+g.short > asked {
+			asked = g.held + g.short
+		}
+		inFlight, inFlightAsked = uint32(g.held), uint32(math.Min(float64(asked), maxInFlight))
+		g.asked, g.short = g.held, 0
+	}
 	return &pb.GroupUsage{
-		Detail: detail,
-		Group:  g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
+		Detail: detail, InFlight: inFlight, InFlightAsked: inFlightAsked,
+		Group: g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
 		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited,
 		CriticalAdmitted: c[0][0] - last[0][0], CriticalThrottled: c[0][1] - last[0][1],
 		SheddableAdmitted: c[1][0] - last[1][0], SheddableThrottled: c[1][1] - last[1][1],

@@ -93,6 +93,7 @@ type Limiter struct {
 	early    float64
 	due      float64
 	retryAt  float64 // after a failed exchange: no round before then, however urgent
+	spaced   float64 // no early round for a refusal before then
 	backoff  float64
 	granted  chan struct{} // closed and replaced after every answer
 
@@ -195,19 +196,20 @@ func (l *Limiter) notify() {
 }
 
 // attempt is one try for g: admitted, or the seconds until cost could fit.
-func (l *Limiter) attempt(g *group, cost float64, class Class, waited, count bool) (bool, float64) {
+func (l *Limiter) attempt(g *group, cost float64, class Class, waited, count bool) (bool, float64, bool) {
 	safe := l.safe.Load()
 	open := safe && l.opts.SafeMode == FailOpen
 	closed := safe && l.opts.SafeMode == FailClosed
 	g.mu.Lock()
-	wait, ok := g.take(cost, l.now(), class, open, closed, waited, count)
+	wait, ok, slot := g.take(cost, l.now(), class, open, closed, waited, count)
 	granted := g.granted
 	g.mu.Unlock()
 	if !ok {
 		l.mu.Lock()
 		if granted {
-			// Refused: exchange early, after the server's next tick.
-			l.early = math.Max(l.early, l.nextTick)
+			// Refused: exchange early, once the server's next tick has made new grants (and
+			// not sooner than a short spacing after the last answer).
+			l.early = math.Min(l.early, math.Max(l.nextTick, l.spaced))
 		} else {
 			// A new group before its first grant: that exchange at once.
 			l.early = 0
@@ -215,7 +217,7 @@ func (l *Limiter) attempt(g *group, cost float64, class Class, waited, count boo
 		l.mu.Unlock()
 		l.notify()
 	}
-	return ok, wait
+	return ok, wait, slot
 }
 
 // TryAcquire admits cost units for group now, or fails with *ErrThrottled.
@@ -255,10 +257,11 @@ func (l *Limiter) tryAcquire(g *group, cost float64, class Class) (*Permit, erro
 	if err := checkCostClass(cost, class); err != nil {
 		return nil, err
 	}
-	if ok, wait := l.attempt(g, cost, class, false, true); !ok {
+	ok, wait, slot := l.attempt(g, cost, class, false, true)
+	if !ok {
 		return nil, &ErrThrottled{g.name, time.Duration(wait * float64(time.Second))}
 	}
-	return &Permit{Group: g.name, Cost: cost, l: l, g: g}, nil
+	return newPermit(l, g, cost, slot), nil
 }
 
 // Acquire admits cost units for group, waiting for them (and for a new group's first grant)
@@ -282,9 +285,9 @@ func (l *Limiter) acquire(ctx context.Context, g *group, cost float64, class Cla
 		return nil, err
 	}
 	group := g.name
-	ok, wait := l.attempt(g, cost, class, false, false)
+	ok, wait, slot := l.attempt(g, cost, class, false, false)
 	if ok {
-		return &Permit{Group: group, Cost: cost, l: l, g: g}, nil
+		return newPermit(l, g, cost, slot), nil
 	}
 	g.mu.Lock()
 	g.waiting += cost
@@ -319,8 +322,8 @@ func (l *Limiter) acquire(ctx context.Context, g *group, cost float64, class Cla
 			pause.Stop()
 		case <-pause.C:
 		}
-		if ok, wait = l.attempt(g, cost, class, true, false); ok {
-			return &Permit{Group: group, Cost: cost, l: l, g: g}, nil
+		if ok, wait, slot = l.attempt(g, cost, class, true, false); ok {
+			return newPermit(l, g, cost, slot), nil
 		}
 	}
 }
@@ -423,7 +426,8 @@ func (l *Limiter) round(ctx context.Context) {
 	l.safe.Store(false)
 	l.nextTick = now + float64(answer.GetNextTickMs())/1000
 	l.due = now + math.Max(float64(answer.GetNextExchangeMs()), 10)/1000
-	l.early = math.Max(l.early, now+earlySpacing)
+	l.spaced = now + earlySpacing
+	l.early = math.Max(l.early, l.spaced)
 	close(l.granted)
 	l.granted = make(chan struct{})
 }

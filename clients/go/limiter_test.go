@@ -312,3 +312,61 @@ func TestAHandleAdmitsAsTheLimiterDoes(t *testing.T) {
 		t.Fatalf("a NaN cost: %v", err)
 	}
 }
+
+func TestAnInFlightQuotaIsHeldAndPermitsGiveTheirSlotsBack(t *testing.T) {
+	conn := testserver.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	limit, slots := 1e6, uint32(3)
+	if _, err := pb.NewAdminClient(conn).PutGroup(ctx, &pb.PutGroupRequest{Name: "slots", Patch: &pb.GroupPatch{Limit: &limit, MaxInFlight: &slots}, Mode: pb.PutMode_PUT_MODE_CREATE}); err != nil {
+		t.Fatal(err)
+	}
+	l := limiter(t, conn, tollgate.Options{})
+	var held []*tollgate.Permit
+	// The share follows what the client asks: it holds what it is allowed, never more than
+	// the quota, until the whole quota is its own.
+	for len(held) < 3 {
+		if ctx.Err() != nil {
+			t.Fatalf("never held the three slots: %d", len(held))
+		}
+		for i := 0; i < 5; i++ {
+			p, err := l.TryAcquire("slots", 1)
+			var refused *tollgate.ErrThrottled
+			if errors.As(err, &refused) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, p)
+		}
+		if len(held) > 3 {
+			t.Fatalf("%d requests in flight, the quota is 3", len(held))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var refused *tollgate.ErrThrottled
+	if _, err := l.TryAcquire("slots", 1); !errors.As(err, &refused) || refused.RetryAfter <= 0 {
+		t.Fatalf("a fourth request in flight: %v", err)
+	}
+	// A slot comes back however a permit ends: released, settled, dropped.
+	held[0].Release()
+	held[0].Release() // at most once
+	if _, err := l.TryAcquire("slots", 1); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	if _, err := l.TryAcquire("slots", 1); !errors.As(err, &refused) {
+		t.Fatalf("a release counted twice: %v", err)
+	}
+	if err := held[1].Settle(1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire("slots", 1); err != nil {
+		t.Fatalf("after a settlement: %v", err)
+	}
+	if err := held[2].Dropped(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire("slots", 1); err != nil {
+		t.Fatalf("after a drop: %v", err)
+	}
+}

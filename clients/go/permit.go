@@ -15,6 +15,23 @@ type Permit struct {
 	l       *Limiter
 	g       *group
 	settled atomic.Bool
+	slot    atomic.Bool // holds one of the group's in-flight slots
+}
+
+func newPermit(l *Limiter, g *group, cost float64, slot bool) *Permit {
+	p := &Permit{Group: g.name, Cost: cost, l: l, g: g}
+	p.slot.Store(slot)
+	return p
+}
+
+// Release gives back the group's in-flight slot the permit holds, if any (a group with
+// max_in_flight): done by Settle, SettleUsage and Dropped too, at most once.
+func (p *Permit) Release() {
+	if p.slot.CompareAndSwap(true, false) {
+		p.g.mu.Lock()
+		p.g.held--
+		p.g.mu.Unlock()
+	}
 }
 
 // ErrSettled is the error of a second Settle or Dropped on one permit.
@@ -30,6 +47,7 @@ func (p *Permit) Settle(actual float64) error {
 	if !p.settled.CompareAndSwap(false, true) {
 		return ErrSettled
 	}
+	p.Release()
 	g, now := p.g, p.l.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -68,6 +86,7 @@ func (p *Permit) Dropped() error {
 	if !p.settled.CompareAndSwap(false, true) {
 		return ErrSettled
 	}
+	p.Release()
 	g, now := p.g, p.l.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
