@@ -184,6 +184,17 @@ func (g *group) takeAny(cost, now, floor float64, open, closed, waited, count bo
 	return wait, false
 }
 
+// takeUnthrottled admits unthrottled work whatever the bucket holds, and charges it to the
+// bucket.
+func (g *group) takeUnthrottled(cost, now float64) {
+	if g.granted && !g.unlimited {
+		g.refill(now)
+		g.tokens -= cost
+	}
+	g.admit(cost, false)
+	g.counts.Unthrottled += cost
+}
+
 func (g *group) refused(cost float64) {
 	g.counts.Asked += cost
 	g.counts.Throttled++
@@ -260,7 +271,7 @@ func (g *group) usage(now float64) *pb.GroupUsage {
 	return &pb.GroupUsage{
 		Detail: detail, InFlight: inFlight, InFlightAsked: inFlightAsked,
 		Group: g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
-		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited,
+		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited, Unthrottled: r.Unthrottled,
 		CriticalAdmitted: c[0][0] - last[0][0], CriticalThrottled: c[0][1] - last[0][1],
 		SheddableAdmitted: c[1][0] - last[1][0], SheddableThrottled: c[1][1] - last[1][1],
 	}

@@ -88,14 +88,17 @@ type Limiter struct {
 	answered bool        // an exchange was answered since the last failure
 	ever     bool        // an exchange was ever answered
 	safe     atomic.Bool // read without l.mu on every admission
-	leaseEnd float64
-	nextTick float64
-	early    float64
-	due      float64
-	retryAt  float64 // after a failed exchange: no round before then, however urgent
-	spaced   float64 // no early round for a refusal before then
-	backoff  float64
-	granted  chan struct{} // closed and replaced after every answer
+	// Whether the controller lets this client admit unthrottled work (always without
+	// authentication; with it, when the client's token carries the privilege).
+	unthrottledAllowed atomic.Bool
+	leaseEnd           float64
+	nextTick           float64
+	early              float64
+	due                float64
+	retryAt            float64 // after a failed exchange: no round before then, however urgent
+	spaced             float64 // no early round for a refusal before then
+	backoff            float64
+	granted            chan struct{} // closed and replaced after every answer
 
 	wake chan struct{}
 	stop context.CancelFunc
@@ -233,6 +236,29 @@ func (l *Limiter) TryAcquireUsage(group string, usage Usage) (*Permit, error) {
 		return nil, err
 	}
 	return l.TryAcquire(group, cost)
+}
+
+// TryAcquireUnthrottled admits cost units for group as unthrottled work (Couchbase's
+// unthrottled privilege: a backend's own work, an operator's repair): admitted whatever the
+// group's bucket holds, charged to it, and reported as unthrottled, which counts against the
+// group and the node's capacity. Only while the controller allows this client unthrottled
+// work (always on a server without --auth; with it, when the client's token carries the
+// privilege); otherwise, and before the first answer, it is TryAcquire.
+func (l *Limiter) TryAcquireUnthrottled(group string, cost float64) (*Permit, error) {
+	if !l.unthrottledAllowed.Load() {
+		return l.TryAcquire(group, cost)
+	}
+	if err := checkGroup(group); err != nil {
+		return nil, err
+	}
+	if err := checkCost(cost, "cost"); err != nil {
+		return nil, err
+	}
+	g := l.group(group)
+	g.mu.Lock()
+	g.takeUnthrottled(cost, l.now())
+	g.mu.Unlock()
+	return newPermit(l, g, cost, false), nil
 }
 
 // Group is a handle on one group: admission without looking its name up. The group's name
@@ -423,6 +449,7 @@ func (l *Limiter) round(ctx context.Context) {
 		l.leaseEnd = now + lease
 	}
 	l.answered, l.ever, l.backoff, l.retryAt, l.failed = true, true, backoffMin, 0, 0
+	l.unthrottledAllowed.Store(answer.GetUnthrottledAllowed())
 	l.safe.Store(false)
 	l.nextTick = now + float64(answer.GetNextTickMs())/1000
 	l.due = now + math.Max(float64(answer.GetNextExchangeMs()), 10)/1000

@@ -370,3 +370,28 @@ func TestAnInFlightQuotaIsHeldAndPermitsGiveTheirSlotsBack(t *testing.T) {
 		t.Fatalf("after a drop: %v", err)
 	}
 }
+
+func TestUnthrottledWorkIsAdmittedPastTheBucketAndChargedToIt(t *testing.T) {
+	conn := testserver.Start(t)
+	create(t, conn, "repairs", 0.01, 1)
+	l := limiter(t, conn, tollgate.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := l.Acquire(ctx, "repairs", 1); err != nil {
+		t.Fatal(err)
+	}
+	var refused *tollgate.ErrThrottled
+	if _, err := l.TryAcquire("repairs", 1); !errors.As(err, &refused) {
+		t.Fatalf("past the burst: %v", err)
+	}
+	// A server without --auth allows every client unthrottled work.
+	for i := 0; i < 3; i++ {
+		if _, err := l.TryAcquireUnthrottled("repairs", 1); err != nil {
+			t.Fatalf("unthrottled %d: %v", i, err)
+		}
+	}
+	// Charged to the bucket: ordinary work waits for it to be paid back.
+	if _, err := l.TryAcquire("repairs", 0.01); !errors.As(err, &refused) || refused.RetryAfter < 100*time.Second {
+		t.Fatalf("after unthrottled work: %v", err)
+	}
+}
