@@ -36,6 +36,15 @@ func (c Consumption) Since(earlier Consumption) Consumption {
 	}
 }
 
+// plus is c with other added in.
+func (c Consumption) plus(other Consumption) Consumption {
+	return Consumption{
+		c.RRU + other.RRU, c.WRU + other.WRU, c.ReadBytes + other.ReadBytes,
+		c.WriteBytes + other.WriteBytes, c.CPUms + other.CPUms,
+		c.ReadRPCs + other.ReadRPCs, c.WriteRPCs + other.WriteRPCs,
+	}
+}
+
 // Counts are a group's running totals.
 type Counts struct {
 	Asked, Consumed, Unthrottled float64

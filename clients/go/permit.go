@@ -44,21 +44,15 @@ func (p *Permit) Settle(actual float64) error {
 	if err := checkCost(actual, "actual"); err != nil {
 		return err
 	}
-	if !p.settled.CompareAndSwap(false, true) {
-		return ErrSettled
-	}
-	p.Release()
-	g, now := p.g, p.l.now()
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if delta := actual - p.Cost; delta > 0 {
-		g.charge(delta, now)
-		g.counts.Consumed += delta
-	} else if delta < 0 {
-		g.refund(-delta, now)
-		g.counts.Consumed += delta
-	}
-	return nil
+	return p.finish(func(g *group, now float64) {
+		if delta := actual - p.Cost; delta > 0 {
+			g.charge(delta, now)
+			g.counts.Consumed += delta
+		} else if delta < 0 {
+			g.refund(-delta, now)
+			g.counts.Consumed += delta
+		}
+	})
 }
 
 // SettleUsage settles with what the request did, priced by the limiter's cost model; what it
@@ -73,9 +67,7 @@ func (p *Permit) SettleUsage(usage Usage) error {
 		return err
 	}
 	p.g.mu.Lock()
-	d := &p.g.counts.Detail
-	d.RRU, d.WRU, d.ReadBytes, d.WriteBytes = d.RRU+detail.RRU, d.WRU+detail.WRU, d.ReadBytes+detail.ReadBytes, d.WriteBytes+detail.WriteBytes
-	d.CPUms, d.ReadRPCs, d.WriteRPCs = d.CPUms+detail.CPUms, d.ReadRPCs+detail.ReadRPCs, d.WriteRPCs+detail.WriteRPCs
+	p.g.counts.Detail = p.g.counts.Detail.plus(detail)
 	p.g.mu.Unlock()
 	return nil
 }
@@ -83,16 +75,24 @@ func (p *Permit) SettleUsage(usage Usage) error {
 // Dropped says the work was never done (Numaflow's dropped messages): by the group's dropped
 // setting its cost goes back to the group (return, the default) or stays consumed (count).
 func (p *Permit) Dropped() error {
+	return p.finish(func(g *group, now float64) {
+		if !g.countDropped {
+			g.refund(p.Cost, now)
+			g.counts.Consumed -= p.Cost
+		}
+	})
+}
+
+// finish ends the permit once (ErrSettled after that): its slot given back, then f run on its
+// group, locked, at the limiter's time now.
+func (p *Permit) finish(f func(g *group, now float64)) error {
 	if !p.settled.CompareAndSwap(false, true) {
 		return ErrSettled
 	}
 	p.Release()
-	g, now := p.g, p.l.now()
+	g := p.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.countDropped {
-		g.refund(p.Cost, now)
-		g.counts.Consumed -= p.Cost
-	}
+	f(g, p.l.now())
 	return nil
 }
