@@ -69,11 +69,12 @@ type DemandMeter struct {
 	lastAt     float64
 	average    float64
 	costFactor float64
+	lastMoved  float64 // when the totals last moved
 }
 
 // NewDemandMeter is a meter whose first report measures from now (seconds on any clock).
 func NewDemandMeter(now float64) *DemandMeter {
-	return &DemandMeter{lastAt: now, costFactor: 1}
+	return &DemandMeter{lastAt: now, costFactor: 1, lastMoved: now}
 }
 
 // Report is the report for what happened since the last one, given the totals now, the
@@ -117,6 +118,20 @@ func (m *DemandMeter) Report(now float64, counts Counts, waiting, held float64, 
 		Waited:      since(counts.Waited, last.Waited),
 		Detail:      counts.Detail.Since(last.Detail),
 	}
+	if m.moved(counts) {
+		m.lastMoved = now
+	}
 	m.last, m.lastAt = counts, now
 	return r
+}
+
+// moved says whether the totals moved since the last report.
+func (m *DemandMeter) moved(counts Counts) bool {
+	return counts.Asked != m.last.Asked || counts.Consumed != m.last.Consumed
+}
+
+// Idle says whether nothing was seen for at least expiry seconds: such a group is no longer
+// reported, and takes a fresh grant before it admits again.
+func (m *DemandMeter) Idle(now float64, counts Counts, expiry float64) bool {
+	return !m.moved(counts) && now-m.lastMoved >= expiry
 }

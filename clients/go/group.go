@@ -36,6 +36,8 @@ type group struct {
 	// The in-flight quota's share (-1: no quota), the slots held, the most held or tried at
 	// once since the last exchange, and the tries refused a slot since.
 	slots, held, asked, short int
+	// What this client holds of the group's quotas per window.
+	allot allotment
 }
 
 // inFlightRetry is the retry-after of a request refused an in-flight slot: a slot comes back
@@ -119,7 +121,27 @@ func (g *group) take(cost, now float64, class Class, open, closed, waited, count
 		g.held++
 		slot = true
 	}
+	// Then the allotment of the group's quotas: a count per window, never overrun.
+	if !open {
+		if wait := g.allot.take(cost, now); wait > 0 {
+			if g.shadow {
+				g.admit(cost, false)
+				return 0, true, slot
+			}
+			if slot {
+				g.held--
+			}
+			if count {
+				g.refused(cost)
+				g.countClass(class, false)
+			}
+			return wait, false, false
+		}
+	}
 	wait, ok = g.takeAny(cost, now, class.floor(g.criticalReserve), open, closed, waited, count)
+	if !ok {
+		g.allot.giveBack(cost)
+	}
 	if !ok && slot {
 		g.held--
 		slot = false
@@ -211,9 +233,10 @@ func (g *group) admit(cost float64, waited bool) {
 	}
 }
 
-// apply takes a grant in at now.
-func (g *group) apply(grant *pb.Grant, now float64) {
+// apply takes a grant in at now, answering a request sent then.
+func (g *group) apply(grant *pb.Grant, sent, now float64) {
 	g.refill(now)
+	g.allot.set(grant.GetQuota(), sent, now)
 	g.unlimited = grant.GetUnlimited()
 	g.rate = grant.GetRate()
 	if !g.started {
@@ -274,5 +297,7 @@ func (g *group) usage(now float64) *pb.GroupUsage {
 		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited, Unthrottled: r.Unthrottled,
 		CriticalAdmitted: c[0][0] - last[0][0], CriticalThrottled: c[0][1] - last[0][1],
 		SheddableAdmitted: c[1][0] - last[1][0], SheddableThrottled: c[1][1] - last[1][1],
+		// An allotment holds about two exchanges of demand (at a second each).
+		Quota: g.allot.report(r.Demand * 4),
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,9 +33,13 @@ const (
 	decayHalfLife          = 5.0
 	backoffMin, backoffMax = 0.1, 2.0
 	earlySpacing           = 0.05
-	// ExchangeGroupsMax is the most groups one exchange carries.
+	// ExchangeGroupsMax is the most groups one exchange carries (the server's bound); a
+	// round carries more in pages of this many.
 	ExchangeGroupsMax = 1000
-	controllersMax    = 16
+	// GroupIdleExpiry is how long a group nothing was asked of stays in the exchanges, in
+	// seconds (the server forgets a client's group after as long).
+	GroupIdleExpiry = 240.0
+	controllersMax  = 16
 )
 
 // Options say how a Limiter behaves; the zero value is the defaults.
@@ -100,6 +105,8 @@ type Limiter struct {
 	backoff            float64
 	granted            chan struct{} // closed and replaced after every answer
 
+	skipped atomic.Int64 // nanoseconds the tests moved the clock ahead by
+
 	wake chan struct{}
 	stop context.CancelFunc
 	done chan struct{}
@@ -151,7 +158,10 @@ func (l *Limiter) Close() {
 	<-l.done
 }
 
-func (l *Limiter) now() float64 { return time.Since(l.epoch).Seconds() }
+// now is the limiter's clock, in seconds since it started (plus what the tests skip ahead).
+func (l *Limiter) now() float64 {
+	return (time.Since(l.epoch) + time.Duration(l.skipped.Load())).Seconds()
+}
 
 func checkCost(cost float64, field string) error {
 	if !(cost >= 0) || math.IsInf(cost, 0) {
@@ -205,16 +215,18 @@ func (l *Limiter) attempt(g *group, cost float64, class Class, waited, count boo
 	closed := safe && l.opts.SafeMode == FailClosed
 	g.mu.Lock()
 	wait, ok, slot := g.take(cost, l.now(), class, open, closed, waited, count)
-	granted := g.granted
+	granted, ask := g.granted, g.allot.wanted
+	g.allot.wanted = false
 	g.mu.Unlock()
 	if !ok {
 		l.mu.Lock()
-		if granted {
+		if granted && !ask {
 			// Refused: exchange early, once the server's next tick has made new grants (and
 			// not sooner than a short spacing after the last answer).
 			l.early = math.Min(l.early, math.Max(l.nextTick, l.spaced))
 		} else {
-			// A new group before its first grant: that exchange at once.
+			// A new group before its first grant, or more of a quota's units asked for:
+			// that exchange at once.
 			l.early = 0
 		}
 		l.mu.Unlock()
@@ -382,81 +394,166 @@ func (l *Limiter) run(ctx context.Context) {
 	}
 }
 
-// round makes one exchange of every group's usage, and applies the answer.
+// snapshot is what a round changed in a group's state as it reported it: put back when the
+// round's page fails, so what it reported is reported again.
+type snapshot struct {
+	meter   DemandMeter
+	classes [2][2]uint64
+	asked   int
+	short   int
+}
+
+// page is one exchange of a round: at most ExchangeGroupsMax groups.
+type page struct {
+	request *pb.ExchangeRequest
+	saved   map[*group]snapshot
+}
+
+// round makes one exchange of every group's usage, a page of at most ExchangeGroupsMax
+// groups at a time, and applies the answers.
 func (l *Limiter) round(ctx context.Context) {
-	now := l.now()
 	l.mu.Lock()
-	l.sequence++
-	request := &pb.ExchangeRequest{ClientId: l.opts.ClientID, Sequence: l.sequence}
-	saved := map[*group]DemandMeter{}
-	l.groups.Range(func(_, v interface{}) bool {
-		g := v.(*group)
-		g.mu.Lock()
-		saved[g] = *g.meter
-		request.Groups = append(request.Groups, g.usage(now))
-		g.mu.Unlock()
-		return len(request.Groups) < ExchangeGroupsMax
-	})
+	pages := l.pages(l.now())
 	l.early = math.Inf(1)
 	admission := l.admission[l.current]
 	l.mu.Unlock()
 
-	call, cancel := context.WithTimeout(ctx, l.opts.ExchangeTimeout)
-	if l.opts.Token != "" {
-		call = metadata.AppendToOutgoingContext(call, "authorization", "Bearer "+l.opts.Token)
-	}
-	answer, err := admission.Exchange(call, request)
-	cancel()
-	now = l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err != nil {
-		// What this round reported is reported again next round.
-		for g, m := range saved {
-			g.mu.Lock()
-			*g.meter = m
-			g.mu.Unlock()
+	lease := math.Inf(1)
+	for i, p := range pages {
+		call, cancel := context.WithTimeout(ctx, l.opts.ExchangeTimeout)
+		if l.opts.Token != "" {
+			call = metadata.AppendToOutgoingContext(call, "authorization", "Bearer "+l.opts.Token)
 		}
-		// The next controller given, at once while some have not failed since the last
-		// answer; then the rounds back off.
-		l.current = (l.current + 1) % len(l.admission)
-		l.failed++
-		if l.failed < len(l.admission) {
-			l.due, l.retryAt = now, 0
+		sent := l.now()
+		answer, err := admission.Exchange(call, p.request)
+		cancel()
+		now := l.now()
+		l.mu.Lock()
+		if err != nil {
+			for _, unanswered := range pages[i:] {
+				restore(unanswered.saved)
+			}
+			l.failedRound(now)
+			l.mu.Unlock()
 			return
 		}
-		l.answered = false
-		if !l.ever {
-			// Never answered: no grant to ride on, so the policy applies at once.
-			l.enterSafe(now)
+		lease = math.Min(lease, l.apply(answer, sent, now))
+		l.mu.Unlock()
+	}
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !math.IsInf(lease, 1) {
+		l.leaseEnd = now + lease
+	}
+	l.answered, l.ever, l.backoff, l.retryAt, l.failed = true, true, backoffMin, 0, 0
+	l.safe.Store(false)
+	l.spaced = now + earlySpacing
+	l.early = math.Max(l.early, l.spaced)
+	close(l.granted)
+	l.granted = make(chan struct{})
+}
+
+// pages are this round's exchanges (l.mu held): every group asked for anything within the
+// idle expiry, the busiest first when they take more than one page (new groups, then those
+// with refusals or work waiting, then by demand). A group idle for longer is left out and
+// takes a fresh grant before it admits again.
+func (l *Limiter) pages(now float64) []page {
+	type row struct {
+		rank  int
+		usage *pb.GroupUsage
+		g     *group
+	}
+	var rows []row
+	saved := map[*group]snapshot{}
+	l.groups.Range(func(_, v interface{}) bool {
+		g := v.(*group)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.meter.Idle(now, g.counts, GroupIdleExpiry) && g.held == 0 && g.waiting == 0 {
+			if g.granted {
+				g.granted, g.started, g.tokens, g.start, g.firstCost = false, false, 0, math.Inf(1), 0
+			}
+			return true
 		}
-		l.due = now + l.backoff
-		l.retryAt = l.due
-		l.backoff = math.Min(l.backoff*2, backoffMax)
+		saved[g] = snapshot{meter: *g.meter, classes: g.classesReported, asked: g.asked, short: g.short}
+		u := g.usage(now)
+		rank := 2
+		if !g.granted || u.Throttled > 0 || u.Waiting > 0 {
+			rank = 0
+		} else if u.Admitted > 0 {
+			rank = 1
+		}
+		rows = append(rows, row{rank, u, g})
+		return true
+	})
+	if len(rows) > ExchangeGroupsMax {
+		sort.SliceStable(rows, func(i, j int) bool {
+			if rows[i].rank != rows[j].rank {
+				return rows[i].rank < rows[j].rank
+			}
+			return rows[i].usage.Demand > rows[j].usage.Demand
+		})
+	}
+	var pages []page
+	for first := 0; first == 0 || first < len(rows); first += ExchangeGroupsMax {
+		l.sequence++
+		p := page{&pb.ExchangeRequest{ClientId: l.opts.ClientID, Sequence: l.sequence, TakesAllotments: true}, map[*group]snapshot{}}
+		for _, r := range rows[first:int(math.Min(float64(first+ExchangeGroupsMax), float64(len(rows))))] {
+			p.request.Groups = append(p.request.Groups, r.usage)
+			p.saved[r.g] = saved[r.g]
+		}
+		pages = append(pages, p)
+	}
+	return pages
+}
+
+// restore puts back what an unanswered page's groups reported.
+func restore(saved map[*group]snapshot) {
+	for g, s := range saved {
+		g.mu.Lock()
+		*g.meter = s.meter
+		g.classesReported, g.asked, g.short = s.classes, s.asked, s.short
+		g.mu.Unlock()
+	}
+}
+
+// failedRound moves to the next controller given, at once while some have not failed since
+// the last answer; then the rounds back off (l.mu held).
+func (l *Limiter) failedRound(now float64) {
+	l.current = (l.current + 1) % len(l.admission)
+	l.failed++
+	if l.failed < len(l.admission) {
+		l.due, l.retryAt = now, 0
 		return
 	}
+	l.answered = false
+	if !l.ever {
+		// Never answered: no grant to ride on, so the policy applies at once.
+		l.enterSafe(now)
+	}
+	l.due = now + l.backoff
+	l.retryAt = l.due
+	l.backoff = math.Min(l.backoff*2, backoffMax)
+}
+
+// apply takes one page's answer in (l.mu held): the shortest lease among its grants, in
+// seconds (+Inf: none).
+func (l *Limiter) apply(answer *pb.ExchangeResponse, sent, now float64) float64 {
 	lease := math.Inf(1)
 	for _, grant := range answer.GetGrants() {
 		if v, ok := l.groups.Load(grant.GetGroup()); ok {
 			g := v.(*group)
 			g.mu.Lock()
-			g.apply(grant, now)
+			g.apply(grant, sent, now)
 			g.mu.Unlock()
 			lease = math.Min(lease, float64(grant.GetLeaseMs())/1000)
 		}
 	}
-	if !math.IsInf(lease, 1) {
-		l.leaseEnd = now + lease
-	}
-	l.answered, l.ever, l.backoff, l.retryAt, l.failed = true, true, backoffMin, 0, 0
 	l.unthrottledAllowed.Store(answer.GetUnthrottledAllowed())
-	l.safe.Store(false)
 	l.nextTick = now + float64(answer.GetNextTickMs())/1000
 	l.due = now + math.Max(float64(answer.GetNextExchangeMs()), 10)/1000
-	l.spaced = now + earlySpacing
-	l.early = math.Max(l.early, l.spaced)
-	close(l.granted)
-	l.granted = make(chan struct{})
+	return lease
 }
 
 // enterSafe applies the safe mode's policy to every group (l.mu held).

@@ -1,0 +1,33 @@
+package tollgate
+
+import "time"
+
+// Skip moves l's clock ahead by d, for the tests of what takes minutes.
+func Skip(l *Limiter, d time.Duration) {
+	l.skipped.Add(int64(d))
+	l.notify()
+}
+
+// Granted says whether l holds a grant for the group.
+func Granted(l *Limiter, name string) bool {
+	v, ok := l.groups.Load(name)
+	if !ok {
+		return false
+	}
+	g := v.(*group)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.granted
+}
+
+// Rate is the rate of l's grant for the group (0: none yet).
+func Rate(l *Limiter, name string) float64 {
+	v, ok := l.groups.Load(name)
+	if !ok {
+		return 0
+	}
+	g := v.(*group)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.rate
+}
