@@ -31,3 +31,14 @@ func Rate(l *Limiter, name string) float64 {
 	defer g.mu.Unlock()
 	return g.rate
 }
+
+// Shards is the shard of each group l learnt.
+func Shards(l *Limiter) map[string]uint32 {
+	l.routes.mu.Lock()
+	defer l.routes.mu.Unlock()
+	out := map[string]uint32{}
+	for k, v := range l.routes.shards {
+		out[k] = v
+	}
+	return out
+}

@@ -59,6 +59,11 @@ type Options struct {
 	// limiter talks to one at a time and moves to the next when it fails, trying each once
 	// before it backs off.
 	Others []grpc.ClientConnInterface
+	// OwnerDialOptions are how the limiter dials the controllers of a sharded cluster
+	// (`tollgate server --shards`) at the addresses its shard map names, to send each group's
+	// part of an exchange straight to its owner (default: grpc.WithInsecure()). Give the
+	// credentials your own connections use.
+	OwnerDialOptions []grpc.DialOption
 }
 
 // ErrThrottled is the error of a refusal: the group and when to try again.
@@ -83,6 +88,7 @@ var clients atomic.Uint64
 type Limiter struct {
 	opts      Options
 	admission []pb.AdmissionClient
+	routes    *routes
 	current   int // the controller talked to now
 	failed    int // controllers failed since the last answer
 	epoch     time.Time
@@ -144,7 +150,7 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Limiter, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	l := &Limiter{
-		opts: opts, admission: admission, epoch: time.Now(),
+		opts: opts, admission: admission, routes: newRoutes(opts.OwnerDialOptions), epoch: time.Now(),
 		backoff: backoffMin, granted: make(chan struct{}),
 		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{}),
 	}
@@ -370,6 +376,7 @@ func (l *Limiter) acquire(ctx context.Context, g *group, cost float64, class Cla
 // refusal after the server's next tick).
 func (l *Limiter) run(ctx context.Context) {
 	defer close(l.done)
+	defer l.routes.close()
 	for ctx.Err() == nil {
 		l.mu.Lock()
 		now := l.now()
@@ -425,7 +432,7 @@ func (l *Limiter) round(ctx context.Context) {
 			call = metadata.AppendToOutgoingContext(call, "authorization", "Bearer "+l.opts.Token)
 		}
 		sent := l.now()
-		answer, err := admission.Exchange(call, p.request)
+		answer, err := l.routes.exchange(call, admission, p.request)
 		cancel()
 		now := l.now()
 		l.mu.Lock()

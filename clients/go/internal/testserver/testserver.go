@@ -3,9 +3,11 @@ package testserver
 
 import (
 	"bufio"
+	"bytes"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -15,12 +17,31 @@ import (
 // flags, stopped when the test ends, and returns a connection to its gRPC port.
 func Start(t testing.TB, flags ...string) *grpc.ClientConn {
 	t.Helper()
+	return Run(t, t.TempDir(), flags...).Conn
+}
+
+// Server is a server Run started.
+type Server struct {
+	Conn *grpc.ClientConn
+	// Its gRPC and HTTP addresses (HOST:PORT).
+	GRPC, HTTP string
+	cmd        *exec.Cmd
+}
+
+// Stop stops the server at once.
+func (s *Server) Stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
+
+// Run is Start with the server's data in data, and what it listens on.
+func Run(t testing.TB, data string, flags ...string) *Server {
+	t.Helper()
 	bin := os.Getenv("TOLLGATE_BIN")
 	if bin == "" {
 		t.Fatal("TOLLGATE_BIN is not set: run ./scripts/test.sh, which builds tollgate and sets it")
 	}
-	args := append([]string{"server", "--data", t.TempDir(), "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"}, flags...)
+	args := append([]string{"server", "--data", data, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"}, flags...)
 	cmd := exec.Command(bin, args...)
+	logs := &firstBytes{}
+	cmd.Stderr = logs
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -31,13 +52,39 @@ func Start(t testing.TB, flags ...string) *grpc.ClientConn {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	line, err := bufio.NewReader(out).ReadString('\n')
 	words := strings.Fields(line)
-	if err != nil || len(words) < 5 || words[2] != "listening:" {
-		t.Fatalf("the server said %q (%v)", line, err)
+	if err != nil || len(words) < 7 || words[2] != "listening:" {
+		_ = cmd.Wait()
+		t.Fatalf("the server said %q (%v) and logged:\n%s", line, err, logs.String())
 	}
 	conn, err := grpc.Dial(words[4], grpc.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return conn
+	return &Server{Conn: conn, GRPC: words[4], HTTP: words[6], cmd: cmd}
+}
+
+// firstBytes keeps the first 64 KiB written to it: a server's first log lines.
+type firstBytes struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (f *firstBytes) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if room := 64<<10 - f.buf.Len(); room > 0 {
+		if len(p) > room {
+			f.buf.Write(p[:room])
+		} else {
+			f.buf.Write(p)
+		}
+	}
+	return len(p), nil
+}
+
+func (f *firstBytes) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.buf.String()
 }
