@@ -51,13 +51,15 @@ type Counts struct {
 	// AdmittedUnits are the units admitted as asked, before settlements.
 	AdmittedUnits               float64
 	Admitted, Throttled, Waited uint64
-	Detail                      Consumption
+	// WouldRefuse counts requests admitted in shadow mode that would have been refused.
+	WouldRefuse uint64
+	Detail      Consumption
 }
 
 // Report is one group's report, what an exchange carries for it.
 type Report struct {
-	Demand, Unthrottled, Waiting, Consumed float64
-	Requests, Throttled, Waited            uint64
+	Demand, Unthrottled, Waiting, Consumed   float64
+	Requests, Throttled, Waited, WouldRefuse uint64
 	// Held is the rate of the grant held (0: none, or unlimited).
 	Held   float64
 	Detail Consumption
@@ -116,6 +118,7 @@ func (m *DemandMeter) Report(now float64, counts Counts, waiting, held float64, 
 		Throttled:   since(counts.Throttled, last.Throttled),
 		Held:        math.Max(held, 0),
 		Waited:      since(counts.Waited, last.Waited),
+		WouldRefuse: since(counts.WouldRefuse, last.WouldRefuse),
 		Detail:      counts.Detail.Since(last.Detail),
 	}
 	if m.moved(counts) {

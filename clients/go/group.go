@@ -109,7 +109,7 @@ func (g *group) take(cost, now float64, class Class, open, closed, waited, count
 		if g.held >= g.slots {
 			g.short++
 			if g.shadow {
-				g.admit(cost, false)
+				g.admitShadow(cost)
 				return 0, true, false
 			}
 			if count {
@@ -125,7 +125,7 @@ func (g *group) take(cost, now float64, class Class, open, closed, waited, count
 	if !open {
 		if wait := g.allot.take(cost, now); wait > 0 {
 			if g.shadow {
-				g.admit(cost, false)
+				g.admitShadow(cost)
 				return 0, true, slot
 			}
 			if slot {
@@ -193,7 +193,7 @@ func (g *group) takeAny(cost, now, floor float64, open, closed, waited, count bo
 		}
 		if g.shadow {
 			// Shadow mode: admitted without taking from the bucket, counted as admitted.
-			g.admit(cost, false)
+			g.admitShadow(cost)
 			return 0, true
 		}
 	}
@@ -220,6 +220,12 @@ func (g *group) takeUnthrottled(cost, now float64) {
 func (g *group) refused(cost float64) {
 	g.counts.Asked += cost
 	g.counts.Throttled++
+}
+
+// admitShadow admits a request that shadow mode lets past a refusal, and counts it.
+func (g *group) admitShadow(cost float64) {
+	g.admit(cost, false)
+	g.counts.WouldRefuse++
 }
 
 func (g *group) admit(cost float64, waited bool) {
@@ -294,7 +300,7 @@ func (g *group) usage(now float64) *pb.GroupUsage {
 	return &pb.GroupUsage{
 		Detail: detail, InFlight: inFlight, InFlightAsked: inFlightAsked,
 		Group: g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
-		Throttled: r.Throttled, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited, Unthrottled: r.Unthrottled,
+		Throttled: r.Throttled, WouldRefuse: r.WouldRefuse, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited, Unthrottled: r.Unthrottled,
 		CriticalAdmitted: c[0][0] - last[0][0], CriticalThrottled: c[0][1] - last[0][1],
 		SheddableAdmitted: c[1][0] - last[1][0], SheddableThrottled: c[1][1] - last[1][1],
 		// An allotment holds about two exchanges of demand (at a second each).

@@ -1,0 +1,52 @@
+package tollgate_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	tollgate "github.com/tollgate-rs/tollgate/clients/go"
+	"github.com/tollgate-rs/tollgate/clients/go/internal/testserver"
+	pb "github.com/tollgate-rs/tollgate/clients/go/tollgatev1"
+)
+
+func TestAGroupInShadowModeIsNeverRefusedAndCountsWhatItWouldRefuse(t *testing.T) {
+	conn := testserver.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	limit, burst, shadow := 0.01, 10.0, true
+	admin := pb.NewAdminClient(conn)
+	patch := &pb.GroupPatch{Limit: &limit, Burst: &burst, Shadow: &shadow}
+	if _, err := admin.PutGroup(ctx, &pb.PutGroupRequest{Name: "dark", Patch: patch, Mode: pb.PutMode_PUT_MODE_CREATE}); err != nil {
+		t.Fatal(err)
+	}
+	l := limiter(t, conn, tollgate.Options{})
+	if _, err := l.Acquire(ctx, "dark", 0); err != nil {
+		t.Fatal(err)
+	}
+	// The bucket holds 10: the other 5 would have been refused, and are admitted all the same.
+	for i := 0; i < 15; i++ {
+		if _, err := l.TryAcquire("dark", 1); err != nil {
+			t.Fatalf("request %d refused in shadow mode: %v", i, err)
+		}
+	}
+	for {
+		status, err := admin.Status(ctx, &pb.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range status.GetGroups() {
+			if g.GetName() == "dark" && g.GetAdmittedTotal() == 16 {
+				if g.GetWouldRefuseTotal() != 5 || g.GetThrottledTotal() != 0 {
+					t.Fatalf("the server counts %d would-be refusals and %d refusals, not 5 and 0", g.GetWouldRefuseTotal(), g.GetThrottledTotal())
+				}
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the server never counted the 16 admissions: %v", status.GetGroups())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
