@@ -6,6 +6,7 @@
 mod common;
 
 mod api;
+mod cases;
 mod cli;
 mod deploy;
 mod docs;
