@@ -21,6 +21,9 @@ use crate::time::Nanos;
 
 const EPOCH_NS: u64 = 1_000_000_000;
 
+/// The rounding error a class's floor may carry, relative to the share it is a part of.
+const FLOOR_SLACK: f64 = 1e-9;
+
 /// What the pool is.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PoolSpec {
@@ -142,7 +145,10 @@ impl EpochShare {
             Some(Forced::Closed) => return Err(until_next_epoch(now)),
             None => {}
         }
-        if cost <= s.left - floor * s.share {
+        // Within a rounding error of the floor: a sheddable floor of 0.2 + (1 − 0.2) / 2 is
+        // 0.6000000000000001, and the units it keeps are still a whole 6 of 10.
+        let keep = floor * s.share - FLOOR_SLACK * s.share.max(1.0);
+        if cost <= s.left - keep.max(0.0) {
             s.left -= cost;
             s.used += cost;
             Ok(())
@@ -236,6 +242,17 @@ mod tests {
         };
         // Sheddable work stops at 60 left, normal work at 20, critical work at none.
         assert_eq!([taken(0.6), taken(0.2), taken(0.0)], [40, 40, 20]);
+    }
+
+    #[test]
+    fn a_class_floor_computed_from_a_reserve_leaves_exactly_its_part() {
+        // 0.2 + (1 - 0.2) / 2 is 0.6000000000000001: the sixth unit left must still count as 6.
+        let share = EpochShare::new(PoolSpec::Fixed(10.0), 1);
+        let floor = |class: crate::class::RequestClass| class.floor(0.2);
+        let taken =
+            |class| (0..20).filter(|_| share.try_take_keeping(1.0, floor(class), Nanos(0)).is_ok()).count();
+        use crate::class::RequestClass::{Critical, Normal, Sheddable};
+        assert_eq!([taken(Sheddable), taken(Normal), taken(Critical)], [4, 4, 2]);
     }
 
     #[test]
