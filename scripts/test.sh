@@ -95,11 +95,11 @@ pypi_log=target/test-pypi.log
   # And, apart (Envoy's package is named `envoy` too), what the Python client needs and is
   # tested with: gRPC and its code generator, protobuf, pytest, mypy, pdoc (its API reference),
   # the frameworks its examples run on (and uvicorn, which serves one), Prometheus's client (whose parsers read the server's
-  # /metrics in a test); and Playwright, which drives Debian's chromium for the
+  # /metrics in a test), redis (store mode's); and Playwright, which drives Debian's chromium for the
   # dashboard's test (it never downloads a browser of its own).
-  pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask uvicorn import:prometheus_client" grpcio \
+  pypi_venv "$pyvenv" "pytest mypy playwright pdoc flask uvicorn import:prometheus_client import:redis" grpcio \
     grpcio-tools==1.85.1 protobuf pytest mypy types-protobuf playwright pdoc fastapi httpx flask uvicorn \
-    prometheus-client
+    prometheus-client redis
   # The HTTP API's OpenAPI document: a spec validator, and a typed client generated from it
   # that is used against the real server (tests/openapi).
   pypi_venv "$oavenv" "openapi-python-client pytest" openapi-python-client openapi-spec-validator pytest
@@ -110,7 +110,7 @@ pypi_log=target/test-pypi.log
   # floors pyproject.toml declares.
   rm -rf "$floors"
   python3 -m venv "$floors"
-  "$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1"
+  "$floors/bin/pip" install -q --disable-pip-version-check "grpcio==1.85.1" "protobuf==7.35.1" "redis==5.0.0"
 ) >"$pypi_log" 2>&1 &
 pypi_pid=$!
 # stop_tree PID: stops PID and every process under it (the installs, when the script fails).
@@ -211,8 +211,8 @@ phase "go client" clients/go/test.sh
 
 # The package as a user installs it: a wheel built from the checkout with no step of its own,
 # carrying the generated stubs and their typing stubs, installed into the fresh environment
-# (made above) holding only the floors pyproject.toml declares; it must import there and run
-# both limiters.
+# (made above) holding only the floors pyproject.toml declares (store mode's among them); it
+# must import there and run the limiters.
 rm -rf target/python-wheel
 "$floors/bin/pip" wheel -q --disable-pip-version-check --no-deps ./clients/python -w target/python-wheel
 wheel=$(ls target/python-wheel/tollgate_client-*.whl)
@@ -230,6 +230,9 @@ async def main():
     async with tollgate.AsyncLimiter("http://127.0.0.1:1"):
         pass
 asyncio.run(main())
+from tollgate.store import StoreLimiter
+with StoreLimiter("redis://127.0.0.1:1", {"a": {"limit": 1}}, connect_timeout=0.5) as store:
+    assert store.status().safe_mode
 print("tollgate-client", tollgate.__version__, "imports and runs on its declared floors")')
 
 # What ran and where the time went: the counts of Rust and Python tests, each phase, each test

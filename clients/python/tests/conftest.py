@@ -5,7 +5,11 @@ stopped after the test."""
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List
@@ -44,3 +48,33 @@ def server(tmp_path: Path) -> Iterator[Server]:
     s = start(tmp_path / "data", "--tick-ms", "100", "--lease-ms", "1000")
     yield s
     s.stop()
+
+
+@contextmanager
+def redis_server(directory: Path) -> Iterator[str]:
+    """A real redis-server (the one on PATH; ./scripts/test.sh installs Debian's) on a free
+    loopback port, its files in ``directory``: its URL, until the block ends."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not on PATH: ./scripts/test.sh installs Debian's"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(directory)]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # Up to a minute (a bound for a stuck start, not a timing assertion).
+        for _ in range(600):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError("redis-server never answered")
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait()

@@ -1,6 +1,7 @@
 """The behaviour table every Tollgate client replays against the real server
 (clients/cases/behaviour.json; the Rust and Go suites replay the same table, so the clients
-agree), here with the blocking and the asyncio limiter."""
+agree), here with the blocking and the asyncio limiter; and the embedded limiter, which
+answers the same table with the same settings and no server."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import tollgate
 from conftest import Server
 from tollgate.aio import AsyncLimiter
+from tollgate.embedded import EmbeddedLimiter
 
 TABLE = json.loads((Path(__file__).resolve().parents[2] / "cases" / "behaviour.json").read_text())
 CASES: List[Dict[str, Any]] = TABLE["cases"]
@@ -101,3 +103,14 @@ def test_the_asyncio_limiter_behaves_as_the_table_says(server: Server, index: in
             )
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[c["name"] for c in CASES])
+def test_the_embedded_limiter_behaves_as_the_table_says(index: int) -> None:
+    case, group = CASES[index], f"case-{index}"
+    with EmbeddedLimiter({group: case["settings"]} if "settings" in case else {}) as limiter:
+
+        async def acquire(target: str, cost: float) -> tollgate.Permit:
+            return limiter.acquire(target, cost, timeout=30)
+
+        asyncio.run(replay(case, group, lambda t, c, k: limiter.try_acquire(t, c, request_class=k), acquire))

@@ -11,8 +11,9 @@ import pytest
 import tollgate
 
 # What docs/python.md's command documents: the package, and the modules whose own pages say
-# more than the package's (the asyncio limiter, the cost models' formulas, the admin models).
-MODULES = ("tollgate", "tollgate.aio", "tollgate.cost", "tollgate.models")
+# more than the package's (the asyncio limiter, the cost models' formulas, the admin models,
+# the embedded limiter, store mode).
+MODULES = ("tollgate", "tollgate.aio", "tollgate.cost", "tollgate.models", "tollgate.embedded", "tollgate.store")
 
 
 def test_the_api_reference_builds(tmp_path: pathlib.Path) -> None:

@@ -5,6 +5,10 @@
   ``try_acquire``, ``acquire`` (waits), a context manager and a decorator, permits settled
   with the actual cost or priced by a :class:`CostModel`, dropped work, unthrottled handles,
   leases and safe mode.
+- :class:`tollgate.embedded.EmbeddedLimiter`: the same limiter with the groups' settings in
+  the process and no server; :class:`tollgate.store.StoreLimiter`: pools shared through Redis
+  with no controller, with the Rust client's store mode (``pip install
+  'tollgate-client[store]'``).
 - :class:`ClientThrottle`: Google's client-side adaptive throttling, for a client whose
   backend sheds: it refuses a share of requests itself rather than send what will be refused.
 - :class:`Reporter` and, for asyncio, :class:`AsyncReporter`: a backend's reports of its health

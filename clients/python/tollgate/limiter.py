@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, cast
 
 import grpc
 
@@ -65,7 +65,7 @@ class Limiter(Handle):
         exchange_period: Optional[float] = None,
         cost_model: Optional[CostModel] = None,
     ) -> None:
-        self._core = Core(
+        core = Core(
             client_id=client_id,
             safe_mode=safe_mode,
             max_wait=max_wait,
@@ -74,8 +74,15 @@ class Limiter(Handle):
         )
         self._metadata = _connect.metadata(token)
         self._ca_file = ca_file
+        self._timeout = exchange_timeout
+        self._start(core, [_connect.channel(u, ca_file) for u in _connect.addresses(url, ca_file)])
+
+    def _start(self, core: Core, homes: List[grpc.Channel]) -> None:
+        """Takes ``core`` and the channels to the controllers given, and starts the exchange
+        thread."""
+        self._core = core
         # The controllers given, and the one talked to now.
-        self._homes = [_connect.channel(u, ca_file) for u in _connect.addresses(url, ca_file)]
+        self._homes = homes
         self._stubs = [rpc.AdmissionStub(c) for c in self._homes]  # type: ignore[no-untyped-call]
         self._current = 0
         # How many of them failed since the last answer: until each has, a failure is followed
@@ -84,7 +91,6 @@ class Limiter(Handle):
         # With the groups sharded over the controllers: the map, and a channel to each owner.
         self._routes = _routes.Routes()
         self._owners: Dict[str, Tuple[grpc.Channel, Any]] = {}
-        self._timeout = exchange_timeout
         self._wake = threading.Event()
         self._core.notify = self._wake.set
         # Notified after each answer: what a request waiting for a new group's grant waits on.
@@ -179,20 +185,25 @@ class Limiter(Handle):
                 else:
                     time.sleep(wait)
                 continue
-            period, failure = None, None
-            pages = core.requests(time.monotonic())
-            for i, (request, _) in enumerate(pages):
-                try:
-                    answer = self._exchange(request)
-                except grpc.RpcError as e:
-                    # The round ends: this page and the ones after it report again next round.
-                    core.restore([before for _, before in pages[i:]])
-                    failure = str(from_rpc(e))
-                    break
-                period = core.answer(answer, time.monotonic())
-                with self._granted:
-                    self._granted.notify_all()
-            core.round_done(time.monotonic(), period, failure, untried=self._failed < len(self._stubs))
+            self._round()
+
+    def _round(self) -> None:
+        """One round of exchanges: every group's usage, in pages, each answer applied."""
+        core = self._core
+        period, failure = None, None
+        pages = core.requests(time.monotonic())
+        for i, (request, _) in enumerate(pages):
+            try:
+                answer = self._exchange(request)
+            except grpc.RpcError as e:
+                # The round ends: this page and the ones after it report again next round.
+                core.restore([before for _, before in pages[i:]])
+                failure = str(from_rpc(e))
+                break
+            period = core.answer(answer, time.monotonic())
+            with self._granted:
+                self._granted.notify_all()
+        core.round_done(time.monotonic(), period, failure, untried=self._failed < len(self._stubs))
 
     def _owner(self, address: str) -> Any:
         """The stub for the owner at ``address``, its channel opened on first use."""

@@ -632,3 +632,20 @@ async fn sync_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Python client's store mode runs the same scripts, so that Python and Rust processes
+    /// share one pool: its copies must be these, word for word.
+    #[test]
+    fn the_python_client_runs_the_same_scripts() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python/tollgate/_store_scripts.py");
+        let python = std::fs::read_to_string(path).unwrap();
+        for (name, script) in [("REGISTER", REGISTER), ("SYNC", SYNC), ("DEREGISTER", DEREGISTER)] {
+            let copy = format!("{name} = \"\"\"{script}\"\"\"");
+            assert!(python.contains(&copy), "{path}: {name} is not the Rust client's script");
+        }
+    }
+}
