@@ -11,29 +11,30 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 import tollgate
-from tollgate.embedded import EmbeddedLimiter, _Quotas, _Window
+from tollgate._local import Window
+from tollgate.embedded import EmbeddedLimiter, _Quotas
 from tollgate.v1 import tollgate_pb2 as pb
 
 MONDAY = 1_795_395_723_456  # 2026-11-23T01:02:03.456Z, a Monday
 
 
 def test_the_windows_start_and_end_where_the_rust_model_says() -> None:
-    assert _Window("q", "minute").end(MONDAY) == 1_795_395_780_000
-    assert _Window("q", "day").start(MONDAY) == 1_795_392_000_000
-    assert _Window("q", "week").start(MONDAY) == 1_795_392_000_000
-    assert _Window("q", "week").end(MONDAY) == 1_795_996_800_000
-    assert _Window("q", "month").start(MONDAY) == 1_793_491_200_000
-    assert _Window("q", "month").end(MONDAY) == 1_796_083_200_000
-    assert _Window("q", "total").end(MONDAY) is None and _Window("q", "total").start(MONDAY) == 0
-    assert _Window("q", "90s").start(MONDAY) == MONDAY // 90_000 * 90_000
+    assert Window("q", "minute").end(MONDAY) == 1_795_395_780_000
+    assert Window("q", "day").start(MONDAY) == 1_795_392_000_000
+    assert Window("q", "week").start(MONDAY) == 1_795_392_000_000
+    assert Window("q", "week").end(MONDAY) == 1_795_996_800_000
+    assert Window("q", "month").start(MONDAY) == 1_793_491_200_000
+    assert Window("q", "month").end(MONDAY) == 1_796_083_200_000
+    assert Window("q", "total").end(MONDAY) is None and Window("q", "total").start(MONDAY) == 0
+    assert Window("q", "90s").start(MONDAY) == MONDAY // 90_000 * 90_000
     # December's end is the next year's January.
-    assert _Window("q", "month").end(1_796_083_200_000) == 1_798_761_600_000
+    assert Window("q", "month").end(1_796_083_200_000) == 1_798_761_600_000
 
 
 def test_a_quota_counts_across_windows_and_its_allotments_never_pass_it() -> None:
-    minute, hour = _Window("q", "minute"), _Window("q", "hour")
+    minute, hour = Window("q", "minute"), Window("q", "hour")
     quotas = _Quotas([(minute, 10.0), (hour, 15.0)])
-    t0 = _Window("q", "hour").start(MONDAY) + 5_000  # early in an hour and its first minute
+    t0 = Window("q", "hour").start(MONDAY) + 5_000  # early in an hour and its first minute
     first = quotas.allot(None, 5.0, t0)
     assert (first.add, first.left, first.ends_in_ms) == (10.0, 0.0, 55_000)
     # All 10 used: the minute's quota is spent until the minute ends.

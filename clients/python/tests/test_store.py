@@ -171,7 +171,8 @@ def test_settings_a_controller_would_carry_out_are_refused_by_name(redis_url: st
         ({"api": {"limit": 10, "burst": 5}}, "groups.api.burst"),
         ({"api": {"limit": 10, "priority": "high"}}, "groups.api.priority"),
         ({"api": {"limit": 10, "ramp": {"min": 1, "max": 10}}}, "groups.api.ramp"),
-        ({"api": {"limit": 10, "quotas": {"minute": 5}}}, "groups.api.quotas"),
+        ({"api": {"limit": 10, "quotas": {"fortnight": 5}}}, "groups.api.quotas.fortnight"),
+        ({"api": {"limit": 10, "budget": 5}}, "groups.api.budget"),
         ({"api": {"limit": 10, "colour": "red"}}, "groups.api.colour"),
         ({"api": {"limit": -1}}, "groups.api.limit"),
         ({"api": {"limit": 1, "dropped": "lost"}}, "groups.api.dropped"),
@@ -253,3 +254,49 @@ def _admits(limiter: StoreLimiter, group: str) -> bool:
         return True
     except tollgate.Throttled:
         return False
+
+
+def test_a_quota_is_a_count_two_processes_asking_flat_out_admit_exactly_it(redis_url: str) -> None:
+    settings = {"counted": {"limit": 100_000, "quotas": {"total": 300, "day": 1000}}}
+    a = StoreLimiter(redis_url, settings, namespace="quota", client_id="py-qa")
+    b = StoreLimiter(redis_url, settings, namespace="quota", client_id="py-qb")
+    admitted = {"a": 0, "b": 0}
+    try:
+
+        def ask() -> bool:
+            for name, limiter in (("a", a), ("b", b)):
+                for _ in range(50):
+                    try:
+                        limiter.try_acquire("counted")
+                        admitted[name] += 1
+                    except tollgate.Throttled:
+                        break
+            assert admitted["a"] + admitted["b"] <= 300, admitted
+            return admitted["a"] + admitted["b"] == 300
+
+        eventually("the quota's 300, spent by the two", ask)
+        # Spent: not one more, whoever asks; the refusal says to look again much later.
+        for limiter in (a, b):
+            with pytest.raises(tollgate.Throttled) as refused:
+                limiter.acquire("counted", timeout=0.5)
+            assert refused.value.retry_after > 60, refused.value
+        assert admitted["a"] > 0 and admitted["b"] > 0, admitted
+        # The counters are the Rust client's, by the same names.
+        r = redis.Redis.from_url(redis_url, decode_responses=True)
+        assert float(r.get("tollgate:{quota:counted}:q:total") or 0) == 300
+        day = [k for k in r.keys("tollgate:{quota:counted}:q:day:*")]
+        assert len(day) == 1 and float(r.get(day[0]) or 0) == 300, day
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_window_from_the_first_request_counts_from_it(redis_url: str) -> None:
+    with StoreLimiter(redis_url, {"burst": {"quotas": {"3600s-from-first": 5}}}, namespace="first") as limiter:
+        for _ in range(5):
+            limiter.acquire("burst", timeout=30).release()
+        with pytest.raises(tollgate.Throttled) as refused:
+            limiter.acquire("burst", timeout=0.2)
+        assert 3000 < refused.value.retry_after <= 3601, refused.value  # its end named to the second
+        r = redis.Redis.from_url(redis_url)
+        assert 0 < r.pttl("tollgate:{first:burst}:q:3600s-from-first") <= 3_600_000

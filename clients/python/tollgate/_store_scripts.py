@@ -1,7 +1,8 @@
 """The Lua scripts store mode runs on Redis, the same text as the Rust client's (a test in
 crates/client checks that they are), so that Python and Rust processes share one group's pool:
 ``register`` (at start), ``sync`` (every sync interval: the heartbeat, the size reported, and
-the agreement) and ``deregister`` (at close)."""
+the agreement), ``deregister`` (at close) and ``take`` (units of a group's quotas per window,
+from every window's counter at once, as much as the tightest has left)."""
 
 REGISTER = """
 local t = redis.call('TIME')
@@ -48,4 +49,29 @@ if ARGV[2] ~= '' then
   end
 end
 return 1
+"""
+
+TAKE = """
+local n = #KEYS
+local want = tonumber(ARGV[2 * n + 1])
+local left, ends = nil, nil
+for i = 1, n do
+  local used = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local room = tonumber(ARGV[i]) - used
+  if left == nil or room < left then left = room end
+end
+if left < 0 then left = 0 end
+local take = math.min(want, math.max(math.min(1, left), math.floor(left / 2)))
+if left >= 1 then take = math.max(math.floor(take), math.min(1, left)) end
+for i = 1, n do
+  local span = tonumber(ARGV[n + i])
+  if take > 0 then redis.call('INCRBYFLOAT', KEYS[i], take) end
+  local ttl = redis.call('PTTL', KEYS[i])
+  if span > 0 and ttl < 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], span)
+    ttl = span
+  end
+  if ttl > 0 and (ends == nil or ttl < ends) then ends = ttl end
+end
+return {tostring(take), tostring(left - take), ends or 0}
 """

@@ -25,15 +25,12 @@ outside the settings takes the ``default`` group's settings, or is not throttled
 
 from __future__ import annotations
 
-import calendar
-import datetime
-import re
 import threading
 import time
 from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from ._core import Core
-from ._local import Settings, groups_of, number
+from ._local import Settings, Window, groups_of, number
 from .cost import CostModel, check_cost
 from .errors import InvalidArgument
 from .limiter import Limiter
@@ -54,55 +51,6 @@ _REFUSED = {
     "background": "background work is scheduled by a backend, not admitted by a limiter",
 }
 _SETTINGS = ("limit", "burst", "critical_reserve", "shadow", "dropped", "debt_repay_s", "max_in_flight", "quotas")
-_NAMED = ("minute", "hour", "day", "week", "month", "total")
-_SECONDS = re.compile(r"^([1-9][0-9]{0,7})s$")
-_WINDOW_SECONDS_MAX = 366 * 86_400
-_DAY_MS = 86_400_000
-
-
-class _Window:
-    """A quota's window: a named UTC one, or N seconds one after another from the epoch."""
-
-    def __init__(self, field: str, name: str) -> None:
-        self.name = name
-        seconds = _SECONDS.match(name)
-        if name not in _NAMED and not seconds:
-            hint = " (a window from the first request needs a server)" if name.endswith("-from-first") else ""
-            raise InvalidArgument.of(field, f"must be minute, hour, day, week, month, total or Ns{hint}, got {name!r}")
-        self.span_ms = int(seconds.group(1)) * 1000 if seconds else 0
-        if seconds and not 1 <= int(seconds.group(1)) <= _WINDOW_SECONDS_MAX:
-            raise InvalidArgument.of(field, f"a window of seconds must be 1 to {_WINDOW_SECONDS_MAX}, got {name!r}")
-
-    def start(self, ms: int) -> int:
-        """When the window holding ``ms`` (Unix milliseconds) began; 0 for ``total``."""
-        if self.span_ms:
-            return ms // self.span_ms * self.span_ms
-        if self.name == "total":
-            return 0
-        if self.name in ("minute", "hour"):
-            step = 60_000 if self.name == "minute" else 3_600_000
-            return ms // step * step
-        day = ms // _DAY_MS
-        if self.name == "day":
-            return day * _DAY_MS
-        if self.name == "week":
-            return (day - (day + 3) % 7) * _DAY_MS  # 1970-01-01 was a Thursday
-        d = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-        return calendar.timegm((d.year, d.month, 1, 0, 0, 0)) * 1000
-
-    def end(self, ms: int) -> Optional[int]:
-        """When the window holding ``ms`` ends; ``None`` for ``total``."""
-        start = self.start(ms)
-        if self.span_ms:
-            return start + self.span_ms
-        spans = {"minute": 60_000, "hour": 3_600_000, "day": _DAY_MS, "week": 7 * _DAY_MS}
-        if self.name in spans:
-            return start + spans[self.name]
-        if self.name == "total":
-            return None
-        d = datetime.datetime.fromtimestamp(start / 1000, datetime.timezone.utc)
-        year, month = (d.year + 1, 1) if d.month == 12 else (d.year, d.month + 1)
-        return calendar.timegm((year, month, 1, 0, 0, 0)) * 1000
 
 
 class _Quotas:
@@ -110,7 +58,7 @@ class _Quotas:
     as a controller hands them to its one client: the limiter admits from what it holds, and
     what it holds plus what was used in a window never passes a quota."""
 
-    def __init__(self, quotas: List[Tuple[_Window, float]]) -> None:
+    def __init__(self, quotas: List[Tuple[Window, float]]) -> None:
         self.quotas = quotas
         self.starts = [-1] * len(quotas)
         self.booked = [0.0] * len(quotas)  # used in each window, by allotments now closed
@@ -165,7 +113,7 @@ class _Group(Settings):
         quotas = settings.get("quotas", {})
         if not isinstance(quotas, Mapping):
             raise InvalidArgument.of(f + "quotas", f"must map windows to units, got {quotas!r}")
-        windows = [(_Window(f"{f}quotas.{w}", w), check_cost(f"{f}quotas.{w}", units)) for w, units in quotas.items()]
+        windows = [(Window(f"{f}quotas.{w}", w), check_cost(f"{f}quotas.{w}", units)) for w, units in quotas.items()]
         self.quotas = _Quotas(windows) if windows else None
 
     def grant(self, name: str, usage: pb.GroupUsage, now_ms: int) -> pb.Grant:

@@ -15,12 +15,14 @@ Needs the ``redis`` package (``pip install 'tollgate-client[store]'``)::
         permit = limiter.try_acquire("ingest")   # or limiter.acquire("ingest", 5, timeout=2)
         print(limiter.status())
 
-A group's settings here are ``limit`` (its pool), ``dropped`` (``"return"``, the default, or
-``"count"``), ``critical_reserve`` (request classes) and ``shadow``. With no controller, a
-``burst``, ``reserved``, ``priority``, ``weight``, ``parent``, ``max_in_flight``,
-``reads_writes_apart`` or ``debt_repay_s`` cannot apply; and ramps and quotas per window are
-the Rust client's store mode's: each is refused, naming it. A group with no ``limit`` is not
-throttled; a name not in the settings shares the ``default`` group's pool when it has one.
+A group's settings here are ``limit`` (its pool), ``quotas`` (counts per window, never
+overrun however many processes ask: each window a counter in Redis, taken from in allotments
+as the Rust client takes them), ``dropped`` (``"return"``, the default, or ``"count"``),
+``critical_reserve`` (request classes) and ``shadow``. With no controller, a ``burst``,
+``reserved``, ``priority``, ``weight``, ``parent``, ``max_in_flight``, ``reads_writes_apart``
+or ``debt_repay_s`` cannot apply, and ramps are the Rust client's store mode's: each is
+refused, naming it. A group with no ``limit`` is not throttled by a pool; a name not in the
+settings shares the ``default`` group's pool and quotas when it has them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import redis
 
 from . import _store_scripts
 from ._core import check_class, check_group, class_floor
-from ._local import Settings, groups_of
+from ._local import Settings, Window, groups_of
 from .cost import check_cost
 from .errors import InvalidArgument, Throttled
 
@@ -57,11 +59,15 @@ _REFUSED = {
     "reads_writes_apart": "no engine keeps the group's read and write costs; use the remote mode",
     "debt_repay_s": "a debt is taken from the next one-second epoch's share of the pool; remove it",
     "ramp": "ramps in store mode are the Rust client's (Tollgate::store); use it, or the remote mode",
-    "quotas": "quotas per window in store mode are the Rust client's (Tollgate::store); use it, or the remote mode",
-    "budget": "a budget is a quota per window: the Rust client's store mode, or the remote mode",
-    "budget_period": "a budget is a quota per window: the Rust client's store mode, or the remote mode",
+    "budget": "give the window's quota in quotas instead",
+    "budget_period": "give the window's quota in quotas instead",
 }
-_SETTINGS = ("limit", "dropped", "critical_reserve", "shadow")
+_SETTINGS = ("limit", "dropped", "critical_reserve", "shadow", "quotas")
+# How soon a request refused for want of an allotment tries again, while more is taken.
+_ALLOT_RETRY_S = 0.005
+# How long a spent quota over a group's life says to wait: only how often to look.
+_LIFE_SPENT_S = 3600.0
+_WANT_MAX = 1e12
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,101 @@ class StoreStatus:
     groups: List[StoreGroupStatus]
 
 
+class _Allotment:
+    """What this process holds of a group's quotas per window (the Rust client's
+    ``StoreQuotas``): units taken from every window's counter in Redis at once by the ``take``
+    script, as much as the tightest window has left (half of it at most, so that other
+    processes still find some). What is taken counts as used at once; what is not admitted when
+    the window ends is lost with it, so a quota is never overrun."""
+
+    def __init__(self, windows: List[Tuple[Window, float]]) -> None:
+        self.windows = windows
+        self.lock = threading.Lock()
+        self.window = 0
+        self.held = 0.0
+        self.ends = -math.inf  # monotonic seconds; past it the allotment may not be used
+        self.left = 1.0  # units Redis had beyond it at the last take
+        self.reset: Optional[float] = None
+        self.wanted = False
+        self.last_want = 1.0
+
+    def take(self, cost: float, now: float) -> Optional[float]:
+        """Takes ``cost`` from what is held: ``None``, or the seconds to wait (more is asked
+        for at once while Redis has some left, or the window ended)."""
+        with self.lock:
+            live = now < self.ends
+            if live and cost <= self.held + 1e-9:
+                self.held -= cost
+                return None
+            if not live or self.left > 0:
+                self.wanted = True
+                return _ALLOT_RETRY_S
+            return max(self.reset - now, _ALLOT_RETRY_S) if self.reset is not None else _LIFE_SPENT_S
+
+    def give_back(self, cost: float) -> None:
+        with self.lock:
+            self.held += cost
+
+    def refill(self, take: Any, prefix: str, now: float) -> None:
+        """Takes more from Redis if this process asked, or is using its allotment and holds
+        less than half its last take."""
+        with self.lock:
+            live, asked = now < self.ends, self.wanted
+            self.wanted = False
+            if not asked and (not live or self.held >= self.last_want / 2):
+                return
+            if asked and live:
+                self.last_want = min(self.last_want * 2, _WANT_MAX)
+            want = self.last_want
+        wall = int(time.time() * 1000)
+        keys, spans, epoch = [], [], 0
+        for w, _ in self.windows:
+            if w.name == "total":
+                keys.append(prefix + "q:total")
+                spans.append(0)
+            elif w.from_first:
+                keys.append(f"{prefix}q:{w.name}")
+                spans.append(w.span_ms)
+            else:
+                epoch = max(epoch, w.start(wall))
+                keys.append(f"{prefix}q:{w.name}:{w.start(wall)}")
+                spans.append((w.end(wall) or wall) - wall + 60_000)
+        taken, left, ends = take(keys=keys, args=[units for _, units in self.windows] + spans + [want])
+        taken, left, ends = float(taken), float(left), int(ends)
+        # A window on the clock ends with the clock; one from the first request when its
+        # counter expires (its end, to the second, is then its name).
+        clock_ends = [w.end(wall) for w, _ in self.windows if w.name != "total" and not w.from_first]
+        first_end = None
+        if ends > 0 and any(w.from_first for w, _ in self.windows):
+            first_end = -(-(wall + ends) // 1000) * 1000
+        end = min([e for e in clock_ends if e is not None] + ([first_end] if first_end is not None else []), default=None)
+        window = epoch if epoch > 0 else (first_end or 0)
+        with self.lock:
+            if window != self.window:
+                self.window, self.held = window, 0.0
+            self.held += taken
+            self.ends = now + (end - wall) / 1000 if end is not None else math.inf
+            self.left = left
+            self.reset = None
+            if left <= 0:
+                self.reset = now + ((end if end is not None else wall + int(_LIFE_SPENT_S * 1000)) - wall) / 1000
+
+
 class _Group(Settings):
-    """One group's settings, checked: its ``limit`` is its pool."""
+    """One group's settings, checked: its ``limit`` is its pool, and its quotas per window
+    are taken from Redis."""
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         super().__init__(name, settings, "store mode", _SETTINGS, _REFUSED)
         self.pool = self.limit
+        quotas = settings.get("quotas", {})
+        if not isinstance(quotas, Mapping):
+            raise InvalidArgument.of(self.field + "quotas", f"must map windows to units, got {quotas!r}")
+        windows = [
+            (Window(f"{self.field}quotas.{w}", w, from_first=True), check_cost(f"{self.field}quotas.{w}", units))
+            for w, units in quotas.items()
+        ]
+        self.allotment = _Allotment(windows) if windows else None
 
 
 class _Share:
@@ -236,6 +331,9 @@ class StoreLimiter:
         self._register = self._redis.register_script(_store_scripts.REGISTER)
         self._sync = self._redis.register_script(_store_scripts.SYNC)
         self._deregister = self._redis.register_script(_store_scripts.DEREGISTER)
+        self._take = self._redis.register_script(_store_scripts.TAKE)
+        self._quotas = {name: g.allotment for name, g in self._settings.items() if g.allotment is not None}
+        self._wake = threading.Event()
         # Per coordinated group: its share, and the size to report next.
         self._shares: Dict[str, _Share] = {}
         self._report: Dict[str, int] = {}
@@ -290,10 +388,19 @@ class StoreLimiter:
         check_class(request_class)
         settings, share = self._resolve(group)
         now = time.monotonic()
-        if settings is None or share is None:
+        if settings is None:
             return StorePermit(group, cost, None, int(now), False), 0.0
-        wait = share.try_take(cost, class_floor(request_class, settings.critical_reserve), now)
-        if wait is not None and settings.shadow:
+        # The allotment of the group's quotas first: a quota is a count, in every safe mode.
+        quota = settings.allotment
+        short = quota.take(cost, now) if quota is not None else None
+        if short is not None and not settings.shadow:
+            if quota is not None and quota.wanted:
+                self._wake.set()
+            return None, short
+        wait = None if share is None else share.try_take(cost, class_floor(request_class, settings.critical_reserve), now)
+        if wait is not None and quota is not None and short is None:
+            quota.give_back(cost)
+        if (wait is not None or short is not None) and settings.shadow:
             # Shadow mode: admitted all the same, taken from nothing.
             return StorePermit(group, cost, None, int(now), False), 0.0
         if wait is not None:
@@ -343,7 +450,20 @@ class StoreLimiter:
         with self._sync_lock:
             return self._sync_sizes()
 
+    def _take_quotas(self) -> bool:
+        """Takes more of each group's quotas that needs more; whether Redis answered."""
+        try:
+            now = time.monotonic()
+            for name, allotment in self._quotas.items():
+                allotment.refill(self._take, self._keys(name)[0][: -len("heartbeat")], now)
+        except redis.RedisError:
+            self.connected = False
+            return False
+        return True
+
     def _sync_sizes(self) -> bool:
+        if not self._take_quotas():
+            return False
         try:
             for name, share in self._shares.items():
                 agree, largest, live = self._sync(keys=self._keys(name)[:2], args=[self.client_id, self._report[name], self._ttl_ms])
@@ -376,8 +496,19 @@ class StoreLimiter:
             share.forced = forced
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            if not self._shares:
+        due = time.monotonic() + self._interval
+        while not self._stop.is_set():
+            # A sync each interval; between them, more of a quota as soon as an allotment runs out.
+            woken = self._wake.wait(max(due - time.monotonic(), 0.0))
+            if self._stop.is_set():
+                return
+            if woken and time.monotonic() < due:
+                self._wake.clear()
+                with self._sync_lock:
+                    self._take_quotas()
+                continue
+            due = time.monotonic() + self._interval
+            if not self._shares and not self._quotas:
                 continue
             if not self.sync_now() and time.monotonic() - self._last_ok > self._stale and not self.safe_mode:
                 _log.warning("tollgate: Redis unreachable past the stale limit, entering safe mode (%s)", self.policy)
@@ -389,6 +520,7 @@ class StoreLimiter:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         deadline = time.monotonic() + 1.0
         for name in self._shares:
