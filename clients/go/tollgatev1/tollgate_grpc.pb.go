@@ -326,6 +326,12 @@ type AdminClient interface {
 	// order, the first matching a descriptor entry naming its group.
 	SetRlsRules(ctx context.Context, in *RlsRules, opts ...grpc.CallOption) (*RlsRules, error)
 	GetRlsRules(ctx context.Context, in *GetRlsRulesRequest, opts ...grpc.CallOption) (*RlsRules, error)
+	// Another limiter's limits file (envoy/ratelimit's YAML, Limitador's limits file) turned
+	// into groups, patterns and what names them, as `tollgate import` does: checked whole, and
+	// refused whole (INVALID_ARGUMENT, a line per refusal) when it holds what Tollgate cannot
+	// express; a domain that has rules or a tree of its own already is replaced only with
+	// replace (else FAILED_PRECONDITION). Nothing changes on a refusal or a dry run.
+	ImportLimits(ctx context.Context, in *ImportLimitsRequest, opts ...grpc.CallOption) (*ImportLimitsResponse, error)
 	// Metering: each group's cumulative consumption minute by minute, as the controller writes
 	// it (at every flush, at least every minute; a rewrite within a minute replaces its record).
 	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
@@ -533,6 +539,15 @@ func (c *adminClient) GetRlsRules(ctx context.Context, in *GetRlsRulesRequest, o
 	return out, nil
 }
 
+func (c *adminClient) ImportLimits(ctx context.Context, in *ImportLimitsRequest, opts ...grpc.CallOption) (*ImportLimitsResponse, error) {
+	out := new(ImportLimitsResponse)
+	err := c.cc.Invoke(ctx, "/tollgate.v1.Admin/ImportLimits", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error) {
 	out := new(UsageResponse)
 	err := c.cc.Invoke(ctx, "/tollgate.v1.Admin/Usage", in, out, opts...)
@@ -581,6 +596,12 @@ type AdminServer interface {
 	// order, the first matching a descriptor entry naming its group.
 	SetRlsRules(context.Context, *RlsRules) (*RlsRules, error)
 	GetRlsRules(context.Context, *GetRlsRulesRequest) (*RlsRules, error)
+	// Another limiter's limits file (envoy/ratelimit's YAML, Limitador's limits file) turned
+	// into groups, patterns and what names them, as `tollgate import` does: checked whole, and
+	// refused whole (INVALID_ARGUMENT, a line per refusal) when it holds what Tollgate cannot
+	// express; a domain that has rules or a tree of its own already is replaced only with
+	// replace (else FAILED_PRECONDITION). Nothing changes on a refusal or a dry run.
+	ImportLimits(context.Context, *ImportLimitsRequest) (*ImportLimitsResponse, error)
 	// Metering: each group's cumulative consumption minute by minute, as the controller writes
 	// it (at every flush, at least every minute; a rewrite within a minute replaces its record).
 	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
@@ -647,6 +668,9 @@ func (UnimplementedAdminServer) SetRlsRules(context.Context, *RlsRules) (*RlsRul
 }
 func (UnimplementedAdminServer) GetRlsRules(context.Context, *GetRlsRulesRequest) (*RlsRules, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetRlsRules not implemented")
+}
+func (UnimplementedAdminServer) ImportLimits(context.Context, *ImportLimitsRequest) (*ImportLimitsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ImportLimits not implemented")
 }
 func (UnimplementedAdminServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Usage not implemented")
@@ -1009,6 +1033,24 @@ func _Admin_GetRlsRules_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ImportLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ImportLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ImportLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/tollgate.v1.Admin/ImportLimits",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ImportLimits(ctx, req.(*ImportLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UsageRequest)
 	if err := dec(in); err != nil {
@@ -1102,6 +1144,10 @@ var _Admin_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRlsRules",
 			Handler:    _Admin_GetRlsRules_Handler,
+		},
+		{
+			MethodName: "ImportLimits",
+			Handler:    _Admin_ImportLimits_Handler,
 		},
 		{
 			MethodName: "Usage",

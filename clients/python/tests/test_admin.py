@@ -235,3 +235,39 @@ def test_the_asyncio_admin_makes_every_call_as_the_blocking_one_does(server: Ser
             assert e.value.field == "timeout"
 
     asyncio.run(main())
+
+
+def test_a_limits_file_is_imported_as_the_command_imports_it(server: Server) -> None:
+    text = (Path(__file__).resolve().parents[3] / "examples" / "import" / "ratelimit.yaml").read_text()
+    with tollgate.Admin(server.url) as admin:
+        dry = admin.import_limits("envoy-ratelimit", text, dry_run=True)
+        assert not dry.applied and dry.summary == "", dry
+        assert "create group shop/report=export: unlimited, quota 50/day" in dry.changes, dry
+        with pytest.raises(tollgate.NotFound):
+            admin.get_group("shop/report=export")
+        done = admin.import_limits("envoy-ratelimit", text)
+        assert done.applied and done.summary.startswith("imported: 7 groups and patterns written"), done
+        assert admin.get_group("shop/report=export").quotas == {"day": 50.0}
+        assert admin.get_rls_rules() == [], "the file's descriptor tree is no mapping rule"
+        # Again: every group kept.
+        again = admin.import_limits("envoy-ratelimit", text, dry_run=True)
+        assert sum(line.startswith("keep ") for line in again.changes) == 7, again
+        # What cannot be expressed is refused line by line.
+        refused = (Path(__file__).resolve().parents[3] / "examples" / "import" / "refused.yaml").read_text()
+        with pytest.raises(tollgate.InvalidArgument) as e:
+            admin.import_limits("envoy-ratelimit", refused)
+        assert "line 17: rate_limit.burst: unknown key" in str(e.value), e.value
+        with pytest.raises(tollgate.InvalidArgument) as e:
+            admin.import_limits("yaml", text)
+        assert e.value.field == "format"
+
+    async def main() -> None:
+        smaller = "domain: shop\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: second\n      requests_per_unit: 20\n"
+        async with tollgate.AsyncAdmin(server.url) as admin:
+            # It would drop the domain's tree: only with replace.
+            with pytest.raises(tollgate.TollgateError) as e:
+                await admin.import_limits("envoy-ratelimit", smaller)
+            assert e.value.code == "FAILED_PRECONDITION" and "give replace" in str(e.value), e.value
+            assert (await admin.import_limits("envoy-ratelimit", smaller, replace=True)).applied
+
+    asyncio.run(main())

@@ -14,7 +14,8 @@
 - :class:`Reporter` and, for asyncio, :class:`AsyncReporter`: a backend's reports of its health
   and busiest groups, and the soft limits the controller pushes back.
 - :class:`Admin` and, for asyncio, :class:`AsyncAdmin`: the admin calls (groups and ramps, the
-  node, status, tokens, usage, the audit log, the RLS rules, the trace), with typed results
+  node, status, tokens, usage, the audit log, the RLS rules, limits files imported, the
+  trace), with typed results
   (:mod:`tollgate.models`).
 
 Errors are :class:`TollgateError` subclasses; a bad value is :class:`InvalidArgument` naming
@@ -35,7 +36,7 @@ from .errors import (
     Unavailable,
 )
 from .limiter import GroupStats, Limiter, Permit, RemoteStatus
-from .models import AuditEntry, BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, RateMarks, Status, Token, UsageRecord
+from .models import AuditEntry, BackendStatus, Group, GroupStatus, Imported, NewToken, Node, Ramp, RateMarks, Status, Token, UsageRecord
 from .reporter import AsyncReporter, QueueBytes, Reporter, Utilisation
 from .throttle import ClientThrottle, RefusedLocally
 
@@ -56,6 +57,7 @@ __all__ = [
     "Group",
     "GroupStats",
     "GroupStatus",
+    "Imported",
     "InvalidArgument",
     "Limiter",
     "NewToken",

@@ -11,7 +11,7 @@ import grpc
 from . import _connect
 from ._fields import FIELDS
 from .errors import InvalidArgument, from_rpc
-from .models import MODES, AuditEntry, BackendStatus, Group, GroupStatus, NewToken, Node, Ramp, Status, Token, UsageRecord
+from .models import MODES, AuditEntry, BackendStatus, Group, GroupStatus, Imported, NewToken, Node, Ramp, Status, Token, UsageRecord
 from .v1 import tollgate_pb2 as pb
 from .v1 import tollgate_pb2_grpc as rpc
 
@@ -275,7 +275,9 @@ def _plan_audit(*, since_unix_ms: int = 0, limit: int = 0) -> "Plan[List[AuditEn
 
 
 def _plan_get_rls_rules() -> "Plan[List[Dict[str, Any]]]":
-    rules: List[Dict[str, Any]] = json.loads((yield ("GetRlsRules", pb.GetRlsRulesRequest())).rules_json)
+    answer = json.loads((yield ("GetRlsRules", pb.GetRlsRulesRequest())).rules_json)
+    # With descriptor trees or limit sets (an imported file's) the answer is an object.
+    rules: List[Dict[str, Any]] = answer["rules"] if isinstance(answer, dict) else answer
     return rules
 
 
@@ -285,6 +287,19 @@ def _plan_set_rls_rules(rules: List[Dict[str, Any]]) -> "Plan[List[Dict[str, Any
     answer = (yield ("SetRlsRules", pb.RlsRules(rules_json=json.dumps(rules))))
     kept: List[Dict[str, Any]] = json.loads(answer.rules_json)
     return kept
+
+
+_IMPORT_FORMATS = {"envoy-ratelimit": pb.IMPORT_FORMAT_ENVOY_RATELIMIT, "limitador": pb.IMPORT_FORMAT_LIMITADOR}
+_IMPORT_MAX_BYTES = 4 << 20
+
+
+def _plan_import_limits(fmt: str, text: str, dry_run: bool, replace: bool) -> "Plan[Imported]":
+    if fmt not in _IMPORT_FORMATS:
+        raise InvalidArgument.of("format", f"must be envoy-ratelimit or limitador, got {fmt!r}")
+    if not isinstance(text, str) or len(text.encode()) > _IMPORT_MAX_BYTES:
+        raise InvalidArgument.of("text", f"must be the file's text, at most {_IMPORT_MAX_BYTES} bytes")
+    request = pb.ImportLimitsRequest(format=_IMPORT_FORMATS[fmt], text=text, dry_run=dry_run, replace=replace)
+    return Imported.from_pb((yield ("ImportLimits", request)))
 
 
 class Admin:
@@ -451,6 +466,16 @@ class Admin:
         first field it refuses (:class:`~tollgate.InvalidArgument`). Answers the rules kept."""
         return self._drive(_plan_set_rls_rules(rules))
 
+    def import_limits(self, format: str, text: str, *, dry_run: bool = False, replace: bool = False) -> Imported:
+        """Another limiter's limits file (``tollgate import``): ``format`` is
+        ``envoy-ratelimit`` (its YAML) or ``limitador`` (its limits file), ``text`` the file.
+        The server reads it as the command does, checked whole: what Tollgate cannot express
+        is refused line by line (:class:`~tollgate.InvalidArgument`), and a domain answered by
+        rules or a tree of its own already is replaced only with ``replace``
+        (:class:`~tollgate.TollgateError` ``FAILED_PRECONDITION`` without). Nothing changes on
+        a refusal or a ``dry_run``."""
+        return self._drive(_plan_import_limits(format, text, dry_run, replace))
+
     def trace(self, group: str = "", *, timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
         """The controller's decisions as they are made (``tollgate trace``): one dict per
         event, for ``group`` or every group, until the iterator is closed or ``timeout``
@@ -605,6 +630,10 @@ class AsyncAdmin:
     async def set_rls_rules(self, rules: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """:meth:`Admin.set_rls_rules`, awaited."""
         return await self._drive(_plan_set_rls_rules(rules))
+
+    async def import_limits(self, format: str, text: str, *, dry_run: bool = False, replace: bool = False) -> Imported:
+        """:meth:`Admin.import_limits`, awaited."""
+        return await self._drive(_plan_import_limits(format, text, dry_run, replace))
 
     async def trace(self, group: str = "", *, timeout: Optional[float] = None) -> AsyncIterator[Dict[str, Any]]:
         """:meth:`Admin.trace`, as an asynchronous iterator."""

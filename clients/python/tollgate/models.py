@@ -4,7 +4,7 @@ dataclasses, read from the server's answers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from .v1 import tollgate_pb2 as pb
 
@@ -339,3 +339,22 @@ class AuditEntry:
         before = e.before if e.HasField("before") else None
         after = e.after if e.HasField("after") else None
         return AuditEntry(e.at_unix_ms, e.who, e.what, before, after)
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What importing another limiter's limits file did (or, on a dry run, would do)."""
+
+    notes: List[Tuple[int, str]]
+    """``(line, note)``: what the file holds that is read in a way worth knowing."""
+    changes: List[str]
+    """``create group NAME: …``, ``keep …``, ``change … (was …)``, a line per domain the file
+    answers, and the rules it adds: what ``tollgate import`` prints."""
+    applied: bool
+    """Whether anything was written (``False`` on a dry run)."""
+    summary: str
+    """``imported: N groups and patterns written, …``; empty on a dry run."""
+
+    @staticmethod
+    def from_pb(r: pb.ImportLimitsResponse) -> "Imported":
+        return Imported([(n.line, n.note) for n in r.notes], list(r.changes), r.applied, r.summary)

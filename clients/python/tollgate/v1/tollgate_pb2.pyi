@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ImportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMPORT_FORMAT_UNSPECIFIED: _ClassVar[ImportFormat]
+    IMPORT_FORMAT_ENVOY_RATELIMIT: _ClassVar[ImportFormat]
+    IMPORT_FORMAT_LIMITADOR: _ClassVar[ImportFormat]
+
 class PutMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PUT_MODE_UPSERT: _ClassVar[PutMode]
@@ -25,6 +31,9 @@ class AllocationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ALLOCATION_MODE_SHARE: _ClassVar[AllocationMode]
     ALLOCATION_MODE_FCFS: _ClassVar[AllocationMode]
+IMPORT_FORMAT_UNSPECIFIED: ImportFormat
+IMPORT_FORMAT_ENVOY_RATELIMIT: ImportFormat
+IMPORT_FORMAT_LIMITADOR: ImportFormat
 PUT_MODE_UPSERT: PutMode
 PUT_MODE_CREATE: PutMode
 PUT_MODE_ALTER: PutMode
@@ -297,6 +306,38 @@ class RlsRules(_message.Message):
 class GetRlsRulesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ImportLimitsRequest(_message.Message):
+    __slots__ = ("format", "text", "dry_run", "replace")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    format: ImportFormat
+    text: str
+    dry_run: bool
+    replace: bool
+    def __init__(self, format: _Optional[_Union[ImportFormat, str]] = ..., text: _Optional[str] = ..., dry_run: _Optional[bool] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class ImportNote(_message.Message):
+    __slots__ = ("line", "note")
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    line: int
+    note: str
+    def __init__(self, line: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ImportLimitsResponse(_message.Message):
+    __slots__ = ("notes", "changes", "applied", "summary")
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    notes: _containers.RepeatedCompositeFieldContainer[ImportNote]
+    changes: _containers.RepeatedScalarFieldContainer[str]
+    applied: bool
+    summary: str
+    def __init__(self, notes: _Optional[_Iterable[_Union[ImportNote, _Mapping]]] = ..., changes: _Optional[_Iterable[str]] = ..., applied: _Optional[bool] = ..., summary: _Optional[str] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
     __slots__ = ("role", "groups", "unthrottled", "expires_in_s", "name", "default_group")

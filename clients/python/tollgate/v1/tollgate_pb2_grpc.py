@@ -377,6 +377,11 @@ class AdminStub:
                 request_serializer=tollgate_dot_v1_dot_tollgate__pb2.GetRlsRulesRequest.SerializeToString,
                 response_deserializer=tollgate_dot_v1_dot_tollgate__pb2.RlsRules.FromString,
                 _registered_method=True)
+        self.ImportLimits = channel.unary_unary(
+                '/tollgate.v1.Admin/ImportLimits',
+                request_serializer=tollgate_dot_v1_dot_tollgate__pb2.ImportLimitsRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_tollgate__pb2.ImportLimitsResponse.FromString,
+                _registered_method=True)
         self.Usage = channel.unary_unary(
                 '/tollgate.v1.Admin/Usage',
                 request_serializer=tollgate_dot_v1_dot_tollgate__pb2.UsageRequest.SerializeToString,
@@ -519,6 +524,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ImportLimits(self, request, context):
+        """Another limiter's limits file (envoy/ratelimit's YAML, Limitador's limits file) turned
+        into groups, patterns and what names them, as `tollgate import` does: checked whole, and
+        refused whole (INVALID_ARGUMENT, a line per refusal) when it holds what Tollgate cannot
+        express; a domain that has rules or a tree of its own already is replaced only with
+        replace (else FAILED_PRECONDITION). Nothing changes on a refusal or a dry run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Usage(self, request, context):
         """Metering: each group's cumulative consumption minute by minute, as the controller writes
         it (at every flush, at least every minute; a rewrite within a minute replaces its record).
@@ -624,6 +640,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetRlsRules,
                     request_deserializer=tollgate_dot_v1_dot_tollgate__pb2.GetRlsRulesRequest.FromString,
                     response_serializer=tollgate_dot_v1_dot_tollgate__pb2.RlsRules.SerializeToString,
+            ),
+            'ImportLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportLimits,
+                    request_deserializer=tollgate_dot_v1_dot_tollgate__pb2.ImportLimitsRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_tollgate__pb2.ImportLimitsResponse.SerializeToString,
             ),
             'Usage': grpc.unary_unary_rpc_method_handler(
                     servicer.Usage,
@@ -1146,6 +1167,33 @@ class Admin:
             '/tollgate.v1.Admin/GetRlsRules',
             tollgate_dot_v1_dot_tollgate__pb2.GetRlsRulesRequest.SerializeToString,
             tollgate_dot_v1_dot_tollgate__pb2.RlsRules.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.Admin/ImportLimits',
+            tollgate_dot_v1_dot_tollgate__pb2.ImportLimitsRequest.SerializeToString,
+            tollgate_dot_v1_dot_tollgate__pb2.ImportLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,9 +6,7 @@
 
 use std::fmt::Write as _;
 
-use tollgate_controller::settings::import::{
-    FILE_MAX_BYTES, Format, Imported, Shape, describe_domains, merged, plan,
-};
+use tollgate_controller::settings::import::{FILE_MAX_BYTES, Format, Imported, Shape, plan, preview};
 use tollgate_model::rls::RuleSet;
 use tollgate_proto::v1;
 
@@ -38,48 +36,25 @@ pub async fn run(
     let mut client = connect(target).await?;
     let current = client.get_rls_rules(v1::GetRlsRulesRequest {}).await.map_err(rpc)?.into_inner();
     let current = RuleSet::from_json(&current.rules_json).map_err(anyhow::Error::msg)?;
-    let next = merged(&current, &plan);
-    next.check().map_err(anyhow::Error::msg)?;
-    let mut changes = Vec::new();
+    let mut before = Vec::with_capacity(plan.groups.len());
     for g in &plan.groups {
-        let before = crate::admin::get(&mut client, &g.name).await?;
-        let verb = match &before {
-            None => "create",
-            Some(b) if Shape::of(b) == g.shape => "keep",
-            Some(_) => "change",
-        };
-        let kind = if tollgate_model::settings::is_pattern(&g.name) { "pattern" } else { "group" };
-        let was = before
-            .as_ref()
-            .filter(|_| verb == "change")
-            .map(|b| format!(" (was {})", Shape::of(b).describe()));
-        say(format!("{verb} {kind} {}: {}{}", g.name, g.shape.describe(), was.unwrap_or_default()));
-        if verb != "keep" {
-            changes.push((g, before));
-        }
+        before.push(crate::admin::get(&mut client, &g.name).await?);
     }
-    let dropped = describe_domains(&current, &next, &plan, &mut |line| say(line));
-    for r in &plan.rules {
-        say(format!("  {}", serde_json::to_string(r).unwrap_or_default()));
+    let preview = preview(&plan, &current, &before).map_err(anyhow::Error::msg)?;
+    for line in &preview.lines {
+        say(line.clone());
     }
-    if !dropped.is_empty() && !replace {
-        anyhow::bail!(
-            "{} would lose what answers them now ({}): give --replace to replace it; nothing changed",
-            if dropped.len() == 1 { "a domain" } else { "domains" },
-            dropped.join(", ")
-        );
+    if !replace && let Some(why) = preview.blocked("--replace") {
+        anyhow::bail!(why);
     }
     if dry_run {
         say("dry run: nothing changed");
         return Ok(());
     }
-    apply(&mut client, &changes, &next).await?;
-    let (rules, trees) = (plan.rules.len(), plan.trees.len());
-    say(format!(
-        "imported: {} groups and patterns written, {rules} rules, {trees} descriptor trees, {} namespaces of limits",
-        changes.len(),
-        plan.limits.len()
-    ));
+    let changes: Vec<(&Imported, Option<v1::GroupSettings>)> =
+        preview.changed.iter().map(|&i| (&plan.groups[i], before[i].clone())).collect();
+    apply(&mut client, &changes, &preview.next).await?;
+    say(preview.summary(&plan));
     Ok(())
 }
 

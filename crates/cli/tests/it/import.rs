@@ -228,3 +228,56 @@ fn what_cannot_be_expressed_is_refused_by_line_and_nothing_changes() {
     );
     assert_eq!(ok(&server, &["rls", "rules"]), before);
 }
+
+/// The admin API's `ImportLimits`, as a client in any language calls it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_imports_a_file_sent_as_text_as_the_command_does() {
+    use tollgate_proto::v1;
+    let server = ServerProc::start(&data_dir("import-api"));
+    let mut admin = v1::admin_client::AdminClient::connect(server.url()).await.unwrap();
+    let text = std::fs::read_to_string(repo().join("examples/import/ratelimit.yaml")).unwrap();
+    let request = |text: &str, dry_run, replace| v1::ImportLimitsRequest {
+        format: v1::ImportFormat::EnvoyRatelimit as i32,
+        text: text.to_string(),
+        dry_run,
+        replace,
+    };
+    let dry = admin.import_limits(request(&text, true, false)).await.unwrap().into_inner();
+    assert!(!dry.applied && dry.summary.is_empty(), "{dry:?}");
+    assert!(
+        dry.changes.contains(&"create group shop/report=export: unlimited, quota 50/day".to_string()),
+        "{dry:?}"
+    );
+    assert!(!tollgate(&server, &["group", "show", "shop/report=export"]).status.success(), "a dry run wrote");
+    // The command's dry run says the same, line for line.
+    let command = ok(&server, &["import", "envoy-ratelimit", "examples/import/ratelimit.yaml", "--dry-run"]);
+    let said: Vec<&str> = command.lines().filter(|l| !l.contains(": note: ")).collect();
+    assert_eq!(said[..said.len() - 1], dry.changes.iter().map(String::as_str).collect::<Vec<_>>()[..]);
+    let done = admin.import_limits(request(&text, false, false)).await.unwrap().into_inner();
+    assert!(done.applied, "{done:?}");
+    assert_eq!(
+        done.summary,
+        "imported: 7 groups and patterns written, 0 rules, 1 descriptor trees, 0 namespaces of limits"
+    );
+    assert!(ok(&server, &["group", "show", "shop/report=export"]).contains("50"), "the group was written");
+    // What cannot be expressed is refused line by line, and nothing changes.
+    let refused = std::fs::read_to_string(repo().join("examples/import/refused.yaml")).unwrap();
+    let status = admin.import_limits(request(&refused, false, false)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("line 17: rate_limit.burst: unknown key"), "{}", status.message());
+    assert!(status.message().ends_with("3 refused; nothing changed"), "{}", status.message());
+    // A smaller file for the domain would drop its limits: only with replace.
+    let smaller = "domain: shop\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: second\n      requests_per_unit: 20\n";
+    let status = admin.import_limits(request(smaller, false, false)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(status.message().contains("give replace to replace it; nothing changed"), "{}", status.message());
+    assert!(admin.import_limits(request(smaller, false, true)).await.unwrap().into_inner().applied);
+    // Bad arguments are named.
+    let mut bad = request(smaller, true, false);
+    bad.format = 0;
+    let status = admin.import_limits(bad).await.unwrap_err();
+    assert!(
+        status.code() == tonic::Code::InvalidArgument && status.message().starts_with("format:"),
+        "{status:?}"
+    );
+}

@@ -60,7 +60,7 @@ fn with_token(token: Option<&str>) -> Access {
 }
 
 /// Every gRPC method of the contract.
-const METHODS: [&str; 25] = [
+const METHODS: [&str; 26] = [
     "Exchange",
     "Report",
     "WatchSettings",
@@ -84,6 +84,7 @@ const METHODS: [&str; 25] = [
     "SetTokenGroup",
     "SetRlsRules",
     "GetRlsRules",
+    "ImportLimits",
     "ShouldRateLimit",
     "StreamRateLimitQuotas",
 ];
@@ -148,6 +149,16 @@ async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
         }
         "SetRlsRules" => admin.set_rls_rules(v1::RlsRules { rules_json: "[]".into() }).await.map(drop),
         "GetRlsRules" => admin.get_rls_rules(v1::GetRlsRulesRequest {}).await.map(drop),
+        "ImportLimits" => {
+            let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n";
+            let req = v1::ImportLimitsRequest {
+                format: v1::ImportFormat::EnvoyRatelimit as i32,
+                text: text.into(),
+                dry_run: true,
+                replace: false,
+            };
+            admin.import_limits(req).await.map(drop)
+        }
         "ShouldRateLimit" => {
             use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
                 RateLimitDescriptor, rate_limit_descriptor::Entry,

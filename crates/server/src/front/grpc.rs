@@ -760,6 +760,17 @@ impl Admin for Services {
         Ok(Response::new(v1::RlsRules { rules_json: self.node.rls_rules.get().to_json() }))
     }
 
+    async fn import_limits(
+        &self,
+        req: Request<v1::ImportLimitsRequest>,
+    ) -> Result<Response<v1::ImportLimitsResponse>, Status> {
+        let who = who(&req);
+        let r = req.into_inner();
+        let answer =
+            self.admin(move |node| crate::settings::import_call::import_limits(node, &r, &who)).await?;
+        Ok(Response::new(answer))
+    }
+
     async fn usage(&self, req: Request<v1::UsageRequest>) -> Result<Response<v1::UsageResponse>, Status> {
         let r = req.into_inner();
         let limit = match r.limit {

@@ -269,7 +269,12 @@ fn apply_config(node: Parts<'_>, old: Option<&Config>, new: &Config, who: &str) 
     Ok(())
 }
 
-fn apply_import(node: Parts<'_>, old: Option<&Plan>, plan: &Plan, who: &str) -> Result<(), String> {
+pub(crate) fn apply_import(
+    node: Parts<'_>,
+    old: Option<&Plan>,
+    plan: &Plan,
+    who: &str,
+) -> Result<(), String> {
     let c = node.controller;
     let mut writes = Vec::new();
     for g in &plan.groups {

@@ -275,6 +275,82 @@ pub fn describe_domains(
     dropped
 }
 
+/// What importing a plan does against what is in force, as `tollgate import` and the admin
+/// API's `ImportLimits` say it.
+#[derive(Debug)]
+pub struct Preview {
+    /// A line per group or pattern (`create group NAME: limit 5/s`, `keep …`, `change …
+    /// (was …)`), per domain the file answers, and per rule it adds.
+    pub lines: Vec<String>,
+    /// The domains that would lose what answers them now (which only a replace allows).
+    pub dropped: Vec<String>,
+    /// The plan's groups and patterns that change (indices into `plan.groups`).
+    pub changed: Vec<usize>,
+    /// The rules, trees and limits in force after it.
+    pub next: RuleSet,
+}
+
+/// What importing `plan` does, given the rules in force and each of its groups' stored
+/// settings (`before`, in `plan.groups`' order; `None`: no such group yet). An error when the
+/// rules it leaves break a rule.
+pub fn preview(
+    plan: &Plan,
+    current: &RuleSet,
+    before: &[Option<v1::GroupSettings>],
+) -> Result<Preview, String> {
+    let next = merged(current, plan);
+    next.check()?;
+    let mut lines = Vec::new();
+    let mut changed = Vec::new();
+    for (i, (g, before)) in plan.groups.iter().zip(before).enumerate() {
+        let verb = match before {
+            None => "create",
+            Some(b) if Shape::of(b) == g.shape => "keep",
+            Some(_) => "change",
+        };
+        let kind = if tollgate_model::settings::is_pattern(&g.name) { "pattern" } else { "group" };
+        let was = before
+            .as_ref()
+            .filter(|_| verb == "change")
+            .map(|b| format!(" (was {})", Shape::of(b).describe()))
+            .unwrap_or_default();
+        lines.push(format!("{verb} {kind} {}: {}{was}", g.name, g.shape.describe()));
+        if verb != "keep" {
+            changed.push(i);
+        }
+    }
+    let dropped = describe_domains(current, &next, plan, &mut |line| lines.push(line));
+    for r in &plan.rules {
+        lines.push(format!("  {}", serde_json::to_string(r).unwrap_or_default()));
+    }
+    Ok(Preview { lines, dropped, changed, next })
+}
+
+impl Preview {
+    /// Why it may not go ahead without a replace, saying how to `give` one (`--replace`);
+    /// `None` when it may.
+    pub fn blocked(&self, give: &str) -> Option<String> {
+        (!self.dropped.is_empty()).then(|| {
+            format!(
+                "{} would lose what answers them now ({}): give {give} to replace it; nothing changed",
+                if self.dropped.len() == 1 { "a domain" } else { "domains" },
+                self.dropped.join(", ")
+            )
+        })
+    }
+
+    /// What a write of `plan` did, in a line.
+    pub fn summary(&self, plan: &Plan) -> String {
+        format!(
+            "imported: {} groups and patterns written, {} rules, {} descriptor trees, {} namespaces of limits",
+            self.changed.len(),
+            plan.rules.len(),
+            plan.trees.len(),
+            plan.limits.len()
+        )
+    }
+}
+
 /// A name fragment for a descriptor entry in a group's name: `key=value`.
 fn part(key: &str, value: &str) -> String {
     format!("{key}={value}")
