@@ -1,4 +1,4 @@
-"""The demand definition and the cost models agree with the Rust model's: the table in
+"""The demand definition, the cost models and the ramps agree with the Rust model's: the table in
 shared_cases.json is computed by the Rust code (crates/core/tests/it/shared_cases.rs checks it is
 current), and replayed here through the Python client's own meter and models."""
 
@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 from tollgate._demand import Counts, DemandMeter
+from tollgate._ramp import Ramp, RampSettings
 from tollgate.cost import Consumption, CostModel, Usage
 
 TABLE = json.loads((pathlib.Path(__file__).parent / "shared_cases.json").read_text())
@@ -63,3 +64,13 @@ def test_every_cost_model_prices_as_the_rust_models_do() -> None:
         usage = Usage(u["kind"], u["bytes"], u["cpu_ms"], u["replicas"], u["durable"], u["units"])
         assert close(m.cost(usage), case["cost"]), case
         assert close(m.upfront(usage), case["upfront"]), case
+
+
+@pytest.mark.parametrize("case", range(len(TABLE["ramp"])))
+def test_ramps_step_as_the_rust_model_steps_them(case: int) -> None:
+    c = TABLE["ramp"][case]
+    ramp = Ramp(RampSettings("ramp", c["settings"]), c["resume"])
+    for i, step in enumerate(c["steps"]):
+        assert ramp.at_epoch(step["epoch"]) == step["pool"], (case, i, step)
+        ramp.use_units(step["used"])
+        assert math.isclose(ramp.value, step["value"], rel_tol=1e-12, abs_tol=1e-9), (case, i, step)

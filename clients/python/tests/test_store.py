@@ -170,7 +170,9 @@ def test_settings_a_controller_would_carry_out_are_refused_by_name(redis_url: st
     for settings, field in (
         ({"api": {"limit": 10, "burst": 5}}, "groups.api.burst"),
         ({"api": {"limit": 10, "priority": "high"}}, "groups.api.priority"),
-        ({"api": {"limit": 10, "ramp": {"min": 1, "max": 10}}}, "groups.api.ramp"),
+        ({"api": {"ramp": {"min": 1, "max": 10}}}, "groups.api.ramp.duration_s"),
+        ({"api": {"ramp": {"min": 20, "max": 10, "duration_s": 5}}}, "groups.api.ramp.min"),
+        ({"api": {"ramp": {"min": 1, "max": 10, "duration_s": 5, "mode": "eager"}}}, "groups.api.ramp.mode"),
         ({"api": {"limit": 10, "quotas": {"fortnight": 5}}}, "groups.api.quotas.fortnight"),
         ({"api": {"limit": 10, "budget": 5}}, "groups.api.budget"),
         ({"api": {"limit": 10, "colour": "red"}}, "groups.api.colour"),
@@ -300,3 +302,21 @@ def test_a_window_from_the_first_request_counts_from_it(redis_url: str) -> None:
         assert 3000 < refused.value.retry_after <= 3601, refused.value  # its end named to the second
         r = redis.Redis.from_url(redis_url)
         assert 0 < r.pttl("tollgate:{first:burst}:q:3600s-from-first") <= 3_600_000
+
+
+def test_a_ramp_grows_the_pool_each_epoch_and_resumes_after_a_restart(redis_url: str) -> None:
+    # Scheduled: 99 more units every epoch, from 10 to 1000.
+    ramp = {"min": 10, "max": 1000, "duration_s": 10, "mode": "scheduled", "resume_ttl_s": 60}
+    settings = {"ingest": {"ramp": ramp}}
+    with StoreLimiter(redis_url, settings, namespace="ramp", client_id="py-ramp") as limiter:
+        first = limiter.status().groups[0].pool
+        assert first == 10, limiter.status()
+        eventually("the pool grows", lambda: limiter.status().groups[0].pool > 10)
+        grown = limiter.status().groups[0].pool
+        assert (grown - 10) % 99 == 0, grown
+        limiter.try_acquire("ingest")
+    # Closed within the ramp's TTL: the next start resumes where it was, not at min.
+    kept = float(redis.Redis.from_url(redis_url).get("tollgate:{ramp:ingest}:resume") or 0)
+    assert kept >= grown, (kept, grown)
+    with StoreLimiter(redis_url, settings, namespace="ramp", client_id="py-ramp-again") as again:
+        assert again.status().groups[0].pool >= grown, again.status()

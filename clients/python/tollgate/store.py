@@ -15,14 +15,16 @@ Needs the ``redis`` package (``pip install 'tollgate-client[store]'``)::
         permit = limiter.try_acquire("ingest")   # or limiter.acquire("ingest", 5, timeout=2)
         print(limiter.status())
 
-A group's settings here are ``limit`` (its pool), ``quotas`` (counts per window, never
+A group's settings here are ``limit`` (its pool), ``ramp`` (a pool growing from ``min`` to
+``max`` in Numaflow's four modes, as the Rust model steps it; with ``resume_ttl_s`` a process
+started again within it resumes where the last one left), ``quotas`` (counts per window, never
 overrun however many processes ask: each window a counter in Redis, taken from in allotments
 as the Rust client takes them), ``dropped`` (``"return"``, the default, or ``"count"``),
 ``critical_reserve`` (request classes) and ``shadow``. With no controller, a ``burst``,
 ``reserved``, ``priority``, ``weight``, ``parent``, ``max_in_flight``, ``reads_writes_apart``
-or ``debt_repay_s`` cannot apply, and ramps are the Rust client's store mode's: each is
-refused, naming it. A group with no ``limit`` is not throttled by a pool; a name not in the
-settings shares the ``default`` group's pool and quotas when it has them.
+or ``debt_repay_s`` cannot apply: each is refused, naming it. A group with neither a ``limit``
+nor a ``ramp`` has no pool; a name not in the settings shares the ``default`` group's pool and
+quotas when it has them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import redis
 from . import _store_scripts
 from ._core import check_class, check_group, class_floor
 from ._local import Settings, Window, groups_of
+from ._ramp import Ramp, RampSettings
 from .cost import check_cost
 from .errors import InvalidArgument, Throttled
 
@@ -58,11 +61,10 @@ _REFUSED = {
     "max_in_flight": "a slot held by a process that dies cannot come back without a controller's lease; use the remote mode",
     "reads_writes_apart": "no engine keeps the group's read and write costs; use the remote mode",
     "debt_repay_s": "a debt is taken from the next one-second epoch's share of the pool; remove it",
-    "ramp": "ramps in store mode are the Rust client's (Tollgate::store); use it, or the remote mode",
     "budget": "give the window's quota in quotas instead",
     "budget_period": "give the window's quota in quotas instead",
 }
-_SETTINGS = ("limit", "dropped", "critical_reserve", "shadow", "quotas")
+_SETTINGS = ("limit", "ramp", "dropped", "critical_reserve", "shadow", "quotas")
 # How soon a request refused for want of an allotment tries again, while more is taken.
 _ALLOT_RETRY_S = 0.005
 # How long a spent quota over a group's life says to wait: only how often to look.
@@ -76,7 +78,7 @@ class StoreGroupStatus:
 
     group: str
     pool: float
-    """Units per one-second epoch for all processes: the group's limit."""
+    """Units per one-second epoch for all processes: the group's limit, or its ramp's pool now."""
     size: int
     """How many processes share the pool, as agreed through Redis."""
     share: float
@@ -181,6 +183,8 @@ class _Group(Settings):
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         super().__init__(name, settings, "store mode", _SETTINGS, _REFUSED)
         self.pool = self.limit
+        ramp = settings.get("ramp")
+        self.ramp = None if ramp is None else RampSettings(self.field + "ramp", ramp)
         quotas = settings.get("quotas", {})
         if not isinstance(quotas, Mapping):
             raise InvalidArgument.of(self.field + "quotas", f"must map windows to units, got {quotas!r}")
@@ -192,23 +196,32 @@ class _Group(Settings):
 
 
 class _Share:
-    """A pool's per-epoch share among ``size`` processes (the Rust model's ``EpochShare``, for
-    a fixed pool): ``⌊pool / size⌋`` per one-second epoch; what is given back within the
-    epoch can be taken again; unused units do not carry over, and what was taken beyond the
-    share is taken from the next epoch's."""
+    """A pool's per-epoch share among ``size`` processes (the Rust model's ``EpochShare``):
+    ``⌊pool / size⌋`` per one-second epoch; what is given back within the epoch can be taken
+    again; unused units do not carry over, and what was taken beyond the share is taken from
+    the next epoch's. The pool is fixed, or follows a ramp stepped at the first call of an
+    epoch from the last active epoch's use at pool level: this process's use times ``size``,
+    plus the remainder integer division could not hand out, which counts as used."""
 
-    def __init__(self, pool: float, size: int) -> None:
+    def __init__(self, pool: float, size: int, ramp: Optional[Ramp] = None) -> None:
         self.lock = threading.Lock()
-        self.pool, self.size = pool, max(size, 1)
+        self.fixed, self.ramp, self.size = pool, ramp, max(size, 1)
         self.epoch: Optional[int] = None
-        self.share = self.left = 0.0
+        self.pool = self.share = self.left = self.used = 0.0
         self.forced: Optional[bool] = None  # True: open, False: closed (safe mode)
 
     def roll(self, now: float) -> int:
         epoch = int(now)
         if self.epoch is None or epoch > self.epoch:
+            if self.ramp is None:
+                self.pool = self.fixed
+            else:
+                if self.epoch is not None:
+                    self.ramp.use_units(self.used * self.size + max(self.pool - self.share * self.size, 0.0))
+                self.pool = float(self.ramp.at_epoch(epoch))
             self.share = math.floor(self.pool / self.size)
             self.left = self.share + min(self.left, 0.0)  # a debt carries over
+            self.used = 0.0
             self.epoch = epoch
         return epoch
 
@@ -224,6 +237,7 @@ class _Share:
             keep = max(floor * self.share - 1e-9 * max(self.share, 1.0), 0.0)
             if self.forced is None and cost <= self.left - keep:
                 self.left -= cost
+                self.used += cost
                 return None
             return math.floor(now) + 1.0 - now
 
@@ -232,12 +246,14 @@ class _Share:
         with self.lock:
             self.roll(now)
             self.left -= cost
+            self.used += cost
 
     def deposit(self, units: float, taken_in: int, now: float) -> None:
         """Gives back ``units`` taken in epoch ``taken_in``: lost in a later epoch."""
         with self.lock:
             if self.roll(now) == taken_in:
                 self.left += units
+                self.used = max(self.used - units, 0.0)
 
 
 class StorePermit:
@@ -341,17 +357,20 @@ class StoreLimiter:
         self.syncs = 0
         reachable = True
         for name, g in self._settings.items():
-            if g.pool is None:
+            if g.pool is None and g.ramp is None:
                 continue
-            size = 1
+            size, resume = 1, None
+            resumes = g.ramp is not None and g.ramp.resume_ttl_s is not None
             if reachable:
                 try:
-                    live, _ = self._register(keys=self._keys(name), args=[self.client_id, "0"])
+                    live, kept = self._register(keys=self._keys(name), args=[self.client_id, "1" if resumes else "0"])
                     size = max(int(live), 1)
+                    resume = float(kept) if resumes and kept else None
                 except redis.RedisError as e:
                     _log.warning("tollgate: Redis unreachable at start (%s), starting in safe mode", e)
                     reachable = False
-            self._shares[name] = _Share(g.pool, size)
+            ramp = None if g.ramp is None else Ramp(g.ramp, resume)
+            self._shares[name] = _Share(g.pool or 0.0, size, ramp)
             self._report[name] = size
         self.connected = reachable and bool(self._shares)
         if not reachable:
@@ -527,7 +546,11 @@ class StoreLimiter:
             if time.monotonic() > deadline:
                 break
             try:
-                self._deregister(keys=self._keys(name), args=[self.client_id, "", "1"])
+                # A ramp that may resume keeps its value for its TTL.
+                share, ttl = self._shares[name], self._settings[name].ramp
+                kept = "" if share.ramp is None or ttl is None or ttl.resume_ttl_s is None else repr(share.ramp.value)
+                ttl_ms = "1" if not kept or ttl is None or ttl.resume_ttl_s is None else str(max(int(ttl.resume_ttl_s * 1000), 1))
+                self._deregister(keys=self._keys(name), args=[self.client_id, kept, ttl_ms])
             except redis.RedisError:
                 break
         self._redis.close()

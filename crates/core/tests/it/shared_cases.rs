@@ -1,4 +1,4 @@
-//! The demand definition and the cost models, as a table of cases other clients check
+//! The demand definition, the cost models and the ramps, as a table of cases other clients check
 //! themselves against: the Python client's tests replay `clients/python/tests/shared_cases.json`
 //! through its own meter and models, and the Go client's its demand cases through its meter
 //! (`clients/go/demand_test.go`), and must get the same numbers.
@@ -133,9 +133,50 @@ fn cost_cases() -> Value {
     Value::Array(cases)
 }
 
+fn ramp_cases() -> Value {
+    use std::time::Duration;
+    use tollgate_model::ramp::Ramp;
+    use tollgate_model::settings::{RampMode, RampSettings};
+    let mut rng = Rng(0x5eed_1234_abcd_0002);
+    let mut cases = Vec::new();
+    for mode in [RampMode::Scheduled, RampMode::Relaxed, RampMode::OnlyIfUsed, RampMode::GoBackN] {
+        for (threshold_pct, ramp_down_pct, cool_down_s, resume) in
+            [(100.0, 50.0, 5u64, None), (50.0, 25.0, 2, Some(47.5)), (75.0, 100.0, 1, Some(500.0))]
+        {
+            let settings = RampSettings {
+                mode,
+                threshold_pct,
+                ramp_down_pct,
+                cool_down: Duration::from_secs(cool_down_s),
+                ..RampSettings::new(10.0, 110.0, Duration::from_secs(7))
+            };
+            let mut ramp = Ramp::new(settings, resume);
+            let mut epoch = 0u64;
+            let mut steps = Vec::new();
+            for _ in 0..30 {
+                // Calls in the same epoch, the next, or after a gap of up to 6 epochs.
+                epoch += [0, 1, 1, 1, 2, 4, 7][rng.below(7) as usize];
+                let pool = ramp.at_epoch(epoch);
+                let used = (rng.below(130) as f64 * 0.5).min(pool as f64 + 3.0);
+                ramp.use_units(used);
+                steps.push(json!({ "epoch": epoch, "pool": pool, "used": used, "value": ramp.value() }));
+            }
+            cases.push(json!({
+                "settings": {
+                    "mode": mode.name(), "min": 10.0, "max": 110.0, "duration_s": 7.0,
+                    "threshold_pct": threshold_pct, "ramp_down_pct": ramp_down_pct, "cool_down_s": cool_down_s,
+                },
+                "resume": resume,
+                "steps": steps,
+            }));
+        }
+    }
+    Value::Array(cases)
+}
+
 #[test]
 fn the_shared_table_is_what_the_model_computes() {
-    let table = json!({ "demand": demand_cases(), "cost": cost_cases() });
+    let table = json!({ "demand": demand_cases(), "cost": cost_cases(), "ramp": ramp_cases() });
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../clients/python/tests/shared_cases.json");
     let text = serde_json::to_string_pretty(&table).unwrap() + "\n";
     if std::env::var_os("TOLLGATE_BLESS").is_some() {
