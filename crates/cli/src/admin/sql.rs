@@ -27,6 +27,11 @@
 //! that names no group goes (TiDB's binding of users to resource groups). `ALTER USER` changes
 //! it, `DROP USER` revokes the token. A user's host may only be `'%'` (a token is not tied
 //! to a host), and there is no password: the token is the credential.
+//!
+//! TiDB's other bindings of work to a group are refused with what does the same here: `SET
+//! RESOURCE GROUP` (a session's queries: bind the user, or name the group with each call), the
+//! `/*+ RESOURCE_GROUP(g) */` hint (one query's: the call's own `group`) and `IDENTIFIED BY`
+//! (the token is the credential).
 
 use std::fmt::Write as _;
 
@@ -35,6 +40,21 @@ use tollgate_proto::v1;
 
 use crate::admin::{self, Target};
 use crate::say;
+
+/// What to write instead of TiDB's `RESOURCE_GROUP()` hint.
+const HINT_INSTEAD: &str = "an optimizer hint (/*+ RESOURCE_GROUP(g) */) binds one query's work to a group, and \
+     here there is no query: a client names the group with each call instead (the `group` of \
+     /v1/check and /v1/charge, Tollgate::group(\"g\") in Rust, limiter.acquire(\"g\") in Python), \
+     which overrides its token's default group as the hint overrides the user's";
+
+/// What to write instead of TiDB's `SET RESOURCE GROUP`.
+const SESSION_INSTEAD: &str = "SET RESOURCE GROUP binds a session's queries to a group, and tollgate sql runs no \
+     queries: bind a user's work with ALTER USER name RESOURCE GROUP g (its token's default \
+     group), or name the group with each call (the `group` of /v1/check, Tollgate::group(\"g\"))";
+
+/// What to write instead of a password.
+const PASSWORD_INSTEAD: &str = "a user has no password here: CREATE USER name [RESOURCE GROUP g] prints the user's \
+     token, its credential (a client sends it as `authorization: Bearer TOKEN`)";
 
 /// The longest text `tollgate sql` takes, in bytes.
 pub const SQL_MAX_BYTES: usize = 1 << 20;
@@ -144,6 +164,18 @@ fn error_at(text: &str, at: usize, message: String) -> SqlError {
     SqlError { line, column, message }
 }
 
+/// Where the `/* … */` comment at `start` ends. An optimizer hint (`/*+ RESOURCE_GROUP(g) */`)
+/// is refused: it binds one query's work to a group, and here there is no query.
+fn comment_end(text: &str, start: usize) -> Result<usize, SqlError> {
+    if text.as_bytes().get(start + 2) == Some(&b'+') {
+        return Err(error_at(text, start, HINT_INSTEAD.into()));
+    }
+    match text[start + 2..].find("*/") {
+        Some(end) => Ok(start + end + 4),
+        None => Err(error_at(text, start, "a comment `/*` is never closed by `*/`".into())),
+    }
+}
+
 fn tokens(text: &str) -> Result<Vec<Token>, SqlError> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
@@ -158,10 +190,7 @@ fn tokens(text: &str) -> Result<Vec<Token>, SqlError> {
                     i += 1;
                 }
             }
-            b'/' if bytes.get(i + 1) == Some(&b'*') => match text[i + 2..].find("*/") {
-                Some(end) => i += end + 4,
-                None => return Err(error_at(text, start, "a comment `/*` is never closed by `*/`".into())),
-            },
+            b'/' if bytes.get(i + 1) == Some(&b'*') => i = comment_end(text, start)?,
             b'=' => {
                 out.push(Token { kind: Kind::Equals, at: start });
                 i += 1;
@@ -326,9 +355,7 @@ impl Parser<'_> {
             "CREATE" => {
                 let group = self.resource_group()?;
                 if self.is_word("IDENTIFIED") {
-                    return self.fail(
-                        "RESOURCE GROUP, `;` or the end (a user's token is its credential: no password)",
-                    );
+                    return Err(error_at(self.text, self.here(), PASSWORD_INSTEAD.into()));
                 }
                 Ok(Statement::CreateUser { name, if_not_exists: if_clause, group })
             }
@@ -419,6 +446,9 @@ impl Parser<'_> {
             return Ok(Statement::ShowAll);
         }
         if self.eat_word("SET") {
+            if self.is_word("RESOURCE") {
+                return Err(error_at(self.text, self.here(), SESSION_INSTEAD.into()));
+            }
             self.expect_word("GLOBAL")?;
             self.expect_word("TIDB_ENABLE_RESOURCE_CONTROL")?;
             self.eat(&Kind::Equals);
@@ -823,7 +853,19 @@ mod tests {
             e("ALTER USER app"),
             "line 1, column 15: expected RESOURCE GROUP: ALTER USER changes a user's resource group, found the end of the text"
         );
-        assert!(e("CREATE USER app IDENTIFIED BY 'pw'").contains("no password"));
+        assert!(
+            e("CREATE USER app IDENTIFIED BY 'pw'")
+                .starts_with("line 1, column 17: a user has no password here")
+        );
+        // TiDB's bindings of work to a group, each refused with what does it here.
+        assert!(
+            e("SET RESOURCE GROUP rg1").starts_with("line 1, column 5: SET RESOURCE GROUP binds a session")
+        );
+        assert!(e("SET RESOURCE GROUP rg1").contains("ALTER USER name RESOURCE GROUP g"));
+        let hint =
+            e("SHOW RESOURCE GROUPS;\nCREATE /*+ RESOURCE_GROUP(rg1) */ RESOURCE GROUP g RU_PER_SEC = 5");
+        assert!(hint.starts_with("line 2, column 8: an optimizer hint"), "{hint}");
+        assert!(hint.contains("the `group` of /v1/check"), "{hint}");
         assert!(e("CREATE USER 'app'@'localhost'").contains("a user's host must be '%'"));
     }
 
