@@ -110,6 +110,15 @@ def test_tokens_under_auth(tmp_path) -> None:  # type: ignore[no-untyped-def]
             with pytest.raises(tollgate.InvalidArgument) as bad:
                 admin.create_token("superuser")
             assert bad.value.field == "role"
+            # A token handed out beforehand (TiDB's IDENTIFIED BY), and one that is no token.
+            given = "tg_" + "00112233aabbccdd" + "_" + "ab" * 32
+            handed = admin.create_token("reader", name="dash", token=given)
+            assert handed.token == given and handed.info.id == "00112233aabbccdd", handed
+            with tollgate.Admin(server.url, token=given) as reader:
+                assert reader.list_groups() == []
+            with pytest.raises(tollgate.InvalidArgument) as bad:
+                admin.create_token("reader", token="hunter2")
+            assert bad.value.field == "token"
         with tollgate.Admin(server.url) as anonymous:
             with pytest.raises(tollgate.Unauthenticated):
                 anonymous.list_groups()

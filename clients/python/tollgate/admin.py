@@ -238,16 +238,18 @@ def _plan_create_token(
     expires_in_s: int = 0,
     name: str = "",
     default_group: str = "",
+    token: str = "",
 ) -> "Plan[NewToken]":
     if role not in ROLES:
         raise InvalidArgument.of("role", f"must be one of {', '.join(ROLES)}, got {role!r}")
     if isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int) or expires_in_s < 0:
         raise InvalidArgument.of("expires_in_s", f"must be a whole number of seconds from 0, got {expires_in_s!r}")
     request = pb.CreateTokenRequest(
-        role=role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group
+        role=role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group, token=token
     )
     answer = (yield ("CreateToken", request))
-    return NewToken(answer.token, Token.from_pb(answer.info))
+    # A token given is not sent back: it is the one given.
+    return NewToken(answer.token or token, Token.from_pb(answer.info))
 
 
 def _plan_list_tokens() -> "Plan[List[Token]]":
@@ -423,13 +425,15 @@ class Admin:
         expires_in_s: int = 0,
         name: str = "",
         default_group: str = "",
+        token: str = "",
     ) -> NewToken:
         """A new credential for a server run with ``--auth``: ``role`` is ``admin``,
         ``client``, ``backend`` or ``reader``; a client token may be kept to ``groups``
         (comma-separated patterns, ``*`` for any run of characters) and may carry the
         unthrottled privilege and a ``default_group`` (one of its groups: where its work goes
-        when a request names none). Its secret is in the answer, this once."""
-        return self._drive(_plan_create_token(role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group))
+        when a request names none). Its secret is in the answer, this once; or give the
+        ``token`` it is to be (``tg_ID_SECRET``, 16 and 64 hex digits, handed out already)."""
+        return self._drive(_plan_create_token(role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group, token=token))
 
     def list_tokens(self) -> List[Token]:
         """Every credential (never their secrets)."""
@@ -599,9 +603,10 @@ class AsyncAdmin:
         expires_in_s: int = 0,
         name: str = "",
         default_group: str = "",
+        token: str = "",
     ) -> NewToken:
         """:meth:`Admin.create_token`, awaited."""
-        return await self._drive(_plan_create_token(role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group))
+        return await self._drive(_plan_create_token(role, groups=groups, unthrottled=unthrottled, expires_in_s=expires_in_s, name=name, default_group=default_group, token=token))
 
     async def list_tokens(self) -> List[Token]:
         """:meth:`Admin.list_tokens`, awaited."""

@@ -340,20 +340,22 @@ class ImportLimitsResponse(_message.Message):
     def __init__(self, notes: _Optional[_Iterable[_Union[ImportNote, _Mapping]]] = ..., changes: _Optional[_Iterable[str]] = ..., applied: _Optional[bool] = ..., summary: _Optional[str] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
-    __slots__ = ("role", "groups", "unthrottled", "expires_in_s", "name", "default_group")
+    __slots__ = ("role", "groups", "unthrottled", "expires_in_s", "name", "default_group", "token")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     UNTHROTTLED_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     role: str
     groups: str
     unthrottled: bool
     expires_in_s: int
     name: str
     default_group: str
-    def __init__(self, role: _Optional[str] = ..., groups: _Optional[str] = ..., unthrottled: _Optional[bool] = ..., expires_in_s: _Optional[int] = ..., name: _Optional[str] = ..., default_group: _Optional[str] = ...) -> None: ...
+    token: str
+    def __init__(self, role: _Optional[str] = ..., groups: _Optional[str] = ..., unthrottled: _Optional[bool] = ..., expires_in_s: _Optional[int] = ..., name: _Optional[str] = ..., default_group: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class TokenInfo(_message.Message):
     __slots__ = ("id", "role", "groups", "unthrottled", "created_unix_ms", "expires_unix_ms", "name", "default_group")

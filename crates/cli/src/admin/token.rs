@@ -104,8 +104,15 @@ pub async fn run(server: &Target, cmd: Token) -> anyhow::Result<()> {
     match cmd {
         Token::Create { role, groups, unthrottled, default_group, expires, name, json } => {
             let expires_in_s = expires.map_or(0, |d| d.as_secs().max(1));
-            let request =
-                v1::CreateTokenRequest { role, groups, unthrottled, expires_in_s, name, default_group };
+            let request = v1::CreateTokenRequest {
+                role,
+                groups,
+                unthrottled,
+                expires_in_s,
+                name,
+                default_group,
+                token: String::new(),
+            };
             let made = client.create_token(request).await.map_err(rpc)?.into_inner();
             let info = made.info.unwrap_or_default();
             if json {

@@ -898,6 +898,33 @@ fn json_of(answer: &str) -> serde_json::Value {
 }
 
 #[test]
+fn a_user_identified_by_a_token_handed_out_beforehand_is_held_to_its_group() {
+    let data = data_dir("security-identified");
+    let s = ServerProc::start_with(&data, &["--auth", "--tick-ms", "100"], Stdio::null());
+    let admin = first_token(&data);
+    let env = [("TOLLGATE_SERVER", s.url()), ("TOLLGATE_TOKEN", admin)];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sql = |text: &str| cli(&["sql", text], &env);
+    // IDENTIFIED BY gives the user's token, handed out beforehand: it is not printed again.
+    let given = format!("tg_{}_{}", "00112233aabbccdd", "0123456789abcdef".repeat(4));
+    let (code, out, err) =
+        sql(&format!("CREATE USER 'ci'@'%' IDENTIFIED BY '{given}' RESOURCE GROUP checkout"));
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "created user ci, resource group checkout, identified by the token given\n"),
+        "{err}"
+    );
+    let (code, answer) = http(&s.http, "POST", "/v1/check", Some(&given), "{}");
+    assert_eq!((code, json_of(&answer)["group"].as_str()), (200, Some("checkout")), "{answer}");
+    // A password is no credential here: refused, saying what is.
+    let (code, _, err) = sql("CREATE USER weak IDENTIFIED BY 'hunter2'");
+    assert!(code != 0 && err.contains("a user's credential is a token, not a password"), "{err}");
+    // The same token twice is refused: it names one credential.
+    let (code, _, err) = sql(&format!("CREATE USER again IDENTIFIED BY '{given}'"));
+    assert!(code != 0 && err.contains("exists already"), "{err}");
+}
+
+#[test]
 fn users_are_tokens_bound_to_a_resource_group_by_sql_and_the_cli() {
     let data = data_dir("security-users");
     let s = ServerProc::start_with(&data, &["--auth", "--tick-ms", "100"], Stdio::null());

@@ -58,9 +58,15 @@ impl Access {
         self.tokens_read().authenticate(header, wall_ms())
     }
 
-    /// Makes a credential; returns it and its token (shown this once). Durable before it
-    /// returns, and in the audit log.
-    pub fn create_token(&self, new: &NewCredential, who: &str) -> Result<(Credential, String), AdminError> {
+    /// Makes a credential, with the token `given` (which must read `tg_ID_SECRET`) or a random
+    /// one; returns it and its token (shown this once). Durable before it returns, and in the
+    /// audit log.
+    pub fn create_token(
+        &self,
+        new: &NewCredential,
+        who: &str,
+        given: Option<&str>,
+    ) -> Result<(Credential, String), AdminError> {
         if new.name.starts_with(crate::access::auth::PEER_TOKEN_PREFIX) {
             return Err(AdminError::Rule(format!(
                 "name: names beginning `{}` are kept for the controllers' own tokens, got `{}`",
@@ -68,7 +74,7 @@ impl Access {
                 new.name
             )));
         }
-        self.create_token_as(new, who, None)
+        self.create_token_as(new, who, given)
     }
 
     /// Makes a controller's own token ([`Credential::is_peer`]), named `name`.

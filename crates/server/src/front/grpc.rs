@@ -712,7 +712,12 @@ impl Admin for Services {
             name: r.name,
             default_group: r.default_group,
         };
-        let (credential, token) = self.admin(move |c| c.access.create_token(&new, &who)).await?;
+        let given = (!r.token.is_empty()).then_some(r.token);
+        let echo = given.is_none();
+        let (credential, token) =
+            self.admin(move |c| c.access.create_token(&new, &who, given.as_deref())).await?;
+        // A token given is not sent back: its holder has it already.
+        let token = if echo { token } else { String::new() };
         Ok(Response::new(v1::CreateTokenResponse { token, info: Some(credential.info()) }))
     }
 
