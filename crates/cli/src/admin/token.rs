@@ -34,7 +34,11 @@ pub enum Token {
         /// A label shown by `token list` and in the audit log.
         #[arg(long, default_value = "")]
         name: String,
-        /// Print JSON (with the token) for scripts.
+        /// The token to make, read from this file (`tg_ID_SECRET`, 16 and 64 hex digits,
+        /// generated and handed out beforehand); default a new random one, printed.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<std::path::PathBuf>,
+        /// Print JSON (with the token, when it is new) for scripts.
         #[arg(long)]
         json: bool,
     },
@@ -102,8 +106,12 @@ fn info_line(t: &v1::TokenInfo) -> String {
 pub async fn run(server: &Target, cmd: Token) -> anyhow::Result<()> {
     let mut client = connect(server).await?;
     match cmd {
-        Token::Create { role, groups, unthrottled, default_group, expires, name, json } => {
+        Token::Create { role, groups, unthrottled, default_group, expires, name, token_file, json } => {
             let expires_in_s = expires.map_or(0, |d| d.as_secs().max(1));
+            let token = match &token_file {
+                Some(file) => crate::read_text(file, 1024)?.trim().to_string(),
+                None => String::new(),
+            };
             let request = v1::CreateTokenRequest {
                 role,
                 groups,
@@ -111,14 +119,18 @@ pub async fn run(server: &Target, cmd: Token) -> anyhow::Result<()> {
                 expires_in_s,
                 name,
                 default_group,
-                token: String::new(),
+                token,
             };
             let made = client.create_token(request).await.map_err(rpc)?.into_inner();
             let info = made.info.unwrap_or_default();
             if json {
                 let mut v = info_json(&info);
-                v["token"] = made.token.into();
+                if token_file.is_none() {
+                    v["token"] = made.token.into();
+                }
                 say(v.to_string());
+            } else if let Some(file) = token_file {
+                say(format!("made {}; its token is the one in {}", info_line(&info), file.display()));
             } else {
                 say(made.token);
                 eprintln(&format!("made {}; the token above is shown this once", info_line(&info)));

@@ -922,6 +922,18 @@ fn a_user_identified_by_a_token_handed_out_beforehand_is_held_to_its_group() {
     // The same token twice is refused: it names one credential.
     let (code, _, err) = sql(&format!("CREATE USER again IDENTIFIED BY '{given}'"));
     assert!(code != 0 && err.contains("exists already"), "{err}");
+    // The command takes one from a file, and does not print it.
+    let file = data.join("reader.token");
+    let reader = format!("tg_{}_{}", "aabbccdd00112233", "fedcba9876543210".repeat(4));
+    std::fs::write(&file, format!("{reader}\n")).unwrap();
+    let (code, out, err) =
+        cli(&["token", "create", "--role", "reader", "--token-file", file.to_str().unwrap()], &env);
+    assert!(
+        code == 0 && out.starts_with("made aabbccdd00112233  reader") && !out.contains(&reader),
+        "{out}{err}"
+    );
+    let (code, answer) = http(&s.http, "GET", "/v1/status", Some(&reader), "");
+    assert_eq!(code, 200, "{answer}");
 }
 
 #[test]
