@@ -206,13 +206,9 @@ func TestAReservationHoldsAgainstAHeavierNeighbourInOtherProcesses(t *testing.T)
 		}
 	}()
 	asking(t, conn, "noisy", 2)
-	for {
-		status, err := admin.Status(ctx, &pb.StatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
+	testserver.Eventually(t, "small held at its reservation beside noisy", func() (bool, string) {
 		targets := map[string]float64{}
-		for _, g := range status.GetGroups() {
+		for _, g := range testserver.Groups(t, conn) {
 			targets[g.GetName()] = g.GetTarget()
 		}
 		// A reservation holds even the moment its group wakes: until the next tick takes
@@ -222,16 +218,8 @@ func TestAReservationHoldsAgainstAHeavierNeighbourInOtherProcesses(t *testing.T)
 		}
 		// The small group's own grant, as its client holds it, beside the noisy one's target.
 		small, noisy := tollgate.Rate(l, "small"), targets["noisy"]
-		if small >= 200*0.999 && noisy >= 700 {
-			t.Logf("small holds %.1f units/s, noisy %.1f", small, noisy)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("small holds %.1f units/s (reserved 200), noisy %.1f", small, noisy)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return small >= 200*0.999 && noisy >= 700, fmt.Sprintf("small holds %.1f units/s (reserved 200), noisy %.1f", small, noisy)
+	})
 }
 
 func pointer(v float64) *float64 { return &v }

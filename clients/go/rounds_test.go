@@ -12,7 +12,6 @@ import (
 
 	tollgate "github.com/tollgate-rs/tollgate/clients/go"
 	"github.com/tollgate-rs/tollgate/clients/go/internal/testserver"
-	pb "github.com/tollgate-rs/tollgate/clients/go/tollgatev1"
 )
 
 func TestMoreGroupsThanAnExchangeCarriesAreReportedInPages(t *testing.T) {
@@ -41,33 +40,17 @@ func TestMoreGroupsThanAnExchangeCarriesAreReportedInPages(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	admin := pb.NewAdminClient(conn)
-	for {
+	testserver.Eventually(t, "every admission reported", func() (bool, string) {
 		admitted, reported := uint64(0), 0
-		for token := ""; ; {
-			status, err := admin.Status(ctx, &pb.StatusRequest{PageSize: 1000, PageToken: token})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, g := range status.GetGroups() {
-				if strings.HasPrefix(g.GetName(), "tenant-") {
-					admitted += g.GetAdmittedTotal()
-					reported++
-				}
-			}
-			if token = status.GetNextPageToken(); token == "" {
-				break
+		for _, g := range testserver.Groups(t, conn) {
+			if strings.HasPrefix(g.GetName(), "tenant-") {
+				admitted += g.GetAdmittedTotal()
+				reported++
 			}
 		}
-		if reported == groups && admitted == 2*groups {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the server saw %d admissions in %d groups, not %d in %d", admitted, reported, 2*groups, groups)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return reported == groups && admitted == 2*groups,
+			fmt.Sprintf("the server saw %d admissions in %d groups, not %d in %d", admitted, reported, 2*groups, groups)
+	})
 }
 
 func TestAGroupIdlePastTheExpiryTakesAFreshGrant(t *testing.T) {
@@ -84,16 +67,12 @@ func TestAGroupIdlePastTheExpiryTakesAFreshGrant(t *testing.T) {
 	}
 	// Four minutes pass with nothing asked of "quiet", while "busy" keeps working.
 	tollgate.Skip(l, time.Duration(tollgate.GroupIdleExpiry*float64(time.Second))+time.Second)
-	for tollgate.Granted(l, "quiet") {
+	testserver.Eventually(t, "the idle group left out", func() (bool, string) {
 		if _, err := l.TryAcquire("busy", 1); err != nil {
 			t.Fatal("busy was refused:", err)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the idle group was never left out")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return !tollgate.Granted(l, "quiet"), "quiet still granted"
+	})
 	if !tollgate.Granted(l, "busy") {
 		t.Fatal("the busy group lost its grant")
 	}

@@ -2,6 +2,7 @@ package tollgate_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -30,23 +31,16 @@ func TestAGroupInShadowModeIsNeverRefusedAndCountsWhatItWouldRefuse(t *testing.T
 			t.Fatalf("request %d refused in shadow mode: %v", i, err)
 		}
 	}
-	for {
-		status, err := admin.Status(ctx, &pb.StatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, g := range status.GetGroups() {
-			if g.GetName() == "dark" && g.GetAdmittedTotal() == 16 {
-				if g.GetWouldRefuseTotal() != 5 || g.GetThrottledTotal() != 0 {
-					t.Fatalf("the server counts %d would-be refusals and %d refusals, not 5 and 0", g.GetWouldRefuseTotal(), g.GetThrottledTotal())
-				}
-				return
+	var dark *pb.GroupStatus
+	testserver.Eventually(t, "the server counts the 16 admissions", func() (bool, string) {
+		for _, g := range testserver.Groups(t, conn) {
+			if g.GetName() == "dark" {
+				dark = g
 			}
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the server never counted the 16 admissions: %v", status.GetGroups())
-		case <-time.After(50 * time.Millisecond):
-		}
+		return dark.GetAdmittedTotal() == 16, fmt.Sprintf("%v", dark)
+	})
+	if dark.GetWouldRefuseTotal() != 5 || dark.GetThrottledTotal() != 0 {
+		t.Fatalf("the server counts %d would-be refusals and %d refusals, not 5 and 0", dark.GetWouldRefuseTotal(), dark.GetThrottledTotal())
 	}
 }

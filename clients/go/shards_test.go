@@ -75,18 +75,6 @@ func metric(http_ string, name string) float64 {
 	return -1
 }
 
-// eventually waits up to a minute for done (a bound for a stuck test, not a timing assertion).
-func eventually(t *testing.T, what string, done func() bool) {
-	t.Helper()
-	for i := 0; i < 600; i++ {
-		if done() {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatal("never happened: " + what)
-}
-
 // sharded starts etcd and two controllers sharing 8 shards, each owning some, with a group
 // in every shard.
 func sharded(t *testing.T) []*testserver.Server {
@@ -106,12 +94,12 @@ func sharded(t *testing.T) []*testserver.Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
-	eventually(t, "etcd answers", func() bool {
+	testserver.Eventually(t, "etcd answers", func() (bool, string) {
 		res, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", client))
 		if err == nil {
 			res.Body.Close()
 		}
-		return err == nil && res.StatusCode == 200
+		return err == nil && res.StatusCode == 200, ""
 	})
 	flags := []string{"--etcd", fmt.Sprintf("http://127.0.0.1:%d", client), "--shards", strconv.Itoa(shards),
 		"--election-lease-s", "1", "--tick-ms", "100", "--lease-ms", "1000"}
@@ -119,16 +107,16 @@ func sharded(t *testing.T) []*testserver.Server {
 	for i := 0; i < 2; i++ {
 		servers = append(servers, testserver.Run(t, filepath.Join(dir, fmt.Sprintf("data-%d", i)), flags...))
 	}
-	eventually(t, "every shard owned, each controller some", func() bool {
+	testserver.Eventually(t, "every shard owned, each controller some", func() (bool, string) {
 		sum := 0.0
 		for _, s := range servers {
 			owned := metric(s.HTTP, "tollgate_shards_owned")
 			if owned < 1 {
-				return false
+				return false, ""
 			}
 			sum += owned
 		}
-		return sum == shards
+		return sum == shards, ""
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -173,14 +161,14 @@ func TestALimiterSendsEachPartToItsOwner(t *testing.T) {
 		t.Fatal("no part was passed on between the controllers")
 	}
 	// The limiter learnt every group's shard, as the controllers compute it.
-	eventually(t, "every group's shard learnt", func() bool {
+	testserver.Eventually(t, "every group's shard learnt", func() (bool, string) {
 		learnt := tollgate.Shards(l)
 		for _, g := range shardedGroups() {
 			if s, ok := learnt[g]; !ok || s != shardOf(g) {
-				return false
+				return false, ""
 			}
 		}
-		return true
+		return true, ""
 	})
 	// Then a window of 2.5 s (more than two exchange periods) passes with no part passed on.
 	for window := 1; ; window++ {
@@ -200,8 +188,8 @@ func TestALimiterSendsEachPartToItsOwner(t *testing.T) {
 	// The other controller dies: its shards move to the one given, the parts sent to it fail
 	// and go through the controller given, and every group is granted again.
 	servers[1].Stop()
-	eventually(t, "every shard owned by the survivor", func() bool {
-		return metric(servers[0].HTTP, "tollgate_shards_owned") == shards
+	testserver.Eventually(t, "every shard owned by the survivor", func() (bool, string) {
+		return metric(servers[0].HTTP, "tollgate_shards_owned") == shards, ""
 	})
 	acquireAll(t, l)
 	if l.Safe() {

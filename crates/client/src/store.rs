@@ -634,18 +634,22 @@ async fn sync_loop(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// The Python client's store mode runs the same scripts, so that Python and Rust processes
-    /// share one pool: its copies must be these, word for word.
-    #[test]
-    fn the_python_client_runs_the_same_scripts() {
+    /// Asserts that the Python client's store mode holds `script` as `name`, word for word:
+    /// Python and Rust processes share a pool only while they run the same scripts.
+    pub(crate) fn assert_python_runs(name: &str, script: &str) {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python/tollgate/_store_scripts.py");
         let python = std::fs::read_to_string(path).unwrap();
+        let copy = format!("{name} = \"\"\"{script}\"\"\"");
+        assert!(python.contains(&copy), "{path}: {name} is not the Rust client's script");
+    }
+
+    #[test]
+    fn the_python_client_runs_the_same_scripts() {
         for (name, script) in [("REGISTER", REGISTER), ("SYNC", SYNC), ("DEREGISTER", DEREGISTER)] {
-            let copy = format!("{name} = \"\"\"{script}\"\"\"");
-            assert!(python.contains(&copy), "{path}: {name} is not the Rust client's script");
+            assert_python_runs(name, script);
         }
     }
 }

@@ -336,14 +336,9 @@ impl StoreQuotas {
 #[cfg(test)]
 mod tests {
     /// The Python client's store mode takes its quotas' units by the same script, so that
-    /// Python and Rust processes share one count: its copy must be this, word for word.
+    /// Python and Rust processes share one count.
     #[test]
     fn the_python_client_takes_by_the_same_script() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python/tollgate/_store_scripts.py");
-        let python = std::fs::read_to_string(path).unwrap();
-        assert!(
-            python.contains(&format!("TAKE = \"\"\"{}\"\"\"", super::TAKE)),
-            "{path}: TAKE is not the Rust client's"
-        );
+        crate::store::tests::assert_python_runs("TAKE", super::TAKE);
     }
 }

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -84,16 +85,10 @@ func TestTheServiceReportsItsLoadAndHoldsTenantsToTheirSoftLimits(t *testing.T) 
 	address := strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
 
 	// The soft limits come from the controller at start.
-	for {
-		if _, _, limits := call(t, address, "GET", "/limits", nil); len(limits) == 1 && limits["heavy"] == 1.0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the soft limits never came")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	testserver.Eventually(t, "the soft limits", func() (bool, string) {
+		_, _, limits := call(t, address, "GET", "/limits", nil)
+		return len(limits) == 1 && limits["heavy"] == 1.0, fmt.Sprint(limits)
+	})
 	work := func(tenant string, units string) (int, http.Header, map[string]interface{}) {
 		return call(t, address, "POST", "/work", map[string]string{"X-Tenant": tenant, "X-Units": units})
 	}
@@ -116,7 +111,7 @@ func TestTheServiceReportsItsLoadAndHoldsTenantsToTheirSoftLimits(t *testing.T) 
 		}
 	}
 	// Its reports reach the controller: the backend, with the tenants it served.
-	for {
+	testserver.Eventually(t, "the backend's reports", func() (bool, string) {
 		status, err := admin.Status(ctx, &pb.StatusRequest{})
 		if err != nil {
 			t.Fatal(err)
@@ -127,13 +122,9 @@ func TestTheServiceReportsItsLoadAndHoldsTenantsToTheirSoftLimits(t *testing.T) 
 				seen[g.GetGroup()] = true
 			}
 			if b.GetName() == "kv-example-go" && seen["heavy"] && seen["light"] && len(seen) == 2 && b.GetUtilisation() > 0 {
-				return
+				return true, ""
 			}
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the backend's reports never showed: %v", status.GetBackendDetail())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return false, fmt.Sprint(status.GetBackendDetail())
+	})
 }

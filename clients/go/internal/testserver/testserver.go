@@ -4,13 +4,17 @@ package testserver
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
+
+	pb "github.com/tollgate-rs/tollgate/clients/go/tollgatev1"
 )
 
 // Start runs `tollgate server` (the binary TOLLGATE_BIN names) on free loopback ports with
@@ -87,4 +91,37 @@ func (f *firstBytes) String() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.buf.String()
+}
+
+// Eventually looks every 50 ms, for up to a minute (a bound for a stuck test, not a timing
+// assertion), until done says yes; else it fails the test saying what never happened and
+// what done said last.
+func Eventually(t testing.TB, what string, done func() (bool, string)) {
+	t.Helper()
+	last := ""
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var ok bool
+		if ok, last = done(); ok {
+			return
+		}
+	}
+	t.Fatalf("never happened: %s (%s)", what, last)
+}
+
+// Groups is every group's status on the server at conn, a page at a time.
+func Groups(t testing.TB, conn grpc.ClientConnInterface) []*pb.GroupStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var groups []*pb.GroupStatus
+	for token := ""; ; {
+		status, err := pb.NewAdminClient(conn).Status(ctx, &pb.StatusRequest{PageSize: 1000, PageToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups = append(groups, status.GetGroups()...)
+		if token = status.GetNextPageToken(); token == "" {
+			return groups
+		}
+	}
 }
