@@ -4,7 +4,7 @@
 //! cargo run --release -p tollgate-limiter --example kv-service -- \
 //!     [--controller http://127.0.0.1:7460] [--listen 127.0.0.1:7480] [--capacity 1000000] [--concurrency 4] \
 //!     [--compact-every SECONDS] [--step UNITS] [--work sleep|cpu] [--rounds N] [--learn]
-//!     [--max-wait MS] [--admit-wait MS]
+//!     [--max-wait MS] [--admit-wait MS] [--per-backend]
 //! ```
 //!
 //! - The tenant comes from the `x-tollgate-group` header (unknown or missing: `default`), and
@@ -37,10 +37,15 @@
 //!   not protected from overload beyond `--concurrency`.
 //! - `--max-wait` is how long a request waits for a slot before a `503` (default 5000 ms), and
 //!   `--admit-wait` how long for its group's grant before a `429` (default 50 ms).
+//! - With several such services behind one controller, each charges a tenant's place in its
+//!   queue for what the others serve of it (dmClock's cross-backend term, docs/backend.md), so a
+//!   tenant spread over them gets its share of all of them together. `--per-backend` turns
+//!   that off: each service shares itself alone.
 //!
 //! API: `PUT /kv/{key}` stores the body; `GET /kv/{key}` returns it; `GET /stats` shows the
-//! utilisation, the scheduler's queue and what it learned, the settings version and the bytes
-//! compacted; `PUT /slowdown` with a factor from 1 to 100 in its body makes each request's
+//! utilisation, the scheduler's queue and what it learned, the settings version, the bytes
+//! compacted, the units served per tenant and the units/s charged for each tenant's work on
+//! other services; `PUT /slowdown` with a factor from 1 to 100 in its body makes each request's
 //! work that many times longer from then on (the service slowing down, for the benchmarks);
 //! `GET /healthz`.
 
@@ -56,7 +61,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tollgate_limiter::core::adaptive::LearnSettings;
 use tollgate_limiter::core::config::Config;
-use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions};
+use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions, TakesElsewhere};
 use tollgate_limiter::scheduler::{FollowOptions, Following, ScheduleError, Scheduler, SchedulerOptions};
 use tollgate_limiter::{AcquireError, RemoteOptions, RequestClass, Tollgate};
 
@@ -89,7 +94,12 @@ struct Service {
     rounds: Option<u32>,
     /// How many times longer each request's work is than at the start.
     slowdown: AtomicU64,
+    /// Units served so far, by tenant (at most `SERVED_GROUPS_MAX` tenants named).
+    served: Mutex<HashMap<String, f64>>,
 }
+
+/// The most tenants `/stats` counts the units served of.
+const SERVED_GROUPS_MAX: usize = 10_000;
 
 struct Options {
     controller: String,
@@ -104,6 +114,8 @@ struct Options {
     learn: bool,
     max_wait: Duration,
     admit_wait: Duration,
+    /// Schedule by this service's own work only (no charge for other backends' work).
+    per_backend: bool,
 }
 
 fn options() -> Result<Options, String> {
@@ -119,12 +131,14 @@ fn options() -> Result<Options, String> {
         learn: false,
         max_wait: Duration::from_secs(5),
         admit_wait: Duration::from_millis(50),
+        per_backend: false,
     };
     let mut cpu = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        if flag == "--learn" {
-            o.learn = true;
+        if flag == "--learn" || flag == "--per-backend" {
+            o.learn |= flag == "--learn";
+            o.per_backend |= flag == "--per-backend";
             continue;
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -281,6 +295,7 @@ async fn serve(
         let passes = u64::from(rounds) * slowdown;
         let _ = tokio::task::spawn_blocking(move || hash_rounds(&value, passes)).await;
         drop(slot);
+        count_served(svc, group, actual);
         let _ = permit.settle(actual);
         return response;
     }
@@ -295,8 +310,19 @@ async fn serve(
         }
     }
     drop(slot);
+    count_served(svc, group, actual);
     let _ = permit.settle(actual);
     response
+}
+
+/// Counts `units` served for `group`, in `/stats`.
+fn count_served(svc: &Service, group: &str, units: f64) {
+    let mut served = svc.served.lock().unwrap();
+    if let Some(total) = served.get_mut(group) {
+        *total += units;
+    } else if served.len() < SERVED_GROUPS_MAX {
+        served.insert(group.to_string(), units);
+    }
 }
 
 async fn get_key(State(svc): State<Arc<Service>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
@@ -350,6 +376,8 @@ async fn stats(State(svc): State<Arc<Service>>) -> Response {
         "waiting": waiting,
         "settings_version": svc.scheduler.settings_version(),
         "compacted_bytes": svc.compacted.load(Ordering::Relaxed),
+        "served": *svc.served.lock().unwrap(),
+        "elsewhere": svc.scheduler.elsewhere(),
     }))
     .into_response()
 }
@@ -404,8 +432,12 @@ async fn compact(svc: Arc<Service>, every: Duration) {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let o = options().map_err(|e| format!("kv-service: {e}"))?;
+    // Bound first: the address names this service to the controller (`--listen` may ask for
+    // any free port).
+    let listener = tokio::net::TcpListener::bind(&o.listen).await?;
+    let here = listener.local_addr()?;
     let remote = RemoteOptions {
-        client_id: Some(format!("kv-service-{}", o.listen)),
+        client_id: Some(format!("kv-service-{here}")),
         max_wait: o.admit_wait,
         ..RemoteOptions::default()
     };
@@ -432,9 +464,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reporter = BackendReporter::spawn(
         &o.controller,
         ReporterOptions {
-            backend_id: format!("kv-{}", o.listen),
+            backend_id: format!("kv-{here}"),
             zone: "local".into(),
             capacity: capacity.filter(|_| !o.learn),
+            elsewhere: (!o.per_backend).then(|| Arc::new(scheduler.clone()) as Arc<dyn TakesElsewhere>),
             ..ReporterOptions::default()
         },
         move || learned.health().unwrap_or(BackendHealth::Utilisation(0.0)),
@@ -453,6 +486,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         capacity,
         rounds: o.rounds,
         slowdown: AtomicU64::new(1),
+        served: Mutex::new(HashMap::new()),
     });
     // Utilisation: units arriving per second, smoothed over about two seconds.
     {
@@ -477,7 +511,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/stats", get(stats))
         .route("/slowdown", axum::routing::put(slowdown))
         .with_state(svc);
-    let listener = tokio::net::TcpListener::bind(&o.listen).await?;
     println!("kv-service listening on {} (controller {})", listener.local_addr()?, o.controller);
     axum::serve(listener, app)
         .with_graceful_shutdown(async {

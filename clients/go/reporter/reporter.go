@@ -64,6 +64,8 @@ type Reporter struct {
 	last    time.Time
 	limits  map[string]float64
 	version uint64
+	// For each group of the last report served on other backends too: its units/s there.
+	elsewhere map[string]float64
 }
 
 // New checks the options and makes a reporter on conn (a connection to a controller).
@@ -197,7 +199,34 @@ func (r *Reporter) ReportNow(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	elsewhere := map[string]float64{}
+	for _, l := range ack.GetElsewhere() {
+		if u := l.GetUnitsPerS(); u > 0 && !math.IsInf(u, 0) {
+			elsewhere[l.GetGroup()] = u
+		}
+	}
+	r.mu.Lock()
+	r.elsewhere = elsewhere
+	r.mu.Unlock()
 	return ack.GetRejected(), nil
+}
+
+// Elsewhere is, for each group of the last report that other backends serve too, its
+// units/s on them, as the controller answered: dmClock's cross-backend term, which a fair
+// queue charges each group as time passes, as if it had served that work itself.
+func (r *Reporter) Elsewhere() map[string]float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return copied(r.elsewhere)
+}
+
+// copied is a copy of m, for a caller to keep.
+func copied(m map[string]float64) map[string]float64 {
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 // RefreshSettings pulls the groups' settings, sending the version held: the controller
@@ -234,11 +263,7 @@ func (r *Reporter) take(s *pb.BackendSettings) {
 func (r *Reporter) SoftLimits() map[string]float64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]float64, len(r.limits))
-	for g, l := range r.limits {
-		out[g] = l
-	}
-	return out
+	return copied(r.limits)
 }
 
 // SettingsVersion is the version of the settings held (0: none heard yet).

@@ -74,6 +74,37 @@ func TestAReportReachesTheControllerWithTheLoadAndTheUtilisation(t *testing.T) {
 	}
 }
 
+func TestEachReportIsAnsweredWithWhatTheOtherBackendsServe(t *testing.T) {
+	conn := testserver.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	one, err := reporter.New(conn, reporter.Options{BackendID: "fan-1", Capacity: 1000, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := reporter.New(conn, reporter.Options{BackendID: "fan-2", Capacity: 1000, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one.Record("spread", 600)
+	one.Record("own", 100)
+	two.Record("spread", 300)
+	now = now.Add(time.Second)
+	if _, err := one.ReportNow(ctx); err != nil || len(one.Elsewhere()) != 0 {
+		t.Fatalf("before the second backend reports: %v, %v", one.Elsewhere(), err)
+	}
+	if _, err := two.ReportNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	share := 1 - math.Exp(-1)
+	got := two.Elsewhere()
+	if len(got) != 1 || math.Abs(got["spread"]-600*share) > 1e-9 {
+		t.Fatalf("what the other backend serves: %v", got)
+	}
+}
+
 func TestTheSoftLimitsComeBackPulledThenPushed(t *testing.T) {
 	conn := testserver.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

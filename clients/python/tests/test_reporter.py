@@ -60,6 +60,24 @@ def test_a_report_reaches_the_controller_with_the_load_and_the_utilisation(serve
     assert math.isclose(seen.top_groups[0][1], 600 * share, rel_tol=1e-9), seen
 
 
+def test_each_report_is_answered_with_what_the_other_backends_serve(server: Server) -> None:
+    clock = Clock()
+    share = 1.0 - math.exp(-1.0)
+    with tollgate.Reporter(server.url, "fan-1", capacity=1000.0, interval=None, clock=clock) as one, tollgate.Reporter(
+        server.url, "fan-2", capacity=1000.0, interval=None, clock=clock
+    ) as two:
+        one.record("fan-spread", 600)
+        one.record("fan-own", 100)
+        two.record("fan-spread", 300)
+        clock.now += 1.0
+        one.report_now()
+        assert one.elsewhere() == {}, "no other backend serves them yet"
+        two.report_now()
+        elsewhere = two.elsewhere()
+        assert list(elsewhere) == ["fan-spread"], elsewhere
+        assert math.isclose(elsewhere["fan-spread"], 600 * share, rel_tol=1e-9), elsewhere
+
+
 def test_a_health_function_reports_queue_bytes_and_top_k_keeps_the_busiest(server: Server) -> None:
     clock = Clock()
     health = lambda: tollgate.QueueBytes(2e8)  # noqa: E731

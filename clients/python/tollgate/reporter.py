@@ -123,6 +123,7 @@ class _Core:
         self.last = clock()
         self.limits: Dict[str, float] = {}
         self.version = 0
+        self.elsewhere: Dict[str, float] = {}
 
     def record(self, group: str, units: float) -> None:
         if not isinstance(group, str) or not group:
@@ -164,6 +165,13 @@ class _Core:
         if not isinstance(h, (Utilisation, QueueBytes)) or not (math.isfinite(h.value) and h.value >= 0):
             raise InvalidArgument.of("health", f"must return Utilisation or QueueBytes of a finite value, 0 or more, got {h!r}")
         return h
+
+    def take_ack(self, ack: pb.ReportAck) -> List[str]:
+        """Keeps what the other backends serve of the groups reported; the loads left out."""
+        elsewhere = {l.group: l.units_per_s for l in ack.elsewhere if math.isfinite(l.units_per_s) and l.units_per_s > 0}
+        with self.lock:
+            self.elsewhere = elsewhere
+        return list(ack.rejected)
 
     def take_settings(self, s: pb.BackendSettings) -> None:
         """Keeps the soft limits of a settings answer (an unchanged one keeps those held)."""
@@ -215,6 +223,13 @@ class _Reporting:
         with self._core.lock:
             return dict(self._core.limits)
 
+    def elsewhere(self) -> Dict[str, float]:
+        """For each group of the last report that other backends serve too, its units/s on
+        them, as the controller answered (dmClock's cross-backend term: a fair queue charges
+        each group this much, as time passes, as if it had served it)."""
+        with self._core.lock:
+            return dict(self._core.elsewhere)
+
     @property
     def settings_version(self) -> int:
         """The version of the settings held (0: none heard yet)."""
@@ -265,7 +280,7 @@ class Reporter(_Reporting):
         except grpc.RpcError as e:
             self._failed_over()
             raise from_rpc(e) from None
-        return list(ack.rejected)
+        return self._core.take_ack(ack)
 
     def refresh_settings(self) -> None:
         """Pulls the groups' settings, sending the version held: the controller answers
@@ -359,7 +374,7 @@ class AsyncReporter(_Reporting):
         except grpc.RpcError as e:
             self._failed_over()
             raise from_rpc(e) from None
-        return list(ack.rejected)
+        return self._core.take_ack(ack)
 
     async def refresh_settings(self) -> None:
         """:meth:`Reporter.refresh_settings`, awaited."""

@@ -56,6 +56,19 @@ pub struct ReporterOptions {
     pub capacity: Option<f64>,
     /// The token (a backend token) and TLS files for a controller that asks for them.
     pub access: crate::access::Access,
+    /// What takes the controller's answer to each report: each group reported that other
+    /// backends serve too, with its units/s on them (dmClock's cross-backend term). Give the
+    /// backend's [`Scheduler`](crate::scheduler::Scheduler), which charges it to its fair
+    /// queue. Only the groups reported (the `top_k` busiest) are answered for. `None` (the
+    /// default): the answer is not used, and the scheduler shares this backend alone.
+    pub elsewhere: Option<Arc<dyn TakesElsewhere>>,
+}
+
+/// Takes the controller's answer to each backend report: for each group reported that other
+/// backends serve too, its units/s on them ([`ReporterOptions::elsewhere`]).
+pub trait TakesElsewhere: std::fmt::Debug + Send + Sync {
+    /// The latest answer, in place of the last: a group left out is served nowhere else.
+    fn take_elsewhere(&self, loads: &[v1::GroupLoad]);
 }
 
 impl Default for ReporterOptions {
@@ -69,6 +82,7 @@ impl Default for ReporterOptions {
             smoothing: Duration::from_secs(1),
             capacity: None,
             access: crate::access::Access::default(),
+            elsewhere: None,
         }
     }
 }
@@ -159,7 +173,11 @@ impl BackendReporter {
                 // To any controller (a follower passes it on to the leader); one that fails is
                 // left for the next one given.
                 match tokio::time::timeout(opts.interval, controllers[current].1.report(report)).await {
-                    Ok(Ok(_)) => {}
+                    Ok(Ok(ack)) => {
+                        if let Some(taker) = &opts.elsewhere {
+                            taker.take_elsewhere(&ack.get_ref().elsewhere);
+                        }
+                    }
                     Ok(Err(status)) => {
                         tracing::debug!(error = %status.message(), "tollgate: backend report not delivered");
                         current = (current + 1) % controllers.len();

@@ -47,7 +47,7 @@ use tokio::sync::oneshot;
 use tollgate_model::adaptive::{LatencyLimit, LearnSettings};
 use tollgate_model::bucket::{Bucket, Refusal};
 use tollgate_model::config::Config;
-use tollgate_model::schedule::{FairQueue, QueueFull};
+use tollgate_model::schedule::{CrossCharge, FairQueue, QueueFull};
 use tollgate_model::settings::{GroupName, GroupSettings, check_group_name};
 use tollgate_model::smooth::Smoother;
 use tollgate_model::time::{Clock, Nanos};
@@ -177,6 +177,9 @@ struct State {
     learner: Option<LatencyLimit>,
     /// Requests arriving, smoothed.
     arrivals: Smoother,
+    /// What other backends serve of each group, charged to the queue as time passes
+    /// ([`Scheduler::charge_elsewhere`]).
+    cross: CrossCharge,
 }
 
 impl State {
@@ -219,6 +222,16 @@ fn book(bucket: &Bucket, cost: f64, now: Nanos, max_wait: Duration) -> Result<Du
 #[derive(Clone)]
 pub struct Scheduler {
     shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (running, waiting) = self.load();
+        f.debug_struct("Scheduler")
+            .field("running", &running)
+            .field("waiting", &waiting)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A running request's slot; dropping it gives the slot to the next waiter.
@@ -327,6 +340,7 @@ impl Shared {
             s.queue.renew();
             s.last_renewal = now;
         }
+        s.cross.apply(now, &mut s.queue);
         while s.running < s.allowed(self.opts.concurrency) {
             let waiter = match s.critical.pop_front().or_else(|| s.resumed.pop_front()) {
                 Some(waiter) => waiter,
@@ -434,6 +448,7 @@ impl Scheduler {
             last_retune: now,
             learner: opts.learn.clone().map(|l| LatencyLimit::new(l, now)),
             arrivals: Smoother::new(ARRIVAL_SMOOTHING_S),
+            cross: CrossCharge::new(),
         };
         let background = opts.capacity.filter(|c| c.is_finite() && *c > 0.0).map(|c| soft_bucket(c, now));
         Scheduler { shared: Arc::new(Shared { state: Mutex::new(state), opts, clock, background }) }
@@ -648,10 +663,40 @@ impl Scheduler {
         Some(crate::reporter::BackendHealth::Utilisation(l.utilisation(arriving)))
     }
 
+    /// Takes the units/s each group is served at on the other backends (dmClock's
+    /// cross-backend term, which the controller answers each backend report with), in place
+    /// of the last: from now on each group's virtual time here is charged for that work as if
+    /// this backend had done it, so that a group spread over several backends gets its share
+    /// of all of them together, not a share of each. A
+    /// [`BackendReporter`](crate::reporter::BackendReporter) given this scheduler
+    /// ([`ReporterOptions::elsewhere`](crate::reporter::ReporterOptions::elsewhere)) calls this
+    /// with each answer. Names that are not group names, and rates that are not a finite
+    /// positive number, are left out.
+    pub fn charge_elsewhere<'a>(&self, rates: impl IntoIterator<Item = (&'a str, f64)>) {
+        let rates: Vec<(GroupName, f64)> =
+            rates.into_iter().filter_map(|(g, r)| Some((GroupName::new(g).ok()?, r))).collect();
+        let now = self.shared.clock.now();
+        let mut s = self.shared.lock();
+        let s = &mut *s;
+        s.cross.set_rates(now, &mut s.queue, rates);
+    }
+
+    /// The units/s charged now for each group's work on other backends.
+    pub fn elsewhere(&self) -> HashMap<String, f64> {
+        let s = self.shared.lock();
+        s.cross.rates().iter().map(|(g, r)| (g.to_string(), *r)).collect()
+    }
+
     /// Requests running now, and waiting.
     pub fn load(&self) -> (usize, usize) {
         let s = self.shared.lock();
         (s.running, s.queue.len() + s.critical.len() + s.resumed.len())
+    }
+}
+
+impl crate::reporter::TakesElsewhere for Scheduler {
+    fn take_elsewhere(&self, loads: &[v1::GroupLoad]) {
+        self.charge_elsewhere(loads.iter().map(|l| (l.group.as_str(), l.units_per_s)));
     }
 }
 

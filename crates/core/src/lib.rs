@@ -16,7 +16,10 @@
 //! - [`engine`]: the one model of demand, allocation and grants that every mode drives.
 //! - [`epoch`]: a pool shared by several clients per one-second epoch (store mode).
 //! - [`ramp`]: Numaflow's ramp-up of a group's pool from `min` to `max`, in four modes.
-//! - [`schedule`]: TiKV's fair queue by priority and virtual time.
+//! - [`schedule`]: TiKV's fair queue by priority and virtual time, with dmClock's charge for
+//!   work done on other backends.
+//! - [`spread`]: where each group is served, summed over the backends (dmClock's
+//!   cross-backend term, the controller's half).
 //! - [`shard`]: groups sharded over controllers: the shard map, its moves, the capacity split.
 //! - [`time`]: the `Clock` trait and a manual clock for tests.
 //! - [`toml_reader`]: reading TOML with every problem reported by line, field and rule.
@@ -39,5 +42,6 @@ pub mod schedule;
 pub mod settings;
 pub mod shard;
 pub mod smooth;
+pub mod spread;
 pub mod time;
 pub mod toml_reader;

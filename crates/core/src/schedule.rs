@@ -16,10 +16,12 @@
 //! Queues are bounded: a full queue refuses with [`QueueFull`].
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
 use thiserror::Error;
 
 use crate::settings::{GroupName, Priority};
+use crate::time::Nanos;
 
 /// The smallest `max_rate` (TiKV's default maximum quota).
 pub const MAX_RATE_FLOOR: f64 = 10_000.0;
@@ -112,6 +114,11 @@ impl<T> FairQueue<T> {
         self.len
     }
 
+    /// Items waiting in `group`'s queue.
+    pub fn queued(&self, group: &str) -> usize {
+        self.lanes.get(group).map_or(0, |l| l.items.len())
+    }
+
     /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -144,6 +151,38 @@ impl<T> FairQueue<T> {
         let (item, cost) = lane.items.pop_front().expect("non-empty");
         self.len -= 1;
         let step = ((cost.max(0.0) * lane.weight as f64).round() as u64).max(1);
+        self.advance(name.as_ref(), step);
+        Some((name, item))
+    }
+
+    /// Charges `group` for `units` served on other backends (dmClock's cross-backend term):
+    /// its virtual time advances as if this queue had served them. A group this queue does
+    /// not know yet is not charged: it will start at the largest virtual time anyway.
+    ///
+    /// ```
+    /// use tollgate_model::schedule::FairQueue;
+    /// use tollgate_model::settings::{GroupName, Priority};
+    ///
+    /// let (a, b) = (GroupName::new("a").unwrap(), GroupName::new("b").unwrap());
+    /// let mut q = FairQueue::new(10);
+    /// q.set_group(&a, Priority::MEDIUM, 100.0);
+    /// q.set_group(&b, Priority::MEDIUM, 100.0);
+    /// q.push(&a, "a1", 1.0).unwrap();
+    /// q.push(&b, "b1", 1.0).unwrap();
+    /// q.charge("a", 5.0); // a was served 5 units elsewhere
+    /// assert_eq!(q.pop(), Some((b, "b1")));
+    /// ```
+    pub fn charge(&mut self, group: &str, units: f64) {
+        let Some(lane) = self.lanes.get(group) else { return };
+        if !(units.is_finite() && units > 0.0) {
+            return;
+        }
+        let step = (units * lane.weight as f64).round() as u64;
+        self.advance(group, step);
+    }
+
+    fn advance(&mut self, name: &str, step: u64) {
+        let lane = self.lanes.get_mut(name).expect("a known group");
         lane.vt = lane.vt.saturating_add(step);
         if lane.vt > RESET_VT {
             for l in self.lanes.values_mut() {
@@ -151,7 +190,6 @@ impl<T> FairQueue<T> {
             }
             self.start_vt = self.start_vt.saturating_sub(RESET_VT);
         }
-        Some((name, item))
     }
 
     /// The once-a-second renewal: every group below the largest virtual time moves halfway
@@ -174,6 +212,66 @@ impl<T> FairQueue<T> {
             len += l.items.len();
         }
         self.len = len;
+    }
+}
+
+/// The least time between two charges of [`CrossCharge::apply`].
+pub const CHARGE_EVERY: Duration = Duration::from_millis(10);
+/// The most time one charge covers: a queue left alone longer (an idle backend) is charged
+/// for this much, since the renewal has evened out its groups meanwhile anyway.
+pub const CHARGE_SPAN_MAX: Duration = Duration::from_secs(1);
+
+/// dmClock's cross-backend term, the backend's half: the units/s each group is served at on
+/// the other backends (which the controller answers each report with, [`crate::spread`]),
+/// charged to a [`FairQueue`] as time passes. It is charged a little at a time, at most every
+/// [`CHARGE_EVERY`], rather than at each report: the renewal would otherwise halve whatever
+/// lead a report's charge had just given a group over the others.
+#[derive(Debug, Default)]
+pub struct CrossCharge {
+    rates: HashMap<GroupName, f64>,
+    last: Option<Nanos>,
+}
+
+impl CrossCharge {
+    /// Nothing charged yet.
+    pub fn new() -> CrossCharge {
+        CrossCharge::default()
+    }
+
+    /// Takes the latest rates at `now`, in place of the last ones (a group left out is
+    /// served nowhere else). What the last ones owe up to `now` is charged first.
+    pub fn set_rates<T>(
+        &mut self,
+        now: Nanos,
+        queue: &mut FairQueue<T>,
+        rates: impl IntoIterator<Item = (GroupName, f64)>,
+    ) {
+        self.charge(now, queue);
+        self.rates = rates.into_iter().filter(|(_, r)| r.is_finite() && *r > 0.0).collect();
+    }
+
+    /// Charges each group's rate for the time since the last charge, if at least
+    /// [`CHARGE_EVERY`] has passed.
+    pub fn apply<T>(&mut self, now: Nanos, queue: &mut FairQueue<T>) {
+        if self.last.is_none_or(|last| now.since(last) >= CHARGE_EVERY) {
+            self.charge(now, queue);
+        }
+    }
+
+    /// The rates charged now: units/s served elsewhere, by group.
+    pub fn rates(&self) -> &HashMap<GroupName, f64> {
+        &self.rates
+    }
+
+    fn charge<T>(&mut self, now: Nanos, queue: &mut FairQueue<T>) {
+        let span = self.last.map_or(Duration::ZERO, |last| now.since(last)).min(CHARGE_SPAN_MAX);
+        self.last = Some(now);
+        let span = span.as_secs_f64();
+        if span > 0.0 {
+            for (group, rate) in &self.rates {
+                queue.charge(group.as_ref(), rate * span);
+            }
+        }
     }
 }
 

@@ -14,6 +14,7 @@ pub mod rng;
 pub mod run;
 pub mod scenario;
 mod shards;
+pub mod storage;
 pub mod world;
 
 pub use run::{Outcome, PhaseResult, RunHooks, Sample, run, run_seeds, run_traced, run_with};

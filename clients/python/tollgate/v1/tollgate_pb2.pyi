@@ -260,10 +260,12 @@ class GroupLoad(_message.Message):
     def __init__(self, group: _Optional[str] = ..., units_per_s: _Optional[float] = ...) -> None: ...
 
 class ReportAck(_message.Message):
-    __slots__ = ("rejected",)
+    __slots__ = ("rejected", "elsewhere")
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
     rejected: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, rejected: _Optional[_Iterable[str]] = ...) -> None: ...
+    elsewhere: _containers.RepeatedCompositeFieldContainer[GroupLoad]
+    def __init__(self, rejected: _Optional[_Iterable[str]] = ..., elsewhere: _Optional[_Iterable[_Union[GroupLoad, _Mapping]]] = ...) -> None: ...
 
 class UsageRequest(_message.Message):
     __slots__ = ("group", "since_unix_ms", "limit")

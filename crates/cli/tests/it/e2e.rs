@@ -1,6 +1,7 @@
 //! The whole loop with real processes: `tollgate server`, `examples/kv-service` and a load
 //! program for two tenants, over loopback.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -389,6 +390,84 @@ async fn the_service_takes_soft_quotas_from_the_controller_and_compacts_in_the_b
     let refused = statuses.iter().filter(|s| **s == 429).count();
     println!("under a soft quota: {statuses:?}");
     assert!(ok >= 1 && refused >= 1 && ok + refused == 10, "{statuses:?}");
+}
+
+/// Units served of each tenant by each of three services behind one controller, over 6 s
+/// after 4 s of warming up: `spread` keeps 4 requests waiting on each service, and `one`,
+/// `two` and `three` 4 each on their own service. Each service serves one request of 4 KiB at
+/// a time, about 100 a second; saturation limiting is out of the way (nobody reaches the
+/// limiting threshold), so the services' schedulers alone decide who goes first.
+async fn served_by_three_services(name: &str, more: &[&str]) -> Vec<HashMap<String, f64>> {
+    let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&data);
+    let (server, grpc) =
+        start(server_command(&data, "127.0.0.1:0").args(["--limiting-threshold", "1e15"]), "grpc ");
+    let url = format!("http://{grpc}");
+    let args = [&["--concurrency", "1", "--capacity", "409600"], more].concat();
+    let services: Vec<(Proc, String)> = (0..3).map(|_| start_kv(&url, &args)).collect();
+    let clock = TokioClock::new();
+    let mut loops = tokio::task::JoinSet::new();
+    for (i, (_, addr)) in services.iter().enumerate() {
+        let own: &'static str = ["one", "two", "three"][i];
+        for (tenant, n) in [("spread", 4), (own, 4)] {
+            for k in 0..n {
+                let (addr, clock): (SocketAddr, _) = (addr.parse().unwrap(), clock.clone());
+                loops.spawn(async move {
+                    for key in 0u64.. {
+                        let ok =
+                            put(addr, tenant, key * 8 + k, &clock).await.is_some_and(|s| s.status == 204);
+                        if !ok {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                });
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let served = |stats: serde_json::Value| -> HashMap<String, f64> {
+        serde_json::from_value(stats["served"].clone()).unwrap()
+    };
+    let mut before = Vec::new();
+    for (_, addr) in &services {
+        before.push(served(get_json(addr, "/stats").await));
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut out = Vec::new();
+    for ((_, addr), before) in services.iter().zip(before) {
+        let stats = get_json(addr, "/stats").await;
+        println!("{name} {addr}: charged for elsewhere {}", stats["elsewhere"]);
+        let mut now = served(stats);
+        for (tenant, units) in &mut now {
+            *units -= before.get(tenant).copied().unwrap_or(0.0);
+        }
+        out.push(now);
+    }
+    loops.abort_all();
+    drop((services, server));
+    out
+}
+
+/// dmClock's cross-backend term live: a tenant spread over three services gets its share of
+/// all three together (a quarter, beside three tenants on one service each), where each
+/// service scheduling alone gives it half of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_spread_over_three_services_gets_its_share_of_all_of_them() {
+    let (across, alone) = tokio::join!(
+        served_by_three_services("e2e-across", &[]),
+        served_by_three_services("e2e-alone", &["--per-backend"]),
+    );
+    let share = |served: &[HashMap<String, f64>]| {
+        let all: f64 = served.iter().flat_map(|s| s.values()).sum();
+        let spread: f64 = served.iter().filter_map(|s| s.get("spread")).sum();
+        spread / all
+    };
+    let (across_share, alone_share) = (share(&across), share(&alone));
+    println!(
+        "the spread tenant's share: {across_share:.3} across ({across:?}), {alone_share:.3} alone ({alone:?})"
+    );
+    assert!((0.19..=0.31).contains(&across_share), "across the services: {across_share}");
+    assert!(alone_share >= 0.42, "each service alone: {alone_share}");
 }
 
 /// `tollgate bench surge`, the load program that measures how fast a surge is reined in, runs

@@ -826,6 +826,11 @@ impl BackendReport {
         let total = loads.iter().map(|(_, l)| l).sum();
         Self { zone: zone.to_string(), health, load: loads.into(), total }
     }
+
+    /// The loads taken: (group, units/s), each a positive number.
+    pub fn loads(&self) -> &Arc<[(GroupName, f64)]> {
+        &self.load
+    }
 }
 
 /// The report a backend's new one replaced (nothing for a new backend), to be dropped

@@ -21,11 +21,12 @@ mod readings;
 mod writes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tollgate_model::engine::{BackendReport, Engine, EngineSettings, Relearn};
 use tollgate_model::settings::GroupName;
+use tollgate_model::spread::Spread;
 use tollgate_model::time::Nanos;
 use tollgate_proto::check::{self, FieldError};
 use tollgate_proto::v1;
@@ -112,6 +113,9 @@ pub struct Controller {
     capacity: Mutex<ownership::CapacityShare>,
     /// The views kept between ticks and the counts of work done ([`Readings`]).
     views: readings::Views,
+    /// Each backend's latest loads, summed per group: what each report is answered with
+    /// (dmClock's cross-backend term, [`Spread`]).
+    spread: Mutex<Spread>,
 }
 
 /// The most groups a regional controller leases from the global tier: as many as an engine
@@ -169,6 +173,7 @@ impl Controller {
             throttling: n.throttling,
             ..settings
         };
+        let expiry = settings.report_expiry;
         let mut engine = Engine::new(settings);
         // Quota windows are placed on the wall clock (again at every flush).
         engine.set_wall_clock(now, wall_ms);
@@ -198,6 +203,7 @@ impl Controller {
             pacing: pacing::Pacing::default(),
             capacity: Mutex::new(ownership::CapacityShare::default()),
             views: readings::Views::default(),
+            spread: Mutex::new(Spread::new(expiry)),
         };
         // Its metering did not see the windows under way begin: they count from the records.
         controller.writes().place_windows(wall_ms, None)?;
@@ -311,6 +317,7 @@ impl Controller {
         // Made ready before the engine is locked, and what it replaces dropped after: a report
         // of 10,000 loads would hold up every exchange meanwhile.
         let report = BackendReport::new(r.zone, health, loads);
+        let loads = report.loads().clone();
         let (replaced, onset) = {
             let mut engine = self.engine();
             let replaced = engine
@@ -322,7 +329,13 @@ impl Controller {
         if onset {
             self.pacing.saturated();
         }
-        Ok(v1::ReportAck { rejected })
+        let elsewhere =
+            self.spread.lock().unwrap_or_else(PoisonError::into_inner).put(now, r.backend_id, loads);
+        let elsewhere = elsewhere
+            .into_iter()
+            .map(|(g, units_per_s)| v1::GroupLoad { group: g.to_string(), units_per_s })
+            .collect();
+        Ok(v1::ReportAck { rejected, elsewhere })
     }
 
     /// How long a grant lives.

@@ -5,3 +5,4 @@
 mod equivalence;
 mod faults;
 mod scenarios;
+mod storage;
