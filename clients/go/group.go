@@ -23,8 +23,10 @@ type group struct {
 	reserved, last    float64
 	clients           float64
 	counts            Counts
-	waiting           float64
-	meter             *DemandMeter
+	// largest is the cost of the largest request admitted since the last exchange took it.
+	largest float64
+	waiting float64
+	meter   *DemandMeter
 	// A debt: units owed beyond the bank, paid back at repayRate over repayS seconds (0: at
 	// once, blocking); and whether dropped work counts as consumed.
 	owed, repayRate, repayS float64
@@ -229,6 +231,9 @@ func (g *group) admitShadow(cost float64) {
 }
 
 func (g *group) admit(cost float64, waited bool) {
+	if cost > g.largest {
+		g.largest = cost
+	}
 	c := &g.counts
 	c.Asked += cost
 	c.Admitted++
@@ -297,8 +302,10 @@ func (g *group) usage(now float64) *pb.GroupUsage {
 		inFlight, inFlightAsked = uint32(g.held), uint32(math.Min(float64(asked), maxInFlight))
 		g.asked, g.short = g.held, 0
 	}
+	largest := g.largest
+	g.largest = 0
 	return &pb.GroupUsage{
-		Detail: detail, InFlight: inFlight, InFlightAsked: inFlightAsked,
+		Detail: detail, InFlight: inFlight, InFlightAsked: inFlightAsked, Largest: largest,
 		Group: g.name, Demand: r.Demand, Consumed: r.Consumed, Admitted: r.Requests,
 		Throttled: r.Throttled, WouldRefuse: r.WouldRefuse, Waiting: r.Waiting, Held: r.Held, Waited: r.Waited, Unthrottled: r.Unthrottled,
 		CriticalAdmitted: c[0][0] - last[0][0], CriticalThrottled: c[0][1] - last[0][1],

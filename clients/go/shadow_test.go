@@ -44,3 +44,31 @@ func TestAGroupInShadowModeIsNeverRefusedAndCountsWhatItWouldRefuse(t *testing.T
 		t.Fatalf("the server counts %d would-be refusals and %d refusals, not 5 and 0", dark.GetWouldRefuseTotal(), dark.GetThrottledTotal())
 	}
 }
+
+// Each exchange tells the largest request admitted since the last one: the controller keeps
+// the group's high-water mark.
+func TestTheLargestRequestReachesTheGroupsMarks(t *testing.T) {
+	conn := testserver.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	limit := 1000.0
+	admin := pb.NewAdminClient(conn)
+	patch := &pb.GroupPatch{Limit: &limit}
+	if _, err := admin.PutGroup(ctx, &pb.PutGroupRequest{Name: "reports", Patch: patch, Mode: pb.PutMode_PUT_MODE_CREATE}); err != nil {
+		t.Fatal(err)
+	}
+	l := limiter(t, conn, tollgate.Options{})
+	for _, cost := range []float64{1, 40, 3} {
+		if _, err := l.Acquire(ctx, "reports", cost); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testserver.Eventually(t, "the group's largest request is 40", func() (bool, string) {
+		for _, g := range testserver.Groups(t, conn) {
+			if g.GetName() == "reports" {
+				return g.GetLargestLastMinute() == 40, fmt.Sprintf("%v", g)
+			}
+		}
+		return false, "no group reports"
+	})
+}

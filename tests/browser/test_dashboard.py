@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator, List
 
@@ -259,6 +260,28 @@ def test_with_auth_the_page_asks_for_a_token(tmp_path: Path, browser: object) ->
         page.fill("#token", reader)
         page.click("#login button")
         page.wait_for_function("document.getElementById('state').textContent === 'live'", timeout=BOUND_MS)
+        assert "No client token" in page.locator("#tokens-note").inner_text()
+        # Clients exchanging under a token show in the tokens' panel, with their largest
+        # request; the groups' table shows each group's.
+        client = s.cli("token", "create", "--role", "client", "--name", "checkout", token=admin).strip().split()[-1]
+        s.cli("group", "create", "orders", "--limit", "1000", token=admin)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "clients" / "python"))
+        import tollgate
+
+        with tollgate.Limiter(s.url, token=client) as limiter:
+            for cost in (1, 40, 3):
+                limiter.acquire("orders", cost)
+            row = page.locator("#token-table tbody tr").filter(has_text="checkout")
+            row.first.wait_for(timeout=BOUND_MS)
+            page.wait_for_function(
+                "[...document.querySelectorAll('#token-table tbody tr td:nth-child(4)')].some((c) => c.textContent === '40.0')",
+                timeout=BOUND_MS,
+            )
+            largest = page.locator("#group-table thead th").all_inner_texts().index("largest request/1m") + 1
+            page.wait_for_function(
+                f"[...document.querySelectorAll('#group-table tbody tr td:nth-child({largest})')].some((c) => c.textContent === '40.0')",
+                timeout=BOUND_MS,
+            )
         assert errors == [], errors
     finally:
         s.stop()

@@ -280,3 +280,35 @@ def test_a_limits_file_is_imported_as_the_command_imports_it(server: Server) -> 
             assert (await admin.import_limits("envoy-ratelimit", smaller, replace=True)).applied
 
     asyncio.run(main())
+
+
+def test_the_largest_request_and_the_tokens_marks_come_back_in_the_status(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from conftest import start
+    from test_limiter import eventually
+
+    server = start(tmp_path / "data", "--auth")
+    try:
+        admin_token = (tmp_path / "data" / "admin.token").read_text().strip()
+        with tollgate.Admin(server.url, token=admin_token) as admin:
+            admin.create_group("reports", limit=1000)
+            client = admin.create_token("client", name="billing-py")
+            with tollgate.Limiter(server.url, token=client.token) as limiter:
+
+                def seen() -> bool:
+                    for cost in (1, 40, 3):
+                        limiter.acquire("reports", cost)
+                    status = admin.status()
+                    group = status.group("reports")
+                    return (
+                        group is not None
+                        and group.largest_last_minute == 40
+                        and bool(status.tokens)
+                        and status.tokens[0].largest_last_minute == 40
+                    )
+
+                eventually("the largest request of 40 in the group's and the token's marks", seen)
+            token = admin.status().tokens[0]
+            assert token.id == client.info.id and "billing-py" in token.label, token
+            assert token.consumed_total >= 44 and token.admitted_total >= 3, token
+    finally:
+        server.stop()

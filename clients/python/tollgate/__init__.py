@@ -36,7 +36,7 @@ from .errors import (
     Unavailable,
 )
 from .limiter import GroupStats, Limiter, Permit, RemoteStatus
-from .models import AuditEntry, BackendStatus, Group, GroupStatus, Imported, NewToken, Node, Ramp, RateMarks, Status, Token, UsageRecord
+from .models import AuditEntry, BackendStatus, Group, GroupStatus, Imported, NewToken, Node, Ramp, RateMarks, Status, Token, TokenStatus, UsageRecord
 from .reporter import AsyncReporter, QueueBytes, Reporter, Utilisation
 from .throttle import ClientThrottle, RefusedLocally
 
@@ -74,6 +74,7 @@ __all__ = [
     "Status",
     "Throttled",
     "Token",
+    "TokenStatus",
     "TollgateError",
     "Unauthenticated",
     "Unavailable",

@@ -143,6 +143,8 @@ class _Group:
         self.owed = 0.0
         self.repay_rate = 0.0
         self.counts = Counts()
+        # The cost of the largest request admitted since the last exchange took it.
+        self.largest = 0.0
         self.dropped = 0
         self.dropped_units = 0.0
         self.waiting = 0.0
@@ -236,6 +238,8 @@ class _Group:
         self.counts.throttled += 1
 
     def _admit(self, cost: float, waited: bool) -> None:
+        if cost > self.largest:
+            self.largest = cost
         c = self.counts
         c.asked += cost
         c.admitted += 1
@@ -562,6 +566,8 @@ class Core:
                     else:
                         g.tokens -= cost
                 if g is not None:
+                    if cost > g.largest:
+                        g.largest = cost
                     c = g.counts
                     c.asked += cost
                     c.admitted += 1
@@ -648,6 +654,7 @@ class Core:
         for g in list(self.groups.values()):
             with g.lock:
                 counts, waiting = g.counts.copy(), g.waiting
+                largest, g.largest = g.largest, 0.0
                 held = g.rate if g.granted and not g.unlimited else None
                 new = not g.granted
                 slots = g.slot_report() if g.slots is not None else (0, 0)
@@ -678,6 +685,7 @@ class Core:
                 held=r.held,
                 waited=int(r.waited),
                 would_refuse=int(r.would_refuse),
+                largest=largest,
                 in_flight=slots[0],
                 in_flight_asked=slots[1],
                 detail=detail,

@@ -11,7 +11,7 @@ import grpc
 from . import _connect
 from ._fields import FIELDS
 from .errors import InvalidArgument, from_rpc
-from .models import MODES, AuditEntry, BackendStatus, Group, GroupStatus, Imported, NewToken, Node, Ramp, Status, Token, UsageRecord
+from .models import MODES, AuditEntry, BackendStatus, Group, GroupStatus, Imported, NewToken, Node, Ramp, Status, Token, TokenStatus, UsageRecord
 from .v1 import tollgate_pb2 as pb
 from .v1 import tollgate_pb2_grpc as rpc
 
@@ -227,6 +227,7 @@ def _plan_status() -> "Plan[Status]":
         warnings=list(answer.warnings),
         groups=groups,
         backend_detail=[BackendStatus.from_pb(b) for b in answer.backend_detail],
+        tokens=[TokenStatus.from_pb(t) for t in answer.tokens],
     )
 
 

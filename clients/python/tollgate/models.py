@@ -181,6 +181,11 @@ class GroupStatus:
     detail: Optional[dict]  # type: ignore[type-arg]
     """What its requests did in detail (``rru``, ``wru``, bytes, CPU, requests), as clients
     reported it; ``None`` when none did."""
+    largest_last_minute: float = 0.0
+    """The cost of the largest single request its clients admitted over the last minute (0:
+    none told)."""
+    largest_last_hour: float = 0.0
+    """The same over the last hour."""
 
     @staticmethod
     def from_pb(g: pb.GroupStatus) -> "GroupStatus":
@@ -213,6 +218,8 @@ class GroupStatus:
             last_minute=marks(g.last_minute, g.HasField("last_minute")),
             last_hour=marks(g.last_hour, g.HasField("last_hour")),
             detail=detail,
+            largest_last_minute=g.largest_last_minute,
+            largest_last_hour=g.largest_last_hour,
         )
 
 
@@ -242,6 +249,42 @@ class BackendStatus:
 
 
 @dataclass(frozen=True)
+class TokenStatus:
+    """A client token's marks, as the controller its clients exchange with keeps them."""
+
+    id: str
+    label: str
+    """Its id, role and name."""
+    consumed_total: float
+    admitted_total: int
+    throttled_total: int
+    """Requests its clients refused for want of tokens."""
+    last_minute: Optional[RateMarks]
+    """Its consumption rate's low and high water marks and average, units/s."""
+    last_hour: Optional[RateMarks]
+    largest_last_minute: float
+    """The cost of its largest single request over the last minute."""
+    largest_last_hour: float
+
+    @staticmethod
+    def from_pb(t: pb.TokenStatus) -> "TokenStatus":
+        def marks(m: pb.RateMarks, present: bool) -> Optional[RateMarks]:
+            return RateMarks(m.low, m.high, m.average) if present else None
+
+        return TokenStatus(
+            t.id,
+            t.label,
+            t.consumed_total,
+            t.admitted_total,
+            t.throttled_total,
+            marks(t.last_minute, t.HasField("last_minute")),
+            marks(t.last_hour, t.HasField("last_hour")),
+            t.largest_last_minute,
+            t.largest_last_hour,
+        )
+
+
+@dataclass(frozen=True)
 class Status:
     """The controller's status: the node, its role, and every group."""
 
@@ -264,6 +307,9 @@ class Status:
     groups: List[GroupStatus] = field(default_factory=list)
     backend_detail: List[BackendStatus] = field(default_factory=list)
     """Backends one by one, the most utilised first (at most 100; ``backends`` counts all)."""
+    tokens: List[TokenStatus] = field(default_factory=list)
+    """With authentication: the client tokens whose clients exchange with this controller,
+    the most consumed first (at most 100)."""
 
     def group(self, name: str) -> Optional[GroupStatus]:
         """The named group's status, if the controller knows it."""

@@ -1067,6 +1067,7 @@ fn usage_of(
         held: r.held,
         waited: r.waited as u64,
         would_refuse: r.would_refuse as u64,
+        largest: g.counters.take_largest() as f64 / crate::tally::MICROS_PER_UNIT as f64,
         in_flight: slots.map_or(0, |(held, _)| held),
         in_flight_asked: slots.map_or(0, |(_, asked)| asked),
         critical_admitted: r.classes[0][0],

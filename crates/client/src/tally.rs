@@ -47,6 +47,9 @@ pub(crate) struct Tally {
     pub(crate) waited: AtomicU64,
     /// Units admitted unthrottled (also in `admitted_micro`).
     pub(crate) unthrottled_micro: AtomicU64,
+    /// The largest cost of one request admitted (millionths) since an exchange last took it
+    /// ([`Counters::take_largest`]): a high-water mark, not a sum.
+    pub(crate) largest_micro: AtomicU64,
 }
 
 impl Tally {
@@ -200,6 +203,24 @@ impl Counters {
                 to.fetch_add(v, Ordering::Relaxed);
             }
         }
+        let largest = from.largest_micro.load(Ordering::Relaxed);
+        if largest > self.folded.largest_micro.load(Ordering::Relaxed) {
+            self.folded.largest_micro.fetch_max(largest, Ordering::Relaxed);
+        }
+    }
+
+    /// The largest cost of one request admitted since the last take, in millionths (0:
+    /// none), across all threads; each thread's mark starts again from 0. A request counted
+    /// while this runs may fall in either period.
+    pub(crate) fn take_largest(&self) -> u64 {
+        let mut largest = self.folded.largest_micro.swap(0, Ordering::Relaxed);
+        if self.live_len.load(Ordering::Acquire) != 0 {
+            let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+            for t in live.iter() {
+                largest = largest.max(t.largest_micro.swap(0, Ordering::Relaxed));
+            }
+        }
+        largest
     }
 }
 

@@ -94,6 +94,8 @@ pub fn exchange(req: &ExchangeView<'_>) -> Result<Vec<(GroupName, ClientReport)>
     for (i, g) in req.groups.iter().enumerate() {
         let name = group_name(|| format!("groups[{i}].group"), g.group)?;
         let field = |f: &str, v: f64| quantity(|| format!("groups[{i}].{f}"), v);
+        // Kept apart, for the high-water marks (`largest` is not the engine's).
+        field("largest", g.largest)?;
         let report = ClientReport {
             demand: field("demand", g.demand)?,
             unthrottled: field("unthrottled", g.unthrottled)?,

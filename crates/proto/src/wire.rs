@@ -66,6 +66,8 @@ pub struct UsageView<'a> {
     pub classes: [[u64; 2]; 2],
     /// The quota allotment the client holds, if it sent one.
     pub quota: Option<tollgate_model::engine::QuotaHeld>,
+    /// The cost of the largest single request admitted since the last exchange (0: none told).
+    pub largest: f64,
 }
 
 /// An exchange request, read in place.
@@ -122,6 +124,7 @@ impl<'a> ExchangeView<'a> {
             held: g.held,
             waited: g.waited,
             would_refuse: g.would_refuse,
+            largest: g.largest,
             in_flight: g.in_flight,
             in_flight_asked: g.in_flight_asked,
             classes: [
@@ -352,6 +355,7 @@ impl<'a> Reader<'a> {
                 8 => u.held = self.double(wire)?,
                 9 => u.waited = self.uint(wire)?,
                 11 => u.would_refuse = self.uint(wire)?,
+                19 => u.largest = self.double(wire)?,
                 // Proto3 reads a uint32 as its low 32 bits, as the generated code does.
                 12 => u.in_flight = self.uint(wire)? as u32,
                 13 => u.in_flight_asked = self.uint(wire)? as u32,

@@ -240,7 +240,7 @@ function renderNode(d) {
 function groupHead() {
   const rate = perSecond();
   const names = ['group', 'reserved ' + rate, 'limit ' + rate, 'target ' + rate, 'admitted ' + rate, 'demand ' + rate,
-    'refused/s', 'clients', 'in flight', 'throttled', 'saturation'];
+    'refused/s', 'clients', 'in flight', 'largest request/1m', 'throttled', 'saturation'];
   const tr = document.createElement('tr');
   tr.append(...names.map((n) => { const th = document.createElement('th'); th.textContent = n; return th; }));
   return tr;
@@ -262,6 +262,7 @@ function renderGroups(d) {
       td(g.limit === null ? '–' : (g.limit === 'unlimited' ? 'unlimited' : fmt(g.limit))),
       td(fmt(g.target)), td(fmt(g.admitted)), td(fmt(g.demand)), td(fmt(g.throttled)), td(String(g.clients)),
       td(inFlight, g.max_in_flight !== null && g.in_flight >= g.max_in_flight ? 'yes' : ''),
+      td(g.largest_last_minute > 0 ? fmt(g.largest_last_minute) : '–'),
       td(throttled, refusing || (shadow && g.would_refuse_total > 0) ? 'yes' : ''),
       td(g.busy ? 'limited' : 'no', g.busy ? 'yes' : ''));
     tr.dataset.group = g.name;
@@ -361,6 +362,21 @@ function renderClients(diag) {
     : (diag.clients_total ? '' : 'No client has exchanged yet.');
 }
 
+// The client tokens' marks (with authentication), the most consumed first.
+function renderTokens(tokens) {
+  const marks = (m) => (m === null ? '–' : fmt(m.low) + ' / ' + fmt(m.average) + ' / ' + fmt(m.high));
+  fill($('token-table').tBodies[0], tokens.map((t) => {
+    const tr = document.createElement('tr');
+    tr.append(td(t.label), td(fmt(t.consumed_total)), td(marks(t.last_minute)),
+      td(t.largest_last_minute > 0 ? fmt(t.largest_last_minute) : '–'),
+      td(t.largest_last_hour > 0 ? fmt(t.largest_last_hour) : '–'),
+      td(String(t.throttled_total), t.throttled_total > 0 ? 'yes' : ''));
+    tr.dataset.token = t.id;
+    return tr;
+  }));
+  $('tokens-note').textContent = tokens.length ? '' : 'No client token has exchanged with this server (tokens are counted with --auth).';
+}
+
 // A group's own address: #/groups/NAME.
 function groupHash(name) { return '#/groups/' + encodeURIComponent(name); }
 
@@ -451,6 +467,7 @@ async function refresh() {
     renderCharts(d);
     renderBackends(d.diagnostics);
     renderClients(d.diagnostics);
+    renderTokens(d.tokens);
     if (state.detail) await refreshDetail(state.detail);
     setState('live', true);
   } catch (e) {

@@ -34,6 +34,8 @@ pub struct Node {
     pub rlqs: Arc<RlqsStats>,
     /// The settings files followed (`--config`, `--import`), and where each is at.
     pub files: Arc<crate::settings::files::Files>,
+    /// The high-water marks per group and per client token.
+    pub peaks: Arc<crate::observe::peaks::Peaks>,
 }
 
 impl Node {
@@ -64,6 +66,7 @@ impl Node {
             rls_rules,
             rlqs: Arc::default(),
             files: Arc::default(),
+            peaks: Arc::default(),
         })
     }
 

@@ -62,7 +62,7 @@ class ExchangeRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., sequence: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupUsage, _Mapping]]] = ..., target_request_period_ms: _Optional[int] = ..., shard_map_epoch: _Optional[int] = ..., takes_allotments: _Optional[bool] = ...) -> None: ...
 
 class GroupUsage(_message.Message):
-    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked", "critical_admitted", "critical_throttled", "sheddable_admitted", "sheddable_throttled", "quota")
+    __slots__ = ("group", "demand", "consumed", "admitted", "throttled", "waiting", "unthrottled", "held", "waited", "detail", "would_refuse", "in_flight", "in_flight_asked", "critical_admitted", "critical_throttled", "sheddable_admitted", "sheddable_throttled", "quota", "largest")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class GroupUsage(_message.Message):
     SHEDDABLE_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     SHEDDABLE_THROTTLED_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_FIELD_NUMBER: _ClassVar[int]
     group: str
     demand: float
     consumed: float
@@ -99,7 +100,8 @@ class GroupUsage(_message.Message):
     sheddable_admitted: int
     sheddable_throttled: int
     quota: QuotaHeld
-    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ..., critical_admitted: _Optional[int] = ..., critical_throttled: _Optional[int] = ..., sheddable_admitted: _Optional[int] = ..., sheddable_throttled: _Optional[int] = ..., quota: _Optional[_Union[QuotaHeld, _Mapping]] = ...) -> None: ...
+    largest: float
+    def __init__(self, group: _Optional[str] = ..., demand: _Optional[float] = ..., consumed: _Optional[float] = ..., admitted: _Optional[int] = ..., throttled: _Optional[int] = ..., waiting: _Optional[float] = ..., unthrottled: _Optional[float] = ..., held: _Optional[float] = ..., waited: _Optional[int] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., would_refuse: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_flight_asked: _Optional[int] = ..., critical_admitted: _Optional[int] = ..., critical_throttled: _Optional[int] = ..., sheddable_admitted: _Optional[int] = ..., sheddable_throttled: _Optional[int] = ..., quota: _Optional[_Union[QuotaHeld, _Mapping]] = ..., largest: _Optional[float] = ...) -> None: ...
 
 class QuotaHeld(_message.Message):
     __slots__ = ("window", "given", "used", "lasts_ms")
@@ -690,7 +692,7 @@ class StatusRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings", "shadow", "throttling_off", "region", "upstream_safe_mode", "settings_files", "domains", "rules_everywhere")
+    __slots__ = ("capacity", "groups", "exchanges", "mode", "learning", "clients", "backends", "next_page_token", "role", "leader", "leader_changes", "backend_detail", "client_detail", "clients_lapsed", "others_granted", "cost_model", "unit", "warnings", "shadow", "throttling_off", "region", "upstream_safe_mode", "settings_files", "domains", "rules_everywhere", "tokens")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
@@ -716,6 +718,7 @@ class StatusResponse(_message.Message):
     SETTINGS_FILES_FIELD_NUMBER: _ClassVar[int]
     DOMAINS_FIELD_NUMBER: _ClassVar[int]
     RULES_EVERYWHERE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     capacity: float
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     exchanges: int
@@ -741,7 +744,8 @@ class StatusResponse(_message.Message):
     settings_files: _containers.RepeatedCompositeFieldContainer[SettingsFileStatus]
     domains: _containers.RepeatedCompositeFieldContainer[DomainRules]
     rules_everywhere: bool
-    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ..., region: _Optional[str] = ..., upstream_safe_mode: _Optional[bool] = ..., settings_files: _Optional[_Iterable[_Union[SettingsFileStatus, _Mapping]]] = ..., domains: _Optional[_Iterable[_Union[DomainRules, _Mapping]]] = ..., rules_everywhere: _Optional[bool] = ...) -> None: ...
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenStatus]
+    def __init__(self, capacity: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., exchanges: _Optional[int] = ..., mode: _Optional[_Union[AllocationMode, str]] = ..., learning: _Optional[bool] = ..., clients: _Optional[int] = ..., backends: _Optional[int] = ..., next_page_token: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., leader_changes: _Optional[int] = ..., backend_detail: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., client_detail: _Optional[_Iterable[_Union[ClientStatus, _Mapping]]] = ..., clients_lapsed: _Optional[int] = ..., others_granted: _Optional[float] = ..., cost_model: _Optional[str] = ..., unit: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., shadow: _Optional[bool] = ..., throttling_off: _Optional[bool] = ..., region: _Optional[str] = ..., upstream_safe_mode: _Optional[bool] = ..., settings_files: _Optional[_Iterable[_Union[SettingsFileStatus, _Mapping]]] = ..., domains: _Optional[_Iterable[_Union[DomainRules, _Mapping]]] = ..., rules_everywhere: _Optional[bool] = ..., tokens: _Optional[_Iterable[_Union[TokenStatus, _Mapping]]] = ...) -> None: ...
 
 class SettingsFileStatus(_message.Message):
     __slots__ = ("path", "kind", "revision", "rejected", "applied")
@@ -816,7 +820,7 @@ class ClientGrantStatus(_message.Message):
     def __init__(self, group: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom", "would_refuse_total", "in_flight", "by_class")
+    __slots__ = ("name", "settings", "target", "admitted", "demand", "busy", "clients", "throttled", "unthrottled", "consumed_total", "admitted_total", "throttled_total", "budget_exhausted", "ramp_pool", "waited_total", "last_minute", "last_hour", "detail", "granted", "headroom", "would_refuse_total", "in_flight", "by_class", "largest_last_minute", "largest_last_hour")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -840,6 +844,8 @@ class GroupStatus(_message.Message):
     WOULD_REFUSE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
     name: str
     settings: GroupSettings
     target: float
@@ -863,7 +869,31 @@ class GroupStatus(_message.Message):
     would_refuse_total: int
     in_flight: int
     by_class: _containers.RepeatedCompositeFieldContainer[ClassCounts]
-    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ..., would_refuse_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., by_class: _Optional[_Iterable[_Union[ClassCounts, _Mapping]]] = ...) -> None: ...
+    largest_last_minute: float
+    largest_last_hour: float
+    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[GroupSettings, _Mapping]] = ..., target: _Optional[float] = ..., admitted: _Optional[float] = ..., demand: _Optional[float] = ..., busy: _Optional[bool] = ..., clients: _Optional[int] = ..., throttled: _Optional[float] = ..., unthrottled: _Optional[float] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., budget_exhausted: _Optional[bool] = ..., ramp_pool: _Optional[float] = ..., waited_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., detail: _Optional[_Union[Consumption, _Mapping]] = ..., granted: _Optional[float] = ..., headroom: _Optional[float] = ..., would_refuse_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., by_class: _Optional[_Iterable[_Union[ClassCounts, _Mapping]]] = ..., largest_last_minute: _Optional[float] = ..., largest_last_hour: _Optional[float] = ...) -> None: ...
+
+class TokenStatus(_message.Message):
+    __slots__ = ("id", "label", "consumed_total", "admitted_total", "throttled_total", "last_minute", "last_hour", "largest_last_minute", "largest_last_hour")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    label: str
+    consumed_total: float
+    admitted_total: int
+    throttled_total: int
+    last_minute: RateMarks
+    last_hour: RateMarks
+    largest_last_minute: float
+    largest_last_hour: float
+    def __init__(self, id: _Optional[str] = ..., label: _Optional[str] = ..., consumed_total: _Optional[float] = ..., admitted_total: _Optional[int] = ..., throttled_total: _Optional[int] = ..., last_minute: _Optional[_Union[RateMarks, _Mapping]] = ..., last_hour: _Optional[_Union[RateMarks, _Mapping]] = ..., largest_last_minute: _Optional[float] = ..., largest_last_hour: _Optional[float] = ...) -> None: ...
 
 class RateMarks(_message.Message):
     __slots__ = ("low", "high", "average")

@@ -1051,22 +1051,62 @@ fn print_groups(s: &v1::StatusResponse) {
             g.clients
         ));
     }
-    // TiDB's diagnostics: how each group's consumption moved, and what was blocked.
-    say("");
-    say(format!(
-        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "GROUP", "LOW/1m", "AVG/1m", "HIGH/1m", "LOW/1h", "AVG/1h", "HIGH/1h", "BLOCKED"
-    ));
-    let marks = |m: &Option<v1::RateMarks>| match m {
+    print_marks(s);
+}
+
+/// The low and high water marks and average of a rate, or dashes.
+fn marks(m: &Option<v1::RateMarks>) -> [String; 3] {
+    match m {
         Some(m) => [m.low, m.average, m.high].map(|v| format!("{v:.1}")),
         None => ["-".to_string(), "-".to_string(), "-".to_string()],
-    };
+    }
+}
+
+/// A largest request's cost, or a dash when none was told.
+fn largest(v: f64) -> String {
+    if v > 0.0 { format!("{v:.1}") } else { "-".to_string() }
+}
+
+/// TiDB's diagnostics: how each group's consumption moved, its largest requests and what was
+/// blocked; then the same per client token.
+fn print_marks(s: &v1::StatusResponse) {
+    say("");
+    say(format!(
+        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
+        "GROUP",
+        "LOW/1m",
+        "AVG/1m",
+        "HIGH/1m",
+        "LOW/1h",
+        "AVG/1h",
+        "HIGH/1h",
+        "LARGEST/1m",
+        "LARGEST/1h",
+        "BLOCKED"
+    ));
     for g in &s.groups {
         let ([l1, a1, h1], [lh, ah, hh]) = (marks(&g.last_minute), marks(&g.last_hour));
+        let (x1, xh) = (largest(g.largest_last_minute), largest(g.largest_last_hour));
         say(format!(
-            "{:<24} {l1:>9} {a1:>9} {h1:>9} {lh:>9} {ah:>9} {hh:>9} {:>10}",
+            "{:<24} {l1:>9} {a1:>9} {h1:>9} {lh:>9} {ah:>9} {hh:>9} {x1:>10} {xh:>10} {:>10}",
             g.name,
             g.throttled_total + g.waited_total
+        ));
+    }
+    if s.tokens.is_empty() {
+        return;
+    }
+    say("");
+    say(format!(
+        "{:<18} {:>12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}  NAME",
+        "TOKEN", "CONSUMED", "LOW/1m", "AVG/1m", "HIGH/1m", "LARGEST/1m", "LARGEST/1h", "REFUSED"
+    ));
+    for t in &s.tokens {
+        let [l1, a1, h1] = marks(&t.last_minute);
+        let (x1, xh) = (largest(t.largest_last_minute), largest(t.largest_last_hour));
+        say(format!(
+            "{:<18} {:>12.1} {l1:>9} {a1:>9} {h1:>9} {x1:>10} {xh:>10} {:>10}  {}",
+            t.id, t.consumed_total, t.throttled_total, t.label
         ));
     }
 }

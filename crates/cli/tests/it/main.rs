@@ -18,6 +18,7 @@ mod fields;
 mod files;
 mod fuzz;
 mod import;
+mod marks;
 mod observability;
 #[cfg(feature = "etcd")]
 mod regions;

@@ -42,7 +42,7 @@ fn any_detail() -> impl Strategy<Value = Option<v1::Consumption>> {
 fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
     (
         any_name(),
-        proptest::array::uniform5(any_f64()),
+        proptest::array::uniform6(any_f64()),
         proptest::array::uniform4(prop_oneof![Just(0u64), any::<u64>(), 0u64..300]),
         any_detail(),
         any::<[u32; 2]>(),
@@ -58,6 +58,7 @@ fn any_usage() -> impl Strategy<Value = v1::GroupUsage> {
             waiting: f[2],
             unthrottled: f[3],
             held: f[4],
+            largest: f[5],
             waited: n[2],
             would_refuse: n[3],
             in_flight: slots[0],
@@ -139,7 +140,7 @@ fn any_field() -> impl Strategy<Value = Field> {
     })
 }
 
-/// A field of the right wire type for its number in a `GroupUsage` (numbers past 17 are
+/// A field of the right wire type for its number in a `GroupUsage` (numbers past 19 are
 /// unknown ones), repeated and in any order: what other encoders may send.
 fn usage_field() -> impl Strategy<Value = Field> {
     let detail = proptest::collection::vec(
@@ -161,14 +162,14 @@ fn usage_field() -> impl Strategy<Value = Field> {
     );
     prop_oneof![
         "[a-z]{0,6}".prop_map(|s| Field::Bytes(1, s.into_bytes())),
-        (prop_oneof![Just(2u32), Just(3), Just(6), Just(7), Just(8)], any::<u64>())
+        (prop_oneof![Just(2u32), Just(3), Just(6), Just(7), Just(8), Just(19)], any::<u64>())
             .prop_map(|(t, v)| Field::Fixed64(t, v)),
         (prop_oneof![Just(4u32), Just(5), Just(9), Just(11), 12u32..=17], any::<u64>())
             .prop_map(|(t, v)| Field::Varint(t, v)),
         detail.prop_map(|f| Field::Nested(10, f)),
         quota.prop_map(|f| Field::Nested(18, f)),
-        (19u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
-        (19u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
+        (20u32..30, any::<u32>()).prop_map(|(t, v)| Field::Fixed32(t, v)),
+        (20u32..30, any::<u64>()).prop_map(|(t, v)| Field::Varint(t, v)),
     ]
 }
 

@@ -34,7 +34,9 @@ use crate::front::api::{Answer, answer, refuse, refuse_whole};
 use crate::front::grpc::checked_name;
 use crate::node::Node;
 use crate::observe::history::{GROUP_SERIES, History, NODE_SERIES, SAMPLES, Series};
-use crate::observe::status::{backend_json, backend_to_proto, client_json, client_to_proto};
+use crate::observe::status::{
+    backend_json, backend_to_proto, client_json, client_to_proto, token_json, token_status,
+};
 
 /// The most group rows one answer carries.
 pub const ROWS_MAX: usize = 50;
@@ -145,7 +147,9 @@ fn series_json(s: &Series, names: &[&str]) -> Value {
     Value::Object(m)
 }
 
-fn row(g: &GroupView) -> Value {
+/// A group's row, with its largest request over the last minute and hour (`peaks`, by name).
+fn row(g: &GroupView, peaks: &std::collections::HashMap<String, (f64, f64)>) -> Value {
+    let (largest_last_minute, largest_last_hour) = peaks.get(g.name.as_str()).copied().unwrap_or_default();
     // Settings in the table's terms: `null` for a group seen only in traffic, a limit of
     // "unlimited" where there is none.
     let reserved = g.settings.as_ref().map(|s| s.reserved());
@@ -169,6 +173,8 @@ fn row(g: &GroupView) -> Value {
         "would_refuse_total": g.meter.would_refuse,
         "in_flight": g.in_flight.map(|f| f.held),
         "max_in_flight": g.settings.as_ref().and_then(|s| s.max_in_flight()),
+        "largest_last_minute": largest_last_minute,
+        "largest_last_hour": largest_last_hour,
     })
 }
 
@@ -292,8 +298,10 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
     };
     let built = tokio::task::spawn_blocking(move || {
         let view = d.node.controller.readings().view();
+        let now = d.clock.now();
+        let peaks = d.node.peaks.groups(now);
         let (rows, matching) = page_of(&view, &filter, page);
-        let rows: Vec<Value> = rows.into_iter().map(row).collect();
+        let rows: Vec<Value> = rows.into_iter().map(|g| row(g, &peaks)).collect();
         let busiest: Vec<&str> = busiest(&view, &filter).into_iter().map(|g| g.name.as_str()).collect();
         let mut charted = serde_json::Map::new();
         let mut unknown = Vec::new();
@@ -304,9 +312,9 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             };
             let g = &view[at];
             let series = d.history.group(name, since).map(|s| series_json(&s, &GROUP_SERIES));
-            charted.insert(name.to_string(), json!({ "now": row(g), "series": series }));
+            charted.insert(name.to_string(), json!({ "now": row(g, &peaks), "series": series }));
         }
-        let now = d.clock.now();
+        let tokens = d.node.peaks.tokens(now, crate::controller::DIAGNOSTICS_SHOWN_MAX);
         json!({
             "next": d.history.next(),
             "window": SAMPLES,
@@ -320,6 +328,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
             "charts": charted,
             "unknown": unknown,
             "diagnostics": diagnostics_json(&d.node.controller.readings().diagnostics(now)),
+            "tokens": tokens.iter().map(|t| token_json(&token_status(t))).collect::<Vec<_>>(),
         })
     });
     match built.await {
@@ -359,7 +368,7 @@ async fn group(State(d): State<Dash>, Path(name): Path<String>, RawQuery(raw): R
         json!({
             "name": name.as_str(),
             "settings": settings,
-            "now": row(g),
+            "now": row(g, &d.node.peaks.groups(d.clock.now())),
             "limiting": g.limiting,
             "headroom": g.headroom,
             "share": g.share,

@@ -102,8 +102,18 @@ impl Services {
     pub fn exchange_encoded(&self, req: &Request<Bytes>) -> Result<Bytes, Status> {
         let mut exchange =
             ExchangeView::decode(req.get_ref()).map_err(|e| undecodable("ExchangeRequest", &e))?;
-        let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
-        self.answer_in_shards(&exchange, privileged, &[], None)
+        let caller = req.extensions().get::<Caller>();
+        let privileged = self.check_exchange(caller, &mut exchange)?;
+        self.answer_in_shards(&exchange, caller, privileged, &[], None)
+    }
+
+    /// Keeps the high-water marks of an exchange answered (`answered_here`) or passed on
+    /// whole, made by `caller` (a client's token; another controller's is not one).
+    fn note_peaks(&self, exchange: &ExchangeView<'_>, caller: Option<&Caller>, answered_here: bool) {
+        let token = caller.filter(|Caller(c)| !c.is_peer()).map(|Caller(c)| (c.id.as_str(), c.label()));
+        if token.is_some() || answered_here {
+            self.node.peaks.exchange(self.clock.now(), token, &exchange.groups, answered_here);
+        }
     }
 
     /// Answers a checked exchange here, on the wire, each grant naming its group's shard
@@ -112,6 +122,7 @@ impl Services {
     fn answer_in_shards(
         &self,
         exchange: &ExchangeView<'_>,
+        caller: Option<&Caller>,
         privileged: bool,
         shards: &[u16],
         map: Option<&v1::ShardMap>,
@@ -123,6 +134,7 @@ impl Services {
         })?;
         let body = answer.finish_with_map(rest.next_exchange_ms, rest.next_tick_ms, privileged, map);
         self.latency.record(self.clock.now().since(started));
+        self.note_peaks(exchange, caller, true);
         Ok(Bytes::from(body))
     }
 
@@ -148,13 +160,14 @@ impl Services {
             .into_iter()
             .map(|r| r.and_then(|(owner, shard)| (owner == Owner::Here).then_some(shard)))
             .collect::<Option<Vec<u16>>>()?;
-        let privileged = match self.check_exchange(req.extensions().get::<Caller>(), &mut exchange) {
+        let caller = req.extensions().get::<Caller>();
+        let privileged = match self.check_exchange(caller, &mut exchange) {
             Ok(p) => p,
             Err(status) => return Some(Err(status)),
         };
         let forwarded = req.metadata().contains_key(crate::cluster::role::FORWARDED_METADATA);
         let map = if forwarded { None } else { exchange.shard_map_epoch.and_then(|e| sharding.map_for(e)) };
-        Some(self.answer_in_shards(&exchange, privileged, &shards, map.as_ref()))
+        Some(self.answer_in_shards(&exchange, caller, privileged, &shards, map.as_ref()))
     }
 }
 
@@ -206,10 +219,11 @@ impl Services {
         req: Request<Bytes>,
     ) -> Result<Bytes, Status> {
         use prost::Message;
-        let mut exchange =
-            ExchangeView::decode(req.get_ref()).map_err(|e| undecodable("ExchangeRequest", &e))?;
+        let sent = req.get_ref().clone();
+        let mut exchange = ExchangeView::decode(&sent).map_err(|e| undecodable("ExchangeRequest", &e))?;
         let asked_unthrottled = exchange.groups.iter().any(|g| g.unthrottled != 0.0);
-        let privileged = self.check_exchange(req.extensions().get::<Caller>(), &mut exchange)?;
+        let caller = req.extensions().get::<Caller>().cloned();
+        let privileged = self.check_exchange(caller.as_ref(), &mut exchange)?;
         let body = if privileged || !asked_unthrottled {
             req.into_inner()
         } else {
@@ -222,6 +236,8 @@ impl Services {
         };
         let answer =
             self.node.cluster.link().forward_encoded(self.clock.now(), leader, EXCHANGE_PATH, body).await?;
+        // Taken by the leader, so its values were good: the token's marks are kept here.
+        self.note_peaks(&exchange, caller.as_ref(), false);
         if privileged {
             return Ok(answer);
         }
@@ -253,6 +269,7 @@ impl Services {
         };
         let mut answer = shards.answer(started, &message, forwarded).await?;
         self.latency.record(self.clock.now().since(started));
+        self.note_peaks(&ExchangeView::of(&message), caller.as_ref(), false);
         answer.unthrottled_allowed = privileged;
         Ok(answer)
     }

@@ -88,7 +88,32 @@ pub(crate) struct GroupStatus {
     ramp_pool: Option<f64>,
     last_minute: Option<RateMarks>,
     last_hour: Option<RateMarks>,
+    /// The cost of the largest single request its clients admitted over the last minute (0:
+    /// none told).
+    largest_last_minute: f64,
+    /// The same over the last hour.
+    largest_last_hour: f64,
     detail: Option<Consumption>,
+}
+
+/// A client token's marks, as the controller it exchanges with keeps them.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TokenStatus {
+    id: String,
+    /// Its id, role and name.
+    label: String,
+    /// Units consumed since this controller first heard of the token.
+    consumed_total: f64,
+    admitted_total: u64,
+    /// Requests refused for want of tokens.
+    throttled_total: u64,
+    /// Its consumption rate's marks, units/s; null before its second exchange.
+    last_minute: Option<RateMarks>,
+    last_hour: Option<RateMarks>,
+    /// The cost of its largest single request over the last minute and the last hour.
+    largest_last_minute: f64,
+    largest_last_hour: f64,
 }
 
 /// A group's load on a backend.
@@ -174,6 +199,9 @@ pub(crate) struct Status {
     domains: Vec<DomainRules>,
     /// Where the implicit `tenant=X` to group `X` rule still applies.
     implicit_tenant_rule: String,
+    /// With authentication: the client tokens that exchanged with this controller, the most
+    /// consumed first (at most 100).
+    tokens: Vec<TokenStatus>,
     groups: Vec<GroupStatus>,
     /// The next page's token; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -272,6 +300,10 @@ pub(crate) struct DashboardRow {
     in_flight: Option<u64>,
     /// Its in-flight quota; `null` without one.
     max_in_flight: Option<u32>,
+    /// The cost of the largest single request its clients admitted over the last minute and
+    /// the last hour (0: none told).
+    largest_last_minute: f64,
+    largest_last_hour: f64,
 }
 
 /// The node as the dashboard shows it.
@@ -340,6 +372,8 @@ pub(crate) struct Dashboard {
     /// Names asked to be charted that are no group.
     unknown: Vec<String>,
     diagnostics: Diagnostics,
+    /// With authentication: the client tokens' marks, the most consumed first (at most 100).
+    tokens: Vec<TokenStatus>,
 }
 
 /// One group's page on the dashboard.

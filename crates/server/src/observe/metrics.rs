@@ -171,6 +171,7 @@ fn node_settings(e: &mut DescriptorEncoder, node: crate::store::StoredNode) -> s
 struct ControllerMetrics {
     controller: Arc<Controller>,
     cluster: Arc<Cluster>,
+    peaks: Arc<crate::observe::peaks::Peaks>,
     clock: Clock,
     /// How many groups are named one by one.
     groups: MetricsGroups,
@@ -193,6 +194,7 @@ impl Collector for ControllerMetrics {
                 let others = Fold::of(name, kind).apply(&rest, read).map(|v| (OTHERS, v));
                 family(&mut e, name, help, kind, "group", samples.chain(others))?;
             }
+            encode_peaks(&mut e, &self.peaks, self.clock.now(), &named)?;
         }
         node_settings(&mut e, c.admin().node())?;
         let now = self.clock.now();
@@ -233,6 +235,97 @@ impl Collector for ControllerMetrics {
         self.encode_cluster(&mut e)?;
         encode_counts(&mut e, c)
     }
+}
+
+/// One per-token metric: name, help, kind, and how to read it (`None`: no sample).
+type TokenFamily = (&'static str, &'static str, Kind, fn(&crate::observe::peaks::TokenPeaks) -> Option<f64>);
+
+const TOKEN_FAMILIES: [TokenFamily; 8] = [
+    ("tollgate_token_consumed_units_total", "Units a client token's clients consumed.", Kind::Counter, |t| {
+        Some(t.consumed_total)
+    }),
+    (
+        "tollgate_token_admitted_requests_total",
+        "Requests a client token's clients admitted.",
+        Kind::Counter,
+        |t| Some(t.admitted_total as f64),
+    ),
+    (
+        "tollgate_token_throttled_requests_total",
+        "Requests a client token's clients refused for want of tokens.",
+        Kind::Counter,
+        |t| Some(t.throttled_total as f64),
+    ),
+    (
+        "tollgate_token_rate_low_1m_units",
+        "A client token's lowest consumption rate over the last minute.",
+        Kind::Gauge,
+        |t| t.last_minute.map(|m| m.low),
+    ),
+    (
+        "tollgate_token_rate_high_1m_units",
+        "A client token's highest consumption rate over the last minute.",
+        Kind::Gauge,
+        |t| t.last_minute.map(|m| m.high),
+    ),
+    (
+        "tollgate_token_rate_avg_1m_units",
+        "A client token's average consumption rate over the last minute.",
+        Kind::Gauge,
+        |t| t.last_minute.map(|m| m.average),
+    ),
+    (
+        "tollgate_token_largest_request_1m_units",
+        "Cost of a client token's largest single request over the last minute.",
+        Kind::Gauge,
+        |t| Some(t.largest.0),
+    ),
+    (
+        "tollgate_token_largest_request_1h_units",
+        "Cost of a client token's largest single request over the last hour.",
+        Kind::Gauge,
+        |t| Some(t.largest.1),
+    ),
+];
+
+/// The high-water marks: the largest request of each group named, and each client token's
+/// marks (up to the diagnostics' bound, the most consumed first).
+fn encode_peaks(
+    e: &mut DescriptorEncoder,
+    peaks: &crate::observe::peaks::Peaks,
+    now: tollgate_model::time::Nanos,
+    named: &[&GroupView],
+) -> std::fmt::Result {
+    let largest = peaks.groups(now);
+    let marks: Vec<(&str, (f64, f64))> =
+        named.iter().filter_map(|g| largest.get(g.name.as_str()).map(|l| (g.name.as_str(), *l))).collect();
+    for (name, help, hour) in [
+        (
+            "tollgate_group_largest_request_1m_units",
+            "Cost of the largest single request over the last minute.",
+            false,
+        ),
+        (
+            "tollgate_group_largest_request_1h_units",
+            "Cost of the largest single request over the last hour.",
+            true,
+        ),
+    ] {
+        let samples = marks.iter().map(|(g, (m, h))| (*g, if hour { *h } else { *m }));
+        family(e, name, help, Kind::Gauge, "group", samples)?;
+    }
+    let tokens = peaks.tokens(now, crate::controller::DIAGNOSTICS_SHOWN_MAX);
+    for (name, help, kind, read) in TOKEN_FAMILIES {
+        family(
+            e,
+            name,
+            help,
+            kind,
+            "token",
+            tokens.iter().filter_map(|t| read(t).map(|v| (t.id.as_str(), v))),
+        )?;
+    }
+    Ok(())
 }
 
 /// The backends' and clients' families, named one by one up to the diagnostics' bound.
@@ -552,6 +645,7 @@ pub fn registry(
     registry.register_collector(Box::new(ControllerMetrics {
         controller: node.controller.clone(),
         cluster: node.cluster.clone(),
+        peaks: node.peaks.clone(),
         clock,
         groups,
     }));

@@ -5,6 +5,7 @@
 pub(crate) mod history;
 pub(crate) mod memory;
 pub(crate) mod metrics;
+pub mod peaks;
 pub(crate) mod process;
 pub mod series;
 pub mod status;

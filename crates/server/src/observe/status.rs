@@ -119,8 +119,9 @@ fn percent_decode(s: &str) -> Option<String> {
 pub fn status_response(node: &Node, now: Nanos, page: &Page) -> v1::StatusResponse {
     let view = node.controller.readings().view();
     let (groups, next_page_token) = page.take(&view, |g| g.name.as_str());
+    let peaks = node.peaks.groups(now);
     v1::StatusResponse {
-        groups: groups.iter().map(group_status).collect(),
+        groups: groups.iter().map(|g| group_status(g, &peaks)).collect(),
         next_page_token,
         ..status_head(node, now)
     }
@@ -134,6 +135,7 @@ pub(crate) async fn status_body(node: Node, now: Nanos, page: Page) -> axum::bod
         let head = status_head(&node, now);
         let view = node.controller.readings().view();
         let (groups, next) = page.take(&view, |g| g.name.as_str());
+        let peaks = node.peaks.groups(now);
         let mut json = status_json(&head);
         if let Some(o) = json.as_object_mut() {
             o.remove("groups");
@@ -141,7 +143,11 @@ pub(crate) async fn status_body(node: Node, now: Nanos, page: Page) -> axum::bod
                 o.insert("next_page_token".into(), next.into());
             }
         }
-        out.object_with_array(json, "groups", groups.iter().map(|g| group_json(&group_status(g), &head.unit)))
+        out.object_with_array(
+            json,
+            "groups",
+            groups.iter().map(|g| group_json(&group_status(g, &peaks), &head.unit)),
+        )
     })
     .await
 }
@@ -199,7 +205,43 @@ fn status_head(parts: &Node, now: Nanos) -> v1::StatusResponse {
             .collect(),
         domains: domains(&parts.rls_rules.get()),
         rules_everywhere: parts.rls_rules.get().rules.iter().any(|r| r.domain.is_empty()),
+        tokens: parts
+            .peaks
+            .tokens(now, crate::controller::DIAGNOSTICS_SHOWN_MAX)
+            .iter()
+            .map(token_status)
+            .collect(),
     }
+}
+
+/// A client token's marks in the contract's form.
+pub(crate) fn token_status(t: &crate::observe::peaks::TokenPeaks) -> v1::TokenStatus {
+    v1::TokenStatus {
+        id: t.id.clone(),
+        label: t.label.clone(),
+        consumed_total: t.consumed_total,
+        admitted_total: t.admitted_total,
+        throttled_total: t.throttled_total,
+        last_minute: t.last_minute.map(marks_to_proto),
+        last_hour: t.last_hour.map(marks_to_proto),
+        largest_last_minute: t.largest.0,
+        largest_last_hour: t.largest.1,
+    }
+}
+
+/// A client token as the status's JSON shows it.
+pub(crate) fn token_json(t: &v1::TokenStatus) -> serde_json::Value {
+    serde_json::json!({
+        "id": t.id,
+        "label": t.label,
+        "consumed_total": t.consumed_total,
+        "admitted_total": t.admitted_total,
+        "throttled_total": t.throttled_total,
+        "last_minute": marks_json(t.last_minute.as_ref()),
+        "last_hour": marks_json(t.last_hour.as_ref()),
+        "largest_last_minute": t.largest_last_minute,
+        "largest_last_hour": t.largest_last_hour,
+    })
 }
 
 /// What answers each domain an imported file or a rule names.
@@ -234,8 +276,14 @@ fn domains(set: &tollgate_model::rls::RuleSet) -> Vec<v1::DomainRules> {
 }
 
 /// One group in the contract's form.
-fn group_status(g: &tollgate_model::engine::GroupView) -> v1::GroupStatus {
+fn group_status(
+    g: &tollgate_model::engine::GroupView,
+    peaks: &std::collections::HashMap<String, (f64, f64)>,
+) -> v1::GroupStatus {
+    let (largest_last_minute, largest_last_hour) = peaks.get(g.name.as_str()).copied().unwrap_or_default();
     v1::GroupStatus {
+        largest_last_minute,
+        largest_last_hour,
         name: g.name.to_string(),
         settings: g.settings.as_ref().map(convert::settings_to_proto),
         target: g.target,
@@ -402,6 +450,8 @@ fn group_json(g: &v1::GroupStatus, unit: &str) -> serde_json::Value {
         "ramp_pool": g.ramp_pool,
         "last_minute": marks_json(g.last_minute.as_ref()),
         "last_hour": marks_json(g.last_hour.as_ref()),
+        "largest_last_minute": g.largest_last_minute,
+        "largest_last_hour": g.largest_last_hour,
         "detail": detail_json(g.detail.as_ref()),
     })
 }
@@ -445,6 +495,7 @@ fn status_json_with(s: &v1::StatusResponse, groups: Vec<serde_json::Value>) -> s
             .iter()
             .map(|d| serde_json::json!({"domain": d.domain, "answered_by": d.answered_by, "count": d.count}))
             .collect::<Vec<_>>(),
+        "tokens": s.tokens.iter().map(token_json).collect::<Vec<_>>(),
         "implicit_tenant_rule": if s.rules_everywhere { "off: rules with no domain apply everywhere" } else { "in every other domain" },
         "groups": groups,
     })
