@@ -39,13 +39,14 @@
 //!   `--admit-wait` how long for its group's grant before a `429` (default 50 ms).
 //! - With several such services behind one controller, each charges a tenant's place in its
 //!   queue for what the others serve of it (dmClock's cross-backend term, docs/backend.md), so a
-//!   tenant spread over them gets its share of all of them together. `--per-backend` turns
-//!   that off: each service shares itself alone.
+//!   tenant spread over them gets its share of all of them together; and a tenant with a limit
+//!   is held on each to its share of the limit there, past which an idle service lends it
+//!   capacity. `--per-backend` turns both off: each service shares itself alone.
 //!
 //! API: `PUT /kv/{key}` stores the body; `GET /kv/{key}` returns it; `GET /stats` shows the
 //! utilisation, the scheduler's queue and what it learned, the settings version, the bytes
-//! compacted, the units served per tenant and the units/s charged for each tenant's work on
-//! other services; `PUT /slowdown` with a factor from 1 to 100 in its body makes each request's
+//! compacted, the units served per tenant, the units/s charged for each tenant's work on
+//! other services and each tenant's share here; `PUT /slowdown` with a factor from 1 to 100 in its body makes each request's
 //! work that many times longer from then on (the service slowing down, for the benchmarks);
 //! `GET /healthz`.
 
@@ -61,7 +62,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tollgate_limiter::core::adaptive::LearnSettings;
 use tollgate_limiter::core::config::Config;
-use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions, TakesElsewhere};
+use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions, TakesAnswers};
 use tollgate_limiter::scheduler::{FollowOptions, Following, ScheduleError, Scheduler, SchedulerOptions};
 use tollgate_limiter::{AcquireError, RemoteOptions, RequestClass, Tollgate};
 
@@ -378,6 +379,13 @@ async fn stats(State(svc): State<Arc<Service>>) -> Response {
         "compacted_bytes": svc.compacted.load(Ordering::Relaxed),
         "served": *svc.served.lock().unwrap(),
         "elsewhere": svc.scheduler.elsewhere(),
+        "shares": svc.scheduler.shares().into_iter().map(|(g, s)| (g, serde_json::json!({
+            "units_per_s": s.units_per_s,
+            "ceiling": s.ceiling,
+            "cpu_ms_per_s": s.cpu_ms_per_s,
+            "read_bytes_per_s": s.read_bytes_per_s,
+            "write_bytes_per_s": s.write_bytes_per_s,
+        }))).collect::<serde_json::Map<String, serde_json::Value>>(),
     }))
     .into_response()
 }
@@ -467,7 +475,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             backend_id: format!("kv-{here}"),
             zone: "local".into(),
             capacity: capacity.filter(|_| !o.learn),
-            elsewhere: (!o.per_backend).then(|| Arc::new(scheduler.clone()) as Arc<dyn TakesElsewhere>),
+            scheduler: (!o.per_backend).then(|| Arc::new(scheduler.clone()) as Arc<dyn TakesAnswers>),
             ..ReporterOptions::default()
         },
         move || learned.health().unwrap_or(BackendHealth::Utilisation(0.0)),

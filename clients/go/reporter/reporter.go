@@ -66,6 +66,8 @@ type Reporter struct {
 	version uint64
 	// For each group of the last report served on other backends too: its units/s there.
 	elsewhere map[string]float64
+	// For each group of the last report with a limit: its share of it here.
+	shares map[string]*pb.NodeShare
 }
 
 // New checks the options and makes a reporter on conn (a connection to a controller).
@@ -205,10 +207,30 @@ func (r *Reporter) ReportNow(ctx context.Context) ([]string, error) {
 			elsewhere[l.GetGroup()] = u
 		}
 	}
+	shares := map[string]*pb.NodeShare{}
+	for _, s := range ack.GetShares() {
+		if u := s.GetUnitsPerS(); u > 0 && !math.IsInf(u, 0) {
+			shares[s.GetGroup()] = s
+		}
+	}
 	r.mu.Lock()
-	r.elsewhere = elsewhere
+	r.elsewhere, r.shares = elsewhere, shares
 	r.mu.Unlock()
 	return ack.GetRejected(), nil
+}
+
+// Shares is, for each group of the last report with a limit, its share of the limit on this
+// backend, as the controller answered: UnitsPerS (the limit in proportion to its load here),
+// Ceiling (the most it may take here of capacity lent while the backend is idle) and the
+// share in CPU milliseconds and bytes read and written per second.
+func (r *Reporter) Shares() map[string]*pb.NodeShare {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]*pb.NodeShare, len(r.shares))
+	for g, s := range r.shares {
+		out[g] = s
+	}
+	return out
 }
 
 // Elsewhere is, for each group of the last report that other backends serve too, its

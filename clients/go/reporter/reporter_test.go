@@ -103,6 +103,24 @@ func TestEachReportIsAnsweredWithWhatTheOtherBackendsServe(t *testing.T) {
 	if len(got) != 1 || math.Abs(got["spread"]-600*share) > 1e-9 {
 		t.Fatalf("what the other backend serves: %v", got)
 	}
+	// A group with a limit gets its share of it where its load lands (150 × 30 ÷ 90).
+	limit := 150.0
+	if _, err := pb.NewAdminClient(conn).PutGroup(ctx, &pb.PutGroupRequest{Name: "limited", Patch: &pb.GroupPatch{Limit: &limit}}); err != nil {
+		t.Fatal(err)
+	}
+	one.Record("limited", 60)
+	two.Record("limited", 30)
+	now = now.Add(time.Second)
+	if _, err := one.ReportNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := two.ReportNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := two.Shares()["limited"]
+	if held == nil || math.Abs(held.GetUnitsPerS()-50) > 1e-6 || math.Abs(held.GetCeiling()-(150-60*share)) > 1e-6 {
+		t.Fatalf("its share here: %v", held)
+	}
 }
 
 func TestTheSoftLimitsComeBackPulledThenPushed(t *testing.T) {

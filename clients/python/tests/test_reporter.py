@@ -76,6 +76,18 @@ def test_each_report_is_answered_with_what_the_other_backends_serve(server: Serv
         elsewhere = two.elsewhere()
         assert list(elsewhere) == ["fan-spread"], elsewhere
         assert math.isclose(elsewhere["fan-spread"], 600 * share, rel_tol=1e-9), elsewhere
+        # A group with a limit gets its share of it where its load lands (150 × 30 ÷ 90), and
+        # may be lent up to its limit less what the other backend serves of it.
+        with tollgate.Admin(server.url) as admin:
+            admin.create_group("fan-limited", limit=150)
+        one.record("fan-limited", 60)
+        two.record("fan-limited", 30)
+        clock.now += 1.0
+        one.report_now()
+        two.report_now()
+        held = two.shares()["fan-limited"]
+        assert math.isclose(held.units_per_s, 50.0, rel_tol=1e-6), held
+        assert math.isclose(held.ceiling, 150 - 60 * share, rel_tol=1e-6), held
 
 
 def test_a_health_function_reports_queue_bytes_and_top_k_keeps_the_busiest(server: Server) -> None:

@@ -124,6 +124,7 @@ class _Core:
         self.limits: Dict[str, float] = {}
         self.version = 0
         self.elsewhere: Dict[str, float] = {}
+        self.shares: Dict[str, pb.NodeShare] = {}
 
     def record(self, group: str, units: float) -> None:
         if not isinstance(group, str) or not group:
@@ -169,8 +170,9 @@ class _Core:
     def take_ack(self, ack: pb.ReportAck) -> List[str]:
         """Keeps what the other backends serve of the groups reported; the loads left out."""
         elsewhere = {l.group: l.units_per_s for l in ack.elsewhere if math.isfinite(l.units_per_s) and l.units_per_s > 0}
+        shares = {s.group: s for s in ack.shares if math.isfinite(s.units_per_s) and s.units_per_s > 0}
         with self.lock:
-            self.elsewhere = elsewhere
+            self.elsewhere, self.shares = elsewhere, shares
         return list(ack.rejected)
 
     def take_settings(self, s: pb.BackendSettings) -> None:
@@ -229,6 +231,15 @@ class _Reporting:
         each group this much, as time passes, as if it had served it)."""
         with self._core.lock:
             return dict(self._core.elsewhere)
+
+    def shares(self) -> Dict[str, "pb.NodeShare"]:
+        """For each group of the last report with a limit, its share of the limit on this
+        backend, as the controller answered: ``units_per_s`` (the limit in proportion to its
+        load here), ``ceiling`` (the most it may take here of capacity lent while the backend
+        is idle) and the share in ``cpu_ms_per_s``, ``read_bytes_per_s`` and
+        ``write_bytes_per_s``."""
+        with self._core.lock:
+            return dict(self._core.shares)
 
     @property
     def settings_version(self) -> int:

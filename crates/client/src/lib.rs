@@ -48,6 +48,7 @@ mod inner;
 pub mod layer;
 mod metrics;
 mod names;
+pub mod node_share;
 mod permit;
 pub mod quiet;
 pub mod remote;

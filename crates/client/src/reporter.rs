@@ -56,19 +56,20 @@ pub struct ReporterOptions {
     pub capacity: Option<f64>,
     /// The token (a backend token) and TLS files for a controller that asks for them.
     pub access: crate::access::Access,
-    /// What takes the controller's answer to each report: each group reported that other
-    /// backends serve too, with its units/s on them (dmClock's cross-backend term). Give the
-    /// backend's [`Scheduler`](crate::scheduler::Scheduler), which charges it to its fair
-    /// queue. Only the groups reported (the `top_k` busiest) are answered for. `None` (the
-    /// default): the answer is not used, and the scheduler shares this backend alone.
-    pub elsewhere: Option<Arc<dyn TakesElsewhere>>,
+    /// What takes the controller's answer to each report: for each group reported, what the
+    /// other backends serve of it (dmClock's cross-backend term) and its share of its limit
+    /// on this backend. Give the backend's [`Scheduler`](crate::scheduler::Scheduler), which
+    /// charges the first to its fair queue and holds each group to the second. Only the
+    /// groups reported (the `top_k` busiest) are answered for. `None` (the default): the
+    /// answers are not used, and the scheduler shares this backend alone.
+    pub scheduler: Option<Arc<dyn TakesAnswers>>,
 }
 
-/// Takes the controller's answer to each backend report: for each group reported that other
-/// backends serve too, its units/s on them ([`ReporterOptions::elsewhere`]).
-pub trait TakesElsewhere: std::fmt::Debug + Send + Sync {
-    /// The latest answer, in place of the last: a group left out is served nowhere else.
-    fn take_elsewhere(&self, loads: &[v1::GroupLoad]);
+/// Takes the controller's answer to each backend report ([`ReporterOptions::scheduler`]).
+pub trait TakesAnswers: std::fmt::Debug + Send + Sync {
+    /// The latest answer, in place of the last: a group left out of it is served nowhere
+    /// else, and holds no share here.
+    fn take_answer(&self, ack: &v1::ReportAck);
 }
 
 impl Default for ReporterOptions {
@@ -82,7 +83,7 @@ impl Default for ReporterOptions {
             smoothing: Duration::from_secs(1),
             capacity: None,
             access: crate::access::Access::default(),
-            elsewhere: None,
+            scheduler: None,
         }
     }
 }
@@ -174,8 +175,8 @@ impl BackendReporter {
                 // left for the next one given.
                 match tokio::time::timeout(opts.interval, controllers[current].1.report(report)).await {
                     Ok(Ok(ack)) => {
-                        if let Some(taker) = &opts.elsewhere {
-                            taker.take_elsewhere(&ack.get_ref().elsewhere);
+                        if let Some(taker) = &opts.scheduler {
+                            taker.take_answer(ack.get_ref());
                         }
                     }
                     Ok(Err(status)) => {

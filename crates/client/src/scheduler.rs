@@ -45,7 +45,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::oneshot;
 use tollgate_model::adaptive::{LatencyLimit, LearnSettings};
-use tollgate_model::bucket::{Bucket, Refusal};
+use tollgate_model::bucket::Bucket;
 use tollgate_model::config::Config;
 use tollgate_model::schedule::{CrossCharge, FairQueue, QueueFull};
 use tollgate_model::settings::{GroupName, GroupSettings, check_group_name};
@@ -54,6 +54,7 @@ use tollgate_model::time::{Clock, Nanos};
 use tollgate_proto::v1::{self, backend_client::BackendClient};
 
 use crate::clock::TokioClock;
+use crate::node_share::{Booked, NodeShare, NodeShares, book};
 
 /// How the scheduler behaves.
 #[derive(Debug, Clone)]
@@ -180,6 +181,8 @@ struct State {
     /// What other backends serve of each group, charged to the queue as time passes
     /// ([`Scheduler::charge_elsewhere`]).
     cross: CrossCharge,
+    /// Each group's share of its limit on this backend ([`Scheduler::take_shares`]).
+    shares: NodeShares,
 }
 
 impl State {
@@ -202,20 +205,15 @@ fn soft_bucket(limit: f64, now: Nanos) -> Bucket {
     Bucket::new(limit, limit, now)
 }
 
-/// Books `cost` in `bucket`, waiting at most `max_wait`: how long to wait, or how long it
-/// would have been. A cost above the bucket's burst waits for a full bucket and leaves the
-/// rest as debt, so a large request is slowed, never refused for its size alone.
-fn book(bucket: &Bucket, cost: f64, now: Nanos, max_wait: Duration) -> Result<Duration, Duration> {
-    let burst = bucket.burst();
-    let (now_part, debt) = if cost > burst { (burst, cost - burst) } else { (cost, 0.0) };
-    match bucket.reserve(now_part, now, max_wait) {
-        Ok(wait) => {
-            bucket.charge(debt, now);
-            Ok(wait)
-        }
-        Err(Refusal::Wait(d)) => Err(d),
-        Err(_) => Err(max_wait),
-    }
+/// The rate a group is weighed by in the fair queue: its share of its limit here, where the
+/// controller gave it one; else, as TiKV weighs, its reservation, else its limit (0: none).
+fn weighed_rate(s: &State, group: &GroupName, settings: &GroupSettings) -> f64 {
+    let rate = match s.shares.rate(group.as_str()) {
+        Some(share) => share,
+        None if settings.reserved() > 0.0 => settings.reserved(),
+        None => settings.limit().as_f64(),
+    };
+    if rate.is_finite() { rate } else { 0.0 }
 }
 
 /// The scheduler: cheap to clone. Must be created inside a tokio runtime.
@@ -361,10 +359,7 @@ impl Shared {
         if s.known.get(group).is_some_and(|l| l.settings == settings) {
             return;
         }
-        // TiKV weighs by the group's configured rate: its reservation, else its limit.
-        let rate = if settings.reserved() > 0.0 { settings.reserved() } else { settings.limit().as_f64() };
-        let rate = if rate.is_finite() { rate } else { 0.0 };
-        s.queue.set_group(group, settings.priority(), rate);
+        s.queue.set_group(group, settings.priority(), weighed_rate(s, group, &settings));
         let old = s.known.remove(group).and_then(|l| l.limiter);
         let limiter = match (settings.backend_limit(), old) {
             (None, _) => None,
@@ -410,6 +405,20 @@ impl Shared {
         if let Some(bucket) = &learned.limiter {
             wait = book(bucket, cost, now, max_wait).map_err(|d| over(bucket.rate(), d))?;
         }
+        // Its share here; past it, capacity lent while nothing waits and a slot is free.
+        let idle = s.queue.is_empty()
+            && s.critical.is_empty()
+            && s.resumed.is_empty()
+            && s.running < s.allowed(self.opts.concurrency);
+        match s.shares.book(group.as_str(), cost, now, idle, max_wait) {
+            Booked::Go(w) => wait = wait.max(w),
+            Booked::Over(rate, d) => {
+                if let Some(bucket) = &learned.limiter {
+                    bucket.refund(cost);
+                }
+                return Err(over(rate, d));
+            }
+        }
         if learned.settings.background() {
             if let Some(shared) = &self.background {
                 match book(shared, cost, now, max_wait) {
@@ -449,6 +458,7 @@ impl Scheduler {
             learner: opts.learn.clone().map(|l| LatencyLimit::new(l, now)),
             arrivals: Smoother::new(ARRIVAL_SMOOTHING_S),
             cross: CrossCharge::new(),
+            shares: NodeShares::default(),
         };
         let background = opts.capacity.filter(|c| c.is_finite() && *c > 0.0).map(|c| soft_bucket(c, now));
         Scheduler { shared: Arc::new(Shared { state: Mutex::new(state), opts, clock, background }) }
@@ -669,7 +679,7 @@ impl Scheduler {
     /// this backend had done it, so that a group spread over several backends gets its share
     /// of all of them together, not a share of each. A
     /// [`BackendReporter`](crate::reporter::BackendReporter) given this scheduler
-    /// ([`ReporterOptions::elsewhere`](crate::reporter::ReporterOptions::elsewhere)) calls this
+    /// ([`ReporterOptions::scheduler`](crate::reporter::ReporterOptions::scheduler)) calls this
     /// with each answer. Names that are not group names, and rates that are not a finite
     /// positive number, are left out.
     pub fn charge_elsewhere<'a>(&self, rates: impl IntoIterator<Item = (&'a str, f64)>) {
@@ -679,6 +689,28 @@ impl Scheduler {
         let mut s = self.shared.lock();
         let s = &mut *s;
         s.cross.set_rates(now, &mut s.queue, rates);
+    }
+
+    /// Takes each group's share of its limit on this backend, as the controller answers a
+    /// report, in place of the last ([`node_share`](crate::node_share)): a request of a group
+    /// past its share waits for it (as for a `backend_limit`), unless the backend has nothing
+    /// waiting and a slot free, when it lends the group capacity up to its ceiling; and the
+    /// group's weight in the fair queue follows its share. A group left out holds none.
+    pub fn take_shares(&self, shares: &[v1::NodeShare]) {
+        let now = self.shared.clock.now();
+        let mut s = self.shared.lock();
+        s.shares.take(now, shares);
+        let groups: Vec<(GroupName, GroupSettings)> =
+            s.known.iter().map(|(g, k)| (g.clone(), k.settings.clone())).collect();
+        for (g, settings) in &groups {
+            let rate = weighed_rate(&s, g, settings);
+            s.queue.set_group(g, settings.priority(), rate);
+        }
+    }
+
+    /// Each group's share on this backend now, by group.
+    pub fn shares(&self) -> HashMap<String, NodeShare> {
+        self.shared.lock().shares.view()
     }
 
     /// The units/s charged now for each group's work on other backends.
@@ -694,9 +726,10 @@ impl Scheduler {
     }
 }
 
-impl crate::reporter::TakesElsewhere for Scheduler {
-    fn take_elsewhere(&self, loads: &[v1::GroupLoad]) {
-        self.charge_elsewhere(loads.iter().map(|l| (l.group.as_str(), l.units_per_s)));
+impl crate::reporter::TakesAnswers for Scheduler {
+    fn take_answer(&self, ack: &v1::ReportAck) {
+        self.charge_elsewhere(ack.elsewhere.iter().map(|l| (l.group.as_str(), l.units_per_s)));
+        self.take_shares(&ack.shares);
     }
 }
 

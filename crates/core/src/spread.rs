@@ -31,6 +31,20 @@ const NEGLIGIBLE: f64 = 1e-9;
 /// A backend's loads: (group, units/s).
 pub type Loads = Arc<[(GroupName, f64)]>;
 
+/// A group's share of its `limit` on a backend where it brings `here` units/s and the other
+/// backends `elsewhere`: the limit in proportion to its load here (TiDB's per-node quota,
+/// balanced toward where the group's data lives). With no load anywhere yet, all of it.
+///
+/// ```
+/// use tollgate_model::spread::node_share;
+/// assert_eq!(node_share(300.0, 240.0, 60.0), 240.0);
+/// assert_eq!(node_share(300.0, 0.0, 0.0), 300.0);
+/// ```
+pub fn node_share(limit: f64, here: f64, elsewhere: f64) -> f64 {
+    let total = here + elsewhere;
+    if total > NEGLIGIBLE { limit * (here / total) } else { limit }
+}
+
 /// Each backend's latest loads and their sums per group. See the [module
 /// documentation](self).
 #[derive(Debug)]

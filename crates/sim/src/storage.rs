@@ -1,5 +1,6 @@
 //! The storage side in virtual time: backends that schedule their queued work fairly, as
-//! TiKV's stores do, with or without dmClock's cross-backend term.
+//! TiKV's stores do, with or without dmClock's cross-backend term, and hold each group to its
+//! share of its limit on each backend, with or without lending idle capacity.
 //!
 //! Each backend serves `capacity` units/s from its own [`FairQueue`], in steps of 1 ms. Each
 //! group offers work to each backend at its own rate (`f64::INFINITY`: always some waiting),
@@ -8,11 +9,17 @@
 //! part, and with `cross` on charges the answer to its queue through a [`CrossCharge`], as a
 //! backend's scheduler linked to its reporter does. The queues renew once a second.
 //!
+//! A group with a `limit` is held on each backend to a share of it ([`Split`]): work past the
+//! share waits outside the queue for its bucket (one second of the share), unless the backend
+//! is idle and lends its capacity (`lend_idle`). The loads reported are what arrives, so that
+//! shares following the load follow where the group's data lives, not what it was let do.
+//!
 //! Nothing is random: a spec always gives the same result.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate_model::bucket::Bucket;
 use tollgate_model::schedule::{CrossCharge, FairQueue};
 use tollgate_model::settings::{GroupName, Priority};
 use tollgate_model::spread::Spread;
@@ -36,6 +43,21 @@ pub struct StorageGroup {
     pub rate: f64,
     /// The units/s it offers each backend, by backend; `f64::INFINITY` keeps work waiting.
     pub offers: Vec<f64>,
+    /// Its limit over all the backends, units/s, which each backend holds it to a share of
+    /// ([`StorageSpec::split`]); `None`: no share anywhere.
+    pub limit: Option<f64>,
+}
+
+/// How a group's limit is split into shares, one per backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// No shares: the backends hold no group.
+    None,
+    /// The same share on each backend: the limit ÷ the backends.
+    Even,
+    /// In proportion to the load the group brings each backend (where its data lives): the
+    /// limit × its load here ÷ its load everywhere, as the controller answers each report.
+    FollowLoad,
 }
 
 /// A storage simulation: backends, groups, and whether the backends charge work done
@@ -49,6 +71,10 @@ pub struct StorageSpec {
     /// Whether each backend charges the work the others did (dmClock); off, each schedules
     /// on its own (mClock's per-server form).
     pub cross: bool,
+    /// How the groups' limits are split over the backends.
+    pub split: Split,
+    /// Whether a backend with nothing queued lets a group past its share there.
+    pub lend_idle: bool,
     /// Simulated time before measuring.
     pub warm_up: Duration,
     /// Simulated time measured.
@@ -75,9 +101,15 @@ struct Backend {
     cross: CrossCharge,
     /// Units of service not yet used (a step's capacity left after the last whole item).
     budget: f64,
-    /// Units offered and not yet queued, by group.
+    /// Units offered and not yet arrived (a fraction of an item), by group.
     offered: Vec<f64>,
-    /// Units served since the last report, and smoothed rates, by group.
+    /// Items arrived and waiting for the group's share, by group.
+    held: Vec<usize>,
+    /// Each group's share here, once known, and the most it may take here lent idle
+    /// capacity: its limit less its load elsewhere.
+    shares: Vec<Option<Bucket>>,
+    ceilings: Vec<Option<Bucket>>,
+    /// Units arrived since the last report, and smoothed rates, by group.
     window: Vec<f64>,
     rates: Vec<f64>,
 }
@@ -98,6 +130,9 @@ pub fn run(spec: &StorageSpec) -> StorageOutcome {
                 cross: CrossCharge::new(),
                 budget: 0.0,
                 offered: vec![0.0; n],
+                held: vec![0; n],
+                shares: (0..n).map(|_| None).collect(),
+                ceilings: (0..n).map(|_| None).collect(),
                 window: vec![0.0; n],
                 rates: vec![0.0; n],
             }
@@ -112,12 +147,12 @@ pub fn run(spec: &StorageSpec) -> StorageOutcome {
         let now = Nanos::ZERO.after(STEP * step as u32);
         for (b, backend) in backends.iter_mut().enumerate() {
             offer(backend, spec, b);
+            let (dt, capacity) = (STEP.as_secs_f64(), spec.capacities[b]);
+            admit(backend, spec, now, capacity * dt);
             if spec.cross {
                 backend.cross.apply(now, &mut backend.queue);
             }
-            let (dt, capacity) = (STEP.as_secs_f64(), spec.capacities[b]);
             for g in serve(backend, capacity * dt, spec) {
-                backend.window[g] += 1.0;
                 if step > warm {
                     served[g][b] += 1.0;
                 }
@@ -139,24 +174,62 @@ pub fn run(spec: &StorageSpec) -> StorageOutcome {
     StorageOutcome { served }
 }
 
-/// Queues each group's offers for one step: what its rate brings, or enough to keep a
-/// backlog when it always has work.
+/// One step's arrivals: what each group's rate brings, or enough to keep a backlog when it
+/// always has work. They count in the load reported, and wait for their share.
 fn offer(backend: &mut Backend, spec: &StorageSpec, b: usize) {
     for (g, group) in spec.groups.iter().enumerate() {
         let rate = group.offers.get(b).copied().unwrap_or(0.0);
         let items = if rate.is_infinite() {
-            BACKLOG.saturating_sub(backend.queue.queued(group.name.as_ref()))
+            BACKLOG.saturating_sub(backend.queue.queued(group.name.as_ref()) + backend.held[g])
         } else {
             backend.offered[g] += rate * STEP.as_secs_f64();
             let whole = backend.offered[g].floor();
             backend.offered[g] -= whole;
             whole as usize
         };
-        for _ in 0..items {
-            if backend.queue.push(&group.name, (), 1.0).is_err() {
+        backend.held[g] += items;
+        backend.window[g] += items as f64;
+    }
+}
+
+/// Queues what each group's share lets in; with `lend_idle`, a backend with nothing queued
+/// lets in up to a step's `capacity` more, past the shares.
+fn admit(backend: &mut Backend, spec: &StorageSpec, now: Nanos, capacity: f64) {
+    for (g, group) in spec.groups.iter().enumerate() {
+        while backend.held[g] > 0 {
+            let fits = backend.shares[g].as_ref().is_none_or(|b| b.try_acquire(1.0, now).is_ok());
+            if !fits || backend.queue.push(&group.name, (), 1.0).is_err() {
                 break;
             }
+            // What its share lets in counts against what it may be lent here.
+            if let Some(c) = &backend.ceilings[g] {
+                c.charge(1.0, now);
+            }
+            backend.held[g] -= 1;
         }
+    }
+    if !spec.lend_idle || !backend.queue.is_empty() {
+        return;
+    }
+    let mut lent = capacity.ceil() as usize;
+    for (g, group) in spec.groups.iter().enumerate() {
+        let ceiling = &backend.ceilings[g];
+        while lent > 0
+            && backend.held[g] > 0
+            && ceiling.as_ref().is_none_or(|c| c.try_acquire(1.0, now).is_ok())
+            && backend.queue.push(&group.name, (), 1.0).is_ok()
+        {
+            backend.held[g] -= 1;
+            lent -= 1;
+        }
+    }
+}
+
+/// Sets `bucket` to `rate` (one second of it), making it on first use.
+fn set_bucket(bucket: &mut Option<Bucket>, rate: f64, now: Nanos) {
+    match bucket {
+        Some(b) => b.set_rate(rate, rate, now),
+        None => *bucket = Some(Bucket::new(rate, rate, now)),
     }
 }
 
@@ -192,6 +265,18 @@ fn report(backend: &mut Backend, spread: &mut Spread, now: Nanos, b: usize, spec
         .map(|(g, r)| (g.name.clone(), *r))
         .collect();
     let elsewhere = spread.put(now, &format!("backend-{b}"), loads);
+    for (g, group) in spec.groups.iter().enumerate() {
+        let Some(limit) = group.limit else { continue };
+        let here = backend.rates[g];
+        let there = elsewhere.iter().find(|(name, _)| *name == group.name).map_or(0.0, |(_, r)| *r);
+        let share = match spec.split {
+            Split::None => continue,
+            Split::Even => limit / spec.capacities.len() as f64,
+            Split::FollowLoad => tollgate_model::spread::node_share(limit, here, there),
+        };
+        set_bucket(&mut backend.shares[g], share, now);
+        set_bucket(&mut backend.ceilings[g], (limit - there).max(share), now);
+    }
     if spec.cross {
         backend.cross.set_rates(now, &mut backend.queue, elsewhere);
     }

@@ -262,12 +262,30 @@ class GroupLoad(_message.Message):
     def __init__(self, group: _Optional[str] = ..., units_per_s: _Optional[float] = ...) -> None: ...
 
 class ReportAck(_message.Message):
-    __slots__ = ("rejected", "elsewhere")
+    __slots__ = ("rejected", "elsewhere", "shares")
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
     rejected: _containers.RepeatedScalarFieldContainer[str]
     elsewhere: _containers.RepeatedCompositeFieldContainer[GroupLoad]
-    def __init__(self, rejected: _Optional[_Iterable[str]] = ..., elsewhere: _Optional[_Iterable[_Union[GroupLoad, _Mapping]]] = ...) -> None: ...
+    shares: _containers.RepeatedCompositeFieldContainer[NodeShare]
+    def __init__(self, rejected: _Optional[_Iterable[str]] = ..., elsewhere: _Optional[_Iterable[_Union[GroupLoad, _Mapping]]] = ..., shares: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ...) -> None: ...
+
+class NodeShare(_message.Message):
+    __slots__ = ("group", "units_per_s", "ceiling", "cpu_ms_per_s", "read_bytes_per_s", "write_bytes_per_s")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    UNITS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CEILING_FIELD_NUMBER: _ClassVar[int]
+    CPU_MS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    READ_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    WRITE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    units_per_s: float
+    ceiling: float
+    cpu_ms_per_s: float
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    def __init__(self, group: _Optional[str] = ..., units_per_s: _Optional[float] = ..., ceiling: _Optional[float] = ..., cpu_ms_per_s: _Optional[float] = ..., read_bytes_per_s: _Optional[float] = ..., write_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class UsageRequest(_message.Message):
     __slots__ = ("group", "since_unix_ms", "limit")

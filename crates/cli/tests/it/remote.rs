@@ -443,3 +443,46 @@ async fn new_tenants_are_admitted_at_once_while_another_asks_for_the_whole_capac
     assert_eq!(refused.len(), 2, "{said}");
     assert!(refused.iter().all(|l| l.trim_end().ends_with("refused 0")), "{said}");
 }
+
+/// Two backends report a group with a limit of 150 units/s: the one it brings 120 units/s to
+/// is given a share of 120 and a ceiling of 120 (150 less the 30 the other serves), the other
+/// a share of 30; each scheduler holds them. And each hears what the other serves of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_backend_gets_the_groups_share_of_its_limit_where_its_load_lands() {
+    use std::sync::Arc;
+    use tollgate_limiter::reporter::{BackendHealth, BackendReporter, ReporterOptions, TakesAnswers};
+    let server = common::ServerProc::start(&common::data_dir("node-shares"));
+    let url = server.url();
+    admin(&url, &["group", "create", "skewed", "--limit", "150"]);
+    let backend = |id: &str| {
+        let scheduler = Scheduler::new(&Config::default(), SchedulerOptions::default());
+        let opts = ReporterOptions {
+            backend_id: id.into(),
+            interval: Duration::from_millis(50),
+            smoothing: Duration::from_millis(100),
+            scheduler: Some(Arc::new(scheduler.clone()) as Arc<dyn TakesAnswers>),
+            ..ReporterOptions::default()
+        };
+        let reporter = BackendReporter::spawn(&url, opts, || BackendHealth::Utilisation(0.1)).unwrap();
+        (scheduler, reporter)
+    };
+    let ((hot, hot_reports), (cold, cold_reports)) = (backend("kv-hot"), backend("kv-cold"));
+    let near = |got: f64, want: f64| (got - want).abs() <= want * 0.1;
+    let mut ticks = tokio::time::interval(Duration::from_millis(10));
+    for _ in 0..3000 {
+        // 120 and 30 units/s, a hundredth of a second at a time.
+        hot_reports.record("skewed", 1.2);
+        cold_reports.record("skewed", 0.3);
+        ticks.tick().await;
+        let (h, c) = (hot.shares(), cold.shares());
+        if let (Some(h), Some(c)) = (h.get("skewed"), c.get("skewed"))
+            && near(h.units_per_s, 120.0)
+            && near(h.ceiling, 120.0)
+            && near(c.units_per_s, 30.0)
+            && near(hot.elsewhere().get("skewed").copied().unwrap_or(0.0), 30.0)
+        {
+            return;
+        }
+    }
+    panic!("never happened: shares near 120 and 30: {:?} {:?}", hot.shares(), cold.shares());
+}

@@ -465,3 +465,64 @@ async fn a_learned_concurrency_never_passes_the_configured_one() {
     assert_eq!(plain.learned(), None);
     assert_eq!(plain.health(), None);
 }
+
+/// A share of 100 units/s with a ceiling of 300: an idle backend lends the group capacity
+/// past its share, up to its ceiling; a busy one holds it to its share.
+#[tokio::test(start_paused = true)]
+async fn a_share_holds_a_group_where_the_backend_is_busy_and_idle_capacity_is_lent() {
+    use tollgate_proto::v1;
+    let clock = TokioClock::new();
+    let s = Scheduler::new(
+        &Config::default(),
+        SchedulerOptions { concurrency: 1, max_wait: Duration::from_secs(1), ..Default::default() },
+    );
+    let share =
+        v1::NodeShare { group: "skewed".into(), units_per_s: 100.0, ceiling: 300.0, ..Default::default() };
+    s.take_shares(std::slice::from_ref(&share));
+    assert_eq!(s.shares()["skewed"].units_per_s, 100.0);
+    // Idle, one request at a time: 100 from the share, 150 lent (of the 200 its ceiling
+    // leaves), all at once.
+    let start = clock.now();
+    for _ in 0..25 {
+        drop(s.acquire("skewed", 10.0).await.unwrap());
+    }
+    assert_eq!(clock.now().since(start), Duration::ZERO);
+    // Over a long run on the idle backend: its ceiling.
+    let start = clock.now();
+    let served = serve_until(&s, &clock, "skewed", 5.0, start.after(Duration::from_secs(20))).await;
+    let rate = served / clock.now().since(start).as_secs_f64();
+    assert!((rate - 300.0).abs() <= 15.0, "idle: {rate} units/s");
+    // Busy (another group holds the one slot): held to its share. With the buckets full
+    // again, two requests of 100 take the share's second and book the next; a third would
+    // wait 2 s for it, past max_wait, and is refused.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let hold = s.acquire("other", 1.0).await.unwrap();
+    let queued: Vec<_> = (0..2)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.acquire("skewed", 100.0).await.map(drop) })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    match s.acquire("skewed", 100.0).await.err().unwrap() {
+        ScheduleError::OverBackendLimit { limit, retry_after, .. } => {
+            assert_eq!(limit, 100.0);
+            assert!(retry_after > Duration::from_secs(1), "{retry_after:?}");
+        }
+        other => panic!("{other}"),
+    }
+    drop(hold);
+    for q in queued {
+        q.await.unwrap().unwrap();
+    }
+    // Idle again, with the buckets full: three such requests go at once, two of them lent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let start = clock.now();
+    for _ in 0..3 {
+        drop(s.acquire("skewed", 90.0).await.unwrap());
+    }
+    assert_eq!(clock.now().since(start), Duration::ZERO);
+    // Without a share, nothing is held.
+    s.take_shares(&[]);
+    assert!(s.shares().is_empty());
+}

@@ -18,6 +18,7 @@ mod admin;
 mod ownership;
 mod pacing;
 mod readings;
+mod shares;
 mod writes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -330,12 +331,13 @@ impl Controller {
             self.pacing.saturated();
         }
         let elsewhere =
-            self.spread.lock().unwrap_or_else(PoisonError::into_inner).put(now, r.backend_id, loads);
+            self.spread.lock().unwrap_or_else(PoisonError::into_inner).put(now, r.backend_id, loads.clone());
+        let shares = shares::node_shares(&self.readings().view(), &loads, &elsewhere);
         let elsewhere = elsewhere
             .into_iter()
             .map(|(g, units_per_s)| v1::GroupLoad { group: g.to_string(), units_per_s })
             .collect();
-        Ok(v1::ReportAck { rejected, elsewhere })
+        Ok(v1::ReportAck { rejected, elsewhere, shares })
     }
 
     /// How long a grant lives.

@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use tollgate_model::settings::GroupName;
-use tollgate_sim::storage::{StorageGroup, StorageOutcome, StorageSpec, run};
+use tollgate_sim::storage::{Split, StorageGroup, StorageOutcome, StorageSpec, run};
 
 const BUSY: f64 = f64::INFINITY;
 
 fn group(name: &str, rate: f64, offers: &[f64]) -> StorageGroup {
-    StorageGroup { name: GroupName::new(name).unwrap(), rate, offers: offers.to_vec() }
+    StorageGroup { name: GroupName::new(name).unwrap(), rate, offers: offers.to_vec(), limit: None }
 }
 
 /// Three backends of 100 units/s. `spread`, at `rate`, fans out unevenly (`offers` on the
@@ -24,6 +24,8 @@ fn fan_out(rate: f64, offers: &[f64], cross: bool) -> StorageOutcome {
             group("three", 1000.0, &[0.0, 0.0, BUSY]),
         ],
         cross,
+        split: Split::None,
+        lend_idle: false,
         warm_up: Duration::from_secs(10),
         measure: Duration::from_secs(30),
     })
@@ -33,30 +35,31 @@ fn within(got: f64, want: f64, share: f64) -> bool {
     (got - want).abs() <= want * share
 }
 
-/// Equal weights: each of the four groups' fair share of the 300 units/s is 75. Scheduled
-/// backend by backend, the group spread over three backends takes a share of each (about
-/// 130 units/s); with the cross-backend term it gets its 75 within 5 %, and the others theirs.
+/// Equal weights. `spread` always has work waiting on two backends and brings 10 units/s to
+/// the third; `one`, `two` and `three` each always have work on theirs. Shared fairly over
+/// the whole cluster (max-min), `spread`, `one` and `two` get 70 units/s each and `three` the
+/// 90 left on its backend: on each of the first two, `spread` gets 30. Scheduled backend by
+/// backend, `spread` takes half of each (110 units/s); with the cross-backend term it gets its
+/// 70 within 5 %, and the others theirs.
 #[test]
 fn a_group_spread_over_backends_gets_its_weight_over_all_of_them() {
-    let alone = fan_out(1000.0, &[90.0, 60.0, 30.0], false);
-    let spread_alone = alone.total(0);
-    assert!(spread_alone > 120.0, "per backend: {:?}", alone.served);
-    let cross = fan_out(1000.0, &[90.0, 60.0, 30.0], true);
+    let alone = fan_out(1000.0, &[BUSY, BUSY, 10.0], false);
+    let cross = fan_out(1000.0, &[BUSY, BUSY, 10.0], true);
     println!("per backend {:?}\nacross {:?}", alone.served, cross.served);
-    assert!(within(cross.total(0), 75.0, 0.05), "across: {:?}", cross.served);
-    for g in 1..4 {
-        assert!(within(cross.total(g), 75.0, 0.05), "group {g}: {:?}", cross.served);
+    assert!(!within(alone.total(0), 70.0, 0.05), "per backend: {:?}", alone.served);
+    for (g, fair) in [(0, 70.0), (1, 70.0), (2, 70.0), (3, 90.0)] {
+        assert!(within(cross.total(g), fair, 0.05), "group {g}: {:?}", cross.served);
     }
     let used: f64 = (0..4).map(|g| cross.total(g)).sum();
     assert!(used > 0.99 * 300.0, "every backend stays busy: {used}");
 }
 
-/// Twice the rate, twice the weight: the spread group's fair share is 2/5 of 300 units/s,
-/// 120. It offers up to 300 (150, 100 and 50 on the three backends).
+/// Twice the rate, twice the weight: with work waiting for every group everywhere it can go,
+/// `spread`'s fair share is 2/5 of the 300 units/s, 120.
 #[test]
 fn weights_hold_over_the_backends() {
-    let alone = fan_out(2000.0, &[150.0, 100.0, 50.0], false);
-    let cross = fan_out(2000.0, &[150.0, 100.0, 50.0], true);
+    let alone = fan_out(2000.0, &[BUSY, BUSY, BUSY], false);
+    let cross = fan_out(2000.0, &[BUSY, BUSY, BUSY], true);
     println!("per backend {:?}\nacross {:?}", alone.served, cross.served);
     assert!(!within(alone.total(0), 120.0, 0.05), "per backend: {:?}", alone.served);
     assert!(within(cross.total(0), 120.0, 0.05), "across: {:?}", cross.served);
@@ -69,8 +72,53 @@ fn groups_on_one_backend_are_not_charged() {
         capacities: vec![100.0, 100.0],
         groups: vec![group("a", 1000.0, &[BUSY, 0.0]), group("b", 1000.0, &[BUSY, 0.0])],
         cross: true,
+        split: Split::None,
+        lend_idle: false,
         warm_up: Duration::from_secs(5),
         measure: Duration::from_secs(10),
     });
     assert!(within(out.total(0), 50.0, 0.02) && within(out.total(1), 50.0, 0.02), "{:?}", out.served);
+}
+
+/// Three backends of 200 units/s and one group whose data is skewed: it brings `offers` to
+/// them, under a limit of 150 units/s split over them by `split`.
+fn skewed(offers: &[f64], split: Split, lend_idle: bool) -> StorageOutcome {
+    let mut g = group("skewed", 150.0, offers);
+    g.limit = Some(150.0);
+    run(&StorageSpec {
+        capacities: vec![200.0; 3],
+        groups: vec![g],
+        cross: false,
+        split,
+        lend_idle,
+        warm_up: Duration::from_secs(10),
+        measure: Duration::from_secs(30),
+    })
+}
+
+/// A group whose data lives mostly on one backend (120, 20 and 10 units/s of its 150): split
+/// evenly, 50 a backend, it gets 80. With the shares following where its load lands, or with
+/// an idle backend lending it capacity past its share, it reaches its whole 150.
+#[test]
+fn a_skewed_group_reaches_its_limit_where_an_even_split_caps_it() {
+    let even = skewed(&[120.0, 20.0, 10.0], Split::Even, false);
+    let follow = skewed(&[120.0, 20.0, 10.0], Split::FollowLoad, false);
+    let lent = skewed(&[120.0, 20.0, 10.0], Split::Even, true);
+    println!(
+        "even {:?}\nfollowing the load {:?}\neven, lending idle capacity {:?}",
+        even.served, follow.served, lent.served
+    );
+    assert!(within(even.total(0), 80.0, 0.02), "even: {:?}", even.served);
+    assert!(within(follow.total(0), 150.0, 0.02), "following the load: {:?}", follow.served);
+    assert!(within(lent.total(0), 150.0, 0.02), "lending: {:?}", lent.served);
+}
+
+/// Lent capacity stays within the group's limit: asking 330 units/s (300 of them on one
+/// backend) of a limit of 150, it gets 150 however the limit is split and whatever is idle.
+#[test]
+fn lending_idle_capacity_stays_within_the_groups_limit() {
+    for (split, lend) in [(Split::Even, true), (Split::FollowLoad, true), (Split::FollowLoad, false)] {
+        let out = skewed(&[300.0, 20.0, 10.0], split, lend);
+        assert!(within(out.total(0), 150.0, 0.02), "{split:?}, lending {lend}: {:?}", out.served);
+    }
 }

@@ -1,0 +1,52 @@
+//! Each group's share of its limit on a backend, answered with the backend's report (TiDB's
+//! translation of a group's RU into each storage node's resources, balanced toward where the
+//! group's data lives).
+//!
+//! For a group with a finite limit `L` bringing `here` units/s to the backend and `elsewhere`
+//! to the others (their latest reports, [`Spread`](tollgate_model::spread::Spread)):
+//!
+//! - its share here is `L × here ÷ (here + elsewhere)`
+//!   ([`node_share`](tollgate_model::spread::node_share));
+//! - its ceiling here, what an idle backend may lend it up to, is `max(L − elsewhere, share)`:
+//!   lent capacity never takes the group past its limit over all the backends;
+//! - each resource's share is the share × what its requests used per unit consumed, from the
+//!   detail clients report (`cpu_ms`, `read_bytes`, `write_bytes` per unit).
+
+use tollgate_model::engine::GroupView;
+use tollgate_model::settings::{GroupName, Limit};
+use tollgate_model::spread::node_share;
+use tollgate_proto::v1;
+
+/// The shares of the groups in `loads` (group, units/s here) that have a finite limit, by
+/// `view` (sorted by name), with `elsewhere` (group, units/s on the other backends).
+pub(crate) fn node_shares(
+    view: &[GroupView],
+    loads: &[(GroupName, f64)],
+    elsewhere: &[(GroupName, f64)],
+) -> Vec<v1::NodeShare> {
+    let mut out = Vec::new();
+    for (group, here) in loads {
+        let Ok(at) = view.binary_search_by(|g| g.name.cmp(group)) else { continue };
+        let g = &view[at];
+        let Some(Limit::Units(limit)) = g.settings.as_ref().map(|s| s.limit()) else { continue };
+        if !limit.is_finite() {
+            continue;
+        }
+        let there = elsewhere.iter().find(|(name, _)| name == group).map_or(0.0, |(_, r)| *r);
+        let share = node_share(limit, *here, there);
+        let per_unit = |used: f64| {
+            let consumed = g.meter.consumed;
+            if consumed > 0.0 && used.is_finite() { share * used / consumed } else { 0.0 }
+        };
+        let detail = g.detail.unwrap_or_default();
+        out.push(v1::NodeShare {
+            group: group.to_string(),
+            units_per_s: share,
+            ceiling: (limit - there).max(share),
+            cpu_ms_per_s: per_unit(detail.cpu_ms),
+            read_bytes_per_s: per_unit(detail.read_bytes),
+            write_bytes_per_s: per_unit(detail.write_bytes),
+        });
+    }
+    out
+}
