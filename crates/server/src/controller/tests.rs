@@ -367,3 +367,47 @@ fn quota_groups_meters_are_written_between_flushes_and_place_a_successors_window
     let baselines = follower.with_engine(|e| [Minute, Hour].map(|w| e.budget_baseline(&g, w)));
     assert_eq!(baselines, [1200.0, 1200.0], "40 in the minute and in the hour");
 }
+
+/// A group with a limit of 150 brings 120 units/s to one backend and 30 to another: each is
+/// answered with its share of the limit and its ceiling; what its requests used per unit
+/// turns the share into CPU time and bytes.
+#[test]
+fn each_report_is_answered_with_the_groups_shares_of_their_limits() {
+    let c = controller();
+    let name = GroupName::new("skewed").unwrap();
+    let patch = v1::GroupPatch { limit: Some(150.0), ..Default::default() };
+    c.admin().put_group(name.clone(), &patch, PutMode::Create, "test", 0).unwrap();
+    // Its clients consumed 100 units, which took 50 CPU ms and read 4,000 bytes.
+    let detail = v1::Consumption { cpu_ms: 50.0, read_bytes: 4000.0, ..Default::default() };
+    let usage = v1::GroupUsage {
+        group: "skewed".into(),
+        demand: 100.0,
+        consumed: 100.0,
+        admitted: 10,
+        detail: Some(detail),
+        ..Default::default()
+    };
+    let req =
+        v1::ExchangeRequest { client_id: "c".into(), sequence: 1, groups: vec![usage], ..Default::default() };
+    c.exchange(Nanos::ZERO, &req).unwrap();
+    c.pacer().tick(Nanos::ZERO.after(Duration::from_secs(1)));
+    let report = |id: &str, units: f64, unlimited: f64| v1::BackendReport {
+        backend_id: id.into(),
+        zone: "z".into(),
+        health: Some(v1::backend_report::Health::Utilisation(0.5)),
+        loads: vec![load("skewed", units), load("free", unlimited)],
+    };
+    let at = Nanos::ZERO.after(Duration::from_millis(1100));
+    c.backend_report(at, &ReportView::of(&report("hot", 120.0, 5.0))).unwrap();
+    let ack = c.backend_report(at, &ReportView::of(&report("cold", 30.0, 5.0))).unwrap();
+    assert_eq!(ack.shares.len(), 1, "a group without a limit has no share: {ack:?}");
+    let share = &ack.shares[0];
+    assert_eq!((share.group.as_str(), share.units_per_s, share.ceiling), ("skewed", 30.0, 30.0), "{share:?}");
+    assert_eq!((share.cpu_ms_per_s, share.read_bytes_per_s, share.write_bytes_per_s), (15.0, 1200.0, 0.0));
+    let hot = c.backend_report(at, &ReportView::of(&report("hot", 120.0, 5.0))).unwrap();
+    assert_eq!((hot.shares[0].units_per_s, hot.shares[0].ceiling), (120.0, 120.0), "{hot:?}");
+    assert_eq!(
+        hot.elsewhere.iter().map(|l| (l.group.as_str(), l.units_per_s)).collect::<Vec<_>>(),
+        [("skewed", 30.0), ("free", 5.0)]
+    );
+}
