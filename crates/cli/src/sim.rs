@@ -27,6 +27,15 @@ fn read(path: &Path) -> Result<Scenario, ExitCode> {
 /// checks the fault invariants: 0 when every seed holds, 1 when one breaks, 2 when the
 /// scenario cannot be read or is malformed or injects no fault.
 pub fn seeds(path: &Path, first: Option<u64>, count: u64) -> anyhow::Result<ExitCode> {
+    if std::fs::read_to_string(path)
+        .is_ok_and(|src| tollgate_sim::storage_scenario::StorageScenario::is_storage(&src))
+    {
+        crate::say(format!(
+            "{}: a storage scenario is deterministic: run it without --seeds",
+            path.display()
+        ));
+        return Ok(ExitCode::from(2));
+    }
     let scenario = match read(path) {
         Ok(s) => s,
         Err(code) => return Ok(code),
@@ -55,14 +64,51 @@ pub fn seeds(path: &Path, first: Option<u64>, count: u64) -> anyhow::Result<Exit
     }
 }
 
+/// Runs the storage scenario in `src` (read from `path`): one line per group, what it got
+/// and whether that is what the scenario expects; 0 when every expectation holds, 1 when one
+/// does not, 2 when the scenario is malformed.
+fn run_storage(path: &Path, src: &str) -> ExitCode {
+    use tollgate_sim::storage_scenario::StorageScenario;
+    let scenario = match StorageScenario::parse(src) {
+        Ok(s) => s,
+        Err(errors) => {
+            for e in &errors.0 {
+                crate::say(format!("{}:{}: {}: {}", path.display(), e.line, e.field, e.rule));
+            }
+            crate::say(format!("{} problem(s) found; nothing simulated", errors.0.len()));
+            return ExitCode::from(2);
+        }
+    };
+    crate::say(format!("storage scenario {}", scenario.name));
+    let outcome = tollgate_sim::storage::run(&scenario.spec);
+    let (lines, passed) = scenario.verdict(&outcome);
+    for line in lines {
+        crate::say(line);
+    }
+    if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
 /// Runs the scenario at `path`: 0 when every phase passed, 1 when one failed, 2 when the
-/// scenario cannot be read or is malformed.
+/// scenario cannot be read or is malformed. A file with a `[storage]` table is a storage
+/// scenario ([`tollgate_sim::storage_scenario`]).
 pub fn run(
     path: &Path,
     out: Option<PathBuf>,
     seed: Option<u64>,
     trace: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
+    if let Ok(src) = std::fs::read_to_string(path)
+        && tollgate_sim::storage_scenario::StorageScenario::is_storage(&src)
+    {
+        if seed.is_some() || trace.is_some() || out.is_some() {
+            crate::say(format!(
+                "{}: a storage scenario is deterministic and writes no files: --seed, --trace and --out do not apply",
+                path.display()
+            ));
+            return Ok(ExitCode::from(2));
+        }
+        return Ok(run_storage(path, &src));
+    }
     let scenario = match read(path) {
         Ok(s) => s,
         Err(code) => return Ok(code),

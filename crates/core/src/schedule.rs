@@ -13,6 +13,10 @@
 //!   it, so a group that was idle cannot monopolise the backend when it returns, and a new group
 //!   starts at the largest virtual time seen at the last renewal.
 //!
+//! - **Work done elsewhere** (dmClock): [`FairQueue::charge`] advances a group's virtual time
+//!   for units other backends served, as if this queue had; [`CrossCharge`] charges the rates
+//!   the controller answers a backend's reports with, a little at a time.
+//!
 //! Queues are bounded: a full queue refuses with [`QueueFull`].
 
 use std::collections::{HashMap, VecDeque};

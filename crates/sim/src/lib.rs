@@ -15,6 +15,7 @@ pub mod run;
 pub mod scenario;
 mod shards;
 pub mod storage;
+pub mod storage_scenario;
 pub mod world;
 
 pub use run::{Outcome, PhaseResult, RunHooks, Sample, run, run_seeds, run_traced, run_with};

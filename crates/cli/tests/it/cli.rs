@@ -213,6 +213,26 @@ fn sim_runs_replay_exactly_from_their_seed() {
     assert_eq!(read(&a), read(&b));
 }
 
+/// A storage scenario runs as `tollgate sim` runs any: its verdict per group, 0 when it holds;
+/// the same without idle backends lending fails with 1.
+#[test]
+fn sim_runs_storage_scenarios_and_exits_1_when_one_is_not_met() {
+    let burst = format!("{}/../../scenarios/storage/node-burst.toml", env!("CARGO_MANIFEST_DIR"));
+    let (code, out, err) = tollgate(&["sim", &burst]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("skewed: 150.0 units/s (backends: 120.0, 20.0, 10.0); expected 150 within 2 %: ok"),
+        "{out}"
+    );
+    let src = std::fs::read_to_string(&burst).unwrap().replace("lend_idle = true", "lend_idle = false");
+    let path = file("no-burst.toml", &src);
+    let (code, out, _) = tollgate(&["sim", path.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("skewed: 80.0 units/s") && out.contains("FAILED"), "{out}");
+    let (code, out, err) = tollgate(&["sim", path.to_str().unwrap(), "--seed", "2"]);
+    assert_eq!(code, 2, "{out}{err}");
+}
+
 #[test]
 fn sim_exits_1_when_a_phase_fails() {
     let path = file(

@@ -122,3 +122,40 @@ fn lending_idle_capacity_stays_within_the_groups_limit() {
         assert!(within(out.total(0), 150.0, 0.02), "{split:?}, lending {lend}: {:?}", out.served);
     }
 }
+
+/// Every storage scenario in `scenarios/storage/` holds what it expects, as `tollgate sim`
+/// runs it.
+#[test]
+fn every_storage_scenario_holds_what_it_expects() {
+    use tollgate_sim::storage_scenario::StorageScenario;
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/storage");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    for file in files {
+        let src = std::fs::read_to_string(&file).unwrap();
+        assert!(StorageScenario::is_storage(&src), "{}", file.display());
+        let s = StorageScenario::parse(&src).unwrap_or_else(|e| panic!("{}:\n{e}", file.display()));
+        let (lines, passed) = s.verdict(&run(&s.spec));
+        println!("{}: {lines:?}", s.name);
+        assert!(passed && s.expect.iter().any(Option::is_some), "{}: {lines:?}", file.display());
+    }
+}
+
+/// A malformed storage scenario is refused with every problem, by line and key.
+#[test]
+fn a_malformed_storage_scenario_names_each_problem() {
+    use tollgate_sim::storage_scenario::StorageScenario;
+    let src = "name = \"bad\"\n[storage]\nbackends = [100, 0]\nsplit = \"sideways\"\nspeed = 3\n\
+               [[storage.group]]\nname = \"g\"\noffers = [1]\nwithin = -1\n";
+    let errors = StorageScenario::parse(src).unwrap_err();
+    let text = errors.to_string();
+    for wanted in [
+        "line 3: storage.backends[1]: must be above 0",
+        "line 4: storage.split: must be none, even or follow-load",
+        "line 5: storage.speed: unknown field",
+        "line 9: storage.group[0].within: must be above 0",
+    ] {
+        assert!(text.contains(wanted), "{wanted:?} not in:\n{text}");
+    }
+}
