@@ -385,6 +385,7 @@ async fn stats(State(svc): State<Arc<Service>>) -> Response {
             "cpu_ms_per_s": s.cpu_ms_per_s,
             "read_bytes_per_s": s.read_bytes_per_s,
             "write_bytes_per_s": s.write_bytes_per_s,
+            "part": s.part,
         }))).collect::<serde_json::Map<String, serde_json::Value>>(),
     }))
     .into_response()

@@ -190,12 +190,17 @@ func (r *Reporter) ReportNow(ctx context.Context) ([]string, error) {
 			report.Loads = append(report.Loads, &pb.GroupLoad{Group: l.group, UnitsPerS: l.rate})
 		}
 	}
+	// The capacity configured; or the one a utilisation implies (the load over it).
 	if r.opts.Capacity > 0 {
 		report.Health = &pb.BackendReport_Utilisation{Utilisation: total / r.opts.Capacity}
+		report.Capacity = &r.opts.Capacity
 	} else if h := r.opts.Health(); h.Queue {
 		report.Health = &pb.BackendReport_QueueBytes{QueueBytes: h.QueueBytes}
 	} else {
 		report.Health = &pb.BackendReport_Utilisation{Utilisation: h.Utilisation}
+		if c := total / h.Utilisation; h.Utilisation > 0 && total > 0 && !math.IsInf(c, 0) {
+			report.Capacity = &c
+		}
 	}
 	ack, err := r.backend.Report(r.ctx(ctx), report)
 	if err != nil {

@@ -118,7 +118,8 @@ func TestEachReportIsAnsweredWithWhatTheOtherBackendsServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := two.Shares()["limited"]
-	if held == nil || math.Abs(held.GetUnitsPerS()-50) > 1e-6 || math.Abs(held.GetCeiling()-(150-60*share)) > 1e-6 {
+	// Its capacity of 1,000 said, the share is a twentieth of the backend.
+	if held == nil || math.Abs(held.GetUnitsPerS()-50) > 1e-6 || math.Abs(held.GetCeiling()-(150-60*share)) > 1e-6 || math.Abs(held.GetPart()-0.05) > 1e-9 {
 		t.Fatalf("its share here: %v", held)
 	}
 }

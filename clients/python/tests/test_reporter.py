@@ -88,6 +88,7 @@ def test_each_report_is_answered_with_what_the_other_backends_serve(server: Serv
         held = two.shares()["fan-limited"]
         assert math.isclose(held.units_per_s, 50.0, rel_tol=1e-6), held
         assert math.isclose(held.ceiling, 150 - 60 * share, rel_tol=1e-6), held
+        assert math.isclose(held.part, 50 / 1000.0, rel_tol=1e-9), "its capacity of 1,000 said"
 
 
 def test_a_health_function_reports_queue_bytes_and_top_k_keeps_the_busiest(server: Server) -> None:

@@ -157,6 +157,11 @@ class _Core:
             report.utilisation = health.value
         else:
             report.queue_bytes = health.value
+        # The capacity configured; or the one a utilisation implies (the load over it).
+        if self.capacity is not None:
+            report.capacity = self.capacity
+        elif isinstance(health, Utilisation) and health.value > 0 and total > 0:
+            report.capacity = total / health.value
         report.loads.extend(pb.GroupLoad(group=g, units_per_s=r) for g, r in loads)
         return report
 

@@ -33,6 +33,8 @@ pub struct NodeShare {
     pub read_bytes_per_s: f64,
     /// Bytes written per second.
     pub write_bytes_per_s: f64,
+    /// The share as a part of this backend's capacity (0: the backend reports none).
+    pub part: f64,
 }
 
 /// One group's share and its buckets.
@@ -76,6 +78,7 @@ impl NodeShares {
                 cpu_ms_per_s: finite(s.cpu_ms_per_s),
                 read_bytes_per_s: finite(s.read_bytes_per_s),
                 write_bytes_per_s: finite(s.write_bytes_per_s),
+                part: finite(s.part),
             };
             let held = match self.groups.remove(&name) {
                 Some(h) => {

@@ -111,6 +111,14 @@ fn report(
         Some(c) => BackendHealth::Utilisation(total / c),
         None => health(),
     };
+    // The capacity configured; or, with a utilisation from the health function (a learned
+    // limit's, say), the one it implies: the load over it.
+    let capacity = match (opts.capacity, health) {
+        (Some(c), _) => Some(c),
+        (None, BackendHealth::Utilisation(u)) if u > 0.0 && total > 0.0 => Some(total / u),
+        _ => None,
+    }
+    .filter(|c| c.is_finite() && *c > 0.0);
     v1::BackendReport {
         backend_id: opts.backend_id.clone(),
         zone: opts.zone.clone(),
@@ -119,6 +127,7 @@ fn report(
             BackendHealth::Utilisation(u) => v1::backend_report::Health::Utilisation(u),
         }),
         loads: loads.into_iter().map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s }).collect(),
+        capacity,
     }
 }
 

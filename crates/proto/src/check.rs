@@ -191,6 +191,8 @@ pub struct CheckedReport {
     pub loads: Vec<(GroupName, f64)>,
     /// Each load left out, as `loads[i].field: rule`.
     pub rejected: Vec<String>,
+    /// The backend's capacity, units/s, if it gave one.
+    pub capacity: Option<f64>,
 }
 
 /// A backend report's ids, health and loads, checked. A bad id, health or count refuses it
@@ -206,6 +208,12 @@ pub fn backend_report(r: &ReportView<'_>) -> Result<CheckedReport, FieldError> {
             Health::Utilisation(quantity(|| "utilisation".into(), u)?)
         }
         None => return Err(FieldError::new("health", "give queue_bytes or utilisation")),
+    };
+    let capacity = match r.capacity {
+        Some(c) if c.is_nan() || c <= 0.0 => {
+            return Err(FieldError::new("capacity", format!("must be a finite number above 0, got {c}")));
+        }
+        c => c.map(|c| quantity(|| "capacity".into(), c)).transpose()?,
     };
     if r.loads.len() > REPORT_GROUPS_MAX {
         return Err(FieldError::new(
@@ -223,7 +231,7 @@ pub fn backend_report(r: &ReportView<'_>) -> Result<CheckedReport, FieldError> {
             Err(e) => rejected.push(e.to_string()),
         }
     }
-    Ok(CheckedReport { health, loads, rejected })
+    Ok(CheckedReport { health, loads, rejected, capacity })
 }
 
 #[cfg(test)]
@@ -265,6 +273,7 @@ mod tests {
             zone: "z",
             health: Some(v1::backend_report::Health::Utilisation(0.5)),
             loads,
+            capacity: None,
         };
         let checked = backend_report(&r).unwrap();
         assert_eq!(checked.loads.len(), 1);

@@ -175,6 +175,8 @@ pub struct ReportView<'a> {
     pub health: Option<v1::backend_report::Health>,
     /// The loads, in the report's order.
     pub loads: Vec<LoadView<'a>>,
+    /// The backend's capacity, units/s, if given.
+    pub capacity: Option<f64>,
 }
 
 impl<'a> ReportView<'a> {
@@ -203,6 +205,7 @@ impl<'a> ReportView<'a> {
                     }
                     view.loads.push(load);
                 }
+                6 => view.capacity = Some(r.double(wire)?),
                 _ => r.skip(wire, tag, NESTING_MAX)?,
             }
         }
@@ -216,6 +219,7 @@ impl<'a> ReportView<'a> {
             zone: &m.zone,
             health: m.health,
             loads: m.loads.iter().map(|l| LoadView { group: &l.group, units_per_s: l.units_per_s }).collect(),
+            capacity: m.capacity,
         }
     }
 }

@@ -477,6 +477,9 @@ impl World {
                     zone: b.zone.clone(),
                     health: Some(health),
                     loads,
+                    // Mock backends say no capacity: they report their queue, or what their
+                    // learned limit makes of it.
+                    capacity: None,
                 }
             })
             .collect()

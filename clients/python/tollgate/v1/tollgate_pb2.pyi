@@ -240,18 +240,20 @@ class BackendSettings(_message.Message):
     def __init__(self, version: _Optional[int] = ..., unchanged: _Optional[bool] = ..., groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ...) -> None: ...
 
 class BackendReport(_message.Message):
-    __slots__ = ("backend_id", "zone", "queue_bytes", "utilisation", "loads")
+    __slots__ = ("backend_id", "zone", "queue_bytes", "utilisation", "loads", "capacity")
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     UTILISATION_FIELD_NUMBER: _ClassVar[int]
     LOADS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     backend_id: str
     zone: str
     queue_bytes: float
     utilisation: float
     loads: _containers.RepeatedCompositeFieldContainer[GroupLoad]
-    def __init__(self, backend_id: _Optional[str] = ..., zone: _Optional[str] = ..., queue_bytes: _Optional[float] = ..., utilisation: _Optional[float] = ..., loads: _Optional[_Iterable[_Union[GroupLoad, _Mapping]]] = ...) -> None: ...
+    capacity: float
+    def __init__(self, backend_id: _Optional[str] = ..., zone: _Optional[str] = ..., queue_bytes: _Optional[float] = ..., utilisation: _Optional[float] = ..., loads: _Optional[_Iterable[_Union[GroupLoad, _Mapping]]] = ..., capacity: _Optional[float] = ...) -> None: ...
 
 class GroupLoad(_message.Message):
     __slots__ = ("group", "units_per_s")
@@ -272,20 +274,22 @@ class ReportAck(_message.Message):
     def __init__(self, rejected: _Optional[_Iterable[str]] = ..., elsewhere: _Optional[_Iterable[_Union[GroupLoad, _Mapping]]] = ..., shares: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ...) -> None: ...
 
 class NodeShare(_message.Message):
-    __slots__ = ("group", "units_per_s", "ceiling", "cpu_ms_per_s", "read_bytes_per_s", "write_bytes_per_s")
+    __slots__ = ("group", "units_per_s", "ceiling", "cpu_ms_per_s", "read_bytes_per_s", "write_bytes_per_s", "part")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     UNITS_PER_S_FIELD_NUMBER: _ClassVar[int]
     CEILING_FIELD_NUMBER: _ClassVar[int]
     CPU_MS_PER_S_FIELD_NUMBER: _ClassVar[int]
     READ_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     WRITE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     group: str
     units_per_s: float
     ceiling: float
     cpu_ms_per_s: float
     read_bytes_per_s: float
     write_bytes_per_s: float
-    def __init__(self, group: _Optional[str] = ..., units_per_s: _Optional[float] = ..., ceiling: _Optional[float] = ..., cpu_ms_per_s: _Optional[float] = ..., read_bytes_per_s: _Optional[float] = ..., write_bytes_per_s: _Optional[float] = ...) -> None: ...
+    part: float
+    def __init__(self, group: _Optional[str] = ..., units_per_s: _Optional[float] = ..., ceiling: _Optional[float] = ..., cpu_ms_per_s: _Optional[float] = ..., read_bytes_per_s: _Optional[float] = ..., write_bytes_per_s: _Optional[float] = ..., part: _Optional[float] = ...) -> None: ...
 
 class UsageRequest(_message.Message):
     __slots__ = ("group", "since_unix_ms", "limit")

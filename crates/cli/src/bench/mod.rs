@@ -693,6 +693,7 @@ fn backend_report(a: &ExchangeArgs, b: usize) -> bytes::Bytes {
             .into_iter()
             .map(|group| v1::GroupLoad { group, units_per_s: 100.0 })
             .collect(),
+        capacity: None,
     }
     .encode_to_vec()
     .into()

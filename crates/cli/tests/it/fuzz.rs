@@ -137,6 +137,7 @@ fn message() -> impl Strategy<Value = Vec<u8>> {
                 zone: "z".into(),
                 health: Some(v1::backend_report::Health::Utilisation(u)),
                 loads: vec![v1::GroupLoad { group, units_per_s: load }],
+                capacity: None,
             };
             bytes.extend(report.encode_to_vec());
             bytes

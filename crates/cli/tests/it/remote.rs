@@ -446,7 +446,8 @@ async fn new_tenants_are_admitted_at_once_while_another_asks_for_the_whole_capac
 
 /// Two backends report a group with a limit of 150 units/s: the one it brings 120 units/s to
 /// is given a share of 120 and a ceiling of 120 (150 less the 30 the other serves), the other
-/// a share of 30; each scheduler holds them. And each hears what the other serves of it.
+/// a share of 30; each scheduler holds them, with the share's part of the backend. And each
+/// hears what the other serves of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_backend_gets_the_groups_share_of_its_limit_where_its_load_lands() {
     use std::sync::Arc;
@@ -479,6 +480,9 @@ async fn each_backend_gets_the_groups_share_of_its_limit_where_its_load_lands() 
             && near(h.units_per_s, 120.0)
             && near(h.ceiling, 120.0)
             && near(c.units_per_s, 30.0)
+            // Each says a utilisation of 0.1: a capacity of ten times its load, the share a
+            // tenth of it.
+            && near(h.part, 0.1)
             && near(hot.elsewhere().get("skewed").copied().unwrap_or(0.0), 30.0)
         {
             return;

@@ -110,6 +110,7 @@ async fn call(channel: Rpc, method: &str, client_id: &str) -> Code {
                 zone: "z".into(),
                 health: Some(v1::backend_report::Health::Utilisation(0.5)),
                 loads: vec![],
+                capacity: None,
             };
             backend.report(req).await.map(drop)
         }

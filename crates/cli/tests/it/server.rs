@@ -623,7 +623,13 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
     assert_eq!(reply.next_exchange_ms, 1000);
     let mut backend = v1::backend_client::BackendClient::connect(s.url()).await.unwrap();
     let status = backend
-        .report(v1::BackendReport { backend_id: "b".into(), zone: "z".into(), health: None, loads: vec![] })
+        .report(v1::BackendReport {
+            backend_id: "b".into(),
+            zone: "z".into(),
+            health: None,
+            loads: vec![],
+            capacity: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
@@ -636,6 +642,7 @@ async fn malformed_rpcs_are_invalid_argument_and_others_keep_being_served() {
             zone: "z".into(),
             health: Some(v1::backend_report::Health::Utilisation(0.5)),
             loads,
+            capacity: None,
         })
         .await
         .unwrap_err();
@@ -703,6 +710,7 @@ async fn undecodable_and_oversized_messages_get_grpc_codes_and_others_keep_being
         zone: "z".into(),
         health: Some(v1::backend_report::Health::Utilisation(0.5)),
         loads: vec![v1::GroupLoad { group: "g".into(), units_per_s: 1.0 }],
+        capacity: None,
     };
     assert!(backend.report(report).await.is_ok(), "and takes reports");
 }
@@ -762,6 +770,7 @@ async fn a_backend_newly_saturated_is_acted_on_before_the_ticks_turn() {
         zone: "z0".into(),
         health: Some(v1::backend_report::Health::Utilisation(u)),
         loads: vec![v1::GroupLoad { group: "heavy".into(), units_per_s: 1_000_000.0 }],
+        capacity: None,
     };
     backend.report(report(0.5)).await.unwrap();
     assert_eq!(early_ticks(), 0, "a backend with room asks for nothing");
@@ -785,6 +794,7 @@ async fn a_throttled_group_whose_limit_is_lifted_is_held_at_its_backends_headroo
         zone: "z0".into(),
         health: Some(v1::backend_report::Health::Utilisation(0.5)),
         loads: vec![v1::GroupLoad { group: "heavy".into(), units_per_s: 1_000_000.0 }],
+        capacity: None,
     };
     let mut sequence = 0;
     // Its target, whether it is busy, and the rate it is held at below saturation.
@@ -850,6 +860,7 @@ async fn a_saturated_backend_report_limits_the_group_it_carries() {
         // Utilisation 1.2: the ratio is 1 / (4 × 1.2 − 3) = 0.556.
         health: Some(v1::backend_report::Health::Utilisation(1.2)),
         loads: vec![v1::GroupLoad { group: "heavy".into(), units_per_s: 1_000_000.0 }],
+        capacity: None,
     };
     // Two backends in two zones; the worst zone is ignored, so both must be saturated.
     backend.report(report.clone()).await.unwrap();
@@ -1416,6 +1427,7 @@ async fn the_trace_follows_every_rate_computation_live() {
             zone: "z1".into(),
             health: Some(v1::backend_report::Health::Utilisation(0.5)),
             loads: vec![v1::GroupLoad { group: "g".into(), units_per_s: 40.0 }],
+            capacity: None,
         };
         backend.report(report).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -238,8 +238,14 @@ fn any_report() -> impl Strategy<Value = v1::BackendReport> {
         any_f64().prop_map(v1::backend_report::Health::Utilisation),
     ]);
     let load = (any_name(), any_f64()).prop_map(|(group, units_per_s)| v1::GroupLoad { group, units_per_s });
-    (any_name(), any_name(), health, proptest::collection::vec(load, 0..30))
-        .prop_map(|(backend_id, zone, health, loads)| v1::BackendReport { backend_id, zone, health, loads })
+    (any_name(), any_name(), health, proptest::collection::vec(load, 0..30), proptest::option::of(any_f64()))
+        .prop_map(|(backend_id, zone, health, loads, capacity)| v1::BackendReport {
+            backend_id,
+            zone,
+            health,
+            loads,
+            capacity,
+        })
 }
 
 /// A report's fields in any order, repeated, with unknown ones and the two healths both sent.
@@ -253,9 +259,9 @@ fn report_fields() -> impl Strategy<Value = Vec<Field>> {
         prop_oneof![
             (prop_oneof![Just(1u32), Just(2)], "[a-z]{0,6}")
                 .prop_map(|(t, s)| Field::Bytes(t, s.into_bytes())),
-            (prop_oneof![Just(3u32), Just(4)], any::<u64>()).prop_map(|(t, v)| Field::Fixed64(t, v)),
+            (prop_oneof![Just(3u32), Just(4), Just(6)], any::<u64>()).prop_map(|(t, v)| Field::Fixed64(t, v)),
             proptest::collection::vec(load, 0..5).prop_map(|f| Field::Nested(5, f)),
-            (6u32..40, proptest::collection::vec(any::<u8>(), 0..5)).prop_map(|(t, v)| Field::Bytes(t, v)),
+            (7u32..40, proptest::collection::vec(any::<u8>(), 0..5)).prop_map(|(t, v)| Field::Bytes(t, v)),
         ],
         0..12,
     )

@@ -311,7 +311,8 @@ impl Controller {
     /// Records a backend's report. Loads naming an invalid group, or carrying a bad number,
     /// are left out and listed in the answer; the rest are taken.
     pub fn backend_report(&self, now: Nanos, r: &ReportView<'_>) -> Result<v1::ReportAck, Status> {
-        let check::CheckedReport { health, loads, rejected } = check::backend_report(r).map_err(invalid)?;
+        let check::CheckedReport { health, loads, rejected, capacity } =
+            check::backend_report(r).map_err(invalid)?;
         if let Some(first) = rejected.first() {
             tracing::warn!(backend = %r.backend_id, rejected = rejected.len(), %first, "backend report: loads left out");
         }
@@ -332,7 +333,7 @@ impl Controller {
         }
         let elsewhere =
             self.spread.lock().unwrap_or_else(PoisonError::into_inner).put(now, r.backend_id, loads.clone());
-        let shares = shares::node_shares(&self.readings().view(), &loads, &elsewhere);
+        let shares = shares::node_shares(&self.readings().view(), &loads, &elsewhere, capacity);
         let elsewhere = elsewhere
             .into_iter()
             .map(|(g, units_per_s)| v1::GroupLoad { group: g.to_string(), units_per_s })

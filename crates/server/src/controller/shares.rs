@@ -7,10 +7,13 @@
 //!
 //! - its share here is `L × here ÷ (here + elsewhere)`
 //!   ([`node_share`](tollgate_model::spread::node_share));
-//! - its ceiling here, what an idle backend may lend it up to, is `max(L − elsewhere, share)`:
-//!   lent capacity never takes the group past its limit over all the backends;
+//! - its ceiling here, what an idle backend may lend it up to, is `max(min(L − elsewhere, C),
+//!   share)`, `C` the backend's capacity when its report gives one: lent capacity never takes
+//!   the group past its limit over all the backends, nor past the backend;
 //! - each resource's share is the share × what its requests used per unit consumed, from the
-//!   detail clients report (`cpu_ms`, `read_bytes`, `write_bytes` per unit).
+//!   detail clients report (`cpu_ms`, `read_bytes`, `write_bytes` per unit);
+//! - its part of the backend is `share ÷ C` (TiDB's share of a node's vCPUs), when the backend
+//!   reports its capacity, configured or learned.
 
 use tollgate_model::engine::GroupView;
 use tollgate_model::settings::{GroupName, Limit};
@@ -18,11 +21,13 @@ use tollgate_model::spread::node_share;
 use tollgate_proto::v1;
 
 /// The shares of the groups in `loads` (group, units/s here) that have a finite limit, by
-/// `view` (sorted by name), with `elsewhere` (group, units/s on the other backends).
+/// `view` (sorted by name), with `elsewhere` (group, units/s on the other backends) and the
+/// backend's `capacity` (units/s), if it gave one.
 pub(crate) fn node_shares(
     view: &[GroupView],
     loads: &[(GroupName, f64)],
     elsewhere: &[(GroupName, f64)],
+    capacity: Option<f64>,
 ) -> Vec<v1::NodeShare> {
     let mut out = Vec::new();
     for (group, here) in loads {
@@ -42,7 +47,8 @@ pub(crate) fn node_shares(
         out.push(v1::NodeShare {
             group: group.to_string(),
             units_per_s: share,
-            ceiling: (limit - there).max(share),
+            ceiling: (limit - there).min(capacity.unwrap_or(f64::INFINITY)).max(share),
+            part: capacity.map_or(0.0, |c| share / c),
             cpu_ms_per_s: per_unit(detail.cpu_ms),
             read_bytes_per_s: per_unit(detail.read_bytes),
             write_bytes_per_s: per_unit(detail.write_bytes),

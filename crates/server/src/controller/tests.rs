@@ -99,6 +99,7 @@ fn a_bad_load_is_left_out_and_named_and_the_rest_are_taken() {
         zone: "z".into(),
         health: Some(v1::backend_report::Health::Utilisation(0.5)),
         loads: vec![load("good", 10.0), load("", 5.0), load("bad\nname", 5.0), load("nan", f64::NAN)],
+        capacity: None,
     };
     let ack = c.backend_report(Nanos::ZERO, &ReportView::of(&report)).unwrap();
     assert_eq!(ack.rejected.len(), 3, "{ack:?}");
@@ -144,6 +145,7 @@ fn a_backend_newly_saturated_gets_one_early_tick_between_two_regular_ones() {
         zone: "z".into(),
         health: Some(v1::backend_report::Health::Utilisation(u)),
         loads: vec![load("g", 500_000.0)],
+        capacity: None,
     };
     let ms = |n: u64| Nanos(n * 1_000_000);
     c.pacer().tick(ms(0));
@@ -396,6 +398,7 @@ fn each_report_is_answered_with_the_groups_shares_of_their_limits() {
         zone: "z".into(),
         health: Some(v1::backend_report::Health::Utilisation(0.5)),
         loads: vec![load("skewed", units), load("free", unlimited)],
+        capacity: None,
     };
     let at = Nanos::ZERO.after(Duration::from_millis(1100));
     c.backend_report(at, &ReportView::of(&report("hot", 120.0, 5.0))).unwrap();
@@ -405,7 +408,21 @@ fn each_report_is_answered_with_the_groups_shares_of_their_limits() {
     assert_eq!((share.group.as_str(), share.units_per_s, share.ceiling), ("skewed", 30.0, 30.0), "{share:?}");
     assert_eq!((share.cpu_ms_per_s, share.read_bytes_per_s, share.write_bytes_per_s), (15.0, 1200.0, 0.0));
     let hot = c.backend_report(at, &ReportView::of(&report("hot", 120.0, 5.0))).unwrap();
-    assert_eq!((hot.shares[0].units_per_s, hot.shares[0].ceiling), (120.0, 120.0), "{hot:?}");
+    assert_eq!((hot.shares[0].units_per_s, hot.shares[0].ceiling, hot.shares[0].part), (120.0, 120.0, 0.0));
+    // A backend that says its capacity: the share as a part of it, and no ceiling past it.
+    let small = v1::BackendReport { capacity: Some(100.0), ..report("hot", 120.0, 5.0) };
+    let hot = c.backend_report(at, &ReportView::of(&small)).unwrap();
+    assert_eq!((hot.shares[0].units_per_s, hot.shares[0].ceiling, hot.shares[0].part), (120.0, 120.0, 1.2));
+    let big = v1::BackendReport { capacity: Some(400.0), ..report("hot", 120.0, 5.0) };
+    let hot = c.backend_report(at, &ReportView::of(&big)).unwrap();
+    assert_eq!(hot.shares[0].part, 0.3, "{hot:?}");
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let e = c.backend_report(
+            at,
+            &ReportView::of(&v1::BackendReport { capacity: Some(bad), ..report("hot", 1.0, 1.0) }),
+        );
+        assert!(e.unwrap_err().message().starts_with("capacity:"), "{bad}");
+    }
     assert_eq!(
         hot.elsewhere.iter().map(|l| (l.group.as_str(), l.units_per_s)).collect::<Vec<_>>(),
         [("skewed", 30.0), ("free", 5.0)]
