@@ -110,7 +110,10 @@ impl Services {
     /// Keeps the high-water marks of an exchange answered (`answered_here`) or passed on
     /// whole, made by `caller` (a client's token; another controller's is not one).
     fn note_peaks(&self, exchange: &ExchangeView<'_>, caller: Option<&Caller>, answered_here: bool) {
-        let token = caller.filter(|Caller(c)| !c.is_peer()).map(|Caller(c)| (c.id.as_str(), c.label()));
+        let label = || caller.map(|Caller(c)| c.label()).unwrap_or_default();
+        let token = caller
+            .filter(|Caller(c)| !c.is_peer())
+            .map(|Caller(c)| (c.id.as_str(), &label as &dyn Fn() -> String));
         if token.is_some() || answered_here {
             self.node.peaks.exchange(self.clock.now(), token, &exchange.groups, answered_here);
         }

@@ -103,9 +103,9 @@ struct Token {
 }
 
 impl Token {
-    fn new(now: Nanos) -> Token {
+    fn new(now: Nanos, label: String) -> Token {
         Token {
-            label: String::new(),
+            label,
             largest: Largest::new(now),
             rate: Sampled::default(),
             units: 0.0,
@@ -151,8 +151,9 @@ pub struct Peaks {
     inner: Mutex<Inner>,
 }
 
-/// Who made an exchange: a client token's id and label.
-pub type Maker<'a> = Option<(&'a str, String)>;
+/// Who made an exchange: a client token's id, and its label, made only when the token is
+/// first heard of (a token's id, role and name never change).
+pub type Maker<'a> = Option<(&'a str, &'a dyn Fn() -> String)>;
 
 impl Peaks {
     /// Takes an exchange answered at `now`, its values checked, made with `token` (its id and
@@ -183,9 +184,8 @@ impl Peaks {
         let (t, new) = match inner.tokens.get_mut(id) {
             Some(t) => (t, false),
             None if full => return,
-            None => (inner.tokens.entry(id.to_string()).or_insert_with(|| Token::new(now)), true),
+            None => (inner.tokens.entry(id.to_string()).or_insert_with(|| Token::new(now, label())), true),
         };
-        t.label = label;
         let consumed: f64 = groups.iter().map(|g| g.consumed).sum();
         t.consumed_total += consumed;
         for g in groups {
@@ -282,7 +282,8 @@ mod tests {
     #[test]
     fn a_tokens_rate_largest_request_and_refusals_add_up() {
         let peaks = Peaks::default();
-        let token = || Some(("t1", "token t1 (client, app)".to_string()));
+        let label = || "token t1 (client, app)".to_string();
+        let token = || Some(("t1", &label as &dyn Fn() -> String));
         peaks.exchange(at(0.0), token(), &[], false);
         for s in 1..=10 {
             let groups = [usage("a", 60.0, 1, 4.0), usage("b", 40.0, 0, if s == 5 { 90.0 } else { 2.0 })];
