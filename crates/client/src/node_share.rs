@@ -62,8 +62,9 @@ pub(crate) enum Booked {
 impl NodeShares {
     /// Takes the controller's latest shares at `now`, in place of the last: a group left out
     /// holds none. Names that are no group's, and numbers that are not finite and positive,
-    /// are left out; at most as many as a report names.
-    pub(crate) fn take(&mut self, now: Nanos, shares: &[v1::NodeShare]) {
+    /// are left out; at most as many as a report names. The groups that held a share before
+    /// or hold one now: those whose weight may have moved.
+    pub(crate) fn take(&mut self, now: Nanos, shares: &[v1::NodeShare]) -> Vec<GroupName> {
         let mut next = HashMap::new();
         for s in shares.iter().take(tollgate_proto::REPORT_GROUPS_MAX) {
             let Ok(name) = GroupName::new(&s.group) else { continue };
@@ -94,7 +95,11 @@ impl NodeShares {
             };
             next.insert(name, held);
         }
+        let mut touched: Vec<GroupName> = self.groups.keys().chain(next.keys()).cloned().collect();
+        touched.sort_unstable();
+        touched.dedup();
         self.groups = next;
+        touched
     }
 
     /// A group's share here, units/s, if it has one.

@@ -699,12 +699,12 @@ impl Scheduler {
     pub fn take_shares(&self, shares: &[v1::NodeShare]) {
         let now = self.shared.clock.now();
         let mut s = self.shared.lock();
-        s.shares.take(now, shares);
-        let groups: Vec<(GroupName, GroupSettings)> =
-            s.known.iter().map(|(g, k)| (g.clone(), k.settings.clone())).collect();
-        for (g, settings) in &groups {
-            let rate = weighed_rate(&s, g, settings);
-            s.queue.set_group(g, settings.priority(), rate);
+        // Only the groups whose share came or went, or may have moved, are weighed again:
+        // each weighing looks at every group's rate.
+        for g in s.shares.take(now, shares) {
+            let Some(settings) = s.known.get(&g).map(|k| k.settings.clone()) else { continue };
+            let rate = weighed_rate(&s, &g, &settings);
+            s.queue.set_group(&g, settings.priority(), rate);
         }
     }
 
