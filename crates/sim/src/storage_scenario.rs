@@ -9,6 +9,7 @@
 //! cross = true                 # charge the work other backends did (dmClock)
 //! split = "none"               # a limit's shares: "none", "even" or "follow-load"
 //! lend_idle = false            # idle backends lend capacity past a share
+//! max_wait_s = 2               # optional: a request waiting longer for its share is refused
 //! warm_up_s = 10
 //! measure_s = 30
 //!
@@ -16,6 +17,7 @@
 //! name = "spread"
 //! rate = 1000                  # sets its weight, as a reservation or limit does
 //! offers = ["busy", "busy", 10] # units/s to each backend; "busy": work always waits
+//! sizes = [1, 1, 1, 25]        # optional: each request's cost, taken in turn (default [1])
 //! limit = 150                  # optional: held to a share of it on each backend
 //! expect = 70                  # optional: the units/s it should get over all backends
 //! within = 0.05                # the tolerance of `expect` (a share of it; 0.05 unless set)
@@ -28,7 +30,7 @@ use tollgate_model::settings::GroupName;
 use tollgate_model::toml_reader::{Reader, Value, line_of};
 use toml::de::{DeTable, DeValue};
 
-use crate::storage::{Split, StorageGroup, StorageOutcome, StorageSpec};
+use crate::storage::{GroupMarks, Split, StorageGroup, StorageOutcome, StorageSpec};
 
 /// The most backends a storage scenario has.
 pub const STORAGE_BACKENDS_MAX: usize = 16;
@@ -38,6 +40,8 @@ pub const STORAGE_GROUPS_MAX: usize = 100;
 pub const STORAGE_CAPACITY_MAX: f64 = 10_000.0;
 /// The longest simulated time, warm-up and measure together, seconds.
 pub const STORAGE_SECONDS_MAX: f64 = 600.0;
+/// The most request sizes a group cycles through.
+pub const STORAGE_SIZES_MAX: usize = 64;
 /// The tolerance of an expectation unless the scenario sets one.
 const WITHIN_DEFAULT: f64 = 0.05;
 
@@ -81,8 +85,8 @@ impl StorageScenario {
         }
     }
 
-    /// One line per group (what it got over all backends and on each, and its expectation),
-    /// and whether every expectation held.
+    /// Two lines per group (what it got over all backends and on each, and its expectation;
+    /// then its high-water marks), and whether every expectation held.
     pub fn verdict(&self, out: &StorageOutcome) -> (Vec<String>, bool) {
         let mut passed = true;
         let mut lines = Vec::new();
@@ -97,9 +101,21 @@ impl StorageScenario {
                 line.push_str(&format!("; expected {want} within {:.0} %: {verdict}", within * 100.0));
             }
             lines.push(line);
+            lines.push(marks_line(&out.marks[g]));
         }
         (lines, passed)
     }
+}
+
+/// A group's marks as the controller would show them at the end of the run.
+fn marks_line(m: &GroupMarks) -> String {
+    let rate = m.rate.0.map_or("none".to_string(), |r| {
+        format!("low {:.1}, average {:.1}, high {:.1}", r.low, r.average, r.high)
+    });
+    format!(
+        "  marks: largest request {:.1} (last minute), {:.1} (last hour); units/s over the last minute: {rate}; refused {}",
+        m.largest.0, m.largest.1, m.refused
+    )
 }
 
 fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<StorageScenario> {
@@ -146,8 +162,9 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<StorageScenario> {
         })
     };
     let (warm_up, measure) = (seconds("warm_up_s", 10.0), seconds("measure_s", 30.0));
+    let max_wait = f.take("max_wait_s").map_or(Some(None), |(p, v)| max_wait(r, &p, v).map(Some));
     let groups = f.take("group").and_then(|(p, v)| groups(r, &p, v, backends.as_ref().map_or(0, Vec::len)));
-    r.finish(f, "backends, cross, split, lend_idle, warm_up_s, measure_s, group");
+    r.finish(f, "backends, cross, split, lend_idle, max_wait_s, warm_up_s, measure_s, group");
     let (warm_up, measure) = (warm_up?, measure?);
     if warm_up + measure > STORAGE_SECONDS_MAX {
         r.error(
@@ -163,10 +180,20 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<StorageScenario> {
         cross,
         split: split?,
         lend_idle,
+        max_wait: max_wait?,
         warm_up: Duration::from_secs_f64(warm_up),
         measure: Duration::from_secs_f64(measure),
     };
     Some(StorageScenario { name, spec, expect })
+}
+
+fn max_wait(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Duration> {
+    let s = r.positive(path, v)?;
+    if s > STORAGE_SECONDS_MAX {
+        r.error(v.span(), path, format!("must be at most {STORAGE_SECONDS_MAX} seconds, got {s}"));
+        return None;
+    }
+    Some(Duration::from_secs_f64(s))
 }
 
 fn capacities(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Vec<f64>> {
@@ -225,14 +252,16 @@ fn groups(
         let rate = f.take("rate").map_or(Some(0.0), |(p, v)| r.non_negative(&p, v));
         let limit = f.take("limit").map(|(p, v)| r.positive(&p, v));
         let offers = f.take("offers").and_then(|(p, v)| offers(r, &p, v, backends));
+        let sizes = f.take("sizes").map_or(Some(vec![1.0]), |(p, v)| sizes(r, &p, v));
         let expect = f.take("expect").map(|(p, v)| r.non_negative(&p, v));
         let within = f.take("within").map_or(Some(WITHIN_DEFAULT), |(p, v)| r.positive(&p, v));
-        r.finish(f, "name, rate, offers, limit, expect, within");
+        r.finish(f, "name, rate, offers, sizes, limit, expect, within");
         // Given but not good: the problem is recorded; nothing is simulated.
         if matches!(limit, Some(None)) || matches!(expect, Some(None)) || within.is_none() {
             return None;
         }
-        let group = StorageGroup { name: name?, rate: rate?, offers: offers?, limit: limit.flatten() };
+        let group =
+            StorageGroup { name: name?, rate: rate?, offers: offers?, sizes: sizes?, limit: limit.flatten() };
         out.push((group, expect.flatten().zip(within)));
     }
     Some(out)
@@ -254,6 +283,28 @@ fn offers(r: &mut Reader<'_>, path: &str, v: &Value<'_>, backends: usize) -> Opt
             DeValue::String(s) if s.as_ref() == "busy" => f64::INFINITY,
             _ => r.non_negative(&p, item)?,
         });
+    }
+    Some(out)
+}
+
+fn sizes(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Vec<f64>> {
+    let DeValue::Array(items) = v.get_ref() else {
+        r.error(v.span(), path, "must be an array of request costs, units");
+        return None;
+    };
+    if items.is_empty() || items.len() > STORAGE_SIZES_MAX {
+        r.error(v.span(), path, format!("must hold 1 to {STORAGE_SIZES_MAX} costs, got {}", items.len()));
+        return None;
+    }
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        let c = r.positive(&p, item)?;
+        if c > STORAGE_CAPACITY_MAX {
+            r.error(item.span(), p, format!("must be at most {STORAGE_CAPACITY_MAX}, got {c}"));
+            return None;
+        }
+        out.push(c);
     }
     Some(out)
 }

@@ -213,8 +213,8 @@ fn sim_runs_replay_exactly_from_their_seed() {
     assert_eq!(read(&a), read(&b));
 }
 
-/// A storage scenario runs as `tollgate sim` runs any: its verdict per group, 0 when it holds;
-/// the same without idle backends lending fails with 1.
+/// A storage scenario runs as `tollgate sim` runs any: its verdict per group and its marks,
+/// 0 when it holds; the same without idle backends lending fails with 1.
 #[test]
 fn sim_runs_storage_scenarios_and_exits_1_when_one_is_not_met() {
     let burst = format!("{}/../../scenarios/storage/node-burst.toml", env!("CARGO_MANIFEST_DIR"));
@@ -224,6 +224,11 @@ fn sim_runs_storage_scenarios_and_exits_1_when_one_is_not_met() {
         out.contains("skewed: 150.0 units/s (backends: 120.0, 20.0, 10.0); expected 150 within 2 %: ok"),
         "{out}"
     );
+    let slow = burst.replace("node-burst", "slow-requests");
+    let (code, out, err) = tollgate(&["sim", &slow]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("  marks: largest request 25.0 (last minute), 25.0 (last hour); units/s"), "{out}");
+    assert!(out.contains("refused 37\npoint:"), "{out}");
     let src = std::fs::read_to_string(&burst).unwrap().replace("lend_idle = true", "lend_idle = false");
     let path = file("no-burst.toml", &src);
     let (code, out, _) = tollgate(&["sim", path.to_str().unwrap()]);

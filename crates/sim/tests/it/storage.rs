@@ -9,7 +9,13 @@ use tollgate_sim::storage::{Split, StorageGroup, StorageOutcome, StorageSpec, ru
 const BUSY: f64 = f64::INFINITY;
 
 fn group(name: &str, rate: f64, offers: &[f64]) -> StorageGroup {
-    StorageGroup { name: GroupName::new(name).unwrap(), rate, offers: offers.to_vec(), limit: None }
+    StorageGroup {
+        name: GroupName::new(name).unwrap(),
+        rate,
+        offers: offers.to_vec(),
+        sizes: vec![1.0],
+        limit: None,
+    }
 }
 
 /// Three backends of 100 units/s. `spread`, at `rate`, fans out unevenly (`offers` on the
@@ -26,6 +32,7 @@ fn fan_out(rate: f64, offers: &[f64], cross: bool) -> StorageOutcome {
         cross,
         split: Split::None,
         lend_idle: false,
+        max_wait: None,
         warm_up: Duration::from_secs(10),
         measure: Duration::from_secs(30),
     })
@@ -74,6 +81,7 @@ fn groups_on_one_backend_are_not_charged() {
         cross: true,
         split: Split::None,
         lend_idle: false,
+        max_wait: None,
         warm_up: Duration::from_secs(5),
         measure: Duration::from_secs(10),
     });
@@ -91,6 +99,7 @@ fn skewed(offers: &[f64], split: Split, lend_idle: bool) -> StorageOutcome {
         cross: false,
         split,
         lend_idle,
+        max_wait: None,
         warm_up: Duration::from_secs(10),
         measure: Duration::from_secs(30),
     })
@@ -123,6 +132,47 @@ fn lending_idle_capacity_stays_within_the_groups_limit() {
     }
 }
 
+/// One backend of 100 units/s: `reports` sends requests of 5, 5, 5 and 25 units, 60 units/s
+/// against a limit of 40, refused past `max_wait`; `point` always has requests of one unit.
+fn slow_requests(max_wait: Option<Duration>) -> StorageOutcome {
+    let mut reports = group("reports", 1000.0, &[60.0]);
+    reports.sizes = vec![5.0, 5.0, 5.0, 25.0];
+    reports.limit = Some(40.0);
+    run(&StorageSpec {
+        capacities: vec![100.0],
+        groups: vec![reports, group("point", 1000.0, &[BUSY])],
+        cross: false,
+        split: Split::Even,
+        lend_idle: false,
+        max_wait,
+        warm_up: Duration::from_secs(10),
+        measure: Duration::from_secs(30),
+    })
+}
+
+/// The marks the controller would show: each group's largest request over the last minute
+/// and hour, the low, average and high of its units/s, and what it had refused. `reports`
+/// is held to its 40 units/s and refused past a second's wait; allowed to wait for ever, it
+/// is refused nothing and still gets its 40.
+#[test]
+fn the_marks_show_the_largest_request_the_rates_and_the_refusals() {
+    let out = slow_requests(Some(Duration::from_secs(1)));
+    println!("{:?}\n{:#?}", out.served, out.marks);
+    let (reports, point) = (&out.marks[0], &out.marks[1]);
+    assert_eq!((reports.largest, point.largest), ((25.0, 25.0), (1.0, 1.0)));
+    assert!(within(out.total(0), 40.0, 0.05) && within(out.total(1), 60.0, 0.05), "{:?}", out.served);
+    let minute = reports.rate.0.expect("a minute of samples");
+    assert!(within(minute.average, 40.0, 0.05), "{minute:?}");
+    assert!(minute.low < minute.average && minute.average < minute.high, "{minute:?}");
+    let hour = reports.rate.1.expect("the run's samples");
+    assert!(hour.high >= minute.high && hour.low <= minute.low, "{hour:?} {minute:?}");
+    // Arriving at 6 requests a second and let through at 4, a request waits past a second.
+    assert!(reports.refused > 20 && point.refused == 0, "{reports:?} {point:?}");
+    let patient = slow_requests(None);
+    assert_eq!(patient.marks[0].refused, 0);
+    assert!(within(patient.total(0), 40.0, 0.05), "{:?}", patient.served);
+}
+
 /// Every storage scenario in `scenarios/storage/` holds what it expects, as `tollgate sim`
 /// runs it.
 #[test]
@@ -139,6 +189,7 @@ fn every_storage_scenario_holds_what_it_expects() {
         let (lines, passed) = s.verdict(&run(&s.spec));
         println!("{}: {lines:?}", s.name);
         assert!(passed && s.expect.iter().any(Option::is_some), "{}: {lines:?}", file.display());
+        assert_eq!(lines.len(), 2 * s.spec.groups.len(), "a verdict and the marks per group");
     }
 }
 
@@ -147,14 +198,16 @@ fn every_storage_scenario_holds_what_it_expects() {
 fn a_malformed_storage_scenario_names_each_problem() {
     use tollgate_sim::storage_scenario::StorageScenario;
     let src = "name = \"bad\"\n[storage]\nbackends = [100, 0]\nsplit = \"sideways\"\nspeed = 3\n\
-               [[storage.group]]\nname = \"g\"\noffers = [1]\nwithin = -1\n";
+               max_wait_s = 0\n[[storage.group]]\nname = \"g\"\noffers = [1]\nwithin = -1\nsizes = [2, 0]\n";
     let errors = StorageScenario::parse(src).unwrap_err();
     let text = errors.to_string();
     for wanted in [
         "line 3: storage.backends[1]: must be above 0",
         "line 4: storage.split: must be none, even or follow-load",
         "line 5: storage.speed: unknown field",
-        "line 9: storage.group[0].within: must be above 0",
+        "line 6: storage.max_wait_s: must be above 0",
+        "line 10: storage.group[0].within: must be above 0",
+        "line 11: storage.group[0].sizes[1]: must be above 0",
     ] {
         assert!(text.contains(wanted), "{wanted:?} not in:\n{text}");
     }
