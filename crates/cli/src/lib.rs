@@ -118,10 +118,10 @@ fn bench_command(cmd: BenchCommand, target: &admin::Target) -> anyhow::Result<Ex
     let rt = rt.enable_all().build()?;
     match cmd {
         BenchCommand::Exchange(args) => rt.block_on(bench::exchange(args, target.access.clone()))?,
-        BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args))?,
-        BenchCommand::Surge(args) => rt.block_on(surge::surge(args))?,
-        BenchCommand::Overload(args) => rt.block_on(overload::overload(args))?,
-        BenchCommand::Capacity(args) => rt.block_on(capacity::capacity(args))?,
+        BenchCommand::Accuracy(args) => rt.block_on(bench::accuracy(args, target))?,
+        BenchCommand::Surge(args) => rt.block_on(surge::surge(args, target))?,
+        BenchCommand::Overload(args) => rt.block_on(overload::overload(args, target))?,
+        BenchCommand::Capacity(args) => rt.block_on(capacity::capacity(args, target))?,
         BenchCommand::Converge(args) => converge::converge(args)?,
         BenchCommand::FirstAnswer(args) => rt.block_on(first::first_answer(args, target))?,
     }

@@ -250,8 +250,8 @@ async fn slow(service: SocketAddr, factor: u64) -> anyhow::Result<()> {
 }
 
 /// Runs the arm and prints what its clients saw.
-pub async fn capacity(a: CapacityArgs) -> anyhow::Result<()> {
-    let mut admin = crate::bench::admin_client(&a.server).await?;
+pub async fn capacity(a: CapacityArgs, target: &crate::admin::Target) -> anyhow::Result<()> {
+    let mut admin = crate::bench::admin_client(&a.server, target).await?;
     let first = stats(a.service).await.with_context(|| format!("cannot read http://{}/stats", a.service))?;
     if !first["capacity"].is_null() {
         anyhow::bail!("the service at {} has a configured capacity: run it with --work cpu", a.service);

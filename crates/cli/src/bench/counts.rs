@@ -5,7 +5,6 @@
 
 use anyhow::Context;
 use tollgate_proto::v1;
-use tonic::transport::Channel;
 
 use crate::bench::load::{offer, open_loop, own_cpu};
 use crate::say;
@@ -20,7 +19,7 @@ const SECONDS: f64 = 10.0;
 /// For each demand, a group whose budget is `units`, asked `DEMANDS[i]` times that over
 /// [`SECONDS`] by `gates`; then the same through a Redis counter at `redis`, if given.
 pub(crate) async fn measure(
-    admin: &mut v1::admin_client::AdminClient<Channel>,
+    admin: &mut crate::admin::Admin,
     gates: &[tollgate_limiter::Tollgate],
     units: f64,
     redis: Option<&str>,

@@ -941,16 +941,18 @@ async fn exchanges_per_second(addr: String, after: f64, seconds: f64) -> anyhow:
 }
 
 /// An admin client on the first of `server`'s controllers (a comma-separated list) that
-/// answers: any of them takes admin commands.
-pub(crate) async fn admin_client(server: &str) -> anyhow::Result<v1::admin_client::AdminClient<Channel>> {
-    let mut failures = Vec::new();
-    for url in server.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        match v1::admin_client::AdminClient::connect(url.to_string()).await {
-            Ok(c) => return Ok(c),
-            Err(e) => failures.push(format!("{url}: {e}")),
-        }
-    }
-    anyhow::bail!("cannot reach the tollgate server at {server} ({})", failures.join("; "))
+/// answers, with `target`'s token and TLS files (`--token`, `--ca`, `--cert`, `--key`): any of
+/// them takes admin commands.
+pub(crate) async fn admin_client(
+    server: &str,
+    target: &crate::admin::Target,
+) -> anyhow::Result<crate::admin::Admin> {
+    crate::admin::connect(&on(server, target)).await
+}
+
+/// `target`'s access and timeout, for the controllers at `server`.
+fn on(server: &str, target: &crate::admin::Target) -> crate::admin::Target {
+    crate::admin::Target { url: server.to_string(), timeout: target.timeout, access: target.access.clone() }
 }
 
 /// The groups `bench accuracy` makes, and drops when it is done.
@@ -965,7 +967,7 @@ const ACCURACY_GROUPS: [&str; 7] = [
 ];
 
 pub(crate) async fn put(
-    admin: &mut v1::admin_client::AdminClient<Channel>,
+    admin: &mut crate::admin::Admin,
     name: &str,
     patch: v1::GroupPatch,
 ) -> anyhow::Result<()> {
@@ -980,25 +982,10 @@ pub(crate) async fn put(
     Ok(())
 }
 
-/// A connection to the first controller of `urls` (comma-separated) that accepts one.
-async fn first_reachable(urls: &str) -> anyhow::Result<Channel> {
-    let mut last = None;
-    for url in urls.split(',').map(str::trim) {
-        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-            .with_context(|| format!("--server: {url:?} is not a URL"))?
-            .connect_timeout(Duration::from_secs(5));
-        match endpoint.connect().await {
-            Ok(channel) => return Ok(channel),
-            Err(e) => last = Some(format!("{url}: {e}")),
-        }
-    }
-    anyhow::bail!("no controller of --server {urls} accepts a connection ({})", last.unwrap_or_default())
-}
-
 /// The connections `bench accuracy`'s clients share.
 const ACCURACY_CONNECTIONS: usize = 64;
 
-pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
+pub async fn accuracy(a: AccuracyArgs, target: &crate::admin::Target) -> anyhow::Result<()> {
     anyhow::ensure!(a.clients > 0, "--clients must be above 0");
     anyhow::ensure!(a.duration > 0.0 && a.duration.is_finite(), "--duration must be above 0 seconds");
     anyhow::ensure!(a.limit > 0.0 && a.limit.is_finite(), "--limit must be above 0");
@@ -1008,7 +995,7 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
          it runs against (it drops them and sets the capacity back at the end, even on Ctrl-C); \
          give --setup to let it, against a test controller"
     );
-    let mut admin = admin_client(&a.server).await?;
+    let mut admin = admin_client(&a.server, target).await?;
     let capacity_before = admin
         .get_node(v1::GetNodeRequest::default())
         .await
@@ -1025,10 +1012,10 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
     }
     // Whatever happens (an error, or Ctrl-C), the settings are put back as they were.
     let measured = tokio::select! {
-        r = measure_accuracy(&a, &mut admin) => r,
+        r = measure_accuracy(&a, &mut admin, target) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
-    let mut restore = admin_client(&a.server).await?;
+    let mut restore = admin_client(&a.server, target).await?;
     let mut put_back =
         restore.set_capacity(v1::SetCapacityRequest { capacity: capacity_before }).await.map(drop).map_err(
             |s| anyhow::anyhow!("cannot set the node capacity back to {capacity_before:?}: {}", s.message()),
@@ -1050,7 +1037,7 @@ pub async fn accuracy(a: AccuracyArgs) -> anyhow::Result<()> {
 /// hungry neighbour asks for everything.
 async fn reservations(
     a: &AccuracyArgs,
-    admin: &mut v1::admin_client::AdminClient<Channel>,
+    admin: &mut crate::admin::Admin,
     gates: &[tollgate_limiter::Tollgate],
     warmup: f64,
 ) -> anyhow::Result<()> {
@@ -1118,20 +1105,16 @@ async fn redis_counter(a: &AccuracyArgs, url: &str, warmup: f64) -> anyhow::Resu
     Ok(())
 }
 
-async fn measure_accuracy(
+/// `a.clients` remote clients of `target`'s controllers, each with its own id, sharing a few
+/// connections that carry the token, as a load generator must: one each would need more open
+/// files than a controller is given (its connections are capped to fit them).
+async fn remote_clients(
     a: &AccuracyArgs,
-    admin: &mut v1::admin_client::AdminClient<Channel>,
-) -> anyhow::Result<()> {
-    let mut admin = admin.clone();
-    let warmup = 3.0;
-
-    // 1. One group at twice its limit.
-    put(&mut admin, "accuracy", v1::GroupPatch { limit: Some(a.limit), ..Default::default() }).await?;
-    // The clients share a few connections, as a load generator must: one each would need
-    // more open files than a controller is given (its connections are capped to fit them).
+    target: &crate::admin::Target,
+) -> anyhow::Result<Vec<tollgate_limiter::Tollgate>> {
     let mut channels = Vec::new();
     for _ in 0..a.clients.min(ACCURACY_CONNECTIONS) {
-        channels.push(first_reachable(&a.server).await?);
+        channels.push(crate::admin::channel(&on(&a.server, target)).await?);
     }
     let mut gates = Vec::new();
     for i in 0..a.clients {
@@ -1141,9 +1124,32 @@ async fn measure_accuracy(
         };
         let timeout = opts.exchange_timeout;
         let (gate, driver) = tollgate_limiter::Tollgate::remote_driven(opts)?;
-        tokio::spawn(driver.run_on(channels[i % channels.len()].clone(), timeout));
+        let client = v1::admission_client::AdmissionClient::new(channels[i % channels.len()].clone());
+        tokio::spawn(driver.run_with(move |request| {
+            let mut client = client.clone();
+            async move {
+                match tokio::time::timeout(timeout, client.exchange(request)).await {
+                    Ok(answer) => answer.map(tonic::Response::into_inner),
+                    Err(_) => Err(tonic::Status::deadline_exceeded(format!("no answer within {timeout:?}"))),
+                }
+            }
+        }));
         gates.push(gate);
     }
+    Ok(gates)
+}
+
+async fn measure_accuracy(
+    a: &AccuracyArgs,
+    admin: &mut crate::admin::Admin,
+    target: &crate::admin::Target,
+) -> anyhow::Result<()> {
+    let mut admin = admin.clone();
+    let warmup = 3.0;
+
+    // 1. One group at twice its limit.
+    put(&mut admin, "accuracy", v1::GroupPatch { limit: Some(a.limit), ..Default::default() }).await?;
+    let gates = remote_clients(a, target).await?;
     let cpu0 = own_cpu();
     let exchanges =
         a.server_http.clone().map(|addr| tokio::spawn(exchanges_per_second(addr, warmup, a.duration)));

@@ -170,8 +170,8 @@ pub(crate) async fn capacity(service: SocketAddr) -> Option<f64> {
 }
 
 /// Runs the three runs and prints what the critical requests saw.
-pub async fn overload(a: OverloadArgs) -> anyhow::Result<()> {
-    let mut admin = crate::bench::admin_client(&a.server).await?;
+pub async fn overload(a: OverloadArgs, target: &crate::admin::Target) -> anyhow::Result<()> {
+    let mut admin = crate::bench::admin_client(&a.server, target).await?;
     let capacity = capacity(a.service)
         .await
         .with_context(|| format!("cannot read the capacity at http://{}/stats", a.service))?;

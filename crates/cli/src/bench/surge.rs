@@ -106,8 +106,8 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 /// Runs the surge and prints what it saw.
-pub async fn surge(a: SurgeArgs) -> anyhow::Result<()> {
-    let mut admin = crate::bench::admin_client(&a.server).await?;
+pub async fn surge(a: SurgeArgs, target: &crate::admin::Target) -> anyhow::Result<()> {
+    let mut admin = crate::bench::admin_client(&a.server, target).await?;
     let high = u32::from(tollgate_model::settings::Priority::HIGH.level());
     let low = u32::from(tollgate_model::settings::Priority::LOW.level());
     let gold = v1::GroupPatch { reserved: Some(200_000.0), priority: Some(high), ..Default::default() };

@@ -1005,3 +1005,33 @@ fn users_are_tokens_bound_to_a_resource_group_by_sql_and_the_cli() {
     assert_eq!(check(&app, "{}").0, 401);
     assert_eq!(sql("DROP USER IF EXISTS app").1, "user app does not exist: nothing dropped\n");
 }
+
+/// The load programs carry `--token` to a server with `--auth`: `bench accuracy` without one
+/// is refused for want of it; with the admin token its calls are answered, and it stops at its
+/// own check (a group it makes is there already) before changing anything.
+#[test]
+fn the_load_programs_carry_the_token() {
+    let data = data_dir("bench-token");
+    let s = ServerProc::start_with(&data, &["--auth"], Stdio::null());
+    let admin = first_token(&data);
+    let url = s.url();
+    let as_admin = [("TOLLGATE_TOKEN", admin.as_str())];
+    let (code, _, err) = cli(&["--server", &url, "group", "create", "accuracy", "--limit", "5"], &as_admin);
+    assert_eq!(code, 0, "{err}");
+    let bench = ["bench", "accuracy", "--server", &url, "--setup", "--duration", "1"];
+    let (code, _, err) = cli(&bench, &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("token"), "{err}");
+    for env in [&as_admin[..], &[]] {
+        let mut args = bench.to_vec();
+        if env.is_empty() {
+            args.splice(0..0, ["--token", admin.as_str()]);
+        }
+        let (code, _, err) = cli(&args, env);
+        assert_ne!(code, 0);
+        assert!(err.contains("group accuracy exists"), "{err}");
+    }
+    let (code, out, err) = cli(&["--server", &url, "group", "show", "accuracy"], &as_admin);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains('5'), "{out}");
+}
