@@ -15,7 +15,6 @@
 //! that was only a gap costs it its share for a tick at most (its refusals ask for it again).
 //! At most [`WATCHED_MAX`] groups are watched, the busiest reported.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use tollgate_model::settings::GroupName;
@@ -50,7 +49,7 @@ struct Seen {
 /// The groups watched. See the [module documentation](self).
 #[derive(Debug, Default)]
 pub(crate) struct QuietWatch {
-    seen: HashMap<GroupName, Seen>,
+    seen: crate::names::ByName<Seen>,
 }
 
 impl QuietWatch {

@@ -32,7 +32,6 @@
 //!
 //! [`Tollgate::remote`]: crate::Tollgate::remote
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -346,14 +345,14 @@ pub struct Driver {
     clock: Arc<ClockSource>,
     idle_expiry: Duration,
     sequence: u64,
-    meters: HashMap<GroupName, DemandMeter>,
+    meters: crate::names::ByName<DemandMeter>,
     /// The pages of this round not sent yet, most active groups first.
     round: std::collections::VecDeque<Page>,
     /// The meters the page in flight moved, as they were before: put back if it fails.
     sent: Option<Vec<(GroupName, Option<DemandMeter>)>>,
     /// The round under way reports only groups holding no grant yet.
     only_new: bool,
-    grants: HashMap<GroupName, LastGrant>,
+    grants: crate::names::ByName<LastGrant>,
     last_ok: Option<Nanos>,
     lease: Duration,
     safe_since: Option<Nanos>,
@@ -368,7 +367,7 @@ pub struct Driver {
     /// The exchange period asked for, in milliseconds (0: the controller's tick).
     period_ms: u32,
     /// Grants being taken up over a trickle: (from, start, span) by group.
-    trickles: HashMap<GroupName, (f64, Nanos, Duration)>,
+    trickles: crate::names::ByName<(f64, Nanos, Duration)>,
     /// How far apart early exchanges (for a new group, or once tokens run low) are at least.
     spacing: Duration,
     /// Groups the last answer left out that hold no grant (a region still leasing their share,
@@ -400,11 +399,11 @@ impl Driver {
             clock,
             idle_expiry,
             sequence: 0,
-            meters: HashMap::new(),
+            meters: crate::names::ByName::default(),
             round: std::collections::VecDeque::new(),
             sent: None,
             only_new: false,
-            grants: HashMap::new(),
+            grants: crate::names::ByName::default(),
             last_ok: None,
             lease: Duration::from_secs(10),
             safe_since: None,
@@ -414,7 +413,7 @@ impl Driver {
             next_tick: Nanos::ZERO,
             stale: false,
             period_ms: 0,
-            trickles: HashMap::new(),
+            trickles: crate::names::ByName::default(),
             spacing: EARLY_SPACING,
             ungranted: Vec::new(),
             sent_at: None,
