@@ -8,8 +8,9 @@
 //! forgetting the groups it no longer owns; then the coordinator writes the next map if the
 //! members or what they applied call for one. A crashed controller grants nothing; its lease
 //! runs out a lease later, and its shards move then. At each tick the capacity is split among
-//! the running owners by what their groups claim, and each ticks. One invariant more is
-//! checked at every step: no shard is granted by two controllers.
+//! the running owners by what their groups claim, and each ticks. One invariant more holds at
+//! every step: no shard is granted by two controllers. It is checked at each step where a
+//! controller starts, stops or applies a map, the only steps at which it can change.
 
 use std::time::Duration;
 
@@ -48,6 +49,12 @@ pub(crate) struct Shards {
     pub(crate) breach: Option<String>,
     /// Draws how long each controller takes to apply a map.
     rng: crate::rng::SplitMix64,
+    /// What the last step's map and invariant were worked out from: the map's epoch and, per
+    /// controller, whether its lease holds (for the map) or it runs (for the invariant), and
+    /// the epoch of the map it applied. Both are the same as long as these are, so a step
+    /// that changes none of them works neither out again.
+    last_map: Vec<(bool, u64)>,
+    last_check: Vec<(bool, u64)>,
 }
 
 /// The longest a controller takes to apply a new map.
@@ -80,6 +87,8 @@ impl Shards {
             maps_written: 0,
             breach: None,
             rng: crate::rng::SplitMix64::new(seed ^ 0x5AA2D),
+            last_map: Vec::new(),
+            last_check: Vec::new(),
         }
     }
 
@@ -134,17 +143,27 @@ impl Shards {
                     .forget_groups(now, |_, root| !view.owns(name, shard_of(root.as_str(), view.shards())));
             }
         }
-        let live: Vec<Member<'_>> = self
-            .owners
-            .iter()
-            .filter(|o| o.lease_until > now)
-            .map(|o| Member { name: &o.name, applied: o.view.epoch() })
-            .collect();
-        if let Some(next) = next_map(&self.map, &live) {
-            self.map = next;
-            self.maps_written += 1;
+        let inputs = std::iter::once((true, self.map.epoch()))
+            .chain(self.owners.iter().map(|o| (o.lease_until > now, o.view.epoch())))
+            .collect::<Vec<_>>();
+        if inputs != self.last_map {
+            let live: Vec<Member<'_>> = self
+                .owners
+                .iter()
+                .filter(|o| o.lease_until > now)
+                .map(|o| Member { name: &o.name, applied: o.view.epoch() })
+                .collect();
+            if let Some(next) = next_map(&self.map, &live) {
+                self.map = next;
+                self.maps_written += 1;
+            }
+            self.last_map = inputs;
         }
-        self.check(now);
+        let inputs: Vec<(bool, u64)> = self.owners.iter().map(|o| (o.runs(now), o.view.epoch())).collect();
+        if inputs != self.last_check {
+            self.check(now);
+            self.last_check = inputs;
+        }
         if tick {
             self.tick(now);
         }
@@ -256,5 +275,37 @@ impl Shards {
 impl Owner {
     fn runs(&self, now: Nanos) -> bool {
         self.down_until.is_none_or(|u| u <= now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_controller::store::MemoryStore;
+    use tollgate_model::engine::EngineSettings;
+
+    /// The canary: two controllers that apply maps each giving them the same shard (a move
+    /// the coordinator never makes) are caught at the step they do, and not before.
+    #[test]
+    fn a_shard_granted_by_two_controllers_is_caught() {
+        let store = MemoryStore::default();
+        let start = |now: Nanos| {
+            Node::open(Box::new(store.clone()), EngineSettings::default(), now, 0).expect("a store in memory")
+        };
+        let mut shards = Shards::new(2, 4, None, 7, &start);
+        let step = Duration::from_millis(1);
+        for i in 1..=2_000u32 {
+            shards.step(Nanos::ZERO.after(step * i), false, &start);
+        }
+        assert!(shards.breach.is_none(), "{:?}", shards.breach);
+        assert!(shards.owners.iter().all(|o| o.view.epoch() == shards.map.epoch()));
+        let members = vec!["controller-0".to_string(), "controller-1".to_string()];
+        let map = |epoch, owners| ShardMap::from_parts(epoch, members.clone(), owners).unwrap();
+        let after = shards.map.epoch() + 10;
+        shards.owners[0].view = map(after, vec![Some(0), Some(0), Some(1), Some(1)]);
+        shards.owners[1].view = map(after + 1, vec![Some(1), Some(0), Some(1), Some(1)]);
+        shards.step(Nanos::ZERO.after(step * 2_001), false, &start);
+        let breach = shards.breach.expect("shard 0 granted by both is caught");
+        assert!(breach.contains("shard 0 granted by controller-0 and controller-1"), "{breach}");
     }
 }
