@@ -393,6 +393,24 @@ impl GroupHandle {
         stats_of(&self.group)
     }
 
+    /// The rate this process admits the group at now, units/s: [`stats`](Self::stats)'
+    /// `allowance` (0 before the first grant in remote mode, infinite for a group with no
+    /// limit), read alone. `stats` gathers every thread's counts under a lock the admitting
+    /// threads take too; this is one load, cheap enough to read at each decision.
+    ///
+    /// ```
+    /// # use tollgate_limiter::Tollgate;
+    /// let gate = Tollgate::from_toml("[groups.api]\nlimit = 100\n")?;
+    /// let api = gate.group("api")?;
+    /// assert_eq!(api.allowance(), 100.0);
+    /// assert_eq!(api.allowance(), api.stats().allowance);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn allowance(&self) -> f64 {
+        let allowance = self.group.allowance();
+        if allowance.is_nan() { 0.0 } else { allowance }
+    }
+
     /// Whether the group has what it admits by: always in the embedded and store modes; in
     /// remote mode once the controller's first grant for it has come (until then it admits
     /// nothing, and the grant is asked for at once).

@@ -813,7 +813,7 @@ pub(crate) fn rate_limit_headers(
     left: f64,
     after: Option<Duration>,
 ) {
-    let rate = handle.stats().allowance;
+    let rate = handle.allowance();
     let policy = if rate.is_finite() {
         format!("\"grant\";q={};w=1", rate.max(0.0).floor() as u64)
     } else {

@@ -292,7 +292,7 @@ fn until_reset(
     if let Some(d) = refused_for {
         return d;
     }
-    let rate = handle.stats().allowance;
+    let rate = handle.allowance();
     if rate.is_finite() && rate > 0.0 {
         Duration::from_secs_f64((1.0 - handle.available() / rate).clamp(0.0, 1.0))
     } else {
