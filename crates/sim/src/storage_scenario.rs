@@ -132,7 +132,7 @@ fn read(r: &mut Reader<'_>, doc: &DeTable<'_>) -> Option<StorageScenario> {
     let storage = doc.get("storage")?;
     let mut f = r.fields("storage", storage)?;
     let backends = match f.take("backends") {
-        Some((path, v)) => capacities(r, &path, v),
+        Some((path, v)) => bounded(r, &path, v, "capacities, units/s", "backends", STORAGE_BACKENDS_MAX),
         None => {
             r.error(storage.span(), "storage.backends", "is required");
             None
@@ -196,28 +196,30 @@ fn max_wait(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Duration> {
     Some(Duration::from_secs_f64(s))
 }
 
-fn capacities(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Vec<f64>> {
+/// An array at `path` of 1 to `most` numbers above 0 and at most [`STORAGE_CAPACITY_MAX`]:
+/// `what` the array holds and `each` its items, for the errors.
+fn bounded(
+    r: &mut Reader<'_>,
+    path: &str,
+    v: &Value<'_>,
+    what: &str,
+    each: &str,
+    most: usize,
+) -> Option<Vec<f64>> {
     let DeValue::Array(items) = v.get_ref() else {
-        r.error(v.span(), path, "must be an array of capacities, units/s");
+        r.error(v.span(), path, format!("must be an array of {what}"));
         return None;
     };
-    if items.is_empty() || items.len() > STORAGE_BACKENDS_MAX {
-        r.error(
-            v.span(),
-            path,
-            format!("must name 1 to {STORAGE_BACKENDS_MAX} backends, got {}", items.len()),
-        );
+    if items.is_empty() || items.len() > most {
+        r.error(v.span(), path, format!("must hold 1 to {most} {each}, got {}", items.len()));
         return None;
     }
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let c = r.positive(&format!("{path}[{i}]"), item)?;
+        let p = format!("{path}[{i}]");
+        let c = r.positive(&p, item)?;
         if c > STORAGE_CAPACITY_MAX {
-            r.error(
-                item.span(),
-                format!("{path}[{i}]"),
-                format!("must be at most {STORAGE_CAPACITY_MAX}, got {c}"),
-            );
+            r.error(item.span(), p, format!("must be at most {STORAGE_CAPACITY_MAX}, got {c}"));
             return None;
         }
         out.push(c);
@@ -252,7 +254,9 @@ fn groups(
         let rate = f.take("rate").map_or(Some(0.0), |(p, v)| r.non_negative(&p, v));
         let limit = f.take("limit").map(|(p, v)| r.positive(&p, v));
         let offers = f.take("offers").and_then(|(p, v)| offers(r, &p, v, backends));
-        let sizes = f.take("sizes").map_or(Some(vec![1.0]), |(p, v)| sizes(r, &p, v));
+        let sizes = f.take("sizes").map_or(Some(vec![1.0]), |(p, v)| {
+            bounded(r, &p, v, "request costs, units", "costs", STORAGE_SIZES_MAX)
+        });
         let expect = f.take("expect").map(|(p, v)| r.non_negative(&p, v));
         let within = f.take("within").map_or(Some(WITHIN_DEFAULT), |(p, v)| r.positive(&p, v));
         r.finish(f, "name, rate, offers, sizes, limit, expect, within");
@@ -283,28 +287,6 @@ fn offers(r: &mut Reader<'_>, path: &str, v: &Value<'_>, backends: usize) -> Opt
             DeValue::String(s) if s.as_ref() == "busy" => f64::INFINITY,
             _ => r.non_negative(&p, item)?,
         });
-    }
-    Some(out)
-}
-
-fn sizes(r: &mut Reader<'_>, path: &str, v: &Value<'_>) -> Option<Vec<f64>> {
-    let DeValue::Array(items) = v.get_ref() else {
-        r.error(v.span(), path, "must be an array of request costs, units");
-        return None;
-    };
-    if items.is_empty() || items.len() > STORAGE_SIZES_MAX {
-        r.error(v.span(), path, format!("must hold 1 to {STORAGE_SIZES_MAX} costs, got {}", items.len()));
-        return None;
-    }
-    let mut out = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let p = format!("{path}[{i}]");
-        let c = r.positive(&p, item)?;
-        if c > STORAGE_CAPACITY_MAX {
-            r.error(item.span(), p, format!("must be at most {STORAGE_CAPACITY_MAX}, got {c}"));
-            return None;
-        }
-        out.push(c);
     }
     Some(out)
 }
