@@ -158,7 +158,14 @@ async fn watch_bronze(url: String, kv_addr: String, clock: TokioClock, until: f6
         if clock.now().as_secs_f64() >= until {
             break;
         }
-        let out = Command::new(BIN).args(["status", "--json"]).env("TOLLGATE_SERVER", &url).output().unwrap();
+        // On a thread of its own: a worker blocked on the command would hold up the offers'
+        // requests and inflate the latencies they measure.
+        let url = url.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new(BIN).args(["status", "--json"]).env("TOLLGATE_SERVER", &url).output().unwrap()
+        })
+        .await
+        .unwrap();
         let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let bronze = s["groups"].as_array().unwrap().iter().find(|g| g["name"] == "bronze").cloned().unwrap();
         busy_seen |= bronze["busy"] == true;
@@ -248,8 +255,12 @@ async fn two_tenants_limits_saturation_and_priority_end_to_end() {
     let (gold_lat, bronze_lat) = (latencies("gold"), latencies("bronze"));
     assert!(!gold_lat.is_empty() && !bronze_lat.is_empty());
     let (g, b) = (median(gold_lat.clone()), median(bronze_lat));
+    let mut counts = std::collections::BTreeMap::new();
+    for s in &phase2 {
+        *counts.entry((s.tenant, s.status)).or_insert(0) += 1;
+    }
     println!(
-        "phase 2 medians: gold {:.1} ms, bronze {:.1} ms; utilisation {utilisation:?}",
+        "phase 2, last 8 s: {counts:?}; medians: gold {:.1} ms, bronze {:.1} ms; utilisation {utilisation:?}",
         g * 1e3,
         b * 1e3
     );
@@ -292,15 +303,19 @@ async fn saturation_at_the_defaults_cuts_the_noisy_tenant_and_spares_the_small_o
     let kv: SocketAddr = kv_addr.parse().unwrap();
     let clock = TokioClock::new();
     let samples = Arc::new(Mutex::new(Vec::new()));
+    // Watched until a second before the offers end, as above.
+    let until = clock.now().as_secs_f64() + 15.0;
     let utilisation = {
-        let kv_addr = kv_addr.clone();
+        let (kv_addr, clock) = (kv_addr.clone(), clock.clone());
         tokio::spawn(async move {
             let mut seen = Vec::new();
-            for _ in 0..16 {
+            loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                if clock.now().as_secs_f64() >= until {
+                    break seen;
+                }
                 seen.push(get_json(&kv_addr, "/stats").await["utilisation"].as_f64().unwrap());
             }
-            seen
         })
     };
     let _ = tokio::join!(
@@ -316,8 +331,14 @@ async fn saturation_at_the_defaults_cuts_the_noisy_tenant_and_spares_the_small_o
         (ok, offered)
     };
     let ((small, small_offered), (noisy, noisy_offered)) = (share("small"), share("noisy"));
+    let mut counts = std::collections::BTreeMap::new();
+    for s in &last {
+        *counts.entry((s.tenant, s.status)).or_insert(0) += 1;
+    }
+    let small_latency = median(last.iter().filter(|s| s.tenant == "small").map(|s| s.latency).collect());
     println!(
-        "last 8 s: small {small} of {small_offered}, noisy {noisy} of {noisy_offered}; utilisation {utilisation:?}"
+        "last 8 s: {counts:?}, the small tenant's median {:.1} ms; utilisation {utilisation:?}",
+        small_latency * 1e3
     );
     let settled = &utilisation[utilisation.len() - 5..];
     let mean = settled.iter().sum::<f64>() / settled.len() as f64;

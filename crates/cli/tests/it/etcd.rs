@@ -936,8 +936,8 @@ async fn an_etcd_outage_of_a_minute_is_invisible_to_tenants() {
 /// peer is elected once the leader's lease runs out in etcd, the old leader hears of it from
 /// the peer and steps down, and the new one learns what the clients hold for a grant lease and
 /// more. Two remote clients (the leader first in their list) and checks through the follower's
-/// HTTP API ask 400 units/s of a group limited to 200: every second within 5 % of the limit
-/// or below it, and the limit admitted again in the end.
+/// HTTP API ask 400 units/s of a group limited to 200: the seconds from the cut within 5 % of
+/// the limit together, none above 1.2 times it, and the limit admitted again in the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_of_the_leader_from_etcd_never_doubles_the_limit() {
     use std::sync::Arc;
@@ -985,8 +985,20 @@ async fn a_partition_of_the_leader_from_etcd_never_doubles_the_limit() {
         (Some("follower".into()), Some("leader".into())),
         "the peer leads, the old leader follows"
     );
+    // A second leader granting beside the first would double the limit; the group's bucket
+    // may spend in one second what a slow second before it left (its burst is a second's
+    // worth), so each second is held to 1.2 times the limit and the seconds from the cut
+    // together to 5 % above it.
+    let mut total = 0.0;
     for (i, n) in seconds.iter().enumerate() {
-        assert!(*n <= 210.0, "second {i} after the cut: {n:.1} units/s, limit 200");
+        total += n;
+        assert!(*n <= 240.0, "second {i} after the cut: {n:.1} units/s, limit 200: {seconds:.0?}");
+        let most = 1.05 * 200.0 * (i + 1) as f64;
+        assert!(
+            total <= most,
+            "{total:.0} units in the {} s from the cut, at most {most:.0}: {seconds:.0?}",
+            i + 1
+        );
     }
     assert!(seconds[12..].iter().any(|n| *n >= 180.0), "the limit is not admitted again: {seconds:.0?}");
 }
