@@ -44,6 +44,8 @@ command -v protoc-gen-go-grpc >/dev/null 2>&1 || missing+=(protoc-gen-go-grpc)
 # code; Debian's 1.3 (which its gRPC package may bring) cannot read it.
 grep -qs google.golang.org/protobuf /usr/share/gocode/src/github.com/golang/protobuf/go.mod \
   || missing+=(golang-github-golang-protobuf-1-5-dev)
+# golang.org/x/time/rate, the peer the Go client's benchmarks run beside.
+[ -d /usr/share/gocode/src/golang.org/x/time/rate ] || missing+=(golang-golang-x-time-dev)
 # Python, for a virtual environment of PyPI packages (below).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
