@@ -26,6 +26,7 @@
 //! the store calls nothing of the server's. `Node` ties one of each together.
 
 mod access;
+pub mod blocking;
 mod clock;
 pub mod cluster;
 mod controller;
@@ -230,7 +231,7 @@ impl Server {
         let loading = loading::Loading::start(http);
         let opened = {
             let opts = opts.clone();
-            tokio::task::spawn_blocking(move || open_store(&opts))
+            crate::blocking::spawn(move || open_store(&opts))
                 .await
                 .map_err(|e| ServerError::Serve(format!("opening the store: {e}")))?
         };
@@ -240,15 +241,14 @@ impl Server {
         }
         let clock = Clock::new();
         let settings = opts.engine_settings();
-        let mut node =
-            tokio::task::spawn_blocking(move || Node::open(store, settings, clock.now(), wall_ms()))
-                .await
-                .map_err(|e| ServerError::Serve(format!("loading the store: {e}")))??;
+        let mut node = crate::blocking::spawn(move || Node::open(store, settings, clock.now(), wall_ms()))
+            .await
+            .map_err(|e| ServerError::Serve(format!("loading the store: {e}")))??;
         let at_start = opts.defaults_text.as_deref().zip(opts.defaults.clone());
         node.files = Arc::new(files::Files::new(opts.follow.clone(), at_start));
         // Import files apply at once; a settings file's changes from here on.
         let n = node.clone();
-        tokio::task::spawn_blocking(move || n.files.check(n.file_parts(), false))
+        crate::blocking::spawn(move || n.files.check(n.file_parts(), false))
             .await
             .map_err(|e| ServerError::Serve(format!("reading the settings files: {e}")))?;
         node.access.require_auth(opts.auth);
@@ -580,7 +580,7 @@ async fn follow_etcd(node: Node, target: EtcdTarget, mut revision: i64) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         let t = target.clone();
-        let reread = tokio::task::spawn_blocking(move || {
+        let reread = crate::blocking::spawn(move || {
             let mut s = store::etcd::EtcdStore::connect(t)?;
             let stored = store::SettingsStore::load(&mut s)?;
             Ok::<_, StoreError>((stored, s.revision()))
@@ -819,7 +819,7 @@ fn write_beside(
     }
     let (n, busy) = (node.clone(), busy.clone());
     tokio::spawn(async move {
-        match tokio::task::spawn_blocking(move || write(n)).await {
+        match crate::blocking::spawn(move || write(n)).await {
             Ok(Err(e)) => tracing::warn!(error = %e, "could not write {what}; will try again"),
             Err(e) => tracing::warn!(error = %e, "could not write {what}; will try again"),
             Ok(Ok(())) => {}
@@ -857,7 +857,7 @@ impl Ticker {
             }
             c.roll_short_windows(wall_ms());
         };
-        if let Err(e) = tokio::task::spawn_blocking(run).await {
+        if let Err(e) = crate::blocking::spawn(run).await {
             tracing::error!(error = %e, "a tick failed");
         }
         controller.pacer().set_tick_span(self.clock.now().since(now));
@@ -868,7 +868,7 @@ impl Ticker {
         {
             self.sampled = Some(now);
             let (c, h, busy) = (controller.clone(), self.history.clone(), self.sampling.clone());
-            tokio::task::spawn_blocking(move || {
+            crate::blocking::spawn(move || {
                 let capacity = c.admin().node().capacity;
                 c.with_engine(|e| h.sample(e, capacity, wall_ms()));
                 busy.store(false, std::sync::atomic::Ordering::Release);
@@ -911,7 +911,7 @@ async fn follow_files(node: Node, stop: impl Future<Output = ()>) {
             () = &mut stop => return,
         };
         let n = node.clone();
-        if tokio::task::spawn_blocking(move || n.files.check(n.file_parts(), force)).await.is_err() {
+        if crate::blocking::spawn(move || n.files.check(n.file_parts(), force)).await.is_err() {
             tracing::error!("reading the settings files failed");
         }
     }

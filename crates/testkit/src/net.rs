@@ -201,6 +201,24 @@ where
     drive(&mut sim, &shared);
 }
 
+/// How long, at most, a step waits for the server's work on real threads: long enough for a
+/// tick of a test's few groups on a machine many tests share, bounded so that work that
+/// waits on the simulation itself (none does today) slows a run rather than hangs it.
+const BLOCKING_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// Waits, in real time, until the server's work on the blocking pool (ticks, flushes) has run
+/// ([`tollgate_controller::blocking`]): such work then takes no simulated time, however busy
+/// the machine, and a run replays the same way. Without it a tick slowed by a loaded machine
+/// spans simulated milliseconds, and what a test sees depends on the machine.
+fn settle_blocking_work() {
+    const PAUSE: Duration = Duration::from_micros(50);
+    let mut waited = Duration::ZERO;
+    while tollgate_controller::blocking::in_flight() > 0 && waited < BLOCKING_WAIT_MAX {
+        std::thread::sleep(PAUSE);
+        waited += PAUSE;
+    }
+}
+
 /// Steps `sim` until the test is done, crashing and restarting the controller as the test
 /// asks between steps.
 fn drive(sim: &mut turmoil::Sim<'_>, shared: &Rc<RefCell<Shared>>) {
@@ -215,6 +233,7 @@ fn drive(sim: &mut turmoil::Sim<'_>, shared: &Rc<RefCell<Shared>>) {
                 Command::Start => sim.bounce(CONTROLLER),
             }
         }
+        settle_blocking_work();
         match sim.step() {
             Ok(true) => return,
             Ok(false) => {}

@@ -171,7 +171,7 @@ async fn take(
             // let them go: their next owner, given them only then, reads it whole.
             let (c, s) = (controller.clone(), sharding.clone());
             let now = clock.now();
-            let flushed = tokio::task::spawn_blocking(move || {
+            let flushed = crate::blocking::spawn(move || {
                 c.writes().flush(now, crate::clock::wall_ms(), Some(&|root| s.owns_root(root)))
             });
             match flushed.await {
@@ -242,7 +242,7 @@ pub(crate) type Given = Option<Box<dyn Fn(&tollgate_model::settings::GroupName) 
 /// that fails is logged, and those windows count from what this controller metered.
 pub(crate) async fn place_windows(controller: &Arc<Controller>, given: Given) {
     let c = controller.clone();
-    let placed = tokio::task::spawn_blocking(move || {
+    let placed = crate::blocking::spawn(move || {
         let given = given.as_ref().map(|g| g as &dyn Fn(&tollgate_model::settings::GroupName) -> bool);
         c.writes().place_windows(crate::clock::wall_ms(), given)
     });

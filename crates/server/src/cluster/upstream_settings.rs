@@ -135,7 +135,7 @@ pub async fn apply(node: &Node, global: Vec<(GroupName, GroupSettings)>, who: St
         }
         copied
     };
-    tokio::task::spawn_blocking(work).await.unwrap_or_default()
+    crate::blocking::spawn(work).await.unwrap_or_default()
 }
 
 /// When the next copy is due: at once at the start, then every [`COPY_EVERY`].

@@ -285,7 +285,7 @@ async fn change<T: Send + 'static>(
     f: impl FnOnce(&Controller) -> Result<T, AdminError> + Send + 'static,
 ) -> Result<T, Answer> {
     let controller = api.node.controller.clone();
-    match tokio::task::spawn_blocking(move || f(&controller)).await {
+    match crate::blocking::spawn(move || f(&controller)).await {
         Ok(r) => r.map_err(admin_error),
         Err(e) => Err(refuse(StatusCode::INTERNAL_SERVER_ERROR, "", format!("change failed: {e}"))),
     }

@@ -296,7 +296,7 @@ async fn overview(State(d): State<Dash>, RawQuery(raw): RawQuery) -> Answer {
         Ok(c) => c,
         Err(a) => return a,
     };
-    let built = tokio::task::spawn_blocking(move || {
+    let built = crate::blocking::spawn(move || {
         let view = d.node.controller.readings().view();
         let now = d.clock.now();
         let peaks = d.node.peaks.groups(now);

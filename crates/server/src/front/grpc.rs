@@ -55,7 +55,7 @@ impl Services {
         f: impl FnOnce(&Node) -> Result<T, AdminError> + Send + 'static,
     ) -> Result<T, Status> {
         let node = self.node.clone();
-        tokio::task::spawn_blocking(move || f(&node))
+        crate::blocking::spawn(move || f(&node))
             .await
             .map_err(|e| Status::internal(format!("admin change failed: {e}")))?
             .map_err(Status::from)
@@ -477,7 +477,7 @@ impl Services {
         + 'static,
     ) -> Result<v1::ReportAck, Status> {
         let (controller, now) = (self.node.controller.clone(), self.clock.now());
-        tokio::task::spawn_blocking(move || take(&controller, now))
+        crate::blocking::spawn(move || take(&controller, now))
             .await
             .map_err(|e| Status::internal(format!("backend report failed: {e}")))?
     }

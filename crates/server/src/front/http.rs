@@ -196,7 +196,7 @@ async fn change<T: Send + 'static>(
     app: AppState,
     f: impl FnOnce(&crate::controller::Controller) -> Result<T, AdminError> + Send + 'static,
 ) -> Result<T, axum::response::Response> {
-    match tokio::task::spawn_blocking(move || f(&app.node.controller)).await {
+    match crate::blocking::spawn(move || f(&app.node.controller)).await {
         Ok(r) => r.map_err(admin_error),
         Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, format!("change failed: {e}"))),
     }

@@ -699,7 +699,7 @@ impl Rls {
                 made.insert(pattern.clone());
             }
             let c = self.controller.clone();
-            tokio::task::spawn_blocking(move || {
+            crate::blocking::spawn(move || {
                 c.admin().set_group(
                     pattern,
                     settings,

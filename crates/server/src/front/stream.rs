@@ -82,7 +82,7 @@ impl std::fmt::Write for Chunks {
 /// An answer that fits in one chunk goes whole, with its length; a longer one in chunks.
 pub(crate) async fn body(produce: impl FnOnce(&mut Chunks) -> Result<(), Gone> + Send + 'static) -> Body {
     let (tx, mut rx) = mpsc::channel(CHUNKS_AHEAD);
-    tokio::task::spawn_blocking(move || {
+    crate::blocking::spawn(move || {
         let mut chunks = Chunks { buf: Vec::with_capacity(CHUNK_BYTES + 4096), tx };
         if produce(&mut chunks).is_ok() && !chunks.buf.is_empty() {
             let _ = chunks.send();
