@@ -65,7 +65,7 @@ pub use crate::controller::{
 pub use crate::error::AdminError;
 pub use crate::front::rlqs::RlqsStats;
 pub use crate::front::rls::RlsRules;
-use crate::front::{conn, direct, grpc, guard, holds, http, listen, loading, rlqs, rls};
+use crate::front::{conn, direct, grpc, guard, holds, http, inline, listen, loading, rlqs, rls};
 pub use crate::node::Node;
 use crate::observe::status::Latency;
 pub use crate::observe::trace::{TRACE_SUBSCRIBERS_MAX, TraceLine, Tracer, Wanted};
@@ -687,25 +687,28 @@ where
             None => Ok(()),
         }
     };
-    let grpc_server = tonic::transport::Server::builder()
-        .max_concurrent_streams((front.max_streams > 0).then_some(front.max_streams))
-        .http2_max_header_list_size(conn::HEADERS_MAX_BYTES)
-        .layer(guard::GrpcGuardLayer { access: node.access.clone(), front })
-        .layer(tower::layer::layer_fn(listen::SliceAnswers))
-        .layer(direct::DirectRls::layer(rls_front))
-        .add_service(grpc::ExchangeFront::new(services.clone()))
+    let settings = inline::Settings {
+        max_streams: (front.max_streams > 0).then_some(front.max_streams),
+        max_header_list_bytes: conn::HEADERS_MAX_BYTES,
+    };
+    let routes = tonic::service::Routes::new(grpc::ExchangeFront::new(services.clone()))
         .add_service(grpc::ReportFront::new(services.clone()))
         .add_service(AdminServer::new(services))
         .add_service(rlqs_front)
-        .serve_with_incoming_shutdown(incoming, waiter(stop_rx.clone()));
+        .prepare();
+    let grpc_service = tower::ServiceBuilder::new()
+        .layer(guard::GrpcGuardLayer { access: node.access.clone(), front })
+        .layer(tower::layer::layer_fn(listen::SliceAnswers))
+        .layer(direct::DirectRls::layer(rls_front))
+        .service(routes);
+    let grpc_server = inline::serve(incoming, grpc_service, settings, waiter(stop_rx.clone()));
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (g, h) = tokio::join!(grpc_server, http_server);
+    let ((), h) = tokio::join!(grpc_server, http_server);
     let _ = background.await;
     last_flush(&node, clock, &front_gate).await;
-    g.map_err(|e| ServerError::Serve(format!("gRPC: {e}")))?;
     h
 }
 

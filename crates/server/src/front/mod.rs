@@ -14,6 +14,7 @@ pub mod grpc;
 pub mod guard;
 pub mod holds;
 pub(crate) mod http;
+pub(crate) mod inline;
 pub(crate) mod json;
 pub mod listen;
 pub(crate) mod loading;
