@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use futures_util::future::Either;
 use http_body::Frame;
 use prost::bytes::BytesMut;
 use tonic::Status;
 use tonic::codegen::{Body, Bytes, http};
 
+use crate::access::auth::Caller;
 use crate::front::rls::Rls;
 
 /// The rate-limit decision's path: `/` the service `/` the method.
@@ -30,9 +30,6 @@ pub const MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// The gRPC message's head: a compression flag and the message's length (big-endian).
 const HEAD_BYTES: usize = 5;
-
-/// The headers a gRPC answer's metadata may not carry (the protocol's own).
-const RESERVED: [&str; 5] = ["te", "content-type", "grpc-message", "grpc-message-type", "grpc-status"];
 
 /// A service that answers [`RLS_PATH`] itself and passes every other call to `inner`.
 #[derive(Clone)]
@@ -103,29 +100,28 @@ async fn decide<B: Body<Data = Bytes>>(
         Ok(r) => r,
         Err(e) => return Status::internal(format!("the RateLimitRequest does not decode: {e}")).into_http(),
     };
-    match rls.should_rate_limit(tonic::Request::from_http(http::Request::from_parts(parts, asked))).await {
+    let caller = parts.extensions.get::<Caller>();
+    match rls.decide(caller, &asked).await {
         Ok(answer) => {
-            let (metadata, message, extensions) = answer.into_parts();
-            let mut headers = metadata.into_headers();
-            if !headers.is_empty() {
-                for name in RESERVED {
-                    headers.remove(name);
-                }
-            }
-            headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
-            let mut framed = BytesMut::with_capacity(HEAD_BYTES + message.encoded_len());
-            framed.extend_from_slice(&[0; HEAD_BYTES]);
-            message.encode(&mut framed).expect("the buffer was made to fit");
-            let len = u32::try_from(framed.len() - HEAD_BYTES).expect("an answer is far below 4 GiB");
-            framed[1..HEAD_BYTES].copy_from_slice(&len.to_be_bytes());
-            let mut response = http::Response::new(tonic::body::Body::new(OneMessage::new(framed.freeze())));
+            let mut response = http::Response::new(tonic::body::Body::new(OneMessage::new(framed(&answer))));
             *response.version_mut() = http::Version::HTTP_2;
-            *response.headers_mut() = headers;
-            *response.extensions_mut() = extensions;
+            response
+                .headers_mut()
+                .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
             response
         }
         Err(status) => status.into_http(),
     }
+}
+
+/// `message` as a gRPC message: its head (not compressed, its length), then its bytes.
+fn framed(message: &impl prost::Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut framed = Vec::with_capacity(HEAD_BYTES + len);
+    framed.push(0);
+    framed.extend_from_slice(&u32::try_from(len).expect("an answer is far below 4 GiB").to_be_bytes());
+    message.encode_raw(&mut framed);
+    Bytes::from(framed)
 }
 
 /// The one message of a unary call's body, without its head; what is wrong with it as the

@@ -40,7 +40,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use tollgate_limiter::{AcquireError, GroupHandle, RemoteOptions, Tollgate};
 use tollgate_model::class::RequestClass;
 use tollgate_model::rls::{Decision, RuleSet};
-use tollgate_model::settings::{GroupName, check_group_name};
+use tollgate_model::settings::GroupName;
 use tonic::{Request, Response, Status};
 
 use crate::access::auth::Caller;
@@ -527,7 +527,7 @@ fn holds_of(r: &RateLimitRequest) -> Result<(Option<(String, Duration)>, Option<
 
 /// The group a descriptor names, checked against the naming rules.
 fn checked_group(i: usize, name: &str) -> Result<GroupName, Status> {
-    check_group_name(name).and_then(|()| GroupName::new(name)).map_err(|e| {
+    GroupName::new(name).map_err(|e| {
         invalid(format!("descriptors[{i}]"), format!("names group {name:?}, which breaks a rule: {}", e.rule))
     })
 }
@@ -754,7 +754,7 @@ impl Rls {
         DescriptorStatus {
             code: code as i32,
             current_limit: limit.map(|(l, unit, _)| RateLimit {
-                name: group.to_string(),
+                name: group.as_str().to_owned(),
                 requests_per_unit: l.round().clamp(0.0, f64::from(u32::MAX)) as u32,
                 unit: unit as i32,
             }),
@@ -845,15 +845,26 @@ impl RateLimitService for Rls {
         req: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let caller = req.extensions().get::<Caller>().cloned();
-        let r = req.into_inner();
-        let fallback = caller.as_ref().and_then(|Caller(c)| GroupName::new(&c.default_group).ok());
+        self.decide(caller.as_ref(), &req.into_inner()).await.map(Response::new)
+    }
+}
+
+impl Rls {
+    /// The answer to `r`, asked by `caller` (none when the server takes no tokens): what the
+    /// service answers, with no request or response around it.
+    pub(crate) async fn decide(
+        &self,
+        caller: Option<&Caller>,
+        r: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        let fallback = caller.and_then(|Caller(c)| GroupName::new(&c.default_group).ok());
         let rules = self.rules.get();
         let Planned { asks: planned, each_alone, statuses: answer_statuses, hold, release } =
-            plan(&rules, &r, fallback.as_ref())?;
-        if let Some(Caller(c)) = &caller {
+            plan(&rules, r, fallback.as_ref())?;
+        if let Some(Caller(c)) = caller {
             may_ask(c, &planned)?;
         }
-        self.ensure_overrides(&r).await?;
+        self.ensure_overrides(r).await?;
         let mut permits: Vec<tollgate_limiter::Permit<'static>> = Vec::with_capacity(planned.len());
         let mut statuses = Vec::with_capacity(planned.len());
         // envoy/ratelimit's verdict: refused when a descriptor not in quota mode is over its
@@ -891,11 +902,7 @@ impl RateLimitService for Rls {
         if !answer_statuses {
             statuses.clear();
         }
-        Ok(Response::new(RateLimitResponse {
-            overall_code: overall as i32,
-            statuses,
-            ..RateLimitResponse::default()
-        }))
+        Ok(RateLimitResponse { overall_code: overall as i32, statuses, ..RateLimitResponse::default() })
     }
 }
 
