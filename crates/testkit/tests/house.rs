@@ -476,3 +476,23 @@ fn the_server_reads_a_clock_only_in_its_clock_seam() {
         .collect();
     assert!(readers.is_empty(), "clocks read outside crates/server/src/clock.rs:\n{}", readers.join("\n"));
 }
+
+/// Simulated time steps only once the server's blocking work has run (testkit's `net`), which
+/// it knows by the count `blocking::spawn` keeps: work handed to tokio's pool another way
+/// would go uncounted.
+#[test]
+fn the_server_hands_out_blocking_work_only_through_its_counted_seam() {
+    let mut files = Vec::new();
+    sources(&workspace().join("crates/server/src"), &mut files);
+    let spawners: Vec<String> = files
+        .iter()
+        .filter(|f| !f.ends_with("blocking.rs"))
+        .filter(|f| code_only(&std::fs::read_to_string(f).unwrap()).contains("spawn_blocking"))
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(
+        spawners.is_empty(),
+        "spawn_blocking outside crates/server/src/blocking.rs (use tollgate_controller::blocking::spawn):\n{}",
+        spawners.join("\n")
+    );
+}
