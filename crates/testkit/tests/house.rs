@@ -464,16 +464,22 @@ fn long_functions_are_few() {
 
 /// The clock ban (clippy.toml) is lifted in the server's clock seam alone: every other part
 /// takes time as an argument or from `clock`.
-#[test]
-fn the_server_reads_a_clock_only_in_its_clock_seam() {
+/// The server's source files, but the one named `except`, whose code (comments and strings
+/// left out) holds `needle`.
+fn server_files_using(except: &str, needle: &str) -> Vec<String> {
     let mut files = Vec::new();
     sources(&workspace().join("crates/server/src"), &mut files);
-    let readers: Vec<String> = files
+    files
         .iter()
-        .filter(|f| !f.ends_with("clock.rs"))
-        .filter(|f| std::fs::read_to_string(f).unwrap().contains("clippy::disallowed_methods"))
+        .filter(|f| !f.ends_with(except))
+        .filter(|f| code_only(&std::fs::read_to_string(f).unwrap()).contains(needle))
         .map(|f| f.display().to_string())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_server_reads_a_clock_only_in_its_clock_seam() {
+    let readers = server_files_using("clock.rs", "clippy::disallowed_methods");
     assert!(readers.is_empty(), "clocks read outside crates/server/src/clock.rs:\n{}", readers.join("\n"));
 }
 
@@ -482,14 +488,7 @@ fn the_server_reads_a_clock_only_in_its_clock_seam() {
 /// would go uncounted.
 #[test]
 fn the_server_hands_out_blocking_work_only_through_its_counted_seam() {
-    let mut files = Vec::new();
-    sources(&workspace().join("crates/server/src"), &mut files);
-    let spawners: Vec<String> = files
-        .iter()
-        .filter(|f| !f.ends_with("blocking.rs"))
-        .filter(|f| code_only(&std::fs::read_to_string(f).unwrap()).contains("spawn_blocking"))
-        .map(|f| f.display().to_string())
-        .collect();
+    let spawners = server_files_using("blocking.rs", "spawn_blocking");
     assert!(
         spawners.is_empty(),
         "spawn_blocking outside crates/server/src/blocking.rs (use tollgate_controller::blocking::spawn):\n{}",
