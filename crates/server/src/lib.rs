@@ -675,16 +675,9 @@ where
     let gate = rls_front.gate().clone();
     let front_gate = gate.clone();
     let http_server = async {
-        match http {
-            Some(listener) => axum::serve(
-                listener,
-                http::router(node.clone(), latency, history, clock, http_front, gate, holds)
-                    .into_make_service_with_connect_info::<listen::Peer>(),
-            )
-            .with_graceful_shutdown(waiter(stop_rx.clone()))
-            .await
-            .map_err(|e| ServerError::Serve(format!("HTTP: {e}"))),
-            None => Ok(()),
+        if let Some(listener) = http {
+            let router = http::router(node.clone(), latency, history, clock, http_front, gate, holds);
+            inline::serve_http(listener, router, waiter(stop_rx.clone())).await;
         }
     };
     let settings = inline::Settings {
@@ -701,15 +694,15 @@ where
         .layer(tower::layer::layer_fn(listen::SliceAnswers))
         .layer(direct::DirectRls::layer(rls_front))
         .service(routes);
-    let grpc_server = inline::serve(incoming, grpc_service, settings, waiter(stop_rx.clone()));
+    let grpc_server = inline::serve_grpc(incoming, grpc_service, settings, waiter(stop_rx.clone()));
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let ((), h) = tokio::join!(grpc_server, http_server);
+    tokio::join!(grpc_server, http_server);
     let _ = background.await;
     last_flush(&node, clock, &front_gate).await;
-    h
+    Ok(())
 }
 
 /// Completes once `rx` says the server stops.

@@ -1,4 +1,4 @@
-//! The gRPC port's connections, each served in one task: a connection's calls run beside its
+//! The ports' connections, each served in one task: a connection's calls run beside its
 //! framing, not in tasks of their own.
 //!
 //! hyper runs each HTTP/2 stream's call in a task it hands to an executor. Given tokio's, the
@@ -8,12 +8,15 @@
 //! in its connection's own task instead, a set of futures that task polls beside the
 //! connection: a connection's work stays on one core at a time and a call costs no spawn.
 //! The runtime spreads connections over the cores, not calls; one connection's calls share
-//! a core (Envoy opens a connection per worker thread, the clients one each).
+//! a core (Envoy opens a connection per worker thread, the clients one each). An HTTP/1.1
+//! connection, one request at a time, runs its requests in its task anyway.
 //!
-//! Around each call, as tonic's own server puts it: the connection's [`Connected`] info in
-//! the request's extensions (the front ends read the [`crate::front::listen::Peer`] there),
-//! the call's `grpc-timeout` honoured (`DEADLINE_EXCEEDED` once it passes), and a failed
-//! service answered with its status.
+//! The gRPC port ([`serve_grpc`]) speaks HTTP/2 alone and puts around each call what tonic's
+//! own server did: the connection's [`Connected`] info in the request's extensions (the
+//! front ends read the [`crate::front::listen::Peer`] there), the call's `grpc-timeout`
+//! honoured (`DEADLINE_EXCEEDED` once it passes), and a failed service answered with its
+//! status. The HTTP port ([`serve_http`]) speaks HTTP/1.1 and HTTP/2, and gives axum's
+//! routes the connection's info as axum's `ConnectInfo`, as `axum::serve` did.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -107,15 +110,15 @@ impl<S> Routes for S where
 {
 }
 
-/// Serves every connection from `incoming` with `service` until `stop` completes; then each
-/// connection is asked to close once its calls are answered (HTTP/2's GOAWAY), and this
-/// returns when all have closed. A connection that fails to come (a failed accept) is
-/// skipped.
-pub async fn serve<I, IO, IE, S>(incoming: I, service: S, settings: Settings, stop: impl Future<Output = ()>)
+/// Serves every connection from `incoming` with `connection` until `stop` completes; then
+/// each connection is asked to close once its calls are answered (HTTP/2's GOAWAY, or the
+/// end of HTTP/1.1's keep-alive), and this returns when all have closed. A connection that
+/// fails to come (a failed accept) is skipped.
+async fn serve<I, IO, IE, F, C>(incoming: I, connection: F, stop: impl Future<Output = ()>)
 where
     I: Stream<Item = Result<IO, IE>>,
-    IO: Link,
-    S: Routes,
+    F: Fn(IO, Stop) -> C,
+    C: Future<Output = ()> + Send + 'static,
 {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Each connection's task holds a sender: once all are dropped, every connection is closed.
@@ -129,10 +132,10 @@ where
         };
         match io {
             Some(Ok(io)) => {
-                let per_call = PerCall { info: io.connect_info(), inner: service.clone() };
-                let (stop_rx, open) = (stop_rx.clone(), open_tx.clone());
+                let served = connection(io, stop_rx.clone());
+                let open = open_tx.clone();
                 tokio::spawn(async move {
-                    serve_connection(io, per_call, settings, stop_rx).await;
+                    served.await;
                     drop(open);
                 });
             }
@@ -145,24 +148,57 @@ where
     let _ = open_rx.recv().await;
 }
 
-/// Serves one connection, its calls in this task, until it closes; once `stop` turns true,
-/// it is asked to close when its calls are answered.
-async fn serve_connection<IO, S>(
-    io: IO,
-    per_call: PerCall<S, IO::ConnectInfo>,
+/// Turns true when the server stops.
+type Stop = tokio::sync::watch::Receiver<bool>;
+
+/// Serves the gRPC port: every connection from `incoming`, HTTP/2 alone, its calls answered
+/// by `service`, until `stop` completes (see [`serve`]).
+pub async fn serve_grpc<I, IO, IE, S>(
+    incoming: I,
+    service: S,
     settings: Settings,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: impl Future<Output = ()>,
 ) where
+    I: Stream<Item = Result<IO, IE>>,
     IO: Link,
     S: Routes,
 {
-    let calls = Calls::default();
-    let mut builder = hyper::server::conn::http2::Builder::new(calls.clone());
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(settings.max_streams)
-        .max_header_list_size(settings.max_header_list_bytes);
-    let conn = builder.serve_connection(TokioIo::new(io), per_call);
+    let connection = |io: IO, stop: Stop| {
+        let per_call = PerCall { info: io.connect_info(), inner: service.clone() };
+        let calls = Calls::default();
+        let mut builder = hyper::server::conn::http2::Builder::new(calls.clone());
+        builder
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(settings.max_streams)
+            .max_header_list_size(settings.max_header_list_bytes);
+        let conn = builder.serve_connection(TokioIo::new(io), per_call);
+        drive(conn, calls, stop, |conn| conn.graceful_shutdown())
+    };
+    serve(incoming, connection, stop).await;
+}
+
+/// Serves the HTTP port: every connection from `incoming`, HTTP/1.1 or HTTP/2 (told apart by
+/// its first bytes), its requests answered by `router` with the connection's
+/// [`axum::extract::ConnectInfo`], until `stop` completes (see [`serve`]).
+pub async fn serve_http<I, IO, IE>(incoming: I, router: axum::Router, stop: impl Future<Output = ()>)
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: Link,
+{
+    let connection = |io: IO, stop: Stop| {
+        let per_request =
+            PerRequest { info: axum::extract::ConnectInfo(io.connect_info()), router: router.clone() };
+        let calls = Calls::default();
+        let builder = hyper_util::server::conn::auto::Builder::new(calls.clone());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), per_request).into_owned();
+        drive(conn, calls, stop, |conn| conn.graceful_shutdown())
+    };
+    serve(incoming, connection, stop).await;
+}
+
+/// Drives one connection, its calls in this task, until it closes; once `stop` turns true,
+/// `graceful` asks it to close when its calls are answered.
+async fn drive<C: Future>(conn: C, calls: Calls, mut stop: Stop, graceful: impl Fn(Pin<&mut C>)) {
     let mut conn = std::pin::pin!(conn);
     let mut running = FuturesUnordered::<Call>::new();
     // Done once `stop` turns true, or its sender is gone.
@@ -173,7 +209,7 @@ async fn serve_connection<IO, S>(
     std::future::poll_fn(|cx| {
         if !stopping && stopped.as_mut().poll(cx).is_ready() {
             stopping = true;
-            conn.as_mut().graceful_shutdown();
+            graceful(conn.as_mut());
         }
         poll_together(conn.as_mut(), &mut running, &calls.queue, cx)
     })
@@ -236,6 +272,28 @@ where
         let mut req = req.map(tonic::body::Body::new);
         req.extensions_mut().insert(self.info.clone());
         Box::pin(answer(self.inner.clone(), req))
+    }
+}
+
+/// Each request on an HTTP connection: the connection's info in its extensions, as axum's
+/// `ConnectInfo`.
+#[derive(Clone)]
+struct PerRequest<C> {
+    info: axum::extract::ConnectInfo<C>,
+    router: axum::Router,
+}
+
+impl<C> hyper::service::Service<http::Request<Incoming>> for PerRequest<C>
+where
+    C: Clone + Send + Sync + 'static,
+{
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = axum::routing::future::RouteFuture<Infallible>;
+
+    fn call(&self, mut req: http::Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.info.clone());
+        tower::Service::call(&mut self.router.clone(), req)
     }
 }
 
@@ -363,7 +421,7 @@ mod tests {
         let incoming = futures_util::stream::iter([Ok::<_, std::io::Error>(server_io)])
             .chain(futures_util::stream::pending());
         let settings = Settings { max_streams: None, max_header_list_bytes: 16 * 1024 };
-        let server = tokio::spawn(serve(incoming, service, settings, async {
+        let server = tokio::spawn(serve_grpc(incoming, service, settings, async {
             let _ = stop_rx.await;
         }));
         let (send, conn) = hyper::client::conn::http2::handshake(
@@ -395,6 +453,55 @@ mod tests {
         server.await.expect("the server stopped");
         let mut send = send.clone();
         assert!(send.send_request(get("/now")).await.is_err(), "a call after the stop was taken");
+    }
+
+    #[tokio::test]
+    async fn the_http_port_serves_both_versions_with_the_connections_info_and_h2_calls_in_one_task() {
+        let router = axum::Router::new().route(
+            "/id",
+            axum::routing::get(
+                |axum::extract::ConnectInfo(who): axum::extract::ConnectInfo<()>| async move {
+                    format!("{who:?} {}", tokio::task::id())
+                },
+            ),
+        );
+        let (h2_client, h2_server) = tokio::io::duplex(64 * 1024);
+        let (h1_client, h1_server) = tokio::io::duplex(64 * 1024);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let incoming = futures_util::stream::iter([Ok::<_, std::io::Error>(h2_server), Ok(h1_server)])
+            .chain(futures_util::stream::pending());
+        let server = tokio::spawn(serve_http(incoming, router, async {
+            let _ = stop_rx.await;
+        }));
+
+        let (h2, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(h2_client),
+        )
+        .await
+        .expect("the HTTP/2 handshake");
+        let h2_closed = tokio::spawn(conn);
+        let calls = (0..16).map(|_| {
+            let mut h2 = h2.clone();
+            async move { text(h2.send_request(get("/id")).await.expect("an answer")).await }
+        });
+        let answers: std::collections::HashSet<String> =
+            futures_util::future::join_all(calls).await.into_iter().collect();
+        assert_eq!(answers.len(), 1, "16 requests over HTTP/2 ran in the tasks {answers:?}");
+        assert!(answers.iter().all(|a| a.starts_with("() ")), "{answers:?}");
+
+        let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(h1_client))
+            .await
+            .expect("the HTTP/1.1 handshake");
+        let h1_closed = tokio::spawn(conn);
+        let answer = h1.send_request(get("/id")).await.expect("an answer");
+        assert_eq!(answer.status(), http::StatusCode::OK);
+        assert!(text(answer).await.starts_with("() "));
+
+        stop_tx.send(()).expect("the server runs");
+        server.await.expect("the server stopped");
+        h2_closed.await.expect("joined").expect("HTTP/2 closed cleanly");
+        h1_closed.await.expect("joined").expect("HTTP/1.1 closed cleanly");
     }
 
     #[tokio::test(start_paused = true)]

@@ -503,12 +503,6 @@ impl axum::serve::Listener for Incoming {
     }
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Incoming>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, Incoming>) -> Peer {
-        stream.io().peer.clone()
-    }
-}
-
 /// Where an accepted connection stands under the cap.
 enum Place {
     /// A place of its own.
