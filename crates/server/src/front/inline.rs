@@ -12,11 +12,11 @@
 //! connection, one request at a time, runs its requests in its task anyway.
 //!
 //! The gRPC port ([`serve_grpc`]) speaks HTTP/2 alone and puts around each call what tonic's
-//! own server did: the connection's [`Connected`] info in the request's extensions (the
+//! own server does: the connection's [`Connected`] info in the request's extensions (the
 //! front ends read the [`crate::front::listen::Peer`] there), the call's `grpc-timeout`
 //! honoured (`DEADLINE_EXCEEDED` once it passes), and a failed service answered with its
 //! status. The HTTP port ([`serve_http`]) speaks HTTP/1.1 and HTTP/2, and gives axum's
-//! routes the connection's info as axum's `ConnectInfo`, as `axum::serve` did.
+//! routes the connection's info as axum's `ConnectInfo`, as `axum::serve` does.
 
 use std::convert::Infallible;
 use std::future::Future;
