@@ -406,6 +406,29 @@ mod tests {
         String::from_utf8(read).expect("text")
     }
 
+    /// A listener that has taken `ios` and stays open.
+    fn listening<const N: usize>(
+        ios: [tokio::io::DuplexStream; N],
+    ) -> impl Stream<Item = Result<tokio::io::DuplexStream, std::io::Error>> {
+        futures_util::stream::iter(ios.map(Ok)).chain(futures_util::stream::pending())
+    }
+
+    /// An HTTP/2 client over `io`, and its connection to drive.
+    async fn h2_client(
+        io: tokio::io::DuplexStream,
+    ) -> (
+        hyper::client::conn::http2::SendRequest<String>,
+        hyper::client::conn::http2::Connection<
+            TokioIo<tokio::io::DuplexStream>,
+            String,
+            hyper_util::rt::TokioExecutor,
+        >,
+    ) {
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .expect("the HTTP/2 handshake")
+    }
+
     fn get(path: &str) -> http::Request<String> {
         http::Request::builder().uri(format!("http://tollgate{path}")).body(String::new()).expect("a request")
     }
@@ -418,18 +441,12 @@ mod tests {
         let service = TaskIds { came, release: release.clone() };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         // One connection, and the listener stays open.
-        let incoming = futures_util::stream::iter([Ok::<_, std::io::Error>(server_io)])
-            .chain(futures_util::stream::pending());
+        let incoming = listening([server_io]);
         let settings = Settings { max_streams: None, max_header_list_bytes: 16 * 1024 };
         let server = tokio::spawn(serve_grpc(incoming, service, settings, async {
             let _ = stop_rx.await;
         }));
-        let (send, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            TokioIo::new(client_io),
-        )
-        .await
-        .expect("the HTTP/2 handshake");
+        let (send, conn) = h2_client(client_io).await;
         tokio::spawn(conn);
 
         let calls = (0..32).map(|_| {
@@ -465,21 +482,15 @@ mod tests {
                 },
             ),
         );
-        let (h2_client, h2_server) = tokio::io::duplex(64 * 1024);
+        let (h2_client_io, h2_server) = tokio::io::duplex(64 * 1024);
         let (h1_client, h1_server) = tokio::io::duplex(64 * 1024);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let incoming = futures_util::stream::iter([Ok::<_, std::io::Error>(h2_server), Ok(h1_server)])
-            .chain(futures_util::stream::pending());
+        let incoming = listening([h2_server, h1_server]);
         let server = tokio::spawn(serve_http(incoming, router, async {
             let _ = stop_rx.await;
         }));
 
-        let (h2, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            TokioIo::new(h2_client),
-        )
-        .await
-        .expect("the HTTP/2 handshake");
+        let (h2, conn) = h2_client(h2_client_io).await;
         let h2_closed = tokio::spawn(conn);
         let calls = (0..16).map(|_| {
             let mut h2 = h2.clone();
