@@ -18,7 +18,7 @@ use tollgate_sim::world::World;
 use tollgate_sim::{Scenario, run};
 
 fn load(name: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../scenarios/{name}.toml"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../../../scenarios/{name}.toml"));
     Scenario::parse(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 

@@ -7,7 +7,7 @@ use tollgate_proto::v1;
 use tollgate_sim::{RunHooks, Scenario, run_seeds, run_with};
 
 fn load(name: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../scenarios/{name}.toml"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../../../scenarios/{name}.toml"));
     let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     Scenario::parse(&src).unwrap_or_else(|e| panic!("{}:\n{e}", path.display()))
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use tollgate_sim::{Scenario, output, run};
 
 fn scenarios_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../scenarios")
 }
 
 fn load(name: &str) -> Scenario {

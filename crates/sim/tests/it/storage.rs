@@ -178,7 +178,7 @@ fn the_marks_show_the_largest_request_the_rates_and_the_refusals() {
 #[test]
 fn every_storage_scenario_holds_what_it_expects() {
     use tollgate_sim::storage_scenario::StorageScenario;
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/storage");
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../scenarios/storage");
     let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     assert!(files.len() >= 2, "{files:?}");
