@@ -429,6 +429,19 @@ mod tests {
             .expect("the HTTP/2 handshake")
     }
 
+    /// The distinct answers to `n` concurrent GETs of `path` over one HTTP/2 connection.
+    async fn answers_to_concurrent_gets(
+        send: &hyper::client::conn::http2::SendRequest<String>,
+        path: &str,
+        n: usize,
+    ) -> std::collections::HashSet<String> {
+        let calls = (0..n).map(|_| {
+            let mut send = send.clone();
+            async move { text(send.send_request(get(path)).await.expect("an answer")).await }
+        });
+        futures_util::future::join_all(calls).await.into_iter().collect()
+    }
+
     fn get(path: &str) -> http::Request<String> {
         http::Request::builder().uri(format!("http://tollgate{path}")).body(String::new()).expect("a request")
     }
@@ -449,12 +462,7 @@ mod tests {
         let (send, conn) = h2_client(client_io).await;
         tokio::spawn(conn);
 
-        let calls = (0..32).map(|_| {
-            let mut send = send.clone();
-            async move { text(send.send_request(get("/now")).await.expect("an answer")).await }
-        });
-        let ids: std::collections::HashSet<String> =
-            futures_util::future::join_all(calls).await.into_iter().collect();
+        let ids = answers_to_concurrent_gets(&send, "/now", 32).await;
         assert_eq!(ids.len(), 1, "32 calls ran in the tasks {ids:?}, not in their connection's one");
 
         let held = tokio::spawn({
@@ -492,12 +500,7 @@ mod tests {
 
         let (h2, conn) = h2_client(h2_client_io).await;
         let h2_closed = tokio::spawn(conn);
-        let calls = (0..16).map(|_| {
-            let mut h2 = h2.clone();
-            async move { text(h2.send_request(get("/id")).await.expect("an answer")).await }
-        });
-        let answers: std::collections::HashSet<String> =
-            futures_util::future::join_all(calls).await.into_iter().collect();
+        let answers = answers_to_concurrent_gets(&h2, "/id", 16).await;
         assert_eq!(answers.len(), 1, "16 requests over HTTP/2 ran in the tasks {answers:?}");
         assert!(answers.iter().all(|a| a.starts_with("() ")), "{answers:?}");
 
