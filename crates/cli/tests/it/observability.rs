@@ -297,6 +297,26 @@ fn promtool_checks_metrics(text: &str) {
 /// steady rate through `/v1/check` shows a steady refusal rate in every one of 30 scrapes
 /// (never 0, never far from the rest), and past `--metrics-groups` the quietest groups are
 /// added up under `group="(others)"`.
+/// Checks of the group `busy` at 100 a second (against its limit of 20: most refused,
+/// steadily) until `stop`. Each check has its own time on a schedule, and a check held up by a
+/// busy machine is caught up at once, so that the rate asked stays 100 a second rather than
+/// sagging with the load.
+fn checks_a_hundred_a_second(
+    addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        #[allow(clippy::disallowed_methods)] // the schedule a real-time load keeps
+        let started = std::time::Instant::now();
+        let mut sent = 0u32;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            http(&addr, "POST", "/v1/check", &[], r#"{"group":"busy","cost":1}"#);
+            sent += 1;
+            std::thread::sleep((Duration::from_millis(10) * sent).saturating_sub(started.elapsed()));
+        }
+    })
+}
+
 #[test]
 fn metrics_pass_promtool_hold_steady_over_thirty_scrapes_and_cap_their_groups() {
     let server =
@@ -307,22 +327,7 @@ fn metrics_pass_promtool_hold_steady_over_thirty_scrapes_and_cap_their_groups() 
         admin(&url, &["group", "create", quiet, "--limit", "1000"]);
     }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = {
-        let (addr, stop) = (server.http.clone(), stop.clone());
-        // 100 checks a second against a limit of 20: most refused, steadily. Each check has
-        // its own time on a schedule, and a check held up by a busy machine is caught up at
-        // once, so that the rate asked stays 100 a second rather than sagging with the load.
-        std::thread::spawn(move || {
-            #[allow(clippy::disallowed_methods)] // the schedule a real-time load keeps
-            let started = std::time::Instant::now();
-            let mut sent = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                http(&addr, "POST", "/v1/check", &[], r#"{"group":"busy","cost":1}"#);
-                sent += 1;
-                std::thread::sleep((Duration::from_millis(10) * sent).saturating_sub(started.elapsed()));
-            }
-        })
-    };
+    let load = checks_a_hundred_a_second(server.http.clone(), stop.clone());
     let gauge = |text: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix("tollgate_group_throttled_requests_per_second{group=\"busy\"} "))
