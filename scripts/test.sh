@@ -166,10 +166,11 @@ RUSTDOCFLAGS="-D warnings" phase "rustdoc" cargo doc --workspace --no-deps --all
 phase "publish, dry run" \
   cargo publish --workspace --dry-run --no-verify --allow-dirty --locked --exclude tollgate-testkit --quiet
 
-# The end-to-end test runs examples/kv-service as a real process: build it as a binary
-# (`--all-targets` below builds examples only in test mode). Then every test target.
-phase "build, examples" cargo build --workspace --examples --all-features --locked
-phase "build, tests" cargo test --workspace --all-targets --all-features --locked --no-run
+# Every target in one build: the libraries and programs, the examples as programs (the
+# end-to-end tests run examples/kv-service as a real process), the tests and the benchmarks as
+# test binaries. One build keeps both cores busy to the end where two left one idle while the
+# first's last program linked.
+phase "build" cargo build --workspace --all-targets --all-features --locked
 
 status=0
 wait "$pypi_pid" || status=$?
@@ -183,6 +184,15 @@ fi
 # Every test but the benchmarks and doc examples, with nextest: unit, integration, property,
 # behavioural (every mode), simulation, CLI, examples.
 phase "tests (nextest)" cargo nextest run --workspace --lib --bins --tests --examples --all-features --locked
+
+# The Go module (clients/go): its generated code current, go vet, and its tests against the
+# real server binary built above. It runs beside the phases below, which mostly wait on their
+# servers while Go builds its packages; what it prints is shown when it ends.
+export TOLLGATE_BIN="$PWD/target/debug/tollgate"
+go_log=target/test-go.log
+(phase "go client (beside the phases below)" clients/go/test.sh) >"$go_log" 2>&1 &
+go_pid=$!
+trap 'stop_tree "$go_pid"' EXIT
 # The benchmarks, each run once as a test (nextest cannot list the ones that are plain
 # programs), and the documentation examples.
 phase "benchmarks, once each" cargo test --workspace --benches --all-features --locked 2>&1 | tee target/test-benches.log
@@ -191,7 +201,6 @@ phase "doc examples" cargo test --workspace --doc --all-features --locked 2>&1 |
 # The Python client (clients/python): its committed stubs checked against the contract, its
 # types checked, its tests run against the real server binary built above. Each suite writes
 # a JUnit report for the summary.
-export TOLLGATE_BIN="$PWD/target/debug/tollgate"
 pytest_suite() {
   local dir=$1 python=$2 report
   report="$PWD/target/pytest-$(basename "$dir").xml"
@@ -208,8 +217,14 @@ phase "python client" pytest_suite clients/python "$PWD/$pyvenv/bin/python"
 phase "dashboard in chromium" pytest_suite tests/browser "$PWD/$pyvenv/bin/python"
 # The OpenAPI document validated, and a client generated from it used against the real server.
 phase "openapi client" pytest_suite tests/openapi "$PWD/$oavenv/bin/python"
-# The Go module: its generated code current, go vet, and its tests against the real server.
-phase "go client" clients/go/test.sh
+status=0
+wait "$go_pid" || status=$?
+trap - EXIT
+cat "$go_log"
+if [ "$status" != 0 ]; then
+  echo "the Go client's checks or tests failed (above)" >&2
+  exit "$status"
+fi
 
 # The package as a user installs it: a wheel built from the checkout with no step of its own,
 # carrying the generated stubs and their typing stubs, installed into the fresh environment
