@@ -271,7 +271,25 @@ where
     fn call(&self, req: http::Request<Incoming>) -> Answer {
         let mut req = req.map(tonic::body::Body::new);
         req.extensions_mut().insert(self.info.clone());
-        Box::pin(answer(self.inner.clone(), req))
+        answer(self.inner.clone(), req)
+    }
+}
+
+/// `inner`'s answer to `req`, within the call's `grpc-timeout` (see [`within`]).
+///
+/// The services are ready at once (tonic's routes always are): the call is made here, and
+/// the future boxed holds the call's answer alone, not the request and the service beside it
+/// (a kilobyte, which took the allocator's slow path at every call). One not ready yet is
+/// waited for.
+fn answer<S: Routes>(mut inner: S, req: Req) -> Answer {
+    let timeout = match grpc_timeout(req.headers()) {
+        Ok(t) => t,
+        Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
+    };
+    match inner.poll_ready(&mut Context::from_waker(std::task::Waker::noop())) {
+        Poll::Ready(Ok(())) => Box::pin(within(timeout, inner.call(req))),
+        Poll::Ready(Err(e)) => Box::pin(std::future::ready(Ok(failed(e.into()).into_http()))),
+        Poll::Pending => Box::pin(when_ready(inner, req, timeout)),
     }
 }
 
@@ -297,18 +315,21 @@ where
     }
 }
 
-/// `inner`'s answer to `req`, within the call's `grpc-timeout` (`DEADLINE_EXCEEDED` once it
-/// passes); a failed service's status as the answer.
-async fn answer<S>(mut inner: S, req: Req) -> Result<Res, Infallible>
+/// `inner`'s answer to `req` once it is ready, within `timeout` (see [`within`]).
+async fn when_ready<S>(mut inner: S, req: Req, timeout: Option<Duration>) -> Result<Res, Infallible>
 where
     S: tower::Service<Req, Response = Res, Error: Into<BoxError>>,
 {
     use tower::ServiceExt;
-    let timeout = match grpc_timeout(req.headers()) {
-        Ok(t) => t,
-        Err(status) => return Ok(status.into_http()),
-    };
-    let call = async move { inner.ready().await?.call(req).await };
+    within(timeout, async move { inner.ready().await?.call(req).await }).await
+}
+
+/// The answer `call` comes to, within the call's `grpc-timeout` (`DEADLINE_EXCEEDED` once it
+/// passes); a failed service's status as the answer.
+async fn within<E: Into<BoxError>>(
+    timeout: Option<Duration>,
+    call: impl Future<Output = Result<Res, E>>,
+) -> Result<Res, Infallible> {
     let answered = match timeout {
         None => call.await,
         Some(t) => match tokio::time::timeout(t, call).await {
@@ -478,6 +499,50 @@ mod tests {
         server.await.expect("the server stopped");
         let mut send = send.clone();
         assert!(send.send_request(get("/now")).await.is_err(), "a call after the stop was taken");
+    }
+
+    /// [`TaskIds`], not ready at first: each clone's first `poll_ready` is pending (and wakes
+    /// its task at once).
+    #[derive(Clone)]
+    struct ReadyLater {
+        inner: TaskIds,
+        pending: bool,
+    }
+
+    impl tower::Service<http::Request<tonic::body::Body>> for ReadyLater {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = Infallible;
+        type Future = <TaskIds as tower::Service<http::Request<tonic::body::Body>>>::Future;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            if std::mem::take(&mut self.pending) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+            self.inner.call(req)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_service_not_ready_at_once_is_waited_for() {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let (came, _came_rx) = tokio::sync::mpsc::unbounded_channel();
+        let service = ReadyLater {
+            inner: TaskIds { came, release: Arc::new(tokio::sync::Notify::new()) },
+            pending: true,
+        };
+        let settings = Settings { max_streams: None, max_header_list_bytes: 16 * 1024 };
+        let server =
+            tokio::spawn(serve_grpc(listening([server_io]), service, settings, std::future::pending()));
+        let (send, conn) = h2_client(client_io).await;
+        tokio::spawn(conn);
+        let ids = answers_to_concurrent_gets(&send, "/now", 8).await;
+        assert_eq!(ids.len(), 1, "8 calls, each first not ready, answered from the tasks {ids:?}");
+        server.abort();
     }
 
     #[tokio::test]

@@ -192,9 +192,14 @@ impl Rls {
 /// A group this front end has not met yet admits nothing until its first grant, which is
 /// asked for at once (an exchange in process, answered in microseconds): wait for it (at most
 /// a second) rather than refuse.
+///
+/// The wait is boxed, as every wait on the decision's path: a caller's future then carries a
+/// pointer, not the timer, and a decision that waits for nothing (nearly all) makes its
+/// future small (a few hundred bytes, which the allocator hands out from its per-thread
+/// cache, where kilobytes took a thousand instructions to allocate and free).
 pub(crate) async fn wait_for_first_grant(handle: &tollgate_limiter::GroupHandle) {
     if !handle.has_grant() {
-        let _ = tokio::time::timeout(FIRST_GRANT_WAIT, handle.wait_for_grant()).await;
+        let _ = Box::pin(tokio::time::timeout(FIRST_GRANT_WAIT, handle.wait_for_grant())).await;
     }
 }
 
@@ -208,21 +213,35 @@ const ALLOTMENT_LOOK: Duration = Duration::from_millis(10);
 /// Admits `cost` in `class` through a front end's handle: at once, or, when the group's
 /// quota allotment ran out while its controller had units left (or its window ended), as
 /// soon as the allotment asked for comes (within [`ALLOTMENT_WAIT`]): a quota is refused
-/// only once it is spent, never because this front end had not asked for its part yet.
+/// only once it is spent, never because this front end had not asked for its part yet. The
+/// wait for an allotment is boxed (see [`wait_for_first_grant`]).
 pub(crate) async fn admit_now(
+    handle: &tollgate_limiter::GroupHandle,
+    cost: f64,
+    class: RequestClass,
+) -> Result<tollgate_limiter::Permit<'_>, AcquireError> {
+    match handle.try_acquire_class(cost, class) {
+        Err(AcquireError::Throttled { .. }) if handle.quota().is_some_and(|q| q.asks_more(cost)) => {
+            Box::pin(admit_after_allotments(handle, cost, class)).await
+        }
+        other => other,
+    }
+}
+
+/// [`admit_now`] once the group's allotment ran short: asks again as each answer comes,
+/// within [`ALLOTMENT_WAIT`] in all.
+async fn admit_after_allotments(
     handle: &tollgate_limiter::GroupHandle,
     cost: f64,
     class: RequestClass,
 ) -> Result<tollgate_limiter::Permit<'_>, AcquireError> {
     let mut waited = Duration::ZERO;
     loop {
+        let _ = tokio::time::timeout(ALLOTMENT_LOOK, handle.wait_for_answer()).await;
+        waited += ALLOTMENT_LOOK;
         match handle.try_acquire_class(cost, class) {
             Err(AcquireError::Throttled { .. })
-                if waited < ALLOTMENT_WAIT && handle.quota().is_some_and(|q| q.asks_more(cost)) =>
-            {
-                let _ = tokio::time::timeout(ALLOTMENT_LOOK, handle.wait_for_answer()).await;
-                waited += ALLOTMENT_LOOK;
-            }
+                if waited < ALLOTMENT_WAIT && handle.quota().is_some_and(|q| q.asks_more(cost)) => {}
             other => return other,
         }
     }
@@ -864,7 +883,12 @@ impl Rls {
         if let Some(Caller(c)) = caller {
             may_ask(c, &planned)?;
         }
-        self.ensure_overrides(r).await?;
+        // Descriptors' own limits are rare: their settings (a write to the store) are made
+        // in a boxed future, so that the decision's own stays small (see
+        // `wait_for_first_grant`).
+        if r.descriptors.iter().any(|d| d.limit.is_some()) {
+            Box::pin(self.ensure_overrides(r)).await?;
+        }
         let mut permits: Vec<tollgate_limiter::Permit<'static>> = Vec::with_capacity(planned.len());
         let mut statuses = Vec::with_capacity(planned.len());
         // envoy/ratelimit's verdict: refused when a descriptor not in quota mode is over its
