@@ -354,7 +354,9 @@ const TIMEOUT_DIGITS_MAX: usize = 8;
 /// The call's deadline from its `grpc-timeout` header (digits, then a unit: `H`, `M`, `S`,
 /// `m`, `u` or `n`); none when it has none.
 fn grpc_timeout(headers: &http::HeaderMap) -> Result<Option<Duration>, Status> {
-    let Some(v) = headers.get("grpc-timeout") else { return Ok(None) };
+    // A name made once: looked up by a string, the name is parsed and checked at every call.
+    const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+    let Some(v) = headers.get(GRPC_TIMEOUT) else { return Ok(None) };
     let bad = || {
         Status::invalid_argument(format!(
             "grpc-timeout: {:?} is not 1 to {TIMEOUT_DIGITS_MAX} digits and a unit (H, M, S, m, u or n)",
